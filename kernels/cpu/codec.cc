@@ -1,0 +1,132 @@
+// Codec names, sizes and argument checks; dispatch to the per-codec files.
+#include "kvtier/kernels/codec.h"
+
+#include <cmath>
+#include <string>
+
+#include "codec_internal.h"
+
+namespace kvtier::kernels {
+
+const char* CodecName(Codec codec) {
+  switch (codec) {
+    case Codec::kBf16: return "bf16";
+    case Codec::kFp8: return "fp8";
+    case Codec::kInt8: return "int8";
+    case Codec::kInt4: return "int4";
+  }
+  return "unknown";
+}
+
+std::optional<Codec> ParseCodec(std::string_view name) {
+  for (Codec c : kAllCodecs) {
+    if (CodecName(c) == name) return c;
+  }
+  return std::nullopt;
+}
+
+bool IsKnownCodec(uint8_t value) { return value >= 1 && value <= 4; }
+
+Status ValidateShape(BlockShape shape) {
+  if (shape.tokens < 1 || shape.tokens > kMaxBlockTokens) {
+    return InvalidArgument("block token count " + std::to_string(shape.tokens) +
+                           " outside 1.." + std::to_string(kMaxBlockTokens));
+  }
+  if (shape.latent_dim < 1 || shape.latent_dim > kMaxLatentDim) {
+    return InvalidArgument("latent dim " + std::to_string(shape.latent_dim) +
+                           " outside 1.." + std::to_string(kMaxLatentDim));
+  }
+  if (shape.rope_dim > kMaxLatentDim) {
+    return InvalidArgument("rope dim " + std::to_string(shape.rope_dim) +
+                           " above " + std::to_string(kMaxLatentDim));
+  }
+  return OkStatus();
+}
+
+size_t EncodedBytes(Codec codec, BlockShape shape) {
+  if (!ValidateShape(shape).ok()) return 0;
+  const size_t t = shape.tokens;
+  const size_t dim = shape.dim();
+  switch (codec) {
+    case Codec::kBf16:
+      return t * dim * 2;
+    case Codec::kFp8: {
+      const size_t tiles = (shape.latent_dim + kFp8TileSize - 1) / kFp8TileSize;
+      return t * (shape.latent_dim + 4 * tiles + 2 * size_t{shape.rope_dim});
+    }
+    case Codec::kInt8:
+      return dim * 2 + t * dim;
+    case Codec::kInt4:
+      return dim * 4 + t * ((dim + 1) / 2);
+  }
+  return 0;
+}
+
+namespace {
+
+Status CheckSizes(Codec codec, BlockShape shape, size_t values, size_t bytes) {
+  if (Status s = ValidateShape(shape); !s.ok()) return s;
+  if (!IsKnownCodec(static_cast<uint8_t>(codec))) {
+    return InvalidArgument("unknown codec " + std::to_string(static_cast<int>(codec)));
+  }
+  if (values != shape.values()) {
+    return InvalidArgument("float buffer holds " + std::to_string(values) +
+                           " values, shape needs " + std::to_string(shape.values()));
+  }
+  const size_t want = EncodedBytes(codec, shape);
+  if (bytes != want) {
+    return InvalidArgument(std::string(CodecName(codec)) + " payload is " +
+                           std::to_string(bytes) + " bytes, shape needs " +
+                           std::to_string(want));
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+Status Quantize(Codec codec, BlockShape shape, std::span<const float> in,
+                std::span<uint8_t> out) {
+  if (Status s = CheckSizes(codec, shape, in.size(), out.size()); !s.ok()) return s;
+  switch (codec) {
+    case Codec::kBf16: return cpu::QuantizeBf16(shape, in.data(), out.data());
+    case Codec::kFp8: return cpu::QuantizeFp8(shape, in.data(), out.data());
+    case Codec::kInt8: return cpu::QuantizeInt8(shape, in.data(), out.data());
+    case Codec::kInt4: return cpu::QuantizeInt4(shape, in.data(), out.data());
+  }
+  return InvalidArgument("unknown codec");
+}
+
+Status Dequantize(Codec codec, BlockShape shape, std::span<const uint8_t> in,
+                  std::span<float> out) {
+  if (Status s = CheckSizes(codec, shape, out.size(), in.size()); !s.ok()) return s;
+  switch (codec) {
+    case Codec::kBf16: cpu::DequantizeBf16(shape, in.data(), out.data()); break;
+    case Codec::kFp8: cpu::DequantizeFp8(shape, in.data(), out.data()); break;
+    case Codec::kInt8: cpu::DequantizeInt8(shape, in.data(), out.data()); break;
+    case Codec::kInt4: cpu::DequantizeInt4(shape, in.data(), out.data()); break;
+  }
+  return OkStatus();
+}
+
+namespace cpu {
+
+Status CheckFinite(BlockShape shape, const float* in) {
+  const uint32_t dim = shape.dim();
+  for (uint32_t t = 0; t < shape.tokens; ++t) {
+    const float* row = in + size_t{t} * dim;
+    float probe = 0.0f;  // x * 0 is 0 for finite x and NaN for inf or NaN
+    for (uint32_t c = 0; c < dim; ++c) probe += row[c] * 0.0f;
+    if (probe == 0.0f) continue;
+    for (uint32_t c = 0; c < dim; ++c) {
+      if (!std::isfinite(row[c])) {
+        return InvalidArgument("non-finite input " + std::to_string(row[c]) +
+                               " at token " + std::to_string(t) + ", channel " +
+                               std::to_string(c));
+      }
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace cpu
+}  // namespace kvtier::kernels

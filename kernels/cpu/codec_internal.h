@@ -1,0 +1,50 @@
+// Per-codec CPU implementations behind kernels/codec.h. Callers (codec.cc)
+// have already checked the shape and every buffer size.
+#ifndef KVTIER_KERNELS_CPU_CODEC_INTERNAL_H_
+#define KVTIER_KERNELS_CPU_CODEC_INTERNAL_H_
+
+#include <bit>
+#include <cstdint>
+#include <cstring>
+
+#include "kvtier/kernels/codec.h"
+
+namespace kvtier::kernels::cpu {
+
+static_assert(std::endian::native == std::endian::little,
+              "the block format is little-endian and stored as-is");
+
+// Rounds to the nearest integer, ties to even, for |v| < 2^22. Plain
+// arithmetic so that compilers vectorize it on every x86-64 level.
+inline float RoundHalfEven(float v) {
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
+  return (v + kMagic) - kMagic;
+}
+
+// Smallest scale the integer codecs store; keeps 1/scale finite. Channels
+// whose values are all below it in magnitude still meet the half-step bound.
+inline constexpr float kMinIntScale = 0x1p-120f;
+
+// INVALID_ARGUMENT naming the first non-finite input value, or OK.
+Status CheckFinite(BlockShape shape, const float* in);
+
+// Little-endian stores and loads into unaligned byte buffers.
+inline void StoreU16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, sizeof v); }
+inline uint16_t LoadU16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+Status QuantizeBf16(BlockShape shape, const float* in, uint8_t* out);
+void DequantizeBf16(BlockShape shape, const uint8_t* in, float* out);
+Status QuantizeFp8(BlockShape shape, const float* in, uint8_t* out);
+void DequantizeFp8(BlockShape shape, const uint8_t* in, float* out);
+Status QuantizeInt8(BlockShape shape, const float* in, uint8_t* out);
+void DequantizeInt8(BlockShape shape, const uint8_t* in, float* out);
+Status QuantizeInt4(BlockShape shape, const float* in, uint8_t* out);
+void DequantizeInt4(BlockShape shape, const uint8_t* in, float* out);
+
+}  // namespace kvtier::kernels::cpu
+
+#endif  // KVTIER_KERNELS_CPU_CODEC_INTERNAL_H_

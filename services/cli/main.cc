@@ -1,0 +1,33 @@
+// The `kvtier` command: one binary, one subcommand per job.
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "services/cli/commands.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: kvtier COMMAND [flags]   (kvtier COMMAND --help for its flags)\n"
+    "\n"
+    "commands:\n"
+    "  quant-eval   compare the latent codecs and the seeds' quantization baselines\n"
+    "               on a file of latents or on synthetic ones (--synthetic)\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::cerr << kUsage;
+    return 2;
+  }
+  const std::string command = argv[1];
+  const std::vector<std::string> args(argv + 2, argv + argc);
+  if (command == "--help" || command == "-h" || command == "help") {
+    std::cout << kUsage;
+    return 0;
+  }
+  if (command == "quant-eval") return kvtier::cli::RunQuantEval(args);
+  std::cerr << "kvtier: unknown command '" << command << "'\n\n" << kUsage;
+  return 2;
+}

@@ -1,0 +1,206 @@
+#include "services/kvblock/block_format.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "services/common/status.h"
+#include "services/kvblock/crc32c.h"
+
+namespace kvtier::kvblock {
+namespace {
+
+template <typename T>
+T Load(std::string_view bytes, size_t offset) {
+  T v;
+  std::memcpy(&v, bytes.data() + offset, sizeof v);
+  return v;
+}
+
+template <typename T>
+void Store(std::string& bytes, size_t offset, T v) {
+  std::memcpy(bytes.data() + offset, &v, sizeof v);
+}
+
+absl::Status CheckHeaderFields(const BlockHeader& h) {
+  if (kernels::Status s = kernels::ValidateShape(h.LayerShape()); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("block header: ", s.message()));
+  }
+  if (h.layer_count < 1 || h.layer_begin + h.layer_count > kMaxLayers) {
+    return absl::InvalidArgumentError(absl::StrCat("block header: layers [", h.layer_begin, ", ",
+                                                   h.layer_begin + h.layer_count,
+                                                   ") empty or beyond ", kMaxLayers));
+  }
+  const size_t want = kernels::EncodedBytes(h.codec, h.LayerShape());
+  if (h.layer_payload_bytes != want) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block header: ", h.layer_payload_bytes, " bytes per layer, but ",
+        kernels::CodecName(h.codec), " at ", h.token_count, " tokens x (", h.latent_dim, " + ",
+        h.rope_dim, ") takes ", want));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckAgainstLayout(const BlockHeader& h, const LatentLayout& l) {
+  const uint64_t id = LayoutId(l);
+  if (h.layout_id != id) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "block has layout id ", absl::Hex(h.layout_id, absl::kZeroPad16), ", expected ",
+        absl::Hex(id, absl::kZeroPad16), " (", l.model_id, ", ", kernels::CodecName(l.codec), ")"));
+  }
+  if (h.codec != l.codec || h.token_count != l.tokens_per_block ||
+      h.latent_dim != l.kv_lora_rank || h.rope_dim != l.rope_dim) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "block is ", kernels::CodecName(h.codec), " ", h.token_count, " tokens x (", h.latent_dim,
+        " + ", h.rope_dim, "), layout wants ", kernels::CodecName(l.codec), " ",
+        l.tokens_per_block, " x (", l.kv_lora_rank, " + ", l.rope_dim, ")"));
+  }
+  if (h.layer_begin + h.layer_count > l.num_layers) {
+    return absl::FailedPreconditionError(absl::StrCat("block holds layers [", h.layer_begin, ", ",
+                                                      h.layer_begin + h.layer_count,
+                                                      "), layout has ", l.num_layers));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+BlockHeader HeaderFor(const LatentLayout& layout, uint32_t layer_begin, uint32_t layer_count) {
+  BlockHeader h;
+  h.format_version = layout.block_format_version;
+  h.codec = layout.codec;
+  h.layout_id = LayoutId(layout);
+  h.token_count = layout.tokens_per_block;
+  h.layer_begin = layer_begin;
+  h.layer_count = layer_count;
+  h.latent_dim = layout.kv_lora_rank;
+  h.rope_dim = layout.rope_dim;
+  h.layer_payload_bytes = static_cast<uint32_t>(layout.LayerPayloadBytes());
+  return h;
+}
+
+absl::StatusOr<BlockView> ParseBlock(std::string_view record, const LatentLayout* expected) {
+  if (record.size() < kBlockHeaderBytes + kBlockTrailerBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("block record truncated: ", record.size(),
+                                                   " bytes, smaller than header and checksum"));
+  }
+  if (std::memcmp(record.data(), kBlockMagic, sizeof kBlockMagic) != 0) {
+    return absl::InvalidArgumentError("block record has bad magic (not a KVTB record)");
+  }
+  BlockHeader h;
+  h.format_version = Load<uint16_t>(record, 4);
+  if (h.format_version != kBlockFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrCat("block format version ", h.format_version,
+                                                      " is not supported (this build reads ",
+                                                      kBlockFormatVersion, ")"));
+  }
+  const uint8_t codec = Load<uint8_t>(record, 6);
+  if (!kernels::IsKnownCodec(codec)) {
+    return absl::InvalidArgumentError(absl::StrCat("block header: unknown codec ", codec));
+  }
+  h.codec = static_cast<kernels::Codec>(codec);
+  if (const uint8_t flags = Load<uint8_t>(record, 7); flags != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("block header: unknown flags ", flags));
+  }
+  h.layout_id = Load<uint64_t>(record, 8);
+  h.token_count = Load<uint32_t>(record, 16);
+  h.layer_begin = Load<uint16_t>(record, 20);
+  h.layer_count = Load<uint16_t>(record, 22);
+  h.latent_dim = Load<uint16_t>(record, 24);
+  h.rope_dim = Load<uint16_t>(record, 26);
+  h.layer_payload_bytes = Load<uint32_t>(record, 28);
+  KVTIER_RETURN_IF_ERROR(CheckHeaderFields(h));
+  const size_t want = h.RecordBytes();
+  if (record.size() < want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block record truncated: ", record.size(), " bytes, header says ", want));
+  }
+  if (record.size() > want) {
+    return absl::InvalidArgumentError(absl::StrCat("block record oversized: ", record.size(),
+                                                   " bytes, header says ", want));
+  }
+  const uint32_t stored_crc = Load<uint32_t>(record, want - kBlockTrailerBytes);
+  const uint32_t crc = Crc32c(record.data(), want - kBlockTrailerBytes);
+  if (crc != stored_crc) {
+    return absl::DataLossError(absl::StrCat("block checksum mismatch: stored ",
+                                            absl::Hex(stored_crc, absl::kZeroPad8), ", computed ",
+                                            absl::Hex(crc, absl::kZeroPad8)));
+  }
+  if (expected != nullptr) KVTIER_RETURN_IF_ERROR(CheckAgainstLayout(h, *expected));
+  return BlockView{h, record.substr(kBlockHeaderBytes, want - kBlockHeaderBytes - kBlockTrailerBytes)};
+}
+
+absl::StatusOr<std::string> SerializeBlock(const BlockHeader& h, std::string_view payloads) {
+  if (h.format_version != kBlockFormatVersion) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot write block format version ",
+                                                   h.format_version));
+  }
+  KVTIER_RETURN_IF_ERROR(CheckHeaderFields(h));
+  const size_t want = size_t{h.layer_count} * h.layer_payload_bytes;
+  if (payloads.size() != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block payloads are ", payloads.size(), " bytes, header needs ", want));
+  }
+  std::string record(h.RecordBytes(), '\0');
+  std::memcpy(record.data(), kBlockMagic, sizeof kBlockMagic);
+  Store<uint16_t>(record, 4, static_cast<uint16_t>(h.format_version));
+  Store<uint8_t>(record, 6, static_cast<uint8_t>(h.codec));
+  Store<uint8_t>(record, 7, 0);
+  Store<uint64_t>(record, 8, h.layout_id);
+  Store<uint32_t>(record, 16, h.token_count);
+  Store<uint16_t>(record, 20, static_cast<uint16_t>(h.layer_begin));
+  Store<uint16_t>(record, 22, static_cast<uint16_t>(h.layer_count));
+  Store<uint16_t>(record, 24, static_cast<uint16_t>(h.latent_dim));
+  Store<uint16_t>(record, 26, static_cast<uint16_t>(h.rope_dim));
+  Store<uint32_t>(record, 28, h.layer_payload_bytes);
+  std::memcpy(record.data() + kBlockHeaderBytes, payloads.data(), payloads.size());
+  const size_t crc_at = record.size() - kBlockTrailerBytes;
+  Store<uint32_t>(record, crc_at, Crc32c(record.data(), crc_at));
+  return record;
+}
+
+absl::StatusOr<std::string> EncodeBlock(const LatentLayout& layout, uint32_t layer_begin,
+                                        uint32_t layer_count, std::span<const float> latents) {
+  KVTIER_RETURN_IF_ERROR(ValidateLayout(layout));
+  if (layer_count < 1 || layer_begin + layer_count > layout.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layers [", layer_begin, ", ",
+                                                   layer_begin + layer_count, ") not within the ",
+                                                   layout.num_layers, " of the layout"));
+  }
+  const kernels::BlockShape shape = layout.LayerShape();
+  if (latents.size() != size_t{layer_count} * shape.values()) {
+    return absl::InvalidArgumentError(absl::StrCat("expected ", layer_count * shape.values(),
+                                                   " latent values, got ", latents.size()));
+  }
+  const size_t layer_bytes = layout.LayerPayloadBytes();
+  std::string payloads(size_t{layer_count} * layer_bytes, '\0');
+  for (uint32_t i = 0; i < layer_count; ++i) {
+    std::span<uint8_t> out(reinterpret_cast<uint8_t*>(payloads.data()) + i * layer_bytes,
+                           layer_bytes);
+    kernels::Status s =
+        kernels::Quantize(layout.codec, shape, latents.subspan(i * shape.values(), shape.values()), out);
+    if (!s.ok()) {
+      return absl::Status(FromKernelStatus(s).code(),
+                          absl::StrCat("layer ", layer_begin + i, ": ", s.message()));
+    }
+  }
+  return SerializeBlock(HeaderFor(layout, layer_begin, layer_count), payloads);
+}
+
+absl::Status DecodeBlock(const BlockView& block, std::span<float> out) {
+  const kernels::BlockShape shape = block.header.LayerShape();
+  if (out.size() != size_t{block.header.layer_count} * shape.values()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "output holds ", out.size(), " values, block has ",
+        size_t{block.header.layer_count} * shape.values()));
+  }
+  for (uint32_t i = 0; i < block.header.layer_count; ++i) {
+    const std::string_view layer = block.Layer(i);
+    KVTIER_RETURN_IF_ERROR(FromKernelStatus(kernels::Dequantize(
+        block.header.codec, shape,
+        std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(layer.data()), layer.size()),
+        out.subspan(i * shape.values(), shape.values()))));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvtier::kvblock

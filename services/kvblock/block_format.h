@@ -1,0 +1,95 @@
+// The byte format of a latent block record: what the cache stores, what Put
+// slices and Get answers carry. Described in block_format.md; this file and
+// that one are the only definitions.
+//
+//   offset size  field (little-endian)
+//   0      4     magic "KVTB"
+//   4      2     format version (1)
+//   6      1     codec (kernels::Codec)
+//   7      1     flags, 0
+//   8      8     layout_id (services/kvblock/layout.h)
+//   16     4     token count
+//   20     2     first layer
+//   22     2     layer count
+//   24     2     latent dim (kv_lora_rank)
+//   26     2     rope dim
+//   28     4     bytes per layer payload (= kernels::EncodedBytes)
+//   32     ...   layer count payloads, first layer first
+//   end-4  4     CRC32C of every byte before it
+#ifndef KVTIER_SERVICES_KVBLOCK_BLOCK_FORMAT_H_
+#define KVTIER_SERVICES_KVBLOCK_BLOCK_FORMAT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "kvtier/kernels/codec.h"
+#include "services/kvblock/layout.h"
+
+namespace kvtier::kvblock {
+
+inline constexpr char kBlockMagic[4] = {'K', 'V', 'T', 'B'};
+inline constexpr size_t kBlockHeaderBytes = 32;
+inline constexpr size_t kBlockTrailerBytes = 4;
+
+struct BlockHeader {
+  uint32_t format_version = kBlockFormatVersion;
+  kernels::Codec codec = kernels::Codec::kInt8;
+  uint64_t layout_id = 0;
+  uint32_t token_count = 0;
+  uint32_t layer_begin = 0;
+  uint32_t layer_count = 0;
+  uint32_t latent_dim = 0;
+  uint32_t rope_dim = 0;
+  uint32_t layer_payload_bytes = 0;
+
+  kernels::BlockShape LayerShape() const { return {token_count, latent_dim, rope_dim}; }
+  // Size of the whole record.
+  size_t RecordBytes() const {
+    return kBlockHeaderBytes + size_t{layer_count} * layer_payload_bytes + kBlockTrailerBytes;
+  }
+};
+
+// Header for layers [layer_begin, layer_begin + layer_count) of a full block
+// of `layout`.
+BlockHeader HeaderFor(const LatentLayout& layout, uint32_t layer_begin, uint32_t layer_count);
+
+// A parsed record; points into the parsed bytes, which must outlive it.
+struct BlockView {
+  BlockHeader header;
+  std::string_view payloads;  // layer_count * layer_payload_bytes bytes
+
+  std::string_view Layer(uint32_t i) const {
+    return payloads.substr(size_t{i} * header.layer_payload_bytes, header.layer_payload_bytes);
+  }
+};
+
+// Parses a record without trusting it. Errors, each naming what is wrong:
+//   INVALID_ARGUMENT     bad magic, bad header fields, truncated or oversized
+//   FAILED_PRECONDITION  unsupported format version; record not of `expected`
+//                        (layout id, codec, dims, token count, layer range)
+//   DATA_LOSS            CRC32C mismatch
+// `expected` may be null to accept any layout.
+absl::StatusOr<BlockView> ParseBlock(std::string_view record,
+                                     const LatentLayout* expected = nullptr);
+
+// Serializes `header` and `payloads` (exactly layer_count * layer_payload_bytes
+// bytes) into a record with its CRC32C.
+absl::StatusOr<std::string> SerializeBlock(const BlockHeader& header,
+                                           std::string_view payloads);
+
+// Quantizes float latents [layer_count][tokens_per_block][kv_lora_rank +
+// rope_dim] with the layout's codec and serializes them as one record.
+absl::StatusOr<std::string> EncodeBlock(const LatentLayout& layout, uint32_t layer_begin,
+                                        uint32_t layer_count, std::span<const float> latents);
+
+// Dequantizes every layer of a parsed record into `out` (same shape as
+// EncodeBlock's input).
+absl::Status DecodeBlock(const BlockView& block, std::span<float> out);
+
+}  // namespace kvtier::kvblock
+
+#endif  // KVTIER_SERVICES_KVBLOCK_BLOCK_FORMAT_H_

@@ -1,0 +1,44 @@
+// Block keys: the hash chain that addresses blocks by content.
+//
+//   hash_i = SHA-256( u32le(len(salt)) ‖ salt
+//                   ‖ hash_{i-1}            (32 zero bytes for block 0)
+//                   ‖ u64le(layout_id)
+//                   ‖ u32le(token count) ‖ u32le(token id) ... )
+//
+// The salt is the namespace (tenant), so equal prompts of different tenants
+// never share keys; the parent hash makes a key name the whole prefix, not
+// just its own tokens. Length prefixes keep the encoding unambiguous.
+#ifndef KVTIER_SERVICES_KVBLOCK_BLOCK_KEY_H_
+#define KVTIER_SERVICES_KVBLOCK_BLOCK_KEY_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "services/kvblock/sha256.h"
+
+namespace kvtier::kvblock {
+
+using BlockHash = Sha256Digest;
+
+inline constexpr BlockHash kNoParent{};
+
+BlockHash ChainHash(std::string_view namespace_salt, const BlockHash& parent,
+                    uint64_t layout_id, std::span<const uint32_t> token_ids);
+
+// Keys of the full blocks of `token_ids` (a partial tail gets none).
+std::vector<BlockHash> ComputeBlockChain(std::string_view namespace_salt, uint64_t layout_id,
+                                         uint32_t tokens_per_block,
+                                         std::span<const uint32_t> token_ids);
+
+std::string HashToHex(const BlockHash& hash);
+std::string_view HashAsBytes(const BlockHash& hash);
+// INVALID_ARGUMENT unless `bytes` is exactly 32 bytes.
+absl::StatusOr<BlockHash> HashFromBytes(std::string_view bytes);
+
+}  // namespace kvtier::kvblock
+
+#endif  // KVTIER_SERVICES_KVBLOCK_BLOCK_KEY_H_
