@@ -1,0 +1,82 @@
+#include "services/kvblock/layout.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <set>
+
+namespace kvtier::kvblock {
+namespace {
+
+LatentLayout V2Lite() {
+  LatentLayout l;
+  l.model_id = "deepseek-v2-lite";
+  l.num_layers = 27;
+  l.kv_lora_rank = 512;
+  l.rope_dim = 64;
+  l.tokens_per_block = 64;
+  l.codec = kernels::Codec::kInt8;
+  return l;
+}
+
+TEST(Layout, IdChangesWithEveryField) {
+  const std::vector<std::function<void(LatentLayout&)>> changes = {
+      [](LatentLayout& l) { l.model_id += "x"; },
+      [](LatentLayout& l) { l.num_layers += 1; },
+      [](LatentLayout& l) { l.kv_lora_rank += 1; },
+      [](LatentLayout& l) { l.rope_dim += 1; },
+      [](LatentLayout& l) { l.tokens_per_block += 1; },
+      [](LatentLayout& l) { l.codec = kernels::Codec::kInt4; },
+      [](LatentLayout& l) { l.block_format_version += 1; },
+  };
+  std::set<uint64_t> ids = {LayoutId(V2Lite())};
+  EXPECT_EQ(LayoutId(V2Lite()), LayoutId(V2Lite()));
+  for (const auto& change : changes) {
+    LatentLayout l = V2Lite();
+    change(l);
+    EXPECT_TRUE(ids.insert(LayoutId(l)).second) << "a field change left the id unchanged";
+  }
+}
+
+TEST(Layout, ProtoRoundTripCarriesTheId) {
+  const v1::LatentLayout p = LayoutToProto(V2Lite());
+  EXPECT_EQ(p.layout_id(), LayoutId(V2Lite()));
+  EXPECT_EQ(p.codec(), v1::KV_CODEC_INT8);
+  absl::StatusOr<LatentLayout> back = LayoutFromProto(p);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, V2Lite());
+}
+
+TEST(Layout, FromProtoRejectsBadFieldsByName) {
+  struct Case {
+    std::function<void(v1::LatentLayout&)> change;
+    std::string field;
+  };
+  const std::vector<Case> cases = {
+      {[](v1::LatentLayout& p) { p.clear_model_id(); }, "model_id"},
+      {[](v1::LatentLayout& p) { p.set_num_layers(0); }, "num_layers"},
+      {[](v1::LatentLayout& p) { p.set_codec(v1::KV_CODEC_UNSPECIFIED); }, "codec"},
+      {[](v1::LatentLayout& p) { p.set_codec(static_cast<v1::KvCodec>(9)); }, "codec"},
+      {[](v1::LatentLayout& p) { p.set_block_format_version(2); }, "block_format_version"},
+      {[](v1::LatentLayout& p) { p.set_tokens_per_block(0); }, "tokens_per_block"},
+      {[](v1::LatentLayout& p) { p.set_kv_lora_rank(0); }, "kv_lora_rank"},
+      {[](v1::LatentLayout& p) { p.set_layout_id(p.layout_id() ^ 1); }, "layout_id"},
+  };
+  for (const Case& c : cases) {
+    v1::LatentLayout p = LayoutToProto(V2Lite());
+    c.change(p);
+    absl::StatusOr<LatentLayout> l = LayoutFromProto(p);
+    ASSERT_EQ(l.status().code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_NE(l.status().message().find(c.field), std::string::npos) << l.status();
+  }
+}
+
+TEST(Layout, ProtoCodecNumbersMatchKernels) {
+  EXPECT_EQ(static_cast<int>(kernels::Codec::kBf16), v1::KV_CODEC_BF16);
+  EXPECT_EQ(static_cast<int>(kernels::Codec::kFp8), v1::KV_CODEC_FP8);
+  EXPECT_EQ(static_cast<int>(kernels::Codec::kInt8), v1::KV_CODEC_INT8);
+  EXPECT_EQ(static_cast<int>(kernels::Codec::kInt4), v1::KV_CODEC_INT4);
+}
+
+}  // namespace
+}  // namespace kvtier::kvblock
