@@ -6,7 +6,7 @@
 
 namespace kvtier::kernels::cpu {
 
-Status QuantizeBf16(BlockShape shape, const float* in, uint8_t* out) {
+KVTIER_VECTOR_CLONES Status QuantizeBf16(BlockShape shape, const float* in, uint8_t* out) {
   const size_t n = shape.values();
   uint16_t all_ones_exponent = 0;  // inf or NaN in the output, from any cause
   for (size_t i = 0; i < n; ++i) {
@@ -26,7 +26,7 @@ Status QuantizeBf16(BlockShape shape, const float* in, uint8_t* out) {
   return OkStatus();
 }
 
-void DequantizeBf16(BlockShape shape, const uint8_t* in, float* out) {
+KVTIER_VECTOR_CLONES void DequantizeBf16(BlockShape shape, const uint8_t* in, float* out) {
   const size_t n = shape.values();
   for (size_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(LoadU16(in + 2 * i));
 }

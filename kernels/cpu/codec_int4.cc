@@ -1,6 +1,9 @@
 // int4 codec: asymmetric, one bf16 scale and one bf16 zero point (the stored
 // minimum) per channel over the block's tokens.
-// Layout: [dim] bf16 scales, [dim] bf16 zeros, [tokens][ceil(dim/2)] nibbles.
+// Layout: [dim] bf16 scales, [dim] bf16 zeros, then per token ceil(dim/2)
+// bytes; byte k holds channel k in its low nibble and channel k + ceil(dim/2)
+// in its high nibble (zero padding when dim is odd), so packing and unpacking
+// are contiguous vector operations on CPU and GPU alike.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -11,10 +14,10 @@
 
 namespace kvtier::kernels::cpu {
 
-Status QuantizeInt4(BlockShape shape, const float* in, uint8_t* out) {
-  if (Status s = CheckFinite(shape, in); !s.ok()) return s;
+KVTIER_VECTOR_CLONES Status QuantizeInt4(BlockShape shape, const float* in, uint8_t* out) {
   const uint32_t dim = shape.dim();
-  const size_t row_bytes = (dim + 1) / 2;
+  const uint32_t half = (dim + 1) / 2;
+  if (Status s = CheckFinite(shape, in); !s.ok()) return s;
   std::vector<float> lo(in, in + dim), hi(in, in + dim);
   for (uint32_t t = 1; t < shape.tokens; ++t) {
     const float* row = in + size_t{t} * dim;
@@ -23,8 +26,8 @@ Status QuantizeInt4(BlockShape shape, const float* in, uint8_t* out) {
       hi[c] = std::max(hi[c], row[c]);
     }
   }
-  // Padded to even so the packing loop can read channel 2k+1 unconditionally.
-  std::vector<float> zero(dim + 1, 0.0f), inv(dim + 1, 0.0f);
+  std::vector<float>& zero = lo;  // reused once the minimum is stored
+  std::vector<float>& inv = hi;
   for (uint32_t c = 0; c < dim; ++c) {
     const uint16_t zero_bits = FloatToBf16TowardNegative(lo[c]);
     const float z = Bf16ToFloat(zero_bits);
@@ -43,36 +46,43 @@ Status QuantizeInt4(BlockShape shape, const float* in, uint8_t* out) {
     inv[c] = 1.0f / s;
   }
   uint8_t* codes = out + 4 * size_t{dim};
-  std::vector<float> padded(dim + 1, 0.0f);
+  std::vector<uint8_t> row_codes(2 * size_t{half}, 0);  // padding nibble stays 0
   for (uint32_t t = 0; t < shape.tokens; ++t) {
-    std::copy_n(in + size_t{t} * dim, dim, padded.begin());
-    uint8_t* dst = codes + t * row_bytes;
-    for (size_t k = 0; k < row_bytes; ++k) {
-      const float q0 = std::clamp(RoundHalfEven((padded[2 * k] - zero[2 * k]) * inv[2 * k]), 0.0f, 15.0f);
-      const float q1 = std::clamp(RoundHalfEven((padded[2 * k + 1] - zero[2 * k + 1]) * inv[2 * k + 1]), 0.0f, 15.0f);
-      dst[k] = static_cast<uint8_t>(static_cast<uint32_t>(q0) | (static_cast<uint32_t>(q1) << 4));
+    const float* row = in + size_t{t} * dim;
+    for (uint32_t c = 0; c < dim; ++c) {
+      const float q = RoundHalfEven((row[c] - zero[c]) * inv[c]);
+      row_codes[c] = static_cast<uint8_t>(std::min(std::max(q, 0.0f), 15.0f));
+    }
+    uint8_t* dst = codes + size_t{t} * half;
+    for (uint32_t k = 0; k < half; ++k) {
+      dst[k] = static_cast<uint8_t>(row_codes[k] | (row_codes[half + k] << 4));
     }
   }
   return OkStatus();
 }
 
-void DequantizeInt4(BlockShape shape, const uint8_t* in, float* out) {
+KVTIER_VECTOR_CLONES void DequantizeInt4(BlockShape shape, const uint8_t* in, float* out) {
   const uint32_t dim = shape.dim();
-  const size_t row_bytes = (dim + 1) / 2;
-  std::vector<float> scale(2 * row_bytes, 0.0f), zero(2 * row_bytes, 0.0f);
+  const uint32_t half = (dim + 1) / 2;
+  const uint32_t high = dim - half;  // channels in the high nibbles
+  std::vector<float> scale(dim), zero(dim);
   for (uint32_t c = 0; c < dim; ++c) {
     scale[c] = Bf16ToFloat(LoadU16(in + 2 * c));
     zero[c] = Bf16ToFloat(LoadU16(in + 2 * (size_t{dim} + c)));
   }
   const uint8_t* codes = in + 4 * size_t{dim};
-  std::vector<float> row(2 * row_bytes);
+  const float* scale_high = scale.data() + half;
+  const float* zero_high = zero.data() + half;
   for (uint32_t t = 0; t < shape.tokens; ++t) {
-    const uint8_t* src = codes + t * row_bytes;
-    for (size_t k = 0; k < row_bytes; ++k) {
-      row[2 * k] = zero[2 * k] + static_cast<float>(src[k] & 0xf) * scale[2 * k];
-      row[2 * k + 1] = zero[2 * k + 1] + static_cast<float>(src[k] >> 4) * scale[2 * k + 1];
+    const uint8_t* src = codes + size_t{t} * half;
+    float* dst = out + size_t{t} * dim;
+    float* dst_high = dst + half;
+    for (uint32_t k = 0; k < half; ++k) {
+      dst[k] = zero[k] + static_cast<float>(src[k] & 0xfu) * scale[k];
     }
-    std::copy_n(row.begin(), dim, out + size_t{t} * dim);
+    for (uint32_t k = 0; k < high; ++k) {
+      dst_high[k] = zero_high[k] + static_cast<float>(src[k] >> 4u) * scale_high[k];
+    }
   }
 }
 

@@ -9,7 +9,7 @@
 
 namespace kvtier::kernels::cpu {
 
-Status QuantizeInt8(BlockShape shape, const float* in, uint8_t* out) {
+KVTIER_VECTOR_CLONES Status QuantizeInt8(BlockShape shape, const float* in, uint8_t* out) {
   if (Status s = CheckFinite(shape, in); !s.ok()) return s;
   const uint32_t dim = shape.dim();
   std::vector<float> amax(dim, 0.0f);
@@ -28,14 +28,14 @@ Status QuantizeInt8(BlockShape shape, const float* in, uint8_t* out) {
     const float* row = in + size_t{t} * dim;
     int8_t* dst = codes + size_t{t} * dim;
     for (uint32_t c = 0; c < dim; ++c) {
-      const float q = std::clamp(RoundHalfEven(row[c] * inv[c]), -127.0f, 127.0f);
+      const float q = std::min(std::max(RoundHalfEven(row[c] * inv[c]), -127.0f), 127.0f);
       dst[c] = static_cast<int8_t>(q);
     }
   }
   return OkStatus();
 }
 
-void DequantizeInt8(BlockShape shape, const uint8_t* in, float* out) {
+KVTIER_VECTOR_CLONES void DequantizeInt8(BlockShape shape, const uint8_t* in, float* out) {
   const uint32_t dim = shape.dim();
   std::vector<float> scale(dim);
   for (uint32_t c = 0; c < dim; ++c) scale[c] = Bf16ToFloat(LoadU16(in + 2 * c));

@@ -14,6 +14,16 @@ namespace kvtier::kernels::cpu {
 static_assert(std::endian::native == std::endian::little,
               "the block format is little-endian and stored as-is");
 
+// The hot loops are plain C++ that compilers vectorize; on x86-64 GCC builds
+// each such function for AVX-512, AVX2 and baseline SSE2 and picks one when
+// the program loads, so one binary is both portable and fast.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KVTIER_VECTOR_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define KVTIER_VECTOR_CLONES
+#endif
+
 // Rounds to the nearest integer, ties to even, for |v| < 2^22. Plain
 // arithmetic so that compilers vectorize it on every x86-64 level.
 inline float RoundHalfEven(float v) {

@@ -278,8 +278,11 @@ TEST(CodecLayout, Int4MatchesTheDocumentedLayout) {
     EXPECT_LE(zero, ranges[c].lo);
     EXPECT_GE(double{zero} + 15.0 * scale, ranges[c].hi);
     for (uint32_t t = 0; t < shape.tokens; ++t) {
-      const uint8_t byte = b[4 * dim + t * row_bytes + c / 2];
-      const int code = c % 2 == 0 ? byte & 0xf : byte >> 4;
+      // Channel c < ceil(dim/2) in the low nibble of byte c, the rest in the
+      // high nibble of byte c - ceil(dim/2).
+      const bool low = c < row_bytes;
+      const uint8_t byte = b[4 * dim + t * row_bytes + (low ? c : c - row_bytes)];
+      const int code = low ? byte & 0xf : byte >> 4;
       EXPECT_EQ(y[t * dim + c], zero + code * scale);
     }
   }

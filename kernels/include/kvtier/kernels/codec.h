@@ -12,7 +12,8 @@
 //   int8  [dim] bf16 scales, then [tokens][dim] int8 codes. Symmetric, one scale
 //         per channel over the block's tokens: x ~= code * scale, |code| <= 127.
 //   int4  [dim] bf16 scales, [dim] bf16 zero points, then [tokens][ceil(dim/2)]
-//         bytes, channel 2k in the low nibble and 2k+1 in the high nibble.
+//         bytes; byte k holds channel k in its low nibble and channel
+//         k + ceil(dim/2) in its high nibble (0 when dim is odd).
 //         Asymmetric per channel: x ~= zero + code * scale, code in 0..15.
 //
 // Scales are rounded up and zero points down when stored, so the stored values
@@ -65,7 +66,7 @@ size_t EncodedBytes(Codec codec, BlockShape shape);
 
 // Encodes `in` (shape.values() floats) into `out` (EncodedBytes bytes).
 // Rejects non-finite input, and values a codec cannot represent, with
-// INVALID_ARGUMENT naming the token and channel.
+// INVALID_ARGUMENT naming the token and channel; `out` is then unspecified.
 Status Quantize(Codec codec, BlockShape shape, std::span<const float> in,
                 std::span<uint8_t> out);
 

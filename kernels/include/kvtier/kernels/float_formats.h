@@ -15,13 +15,25 @@ inline float BitsToFloat(uint32_t u) { return std::bit_cast<float>(u); }
 
 inline float Bf16ToFloat(uint16_t h) { return BitsToFloat(uint32_t{h} << 16); }
 
+// `condition ? a : b` as bit operations: loops that use it stay branch-free,
+// so compilers vectorize them.
+inline uint32_t SelectBits(bool condition, uint32_t a, uint32_t b) {
+  const uint32_t mask = 0u - static_cast<uint32_t>(condition);
+  return (a & mask) | (b & ~mask);
+}
+
+// Float bits rounded to the nearest bf16, ties to even, low 16 bits zero.
+// For non-NaN input; beyond the bf16 range the result is +-inf.
+inline uint32_t RoundBitsToBf16(uint32_t u) {
+  return (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+}
+
 // Round to nearest, ties to even. NaN stays NaN (quiet); values beyond the
 // bf16 range become +-inf, as IEEE rounding demands.
 inline uint16_t FloatToBf16(float f) {
-  uint32_t u = FloatBits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
+  const uint32_t u = FloatBits(f);
+  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+  return static_cast<uint16_t>(SelectBits(nan, u | 0x00400000u, RoundBitsToBf16(u)) >> 16);
 }
 
 // Directed roundings for finite input, used for quantization scales and zero
@@ -45,37 +57,48 @@ inline uint16_t FloatToBf16TowardNegative(float f) {
 
 inline constexpr float kFp8E4m3Max = 448.0f;
 
-// Round to nearest, ties to even; saturates to +-448 (the codecs never feed
-// it larger magnitudes); NaN becomes the E4M3FN NaN 0x7f.
-inline uint8_t FloatToFp8E4m3(float f) {
+// Round to nearest, ties to even, for finite |f| < 464 (where no saturation
+// is needed): what the fp8 codec feeds after scaling. Any other input gives
+// an unspecified code without undefined behaviour. Written with selects
+// instead of branches so loops over it vectorize.
+inline uint8_t Fp8E4m3FromInRange(float f) {
   const uint32_t u = FloatBits(f);
-  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
+  const uint32_t sign = (u >> 24) & 0x80u;
   const uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return sign | 0x7f;
-  const float mag = BitsToFloat(a);
-  if (mag >= 464.0f) return sign | 0x7e;  // 464 is the tie between 448 and 480
-  if (mag < 0.015625f) {  // below 2^-6: subnormal, step 2^-9
-    // Adding and subtracting 2^23 * 2^-9 rounds to a multiple of 2^-9 (RNE).
-    const float r = (mag + 16384.0f) - 16384.0f;
-    return sign | static_cast<uint8_t>(r * 512.0f);
-  }
-  // Normal: keep 3 mantissa bits with round-to-nearest-even, rebias 127 -> 7.
-  const uint32_t rounded = (a + 0x7ffffu + ((a >> 20) & 1u)) >> 20;
-  return sign | static_cast<uint8_t>(rounded - (120u << 3));
+  // Below 2^-6 the codes are subnormal multiples of 2^-9: adding and
+  // subtracting 2^14 rounds to one (ties to even). Clamping the bits to 2^-6
+  // keeps the conversion to integer in range for every input.
+  const float small = BitsToFloat(a < 0x3c800000u ? a : 0x3c800000u);
+  const uint32_t subnormal =
+      static_cast<uint32_t>(static_cast<int32_t>(((small + 16384.0f) - 16384.0f) * 512.0f));
+  // Normal: keep 3 mantissa bits, ties to even, and rebias the exponent 127 -> 7.
+  const uint32_t normal = ((a + 0x7ffffu + ((a >> 20) & 1u)) >> 20) - (120u << 3);
+  return static_cast<uint8_t>(sign | SelectBits(a < 0x3c800000u, subnormal, normal));
 }
 
+// Any float: as above, saturating to +-448 from 464 (the tie of 448 and the
+// absent 480) up; NaN becomes the E4M3FN NaN 0x7f.
+inline uint8_t FloatToFp8E4m3(float f) {
+  const uint32_t u = FloatBits(f);
+  const uint32_t sign = (u >> 24) & 0x80u;
+  const uint32_t a = u & 0x7fffffffu;
+  // Out of range the first conversion is garbage but well defined; replaced.
+  const uint32_t in_range = Fp8E4m3FromInRange(f);
+  uint32_t code = SelectBits(a >= 0x43e80000u, sign | 0x7eu, in_range);
+  code = SelectBits(a > 0x7f800000u, sign | 0x7fu, code);
+  return static_cast<uint8_t>(code);
+}
+
+// Branch-free as well: a normal code's 7 exponent-and-mantissa bits placed at
+// float bit 20 give its value once the exponent is rebiased (+120); a
+// subnormal code is its mantissa times 2^-9.
 inline float Fp8E4m3ToFloat(uint8_t c) {
-  const uint32_t exponent = (c >> 3) & 0xfu;
-  const uint32_t mantissa = c & 0x7u;
-  float mag;
-  if ((c & 0x7f) == 0x7f) {
-    mag = BitsToFloat(0x7fc00000u);
-  } else if (exponent == 0) {
-    mag = static_cast<float>(mantissa) * (1.0f / 512.0f);
-  } else {
-    mag = BitsToFloat(((exponent + 120u) << 23) | (mantissa << 20));
-  }
-  return (c & 0x80) ? -mag : mag;
+  const uint32_t magnitude = c & 0x7fu;
+  const uint32_t normal = (magnitude << 20) + (120u << 23);
+  const uint32_t subnormal = FloatBits(static_cast<float>(static_cast<int32_t>(c & 0x7u)) * (1.0f / 512.0f));
+  uint32_t bits = SelectBits(magnitude < 0x08u, subnormal, normal);
+  bits = SelectBits(magnitude == 0x7fu, 0x7fc00000u, bits);
+  return BitsToFloat(bits | (uint32_t{c & 0x80u} << 24));
 }
 
 }  // namespace kvtier::kernels
