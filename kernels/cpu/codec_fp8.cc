@@ -45,7 +45,7 @@ inline uint32_t AbsMaxBits(const float* in, uint32_t n) {
 inline void EncodeTile(const float* __restrict in, float inv, uint8_t* __restrict codes,
                        uint32_t n) {
   for (uint32_t c = 0; c < n; ++c) {
-    codes[c] = Fp8E4m3FromInRange(BitsToFloat(RoundBitsToBf16(FloatBits(in[c]))) * inv);
+    codes[c] = Fp8E4m3FromInRange(BitsToFloat(RoundToBf16Bits(FloatBits(in[c])) << 16) * inv);
   }
 }
 

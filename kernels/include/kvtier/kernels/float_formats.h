@@ -22,10 +22,10 @@ inline uint32_t SelectBits(bool condition, uint32_t a, uint32_t b) {
   return (a & mask) | (b & ~mask);
 }
 
-// Float bits rounded to the nearest bf16, ties to even, low 16 bits zero.
-// For non-NaN input; beyond the bf16 range the result is +-inf.
-inline uint32_t RoundBitsToBf16(uint32_t u) {
-  return (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+// The bf16 nearest to a non-NaN float (ties to even), as its 16 bits; beyond
+// the bf16 range it is +-inf.
+inline uint32_t RoundToBf16Bits(uint32_t float_bits) {
+  return (float_bits + 0x7fffu + ((float_bits >> 16) & 1u)) >> 16;
 }
 
 // Round to nearest, ties to even. NaN stays NaN (quiet); values beyond the
@@ -33,7 +33,7 @@ inline uint32_t RoundBitsToBf16(uint32_t u) {
 inline uint16_t FloatToBf16(float f) {
   const uint32_t u = FloatBits(f);
   const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-  return static_cast<uint16_t>(SelectBits(nan, u | 0x00400000u, RoundBitsToBf16(u)) >> 16);
+  return static_cast<uint16_t>(nan ? (u >> 16) | 0x0040u : RoundToBf16Bits(u));
 }
 
 // Directed roundings for finite input, used for quantization scales and zero
