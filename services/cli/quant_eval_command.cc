@@ -1,9 +1,9 @@
 // `kvtier quant-eval`: the seeds' quantization comparison on a file of
 // latents or on synthetic ones.
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -14,6 +14,9 @@
 
 namespace kvtier::cli {
 namespace {
+
+// Keeps --synthetic within a few hundred MiB.
+constexpr uint64_t kMaxSyntheticTokens = 262144;
 
 struct Options {
   std::string input;
@@ -29,21 +32,27 @@ struct Options {
 
 absl::StatusOr<LatentRows> ReadLatents(const std::string& path, uint32_t latent_dim,
                                        uint32_t rope_dim) {
-  std::ifstream in(path, std::ios::binary);
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error)) {
+    return absl::NotFoundError(absl::StrCat("cannot open --input ", path, ": not a regular file"));
+  }
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open --input ", path));
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) return absl::DataLossError(absl::StrCat("error reading ", path));
   LatentRows rows;
   rows.latent_dim = latent_dim;
   rows.rope_dim = rope_dim;
+  const size_t bytes = static_cast<size_t>(in.tellg());
   const size_t row_bytes = size_t{rows.dim()} * sizeof(float);
-  if (bytes.empty() || bytes.size() % row_bytes != 0) {
+  if (bytes == 0 || bytes % row_bytes != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        path, " is ", bytes.size(), " bytes, not a positive multiple of a row (", rows.dim(),
+        path, " is ", bytes, " bytes, not a positive multiple of a row (", rows.dim(),
         " float32 = ", row_bytes, " bytes)"));
   }
-  rows.values.resize(bytes.size() / sizeof(float));
-  std::memcpy(rows.values.data(), bytes.data(), bytes.size());
+  rows.values.resize(bytes / sizeof(float));
+  in.seekg(0);
+  if (!in.read(reinterpret_cast<char*>(rows.values.data()), static_cast<std::streamsize>(bytes))) {
+    return absl::DataLossError(absl::StrCat("error reading ", path));
+  }
   return rows;
 }
 
@@ -73,8 +82,9 @@ absl::Status Run(const Options& o) {
   LatentRows rows;
   std::string source;
   if (o.synthetic) {
-    if (o.tokens < 1 || o.tokens > (1u << 24)) {
-      return absl::InvalidArgumentError("--tokens must be in 1..16777216");
+    if (o.tokens < 1 || o.tokens > kMaxSyntheticTokens) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tokens must be in 1..", kMaxSyntheticTokens));
     }
     rows = MakeSyntheticLatents(static_cast<uint32_t>(o.tokens), latent_dim, rope_dim, o.seed);
     source = absl::StrCat("synthetic latents with outlier channels (seed ", o.seed, ")");
