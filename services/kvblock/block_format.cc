@@ -17,8 +17,8 @@ T Load(std::string_view bytes, size_t offset) {
 }
 
 template <typename T>
-void Store(std::string& bytes, size_t offset, T v) {
-  std::memcpy(bytes.data() + offset, &v, sizeof v);
+void Store(char* bytes, size_t offset, T v) {
+  std::memcpy(bytes + offset, &v, sizeof v);
 }
 
 absl::Status CheckHeaderFields(const BlockHeader& h) {
@@ -129,6 +129,22 @@ absl::StatusOr<BlockView> ParseBlock(std::string_view record, const LatentLayout
   return BlockView{h, record.substr(kBlockHeaderBytes, want - kBlockHeaderBytes - kBlockTrailerBytes)};
 }
 
+std::array<char, kBlockHeaderBytes> EncodeBlockHeader(const BlockHeader& h) {
+  std::array<char, kBlockHeaderBytes> b{};
+  std::memcpy(b.data(), kBlockMagic, sizeof kBlockMagic);
+  Store<uint16_t>(b.data(), 4, static_cast<uint16_t>(h.format_version));
+  Store<uint8_t>(b.data(), 6, static_cast<uint8_t>(h.codec));
+  Store<uint8_t>(b.data(), 7, 0);
+  Store<uint64_t>(b.data(), 8, h.layout_id);
+  Store<uint32_t>(b.data(), 16, h.token_count);
+  Store<uint16_t>(b.data(), 20, static_cast<uint16_t>(h.layer_begin));
+  Store<uint16_t>(b.data(), 22, static_cast<uint16_t>(h.layer_count));
+  Store<uint16_t>(b.data(), 24, static_cast<uint16_t>(h.latent_dim));
+  Store<uint16_t>(b.data(), 26, static_cast<uint16_t>(h.rope_dim));
+  Store<uint32_t>(b.data(), 28, h.layer_payload_bytes);
+  return b;
+}
+
 absl::StatusOr<std::string> SerializeBlock(const BlockHeader& h, std::string_view payloads) {
   if (h.format_version != kBlockFormatVersion) {
     return absl::InvalidArgumentError(absl::StrCat("cannot write block format version ",
@@ -141,20 +157,11 @@ absl::StatusOr<std::string> SerializeBlock(const BlockHeader& h, std::string_vie
         absl::StrCat("block payloads are ", payloads.size(), " bytes, header needs ", want));
   }
   std::string record(h.RecordBytes(), '\0');
-  std::memcpy(record.data(), kBlockMagic, sizeof kBlockMagic);
-  Store<uint16_t>(record, 4, static_cast<uint16_t>(h.format_version));
-  Store<uint8_t>(record, 6, static_cast<uint8_t>(h.codec));
-  Store<uint8_t>(record, 7, 0);
-  Store<uint64_t>(record, 8, h.layout_id);
-  Store<uint32_t>(record, 16, h.token_count);
-  Store<uint16_t>(record, 20, static_cast<uint16_t>(h.layer_begin));
-  Store<uint16_t>(record, 22, static_cast<uint16_t>(h.layer_count));
-  Store<uint16_t>(record, 24, static_cast<uint16_t>(h.latent_dim));
-  Store<uint16_t>(record, 26, static_cast<uint16_t>(h.rope_dim));
-  Store<uint32_t>(record, 28, h.layer_payload_bytes);
+  const std::array<char, kBlockHeaderBytes> header = EncodeBlockHeader(h);
+  std::memcpy(record.data(), header.data(), header.size());
   std::memcpy(record.data() + kBlockHeaderBytes, payloads.data(), payloads.size());
   const size_t crc_at = record.size() - kBlockTrailerBytes;
-  Store<uint32_t>(record, crc_at, Crc32c(record.data(), crc_at));
+  Store<uint32_t>(record.data(), crc_at, Crc32c(record.data(), crc_at));
   return record;
 }
 

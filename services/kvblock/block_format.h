@@ -19,6 +19,7 @@
 #ifndef KVTIER_SERVICES_KVBLOCK_BLOCK_FORMAT_H_
 #define KVTIER_SERVICES_KVBLOCK_BLOCK_FORMAT_H_
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -75,6 +76,9 @@ struct BlockView {
 // `expected` may be null to accept any layout.
 absl::StatusOr<BlockView> ParseBlock(std::string_view record,
                                      const LatentLayout* expected = nullptr);
+
+// The 32 header bytes of a record; the caller has checked the fields.
+std::array<char, kBlockHeaderBytes> EncodeBlockHeader(const BlockHeader& header);
 
 // Serializes `header` and `payloads` (exactly layer_count * layer_payload_bytes
 // bytes) into a record with its CRC32C.

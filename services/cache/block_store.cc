@@ -1,0 +1,541 @@
+#include "services/cache/block_store.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "services/kvblock/block_format.h"
+#include "services/kvblock/crc32c.h"
+
+namespace kvtier::cache {
+
+struct Entry {
+  std::string ns;
+  kvblock::BlockHash hash;
+  uint64_t layout_id = 0;
+  size_t size = 0;  // record bytes
+  size_t tier = 0;
+  std::vector<uint32_t> pages;
+  uint32_t pins = 0;
+  bool zombie = false;  // dropped while pinned; pages freed at the last unpin
+  std::list<Entry*>::iterator lru;
+};
+
+struct BlockStore::Tier {
+  std::unique_ptr<PageArena> arena;  // the pointer never changes after Create
+  std::list<Entry*> lru;             // most recently used first
+  TierCounters counters;
+};
+
+struct BlockStore::Lease {
+  absl::Time deadline;
+  std::vector<Entry*> entries;
+};
+
+namespace {
+
+// Bookkeeping bytes an index entry costs beyond its payload: the entry, its
+// page list, its namespace copy and the hash-map node.
+size_t EntryMetadataBytes(const Entry& e) {
+  constexpr size_t kMapNode = 64;
+  return sizeof(Entry) + kMapNode + e.pages.capacity() * sizeof(uint32_t) + e.ns.capacity();
+}
+
+// CRC32C of a paged record's bytes before its trailer, and the stored one.
+uint32_t ComputedCrc(const std::vector<std::span<const uint8_t>>& pieces, size_t size) {
+  uint32_t crc = 0;
+  size_t left = size - kvblock::kBlockTrailerBytes;
+  for (const auto& piece : pieces) {
+    const size_t n = std::min(left, piece.size());
+    crc = kvblock::Crc32cExtend(crc, piece.data(), n);
+    left -= n;
+    if (left == 0) break;
+  }
+  return crc;
+}
+
+// Copies [offset, offset + out.size()) of a paged record into `out`.
+void ReadAt(const std::vector<std::span<const uint8_t>>& pieces, size_t offset,
+            std::span<uint8_t> out) {
+  for (const auto& piece : pieces) {
+    if (out.empty()) return;
+    if (offset >= piece.size()) {
+      offset -= piece.size();
+      continue;
+    }
+    const size_t n = std::min(out.size(), piece.size() - offset);
+    std::memcpy(out.data(), piece.data() + offset, n);
+    out = out.subspan(n);
+    offset = 0;
+  }
+}
+
+uint32_t StoredCrc(const std::vector<std::span<const uint8_t>>& pieces, size_t size) {
+  uint32_t crc;
+  ReadAt(pieces, size - kvblock::kBlockTrailerBytes,
+         std::span(reinterpret_cast<uint8_t*>(&crc), sizeof crc));
+  return crc;
+}
+
+// Writes `data` at `offset` of a record laid over `pages`.
+void WriteAt(PageArena& arena, const std::vector<uint32_t>& pages, size_t offset,
+             std::string_view data) {
+  const size_t page_size = arena.page_size();
+  while (!data.empty()) {
+    const size_t page = offset / page_size, in_page = offset % page_size;
+    const size_t n = std::min(data.size(), page_size - in_page);
+    std::memcpy(arena.page(pages[page]) + in_page, data.data(), n);
+    data.remove_prefix(n);
+    offset += n;
+  }
+}
+
+}  // namespace
+
+size_t BlockStore::KeyHash::operator()(const Key& k) const {
+  uint64_t h;
+  std::memcpy(&h, k.second.data(), sizeof h);  // already uniformly distributed
+  return h ^ std::hash<std::string>()(k.first);
+}
+
+// ---- PinnedBlock ----
+
+PinnedBlock::~PinnedBlock() { store_->Unpin(entry_); }
+
+std::string PinnedBlock::CopyToString() const {
+  std::string out;
+  out.reserve(size_);
+  for (const auto& piece : pieces_) out.append(reinterpret_cast<const char*>(piece.data()), piece.size());
+  return out;
+}
+
+// ---- BlockStore ----
+
+absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const StoreOptions& options,
+                                                               Clock* clock) {
+  if (options.page_size < 4096) {
+    return absl::InvalidArgumentError("page size must be at least 4096 bytes");
+  }
+  std::vector<std::unique_ptr<Tier>> tiers;
+  const std::pair<v1::Tier, uint64_t> configured[] = {
+      {v1::TIER_DEVICE, options.device_capacity}, {v1::TIER_HOST, options.host_capacity}};
+  for (auto [kind, capacity] : configured) {
+    if (capacity < options.page_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          v1::Tier_Name(kind), " capacity ", capacity, " bytes is below one page (",
+          options.page_size, " bytes)"));
+    }
+    auto arena = PageArena::Create(capacity, options.page_size);
+    if (!arena.ok()) return arena.status();
+    auto tier = std::make_unique<Tier>();
+    tier->arena = std::move(*arena);
+    tier->counters.tier = kind;
+    tier->counters.capacity_bytes = capacity;
+    tiers.push_back(std::move(tier));
+  }
+  return std::unique_ptr<BlockStore>(new BlockStore(options, clock, std::move(tiers)));
+}
+
+BlockStore::BlockStore(const StoreOptions& options, Clock* clock,
+                       std::vector<std::unique_ptr<Tier>> tiers)
+    : options_(options), clock_(clock), tiers_(std::move(tiers)) {}
+
+BlockStore::~BlockStore() = default;
+
+uint32_t BlockStore::PagesFor(size_t bytes) const {
+  return static_cast<uint32_t>((bytes + options_.page_size - 1) / options_.page_size);
+}
+
+MatchResult BlockStore::Match(const std::string& ns, uint64_t layout_id,
+                              std::span<const kvblock::BlockHash> hashes,
+                              std::optional<absl::Duration> lease_ttl) {
+  absl::MutexLock lock(&mu_);
+  ExpireLeasesLocked();
+  MatchResult result;
+  std::vector<Entry*> matched;
+  for (const kvblock::BlockHash& hash : hashes) {
+    auto it = index_.find(Key(ns, hash));
+    if (it == index_.end() || it->second->layout_id != layout_id) break;
+    Entry* e = it->second.get();
+    TouchLocked(e);
+    matched.push_back(e);
+    result.tiers.push_back(tiers_[e->tier]->counters.tier);
+  }
+  result.matched_blocks = static_cast<uint32_t>(matched.size());
+  if (lease_ttl.has_value() && !matched.empty()) {
+    absl::Duration ttl = *lease_ttl <= absl::ZeroDuration() ? options_.default_lease_ttl : *lease_ttl;
+    ttl = std::min(ttl, options_.max_lease_ttl);
+    for (Entry* e : matched) ++e->pins;
+    result.lease_id = next_lease_id_++;
+    result.lease_deadline = clock_->Now() + ttl;
+    leases_[result.lease_id] = Lease{result.lease_deadline, std::move(matched)};
+  }
+  return result;
+}
+
+absl::Status BlockStore::ReleaseLease(uint64_t lease_id) {
+  absl::MutexLock lock(&mu_);
+  ExpireLeasesLocked();
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) {
+    return absl::NotFoundError(absl::StrCat("lease ", lease_id, " is unknown or expired"));
+  }
+  for (Entry* e : it->second.entries) UnpinLocked(e);
+  leases_.erase(it);
+  return absl::OkStatus();
+}
+
+void BlockStore::ExpireLeases() {
+  absl::MutexLock lock(&mu_);
+  ExpireLeasesLocked();
+}
+
+void BlockStore::ExpireLeasesLocked() {
+  const absl::Time now = clock_->Now();
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    if (it->second.deadline > now) {
+      ++it;
+      continue;
+    }
+    for (Entry* e : it->second.entries) UnpinLocked(e);
+    leases_.erase(it++);
+  }
+}
+
+absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(
+    const std::string& ns, uint64_t layout_id, const kvblock::BlockHash& hash) {
+  Entry* e;
+  std::vector<std::span<const uint8_t>> pieces;
+  v1::Tier served_from;
+  {
+    absl::MutexLock lock(&mu_);
+    ExpireLeasesLocked();
+    auto it = index_.find(Key(ns, hash));
+    if (it == index_.end()) {
+      ++counters_.misses;
+      return absl::NotFoundError(absl::StrCat("block ", kvblock::HashToHex(hash), " not stored"));
+    }
+    e = it->second.get();
+    if (e->layout_id != layout_id) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("block ", kvblock::HashToHex(hash), " was stored under layout ",
+                       absl::Hex(e->layout_id), ", not ", absl::Hex(layout_id)));
+    }
+    Tier& from = *tiers_[e->tier];
+    ++from.counters.hits;
+    served_from = from.counters.tier;
+    ++e->pins;  // before the move: making room must not pick this block
+    if (e->tier != 0 && !MoveLocked(e, 0) && e->zombie) {
+      UnpinLocked(e);
+      return absl::DataLossError(absl::StrCat("block ", kvblock::HashToHex(hash),
+                                              " failed its checksum and was dropped"));
+    }
+    TouchLocked(e);
+    pieces = PiecesLocked(e->tier, e->pages, e->size);
+  }
+  // Pinned: the pages cannot change, so verify without the lock.
+  if (ComputedCrc(pieces, e->size) != StoredCrc(pieces, e->size)) {
+    absl::MutexLock lock(&mu_);
+    ++counters_.checksum_failures;
+    if (!e->zombie) DropLocked(e);
+    UnpinLocked(e);
+    return absl::DataLossError(absl::StrCat("block ", kvblock::HashToHex(hash),
+                                            " failed its checksum and was dropped"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    counters_.bytes_out += e->size;
+  }
+  return std::shared_ptr<const PinnedBlock>(
+      new PinnedBlock(this, e, served_from, std::move(pieces), e->size));
+}
+
+void BlockStore::Unpin(Entry* entry) {
+  absl::MutexLock lock(&mu_);
+  UnpinLocked(entry);
+}
+
+void BlockStore::UnpinLocked(Entry* e) {
+  if (--e->pins > 0 || !e->zombie) return;
+  FreePagesLocked(e->tier, e->pages, e->size);
+  counters_.metadata_bytes -= EntryMetadataBytes(*e);
+  auto it = std::find_if(zombies_.begin(), zombies_.end(),
+                         [e](const std::unique_ptr<Entry>& z) { return z.get() == e; });
+  zombies_.erase(it);
+}
+
+void BlockStore::TouchLocked(Entry* e) {
+  auto& lru = tiers_[e->tier]->lru;
+  lru.splice(lru.begin(), lru, e->lru);
+}
+
+std::vector<std::span<const uint8_t>> BlockStore::PiecesLocked(
+    size_t tier, const std::vector<uint32_t>& pages, size_t bytes) const {
+  const PageArena& arena = *tiers_[tier]->arena;
+  std::vector<std::span<const uint8_t>> pieces;
+  pieces.reserve(pages.size());
+  for (uint32_t p : pages) {
+    const size_t n = std::min<size_t>(bytes, arena.page_size());
+    pieces.emplace_back(arena.page(p), n);
+    bytes -= n;
+  }
+  return pieces;
+}
+
+void BlockStore::FreePagesLocked(size_t tier, const std::vector<uint32_t>& pages, size_t bytes) {
+  Tier& t = *tiers_[tier];
+  t.arena->Free(pages);
+  t.counters.used_bytes -= bytes;
+}
+
+void BlockStore::DropLocked(Entry* e) {
+  Tier& t = *tiers_[e->tier];
+  t.lru.erase(e->lru);
+  --t.counters.blocks;
+  auto it = index_.find(Key(e->ns, e->hash));
+  std::unique_ptr<Entry> owned = std::move(it->second);
+  index_.erase(it);
+  if (e->pins > 0) {
+    e->zombie = true;
+    zombies_.push_back(std::move(owned));
+    return;
+  }
+  FreePagesLocked(e->tier, e->pages, e->size);
+  counters_.metadata_bytes -= EntryMetadataBytes(*e);
+}
+
+bool BlockStore::MakeRoomLocked(size_t tier, uint32_t pages) {
+  Tier& t = *tiers_[tier];
+  while (t.arena->free_pages() < pages) {
+    auto victim_it = std::find_if(t.lru.rbegin(), t.lru.rend(),
+                                  [](const Entry* e) { return e->pins == 0; });
+    if (victim_it == t.lru.rend()) return false;
+    Entry* victim = *victim_it;
+    if (tier + 1 < tiers_.size()) {
+      ++victim->pins;  // keeps it out of the next tier's own eviction
+      const bool moved = MoveLocked(victim, tier + 1);
+      const bool dropped = victim->zombie;
+      UnpinLocked(victim);
+      if (moved || dropped) continue;
+    }
+    ++t.counters.evictions;
+    DropLocked(victim);
+  }
+  return true;
+}
+
+bool BlockStore::MoveLocked(Entry* e, size_t to) {
+  const size_t from = e->tier;
+  const uint32_t n = PagesFor(e->size);
+  if (n > tiers_[to]->arena->total_pages() || !MakeRoomLocked(to, n)) return false;
+  Tier& dst = *tiers_[to];
+  std::vector<uint32_t> pages;
+  dst.arena->Allocate(n, pages);
+  dst.counters.used_bytes += e->size;
+  // Copy page by page, checksumming what is read.
+  const auto pieces = PiecesLocked(from, e->pages, e->size);
+  uint32_t crc = 0;
+  size_t offset = 0;
+  const size_t crc_end = e->size - kvblock::kBlockTrailerBytes;
+  for (const auto& piece : pieces) {
+    WriteAt(*dst.arena, pages, offset,
+            std::string_view(reinterpret_cast<const char*>(piece.data()), piece.size()));
+    if (offset < crc_end) {
+      crc = kvblock::Crc32cExtend(crc, piece.data(), std::min(piece.size(), crc_end - offset));
+    }
+    offset += piece.size();
+  }
+  if (crc != StoredCrc(pieces, e->size)) {
+    FreePagesLocked(to, pages, e->size);
+    ++counters_.checksum_failures;
+    DropLocked(e);
+    return false;
+  }
+  Tier& src = *tiers_[from];
+  src.lru.erase(e->lru);
+  --src.counters.blocks;
+  FreePagesLocked(from, e->pages, e->size);
+  e->pages = std::move(pages);
+  e->tier = to;
+  dst.lru.push_front(e);
+  e->lru = dst.lru.begin();
+  ++dst.counters.blocks;
+  if (to < from) {
+    ++dst.counters.promotions;
+  } else {
+    ++src.counters.demotions;
+  }
+  return true;
+}
+
+absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t bytes) {
+  if (pending_blocks_ >= options_.max_pending_blocks) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        pending_blocks_, " blocks are being assembled, the limit; retry later"));
+  }
+  Tier& first = *tiers_[0];
+  const uint32_t n = PagesFor(bytes);
+  if (n > first.arena->total_pages()) {
+    return absl::ResourceExhaustedError(absl::StrCat("a block of ", bytes,
+                                                     " bytes does not fit the device tier (",
+                                                     first.counters.capacity_bytes, " bytes)"));
+  }
+  if (!MakeRoomLocked(0, n)) {
+    return absl::ResourceExhaustedError(
+        "device tier is full of pinned or incomplete blocks; retry later");
+  }
+  std::vector<uint32_t> pages;
+  first.arena->Allocate(n, pages);
+  first.counters.used_bytes += bytes;
+  ++pending_blocks_;
+  return pages;
+}
+
+std::unique_ptr<PutSession> BlockStore::BeginPut(std::string ns, kvblock::LatentLayout layout) {
+  return std::unique_ptr<PutSession>(new PutSession(this, std::move(ns), std::move(layout)));
+}
+
+StoreStats BlockStore::Stats() {
+  absl::MutexLock lock(&mu_);
+  ExpireLeasesLocked();
+  StoreStats s = counters_;
+  for (const auto& t : tiers_) {
+    s.tiers.push_back(t->counters);
+    s.metadata_bytes += t->arena->total_pages() * sizeof(uint32_t);  // free lists
+  }
+  s.metadata_bytes += leases_.size() * sizeof(Lease);
+  for (const auto& [id, lease] : leases_) s.metadata_bytes += lease.entries.capacity() * sizeof(Entry*);
+  s.active_leases = leases_.size();
+  s.pending_blocks = pending_blocks_;
+  return s;
+}
+
+// ---- PutSession ----
+
+struct PutSession::Pending {
+  std::vector<uint32_t> pages;
+  std::vector<bool> layers;
+  uint32_t layers_left = 0;
+};
+
+PutSession::PutSession(BlockStore* store, std::string ns, kvblock::LatentLayout layout)
+    : store_(store),
+      ns_(std::move(ns)),
+      layout_(std::move(layout)),
+      layout_id_(kvblock::LayoutId(layout_)),
+      record_bytes_(kvblock::HeaderFor(layout_, 0, layout_.num_layers).RecordBytes()) {}
+
+PutSession::~PutSession() {
+  for (auto& [hash, pending] : pending_) Abandon(*pending);
+}
+
+void PutSession::Abandon(Pending& p) {
+  absl::MutexLock lock(&store_->mu_);
+  store_->FreePagesLocked(0, p.pages, record_bytes_);
+  --store_->pending_blocks_;
+}
+
+absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_view record) {
+  absl::StatusOr<kvblock::BlockView> slice = kvblock::ParseBlock(record, &layout_);
+  if (!slice.ok()) {
+    if (slice.status().code() == absl::StatusCode::kDataLoss) {
+      absl::MutexLock lock(&store_->mu_);
+      ++store_->counters_.checksum_failures;
+    }
+    return absl::Status(slice.status().code(), absl::StrCat("slice of block ",
+                                                             kvblock::HashToHex(hash), ": ",
+                                                             slice.status().message()));
+  }
+  const std::string key(kvblock::HashAsBytes(hash));
+  auto it = pending_.find(key);
+  if (it == pending_.end()) {
+    absl::MutexLock lock(&store_->mu_);
+    if (store_->index_.count(BlockStore::Key(ns_, hash)) > 0) {
+      // Already stored: this slice and the block's others cost nothing.
+      if (deduplicated_.insert(key).second) {
+        ++summary_.blocks_deduplicated;
+        ++store_->counters_.blocks_deduplicated;
+      }
+      return absl::OkStatus();
+    }
+    absl::StatusOr<std::vector<uint32_t>> pages = store_->AllocatePendingLocked(record_bytes_);
+    if (!pages.ok()) return pages.status();
+    auto pending = std::make_unique<Pending>();
+    pending->pages = std::move(*pages);
+    pending->layers.assign(layout_.num_layers, false);
+    pending->layers_left = layout_.num_layers;
+    it = pending_.emplace(key, std::move(pending)).first;
+  }
+  Pending& p = *it->second;
+  const kvblock::BlockHeader& h = slice->header;
+  for (uint32_t l = h.layer_begin; l < h.layer_begin + h.layer_count; ++l) {
+    if (p.layers[l]) {
+      return absl::InvalidArgumentError(absl::StrCat("layer ", l, " of block ",
+                                                     kvblock::HashToHex(hash), " sent twice"));
+    }
+  }
+  PageArena& arena = *store_->tiers_[0]->arena;
+  WriteAt(arena, p.pages, kvblock::kBlockHeaderBytes + size_t{h.layer_begin} * h.layer_payload_bytes,
+          slice->payloads);
+  for (uint32_t l = h.layer_begin; l < h.layer_begin + h.layer_count; ++l) p.layers[l] = true;
+  p.layers_left -= h.layer_count;
+  {
+    absl::MutexLock lock(&store_->mu_);
+    store_->counters_.bytes_in += record.size();
+  }
+  if (p.layers_left > 0) return absl::OkStatus();
+
+  // Complete: header and checksum, then visible all at once.
+  const auto header = kvblock::EncodeBlockHeader(kvblock::HeaderFor(layout_, 0, layout_.num_layers));
+  WriteAt(arena, p.pages, 0, std::string_view(header.data(), header.size()));
+  std::vector<std::span<const uint8_t>> pieces;
+  {
+    absl::MutexLock lock(&store_->mu_);
+    pieces = store_->PiecesLocked(0, p.pages, record_bytes_);
+  }
+  const uint32_t crc = ComputedCrc(pieces, record_bytes_);
+  WriteAt(arena, p.pages, record_bytes_ - kvblock::kBlockTrailerBytes,
+          std::string_view(reinterpret_cast<const char*>(&crc), sizeof crc));
+
+  std::unique_ptr<Pending> done = std::move(it->second);
+  pending_.erase(it);
+  absl::MutexLock lock(&store_->mu_);
+  --store_->pending_blocks_;
+  BlockStore::Key index_key(ns_, hash);
+  if (store_->index_.count(index_key) > 0) {  // another stream finished it first
+    store_->FreePagesLocked(0, done->pages, record_bytes_);
+    ++summary_.blocks_deduplicated;
+    ++store_->counters_.blocks_deduplicated;
+    return absl::OkStatus();
+  }
+  auto entry = std::make_unique<Entry>();
+  entry->ns = ns_;
+  entry->hash = hash;
+  entry->layout_id = layout_id_;
+  entry->size = record_bytes_;
+  entry->tier = 0;
+  entry->pages = std::move(done->pages);
+  BlockStore::Tier& first = *store_->tiers_[0];
+  first.lru.push_front(entry.get());
+  entry->lru = first.lru.begin();
+  ++first.counters.blocks;
+  ++store_->counters_.blocks_stored;
+  store_->counters_.metadata_bytes += EntryMetadataBytes(*entry);
+  store_->index_.emplace(std::move(index_key), std::move(entry));
+  ++summary_.blocks_stored;
+  return absl::OkStatus();
+}
+
+PutSummary PutSession::Finish() {
+  for (auto& [key, pending] : pending_) {
+    Abandon(*pending);
+    kvblock::BlockHash hash;
+    std::memcpy(hash.data(), key.data(), hash.size());
+    summary_.incomplete.push_back(hash);
+  }
+  pending_.clear();
+  deduplicated_.clear();
+  return summary_;
+}
+
+}  // namespace kvtier::cache

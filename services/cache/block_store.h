@@ -1,0 +1,236 @@
+// The cache's store of latent block records, in tiers of fixed-size pages.
+//
+// Tiers, fastest first: device (host memory standing in for GPU memory until
+// the CUDA backend lands) and host. A tier that is full demotes its
+// least-recently-used unpinned blocks to the next tier; the last tier drops
+// them. Reading a block promotes it to the first tier. Every tier move and
+// every read verifies the record's CRC32C; a block that fails is dropped and
+// counted, never served.
+//
+// Blocks are keyed by (namespace, chain hash). A Put assembles a block from
+// layer slices in pages of the first tier that only its session can see; the
+// block becomes visible to Match and Read all at once, when its last layer
+// has arrived. Pinned blocks (by a lease or by a reader) are never moved or
+// dropped.
+//
+// Thread-safe. One mutex guards the index, tiers and leases; page contents
+// are read without it while pinned, and written without it only while owned
+// by a PutSession.
+#ifndef KVTIER_SERVICES_CACHE_BLOCK_STORE_H_
+#define KVTIER_SERVICES_CACHE_BLOCK_STORE_H_
+
+#include <array>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "kvtier/v1/layout.pb.h"
+#include "services/cache/page_arena.h"
+#include "services/common/clock.h"
+#include "services/kvblock/block_key.h"
+#include "services/kvblock/layout.h"
+
+namespace kvtier::cache {
+
+struct StoreOptions {
+  uint64_t device_capacity = 0;  // bytes; both must be positive
+  uint64_t host_capacity = 0;
+  uint32_t page_size = 64 * 1024;
+  absl::Duration default_lease_ttl = absl::Seconds(30);
+  absl::Duration max_lease_ttl = absl::Minutes(10);
+  // Blocks being assembled at once, across all Put streams.
+  uint32_t max_pending_blocks = 1024;
+};
+
+struct TierCounters {
+  v1::Tier tier = v1::TIER_UNSPECIFIED;
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;  // record bytes of visible and pending blocks
+  uint64_t blocks = 0;      // visible blocks
+  uint64_t hits = 0;
+  uint64_t promotions = 0;
+  uint64_t demotions = 0;
+  uint64_t evictions = 0;
+};
+
+struct StoreStats {
+  std::vector<TierCounters> tiers;
+  uint64_t metadata_bytes = 0;
+  uint64_t misses = 0;
+  uint64_t blocks_stored = 0;
+  uint64_t blocks_deduplicated = 0;
+  uint64_t bytes_in = 0;
+  uint64_t bytes_out = 0;
+  uint64_t checksum_failures = 0;
+  uint64_t active_leases = 0;
+  uint64_t pending_blocks = 0;
+};
+
+struct MatchResult {
+  uint32_t matched_blocks = 0;
+  std::vector<v1::Tier> tiers;
+  uint64_t lease_id = 0;  // 0 = none taken
+  absl::Time lease_deadline;
+};
+
+class BlockStore;
+struct Entry;
+
+// A block pinned for reading: its record bytes stay in place, unchanged,
+// until this object is destroyed. Thread-safe to read from.
+class PinnedBlock {
+ public:
+  ~PinnedBlock();
+  PinnedBlock(const PinnedBlock&) = delete;
+  PinnedBlock& operator=(const PinnedBlock&) = delete;
+
+  size_t size() const { return size_; }
+  v1::Tier tier() const { return tier_; }
+  // The record as page-sized pieces, in order.
+  const std::vector<std::span<const uint8_t>>& pieces() const { return pieces_; }
+  std::string CopyToString() const;
+
+ private:
+  friend class BlockStore;
+  PinnedBlock(BlockStore* store, Entry* entry, v1::Tier tier,
+              std::vector<std::span<const uint8_t>> pieces, size_t size)
+      : store_(store), entry_(entry), tier_(tier), pieces_(std::move(pieces)), size_(size) {}
+
+  BlockStore* store_;
+  Entry* entry_;
+  v1::Tier tier_;
+  std::vector<std::span<const uint8_t>> pieces_;
+  size_t size_;
+};
+
+struct PutSummary {
+  uint32_t blocks_stored = 0;
+  uint32_t blocks_deduplicated = 0;
+  std::vector<kvblock::BlockHash> incomplete;
+};
+
+// Assembles the blocks of one Put stream. Not thread-safe (one stream, one
+// caller at a time). Destroying it without Finish frees every block it had
+// not completed, as when the stream is cancelled.
+class PutSession {
+ public:
+  ~PutSession();
+  PutSession(const PutSession&) = delete;
+  PutSession& operator=(const PutSession&) = delete;
+
+  // Parses and verifies one slice record (block_format.md) and stages its
+  // layers; the block is committed when its last layer arrives. Errors:
+  // INVALID_ARGUMENT / FAILED_PRECONDITION / DATA_LOSS from the parser,
+  // INVALID_ARGUMENT for a layer sent twice, RESOURCE_EXHAUSTED when no room
+  // can be made. A failed slice leaves the session usable.
+  absl::Status AddSlice(const kvblock::BlockHash& hash, std::string_view record);
+  // Frees the blocks still incomplete and reports what this session did.
+  PutSummary Finish();
+
+ private:
+  friend class BlockStore;
+  struct Pending;
+  PutSession(BlockStore* store, std::string ns, kvblock::LatentLayout layout);
+  void Abandon(Pending& pending);
+
+  BlockStore* store_;
+  std::string ns_;
+  kvblock::LatentLayout layout_;
+  uint64_t layout_id_;
+  size_t record_bytes_;
+  std::unordered_map<std::string, std::unique_ptr<Pending>> pending_;  // by hash bytes
+  std::unordered_set<std::string> deduplicated_;  // blocks found already stored
+  PutSummary summary_;
+};
+
+class BlockStore {
+ public:
+  static absl::StatusOr<std::unique_ptr<BlockStore>> Create(const StoreOptions& options,
+                                                            Clock* clock);
+  ~BlockStore();
+
+  // Longest prefix of `hashes` stored in `ns` under `layout_id`. With a
+  // lease_ttl the matched blocks are pinned until ReleaseLease or the
+  // deadline (ttl 0 = the default; capped at max_lease_ttl).
+  MatchResult Match(const std::string& ns, uint64_t layout_id,
+                    std::span<const kvblock::BlockHash> hashes,
+                    std::optional<absl::Duration> lease_ttl = std::nullopt);
+  // NOT_FOUND for an unknown or expired lease.
+  absl::Status ReleaseLease(uint64_t lease_id);
+
+  // Pins one block for reading: promotes it to the first tier if it can,
+  // verifies its checksum. NOT_FOUND if absent; DATA_LOSS if its checksum
+  // failed (the block is dropped); FAILED_PRECONDITION if it was stored
+  // under another layout.
+  absl::StatusOr<std::shared_ptr<const PinnedBlock>> Read(const std::string& ns,
+                                                          uint64_t layout_id,
+                                                          const kvblock::BlockHash& hash);
+
+  std::unique_ptr<PutSession> BeginPut(std::string ns, kvblock::LatentLayout layout);
+
+  // Ends leases whose deadline has passed (also done by every call above).
+  void ExpireLeases();
+  StoreStats Stats();
+
+ private:
+  friend class PinnedBlock;
+  friend class PutSession;
+  struct Tier;
+  struct Lease;
+  struct KeyHash {
+    size_t operator()(const std::pair<std::string, kvblock::BlockHash>& k) const;
+  };
+  using Key = std::pair<std::string, kvblock::BlockHash>;
+
+  BlockStore(const StoreOptions& options, Clock* clock, std::vector<std::unique_ptr<Tier>> tiers);
+
+  void ExpireLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Unpin(Entry* entry);
+  void UnpinLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TouchLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees enough pages in `tier` for `pages` more, demoting or dropping LRU
+  // unpinned blocks; false when pinned blocks leave too little room.
+  bool MakeRoomLocked(size_t tier, uint32_t pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves a block to `to` (a neighbouring tier) with a verified copy.
+  // Returns false, leaving it in place, when the destination has no room;
+  // on a checksum failure the block is dropped.
+  bool MoveLocked(Entry* entry, size_t to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FreePagesLocked(size_t tier, const std::vector<uint32_t>& pages, size_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes pages in the first tier for a block being assembled.
+  absl::StatusOr<std::vector<uint32_t>> AllocatePendingLocked(size_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The record as spans over its pages.
+  std::vector<std::span<const uint8_t>> PiecesLocked(size_t tier, const std::vector<uint32_t>& pages,
+                                                    size_t bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint32_t PagesFor(size_t bytes) const;
+
+  const StoreOptions options_;
+  Clock* const clock_;
+  mutable absl::Mutex mu_;
+  // Fixed at construction; each Tier's lists and counters are guarded by mu_.
+  const std::vector<std::unique_ptr<Tier>> tiers_;
+  std::unordered_map<Key, std::unique_ptr<Entry>, KeyHash> index_ ABSL_GUARDED_BY(mu_);
+  // Dropped while pinned: freed when the last pin goes.
+  std::vector<std::unique_ptr<Entry>> zombies_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_lease_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint32_t pending_blocks_ ABSL_GUARDED_BY(mu_) = 0;
+  StoreStats counters_ ABSL_GUARDED_BY(mu_);  // the non-tier counters
+};
+
+}  // namespace kvtier::cache
+
+#endif  // KVTIER_SERVICES_CACHE_BLOCK_STORE_H_

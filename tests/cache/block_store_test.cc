@@ -1,0 +1,363 @@
+// BlockStore with a hand-driven clock: visibility, dedup, LRU demotion and
+// promotion, leases, pins, capacity limits, checksums, namespaces.
+#include "services/cache/block_store.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "services/kvblock/block_format.h"
+#include "tests/test_random.h"
+
+namespace kvtier::cache {
+namespace {
+
+using kvblock::BlockHash;
+
+constexpr uint32_t kPage = 4096;
+
+kvblock::LatentLayout SmallLayout() {
+  kvblock::LatentLayout l;
+  l.model_id = "store-test";
+  l.num_layers = 4;
+  l.kv_lora_rank = 24;
+  l.rope_dim = 8;
+  l.tokens_per_block = 16;
+  l.codec = kernels::Codec::kInt8;
+  return l;  // 2,340-byte records: one page each
+}
+
+class BlockStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Open(4, 6); }
+
+  // Capacities in pages (one block per page with SmallLayout).
+  void Open(uint64_t device_pages, uint64_t host_pages) {
+    StoreOptions o;
+    o.page_size = kPage;
+    o.device_capacity = device_pages * kPage;
+    o.host_capacity = host_pages * kPage;
+    o.default_lease_ttl = absl::Seconds(10);
+    auto s = BlockStore::Create(o, &clock_);
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = std::move(*s);
+  }
+
+  BlockHash Hash(int i) {
+    std::vector<uint32_t> tokens(16, static_cast<uint32_t>(i));
+    return kvblock::ChainHash("ns", kvblock::kNoParent, layout_id_, tokens);
+  }
+
+  // Encodes fresh random latents for layers [begin, begin + count).
+  std::string Slice(uint32_t begin, uint32_t count) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(size_t{count} * layout_.LayerShape().values());
+    for (float& v : x) v = normal(rng_.engine());
+    auto r = kvblock::EncodeBlock(layout_, begin, count, x);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return *r;
+  }
+
+  // Puts a whole block layer by layer; returns the layers' records.
+  std::vector<std::string> Put(const BlockHash& hash, const std::string& ns = "ns") {
+    auto session = store_->BeginPut(ns, layout_);
+    std::vector<std::string> slices;
+    for (uint32_t l = 0; l < layout_.num_layers; ++l) {
+      slices.push_back(Slice(l, 1));
+      absl::Status s = session->AddSlice(hash, slices.back());
+      EXPECT_TRUE(s.ok()) << s;
+    }
+    PutSummary summary = session->Finish();
+    EXPECT_TRUE(summary.incomplete.empty());
+    return slices;
+  }
+
+  absl::StatusCode ReadCode(const BlockHash& hash, const std::string& ns = "ns") {
+    return store_->Read(ns, layout_id_, hash).status().code();
+  }
+
+  v1::Tier TierOf(const BlockHash& hash) {
+    MatchResult m = store_->Match("ns", layout_id_, std::span(&hash, 1));
+    return m.matched_blocks == 1 ? m.tiers[0] : v1::TIER_UNSPECIFIED;
+  }
+
+  void ExpectWithinCapacity() {
+    for (const TierCounters& t : store_->Stats().tiers) {
+      EXPECT_LE(t.used_bytes, t.capacity_bytes) << v1::Tier_Name(t.tier);
+    }
+  }
+
+  testing::SeededRng rng_;
+  ManualClock clock_;
+  kvblock::LatentLayout layout_ = SmallLayout();
+  uint64_t layout_id_ = kvblock::LayoutId(SmallLayout());
+  std::unique_ptr<BlockStore> store_;
+};
+
+TEST_F(BlockStoreTest, ReadsBackTheRecordAssembledFromSlices) {
+  SCOPED_TRACE(rng_.Trace());
+  const BlockHash h = Hash(1);
+  auto slices = Put(h);
+  auto block = store_->Read("ns", layout_id_, h);
+  ASSERT_TRUE(block.ok()) << block.status();
+  const std::string record = (*block)->CopyToString();
+  absl::StatusOr<kvblock::BlockView> view = kvblock::ParseBlock(record, &layout_);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->header.layer_count, 4u);
+  for (uint32_t l = 0; l < 4; ++l) {
+    auto slice = kvblock::ParseBlock(slices[l], &layout_);
+    ASSERT_TRUE(slice.ok());
+    EXPECT_EQ(view->Layer(l), slice->Layer(0)) << "layer " << l;
+  }
+  EXPECT_EQ((*block)->tier(), v1::TIER_DEVICE);
+}
+
+TEST_F(BlockStoreTest, BlockIsInvisibleUntilItsLastLayerArrivesInAnyOrder) {
+  const BlockHash h = Hash(2);
+  auto session = store_->BeginPut("ns", layout_);
+  ASSERT_TRUE(session->AddSlice(h, Slice(2, 2)).ok());  // layers 2-3 first
+  EXPECT_EQ(store_->Match("ns", layout_id_, std::span(&h, 1)).matched_blocks, 0u);
+  EXPECT_EQ(ReadCode(h), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(session->AddSlice(h, Slice(0, 1)).ok());
+  EXPECT_EQ(ReadCode(h), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(session->AddSlice(h, Slice(1, 1)).ok());
+  EXPECT_EQ(ReadCode(h), absl::StatusCode::kOk);
+  EXPECT_EQ(session->Finish().blocks_stored, 1u);
+}
+
+TEST_F(BlockStoreTest, SecondPutOfAStoredBlockIsDeduplicated) {
+  const BlockHash h = Hash(3);
+  Put(h);
+  const uint64_t used = store_->Stats().tiers[0].used_bytes;
+  auto session = store_->BeginPut("ns", layout_);
+  for (uint32_t l = 0; l < 4; ++l) ASSERT_TRUE(session->AddSlice(h, Slice(l, 1)).ok());
+  PutSummary summary = session->Finish();
+  EXPECT_EQ(summary.blocks_stored, 0u);
+  EXPECT_EQ(summary.blocks_deduplicated, 1u);
+  const StoreStats stats = store_->Stats();
+  EXPECT_EQ(stats.tiers[0].used_bytes, used);
+  EXPECT_EQ(stats.blocks_deduplicated, 1u);
+  EXPECT_EQ(stats.blocks_stored, 1u);
+}
+
+TEST_F(BlockStoreTest, CancelledPutFreesWhatItHeld) {
+  const StoreStats before = store_->Stats();
+  {
+    auto session = store_->BeginPut("ns", layout_);
+    ASSERT_TRUE(session->AddSlice(Hash(4), Slice(0, 1)).ok());
+    ASSERT_TRUE(session->AddSlice(Hash(5), Slice(3, 1)).ok());
+    EXPECT_EQ(store_->Stats().pending_blocks, 2u);
+    EXPECT_GT(store_->Stats().tiers[0].used_bytes, before.tiers[0].used_bytes);
+  }  // stream cancelled
+  const StoreStats after = store_->Stats();
+  EXPECT_EQ(after.pending_blocks, 0u);
+  EXPECT_EQ(after.tiers[0].used_bytes, before.tiers[0].used_bytes);
+  EXPECT_EQ(ReadCode(Hash(4)), absl::StatusCode::kNotFound);
+
+  auto session = store_->BeginPut("ns", layout_);
+  ASSERT_TRUE(session->AddSlice(Hash(6), Slice(0, 1)).ok());
+  PutSummary summary = session->Finish();
+  ASSERT_EQ(summary.incomplete.size(), 1u);
+  EXPECT_EQ(summary.incomplete[0], Hash(6));
+  EXPECT_EQ(store_->Stats().tiers[0].used_bytes, before.tiers[0].used_bytes);
+}
+
+TEST_F(BlockStoreTest, BadSlicesGetTheirStatusAndLeaveTheSessionUsable) {
+  auto session = store_->BeginPut("ns", layout_);
+  const BlockHash h = Hash(7);
+  ASSERT_TRUE(session->AddSlice(h, Slice(0, 2)).ok());
+  EXPECT_EQ(session->AddSlice(h, Slice(1, 1)).code(), absl::StatusCode::kInvalidArgument);
+  std::string corrupt = Slice(2, 1);
+  corrupt[100] ^= 1;
+  EXPECT_EQ(session->AddSlice(h, corrupt).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store_->Stats().checksum_failures, 1u);
+  kvblock::LatentLayout other = layout_;
+  other.codec = kernels::Codec::kInt4;
+  std::vector<float> x(other.LayerShape().values(), 1.0f);
+  EXPECT_EQ(session->AddSlice(h, *kvblock::EncodeBlock(other, 2, 1, x)).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(session->AddSlice(h, "garbage").code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(session->AddSlice(h, Slice(2, 2)).ok());
+  EXPECT_EQ(session->Finish().blocks_stored, 1u);
+  EXPECT_EQ(ReadCode(h), absl::StatusCode::kOk);
+}
+
+TEST_F(BlockStoreTest, FullDeviceTierDemotesLruAndLastTierDrops) {
+  // Device holds 4 blocks, host 6.
+  for (int i = 0; i < 10; ++i) Put(Hash(i));
+  StoreStats s = store_->Stats();
+  EXPECT_EQ(s.tiers[0].blocks, 4u);
+  EXPECT_EQ(s.tiers[1].blocks, 6u);
+  EXPECT_EQ(s.tiers[0].demotions, 6u);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(TierOf(Hash(i)), v1::TIER_HOST) << i;
+  for (int i = 6; i < 10; ++i) EXPECT_EQ(TierOf(Hash(i)), v1::TIER_DEVICE) << i;
+  // Match touched 0..9 in order, so 6 is now the device tier's LRU block.
+  Put(Hash(10));
+  s = store_->Stats();
+  EXPECT_EQ(s.tiers[1].evictions, 1u);
+  EXPECT_EQ(TierOf(Hash(0)), v1::TIER_UNSPECIFIED) << "host LRU block dropped";
+  EXPECT_EQ(TierOf(Hash(6)), v1::TIER_HOST) << "device LRU block demoted";
+  ExpectWithinCapacity();
+}
+
+TEST_F(BlockStoreTest, ReadPromotesADemotedBlock) {
+  for (int i = 0; i < 6; ++i) Put(Hash(i));
+  ASSERT_EQ(TierOf(Hash(0)), v1::TIER_HOST);
+  auto block = store_->Read("ns", layout_id_, Hash(0));
+  ASSERT_TRUE(block.ok());
+  EXPECT_EQ((*block)->tier(), v1::TIER_HOST) << "reports where it was found";
+  block->reset();
+  EXPECT_EQ(TierOf(Hash(0)), v1::TIER_DEVICE);
+  const StoreStats s = store_->Stats();
+  EXPECT_EQ(s.tiers[0].promotions, 1u);
+  EXPECT_EQ(s.tiers[1].hits, 1u);
+  EXPECT_EQ(s.tiers[0].blocks + s.tiers[1].blocks, 6u);
+}
+
+TEST_F(BlockStoreTest, LeasedBlocksSurvivePressureUntilTheLeaseExpires) {
+  Open(2, 2);
+  Put(Hash(0));
+  Put(Hash(1));
+  const BlockHash both[] = {Hash(0), Hash(1)};
+  MatchResult m = store_->Match("ns", layout_id_, both, absl::Seconds(5));
+  ASSERT_EQ(m.matched_blocks, 2u);
+  ASSERT_NE(m.lease_id, 0u);
+  EXPECT_EQ(store_->Stats().active_leases, 1u);
+  // The device tier is all pinned: a new block cannot get room there.
+  auto session = store_->BeginPut("ns", layout_);
+  EXPECT_EQ(session->AddSlice(Hash(2), Slice(0, 1)).code(), absl::StatusCode::kResourceExhausted);
+  clock_.Advance(absl::Seconds(6));
+  store_->ExpireLeases();
+  EXPECT_EQ(store_->Stats().active_leases, 0u);
+  EXPECT_TRUE(session->AddSlice(Hash(2), Slice(0, 4)).ok());
+  EXPECT_EQ(store_->ReleaseLease(m.lease_id).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(BlockStoreTest, ReleasedLeaseUnpins) {
+  Open(1, 1);
+  Put(Hash(0));
+  const BlockHash h = Hash(0);
+  MatchResult m = store_->Match("ns", layout_id_, std::span(&h, 1), absl::ZeroDuration());
+  EXPECT_EQ(m.lease_deadline, clock_.Now() + absl::Seconds(10)) << "default ttl";
+  ASSERT_TRUE(store_->ReleaseLease(m.lease_id).ok());
+  Put(Hash(1));
+  Put(Hash(2));  // pushes block 0 out of both tiers
+  EXPECT_EQ(TierOf(h), v1::TIER_UNSPECIFIED);
+}
+
+TEST_F(BlockStoreTest, ReaderPinsTheBlock) {
+  Open(1, 1);
+  Put(Hash(0));
+  auto reader = store_->Read("ns", layout_id_, Hash(0));
+  ASSERT_TRUE(reader.ok());
+  const std::string before = (*reader)->CopyToString();
+  auto session = store_->BeginPut("ns", layout_);
+  EXPECT_EQ(session->AddSlice(Hash(1), Slice(0, 4)).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ((*reader)->CopyToString(), before);
+  reader->reset();
+  EXPECT_TRUE(session->AddSlice(Hash(1), Slice(0, 4)).ok());
+  EXPECT_EQ(TierOf(Hash(0)), v1::TIER_HOST);
+}
+
+TEST_F(BlockStoreTest, CorruptedBytesAreNeverServed) {
+  Put(Hash(0));
+  {
+    auto block = store_->Read("ns", layout_id_, Hash(0));
+    ASSERT_TRUE(block.ok());
+    // Simulate a memory fault under the store.
+    auto* byte = const_cast<uint8_t*>((*block)->pieces()[0].data() + 200);
+    *byte ^= 0x10;
+  }
+  EXPECT_EQ(ReadCode(Hash(0)), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ReadCode(Hash(0)), absl::StatusCode::kNotFound) << "dropped";
+  const StoreStats s = store_->Stats();
+  EXPECT_EQ(s.checksum_failures, 1u);
+  EXPECT_EQ(s.tiers[0].used_bytes, 0u);
+}
+
+TEST_F(BlockStoreTest, CorruptionFoundOnDemotionDropsTheBlock) {
+  Open(1, 2);
+  Put(Hash(0));
+  {
+    auto block = store_->Read("ns", layout_id_, Hash(0));
+    ASSERT_TRUE(block.ok());
+    *const_cast<uint8_t*>((*block)->pieces()[0].data() + 300) ^= 1;
+  }
+  Put(Hash(1));  // demotes block 0, verifying it on the way
+  EXPECT_EQ(TierOf(Hash(0)), v1::TIER_UNSPECIFIED);
+  EXPECT_EQ(store_->Stats().checksum_failures, 1u);
+  EXPECT_EQ(store_->Stats().tiers[1].used_bytes, 0u);
+}
+
+TEST_F(BlockStoreTest, NamespacesNeverSeeEachOthersBlocks) {
+  const BlockHash h = Hash(0);
+  Put(h, "tenant-a");
+  EXPECT_EQ(store_->Match("tenant-b", layout_id_, std::span(&h, 1)).matched_blocks, 0u);
+  EXPECT_EQ(ReadCode(h, "tenant-b"), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ReadCode(h, "tenant-a"), absl::StatusCode::kOk);
+  EXPECT_EQ(store_->Read("tenant-a", layout_id_ ^ 1, h).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(BlockStoreTest, MatchStopsAtTheFirstMissingBlock) {
+  Put(Hash(0));
+  Put(Hash(1));
+  Put(Hash(3));
+  const BlockHash chain[] = {Hash(0), Hash(1), Hash(2), Hash(3)};
+  EXPECT_EQ(store_->Match("ns", layout_id_, chain).matched_blocks, 2u);
+  EXPECT_EQ(store_->Match("ns", layout_id_ + 1, chain).matched_blocks, 0u);
+}
+
+TEST_F(BlockStoreTest, RandomWorkloadNeverExceedsCapacity) {
+  SCOPED_TRACE(rng_.Trace());
+  Open(5, 7);
+  std::uniform_int_distribution<int> block(0, 30), op(0, 3);
+  std::vector<std::shared_ptr<const PinnedBlock>> held;
+  for (int i = 0; i < 400; ++i) {
+    const BlockHash h = Hash(block(rng_.engine()));
+    switch (op(rng_.engine())) {
+      case 0:
+      case 1: {
+        auto session = store_->BeginPut("ns", layout_);
+        for (uint32_t l = 0; l < 4; ++l) {
+          absl::Status s = session->AddSlice(h, Slice(l, 1));
+          ASSERT_TRUE(s.ok() || s.code() == absl::StatusCode::kResourceExhausted) << s;
+        }
+        session->Finish();
+        break;
+      }
+      case 2: {
+        auto r = store_->Read("ns", layout_id_, h);
+        ASSERT_TRUE(r.ok() || r.status().code() == absl::StatusCode::kNotFound) << r.status();
+        if (r.ok() && held.size() < 3) held.push_back(*r);
+        break;
+      }
+      case 3:
+        if (!held.empty()) held.erase(held.begin());
+        clock_.Advance(absl::Seconds(1));
+        break;
+    }
+    ExpectWithinCapacity();
+  }
+  held.clear();
+  const StoreStats s = store_->Stats();
+  EXPECT_GT(s.metadata_bytes, 0u);
+  EXPECT_EQ(s.pending_blocks, 0u);
+  EXPECT_EQ(s.tiers[0].used_bytes + s.tiers[1].used_bytes,
+            (s.tiers[0].blocks + s.tiers[1].blocks) * kvblock::HeaderFor(layout_, 0, 4).RecordBytes());
+}
+
+TEST(BlockStoreOptions, RefusesCapacitiesBelowOnePage) {
+  StoreOptions o;
+  o.device_capacity = 0;
+  o.host_capacity = 1 << 20;
+  EXPECT_EQ(BlockStore::Create(o, SystemClock::Get()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  o.device_capacity = 1 << 20;
+  o.host_capacity = 100;
+  EXPECT_EQ(BlockStore::Create(o, SystemClock::Get()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvtier::cache
