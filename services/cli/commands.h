@@ -9,6 +9,7 @@
 namespace kvtier::cli {
 
 int RunQuantEval(const std::vector<std::string>& args);
+int RunStats(const std::vector<std::string>& args);
 
 }  // namespace kvtier::cli
 

@@ -12,7 +12,8 @@ constexpr char kUsage[] =
     "\n"
     "commands:\n"
     "  quant-eval   compare the latent codecs and the seeds' quantization baselines\n"
-    "               on a file of latents or on synthetic ones (--synthetic)\n";
+    "               on a file of latents or on synthetic ones (--synthetic)\n"
+    "  stats        a cache server's capacity, use and counters per tier\n";
 
 }  // namespace
 
@@ -28,6 +29,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (command == "quant-eval") return kvtier::cli::RunQuantEval(args);
+  if (command == "stats") return kvtier::cli::RunStats(args);
   std::cerr << "kvtier: unknown command '" << command << "'\n\n" << kUsage;
   return 2;
 }

@@ -86,6 +86,15 @@ absl::StatusOr<LatentLayout> LayoutFromProto(const v1::LatentLayout& p) {
   return l;
 }
 
+std::string TierName(v1::Tier tier) {
+  switch (tier) {
+    case v1::TIER_DEVICE: return "device";
+    case v1::TIER_HOST: return "host";
+    case v1::TIER_DISK: return "disk";
+    default: return "unspecified";
+  }
+}
+
 v1::LatentLayout LayoutToProto(const LatentLayout& l) {
   v1::LatentLayout p;
   p.set_model_id(l.model_id);

@@ -51,6 +51,9 @@ uint64_t LayoutId(const LatentLayout& layout);
 absl::StatusOr<LatentLayout> LayoutFromProto(const v1::LatentLayout& proto);
 v1::LatentLayout LayoutToProto(const LatentLayout& layout);
 
+// "device", "host", "disk" ("unspecified"): metric labels and CLI columns.
+std::string TierName(v1::Tier tier);
+
 }  // namespace kvtier::kvblock
 
 #endif  // KVTIER_SERVICES_KVBLOCK_LAYOUT_H_

@@ -1,0 +1,350 @@
+#include "services/cache/cache_service.h"
+
+#include <grpcpp/support/proto_buffer_reader.h>
+
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "services/cache/get_response.h"
+#include "services/common/status.h"
+#include "services/kvblock/block_format.h"
+
+namespace kvtier::cache {
+namespace {
+
+// What a request names: its tenant and layout.
+struct Scope {
+  std::string ns;
+  kvblock::LatentLayout layout;
+  uint64_t layout_id = 0;
+};
+
+absl::StatusOr<Scope> ValidateScope(const std::string& ns, const v1::LatentLayout& layout) {
+  KVTIER_RETURN_IF_ERROR(ValidateNamespace(ns));
+  Scope scope;
+  scope.ns = ns;
+  KVTIER_ASSIGN_OR_RETURN(scope.layout, kvblock::LayoutFromProto(layout));
+  scope.layout_id = kvblock::LayoutId(scope.layout);
+  return scope;
+}
+
+absl::StatusOr<std::vector<kvblock::BlockHash>> ValidateHashes(
+    const google::protobuf::RepeatedPtrField<std::string>& hashes) {
+  if (hashes.size() > kMaxBlocksPerRequest) {
+    return absl::InvalidArgumentError(absl::StrCat(hashes.size(), " block hashes, at most ",
+                                                   kMaxBlocksPerRequest, " per request"));
+  }
+  std::vector<kvblock::BlockHash> out;
+  out.reserve(hashes.size());
+  for (int i = 0; i < hashes.size(); ++i) {
+    absl::StatusOr<kvblock::BlockHash> h = kvblock::HashFromBytes(hashes[i]);
+    if (!h.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("block_hashes[", i, "]: ", h.status().message()));
+    }
+    out.push_back(*h);
+  }
+  return out;
+}
+
+// Times an RPC from construction to Done(code).
+class RpcTimer {
+ public:
+  RpcTimer(RpcMetrics* metrics, std::string method)
+      : metrics_(metrics), method_(std::move(method)), start_(absl::Now()) {}
+  void Done(grpc::StatusCode code) {
+    if (metrics_ != nullptr) metrics_->Observe(method_, code, absl::Now() - start_);
+  }
+
+ private:
+  RpcMetrics* metrics_;
+  std::string method_;
+  absl::Time start_;
+};
+
+grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context, RpcTimer timer,
+                                      const absl::Status& status) {
+  const grpc::Status g = ToGrpcStatus(status);
+  timer.Done(g.error_code());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(g);
+  return reactor;
+}
+
+const grpc::Status kBusy(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                         "kvtier-cache is at its work-queue limit; retry with backoff");
+
+// ---- Put ----
+
+class PutReactor final : public grpc::ServerReadReactor<v1::PutRequest> {
+ public:
+  PutReactor(CacheService* service, v1::PutResponse* response)
+      : service_(service), response_(response), timer_(service->metrics(), "Put") {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client closed its side, or the call was cancelled
+      if (session_ == nullptr) {
+        Done(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Put stream carried no header"));
+        return;
+      }
+      PutSummary summary = session_->Finish();
+      response_->set_blocks_stored(summary.blocks_stored);
+      response_->set_blocks_deduplicated(summary.blocks_deduplicated);
+      for (const auto& h : summary.incomplete) {
+        response_->add_incomplete_block_hashes(std::string(kvblock::HashAsBytes(h)));
+      }
+      Done(grpc::Status::OK);
+      return;
+    }
+    auto request = std::make_shared<v1::PutRequest>(std::move(request_));
+    if (!service_->executor()->TrySubmit([this, request] { Handle(*request); })) Done(kBusy);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void Handle(const v1::PutRequest& request) {
+    absl::Status status = Apply(request);
+    if (!status.ok()) {
+      Done(ToGrpcStatus(status));
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  absl::Status Apply(const v1::PutRequest& request) {
+    switch (request.kind_case()) {
+      case v1::PutRequest::kHeader: {
+        if (session_ != nullptr) return absl::InvalidArgumentError("second Put header in one stream");
+        KVTIER_ASSIGN_OR_RETURN(Scope scope, ValidateScope(request.header().kv_namespace(),
+                                                           request.header().layout()));
+        session_ = service_->store()->BeginPut(scope.ns, scope.layout);
+        return absl::OkStatus();
+      }
+      case v1::PutRequest::kSlice: {
+        if (session_ == nullptr) {
+          return absl::InvalidArgumentError("the first Put message must be a header");
+        }
+        KVTIER_ASSIGN_OR_RETURN(kvblock::BlockHash hash,
+                                kvblock::HashFromBytes(request.slice().block_hash()));
+        return session_->AddSlice(hash, request.slice().data());
+      }
+      case v1::PutRequest::KIND_NOT_SET:
+        break;
+    }
+    return absl::InvalidArgumentError("Put message with neither header nor slice");
+  }
+
+  void Done(const grpc::Status& status) {
+    timer_.Done(status.error_code());
+    Finish(status);
+  }
+
+  CacheService* service_;
+  v1::PutResponse* response_;
+  RpcTimer timer_;
+  v1::PutRequest request_;
+  std::unique_ptr<PutSession> session_;  // freed in OnDone: incomplete blocks go with it
+};
+
+// ---- Get ----
+
+class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  GetReactor(CacheService* service, const grpc::ByteBuffer* raw)
+      : service_(service), timer_(service->metrics(), "Get") {
+    absl::Status status = Parse(raw);
+    if (!status.ok()) {
+      Done(ToGrpcStatus(status));
+      return;
+    }
+    Next();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Done(grpc::Status(grpc::StatusCode::CANCELLED, "client stopped reading"));
+      return;
+    }
+    ++next_;
+    Next();
+  }
+
+  void OnDone() override {
+    if (lease_id_ != 0) (void)service_->store()->ReleaseLease(lease_id_);
+    delete this;
+  }
+
+ private:
+  absl::Status Parse(const grpc::ByteBuffer* raw) {
+    grpc::ByteBuffer copy(*raw);  // shares the slices
+    v1::GetRequest request;
+    if (!grpc::SerializationTraits<v1::GetRequest>::Deserialize(&copy, &request).ok()) {
+      return absl::InvalidArgumentError("GetRequest does not parse");
+    }
+    KVTIER_ASSIGN_OR_RETURN(scope_, ValidateScope(request.kv_namespace(), request.layout()));
+    KVTIER_ASSIGN_OR_RETURN(hashes_, ValidateHashes(request.block_hashes()));
+    const uint32_t layers = scope_.layout.num_layers;
+    layer_begin_ = request.layer_begin();
+    layer_count_ = request.layer_count() == 0 ? layers - std::min(layer_begin_, layers)
+                                              : request.layer_count();
+    if (layer_begin_ >= layers || layer_count_ > layers - layer_begin_) {
+      return absl::InvalidArgumentError(absl::StrCat("layers [", layer_begin_, ", +",
+                                                     request.layer_count(), ") outside the ",
+                                                     layers, " of the layout"));
+    }
+    lease_id_ = request.lease_id();
+    return absl::OkStatus();
+  }
+
+  void Next() {
+    if (next_ == hashes_.size()) {
+      Done(grpc::Status::OK);
+      return;
+    }
+    if (!service_->executor()->TrySubmit([this] { Produce(); })) Done(kBusy);
+  }
+
+  // Reads block next_ and starts writing it.
+  void Produce() {
+    const kvblock::BlockHash& hash = hashes_[next_];
+    absl::StatusOr<std::shared_ptr<const PinnedBlock>> block =
+        service_->store()->Read(scope_.ns, scope_.layout_id, hash);
+    if (block.ok() && layer_count_ == scope_.layout.num_layers) {
+      buffer_ = EncodeBlockResponse(static_cast<uint32_t>(next_), hash, *block);
+    } else {
+      v1::GetResponse response;
+      response.set_index(static_cast<uint32_t>(next_));
+      response.set_block_hash(std::string(kvblock::HashAsBytes(hash)));
+      absl::Status status = block.status();
+      if (block.ok()) {
+        response.set_tier((*block)->tier());
+        absl::StatusOr<std::string> subset = LayerSubset(**block);
+        if (subset.ok()) response.set_data(std::move(*subset));
+        status = subset.status();
+      }
+      if (!status.ok()) {
+        response.mutable_miss()->set_code(static_cast<int>(status.code()));
+        response.mutable_miss()->set_message(std::string(status.message()));
+      }
+      buffer_ = EncodeResponse(response);
+    }
+    StartWrite(&buffer_);
+  }
+
+  absl::StatusOr<std::string> LayerSubset(const PinnedBlock& block) const {
+    const std::string record = block.CopyToString();
+    KVTIER_ASSIGN_OR_RETURN(kvblock::BlockView view, kvblock::ParseBlock(record, &scope_.layout));
+    const size_t per_layer = view.header.layer_payload_bytes;
+    return kvblock::SerializeBlock(
+        kvblock::HeaderFor(scope_.layout, layer_begin_, layer_count_),
+        view.payloads.substr(size_t{layer_begin_} * per_layer, size_t{layer_count_} * per_layer));
+  }
+
+  void Done(const grpc::Status& status) {
+    timer_.Done(status.error_code());
+    Finish(status);
+  }
+
+  CacheService* service_;
+  RpcTimer timer_;
+  Scope scope_;
+  std::vector<kvblock::BlockHash> hashes_;
+  uint32_t layer_begin_ = 0;
+  uint32_t layer_count_ = 0;
+  uint64_t lease_id_ = 0;
+  size_t next_ = 0;
+  grpc::ByteBuffer buffer_;  // the one write in flight
+};
+
+}  // namespace
+
+absl::Status ValidateNamespace(const std::string& ns) {
+  if (ns.empty() || ns.size() > 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_namespace must be 1-128 bytes, got ", ns.size()));
+  }
+  for (char c : ns) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-';
+    if (!ok) {
+      return absl::InvalidArgumentError("kv_namespace may hold only [A-Za-z0-9._-]");
+    }
+  }
+  return absl::OkStatus();
+}
+
+void FillStats(const StoreStats& s, v1::StatsResponse& r) {
+  for (const TierCounters& t : s.tiers) {
+    v1::TierStats* ts = r.add_tiers();
+    ts->set_tier(t.tier);
+    ts->set_capacity_bytes(t.capacity_bytes);
+    ts->set_used_bytes(t.used_bytes);
+    ts->set_blocks(t.blocks);
+    ts->set_hits(t.hits);
+    ts->set_promotions(t.promotions);
+    ts->set_demotions(t.demotions);
+    ts->set_evictions(t.evictions);
+  }
+  r.set_metadata_bytes(s.metadata_bytes);
+  r.set_misses(s.misses);
+  r.set_blocks_stored(s.blocks_stored);
+  r.set_blocks_deduplicated(s.blocks_deduplicated);
+  r.set_bytes_in(s.bytes_in);
+  r.set_bytes_out(s.bytes_out);
+  r.set_checksum_failures(s.checksum_failures);
+  r.set_active_leases(s.active_leases);
+  r.set_server_version(kCacheServerVersion);
+  r.add_block_format_versions(kvblock::kBlockFormatVersion);
+}
+
+CacheService::CacheService(BlockStore* store, Executor* executor, RpcMetrics* metrics)
+    : store_(store), executor_(executor), metrics_(metrics) {}
+
+grpc::ServerUnaryReactor* CacheService::Match(grpc::CallbackServerContext* context,
+                                              const v1::MatchRequest* request,
+                                              v1::MatchResponse* response) {
+  RpcTimer timer(metrics_, "Match");
+  absl::StatusOr<Scope> scope = ValidateScope(request->kv_namespace(), request->layout());
+  if (!scope.ok()) return FinishUnary(context, std::move(timer), scope.status());
+  absl::StatusOr<std::vector<kvblock::BlockHash>> hashes = ValidateHashes(request->block_hashes());
+  if (!hashes.ok()) return FinishUnary(context, std::move(timer), hashes.status());
+  std::optional<absl::Duration> ttl;
+  if (request->acquire_lease()) ttl = absl::Milliseconds(request->lease_ttl_ms());
+  MatchResult m = store_->Match(scope->ns, scope->layout_id, *hashes, ttl);
+  response->set_matched_blocks(m.matched_blocks);
+  for (v1::Tier t : m.tiers) response->add_tiers(t);
+  if (m.lease_id != 0) {
+    response->set_lease_id(m.lease_id);
+    response->set_lease_deadline_unix_ms(absl::ToUnixMillis(m.lease_deadline));
+  }
+  return FinishUnary(context, std::move(timer), absl::OkStatus());
+}
+
+grpc::ServerReadReactor<v1::PutRequest>* CacheService::Put(grpc::CallbackServerContext*,
+                                                           v1::PutResponse* response) {
+  return new PutReactor(this, response);
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* CacheService::Get(grpc::CallbackServerContext*,
+                                                              const grpc::ByteBuffer* request) {
+  return new GetReactor(this, request);
+}
+
+grpc::ServerUnaryReactor* CacheService::ReleaseLease(grpc::CallbackServerContext* context,
+                                                     const v1::ReleaseLeaseRequest* request,
+                                                     v1::ReleaseLeaseResponse*) {
+  return FinishUnary(context, RpcTimer(metrics_, "ReleaseLease"),
+                     store_->ReleaseLease(request->lease_id()));
+}
+
+grpc::ServerUnaryReactor* CacheService::Stats(grpc::CallbackServerContext* context,
+                                              const v1::StatsRequest*,
+                                              v1::StatsResponse* response) {
+  FillStats(store_->Stats(), *response);
+  return FinishUnary(context, RpcTimer(metrics_, "Stats"), absl::OkStatus());
+}
+
+}  // namespace kvtier::cache

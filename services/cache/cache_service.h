@@ -1,0 +1,63 @@
+// kvtier.v1.KvCache over a BlockStore, on gRPC's callback API. Reactions only
+// validate and hand work to the executor; Get writes one block at a time
+// (the next is read only when the previous one has been sent), straight from
+// the store's pages. Thread-safe.
+#ifndef KVTIER_SERVICES_CACHE_CACHE_SERVICE_H_
+#define KVTIER_SERVICES_CACHE_CACHE_SERVICE_H_
+
+#include <string>
+
+#include "kvtier/v1/cache.grpc.pb.h"
+#include "services/cache/block_store.h"
+#include "services/cache/rpc_metrics.h"
+#include "services/common/executor.h"
+
+namespace kvtier::cache {
+
+inline constexpr char kCacheServerVersion[] = "kvtier-cache 0.1.0";
+inline constexpr int kMaxBlocksPerRequest = 65536;
+
+// Get is registered raw (ByteBuffer in and out) so its answers can point
+// into the store; every other method is typed.
+using KvCacheBase = v1::KvCache::WithCallbackMethod_Match<v1::KvCache::WithCallbackMethod_Put<
+    v1::KvCache::WithRawCallbackMethod_Get<v1::KvCache::WithCallbackMethod_ReleaseLease<
+        v1::KvCache::WithCallbackMethod_Stats<v1::KvCache::Service>>>>>;
+
+class CacheService final : public KvCacheBase {
+ public:
+  // None owned; all must outlive the service. `metrics` may be null.
+  CacheService(BlockStore* store, Executor* executor, RpcMetrics* metrics);
+
+  grpc::ServerUnaryReactor* Match(grpc::CallbackServerContext* context,
+                                  const v1::MatchRequest* request,
+                                  v1::MatchResponse* response) override;
+  grpc::ServerReadReactor<v1::PutRequest>* Put(grpc::CallbackServerContext* context,
+                                               v1::PutResponse* response) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Get(grpc::CallbackServerContext* context,
+                                                  const grpc::ByteBuffer* request) override;
+  grpc::ServerUnaryReactor* ReleaseLease(grpc::CallbackServerContext* context,
+                                         const v1::ReleaseLeaseRequest* request,
+                                         v1::ReleaseLeaseResponse* response) override;
+  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context,
+                                  const v1::StatsRequest* request,
+                                  v1::StatsResponse* response) override;
+
+  BlockStore* store() const { return store_; }
+  Executor* executor() const { return executor_; }
+  RpcMetrics* metrics() const { return metrics_; }
+
+ private:
+  BlockStore* store_;
+  Executor* executor_;
+  RpcMetrics* metrics_;
+};
+
+// INVALID_ARGUMENT unless 1-128 bytes of [A-Za-z0-9._-].
+absl::Status ValidateNamespace(const std::string& ns);
+
+// Fills a StatsResponse from the store's counters.
+void FillStats(const StoreStats& stats, v1::StatsResponse& response);
+
+}  // namespace kvtier::cache
+
+#endif  // KVTIER_SERVICES_CACHE_CACHE_SERVICE_H_

@@ -1,0 +1,142 @@
+// kvtier-cache: the tiered latent block store, served over gRPC with
+// Prometheus metrics.
+#include <iostream>
+#include <memory>
+#include <thread>
+
+#include <prometheus/exposer.h>
+#include <prometheus/registry.h>
+
+#include "absl/strings/str_cat.h"
+#include "services/cache/cache_service.h"
+#include "services/cache/store_metrics.h"
+#include "services/common/byte_size.h"
+#include "services/common/flags.h"
+#include "services/common/server_runner.h"
+
+namespace kvtier::cache {
+namespace {
+
+struct Flags {
+  std::string listen = "0.0.0.0:7070";
+  std::string metrics_listen = "0.0.0.0:9464";
+  std::string device_capacity;
+  std::string host_capacity;
+  std::string disk_dir;
+  std::string disk_capacity;
+  uint64_t threads = std::max(2u, std::thread::hardware_concurrency());
+  uint64_t page_size = 64 * 1024;
+};
+
+absl::StatusOr<StoreOptions> ToStoreOptions(const Flags& f) {
+  if (f.device_capacity.empty() || f.host_capacity.empty()) {
+    return absl::InvalidArgumentError("--device-capacity and --host-capacity are required");
+  }
+  if (!f.disk_dir.empty() || !f.disk_capacity.empty()) {
+    return absl::UnimplementedError(
+        "the disk tier (--disk-dir, --disk-capacity) is not available in this build yet");
+  }
+  StoreOptions o;
+  absl::StatusOr<uint64_t> device = ParseByteSize(f.device_capacity);
+  if (!device.ok()) return absl::InvalidArgumentError(absl::StrCat("--device-capacity: ", device.status().message()));
+  absl::StatusOr<uint64_t> host = ParseByteSize(f.host_capacity);
+  if (!host.ok()) return absl::InvalidArgumentError(absl::StrCat("--host-capacity: ", host.status().message()));
+  if (f.page_size < 4096 || f.page_size > (64u << 20)) {
+    return absl::InvalidArgumentError("--page-size must be within 4KiB..64MiB");
+  }
+  o.page_size = static_cast<uint32_t>(f.page_size);
+  o.device_capacity = *device;
+  o.host_capacity = *host;
+  // Without a GPU the device tier is host memory too: both must fit in RAM.
+  const uint64_t ram = PhysicalMemoryBytes();
+  if (*device > ram || *host > ram || *device + *host > ram) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--device-capacity + --host-capacity = ", *device + *host,
+        " bytes exceeds this machine's memory (", ram, " bytes)"));
+  }
+  return o;
+}
+
+int Run(const Flags& f) {
+  for (const auto& [flag, address] : {std::pair{"--listen", f.listen}, {"--metrics-listen", f.metrics_listen}}) {
+    if (address.empty() && std::string(flag) == "--metrics-listen") continue;
+    if (absl::Status s = ValidateListenAddress(address); !s.ok()) {
+      std::cerr << "kvtier-cache: " << flag << ": " << s.message() << "\n";
+      return 2;
+    }
+  }
+  absl::StatusOr<StoreOptions> options = ToStoreOptions(f);
+  if (!options.ok()) {
+    std::cerr << "kvtier-cache: " << options.status().message() << "\n";
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<BlockStore>> store = BlockStore::Create(*options, SystemClock::Get());
+  if (!store.ok()) {
+    std::cerr << "kvtier-cache: " << store.status().message() << "\n";
+    return 2;
+  }
+  auto registry = std::make_shared<prometheus::Registry>();
+  RpcMetrics rpc_metrics(*registry);
+  auto store_metrics = std::make_shared<StoreMetrics>(store->get());
+  std::unique_ptr<prometheus::Exposer> exposer;
+  if (!f.metrics_listen.empty()) {
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(f.metrics_listen);
+    } catch (const std::exception& e) {
+      std::cerr << "kvtier-cache: cannot serve metrics on " << f.metrics_listen << ": " << e.what() << "\n";
+      return 1;
+    }
+    exposer->RegisterCollectable(registry);
+    exposer->RegisterCollectable(store_metrics);
+    const std::string host = f.metrics_listen.substr(0, f.metrics_listen.rfind(':'));
+    std::cout << "metrics on " << host << ":" << exposer->GetListeningPorts().at(0) << "/metrics"
+              << std::endl;
+  }
+  Executor executor(f.threads, /*max_queued=*/4096);
+  CacheService service(store->get(), &executor, &rpc_metrics);
+  ServerOptions server_options;
+  server_options.listen = f.listen;
+  absl::StatusOr<std::unique_ptr<ServerRunner>> server = ServerRunner::Start(server_options, {&service});
+  if (!server.ok()) {
+    std::cerr << "kvtier-cache: " << server.status().message() << "\n";
+    return 1;
+  }
+  std::cerr << "kvtier-cache: device tier " << options->device_capacity << " bytes, host tier "
+            << options->host_capacity << " bytes, pages of " << options->page_size << " bytes"
+            << std::endl;
+  (*server)->WaitForShutdownSignal();
+  std::cerr << "kvtier-cache: stopped" << std::endl;
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvtier::cache
+
+int main(int argc, char** argv) {
+  kvtier::BlockShutdownSignals();
+  kvtier::cache::Flags f;
+  kvtier::FlagParser flags(
+      "kvtier-cache --device-capacity SIZE --host-capacity SIZE [flags]",
+      "Serves kvtier.v1.KvCache: a tiered store of quantized MLA latent blocks.\n"
+      "Full tiers demote least-recently-used blocks to the next tier; the last drops\n"
+      "them. Without a GPU the device tier is host memory. SIZE: bytes or 512MiB, 4GiB.\n"
+      "Stops gracefully on SIGTERM.");
+  flags.AddString("listen", &f.listen, "gRPC address HOST:PORT (port 0: any free port)");
+  flags.AddString("metrics-listen", &f.metrics_listen,
+                  "Prometheus /metrics address HOST:PORT; empty to disable");
+  flags.AddString("device-capacity", &f.device_capacity, "bytes of the device tier");
+  flags.AddString("host-capacity", &f.host_capacity, "bytes of the host (CPU spill) tier");
+  flags.AddString("disk-dir", &f.disk_dir, "directory of the disk tier (not available yet)");
+  flags.AddString("disk-capacity", &f.disk_capacity, "bytes of the disk tier (not available yet)");
+  flags.AddUint("threads", &f.threads, "worker threads for Put and Get");
+  flags.AddUint("page-size", &f.page_size, "tier page size in bytes");
+  if (absl::Status s = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); !s.ok()) {
+    std::cerr << "kvtier-cache: " << s.message() << "\n";
+    return 2;
+  }
+  if (flags.help_requested()) {
+    std::cout << flags.Help();
+    return 0;
+  }
+  return kvtier::cache::Run(f);
+}

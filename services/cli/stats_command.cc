@@ -1,0 +1,97 @@
+// `kvtier stats --target ADDR [--json]`: a cache server's capacity, use and
+// counters, for a person or (with --json) for tools.
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "services/cache/cache_client.h"
+#include "services/cli/commands.h"
+#include "services/common/flags.h"
+
+namespace kvtier::cli {
+namespace {
+
+std::string HumanBytes(uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, ++u;
+  return u == 0 ? absl::StrCat(bytes, " B") : absl::StrFormat("%.1f %s", v, units[u]);
+}
+
+void PrintJson(const v1::StatsResponse& s) {
+  std::string out = absl::StrCat("{\"server_version\": \"", s.server_version(), "\", \"tiers\": [");
+  for (int i = 0; i < s.tiers_size(); ++i) {
+    const v1::TierStats& t = s.tiers(i);
+    absl::StrAppend(&out, i ? ", " : "", "{\"tier\": \"", kvblock::TierName(t.tier()),
+                    "\", \"capacity_bytes\": ", t.capacity_bytes(),
+                    ", \"used_bytes\": ", t.used_bytes(), ", \"blocks\": ", t.blocks(),
+                    ", \"hits\": ", t.hits(), ", \"promotions\": ", t.promotions(),
+                    ", \"demotions\": ", t.demotions(), ", \"evictions\": ", t.evictions(), "}");
+  }
+  absl::StrAppend(&out, "], \"metadata_bytes\": ", s.metadata_bytes(), ", \"misses\": ", s.misses(),
+                  ", \"blocks_stored\": ", s.blocks_stored(),
+                  ", \"blocks_deduplicated\": ", s.blocks_deduplicated(),
+                  ", \"bytes_in\": ", s.bytes_in(), ", \"bytes_out\": ", s.bytes_out(),
+                  ", \"checksum_failures\": ", s.checksum_failures(),
+                  ", \"active_leases\": ", s.active_leases(), "}");
+  std::cout << out << "\n";
+}
+
+void PrintTable(const std::string& target, const v1::StatsResponse& s) {
+  std::cout << s.server_version() << " at " << target << "\n\n";
+  std::cout << absl::StrFormat("%-7s %12s %12s %6s %8s %8s %10s %10s %10s\n", "tier", "capacity",
+                               "used", "use", "blocks", "hits", "promoted", "demoted", "evicted");
+  for (const v1::TierStats& t : s.tiers()) {
+    const double use = t.capacity_bytes() ? 100.0 * t.used_bytes() / t.capacity_bytes() : 0;
+    std::cout << absl::StrFormat("%-7s %12s %12s %5.1f%% %8d %8d %10d %10d %10d\n",
+                                 kvblock::TierName(t.tier()), HumanBytes(t.capacity_bytes()),
+                                 HumanBytes(t.used_bytes()), use, t.blocks(), t.hits(),
+                                 t.promotions(), t.demotions(), t.evictions());
+  }
+  std::cout << "\nmisses " << s.misses() << ", blocks stored " << s.blocks_stored()
+            << ", deduplicated " << s.blocks_deduplicated() << ", in " << HumanBytes(s.bytes_in())
+            << ", out " << HumanBytes(s.bytes_out()) << ", checksum failures "
+            << s.checksum_failures() << ", leases " << s.active_leases() << ", metadata "
+            << HumanBytes(s.metadata_bytes()) << "\n";
+}
+
+}  // namespace
+
+int RunStats(const std::vector<std::string>& args) {
+  std::string target;
+  bool json = false;
+  uint64_t timeout_ms = 5000;
+  FlagParser flags("kvtier stats --target HOST:PORT [--json]",
+                   "Prints a kvtier-cache server's capacity, use, blocks and counters per tier.");
+  flags.AddString("target", &target, "the cache server's gRPC address");
+  flags.AddBool("json", &json, "print one JSON object instead of a table");
+  flags.AddUint("timeout-ms", &timeout_ms, "deadline of the Stats call");
+  if (absl::Status s = flags.Parse(args); !s.ok()) {
+    std::cerr << "kvtier stats: " << s.message() << "\n";
+    return 2;
+  }
+  if (flags.help_requested()) {
+    std::cout << flags.Help();
+    return 0;
+  }
+  if (target.empty()) {
+    std::cerr << "kvtier stats: --target is required\n";
+    return 2;
+  }
+  cache::CacheClient client(cache::CacheClient::Connect(target),
+                            absl::Milliseconds(static_cast<int64_t>(timeout_ms)));
+  absl::StatusOr<v1::StatsResponse> stats = client.Stats();
+  if (!stats.ok()) {
+    std::cerr << "kvtier stats: " << target << ": " << stats.status() << "\n";
+    return 1;
+  }
+  if (json) {
+    PrintJson(*stats);
+  } else {
+    PrintTable(target, *stats);
+  }
+  return 0;
+}
+
+}  // namespace kvtier::cli

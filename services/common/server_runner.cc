@@ -1,0 +1,81 @@
+#include "services/common/server_runner.h"
+
+#include <signal.h>
+
+#include <iostream>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace kvtier {
+
+void BlockShutdownSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+absl::Status ValidateListenAddress(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("address '", address, "' is not HOST:PORT (port 0-65535, 0 = any free)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(
+    const ServerOptions& options, std::vector<grpc::Service*> services) {
+  if (absl::Status s = ValidateListenAddress(options.listen); !s.ok()) return s;
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  grpc::ResourceQuota quota("kvtier");
+  quota.Resize(static_cast<size_t>(options.memory_quota_bytes));
+  builder.SetResourceQuota(quota);
+  for (grpc::Service* service : services) builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  }
+  server->GetHealthCheckService()->SetServingStatus(true);
+  const std::string host = options.listen.substr(0, options.listen.rfind(':'));
+  std::cout << "listening on " << host << ":" << port << std::endl;
+  return std::unique_ptr<ServerRunner>(
+      new ServerRunner(std::move(server), port, options.shutdown_grace));
+}
+
+ServerRunner::~ServerRunner() { Shutdown(); }
+
+void ServerRunner::WaitForShutdownSignal() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  int signal = 0;
+  sigwait(&set, &signal);
+  std::cerr << "received " << (signal == SIGTERM ? "SIGTERM" : "SIGINT")
+            << ": draining in-flight RPCs" << std::endl;
+  Shutdown();
+}
+
+void ServerRunner::Shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + grace_));
+  server_->Wait();
+}
+
+}  // namespace kvtier

@@ -1,0 +1,399 @@
+// kvtier-cache as users run it: the real binary on port 0, real gRPC clients.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <grpcpp/generic/generic_stub.h>
+
+#include <atomic>
+#include <random>
+#include <thread>
+
+#include "services/cache/cache_client.h"
+#include "services/kvblock/block_format.h"
+#include "tests/integration/child_process.h"
+#include "tests/test_random.h"
+
+namespace kvtier::cache {
+namespace {
+
+using kvblock::BlockHash;
+using testing::ChildProcess;
+
+kvblock::LatentLayout TestLayout() {
+  kvblock::LatentLayout l;
+  l.model_id = "integration";
+  l.num_layers = 8;
+  l.kv_lora_rank = 512;
+  l.rope_dim = 64;
+  l.tokens_per_block = 64;
+  l.codec = kernels::Codec::kInt8;
+  return l;  // 304,164-byte records
+}
+
+// Latents from a fast generator: the bytes only need to differ per block.
+std::vector<float> Latents(size_t n, uint64_t seed) {
+  std::vector<float> x(n);
+  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (float& v : x) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    v = static_cast<float>(static_cast<int64_t>(s >> 40) - (1 << 23)) / (1 << 22);
+  }
+  return x;
+}
+
+// A block as layer-by-layer slices, plus the whole record as stored.
+struct TestBlock {
+  BlockSlices slices;
+  std::string record;
+};
+
+TestBlock MakeBlock(const kvblock::LatentLayout& layout, const std::string& ns, uint64_t seed) {
+  const size_t layer_values = layout.LayerShape().values();
+  const std::vector<float> x = Latents(layer_values * layout.num_layers, seed);
+  std::vector<uint32_t> tokens(layout.tokens_per_block);
+  for (uint32_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(seed * 131 + i);
+  TestBlock b;
+  b.slices.hash = kvblock::ChainHash(ns, kvblock::kNoParent, kvblock::LayoutId(layout), tokens);
+  for (uint32_t l = 0; l < layout.num_layers; ++l) {
+    b.slices.records.push_back(
+        *kvblock::EncodeBlock(layout, l, 1, std::span(x).subspan(l * layer_values, layer_values)));
+  }
+  b.record = *kvblock::EncodeBlock(layout, 0, layout.num_layers, x);
+  return b;
+}
+
+class CacheServerTest : public ::testing::Test {
+ protected:
+  void Start(const std::string& device, const std::string& host) {
+    server_ = std::make_unique<ChildProcess>(std::vector<std::string>{
+        KVTIER_CACHE_BINARY, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+        "--device-capacity", device, "--host-capacity", host, "--threads", "4"});
+    std::optional<std::string> metrics = server_->WaitForLine("metrics on ");
+    ASSERT_TRUE(metrics.has_value());
+    metrics_address_ = metrics->substr(0, metrics->find('/'));
+    const int port = server_->WaitForListeningPort();
+    ASSERT_GT(port, 0);
+    target_ = "127.0.0.1:" + std::to_string(port);
+    channel_ = CacheClient::Connect(target_);
+    client_ = std::make_unique<CacheClient>(channel_);
+  }
+  void SetUp() override { Start("64MiB", "128MiB"); }
+
+  kvblock::LatentLayout layout_ = TestLayout();
+  std::unique_ptr<ChildProcess> server_;
+  std::string target_, metrics_address_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<CacheClient> client_;
+  testing::SeededRng rng_;
+};
+
+TEST_F(CacheServerTest, SixteenClientsReadBackEveryByteTheyWrote) {
+  SCOPED_TRACE(rng_.Trace());
+  constexpr int kClients = 16, kBlocksEach = 6;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  const uint64_t base = rng_.seed();
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      CacheClient client(CacheClient::Connect(target_));
+      const std::string ns = "tenant-" + std::to_string(c % 4);
+      std::vector<TestBlock> blocks;
+      std::vector<BlockSlices> slices;
+      std::vector<BlockHash> hashes;
+      for (int i = 0; i < kBlocksEach; ++i) {
+        blocks.push_back(MakeBlock(layout_, ns, base + c * 1000 + i));
+        slices.push_back(blocks.back().slices);
+        hashes.push_back(blocks.back().slices.hash);
+      }
+      auto put = client.Put(ns, layout_, slices);
+      if (!put.ok() || put->blocks_stored() != kBlocksEach) {
+        ADD_FAILURE() << "client " << c << ": " << put.status();
+        ++failures;
+        return;
+      }
+      auto got = client.Get(ns, layout_, hashes);
+      if (!got.ok()) {
+        ADD_FAILURE() << "client " << c << ": " << got.status();
+        ++failures;
+        return;
+      }
+      for (int i = 0; i < kBlocksEach; ++i) {
+        if (!(*got)[i].status.ok() || (*got)[i].record != blocks[i].record) {
+          ADD_FAILURE() << "client " << c << " block " << i << ": " << (*got)[i].status;
+          ++failures;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  auto stats = client_->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->blocks_stored(), static_cast<uint64_t>(kClients * kBlocksEach));
+}
+
+TEST_F(CacheServerTest, MatchFindsTheLongestStoredPrefixAndDedupSkipsRepeats) {
+  std::vector<TestBlock> blocks;
+  for (int i = 0; i < 4; ++i) blocks.push_back(MakeBlock(layout_, "ns", 100 + i));
+  ASSERT_TRUE(client_->Put("ns", layout_, {blocks[0].slices, blocks[1].slices, blocks[3].slices}).ok());
+  auto m = client_->Match("ns", layout_, {blocks[0].slices.hash, blocks[1].slices.hash,
+                                          blocks[2].slices.hash, blocks[3].slices.hash});
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->matched_blocks(), 2u);
+  ASSERT_EQ(m->tiers_size(), 2);
+  EXPECT_EQ(m->tiers(0), v1::TIER_DEVICE);
+  auto again = client_->Put("ns", layout_, {blocks[0].slices});
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->blocks_stored(), 0u);
+  EXPECT_EQ(again->blocks_deduplicated(), 1u);
+  // Other tenants see nothing.
+  EXPECT_EQ(client_->Match("other", layout_, {blocks[0].slices.hash})->matched_blocks(), 0u);
+}
+
+TEST_F(CacheServerTest, BadInputsGetTheirStatusCodes) {
+  const TestBlock good = MakeBlock(layout_, "ns", 7);
+  v1::KvCache::Stub& stub = client_->stub();
+  auto match_code = [&](std::function<void(v1::MatchRequest&)> change) {
+    v1::MatchRequest r;
+    r.set_kv_namespace("ns");
+    *r.mutable_layout() = kvblock::LayoutToProto(layout_);
+    r.add_block_hashes(std::string(kvblock::HashAsBytes(good.slices.hash)));
+    change(r);
+    grpc::ClientContext context;
+    client_->SetDeadline(context);
+    v1::MatchResponse response;
+    return stub.Match(&context, r, &response).error_code();
+  };
+  EXPECT_EQ(match_code([](auto&) {}), grpc::StatusCode::OK);
+  EXPECT_EQ(match_code([](auto& r) { r.set_kv_namespace(""); }), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(match_code([](auto& r) { r.set_kv_namespace("a/b"); }), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(match_code([](auto& r) { r.mutable_layout()->set_codec(v1::KV_CODEC_UNSPECIFIED); }),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(match_code([](auto& r) { r.mutable_layout()->set_layout_id(1); }),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(match_code([](auto& r) { r.mutable_layout()->set_num_layers(0); }),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(match_code([](auto& r) { r.add_block_hashes("short"); }), grpc::StatusCode::INVALID_ARGUMENT);
+
+  auto put_code = [&](std::vector<std::string> records, bool header = true) {
+    grpc::ClientContext context;
+    client_->SetDeadline(context);
+    v1::PutResponse response;
+    auto writer = stub.Put(&context, &response);
+    if (header) {
+      v1::PutRequest h;
+      h.mutable_header()->set_kv_namespace("ns");
+      *h.mutable_header()->mutable_layout() = kvblock::LayoutToProto(layout_);
+      writer->Write(h);
+    }
+    for (const std::string& record : records) {
+      v1::PutRequest s;
+      s.mutable_slice()->set_block_hash(std::string(kvblock::HashAsBytes(good.slices.hash)));
+      s.mutable_slice()->set_data(record);
+      if (!writer->Write(s)) break;
+    }
+    writer->WritesDone();
+    return writer->Finish().error_code();
+  };
+  const std::string slice = good.slices.records[0];
+  std::string corrupt = slice;
+  corrupt[1000] ^= 4;
+  kvblock::LatentLayout int4 = layout_;
+  int4.codec = kernels::Codec::kInt4;
+  const std::string wrong_codec = *kvblock::EncodeBlock(
+      int4, 0, 1, Latents(int4.LayerShape().values(), 1));
+  EXPECT_EQ(put_code({slice}, /*header=*/false), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(put_code({slice.substr(0, slice.size() - 1)}), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(put_code({slice + "x"}), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(put_code({corrupt}), grpc::StatusCode::DATA_LOSS);
+  EXPECT_EQ(put_code({wrong_codec}), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(put_code({slice, slice}), grpc::StatusCode::INVALID_ARGUMENT);  // layer twice
+  EXPECT_EQ(put_code({}), grpc::StatusCode::OK);
+
+  v1::GetRequest get;
+  get.set_kv_namespace("ns");
+  *get.mutable_layout() = kvblock::LayoutToProto(layout_);
+  get.add_block_hashes(std::string(kvblock::HashAsBytes(good.slices.hash)));
+  get.set_layer_begin(layout_.num_layers);
+  {
+    grpc::ClientContext context;
+    client_->SetDeadline(context);
+    auto reader = stub.Get(&context, get);
+    v1::GetResponse response;
+    while (reader->Read(&response)) {}
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  EXPECT_EQ(client_->ReleaseLease(12345).code(), absl::StatusCode::kNotFound);
+  // A missing block is a per-block miss, not a failed stream.
+  auto got = client_->Get("ns", layout_, {good.slices.hash});
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*got)[0].status.code(), absl::StatusCode::kNotFound);
+  // Nothing was lost: the good block still goes in and comes back.
+  ASSERT_TRUE(client_->Put("ns", layout_, {good.slices}).ok());
+  got = client_->Get("ns", layout_, {good.slices.hash});
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ((*got)[0].record, good.record);
+  EXPECT_EQ(client_->Stats()->checksum_failures(), 1u);
+}
+
+TEST_F(CacheServerTest, LayerSubsetComesBackAsItsOwnRecord) {
+  const TestBlock b = MakeBlock(layout_, "ns", 9);
+  ASSERT_TRUE(client_->Put("ns", layout_, {b.slices}).ok());
+  v1::GetRequest get;
+  get.set_kv_namespace("ns");
+  *get.mutable_layout() = kvblock::LayoutToProto(layout_);
+  get.add_block_hashes(std::string(kvblock::HashAsBytes(b.slices.hash)));
+  get.set_layer_begin(3);
+  get.set_layer_count(2);
+  grpc::ClientContext context;
+  client_->SetDeadline(context);
+  auto reader = client_->stub().Get(&context, get);
+  v1::GetResponse response;
+  ASSERT_TRUE(reader->Read(&response));
+  ASSERT_TRUE(reader->Finish().ok());
+  auto view = kvblock::ParseBlock(response.data(), &layout_);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->header.layer_begin, 3u);
+  EXPECT_EQ(view->header.layer_count, 2u);
+  auto full = kvblock::ParseBlock(b.record, &layout_);
+  EXPECT_EQ(view->Layer(0), full->Layer(3));
+  EXPECT_EQ(view->Layer(1), full->Layer(4));
+}
+
+TEST_F(CacheServerTest, FillingTenTimesOverStaysWithinCapacity) {
+  server_.reset();
+  Start("128MiB", "128MiB");  // 256 MiB of tiers; 2.5 GiB goes in
+  const TestBlock proto = MakeBlock(layout_, "ns", 1);
+  const uint64_t capacity = 256ull << 20;
+  const size_t blocks = 10 * capacity / proto.record.size();
+  constexpr size_t kPerPut = 32;
+  for (size_t done = 0; done < blocks; done += kPerPut) {
+    std::vector<BlockSlices> batch;
+    for (size_t i = done; i < std::min(blocks, done + kPerPut); ++i) {
+      BlockSlices s = proto.slices;  // same bytes, new key: stored again
+      std::vector<uint32_t> tokens(64, static_cast<uint32_t>(i));
+      s.hash = kvblock::ChainHash("ns", kvblock::kNoParent, kvblock::LayoutId(layout_), tokens);
+      batch.push_back(std::move(s));
+    }
+    auto put = client_->Put("ns", layout_, batch);
+    ASSERT_TRUE(put.ok()) << put.status();
+  }
+  auto stats = client_->Stats();
+  ASSERT_TRUE(stats.ok());
+  uint64_t used = 0;
+  for (const auto& t : stats->tiers()) {
+    EXPECT_LE(t.used_bytes(), t.capacity_bytes());
+    used += t.used_bytes();
+  }
+  EXPECT_GT(used, capacity * 8 / 10) << "tiers should be nearly full";
+  EXPECT_GT(stats->tiers(1).evictions(), 0u);
+  // The whole process, gRPC's buffers and the index included.
+  EXPECT_LE(server_->RssBytes(), capacity * 11 / 10);
+}
+
+TEST_F(CacheServerTest, LeasedBlocksSurvivePressure) {
+  server_.reset();
+  Start("4MiB", "4MiB");
+  std::vector<TestBlock> pinned = {MakeBlock(layout_, "ns", 1), MakeBlock(layout_, "ns", 2)};
+  ASSERT_TRUE(client_->Put("ns", layout_, {pinned[0].slices, pinned[1].slices}).ok());
+  auto m = client_->Match("ns", layout_, {pinned[0].slices.hash, pinned[1].slices.hash}, true, 60000);
+  ASSERT_TRUE(m.ok());
+  ASSERT_EQ(m->matched_blocks(), 2u);
+  for (int round = 0; round < 4; ++round) {
+    std::vector<BlockSlices> batch;
+    for (int i = 0; i < 8; ++i) batch.push_back(MakeBlock(layout_, "ns", 100 + round * 8 + i).slices);
+    auto put = client_->Put("ns", layout_, batch);
+    ASSERT_TRUE(put.ok() || put.status().code() == absl::StatusCode::kResourceExhausted) << put.status();
+  }
+  auto got = client_->Get("ns", layout_, {pinned[0].slices.hash, pinned[1].slices.hash}, m->lease_id());
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ((*got)[0].record, pinned[0].record);
+  EXPECT_EQ((*got)[1].record, pinned[1].record);
+  EXPECT_EQ(client_->Stats()->active_leases(), 0u) << "the Get naming the lease ended it";
+}
+
+TEST_F(CacheServerTest, HealthServesAndSigtermDrainsThenExitsZero) {
+  grpc::GenericStub generic(channel_);
+  grpc::ClientContext context;
+  client_->SetDeadline(context);
+  grpc::Slice empty("");  // an empty HealthCheckRequest asks about the whole server
+  grpc::ByteBuffer request(&empty, 1), response;
+  grpc::Status status;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  generic.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
+                    &response, [&](grpc::Status s) {
+                      std::lock_guard<std::mutex> lock(mu);
+                      status = s;
+                      done = true;
+                      cv.notify_one();
+                    });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done; });
+  }
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  EXPECT_EQ(bytes, std::string("\x08\x01", 2)) << "status: SERVING";
+
+  EXPECT_EQ(server_->Stop(SIGTERM), 0);
+}
+
+TEST_F(CacheServerTest, StatsCommandAndMetricsReportTheSameFigures) {
+  const TestBlock b = MakeBlock(layout_, "ns", 3);
+  ASSERT_TRUE(client_->Put("ns", layout_, {b.slices}).ok());
+  ASSERT_TRUE(client_->Get("ns", layout_, {b.slices.hash}).ok());
+  auto stats = client_->Stats();
+  ASSERT_TRUE(stats.ok());
+  auto json = testing::RunCommand(std::string(KVTIER_BINARY) + " stats --json --target " + target_);
+  ASSERT_EQ(json.exit_code, 0) << json.output;
+  EXPECT_NE(json.output.find("\"tier\": \"device\", \"capacity_bytes\": 67108864, \"used_bytes\": " +
+                             std::to_string(stats->tiers(0).used_bytes()) + ", \"blocks\": 1, \"hits\": 1"),
+            std::string::npos)
+      << json.output;
+  auto table = testing::RunCommand(std::string(KVTIER_BINARY) + " stats --target " + target_);
+  ASSERT_EQ(table.exit_code, 0);
+  EXPECT_NE(table.output.find("device"), std::string::npos) << table.output;
+  auto down = testing::RunCommand(std::string(KVTIER_BINARY) + " stats --timeout-ms 500 --target 127.0.0.1:1");
+  EXPECT_EQ(down.exit_code, 1) << down.output;
+
+  auto scrape = testing::RunCommand("curl -sf http://" + metrics_address_ + "/metrics");
+  ASSERT_EQ(scrape.exit_code, 0) << scrape.output;
+  EXPECT_NE(scrape.output.find("kvtier_cache_used_bytes{tier=\"device\"} " +
+                               std::to_string(stats->tiers(0).used_bytes())),
+            std::string::npos)
+      << scrape.output;
+  EXPECT_NE(scrape.output.find("kvtier_cache_blocks_stored_total 1"), std::string::npos);
+  EXPECT_NE(scrape.output.find("kvtier_cache_rpc_duration_seconds_count{code=\"OK\",method=\"Put\"} 1"),
+            std::string::npos)
+      << scrape.output;
+}
+
+TEST(CacheServerFlags, RefusesBadCapacitiesWithAMessage) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"--host-capacity", "1GiB"}, "--device-capacity and --host-capacity are required"},
+      {{"--device-capacity", "0", "--host-capacity", "1GiB"}, "below one page"},
+      {{"--device-capacity", "1PiB", "--host-capacity", "1GiB"}, "unknown unit"},
+      {{"--device-capacity", "1000TiB", "--host-capacity", "1GiB"}, "exceeds this machine's memory"},
+      {{"--device-capacity", "abc", "--host-capacity", "1GiB"}, "not a size"},
+      {{"--device-capacity", "1GiB", "--host-capacity", "1GiB", "--listen", "nowhere"}, "HOST:PORT"},
+  };
+  for (const Case& c : cases) {
+    std::string cmd = KVTIER_CACHE_BINARY;
+    for (const auto& a : c.args) cmd += " " + a;
+    auto r = testing::RunCommand(cmd);
+    EXPECT_NE(r.exit_code, 0) << cmd;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << cmd << "\n" << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace kvtier::cache
