@@ -10,6 +10,9 @@ packages=(
   libabsl-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libssl-dev
+  # integration tests and benchmarks: a real Prometheus scrapes the cache,
+  # Redis is the peer the cache is measured against
+  prometheus redis-server libhiredis-dev curl
 )
 
 missing=()

@@ -296,6 +296,7 @@ void FillStats(const StoreStats& s, v1::StatsResponse& r) {
   r.set_bytes_out(s.bytes_out);
   r.set_checksum_failures(s.checksum_failures);
   r.set_active_leases(s.active_leases);
+  r.set_pending_blocks(s.pending_blocks);
   r.set_server_version(kCacheServerVersion);
   r.add_block_format_versions(kvblock::kBlockFormatVersion);
 }

@@ -5,6 +5,8 @@
 #include <grpcpp/generic/generic_stub.h>
 
 #include <atomic>
+#include <chrono>
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -287,8 +289,11 @@ TEST_F(CacheServerTest, FillingTenTimesOverStaysWithinCapacity) {
   }
   EXPECT_GT(used, capacity * 8 / 10) << "tiers should be nearly full";
   EXPECT_GT(stats->tiers(1).evictions(), 0u);
-  // The whole process, gRPC's buffers and the index included.
+  // The whole process, gRPC's buffers and the index included. (ASan's shadow
+  // memory and quarantine would dwarf it: the sanitizer build skips this.)
+#ifndef __SANITIZE_ADDRESS__
   EXPECT_LE(server_->RssBytes(), capacity * 11 / 10);
+#endif
 }
 
 TEST_F(CacheServerTest, LeasedBlocksSurvivePressure) {
@@ -371,6 +376,76 @@ TEST_F(CacheServerTest, StatsCommandAndMetricsReportTheSameFigures) {
   EXPECT_NE(scrape.output.find("kvtier_cache_rpc_duration_seconds_count{code=\"OK\",method=\"Put\"} 1"),
             std::string::npos)
       << scrape.output;
+}
+
+// Polls Stats (the server announces nothing) until `done` holds, up to 10 s.
+bool StatsEventually(CacheClient& client, const std::function<bool(const v1::StatsResponse&)>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto s = client.Stats();
+    if (s.ok() && done(*s)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+TEST_F(CacheServerTest, CancelledPutFreesItsIncompleteBlocks) {
+  const TestBlock b = MakeBlock(layout_, "ns", 11);
+  {
+    grpc::ClientContext context;
+    client_->SetDeadline(context);
+    v1::PutResponse response;
+    auto writer = client_->stub().Put(&context, &response);
+    v1::PutRequest h;
+    h.mutable_header()->set_kv_namespace("ns");
+    *h.mutable_header()->mutable_layout() = kvblock::LayoutToProto(layout_);
+    ASSERT_TRUE(writer->Write(h));
+    for (int l = 0; l < 3; ++l) {  // 3 of 8 layers
+      v1::PutRequest s;
+      s.mutable_slice()->set_block_hash(std::string(kvblock::HashAsBytes(b.slices.hash)));
+      s.mutable_slice()->set_data(b.slices.records[l]);
+      ASSERT_TRUE(writer->Write(s));
+    }
+    ASSERT_TRUE(StatsEventually(*client_, [](const auto& s) { return s.pending_blocks() == 1; }));
+    context.TryCancel();
+    EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  EXPECT_TRUE(StatsEventually(*client_, [](const auto& s) {
+    return s.pending_blocks() == 0 && s.tiers(0).used_bytes() == 0;
+  }));
+  EXPECT_EQ(client_->Match("ns", layout_, {b.slices.hash})->matched_blocks(), 0u);
+}
+
+TEST_F(CacheServerTest, SigtermLetsAnInFlightGetFinish) {
+  std::vector<BlockSlices> blocks;
+  std::vector<std::string> records;
+  std::vector<BlockHash> hashes;
+  for (int i = 0; i < 48; ++i) {
+    TestBlock b = MakeBlock(layout_, "ns", 500 + i);
+    hashes.push_back(b.slices.hash);
+    records.push_back(b.record);
+    blocks.push_back(std::move(b.slices));
+  }
+  ASSERT_TRUE(client_->Put("ns", layout_, blocks).ok());
+  v1::GetRequest get;
+  get.set_kv_namespace("ns");
+  *get.mutable_layout() = kvblock::LayoutToProto(layout_);
+  for (const auto& h : hashes) get.add_block_hashes(std::string(kvblock::HashAsBytes(h)));
+  grpc::ClientContext context;
+  client_->SetDeadline(context);
+  auto reader = client_->stub().Get(&context, get);
+  v1::GetResponse response;
+  ASSERT_TRUE(reader->Read(&response));
+  ASSERT_EQ(kill(server_->pid(), SIGTERM), 0);  // while 47 blocks are still to come
+  size_t received = 1;
+  EXPECT_EQ(response.data(), records[0]);
+  while (reader->Read(&response)) {
+    EXPECT_EQ(response.data(), records[response.index()]) << response.index();
+    ++received;
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(received, hashes.size());
+  EXPECT_EQ(server_->Stop(SIGTERM), 0);
 }
 
 TEST(CacheServerFlags, RefusesBadCapacitiesWithAMessage) {
