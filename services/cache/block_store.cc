@@ -22,8 +22,10 @@ struct Entry {
 };
 
 struct BlockStore::Tier {
-  std::unique_ptr<PageArena> arena;  // the pointer never changes after Create
-  std::list<Entry*> lru;             // most recently used first
+  // Exactly one of these; neither pointer changes after Create.
+  std::unique_ptr<PageArena> arena;
+  std::unique_ptr<DiskDir> disk;
+  std::list<Entry*> lru;  // most recently used first
   TierCounters counters;
 };
 
@@ -100,6 +102,15 @@ size_t BlockStore::KeyHash::operator()(const Key& k) const {
 
 // ---- PinnedBlock ----
 
+PinnedBlock::PinnedBlock(BlockStore* store, Entry* entry, v1::Tier tier,
+                         std::vector<std::span<const uint8_t>> pieces, std::string owned,
+                         size_t size)
+    : store_(store), entry_(entry), tier_(tier), owned_(std::move(owned)), size_(size) {
+  pieces_ = owned_.empty() ? std::move(pieces)
+                           : std::vector<std::span<const uint8_t>>{std::span(
+                                 reinterpret_cast<const uint8_t*>(owned_.data()), owned_.size())};
+}
+
 PinnedBlock::~PinnedBlock() { store_->Unpin(entry_); }
 
 std::string PinnedBlock::CopyToString() const {
@@ -133,7 +144,51 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const StoreOption
     tier->counters.capacity_bytes = capacity;
     tiers.push_back(std::move(tier));
   }
-  return std::unique_ptr<BlockStore>(new BlockStore(options, clock, std::move(tiers)));
+  if (options.disk_dir.empty() != (options.disk_capacity == 0)) {
+    return absl::InvalidArgumentError("a disk tier needs both a directory and a capacity");
+  }
+  if (!options.disk_dir.empty()) {
+    absl::StatusOr<DiskDir> disk = DiskDir::Open(options.disk_dir);
+    if (!disk.ok()) return disk.status();
+    auto tier = std::make_unique<Tier>();
+    tier->disk = std::make_unique<DiskDir>(std::move(*disk));
+    tier->counters.tier = v1::TIER_DISK;
+    tier->counters.capacity_bytes = options.disk_capacity;
+    tiers.push_back(std::move(tier));
+  }
+  std::unique_ptr<BlockStore> store(new BlockStore(options, clock, std::move(tiers)));
+  absl::MutexLock lock(&store->mu_);
+  store->LoadDiskLocked();
+  return store;
+}
+
+void BlockStore::LoadDiskLocked() {
+  Tier& t = *tiers_.back();
+  if (t.disk == nullptr) return;
+  std::vector<DiskRecord> records = t.disk->Scan(counters_.checksum_failures);
+  // Newest first, so the LRU list's back is the oldest file.
+  std::sort(records.begin(), records.end(),
+            [](const DiskRecord& a, const DiskRecord& b) { return a.mtime_ns > b.mtime_ns; });
+  for (DiskRecord& r : records) {
+    if (t.counters.used_bytes + r.size > t.counters.capacity_bytes) {  // capacity shrank
+      t.disk->Remove(r.ns, r.hash);
+      ++t.counters.evictions;
+      continue;
+    }
+    auto entry = std::make_unique<Entry>();
+    entry->ns = std::move(r.ns);
+    entry->hash = r.hash;
+    entry->layout_id = r.layout_id;
+    entry->size = r.size;
+    entry->tier = tiers_.size() - 1;
+    t.lru.push_back(entry.get());
+    entry->lru = std::prev(t.lru.end());
+    t.counters.used_bytes += r.size;
+    ++t.counters.blocks;
+    counters_.metadata_bytes += EntryMetadataBytes(*entry);
+    Key key(entry->ns, entry->hash);
+    index_.emplace(std::move(key), std::move(entry));
+  }
 }
 
 BlockStore::BlockStore(const StoreOptions& options, Clock* clock,
@@ -206,6 +261,7 @@ absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(
     const std::string& ns, uint64_t layout_id, const kvblock::BlockHash& hash) {
   Entry* e;
   std::vector<std::span<const uint8_t>> pieces;
+  std::string owned;  // the record, when it had to be read from disk
   v1::Tier served_from;
   {
     absl::MutexLock lock(&mu_);
@@ -231,10 +287,14 @@ absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(
                                               " failed its checksum and was dropped"));
     }
     TouchLocked(e);
-    pieces = PiecesLocked(e->tier, e->pages, e->size);
+    // Promotion can fail only when the device tier is all pinned; then the
+    // block is served from where it is.
+    absl::StatusOr<std::vector<std::span<const uint8_t>>> source = SourceLocked(*e, owned);
+    if (source.ok()) pieces = std::move(*source);
   }
   // Pinned: the pages cannot change, so verify without the lock.
-  if (ComputedCrc(pieces, e->size) != StoredCrc(pieces, e->size)) {
+  if (pieces.empty() ? owned.size() != e->size
+                     : ComputedCrc(pieces, e->size) != StoredCrc(pieces, e->size)) {
     absl::MutexLock lock(&mu_);
     ++counters_.checksum_failures;
     if (!e->zombie) DropLocked(e);
@@ -247,7 +307,7 @@ absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(
     counters_.bytes_out += e->size;
   }
   return std::shared_ptr<const PinnedBlock>(
-      new PinnedBlock(this, e, served_from, std::move(pieces), e->size));
+      new PinnedBlock(this, e, served_from, std::move(pieces), std::move(owned), e->size));
 }
 
 void BlockStore::Unpin(Entry* entry) {
@@ -257,7 +317,7 @@ void BlockStore::Unpin(Entry* entry) {
 
 void BlockStore::UnpinLocked(Entry* e) {
   if (--e->pins > 0 || !e->zombie) return;
-  FreePagesLocked(e->tier, e->pages, e->size);
+  ReleaseStorageLocked(*e);
   counters_.metadata_bytes -= EntryMetadataBytes(*e);
   auto it = std::find_if(zombies_.begin(), zombies_.end(),
                          [e](const std::unique_ptr<Entry>& z) { return z.get() == e; });
@@ -288,6 +348,33 @@ void BlockStore::FreePagesLocked(size_t tier, const std::vector<uint32_t>& pages
   t.counters.used_bytes -= bytes;
 }
 
+void BlockStore::ReleaseStorageLocked(const Entry& e) {
+  Tier& t = *tiers_[e.tier];
+  if (t.disk != nullptr) {
+    t.disk->Remove(e.ns, e.hash);
+    t.counters.used_bytes -= e.size;
+  } else {
+    FreePagesLocked(e.tier, e.pages, e.size);
+  }
+}
+
+absl::StatusOr<std::vector<std::span<const uint8_t>>> BlockStore::SourceLocked(
+    const Entry& e, std::string& buffer) const {
+  const Tier& t = *tiers_[e.tier];
+  if (t.disk == nullptr) return PiecesLocked(e.tier, e.pages, e.size);
+  absl::StatusOr<std::string> bytes = t.disk->Read(e.ns, e.hash, e.size);
+  if (!bytes.ok()) return bytes.status();
+  buffer = std::move(*bytes);
+  return std::vector<std::span<const uint8_t>>{
+      std::span(reinterpret_cast<const uint8_t*>(buffer.data()), buffer.size())};
+}
+
+bool BlockStore::HasRoomLocked(size_t tier, size_t bytes) const {
+  const Tier& t = *tiers_[tier];
+  if (t.disk != nullptr) return t.counters.capacity_bytes - t.counters.used_bytes >= bytes;
+  return t.arena->free_pages() >= PagesFor(bytes);
+}
+
 void BlockStore::DropLocked(Entry* e) {
   Tier& t = *tiers_[e->tier];
   t.lru.erase(e->lru);
@@ -300,13 +387,13 @@ void BlockStore::DropLocked(Entry* e) {
     zombies_.push_back(std::move(owned));
     return;
   }
-  FreePagesLocked(e->tier, e->pages, e->size);
+  ReleaseStorageLocked(*e);
   counters_.metadata_bytes -= EntryMetadataBytes(*e);
 }
 
-bool BlockStore::MakeRoomLocked(size_t tier, uint32_t pages) {
+bool BlockStore::MakeRoomLocked(size_t tier, size_t bytes) {
   Tier& t = *tiers_[tier];
-  while (t.arena->free_pages() < pages) {
+  while (!HasRoomLocked(tier, bytes)) {
     auto victim_it = std::find_if(t.lru.rbegin(), t.lru.rend(),
                                   [](const Entry* e) { return e->pins == 0; });
     if (victim_it == t.lru.rend()) return false;
@@ -326,35 +413,35 @@ bool BlockStore::MakeRoomLocked(size_t tier, uint32_t pages) {
 
 bool BlockStore::MoveLocked(Entry* e, size_t to) {
   const size_t from = e->tier;
-  const uint32_t n = PagesFor(e->size);
-  if (n > tiers_[to]->arena->total_pages() || !MakeRoomLocked(to, n)) return false;
   Tier& dst = *tiers_[to];
-  std::vector<uint32_t> pages;
-  dst.arena->Allocate(n, pages);
-  dst.counters.used_bytes += e->size;
-  // Copy page by page, checksumming what is read.
-  const auto pieces = PiecesLocked(from, e->pages, e->size);
-  uint32_t crc = 0;
-  size_t offset = 0;
-  const size_t crc_end = e->size - kvblock::kBlockTrailerBytes;
-  for (const auto& piece : pieces) {
-    WriteAt(*dst.arena, pages, offset,
-            std::string_view(reinterpret_cast<const char*>(piece.data()), piece.size()));
-    if (offset < crc_end) {
-      crc = kvblock::Crc32cExtend(crc, piece.data(), std::min(piece.size(), crc_end - offset));
-    }
-    offset += piece.size();
-  }
-  if (crc != StoredCrc(pieces, e->size)) {
-    FreePagesLocked(to, pages, e->size);
+  const bool fits_at_all = dst.disk != nullptr ? e->size <= dst.counters.capacity_bytes
+                                               : PagesFor(e->size) <= dst.arena->total_pages();
+  if (!fits_at_all || !MakeRoomLocked(to, e->size)) return false;
+  // Verify, then copy: a corrupt record never reaches another tier.
+  std::string buffer;
+  absl::StatusOr<std::vector<std::span<const uint8_t>>> pieces = SourceLocked(*e, buffer);
+  if (!pieces.ok() || ComputedCrc(*pieces, e->size) != StoredCrc(*pieces, e->size)) {
     ++counters_.checksum_failures;
     DropLocked(e);
     return false;
   }
+  std::vector<uint32_t> pages;
+  if (dst.disk != nullptr) {
+    if (!dst.disk->Write(e->ns, e->hash, *pieces).ok()) return false;  // disk full or failing
+  } else {
+    dst.arena->Allocate(PagesFor(e->size), pages);
+    size_t offset = 0;
+    for (const auto& piece : *pieces) {
+      WriteAt(*dst.arena, pages, offset,
+              std::string_view(reinterpret_cast<const char*>(piece.data()), piece.size()));
+      offset += piece.size();
+    }
+  }
+  dst.counters.used_bytes += e->size;
   Tier& src = *tiers_[from];
   src.lru.erase(e->lru);
   --src.counters.blocks;
-  FreePagesLocked(from, e->pages, e->size);
+  ReleaseStorageLocked(*e);
   e->pages = std::move(pages);
   e->tier = to;
   dst.lru.push_front(e);
@@ -380,7 +467,7 @@ absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t b
                                                      " bytes does not fit the device tier (",
                                                      first.counters.capacity_bytes, " bytes)"));
   }
-  if (!MakeRoomLocked(0, n)) {
+  if (!MakeRoomLocked(0, bytes)) {
     return absl::ResourceExhaustedError(
         "device tier is full of pinned or incomplete blocks; retry later");
   }
@@ -401,7 +488,7 @@ StoreStats BlockStore::Stats() {
   StoreStats s = counters_;
   for (const auto& t : tiers_) {
     s.tiers.push_back(t->counters);
-    s.metadata_bytes += t->arena->total_pages() * sizeof(uint32_t);  // free lists
+    if (t->arena != nullptr) s.metadata_bytes += t->arena->total_pages() * sizeof(uint32_t);
   }
   s.metadata_bytes += leases_.size() * sizeof(Lease);
   for (const auto& [id, lease] : leases_) s.metadata_bytes += lease.entries.capacity() * sizeof(Entry*);

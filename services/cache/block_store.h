@@ -1,7 +1,8 @@
 // The cache's store of latent block records, in tiers of fixed-size pages.
 //
 // Tiers, fastest first: device (host memory standing in for GPU memory until
-// the CUDA backend lands) and host. A tier that is full demotes its
+// the CUDA backend lands), host, and optionally disk (files). A tier that is
+// full demotes its
 // least-recently-used unpinned blocks to the next tier; the last tier drops
 // them. Reading a block promotes it to the first tier. Every tier move and
 // every read verifies the record's CRC32C; a block that fails is dropped and
@@ -35,6 +36,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kvtier/v1/layout.pb.h"
+#include "services/cache/disk_dir.h"
 #include "services/cache/page_arena.h"
 #include "services/common/clock.h"
 #include "services/kvblock/block_key.h"
@@ -45,6 +47,8 @@ namespace kvtier::cache {
 struct StoreOptions {
   uint64_t device_capacity = 0;  // bytes; both must be positive
   uint64_t host_capacity = 0;
+  std::string disk_dir;        // empty: no disk tier
+  uint64_t disk_capacity = 0;  // bytes of records under disk_dir
   uint32_t page_size = 64 * 1024;
   absl::Duration default_lease_ttl = absl::Seconds(30);
   absl::Duration max_lease_ttl = absl::Minutes(10);
@@ -95,6 +99,7 @@ class PinnedBlock {
   PinnedBlock& operator=(const PinnedBlock&) = delete;
 
   size_t size() const { return size_; }
+  // The tier it was read from (before any promotion).
   v1::Tier tier() const { return tier_; }
   // The record as page-sized pieces, in order.
   const std::vector<std::span<const uint8_t>>& pieces() const { return pieces_; }
@@ -102,13 +107,15 @@ class PinnedBlock {
 
  private:
   friend class BlockStore;
+  // `pieces` point into the store's pages, or (when empty) into `owned`, a
+  // copy read from disk.
   PinnedBlock(BlockStore* store, Entry* entry, v1::Tier tier,
-              std::vector<std::span<const uint8_t>> pieces, size_t size)
-      : store_(store), entry_(entry), tier_(tier), pieces_(std::move(pieces)), size_(size) {}
+              std::vector<std::span<const uint8_t>> pieces, std::string owned, size_t size);
 
   BlockStore* store_;
   Entry* entry_;
   v1::Tier tier_;
+  std::string owned_;
   std::vector<std::span<const uint8_t>> pieces_;
   size_t size_;
 };
@@ -198,16 +205,25 @@ class BlockStore {
   void Unpin(Entry* entry);
   void UnpinLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TouchLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Frees enough pages in `tier` for `pages` more, demoting or dropping LRU
+  // Makes room in `tier` for a record of `bytes`, demoting or dropping LRU
   // unpinned blocks; false when pinned blocks leave too little room.
-  bool MakeRoomLocked(size_t tier, uint32_t pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves a block to `to` (a neighbouring tier) with a verified copy.
-  // Returns false, leaving it in place, when the destination has no room;
-  // on a checksum failure the block is dropped.
+  bool MakeRoomLocked(size_t tier, size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool HasRoomLocked(size_t tier, size_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves a block to `to` with a verified copy. Returns false, leaving it in
+  // place, when the destination has no room; on a checksum failure the block
+  // is dropped.
   bool MoveLocked(Entry* entry, size_t to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives back the pages or file holding a block's record.
+  void ReleaseStorageLocked(const Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreePagesLocked(size_t tier, const std::vector<uint32_t>& pages, size_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The record's bytes: spans over its pages, or its file read into `buffer`.
+  absl::StatusOr<std::vector<std::span<const uint8_t>>> SourceLocked(const Entry& entry,
+                                                                     std::string& buffer) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Restores the disk tier's blocks at start-up.
+  void LoadDiskLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes pages in the first tier for a block being assembled.
   absl::StatusOr<std::vector<uint32_t>> AllocatePendingLocked(size_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

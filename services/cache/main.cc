@@ -32,11 +32,19 @@ absl::StatusOr<StoreOptions> ToStoreOptions(const Flags& f) {
   if (f.device_capacity.empty() || f.host_capacity.empty()) {
     return absl::InvalidArgumentError("--device-capacity and --host-capacity are required");
   }
-  if (!f.disk_dir.empty() || !f.disk_capacity.empty()) {
-    return absl::UnimplementedError(
-        "the disk tier (--disk-dir, --disk-capacity) is not available in this build yet");
+  if (f.disk_dir.empty() != f.disk_capacity.empty()) {
+    return absl::InvalidArgumentError("--disk-dir and --disk-capacity go together");
   }
   StoreOptions o;
+  if (!f.disk_dir.empty()) {
+    absl::StatusOr<uint64_t> disk = ParseByteSize(f.disk_capacity);
+    if (!disk.ok() || *disk == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--disk-capacity: ", disk.ok() ? "must be positive" : disk.status().message()));
+    }
+    o.disk_dir = f.disk_dir;
+    o.disk_capacity = *disk;
+  }
   absl::StatusOr<uint64_t> device = ParseByteSize(f.device_capacity);
   if (!device.ok()) return absl::InvalidArgumentError(absl::StrCat("--device-capacity: ", device.status().message()));
   absl::StatusOr<uint64_t> host = ParseByteSize(f.host_capacity);
@@ -101,9 +109,14 @@ int Run(const Flags& f) {
     std::cerr << "kvtier-cache: " << server.status().message() << "\n";
     return 1;
   }
+  const StoreStats stats = (*store)->Stats();
   std::cerr << "kvtier-cache: device tier " << options->device_capacity << " bytes, host tier "
-            << options->host_capacity << " bytes, pages of " << options->page_size << " bytes"
-            << std::endl;
+            << options->host_capacity << " bytes, pages of " << options->page_size << " bytes";
+  if (!options->disk_dir.empty()) {
+    std::cerr << ", disk tier " << options->disk_capacity << " bytes in " << options->disk_dir
+              << " (" << stats.tiers.back().blocks << " blocks found)";
+  }
+  std::cerr << std::endl;
   (*server)->WaitForShutdownSignal();
   std::cerr << "kvtier-cache: stopped" << std::endl;
   return 0;
@@ -119,15 +132,17 @@ int main(int argc, char** argv) {
       "kvtier-cache --device-capacity SIZE --host-capacity SIZE [flags]",
       "Serves kvtier.v1.KvCache: a tiered store of quantized MLA latent blocks.\n"
       "Full tiers demote least-recently-used blocks to the next tier; the last drops\n"
-      "them. Without a GPU the device tier is host memory. SIZE: bytes or 512MiB, 4GiB.\n"
+      "them (the disk tier, when configured, is last). Without a GPU the device tier\n"
+      "is host memory. SIZE: bytes or 512MiB, 4GiB.\n"
       "Stops gracefully on SIGTERM.");
   flags.AddString("listen", &f.listen, "gRPC address HOST:PORT (port 0: any free port)");
   flags.AddString("metrics-listen", &f.metrics_listen,
                   "Prometheus /metrics address HOST:PORT; empty to disable");
   flags.AddString("device-capacity", &f.device_capacity, "bytes of the device tier");
   flags.AddString("host-capacity", &f.host_capacity, "bytes of the host (CPU spill) tier");
-  flags.AddString("disk-dir", &f.disk_dir, "directory of the disk tier (not available yet)");
-  flags.AddString("disk-capacity", &f.disk_capacity, "bytes of the disk tier (not available yet)");
+  flags.AddString("disk-dir", &f.disk_dir,
+                  "directory of the disk tier; a restart finds its blocks again");
+  flags.AddString("disk-capacity", &f.disk_capacity, "bytes of block records under --disk-dir");
   flags.AddUint("threads", &f.threads, "worker threads for Put and Get");
   flags.AddUint("page-size", &f.page_size, "tier page size in bytes");
   if (absl::Status s = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); !s.ok()) {

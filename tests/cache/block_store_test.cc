@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <map>
+#include <fstream>
 #include <random>
 
 #include "services/kvblock/block_format.h"
@@ -31,12 +34,18 @@ class BlockStoreTest : public ::testing::Test {
  protected:
   void SetUp() override { Open(4, 6); }
 
-  // Capacities in pages (one block per page with SmallLayout).
-  void Open(uint64_t device_pages, uint64_t host_pages) {
+  // Capacities in pages (one block per page with SmallLayout); disk in
+  // records.
+  void Open(uint64_t device_pages, uint64_t host_pages, uint64_t disk_records = 0) {
     StoreOptions o;
     o.page_size = kPage;
     o.device_capacity = device_pages * kPage;
     o.host_capacity = host_pages * kPage;
+    if (disk_records > 0) {
+      o.disk_dir = disk_dir_.string();
+      o.disk_capacity = disk_records * kvblock::HeaderFor(layout_, 0, 4).RecordBytes();
+    }
+    store_.reset();
     o.default_lease_ttl = absl::Seconds(10);
     auto s = BlockStore::Create(o, &clock_);
     ASSERT_TRUE(s.ok()) << s.status();
@@ -87,7 +96,14 @@ class BlockStoreTest : public ::testing::Test {
     }
   }
 
+  void TearDown() override {
+    store_.reset();
+    std::filesystem::remove_all(disk_dir_);
+  }
+
   testing::SeededRng rng_;
+  std::filesystem::path disk_dir_ = std::filesystem::temp_directory_path() /
+                                    ("kvtier_store_test_" + std::to_string(rng_.seed()));
   ManualClock clock_;
   kvblock::LatentLayout layout_ = SmallLayout();
   uint64_t layout_id_ = kvblock::LayoutId(SmallLayout());
@@ -347,6 +363,77 @@ TEST_F(BlockStoreTest, RandomWorkloadNeverExceedsCapacity) {
             (s.tiers[0].blocks + s.tiers[1].blocks) * kvblock::HeaderFor(layout_, 0, 4).RecordBytes());
 }
 
+TEST_F(BlockStoreTest, DiskTierTakesWhatHostDemotesAndDropsLast) {
+  Open(2, 2, 3);
+  for (int i = 0; i < 7; ++i) Put(Hash(i));
+  StoreStats s = store_->Stats();
+  ASSERT_EQ(s.tiers.size(), 3u);
+  EXPECT_EQ(s.tiers[2].tier, v1::TIER_DISK);
+  EXPECT_EQ(s.tiers[2].blocks, 3u);
+  EXPECT_EQ(s.tiers[1].demotions, 3u);
+  EXPECT_EQ(s.tiers[2].evictions, 0u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(TierOf(Hash(i)), v1::TIER_DISK) << i;
+  Put(Hash(7));
+  s = store_->Stats();
+  EXPECT_EQ(s.tiers[2].evictions, 1u);
+  EXPECT_LE(s.tiers[2].used_bytes, s.tiers[2].capacity_bytes);
+  // A read from disk promotes to the device tier.
+  auto block = store_->Read("ns", layout_id_, Hash(1));
+  ASSERT_TRUE(block.ok()) << block.status();
+  EXPECT_EQ((*block)->tier(), v1::TIER_DISK);
+  block->reset();
+  EXPECT_EQ(TierOf(Hash(1)), v1::TIER_DEVICE);
+}
+
+TEST_F(BlockStoreTest, RestartFindsTheDiskTiersBlocks) {
+  Open(1, 1, 4);
+  std::map<int, std::vector<std::string>> slices;
+  for (int i = 0; i < 5; ++i) slices[i] = Put(Hash(i));
+  for (int i = 0; i < 3; ++i) {  // 0, 1, 2 went to disk; reading would promote, so Match only
+    ASSERT_EQ(TierOf(Hash(i)), v1::TIER_DISK) << i;
+  }
+  // Reopen: the memory tiers start empty, the disk tier as it was.
+  Open(1, 1, 4);
+  StoreStats s = store_->Stats();
+  EXPECT_EQ(s.tiers[2].blocks, 3u);
+  EXPECT_EQ(s.tiers[0].blocks + s.tiers[1].blocks, 0u);
+  for (int i = 0; i < 3; ++i) {
+    auto block = store_->Read("ns", layout_id_, Hash(i));
+    ASSERT_TRUE(block.ok()) << i << ": " << block.status();
+    const std::string record = (*block)->CopyToString();
+    auto view = kvblock::ParseBlock(record, &layout_);
+    ASSERT_TRUE(view.ok()) << view.status();
+    for (uint32_t l = 0; l < 4; ++l) {
+      EXPECT_EQ(view->Layer(l), kvblock::ParseBlock(slices[i][l])->Layer(0)) << i << "/" << l;
+    }
+  }
+  EXPECT_EQ(ReadCode(Hash(4)), absl::StatusCode::kNotFound) << "was in memory";
+}
+
+TEST_F(BlockStoreTest, CorruptDiskFilesAreDroppedAndCounted) {
+  Open(1, 1, 4);
+  for (int i = 0; i < 4; ++i) Put(Hash(i));
+  ASSERT_EQ(TierOf(Hash(0)), v1::TIER_DISK);
+  ASSERT_EQ(TierOf(Hash(1)), v1::TIER_DISK);
+  store_.reset();
+  // Flip a byte in each file, and leave a torn temporary file behind.
+  int flipped = 0;
+  for (const auto& f : std::filesystem::recursive_directory_iterator(disk_dir_)) {
+    if (f.path().extension() != ".kvb") continue;
+    std::fstream file(f.path(), std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(500);
+    file.put('\x5a');
+    ++flipped;
+  }
+  ASSERT_EQ(flipped, 2);
+  std::ofstream(disk_dir_ / "ns-ns" / "torn.kvb.tmp") << "partial";
+  Open(1, 1, 4);
+  const StoreStats s = store_->Stats();
+  EXPECT_EQ(s.tiers[2].blocks, 0u);
+  EXPECT_EQ(s.checksum_failures, 2u);
+  EXPECT_FALSE(std::filesystem::exists(disk_dir_ / "ns-ns" / "torn.kvb.tmp"));
+}
+
 TEST(BlockStoreOptions, RefusesCapacitiesBelowOnePage) {
   StoreOptions o;
   o.device_capacity = 0;
@@ -355,6 +442,14 @@ TEST(BlockStoreOptions, RefusesCapacitiesBelowOnePage) {
             absl::StatusCode::kInvalidArgument);
   o.device_capacity = 1 << 20;
   o.host_capacity = 100;
+  EXPECT_EQ(BlockStore::Create(o, SystemClock::Get()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  o.host_capacity = 1 << 20;
+  o.disk_dir = "/tmp/kvtier-no-capacity";
+  EXPECT_EQ(BlockStore::Create(o, SystemClock::Get()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  o.disk_capacity = 1 << 20;
+  o.disk_dir = "/proc/kvtier-cannot-create";
   EXPECT_EQ(BlockStore::Create(o, SystemClock::Get()).status().code(),
             absl::StatusCode::kInvalidArgument);
 }

@@ -5,6 +5,7 @@
 #include <grpcpp/generic/generic_stub.h>
 
 #include <atomic>
+#include <filesystem>
 #include <chrono>
 #include <functional>
 #include <random>
@@ -66,10 +67,13 @@ TestBlock MakeBlock(const kvblock::LatentLayout& layout, const std::string& ns, 
 
 class CacheServerTest : public ::testing::Test {
  protected:
-  void Start(const std::string& device, const std::string& host) {
-    server_ = std::make_unique<ChildProcess>(std::vector<std::string>{
+  void Start(const std::string& device, const std::string& host,
+             std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv = {
         KVTIER_CACHE_BINARY, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
-        "--device-capacity", device, "--host-capacity", host, "--threads", "4"});
+        "--device-capacity", device, "--host-capacity", host, "--threads", "4"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    server_ = std::make_unique<ChildProcess>(std::move(argv));
     std::optional<std::string> metrics = server_->WaitForLine("metrics on ");
     ASSERT_TRUE(metrics.has_value());
     metrics_address_ = metrics->substr(0, metrics->find('/'));
@@ -448,6 +452,44 @@ TEST_F(CacheServerTest, SigtermLetsAnInFlightGetFinish) {
   EXPECT_EQ(server_->Stop(SIGTERM), 0);
 }
 
+TEST_F(CacheServerTest, RestartWithTheSameDiskDirFindsItsBlocks) {
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("kvtier_disk_" + std::to_string(rng_.seed()))).string();
+  const std::vector<std::string> disk = {"--disk-dir", dir, "--disk-capacity", "64MiB"};
+  server_.reset();
+  Start("1MiB", "1MiB", disk);  // 6 blocks fit in memory; the rest go to disk
+  std::vector<TestBlock> blocks;
+  std::vector<BlockSlices> slices;
+  std::vector<BlockHash> hashes;
+  for (int i = 0; i < 12; ++i) {
+    blocks.push_back(MakeBlock(layout_, "ns", 900 + i));
+    slices.push_back(blocks.back().slices);
+    hashes.push_back(blocks.back().slices.hash);
+  }
+  ASSERT_TRUE(client_->Put("ns", layout_, slices).ok());
+  auto before = client_->Stats();
+  ASSERT_TRUE(before.ok());
+  ASSERT_EQ(before->tiers_size(), 3);
+  const uint64_t on_disk = before->tiers(2).blocks();
+  EXPECT_EQ(on_disk, 6u);  // 5 pages a block: 3 per memory tier
+  EXPECT_EQ(server_->Stop(SIGTERM), 0);
+
+  Start("1MiB", "1MiB", disk);
+  auto after = client_->Stats();
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->tiers(2).blocks(), on_disk);
+  auto got = client_->Get("ns", layout_, hashes);
+  ASSERT_TRUE(got.ok());
+  size_t found = 0;
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    if (!(*got)[i].status.ok()) continue;
+    EXPECT_EQ((*got)[i].record, blocks[i].record) << i;
+    ++found;
+  }
+  EXPECT_EQ(found, on_disk);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(CacheServerFlags, RefusesBadCapacitiesWithAMessage) {
   struct Case {
     std::vector<std::string> args;
@@ -460,6 +502,11 @@ TEST(CacheServerFlags, RefusesBadCapacitiesWithAMessage) {
       {{"--device-capacity", "1000TiB", "--host-capacity", "1GiB"}, "exceeds this machine's memory"},
       {{"--device-capacity", "abc", "--host-capacity", "1GiB"}, "not a size"},
       {{"--device-capacity", "1GiB", "--host-capacity", "1GiB", "--listen", "nowhere"}, "HOST:PORT"},
+      {{"--device-capacity", "1GiB", "--host-capacity", "1GiB", "--disk-dir", "/tmp/x"},
+       "--disk-dir and --disk-capacity go together"},
+      {{"--device-capacity", "1GiB", "--host-capacity", "1GiB", "--disk-dir", "/proc/no",
+        "--disk-capacity", "1GiB"},
+       "--disk-dir /proc/no"},
   };
   for (const Case& c : cases) {
     std::string cmd = KVTIER_CACHE_BINARY;
