@@ -3,9 +3,11 @@
 #include <grpcpp/support/proto_buffer_reader.h>
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "services/cache/get_response.h"
 #include "services/common/status.h"
 #include "services/kvblock/block_format.h"
@@ -151,25 +153,36 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutRequest> {
 
 // ---- Get ----
 
+// Writes blocks in order, one write in flight, and prepares (reads, verifies)
+// the next block while the current one is being sent: at most two blocks
+// are held, however slowly the client reads.
 class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   GetReactor(CacheService* service, const grpc::ByteBuffer* raw)
       : service_(service), timer_(service->metrics(), "Get") {
     absl::Status status = Parse(raw);
-    if (!status.ok()) {
-      Done(ToGrpcStatus(status));
-      return;
+    Step step;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!status.ok()) final_status_ = ToGrpcStatus(status);
+      step = PlanLocked();
     }
-    Next();
+    Run(step);
   }
 
   void OnWriteDone(bool ok) override {
-    if (!ok) {
-      Done(grpc::Status(grpc::StatusCode::CANCELLED, "client stopped reading"));
-      return;
+    Step step;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok) {
+        final_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "client stopped reading");
+      } else {
+        ++sent_;
+      }
+      step = PlanLocked();
     }
-    ++next_;
-    Next();
+    Run(step);
   }
 
   void OnDone() override {
@@ -199,39 +212,98 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     return absl::OkStatus();
   }
 
-  void Next() {
-    if (next_ == hashes_.size()) {
-      Done(grpc::Status::OK);
-      return;
+  // What to do next, decided under the lock and done outside it: gRPC may
+  // run OnDone (which deletes this) inline from Finish.
+  struct Step {
+    bool start_write = false;
+    bool submit = false;
+    size_t index = 0;
+    std::optional<grpc::Status> finish;
+  };
+
+  Step PlanLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Step step;
+    if (finished_) return step;
+    if (!final_status_.has_value() && sent_ == hashes_.size()) final_status_ = grpc::Status::OK;
+    if (final_status_.has_value()) {
+      // Never finish while a Produce task or a write may still touch this.
+      if (!producing_ && !writing_) {
+        finished_ = true;
+        step.finish = final_status_;
+      }
+      return step;
     }
-    if (!service_->executor()->TrySubmit([this] { Produce(); })) Done(kBusy);
+    if (!writing_ && prepared_.has_value()) {
+      current_ = std::move(*prepared_);
+      prepared_.reset();
+      writing_ = true;
+      step.start_write = true;
+    }
+    if (!producing_ && !prepared_.has_value() && next_ < hashes_.size()) {
+      producing_ = true;
+      step.submit = true;
+      step.index = next_++;
+    }
+    return step;
   }
 
-  // Reads block next_ and starts writing it.
-  void Produce() {
-    const kvblock::BlockHash& hash = hashes_[next_];
+  void Run(const Step& step) {
+    if (step.finish.has_value()) {
+      timer_.Done(step.finish->error_code());
+      Finish(*step.finish);  // may delete this
+      return;
+    }
+    // While producing_ is set (as it is until the task below runs), the
+    // stream cannot finish, so this stays alive through both calls.
+    if (step.start_write) StartWrite(&current_);
+    if (!step.submit) return;
+    const size_t index = step.index;
+    if (service_->executor()->TrySubmit([this, index] { Produce(index); })) return;
+    Step next;
+    {
+      absl::MutexLock lock(&mu_);
+      producing_ = false;
+      final_status_ = kBusy;
+      next = PlanLocked();
+    }
+    Run(next);
+  }
+
+  // Reads block `index` into a ready-to-write buffer (on the executor).
+  void Produce(size_t index) {
+    grpc::ByteBuffer buffer = Encode(index);
+    Step step;
+    {
+      absl::MutexLock lock(&mu_);
+      producing_ = false;
+      prepared_ = std::move(buffer);
+      step = PlanLocked();
+    }
+    Run(step);
+  }
+
+  grpc::ByteBuffer Encode(size_t index) const {
+    const kvblock::BlockHash& hash = hashes_[index];
     absl::StatusOr<std::shared_ptr<const PinnedBlock>> block =
         service_->store()->Read(scope_.ns, scope_.layout_id, hash);
     if (block.ok() && layer_count_ == scope_.layout.num_layers) {
-      buffer_ = EncodeBlockResponse(static_cast<uint32_t>(next_), hash, *block);
-    } else {
-      v1::GetResponse response;
-      response.set_index(static_cast<uint32_t>(next_));
-      response.set_block_hash(std::string(kvblock::HashAsBytes(hash)));
-      absl::Status status = block.status();
-      if (block.ok()) {
-        response.set_tier((*block)->tier());
-        absl::StatusOr<std::string> subset = LayerSubset(**block);
-        if (subset.ok()) response.set_data(std::move(*subset));
-        status = subset.status();
-      }
-      if (!status.ok()) {
-        response.mutable_miss()->set_code(static_cast<int>(status.code()));
-        response.mutable_miss()->set_message(std::string(status.message()));
-      }
-      buffer_ = EncodeResponse(response);
+      return EncodeBlockResponse(static_cast<uint32_t>(index), hash, *block);
     }
-    StartWrite(&buffer_);
+    v1::GetResponse response;
+    response.set_index(static_cast<uint32_t>(index));
+    response.set_block_hash(std::string(kvblock::HashAsBytes(hash)));
+    absl::Status status = block.status();
+    if (block.ok()) {
+      response.set_tier((*block)->tier());
+      absl::StatusOr<std::string> subset = LayerSubset(**block);
+      if (subset.ok()) response.set_data(std::move(*subset));
+      status = subset.status();
+    }
+    if (!status.ok()) {
+      response.mutable_miss()->set_code(static_cast<int>(status.code()));
+      response.mutable_miss()->set_message(std::string(status.message()));
+    }
+    return EncodeResponse(response);
   }
 
   absl::StatusOr<std::string> LayerSubset(const PinnedBlock& block) const {
@@ -243,20 +315,25 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
         view.payloads.substr(size_t{layer_begin_} * per_layer, size_t{layer_count_} * per_layer));
   }
 
-  void Done(const grpc::Status& status) {
-    timer_.Done(status.error_code());
-    Finish(status);
-  }
-
   CacheService* service_;
   RpcTimer timer_;
+  // Set once by Parse, before any task runs.
   Scope scope_;
   std::vector<kvblock::BlockHash> hashes_;
   uint32_t layer_begin_ = 0;
   uint32_t layer_count_ = 0;
   uint64_t lease_id_ = 0;
-  size_t next_ = 0;
-  grpc::ByteBuffer buffer_;  // the one write in flight
+
+  absl::Mutex mu_;
+  size_t next_ ABSL_GUARDED_BY(mu_) = 0;  // next block to prepare
+  size_t sent_ ABSL_GUARDED_BY(mu_) = 0;
+  bool producing_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<grpc::Status> final_status_ ABSL_GUARDED_BY(mu_);
+  std::optional<grpc::ByteBuffer> prepared_ ABSL_GUARDED_BY(mu_);
+  // The one write in flight; only touched by whoever set writing_.
+  grpc::ByteBuffer current_;
 };
 
 }  // namespace

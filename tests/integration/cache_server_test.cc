@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "services/cache/cache_client.h"
+#include "services/cache/raw_get.h"
 #include "services/kvblock/block_format.h"
 #include "tests/integration/child_process.h"
 #include "tests/test_random.h"
@@ -488,6 +489,37 @@ TEST_F(CacheServerTest, RestartWithTheSameDiskDirFindsItsBlocks) {
   }
   EXPECT_EQ(found, on_disk);
   std::filesystem::remove_all(dir);
+}
+
+TEST_F(CacheServerTest, RawGetLandsRecordsInTheCallersBuffer) {
+  std::vector<TestBlock> blocks = {MakeBlock(layout_, "ns", 41), MakeBlock(layout_, "ns", 42)};
+  ASSERT_TRUE(client_->Put("ns", layout_, {blocks[0].slices, blocks[1].slices}).ok());
+  const TestBlock absent = MakeBlock(layout_, "ns", 43);
+  v1::GetRequest get;
+  get.set_kv_namespace("ns");
+  *get.mutable_layout() = kvblock::LayoutToProto(layout_);
+  for (const BlockHash& h : {blocks[0].slices.hash, absent.slices.hash, blocks[1].slices.hash}) {
+    get.add_block_hashes(std::string(kvblock::HashAsBytes(h)));
+  }
+  std::vector<std::vector<uint8_t>> pool(3, std::vector<uint8_t>(blocks[0].record.size() + 8, 0xee));
+  grpc::ClientContext context;
+  client_->SetDeadline(context);
+  RawGetStream stream(channel_.get(), &context, get);
+  RawBlock block;
+  std::vector<RawBlock> got;
+  while (stream.Next([&](uint32_t index, size_t) { return std::span<uint8_t>(pool[index]); }, block)) {
+    got.push_back(block);
+  }
+  ASSERT_TRUE(stream.Finish().ok());
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[1].status.code(), absl::StatusCode::kNotFound);
+  for (int i : {0, 2}) {
+    EXPECT_TRUE(got[i].status.ok());
+    EXPECT_EQ(got[i].tier, v1::TIER_DEVICE);
+    ASSERT_EQ(got[i].size, blocks[i / 2].record.size());
+    EXPECT_EQ(std::string(pool[i].begin(), pool[i].begin() + got[i].size), blocks[i / 2].record);
+    EXPECT_EQ(pool[i][got[i].size], 0xee) << "wrote past the record";
+  }
 }
 
 TEST(CacheServerFlags, RefusesBadCapacitiesWithAMessage) {

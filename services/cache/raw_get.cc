@@ -1,0 +1,140 @@
+#include "services/cache/raw_get.h"
+
+#include <grpcpp/impl/codegen/proto_utils.h>
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/sync_stream.h>
+
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvtier::cache {
+namespace {
+
+constexpr char kGetMethod[] = "/kvtier.v1.KvCache/Get";
+
+// Reads bytes across a message's slices in order.
+class SliceCursor {
+ public:
+  explicit SliceCursor(const std::vector<grpc::Slice>& slices) : slices_(slices) {}
+
+  bool done() {
+    Skip();
+    return slice_ == slices_.size();
+  }
+  bool ReadByte(uint8_t& b) {
+    Skip();
+    if (slice_ == slices_.size()) return false;
+    b = slices_[slice_].begin()[offset_++];
+    return true;
+  }
+  bool ReadVarint(uint64_t& v) {
+    v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      uint8_t b;
+      if (!ReadByte(b)) return false;
+      v |= uint64_t{b & 0x7fu} << shift;
+      if ((b & 0x80) == 0) return true;
+    }
+    return false;
+  }
+  // Copies `n` bytes to `out` (or skips them when out is null).
+  bool Read(size_t n, uint8_t* out) {
+    while (n > 0) {
+      Skip();
+      if (slice_ == slices_.size()) return false;
+      const size_t take = std::min(n, slices_[slice_].size() - offset_);
+      if (out != nullptr) {
+        std::memcpy(out, slices_[slice_].begin() + offset_, take);
+        out += take;
+      }
+      offset_ += take;
+      n -= take;
+    }
+    return true;
+  }
+
+ private:
+  void Skip() {
+    while (slice_ < slices_.size() && offset_ == slices_[slice_].size()) ++slice_, offset_ = 0;
+  }
+  const std::vector<grpc::Slice>& slices_;
+  size_t slice_ = 0;
+  size_t offset_ = 0;
+};
+
+}  // namespace
+
+RawGetStream::RawGetStream(grpc::Channel* channel, grpc::ClientContext* context,
+                           const v1::GetRequest& request) {
+  grpc::ByteBuffer bytes;
+  bool own = false;
+  (void)grpc::SerializationTraits<v1::GetRequest>::Serialize(request, &bytes, &own);
+  const grpc::internal::RpcMethod method(kGetMethod, grpc::internal::RpcMethod::SERVER_STREAMING);
+  reader_.reset(grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
+      channel, method, context, bytes));
+}
+
+bool RawGetStream::Next(
+    const std::function<std::span<uint8_t>(uint32_t, size_t)>& destination, RawBlock& block) {
+  grpc::ByteBuffer buffer;
+  if (!parse_error_.ok() || !reader_->Read(&buffer)) return false;
+  parse_error_ = Parse(buffer, destination, block);
+  return parse_error_.ok();
+}
+
+grpc::Status RawGetStream::Finish() {
+  grpc::Status status = reader_->Finish();
+  if (status.ok() && !parse_error_.ok()) {
+    return grpc::Status(grpc::StatusCode::INTERNAL, std::string(parse_error_.message()));
+  }
+  return status;
+}
+
+absl::Status RawGetStream::Parse(
+    grpc::ByteBuffer& buffer, const std::function<std::span<uint8_t>(uint32_t, size_t)>& destination,
+    RawBlock& block) {
+  std::vector<grpc::Slice> slices;
+  if (!buffer.Dump(&slices).ok()) return absl::InternalError("cannot read a Get answer");
+  block = RawBlock();
+  SliceCursor in(slices);
+  // The data field may come before or after the index: hold its position.
+  bool have_data = false;
+  while (!in.done()) {
+    uint64_t tag, length;
+    if (!in.ReadVarint(tag)) return absl::InternalError("truncated Get answer");
+    const int field = static_cast<int>(tag >> 3), type = static_cast<int>(tag & 7);
+    if (type == 0) {
+      uint64_t v;
+      if (!in.ReadVarint(v)) return absl::InternalError("truncated Get answer");
+      if (field == v1::GetResponse::kIndexFieldNumber) block.index = static_cast<uint32_t>(v);
+      if (field == v1::GetResponse::kTierFieldNumber) block.tier = static_cast<v1::Tier>(v);
+      continue;
+    }
+    if (type != 2 || !in.ReadVarint(length)) return absl::InternalError("malformed Get answer");
+    if (field == v1::GetResponse::kDataFieldNumber) {
+      // The server writes index before data, so the destination is known.
+      std::span<uint8_t> out = destination(block.index, length);
+      if (out.size() < length) {
+        return absl::InternalError(absl::StrCat("no room for a ", length, "-byte record"));
+      }
+      if (!in.Read(length, out.data())) return absl::InternalError("truncated record");
+      block.size = length;
+      have_data = true;
+    } else if (field == v1::GetResponse::kMissFieldNumber) {
+      std::string bytes(length, '\0');
+      v1::BlockMiss miss;
+      if (!in.Read(length, reinterpret_cast<uint8_t*>(bytes.data())) || !miss.ParseFromString(bytes)) {
+        return absl::InternalError("malformed miss");
+      }
+      block.status = absl::Status(static_cast<absl::StatusCode>(miss.code()), miss.message());
+    } else if (!in.Read(length, nullptr)) {
+      return absl::InternalError("truncated Get answer");
+    }
+  }
+  if (!have_data && block.status.ok()) return absl::InternalError("Get answer without data or miss");
+  return absl::OkStatus();
+}
+
+}  // namespace kvtier::cache
