@@ -297,6 +297,7 @@ int Run(const std::string& cache_binary, const std::string& redis_binary, int ro
   std::vector<std::vector<uint8_t>> destinations(kMaxClients, std::vector<uint8_t>(bytes + 4096));
 
   std::vector<Row> rows;
+  std::vector<double> get_over_redis;
   for (int n : {1, kMaxClients}) {
     std::vector<std::pair<double, std::vector<Sample>>> put, get, set, rget, copy;
     for (int round = 0; round < rounds; ++round) {
@@ -329,6 +330,12 @@ int Run(const std::string& cache_binary, const std::string& redis_binary, int ro
       // Drop this round's keys from Redis so memory stays flat.
       for (int c = 0; c < n; ++c) freeReplyObject(redisCommand(redis_clients[c], "FLUSHALL"));
     }
+    // The machine is noisy: compare kvtier and Redis round by round (they ran
+    // back to back) and report the median ratio.
+    std::vector<double> ratios;
+    for (int round = 0; round < rounds; ++round) ratios.push_back(rget[round].first / get[round].first);
+    std::sort(ratios.begin(), ratios.end());
+    get_over_redis.push_back(ratios[ratios.size() / 2]);
     rows.push_back(Summarize("kvtier Get (fetch)", n, bytes, get));
     rows.push_back(Summarize("redis GET, pipelined (fetch)", n, bytes, rget));
     rows.push_back(Summarize("kvtier Put (store)", n, bytes, put));
@@ -343,8 +350,9 @@ int Run(const std::string& cache_binary, const std::string& redis_binary, int ro
   for (const Row& r : rows) {
     std::printf("%-30s %8d %10.2f %14.3f %14.3f\n", r.what.c_str(), r.clients, r.gbps, r.p50_ms, r.p99_ms);
   }
-  std::printf("\nkvtier Get / redis GET: 1 client %.2fx, %d clients %.2fx (target >= 1)\n",
-              rows[0].gbps / rows[1].gbps, kMaxClients, rows[5].gbps / rows[6].gbps);
+  std::printf("\nkvtier Get / redis GET, median of per-round ratios: 1 client %.2fx, %d clients "
+              "%.2fx (target >= 1)\n",
+              get_over_redis[0], kMaxClients, get_over_redis[1]);
   for (redisContext* r : redis_clients) redisFree(r);
   return 0;
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kvtier/kernels/codec.h"
+#include "services/kvblock/crc32c.h"
 
 namespace {
 
@@ -89,6 +90,23 @@ void BM_Dequantize(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * FloatBytes()));
   state.SetLabel(kvtier::kernels::CodecName(codec));
 }
+
+// CRC32C of one int8 V2-Lite block record (27 layers, ~1 MB): every Get and
+// tier move verifies one.
+void BM_Crc32c(benchmark::State& state) {
+  const std::vector<float>& in = Latents();
+  const size_t bytes = 1026468;
+  const auto* data = reinterpret_cast<const uint8_t*>(in.data());
+  size_t offset = 0;
+  uint32_t crc = 0;
+  for (auto _ : state) {
+    crc ^= kvtier::kvblock::Crc32c(data + offset, bytes);
+    offset = (offset + bytes) % (FloatBytes() - bytes);
+  }
+  benchmark::DoNotOptimize(crc);
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
+}
+BENCHMARK(BM_Crc32c)->MinTime(0.5);
 
 void CodecArgs(benchmark::internal::Benchmark* b) {
   for (Codec c : kvtier::kernels::kAllCodecs) b->Arg(static_cast<int>(c));

@@ -23,15 +23,60 @@ constexpr std::array<std::array<uint32_t, 256>, 8> MakeTables() {
 }
 constexpr auto kTables = MakeTables();
 
+// The raw register update for one byte (no pre/post inversion).
+constexpr uint32_t RawByte(uint32_t crc, uint8_t b) { return kTables[0][(crc ^ b) & 0xff] ^ (crc >> 8); }
+
 #if defined(__x86_64__)
+// The crc32 instruction has a latency of 3 cycles and a throughput of 1, so
+// three independent streams over consecutive chunks run ~3x faster than one.
+// Their results are joined with the linear map "append kChunk zero bytes"
+// (crc(A||B) = Z(crc(A)) ^ crc0(B)), applied through four byte tables.
+constexpr size_t kChunk = 1024;
+
+struct ZeroShift {
+  uint32_t t[4][256];
+  ZeroShift() {
+    uint32_t basis[32];
+    for (int i = 0; i < 32; ++i) {
+      uint32_t c = uint32_t{1} << i;
+      for (size_t n = 0; n < kChunk; ++n) c = RawByte(c, 0);
+      basis[i] = c;
+    }
+    for (int k = 0; k < 4; ++k) {
+      for (uint32_t b = 0; b < 256; ++b) {
+        uint32_t v = 0;
+        for (int bit = 0; bit < 8; ++bit) {
+          if (b & (1u << bit)) v ^= basis[8 * k + bit];
+        }
+        t[k][b] = v;
+      }
+    }
+  }
+  uint32_t operator()(uint32_t c) const {
+    return t[0][c & 0xff] ^ t[1][(c >> 8) & 0xff] ^ t[2][(c >> 16) & 0xff] ^ t[3][c >> 24];
+  }
+};
+
+__attribute__((target("sse4.2"))) uint64_t Crc64(uint64_t c, const uint8_t* p) {
+  uint64_t word;
+  std::memcpy(&word, p, 8);
+  return __builtin_ia32_crc32di(c, word);
+}
+
 __attribute__((target("sse4.2"))) uint32_t ExtendHardware(uint32_t crc, const uint8_t* p,
                                                             size_t n) {
+  static const ZeroShift shift;
   uint64_t c = ~crc;
-  for (; n >= 8; n -= 8, p += 8) {
-    uint64_t word;
-    std::memcpy(&word, p, 8);
-    c = __builtin_ia32_crc32di(c, word);
+  for (; n >= 3 * kChunk; n -= 3 * kChunk, p += 3 * kChunk) {
+    uint64_t a = c, b = 0, d = 0;
+    for (size_t i = 0; i < kChunk; i += 8) {
+      a = Crc64(a, p + i);
+      b = Crc64(b, p + kChunk + i);
+      d = Crc64(d, p + 2 * kChunk + i);
+    }
+    c = shift(shift(static_cast<uint32_t>(a)) ^ static_cast<uint32_t>(b)) ^ static_cast<uint32_t>(d);
   }
+  for (; n >= 8; n -= 8, p += 8) c = Crc64(c, p);
   uint32_t c32 = static_cast<uint32_t>(c);
   for (; n > 0; --n, ++p) c32 = __builtin_ia32_crc32qi(c32, *p);
   return ~c32;
