@@ -144,18 +144,16 @@ Sample KvtierGet(grpc::Channel* channel, const kvblock::LatentLayout& layout, co
   Sample sample;
   const auto start = Clock::now();
   auto last = start;
-  RawGetStream stream(channel, &context, request);
-  RawBlock block;
   size_t blocks = 0;
-  while (stream.Next([&](uint32_t index, size_t) {
-           return std::span<uint8_t>(destination.data() + index * slot, slot);
-         }, block)) {
-    const auto now = Clock::now();
-    sample.block_seconds.push_back(Seconds(now - last));
-    last = now;
-    blocks += block.status.ok() ? 1 : 0;
-  }
-  grpc::Status status = stream.Finish();
+  grpc::Status status = RawGet(
+      channel, &context, request,
+      [&](uint32_t index, size_t) { return std::span<uint8_t>(destination.data() + index * slot, slot); },
+      [&](const RawBlock& block) {
+        const auto now = Clock::now();
+        sample.block_seconds.push_back(Seconds(now - last));
+        last = now;
+        blocks += block.status.ok() ? 1 : 0;
+      });
   sample.seconds = Seconds(Clock::now() - start);
   if (!status.ok() || blocks != p.records.size()) {
     std::fprintf(stderr, "Get failed: %s (%zu blocks)\n", status.error_message().c_str(), blocks);
@@ -287,11 +285,8 @@ int Run(const std::string& cache_binary, const std::string& redis_binary, int ro
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   std::vector<std::unique_ptr<CacheClient>> clients;
   for (int c = 0; c < kMaxClients; ++c) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(64 << 20);
-    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // one TCP connection per client
-    channels.push_back(grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(cache_port),
-                                                 grpc::InsecureChannelCredentials(), args));
+    channels.push_back(CacheClient::Connect("127.0.0.1:" + std::to_string(cache_port),
+                                            /*own_connection=*/true));
     clients.push_back(std::make_unique<CacheClient>(channels.back(), absl::Seconds(60)));
   }
   std::vector<std::vector<uint8_t>> destinations(kMaxClients, std::vector<uint8_t>(bytes + 4096));

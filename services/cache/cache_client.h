@@ -32,8 +32,11 @@ struct FetchedBlock {
 
 class CacheClient {
  public:
-  // Channel to `target` (host:port) with kvtier's message-size limit.
-  static std::shared_ptr<grpc::Channel> Connect(const std::string& target);
+  // Channel to `target` (host:port) with kvtier's message-size limit and
+  // flow-control window; `own_connection` keeps it off other channels' TCP
+  // connections to the same target.
+  static std::shared_ptr<grpc::Channel> Connect(const std::string& target,
+                                                bool own_connection = false);
   explicit CacheClient(std::shared_ptr<grpc::Channel> channel,
                        absl::Duration deadline = absl::Seconds(30));
 

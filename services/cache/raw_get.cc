@@ -2,12 +2,13 @@
 
 #include <grpcpp/impl/codegen/proto_utils.h>
 #include <grpcpp/support/byte_buffer.h>
-#include <grpcpp/support/sync_stream.h>
+#include <grpcpp/support/client_callback.h>
 
 #include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 namespace kvtier::cache {
 namespace {
@@ -64,37 +65,75 @@ class SliceCursor {
   size_t offset_ = 0;
 };
 
+class RawGetReactor final : public grpc::ClientReadReactor<grpc::ByteBuffer> {
+ public:
+  RawGetReactor(grpc::ClientContext* context, const RecordDestination& destination,
+                const std::function<void(const RawBlock&)>& on_block)
+      : context_(context), destination_(destination), on_block_(on_block) {}
+
+  void Start(grpc::Channel* channel, const v1::GetRequest& request) {
+    bool own = false;
+    (void)grpc::SerializationTraits<v1::GetRequest>::Serialize(request, &request_, &own);
+    const grpc::internal::RpcMethod method(kGetMethod, grpc::internal::RpcMethod::SERVER_STREAMING);
+    grpc::internal::ClientCallbackReaderFactory<grpc::ByteBuffer>::Create(channel, method, context_,
+                                                                          &request_, this);
+    StartRead(&buffer_);
+    StartCall();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // end of stream: OnDone follows
+    RawBlock block;
+    absl::Status status = ParseRawGetResponse(buffer_, destination_, block);
+    if (!status.ok()) {
+      absl::MutexLock lock(&mu_);
+      parse_error_ = status;
+      context_->TryCancel();
+      return;
+    }
+    on_block_(block);
+    StartRead(&buffer_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    absl::MutexLock lock(&mu_);
+    status_ = status;
+    done_ = true;
+  }
+
+  grpc::Status Wait() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&done_));
+    if (!parse_error_.ok()) {
+      return grpc::Status(grpc::StatusCode::INTERNAL, std::string(parse_error_.message()));
+    }
+    return status_;
+  }
+
+ private:
+  grpc::ClientContext* context_;
+  const RecordDestination& destination_;
+  const std::function<void(const RawBlock&)>& on_block_;
+  grpc::ByteBuffer request_;
+  grpc::ByteBuffer buffer_;
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status status_ ABSL_GUARDED_BY(mu_);
+  absl::Status parse_error_ ABSL_GUARDED_BY(mu_);
+};
+
 }  // namespace
 
-RawGetStream::RawGetStream(grpc::Channel* channel, grpc::ClientContext* context,
-                           const v1::GetRequest& request) {
-  grpc::ByteBuffer bytes;
-  bool own = false;
-  (void)grpc::SerializationTraits<v1::GetRequest>::Serialize(request, &bytes, &own);
-  const grpc::internal::RpcMethod method(kGetMethod, grpc::internal::RpcMethod::SERVER_STREAMING);
-  reader_.reset(grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
-      channel, method, context, bytes));
+grpc::Status RawGet(grpc::Channel* channel, grpc::ClientContext* context,
+                    const v1::GetRequest& request, const RecordDestination& destination,
+                    const std::function<void(const RawBlock&)>& on_block) {
+  RawGetReactor reactor(context, destination, on_block);
+  reactor.Start(channel, request);
+  return reactor.Wait();
 }
 
-bool RawGetStream::Next(
-    const std::function<std::span<uint8_t>(uint32_t, size_t)>& destination, RawBlock& block) {
-  grpc::ByteBuffer buffer;
-  if (!parse_error_.ok() || !reader_->Read(&buffer)) return false;
-  parse_error_ = Parse(buffer, destination, block);
-  return parse_error_.ok();
-}
-
-grpc::Status RawGetStream::Finish() {
-  grpc::Status status = reader_->Finish();
-  if (status.ok() && !parse_error_.ok()) {
-    return grpc::Status(grpc::StatusCode::INTERNAL, std::string(parse_error_.message()));
-  }
-  return status;
-}
-
-absl::Status RawGetStream::Parse(
-    grpc::ByteBuffer& buffer, const std::function<std::span<uint8_t>(uint32_t, size_t)>& destination,
-    RawBlock& block) {
+absl::Status ParseRawGetResponse(grpc::ByteBuffer& buffer, const RecordDestination& destination,
+                                 RawBlock& block) {
   std::vector<grpc::Slice> slices;
   if (!buffer.Dump(&slices).ok()) return absl::InternalError("cannot read a Get answer");
   block = RawBlock();

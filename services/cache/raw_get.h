@@ -2,7 +2,6 @@
 // a caller's buffer: the record is copied once, from gRPC's receive buffers
 // to its destination, never through a protobuf string. For readers that
 // keep blocks in their own memory (the decode worker's pool, benchmarks).
-// One stream per object; not thread-safe.
 #ifndef KVTIER_SERVICES_CACHE_RAW_GET_H_
 #define KVTIER_SERVICES_CACHE_RAW_GET_H_
 
@@ -12,7 +11,6 @@
 #include <span>
 
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/support/sync_stream.h>
 
 #include "absl/status/statusor.h"
 #include "kvtier/v1/cache.pb.h"
@@ -26,27 +24,20 @@ struct RawBlock {
   size_t size = 0;      // record bytes written to the destination
 };
 
-class RawGetStream {
- public:
-  // Starts the Get call; `context` must outlive the stream.
-  RawGetStream(grpc::Channel* channel, grpc::ClientContext* context, const v1::GetRequest& request);
+using RecordDestination = std::function<std::span<uint8_t>(uint32_t index, size_t size)>;
 
-  // Reads the next answer. `destination(index, size)` gives the buffer for a
-  // record of `size` bytes (at least that long). Returns false at the end of
-  // the stream (then call Finish).
-  bool Next(const std::function<std::span<uint8_t>(uint32_t index, size_t size)>& destination,
-            RawBlock& block);
-  grpc::Status Finish();
+// Runs one Get call to the end. Each answer is parsed on a gRPC thread as it
+// arrives (no hand-off to another thread): its record is copied into
+// `destination(index, size)` (a buffer at least `size` long), then
+// `on_block` sees what arrived. Blocks the caller until the stream ends and
+// returns its status (INTERNAL if an answer did not parse).
+grpc::Status RawGet(grpc::Channel* channel, grpc::ClientContext* context,
+                    const v1::GetRequest& request, const RecordDestination& destination,
+                    const std::function<void(const RawBlock&)>& on_block);
 
-  // Parses one GetResponse in wire form; exposed for tests.
-  static absl::Status Parse(grpc::ByteBuffer& buffer,
-                            const std::function<std::span<uint8_t>(uint32_t, size_t)>& destination,
-                            RawBlock& block);
-
- private:
-  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader_;
-  absl::Status parse_error_;
-};
+// Parses one GetResponse in wire form; exposed for tests.
+absl::Status ParseRawGetResponse(grpc::ByteBuffer& buffer, const RecordDestination& destination,
+                                 RawBlock& block);
 
 }  // namespace kvtier::cache
 

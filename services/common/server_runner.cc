@@ -39,6 +39,11 @@ absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  // Fixed per-stream receive window, as CacheClient sets (see there): large
+  // streamed payloads flow without waiting for window updates. The resource
+  // quota still bounds what all streams together may buffer.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16 << 20);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   grpc::ResourceQuota quota("kvtier");

@@ -504,13 +504,12 @@ TEST_F(CacheServerTest, RawGetLandsRecordsInTheCallersBuffer) {
   std::vector<std::vector<uint8_t>> pool(3, std::vector<uint8_t>(blocks[0].record.size() + 8, 0xee));
   grpc::ClientContext context;
   client_->SetDeadline(context);
-  RawGetStream stream(channel_.get(), &context, get);
-  RawBlock block;
   std::vector<RawBlock> got;
-  while (stream.Next([&](uint32_t index, size_t) { return std::span<uint8_t>(pool[index]); }, block)) {
-    got.push_back(block);
-  }
-  ASSERT_TRUE(stream.Finish().ok());
+  grpc::Status status = RawGet(
+      channel_.get(), &context, get,
+      [&](uint32_t index, size_t) { return std::span<uint8_t>(pool[index]); },
+      [&](const RawBlock& block) { got.push_back(block); });
+  ASSERT_TRUE(status.ok()) << status.error_message();
   ASSERT_EQ(got.size(), 3u);
   EXPECT_EQ(got[1].status.code(), absl::StatusCode::kNotFound);
   for (int i : {0, 2}) {
