@@ -15,22 +15,6 @@
 namespace kvtier::cache {
 namespace {
 
-// What a request names: its tenant and layout.
-struct Scope {
-  std::string ns;
-  kvblock::LatentLayout layout;
-  uint64_t layout_id = 0;
-};
-
-absl::StatusOr<Scope> ValidateScope(const std::string& ns, const v1::LatentLayout& layout) {
-  KVTIER_RETURN_IF_ERROR(ValidateNamespace(ns));
-  Scope scope;
-  scope.ns = ns;
-  KVTIER_ASSIGN_OR_RETURN(scope.layout, kvblock::LayoutFromProto(layout));
-  scope.layout_id = kvblock::LayoutId(scope.layout);
-  return scope;
-}
-
 absl::StatusOr<std::vector<kvblock::BlockHash>> ValidateHashes(
     const google::protobuf::RepeatedPtrField<std::string>& hashes) {
   if (hashes.size() > kMaxBlocksPerRequest) {
@@ -120,7 +104,7 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutRequest> {
     switch (request.kind_case()) {
       case v1::PutRequest::kHeader: {
         if (session_ != nullptr) return absl::InvalidArgumentError("second Put header in one stream");
-        KVTIER_ASSIGN_OR_RETURN(Scope scope, ValidateScope(request.header().kv_namespace(),
+        KVTIER_ASSIGN_OR_RETURN(RequestScope scope, service_->ValidateScope(request.header().kv_namespace(),
                                                            request.header().layout()));
         session_ = service_->store()->BeginPut(scope.ns, scope.layout);
         return absl::OkStatus();
@@ -197,7 +181,7 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     if (!grpc::SerializationTraits<v1::GetRequest>::Deserialize(&copy, &request).ok()) {
       return absl::InvalidArgumentError("GetRequest does not parse");
     }
-    KVTIER_ASSIGN_OR_RETURN(scope_, ValidateScope(request.kv_namespace(), request.layout()));
+    KVTIER_ASSIGN_OR_RETURN(scope_, service_->ValidateScope(request.kv_namespace(), request.layout()));
     KVTIER_ASSIGN_OR_RETURN(hashes_, ValidateHashes(request.block_hashes()));
     const uint32_t layers = scope_.layout.num_layers;
     layer_begin_ = request.layer_begin();
@@ -318,7 +302,7 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   CacheService* service_;
   RpcTimer timer_;
   // Set once by Parse, before any task runs.
-  Scope scope_;
+  RequestScope scope_;
   std::vector<kvblock::BlockHash> hashes_;
   uint32_t layer_begin_ = 0;
   uint32_t layer_count_ = 0;
@@ -378,14 +362,31 @@ void FillStats(const StoreStats& s, v1::StatsResponse& r) {
   r.add_block_format_versions(kvblock::kBlockFormatVersion);
 }
 
-CacheService::CacheService(BlockStore* store, Executor* executor, RpcMetrics* metrics)
-    : store_(store), executor_(executor), metrics_(metrics) {}
+CacheService::CacheService(BlockStore* store, Executor* executor, RpcMetrics* metrics,
+                           std::vector<std::string> namespaces)
+    : store_(store),
+      executor_(executor),
+      metrics_(metrics),
+      namespaces_(namespaces.begin(), namespaces.end()) {}
+
+absl::StatusOr<RequestScope> CacheService::ValidateScope(const std::string& ns,
+                                                         const v1::LatentLayout& layout) const {
+  KVTIER_RETURN_IF_ERROR(ValidateNamespace(ns));
+  if (!namespaces_.empty() && !namespaces_.contains(ns)) {
+    return absl::NotFoundError(absl::StrCat("unknown namespace '", ns, "'"));
+  }
+  RequestScope scope;
+  scope.ns = ns;
+  KVTIER_ASSIGN_OR_RETURN(scope.layout, kvblock::LayoutFromProto(layout));
+  scope.layout_id = kvblock::LayoutId(scope.layout);
+  return scope;
+}
 
 grpc::ServerUnaryReactor* CacheService::Match(grpc::CallbackServerContext* context,
                                               const v1::MatchRequest* request,
                                               v1::MatchResponse* response) {
   RpcTimer timer(metrics_, "Match");
-  absl::StatusOr<Scope> scope = ValidateScope(request->kv_namespace(), request->layout());
+  absl::StatusOr<RequestScope> scope = ValidateScope(request->kv_namespace(), request->layout());
   if (!scope.ok()) return FinishUnary(context, std::move(timer), scope.status());
   absl::StatusOr<std::vector<kvblock::BlockHash>> hashes = ValidateHashes(request->block_hashes());
   if (!hashes.ok()) return FinishUnary(context, std::move(timer), hashes.status());

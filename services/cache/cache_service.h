@@ -6,6 +6,9 @@
 #define KVTIER_SERVICES_CACHE_CACHE_SERVICE_H_
 
 #include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
 
 #include "kvtier/v1/cache.grpc.pb.h"
 #include "services/cache/block_store.h"
@@ -23,10 +26,24 @@ using KvCacheBase = v1::KvCache::WithCallbackMethod_Match<v1::KvCache::WithCallb
     v1::KvCache::WithRawCallbackMethod_Get<v1::KvCache::WithCallbackMethod_ReleaseLease<
         v1::KvCache::WithCallbackMethod_Stats<v1::KvCache::Service>>>>>;
 
+// What a request names: its tenant and layout, checked.
+struct RequestScope {
+  std::string ns;
+  kvblock::LatentLayout layout;
+  uint64_t layout_id = 0;
+};
+
 class CacheService final : public KvCacheBase {
  public:
   // None owned; all must outlive the service. `metrics` may be null.
-  CacheService(BlockStore* store, Executor* executor, RpcMetrics* metrics);
+  // `namespaces`: the tenants served; empty serves any well-formed name.
+  CacheService(BlockStore* store, Executor* executor, RpcMetrics* metrics,
+               std::vector<std::string> namespaces = {});
+
+  // INVALID_ARGUMENT for a malformed namespace or layout, NOT_FOUND for a
+  // namespace this server does not serve.
+  absl::StatusOr<RequestScope> ValidateScope(const std::string& ns,
+                                             const v1::LatentLayout& layout) const;
 
   grpc::ServerUnaryReactor* Match(grpc::CallbackServerContext* context,
                                   const v1::MatchRequest* request,
@@ -50,6 +67,7 @@ class CacheService final : public KvCacheBase {
   BlockStore* store_;
   Executor* executor_;
   RpcMetrics* metrics_;
+  absl::flat_hash_set<std::string> namespaces_;
 };
 
 // INVALID_ARGUMENT unless 1-128 bytes of [A-Za-z0-9._-].

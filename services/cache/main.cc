@@ -8,6 +8,7 @@
 #include <prometheus/registry.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "services/cache/cache_service.h"
 #include "services/cache/store_metrics.h"
 #include "services/common/byte_size.h"
@@ -26,6 +27,7 @@ struct Flags {
   std::string disk_capacity;
   uint64_t threads = std::max(2u, std::thread::hardware_concurrency());
   uint64_t page_size = 64 * 1024;
+  std::string namespaces;
 };
 
 absl::StatusOr<StoreOptions> ToStoreOptions(const Flags& f) {
@@ -73,6 +75,14 @@ int Run(const Flags& f) {
       return 2;
     }
   }
+  std::vector<std::string> namespaces;
+  for (absl::string_view ns : absl::StrSplit(f.namespaces, ',', absl::SkipEmpty())) {
+    if (absl::Status s = ValidateNamespace(std::string(ns)); !s.ok()) {
+      std::cerr << "kvtier-cache: --namespaces: " << s.message() << "\n";
+      return 2;
+    }
+    namespaces.emplace_back(ns);
+  }
   absl::StatusOr<StoreOptions> options = ToStoreOptions(f);
   if (!options.ok()) {
     std::cerr << "kvtier-cache: " << options.status().message() << "\n";
@@ -101,7 +111,7 @@ int Run(const Flags& f) {
               << std::endl;
   }
   Executor executor(f.threads, /*max_queued=*/4096);
-  CacheService service(store->get(), &executor, &rpc_metrics);
+  CacheService service(store->get(), &executor, &rpc_metrics, namespaces);
   ServerOptions server_options;
   server_options.listen = f.listen;
   absl::StatusOr<std::unique_ptr<ServerRunner>> server = ServerRunner::Start(server_options, {&service});
@@ -144,6 +154,8 @@ int main(int argc, char** argv) {
                   "directory of the disk tier; a restart finds its blocks again");
   flags.AddString("disk-capacity", &f.disk_capacity, "bytes of block records under --disk-dir");
   flags.AddUint("threads", &f.threads, "worker threads for Put and Get");
+  flags.AddString("namespaces", &f.namespaces,
+                  "comma-separated tenants to serve (others get NOT_FOUND); empty: any");
   flags.AddUint("page-size", &f.page_size, "tier page size in bytes");
   if (absl::Status s = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); !s.ok()) {
     std::cerr << "kvtier-cache: " << s.message() << "\n";

@@ -521,6 +521,20 @@ TEST_F(CacheServerTest, RawGetLandsRecordsInTheCallersBuffer) {
   }
 }
 
+TEST_F(CacheServerTest, OnlyConfiguredNamespacesAreServed) {
+  server_.reset();
+  Start("8MiB", "8MiB", {"--namespaces", "tenant-a,tenant-b"});
+  const TestBlock b = MakeBlock(layout_, "tenant-a", 61);
+  ASSERT_TRUE(client_->Put("tenant-a", layout_, {b.slices}).ok());
+  auto m = client_->Match("tenant-c", layout_, {b.slices.hash});
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(m.status().message().find("unknown namespace 'tenant-c'"), std::string::npos) << m.status();
+  EXPECT_EQ(client_->Put("tenant-c", layout_, {b.slices}).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client_->Get("tenant-c", layout_, {b.slices.hash}).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(client_->Match("tenant-a", layout_, {b.slices.hash})->matched_blocks(), 1u);
+}
+
 TEST(CacheServerFlags, RefusesBadCapacitiesWithAMessage) {
   struct Case {
     std::vector<std::string> args;
@@ -533,6 +547,8 @@ TEST(CacheServerFlags, RefusesBadCapacitiesWithAMessage) {
       {{"--device-capacity", "1000TiB", "--host-capacity", "1GiB"}, "exceeds this machine's memory"},
       {{"--device-capacity", "abc", "--host-capacity", "1GiB"}, "not a size"},
       {{"--device-capacity", "1GiB", "--host-capacity", "1GiB", "--listen", "nowhere"}, "HOST:PORT"},
+      {{"--device-capacity", "1GiB", "--host-capacity", "1GiB", "--namespaces", "a,b/c"},
+       "--namespaces: kv_namespace may hold only"},
       {{"--device-capacity", "1GiB", "--host-capacity", "1GiB", "--disk-dir", "/tmp/x"},
        "--disk-dir and --disk-capacity go together"},
       {{"--device-capacity", "1GiB", "--host-capacity", "1GiB", "--disk-dir", "/proc/no",

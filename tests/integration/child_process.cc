@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@ ChildProcess::ChildProcess(std::vector<std::string> argv) {
   if (pipe(fds) != 0) return;
   pid_ = fork();
   if (pid_ == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a crashed test
     dup2(fds[1], STDOUT_FILENO);
     close(fds[0]);
     close(fds[1]);
