@@ -5,6 +5,8 @@
 #include <grpcpp/generic/generic_stub.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <filesystem>
 #include <chrono>
 #include <functional>
@@ -351,6 +353,57 @@ TEST_F(CacheServerTest, HealthServesAndSigtermDrainsThenExitsZero) {
   EXPECT_EQ(bytes, std::string("\x08\x01", 2)) << "status: SERVING";
 
   EXPECT_EQ(server_->Stop(SIGTERM), 0);
+}
+
+// Asks server reflection to list services, through a raw bidi stream
+// (reflection's protos are not installed for C++ clients on Debian).
+class ListServices : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  explicit ListServices(grpc::GenericStub& stub) {
+    context_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    stub.PrepareBidiStreamingCall(&context_,
+                                  "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                                  grpc::StubOptions(), this);
+    grpc::Slice list(std::string("\x3a\x00", 2));  // field 7 list_services = ""
+    request_ = grpc::ByteBuffer(&list, 1);
+    StartWriteLast(&request_, grpc::WriteOptions());
+    StartRead(&response_);
+    StartCall();
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    std::vector<grpc::Slice> slices;
+    (void)response_.Dump(&slices);
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& s : slices) text_.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    StartRead(&response_);
+  }
+  void OnDone(const grpc::Status&) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    cv_.notify_all();
+  }
+  std::string Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+    return text_;
+  }
+
+ private:
+  grpc::ClientContext context_;
+  grpc::ByteBuffer request_, response_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::string text_;
+};
+
+TEST_F(CacheServerTest, ReflectionListsTheServices) {
+  grpc::GenericStub generic(channel_);
+  ListServices call(generic);
+  const std::string listing = call.Wait();
+  EXPECT_NE(listing.find("kvtier.v1.KvCache"), std::string::npos) << listing;
+  EXPECT_NE(listing.find("grpc.health.v1.Health"), std::string::npos) << listing;
 }
 
 TEST_F(CacheServerTest, StatsCommandAndMetricsReportTheSameFigures) {
