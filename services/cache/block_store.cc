@@ -220,7 +220,7 @@ MatchResult BlockStore::Match(const std::string& ns, uint64_t layout_id,
   if (lease_ttl.has_value() && !matched.empty()) {
     absl::Duration ttl = *lease_ttl <= absl::ZeroDuration() ? options_.default_lease_ttl : *lease_ttl;
     ttl = std::min(ttl, options_.max_lease_ttl);
-    for (Entry* e : matched) ++e->pins;
+    for (Entry* e : matched) PinLocked(e);
     result.lease_id = next_lease_id_++;
     result.lease_deadline = clock_->Now() + ttl;
     leases_[result.lease_id] = Lease{result.lease_deadline, std::move(matched)};
@@ -280,7 +280,7 @@ absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(
     Tier& from = *tiers_[e->tier];
     ++from.counters.hits;
     served_from = from.counters.tier;
-    ++e->pins;  // before the move: making room must not pick this block
+    PinLocked(e);  // before the move: making room must not pick this block
     if (e->tier != 0 && !MoveLocked(e, 0) && e->zombie) {
       UnpinLocked(e);
       return absl::DataLossError(absl::StrCat("block ", kvblock::HashToHex(hash),
@@ -316,12 +316,18 @@ void BlockStore::Unpin(Entry* entry) {
 }
 
 void BlockStore::UnpinLocked(Entry* e) {
-  if (--e->pins > 0 || !e->zombie) return;
+  if (--e->pins > 0) return;
+  --counters_.pinned_blocks;
+  if (!e->zombie) return;
   ReleaseStorageLocked(*e);
   counters_.metadata_bytes -= EntryMetadataBytes(*e);
   auto it = std::find_if(zombies_.begin(), zombies_.end(),
                          [e](const std::unique_ptr<Entry>& z) { return z.get() == e; });
   zombies_.erase(it);
+}
+
+void BlockStore::PinLocked(Entry* e) {
+  if (e->pins++ == 0) ++counters_.pinned_blocks;
 }
 
 void BlockStore::TouchLocked(Entry* e) {
@@ -399,7 +405,7 @@ bool BlockStore::MakeRoomLocked(size_t tier, size_t bytes) {
     if (victim_it == t.lru.rend()) return false;
     Entry* victim = *victim_it;
     if (tier + 1 < tiers_.size()) {
-      ++victim->pins;  // keeps it out of the next tier's own eviction
+      PinLocked(victim);  // keeps it out of the next tier's own eviction
       const bool moved = MoveLocked(victim, tier + 1);
       const bool dropped = victim->zombie;
       UnpinLocked(victim);

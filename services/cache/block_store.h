@@ -78,6 +78,7 @@ struct StoreStats {
   uint64_t checksum_failures = 0;
   uint64_t active_leases = 0;
   uint64_t pending_blocks = 0;
+  uint64_t pinned_blocks = 0;  // by leases and readers
 };
 
 struct MatchResult {
@@ -202,6 +203,7 @@ class BlockStore {
   BlockStore(const StoreOptions& options, Clock* clock, std::vector<std::unique_ptr<Tier>> tiers);
 
   void ExpireLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PinLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unpin(Entry* entry);
   void UnpinLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TouchLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

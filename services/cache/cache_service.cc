@@ -358,6 +358,7 @@ void FillStats(const StoreStats& s, v1::StatsResponse& r) {
   r.set_checksum_failures(s.checksum_failures);
   r.set_active_leases(s.active_leases);
   r.set_pending_blocks(s.pending_blocks);
+  r.set_pinned_blocks(s.pinned_blocks);
   r.set_server_version(kCacheServerVersion);
   r.add_block_format_versions(kvblock::kBlockFormatVersion);
 }

@@ -80,6 +80,8 @@ std::vector<MetricFamily> StoreMetrics::Collect() const {
       {"kvtier_cache_leases", "Leases pinning blocks now", MetricType::Gauge, s.active_leases},
       {"kvtier_cache_pending_blocks", "Blocks being assembled by Put streams", MetricType::Gauge,
        s.pending_blocks},
+      {"kvtier_cache_pinned_blocks", "Blocks pinned by leases or readers", MetricType::Gauge,
+       s.pinned_blocks},
   };
   for (const Single& single : singles) {
     MetricFamily f = Family(single.name, single.help, single.type);

@@ -239,12 +239,14 @@ TEST_F(BlockStoreTest, LeasedBlocksSurvivePressureUntilTheLeaseExpires) {
   ASSERT_EQ(m.matched_blocks, 2u);
   ASSERT_NE(m.lease_id, 0u);
   EXPECT_EQ(store_->Stats().active_leases, 1u);
+  EXPECT_EQ(store_->Stats().pinned_blocks, 2u);
   // The device tier is all pinned: a new block cannot get room there.
   auto session = store_->BeginPut("ns", layout_);
   EXPECT_EQ(session->AddSlice(Hash(2), Slice(0, 1)).code(), absl::StatusCode::kResourceExhausted);
   clock_.Advance(absl::Seconds(6));
   store_->ExpireLeases();
   EXPECT_EQ(store_->Stats().active_leases, 0u);
+  EXPECT_EQ(store_->Stats().pinned_blocks, 0u);
   EXPECT_TRUE(session->AddSlice(Hash(2), Slice(0, 4)).ok());
   EXPECT_EQ(store_->ReleaseLease(m.lease_id).code(), absl::StatusCode::kNotFound);
 }

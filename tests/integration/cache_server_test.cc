@@ -474,6 +474,36 @@ TEST_F(CacheServerTest, CancelledPutFreesItsIncompleteBlocks) {
   EXPECT_EQ(client_->Match("ns", layout_, {b.slices.hash})->matched_blocks(), 0u);
 }
 
+TEST_F(CacheServerTest, ClientThatVanishesMidGetLeavesNothingPinned) {
+  std::vector<BlockSlices> blocks;
+  std::vector<BlockHash> hashes;
+  for (int i = 0; i < 24; ++i) {
+    blocks.push_back(MakeBlock(layout_, "ns", 700 + i).slices);
+    hashes.push_back(blocks.back().hash);
+  }
+  ASSERT_TRUE(client_->Put("ns", layout_, blocks).ok());
+  auto lease = client_->Match("ns", layout_, {hashes[0], hashes[1]}, true, 60000);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(client_->Stats()->pinned_blocks(), 2u);
+  ASSERT_TRUE(client_->ReleaseLease(lease->lease_id()).ok());
+  EXPECT_EQ(client_->Stats()->pinned_blocks(), 0u);
+  {
+    v1::GetRequest get;
+    get.set_kv_namespace("ns");
+    *get.mutable_layout() = kvblock::LayoutToProto(layout_);
+    for (const auto& h : hashes) get.add_block_hashes(std::string(kvblock::HashAsBytes(h)));
+    grpc::ClientContext context;
+    client_->SetDeadline(context);
+    auto reader = client_->stub().Get(&context, get);
+    v1::GetResponse response;
+    ASSERT_TRUE(reader->Read(&response));
+    context.TryCancel();  // the client goes away with 23 blocks unread
+    while (reader->Read(&response)) {}
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  EXPECT_TRUE(StatsEventually(*client_, [](const auto& s) { return s.pinned_blocks() == 0; }));
+}
+
 TEST_F(CacheServerTest, SigtermLetsAnInFlightGetFinish) {
   std::vector<BlockSlices> blocks;
   std::vector<std::string> records;
