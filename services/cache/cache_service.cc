@@ -2,6 +2,7 @@
 
 #include <grpcpp/support/proto_buffer_reader.h>
 
+#include <deque>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -62,50 +63,133 @@ const grpc::Status kBusy(grpc::StatusCode::RESOURCE_EXHAUSTED,
 
 // ---- Put ----
 
+// Applies a Put stream's messages in order on the executor, while reads run
+// ahead by up to kReadAhead messages so that the network and the store work
+// overlap. Memory per stream stays bounded by that window.
 class PutReactor final : public grpc::ServerReadReactor<v1::PutRequest> {
  public:
+  static constexpr size_t kReadAhead = 8;
+
   PutReactor(CacheService* service, v1::PutResponse* response)
       : service_(service), response_(response), timer_(service->metrics(), "Put") {
+    {
+      absl::MutexLock lock(&mu_);
+      reading_ = true;
+    }
     StartRead(&request_);
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) {  // the client closed its side, or the call was cancelled
-      if (session_ == nullptr) {
-        Done(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Put stream carried no header"));
-        return;
+    Step step;
+    {
+      absl::MutexLock lock(&mu_);
+      reading_ = false;
+      if (ok) {
+        queue_.push_back(std::move(request_));
+      } else {
+        closed_ = true;  // the client closed its side, or the call ended
       }
-      PutSummary summary = session_->Finish();
-      response_->set_blocks_stored(summary.blocks_stored);
-      response_->set_blocks_deduplicated(summary.blocks_deduplicated);
-      for (const auto& h : summary.incomplete) {
-        response_->add_incomplete_block_hashes(std::string(kvblock::HashAsBytes(h)));
-      }
-      Done(grpc::Status::OK);
-      return;
+      step = PlanLocked();
     }
-    auto request = std::make_shared<v1::PutRequest>(std::move(request_));
-    if (!service_->executor()->TrySubmit([this, request] { Handle(*request); })) Done(kBusy);
+    Run(step);
   }
 
   void OnDone() override { delete this; }
 
  private:
-  void Handle(const v1::PutRequest& request) {
-    absl::Status status = Apply(request);
-    if (!status.ok()) {
-      Done(ToGrpcStatus(status));
+  // What to do next, decided under the lock, done outside it (Finish may
+  // run OnDone, which deletes this, inline).
+  struct Step {
+    bool start_read = false;
+    bool submit = false;
+    std::optional<grpc::Status> finish;  // set: build the answer and finish
+  };
+
+  Step PlanLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Step step;
+    if (finished_) return step;
+    const bool drained = closed_ && queue_.empty();
+    if (error_.has_value() || drained) {
+      // A read may still be outstanding after an error; gRPC completes it
+      // (not ok) before OnDone. The executor task must be gone, though.
+      if (!processing_) {
+        finished_ = true;
+        step.finish = error_.value_or(grpc::Status::OK);
+      }
+      return step;
+    }
+    if (!processing_ && !queue_.empty()) {
+      processing_ = true;
+      step.submit = true;
+    }
+    if (!reading_ && !closed_ && queue_.size() < kReadAhead) {
+      reading_ = true;
+      step.start_read = true;
+    }
+    return step;
+  }
+
+  void Run(const Step& step) {
+    if (step.finish.has_value()) {
+      grpc::Status status = *step.finish;
+      if (status.ok()) status = Answer();
+      timer_.Done(status.error_code());
+      Finish(status);  // may delete this
       return;
     }
-    StartRead(&request_);
+    // While processing_ is set the stream cannot finish, so this stays alive.
+    if (step.start_read) StartRead(&request_);
+    if (!step.submit) return;
+    if (service_->executor()->TrySubmit([this] { Drain(); })) return;
+    Step next;
+    {
+      absl::MutexLock lock(&mu_);
+      processing_ = false;
+      error_ = kBusy;
+      next = PlanLocked();
+    }
+    Run(next);
+  }
+
+  // Applies queued messages until the queue is empty (on the executor).
+  void Drain() {
+    while (true) {
+      v1::PutRequest request;
+      {
+        absl::ReleasableMutexLock lock(&mu_);
+        if (queue_.empty() || error_.has_value()) {
+          // Decided in the same critical section that ends processing: once
+          // it is clear, another thread may finish the stream and free this.
+          processing_ = false;
+          const Step last = PlanLocked();
+          lock.Release();
+          Run(last);
+          return;
+        }
+        request = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      absl::Status status = Apply(request);
+      Step step;
+      {
+        absl::MutexLock lock(&mu_);
+        if (!status.ok()) {
+          error_ = ToGrpcStatus(status);
+          queue_.clear();
+        }
+        step = PlanLocked();  // processing_ is still set: at most a read
+      }
+      Run(step);
+    }
   }
 
   absl::Status Apply(const v1::PutRequest& request) {
     switch (request.kind_case()) {
       case v1::PutRequest::kHeader: {
         if (session_ != nullptr) return absl::InvalidArgumentError("second Put header in one stream");
-        KVTIER_ASSIGN_OR_RETURN(RequestScope scope, service_->ValidateScope(request.header().kv_namespace(),
-                                                           request.header().layout()));
+        KVTIER_ASSIGN_OR_RETURN(RequestScope scope,
+                                service_->ValidateScope(request.header().kv_namespace(),
+                                                        request.header().layout()));
         session_ = service_->store()->BeginPut(scope.ns, scope.layout);
         return absl::OkStatus();
       }
@@ -123,16 +207,35 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutRequest> {
     return absl::InvalidArgumentError("Put message with neither header nor slice");
   }
 
-  void Done(const grpc::Status& status) {
-    timer_.Done(status.error_code());
-    Finish(status);
+  // The successful end: what this stream stored.
+  grpc::Status Answer() {
+    if (session_ == nullptr) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Put stream carried no header");
+    }
+    PutSummary summary = session_->Finish();
+    response_->set_blocks_stored(summary.blocks_stored);
+    response_->set_blocks_deduplicated(summary.blocks_deduplicated);
+    for (const auto& h : summary.incomplete) {
+      response_->add_incomplete_block_hashes(std::string(kvblock::HashAsBytes(h)));
+    }
+    return grpc::Status::OK;
   }
 
   CacheService* service_;
   v1::PutResponse* response_;
   RpcTimer timer_;
-  v1::PutRequest request_;
-  std::unique_ptr<PutSession> session_;  // freed in OnDone: incomplete blocks go with it
+  v1::PutRequest request_;  // the one read in flight; owned by whoever set reading_
+  // Used by one Drain task at a time (processing_), then by Answer; freed in
+  // OnDone, taking incomplete blocks with it.
+  std::unique_ptr<PutSession> session_;
+
+  absl::Mutex mu_;
+  std::deque<v1::PutRequest> queue_ ABSL_GUARDED_BY(mu_);
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;
+  bool processing_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<grpc::Status> error_ ABSL_GUARDED_BY(mu_);
 };
 
 // ---- Get ----
