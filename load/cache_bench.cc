@@ -10,11 +10,7 @@
 // loopback TCP, 1 and 4 concurrent clients; servers started by this program.
 //
 //   cache_bench --cache-binary build/services/kvtier-cache [--rounds 5]
-#include <arpa/inet.h>
 #include <hiredis/hiredis.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -236,19 +232,6 @@ Row Summarize(const std::string& what, int clients, size_t bytes_per_client,
   return Row{what, clients, rates[rates.size() / 2], pct(0.5), pct(0.99)};
 }
 
-int FreePortForRedis() {
-  // Redis cannot bind port 0 and report it; ask the kernel for a free one.
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 int Run(const std::string& cache_binary, const std::string& redis_binary, int rounds) {
   const kvblock::LatentLayout layout = V2LiteInt8();
   constexpr int kMaxClients = 4;
@@ -259,7 +242,7 @@ int Run(const std::string& cache_binary, const std::string& redis_binary, int ro
   testing::ChildProcess cache({cache_binary, "--listen", "127.0.0.1:0", "--metrics-listen", "",
                                "--device-capacity", "1GiB", "--host-capacity", "64MiB"});
   const int cache_port = cache.WaitForListeningPort();
-  const int redis_port = FreePortForRedis();
+  const int redis_port = testing::FreeLoopbackPort();  // Redis cannot report port 0
   // Redis logs to a file nobody reads, not to a pipe that could fill.
   testing::ChildProcess redis({redis_binary, "--port", std::to_string(redis_port), "--bind",
                                "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no",

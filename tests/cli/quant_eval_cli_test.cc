@@ -1,7 +1,6 @@
 // Runs the real `kvtier quant-eval` binary: the --json contract, the table,
 // and clear errors with the right exit codes on bad input.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -10,27 +9,14 @@
 #include <string>
 
 #include "services/cli/quant_eval.h"
+#include "tests/integration/child_process.h"
 #include "tests/test_random.h"
 
 namespace kvtier::cli {
 namespace {
 
-struct Result {
-  int exit_code;
-  std::string out;  // stdout and stderr
-};
-
-Result RunKvtier(const std::string& args) {
-  const std::string cmd = std::string(KVTIER_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  Result r{-1, ""};
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+testing::CommandResult RunKvtier(const std::string& args) {
+  return testing::RunCommand(std::string(KVTIER_BINARY) + " " + args);
 }
 
 class QuantEvalCliTest : public ::testing::Test {
@@ -65,26 +51,26 @@ TEST_F(QuantEvalCliTest, JsonMatchesTheLibraryOnAFile) {
   const LatentRows rows = MakeSyntheticLatents(300, 512, 64, rng_.seed());
   const std::string path = WriteFile("latents.f32", rows.values);
   for (const char* codec : {"bf16", "fp8", "int8", "int4"}) {
-    Result r = RunKvtier("quant-eval --input " + path + " --dim 576 --codec " + codec + " --json");
-    ASSERT_EQ(r.exit_code, 0) << r.out;
-    EXPECT_NE(r.out.find(std::string("\"codec\": \"") + codec + "\""), std::string::npos) << r.out;
+    testing::CommandResult r = RunKvtier("quant-eval --input " + path + " --dim 576 --codec " + codec + " --json");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(std::string("\"codec\": \"") + codec + "\""), std::string::npos) << r.output;
     absl::StatusOr<SchemeResult> want = EvaluateCodec(*kernels::ParseCodec(codec), rows, 64);
     ASSERT_TRUE(want.ok());
-    EXPECT_NEAR(JsonField(r.out, "bytes_per_token"), want->bytes_per_token, 1e-6);
-    EXPECT_NEAR(JsonField(r.out, "latent_rel_error"), want->latent_rel_error, 1e-8);
-    EXPECT_NEAR(JsonField(r.out, "rope_rel_error"), want->rope_rel_error, 1e-8);
+    EXPECT_NEAR(JsonField(r.output, "bytes_per_token"), want->bytes_per_token, 1e-6);
+    EXPECT_NEAR(JsonField(r.output, "latent_rel_error"), want->latent_rel_error, 1e-8);
+    EXPECT_NEAR(JsonField(r.output, "rope_rel_error"), want->rope_rel_error, 1e-8);
   }
 }
 
 TEST_F(QuantEvalCliTest, SyntheticPrintsTheComparisonTable) {
-  Result r = RunKvtier("quant-eval --synthetic --tokens 512 --codec int4");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
+  testing::CommandResult r = RunKvtier("quant-eval --synthetic --tokens 512 --codec int4");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* row : {"int8 per-tensor", "int8 per-token", "int8 per-channel",
                           "int4 symmetric per-channel", "int4 asymmetric per-channel", "fp8",
                           "bf16"}) {
-    EXPECT_NE(r.out.find(row), std::string::npos) << row << " missing:\n" << r.out;
+    EXPECT_NE(r.output.find(row), std::string::npos) << row << " missing:\n" << r.output;
   }
-  EXPECT_NE(r.out.find("codec int4: 324.0 bytes/token/layer"), std::string::npos) << r.out;
+  EXPECT_NE(r.output.find("codec int4: 324.0 bytes/token/layer"), std::string::npos) << r.output;
 }
 
 TEST_F(QuantEvalCliTest, BadInputGetsAClearErrorAndExitCode) {
@@ -109,18 +95,18 @@ TEST_F(QuantEvalCliTest, BadInputGetsAClearErrorAndExitCode) {
       {"no-such-command", 2, "unknown command"},
   };
   for (const Case& c : cases) {
-    Result r = RunKvtier(c.args);
-    EXPECT_EQ(r.exit_code, c.exit_code) << c.args << "\n" << r.out;
-    EXPECT_NE(r.out.find(c.message), std::string::npos) << c.args << "\n" << r.out;
+    testing::CommandResult r = RunKvtier(c.args);
+    EXPECT_EQ(r.exit_code, c.exit_code) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << "\n" << r.output;
   }
 }
 
 TEST_F(QuantEvalCliTest, HelpExplainsTheFlags) {
-  Result r = RunKvtier("quant-eval --help");
+  testing::CommandResult r = RunKvtier("quant-eval --help");
   EXPECT_EQ(r.exit_code, 0);
   for (const char* flag : {"--input", "--dim", "--codec", "--rope-dim", "--tokens-per-block",
                            "--json", "--synthetic"}) {
-    EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
+    EXPECT_NE(r.output.find(flag), std::string::npos) << flag;
   }
   EXPECT_EQ(RunKvtier("--help").exit_code, 0);
 }

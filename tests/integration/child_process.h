@@ -38,6 +38,10 @@ class ChildProcess {
   std::string buffer_;
 };
 
+// A loopback TCP port free right now, for servers that cannot bind port 0
+// and report it (Prometheus, Redis).
+int FreeLoopbackPort();
+
 // Runs a command to completion; stdout and stderr together.
 struct CommandResult {
   int exit_code;

@@ -1,8 +1,6 @@
 // A real Prometheus server (Debian's `prometheus`) scrapes kvtier-cache's
 // /metrics; what it stored must equal what the Stats RPC reports.
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -20,19 +18,6 @@ namespace {
 
 using testing::ChildProcess;
 using testing::RunCommand;
-
-// A port free right now (Prometheus cannot report the one it picks).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 // Asks Prometheus's HTTP API for one instant value, polling (Prometheus
 // announces nothing) until the series exists or 30 s pass.
@@ -91,7 +76,7 @@ TEST(PrometheusScrape, ScrapedValuesMatchStats) {
            << "scrape_configs:\n  - job_name: kvtier-cache\n    static_configs:\n"
            << "      - targets: ['" << metrics_address << "']\n";
   }
-  const std::string prometheus = "127.0.0.1:" + std::to_string(FreePort());
+  const std::string prometheus = "127.0.0.1:" + std::to_string(testing::FreeLoopbackPort());
   ChildProcess server({"/usr/bin/prometheus", "--config.file=" + (dir / "prometheus.yml").string(),
                        "--storage.tsdb.path=" + (dir / "data").string(),
                        "--web.listen-address=" + prometheus, "--log.level=warn"});
