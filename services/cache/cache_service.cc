@@ -272,10 +272,7 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     Run(step);
   }
 
-  void OnDone() override {
-    if (lease_id_ != 0) (void)service_->store()->ReleaseLease(lease_id_);
-    delete this;
-  }
+  void OnDone() override { delete this; }
 
  private:
   absl::Status Parse(const grpc::ByteBuffer* raw) {
@@ -336,6 +333,9 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   void Run(const Step& step) {
     if (step.finish.has_value()) {
+      // Before Finish, so a client that sees the stream end sees the lease
+      // ended too.
+      if (lease_id_ != 0) (void)service_->store()->ReleaseLease(lease_id_);
       timer_.Done(step.finish->error_code());
       Finish(*step.finish);  // may delete this
       return;
