@@ -130,10 +130,7 @@ Sample KvtierPut(CacheClient& client, const kvblock::LatentLayout& layout, const
 
 Sample KvtierGet(grpc::Channel* channel, const kvblock::LatentLayout& layout, const std::string& ns,
                  const Prefix& p, std::vector<uint8_t>& destination) {
-  v1::GetRequest request;
-  request.set_kv_namespace(ns);
-  *request.mutable_layout() = kvblock::LayoutToProto(layout);
-  for (const auto& h : p.hashes) request.add_block_hashes(std::string(kvblock::HashAsBytes(h)));
+  const v1::GetRequest request = MakeGetRequest(ns, layout, p.hashes);
   const size_t slot = p.records[0].size();
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));

@@ -75,11 +75,7 @@ absl::StatusOr<v1::PutResponse> CacheClient::Put(const std::string& ns,
 absl::StatusOr<std::vector<FetchedBlock>> CacheClient::Get(
     const std::string& ns, const kvblock::LatentLayout& layout,
     const std::vector<kvblock::BlockHash>& hashes, uint64_t lease_id) {
-  v1::GetRequest request;
-  request.set_kv_namespace(ns);
-  *request.mutable_layout() = kvblock::LayoutToProto(layout);
-  for (const auto& h : hashes) request.add_block_hashes(std::string(kvblock::HashAsBytes(h)));
-  request.set_lease_id(lease_id);
+  const v1::GetRequest request = MakeGetRequest(ns, layout, hashes, lease_id);
   grpc::ClientContext context;
   SetDeadline(context);
   std::unique_ptr<grpc::ClientReader<v1::GetResponse>> reader = stub_->Get(&context, request);
@@ -101,6 +97,16 @@ absl::StatusOr<std::vector<FetchedBlock>> CacheClient::Get(
   }
   if (grpc::Status s = reader->Finish(); !s.ok()) return FromGrpcStatus(s);
   return blocks;
+}
+
+v1::GetRequest MakeGetRequest(const std::string& ns, const kvblock::LatentLayout& layout,
+                              const std::vector<kvblock::BlockHash>& hashes, uint64_t lease_id) {
+  v1::GetRequest request;
+  request.set_kv_namespace(ns);
+  *request.mutable_layout() = kvblock::LayoutToProto(layout);
+  for (const auto& h : hashes) request.add_block_hashes(std::string(kvblock::HashAsBytes(h)));
+  request.set_lease_id(lease_id);
+  return request;
 }
 
 absl::Status CacheClient::ReleaseLease(uint64_t lease_id) {

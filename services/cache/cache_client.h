@@ -65,6 +65,10 @@ class CacheClient {
 
 absl::Status FromGrpcStatus(const grpc::Status& status);
 
+// The GetRequest for `hashes` (all layers), as CacheClient::Get sends it.
+v1::GetRequest MakeGetRequest(const std::string& ns, const kvblock::LatentLayout& layout,
+                              const std::vector<kvblock::BlockHash>& hashes, uint64_t lease_id = 0);
+
 }  // namespace kvtier::cache
 
 #endif  // KVTIER_SERVICES_CACHE_CACHE_CLIENT_H_

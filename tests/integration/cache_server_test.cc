@@ -219,10 +219,7 @@ TEST_F(CacheServerTest, BadInputsGetTheirStatusCodes) {
   EXPECT_EQ(put_code({slice, slice}), grpc::StatusCode::INVALID_ARGUMENT);  // layer twice
   EXPECT_EQ(put_code({}), grpc::StatusCode::OK);
 
-  v1::GetRequest get;
-  get.set_kv_namespace("ns");
-  *get.mutable_layout() = kvblock::LayoutToProto(layout_);
-  get.add_block_hashes(std::string(kvblock::HashAsBytes(good.slices.hash)));
+  v1::GetRequest get = MakeGetRequest("ns", layout_, {good.slices.hash});
   get.set_layer_begin(layout_.num_layers);
   {
     grpc::ClientContext context;
@@ -248,10 +245,7 @@ TEST_F(CacheServerTest, BadInputsGetTheirStatusCodes) {
 TEST_F(CacheServerTest, LayerSubsetComesBackAsItsOwnRecord) {
   const TestBlock b = MakeBlock(layout_, "ns", 9);
   ASSERT_TRUE(client_->Put("ns", layout_, {b.slices}).ok());
-  v1::GetRequest get;
-  get.set_kv_namespace("ns");
-  *get.mutable_layout() = kvblock::LayoutToProto(layout_);
-  get.add_block_hashes(std::string(kvblock::HashAsBytes(b.slices.hash)));
+  v1::GetRequest get = MakeGetRequest("ns", layout_, {b.slices.hash});
   get.set_layer_begin(3);
   get.set_layer_count(2);
   grpc::ClientContext context;
@@ -488,10 +482,7 @@ TEST_F(CacheServerTest, ClientThatVanishesMidGetLeavesNothingPinned) {
   ASSERT_TRUE(client_->ReleaseLease(lease->lease_id()).ok());
   EXPECT_EQ(client_->Stats()->pinned_blocks(), 0u);
   {
-    v1::GetRequest get;
-    get.set_kv_namespace("ns");
-    *get.mutable_layout() = kvblock::LayoutToProto(layout_);
-    for (const auto& h : hashes) get.add_block_hashes(std::string(kvblock::HashAsBytes(h)));
+    const v1::GetRequest get = MakeGetRequest("ns", layout_, hashes);
     grpc::ClientContext context;
     client_->SetDeadline(context);
     auto reader = client_->stub().Get(&context, get);
@@ -515,10 +506,7 @@ TEST_F(CacheServerTest, SigtermLetsAnInFlightGetFinish) {
     blocks.push_back(std::move(b.slices));
   }
   ASSERT_TRUE(client_->Put("ns", layout_, blocks).ok());
-  v1::GetRequest get;
-  get.set_kv_namespace("ns");
-  *get.mutable_layout() = kvblock::LayoutToProto(layout_);
-  for (const auto& h : hashes) get.add_block_hashes(std::string(kvblock::HashAsBytes(h)));
+  const v1::GetRequest get = MakeGetRequest("ns", layout_, hashes);
   grpc::ClientContext context;
   client_->SetDeadline(context);
   auto reader = client_->stub().Get(&context, get);
@@ -578,12 +566,8 @@ TEST_F(CacheServerTest, RawGetLandsRecordsInTheCallersBuffer) {
   std::vector<TestBlock> blocks = {MakeBlock(layout_, "ns", 41), MakeBlock(layout_, "ns", 42)};
   ASSERT_TRUE(client_->Put("ns", layout_, {blocks[0].slices, blocks[1].slices}).ok());
   const TestBlock absent = MakeBlock(layout_, "ns", 43);
-  v1::GetRequest get;
-  get.set_kv_namespace("ns");
-  *get.mutable_layout() = kvblock::LayoutToProto(layout_);
-  for (const BlockHash& h : {blocks[0].slices.hash, absent.slices.hash, blocks[1].slices.hash}) {
-    get.add_block_hashes(std::string(kvblock::HashAsBytes(h)));
-  }
+  const v1::GetRequest get =
+      MakeGetRequest("ns", layout_, {blocks[0].slices.hash, absent.slices.hash, blocks[1].slices.hash});
   std::vector<std::vector<uint8_t>> pool(3, std::vector<uint8_t>(blocks[0].record.size() + 8, 0xee));
   grpc::ClientContext context;
   client_->SetDeadline(context);
