@@ -4,7 +4,7 @@
 // DeepSeek-V2-Lite dims with the int8 codec: 64 blocks x 27 layers, ~1 MB a
 // block, ~66 MB a client. kvtier: one Put stream of layer slices (as a
 // prefill node sends them) and one Get stream landing each record in the
-// client's buffer (RawGetStream). Redis: the same records as values,
+// client's buffer (RawGet). Redis: the same records as values,
 // pipelined SET and GET through hiredis, each GET reply copied to the same
 // kind of buffer. memcpy: the same bytes, buffer to buffer. All over
 // loopback TCP, 1 and 4 concurrent clients; servers started by this program.
