@@ -20,7 +20,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "services/cache/cache_client.h"
 #include "services/cache/raw_get.h"
 #include "services/common/flags.h"
@@ -229,7 +231,8 @@ Row Summarize(const std::string& what, int clients, size_t bytes_per_client,
   return Row{what, clients, rates[rates.size() / 2], pct(0.5), pct(0.99)};
 }
 
-int Run(const std::string& cache_binary, const std::string& redis_binary, int rounds) {
+int Run(const std::string& cache_binary, const std::string& redis_binary, int rounds,
+        const std::vector<int>& client_counts) {
   const kvblock::LatentLayout layout = V2LiteInt8();
   constexpr int kMaxClients = 4;
   std::vector<Prefix> prefixes;
@@ -273,7 +276,7 @@ int Run(const std::string& cache_binary, const std::string& redis_binary, int ro
 
   std::vector<Row> rows;
   std::vector<double> get_over_redis;
-  for (int n : {1, kMaxClients}) {
+  for (int n : client_counts) {
     std::vector<std::pair<double, std::vector<Sample>>> put, get, set, rget, copy;
     for (int round = 0; round < rounds; ++round) {
       // Fresh namespaces each round so Put stores instead of deduplicating.
@@ -325,9 +328,12 @@ int Run(const std::string& cache_binary, const std::string& redis_binary, int ro
   for (const Row& r : rows) {
     std::printf("%-30s %8d %10.2f %14.3f %14.3f\n", r.what.c_str(), r.clients, r.gbps, r.p50_ms, r.p99_ms);
   }
-  std::printf("\nkvtier Get / redis GET, median of per-round ratios: 1 client %.2fx, %d clients "
-              "%.2fx (target >= 1)\n",
-              get_over_redis[0], kMaxClients, get_over_redis[1]);
+  std::printf("\nkvtier Get / redis GET, median of per-round ratios:");
+  for (size_t i = 0; i < client_counts.size(); ++i) {
+    std::printf("%s %d client%s %.2fx", i ? "," : "", client_counts[i],
+                client_counts[i] == 1 ? "" : "s", get_over_redis[i]);
+  }
+  std::printf(" (target >= 1)\n");
   for (redisContext* r : redis_clients) redisFree(r);
   return 0;
 }
@@ -340,16 +346,28 @@ int main(int argc, char** argv) {
   std::string redis_binary = "/usr/bin/redis-server";
   uint64_t rounds = 5;
   uint64_t window = 1;
+  std::string clients = "1,4";
   kvtier::FlagParser flags("cache_bench [--cache-binary PATH] [--rounds N]",
                            "kvtier-cache Get/Put vs Redis pipelined GET/SET vs memcpy, one run.");
   flags.AddString("cache-binary", &cache_binary, "kvtier-cache to start");
   flags.AddString("redis-binary", &redis_binary, "redis-server to start");
   flags.AddUint("rounds", &rounds, "measurements per row (the median is shown)");
   flags.AddUint("redis-window", &window, "pipelined Redis GETs in flight per client");
+  flags.AddString("clients", &clients, "concurrent client counts to run, each 1..4");
   if (auto s = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); !s.ok() || flags.help_requested()) {
     std::fprintf(stderr, "%s\n%s", std::string(s.message()).c_str(), flags.Help().c_str());
     return s.ok() ? 0 : 2;
   }
   kvtier::cache::kRedisWindow = static_cast<int>(std::clamp<uint64_t>(window, 1, 64));
-  return kvtier::cache::Run(cache_binary, redis_binary, static_cast<int>(std::max<uint64_t>(rounds, 1)));
+  std::vector<int> counts;
+  for (absl::string_view c : absl::StrSplit(clients, ',')) {
+    int n = 0;
+    if (!absl::SimpleAtoi(c, &n) || n < 1 || n > 4) {
+      std::fprintf(stderr, "--clients: '%s' is not a count in 1..4\n", std::string(c).c_str());
+      return 2;
+    }
+    counts.push_back(n);
+  }
+  return kvtier::cache::Run(cache_binary, redis_binary, static_cast<int>(std::max<uint64_t>(rounds, 1)),
+                            counts);
 }
