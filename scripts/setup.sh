@@ -9,7 +9,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libssl-dev
+  libssl-dev nlohmann-json3-dev
   # integration tests and benchmarks: a real Prometheus scrapes the cache,
   # Redis is the peer the cache is measured against
   prometheus redis-server libhiredis-dev curl

@@ -1,0 +1,83 @@
+// Safetensors files, the weight format of Hugging Face checkpoints:
+//   u64le header length N | N bytes of JSON | tensor bytes
+// where the JSON maps each tensor name to {"dtype", "shape", "data_offsets":
+// [begin, end)} relative to the end of the header. Files are memory-mapped,
+// never read twice; nothing in a file is trusted.
+#ifndef KVTIER_SERVICES_RUNTIME_SAFETENSORS_H_
+#define KVTIER_SERVICES_RUNTIME_SAFETENSORS_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace kvtier::runtime {
+
+enum class DType { kBf16, kF16, kF32 };
+
+const char* DTypeName(DType dtype);  // "BF16", "F16", "F32", as in the files
+size_t DTypeBytes(DType dtype);
+
+// A tensor inside a mapped file; valid while its SafetensorsFile lives.
+struct TensorView {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  std::span<const uint8_t> bytes;
+
+  int64_t elements() const;
+  // The values as float32 (bf16 and f16 widened exactly).
+  std::vector<float> ToFloat() const;
+};
+
+// A memory-mapped .safetensors file. Immutable after Open; thread-safe.
+class SafetensorsFile {
+ public:
+  // Maps and validates `path`. INVALID_ARGUMENT (naming the file and, where
+  // there is one, the tensor) for: a file shorter than its header, a header
+  // that is not a JSON object of tensors, an unknown dtype, a shape or
+  // offsets that disagree with the dtype, data beyond the end of the file.
+  // NOT_FOUND when the file cannot be opened.
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::map<std::string, TensorView>& tensors() const { return tensors_; }
+  // NOT_FOUND naming the tensor and file when absent.
+  absl::StatusOr<TensorView> Tensor(const std::string& name) const;
+
+ private:
+  SafetensorsFile(std::string path, const uint8_t* data, size_t size)
+      : path_(std::move(path)), data_(data), size_(size) {}
+
+  std::string path_;
+  const uint8_t* data_;
+  size_t size_;
+  std::map<std::string, TensorView> tensors_;
+};
+
+// A tensor to write: float32 values stored as `dtype` (rounded to nearest
+// even for bf16 and f16).
+struct TensorToWrite {
+  std::string name;
+  DType dtype = DType::kBf16;
+  std::vector<int64_t> shape;
+  std::vector<float> values;
+};
+
+// Writes a safetensors file (what `kvtier make-model` produces).
+absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors);
+
+// IEEE binary16 conversions (f16 checkpoints).
+float HalfToFloat(uint16_t h);
+uint16_t FloatToHalf(float f);
+
+}  // namespace kvtier::runtime
+
+#endif  // KVTIER_SERVICES_RUNTIME_SAFETENSORS_H_

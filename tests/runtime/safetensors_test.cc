@@ -1,0 +1,127 @@
+#include "services/runtime/safetensors.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "kvtier/kernels/float_formats.h"
+#include "tests/test_random.h"
+
+namespace kvtier::runtime {
+namespace {
+
+class SafetensorsTest : public ::testing::Test {
+ protected:
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string Path(const std::string& name) {
+    std::filesystem::create_directories(dir_);
+    return (dir_ / name).string();
+  }
+  std::vector<float> Random(size_t n) {
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    std::vector<float> v(n);
+    for (float& x : v) x = normal(rng_.engine());
+    return v;
+  }
+  // Writes raw bytes: an 8-byte length, `header`, then `data`.
+  std::string WriteRaw(const std::string& name, const std::string& header, size_t data_bytes,
+                       std::optional<uint64_t> length = std::nullopt) {
+    const std::string path = Path(name);
+    std::ofstream out(path, std::ios::binary);
+    const uint64_t n = length.value_or(header.size());
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out << header << std::string(data_bytes, '\0');
+    return path;
+  }
+
+  testing::SeededRng rng_;
+  std::filesystem::path dir_ = std::filesystem::temp_directory_path() /
+                               ("kvtier_st_" + std::to_string(rng_.seed()));
+};
+
+TEST_F(SafetensorsTest, RoundTripsEveryDtype) {
+  SCOPED_TRACE(rng_.Trace());
+  const std::vector<float> a = Random(6 * 7), b = Random(5), c = Random(3 * 2 * 4);
+  const std::string path = Path("model.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, {{"a.weight", DType::kBf16, {6, 7}, a},
+                                      {"b", DType::kF16, {5}, b},
+                                      {"c", DType::kF32, {3, 2, 4}, c}})
+                  .ok());
+  auto file = SafetensorsFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_EQ((*file)->tensors().size(), 3u);
+  auto ta = (*file)->Tensor("a.weight");
+  ASSERT_TRUE(ta.ok());
+  EXPECT_EQ(ta->dtype, DType::kBf16);
+  EXPECT_EQ(ta->shape, (std::vector<int64_t>{6, 7}));
+  const std::vector<float> ra = ta->ToFloat(), rb = (*file)->Tensor("b")->ToFloat(),
+                           rc = (*file)->Tensor("c")->ToFloat();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(ra[i], kernels::Bf16ToFloat(kernels::FloatToBf16(a[i])));
+  for (size_t i = 0; i < b.size(); ++i) EXPECT_NEAR(rb[i], b[i], std::fabs(b[i]) * 0x1p-11);
+  EXPECT_EQ(rc, c);
+  EXPECT_EQ((*file)->Tensor("missing").status().code(), absl::StatusCode::kNotFound);
+  // Data is 8-byte aligned after the header, as the format recommends.
+  uint64_t header_len;
+  std::ifstream(path, std::ios::binary).read(reinterpret_cast<char*>(&header_len), 8);
+  EXPECT_EQ(header_len % 8, 0u);
+}
+
+TEST(Half, EveryFiniteCodeRoundTripsAndRoundingIsNearestEven) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = HalfToFloat(static_cast<uint16_t>(h));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(FloatToHalf(f), h) << std::hex << h;
+  }
+  EXPECT_EQ(HalfToFloat(0x3c00), 1.0f);
+  EXPECT_EQ(HalfToFloat(0x7bff), 65504.0f);
+  EXPECT_EQ(HalfToFloat(0x0001), std::ldexp(1.0f, -24));
+  // Midpoints go to the even neighbour; past the largest value is inf.
+  for (uint16_t h : {0x0001, 0x0400, 0x3c00, 0x3c01, 0x7bfe}) {
+    const double mid = (double{HalfToFloat(h)} + HalfToFloat(h + 1)) / 2;
+    EXPECT_EQ(FloatToHalf(static_cast<float>(mid)), (h & 1) ? h + 1 : h) << std::hex << h;
+  }
+  EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);
+  EXPECT_EQ(FloatToHalf(65519.0f), 0x7bff);
+}
+
+TEST_F(SafetensorsTest, MalformedFilesGetClearErrors) {
+  struct Case {
+    std::string path;
+    std::string message;
+  };
+  const std::string tensor = R"("w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]})";
+  const std::vector<Case> cases = {
+      {WriteRaw("short", "", 0, 0).substr(0), "header is not a JSON object"},
+      {WriteRaw("len", "{}", 0, 1 << 20), "runs past the end"},
+      {WriteRaw("json", "{not json", 0), "header is not a JSON object"},
+      {WriteRaw("dtype", R"({"w":{"dtype":"I8","shape":[2],"data_offsets":[0,2]}})", 2),
+       "tensor w: dtype I8 is not supported"},
+      {WriteRaw("trunc", "{" + tensor + "}", 8), "tensor w: data_offsets [0, 16) outside the 8 data bytes"},
+      {WriteRaw("size", R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8),
+       "tensor w: 8 bytes, but shape and F32 need 12"},
+      {WriteRaw("shape", R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4),
+       "tensor w: shape has a negative"},
+      {WriteRaw("fields", R"({"w":{"dtype":"F32"}})", 0), "tensor w: needs dtype, shape"},
+  };
+  for (const Case& c : cases) {
+    auto file = SafetensorsFile::Open(c.path);
+    ASSERT_FALSE(file.ok()) << c.path;
+    EXPECT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument) << file.status();
+    EXPECT_NE(file.status().message().find(c.message), std::string::npos) << file.status();
+  }
+  std::ofstream(Path("tiny")) << "abc";
+  EXPECT_NE(SafetensorsFile::Open(Path("tiny")).status().message().find("too short"), std::string::npos);
+  EXPECT_EQ(SafetensorsFile::Open(Path("absent")).status().code(), absl::StatusCode::kNotFound);
+  // A good file cut short loses its last tensor's bytes: refused, not misread.
+  const std::string good = Path("good");
+  ASSERT_TRUE(WriteSafetensors(good, {{"x", DType::kF32, {64}, Random(64)}}).ok());
+  std::filesystem::resize_file(good, std::filesystem::file_size(good) - 1);
+  EXPECT_NE(SafetensorsFile::Open(good).status().message().find("tensor x"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvtier::runtime
