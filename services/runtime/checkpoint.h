@@ -1,0 +1,42 @@
+// A Hugging Face DeepSeek-V2 checkpoint directory: config.json plus
+// model.safetensors, or shards listed by model.safetensors.index.json. Open
+// checks that every tensor the config implies is present with its shape, so
+// later code can take them without re-checking. Immutable; thread-safe.
+#ifndef KVTIER_SERVICES_RUNTIME_CHECKPOINT_H_
+#define KVTIER_SERVICES_RUNTIME_CHECKPOINT_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "services/runtime/model_config.h"
+#include "services/runtime/safetensors.h"
+
+namespace kvtier::runtime {
+
+class Checkpoint {
+ public:
+  // Errors name the file, field or tensor: NOT_FOUND for a missing
+  // config.json or weights file; INVALID_ARGUMENT for a malformed one, a
+  // missing tensor or a wrong shape; UNIMPLEMENTED for unsupported settings.
+  static absl::StatusOr<std::unique_ptr<Checkpoint>> Open(const std::string& dir);
+
+  const ModelConfig& config() const { return config_; }
+  const std::string& dir() const { return dir_; }
+  // A tensor Open verified; NOT_FOUND for a name the config does not imply.
+  absl::StatusOr<TensorView> Tensor(const std::string& name) const;
+
+ private:
+  Checkpoint() = default;
+
+  std::string dir_;
+  ModelConfig config_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, TensorView> tensors_;
+};
+
+}  // namespace kvtier::runtime
+
+#endif  // KVTIER_SERVICES_RUNTIME_CHECKPOINT_H_

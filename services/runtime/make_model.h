@@ -1,0 +1,30 @@
+// Generated DeepSeek-V2 checkpoints for tests and demos (`kvtier make-model`):
+// the same files a Hugging Face checkpoint has, random weights from a seed.
+#ifndef KVTIER_SERVICES_RUNTIME_MAKE_MODEL_H_
+#define KVTIER_SERVICES_RUNTIME_MAKE_MODEL_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "services/runtime/model_config.h"
+
+namespace kvtier::runtime {
+
+// "tiny": small in every dimension, and exercising q_lora, YaRN, group-limited
+// routing, shared experts and a dense first layer. "lite-attn":
+// DeepSeek-V2-Lite's attention (hidden 2048, 16 heads, kv_lora_rank 512,
+// qk_nope 128, qk_rope 64, v_head 128, no q_lora) with 2 layers, a small MoE
+// and a small vocabulary.
+absl::StatusOr<ModelConfig> PresetConfig(const std::string& preset);
+
+// Writes config.json and bf16 weights into `out_dir` (created if needed):
+// one model.safetensors, or `shards` files plus model.safetensors.index.json.
+// Weights keep activations O(1): norms near 1, projections N(0, 1/fan_in),
+// a wider lm_head so greedy choices have clear margins.
+absl::Status MakeModel(const ModelConfig& config, const std::string& out_dir, uint64_t seed,
+                       int shards = 1);
+
+}  // namespace kvtier::runtime
+
+#endif  // KVTIER_SERVICES_RUNTIME_MAKE_MODEL_H_

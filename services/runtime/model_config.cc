@@ -1,0 +1,247 @@
+#include "services/runtime/model_config.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "services/common/status.h"
+
+namespace kvtier::runtime {
+namespace {
+
+using nlohmann::json;
+
+absl::Status Missing(const std::string& field, const std::string& want) {
+  return absl::InvalidArgumentError(absl::StrCat("config.json: ", field, " must be ", want));
+}
+
+// A positive integer field; `fallback` when absent or null (if given).
+absl::StatusOr<int64_t> Int(const json& j, const std::string& field,
+                            std::optional<int64_t> fallback = std::nullopt, int64_t min = 1) {
+  if (!j.contains(field) || j[field].is_null()) {
+    if (fallback.has_value()) return *fallback;
+    return Missing(field, "present");
+  }
+  if (!j[field].is_number_integer() || j[field].get<int64_t>() < min) {
+    return Missing(field, absl::StrCat("an integer >= ", min));
+  }
+  return j[field].get<int64_t>();
+}
+
+absl::StatusOr<double> Real(const json& j, const std::string& field, std::optional<double> fallback) {
+  if (!j.contains(field) || j[field].is_null()) {
+    if (fallback.has_value()) return *fallback;
+    return Missing(field, "present");
+  }
+  if (!j[field].is_number() || !std::isfinite(j[field].get<double>())) {
+    return Missing(field, "a finite number");
+  }
+  return j[field].get<double>();
+}
+
+absl::StatusOr<bool> Bool(const json& j, const std::string& field, bool fallback) {
+  if (!j.contains(field) || j[field].is_null()) return fallback;
+  if (!j[field].is_boolean()) return Missing(field, "true or false");
+  return j[field].get<bool>();
+}
+
+// A string field that must be one of `supported` when present.
+absl::Status Expect(const json& j, const std::string& field, const std::string& supported) {
+  if (!j.contains(field) || j[field].is_null()) return absl::OkStatus();
+  if (!j[field].is_string() || j[field].get<std::string>() != supported) {
+    return absl::UnimplementedError(absl::StrCat("config.json: ", field, " ", j[field].dump(),
+                                                 " is not supported (only \"", supported, "\")"));
+  }
+  return absl::OkStatus();
+}
+
+double YarnMscale(double scale, double mscale) {
+  return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+}  // namespace
+
+bool ModelConfig::IsMoeLayer(int64_t layer) const {
+  return n_routed_experts > 0 && layer >= first_k_dense_replace && layer % moe_layer_freq == 0;
+}
+
+double ModelConfig::SoftmaxScale() const {
+  double scale = 1.0 / std::sqrt(static_cast<double>(q_head_dim()));
+  if (rope_scaling.has_value() && rope_scaling->mscale_all_dim != 0.0) {
+    const double m = YarnMscale(rope_scaling->factor, rope_scaling->mscale_all_dim);
+    scale *= m * m;
+  }
+  return scale;
+}
+
+absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text) {
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return absl::InvalidArgumentError("config.json is not a JSON object");
+  if (!j.contains("model_type") || j["model_type"] != "deepseek_v2") {
+    return absl::UnimplementedError(absl::StrCat(
+        "config.json: model_type ", j.contains("model_type") ? j["model_type"].dump() : "(missing)",
+        " is not supported (only \"deepseek_v2\")"));
+  }
+  KVTIER_RETURN_IF_ERROR(Expect(j, "hidden_act", "silu"));
+  KVTIER_RETURN_IF_ERROR(Expect(j, "scoring_func", "softmax"));
+  KVTIER_ASSIGN_OR_RETURN(bool attention_bias, Bool(j, "attention_bias", false));
+  if (attention_bias) return absl::UnimplementedError("config.json: attention_bias true is not supported");
+
+  ModelConfig c;
+  KVTIER_ASSIGN_OR_RETURN(c.vocab_size, Int(j, "vocab_size"));
+  KVTIER_ASSIGN_OR_RETURN(c.hidden_size, Int(j, "hidden_size"));
+  KVTIER_ASSIGN_OR_RETURN(c.intermediate_size, Int(j, "intermediate_size"));
+  KVTIER_ASSIGN_OR_RETURN(c.num_hidden_layers, Int(j, "num_hidden_layers"));
+  KVTIER_ASSIGN_OR_RETURN(c.num_attention_heads, Int(j, "num_attention_heads"));
+  if (j.contains("q_lora_rank") && !j["q_lora_rank"].is_null()) {
+    KVTIER_ASSIGN_OR_RETURN(c.q_lora_rank, Int(j, "q_lora_rank"));
+  }
+  KVTIER_ASSIGN_OR_RETURN(c.kv_lora_rank, Int(j, "kv_lora_rank"));
+  KVTIER_ASSIGN_OR_RETURN(c.qk_nope_head_dim, Int(j, "qk_nope_head_dim"));
+  KVTIER_ASSIGN_OR_RETURN(c.qk_rope_head_dim, Int(j, "qk_rope_head_dim"));
+  if (c.qk_rope_head_dim % 2 != 0) return Missing("qk_rope_head_dim", "even");
+  KVTIER_ASSIGN_OR_RETURN(c.v_head_dim, Int(j, "v_head_dim"));
+  KVTIER_ASSIGN_OR_RETURN(c.n_routed_experts, Int(j, "n_routed_experts", 0, 0));
+  KVTIER_ASSIGN_OR_RETURN(c.n_shared_experts, Int(j, "n_shared_experts", 0, 0));
+  KVTIER_ASSIGN_OR_RETURN(c.first_k_dense_replace, Int(j, "first_k_dense_replace", 0, 0));
+  KVTIER_ASSIGN_OR_RETURN(c.moe_layer_freq, Int(j, "moe_layer_freq", 1));
+  KVTIER_ASSIGN_OR_RETURN(c.norm_topk_prob, Bool(j, "norm_topk_prob", false));
+  KVTIER_ASSIGN_OR_RETURN(c.routed_scaling_factor, Real(j, "routed_scaling_factor", 1.0));
+  KVTIER_ASSIGN_OR_RETURN(c.rms_norm_eps, Real(j, "rms_norm_eps", 1e-6));
+  KVTIER_ASSIGN_OR_RETURN(c.rope_theta, Real(j, "rope_theta", 10000.0));
+  KVTIER_ASSIGN_OR_RETURN(c.max_position_embeddings, Int(j, "max_position_embeddings", 4096));
+  if (c.n_routed_experts > 0) {
+    KVTIER_ASSIGN_OR_RETURN(c.moe_intermediate_size, Int(j, "moe_intermediate_size"));
+    KVTIER_ASSIGN_OR_RETURN(c.num_experts_per_tok, Int(j, "num_experts_per_tok"));
+    if (c.num_experts_per_tok > c.n_routed_experts) {
+      return Missing("num_experts_per_tok", "at most n_routed_experts");
+    }
+    const std::string method = j.value("topk_method", std::string("greedy"));
+    if (method == "greedy") {
+      c.topk_method = TopkMethod::kGreedy;
+    } else if (method == "group_limited_greedy") {
+      c.topk_method = TopkMethod::kGroupLimitedGreedy;
+      KVTIER_ASSIGN_OR_RETURN(c.n_group, Int(j, "n_group"));
+      KVTIER_ASSIGN_OR_RETURN(c.topk_group, Int(j, "topk_group"));
+      if (c.n_routed_experts % c.n_group != 0) return Missing("n_group", "a divisor of n_routed_experts");
+      if (c.topk_group > c.n_group) return Missing("topk_group", "at most n_group");
+      if (c.num_experts_per_tok > c.topk_group * (c.n_routed_experts / c.n_group)) {
+        return Missing("num_experts_per_tok", "at most topk_group x experts per group");
+      }
+    } else {
+      return absl::UnimplementedError(absl::StrCat("config.json: topk_method \"", method,
+                                                   "\" is not supported (greedy, group_limited_greedy)"));
+    }
+  }
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    const json& r = j["rope_scaling"];
+    if (!r.is_object()) return Missing("rope_scaling", "an object or null");
+    const std::string type = r.value("type", r.value("rope_type", std::string()));
+    if (type != "yarn") {
+      return absl::UnimplementedError(absl::StrCat("config.json: rope_scaling type \"", type,
+                                                   "\" is not supported (only \"yarn\")"));
+    }
+    YarnRopeScaling y;
+    KVTIER_ASSIGN_OR_RETURN(y.factor, Real(r, "factor", std::nullopt));
+    KVTIER_ASSIGN_OR_RETURN(y.original_max_position_embeddings,
+                            Int(r, "original_max_position_embeddings", 4096));
+    KVTIER_ASSIGN_OR_RETURN(y.beta_fast, Real(r, "beta_fast", 32.0));
+    KVTIER_ASSIGN_OR_RETURN(y.beta_slow, Real(r, "beta_slow", 1.0));
+    KVTIER_ASSIGN_OR_RETURN(y.mscale, Real(r, "mscale", 1.0));
+    KVTIER_ASSIGN_OR_RETURN(y.mscale_all_dim, Real(r, "mscale_all_dim", 0.0));
+    if (y.factor <= 0) return Missing("rope_scaling.factor", "positive");
+    c.rope_scaling = y;
+  }
+  return c;
+}
+
+std::string ModelConfig::ToJson() const {
+  json j = {
+      {"model_type", "deepseek_v2"},
+      {"architectures", {"DeepseekV2ForCausalLM"}},
+      {"vocab_size", vocab_size},
+      {"hidden_size", hidden_size},
+      {"intermediate_size", intermediate_size},
+      {"moe_intermediate_size", moe_intermediate_size},
+      {"num_hidden_layers", num_hidden_layers},
+      {"num_attention_heads", num_attention_heads},
+      {"num_key_value_heads", num_attention_heads},
+      {"q_lora_rank", q_lora_rank.has_value() ? json(*q_lora_rank) : json(nullptr)},
+      {"kv_lora_rank", kv_lora_rank},
+      {"qk_nope_head_dim", qk_nope_head_dim},
+      {"qk_rope_head_dim", qk_rope_head_dim},
+      {"v_head_dim", v_head_dim},
+      {"n_routed_experts", n_routed_experts},
+      {"n_shared_experts", n_shared_experts},
+      {"num_experts_per_tok", num_experts_per_tok},
+      {"topk_method", topk_method == TopkMethod::kGreedy ? "greedy" : "group_limited_greedy"},
+      {"n_group", n_group},
+      {"topk_group", topk_group},
+      {"norm_topk_prob", norm_topk_prob},
+      {"routed_scaling_factor", routed_scaling_factor},
+      {"first_k_dense_replace", first_k_dense_replace},
+      {"moe_layer_freq", moe_layer_freq},
+      {"rms_norm_eps", rms_norm_eps},
+      {"rope_theta", rope_theta},
+      {"max_position_embeddings", max_position_embeddings},
+      {"hidden_act", "silu"},
+      {"scoring_func", "softmax"},
+      {"attention_bias", false},
+      {"tie_word_embeddings", false},
+      {"torch_dtype", "bfloat16"},
+  };
+  if (rope_scaling.has_value()) {
+    j["rope_scaling"] = {{"type", "yarn"},
+                         {"factor", rope_scaling->factor},
+                         {"original_max_position_embeddings", rope_scaling->original_max_position_embeddings},
+                         {"beta_fast", rope_scaling->beta_fast},
+                         {"beta_slow", rope_scaling->beta_slow},
+                         {"mscale", rope_scaling->mscale},
+                         {"mscale_all_dim", rope_scaling->mscale_all_dim}};
+  } else {
+    j["rope_scaling"] = nullptr;
+  }
+  return j.dump(2);
+}
+
+std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c) {
+  const int64_t h = c.hidden_size, heads = c.num_attention_heads;
+  std::vector<TensorSpec> t = {{"model.embed_tokens.weight", {c.vocab_size, h}}};
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    t.push_back({p + "input_layernorm.weight", {h}});
+    t.push_back({p + "post_attention_layernorm.weight", {h}});
+    const std::string a = p + "self_attn.";
+    if (c.q_lora_rank.has_value()) {
+      t.push_back({a + "q_a_proj.weight", {*c.q_lora_rank, h}});
+      t.push_back({a + "q_a_layernorm.weight", {*c.q_lora_rank}});
+      t.push_back({a + "q_b_proj.weight", {heads * c.q_head_dim(), *c.q_lora_rank}});
+    } else {
+      t.push_back({a + "q_proj.weight", {heads * c.q_head_dim(), h}});
+    }
+    t.push_back({a + "kv_a_proj_with_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, h}});
+    t.push_back({a + "kv_a_layernorm.weight", {c.kv_lora_rank}});
+    t.push_back({a + "kv_b_proj.weight", {heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}});
+    t.push_back({a + "o_proj.weight", {h, heads * c.v_head_dim}});
+    const std::string m = p + "mlp.";
+    auto ffn = [&](const std::string& prefix, int64_t inter) {
+      t.push_back({prefix + "gate_proj.weight", {inter, h}});
+      t.push_back({prefix + "up_proj.weight", {inter, h}});
+      t.push_back({prefix + "down_proj.weight", {h, inter}});
+    };
+    if (!c.IsMoeLayer(i)) {
+      ffn(m, c.intermediate_size);
+      continue;
+    }
+    t.push_back({m + "gate.weight", {c.n_routed_experts, h}});
+    for (int64_t e = 0; e < c.n_routed_experts; ++e) {
+      ffn(absl::StrCat(m, "experts.", e, "."), c.moe_intermediate_size);
+    }
+    if (c.n_shared_experts > 0) ffn(m + "shared_experts.", c.moe_intermediate_size * c.n_shared_experts);
+  }
+  t.push_back({"model.norm.weight", {h}});
+  t.push_back({"lm_head.weight", {c.vocab_size, h}});
+  return t;
+}
+
+}  // namespace kvtier::runtime
