@@ -36,7 +36,7 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& preset) {
     c.topk_group = 2;
     c.first_k_dense_replace = 1;
     c.max_position_embeddings = 2048;
-    c.rope_scaling = YarnRopeScaling{4.0, 512, 32.0, 1.0, 0.707, 0.707};
+    c.rope_scaling = kernels::YarnParams{4.0, 512, 32.0, 1.0, 0.707, 0.707};
     return c;
   }
   if (preset == "lite-attn") {
@@ -55,7 +55,7 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& preset) {
     c.num_experts_per_tok = 2;
     c.first_k_dense_replace = 1;
     c.max_position_embeddings = 163840;
-    c.rope_scaling = YarnRopeScaling{40.0, 4096, 32.0, 1.0, 0.707, 0.707};  // as V2-Lite
+    c.rope_scaling = kernels::YarnParams{40.0, 4096, 32.0, 1.0, 0.707, 0.707};  // as V2-Lite
     return c;
   }
   return absl::InvalidArgumentError(

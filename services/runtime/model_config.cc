@@ -141,7 +141,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text) {
       return absl::UnimplementedError(absl::StrCat("config.json: rope_scaling type \"", type,
                                                    "\" is not supported (only \"yarn\")"));
     }
-    YarnRopeScaling y;
+    kernels::YarnParams y;
     KVTIER_ASSIGN_OR_RETURN(y.factor, Real(r, "factor", std::nullopt));
     KVTIER_ASSIGN_OR_RETURN(y.original_max_position_embeddings,
                             Int(r, "original_max_position_embeddings", 4096));

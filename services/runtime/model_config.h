@@ -9,17 +9,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kvtier/kernels/rope.h"
 
 namespace kvtier::runtime {
-
-struct YarnRopeScaling {
-  double factor = 1.0;
-  int64_t original_max_position_embeddings = 4096;
-  double beta_fast = 32.0;
-  double beta_slow = 1.0;
-  double mscale = 1.0;
-  double mscale_all_dim = 0.0;
-};
 
 enum class TopkMethod { kGreedy, kGroupLimitedGreedy };
 
@@ -49,7 +41,7 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   int64_t max_position_embeddings = 4096;
-  std::optional<YarnRopeScaling> rope_scaling;
+  std::optional<kernels::YarnParams> rope_scaling;
 
   int64_t q_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   // Layers from first_k_dense_replace on, every moe_layer_freq-th, are MoE.

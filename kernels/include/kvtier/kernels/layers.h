@@ -1,0 +1,44 @@
+// Small per-token operations of a DeepSeek-V2 layer, CPU reference
+// implementations (float32, as the reference model computes them).
+#ifndef KVTIER_KERNELS_LAYERS_H_
+#define KVTIER_KERNELS_LAYERS_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kvtier/kernels/status.h"
+
+namespace kvtier::kernels {
+
+// out = x / sqrt(mean(x^2) + eps) * weight. `out` may alias `x`.
+Status RmsNorm(std::span<const float> x, std::span<const float> weight, float eps,
+               std::span<float> out);
+
+// How the MoE gate picks experts (DeepSeek-V2's DeepseekV2MoEGate).
+struct GateParams {
+  uint32_t top_k = 1;
+  bool group_limited = false;  // topk_method group_limited_greedy
+  uint32_t n_group = 1;
+  uint32_t topk_group = 1;
+  bool norm_topk_prob = false;
+  float routed_scaling_factor = 1.0f;
+};
+
+struct ExpertChoice {
+  uint32_t expert;
+  float weight;
+};
+
+// softmax(logits) over the routed experts, then top_k (within the topk_group
+// best groups, a group scored by its best expert, when group_limited); then,
+// exactly as DeepSeek-V2 does, weights are renormalised to sum to 1 if
+// top_k > 1 and norm_topk_prob, and otherwise multiplied by
+// routed_scaling_factor (never both). Ties go to the lower expert index.
+// Choices come highest weight first.
+Status SelectExperts(std::span<const float> logits, const GateParams& params,
+                     std::vector<ExpertChoice>& out);
+
+}  // namespace kvtier::kernels
+
+#endif  // KVTIER_KERNELS_LAYERS_H_

@@ -1,0 +1,229 @@
+// RoPE (plain and YaRN), RMSNorm and the MoE gate against float64
+// re-implementations written from DeepSeek-V2's modeling code.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <numeric>
+
+#include "kvtier/kernels/layers.h"
+#include "kvtier/kernels/rope.h"
+#include "tests/test_random.h"
+
+namespace kvtier::kernels {
+namespace {
+
+// DeepseekV2(Yarn)RotaryEmbedding + apply_rotary_pos_emb, in double, written
+// the way the Python does it: build cos/sin over cat(freqs, freqs), view the
+// input as (d/2, 2) and transpose, then x*cos + rotate_half(x)*sin.
+std::vector<double> ReferenceRope(const std::vector<double>& x, int64_t pos, double base,
+                                  const YarnParams* yarn) {
+  const size_t d = x.size(), half = d / 2;
+  std::vector<double> inv(half);
+  for (size_t i = 0; i < half; ++i) inv[i] = 1.0 / std::pow(base, static_cast<double>(2 * i) / d);
+  double mscale = 1.0;
+  if (yarn != nullptr) {
+    auto corr = [&](double rot) {
+      return (d * std::log(static_cast<double>(yarn->original_max_position_embeddings) / (rot * 2 * std::numbers::pi))) /
+             (2 * std::log(base));
+    };
+    double low = std::max(std::floor(corr(yarn->beta_fast)), 0.0);
+    double high = std::min(std::ceil(corr(yarn->beta_slow)), static_cast<double>(d - 1));
+    if (low == high) high += 0.001;
+    for (size_t i = 0; i < half; ++i) {
+      const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+      const double mask = 1.0 - ramp;
+      inv[i] = (inv[i] / yarn->factor) * (1 - mask) + inv[i] * mask;
+    }
+    auto m = [&](double s, double ms) { return s <= 1 ? 1.0 : 0.1 * ms * std::log(s) + 1.0; };
+    mscale = m(yarn->factor, yarn->mscale) / m(yarn->factor, yarn->mscale_all_dim);
+  }
+  std::vector<double> cos(d), sin(d), y(d), rot(d), out(d);
+  for (size_t j = 0; j < d; ++j) {
+    cos[j] = std::cos(pos * inv[j % half]) * mscale;
+    sin[j] = std::sin(pos * inv[j % half]) * mscale;
+  }
+  for (size_t i = 0; i < half; ++i) y[i] = x[2 * i], y[half + i] = x[2 * i + 1];  // view+transpose
+  for (size_t j = 0; j < half; ++j) rot[j] = -y[half + j], rot[half + j] = y[j];     // rotate_half
+  for (size_t j = 0; j < d; ++j) out[j] = y[j] * cos[j] + rot[j] * sin[j];
+  return out;
+}
+
+class RopeTest : public ::testing::Test {
+ protected:
+  std::vector<float> Random(size_t n) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> v(n);
+    for (float& x : v) x = normal(rng_.engine());
+    return v;
+  }
+  testing::SeededRng rng_;
+};
+
+TEST_F(RopeTest, MatchesTheReferenceForPlainAndYarn) {
+  SCOPED_TRACE(rng_.Trace());
+  const YarnParams v2lite{40.0, 4096, 32.0, 1.0, 0.707, 0.707};
+  const YarnParams unequal_mscale{4.0, 512, 32.0, 1.0, 1.0, 0.5};
+  for (const YarnParams* yarn : {static_cast<const YarnParams*>(nullptr), &v2lite, &unequal_mscale}) {
+    for (uint32_t dim : {8u, 64u}) {
+      RopeTable table;
+      ASSERT_TRUE(RopeTable::Create(dim, 10000.0, yarn, table).ok());
+      for (int64_t pos : {int64_t{0}, int64_t{1}, int64_t{17}, int64_t{4095}, int64_t{100000}}) {
+        std::vector<float> x = Random(dim);
+        const std::vector<double> want = ReferenceRope(std::vector<double>(x.begin(), x.end()), pos, 10000.0, yarn);
+        table.Apply(pos, x);
+        for (uint32_t j = 0; j < dim; ++j) {
+          ASSERT_NEAR(x[j], want[j], 2e-6 * (1 + std::fabs(want[j])))
+              << "dim " << dim << " pos " << pos << " j " << j << (yarn ? " yarn" : "");
+        }
+      }
+    }
+  }
+}
+
+TEST_F(RopeTest, DeinterleavesBeforeRotating) {
+  RopeTable table;
+  ASSERT_TRUE(RopeTable::Create(4, 10000.0, nullptr, table).ok());
+  std::vector<float> x = {1, 2, 3, 4};
+  table.Apply(0, x);  // angle 0: only the reordering is left
+  EXPECT_EQ(x, (std::vector<float>{1, 3, 2, 4}));
+}
+
+TEST_F(RopeTest, ScoresDependOnlyOnRelativePosition) {
+  SCOPED_TRACE(rng_.Trace());
+  RopeTable table;
+  ASSERT_TRUE(RopeTable::Create(64, 10000.0, nullptr, table).ok());
+  const std::vector<float> q = Random(64), k = Random(64);
+  auto score = [&](int64_t m, int64_t n) {
+    std::vector<float> a = q, b = k;
+    table.Apply(m, a);
+    table.Apply(n, b);
+    return std::inner_product(a.begin(), a.end(), b.begin(), 0.0);
+  };
+  EXPECT_NEAR(score(10, 3), score(510, 503), 1e-3);
+  EXPECT_NEAR(score(0, 0), std::inner_product(q.begin(), q.end(), k.begin(), 0.0), 1e-4);
+}
+
+TEST(Rope, RejectsBadParameters) {
+  RopeTable table;
+  EXPECT_EQ(RopeTable::Create(7, 10000.0, nullptr, table).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(RopeTable::Create(8, 1.0, nullptr, table).code(), StatusCode::kInvalidArgument);
+  const YarnParams bad{0.0, 4096, 32, 1, 1, 1};
+  EXPECT_EQ(RopeTable::Create(8, 10000.0, &bad, table).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(RmsNorm, MatchesFloat64) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> x(2048), w(2048), out(2048);
+  for (float& v : x) v = normal(rng.engine());
+  for (float& v : w) v = 1.0f + 0.1f * normal(rng.engine());
+  ASSERT_TRUE(RmsNorm(x, w, 1e-6f, out).ok());
+  double ms = 0;
+  for (float v : x) ms += double{v} * v / x.size();
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double want = w[i] * (x[i] / std::sqrt(ms + 1e-6));
+    ASSERT_NEAR(out[i], want, 1e-5 * (1 + std::fabs(want)));
+  }
+  std::vector<float> short_w(10);
+  EXPECT_EQ(RmsNorm(x, short_w, 1e-6f, out).code(), StatusCode::kInvalidArgument);
+}
+
+// DeepseekV2MoEGate in double: softmax, (group mask), top-k, then
+// renormalise if top_k > 1 and norm_topk_prob, else scale.
+std::vector<std::pair<uint32_t, double>> ReferenceGate(const std::vector<float>& logits,
+                                                       const GateParams& p) {
+  const size_t n = logits.size();
+  std::vector<double> s(n);
+  double max = *std::max_element(logits.begin(), logits.end()), sum = 0;
+  for (size_t i = 0; i < n; ++i) sum += (s[i] = std::exp(logits[i] - max));
+  for (double& v : s) v /= sum;
+  if (p.group_limited) {
+    const size_t per = n / p.n_group;
+    std::vector<std::pair<double, uint32_t>> g;
+    for (uint32_t k = 0; k < p.n_group; ++k) {
+      g.push_back({*std::max_element(s.begin() + k * per, s.begin() + (k + 1) * per), k});
+    }
+    std::stable_sort(g.begin(), g.end(), [](auto& a, auto& b) { return a.first > b.first; });
+    std::vector<bool> keep(p.n_group);
+    for (uint32_t k = 0; k < p.topk_group; ++k) keep[g[k].second] = true;
+    for (size_t e = 0; e < n; ++e) if (!keep[e / per]) s[e] = 0;
+  }
+  std::vector<uint32_t> idx(n);
+  std::iota(idx.begin(), idx.end(), 0u);
+  std::stable_sort(idx.begin(), idx.end(), [&](uint32_t a, uint32_t b) { return s[a] > s[b]; });
+  std::vector<std::pair<uint32_t, double>> out;
+  double total = 0;
+  for (uint32_t k = 0; k < p.top_k; ++k) out.push_back({idx[k], s[idx[k]]}), total += s[idx[k]];
+  for (auto& [e, w] : out) w = (p.top_k > 1 && p.norm_topk_prob) ? w / (total + 1e-20) : w * p.routed_scaling_factor;
+  return out;
+}
+
+TEST(MoeGate, RenormalisesOrScalesNeverBoth) {
+  const std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.5f};
+  std::vector<ExpertChoice> out;
+  GateParams p{.top_k = 2, .norm_topk_prob = true, .routed_scaling_factor = 16.0f};
+  ASSERT_TRUE(SelectExperts(logits, p, out).ok());
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].expert, 1u);
+  EXPECT_EQ(out[1].expert, 3u);
+  EXPECT_NEAR(out[0].weight + out[1].weight, 1.0, 1e-6) << "renormalised, not scaled";
+  p.norm_topk_prob = false;
+  ASSERT_TRUE(SelectExperts(logits, p, out).ok());
+  const auto want = ReferenceGate(logits, p);
+  EXPECT_NEAR(out[0].weight, want[0].second, 1e-6);
+  EXPECT_GT(out[0].weight + out[1].weight, 10.0) << "scaled by routed_scaling_factor";
+  // top_k 1 with norm_topk_prob: DeepSeek-V2 scales instead of renormalising.
+  p.top_k = 1;
+  p.norm_topk_prob = true;
+  ASSERT_TRUE(SelectExperts(logits, p, out).ok());
+  EXPECT_NEAR(out[0].weight, ReferenceGate(logits, p)[0].second, 1e-6);
+  EXPECT_GT(out[0].weight, 1.0f);
+}
+
+TEST(MoeGate, GroupLimitedSkipsExpertsOfLosingGroups) {
+  // 4 groups of 2. Group 2 holds the 3rd and 4th best experts overall, but
+  // its best is below groups 0 and 1's: with topk_group 2 it is excluded.
+  const std::vector<float> logits = {3.0f, -5.0f, 2.9f, -5.0f, 2.8f, 2.8f, -5.0f, -5.0f};
+  std::vector<ExpertChoice> out;
+  GateParams p{.top_k = 3, .group_limited = true, .n_group = 4, .topk_group = 2};
+  ASSERT_TRUE(SelectExperts(logits, p, out).ok());
+  std::vector<uint32_t> chosen;
+  for (auto& c : out) chosen.push_back(c.expert);
+  EXPECT_EQ(chosen, (std::vector<uint32_t>{0, 2, 1})) << "expert 1 (group 0) beats 4 and 5";
+  p.group_limited = false;
+  ASSERT_TRUE(SelectExperts(logits, p, out).ok());
+  EXPECT_EQ(out[2].expert, 4u) << "plain greedy takes group 2's expert";
+}
+
+TEST(MoeGate, RandomCasesMatchTheReference) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::uniform_int_distribution<int> coin(0, 1);
+  for (int trial = 0; trial < 500; ++trial) {
+    std::vector<float> logits(64);
+    for (float& v : logits) v = normal(rng.engine());
+    GateParams p{.top_k = 6, .group_limited = coin(rng.engine()) == 1, .n_group = 8, .topk_group = 3,
+                 .norm_topk_prob = coin(rng.engine()) == 1, .routed_scaling_factor = 2.5f};
+    std::vector<ExpertChoice> out;
+    ASSERT_TRUE(SelectExperts(logits, p, out).ok());
+    const auto want = ReferenceGate(logits, p);
+    ASSERT_EQ(out.size(), want.size());
+    for (size_t k = 0; k < out.size(); ++k) {
+      ASSERT_EQ(out[k].expert, want[k].first) << trial;
+      ASSERT_NEAR(out[k].weight, want[k].second, 1e-5 * (1 + want[k].second)) << trial;
+    }
+  }
+  std::vector<ExpertChoice> out;
+  EXPECT_EQ(SelectExperts(std::vector<float>(8, 0.0f), GateParams{.top_k = 9}, out).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(SelectExperts(std::vector<float>(8, 0.0f),
+                          GateParams{.top_k = 2, .group_limited = true, .n_group = 3}, out).code(),
+            StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvtier::kernels
