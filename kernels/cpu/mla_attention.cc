@@ -1,0 +1,174 @@
+#include "kvtier/kernels/mla_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "codec_internal.h"
+#include "kvtier/kernels/float_formats.h"
+
+namespace kvtier::kernels {
+namespace {
+
+float Dot(const float* a, const float* b, uint32_t n) {
+  float s = 0.0f;
+  for (uint32_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Widens token t of a bf16 or fp8 block to floats (latent then rope).
+void WidenRow(const LatentBlock& b, const MlaShape& s, uint32_t t, float* row) {
+  const uint32_t dim = s.kv_lora_rank + s.rope_dim;
+  if (b.codec == Codec::kBf16) {
+    const uint8_t* src = b.payload.data() + size_t{t} * dim * 2;
+    for (uint32_t c = 0; c < dim; ++c) row[c] = Bf16ToFloat(cpu::LoadU16(src + 2 * c));
+    return;
+  }
+  const uint32_t tiles = (s.kv_lora_rank + kFp8TileSize - 1) / kFp8TileSize;
+  const size_t token_bytes = s.kv_lora_rank + 4 * size_t{tiles} + 2 * size_t{s.rope_dim};
+  const uint8_t* src = b.payload.data() + t * token_bytes;
+  for (uint32_t tile = 0; tile < tiles; ++tile) {
+    float scale;
+    std::memcpy(&scale, src + s.kv_lora_rank + 4 * tile, 4);
+    const uint32_t end = std::min((tile + 1) * kFp8TileSize, s.kv_lora_rank);
+    for (uint32_t c = tile * kFp8TileSize; c < end; ++c) row[c] = Fp8E4m3ToFloat(src[c]) * scale;
+  }
+  const uint8_t* rope = src + s.kv_lora_rank + 4 * size_t{tiles};
+  for (uint32_t c = 0; c < s.rope_dim; ++c) row[s.kv_lora_rank + c] = Bf16ToFloat(cpu::LoadU16(rope + 2 * c));
+}
+
+// Per-channel scale (and zero point, int4) of an int8/int4 block.
+void ChannelParams(const LatentBlock& b, uint32_t dim, float* scale, float* zero) {
+  for (uint32_t c = 0; c < dim; ++c) {
+    scale[c] = Bf16ToFloat(cpu::LoadU16(b.payload.data() + 2 * c));
+    zero[c] = b.codec == Codec::kInt4 ? Bf16ToFloat(cpu::LoadU16(b.payload.data() + 2 * (size_t{dim} + c))) : 0.0f;
+  }
+}
+
+// Token t's integer codes of an int8/int4 block, as floats.
+void CodeRow(const LatentBlock& b, uint32_t dim, uint32_t t, float* codes) {
+  if (b.codec == Codec::kInt8) {
+    const auto* src = reinterpret_cast<const int8_t*>(b.payload.data() + 2 * size_t{dim}) + size_t{t} * dim;
+    for (uint32_t c = 0; c < dim; ++c) codes[c] = src[c];
+    return;
+  }
+  const uint32_t half = (dim + 1) / 2;
+  const uint8_t* src = b.payload.data() + 4 * size_t{dim} + size_t{t} * half;
+  for (uint32_t k = 0; k < half; ++k) codes[k] = static_cast<float>(src[k] & 0xf);
+  for (uint32_t k = 0; half + k < dim; ++k) codes[half + k] = static_cast<float>(src[k] >> 4);
+}
+
+}  // namespace
+
+Status AbsorbedMlaDecode(const MlaShape& s, std::span<const float> q_latent,
+                         std::span<const float> q_rope, float softmax_scale,
+                         std::span<const LatentBlock> blocks, std::span<const float> tail,
+                         std::span<float> out) {
+  const uint32_t kv = s.kv_lora_rank, rope = s.rope_dim, dim = kv + rope, heads = s.heads;
+  if (heads == 0 || kv == 0 || q_latent.size() != size_t{heads} * kv ||
+      q_rope.size() != size_t{heads} * rope || out.size() != size_t{heads} * kv ||
+      tail.size() % dim != 0) {
+    return InvalidArgument("AbsorbedMlaDecode: q, out or tail sizes disagree with the shape");
+  }
+  size_t total = tail.size() / dim;
+  for (const LatentBlock& b : blocks) {
+    if (EncodedBytes(b.codec, {b.tokens, kv, rope}) != b.payload.size() || b.payload.empty()) {
+      return InvalidArgument("AbsorbedMlaDecode: a block's payload does not match its codec and tokens");
+    }
+    total += b.tokens;
+  }
+  if (total == 0) return InvalidArgument("AbsorbedMlaDecode: no context tokens");
+
+  // Queries as one [heads][dim] array: latent part then rope part.
+  std::vector<float> q(size_t{heads} * dim);
+  for (uint32_t h = 0; h < heads; ++h) {
+    std::copy_n(q_latent.data() + size_t{h} * kv, kv, q.data() + size_t{h} * dim);
+    std::copy_n(q_rope.data() + size_t{h} * rope, rope, q.data() + size_t{h} * dim + kv);
+  }
+  std::vector<float> scores(size_t{heads} * total);  // [heads][total]
+  std::vector<float> row(dim), scale(dim), zero(dim), qs(size_t{heads} * dim), bias(heads);
+
+  // Pass 1: scores.
+  size_t t0 = 0;
+  for (const LatentBlock& b : blocks) {
+    const bool integer = b.codec == Codec::kInt8 || b.codec == Codec::kInt4;
+    if (integer) {  // fold scales into the query: q.(z + s*code) = q.z + (q*s).code
+      ChannelParams(b, dim, scale.data(), zero.data());
+      for (uint32_t h = 0; h < heads; ++h) {
+        const float* qh = q.data() + size_t{h} * dim;
+        for (uint32_t c = 0; c < dim; ++c) qs[size_t{h} * dim + c] = qh[c] * scale[c];
+        bias[h] = Dot(qh, zero.data(), dim);
+      }
+    }
+    for (uint32_t t = 0; t < b.tokens; ++t) {
+      if (integer) {
+        CodeRow(b, dim, t, row.data());
+      } else {
+        WidenRow(b, s, t, row.data());
+      }
+      for (uint32_t h = 0; h < heads; ++h) {
+        const float* qh = (integer ? qs.data() : q.data()) + size_t{h} * dim;
+        scores[size_t{h} * total + t0 + t] = (integer ? bias[h] : 0.0f) + Dot(qh, row.data(), dim);
+      }
+    }
+    t0 += b.tokens;
+  }
+  for (size_t t = 0; t < tail.size() / dim; ++t) {
+    for (uint32_t h = 0; h < heads; ++h) {
+      scores[size_t{h} * total + t0 + t] = Dot(q.data() + size_t{h} * dim, tail.data() + t * dim, dim);
+    }
+  }
+  // Softmax per head (scores become probabilities).
+  for (uint32_t h = 0; h < heads; ++h) {
+    float* sh = scores.data() + size_t{h} * total;
+    float max = -INFINITY;
+    for (size_t t = 0; t < total; ++t) max = std::max(max, sh[t] *= softmax_scale);
+    float sum = 0.0f;
+    for (size_t t = 0; t < total; ++t) sum += (sh[t] = std::exp(sh[t] - max));
+    for (size_t t = 0; t < total; ++t) sh[t] /= sum;
+  }
+  // Pass 2: weighted sums of the latents.
+  std::fill(out.begin(), out.end(), 0.0f);
+  std::vector<float> acc(size_t{heads} * kv), psum(heads);
+  t0 = 0;
+  for (const LatentBlock& b : blocks) {
+    const bool integer = b.codec == Codec::kInt8 || b.codec == Codec::kInt4;
+    if (integer) {
+      ChannelParams(b, dim, scale.data(), zero.data());
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      std::fill(psum.begin(), psum.end(), 0.0f);
+    }
+    for (uint32_t t = 0; t < b.tokens; ++t) {
+      if (integer) {
+        CodeRow(b, dim, t, row.data());
+      } else {
+        WidenRow(b, s, t, row.data());
+      }
+      for (uint32_t h = 0; h < heads; ++h) {
+        const float p = scores[size_t{h} * total + t0 + t];
+        float* dst = (integer ? acc.data() : out.data()) + size_t{h} * kv;
+        for (uint32_t c = 0; c < kv; ++c) dst[c] += p * row[c];
+        if (integer) psum[h] += p;
+      }
+    }
+    if (integer) {  // sum_t p*(z + s*code) = z*sum_t p + s*sum_t p*code
+      for (uint32_t h = 0; h < heads; ++h) {
+        for (uint32_t c = 0; c < kv; ++c) {
+          out[size_t{h} * kv + c] += zero[c] * psum[h] + scale[c] * acc[size_t{h} * kv + c];
+        }
+      }
+    }
+    t0 += b.tokens;
+  }
+  for (size_t t = 0; t < tail.size() / dim; ++t) {
+    for (uint32_t h = 0; h < heads; ++h) {
+      const float p = scores[size_t{h} * total + t0 + t];
+      for (uint32_t c = 0; c < kv; ++c) out[size_t{h} * kv + c] += p * tail[t * dim + c];
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace kvtier::kernels
