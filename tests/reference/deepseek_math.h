@@ -1,0 +1,87 @@
+// DeepSeek-V2's math written plainly in double, following its modeling code
+// line by line: the independent references the kernels and the runtime are
+// checked against. Test-only.
+#ifndef KVTIER_TESTS_REFERENCE_DEEPSEEK_MATH_H_
+#define KVTIER_TESTS_REFERENCE_DEEPSEEK_MATH_H_
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <numeric>
+#include <utility>
+#include <vector>
+
+#include "kvtier/kernels/layers.h"
+#include "kvtier/kernels/rope.h"
+
+namespace kvtier::kernels {
+
+// DeepseekV2(Yarn)RotaryEmbedding + apply_rotary_pos_emb, in double, written
+// the way the Python does it: build cos/sin over cat(freqs, freqs), view the
+// input as (d/2, 2) and transpose, then x*cos + rotate_half(x)*sin.
+inline std::vector<double> ReferenceRope(const std::vector<double>& x, int64_t pos, double base,
+                                  const YarnParams* yarn) {
+  const size_t d = x.size(), half = d / 2;
+  std::vector<double> inv(half);
+  for (size_t i = 0; i < half; ++i) inv[i] = 1.0 / std::pow(base, static_cast<double>(2 * i) / d);
+  double mscale = 1.0;
+  if (yarn != nullptr) {
+    auto corr = [&](double rot) {
+      return (d * std::log(static_cast<double>(yarn->original_max_position_embeddings) / (rot * 2 * std::numbers::pi))) /
+             (2 * std::log(base));
+    };
+    double low = std::max(std::floor(corr(yarn->beta_fast)), 0.0);
+    double high = std::min(std::ceil(corr(yarn->beta_slow)), static_cast<double>(d - 1));
+    if (low == high) high += 0.001;
+    for (size_t i = 0; i < half; ++i) {
+      const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+      const double mask = 1.0 - ramp;
+      inv[i] = (inv[i] / yarn->factor) * (1 - mask) + inv[i] * mask;
+    }
+    auto m = [&](double s, double ms) { return s <= 1 ? 1.0 : 0.1 * ms * std::log(s) + 1.0; };
+    mscale = m(yarn->factor, yarn->mscale) / m(yarn->factor, yarn->mscale_all_dim);
+  }
+  std::vector<double> cos(d), sin(d), y(d), rot(d), out(d);
+  for (size_t j = 0; j < d; ++j) {
+    cos[j] = std::cos(pos * inv[j % half]) * mscale;
+    sin[j] = std::sin(pos * inv[j % half]) * mscale;
+  }
+  for (size_t i = 0; i < half; ++i) y[i] = x[2 * i], y[half + i] = x[2 * i + 1];  // view+transpose
+  for (size_t j = 0; j < half; ++j) rot[j] = -y[half + j], rot[half + j] = y[j];     // rotate_half
+  for (size_t j = 0; j < d; ++j) out[j] = y[j] * cos[j] + rot[j] * sin[j];
+  return out;
+}
+
+// DeepseekV2MoEGate in double: softmax, (group mask), top-k, then
+// renormalise if top_k > 1 and norm_topk_prob, else scale.
+inline std::vector<std::pair<uint32_t, double>> ReferenceGate(const std::vector<float>& logits,
+                                                       const GateParams& p) {
+  const size_t n = logits.size();
+  std::vector<double> s(n);
+  double max = *std::max_element(logits.begin(), logits.end()), sum = 0;
+  for (size_t i = 0; i < n; ++i) sum += (s[i] = std::exp(logits[i] - max));
+  for (double& v : s) v /= sum;
+  if (p.group_limited) {
+    const size_t per = n / p.n_group;
+    std::vector<std::pair<double, uint32_t>> g;
+    for (uint32_t k = 0; k < p.n_group; ++k) {
+      g.push_back({*std::max_element(s.begin() + k * per, s.begin() + (k + 1) * per), k});
+    }
+    std::stable_sort(g.begin(), g.end(), [](auto& a, auto& b) { return a.first > b.first; });
+    std::vector<bool> keep(p.n_group);
+    for (uint32_t k = 0; k < p.topk_group; ++k) keep[g[k].second] = true;
+    for (size_t e = 0; e < n; ++e) if (!keep[e / per]) s[e] = 0;
+  }
+  std::vector<uint32_t> idx(n);
+  std::iota(idx.begin(), idx.end(), 0u);
+  std::stable_sort(idx.begin(), idx.end(), [&](uint32_t a, uint32_t b) { return s[a] > s[b]; });
+  std::vector<std::pair<uint32_t, double>> out;
+  double total = 0;
+  for (uint32_t k = 0; k < p.top_k; ++k) out.push_back({idx[k], s[idx[k]]}), total += s[idx[k]];
+  for (auto& [e, w] : out) w = (p.top_k > 1 && p.norm_topk_prob) ? w / (total + 1e-20) : w * p.routed_scaling_factor;
+  return out;
+}
+
+}  // namespace kvtier::kernels
+
+#endif  // KVTIER_TESTS_REFERENCE_DEEPSEEK_MATH_H_

@@ -1,0 +1,107 @@
+// The absorbed runtime against the naive float64 model (expanded K/V, no
+// absorption): logits at every position of a prompt that crosses block
+// boundaries, for each preset and the config variants DESIGN.md lists.
+#include "services/runtime/model.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "services/runtime/make_model.h"
+#include "tests/reference/naive_model.h"
+#include "tests/test_random.h"
+
+namespace kvtier::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+
+// max |a - b| / max |b| over the row.
+double RelativeError(const std::vector<float>& a, const std::vector<double>& b) {
+  double diff = 0, mag = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    diff = std::max(diff, std::fabs(a[i] - b[i]));
+    mag = std::max(mag, std::fabs(b[i]));
+  }
+  return diff / mag;
+}
+
+struct Variant {
+  std::string name;
+  std::function<void(ModelConfig&)> change;
+};
+
+class ModelTest : public ::testing::TestWithParam<Variant> {
+ protected:
+  void TearDown() override { fs::remove_all(dir_); }
+  testing::SeededRng rng_;
+  fs::path dir_ = fs::temp_directory_path() / ("kvtier_model_" + std::to_string(rng_.seed()));
+};
+
+TEST_P(ModelTest, AbsorbedLogitsMatchTheNaiveModel) {
+  SCOPED_TRACE(rng_.Trace());
+  ModelConfig config = *PresetConfig("tiny");
+  GetParam().change(config);
+  ASSERT_TRUE(MakeModel(config, dir_.string(), rng_.seed()).ok());
+  auto ckpt = Checkpoint::Open(dir_.string());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  auto model = Model::Load(**ckpt);
+  ASSERT_TRUE(model.ok()) << model.status();
+
+  std::uniform_int_distribution<uint32_t> id(0, static_cast<uint32_t>(config.vocab_size - 1));
+  std::vector<uint32_t> prompt(37);  // blocks of 16: sealed at 16 and 32, a partial tail
+  for (auto& t : prompt) t = id(rng_.engine());
+  constexpr uint32_t kBlock = 16;
+  for (bool quantized : {false, true}) {
+    SCOPED_TRACE(quantized ? "bf16 blocks of 16" : "float latents only");
+    const uint32_t tpb = quantized ? kBlock : 4096;
+    const auto want = testing::NaiveLogits(**ckpt, prompt,
+                                           quantized ? std::optional(kernels::Codec::kBf16) : std::nullopt, tpb);
+    SequenceCache cache = (*model)->NewCache(kernels::Codec::kBf16, tpb);
+    std::vector<float> logits(config.vocab_size);
+    for (size_t p = 0; p < prompt.size(); ++p) {
+      ASSERT_TRUE((*model)->Step(prompt[p], cache, logits).ok());
+      ASSERT_LE(RelativeError(logits, want[p]), 1e-4) << "position " << p;
+    }
+    EXPECT_EQ(cache.blocks[0].size(), quantized ? 2u : 0u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, ModelTest,
+    ::testing::Values(
+        Variant{"tiny", [](ModelConfig&) {}},
+        Variant{"q_proj_greedy_norm_topk_freq2_no_rope_scaling",
+                [](ModelConfig& c) {
+                  c.q_lora_rank.reset();
+                  c.topk_method = TopkMethod::kGreedy;
+                  c.norm_topk_prob = true;
+                  c.moe_layer_freq = 2;
+                  c.num_hidden_layers = 4;
+                  c.rope_scaling.reset();
+                }},
+        Variant{"scaled_routing_top1_no_shared",
+                [](ModelConfig& c) {
+                  c.num_experts_per_tok = 1;
+                  c.norm_topk_prob = true;  // ignored for top-1, as in DeepSeek-V2
+                  c.routed_scaling_factor = 2.5;
+                  c.n_shared_experts = 0;
+                  c.first_k_dense_replace = 0;
+                }}),
+    [](const auto& info) { return info.param.name; });
+
+TEST(Model, RejectsTokensOutsideTheVocabulary) {
+  const fs::path dir = fs::temp_directory_path() / ("kvtier_model_vocab_" + std::to_string(getpid()));
+  ASSERT_TRUE(MakeModel(*PresetConfig("tiny"), dir.string(), 1).ok());
+  auto ckpt = Checkpoint::Open(dir.string());
+  auto model = Model::Load(**ckpt);
+  ASSERT_TRUE(model.ok());
+  SequenceCache cache = (*model)->NewCache(kernels::Codec::kInt8, 64);
+  std::vector<float> logits(256);
+  EXPECT_EQ((*model)->Step(256, cache, logits).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache.length, 0);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kvtier::runtime
