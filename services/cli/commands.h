@@ -11,6 +11,7 @@ namespace kvtier::cli {
 int RunQuantEval(const std::vector<std::string>& args);
 int RunStats(const std::vector<std::string>& args);
 int RunMakeModel(const std::vector<std::string>& args);
+int RunRun(const std::vector<std::string>& args);
 
 }  // namespace kvtier::cli
 

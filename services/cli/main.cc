@@ -14,7 +14,8 @@ constexpr char kUsage[] =
     "  quant-eval   compare the latent codecs and the seeds' quantization baselines\n"
     "               on a file of latents or on synthetic ones (--synthetic)\n"
     "  stats        a cache server's capacity, use and counters per tier\n"
-    "  make-model   write a random, seeded DeepSeek-V2 checkpoint (tiny, lite-attn)\n";
+    "  make-model   write a random, seeded DeepSeek-V2 checkpoint (tiny, lite-attn)\n"
+    "  run          generate in process on a checkpoint (no servers)\n";
 
 }  // namespace
 
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
   if (command == "quant-eval") return kvtier::cli::RunQuantEval(args);
   if (command == "stats") return kvtier::cli::RunStats(args);
   if (command == "make-model") return kvtier::cli::RunMakeModel(args);
+  if (command == "run") return kvtier::cli::RunRun(args);
   std::cerr << "kvtier: unknown command '" << command << "'\n\n" << kUsage;
   return 2;
 }

@@ -1,0 +1,29 @@
+// A whole generation in process: prompt, then new tokens, one step at a time.
+#ifndef KVTIER_SERVICES_RUNTIME_GENERATE_H_
+#define KVTIER_SERVICES_RUNTIME_GENERATE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "services/runtime/model.h"
+#include "services/runtime/sampler.h"
+
+namespace kvtier::runtime {
+
+struct GenerateOptions {
+  uint32_t max_new_tokens = 16;
+  kernels::Codec codec = kernels::Codec::kBf16;
+  uint32_t tokens_per_block = 64;
+  Sampling sampling;
+  size_t top_logprobs = 5;
+};
+
+// INVALID_ARGUMENT for an empty prompt, ids outside the vocabulary, a prompt
+// plus generation longer than max_position_embeddings, or bad sampling.
+absl::StatusOr<std::vector<Sampled>> Generate(const Model& model, const std::vector<uint32_t>& prompt,
+                                              const GenerateOptions& options);
+
+}  // namespace kvtier::runtime
+
+#endif  // KVTIER_SERVICES_RUNTIME_GENERATE_H_
