@@ -12,14 +12,34 @@
 namespace kvtier::kernels {
 namespace {
 
+constexpr uint32_t kLanes = 16;  // one AVX-512 register of floats
+
 float Dot(const float* a, const float* b, uint32_t n) {
   float s = 0.0f;
   for (uint32_t i = 0; i < n; ++i) s += a[i] * b[i];
   return s;
 }
 
+// dots[h] = q[h] . row for every head. Lane-wise partial sums (kLanes per
+// head) let the compiler vectorize what a single running sum would keep
+// scalar; the row is read once for all heads.
+KVTIER_VECTOR_CLONES void HeadDots(const float* q, uint32_t heads, uint32_t dim, const float* row, float* dots) {
+  const uint32_t full = dim / kLanes * kLanes;
+  for (uint32_t h = 0; h < heads; ++h) {
+    const float* qh = q + size_t{h} * dim;
+    float lanes[kLanes] = {};
+    for (uint32_t c = 0; c < full; c += kLanes) {
+      for (uint32_t j = 0; j < kLanes; ++j) lanes[j] += qh[c + j] * row[c + j];
+    }
+    float s = 0.0f;
+    for (uint32_t j = 0; j < kLanes; ++j) s += lanes[j];
+    for (uint32_t c = full; c < dim; ++c) s += qh[c] * row[c];
+    dots[h] = s;
+  }
+}
+
 // Widens token t of a bf16 or fp8 block to floats (latent then rope).
-void WidenRow(const LatentBlock& b, const MlaShape& s, uint32_t t, float* row) {
+KVTIER_VECTOR_CLONES void WidenRow(const LatentBlock& b, const MlaShape& s, uint32_t t, float* row) {
   const uint32_t dim = s.kv_lora_rank + s.rope_dim;
   if (b.codec == Codec::kBf16) {
     const uint8_t* src = b.payload.data() + size_t{t} * dim * 2;
@@ -48,7 +68,7 @@ void ChannelParams(const LatentBlock& b, uint32_t dim, float* scale, float* zero
 }
 
 // Token t's integer codes of an int8/int4 block, as floats.
-void CodeRow(const LatentBlock& b, uint32_t dim, uint32_t t, float* codes) {
+KVTIER_VECTOR_CLONES void CodeRow(const LatentBlock& b, uint32_t dim, uint32_t t, float* codes) {
   if (b.codec == Codec::kInt8) {
     const auto* src = reinterpret_cast<const int8_t*>(b.payload.data() + 2 * size_t{dim}) + size_t{t} * dim;
     for (uint32_t c = 0; c < dim; ++c) codes[c] = src[c];
@@ -62,7 +82,7 @@ void CodeRow(const LatentBlock& b, uint32_t dim, uint32_t t, float* codes) {
 
 }  // namespace
 
-Status AbsorbedMlaDecode(const MlaShape& s, std::span<const float> q_latent,
+KVTIER_VECTOR_CLONES Status AbsorbedMlaDecode(const MlaShape& s, std::span<const float> q_latent,
                          std::span<const float> q_rope, float softmax_scale,
                          std::span<const LatentBlock> blocks, std::span<const float> tail,
                          std::span<float> out) {
@@ -88,7 +108,7 @@ Status AbsorbedMlaDecode(const MlaShape& s, std::span<const float> q_latent,
     std::copy_n(q_rope.data() + size_t{h} * rope, rope, q.data() + size_t{h} * dim + kv);
   }
   std::vector<float> scores(size_t{heads} * total);  // [heads][total]
-  std::vector<float> row(dim), scale(dim), zero(dim), qs(size_t{heads} * dim), bias(heads);
+  std::vector<float> row(dim), scale(dim), zero(dim), qs(size_t{heads} * dim), bias(heads), dots(heads);
 
   // Pass 1: scores.
   size_t t0 = 0;
@@ -108,17 +128,16 @@ Status AbsorbedMlaDecode(const MlaShape& s, std::span<const float> q_latent,
       } else {
         WidenRow(b, s, t, row.data());
       }
+      HeadDots(integer ? qs.data() : q.data(), heads, dim, row.data(), dots.data());
       for (uint32_t h = 0; h < heads; ++h) {
-        const float* qh = (integer ? qs.data() : q.data()) + size_t{h} * dim;
-        scores[size_t{h} * total + t0 + t] = (integer ? bias[h] : 0.0f) + Dot(qh, row.data(), dim);
+        scores[size_t{h} * total + t0 + t] = (integer ? bias[h] : 0.0f) + dots[h];
       }
     }
     t0 += b.tokens;
   }
   for (size_t t = 0; t < tail.size() / dim; ++t) {
-    for (uint32_t h = 0; h < heads; ++h) {
-      scores[size_t{h} * total + t0 + t] = Dot(q.data() + size_t{h} * dim, tail.data() + t * dim, dim);
-    }
+    HeadDots(q.data(), heads, dim, tail.data() + t * dim, dots.data());
+    for (uint32_t h = 0; h < heads; ++h) scores[size_t{h} * total + t0 + t] = dots[h];
   }
   // Softmax per head (scores become probabilities).
   for (uint32_t h = 0; h < heads; ++h) {
