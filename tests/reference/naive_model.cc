@@ -1,6 +1,7 @@
 #include "tests/reference/naive_model.h"
 
 #include <cmath>
+#include <map>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -11,10 +12,23 @@ namespace {
 
 using Vec = std::vector<double>;
 
-Vec Load(const runtime::Checkpoint& ckpt, const std::string& name) {
-  const std::vector<float> f = ckpt.Tensor(name)->ToFloat();
-  return Vec(f.begin(), f.end());
-}
+// The checkpoint's tensors widened to double, each once per NaiveLogits call.
+class Weights {
+ public:
+  explicit Weights(const runtime::Checkpoint& ckpt) : ckpt_(ckpt) {}
+  const Vec& operator()(const std::string& name) {
+    auto [it, inserted] = cache_.try_emplace(name);
+    if (inserted) {
+      const std::vector<float> f = ckpt_.Tensor(name)->ToFloat();
+      it->second.assign(f.begin(), f.end());
+    }
+    return it->second;
+  }
+
+ private:
+  const runtime::Checkpoint& ckpt_;
+  std::map<std::string, Vec> cache_;
+};
 
 // y = W x, W [rows][cols].
 Vec Linear(const Vec& w, const Vec& x) {
@@ -33,21 +47,21 @@ Vec RmsNorm(const Vec& x, const Vec& w, double eps) {
   return y;
 }
 
-Vec Mlp(const runtime::Checkpoint& ckpt, const std::string& prefix, const Vec& x) {
-  const Vec g = Linear(Load(ckpt, prefix + "gate_proj.weight"), x);
-  const Vec u = Linear(Load(ckpt, prefix + "up_proj.weight"), x);
+Vec Mlp(Weights& Load, const std::string& prefix, const Vec& x) {
+  const Vec g = Linear(Load(prefix + "gate_proj.weight"), x);
+  const Vec u = Linear(Load(prefix + "up_proj.weight"), x);
   Vec a(g.size());
   for (size_t i = 0; i < g.size(); ++i) a[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
-  return Linear(Load(ckpt, prefix + "down_proj.weight"), a);
+  return Linear(Load(prefix + "down_proj.weight"), a);
 }
 
 }  // namespace
 
 std::vector<std::vector<double>> NaiveLogits(const runtime::Checkpoint& ckpt,
                                              const std::vector<uint32_t>& tokens,
-                                             std::optional<kernels::Codec> codec,
-                                             uint32_t tpb) {
+                                             const runtime::SequenceCache* stored) {
   const runtime::ModelConfig& c = ckpt.config();
+  Weights Load(ckpt);
   const size_t H = c.hidden_size, heads = c.num_attention_heads, nope = c.qk_nope_head_dim,
                rope = c.qk_rope_head_dim, vd = c.v_head_dim, kv = c.kv_lora_rank;
   const kernels::YarnParams* yarn = c.rope_scaling.has_value() ? &*c.rope_scaling : nullptr;
@@ -57,7 +71,7 @@ std::vector<std::vector<double>> NaiveLogits(const runtime::Checkpoint& ckpt,
     const double m = 0.1 * yarn->mscale_all_dim * std::log(yarn->factor) + 1.0;
     scale *= m * m;
   }
-  const Vec embed = Load(ckpt, "model.embed_tokens.weight");
+  const Vec& embed = Load("model.embed_tokens.weight");
   std::vector<std::vector<Vec>> latents(c.num_hidden_layers);  // [layer][token] c ‖ k_pe
   std::vector<std::vector<double>> all_logits;
   for (size_t p = 0; p < tokens.size(); ++p) {
@@ -65,33 +79,31 @@ std::vector<std::vector<double>> NaiveLogits(const runtime::Checkpoint& ckpt,
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const std::string pre = absl::StrCat("model.layers.", l, ".");
       const std::string a = pre + "self_attn.";
-      const Vec h = RmsNorm(x, Load(ckpt, pre + "input_layernorm.weight"), c.rms_norm_eps);
+      const Vec h = RmsNorm(x, Load(pre + "input_layernorm.weight"), c.rms_norm_eps);
       const Vec q = c.q_lora_rank.has_value()
-                        ? Linear(Load(ckpt, a + "q_b_proj.weight"),
-                                 RmsNorm(Linear(Load(ckpt, a + "q_a_proj.weight"), h),
-                                         Load(ckpt, a + "q_a_layernorm.weight"), c.rms_norm_eps))
-                        : Linear(Load(ckpt, a + "q_proj.weight"), h);
-      Vec ckv = Linear(Load(ckpt, a + "kv_a_proj_with_mqa.weight"), h);
+                        ? Linear(Load(a + "q_b_proj.weight"),
+                                 RmsNorm(Linear(Load(a + "q_a_proj.weight"), h),
+                                         Load(a + "q_a_layernorm.weight"), c.rms_norm_eps))
+                        : Linear(Load(a + "q_proj.weight"), h);
+      Vec ckv = Linear(Load(a + "kv_a_proj_with_mqa.weight"), h);
       Vec compressed(ckv.begin(), ckv.begin() + kv), k_pe(ckv.begin() + kv, ckv.end());
-      compressed = RmsNorm(compressed, Load(ckpt, a + "kv_a_layernorm.weight"), c.rms_norm_eps);
+      compressed = RmsNorm(compressed, Load(a + "kv_a_layernorm.weight"), c.rms_norm_eps);
       k_pe = kernels::ReferenceRope(k_pe, static_cast<int64_t>(p), c.rope_theta, yarn);
       Vec row = compressed;
       row.insert(row.end(), k_pe.begin(), k_pe.end());
       latents[l].push_back(row);
-      // A block that filled at the previous step is stored through the codec.
-      if (codec.has_value() && p % tpb == 0 && p > 0) {
+      // A block that filled at the previous step now holds stored latents.
+      const uint32_t tpb = stored != nullptr ? stored->tokens_per_block : 0;
+      if (stored != nullptr && p % tpb == 0 && p > 0) {
         const kernels::BlockShape shape{tpb, static_cast<uint32_t>(kv), static_cast<uint32_t>(rope)};
-        std::vector<float> block;
-        for (size_t t = p - tpb; t < p; ++t) block.insert(block.end(), latents[l][t].begin(), latents[l][t].end());
-        std::vector<uint8_t> payload(kernels::EncodedBytes(*codec, shape));
-        (void)kernels::Quantize(*codec, shape, block, payload);
-        (void)kernels::Dequantize(*codec, shape, payload, block);
+        std::vector<float> block(shape.values());
+        (void)kernels::Dequantize(stored->codec, shape, stored->blocks[l][p / tpb - 1], block);
         for (size_t t = p - tpb; t < p; ++t) {
           for (size_t i = 0; i < kv + rope; ++i) latents[l][t][i] = block[(t - (p - tpb)) * (kv + rope) + i];
         }
       }
       // Expanded attention: k = [W_UK c ; k_pe], v = W_UV c, per head.
-      const Vec kv_b = Load(ckpt, a + "kv_b_proj.weight");
+      const Vec& kv_b = Load(a + "kv_b_proj.weight");
       Vec attn(heads * vd, 0.0);
       for (size_t hd = 0; hd < heads; ++hd) {
         Vec qn(q.begin() + hd * (nope + rope), q.begin() + hd * (nope + rope) + nope);
@@ -116,14 +128,14 @@ std::vector<std::vector<double>> NaiveLogits(const runtime::Checkpoint& ckpt,
         for (size_t t = 0; t <= p; ++t)
           for (size_t i = 0; i < vd; ++i) attn[hd * vd + i] += score[t] / sum * values[t][i];
       }
-      const Vec o = Linear(Load(ckpt, a + "o_proj.weight"), attn);
+      const Vec o = Linear(Load(a + "o_proj.weight"), attn);
       for (size_t i = 0; i < H; ++i) x[i] += o[i];
-      const Vec h2 = RmsNorm(x, Load(ckpt, pre + "post_attention_layernorm.weight"), c.rms_norm_eps);
+      const Vec h2 = RmsNorm(x, Load(pre + "post_attention_layernorm.weight"), c.rms_norm_eps);
       Vec ffn(H, 0.0);
       if (!c.IsMoeLayer(l)) {
-        ffn = Mlp(ckpt, pre + "mlp.", h2);
+        ffn = Mlp(Load, pre + "mlp.", h2);
       } else {
-        const Vec router = Linear(Load(ckpt, pre + "mlp.gate.weight"), h2);
+        const Vec router = Linear(Load(pre + "mlp.gate.weight"), h2);
         kernels::GateParams g;
         g.top_k = static_cast<uint32_t>(c.num_experts_per_tok);
         g.group_limited = c.topk_method == runtime::TopkMethod::kGroupLimitedGreedy;
@@ -132,18 +144,18 @@ std::vector<std::vector<double>> NaiveLogits(const runtime::Checkpoint& ckpt,
         g.norm_topk_prob = c.norm_topk_prob;
         g.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
         for (const auto& [e, w] : kernels::ReferenceGate(std::vector<float>(router.begin(), router.end()), g)) {
-          const Vec y = Mlp(ckpt, absl::StrCat(pre, "mlp.experts.", e, "."), h2);
+          const Vec y = Mlp(Load, absl::StrCat(pre, "mlp.experts.", e, "."), h2);
           for (size_t i = 0; i < H; ++i) ffn[i] += w * y[i];
         }
         if (c.n_shared_experts > 0) {
-          const Vec y = Mlp(ckpt, pre + "mlp.shared_experts.", h2);
+          const Vec y = Mlp(Load, pre + "mlp.shared_experts.", h2);
           for (size_t i = 0; i < H; ++i) ffn[i] += y[i];
         }
       }
       for (size_t i = 0; i < H; ++i) x[i] += ffn[i];
     }
-    all_logits.push_back(Linear(Load(ckpt, "lm_head.weight"),
-                                RmsNorm(x, Load(ckpt, "model.norm.weight"), c.rms_norm_eps)));
+    all_logits.push_back(Linear(Load("lm_head.weight"),
+                                RmsNorm(x, Load("model.norm.weight"), c.rms_norm_eps)));
   }
   return all_logits;
 }

@@ -5,22 +5,23 @@
 #define KVTIER_TESTS_REFERENCE_NAIVE_MODEL_H_
 
 #include <cstdint>
-#include <optional>
 #include <vector>
 
-#include "kvtier/kernels/codec.h"
 #include "services/runtime/checkpoint.h"
+#include "services/runtime/model.h"
 
 namespace kvtier::testing {
 
 // Logits after each of `tokens` (one row of vocab_size per token), the
-// context at step p being tokens 0..p. With `codec`, the latents of tokens
-// in full blocks (of `tokens_per_block`, sealed after the step that fills
-// them) are rounded through the codec first, as a cache would store them.
+// context at step p being tokens 0..p, every latent as computed here in
+// double. With `stored`, the latents of tokens in full blocks (sealed after
+// the step that fills them) are instead the values `stored` holds for them,
+// dequantized: the runtime's own blocks, so that both sides attend over
+// identical stored latents (rounding a float and a double latent to bf16 can
+// differ by one step where they straddle a tie).
 std::vector<std::vector<double>> NaiveLogits(const runtime::Checkpoint& ckpt,
                                              const std::vector<uint32_t>& tokens,
-                                             std::optional<kernels::Codec> codec,
-                                             uint32_t tokens_per_block);
+                                             const runtime::SequenceCache* stored = nullptr);
 
 }  // namespace kvtier::testing
 

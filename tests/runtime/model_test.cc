@@ -54,16 +54,14 @@ TEST_P(ModelTest, AbsorbedLogitsMatchTheNaiveModel) {
   constexpr uint32_t kBlock = 16;
   for (bool quantized : {false, true}) {
     SCOPED_TRACE(quantized ? "bf16 blocks of 16" : "float latents only");
-    const uint32_t tpb = quantized ? kBlock : 4096;
-    const auto want = testing::NaiveLogits(**ckpt, prompt,
-                                           quantized ? std::optional(kernels::Codec::kBf16) : std::nullopt, tpb);
-    SequenceCache cache = (*model)->NewCache(kernels::Codec::kBf16, tpb);
-    std::vector<float> logits(config.vocab_size);
-    for (size_t p = 0; p < prompt.size(); ++p) {
-      ASSERT_TRUE((*model)->Step(prompt[p], cache, logits).ok());
-      ASSERT_LE(RelativeError(logits, want[p]), 1e-4) << "position " << p;
-    }
+    SequenceCache cache = (*model)->NewCache(kernels::Codec::kBf16, quantized ? kBlock : 4096);
+    std::vector<std::vector<float>> got(prompt.size(), std::vector<float>(config.vocab_size));
+    for (size_t p = 0; p < prompt.size(); ++p) ASSERT_TRUE((*model)->Step(prompt[p], cache, got[p]).ok());
     EXPECT_EQ(cache.blocks[0].size(), quantized ? 2u : 0u);
+    const auto want = testing::NaiveLogits(**ckpt, prompt, quantized ? &cache : nullptr);
+    for (size_t p = 0; p < prompt.size(); ++p) {
+      ASSERT_LE(RelativeError(got[p], want[p]), 1e-4) << "position " << p;
+    }
   }
 }
 
@@ -89,6 +87,30 @@ INSTANTIATE_TEST_SUITE_P(
                   c.first_k_dense_replace = 0;
                 }}),
     [](const auto& info) { return info.param.name; });
+
+// DeepSeek-V2-Lite's attention dims (16 heads, 512 + 64, 128 nope/v) with
+// YaRN, through blocks of 8 so a short prompt crosses several.
+TEST(Model, LiteAttnPresetMatchesTheNaiveModel) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  const fs::path dir = fs::temp_directory_path() / ("kvtier_model_lite_" + std::to_string(rng.seed()));
+  ASSERT_TRUE(MakeModel(*PresetConfig("lite-attn"), dir.string(), rng.seed()).ok());
+  auto ckpt = Checkpoint::Open(dir.string());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  auto model = Model::Load(**ckpt);
+  ASSERT_TRUE(model.ok());
+  std::uniform_int_distribution<uint32_t> id(0, 1023);
+  std::vector<uint32_t> prompt(19);
+  for (auto& t : prompt) t = id(rng.engine());
+  SequenceCache cache = (*model)->NewCache(kernels::Codec::kBf16, 8);
+  std::vector<std::vector<float>> got(prompt.size(), std::vector<float>(1024));
+  for (size_t p = 0; p < prompt.size(); ++p) ASSERT_TRUE((*model)->Step(prompt[p], cache, got[p]).ok());
+  const auto want = testing::NaiveLogits(**ckpt, prompt, &cache);
+  for (size_t p = 0; p < prompt.size(); ++p) {
+    ASSERT_LE(RelativeError(got[p], want[p]), 1e-4) << "position " << p;
+  }
+  fs::remove_all(dir);
+}
 
 TEST(Model, RejectsTokensOutsideTheVocabulary) {
   const fs::path dir = fs::temp_directory_path() / ("kvtier_model_vocab_" + std::to_string(getpid()));
