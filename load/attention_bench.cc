@@ -10,6 +10,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kvtier/kernels/mla_attention.h"
@@ -62,6 +63,31 @@ void BM_Absorbed(benchmark::State& state) {
   state.SetLabel(kvtier::kernels::CodecName(codec));
 }
 
+// Two threads, each taking half of the heads (the blocks are shared, read by
+// both).
+void BM_AbsorbedTwoThreads(benchmark::State& state) {
+  const Codec codec = static_cast<Codec>(state.range(0));
+  const auto tokens = static_cast<uint32_t>(state.range(1));
+  const Context& ctx = GetContext(codec, tokens);
+  constexpr kvtier::kernels::MlaShape kHalf{kShape.heads / 2, kShape.kv_lora_rank, kShape.rope_dim};
+  std::vector<float> q(kShape.heads * kShape.kv_lora_rank, 0.01f), qr(kShape.heads * kShape.rope_dim, 0.01f),
+      out(kShape.heads * kShape.kv_lora_rank);
+  const size_t ql = kHalf.heads * kHalf.kv_lora_rank, qp = kHalf.heads * kHalf.rope_dim;
+  auto half = [&](int i) {
+    (void)kvtier::kernels::AbsorbedMlaDecode(kHalf, std::span(q).subspan(i * ql, ql),
+                                             std::span(qr).subspan(i * qp, qp), 0.07f, ctx.blocks, {},
+                                             std::span(out).subspan(i * ql, ql));
+  };
+  for (auto _ : state) {
+    std::thread other(half, 1);
+    half(0);
+    other.join();
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * ctx.bytes));
+  state.SetLabel(std::string(kvtier::kernels::CodecName(codec)) + " 2 threads");
+}
+
 // Reads the same blocks once (a sum of 64-bit words): the bandwidth bound.
 void BM_ReadBandwidth(benchmark::State& state) {
   const Context& ctx = GetContext(Codec::kInt8, static_cast<uint32_t>(state.range(0)));
@@ -87,6 +113,7 @@ void Args(benchmark::internal::Benchmark* b) {
 }
 
 BENCHMARK(BM_Absorbed)->Apply(Args)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AbsorbedTwoThreads)->Apply(Args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_ReadBandwidth)->Arg(16384)->Unit(benchmark::kMillisecond);
 
 }  // namespace
