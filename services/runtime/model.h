@@ -37,7 +37,9 @@ class Model {
 
   // Runs token `token` at position cache.length: appends its latents to
   // `cache` (sealing a block when the tail fills) and writes the next-token
-  // logits (vocab_size floats).
+  // logits (vocab_size floats). INVALID_ARGUMENT for a token outside the
+  // vocabulary (cache untouched); any later error, which only a cache built
+  // for another model can cause, leaves `cache` unusable.
   absl::Status Step(uint32_t token, SequenceCache& cache, std::span<float> logits) const;
 
  private:
