@@ -23,7 +23,7 @@ absl::StatusOr<std::vector<Sampled>> Generate(const Model& model, const std::vec
   KVTIER_RETURN_IF_ERROR(ValidateSampling(o.sampling));
   SequenceCache cache = model.NewCache(o.codec, o.tokens_per_block);
   std::vector<float> logits(c.vocab_size);
-  for (uint32_t token : prompt) KVTIER_RETURN_IF_ERROR(model.Step(token, cache, logits));
+  KVTIER_RETURN_IF_ERROR(model.Prefill(prompt, cache, logits));
   std::vector<Sampled> out;
   for (uint32_t i = 0; i < o.max_new_tokens; ++i) {
     out.push_back(Sample(logits, o.sampling, i, o.top_logprobs));

@@ -143,13 +143,47 @@ void Model::Mlp(const Layer& l, std::span<const float> x, std::span<float> out) 
 }
 
 absl::Status Model::Step(uint32_t token, SequenceCache& cache, std::span<float> logits) const {
+  return Prefill(std::span(&token, 1), cache, logits);
+}
+
+absl::Status Model::Prefill(std::span<const uint32_t> tokens, SequenceCache& cache,
+                            std::span<float> logits) const {
   const ModelConfig& c = config_;
-  if (token >= c.vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat("token ", token, " outside the vocabulary of ", c.vocab_size));
+  if (tokens.empty()) return absl::InvalidArgumentError("no tokens to run");
+  for (uint32_t token : tokens) {
+    if (token >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("token ", token, " outside the vocabulary of ", c.vocab_size));
+    }
   }
   if (logits.size() != static_cast<size_t>(c.vocab_size) || cache.tail.size() != layers_.size()) {
     return absl::InvalidArgumentError("logits or cache do not fit this model");
   }
+  // Token by token through all layers is the causal pass: token i's layer-l
+  // input depends only on tokens <= i. Blocks are sealed after the pass, so
+  // every token of it attends over full-precision latents.
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    KVTIER_RETURN_IF_ERROR(RunToken(tokens[i], cache, i + 1 == tokens.size() ? logits : std::span<float>()));
+  }
+  return SealFullBlocks(cache);
+}
+
+absl::Status Model::SealFullBlocks(SequenceCache& cache) const {
+  const kernels::BlockShape shape{cache.tokens_per_block, static_cast<uint32_t>(config_.kv_lora_rank),
+                                  static_cast<uint32_t>(config_.qk_rope_head_dim)};
+  while (cache.tail[0].size() >= shape.values()) {
+    for (size_t li = 0; li < layers_.size(); ++li) {
+      std::vector<uint8_t> payload(kernels::EncodedBytes(cache.codec, shape));
+      KVTIER_RETURN_IF_ERROR(Check(kernels::Quantize(
+          cache.codec, shape, std::span<const float>(cache.tail[li]).first(shape.values()), payload)));
+      cache.blocks[li].push_back(std::move(payload));
+      cache.tail[li].erase(cache.tail[li].begin(), cache.tail[li].begin() + shape.values());
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::RunToken(uint32_t token, SequenceCache& cache, std::span<float> logits) const {
+  const ModelConfig& c = config_;
   const size_t hidden = c.hidden_size, heads = c.num_attention_heads, nope = c.qk_nope_head_dim,
                rope = c.qk_rope_head_dim, qdim = c.q_head_dim(), kv = c.kv_lora_rank, v = c.v_head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -210,17 +244,7 @@ absl::Status Model::Step(uint32_t token, SequenceCache& cache, std::span<float> 
     for (size_t i = 0; i < hidden; ++i) x[i] += delta[i];
   }
   ++cache.length;
-  // Seal a block once the tail holds tokens_per_block tokens.
-  const kernels::BlockShape shape{cache.tokens_per_block, static_cast<uint32_t>(kv),
-                                  static_cast<uint32_t>(rope)};
-  if (cache.tail[0].size() == shape.values()) {
-    for (size_t li = 0; li < layers_.size(); ++li) {
-      std::vector<uint8_t> payload(kernels::EncodedBytes(cache.codec, shape));
-      KVTIER_RETURN_IF_ERROR(Check(kernels::Quantize(cache.codec, shape, cache.tail[li], payload)));
-      cache.blocks[li].push_back(std::move(payload));
-      cache.tail[li].clear();
-    }
-  }
+  if (logits.empty()) return absl::OkStatus();  // a prompt token before the last
   KVTIER_RETURN_IF_ERROR(Check(kernels::RmsNorm(x, final_norm_, eps, h)));
   MatVec(lm_head_, c.vocab_size, hidden, h.data(), logits.data());
   return absl::OkStatus();

@@ -42,6 +42,13 @@ class Model {
   // for another model can cause, leaves `cache` unusable.
   absl::Status Step(uint32_t token, SequenceCache& cache, std::span<float> logits) const;
 
+  // Runs `tokens` as one causal pass (a prompt, or a prompt's uncached
+  // suffix) and writes the logits after the last. Every token of the pass
+  // attends over full-precision latents; the blocks it fills are sealed into
+  // the codec at the end. Step is Prefill of one token.
+  absl::Status Prefill(std::span<const uint32_t> tokens, SequenceCache& cache,
+                       std::span<float> logits) const;
+
  private:
   struct Layer {
     std::vector<float> input_norm, post_norm;
@@ -58,6 +65,10 @@ class Model {
   };
   Model() = default;
   void Mlp(const Layer& l, std::span<const float> x, std::span<float> out) const;
+  // One token through every layer, its latents appended to the tail; the
+  // logits only when `logits` is not empty.
+  absl::Status RunToken(uint32_t token, SequenceCache& cache, std::span<float> logits) const;
+  absl::Status SealFullBlocks(SequenceCache& cache) const;
 
   ModelConfig config_;
   kernels::RopeTable rope_;

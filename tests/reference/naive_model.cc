@@ -59,7 +59,8 @@ Vec Mlp(Weights& Load, const std::string& prefix, const Vec& x) {
 
 std::vector<std::vector<double>> NaiveLogits(const runtime::Checkpoint& ckpt,
                                              const std::vector<uint32_t>& tokens,
-                                             const runtime::SequenceCache* stored) {
+                                             const runtime::SequenceCache* stored,
+                                             size_t stored_from) {
   const runtime::ModelConfig& c = ckpt.config();
   Weights Load(ckpt);
   const size_t H = c.hidden_size, heads = c.num_attention_heads, nope = c.qk_nope_head_dim,
@@ -73,6 +74,7 @@ std::vector<std::vector<double>> NaiveLogits(const runtime::Checkpoint& ckpt,
   }
   const Vec& embed = Load("model.embed_tokens.weight");
   std::vector<std::vector<Vec>> latents(c.num_hidden_layers);  // [layer][token] c ‖ k_pe
+  std::vector<size_t> replaced(c.num_hidden_layers, 0);         // stored blocks applied
   std::vector<std::vector<double>> all_logits;
   for (size_t p = 0; p < tokens.size(); ++p) {
     Vec x(embed.begin() + tokens[p] * H, embed.begin() + (tokens[p] + 1) * H);
@@ -92,14 +94,16 @@ std::vector<std::vector<double>> NaiveLogits(const runtime::Checkpoint& ckpt,
       Vec row = compressed;
       row.insert(row.end(), k_pe.begin(), k_pe.end());
       latents[l].push_back(row);
-      // A block that filled at the previous step now holds stored latents.
+      // Blocks filled before this step now hold their stored latents.
       const uint32_t tpb = stored != nullptr ? stored->tokens_per_block : 0;
-      if (stored != nullptr && p % tpb == 0 && p > 0) {
+      while (stored != nullptr && p >= stored_from && (replaced[l] + 1) * tpb <= p &&
+             replaced[l] < stored->blocks[l].size()) {
+        const size_t b = replaced[l]++;
         const kernels::BlockShape shape{tpb, static_cast<uint32_t>(kv), static_cast<uint32_t>(rope)};
         std::vector<float> block(shape.values());
-        (void)kernels::Dequantize(stored->codec, shape, stored->blocks[l][p / tpb - 1], block);
-        for (size_t t = p - tpb; t < p; ++t) {
-          for (size_t i = 0; i < kv + rope; ++i) latents[l][t][i] = block[(t - (p - tpb)) * (kv + rope) + i];
+        (void)kernels::Dequantize(stored->codec, shape, stored->blocks[l][b], block);
+        for (size_t t = b * tpb; t < (b + 1) * tpb; ++t) {
+          for (size_t i = 0; i < kv + rope; ++i) latents[l][t][i] = block[(t - b * tpb) * (kv + rope) + i];
         }
       }
       // Expanded attention: k = [W_UK c ; k_pe], v = W_UV c, per head.

@@ -19,9 +19,13 @@ namespace kvtier::testing {
 // dequantized: the runtime's own blocks, so that both sides attend over
 // identical stored latents (rounding a float and a double latent to bf16 can
 // differ by one step where they straddle a tie).
+// `stored_from`: the first step that sees stored blocks (a prefill of the
+// first N tokens runs on full-precision latents and seals its blocks at the
+// end, so its blocks appear from step N on).
 std::vector<std::vector<double>> NaiveLogits(const runtime::Checkpoint& ckpt,
                                              const std::vector<uint32_t>& tokens,
-                                             const runtime::SequenceCache* stored = nullptr);
+                                             const runtime::SequenceCache* stored = nullptr,
+                                             size_t stored_from = 0);
 
 }  // namespace kvtier::testing
 

@@ -88,6 +88,44 @@ INSTANTIATE_TEST_SUITE_P(
                 }}),
     [](const auto& info) { return info.param.name; });
 
+// A prompt in one causal pass (full-precision latents throughout, blocks
+// sealed at the end), then decode steps over the sealed blocks.
+TEST(Model, PrefillThenDecodeMatchTheNaiveModel) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  const fs::path dir = fs::temp_directory_path() / ("kvtier_model_prefill_" + std::to_string(rng.seed()));
+  ASSERT_TRUE(MakeModel(*PresetConfig("tiny"), dir.string(), rng.seed()).ok());
+  auto ckpt = Checkpoint::Open(dir.string());
+  auto model = Model::Load(**ckpt);
+  ASSERT_TRUE(model.ok());
+  std::uniform_int_distribution<uint32_t> id(0, 255);
+  std::vector<uint32_t> tokens(47);  // 37 prompt + 10 decoded
+  for (auto& t : tokens) t = id(rng.engine());
+  const std::vector<uint32_t> prompt(tokens.begin(), tokens.begin() + 37);
+
+  SequenceCache cache = (*model)->NewCache(kernels::Codec::kInt8, 16);
+  std::vector<float> logits(256);
+  ASSERT_TRUE((*model)->Prefill(prompt, cache, logits).ok());
+  EXPECT_EQ(cache.length, 37);
+  EXPECT_EQ(cache.blocks[0].size(), 2u);
+  EXPECT_EQ(cache.tail[0].size(), 5u * (32 + 8));
+  const auto full_precision = testing::NaiveLogits(**ckpt, prompt);
+  EXPECT_LE(RelativeError(logits, full_precision.back()), 1e-4);
+
+  std::vector<std::vector<float>> decoded;
+  for (size_t p = 37; p < tokens.size(); ++p) {
+    decoded.emplace_back(256);
+    ASSERT_TRUE((*model)->Step(tokens[p], cache, decoded.back()).ok());
+  }
+  EXPECT_EQ(cache.blocks[0].size(), 2u + (47 - 32) / 16);
+  const auto stored = testing::NaiveLogits(**ckpt, tokens, &cache, /*stored_from=*/37);
+  for (size_t p = 37; p < tokens.size(); ++p) {
+    ASSERT_LE(RelativeError(decoded[p - 37], stored[p]), 1e-4) << "position " << p;
+  }
+  EXPECT_EQ((*model)->Prefill({}, cache, logits).code(), absl::StatusCode::kInvalidArgument);
+  fs::remove_all(dir);
+}
+
 // DeepSeek-V2-Lite's attention dims (16 heads, 512 + 64, 128 nope/v) with
 // YaRN, through blocks of 8 so a short prompt crosses several.
 TEST(Model, LiteAttnPresetMatchesTheNaiveModel) {
