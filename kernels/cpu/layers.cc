@@ -1,11 +1,31 @@
 #include "kvtier/kernels/layers.h"
 
+#include "codec_internal.h"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <string>
 
 namespace kvtier::kernels {
+
+// Lane-wise partial sums let the compiler vectorize each dot product (one
+// running float sum would stay scalar without reassociation).
+KVTIER_VECTOR_CLONES void Gemv(const float* w, size_t rows, size_t cols, const float* x, float* y) {
+  constexpr size_t kLanes = 16;
+  const size_t full = cols / kLanes * kLanes;
+  for (size_t r = 0; r < rows; ++r) {
+    const float* row = w + r * cols;
+    float lanes[kLanes] = {};
+    for (size_t c = 0; c < full; c += kLanes) {
+      for (size_t j = 0; j < kLanes; ++j) lanes[j] += row[c + j] * x[c + j];
+    }
+    float s = 0.0f;
+    for (size_t j = 0; j < kLanes; ++j) s += lanes[j];
+    for (size_t c = full; c < cols; ++c) s += row[c] * x[c];
+    y[r] = s;
+  }
+}
 
 Status RmsNorm(std::span<const float> x, std::span<const float> weight, float eps,
                std::span<float> out) {

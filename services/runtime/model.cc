@@ -12,12 +12,7 @@ namespace {
 
 // y = W x for W [rows][cols] row-major.
 void MatVec(const std::vector<float>& w, size_t rows, size_t cols, const float* x, float* y) {
-  for (size_t r = 0; r < rows; ++r) {
-    const float* row = w.data() + r * cols;
-    float s = 0.0f;
-    for (size_t c = 0; c < cols; ++c) s += row[c] * x[c];
-    y[r] = s;
-  }
+  kernels::Gemv(w.data(), rows, cols, x, y);
 }
 
 // down(silu(gate x) * up x), accumulated into `out` times `weight`.

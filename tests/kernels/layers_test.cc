@@ -78,6 +78,23 @@ TEST(Rope, RejectsBadParameters) {
   EXPECT_EQ(RopeTable::Create(8, 10000.0, &bad, table).code(), StatusCode::kInvalidArgument);
 }
 
+TEST(Gemv, MatchesFloat64AtOddSizes) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (auto [rows, cols] : {std::pair<size_t, size_t>{1, 1}, {7, 15}, {33, 16}, {64, 2049}}) {
+    std::vector<float> w(rows * cols), x(cols), y(rows, NAN);
+    for (float& v : w) v = normal(rng.engine());
+    for (float& v : x) v = normal(rng.engine());
+    Gemv(w.data(), rows, cols, x.data(), y.data());
+    for (size_t r = 0; r < rows; ++r) {
+      double want = 0, mag = 0;
+      for (size_t c = 0; c < cols; ++c) want += double{w[r * cols + c]} * x[c], mag += std::fabs(double{w[r * cols + c]} * x[c]);
+      ASSERT_NEAR(y[r], want, 1e-6 * (1 + mag)) << rows << "x" << cols << " row " << r;
+    }
+  }
+}
+
 TEST(RmsNorm, MatchesFloat64) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());

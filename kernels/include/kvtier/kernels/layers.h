@@ -11,6 +11,10 @@
 
 namespace kvtier::kernels {
 
+// y[r] = sum_c w[r * cols + c] * x[c]: a row-major matrix times a vector.
+// `y` must not alias `w` or `x`.
+void Gemv(const float* w, size_t rows, size_t cols, const float* x, float* y);
+
 // out = x / sqrt(mean(x^2) + eps) * weight. `out` may alias `x`.
 Status RmsNorm(std::span<const float> x, std::span<const float> weight, float eps,
                std::span<float> out);
