@@ -5,6 +5,8 @@
 //   attention_bench [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -88,6 +90,105 @@ void BM_AbsorbedTwoThreads(benchmark::State& state) {
   state.SetLabel(std::string(kvtier::kernels::CodecName(codec)) + " 2 threads");
 }
 
+// The forms seed 003 compares, for the same layer-step (float32 here):
+// naive caches expanded per-head K (nope + rope) and V; latent caches the
+// latents and re-expands every one of them through kv_b_proj at each step.
+constexpr uint32_t kNope = 128, kV = 128;
+
+struct Expanded {
+  std::vector<float> k, v;  // [tokens][heads][nope + rope], [tokens][heads][v]
+};
+
+const Expanded& GetExpanded(uint32_t tokens) {
+  static std::map<uint32_t, Expanded> cache;
+  Expanded& e = cache[tokens];
+  if (!e.k.empty()) return e;
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  e.k.resize(size_t{tokens} * kShape.heads * (kNope + kShape.rope_dim));
+  e.v.resize(size_t{tokens} * kShape.heads * kV);
+  for (float& x : e.k) x = normal(rng);
+  for (float& x : e.v) x = normal(rng);
+  return e;
+}
+
+// softmax(q.k) then sum p.v per head, over an expanded cache.
+void ExpandedAttention(const float* q, const float* k, const float* v, uint32_t tokens, float* out) {
+  const uint32_t heads = kShape.heads, qk = kNope + kShape.rope_dim;
+  std::vector<float> scores(tokens);
+  for (uint32_t h = 0; h < heads; ++h) {
+    float max = -INFINITY;
+    for (uint32_t t = 0; t < tokens; ++t) {
+      const float* kt = k + (size_t{t} * heads + h) * qk;
+      float lanes[16] = {};
+      for (uint32_t c = 0; c < qk; c += 16)
+        for (uint32_t j = 0; j < 16; ++j) lanes[j] += q[h * qk + c + j] * kt[c + j];
+      float s = 0;
+      for (float l : lanes) s += l;
+      max = std::max(max, scores[t] = s * 0.07f);
+    }
+    float sum = 0;
+    for (float& s : scores) sum += (s = std::exp(s - max));
+    float* o = out + h * kV;
+    std::fill(o, o + kV, 0.0f);
+    for (uint32_t t = 0; t < tokens; ++t) {
+      const float* vt = v + (size_t{t} * heads + h) * kV;
+      for (uint32_t c = 0; c < kV; ++c) o[c] += scores[t] / sum * vt[c];
+    }
+  }
+}
+
+void BM_Naive(benchmark::State& state) {
+  const auto tokens = static_cast<uint32_t>(state.range(0));
+  const Expanded& e = GetExpanded(tokens);
+  std::vector<float> q(kShape.heads * (kNope + kShape.rope_dim), 0.01f), out(kShape.heads * kV);
+  for (auto _ : state) {
+    ExpandedAttention(q.data(), e.k.data(), e.v.data(), tokens, out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * (e.k.size() + e.v.size()) * 4));
+  state.SetLabel("naive: expanded K/V cache");
+}
+
+void BM_LatentReexpanded(benchmark::State& state) {
+  const auto tokens = static_cast<uint32_t>(state.range(0));
+  const uint32_t heads = kShape.heads, kv = kShape.kv_lora_rank, rope = kShape.rope_dim;
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  std::vector<float> latents(size_t{tokens} * (kv + rope)), kv_b(size_t{heads} * (kNope + kV) * kv);
+  for (float& x : latents) x = normal(rng);
+  for (float& x : kv_b) x = normal(rng);
+  Expanded e;
+  e.k.resize(size_t{tokens} * heads * (kNope + rope));
+  e.v.resize(size_t{tokens} * heads * kV);
+  std::vector<float> q(heads * (kNope + rope), 0.01f), out(heads * kV), row(kNope + kV);
+  for (auto _ : state) {
+    // kv_b_proj(compressed_kv) for every cached token, every step.
+    for (uint32_t t = 0; t < tokens; ++t) {
+      const float* c = latents.data() + size_t{t} * (kv + rope);
+      for (uint32_t h = 0; h < heads; ++h) {
+        for (uint32_t r = 0; r < kNope + kV; ++r) {
+          const float* w = kv_b.data() + (size_t{h} * (kNope + kV) + r) * kv;
+          float lanes[16] = {};
+          for (uint32_t j = 0; j < kv; j += 16)
+            for (uint32_t l = 0; l < 16; ++l) lanes[l] += w[j + l] * c[j + l];
+          float s = 0;
+          for (float l : lanes) s += l;
+          row[r] = s;
+        }
+        float* kt = e.k.data() + (size_t{t} * heads + h) * (kNope + rope);
+        std::copy_n(row.data(), kNope, kt);
+        std::copy_n(c + kv, rope, kt + kNope);
+        std::copy_n(row.data() + kNope, kV, e.v.data() + (size_t{t} * heads + h) * kV);
+      }
+    }
+    ExpandedAttention(q.data(), e.k.data(), e.v.data(), tokens, out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * latents.size() * 4));
+  state.SetLabel("latent cache, re-expanded each step");
+}
+
 // Reads the same blocks once (a sum of 64-bit words): the bandwidth bound.
 void BM_ReadBandwidth(benchmark::State& state) {
   const Context& ctx = GetContext(Codec::kInt8, static_cast<uint32_t>(state.range(0)));
@@ -114,6 +215,9 @@ void Args(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_Absorbed)->Apply(Args)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AbsorbedTwoThreads)->Apply(Args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Naive)->Arg(1024)->Arg(4096)->Arg(16384)->Unit(benchmark::kMillisecond);
+// 16k would take seconds a step (34 G multiply-adds of re-expansion).
+BENCHMARK(BM_LatentReexpanded)->Arg(1024)->Arg(4096)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ReadBandwidth)->Arg(16384)->Unit(benchmark::kMillisecond);
 
 }  // namespace
