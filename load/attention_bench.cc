@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "kvtier/kernels/layers.h"
 #include "kvtier/kernels/mla_attention.h"
 
 namespace {
@@ -119,12 +120,8 @@ void ExpandedAttention(const float* q, const float* k, const float* v, uint32_t 
   for (uint32_t h = 0; h < heads; ++h) {
     float max = -INFINITY;
     for (uint32_t t = 0; t < tokens; ++t) {
-      const float* kt = k + (size_t{t} * heads + h) * qk;
-      float lanes[16] = {};
-      for (uint32_t c = 0; c < qk; c += 16)
-        for (uint32_t j = 0; j < 16; ++j) lanes[j] += q[h * qk + c + j] * kt[c + j];
-      float s = 0;
-      for (float l : lanes) s += l;
+      float s;
+      kvtier::kernels::Gemv(k + (size_t{t} * heads + h) * qk, 1, qk, q + h * qk, &s);
       max = std::max(max, scores[t] = s * 0.07f);
     }
     float sum = 0;
@@ -167,15 +164,7 @@ void BM_LatentReexpanded(benchmark::State& state) {
     for (uint32_t t = 0; t < tokens; ++t) {
       const float* c = latents.data() + size_t{t} * (kv + rope);
       for (uint32_t h = 0; h < heads; ++h) {
-        for (uint32_t r = 0; r < kNope + kV; ++r) {
-          const float* w = kv_b.data() + (size_t{h} * (kNope + kV) + r) * kv;
-          float lanes[16] = {};
-          for (uint32_t j = 0; j < kv; j += 16)
-            for (uint32_t l = 0; l < 16; ++l) lanes[l] += w[j + l] * c[j + l];
-          float s = 0;
-          for (float l : lanes) s += l;
-          row[r] = s;
-        }
+        kvtier::kernels::Gemv(kv_b.data() + size_t{h} * (kNope + kV) * kv, kNope + kV, kv, c, row.data());
         float* kt = e.k.data() + (size_t{t} * heads + h) * (kNope + rope);
         std::copy_n(row.data(), kNope, kt);
         std::copy_n(c + kv, rope, kt + kNope);

@@ -8,35 +8,10 @@
 
 #include "codec_internal.h"
 #include "kvtier/kernels/float_formats.h"
+#include "kvtier/kernels/layers.h"
 
 namespace kvtier::kernels {
 namespace {
-
-constexpr uint32_t kLanes = 16;  // one AVX-512 register of floats
-
-float Dot(const float* a, const float* b, uint32_t n) {
-  float s = 0.0f;
-  for (uint32_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
-// dots[h] = q[h] . row for every head. Lane-wise partial sums (kLanes per
-// head) let the compiler vectorize what a single running sum would keep
-// scalar; the row is read once for all heads.
-KVTIER_VECTOR_CLONES void HeadDots(const float* q, uint32_t heads, uint32_t dim, const float* row, float* dots) {
-  const uint32_t full = dim / kLanes * kLanes;
-  for (uint32_t h = 0; h < heads; ++h) {
-    const float* qh = q + size_t{h} * dim;
-    float lanes[kLanes] = {};
-    for (uint32_t c = 0; c < full; c += kLanes) {
-      for (uint32_t j = 0; j < kLanes; ++j) lanes[j] += qh[c + j] * row[c + j];
-    }
-    float s = 0.0f;
-    for (uint32_t j = 0; j < kLanes; ++j) s += lanes[j];
-    for (uint32_t c = full; c < dim; ++c) s += qh[c] * row[c];
-    dots[h] = s;
-  }
-}
 
 // Widens token t of a bf16 or fp8 block to floats (latent then rope).
 KVTIER_VECTOR_CLONES void WidenRow(const LatentBlock& b, const MlaShape& s, uint32_t t, float* row) {
@@ -47,7 +22,7 @@ KVTIER_VECTOR_CLONES void WidenRow(const LatentBlock& b, const MlaShape& s, uint
     return;
   }
   const uint32_t tiles = (s.kv_lora_rank + kFp8TileSize - 1) / kFp8TileSize;
-  const size_t token_bytes = s.kv_lora_rank + 4 * size_t{tiles} + 2 * size_t{s.rope_dim};
+  const size_t token_bytes = EncodedBytes(Codec::kFp8, {1, s.kv_lora_rank, s.rope_dim});
   const uint8_t* src = b.payload.data() + t * token_bytes;
   for (uint32_t tile = 0; tile < tiles; ++tile) {
     float scale;
@@ -119,7 +94,7 @@ KVTIER_VECTOR_CLONES Status AbsorbedMlaDecode(const MlaShape& s, std::span<const
       for (uint32_t h = 0; h < heads; ++h) {
         const float* qh = q.data() + size_t{h} * dim;
         for (uint32_t c = 0; c < dim; ++c) qs[size_t{h} * dim + c] = qh[c] * scale[c];
-        bias[h] = Dot(qh, zero.data(), dim);
+        Gemv(qh, 1, dim, zero.data(), &bias[h]);
       }
     }
     for (uint32_t t = 0; t < b.tokens; ++t) {
@@ -128,7 +103,8 @@ KVTIER_VECTOR_CLONES Status AbsorbedMlaDecode(const MlaShape& s, std::span<const
       } else {
         WidenRow(b, s, t, row.data());
       }
-      HeadDots(integer ? qs.data() : q.data(), heads, dim, row.data(), dots.data());
+      // Every head's score at once: [heads][dim] queries times this row.
+      Gemv(integer ? qs.data() : q.data(), heads, dim, row.data(), dots.data());
       for (uint32_t h = 0; h < heads; ++h) {
         scores[size_t{h} * total + t0 + t] = (integer ? bias[h] : 0.0f) + dots[h];
       }
@@ -136,7 +112,7 @@ KVTIER_VECTOR_CLONES Status AbsorbedMlaDecode(const MlaShape& s, std::span<const
     t0 += b.tokens;
   }
   for (size_t t = 0; t < tail.size() / dim; ++t) {
-    HeadDots(q.data(), heads, dim, tail.data() + t * dim, dots.data());
+    Gemv(q.data(), heads, dim, tail.data() + t * dim, dots.data());
     for (uint32_t h = 0; h < heads; ++h) scores[size_t{h} * total + t0 + t] = dots[h];
   }
   // Softmax per head (scores become probabilities).

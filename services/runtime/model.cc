@@ -223,14 +223,9 @@ absl::Status Model::RunToken(uint32_t token, SequenceCache& cache, std::span<flo
     KVTIER_RETURN_IF_ERROR(Check(kernels::AbsorbedMlaDecode(
         {static_cast<uint32_t>(heads), static_cast<uint32_t>(kv), static_cast<uint32_t>(rope)},
         q_latent, q_pe, static_cast<float>(c.SoftmaxScale()), blocks, cache.tail[li], attn_latent)));
-    for (size_t hd = 0; hd < heads; ++hd) {
-      const float* al = attn_latent.data() + hd * kv;
-      for (size_t i = 0; i < v; ++i) {
-        const float* w = l.w_uv.data() + (hd * v + i) * kv;
-        float s = 0.0f;
-        for (size_t j = 0; j < kv; ++j) s += w[j] * al[j];
-        attn[hd * v + i] = s;
-      }
+    for (size_t hd = 0; hd < heads; ++hd) {  // W_UV after the weighted sum
+      kernels::Gemv(l.w_uv.data() + hd * v * kv, v, kv, attn_latent.data() + hd * kv,
+                    attn.data() + hd * v);
     }
     MatVec(l.o_proj, hidden, heads * v, attn.data(), delta.data());
     for (size_t i = 0; i < hidden; ++i) x[i] += delta[i];
