@@ -354,9 +354,9 @@ int main(int argc, char** argv) {
   flags.AddUint("rounds", &rounds, "measurements per row (the median is shown)");
   flags.AddUint("redis-window", &window, "pipelined Redis GETs in flight per client");
   flags.AddString("clients", &clients, "concurrent client counts to run, each 1..4");
-  if (auto s = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); !s.ok() || flags.help_requested()) {
-    std::fprintf(stderr, "%s\n%s", std::string(s.message()).c_str(), flags.Help().c_str());
-    return s.ok() ? 0 : 2;
+  if (std::optional<int> exit =
+          flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "cache_bench")) {
+    return *exit;
   }
   kvtier::cache::kRedisWindow = static_cast<int>(std::clamp<uint64_t>(window, 1, 64));
   std::vector<int> counts;

@@ -84,9 +84,9 @@ int main(int argc, char** argv) {
   flags.AddUint("prompts", &prompts, "random prompts");
   flags.AddUint("tokens", &tokens, "tokens per prompt (teacher-forced)");
   flags.AddUint("tokens-per-block", &block, "latent block size");
-  if (auto s = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); !s.ok() || flags.help_requested()) {
-    std::fprintf(stderr, "%s\n%s", std::string(s.message()).c_str(), flags.Help().c_str());
-    return s.ok() ? 0 : 2;
+  if (std::optional<int> exit =
+          flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "codec_fidelity")) {
+    return *exit;
   }
   return kvtier::runtime::Run(preset, static_cast<int>(prompts), static_cast<int>(tokens),
                               static_cast<uint32_t>(block));

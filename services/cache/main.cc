@@ -157,13 +157,6 @@ int main(int argc, char** argv) {
   flags.AddString("namespaces", &f.namespaces,
                   "comma-separated tenants to serve (others get NOT_FOUND); empty: any");
   flags.AddUint("page-size", &f.page_size, "tier page size in bytes");
-  if (absl::Status s = flags.Parse(std::vector<std::string>(argv + 1, argv + argc)); !s.ok()) {
-    std::cerr << "kvtier-cache: " << s.message() << "\n";
-    return 2;
-  }
-  if (flags.help_requested()) {
-    std::cout << flags.Help();
-    return 0;
-  }
+  if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "kvtier-cache")) return *exit;
   return kvtier::cache::Run(f);
 }

@@ -21,14 +21,7 @@ int RunMakeModel(const std::vector<std::string>& args) {
   flags.AddString("out", &out, "directory to write (created if needed)");
   flags.AddUint("seed", &seed, "random seed; equal seeds give equal files");
   flags.AddUint("shards", &shards, "safetensors files, with an index when more than 1");
-  if (absl::Status s = flags.Parse(args); !s.ok()) {
-    std::cerr << "kvtier make-model: " << s.message() << "\n";
-    return 2;
-  }
-  if (flags.help_requested()) {
-    std::cout << flags.Help();
-    return 0;
-  }
+  if (std::optional<int> exit = flags.ParseOrExit(args, "kvtier make-model")) return *exit;
   if (out.empty() || shards < 1 || shards > 64) {
     std::cerr << "kvtier make-model: --out is required and --shards must be 1..64\n";
     return 2;

@@ -144,14 +144,7 @@ int RunQuantEval(const std::vector<std::string>& args) {
                 "print one JSON object {codec, bytes_per_token, latent_rel_error, rope_rel_error}");
   flags.AddUint("tokens", &o.tokens, "tokens to generate with --synthetic");
   flags.AddUint("seed", &o.seed, "random seed for --synthetic");
-  if (absl::Status s = flags.Parse(args); !s.ok()) {
-    std::cerr << "kvtier quant-eval: " << s.message() << "\n";
-    return 2;
-  }
-  if (flags.help_requested()) {
-    std::cout << flags.Help();
-    return 0;
-  }
+  if (std::optional<int> exit = flags.ParseOrExit(args, "kvtier quant-eval")) return *exit;
   if (absl::Status s = Run(o); !s.ok()) {
     std::cerr << "kvtier quant-eval: " << s.message() << "\n";
     return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;

@@ -102,14 +102,7 @@ int RunRun(const std::vector<std::string>& args) {
   flags.AddString("temperature", &temperature, "sampling temperature (0 or empty: greedy)");
   flags.AddString("top-p", &top_p, "nucleus sampling mass in (0, 1]");
   flags.AddUint("seed", &seed, "sampling seed");
-  if (absl::Status s = flags.Parse(args); !s.ok()) {
-    std::cerr << "kvtier run: " << s.message() << "\n";
-    return 2;
-  }
-  if (flags.help_requested()) {
-    std::cout << flags.Help();
-    return 0;
-  }
+  if (std::optional<int> exit = flags.ParseOrExit(args, "kvtier run")) return *exit;
   runtime::Sampling sampling;
   sampling.seed = seed;
   absl::Status s = ParseFloat("temperature", temperature, sampling.temperature);

@@ -67,14 +67,7 @@ int RunStats(const std::vector<std::string>& args) {
   flags.AddString("target", &target, "the cache server's gRPC address");
   flags.AddBool("json", &json, "print one JSON object instead of a table");
   flags.AddUint("timeout-ms", &timeout_ms, "deadline of the Stats call");
-  if (absl::Status s = flags.Parse(args); !s.ok()) {
-    std::cerr << "kvtier stats: " << s.message() << "\n";
-    return 2;
-  }
-  if (flags.help_requested()) {
-    std::cout << flags.Help();
-    return 0;
-  }
+  if (std::optional<int> exit = flags.ParseOrExit(args, "kvtier stats")) return *exit;
   if (target.empty()) {
     std::cerr << "kvtier stats: --target is required\n";
     return 2;

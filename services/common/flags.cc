@@ -1,5 +1,7 @@
 #include "services/common/flags.h"
 
+#include <iostream>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
@@ -77,6 +79,19 @@ absl::Status FlagParser::Parse(const std::vector<std::string>& args) {
     if (absl::Status s = Assign(name, it->second, value); !s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+std::optional<int> FlagParser::ParseOrExit(const std::vector<std::string>& args,
+                                           const std::string& program) {
+  if (absl::Status s = Parse(args); !s.ok()) {
+    std::cerr << program << ": " << s.message() << "\n";
+    return 2;
+  }
+  if (help_requested_) {
+    std::cout << Help();
+    return 0;
+  }
+  return std::nullopt;
 }
 
 std::string FlagParser::Help() const {

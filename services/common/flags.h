@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <variant>
@@ -32,6 +33,10 @@ class FlagParser {
   absl::Status Parse(const std::vector<std::string>& args);
 
   bool help_requested() const { return help_requested_; }
+  // Parse, for a program's main: the exit code to return now (2 after
+  // printing "program: error" to stderr; 0 after printing --help), or
+  // nullopt to go on.
+  std::optional<int> ParseOrExit(const std::vector<std::string>& args, const std::string& program);
   bool WasSet(const std::string& name) const { return set_.count(name) > 0; }
   std::string Help() const;
 
