@@ -62,6 +62,15 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& preset) {
       absl::StrCat("unknown preset '", preset, "' (tiny, lite-attn)"));
 }
 
+namespace {
+
+// Hugging Face's shard file names: model-00001-of-00003.safetensors.
+std::string ShardName(size_t index, int shards) {
+  return absl::StrFormat("model-%05d-of-%05d.safetensors", index + 1, shards);
+}
+
+}  // namespace
+
 absl::Status MakeModel(const ModelConfig& config, const std::string& out_dir, uint64_t seed,
                        int shards) {
   namespace fs = std::filesystem;
@@ -95,13 +104,12 @@ absl::Status MakeModel(const ModelConfig& config, const std::string& out_dir, ui
     }
     for (float& v : t.values) v = mean + stddev * normal(rng);
     const size_t shard = i * shards / specs.size();
-    weight_map[s.name] = absl::StrFormat("model-%05d-of-%05d.safetensors", shard + 1, shards);
+    weight_map[s.name] = ShardName(shard, shards);
     files[shard].push_back(std::move(t));
   }
   if (shards == 1) return WriteSafetensors((fs::path(out_dir) / "model.safetensors").string(), files[0]);
   for (int k = 0; k < shards; ++k) {
-    const std::string name = absl::StrFormat("model-%05d-of-%05d.safetensors", k + 1, shards);
-    KVTIER_RETURN_IF_ERROR(WriteSafetensors((fs::path(out_dir) / name).string(), files[k]));
+    KVTIER_RETURN_IF_ERROR(WriteSafetensors((fs::path(out_dir) / ShardName(k, shards)).string(), files[k]));
   }
   std::ofstream index(fs::path(out_dir) / "model.safetensors.index.json");
   index << nlohmann::json{{"metadata", nlohmann::json::object()}, {"weight_map", weight_map}}.dump(2) << "\n";
