@@ -9,22 +9,49 @@
 
 namespace kvtier::kernels {
 
-// Lane-wise partial sums let the compiler vectorize each dot product (one
-// running float sum would stay scalar without reassociation).
-KVTIER_VECTOR_CLONES void Gemv(const float* w, size_t rows, size_t cols, const float* x, float* y) {
+namespace {
+
+// Dot products of one weight row with M inputs, M fixed at compile time so
+// the M x kLanes partial sums live in registers. The lanes are summed in a
+// fixed order (lane-wise, then lanes 0..15, then the columns past the last
+// full lane group), which Gemv repeats.
+template <size_t M>
+inline void DotTile(const float* row, size_t cols, const float* x, size_t x_stride, float* y,
+                    size_t y_stride) {
   constexpr size_t kLanes = 16;
   const size_t full = cols / kLanes * kLanes;
+  float lanes[M][kLanes] = {};
+  for (size_t c = 0; c < full; c += kLanes) {
+    for (size_t i = 0; i < M; ++i) {
+      for (size_t j = 0; j < kLanes; ++j) lanes[i][j] += row[c + j] * x[i * x_stride + c + j];
+    }
+  }
+  for (size_t i = 0; i < M; ++i) {
+    float s = 0.0f;
+    for (size_t j = 0; j < kLanes; ++j) s += lanes[i][j];
+    for (size_t c = full; c < cols; ++c) s += row[c] * x[i * x_stride + c];
+    y[i * y_stride] = s;
+  }
+}
+
+}  // namespace
+
+// Lane-wise partial sums let the compiler vectorize each dot product (one
+// running float sum would stay scalar without reassociation); four inputs
+// share each load of a weight row.
+KVTIER_VECTOR_CLONES void Gemm(const float* w, size_t rows, size_t cols, const float* x, size_t n,
+                               size_t x_stride, float* y, size_t y_stride) {
   for (size_t r = 0; r < rows; ++r) {
     const float* row = w + r * cols;
-    float lanes[kLanes] = {};
-    for (size_t c = 0; c < full; c += kLanes) {
-      for (size_t j = 0; j < kLanes; ++j) lanes[j] += row[c + j] * x[c + j];
-    }
-    float s = 0.0f;
-    for (size_t j = 0; j < kLanes; ++j) s += lanes[j];
-    for (size_t c = full; c < cols; ++c) s += row[c] * x[c];
-    y[r] = s;
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) DotTile<4>(row, cols, x + i * x_stride, x_stride, y + i * y_stride + r, y_stride);
+    for (; i < n; ++i) DotTile<1>(row, cols, x + i * x_stride, x_stride, y + i * y_stride + r, y_stride);
   }
+}
+
+// Absorbed attention calls this per token with one row: no tile loop.
+KVTIER_VECTOR_CLONES void Gemv(const float* w, size_t rows, size_t cols, const float* x, float* y) {
+  for (size_t r = 0; r < rows; ++r) DotTile<1>(w + r * cols, cols, x, cols, y + r, 1);
 }
 
 Status RmsNorm(std::span<const float> x, std::span<const float> weight, float eps,

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <numbers>
 #include <numeric>
+#include <tuple>
+#include <vector>
 
 #include "kvtier/kernels/layers.h"
 #include "kvtier/kernels/rope.h"
@@ -91,6 +93,34 @@ TEST(Gemv, MatchesFloat64AtOddSizes) {
       double want = 0, mag = 0;
       for (size_t c = 0; c < cols; ++c) want += double{w[r * cols + c]} * x[c], mag += std::fabs(double{w[r * cols + c]} * x[c]);
       ASSERT_NEAR(y[r], want, 1e-6 * (1 + mag)) << rows << "x" << cols << " row " << r;
+    }
+  }
+}
+
+// Strided inputs and outputs (with padding that must stay untouched) and
+// batch sizes around the 4-input tile; each output also equals Gemv's bits.
+TEST(Gemm, MatchesFloat64AndGemvWithStrides) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (auto [rows, cols, n] : {std::tuple<size_t, size_t, size_t>{1, 1, 1}, {5, 17, 3}, {9, 64, 4}, {31, 2049, 9}}) {
+    const size_t xs = cols + 3, ys = rows + 2;
+    std::vector<float> w(rows * cols), x(n * xs), y(n * ys, NAN), one(rows);
+    for (float& v : w) v = normal(rng.engine());
+    for (float& v : x) v = normal(rng.engine());
+    Gemm(w.data(), rows, cols, x.data(), n, xs, y.data(), ys);
+    for (size_t i = 0; i < n; ++i) {
+      Gemv(w.data(), rows, cols, x.data() + i * xs, one.data());
+      for (size_t r = 0; r < rows; ++r) {
+        double want = 0, mag = 0;
+        for (size_t c = 0; c < cols; ++c) {
+          const double p = double{w[r * cols + c]} * x[i * xs + c];
+          want += p, mag += std::fabs(p);
+        }
+        ASSERT_NEAR(y[i * ys + r], want, 1e-6 * (1 + mag)) << rows << "x" << cols << " input " << i;
+        ASSERT_EQ(y[i * ys + r], one[r]) << "batch and single differ at input " << i << " row " << r;
+      }
+      for (size_t r = rows; r < ys; ++r) ASSERT_TRUE(std::isnan(y[i * ys + r])) << "padding written";
     }
   }
 }

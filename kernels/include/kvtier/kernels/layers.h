@@ -15,6 +15,13 @@ namespace kvtier::kernels {
 // `y` must not alias `w` or `x`.
 void Gemv(const float* w, size_t rows, size_t cols, const float* x, float* y);
 
+// Gemv for `n` inputs at once, reading `w` once: for each input i,
+// y[i * y_stride + r] = sum_c w[r * cols + c] * x[i * x_stride + c]. Each
+// dot product is summed in the same order as Gemv's, so a batch gives
+// bit-identical results to one input at a time. `y` must not alias.
+void Gemm(const float* w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride,
+          float* y, size_t y_stride);
+
 // out = x / sqrt(mean(x^2) + eps) * weight. `out` may alias `x`.
 Status RmsNorm(std::span<const float> x, std::span<const float> weight, float eps,
                std::span<float> out);
