@@ -10,21 +10,26 @@
 namespace kvtier::runtime {
 namespace {
 
-// y = W x for W [rows][cols] row-major.
-void MatVec(const std::vector<float>& w, size_t rows, size_t cols, const float* x, float* y) {
-  kernels::Gemv(w.data(), rows, cols, x, y);
+// y[n][rows] = x[n][cols] W^T for W [rows][cols] row-major.
+void MatMul(const std::vector<float>& w, size_t rows, size_t cols, const float* x, size_t n, float* y) {
+  kernels::Gemm(w.data(), rows, cols, x, n, cols, y, rows);
 }
 
-// down(silu(gate x) * up x), accumulated into `out` times `weight`.
+// out[out_rows[i]] += weights[i] * down(silu(gate x_i) * up x_i) for the n
+// rows of x ([n][hidden]); no out_rows: row i, no weights: 1.
 void SwiGlu(const std::vector<float>& gate, const std::vector<float>& up,
-            const std::vector<float>& down, size_t inter, size_t hidden, const float* x,
-            float weight, float* out) {
-  std::vector<float> g(inter), u(inter), y(hidden);
-  MatVec(gate, inter, hidden, x, g.data());
-  MatVec(up, inter, hidden, x, u.data());
-  for (size_t i = 0; i < inter; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-  MatVec(down, hidden, inter, g.data(), y.data());
-  for (size_t i = 0; i < hidden; ++i) out[i] += weight * y[i];
+            const std::vector<float>& down, size_t inter, size_t hidden, const float* x, size_t n,
+            const float* weights, const uint32_t* out_rows, float* out) {
+  std::vector<float> g(n * inter), u(n * inter), y(n * hidden);
+  MatMul(gate, inter, hidden, x, n, g.data());
+  MatMul(up, inter, hidden, x, n, u.data());
+  for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  MatMul(down, hidden, inter, g.data(), n, y.data());
+  for (size_t i = 0; i < n; ++i) {
+    const float w = weights == nullptr ? 1.0f : weights[i];
+    float* o = out + (out_rows == nullptr ? i : out_rows[i]) * hidden;
+    for (size_t j = 0; j < hidden; ++j) o[j] += w * y[i * hidden + j];
+  }
 }
 
 absl::Status Check(const kernels::Status& s) { return FromKernelStatus(s); }
@@ -107,16 +112,16 @@ SequenceCache Model::NewCache(kernels::Codec codec, uint32_t tokens_per_block) c
   return cache;
 }
 
-void Model::Mlp(const Layer& l, std::span<const float> x, std::span<float> out) const {
+void Model::Mlp(const Layer& l, const float* x, size_t n, float* out) const {
   const ModelConfig& c = config_;
-  const size_t hidden = c.hidden_size;
-  std::fill(out.begin(), out.end(), 0.0f);
+  const size_t hidden = c.hidden_size, experts = c.n_routed_experts;
+  std::fill(out, out + n * hidden, 0.0f);
   if (!l.moe) {
-    SwiGlu(l.gate_proj, l.up_proj, l.down_proj, c.intermediate_size, hidden, x.data(), 1.0f, out.data());
+    SwiGlu(l.gate_proj, l.up_proj, l.down_proj, c.intermediate_size, hidden, x, n, nullptr, nullptr, out);
     return;
   }
-  std::vector<float> router_logits(c.n_routed_experts);
-  MatVec(l.router, c.n_routed_experts, hidden, x.data(), router_logits.data());
+  std::vector<float> router_logits(n * experts);
+  MatMul(l.router, experts, hidden, x, n, router_logits.data());
   kernels::GateParams gate;
   gate.top_k = static_cast<uint32_t>(c.num_experts_per_tok);
   gate.group_limited = c.topk_method == TopkMethod::kGroupLimitedGreedy;
@@ -124,16 +129,32 @@ void Model::Mlp(const Layer& l, std::span<const float> x, std::span<float> out) 
   gate.topk_group = static_cast<uint32_t>(c.topk_group);
   gate.norm_topk_prob = c.norm_topk_prob;
   gate.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
+  // Group the rows by expert, so each expert's weights are read once.
+  std::vector<std::vector<uint32_t>> rows_of(experts);
+  std::vector<std::vector<float>> weights_of(experts);
   std::vector<kernels::ExpertChoice> chosen;
-  // Parameters were validated with the config, so selection cannot fail.
-  (void)kernels::SelectExperts(router_logits, gate, chosen);
-  for (const kernels::ExpertChoice& e : chosen) {
-    SwiGlu(l.expert_gate[e.expert], l.expert_up[e.expert], l.expert_down[e.expert],
-           c.moe_intermediate_size, hidden, x.data(), e.weight, out.data());
+  for (size_t i = 0; i < n; ++i) {
+    // Parameters were validated with the config, so selection cannot fail.
+    (void)kernels::SelectExperts(std::span(router_logits).subspan(i * experts, experts), gate, chosen);
+    for (const kernels::ExpertChoice& e : chosen) {
+      rows_of[e.expert].push_back(static_cast<uint32_t>(i));
+      weights_of[e.expert].push_back(e.weight);
+    }
+  }
+  std::vector<float> gathered;
+  for (size_t e = 0; e < experts; ++e) {
+    const std::vector<uint32_t>& rows = rows_of[e];
+    if (rows.empty()) continue;
+    gathered.resize(rows.size() * hidden);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      std::copy_n(x + rows[i] * hidden, hidden, gathered.data() + i * hidden);
+    }
+    SwiGlu(l.expert_gate[e], l.expert_up[e], l.expert_down[e], c.moe_intermediate_size, hidden,
+           gathered.data(), rows.size(), weights_of[e].data(), rows.data(), out);
   }
   if (c.n_shared_experts > 0) {
     SwiGlu(l.shared_gate, l.shared_up, l.shared_down, c.moe_intermediate_size * c.n_shared_experts,
-           hidden, x.data(), 1.0f, out.data());
+           hidden, x, n, nullptr, nullptr, out);
   }
 }
 
@@ -143,23 +164,140 @@ absl::Status Model::Step(uint32_t token, SequenceCache& cache, std::span<float> 
 
 absl::Status Model::Prefill(std::span<const uint32_t> tokens, SequenceCache& cache,
                             std::span<float> logits) const {
+  const SequenceTokens one{tokens, &cache, logits};
+  return Forward(std::span(&one, 1));
+}
+
+absl::Status Model::CheckBatch(std::span<const SequenceTokens> batch) const {
   const ModelConfig& c = config_;
-  if (tokens.empty()) return absl::InvalidArgumentError("no tokens to run");
-  for (uint32_t token : tokens) {
-    if (token >= c.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("token ", token, " outside the vocabulary of ", c.vocab_size));
+  if (batch.empty()) return absl::InvalidArgumentError("no sequences to run");
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const SequenceTokens& s = batch[b];
+    if (s.tokens.empty()) return absl::InvalidArgumentError(absl::StrCat("sequence ", b, " has no tokens to run"));
+    for (uint32_t token : s.tokens) {
+      if (token >= c.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat("token ", token, " outside the vocabulary of ", c.vocab_size));
+      }
+    }
+    if (s.cache == nullptr || s.logits.size() != static_cast<size_t>(c.vocab_size) ||
+        s.cache->tail.size() != layers_.size() || s.cache->blocks.size() != layers_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", b, ": logits or cache do not fit this model"));
+    }
+    for (size_t other = 0; other < b; ++other) {
+      if (batch[other].cache == s.cache) {
+        return absl::InvalidArgumentError(absl::StrCat("sequences ", other, " and ", b, " share a cache"));
+      }
     }
   }
-  if (logits.size() != static_cast<size_t>(c.vocab_size) || cache.tail.size() != layers_.size()) {
-    return absl::InvalidArgumentError("logits or cache do not fit this model");
+  return absl::OkStatus();
+}
+
+absl::Status Model::Forward(std::span<const SequenceTokens> batch) const {
+  KVTIER_RETURN_IF_ERROR(CheckBatch(batch));
+  const ModelConfig& c = config_;
+  const size_t hidden = c.hidden_size, heads = c.num_attention_heads, nope = c.qk_nope_head_dim,
+               rope = c.qk_rope_head_dim, qdim = c.q_head_dim(), kv = c.kv_lora_rank, v = c.v_head_dim;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  // One row per token, sequences one after another.
+  struct Row {
+    SequenceCache* cache;
+    int64_t pos;
+  };
+  std::vector<Row> rows;
+  for (const SequenceTokens& s : batch) {
+    for (size_t i = 0; i < s.tokens.size(); ++i) rows.push_back({s.cache, s.cache->length + static_cast<int64_t>(i)});
   }
-  // Token by token through all layers is the causal pass: token i's layer-l
-  // input depends only on tokens <= i. Blocks are sealed after the pass, so
-  // every token of it attends over full-precision latents.
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    KVTIER_RETURN_IF_ERROR(RunToken(tokens[i], cache, i + 1 == tokens.size() ? logits : std::span<float>()));
+  const size_t n = rows.size();
+  std::vector<float> x(n * hidden);
+  {
+    size_t r = 0;
+    for (const SequenceTokens& s : batch) {
+      for (uint32_t token : s.tokens) std::copy_n(embed_.begin() + token * hidden, hidden, x.begin() + r++ * hidden);
+    }
   }
-  return SealFullBlocks(cache);
+  const size_t q_lora = c.q_lora_rank.value_or(0);
+  std::vector<float> h(n * hidden), qa(n * q_lora), q(n * heads * qdim), q_latent(n * heads * kv),
+      q_pe(n * heads * rope), latent(n * (kv + rope)), attn_latent(n * heads * kv), attn(n * heads * v),
+      delta(n * hidden);
+  auto row = [](std::vector<float>& m, size_t r, size_t width) { return std::span(m).subspan(r * width, width); };
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    const Layer& l = layers_[li];
+    for (size_t r = 0; r < n; ++r) {
+      KVTIER_RETURN_IF_ERROR(Check(kernels::RmsNorm(row(x, r, hidden), l.input_norm, eps, row(h, r, hidden))));
+    }
+    if (q_lora > 0) {
+      MatMul(l.q_a, q_lora, hidden, h.data(), n, qa.data());
+      for (size_t r = 0; r < n; ++r) {
+        KVTIER_RETURN_IF_ERROR(Check(kernels::RmsNorm(row(qa, r, q_lora), l.q_a_norm, eps, row(qa, r, q_lora))));
+      }
+      MatMul(l.q_b, heads * qdim, q_lora, qa.data(), n, q.data());
+    } else {
+      MatMul(l.q_proj, heads * qdim, hidden, h.data(), n, q.data());
+    }
+    MatMul(l.kv_a, kv + rope, hidden, h.data(), n, latent.data());
+    for (size_t r = 0; r < n; ++r) {
+      std::span<float> lat = row(latent, r, kv + rope);
+      KVTIER_RETURN_IF_ERROR(Check(kernels::RmsNorm(lat.first(kv), l.kv_a_norm, eps, lat.first(kv))));
+      rope_.Apply(rows[r].pos, lat.subspan(kv));
+      std::vector<float>& tail = rows[r].cache->tail[li];
+      tail.insert(tail.end(), lat.begin(), lat.end());
+      for (size_t hd = 0; hd < heads; ++hd) {
+        std::span<float> pe = row(q_pe, r * heads + hd, rope);
+        std::copy_n(q.data() + (r * heads + hd) * qdim + nope, rope, pe.begin());
+        rope_.Apply(rows[r].pos, pe);
+      }
+    }
+    // Absorb W_UK: q_latent[h] = W_UK[h]^T q_nope[h], each weight row read
+    // once for all rows.
+    std::fill(q_latent.begin(), q_latent.end(), 0.0f);
+    for (size_t hd = 0; hd < heads; ++hd) {
+      for (size_t i = 0; i < nope; ++i) {
+        const float* w = l.w_uk.data() + (hd * nope + i) * kv;
+        for (size_t r = 0; r < n; ++r) {
+          const float qn = q[(r * heads + hd) * qdim + i];
+          float* ql = q_latent.data() + (r * heads + hd) * kv;
+          for (size_t j = 0; j < kv; ++j) ql[j] += w[j] * qn;
+        }
+      }
+    }
+    for (size_t r = 0; r < n; ++r) {
+      const SequenceCache& cache = *rows[r].cache;
+      std::vector<kernels::LatentBlock> blocks;
+      for (const auto& payload : cache.blocks[li]) blocks.push_back({cache.codec, cache.tokens_per_block, payload});
+      // Causal: this row sees the tail up to and including its own token.
+      const int64_t sealed = static_cast<int64_t>(blocks.size()) * cache.tokens_per_block;
+      const size_t visible = static_cast<size_t>(rows[r].pos - sealed + 1) * (kv + rope);
+      KVTIER_RETURN_IF_ERROR(Check(kernels::AbsorbedMlaDecode(
+          {static_cast<uint32_t>(heads), static_cast<uint32_t>(kv), static_cast<uint32_t>(rope)},
+          row(q_latent, r, heads * kv), row(q_pe, r, heads * rope), static_cast<float>(c.SoftmaxScale()),
+          blocks, std::span(cache.tail[li]).first(visible), row(attn_latent, r, heads * kv))));
+    }
+    for (size_t hd = 0; hd < heads; ++hd) {  // W_UV after the weighted sum
+      kernels::Gemm(l.w_uv.data() + hd * v * kv, v, kv, attn_latent.data() + hd * kv, n, heads * kv,
+                    attn.data() + hd * v, heads * v);
+    }
+    MatMul(l.o_proj, hidden, heads * v, attn.data(), n, delta.data());
+    for (size_t i = 0; i < x.size(); ++i) x[i] += delta[i];
+    for (size_t r = 0; r < n; ++r) {
+      KVTIER_RETURN_IF_ERROR(Check(kernels::RmsNorm(row(x, r, hidden), l.post_norm, eps, row(h, r, hidden))));
+    }
+    Mlp(l, h.data(), n, delta.data());
+    for (size_t i = 0; i < x.size(); ++i) x[i] += delta[i];
+  }
+  // Logits after each sequence's last token.
+  std::vector<float> last(batch.size() * hidden), logits(batch.size() * c.vocab_size);
+  size_t end = 0;
+  for (size_t b = 0; b < batch.size(); ++b) {
+    end += batch[b].tokens.size();
+    KVTIER_RETURN_IF_ERROR(Check(kernels::RmsNorm(row(x, end - 1, hidden), final_norm_, eps, row(last, b, hidden))));
+  }
+  MatMul(lm_head_, c.vocab_size, hidden, last.data(), batch.size(), logits.data());
+  for (size_t b = 0; b < batch.size(); ++b) {
+    std::copy_n(logits.begin() + b * c.vocab_size, c.vocab_size, batch[b].logits.begin());
+    batch[b].cache->length += static_cast<int64_t>(batch[b].tokens.size());
+    KVTIER_RETURN_IF_ERROR(SealFullBlocks(*batch[b].cache));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Model::SealFullBlocks(SequenceCache& cache) const {
@@ -174,69 +312,6 @@ absl::Status Model::SealFullBlocks(SequenceCache& cache) const {
       cache.tail[li].erase(cache.tail[li].begin(), cache.tail[li].begin() + shape.values());
     }
   }
-  return absl::OkStatus();
-}
-
-absl::Status Model::RunToken(uint32_t token, SequenceCache& cache, std::span<float> logits) const {
-  const ModelConfig& c = config_;
-  const size_t hidden = c.hidden_size, heads = c.num_attention_heads, nope = c.qk_nope_head_dim,
-               rope = c.qk_rope_head_dim, qdim = c.q_head_dim(), kv = c.kv_lora_rank, v = c.v_head_dim;
-  const float eps = static_cast<float>(c.rms_norm_eps);
-  const int64_t pos = cache.length;
-  std::vector<float> x(embed_.begin() + token * hidden, embed_.begin() + (token + 1) * hidden);
-  std::vector<float> h(hidden), q(heads * qdim), q_latent(heads * kv), q_pe(heads * rope),
-      latent(kv + rope), attn_latent(heads * kv), attn(heads * v), delta(hidden);
-  for (size_t li = 0; li < layers_.size(); ++li) {
-    const Layer& l = layers_[li];
-    KVTIER_RETURN_IF_ERROR(Check(kernels::RmsNorm(x, l.input_norm, eps, h)));
-    if (c.q_lora_rank.has_value()) {
-      std::vector<float> qa(*c.q_lora_rank);
-      MatVec(l.q_a, qa.size(), hidden, h.data(), qa.data());
-      KVTIER_RETURN_IF_ERROR(Check(kernels::RmsNorm(qa, l.q_a_norm, eps, qa)));
-      MatVec(l.q_b, q.size(), qa.size(), qa.data(), q.data());
-    } else {
-      MatVec(l.q_proj, q.size(), hidden, h.data(), q.data());
-    }
-    for (size_t hd = 0; hd < heads; ++hd) {
-      std::span<float> pe(q_pe.data() + hd * rope, rope);
-      std::copy_n(q.data() + hd * qdim + nope, rope, pe.begin());
-      rope_.Apply(pos, pe);
-      // Absorb W_UK: q_latent = W_UK^T q_nope.
-      const float* qn = q.data() + hd * qdim;
-      float* ql = q_latent.data() + hd * kv;
-      std::fill(ql, ql + kv, 0.0f);
-      for (size_t i = 0; i < nope; ++i) {
-        const float* w = l.w_uk.data() + (hd * nope + i) * kv;
-        for (size_t j = 0; j < kv; ++j) ql[j] += w[j] * qn[i];
-      }
-    }
-    MatVec(l.kv_a, kv + rope, hidden, h.data(), latent.data());
-    std::span<float> compressed(latent.data(), kv), k_pe(latent.data() + kv, rope);
-    KVTIER_RETURN_IF_ERROR(Check(kernels::RmsNorm(compressed, l.kv_a_norm, eps, compressed)));
-    rope_.Apply(pos, k_pe);
-    cache.tail[li].insert(cache.tail[li].end(), latent.begin(), latent.end());
-
-    std::vector<kernels::LatentBlock> blocks;
-    for (const auto& payload : cache.blocks[li]) {
-      blocks.push_back({cache.codec, cache.tokens_per_block, payload});
-    }
-    KVTIER_RETURN_IF_ERROR(Check(kernels::AbsorbedMlaDecode(
-        {static_cast<uint32_t>(heads), static_cast<uint32_t>(kv), static_cast<uint32_t>(rope)},
-        q_latent, q_pe, static_cast<float>(c.SoftmaxScale()), blocks, cache.tail[li], attn_latent)));
-    for (size_t hd = 0; hd < heads; ++hd) {  // W_UV after the weighted sum
-      kernels::Gemv(l.w_uv.data() + hd * v * kv, v, kv, attn_latent.data() + hd * kv,
-                    attn.data() + hd * v);
-    }
-    MatVec(l.o_proj, hidden, heads * v, attn.data(), delta.data());
-    for (size_t i = 0; i < hidden; ++i) x[i] += delta[i];
-    KVTIER_RETURN_IF_ERROR(Check(kernels::RmsNorm(x, l.post_norm, eps, h)));
-    Mlp(l, h, delta);
-    for (size_t i = 0; i < hidden; ++i) x[i] += delta[i];
-  }
-  ++cache.length;
-  if (logits.empty()) return absl::OkStatus();  // a prompt token before the last
-  KVTIER_RETURN_IF_ERROR(Check(kernels::RmsNorm(x, final_norm_, eps, h)));
-  MatVec(lm_head_, c.vocab_size, hidden, h.data(), logits.data());
   return absl::OkStatus();
 }
 

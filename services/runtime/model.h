@@ -1,6 +1,7 @@
-// DeepSeek-V2 forward pass on the CPU, one token at a time, with absorbed MLA
-// attention over a sequence's stored latents: full blocks kept in a codec
-// (bf16/fp8/int8/int4, as the cache stores them), the partial tail in float.
+// DeepSeek-V2 forward pass on the CPU over a batch of sequences, with
+// absorbed MLA attention over each sequence's stored latents: full blocks
+// kept in a codec (bf16/fp8/int8/int4, as the cache stores them), the
+// partial tail in float.
 #ifndef KVTIER_SERVICES_RUNTIME_MODEL_H_
 #define KVTIER_SERVICES_RUNTIME_MODEL_H_
 
@@ -27,6 +28,15 @@ struct SequenceCache {
   std::vector<std::vector<float>> tail;                  // [layer] rows
 };
 
+// One sequence's part of a forward pass: `tokens` run at positions
+// cache->length, cache->length + 1, ...; `logits` (vocab_size floats) gets
+// the next-token logits after the last of them.
+struct SequenceTokens {
+  std::span<const uint32_t> tokens;
+  SequenceCache* cache = nullptr;
+  std::span<float> logits;
+};
+
 // Weights in float32, loaded once. Immutable after Load; thread-safe to read.
 class Model {
  public:
@@ -35,19 +45,24 @@ class Model {
   const ModelConfig& config() const { return config_; }
   SequenceCache NewCache(kernels::Codec codec, uint32_t tokens_per_block) const;
 
-  // Runs token `token` at position cache.length: appends its latents to
-  // `cache` (sealing a block when the tail fills) and writes the next-token
-  // logits (vocab_size floats). INVALID_ARGUMENT for a token outside the
-  // vocabulary (cache untouched); any later error, which only a cache built
-  // for another model can cause, leaves `cache` unusable.
-  absl::Status Step(uint32_t token, SequenceCache& cache, std::span<float> logits) const;
+  // Runs every sequence's tokens as one causal pass: each projection reads
+  // its weights once for all rows of the batch (prefill of a prompt is a
+  // batch of one sequence with many tokens; a decode step is many sequences
+  // with one token each; both can mix). Each token attends over its own
+  // sequence's stored blocks and the full-precision latents of the tokens
+  // before it; blocks filled by the pass are sealed into the codec at the
+  // end. A sequence's results do not depend on what else is in the batch
+  // (bit for bit). INVALID_ARGUMENT, with every cache untouched, for an empty
+  // batch or token list, a token outside the vocabulary, a logits span or
+  // cache that does not fit, or the same cache twice; any later error leaves
+  // the caches unusable.
+  absl::Status Forward(std::span<const SequenceTokens> batch) const;
 
-  // Runs `tokens` as one causal pass (a prompt, or a prompt's uncached
-  // suffix) and writes the logits after the last. Every token of the pass
-  // attends over full-precision latents; the blocks it fills are sealed into
-  // the codec at the end. Step is Prefill of one token.
+  // Forward for one sequence: a prompt (or its uncached suffix), or one
+  // decode step.
   absl::Status Prefill(std::span<const uint32_t> tokens, SequenceCache& cache,
                        std::span<float> logits) const;
+  absl::Status Step(uint32_t token, SequenceCache& cache, std::span<float> logits) const;
 
  private:
   struct Layer {
@@ -64,10 +79,10 @@ class Model {
     std::vector<float> shared_gate, shared_up, shared_down;
   };
   Model() = default;
-  void Mlp(const Layer& l, std::span<const float> x, std::span<float> out) const;
-  // One token through every layer, its latents appended to the tail; the
-  // logits only when `logits` is not empty.
-  absl::Status RunToken(uint32_t token, SequenceCache& cache, std::span<float> logits) const;
+  absl::Status CheckBatch(std::span<const SequenceTokens> batch) const;
+  // out[n][hidden] = the layer's MLP (dense, or routed + shared experts) of
+  // x[n][hidden].
+  void Mlp(const Layer& l, const float* x, size_t n, float* out) const;
   absl::Status SealFullBlocks(SequenceCache& cache) const;
 
   ModelConfig config_;

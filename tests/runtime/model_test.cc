@@ -150,6 +150,70 @@ TEST(Model, LiteAttnPresetMatchesTheNaiveModel) {
   fs::remove_all(dir);
 }
 
+// A batch mixing prompts of different lengths (one crossing two blocks, one
+// shorter than a block) with decode steps of sequences already holding
+// sealed int4 blocks: each sequence's logits and latents are bit for bit
+// those of running it alone, and the naive model agrees.
+TEST(Model, BatchOfSequencesEqualsEachAlone) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  const fs::path dir = fs::temp_directory_path() / ("kvtier_model_batch_" + std::to_string(rng.seed()));
+  ASSERT_TRUE(MakeModel(*PresetConfig("tiny"), dir.string(), rng.seed()).ok());
+  auto ckpt = Checkpoint::Open(dir.string());
+  auto model = Model::Load(**ckpt);
+  ASSERT_TRUE(model.ok());
+  std::uniform_int_distribution<uint32_t> id(0, 255);
+  auto random_tokens = [&](size_t n) {
+    std::vector<uint32_t> t(n);
+    for (auto& v : t) v = id(rng.engine());
+    return t;
+  };
+  // Sequences 0 and 1 start fresh (prompts of 37 and 5); 2 and 3 first hold
+  // 20 and 16 tokens, then take one decode token each.
+  const std::vector<std::vector<uint32_t>> history = {{}, {}, random_tokens(20), random_tokens(16)};
+  const std::vector<std::vector<uint32_t>> pass = {random_tokens(37), random_tokens(5), random_tokens(1),
+                                                   random_tokens(1)};
+  std::vector<SequenceCache> batched, alone;
+  std::vector<float> scratch(256);
+  for (size_t s = 0; s < history.size(); ++s) {
+    batched.push_back((*model)->NewCache(kernels::Codec::kInt4, 16));
+    if (!history[s].empty()) {
+      ASSERT_TRUE((*model)->Prefill(history[s], batched.back(), scratch).ok());
+    }
+  }
+  alone = batched;
+  std::vector<std::vector<float>> got(4, std::vector<float>(256, NAN)), want = got;
+  std::vector<SequenceTokens> batch;
+  for (size_t s = 0; s < pass.size(); ++s) batch.push_back({pass[s], &batched[s], got[s]});
+  ASSERT_TRUE((*model)->Forward(batch).ok());
+  for (size_t s = 0; s < pass.size(); ++s) {
+    SCOPED_TRACE("sequence " + std::to_string(s));
+    ASSERT_TRUE((*model)->Prefill(pass[s], alone[s], want[s]).ok());
+    EXPECT_EQ(got[s], want[s]);
+    EXPECT_EQ(batched[s].length, alone[s].length);
+    EXPECT_EQ(batched[s].blocks, alone[s].blocks);
+    EXPECT_EQ(batched[s].tail, alone[s].tail);
+  }
+  EXPECT_EQ(batched[0].blocks[0].size(), 2u);
+  EXPECT_EQ(batched[3].blocks[0].size(), 1u);
+  std::vector<uint32_t> all = history[2];
+  all.insert(all.end(), pass[2].begin(), pass[2].end());
+  const auto naive = testing::NaiveLogits(**ckpt, all, &batched[2], /*stored_from=*/20);
+  EXPECT_LE(RelativeError(got[2], naive.back()), 1e-4);
+
+  // Bad batches change nothing.
+  const SequenceCache before = batched[0];
+  const std::vector<uint32_t> one = {1};
+  EXPECT_EQ((*model)->Forward({}).code(), absl::StatusCode::kInvalidArgument);
+  std::vector<SequenceTokens> twice = {{one, &batched[0], got[0]}, {one, &batched[0], got[1]}};
+  EXPECT_EQ((*model)->Forward(twice).code(), absl::StatusCode::kInvalidArgument);
+  std::vector<SequenceTokens> short_logits = {{one, &batched[0], std::span(got[0]).first(10)}};
+  EXPECT_EQ((*model)->Forward(short_logits).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(batched[0].length, before.length);
+  EXPECT_EQ(batched[0].tail, before.tail);
+  fs::remove_all(dir);
+}
+
 TEST(Model, RejectsTokensOutsideTheVocabulary) {
   const fs::path dir = fs::temp_directory_path() / ("kvtier_model_vocab_" + std::to_string(getpid()));
   ASSERT_TRUE(MakeModel(*PresetConfig("tiny"), dir.string(), 1).ok());
