@@ -6,31 +6,10 @@
 #include "kvtier/kernels/layers.h"
 #include "kvtier/kernels/mla_attention.h"
 #include "services/common/status.h"
+#include "services/runtime/matmul.h"
 
 namespace kvtier::runtime {
 namespace {
-
-// y[n][rows] = x[n][cols] W^T for W [rows][cols] row-major.
-void MatMul(const std::vector<float>& w, size_t rows, size_t cols, const float* x, size_t n, float* y) {
-  kernels::Gemm(w.data(), rows, cols, x, n, cols, y, rows);
-}
-
-// out[out_rows[i]] += weights[i] * down(silu(gate x_i) * up x_i) for the n
-// rows of x ([n][hidden]); no out_rows: row i, no weights: 1.
-void SwiGlu(const std::vector<float>& gate, const std::vector<float>& up,
-            const std::vector<float>& down, size_t inter, size_t hidden, const float* x, size_t n,
-            const float* weights, const uint32_t* out_rows, float* out) {
-  std::vector<float> g(n * inter), u(n * inter), y(n * hidden);
-  MatMul(gate, inter, hidden, x, n, g.data());
-  MatMul(up, inter, hidden, x, n, u.data());
-  for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-  MatMul(down, hidden, inter, g.data(), n, y.data());
-  for (size_t i = 0; i < n; ++i) {
-    const float w = weights == nullptr ? 1.0f : weights[i];
-    float* o = out + (out_rows == nullptr ? i : out_rows[i]) * hidden;
-    for (size_t j = 0; j < hidden; ++j) o[j] += w * y[i * hidden + j];
-  }
-}
 
 absl::Status Check(const kernels::Status& s) { return FromKernelStatus(s); }
 
@@ -77,26 +56,34 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const Checkpoint& ckpt) {
     }
     KVTIER_ASSIGN_OR_RETURN(l.o_proj, load(p + "self_attn.o_proj.weight"));
     l.moe = c.IsMoeLayer(i);
+    auto load_swiglu = [&](const std::string& prefix, size_t inter) -> absl::StatusOr<SwiGluWeights> {
+      SwiGluWeights w;
+      w.inter = inter;
+      KVTIER_ASSIGN_OR_RETURN(w.gate, load(prefix + "gate_proj.weight"));
+      KVTIER_ASSIGN_OR_RETURN(w.up, load(prefix + "up_proj.weight"));
+      KVTIER_ASSIGN_OR_RETURN(w.down, load(prefix + "down_proj.weight"));
+      return w;
+    };
     if (!l.moe) {
-      KVTIER_ASSIGN_OR_RETURN(l.gate_proj, load(p + "mlp.gate_proj.weight"));
-      KVTIER_ASSIGN_OR_RETURN(l.up_proj, load(p + "mlp.up_proj.weight"));
-      KVTIER_ASSIGN_OR_RETURN(l.down_proj, load(p + "mlp.down_proj.weight"));
+      KVTIER_ASSIGN_OR_RETURN(l.mlp, load_swiglu(p + "mlp.", c.intermediate_size));
     } else {
-      KVTIER_ASSIGN_OR_RETURN(l.router, load(p + "mlp.gate.weight"));
+      MoeWeights& moe = l.experts;
+      KVTIER_ASSIGN_OR_RETURN(moe.router, load(p + "mlp.gate.weight"));
       for (int64_t e = 0; e < c.n_routed_experts; ++e) {
-        const std::string ep = absl::StrCat(p, "mlp.experts.", e, ".");
-        KVTIER_ASSIGN_OR_RETURN(std::vector<float> g, load(ep + "gate_proj.weight"));
-        KVTIER_ASSIGN_OR_RETURN(std::vector<float> u, load(ep + "up_proj.weight"));
-        KVTIER_ASSIGN_OR_RETURN(std::vector<float> d, load(ep + "down_proj.weight"));
-        l.expert_gate.push_back(std::move(g));
-        l.expert_up.push_back(std::move(u));
-        l.expert_down.push_back(std::move(d));
+        KVTIER_ASSIGN_OR_RETURN(SwiGluWeights expert,
+                                load_swiglu(absl::StrCat(p, "mlp.experts.", e, "."), c.moe_intermediate_size));
+        moe.experts.push_back(std::move(expert));
       }
       if (c.n_shared_experts > 0) {
-        KVTIER_ASSIGN_OR_RETURN(l.shared_gate, load(p + "mlp.shared_experts.gate_proj.weight"));
-        KVTIER_ASSIGN_OR_RETURN(l.shared_up, load(p + "mlp.shared_experts.up_proj.weight"));
-        KVTIER_ASSIGN_OR_RETURN(l.shared_down, load(p + "mlp.shared_experts.down_proj.weight"));
+        KVTIER_ASSIGN_OR_RETURN(moe.shared, load_swiglu(p + "mlp.shared_experts.",
+                                                        c.moe_intermediate_size * c.n_shared_experts));
       }
+      moe.gate.top_k = static_cast<uint32_t>(c.num_experts_per_tok);
+      moe.gate.group_limited = c.topk_method == TopkMethod::kGroupLimitedGreedy;
+      moe.gate.n_group = static_cast<uint32_t>(c.n_group);
+      moe.gate.topk_group = static_cast<uint32_t>(c.topk_group);
+      moe.gate.norm_topk_prob = c.norm_topk_prob;
+      moe.gate.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
     }
     m->layers_.push_back(std::move(l));
   }
@@ -110,52 +97,6 @@ SequenceCache Model::NewCache(kernels::Codec codec, uint32_t tokens_per_block) c
   cache.blocks.resize(layers_.size());
   cache.tail.resize(layers_.size());
   return cache;
-}
-
-void Model::Mlp(const Layer& l, const float* x, size_t n, float* out) const {
-  const ModelConfig& c = config_;
-  const size_t hidden = c.hidden_size, experts = c.n_routed_experts;
-  std::fill(out, out + n * hidden, 0.0f);
-  if (!l.moe) {
-    SwiGlu(l.gate_proj, l.up_proj, l.down_proj, c.intermediate_size, hidden, x, n, nullptr, nullptr, out);
-    return;
-  }
-  std::vector<float> router_logits(n * experts);
-  MatMul(l.router, experts, hidden, x, n, router_logits.data());
-  kernels::GateParams gate;
-  gate.top_k = static_cast<uint32_t>(c.num_experts_per_tok);
-  gate.group_limited = c.topk_method == TopkMethod::kGroupLimitedGreedy;
-  gate.n_group = static_cast<uint32_t>(c.n_group);
-  gate.topk_group = static_cast<uint32_t>(c.topk_group);
-  gate.norm_topk_prob = c.norm_topk_prob;
-  gate.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
-  // Group the rows by expert, so each expert's weights are read once.
-  std::vector<std::vector<uint32_t>> rows_of(experts);
-  std::vector<std::vector<float>> weights_of(experts);
-  std::vector<kernels::ExpertChoice> chosen;
-  for (size_t i = 0; i < n; ++i) {
-    // Parameters were validated with the config, so selection cannot fail.
-    (void)kernels::SelectExperts(std::span(router_logits).subspan(i * experts, experts), gate, chosen);
-    for (const kernels::ExpertChoice& e : chosen) {
-      rows_of[e.expert].push_back(static_cast<uint32_t>(i));
-      weights_of[e.expert].push_back(e.weight);
-    }
-  }
-  std::vector<float> gathered;
-  for (size_t e = 0; e < experts; ++e) {
-    const std::vector<uint32_t>& rows = rows_of[e];
-    if (rows.empty()) continue;
-    gathered.resize(rows.size() * hidden);
-    for (size_t i = 0; i < rows.size(); ++i) {
-      std::copy_n(x + rows[i] * hidden, hidden, gathered.data() + i * hidden);
-    }
-    SwiGlu(l.expert_gate[e], l.expert_up[e], l.expert_down[e], c.moe_intermediate_size, hidden,
-           gathered.data(), rows.size(), weights_of[e].data(), rows.data(), out);
-  }
-  if (c.n_shared_experts > 0) {
-    SwiGlu(l.shared_gate, l.shared_up, l.shared_down, c.moe_intermediate_size * c.n_shared_experts,
-           hidden, x, n, nullptr, nullptr, out);
-  }
 }
 
 absl::Status Model::Step(uint32_t token, SequenceCache& cache, std::span<float> logits) const {
@@ -281,7 +222,12 @@ absl::Status Model::Forward(std::span<const SequenceTokens> batch) const {
     for (size_t r = 0; r < n; ++r) {
       KVTIER_RETURN_IF_ERROR(Check(kernels::RmsNorm(row(x, r, hidden), l.post_norm, eps, row(h, r, hidden))));
     }
-    Mlp(l, h.data(), n, delta.data());
+    if (l.moe) {
+      MoeForward(l.experts, hidden, h.data(), n, delta.data());
+    } else {
+      std::fill(delta.begin(), delta.end(), 0.0f);
+      SwiGluForward(l.mlp, hidden, h.data(), n, nullptr, nullptr, delta.data());
+    }
     for (size_t i = 0; i < x.size(); ++i) x[i] += delta[i];
   }
   // Logits after each sequence's last token.

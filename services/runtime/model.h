@@ -14,6 +14,7 @@
 #include "kvtier/kernels/codec.h"
 #include "kvtier/kernels/rope.h"
 #include "services/runtime/checkpoint.h"
+#include "services/runtime/ffn.h"
 
 namespace kvtier::runtime {
 
@@ -73,16 +74,11 @@ class Model {
     std::vector<float> w_uk, w_uv;             // [heads][nope][kv], [heads][v][kv]
     std::vector<float> o_proj;
     bool moe = false;
-    std::vector<float> gate_proj, up_proj, down_proj;  // dense MLP
-    std::vector<float> router;                         // [experts, hidden]
-    std::vector<std::vector<float>> expert_gate, expert_up, expert_down;
-    std::vector<float> shared_gate, shared_up, shared_down;
+    SwiGluWeights mlp;  // dense layers
+    MoeWeights experts;
   };
   Model() = default;
   absl::Status CheckBatch(std::span<const SequenceTokens> batch) const;
-  // out[n][hidden] = the layer's MLP (dense, or routed + shared experts) of
-  // x[n][hidden].
-  void Mlp(const Layer& l, const float* x, size_t n, float* out) const;
   absl::Status SealFullBlocks(SequenceCache& cache) const;
 
   ModelConfig config_;

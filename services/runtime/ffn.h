@@ -1,0 +1,46 @@
+// The feed-forward half of a DeepSeek-V2 layer over a batch of rows: a
+// SwiGLU MLP (dense layers, each expert, the shared experts) and the MoE
+// that routes each row to its top-k experts. Weights float32, row-major.
+#ifndef KVTIER_SERVICES_RUNTIME_FFN_H_
+#define KVTIER_SERVICES_RUNTIME_FFN_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kvtier/kernels/layers.h"
+
+namespace kvtier::runtime {
+
+// down(silu(gate x) * up x); gate and up are [inter][hidden], down
+// [hidden][inter].
+struct SwiGluWeights {
+  size_t inter = 0;
+  std::vector<float> gate, up, down;
+};
+
+// For each of the n rows of x ([n][hidden]):
+// out[out_rows[i]] += weights[i] * SwiGLU(x_i); no out_rows means row i, no
+// weights means 1. Each weight matrix is read once for all rows.
+void SwiGluForward(const SwiGluWeights& w, size_t hidden, const float* x, size_t n,
+                   const float* weights, const uint32_t* out_rows, float* out);
+
+struct MoeWeights {
+  std::vector<float> router;  // [experts][hidden]
+  std::vector<SwiGluWeights> experts;
+  SwiGluWeights shared;  // inter 0: no shared experts
+  kernels::GateParams gate;
+};
+
+// out[n][hidden] = routed experts (weighted by the gate) + shared experts.
+// Rows are grouped by expert so each chosen expert's weights are read once
+// per batch. `gate` must have been validated against the expert count.
+void MoeForward(const MoeWeights& w, size_t hidden, const float* x, size_t n, float* out);
+
+// Weight bytes MoeForward reads for rows choosing `experts_touched`
+// distinct experts: router, those experts and the shared experts.
+size_t MoeWeightBytes(const MoeWeights& w, size_t hidden, size_t experts_touched);
+
+}  // namespace kvtier::runtime
+
+#endif  // KVTIER_SERVICES_RUNTIME_FFN_H_

@@ -1,0 +1,74 @@
+// MoeForward over a batch against a float64 re-computation row by row
+// (DeepSeek-V2's gate from tests/reference, SwiGLU in double).
+#include "services/runtime/ffn.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "tests/reference/deepseek_math.h"
+#include "tests/test_random.h"
+
+namespace kvtier::runtime {
+namespace {
+
+SwiGluWeights RandomSwiGlu(size_t inter, size_t hidden, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(static_cast<float>(hidden)));
+  SwiGluWeights w;
+  w.inter = inter;
+  for (auto* m : {&w.gate, &w.up, &w.down}) {
+    m->resize(inter * hidden);
+    for (float& v : *m) v = normal(rng);
+  }
+  return w;
+}
+
+// sum_e weight_e * SwiGLU_e(x) in double.
+void AddSwiGlu(const SwiGluWeights& w, size_t hidden, const float* x, double weight, std::vector<double>& out) {
+  std::vector<double> act(w.inter);
+  for (size_t i = 0; i < w.inter; ++i) {
+    double g = 0, u = 0;
+    for (size_t c = 0; c < hidden; ++c) g += double{w.gate[i * hidden + c]} * x[c], u += double{w.up[i * hidden + c]} * x[c];
+    act[i] = g / (1 + std::exp(-g)) * u;
+  }
+  for (size_t j = 0; j < hidden; ++j) {
+    double y = 0;
+    for (size_t i = 0; i < w.inter; ++i) y += double{w.down[j * w.inter + i]} * act[i];
+    out[j] += weight * y;
+  }
+}
+
+TEST(MoeForward, BatchMatchesFloat64PerRow) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  constexpr size_t kHidden = 48, kExperts = 8, kInter = 24, kRows = 13;
+  MoeWeights moe;
+  moe.gate = {.top_k = 3, .group_limited = true, .n_group = 4, .topk_group = 2, .norm_topk_prob = false,
+              .routed_scaling_factor = 1.5f};
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  moe.router.resize(kExperts * kHidden);
+  for (float& v : moe.router) v = normal(rng.engine()) * 0.5f;
+  for (size_t e = 0; e < kExperts; ++e) moe.experts.push_back(RandomSwiGlu(kInter, kHidden, rng.engine()));
+  moe.shared = RandomSwiGlu(2 * kInter, kHidden, rng.engine());
+  std::vector<float> x(kRows * kHidden), out(kRows * kHidden, NAN);
+  for (float& v : x) v = normal(rng.engine());
+  MoeForward(moe, kHidden, x.data(), kRows, out.data());
+
+  for (size_t r = 0; r < kRows; ++r) {
+    const float* xr = x.data() + r * kHidden;
+    std::vector<float> logits(kExperts);
+    kernels::Gemv(moe.router.data(), kExperts, kHidden, xr, logits.data());
+    std::vector<double> want(kHidden, 0.0);
+    for (auto [e, weight] : kernels::ReferenceGate(logits, moe.gate)) AddSwiGlu(moe.experts[e], kHidden, xr, weight, want);
+    AddSwiGlu(moe.shared, kHidden, xr, 1.0, want);
+    for (size_t j = 0; j < kHidden; ++j) {
+      ASSERT_NEAR(out[r * kHidden + j], want[j], 1e-5 * (1 + std::fabs(want[j]))) << "row " << r << " dim " << j;
+    }
+  }
+  // Weight bytes: router + 3 experts' matrices + shared.
+  EXPECT_EQ(MoeWeightBytes(moe, kHidden, 3), 4 * (kExperts * kHidden + 3 * 3 * kInter * kHidden + 3 * 2 * kInter * kHidden));
+}
+
+}  // namespace
+}  // namespace kvtier::runtime
