@@ -133,7 +133,7 @@ absl::Status Model::CheckBatch(std::span<const SequenceTokens> batch) const {
   return absl::OkStatus();
 }
 
-absl::Status Model::Forward(std::span<const SequenceTokens> batch) const {
+absl::Status Model::Forward(std::span<const SequenceTokens> batch, const LayerDone& on_layer) const {
   KVTIER_RETURN_IF_ERROR(CheckBatch(batch));
   const ModelConfig& c = config_;
   const size_t hidden = c.hidden_size, heads = c.num_attention_heads, nope = c.qk_nope_head_dim,
@@ -229,6 +229,9 @@ absl::Status Model::Forward(std::span<const SequenceTokens> batch) const {
       SwiGluForward(l.mlp, hidden, h.data(), n, nullptr, nullptr, delta.data());
     }
     for (size_t i = 0; i < x.size(); ++i) x[i] += delta[i];
+    // Every row has attended at this layer: its full blocks can be sealed.
+    for (const SequenceTokens& s : batch) KVTIER_RETURN_IF_ERROR(SealLayer(*s.cache, li));
+    if (on_layer) on_layer(li);
   }
   // Logits after each sequence's last token.
   std::vector<float> last(batch.size() * hidden), logits(batch.size() * c.vocab_size);
@@ -241,23 +244,23 @@ absl::Status Model::Forward(std::span<const SequenceTokens> batch) const {
   for (size_t b = 0; b < batch.size(); ++b) {
     std::copy_n(logits.begin() + b * c.vocab_size, c.vocab_size, batch[b].logits.begin());
     batch[b].cache->length += static_cast<int64_t>(batch[b].tokens.size());
-    KVTIER_RETURN_IF_ERROR(SealFullBlocks(*batch[b].cache));
   }
   return absl::OkStatus();
 }
 
-absl::Status Model::SealFullBlocks(SequenceCache& cache) const {
+absl::Status Model::SealLayer(SequenceCache& cache, size_t li) const {
   const kernels::BlockShape shape{cache.tokens_per_block, static_cast<uint32_t>(config_.kv_lora_rank),
                                   static_cast<uint32_t>(config_.qk_rope_head_dim)};
-  while (cache.tail[0].size() >= shape.values()) {
-    for (size_t li = 0; li < layers_.size(); ++li) {
-      std::vector<uint8_t> payload(kernels::EncodedBytes(cache.codec, shape));
-      KVTIER_RETURN_IF_ERROR(Check(kernels::Quantize(
-          cache.codec, shape, std::span<const float>(cache.tail[li]).first(shape.values()), payload)));
-      cache.blocks[li].push_back(std::move(payload));
-      cache.tail[li].erase(cache.tail[li].begin(), cache.tail[li].begin() + shape.values());
-    }
+  std::vector<float>& tail = cache.tail[li];
+  size_t sealed = 0;
+  while (tail.size() - sealed >= shape.values()) {
+    std::vector<uint8_t> payload(kernels::EncodedBytes(cache.codec, shape));
+    KVTIER_RETURN_IF_ERROR(Check(kernels::Quantize(
+        cache.codec, shape, std::span<const float>(tail).subspan(sealed, shape.values()), payload)));
+    cache.blocks[li].push_back(std::move(payload));
+    sealed += shape.values();
   }
+  tail.erase(tail.begin(), tail.begin() + static_cast<ptrdiff_t>(sealed));
   return absl::OkStatus();
 }
 

@@ -6,6 +6,7 @@
 #define KVTIER_SERVICES_RUNTIME_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -51,13 +52,16 @@ class Model {
   // batch of one sequence with many tokens; a decode step is many sequences
   // with one token each; both can mix). Each token attends over its own
   // sequence's stored blocks and the full-precision latents of the tokens
-  // before it; blocks filled by the pass are sealed into the codec at the
-  // end. A sequence's results do not depend on what else is in the batch
+  // before it in the pass; the blocks the pass fills are sealed into the
+  // codec layer by layer, once every row has attended. A sequence's results do not depend on what else is in the batch
   // (bit for bit). INVALID_ARGUMENT, with every cache untouched, for an empty
   // batch or token list, a token outside the vocabulary, a logits span or
   // cache that does not fit, or the same cache twice; any later error leaves
-  // the caches unusable.
-  absl::Status Forward(std::span<const SequenceTokens> batch) const;
+  // the caches unusable. `on_layer(l)`, when given, runs as soon as layer l
+  // is done and its filled blocks are sealed (so a prefill node can send
+  // them while the next layers compute).
+  using LayerDone = std::function<void(size_t layer)>;
+  absl::Status Forward(std::span<const SequenceTokens> batch, const LayerDone& on_layer = {}) const;
 
   // Forward for one sequence: a prompt (or its uncached suffix), or one
   // decode step.
@@ -79,7 +83,8 @@ class Model {
   };
   Model() = default;
   absl::Status CheckBatch(std::span<const SequenceTokens> batch) const;
-  absl::Status SealFullBlocks(SequenceCache& cache) const;
+  // Quantizes the full blocks at the front of layer li's tail into blocks.
+  absl::Status SealLayer(SequenceCache& cache, size_t li) const;
 
   ModelConfig config_;
   kernels::RopeTable rope_;
