@@ -27,7 +27,7 @@
 #include "services/cache/raw_get.h"
 #include "services/common/flags.h"
 #include "services/kvblock/block_format.h"
-#include "tests/integration/child_process.h"
+#include "services/common/child_process.h"
 
 namespace kvtier::cache {
 namespace {
@@ -233,12 +233,12 @@ int Run(const std::string& cache_binary, const std::string& redis_binary, int ro
   for (int c = 0; c < kMaxClients; ++c) prefixes.push_back(MakePrefix(layout, "c" + std::to_string(c), c + 1));
   const size_t bytes = prefixes[0].bytes;
 
-  testing::ChildProcess cache({cache_binary, "--listen", "127.0.0.1:0", "--metrics-listen", "",
+  ChildProcess cache({cache_binary, "--listen", "127.0.0.1:0", "--metrics-listen", "",
                                "--device-capacity", "1GiB", "--host-capacity", "64MiB"});
   const int cache_port = cache.WaitForListeningPort();
-  const int redis_port = testing::FreeLoopbackPort();  // Redis cannot report port 0
+  const int redis_port = FreeLoopbackPort();  // Redis cannot report port 0
   // Redis logs to a file nobody reads, not to a pipe that could fill.
-  testing::ChildProcess redis({redis_binary, "--port", std::to_string(redis_port), "--bind",
+  ChildProcess redis({redis_binary, "--port", std::to_string(redis_port), "--bind",
                                "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no",
                                "--logfile", "/dev/null"});
   if (cache_port <= 0) {

@@ -425,21 +425,6 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
 }  // namespace
 
-absl::Status ValidateNamespace(const std::string& ns) {
-  if (ns.empty() || ns.size() > 128) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("kv_namespace must be 1-128 bytes, got ", ns.size()));
-  }
-  for (char c : ns) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '.' || c == '_' || c == '-';
-    if (!ok) {
-      return absl::InvalidArgumentError("kv_namespace may hold only [A-Za-z0-9._-]");
-    }
-  }
-  return absl::OkStatus();
-}
-
 void FillStats(const StoreStats& s, v1::StatsResponse& r) {
   for (const TierCounters& t : s.tiers) {
     v1::TierStats* ts = r.add_tiers();
@@ -475,7 +460,7 @@ CacheService::CacheService(BlockStore* store, Executor* executor, RpcMetrics* me
 
 absl::StatusOr<RequestScope> CacheService::ValidateScope(const std::string& ns,
                                                          const v1::LatentLayout& layout) const {
-  KVTIER_RETURN_IF_ERROR(ValidateNamespace(ns));
+  KVTIER_RETURN_IF_ERROR(kvblock::ValidateNamespace(ns));
   if (!namespaces_.empty() && !namespaces_.contains(ns)) {
     return absl::NotFoundError(absl::StrCat("unknown namespace '", ns, "'"));
   }

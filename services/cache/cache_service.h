@@ -70,8 +70,6 @@ class CacheService final : public KvCacheBase {
   absl::flat_hash_set<std::string> namespaces_;
 };
 
-// INVALID_ARGUMENT unless 1-128 bytes of [A-Za-z0-9._-].
-absl::Status ValidateNamespace(const std::string& ns);
 
 // Fills a StatsResponse from the store's counters.
 void FillStats(const StoreStats& stats, v1::StatsResponse& response);

@@ -13,6 +13,7 @@
 #include "services/cache/store_metrics.h"
 #include "services/common/byte_size.h"
 #include "services/common/flags.h"
+#include "services/common/metrics_exposer.h"
 #include "services/common/server_runner.h"
 
 namespace kvtier::cache {
@@ -77,7 +78,7 @@ int Run(const Flags& f) {
   }
   std::vector<std::string> namespaces;
   for (absl::string_view ns : absl::StrSplit(f.namespaces, ',', absl::SkipEmpty())) {
-    if (absl::Status s = ValidateNamespace(std::string(ns)); !s.ok()) {
+    if (absl::Status s = kvblock::ValidateNamespace(std::string(ns)); !s.ok()) {
       std::cerr << "kvtier-cache: --namespaces: " << s.message() << "\n";
       return 2;
     }
@@ -98,17 +99,12 @@ int Run(const Flags& f) {
   auto store_metrics = std::make_shared<StoreMetrics>(store->get());
   std::unique_ptr<prometheus::Exposer> exposer;
   if (!f.metrics_listen.empty()) {
-    try {
-      exposer = std::make_unique<prometheus::Exposer>(f.metrics_listen);
-    } catch (const std::exception& e) {
-      std::cerr << "kvtier-cache: cannot serve metrics on " << f.metrics_listen << ": " << e.what() << "\n";
+    auto started = StartMetricsExposer(f.metrics_listen, {registry, store_metrics});
+    if (!started.ok()) {
+      std::cerr << "kvtier-cache: " << started.status().message() << "\n";
       return 1;
     }
-    exposer->RegisterCollectable(registry);
-    exposer->RegisterCollectable(store_metrics);
-    const std::string host = f.metrics_listen.substr(0, f.metrics_listen.rfind(':'));
-    std::cout << "metrics on " << host << ":" << exposer->GetListeningPorts().at(0) << "/metrics"
-              << std::endl;
+    exposer = std::move(*started);
   }
   Executor executor(f.threads, /*max_queued=*/4096);
   CacheService service(store->get(), &executor, &rpc_metrics, namespaces);

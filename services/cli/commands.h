@@ -12,6 +12,8 @@ int RunQuantEval(const std::vector<std::string>& args);
 int RunStats(const std::vector<std::string>& args);
 int RunMakeModel(const std::vector<std::string>& args);
 int RunRun(const std::vector<std::string>& args);
+int RunGenerate(const std::vector<std::string>& args);
+int RunUp(const std::vector<std::string>& args);
 
 }  // namespace kvtier::cli
 

@@ -15,7 +15,10 @@ constexpr char kUsage[] =
     "               on a file of latents or on synthetic ones (--synthetic)\n"
     "  stats        a cache server's capacity, use and counters per tier\n"
     "  make-model   write a random, seeded DeepSeek-V2 checkpoint (tiny, lite-attn)\n"
-    "  run          generate in process on a checkpoint (no servers)\n";
+    "  run          generate in process on a checkpoint (no servers)\n"
+    "  generate     generate through a prefill node (kvtier-prefill)\n"
+    "  up           start cache + decode + prefill locally on a generated model, run a\n"
+    "               generation, print its tokens and the cache's stats\n";
 
 }  // namespace
 
@@ -34,6 +37,8 @@ int main(int argc, char** argv) {
   if (command == "stats") return kvtier::cli::RunStats(args);
   if (command == "make-model") return kvtier::cli::RunMakeModel(args);
   if (command == "run") return kvtier::cli::RunRun(args);
+  if (command == "generate") return kvtier::cli::RunGenerate(args);
+  if (command == "up") return kvtier::cli::RunUp(args);
   std::cerr << "kvtier: unknown command '" << command << "'\n\n" << kUsage;
   return 2;
 }

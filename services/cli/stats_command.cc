@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "services/cache/cache_client.h"
 #include "services/cli/commands.h"
+#include "services/cli/stats_table.h"
 #include "services/common/flags.h"
 
 namespace kvtier::cli {
@@ -38,25 +39,26 @@ void PrintJson(const v1::StatsResponse& s) {
   std::cout << out << "\n";
 }
 
-void PrintTable(const std::string& target, const v1::StatsResponse& s) {
-  std::cout << s.server_version() << " at " << target << "\n\n";
-  std::cout << absl::StrFormat("%-7s %12s %12s %6s %8s %8s %10s %10s %10s\n", "tier", "capacity",
-                               "used", "use", "blocks", "hits", "promoted", "demoted", "evicted");
+}  // namespace
+
+std::string StatsTable(const std::string& target, const v1::StatsResponse& s) {
+  std::string out = absl::StrCat(s.server_version(), " at ", target, "\n\n");
+  absl::StrAppend(&out, absl::StrFormat("%-7s %12s %12s %6s %8s %8s %10s %10s %10s\n", "tier", "capacity", "used",
+                                        "use", "blocks", "hits", "promoted", "demoted", "evicted"));
   for (const v1::TierStats& t : s.tiers()) {
     const double use = t.capacity_bytes() ? 100.0 * t.used_bytes() / t.capacity_bytes() : 0;
-    std::cout << absl::StrFormat("%-7s %12s %12s %5.1f%% %8d %8d %10d %10d %10d\n",
-                                 kvblock::TierName(t.tier()), HumanBytes(t.capacity_bytes()),
-                                 HumanBytes(t.used_bytes()), use, t.blocks(), t.hits(),
-                                 t.promotions(), t.demotions(), t.evictions());
+    absl::StrAppend(&out, absl::StrFormat("%-7s %12s %12s %5.1f%% %8d %8d %10d %10d %10d\n",
+                                          kvblock::TierName(t.tier()), HumanBytes(t.capacity_bytes()),
+                                          HumanBytes(t.used_bytes()), use, t.blocks(), t.hits(), t.promotions(),
+                                          t.demotions(), t.evictions()));
   }
-  std::cout << "\nmisses " << s.misses() << ", blocks stored " << s.blocks_stored()
-            << ", deduplicated " << s.blocks_deduplicated() << ", in " << HumanBytes(s.bytes_in())
-            << ", out " << HumanBytes(s.bytes_out()) << ", checksum failures "
-            << s.checksum_failures() << ", leases " << s.active_leases() << ", metadata "
-            << HumanBytes(s.metadata_bytes()) << "\n";
+  absl::StrAppend(&out, "\nmisses ", s.misses(), ", blocks stored ", s.blocks_stored(), ", deduplicated ",
+                  s.blocks_deduplicated(), ", in ", HumanBytes(s.bytes_in()), ", out ", HumanBytes(s.bytes_out()),
+                  ", checksum failures ", s.checksum_failures(), ", leases ", s.active_leases(), ", metadata ",
+                  HumanBytes(s.metadata_bytes()), "\n");
+  return out;
 }
 
-}  // namespace
 
 int RunStats(const std::vector<std::string>& args) {
   std::string target;
@@ -82,7 +84,7 @@ int RunStats(const std::vector<std::string>& args) {
   if (json) {
     PrintJson(*stats);
   } else {
-    PrintTable(target, *stats);
+    std::cout << StatsTable(target, *stats);
   }
   return 0;
 }

@@ -7,6 +7,22 @@
 
 namespace kvtier::kvblock {
 
+absl::Status ValidateNamespace(const std::string& ns) {
+  if (ns.empty() || ns.size() > 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_namespace must be 1-128 bytes, got ", ns.size()));
+  }
+  for (char c : ns) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-';
+    if (!ok) {
+      return absl::InvalidArgumentError("kv_namespace may hold only [A-Za-z0-9._-]");
+    }
+  }
+  return absl::OkStatus();
+}
+
+
 BlockHash ChainHash(std::string_view namespace_salt, const BlockHash& parent,
                     uint64_t layout_id, std::span<const uint32_t> token_ids) {
   const uint32_t salt_len = static_cast<uint32_t>(namespace_salt.size());

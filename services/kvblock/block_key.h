@@ -26,6 +26,10 @@ using BlockHash = Sha256Digest;
 
 inline constexpr BlockHash kNoParent{};
 
+// A namespace (tenant) is the salt of its keys. INVALID_ARGUMENT unless
+// 1-128 bytes of [A-Za-z0-9._-].
+absl::Status ValidateNamespace(const std::string& ns);
+
 BlockHash ChainHash(std::string_view namespace_salt, const BlockHash& parent,
                     uint64_t layout_id, std::span<const uint32_t> token_ids);
 

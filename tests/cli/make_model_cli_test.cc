@@ -5,14 +5,14 @@
 #include <filesystem>
 
 #include "services/runtime/checkpoint.h"
-#include "tests/integration/child_process.h"
+#include "services/common/child_process.h"
 
 namespace kvtier::cli {
 namespace {
 
 TEST(MakeModelCli, WritesACheckpointThatLoads) {
   const auto dir = std::filesystem::temp_directory_path() / ("kvtier_mm_" + std::to_string(getpid()));
-  auto r = testing::RunCommand(std::string(KVTIER_BINARY) + " make-model --preset tiny --seed 3 --out " +
+  auto r = RunCommand(std::string(KVTIER_BINARY) + " make-model --preset tiny --seed 3 --out " +
                                dir.string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("wrote tiny (seed 3"), std::string::npos) << r.output;
@@ -28,7 +28,7 @@ TEST(MakeModelCli, WritesACheckpointThatLoads) {
   for (const Case& c : std::vector<Case>{{"--preset huge --out /tmp/x", "unknown preset 'huge'"},
                                          {"--preset tiny", "--out is required"},
                                          {"--preset tiny --out /proc/kvtier", "cannot create"}}) {
-    auto bad = testing::RunCommand(std::string(KVTIER_BINARY) + " make-model " + c.args);
+    auto bad = RunCommand(std::string(KVTIER_BINARY) + " make-model " + c.args);
     EXPECT_NE(bad.exit_code, 0) << c.args;
     EXPECT_NE(bad.output.find(c.message), std::string::npos) << c.args << "\n" << bad.output;
   }

@@ -9,14 +9,14 @@
 #include <string>
 
 #include "services/cli/quant_eval.h"
-#include "tests/integration/child_process.h"
+#include "services/common/child_process.h"
 #include "tests/test_random.h"
 
 namespace kvtier::cli {
 namespace {
 
-testing::CommandResult RunKvtier(const std::string& args) {
-  return testing::RunCommand(std::string(KVTIER_BINARY) + " " + args);
+CommandResult RunKvtier(const std::string& args) {
+  return RunCommand(std::string(KVTIER_BINARY) + " " + args);
 }
 
 class QuantEvalCliTest : public ::testing::Test {
@@ -51,7 +51,7 @@ TEST_F(QuantEvalCliTest, JsonMatchesTheLibraryOnAFile) {
   const LatentRows rows = MakeSyntheticLatents(300, 512, 64, rng_.seed());
   const std::string path = WriteFile("latents.f32", rows.values);
   for (const char* codec : {"bf16", "fp8", "int8", "int4"}) {
-    testing::CommandResult r = RunKvtier("quant-eval --input " + path + " --dim 576 --codec " + codec + " --json");
+    CommandResult r = RunKvtier("quant-eval --input " + path + " --dim 576 --codec " + codec + " --json");
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find(std::string("\"codec\": \"") + codec + "\""), std::string::npos) << r.output;
     absl::StatusOr<SchemeResult> want = EvaluateCodec(*kernels::ParseCodec(codec), rows, 64);
@@ -63,7 +63,7 @@ TEST_F(QuantEvalCliTest, JsonMatchesTheLibraryOnAFile) {
 }
 
 TEST_F(QuantEvalCliTest, SyntheticPrintsTheComparisonTable) {
-  testing::CommandResult r = RunKvtier("quant-eval --synthetic --tokens 512 --codec int4");
+  CommandResult r = RunKvtier("quant-eval --synthetic --tokens 512 --codec int4");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* row : {"int8 per-tensor", "int8 per-token", "int8 per-channel",
                           "int4 symmetric per-channel", "int4 asymmetric per-channel", "fp8",
@@ -95,14 +95,14 @@ TEST_F(QuantEvalCliTest, BadInputGetsAClearErrorAndExitCode) {
       {"no-such-command", 2, "unknown command"},
   };
   for (const Case& c : cases) {
-    testing::CommandResult r = RunKvtier(c.args);
+    CommandResult r = RunKvtier(c.args);
     EXPECT_EQ(r.exit_code, c.exit_code) << c.args << "\n" << r.output;
     EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << "\n" << r.output;
   }
 }
 
 TEST_F(QuantEvalCliTest, HelpExplainsTheFlags) {
-  testing::CommandResult r = RunKvtier("quant-eval --help");
+  CommandResult r = RunKvtier("quant-eval --help");
   EXPECT_EQ(r.exit_code, 0);
   for (const char* flag : {"--input", "--dim", "--codec", "--rope-dim", "--tokens-per-block",
                            "--json", "--synthetic"}) {

@@ -6,7 +6,7 @@
 
 #include "services/runtime/generate.h"
 #include "services/runtime/make_model.h"
-#include "tests/integration/child_process.h"
+#include "services/common/child_process.h"
 
 namespace kvtier::cli {
 namespace {
@@ -15,7 +15,7 @@ TEST(RunCli, GreedyIdsAndLogprobsMatchTheRuntime) {
   const auto dir = std::filesystem::temp_directory_path() / ("kvtier_run_" + std::to_string(getpid()));
   ASSERT_TRUE(runtime::MakeModel(*runtime::PresetConfig("tiny"), dir.string(), 5).ok());
   const std::string kvtier = std::string(KVTIER_BINARY) + " run --model " + dir.string();
-  auto text = testing::RunCommand(kvtier + " --prompt-ids 3,1,4,1,5,9,2,6 --max-new-tokens 6 --tokens-per-block 4");
+  auto text = RunCommand(kvtier + " --prompt-ids 3,1,4,1,5,9,2,6 --max-new-tokens 6 --tokens-per-block 4");
   ASSERT_EQ(text.exit_code, 0) << text.output;
 
   auto ckpt = runtime::Checkpoint::Open(dir.string());
@@ -29,7 +29,7 @@ TEST(RunCli, GreedyIdsAndLogprobsMatchTheRuntime) {
   for (const auto& s : *want) ids += (ids.empty() ? "" : " ") + std::to_string(s.token);
   EXPECT_EQ(text.output, ids + "\n");
 
-  auto json = testing::RunCommand(kvtier + " --prompt-ids 3,1,4,1,5,9,2,6 --max-new-tokens 6 --tokens-per-block 4 --json");
+  auto json = RunCommand(kvtier + " --prompt-ids 3,1,4,1,5,9,2,6 --max-new-tokens 6 --tokens-per-block 4 --json");
   ASSERT_EQ(json.exit_code, 0) << json.output;
   EXPECT_NE(json.output.find("\"prompt_tokens\": 8, \"cached_tokens\": 0"), std::string::npos) << json.output;
   std::smatch m;
@@ -47,11 +47,11 @@ TEST(RunCli, GreedyIdsAndLogprobsMatchTheRuntime) {
            {" --prompt-ids 1 --temperature hot", "--temperature wants a number"},
            {" --prompt-ids 1 --temperature 1 --top-p 2", "top_p must be in (0, 1]"},
            {" --prompt-ids 1 --max-new-tokens 5000", "exceeds max_position_embeddings"}}) {
-    auto bad = testing::RunCommand(kvtier + c.args);
+    auto bad = RunCommand(kvtier + c.args);
     EXPECT_EQ(bad.exit_code, 2) << c.args << "\n" << bad.output;
     EXPECT_NE(bad.output.find(c.message), std::string::npos) << c.args << "\n" << bad.output;
   }
-  auto missing = testing::RunCommand(std::string(KVTIER_BINARY) + " run --model /nonexistent --prompt-ids 1");
+  auto missing = RunCommand(std::string(KVTIER_BINARY) + " run --model /nonexistent --prompt-ids 1");
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_NE(missing.output.find("config.json"), std::string::npos) << missing.output;
   std::filesystem::remove_all(dir);

@@ -16,14 +16,14 @@
 #include "services/cache/cache_client.h"
 #include "services/cache/raw_get.h"
 #include "services/kvblock/block_format.h"
-#include "tests/integration/child_process.h"
+#include "services/common/child_process.h"
 #include "tests/test_random.h"
 
 namespace kvtier::cache {
 namespace {
 
 using kvblock::BlockHash;
-using testing::ChildProcess;
+
 
 kvblock::LatentLayout TestLayout() {
   kvblock::LatentLayout l;
@@ -407,19 +407,19 @@ TEST_F(CacheServerTest, StatsCommandAndMetricsReportTheSameFigures) {
   ASSERT_TRUE(client_->Get("ns", layout_, {b.slices.hash}).ok());
   auto stats = client_->Stats();
   ASSERT_TRUE(stats.ok());
-  auto json = testing::RunCommand(std::string(KVTIER_BINARY) + " stats --json --target " + target_);
+  auto json = RunCommand(std::string(KVTIER_BINARY) + " stats --json --target " + target_);
   ASSERT_EQ(json.exit_code, 0) << json.output;
   EXPECT_NE(json.output.find("\"tier\": \"device\", \"capacity_bytes\": 67108864, \"used_bytes\": " +
                              std::to_string(stats->tiers(0).used_bytes()) + ", \"blocks\": 1, \"hits\": 1"),
             std::string::npos)
       << json.output;
-  auto table = testing::RunCommand(std::string(KVTIER_BINARY) + " stats --target " + target_);
+  auto table = RunCommand(std::string(KVTIER_BINARY) + " stats --target " + target_);
   ASSERT_EQ(table.exit_code, 0);
   EXPECT_NE(table.output.find("device"), std::string::npos) << table.output;
-  auto down = testing::RunCommand(std::string(KVTIER_BINARY) + " stats --timeout-ms 500 --target 127.0.0.1:1");
+  auto down = RunCommand(std::string(KVTIER_BINARY) + " stats --timeout-ms 500 --target 127.0.0.1:1");
   EXPECT_EQ(down.exit_code, 1) << down.output;
 
-  auto scrape = testing::RunCommand("curl -sf http://" + metrics_address_ + "/metrics");
+  auto scrape = RunCommand("curl -sf http://" + metrics_address_ + "/metrics");
   ASSERT_EQ(scrape.exit_code, 0) << scrape.output;
   EXPECT_NE(scrape.output.find("kvtier_cache_used_bytes{tier=\"device\"} " +
                                std::to_string(stats->tiers(0).used_bytes())),
@@ -626,7 +626,7 @@ TEST(CacheServerFlags, RefusesBadCapacitiesWithAMessage) {
   for (const Case& c : cases) {
     std::string cmd = KVTIER_CACHE_BINARY;
     for (const auto& a : c.args) cmd += " " + a;
-    auto r = testing::RunCommand(cmd);
+    auto r = RunCommand(cmd);
     EXPECT_NE(r.exit_code, 0) << cmd;
     EXPECT_NE(r.output.find(c.message), std::string::npos) << cmd << "\n" << r.output;
   }

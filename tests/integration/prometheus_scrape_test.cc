@@ -11,13 +11,13 @@
 
 #include "services/cache/cache_client.h"
 #include "services/kvblock/block_format.h"
-#include "tests/integration/child_process.h"
+#include "services/common/child_process.h"
 
 namespace kvtier::cache {
 namespace {
 
-using testing::ChildProcess;
-using testing::RunCommand;
+
+
 
 // Asks Prometheus's HTTP API for one instant value, polling (Prometheus
 // announces nothing) until the series exists or 30 s pass.
@@ -76,7 +76,7 @@ TEST(PrometheusScrape, ScrapedValuesMatchStats) {
            << "scrape_configs:\n  - job_name: kvtier-cache\n    static_configs:\n"
            << "      - targets: ['" << metrics_address << "']\n";
   }
-  const std::string prometheus = "127.0.0.1:" + std::to_string(testing::FreeLoopbackPort());
+  const std::string prometheus = "127.0.0.1:" + std::to_string(FreeLoopbackPort());
   ChildProcess server({"/usr/bin/prometheus", "--config.file=" + (dir / "prometheus.yml").string(),
                        "--storage.tsdb.path=" + (dir / "data").string(),
                        "--web.listen-address=" + prometheus, "--log.level=warn"});

@@ -1,8 +1,8 @@
-// Starts a real binary for an integration test and reads what it prints:
-// servers announce "listening on HOST:PORT" on stdout, so the test waits for
-// that line instead of sleeping.
-#ifndef KVTIER_TESTS_INTEGRATION_CHILD_PROCESS_H_
-#define KVTIER_TESTS_INTEGRATION_CHILD_PROCESS_H_
+// Starts a real binary (kvtier up, integration tests, benchmarks) and reads
+// what it prints: servers announce "listening on HOST:PORT" on stdout, so
+// callers wait for that line instead of sleeping.
+#ifndef KVTIER_SERVICES_COMMON_CHILD_PROCESS_H_
+#define KVTIER_SERVICES_COMMON_CHILD_PROCESS_H_
 
 #include <sys/types.h>
 
@@ -10,11 +10,12 @@
 #include <string>
 #include <vector>
 
-namespace kvtier::testing {
+namespace kvtier {
 
 class ChildProcess {
  public:
-  // fork + exec `argv` with stdout on a pipe; stderr goes to the test's.
+  // fork + exec `argv` with stdout on a pipe; stderr goes to ours. The
+  // child gets SIGKILL if this process dies.
   explicit ChildProcess(std::vector<std::string> argv);
   ~ChildProcess();  // SIGKILLs the child if still running
   ChildProcess(const ChildProcess&) = delete;
@@ -24,6 +25,8 @@ class ChildProcess {
   // The next stdout line starting with `prefix`, without it; nullopt if the
   // child closes stdout or `timeout_ms` passes first.
   std::optional<std::string> WaitForLine(const std::string& prefix, int timeout_ms = 30000);
+  // True once the child closed its stdout (it exited, most likely).
+  bool output_closed() const { return output_closed_; }
   // The port of "listening on HOST:PORT" (-1 if not printed in time).
   int WaitForListeningPort(int timeout_ms = 30000);
   // Sends `signal`, waits for exit; returns the exit code (128 + signal if
@@ -36,6 +39,7 @@ class ChildProcess {
   pid_t pid_ = -1;
   int stdout_fd_ = -1;
   std::string buffer_;
+  bool output_closed_ = false;
 };
 
 // A loopback TCP port free right now, for servers that cannot bind port 0
@@ -49,6 +53,6 @@ struct CommandResult {
 };
 CommandResult RunCommand(const std::string& command);
 
-}  // namespace kvtier::testing
+}  // namespace kvtier
 
-#endif  // KVTIER_TESTS_INTEGRATION_CHILD_PROCESS_H_
+#endif  // KVTIER_SERVICES_COMMON_CHILD_PROCESS_H_

@@ -1,4 +1,4 @@
-#include "tests/integration/child_process.h"
+#include "services/common/child_process.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -14,14 +14,14 @@
 #include <fstream>
 #include <future>
 
-namespace kvtier::testing {
+namespace kvtier {
 
 ChildProcess::ChildProcess(std::vector<std::string> argv) {
   int fds[2];
   if (pipe(fds) != 0) return;
   pid_ = fork();
   if (pid_ == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a crashed test
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a crashed parent
     dup2(fds[1], STDOUT_FILENO);
     close(fds[0]);
     close(fds[1]);
@@ -63,7 +63,10 @@ std::optional<std::string> ChildProcess::WaitForLine(const std::string& prefix, 
     if (poll(&p, 1, static_cast<int>(left.count())) <= 0) return std::nullopt;
     char chunk[4096];
     const ssize_t n = read(stdout_fd_, chunk, sizeof chunk);
-    if (n <= 0) return std::nullopt;
+    if (n <= 0) {
+      output_closed_ = true;
+      return std::nullopt;
+    }
     buffer_.append(chunk, static_cast<size_t>(n));
   }
 }
@@ -131,4 +134,4 @@ CommandResult RunCommand(const std::string& command) {
   return r;
 }
 
-}  // namespace kvtier::testing
+}  // namespace kvtier

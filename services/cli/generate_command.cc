@@ -1,0 +1,92 @@
+// `kvtier generate`: one generation through a prefill node. Last stdout
+// line: the generated ids; or, with --json, the object `kvtier run` prints,
+// with the cached prompt tokens the cache supplied.
+#include <grpcpp/grpcpp.h>
+
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kvtier/v1/prefill.grpc.pb.h"
+#include "services/cache/cache_client.h"
+#include "services/cli/commands.h"
+#include "services/cli/generation_io.h"
+#include "services/cli/remote_generate.h"
+#include "services/common/flags.h"
+
+namespace kvtier::cli {
+
+absl::StatusOr<RemoteGeneration> GenerateRemotely(const std::string& target, const v1::GenerateRequest& request) {
+  auto stub = v1::Prefill::NewStub(cache::CacheClient::Connect(target));
+  grpc::ClientContext context;
+  auto reader = stub->Generate(&context, request);
+  RemoteGeneration out;
+  v1::GenerateResponse event;
+  while (reader->Read(&event)) {
+    if (event.has_token()) {
+      runtime::Sampled s;
+      s.token = event.token().token_id();
+      s.logprob = event.token().logprob();
+      for (const v1::TopLogprob& t : event.token().top_logprobs()) s.top.emplace_back(t.token_id(), t.logprob());
+      out.tokens.push_back(std::move(s));
+    } else if (event.has_finished()) {
+      out.reason = event.finished().reason();
+      out.usage = event.finished().usage();
+    }
+  }
+  if (grpc::Status s = reader->Finish(); !s.ok()) return cache::FromGrpcStatus(s);
+  if (out.reason == v1::FINISH_REASON_UNSPECIFIED) {
+    return absl::UnavailableError(absl::StrCat("the prefill node at ", target, " ended the stream without finishing"));
+  }
+  return out;
+}
+
+int RunGenerate(const std::vector<std::string>& args) {
+  std::string target, prompt_ids, ns, request_id;
+  uint64_t max_new = 16, top_logprobs = 5;
+  SamplingFlags sampling_flags;
+  bool json = false;
+  FlagParser flags("kvtier generate --target ADDR --prompt-ids 1,2,3 --max-new-tokens N [flags]",
+                   "Generates through a prefill node (kvtier-prefill), which reuses the cache's\n"
+                   "prefix, prefills the rest and hands decoding to a decode worker. Greedy\n"
+                   "unless --temperature is given. Usage (cached tokens, time to first token) goes\n"
+                   "to stderr.");
+  flags.AddString("target", &target, "the prefill node, HOST:PORT");
+  flags.AddString("prompt-ids", &prompt_ids, "comma-separated prompt token ids");
+  flags.AddUint("max-new-tokens", &max_new, "tokens to generate");
+  flags.AddBool("json", &json, "print {ids, logprobs, top_logprobs, prompt_tokens, cached_tokens}");
+  flags.AddString("namespace", &ns, "tenant whose cached prefixes may be reused (default: \"default\")");
+  flags.AddString("request-id", &request_id, "id for the servers' logs");
+  flags.AddUint("top-logprobs", &top_logprobs, "alternatives reported per token (0-20)");
+  sampling_flags.Register(flags);
+  if (std::optional<int> exit = flags.ParseOrExit(args, "kvtier generate")) return *exit;
+  auto fail = [](const absl::Status& s) {
+    std::cerr << "kvtier generate: " << absl::StatusCodeToString(s.code()) << ": " << s.message() << "\n";
+    return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  };
+  if (target.empty()) return fail(absl::InvalidArgumentError("--target is required"));
+  auto prompt = ParseIds(prompt_ids);
+  if (!prompt.ok()) return fail(prompt.status());
+  auto sampling = sampling_flags.Parse();
+  if (!sampling.ok()) return fail(sampling.status());
+  v1::GenerateRequest request;
+  request.set_request_id(request_id);
+  request.set_kv_namespace(ns);
+  for (uint32_t id : *prompt) request.add_prompt_token_ids(id);
+  request.mutable_sampling()->set_temperature(sampling->temperature);
+  request.mutable_sampling()->set_top_p(sampling->top_p);
+  request.mutable_sampling()->set_seed(sampling->seed);
+  request.mutable_limits()->set_max_new_tokens(static_cast<uint32_t>(std::min<uint64_t>(max_new, UINT32_MAX)));
+  request.mutable_limits()->set_top_logprobs(static_cast<uint32_t>(std::min<uint64_t>(top_logprobs, UINT32_MAX)));
+  absl::StatusOr<RemoteGeneration> out = GenerateRemotely(target, request);
+  if (!out.ok()) return fail(out.status());
+  std::cerr << absl::StrFormat("kvtier generate: %zu tokens (%s), prompt %u tokens of which %u cached, first token after %.1f ms\n",
+                               out->tokens.size(), v1::FinishReason_Name(out->reason), out->usage.prompt_tokens(),
+                               out->usage.cached_tokens(), out->usage.time_to_first_token_us() / 1e3);
+  std::cout << (json ? GenerationJson(out->tokens, out->usage.prompt_tokens(), out->usage.cached_tokens())
+                     : IdsLine(out->tokens))
+            << "\n";
+  return 0;
+}
+
+}  // namespace kvtier::cli

@@ -1,0 +1,71 @@
+#include "services/cli/generation_io.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace kvtier::cli {
+namespace {
+
+absl::Status ParseFloat(const std::string& flag, const std::string& text, float& out) {
+  if (text.empty()) return absl::OkStatus();
+  if (!absl::SimpleAtof(text, &out)) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, " wants a number, got '", text, "'"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<uint32_t>> ParseIds(const std::string& text) {
+  std::vector<uint32_t> ids;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    uint32_t id;
+    if (!absl::SimpleAtoi(part, &id)) {
+      return absl::InvalidArgumentError(absl::StrCat("--prompt-ids: '", std::string(part), "' is not a token id"));
+    }
+    ids.push_back(id);
+  }
+  if (ids.empty()) return absl::InvalidArgumentError("--prompt-ids is empty");
+  return ids;
+}
+
+void SamplingFlags::Register(FlagParser& flags) {
+  flags.AddString("temperature", &temperature, "sampling temperature (0 or empty: greedy)");
+  flags.AddString("top-p", &top_p, "nucleus sampling mass in (0, 1]");
+  flags.AddUint("seed", &seed, "sampling seed");
+}
+
+absl::StatusOr<runtime::Sampling> SamplingFlags::Parse() const {
+  runtime::Sampling s;
+  s.seed = seed;
+  absl::Status status = ParseFloat("temperature", temperature, s.temperature);
+  if (status.ok()) status = ParseFloat("top-p", top_p, s.top_p);
+  if (status.ok()) status = runtime::ValidateSampling(s);
+  if (!status.ok()) return status;
+  return s;
+}
+
+std::string GenerationJson(const std::vector<runtime::Sampled>& out, size_t prompt_tokens, size_t cached_tokens) {
+  std::vector<std::string> ids, logprobs, tops;
+  for (const runtime::Sampled& s : out) {
+    ids.push_back(absl::StrCat(s.token));
+    logprobs.push_back(absl::StrFormat("%.9g", s.logprob));
+    std::vector<std::string> pairs;
+    for (const auto& [id, lp] : s.top) pairs.push_back(absl::StrFormat("[%u, %.9g]", id, lp));
+    tops.push_back(absl::StrCat("[", absl::StrJoin(pairs, ", "), "]"));
+  }
+  return absl::StrCat("{\"ids\": [", absl::StrJoin(ids, ", "), "], \"logprobs\": [", absl::StrJoin(logprobs, ", "),
+                      "], \"top_logprobs\": [", absl::StrJoin(tops, ", "), "], \"prompt_tokens\": ", prompt_tokens,
+                      ", \"cached_tokens\": ", cached_tokens, "}");
+}
+
+std::string IdsLine(const std::vector<runtime::Sampled>& out) {
+  std::vector<std::string> ids;
+  for (const auto& s : out) ids.push_back(absl::StrCat(s.token));
+  return absl::StrJoin(ids, " ");
+}
+
+}  // namespace kvtier::cli

@@ -1,0 +1,27 @@
+// A generation through a prefill node (kvtier.v1.Prefill/Generate), for
+// `kvtier generate` and `kvtier up`.
+#ifndef KVTIER_SERVICES_CLI_REMOTE_GENERATE_H_
+#define KVTIER_SERVICES_CLI_REMOTE_GENERATE_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kvtier/v1/prefill.pb.h"
+#include "services/runtime/sampler.h"
+
+namespace kvtier::cli {
+
+struct RemoteGeneration {
+  std::vector<runtime::Sampled> tokens;
+  v1::FinishReason reason = v1::FINISH_REASON_UNSPECIFIED;
+  v1::Usage usage;
+};
+
+// Runs `request` on the prefill node at `target` to the end. The call's
+// error (with its gRPC code) when it fails.
+absl::StatusOr<RemoteGeneration> GenerateRemotely(const std::string& target, const v1::GenerateRequest& request);
+
+}  // namespace kvtier::cli
+
+#endif  // KVTIER_SERVICES_CLI_REMOTE_GENERATE_H_

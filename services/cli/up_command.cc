@@ -1,0 +1,195 @@
+// `kvtier up`: the whole system on this machine, as the README's first
+// command runs it. Generates a model, starts kvtier-cache, kvtier-decode and
+// kvtier-prefill (the binaries next to this one) on free loopback ports, runs
+// a two-turn conversation through the prefill node (the second turn reuses
+// the first's blocks from the cache), prints the tokens, the time to first
+// token and the cache's stats, then stops everything with SIGTERM.
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <iostream>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "services/cache/cache_client.h"
+#include "services/cli/commands.h"
+#include "services/cli/generation_io.h"
+#include "services/cli/remote_generate.h"
+#include "services/cli/stats_table.h"
+#include "services/common/child_process.h"
+#include "services/common/flags.h"
+#include "services/common/server_runner.h"
+#include "services/runtime/make_model.h"
+
+namespace kvtier::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+struct UpFlags {
+  std::string dir = "/tmp/kvtier-up";
+  std::string preset = "lite-attn";
+  std::string kv_codec = "int8";
+  uint64_t prompt_tokens = 300;
+  uint64_t max_new_tokens = 24;
+  uint64_t seed = 1;
+  bool keep = false;
+};
+
+class Progress {
+ public:
+  void Step(const std::string& what) { std::cerr << absl::StrFormat("[%5.1fs] %s\n", Seconds(), what) << std::flush; }
+  double Seconds() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+
+ private:
+  Clock::time_point start_ = Clock::now();
+};
+
+// Waits for a server's "listening on" line, printing a dot a second so a
+// long model load shows progress. Empty when the child died or 10 minutes
+// passed.
+std::optional<std::string> WaitUntilServing(ChildProcess& child, const std::string& name) {
+  for (int second = 0; second < 600; ++second) {
+    if (std::optional<std::string> address = child.WaitForLine("listening on ", 1000)) {
+      if (second > 0) std::cerr << "\n";
+      return address;
+    }
+    if (child.output_closed()) break;
+    std::cerr << (second == 0 ? "        waiting for " + name + " " : ".") << std::flush;
+  }
+  std::cerr << "\n";
+  return std::nullopt;
+}
+
+std::string SelfDir() {
+  std::error_code error;
+  const fs::path self = fs::read_symlink("/proc/self/exe", error);
+  return error ? "." : self.parent_path().string();
+}
+
+v1::GenerateRequest Request(const std::vector<uint32_t>& prompt, uint64_t max_new, const std::string& id) {
+  v1::GenerateRequest r;
+  r.set_request_id(id);
+  for (uint32_t t : prompt) r.add_prompt_token_ids(t);
+  r.mutable_limits()->set_max_new_tokens(static_cast<uint32_t>(max_new));
+  r.mutable_limits()->set_top_logprobs(5);
+  return r;
+}
+
+int Up(const UpFlags& f) {
+  Progress progress;
+  auto fail = [](const std::string& message) {
+    std::cerr << "kvtier up: " << message << "\n";
+    return 1;
+  };
+  const std::string bin = SelfDir();
+  for (const char* name : {"kvtier-cache", "kvtier-decode", "kvtier-prefill"}) {
+    if (access((bin + "/" + name).c_str(), X_OK) != 0) {
+      return fail(absl::StrCat(bin, "/", name, " is missing: build everything first (cmake --build build)"));
+    }
+  }
+  absl::StatusOr<runtime::ModelConfig> config = runtime::PresetConfig(f.preset);
+  if (!config.ok()) return fail(std::string(config.status().message()));
+  const std::optional<kernels::Codec> codec = kernels::ParseCodec(f.kv_codec);
+  if (!codec) return fail("--kv-codec must be one of bf16, fp8, int8, int4");
+  if (f.prompt_tokens < 1 || f.max_new_tokens < 1 ||
+      f.prompt_tokens * 2 + f.max_new_tokens * 2 + 16 > static_cast<uint64_t>(config->max_position_embeddings)) {
+    return fail(absl::StrCat("--prompt-tokens and --max-new-tokens must be positive and two turns must fit the model's ",
+                             config->max_position_embeddings, " positions"));
+  }
+
+  const std::string model_dir = absl::StrCat(f.dir, "/model-", f.preset, "-seed", f.seed);
+  if (!fs::exists(model_dir + "/config.json")) {
+    progress.Step(absl::StrCat("generating the ", f.preset, " model in ", model_dir));
+    if (absl::Status s = runtime::MakeModel(*config, model_dir, f.seed); !s.ok()) return fail(std::string(s.message()));
+  } else {
+    progress.Step(absl::StrCat("using the ", f.preset, " model in ", model_dir));
+  }
+
+  ChildProcess cache({bin + "/kvtier-cache", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+                      "--device-capacity", "256MiB", "--host-capacity", "1GiB"});
+  const std::optional<std::string> metrics = cache.WaitForLine("metrics on ", 30000);
+  const std::optional<std::string> cache_address = WaitUntilServing(cache, "kvtier-cache");
+  if (!cache_address) return fail("kvtier-cache did not start (its error is above)");
+  progress.Step(absl::StrCat("kvtier-cache serving on ", *cache_address, ", metrics on ", metrics.value_or("?")));
+
+  ChildProcess decode({bin + "/kvtier-decode", "--listen", "127.0.0.1:0", "--model", model_dir, "--cache",
+                       *cache_address});
+  const std::optional<std::string> decode_address = WaitUntilServing(decode, "kvtier-decode to load the model");
+  if (!decode_address) return fail("kvtier-decode did not start (its error is above)");
+  progress.Step(absl::StrCat("kvtier-decode serving on ", *decode_address));
+  ChildProcess prefill({bin + "/kvtier-prefill", "--listen", "127.0.0.1:0", "--model", model_dir, "--cache",
+                        *cache_address, "--decode", *decode_address, "--kv-codec", f.kv_codec});
+  const std::optional<std::string> prefill_address = WaitUntilServing(prefill, "kvtier-prefill to load the model");
+  if (!prefill_address) return fail("kvtier-prefill did not start (its error is above)");
+  progress.Step(absl::StrCat("kvtier-prefill serving on ", *prefill_address));
+
+  // Turn 1: a fresh prompt (a full miss). Turn 2: the conversation so far
+  // plus a new question: its prefix is in the cache.
+  std::mt19937_64 rng(f.seed);
+  std::uniform_int_distribution<uint32_t> id(0, static_cast<uint32_t>(config->vocab_size - 1));
+  std::vector<uint32_t> prompt(f.prompt_tokens);
+  for (uint32_t& t : prompt) t = id(rng);
+  for (int turn = 1; turn <= 2; ++turn) {
+    progress.Step(absl::StrCat("turn ", turn, ": generating ", f.max_new_tokens, " tokens after a ", prompt.size(),
+                               "-token prompt"));
+    absl::StatusOr<RemoteGeneration> out =
+        GenerateRemotely(*prefill_address, Request(prompt, f.max_new_tokens, absl::StrCat("up-turn-", turn)));
+    if (!out.ok()) return fail(absl::StrCat("turn ", turn, ": ", out.status().ToString()));
+    std::cout << absl::StrFormat("turn %d: %u prompt tokens, %u from the cache, first token after %.1f ms\n", turn,
+                                 out->usage.prompt_tokens(), out->usage.cached_tokens(),
+                                 out->usage.time_to_first_token_us() / 1e3)
+              << "  ids: " << IdsLine(out->tokens) << "\n";
+    for (const runtime::Sampled& s : out->tokens) prompt.push_back(s.token);
+    for (int i = 0; i < 16; ++i) prompt.push_back(id(rng));  // the user's next question
+  }
+  absl::StatusOr<v1::StatsResponse> stats =
+      cache::CacheClient(cache::CacheClient::Connect(*cache_address), absl::Seconds(5)).Stats();
+  if (!stats.ok()) return fail(absl::StrCat("cache stats: ", stats.status().ToString()));
+  std::cout << "\n" << StatsTable(*cache_address, *stats) << std::flush;
+
+  if (f.keep) {
+    std::cerr << "\nserving until Ctrl-C: kvtier generate --target " << *prefill_address
+              << " --prompt-ids 1,2,3 --max-new-tokens 8\n";
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
+    int signal = 0;
+    sigwait(&stop, &signal);
+  }
+  // The front door first, the cache last: nothing is in flight by then.
+  for (auto [child, name] : {std::pair{&prefill, "kvtier-prefill"}, {&decode, "kvtier-decode"}, {&cache, "kvtier-cache"}}) {
+    progress.Step(absl::StrCat("stopping ", name, " (SIGTERM)"));
+    if (const int code = child->Stop(SIGTERM); code != 0) return fail(absl::StrCat(name, " exited with ", code));
+  }
+  progress.Step("all three stopped cleanly");
+  return 0;
+}
+
+}  // namespace
+
+int RunUp(const std::vector<std::string>& args) {
+  BlockShutdownSignals();  // Ctrl-C during --keep is ours to handle
+  UpFlags f;
+  FlagParser flags("kvtier up [flags]",
+                   "Starts kvtier-cache, kvtier-decode and kvtier-prefill locally on a generated\n"
+                   "model, runs a two-turn conversation through the prefill node (the second turn\n"
+                   "hits the first's blocks in the cache), prints the tokens, the time to first\n"
+                   "token and the cache's stats, then stops them all.");
+  flags.AddString("dir", &f.dir, "where the generated model goes (reused when present)");
+  flags.AddString("preset", &f.preset, "model preset: tiny or lite-attn");
+  flags.AddString("kv-codec", &f.kv_codec, "bf16|fp8|int8|int4: how latent blocks are stored");
+  flags.AddUint("prompt-tokens", &f.prompt_tokens, "length of the first turn's prompt");
+  flags.AddUint("max-new-tokens", &f.max_new_tokens, "tokens generated per turn");
+  flags.AddUint("seed", &f.seed, "model and prompt seed");
+  flags.AddBool("keep", &f.keep, "keep serving after the conversation until Ctrl-C");
+  if (std::optional<int> exit = flags.ParseOrExit(args, "kvtier up")) return *exit;
+  return Up(f);
+}
+
+}  // namespace kvtier::cli

@@ -1,0 +1,23 @@
+#include "services/common/metrics_exposer.h"
+
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvtier {
+
+absl::StatusOr<std::unique_ptr<prometheus::Exposer>> StartMetricsExposer(
+    const std::string& address, const std::vector<std::shared_ptr<prometheus::Collectable>>& collectables) {
+  std::unique_ptr<prometheus::Exposer> exposer;
+  try {
+    exposer = std::make_unique<prometheus::Exposer>(address);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
+  }
+  for (const auto& c : collectables) exposer->RegisterCollectable(c);
+  const std::string host = address.substr(0, address.rfind(':'));
+  std::cout << "metrics on " << host << ":" << exposer->GetListeningPorts().at(0) << "/metrics" << std::endl;
+  return exposer;
+}
+
+}  // namespace kvtier

@@ -1,0 +1,124 @@
+#include "services/decode/batcher.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvtier::decode {
+
+void Post(DecodeSequence& s, v1::DecodeResponse event, bool last) {
+  absl::MutexLock lock(&s.mu);
+  s.events.push_back(std::move(event));
+  s.done = s.done || last;
+}
+
+void Fail(DecodeSequence& s, absl::Status error) {
+  absl::MutexLock lock(&s.mu);
+  s.error = std::move(error);
+  s.done = true;
+}
+
+Batcher::Batcher(const runtime::Model& model, Options options, BlockSealed on_sealed, StepDone on_step)
+    : model_(model),
+      options_(options),
+      on_sealed_(std::move(on_sealed)),
+      on_step_(std::move(on_step)),
+      thread_([this] { Loop(); }) {}
+
+Batcher::~Batcher() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  thread_.join();
+  for (auto& s : sequences_) Fail(*s, absl::UnavailableError("the decode worker is shutting down"));
+}
+
+absl::Status Batcher::Submit(std::shared_ptr<DecodeSequence> sequence) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return absl::UnavailableError("the decode worker is shutting down");
+  if (sequences_.size() >= options_.max_sequences) {
+    return absl::ResourceExhaustedError(absl::StrCat("the decode worker holds its maximum of ",
+                                                     options_.max_sequences, " sequences"));
+  }
+  sequences_.push_back(std::move(sequence));
+  return absl::OkStatus();
+}
+
+size_t Batcher::active() const {
+  absl::MutexLock lock(&mu_);
+  return sequences_.size();
+}
+
+void Batcher::Loop() {
+  for (;;) {
+    std::vector<std::shared_ptr<DecodeSequence>> batch;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !sequences_.empty(); };
+      mu_.Await(absl::Condition(&ready));
+      if (stopping_) return;
+      // Drop what finished or was cancelled; then a window of at most
+      // max_batch, rotating so that every sequence gets its turn.
+      std::erase_if(sequences_, [](const std::shared_ptr<DecodeSequence>& s) {
+        absl::MutexLock lock(&s->mu);
+        return s->done || s->cancelled;
+      });
+      if (sequences_.empty()) continue;
+      const size_t n = std::min(options_.max_batch, sequences_.size());
+      next_turn_ %= sequences_.size();
+      for (size_t i = 0; i < n; ++i) batch.push_back(sequences_[(next_turn_ + i) % sequences_.size()]);
+      next_turn_ += n;
+    }
+    Step(batch);
+  }
+}
+
+void Batcher::Step(const std::vector<std::shared_ptr<DecodeSequence>>& batch) {
+  const auto start = std::chrono::steady_clock::now();
+  const size_t vocab = static_cast<size_t>(model_.config().vocab_size);
+  std::vector<std::vector<float>> logits(batch.size(), std::vector<float>(vocab));
+  std::vector<runtime::SequenceTokens> rows;
+  std::vector<size_t> sealed_before;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    rows.push_back({std::span(&batch[i]->next_input, 1), &batch[i]->cache, logits[i]});
+    sealed_before.push_back(batch[i]->cache.blocks[0].size());
+  }
+  if (absl::Status s = model_.Forward(rows); !s.ok()) {
+    // Only a cache that does not fit the model gets here; the service checks
+    // that before submitting, so this is a bug worth the message.
+    for (const auto& seq : batch) Fail(*seq, absl::InternalError(absl::StrCat("decode step failed: ", s.message())));
+    return;
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    DecodeSequence& s = *batch[i];
+    s.tokens.push_back(s.next_input);
+    for (size_t b = sealed_before[i]; b < s.cache.blocks[0].size(); ++b) on_sealed_(s, b);
+    const runtime::Sampled sampled = runtime::Sample(logits[i], s.sampling, s.next_index, s.top_logprobs);
+    v1::DecodeResponse event;
+    v1::GeneratedToken& token = *event.mutable_token();
+    token.set_index(s.next_index);
+    token.set_token_id(sampled.token);
+    token.set_logprob(sampled.logprob);
+    for (const auto& [id, lp] : sampled.top) {
+      v1::TopLogprob& t = *token.add_top_logprobs();
+      t.set_token_id(id);
+      t.set_logprob(lp);
+    }
+    const bool stop = s.stop_ids.contains(sampled.token);
+    const bool length = s.next_index + 1 >= s.max_new_tokens;
+    ++s.next_index;
+    s.next_input = sampled.token;
+    Post(s, std::move(event), false);
+    if (stop || length) {
+      v1::DecodeResponse finished;
+      finished.mutable_finished()->set_reason(stop ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_LENGTH);
+      finished.mutable_finished()->mutable_usage()->set_generated_tokens(s.next_index);
+      Post(s, std::move(finished), true);
+    }
+  }
+  on_step_(batch.size(), std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+}
+
+}  // namespace kvtier::decode

@@ -1,0 +1,217 @@
+#include "services/decode/decode_service.h"
+
+#include <iostream>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "services/common/status.h"
+#include "services/serving/request_checks.h"
+#include "services/serving/sequence_blocks.h"
+
+namespace kvtier::decode {
+namespace {
+
+prometheus::Counter& MakeCounter(prometheus::Registry& r, const std::string& name, const std::string& help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
+}
+
+}  // namespace
+
+DecodeService::DecodeService(const runtime::Model* model, std::string model_id, serving::ShardSet* shards,
+                             prometheus::Registry* registry, Batcher::Options options)
+    : model_(*model),
+      model_id_(std::move(model_id)),
+      shards_(*shards),
+      writer_(*shards, /*max_queued=*/4096),
+      tokens_(MakeCounter(*registry, "kvtier_decode_tokens_total", "Tokens generated and streamed.")),
+      blocks_fetched_(MakeCounter(*registry, "kvtier_decode_blocks_fetched_total",
+                                  "Prompt blocks read from the cache shards.")),
+      blocks_inline_(MakeCounter(*registry, "kvtier_decode_blocks_inline_total",
+                                 "Prompt blocks that came inside the request.")),
+      blocks_recomputed_(MakeCounter(*registry, "kvtier_decode_blocks_recomputed_total",
+                                     "Prompt blocks the cache could not supply, recomputed here.")),
+      blocks_written_back_(MakeCounter(*registry, "kvtier_decode_blocks_written_back_total",
+                                       "Blocks filled during decode and queued for the cache.")),
+      batch_size_(prometheus::BuildHistogram()
+                      .Name("kvtier_decode_batch_size")
+                      .Help("Sequences per decode step.")
+                      .Register(*registry)
+                      .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128})),
+      step_seconds_(prometheus::BuildHistogram()
+                        .Name("kvtier_decode_step_duration_seconds")
+                        .Help("Wall time of one decode step of the whole batch.")
+                        .Register(*registry)
+                        .Add({}, prometheus::Histogram::BucketBoundaries{0.001, 0.0025, 0.005, 0.01, 0.025,
+                                                                         0.05, 0.1, 0.25, 0.5, 1, 2.5})),
+      sequences_(prometheus::BuildGauge()
+                     .Name("kvtier_decode_sequences")
+                     .Help("Sequences being decoded or waiting for their turn.")
+                     .Register(*registry)
+                     .Add({})),
+      batcher_(std::make_unique<Batcher>(
+          model_, options, [this](DecodeSequence& s, size_t block) { OnSealed(s, block); },
+          [this](size_t batch, double seconds) {
+            batch_size_.Observe(static_cast<double>(batch));
+            step_seconds_.Observe(seconds);
+          })) {}
+
+DecodeService::~DecodeService() { batcher_.reset(); }
+
+absl::StatusOr<std::shared_ptr<DecodeSequence>> DecodeService::Prepare(const v1::DecodeRequest& r) {
+  const runtime::ModelConfig& c = model_.config();
+  if (r.request_id().size() > serving::kMaxRequestIdBytes) {
+    return absl::InvalidArgumentError("request_id is longer than 128 bytes");
+  }
+  KVTIER_RETURN_IF_ERROR(kvblock::ValidateNamespace(r.kv_namespace()));
+  KVTIER_ASSIGN_OR_RETURN(kvblock::LatentLayout layout, kvblock::LayoutFromProto(r.layout()));
+  if (!(layout == serving::ModelLayout(c, model_id_, layout.codec, layout.tokens_per_block))) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the request's latents are of model ", layout.model_id, " (", layout.num_layers, " layers, ",
+        layout.kv_lora_rank, "+", layout.rope_dim, "); this worker serves ", model_id_, " (", c.num_hidden_layers,
+        " layers, ", c.kv_lora_rank, "+", c.qk_rope_head_dim, ")"));
+  }
+  KVTIER_RETURN_IF_ERROR(serving::CheckTokenIds(r.token_ids(), c.vocab_size, "token_ids"));
+  KVTIER_RETURN_IF_ERROR(serving::CheckGeneration(c, r.token_ids_size(), r.sampling(), r.limits()));
+  if (r.first_token().index() != 0 || r.first_token().token_id() >= c.vocab_size) {
+    return absl::InvalidArgumentError("first_token must be generated index 0 and inside the vocabulary");
+  }
+  const std::vector<uint32_t> tokens(r.token_ids().begin(), r.token_ids().end());
+  const size_t tpb = layout.tokens_per_block, full = tokens.size() / tpb;
+  std::vector<kvblock::BlockHash> chain =
+      kvblock::ComputeBlockChain(r.kv_namespace(), kvblock::LayoutId(layout), layout.tokens_per_block, tokens);
+  if (static_cast<size_t>(r.block_hashes_size()) != full) {
+    return absl::InvalidArgumentError(absl::StrCat("block_hashes has ", r.block_hashes_size(), " hashes; ",
+                                                   tokens.size(), " tokens make ", full, " full blocks"));
+  }
+  for (size_t i = 0; i < full; ++i) {
+    if (r.block_hashes(static_cast<int>(i)) != kvblock::HashAsBytes(chain[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "block_hashes[", i, "] is not the chain hash of its tokens in this namespace and layout"));
+    }
+  }
+  if (r.tail().token_count() != tokens.size() % tpb) {
+    return absl::InvalidArgumentError(absl::StrCat("tail.token_count must be ", tokens.size() % tpb));
+  }
+  std::map<size_t, const std::string*> inline_records;
+  for (const v1::InlineBlock& b : r.inline_blocks()) {
+    if (b.block_index() >= full || !inline_records.emplace(b.block_index(), &b.data()).second) {
+      return absl::InvalidArgumentError(absl::StrCat("inline block index ", b.block_index(),
+                                                     " is repeated or not one of the ", full, " full blocks"));
+    }
+  }
+  std::vector<kvblock::BlockHash> wanted;
+  std::vector<size_t> wanted_index;
+  for (size_t i = 0; i < full; ++i) {
+    if (!inline_records.contains(i)) wanted.push_back(chain[i]), wanted_index.push_back(i);
+  }
+  std::vector<absl::StatusOr<std::string>> fetched = shards_.Fetch(r.kv_namespace(), layout, wanted);
+  std::map<size_t, absl::StatusOr<std::string>*> from_cache;
+  for (size_t k = 0; k < wanted.size(); ++k) from_cache[wanted_index[k]] = &fetched[k];
+
+  auto s = std::make_shared<DecodeSequence>();
+  s->cache = model_.NewCache(layout.codec, layout.tokens_per_block);
+  s->tokens = tokens;
+  size_t recomputed = 0;
+  std::vector<float> scratch(c.vocab_size);
+  for (size_t i = 0; i < full; ++i) {
+    if (auto it = inline_records.find(i); it != inline_records.end()) {
+      if (absl::Status st = serving::AppendBlockRecord(*it->second, layout, s->cache); !st.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("inline block ", i, ": ", st.message()));
+      }
+      blocks_inline_.Increment();
+      continue;
+    }
+    const absl::StatusOr<std::string>& record = *from_cache[i];
+    if (record.ok() && serving::AppendBlockRecord(*record, layout, s->cache).ok()) {
+      blocks_fetched_.Increment();
+      continue;
+    }
+    // Missing, corrupt or its shard unreachable: the tokens and the blocks
+    // before it are here, so compute it again (and offer it back).
+    KVTIER_RETURN_IF_ERROR(model_.Prefill(std::span(tokens).subspan(i * tpb, tpb), s->cache, scratch));
+    ++recomputed;
+    blocks_recomputed_.Increment();
+    if (!r.skip_write_back()) {
+      absl::StatusOr<std::string> again = serving::BlockRecord(layout, s->cache, i, 0, layout.num_layers);
+      if (again.ok()) writer_.Enqueue(r.kv_namespace(), layout, chain[i], std::move(*again));
+    }
+  }
+  KVTIER_RETURN_IF_ERROR(serving::SetTail(r.tail().latents(), r.tail().token_count(), layout, s->cache));
+  if (recomputed > 0) {
+    std::cerr << "kvtier-decode: request '" << r.request_id() << "': recomputed " << recomputed << " of " << full
+              << " blocks the cache could not supply" << std::endl;
+  }
+  s->next_input = r.first_token().token_id();
+  s->next_index = 1;
+  s->sampling = serving::ToSampling(r.sampling());
+  s->max_new_tokens = r.limits().max_new_tokens();
+  s->stop_ids.insert(r.limits().stop_token_ids().begin(), r.limits().stop_token_ids().end());
+  s->top_logprobs = r.limits().top_logprobs();
+  s->write_back = !r.skip_write_back();
+  s->ns = r.kv_namespace();
+  s->layout = layout;
+  s->chain = std::move(chain);
+  return s;
+}
+
+void DecodeService::OnSealed(DecodeSequence& s, size_t block) {
+  if (!s.write_back || block != s.chain.size()) return;
+  const uint32_t tpb = s.layout.tokens_per_block;
+  s.chain.push_back(kvblock::ChainHash(s.ns, block == 0 ? kvblock::kNoParent : s.chain[block - 1],
+                                       kvblock::LayoutId(s.layout),
+                                       std::span(s.tokens).subspan(block * tpb, tpb)));
+  absl::StatusOr<std::string> record = serving::BlockRecord(s.layout, s.cache, block, 0, s.layout.num_layers);
+  if (record.ok() && writer_.Enqueue(s.ns, s.layout, s.chain.back(), std::move(*record))) {
+    blocks_written_back_.Increment();
+  }
+}
+
+grpc::Status DecodeService::Decode(grpc::ServerContext* context, const v1::DecodeRequest* request,
+                                   grpc::ServerWriter<v1::DecodeResponse>* writer) {
+  absl::StatusOr<std::shared_ptr<DecodeSequence>> prepared = Prepare(*request);
+  if (!prepared.ok()) return ToGrpcStatus(prepared.status());
+  DecodeSequence& s = **prepared;
+  if (s.max_new_tokens == 1 || s.stop_ids.contains(s.next_input)) {  // index 0 already ended it
+    v1::DecodeResponse finished;
+    finished.mutable_finished()->set_reason(s.max_new_tokens == 1 ? v1::FINISH_REASON_LENGTH : v1::FINISH_REASON_STOP);
+    finished.mutable_finished()->mutable_usage()->set_generated_tokens(1);
+    writer->Write(finished);
+    return grpc::Status::OK;
+  }
+  if (absl::Status st = batcher_->Submit(*prepared); !st.ok()) return ToGrpcStatus(st);
+  sequences_.Set(static_cast<double>(batcher_->active()));
+  auto cancel = [&s] {
+    absl::MutexLock lock(&s.mu);
+    s.cancelled = true;
+  };
+  for (;;) {
+    std::deque<v1::DecodeResponse> events;
+    bool done;
+    absl::Status error;
+    {
+      absl::MutexLock lock(&s.mu);
+      auto ready = [&s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) { return !s.events.empty() || s.done; };
+      s.mu.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(100));
+      events.swap(s.events);
+      done = s.done;
+      error = s.error;
+    }
+    for (const v1::DecodeResponse& e : events) {
+      if (!writer->Write(e)) {
+        cancel();
+        return grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading");
+      }
+      if (e.has_token()) tokens_.Increment();
+    }
+    if (done) {
+      sequences_.Set(static_cast<double>(batcher_->active()));
+      return error.ok() ? grpc::Status::OK : ToGrpcStatus(error);
+    }
+    if (context->IsCancelled()) {
+      cancel();
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled");
+    }
+  }
+}
+
+}  // namespace kvtier::decode

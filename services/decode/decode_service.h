@@ -1,0 +1,59 @@
+// kvtier.v1.Decode: assembles a sequence's latents (inline blocks, blocks
+// from the cache shards, blocks it recomputes when neither has them, the
+// float tail), hands the sequence to the continuous batcher and streams its
+// tokens; blocks that fill during decode are written back to the cache.
+#ifndef KVTIER_SERVICES_DECODE_DECODE_SERVICE_H_
+#define KVTIER_SERVICES_DECODE_DECODE_SERVICE_H_
+
+#include <memory>
+#include <string>
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "kvtier/v1/decode.grpc.pb.h"
+#include "services/decode/batcher.h"
+#include "services/serving/block_writer.h"
+#include "services/serving/shard_set.h"
+
+namespace kvtier::decode {
+
+class DecodeService final : public v1::Decode::Service {
+ public:
+  // None owned; all must outlive the service.
+  DecodeService(const runtime::Model* model, std::string model_id, serving::ShardSet* shards,
+                prometheus::Registry* registry, Batcher::Options options);
+  ~DecodeService() override;
+
+  grpc::Status Decode(grpc::ServerContext* context, const v1::DecodeRequest* request,
+                      grpc::ServerWriter<v1::DecodeResponse>* writer) override;
+
+  // Waits until queued write-backs were attempted (tests).
+  void FlushWriteBack() { writer_.Flush(); }
+
+ private:
+  // Checks the request and builds its sequence, fetching or recomputing the
+  // blocks; the caller submits it.
+  absl::StatusOr<std::shared_ptr<DecodeSequence>> Prepare(const v1::DecodeRequest& request);
+  void OnSealed(DecodeSequence& sequence, size_t block);
+
+  const runtime::Model& model_;
+  const std::string model_id_;
+  serving::ShardSet& shards_;
+  serving::BlockWriter writer_;
+  prometheus::Counter& tokens_;
+  prometheus::Counter& blocks_fetched_;
+  prometheus::Counter& blocks_inline_;
+  prometheus::Counter& blocks_recomputed_;
+  prometheus::Counter& blocks_written_back_;
+  prometheus::Histogram& batch_size_;
+  prometheus::Histogram& step_seconds_;
+  prometheus::Gauge& sequences_;
+  std::unique_ptr<Batcher> batcher_;  // last: its thread uses the members above
+};
+
+}  // namespace kvtier::decode
+
+#endif  // KVTIER_SERVICES_DECODE_DECODE_SERVICE_H_

@@ -1,0 +1,230 @@
+#include "services/prefill/prefill_service.h"
+
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "services/cache/cache_client.h"
+#include "services/common/status.h"
+#include "services/serving/request_checks.h"
+#include "services/serving/sequence_blocks.h"
+
+namespace kvtier::prefill {
+
+// What Prefill leaves for the rest of the request.
+struct PrefillService::Prefilled {
+  runtime::Sampled first;
+  uint32_t cached_tokens = 0;
+  v1::DecodeRequest decode;
+};
+
+PrefillService::PrefillService(const runtime::Model* model, std::string model_id, serving::ShardSet* shards,
+                               const std::vector<std::string>& decode_targets, prometheus::Registry* registry,
+                               PrefillOptions options)
+    : model_(*model),
+      model_id_(std::move(model_id)),
+      shards_(*shards),
+      options_(options),
+      layout_(serving::ModelLayout(model->config(), model_id_, options.codec, options.tokens_per_block)),
+      requests_(prometheus::BuildCounter()
+                    .Name("kvtier_prefill_requests_total")
+                    .Help("Generate requests, by final gRPC status code.")
+                    .Register(*registry)),
+      prompt_tokens_(prometheus::BuildCounter()
+                         .Name("kvtier_prefill_prompt_tokens_total")
+                         .Help("Prompt tokens received.")
+                         .Register(*registry)
+                         .Add({})),
+      cached_tokens_(prometheus::BuildCounter()
+                         .Name("kvtier_prefill_cached_tokens_total")
+                         .Help("Prompt tokens whose latents came from the cache instead of prefill.")
+                         .Register(*registry)
+                         .Add({})),
+      blocks_inline_(prometheus::BuildCounter()
+                         .Name("kvtier_prefill_blocks_inline_total")
+                         .Help("New blocks sent to the decode worker inline because the cache did not store them.")
+                         .Register(*registry)
+                         .Add({})),
+      time_to_first_token_(prometheus::BuildHistogram()
+                               .Name("kvtier_prefill_time_to_first_token_seconds")
+                               .Help("From request arrival to the first token sent.")
+                               .Register(*registry)
+                               .Add({}, prometheus::Histogram::BucketBoundaries{0.005, 0.01, 0.025, 0.05, 0.1,
+                                                                                0.25, 0.5, 1, 2.5, 5, 10, 30})) {
+  for (const std::string& target : decode_targets) {
+    decoders_.emplace_back(target, v1::Decode::NewStub(cache::CacheClient::Connect(target)));
+  }
+}
+
+grpc::Status PrefillService::Count(grpc::Status status) {
+  requests_.Add({{"code", std::to_string(status.error_code())}}).Increment();
+  return status;
+}
+
+absl::StatusOr<PrefillService::Prefilled> PrefillService::Prefill(const v1::GenerateRequest& r,
+                                                                  const std::string& ns) {
+  const std::vector<uint32_t> prompt(r.prompt_token_ids().begin(), r.prompt_token_ids().end());
+  const uint32_t tpb = layout_.tokens_per_block;
+  const std::vector<kvblock::BlockHash> chain =
+      kvblock::ComputeBlockChain(ns, kvblock::LayoutId(layout_), tpb, prompt);
+  // The logits after the last prompt token must be computed here, so the
+  // block holding it is never taken from the cache.
+  const size_t reusable = std::min(chain.size(), (prompt.size() - 1) / tpb);
+  runtime::SequenceCache cache = model_.NewCache(layout_.codec, tpb);
+  size_t cached_blocks = 0;
+  if (reusable > 0) {
+    const std::vector<kvblock::BlockHash> prefix(chain.begin(), chain.begin() + reusable);
+    const size_t matched = shards_.MatchPrefix(ns, layout_, prefix);
+    const std::vector<kvblock::BlockHash> wanted(prefix.begin(), prefix.begin() + matched);
+    // A block gone since Match, corrupt, or on a shard that stopped
+    // answering ends the reuse there: the rest is prefilled.
+    for (absl::StatusOr<std::string>& record : shards_.Fetch(ns, layout_, wanted)) {
+      if (!record.ok() || !serving::AppendBlockRecord(*record, layout_, cache).ok()) break;
+      ++cached_blocks;
+    }
+  }
+  // Prefill the rest; each layer's newly filled blocks go to their shards
+  // as soon as that layer is done.
+  serving::ShardedPut put(shards_, ns, layout_, options_.cache_deadline);
+  std::vector<float> logits(model_.config().vocab_size);
+  const std::span<const uint32_t> suffix = std::span(prompt).subspan(cached_blocks * tpb);
+  const runtime::SequenceTokens pass{suffix, &cache, logits};
+  absl::Status put_error;
+  KVTIER_RETURN_IF_ERROR(model_.Forward(std::span(&pass, 1), [&](size_t layer) {
+    for (size_t b = cached_blocks; b < cache.blocks[layer].size(); ++b) {
+      absl::StatusOr<std::string> slice = serving::BlockRecord(layout_, cache, b, static_cast<uint32_t>(layer), 1);
+      if (slice.ok()) put.Write(chain[b], *slice);
+    }
+  }));
+  const std::set<kvblock::BlockHash> stored = put.Finish();
+
+  Prefilled out;
+  out.cached_tokens = static_cast<uint32_t>(cached_blocks * tpb);
+  out.first = runtime::Sample(logits, serving::ToSampling(r.sampling()), 0, r.limits().top_logprobs());
+  v1::DecodeRequest& d = out.decode;
+  d.set_request_id(r.request_id());
+  d.set_kv_namespace(ns);
+  *d.mutable_layout() = kvblock::LayoutToProto(layout_);
+  *d.mutable_token_ids() = r.prompt_token_ids();
+  for (const kvblock::BlockHash& h : chain) d.add_block_hashes(std::string(kvblock::HashAsBytes(h)));
+  // Blocks the cache did not take travel inline (a shard down or slow).
+  for (size_t b = cached_blocks; b < chain.size(); ++b) {
+    if (stored.contains(chain[b])) continue;
+    KVTIER_ASSIGN_OR_RETURN(std::string record, serving::BlockRecord(layout_, cache, b, 0, layout_.num_layers));
+    v1::InlineBlock& block = *d.add_inline_blocks();
+    block.set_block_index(static_cast<uint32_t>(b));
+    block.set_data(std::move(record));
+    blocks_inline_.Increment();
+  }
+  d.mutable_tail()->set_token_count(static_cast<uint32_t>(prompt.size() % tpb));
+  d.mutable_tail()->set_latents(serving::TailBytes(cache));
+  v1::GeneratedToken& first = *d.mutable_first_token();
+  first.set_index(0);
+  first.set_token_id(out.first.token);
+  first.set_logprob(out.first.logprob);
+  for (const auto& [id, lp] : out.first.top) {
+    v1::TopLogprob& t = *first.add_top_logprobs();
+    t.set_token_id(id);
+    t.set_logprob(lp);
+  }
+  *d.mutable_sampling() = r.sampling();
+  *d.mutable_limits() = r.limits();
+  return out;
+}
+
+grpc::Status PrefillService::Generate(grpc::ServerContext* context, const v1::GenerateRequest* r,
+                                      grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  const absl::Time start = absl::Now();
+  const runtime::ModelConfig& c = model_.config();
+  const std::string ns = r->kv_namespace().empty() ? "default" : r->kv_namespace();
+  absl::Status valid = r->request_id().size() > serving::kMaxRequestIdBytes
+                           ? absl::InvalidArgumentError("request_id is longer than 128 bytes")
+                           : kvblock::ValidateNamespace(ns);
+  if (valid.ok()) valid = serving::CheckTokenIds(r->prompt_token_ids(), c.vocab_size, "prompt_token_ids");
+  if (valid.ok()) valid = serving::CheckGeneration(c, r->prompt_token_ids_size(), r->sampling(), r->limits());
+  if (!valid.ok()) return Count(ToGrpcStatus(valid));
+
+  absl::StatusOr<Prefilled> p = Prefill(*r, ns);
+  if (!p.ok()) return Count(ToGrpcStatus(p.status()));
+  prompt_tokens_.Increment(r->prompt_token_ids_size());
+  cached_tokens_.Increment(p->cached_tokens);
+  v1::GenerateResponse first;
+  *first.mutable_token() = p->decode.first_token();
+  if (!writer->Write(first)) return Count(grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading"));
+  const absl::Duration ttft = absl::Now() - start;
+  time_to_first_token_.Observe(absl::ToDoubleSeconds(ttft));
+
+  v1::Usage usage;
+  usage.set_prompt_tokens(static_cast<uint32_t>(r->prompt_token_ids_size()));
+  usage.set_cached_tokens(p->cached_tokens);
+  usage.set_time_to_first_token_us(static_cast<uint64_t>(absl::ToInt64Microseconds(ttft)));
+  const bool stop = std::find(r->limits().stop_token_ids().begin(), r->limits().stop_token_ids().end(),
+                              p->first.token) != r->limits().stop_token_ids().end();
+  if (r->limits().max_new_tokens() == 1 || stop) {  // index 0 was the whole generation
+    v1::GenerateResponse done;
+    done.mutable_finished()->set_reason(stop ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_LENGTH);
+    usage.set_generated_tokens(1);
+    *done.mutable_finished()->mutable_usage() = usage;
+    writer->Write(done);
+    return Count(grpc::Status::OK);
+  }
+  return Count(Relay(context, p->decode, usage, writer));
+}
+
+grpc::Status PrefillService::Relay(grpc::ServerContext* context, const v1::DecodeRequest& request,
+                                   v1::Usage usage, grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  uint32_t next_index = 1;  // the next token the client has not seen
+  std::string failures;
+  const size_t first = next_decoder_.fetch_add(1);
+  for (size_t attempt = 0; attempt < decoders_.size(); ++attempt) {
+    auto& [target, stub] = decoders_[(first + attempt) % decoders_.size()];
+    // Cancellation and the deadline of the client's call carry over.
+    std::unique_ptr<grpc::ClientContext> call = grpc::ClientContext::FromServerContext(*context);
+    std::unique_ptr<grpc::ClientReader<v1::DecodeResponse>> reader = stub->Decode(call.get(), request);
+    v1::DecodeResponse event;
+    bool finished = false;
+    while (!finished && reader->Read(&event)) {
+      v1::GenerateResponse out;
+      if (event.has_token()) {
+        // A retried worker repeats what an earlier one already streamed
+        // (sampling depends only on seed and index): skip those.
+        if (event.token().index() < next_index) continue;
+        if (event.token().index() != next_index) {
+          call->TryCancel();
+          reader->Finish();
+          return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat("decode worker ", target, " skipped from token ",
+                                                                       next_index, " to ", event.token().index()));
+        }
+        ++next_index;
+        *out.mutable_token() = event.token();
+      } else if (event.has_finished()) {
+        usage.set_generated_tokens(event.finished().usage().generated_tokens());
+        out.mutable_finished()->set_reason(event.finished().reason());
+        *out.mutable_finished()->mutable_usage() = usage;
+        finished = true;
+      }
+      if (!writer->Write(out)) {
+        call->TryCancel();
+        reader->Finish();
+        return grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading");
+      }
+    }
+    const grpc::Status status = reader->Finish();
+    if (finished) return grpc::Status::OK;
+    if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled");
+    // Another worker can take over from where this one stopped only for
+    // faults of the worker itself, not for a request it rejected.
+    const bool retryable = status.ok() || status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                           status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+    const std::string why = status.ok() ? "stream ended without a finish" : status.error_message();
+    absl::StrAppend(&failures, failures.empty() ? "" : "; ", target, ": ", why);
+    if (!retryable) return grpc::Status(status.error_code(), absl::StrCat("decode worker ", target, ": ", why));
+    std::cerr << "kvtier-prefill: request '" << request.request_id() << "': decode worker " << target
+              << " failed after token " << next_index - 1 << " (" << why << ")"
+              << (attempt + 1 < decoders_.size() ? "; trying the next" : "") << std::endl;
+  }
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      absl::StrCat("no decode worker could continue the request after token ", next_index - 1,
+                                   ": ", failures));
+}
+
+}  // namespace kvtier::prefill

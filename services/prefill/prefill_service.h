@@ -1,0 +1,69 @@
+// kvtier.v1.Prefill, the front door: for a prompt, reuses the longest
+// cached prefix, prefills the rest while streaming each layer's new blocks
+// to the cache shards, samples the first token, then hands the sequence to
+// a decode worker and relays its tokens (retrying another worker if one
+// becomes unavailable).
+#ifndef KVTIER_SERVICES_PREFILL_PREFILL_SERVICE_H_
+#define KVTIER_SERVICES_PREFILL_PREFILL_SERVICE_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <prometheus/counter.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "kvtier/v1/decode.grpc.pb.h"
+#include "kvtier/v1/prefill.grpc.pb.h"
+#include "services/runtime/model.h"
+#include "services/runtime/sampler.h"
+#include "services/serving/shard_set.h"
+
+namespace kvtier::prefill {
+
+struct PrefillOptions {
+  kernels::Codec codec = kernels::Codec::kInt8;
+  uint32_t tokens_per_block = 64;
+  absl::Duration cache_deadline = absl::Seconds(5);
+};
+
+class PrefillService final : public v1::Prefill::Service {
+ public:
+  // None owned; all must outlive the service. `decode_targets`: host:port
+  // of each decode worker.
+  PrefillService(const runtime::Model* model, std::string model_id, serving::ShardSet* shards,
+                 const std::vector<std::string>& decode_targets, prometheus::Registry* registry,
+                 PrefillOptions options);
+
+  grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
+                        grpc::ServerWriter<v1::GenerateResponse>* writer) override;
+
+ private:
+  struct Prefilled;
+  // Everything up to the first token: cached prefix, prefill, blocks to the
+  // cache, the DecodeRequest for the rest.
+  absl::StatusOr<Prefilled> Prefill(const v1::GenerateRequest& request, const std::string& ns);
+  // Streams the decode worker's tokens after index 0 to the client.
+  grpc::Status Relay(grpc::ServerContext* context, const v1::DecodeRequest& request, v1::Usage usage,
+                     grpc::ServerWriter<v1::GenerateResponse>* writer);
+  grpc::Status Count(grpc::Status status);
+
+  const runtime::Model& model_;
+  const std::string model_id_;
+  serving::ShardSet& shards_;
+  const PrefillOptions options_;
+  const kvblock::LatentLayout layout_;
+  std::vector<std::pair<std::string, std::unique_ptr<v1::Decode::Stub>>> decoders_;
+  std::atomic<size_t> next_decoder_{0};
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Counter& prompt_tokens_;
+  prometheus::Counter& cached_tokens_;
+  prometheus::Counter& blocks_inline_;
+  prometheus::Histogram& time_to_first_token_;
+};
+
+}  // namespace kvtier::prefill
+
+#endif  // KVTIER_SERVICES_PREFILL_PREFILL_SERVICE_H_

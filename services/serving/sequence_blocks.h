@@ -1,0 +1,51 @@
+// A sequence's latents (runtime::SequenceCache) to and from what travels
+// between the services: block-format records (one per block, or one per
+// layer slice) and the float tail of a DecodeRequest.
+#ifndef KVTIER_SERVICES_SERVING_SEQUENCE_BLOCKS_H_
+#define KVTIER_SERVICES_SERVING_SEQUENCE_BLOCKS_H_
+
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "services/kvblock/layout.h"
+#include "services/runtime/checkpoint.h"
+#include "services/runtime/model.h"
+
+namespace kvtier::serving {
+
+// The layout of `config`'s latents stored in `codec`, blocks of
+// `tokens_per_block`, for the model `model_id` (see ModelId).
+kvblock::LatentLayout ModelLayout(const runtime::ModelConfig& config, const std::string& model_id,
+                                  kernels::Codec codec, uint32_t tokens_per_block);
+
+// Names a checkpoint's weights, so blocks of different models never share
+// keys: "deepseek_v2-" + 16 hex digits of SHA-256 over config.json and each
+// weights file's name, size, first and last MiB. Reads at most 2 MiB a file.
+absl::StatusOr<std::string> ModelId(const std::string& checkpoint_dir);
+
+// Layers [layer_begin, layer_begin + layer_count) of sealed block `block`
+// of `cache` as one record.
+absl::StatusOr<std::string> BlockRecord(const kvblock::LatentLayout& layout,
+                                        const runtime::SequenceCache& cache, size_t block,
+                                        uint32_t layer_begin, uint32_t layer_count);
+
+// Appends an all-layer record of `layout` as the next sealed block of
+// `cache`, which must hold whole blocks only (an empty tail). The record is
+// parsed without trust: its CRC, layout and sizes are checked.
+absl::Status AppendBlockRecord(std::string_view record, const kvblock::LatentLayout& layout,
+                               runtime::SequenceCache& cache);
+
+// The tail (tokens after the last sealed block) as TailLatents.latents:
+// float32 [layers][tokens][kv_lora_rank + rope_dim].
+std::string TailBytes(const runtime::SequenceCache& cache);
+
+// Sets `cache`'s tail to `token_count` tokens read from `bytes` (the format
+// TailBytes writes) and its length to the sealed tokens plus them.
+// INVALID_ARGUMENT for a size that does not match or a non-finite value.
+absl::Status SetTail(std::string_view bytes, uint32_t token_count, const kvblock::LatentLayout& layout,
+                     runtime::SequenceCache& cache);
+
+}  // namespace kvtier::serving
+
+#endif  // KVTIER_SERVICES_SERVING_SEQUENCE_BLOCKS_H_

@@ -1,0 +1,181 @@
+#include "services/serving/shard_set.h"
+
+#include <future>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "services/kvblock/sha256.h"
+
+namespace kvtier::serving {
+namespace {
+
+uint64_t First8(const std::array<uint8_t, 32>& bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v = v << 8 | bytes[i];
+  return v;
+}
+
+// SplitMix64's finalizer: a shard's seed mixed with the key's own (already
+// uniform) bits gives independent scores per shard.
+uint64_t Mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(const std::string& targets,
+                                                           absl::Duration deadline) {
+  auto set = std::unique_ptr<ShardSet>(new ShardSet());
+  std::set<std::string> seen;
+  for (absl::string_view t : absl::StrSplit(targets, ',', absl::SkipWhitespace())) {
+    const std::string target(t);
+    if (target.find(':') == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("cache shard '", target, "' is not host:port"));
+    }
+    if (!seen.insert(target).second) return absl::InvalidArgumentError(absl::StrCat("cache shard ", target, " is listed twice"));
+    set->shards_.push_back({target, First8(kvblock::Sha256({target})),
+                            std::make_unique<cache::CacheClient>(cache::CacheClient::Connect(target), deadline)});
+  }
+  if (set->shards_.empty()) return absl::InvalidArgumentError("no cache shard given");
+  return set;
+}
+
+size_t ShardSet::ShardOf(const kvblock::BlockHash& hash) const {
+  const uint64_t key = First8(hash);
+  size_t best = 0;
+  uint64_t best_score = 0;
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    const uint64_t score = Mix(shards_[s].seed ^ key);
+    if (s == 0 || score > best_score) best = s, best_score = score;
+  }
+  return best;
+}
+
+size_t ShardSet::MatchPrefix(const std::string& ns, const kvblock::LatentLayout& layout,
+                             const std::vector<kvblock::BlockHash>& chain) {
+  // Each shard is asked about its own blocks, in chain order; the prefix
+  // ends at the first block some shard does not hold.
+  std::vector<std::vector<size_t>> positions(shards_.size());
+  for (size_t i = 0; i < chain.size(); ++i) positions[ShardOf(chain[i])].push_back(i);
+  std::vector<std::future<size_t>> answers;
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    answers.push_back(std::async(std::launch::async, [&, s]() -> size_t {
+      if (positions[s].empty()) return chain.size();
+      std::vector<kvblock::BlockHash> mine;
+      for (size_t i : positions[s]) mine.push_back(chain[i]);
+      absl::StatusOr<v1::MatchResponse> r = shards_[s].client->Match(ns, layout, mine);
+      const size_t matched = r.ok() ? std::min<size_t>(r->matched_blocks(), mine.size()) : 0;
+      return matched == mine.size() ? chain.size() : positions[s][matched];
+    }));
+  }
+  size_t prefix = chain.size();
+  for (auto& a : answers) prefix = std::min(prefix, a.get());
+  return prefix;
+}
+
+std::vector<absl::StatusOr<std::string>> ShardSet::Fetch(const std::string& ns,
+                                                         const kvblock::LatentLayout& layout,
+                                                         const std::vector<kvblock::BlockHash>& hashes) {
+  std::vector<absl::StatusOr<std::string>> out(hashes.size(), absl::NotFoundError("not fetched"));
+  std::vector<std::vector<size_t>> positions(shards_.size());
+  for (size_t i = 0; i < hashes.size(); ++i) positions[ShardOf(hashes[i])].push_back(i);
+  std::vector<std::future<void>> done;
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    if (positions[s].empty()) continue;
+    done.push_back(std::async(std::launch::async, [&, s] {
+      std::vector<kvblock::BlockHash> mine;
+      for (size_t i : positions[s]) mine.push_back(hashes[i]);
+      absl::StatusOr<std::vector<cache::FetchedBlock>> got = shards_[s].client->Get(ns, layout, mine);
+      for (size_t k = 0; k < mine.size(); ++k) {
+        absl::StatusOr<std::string>& slot = out[positions[s][k]];
+        if (!got.ok()) {
+          slot = absl::Status(got.status().code(), absl::StrCat("cache ", shards_[s].target, ": ", got.status().message()));
+        } else if (!(*got)[k].status.ok()) {
+          slot = (*got)[k].status;
+        } else {
+          slot = std::move((*got)[k].record);
+        }
+      }
+    }));
+  }
+  for (auto& d : done) d.get();
+  return out;
+}
+
+std::set<kvblock::BlockHash> ShardSet::Store(const std::string& ns, const kvblock::LatentLayout& layout,
+                                             const std::vector<cache::BlockSlices>& blocks) {
+  std::vector<std::vector<cache::BlockSlices>> per_shard(shards_.size());
+  for (const cache::BlockSlices& b : blocks) per_shard[ShardOf(b.hash)].push_back(b);
+  std::set<kvblock::BlockHash> stored;
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    if (per_shard[s].empty()) continue;
+    absl::StatusOr<v1::PutResponse> r = shards_[s].client->Put(ns, layout, per_shard[s]);
+    if (!r.ok()) continue;
+    std::set<std::string> incomplete(r->incomplete_block_hashes().begin(), r->incomplete_block_hashes().end());
+    for (const cache::BlockSlices& b : per_shard[s]) {
+      if (!incomplete.count(std::string(kvblock::HashAsBytes(b.hash)))) stored.insert(b.hash);
+    }
+  }
+  return stored;
+}
+
+struct ShardedPut::Stream {
+  grpc::ClientContext context;
+  v1::PutResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::PutRequest>> writer;
+  bool open = false;
+  std::set<kvblock::BlockHash> written;
+};
+
+ShardedPut::ShardedPut(ShardSet& shards, std::string ns, const kvblock::LatentLayout& layout,
+                       absl::Duration deadline)
+    : shards_(shards), ns_(std::move(ns)), layout_(layout), deadline_(deadline), streams_(shards.size()) {}
+
+ShardedPut::~ShardedPut() {
+  for (auto& s : streams_) {
+    if (s != nullptr && s->open) s->context.TryCancel();
+  }
+  Finish();
+}
+
+void ShardedPut::Write(const kvblock::BlockHash& hash, const std::string& record) {
+  const size_t shard = shards_.ShardOf(hash);
+  std::unique_ptr<Stream>& s = streams_[shard];
+  if (s == nullptr) {
+    s = std::make_unique<Stream>();
+    s->context.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
+    s->writer = shards_.client(shard).stub().Put(&s->context, &s->response);
+    v1::PutRequest header;
+    header.mutable_header()->set_kv_namespace(ns_);
+    *header.mutable_header()->mutable_layout() = kvblock::LayoutToProto(layout_);
+    s->open = s->writer->Write(header);
+  }
+  if (!s->open) return;
+  v1::PutRequest slice;
+  slice.mutable_slice()->set_block_hash(std::string(kvblock::HashAsBytes(hash)));
+  slice.mutable_slice()->set_data(record);
+  s->open = s->writer->Write(slice);
+  s->written.insert(hash);
+}
+
+std::set<kvblock::BlockHash> ShardedPut::Finish() {
+  std::set<kvblock::BlockHash> stored;
+  for (std::unique_ptr<Stream>& s : streams_) {
+    if (s == nullptr) continue;
+    if (s->open) s->writer->WritesDone();
+    const grpc::Status status = s->writer->Finish();
+    if (status.ok()) {
+      std::set<std::string> incomplete(s->response.incomplete_block_hashes().begin(),
+                                       s->response.incomplete_block_hashes().end());
+      for (const kvblock::BlockHash& h : s->written) {
+        if (!incomplete.count(std::string(kvblock::HashAsBytes(h)))) stored.insert(h);
+      }
+    }
+    s.reset();
+  }
+  return stored;
+}
+
+}  // namespace kvtier::serving

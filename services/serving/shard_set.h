@@ -1,0 +1,84 @@
+// The cache tier as several shards (kvtier-cache servers): each block lives
+// on the shard chosen by rendezvous hashing of its key, so adding a shard
+// moves only about 1/N of the keys. A shard that is down, slow (deadline) or
+// answers a miss only makes its blocks look absent: callers recompute them.
+// Thread-safe.
+#ifndef KVTIER_SERVICES_SERVING_SHARD_SET_H_
+#define KVTIER_SERVICES_SERVING_SHARD_SET_H_
+
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "services/cache/cache_client.h"
+
+namespace kvtier::serving {
+
+class ShardSet {
+ public:
+  // `targets`: comma-separated host:port list, at least one, no repeats.
+  // Every call to a shard gets `deadline`.
+  static absl::StatusOr<std::unique_ptr<ShardSet>> Create(const std::string& targets,
+                                                          absl::Duration deadline);
+
+  size_t size() const { return shards_.size(); }
+  const std::string& target(size_t shard) const { return shards_[shard].target; }
+  cache::CacheClient& client(size_t shard) { return *shards_[shard].client; }
+
+  // The shard with the highest score for `hash` (rendezvous hashing).
+  size_t ShardOf(const kvblock::BlockHash& hash) const;
+
+  // How many leading blocks of `chain` are stored, asking each shard about
+  // its own blocks at once; a shard that fails holds none.
+  size_t MatchPrefix(const std::string& ns, const kvblock::LatentLayout& layout,
+                     const std::vector<kvblock::BlockHash>& chain);
+
+  // Reads `hashes` (one Get stream per shard, all shards at once): each
+  // answer is the record, or why there is none (a miss, DATA_LOSS, or the
+  // shard's error).
+  std::vector<absl::StatusOr<std::string>> Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
+                                                 const std::vector<kvblock::BlockHash>& hashes);
+
+  // Stores whole-block records, one Put per shard; the hashes stored (or
+  // already there).
+  std::set<kvblock::BlockHash> Store(const std::string& ns, const kvblock::LatentLayout& layout,
+                                     const std::vector<cache::BlockSlices>& blocks);
+
+ private:
+  struct Shard {
+    std::string target;
+    uint64_t seed;  // from the target: a shard's scores do not depend on the others
+    std::unique_ptr<cache::CacheClient> client;
+  };
+  std::vector<Shard> shards_;
+};
+
+// Layer slices streamed to the blocks' shards as they are computed: one Put
+// stream per shard, opened on its first slice. A shard whose stream fails
+// takes no more writes; its blocks are reported as not stored. Not
+// thread-safe.
+class ShardedPut {
+ public:
+  ShardedPut(ShardSet& shards, std::string ns, const kvblock::LatentLayout& layout, absl::Duration deadline);
+  ~ShardedPut();
+
+  void Write(const kvblock::BlockHash& hash, const std::string& record);
+  // Ends every stream; the hashes now stored (or that were already there).
+  std::set<kvblock::BlockHash> Finish();
+
+ private:
+  struct Stream;
+  ShardSet& shards_;
+  std::string ns_;
+  kvblock::LatentLayout layout_;
+  absl::Duration deadline_;
+  std::vector<std::unique_ptr<Stream>> streams_;  // by shard
+};
+
+}  // namespace kvtier::serving
+
+#endif  // KVTIER_SERVICES_SERVING_SHARD_SET_H_
