@@ -1,45 +1,16 @@
 // `kvtier generate`: one generation through a prefill node. Last stdout
 // line: the generated ids; or, with --json, the object `kvtier run` prints,
 // with the cached prompt tokens the cache supplied.
-#include <grpcpp/grpcpp.h>
-
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "kvtier/v1/prefill.grpc.pb.h"
-#include "services/cache/cache_client.h"
 #include "services/cli/commands.h"
 #include "services/cli/generation_io.h"
 #include "services/cli/remote_generate.h"
 #include "services/common/flags.h"
 
 namespace kvtier::cli {
-
-absl::StatusOr<RemoteGeneration> GenerateRemotely(const std::string& target, const v1::GenerateRequest& request) {
-  auto stub = v1::Prefill::NewStub(cache::CacheClient::Connect(target));
-  grpc::ClientContext context;
-  auto reader = stub->Generate(&context, request);
-  RemoteGeneration out;
-  v1::GenerateResponse event;
-  while (reader->Read(&event)) {
-    if (event.has_token()) {
-      runtime::Sampled s;
-      s.token = event.token().token_id();
-      s.logprob = event.token().logprob();
-      for (const v1::TopLogprob& t : event.token().top_logprobs()) s.top.emplace_back(t.token_id(), t.logprob());
-      out.tokens.push_back(std::move(s));
-    } else if (event.has_finished()) {
-      out.reason = event.finished().reason();
-      out.usage = event.finished().usage();
-    }
-  }
-  if (grpc::Status s = reader->Finish(); !s.ok()) return cache::FromGrpcStatus(s);
-  if (out.reason == v1::FINISH_REASON_UNSPECIFIED) {
-    return absl::UnavailableError(absl::StrCat("the prefill node at ", target, " ended the stream without finishing"));
-  }
-  return out;
-}
 
 int RunGenerate(const std::vector<std::string>& args) {
   std::string target, prompt_ids, ns, request_id;

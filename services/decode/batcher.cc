@@ -46,11 +46,6 @@ absl::Status Batcher::Submit(std::shared_ptr<DecodeSequence> sequence) {
   return absl::OkStatus();
 }
 
-size_t Batcher::active() const {
-  absl::MutexLock lock(&mu_);
-  return sequences_.size();
-}
-
 void Batcher::Loop() {
   for (;;) {
     std::vector<std::shared_ptr<DecodeSequence>> batch;

@@ -66,7 +66,6 @@ class Batcher {
   ~Batcher();  // finishes the current step, fails what is left with UNAVAILABLE
 
   absl::Status Submit(std::shared_ptr<DecodeSequence> sequence);
-  size_t active() const;
 
  private:
   void Loop();

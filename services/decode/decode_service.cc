@@ -45,7 +45,7 @@ DecodeService::DecodeService(const runtime::Model* model, std::string model_id, 
                                                                          0.05, 0.1, 0.25, 0.5, 1, 2.5})),
       sequences_(prometheus::BuildGauge()
                      .Name("kvtier_decode_sequences")
-                     .Help("Sequences being decoded or waiting for their turn.")
+                     .Help("Decode streams open: sequences being decoded or waiting for their turn.")
                      .Register(*registry)
                      .Add({})),
       batcher_(std::make_unique<Batcher>(
@@ -179,7 +179,11 @@ grpc::Status DecodeService::Decode(grpc::ServerContext* context, const v1::Decod
     return grpc::Status::OK;
   }
   if (absl::Status st = batcher_->Submit(*prepared); !st.ok()) return ToGrpcStatus(st);
-  sequences_.Set(static_cast<double>(batcher_->active()));
+  sequences_.Increment();
+  struct Leave {
+    prometheus::Gauge& gauge;
+    ~Leave() { gauge.Decrement(); }
+  } leave{sequences_};
   auto cancel = [&s] {
     absl::MutexLock lock(&s.mu);
     s.cancelled = true;
@@ -197,16 +201,16 @@ grpc::Status DecodeService::Decode(grpc::ServerContext* context, const v1::Decod
       error = s.error;
     }
     for (const v1::DecodeResponse& e : events) {
+      // Blocks this sequence filled are stored before it reports the end,
+      // so the conversation's next turn, sent after it, finds them.
+      if (e.has_finished() && s.write_back) writer_.Flush();
       if (!writer->Write(e)) {
         cancel();
         return grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading");
       }
       if (e.has_token()) tokens_.Increment();
     }
-    if (done) {
-      sequences_.Set(static_cast<double>(batcher_->active()));
-      return error.ok() ? grpc::Status::OK : ToGrpcStatus(error);
-    }
+    if (done) return error.ok() ? grpc::Status::OK : ToGrpcStatus(error);
     if (context->IsCancelled()) {
       cancel();
       return grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled");

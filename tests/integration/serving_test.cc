@@ -1,0 +1,483 @@
+// Prefill node, decode workers and cache shards as users run them: the real
+// binaries on port 0, a real gRPC client, outputs compared with the
+// in-process runtime (what `kvtier run` prints) on the same checkpoint.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <random>
+#include <thread>
+
+#include "kvtier/v1/decode.grpc.pb.h"
+#include "kvtier/v1/prefill.grpc.pb.h"
+#include "services/cache/cache_client.h"
+#include "services/cli/remote_generate.h"
+#include "services/common/child_process.h"
+#include "services/runtime/checkpoint.h"
+#include "services/runtime/generate.h"
+#include "services/runtime/make_model.h"
+#include "services/serving/sequence_blocks.h"
+#include "tests/test_random.h"
+
+namespace kvtier {
+namespace {
+
+namespace fs = std::filesystem;
+using cli::RemoteGeneration;
+
+constexpr uint32_t kBlock = 64;
+
+// One tiny checkpoint (q_lora, YaRN, group-limited routing, a shared
+// expert, a dense first layer) for the whole test binary.
+struct TestModel {
+  std::string dir;
+  std::unique_ptr<runtime::Checkpoint> checkpoint;
+  std::unique_ptr<runtime::Model> model;
+};
+
+const TestModel& Tiny() {
+  static const TestModel* m = [] {
+    auto* t = new TestModel;
+    t->dir = (fs::temp_directory_path() / ("kvtier_serving_model_" + std::to_string(getpid()))).string();
+    if (!runtime::MakeModel(*runtime::PresetConfig("tiny"), t->dir, 5).ok()) std::abort();
+    t->checkpoint = std::move(*runtime::Checkpoint::Open(t->dir));
+    t->model = std::move(*runtime::Model::Load(*t->checkpoint));
+    std::atexit([] { fs::remove_all(Tiny().dir); });
+    return t;
+  }();
+  return *m;
+}
+
+// Generation after `prompt` continuing `cache` (which holds the latents of
+// a prefix of it): the rest of the prompt in one pass, then decode steps,
+// as runtime::Generate does.
+std::vector<runtime::Sampled> Continue(runtime::SequenceCache cache, const std::vector<uint32_t>& prompt,
+                                       uint32_t max_new) {
+  const runtime::Model& model = *Tiny().model;
+  std::vector<float> logits(model.config().vocab_size);
+  if (!model.Prefill(std::span(prompt).subspan(cache.length), cache, logits).ok()) std::abort();
+  std::vector<runtime::Sampled> out;
+  for (uint32_t i = 0; i < max_new; ++i) {
+    out.push_back(runtime::Sample(logits, {}, i, 5));
+    if (i + 1 < max_new && !model.Step(out.back().token, cache, logits).ok()) std::abort();
+  }
+  return out;
+}
+
+// What the services must compute when the cache supplied the first
+// `cached` tokens' blocks, each made by a prefill from scratch: those tokens
+// in one pass, the rest in another. With cached = 0 this is `kvtier run`.
+std::vector<runtime::Sampled> InProcess(const std::vector<uint32_t>& prompt, uint32_t max_new, size_t cached = 0) {
+  const runtime::Model& model = *Tiny().model;
+  runtime::SequenceCache cache = model.NewCache(kernels::Codec::kBf16, kBlock);
+  if (cached > 0) {
+    std::vector<float> logits(model.config().vocab_size);
+    if (!model.Prefill(std::span(prompt).first(cached), cache, logits).ok()) std::abort();
+  }
+  return Continue(std::move(cache), prompt, max_new);
+}
+
+// Same ids; logprobs (chosen and top-5) within `tolerance`.
+void ExpectSameGeneration(const std::vector<runtime::Sampled>& got, const std::vector<runtime::Sampled>& want,
+                          double tolerance) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(got[i].token, want[i].token) << "token " << i;
+    EXPECT_NEAR(got[i].logprob, want[i].logprob, tolerance) << "token " << i;
+    ASSERT_EQ(got[i].top.size(), want[i].top.size());
+    for (size_t k = 0; k < want[i].top.size(); ++k) {
+      EXPECT_EQ(got[i].top[k].first, want[i].top[k].first) << "token " << i << " top " << k;
+      EXPECT_NEAR(got[i].top[k].second, want[i].top[k].second, tolerance) << "token " << i << " top " << k;
+    }
+  }
+}
+
+std::vector<uint32_t> RandomIds(size_t n, std::mt19937_64& rng) {
+  std::uniform_int_distribution<uint32_t> id(0, 255);
+  std::vector<uint32_t> ids(n);
+  for (auto& v : ids) v = id(rng);
+  return ids;
+}
+
+v1::GenerateRequest Request(const std::vector<uint32_t>& prompt, uint32_t max_new, const std::string& ns = "") {
+  v1::GenerateRequest r;
+  r.set_kv_namespace(ns);
+  for (uint32_t t : prompt) r.add_prompt_token_ids(t);
+  r.mutable_limits()->set_max_new_tokens(max_new);
+  r.mutable_limits()->set_top_logprobs(5);
+  return r;
+}
+
+std::string Address(ChildProcess& p) {
+  const int port = p.WaitForListeningPort();
+  return port > 0 ? "127.0.0.1:" + std::to_string(port) : "";
+}
+
+// Cache shards, decode workers and one prefill node on free ports.
+class Cluster {
+ public:
+  Cluster(int caches, int decoders, std::vector<std::string> cache_flags = {}) {
+    std::string cache_list, decode_list;
+    for (int i = 0; i < caches; ++i) {
+      std::vector<std::string> argv = {KVTIER_CACHE_BINARY, "--listen", "127.0.0.1:0", "--metrics-listen", "",
+                                       "--device-capacity", "16MiB", "--host-capacity", "16MiB"};
+      argv.insert(argv.end(), cache_flags.begin(), cache_flags.end());
+      this->caches.push_back(std::make_unique<ChildProcess>(argv));
+      cache_targets.push_back(Address(*this->caches.back()));
+      cache_list += (i ? "," : "") + cache_targets.back();
+    }
+    for (int i = 0; i < decoders; ++i) {
+      this->decoders.push_back(std::make_unique<ChildProcess>(std::vector<std::string>{
+          KVTIER_DECODE_BINARY, "--listen", "127.0.0.1:0", "--model", Tiny().dir, "--cache", cache_list,
+          "--metrics-listen", "127.0.0.1:0", "--cache-deadline-ms", "2000"}));
+      std::optional<std::string> metrics = this->decoders.back()->WaitForLine("metrics on ");
+      decode_metrics.push_back(metrics ? metrics->substr(0, metrics->find('/')) : "");
+      decode_targets.push_back(Address(*this->decoders.back()));
+      decode_list += (i ? "," : "") + decode_targets.back();
+    }
+    prefill = std::make_unique<ChildProcess>(std::vector<std::string>{
+        KVTIER_PREFILL_BINARY, "--listen", "127.0.0.1:0", "--model", Tiny().dir, "--cache", cache_list, "--decode",
+        decode_list, "--kv-codec", "bf16", "--tokens-per-block", std::to_string(kBlock), "--cache-deadline-ms",
+        "2000"});
+    prefill_target = Address(*prefill);
+  }
+  bool ok() const {
+    for (const auto& t : cache_targets) if (t.empty()) return false;
+    for (const auto& t : decode_targets) if (t.empty()) return false;
+    return !prefill_target.empty();
+  }
+  absl::StatusOr<RemoteGeneration> Generate(const v1::GenerateRequest& r) {
+    return cli::GenerateRemotely(prefill_target, r);
+  }
+  v1::StatsResponse CacheStats(size_t shard) {
+    return *cache::CacheClient(cache::CacheClient::Connect(cache_targets[shard]), absl::Seconds(5)).Stats();
+  }
+
+  std::vector<std::unique_ptr<ChildProcess>> caches, decoders;
+  std::unique_ptr<ChildProcess> prefill;
+  std::vector<std::string> cache_targets, decode_targets, decode_metrics;
+  std::string prefill_target;
+};
+
+class ServingTest : public ::testing::Test {
+ protected:
+  testing::SeededRng rng_;
+};
+
+// Prompts around the block size and a long one, generations crossing block
+// boundaries: every id, logprob and top-5 as in process, with no cache hit.
+TEST_F(ServingTest, GenerationsEqualTheInProcessRuntime) {
+  SCOPED_TRACE(rng_.Trace());
+  Cluster cluster(1, 1);
+  ASSERT_TRUE(cluster.ok());
+  for (size_t length : {1, 63, 64, 65, 300}) {
+    SCOPED_TRACE("prompt of " + std::to_string(length));
+    const std::vector<uint32_t> prompt = RandomIds(length, rng_.engine());
+    absl::StatusOr<RemoteGeneration> got = cluster.Generate(Request(prompt, 70));
+    ASSERT_TRUE(got.ok()) << got.status();
+    ExpectSameGeneration(got->tokens, InProcess(prompt, 70), 1e-4);
+    EXPECT_EQ(got->reason, v1::FINISH_REASON_LENGTH);
+    EXPECT_EQ(got->usage.prompt_tokens(), length);
+    EXPECT_EQ(got->usage.cached_tokens(), 0u);
+    EXPECT_EQ(got->usage.generated_tokens(), 70u);
+    EXPECT_GT(got->usage.time_to_first_token_us(), 0u);
+  }
+}
+
+// The two CLIs side by side: `kvtier generate --json` through the services
+// prints what `kvtier run --json` prints in process.
+TEST_F(ServingTest, KvtierGeneratePrintsWhatKvtierRunPrints) {
+  SCOPED_TRACE(rng_.Trace());
+  Cluster cluster(1, 1);
+  ASSERT_TRUE(cluster.ok());
+  std::string ids;
+  for (uint32_t t : RandomIds(130, rng_.engine())) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  const std::string common = " --prompt-ids " + ids + " --max-new-tokens 20 --json";
+  const CommandResult run = RunCommand(std::string(KVTIER_BINARY) + " run --model " + Tiny().dir + common);
+  const CommandResult generate =
+      RunCommand(std::string(KVTIER_BINARY) + " generate --target " + cluster.prefill_target + common);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  ASSERT_EQ(generate.exit_code, 0) << generate.output;
+  // The JSON is the last line (stderr comes first); printed with 9
+  // significant digits, so equal text means equal to ~1e-8.
+  auto last_line = [](const std::string& s) { return s.substr(s.rfind('\n', s.size() - 2) + 1); };
+  EXPECT_EQ(last_line(generate.output), last_line(run.output));
+  EXPECT_NE(last_line(run.output).find("\"cached_tokens\": 0}"), std::string::npos) << run.output;
+}
+
+// The README's first command on the tiny preset: a two-turn conversation
+// whose second turn hits, the cache's stats, a clean stop.
+TEST_F(ServingTest, KvtierUpRunsAConversationAndStopsCleanly) {
+  const fs::path dir = fs::temp_directory_path() / ("kvtier_up_" + std::to_string(rng_.seed()));
+  const CommandResult up = RunCommand(std::string(KVTIER_BINARY) + " up --preset tiny --prompt-tokens 150 --dir " +
+                                      dir.string());
+  fs::remove_all(dir);
+  ASSERT_EQ(up.exit_code, 0) << up.output;
+  EXPECT_NE(up.output.find("turn 1: 150 prompt tokens, 0 from the cache"), std::string::npos) << up.output;
+  EXPECT_NE(up.output.find("turn 2: 190 prompt tokens, 128 from the cache"), std::string::npos) << up.output;
+  // Turn 1's two prompt blocks, then turn 2's third.
+  EXPECT_NE(up.output.find("blocks stored 3, deduplicated 0"), std::string::npos) << up.output;
+  EXPECT_NE(up.output.find("all three stopped cleanly"), std::string::npos) << up.output;
+}
+
+// A second request sharing a 192-token prefix reuses it; a conversation's
+// second turn (prompt + answer + question) reuses the blocks decode wrote
+// back; outputs stay those of the in-process runtime.
+TEST_F(ServingTest, SharedPrefixesAndNextTurnsHitTheCache) {
+  SCOPED_TRACE(rng_.Trace());
+  Cluster cluster(1, 1);
+  ASSERT_TRUE(cluster.ok());
+  const std::vector<uint32_t> prefix = RandomIds(192, rng_.engine());
+  std::vector<uint32_t> a = prefix, b = prefix;
+  for (uint32_t t : RandomIds(20, rng_.engine())) a.push_back(t);
+  for (uint32_t t : RandomIds(30, rng_.engine())) b.push_back(t);
+  ASSERT_TRUE(cluster.Generate(Request(a, 8)).ok());
+  absl::StatusOr<RemoteGeneration> second = cluster.Generate(Request(b, 8));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->usage.cached_tokens(), 192u);
+  ExpectSameGeneration(second->tokens, InProcess(b, 8, 192), 1e-4);
+  // Against one pass over the whole prompt the prefix differs only by its
+  // bf16 rounding: the same tokens.
+  const std::vector<runtime::Sampled> one_pass = InProcess(b, 8);
+  for (size_t i = 0; i < one_pass.size(); ++i) EXPECT_EQ(second->tokens[i].token, one_pass[i].token);
+
+  // Turn 1: 100 prompt + 100 generated tokens fill 3 blocks (192 tokens);
+  // turn 2 sends all of it plus a question.
+  std::vector<uint32_t> conversation = RandomIds(100, rng_.engine());
+  absl::StatusOr<RemoteGeneration> turn1 = cluster.Generate(Request(conversation, 100, "chat"));
+  ASSERT_TRUE(turn1.ok()) << turn1.status();
+  // In process: turn 1's prompt and its decode steps, whose first 3 blocks
+  // are what decode wrote back.
+  const runtime::Model& model = *Tiny().model;
+  runtime::SequenceCache turn1_cache = model.NewCache(kernels::Codec::kBf16, kBlock);
+  std::vector<float> logits(256);
+  ASSERT_TRUE(model.Prefill(conversation, turn1_cache, logits).ok());
+  for (size_t i = 0; i + 1 < turn1->tokens.size(); ++i) {
+    ASSERT_TRUE(model.Step(turn1->tokens[i].token, turn1_cache, logits).ok());
+  }
+  for (auto& layer : turn1_cache.blocks) layer.resize(3);
+  for (auto& tail : turn1_cache.tail) tail.clear();
+  turn1_cache.length = 192;
+  for (const auto& s : turn1->tokens) conversation.push_back(s.token);
+  for (uint32_t t : RandomIds(10, rng_.engine())) conversation.push_back(t);
+  absl::StatusOr<RemoteGeneration> turn2 = cluster.Generate(Request(conversation, 8, "chat"));
+  ASSERT_TRUE(turn2.ok()) << turn2.status();
+  EXPECT_EQ(turn2->usage.cached_tokens(), 192u) << "blocks 1 and 2 come from decode's write-back";
+  ExpectSameGeneration(turn2->tokens, Continue(turn1_cache, conversation, 8), 1e-4);
+  // Namespaces are part of the key: another tenant's identical turn misses.
+  absl::StatusOr<RemoteGeneration> other = cluster.Generate(Request(conversation, 8, "other"));
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(other->usage.cached_tokens(), 0u);
+}
+
+// 16 clients at once, half of them sharing prefixes: continuous batching
+// across them gives each the in-process result.
+TEST_F(ServingTest, SixteenConcurrentGenerations) {
+  SCOPED_TRACE(rng_.Trace());
+  Cluster cluster(2, 1);
+  ASSERT_TRUE(cluster.ok());
+  std::vector<std::vector<uint32_t>> prompts;
+  const std::vector<uint32_t> shared = RandomIds(128, rng_.engine());
+  for (int i = 0; i < 16; ++i) {
+    std::vector<uint32_t> p = i % 2 ? shared : std::vector<uint32_t>{};
+    for (uint32_t t : RandomIds(20 + 7 * i, rng_.engine())) p.push_back(t);
+    prompts.push_back(p);
+  }
+  std::vector<std::future<absl::StatusOr<RemoteGeneration>>> runs;
+  for (const auto& p : prompts) {
+    runs.push_back(std::async(std::launch::async, [&cluster, p] { return cluster.Generate(Request(p, 40)); }));
+  }
+  for (size_t i = 0; i < runs.size(); ++i) {
+    SCOPED_TRACE("client " + std::to_string(i));
+    absl::StatusOr<RemoteGeneration> got = runs[i].get();
+    ASSERT_TRUE(got.ok()) << got.status();
+    ExpectSameGeneration(got->tokens, InProcess(prompts[i], 40, got->usage.cached_tokens()), 1e-4);
+  }
+}
+
+// SIGKILL one of two cache shards between generations: every later request
+// still completes with the same output (its blocks recomputed and sent
+// inline), and repeats of earlier prompts still hit on the live shard.
+TEST_F(ServingTest, AShardKilledMidRunLosesNoRequest) {
+  SCOPED_TRACE(rng_.Trace());
+  Cluster cluster(2, 1);
+  ASSERT_TRUE(cluster.ok());
+  std::vector<std::vector<uint32_t>> prompts;
+  for (int i = 0; i < 6; ++i) prompts.push_back(RandomIds(200 + 10 * i, rng_.engine()));
+  for (int round = 0; round < 2; ++round) {
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      if (round == 0 && i == 3) cluster.caches[1]->Stop(SIGKILL);
+      SCOPED_TRACE("round " + std::to_string(round) + " prompt " + std::to_string(i));
+      absl::StatusOr<RemoteGeneration> got = cluster.Generate(Request(prompts[i], 12));
+      ASSERT_TRUE(got.ok()) << got.status();
+      // After the kill a prompt's blocks come from two passes: those on the
+      // live shard from round 0's prefill (the cache keeps the first copy),
+      // the dead shard's recomputed after the cached prefix. Both are right
+      // up to bf16 rounding: the same tokens, logprobs within it.
+      ExpectSameGeneration(got->tokens, InProcess(prompts[i], 12, got->usage.cached_tokens()),
+                           round == 0 && i < 3 ? 1e-4 : 5e-2);
+    }
+  }
+}
+
+// Blocks demoted to the disk tier and corrupted there: the cache reports
+// DATA_LOSS (counted), the prefill node recomputes, the output is right.
+TEST_F(ServingTest, ACorruptedBlockIsDetectedAndRecomputed) {
+  SCOPED_TRACE(rng_.Trace());
+  const fs::path disk = fs::temp_directory_path() / ("kvtier_serving_disk_" + std::to_string(rng_.seed()));
+  fs::remove_all(disk);
+  // The device tier holds 8 of these 15 KiB blocks (a prompt's pending
+  // blocks must fit there while its layers stream in), the host tier 1:
+  // a second prompt pushes the first one's blocks to disk.
+  Cluster cluster(1, 1, {"--device-capacity", "128KiB", "--host-capacity", "16KiB", "--page-size", "4096",
+                         "--disk-dir", disk.string(), "--disk-capacity", "64MiB"});
+  ASSERT_TRUE(cluster.ok());
+  const std::vector<uint32_t> first = RandomIds(400, rng_.engine()), second = RandomIds(400, rng_.engine());
+  ASSERT_TRUE(cluster.Generate(Request(first, 4)).ok());
+  ASSERT_TRUE(cluster.Generate(Request(second, 4)).ok());
+  size_t corrupted = 0;
+  for (const auto& e : fs::recursive_directory_iterator(disk)) {
+    if (e.path().extension() != ".kvb") continue;
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(e.path()) / 2));
+    f.put('\x5a');
+    ++corrupted;
+  }
+  ASSERT_GT(corrupted, 0u) << "no block reached the disk tier";
+  absl::StatusOr<RemoteGeneration> got = cluster.Generate(Request(first, 4));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_LT(got->usage.cached_tokens(), 384u);
+  ExpectSameGeneration(got->tokens, InProcess(first, 4, got->usage.cached_tokens()), 1e-4);
+  EXPECT_GT(cluster.CacheStats(0).checksum_failures(), 0u);
+  fs::remove_all(disk);
+}
+
+// A decode worker SIGKILLed mid-stream: alone, the client gets UNAVAILABLE
+// saying so; with a second worker, the request finishes there, unchanged.
+TEST_F(ServingTest, ADecodeWorkerDyingMidStream) {
+  SCOPED_TRACE(rng_.Trace());
+  const std::vector<uint32_t> prompt = RandomIds(90, rng_.engine());
+  const std::vector<runtime::Sampled> want = InProcess(prompt, 400);
+  for (int workers : {1, 2}) {
+    SCOPED_TRACE(std::to_string(workers) + " decode workers");
+    Cluster cluster(1, workers);
+    ASSERT_TRUE(cluster.ok());
+    auto stub = v1::Prefill::NewStub(cache::CacheClient::Connect(cluster.prefill_target));
+    grpc::ClientContext context;
+    auto reader = stub->Generate(&context, Request(prompt, 400));
+    std::vector<uint32_t> ids;
+    v1::GenerateResponse event;
+    while (reader->Read(&event)) {
+      if (!event.has_token()) continue;
+      ids.push_back(event.token().token_id());
+      if (ids.size() == 5) cluster.decoders[0]->Stop(SIGKILL);  // the first request goes to worker 0
+    }
+    const grpc::Status status = reader->Finish();
+    if (workers == 1) {
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+      EXPECT_NE(status.error_message().find("no decode worker could continue"), std::string::npos)
+          << status.error_message();
+    } else {
+      ASSERT_TRUE(status.ok()) << status.error_message();
+      ASSERT_EQ(ids.size(), want.size());
+      for (size_t i = 0; i < ids.size(); ++i) ASSERT_EQ(ids[i], want[i].token) << "token " << i;
+    }
+  }
+}
+
+// A client cancelling mid-generation leaves nothing behind: the decode
+// worker's open sequences return to 0.
+TEST_F(ServingTest, CancellationFreesTheDecodeSequence) {
+  SCOPED_TRACE(rng_.Trace());
+  Cluster cluster(1, 1);
+  ASSERT_TRUE(cluster.ok());
+  auto stub = v1::Prefill::NewStub(cache::CacheClient::Connect(cluster.prefill_target));
+  grpc::ClientContext context;
+  auto reader = stub->Generate(&context, Request(RandomIds(50, rng_.engine()), 1500));
+  v1::GenerateResponse event;
+  for (int i = 0; i < 4 && reader->Read(&event); ++i) {
+  }
+  auto sequences = [&] {
+    const CommandResult r = RunCommand("curl -s http://" + cluster.decode_metrics[0] + "/metrics");
+    const size_t at = r.output.find("\nkvtier_decode_sequences ");
+    return at == std::string::npos ? -1.0 : std::stod(r.output.substr(at + 25));
+  };
+  EXPECT_EQ(sequences(), 1.0);
+  context.TryCancel();
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  // The worker notices within its 100 ms poll; allow generous time.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (sequences() != 0.0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(sequences(), 0.0);
+}
+
+TEST_F(ServingTest, BadRequestsGetClearStatuses) {
+  Cluster cluster(1, 1);
+  ASSERT_TRUE(cluster.ok());
+  struct Case {
+    std::string name;
+    std::function<void(v1::GenerateRequest&)> change;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"empty prompt", [](auto& r) { r.clear_prompt_token_ids(); }, "prompt_token_ids is empty"},
+      {"id outside the vocabulary", [](auto& r) { r.add_prompt_token_ids(256); }, "outside the vocabulary"},
+      {"too long", [](auto& r) { r.mutable_limits()->set_max_new_tokens(5000); }, "positions"},
+      {"no tokens wanted", [](auto& r) { r.mutable_limits()->set_max_new_tokens(0); }, "max_new_tokens"},
+      {"negative temperature", [](auto& r) { r.mutable_sampling()->set_temperature(-1); }, "temperature"},
+      {"top_p above 1", [](auto& r) { r.mutable_sampling()->set_top_p(1.5f); }, "top_p"},
+      {"too many logprobs", [](auto& r) { r.mutable_limits()->set_top_logprobs(21); }, "top_logprobs"},
+      {"stop id outside the vocabulary", [](auto& r) { r.mutable_limits()->add_stop_token_ids(999); }, "stop_token_ids"},
+      {"bad namespace", [](auto& r) { r.set_kv_namespace("a/b"); }, "kv_namespace"},
+  };
+  for (const Case& c : cases) {
+    v1::GenerateRequest r = Request({1, 2, 3}, 4);
+    c.change(r);
+    absl::StatusOr<RemoteGeneration> got = cluster.Generate(r);
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << c.name << ": " << got.status();
+    EXPECT_NE(got.status().message().find(c.message), std::string::npos) << c.name << ": " << got.status();
+  }
+  // The decode worker checks what it is handed, too.
+  auto decode = v1::Decode::NewStub(cache::CacheClient::Connect(cluster.decode_targets[0]));
+  const kvblock::LatentLayout layout =
+      serving::ModelLayout(Tiny().model->config(), *serving::ModelId(Tiny().dir), kernels::Codec::kBf16, kBlock);
+  auto decode_code = [&](const std::function<void(v1::DecodeRequest&)>& change) {
+    v1::DecodeRequest r;
+    r.set_kv_namespace("default");
+    *r.mutable_layout() = kvblock::LayoutToProto(layout);
+    for (uint32_t t : {1, 2, 3}) r.add_token_ids(t);
+    r.mutable_tail()->set_token_count(3);
+    r.mutable_tail()->set_latents(std::string(3 * 3 * 40 * sizeof(float), '\0'));
+    r.mutable_limits()->set_max_new_tokens(4);
+    change(r);
+    grpc::ClientContext context;
+    auto reader = decode->Decode(&context, r);
+    v1::DecodeResponse e;
+    while (reader->Read(&e)) {
+    }
+    return reader->Finish().error_code();
+  };
+  EXPECT_EQ(decode_code([](auto&) {}), grpc::StatusCode::OK);
+  const kvblock::LatentLayout other_model =
+      serving::ModelLayout(Tiny().model->config(), "another-model", kernels::Codec::kBf16, kBlock);
+  EXPECT_EQ(decode_code([&](auto& r) { *r.mutable_layout() = kvblock::LayoutToProto(other_model); }),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(decode_code([](auto& r) { r.add_block_hashes(std::string(32, 'x')); }), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(decode_code([](auto& r) { r.mutable_tail()->set_latents("short"); }), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(decode_code([](auto& r) { r.mutable_tail()->set_token_count(2); }), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(decode_code([](auto& r) { r.mutable_first_token()->set_token_id(300); }),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(decode_code([](auto& r) {
+              auto* b = r.add_inline_blocks();
+              b->set_block_index(0);
+              b->set_data("not a block");
+            }),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+}  // namespace
+}  // namespace kvtier
