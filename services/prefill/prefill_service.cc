@@ -78,7 +78,12 @@ absl::StatusOr<PrefillService::Prefilled> PrefillService::Prefill(const v1::Gene
     // A block gone since Match, corrupt, or on a shard that stopped
     // answering ends the reuse there: the rest is prefilled.
     for (absl::StatusOr<std::string>& record : shards_.Fetch(ns, layout_, wanted)) {
-      if (!record.ok() || !serving::AppendBlockRecord(*record, layout_, cache).ok()) break;
+      absl::Status appended = record.ok() ? serving::AppendBlockRecord(*record, layout_, cache) : record.status();
+      if (!appended.ok()) {
+        std::cerr << "kvtier-prefill: request '" << r.request_id() << "': cached block " << cached_blocks << " of "
+                  << matched << " unusable (" << appended.message() << "); prefilling from there" << std::endl;
+        break;
+      }
       ++cached_blocks;
     }
   }
@@ -114,6 +119,11 @@ absl::StatusOr<PrefillService::Prefilled> PrefillService::Prefill(const v1::Gene
     block.set_block_index(static_cast<uint32_t>(b));
     block.set_data(std::move(record));
     blocks_inline_.Increment();
+  }
+  if (d.inline_blocks_size() > 0) {
+    std::cerr << "kvtier-prefill: request '" << r.request_id() << "': the cache did not store "
+              << d.inline_blocks_size() << " of " << chain.size() - cached_blocks
+              << " new blocks; they go to the decode worker inline" << std::endl;
   }
   d.mutable_tail()->set_token_count(static_cast<uint32_t>(prompt.size() % tpb));
   d.mutable_tail()->set_latents(serving::TailBytes(cache));

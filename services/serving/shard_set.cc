@@ -130,8 +130,12 @@ struct ShardedPut::Stream {
 };
 
 ShardedPut::ShardedPut(ShardSet& shards, std::string ns, const kvblock::LatentLayout& layout,
-                       absl::Duration deadline)
-    : shards_(shards), ns_(std::move(ns)), layout_(layout), deadline_(deadline), streams_(shards.size()) {}
+                       absl::Duration finish_deadline)
+    : shards_(shards),
+      ns_(std::move(ns)),
+      layout_(layout),
+      finish_deadline_(finish_deadline),
+      streams_(shards.size()) {}
 
 ShardedPut::~ShardedPut() {
   for (auto& s : streams_) {
@@ -145,7 +149,6 @@ void ShardedPut::Write(const kvblock::BlockHash& hash, const std::string& record
   std::unique_ptr<Stream>& s = streams_[shard];
   if (s == nullptr) {
     s = std::make_unique<Stream>();
-    s->context.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
     s->writer = shards_.client(shard).stub().Put(&s->context, &s->response);
     v1::PutRequest header;
     header.mutable_header()->set_kv_namespace(ns_);
@@ -161,12 +164,25 @@ void ShardedPut::Write(const kvblock::BlockHash& hash, const std::string& record
 }
 
 std::set<kvblock::BlockHash> ShardedPut::Finish() {
-  std::set<kvblock::BlockHash> stored;
+  // Every shard confirms at once; one that does not answer in time is
+  // cancelled.
+  std::vector<std::future<grpc::Status>> answers;
   for (std::unique_ptr<Stream>& s : streams_) {
     if (s == nullptr) continue;
-    if (s->open) s->writer->WritesDone();
-    const grpc::Status status = s->writer->Finish();
-    if (status.ok()) {
+    Stream* stream = s.get();
+    answers.push_back(std::async(std::launch::async, [stream] {
+      if (stream->open) stream->writer->WritesDone();
+      return stream->writer->Finish();
+    }));
+  }
+  const auto deadline = absl::ToChronoTime(absl::Now() + finish_deadline_);
+  std::set<kvblock::BlockHash> stored;
+  size_t next = 0;
+  for (std::unique_ptr<Stream>& s : streams_) {
+    if (s == nullptr) continue;
+    std::future<grpc::Status>& answer = answers[next++];
+    if (answer.wait_until(deadline) != std::future_status::ready) s->context.TryCancel();
+    if (answer.get().ok()) {
       std::set<std::string> incomplete(s->response.incomplete_block_hashes().begin(),
                                        s->response.incomplete_block_hashes().end());
       for (const kvblock::BlockHash& h : s->written) {

@@ -58,12 +58,16 @@ class ShardSet {
 };
 
 // Layer slices streamed to the blocks' shards as they are computed: one Put
-// stream per shard, opened on its first slice. A shard whose stream fails
-// takes no more writes; its blocks are reported as not stored. Not
+// stream per shard, opened on its first slice. A stream lives as long as
+// the computation feeding it, so it has no deadline of its own; instead
+// each shard gets `finish_deadline` to confirm after the last slice, and is
+// cancelled (its blocks not stored) if it does not. A shard whose stream
+// fails takes no more writes; its blocks are reported as not stored. Not
 // thread-safe.
 class ShardedPut {
  public:
-  ShardedPut(ShardSet& shards, std::string ns, const kvblock::LatentLayout& layout, absl::Duration deadline);
+  ShardedPut(ShardSet& shards, std::string ns, const kvblock::LatentLayout& layout,
+             absl::Duration finish_deadline);
   ~ShardedPut();
 
   void Write(const kvblock::BlockHash& hash, const std::string& record);
@@ -75,7 +79,7 @@ class ShardedPut {
   ShardSet& shards_;
   std::string ns_;
   kvblock::LatentLayout layout_;
-  absl::Duration deadline_;
+  absl::Duration finish_deadline_;
   std::vector<std::unique_ptr<Stream>> streams_;  // by shard
 };
 

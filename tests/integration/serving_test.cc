@@ -118,7 +118,7 @@ std::string Address(ChildProcess& p) {
 // Cache shards, decode workers and one prefill node on free ports.
 class Cluster {
  public:
-  Cluster(int caches, int decoders, std::vector<std::string> cache_flags = {}) {
+  Cluster(int caches, int decoders, std::vector<std::string> cache_flags = {}, std::string deadline_ms = "2000") {
     std::string cache_list, decode_list;
     for (int i = 0; i < caches; ++i) {
       std::vector<std::string> argv = {KVTIER_CACHE_BINARY, "--listen", "127.0.0.1:0", "--metrics-listen", "",
@@ -140,7 +140,7 @@ class Cluster {
     prefill = std::make_unique<ChildProcess>(std::vector<std::string>{
         KVTIER_PREFILL_BINARY, "--listen", "127.0.0.1:0", "--model", Tiny().dir, "--cache", cache_list, "--decode",
         decode_list, "--kv-codec", "bf16", "--tokens-per-block", std::to_string(kBlock), "--cache-deadline-ms",
-        "2000"});
+        deadline_ms});
     prefill_target = Address(*prefill);
   }
   bool ok() const {
@@ -270,6 +270,21 @@ TEST_F(ServingTest, SharedPrefixesAndNextTurnsHitTheCache) {
   absl::StatusOr<RemoteGeneration> other = cluster.Generate(Request(conversation, 8, "other"));
   ASSERT_TRUE(other.ok());
   EXPECT_EQ(other->usage.cached_tokens(), 0u);
+}
+
+// The cache deadline bounds each call to a shard, not the prefill that
+// feeds a Put stream: a prefill longer than the deadline still stores.
+TEST_F(ServingTest, APrefillLongerThanTheCacheDeadlineStillStoresItsBlocks) {
+  SCOPED_TRACE(rng_.Trace());
+  Cluster cluster(1, 1, {}, /*deadline_ms=*/"20");
+  ASSERT_TRUE(cluster.ok());
+  const std::vector<uint32_t> prompt = RandomIds(2000, rng_.engine());
+  absl::StatusOr<RemoteGeneration> first = cluster.Generate(Request(prompt, 2));
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_GT(first->usage.time_to_first_token_us(), 20000u) << "the prefill must outlast the deadline";
+  absl::StatusOr<RemoteGeneration> again = cluster.Generate(Request(prompt, 2));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->usage.cached_tokens(), 1984u);
 }
 
 // 16 clients at once, half of them sharing prefixes: continuous batching
