@@ -108,16 +108,19 @@ absl::Status SetTail(std::string_view bytes, uint32_t token_count, const kvblock
   const size_t per_layer = size_t{token_count} * row;
   if (token_count >= layout.tokens_per_block || bytes.size() != per_layer * layout.num_layers * sizeof(float) ||
       cache.tail.size() != layout.num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("tail of ", token_count, " tokens must be ", per_layer * layout.num_layers * sizeof(float),
+    return absl::InvalidArgumentError(absl::StrCat("tail of ", token_count, " tokens must be ",
+                                                   per_layer * layout.num_layers * sizeof(float),
                                                    " bytes (fewer than tokens_per_block tokens), got ", bytes.size()));
   }
   for (uint32_t l = 0; l < layout.num_layers; ++l) {
     std::vector<float>& t = cache.tail[l];
     t.resize(per_layer);
+    if (per_layer == 0) continue;  // a sequence of whole blocks: no tail
     std::memcpy(t.data(), bytes.data() + l * per_layer * sizeof(float), per_layer * sizeof(float));
     for (size_t i = 0; i < t.size(); ++i) {
       if (!std::isfinite(t[i])) {
-        return absl::InvalidArgumentError(absl::StrCat("tail latent ", i % row, " of token ", i / row, " in layer ", l, " is not finite"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("tail latent ", i % row, " of token ", i / row, " in layer ", l, " is not finite"));
       }
     }
   }

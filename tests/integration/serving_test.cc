@@ -8,6 +8,9 @@
 #include <fstream>
 #include <future>
 #include <random>
+#include <regex>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "kvtier/v1/decode.grpc.pb.h"
@@ -121,10 +124,12 @@ class Cluster {
   Cluster(int caches, int decoders, std::vector<std::string> cache_flags = {}, std::string deadline_ms = "2000") {
     std::string cache_list, decode_list;
     for (int i = 0; i < caches; ++i) {
-      std::vector<std::string> argv = {KVTIER_CACHE_BINARY, "--listen", "127.0.0.1:0", "--metrics-listen", "",
-                                       "--device-capacity", "16MiB", "--host-capacity", "16MiB"};
+      std::vector<std::string> argv = {KVTIER_CACHE_BINARY, "--listen", "127.0.0.1:0", "--metrics-listen",
+                                       "127.0.0.1:0", "--device-capacity", "16MiB", "--host-capacity", "16MiB"};
       argv.insert(argv.end(), cache_flags.begin(), cache_flags.end());
       this->caches.push_back(std::make_unique<ChildProcess>(argv));
+      std::optional<std::string> metrics = this->caches.back()->WaitForLine("metrics on ");
+      cache_metrics.push_back(metrics ? metrics->substr(0, metrics->find('/')) : "");
       cache_targets.push_back(Address(*this->caches.back()));
       cache_list += (i ? "," : "") + cache_targets.back();
     }
@@ -140,7 +145,9 @@ class Cluster {
     prefill = std::make_unique<ChildProcess>(std::vector<std::string>{
         KVTIER_PREFILL_BINARY, "--listen", "127.0.0.1:0", "--model", Tiny().dir, "--cache", cache_list, "--decode",
         decode_list, "--kv-codec", "bf16", "--tokens-per-block", std::to_string(kBlock), "--cache-deadline-ms",
-        deadline_ms});
+        deadline_ms, "--metrics-listen", "127.0.0.1:0"});
+    std::optional<std::string> metrics = prefill->WaitForLine("metrics on ");
+    prefill_metrics = metrics ? metrics->substr(0, metrics->find('/')) : "";
     prefill_target = Address(*prefill);
   }
   bool ok() const {
@@ -157,8 +164,8 @@ class Cluster {
 
   std::vector<std::unique_ptr<ChildProcess>> caches, decoders;
   std::unique_ptr<ChildProcess> prefill;
-  std::vector<std::string> cache_targets, decode_targets, decode_metrics;
-  std::string prefill_target;
+  std::vector<std::string> cache_targets, cache_metrics, decode_targets, decode_metrics;
+  std::string prefill_target, prefill_metrics;
 };
 
 class ServingTest : public ::testing::Test {
@@ -492,6 +499,37 @@ TEST_F(ServingTest, BadRequestsGetClearStatuses) {
               b->set_data("not a block");
             }),
             grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+// The alerting rules and the Grafana dashboard in deploy/ name only metrics
+// the three servers really export (scraped after a generation), and
+// promtool accepts the rules.
+TEST_F(ServingTest, DeployedRulesAndDashboardUseExportedMetrics) {
+  Cluster cluster(1, 1);
+  ASSERT_TRUE(cluster.ok());
+  ASSERT_TRUE(cluster.Generate(Request(RandomIds(100, rng_.engine()), 4)).ok());
+  std::set<std::string> exported;
+  for (const std::string& address : {cluster.cache_metrics[0], cluster.decode_metrics[0], cluster.prefill_metrics}) {
+    const CommandResult scrape = RunCommand("curl -sf http://" + address + "/metrics");
+    ASSERT_EQ(scrape.exit_code, 0) << address;
+    std::istringstream lines(scrape.output);
+    for (std::string line; std::getline(lines, line);) {
+      if (!line.empty() && line[0] != '#') exported.insert(line.substr(0, line.find_first_of("{ ")));
+    }
+  }
+  const std::regex metric("kvtier_[a-z0-9_]+");
+  for (const char* file : {"prometheus/rules.yml", "grafana/kvtier-dashboard.json"}) {
+    std::ifstream in(std::string(KVTIER_DEPLOY_DIR) + "/" + file);
+    ASSERT_TRUE(in) << file;
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    size_t names = 0;
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), metric); it != std::sregex_iterator(); ++it, ++names) {
+      EXPECT_TRUE(exported.contains(it->str())) << file << " uses " << it->str() << ", which no server exports";
+    }
+    EXPECT_GT(names, 5u) << file;
+  }
+  const CommandResult check = RunCommand("promtool check rules " + std::string(KVTIER_DEPLOY_DIR) + "/prometheus/rules.yml");
+  EXPECT_EQ(check.exit_code, 0) << check.output;
 }
 
 }  // namespace
