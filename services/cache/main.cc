@@ -97,14 +97,10 @@ int Run(const Flags& f) {
   auto registry = std::make_shared<prometheus::Registry>();
   RpcMetrics rpc_metrics(*registry);
   auto store_metrics = std::make_shared<StoreMetrics>(store->get());
-  std::unique_ptr<prometheus::Exposer> exposer;
-  if (!f.metrics_listen.empty()) {
-    auto started = StartMetricsExposer(f.metrics_listen, {registry, store_metrics});
-    if (!started.ok()) {
-      std::cerr << "kvtier-cache: " << started.status().message() << "\n";
-      return 1;
-    }
-    exposer = std::move(*started);
+  auto exposer = StartMetricsExposer(f.metrics_listen, {registry, store_metrics});
+  if (!exposer.ok()) {
+    std::cerr << "kvtier-cache: " << exposer.status().message() << "\n";
+    return 1;
   }
   Executor executor(f.threads, /*max_queued=*/4096);
   CacheService service(store->get(), &executor, &rpc_metrics, namespaces);

@@ -155,12 +155,7 @@ int Up(const UpFlags& f) {
   if (f.keep) {
     std::cerr << "\nserving until Ctrl-C: kvtier generate --target " << *prefill_address
               << " --prompt-ids 1,2,3 --max-new-tokens 8\n";
-    sigset_t stop;
-    sigemptyset(&stop);
-    sigaddset(&stop, SIGINT);
-    sigaddset(&stop, SIGTERM);
-    int signal = 0;
-    sigwait(&stop, &signal);
+    WaitForStopSignal();
   }
   // The front door first, the cache last: nothing is in flight by then.
   for (auto [child, name] : {std::pair{&prefill, "kvtier-prefill"}, {&decode, "kvtier-decode"}, {&cache, "kvtier-cache"}}) {

@@ -9,6 +9,7 @@ namespace kvtier {
 absl::StatusOr<std::unique_ptr<prometheus::Exposer>> StartMetricsExposer(
     const std::string& address, const std::vector<std::shared_ptr<prometheus::Collectable>>& collectables) {
   std::unique_ptr<prometheus::Exposer> exposer;
+  if (address.empty()) return exposer;
   try {
     exposer = std::make_unique<prometheus::Exposer>(address);
   } catch (const std::exception& e) {

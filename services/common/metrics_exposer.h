@@ -15,7 +15,8 @@
 
 namespace kvtier {
 
-// UNAVAILABLE when the address cannot be bound.
+// nullptr for an empty address (metrics off); UNAVAILABLE when the address
+// cannot be bound.
 absl::StatusOr<std::unique_ptr<prometheus::Exposer>> StartMetricsExposer(
     const std::string& address, const std::vector<std::shared_ptr<prometheus::Collectable>>& collectables);
 

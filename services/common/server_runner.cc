@@ -63,13 +63,18 @@ absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(
 
 ServerRunner::~ServerRunner() { Shutdown(); }
 
-void ServerRunner::WaitForShutdownSignal() {
+int WaitForStopSignal() {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
   int signal = 0;
   sigwait(&set, &signal);
+  return signal;
+}
+
+void ServerRunner::WaitForShutdownSignal() {
+  const int signal = WaitForStopSignal();
   std::cerr << "received " << (signal == SIGTERM ? "SIGTERM" : "SIGINT")
             << ": draining in-flight RPCs" << std::endl;
   Shutdown();

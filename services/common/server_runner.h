@@ -30,6 +30,9 @@ struct ServerOptions {
 // that WaitForShutdownSignal receives them. Call first thing in main.
 void BlockShutdownSignals();
 
+// Waits for SIGTERM or SIGINT (blocked by BlockShutdownSignals); returns it.
+int WaitForStopSignal();
+
 class ServerRunner {
  public:
   // Builds and starts the server with `services` (not owned; they must

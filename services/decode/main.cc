@@ -10,8 +10,7 @@
 #include "services/common/metrics_exposer.h"
 #include "services/common/server_runner.h"
 #include "services/decode/decode_service.h"
-#include "services/runtime/checkpoint.h"
-#include "services/serving/sequence_blocks.h"
+#include "services/serving/serving_model.h"
 
 namespace kvtier::decode {
 namespace {
@@ -36,26 +35,18 @@ int Run(const Flags& f) {
   auto shards = serving::ShardSet::Create(f.cache, absl::Milliseconds(f.cache_deadline_ms));
   if (!shards.ok()) return fail(2, absl::StrCat("--cache: ", shards.status().message()));
   std::cerr << "kvtier-decode: loading " << f.model << std::endl;
-  auto checkpoint = runtime::Checkpoint::Open(f.model);
-  if (!checkpoint.ok()) return fail(1, checkpoint.status().message());
-  auto model = runtime::Model::Load(**checkpoint);
+  auto model = serving::LoadServingModel(f.model);
   if (!model.ok()) return fail(1, model.status().message());
-  auto model_id = serving::ModelId(f.model);
-  if (!model_id.ok()) return fail(1, model_id.status().message());
   auto registry = std::make_shared<prometheus::Registry>();
-  std::unique_ptr<prometheus::Exposer> exposer;
-  if (!f.metrics_listen.empty()) {
-    auto started = StartMetricsExposer(f.metrics_listen, {registry});
-    if (!started.ok()) return fail(1, started.status().message());
-    exposer = std::move(*started);
-  }
-  DecodeService service(model->get(), *model_id, shards->get(), registry.get(),
+  auto exposer = StartMetricsExposer(f.metrics_listen, {registry});
+  if (!exposer.ok()) return fail(1, exposer.status().message());
+  DecodeService service(model->model.get(), model->id, shards->get(), registry.get(),
                         {.max_batch = f.max_batch, .max_sequences = f.max_sequences});
   ServerOptions options;
   options.listen = f.listen;
   auto server = ServerRunner::Start(options, {&service});
   if (!server.ok()) return fail(1, server.status().message());
-  std::cerr << "kvtier-decode: model " << *model_id << ", " << (*shards)->size() << " cache shard(s), batches of up to "
+  std::cerr << "kvtier-decode: model " << model->id << ", " << (*shards)->size() << " cache shard(s), batches of up to "
             << f.max_batch << std::endl;
   (*server)->WaitForShutdownSignal();
   std::cerr << "kvtier-decode: stopped" << std::endl;

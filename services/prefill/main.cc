@@ -10,8 +10,7 @@
 #include "services/common/metrics_exposer.h"
 #include "services/common/server_runner.h"
 #include "services/prefill/prefill_service.h"
-#include "services/runtime/checkpoint.h"
-#include "services/serving/sequence_blocks.h"
+#include "services/serving/serving_model.h"
 
 namespace kvtier::prefill {
 namespace {
@@ -44,29 +43,21 @@ int Run(const Flags& f) {
   auto shards = serving::ShardSet::Create(f.cache, absl::Milliseconds(f.cache_deadline_ms));
   if (!shards.ok()) return fail(2, absl::StrCat("--cache: ", shards.status().message()));
   std::cerr << "kvtier-prefill: loading " << f.model << std::endl;
-  auto checkpoint = runtime::Checkpoint::Open(f.model);
-  if (!checkpoint.ok()) return fail(1, checkpoint.status().message());
-  auto model = runtime::Model::Load(**checkpoint);
+  auto model = serving::LoadServingModel(f.model);
   if (!model.ok()) return fail(1, model.status().message());
-  auto model_id = serving::ModelId(f.model);
-  if (!model_id.ok()) return fail(1, model_id.status().message());
   auto registry = std::make_shared<prometheus::Registry>();
-  std::unique_ptr<prometheus::Exposer> exposer;
-  if (!f.metrics_listen.empty()) {
-    auto started = StartMetricsExposer(f.metrics_listen, {registry});
-    if (!started.ok()) return fail(1, started.status().message());
-    exposer = std::move(*started);
-  }
+  auto exposer = StartMetricsExposer(f.metrics_listen, {registry});
+  if (!exposer.ok()) return fail(1, exposer.status().message());
   PrefillOptions options;
   options.codec = *codec;
   options.tokens_per_block = static_cast<uint32_t>(f.tokens_per_block);
   options.cache_deadline = absl::Milliseconds(f.cache_deadline_ms);
-  PrefillService service(model->get(), *model_id, shards->get(), decoders, registry.get(), options);
+  PrefillService service(model->model.get(), model->id, shards->get(), decoders, registry.get(), options);
   ServerOptions server_options;
   server_options.listen = f.listen;
   auto server = ServerRunner::Start(server_options, {&service});
   if (!server.ok()) return fail(1, server.status().message());
-  std::cerr << "kvtier-prefill: model " << *model_id << ", latents in " << f.kv_codec << ", blocks of "
+  std::cerr << "kvtier-prefill: model " << model->id << ", latents in " << f.kv_codec << ", blocks of "
             << f.tokens_per_block << ", " << (*shards)->size() << " cache shard(s), " << decoders.size()
             << " decode worker(s)" << std::endl;
   (*server)->WaitForShutdownSignal();
