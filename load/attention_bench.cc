@@ -5,6 +5,10 @@
 //   attention_bench [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -205,6 +209,37 @@ void BM_FmaPeak(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(FmaLoop(acc, a, b, kRounds));
   state.SetItemsProcessed(state.iterations() * int64_t{kRounds} * 128);
 }
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// The int8 path's arithmetic roofline: int16 multiply-adds through vpdpwssd
+// (32 per instruction) on 16 independent accumulators (enough to hide the
+// instruction's latency).
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void VnniLoop(benchmark::State& state) {
+  constexpr int kRounds = 1 << 14;
+  __m512i acc[16];
+  const __m512i a = _mm512_set1_epi32(0x00020003), b = _mm512_set1_epi32(0x00010001);
+  for (auto& x : acc) x = _mm512_setzero_si512();
+  for (auto _ : state) {
+    for (int r = 0; r < kRounds; ++r) {
+      for (auto& x : acc) x = _mm512_dpwssd_epi32(x, a, b);
+      asm volatile("" : "+v"(acc[0]), "+v"(acc[1]), "+v"(acc[2]), "+v"(acc[3]), "+v"(acc[4]), "+v"(acc[5]),
+                   "+v"(acc[6]), "+v"(acc[7]));
+      asm volatile("" : "+v"(acc[8]), "+v"(acc[9]), "+v"(acc[10]), "+v"(acc[11]), "+v"(acc[12]), "+v"(acc[13]),
+                   "+v"(acc[14]), "+v"(acc[15]));
+    }
+  }
+  state.SetItemsProcessed(state.iterations() * int64_t{kRounds} * 16 * 32);
+}
+
+void BM_VnniPeak(benchmark::State& state) {
+  if (!__builtin_cpu_supports("avx512vnni")) {
+    state.SkipWithError("no AVX-512 VNNI on this CPU");
+    return;
+  }
+  VnniLoop(state);
+}
+BENCHMARK(BM_VnniPeak)->Unit(benchmark::kMillisecond);
+#endif
 
 // Reads the same blocks once (a sum of 64-bit words): the bandwidth bound.
 void BM_ReadBandwidth(benchmark::State& state) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "codec_internal.h"
+#include "mla_attention_int8.h"
 #include "kvtier/kernels/float_formats.h"
 #include "kvtier/kernels/layers.h"
 
@@ -85,9 +86,16 @@ KVTIER_VECTOR_CLONES Status AbsorbedMlaDecode(const MlaShape& s, std::span<const
   std::vector<float> scores(size_t{heads} * total);  // [heads][total]
   std::vector<float> row(dim), scale(dim), zero(dim), qs(size_t{heads} * dim), bias(heads), dots(heads);
 
+  // int8 blocks take integer dot products where the CPU has them.
+  const bool vnni = cpu::Int8VnniUsable(dim, kv);
   // Pass 1: scores.
   size_t t0 = 0;
   for (const LatentBlock& b : blocks) {
+    if (vnni && b.codec == Codec::kInt8) {
+      cpu::Int8BlockScores(b.payload.data(), b.tokens, dim, heads, q.data(), scores.data() + t0, total);
+      t0 += b.tokens;
+      continue;
+    }
     const bool integer = b.codec == Codec::kInt8 || b.codec == Codec::kInt4;
     if (integer) {  // fold scales into the query: q.(z + s*code) = q.z + (q*s).code
       ChannelParams(b, dim, scale.data(), zero.data());
@@ -129,6 +137,11 @@ KVTIER_VECTOR_CLONES Status AbsorbedMlaDecode(const MlaShape& s, std::span<const
   std::vector<float> acc(size_t{heads} * kv), psum(heads);
   t0 = 0;
   for (const LatentBlock& b : blocks) {
+    if (vnni && b.codec == Codec::kInt8) {
+      cpu::Int8BlockWeightedSum(b.payload.data(), b.tokens, dim, kv, heads, scores.data() + t0, total, out.data());
+      t0 += b.tokens;
+      continue;
+    }
     const bool integer = b.codec == Codec::kInt8 || b.codec == Codec::kInt4;
     if (integer) {
       ChannelParams(b, dim, scale.data(), zero.data());

@@ -81,7 +81,9 @@ class AbsorbedMlaTest : public ::testing::TestWithParam<Codec> {};
 TEST_P(AbsorbedMlaTest, EqualsFloat64AttentionOverTheDequantizedLatents) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
-  for (const MlaShape& s : {MlaShape{4, 48, 16}, MlaShape{16, 512, 64}}) {
+  // Head counts that fill 16, 8 and 4 lanes of the int8 kernels' passes
+  // (20 = 16 + 4), V2-Lite's dims among them.
+  for (const MlaShape& s : {MlaShape{4, 48, 16}, MlaShape{16, 512, 64}, MlaShape{8, 128, 32}, MlaShape{20, 64, 32}}) {
     // Full blocks, a partial last block and a float tail.
     Context ctx = MakeContext(GetParam(), s, {64, 64, 17}, 9, rng.engine());
     const std::vector<float> q_latent = RandomVector(size_t{s.heads} * s.kv_lora_rank, rng.engine(), 0.3f);
