@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "kvtier/kernels/expanded_attention.h"
 #include "kvtier/kernels/layers.h"
 #include "kvtier/kernels/mla_attention.h"
 #include "services/common/status.h"
@@ -149,6 +150,28 @@ absl::Status Model::Forward(std::span<const SequenceTokens> batch, const LayerDo
     for (size_t i = 0; i < s.tokens.size(); ++i) rows.push_back({s.cache, s.cache->length + static_cast<int64_t>(i)});
   }
   const size_t n = rows.size();
+  // Each sequence's rows take the cheaper attention form: the absorbed one
+  // (decode steps, short passes over long cached prefixes) or the expanded
+  // one (prefill passes). The choice depends only on the sequence itself.
+  const kernels::MlaDims dims{heads, nope, rope, v, kv};
+  struct Segment {
+    size_t begin, end;
+    bool expanded;
+  };
+  std::vector<Segment> segments;
+  std::vector<size_t> absorbed_rows;
+  std::vector<int64_t> positions(n);
+  for (size_t r = 0; r < n; ++r) positions[r] = rows[r].pos;
+  for (const SequenceTokens& s : batch) {
+    const size_t begin = segments.empty() ? 0 : segments.back().end, count = s.tokens.size();
+    const size_t before = static_cast<size_t>(s.cache->length);
+    const kernels::MlaCosts cost =
+        kernels::MlaFormCosts(dims, count, before + count, count * before + count * (count + 1) / 2);
+    segments.push_back({begin, begin + count, cost.expanded < cost.absorbed});
+    if (!segments.back().expanded) {
+      for (size_t r = begin; r < begin + count; ++r) absorbed_rows.push_back(r);
+    }
+  }
   std::vector<float> x(n * hidden);
   {
     size_t r = 0;
@@ -188,20 +211,20 @@ absl::Status Model::Forward(std::span<const SequenceTokens> batch, const LayerDo
         rope_.Apply(rows[r].pos, pe);
       }
     }
-    // Absorb W_UK: q_latent[h] = W_UK[h]^T q_nope[h], each weight row read
-    // once for all rows.
+    // Absorbed rows: W_UK folded into the query (each weight row read once
+    // for all of them), attention over the stored latents, W_UV after.
     std::fill(q_latent.begin(), q_latent.end(), 0.0f);
     for (size_t hd = 0; hd < heads; ++hd) {
       for (size_t i = 0; i < nope; ++i) {
         const float* w = l.w_uk.data() + (hd * nope + i) * kv;
-        for (size_t r = 0; r < n; ++r) {
+        for (size_t r : absorbed_rows) {
           const float qn = q[(r * heads + hd) * qdim + i];
           float* ql = q_latent.data() + (r * heads + hd) * kv;
           for (size_t j = 0; j < kv; ++j) ql[j] += w[j] * qn;
         }
       }
     }
-    for (size_t r = 0; r < n; ++r) {
+    for (size_t r : absorbed_rows) {
       const SequenceCache& cache = *rows[r].cache;
       std::vector<kernels::LatentBlock> blocks;
       for (const auto& payload : cache.blocks[li]) blocks.push_back({cache.codec, cache.tokens_per_block, payload});
@@ -213,9 +236,30 @@ absl::Status Model::Forward(std::span<const SequenceTokens> batch, const LayerDo
           row(q_latent, r, heads * kv), row(q_pe, r, heads * rope), static_cast<float>(c.SoftmaxScale()),
           blocks, std::span(cache.tail[li]).first(visible), row(attn_latent, r, heads * kv))));
     }
-    for (size_t hd = 0; hd < heads; ++hd) {  // W_UV after the weighted sum
-      kernels::Gemm(l.w_uv.data() + hd * v * kv, v, kv, attn_latent.data() + hd * kv, n, heads * kv,
-                    attn.data() + hd * v, heads * v);
+    for (const Segment& seg : segments) {
+      const size_t count = seg.end - seg.begin;
+      if (!seg.expanded) {
+        for (size_t hd = 0; hd < heads; ++hd) {
+          kernels::Gemm(l.w_uv.data() + hd * v * kv, v, kv, attn_latent.data() + (seg.begin * heads + hd) * kv,
+                        count, heads * kv, attn.data() + seg.begin * heads * v + hd * v, heads * v);
+        }
+        continue;
+      }
+      // Expanded rows: the sequence's latents so far (sealed blocks, then
+      // the tail with this pass's rows) expanded into keys and values.
+      const SequenceCache& cache = *rows[seg.begin].cache;
+      std::vector<float> context;
+      const size_t block_values = size_t{cache.tokens_per_block} * (kv + rope);
+      for (const auto& payload : cache.blocks[li]) {
+        context.resize(context.size() + block_values);
+        KVTIER_RETURN_IF_ERROR(Check(kernels::Dequantize(
+            cache.codec, {cache.tokens_per_block, static_cast<uint32_t>(kv), static_cast<uint32_t>(rope)}, payload,
+            std::span(context).last(block_values))));
+      }
+      context.insert(context.end(), cache.tail[li].begin(), cache.tail[li].end());
+      kernels::ExpandedAttention(dims, l.w_uk.data(), l.w_uv.data(), context, count, positions.data() + seg.begin,
+                                 q.data() + seg.begin * heads * qdim, q_pe.data() + seg.begin * heads * rope,
+                                 static_cast<float>(c.SoftmaxScale()), attn.data() + seg.begin * heads * v);
     }
     MatMul(l.o_proj, hidden, heads * v, attn.data(), n, delta.data());
     for (size_t i = 0; i < x.size(); ++i) x[i] += delta[i];

@@ -1,7 +1,8 @@
-// DeepSeek-V2 forward pass on the CPU over a batch of sequences, with
-// absorbed MLA attention over each sequence's stored latents: full blocks
-// kept in a codec (bf16/fp8/int8/int4, as the cache stores them), the
-// partial tail in float.
+// DeepSeek-V2 forward pass on the CPU over a batch of sequences, attending
+// over each sequence's stored latents: full blocks kept in a codec
+// (bf16/fp8/int8/int4, as the cache stores them), the partial tail in
+// float. Decode steps use absorbed MLA directly on the stored codes;
+// prefill passes the expanded form when it costs fewer multiply-adds.
 #ifndef KVTIER_SERVICES_RUNTIME_MODEL_H_
 #define KVTIER_SERVICES_RUNTIME_MODEL_H_
 
@@ -53,8 +54,11 @@ class Model {
   // with one token each; both can mix). Each token attends over its own
   // sequence's stored blocks and the full-precision latents of the tokens
   // before it in the pass; the blocks the pass fills are sealed into the
-  // codec layer by layer, once every row has attended. A sequence's results do not depend on what else is in the batch
-  // (bit for bit). INVALID_ARGUMENT, with every cache untouched, for an empty
+  // codec layer by layer, once every row has attended. Each sequence takes
+  // the cheaper attention form for its rows (kernels::MlaFormCosts:
+  // absorbed for decode steps and short suffixes, expanded for prefills).
+  // A sequence's results do not depend on what else is in the batch (bit
+  // for bit). INVALID_ARGUMENT, with every cache untouched, for an empty
   // batch or token list, a token outside the vocabulary, a logits span or
   // cache that does not fit, or the same cache twice; any later error leaves
   // the caches unusable. `on_layer(l)`, when given, runs as soon as layer l

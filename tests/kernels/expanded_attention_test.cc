@@ -1,0 +1,82 @@
+// The expanded-form attention against float64 attention written out per
+// head, on fresh random inputs, and the cost model's choice of form.
+#include "kvtier/kernels/expanded_attention.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "tests/test_random.h"
+
+namespace kvtier::kernels {
+namespace {
+
+std::vector<float> Random(size_t n, std::mt19937_64& rng, float stddev) {
+  std::normal_distribution<float> normal(0.0f, stddev);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+TEST(ExpandedAttention, MatchesFloat64PerHeadAttention) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  const MlaDims d{4, 16, 8, 12, 32};
+  const size_t dim = d.kv + d.rope, tokens = 41, rows = 5;
+  const std::vector<int64_t> positions = {0, 7, 22, 39, 40};  // causal rows of a pass
+  const std::vector<float> w_uk = Random(d.heads * d.nope * d.kv, rng.engine(), 0.2f);
+  const std::vector<float> w_uv = Random(d.heads * d.v * d.kv, rng.engine(), 0.2f);
+  const std::vector<float> context = Random(tokens * dim, rng.engine(), 1.0f);
+  const std::vector<float> q = Random(rows * d.heads * (d.nope + d.rope), rng.engine(), 0.5f);
+  const std::vector<float> q_pe = Random(rows * d.heads * d.rope, rng.engine(), 0.5f);
+  const float scale = 0.3f;
+  std::vector<float> out(rows * d.heads * d.v, NAN);
+  ExpandedAttention(d, w_uk.data(), w_uv.data(), context, rows, positions.data(), q.data(), q_pe.data(), scale,
+                    out.data());
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t h = 0; h < d.heads; ++h) {
+      const size_t seen = static_cast<size_t>(positions[r]) + 1;
+      std::vector<double> s(seen);
+      double max = -INFINITY;
+      for (size_t t = 0; t < seen; ++t) {
+        double v = 0;
+        for (size_t i = 0; i < d.nope; ++i) {
+          double k = 0;
+          for (size_t c = 0; c < d.kv; ++c) k += double{w_uk[(h * d.nope + i) * d.kv + c]} * context[t * dim + c];
+          v += double{q[(r * d.heads + h) * (d.nope + d.rope) + i]} * k;
+        }
+        for (size_t i = 0; i < d.rope; ++i) v += double{q_pe[(r * d.heads + h) * d.rope + i]} * context[t * dim + d.kv + i];
+        max = std::max(max, s[t] = v * scale);
+      }
+      double sum = 0;
+      for (double& v : s) sum += (v = std::exp(v - max));
+      for (size_t j = 0; j < d.v; ++j) {
+        double want = 0;
+        for (size_t t = 0; t < seen; ++t) {
+          double value = 0;
+          for (size_t c = 0; c < d.kv; ++c) value += double{w_uv[(h * d.v + j) * d.kv + c]} * context[t * dim + c];
+          want += s[t] / sum * value;
+        }
+        ASSERT_NEAR(out[(r * d.heads + h) * d.v + j], want, 1e-5 * (1 + std::fabs(want)))
+            << "row " << r << " head " << h << " dim " << j;
+      }
+    }
+  }
+}
+
+TEST(MlaFormCosts, ExpandsFreshPrefillsAndAbsorbsDecodeSteps) {
+  const MlaDims v2{16, 128, 64, 128, 512};
+  auto expanded = [&](size_t before, size_t count) {
+    const MlaCosts c = MlaFormCosts(v2, count, before + count, count * before + count * (count + 1) / 2);
+    return c.expanded < c.absorbed;
+  };
+  EXPECT_TRUE(expanded(0, 2048));    // a fresh prompt
+  EXPECT_TRUE(expanded(0, 64));
+  EXPECT_FALSE(expanded(4096, 1));   // a decode step
+  EXPECT_FALSE(expanded(1984, 64));  // a short suffix after a long cached prefix
+}
+
+}  // namespace
+}  // namespace kvtier::kernels
