@@ -263,6 +263,65 @@ TEST(CodecLayout, Int8MatchesTheDocumentedLayout) {
   }
 }
 
+// Values x whose quantized position (x - zero) * inv rounds, in float, to
+// exactly k + 0.5 while the exact product lies off the tie: the codes then
+// depend on whether the product is rounded before the rounding to an
+// integer. The codecs round it (no FMA): every node, CPU clone and GPU
+// kernel must store the same bytes for the same latents.
+std::vector<float> NearTies(float zero, float inv, int first_k, int last_k) {
+  std::vector<float> out;
+  for (int k = first_k; k <= last_k; ++k) {
+    float x = zero + (static_cast<float>(k) + 0.5f) / inv;
+    for (int step = 0; step < 8; ++step, x = std::nextafter(x, INFINITY)) {
+      volatile float shifted = x - zero;
+      volatile float product = shifted * inv;
+      if (product == static_cast<float>(k) + 0.5f && double{shifted} * inv != k + 0.5) {
+        out.push_back(x);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+// The code the documented rule gives: the product rounded to float, then
+// to the nearest integer with ties to even, then clamped.
+int DocumentedCode(float x, float zero, float inv, int lo, int hi) {
+  volatile float shifted = x - zero;
+  volatile float product = shifted * inv;
+  return std::clamp(static_cast<int>(std::nearbyint(product)), lo, hi);
+}
+
+TEST(CodecRounding, IntegerCodesRoundTheProductFirstBitForBit) {
+  // int8, one channel: token 0 sets the scale, the others sit on near ties.
+  const BlockShape one{1, 1, 0};
+  std::vector<uint8_t> first = Encode(Codec::kInt8, one, {120.0f});
+  const float scale8 = Bf16ToFloat(LoadU16(first, 0)), inv8 = 1.0f / scale8;
+  std::vector<float> x = {120.0f};
+  for (float v : NearTies(0.0f, inv8, 1, 100)) x.push_back(v), x.push_back(-v);
+  ASSERT_GT(x.size(), 20u) << "too few near ties found to test with";
+  const BlockShape shape8{static_cast<uint32_t>(x.size()), 1, 0};
+  const std::vector<uint8_t> b8 = Encode(Codec::kInt8, shape8, x);
+  ASSERT_EQ(Bf16ToFloat(LoadU16(b8, 0)), scale8);
+  for (size_t t = 0; t < x.size(); ++t) {
+    EXPECT_EQ(static_cast<int8_t>(b8[2 + t]), DocumentedCode(x[t], 0.0f, inv8, -127, 127)) << "x = " << x[t];
+  }
+  // int4: the channel's minimum is the zero point, 15 steps above it the
+  // maximum.
+  std::vector<uint8_t> probe = Encode(Codec::kInt4, {2, 1, 0}, {-3.0f, 9.0f});
+  const float zero = Bf16ToFloat(LoadU16(probe, 2)), scale4 = Bf16ToFloat(LoadU16(probe, 0)), inv4 = 1.0f / scale4;
+  std::vector<float> y = {-3.0f, 9.0f};
+  for (float v : NearTies(zero, inv4, 0, 13)) y.push_back(v);
+  ASSERT_GT(y.size(), 6u);
+  const BlockShape shape4{static_cast<uint32_t>(y.size()), 1, 0};
+  const std::vector<uint8_t> b4 = Encode(Codec::kInt4, shape4, y);
+  ASSERT_EQ(Bf16ToFloat(LoadU16(b4, 2)), zero);
+  ASSERT_EQ(Bf16ToFloat(LoadU16(b4, 0)), scale4);
+  for (size_t t = 0; t < y.size(); ++t) {
+    EXPECT_EQ(b4[4 + t] & 0xf, DocumentedCode(y[t], zero, inv4, 0, 15)) << "y = " << y[t];
+  }
+}
+
 TEST(CodecLayout, Int4MatchesTheDocumentedLayout) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
