@@ -31,9 +31,6 @@ inline float RoundHalfEven(float v) {
   return (v + kMagic) - kMagic;
 }
 
-// Smallest scale the integer codecs store; keeps 1/scale finite. Channels
-// whose values are all below it in magnitude still meet the half-step bound.
-inline constexpr float kMinIntScale = 0x1p-120f;
 
 // INVALID_ARGUMENT naming the first non-finite input value, or OK.
 Status CheckFinite(BlockShape shape, const float* in);

@@ -47,6 +47,9 @@ bool IsKnownCodec(uint8_t value);
 inline constexpr uint32_t kMaxBlockTokens = 4096;
 inline constexpr uint32_t kMaxLatentDim = 16384;
 inline constexpr uint32_t kFp8TileSize = 128;
+// Smallest scale the integer codecs store; keeps 1/scale finite. Channels
+// whose values are all below it in magnitude still meet the half-step bound.
+inline constexpr float kMinIntScale = 0x1p-120f;
 
 // One layer of one block.
 struct BlockShape {

@@ -8,29 +8,36 @@
 #include <bit>
 #include <cstdint>
 
+// Host and device: the CUDA kernels call these very functions.
+#if defined(__CUDACC__)
+#define KVTIER_HD __host__ __device__
+#else
+#define KVTIER_HD
+#endif
+
 namespace kvtier::kernels {
 
-inline uint32_t FloatBits(float f) { return std::bit_cast<uint32_t>(f); }
-inline float BitsToFloat(uint32_t u) { return std::bit_cast<float>(u); }
+KVTIER_HD inline uint32_t FloatBits(float f) { return std::bit_cast<uint32_t>(f); }
+KVTIER_HD inline float BitsToFloat(uint32_t u) { return std::bit_cast<float>(u); }
 
-inline float Bf16ToFloat(uint16_t h) { return BitsToFloat(uint32_t{h} << 16); }
+KVTIER_HD inline float Bf16ToFloat(uint16_t h) { return BitsToFloat(uint32_t{h} << 16); }
 
 // `condition ? a : b` as bit operations: loops that use it stay branch-free,
 // so compilers vectorize them.
-inline uint32_t SelectBits(bool condition, uint32_t a, uint32_t b) {
+KVTIER_HD inline uint32_t SelectBits(bool condition, uint32_t a, uint32_t b) {
   const uint32_t mask = 0u - static_cast<uint32_t>(condition);
   return (a & mask) | (b & ~mask);
 }
 
 // The bf16 nearest to a non-NaN float (ties to even), as its 16 bits; beyond
 // the bf16 range it is +-inf.
-inline uint32_t RoundToBf16Bits(uint32_t float_bits) {
+KVTIER_HD inline uint32_t RoundToBf16Bits(uint32_t float_bits) {
   return (float_bits + 0x7fffu + ((float_bits >> 16) & 1u)) >> 16;
 }
 
 // Round to nearest, ties to even. NaN stays NaN (quiet); values beyond the
 // bf16 range become +-inf, as IEEE rounding demands.
-inline uint16_t FloatToBf16(float f) {
+KVTIER_HD inline uint16_t FloatToBf16(float f) {
   const uint32_t u = FloatBits(f);
   const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
   return static_cast<uint16_t>(nan ? (u >> 16) | 0x0040u : RoundToBf16Bits(u));
@@ -38,7 +45,7 @@ inline uint16_t FloatToBf16(float f) {
 
 // Directed roundings for finite input, used for quantization scales and zero
 // points so the stored (rounded) value still covers the data's range.
-inline uint16_t FloatToBf16TowardPositive(float f) {
+KVTIER_HD inline uint16_t FloatToBf16TowardPositive(float f) {
   const uint32_t u = FloatBits(f);
   uint16_t h = static_cast<uint16_t>(u >> 16);
   const bool inexact = (u & 0xffffu) != 0;
@@ -46,7 +53,7 @@ inline uint16_t FloatToBf16TowardPositive(float f) {
   if (inexact && !negative) ++h;  // magnitude up for positives
   return h;                        // truncation already rounds negatives up
 }
-inline uint16_t FloatToBf16TowardNegative(float f) {
+KVTIER_HD inline uint16_t FloatToBf16TowardNegative(float f) {
   const uint32_t u = FloatBits(f);
   uint16_t h = static_cast<uint16_t>(u >> 16);
   const bool inexact = (u & 0xffffu) != 0;
@@ -61,7 +68,7 @@ inline constexpr float kFp8E4m3Max = 448.0f;
 // is needed): what the fp8 codec feeds after scaling. Any other input gives
 // an unspecified code without undefined behaviour. Written with selects
 // instead of branches so loops over it vectorize.
-inline uint8_t Fp8E4m3FromInRange(float f) {
+KVTIER_HD inline uint8_t Fp8E4m3FromInRange(float f) {
   const uint32_t u = FloatBits(f);
   const uint32_t sign = (u >> 24) & 0x80u;
   const uint32_t a = u & 0x7fffffffu;
@@ -78,7 +85,7 @@ inline uint8_t Fp8E4m3FromInRange(float f) {
 
 // Any float: as above, saturating to +-448 from 464 (the tie of 448 and the
 // absent 480) up; NaN becomes the E4M3FN NaN 0x7f.
-inline uint8_t FloatToFp8E4m3(float f) {
+KVTIER_HD inline uint8_t FloatToFp8E4m3(float f) {
   const uint32_t u = FloatBits(f);
   const uint32_t sign = (u >> 24) & 0x80u;
   const uint32_t a = u & 0x7fffffffu;
@@ -92,7 +99,7 @@ inline uint8_t FloatToFp8E4m3(float f) {
 // Branch-free as well: a normal code's 7 exponent-and-mantissa bits placed at
 // float bit 20 give its value once the exponent is rebiased (+120); a
 // subnormal code is its mantissa times 2^-9.
-inline float Fp8E4m3ToFloat(uint8_t c) {
+KVTIER_HD inline float Fp8E4m3ToFloat(uint8_t c) {
   const uint32_t magnitude = c & 0x7fu;
   const uint32_t normal = (magnitude << 20) + (120u << 23);
   const uint32_t subnormal = FloatBits(static_cast<float>(static_cast<int32_t>(c & 0x7u)) * (1.0f / 512.0f));

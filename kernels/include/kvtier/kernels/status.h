@@ -16,6 +16,7 @@ enum class StatusCode : int {
   kInvalidArgument = 3,
   kFailedPrecondition = 9,
   kOutOfRange = 11,
+  kUnimplemented = 12,
   kInternal = 13,
   kUnavailable = 14,
 };
