@@ -14,14 +14,6 @@
 namespace kvtier::kernels::cpu {
 namespace {
 
-// 2^ceil(log2(max(amax / 448, 1e-4))), computed exactly on the float's bits.
-float Fp8TileScale(float amax) {
-  const float v = std::max(amax / kFp8E4m3Max, 1e-4f);
-  uint32_t u = FloatBits(v);
-  if ((u & 0x7fffffu) != 0) u = (u & 0x7f800000u) + 0x800000u;
-  return BitsToFloat(u);
-}
-
 size_t Fp8TokenBytes(BlockShape shape, uint32_t tiles) {
   return shape.latent_dim + 4 * size_t{tiles} + 2 * size_t{shape.rope_dim};
 }

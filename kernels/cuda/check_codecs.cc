@@ -109,7 +109,7 @@ int Main() {
   cudaGetDeviceProperties(&prop, 0);
   std::printf("device: %s\n", prop.name);
   bool ok = true;
-  for (Codec codec : {Codec::kBf16, Codec::kInt8}) {
+  for (Codec codec : kAllCodecs) {
     for (size_t blocks : {size_t{1}, size_t{3}, size_t{257}}) {
       const bool same = SameAsCpu(codec, blocks, 1000 + blocks);
       std::printf("%-5s %4zu blocks: %s\n", CodecName(codec), blocks, same ? "same bytes as the CPU" : "MISMATCH");
@@ -130,7 +130,7 @@ int Main() {
   // A device-to-device copy reads and writes every byte.
   const double copy_gbs = 2.0 * floats * 4 / copy_ms / 1e6;
   std::printf("\n%-6s %14s %10s %16s %10s\n", "codec", "quantize GB/s", "% copy", "dequantize GB/s", "% copy");
-  for (Codec codec : {Codec::kBf16, Codec::kInt8}) {
+  for (Codec codec : kAllCodecs) {
     // Bytes moved: float latents read and codes written (or the reverse).
     const double moved = static_cast<double>(floats) * 4 + static_cast<double>(EncodedBytes(codec, kShape)) * kBlocks;
     const double q = Time([&] { (void)cuda::Quantize(codec, kShape, d_x, d_codes, kBlocks, nullptr); }, 20);

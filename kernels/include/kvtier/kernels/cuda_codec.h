@@ -3,7 +3,6 @@
 // bytes. Blocks lie back to back in device memory: `blocks` inputs of
 // shape.values() floats, `blocks` outputs of EncodedBytes(codec, shape).
 // Built only with CUDA (KVTIER_HAVE_CUDA); callable from plain C++.
-// bf16 and int8 so far; fp8 and int4 answer UNIMPLEMENTED.
 #ifndef KVTIER_KERNELS_CUDA_CODEC_H_
 #define KVTIER_KERNELS_CUDA_CODEC_H_
 

@@ -99,6 +99,16 @@ KVTIER_HD inline uint8_t FloatToFp8E4m3(float f) {
 // Branch-free as well: a normal code's 7 exponent-and-mantissa bits placed at
 // float bit 20 give its value once the exponent is rebiased (+120); a
 // subnormal code is its mantissa times 2^-9.
+// FlashMLA's FP8 tile scale, 2^ceil(log2(max(amax / 448, 1e-4))), computed
+// exactly on the float's bits.
+KVTIER_HD inline float Fp8TileScale(float amax) {
+  const float ratio = amax / kFp8E4m3Max;
+  const float v = ratio > 1e-4f ? ratio : 1e-4f;
+  uint32_t u = FloatBits(v);
+  if ((u & 0x7fffffu) != 0) u = (u & 0x7f800000u) + 0x800000u;
+  return BitsToFloat(u);
+}
+
 KVTIER_HD inline float Fp8E4m3ToFloat(uint8_t c) {
   const uint32_t magnitude = c & 0x7fu;
   const uint32_t normal = (magnitude << 20) + (120u << 23);
