@@ -6,6 +6,7 @@
 
 #include "codec_internal.h"
 #include "kvtier/kernels/layers.h"
+#include "kvtier/kernels/parallel.h"
 
 namespace kvtier::kernels {
 namespace {
@@ -35,23 +36,27 @@ void ExpandedAttention(const MlaDims& d, const float* w_uk, const float* w_uv, s
          d.nope);
     Gemm(w_uv + h * d.v * d.kv, d.v, d.kv, context.data(), tokens, dim, values.data() + h * tokens * d.v, d.v);
   }
-  std::vector<float> score(tokens), pe(tokens * d.heads);
-  for (size_t r = 0; r < rows; ++r) {
-    const size_t seen = static_cast<size_t>(positions[r]) + 1;
-    // Rope scores of every head at once: pe[t][h] = q_pe[h] . pe_t.
-    Gemm(q_pe + r * d.heads * d.rope, d.heads, d.rope, context.data() + d.kv, seen, dim, pe.data(), d.heads);
-    for (size_t h = 0; h < d.heads; ++h) {
-      Gemm(q + (r * d.heads + h) * qdim, 1, d.nope, keys.data() + h * tokens * d.nope, seen, d.nope, score.data(), 1);
-      float max = -INFINITY;
-      for (size_t t = 0; t < seen; ++t) max = std::max(max, score[t] = (score[t] + pe[t * d.heads + h]) * scale);
-      float sum = 0.0f;
-      for (size_t t = 0; t < seen; ++t) sum += (score[t] = std::exp(score[t] - max));
-      float* o = out + (r * d.heads + h) * d.v;
-      std::fill(o, o + d.v, 0.0f);
-      const float* vh = values.data() + h * tokens * d.v;
-      for (size_t t = 0; t < seen; ++t) AddScaled(score[t] / sum, vh + t * d.v, d.v, o);
+  // Rows are independent: the kernel threads take them in chunks.
+  ParallelFor(rows, 8, [&](size_t row_begin, size_t row_end) {
+    std::vector<float> score(tokens), pe(tokens * d.heads);
+    for (size_t r = row_begin; r < row_end; ++r) {
+      const size_t seen = static_cast<size_t>(positions[r]) + 1;
+      // Rope scores of every head at once: pe[t][h] = q_pe[h] . pe_t.
+      Gemm(q_pe + r * d.heads * d.rope, d.heads, d.rope, context.data() + d.kv, seen, dim, pe.data(), d.heads);
+      for (size_t h = 0; h < d.heads; ++h) {
+        Gemm(q + (r * d.heads + h) * qdim, 1, d.nope, keys.data() + h * tokens * d.nope, seen, d.nope, score.data(),
+             1);
+        float max = -INFINITY;
+        for (size_t t = 0; t < seen; ++t) max = std::max(max, score[t] = (score[t] + pe[t * d.heads + h]) * scale);
+        float sum = 0.0f;
+        for (size_t t = 0; t < seen; ++t) sum += (score[t] = std::exp(score[t] - max));
+        float* o = out + (r * d.heads + h) * d.v;
+        std::fill(o, o + d.v, 0.0f);
+        const float* vh = values.data() + h * tokens * d.v;
+        for (size_t t = 0; t < seen; ++t) AddScaled(score[t] / sum, vh + t * d.v, d.v, o);
+      }
     }
-  }
+  });
 }
 
 }  // namespace kvtier::kernels

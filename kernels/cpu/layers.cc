@@ -1,6 +1,7 @@
 #include "kvtier/kernels/layers.h"
 
 #include "codec_internal.h"
+#include "kvtier/kernels/parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -72,14 +73,33 @@ KVTIER_INLINE void GemmRows(const float* w, size_t rows, size_t cols, const floa
 
 }  // namespace
 
-// Inputs go in blocks of 32 that stay in L2 while every weight row passes
-// over them (2,048 inputs would otherwise be re-read from memory per row).
-KVTIER_VECTOR_CLONES void Gemm(const float* w, size_t rows, size_t cols, const float* x, size_t n,
-                               size_t x_stride, float* y, size_t y_stride) {
+namespace {
+
+// Weight rows [row_begin, row_end) against all inputs, the inputs in blocks
+// of 32 that stay in L2 while every row passes over them (2,048 inputs
+// would otherwise be re-read from memory per row). A clones function of
+// its own: the parallel chunks call it from lambdas, which would otherwise
+// be compiled for the baseline target only.
+KVTIER_VECTOR_CLONES void GemmRowRange(const float* w, size_t row_begin, size_t row_end, size_t cols,
+                                       const float* x, size_t n, size_t x_stride, float* y, size_t y_stride) {
   constexpr size_t kInputBlock = 32;  // a multiple of the 4-input tile
   for (size_t i0 = 0; i0 < n; i0 += kInputBlock) {
-    GemmRows(w, rows, cols, x + i0 * x_stride, std::min(kInputBlock, n - i0), x_stride, y + i0 * y_stride, y_stride);
+    GemmRows(w + row_begin * cols, row_end - row_begin, cols, x + i0 * x_stride, std::min(kInputBlock, n - i0),
+             x_stride, y + i0 * y_stride + row_begin, y_stride);
   }
+}
+
+}  // namespace
+
+void Gemm(const float* w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride, float* y,
+          size_t y_stride) {
+  // Split the weight rows among the kernel threads when there is enough
+  // work (about 4 M multiply-adds a chunk); each output is still one dot
+  // product in one thread, so results do not depend on the split.
+  const size_t per_row = std::max<size_t>(cols * n, 1);
+  ParallelFor(rows, std::max<size_t>((size_t{1} << 22) / per_row, 8), [&](size_t begin, size_t end) {
+    GemmRowRange(w, begin, end, cols, x, n, x_stride, y, y_stride);
+  });
 }
 
 // Absorbed attention calls this per token with one row: no tile loop.

@@ -1,9 +1,12 @@
 // `kvtier run`: in-process generation on a checkpoint, no servers (for
 // checking a model). Last stdout line: the generated ids; or, with --json,
 // one JSON object with ids, logprobs and top logprobs.
+#include <algorithm>
 #include <iostream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "kvtier/kernels/parallel.h"
 #include "services/cli/commands.h"
 #include "services/cli/generation_io.h"
 #include "services/common/flags.h"
@@ -44,7 +47,7 @@ absl::Status Run(const std::string& model_dir, const std::string& prompt_ids, ui
 
 int RunRun(const std::vector<std::string>& args) {
   std::string model, prompt_ids, codec = "bf16";
-  uint64_t max_new = 16, tokens_per_block = 64;
+  uint64_t max_new = 16, tokens_per_block = 64, threads = std::max(1u, std::thread::hardware_concurrency());
   SamplingFlags sampling_flags;
   bool json = false;
   FlagParser flags("kvtier run --model DIR --prompt-ids 1,2,3 --max-new-tokens N [flags]",
@@ -56,8 +59,10 @@ int RunRun(const std::vector<std::string>& args) {
   flags.AddString("kv-codec", &codec, "bf16|fp8|int8|int4: how full latent blocks are stored");
   flags.AddUint("tokens-per-block", &tokens_per_block, "tokens per latent block");
   flags.AddBool("json", &json, "print {ids, logprobs, top_logprobs, prompt_tokens, cached_tokens}");
+  flags.AddUint("threads", &threads, "threads for the model's matrix products (default: every core)");
   sampling_flags.Register(flags);
   if (std::optional<int> exit = flags.ParseOrExit(args, "kvtier run")) return *exit;
+  kernels::SetKernelThreads(std::clamp<uint64_t>(threads, 1, 1024));
   absl::StatusOr<runtime::Sampling> sampling = sampling_flags.Parse();
   absl::Status s = sampling.status();
   if (s.ok()) s = Run(model, prompt_ids, max_new, codec, tokens_per_block, json, *sampling);

@@ -3,9 +3,11 @@
 // batching the steps of all its sequences.
 #include <iostream>
 #include <memory>
+#include <thread>
 
 #include <prometheus/registry.h>
 
+#include "kvtier/kernels/parallel.h"
 #include "services/common/flags.h"
 #include "services/common/metrics_exposer.h"
 #include "services/common/server_runner.h"
@@ -23,6 +25,7 @@ struct Flags {
   uint64_t max_batch = 32;
   uint64_t max_sequences = 256;
   uint64_t cache_deadline_ms = 5000;
+  uint64_t threads = std::max(1u, std::thread::hardware_concurrency());
 };
 
 int Run(const Flags& f) {
@@ -35,6 +38,8 @@ int Run(const Flags& f) {
   auto shards = serving::ShardSet::Create(f.cache, absl::Milliseconds(f.cache_deadline_ms));
   if (!shards.ok()) return fail(2, absl::StrCat("--cache: ", shards.status().message()));
   std::cerr << "kvtier-decode: loading " << f.model << std::endl;
+  if (f.threads < 1 || f.threads > 1024) return fail(2, "--threads must be in 1..1024");
+  kernels::SetKernelThreads(f.threads);
   auto model = serving::LoadServingModel(f.model);
   if (!model.ok()) return fail(1, model.status().message());
   auto registry = std::make_shared<prometheus::Registry>();
@@ -71,6 +76,7 @@ int main(int argc, char** argv) {
   flags.AddUint("max-batch", &f.max_batch, "sequences per decode step");
   flags.AddUint("max-sequences", &f.max_sequences, "sequences held at once; more get RESOURCE_EXHAUSTED");
   flags.AddUint("cache-deadline-ms", &f.cache_deadline_ms, "deadline of each call to a cache shard");
+  flags.AddUint("threads", &f.threads, "threads for the model's matrix products (default: every core)");
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "kvtier-decode")) {
     return *exit;
   }

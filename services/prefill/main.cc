@@ -2,10 +2,12 @@
 // prefixes and hands them to decode workers.
 #include <iostream>
 #include <memory>
+#include <thread>
 
 #include <prometheus/registry.h>
 
 #include "absl/strings/str_split.h"
+#include "kvtier/kernels/parallel.h"
 #include "services/common/flags.h"
 #include "services/common/metrics_exposer.h"
 #include "services/common/server_runner.h"
@@ -24,6 +26,7 @@ struct Flags {
   uint64_t tokens_per_block = 64;
   std::string metrics_listen;
   uint64_t cache_deadline_ms = 5000;
+  uint64_t threads = std::max(1u, std::thread::hardware_concurrency());
 };
 
 int Run(const Flags& f) {
@@ -43,6 +46,8 @@ int Run(const Flags& f) {
   auto shards = serving::ShardSet::Create(f.cache, absl::Milliseconds(f.cache_deadline_ms));
   if (!shards.ok()) return fail(2, absl::StrCat("--cache: ", shards.status().message()));
   std::cerr << "kvtier-prefill: loading " << f.model << std::endl;
+  if (f.threads < 1 || f.threads > 1024) return fail(2, "--threads must be in 1..1024");
+  kernels::SetKernelThreads(f.threads);
   auto model = serving::LoadServingModel(f.model);
   if (!model.ok()) return fail(1, model.status().message());
   auto registry = std::make_shared<prometheus::Registry>();
@@ -84,6 +89,7 @@ int main(int argc, char** argv) {
   flags.AddUint("tokens-per-block", &f.tokens_per_block, "tokens per latent block");
   flags.AddString("metrics-listen", &f.metrics_listen, "Prometheus /metrics address HOST:PORT; empty: none");
   flags.AddUint("cache-deadline-ms", &f.cache_deadline_ms, "deadline of each call to a cache shard");
+  flags.AddUint("threads", &f.threads, "threads for the model's matrix products (default: every core)");
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "kvtier-prefill")) {
     return *exit;
   }
