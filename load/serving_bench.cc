@@ -21,6 +21,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "kvtier/kernels/parallel.h"
 #include "kvtier/v1/prefill.grpc.pb.h"
 #include "services/cache/cache_client.h"
 #include "services/common/child_process.h"
@@ -162,6 +163,8 @@ int Main(int argc, char** argv) {
               Median(hit_server));
   std::printf("hit / miss: %.3f (target <= 0.1)\n\n", Median(hit) / Median(miss));
 
+  // In process with as many kernel threads as the servers use by default.
+  kernels::SetKernelThreads(std::max(1u, std::thread::hardware_concurrency()));
   auto checkpoint = runtime::Checkpoint::Open(model_dir.string());
   auto model = runtime::Model::Load(**checkpoint);
   std::printf("decode, %zu tokens per sequence after a %zu-token prompt (median of %zu)\n", decode_tokens,
