@@ -6,6 +6,7 @@
 #include "kvtier/kernels/expanded_attention.h"
 #include "kvtier/kernels/layers.h"
 #include "kvtier/kernels/mla_attention.h"
+#include "kvtier/kernels/parallel.h"
 #include "services/common/status.h"
 #include "services/runtime/matmul.h"
 
@@ -224,18 +225,25 @@ absl::Status Model::Forward(std::span<const SequenceTokens> batch, const LayerDo
         }
       }
     }
-    for (size_t r : absorbed_rows) {
-      const SequenceCache& cache = *rows[r].cache;
-      std::vector<kernels::LatentBlock> blocks;
-      for (const auto& payload : cache.blocks[li]) blocks.push_back({cache.codec, cache.tokens_per_block, payload});
-      // Causal: this row sees the tail up to and including its own token.
-      const int64_t sealed = static_cast<int64_t>(blocks.size()) * cache.tokens_per_block;
-      const size_t visible = static_cast<size_t>(rows[r].pos - sealed + 1) * (kv + rope);
-      KVTIER_RETURN_IF_ERROR(Check(kernels::AbsorbedMlaDecode(
-          {static_cast<uint32_t>(heads), static_cast<uint32_t>(kv), static_cast<uint32_t>(rope)},
-          row(q_latent, r, heads * kv), row(q_pe, r, heads * rope), static_cast<float>(c.SoftmaxScale()),
-          blocks, std::span(cache.tail[li]).first(visible), row(attn_latent, r, heads * kv))));
-    }
+    // Rows attend independently: the kernel threads take them in chunks
+    // (a decode step's sequences), each keeping its own first error.
+    std::vector<kernels::Status> row_status(absorbed_rows.size());
+    kernels::ParallelFor(absorbed_rows.size(), 1, [&](size_t begin, size_t end) {
+      for (size_t k = begin; k < end; ++k) {
+        const size_t r = absorbed_rows[k];
+        const SequenceCache& cache = *rows[r].cache;
+        std::vector<kernels::LatentBlock> blocks;
+        for (const auto& payload : cache.blocks[li]) blocks.push_back({cache.codec, cache.tokens_per_block, payload});
+        // Causal: this row sees the tail up to and including its own token.
+        const int64_t sealed = static_cast<int64_t>(blocks.size()) * cache.tokens_per_block;
+        const size_t visible = static_cast<size_t>(rows[r].pos - sealed + 1) * (kv + rope);
+        row_status[k] = kernels::AbsorbedMlaDecode(
+            {static_cast<uint32_t>(heads), static_cast<uint32_t>(kv), static_cast<uint32_t>(rope)},
+            row(q_latent, r, heads * kv), row(q_pe, r, heads * rope), static_cast<float>(c.SoftmaxScale()), blocks,
+            std::span(cache.tail[li]).first(visible), row(attn_latent, r, heads * kv));
+      }
+    });
+    for (const kernels::Status& st : row_status) KVTIER_RETURN_IF_ERROR(Check(st));
     for (const Segment& seg : segments) {
       const size_t count = seg.end - seg.begin;
       if (!seg.expanded) {
