@@ -1,0 +1,59 @@
+#include "services/serving/model_server.h"
+
+#include <iostream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "kvtier/kernels/parallel.h"
+#include "services/common/metrics_exposer.h"
+#include "services/common/server_runner.h"
+#include "services/common/status.h"
+#include "services/runtime/checkpoint.h"
+#include "services/serving/sequence_blocks.h"
+
+namespace kvtier::serving {
+
+void ModelServerFlags::Register(FlagParser& flags) {
+  flags.AddString("listen", &listen, "gRPC address HOST:PORT (port 0: any free port)");
+  flags.AddString("model", &model, "DeepSeek-V2 checkpoint directory (config.json + safetensors)");
+  flags.AddString("cache", &cache, "kvtier-cache shards, comma-separated HOST:PORT");
+  flags.AddString("metrics-listen", &metrics_listen, "Prometheus /metrics address HOST:PORT; empty: none");
+  flags.AddUint("cache-deadline-ms", &cache_deadline_ms, "deadline of each call to a cache shard");
+  flags.AddUint("threads", &threads, "threads for the model's matrix products (0: every core)");
+}
+
+absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const ModelServerFlags& f) {
+  if (f.model.empty() || f.cache.empty()) return absl::InvalidArgumentError("--model and --cache are required");
+  if (f.threads > 1024) return absl::InvalidArgumentError("--threads must be at most 1024");
+  kernels::SetKernelThreads(f.threads == 0 ? std::max(1u, std::thread::hardware_concurrency()) : f.threads);
+  ModelServer s;
+  absl::StatusOr<std::unique_ptr<ShardSet>> shards = ShardSet::Create(f.cache, absl::Milliseconds(f.cache_deadline_ms));
+  if (!shards.ok()) return absl::InvalidArgumentError(absl::StrCat("--cache: ", shards.status().message()));
+  s.shards = std::move(*shards);
+  std::cerr << program << ": loading " << f.model << std::endl;
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Checkpoint> checkpoint, runtime::Checkpoint::Open(f.model));
+  KVTIER_ASSIGN_OR_RETURN(s.model, runtime::Model::Load(*checkpoint));
+  KVTIER_ASSIGN_OR_RETURN(s.model_id, ModelId(f.model));
+  s.registry = std::make_shared<prometheus::Registry>();
+  KVTIER_ASSIGN_OR_RETURN(s.exposer, StartMetricsExposer(f.metrics_listen, {s.registry}));
+  return s;
+}
+
+int ServeUntilSignal(const std::string& program, const std::string& listen, grpc::Service* service,
+                     const std::string& ready) {
+  ServerOptions options;
+  options.listen = listen;
+  absl::StatusOr<std::unique_ptr<ServerRunner>> server = ServerRunner::Start(options, {service});
+  if (!server.ok()) return ExitWith(program, server.status());
+  std::cerr << program << ": " << ready << std::endl;
+  (*server)->WaitForShutdownSignal();
+  std::cerr << program << ": stopped" << std::endl;
+  return 0;
+}
+
+int ExitWith(const std::string& program, const absl::Status& status) {
+  std::cerr << program << ": " << status.message() << "\n";
+  return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+}  // namespace kvtier::serving

@@ -1,0 +1,58 @@
+// What kvtier-decode and kvtier-prefill share around their services: the
+// flags both take, the start-up (kernel threads, cache shards, the
+// checkpoint and its id, the metrics endpoint) and serving until SIGTERM.
+#ifndef KVTIER_SERVICES_SERVING_MODEL_SERVER_H_
+#define KVTIER_SERVICES_SERVING_MODEL_SERVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+#include <prometheus/exposer.h>
+#include <prometheus/registry.h>
+
+#include "absl/status/statusor.h"
+#include "services/common/flags.h"
+#include "services/runtime/model.h"
+#include "services/serving/shard_set.h"
+
+namespace kvtier::serving {
+
+struct ModelServerFlags {
+  std::string listen;  // the program's default port
+  std::string model;
+  std::string cache;
+  std::string metrics_listen;
+  uint64_t cache_deadline_ms = 5000;
+  uint64_t threads = 0;  // 0: every core
+
+  // --listen --model --cache --metrics-listen --cache-deadline-ms --threads
+  void Register(FlagParser& flags);
+};
+
+struct ModelServer {
+  std::unique_ptr<ShardSet> shards;
+  std::unique_ptr<runtime::Model> model;  // the weights are copied: no checkpoint mapping kept
+  std::string model_id;                   // ModelId(checkpoint dir)
+  std::shared_ptr<prometheus::Registry> registry;
+  std::unique_ptr<prometheus::Exposer> exposer;  // null with no --metrics-listen
+};
+
+// Checks the flags (INVALID_ARGUMENT: a usage error), sets the kernel
+// threads, connects the shards, loads the model (saying so on stderr as
+// "<program>: loading DIR") and starts the metrics endpoint.
+absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const ModelServerFlags& flags);
+
+// Serves `service` on `listen` until SIGTERM: logs `ready` once listening
+// and "<program>: stopped" at the end; the exit code for main.
+int ServeUntilSignal(const std::string& program, const std::string& listen, grpc::Service* service,
+                     const std::string& ready);
+
+// "<program>: <message>" on stderr; returns 2 for INVALID_ARGUMENT (a usage
+// error), 1 otherwise.
+int ExitWith(const std::string& program, const absl::Status& status);
+
+}  // namespace kvtier::serving
+
+#endif  // KVTIER_SERVICES_SERVING_MODEL_SERVER_H_
