@@ -28,6 +28,7 @@ uint64_t Mix(uint64_t z) {
 absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(const std::string& targets,
                                                            absl::Duration deadline) {
   auto set = std::unique_ptr<ShardSet>(new ShardSet());
+  set->deadline_ = deadline;
   std::set<std::string> seen;
   for (absl::string_view t : absl::StrSplit(targets, ',', absl::SkipWhitespace())) {
     const std::string target(t);
@@ -57,8 +58,7 @@ size_t ShardSet::MatchPrefix(const std::string& ns, const kvblock::LatentLayout&
                              const std::vector<kvblock::BlockHash>& chain) {
   // Each shard is asked about its own blocks, in chain order; the prefix
   // ends at the first block some shard does not hold.
-  std::vector<std::vector<size_t>> positions(shards_.size());
-  for (size_t i = 0; i < chain.size(); ++i) positions[ShardOf(chain[i])].push_back(i);
+  const std::vector<std::vector<size_t>> positions = ByShard(chain);
   std::vector<std::future<size_t>> answers;
   for (size_t s = 0; s < shards_.size(); ++s) {
     answers.push_back(std::async(std::launch::async, [&, s]() -> size_t {
@@ -79,8 +79,7 @@ std::vector<absl::StatusOr<std::string>> ShardSet::Fetch(const std::string& ns,
                                                          const kvblock::LatentLayout& layout,
                                                          const std::vector<kvblock::BlockHash>& hashes) {
   std::vector<absl::StatusOr<std::string>> out(hashes.size(), absl::NotFoundError("not fetched"));
-  std::vector<std::vector<size_t>> positions(shards_.size());
-  for (size_t i = 0; i < hashes.size(); ++i) positions[ShardOf(hashes[i])].push_back(i);
+  const std::vector<std::vector<size_t>> positions = ByShard(hashes);
   std::vector<std::future<void>> done;
   for (size_t s = 0; s < shards_.size(); ++s) {
     if (positions[s].empty()) continue;
@@ -106,19 +105,17 @@ std::vector<absl::StatusOr<std::string>> ShardSet::Fetch(const std::string& ns,
 
 std::set<kvblock::BlockHash> ShardSet::Store(const std::string& ns, const kvblock::LatentLayout& layout,
                                              const std::vector<cache::BlockSlices>& blocks) {
-  std::vector<std::vector<cache::BlockSlices>> per_shard(shards_.size());
-  for (const cache::BlockSlices& b : blocks) per_shard[ShardOf(b.hash)].push_back(b);
-  std::set<kvblock::BlockHash> stored;
-  for (size_t s = 0; s < shards_.size(); ++s) {
-    if (per_shard[s].empty()) continue;
-    absl::StatusOr<v1::PutResponse> r = shards_[s].client->Put(ns, layout, per_shard[s]);
-    if (!r.ok()) continue;
-    std::set<std::string> incomplete(r->incomplete_block_hashes().begin(), r->incomplete_block_hashes().end());
-    for (const cache::BlockSlices& b : per_shard[s]) {
-      if (!incomplete.count(std::string(kvblock::HashAsBytes(b.hash)))) stored.insert(b.hash);
-    }
+  ShardedPut put(*this, ns, layout, deadline_);
+  for (const cache::BlockSlices& b : blocks) {
+    for (const std::string& record : b.records) put.Write(b.hash, record);
   }
-  return stored;
+  return put.Finish();
+}
+
+std::vector<std::vector<size_t>> ShardSet::ByShard(const std::vector<kvblock::BlockHash>& hashes) const {
+  std::vector<std::vector<size_t>> positions(shards_.size());
+  for (size_t i = 0; i < hashes.size(); ++i) positions[ShardOf(hashes[i])].push_back(i);
+  return positions;
 }
 
 struct ShardedPut::Stream {

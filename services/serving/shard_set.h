@@ -43,18 +43,22 @@ class ShardSet {
   std::vector<absl::StatusOr<std::string>> Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
                                                  const std::vector<kvblock::BlockHash>& hashes);
 
-  // Stores whole-block records, one Put per shard; the hashes stored (or
-  // already there).
+  // Stores whole-block records, one Put per shard (a ShardedPut); the
+  // hashes stored (or already there).
   std::set<kvblock::BlockHash> Store(const std::string& ns, const kvblock::LatentLayout& layout,
                                      const std::vector<cache::BlockSlices>& blocks);
 
  private:
+  // Indices of `hashes` on each shard, in order.
+  std::vector<std::vector<size_t>> ByShard(const std::vector<kvblock::BlockHash>& hashes) const;
+
   struct Shard {
     std::string target;
     uint64_t seed;  // from the target: a shard's scores do not depend on the others
     std::unique_ptr<cache::CacheClient> client;
   };
   std::vector<Shard> shards_;
+  absl::Duration deadline_;
 };
 
 // Layer slices streamed to the blocks' shards as they are computed: one Put
