@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "services/serving/generated_tokens.h"
 
 namespace kvtier::decode {
 
@@ -90,25 +91,16 @@ void Batcher::Step(const std::vector<std::shared_ptr<DecodeSequence>>& batch) {
     DecodeSequence& s = *batch[i];
     s.tokens.push_back(s.next_input);
     for (size_t b = sealed_before[i]; b < s.cache.blocks[0].size(); ++b) on_sealed_(s, b);
-    const runtime::Sampled sampled = runtime::Sample(logits[i], s.sampling, s.next_index, s.top_logprobs);
+    const runtime::Sampled sampled = runtime::Sample(logits[i], s.sampling, s.next_index, s.limits.top_logprobs());
     v1::DecodeResponse event;
-    v1::GeneratedToken& token = *event.mutable_token();
-    token.set_index(s.next_index);
-    token.set_token_id(sampled.token);
-    token.set_logprob(sampled.logprob);
-    for (const auto& [id, lp] : sampled.top) {
-      v1::TopLogprob& t = *token.add_top_logprobs();
-      t.set_token_id(id);
-      t.set_logprob(lp);
-    }
-    const bool stop = s.stop_ids.contains(sampled.token);
-    const bool length = s.next_index + 1 >= s.max_new_tokens;
+    *event.mutable_token() = serving::ToGeneratedToken(s.next_index, sampled);
+    const v1::FinishReason reason = serving::FinishAfter(s.next_index, sampled.token, s.limits);
     ++s.next_index;
     s.next_input = sampled.token;
     Post(s, std::move(event), false);
-    if (stop || length) {
+    if (reason != v1::FINISH_REASON_UNSPECIFIED) {
       v1::DecodeResponse finished;
-      finished.mutable_finished()->set_reason(stop ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_LENGTH);
+      finished.mutable_finished()->set_reason(reason);
       finished.mutable_finished()->mutable_usage()->set_generated_tokens(s.next_index);
       Post(s, std::move(finished), true);
     }

@@ -10,7 +10,6 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,9 +33,7 @@ struct DecodeSequence {
   uint32_t next_input = 0;       // fed at the next step
   uint32_t next_index = 1;       // generated index the next step samples
   runtime::Sampling sampling;
-  uint32_t max_new_tokens = 1;   // counts generated index 0
-  std::set<uint32_t> stop_ids;
-  uint32_t top_logprobs = 0;
+  v1::GenerationLimits limits;   // max_new_tokens counts generated index 0
   // Write-back of the blocks that fill: the key chain so far (one hash per
   // sealed block), under the request's namespace and layout.
   bool write_back = true;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/common/status.h"
+#include "services/serving/generated_tokens.h"
 #include "services/serving/request_checks.h"
 #include "services/serving/sequence_blocks.h"
 
@@ -144,9 +145,7 @@ absl::StatusOr<std::shared_ptr<DecodeSequence>> DecodeService::Prepare(const v1:
   s->next_input = r.first_token().token_id();
   s->next_index = 1;
   s->sampling = serving::ToSampling(r.sampling());
-  s->max_new_tokens = r.limits().max_new_tokens();
-  s->stop_ids.insert(r.limits().stop_token_ids().begin(), r.limits().stop_token_ids().end());
-  s->top_logprobs = r.limits().top_logprobs();
+  s->limits = r.limits();
   s->write_back = !r.skip_write_back();
   s->ns = r.kv_namespace();
   s->layout = layout;
@@ -171,9 +170,11 @@ grpc::Status DecodeService::Decode(grpc::ServerContext* context, const v1::Decod
   absl::StatusOr<std::shared_ptr<DecodeSequence>> prepared = Prepare(*request);
   if (!prepared.ok()) return ToGrpcStatus(prepared.status());
   DecodeSequence& s = **prepared;
-  if (s.max_new_tokens == 1 || s.stop_ids.contains(s.next_input)) {  // index 0 already ended it
+  // Token 0 (sampled by the prefill node) may already end the generation.
+  if (const v1::FinishReason reason = serving::FinishAfter(0, s.next_input, s.limits);
+      reason != v1::FINISH_REASON_UNSPECIFIED) {
     v1::DecodeResponse finished;
-    finished.mutable_finished()->set_reason(s.max_new_tokens == 1 ? v1::FINISH_REASON_LENGTH : v1::FINISH_REASON_STOP);
+    finished.mutable_finished()->set_reason(reason);
     finished.mutable_finished()->mutable_usage()->set_generated_tokens(1);
     writer->Write(finished);
     return grpc::Status::OK;

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/cache/cache_client.h"
 #include "services/common/status.h"
+#include "services/serving/generated_tokens.h"
 #include "services/serving/request_checks.h"
 #include "services/serving/sequence_blocks.h"
 
@@ -12,7 +13,6 @@ namespace kvtier::prefill {
 
 // What Prefill leaves for the rest of the request.
 struct PrefillService::Prefilled {
-  runtime::Sampled first;
   uint32_t cached_tokens = 0;
   v1::DecodeRequest decode;
 };
@@ -104,7 +104,6 @@ absl::StatusOr<PrefillService::Prefilled> PrefillService::Prefill(const v1::Gene
 
   Prefilled out;
   out.cached_tokens = static_cast<uint32_t>(cached_blocks * tpb);
-  out.first = runtime::Sample(logits, serving::ToSampling(r.sampling()), 0, r.limits().top_logprobs());
   v1::DecodeRequest& d = out.decode;
   d.set_request_id(r.request_id());
   d.set_kv_namespace(ns);
@@ -127,15 +126,8 @@ absl::StatusOr<PrefillService::Prefilled> PrefillService::Prefill(const v1::Gene
   }
   d.mutable_tail()->set_token_count(static_cast<uint32_t>(prompt.size() % tpb));
   d.mutable_tail()->set_latents(serving::TailBytes(cache));
-  v1::GeneratedToken& first = *d.mutable_first_token();
-  first.set_index(0);
-  first.set_token_id(out.first.token);
-  first.set_logprob(out.first.logprob);
-  for (const auto& [id, lp] : out.first.top) {
-    v1::TopLogprob& t = *first.add_top_logprobs();
-    t.set_token_id(id);
-    t.set_logprob(lp);
-  }
+  *d.mutable_first_token() =
+      serving::ToGeneratedToken(0, runtime::Sample(logits, serving::ToSampling(r.sampling()), 0, r.limits().top_logprobs()));
   *d.mutable_sampling() = r.sampling();
   *d.mutable_limits() = r.limits();
   return out;
@@ -167,11 +159,10 @@ grpc::Status PrefillService::Generate(grpc::ServerContext* context, const v1::Ge
   usage.set_prompt_tokens(static_cast<uint32_t>(r->prompt_token_ids_size()));
   usage.set_cached_tokens(p->cached_tokens);
   usage.set_time_to_first_token_us(static_cast<uint64_t>(absl::ToInt64Microseconds(ttft)));
-  const bool stop = std::find(r->limits().stop_token_ids().begin(), r->limits().stop_token_ids().end(),
-                              p->first.token) != r->limits().stop_token_ids().end();
-  if (r->limits().max_new_tokens() == 1 || stop) {  // index 0 was the whole generation
+  if (const v1::FinishReason reason = serving::FinishAfter(0, p->decode.first_token().token_id(), r->limits());
+      reason != v1::FINISH_REASON_UNSPECIFIED) {  // token 0 was the whole generation
     v1::GenerateResponse done;
-    done.mutable_finished()->set_reason(stop ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_LENGTH);
+    done.mutable_finished()->set_reason(reason);
     usage.set_generated_tokens(1);
     *done.mutable_finished()->mutable_usage() = usage;
     writer->Write(done);

@@ -220,6 +220,29 @@ TEST_F(ServingTest, GenerationsEqualTheInProcessRuntime) {
   }
 }
 
+// Stop ids end a generation with STOP at their first occurrence, whether
+// the prefill node samples it (token 0) or a decode worker does.
+TEST_F(ServingTest, StopTokensEndTheGeneration) {
+  SCOPED_TRACE(rng_.Trace());
+  Cluster cluster(1, 1);
+  ASSERT_TRUE(cluster.ok());
+  const std::vector<uint32_t> prompt = RandomIds(80, rng_.engine());
+  const std::vector<runtime::Sampled> want = InProcess(prompt, 20);
+  for (size_t at : {size_t{0}, size_t{6}}) {
+    const uint32_t stop = want[at].token;
+    size_t first = 0;
+    while (want[first].token != stop) ++first;  // the stop id may come earlier
+    // A namespace each, so that the second run does not hit the first's blocks.
+    v1::GenerateRequest r = Request(prompt, 20, "stop-" + std::to_string(at));
+    r.mutable_limits()->add_stop_token_ids(stop);
+    absl::StatusOr<RemoteGeneration> got = cluster.Generate(r);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->reason, v1::FINISH_REASON_STOP);
+    EXPECT_EQ(got->usage.generated_tokens(), first + 1);
+    ExpectSameGeneration(got->tokens, std::vector<runtime::Sampled>(want.begin(), want.begin() + first + 1), 1e-4);
+  }
+}
+
 // The two CLIs side by side: `kvtier generate --json` through the services
 // prints what `kvtier run --json` prints in process.
 TEST_F(ServingTest, KvtierGeneratePrintsWhatKvtierRunPrints) {
