@@ -57,17 +57,22 @@ const TestModel& Tiny() {
 // Generation after `prompt` continuing `cache` (which holds the latents of
 // a prefix of it): the rest of the prompt in one pass, then decode steps,
 // as runtime::Generate does.
-std::vector<runtime::Sampled> Continue(runtime::SequenceCache cache, const std::vector<uint32_t>& prompt,
-                                       uint32_t max_new) {
-  const runtime::Model& model = *Tiny().model;
-  std::vector<float> logits(model.config().vocab_size);
-  if (!model.Prefill(std::span(prompt).subspan(cache.length), cache, logits).ok()) std::abort();
+// Greedy tokens from `logits` (after the last token in `cache`) on, as
+// runtime::Generate draws them.
+std::vector<runtime::Sampled> DecodeFrom(runtime::SequenceCache& cache, std::vector<float> logits, uint32_t max_new) {
   std::vector<runtime::Sampled> out;
   for (uint32_t i = 0; i < max_new; ++i) {
     out.push_back(runtime::Sample(logits, {}, i, 5));
-    if (i + 1 < max_new && !model.Step(out.back().token, cache, logits).ok()) std::abort();
+    if (i + 1 < max_new && !Tiny().model->Step(out.back().token, cache, logits).ok()) std::abort();
   }
   return out;
+}
+
+std::vector<runtime::Sampled> Continue(runtime::SequenceCache cache, const std::vector<uint32_t>& prompt,
+                                       uint32_t max_new) {
+  std::vector<float> logits(Tiny().model->config().vocab_size);
+  if (!Tiny().model->Prefill(std::span(prompt).subspan(cache.length), cache, logits).ok()) std::abort();
+  return DecodeFrom(cache, std::move(logits), max_new);
 }
 
 // What the services must compute when the cache supplied the first
@@ -101,12 +106,7 @@ std::vector<runtime::Sampled> MixedInProcess(const std::vector<uint32_t>& prompt
       if (one_pass[b]) split.blocks[l][b] = whole.blocks[l][b];
     }
   }
-  std::vector<runtime::Sampled> out;
-  for (uint32_t i = 0; i < max_new; ++i) {
-    out.push_back(runtime::Sample(after_hit, {}, i, 5));
-    if (i + 1 < max_new && !model.Step(out.back().token, split, after_hit).ok()) std::abort();
-  }
-  return out;
+  return DecodeFrom(split, std::move(after_hit), max_new);
 }
 
 // Same ids; logprobs (chosen and top-5) within `tolerance`.
