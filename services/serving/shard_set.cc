@@ -4,6 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "services/cache/raw_get.h"
+#include "services/kvblock/block_format.h"
 #include "services/kvblock/sha256.h"
 
 namespace kvtier::serving {
@@ -36,8 +38,9 @@ absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(const std::string& ta
       return absl::InvalidArgumentError(absl::StrCat("cache shard '", target, "' is not host:port"));
     }
     if (!seen.insert(target).second) return absl::InvalidArgumentError(absl::StrCat("cache shard ", target, " is listed twice"));
-    set->shards_.push_back({target, First8(kvblock::Sha256({target})),
-                            std::make_unique<cache::CacheClient>(cache::CacheClient::Connect(target), deadline)});
+    std::shared_ptr<grpc::Channel> channel = cache::CacheClient::Connect(target);
+    set->shards_.push_back(
+        {target, First8(kvblock::Sha256({target})), channel, std::make_unique<cache::CacheClient>(channel, deadline)});
   }
   if (set->shards_.empty()) return absl::InvalidArgumentError("no cache shard given");
   return set;
@@ -86,15 +89,32 @@ std::vector<absl::StatusOr<std::string>> ShardSet::Fetch(const std::string& ns,
     done.push_back(std::async(std::launch::async, [&, s] {
       std::vector<kvblock::BlockHash> mine;
       for (size_t i : positions[s]) mine.push_back(hashes[i]);
-      absl::StatusOr<std::vector<cache::FetchedBlock>> got = shards_[s].client->Get(ns, layout, mine);
-      for (size_t k = 0; k < mine.size(); ++k) {
-        absl::StatusOr<std::string>& slot = out[positions[s][k]];
-        if (!got.ok()) {
-          slot = absl::Status(got.status().code(), absl::StrCat("cache ", shards_[s].target, ": ", got.status().message()));
-        } else if (!(*got)[k].status.ok()) {
-          slot = (*got)[k].status;
-        } else {
-          slot = std::move((*got)[k].record);
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
+      std::vector<std::string> records(mine.size());
+      // Only whole records of this layout, at indices asked for, get room
+      // (an empty span fails the stream): a server's bytes cannot make this
+      // side allocate what it likes.
+      const size_t record_bytes = kvblock::HeaderFor(layout, 0, layout.num_layers).RecordBytes();
+      const grpc::Status status = cache::RawGet(
+          shards_[s].channel.get(), &context, cache::MakeGetRequest(ns, layout, mine),
+          [&](uint32_t index, size_t size) {
+            if (index >= records.size() || size != record_bytes) return std::span<uint8_t>();
+            records[index].resize(size);
+            return std::span(reinterpret_cast<uint8_t*>(records[index].data()), size);
+          },
+          [&](const cache::RawBlock& block) {
+            if (block.index >= records.size()) return;
+            absl::StatusOr<std::string>& slot = out[positions[s][block.index]];
+            slot = block.status.ok() ? absl::StatusOr<std::string>(std::move(records[block.index])) : block.status;
+          });
+      if (!status.ok()) {
+        // Blocks that arrived before the stream failed stay usable.
+        for (size_t i : positions[s]) {
+          if (!out[i].ok()) {
+            out[i] = absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                                  absl::StrCat("cache ", shards_[s].target, ": ", status.error_message()));
+          }
         }
       }
     }));

@@ -37,7 +37,8 @@ class ShardSet {
   size_t MatchPrefix(const std::string& ns, const kvblock::LatentLayout& layout,
                      const std::vector<kvblock::BlockHash>& chain);
 
-  // Reads `hashes` (one Get stream per shard, all shards at once): each
+  // Reads `hashes` (one Get stream per shard, all shards at once), each
+  // record landing straight in its string (RawGet: no protobuf copy): each
   // answer is the record, or why there is none (a miss, DATA_LOSS, or the
   // shard's error).
   std::vector<absl::StatusOr<std::string>> Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
@@ -55,6 +56,7 @@ class ShardSet {
   struct Shard {
     std::string target;
     uint64_t seed;  // from the target: a shard's scores do not depend on the others
+    std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<cache::CacheClient> client;
   };
   std::vector<Shard> shards_;
