@@ -1,7 +1,6 @@
 #include "services/decode/decode_service.h"
 
 #include <iostream>
-#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "services/common/status.h"
@@ -93,20 +92,21 @@ absl::StatusOr<std::shared_ptr<DecodeSequence>> DecodeService::Prepare(const v1:
   if (r.tail().token_count() != tokens.size() % tpb) {
     return absl::InvalidArgumentError(absl::StrCat("tail.token_count must be ", tokens.size() % tpb));
   }
-  std::map<size_t, const std::string*> inline_records;
+  std::vector<const std::string*> inline_records(full, nullptr);  // by block index
   for (const v1::InlineBlock& b : r.inline_blocks()) {
-    if (b.block_index() >= full || !inline_records.emplace(b.block_index(), &b.data()).second) {
+    if (b.block_index() >= full || inline_records[b.block_index()] != nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("inline block index ", b.block_index(),
                                                      " is repeated or not one of the ", full, " full blocks"));
     }
+    inline_records[b.block_index()] = &b.data();
   }
   std::vector<kvblock::BlockHash> wanted;
   std::vector<size_t> wanted_index;
   for (size_t i = 0; i < full; ++i) {
-    if (!inline_records.contains(i)) wanted.push_back(chain[i]), wanted_index.push_back(i);
+    if (inline_records[i] == nullptr) wanted.push_back(chain[i]), wanted_index.push_back(i);
   }
   std::vector<absl::StatusOr<std::string>> fetched = shards_.Fetch(r.kv_namespace(), layout, wanted);
-  std::map<size_t, absl::StatusOr<std::string>*> from_cache;
+  std::vector<const absl::StatusOr<std::string>*> from_cache(full, nullptr);  // by block index
   for (size_t k = 0; k < wanted.size(); ++k) from_cache[wanted_index[k]] = &fetched[k];
 
   auto s = std::make_shared<DecodeSequence>();
@@ -115,8 +115,8 @@ absl::StatusOr<std::shared_ptr<DecodeSequence>> DecodeService::Prepare(const v1:
   size_t recomputed = 0;
   std::vector<float> scratch(c.vocab_size);
   for (size_t i = 0; i < full; ++i) {
-    if (auto it = inline_records.find(i); it != inline_records.end()) {
-      if (absl::Status st = serving::AppendBlockRecord(*it->second, layout, s->cache); !st.ok()) {
+    if (inline_records[i] != nullptr) {
+      if (absl::Status st = serving::AppendBlockRecord(*inline_records[i], layout, s->cache); !st.ok()) {
         return absl::InvalidArgumentError(absl::StrCat("inline block ", i, ": ", st.message()));
       }
       blocks_inline_.Increment();
