@@ -40,6 +40,7 @@ struct DecodeSequence {
   std::string ns;
   kvblock::LatentLayout layout;
   std::vector<kvblock::BlockHash> chain;
+  uint64_t last_write = 0;  // BlockWriter ticket of its latest write-back
 
   absl::Mutex mu;
   std::deque<v1::DecodeResponse> events ABSL_GUARDED_BY(mu);  // to stream, in order

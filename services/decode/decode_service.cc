@@ -113,6 +113,7 @@ absl::StatusOr<std::shared_ptr<DecodeSequence>> DecodeService::Prepare(const v1:
   s->cache = model_.NewCache(layout.codec, layout.tokens_per_block);
   s->tokens = tokens;
   size_t recomputed = 0;
+  uint64_t last_write = 0;
   std::vector<float> scratch(c.vocab_size);
   for (size_t i = 0; i < full; ++i) {
     if (inline_records[i] != nullptr) {
@@ -134,7 +135,7 @@ absl::StatusOr<std::shared_ptr<DecodeSequence>> DecodeService::Prepare(const v1:
     blocks_recomputed_.Increment();
     if (!r.skip_write_back()) {
       absl::StatusOr<std::string> again = serving::BlockRecord(layout, s->cache, i, 0, layout.num_layers);
-      if (again.ok()) writer_.Enqueue(r.kv_namespace(), layout, chain[i], std::move(*again));
+      if (again.ok()) last_write = writer_.Enqueue(r.kv_namespace(), layout, chain[i], std::move(*again));
     }
   }
   KVTIER_RETURN_IF_ERROR(serving::SetTail(r.tail().latents(), r.tail().token_count(), layout, s->cache));
@@ -150,6 +151,7 @@ absl::StatusOr<std::shared_ptr<DecodeSequence>> DecodeService::Prepare(const v1:
   s->ns = r.kv_namespace();
   s->layout = layout;
   s->chain = std::move(chain);
+  s->last_write = last_write;
   return s;
 }
 
@@ -160,7 +162,9 @@ void DecodeService::OnSealed(DecodeSequence& s, size_t block) {
                                        kvblock::LayoutId(s.layout),
                                        std::span(s.tokens).subspan(block * tpb, tpb)));
   absl::StatusOr<std::string> record = serving::BlockRecord(s.layout, s.cache, block, 0, s.layout.num_layers);
-  if (record.ok() && writer_.Enqueue(s.ns, s.layout, s.chain.back(), std::move(*record))) {
+  if (!record.ok()) return;
+  if (const uint64_t ticket = writer_.Enqueue(s.ns, s.layout, s.chain.back(), std::move(*record)); ticket != 0) {
+    s.last_write = ticket;
     blocks_written_back_.Increment();
   }
 }
@@ -203,8 +207,9 @@ grpc::Status DecodeService::Decode(grpc::ServerContext* context, const v1::Decod
     }
     for (const v1::DecodeResponse& e : events) {
       // Blocks this sequence filled are stored before it reports the end,
-      // so the conversation's next turn, sent after it, finds them.
-      if (e.has_finished() && s.write_back) writer_.Flush();
+      // so the conversation's next turn, sent after it, finds them. (The
+      // batcher has posted its last event: last_write is final.)
+      if (e.has_finished()) writer_.WaitFor(s.last_write);
       if (!writer->Write(e)) {
         cancel();
         return grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading");

@@ -30,9 +30,6 @@ class DecodeService final : public v1::Decode::Service {
   grpc::Status Decode(grpc::ServerContext* context, const v1::DecodeRequest* request,
                       grpc::ServerWriter<v1::DecodeResponse>* writer) override;
 
-  // Waits until queued write-backs were attempted (tests).
-  void FlushWriteBack() { writer_.Flush(); }
-
  private:
   // Checks the request and builds its sequence, fetching or recomputing the
   // blocks; the caller submits it.

@@ -13,31 +13,18 @@ BlockWriter::~BlockWriter() {
   thread_.join();
 }
 
-bool BlockWriter::Enqueue(const std::string& ns, const kvblock::LatentLayout& layout,
-                          const kvblock::BlockHash& hash, std::string record) {
+uint64_t BlockWriter::Enqueue(const std::string& ns, const kvblock::LatentLayout& layout,
+                              const kvblock::BlockHash& hash, std::string record) {
   absl::MutexLock lock(&mu_);
-  if (queue_.size() >= max_queued_) {
-    ++failed_;
-    return false;
-  }
+  if (queue_.size() >= max_queued_) return 0;
   queue_.push_back({ns, layout, hash, std::move(record)});
-  return true;
+  return ++queued_;
 }
 
-uint64_t BlockWriter::stored() const {
+void BlockWriter::WaitFor(uint64_t ticket) {
   absl::MutexLock lock(&mu_);
-  return stored_;
-}
-
-uint64_t BlockWriter::failed() const {
-  absl::MutexLock lock(&mu_);
-  return failed_;
-}
-
-void BlockWriter::Flush() {
-  absl::MutexLock lock(&mu_);
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.empty() && !busy_; };
-  mu_.Await(absl::Condition(&idle));
+  auto attempted = [this, ticket]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return attempted_ >= ticket; };
+  mu_.Await(absl::Condition(&attempted));
 }
 
 void BlockWriter::Loop() {
@@ -50,12 +37,10 @@ void BlockWriter::Loop() {
       if (queue_.empty()) return;  // stopping, and everything written
       item = std::move(queue_.front());
       queue_.pop_front();
-      busy_ = true;
     }
-    const bool ok = shards_.Store(item.ns, item.layout, {{item.hash, {std::move(item.record)}}}).contains(item.hash);
+    shards_.Store(item.ns, item.layout, {{item.hash, {std::move(item.record)}}});
     absl::MutexLock lock(&mu_);
-    busy_ = false;
-    ++(ok ? stored_ : failed_);
+    ++attempted_;
   }
 }
 

@@ -20,14 +20,13 @@ class BlockWriter {
   BlockWriter(ShardSet& shards, size_t max_queued);
   ~BlockWriter();  // writes what is queued, then stops
 
-  // Queues one all-layer record; false (and dropped) when the queue is full.
-  bool Enqueue(const std::string& ns, const kvblock::LatentLayout& layout, const kvblock::BlockHash& hash,
-               std::string record);
-  // Blocks the shards stored / could not store so far.
-  uint64_t stored() const;
-  uint64_t failed() const;
-  // Waits until everything queued so far has been attempted (tests, shutdown).
-  void Flush();
+  // Queues one all-layer record; returns its ticket, or 0 when the queue is
+  // full and the record was dropped.
+  uint64_t Enqueue(const std::string& ns, const kvblock::LatentLayout& layout, const kvblock::BlockHash& hash,
+                   std::string record);
+  // Waits until the record of `ticket`, and every one queued before it,
+  // was attempted (writes go in queue order).
+  void WaitFor(uint64_t ticket);
 
  private:
   struct Item {
@@ -42,10 +41,9 @@ class BlockWriter {
   const size_t max_queued_;
   mutable absl::Mutex mu_;
   std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
-  bool busy_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t stored_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t failed_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t queued_ ABSL_GUARDED_BY(mu_) = 0;     // tickets handed out
+  uint64_t attempted_ ABSL_GUARDED_BY(mu_) = 0;  // records written or failed
   std::thread thread_;
 };
 
