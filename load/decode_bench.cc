@@ -1,0 +1,76 @@
+// Batched decode in process on the lite-attn preset (DeepSeek-V2-Lite's
+// attention dims): `--sequences` sequences holding `--context` tokens of
+// int8 latents each step together through Model::Forward, on 1 kernel
+// thread and on every core, in the same run. The thread pool splits the
+// projections' weight rows and the sequences' attention.
+//
+//   decode_bench [--sequences 8] [--context 2048] [--steps 10]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kvtier/kernels/parallel.h"
+#include "services/common/flags.h"
+#include "services/runtime/checkpoint.h"
+#include "services/runtime/make_model.h"
+#include "services/runtime/model.h"
+
+namespace kvtier::runtime {
+namespace {
+
+int Main(int argc, char** argv) {
+  uint64_t sequences = 8, context = 2048, steps = 10;
+  FlagParser flags("decode_bench [--sequences N] [--context TOKENS] [--steps N]",
+                   "Batched decode steps over long int8 contexts, 1 thread against every core.");
+  flags.AddUint("sequences", &sequences, "sequences stepped together");
+  flags.AddUint("context", &context, "tokens each sequence holds before the timed steps");
+  flags.AddUint("steps", &steps, "timed decode steps");
+  if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "decode_bench")) {
+    return *exit;
+  }
+  const size_t cores = std::max(1u, std::thread::hardware_concurrency());
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("kvtier_decode_bench_" + std::to_string(getpid()));
+  if (!MakeModel(*PresetConfig("lite-attn"), dir.string(), 3).ok()) return 1;
+  auto checkpoint = Checkpoint::Open(dir.string());
+  auto model = Model::Load(**checkpoint);
+  std::filesystem::remove_all(dir);
+  if (!model.ok()) return 1;
+  const Model& m = **model;
+  kernels::SetKernelThreads(cores);
+  std::mt19937 rng(1);
+  std::vector<SequenceCache> caches;
+  std::vector<std::vector<float>> logits(sequences, std::vector<float>(m.config().vocab_size));
+  for (size_t b = 0; b < sequences; ++b) {
+    std::vector<uint32_t> prompt(context);
+    for (uint32_t& t : prompt) t = rng() % m.config().vocab_size;
+    caches.push_back(m.NewCache(kernels::Codec::kInt8, 64));
+    if (!m.Prefill(prompt, caches.back(), logits[b]).ok()) return 1;
+  }
+  std::printf("%zu sequences x %zu-token int8 contexts, lite-attn, %zu steps\n", sequences, context, steps);
+  std::printf("%-8s %12s %10s\n", "threads", "ms/step", "tok/s");
+  for (size_t threads : {size_t{1}, cores}) {
+    kernels::SetKernelThreads(threads);
+    std::vector<uint32_t> next(sequences, 5);
+    const auto start = std::chrono::steady_clock::now();
+    for (uint64_t s = 0; s < steps; ++s) {
+      std::vector<SequenceTokens> rows;
+      for (size_t b = 0; b < sequences; ++b) rows.push_back({std::span(&next[b], 1), &caches[b], logits[b]});
+      if (!m.Forward(rows).ok()) return 1;
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("%-8zu %12.1f %10.1f\n", threads, seconds / steps * 1e3, sequences * steps / seconds);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvtier::runtime
+
+int main(int argc, char** argv) { return kvtier::runtime::Main(argc, argv); }
