@@ -1,6 +1,9 @@
 #include "services/cache/block_store.h"
 
+#include <fcntl.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -136,7 +139,13 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const StoreOption
           v1::Tier_Name(kind), " capacity ", capacity, " bytes is below one page (",
           options.page_size, " bytes)"));
     }
-    auto arena = PageArena::Create(capacity, options.page_size);
+    ArenaOptions arena_options;
+    arena_options.capacity = capacity;
+    arena_options.page_size = options.page_size;
+    arena_options.segment_pages =
+        static_cast<uint32_t>(std::max<uint64_t>(1, options.segment_bytes / options.page_size));
+    arena_options.shared = options.shared_memory;
+    auto arena = PageArena::Create(arena_options);
     if (!arena.ok()) return arena.status();
     auto tier = std::make_unique<Tier>();
     tier->arena = std::move(*arena);
@@ -375,10 +384,10 @@ absl::StatusOr<std::vector<std::span<const uint8_t>>> BlockStore::SourceLocked(
       std::span(reinterpret_cast<const uint8_t*>(buffer.data()), buffer.size())};
 }
 
-bool BlockStore::HasRoomLocked(size_t tier, size_t bytes) const {
+bool BlockStore::HasRoomLocked(size_t tier, size_t bytes, const std::string& ns) const {
   const Tier& t = *tiers_[tier];
   if (t.disk != nullptr) return t.counters.capacity_bytes - t.counters.used_bytes >= bytes;
-  return t.arena->free_pages() >= PagesFor(bytes);
+  return t.arena->FreePagesFor(ns) >= PagesFor(bytes);
 }
 
 void BlockStore::DropLocked(Entry* e) {
@@ -397,9 +406,11 @@ void BlockStore::DropLocked(Entry* e) {
   counters_.metadata_bytes -= EntryMetadataBytes(*e);
 }
 
-bool BlockStore::MakeRoomLocked(size_t tier, size_t bytes) {
+bool BlockStore::MakeRoomLocked(size_t tier, size_t bytes, const std::string& ns) {
   Tier& t = *tiers_[tier];
-  while (!HasRoomLocked(tier, bytes)) {
+  // Plain LRU: in a shared arena another namespace's victim makes room only
+  // once its segment empties, so this may move more than `bytes`.
+  while (!HasRoomLocked(tier, bytes, ns)) {
     auto victim_it = std::find_if(t.lru.rbegin(), t.lru.rend(),
                                   [](const Entry* e) { return e->pins == 0; });
     if (victim_it == t.lru.rend()) return false;
@@ -422,7 +433,7 @@ bool BlockStore::MoveLocked(Entry* e, size_t to) {
   Tier& dst = *tiers_[to];
   const bool fits_at_all = dst.disk != nullptr ? e->size <= dst.counters.capacity_bytes
                                                : PagesFor(e->size) <= dst.arena->total_pages();
-  if (!fits_at_all || !MakeRoomLocked(to, e->size)) return false;
+  if (!fits_at_all || !MakeRoomLocked(to, e->size, e->ns)) return false;
   // Verify, then copy: a corrupt record never reaches another tier.
   std::string buffer;
   absl::StatusOr<std::vector<std::span<const uint8_t>>> pieces = SourceLocked(*e, buffer);
@@ -435,7 +446,7 @@ bool BlockStore::MoveLocked(Entry* e, size_t to) {
   if (dst.disk != nullptr) {
     if (!dst.disk->Write(e->ns, e->hash, *pieces).ok()) return false;  // disk full or failing
   } else {
-    dst.arena->Allocate(PagesFor(e->size), pages);
+    dst.arena->Allocate(PagesFor(e->size), e->ns, pages);
     size_t offset = 0;
     for (const auto& piece : *pieces) {
       WriteAt(*dst.arena, pages, offset,
@@ -461,7 +472,8 @@ bool BlockStore::MoveLocked(Entry* e, size_t to) {
   return true;
 }
 
-absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t bytes) {
+absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t bytes,
+                                                                      const std::string& ns) {
   if (pending_blocks_ >= options_.max_pending_blocks) {
     return absl::ResourceExhaustedError(absl::StrCat(
         pending_blocks_, " blocks are being assembled, the limit; retry later"));
@@ -473,12 +485,12 @@ absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t b
                                                      " bytes does not fit the device tier (",
                                                      first.counters.capacity_bytes, " bytes)"));
   }
-  if (!MakeRoomLocked(0, bytes)) {
+  if (!MakeRoomLocked(0, bytes, ns)) {
     return absl::ResourceExhaustedError(
         "device tier is full of pinned or incomplete blocks; retry later");
   }
   std::vector<uint32_t> pages;
-  first.arena->Allocate(n, pages);
+  first.arena->Allocate(n, ns, pages);
   first.counters.used_bytes += bytes;
   ++pending_blocks_;
   return pages;
@@ -486,6 +498,56 @@ absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t b
 
 std::unique_ptr<PutSession> BlockStore::BeginPut(std::string ns, kvblock::LatentLayout layout) {
   return std::unique_ptr<PutSession>(new PutSession(this, std::move(ns), std::move(layout)));
+}
+
+std::vector<SharedPiece> BlockStore::SharedPieces(const PinnedBlock& block) {
+  absl::MutexLock lock(&mu_);
+  const Entry& e = *block.entry_;
+  const Tier& t = *tiers_[e.tier];
+  std::vector<SharedPiece> pieces;
+  if (!block.owned_.empty() || t.arena == nullptr || !t.arena->shared()) return pieces;
+  const PageArena& arena = *t.arena;
+  const uint64_t segment_bytes = uint64_t{arena.segment_pages()} * arena.page_size();
+  size_t left = e.size;
+  for (uint32_t p : e.pages) {
+    const uint32_t s = arena.SegmentOf(p);
+    if (arena.SegmentFd(s) < 0) return {};
+    const uint64_t offset = uint64_t{p} * arena.page_size() - s * segment_bytes;
+    const uint64_t n = std::min<size_t>(left, arena.page_size());
+    left -= n;
+    SharedPiece* last = pieces.empty() ? nullptr : &pieces.back();
+    if (last != nullptr && last->segment == s && last->offset + last->length == offset) {
+      last->length += n;
+      continue;
+    }
+    pieces.push_back({static_cast<uint32_t>(e.tier), s, arena.Generation(s), offset, n});
+  }
+  return pieces;
+}
+
+absl::StatusOr<int> BlockStore::OpenSegmentReadOnly(uint32_t tier, uint32_t segment,
+                                                    uint64_t generation, const std::string& ns) {
+  absl::MutexLock lock(&mu_);
+  const PageArena* arena = tier < tiers_.size() ? tiers_[tier]->arena.get() : nullptr;
+  if (arena == nullptr || !arena->shared() || segment >= arena->segment_count()) {
+    return absl::InvalidArgumentError(absl::StrCat("no shared segment ", segment, " in tier ", tier));
+  }
+  if (arena->Generation(segment) != generation || arena->SegmentFd(segment) < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("segment ", segment, " of tier ", tier, " is no longer generation ", generation));
+  }
+  if (arena->Owner(segment) != ns) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("segment ", segment, " of tier ", tier, " holds another namespace's blocks"));
+  }
+  // Reopening through /proc gives a descriptor of the same memory that can
+  // only be mapped read-only.
+  const std::string path = absl::StrCat("/proc/self/fd/", arena->SegmentFd(segment));
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat("cannot reopen ", path, ": ", std::strerror(errno)));
+  }
+  return fd;
 }
 
 StoreStats BlockStore::Stats() {
@@ -551,7 +613,7 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_vi
       }
       return absl::OkStatus();
     }
-    absl::StatusOr<std::vector<uint32_t>> pages = store_->AllocatePendingLocked(record_bytes_);
+    absl::StatusOr<std::vector<uint32_t>> pages = store_->AllocatePendingLocked(record_bytes_, ns_);
     if (!pages.ok()) return pages.status();
     auto pending = std::make_unique<Pending>();
     pending->pages = std::move(*pages);

@@ -50,6 +50,10 @@ struct StoreOptions {
   std::string disk_dir;        // empty: no disk tier
   uint64_t disk_capacity = 0;  // bytes of records under disk_dir
   uint32_t page_size = 64 * 1024;
+  // Page tiers in memfd segments of this many bytes, one namespace per
+  // segment, so same-host readers can map them (the fast path).
+  bool shared_memory = false;
+  uint64_t segment_bytes = 4 << 20;
   absl::Duration default_lease_ttl = absl::Seconds(30);
   absl::Duration max_lease_ttl = absl::Minutes(10);
   // Blocks being assembled at once, across all Put streams.
@@ -90,6 +94,15 @@ struct MatchResult {
 
 class BlockStore;
 struct Entry;
+
+// A stretch of a record in a shared segment (BlockStore::SharedPieces).
+struct SharedPiece {
+  uint32_t tier = 0;  // index into the configured tiers, fastest first
+  uint32_t segment = 0;
+  uint64_t generation = 0;
+  uint64_t offset = 0;  // in the segment
+  uint64_t length = 0;
+};
 
 // A block pinned for reading: its record bytes stay in place, unchanged,
 // until this object is destroyed. Thread-safe to read from.
@@ -186,6 +199,17 @@ class BlockStore {
 
   std::unique_ptr<PutSession> BeginPut(std::string ns, kvblock::LatentLayout layout);
 
+  // Where a pinned block's record lies in shared segments, in order, pages
+  // that follow each other merged; empty when some of it is not in a memfd
+  // (a copy read from disk, an arena that is not shared).
+  std::vector<SharedPiece> SharedPieces(const PinnedBlock& block);
+  // A new read-only descriptor of a shared segment, for a reader of `ns`
+  // (the caller closes it). FAILED_PRECONDITION when the segment is no
+  // longer at `generation` or has no memfd; PERMISSION_DENIED when it does
+  // not hold `ns`'s blocks.
+  absl::StatusOr<int> OpenSegmentReadOnly(uint32_t tier, uint32_t segment, uint64_t generation,
+                                          const std::string& ns);
+
   // Ends leases whose deadline has passed (also done by every call above).
   void ExpireLeases();
   StoreStats Stats();
@@ -209,8 +233,12 @@ class BlockStore {
   void TouchLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes room in `tier` for a record of `bytes`, demoting or dropping LRU
   // unpinned blocks; false when pinned blocks leave too little room.
-  bool MakeRoomLocked(size_t tier, size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool HasRoomLocked(size_t tier, size_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `ns` owns the record: in a shared arena only its segments, or empty
+  // ones, can take it.
+  bool MakeRoomLocked(size_t tier, size_t bytes, const std::string& ns)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool HasRoomLocked(size_t tier, size_t bytes, const std::string& ns) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves a block to `to` with a verified copy. Returns false, leaving it in
   // place, when the destination has no room; on a checksum failure the block
   // is dropped.
@@ -227,7 +255,7 @@ class BlockStore {
   // Restores the disk tier's blocks at start-up.
   void LoadDiskLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes pages in the first tier for a block being assembled.
-  absl::StatusOr<std::vector<uint32_t>> AllocatePendingLocked(size_t bytes)
+  absl::StatusOr<std::vector<uint32_t>> AllocatePendingLocked(size_t bytes, const std::string& ns)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The record as spans over its pages.
   std::vector<std::span<const uint8_t>> PiecesLocked(size_t tier, const std::vector<uint32_t>& pages,

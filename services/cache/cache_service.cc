@@ -425,7 +425,7 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
 }  // namespace
 
-void FillStats(const StoreStats& s, v1::StatsResponse& r) {
+void FillStats(const StoreStats& s, const FastPathCounters& f, v1::StatsResponse& r) {
   for (const TierCounters& t : s.tiers) {
     v1::TierStats* ts = r.add_tiers();
     ts->set_tier(t.tier);
@@ -447,16 +447,20 @@ void FillStats(const StoreStats& s, v1::StatsResponse& r) {
   r.set_active_leases(s.active_leases);
   r.set_pending_blocks(s.pending_blocks);
   r.set_pinned_blocks(s.pinned_blocks);
+  r.set_fast_path_sessions(f.sessions);
+  r.set_fast_path_blocks_out(f.blocks_out);
+  r.set_fast_path_bytes_out(f.bytes_out);
   r.set_server_version(kCacheServerVersion);
   r.add_block_format_versions(kvblock::kBlockFormatVersion);
 }
 
 CacheService::CacheService(BlockStore* store, Executor* executor, RpcMetrics* metrics,
-                           std::vector<std::string> namespaces)
+                           std::vector<std::string> namespaces, FastPathServer* fast_path)
     : store_(store),
       executor_(executor),
       metrics_(metrics),
-      namespaces_(namespaces.begin(), namespaces.end()) {}
+      namespaces_(namespaces.begin(), namespaces.end()),
+      fast_path_(fast_path) {}
 
 absl::StatusOr<RequestScope> CacheService::ValidateScope(const std::string& ns,
                                                          const v1::LatentLayout& layout) const {
@@ -504,15 +508,62 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* CacheService::Get(grpc::CallbackServ
 grpc::ServerUnaryReactor* CacheService::ReleaseLease(grpc::CallbackServerContext* context,
                                                      const v1::ReleaseLeaseRequest* request,
                                                      v1::ReleaseLeaseResponse*) {
-  return FinishUnary(context, RpcTimer(metrics_, "ReleaseLease"),
-                     store_->ReleaseLease(request->lease_id()));
+  const uint64_t id = request->lease_id();
+  absl::Status status = fast_path_ != nullptr && (id & kFastPathLeaseBit) != 0
+                            ? fast_path_->Release(id)
+                            : store_->ReleaseLease(id);
+  return FinishUnary(context, RpcTimer(metrics_, "ReleaseLease"), status);
 }
 
 grpc::ServerUnaryReactor* CacheService::Stats(grpc::CallbackServerContext* context,
                                               const v1::StatsRequest*,
                                               v1::StatsResponse* response) {
-  FillStats(store_->Stats(), *response);
+  FillStats(store_->Stats(), fast_path_ != nullptr ? fast_path_->Counters() : FastPathCounters(),
+            *response);
   return FinishUnary(context, RpcTimer(metrics_, "Stats"), absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* CacheService::OpenFastPath(grpc::CallbackServerContext* context,
+                                                     const v1::OpenFastPathRequest*,
+                                                     v1::OpenFastPathResponse* response) {
+  RpcTimer timer(metrics_, "OpenFastPath");
+  if (fast_path_ == nullptr) {
+    return FinishUnary(context, std::move(timer),
+                       absl::FailedPreconditionError("this cache runs without a fast path"));
+  }
+  absl::StatusOr<v1::OpenFastPathResponse> opened = fast_path_->Open();
+  if (opened.ok()) *response = *std::move(opened);
+  return FinishUnary(context, std::move(timer), opened.status());
+}
+
+grpc::ServerUnaryReactor* CacheService::LeaseBlocks(grpc::CallbackServerContext* context,
+                                                    const v1::LeaseBlocksRequest* request,
+                                                    v1::LeaseBlocksResponse* response) {
+  RpcTimer timer(metrics_, "LeaseBlocks");
+  if (fast_path_ == nullptr) {
+    return FinishUnary(context, std::move(timer),
+                       absl::FailedPreconditionError("this cache runs without a fast path"));
+  }
+  absl::StatusOr<RequestScope> scope = ValidateScope(request->kv_namespace(), request->layout());
+  if (!scope.ok()) return FinishUnary(context, std::move(timer), scope.status());
+  absl::StatusOr<std::vector<kvblock::BlockHash>> hashes = ValidateHashes(request->block_hashes());
+  if (!hashes.ok()) return FinishUnary(context, std::move(timer), hashes.status());
+  // Pinning verifies every record's checksum: not on a gRPC thread.
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto work = [this, reactor, request, response, scope = *std::move(scope),
+               hashes = *std::move(hashes), timer]() mutable {
+    const absl::Status status =
+        fast_path_->Lease(request->session_id(), scope.ns, scope.layout_id, hashes,
+                          absl::Milliseconds(request->lease_ttl_ms()), *response);
+    const grpc::Status g = ToGrpcStatus(status);
+    timer.Done(g.error_code());
+    reactor->Finish(g);
+  };
+  if (!executor_->TrySubmit(std::move(work))) {
+    timer.Done(kBusy.error_code());
+    reactor->Finish(kBusy);
+  }
+  return reactor;
 }
 
 }  // namespace kvtier::cache

@@ -12,6 +12,7 @@
 
 #include "kvtier/v1/cache.grpc.pb.h"
 #include "services/cache/block_store.h"
+#include "services/cache/fast_path_server.h"
 #include "services/cache/rpc_metrics.h"
 #include "services/common/executor.h"
 
@@ -24,7 +25,8 @@ inline constexpr int kMaxBlocksPerRequest = 65536;
 // into the store; every other method is typed.
 using KvCacheBase = v1::KvCache::WithCallbackMethod_Match<v1::KvCache::WithCallbackMethod_Put<
     v1::KvCache::WithRawCallbackMethod_Get<v1::KvCache::WithCallbackMethod_ReleaseLease<
-        v1::KvCache::WithCallbackMethod_Stats<v1::KvCache::Service>>>>>;
+        v1::KvCache::WithCallbackMethod_Stats<v1::KvCache::WithCallbackMethod_OpenFastPath<
+            v1::KvCache::WithCallbackMethod_LeaseBlocks<v1::KvCache::Service>>>>>>>;
 
 // What a request names: its tenant and layout, checked.
 struct RequestScope {
@@ -35,10 +37,11 @@ struct RequestScope {
 
 class CacheService final : public KvCacheBase {
  public:
-  // None owned; all must outlive the service. `metrics` may be null.
+  // None owned; all must outlive the service. `metrics` may be null, and
+  // `fast_path` (then OpenFastPath answers FAILED_PRECONDITION).
   // `namespaces`: the tenants served; empty serves any well-formed name.
   CacheService(BlockStore* store, Executor* executor, RpcMetrics* metrics,
-               std::vector<std::string> namespaces = {});
+               std::vector<std::string> namespaces = {}, FastPathServer* fast_path = nullptr);
 
   // INVALID_ARGUMENT for a malformed namespace or layout, NOT_FOUND for a
   // namespace this server does not serve.
@@ -58,6 +61,12 @@ class CacheService final : public KvCacheBase {
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context,
                                   const v1::StatsRequest* request,
                                   v1::StatsResponse* response) override;
+  grpc::ServerUnaryReactor* OpenFastPath(grpc::CallbackServerContext* context,
+                                         const v1::OpenFastPathRequest* request,
+                                         v1::OpenFastPathResponse* response) override;
+  grpc::ServerUnaryReactor* LeaseBlocks(grpc::CallbackServerContext* context,
+                                        const v1::LeaseBlocksRequest* request,
+                                        v1::LeaseBlocksResponse* response) override;
 
   BlockStore* store() const { return store_; }
   Executor* executor() const { return executor_; }
@@ -68,11 +77,12 @@ class CacheService final : public KvCacheBase {
   Executor* executor_;
   RpcMetrics* metrics_;
   absl::flat_hash_set<std::string> namespaces_;
+  FastPathServer* fast_path_;
 };
 
-
-// Fills a StatsResponse from the store's counters.
-void FillStats(const StoreStats& stats, v1::StatsResponse& response);
+// Fills a StatsResponse from the store's (and the fast path's) counters.
+void FillStats(const StoreStats& stats, const FastPathCounters& fast_path,
+               v1::StatsResponse& response);
 
 }  // namespace kvtier::cache
 

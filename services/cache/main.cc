@@ -1,5 +1,8 @@
 // kvtier-cache: the tiered latent block store, served over gRPC with
 // Prometheus metrics.
+#include <sys/random.h>
+#include <unistd.h>
+
 #include <iostream>
 #include <memory>
 #include <thread>
@@ -10,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "services/cache/cache_service.h"
+#include "services/cache/fast_path_server.h"
 #include "services/cache/store_metrics.h"
 #include "services/common/byte_size.h"
 #include "services/common/flags.h"
@@ -29,6 +33,8 @@ struct Flags {
   uint64_t threads = std::max(2u, std::thread::hardware_concurrency());
   uint64_t page_size = 64 * 1024;
   std::string namespaces;
+  std::string fast_path_socket;
+  bool no_fast_path = false;
 };
 
 absl::StatusOr<StoreOptions> ToStoreOptions(const Flags& f) {
@@ -56,6 +62,7 @@ absl::StatusOr<StoreOptions> ToStoreOptions(const Flags& f) {
     return absl::InvalidArgumentError("--page-size must be within 4KiB..64MiB");
   }
   o.page_size = static_cast<uint32_t>(f.page_size);
+  o.shared_memory = !f.no_fast_path;
   o.device_capacity = *device;
   o.host_capacity = *host;
   // Without a GPU the device tier is host memory too: both must fit in RAM.
@@ -94,16 +101,35 @@ int Run(const Flags& f) {
     std::cerr << "kvtier-cache: " << store.status().message() << "\n";
     return 2;
   }
+  std::unique_ptr<FastPathServer> fast_path;
+  if (!f.no_fast_path) {
+    FastPathOptions fast_options;
+    fast_options.socket_path = f.fast_path_socket;
+    if (fast_options.socket_path.empty()) {
+      // Abstract: nothing to clean up, reachable within this network namespace
+      // (the pod), and unique even between containers that share it.
+      uint64_t nonce = 0;
+      (void)!getrandom(&nonce, sizeof nonce, 0);
+      fast_options.socket_path = absl::StrCat("@kvtier-cache-", getpid(), "-", absl::Hex(nonce));
+    }
+    absl::StatusOr<std::unique_ptr<FastPathServer>> started =
+        FastPathServer::Start(fast_options, store->get(), SystemClock::Get());
+    if (!started.ok()) {
+      std::cerr << "kvtier-cache: --fast-path-socket: " << started.status().message() << "\n";
+      return 2;
+    }
+    fast_path = *std::move(started);
+  }
   auto registry = std::make_shared<prometheus::Registry>();
   RpcMetrics rpc_metrics(*registry);
-  auto store_metrics = std::make_shared<StoreMetrics>(store->get());
+  auto store_metrics = std::make_shared<StoreMetrics>(store->get(), fast_path.get());
   auto exposer = StartMetricsExposer(f.metrics_listen, {registry, store_metrics});
   if (!exposer.ok()) {
     std::cerr << "kvtier-cache: " << exposer.status().message() << "\n";
     return 1;
   }
   Executor executor(f.threads, /*max_queued=*/4096);
-  CacheService service(store->get(), &executor, &rpc_metrics, namespaces);
+  CacheService service(store->get(), &executor, &rpc_metrics, namespaces, fast_path.get());
   ServerOptions server_options;
   server_options.listen = f.listen;
   absl::StatusOr<std::unique_ptr<ServerRunner>> server = ServerRunner::Start(server_options, {&service});
@@ -117,6 +143,12 @@ int Run(const Flags& f) {
   if (!options->disk_dir.empty()) {
     std::cerr << ", disk tier " << options->disk_capacity << " bytes in " << options->disk_dir
               << " (" << stats.tiers.back().blocks << " blocks found)";
+  }
+  if (fast_path != nullptr) {
+    std::cerr << "; same-host fast path on " << fast_path->socket_path()
+              << " (tiers in shared memory)";
+  } else {
+    std::cerr << "; no fast path";
   }
   std::cerr << std::endl;
   (*server)->WaitForShutdownSignal();
@@ -149,6 +181,11 @@ int main(int argc, char** argv) {
   flags.AddString("namespaces", &f.namespaces,
                   "comma-separated tenants to serve (others get NOT_FOUND); empty: any");
   flags.AddUint("page-size", &f.page_size, "tier page size in bytes");
+  flags.AddString("fast-path-socket", &f.fast_path_socket,
+                  "unix socket of the same-host fast path (clients learn it over gRPC);\n"
+                  "'@name' is Linux's abstract namespace; default: a fresh abstract name");
+  flags.AddBool("no-fast-path", &f.no_fast_path,
+                "serve blocks over gRPC only: tiers in private memory, no unix socket");
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "kvtier-cache")) return *exit;
   return kvtier::cache::Run(f);
 }

@@ -1,52 +1,195 @@
 #include "services/cache/page_arena.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 
 namespace kvtier::cache {
+namespace {
 
-absl::StatusOr<std::unique_ptr<PageArena>> PageArena::Create(uint64_t capacity,
-                                                             uint32_t page_size) {
-  if (page_size == 0) return absl::InvalidArgumentError("page size must be positive");
-  const uint64_t pages = capacity / page_size;
-  if (pages == 0 || pages > UINT32_MAX) {
-    return absl::InvalidArgumentError(absl::StrCat("capacity ", capacity, " bytes gives ", pages,
-                                                   " pages of ", page_size, " bytes"));
+// Anonymous memory over [at, at + bytes): the arena's own pages, or (shared
+// arenas) a stand-in when a memfd cannot be made.
+bool MapAnonymous(uint8_t* at, size_t bytes) {
+  return mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+              -1, 0) != MAP_FAILED;
+}
+
+// A sealed memfd of `bytes` mapped read-write over [at, at + bytes), or -1.
+// The seals fix its size, so no holder of the descriptor can shrink it under
+// another's mapping (no SIGBUS).
+int MapMemfd(uint8_t* at, size_t bytes) {
+  const int fd = memfd_create("kvtier-cache-segment", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return -1;
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
+      mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+    close(fd);
+    return -1;
   }
-  const size_t bytes = pages * page_size;
+  return fd;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PageArena>> PageArena::Create(const ArenaOptions& options) {
+  if (options.page_size == 0 || options.segment_pages == 0) {
+    return absl::InvalidArgumentError("page and segment sizes must be positive");
+  }
+  const uint64_t pages = options.capacity / options.page_size;
+  if (pages == 0 || pages > UINT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("capacity ", options.capacity, " bytes gives ",
+                                                   pages, " pages of ", options.page_size, " bytes"));
+  }
+  const size_t bytes = pages * options.page_size;
   // MAP_NORESERVE: the capacity is a ceiling, not a reservation; the kernel
-  // commits pages as blocks are written.
-  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+  // commits pages as blocks are written. A shared arena only reserves the
+  // addresses here; each segment's memfd is mapped when it gets an owner.
+  void* base = mmap(nullptr, bytes, options.shared ? PROT_NONE : PROT_READ | PROT_WRITE,
                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (base == MAP_FAILED) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot map ", bytes, " bytes: ", std::strerror(errno)));
   }
-  return std::unique_ptr<PageArena>(new PageArena(static_cast<uint8_t*>(base), bytes, page_size,
-                                                  static_cast<uint32_t>(pages)));
+  return std::unique_ptr<PageArena>(
+      new PageArena(static_cast<uint8_t*>(base), bytes, options, static_cast<uint32_t>(pages)));
 }
 
-PageArena::PageArena(uint8_t* base, size_t bytes, uint32_t page_size, uint32_t pages)
-    : base_(base), mapped_bytes_(bytes), page_size_(page_size), total_pages_(pages) {
-  free_.reserve(pages);
-  for (uint32_t i = pages; i > 0; --i) free_.push_back(i - 1);
+PageArena::PageArena(uint8_t* base, size_t bytes, const ArenaOptions& options, uint32_t pages)
+    : base_(base),
+      mapped_bytes_(bytes),
+      page_size_(options.page_size),
+      segment_pages_(options.segment_pages),
+      total_pages_(pages),
+      free_pages_(pages),
+      shared_(options.shared) {
+  const uint32_t count = (pages + segment_pages_ - 1) / segment_pages_;
+  segments_.resize(count);
+  OwnerPages& unowned = owners_[""];
+  for (uint32_t s = 0; s < count; ++s) {
+    Segment& seg = segments_[s];
+    const uint32_t first = s * segment_pages_;
+    seg.pages = std::min(segment_pages_, pages - first);
+    for (uint32_t p = first + seg.pages; p > first; --p) seg.free.push_back(p - 1);
+    unowned.with_free.insert(s);
+    empty_.insert(s);
+  }
+  unowned.free = unowned.empty_pages = pages;
+  unowned.segments = count;
+  empty_pages_ = pages;
 }
 
-PageArena::~PageArena() { munmap(base_, mapped_bytes_); }
+PageArena::~PageArena() {
+  munmap(base_, mapped_bytes_);
+  for (const Segment& seg : segments_) {
+    if (seg.fd >= 0) close(seg.fd);
+  }
+}
 
-bool PageArena::Allocate(uint32_t n, std::vector<uint32_t>& pages) {
-  if (n > free_.size()) return false;
-  pages.assign(free_.end() - n, free_.end());
-  free_.resize(free_.size() - n);
+uint64_t PageArena::SegmentBytes(uint32_t segment) const {
+  return uint64_t{segments_[segment].pages} * page_size_;
+}
+
+const std::string& PageArena::Key(const std::string& owner) const {
+  static const std::string kEveryone;
+  return shared_ ? owner : kEveryone;
+}
+
+uint32_t PageArena::FreePagesFor(const std::string& owner) const {
+  auto it = owners_.find(Key(owner));
+  if (it == owners_.end()) return empty_pages_;
+  return it->second.free + (empty_pages_ - it->second.empty_pages);
+}
+
+bool PageArena::Allocate(uint32_t n, const std::string& owner, std::vector<uint32_t>& pages) {
+  const std::string& key = Key(owner);
+  if (FreePagesFor(key) < n) return false;
+  pages.clear();
+  pages.reserve(n);
+  OwnerPages* mine = &owners_[key];
+  while (pages.size() < n) {
+    uint32_t s;
+    if (!mine->with_free.empty()) {
+      s = *mine->with_free.begin();
+    } else {
+      // Its own segments are full: an empty one changes hands.
+      s = *empty_.begin();
+      Reassign(s, key);
+      mine = &owners_[key];
+    }
+    Segment& seg = segments_[s];
+    if (shared_ && seg.generation == 0) Reassign(s, key);  // never mapped yet
+    if (seg.free.size() == seg.pages) {
+      empty_.erase(s);
+      empty_pages_ -= seg.pages;
+      mine->empty_pages -= seg.pages;
+    }
+    const uint32_t take = std::min<uint32_t>(n - pages.size(), seg.free.size());
+    for (uint32_t i = 0; i < take; ++i) {
+      pages.push_back(seg.free.back());
+      seg.free.pop_back();
+    }
+    mine->free -= take;
+    free_pages_ -= take;
+    if (seg.free.empty()) mine->with_free.erase(s);
+  }
   return true;
 }
 
 void PageArena::Free(const std::vector<uint32_t>& pages) {
-  free_.insert(free_.end(), pages.begin(), pages.end());
+  for (uint32_t p : pages) {
+    const uint32_t s = SegmentOf(p);
+    Segment& seg = segments_[s];
+    OwnerPages& owner = owners_[seg.owner];
+    seg.free.push_back(p);
+    if (seg.free.size() == 1) owner.with_free.insert(s);
+    ++owner.free;
+    ++free_pages_;
+    if (seg.free.size() == seg.pages) {
+      empty_.insert(s);
+      empty_pages_ += seg.pages;
+      owner.empty_pages += seg.pages;
+    }
+  }
+}
+
+void PageArena::Reassign(uint32_t s, const std::string& owner) {
+  Segment& seg = segments_[s];
+  if (seg.owner != owner) {
+    auto old = owners_.find(seg.owner);
+    old->second.with_free.erase(s);
+    old->second.free -= seg.pages;
+    old->second.empty_pages -= seg.pages;
+    if (--old->second.segments == 0) owners_.erase(old);
+    OwnerPages& mine = owners_[owner];
+    mine.with_free.insert(s);
+    mine.free += seg.pages;
+    mine.empty_pages += seg.pages;
+    ++mine.segments;
+    seg.owner = owner;
+  }
+  ++seg.generation;
+  if (!shared_) return;
+  uint8_t* at = base_ + size_t{s} * segment_pages_ * page_size_;
+  const size_t bytes = SegmentBytes(s);
+  if (seg.fd >= 0) {
+    // Frees the old owner's bytes even where a reader still maps them.
+    fallocate(seg.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(bytes));
+    close(seg.fd);
+  }
+  seg.fd = MapMemfd(at, bytes);
+  if (seg.fd < 0 && !MapAnonymous(at, bytes)) {
+    // The addresses are ours and reserved; failing to map them means the
+    // process is out of memory for page tables.
+    std::fprintf(stderr, "kvtier-cache: cannot map segment %u: %s\n", s, std::strerror(errno));
+    std::abort();
+  }
 }
 
 }  // namespace kvtier::cache

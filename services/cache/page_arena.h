@@ -2,46 +2,107 @@
 // A block occupies as many pages as its record needs, anywhere in the region,
 // so there is no external fragmentation and no malloc per block; the region
 // is reserved once at start-up and the OS backs pages only when first
-// written. Not thread-safe: BlockStore serializes allocation.
+// written.
+//
+// The pages are grouped in segments, and every segment belongs to one owner
+// (the cache passes the namespace) while it holds pages: an owner's pages
+// come from its own segments, and only an empty segment changes owner. In a
+// shared arena each segment is its own sealed memfd, so the cache can hand a
+// same-host reader the segments of one namespace, read-only, without
+// exposing any other namespace's bytes. A segment that changes owner gets a
+// fresh memfd (a new generation); the old one's pages are punched out, so a
+// stale mapping can read only zeros, never the new owner's bytes.
+//
+// Not thread-safe: BlockStore serializes allocation.
 #ifndef KVTIER_SERVICES_CACHE_PAGE_ARENA_H_
 #define KVTIER_SERVICES_CACHE_PAGE_ARENA_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <set>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
 
 namespace kvtier::cache {
 
+struct ArenaOptions {
+  uint64_t capacity = 0;  // bytes; floor(capacity / page_size) pages
+  uint32_t page_size = 64 * 1024;
+  uint32_t segment_pages = 64;  // the last segment may be shorter
+  bool shared = false;          // memfd-backed segments (else anonymous memory)
+};
+
 class PageArena {
  public:
-  // Reserves floor(capacity / page_size) pages of anonymous memory.
-  static absl::StatusOr<std::unique_ptr<PageArena>> Create(uint64_t capacity, uint32_t page_size);
+  static absl::StatusOr<std::unique_ptr<PageArena>> Create(const ArenaOptions& options);
   ~PageArena();
   PageArena(const PageArena&) = delete;
   PageArena& operator=(const PageArena&) = delete;
 
   uint32_t page_size() const { return page_size_; }
   uint32_t total_pages() const { return total_pages_; }
-  uint32_t free_pages() const { return static_cast<uint32_t>(free_.size()); }
+  uint32_t free_pages() const { return free_pages_; }
+  bool shared() const { return shared_; }
 
-  // Takes `n` free pages, or returns false (and takes none) if fewer are free.
-  bool Allocate(uint32_t n, std::vector<uint32_t>& pages);
+  // Pages `owner` could take now: free pages of its segments plus those of
+  // empty segments it does not own.
+  uint32_t FreePagesFor(const std::string& owner) const;
+  // Takes `n` pages for `owner`, or returns false (and takes none).
+  bool Allocate(uint32_t n, const std::string& owner, std::vector<uint32_t>& pages);
   void Free(const std::vector<uint32_t>& pages);
 
   uint8_t* page(uint32_t index) { return base_ + size_t{index} * page_size_; }
   const uint8_t* page(uint32_t index) const { return base_ + size_t{index} * page_size_; }
 
+  // Where a page lives, for handing its segment to another process.
+  uint32_t segment_pages() const { return segment_pages_; }
+  uint32_t SegmentOf(uint32_t page) const { return page / segment_pages_; }
+  uint32_t segment_count() const { return static_cast<uint32_t>(segments_.size()); }
+  uint64_t SegmentBytes(uint32_t segment) const;
+  uint64_t Generation(uint32_t segment) const { return segments_[segment].generation; }
+  const std::string& Owner(uint32_t segment) const { return segments_[segment].owner; }
+  // The segment's memfd (owned by the arena), or -1 when it has none (not a
+  // shared arena, or the memfd could not be made and anonymous memory
+  // stands in).
+  int SegmentFd(uint32_t segment) const { return segments_[segment].fd; }
+
  private:
-  PageArena(uint8_t* base, size_t bytes, uint32_t page_size, uint32_t pages);
+  struct Segment {
+    std::string owner;
+    uint64_t generation = 0;
+    int fd = -1;
+    std::vector<uint32_t> free;  // a stack, lowest page on top
+    uint32_t pages = 0;
+  };
+  struct OwnerPages {
+    std::set<uint32_t> with_free;  // its segments with a free page
+    uint32_t free = 0;             // free pages in them
+    uint32_t empty_pages = 0;      // of which in wholly empty segments
+    uint32_t segments = 0;         // segments it owns
+  };
+
+  PageArena(uint8_t* base, size_t bytes, const ArenaOptions& options, uint32_t pages);
+  // Owners are told apart only in a shared arena; elsewhere all are one.
+  const std::string& Key(const std::string& owner) const;
+  // Gives an empty segment to `owner`: in a shared arena, a new memfd mapped
+  // over it.
+  void Reassign(uint32_t segment, const std::string& owner);
 
   uint8_t* base_;
   size_t mapped_bytes_;
   uint32_t page_size_;
+  uint32_t segment_pages_;
   uint32_t total_pages_;
-  std::vector<uint32_t> free_;  // a stack: recently freed pages are reused first
+  uint32_t free_pages_;
+  bool shared_;
+  std::vector<Segment> segments_;
+  std::unordered_map<std::string, OwnerPages> owners_;
+  std::set<uint32_t> empty_;  // wholly free segments, whoever owns them
+  uint32_t empty_pages_ = 0;  // pages in them
 };
 
 }  // namespace kvtier::cache

@@ -27,6 +27,7 @@ void AddSample(MetricFamily& family, double value, std::vector<ClientMetric::Lab
 
 std::vector<MetricFamily> StoreMetrics::Collect() const {
   const StoreStats s = store_->Stats();
+  const FastPathCounters fast = fast_path_ != nullptr ? fast_path_->Counters() : FastPathCounters();
   struct PerTier {
     const char* name;
     const char* help;
@@ -82,6 +83,12 @@ std::vector<MetricFamily> StoreMetrics::Collect() const {
        s.pending_blocks},
       {"kvtier_cache_pinned_blocks", "Blocks pinned by leases or readers", MetricType::Gauge,
        s.pinned_blocks},
+      {"kvtier_cache_fast_path_sessions", "Same-host fast path sessions open and proven",
+       MetricType::Gauge, fast.sessions},
+      {"kvtier_cache_fast_path_blocks_total", "Blocks handed out as shared-memory leases",
+       MetricType::Counter, fast.blocks_out},
+      {"kvtier_cache_fast_path_sent_bytes_total", "Record bytes handed out as shared-memory leases",
+       MetricType::Counter, fast.bytes_out},
   };
   for (const Single& single : singles) {
     MetricFamily f = Family(single.name, single.help, single.type);

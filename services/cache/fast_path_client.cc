@@ -1,0 +1,161 @@
+#include "services/cache/fast_path_client.h"
+
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "services/cache/fast_path_socket.h"
+
+namespace kvtier::cache {
+
+struct FastPathClient::Mapping {
+  Mapping(const uint8_t* base, size_t size, uint64_t generation)
+      : base(base), size(size), generation(generation) {}
+  ~Mapping() { munmap(const_cast<uint8_t*>(base), size); }
+  const uint8_t* base;
+  size_t size;
+  uint64_t generation;
+};
+
+absl::StatusOr<std::unique_ptr<FastPathClient>> FastPathClient::Connect(
+    std::shared_ptr<grpc::Channel> channel, absl::Duration deadline) {
+  CacheClient client(channel, deadline);
+  grpc::ClientContext context;
+  client.SetDeadline(context);
+  v1::OpenFastPathResponse opened;
+  if (grpc::Status s = client.stub().OpenFastPath(&context, {}, &opened); !s.ok()) {
+    return FromGrpcStatus(s);
+  }
+  fastpath::Request hello{fastpath::RequestKind::kHello};
+  hello.session_id = opened.session_id();
+  if (opened.secret().size() != hello.secret.size()) {
+    return absl::UnavailableError("cache sent a malformed fast path secret");
+  }
+  std::memcpy(hello.secret.data(), opened.secret().data(), hello.secret.size());
+  // Reaching the socket and being recognised there is what proves the cache
+  // shares this host.
+  absl::StatusOr<int> socket = fastpath::Connect(opened.socket_path());
+  if (!socket.ok()) return absl::UnavailableError(socket.status().message());
+  int no_fd;
+  absl::Status proven = fastpath::SendRequest(*socket, hello);
+  if (proven.ok()) proven = fastpath::ReceiveReply(*socket, no_fd);
+  if (!proven.ok()) {
+    close(*socket);
+    return absl::UnavailableError(
+        absl::StrCat("fast path socket ", opened.socket_path(), ": ", proven.message()));
+  }
+  return std::unique_ptr<FastPathClient>(
+      new FastPathClient(std::move(channel), deadline, opened.session_id(), *socket));
+}
+
+FastPathClient::FastPathClient(std::shared_ptr<grpc::Channel> channel, absl::Duration deadline,
+                               uint64_t session_id, int socket)
+    : client_(std::move(channel), deadline), session_id_(session_id), socket_(socket) {}
+
+FastPathClient::~FastPathClient() { close(socket_); }
+
+size_t FastPathClient::mapped_segments() {
+  absl::MutexLock lock(&mu_);
+  return mappings_.size();
+}
+
+absl::StatusOr<std::shared_ptr<const FastPathClient::Mapping>> FastPathClient::MappingFor(
+    uint32_t tier, uint32_t segment, uint64_t generation) {
+  absl::MutexLock lock(&mu_);
+  std::shared_ptr<const Mapping>& slot = mappings_[{tier, segment}];
+  if (slot != nullptr && slot->generation == generation) return slot;
+  slot.reset();  // an older generation: its bytes are gone
+  fastpath::Request request{fastpath::RequestKind::kSegment};
+  request.tier = tier;
+  request.segment = segment;
+  request.generation = generation;
+  int fd = -1;
+  absl::Status s = fastpath::SendRequest(socket_, request);
+  if (s.ok()) s = fastpath::ReceiveReply(socket_, fd);
+  if (s.ok() && fd < 0) s = absl::UnavailableError("cache sent no descriptor");
+  if (!s.ok()) {
+    mappings_.erase({tier, segment});
+    return s;
+  }
+  struct stat st;
+  void* base = MAP_FAILED;
+  if (fstat(fd, &st) == 0 && st.st_size > 0) {
+    base = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
+  }
+  close(fd);
+  if (base == MAP_FAILED) {
+    mappings_.erase({tier, segment});
+    return absl::UnavailableError(absl::StrCat("cannot map segment ", segment, ": ", std::strerror(errno)));
+  }
+  slot = std::make_shared<const Mapping>(static_cast<const uint8_t*>(base),
+                                         static_cast<size_t>(st.st_size), generation);
+  return slot;
+}
+
+bool FastPathClient::CopyRecord(const v1::SharedRecord& record, std::span<uint8_t> out) {
+  uint64_t at = 0;
+  for (const v1::SharedPiece& piece : record.pieces()) {
+    absl::StatusOr<std::shared_ptr<const Mapping>> mapping =
+        MappingFor(piece.tier_index(), piece.segment(), piece.generation());
+    if (!mapping.ok()) return false;
+    const Mapping& m = **mapping;
+    // Checked against what is really mapped, never trusting the answer.
+    if (piece.offset() > m.size || piece.length() > m.size - piece.offset() ||
+        piece.length() > out.size() - at) {
+      return false;
+    }
+    std::memcpy(out.data() + at, m.base + piece.offset(), piece.length());
+    at += piece.length();
+  }
+  return at == record.size();
+}
+
+absl::StatusOr<std::vector<uint32_t>> FastPathClient::Fetch(
+    const std::string& ns, const kvblock::LatentLayout& layout,
+    const std::vector<kvblock::BlockHash>& hashes, const RecordDestination& destination,
+    const std::function<void(const RawBlock&)>& on_block) {
+  v1::LeaseBlocksRequest request;
+  request.set_session_id(session_id_);
+  request.set_kv_namespace(ns);
+  *request.mutable_layout() = kvblock::LayoutToProto(layout);
+  for (const kvblock::BlockHash& h : hashes) request.add_block_hashes(std::string(kvblock::HashAsBytes(h)));
+  v1::LeaseBlocksResponse leased;
+  {
+    grpc::ClientContext context;
+    client_.SetDeadline(context);
+    if (grpc::Status s = client_.stub().LeaseBlocks(&context, request, &leased); !s.ok()) {
+      return FromGrpcStatus(s);
+    }
+  }
+  std::vector<uint32_t> fallback;
+  for (const v1::LeasedBlock& b : leased.blocks()) {
+    if (b.index() >= hashes.size()) continue;
+    RawBlock block;
+    block.index = b.index();
+    block.tier = b.tier();
+    if (b.has_miss()) {
+      block.status = absl::Status(static_cast<absl::StatusCode>(b.miss().code()), b.miss().message());
+      if (block.status.code() == absl::StatusCode::kNotFound ||
+          block.status.code() == absl::StatusCode::kDataLoss) {
+        on_block(block);
+      } else {
+        fallback.push_back(b.index());
+      }
+      continue;
+    }
+    const std::span<uint8_t> out = destination(b.index(), b.shared().size());
+    if (out.size() < b.shared().size() || !CopyRecord(b.shared(), out)) {
+      fallback.push_back(b.index());
+      continue;
+    }
+    block.size = b.shared().size();
+    on_block(block);
+  }
+  if (leased.lease_id() != 0) (void)client_.ReleaseLease(leased.lease_id());
+  return fallback;
+}
+
+}  // namespace kvtier::cache

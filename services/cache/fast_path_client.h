@@ -1,0 +1,79 @@
+// The client side of the same-host fast path (fast_path.md): a session with
+// one kvtier-cache, proven local over its unix socket, through which blocks
+// are read by copying their records straight out of the cache's shared
+// segments (mapped read-only here) instead of through TCP.
+//
+// Never wrong bytes: a piece that does not fit its mapping, a segment whose
+// descriptor cannot be had, or a block the cache holds outside shared memory
+// is handed back for the caller to read with Get; a session the cache no
+// longer knows (it restarted) makes Fetch fail, and the caller opens a new
+// one. Thread-safe.
+#ifndef KVTIER_SERVICES_CACHE_FAST_PATH_CLIENT_H_
+#define KVTIER_SERVICES_CACHE_FAST_PATH_CLIENT_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "services/cache/cache_client.h"
+#include "services/cache/raw_get.h"
+
+namespace kvtier::cache {
+
+class FastPathClient {
+ public:
+  // Opens and proves a session on the cache behind `channel`.
+  // FAILED_PRECONDITION when the cache has no fast path; UNAVAILABLE when
+  // its socket cannot be reached or does not know the session (another
+  // host, or another cache at that address).
+  static absl::StatusOr<std::unique_ptr<FastPathClient>> Connect(
+      std::shared_ptr<grpc::Channel> channel, absl::Duration deadline);
+  // Unmaps every segment and closes the session's socket (the cache then
+  // ends its leases).
+  ~FastPathClient();
+  FastPathClient(const FastPathClient&) = delete;
+  FastPathClient& operator=(const FastPathClient&) = delete;
+
+  // Reads `hashes` of `ns`: each record is copied into
+  // `destination(index, size)` (which must be at least `size` long; an empty
+  // span declines it), then `on_block` sees the block. Definite misses
+  // (NOT_FOUND, DATA_LOSS) go to `on_block` too. Returns the indices the
+  // fast path did not serve, for the caller to read with Get. An error
+  // (the call failed, the session is gone) means nothing was delivered.
+  absl::StatusOr<std::vector<uint32_t>> Fetch(const std::string& ns,
+                                              const kvblock::LatentLayout& layout,
+                                              const std::vector<kvblock::BlockHash>& hashes,
+                                              const RecordDestination& destination,
+                                              const std::function<void(const RawBlock&)>& on_block);
+
+  uint64_t session_id() const { return session_id_; }
+  // Segments mapped now (for tests).
+  size_t mapped_segments();
+
+ private:
+  struct Mapping;
+  FastPathClient(std::shared_ptr<grpc::Channel> channel, absl::Duration deadline,
+                 uint64_t session_id, int socket);
+  // The segment mapped at `generation`: asks the cache for its descriptor
+  // when it is not mapped yet or was mapped at another generation.
+  absl::StatusOr<std::shared_ptr<const Mapping>> MappingFor(uint32_t tier, uint32_t segment,
+                                                            uint64_t generation);
+  // Copies a leased record into `out`; false if some piece cannot be read.
+  bool CopyRecord(const v1::SharedRecord& record, std::span<uint8_t> out);
+
+  CacheClient client_;
+  const uint64_t session_id_;
+  absl::Mutex mu_;
+  const int socket_;  // requests on it are made under mu_
+  std::map<std::pair<uint32_t, uint32_t>, std::shared_ptr<const Mapping>> mappings_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvtier::cache
+
+#endif  // KVTIER_SERVICES_CACHE_FAST_PATH_CLIENT_H_

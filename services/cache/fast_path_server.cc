@@ -1,0 +1,268 @@
+#include "services/cache/fast_path_server.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "services/cache/fast_path_socket.h"
+
+namespace kvtier::cache {
+namespace {
+
+void RandomBytes(void* out, size_t n) {
+  auto* p = static_cast<uint8_t*>(out);
+  while (n > 0) {
+    const ssize_t got = getrandom(p, n, 0);
+    if (got > 0) p += got, n -= static_cast<size_t>(got);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<FastPathServer>> FastPathServer::Start(
+    const FastPathOptions& options, BlockStore* store, Clock* clock) {
+  absl::StatusOr<int> listener = fastpath::Listen(options.socket_path);
+  if (!listener.ok()) return listener.status();
+  const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake < 0) {
+    close(*listener);
+    return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
+  }
+  return std::unique_ptr<FastPathServer>(new FastPathServer(options, store, clock, *listener, wake));
+}
+
+FastPathServer::FastPathServer(const FastPathOptions& options, BlockStore* store, Clock* clock,
+                               int listener, int wake)
+    : options_(options), store_(store), clock_(clock), listener_(listener), wake_(wake) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+FastPathServer::~FastPathServer() {
+  const uint64_t one = 1;
+  (void)!write(wake_, &one, sizeof one);
+  thread_.join();
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [socket, session] : connections_) close(socket);
+    connections_.clear();
+    leases_.clear();  // unpins
+    sessions_.clear();
+  }
+  close(listener_);
+  close(wake_);
+  if (options_.socket_path[0] != '@') unlink(options_.socket_path.c_str());
+}
+
+absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open() {
+  absl::MutexLock lock(&mu_);
+  ExpireLocked();
+  if (sessions_.size() >= options_.max_sessions) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(sessions_.size(), " fast path sessions are open, the limit"));
+  }
+  uint64_t id = 0;
+  while (id == 0 || sessions_.contains(id)) RandomBytes(&id, sizeof id);
+  Session& session = sessions_[id];
+  RandomBytes(session.secret.data(), session.secret.size());
+  session.open_until = clock_->Now() + options_.prove_within;
+  v1::OpenFastPathResponse response;
+  response.set_session_id(id);
+  response.set_secret(session.secret.data(), session.secret.size());
+  response.set_socket_path(options_.socket_path);
+  response.set_prove_within_ms(absl::ToInt64Milliseconds(options_.prove_within));
+  return response;
+}
+
+absl::Status FastPathServer::Lease(uint64_t session_id, const std::string& ns, uint64_t layout_id,
+                                   const std::vector<kvblock::BlockHash>& hashes,
+                                   absl::Duration ttl, v1::LeaseBlocksResponse& response) {
+  const auto check_session = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+    auto it = sessions_.find(session_id);
+    if (it == sessions_.end() || it->second.socket < 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("fast path session ", absl::Hex(session_id), " is unknown or not proven"));
+    }
+    if (it->second.leases.size() >= options_.max_leases_per_session) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "session holds ", it->second.leases.size(), " leases, the limit; release some"));
+    }
+    return absl::OkStatus();
+  };
+  {
+    absl::MutexLock lock(&mu_);
+    ExpireLocked();
+    if (absl::Status s = check_session(); !s.ok()) return s;
+  }
+  // Reading verifies each record's checksum: done without the lock.
+  std::vector<std::shared_ptr<const PinnedBlock>> pinned;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    v1::LeasedBlock* out = response.add_blocks();
+    out->set_index(static_cast<uint32_t>(i));
+    absl::StatusOr<std::shared_ptr<const PinnedBlock>> block = store_->Read(ns, layout_id, hashes[i]);
+    if (!block.ok()) {
+      out->mutable_miss()->set_code(static_cast<int>(block.status().code()));
+      out->mutable_miss()->set_message(std::string(block.status().message()));
+      continue;
+    }
+    out->set_tier((*block)->tier());
+    const std::vector<SharedPiece> pieces = store_->SharedPieces(**block);
+    if (pieces.empty()) {
+      out->mutable_miss()->set_code(static_cast<int>(absl::StatusCode::kUnavailable));
+      out->mutable_miss()->set_message("block is not in shared memory; read it with Get");
+      continue;
+    }
+    v1::SharedRecord* record = out->mutable_shared();
+    record->set_size((*block)->size());
+    for (const SharedPiece& p : pieces) {
+      v1::SharedPiece* piece = record->add_pieces();
+      piece->set_tier_index(p.tier);
+      piece->set_segment(p.segment);
+      piece->set_generation(p.generation);
+      piece->set_offset(p.offset);
+      piece->set_length(p.length);
+    }
+    bytes += (*block)->size();
+    pinned.push_back(*std::move(block));
+  }
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = check_session(); !s.ok()) return s;  // it died meanwhile
+  if (pinned.empty()) return absl::OkStatus();
+  Session& session = sessions_[session_id];
+  session.namespaces.insert(ns);
+  const uint64_t id = kFastPathLeaseBit | next_lease_++;
+  if (ttl <= absl::ZeroDuration()) ttl = options_.default_lease_ttl;
+  const absl::Time deadline = clock_->Now() + std::min(ttl, options_.max_lease_ttl);
+  counters_.blocks_out += pinned.size();
+  counters_.bytes_out += bytes;
+  leases_[id] = FastLease{session_id, deadline, std::move(pinned)};
+  session.leases.insert(id);
+  response.set_lease_id(id);
+  response.set_lease_deadline_unix_ms(absl::ToUnixMillis(deadline));
+  return absl::OkStatus();
+}
+
+absl::Status FastPathServer::Release(uint64_t lease_id) {
+  absl::MutexLock lock(&mu_);
+  ExpireLocked();
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) {
+    return absl::NotFoundError(absl::StrCat("lease ", lease_id, " is unknown or expired"));
+  }
+  auto session = sessions_.find(it->second.session_id);
+  if (session != sessions_.end()) session->second.leases.erase(lease_id);
+  leases_.erase(it);
+  return absl::OkStatus();
+}
+
+FastPathCounters FastPathServer::Counters() {
+  absl::MutexLock lock(&mu_);
+  ExpireLocked();
+  return counters_;
+}
+
+void FastPathServer::ExpireLocked() {
+  const absl::Time now = clock_->Now();
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    auto next = std::next(it);
+    if (it->second.deadline <= now) {
+      auto session = sessions_.find(it->second.session_id);
+      if (session != sessions_.end()) session->second.leases.erase(it->first);
+      leases_.erase(it);
+    }
+    it = next;
+  }
+  for (auto it = sessions_.begin(); it != sessions_.end();) {
+    auto next = std::next(it);
+    if (it->second.socket < 0 && it->second.open_until <= now) sessions_.erase(it);
+    it = next;
+  }
+}
+
+void FastPathServer::EndSessionLocked(uint64_t session_id) {
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return;
+  for (uint64_t lease : it->second.leases) leases_.erase(lease);
+  if (it->second.socket >= 0) --counters_.sessions;
+  sessions_.erase(it);
+}
+
+void FastPathServer::CloseConnectionLocked(int socket) {
+  auto it = connections_.find(socket);
+  if (it->second != 0) EndSessionLocked(it->second);
+  connections_.erase(it);
+  close(socket);
+}
+
+bool FastPathServer::Serve(int socket) {
+  fastpath::Request request;
+  if (!fastpath::ReceiveRequest(socket, request).ok()) return false;
+  uint64_t& proven = connections_[socket];
+  if (request.kind == fastpath::RequestKind::kHello) {
+    auto it = sessions_.find(request.session_id);
+    if (proven != 0 || it == sessions_.end() || it->second.socket >= 0 ||
+        it->second.secret != request.secret) {
+      (void)fastpath::SendReply(socket, absl::PermissionDeniedError("unknown session or wrong secret"));
+      return false;
+    }
+    it->second.socket = socket;
+    proven = request.session_id;
+    ++counters_.sessions;
+    return fastpath::SendReply(socket, absl::OkStatus()).ok();
+  }
+  if (request.kind != fastpath::RequestKind::kSegment || proven == 0) {
+    (void)fastpath::SendReply(socket, absl::InvalidArgumentError("say hello first"));
+    return false;
+  }
+  // Only a segment of a namespace this session has read through a lease.
+  absl::Status answer = absl::PermissionDeniedError("segment of a namespace this session has not read");
+  for (const std::string& ns : sessions_[proven].namespaces) {
+    absl::StatusOr<int> fd =
+        store_->OpenSegmentReadOnly(request.tier, request.segment, request.generation, ns);
+    if (fd.ok()) {
+      const bool sent = fastpath::SendReply(socket, absl::OkStatus(), *fd).ok();
+      close(*fd);
+      return sent;
+    }
+    if (fd.status().code() != absl::StatusCode::kPermissionDenied) {
+      answer = fd.status();
+      break;
+    }
+  }
+  return fastpath::SendReply(socket, answer).ok();
+}
+
+void FastPathServer::Loop() {
+  std::vector<pollfd> fds;
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      ExpireLocked();
+      fds.assign({{wake_, POLLIN, 0}, {listener_, POLLIN, 0}});
+      for (const auto& [socket, session] : connections_) fds.push_back({socket, POLLIN, 0});
+    }
+    // The timeout bounds how late a lease expires.
+    if (poll(fds.data(), fds.size(), 100) < 0) continue;
+    if (fds[0].revents != 0) return;
+    absl::MutexLock lock(&mu_);
+    if (fds[1].revents & POLLIN) {
+      const int socket = accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (socket >= 0 && connections_.size() >= 2 * options_.max_sessions) {
+        close(socket);
+      } else if (socket >= 0) {
+        connections_[socket] = 0;
+      }
+    }
+    for (size_t i = 2; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      if (!Serve(fds[i].fd)) CloseConnectionLocked(fds[i].fd);
+    }
+  }
+}
+
+}  // namespace kvtier::cache

@@ -1,0 +1,111 @@
+// The cache's side of the same-host fast path (fast_path.md): sessions that
+// prove they are local over a unix socket, read-only segment descriptors
+// handed to them for the namespaces they read, and leases that pin the
+// blocks whose shared-memory locations they were given.
+//
+// A session's leases end when it releases them, at their deadline, or at
+// once when its socket closes (the client died). One thread serves the
+// socket and expires leases; the RPC side calls in from any thread.
+// Thread-safe; lock order: FastPathServer::mu_, then BlockStore's.
+#ifndef KVTIER_SERVICES_CACHE_FAST_PATH_SERVER_H_
+#define KVTIER_SERVICES_CACHE_FAST_PATH_SERVER_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "kvtier/v1/cache.pb.h"
+#include "services/cache/block_store.h"
+#include "services/common/clock.h"
+
+namespace kvtier::cache {
+
+struct FastPathOptions {
+  std::string socket_path;  // '@name': Linux abstract namespace
+  absl::Duration prove_within = absl::Seconds(10);
+  size_t max_sessions = 256;
+  size_t max_leases_per_session = 1024;
+  absl::Duration default_lease_ttl = absl::Seconds(30);
+  absl::Duration max_lease_ttl = absl::Minutes(10);
+};
+
+struct FastPathCounters {
+  uint64_t sessions = 0;  // proven and open
+  uint64_t blocks_out = 0;
+  uint64_t bytes_out = 0;
+};
+
+// Fast-path lease ids have this bit set; Match's never do.
+inline constexpr uint64_t kFastPathLeaseBit = uint64_t{1} << 63;
+
+class FastPathServer {
+ public:
+  // Listens on options.socket_path; `store` and `clock` must outlive it.
+  static absl::StatusOr<std::unique_ptr<FastPathServer>> Start(const FastPathOptions& options,
+                                                               BlockStore* store, Clock* clock);
+  // Closes every connection and ends every lease.
+  ~FastPathServer();
+
+  const std::string& socket_path() const { return options_.socket_path; }
+
+  // A new, unproven session. RESOURCE_EXHAUSTED at max_sessions.
+  absl::StatusOr<v1::OpenFastPathResponse> Open();
+  // Pins `hashes` (checked by the caller) of `ns` for a proven session and
+  // fills `response` with where their records lie. FAILED_PRECONDITION for
+  // an unknown or unproven session.
+  absl::Status Lease(uint64_t session_id, const std::string& ns, uint64_t layout_id,
+                     const std::vector<kvblock::BlockHash>& hashes, absl::Duration ttl,
+                     v1::LeaseBlocksResponse& response);
+  // Ends a fast-path lease; NOT_FOUND if unknown or expired.
+  absl::Status Release(uint64_t lease_id);
+  FastPathCounters Counters();
+
+ private:
+  struct Session {
+    std::array<uint8_t, 16> secret;
+    absl::Time open_until;  // unproven sessions are dropped after it
+    int socket = -1;        // the proving connection; -1 until proven
+    std::set<std::string> namespaces;  // read through this session so far
+    std::set<uint64_t> leases;
+  };
+  struct FastLease {
+    uint64_t session_id;
+    absl::Time deadline;
+    std::vector<std::shared_ptr<const PinnedBlock>> blocks;
+  };
+
+  FastPathServer(const FastPathOptions& options, BlockStore* store, Clock* clock, int listener,
+                 int wake);
+  void Loop();
+  // Answers one message on a connection; false when it should be closed.
+  bool Serve(int socket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CloseConnectionLocked(int socket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndSessionLocked(uint64_t session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExpireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const FastPathOptions options_;
+  BlockStore* const store_;
+  Clock* const clock_;
+  const int listener_;
+  const int wake_;  // eventfd: stops the loop
+  absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  // Open connections and the session each proved (0: not yet).
+  absl::flat_hash_map<int, uint64_t> connections_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, FastLease> leases_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_lease_ ABSL_GUARDED_BY(mu_) = 1;
+  FastPathCounters counters_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+}  // namespace kvtier::cache
+
+#endif  // KVTIER_SERVICES_CACHE_FAST_PATH_SERVER_H_
