@@ -3,11 +3,15 @@
 #include "services/cache/block_store.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <map>
 #include <fstream>
 #include <random>
+#include <set>
 
 #include "services/kvblock/block_format.h"
 #include "tests/test_random.h"
@@ -30,7 +34,9 @@ kvblock::LatentLayout SmallLayout() {
   return l;  // 2,340-byte records: one page each
 }
 
-class BlockStoreTest : public ::testing::Test {
+// Parameter: tiers in shared memfd segments of two pages (one namespace
+// each), or in private memory. Every behaviour must be the same.
+class BlockStoreTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override { Open(4, 6); }
 
@@ -41,6 +47,8 @@ class BlockStoreTest : public ::testing::Test {
     o.page_size = kPage;
     o.device_capacity = device_pages * kPage;
     o.host_capacity = host_pages * kPage;
+    o.shared_memory = GetParam();
+    o.segment_bytes = 2 * kPage;
     if (disk_records > 0) {
       o.disk_dir = disk_dir_.string();
       o.disk_capacity = disk_records * kvblock::HeaderFor(layout_, 0, 4).RecordBytes();
@@ -110,7 +118,7 @@ class BlockStoreTest : public ::testing::Test {
   std::unique_ptr<BlockStore> store_;
 };
 
-TEST_F(BlockStoreTest, ReadsBackTheRecordAssembledFromSlices) {
+TEST_P(BlockStoreTest, ReadsBackTheRecordAssembledFromSlices) {
   SCOPED_TRACE(rng_.Trace());
   const BlockHash h = Hash(1);
   auto slices = Put(h);
@@ -128,7 +136,7 @@ TEST_F(BlockStoreTest, ReadsBackTheRecordAssembledFromSlices) {
   EXPECT_EQ((*block)->tier(), v1::TIER_DEVICE);
 }
 
-TEST_F(BlockStoreTest, BlockIsInvisibleUntilItsLastLayerArrivesInAnyOrder) {
+TEST_P(BlockStoreTest, BlockIsInvisibleUntilItsLastLayerArrivesInAnyOrder) {
   const BlockHash h = Hash(2);
   auto session = store_->BeginPut("ns", layout_);
   ASSERT_TRUE(session->AddSlice(h, Slice(2, 2)).ok());  // layers 2-3 first
@@ -141,7 +149,7 @@ TEST_F(BlockStoreTest, BlockIsInvisibleUntilItsLastLayerArrivesInAnyOrder) {
   EXPECT_EQ(session->Finish().blocks_stored, 1u);
 }
 
-TEST_F(BlockStoreTest, SecondPutOfAStoredBlockIsDeduplicated) {
+TEST_P(BlockStoreTest, SecondPutOfAStoredBlockIsDeduplicated) {
   const BlockHash h = Hash(3);
   Put(h);
   const uint64_t used = store_->Stats().tiers[0].used_bytes;
@@ -156,7 +164,7 @@ TEST_F(BlockStoreTest, SecondPutOfAStoredBlockIsDeduplicated) {
   EXPECT_EQ(stats.blocks_stored, 1u);
 }
 
-TEST_F(BlockStoreTest, CancelledPutFreesWhatItHeld) {
+TEST_P(BlockStoreTest, CancelledPutFreesWhatItHeld) {
   const StoreStats before = store_->Stats();
   {
     auto session = store_->BeginPut("ns", layout_);
@@ -178,7 +186,7 @@ TEST_F(BlockStoreTest, CancelledPutFreesWhatItHeld) {
   EXPECT_EQ(store_->Stats().tiers[0].used_bytes, before.tiers[0].used_bytes);
 }
 
-TEST_F(BlockStoreTest, BadSlicesGetTheirStatusAndLeaveTheSessionUsable) {
+TEST_P(BlockStoreTest, BadSlicesGetTheirStatusAndLeaveTheSessionUsable) {
   auto session = store_->BeginPut("ns", layout_);
   const BlockHash h = Hash(7);
   ASSERT_TRUE(session->AddSlice(h, Slice(0, 2)).ok());
@@ -198,7 +206,7 @@ TEST_F(BlockStoreTest, BadSlicesGetTheirStatusAndLeaveTheSessionUsable) {
   EXPECT_EQ(ReadCode(h), absl::StatusCode::kOk);
 }
 
-TEST_F(BlockStoreTest, FullDeviceTierDemotesLruAndLastTierDrops) {
+TEST_P(BlockStoreTest, FullDeviceTierDemotesLruAndLastTierDrops) {
   // Device holds 4 blocks, host 6.
   for (int i = 0; i < 10; ++i) Put(Hash(i));
   StoreStats s = store_->Stats();
@@ -216,7 +224,7 @@ TEST_F(BlockStoreTest, FullDeviceTierDemotesLruAndLastTierDrops) {
   ExpectWithinCapacity();
 }
 
-TEST_F(BlockStoreTest, ReadPromotesADemotedBlock) {
+TEST_P(BlockStoreTest, ReadPromotesADemotedBlock) {
   for (int i = 0; i < 6; ++i) Put(Hash(i));
   ASSERT_EQ(TierOf(Hash(0)), v1::TIER_HOST);
   auto block = store_->Read("ns", layout_id_, Hash(0));
@@ -230,7 +238,7 @@ TEST_F(BlockStoreTest, ReadPromotesADemotedBlock) {
   EXPECT_EQ(s.tiers[0].blocks + s.tiers[1].blocks, 6u);
 }
 
-TEST_F(BlockStoreTest, LeasedBlocksSurvivePressureUntilTheLeaseExpires) {
+TEST_P(BlockStoreTest, LeasedBlocksSurvivePressureUntilTheLeaseExpires) {
   Open(2, 2);
   Put(Hash(0));
   Put(Hash(1));
@@ -251,7 +259,7 @@ TEST_F(BlockStoreTest, LeasedBlocksSurvivePressureUntilTheLeaseExpires) {
   EXPECT_EQ(store_->ReleaseLease(m.lease_id).code(), absl::StatusCode::kNotFound);
 }
 
-TEST_F(BlockStoreTest, ReleasedLeaseUnpins) {
+TEST_P(BlockStoreTest, ReleasedLeaseUnpins) {
   Open(1, 1);
   Put(Hash(0));
   const BlockHash h = Hash(0);
@@ -263,7 +271,7 @@ TEST_F(BlockStoreTest, ReleasedLeaseUnpins) {
   EXPECT_EQ(TierOf(h), v1::TIER_UNSPECIFIED);
 }
 
-TEST_F(BlockStoreTest, ReaderPinsTheBlock) {
+TEST_P(BlockStoreTest, ReaderPinsTheBlock) {
   Open(1, 1);
   Put(Hash(0));
   auto reader = store_->Read("ns", layout_id_, Hash(0));
@@ -277,7 +285,7 @@ TEST_F(BlockStoreTest, ReaderPinsTheBlock) {
   EXPECT_EQ(TierOf(Hash(0)), v1::TIER_HOST);
 }
 
-TEST_F(BlockStoreTest, CorruptedBytesAreNeverServed) {
+TEST_P(BlockStoreTest, CorruptedBytesAreNeverServed) {
   Put(Hash(0));
   {
     auto block = store_->Read("ns", layout_id_, Hash(0));
@@ -293,7 +301,7 @@ TEST_F(BlockStoreTest, CorruptedBytesAreNeverServed) {
   EXPECT_EQ(s.tiers[0].used_bytes, 0u);
 }
 
-TEST_F(BlockStoreTest, CorruptionFoundOnDemotionDropsTheBlock) {
+TEST_P(BlockStoreTest, CorruptionFoundOnDemotionDropsTheBlock) {
   Open(1, 2);
   Put(Hash(0));
   {
@@ -307,7 +315,7 @@ TEST_F(BlockStoreTest, CorruptionFoundOnDemotionDropsTheBlock) {
   EXPECT_EQ(store_->Stats().tiers[1].used_bytes, 0u);
 }
 
-TEST_F(BlockStoreTest, NamespacesNeverSeeEachOthersBlocks) {
+TEST_P(BlockStoreTest, NamespacesNeverSeeEachOthersBlocks) {
   const BlockHash h = Hash(0);
   Put(h, "tenant-a");
   EXPECT_EQ(store_->Match("tenant-b", layout_id_, std::span(&h, 1)).matched_blocks, 0u);
@@ -317,7 +325,7 @@ TEST_F(BlockStoreTest, NamespacesNeverSeeEachOthersBlocks) {
             absl::StatusCode::kFailedPrecondition);
 }
 
-TEST_F(BlockStoreTest, MatchStopsAtTheFirstMissingBlock) {
+TEST_P(BlockStoreTest, MatchStopsAtTheFirstMissingBlock) {
   Put(Hash(0));
   Put(Hash(1));
   Put(Hash(3));
@@ -326,7 +334,7 @@ TEST_F(BlockStoreTest, MatchStopsAtTheFirstMissingBlock) {
   EXPECT_EQ(store_->Match("ns", layout_id_ + 1, chain).matched_blocks, 0u);
 }
 
-TEST_F(BlockStoreTest, RandomWorkloadNeverExceedsCapacity) {
+TEST_P(BlockStoreTest, RandomWorkloadNeverExceedsCapacity) {
   SCOPED_TRACE(rng_.Trace());
   Open(5, 7);
   std::uniform_int_distribution<int> block(0, 30), op(0, 3);
@@ -365,7 +373,7 @@ TEST_F(BlockStoreTest, RandomWorkloadNeverExceedsCapacity) {
             (s.tiers[0].blocks + s.tiers[1].blocks) * kvblock::HeaderFor(layout_, 0, 4).RecordBytes());
 }
 
-TEST_F(BlockStoreTest, DiskTierTakesWhatHostDemotesAndDropsLast) {
+TEST_P(BlockStoreTest, DiskTierTakesWhatHostDemotesAndDropsLast) {
   Open(2, 2, 3);
   for (int i = 0; i < 7; ++i) Put(Hash(i));
   StoreStats s = store_->Stats();
@@ -387,7 +395,7 @@ TEST_F(BlockStoreTest, DiskTierTakesWhatHostDemotesAndDropsLast) {
   EXPECT_EQ(TierOf(Hash(1)), v1::TIER_DEVICE);
 }
 
-TEST_F(BlockStoreTest, RestartFindsTheDiskTiersBlocks) {
+TEST_P(BlockStoreTest, RestartFindsTheDiskTiersBlocks) {
   Open(1, 1, 4);
   std::map<int, std::vector<std::string>> slices;
   for (int i = 0; i < 5; ++i) slices[i] = Put(Hash(i));
@@ -412,7 +420,7 @@ TEST_F(BlockStoreTest, RestartFindsTheDiskTiersBlocks) {
   EXPECT_EQ(ReadCode(Hash(4)), absl::StatusCode::kNotFound) << "was in memory";
 }
 
-TEST_F(BlockStoreTest, CorruptDiskFilesAreDroppedAndCounted) {
+TEST_P(BlockStoreTest, CorruptDiskFilesAreDroppedAndCounted) {
   Open(1, 1, 4);
   for (int i = 0; i < 4; ++i) Put(Hash(i));
   ASSERT_EQ(TierOf(Hash(0)), v1::TIER_DISK);
@@ -435,6 +443,128 @@ TEST_F(BlockStoreTest, CorruptDiskFilesAreDroppedAndCounted) {
   EXPECT_EQ(s.checksum_failures, 2u);
   EXPECT_FALSE(std::filesystem::exists(disk_dir_ / "ns-ns" / "torn.kvb.tmp"));
 }
+
+// ---- Shared segments: what the fast path hands to same-host readers ----
+
+// A reader's read-only mapping of one segment.
+struct ReaderMapping {
+  const uint8_t* base = nullptr;
+  size_t size = 0;
+  ~ReaderMapping() {
+    if (base != nullptr) munmap(const_cast<uint8_t*>(base), size);
+  }
+};
+
+std::unique_ptr<ReaderMapping> MapForReader(int fd) {
+  struct stat st;
+  EXPECT_EQ(fstat(fd, &st), 0);
+  auto m = std::make_unique<ReaderMapping>();
+  m->size = static_cast<size_t>(st.st_size);
+  void* p = mmap(nullptr, m->size, PROT_READ, MAP_SHARED, fd, 0);
+  EXPECT_NE(p, MAP_FAILED) << std::strerror(errno);
+  m->base = p == MAP_FAILED ? nullptr : static_cast<const uint8_t*>(p);
+  return m;
+}
+
+TEST_P(BlockStoreTest, SharedSegmentsHoldOneNamespaceAndReadBackTheRecord) {
+  if (!GetParam()) {
+    auto block = (Put(Hash(0)), store_->Read("ns", layout_id_, Hash(0)));
+    ASSERT_TRUE(block.ok());
+    EXPECT_TRUE(store_->SharedPieces(**block).empty()) << "private memory cannot be shared";
+    return;
+  }
+  SCOPED_TRACE(rng_.Trace());
+  Open(8, 8);
+  // Interleaved, so a store without ownership would mix them in segments.
+  std::map<std::string, std::set<uint32_t>> segments_of;
+  for (int i = 0; i < 3; ++i) {
+    for (const std::string ns : {"tenant-a", "tenant-b"}) {
+      const BlockHash h = Hash(i);
+      Put(h, ns);
+      auto block = store_->Read(ns, layout_id_, h);
+      ASSERT_TRUE(block.ok()) << block.status();
+      const std::vector<SharedPiece> pieces = store_->SharedPieces(**block);
+      ASSERT_EQ(pieces.size(), 1u);  // one page each
+      const std::string record = (*block)->CopyToString();
+      EXPECT_EQ(pieces[0].length, record.size());
+      segments_of[ns].insert(pieces[0].segment);
+      absl::StatusOr<int> fd = store_->OpenSegmentReadOnly(pieces[0].tier, pieces[0].segment,
+                                                           pieces[0].generation, ns);
+      ASSERT_TRUE(fd.ok()) << fd.status();
+      auto mapping = MapForReader(*fd);
+      ASSERT_NE(mapping->base, nullptr);
+      ASSERT_LE(pieces[0].offset + pieces[0].length, mapping->size);
+      EXPECT_EQ(std::string_view(reinterpret_cast<const char*>(mapping->base) + pieces[0].offset,
+                                 pieces[0].length),
+                record);
+      // Read-only for readers: no writable shared mapping of it.
+      EXPECT_EQ(mmap(nullptr, mapping->size, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0), MAP_FAILED);
+      EXPECT_EQ(errno, EACCES);
+      const std::string other = ns == "tenant-a" ? "tenant-b" : "tenant-a";
+      EXPECT_EQ(store_->OpenSegmentReadOnly(pieces[0].tier, pieces[0].segment, pieces[0].generation,
+                                            other)
+                    .status()
+                    .code(),
+                absl::StatusCode::kPermissionDenied);
+      EXPECT_EQ(store_->OpenSegmentReadOnly(pieces[0].tier, pieces[0].segment,
+                                            pieces[0].generation + 1, ns)
+                    .status()
+                    .code(),
+                absl::StatusCode::kFailedPrecondition);
+      close(*fd);
+    }
+  }
+  for (uint32_t s : segments_of["tenant-a"]) EXPECT_EQ(segments_of["tenant-b"].count(s), 0u) << s;
+}
+
+TEST_P(BlockStoreTest, ASegmentChangingNamespaceLeavesOldMappingsWithoutItsBytes) {
+  if (!GetParam()) GTEST_SKIP() << "shared segments only";
+  Open(2, 2);  // one two-page segment per tier
+  const BlockHash a0 = Hash(0), a1 = Hash(1);
+  Put(a0, "tenant-a");
+  Put(a1, "tenant-a");
+  std::unique_ptr<ReaderMapping> stale;
+  SharedPiece old_piece;
+  {
+    auto block = store_->Read("tenant-a", layout_id_, a0);
+    ASSERT_TRUE(block.ok());
+    old_piece = store_->SharedPieces(**block)[0];
+    absl::StatusOr<int> fd = store_->OpenSegmentReadOnly(old_piece.tier, old_piece.segment,
+                                                         old_piece.generation, "tenant-a");
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    stale = MapForReader(*fd);
+    close(*fd);
+  }
+  // tenant-b's blocks push tenant-a's out of the device tier: its segment
+  // is tenant-b's now, under a new generation.
+  std::vector<std::string> b_records;
+  for (int i = 10; i < 12; ++i) {
+    Put(Hash(i), "tenant-b");
+    auto block = store_->Read("tenant-b", layout_id_, Hash(i));
+    ASSERT_TRUE(block.ok());
+    const SharedPiece p = store_->SharedPieces(**block)[0];
+    EXPECT_EQ(p.tier, old_piece.tier);
+    EXPECT_EQ(p.segment, old_piece.segment);
+    EXPECT_GT(p.generation, old_piece.generation);
+    b_records.push_back((*block)->CopyToString());
+  }
+  EXPECT_EQ(store_->OpenSegmentReadOnly(old_piece.tier, old_piece.segment, old_piece.generation,
+                                        "tenant-a")
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  // The stale mapping reads zeros, never tenant-b's bytes.
+  const std::string_view seen(reinterpret_cast<const char*>(stale->base), stale->size);
+  EXPECT_EQ(seen.find_first_not_of('\0'), std::string_view::npos);
+  for (const std::string& r : b_records) EXPECT_EQ(seen.find(r.substr(40, 200)), std::string_view::npos);
+  // tenant-a's blocks went down a tier intact.
+  EXPECT_EQ(ReadCode(a0, "tenant-a"), absl::StatusCode::kOk);
+}
+
+INSTANTIATE_TEST_SUITE_P(Memory, BlockStoreTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "SharedSegments" : "Private";
+                         });
 
 TEST(BlockStoreOptions, RefusesCapacitiesBelowOnePage) {
   StoreOptions o;
