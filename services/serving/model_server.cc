@@ -20,6 +20,9 @@ void ModelServerFlags::Register(FlagParser& flags) {
   flags.AddString("metrics-listen", &metrics_listen, "Prometheus /metrics address HOST:PORT; empty: none");
   flags.AddUint("cache-deadline-ms", &cache_deadline_ms, "deadline of each call to a cache shard");
   flags.AddUint("threads", &threads, "threads for the model's matrix products (0: every core)");
+  flags.AddBool("no-fast-path", &no_fast_path,
+                "read blocks over gRPC only, even from a cache shard on this host\n"
+                "(by default a local shard's blocks are copied from its shared memory)");
 }
 
 absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const ModelServerFlags& f) {
@@ -27,7 +30,7 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
   if (f.threads > 1024) return absl::InvalidArgumentError("--threads must be at most 1024");
   kernels::SetKernelThreads(f.threads == 0 ? std::max(1u, std::thread::hardware_concurrency()) : f.threads);
   ModelServer s;
-  absl::StatusOr<std::unique_ptr<ShardSet>> shards = ShardSet::Create(f.cache, absl::Milliseconds(f.cache_deadline_ms));
+  absl::StatusOr<std::unique_ptr<ShardSet>> shards = ShardSet::Create(f.cache, absl::Milliseconds(f.cache_deadline_ms), !f.no_fast_path);
   if (!shards.ok()) return absl::InvalidArgumentError(absl::StrCat("--cache: ", shards.status().message()));
   s.shards = std::move(*shards);
   std::cerr << program << ": loading " << f.model << std::endl;

@@ -26,8 +26,10 @@ struct ModelServerFlags {
   std::string metrics_listen;
   uint64_t cache_deadline_ms = 5000;
   uint64_t threads = 0;  // 0: every core
+  bool no_fast_path = false;
 
   // --listen --model --cache --metrics-listen --cache-deadline-ms --threads
+  // --no-fast-path
   void Register(FlagParser& flags);
 };
 

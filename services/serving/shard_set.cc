@@ -28,7 +28,7 @@ uint64_t Mix(uint64_t z) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(const std::string& targets,
-                                                           absl::Duration deadline) {
+                                                           absl::Duration deadline, bool fast_path) {
   auto set = std::unique_ptr<ShardSet>(new ShardSet());
   set->deadline_ = deadline;
   std::set<std::string> seen;
@@ -39,8 +39,9 @@ absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(const std::string& ta
     }
     if (!seen.insert(target).second) return absl::InvalidArgumentError(absl::StrCat("cache shard ", target, " is listed twice"));
     std::shared_ptr<grpc::Channel> channel = cache::CacheClient::Connect(target);
-    set->shards_.push_back(
-        {target, First8(kvblock::Sha256({target})), channel, std::make_unique<cache::CacheClient>(channel, deadline)});
+    set->shards_.push_back({target, First8(kvblock::Sha256({target})), channel,
+                            std::make_unique<cache::CacheClient>(channel, deadline),
+                            fast_path ? std::make_unique<FastPath>() : nullptr});
   }
   if (set->shards_.empty()) return absl::InvalidArgumentError("no cache shard given");
   return set;
@@ -87,40 +88,83 @@ std::vector<absl::StatusOr<std::string>> ShardSet::Fetch(const std::string& ns,
   for (size_t s = 0; s < shards_.size(); ++s) {
     if (positions[s].empty()) continue;
     done.push_back(std::async(std::launch::async, [&, s] {
-      std::vector<kvblock::BlockHash> mine;
-      for (size_t i : positions[s]) mine.push_back(hashes[i]);
-      grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
-      std::vector<std::string> records(mine.size());
-      // Only whole records of this layout, at indices asked for, get room
-      // (an empty span fails the stream): a server's bytes cannot make this
-      // side allocate what it likes.
-      const size_t record_bytes = kvblock::HeaderFor(layout, 0, layout.num_layers).RecordBytes();
-      const grpc::Status status = cache::RawGet(
-          shards_[s].channel.get(), &context, cache::MakeGetRequest(ns, layout, mine),
-          [&](uint32_t index, size_t size) {
-            if (index >= records.size() || size != record_bytes) return std::span<uint8_t>();
-            records[index].resize(size);
-            return std::span(reinterpret_cast<uint8_t*>(records[index].data()), size);
-          },
-          [&](const cache::RawBlock& block) {
-            if (block.index >= records.size()) return;
-            absl::StatusOr<std::string>& slot = out[positions[s][block.index]];
-            slot = block.status.ok() ? absl::StatusOr<std::string>(std::move(records[block.index])) : block.status;
-          });
-      if (!status.ok()) {
-        // Blocks that arrived before the stream failed stay usable.
-        for (size_t i : positions[s]) {
-          if (!out[i].ok()) {
-            out[i] = absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                                  absl::StrCat("cache ", shards_[s].target, ": ", status.error_message()));
-          }
-        }
-      }
+      FetchFromShard(s, ns, layout, hashes, positions[s], /*fast=*/true, out);
     }));
   }
   for (auto& d : done) d.get();
   return out;
+}
+
+void ShardSet::FetchFromShard(size_t s, const std::string& ns, const kvblock::LatentLayout& layout,
+                              const std::vector<kvblock::BlockHash>& hashes,
+                              const std::vector<size_t>& indices, bool fast,
+                              std::vector<absl::StatusOr<std::string>>& out) {
+  std::vector<kvblock::BlockHash> mine;
+  for (size_t i : indices) mine.push_back(hashes[i]);
+  std::vector<std::string> records(mine.size());
+  // Only whole records of this layout, at indices asked for, get room (an
+  // empty span refuses one): a server's answer cannot make this side
+  // allocate what it likes.
+  const size_t record_bytes = kvblock::HeaderFor(layout, 0, layout.num_layers).RecordBytes();
+  const cache::RecordDestination destination = [&](uint32_t index, size_t size) {
+    if (index >= records.size() || size != record_bytes) return std::span<uint8_t>();
+    records[index].resize(size);
+    return std::span(reinterpret_cast<uint8_t*>(records[index].data()), size);
+  };
+  const auto on_block = [&](const cache::RawBlock& block) {
+    if (block.index >= records.size()) return;
+    absl::StatusOr<std::string>& slot = out[indices[block.index]];
+    slot = block.status.ok() ? absl::StatusOr<std::string>(std::move(records[block.index])) : block.status;
+  };
+  if (std::shared_ptr<cache::FastPathClient> client = fast ? FastPathOf(s) : nullptr) {
+    absl::StatusOr<std::vector<uint32_t>> left = client->Fetch(ns, layout, mine, destination, on_block);
+    if (left.ok() && left->empty()) return;
+    std::vector<size_t> rest;
+    if (left.ok()) {
+      for (uint32_t i : *left) rest.push_back(indices[i]);
+    } else {
+      DropFastPath(s, client);  // e.g. the cache restarted: a new session next time
+      rest = indices;
+    }
+    FetchFromShard(s, ns, layout, hashes, rest, /*fast=*/false, out);
+    return;
+  }
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
+  const grpc::Status status = cache::RawGet(shards_[s].channel.get(), &context,
+                                            cache::MakeGetRequest(ns, layout, mine), destination, on_block);
+  if (!status.ok()) {
+    // Blocks that arrived before the stream failed stay usable.
+    for (size_t i : indices) {
+      if (!out[i].ok()) {
+        out[i] = absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                              absl::StrCat("cache ", shards_[s].target, ": ", status.error_message()));
+      }
+    }
+  }
+}
+
+std::shared_ptr<cache::FastPathClient> ShardSet::FastPathOf(size_t s) {
+  FastPath* fast = shards_[s].fast_path.get();
+  if (fast == nullptr) return nullptr;
+  absl::MutexLock lock(&fast->mu);
+  if (fast->client != nullptr || absl::Now() < fast->retry_after) return fast->client;
+  absl::StatusOr<std::unique_ptr<cache::FastPathClient>> opened =
+      cache::FastPathClient::Connect(shards_[s].channel, deadline_);
+  if (!opened.ok()) {
+    // Not local (or no fast path there): ask again now and then, since a
+    // restarted cache may have one.
+    fast->retry_after = absl::Now() + absl::Seconds(10);
+    return nullptr;
+  }
+  fast->client = *std::move(opened);
+  return fast->client;
+}
+
+void ShardSet::DropFastPath(size_t s, const std::shared_ptr<cache::FastPathClient>& failed) {
+  FastPath& fast = *shards_[s].fast_path;
+  absl::MutexLock lock(&fast.mu);
+  if (fast.client == failed) fast.client.reset();
 }
 
 std::set<kvblock::BlockHash> ShardSet::Store(const std::string& ns, const kvblock::LatentLayout& layout,

@@ -15,15 +15,19 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "services/cache/cache_client.h"
+#include "services/cache/fast_path_client.h"
 
 namespace kvtier::serving {
 
 class ShardSet {
  public:
   // `targets`: comma-separated host:port list, at least one, no repeats.
-  // Every call to a shard gets `deadline`.
+  // Every call to a shard gets `deadline`. With `fast_path`, blocks of a
+  // shard on this host are read through its shared memory (FastPathClient),
+  // falling back to Get for whatever that cannot serve.
   static absl::StatusOr<std::unique_ptr<ShardSet>> Create(const std::string& targets,
-                                                          absl::Duration deadline);
+                                                          absl::Duration deadline,
+                                                          bool fast_path = true);
 
   size_t size() const { return shards_.size(); }
   const std::string& target(size_t shard) const { return shards_[shard].target; }
@@ -37,10 +41,10 @@ class ShardSet {
   size_t MatchPrefix(const std::string& ns, const kvblock::LatentLayout& layout,
                      const std::vector<kvblock::BlockHash>& chain);
 
-  // Reads `hashes` (one Get stream per shard, all shards at once), each
-  // record landing straight in its string (RawGet: no protobuf copy): each
-  // answer is the record, or why there is none (a miss, DATA_LOSS, or the
-  // shard's error).
+  // Reads `hashes` (all shards at once), each record landing straight in its
+  // string: copied from a local shard's shared memory, else one Get stream
+  // per shard (RawGet: no protobuf copy). Each answer is the record, or why
+  // there is none (a miss, DATA_LOSS, or the shard's error).
   std::vector<absl::StatusOr<std::string>> Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
                                                  const std::vector<kvblock::BlockHash>& hashes);
 
@@ -52,12 +56,26 @@ class ShardSet {
  private:
   // Indices of `hashes` on each shard, in order.
   std::vector<std::vector<size_t>> ByShard(const std::vector<kvblock::BlockHash>& hashes) const;
+  // Fetch's part for shard `s`: `indices` of `hashes` into `out`.
+  void FetchFromShard(size_t s, const std::string& ns, const kvblock::LatentLayout& layout,
+                      const std::vector<kvblock::BlockHash>& hashes, const std::vector<size_t>& indices,
+                      bool fast, std::vector<absl::StatusOr<std::string>>& out);
+  // The shard's fast path session, opened on first use; null when it has
+  // none (not local, off, or failed lately).
+  std::shared_ptr<cache::FastPathClient> FastPathOf(size_t s);
+  void DropFastPath(size_t s, const std::shared_ptr<cache::FastPathClient>& failed);
 
+  struct FastPath {
+    absl::Mutex mu;
+    std::shared_ptr<cache::FastPathClient> client ABSL_GUARDED_BY(mu);
+    absl::Time retry_after ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+  };
   struct Shard {
     std::string target;
     uint64_t seed;  // from the target: a shard's scores do not depend on the others
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<cache::CacheClient> client;
+    std::unique_ptr<FastPath> fast_path;  // null: fast path off
   };
   std::vector<Shard> shards_;
   absl::Duration deadline_;

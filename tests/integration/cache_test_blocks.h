@@ -1,0 +1,61 @@
+// Blocks for tests that talk to a real kvtier-cache: a V2-Lite-shaped
+// layout with fewer layers, and records made from a seed.
+#ifndef KVTIER_TESTS_INTEGRATION_CACHE_TEST_BLOCKS_H_
+#define KVTIER_TESTS_INTEGRATION_CACHE_TEST_BLOCKS_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "services/cache/cache_client.h"
+#include "services/kvblock/block_format.h"
+
+namespace kvtier::cache {
+
+inline kvblock::LatentLayout TestLayout() {
+  kvblock::LatentLayout l;
+  l.model_id = "integration";
+  l.num_layers = 8;
+  l.kv_lora_rank = 512;
+  l.rope_dim = 64;
+  l.tokens_per_block = 64;
+  l.codec = kernels::Codec::kInt8;
+  return l;  // 304,164-byte records
+}
+
+// Latents from a fast generator: the bytes only need to differ per block.
+inline std::vector<float> Latents(size_t n, uint64_t seed) {
+  std::vector<float> x(n);
+  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (float& v : x) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    v = static_cast<float>(static_cast<int64_t>(s >> 40) - (1 << 23)) / (1 << 22);
+  }
+  return x;
+}
+
+// A block as layer-by-layer slices, plus the whole record as stored.
+struct TestBlock {
+  BlockSlices slices;
+  std::string record;
+};
+
+inline TestBlock MakeBlock(const kvblock::LatentLayout& layout, const std::string& ns, uint64_t seed) {
+  const size_t layer_values = layout.LayerShape().values();
+  const std::vector<float> x = Latents(layer_values * layout.num_layers, seed);
+  std::vector<uint32_t> tokens(layout.tokens_per_block);
+  for (uint32_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(seed * 131 + i);
+  TestBlock b;
+  b.slices.hash = kvblock::ChainHash(ns, kvblock::kNoParent, kvblock::LayoutId(layout), tokens);
+  for (uint32_t l = 0; l < layout.num_layers; ++l) {
+    b.slices.records.push_back(
+        *kvblock::EncodeBlock(layout, l, 1, std::span(x).subspan(l * layer_values, layer_values)));
+  }
+  b.record = *kvblock::EncodeBlock(layout, 0, layout.num_layers, x);
+  return b;
+}
+
+}  // namespace kvtier::cache
+
+#endif  // KVTIER_TESTS_INTEGRATION_CACHE_TEST_BLOCKS_H_

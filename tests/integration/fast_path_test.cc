@@ -1,0 +1,343 @@
+// The same-host fast path against the real kvtier-cache binary: identical
+// bytes through both paths, the socket protocol's refusals, lease expiry, a
+// client killed holding leases, a cache restart under a client's mappings,
+// and the fallback to TCP.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "services/cache/fast_path_client.h"
+#include "services/cache/fast_path_socket.h"
+#include "services/common/child_process.h"
+#include "services/serving/shard_set.h"
+#include "tests/integration/cache_test_blocks.h"
+#include "tests/test_random.h"
+
+namespace kvtier::cache {
+namespace {
+
+using kvblock::BlockHash;
+
+class FastPathTest : public ::testing::Test {
+ protected:
+  // `port` 0: any free port.
+  void StartCache(std::vector<std::string> extra = {}, int port = 0) {
+    std::vector<std::string> argv = {KVTIER_CACHE_BINARY,
+                                     "--listen", "127.0.0.1:" + std::to_string(port),
+                                     "--metrics-listen", "",
+                                     "--device-capacity", "32MiB", "--host-capacity", "64MiB",
+                                     "--threads", "2"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    cache_ = std::make_unique<ChildProcess>(std::move(argv));
+    port_ = cache_->WaitForListeningPort();
+    ASSERT_GT(port_, 0);
+    target_ = "127.0.0.1:" + std::to_string(port_);
+    // Its own connection: after a restart on the same port, a shared one
+    // could still be in reconnect backoff.
+    channel_ = CacheClient::Connect(target_, /*own_connection=*/true);
+    client_ = std::make_unique<CacheClient>(channel_);
+  }
+  void SetUp() override { StartCache(); }
+
+  // Stores blocks made from seeds first..first+count-1 in `ns`.
+  std::vector<TestBlock> PutBlocks(const std::string& ns, uint64_t first, int count) {
+    std::vector<TestBlock> blocks;
+    std::vector<BlockSlices> slices;
+    for (int i = 0; i < count; ++i) {
+      blocks.push_back(MakeBlock(layout_, ns, first + i));
+      slices.push_back(blocks.back().slices);
+    }
+    auto put = client_->Put(ns, layout_, slices);
+    EXPECT_TRUE(put.ok()) << put.status();
+    return blocks;
+  }
+
+  static std::vector<BlockHash> Hashes(const std::vector<TestBlock>& blocks) {
+    std::vector<BlockHash> h;
+    for (const TestBlock& b : blocks) h.push_back(b.slices.hash);
+    return h;
+  }
+
+  v1::StatsResponse Stats() {
+    auto s = client_->Stats();
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *s : v1::StatsResponse();
+  }
+
+  // Polls Stats until `done` holds (the cache acts on its own clock and
+  // socket events); false after 10 s.
+  bool StatsBecome(const std::function<bool(const v1::StatsResponse&)>& done) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    while (absl::Now() < give_up) {
+      if (done(Stats())) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+
+  // A raw session: opened, and (when `prove`) proven over its socket.
+  struct RawSession {
+    v1::OpenFastPathResponse opened;
+    int socket = -1;
+    ~RawSession() {
+      if (socket >= 0) close(socket);
+    }
+  };
+  std::unique_ptr<RawSession> OpenRaw(bool prove = true) {
+    auto s = std::make_unique<RawSession>();
+    grpc::ClientContext context;
+    EXPECT_TRUE(client_->stub().OpenFastPath(&context, {}, &s->opened).ok());
+    if (!prove) return s;
+    s->socket = *fastpath::Connect(s->opened.socket_path());
+    int fd;
+    EXPECT_TRUE(fastpath::SendRequest(s->socket, Hello(s->opened)).ok());
+    EXPECT_TRUE(fastpath::ReceiveReply(s->socket, fd).ok());
+    return s;
+  }
+  static fastpath::Request Hello(const v1::OpenFastPathResponse& opened) {
+    fastpath::Request hello{fastpath::RequestKind::kHello};
+    hello.session_id = opened.session_id();
+    std::memcpy(hello.secret.data(), opened.secret().data(), hello.secret.size());
+    return hello;
+  }
+  grpc::Status Lease(const RawSession& s, const std::string& ns, const std::vector<BlockHash>& hashes,
+                     v1::LeaseBlocksResponse& response, uint32_t ttl_ms = 0) {
+    v1::LeaseBlocksRequest request;
+    request.set_session_id(s.opened.session_id());
+    request.set_kv_namespace(ns);
+    *request.mutable_layout() = kvblock::LayoutToProto(layout_);
+    for (const BlockHash& h : hashes) request.add_block_hashes(std::string(kvblock::HashAsBytes(h)));
+    request.set_lease_ttl_ms(ttl_ms);
+    grpc::ClientContext context;
+    return client_->stub().LeaseBlocks(&context, request, &response);
+  }
+  // Asks for a segment's descriptor: the reply's status, `fd` if any.
+  absl::Status AskSegment(const RawSession& s, const v1::SharedPiece& piece, int& fd,
+                          uint64_t generation_delta = 0) {
+    fastpath::Request request{fastpath::RequestKind::kSegment};
+    request.tier = piece.tier_index();
+    request.segment = piece.segment();
+    request.generation = piece.generation() + generation_delta;
+    EXPECT_TRUE(fastpath::SendRequest(s.socket, request).ok());
+    return fastpath::ReceiveReply(s.socket, fd);
+  }
+
+  // Reads `hashes` through `client` into strings; misses keep their status.
+  std::vector<absl::StatusOr<std::string>> FetchAll(FastPathClient& fast, const std::string& ns,
+                                                    const std::vector<BlockHash>& hashes,
+                                                    std::vector<uint32_t>* fallback = nullptr) {
+    std::vector<std::string> records(hashes.size());
+    std::vector<absl::StatusOr<std::string>> out(hashes.size(), absl::UnknownError("not delivered"));
+    auto left = fast.Fetch(
+        ns, layout_, hashes,
+        [&](uint32_t i, size_t size) {
+          records[i].resize(size);
+          return std::span(reinterpret_cast<uint8_t*>(records[i].data()), size);
+        },
+        [&](const RawBlock& b) {
+          out[b.index] = b.status.ok() ? absl::StatusOr<std::string>(records[b.index]) : b.status;
+        });
+    EXPECT_TRUE(left.ok()) << left.status();
+    if (fallback != nullptr && left.ok()) *fallback = *left;
+    return out;
+  }
+
+  kvblock::LatentLayout layout_ = TestLayout();
+  std::unique_ptr<ChildProcess> cache_;
+  int port_ = 0;
+  std::string target_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<CacheClient> client_;
+  testing::SeededRng rng_;
+};
+
+TEST_F(FastPathTest, SameRandomBlocksReadBackIdenticalThroughBothPaths) {
+  SCOPED_TRACE(rng_.Trace());
+  const std::vector<TestBlock> blocks = PutBlocks("tenant-a", rng_.seed(), 24);
+  std::vector<BlockHash> hashes = Hashes(blocks);
+  hashes.push_back(MakeBlock(layout_, "tenant-a", rng_.seed() + 1000).slices.hash);  // never stored
+
+  auto fast = FastPathClient::Connect(channel_, absl::Seconds(10));
+  ASSERT_TRUE(fast.ok()) << fast.status();
+  std::vector<uint32_t> fallback;
+  const auto through_shm = FetchAll(**fast, "tenant-a", hashes, &fallback);
+  EXPECT_TRUE(fallback.empty());
+  auto through_tcp = client_->Get("tenant-a", layout_, hashes);
+  ASSERT_TRUE(through_tcp.ok()) << through_tcp.status();
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    ASSERT_TRUE(through_shm[i].ok()) << i << ": " << through_shm[i].status();
+    EXPECT_EQ(*through_shm[i], blocks[i].record) << "block " << i;
+    EXPECT_EQ(*through_shm[i], (*through_tcp)[i].record) << "block " << i;
+  }
+  EXPECT_EQ(through_shm.back().status().code(), absl::StatusCode::kNotFound);
+  EXPECT_GT((*fast)->mapped_segments(), 0u);
+
+  const v1::StatsResponse stats = Stats();
+  EXPECT_EQ(stats.fast_path_sessions(), 1u);
+  EXPECT_EQ(stats.fast_path_blocks_out(), blocks.size());
+  EXPECT_EQ(stats.fast_path_bytes_out(), blocks.size() * blocks[0].record.size());
+  EXPECT_EQ(stats.pinned_blocks(), 0u) << "Fetch releases its lease";
+}
+
+TEST_F(FastPathTest, SocketProtocolRefusesWhatASessionHasNoRightTo) {
+  const std::vector<TestBlock> a = PutBlocks("tenant-a", rng_.seed(), 4);
+  const std::vector<TestBlock> b = PutBlocks("tenant-b", rng_.seed() + 100, 4);
+
+  // Unproven: no leases.
+  auto unproven = OpenRaw(/*prove=*/false);
+  v1::LeaseBlocksResponse leased;
+  EXPECT_EQ(Lease(*unproven, "tenant-a", Hashes(a), leased).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  // A wrong secret is refused and the connection closed.
+  {
+    const int socket = *fastpath::Connect(unproven->opened.socket_path());
+    fastpath::Request hello = Hello(unproven->opened);
+    hello.secret[0] ^= 1;
+    int fd;
+    ASSERT_TRUE(fastpath::SendRequest(socket, hello).ok());
+    EXPECT_EQ(fastpath::ReceiveReply(socket, fd).code(), absl::StatusCode::kPermissionDenied);
+    EXPECT_FALSE(fastpath::ReceiveReply(socket, fd).ok()) << "connection stays open";
+    close(socket);
+  }
+
+  auto reader_a = OpenRaw();
+  auto reader_b = OpenRaw();
+  v1::LeaseBlocksResponse leased_a, leased_b;
+  ASSERT_TRUE(Lease(*reader_a, "tenant-a", Hashes(a), leased_a).ok());
+  ASSERT_TRUE(Lease(*reader_b, "tenant-b", Hashes(b), leased_b).ok());
+  ASSERT_EQ(leased_a.blocks_size(), 4);
+  ASSERT_TRUE(leased_a.blocks(0).has_shared());
+  ASSERT_TRUE(leased_b.blocks(0).has_shared());
+  const v1::SharedPiece& piece_a = leased_a.blocks(0).shared().pieces(0);
+  const v1::SharedPiece& piece_b = leased_b.blocks(0).shared().pieces(0);
+  EXPECT_FALSE(piece_a.tier_index() == piece_b.tier_index() && piece_a.segment() == piece_b.segment())
+      << "two namespaces in one segment";
+
+  int fd = -1;
+  ASSERT_TRUE(AskSegment(*reader_a, piece_a, fd).ok());
+  ASSERT_GE(fd, 0);
+  // The bytes are there, read-only.
+  EXPECT_EQ(mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0), MAP_FAILED);
+  EXPECT_EQ(errno, EACCES);
+  void* view = mmap(nullptr, piece_a.offset() + piece_a.length(), PROT_READ, MAP_SHARED, fd, 0);
+  ASSERT_NE(view, MAP_FAILED);
+  EXPECT_EQ(std::string_view(static_cast<const char*>(view) + piece_a.offset(), piece_a.length()),
+            std::string_view(a[0].record).substr(0, piece_a.length()));
+  munmap(view, piece_a.offset() + piece_a.length());
+  close(fd);
+
+  // Another namespace's segment, or a stale generation: refused.
+  EXPECT_EQ(AskSegment(*reader_a, piece_b, fd).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(fd, -1);
+  EXPECT_EQ(AskSegment(*reader_a, piece_a, fd, /*generation_delta=*/1).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Stats().pinned_blocks(), 8u);
+  // Releasing through the ordinary RPC ends a fast-path lease.
+  EXPECT_TRUE(client_->ReleaseLease(leased_a.lease_id()).ok());
+  EXPECT_EQ(client_->ReleaseLease(leased_a.lease_id()).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Stats().pinned_blocks(), 4u);
+}
+
+TEST_F(FastPathTest, LeasesExpireAtTheirDeadline) {
+  const std::vector<TestBlock> blocks = PutBlocks("tenant-a", rng_.seed(), 3);
+  auto session = OpenRaw();
+  v1::LeaseBlocksResponse leased;
+  ASSERT_TRUE(Lease(*session, "tenant-a", Hashes(blocks), leased, /*ttl_ms=*/300).ok());
+  EXPECT_EQ(Stats().pinned_blocks(), 3u);
+  EXPECT_TRUE(StatsBecome([](const v1::StatsResponse& s) { return s.pinned_blocks() == 0; }));
+  EXPECT_GE(absl::Now(), absl::FromUnixMillis(leased.lease_deadline_unix_ms()));
+  EXPECT_EQ(client_->ReleaseLease(leased.lease_id()).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Stats().fast_path_sessions(), 1u) << "the session outlives its leases";
+}
+
+TEST_F(FastPathTest, AClientKilledHoldingLeasesLeavesNothingPinned) {
+  const std::vector<TestBlock> blocks = PutBlocks("tenant-a", rng_.seed(), 5);
+  ChildProcess holder({KVTIER_HOLDER_BINARY, target_, "tenant-a", std::to_string(rng_.seed()), "5"});
+  ASSERT_TRUE(holder.WaitForLine("holding ").has_value());
+  v1::StatsResponse held = Stats();
+  EXPECT_EQ(held.pinned_blocks(), 5u);
+  EXPECT_EQ(held.fast_path_sessions(), 1u);
+  EXPECT_EQ(holder.Stop(SIGKILL), 128 + SIGKILL);
+  // Its socket closed: the cache ends the session and its leases at once
+  // (the 30 s lease deadline would do it otherwise).
+  EXPECT_TRUE(StatsBecome([](const v1::StatsResponse& s) {
+    return s.pinned_blocks() == 0 && s.fast_path_sessions() == 0;
+  }));
+}
+
+TEST_F(FastPathTest, CacheRestartUnderAClientsMappingsNeverGivesOldBytes) {
+  SCOPED_TRACE(rng_.Trace());
+  const std::vector<TestBlock> before = PutBlocks("tenant-a", rng_.seed(), 6);
+  auto shards = serving::ShardSet::Create(target_, absl::Seconds(5), /*fast_path=*/true);
+  ASSERT_TRUE(shards.ok());
+  auto check = [&](const std::vector<TestBlock>& expected) {
+    const auto got = (*shards)->Fetch("tenant-a", layout_, Hashes(before));
+    for (size_t i = 0; i < expected.size(); ++i) {
+      if (!got[i].ok()) return ::testing::AssertionFailure() << i << ": " << got[i].status();
+      if (*got[i] != expected[i].record) return ::testing::AssertionFailure() << "block " << i << " differs";
+    }
+    return ::testing::AssertionSuccess();
+  };
+  EXPECT_TRUE(check(before));
+  auto standalone = FastPathClient::Connect(channel_, absl::Seconds(5));
+  ASSERT_TRUE(standalone.ok());
+  FetchAll(**standalone, "tenant-a", Hashes(before));
+  ASSERT_GT((*standalone)->mapped_segments(), 0u);
+  EXPECT_EQ(Stats().fast_path_sessions(), 2u);
+
+  // A new cache on the same port holds other bytes under the same hashes.
+  const int port = port_;
+  EXPECT_EQ(cache_->Stop(SIGKILL), 128 + SIGKILL);
+  StartCache({}, port);
+  std::vector<TestBlock> after;
+  std::vector<BlockSlices> slices;
+  for (size_t i = 0; i < before.size(); ++i) {
+    TestBlock b = MakeBlock(layout_, "tenant-a", rng_.seed() + 500 + i);
+    b.slices.hash = before[i].slices.hash;
+    after.push_back(b);
+    slices.push_back(b.slices);
+  }
+  ASSERT_TRUE(client_->Put("tenant-a", layout_, slices).ok());
+
+  // The old session is gone: an error, not a crash or stale bytes.
+  std::string sink;
+  auto old = (*standalone)->Fetch(
+      "tenant-a", layout_, Hashes(before),
+      [&](uint32_t, size_t size) {
+        sink.resize(size);
+        return std::span(reinterpret_cast<uint8_t*>(sink.data()), size);
+      },
+      [&](const RawBlock&) { ADD_FAILURE() << "delivered through a dead session"; });
+  EXPECT_FALSE(old.ok());
+  // The shard set reconnects (its channel may first need a moment) and
+  // reads the new bytes, over a new session.
+  bool fresh = false;
+  for (int attempt = 0; attempt < 100 && !fresh; ++attempt) {
+    fresh = check(after);
+    if (!fresh) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(fresh);
+  EXPECT_TRUE(check(after));
+  EXPECT_GT(Stats().fast_path_blocks_out(), 0u) << "the new cache served by the fast path";
+}
+
+TEST_F(FastPathTest, CacheWithoutFastPathIsReadOverTcp) {
+  StartCache({"--no-fast-path"});
+  const std::vector<TestBlock> blocks = PutBlocks("tenant-a", rng_.seed(), 3);
+  EXPECT_EQ(FastPathClient::Connect(channel_, absl::Seconds(5)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  auto shards = serving::ShardSet::Create(target_, absl::Seconds(5), /*fast_path=*/true);
+  ASSERT_TRUE(shards.ok());
+  const auto got = (*shards)->Fetch("tenant-a", layout_, Hashes(blocks));
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    ASSERT_TRUE(got[i].ok()) << got[i].status();
+    EXPECT_EQ(*got[i], blocks[i].record);
+  }
+  EXPECT_EQ(Stats().fast_path_blocks_out(), 0u);
+}
+
+}  // namespace
+}  // namespace kvtier::cache
