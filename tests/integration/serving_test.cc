@@ -148,7 +148,9 @@ std::string Address(ChildProcess& p) {
 // Cache shards, decode workers and one prefill node on free ports.
 class Cluster {
  public:
-  Cluster(int caches, int decoders, std::vector<std::string> cache_flags = {}, std::string deadline_ms = "2000") {
+  // `model_flags` go to the decode workers and the prefill node.
+  Cluster(int caches, int decoders, std::vector<std::string> cache_flags = {}, std::string deadline_ms = "2000",
+          std::vector<std::string> model_flags = {}) {
     std::string cache_list, decode_list;
     for (int i = 0; i < caches; ++i) {
       std::vector<std::string> argv = {KVTIER_CACHE_BINARY, "--listen", "127.0.0.1:0", "--metrics-listen",
@@ -161,18 +163,22 @@ class Cluster {
       cache_list += (i ? "," : "") + cache_targets.back();
     }
     for (int i = 0; i < decoders; ++i) {
-      this->decoders.push_back(std::make_unique<ChildProcess>(std::vector<std::string>{
-          KVTIER_DECODE_BINARY, "--listen", "127.0.0.1:0", "--model", Tiny().dir, "--cache", cache_list,
-          "--metrics-listen", "127.0.0.1:0", "--cache-deadline-ms", "2000"}));
+      std::vector<std::string> argv = {KVTIER_DECODE_BINARY, "--listen", "127.0.0.1:0", "--model", Tiny().dir,
+                                       "--cache", cache_list, "--metrics-listen", "127.0.0.1:0",
+                                       "--cache-deadline-ms", "2000"};
+      argv.insert(argv.end(), model_flags.begin(), model_flags.end());
+      this->decoders.push_back(std::make_unique<ChildProcess>(argv));
       std::optional<std::string> metrics = this->decoders.back()->WaitForLine("metrics on ");
       decode_metrics.push_back(metrics ? metrics->substr(0, metrics->find('/')) : "");
       decode_targets.push_back(Address(*this->decoders.back()));
       decode_list += (i ? "," : "") + decode_targets.back();
     }
-    prefill = std::make_unique<ChildProcess>(std::vector<std::string>{
+    std::vector<std::string> argv = {
         KVTIER_PREFILL_BINARY, "--listen", "127.0.0.1:0", "--model", Tiny().dir, "--cache", cache_list, "--decode",
         decode_list, "--kv-codec", "bf16", "--tokens-per-block", std::to_string(kBlock), "--cache-deadline-ms",
-        deadline_ms, "--metrics-listen", "127.0.0.1:0"});
+        deadline_ms, "--metrics-listen", "127.0.0.1:0"};
+    argv.insert(argv.end(), model_flags.begin(), model_flags.end());
+    prefill = std::make_unique<ChildProcess>(argv);
     std::optional<std::string> metrics = prefill->WaitForLine("metrics on ");
     prefill_metrics = metrics ? metrics->substr(0, metrics->find('/')) : "";
     prefill_target = Address(*prefill);
@@ -218,6 +224,33 @@ TEST_F(ServingTest, GenerationsEqualTheInProcessRuntime) {
     EXPECT_EQ(got->usage.generated_tokens(), 70u);
     EXPECT_GT(got->usage.time_to_first_token_us(), 0u);
   }
+}
+
+// The same-host fast path changes how cached blocks travel, not what is
+// computed: a turn that hits the cache generates exactly the same with it
+// (the default: the shards are local) and with --no-fast-path, and only the
+// first cluster's cache hands out shared-memory leases.
+TEST_F(ServingTest, FastPathAndTcpGiveTheSameGenerations) {
+  SCOPED_TRACE(rng_.Trace());
+  const std::vector<uint32_t> prompt = RandomIds(3 * kBlock + 10, rng_.engine());
+  std::vector<std::vector<runtime::Sampled>> second_turns;
+  for (bool fast : {true, false}) {
+    SCOPED_TRACE(fast ? "fast path" : "--no-fast-path");
+    Cluster cluster(1, 1, {}, "2000", fast ? std::vector<std::string>{} : std::vector<std::string>{"--no-fast-path"});
+    ASSERT_TRUE(cluster.ok());
+    ASSERT_TRUE(cluster.Generate(Request(prompt, 8)).ok());  // stores the prompt's blocks
+    absl::StatusOr<RemoteGeneration> hit = cluster.Generate(Request(prompt, 40));
+    ASSERT_TRUE(hit.ok()) << hit.status();
+    EXPECT_EQ(hit->usage.cached_tokens(), 3 * kBlock);
+    second_turns.push_back(hit->tokens);
+    const uint64_t leased = cluster.CacheStats(0).fast_path_blocks_out();
+    if (fast) {
+      EXPECT_GE(leased, 3u) << "prefill and decode read the cached prefix from shared memory";
+    } else {
+      EXPECT_EQ(leased, 0u);
+    }
+  }
+  ExpectSameGeneration(second_turns[0], second_turns[1], 0.0);
 }
 
 // Stop ids end a generation with STOP at their first occurrence, whether
