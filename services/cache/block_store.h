@@ -192,10 +192,13 @@ class BlockStore {
   // Pins one block for reading: promotes it to the first tier if it can,
   // verifies its checksum. NOT_FOUND if absent; DATA_LOSS if its checksum
   // failed (the block is dropped); FAILED_PRECONDITION if it was stored
-  // under another layout.
+  // under another layout. `verify_checksum` false leaves the check to a
+  // reader that checks the bytes as it copies them (the fast path); a tier
+  // move still verifies.
   absl::StatusOr<std::shared_ptr<const PinnedBlock>> Read(const std::string& ns,
                                                           uint64_t layout_id,
-                                                          const kvblock::BlockHash& hash);
+                                                          const kvblock::BlockHash& hash,
+                                                          bool verify_checksum = true);
 
   std::unique_ptr<PutSession> BeginPut(std::string ns, kvblock::LatentLayout layout);
 

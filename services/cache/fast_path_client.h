@@ -7,7 +7,8 @@
 // descriptor cannot be had, or a block the cache holds outside shared memory
 // is handed back for the caller to read with Get; a session the cache no
 // longer knows (it restarted) makes Fetch fail, and the caller opens a new
-// one. Thread-safe.
+// one. Records are checked against their CRC32C as they are copied (the
+// cache leaves that check to the reader). Thread-safe.
 #ifndef KVTIER_SERVICES_CACHE_FAST_PATH_CLIENT_H_
 #define KVTIER_SERVICES_CACHE_FAST_PATH_CLIENT_H_
 
@@ -63,7 +64,10 @@ class FastPathClient {
   // when it is not mapped yet or was mapped at another generation.
   absl::StatusOr<std::shared_ptr<const Mapping>> MappingFor(uint32_t tier, uint32_t segment,
                                                             uint64_t generation);
-  // Copies a leased record into `out`; false if some piece cannot be read.
+  // Ends a lease without waiting for the answer.
+  void ReleaseSoon(uint64_t lease_id);
+  // Copies a leased record into `out` and checks its CRC32C on the way;
+  // false if some piece cannot be read or the check fails.
   bool CopyRecord(const v1::SharedRecord& record, std::span<uint8_t> out);
 
   CacheClient client_;

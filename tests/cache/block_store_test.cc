@@ -517,8 +517,10 @@ TEST_P(BlockStoreTest, SharedSegmentsHoldOneNamespaceAndReadBackTheRecord) {
   for (uint32_t s : segments_of["tenant-a"]) EXPECT_EQ(segments_of["tenant-b"].count(s), 0u) << s;
 }
 
-TEST_P(BlockStoreTest, ASegmentChangingNamespaceLeavesOldMappingsWithoutItsBytes) {
-  if (!GetParam()) GTEST_SKIP() << "shared segments only";
+// Shared segments only.
+class SharedSegmentsTest : public BlockStoreTest {};
+
+TEST_P(SharedSegmentsTest, ASegmentChangingNamespaceLeavesOldMappingsWithoutItsBytes) {
   Open(2, 2);  // one two-page segment per tier
   const BlockHash a0 = Hash(0), a1 = Hash(1);
   Put(a0, "tenant-a");
@@ -565,6 +567,7 @@ INSTANTIATE_TEST_SUITE_P(Memory, BlockStoreTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "SharedSegments" : "Private";
                          });
+INSTANTIATE_TEST_SUITE_P(Memory, SharedSegmentsTest, ::testing::Values(true));
 
 TEST(BlockStoreOptions, RefusesCapacitiesBelowOnePage) {
   StoreOptions o;
