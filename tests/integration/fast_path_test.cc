@@ -7,6 +7,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <filesystem>
 #include <thread>
 
 #include "services/cache/fast_path_client.h"
@@ -322,6 +326,54 @@ TEST_F(FastPathTest, CacheRestartUnderAClientsMappingsNeverGivesOldBytes) {
   EXPECT_TRUE(fresh);
   EXPECT_TRUE(check(after));
   EXPECT_GT(Stats().fast_path_blocks_out(), 0u) << "the new cache served by the fast path";
+}
+
+// Flips a byte of `record` wherever the cache's segments hold it, through
+// the cache's own memfd descriptors (the test is its parent).
+int CorruptInCache(pid_t cache, const std::string& record) {
+  int hits = 0;
+  const std::string dir = "/proc/" + std::to_string(cache) + "/fd";
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    std::error_code error;
+    const std::string link = std::filesystem::read_symlink(entry.path(), error).string();
+    if (error || link.find("kvtier-cache-segment") == std::string::npos) continue;
+    const int fd = open(entry.path().c_str(), O_RDWR);
+    if (fd < 0) continue;
+    struct stat st;
+    fstat(fd, &st);
+    std::string bytes(static_cast<size_t>(st.st_size), '\0');
+    if (pread(fd, bytes.data(), bytes.size(), 0) == st.st_size) {
+      const size_t at = bytes.find(record);
+      if (at != std::string::npos) {
+        const char flipped = static_cast<char>(bytes[at + 1000] ^ 0x10);
+        hits += pwrite(fd, &flipped, 1, static_cast<off_t>(at + 1000)) == 1;
+      }
+    }
+    close(fd);
+  }
+  return hits;
+}
+
+TEST_F(FastPathTest, ACorruptRecordIsNeverDeliveredAndIsCountedOverTcp) {
+  SCOPED_TRACE(rng_.Trace());
+  const std::vector<TestBlock> blocks = PutBlocks("tenant-a", rng_.seed(), 3);
+  ASSERT_EQ(CorruptInCache(cache_->pid(), blocks[1].record), 1);
+  auto fast = FastPathClient::Connect(channel_, absl::Seconds(5));
+  ASSERT_TRUE(fast.ok());
+  std::vector<uint32_t> fallback;
+  const auto got = FetchAll(**fast, "tenant-a", Hashes(blocks), &fallback);
+  EXPECT_EQ(fallback, std::vector<uint32_t>{1}) << "the reader's check refuses it";
+  EXPECT_EQ(*got[0], blocks[0].record);
+  EXPECT_EQ(got[1].status().code(), absl::StatusCode::kUnknown) << "not delivered";
+  EXPECT_EQ(*got[2], blocks[2].record);
+  // The shard set reads it over TCP, where the cache finds it, drops it and
+  // counts it.
+  auto shards = serving::ShardSet::Create(target_, absl::Seconds(5), /*fast_path=*/true);
+  ASSERT_TRUE(shards.ok());
+  const auto fetched = (*shards)->Fetch("tenant-a", layout_, Hashes(blocks));
+  EXPECT_EQ(fetched[1].status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(*fetched[0], blocks[0].record);
+  EXPECT_EQ(Stats().checksum_failures(), 1u);
 }
 
 TEST_F(FastPathTest, CacheWithoutFastPathIsReadOverTcp) {
