@@ -190,6 +190,12 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutRequest> {
         KVTIER_ASSIGN_OR_RETURN(RequestScope scope,
                                 service_->ValidateScope(request.header().kv_namespace(),
                                                         request.header().layout()));
+        if (const uint64_t id = request.header().fast_path_session_id(); id != 0) {
+          if (service_->fast_path() == nullptr) {
+            return absl::FailedPreconditionError("this cache runs without a fast path");
+          }
+          KVTIER_ASSIGN_OR_RETURN(staging_, service_->fast_path()->Staging(id));
+        }
         session_ = service_->store()->BeginPut(scope.ns, scope.layout);
         return absl::OkStatus();
       }
@@ -199,7 +205,18 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutRequest> {
         }
         KVTIER_ASSIGN_OR_RETURN(kvblock::BlockHash hash,
                                 kvblock::HashFromBytes(request.slice().block_hash()));
-        return session_->AddSlice(hash, request.slice().data());
+        if (!request.slice().has_staged()) return session_->AddSlice(hash, request.slice().data());
+        if (staging_ == nullptr) {
+          return absl::InvalidArgumentError(
+              "a staged slice needs a header naming a fast path session with a staging region");
+        }
+        const v1::StagedRange& range = request.slice().staged();
+        KVTIER_ASSIGN_OR_RETURN(std::string_view staged, staging_->Range(range.offset(), range.length()));
+        // Copied out first: the client can write its region at any time,
+        // and what is checked must be what is stored.
+        staged_copy_.assign(staged.data(), staged.size());
+        service_->fast_path()->CountStaged(staged.size());
+        return session_->AddSlice(hash, staged_copy_);
       }
       case v1::PutRequest::KIND_NOT_SET:
         break;
@@ -228,6 +245,8 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutRequest> {
   // Used by one Drain task at a time (processing_), then by Answer; freed in
   // OnDone, taking incomplete blocks with it.
   std::unique_ptr<PutSession> session_;
+  std::shared_ptr<const StagingRegion> staging_;  // with a fast path session
+  std::string staged_copy_;
 
   absl::Mutex mu_;
   std::deque<v1::PutRequest> queue_ ABSL_GUARDED_BY(mu_);
@@ -450,6 +469,8 @@ void FillStats(const StoreStats& s, const FastPathCounters& f, v1::StatsResponse
   r.set_fast_path_sessions(f.sessions);
   r.set_fast_path_blocks_out(f.blocks_out);
   r.set_fast_path_bytes_out(f.bytes_out);
+  r.set_fast_path_bytes_in(f.bytes_in);
+  r.set_fast_path_staging_bytes(f.staging_bytes);
   r.set_server_version(kCacheServerVersion);
   r.add_block_format_versions(kvblock::kBlockFormatVersion);
 }
@@ -524,14 +545,14 @@ grpc::ServerUnaryReactor* CacheService::Stats(grpc::CallbackServerContext* conte
 }
 
 grpc::ServerUnaryReactor* CacheService::OpenFastPath(grpc::CallbackServerContext* context,
-                                                     const v1::OpenFastPathRequest*,
+                                                     const v1::OpenFastPathRequest* request,
                                                      v1::OpenFastPathResponse* response) {
   RpcTimer timer(metrics_, "OpenFastPath");
   if (fast_path_ == nullptr) {
     return FinishUnary(context, std::move(timer),
                        absl::FailedPreconditionError("this cache runs without a fast path"));
   }
-  absl::StatusOr<v1::OpenFastPathResponse> opened = fast_path_->Open();
+  absl::StatusOr<v1::OpenFastPathResponse> opened = fast_path_->Open(request->staging_bytes());
   if (opened.ok()) *response = *std::move(opened);
   return FinishUnary(context, std::move(timer), opened.status());
 }

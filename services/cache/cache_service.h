@@ -71,6 +71,7 @@ class CacheService final : public KvCacheBase {
   BlockStore* store() const { return store_; }
   Executor* executor() const { return executor_; }
   RpcMetrics* metrics() const { return metrics_; }
+  FastPathServer* fast_path() const { return fast_path_; }
 
  private:
   BlockStore* store_;

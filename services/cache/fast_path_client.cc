@@ -23,12 +23,14 @@ struct FastPathClient::Mapping {
 };
 
 absl::StatusOr<std::unique_ptr<FastPathClient>> FastPathClient::Connect(
-    std::shared_ptr<grpc::Channel> channel, absl::Duration deadline) {
+    std::shared_ptr<grpc::Channel> channel, absl::Duration deadline, uint64_t staging_bytes) {
   CacheClient client(channel, deadline);
   grpc::ClientContext context;
   client.SetDeadline(context);
+  v1::OpenFastPathRequest open;
+  open.set_staging_bytes(staging_bytes);
   v1::OpenFastPathResponse opened;
-  if (grpc::Status s = client.stub().OpenFastPath(&context, {}, &opened); !s.ok()) {
+  if (grpc::Status s = client.stub().OpenFastPath(&context, open, &opened); !s.ok()) {
     return FromGrpcStatus(s);
   }
   fastpath::Request hello{fastpath::RequestKind::kHello};
@@ -41,23 +43,65 @@ absl::StatusOr<std::unique_ptr<FastPathClient>> FastPathClient::Connect(
   // shares this host.
   absl::StatusOr<int> socket = fastpath::Connect(opened.socket_path());
   if (!socket.ok()) return absl::UnavailableError(socket.status().message());
-  int no_fd;
+  int staging_fd = -1;  // comes with the answer when a region was granted
   absl::Status proven = fastpath::SendRequest(*socket, hello);
-  if (proven.ok()) proven = fastpath::ReceiveReply(*socket, no_fd);
+  if (proven.ok()) proven = fastpath::ReceiveReply(*socket, staging_fd);
   if (!proven.ok()) {
     close(*socket);
     return absl::UnavailableError(
         absl::StrCat("fast path socket ", opened.socket_path(), ": ", proven.message()));
   }
-  return std::unique_ptr<FastPathClient>(
-      new FastPathClient(std::move(channel), deadline, opened.session_id(), *socket));
+  uint8_t* staging = nullptr;
+  uint64_t staging_size = 0;
+  struct stat st;
+  if (staging_fd >= 0 && fstat(staging_fd, &st) == 0 && st.st_size > 0) {
+    void* p = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, staging_fd, 0);
+    if (p != MAP_FAILED) staging = static_cast<uint8_t*>(p), staging_size = static_cast<uint64_t>(st.st_size);
+  }
+  if (staging_fd >= 0) close(staging_fd);
+  return std::unique_ptr<FastPathClient>(new FastPathClient(std::move(channel), deadline, opened.session_id(),
+                                                            *socket, staging, staging_size));
 }
 
 FastPathClient::FastPathClient(std::shared_ptr<grpc::Channel> channel, absl::Duration deadline,
-                               uint64_t session_id, int socket)
-    : client_(std::move(channel), deadline), session_id_(session_id), socket_(socket) {}
+                               uint64_t session_id, int socket, uint8_t* staging, uint64_t staging_size)
+    : client_(std::move(channel), deadline),
+      session_id_(session_id),
+      socket_(socket),
+      staging_(staging),
+      staging_size_(staging_size),
+      chunk_bytes_(std::min(kStagingChunk, staging_size)) {
+  if (chunk_bytes_ == 0) return;
+  for (uint32_t c = static_cast<uint32_t>(staging_size / chunk_bytes_); c > 0; --c) free_chunks_.push_back(c - 1);
+}
 
-FastPathClient::~FastPathClient() { close(socket_); }
+FastPathClient::~FastPathClient() {
+  if (staging_ != nullptr) munmap(staging_, staging_size_);
+  close(socket_);
+}
+
+FastPathClient::StagedStream::~StagedStream() {
+  absl::MutexLock lock(&client_->staging_mu_);
+  client_->free_chunks_.insert(client_->free_chunks_.end(), chunks_.begin(), chunks_.end());
+}
+
+std::optional<v1::StagedRange> FastPathClient::StagedStream::Stage(std::string_view record) {
+  const uint64_t chunk = client_->chunk_bytes_;
+  if (record.size() > chunk) return std::nullopt;
+  if (chunks_.empty() || used_ + record.size() > chunk) {
+    absl::MutexLock lock(&client_->staging_mu_);
+    if (client_->free_chunks_.empty()) return std::nullopt;
+    chunks_.push_back(client_->free_chunks_.back());
+    client_->free_chunks_.pop_back();
+    used_ = 0;
+  }
+  v1::StagedRange range;
+  range.set_offset(uint64_t{chunks_.back()} * chunk + used_);
+  range.set_length(record.size());
+  std::memcpy(client_->staging_ + range.offset(), record.data(), record.size());
+  used_ += record.size();
+  return range;
+}
 
 size_t FastPathClient::mapped_segments() {
   absl::MutexLock lock(&mu_);
@@ -115,8 +159,8 @@ bool FastPathClient::CopyRecord(const v1::SharedRecord& record, std::span<uint8_
         piece.length() > size - at) {
       return false;
     }
-    // Copy and checksum in one pass: each chunk is summed while it is still
-    // in cache.
+    // Copy, then sum the chunk while it is still in cache (a fused 8-byte
+    // copy-and-sum loop measured slower: 5.8 against 9.0 GB/s).
     constexpr uint64_t kChunk = 32 * 1024;
     for (uint64_t done = 0; done < piece.length(); done += kChunk) {
       const uint64_t n = std::min(kChunk, piece.length() - done);

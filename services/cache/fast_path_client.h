@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -28,12 +29,13 @@ namespace kvtier::cache {
 
 class FastPathClient {
  public:
-  // Opens and proves a session on the cache behind `channel`.
-  // FAILED_PRECONDITION when the cache has no fast path; UNAVAILABLE when
-  // its socket cannot be reached or does not know the session (another
-  // host, or another cache at that address).
+  // Opens and proves a session on the cache behind `channel`, asking for a
+  // staging region of `staging_bytes` for staged Put (the cache may grant
+  // less or none). FAILED_PRECONDITION when the cache has no fast path;
+  // UNAVAILABLE when its socket cannot be reached or does not know the
+  // session (another host, or another cache at that address).
   static absl::StatusOr<std::unique_ptr<FastPathClient>> Connect(
-      std::shared_ptr<grpc::Channel> channel, absl::Duration deadline);
+      std::shared_ptr<grpc::Channel> channel, absl::Duration deadline, uint64_t staging_bytes = 0);
   // Unmaps every segment and closes the session's socket (the cache then
   // ends its leases).
   ~FastPathClient();
@@ -53,13 +55,34 @@ class FastPathClient {
                                               const std::function<void(const RawBlock&)>& on_block);
 
   uint64_t session_id() const { return session_id_; }
+  uint64_t staging_bytes() const { return staging_size_; }
+
+  // One Put stream's use of the staging region: records are copied into
+  // chunks it takes, and the chunks go back when it is destroyed, which
+  // must be after the stream ended (the cache has read them by then).
+  // Not thread-safe (one stream).
+  class StagedStream {
+   public:
+    explicit StagedStream(FastPathClient* client) : client_(client) {}
+    ~StagedStream();
+    StagedStream(const StagedStream&) = delete;
+    StagedStream& operator=(const StagedStream&) = delete;
+    // Copies `record` into the region; nullopt when there is no room (send
+    // it inline instead).
+    std::optional<v1::StagedRange> Stage(std::string_view record);
+
+   private:
+    FastPathClient* client_;
+    std::vector<uint32_t> chunks_;
+    uint64_t used_ = 0;  // in the last chunk
+  };
   // Segments mapped now (for tests).
   size_t mapped_segments();
 
  private:
   struct Mapping;
   FastPathClient(std::shared_ptr<grpc::Channel> channel, absl::Duration deadline,
-                 uint64_t session_id, int socket);
+                 uint64_t session_id, int socket, uint8_t* staging, uint64_t staging_size);
   // The segment mapped at `generation`: asks the cache for its descriptor
   // when it is not mapped yet or was mapped at another generation.
   absl::StatusOr<std::shared_ptr<const Mapping>> MappingFor(uint32_t tier, uint32_t segment,
@@ -76,6 +99,13 @@ class FastPathClient {
   const int socket_;  // requests on it are made under mu_
   std::map<std::pair<uint32_t, uint32_t>, std::shared_ptr<const Mapping>> mappings_
       ABSL_GUARDED_BY(mu_);
+  // The staging region (writable), cut into chunks handed to streams.
+  static constexpr uint64_t kStagingChunk = 4 << 20;
+  uint8_t* const staging_;
+  const uint64_t staging_size_;
+  const uint64_t chunk_bytes_;  // kStagingChunk, or the whole of a smaller region
+  absl::Mutex staging_mu_;
+  std::vector<uint32_t> free_chunks_ ABSL_GUARDED_BY(staging_mu_);
 };
 
 }  // namespace kvtier::cache

@@ -1,6 +1,8 @@
 #include "services/cache/fast_path_server.h"
 
+#include <fcntl.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/eventfd.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -23,6 +25,36 @@ void RandomBytes(void* out, size_t n) {
 }
 
 }  // namespace
+
+absl::StatusOr<std::shared_ptr<StagingRegion>> StagingRegion::Create(uint64_t bytes) {
+  const int fd = memfd_create("kvtier-cache-staging", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return absl::ResourceExhaustedError(absl::StrCat("memfd: ", std::strerror(errno)));
+  void* base = MAP_FAILED;
+  // Sealed size: the client cannot shrink it under this mapping.
+  if (ftruncate(fd, static_cast<off_t>(bytes)) == 0 &&
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0) {
+    base = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+  }
+  if (base == MAP_FAILED) {
+    const absl::Status s = absl::ResourceExhaustedError(absl::StrCat("staging region: ", std::strerror(errno)));
+    close(fd);
+    return s;
+  }
+  return std::shared_ptr<StagingRegion>(new StagingRegion(fd, static_cast<const char*>(base), bytes));
+}
+
+StagingRegion::~StagingRegion() {
+  munmap(const_cast<char*>(base_), size_);
+  close(fd_);
+}
+
+absl::StatusOr<std::string_view> StagingRegion::Range(uint64_t offset, uint64_t length) const {
+  if (offset > size_ || length > size_ - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("staged range [", offset, ", +", length,
+                                                   ") is outside the ", size_, "-byte staging region"));
+  }
+  return std::string_view(base_ + offset, length);
+}
 
 absl::StatusOr<std::unique_ptr<FastPathServer>> FastPathServer::Start(
     const FastPathOptions& options, BlockStore* store, Clock* clock) {
@@ -58,7 +90,7 @@ FastPathServer::~FastPathServer() {
   if (options_.socket_path[0] != '@') unlink(options_.socket_path.c_str());
 }
 
-absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open() {
+absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(uint64_t staging_bytes) {
   absl::MutexLock lock(&mu_);
   ExpireLocked();
   if (sessions_.size() >= options_.max_sessions) {
@@ -70,7 +102,19 @@ absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open() {
   Session& session = sessions_[id];
   RandomBytes(session.secret.data(), session.secret.size());
   session.open_until = clock_->Now() + options_.prove_within;
+  // Whole pages, within this session's share and what is left of the budget.
+  staging_bytes = std::min({staging_bytes, options_.max_staging_per_session,
+                            options_.staging_budget - counters_.staging_bytes}) &
+                  ~uint64_t{4095};
+  if (staging_bytes > 0) {
+    absl::StatusOr<std::shared_ptr<StagingRegion>> staging = StagingRegion::Create(staging_bytes);
+    if (staging.ok()) {
+      session.staging = *std::move(staging);
+      counters_.staging_bytes += staging_bytes;
+    }
+  }
   v1::OpenFastPathResponse response;
+  response.set_staging_bytes(session.staging != nullptr ? session.staging->size() : 0);
   response.set_session_id(id);
   response.set_secret(session.secret.data(), session.secret.size());
   response.set_socket_path(options_.socket_path);
@@ -181,14 +225,30 @@ void FastPathServer::ExpireLocked() {
   }
   for (auto it = sessions_.begin(); it != sessions_.end();) {
     auto next = std::next(it);
-    if (it->second.socket < 0 && it->second.open_until <= now) sessions_.erase(it);
+    if (it->second.socket < 0 && it->second.open_until <= now) EndSessionLocked(it->first);
     it = next;
   }
+}
+
+absl::StatusOr<std::shared_ptr<const StagingRegion>> FastPathServer::Staging(uint64_t session_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end() || it->second.socket < 0 || it->second.staging == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "fast path session ", absl::Hex(session_id), " is unknown, unproven or has no staging region"));
+  }
+  return std::shared_ptr<const StagingRegion>(it->second.staging);
+}
+
+void FastPathServer::CountStaged(uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  counters_.bytes_in += bytes;
 }
 
 void FastPathServer::EndSessionLocked(uint64_t session_id) {
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) return;
+  if (it->second.staging != nullptr) counters_.staging_bytes -= it->second.staging->size();
   for (uint64_t lease : it->second.leases) leases_.erase(lease);
   if (it->second.socket >= 0) --counters_.sessions;
   sessions_.erase(it);
@@ -215,7 +275,9 @@ bool FastPathServer::Serve(int socket) {
     it->second.socket = socket;
     proven = request.session_id;
     ++counters_.sessions;
-    return fastpath::SendReply(socket, absl::OkStatus()).ok();
+    // The staging region (if any) travels with the answer, writable.
+    const StagingRegion* staging = it->second.staging.get();
+    return fastpath::SendReply(socket, absl::OkStatus(), staging != nullptr ? staging->fd() : -1).ok();
   }
   if (request.kind != fastpath::RequestKind::kSegment || proven == 0) {
     (void)fastpath::SendReply(socket, absl::InvalidArgumentError("say hello first"));

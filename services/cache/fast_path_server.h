@@ -35,12 +35,39 @@ struct FastPathOptions {
   size_t max_leases_per_session = 1024;
   absl::Duration default_lease_ttl = absl::Seconds(30);
   absl::Duration max_lease_ttl = absl::Minutes(10);
+  // Staging regions for staged Put: all sessions' together, and one's most.
+  uint64_t staging_budget = 512 << 20;
+  uint64_t max_staging_per_session = 128 << 20;
 };
 
 struct FastPathCounters {
   uint64_t sessions = 0;  // proven and open
   uint64_t blocks_out = 0;
   uint64_t bytes_out = 0;
+  uint64_t bytes_in = 0;       // staged slice bytes taken by Put
+  uint64_t staging_bytes = 0;  // granted to open sessions
+};
+
+// A session's staging region: a sealed memfd the client writes records
+// into and Put streams read them from. Lives while its session or a Put
+// stream using it does.
+class StagingRegion {
+ public:
+  static absl::StatusOr<std::shared_ptr<StagingRegion>> Create(uint64_t bytes);
+  ~StagingRegion();
+  StagingRegion(const StagingRegion&) = delete;
+  StagingRegion& operator=(const StagingRegion&) = delete;
+
+  int fd() const { return fd_; }
+  uint64_t size() const { return size_; }
+  // [offset, offset + length), or INVALID_ARGUMENT if it is not inside.
+  absl::StatusOr<std::string_view> Range(uint64_t offset, uint64_t length) const;
+
+ private:
+  StagingRegion(int fd, const char* base, uint64_t size) : fd_(fd), base_(base), size_(size) {}
+  int fd_;
+  const char* base_;
+  uint64_t size_;
 };
 
 // Fast-path lease ids have this bit set; Match's never do.
@@ -56,8 +83,14 @@ class FastPathServer {
 
   const std::string& socket_path() const { return options_.socket_path; }
 
-  // A new, unproven session. RESOURCE_EXHAUSTED at max_sessions.
-  absl::StatusOr<v1::OpenFastPathResponse> Open();
+  // A new, unproven session, with a staging region of up to
+  // `staging_bytes` if the budget allows. RESOURCE_EXHAUSTED at
+  // max_sessions.
+  absl::StatusOr<v1::OpenFastPathResponse> Open(uint64_t staging_bytes = 0);
+  // A proven session's staging region; FAILED_PRECONDITION if it has none.
+  absl::StatusOr<std::shared_ptr<const StagingRegion>> Staging(uint64_t session_id);
+  // Counts bytes a Put stream took from a staging region.
+  void CountStaged(uint64_t bytes);
   // Pins `hashes` (checked by the caller) of `ns` for a proven session and
   // fills `response` with where their records lie. FAILED_PRECONDITION for
   // an unknown or unproven session.
@@ -75,6 +108,7 @@ class FastPathServer {
     int socket = -1;        // the proving connection; -1 until proven
     std::set<std::string> namespaces;  // read through this session so far
     std::set<uint64_t> leases;
+    std::shared_ptr<StagingRegion> staging;  // null: none granted
   };
   struct FastLease {
     uint64_t session_id;

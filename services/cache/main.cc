@@ -34,6 +34,7 @@ struct Flags {
   uint64_t page_size = 64 * 1024;
   std::string namespaces;
   std::string fast_path_socket;
+  std::string fast_path_staging = "512MiB";
   bool no_fast_path = false;
 };
 
@@ -105,6 +106,12 @@ int Run(const Flags& f) {
   if (!f.no_fast_path) {
     FastPathOptions fast_options;
     fast_options.socket_path = f.fast_path_socket;
+    absl::StatusOr<uint64_t> staging = ParseByteSize(f.fast_path_staging);
+    if (!staging.ok()) {
+      std::cerr << "kvtier-cache: --fast-path-staging: " << staging.status().message() << "\n";
+      return 2;
+    }
+    fast_options.staging_budget = *staging;
     if (fast_options.socket_path.empty()) {
       // Abstract: nothing to clean up, reachable within this network namespace
       // (the pod), and unique even between containers that share it.
@@ -184,6 +191,8 @@ int main(int argc, char** argv) {
   flags.AddString("fast-path-socket", &f.fast_path_socket,
                   "unix socket of the same-host fast path (clients learn it over gRPC);\n"
                   "'@name' is Linux's abstract namespace; default: a fresh abstract name");
+  flags.AddString("fast-path-staging", &f.fast_path_staging,
+                  "staging memory for same-host Put, all sessions together (0: none)");
   flags.AddBool("no-fast-path", &f.no_fast_path,
                 "serve blocks over gRPC only: tiers in private memory, no unix socket");
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "kvtier-cache")) return *exit;

@@ -89,6 +89,10 @@ std::vector<MetricFamily> StoreMetrics::Collect() const {
        MetricType::Counter, fast.blocks_out},
       {"kvtier_cache_fast_path_sent_bytes_total", "Record bytes handed out as shared-memory leases",
        MetricType::Counter, fast.bytes_out},
+      {"kvtier_cache_fast_path_received_bytes_total", "Slice record bytes Put took from staging regions",
+       MetricType::Counter, fast.bytes_in},
+      {"kvtier_cache_fast_path_staging_bytes", "Staging regions granted to open fast path sessions",
+       MetricType::Gauge, fast.staging_bytes},
   };
   for (const Single& single : singles) {
     MetricFamily f = Family(single.name, single.help, single.type);

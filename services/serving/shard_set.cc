@@ -150,7 +150,7 @@ std::shared_ptr<cache::FastPathClient> ShardSet::FastPathOf(size_t s) {
   absl::MutexLock lock(&fast->mu);
   if (fast->client != nullptr || absl::Now() < fast->retry_after) return fast->client;
   absl::StatusOr<std::unique_ptr<cache::FastPathClient>> opened =
-      cache::FastPathClient::Connect(shards_[s].channel, deadline_);
+      cache::FastPathClient::Connect(shards_[s].channel, deadline_, kStagingBytes);
   if (!opened.ok()) {
     // Not local (or no fast path there): ask again now and then, since a
     // restarted cache may have one.
@@ -183,6 +183,11 @@ std::vector<std::vector<size_t>> ShardSet::ByShard(const std::vector<kvblock::Bl
 }
 
 struct ShardedPut::Stream {
+  // A local shard's session: slices go through its staging region. Declared
+  // first so that `staged` (whose chunks go back once the stream is over)
+  // is destroyed before it.
+  std::shared_ptr<cache::FastPathClient> fast;
+  std::unique_ptr<cache::FastPathClient::StagedStream> staged;
   grpc::ClientContext context;
   v1::PutResponse response;
   std::unique_ptr<grpc::ClientWriter<v1::PutRequest>> writer;
@@ -210,8 +215,13 @@ void ShardedPut::Write(const kvblock::BlockHash& hash, const std::string& record
   std::unique_ptr<Stream>& s = streams_[shard];
   if (s == nullptr) {
     s = std::make_unique<Stream>();
-    s->writer = shards_.client(shard).stub().Put(&s->context, &s->response);
     v1::PutRequest header;
+    s->fast = shards_.FastPathOf(shard);
+    if (s->fast != nullptr && s->fast->staging_bytes() > 0) {
+      s->staged = std::make_unique<cache::FastPathClient::StagedStream>(s->fast.get());
+      header.mutable_header()->set_fast_path_session_id(s->fast->session_id());
+    }
+    s->writer = shards_.client(shard).stub().Put(&s->context, &s->response);
     header.mutable_header()->set_kv_namespace(ns_);
     *header.mutable_header()->mutable_layout() = kvblock::LayoutToProto(layout_);
     s->open = s->writer->Write(header);
@@ -219,7 +229,13 @@ void ShardedPut::Write(const kvblock::BlockHash& hash, const std::string& record
   if (!s->open) return;
   v1::PutRequest slice;
   slice.mutable_slice()->set_block_hash(std::string(kvblock::HashAsBytes(hash)));
-  slice.mutable_slice()->set_data(record);
+  // Through the staging region when there is room in it, else inline.
+  std::optional<v1::StagedRange> staged = s->staged != nullptr ? s->staged->Stage(record) : std::nullopt;
+  if (staged.has_value()) {
+    *slice.mutable_slice()->mutable_staged() = *staged;
+  } else {
+    slice.mutable_slice()->set_data(record);
+  }
   s->open = s->writer->Write(slice);
   s->written.insert(hash);
 }
@@ -239,11 +255,16 @@ std::set<kvblock::BlockHash> ShardedPut::Finish() {
   const auto deadline = absl::ToChronoTime(absl::Now() + finish_deadline_);
   std::set<kvblock::BlockHash> stored;
   size_t next = 0;
-  for (std::unique_ptr<Stream>& s : streams_) {
+  for (size_t shard = 0; shard < streams_.size(); ++shard) {
+    std::unique_ptr<Stream>& s = streams_[shard];
     if (s == nullptr) continue;
     std::future<grpc::Status>& answer = answers[next++];
     if (answer.wait_until(deadline) != std::future_status::ready) s->context.TryCancel();
-    if (answer.get().ok()) {
+    const grpc::Status status = answer.get();
+    if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION && s->fast != nullptr) {
+      shards_.DropFastPath(shard, s->fast);  // e.g. the cache restarted
+    }
+    if (status.ok()) {
       std::set<std::string> incomplete(s->response.incomplete_block_hashes().begin(),
                                        s->response.incomplete_block_hashes().end());
       for (const kvblock::BlockHash& h : s->written) {

@@ -53,6 +53,14 @@ class ShardSet {
   std::set<kvblock::BlockHash> Store(const std::string& ns, const kvblock::LatentLayout& layout,
                                      const std::vector<cache::BlockSlices>& blocks);
 
+  // The shard's fast path session (with a staging region for Put), opened
+  // on first use; null when there is none (not local, off, or failed
+  // lately). A caller whose call through it failed drops it, and the next
+  // use opens a new one.
+  std::shared_ptr<cache::FastPathClient> FastPathOf(size_t s);
+  void DropFastPath(size_t s, const std::shared_ptr<cache::FastPathClient>& failed);
+  static constexpr uint64_t kStagingBytes = 32 << 20;
+
  private:
   // Indices of `hashes` on each shard, in order.
   std::vector<std::vector<size_t>> ByShard(const std::vector<kvblock::BlockHash>& hashes) const;
@@ -60,10 +68,6 @@ class ShardSet {
   void FetchFromShard(size_t s, const std::string& ns, const kvblock::LatentLayout& layout,
                       const std::vector<kvblock::BlockHash>& hashes, const std::vector<size_t>& indices,
                       bool fast, std::vector<absl::StatusOr<std::string>>& out);
-  // The shard's fast path session, opened on first use; null when it has
-  // none (not local, off, or failed lately).
-  std::shared_ptr<cache::FastPathClient> FastPathOf(size_t s);
-  void DropFastPath(size_t s, const std::shared_ptr<cache::FastPathClient>& failed);
 
   struct FastPath {
     absl::Mutex mu;

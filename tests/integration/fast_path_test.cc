@@ -376,6 +376,118 @@ TEST_F(FastPathTest, ACorruptRecordIsNeverDeliveredAndIsCountedOverTcp) {
   EXPECT_EQ(Stats().checksum_failures(), 1u);
 }
 
+// One Put stream of `messages`; its status and answer.
+grpc::Status PutStream(CacheClient& client, const std::vector<v1::PutRequest>& messages,
+                       v1::PutResponse* response) {
+  grpc::ClientContext context;
+  client.SetDeadline(context);
+  auto writer = client.stub().Put(&context, response);
+  for (const v1::PutRequest& m : messages) {
+    if (!writer->Write(m)) break;
+  }
+  writer->WritesDone();
+  return writer->Finish();
+}
+
+v1::PutRequest Header(const std::string& ns, const kvblock::LatentLayout& layout, uint64_t session) {
+  v1::PutRequest header;
+  header.mutable_header()->set_kv_namespace(ns);
+  *header.mutable_header()->mutable_layout() = kvblock::LayoutToProto(layout);
+  header.mutable_header()->set_fast_path_session_id(session);
+  return header;
+}
+
+v1::PutRequest StagedSlice(const BlockHash& hash, const v1::StagedRange& range) {
+  v1::PutRequest slice;
+  slice.mutable_slice()->set_block_hash(std::string(kvblock::HashAsBytes(hash)));
+  *slice.mutable_slice()->mutable_staged() = range;
+  return slice;
+}
+
+TEST_F(FastPathTest, StagedPutStoresWhatTheClientWroteInItsRegion) {
+  SCOPED_TRACE(rng_.Trace());
+  auto fast = FastPathClient::Connect(channel_, absl::Seconds(5), /*staging_bytes=*/8 << 20);
+  ASSERT_TRUE(fast.ok()) << fast.status();
+  ASSERT_EQ((*fast)->staging_bytes(), 8u << 20);
+  std::vector<TestBlock> blocks;
+  std::vector<v1::PutRequest> messages = {Header("tenant-a", layout_, (*fast)->session_id())};
+  uint64_t staged_bytes = 0;
+  {
+    FastPathClient::StagedStream stream(fast->get());
+    for (int i = 0; i < 5; ++i) {
+      blocks.push_back(MakeBlock(layout_, "tenant-a", rng_.seed() + i));
+      for (const std::string& record : blocks.back().slices.records) {
+        std::optional<v1::StagedRange> range = stream.Stage(record);
+        ASSERT_TRUE(range.has_value());
+        messages.push_back(StagedSlice(blocks.back().slices.hash, *range));
+        staged_bytes += record.size();
+      }
+    }
+    v1::PutResponse response;
+    const grpc::Status status = PutStream(*client_, messages, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(response.blocks_stored(), 5u);
+  }
+  auto got = client_->Get("tenant-a", layout_, Hashes(blocks));
+  ASSERT_TRUE(got.ok());
+  for (size_t i = 0; i < blocks.size(); ++i) EXPECT_EQ((*got)[i].record, blocks[i].record) << i;
+  const v1::StatsResponse stats = Stats();
+  EXPECT_EQ(stats.fast_path_bytes_in(), staged_bytes);
+  EXPECT_EQ(stats.fast_path_staging_bytes(), 8u << 20);
+  fast->reset();  // the session ends: its region goes back to the budget
+  EXPECT_TRUE(StatsBecome([](const v1::StatsResponse& s) { return s.fast_path_staging_bytes() == 0; }));
+}
+
+TEST_F(FastPathTest, BadStagedSlicesGetClearErrorsAndStoreNothing) {
+  auto fast = FastPathClient::Connect(channel_, absl::Seconds(5), /*staging_bytes=*/8 << 20);
+  ASSERT_TRUE(fast.ok());
+  const uint64_t session = (*fast)->session_id();
+  const TestBlock block = MakeBlock(layout_, "tenant-a", rng_.seed());
+  const BlockHash hash = block.slices.hash;
+  FastPathClient::StagedStream stream(fast->get());
+  const std::optional<v1::StagedRange> staged = stream.Stage(block.slices.records[0]);
+  ASSERT_TRUE(staged.has_value());
+  const v1::StagedRange good = *staged;
+  v1::StagedRange outside = good;
+  outside.set_offset((8 << 20) - 10);
+  v1::StagedRange overflowing = good;
+  overflowing.set_offset(~uint64_t{0} - 4);
+  struct Case {
+    const char* what;
+    std::vector<v1::PutRequest> messages;
+    grpc::StatusCode code;
+  };
+  const Case cases[] = {
+      {"staged slice, no session in the header", {Header("tenant-a", layout_, 0), StagedSlice(hash, good)},
+       grpc::StatusCode::INVALID_ARGUMENT},
+      {"unknown session", {Header("tenant-a", layout_, session ^ 1), StagedSlice(hash, good)},
+       grpc::StatusCode::FAILED_PRECONDITION},
+      {"range past the region", {Header("tenant-a", layout_, session), StagedSlice(hash, outside)},
+       grpc::StatusCode::INVALID_ARGUMENT},
+      {"range overflowing", {Header("tenant-a", layout_, session), StagedSlice(hash, overflowing)},
+       grpc::StatusCode::INVALID_ARGUMENT},
+  };
+  for (const Case& c : cases) {
+    v1::PutResponse response;
+    EXPECT_EQ(PutStream(*client_, c.messages, &response).error_code(), c.code) << c.what;
+  }
+  // A record changed after staging fails its checksum, counted.
+  FastPathClient::StagedStream corrupt(fast->get());
+  std::string bad = block.slices.records[1];
+  bad[100] ^= 1;
+  const std::optional<v1::StagedRange> bad_range = corrupt.Stage(bad);
+  ASSERT_TRUE(bad_range.has_value());
+  v1::PutResponse response;
+  EXPECT_EQ(PutStream(*client_, {Header("tenant-a", layout_, session), StagedSlice(hash, *bad_range)},
+                      &response)
+                .error_code(),
+            grpc::StatusCode::DATA_LOSS);
+  const v1::StatsResponse stats = Stats();
+  EXPECT_EQ(stats.checksum_failures(), 1u);
+  EXPECT_EQ(stats.blocks_stored(), 0u);
+  EXPECT_EQ(stats.pending_blocks(), 0u);
+}
+
 TEST_F(FastPathTest, CacheWithoutFastPathIsReadOverTcp) {
   StartCache({"--no-fast-path"});
   const std::vector<TestBlock> blocks = PutBlocks("tenant-a", rng_.seed(), 3);

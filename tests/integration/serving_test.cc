@@ -243,11 +243,13 @@ TEST_F(ServingTest, FastPathAndTcpGiveTheSameGenerations) {
     ASSERT_TRUE(hit.ok()) << hit.status();
     EXPECT_EQ(hit->usage.cached_tokens(), 3 * kBlock);
     second_turns.push_back(hit->tokens);
-    const uint64_t leased = cluster.CacheStats(0).fast_path_blocks_out();
+    const v1::StatsResponse stats = cluster.CacheStats(0);
     if (fast) {
-      EXPECT_GE(leased, 3u) << "prefill and decode read the cached prefix from shared memory";
+      EXPECT_GE(stats.fast_path_blocks_out(), 3u) << "prefill and decode read the cached prefix from shared memory";
+      EXPECT_GT(stats.fast_path_bytes_in(), 0u) << "prefill wrote its blocks through a staging region";
     } else {
-      EXPECT_EQ(leased, 0u);
+      EXPECT_EQ(stats.fast_path_blocks_out(), 0u);
+      EXPECT_EQ(stats.fast_path_bytes_in(), 0u);
     }
   }
   ExpectSameGeneration(second_turns[0], second_turns[1], 0.0);
