@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "services/cache/fast_path_socket.h"
@@ -177,18 +178,13 @@ bool FastPathClient::CopyRecord(const v1::SharedRecord& record, std::span<uint8_
 }
 
 void FastPathClient::ReleaseSoon(uint64_t lease_id) {
-  // The copies are done; nobody needs to wait for the answer (the lease's
-  // deadline ends it if this call is lost).
-  struct Call {
-    grpc::ClientContext context;
-    v1::ReleaseLeaseRequest request;
-    v1::ReleaseLeaseResponse response;
-  };
-  auto* call = new Call;
-  client_.SetDeadline(call->context);
-  call->request.set_lease_id(lease_id);
-  client_.stub().async()->ReleaseLease(&call->context, &call->request, &call->response,
-                                       [call](grpc::Status) { delete call; });
+  // Over the session's socket: one send, no answer to wait for (a gRPC
+  // ReleaseLease cost 0.2-0.4 ms of this thread). If it is lost, the
+  // lease's deadline ends it.
+  fastpath::Request release{fastpath::RequestKind::kRelease};
+  release.generation = lease_id;
+  absl::MutexLock lock(&mu_);
+  (void)fastpath::SendRequest(socket_, release);
 }
 
 absl::StatusOr<std::vector<uint32_t>> FastPathClient::Fetch(
@@ -208,29 +204,52 @@ absl::StatusOr<std::vector<uint32_t>> FastPathClient::Fetch(
       return FromGrpcStatus(s);
     }
   }
+  // Copies run on up to two threads; the callbacks, one at a time.
+  absl::Mutex callback_mu;
   std::vector<uint32_t> fallback;
-  for (const v1::LeasedBlock& b : leased.blocks()) {
-    if (b.index() >= hashes.size()) continue;
+  const auto deliver = [&](const v1::LeasedBlock& b) {
+    if (b.index() >= hashes.size()) return;
     RawBlock block;
     block.index = b.index();
     block.tier = b.tier();
     if (b.has_miss()) {
       block.status = absl::Status(static_cast<absl::StatusCode>(b.miss().code()), b.miss().message());
+      absl::MutexLock lock(&callback_mu);
       if (block.status.code() == absl::StatusCode::kNotFound ||
           block.status.code() == absl::StatusCode::kDataLoss) {
         on_block(block);
       } else {
         fallback.push_back(b.index());
       }
-      continue;
+      return;
     }
-    const std::span<uint8_t> out = destination(b.index(), b.shared().size());
-    if (out.size() < b.shared().size() || !CopyRecord(b.shared(), out)) {
+    std::span<uint8_t> out;
+    {
+      absl::MutexLock lock(&callback_mu);
+      out = destination(b.index(), b.shared().size());
+    }
+    const bool copied = out.size() >= b.shared().size() && CopyRecord(b.shared(), out);
+    absl::MutexLock lock(&callback_mu);
+    if (!copied) {
       fallback.push_back(b.index());
-      continue;
+      return;
     }
     block.size = b.shared().size();
     on_block(block);
+  };
+  uint64_t shared_bytes = 0;
+  for (const v1::LeasedBlock& b : leased.blocks()) shared_bytes += b.has_shared() ? b.shared().size() : 0;
+  const int n = leased.blocks_size();
+  // One core copies and checks at about half of what memory delivers
+  // (measured: 9 GB/s against memcpy's 18-20): large reads split in two.
+  if (shared_bytes >= kTwoThreadBytes && std::thread::hardware_concurrency() > 1) {
+    std::thread helper([&] {
+      for (int i = n / 2; i < n; ++i) deliver(leased.blocks(i));
+    });
+    for (int i = 0; i < n / 2; ++i) deliver(leased.blocks(i));
+    helper.join();
+  } else {
+    for (const v1::LeasedBlock& b : leased.blocks()) deliver(b);
   }
   if (leased.lease_id() != 0) ReleaseSoon(leased.lease_id());
   return fallback;

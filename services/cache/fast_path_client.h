@@ -48,6 +48,8 @@ class FastPathClient {
   // (NOT_FOUND, DATA_LOSS) go to `on_block` too. Returns the indices the
   // fast path did not serve, for the caller to read with Get. An error
   // (the call failed, the session is gone) means nothing was delivered.
+  // Large reads copy on two threads; the callbacks are never called at
+  // once, but not always in index order.
   absl::StatusOr<std::vector<uint32_t>> Fetch(const std::string& ns,
                                               const kvblock::LatentLayout& layout,
                                               const std::vector<kvblock::BlockHash>& hashes,
@@ -99,6 +101,7 @@ class FastPathClient {
   const int socket_;  // requests on it are made under mu_
   std::map<std::pair<uint32_t, uint32_t>, std::shared_ptr<const Mapping>> mappings_
       ABSL_GUARDED_BY(mu_);
+  static constexpr uint64_t kTwoThreadBytes = 8 << 20;
   // The staging region (writable), cut into chunks handed to streams.
   static constexpr uint64_t kStagingChunk = 4 << 20;
   uint8_t* const staging_;

@@ -279,6 +279,14 @@ bool FastPathServer::Serve(int socket) {
     const StagingRegion* staging = it->second.staging.get();
     return fastpath::SendReply(socket, absl::OkStatus(), staging != nullptr ? staging->fd() : -1).ok();
   }
+  if (request.kind == fastpath::RequestKind::kRelease && proven != 0) {
+    // Only the session's own leases; the client does not wait for an answer.
+    if (sessions_[proven].leases.contains(request.generation)) {
+      sessions_[proven].leases.erase(request.generation);
+      leases_.erase(request.generation);
+    }
+    return true;
+  }
   if (request.kind != fastpath::RequestKind::kSegment || proven == 0) {
     (void)fastpath::SendReply(socket, absl::InvalidArgumentError("say hello first"));
     return false;

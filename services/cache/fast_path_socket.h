@@ -15,6 +15,7 @@ namespace kvtier::cache::fastpath {
 enum class RequestKind : uint32_t {
   kHello = 1,    // proves the session: session_id + secret
   kSegment = 2,  // asks for a segment's read-only descriptor
+  kRelease = 3,  // ends one of the session's leases; no reply
 };
 
 struct Request {
@@ -23,7 +24,7 @@ struct Request {
   uint32_t segment = 0;
   uint32_t reserved = 0;
   uint64_t session_id = 0;  // kHello
-  uint64_t generation = 0;  // kSegment
+  uint64_t generation = 0;  // kSegment; kRelease: the lease id
   std::array<uint8_t, 16> secret{};
 };
 
