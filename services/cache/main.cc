@@ -189,8 +189,7 @@ int main(int argc, char** argv) {
                   "comma-separated tenants to serve (others get NOT_FOUND); empty: any");
   flags.AddUint("page-size", &f.page_size, "tier page size in bytes");
   flags.AddString("fast-path-socket", &f.fast_path_socket,
-                  "unix socket of the same-host fast path (clients learn it over gRPC);\n"
-                  "'@name' is Linux's abstract namespace; default: a fresh abstract name");
+                  "unix socket of the same-host fast path, '@name' for an abstract one (default: a fresh abstract name)");
   flags.AddString("fast-path-staging", &f.fast_path_staging,
                   "staging memory for same-host Put, all sessions together (0: none)");
   flags.AddBool("no-fast-path", &f.no_fast_path,

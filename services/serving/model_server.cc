@@ -21,8 +21,7 @@ void ModelServerFlags::Register(FlagParser& flags) {
   flags.AddUint("cache-deadline-ms", &cache_deadline_ms, "deadline of each call to a cache shard");
   flags.AddUint("threads", &threads, "threads for the model's matrix products (0: every core)");
   flags.AddBool("no-fast-path", &no_fast_path,
-                "read blocks over gRPC only, even from a cache shard on this host\n"
-                "(by default a local shard's blocks are copied from its shared memory)");
+                "read and write blocks over gRPC only, even with a cache shard on this host");
 }
 
 absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const ModelServerFlags& f) {

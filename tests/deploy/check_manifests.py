@@ -2,7 +2,9 @@
 """Checks deploy/kubernetes against the binaries it runs: every manifest the
 kustomization lists exists and parses, every container runs a kvtier server
 with flags that server's --help lists, and its gRPC port, probes and
---listen agree. Usage: check_manifests.py DEPLOY_DIR BIN_DIR"""
+--listen agree; when the cache puts its fast path socket in a directory,
+every decode and prefill container mounts that directory.
+Usage: check_manifests.py DEPLOY_DIR BIN_DIR"""
 import pathlib
 import subprocess
 import sys
@@ -14,6 +16,7 @@ def main(deploy_dir, bin_dir):
     k8s = pathlib.Path(deploy_dir) / "kubernetes"
     kustomization = yaml.safe_load((k8s / "kustomization.yaml").read_text())
     errors, containers = [], 0
+    socket_dirs, mounts = set(), []  # cache socket directories; (where, binary, mount paths)
     for resource in kustomization["resources"]:
         path = k8s / resource
         if not path.exists():
@@ -35,9 +38,17 @@ def main(deploy_dir, bin_dir):
                 grpc_port = next(p["containerPort"] for p in c["ports"] if p["name"] == "grpc")
                 if not args.get("listen", "").endswith(f":{grpc_port}"):
                     errors.append(f"{where}: --listen {args.get('listen')} is not the grpc port {grpc_port}")
+                socket = args.get("fast-path-socket", "")
+                if c["command"][0] == "kvtier-cache" and socket and not socket.startswith("@"):
+                    socket_dirs.add(str(pathlib.PurePosixPath(socket).parent))
+                mounts.append((where, c["command"][0], {m["mountPath"] for m in c.get("volumeMounts", [])}))
                 for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
                     if probe in c and c[probe]["grpc"]["port"] != grpc_port:
                         errors.append(f"{where}: {probe} checks port {c[probe]['grpc']['port']}, not {grpc_port}")
+    for where, binary, paths in mounts:
+        for d in socket_dirs:
+            if binary in ("kvtier-decode", "kvtier-prefill") and d not in paths:
+                errors.append(f"{where}: does not mount {d}, where the cache shards' fast path sockets are")
     if containers < 3:
         errors.append(f"only {containers} containers found; expected cache, decode and prefill")
     for e in errors:
