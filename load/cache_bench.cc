@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -111,22 +112,35 @@ std::pair<double, std::vector<Sample>> Concurrently(int clients, Op op) {
   return {Seconds(Clock::now() - start), samples};
 }
 
+// One Put stream of the prefix's layer slices; with `fast`, each slice is
+// written into the session's staging region and the stream names it
+// (inline when the region is full).
 Sample KvtierPut(CacheClient& client, const kvblock::LatentLayout& layout, const std::string& ns,
-                 const Prefix& p) {
+                 const Prefix& p, FastPathClient* fast = nullptr) {
   grpc::ClientContext context;
   client.SetDeadline(context);
   v1::PutResponse response;
   Sample sample;
+  std::optional<FastPathClient::StagedStream> staged;
   auto writer = client.stub().Put(&context, &response);
   v1::PutRequest header;
   header.mutable_header()->set_kv_namespace(ns);
   *header.mutable_header()->mutable_layout() = kvblock::LayoutToProto(layout);
+  if (fast != nullptr) {
+    staged.emplace(fast);
+    header.mutable_header()->set_fast_path_session_id(fast->session_id());
+  }
   writer->Write(header);
   v1::PutRequest slice;
   for (const BlockSlices& b : p.slices) {
     slice.mutable_slice()->set_block_hash(std::string(kvblock::HashAsBytes(b.hash)));
     for (const std::string& r : b.records) {
-      slice.mutable_slice()->set_data(r);
+      std::optional<v1::StagedRange> range = staged.has_value() ? staged->Stage(r) : std::nullopt;
+      if (range.has_value()) {
+        *slice.mutable_slice()->mutable_staged() = *range;
+      } else {
+        slice.mutable_slice()->set_data(r);
+      }
       writer->Write(slice);
     }
     sample.Block();
@@ -179,41 +193,6 @@ Sample KvtierFastGet(FastPathClient& fast, const kvblock::LatentLayout& layout, 
     std::fprintf(stderr, "fast path Get failed: %s (%zu blocks)\n",
                  std::string(left.status().message()).c_str(), blocks);
   }
-  return sample;
-}
-
-// Put through the fast path: each slice written into the session's staging
-// region, the stream naming it (inline when the region is full).
-Sample KvtierStagedPut(FastPathClient& fast, CacheClient& client, const kvblock::LatentLayout& layout,
-                       const std::string& ns, const Prefix& p) {
-  grpc::ClientContext context;
-  client.SetDeadline(context);
-  v1::PutResponse response;
-  Sample sample;
-  FastPathClient::StagedStream staged(&fast);
-  auto writer = client.stub().Put(&context, &response);
-  v1::PutRequest header;
-  header.mutable_header()->set_kv_namespace(ns);
-  *header.mutable_header()->mutable_layout() = kvblock::LayoutToProto(layout);
-  header.mutable_header()->set_fast_path_session_id(fast.session_id());
-  writer->Write(header);
-  v1::PutRequest slice;
-  for (const BlockSlices& b : p.slices) {
-    slice.mutable_slice()->set_block_hash(std::string(kvblock::HashAsBytes(b.hash)));
-    for (const std::string& r : b.records) {
-      if (std::optional<v1::StagedRange> range = staged.Stage(r)) {
-        *slice.mutable_slice()->mutable_staged() = *range;
-      } else {
-        slice.mutable_slice()->set_data(r);
-      }
-      writer->Write(slice);
-    }
-    sample.Block();
-  }
-  writer->WritesDone();
-  grpc::Status status = writer->Finish();
-  sample.Done();
-  if (!status.ok()) std::fprintf(stderr, "staged Put failed: %s\n", status.error_message().c_str());
   return sample;
 }
 
@@ -350,7 +329,7 @@ int Run(const std::string& cache_binary, const std::string& redis_binary, int ro
       }));
       // The same blocks again under other names, through the staging region.
       staged_put.push_back(Concurrently(n, [&](int c) {
-        return KvtierStagedPut(*fast_clients[c], *clients[c], layout, "staged-" + tag + std::to_string(c), prefixes[c]);
+        return KvtierPut(*clients[c], layout, "staged-" + tag + std::to_string(c), prefixes[c], fast_clients[c].get());
       }));
       get.push_back(Concurrently(n, [&](int c) {
         return KvtierGet(channels[c].get(), layout, tag + std::to_string(c), prefixes[c], destinations[c]);

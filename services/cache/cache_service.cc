@@ -58,6 +58,8 @@ grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context, RpcT
   return reactor;
 }
 
+absl::Status NoFastPath() { return absl::FailedPreconditionError("this cache runs without a fast path"); }
+
 const grpc::Status kBusy(grpc::StatusCode::RESOURCE_EXHAUSTED,
                          "kvtier-cache is at its work-queue limit; retry with backoff");
 
@@ -192,7 +194,7 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutRequest> {
                                                         request.header().layout()));
         if (const uint64_t id = request.header().fast_path_session_id(); id != 0) {
           if (service_->fast_path() == nullptr) {
-            return absl::FailedPreconditionError("this cache runs without a fast path");
+            return NoFastPath();
           }
           KVTIER_ASSIGN_OR_RETURN(staging_, service_->fast_path()->Staging(id));
         }
@@ -548,10 +550,7 @@ grpc::ServerUnaryReactor* CacheService::OpenFastPath(grpc::CallbackServerContext
                                                      const v1::OpenFastPathRequest* request,
                                                      v1::OpenFastPathResponse* response) {
   RpcTimer timer(metrics_, "OpenFastPath");
-  if (fast_path_ == nullptr) {
-    return FinishUnary(context, std::move(timer),
-                       absl::FailedPreconditionError("this cache runs without a fast path"));
-  }
+  if (fast_path_ == nullptr) return FinishUnary(context, std::move(timer), NoFastPath());
   absl::StatusOr<v1::OpenFastPathResponse> opened = fast_path_->Open(request->staging_bytes());
   if (opened.ok()) *response = *std::move(opened);
   return FinishUnary(context, std::move(timer), opened.status());
@@ -561,10 +560,7 @@ grpc::ServerUnaryReactor* CacheService::LeaseBlocks(grpc::CallbackServerContext*
                                                     const v1::LeaseBlocksRequest* request,
                                                     v1::LeaseBlocksResponse* response) {
   RpcTimer timer(metrics_, "LeaseBlocks");
-  if (fast_path_ == nullptr) {
-    return FinishUnary(context, std::move(timer),
-                       absl::FailedPreconditionError("this cache runs without a fast path"));
-  }
+  if (fast_path_ == nullptr) return FinishUnary(context, std::move(timer), NoFastPath());
   absl::StatusOr<RequestScope> scope = ValidateScope(request->kv_namespace(), request->layout());
   if (!scope.ok()) return FinishUnary(context, std::move(timer), scope.status());
   absl::StatusOr<std::vector<kvblock::BlockHash>> hashes = ValidateHashes(request->block_hashes());
