@@ -86,7 +86,9 @@ absl::Status SendReply(int socket, const absl::Status& status, int fd) {
   Reply reply;
   reply.code = static_cast<int32_t>(status.code());
   const absl::string_view text = status.message();
-  std::memcpy(reply.message.data(), text.data(), std::min(text.size(), reply.message.size() - 1));
+  if (!text.empty()) {  // an OK status's message may be a null view
+    std::memcpy(reply.message.data(), text.data(), std::min(text.size(), reply.message.size() - 1));
+  }
   iovec io{&reply, sizeof reply};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   msghdr msg{};
