@@ -9,15 +9,12 @@
 
 #include "kvtier/kernels/cuda_codec.h"
 #include "kvtier/kernels/float_formats.h"
+#include "cuda_status.h"
 
 namespace kvtier::kernels::cuda {
 namespace {
 
 constexpr unsigned long long kNoBadValue = ~0ull;
-
-Status CudaError(cudaError_t e, const char* what) {
-  return Status(StatusCode::kInternal, std::string(what) + ": " + cudaGetErrorString(e));
-}
 
 __device__ void NoteBad(unsigned long long index, unsigned long long* first_bad) { atomicMin(first_bad, index); }
 

@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # The GPU checks, for the device machine (nvcc, cmake and ninja; no gRPC,
 # protobuf or gtest): builds kernels/ with CUDA standalone, then runs the
-# CUDA codec check (bytes equal to the CPU codecs') and its GB/s table.
+# CUDA codec check (bytes equal to the CPU codecs') and its GB/s table, and
+# the paged MLA decode attention check (against float64 and the CPU) and its
+# table of GB/s against the device-to-device copy bandwidth.
 # Usage, from the repository root: bash kernels/cuda/device_check.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${BUILD_DIR:-build-device}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVTIER_KERNELS_ONLY=ON -DKVTIER_CUDA=ON
-cmake --build "$build" -j"$(nproc)" --target kvtier_cuda_check_codecs
-"$build"/kernels/kvtier_cuda_check_codecs
+cmake --build "$build" -j"$(nproc)" --target kvtier_cuda_check_codecs kvtier_cuda_check_mla_attention
+status=0
+"$build"/kernels/kvtier_cuda_check_codecs || status=$?
+"$build"/kernels/kvtier_cuda_check_mla_attention || status=$?
+exit $status

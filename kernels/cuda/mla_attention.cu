@@ -1,0 +1,281 @@
+// Paged absorbed-MLA decode attention on CUDA cores: the first, simple
+// version, written for correctness (checked against the CPU by
+// check_mla_attention.cc) and to measure against; tensor cores come next.
+//
+// Grid: (split, head group of up to 16 heads, sequence). A CUDA block walks
+// its range of the sequence's blocks 16 tokens at a time: the tokens are
+// widened to floats in shared memory (each latent is read from the pool
+// once for all of the group's heads: MLA's keys and values are the same
+// latent), every (head, token) score is one thread's dot product, an online
+// softmax keeps each head's running max and sum, and each thread owns some
+// channels of every head's weighted sum. The partial results (max, sum,
+// unnormalised sum per head) go to a workspace; a second kernel combines a
+// sequence's splits by log-sum-exp.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "cuda_status.h"
+#include "kvtier/kernels/cuda_mla_attention.h"
+#include "kvtier/kernels/float_formats.h"
+
+namespace kvtier::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr uint32_t kGroupHeads = 16;  // heads per CUDA block
+constexpr uint32_t kChunk = 16;       // tokens widened at a time
+
+// What the device found wrong, reduced with atomicMin so the host sees the
+// first sequence: (sequence << 2) | reason.
+enum BadInput : uint32_t { kBadBlockCount = 1, kBadBlockIndex = 2, kBadTail = 3 };
+constexpr unsigned long long kNothingBad = ~0ull;
+
+struct Params {
+  MlaShape shape;
+  PagedLatents latents;
+  size_t block_bytes;
+  const float* q;
+  float scale;
+  uint32_t splits;
+  uint32_t blocks_per_split;
+  float* partial;  // [batch][splits][heads][kv + 2]: max, sum, then the sum of p * c
+  unsigned long long* bad;
+};
+
+__device__ float LoadBf16(const uint8_t* p) {
+  uint16_t h;
+  memcpy(&h, p, 2);
+  return Bf16ToFloat(h);
+}
+
+// Channel c of token t of a stored block, as a float.
+__device__ float StoredValue(Codec codec, const uint8_t* block, uint32_t t, uint32_t c, uint32_t kv, uint32_t dim,
+                             uint32_t rope) {
+  switch (codec) {
+    case Codec::kBf16:
+      return LoadBf16(block + 2 * (size_t{t} * dim + c));
+    case Codec::kInt8: {
+      const int8_t code = static_cast<int8_t>(block[2 * size_t{dim} + size_t{t} * dim + c]);
+      return static_cast<float>(code) * LoadBf16(block + 2 * size_t{c});
+    }
+    case Codec::kInt4: {
+      const uint32_t half = (dim + 1) / 2;
+      const uint8_t byte = block[4 * size_t{dim} + size_t{t} * half + (c < half ? c : c - half)];
+      const float code = static_cast<float>(c < half ? (byte & 0xf) : (byte >> 4));
+      return LoadBf16(block + 2 * (size_t{dim} + c)) + code * LoadBf16(block + 2 * size_t{c});
+    }
+    case Codec::kFp8: {
+      const uint32_t tiles = (kv + kFp8TileSize - 1) / kFp8TileSize;
+      const uint8_t* token = block + size_t{t} * (kv + 4 * tiles + 2 * rope);
+      if (c >= kv) return LoadBf16(token + kv + 4 * tiles + 2 * (c - kv));
+      float scale;
+      memcpy(&scale, token + kv + 4 * (c / kFp8TileSize), 4);
+      return Fp8E4m3ToFloat(token[c]) * scale;
+    }
+  }
+  return 0.0f;
+}
+
+__global__ void __launch_bounds__(kThreads) PartialKernel(Params p) {
+  const uint32_t split = blockIdx.x, group = blockIdx.y, b = blockIdx.z;
+  const uint32_t kv = p.shape.kv_lora_rank, rope = p.shape.rope_dim, dim = kv + rope, stride = dim + 1;
+  const uint32_t h0 = group * kGroupHeads, heads = min(kGroupHeads, p.shape.heads - h0);
+  const PagedLatents& L = p.latents;
+
+  extern __shared__ float smem[];
+  float* qs = smem;                          // [kGroupHeads][stride]
+  float* rows = qs + kGroupHeads * stride;   // [kChunk][stride]
+  float* probs = rows + kChunk * stride;     // [kGroupHeads][kChunk]
+  float* run_max = probs + kGroupHeads * kChunk;
+  float* run_sum = run_max + kGroupHeads;
+  float* rescale = run_sum + kGroupHeads;
+  float* acc = rescale + kGroupHeads;        // [kGroupHeads][kv]
+
+  const int32_t nblocks = L.blocks_per_sequence[b];
+  const int32_t ntail = L.max_tail > 0 ? L.tail_tokens[b] : 0;
+  if (nblocks < 0 || static_cast<uint32_t>(nblocks) > L.max_blocks_per_sequence) {
+    if (threadIdx.x == 0) atomicMin(p.bad, (static_cast<unsigned long long>(b) << 2) | kBadBlockCount);
+    return;
+  }
+  if (ntail < 0 || static_cast<uint32_t>(ntail) > L.max_tail || (nblocks == 0 && ntail == 0)) {
+    if (threadIdx.x == 0) atomicMin(p.bad, (static_cast<unsigned long long>(b) << 2) | kBadTail);
+    return;
+  }
+
+  for (uint32_t i = threadIdx.x; i < heads * dim; i += kThreads) {
+    const uint32_t h = i / dim, c = i % dim;
+    qs[h * stride + c] = p.q[(size_t{b} * p.shape.heads + h0 + h) * dim + c];
+  }
+  for (uint32_t i = threadIdx.x; i < heads * kv; i += kThreads) acc[i] = 0.0f;
+  if (threadIdx.x < heads) run_max[threadIdx.x] = -INFINITY, run_sum[threadIdx.x] = 0.0f;
+  __syncthreads();
+
+  // This split's tokens: its blocks, and (split 0) the tail.
+  const uint32_t first = split * p.blocks_per_split;
+  const uint32_t last = min(first + p.blocks_per_split, static_cast<uint32_t>(nblocks));
+  const uint32_t block_tokens = first < last ? (last - first) * L.tokens_per_block : 0;
+  const uint32_t tokens = block_tokens + (split == 0 ? static_cast<uint32_t>(ntail) : 0);
+  for (uint32_t t0 = 0; t0 < tokens; t0 += kChunk) {
+    const uint32_t n = min(kChunk, tokens - t0);
+    // Widen n tokens to floats.
+    for (uint32_t i = threadIdx.x; i < n * dim; i += kThreads) {
+      const uint32_t t = t0 + i / dim, c = i % dim;
+      float v;
+      if (t < block_tokens) {
+        const uint32_t j = first + t / L.tokens_per_block;
+        const int32_t index = L.block_table[size_t{b} * L.max_blocks_per_sequence + j];
+        if (index < 0 || static_cast<uint32_t>(index) >= L.pool_blocks) {
+          atomicMin(p.bad, (static_cast<unsigned long long>(b) << 2) | kBadBlockIndex);
+          v = 0.0f;
+        } else {
+          v = StoredValue(L.codec, L.pool + size_t(index) * p.block_bytes, t % L.tokens_per_block, c, kv, dim,
+                          rope);
+        }
+      } else {
+        v = L.tail[(size_t{b} * L.max_tail + (t - block_tokens)) * dim + c];
+      }
+      rows[(i / dim) * stride + c] = v;
+    }
+    __syncthreads();
+    // One (head, token) score per thread; the padded stride keeps the
+    // lanes' rows in different banks.
+    for (uint32_t i = threadIdx.x; i < heads * n; i += kThreads) {
+      const uint32_t h = i / n, t = i % n;
+      const float* qh = qs + h * stride;
+      const float* row = rows + t * stride;
+      float dot = 0.0f;
+      for (uint32_t c = 0; c < dim; ++c) dot += qh[c] * row[c];
+      probs[h * kChunk + t] = dot * p.scale;
+    }
+    __syncthreads();
+    // Online softmax, one thread per head.
+    if (threadIdx.x < heads) {
+      const uint32_t h = threadIdx.x;
+      float m = run_max[h];
+      for (uint32_t t = 0; t < n; ++t) m = fmaxf(m, probs[h * kChunk + t]);
+      const float r = expf(run_max[h] - m);  // 0 on the first chunk
+      float sum = 0.0f;
+      for (uint32_t t = 0; t < n; ++t) {
+        const float e = expf(probs[h * kChunk + t] - m);
+        probs[h * kChunk + t] = e;
+        sum += e;
+      }
+      run_sum[h] = run_sum[h] * r + sum;
+      run_max[h] = m;
+      rescale[h] = r;
+    }
+    __syncthreads();
+    // Weighted sums: each thread its channels, every head.
+    for (uint32_t c = threadIdx.x; c < kv; c += kThreads) {
+      float sums[kGroupHeads];
+      for (uint32_t h = 0; h < kGroupHeads; ++h) sums[h] = h < heads ? acc[h * kv + c] * rescale[h] : 0.0f;
+      for (uint32_t t = 0; t < n; ++t) {
+        const float v = rows[t * stride + c];
+        for (uint32_t h = 0; h < kGroupHeads; ++h) sums[h] += probs[h * kChunk + t] * v;
+      }
+      for (uint32_t h = 0; h < heads; ++h) acc[h * kv + c] = sums[h];
+    }
+    __syncthreads();
+  }
+  // A split with no tokens writes max -inf and sum 0: it weighs nothing.
+  const size_t part = size_t{kv} + 2;
+  float* out = p.partial + ((size_t{b} * p.splits + split) * p.shape.heads + h0) * part;
+  for (uint32_t h = 0; h < heads; ++h) {
+    if (threadIdx.x == 0) out[h * part] = run_max[h], out[h * part + 1] = run_sum[h];
+    for (uint32_t c = threadIdx.x; c < kv; c += kThreads) out[h * part + 2 + c] = acc[h * kv + c];
+  }
+}
+
+// One CUDA block per (head, sequence): the splits' results weighted by
+// exp(max_s - max) and normalised by the total sum.
+__global__ void __launch_bounds__(kThreads) CombineKernel(const float* partial, uint32_t splits, uint32_t heads,
+                                                          uint32_t kv, float* out, float* lse) {
+  const uint32_t h = blockIdx.x, b = blockIdx.y;
+  const size_t part = size_t{kv} + 2;
+  const float* first = partial + (size_t{b} * splits * heads + h) * part;
+  const size_t split_stride = size_t{heads} * part;
+  float m = -INFINITY;
+  for (uint32_t s = 0; s < splits; ++s) m = fmaxf(m, first[s * split_stride]);
+  float total = 0.0f;
+  for (uint32_t s = 0; s < splits; ++s) total += first[s * split_stride + 1] * expf(first[s * split_stride] - m);
+  for (uint32_t c = threadIdx.x; c < kv; c += kThreads) {
+    float v = 0.0f;
+    for (uint32_t s = 0; s < splits; ++s) {
+      v += first[s * split_stride + 2 + c] * expf(first[s * split_stride] - m);
+    }
+    out[(size_t{b} * heads + h) * kv + c] = v / total;
+  }
+  if (lse != nullptr && threadIdx.x == 0) lse[size_t{b} * heads + h] = m + logf(total);
+}
+
+}  // namespace
+
+Status PagedMlaDecode(const MlaShape& shape, const PagedLatents& latents, uint32_t batch, const float* q,
+                      float softmax_scale, float* out, float* lse, void* stream_ptr) {
+  const uint32_t kv = shape.kv_lora_rank, dim = kv + shape.rope_dim;
+  const size_t block_bytes = EncodedBytes(latents.codec, {latents.tokens_per_block, kv, shape.rope_dim});
+  if (shape.heads == 0 || kv == 0 || batch == 0 || block_bytes == 0) {
+    return InvalidArgument("cuda::PagedMlaDecode: empty shape or batch, or a block shape the codec refuses");
+  }
+  if (q == nullptr || out == nullptr || latents.blocks_per_sequence == nullptr ||
+      (latents.max_blocks_per_sequence > 0 && (latents.pool == nullptr || latents.block_table == nullptr)) ||
+      (latents.max_tail > 0 && (latents.tail == nullptr || latents.tail_tokens == nullptr)) ||
+      latents.max_blocks_per_sequence + latents.max_tail == 0) {
+    return InvalidArgument("cuda::PagedMlaDecode: a pointer is missing for the sizes given");
+  }
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  int device = 0, sms = 0, max_smem = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  const size_t smem = sizeof(float) * ((kGroupHeads + kChunk) * size_t{dim + 1} + kGroupHeads * kChunk +
+                                       3 * kGroupHeads + size_t{kGroupHeads} * kv);
+  if (smem > static_cast<size_t>(max_smem)) {
+    return InvalidArgument("cuda::PagedMlaDecode: kv_lora_rank + rope_dim " + std::to_string(dim) +
+                           " needs more shared memory than the device has");
+  }
+  if (const cudaError_t e = cudaFuncSetAttribute(PartialKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(smem));
+      e != cudaSuccess) {
+    return CudaError(e, "cuda::PagedMlaDecode");
+  }
+  // Enough CUDA blocks to fill the device twice over, splitting long
+  // sequences into ranges of whole blocks.
+  const uint32_t groups = (shape.heads + kGroupHeads - 1) / kGroupHeads;
+  const uint32_t max_blocks = std::max(latents.max_blocks_per_sequence, 1u);
+  const uint32_t wanted = std::max<uint32_t>(1, (2 * static_cast<uint32_t>(sms) + batch * groups - 1) / (batch * groups));
+  const uint32_t blocks_per_split = (max_blocks + std::min(wanted, max_blocks) - 1) / std::min(wanted, max_blocks);
+  const uint32_t splits = (max_blocks + blocks_per_split - 1) / blocks_per_split;
+
+  const size_t partial_bytes = sizeof(float) * size_t{batch} * splits * shape.heads * (size_t{kv} + 2);
+  void* workspace = nullptr;
+  if (const cudaError_t e = cudaMallocAsync(&workspace, partial_bytes + sizeof(unsigned long long), stream);
+      e != cudaSuccess) {
+    return CudaError(e, "cuda::PagedMlaDecode workspace");
+  }
+  Params p{shape, latents, block_bytes, q, softmax_scale, splits, blocks_per_split,
+           static_cast<float*>(workspace),
+           reinterpret_cast<unsigned long long*>(static_cast<char*>(workspace) + partial_bytes)};
+  cudaMemsetAsync(p.bad, 0xff, sizeof(unsigned long long), stream);
+  PartialKernel<<<dim3(splits, groups, batch), kThreads, smem, stream>>>(p);
+  CombineKernel<<<dim3(shape.heads, batch), kThreads, 0, stream>>>(p.partial, splits, shape.heads, kv, out, lse);
+  unsigned long long bad = kNothingBad;
+  cudaMemcpyAsync(&bad, p.bad, sizeof bad, cudaMemcpyDeviceToHost, stream);
+  cudaFreeAsync(workspace, stream);
+  if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) {
+    return CudaError(e, "cuda::PagedMlaDecode");
+  }
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return CudaError(e, "cuda::PagedMlaDecode launch");
+  if (bad != kNothingBad) {
+    static const char* const kWhy[] = {"", "a block count outside its block-table row",
+                                       "a block index outside the pool", "a tail count outside 0..max_tail, or no context"};
+    return InvalidArgument("cuda::PagedMlaDecode: sequence " + std::to_string(bad >> 2) + " has " + kWhy[bad & 3]);
+  }
+  return OkStatus();
+}
+
+}  // namespace kvtier::kernels::cuda

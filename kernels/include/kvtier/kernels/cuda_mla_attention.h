@@ -1,0 +1,58 @@
+// Absorbed MLA decode attention on the GPU over a paged pool of quantized
+// latent blocks (FlashMLA's job, for kvtier's codecs): for a batch of
+// sequences of different lengths, one new token each, every head attends to
+// its sequence's blocks (found through a block table) and then to its tail
+// (the tokens not yet in a full block, in float). The same mathematics as
+// the CPU's AbsorbedMlaDecode (mla_attention.h), per sequence:
+//
+//   out[b][h] = sum_t softmax_t(scale * q[b][h] . k_t) * c_t
+//   lse[b][h] = log sum_t exp(scale * q[b][h] . k_t)
+//
+// Long contexts are split over several CUDA blocks, each over a range of the
+// sequence's blocks, and the partial results combined by log-sum-exp.
+// Built only with CUDA (KVTIER_HAVE_CUDA); callable from plain C++.
+#ifndef KVTIER_KERNELS_CUDA_MLA_ATTENTION_H_
+#define KVTIER_KERNELS_CUDA_MLA_ATTENTION_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvtier/kernels/codec.h"
+#include "kvtier/kernels/mla_attention.h"
+#include "kvtier/kernels/status.h"
+
+namespace kvtier::kernels::cuda {
+
+// One layer's latents for a batch, all pointers to device memory.
+struct PagedLatents {
+  Codec codec = Codec::kBf16;
+  uint32_t tokens_per_block = 0;
+  // Blocks of EncodedBytes(codec, {tokens_per_block, kv_lora_rank,
+  // rope_dim}) bytes, back to back.
+  const uint8_t* pool = nullptr;
+  uint32_t pool_blocks = 0;
+  // [batch][max_blocks_per_sequence] indices into the pool, and how many of
+  // each row are the sequence's (full) blocks, in order.
+  const int32_t* block_table = nullptr;
+  uint32_t max_blocks_per_sequence = 0;
+  const int32_t* blocks_per_sequence = nullptr;  // [batch]
+  // [batch][max_tail][kv_lora_rank + rope_dim] floats and [batch] counts:
+  // each sequence's last tokens, after its blocks. Null when max_tail is 0.
+  const float* tail = nullptr;
+  const int32_t* tail_tokens = nullptr;
+  uint32_t max_tail = 0;
+};
+
+// q: [batch][heads][kv_lora_rank + rope_dim] (q_latent then q_rope, as the
+// CPU's q_latent and q_rope side by side); out: [batch][heads][kv_lora_rank];
+// lse: [batch][heads], or null. Runs on `stream` (a cudaStream_t; null: the
+// default stream) and waits for it. INVALID_ARGUMENT for shapes or pointers
+// that do not fit, and (found on the device) a block index outside the pool,
+// a count outside its row, or a sequence with no context, naming the first
+// such sequence; INTERNAL for a CUDA error.
+Status PagedMlaDecode(const MlaShape& shape, const PagedLatents& latents, uint32_t batch, const float* q,
+                      float softmax_scale, float* out, float* lse, void* stream);
+
+}  // namespace kvtier::kernels::cuda
+
+#endif  // KVTIER_KERNELS_CUDA_MLA_ATTENTION_H_
