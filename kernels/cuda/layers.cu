@@ -1,0 +1,93 @@
+// RMSNorm and RoPE kernels (cuda_layers.h).
+#include <cuda_runtime.h>
+
+#include <string>
+#include <vector>
+
+#include "cuda_status.h"
+#include "kvtier/kernels/cuda_layers.h"
+
+namespace kvtier::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// One CUDA block per row: a tree sum of squares, then the scaled row.
+__global__ void __launch_bounds__(kThreads) RmsNormKernel(const float* x, const float* weight, uint32_t dim, float eps,
+                                                          float* out) {
+  __shared__ float partial[kThreads];
+  const float* row = x + size_t{blockIdx.x} * dim;
+  float sum = 0.0f;
+  for (uint32_t c = threadIdx.x; c < dim; c += kThreads) sum += row[c] * row[c];
+  partial[threadIdx.x] = sum;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
+    __syncthreads();
+  }
+  const float inv = 1.0f / sqrtf(partial[0] / static_cast<float>(dim) + eps);
+  float* o = out + size_t{blockIdx.x} * dim;
+  for (uint32_t c = threadIdx.x; c < dim; c += kThreads) o[c] = weight[c] * (row[c] * inv);
+}
+
+// One thread per (row, vector, pair): reads its interleaved pair (2i, 2i+1)
+// and writes the rotated values to i and half + i. A vector's threads all
+// read before any writes (the vector sits in one CUDA block, which syncs),
+// since pair i's outputs overwrite other pairs' inputs.
+__global__ void __launch_bounds__(kThreads) RopeKernel(const double* inv_freq, double mscale, uint32_t half,
+                                                       const int64_t* positions, float* x, uint32_t vectors,
+                                                       size_t row_stride, size_t vector_stride) {
+  const uint32_t r = blockIdx.y;
+  const uint32_t v = blockIdx.x * (kThreads / half) + threadIdx.x / half, i = threadIdx.x % half;
+  const bool active = threadIdx.x < (kThreads / half) * half && v < vectors;
+  float* vec = x + r * row_stride + size_t{v} * vector_stride;
+  float a = 0.0f, b = 0.0f;
+  if (active) a = vec[2 * i], b = vec[2 * i + 1];
+  __syncthreads();
+  if (!active) return;
+  const double angle = static_cast<double>(positions[r]) * inv_freq[i];
+  const float c = static_cast<float>(cos(angle) * mscale), s = static_cast<float>(sin(angle) * mscale);
+  vec[i] = a * c - b * s;
+  vec[half + i] = b * c + a * s;
+}
+
+Status Finish(cudaStream_t stream, const char* what) {
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return CudaError(e, what);
+  if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) return CudaError(e, what);
+  return OkStatus();
+}
+
+}  // namespace
+
+Status RmsNorm(const float* x, const float* weight, uint32_t rows, uint32_t dim, float eps, float* out,
+               void* stream) {
+  if (x == nullptr || weight == nullptr || out == nullptr || dim == 0) {
+    return InvalidArgument("cuda::RmsNorm: missing pointer or zero dim");
+  }
+  if (rows == 0) return OkStatus();
+  RmsNormKernel<<<rows, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, weight, dim, eps, out);
+  return Finish(static_cast<cudaStream_t>(stream), "cuda::RmsNorm");
+}
+
+Status ApplyRope(const RopeTable& table, const int64_t* positions, float* x, uint32_t rows, uint32_t vectors,
+                 size_t row_stride, size_t vector_stride, void* stream_ptr) {
+  const uint32_t half = table.dim() / 2;
+  if (half == 0 || half > kThreads || positions == nullptr || x == nullptr || vectors == 0) {
+    return InvalidArgument("cuda::ApplyRope: rope dim must be 2.." + std::to_string(2 * kThreads) +
+                           ", pointers and vectors given");
+  }
+  if (rows == 0) return OkStatus();
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  double* inv_freq = nullptr;
+  if (const cudaError_t e = cudaMallocAsync(&inv_freq, half * sizeof(double), stream); e != cudaSuccess) {
+    return CudaError(e, "cuda::ApplyRope");
+  }
+  cudaMemcpyAsync(inv_freq, table.inv_freq().data(), half * sizeof(double), cudaMemcpyHostToDevice, stream);
+  const uint32_t per_block = kThreads / half;
+  RopeKernel<<<dim3((vectors + per_block - 1) / per_block, rows), kThreads, 0, stream>>>(
+      inv_freq, table.mscale(), half, positions, x, vectors, row_stride, vector_stride);
+  cudaFreeAsync(inv_freq, stream);
+  return Finish(stream, "cuda::ApplyRope");
+}
+
+}  // namespace kvtier::kernels::cuda
