@@ -183,6 +183,14 @@ TEST_F(FastPathTest, SameRandomBlocksReadBackIdenticalThroughBothPaths) {
   EXPECT_EQ(stats.fast_path_sessions(), 1u);
   EXPECT_EQ(stats.fast_path_blocks_out(), blocks.size());
   EXPECT_EQ(stats.fast_path_bytes_out(), blocks.size() * blocks[0].record.size());
+  // `kvtier stats` says the same.
+  const CommandResult json = RunCommand(std::string(KVTIER_BINARY) + " stats --json --target " + target_);
+  EXPECT_NE(json.output.find("\"fast_path_sessions\": 1, \"fast_path_blocks_out\": 24, \"fast_path_bytes_out\": " +
+                             std::to_string(stats.fast_path_bytes_out())),
+            std::string::npos)
+      << json.output;
+  const CommandResult table = RunCommand(std::string(KVTIER_BINARY) + " stats --target " + target_);
+  EXPECT_NE(table.output.find("same-host fast path: 1 sessions, 24 blocks"), std::string::npos) << table.output;
   // Fetch ends its lease over the socket without waiting for the cache.
   EXPECT_TRUE(StatsBecome([](const v1::StatsResponse& s) { return s.pinned_blocks() == 0; }));
 }
