@@ -1,4 +1,5 @@
-// CUDA errors as kernels::Status, for the .cu files of this directory.
+// CUDA errors as kernels::Status, and early return on a bad one, for the .cu
+// files of this directory.
 #ifndef KVTIER_KERNELS_CUDA_CUDA_STATUS_H_
 #define KVTIER_KERNELS_CUDA_CUDA_STATUS_H_
 
@@ -16,5 +17,12 @@ inline Status CudaError(cudaError_t e, const char* what) {
 }
 
 }  // namespace kvtier::kernels::cuda
+
+// Returns the Status of `expr` from the enclosing function unless it is OK.
+#define KVTIER_KERNELS_RETURN_IF_ERROR(expr)                 \
+  do {                                                       \
+    ::kvtier::kernels::Status kvtier_status_ = (expr);       \
+    if (!kvtier_status_.ok()) return kvtier_status_;         \
+  } while (0)
 
 #endif  // KVTIER_KERNELS_CUDA_CUDA_STATUS_H_

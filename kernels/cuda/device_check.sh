@@ -9,9 +9,10 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${BUILD_DIR:-build-device}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVTIER_KERNELS_ONLY=ON -DKVTIER_CUDA=ON
-cmake --build "$build" -j"$(nproc)" --target kvtier_cuda_check_codecs kvtier_cuda_check_layers kvtier_cuda_check_mla_attention
+cmake --build "$build" -j"$(nproc)" --target kvtier_cuda_check_codecs kvtier_cuda_check_layers kvtier_cuda_check_matmul kvtier_cuda_check_mla_attention
 status=0
 "$build"/kernels/kvtier_cuda_check_codecs || status=$?
 "$build"/kernels/kvtier_cuda_check_layers || status=$?
+"$build"/kernels/kvtier_cuda_check_matmul || status=$?
 "$build"/kernels/kvtier_cuda_check_mla_attention || status=$?
 exit $status

@@ -1,0 +1,185 @@
+// cuBLAS projections and the MoE feed-forward (cuda_matmul.h).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <string>
+#include <vector>
+
+#include "cuda_status.h"
+#include "kvtier/kernels/cuda_matmul.h"
+#include "kvtier/kernels/float_formats.h"
+
+namespace kvtier::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+Status BlasError(cublasStatus_t s, const char* what) {
+  return Status(StatusCode::kInternal, std::string(what) + ": " + cublasGetStatusString(s));
+}
+
+unsigned Blocks(size_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
+
+__global__ void ToBf16Kernel(const float* x, uint16_t* out, size_t n) {
+  const size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
+  if (i < n) out[i] = FloatToBf16(x[i]);
+}
+
+// out[i] = bf16(x[rows[i]]), one CUDA block per row.
+__global__ void GatherBf16Kernel(const float* x, const int32_t* rows, uint32_t cols, uint16_t* out) {
+  const float* src = x + size_t(rows[blockIdx.x]) * cols;
+  uint16_t* dst = out + size_t{blockIdx.x} * cols;
+  for (uint32_t c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = FloatToBf16(src[c]);
+}
+
+// h = bf16(silu(g) * u), as the CPU's SwiGLU (then rounded for the next GEMM).
+__global__ void SwiGluKernel(const float* g, const float* u, uint16_t* h, size_t n) {
+  const size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
+  if (i < n) h[i] = FloatToBf16(g[i] / (1.0f + expf(-g[i])) * u[i]);
+}
+
+// out[rows[i]] += weights[i] * d[i], one CUDA block per row. Experts run one
+// after another on the stream, so no two blocks add to a row at once.
+__global__ void ScatterAddKernel(const float* d, const int32_t* rows, const float* weights, uint32_t cols,
+                                 float* out) {
+  const float* src = d + size_t{blockIdx.x} * cols;
+  float* dst = out + size_t(rows[blockIdx.x]) * cols;
+  const float w = weights[blockIdx.x];
+  for (uint32_t c = threadIdx.x; c < cols; c += blockDim.x) dst[c] += w * src[c];
+}
+
+// Scratch slots.
+enum Slot : size_t { kXs, kGate, kUp, kHidden, kDown, kRows, kWeights, kLogits, kSlots };
+
+}  // namespace
+
+Status Blas::Create(void* stream, std::unique_ptr<Blas>& out) {
+  cublasHandle_t handle = nullptr;
+  if (const cublasStatus_t s = cublasCreate(&handle); s != CUBLAS_STATUS_SUCCESS) return BlasError(s, "cublasCreate");
+  if (const cublasStatus_t s = cublasSetStream(handle, static_cast<cudaStream_t>(stream)); s != CUBLAS_STATUS_SUCCESS) {
+    cublasDestroy(handle);
+    return BlasError(s, "cublasSetStream");
+  }
+  out.reset(new Blas(handle, stream));
+  out->scratch_.assign(kSlots, {nullptr, 0});
+  return OkStatus();
+}
+
+Blas::~Blas() {
+  for (auto& [p, bytes] : scratch_) cudaFree(p);
+  cublasDestroy(static_cast<cublasHandle_t>(handle_));
+}
+
+Status Blas::Scratch(size_t slot, size_t bytes, void** out) {
+  auto& [p, size] = scratch_[slot];
+  if (size < bytes) {
+    cudaFree(p);  // synchronises: nothing in flight still uses it
+    p = nullptr, size = 0;
+    if (const cudaError_t e = cudaMalloc(&p, bytes); e != cudaSuccess) return CudaError(e, "cuda::Blas scratch");
+    size = bytes;
+  }
+  *out = p;
+  return OkStatus();
+}
+
+Status Blas::GemmBf16(const uint16_t* w, uint32_t rows, uint32_t cols, const uint16_t* x, uint32_t n, float* y) {
+  // Row-major W [rows][cols] is column-major W^T; y^T = W x^T in column-major
+  // terms: op(A) = W (A = W^T stored, transposed), B = x^T (ld cols).
+  const float one = 1.0f, zero = 0.0f;
+  const cublasStatus_t s =
+      cublasGemmEx(static_cast<cublasHandle_t>(handle_), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows),
+                   static_cast<int>(n), static_cast<int>(cols), &one, w, CUDA_R_16BF, static_cast<int>(cols), x,
+                   CUDA_R_16BF, static_cast<int>(cols), &zero, y, CUDA_R_32F, static_cast<int>(rows),
+                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  return s == CUBLAS_STATUS_SUCCESS ? OkStatus() : BlasError(s, "cublasGemmEx");
+}
+
+Status Blas::Gemm(const uint16_t* w, uint32_t rows, uint32_t cols, const float* x, uint32_t n, float* y) {
+  if (w == nullptr || x == nullptr || y == nullptr || rows == 0 || cols == 0) {
+    return InvalidArgument("cuda::Blas::Gemm: missing pointer or empty matrix");
+  }
+  if (n == 0) return OkStatus();
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  void* xs = nullptr;
+  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kXs, size_t{n} * cols * 2, &xs));
+  ToBf16Kernel<<<Blocks(size_t{n} * cols), kThreads, 0, stream>>>(x, static_cast<uint16_t*>(xs), size_t{n} * cols);
+  KVTIER_KERNELS_RETURN_IF_ERROR(GemmBf16(w, rows, cols, static_cast<uint16_t*>(xs), n, y));
+  if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) return CudaError(e, "cuda::Blas::Gemm");
+  return OkStatus();
+}
+
+Status Blas::SwiGluAdd(const SwiGluDeviceWeights& w, uint32_t hidden, const float* x, const int32_t* rows,
+                       const float* weights, uint32_t count, float* out) {
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  void *xs, *g, *u, *h, *d;
+  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kXs, size_t{count} * hidden * 2, &xs));
+  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kGate, size_t{count} * w.inter * 4, &g));
+  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kUp, size_t{count} * w.inter * 4, &u));
+  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kHidden, size_t{count} * w.inter * 2, &h));
+  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kDown, size_t{count} * hidden * 4, &d));
+  GatherBf16Kernel<<<count, kThreads, 0, stream>>>(x, rows, hidden, static_cast<uint16_t*>(xs));
+  KVTIER_KERNELS_RETURN_IF_ERROR(GemmBf16(w.gate, w.inter, hidden, static_cast<uint16_t*>(xs), count, static_cast<float*>(g)));
+  KVTIER_KERNELS_RETURN_IF_ERROR(GemmBf16(w.up, w.inter, hidden, static_cast<uint16_t*>(xs), count, static_cast<float*>(u)));
+  SwiGluKernel<<<Blocks(size_t{count} * w.inter), kThreads, 0, stream>>>(
+      static_cast<float*>(g), static_cast<float*>(u), static_cast<uint16_t*>(h), size_t{count} * w.inter);
+  KVTIER_KERNELS_RETURN_IF_ERROR(GemmBf16(w.down, hidden, w.inter, static_cast<uint16_t*>(h), count, static_cast<float*>(d)));
+  ScatterAddKernel<<<count, kThreads, 0, stream>>>(static_cast<float*>(d), rows, weights, hidden, out);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return CudaError(e, "cuda::Blas SwiGLU");
+  return OkStatus();
+}
+
+Status Blas::MoeForward(const MoeDeviceWeights& w, uint32_t hidden, const float* x, uint32_t n, float* out) {
+  const uint32_t experts = static_cast<uint32_t>(w.experts.size());
+  if (w.router == nullptr || experts == 0 || x == nullptr || out == nullptr || hidden == 0) {
+    return InvalidArgument("cuda::Blas::MoeForward: missing router, experts or pointers");
+  }
+  if (n == 0) return OkStatus();
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  // The gate: logits on the GPU, the choice on the host with the CPU's own
+  // SelectExperts, so both backends route every token the same way.
+  void* logits = nullptr;
+  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kLogits, size_t{n} * experts * 4, &logits));
+  KVTIER_KERNELS_RETURN_IF_ERROR(Gemm(w.router, experts, hidden, x, n, static_cast<float*>(logits)));
+  std::vector<float> host_logits(size_t{n} * experts);
+  if (const cudaError_t e = cudaMemcpy(host_logits.data(), logits, host_logits.size() * 4, cudaMemcpyDeviceToHost);
+      e != cudaSuccess) {
+    return CudaError(e, "cuda::Blas::MoeForward logits");
+  }
+  std::vector<std::vector<int32_t>> rows_of(experts);
+  std::vector<std::vector<float>> weights_of(experts);
+  std::vector<ExpertChoice> choices;
+  for (uint32_t i = 0; i < n; ++i) {
+    KVTIER_KERNELS_RETURN_IF_ERROR(
+        SelectExperts(std::span(host_logits).subspan(size_t{i} * experts, experts), w.gate, choices));
+    for (const ExpertChoice& c : choices) {
+      rows_of[c.expert].push_back(static_cast<int32_t>(i));
+      weights_of[c.expert].push_back(c.weight);
+    }
+  }
+  if (w.shared.inter > 0) {
+    rows_of.emplace_back(n);
+    for (uint32_t i = 0; i < n; ++i) rows_of.back()[i] = static_cast<int32_t>(i);
+    weights_of.emplace_back(n, 1.0f);
+  }
+  cudaMemsetAsync(out, 0, size_t{n} * hidden * 4, stream);
+  for (size_t e = 0; e < rows_of.size(); ++e) {
+    const uint32_t count = static_cast<uint32_t>(rows_of[e].size());
+    if (count == 0) continue;
+    void *rows, *weights;
+    KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kRows, size_t{count} * 4, &rows));
+    KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kWeights, size_t{count} * 4, &weights));
+    // Pageable host memory: these copies finish before they return.
+    cudaMemcpyAsync(rows, rows_of[e].data(), size_t{count} * 4, cudaMemcpyHostToDevice, stream);
+    cudaMemcpyAsync(weights, weights_of[e].data(), size_t{count} * 4, cudaMemcpyHostToDevice, stream);
+    const SwiGluDeviceWeights& mlp = e < experts ? w.experts[e] : w.shared;
+    KVTIER_KERNELS_RETURN_IF_ERROR(SwiGluAdd(mlp, hidden, x, static_cast<int32_t*>(rows),
+                                             static_cast<float*>(weights), count, out));
+    // The next expert's row list reuses these buffers.
+    if (const cudaError_t err = cudaStreamSynchronize(stream); err != cudaSuccess) {
+      return CudaError(err, "cuda::Blas::MoeForward");
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace kvtier::kernels::cuda

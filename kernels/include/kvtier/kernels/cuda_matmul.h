@@ -1,0 +1,70 @@
+// Dense projections and the MoE feed-forward on the GPU through cuBLAS:
+// bf16 weights (a checkpoint's own dtype, row-major [out][in] as Hugging
+// Face stores them), activations rounded to bf16 on the way in, products
+// summed in float32 (CUBLAS_COMPUTE_32F), results in float32. The MoE gate
+// picks experts exactly as the CPU does (SelectExperts, on the gate's
+// logits); each chosen expert then runs once over all of its tokens.
+// Built only with CUDA; callable from plain C++. Not thread-safe (one
+// stream, reused scratch memory).
+#ifndef KVTIER_KERNELS_CUDA_MATMUL_H_
+#define KVTIER_KERNELS_CUDA_MATMUL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kvtier/kernels/layers.h"
+#include "kvtier/kernels/status.h"
+
+namespace kvtier::kernels::cuda {
+
+// One SwiGLU MLP's weights in device memory, bf16 (uint16_t bits).
+struct SwiGluDeviceWeights {
+  const uint16_t* gate = nullptr;  // [inter][hidden]
+  const uint16_t* up = nullptr;    // [inter][hidden]
+  const uint16_t* down = nullptr;  // [hidden][inter]
+  uint32_t inter = 0;
+};
+
+struct MoeDeviceWeights {
+  const uint16_t* router = nullptr;          // [experts][hidden]
+  std::vector<SwiGluDeviceWeights> experts;  // routed
+  SwiGluDeviceWeights shared;                // inter 0: none
+  GateParams gate;
+};
+
+class Blas {
+ public:
+  // A cuBLAS handle on `stream` (a cudaStream_t; null: the default stream).
+  static Status Create(void* stream, std::unique_ptr<Blas>& out);
+  ~Blas();
+  Blas(const Blas&) = delete;
+  Blas& operator=(const Blas&) = delete;
+
+  // y[i][r] = sum_c w[r][c] * x[i][c] for n inputs: w bf16 [rows][cols], x
+  // and y float [n][cols] and [n][rows], all device memory. Waits.
+  Status Gemm(const uint16_t* w, uint32_t rows, uint32_t cols, const float* x, uint32_t n, float* y);
+
+  // out[n][hidden] = routed experts (weighted by the gate) + shared experts,
+  // x and out device memory. Waits.
+  Status MoeForward(const MoeDeviceWeights& w, uint32_t hidden, const float* x, uint32_t n, float* out);
+
+ private:
+  Blas(void* handle, void* stream) : handle_(handle), stream_(stream) {}
+  // y = x W^T on bf16 x already on the device.
+  Status GemmBf16(const uint16_t* w, uint32_t rows, uint32_t cols, const uint16_t* x, uint32_t n, float* y);
+  // Device scratch of at least `bytes`, kept between calls.
+  Status Scratch(size_t slot, size_t bytes, void** out);
+  // out[rows[i]] += weights[i] * SwiGLU(x[rows[i]]) for `count` rows.
+  Status SwiGluAdd(const SwiGluDeviceWeights& w, uint32_t hidden, const float* x, const int32_t* rows,
+                   const float* weights, uint32_t count, float* out);
+
+  void* handle_;  // cublasHandle_t
+  void* stream_;  // cudaStream_t
+  std::vector<std::pair<void*, size_t>> scratch_;
+};
+
+}  // namespace kvtier::kernels::cuda
+
+#endif  // KVTIER_KERNELS_CUDA_MATMUL_H_
