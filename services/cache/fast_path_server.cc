@@ -80,7 +80,7 @@ FastPathServer::~FastPathServer() {
   thread_.join();
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& [socket, session] : connections_) close(socket);
+    for (const auto& [socket, c] : connections_) close(socket);
     connections_.clear();
     leases_.clear();  // unpins
     sessions_.clear();
@@ -196,14 +196,18 @@ absl::Status FastPathServer::Lease(uint64_t session_id, const std::string& ns, u
 absl::Status FastPathServer::Release(uint64_t lease_id) {
   absl::MutexLock lock(&mu_);
   ExpireLocked();
-  auto it = leases_.find(lease_id);
-  if (it == leases_.end()) {
+  if (!leases_.contains(lease_id)) {
     return absl::NotFoundError(absl::StrCat("lease ", lease_id, " is unknown or expired"));
   }
+  EndLeaseLocked(lease_id);
+  return absl::OkStatus();
+}
+
+void FastPathServer::EndLeaseLocked(uint64_t lease_id) {
+  auto it = leases_.find(lease_id);
   auto session = sessions_.find(it->second.session_id);
   if (session != sessions_.end()) session->second.leases.erase(lease_id);
-  leases_.erase(it);
-  return absl::OkStatus();
+  leases_.erase(it);  // unpins its blocks
 }
 
 FastPathCounters FastPathServer::Counters() {
@@ -216,11 +220,7 @@ void FastPathServer::ExpireLocked() {
   const absl::Time now = clock_->Now();
   for (auto it = leases_.begin(); it != leases_.end();) {
     auto next = std::next(it);
-    if (it->second.deadline <= now) {
-      auto session = sessions_.find(it->second.session_id);
-      if (session != sessions_.end()) session->second.leases.erase(it->first);
-      leases_.erase(it);
-    }
+    if (it->second.deadline <= now) EndLeaseLocked(it->first);
     it = next;
   }
   for (auto it = sessions_.begin(); it != sessions_.end();) {
@@ -256,7 +256,7 @@ void FastPathServer::EndSessionLocked(uint64_t session_id) {
 
 void FastPathServer::CloseConnectionLocked(int socket) {
   auto it = connections_.find(socket);
-  if (it->second != 0) EndSessionLocked(it->second);
+  if (it->second.session != 0) EndSessionLocked(it->second.session);
   connections_.erase(it);
   close(socket);
 }
@@ -264,7 +264,7 @@ void FastPathServer::CloseConnectionLocked(int socket) {
 bool FastPathServer::Serve(int socket) {
   fastpath::Request request;
   if (!fastpath::ReceiveRequest(socket, request).ok()) return false;
-  uint64_t& proven = connections_[socket];
+  uint64_t& proven = connections_[socket].session;
   if (request.kind == fastpath::RequestKind::kHello) {
     auto it = sessions_.find(request.session_id);
     if (proven != 0 || it == sessions_.end() || it->second.socket >= 0 ||
@@ -281,10 +281,7 @@ bool FastPathServer::Serve(int socket) {
   }
   if (request.kind == fastpath::RequestKind::kRelease && proven != 0) {
     // Only the session's own leases; the client does not wait for an answer.
-    if (sessions_[proven].leases.contains(request.generation)) {
-      sessions_[proven].leases.erase(request.generation);
-      leases_.erase(request.generation);
-    }
+    if (sessions_[proven].leases.contains(request.generation)) EndLeaseLocked(request.generation);
     return true;
   }
   if (request.kind != fastpath::RequestKind::kSegment || proven == 0) {
@@ -315,8 +312,16 @@ void FastPathServer::Loop() {
     {
       absl::MutexLock lock(&mu_);
       ExpireLocked();
+      // Connections that never proved a session are closed here, on the
+      // thread that polls them.
+      const absl::Time now = clock_->Now();
+      std::vector<int> stale;
+      for (const auto& [socket, c] : connections_) {
+        if (c.session == 0 && c.accepted + options_.prove_within <= now) stale.push_back(socket);
+      }
+      for (int socket : stale) CloseConnectionLocked(socket);
       fds.assign({{wake_, POLLIN, 0}, {listener_, POLLIN, 0}});
-      for (const auto& [socket, session] : connections_) fds.push_back({socket, POLLIN, 0});
+      for (const auto& [socket, c] : connections_) fds.push_back({socket, POLLIN, 0});
     }
     // The timeout bounds how late a lease expires.
     if (poll(fds.data(), fds.size(), 100) < 0) continue;
@@ -327,7 +332,7 @@ void FastPathServer::Loop() {
       if (socket >= 0 && connections_.size() >= 2 * options_.max_sessions) {
         close(socket);
       } else if (socket >= 0) {
-        connections_[socket] = 0;
+        connections_[socket] = Connection{0, clock_->Now()};
       }
     }
     for (size_t i = 2; i < fds.size(); ++i) {

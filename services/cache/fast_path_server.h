@@ -123,6 +123,7 @@ class FastPathServer {
   bool Serve(int socket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CloseConnectionLocked(int socket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndSessionLocked(uint64_t session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndLeaseLocked(uint64_t lease_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const FastPathOptions options_;
@@ -132,8 +133,11 @@ class FastPathServer {
   const int wake_;  // eventfd: stops the loop
   absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
-  // Open connections and the session each proved (0: not yet).
-  absl::flat_hash_map<int, uint64_t> connections_ ABSL_GUARDED_BY(mu_);
+  struct Connection {
+    uint64_t session = 0;  // the session it proved; 0: not yet
+    absl::Time accepted;   // closed if not proven within prove_within
+  };
+  absl::flat_hash_map<int, Connection> connections_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, FastLease> leases_ ABSL_GUARDED_BY(mu_);
   uint64_t next_lease_ ABSL_GUARDED_BY(mu_) = 1;
   FastPathCounters counters_ ABSL_GUARDED_BY(mu_);
