@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/status.h"
 #include "services/kvblock/block_format.h"
 #include "services/kvblock/crc32c.h"
 
@@ -82,19 +83,6 @@ uint32_t StoredCrc(const std::vector<std::span<const uint8_t>>& pieces, size_t s
   return crc;
 }
 
-// Writes `data` at `offset` of a record laid over `pages`.
-void WriteAt(PageArena& arena, const std::vector<uint32_t>& pages, size_t offset,
-             std::string_view data) {
-  const size_t page_size = arena.page_size();
-  while (!data.empty()) {
-    const size_t page = offset / page_size, in_page = offset % page_size;
-    const size_t n = std::min(data.size(), page_size - in_page);
-    std::memcpy(arena.page(pages[page]) + in_page, data.data(), n);
-    data.remove_prefix(n);
-    offset += n;
-  }
-}
-
 }  // namespace
 
 size_t BlockStore::KeyHash::operator()(const Key& k) const {
@@ -106,13 +94,9 @@ size_t BlockStore::KeyHash::operator()(const Key& k) const {
 // ---- PinnedBlock ----
 
 PinnedBlock::PinnedBlock(BlockStore* store, Entry* entry, v1::Tier tier,
-                         std::vector<std::span<const uint8_t>> pieces, std::string owned,
+                         std::vector<std::span<const uint8_t>> pieces, std::shared_ptr<const uint8_t> owned,
                          size_t size)
-    : store_(store), entry_(entry), tier_(tier), owned_(std::move(owned)), size_(size) {
-  pieces_ = owned_.empty() ? std::move(pieces)
-                           : std::vector<std::span<const uint8_t>>{std::span(
-                                 reinterpret_cast<const uint8_t*>(owned_.data()), owned_.size())};
-}
+    : store_(store), entry_(entry), tier_(tier), owned_(std::move(owned)), pieces_(std::move(pieces)), size_(size) {}
 
 PinnedBlock::~PinnedBlock() { store_->Unpin(entry_); }
 
@@ -145,6 +129,7 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const StoreOption
     arena_options.segment_pages =
         static_cast<uint32_t>(std::max<uint64_t>(1, options.segment_bytes / options.page_size));
     arena_options.shared = options.shared_memory;
+    if (kind == v1::TIER_DEVICE) arena_options.slab = options.device_slab;
     auto arena = PageArena::Create(arena_options);
     if (!arena.ok()) return arena.status();
     auto tier = std::make_unique<Tier>();
@@ -271,7 +256,7 @@ absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(
     bool verify_checksum) {
   Entry* e;
   std::vector<std::span<const uint8_t>> pieces;
-  std::string owned;  // the record, when it had to be read from disk
+  std::shared_ptr<const uint8_t> owned;  // the record, when copied from disk or a slab
   v1::Tier served_from;
   {
     absl::MutexLock lock(&mu_);
@@ -303,8 +288,7 @@ absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(
     if (source.ok()) pieces = std::move(*source);
   }
   // Pinned: the pages cannot change, so verify without the lock.
-  if (pieces.empty() ? owned.size() != e->size
-                     : verify_checksum && ComputedCrc(pieces, e->size) != StoredCrc(pieces, e->size)) {
+  if (pieces.empty() || (verify_checksum && ComputedCrc(pieces, e->size) != StoredCrc(pieces, e->size))) {
     absl::MutexLock lock(&mu_);
     ++counters_.checksum_failures;
     if (!e->zombie) DropLocked(e);
@@ -375,14 +359,21 @@ void BlockStore::ReleaseStorageLocked(const Entry& e) {
 }
 
 absl::StatusOr<std::vector<std::span<const uint8_t>>> BlockStore::SourceLocked(
-    const Entry& e, std::string& buffer) const {
+    const Entry& e, std::shared_ptr<const uint8_t>& owned) const {
   const Tier& t = *tiers_[e.tier];
-  if (t.disk == nullptr) return PiecesLocked(e.tier, e.pages, e.size);
-  absl::StatusOr<std::string> bytes = t.disk->Read(e.ns, e.hash, e.size);
-  if (!bytes.ok()) return bytes.status();
-  buffer = std::move(*bytes);
-  return std::vector<std::span<const uint8_t>>{
-      std::span(reinterpret_cast<const uint8_t*>(buffer.data()), buffer.size())};
+  if (t.disk == nullptr && t.arena->addressable()) return PiecesLocked(e.tier, e.pages, e.size);
+  if (t.disk != nullptr) {
+    absl::StatusOr<std::string> bytes = t.disk->Read(e.ns, e.hash, e.size);
+    if (!bytes.ok()) return bytes.status();
+    if (bytes->size() != e.size) return absl::DataLossError("record file changed size");
+    auto held = std::make_shared<std::string>(*std::move(bytes));
+    owned = std::shared_ptr<const uint8_t>(held, reinterpret_cast<const uint8_t*>(held->data()));
+  } else {
+    std::shared_ptr<uint8_t> copy = t.arena->slab()->AllocateHost(e.size);
+    if (absl::Status s = t.arena->Read(e.pages, 0, std::span(copy.get(), e.size)); !s.ok()) return s;
+    owned = std::move(copy);
+  }
+  return std::vector<std::span<const uint8_t>>{std::span(owned.get(), e.size)};
 }
 
 bool BlockStore::HasRoomLocked(size_t tier, size_t bytes, const std::string& ns) const {
@@ -436,8 +427,8 @@ bool BlockStore::MoveLocked(Entry* e, size_t to) {
                                                : PagesFor(e->size) <= dst.arena->total_pages();
   if (!fits_at_all || !MakeRoomLocked(to, e->size, e->ns)) return false;
   // Verify, then copy: a corrupt record never reaches another tier.
-  std::string buffer;
-  absl::StatusOr<std::vector<std::span<const uint8_t>>> pieces = SourceLocked(*e, buffer);
+  std::shared_ptr<const uint8_t> owned;
+  absl::StatusOr<std::vector<std::span<const uint8_t>>> pieces = SourceLocked(*e, owned);
   if (!pieces.ok() || ComputedCrc(*pieces, e->size) != StoredCrc(*pieces, e->size)) {
     ++counters_.checksum_failures;
     DropLocked(e);
@@ -450,8 +441,12 @@ bool BlockStore::MoveLocked(Entry* e, size_t to) {
     dst.arena->Allocate(PagesFor(e->size), e->ns, pages);
     size_t offset = 0;
     for (const auto& piece : *pieces) {
-      WriteAt(*dst.arena, pages, offset,
-              std::string_view(reinterpret_cast<const char*>(piece.data()), piece.size()));
+      const absl::Status written = dst.arena->Write(
+          pages, offset, std::string_view(reinterpret_cast<const char*>(piece.data()), piece.size()));
+      if (!written.ok()) {  // a failing slab: the block stays where it is
+        dst.arena->Free(pages);
+        return false;
+      }
       offset += piece.size();
     }
   }
@@ -506,7 +501,7 @@ std::vector<SharedPiece> BlockStore::SharedPieces(const PinnedBlock& block) {
   const Entry& e = *block.entry_;
   const Tier& t = *tiers_[e.tier];
   std::vector<SharedPiece> pieces;
-  if (!block.owned_.empty() || t.arena == nullptr || !t.arena->shared()) return pieces;
+  if (block.owned_ != nullptr || t.arena == nullptr || !t.arena->shared()) return pieces;
   const PageArena& arena = *t.arena;
   const uint64_t segment_bytes = uint64_t{arena.segment_pages()} * arena.page_size();
   size_t left = e.size;
@@ -631,8 +626,8 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_vi
     }
   }
   PageArena& arena = *store_->tiers_[0]->arena;
-  WriteAt(arena, p.pages, kvblock::kBlockHeaderBytes + size_t{h.layer_begin} * h.layer_payload_bytes,
-          slice->payloads);
+  KVTIER_RETURN_IF_ERROR(arena.Write(
+      p.pages, kvblock::kBlockHeaderBytes + size_t{h.layer_begin} * h.layer_payload_bytes, slice->payloads));
   for (uint32_t l = h.layer_begin; l < h.layer_begin + h.layer_count; ++l) p.layers[l] = true;
   p.layers_left -= h.layer_count;
   {
@@ -643,15 +638,20 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_vi
 
   // Complete: header and checksum, then visible all at once.
   const auto header = kvblock::EncodeBlockHeader(kvblock::HeaderFor(layout_, 0, layout_.num_layers));
-  WriteAt(arena, p.pages, 0, std::string_view(header.data(), header.size()));
+  KVTIER_RETURN_IF_ERROR(arena.Write(p.pages, 0, std::string_view(header.data(), header.size())));
   std::vector<std::span<const uint8_t>> pieces;
-  {
+  std::string copy;  // the record read back, from a slab
+  if (arena.addressable()) {
     absl::MutexLock lock(&store_->mu_);
     pieces = store_->PiecesLocked(0, p.pages, record_bytes_);
+  } else {
+    copy.resize(record_bytes_);
+    KVTIER_RETURN_IF_ERROR(arena.Read(p.pages, 0, std::span(reinterpret_cast<uint8_t*>(copy.data()), copy.size())));
+    pieces.emplace_back(reinterpret_cast<const uint8_t*>(copy.data()), copy.size());
   }
   const uint32_t crc = ComputedCrc(pieces, record_bytes_);
-  WriteAt(arena, p.pages, record_bytes_ - kvblock::kBlockTrailerBytes,
-          std::string_view(reinterpret_cast<const char*>(&crc), sizeof crc));
+  KVTIER_RETURN_IF_ERROR(arena.Write(p.pages, record_bytes_ - kvblock::kBlockTrailerBytes,
+                                     std::string_view(reinterpret_cast<const char*>(&crc), sizeof crc)));
 
   std::unique_ptr<Pending> done = std::move(it->second);
   pending_.erase(it);

@@ -38,6 +38,7 @@
 #include "kvtier/v1/layout.pb.h"
 #include "services/cache/disk_dir.h"
 #include "services/cache/page_arena.h"
+#include "services/cache/slab_memory.h"
 #include "services/common/clock.h"
 #include "services/kvblock/block_key.h"
 #include "services/kvblock/layout.h"
@@ -54,6 +55,8 @@ struct StoreOptions {
   // segment, so same-host readers can map them (the fast path).
   bool shared_memory = false;
   uint64_t segment_bytes = 4 << 20;
+  // The device tier in this slab (a GPU's memory) instead of host memory.
+  std::shared_ptr<SlabMemory> device_slab;
   absl::Duration default_lease_ttl = absl::Seconds(30);
   absl::Duration max_lease_ttl = absl::Minutes(10);
   // Blocks being assembled at once, across all Put streams.
@@ -121,15 +124,15 @@ class PinnedBlock {
 
  private:
   friend class BlockStore;
-  // `pieces` point into the store's pages, or (when empty) into `owned`, a
-  // copy read from disk.
+  // `pieces` point into the store's pages, or into `owned`: a copy read from
+  // disk or out of a slab (null otherwise).
   PinnedBlock(BlockStore* store, Entry* entry, v1::Tier tier,
-              std::vector<std::span<const uint8_t>> pieces, std::string owned, size_t size);
+              std::vector<std::span<const uint8_t>> pieces, std::shared_ptr<const uint8_t> owned, size_t size);
 
   BlockStore* store_;
   Entry* entry_;
   v1::Tier tier_;
-  std::string owned_;
+  std::shared_ptr<const uint8_t> owned_;
   std::vector<std::span<const uint8_t>> pieces_;
   size_t size_;
 };
@@ -251,16 +254,16 @@ class BlockStore {
   void ReleaseStorageLocked(const Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreePagesLocked(size_t tier, const std::vector<uint32_t>& pages, size_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The record's bytes: spans over its pages, or its file read into `buffer`.
-  absl::StatusOr<std::vector<std::span<const uint8_t>>> SourceLocked(const Entry& entry,
-                                                                     std::string& buffer) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The record's bytes: spans over its pages, or over a copy in `owned` (its
+  // file read, or its pages copied out of a slab).
+  absl::StatusOr<std::vector<std::span<const uint8_t>>> SourceLocked(
+      const Entry& entry, std::shared_ptr<const uint8_t>& owned) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Restores the disk tier's blocks at start-up.
   void LoadDiskLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes pages in the first tier for a block being assembled.
   absl::StatusOr<std::vector<uint32_t>> AllocatePendingLocked(size_t bytes, const std::string& ns)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The record as spans over its pages.
+  // The record as spans over its pages (an addressable tier).
   std::vector<std::span<const uint8_t>> PiecesLocked(size_t tier, const std::vector<uint32_t>& pages,
                                                     size_t bytes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -42,12 +42,17 @@ absl::StatusOr<std::unique_ptr<PageArena>> PageArena::Create(const ArenaOptions&
   if (options.page_size == 0 || options.segment_pages == 0) {
     return absl::InvalidArgumentError("page and segment sizes must be positive");
   }
-  const uint64_t pages = options.capacity / options.page_size;
+  const uint64_t capacity =
+      options.slab != nullptr ? std::min(options.capacity, options.slab->size()) : options.capacity;
+  const uint64_t pages = capacity / options.page_size;
   if (pages == 0 || pages > UINT32_MAX) {
-    return absl::InvalidArgumentError(absl::StrCat("capacity ", options.capacity, " bytes gives ",
+    return absl::InvalidArgumentError(absl::StrCat("capacity ", capacity, " bytes gives ",
                                                    pages, " pages of ", options.page_size, " bytes"));
   }
   const size_t bytes = pages * options.page_size;
+  if (options.slab != nullptr) {
+    return std::unique_ptr<PageArena>(new PageArena(nullptr, bytes, options, static_cast<uint32_t>(pages)));
+  }
   // MAP_NORESERVE: the capacity is a ceiling, not a reservation; the kernel
   // commits pages as blocks are written. A shared arena only reserves the
   // addresses here; each segment's memfd is mapped when it gets an owner.
@@ -64,11 +69,12 @@ absl::StatusOr<std::unique_ptr<PageArena>> PageArena::Create(const ArenaOptions&
 PageArena::PageArena(uint8_t* base, size_t bytes, const ArenaOptions& options, uint32_t pages)
     : base_(base),
       mapped_bytes_(bytes),
+      slab_(options.slab),
       page_size_(options.page_size),
       segment_pages_(options.segment_pages),
       total_pages_(pages),
       free_pages_(pages),
-      shared_(options.shared) {
+      shared_(options.shared && options.slab == nullptr) {
   const uint32_t count = (pages + segment_pages_ - 1) / segment_pages_;
   segments_.resize(count);
   OwnerPages& unowned = owners_[""];
@@ -86,10 +92,42 @@ PageArena::PageArena(uint8_t* base, size_t bytes, const ArenaOptions& options, u
 }
 
 PageArena::~PageArena() {
-  munmap(base_, mapped_bytes_);
+  if (base_ != nullptr) munmap(base_, mapped_bytes_);
   for (const Segment& seg : segments_) {
     if (seg.fd >= 0) close(seg.fd);
   }
+}
+
+absl::Status PageArena::Write(const std::vector<uint32_t>& pages, size_t offset, std::string_view data) {
+  while (!data.empty()) {
+    const size_t page = offset / page_size_, in_page = offset % page_size_;
+    const size_t n = std::min(data.size(), page_size_ - in_page);
+    const size_t at = size_t{pages[page]} * page_size_ + in_page;
+    if (slab_ == nullptr) {
+      std::memcpy(base_ + at, data.data(), n);
+    } else if (absl::Status s = slab_->CopyIn(at, data.data(), n); !s.ok()) {
+      return s;
+    }
+    data.remove_prefix(n);
+    offset += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PageArena::Read(const std::vector<uint32_t>& pages, size_t offset, std::span<uint8_t> out) const {
+  while (!out.empty()) {
+    const size_t page = offset / page_size_, in_page = offset % page_size_;
+    const size_t n = std::min(out.size(), page_size_ - in_page);
+    const size_t at = size_t{pages[page]} * page_size_ + in_page;
+    if (slab_ == nullptr) {
+      std::memcpy(out.data(), base_ + at, n);
+    } else if (absl::Status s = slab_->CopyOut(at, out.data(), n); !s.ok()) {
+      return s;
+    }
+    out = out.subspan(n);
+    offset += n;
+  }
+  return absl::OkStatus();
 }
 
 uint64_t PageArena::SegmentBytes(uint32_t segment) const {

@@ -13,6 +13,10 @@
 // fresh memfd (a new generation); the old one's pages are punched out, so a
 // stale mapping can read only zeros, never the new owner's bytes.
 //
+// An arena may instead live in a slab the process reaches only by copies (a
+// GPU's memory, SlabMemory): then it is not addressable, and its pages are
+// written and read with Write and Read alone.
+//
 // Not thread-safe: BlockStore serializes allocation.
 #ifndef KVTIER_SERVICES_CACHE_PAGE_ARENA_H_
 #define KVTIER_SERVICES_CACHE_PAGE_ARENA_H_
@@ -25,7 +29,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include <span>
+#include <string_view>
+
 #include "absl/status/statusor.h"
+#include "services/cache/slab_memory.h"
 
 namespace kvtier::cache {
 
@@ -34,6 +42,9 @@ struct ArenaOptions {
   uint32_t page_size = 64 * 1024;
   uint32_t segment_pages = 64;  // the last segment may be shorter
   bool shared = false;          // memfd-backed segments (else anonymous memory)
+  // Pages in this slab instead of host memory (`shared` does not apply);
+  // the capacity is capped at its size.
+  std::shared_ptr<SlabMemory> slab;
 };
 
 class PageArena {
@@ -55,8 +66,16 @@ class PageArena {
   bool Allocate(uint32_t n, const std::string& owner, std::vector<uint32_t>& pages);
   void Free(const std::vector<uint32_t>& pages);
 
+  // Host pointers to pages: only when addressable().
+  bool addressable() const { return slab_ == nullptr; }
   uint8_t* page(uint32_t index) { return base_ + size_t{index} * page_size_; }
   const uint8_t* page(uint32_t index) const { return base_ + size_t{index} * page_size_; }
+  const SlabMemory* slab() const { return slab_.get(); }
+
+  // Copies `data` to / `out.size()` bytes from [offset, ...) of a record laid
+  // over `pages` (in order). INTERNAL if the slab's copy fails.
+  absl::Status Write(const std::vector<uint32_t>& pages, size_t offset, std::string_view data);
+  absl::Status Read(const std::vector<uint32_t>& pages, size_t offset, std::span<uint8_t> out) const;
 
   // Where a page lives, for handing its segment to another process.
   uint32_t segment_pages() const { return segment_pages_; }
@@ -92,8 +111,9 @@ class PageArena {
   // over it.
   void Reassign(uint32_t segment, const std::string& owner);
 
-  uint8_t* base_;
+  uint8_t* base_;  // null with a slab
   size_t mapped_bytes_;
+  std::shared_ptr<SlabMemory> slab_;
   uint32_t page_size_;
   uint32_t segment_pages_;
   uint32_t total_pages_;

@@ -34,9 +34,14 @@ kvblock::LatentLayout SmallLayout() {
   return l;  // 2,340-byte records: one page each
 }
 
-// Parameter: tiers in shared memfd segments of two pages (one namespace
-// each), or in private memory. Every behaviour must be the same.
-class BlockStoreTest : public ::testing::TestWithParam<bool> {
+// Where the tiers live. Every behaviour must be the same in each.
+enum class Memory {
+  kPrivate,         // anonymous host memory
+  kSharedSegments,  // memfd segments of two pages, one namespace each
+  kStagedDevice,    // the device tier in a slab reached only by copies (as a GPU's)
+};
+
+class BlockStoreTest : public ::testing::TestWithParam<Memory> {
  protected:
   void SetUp() override { Open(4, 6); }
 
@@ -47,8 +52,13 @@ class BlockStoreTest : public ::testing::TestWithParam<bool> {
     o.page_size = kPage;
     o.device_capacity = device_pages * kPage;
     o.host_capacity = host_pages * kPage;
-    o.shared_memory = GetParam();
+    o.shared_memory = GetParam() == Memory::kSharedSegments;
     o.segment_bytes = 2 * kPage;
+    slab_.reset();
+    if (GetParam() == Memory::kStagedDevice) {
+      slab_ = *StagedHostSlab::Create(device_pages * kPage);
+      o.device_slab = slab_;
+    }
     if (disk_records > 0) {
       o.disk_dir = disk_dir_.string();
       o.disk_capacity = disk_records * kvblock::HeaderFor(layout_, 0, 4).RecordBytes();
@@ -109,7 +119,30 @@ class BlockStoreTest : public ::testing::TestWithParam<bool> {
     std::filesystem::remove_all(disk_dir_);
   }
 
+  // Simulates a memory fault under the store: flips one byte of the block's
+  // record where it is stored (in its pages, or in the device slab).
+  void Corrupt(const BlockHash& hash, size_t at) {
+    auto block = store_->Read("ns", layout_id_, hash);
+    ASSERT_TRUE(block.ok());
+    if (slab_ == nullptr) {
+      *const_cast<uint8_t*>((*block)->pieces()[0].data() + at) ^= 0x10;
+      return;
+    }
+    // In the slab: find the page holding the record (one page each here).
+    const std::string record = (*block)->CopyToString();
+    std::string page(record.size(), '\0');
+    for (uint64_t offset = 0; offset + kPage <= slab_->size(); offset += kPage) {
+      ASSERT_TRUE(slab_->CopyOut(offset, page.data(), page.size()).ok());
+      if (page != record) continue;
+      const uint8_t flipped = static_cast<uint8_t>(record[at] ^ 0x10);
+      ASSERT_TRUE(slab_->CopyIn(offset + at, &flipped, 1).ok());
+      return;
+    }
+    FAIL() << "record not found in the slab";
+  }
+
   testing::SeededRng rng_;
+  std::shared_ptr<StagedHostSlab> slab_;  // kStagedDevice
   std::filesystem::path disk_dir_ = std::filesystem::temp_directory_path() /
                                     ("kvtier_store_test_" + std::to_string(rng_.seed()));
   ManualClock clock_;
@@ -287,13 +320,7 @@ TEST_P(BlockStoreTest, ReaderPinsTheBlock) {
 
 TEST_P(BlockStoreTest, CorruptedBytesAreNeverServed) {
   Put(Hash(0));
-  {
-    auto block = store_->Read("ns", layout_id_, Hash(0));
-    ASSERT_TRUE(block.ok());
-    // Simulate a memory fault under the store.
-    auto* byte = const_cast<uint8_t*>((*block)->pieces()[0].data() + 200);
-    *byte ^= 0x10;
-  }
+  Corrupt(Hash(0), 200);
   EXPECT_EQ(ReadCode(Hash(0)), absl::StatusCode::kDataLoss);
   EXPECT_EQ(ReadCode(Hash(0)), absl::StatusCode::kNotFound) << "dropped";
   const StoreStats s = store_->Stats();
@@ -304,11 +331,7 @@ TEST_P(BlockStoreTest, CorruptedBytesAreNeverServed) {
 TEST_P(BlockStoreTest, CorruptionFoundOnDemotionDropsTheBlock) {
   Open(1, 2);
   Put(Hash(0));
-  {
-    auto block = store_->Read("ns", layout_id_, Hash(0));
-    ASSERT_TRUE(block.ok());
-    *const_cast<uint8_t*>((*block)->pieces()[0].data() + 300) ^= 1;
-  }
+  Corrupt(Hash(0), 300);
   Put(Hash(1));  // demotes block 0, verifying it on the way
   EXPECT_EQ(TierOf(Hash(0)), v1::TIER_UNSPECIFIED);
   EXPECT_EQ(store_->Stats().checksum_failures, 1u);
@@ -467,10 +490,10 @@ std::unique_ptr<ReaderMapping> MapForReader(int fd) {
 }
 
 TEST_P(BlockStoreTest, SharedSegmentsHoldOneNamespaceAndReadBackTheRecord) {
-  if (!GetParam()) {
+  if (GetParam() != Memory::kSharedSegments) {
     auto block = (Put(Hash(0)), store_->Read("ns", layout_id_, Hash(0)));
     ASSERT_TRUE(block.ok());
-    EXPECT_TRUE(store_->SharedPieces(**block).empty()) << "private memory cannot be shared";
+    EXPECT_TRUE(store_->SharedPieces(**block).empty()) << "private memory and slabs cannot be shared";
     return;
   }
   SCOPED_TRACE(rng_.Trace());
@@ -563,11 +586,18 @@ TEST_P(SharedSegmentsTest, ASegmentChangingNamespaceLeavesOldMappingsWithoutItsB
   EXPECT_EQ(ReadCode(a0, "tenant-a"), absl::StatusCode::kOk);
 }
 
-INSTANTIATE_TEST_SUITE_P(Memory, BlockStoreTest, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? "SharedSegments" : "Private";
-                         });
-INSTANTIATE_TEST_SUITE_P(Memory, SharedSegmentsTest, ::testing::Values(true));
+std::string MemoryName(const ::testing::TestParamInfo<Memory>& info) {
+  switch (info.param) {
+    case Memory::kPrivate: return "Private";
+    case Memory::kSharedSegments: return "SharedSegments";
+    case Memory::kStagedDevice: return "StagedDevice";
+  }
+  return "";
+}
+INSTANTIATE_TEST_SUITE_P(Memory, BlockStoreTest,
+                         ::testing::Values(Memory::kPrivate, Memory::kSharedSegments, Memory::kStagedDevice),
+                         MemoryName);
+INSTANTIATE_TEST_SUITE_P(Memory, SharedSegmentsTest, ::testing::Values(Memory::kSharedSegments), MemoryName);
 
 TEST(BlockStoreOptions, RefusesCapacitiesBelowOnePage) {
   StoreOptions o;

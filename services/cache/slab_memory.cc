@@ -1,0 +1,49 @@
+#include "services/cache/slab_memory.h"
+
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvtier::cache {
+namespace {
+
+absl::Status CheckRange(uint64_t offset, size_t n, uint64_t size) {
+  if (offset > size || n > size - offset) {
+    return absl::InternalError(absl::StrCat("slab copy [", offset, ", +", n, ") outside ", size, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<StagedHostSlab>> StagedHostSlab::Create(uint64_t bytes) {
+  // Committed as written, like the page arenas.
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (base == MAP_FAILED) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot map ", bytes, " bytes: ", std::strerror(errno)));
+  }
+  return std::unique_ptr<StagedHostSlab>(new StagedHostSlab(static_cast<uint8_t*>(base), bytes));
+}
+
+StagedHostSlab::~StagedHostSlab() { munmap(base_, size_); }
+
+absl::Status StagedHostSlab::CopyIn(uint64_t offset, const void* from, size_t n) {
+  if (absl::Status s = CheckRange(offset, n, size_); !s.ok()) return s;
+  std::memcpy(base_ + offset, from, n);
+  return absl::OkStatus();
+}
+
+absl::Status StagedHostSlab::CopyOut(uint64_t offset, void* to, size_t n) const {
+  if (absl::Status s = CheckRange(offset, n, size_); !s.ok()) return s;
+  std::memcpy(to, base_ + offset, n);
+  return absl::OkStatus();
+}
+
+std::shared_ptr<uint8_t> StagedHostSlab::AllocateHost(size_t n) const {
+  return std::shared_ptr<uint8_t>(new uint8_t[n], std::default_delete<uint8_t[]>());
+}
+
+}  // namespace kvtier::cache

@@ -1,0 +1,52 @@
+// Memory a page tier can live in that this process does not address
+// directly — a GPU's — reached by copies in and out. The device tier uses
+// it when the cache runs on a GPU (CudaSlab); StagedHostSlab is the same
+// contract over host memory, so every path through it runs without one.
+#ifndef KVTIER_SERVICES_CACHE_SLAB_MEMORY_H_
+#define KVTIER_SERVICES_CACHE_SLAB_MEMORY_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace kvtier::cache {
+
+// Thread-safe: copies to disjoint ranges may run at once.
+class SlabMemory {
+ public:
+  virtual ~SlabMemory() = default;
+  virtual uint64_t size() const = 0;
+  // What it is, for logs and Stats ("cuda:0 NVIDIA H200", "host (staged)").
+  virtual std::string name() const = 0;
+  // Copies between [offset, offset + n) of the slab and host memory.
+  // INTERNAL on failure.
+  virtual absl::Status CopyIn(uint64_t offset, const void* from, size_t n) = 0;
+  virtual absl::Status CopyOut(uint64_t offset, void* to, size_t n) const = 0;
+  // A host buffer copies in and out of the slab go fastest through (pinned
+  // memory for a GPU), freed when the last owner lets go.
+  virtual std::shared_ptr<uint8_t> AllocateHost(size_t n) const = 0;
+};
+
+// Host memory behind the slab contract: every access is a copy.
+class StagedHostSlab final : public SlabMemory {
+ public:
+  static absl::StatusOr<std::unique_ptr<StagedHostSlab>> Create(uint64_t bytes);
+  ~StagedHostSlab() override;
+  uint64_t size() const override { return size_; }
+  std::string name() const override { return "host (staged)"; }
+  absl::Status CopyIn(uint64_t offset, const void* from, size_t n) override;
+  absl::Status CopyOut(uint64_t offset, void* to, size_t n) const override;
+  std::shared_ptr<uint8_t> AllocateHost(size_t n) const override;
+
+ private:
+  StagedHostSlab(uint8_t* base, uint64_t size) : base_(base), size_(size) {}
+  uint8_t* base_;
+  uint64_t size_;
+};
+
+}  // namespace kvtier::cache
+
+#endif  // KVTIER_SERVICES_CACHE_SLAB_MEMORY_H_
