@@ -3,16 +3,19 @@
 # protobuf or gtest): builds kernels/ with CUDA standalone, then runs the
 # CUDA codec check (bytes equal to the CPU codecs') and its GB/s table, and
 # the paged MLA decode attention check (against float64 and the CPU) and its
-# table of GB/s against the device-to-device copy bandwidth.
+# table of GB/s against the device-to-device copy bandwidth; RMSNorm/RoPE and
+# the cuBLAS projections and MoE against the CPU; the device tier slab with
+# its spill and promotion rates against pinned cudaMemcpy.
 # Usage, from the repository root: bash kernels/cuda/device_check.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${BUILD_DIR:-build-device}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVTIER_KERNELS_ONLY=ON -DKVTIER_CUDA=ON
-cmake --build "$build" -j"$(nproc)" --target kvtier_cuda_check_codecs kvtier_cuda_check_layers kvtier_cuda_check_matmul kvtier_cuda_check_mla_attention
+cmake --build "$build" -j"$(nproc)" --target kvtier_cuda_check_codecs kvtier_cuda_check_layers kvtier_cuda_check_matmul kvtier_cuda_check_mla_attention kvtier_cuda_check_slab
 status=0
 "$build"/kernels/kvtier_cuda_check_codecs || status=$?
 "$build"/kernels/kvtier_cuda_check_layers || status=$?
 "$build"/kernels/kvtier_cuda_check_matmul || status=$?
 "$build"/kernels/kvtier_cuda_check_mla_attention || status=$?
+"$build"/kernels/kvtier_cuda_check_slab || status=$?
 exit $status

@@ -252,8 +252,7 @@ void BlockStore::ExpireLeasesLocked() {
 }
 
 absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(
-    const std::string& ns, uint64_t layout_id, const kvblock::BlockHash& hash,
-    bool verify_checksum) {
+    const std::string& ns, uint64_t layout_id, const kvblock::BlockHash& hash, const ReadOptions& options) {
   Entry* e;
   std::vector<std::span<const uint8_t>> pieces;
   std::shared_ptr<const uint8_t> owned;  // the record, when copied from disk or a slab
@@ -276,7 +275,7 @@ absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(
     ++from.counters.hits;
     served_from = from.counters.tier;
     PinLocked(e);  // before the move: making room must not pick this block
-    if (e->tier != 0 && !MoveLocked(e, 0) && e->zombie) {
+    if (e->tier != 0 && options.promote && !MoveLocked(e, 0) && e->zombie) {
       UnpinLocked(e);
       return absl::DataLossError(absl::StrCat("block ", kvblock::HashToHex(hash),
                                               " failed its checksum and was dropped"));
@@ -288,7 +287,8 @@ absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(
     if (source.ok()) pieces = std::move(*source);
   }
   // Pinned: the pages cannot change, so verify without the lock.
-  if (pieces.empty() || (verify_checksum && ComputedCrc(pieces, e->size) != StoredCrc(pieces, e->size))) {
+  if (pieces.empty() ||
+      (options.verify_checksum && ComputedCrc(pieces, e->size) != StoredCrc(pieces, e->size))) {
     absl::MutexLock lock(&mu_);
     ++counters_.checksum_failures;
     if (!e->zombie) DropLocked(e);
@@ -494,6 +494,10 @@ absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t b
 
 std::unique_ptr<PutSession> BlockStore::BeginPut(std::string ns, kvblock::LatentLayout layout) {
   return std::unique_ptr<PutSession>(new PutSession(this, std::move(ns), std::move(layout)));
+}
+
+bool BlockStore::Shareable(size_t tier) const {
+  return tier < tiers_.size() && tiers_[tier]->arena != nullptr && tiers_[tier]->arena->shared();
 }
 
 std::vector<SharedPiece> BlockStore::SharedPieces(const PinnedBlock& block) {

@@ -195,13 +195,23 @@ class BlockStore {
   // Pins one block for reading: promotes it to the first tier if it can,
   // verifies its checksum. NOT_FOUND if absent; DATA_LOSS if its checksum
   // failed (the block is dropped); FAILED_PRECONDITION if it was stored
-  // under another layout. `verify_checksum` false leaves the check to a
-  // reader that checks the bytes as it copies them (the fast path); a tier
-  // move still verifies.
-  absl::StatusOr<std::shared_ptr<const PinnedBlock>> Read(const std::string& ns,
-                                                          uint64_t layout_id,
+  // under another layout.
+  struct ReadOptions {
+    // False leaves the check to a reader that checks the bytes as it copies
+    // them (the fast path); a tier move still verifies.
+    bool verify_checksum = true;
+    // False serves the block from the tier it is in.
+    bool promote = true;
+  };
+  absl::StatusOr<std::shared_ptr<const PinnedBlock>> Read(const std::string& ns, uint64_t layout_id,
                                                           const kvblock::BlockHash& hash,
-                                                          bool verify_checksum = true);
+                                                          const ReadOptions& options);
+  absl::StatusOr<std::shared_ptr<const PinnedBlock>> Read(const std::string& ns, uint64_t layout_id,
+                                                          const kvblock::BlockHash& hash) {
+    return Read(ns, layout_id, hash, ReadOptions());
+  }
+  // Whether `tier`'s blocks can be handed to same-host readers (SharedPieces).
+  bool Shareable(size_t tier) const;
 
   std::unique_ptr<PutSession> BeginPut(std::string ns, kvblock::LatentLayout layout);
 

@@ -147,10 +147,15 @@ absl::Status FastPathServer::Lease(uint64_t session_id, const std::string& ns, u
   // are not read here too.
   std::vector<std::shared_ptr<const PinnedBlock>> pinned;
   uint64_t bytes = 0;
+  // A block is promoted only into a first tier it can be handed out from
+  // (not a GPU's), so a host-tier block is read where it is.
+  BlockStore::ReadOptions read;
+  read.verify_checksum = false;
+  read.promote = store_->Shareable(0);
   for (size_t i = 0; i < hashes.size(); ++i) {
     v1::LeasedBlock* out = response.add_blocks();
     out->set_index(static_cast<uint32_t>(i));
-    absl::StatusOr<std::shared_ptr<const PinnedBlock>> block = store_->Read(ns, layout_id, hashes[i], /*verify_checksum=*/false);
+    absl::StatusOr<std::shared_ptr<const PinnedBlock>> block = store_->Read(ns, layout_id, hashes[i], read);
     if (!block.ok()) {
       out->mutable_miss()->set_code(static_cast<int>(block.status().code()));
       out->mutable_miss()->set_message(std::string(block.status().message()));

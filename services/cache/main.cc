@@ -14,6 +14,10 @@
 #include "absl/strings/str_split.h"
 #include "services/cache/cache_service.h"
 #include "services/cache/fast_path_server.h"
+#include "services/cache/slab_memory.h"
+#if KVTIER_HAVE_CUDA
+#include "services/cache/cuda_slab.h"
+#endif
 #include "services/cache/store_metrics.h"
 #include "services/common/byte_size.h"
 #include "services/common/flags.h"
@@ -33,10 +37,34 @@ struct Flags {
   uint64_t threads = std::max(2u, std::thread::hardware_concurrency());
   uint64_t page_size = 64 * 1024;
   std::string namespaces;
+  std::string device_memory = "auto";
   std::string fast_path_socket;
   std::string fast_path_staging = "512MiB";
   bool no_fast_path = false;
 };
+
+// The device tier's memory for --device-memory; null: host memory.
+absl::StatusOr<std::shared_ptr<SlabMemory>> DeviceSlab(const std::string& kind, uint64_t bytes) {
+  if (kind == "host") return nullptr;
+  if (kind == "staged-host") {
+    absl::StatusOr<std::unique_ptr<StagedHostSlab>> slab = StagedHostSlab::Create(bytes);
+    if (!slab.ok()) return slab.status();
+    return std::shared_ptr<SlabMemory>(*std::move(slab));
+  }
+  if (kind != "auto" && kind != "cuda") {
+    return absl::InvalidArgumentError("--device-memory must be auto, cuda, host or staged-host");
+  }
+#if KVTIER_HAVE_CUDA
+  absl::StatusOr<std::unique_ptr<CudaSlab>> slab = CudaSlab::Create(bytes);
+  if (slab.ok()) return std::shared_ptr<SlabMemory>(*std::move(slab));
+  // auto: no GPU here, so host memory; a GPU that fails is an error.
+  if (kind == "auto" && slab.status().code() == absl::StatusCode::kFailedPrecondition) return nullptr;
+  return absl::Status(slab.status().code(), absl::StrCat("--device-memory ", kind, ": ", slab.status().message()));
+#else
+  if (kind == "cuda") return absl::FailedPreconditionError("--device-memory cuda: this build has no CUDA");
+  return nullptr;
+#endif
+}
 
 absl::StatusOr<StoreOptions> ToStoreOptions(const Flags& f) {
   if (f.device_capacity.empty() || f.host_capacity.empty()) {
@@ -64,13 +92,17 @@ absl::StatusOr<StoreOptions> ToStoreOptions(const Flags& f) {
   }
   o.page_size = static_cast<uint32_t>(f.page_size);
   o.shared_memory = !f.no_fast_path;
+  absl::StatusOr<std::shared_ptr<SlabMemory>> slab = DeviceSlab(f.device_memory, *device);
+  if (!slab.ok()) return slab.status();
+  o.device_slab = *std::move(slab);
   o.device_capacity = *device;
   o.host_capacity = *host;
-  // Without a GPU the device tier is host memory too: both must fit in RAM.
+  // Unless the device tier is on a GPU, it is host memory too: both must fit in RAM.
   const uint64_t ram = PhysicalMemoryBytes();
-  if (*device > ram || *host > ram || *device + *host > ram) {
+  const bool on_gpu = o.device_slab != nullptr && f.device_memory != "staged-host";
+  if (*host > ram || (!on_gpu && (*device > ram || *device + *host > ram))) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--device-capacity + --host-capacity = ", *device + *host,
+        on_gpu ? "--host-capacity = " : "--device-capacity + --host-capacity = ", *host + (on_gpu ? 0 : *device),
         " bytes exceeds this machine's memory (", ram, " bytes)"));
   }
   return o;
@@ -145,7 +177,8 @@ int Run(const Flags& f) {
     return 1;
   }
   const StoreStats stats = (*store)->Stats();
-  std::cerr << "kvtier-cache: device tier " << options->device_capacity << " bytes, host tier "
+  std::cerr << "kvtier-cache: device tier " << options->device_capacity << " bytes in "
+            << (options->device_slab != nullptr ? options->device_slab->name() : "host memory") << ", host tier "
             << options->host_capacity << " bytes, pages of " << options->page_size << " bytes";
   if (!options->disk_dir.empty()) {
     std::cerr << ", disk tier " << options->disk_capacity << " bytes in " << options->disk_dir
@@ -153,7 +186,7 @@ int Run(const Flags& f) {
   }
   if (fast_path != nullptr) {
     std::cerr << "; same-host fast path on " << fast_path->socket_path()
-              << " (tiers in shared memory)";
+              << (options->device_slab != nullptr ? " (host tier in shared memory)" : " (tiers in shared memory)");
   } else {
     std::cerr << "; no fast path";
   }
@@ -188,6 +221,9 @@ int main(int argc, char** argv) {
   flags.AddString("namespaces", &f.namespaces,
                   "comma-separated tenants to serve (others get NOT_FOUND); empty: any");
   flags.AddUint("page-size", &f.page_size, "tier page size in bytes");
+  flags.AddString("device-memory", &f.device_memory,
+                  "where the device tier lives: auto (a GPU if there is one, else host memory), cuda, host, "
+                  "or staged-host (host memory reached by copies, as a GPU's is: for testing)");
   flags.AddString("fast-path-socket", &f.fast_path_socket,
                   "unix socket of the same-host fast path, '@name' for an abstract one (default: a fresh abstract name)");
   flags.AddString("fast-path-staging", &f.fast_path_staging,

@@ -359,6 +359,38 @@ TEST_F(CacheServerTest, ReflectionListsTheServices) {
   EXPECT_NE(listing.find("grpc.health.v1.Health"), std::string::npos) << listing;
 }
 
+// The device tier in memory reached only by copies, as a GPU's is
+// (`staged-host` stands in for one): every byte back, through demotions
+// to the host tier and promotions back.
+TEST_F(CacheServerTest, DeviceTierInSlabMemoryServesDemotesAndPromotes) {
+  SCOPED_TRACE(rng_.Trace());
+  Start("4MiB", "64MiB", {"--device-memory", "staged-host"});
+  std::vector<TestBlock> blocks;
+  std::vector<BlockSlices> slices;
+  std::vector<BlockHash> hashes;
+  for (int i = 0; i < 30; ++i) {
+    blocks.push_back(MakeBlock(layout_, "ns", rng_.seed() + i));
+    slices.push_back(blocks.back().slices);
+    hashes.push_back(blocks.back().slices.hash);
+  }
+  auto put = client_->Put("ns", layout_, slices);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->blocks_stored(), 30u);
+  for (int round = 0; round < 2; ++round) {
+    auto got = client_->Get("ns", layout_, hashes);
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      ASSERT_TRUE((*got)[i].status.ok()) << i << ": " << (*got)[i].status;
+      EXPECT_EQ((*got)[i].record, blocks[i].record) << "round " << round << " block " << i;
+    }
+  }
+  const v1::StatsResponse stats = *client_->Stats();
+  EXPECT_GT(stats.tiers(0).demotions(), 0u);
+  EXPECT_GT(stats.tiers(0).promotions(), 0u);
+  EXPECT_LE(stats.tiers(0).used_bytes(), stats.tiers(0).capacity_bytes());
+  EXPECT_EQ(stats.checksum_failures(), 0u);
+}
+
 TEST_F(CacheServerTest, StatsCommandAndMetricsReportTheSameFigures) {
   const TestBlock b = MakeBlock(layout_, "ns", 3);
   ASSERT_TRUE(client_->Put("ns", layout_, {b.slices}).ok());

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <thread>
 
@@ -503,6 +504,38 @@ TEST_F(FastPathTest, BadStagedSlicesGetClearErrorsAndStoreNothing) {
   EXPECT_EQ(stats.checksum_failures(), 1u);
   EXPECT_EQ(stats.blocks_stored(), 0u);
   EXPECT_EQ(stats.pending_blocks(), 0u);
+}
+
+// With the device tier in memory the process reaches only by copies (as a
+// GPU's; `staged-host` stands in for it here), blocks there go over TCP and
+// blocks in the host tier through shared memory, without being promoted.
+TEST_F(FastPathTest, DeviceTierOutsideSharedMemoryFallsBackToTcp) {
+  SCOPED_TRACE(rng_.Trace());
+  StartCache({"--device-memory", "staged-host"});
+  // 36 MB through a 32 MiB device tier: the oldest blocks go down to host.
+  const std::vector<TestBlock> blocks = PutBlocks("tenant-a", rng_.seed(), 120);
+  auto fast = FastPathClient::Connect(channel_, absl::Seconds(10));
+  ASSERT_TRUE(fast.ok()) << fast.status();
+  std::vector<uint32_t> fallback;
+  const auto got = FetchAll(**fast, "tenant-a", Hashes(blocks), &fallback);
+  EXPECT_FALSE(fallback.empty()) << "device-tier blocks are not in shared memory";
+  EXPECT_LT(fallback.size(), blocks.size()) << "host-tier blocks are";
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (std::find(fallback.begin(), fallback.end(), i) != fallback.end()) continue;
+    ASSERT_TRUE(got[i].ok()) << i << ": " << got[i].status();
+    EXPECT_EQ(*got[i], blocks[i].record) << i;
+  }
+  const v1::StatsResponse stats = Stats();
+  EXPECT_EQ(stats.fast_path_blocks_out(), blocks.size() - fallback.size());
+  EXPECT_EQ(stats.tiers(0).promotions(), 0u) << "fast path reads do not promote into the slab";
+  // The shard set reads the rest over TCP: every block, right.
+  auto shards = serving::ShardSet::Create(target_, absl::Seconds(10), /*fast_path=*/true);
+  ASSERT_TRUE(shards.ok());
+  const auto fetched = (*shards)->Fetch("tenant-a", layout_, Hashes(blocks));
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    ASSERT_TRUE(fetched[i].ok()) << i << ": " << fetched[i].status();
+    EXPECT_EQ(*fetched[i], blocks[i].record) << i;
+  }
 }
 
 TEST_F(FastPathTest, CacheWithoutFastPathIsReadOverTcp) {

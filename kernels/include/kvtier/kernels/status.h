@@ -14,6 +14,7 @@ namespace kvtier::kernels {
 enum class StatusCode : int {
   kOk = 0,
   kInvalidArgument = 3,
+  kResourceExhausted = 8,
   kFailedPrecondition = 9,
   kOutOfRange = 11,
   kUnimplemented = 12,

@@ -1,0 +1,91 @@
+// The device tier's slab of GPU memory (cuda_slab.h).
+#include <cuda_runtime.h>
+
+#include <cstring>
+
+#include "cuda_status.h"
+#include "kvtier/kernels/cuda_slab.h"
+
+namespace kvtier::kernels::cuda {
+
+Status DeviceSlab::Create(uint64_t bytes, std::unique_ptr<DeviceSlab>& out) {
+  std::unique_ptr<DeviceSlab> slab(new DeviceSlab());
+  if (const cudaError_t e = cudaGetDevice(&slab->device_); e != cudaSuccess) return CudaError(e, "cudaGetDevice");
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, slab->device_);
+  slab->name_ = "cuda:" + std::to_string(slab->device_) + " " + prop.name;
+  void* base = nullptr;
+  if (const cudaError_t e = cudaMalloc(&base, bytes); e != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it
+    return Status(e == cudaErrorMemoryAllocation ? StatusCode::kResourceExhausted : StatusCode::kInternal,
+                  "cudaMalloc of " + std::to_string(bytes) + " bytes on " + slab->name_ + ": " + cudaGetErrorString(e));
+  }
+  slab->base_ = static_cast<uint8_t*>(base);
+  slab->size_ = bytes;
+  cudaStream_t stream = nullptr;
+  if (const cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); e != cudaSuccess) {
+    return CudaError(e, "cudaStreamCreate");
+  }
+  slab->stream_ = stream;
+  out = std::move(slab);
+  return OkStatus();
+}
+
+DeviceSlab::~DeviceSlab() {
+  if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  if (base_ != nullptr) cudaFree(base_);
+}
+
+namespace {
+
+Status CheckRange(uint64_t offset, size_t n, uint64_t size) {
+  if (offset > size || n > size - offset) return Status(StatusCode::kInternal, "slab copy outside the slab");
+  return OkStatus();
+}
+
+}  // namespace
+
+Status DeviceSlab::CopyIn(uint64_t offset, const void* from, size_t n) {
+  if (Status s = CheckRange(offset, n, size_); !s.ok()) return s;
+  std::lock_guard<std::mutex> lock(mu_);
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  if (const cudaError_t e = cudaMemcpyAsync(base_ + offset, from, n, cudaMemcpyHostToDevice, stream);
+      e != cudaSuccess) {
+    return CudaError(e, "slab copy in");
+  }
+  if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) return CudaError(e, "slab copy in");
+  return OkStatus();
+}
+
+Status DeviceSlab::CopyOut(uint64_t offset, void* to, size_t n) {
+  if (Status s = CheckRange(offset, n, size_); !s.ok()) return s;
+  std::lock_guard<std::mutex> lock(mu_);
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  if (const cudaError_t e = cudaMemcpyAsync(to, base_ + offset, n, cudaMemcpyDeviceToHost, stream);
+      e != cudaSuccess) {
+    return CudaError(e, "slab copy out");
+  }
+  if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) return CudaError(e, "slab copy out");
+  return OkStatus();
+}
+
+std::shared_ptr<uint8_t> DeviceSlab::AllocatePinned(size_t n) {
+  void* p = nullptr;
+  if (cudaMallocHost(&p, n) != cudaSuccess) {
+    cudaGetLastError();
+    return std::shared_ptr<uint8_t>(new uint8_t[n], std::default_delete<uint8_t[]>());  // pageable, still correct
+  }
+  return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { cudaFreeHost(q); });
+}
+
+Status DeviceSlab::IpcHandle(std::array<char, 64>& out) const {
+  cudaIpcMemHandle_t handle;
+  static_assert(sizeof handle == 64, "cudaIpcMemHandle_t is 64 bytes");
+  if (const cudaError_t e = cudaIpcGetMemHandle(&handle, base_); e != cudaSuccess) {
+    return CudaError(e, "cudaIpcGetMemHandle");
+  }
+  std::memcpy(out.data(), &handle, sizeof handle);
+  return OkStatus();
+}
+
+}  // namespace kvtier::kernels::cuda

@@ -1,0 +1,56 @@
+// One slab of GPU memory (cudaMalloc'd once) that the cache's device tier
+// lives in, with its own stream for the copies in and out, so tier moves
+// never wait behind other work on the device. Built only with CUDA;
+// callable from plain C++. Thread-safe: copies are serialized on the stream.
+#ifndef KVTIER_KERNELS_CUDA_SLAB_H_
+#define KVTIER_KERNELS_CUDA_SLAB_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "kvtier/kernels/status.h"
+
+namespace kvtier::kernels::cuda {
+
+class DeviceSlab {
+ public:
+  // `bytes` on the current device. RESOURCE_EXHAUSTED when it does not fit;
+  // INTERNAL for other CUDA errors.
+  static Status Create(uint64_t bytes, std::unique_ptr<DeviceSlab>& out);
+  ~DeviceSlab();
+  DeviceSlab(const DeviceSlab&) = delete;
+  DeviceSlab& operator=(const DeviceSlab&) = delete;
+
+  uint64_t size() const { return size_; }
+  // "cuda:0 NVIDIA H200".
+  const std::string& name() const { return name_; }
+
+  // Copies between [offset, offset + n) of the slab and host memory, and
+  // waits. From and to pinned memory (AllocatePinned) they run at the full
+  // PCIe rate; pageable memory is staged by the driver.
+  Status CopyIn(uint64_t offset, const void* from, size_t n);
+  Status CopyOut(uint64_t offset, void* to, size_t n);
+  // Page-locked host memory, freed when the last owner lets go.
+  static std::shared_ptr<uint8_t> AllocatePinned(size_t n);
+  // The slab's CUDA IPC handle (cudaIpcMemHandle_t's 64 bytes): another
+  // process on this host opens it with cudaIpcOpenMemHandle.
+  Status IpcHandle(std::array<char, 64>& out) const;
+  int device() const { return device_; }
+
+ private:
+  DeviceSlab() = default;
+  uint8_t* base_ = nullptr;
+  uint64_t size_ = 0;
+  int device_ = 0;
+  void* stream_ = nullptr;  // cudaStream_t
+  std::string name_;
+  std::mutex mu_;  // one copy on the stream at a time
+};
+
+}  // namespace kvtier::kernels::cuda
+
+#endif  // KVTIER_KERNELS_CUDA_SLAB_H_

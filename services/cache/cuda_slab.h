@@ -1,0 +1,32 @@
+// The device tier in GPU memory: SlabMemory over kernels' cuda::DeviceSlab.
+// Built only with CUDA (KVTIER_HAVE_CUDA).
+#ifndef KVTIER_SERVICES_CACHE_CUDA_SLAB_H_
+#define KVTIER_SERVICES_CACHE_CUDA_SLAB_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kvtier/kernels/cuda_slab.h"
+#include "services/cache/slab_memory.h"
+
+namespace kvtier::cache {
+
+class CudaSlab final : public SlabMemory {
+ public:
+  // A slab of `bytes` on the current GPU; FAILED_PRECONDITION without one.
+  static absl::StatusOr<std::unique_ptr<CudaSlab>> Create(uint64_t bytes);
+  uint64_t size() const override { return slab_->size(); }
+  std::string name() const override { return slab_->name(); }
+  absl::Status CopyIn(uint64_t offset, const void* from, size_t n) override;
+  absl::Status CopyOut(uint64_t offset, void* to, size_t n) const override;
+  // Pinned: Get answers copied out of the slab go to gRPC from here.
+  std::shared_ptr<uint8_t> AllocateHost(size_t n) const override;
+
+ private:
+  explicit CudaSlab(std::unique_ptr<kernels::cuda::DeviceSlab> slab) : slab_(std::move(slab)) {}
+  std::unique_ptr<kernels::cuda::DeviceSlab> slab_;
+};
+
+}  // namespace kvtier::cache
+
+#endif  // KVTIER_SERVICES_CACHE_CUDA_SLAB_H_
