@@ -1,11 +1,15 @@
 // GPU slab check and benchmark, for the device machine (no gtest there):
 // random bytes copied into the device tier's slab and back at random
-// offsets come back identical (the destination poisoned first), the slab
-// has a CUDA IPC handle, and the spill (slab -> host) and promotion
+// offsets come back identical (the destination poisoned first); a block
+// copied device-to-device into an IPC buffer reads back identical in
+// another process that opens the buffer's handle (the fast path to GPU
+// clients); and the spill (slab -> host) and promotion
 // (host -> slab) rates of 1 MB blocks, as tier moves copy them, from pinned
 // and from pageable memory, against plain pinned cudaMemcpy of 256 MB.
 // Exit codes: 0 pass, 1 mismatch or CUDA error, 77 no device (ctest: skip).
 #include <cuda_runtime.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -15,12 +19,18 @@
 #include <vector>
 
 #include "kvtier/kernels/cuda_codec.h"
+#include "kvtier/kernels/cuda_ipc.h"
 #include "kvtier/kernels/cuda_slab.h"
 
 namespace kvtier::kernels {
 namespace {
 
 constexpr uint64_t kSlabBytes = uint64_t{1} << 30;
+
+struct Reader {
+  pid_t pid;
+  int to;  // its input
+};
 constexpr size_t kBlock = 1026468;  // a V2-Lite int8 block record
 
 bool RoundTrips(cuda::DeviceSlab& slab, std::mt19937_64& rng) {
@@ -76,10 +86,61 @@ void Benchmark(cuda::DeviceSlab& slab) {
   std::printf("%-32s %10.1f %9.0f%%\n", "spill, to pageable", spill_pageable, 100 * spill_pageable / d2h);
 }
 
+// The other process: reads a handle, a size and a seed from `in`, opens the
+// buffer and checks its bytes against the seed's. Exit code 0 when equal.
+int IpcReader(int in) {
+  cuda::IpcHandleBytes handle;
+  uint64_t seed = 0;
+  if (read(in, handle.data(), handle.size()) != 64 || read(in, &seed, 8) != 8) return 2;
+  std::unique_ptr<cuda::IpcMapping> mapping;
+  if (const Status s = cuda::IpcMapping::Open(handle, kBlock, mapping); !s.ok()) {
+    std::fprintf(stderr, "reader: %s\n", s.message().c_str());
+    return 1;
+  }
+  std::vector<uint8_t> got(kBlock), want(kBlock);
+  std::mt19937_64 rng(seed);
+  for (auto& b : want) b = static_cast<uint8_t>(rng());
+  if (!mapping->CopyToHost(0, got.data(), got.size()).ok() || got != want) {
+    std::fprintf(stderr, "reader: the bytes differ\n");
+    return 1;
+  }
+  return 0;
+}
+
+// A block in the slab, copied device-to-device into an IPC buffer, read by
+// the reader process (forked before this process touched CUDA).
+bool IpcRoundTrip(cuda::DeviceSlab& slab, std::mt19937_64& rng, const Reader& reader) {
+  const uint64_t seed = rng();
+  std::mt19937_64 bytes(seed);
+  std::vector<uint8_t> block(kBlock);
+  for (auto& b : block) b = static_cast<uint8_t>(bytes());
+  std::unique_ptr<cuda::DeviceBuffer> buffer;
+  if (!slab.CopyIn(4096, block.data(), block.size()).ok() || !cuda::DeviceBuffer::Create(kBlock, buffer).ok() ||
+      !slab.CopyToDevice(4096, buffer->data(), kBlock).ok()) {
+    return false;
+  }
+  if (write(reader.to, buffer->handle().data(), 64) != 64 || write(reader.to, &seed, 8) != 8) return false;
+  int status = 0;
+  waitpid(reader.pid, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
 int Main() {
+  // The IPC reader must start before this process initialises CUDA.
+  int pipe_fds[2];
+  if (pipe(pipe_fds) != 0) return 1;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(pipe_fds[1]);
+    _exit(IpcReader(pipe_fds[0]));
+  }
+  close(pipe_fds[0]);
+  const Reader reader{pid, pipe_fds[1]};
   std::string why;
   if (!cuda::DevicePresent(&why)) {
-    std::printf("SKIPPED: no GPU (%s); the device tier's slab was built but not run\n", why.c_str());
+    std::printf("SKIPPED: no GPU (%s); the device tier's slab and IPC were built but not run\n", why.c_str());
+    close(reader.to);  // the reader sees end of input and exits
+    waitpid(reader.pid, nullptr, 0);
     return 77;
   }
   std::unique_ptr<cuda::DeviceSlab> slab;
@@ -89,10 +150,9 @@ int Main() {
   }
   std::mt19937_64 rng(std::random_device{}());
   const bool ok = RoundTrips(*slab, rng);
-  std::array<char, 64> handle;
-  const bool ipc = slab->IpcHandle(handle).ok();
-  std::printf("%s: copies in and out %s; IPC handle %s\n", slab->name().c_str(), ok ? "round-trip" : "MISMATCH",
-              ipc ? "available" : "MISSING");
+  const bool ipc = IpcRoundTrip(*slab, rng, reader);
+  std::printf("%s: copies in and out %s; through an IPC buffer to another process %s\n", slab->name().c_str(),
+              ok ? "round-trip" : "MISMATCH", ipc ? "round-trip" : "FAILED");
   Benchmark(*slab);
   return ok && ipc ? 0 : 1;
 }

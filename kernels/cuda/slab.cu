@@ -78,13 +78,15 @@ std::shared_ptr<uint8_t> DeviceSlab::AllocatePinned(size_t n) {
   return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { cudaFreeHost(q); });
 }
 
-Status DeviceSlab::IpcHandle(std::array<char, 64>& out) const {
-  cudaIpcMemHandle_t handle;
-  static_assert(sizeof handle == 64, "cudaIpcMemHandle_t is 64 bytes");
-  if (const cudaError_t e = cudaIpcGetMemHandle(&handle, base_); e != cudaSuccess) {
-    return CudaError(e, "cudaIpcGetMemHandle");
+Status DeviceSlab::CopyToDevice(uint64_t offset, void* device_to, size_t n) {
+  if (Status s = CheckRange(offset, n, size_); !s.ok()) return s;
+  std::lock_guard<std::mutex> lock(mu_);
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  if (const cudaError_t e = cudaMemcpyAsync(device_to, base_ + offset, n, cudaMemcpyDeviceToDevice, stream);
+      e != cudaSuccess) {
+    return CudaError(e, "slab copy to device");
   }
-  std::memcpy(out.data(), &handle, sizeof handle);
+  if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) return CudaError(e, "slab copy to device");
   return OkStatus();
 }
 

@@ -257,6 +257,7 @@ absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(
   std::vector<std::span<const uint8_t>> pieces;
   std::shared_ptr<const uint8_t> owned;  // the record, when copied from disk or a slab
   v1::Tier served_from;
+  bool in_place = false;  // pinned in a slab, not copied out
   {
     absl::MutexLock lock(&mu_);
     ExpireLeasesLocked();
@@ -283,12 +284,15 @@ absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(
     TouchLocked(e);
     // Promotion can fail only when the device tier is all pinned; then the
     // block is served from where it is.
-    absl::StatusOr<std::vector<std::span<const uint8_t>>> source = SourceLocked(*e, owned);
-    if (source.ok()) pieces = std::move(*source);
+    in_place = !options.copy_out && tiers_[e->tier]->arena != nullptr && !tiers_[e->tier]->arena->addressable();
+    if (!in_place) {
+      absl::StatusOr<std::vector<std::span<const uint8_t>>> source = SourceLocked(*e, owned);
+      if (source.ok()) pieces = std::move(*source);
+    }
   }
   // Pinned: the pages cannot change, so verify without the lock.
-  if (pieces.empty() ||
-      (options.verify_checksum && ComputedCrc(pieces, e->size) != StoredCrc(pieces, e->size))) {
+  if (!in_place && (pieces.empty() || (options.verify_checksum &&
+                                       ComputedCrc(pieces, e->size) != StoredCrc(pieces, e->size)))) {
     absl::MutexLock lock(&mu_);
     ++counters_.checksum_failures;
     if (!e->zombie) DropLocked(e);
@@ -498,6 +502,32 @@ std::unique_ptr<PutSession> BlockStore::BeginPut(std::string ns, kvblock::Latent
 
 bool BlockStore::Shareable(size_t tier) const {
   return tier < tiers_.size() && tiers_[tier]->arena != nullptr && tiers_[tier]->arena->shared();
+}
+
+SlabMemory* BlockStore::FirstTierSlab() const { return options_.device_slab.get(); }
+
+absl::Status BlockStore::CopyToExported(const PinnedBlock& block, ExportedBuffer& to, uint64_t at) {
+  size_t tier;
+  std::vector<uint32_t> pages;
+  size_t size;
+  {
+    absl::MutexLock lock(&mu_);
+    tier = block.entry_->tier;
+    pages = block.entry_->pages;
+    size = block.entry_->size;
+  }
+  // Pinned: its pages stay as they are without the lock.
+  const PageArena* arena = tiers_[tier]->arena.get();
+  if (arena == nullptr || arena->addressable() || block.owned_ != nullptr) {
+    return absl::FailedPreconditionError("block is not in a slab tier");
+  }
+  SlabMemory* slab = const_cast<SlabMemory*>(arena->slab());
+  const size_t page = arena->page_size();
+  for (size_t k = 0; k < pages.size() && k * page < size; ++k) {
+    const size_t n = std::min(page, size - k * page);
+    KVTIER_RETURN_IF_ERROR(slab->CopyToExported(size_t{pages[k]} * page, to, at + k * page, n));
+  }
+  return absl::OkStatus();
 }
 
 std::vector<SharedPiece> BlockStore::SharedPieces(const PinnedBlock& block) {

@@ -202,6 +202,9 @@ class BlockStore {
     bool verify_checksum = true;
     // False serves the block from the tier it is in.
     bool promote = true;
+    // False pins a block that is in a slab tier without copying it out: its
+    // pieces are then empty, and it is read with CopyToExported.
+    bool copy_out = true;
   };
   absl::StatusOr<std::shared_ptr<const PinnedBlock>> Read(const std::string& ns, uint64_t layout_id,
                                                           const kvblock::BlockHash& hash,
@@ -212,6 +215,11 @@ class BlockStore {
   }
   // Whether `tier`'s blocks can be handed to same-host readers (SharedPieces).
   bool Shareable(size_t tier) const;
+  // The first tier's slab, when it lives in one (a GPU's memory); else null.
+  SlabMemory* FirstTierSlab() const;
+  // Copies a block pinned in a slab tier into `to` at `at`, device to
+  // device; FAILED_PRECONDITION when it is not in a slab.
+  absl::Status CopyToExported(const PinnedBlock& block, ExportedBuffer& to, uint64_t at);
 
   std::unique_ptr<PutSession> BeginPut(std::string ns, kvblock::LatentLayout layout);
 

@@ -3,9 +3,24 @@
 #include <string>
 
 #include "kvtier/kernels/cuda_codec.h"
+#include "kvtier/kernels/cuda_ipc.h"
 #include "services/common/status.h"
 
 namespace kvtier::cache {
+namespace {
+
+class CudaExportedBuffer final : public ExportedBuffer {
+ public:
+  explicit CudaExportedBuffer(std::unique_ptr<kernels::cuda::DeviceBuffer> buffer) : buffer_(std::move(buffer)) {}
+  uint64_t size() const override { return buffer_->size(); }
+  std::string handle() const override { return std::string(buffer_->handle().data(), buffer_->handle().size()); }
+  uint8_t* data() const { return buffer_->data(); }
+
+ private:
+  std::unique_ptr<kernels::cuda::DeviceBuffer> buffer_;
+};
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaSlab>> CudaSlab::Create(uint64_t bytes) {
   std::string why;
@@ -21,6 +36,20 @@ absl::Status CudaSlab::CopyIn(uint64_t offset, const void* from, size_t n) {
 
 absl::Status CudaSlab::CopyOut(uint64_t offset, void* to, size_t n) const {
   return FromKernelStatus(slab_->CopyOut(offset, to, n));
+}
+
+absl::StatusOr<std::unique_ptr<ExportedBuffer>> CudaSlab::Export(uint64_t bytes) {
+  std::unique_ptr<kernels::cuda::DeviceBuffer> buffer;
+  KVTIER_RETURN_IF_ERROR(FromKernelStatus(kernels::cuda::DeviceBuffer::Create(bytes, buffer)));
+  return std::unique_ptr<ExportedBuffer>(new CudaExportedBuffer(std::move(buffer)));
+}
+
+absl::Status CudaSlab::CopyToExported(uint64_t offset, ExportedBuffer& to, uint64_t to_offset, size_t n) {
+  auto& buffer = static_cast<CudaExportedBuffer&>(to);  // only this class makes them
+  if (to_offset > buffer.size() || n > buffer.size() - to_offset) {
+    return absl::InternalError("copy outside the exported buffer");
+  }
+  return FromKernelStatus(slab_->CopyToDevice(offset, buffer.data() + to_offset, n));
 }
 
 std::shared_ptr<uint8_t> CudaSlab::AllocateHost(size_t n) const { return kernels::cuda::DeviceSlab::AllocatePinned(n); }

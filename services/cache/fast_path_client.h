@@ -34,8 +34,15 @@ class FastPathClient {
   // less or none). FAILED_PRECONDITION when the cache has no fast path;
   // UNAVAILABLE when its socket cannot be reached or does not know the
   // session (another host, or another cache at that address).
-  static absl::StatusOr<std::unique_ptr<FastPathClient>> Connect(
-      std::shared_ptr<grpc::Channel> channel, absl::Duration deadline, uint64_t staging_bytes = 0);
+  // With `device_staging_bytes` (a client on a host with the cache's GPU),
+  // blocks in the cache's GPU tier come device to device through a buffer
+  // of this session's (CUDA IPC) and are copied out of it here.
+  static absl::StatusOr<std::unique_ptr<FastPathClient>> Connect(std::shared_ptr<grpc::Channel> channel,
+                                                                 absl::Duration deadline, uint64_t staging_bytes = 0,
+                                                                 uint64_t device_staging_bytes = 0);
+  // How much device staging a client on this machine should ask for: 0
+  // without CUDA or a GPU.
+  static uint64_t DeviceStagingWanted();
   // Unmaps every segment and closes the session's socket (the cache then
   // ends its leases).
   ~FastPathClient();
@@ -58,6 +65,7 @@ class FastPathClient {
 
   uint64_t session_id() const { return session_id_; }
   uint64_t staging_bytes() const { return staging_size_; }
+  bool has_device_staging() const { return device_ != nullptr; }
 
   // One Put stream's use of the staging region: records are copied into
   // chunks it takes, and the chunks go back when it is destroyed, which
@@ -83,8 +91,12 @@ class FastPathClient {
 
  private:
   struct Mapping;
+  struct DeviceMapping;  // the session's device staging, opened (CUDA builds)
   FastPathClient(std::shared_ptr<grpc::Channel> channel, absl::Duration deadline,
-                 uint64_t session_id, int socket, uint8_t* staging, uint64_t staging_size);
+                 uint64_t session_id, int socket, uint8_t* staging, uint64_t staging_size,
+                 std::unique_ptr<DeviceMapping> device);
+  // Copies a record out of the device staging and checks its CRC32C.
+  bool CopyDeviceRecord(const v1::DeviceRecord& record, std::span<uint8_t> out);
   // The segment mapped at `generation`: asks the cache for its descriptor
   // when it is not mapped yet or was mapped at another generation.
   absl::StatusOr<std::shared_ptr<const Mapping>> MappingFor(uint32_t tier, uint32_t segment,
@@ -109,6 +121,7 @@ class FastPathClient {
   const uint64_t chunk_bytes_;  // kStagingChunk, or the whole of a smaller region
   absl::Mutex staging_mu_;
   std::vector<uint32_t> free_chunks_ ABSL_GUARDED_BY(staging_mu_);
+  const std::unique_ptr<DeviceMapping> device_;  // null: none
 };
 
 }  // namespace kvtier::cache

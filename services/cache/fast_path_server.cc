@@ -90,7 +90,18 @@ FastPathServer::~FastPathServer() {
   if (options_.socket_path[0] != '@') unlink(options_.socket_path.c_str());
 }
 
-absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(uint64_t staging_bytes) {
+std::optional<uint64_t> FastPathServer::DeviceStaging::Allocate(uint64_t size) {
+  uint64_t at = 0;
+  for (const auto& [offset, length] : used) {
+    if (offset - at >= size) break;
+    at = offset + length;
+  }
+  if (at > buffer->size() || buffer->size() - at < size) return std::nullopt;
+  used[at] = size;
+  return at;
+}
+
+absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(uint64_t staging_bytes, uint64_t device_staging_bytes) {
   absl::MutexLock lock(&mu_);
   ExpireLocked();
   if (sessions_.size() >= options_.max_sessions) {
@@ -113,8 +124,22 @@ absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(uint64_t staging_b
       counters_.staging_bytes += staging_bytes;
     }
   }
+  // GPU clients get a device buffer of their own when the device tier is on
+  // a GPU: its blocks are copied there, device to device, per lease.
+  if (SlabMemory* slab = store_->FirstTierSlab(); slab != nullptr && device_staging_bytes > 0) {
+    absl::StatusOr<std::unique_ptr<ExportedBuffer>> buffer =
+        slab->Export(std::min(device_staging_bytes, options_.max_device_staging));
+    if (buffer.ok()) {
+      session.device = std::make_shared<DeviceStaging>();
+      session.device->buffer = *std::move(buffer);
+    }
+  }
   v1::OpenFastPathResponse response;
   response.set_staging_bytes(session.staging != nullptr ? session.staging->size() : 0);
+  if (session.device != nullptr) {
+    response.set_device_staging_bytes(session.device->buffer->size());
+    response.set_device_ipc_handle(session.device->buffer->handle());
+  }
   response.set_session_id(id);
   response.set_secret(session.secret.data(), session.secret.size());
   response.set_socket_path(options_.socket_path);
@@ -137,11 +162,14 @@ absl::Status FastPathServer::Lease(uint64_t session_id, const std::string& ns, u
     }
     return absl::OkStatus();
   };
+  std::shared_ptr<DeviceStaging> device;  // kept alive while copying into it
   {
     absl::MutexLock lock(&mu_);
     ExpireLocked();
     if (absl::Status s = check_session(); !s.ok()) return s;
+    device = sessions_[session_id].device;
   }
+  std::vector<uint64_t> device_ranges;
   // Pinning may promote (and so copy) blocks: done without the lock. The
   // reader verifies each record's checksum as it copies it, so the records
   // are not read here too.
@@ -152,6 +180,7 @@ absl::Status FastPathServer::Lease(uint64_t session_id, const std::string& ns, u
   BlockStore::ReadOptions read;
   read.verify_checksum = false;
   read.promote = store_->Shareable(0);
+  read.copy_out = false;  // a block in a GPU tier goes device to device, if at all
   for (size_t i = 0; i < hashes.size(); ++i) {
     v1::LeasedBlock* out = response.add_blocks();
     out->set_index(static_cast<uint32_t>(i));
@@ -163,6 +192,11 @@ absl::Status FastPathServer::Lease(uint64_t session_id, const std::string& ns, u
     }
     out->set_tier((*block)->tier());
     const std::vector<SharedPiece> pieces = store_->SharedPieces(**block);
+    if (pieces.empty() && device != nullptr && CopyToDevice(*device, **block, *out, device_ranges)) {
+      bytes += (*block)->size();
+      pinned.push_back(*std::move(block));
+      continue;
+    }
     if (pieces.empty()) {
       out->mutable_miss()->set_code(static_cast<int>(absl::StatusCode::kUnavailable));
       out->mutable_miss()->set_message("block is not in shared memory; read it with Get");
@@ -182,7 +216,7 @@ absl::Status FastPathServer::Lease(uint64_t session_id, const std::string& ns, u
     pinned.push_back(*std::move(block));
   }
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = check_session(); !s.ok()) return s;  // it died meanwhile
+  if (absl::Status s = check_session(); !s.ok()) return s;  // it died meanwhile (its staging with it)
   if (pinned.empty()) return absl::OkStatus();
   Session& session = sessions_[session_id];
   session.namespaces.insert(ns);
@@ -191,7 +225,7 @@ absl::Status FastPathServer::Lease(uint64_t session_id, const std::string& ns, u
   const absl::Time deadline = clock_->Now() + std::min(ttl, options_.max_lease_ttl);
   counters_.blocks_out += pinned.size();
   counters_.bytes_out += bytes;
-  leases_[id] = FastLease{session_id, deadline, std::move(pinned)};
+  leases_[id] = FastLease{session_id, deadline, std::move(pinned), std::move(device_ranges)};
   session.leases.insert(id);
   response.set_lease_id(id);
   response.set_lease_deadline_unix_ms(absl::ToUnixMillis(deadline));
@@ -211,8 +245,32 @@ absl::Status FastPathServer::Release(uint64_t lease_id) {
 void FastPathServer::EndLeaseLocked(uint64_t lease_id) {
   auto it = leases_.find(lease_id);
   auto session = sessions_.find(it->second.session_id);
-  if (session != sessions_.end()) session->second.leases.erase(lease_id);
+  if (session != sessions_.end()) {
+    session->second.leases.erase(lease_id);
+    if (session->second.device != nullptr) {
+      for (uint64_t offset : it->second.device_ranges) session->second.device->used.erase(offset);
+    }
+  }
   leases_.erase(it);  // unpins its blocks
+}
+
+bool FastPathServer::CopyToDevice(DeviceStaging& device, const PinnedBlock& block, v1::LeasedBlock& out,
+                                  std::vector<uint64_t>& ranges) {
+  std::optional<uint64_t> at;
+  {
+    absl::MutexLock lock(&mu_);
+    at = device.Allocate(block.size());
+  }
+  if (!at.has_value()) return false;  // full: this block goes over TCP
+  if (!store_->CopyToExported(block, *device.buffer, *at).ok()) {
+    absl::MutexLock lock(&mu_);
+    device.used.erase(*at);
+    return false;
+  }
+  out.mutable_device()->set_offset(*at);
+  out.mutable_device()->set_size(block.size());
+  ranges.push_back(*at);
+  return true;
 }
 
 FastPathCounters FastPathServer::Counters() {

@@ -13,6 +13,8 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -38,6 +40,8 @@ struct FastPathOptions {
   // Staging regions for staged Put: all sessions' together, and one's most.
   uint64_t staging_budget = 512 << 20;
   uint64_t max_staging_per_session = 128 << 20;
+  // Device staging (GPU device tier only), per session.
+  uint64_t max_device_staging = 256 << 20;
 };
 
 struct FastPathCounters {
@@ -86,7 +90,7 @@ class FastPathServer {
   // A new, unproven session, with a staging region of up to
   // `staging_bytes` if the budget allows. RESOURCE_EXHAUSTED at
   // max_sessions.
-  absl::StatusOr<v1::OpenFastPathResponse> Open(uint64_t staging_bytes = 0);
+  absl::StatusOr<v1::OpenFastPathResponse> Open(uint64_t staging_bytes = 0, uint64_t device_staging_bytes = 0);
   // A proven session's staging region; FAILED_PRECONDITION if it has none.
   absl::StatusOr<std::shared_ptr<const StagingRegion>> Staging(uint64_t session_id);
   // Counts bytes a Put stream took from a staging region.
@@ -102,6 +106,13 @@ class FastPathServer {
   FastPathCounters Counters();
 
  private:
+  // A session's device staging buffer and the ranges leases hold in it.
+  struct DeviceStaging {
+    std::unique_ptr<ExportedBuffer> buffer;
+    std::map<uint64_t, uint64_t> used;  // offset -> size
+    // First fit; nullopt when nothing fits.
+    std::optional<uint64_t> Allocate(uint64_t size);
+  };
   struct Session {
     std::array<uint8_t, 16> secret;
     absl::Time open_until;  // unproven sessions are dropped after it
@@ -109,11 +120,13 @@ class FastPathServer {
     std::set<std::string> namespaces;  // read through this session so far
     std::set<uint64_t> leases;
     std::shared_ptr<StagingRegion> staging;  // null: none granted
+    std::shared_ptr<DeviceStaging> device;   // null: none granted
   };
   struct FastLease {
     uint64_t session_id;
     absl::Time deadline;
     std::vector<std::shared_ptr<const PinnedBlock>> blocks;
+    std::vector<uint64_t> device_ranges;  // offsets held in the session's device staging
   };
 
   FastPathServer(const FastPathOptions& options, BlockStore* store, Clock* clock, int listener,
@@ -124,6 +137,11 @@ class FastPathServer {
   void CloseConnectionLocked(int socket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndSessionLocked(uint64_t session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndLeaseLocked(uint64_t lease_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Copies a block pinned in the GPU tier into a range of `device` (noted in
+  // `ranges`) and describes it in `out`; false when there is no room or the
+  // copy fails.
+  bool CopyToDevice(DeviceStaging& device, const PinnedBlock& block, v1::LeasedBlock& out,
+                    std::vector<uint64_t>& ranges);
   void ExpireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const FastPathOptions options_;

@@ -14,6 +14,16 @@
 
 namespace kvtier::cache {
 
+// Device memory another process on this host can open (CUDA IPC): a fast
+// path session's staging for GPU clients. Not thread-safe.
+class ExportedBuffer {
+ public:
+  virtual ~ExportedBuffer() = default;
+  virtual uint64_t size() const = 0;
+  // What the other process opens it with (a cudaIpcMemHandle_t's 64 bytes).
+  virtual std::string handle() const = 0;
+};
+
 // Thread-safe: copies to disjoint ranges may run at once.
 class SlabMemory {
  public:
@@ -28,6 +38,14 @@ class SlabMemory {
   // A host buffer copies in and out of the slab go fastest through (pinned
   // memory for a GPU), freed when the last owner lets go.
   virtual std::shared_ptr<uint8_t> AllocateHost(size_t n) const = 0;
+  // A buffer other processes can open, and device-to-device copies into
+  // it; UNIMPLEMENTED where there is no such thing (host memory).
+  virtual absl::StatusOr<std::unique_ptr<ExportedBuffer>> Export(uint64_t bytes) {
+    return absl::UnimplementedError("this memory cannot be exported");
+  }
+  virtual absl::Status CopyToExported(uint64_t offset, ExportedBuffer& to, uint64_t to_offset, size_t n) {
+    return absl::UnimplementedError("this memory cannot be exported");
+  }
 };
 
 // Host memory behind the slab contract: every access is a copy.

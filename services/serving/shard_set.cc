@@ -150,7 +150,8 @@ std::shared_ptr<cache::FastPathClient> ShardSet::FastPathOf(size_t s) {
   absl::MutexLock lock(&fast->mu);
   if (fast->client != nullptr || absl::Now() < fast->retry_after) return fast->client;
   absl::StatusOr<std::unique_ptr<cache::FastPathClient>> opened =
-      cache::FastPathClient::Connect(shards_[s].channel, deadline_, kStagingBytes);
+      cache::FastPathClient::Connect(shards_[s].channel, deadline_, kStagingBytes,
+                                     cache::FastPathClient::DeviceStagingWanted());
   if (!opened.ok()) {
     // Not local (or no fast path there): ask again now and then, since a
     // restarted cache may have one.

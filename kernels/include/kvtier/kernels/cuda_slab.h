@@ -34,11 +34,11 @@ class DeviceSlab {
   // PCIe rate; pageable memory is staged by the driver.
   Status CopyIn(uint64_t offset, const void* from, size_t n);
   Status CopyOut(uint64_t offset, void* to, size_t n);
+  // Copies [offset, offset + n) of the slab to other device memory (a
+  // DeviceBuffer) on the slab's stream, and waits.
+  Status CopyToDevice(uint64_t offset, void* device_to, size_t n);
   // Page-locked host memory, freed when the last owner lets go.
   static std::shared_ptr<uint8_t> AllocatePinned(size_t n);
-  // The slab's CUDA IPC handle (cudaIpcMemHandle_t's 64 bytes): another
-  // process on this host opens it with cudaIpcOpenMemHandle.
-  Status IpcHandle(std::array<char, 64>& out) const;
   int device() const { return device_; }
 
  private:

@@ -1,0 +1,67 @@
+// The fast path to GPU clients (ctest label `gpu`): with the cache's device
+// tier on a GPU (--device-memory cuda), a client that can open CUDA IPC
+// handles gets the blocks of that tier device to device, through a buffer
+// of its own session. Skipped, saying why, where there is no GPU.
+#include <gtest/gtest.h>
+
+#include "kvtier/kernels/cuda_codec.h"
+#include "services/cache/fast_path_client.h"
+#include "services/common/child_process.h"
+#include "services/serving/shard_set.h"
+#include "tests/integration/cache_test_blocks.h"
+#include "tests/test_random.h"
+
+namespace kvtier::cache {
+namespace {
+
+TEST(FastPathGpuTest, GpuTierBlocksReachAGpuClientThroughIpc) {
+  std::string why;
+  if (!kernels::cuda::DevicePresent(&why)) GTEST_SKIP() << "no GPU: " << why;
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  ChildProcess cache({KVTIER_CACHE_BINARY, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--device-capacity",
+                      "256MiB", "--host-capacity", "256MiB", "--device-memory", "cuda"});
+  const int port = cache.WaitForListeningPort();
+  ASSERT_GT(port, 0);
+  const std::string target = "127.0.0.1:" + std::to_string(port);
+  const kvblock::LatentLayout layout = TestLayout();
+  CacheClient client(CacheClient::Connect(target));
+  std::vector<TestBlock> blocks;
+  std::vector<BlockSlices> slices;
+  std::vector<kvblock::BlockHash> hashes;
+  for (int i = 0; i < 24; ++i) {
+    blocks.push_back(MakeBlock(layout, "tenant-a", rng.seed() + i));
+    slices.push_back(blocks.back().slices);
+    hashes.push_back(blocks.back().slices.hash);
+  }
+  ASSERT_TRUE(client.Put("tenant-a", layout, slices).ok());
+
+  auto fast = FastPathClient::Connect(CacheClient::Connect(target), absl::Seconds(10), 0, 64 << 20);
+  ASSERT_TRUE(fast.ok()) << fast.status();
+  ASSERT_TRUE((*fast)->has_device_staging());
+  std::vector<std::string> records(blocks.size());
+  size_t delivered = 0;
+  auto left = (*fast)->Fetch(
+      "tenant-a", layout, hashes,
+      [&](uint32_t i, size_t size) {
+        records[i].resize(size);
+        return std::span(reinterpret_cast<uint8_t*>(records[i].data()), size);
+      },
+      [&](const RawBlock& b) { delivered += b.status.ok(); });
+  ASSERT_TRUE(left.ok()) << left.status();
+  EXPECT_TRUE(left->empty()) << "every block came through the device staging";
+  EXPECT_EQ(delivered, blocks.size());
+  for (size_t i = 0; i < blocks.size(); ++i) EXPECT_EQ(records[i], blocks[i].record) << i;
+  EXPECT_EQ(client.Stats()->fast_path_blocks_out(), blocks.size());
+  // The shard set (decode and prefill) takes the same way.
+  auto shards = serving::ShardSet::Create(target, absl::Seconds(10), /*fast_path=*/true);
+  ASSERT_TRUE(shards.ok());
+  const auto fetched = (*shards)->Fetch("tenant-a", layout, hashes);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    ASSERT_TRUE(fetched[i].ok()) << fetched[i].status();
+    EXPECT_EQ(*fetched[i], blocks[i].record) << i;
+  }
+}
+
+}  // namespace
+}  // namespace kvtier::cache
