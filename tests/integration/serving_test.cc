@@ -373,9 +373,9 @@ TEST_F(ServingTest, APrefillLongerThanTheCacheDeadlineStillStoresItsBlocks) {
   absl::StatusOr<RemoteGeneration> first = cluster.Generate(Request(prompt, 2));
   ASSERT_TRUE(first.ok()) << first.status();
   ASSERT_GT(first->usage.time_to_first_token_us(), 20000u) << "the prefill must outlast the deadline";
-  absl::StatusOr<RemoteGeneration> again = cluster.Generate(Request(prompt, 2));
-  ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_EQ(again->usage.cached_tokens(), 1984u);
+  // Asked of the cache itself: a second Generate would also read the
+  // prefix under the 20 ms deadline, which a loaded machine can miss.
+  EXPECT_EQ(cluster.CacheStats(0).blocks_stored(), 2000u / kBlock);
 }
 
 // 16 clients at once, half of them sharing prefixes: continuous batching
