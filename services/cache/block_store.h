@@ -1,12 +1,15 @@
 // The cache's store of latent block records, in tiers of fixed-size pages.
 //
-// Tiers, fastest first: device (host memory standing in for GPU memory until
-// the CUDA backend lands), host, and optionally disk (files). A tier that is
-// full demotes its
+// Tiers, fastest first: device (a GPU's memory in a slab reached by copies,
+// or host memory standing in for it), host, and optionally disk (files). The
+// page tiers may live in memfd segments, one namespace each, that same-host
+// readers map (the fast path: SharedPieces). A tier that is full demotes its
 // least-recently-used unpinned blocks to the next tier; the last tier drops
 // them. Reading a block promotes it to the first tier. Every tier move and
-// every read verifies the record's CRC32C; a block that fails is dropped and
-// counted, never served.
+// every read verifies the record's CRC32C (unless the reader says it will);
+// a block that fails is dropped and counted, never served. Copies in and out
+// of a slab run under the store's lock: a tier move there blocks other
+// calls for the copy's length.
 //
 // Blocks are keyed by (namespace, chain hash). A Put assembles a block from
 // layer slices in pages of the first tier that only its session can see; the
