@@ -16,6 +16,7 @@
 
 #include "kvtier/kernels/codec.h"
 #include "kvtier/kernels/cuda_codec.h"
+#include "check_util.h"
 
 namespace kvtier::kernels {
 namespace {
@@ -88,17 +89,6 @@ bool SameAsCpu(Codec codec, size_t blocks, uint64_t seed) {
   return true;
 }
 
-// Milliseconds per call of `op`, averaged over `reps` after a warm-up.
-template <typename Op>
-double Time(Op op, int reps) {
-  op();
-  cudaDeviceSynchronize();
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < reps; ++i) op();
-  cudaDeviceSynchronize();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / reps;
-}
-
 int Main() {
   std::string why;
   if (!cuda::DevicePresent(&why)) {
@@ -126,15 +116,15 @@ int Main() {
   cudaMalloc(&d_codes, floats * 2);
   const std::vector<float> x = RandomLatents(64, 7);
   for (size_t b = 0; b < kBlocks; b += 64) cudaMemcpy(d_x + b * kShape.values(), x.data(), x.size() * 4, cudaMemcpyHostToDevice);
-  const double copy_ms = Time([&] { cudaMemcpyAsync(d_copy, d_x, floats * 4, cudaMemcpyDeviceToDevice); }, 20);
+  const double copy_ms = check::Milliseconds([&] { cudaMemcpyAsync(d_copy, d_x, floats * 4, cudaMemcpyDeviceToDevice); }, 20);
   // A device-to-device copy reads and writes every byte.
   const double copy_gbs = 2.0 * floats * 4 / copy_ms / 1e6;
   std::printf("\n%-6s %14s %10s %16s %10s\n", "codec", "quantize GB/s", "% copy", "dequantize GB/s", "% copy");
   for (Codec codec : kAllCodecs) {
     // Bytes moved: float latents read and codes written (or the reverse).
     const double moved = static_cast<double>(floats) * 4 + static_cast<double>(EncodedBytes(codec, kShape)) * kBlocks;
-    const double q = Time([&] { (void)cuda::Quantize(codec, kShape, d_x, d_codes, kBlocks, nullptr); }, 20);
-    const double d = Time([&] { (void)cuda::Dequantize(codec, kShape, d_codes, d_copy, kBlocks, nullptr); }, 20);
+    const double q = check::Milliseconds([&] { (void)cuda::Quantize(codec, kShape, d_x, d_codes, kBlocks, nullptr); }, 20);
+    const double d = check::Milliseconds([&] { (void)cuda::Dequantize(codec, kShape, d_codes, d_copy, kBlocks, nullptr); }, 20);
     std::printf("%-6s %14.1f %9.0f%% %16.1f %9.0f%%\n", CodecName(codec), moved / q / 1e6,
                 100 * moved / q / 1e6 / copy_gbs, moved / d / 1e6, 100 * moved / d / 1e6 / copy_gbs);
   }

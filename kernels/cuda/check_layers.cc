@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kvtier/kernels/cuda_codec.h"
+#include "check_util.h"
 #include "kvtier/kernels/cuda_layers.h"
 #include "kvtier/kernels/layers.h"
 #include "kvtier/kernels/rope.h"
@@ -23,30 +24,15 @@
 namespace kvtier::kernels {
 namespace {
 
-template <typename T>
-T* ToDevice(const std::vector<T>& host) {
-  T* d = nullptr;
-  cudaMalloc(&d, host.size() * sizeof(T));
-  cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
-  return d;
-}
-
-template <typename T>
-std::vector<T> ToHost(const T* d, size_t n) {
-  std::vector<T> out(n);
-  cudaMemcpy(out.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost);
-  return out;
-}
-
 bool CheckRmsNorm(std::mt19937_64& rng) {
   constexpr uint32_t kRows = 37, kDim = 2048;
   std::normal_distribution<float> normal(0.0f, 3.0f);
   std::vector<float> x(size_t{kRows} * kDim), w(kDim);
   for (float& v : x) v = normal(rng);
   for (float& v : w) v = 1.0f + 0.1f * normal(rng);
-  float *dx = ToDevice(x), *dw = ToDevice(w), *dout = ToDevice(std::vector<float>(x.size(), NAN));
+  float *dx = check::ToDevice(x), *dw = check::ToDevice(w), *dout = check::ToDevice(std::vector<float>(x.size(), NAN));
   const Status s = cuda::RmsNorm(dx, dw, kRows, kDim, 1e-6f, dout, nullptr);
-  const std::vector<float> got = ToHost(dout, x.size());
+  const std::vector<float> got = check::ToHost(dout, x.size());
   cudaFree(dx), cudaFree(dw), cudaFree(dout);
   if (!s.ok()) {
     std::fprintf(stderr, "cuda::RmsNorm: %s\n", s.message().c_str());
@@ -79,10 +65,10 @@ bool CheckRope(std::mt19937_64& rng) {
   for (float& v : x) v = normal(rng);
   std::vector<int64_t> positions(kRows);
   for (int64_t& p : positions) p = position(rng);
-  float* dx = ToDevice(x);
-  int64_t* dpos = ToDevice(positions);
+  float* dx = check::ToDevice(x);
+  int64_t* dpos = check::ToDevice(positions);
   const Status s = cuda::ApplyRope(table, dpos, dx + kNope, kRows, kHeads, size_t{kHeads} * kHead, kHead, nullptr);
-  const std::vector<float> got = ToHost(dx, x.size());
+  const std::vector<float> got = check::ToHost(dx, x.size());
   cudaFree(dx), cudaFree(dpos);
   if (!s.ok()) {
     std::fprintf(stderr, "cuda::ApplyRope: %s\n", s.message().c_str());

@@ -18,27 +18,13 @@
 #include <vector>
 
 #include "kvtier/kernels/cuda_codec.h"
+#include "check_util.h"
 #include "kvtier/kernels/cuda_matmul.h"
 #include "kvtier/kernels/float_formats.h"
 #include "kvtier/kernels/layers.h"
 
 namespace kvtier::kernels {
 namespace {
-
-template <typename T>
-T* ToDevice(const std::vector<T>& host) {
-  T* d = nullptr;
-  cudaMalloc(&d, std::max<size_t>(host.size(), 1) * sizeof(T));
-  cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
-  return d;
-}
-
-template <typename T>
-std::vector<T> ToHost(const T* d, size_t n) {
-  std::vector<T> out(n);
-  cudaMemcpy(out.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost);
-  return out;
-}
 
 std::vector<uint16_t> RandomBf16(size_t n, float sigma, std::mt19937_64& rng) {
   std::normal_distribution<float> normal(0.0f, sigma);
@@ -60,14 +46,14 @@ double Bf(uint16_t bits) { return Bf16ToFloat(bits); }
 bool CheckGemm(cuda::Blas& blas, std::mt19937_64& rng) {
   constexpr uint32_t kRows = 3072, kCols = 2048;
   const std::vector<uint16_t> w = RandomBf16(size_t{kRows} * kCols, 0.02f, rng);
-  uint16_t* dw = ToDevice(w);
+  uint16_t* dw = check::ToDevice(w);
   bool ok = true;
   for (uint32_t n : {1u, 7u, 64u}) {
     const std::vector<float> x = RandomFloats(size_t{n} * kCols, rng);
-    float* dx = ToDevice(x);
-    float* dy = ToDevice(std::vector<float>(size_t{n} * kRows, NAN));
+    float* dx = check::ToDevice(x);
+    float* dy = check::ToDevice(std::vector<float>(size_t{n} * kRows, NAN));
     const Status s = blas.Gemm(dw, kRows, kCols, dx, n, dy);
-    const std::vector<float> y = ToHost(dy, size_t{n} * kRows);
+    const std::vector<float> y = check::ToHost(dy, size_t{n} * kRows);
     cudaFree(dx), cudaFree(dy);
     if (!s.ok()) {
       std::fprintf(stderr, "Gemm: %s\n", s.message().c_str());
@@ -129,7 +115,7 @@ bool CheckMoe(cuda::Blas& blas, std::mt19937_64& rng) {
   auto make = [&](uint32_t inter) {
     HostMlp m{RandomBf16(size_t{inter} * kHidden, 0.06f, rng), RandomBf16(size_t{inter} * kHidden, 0.06f, rng),
               RandomBf16(size_t{kHidden} * inter, 0.08f, rng), inter};
-    cuda::SwiGluDeviceWeights d{ToDevice(m.gate), ToDevice(m.up), ToDevice(m.down), inter};
+    cuda::SwiGluDeviceWeights d{check::ToDevice(m.gate), check::ToDevice(m.up), check::ToDevice(m.down), inter};
     return std::pair(m, d);
   };
   for (uint32_t e = 0; e < kExperts; ++e) {
@@ -139,12 +125,12 @@ bool CheckMoe(cuda::Blas& blas, std::mt19937_64& rng) {
   auto [shared, shared_device] = make(kInter / 2);
   dw.shared = shared_device;
   const std::vector<uint16_t> router = RandomBf16(size_t{kExperts} * kHidden, 0.1f, rng);
-  dw.router = ToDevice(router);
+  dw.router = check::ToDevice(router);
   const std::vector<float> x = RandomFloats(size_t{kTokens} * kHidden, rng);
-  float* dx = ToDevice(x);
-  float* dout = ToDevice(std::vector<float>(size_t{kTokens} * kHidden, NAN));
+  float* dx = check::ToDevice(x);
+  float* dout = check::ToDevice(std::vector<float>(size_t{kTokens} * kHidden, NAN));
   const Status s = blas.MoeForward(dw, kHidden, dx, kTokens, dout);
-  const std::vector<float> out = ToHost(dout, size_t{kTokens} * kHidden);
+  const std::vector<float> out = check::ToHost(dout, size_t{kTokens} * kHidden);
   const auto free_mlp = [](const cuda::SwiGluDeviceWeights& d) {
     for (const uint16_t* p : {d.gate, d.up, d.down}) cudaFree(const_cast<uint16_t*>(p));
   };
@@ -195,9 +181,9 @@ void Benchmark(cuda::Blas& blas, std::mt19937_64& rng) {
   };
   const double copy_gbs = 2.0 * copy_bytes / time([&] { cudaMemcpyAsync(b, a, copy_bytes, cudaMemcpyDeviceToDevice); }) / 1e6;
   cudaFree(a), cudaFree(b);
-  uint16_t* w = ToDevice(RandomBf16(size_t{kRows} * kCols, 0.02f, rng));
-  float* x = ToDevice(RandomFloats(size_t{256} * kCols, rng));
-  float* y = ToDevice(std::vector<float>(size_t{256} * kRows));
+  uint16_t* w = check::ToDevice(RandomBf16(size_t{kRows} * kCols, 0.02f, rng));
+  float* x = check::ToDevice(RandomFloats(size_t{256} * kCols, rng));
+  float* y = check::ToDevice(std::vector<float>(size_t{256} * kRows));
   std::printf("\nbf16 projection %u x %u (weights %.1f MB); copy %.0f GB/s\n%6s %10s %12s %10s\n", kRows, kCols,
               kRows * kCols * 2 / 1e6, copy_gbs, "batch", "ms", "weight GB/s", "TFLOP/s");
   for (uint32_t n : {1u, 8u, 32u, 256u}) {

@@ -26,6 +26,7 @@
 #include "kvtier/kernels/cuda_codec.h"
 #include "kvtier/kernels/cuda_mla_attention.h"
 #include "kvtier/kernels/mla_attention.h"
+#include "check_util.h"
 
 namespace kvtier::kernels {
 namespace {
@@ -189,23 +190,13 @@ bool RefusesBadBlockIndex() {
   return ok;
 }
 
-template <typename Op>
-double Milliseconds(Op op, int reps) {
-  op();
-  cudaDeviceSynchronize();
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < reps; ++i) op();
-  cudaDeviceSynchronize();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / reps;
-}
-
 void Benchmark() {
   constexpr uint32_t kHeads = 16, kMaxBatch = 128, kMaxContext = 65536;
   const uint32_t max_blocks = kMaxContext / kTpb;
   // Copy bandwidth: bytes read plus written per second.
   const size_t copy_bytes = size_t{1} << 32;
   DeviceArray<uint8_t> a(copy_bytes), b(copy_bytes);
-  const double copy_ms = Milliseconds([&] { cudaMemcpyAsync(b.data, a.data, copy_bytes, cudaMemcpyDeviceToDevice); }, 10);
+  const double copy_ms = check::Milliseconds([&] { cudaMemcpyAsync(b.data, a.data, copy_bytes, cudaMemcpyDeviceToDevice); }, 10);
   const double copy_gbs = 2.0 * copy_bytes / copy_ms / 1e6;
   std::printf("\ndevice-to-device copy: %.0f GB/s (read + write)\n", copy_gbs);
   std::printf("%-5s %8s %6s %10s %10s %8s\n", "codec", "context", "batch", "ms", "GB/s", "% copy");
@@ -235,7 +226,7 @@ void Benchmark() {
         cuda::PagedLatents latents{codec, kTpb, pool.data, pool_blocks, d_table.data, blocks, d_counts.data,
                                    nullptr, nullptr, 0};
         Status status;
-        const double ms = Milliseconds(
+        const double ms = check::Milliseconds(
             [&] {
               status = cuda::PagedMlaDecode({kHeads, kKv, kRope}, latents, batch, q.data, 0.07f, out.data, nullptr,
                                             nullptr);

@@ -45,28 +45,24 @@ Status CheckRange(uint64_t offset, size_t n, uint64_t size) {
 
 }  // namespace
 
-Status DeviceSlab::CopyIn(uint64_t offset, const void* from, size_t n) {
-  if (Status s = CheckRange(offset, n, size_); !s.ok()) return s;
+Status DeviceSlab::Copy(void* to, const void* from, size_t n, int kind, const char* what) {
   std::lock_guard<std::mutex> lock(mu_);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_);
-  if (const cudaError_t e = cudaMemcpyAsync(base_ + offset, from, n, cudaMemcpyHostToDevice, stream);
-      e != cudaSuccess) {
-    return CudaError(e, "slab copy in");
+  if (const cudaError_t e = cudaMemcpyAsync(to, from, n, static_cast<cudaMemcpyKind>(kind), stream); e != cudaSuccess) {
+    return CudaError(e, what);
   }
-  if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) return CudaError(e, "slab copy in");
+  if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) return CudaError(e, what);
   return OkStatus();
+}
+
+Status DeviceSlab::CopyIn(uint64_t offset, const void* from, size_t n) {
+  if (Status s = CheckRange(offset, n, size_); !s.ok()) return s;
+  return Copy(base_ + offset, from, n, cudaMemcpyHostToDevice, "slab copy in");
 }
 
 Status DeviceSlab::CopyOut(uint64_t offset, void* to, size_t n) {
   if (Status s = CheckRange(offset, n, size_); !s.ok()) return s;
-  std::lock_guard<std::mutex> lock(mu_);
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
-  if (const cudaError_t e = cudaMemcpyAsync(to, base_ + offset, n, cudaMemcpyDeviceToHost, stream);
-      e != cudaSuccess) {
-    return CudaError(e, "slab copy out");
-  }
-  if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) return CudaError(e, "slab copy out");
-  return OkStatus();
+  return Copy(to, base_ + offset, n, cudaMemcpyDeviceToHost, "slab copy out");
 }
 
 std::shared_ptr<uint8_t> DeviceSlab::AllocatePinned(size_t n) {
@@ -80,14 +76,7 @@ std::shared_ptr<uint8_t> DeviceSlab::AllocatePinned(size_t n) {
 
 Status DeviceSlab::CopyToDevice(uint64_t offset, void* device_to, size_t n) {
   if (Status s = CheckRange(offset, n, size_); !s.ok()) return s;
-  std::lock_guard<std::mutex> lock(mu_);
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
-  if (const cudaError_t e = cudaMemcpyAsync(device_to, base_ + offset, n, cudaMemcpyDeviceToDevice, stream);
-      e != cudaSuccess) {
-    return CudaError(e, "slab copy to device");
-  }
-  if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) return CudaError(e, "slab copy to device");
-  return OkStatus();
+  return Copy(device_to, base_ + offset, n, cudaMemcpyDeviceToDevice, "slab copy to device");
 }
 
 }  // namespace kvtier::kernels::cuda

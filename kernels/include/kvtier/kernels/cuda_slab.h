@@ -43,6 +43,8 @@ class DeviceSlab {
 
  private:
   DeviceSlab() = default;
+  // One cudaMemcpyAsync (a cudaMemcpyKind) on the slab's stream, waited for.
+  Status Copy(void* to, const void* from, size_t n, int kind, const char* what);
   uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
   int device_ = 0;

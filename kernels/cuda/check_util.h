@@ -1,0 +1,43 @@
+// Helpers the GPU check programs share (plain C++ and cudart; no gtest on
+// the device machine).
+#ifndef KVTIER_KERNELS_CUDA_CHECK_UTIL_H_
+#define KVTIER_KERNELS_CUDA_CHECK_UTIL_H_
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+namespace kvtier::kernels::check {
+
+// A device copy of `host` (freed by the caller with cudaFree).
+template <typename T>
+T* ToDevice(const std::vector<T>& host) {
+  T* d = nullptr;
+  cudaMalloc(&d, std::max<size_t>(host.size(), 1) * sizeof(T));
+  cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
+  return d;
+}
+
+template <typename T>
+std::vector<T> ToHost(const T* d, size_t n) {
+  std::vector<T> out(n);
+  cudaMemcpy(out.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost);
+  return out;
+}
+
+// Milliseconds per call of `op`, averaged over `reps` after a warm-up.
+template <typename Op>
+double Milliseconds(Op op, int reps) {
+  op();
+  cudaDeviceSynchronize();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) op();
+  cudaDeviceSynchronize();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / reps;
+}
+
+}  // namespace kvtier::kernels::check
+
+#endif  // KVTIER_KERNELS_CUDA_CHECK_UTIL_H_
