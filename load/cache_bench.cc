@@ -131,18 +131,22 @@ Sample KvtierPut(CacheClient& client, const kvblock::LatentLayout& layout, const
     header.mutable_header()->set_fast_path_session_id(fast->session_id());
   }
   writer->Write(header);
-  v1::PutRequest slice;
+  v1::PutRequest slice, batch;  // staged slices go a block's worth to a message
   for (const BlockSlices& b : p.slices) {
-    slice.mutable_slice()->set_block_hash(std::string(kvblock::HashAsBytes(b.hash)));
+    const std::string hash(kvblock::HashAsBytes(b.hash));
+    slice.mutable_slice()->set_block_hash(hash);
     for (const std::string& r : b.records) {
-      std::optional<v1::StagedRange> range = staged.has_value() ? staged->Stage(r) : std::nullopt;
-      if (range.has_value()) {
-        *slice.mutable_slice()->mutable_staged() = *range;
-      } else {
-        slice.mutable_slice()->set_data(r);
+      if (std::optional<v1::StagedRange> range = staged.has_value() ? staged->Stage(r) : std::nullopt) {
+        v1::LayerSlice* s = batch.mutable_batch()->add_slices();
+        s->set_block_hash(hash);
+        *s->mutable_staged() = *range;
+        continue;
       }
+      slice.mutable_slice()->set_data(r);
       writer->Write(slice);
     }
+    if (batch.batch().slices_size() > 0) writer->Write(batch);
+    batch.mutable_batch()->clear_slices();
     sample.Block();
   }
   writer->WritesDone();

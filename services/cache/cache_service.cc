@@ -201,29 +201,36 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutRequest> {
         session_ = service_->store()->BeginPut(scope.ns, scope.layout);
         return absl::OkStatus();
       }
-      case v1::PutRequest::kSlice: {
-        if (session_ == nullptr) {
-          return absl::InvalidArgumentError("the first Put message must be a header");
+      case v1::PutRequest::kSlice:
+        return ApplySlice(request.slice());
+      case v1::PutRequest::kBatch: {
+        if (request.batch().slices_size() > kMaxSlicesPerBatch) {
+          return absl::InvalidArgumentError(absl::StrCat(request.batch().slices_size(),
+                                                         " slices in one batch, at most ", kMaxSlicesPerBatch));
         }
-        KVTIER_ASSIGN_OR_RETURN(kvblock::BlockHash hash,
-                                kvblock::HashFromBytes(request.slice().block_hash()));
-        if (!request.slice().has_staged()) return session_->AddSlice(hash, request.slice().data());
-        if (staging_ == nullptr) {
-          return absl::InvalidArgumentError(
-              "a staged slice needs a header naming a fast path session with a staging region");
-        }
-        const v1::StagedRange& range = request.slice().staged();
-        KVTIER_ASSIGN_OR_RETURN(std::string_view staged, staging_->Range(range.offset(), range.length()));
-        // Copied out first: the client can write its region at any time,
-        // and what is checked must be what is stored.
-        staged_copy_.assign(staged.data(), staged.size());
-        service_->fast_path()->CountStaged(staged.size());
-        return session_->AddSlice(hash, staged_copy_);
+        for (const v1::LayerSlice& slice : request.batch().slices()) KVTIER_RETURN_IF_ERROR(ApplySlice(slice));
+        return absl::OkStatus();
       }
       case v1::PutRequest::KIND_NOT_SET:
         break;
     }
     return absl::InvalidArgumentError("Put message with neither header nor slice");
+  }
+
+  absl::Status ApplySlice(const v1::LayerSlice& slice) {
+    if (session_ == nullptr) return absl::InvalidArgumentError("the first Put message must be a header");
+    KVTIER_ASSIGN_OR_RETURN(kvblock::BlockHash hash, kvblock::HashFromBytes(slice.block_hash()));
+    if (!slice.has_staged()) return session_->AddSlice(hash, slice.data());
+    if (staging_ == nullptr) {
+      return absl::InvalidArgumentError(
+          "a staged slice needs a header naming a fast path session with a staging region");
+    }
+    KVTIER_ASSIGN_OR_RETURN(std::string_view staged, staging_->Range(slice.staged().offset(), slice.staged().length()));
+    // Copied out first: the client can write its region at any time, and
+    // what is checked must be what is stored.
+    staged_copy_.assign(staged.data(), staged.size());
+    service_->fast_path()->CountStaged(staged.size());
+    return session_->AddSlice(hash, staged_copy_);
   }
 
   // The successful end: what this stream stored.

@@ -20,6 +20,7 @@ namespace kvtier::cache {
 
 inline constexpr char kCacheServerVersion[] = "kvtier-cache 0.1.0";
 inline constexpr int kMaxBlocksPerRequest = 65536;
+inline constexpr int kMaxSlicesPerBatch = 4096;
 
 // Get is registered raw (ByteBuffer in and out) so its answers can point
 // into the store; every other method is typed.

@@ -99,6 +99,7 @@ absl::StatusOr<PrefillService::Prefilled> PrefillService::Prefill(const v1::Gene
       absl::StatusOr<std::string> slice = serving::BlockRecord(layout_, cache, b, static_cast<uint32_t>(layer), 1);
       if (slice.ok()) put.Write(chain[b], *slice);
     }
+    put.Flush();  // this layer's slices go now, not with the last layer's
   }));
   const std::set<kvblock::BlockHash> stored = put.Finish();
 

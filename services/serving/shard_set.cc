@@ -194,6 +194,14 @@ struct ShardedPut::Stream {
   std::unique_ptr<grpc::ClientWriter<v1::PutRequest>> writer;
   bool open = false;
   std::set<kvblock::BlockHash> written;
+  // Staged slices not sent yet: small, so sent many to a message.
+  v1::PutRequest batch;
+
+  void FlushBatch() {
+    if (!open || batch.batch().slices_size() == 0) return;
+    open = writer->Write(batch);
+    batch.mutable_batch()->clear_slices();
+  }
 };
 
 ShardedPut::ShardedPut(ShardSet& shards, std::string ns, const kvblock::LatentLayout& layout,
@@ -230,15 +238,25 @@ void ShardedPut::Write(const kvblock::BlockHash& hash, const std::string& record
   if (!s->open) return;
   v1::PutRequest slice;
   slice.mutable_slice()->set_block_hash(std::string(kvblock::HashAsBytes(hash)));
-  // Through the staging region when there is room in it, else inline.
+  s->written.insert(hash);
+  // Through the staging region when there is room in it (batched), else
+  // inline.
   std::optional<v1::StagedRange> staged = s->staged != nullptr ? s->staged->Stage(record) : std::nullopt;
   if (staged.has_value()) {
-    *slice.mutable_slice()->mutable_staged() = *staged;
-  } else {
-    slice.mutable_slice()->set_data(record);
+    v1::LayerSlice* batched = s->batch.mutable_batch()->add_slices();
+    batched->set_block_hash(slice.slice().block_hash());
+    *batched->mutable_staged() = *staged;
+    if (s->batch.batch().slices_size() >= kSlicesPerMessage) s->FlushBatch();
+    return;
   }
+  slice.mutable_slice()->set_data(record);
   s->open = s->writer->Write(slice);
-  s->written.insert(hash);
+}
+
+void ShardedPut::Flush() {
+  for (auto& s : streams_) {
+    if (s != nullptr) s->FlushBatch();
+  }
 }
 
 std::set<kvblock::BlockHash> ShardedPut::Finish() {
@@ -249,6 +267,7 @@ std::set<kvblock::BlockHash> ShardedPut::Finish() {
     if (s == nullptr) continue;
     Stream* stream = s.get();
     answers.push_back(std::async(std::launch::async, [stream] {
+      stream->FlushBatch();
       if (stream->open) stream->writer->WritesDone();
       return stream->writer->Finish();
     }));

@@ -98,7 +98,11 @@ class ShardedPut {
              absl::Duration finish_deadline);
   ~ShardedPut();
 
+  // Staged slices (a local shard's fast path) are sent many to a message:
+  // on Flush, Finish, or every kSlicesPerMessage.
   void Write(const kvblock::BlockHash& hash, const std::string& record);
+  void Flush();
+  static constexpr int kSlicesPerMessage = 256;
   // Ends every stream; the hashes now stored (or that were already there).
   std::set<kvblock::BlockHash> Finish();
 

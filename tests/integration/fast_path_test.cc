@@ -446,6 +446,24 @@ TEST_F(FastPathTest, StagedPutStoresWhatTheClientWroteInItsRegion) {
     ASSERT_TRUE(status.ok()) << status.error_message();
     EXPECT_EQ(response.blocks_stored(), 5u);
   }
+  // The same, many slices to a message (SliceBatch).
+  {
+    FastPathClient::StagedStream stream(fast->get());
+    v1::PutRequest batch;
+    for (int i = 5; i < 10; ++i) {
+      blocks.push_back(MakeBlock(layout_, "tenant-a", rng_.seed() + i));
+      for (const std::string& record : blocks.back().slices.records) {
+        v1::LayerSlice* slice = batch.mutable_batch()->add_slices();
+        slice->set_block_hash(std::string(kvblock::HashAsBytes(blocks.back().slices.hash)));
+        *slice->mutable_staged() = *stream.Stage(record);
+        staged_bytes += record.size();
+      }
+    }
+    v1::PutResponse response;
+    const grpc::Status status = PutStream(*client_, {Header("tenant-a", layout_, (*fast)->session_id()), batch}, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(response.blocks_stored(), 5u);
+  }
   auto got = client_->Get("tenant-a", layout_, Hashes(blocks));
   ASSERT_TRUE(got.ok());
   for (size_t i = 0; i < blocks.size(); ++i) EXPECT_EQ((*got)[i].record, blocks[i].record) << i;
@@ -489,6 +507,18 @@ TEST_F(FastPathTest, BadStagedSlicesGetClearErrorsAndStoreNothing) {
     v1::PutResponse response;
     EXPECT_EQ(PutStream(*client_, c.messages, &response).error_code(), c.code) << c.what;
   }
+  // A batch is checked slice by slice (the bad one fails the stream), and
+  // may not be larger than the limit.
+  v1::PutRequest batch;
+  *batch.mutable_batch()->add_slices() = StagedSlice(hash, good).slice();
+  *batch.mutable_batch()->add_slices() = StagedSlice(hash, outside).slice();
+  v1::PutResponse batch_response;
+  EXPECT_EQ(PutStream(*client_, {Header("tenant-a", layout_, session), batch}, &batch_response).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  v1::PutRequest huge;
+  for (int i = 0; i < 4097; ++i) *huge.mutable_batch()->add_slices() = StagedSlice(hash, good).slice();
+  EXPECT_EQ(PutStream(*client_, {Header("tenant-a", layout_, session), huge}, &batch_response).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
   // A record changed after staging fails its checksum, counted.
   FastPathClient::StagedStream corrupt(fast->get());
   std::string bad = block.slices.records[1];
