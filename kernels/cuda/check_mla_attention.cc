@@ -6,7 +6,9 @@
 // a float64 reference over the same dequantized latents (relative error
 // <= 1e-4 of the largest |out| of each sequence and head; lse within 1e-4)
 // and out against the CPU's AbsorbedMlaDecode (<= 5e-4: the CPU's int8
-// path rounds queries to int16). A block index outside the pool must come
+// path rounds queries to int16). int8 runs twice: on CUDA cores (those
+// bounds) and on tensor cores, whose fp16 inputs get 2e-3 (out against
+// float64 and the CPU) and 1e-3 (lse). A block index outside the pool must come
 // back INVALID_ARGUMENT. Then a table: latent bytes read per second at 16
 // heads, contexts 4k-64k, batch 1-128, each codec, against a
 // device-to-device cudaMemcpy measured in the same run.
@@ -65,7 +67,13 @@ struct Sequence {
 };
 
 // One batch checked on one codec and head count; false (and why) on a mismatch.
-bool CheckBatch(Codec codec, uint32_t heads, const std::vector<Sequence>& seqs, uint64_t seed) {
+// Error bounds, relative to the largest |out| (lse: to max(1, |lse|)).
+struct Tolerance {
+  double out = 1e-4, out_vs_cpu = 5e-4, lse = 1e-4;
+};
+
+bool CheckBatch(Codec codec, uint32_t heads, const std::vector<Sequence>& seqs, uint64_t seed,
+                const cuda::PagedMlaOptions& options, const Tolerance& tol) {
   std::mt19937_64 rng(seed);
   const uint32_t batch = static_cast<uint32_t>(seqs.size());
   uint32_t max_blocks = 0, max_tail = 0, pool_blocks = 0;
@@ -115,7 +123,8 @@ bool CheckBatch(Codec codec, uint32_t heads, const std::vector<Sequence>& seqs, 
   cuda::PagedLatents latents{codec, kTpb, d_pool.data, pool_blocks, d_table.data, max_blocks, d_counts.data,
                              max_tail > 0 ? d_tail.data : nullptr, max_tail > 0 ? d_tails.data : nullptr, max_tail};
   const MlaShape shape{heads, kKv, kRope};
-  const Status status = cuda::PagedMlaDecode(shape, latents, batch, d_q.data, scale, d_out.data, d_lse.data, nullptr);
+  const Status status =
+      cuda::PagedMlaDecode(shape, latents, batch, d_q.data, scale, d_out.data, d_lse.data, nullptr, options);
   if (!status.ok()) {
     std::fprintf(stderr, "PagedMlaDecode: %s\n", status.message().c_str());
     return false;
@@ -159,14 +168,14 @@ bool CheckBatch(Codec codec, uint32_t heads, const std::vector<Sequence>& seqs, 
       const float* cpu = cpu_out.data() + size_t{h} * kKv;
       for (uint32_t c = 0; c < kKv; ++c) {
         const double err = std::abs(got[c] - want[c]) / largest, cpu_err = std::abs(got[c] - cpu[c]) / largest;
-        if (!(err <= 1e-4) || !(cpu_err <= 5e-4)) {
+        if (!(err <= tol.out) || !(cpu_err <= tol.out_vs_cpu)) {
           std::fprintf(stderr, "%s, %u heads: sequence %u head %u channel %u: GPU %g, float64 %g, CPU %g\n",
                        CodecName(codec), heads, b, h, c, got[c], want[c], cpu[c]);
           return false;
         }
       }
       const double want_lse = m + std::log(sum);
-      if (!(std::abs(lse[size_t{b} * heads + h] - want_lse) <= 1e-4 * std::max(1.0, std::abs(want_lse)))) {
+      if (!(std::abs(lse[size_t{b} * heads + h] - want_lse) <= tol.lse * std::max(1.0, std::abs(want_lse)))) {
         std::fprintf(stderr, "%s: sequence %u head %u: lse %g, float64 %g\n", CodecName(codec), b, h,
                      lse[size_t{b} * heads + h], want_lse);
         return false;
@@ -199,9 +208,18 @@ void Benchmark() {
   const double copy_ms = check::Milliseconds([&] { cudaMemcpyAsync(b.data, a.data, copy_bytes, cudaMemcpyDeviceToDevice); }, 10);
   const double copy_gbs = 2.0 * copy_bytes / copy_ms / 1e6;
   std::printf("\ndevice-to-device copy: %.0f GB/s (read + write)\n", copy_gbs);
-  std::printf("%-5s %8s %6s %10s %10s %8s\n", "codec", "context", "batch", "ms", "GB/s", "% copy");
+  std::printf("%-9s %8s %6s %10s %10s %8s\n", "codec", "context", "batch", "ms", "GB/s", "% copy");
   std::mt19937_64 rng(3);
-  for (Codec codec : kAllCodecs) {
+  struct Variant {
+    Codec codec;
+    bool tensor_cores;
+  };
+  for (const Variant v : {Variant{Codec::kBf16, false}, Variant{Codec::kFp8, false}, Variant{Codec::kInt8, false},
+                          Variant{Codec::kInt8, true}, Variant{Codec::kInt4, false}}) {
+    const Codec codec = v.codec;
+    cuda::PagedMlaOptions options;
+    options.tensor_cores = v.tensor_cores;
+    const std::string name = std::string(CodecName(codec)) + (v.tensor_cores ? " mma" : "");
     const size_t block_bytes = EncodedBytes(codec, kBlockShape);
     const uint32_t pool_blocks = kMaxBatch * max_blocks;
     DeviceArray<uint8_t> pool(size_t{pool_blocks} * block_bytes);
@@ -229,15 +247,15 @@ void Benchmark() {
         const double ms = check::Milliseconds(
             [&] {
               status = cuda::PagedMlaDecode({kHeads, kKv, kRope}, latents, batch, q.data, 0.07f, out.data, nullptr,
-                                            nullptr);
+                                            nullptr, options);
             },
             10);
         if (!status.ok()) {
-          std::printf("%-5s %8u %6u  error: %s\n", CodecName(codec), context, batch, status.message().c_str());
+          std::printf("%-9s %8u %6u  error: %s\n", name.c_str(), context, batch, status.message().c_str());
           continue;
         }
         const double gbs = double(batch) * blocks * block_bytes / ms / 1e6;
-        std::printf("%-5s %8u %6u %10.3f %10.0f %7.0f%%\n", CodecName(codec), context, batch, ms, gbs,
+        std::printf("%-9s %8u %6u %10.3f %10.0f %7.0f%%\n", name.c_str(), context, batch, ms, gbs,
                     100 * gbs / copy_gbs);
       }
     }
@@ -257,11 +275,19 @@ int Main() {
   std::printf("block index outside the pool: %s\n", ok ? "INVALID_ARGUMENT" : "NOT REFUSED");
   // Tail only, one block, blocks and a tail, and a long sequence (split).
   const std::vector<Sequence> seqs = {{0, 5}, {1, 0}, {3, 17}, {40, 63}};
+  cuda::PagedMlaOptions cuda_cores;
+  cuda_cores.tensor_cores = false;
   for (Codec codec : kAllCodecs) {
     for (uint32_t heads : {16u, 20u, 128u}) {
-      const bool same = CheckBatch(codec, heads, seqs, 100 + heads);
-      std::printf("%-5s %3u heads: %s\n", CodecName(codec), heads, same ? "matches float64 and the CPU" : "MISMATCH");
+      const bool same = CheckBatch(codec, heads, seqs, 100 + heads, cuda_cores, Tolerance());
+      std::printf("%-5s %3u heads, CUDA cores:   %s\n", CodecName(codec), heads,
+                  same ? "matches float64 and the CPU" : "MISMATCH");
       ok = ok && same;
+      if (codec != Codec::kInt8) continue;
+      const bool mma = CheckBatch(codec, heads, seqs, 200 + heads, cuda::PagedMlaOptions(), Tolerance{2e-3, 2e-3, 1e-3});
+      std::printf("%-5s %3u heads, tensor cores: %s\n", CodecName(codec), heads,
+                  mma ? "matches float64 and the CPU" : "MISMATCH");
+      ok = ok && mma;
     }
   }
   Benchmark();

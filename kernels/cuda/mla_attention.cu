@@ -21,6 +21,7 @@
 #include "cuda_status.h"
 #include "kvtier/kernels/cuda_mla_attention.h"
 #include "kvtier/kernels/float_formats.h"
+#include "mla_attention_internal.h"
 
 namespace kvtier::kernels::cuda {
 namespace {
@@ -29,22 +30,12 @@ constexpr int kThreads = 256;
 constexpr uint32_t kGroupHeads = 16;  // heads per CUDA block
 constexpr uint32_t kChunk = 16;       // tokens widened at a time
 
-// What the device found wrong, reduced with atomicMin so the host sees the
-// first sequence: (sequence << 2) | reason.
-enum BadInput : uint32_t { kBadBlockCount = 1, kBadBlockIndex = 2, kBadTail = 3 };
 constexpr unsigned long long kNothingBad = ~0ull;
 
-struct Params {
-  MlaShape shape;
-  PagedLatents latents;
-  size_t block_bytes;
-  const float* q;
-  float scale;
-  uint32_t splits;
-  uint32_t blocks_per_split;
-  float* partial;  // [batch][splits][heads][kv + 2]: max, sum, then the sum of p * c
-  unsigned long long* bad;
-};
+using internal::kBadBlockCount;
+using internal::kBadBlockIndex;
+using internal::kBadTail;
+using internal::Params;
 
 __device__ float LoadBf16(const uint8_t* p) {
   uint16_t h;
@@ -81,7 +72,7 @@ __device__ float StoredValue(Codec codec, const uint8_t* block, uint32_t t, uint
 }
 
 __global__ void __launch_bounds__(kThreads) PartialKernel(Params p) {
-  const uint32_t split = blockIdx.x, group = blockIdx.y, b = blockIdx.z;
+  const uint32_t split = p.split_base + blockIdx.x, group = blockIdx.y, b = blockIdx.z;
   const uint32_t kv = p.shape.kv_lora_rank, rope = p.shape.rope_dim, dim = kv + rope, stride = dim + 1;
   const uint32_t h0 = group * kGroupHeads, heads = min(kGroupHeads, p.shape.heads - h0);
   const PagedLatents& L = p.latents;
@@ -114,11 +105,11 @@ __global__ void __launch_bounds__(kThreads) PartialKernel(Params p) {
   if (threadIdx.x < heads) run_max[threadIdx.x] = -INFINITY, run_sum[threadIdx.x] = 0.0f;
   __syncthreads();
 
-  // This split's tokens: its blocks, and (split 0) the tail.
-  const uint32_t first = split * p.blocks_per_split;
+  // This split's tokens: its blocks, and (the launch's first split) the tail.
+  const uint32_t first = blockIdx.x * p.blocks_per_split;
   const uint32_t last = min(first + p.blocks_per_split, static_cast<uint32_t>(nblocks));
   const uint32_t block_tokens = first < last ? (last - first) * L.tokens_per_block : 0;
-  const uint32_t tokens = block_tokens + (split == 0 ? static_cast<uint32_t>(ntail) : 0);
+  const uint32_t tokens = block_tokens + (blockIdx.x == 0 && p.with_tail ? static_cast<uint32_t>(ntail) : 0);
   for (uint32_t t0 = 0; t0 < tokens; t0 += kChunk) {
     const uint32_t n = min(kChunk, tokens - t0);
     // Widen n tokens to floats.
@@ -215,7 +206,8 @@ __global__ void __launch_bounds__(kThreads) CombineKernel(const float* partial, 
 }  // namespace
 
 Status PagedMlaDecode(const MlaShape& shape, const PagedLatents& latents, uint32_t batch, const float* q,
-                      float softmax_scale, float* out, float* lse, void* stream_ptr) {
+                      float softmax_scale, float* out, float* lse, void* stream_ptr,
+                      const PagedMlaOptions& options) {
   const uint32_t kv = shape.kv_lora_rank, dim = kv + shape.rope_dim;
   const size_t block_bytes = EncodedBytes(latents.codec, {latents.tokens_per_block, kv, shape.rope_dim});
   if (shape.heads == 0 || kv == 0 || batch == 0 || block_bytes == 0) {
@@ -251,18 +243,36 @@ Status PagedMlaDecode(const MlaShape& shape, const PagedLatents& latents, uint32
   const uint32_t blocks_per_split = (max_blocks + std::min(wanted, max_blocks) - 1) / std::min(wanted, max_blocks);
   const uint32_t splits = (max_blocks + blocks_per_split - 1) / blocks_per_split;
 
-  const size_t partial_bytes = sizeof(float) * size_t{batch} * splits * shape.heads * (size_t{kv} + 2);
+  // int8 blocks of V2/V3's shape take the tensor cores; their tails, and
+  // everything else, the CUDA-core kernel. With tensor cores the tails are
+  // a split of their own.
+  const bool tensor_cores = options.tensor_cores && internal::TensorCoreShape(shape, latents);
+  const uint32_t total_splits = splits + (tensor_cores ? 1 : 0);
+  const size_t partial_bytes = sizeof(float) * size_t{batch} * total_splits * shape.heads * (size_t{kv} + 2);
   void* workspace = nullptr;
   if (const cudaError_t e = cudaMallocAsync(&workspace, partial_bytes + sizeof(unsigned long long), stream);
       e != cudaSuccess) {
     return CudaError(e, "cuda::PagedMlaDecode workspace");
   }
-  Params p{shape, latents, block_bytes, q, softmax_scale, splits, blocks_per_split,
+  Params p{shape, latents, block_bytes, q, softmax_scale, total_splits, 0, blocks_per_split, !tensor_cores,
            static_cast<float*>(workspace),
            reinterpret_cast<unsigned long long*>(static_cast<char*>(workspace) + partial_bytes)};
   cudaMemsetAsync(p.bad, 0xff, sizeof(unsigned long long), stream);
-  PartialKernel<<<dim3(splits, groups, batch), kThreads, smem, stream>>>(p);
-  CombineKernel<<<dim3(shape.heads, batch), kThreads, 0, stream>>>(p.partial, splits, shape.heads, kv, out, lse);
+  if (tensor_cores) {
+    if (const cudaError_t e = internal::LaunchTensorCorePartials(p, splits, batch, stream); e != cudaSuccess) {
+      cudaFreeAsync(workspace, stream);
+      return CudaError(e, "cuda::PagedMlaDecode tensor-core launch");
+    }
+    Params tail = p;  // the tails: one split after the blocks' ones
+    tail.split_base = splits;
+    tail.blocks_per_split = 0;
+    tail.with_tail = true;
+    PartialKernel<<<dim3(1, groups, batch), kThreads, smem, stream>>>(tail);
+  } else {
+    PartialKernel<<<dim3(splits, groups, batch), kThreads, smem, stream>>>(p);
+  }
+  CombineKernel<<<dim3(shape.heads, batch), kThreads, 0, stream>>>(p.partial, total_splits, shape.heads, kv, out,
+                                                                   lse);
   unsigned long long bad = kNothingBad;
   cudaMemcpyAsync(&bad, p.bad, sizeof bad, cudaMemcpyDeviceToHost, stream);
   cudaFreeAsync(workspace, stream);

@@ -50,8 +50,17 @@ struct PagedLatents {
 // that do not fit, and (found on the device) a block index outside the pool,
 // a count outside its row, or a sequence with no context, naming the first
 // such sequence; INTERNAL for a CUDA error.
+//
+// int8 blocks of 64 tokens of 512 + 64 (DeepSeek-V2/V3 with kvtier's int8
+// codec) run on tensor cores, with the query times the block's scales and
+// the softmax weights rounded to fp16 (about 1e-3 of the output's scale);
+// everything else, and every tail, runs in float32 on CUDA cores.
+struct PagedMlaOptions {
+  bool tensor_cores = true;  // false: CUDA cores only
+};
 Status PagedMlaDecode(const MlaShape& shape, const PagedLatents& latents, uint32_t batch, const float* q,
-                      float softmax_scale, float* out, float* lse, void* stream);
+                      float softmax_scale, float* out, float* lse, void* stream,
+                      const PagedMlaOptions& options = PagedMlaOptions());
 
 }  // namespace kvtier::kernels::cuda
 

@@ -1,0 +1,47 @@
+// What the paged MLA attention kernels share (mla_attention.cu runs them):
+// the launch parameters and the layout of the per-split partial results
+// that CombineKernel merges. For the .cu files of this directory.
+#ifndef KVTIER_KERNELS_CUDA_MLA_ATTENTION_INTERNAL_H_
+#define KVTIER_KERNELS_CUDA_MLA_ATTENTION_INTERNAL_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "kvtier/kernels/cuda_mla_attention.h"
+
+namespace kvtier::kernels::cuda::internal {
+
+// What the device found wrong, reduced with atomicMin so the host sees the
+// first sequence: (sequence << 2) | reason.
+enum BadInput : uint32_t { kBadBlockCount = 1, kBadBlockIndex = 2, kBadTail = 3 };
+
+struct Params {
+  MlaShape shape;
+  PagedLatents latents;
+  size_t block_bytes;
+  const float* q;
+  float scale;
+  uint32_t splits;            // in the partial results, all kernels together
+  uint32_t split_base;        // the split blockIdx.x 0 writes
+  uint32_t blocks_per_split;  // 0: no blocks (a tail-only launch)
+  bool with_tail;             // blockIdx.x 0 also takes the sequence's tail
+  float* partial;             // [batch][splits][heads][kv + 2]: max, sum, then the sum of p * c
+  unsigned long long* bad;
+};
+
+// The tensor-core kernel's shape: int8 blocks of 64 tokens of 512 + 64.
+inline bool TensorCoreShape(const MlaShape& shape, const PagedLatents& latents) {
+  return latents.codec == Codec::kInt8 && shape.kv_lora_rank == 512 && shape.rope_dim == 64 &&
+         latents.tokens_per_block == 64;
+}
+
+// Launches the tensor-core kernel over `grid_splits` splits of whole blocks
+// (no tails), grid (splits, head groups of 16, batch). Returns the launch
+// error.
+cudaError_t LaunchTensorCorePartials(const Params& p, uint32_t grid_splits, uint32_t batch, cudaStream_t stream);
+
+}  // namespace kvtier::kernels::cuda::internal
+
+#endif  // KVTIER_KERNELS_CUDA_MLA_ATTENTION_INTERNAL_H_
