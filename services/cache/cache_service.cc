@@ -558,7 +558,7 @@ grpc::ServerUnaryReactor* CacheService::OpenFastPath(grpc::CallbackServerContext
                                                      v1::OpenFastPathResponse* response) {
   RpcTimer timer(metrics_, "OpenFastPath");
   if (fast_path_ == nullptr) return FinishUnary(context, std::move(timer), NoFastPath());
-  absl::StatusOr<v1::OpenFastPathResponse> opened = fast_path_->Open(request->staging_bytes(), request->device_staging_bytes());
+  absl::StatusOr<v1::OpenFastPathResponse> opened = fast_path_->Open(*request);
   if (opened.ok()) *response = *std::move(opened);
   return FinishUnary(context, std::move(timer), opened.status());
 }

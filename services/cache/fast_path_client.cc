@@ -51,6 +51,7 @@ absl::StatusOr<std::unique_ptr<FastPathClient>> FastPathClient::Connect(
   v1::OpenFastPathRequest open;
   open.set_staging_bytes(staging_bytes);
   open.set_device_staging_bytes(device_staging_bytes);
+  open.set_host_boot_id(fastpath::HostBootId());
   v1::OpenFastPathResponse opened;
   if (grpc::Status s = client.stub().OpenFastPath(&context, open, &opened); !s.ok()) {
     return FromGrpcStatus(s);

@@ -101,7 +101,12 @@ std::optional<uint64_t> FastPathServer::DeviceStaging::Allocate(uint64_t size) {
   return at;
 }
 
-absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(uint64_t staging_bytes, uint64_t device_staging_bytes) {
+absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(const v1::OpenFastPathRequest& request) {
+  if (!request.host_boot_id().empty() && !fastpath::HostBootId().empty() && request.host_boot_id() != fastpath::HostBootId()) {
+    return absl::FailedPreconditionError("the client is on another host: no fast path");
+  }
+  uint64_t staging_bytes = request.staging_bytes();
+  const uint64_t device_staging_bytes = request.device_staging_bytes();
   absl::MutexLock lock(&mu_);
   ExpireLocked();
   if (sessions_.size() >= options_.max_sessions) {

@@ -88,9 +88,10 @@ class FastPathServer {
   const std::string& socket_path() const { return options_.socket_path; }
 
   // A new, unproven session, with a staging region of up to
-  // `staging_bytes` if the budget allows. RESOURCE_EXHAUSTED at
-  // max_sessions.
-  absl::StatusOr<v1::OpenFastPathResponse> Open(uint64_t staging_bytes = 0, uint64_t device_staging_bytes = 0);
+  // request.staging_bytes() if the budget allows (and device staging, see
+  // cache.proto). FAILED_PRECONDITION for a client whose host_boot_id says
+  // it is on another host; RESOURCE_EXHAUSTED at max_sessions.
+  absl::StatusOr<v1::OpenFastPathResponse> Open(const v1::OpenFastPathRequest& request);
   // A proven session's staging region; FAILED_PRECONDITION if it has none.
   absl::StatusOr<std::shared_ptr<const StagingRegion>> Staging(uint64_t session_id);
   // Counts bytes a Put stream took from a staging region.

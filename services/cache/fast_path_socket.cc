@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 
@@ -26,6 +27,16 @@ socklen_t ToAddress(const std::string& path, sockaddr_un& addr) {
 }
 
 }  // namespace
+
+const std::string& HostBootId() {
+  static const std::string id = [] {
+    std::ifstream in("/proc/sys/kernel/random/boot_id");
+    std::string line;
+    std::getline(in, line);
+    return line;
+  }();
+  return id;
+}
 
 absl::Status CheckSocketPath(const std::string& path) {
   if (path.size() < 2 || path.size() >= sizeof(sockaddr_un::sun_path)) {

@@ -36,6 +36,10 @@ struct Reply {
 
 static_assert(sizeof(Request) == 48 && sizeof(Reply) == 128, "wire sizes are fixed");
 
+// This host's boot id (/proc/sys/kernel/random/boot_id: the same in every
+// container on one host), or "" if unreadable.
+const std::string& HostBootId();
+
 // A sockaddr for `path`; a leading '@' names the abstract namespace.
 absl::Status CheckSocketPath(const std::string& path);
 

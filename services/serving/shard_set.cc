@@ -153,9 +153,10 @@ std::shared_ptr<cache::FastPathClient> ShardSet::FastPathOf(size_t s) {
       cache::FastPathClient::Connect(shards_[s].channel, deadline_, kStagingBytes,
                                      cache::FastPathClient::DeviceStagingWanted());
   if (!opened.ok()) {
-    // Not local (or no fast path there): ask again now and then, since a
-    // restarted cache may have one.
-    fast->retry_after = absl::Now() + absl::Seconds(10);
+    // No fast path there (another host, or off): ask again now and then,
+    // since a restarted cache may have one; rarely when it said so itself.
+    const bool refused = opened.status().code() == absl::StatusCode::kFailedPrecondition;
+    fast->retry_after = absl::Now() + (refused ? absl::Minutes(5) : absl::Seconds(10));
     return nullptr;
   }
   fast->client = *std::move(opened);

@@ -55,7 +55,7 @@ class FastPathServerTest : public ::testing::Test {
 
   // Opens and proves a session; returns its id and keeps its socket in `socket`.
   uint64_t Proven(int& socket) {
-    v1::OpenFastPathResponse opened = *server_->Open();
+    v1::OpenFastPathResponse opened = *server_->Open(v1::OpenFastPathRequest());
     socket = *fastpath::Connect(opened.socket_path());
     fastpath::Request hello{fastpath::RequestKind::kHello};
     hello.session_id = opened.session_id();
@@ -111,7 +111,7 @@ TEST_F(FastPathServerTest, ClosingTheSocketEndsTheSessionAndItsLeases) {
 }
 
 TEST_F(FastPathServerTest, UnprovenSessionsAndSilentConnectionsAreDropped) {
-  v1::OpenFastPathResponse opened = *server_->Open();
+  v1::OpenFastPathResponse opened = *server_->Open(v1::OpenFastPathRequest());
   const int silent = *fastpath::Connect(opened.socket_path());
   // A proof over a later connection: the server accepts connections in
   // order, so once it answers, the silent one was accepted (at this time).
@@ -130,6 +130,16 @@ TEST_F(FastPathServerTest, UnprovenSessionsAndSilentConnectionsAreDropped) {
   // period; the receive times out after 5 s otherwise).
   EXPECT_NE(fastpath::ReceiveReply(silent, fd).message().find("closed"), std::string::npos);
   close(silent), close(late), close(proven);
+}
+
+TEST_F(FastPathServerTest, ClientsOnAnotherHostAreRefusedBeforeAnySession) {
+  ASSERT_FALSE(fastpath::HostBootId().empty()) << "/proc/sys/kernel/random/boot_id";
+  v1::OpenFastPathRequest elsewhere;
+  elsewhere.set_host_boot_id("00000000-0000-0000-0000-000000000000");
+  EXPECT_EQ(server_->Open(elsewhere).status().code(), absl::StatusCode::kFailedPrecondition);
+  v1::OpenFastPathRequest here;
+  here.set_host_boot_id(fastpath::HostBootId());
+  EXPECT_TRUE(server_->Open(here).ok());
 }
 
 }  // namespace
