@@ -276,7 +276,9 @@ absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(
     ++from.counters.hits;
     served_from = from.counters.tier;
     PinLocked(e);  // before the move: making room must not pick this block
-    if (e->tier != 0 && options.promote && !MoveLocked(e, 0) && e->zombie) {
+    // Only a block no one else is reading moves: another reader's pieces
+    // point into its pages.
+    if (e->tier != 0 && options.promote && e->pins == 1 && !MoveLocked(e, 0) && e->zombie) {
       UnpinLocked(e);
       return absl::DataLossError(absl::StrCat("block ", kvblock::HashToHex(hash),
                                               " failed its checksum and was dropped"));

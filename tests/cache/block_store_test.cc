@@ -318,6 +318,31 @@ TEST_P(BlockStoreTest, ReaderPinsTheBlock) {
   EXPECT_EQ(TierOf(Hash(0)), v1::TIER_HOST);
 }
 
+// A block being read where it is (here: in the host tier, pinned without
+// promotion, as the fast path reads) is not promoted from under its reader
+// by another read; once the first reader is done, a read promotes it.
+TEST_P(BlockStoreTest, ABlockIsNotMovedFromUnderAnotherReader) {
+  Open(1, 4);
+  Put(Hash(0));
+  Put(Hash(1));  // demotes block 0 to the host tier
+  ASSERT_EQ(TierOf(Hash(0)), v1::TIER_HOST);
+  BlockStore::ReadOptions in_place;
+  in_place.promote = false;
+  auto first = store_->Read("ns", layout_id_, Hash(0), in_place);
+  ASSERT_TRUE(first.ok());
+  const std::string before = (*first)->CopyToString();
+  auto second = store_->Read("ns", layout_id_, Hash(0));
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ((*second)->tier(), v1::TIER_HOST);
+  EXPECT_EQ(TierOf(Hash(0)), v1::TIER_HOST) << "not promoted while the first reader holds it";
+  Put(Hash(2));  // more traffic through the tiers
+  EXPECT_EQ((*first)->CopyToString(), before) << "the first reader's bytes stayed put";
+  first->reset();
+  second->reset();
+  ASSERT_TRUE(store_->Read("ns", layout_id_, Hash(0)).ok());
+  EXPECT_EQ(TierOf(Hash(0)), v1::TIER_DEVICE) << "promoted once no one else reads it";
+}
+
 TEST_P(BlockStoreTest, CorruptedBytesAreNeverServed) {
   Put(Hash(0));
   Corrupt(Hash(0), 200);
