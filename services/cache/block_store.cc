@@ -22,6 +22,7 @@ struct Entry {
   std::vector<uint32_t> pages;
   uint32_t pins = 0;
   bool zombie = false;  // dropped while pinned; pages freed at the last unpin
+  bool moving = false;  // being copied to another tier (without the lock)
   std::list<Entry*>::iterator lru;
 };
 
@@ -366,20 +367,35 @@ void BlockStore::ReleaseStorageLocked(const Entry& e) {
 
 absl::StatusOr<std::vector<std::span<const uint8_t>>> BlockStore::SourceLocked(
     const Entry& e, std::shared_ptr<const uint8_t>& owned) const {
-  const Tier& t = *tiers_[e.tier];
-  if (t.disk == nullptr && t.arena->addressable()) return PiecesLocked(e.tier, e.pages, e.size);
+  return SourceOf(e.tier, e.pages, e.ns, e.hash, e.size, owned);
+}
+
+absl::StatusOr<std::vector<std::span<const uint8_t>>> BlockStore::SourceOf(
+    size_t tier, const std::vector<uint32_t>& pages, const std::string& ns, const kvblock::BlockHash& hash,
+    size_t size, std::shared_ptr<const uint8_t>& owned) const {
+  const Tier& t = *tiers_[tier];
+  std::vector<std::span<const uint8_t>> pieces;
+  if (t.disk == nullptr && t.arena->addressable()) {
+    size_t left = size;
+    for (uint32_t p : pages) {
+      const size_t n = std::min<size_t>(left, t.arena->page_size());
+      pieces.emplace_back(t.arena->page(p), n);
+      left -= n;
+    }
+    return pieces;
+  }
   if (t.disk != nullptr) {
-    absl::StatusOr<std::string> bytes = t.disk->Read(e.ns, e.hash, e.size);
+    absl::StatusOr<std::string> bytes = t.disk->Read(ns, hash, size);
     if (!bytes.ok()) return bytes.status();
-    if (bytes->size() != e.size) return absl::DataLossError("record file changed size");
+    if (bytes->size() != size) return absl::DataLossError("record file changed size");
     auto held = std::make_shared<std::string>(*std::move(bytes));
     owned = std::shared_ptr<const uint8_t>(held, reinterpret_cast<const uint8_t*>(held->data()));
   } else {
-    std::shared_ptr<uint8_t> copy = t.arena->slab()->AllocateHost(e.size);
-    if (absl::Status s = t.arena->Read(e.pages, 0, std::span(copy.get(), e.size)); !s.ok()) return s;
+    std::shared_ptr<uint8_t> copy = t.arena->slab()->AllocateHost(size);
+    if (absl::Status s = t.arena->Read(pages, 0, std::span(copy.get(), size)); !s.ok()) return s;
     owned = std::move(copy);
   }
-  return std::vector<std::span<const uint8_t>>{std::span(owned.get(), e.size)};
+  return std::vector<std::span<const uint8_t>>{std::span(owned.get(), size)};
 }
 
 bool BlockStore::HasRoomLocked(size_t tier, size_t bytes, const std::string& ns) const {
@@ -417,8 +433,9 @@ bool BlockStore::MakeRoomLocked(size_t tier, size_t bytes, const std::string& ns
       PinLocked(victim);  // keeps it out of the next tier's own eviction
       const bool moved = MoveLocked(victim, tier + 1);
       const bool dropped = victim->zombie;
+      const bool read_meanwhile = victim->pins > 1;  // the copy ran unlocked: look for another
       UnpinLocked(victim);
-      if (moved || dropped) continue;
+      if (moved || dropped || read_meanwhile) continue;
     }
     ++t.counters.evictions;
     DropLocked(victim);
@@ -427,36 +444,40 @@ bool BlockStore::MakeRoomLocked(size_t tier, size_t bytes, const std::string& ns
 }
 
 bool BlockStore::MoveLocked(Entry* e, size_t to) {
+  // The caller holds `e` pinned: nothing frees its storage or evicts it,
+  // and `moving` keeps a second mover away, so its bytes stay put while the
+  // copy below runs without the lock.
+  if (e->moving) return false;
   const size_t from = e->tier;
   Tier& dst = *tiers_[to];
   const bool fits_at_all = dst.disk != nullptr ? e->size <= dst.counters.capacity_bytes
                                                : PagesFor(e->size) <= dst.arena->total_pages();
   if (!fits_at_all || !MakeRoomLocked(to, e->size, e->ns)) return false;
-  // Verify, then copy: a corrupt record never reaches another tier.
-  std::shared_ptr<const uint8_t> owned;
-  absl::StatusOr<std::vector<std::span<const uint8_t>>> pieces = SourceLocked(*e, owned);
-  if (!pieces.ok() || ComputedCrc(*pieces, e->size) != StoredCrc(*pieces, e->size)) {
-    ++counters_.checksum_failures;
-    DropLocked(e);
+  std::vector<uint32_t> pages;  // the room, reserved
+  if (dst.disk == nullptr && !dst.arena->Allocate(PagesFor(e->size), e->ns, pages)) return false;
+  dst.counters.used_bytes += e->size;
+  e->moving = true;
+  const std::vector<uint32_t> source = e->pages;
+  // Copying (and checking) a block takes long enough that other calls
+  // should not wait for it.
+  mu_.Unlock();
+  const absl::Status copied = CopyRecord(from, source, to, pages, e->ns, e->hash, e->size);
+  mu_.Lock();
+  e->moving = false;
+  // A reader that pinned the block meanwhile reads its old storage: it stays.
+  if (!copied.ok() || e->zombie || e->pins > 1) {
+    if (dst.disk == nullptr) {
+      dst.arena->Free(pages);
+    } else if (copied.ok() && !(e->zombie && index_.count(Key(e->ns, e->hash)) > 0)) {
+      dst.disk->Remove(e->ns, e->hash);  // ours (a newer block of that key keeps its file)
+    }
+    dst.counters.used_bytes -= e->size;
+    if (copied.code() == absl::StatusCode::kDataLoss) {  // a corrupt record never reaches another tier
+      ++counters_.checksum_failures;
+      if (!e->zombie) DropLocked(e);
+    }
     return false;
   }
-  std::vector<uint32_t> pages;
-  if (dst.disk != nullptr) {
-    if (!dst.disk->Write(e->ns, e->hash, *pieces).ok()) return false;  // disk full or failing
-  } else {
-    dst.arena->Allocate(PagesFor(e->size), e->ns, pages);
-    size_t offset = 0;
-    for (const auto& piece : *pieces) {
-      const absl::Status written = dst.arena->Write(
-          pages, offset, std::string_view(reinterpret_cast<const char*>(piece.data()), piece.size()));
-      if (!written.ok()) {  // a failing slab: the block stays where it is
-        dst.arena->Free(pages);
-        return false;
-      }
-      offset += piece.size();
-    }
-  }
-  dst.counters.used_bytes += e->size;
   Tier& src = *tiers_[from];
   src.lru.erase(e->lru);
   --src.counters.blocks;
@@ -472,6 +493,25 @@ bool BlockStore::MoveLocked(Entry* e, size_t to) {
     ++src.counters.demotions;
   }
   return true;
+}
+
+absl::Status BlockStore::CopyRecord(size_t from, const std::vector<uint32_t>& source, size_t to,
+                                    const std::vector<uint32_t>& pages, const std::string& ns,
+                                    const kvblock::BlockHash& hash, size_t size) const {
+  std::shared_ptr<const uint8_t> owned;
+  absl::StatusOr<std::vector<std::span<const uint8_t>>> pieces = SourceOf(from, source, ns, hash, size, owned);
+  if (!pieces.ok() || ComputedCrc(*pieces, size) != StoredCrc(*pieces, size)) {
+    return absl::DataLossError(absl::StrCat("block ", kvblock::HashToHex(hash), " failed its checksum"));
+  }
+  const Tier& dst = *tiers_[to];
+  if (dst.disk != nullptr) return dst.disk->Write(ns, hash, *pieces);  // disk full or failing: stays
+  size_t offset = 0;
+  for (const auto& piece : *pieces) {
+    KVTIER_RETURN_IF_ERROR(dst.arena->Write(
+        pages, offset, std::string_view(reinterpret_cast<const char*>(piece.data()), piece.size())));
+    offset += piece.size();
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t bytes,
@@ -492,7 +532,9 @@ absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t b
         "device tier is full of pinned or incomplete blocks; retry later");
   }
   std::vector<uint32_t> pages;
-  first.arena->Allocate(n, ns, pages);
+  if (!first.arena->Allocate(n, ns, pages)) {
+    return absl::ResourceExhaustedError("device tier is full of blocks in use; retry later");
+  }
   first.counters.used_bytes += bytes;
   ++pending_blocks_;
   return pages;

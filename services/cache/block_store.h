@@ -266,9 +266,10 @@ class BlockStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HasRoomLocked(size_t tier, size_t bytes, const std::string& ns) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves a block to `to` with a verified copy. Returns false, leaving it in
-  // place, when the destination has no room; on a checksum failure the block
-  // is dropped.
+  // Moves a pinned block to `to` with a verified copy, made without the
+  // lock (it is released and taken again inside). Returns false, leaving it
+  // in place, when the destination has no room or it is already moving; on a
+  // checksum failure the block is dropped.
   bool MoveLocked(Entry* entry, size_t to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives back the pages or file holding a block's record.
@@ -279,6 +280,17 @@ class BlockStore {
   // file read, or its pages copied out of a slab).
   absl::StatusOr<std::vector<std::span<const uint8_t>>> SourceLocked(
       const Entry& entry, std::shared_ptr<const uint8_t>& owned) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same for a record in `tier` at `pages`, without the lock: for a
+  // block pinned (and moving) whose storage cannot change.
+  absl::StatusOr<std::vector<std::span<const uint8_t>>> SourceOf(size_t tier, const std::vector<uint32_t>& pages,
+                                                                 const std::string& ns, const kvblock::BlockHash& hash,
+                                                                 size_t size, std::shared_ptr<const uint8_t>& owned) const;
+  // Checks a record's CRC and copies it into reserved room of tier `to`
+  // (its `pages`, or its file), without the lock. DATA_LOSS when the check
+  // fails; other errors leave the block where it was.
+  absl::Status CopyRecord(size_t from, const std::vector<uint32_t>& source, size_t to,
+                          const std::vector<uint32_t>& pages, const std::string& ns,
+                          const kvblock::BlockHash& hash, size_t size) const;
   // Restores the disk tier's blocks at start-up.
   void LoadDiskLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes pages in the first tier for a block being assembled.

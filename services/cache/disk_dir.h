@@ -1,8 +1,9 @@
 // The disk tier's files: one file per block record, at
 // DIR/ns-<namespace>/<hash hex>.kvb, written to a temporary name and renamed
 // so a file is either whole or absent. A restart finds the records again by
-// scanning, and keeps only those whose checksum verifies. Not thread-safe:
-// BlockStore serializes access.
+// scanning, and keeps only those whose checksum verifies. Thread-safe for
+// different blocks (BlockStore never touches one block's file from two
+// threads at once).
 #ifndef KVTIER_SERVICES_CACHE_DISK_DIR_H_
 #define KVTIER_SERVICES_CACHE_DISK_DIR_H_
 

@@ -12,7 +12,10 @@
 #include <fstream>
 #include <random>
 #include <set>
+#include <thread>
+#include <atomic>
 
+#include "absl/synchronization/mutex.h"
 #include "services/kvblock/block_format.h"
 #include "tests/test_random.h"
 
@@ -341,6 +344,160 @@ TEST_P(BlockStoreTest, ABlockIsNotMovedFromUnderAnotherReader) {
   second->reset();
   ASSERT_TRUE(store_->Read("ns", layout_id_, Hash(0)).ok());
   EXPECT_EQ(TierOf(Hash(0)), v1::TIER_DEVICE) << "promoted once no one else reads it";
+}
+
+// Four threads storing and reading through tiers so small that nearly
+// every call moves blocks (copies run without the store's lock): every
+// block read back has the layers written, nothing fails its checksum, and
+// the books balance at the end. Under ASan this also catches a copy that
+// outlives its pages.
+TEST_P(BlockStoreTest, ConcurrentTrafficThroughTheTiersKeepsEveryByte) {
+  SCOPED_TRACE(rng_.Trace());
+  Open(3, 4, /*disk_records=*/6);
+  absl::Mutex mu;
+  std::map<BlockHash, std::vector<std::string>> written;  // guarded by mu
+  std::atomic<int> reads_ok{0};
+  const uint64_t base_seed = rng_.seed();
+  auto worker = [&](int id) {
+    std::mt19937_64 rng(base_seed + id);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int op = 0; op < 300; ++op) {
+      if (rng() % 2 == 0) {
+        std::vector<uint32_t> tokens(16, static_cast<uint32_t>(id * 100000 + op));
+        const BlockHash hash = kvblock::ChainHash("ns", kvblock::kNoParent, layout_id_, tokens);
+        std::vector<std::string> slices;
+        auto session = store_->BeginPut("ns", layout_);
+        for (uint32_t l = 0; l < layout_.num_layers; ++l) {
+          std::vector<float> x(layout_.LayerShape().values());
+          for (float& v : x) v = normal(rng);
+          slices.push_back(*kvblock::EncodeBlock(layout_, l, 1, x));
+          if (!session->AddSlice(hash, slices.back()).ok()) break;  // full of pinned blocks: fine
+        }
+        if (session->Finish().incomplete.empty()) {
+          absl::MutexLock lock(&mu);
+          written[hash] = std::move(slices);
+        }
+        continue;
+      }
+      BlockHash hash;
+      std::vector<std::string> slices;
+      {
+        absl::MutexLock lock(&mu);
+        if (written.empty()) continue;
+        auto it = written.begin();
+        std::advance(it, rng() % written.size());
+        hash = it->first;
+        slices = it->second;
+      }
+      auto block = store_->Read("ns", layout_id_, hash);
+      if (!block.ok()) {
+        EXPECT_EQ(block.status().code(), absl::StatusCode::kNotFound) << block.status();
+        continue;
+      }
+      const std::string record = (*block)->CopyToString();
+      auto view = kvblock::ParseBlock(record, &layout_);
+      ASSERT_TRUE(view.ok()) << view.status();
+      for (uint32_t l = 0; l < layout_.num_layers; ++l) {
+        ASSERT_EQ(view->Layer(l), kvblock::ParseBlock(slices[l], &layout_)->Layer(0)) << "layer " << l;
+      }
+      ++reads_ok;
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int id = 0; id < 4; ++id) threads.emplace_back(worker, id);
+  for (auto& t : threads) t.join();
+  EXPECT_GT(reads_ok.load(), 0);
+  const StoreStats stats = store_->Stats();
+  EXPECT_EQ(stats.checksum_failures, 0u);
+  EXPECT_EQ(stats.pinned_blocks, 0u);
+  EXPECT_EQ(stats.pending_blocks, 0u);
+  EXPECT_GT(stats.tiers[0].demotions + stats.tiers[1].demotions, 0u);
+  ExpectWithinCapacity();
+}
+
+// A device slab whose copies in wait at a gate once armed: holds a tier
+// move half done (its copy runs without the store's lock) while the test
+// does something else.
+class GatedSlab final : public SlabMemory {
+ public:
+  explicit GatedSlab(uint64_t bytes) : slab_(*StagedHostSlab::Create(bytes)) {}
+  uint64_t size() const override { return slab_->size(); }
+  std::string name() const override { return "gated"; }
+  absl::Status CopyIn(uint64_t offset, const void* from, size_t n) override {
+    absl::MutexLock lock(&mu_);
+    if (armed_) {
+      waiting_ = true;
+      mu_.Await(absl::Condition(+[](bool* open) { return *open; }, &open_));
+    }
+    return slab_->CopyIn(offset, from, n);
+  }
+  absl::Status CopyOut(uint64_t offset, void* to, size_t n) const override { return slab_->CopyOut(offset, to, n); }
+  std::shared_ptr<uint8_t> AllocateHost(size_t n) const override { return slab_->AllocateHost(n); }
+
+  void Arm() {
+    absl::MutexLock lock(&mu_);
+    armed_ = true;
+  }
+  void AwaitCopier() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&waiting_));
+  }
+  void Open() {
+    absl::MutexLock lock(&mu_);
+    open_ = true;
+  }
+
+ private:
+  std::unique_ptr<StagedHostSlab> slab_;
+  absl::Mutex mu_;
+  bool armed_ = false, waiting_ = false, open_ = false;
+};
+
+// A promotion whose copy is under way when another reader pins the block
+// where it is (its pages, in the host tier) must not free those pages.
+TEST(BlockStoreMoves, APromotionReadMeanwhileLeavesTheBlockWithItsReader) {
+  kvblock::LatentLayout layout = SmallLayout();
+  const uint64_t layout_id = kvblock::LayoutId(layout);
+  auto gated = std::make_shared<GatedSlab>(2 * kPage);
+  StoreOptions o;
+  o.page_size = kPage;
+  o.device_capacity = 2 * kPage;
+  o.host_capacity = 4 * kPage;
+  o.device_slab = gated;
+  ManualClock clock;
+  auto store = *BlockStore::Create(o, &clock);
+  testing::SeededRng rng;
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto put = [&](int i) {
+    std::vector<uint32_t> tokens(16, static_cast<uint32_t>(i));
+    const BlockHash hash = kvblock::ChainHash("ns", kvblock::kNoParent, layout_id, tokens);
+    std::vector<float> x(size_t{layout.num_layers} * layout.LayerShape().values());
+    for (float& v : x) v = normal(rng.engine());
+    auto session = store->BeginPut("ns", layout);
+    EXPECT_TRUE(session->AddSlice(hash, *kvblock::EncodeBlock(layout, 0, layout.num_layers, x)).ok());
+    session->Finish();
+    return hash;
+  };
+  const BlockHash x = put(0);
+  put(1), put(2);  // block 0 goes down to the host tier
+  BlockStore::ReadOptions in_place;
+  in_place.promote = false;
+  {
+    auto probe = store->Read("ns", layout_id, x, in_place);
+    ASSERT_TRUE(probe.ok());
+    ASSERT_EQ((*probe)->tier(), v1::TIER_HOST);
+  }
+  gated->Arm();
+  std::thread promoter([&] { EXPECT_TRUE(store->Read("ns", layout_id, x).ok()); });
+  gated->AwaitCopier();  // the promotion is copying, without the lock
+  auto reader = store->Read("ns", layout_id, x, in_place);
+  ASSERT_TRUE(reader.ok());
+  const std::string before = (*reader)->CopyToString();
+  gated->Open();
+  promoter.join();
+  put(3), put(4), put(5);  // traffic that would reuse freed host pages
+  EXPECT_EQ((*reader)->CopyToString(), before) << "the reader's pages were freed under it";
+  EXPECT_EQ(store->Stats().checksum_failures, 0u);
 }
 
 TEST_P(BlockStoreTest, CorruptedBytesAreNeverServed) {
