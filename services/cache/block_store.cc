@@ -336,19 +336,6 @@ void BlockStore::TouchLocked(Entry* e) {
   lru.splice(lru.begin(), lru, e->lru);
 }
 
-std::vector<std::span<const uint8_t>> BlockStore::PiecesLocked(
-    size_t tier, const std::vector<uint32_t>& pages, size_t bytes) const {
-  const PageArena& arena = *tiers_[tier]->arena;
-  std::vector<std::span<const uint8_t>> pieces;
-  pieces.reserve(pages.size());
-  for (uint32_t p : pages) {
-    const size_t n = std::min<size_t>(bytes, arena.page_size());
-    pieces.emplace_back(arena.page(p), n);
-    bytes -= n;
-  }
-  return pieces;
-}
-
 void BlockStore::FreePagesLocked(size_t tier, const std::vector<uint32_t>& pages, size_t bytes) {
   Tier& t = *tiers_[tier];
   t.arena->Free(pages);
@@ -717,16 +704,9 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_vi
   // Complete: header and checksum, then visible all at once.
   const auto header = kvblock::EncodeBlockHeader(kvblock::HeaderFor(layout_, 0, layout_.num_layers));
   KVTIER_RETURN_IF_ERROR(arena.Write(p.pages, 0, std::string_view(header.data(), header.size())));
-  std::vector<std::span<const uint8_t>> pieces;
-  std::string copy;  // the record read back, from a slab
-  if (arena.addressable()) {
-    absl::MutexLock lock(&store_->mu_);
-    pieces = store_->PiecesLocked(0, p.pages, record_bytes_);
-  } else {
-    copy.resize(record_bytes_);
-    KVTIER_RETURN_IF_ERROR(arena.Read(p.pages, 0, std::span(reinterpret_cast<uint8_t*>(copy.data()), copy.size())));
-    pieces.emplace_back(reinterpret_cast<const uint8_t*>(copy.data()), copy.size());
-  }
+  std::shared_ptr<const uint8_t> copy;  // the record read back, from a slab
+  KVTIER_ASSIGN_OR_RETURN(std::vector<std::span<const uint8_t>> pieces,
+                          store_->SourceOf(0, p.pages, ns_, hash, record_bytes_, copy));
   const uint32_t crc = ComputedCrc(pieces, record_bytes_);
   KVTIER_RETURN_IF_ERROR(arena.Write(p.pages, record_bytes_ - kvblock::kBlockTrailerBytes,
                                      std::string_view(reinterpret_cast<const char*>(&crc), sizeof crc)));

@@ -296,10 +296,6 @@ class BlockStore {
   // Takes pages in the first tier for a block being assembled.
   absl::StatusOr<std::vector<uint32_t>> AllocatePendingLocked(size_t bytes, const std::string& ns)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The record as spans over its pages (an addressable tier).
-  std::vector<std::span<const uint8_t>> PiecesLocked(size_t tier, const std::vector<uint32_t>& pages,
-                                                    size_t bytes) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint32_t PagesFor(size_t bytes) const;
 
   const StoreOptions options_;
