@@ -255,10 +255,9 @@ void BlockStore::ExpireLeasesLocked() {
 absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(
     const std::string& ns, uint64_t layout_id, const kvblock::BlockHash& hash, const ReadOptions& options) {
   Entry* e;
-  std::vector<std::span<const uint8_t>> pieces;
-  std::shared_ptr<const uint8_t> owned;  // the record, when copied from disk or a slab
+  size_t tier;
+  std::vector<uint32_t> pages;
   v1::Tier served_from;
-  bool in_place = false;  // pinned in a slab, not copied out
   {
     absl::MutexLock lock(&mu_);
     ExpireLeasesLocked();
@@ -287,13 +286,20 @@ absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(
     TouchLocked(e);
     // Promotion can fail only when the device tier is all pinned; then the
     // block is served from where it is.
-    in_place = !options.copy_out && tiers_[e->tier]->arena != nullptr && !tiers_[e->tier]->arena->addressable();
-    if (!in_place) {
-      absl::StatusOr<std::vector<std::span<const uint8_t>>> source = SourceLocked(*e, owned);
-      if (source.ok()) pieces = std::move(*source);
-    }
+    tier = e->tier;
+    pages = e->pages;
   }
-  // Pinned: the pages cannot change, so verify without the lock.
+  // Pinned, with a reader's pin no move commits: its storage stays as it
+  // is, so it is read (a file, a copy out of a slab) and verified without
+  // the lock.
+  std::vector<std::span<const uint8_t>> pieces;
+  std::shared_ptr<const uint8_t> owned;  // the record, when copied from disk or a slab
+  const PageArena* arena = tiers_[tier]->arena.get();
+  const bool in_place = !options.copy_out && arena != nullptr && !arena->addressable();
+  if (!in_place) {
+    absl::StatusOr<std::vector<std::span<const uint8_t>>> source = SourceOf(tier, pages, ns, hash, e->size, owned);
+    if (source.ok()) pieces = std::move(*source);
+  }
   if (!in_place && (pieces.empty() || (options.verify_checksum &&
                                        ComputedCrc(pieces, e->size) != StoredCrc(pieces, e->size)))) {
     absl::MutexLock lock(&mu_);
@@ -350,11 +356,6 @@ void BlockStore::ReleaseStorageLocked(const Entry& e) {
   } else {
     FreePagesLocked(e.tier, e.pages, e.size);
   }
-}
-
-absl::StatusOr<std::vector<std::span<const uint8_t>>> BlockStore::SourceLocked(
-    const Entry& e, std::shared_ptr<const uint8_t>& owned) const {
-  return SourceOf(e.tier, e.pages, e.ns, e.hash, e.size, owned);
 }
 
 absl::StatusOr<std::vector<std::span<const uint8_t>>> BlockStore::SourceOf(

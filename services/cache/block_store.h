@@ -7,9 +7,8 @@
 // least-recently-used unpinned blocks to the next tier; the last tier drops
 // them. Reading a block promotes it to the first tier. Every tier move and
 // every read verifies the record's CRC32C (unless the reader says it will);
-// a block that fails is dropped and counted, never served. Copies in and out
-// of a slab run under the store's lock: a tier move there blocks other
-// calls for the copy's length.
+// a block that fails is dropped and counted, never served. Reads and tier
+// moves copy and check records without the store's lock.
 //
 // Blocks are keyed by (namespace, chain hash). A Put assembles a block from
 // layer slices in pages of the first tier that only its session can see; the
@@ -276,12 +275,9 @@ class BlockStore {
   void ReleaseStorageLocked(const Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreePagesLocked(size_t tier, const std::vector<uint32_t>& pages, size_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The record's bytes: spans over its pages, or over a copy in `owned` (its
-  // file read, or its pages copied out of a slab).
-  absl::StatusOr<std::vector<std::span<const uint8_t>>> SourceLocked(
-      const Entry& entry, std::shared_ptr<const uint8_t>& owned) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The same for a record in `tier` at `pages`, without the lock: for a
-  // block pinned (and moving) whose storage cannot change.
+  // The record's bytes in `tier` at `pages`: spans over the pages, or over
+  // a copy in `owned` (its file read, or its pages copied out of a slab).
+  // Needs no lock: for a pinned block, whose storage does not change.
   absl::StatusOr<std::vector<std::span<const uint8_t>>> SourceOf(size_t tier, const std::vector<uint32_t>& pages,
                                                                  const std::string& ns, const kvblock::BlockHash& hash,
                                                                  size_t size, std::shared_ptr<const uint8_t>& owned) const;
