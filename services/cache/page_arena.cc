@@ -73,7 +73,6 @@ PageArena::PageArena(uint8_t* base, size_t bytes, const ArenaOptions& options, u
       page_size_(options.page_size),
       segment_pages_(options.segment_pages),
       total_pages_(pages),
-      free_pages_(pages),
       shared_(options.shared && options.slab == nullptr) {
   const uint32_t count = (pages + segment_pages_ - 1) / segment_pages_;
   segments_.resize(count);
@@ -98,36 +97,33 @@ PageArena::~PageArena() {
   }
 }
 
-absl::Status PageArena::Write(const std::vector<uint32_t>& pages, size_t offset, std::string_view data) {
-  while (!data.empty()) {
+template <typename Copy>
+absl::Status PageArena::ForEachRun(const std::vector<uint32_t>& pages, size_t offset, size_t size,
+                                   Copy copy) const {
+  for (size_t done = 0; done < size;) {
     const size_t page = offset / page_size_, in_page = offset % page_size_;
-    const size_t n = std::min(data.size(), page_size_ - in_page);
-    const size_t at = size_t{pages[page]} * page_size_ + in_page;
-    if (slab_ == nullptr) {
-      std::memcpy(base_ + at, data.data(), n);
-    } else if (absl::Status s = slab_->CopyIn(at, data.data(), n); !s.ok()) {
-      return s;
-    }
-    data.remove_prefix(n);
+    const size_t n = std::min(size - done, page_size_ - in_page);
+    if (absl::Status s = copy(size_t{pages[page]} * page_size_ + in_page, done, n); !s.ok()) return s;
+    done += n;
     offset += n;
   }
   return absl::OkStatus();
 }
 
+absl::Status PageArena::Write(const std::vector<uint32_t>& pages, size_t offset, std::string_view data) {
+  return ForEachRun(pages, offset, data.size(), [&](size_t at, size_t done, size_t n) {
+    if (slab_ != nullptr) return slab_->CopyIn(at, data.data() + done, n);
+    std::memcpy(base_ + at, data.data() + done, n);
+    return absl::OkStatus();
+  });
+}
+
 absl::Status PageArena::Read(const std::vector<uint32_t>& pages, size_t offset, std::span<uint8_t> out) const {
-  while (!out.empty()) {
-    const size_t page = offset / page_size_, in_page = offset % page_size_;
-    const size_t n = std::min(out.size(), page_size_ - in_page);
-    const size_t at = size_t{pages[page]} * page_size_ + in_page;
-    if (slab_ == nullptr) {
-      std::memcpy(out.data(), base_ + at, n);
-    } else if (absl::Status s = slab_->CopyOut(at, out.data(), n); !s.ok()) {
-      return s;
-    }
-    out = out.subspan(n);
-    offset += n;
-  }
-  return absl::OkStatus();
+  return ForEachRun(pages, offset, out.size(), [&](size_t at, size_t done, size_t n) {
+    if (slab_ != nullptr) return slab_->CopyOut(at, out.data() + done, n);
+    std::memcpy(out.data() + done, base_ + at, n);
+    return absl::OkStatus();
+  });
 }
 
 uint64_t PageArena::SegmentBytes(uint32_t segment) const {
@@ -174,7 +170,6 @@ bool PageArena::Allocate(uint32_t n, const std::string& owner, std::vector<uint3
       seg.free.pop_back();
     }
     mine->free -= take;
-    free_pages_ -= take;
     if (seg.free.empty()) mine->with_free.erase(s);
   }
   return true;
@@ -188,7 +183,6 @@ void PageArena::Free(const std::vector<uint32_t>& pages) {
     seg.free.push_back(p);
     if (seg.free.size() == 1) owner.with_free.insert(s);
     ++owner.free;
-    ++free_pages_;
     if (seg.free.size() == seg.pages) {
       empty_.insert(s);
       empty_pages_ += seg.pages;

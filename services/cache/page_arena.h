@@ -56,7 +56,6 @@ class PageArena {
 
   uint32_t page_size() const { return page_size_; }
   uint32_t total_pages() const { return total_pages_; }
-  uint32_t free_pages() const { return free_pages_; }
   bool shared() const { return shared_; }
 
   // Pages `owner` could take now: free pages of its segments plus those of
@@ -105,6 +104,10 @@ class PageArena {
   };
 
   PageArena(uint8_t* base, size_t bytes, const ArenaOptions& options, uint32_t pages);
+  // Calls copy(byte offset in the arena, bytes done, n) for each run of a
+  // record's [offset, offset + size) that lies in one page.
+  template <typename Copy>
+  absl::Status ForEachRun(const std::vector<uint32_t>& pages, size_t offset, size_t size, Copy copy) const;
   // Owners are told apart only in a shared arena; elsewhere all are one.
   const std::string& Key(const std::string& owner) const;
   // Gives an empty segment to `owner`: in a shared arena, a new memfd mapped
@@ -117,7 +120,6 @@ class PageArena {
   uint32_t page_size_;
   uint32_t segment_pages_;
   uint32_t total_pages_;
-  uint32_t free_pages_;
   bool shared_;
   std::vector<Segment> segments_;
   std::unordered_map<std::string, OwnerPages> owners_;
