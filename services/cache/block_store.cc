@@ -295,7 +295,7 @@ absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(
   std::vector<std::span<const uint8_t>> pieces;
   std::shared_ptr<const uint8_t> owned;  // the record, when copied from disk or a slab
   const PageArena* arena = tiers_[tier]->arena.get();
-  const bool in_place = !options.copy_out && arena != nullptr && !arena->addressable();
+  const bool in_place = !options.copy_out && (arena == nullptr || !arena->addressable());
   if (!in_place) {
     absl::StatusOr<std::vector<std::span<const uint8_t>>> source = SourceOf(tier, pages, ns, hash, e->size, owned);
     if (source.ok()) pieces = std::move(*source);
@@ -309,7 +309,7 @@ absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(
     return absl::DataLossError(absl::StrCat("block ", kvblock::HashToHex(hash),
                                             " failed its checksum and was dropped"));
   }
-  {
+  if (!in_place) {  // a block pinned unread is counted by whoever reads it
     absl::MutexLock lock(&mu_);
     counters_.bytes_out += e->size;
   }

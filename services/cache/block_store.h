@@ -204,8 +204,9 @@ class BlockStore {
     bool verify_checksum = true;
     // False serves the block from the tier it is in.
     bool promote = true;
-    // False pins a block that is in a slab tier without copying it out: its
-    // pieces are then empty, and it is read with CopyToExported.
+    // False pins a block that is not in addressable memory (on disk, in a
+    // slab) without reading it: its pieces are then empty (a slab's block
+    // can be read with CopyToExported).
     bool copy_out = true;
   };
   absl::StatusOr<std::shared_ptr<const PinnedBlock>> Read(const std::string& ns, uint64_t layout_id,

@@ -185,7 +185,7 @@ absl::Status FastPathServer::Lease(uint64_t session_id, const std::string& ns, u
   BlockStore::ReadOptions read;
   read.verify_checksum = false;
   read.promote = store_->Shareable(0);
-  read.copy_out = false;  // a block in a GPU tier goes device to device, if at all
+  read.copy_out = false;  // a block on disk or in a GPU tier is not read here
   for (size_t i = 0; i < hashes.size(); ++i) {
     v1::LeasedBlock* out = response.add_blocks();
     out->set_index(static_cast<uint32_t>(i));
@@ -197,25 +197,24 @@ absl::Status FastPathServer::Lease(uint64_t session_id, const std::string& ns, u
     }
     out->set_tier((*block)->tier());
     const std::vector<SharedPiece> pieces = store_->SharedPieces(**block);
-    if (pieces.empty() && device != nullptr && CopyToDevice(*device, **block, *out, device_ranges)) {
-      bytes += (*block)->size();
-      pinned.push_back(*std::move(block));
-      continue;
-    }
     if (pieces.empty()) {
-      out->mutable_miss()->set_code(static_cast<int>(absl::StatusCode::kUnavailable));
-      out->mutable_miss()->set_message("block is not in shared memory; read it with Get");
-      continue;
-    }
-    v1::SharedRecord* record = out->mutable_shared();
-    record->set_size((*block)->size());
-    for (const SharedPiece& p : pieces) {
-      v1::SharedPiece* piece = record->add_pieces();
-      piece->set_tier_index(p.tier);
-      piece->set_segment(p.segment);
-      piece->set_generation(p.generation);
-      piece->set_offset(p.offset);
-      piece->set_length(p.length);
+      // In a GPU tier: device to device, for a session with device staging.
+      if (device == nullptr || !CopyToDevice(*device, **block, *out, device_ranges)) {
+        out->mutable_miss()->set_code(static_cast<int>(absl::StatusCode::kUnavailable));
+        out->mutable_miss()->set_message("block is not in shared memory; read it with Get");
+        continue;
+      }
+    } else {
+      v1::SharedRecord* record = out->mutable_shared();
+      record->set_size((*block)->size());
+      for (const SharedPiece& p : pieces) {
+        v1::SharedPiece* piece = record->add_pieces();
+        piece->set_tier_index(p.tier);
+        piece->set_segment(p.segment);
+        piece->set_generation(p.generation);
+        piece->set_offset(p.offset);
+        piece->set_length(p.length);
+      }
     }
     bytes += (*block)->size();
     pinned.push_back(*std::move(block));
