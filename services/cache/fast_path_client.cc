@@ -33,6 +33,17 @@ struct FastPathClient::DeviceMapping {};
 uint64_t FastPathClient::DeviceStagingWanted() { return 0; }
 #endif
 
+namespace {
+
+// Whether a record ends in `crc`, the CRC32C of the bytes before its trailer.
+bool EndsInCrc(std::span<const uint8_t> record, uint32_t crc) {
+  uint32_t stored;
+  std::memcpy(&stored, record.data() + record.size() - kvblock::kBlockTrailerBytes, sizeof stored);
+  return stored == crc;
+}
+
+}  // namespace
+
 struct FastPathClient::Mapping {
   Mapping(const uint8_t* base, size_t size, uint64_t generation)
       : base(base), size(size), generation(generation) {}
@@ -205,10 +216,7 @@ bool FastPathClient::CopyRecord(const v1::SharedRecord& record, std::span<uint8_
       at += n;
     }
   }
-  if (at != size) return false;
-  uint32_t stored;
-  std::memcpy(&stored, out.data() + checked, sizeof stored);
-  return stored == crc;
+  return at == size && EndsInCrc(out.first(size), crc);
 }
 
 bool FastPathClient::CopyDeviceRecord(const v1::DeviceRecord& record, std::span<uint8_t> out) {
@@ -218,10 +226,7 @@ bool FastPathClient::CopyDeviceRecord(const v1::DeviceRecord& record, std::span<
       !device_->mapping->CopyToHost(record.offset(), out.data(), size).ok()) {
     return false;
   }
-  const uint64_t checked = size - kvblock::kBlockTrailerBytes;
-  uint32_t stored;
-  std::memcpy(&stored, out.data() + checked, sizeof stored);
-  return stored == kvblock::Crc32c(out.data(), checked);
+  return EndsInCrc(out.first(size), kvblock::Crc32c(out.data(), size - kvblock::kBlockTrailerBytes));
 #else
   (void)record, (void)out;
   return false;
@@ -280,8 +285,7 @@ absl::StatusOr<std::vector<uint32_t>> FastPathClient::Fetch(
       absl::MutexLock lock(&callback_mu);
       out = destination(b.index(), size);
     }
-    const bool copied = b.has_device() ? CopyDeviceRecord(b.device(), out)
-                                       : out.size() >= b.shared().size() && CopyRecord(b.shared(), out);
+    const bool copied = b.has_device() ? CopyDeviceRecord(b.device(), out) : CopyRecord(b.shared(), out);
     absl::MutexLock lock(&callback_mu);
     if (!copied) {
       fallback.push_back(b.index());
