@@ -237,19 +237,19 @@ void ShardedPut::Write(const kvblock::BlockHash& hash, const std::string& record
     s->open = s->writer->Write(header);
   }
   if (!s->open) return;
-  v1::PutRequest slice;
-  slice.mutable_slice()->set_block_hash(std::string(kvblock::HashAsBytes(hash)));
   s->written.insert(hash);
+  const std::string hash_bytes(kvblock::HashAsBytes(hash));
   // Through the staging region when there is room in it (batched), else
   // inline.
-  std::optional<v1::StagedRange> staged = s->staged != nullptr ? s->staged->Stage(record) : std::nullopt;
-  if (staged.has_value()) {
+  if (std::optional<v1::StagedRange> staged = s->staged != nullptr ? s->staged->Stage(record) : std::nullopt) {
     v1::LayerSlice* batched = s->batch.mutable_batch()->add_slices();
-    batched->set_block_hash(slice.slice().block_hash());
+    batched->set_block_hash(hash_bytes);
     *batched->mutable_staged() = *staged;
     if (s->batch.batch().slices_size() >= kSlicesPerMessage) s->FlushBatch();
     return;
   }
+  v1::PutRequest slice;
+  slice.mutable_slice()->set_block_hash(hash_bytes);
   slice.mutable_slice()->set_data(record);
   s->open = s->writer->Write(slice);
 }
