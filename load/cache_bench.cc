@@ -25,6 +25,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "load/bench_layout.h"
 #include "services/cache/cache_client.h"
 #include "services/cache/fast_path_client.h"
 #include "services/cache/raw_get.h"
@@ -40,17 +41,6 @@ constexpr int kBlocks = 64;
 int kRedisWindow = 1;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-kvblock::LatentLayout V2LiteInt8() {
-  kvblock::LatentLayout l;
-  l.model_id = "deepseek-v2-lite-bench";
-  l.num_layers = 27;
-  l.kv_lora_rank = 512;
-  l.rope_dim = 64;
-  l.tokens_per_block = 64;
-  l.codec = kernels::Codec::kInt8;
-  return l;
-}
 
 // One client's prefix: 64 blocks, as slices and as whole records.
 struct Prefix {
@@ -269,7 +259,7 @@ Row Summarize(const std::string& what, int clients, size_t bytes_per_client,
 
 int Run(const std::string& cache_binary, const std::string& redis_binary, int rounds,
         const std::vector<int>& client_counts) {
-  const kvblock::LatentLayout layout = V2LiteInt8();
+  const kvblock::LatentLayout layout = load::V2LiteInt8();
   constexpr int kMaxClients = 4;
   std::vector<Prefix> prefixes;
   for (int c = 0; c < kMaxClients; ++c) prefixes.push_back(MakePrefix(layout, "c" + std::to_string(c), c + 1));

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "load/bench_layout.h"
 #include "services/cache/block_store.h"
 #include "services/common/flags.h"
 #include "services/kvblock/block_format.h"
@@ -33,13 +34,7 @@ int Main(int argc, char** argv) {
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "store_mix_bench")) {
     return *exit;
   }
-  kvblock::LatentLayout layout;  // V2-Lite int8: 1,026,468-byte blocks
-  layout.model_id = "store-mix-bench";
-  layout.num_layers = 27;
-  layout.kv_lora_rank = 512;
-  layout.rope_dim = 64;
-  layout.tokens_per_block = 64;
-  layout.codec = kernels::Codec::kInt8;
+  const kvblock::LatentLayout layout = load::V2LiteInt8();
   const uint64_t layout_id = kvblock::LayoutId(layout);
   StoreOptions o;
   o.device_capacity = 64ull << 20;

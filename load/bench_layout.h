@@ -1,0 +1,24 @@
+// The latent layout the cache benchmarks store: DeepSeek-V2-Lite's (27
+// layers of 512 + 64) with the int8 codec, 1,026,468-byte blocks of 64
+// tokens.
+#ifndef KVTIER_LOAD_BENCH_LAYOUT_H_
+#define KVTIER_LOAD_BENCH_LAYOUT_H_
+
+#include "services/kvblock/layout.h"
+
+namespace kvtier::load {
+
+inline kvblock::LatentLayout V2LiteInt8() {
+  kvblock::LatentLayout l;
+  l.model_id = "deepseek-v2-lite-bench";
+  l.num_layers = 27;
+  l.kv_lora_rank = 512;
+  l.rope_dim = 64;
+  l.tokens_per_block = 64;
+  l.codec = kernels::Codec::kInt8;
+  return l;
+}
+
+}  // namespace kvtier::load
+
+#endif  // KVTIER_LOAD_BENCH_LAYOUT_H_
