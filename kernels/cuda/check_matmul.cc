@@ -10,7 +10,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -171,15 +170,7 @@ void Benchmark(cuda::Blas& blas, std::mt19937_64& rng) {
   const size_t copy_bytes = size_t{1} << 30;
   uint8_t *a = nullptr, *b = nullptr;
   cudaMalloc(&a, copy_bytes), cudaMalloc(&b, copy_bytes);
-  auto time = [](auto op) {
-    op();
-    cudaDeviceSynchronize();
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < 20; ++i) op();
-    cudaDeviceSynchronize();
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / 20;
-  };
-  const double copy_gbs = 2.0 * copy_bytes / time([&] { cudaMemcpyAsync(b, a, copy_bytes, cudaMemcpyDeviceToDevice); }) / 1e6;
+  const double copy_gbs = 2.0 * copy_bytes / check::Milliseconds([&] { cudaMemcpyAsync(b, a, copy_bytes, cudaMemcpyDeviceToDevice); }, 20) / 1e6;
   cudaFree(a), cudaFree(b);
   uint16_t* w = check::ToDevice(RandomBf16(size_t{kRows} * kCols, 0.02f, rng));
   float* x = check::ToDevice(RandomFloats(size_t{256} * kCols, rng));
@@ -187,7 +178,7 @@ void Benchmark(cuda::Blas& blas, std::mt19937_64& rng) {
   std::printf("\nbf16 projection %u x %u (weights %.1f MB); copy %.0f GB/s\n%6s %10s %12s %10s\n", kRows, kCols,
               kRows * kCols * 2 / 1e6, copy_gbs, "batch", "ms", "weight GB/s", "TFLOP/s");
   for (uint32_t n : {1u, 8u, 32u, 256u}) {
-    const double ms = time([&] { (void)blas.Gemm(w, kRows, kCols, x, n, y); });
+    const double ms = check::Milliseconds([&] { (void)blas.Gemm(w, kRows, kCols, x, n, y); }, 20);
     std::printf("%6u %10.4f %12.0f %10.2f\n", n, ms, kRows * kCols * 2.0 / ms / 1e6, 2.0 * kRows * kCols * n / ms / 1e9);
   }
   cudaFree(w), cudaFree(x), cudaFree(y);

@@ -11,7 +11,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -21,6 +20,7 @@
 #include "kvtier/kernels/cuda_codec.h"
 #include "kvtier/kernels/cuda_ipc.h"
 #include "kvtier/kernels/cuda_slab.h"
+#include "check_util.h"
 
 namespace kvtier::kernels {
 namespace {
@@ -51,12 +51,10 @@ bool RoundTrips(cuda::DeviceSlab& slab, std::mt19937_64& rng) {
   return !slab.CopyIn(kSlabBytes - 10, in.data(), 100).ok();
 }
 
+// GB/s of `op`, which moves `bytes` each call.
 template <typename Op>
 double GBs(size_t bytes, Op op) {
-  op();
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < 5; ++i) op();
-  return 5.0 * bytes / std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 1e9;
+  return bytes / check::Milliseconds(op, 5) / 1e6;
 }
 
 void Benchmark(cuda::DeviceSlab& slab) {
