@@ -89,11 +89,11 @@ __global__ void __launch_bounds__(kThreads) PartialKernel(Params p) {
   const int32_t nblocks = L.blocks_per_sequence[b];
   const int32_t ntail = L.max_tail > 0 ? L.tail_tokens[b] : 0;
   if (nblocks < 0 || static_cast<uint32_t>(nblocks) > L.max_blocks_per_sequence) {
-    if (threadIdx.x == 0) atomicMin(p.bad, (static_cast<unsigned long long>(b) << 2) | kBadBlockCount);
+    if (threadIdx.x == 0) NoteBadInput(p.bad, b, kBadBlockCount);
     return;
   }
   if (ntail < 0 || static_cast<uint32_t>(ntail) > L.max_tail || (nblocks == 0 && ntail == 0)) {
-    if (threadIdx.x == 0) atomicMin(p.bad, (static_cast<unsigned long long>(b) << 2) | kBadTail);
+    if (threadIdx.x == 0) NoteBadInput(p.bad, b, kBadTail);
     return;
   }
 
@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(kThreads) PartialKernel(Params p) {
         const uint32_t j = first + t / L.tokens_per_block;
         const int32_t index = L.block_table[size_t{b} * L.max_blocks_per_sequence + j];
         if (index < 0 || static_cast<uint32_t>(index) >= L.pool_blocks) {
-          atomicMin(p.bad, (static_cast<unsigned long long>(b) << 2) | kBadBlockIndex);
+          NoteBadInput(p.bad, b, kBadBlockIndex);
           v = 0.0f;
         } else {
           v = StoredValue(L.codec, L.pool + size_t(index) * p.block_bytes, t % L.tokens_per_block, c, kv, dim,

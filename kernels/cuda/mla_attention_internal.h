@@ -17,6 +17,11 @@ namespace kvtier::kernels::cuda::internal {
 // first sequence: (sequence << 2) | reason.
 enum BadInput : uint32_t { kBadBlockCount = 1, kBadBlockIndex = 2, kBadTail = 3 };
 
+// Notes that `sequence` has `reason` (any thread may call it).
+__device__ inline void NoteBadInput(unsigned long long* bad, uint32_t sequence, BadInput reason) {
+  atomicMin(bad, (static_cast<unsigned long long>(sequence) << 2) | reason);
+}
+
 struct Params {
   MlaShape shape;
   PagedLatents latents;

@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(kThreads) TensorCoreKernel(Params p) {
 
   const int32_t nblocks = L.blocks_per_sequence[b];
   if (nblocks < 0 || static_cast<uint32_t>(nblocks) > L.max_blocks_per_sequence) {
-    if (threadIdx.x == 0) atomicMin(p.bad, (static_cast<unsigned long long>(b) << 2) | kBadBlockCount);
+    if (threadIdx.x == 0) NoteBadInput(p.bad, b, kBadBlockCount);
     return;
   }
   for (uint32_t i = threadIdx.x; i < kHeads * kDim; i += kThreads) {
@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(kThreads) TensorCoreKernel(Params p) {
   for (uint32_t j = first; j < last; ++j) {
     const int32_t index = L.block_table[size_t{b} * L.max_blocks_per_sequence + j];
     if (index < 0 || static_cast<uint32_t>(index) >= L.pool_blocks) {
-      if (threadIdx.x == 0) atomicMin(p.bad, (static_cast<unsigned long long>(b) << 2) | kBadBlockIndex);
+      if (threadIdx.x == 0) NoteBadInput(p.bad, b, kBadBlockIndex);
       return;  // the whole CUDA block: index is the same for every thread
     }
     const uint8_t* block = L.pool + size_t(index) * p.block_bytes;

@@ -44,7 +44,7 @@ struct Flags {
 };
 
 // The device tier's memory for --device-memory; null: host memory.
-absl::StatusOr<std::shared_ptr<SlabMemory>> DeviceSlab(const std::string& kind, uint64_t bytes) {
+absl::StatusOr<std::shared_ptr<SlabMemory>> DeviceTierSlab(const std::string& kind, uint64_t bytes) {
   if (kind == "host") return nullptr;
   if (kind == "staged-host") {
     absl::StatusOr<std::unique_ptr<StagedHostSlab>> slab = StagedHostSlab::Create(bytes);
@@ -92,7 +92,7 @@ absl::StatusOr<StoreOptions> ToStoreOptions(const Flags& f) {
   }
   o.page_size = static_cast<uint32_t>(f.page_size);
   o.shared_memory = !f.no_fast_path;
-  absl::StatusOr<std::shared_ptr<SlabMemory>> slab = DeviceSlab(f.device_memory, *device);
+  absl::StatusOr<std::shared_ptr<SlabMemory>> slab = DeviceTierSlab(f.device_memory, *device);
   if (!slab.ok()) return slab.status();
   o.device_slab = *std::move(slab);
   o.device_capacity = *device;
