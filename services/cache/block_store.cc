@@ -276,9 +276,7 @@ absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(
     ++from.counters.hits;
     served_from = from.counters.tier;
     PinLocked(e);  // before the move: making room must not pick this block
-    // Only a block no one else is reading moves: another reader's pieces
-    // point into its pages.
-    if (e->tier != 0 && options.promote && e->pins == 1 && !MoveLocked(e, 0) && e->zombie) {
+    if (e->tier != 0 && options.promote && !MoveLocked(e, 0) && e->zombie) {
       UnpinLocked(e);
       return absl::DataLossError(absl::StrCat("block ", kvblock::HashToHex(hash),
                                               " failed its checksum and was dropped"));
@@ -434,8 +432,10 @@ bool BlockStore::MakeRoomLocked(size_t tier, size_t bytes, const std::string& ns
 bool BlockStore::MoveLocked(Entry* e, size_t to) {
   // The caller holds `e` pinned: nothing frees its storage or evicts it,
   // and `moving` keeps a second mover away, so its bytes stay put while the
-  // copy below runs without the lock.
-  if (e->moving) return false;
+  // copy below runs without the lock. Only a block no one else reads moves
+  // (another reader's pieces point into its storage); the same is checked
+  // again before the move commits.
+  if (e->moving || e->pins > 1) return false;
   const size_t from = e->tier;
   Tier& dst = *tiers_[to];
   const bool fits_at_all = dst.disk != nullptr ? e->size <= dst.counters.capacity_bytes
