@@ -269,8 +269,7 @@ class BlockStore {
   // Moves a pinned block to `to` with a verified copy, made without the
   // lock (it is released and taken again inside). Returns false, leaving it
   // in place, when the destination has no room, or it is moving or read by
-  // another; on a
-  // checksum failure the block is dropped.
+  // another; on a checksum failure the block is dropped.
   bool MoveLocked(Entry* entry, size_t to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives back the pages or file holding a block's record.
