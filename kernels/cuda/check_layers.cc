@@ -3,7 +3,8 @@
 // RopeTable::Apply (YaRN, V2-Lite's settings). Tolerances: RMSNorm within
 // 1e-5 of each value (relative; the sum of squares is added in another
 // order), RoPE within 2e-6 (nvcc fuses a*c - b*s into one FMA); the values
-// around the rope dims must come back untouched, bit for bit.
+// around the rope dims must come back untouched, bit for bit; the residual
+// add must equal the CPU's float sums bit for bit.
 // Exit codes: 0 pass, 1 mismatch or CUDA error, 77 no device (ctest: skip).
 #include <cuda_runtime.h>
 
@@ -92,6 +93,20 @@ bool CheckRope(std::mt19937_64& rng) {
   return true;
 }
 
+// The residual add: float sums, bit for bit the CPU's.
+bool CheckAdd(std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> x(100003), y(x.size());
+  for (float& v : x) v = normal(rng);
+  for (float& v : y) v = normal(rng);
+  float *dx = check::ToDevice(x), *dy = check::ToDevice(y);
+  const Status s = cuda::AddInPlace(dx, dy, x.size(), nullptr);
+  const std::vector<float> got = check::ToHost(dx, x.size());
+  cudaFree(dx), cudaFree(dy);
+  for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+  return s.ok() && std::memcmp(got.data(), x.data(), x.size() * 4) == 0;
+}
+
 int Main() {
   std::string why;
   if (!cuda::DevicePresent(&why)) {
@@ -99,9 +114,10 @@ int Main() {
     return 77;
   }
   std::mt19937_64 rng(std::random_device{}());
-  const bool norm = CheckRmsNorm(rng), rope = CheckRope(rng);
-  std::printf("RMSNorm: %s\nRoPE (YaRN): %s\n", norm ? "matches the CPU" : "MISMATCH", rope ? "matches the CPU" : "MISMATCH");
-  return norm && rope ? 0 : 1;
+  const bool norm = CheckRmsNorm(rng), rope = CheckRope(rng), add = CheckAdd(rng);
+  std::printf("RMSNorm: %s\nRoPE (YaRN): %s\nresidual add: %s\n", norm ? "matches the CPU" : "MISMATCH",
+              rope ? "matches the CPU" : "MISMATCH", add ? "matches the CPU bit for bit" : "MISMATCH");
+  return norm && rope && add ? 0 : 1;
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // GPU projections and MoE check, for the device machine (no gtest there):
-// cuBLAS bf16 GEMMs and the MoE feed-forward against a float64 reference
+// cuBLAS bf16 GEMMs (plain and per head), the MoE feed-forward and a dense
+// SwiGLU MLP against a float64 reference
 // over the same bf16-rounded weights and inputs, on fresh random data.
 // Tolerances: each GEMM output within 1e-4 of sum |w||x| (float32 sums in
 // another order); each MoE output within 2e-3 of the largest |out| (the
@@ -77,6 +78,48 @@ bool CheckGemm(cuda::Blas& blas, std::mt19937_64& rng) {
   }
   cudaFree(dw);
   return ok;
+}
+
+// Per-head products from and into interleaved [n][heads][...] rows: each
+// group's outputs match float64, the gaps between groups stay untouched.
+bool CheckGroupedGemm(cuda::Blas& blas, std::mt19937_64& rng) {
+  constexpr uint32_t kGroups = 4, kRows = 32, kCols = 48, kXGroup = 64, kYGroup = 40, kN = 5;
+  constexpr size_t kLdx = size_t{kGroups} * kXGroup, kLdy = size_t{kGroups} * kYGroup;
+  const std::vector<uint16_t> w = RandomBf16(size_t{kGroups} * kRows * kCols, 0.1f, rng);
+  const std::vector<float> x = RandomFloats(kN * kLdx, rng);
+  uint16_t* dw = check::ToDevice(w);
+  float* dx = check::ToDevice(x);
+  float* dy = check::ToDevice(std::vector<float>(kN * kLdy, NAN));
+  const Status s = blas.GroupedGemm(dw, kRows, kCols, kGroups, dx, kLdx, kXGroup, kN, dy, kLdy, kYGroup);
+  const Status refused = blas.GroupedGemm(dw, kRows, kCols, kGroups, dx, kLdx - 1, kXGroup, kN, dy, kLdy, kYGroup);
+  const std::vector<float> y = check::ToHost(dy, kN * kLdy);
+  cudaFree(dw), cudaFree(dx), cudaFree(dy);
+  if (!s.ok() || refused.code() != StatusCode::kInvalidArgument) {
+    std::fprintf(stderr, "GroupedGemm: '%s'; a group past its row: '%s'\n",
+                 s.message().c_str(), refused.message().c_str());
+    return false;
+  }
+  for (uint32_t i = 0; i < kN; ++i) {
+    for (uint32_t g = 0; g < kGroups; ++g) {
+      for (uint32_t r = 0; r < kYGroup; ++r) {
+        const float got = y[i * kLdy + g * kYGroup + r];
+        if (r >= kRows) {
+          if (!std::isnan(got)) return std::fprintf(stderr, "GroupedGemm wrote a gap\n"), false;
+          continue;
+        }
+        double want = 0, magnitude = 0;
+        for (uint32_t c = 0; c < kCols; ++c) {
+          const double p = Bf(w[(size_t{g} * kRows + r) * kCols + c]) * Bf(x[i * kLdx + g * kXGroup + c]);
+          want += p, magnitude += std::abs(p);
+        }
+        if (!(std::abs(got - want) <= 1e-4 * magnitude)) {
+          std::fprintf(stderr, "GroupedGemm input %u group %u row %u: GPU %g, float64 %g\n", i, g, r, got, want);
+          return false;
+        }
+      }
+    }
+  }
+  return true;
 }
 
 struct HostMlp {
@@ -165,6 +208,36 @@ bool CheckMoe(cuda::Blas& blas, std::mt19937_64& rng) {
   return true;
 }
 
+// A dense layer's MLP (SwiGlu) against float64.
+bool CheckDenseMlp(cuda::Blas& blas, std::mt19937_64& rng) {
+  constexpr uint32_t kHidden = 192, kInter = 320, kTokens = 9;
+  const HostMlp m{RandomBf16(size_t{kInter} * kHidden, 0.07f, rng), RandomBf16(size_t{kInter} * kHidden, 0.07f, rng),
+                  RandomBf16(size_t{kHidden} * kInter, 0.06f, rng), kInter};
+  const cuda::SwiGluDeviceWeights d{check::ToDevice(m.gate), check::ToDevice(m.up), check::ToDevice(m.down), kInter};
+  const std::vector<float> x = RandomFloats(size_t{kTokens} * kHidden, rng);
+  float* dx = check::ToDevice(x);
+  float* dout = check::ToDevice(std::vector<float>(x.size(), NAN));
+  const Status s = blas.SwiGlu(d, kHidden, dx, kTokens, dout);
+  const std::vector<float> out = check::ToHost(dout, x.size());
+  cudaFree(dx), cudaFree(dout);
+  for (const uint16_t* p : {d.gate, d.up, d.down}) cudaFree(const_cast<uint16_t*>(p));
+  if (!s.ok()) {
+    std::fprintf(stderr, "SwiGlu: %s\n", s.message().c_str());
+    return false;
+  }
+  std::vector<double> want(x.size(), 0.0);
+  for (uint32_t i = 0; i < kTokens; ++i) ReferenceMlp(m, kHidden, x.data() + size_t{i} * kHidden, 1.0, &want[size_t{i} * kHidden]);
+  double largest = 0;
+  for (double v : want) largest = std::max(largest, std::abs(v));
+  for (size_t k = 0; k < want.size(); ++k) {
+    if (!(std::abs(out[k] - want[k]) <= 2e-3 * largest)) {
+      std::fprintf(stderr, "dense MLP token %zu value %zu: GPU %g, float64 %g\n", k / kHidden, k % kHidden, out[k], want[k]);
+      return false;
+    }
+  }
+  return true;
+}
+
 void Benchmark(cuda::Blas& blas, std::mt19937_64& rng) {
   constexpr uint32_t kRows = 3072, kCols = 2048;
   const size_t copy_bytes = size_t{1} << 30;
@@ -196,11 +269,13 @@ int Main() {
     return 1;
   }
   std::mt19937_64 rng(std::random_device{}());
-  const bool gemm = CheckGemm(*blas, rng), moe = CheckMoe(*blas, rng);
-  std::printf("bf16 GEMM: %s\nMoE (group-limited top-4 of 16 + shared): %s\n", gemm ? "matches float64" : "MISMATCH",
-              moe ? "matches float64" : "MISMATCH");
+  const bool gemm = CheckGemm(*blas, rng), grouped = CheckGroupedGemm(*blas, rng), moe = CheckMoe(*blas, rng),
+             dense = CheckDenseMlp(*blas, rng);
+  auto verdict = [](bool ok) { return ok ? "matches float64" : "MISMATCH"; };
+  std::printf("bf16 GEMM: %s\ngrouped (per-head) GEMM: %s\nMoE (group-limited top-4 of 16 + shared): %s\n"
+              "dense SwiGLU MLP: %s\n", verdict(gemm), verdict(grouped), verdict(moe), verdict(dense));
   Benchmark(*blas, rng);
-  return gemm && moe ? 0 : 1;
+  return gemm && grouped && moe && dense ? 0 : 1;
 }
 
 }  // namespace

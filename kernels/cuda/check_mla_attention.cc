@@ -9,9 +9,10 @@
 // path rounds queries to int16). int8 runs twice: on CUDA cores (those
 // bounds) and on tensor cores, whose fp16 inputs get 2e-3 (out against
 // float64 and the CPU) and 1e-3 (lse). A block index outside the pool must come
-// back INVALID_ARGUMENT. Then a table: latent bytes read per second at 16
-// heads, contexts 4k-64k, batch 1-128, each codec, against a
-// device-to-device cudaMemcpy measured in the same run.
+// back INVALID_ARGUMENT; rows sharing a tail must match copies of it. Then a
+// table: latent bytes read per second at 16 heads, contexts 4k-64k, batch
+// 1-128, each codec, against a device-to-device cudaMemcpy measured in the
+// same run.
 // Exit codes: 0 pass, 1 mismatch or CUDA error, 77 no device (ctest: skip).
 #include <cuda_runtime.h>
 
@@ -262,6 +263,32 @@ void Benchmark() {
   }
 }
 
+// Rows that share one tail through tail_offsets (as a prefill's rows do)
+// give bit for bit what they give with copies of their prefixes; an offset
+// past the tail's end is refused.
+bool SharedTailMatchesCopies() {
+  std::mt19937_64 rng(7);
+  const uint32_t heads = 16, rows = 3, visible[rows] = {1, 9, 40};
+  const std::vector<float> tail = Random(size_t{40} * kDim, rng), q = Random(size_t{rows} * heads * kDim, rng);
+  std::vector<float> copies(size_t{rows} * 40 * kDim, 0.0f);
+  for (uint32_t r = 0; r < rows; ++r) std::copy_n(tail.begin(), size_t{visible[r]} * kDim, copies.begin() + size_t{r} * 40 * kDim);
+  DeviceArray<float> d_tail(tail), d_copies(copies), d_q(q), out_shared(size_t{rows} * heads * kKv),
+      out_copies(size_t{rows} * heads * kKv);
+  DeviceArray<int32_t> counts(std::vector<int32_t>(rows, 0)),
+      tokens(std::vector<int32_t>(visible, visible + rows));
+  DeviceArray<int64_t> offsets(std::vector<int64_t>(rows, 0)), bad_offsets(std::vector<int64_t>{0, 0, 1});
+  const MlaShape shape{heads, kKv, kRope};
+  cuda::PagedLatents latents{Codec::kBf16, kTpb, nullptr, 0, nullptr, 0, counts.data, d_copies.data, tokens.data, 40};
+  bool ok = cuda::PagedMlaDecode(shape, latents, rows, d_q.data, 0.1f, out_copies.data, nullptr, nullptr).ok();
+  latents.tail = d_tail.data, latents.tail_offsets = offsets.data, latents.tail_capacity = 40;
+  ok = ok && cuda::PagedMlaDecode(shape, latents, rows, d_q.data, 0.1f, out_shared.data, nullptr, nullptr).ok();
+  ok = ok && out_shared.Read(size_t{rows} * heads * kKv) == out_copies.Read(size_t{rows} * heads * kKv);
+  latents.tail_offsets = bad_offsets.data;
+  const Status s = cuda::PagedMlaDecode(shape, latents, rows, d_q.data, 0.1f, out_shared.data, nullptr, nullptr);
+  ok = ok && s.code() == StatusCode::kInvalidArgument && s.message().find("sequence 2") != std::string::npos;
+  return ok;
+}
+
 int Main() {
   std::string why;
   if (!cuda::DevicePresent(&why)) {
@@ -273,6 +300,9 @@ int Main() {
   std::printf("device: %s\n", prop.name);
   bool ok = RefusesBadBlockIndex();
   std::printf("block index outside the pool: %s\n", ok ? "INVALID_ARGUMENT" : "NOT REFUSED");
+  const bool shared_tail = SharedTailMatchesCopies();
+  std::printf("rows sharing a tail (tail_offsets): %s\n", shared_tail ? "same as copies; bad offset refused" : "WRONG");
+  ok = ok && shared_tail;
   // Tail only, one block, blocks and a tail, and a long sequence (split).
   const std::vector<Sequence> seqs = {{0, 5}, {1, 0}, {3, 17}, {40, 63}};
   cuda::PagedMlaOptions cuda_cores;

@@ -51,6 +51,11 @@ __global__ void __launch_bounds__(kThreads) RopeKernel(const double* inv_freq, d
   vec[half + i] = b * c + a * s;
 }
 
+__global__ void AddKernel(float* x, const float* y, size_t n) {
+  const size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
+  if (i < n) x[i] += y[i];
+}
+
 Status Finish(cudaStream_t stream, const char* what) {
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return CudaError(e, what);
   if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) return CudaError(e, what);
@@ -88,6 +93,14 @@ Status ApplyRope(const RopeTable& table, const int64_t* positions, float* x, uin
       inv_freq, table.mscale(), half, positions, x, vectors, row_stride, vector_stride);
   cudaFreeAsync(inv_freq, stream);
   return Finish(stream, "cuda::ApplyRope");
+}
+
+Status AddInPlace(float* x, const float* y, size_t n, void* stream_ptr) {
+  if (x == nullptr || y == nullptr) return InvalidArgument("cuda::AddInPlace: missing pointer");
+  if (n == 0) return OkStatus();
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  AddKernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(x, y, n);
+  return Finish(stream, "cuda::AddInPlace");
 }
 
 }  // namespace kvtier::kernels::cuda

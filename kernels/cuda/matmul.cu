@@ -83,27 +83,42 @@ Status Blas::Scratch(size_t slot, size_t bytes, void** out) {
 }
 
 Status Blas::GemmBf16(const uint16_t* w, uint32_t rows, uint32_t cols, const uint16_t* x, uint32_t n, float* y) {
+  return GroupedGemmBf16(w, rows, cols, 1, x, cols, 0, n, y, rows, 0);
+}
+
+Status Blas::GroupedGemmBf16(const uint16_t* w, uint32_t rows, uint32_t cols, uint32_t groups, const uint16_t* x,
+                             size_t ldx, size_t x_group, uint32_t n, float* y, size_t ldy, size_t y_group) {
   // Row-major W [rows][cols] is column-major W^T; y^T = W x^T in column-major
-  // terms: op(A) = W (A = W^T stored, transposed), B = x^T (ld cols).
+  // terms: op(A) = W (A = W^T stored, transposed), B = x^T (ld ldx).
   const float one = 1.0f, zero = 0.0f;
-  const cublasStatus_t s =
-      cublasGemmEx(static_cast<cublasHandle_t>(handle_), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows),
-                   static_cast<int>(n), static_cast<int>(cols), &one, w, CUDA_R_16BF, static_cast<int>(cols), x,
-                   CUDA_R_16BF, static_cast<int>(cols), &zero, y, CUDA_R_32F, static_cast<int>(rows),
-                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  return s == CUBLAS_STATUS_SUCCESS ? OkStatus() : BlasError(s, "cublasGemmEx");
+  const cublasStatus_t s = cublasGemmStridedBatchedEx(
+      static_cast<cublasHandle_t>(handle_), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(n),
+      static_cast<int>(cols), &one, w, CUDA_R_16BF, static_cast<int>(cols), static_cast<long long>(rows) * cols, x,
+      CUDA_R_16BF, static_cast<int>(ldx), static_cast<long long>(x_group), &zero, y, CUDA_R_32F,
+      static_cast<int>(ldy), static_cast<long long>(y_group), static_cast<int>(groups), CUBLAS_COMPUTE_32F,
+      CUBLAS_GEMM_DEFAULT);
+  return s == CUBLAS_STATUS_SUCCESS ? OkStatus() : BlasError(s, "cublasGemmStridedBatchedEx");
 }
 
 Status Blas::Gemm(const uint16_t* w, uint32_t rows, uint32_t cols, const float* x, uint32_t n, float* y) {
-  if (w == nullptr || x == nullptr || y == nullptr || rows == 0 || cols == 0) {
+  return GroupedGemm(w, rows, cols, 1, x, cols, 0, n, y, rows, 0);
+}
+
+Status Blas::GroupedGemm(const uint16_t* w, uint32_t rows, uint32_t cols, uint32_t groups, const float* x,
+                         size_t ldx, size_t x_group, uint32_t n, float* y, size_t ldy, size_t y_group) {
+  if (w == nullptr || x == nullptr || y == nullptr || rows == 0 || cols == 0 || groups == 0) {
     return InvalidArgument("cuda::Blas::Gemm: missing pointer or empty matrix");
+  }
+  if ((groups - 1) * x_group + cols > ldx || (groups - 1) * y_group + rows > ldy) {
+    return InvalidArgument("cuda::Blas::GroupedGemm: a group reaches past its row");
   }
   if (n == 0) return OkStatus();
   cudaStream_t stream = static_cast<cudaStream_t>(stream_);
   void* xs = nullptr;
-  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kXs, size_t{n} * cols * 2, &xs));
-  ToBf16Kernel<<<Blocks(size_t{n} * cols), kThreads, 0, stream>>>(x, static_cast<uint16_t*>(xs), size_t{n} * cols);
-  KVTIER_KERNELS_RETURN_IF_ERROR(GemmBf16(w, rows, cols, static_cast<uint16_t*>(xs), n, y));
+  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kXs, size_t{n} * ldx * 2, &xs));
+  ToBf16Kernel<<<Blocks(size_t{n} * ldx), kThreads, 0, stream>>>(x, static_cast<uint16_t*>(xs), size_t{n} * ldx);
+  KVTIER_KERNELS_RETURN_IF_ERROR(
+      GroupedGemmBf16(w, rows, cols, groups, static_cast<uint16_t*>(xs), ldx, x_group, n, y, ldy, y_group));
   if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) return CudaError(e, "cuda::Blas::Gemm");
   return OkStatus();
 }
@@ -163,23 +178,40 @@ Status Blas::MoeForward(const MoeDeviceWeights& w, uint32_t hidden, const float*
   }
   cudaMemsetAsync(out, 0, size_t{n} * hidden * 4, stream);
   for (size_t e = 0; e < rows_of.size(); ++e) {
-    const uint32_t count = static_cast<uint32_t>(rows_of[e].size());
-    if (count == 0) continue;
-    void *rows, *weights;
-    KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kRows, size_t{count} * 4, &rows));
-    KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kWeights, size_t{count} * 4, &weights));
-    // Pageable host memory: these copies finish before they return.
-    cudaMemcpyAsync(rows, rows_of[e].data(), size_t{count} * 4, cudaMemcpyHostToDevice, stream);
-    cudaMemcpyAsync(weights, weights_of[e].data(), size_t{count} * 4, cudaMemcpyHostToDevice, stream);
-    const SwiGluDeviceWeights& mlp = e < experts ? w.experts[e] : w.shared;
-    KVTIER_KERNELS_RETURN_IF_ERROR(SwiGluAdd(mlp, hidden, x, static_cast<int32_t*>(rows),
-                                             static_cast<float*>(weights), count, out));
-    // The next expert's row list reuses these buffers.
-    if (const cudaError_t err = cudaStreamSynchronize(stream); err != cudaSuccess) {
-      return CudaError(err, "cuda::Blas::MoeForward");
-    }
+    if (rows_of[e].empty()) continue;
+    KVTIER_KERNELS_RETURN_IF_ERROR(
+        SwiGluAddRows(e < experts ? w.experts[e] : w.shared, hidden, x, rows_of[e], weights_of[e], out));
   }
   return OkStatus();
+}
+
+Status Blas::SwiGluAddRows(const SwiGluDeviceWeights& w, uint32_t hidden, const float* x,
+                           const std::vector<int32_t>& rows, const std::vector<float>& weights, float* out) {
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  const uint32_t count = static_cast<uint32_t>(rows.size());
+  void *d_rows, *d_weights;
+  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kRows, size_t{count} * 4, &d_rows));
+  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kWeights, size_t{count} * 4, &d_weights));
+  // Pageable host memory: these copies finish before they return.
+  cudaMemcpyAsync(d_rows, rows.data(), size_t{count} * 4, cudaMemcpyHostToDevice, stream);
+  cudaMemcpyAsync(d_weights, weights.data(), size_t{count} * 4, cudaMemcpyHostToDevice, stream);
+  KVTIER_KERNELS_RETURN_IF_ERROR(SwiGluAdd(w, hidden, x, static_cast<int32_t*>(d_rows),
+                                           static_cast<float*>(d_weights), count, out));
+  // The next call reuses these buffers.
+  if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) return CudaError(e, "cuda::Blas SwiGLU");
+  return OkStatus();
+}
+
+Status Blas::SwiGlu(const SwiGluDeviceWeights& w, uint32_t hidden, const float* x, uint32_t n, float* out) {
+  if (w.gate == nullptr || w.up == nullptr || w.down == nullptr || w.inter == 0 || x == nullptr ||
+      out == nullptr || hidden == 0) {
+    return InvalidArgument("cuda::Blas::SwiGlu: missing weights or pointers");
+  }
+  if (n == 0) return OkStatus();
+  std::vector<int32_t> rows(n);
+  for (uint32_t i = 0; i < n; ++i) rows[i] = static_cast<int32_t>(i);
+  cudaMemsetAsync(out, 0, size_t{n} * hidden * 4, static_cast<cudaStream_t>(stream_));
+  return SwiGluAddRows(w, hidden, x, rows, std::vector<float>(n, 1.0f), out);
 }
 
 }  // namespace kvtier::kernels::cuda

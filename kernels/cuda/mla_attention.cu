@@ -92,7 +92,9 @@ __global__ void __launch_bounds__(kThreads) PartialKernel(Params p) {
     if (threadIdx.x == 0) NoteBadInput(p.bad, b, kBadBlockCount);
     return;
   }
-  if (ntail < 0 || static_cast<uint32_t>(ntail) > L.max_tail || (nblocks == 0 && ntail == 0)) {
+  const int64_t tail_base = L.tail_offsets != nullptr ? L.tail_offsets[b] : int64_t{b} * L.max_tail;
+  if (ntail < 0 || static_cast<uint32_t>(ntail) > L.max_tail || (nblocks == 0 && ntail == 0) ||
+      (L.tail_offsets != nullptr && (tail_base < 0 || static_cast<uint64_t>(tail_base) + ntail > L.tail_capacity))) {
     if (threadIdx.x == 0) NoteBadInput(p.bad, b, kBadTail);
     return;
   }
@@ -127,7 +129,7 @@ __global__ void __launch_bounds__(kThreads) PartialKernel(Params p) {
                           rope);
         }
       } else {
-        v = L.tail[(size_t{b} * L.max_tail + (t - block_tokens)) * dim + c];
+        v = L.tail[(static_cast<size_t>(tail_base) + (t - block_tokens)) * dim + c];
       }
       rows[(i / dim) * stride + c] = v;
     }
@@ -216,6 +218,7 @@ Status PagedMlaDecode(const MlaShape& shape, const PagedLatents& latents, uint32
   if (q == nullptr || out == nullptr || latents.blocks_per_sequence == nullptr ||
       (latents.max_blocks_per_sequence > 0 && (latents.pool == nullptr || latents.block_table == nullptr)) ||
       (latents.max_tail > 0 && (latents.tail == nullptr || latents.tail_tokens == nullptr)) ||
+      (latents.tail_offsets != nullptr && latents.tail_capacity == 0) ||
       latents.max_blocks_per_sequence + latents.max_tail == 0) {
     return InvalidArgument("cuda::PagedMlaDecode: a pointer is missing for the sizes given");
   }
@@ -282,7 +285,7 @@ Status PagedMlaDecode(const MlaShape& shape, const PagedLatents& latents, uint32
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return CudaError(e, "cuda::PagedMlaDecode launch");
   if (bad != kNothingBad) {
     static const char* const kWhy[] = {"", "a block count outside its block-table row",
-                                       "a block index outside the pool", "a tail count outside 0..max_tail, or no context"};
+                                       "a block index outside the pool", "a tail count outside 0..max_tail (or its tail_offsets outside the tail), or no context"};
     return InvalidArgument("cuda::PagedMlaDecode: sequence " + std::to_string(bad >> 2) + " has " + kWhy[bad & 3]);
   }
   return OkStatus();

@@ -40,10 +40,11 @@ class SlabMemory {
   virtual std::shared_ptr<uint8_t> AllocateHost(size_t n) const = 0;
   // A buffer other processes can open, and device-to-device copies into
   // it; UNIMPLEMENTED where there is no such thing (host memory).
-  virtual absl::StatusOr<std::unique_ptr<ExportedBuffer>> Export(uint64_t bytes) {
+  virtual absl::StatusOr<std::unique_ptr<ExportedBuffer>> Export(uint64_t /*bytes*/) {
     return absl::UnimplementedError("this memory cannot be exported");
   }
-  virtual absl::Status CopyToExported(uint64_t offset, ExportedBuffer& to, uint64_t to_offset, size_t n) {
+  virtual absl::Status CopyToExported(uint64_t /*offset*/, ExportedBuffer& /*to*/, uint64_t /*to_offset*/,
+                                      size_t /*n*/) {
     return absl::UnimplementedError("this memory cannot be exported");
   }
 };

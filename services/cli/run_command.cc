@@ -18,8 +18,10 @@ namespace {
 
 absl::Status Run(const std::string& model_dir, const std::string& prompt_ids, uint64_t max_new,
                  const std::string& codec_name, uint64_t tokens_per_block, bool json,
-                 const runtime::Sampling& sampling) {
+                 const runtime::Sampling& sampling, const std::string& device_name) {
   if (model_dir.empty()) return absl::InvalidArgumentError("--model is required");
+  const absl::StatusOr<runtime::Device> device = runtime::ParseDevice(device_name);
+  if (!device.ok()) return device.status();
   const std::optional<kernels::Codec> codec = kernels::ParseCodec(codec_name);
   if (!codec) return absl::InvalidArgumentError(absl::StrCat("--kv-codec ", codec_name, " is not one of bf16, fp8, int8, int4"));
   if (max_new < 1 || max_new > 1 << 20) return absl::InvalidArgumentError("--max-new-tokens must be in 1..1048576");
@@ -30,7 +32,7 @@ absl::Status Run(const std::string& model_dir, const std::string& prompt_ids, ui
   if (!prompt.ok()) return prompt.status();
   auto ckpt = runtime::Checkpoint::Open(model_dir);
   if (!ckpt.ok()) return ckpt.status();
-  auto model = runtime::Model::Load(**ckpt);
+  auto model = runtime::Model::Load(**ckpt, *device);
   if (!model.ok()) return model.status();
   runtime::GenerateOptions options;
   options.max_new_tokens = static_cast<uint32_t>(max_new);
@@ -46,7 +48,7 @@ absl::Status Run(const std::string& model_dir, const std::string& prompt_ids, ui
 }  // namespace
 
 int RunRun(const std::vector<std::string>& args) {
-  std::string model, prompt_ids, codec = "bf16";
+  std::string model, prompt_ids, codec = "bf16", device = "cpu";
   uint64_t max_new = 16, tokens_per_block = 64, threads = std::max(1u, std::thread::hardware_concurrency());
   SamplingFlags sampling_flags;
   bool json = false;
@@ -60,12 +62,13 @@ int RunRun(const std::vector<std::string>& args) {
   flags.AddUint("tokens-per-block", &tokens_per_block, "tokens per latent block");
   flags.AddBool("json", &json, "print {ids, logprobs, top_logprobs, prompt_tokens, cached_tokens}");
   flags.AddUint("threads", &threads, "threads for the model's matrix products (default: every core)");
+  flags.AddString("device", &device, "cpu|cuda: where the model runs (cuda: bf16 weights on the first GPU)");
   sampling_flags.Register(flags);
   if (std::optional<int> exit = flags.ParseOrExit(args, "kvtier run")) return *exit;
   kernels::SetKernelThreads(std::clamp<uint64_t>(threads, 1, 1024));
   absl::StatusOr<runtime::Sampling> sampling = sampling_flags.Parse();
   absl::Status s = sampling.status();
-  if (s.ok()) s = Run(model, prompt_ids, max_new, codec, tokens_per_block, json, *sampling);
+  if (s.ok()) s = Run(model, prompt_ids, max_new, codec, tokens_per_block, json, *sampling, device);
   if (!s.ok()) {
     std::cerr << "kvtier run: " << s.message() << "\n";
     return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;

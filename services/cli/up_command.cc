@@ -38,6 +38,7 @@ struct UpFlags {
   uint64_t max_new_tokens = 24;
   uint64_t seed = 1;
   bool keep = false;
+  std::string device = "cpu";
 };
 
 class Progress {
@@ -118,12 +119,13 @@ int Up(const UpFlags& f) {
   progress.Step(absl::StrCat("kvtier-cache serving on ", *cache_address, ", metrics on ", metrics.value_or("?")));
 
   ChildProcess decode({bin + "/kvtier-decode", "--listen", "127.0.0.1:0", "--model", model_dir, "--cache",
-                       *cache_address});
+                       *cache_address, "--device", f.device});
   const std::optional<std::string> decode_address = WaitUntilServing(decode, "kvtier-decode to load the model");
   if (!decode_address) return fail("kvtier-decode did not start (its error is above)");
   progress.Step(absl::StrCat("kvtier-decode serving on ", *decode_address));
   ChildProcess prefill({bin + "/kvtier-prefill", "--listen", "127.0.0.1:0", "--model", model_dir, "--cache",
-                        *cache_address, "--decode", *decode_address, "--kv-codec", f.kv_codec});
+                        *cache_address, "--decode", *decode_address, "--kv-codec", f.kv_codec,
+                        "--device", f.device});
   const std::optional<std::string> prefill_address = WaitUntilServing(prefill, "kvtier-prefill to load the model");
   if (!prefill_address) return fail("kvtier-prefill did not start (its error is above)");
   progress.Step(absl::StrCat("kvtier-prefill serving on ", *prefill_address));
@@ -183,6 +185,7 @@ int RunUp(const std::vector<std::string>& args) {
   flags.AddUint("max-new-tokens", &f.max_new_tokens, "tokens generated per turn");
   flags.AddUint("seed", &f.seed, "model and prompt seed");
   flags.AddBool("keep", &f.keep, "keep serving after the conversation until Ctrl-C");
+  flags.AddString("device", &f.device, "cpu|cuda: where kvtier-decode and kvtier-prefill run the model");
   if (std::optional<int> exit = flags.ParseOrExit(args, "kvtier up")) return *exit;
   return Up(f);
 }

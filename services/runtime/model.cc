@@ -9,6 +9,9 @@
 #include "kvtier/kernels/parallel.h"
 #include "services/common/status.h"
 #include "services/runtime/matmul.h"
+#if KVTIER_RUNTIME_CUDA
+#include "services/runtime/cuda_forward.h"
+#endif
 
 namespace kvtier::runtime {
 namespace {
@@ -17,13 +20,28 @@ absl::Status Check(const kernels::Status& s) { return FromKernelStatus(s); }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Model>> Model::Load(const Checkpoint& ckpt) {
+absl::StatusOr<Device> ParseDevice(const std::string& name) {
+  if (name == "cpu") return Device::kCpu;
+  if (name == "cuda") return Device::kCuda;
+  return absl::InvalidArgumentError(absl::StrCat("--device ", name, " is not one of cpu, cuda"));
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Load(const Checkpoint& ckpt, Device device) {
   std::unique_ptr<Model> m(new Model());
   m->config_ = ckpt.config();
   const ModelConfig& c = m->config_;
   const kernels::YarnParams* yarn = c.rope_scaling.has_value() ? &*c.rope_scaling : nullptr;
   KVTIER_RETURN_IF_ERROR(Check(kernels::RopeTable::Create(
       static_cast<uint32_t>(c.qk_rope_head_dim), c.rope_theta, yarn, m->rope_)));
+  if (device == Device::kCuda) {
+#if KVTIER_RUNTIME_CUDA
+    KVTIER_ASSIGN_OR_RETURN(m->device_, LoadCudaForward(ckpt, m->rope_));
+    return m;
+#else
+    return absl::FailedPreconditionError(
+        "--device cuda: this build has no CUDA runtime backend (built without nvcc, or with sanitizers)");
+#endif
+  }
   auto load = [&](const std::string& name) -> absl::StatusOr<std::vector<float>> {
     KVTIER_ASSIGN_OR_RETURN(TensorView t, ckpt.Tensor(name));
     return t.ToFloat();
@@ -80,12 +98,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const Checkpoint& ckpt) {
         KVTIER_ASSIGN_OR_RETURN(moe.shared, load_swiglu(p + "mlp.shared_experts.",
                                                         c.moe_intermediate_size * c.n_shared_experts));
       }
-      moe.gate.top_k = static_cast<uint32_t>(c.num_experts_per_tok);
-      moe.gate.group_limited = c.topk_method == TopkMethod::kGroupLimitedGreedy;
-      moe.gate.n_group = static_cast<uint32_t>(c.n_group);
-      moe.gate.topk_group = static_cast<uint32_t>(c.topk_group);
-      moe.gate.norm_topk_prob = c.norm_topk_prob;
-      moe.gate.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
+      moe.gate = c.Gate();
     }
     m->layers_.push_back(std::move(l));
   }
@@ -137,6 +150,7 @@ absl::Status Model::CheckBatch(std::span<const SequenceTokens> batch) const {
 
 absl::Status Model::Forward(std::span<const SequenceTokens> batch, const LayerDone& on_layer) const {
   KVTIER_RETURN_IF_ERROR(CheckBatch(batch));
+  if (device_ != nullptr) return device_->Forward(batch, on_layer);
   const ModelConfig& c = config_;
   const size_t hidden = c.hidden_size, heads = c.num_attention_heads, nope = c.qk_nope_head_dim,
                rope = c.qk_rope_head_dim, qdim = c.q_head_dim(), kv = c.kv_lora_rank, v = c.v_head_dim;
@@ -282,7 +296,9 @@ absl::Status Model::Forward(std::span<const SequenceTokens> batch, const LayerDo
     }
     for (size_t i = 0; i < x.size(); ++i) x[i] += delta[i];
     // Every row has attended at this layer: its full blocks can be sealed.
-    for (const SequenceTokens& s : batch) KVTIER_RETURN_IF_ERROR(SealLayer(*s.cache, li));
+    for (const SequenceTokens& s : batch) {
+      KVTIER_RETURN_IF_ERROR(SealFullBlocks(*s.cache, li, static_cast<uint32_t>(kv), static_cast<uint32_t>(rope)));
+    }
     if (on_layer) on_layer(li);
   }
   // Logits after each sequence's last token.
@@ -300,9 +316,8 @@ absl::Status Model::Forward(std::span<const SequenceTokens> batch, const LayerDo
   return absl::OkStatus();
 }
 
-absl::Status Model::SealLayer(SequenceCache& cache, size_t li) const {
-  const kernels::BlockShape shape{cache.tokens_per_block, static_cast<uint32_t>(config_.kv_lora_rank),
-                                  static_cast<uint32_t>(config_.qk_rope_head_dim)};
+absl::Status SealFullBlocks(SequenceCache& cache, size_t li, uint32_t kv_lora_rank, uint32_t rope_dim) {
+  const kernels::BlockShape shape{cache.tokens_per_block, kv_lora_rank, rope_dim};
   std::vector<float>& tail = cache.tail[li];
   size_t sealed = 0;
   while (tail.size() - sealed >= shape.values()) {

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -40,10 +41,31 @@ struct SequenceTokens {
   std::span<float> logits;
 };
 
-// Weights in float32, loaded once. Immutable after Load; thread-safe to read.
+// Quantizes the full blocks at the front of `layer`'s tail into blocks.
+absl::Status SealFullBlocks(SequenceCache& cache, size_t layer, uint32_t kv_lora_rank, uint32_t rope_dim);
+
+// Runs Model's layers on a device other than the CPU (cuda_forward.h).
+class DeviceForward {
+ public:
+  virtual ~DeviceForward() = default;
+  // Model::Forward, on a batch Model has checked.
+  virtual absl::Status Forward(std::span<const SequenceTokens> batch,
+                               const std::function<void(size_t layer)>& on_layer) = 0;
+};
+
+// Where the forward pass runs: --device cpu|cuda.
+enum class Device { kCpu, kCuda };
+// INVALID_ARGUMENT naming the choices for anything but "cpu" or "cuda".
+absl::StatusOr<Device> ParseDevice(const std::string& name);
+
+// The weights, loaded once: float32 in host memory for the CPU; bf16 in
+// GPU memory for CUDA. Immutable after Load; thread-safe (passes on a GPU
+// take turns).
 class Model {
  public:
-  static absl::StatusOr<std::unique_ptr<Model>> Load(const Checkpoint& checkpoint);
+  // FAILED_PRECONDITION for kCuda in a build without CUDA or on a machine
+  // without a usable GPU, saying which.
+  static absl::StatusOr<std::unique_ptr<Model>> Load(const Checkpoint& checkpoint, Device device = Device::kCpu);
 
   const ModelConfig& config() const { return config_; }
   SequenceCache NewCache(kernels::Codec codec, uint32_t tokens_per_block) const;
@@ -87,13 +109,12 @@ class Model {
   };
   Model() = default;
   absl::Status CheckBatch(std::span<const SequenceTokens> batch) const;
-  // Quantizes the full blocks at the front of layer li's tail into blocks.
-  absl::Status SealLayer(SequenceCache& cache, size_t li) const;
 
   ModelConfig config_;
   kernels::RopeTable rope_;
   std::vector<float> embed_, final_norm_, lm_head_;
   std::vector<Layer> layers_;
+  std::unique_ptr<DeviceForward> device_;  // set: every pass runs there (no CPU weights)
 };
 
 }  // namespace kvtier::runtime

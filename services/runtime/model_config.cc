@@ -65,6 +65,17 @@ bool ModelConfig::IsMoeLayer(int64_t layer) const {
   return n_routed_experts > 0 && layer >= first_k_dense_replace && layer % moe_layer_freq == 0;
 }
 
+kernels::GateParams ModelConfig::Gate() const {
+  kernels::GateParams gate;
+  gate.top_k = static_cast<uint32_t>(num_experts_per_tok);
+  gate.group_limited = topk_method == TopkMethod::kGroupLimitedGreedy;
+  gate.n_group = static_cast<uint32_t>(n_group);
+  gate.topk_group = static_cast<uint32_t>(topk_group);
+  gate.norm_topk_prob = norm_topk_prob;
+  gate.routed_scaling_factor = static_cast<float>(routed_scaling_factor);
+  return gate;
+}
+
 double ModelConfig::SoftmaxScale() const {
   double scale = 1.0 / std::sqrt(static_cast<double>(q_head_dim()));
   if (rope_scaling.has_value() && rope_scaling->mscale_all_dim != 0.0) {

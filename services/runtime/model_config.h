@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kvtier/kernels/layers.h"
 #include "kvtier/kernels/rope.h"
 
 namespace kvtier::runtime {
@@ -46,6 +47,8 @@ struct ModelConfig {
   int64_t q_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   // Layers from first_k_dense_replace on, every moe_layer_freq-th, are MoE.
   bool IsMoeLayer(int64_t layer) const;
+  // How the MoE layers' gate picks and weighs experts.
+  kernels::GateParams Gate() const;
   // q_head_dim^-0.5, times mscale(factor, mscale_all_dim)^2 under YaRN, as
   // DeepSeek-V2's modeling code computes it.
   double SoftmaxScale() const;

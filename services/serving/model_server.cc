@@ -22,19 +22,21 @@ void ModelServerFlags::Register(FlagParser& flags) {
   flags.AddUint("threads", &threads, "threads for the model's matrix products (0: every core)");
   flags.AddBool("no-fast-path", &no_fast_path,
                 "read and write blocks over gRPC only, even with a cache shard on this host");
+  flags.AddString("device", &device, "cpu|cuda: where the model runs (cuda: bf16 weights on the first GPU)");
 }
 
 absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const ModelServerFlags& f) {
   if (f.model.empty() || f.cache.empty()) return absl::InvalidArgumentError("--model and --cache are required");
   if (f.threads > 1024) return absl::InvalidArgumentError("--threads must be at most 1024");
+  KVTIER_ASSIGN_OR_RETURN(const runtime::Device device, runtime::ParseDevice(f.device));
   kernels::SetKernelThreads(f.threads == 0 ? std::max(1u, std::thread::hardware_concurrency()) : f.threads);
   ModelServer s;
   absl::StatusOr<std::unique_ptr<ShardSet>> shards = ShardSet::Create(f.cache, absl::Milliseconds(f.cache_deadline_ms), !f.no_fast_path);
   if (!shards.ok()) return absl::InvalidArgumentError(absl::StrCat("--cache: ", shards.status().message()));
   s.shards = std::move(*shards);
-  std::cerr << program << ": loading " << f.model << std::endl;
+  std::cerr << program << ": loading " << f.model << " on " << f.device << std::endl;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Checkpoint> checkpoint, runtime::Checkpoint::Open(f.model));
-  KVTIER_ASSIGN_OR_RETURN(s.model, runtime::Model::Load(*checkpoint));
+  KVTIER_ASSIGN_OR_RETURN(s.model, runtime::Model::Load(*checkpoint, device));
   KVTIER_ASSIGN_OR_RETURN(s.model_id, ModelId(f.model));
   s.registry = std::make_shared<prometheus::Registry>();
   KVTIER_ASSIGN_OR_RETURN(s.exposer, StartMetricsExposer(f.metrics_listen, {s.registry}));

@@ -27,9 +27,10 @@ struct ModelServerFlags {
   uint64_t cache_deadline_ms = 5000;
   uint64_t threads = 0;  // 0: every core
   bool no_fast_path = false;
+  std::string device = "cpu";
 
   // --listen --model --cache --metrics-listen --cache-deadline-ms --threads
-  // --no-fast-path
+  // --no-fast-path --device
   void Register(FlagParser& flags);
 };
 

@@ -46,7 +46,8 @@ TEST(RunCli, GreedyIdsAndLogprobsMatchTheRuntime) {
            {" --prompt-ids 1 --kv-codec int2", "--kv-codec int2"},
            {" --prompt-ids 1 --temperature hot", "--temperature wants a number"},
            {" --prompt-ids 1 --temperature 1 --top-p 2", "top_p must be in (0, 1]"},
-           {" --prompt-ids 1 --max-new-tokens 5000", "exceeds max_position_embeddings"}}) {
+           {" --prompt-ids 1 --max-new-tokens 5000", "exceeds max_position_embeddings"},
+           {" --prompt-ids 1 --device tpu", "--device tpu is not one of cpu, cuda"}}) {
     auto bad = RunCommand(kvtier + c.args);
     EXPECT_EQ(bad.exit_code, 2) << c.args << "\n" << bad.output;
     EXPECT_NE(bad.output.find(c.message), std::string::npos) << c.args << "\n" << bad.output;

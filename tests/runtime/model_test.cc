@@ -8,6 +8,9 @@
 #include <filesystem>
 
 #include "services/runtime/make_model.h"
+#if KVTIER_RUNTIME_CUDA
+#include "kvtier/kernels/cuda_codec.h"
+#endif
 #include "tests/reference/naive_model.h"
 #include "tests/test_random.h"
 
@@ -87,6 +90,25 @@ INSTANTIATE_TEST_SUITE_P(
                   c.first_k_dense_replace = 0;
                 }}),
     [](const auto& info) { return info.param.name; });
+
+// --device cuda where it cannot run (no GPU, or a build without CUDA) is
+// refused at load, saying why; cuda_forward_test covers it with a GPU.
+TEST(Model, CudaIsRefusedClearlyWhereItCannotRun) {
+#if KVTIER_RUNTIME_CUDA
+  std::string why;
+  if (kernels::cuda::DevicePresent(&why)) GTEST_SKIP() << "a GPU is present: cuda_forward_test runs --device cuda";
+#endif
+  const fs::path dir = fs::temp_directory_path() / ("kvtier_model_cuda_" + std::to_string(getpid()));
+  ASSERT_TRUE(MakeModel(*PresetConfig("tiny"), dir.string(), 3).ok());
+  auto ckpt = Checkpoint::Open(dir.string());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  auto model = Model::Load(**ckpt, Device::kCuda);
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(model.status().message().find("--device cuda"), std::string::npos) << model.status();
+  EXPECT_EQ(ParseDevice("tpu").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(*ParseDevice("cuda"), Device::kCuda);
+  fs::remove_all(dir);
+}
 
 // A prompt in one causal pass (full-precision latents throughout, blocks
 // sealed at the end), then decode steps over the sealed blocks.

@@ -26,6 +26,9 @@ Status RmsNorm(const float* x, const float* weight, uint32_t rows, uint32_t dim,
 Status ApplyRope(const RopeTable& table, const int64_t* positions, float* x, uint32_t rows, uint32_t vectors,
                  size_t row_stride, size_t vector_stride, void* stream);
 
+// x[i] += y[i] for n floats (a residual connection).
+Status AddInPlace(float* x, const float* y, size_t n, void* stream);
+
 }  // namespace kvtier::kernels::cuda
 
 #endif  // KVTIER_KERNELS_CUDA_LAYERS_H_

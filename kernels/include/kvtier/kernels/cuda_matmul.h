@@ -46,19 +46,38 @@ class Blas {
   // and y float [n][cols] and [n][rows], all device memory. Waits.
   Status Gemm(const uint16_t* w, uint32_t rows, uint32_t cols, const float* x, uint32_t n, float* y);
 
+  // Gemm for `groups` weights at once (w_g = w + g * rows * cols), each over
+  // its own columns of the same rows: y_g[i] = w_g x_g[i], with x_g[i] at
+  // x + i * ldx + g * x_group and y_g[i] at y + i * ldy + g * y_group (per
+  // head projections straight from and into [n][heads][...] activations).
+  // Every group must lie within its row: (groups - 1) * x_group + cols <= ldx,
+  // likewise for y. Waits.
+  Status GroupedGemm(const uint16_t* w, uint32_t rows, uint32_t cols, uint32_t groups, const float* x, size_t ldx,
+                     size_t x_group, uint32_t n, float* y, size_t ldy, size_t y_group);
+
+  // out[n][hidden] = SwiGLU(x) (a dense layer's MLP), x and out device
+  // memory. Waits.
+  Status SwiGlu(const SwiGluDeviceWeights& w, uint32_t hidden, const float* x, uint32_t n, float* out);
+
   // out[n][hidden] = routed experts (weighted by the gate) + shared experts,
   // x and out device memory. Waits.
   Status MoeForward(const MoeDeviceWeights& w, uint32_t hidden, const float* x, uint32_t n, float* out);
 
  private:
   Blas(void* handle, void* stream) : handle_(handle), stream_(stream) {}
-  // y = x W^T on bf16 x already on the device.
+  // y = x W^T on bf16 x already on the device (grouped: as GroupedGemm).
   Status GemmBf16(const uint16_t* w, uint32_t rows, uint32_t cols, const uint16_t* x, uint32_t n, float* y);
+  Status GroupedGemmBf16(const uint16_t* w, uint32_t rows, uint32_t cols, uint32_t groups, const uint16_t* x,
+                         size_t ldx, size_t x_group, uint32_t n, float* y, size_t ldy, size_t y_group);
   // Device scratch of at least `bytes`, kept between calls.
   Status Scratch(size_t slot, size_t bytes, void** out);
   // out[rows[i]] += weights[i] * SwiGLU(x[rows[i]]) for `count` rows.
   Status SwiGluAdd(const SwiGluDeviceWeights& w, uint32_t hidden, const float* x, const int32_t* rows,
                    const float* weights, uint32_t count, float* out);
+  // SwiGluAdd over host lists of rows and weights, and waits (the lists'
+  // device copies are reused by the next call).
+  Status SwiGluAddRows(const SwiGluDeviceWeights& w, uint32_t hidden, const float* x,
+                       const std::vector<int32_t>& rows, const std::vector<float>& weights, float* out);
 
   void* handle_;  // cublasHandle_t
   void* stream_;  // cudaStream_t

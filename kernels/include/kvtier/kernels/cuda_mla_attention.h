@@ -41,6 +41,12 @@ struct PagedLatents {
   const float* tail = nullptr;
   const int32_t* tail_tokens = nullptr;
   uint32_t max_tail = 0;
+  // Optional [batch] first token of each sequence's tail in `tail`, which
+  // then holds tail_capacity tokens: sequences may share a tail (each row
+  // of a prefill sees a longer prefix of the same one). Null: sequence b's
+  // tail starts at token b * max_tail.
+  const int64_t* tail_offsets = nullptr;
+  uint64_t tail_capacity = 0;
 };
 
 // q: [batch][heads][kv_lora_rank + rope_dim] (q_latent then q_rope, as the

@@ -1,0 +1,415 @@
+#include "services/runtime/cuda_forward.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kvtier/kernels/cuda_codec.h"
+#include "kvtier/kernels/cuda_layers.h"
+#include "kvtier/kernels/cuda_matmul.h"
+#include "kvtier/kernels/cuda_mla_attention.h"
+#include "kvtier/kernels/float_formats.h"
+#include "services/common/status.h"
+
+namespace kvtier::runtime {
+namespace {
+
+namespace kc = kernels::cuda;
+
+absl::Status Check(const kernels::Status& s) { return FromKernelStatus(s); }
+
+absl::Status CudaCheck(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  const std::string message = absl::StrCat(what, ": ", cudaGetErrorString(e));
+  return e == cudaErrorMemoryAllocation ? absl::ResourceExhaustedError(message) : absl::InternalError(message);
+}
+
+// Device memory for n values of T that only grows, freed with its owner.
+template <typename T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  DeviceArray(DeviceArray&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+  DeviceArray& operator=(DeviceArray&&) = delete;
+  ~DeviceArray() { cudaFree(data_); }
+
+  T* data() const { return data_; }
+
+  // Room for n values; what was there is lost when it grows.
+  absl::Status Reserve(size_t n) {
+    if (n <= size_) return absl::OkStatus();
+    cudaFree(data_);  // synchronises: nothing in flight still uses it
+    data_ = nullptr, size_ = 0;
+    KVTIER_RETURN_IF_ERROR(CudaCheck(cudaMalloc(&data_, n * sizeof(T)), "cudaMalloc"));
+    size_ = n;
+    return absl::OkStatus();
+  }
+
+  // Reserve, copy `host` in on `stream` and wait (so `host` may go).
+  absl::Status Upload(std::span<const T> host, cudaStream_t stream) {
+    KVTIER_RETURN_IF_ERROR(Reserve(std::max<size_t>(host.size(), 1)));
+    KVTIER_RETURN_IF_ERROR(
+        CudaCheck(cudaMemcpyAsync(data_, host.data(), host.size_bytes(), cudaMemcpyHostToDevice, stream), "upload"));
+    return CudaCheck(cudaStreamSynchronize(stream), "upload");
+  }
+
+ private:
+  T* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// One SwiGLU MLP's weights on the device.
+struct DeviceMlp {
+  DeviceArray<uint16_t> gate, up, down;
+  uint32_t inter = 0;
+  kc::SwiGluDeviceWeights View() const { return {gate.data(), up.data(), down.data(), inter}; }
+};
+
+// A layer's weights on the device: matrices bf16 (row-major [out][in], as
+// checkpoints store them), norms float.
+struct DeviceLayer {
+  DeviceArray<float> input_norm, post_norm, q_a_norm, kv_a_norm;
+  DeviceArray<uint16_t> q_proj, q_a, q_b, kv_a, o_proj;
+  DeviceArray<uint16_t> w_uk_t;  // [heads][kv][nope]: q_latent = W_UK^T q_nope, per head
+  DeviceArray<uint16_t> w_uv;    // [heads][v][kv]
+  bool moe = false;
+  DeviceMlp mlp;  // dense layers
+  DeviceArray<uint16_t> router;
+  std::vector<DeviceMlp> experts;
+  DeviceMlp shared;  // inter 0: none
+  kc::MoeDeviceWeights moe_view;  // points into router, experts and shared
+};
+
+std::vector<uint16_t> ToBf16(std::span<const float> x) {
+  std::vector<uint16_t> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = kernels::FloatToBf16(x[i]);
+  return out;
+}
+
+class CudaForward final : public DeviceForward {
+ public:
+  CudaForward(const ModelConfig& config, const kernels::RopeTable& rope) : config_(config), rope_(rope) {}
+  ~CudaForward() override {
+    blas_.reset();
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  absl::Status Load(const Checkpoint& checkpoint);
+  absl::Status Forward(std::span<const SequenceTokens> batch,
+                       const std::function<void(size_t layer)>& on_layer) override;
+
+ private:
+  absl::Status LoadLayer(const Checkpoint& checkpoint, int64_t index, DeviceLayer& l);
+  absl::Status UploadBf16(const Checkpoint& checkpoint, const std::string& name, DeviceArray<uint16_t>& out);
+  absl::Status UploadFloat(const Checkpoint& checkpoint, const std::string& name, DeviceArray<float>& out);
+  // Attention of the rows of `seqs` (one codec and block size; rows from
+  // `first_row` of the pass on), each over its sequence's blocks of layer
+  // li and the tail up to its own token: q_full -> attn_latent.
+  absl::Status Attend(std::span<const SequenceTokens> seqs, size_t li, size_t first_row);
+
+  const ModelConfig config_;
+  const kernels::RopeTable rope_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<kc::Blas> blas_;  // on stream_
+  std::vector<float> embed_;        // host: a pass gathers its rows here
+  DeviceArray<float> final_norm_;
+  DeviceArray<uint16_t> lm_head_;
+  std::vector<DeviceLayer> layers_;
+
+  std::mutex mu_;  // one pass at a time: the stream and the scratch below are shared
+  // Activations ([rows][...]) and the attention's inputs, grown as passes need.
+  DeviceArray<float> x_, h_, qa_, q_, q_full_, latent_, latent_c_, attn_latent_, attn_, delta_, logits_, tails_;
+  DeviceArray<int64_t> positions_, tail_offsets_;
+  DeviceArray<uint8_t> pool_;
+  DeviceArray<int32_t> table_, block_counts_, tail_tokens_;
+};
+
+absl::Status CudaForward::UploadBf16(const Checkpoint& checkpoint, const std::string& name,
+                                     DeviceArray<uint16_t>& out) {
+  KVTIER_ASSIGN_OR_RETURN(TensorView t, checkpoint.Tensor(name));
+  const std::vector<uint16_t> bf16 = ToBf16(t.ToFloat());
+  return out.Upload(bf16, stream_);
+}
+
+absl::Status CudaForward::UploadFloat(const Checkpoint& checkpoint, const std::string& name,
+                                      DeviceArray<float>& out) {
+  KVTIER_ASSIGN_OR_RETURN(TensorView t, checkpoint.Tensor(name));
+  const std::vector<float> values = t.ToFloat();
+  return out.Upload(values, stream_);
+}
+
+absl::Status CudaForward::Load(const Checkpoint& checkpoint) {
+  std::string why;
+  if (!kc::DevicePresent(&why)) return absl::FailedPreconditionError(absl::StrCat("--device cuda: no usable GPU: ", why));
+  KVTIER_RETURN_IF_ERROR(CudaCheck(cudaStreamCreate(&stream_), "cudaStreamCreate"));
+  KVTIER_RETURN_IF_ERROR(Check(kc::Blas::Create(stream_, blas_)));
+  KVTIER_ASSIGN_OR_RETURN(TensorView embed, checkpoint.Tensor("model.embed_tokens.weight"));
+  embed_ = embed.ToFloat();
+  KVTIER_RETURN_IF_ERROR(UploadFloat(checkpoint, "model.norm.weight", final_norm_));
+  KVTIER_RETURN_IF_ERROR(UploadBf16(checkpoint, "lm_head.weight", lm_head_));
+  layers_.resize(static_cast<size_t>(config_.num_hidden_layers));
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    KVTIER_RETURN_IF_ERROR(LoadLayer(checkpoint, static_cast<int64_t>(i), layers_[i]));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaForward::LoadLayer(const Checkpoint& ckpt, int64_t index, DeviceLayer& l) {
+  const ModelConfig& c = config_;
+  const std::string p = absl::StrCat("model.layers.", index, ".");
+  KVTIER_RETURN_IF_ERROR(UploadFloat(ckpt, p + "input_layernorm.weight", l.input_norm));
+  KVTIER_RETURN_IF_ERROR(UploadFloat(ckpt, p + "post_attention_layernorm.weight", l.post_norm));
+  if (c.q_lora_rank.has_value()) {
+    KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, p + "self_attn.q_a_proj.weight", l.q_a));
+    KVTIER_RETURN_IF_ERROR(UploadFloat(ckpt, p + "self_attn.q_a_layernorm.weight", l.q_a_norm));
+    KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, p + "self_attn.q_b_proj.weight", l.q_b));
+  } else {
+    KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, p + "self_attn.q_proj.weight", l.q_proj));
+  }
+  KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, p + "self_attn.kv_a_proj_with_mqa.weight", l.kv_a));
+  KVTIER_RETURN_IF_ERROR(UploadFloat(ckpt, p + "self_attn.kv_a_layernorm.weight", l.kv_a_norm));
+  // kv_b_proj rows per head: nope rows of W_UK, then v rows of W_UV.
+  const size_t heads = c.num_attention_heads, nope = c.qk_nope_head_dim, v = c.v_head_dim, kv = c.kv_lora_rank;
+  KVTIER_ASSIGN_OR_RETURN(TensorView kv_b_view, ckpt.Tensor(p + "self_attn.kv_b_proj.weight"));
+  const std::vector<float> kv_b = kv_b_view.ToFloat();
+  std::vector<float> w_uk_t(heads * kv * nope);
+  for (size_t h = 0; h < heads; ++h) {
+    const float* head = kv_b.data() + h * (nope + v) * kv;
+    for (size_t i = 0; i < nope; ++i) {
+      for (size_t j = 0; j < kv; ++j) w_uk_t[(h * kv + j) * nope + i] = head[i * kv + j];
+    }
+  }
+  std::vector<float> w_uv(heads * v * kv);
+  for (size_t h = 0; h < heads; ++h) {
+    std::copy_n(kv_b.data() + (h * (nope + v) + nope) * kv, v * kv, w_uv.data() + h * v * kv);
+  }
+  KVTIER_RETURN_IF_ERROR(l.w_uk_t.Upload(ToBf16(w_uk_t), stream_));
+  KVTIER_RETURN_IF_ERROR(l.w_uv.Upload(ToBf16(w_uv), stream_));
+  KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, p + "self_attn.o_proj.weight", l.o_proj));
+  auto load_mlp = [&](const std::string& prefix, int64_t inter, DeviceMlp& m) -> absl::Status {
+    m.inter = static_cast<uint32_t>(inter);
+    KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, prefix + "gate_proj.weight", m.gate));
+    KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, prefix + "up_proj.weight", m.up));
+    return UploadBf16(ckpt, prefix + "down_proj.weight", m.down);
+  };
+  l.moe = c.IsMoeLayer(index);
+  if (!l.moe) return load_mlp(p + "mlp.", c.intermediate_size, l.mlp);
+  KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, p + "mlp.gate.weight", l.router));
+  l.experts.resize(static_cast<size_t>(c.n_routed_experts));
+  for (size_t e = 0; e < l.experts.size(); ++e) {
+    KVTIER_RETURN_IF_ERROR(load_mlp(absl::StrCat(p, "mlp.experts.", e, "."), c.moe_intermediate_size, l.experts[e]));
+  }
+  if (c.n_shared_experts > 0) {
+    KVTIER_RETURN_IF_ERROR(
+        load_mlp(p + "mlp.shared_experts.", c.moe_intermediate_size * c.n_shared_experts, l.shared));
+  }
+  l.moe_view.router = l.router.data();
+  for (const DeviceMlp& e : l.experts) l.moe_view.experts.push_back(e.View());
+  l.moe_view.shared = l.shared.View();
+  l.moe_view.gate = c.Gate();
+  return absl::OkStatus();
+}
+
+absl::Status CudaForward::Attend(std::span<const SequenceTokens> seqs, size_t li, size_t first_row) {
+  const ModelConfig& c = config_;
+  const uint32_t heads = static_cast<uint32_t>(c.num_attention_heads), kv = static_cast<uint32_t>(c.kv_lora_rank),
+                 rope = static_cast<uint32_t>(c.qk_rope_head_dim), dim = kv + rope;
+  const SequenceCache& first = *seqs[0].cache;
+  const size_t block_bytes = kernels::EncodedBytes(first.codec, {first.tokens_per_block, kv, rope});
+  size_t max_blocks = 0;
+  for (const SequenceTokens& s : seqs) max_blocks = std::max(max_blocks, s.cache->blocks[li].size());
+  // The layer's pool: every sequence's blocks back to back; one block-table
+  // row per pass row, and the sequence's tail shared by its rows.
+  std::vector<uint8_t> pool;
+  std::vector<float> tails;
+  std::vector<int32_t> table, counts, tail_tokens;
+  std::vector<int64_t> offsets;
+  uint32_t max_tail = 0;
+  int32_t pool_blocks = 0;
+  for (const SequenceTokens& s : seqs) {
+    const SequenceCache& cache = *s.cache;
+    const int32_t base = pool_blocks, blocks = static_cast<int32_t>(cache.blocks[li].size());
+    for (const std::vector<uint8_t>& payload : cache.blocks[li]) {
+      if (payload.size() != block_bytes) {
+        return absl::InvalidArgumentError(absl::StrCat("a ", kernels::CodecName(cache.codec), " block of layer ", li,
+                                                       " has ", payload.size(), " bytes, not ", block_bytes));
+      }
+      pool.insert(pool.end(), payload.begin(), payload.end());
+      ++pool_blocks;
+    }
+    const int64_t tail_start = static_cast<int64_t>(tails.size() / dim);
+    const int64_t sealed = int64_t{blocks} * cache.tokens_per_block;
+    const int64_t held = static_cast<int64_t>(cache.tail[li].size() / dim);
+    tails.insert(tails.end(), cache.tail[li].begin(), cache.tail[li].end());
+    for (size_t i = 0; i < s.tokens.size(); ++i) {
+      // Causal: a row sees the tail up to and including its own token.
+      const int64_t visible = cache.length + static_cast<int64_t>(i) - sealed + 1;
+      if (visible < 1 || visible > held) {
+        return absl::InvalidArgumentError(absl::StrCat("a sequence cache holds ", held, " tail tokens at layer ", li,
+                                                       ", not the ", visible, " its length implies"));
+      }
+      counts.push_back(blocks);
+      for (size_t j = 0; j < max_blocks; ++j) table.push_back(j < static_cast<size_t>(blocks) ? base + static_cast<int32_t>(j) : -1);
+      offsets.push_back(tail_start);
+      tail_tokens.push_back(static_cast<int32_t>(visible));
+      max_tail = std::max(max_tail, static_cast<uint32_t>(visible));
+    }
+  }
+  KVTIER_RETURN_IF_ERROR(pool_.Upload(pool, stream_));
+  KVTIER_RETURN_IF_ERROR(table_.Upload(table, stream_));
+  KVTIER_RETURN_IF_ERROR(block_counts_.Upload(counts, stream_));
+  KVTIER_RETURN_IF_ERROR(tails_.Upload(tails, stream_));
+  KVTIER_RETURN_IF_ERROR(tail_offsets_.Upload(offsets, stream_));
+  KVTIER_RETURN_IF_ERROR(tail_tokens_.Upload(tail_tokens, stream_));
+  kc::PagedLatents latents;
+  latents.codec = first.codec;
+  latents.tokens_per_block = first.tokens_per_block;
+  latents.pool = pool_blocks > 0 ? pool_.data() : nullptr;
+  latents.pool_blocks = static_cast<uint32_t>(pool_blocks);
+  latents.block_table = max_blocks > 0 ? table_.data() : nullptr;
+  latents.max_blocks_per_sequence = static_cast<uint32_t>(max_blocks);
+  latents.blocks_per_sequence = block_counts_.data();
+  latents.tail = tails_.data();
+  latents.tail_tokens = tail_tokens_.data();
+  latents.max_tail = max_tail;
+  latents.tail_offsets = tail_offsets_.data();
+  latents.tail_capacity = tails.size() / dim;
+  return Check(kc::PagedMlaDecode({heads, kv, rope}, latents, static_cast<uint32_t>(counts.size()),
+                                  q_full_.data() + first_row * heads * dim, static_cast<float>(c.SoftmaxScale()),
+                                  attn_latent_.data() + first_row * heads * kv, nullptr, stream_));
+}
+
+absl::Status CudaForward::Forward(std::span<const SequenceTokens> batch,
+                                  const std::function<void(size_t layer)>& on_layer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const ModelConfig& c = config_;
+  const uint32_t hidden = static_cast<uint32_t>(c.hidden_size), heads = static_cast<uint32_t>(c.num_attention_heads),
+                 nope = static_cast<uint32_t>(c.qk_nope_head_dim), rope = static_cast<uint32_t>(c.qk_rope_head_dim),
+                 qdim = static_cast<uint32_t>(c.q_head_dim()), kv = static_cast<uint32_t>(c.kv_lora_rank),
+                 v = static_cast<uint32_t>(c.v_head_dim), dim = kv + rope,
+                 q_lora = static_cast<uint32_t>(c.q_lora_rank.value_or(0)), vocab = static_cast<uint32_t>(c.vocab_size);
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  // One row per token, sequences one after another.
+  std::vector<int64_t> positions;
+  std::vector<float> x;
+  for (const SequenceTokens& s : batch) {
+    for (size_t i = 0; i < s.tokens.size(); ++i) {
+      positions.push_back(s.cache->length + static_cast<int64_t>(i));
+      x.insert(x.end(), embed_.begin() + size_t{s.tokens[i]} * hidden, embed_.begin() + size_t{s.tokens[i] + 1} * hidden);
+    }
+  }
+  const uint32_t n = static_cast<uint32_t>(positions.size());
+  KVTIER_RETURN_IF_ERROR(x_.Upload(x, stream_));
+  KVTIER_RETURN_IF_ERROR(positions_.Upload(positions, stream_));
+  for (auto [array, size] : {std::pair(&h_, size_t{hidden}), std::pair(&qa_, size_t{q_lora}),
+                             std::pair(&q_, size_t{heads} * qdim), std::pair(&q_full_, size_t{heads} * dim),
+                             std::pair(&latent_, size_t{dim}), std::pair(&latent_c_, size_t{kv}),
+                             std::pair(&attn_latent_, size_t{heads} * kv), std::pair(&attn_, size_t{heads} * v),
+                             std::pair(&delta_, size_t{hidden})}) {
+    KVTIER_RETURN_IF_ERROR(array->Reserve(std::max<size_t>(size_t{n} * size, 1)));
+  }
+  std::vector<float> latents(size_t{n} * dim);
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    const DeviceLayer& l = layers_[li];
+    KVTIER_RETURN_IF_ERROR(Check(kc::RmsNorm(x_.data(), l.input_norm.data(), n, hidden, eps, h_.data(), stream_)));
+    if (q_lora > 0) {
+      KVTIER_RETURN_IF_ERROR(Check(blas_->Gemm(l.q_a.data(), q_lora, hidden, h_.data(), n, qa_.data())));
+      KVTIER_RETURN_IF_ERROR(Check(kc::RmsNorm(qa_.data(), l.q_a_norm.data(), n, q_lora, eps, qa_.data(), stream_)));
+      KVTIER_RETURN_IF_ERROR(Check(blas_->Gemm(l.q_b.data(), heads * qdim, q_lora, qa_.data(), n, q_.data())));
+    } else {
+      KVTIER_RETURN_IF_ERROR(Check(blas_->Gemm(l.q_proj.data(), heads * qdim, hidden, h_.data(), n, q_.data())));
+    }
+    // The new latents: normalised compressed part, rotated rope part; the
+    // host's sequence caches keep them.
+    KVTIER_RETURN_IF_ERROR(Check(blas_->Gemm(l.kv_a.data(), dim, hidden, h_.data(), n, latent_.data())));
+    KVTIER_RETURN_IF_ERROR(CudaCheck(cudaMemcpy2DAsync(latent_c_.data(), kv * 4, latent_.data(), dim * 4, kv * 4, n,
+                                                       cudaMemcpyDeviceToDevice, stream_),
+                                     "latent copy"));
+    KVTIER_RETURN_IF_ERROR(
+        Check(kc::RmsNorm(latent_c_.data(), l.kv_a_norm.data(), n, kv, eps, latent_c_.data(), stream_)));
+    KVTIER_RETURN_IF_ERROR(CudaCheck(cudaMemcpy2DAsync(latent_.data(), dim * 4, latent_c_.data(), kv * 4, kv * 4, n,
+                                                       cudaMemcpyDeviceToDevice, stream_),
+                                     "latent copy"));
+    KVTIER_RETURN_IF_ERROR(Check(kc::ApplyRope(rope_, positions_.data(), latent_.data() + kv, n, 1, dim, dim, stream_)));
+    KVTIER_RETURN_IF_ERROR(CudaCheck(
+        cudaMemcpyAsync(latents.data(), latent_.data(), latents.size() * 4, cudaMemcpyDeviceToHost, stream_),
+        "latent download"));
+    KVTIER_RETURN_IF_ERROR(CudaCheck(cudaStreamSynchronize(stream_), "latent download"));
+    {
+      size_t r = 0;
+      for (const SequenceTokens& s : batch) {
+        std::vector<float>& tail = s.cache->tail[li];
+        tail.insert(tail.end(), latents.begin() + r * dim, latents.begin() + (r + s.tokens.size()) * dim);
+        r += s.tokens.size();
+      }
+    }
+    // Queries in the latent space, [n][heads][kv | rope]: W_UK folded in
+    // per head, the rope part rotated.
+    KVTIER_RETURN_IF_ERROR(Check(blas_->GroupedGemm(l.w_uk_t.data(), kv, nope, heads, q_.data(), size_t{heads} * qdim,
+                                                    qdim, n, q_full_.data(), size_t{heads} * dim, dim)));
+    KVTIER_RETURN_IF_ERROR(CudaCheck(cudaMemcpy2DAsync(q_full_.data() + kv, dim * 4, q_.data() + nope, qdim * 4,
+                                                       rope * 4, size_t{n} * heads, cudaMemcpyDeviceToDevice, stream_),
+                                     "query copy"));
+    KVTIER_RETURN_IF_ERROR(Check(kc::ApplyRope(rope_, positions_.data(), q_full_.data() + kv, n, heads,
+                                               size_t{heads} * dim, dim, stream_)));
+    // Attention, one launch per run of sequences stored alike.
+    for (size_t b = 0, row = 0; b < batch.size();) {
+      size_t end = b + 1, rows = batch[b].tokens.size();
+      while (end < batch.size() && batch[end].cache->codec == batch[b].cache->codec &&
+             batch[end].cache->tokens_per_block == batch[b].cache->tokens_per_block) {
+        rows += batch[end++].tokens.size();
+      }
+      KVTIER_RETURN_IF_ERROR(Attend(batch.subspan(b, end - b), li, row));
+      b = end, row += rows;
+    }
+    KVTIER_RETURN_IF_ERROR(Check(blas_->GroupedGemm(l.w_uv.data(), v, kv, heads, attn_latent_.data(),
+                                                    size_t{heads} * kv, kv, n, attn_.data(), size_t{heads} * v, v)));
+    KVTIER_RETURN_IF_ERROR(Check(blas_->Gemm(l.o_proj.data(), hidden, heads * v, attn_.data(), n, delta_.data())));
+    KVTIER_RETURN_IF_ERROR(Check(kc::AddInPlace(x_.data(), delta_.data(), size_t{n} * hidden, stream_)));
+    KVTIER_RETURN_IF_ERROR(Check(kc::RmsNorm(x_.data(), l.post_norm.data(), n, hidden, eps, h_.data(), stream_)));
+    KVTIER_RETURN_IF_ERROR(Check(l.moe ? blas_->MoeForward(l.moe_view, hidden, h_.data(), n, delta_.data())
+                                       : blas_->SwiGlu(l.mlp.View(), hidden, h_.data(), n, delta_.data())));
+    KVTIER_RETURN_IF_ERROR(Check(kc::AddInPlace(x_.data(), delta_.data(), size_t{n} * hidden, stream_)));
+    // Every row has attended at this layer: its full blocks can be sealed.
+    for (const SequenceTokens& s : batch) KVTIER_RETURN_IF_ERROR(SealFullBlocks(*s.cache, li, kv, rope));
+    if (on_layer) on_layer(li);
+  }
+  // Logits after each sequence's last token.
+  const uint32_t sequences = static_cast<uint32_t>(batch.size());
+  KVTIER_RETURN_IF_ERROR(logits_.Reserve(size_t{sequences} * vocab));
+  size_t end = 0;
+  for (uint32_t b = 0; b < sequences; ++b) {
+    end += batch[b].tokens.size();
+    KVTIER_RETURN_IF_ERROR(CudaCheck(cudaMemcpyAsync(h_.data() + size_t{b} * hidden, x_.data() + (end - 1) * hidden,
+                                                     size_t{hidden} * 4, cudaMemcpyDeviceToDevice, stream_),
+                                     "last rows"));
+  }
+  KVTIER_RETURN_IF_ERROR(Check(kc::RmsNorm(h_.data(), final_norm_.data(), sequences, hidden, eps, h_.data(), stream_)));
+  KVTIER_RETURN_IF_ERROR(Check(blas_->Gemm(lm_head_.data(), vocab, hidden, h_.data(), sequences, logits_.data())));
+  std::vector<float> logits(size_t{sequences} * vocab);
+  KVTIER_RETURN_IF_ERROR(CudaCheck(
+      cudaMemcpyAsync(logits.data(), logits_.data(), logits.size() * 4, cudaMemcpyDeviceToHost, stream_), "logits"));
+  KVTIER_RETURN_IF_ERROR(CudaCheck(cudaStreamSynchronize(stream_), "logits"));
+  for (uint32_t b = 0; b < sequences; ++b) {
+    std::copy_n(logits.begin() + size_t{b} * vocab, vocab, batch[b].logits.begin());
+    batch[b].cache->length += static_cast<int64_t>(batch[b].tokens.size());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DeviceForward>> LoadCudaForward(const Checkpoint& checkpoint,
+                                                               const kernels::RopeTable& rope) {
+  auto forward = std::make_unique<CudaForward>(checkpoint.config(), rope);
+  KVTIER_RETURN_IF_ERROR(forward->Load(checkpoint));
+  return forward;
+}
+
+}  // namespace kvtier::runtime

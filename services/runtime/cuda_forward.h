@@ -1,0 +1,29 @@
+// Model's forward pass on a GPU (--device cuda): the layers of model.cc
+// with bf16 weights in device memory and cuBLAS products (kernels/cuda),
+// and every row's attention absorbed over its sequence's quantized blocks
+// and float tail by the paged MLA kernel, prefill rows and decode steps
+// alike. Sequence caches stay in host memory, where the serving layer reads
+// and writes their blocks: each pass copies a layer's blocks to the device,
+// and blocks are sealed on the host with the CPU codecs (the GPU's give the
+// same bytes). Built only with CUDA (KVTIER_RUNTIME_CUDA).
+#ifndef KVTIER_SERVICES_RUNTIME_CUDA_FORWARD_H_
+#define KVTIER_SERVICES_RUNTIME_CUDA_FORWARD_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kvtier/kernels/rope.h"
+#include "services/runtime/checkpoint.h"
+#include "services/runtime/model.h"
+
+namespace kvtier::runtime {
+
+// Uploads the checkpoint's weights to the current GPU. FAILED_PRECONDITION
+// when there is no usable GPU (and why); RESOURCE_EXHAUSTED when the
+// weights do not fit.
+absl::StatusOr<std::unique_ptr<DeviceForward>> LoadCudaForward(const Checkpoint& checkpoint,
+                                                               const kernels::RopeTable& rope);
+
+}  // namespace kvtier::runtime
+
+#endif  // KVTIER_SERVICES_RUNTIME_CUDA_FORWARD_H_
