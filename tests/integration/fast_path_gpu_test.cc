@@ -8,6 +8,7 @@
 #include "services/cache/fast_path_client.h"
 #include "services/common/child_process.h"
 #include "services/serving/shard_set.h"
+#include "tests/binary_path.h"
 #include "tests/integration/cache_test_blocks.h"
 #include "tests/test_random.h"
 
@@ -19,7 +20,8 @@ TEST(FastPathGpuTest, GpuTierBlocksReachAGpuClientThroughIpc) {
   if (!kernels::cuda::DevicePresent(&why)) GTEST_SKIP() << "no GPU: " << why;
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
-  ChildProcess cache({KVTIER_CACHE_BINARY, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--device-capacity",
+  ChildProcess cache({testing::BinaryPath("KVTIER_CACHE_BINARY", KVTIER_CACHE_BINARY), "--listen", "127.0.0.1:0",
+                      "--metrics-listen", "", "--device-capacity",
                       "256MiB", "--host-capacity", "256MiB", "--device-memory", "cuda"});
   const int port = cache.WaitForListeningPort();
   ASSERT_GT(port, 0);

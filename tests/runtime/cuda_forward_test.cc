@@ -18,6 +18,7 @@
 #include "services/common/child_process.h"
 #include "services/runtime/make_model.h"
 #include "services/runtime/model.h"
+#include "tests/binary_path.h"
 #include "tests/test_random.h"
 
 namespace kvtier::runtime {
@@ -132,7 +133,7 @@ TEST(CudaForwardCli, KvtierRunOnCudaPrintsTheCpuIds) {
   std::string prompt;
   std::uniform_int_distribution<uint32_t> id(0, 1023);
   for (int i = 0; i < 150; ++i) prompt += (i ? "," : "") + std::to_string(id(rng.engine()));
-  const std::string command = std::string(KVTIER_BINARY) + " run --model " + dir.string() + " --prompt-ids " + prompt +
+  const std::string command = testing::BinaryPath("KVTIER_BINARY", KVTIER_BINARY) + " run --model " + dir.string() + " --prompt-ids " + prompt +
                               " --max-new-tokens 8 --kv-codec int8 --device ";
   const auto on_cpu = RunCommand(command + "cpu");
   const auto on_gpu = RunCommand(command + "cuda");
