@@ -1,6 +1,7 @@
 // RMSNorm and RoPE kernels (cuda_layers.h).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -89,8 +90,12 @@ Status ApplyRope(const RopeTable& table, const int64_t* positions, float* x, uin
   }
   cudaMemcpyAsync(inv_freq, table.inv_freq().data(), half * sizeof(double), cudaMemcpyHostToDevice, stream);
   const uint32_t per_block = kThreads / half;
-  RopeKernel<<<dim3((vectors + per_block - 1) / per_block, rows), kThreads, 0, stream>>>(
-      inv_freq, table.mscale(), half, positions, x, vectors, row_stride, vector_stride);
+  // Rows on the grid's y axis, at most 65535 a launch (a long prefill has more).
+  constexpr uint32_t kMaxRows = 65535;
+  for (uint32_t first = 0; first < rows; first += kMaxRows) {
+    RopeKernel<<<dim3((vectors + per_block - 1) / per_block, std::min(kMaxRows, rows - first)), kThreads, 0, stream>>>(
+        inv_freq, table.mscale(), half, positions + first, x + first * row_stride, vectors, row_stride, vector_stride);
+  }
   cudaFreeAsync(inv_freq, stream);
   return Finish(stream, "cuda::ApplyRope");
 }

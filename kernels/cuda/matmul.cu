@@ -1,10 +1,10 @@
 // cuBLAS projections and the MoE feed-forward (cuda_matmul.h).
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <string>
 #include <vector>
 
+#include "cublas_loader.h"
 #include "cuda_status.h"
 #include "kvtier/kernels/cuda_matmul.h"
 #include "kvtier/kernels/float_formats.h"
@@ -14,8 +14,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
-Status BlasError(cublasStatus_t s, const char* what) {
-  return Status(StatusCode::kInternal, std::string(what) + ": " + cublasGetStatusString(s));
+Status BlasError(const CublasApi& api, cublasStatus_t s, const char* what) {
+  return Status(StatusCode::kInternal, std::string(what) + ": " + api.status_string(s));
 }
 
 unsigned Blocks(size_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
@@ -54,20 +54,25 @@ enum Slot : size_t { kXs, kGate, kUp, kHidden, kDown, kRows, kWeights, kLogits, 
 }  // namespace
 
 Status Blas::Create(void* stream, std::unique_ptr<Blas>& out) {
+  std::string why;
+  const CublasApi* api = Cublas(&why);
+  if (api == nullptr) return Status(StatusCode::kInternal, "cuda::Blas: " + why);
   cublasHandle_t handle = nullptr;
-  if (const cublasStatus_t s = cublasCreate(&handle); s != CUBLAS_STATUS_SUCCESS) return BlasError(s, "cublasCreate");
-  if (const cublasStatus_t s = cublasSetStream(handle, static_cast<cudaStream_t>(stream)); s != CUBLAS_STATUS_SUCCESS) {
-    cublasDestroy(handle);
-    return BlasError(s, "cublasSetStream");
+  if (const cublasStatus_t s = api->create(&handle); s != CUBLAS_STATUS_SUCCESS) {
+    return BlasError(*api, s, "cublasCreate");
   }
-  out.reset(new Blas(handle, stream));
+  if (const cublasStatus_t s = api->set_stream(handle, static_cast<cudaStream_t>(stream)); s != CUBLAS_STATUS_SUCCESS) {
+    api->destroy(handle);
+    return BlasError(*api, s, "cublasSetStream");
+  }
+  out.reset(new Blas(api, handle, stream));
   out->scratch_.assign(kSlots, {nullptr, 0});
   return OkStatus();
 }
 
 Blas::~Blas() {
   for (auto& [p, bytes] : scratch_) cudaFree(p);
-  cublasDestroy(static_cast<cublasHandle_t>(handle_));
+  static_cast<const CublasApi*>(api_)->destroy(static_cast<cublasHandle_t>(handle_));
 }
 
 Status Blas::Scratch(size_t slot, size_t bytes, void** out) {
@@ -91,13 +96,14 @@ Status Blas::GroupedGemmBf16(const uint16_t* w, uint32_t rows, uint32_t cols, ui
   // Row-major W [rows][cols] is column-major W^T; y^T = W x^T in column-major
   // terms: op(A) = W (A = W^T stored, transposed), B = x^T (ld ldx).
   const float one = 1.0f, zero = 0.0f;
-  const cublasStatus_t s = cublasGemmStridedBatchedEx(
+  const CublasApi& api = *static_cast<const CublasApi*>(api_);
+  const cublasStatus_t s = api.gemm_strided_batched_ex(
       static_cast<cublasHandle_t>(handle_), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(n),
       static_cast<int>(cols), &one, w, CUDA_R_16BF, static_cast<int>(cols), static_cast<long long>(rows) * cols, x,
       CUDA_R_16BF, static_cast<int>(ldx), static_cast<long long>(x_group), &zero, y, CUDA_R_32F,
       static_cast<int>(ldy), static_cast<long long>(y_group), static_cast<int>(groups), CUBLAS_COMPUTE_32F,
       CUBLAS_GEMM_DEFAULT);
-  return s == CUBLAS_STATUS_SUCCESS ? OkStatus() : BlasError(s, "cublasGemmStridedBatchedEx");
+  return s == CUBLAS_STATUS_SUCCESS ? OkStatus() : BlasError(api, s, "cublasGemmStridedBatchedEx");
 }
 
 Status Blas::Gemm(const uint16_t* w, uint32_t rows, uint32_t cols, const float* x, uint32_t n, float* y) {

@@ -280,9 +280,22 @@ absl::Status CudaForward::Attend(std::span<const SequenceTokens> seqs, size_t li
   latents.max_tail = max_tail;
   latents.tail_offsets = tail_offsets_.data();
   latents.tail_capacity = tails.size() / dim;
-  return Check(kc::PagedMlaDecode({heads, kv, rope}, latents, static_cast<uint32_t>(counts.size()),
-                                  q_full_.data() + first_row * heads * dim, static_cast<float>(c.SoftmaxScale()),
-                                  attn_latent_.data() + first_row * heads * kv, nullptr, stream_));
+  // Rows in chunks: the kernel's grid holds at most 65535 rows and its
+  // workspace a partial result per row and split (kept near 256 MiB).
+  const size_t chunk = std::clamp<size_t>((size_t{1} << 28) / (size_t{8} * heads * (kv + 2)), 1, 32768);
+  for (size_t r = 0; r < counts.size(); r += chunk) {
+    kc::PagedLatents part = latents;
+    part.block_table = max_blocks > 0 ? table_.data() + r * max_blocks : nullptr;
+    part.blocks_per_sequence = block_counts_.data() + r;
+    part.tail_tokens = tail_tokens_.data() + r;
+    part.tail_offsets = tail_offsets_.data() + r;
+    const size_t row = first_row + r;
+    KVTIER_RETURN_IF_ERROR(Check(kc::PagedMlaDecode(
+        {heads, kv, rope}, part, static_cast<uint32_t>(std::min(chunk, counts.size() - r)),
+        q_full_.data() + row * heads * dim, static_cast<float>(c.SoftmaxScale()),
+        attn_latent_.data() + row * heads * kv, nullptr, stream_)));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaForward::Forward(std::span<const SequenceTokens> batch,

@@ -39,7 +39,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const Checkpoint& ckpt, Devic
     return m;
 #else
     return absl::FailedPreconditionError(
-        "--device cuda: this build has no CUDA runtime backend (built without nvcc, or with sanitizers)");
+        "--device cuda: this build has no CUDA backend (nvcc was not found when it was configured)");
 #endif
   }
   auto load = [&](const std::string& name) -> absl::StatusOr<std::vector<float>> {
@@ -109,8 +109,8 @@ SequenceCache Model::NewCache(kernels::Codec codec, uint32_t tokens_per_block) c
   SequenceCache cache;
   cache.codec = codec;
   cache.tokens_per_block = tokens_per_block;
-  cache.blocks.resize(layers_.size());
-  cache.tail.resize(layers_.size());
+  cache.blocks.resize(static_cast<size_t>(config_.num_hidden_layers));
+  cache.tail.resize(static_cast<size_t>(config_.num_hidden_layers));
   return cache;
 }
 
@@ -136,7 +136,8 @@ absl::Status Model::CheckBatch(std::span<const SequenceTokens> batch) const {
       }
     }
     if (s.cache == nullptr || s.logits.size() != static_cast<size_t>(c.vocab_size) ||
-        s.cache->tail.size() != layers_.size() || s.cache->blocks.size() != layers_.size()) {
+        s.cache->tail.size() != static_cast<size_t>(c.num_hidden_layers) ||
+        s.cache->blocks.size() != static_cast<size_t>(c.num_hidden_layers)) {
       return absl::InvalidArgumentError(absl::StrCat("sequence ", b, ": logits or cache do not fit this model"));
     }
     for (size_t other = 0; other < b; ++other) {

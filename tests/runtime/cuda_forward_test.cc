@@ -41,6 +41,7 @@ struct Variant {
   std::string name, preset;
   bool dense_only;  // every layer a dense MLP: no gate to tip over
 };
+void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
 
 class CudaForwardTest : public ::testing::TestWithParam<Variant> {
  protected:

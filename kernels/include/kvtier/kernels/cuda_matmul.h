@@ -37,6 +37,7 @@ struct MoeDeviceWeights {
 class Blas {
  public:
   // A cuBLAS handle on `stream` (a cudaStream_t; null: the default stream).
+  // cuBLAS is opened here, the first time (INTERNAL when it cannot be).
   static Status Create(void* stream, std::unique_ptr<Blas>& out);
   ~Blas();
   Blas(const Blas&) = delete;
@@ -64,7 +65,7 @@ class Blas {
   Status MoeForward(const MoeDeviceWeights& w, uint32_t hidden, const float* x, uint32_t n, float* out);
 
  private:
-  Blas(void* handle, void* stream) : handle_(handle), stream_(stream) {}
+  Blas(const void* api, void* handle, void* stream) : api_(api), handle_(handle), stream_(stream) {}
   // y = x W^T on bf16 x already on the device (grouped: as GroupedGemm).
   Status GemmBf16(const uint16_t* w, uint32_t rows, uint32_t cols, const uint16_t* x, uint32_t n, float* y);
   Status GroupedGemmBf16(const uint16_t* w, uint32_t rows, uint32_t cols, uint32_t groups, const uint16_t* x,
@@ -79,7 +80,8 @@ class Blas {
   Status SwiGluAddRows(const SwiGluDeviceWeights& w, uint32_t hidden, const float* x,
                        const std::vector<int32_t>& rows, const std::vector<float>& weights, float* out);
 
-  void* handle_;  // cublasHandle_t
+  const void* api_;  // the CublasApi (cuBLAS is opened at run time: cublas_loader.h)
+  void* handle_;     // cublasHandle_t
   void* stream_;  // cudaStream_t
   std::vector<std::pair<void*, size_t>> scratch_;
 };
