@@ -2,7 +2,9 @@
 // attention dims): `--sequences` sequences holding `--context` tokens of
 // int8 latents each step together through Model::Forward, on 1 kernel
 // thread and on every core, in the same run. The thread pool splits the
-// projections' weight rows and the sequences' attention.
+// projections' weight rows and the sequences' attention. Where a GPU can be
+// used, the same steps again with --device cuda (a row saying why not
+// otherwise); its time includes copying each layer's blocks to the device.
 //
 //   decode_bench [--sequences 8] [--context 2048] [--steps 10]
 #include <algorithm>
@@ -15,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "kvtier/kernels/parallel.h"
 #include "services/common/flags.h"
 #include "services/runtime/checkpoint.h"
@@ -40,6 +43,7 @@ int Main(int argc, char** argv) {
   if (!MakeModel(*PresetConfig("lite-attn"), dir.string(), 3).ok()) return 1;
   auto checkpoint = Checkpoint::Open(dir.string());
   auto model = Model::Load(**checkpoint);
+  auto on_gpu = Model::Load(**checkpoint, Device::kCuda);
   std::filesystem::remove_all(dir);
   if (!model.ok()) return 1;
   const Model& m = **model;
@@ -54,20 +58,33 @@ int Main(int argc, char** argv) {
     if (!m.Prefill(prompt, caches.back(), logits[b]).ok()) return 1;
   }
   std::printf("%zu sequences x %zu-token int8 contexts, lite-attn, %zu steps\n", sequences, context, steps);
-  std::printf("%-8s %12s %10s\n", "threads", "ms/step", "tok/s");
-  for (size_t threads : {size_t{1}, cores}) {
-    kernels::SetKernelThreads(threads);
+  std::printf("%-14s %12s %10s\n", "device", "ms/step", "tok/s");
+  // Steps `model` over copies of the prefilled caches.
+  auto time_steps = [&](const Model& model, const std::string& name) {
+    std::vector<SequenceCache> stepped = caches;
     std::vector<uint32_t> next(sequences, 5);
     const auto start = std::chrono::steady_clock::now();
     for (uint64_t s = 0; s < steps; ++s) {
       std::vector<SequenceTokens> rows;
-      for (size_t b = 0; b < sequences; ++b) rows.push_back({std::span(&next[b], 1), &caches[b], logits[b]});
-      if (!m.Forward(rows).ok()) return 1;
+      for (size_t b = 0; b < sequences; ++b) rows.push_back({std::span(&next[b], 1), &stepped[b], logits[b]});
+      if (const absl::Status status = model.Forward(rows); !status.ok()) {
+        std::printf("%-14s failed: %s\n", name.c_str(), std::string(status.message()).c_str());
+        return false;
+      }
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("%-8zu %12.1f %10.1f\n", threads, seconds / steps * 1e3, sequences * steps / seconds);
+    std::printf("%-14s %12.1f %10.1f\n", name.c_str(), seconds / steps * 1e3, sequences * steps / seconds);
+    return true;
+  };
+  for (size_t threads : {size_t{1}, cores}) {
+    kernels::SetKernelThreads(threads);
+    if (!time_steps(m, "cpu, " + std::to_string(threads) + (threads == 1 ? " thread" : " threads"))) return 1;
   }
-  return 0;
+  if (!on_gpu.ok()) {
+    std::printf("%-14s not run: %s\n", "cuda", std::string(on_gpu.status().message()).c_str());
+    return 0;
+  }
+  return time_steps(**on_gpu, "cuda") ? 0 : 1;
 }
 
 }  // namespace

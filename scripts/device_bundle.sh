@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Packs, into device-bundle/ (ignored by git), what the device machine
 # cannot build itself (it has nvcc, cmake and ninja but no gRPC, protobuf,
-# Abseil or gtest): this machine's release build of the service binaries and
-# of the gpu-labelled gtest programs, stripped, with the Debian shared
-# libraries they load — all but glibc's, the C++ runtime's and CUDA's, which
-# the device machine has (newer). kernels/cuda/device_check.sh runs them
+# Abseil or gtest): this machine's release build of the service binaries,
+# the gpu-labelled gtest programs and decode_bench, stripped, with the Debian
+# shared libraries they load — all but glibc's, the C++ runtime's and
+# CUDA's, which the device machine has (newer). kernels/cuda/device_check.sh runs them
 # when the bundle is there; name device-bundle in the device tool's `carry`.
 # Usage, from the repository root, after scripts/test.sh (which builds build/):
 #   bash scripts/device_bundle.sh
@@ -12,12 +12,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=device-bundle
 programs=(services/kvtier services/kvtier-cache services/kvtier-decode services/kvtier-prefill
-          tests/cuda_forward_test tests/fast_path_gpu_test)
-cmake --build build -j2 --target kvtier kvtier-cache kvtier-decode kvtier-prefill cuda_forward_test fast_path_gpu_test
+          tests/cuda_forward_test tests/fast_path_gpu_test load/decode_bench)
+cmake --build build -j2 --target kvtier kvtier-cache kvtier-decode kvtier-prefill cuda_forward_test \
+  fast_path_gpu_test decode_bench
 rm -rf "$out"
 mkdir -p "$out/lib"
 for p in "${programs[@]}"; do strip -o "$out/$(basename "$p")" "build/$p"; done
-ldd "$out"/kvtier* "$out"/*_test | awk '/=> \// {print $3}' | sort -u |
+ldd "$out"/kvtier* "$out"/*_test "$out"/decode_bench | awk '/=> \// {print $3}' | sort -u |
   grep -v -E '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+)\.so|/usr/local/cuda' |
   while read -r lib; do cp -L "$lib" "$out/lib/"; done
 du -sh "$out"

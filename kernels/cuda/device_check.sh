@@ -8,7 +8,8 @@
 # its spill and promotion rates against pinned cudaMemcpy. Then, when a
 # device-bundle/ made by scripts/device_bundle.sh came along (carried), the
 # services' GPU tests from it: --device cuda against the CPU (cuda_forward_test,
-# `kvtier run --device cuda` included) and the fast path to GPU clients.
+# `kvtier run --device cuda` included) and the fast path to GPU clients; and
+# batched decode steps on the CPU and the GPU (decode_bench).
 # Usage, from the repository root: bash kernels/cuda/device_check.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,6 +27,7 @@ if [ -d device-bundle ]; then
   export KVTIER_BINARY="$PWD/device-bundle/kvtier" KVTIER_CACHE_BINARY="$PWD/device-bundle/kvtier-cache"
   device-bundle/cuda_forward_test || status=$?
   device-bundle/fast_path_gpu_test || status=$?
+  device-bundle/decode_bench || status=$?
 else
   echo "no device-bundle/: the services' GPU tests (scripts/device_bundle.sh) not run"
 fi
