@@ -9,7 +9,7 @@
 // path rounds queries to int16). int8 runs twice: on CUDA cores (those
 // bounds) and on tensor cores, whose fp16 inputs get 2e-3 (out against
 // float64 and the CPU) and 1e-3 (lse). A block index outside the pool must come
-// back INVALID_ARGUMENT; rows sharing a tail must match copies of it. Then a
+// back INVALID_ARGUMENT; rows sharing blocks and a tail must match copies. Then a
 // table: latent bytes read per second at 16 heads, contexts 4k-64k, batch
 // 1-128, each codec, against a device-to-device cudaMemcpy measured in the
 // same run.
@@ -263,30 +263,52 @@ void Benchmark() {
   }
 }
 
-// Rows that share one tail through tail_offsets (as a prefill's rows do)
-// give bit for bit what they give with copies of their prefixes; an offset
-// past the tail's end is refused.
-bool SharedTailMatchesCopies() {
+// Rows that share one sequence's block-table row and tail (block_table_rows,
+// tail_offsets: as a prefill's rows do) give bit for bit what they give with
+// copies of both, int8 blocks on tensor cores; an entry past the table or
+// the tail is refused, naming the row.
+bool SharedRowsMatchCopies() {
   std::mt19937_64 rng(7);
-  const uint32_t heads = 16, rows = 3, visible[rows] = {1, 9, 40};
-  const std::vector<float> tail = Random(size_t{40} * kDim, rng), q = Random(size_t{rows} * heads * kDim, rng);
-  std::vector<float> copies(size_t{rows} * 40 * kDim, 0.0f);
-  for (uint32_t r = 0; r < rows; ++r) std::copy_n(tail.begin(), size_t{visible[r]} * kDim, copies.begin() + size_t{r} * 40 * kDim);
+  constexpr uint32_t heads = 16, rows = 3, kTail = 40;
+  const uint32_t visible[rows] = {1, 9, kTail};
+  const size_t block_bytes = EncodedBytes(Codec::kInt8, kBlockShape);
+  std::vector<uint8_t> pool(2 * block_bytes);
+  for (int j = 0; j < 2; ++j) {
+    if (!Quantize(Codec::kInt8, kBlockShape, Random(kBlockShape.values(), rng),
+                  std::span(pool).subspan(j * block_bytes, block_bytes)).ok()) {
+      return false;
+    }
+  }
+  const std::vector<float> tail = Random(size_t{kTail} * kDim, rng), q = Random(size_t{rows} * heads * kDim, rng);
+  std::vector<float> copies(size_t{rows} * kTail * kDim, 0.0f);
+  for (uint32_t r = 0; r < rows; ++r) {
+    std::copy_n(tail.begin(), size_t{visible[r]} * kDim, copies.begin() + size_t{r} * kTail * kDim);
+  }
+  DeviceArray<uint8_t> d_pool(pool);
   DeviceArray<float> d_tail(tail), d_copies(copies), d_q(q), out_shared(size_t{rows} * heads * kKv),
       out_copies(size_t{rows} * heads * kKv);
-  DeviceArray<int32_t> counts(std::vector<int32_t>(rows, 0)),
-      tokens(std::vector<int32_t>(visible, visible + rows));
+  DeviceArray<int32_t> tables(std::vector<int32_t>{0, 1, 0, 1, 0, 1}), counts(std::vector<int32_t>(rows, 2)),
+      tokens(std::vector<int32_t>(visible, visible + rows)), shared_rows(std::vector<int32_t>(rows, 0)),
+      bad_rows(std::vector<int32_t>{0, 0, 1});
   DeviceArray<int64_t> offsets(std::vector<int64_t>(rows, 0)), bad_offsets(std::vector<int64_t>{0, 0, 1});
   const MlaShape shape{heads, kKv, kRope};
-  cuda::PagedLatents latents{Codec::kBf16, kTpb, nullptr, 0, nullptr, 0, counts.data, d_copies.data, tokens.data, 40};
+  cuda::PagedLatents latents{Codec::kInt8, kTpb, d_pool.data, 2, tables.data, 2, counts.data,
+                             d_copies.data, tokens.data, kTail};
   bool ok = cuda::PagedMlaDecode(shape, latents, rows, d_q.data, 0.1f, out_copies.data, nullptr, nullptr).ok();
-  latents.tail = d_tail.data, latents.tail_offsets = offsets.data, latents.tail_capacity = 40;
+  latents.block_table_rows = shared_rows.data, latents.block_table_height = 1;
+  latents.tail = d_tail.data, latents.tail_offsets = offsets.data, latents.tail_capacity = kTail;
   ok = ok && cuda::PagedMlaDecode(shape, latents, rows, d_q.data, 0.1f, out_shared.data, nullptr, nullptr).ok();
   ok = ok && out_shared.Read(size_t{rows} * heads * kKv) == out_copies.Read(size_t{rows} * heads * kKv);
-  latents.tail_offsets = bad_offsets.data;
-  const Status s = cuda::PagedMlaDecode(shape, latents, rows, d_q.data, 0.1f, out_shared.data, nullptr, nullptr);
-  ok = ok && s.code() == StatusCode::kInvalidArgument && s.message().find("sequence 2") != std::string::npos;
-  return ok;
+  auto refused = [&](const cuda::PagedLatents& bad) {
+    const Status s = cuda::PagedMlaDecode(shape, bad, rows, d_q.data, 0.1f, out_shared.data, nullptr, nullptr);
+    return s.code() == StatusCode::kInvalidArgument && s.message().find("sequence 2") != std::string::npos;
+  };
+  cuda::PagedLatents bad = latents;
+  bad.tail_offsets = bad_offsets.data;
+  ok = ok && refused(bad);
+  bad = latents;
+  bad.block_table_rows = bad_rows.data;
+  return ok && refused(bad);
 }
 
 int Main() {
@@ -300,9 +322,9 @@ int Main() {
   std::printf("device: %s\n", prop.name);
   bool ok = RefusesBadBlockIndex();
   std::printf("block index outside the pool: %s\n", ok ? "INVALID_ARGUMENT" : "NOT REFUSED");
-  const bool shared_tail = SharedTailMatchesCopies();
-  std::printf("rows sharing a tail (tail_offsets): %s\n", shared_tail ? "same as copies; bad offset refused" : "WRONG");
-  ok = ok && shared_tail;
+  const bool shared = SharedRowsMatchCopies();
+  std::printf("rows sharing blocks and a tail: %s\n", shared ? "same as copies; bad rows refused" : "WRONG");
+  ok = ok && shared;
   // Tail only, one block, blocks and a tail, and a long sequence (split).
   const std::vector<Sequence> seqs = {{0, 5}, {1, 0}, {3, 17}, {40, 63}};
   cuda::PagedMlaOptions cuda_cores;

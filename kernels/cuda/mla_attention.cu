@@ -36,6 +36,7 @@ using internal::kBadBlockCount;
 using internal::kBadBlockIndex;
 using internal::kBadTail;
 using internal::Params;
+using internal::TableRow;
 
 __device__ float LoadBf16(const uint8_t* p) {
   uint16_t h;
@@ -88,7 +89,8 @@ __global__ void __launch_bounds__(kThreads) PartialKernel(Params p) {
 
   const int32_t nblocks = L.blocks_per_sequence[b];
   const int32_t ntail = L.max_tail > 0 ? L.tail_tokens[b] : 0;
-  if (nblocks < 0 || static_cast<uint32_t>(nblocks) > L.max_blocks_per_sequence) {
+  const int64_t table_row = TableRow(L, b);
+  if (nblocks < 0 || static_cast<uint32_t>(nblocks) > L.max_blocks_per_sequence || table_row < 0) {
     if (threadIdx.x == 0) NoteBadInput(p.bad, b, kBadBlockCount);
     return;
   }
@@ -120,7 +122,7 @@ __global__ void __launch_bounds__(kThreads) PartialKernel(Params p) {
       float v;
       if (t < block_tokens) {
         const uint32_t j = first + t / L.tokens_per_block;
-        const int32_t index = L.block_table[size_t{b} * L.max_blocks_per_sequence + j];
+        const int32_t index = L.block_table[static_cast<size_t>(table_row) * L.max_blocks_per_sequence + j];
         if (index < 0 || static_cast<uint32_t>(index) >= L.pool_blocks) {
           NoteBadInput(p.bad, b, kBadBlockIndex);
           v = 0.0f;
@@ -219,6 +221,7 @@ Status PagedMlaDecode(const MlaShape& shape, const PagedLatents& latents, uint32
       (latents.max_blocks_per_sequence > 0 && (latents.pool == nullptr || latents.block_table == nullptr)) ||
       (latents.max_tail > 0 && (latents.tail == nullptr || latents.tail_tokens == nullptr)) ||
       (latents.tail_offsets != nullptr && latents.tail_capacity == 0) ||
+      (latents.block_table_rows != nullptr && latents.block_table_height == 0) ||
       latents.max_blocks_per_sequence + latents.max_tail == 0) {
     return InvalidArgument("cuda::PagedMlaDecode: a pointer is missing for the sizes given");
   }
@@ -284,8 +287,10 @@ Status PagedMlaDecode(const MlaShape& shape, const PagedLatents& latents, uint32
   }
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return CudaError(e, "cuda::PagedMlaDecode launch");
   if (bad != kNothingBad) {
-    static const char* const kWhy[] = {"", "a block count outside its block-table row",
-                                       "a block index outside the pool", "a tail count outside 0..max_tail (or its tail_offsets outside the tail), or no context"};
+    static const char* const kWhy[] = {
+        "", "a block count outside its block-table row (or a block_table_rows entry outside the table)",
+        "a block index outside the pool",
+        "a tail count outside 0..max_tail (or its tail_offsets outside the tail), or no context"};
     return InvalidArgument("cuda::PagedMlaDecode: sequence " + std::to_string(bad >> 2) + " has " + kWhy[bad & 3]);
   }
   return OkStatus();

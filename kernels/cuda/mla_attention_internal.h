@@ -22,6 +22,14 @@ __device__ inline void NoteBadInput(unsigned long long* bad, uint32_t sequence, 
   atomicMin(bad, (static_cast<unsigned long long>(sequence) << 2) | reason);
 }
 
+// The block-table row sequence b reads (block_table_rows[b], or b itself);
+// -1 when that lies outside the table.
+__device__ inline int64_t TableRow(const PagedLatents& L, uint32_t b) {
+  if (L.block_table_rows == nullptr) return b;
+  const int32_t row = L.block_table_rows[b];
+  return row >= 0 && static_cast<uint32_t>(row) < L.block_table_height ? row : -1;
+}
+
 struct Params {
   MlaShape shape;
   PagedLatents latents;

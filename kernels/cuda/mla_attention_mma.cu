@@ -76,7 +76,8 @@ __global__ void __launch_bounds__(kThreads) TensorCoreKernel(Params p) {
   const PagedLatents& L = p.latents;
 
   const int32_t nblocks = L.blocks_per_sequence[b];
-  if (nblocks < 0 || static_cast<uint32_t>(nblocks) > L.max_blocks_per_sequence) {
+  const int64_t table_row = TableRow(L, b);
+  if (nblocks < 0 || static_cast<uint32_t>(nblocks) > L.max_blocks_per_sequence || table_row < 0) {
     if (threadIdx.x == 0) NoteBadInput(p.bad, b, kBadBlockCount);
     return;
   }
@@ -94,7 +95,7 @@ __global__ void __launch_bounds__(kThreads) TensorCoreKernel(Params p) {
   const uint32_t first = (split - p.split_base) * p.blocks_per_split;
   const uint32_t last = min(first + p.blocks_per_split, static_cast<uint32_t>(nblocks));
   for (uint32_t j = first; j < last; ++j) {
-    const int32_t index = L.block_table[size_t{b} * L.max_blocks_per_sequence + j];
+    const int32_t index = L.block_table[static_cast<size_t>(table_row) * L.max_blocks_per_sequence + j];
     if (index < 0 || static_cast<uint32_t>(index) >= L.pool_blocks) {
       if (threadIdx.x == 0) NoteBadInput(p.bad, b, kBadBlockIndex);
       return;  // the whole CUDA block: index is the same for every thread

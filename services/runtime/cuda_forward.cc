@@ -127,7 +127,7 @@ class CudaForward final : public DeviceForward {
   DeviceArray<float> x_, h_, qa_, q_, q_full_, latent_, latent_c_, attn_latent_, attn_, delta_, logits_, tails_;
   DeviceArray<int64_t> positions_, tail_offsets_;
   DeviceArray<uint8_t> pool_;
-  DeviceArray<int32_t> table_, block_counts_, tail_tokens_;
+  DeviceArray<int32_t> table_, table_rows_, block_counts_, tail_tokens_;
 };
 
 absl::Status CudaForward::UploadBf16(const Checkpoint& checkpoint, const std::string& name,
@@ -224,15 +224,16 @@ absl::Status CudaForward::Attend(std::span<const SequenceTokens> seqs, size_t li
   const size_t block_bytes = kernels::EncodedBytes(first.codec, {first.tokens_per_block, kv, rope});
   size_t max_blocks = 0;
   for (const SequenceTokens& s : seqs) max_blocks = std::max(max_blocks, s.cache->blocks[li].size());
-  // The layer's pool: every sequence's blocks back to back; one block-table
-  // row per pass row, and the sequence's tail shared by its rows.
+  // The layer's pool: every sequence's blocks back to back; a sequence's
+  // block-table row and tail are shared by its pass rows.
   std::vector<uint8_t> pool;
   std::vector<float> tails;
-  std::vector<int32_t> table, counts, tail_tokens;
+  std::vector<int32_t> table, table_rows, counts, tail_tokens;
   std::vector<int64_t> offsets;
   uint32_t max_tail = 0;
   int32_t pool_blocks = 0;
-  for (const SequenceTokens& s : seqs) {
+  for (size_t seq = 0; seq < seqs.size(); ++seq) {
+    const SequenceTokens& s = seqs[seq];
     const SequenceCache& cache = *s.cache;
     const int32_t base = pool_blocks, blocks = static_cast<int32_t>(cache.blocks[li].size());
     for (const std::vector<uint8_t>& payload : cache.blocks[li]) {
@@ -247,6 +248,7 @@ absl::Status CudaForward::Attend(std::span<const SequenceTokens> seqs, size_t li
     const int64_t sealed = int64_t{blocks} * cache.tokens_per_block;
     const int64_t held = static_cast<int64_t>(cache.tail[li].size() / dim);
     tails.insert(tails.end(), cache.tail[li].begin(), cache.tail[li].end());
+    for (int32_t j = 0; j < static_cast<int32_t>(max_blocks); ++j) table.push_back(j < blocks ? base + j : -1);
     for (size_t i = 0; i < s.tokens.size(); ++i) {
       // Causal: a row sees the tail up to and including its own token.
       const int64_t visible = cache.length + static_cast<int64_t>(i) - sealed + 1;
@@ -255,7 +257,7 @@ absl::Status CudaForward::Attend(std::span<const SequenceTokens> seqs, size_t li
                                                        ", not the ", visible, " its length implies"));
       }
       counts.push_back(blocks);
-      for (size_t j = 0; j < max_blocks; ++j) table.push_back(j < static_cast<size_t>(blocks) ? base + static_cast<int32_t>(j) : -1);
+      table_rows.push_back(static_cast<int32_t>(seq));
       offsets.push_back(tail_start);
       tail_tokens.push_back(static_cast<int32_t>(visible));
       max_tail = std::max(max_tail, static_cast<uint32_t>(visible));
@@ -263,6 +265,7 @@ absl::Status CudaForward::Attend(std::span<const SequenceTokens> seqs, size_t li
   }
   KVTIER_RETURN_IF_ERROR(pool_.Upload(pool, stream_));
   KVTIER_RETURN_IF_ERROR(table_.Upload(table, stream_));
+  KVTIER_RETURN_IF_ERROR(table_rows_.Upload(table_rows, stream_));
   KVTIER_RETURN_IF_ERROR(block_counts_.Upload(counts, stream_));
   KVTIER_RETURN_IF_ERROR(tails_.Upload(tails, stream_));
   KVTIER_RETURN_IF_ERROR(tail_offsets_.Upload(offsets, stream_));
@@ -280,12 +283,14 @@ absl::Status CudaForward::Attend(std::span<const SequenceTokens> seqs, size_t li
   latents.max_tail = max_tail;
   latents.tail_offsets = tail_offsets_.data();
   latents.tail_capacity = tails.size() / dim;
+  latents.block_table_rows = table_rows_.data();
+  latents.block_table_height = static_cast<uint32_t>(seqs.size());
   // Rows in chunks: the kernel's grid holds at most 65535 rows and its
   // workspace a partial result per row and split (kept near 256 MiB).
   const size_t chunk = std::clamp<size_t>((size_t{1} << 28) / (size_t{8} * heads * (kv + 2)), 1, 32768);
   for (size_t r = 0; r < counts.size(); r += chunk) {
     kc::PagedLatents part = latents;
-    part.block_table = max_blocks > 0 ? table_.data() + r * max_blocks : nullptr;
+    part.block_table_rows = table_rows_.data() + r;
     part.blocks_per_sequence = block_counts_.data() + r;
     part.tail_tokens = tail_tokens_.data() + r;
     part.tail_offsets = tail_offsets_.data() + r;

@@ -47,6 +47,11 @@ struct PagedLatents {
   // tail starts at token b * max_tail.
   const int64_t* tail_offsets = nullptr;
   uint64_t tail_capacity = 0;
+  // Optional [batch] block-table row of each sequence, so that several may
+  // share one (a prefill's rows all read their sequence's blocks); the table
+  // then has block_table_height rows. Null: sequence b reads row b.
+  const int32_t* block_table_rows = nullptr;
+  uint32_t block_table_height = 0;
 };
 
 // q: [batch][heads][kv_lora_rank + rope_dim] (q_latent then q_rope, as the
