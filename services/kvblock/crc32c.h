@@ -1,5 +1,6 @@
-// CRC32C (Castagnoli), the checksum of every stored block. Uses the SSE4.2
-// crc32 instruction when the CPU has it, a table otherwise; both give the
+// CRC32C (Castagnoli), the checksum of every stored block. Uses carry-less
+// multiplication (VPCLMULQDQ, AVX-512) for 256 bytes and more when the CPU
+// has it, else the SSE4.2 crc32 instruction, else a table; all give the
 // same value. Thread-safe.
 #ifndef KVTIER_SERVICES_KVBLOCK_CRC32C_H_
 #define KVTIER_SERVICES_KVBLOCK_CRC32C_H_
