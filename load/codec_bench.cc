@@ -145,6 +145,8 @@ class RatioReporter : public benchmark::ConsoleReporter {
                   100 * d / memcpy_gbps);
     }
     std::printf("targets: quantize >= 40%%, dequantize >= 60%% of memcpy\n");
+    const double crc = gbps_["BM_Crc32c"][""];
+    std::printf("\nCRC32C of 1 MB records (reads only): %.2f GB/s, %.0f%% of memcpy\n", crc, 100 * crc / memcpy_gbps);
   }
 
  private:
