@@ -1,8 +1,9 @@
-// DeepSeek-V2 forward pass on the CPU over a batch of sequences, attending
-// over each sequence's stored latents: full blocks kept in a codec
-// (bf16/fp8/int8/int4, as the cache stores them), the partial tail in
-// float. Decode steps use absorbed MLA directly on the stored codes;
-// prefill passes the expanded form when it costs fewer multiply-adds.
+// DeepSeek-V2 forward pass over a batch of sequences, attending over each
+// sequence's stored latents: full blocks kept in a codec (bf16/fp8/int8/
+// int4, as the cache stores them), the partial tail in float. On the CPU,
+// decode steps use absorbed MLA directly on the stored codes and prefill
+// passes the expanded form when it costs fewer multiply-adds; on a GPU
+// (cuda_forward.h) every row takes the absorbed form.
 #ifndef KVTIER_SERVICES_RUNTIME_MODEL_H_
 #define KVTIER_SERVICES_RUNTIME_MODEL_H_
 
@@ -79,8 +80,9 @@ class Model {
   // codec layer by layer, once every row has attended. Each sequence takes
   // the cheaper attention form for its rows (kernels::MlaFormCosts:
   // absorbed for decode steps and short suffixes, expanded for prefills).
-  // A sequence's results do not depend on what else is in the batch (bit
-  // for bit). INVALID_ARGUMENT, with every cache untouched, for an empty
+  // On the CPU a sequence's results do not depend on what else is in the
+  // batch (bit for bit); on a GPU, cuBLAS may pick other kernels for other
+  // batch sizes, so only within the GPU's tolerance. INVALID_ARGUMENT, with every cache untouched, for an empty
   // batch or token list, a token outside the vocabulary, a logits span or
   // cache that does not fit, or the same cache twice; any later error leaves
   // the caches unusable. `on_layer(l)`, when given, runs as soon as layer l
