@@ -15,6 +15,7 @@
 #include "kvtier/kernels/cuda_mla_attention.h"
 #include "kvtier/kernels/float_formats.h"
 #include "services/common/status.h"
+#include "services/runtime/device_block_pool.h"
 
 namespace kvtier::runtime {
 namespace {
@@ -94,7 +95,8 @@ std::vector<uint16_t> ToBf16(std::span<const float> x) {
 
 class CudaForward final : public DeviceForward {
  public:
-  CudaForward(const ModelConfig& config, const kernels::RopeTable& rope) : config_(config), rope_(rope) {}
+  CudaForward(const ModelConfig& config, const kernels::RopeTable& rope, const CudaOptions& options)
+      : config_(config), rope_(rope), options_(options) {}
   ~CudaForward() override {
     blas_.reset();
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -112,9 +114,14 @@ class CudaForward final : public DeviceForward {
   // `first_row` of the pass on), each over its sequence's blocks of layer
   // li and the tail up to its own token: q_full -> attn_latent.
   absl::Status Attend(std::span<const SequenceTokens> seqs, size_t li, size_t first_row);
+  // The device block pool for blocks of `block_bytes`: made at first use
+  // for that size (options_.block_pool_bytes); null for blocks of other
+  // sizes, or when there is none (passes copy their blocks up).
+  DeviceBlockPool* BlockPool(size_t block_bytes);
 
   const ModelConfig config_;
   const kernels::RopeTable rope_;
+  const CudaOptions options_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<kc::Blas> blas_;  // on stream_
   std::vector<float> embed_;        // host: a pass gathers its rows here
@@ -126,7 +133,9 @@ class CudaForward final : public DeviceForward {
   // Activations ([rows][...]) and the attention's inputs, grown as passes need.
   DeviceArray<float> x_, h_, qa_, q_, q_full_, latent_, latent_c_, attn_latent_, attn_, delta_, logits_, tails_;
   DeviceArray<int64_t> positions_, tail_offsets_;
-  DeviceArray<uint8_t> pool_;
+  DeviceArray<uint8_t> pool_;  // a pass's blocks when they do not go through block_pool_
+  std::unique_ptr<DeviceBlockPool> block_pool_;
+  bool block_pool_tried_ = false;
   DeviceArray<int32_t> table_, table_rows_, block_counts_, tail_tokens_;
 };
 
@@ -216,39 +225,72 @@ absl::Status CudaForward::LoadLayer(const Checkpoint& ckpt, int64_t index, Devic
   return absl::OkStatus();
 }
 
+DeviceBlockPool* CudaForward::BlockPool(size_t block_bytes) {
+  if (!block_pool_tried_) {
+    block_pool_tried_ = true;
+    size_t bytes = static_cast<size_t>(std::max<int64_t>(options_.block_pool_bytes, 0)), free = 0, total = 0;
+    if (options_.block_pool_bytes < 0 && cudaMemGetInfo(&free, &total) == cudaSuccess) bytes = free / 10 * 4;
+    const size_t slots = std::min<size_t>(bytes / block_bytes, INT32_MAX);
+    if (slots > 0) {
+      absl::StatusOr<std::unique_ptr<DeviceBlockPool>> pool =
+          DeviceBlockPool::Create(block_bytes, static_cast<uint32_t>(slots));
+      if (pool.ok()) block_pool_ = *std::move(pool);
+    }
+  }
+  return block_pool_ != nullptr && block_pool_->block_bytes() == block_bytes ? block_pool_.get() : nullptr;
+}
+
 absl::Status CudaForward::Attend(std::span<const SequenceTokens> seqs, size_t li, size_t first_row) {
   const ModelConfig& c = config_;
   const uint32_t heads = static_cast<uint32_t>(c.num_attention_heads), kv = static_cast<uint32_t>(c.kv_lora_rank),
                  rope = static_cast<uint32_t>(c.qk_rope_head_dim), dim = kv + rope;
   const SequenceCache& first = *seqs[0].cache;
   const size_t block_bytes = kernels::EncodedBytes(first.codec, {first.tokens_per_block, kv, rope});
+  if (block_bytes == 0) return absl::InvalidArgumentError("the codec does not take blocks of this shape");
   size_t max_blocks = 0;
   for (const SequenceTokens& s : seqs) max_blocks = std::max(max_blocks, s.cache->blocks[li].size());
-  // The layer's pool: every sequence's blocks back to back; a sequence's
-  // block-table row and tail are shared by its pass rows.
-  std::vector<uint8_t> pool;
+  // The sequences' blocks, in order: kept in the device block pool between
+  // passes where they fit, else copied up back to back for this pass.
+  std::vector<const SealedBlock*> needed;
+  for (const SequenceTokens& s : seqs) {
+    for (const SealedBlock& block : s.cache->blocks[li]) {
+      if (block.size() != block_bytes) {
+        return absl::InvalidArgumentError(absl::StrCat("a ", kernels::CodecName(first.codec), " block of layer ", li,
+                                                       " has ", block.size(), " bytes, not ", block_bytes));
+      }
+      needed.push_back(&block);
+    }
+  }
+  std::vector<int32_t> slot_of;
+  bool pooled = false;
+  if (DeviceBlockPool* pool = BlockPool(block_bytes); pool != nullptr) {
+    KVTIER_ASSIGN_OR_RETURN(pooled, pool->Place(needed, stream_, slot_of));
+  }
+  if (!pooled) {
+    std::vector<uint8_t> copy;
+    copy.reserve(needed.size() * block_bytes);
+    for (size_t k = 0; k < needed.size(); ++k) {
+      copy.insert(copy.end(), needed[k]->begin(), needed[k]->end());
+      slot_of.push_back(static_cast<int32_t>(k));
+    }
+    KVTIER_RETURN_IF_ERROR(pool_.Upload(copy, stream_));
+  }
+  // A sequence's block-table row and tail are shared by its pass rows.
   std::vector<float> tails;
   std::vector<int32_t> table, table_rows, counts, tail_tokens;
   std::vector<int64_t> offsets;
   uint32_t max_tail = 0;
-  int32_t pool_blocks = 0;
+  int32_t next_block = 0;
   for (size_t seq = 0; seq < seqs.size(); ++seq) {
     const SequenceTokens& s = seqs[seq];
     const SequenceCache& cache = *s.cache;
-    const int32_t base = pool_blocks, blocks = static_cast<int32_t>(cache.blocks[li].size());
-    for (const std::vector<uint8_t>& payload : cache.blocks[li]) {
-      if (payload.size() != block_bytes) {
-        return absl::InvalidArgumentError(absl::StrCat("a ", kernels::CodecName(cache.codec), " block of layer ", li,
-                                                       " has ", payload.size(), " bytes, not ", block_bytes));
-      }
-      pool.insert(pool.end(), payload.begin(), payload.end());
-      ++pool_blocks;
-    }
+    const int32_t base = next_block, blocks = static_cast<int32_t>(cache.blocks[li].size());
+    next_block += blocks;
     const int64_t tail_start = static_cast<int64_t>(tails.size() / dim);
     const int64_t sealed = int64_t{blocks} * cache.tokens_per_block;
     const int64_t held = static_cast<int64_t>(cache.tail[li].size() / dim);
     tails.insert(tails.end(), cache.tail[li].begin(), cache.tail[li].end());
-    for (int32_t j = 0; j < static_cast<int32_t>(max_blocks); ++j) table.push_back(j < blocks ? base + j : -1);
+    for (int32_t j = 0; j < static_cast<int32_t>(max_blocks); ++j) table.push_back(j < blocks ? slot_of[base + j] : -1);
     for (size_t i = 0; i < s.tokens.size(); ++i) {
       // Causal: a row sees the tail up to and including its own token.
       const int64_t visible = cache.length + static_cast<int64_t>(i) - sealed + 1;
@@ -263,7 +305,6 @@ absl::Status CudaForward::Attend(std::span<const SequenceTokens> seqs, size_t li
       max_tail = std::max(max_tail, static_cast<uint32_t>(visible));
     }
   }
-  KVTIER_RETURN_IF_ERROR(pool_.Upload(pool, stream_));
   KVTIER_RETURN_IF_ERROR(table_.Upload(table, stream_));
   KVTIER_RETURN_IF_ERROR(table_rows_.Upload(table_rows, stream_));
   KVTIER_RETURN_IF_ERROR(block_counts_.Upload(counts, stream_));
@@ -273,8 +314,8 @@ absl::Status CudaForward::Attend(std::span<const SequenceTokens> seqs, size_t li
   kc::PagedLatents latents;
   latents.codec = first.codec;
   latents.tokens_per_block = first.tokens_per_block;
-  latents.pool = pool_blocks > 0 ? pool_.data() : nullptr;
-  latents.pool_blocks = static_cast<uint32_t>(pool_blocks);
+  latents.pool = pooled ? block_pool_->base() : pool_.data();
+  latents.pool_blocks = pooled ? block_pool_->slots() : static_cast<uint32_t>(needed.size());
   latents.block_table = max_blocks > 0 ? table_.data() : nullptr;
   latents.max_blocks_per_sequence = static_cast<uint32_t>(max_blocks);
   latents.blocks_per_sequence = block_counts_.data();
@@ -424,8 +465,9 @@ absl::Status CudaForward::Forward(std::span<const SequenceTokens> batch,
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DeviceForward>> LoadCudaForward(const Checkpoint& checkpoint,
-                                                               const kernels::RopeTable& rope) {
-  auto forward = std::make_unique<CudaForward>(checkpoint.config(), rope);
+                                                               const kernels::RopeTable& rope,
+                                                               const CudaOptions& options) {
+  auto forward = std::make_unique<CudaForward>(checkpoint.config(), rope, options);
   KVTIER_RETURN_IF_ERROR(forward->Load(checkpoint));
   return forward;
 }

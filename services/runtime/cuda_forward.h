@@ -22,7 +22,8 @@ namespace kvtier::runtime {
 // when there is no usable GPU (and why); RESOURCE_EXHAUSTED when the
 // weights do not fit.
 absl::StatusOr<std::unique_ptr<DeviceForward>> LoadCudaForward(const Checkpoint& checkpoint,
-                                                               const kernels::RopeTable& rope);
+                                                               const kernels::RopeTable& rope,
+                                                               const CudaOptions& options);
 
 }  // namespace kvtier::runtime
 

@@ -26,7 +26,8 @@ absl::StatusOr<Device> ParseDevice(const std::string& name) {
   return absl::InvalidArgumentError(absl::StrCat("--device ", name, " is not one of cpu, cuda"));
 }
 
-absl::StatusOr<std::unique_ptr<Model>> Model::Load(const Checkpoint& ckpt, Device device) {
+absl::StatusOr<std::unique_ptr<Model>> Model::Load(const Checkpoint& ckpt, Device device,
+                                                   [[maybe_unused]] const CudaOptions& cuda) {
   std::unique_ptr<Model> m(new Model());
   m->config_ = ckpt.config();
   const ModelConfig& c = m->config_;
@@ -35,7 +36,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const Checkpoint& ckpt, Devic
       static_cast<uint32_t>(c.qk_rope_head_dim), c.rope_theta, yarn, m->rope_)));
   if (device == Device::kCuda) {
 #if KVTIER_RUNTIME_CUDA
-    KVTIER_ASSIGN_OR_RETURN(m->device_, LoadCudaForward(ckpt, m->rope_));
+    KVTIER_ASSIGN_OR_RETURN(m->device_, LoadCudaForward(ckpt, m->rope_, cuda));
     return m;
 #else
     return absl::FailedPreconditionError(

@@ -19,6 +19,7 @@
 #include "kvtier/kernels/rope.h"
 #include "services/runtime/checkpoint.h"
 #include "services/runtime/ffn.h"
+#include "services/runtime/sealed_block.h"
 
 namespace kvtier::runtime {
 
@@ -29,7 +30,7 @@ struct SequenceCache {
   kernels::Codec codec = kernels::Codec::kBf16;
   uint32_t tokens_per_block = 64;
   int64_t length = 0;  // tokens whose latents are held
-  std::vector<std::vector<std::vector<uint8_t>>> blocks;  // [layer][block] payload
+  std::vector<std::vector<SealedBlock>> blocks;  // [layer][block]
   std::vector<std::vector<float>> tail;                  // [layer] rows
 };
 
@@ -59,6 +60,14 @@ enum class Device { kCpu, kCuda };
 // INVALID_ARGUMENT naming the choices for anything but "cpu" or "cuda".
 absl::StatusOr<Device> ParseDevice(const std::string& name);
 
+// How a pass on a GPU keeps sequences' sealed blocks in its memory between
+// passes (device_block_pool.h).
+struct CudaOptions {
+  // Bytes of the device block pool: -1, 40% of the GPU memory free when it
+  // is first needed; 0, none (every pass copies its blocks up).
+  int64_t block_pool_bytes = -1;
+};
+
 // The weights, loaded once: float32 in host memory for the CPU; bf16 in
 // GPU memory for CUDA. Immutable after Load; thread-safe (passes on a GPU
 // take turns).
@@ -66,7 +75,8 @@ class Model {
  public:
   // FAILED_PRECONDITION for kCuda in a build without CUDA or on a machine
   // without a usable GPU, saying which.
-  static absl::StatusOr<std::unique_ptr<Model>> Load(const Checkpoint& checkpoint, Device device = Device::kCpu);
+  static absl::StatusOr<std::unique_ptr<Model>> Load(const Checkpoint& checkpoint, Device device = Device::kCpu,
+                                                     const CudaOptions& cuda = CudaOptions());
 
   const ModelConfig& config() const { return config_; }
   SequenceCache NewCache(kernels::Codec codec, uint32_t tokens_per_block) const;

@@ -69,7 +69,7 @@ absl::StatusOr<std::string> BlockRecord(const kvblock::LatentLayout& layout,
   std::string payloads;
   for (uint32_t l = layer_begin; l < layer_begin + layer_count; ++l) {
     if (block >= cache.blocks[l].size()) return absl::InvalidArgumentError(absl::StrCat("block ", block, " is not sealed"));
-    const std::vector<uint8_t>& p = cache.blocks[l][block];
+    const runtime::SealedBlock& p = cache.blocks[l][block];
     payloads.append(reinterpret_cast<const char*>(p.data()), p.size());
   }
   return kvblock::SerializeBlock(kvblock::HeaderFor(layout, layer_begin, layer_count), payloads);
@@ -88,7 +88,7 @@ absl::Status AppendBlockRecord(std::string_view record, const kvblock::LatentLay
   }
   for (uint32_t l = 0; l < layout.num_layers; ++l) {
     const std::string_view payload = view.Layer(l);
-    cache.blocks[l].emplace_back(payload.begin(), payload.end());
+    cache.blocks[l].emplace_back(std::vector<uint8_t>(payload.begin(), payload.end()));
   }
   cache.length += layout.tokens_per_block;
   return absl::OkStatus();

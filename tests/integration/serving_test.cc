@@ -348,7 +348,7 @@ TEST_F(ServingTest, SharedPrefixesAndNextTurnsHitTheCache) {
   for (size_t i = 0; i + 1 < turn1->tokens.size(); ++i) {
     ASSERT_TRUE(model.Step(turn1->tokens[i].token, turn1_cache, logits).ok());
   }
-  for (auto& layer : turn1_cache.blocks) layer.resize(3);
+  for (auto& layer : turn1_cache.blocks) layer.erase(layer.begin() + 3, layer.end());
   for (auto& tail : turn1_cache.tail) tail.clear();
   turn1_cache.length = 192;
   for (const auto& s : turn1->tokens) conversation.push_back(s.token);

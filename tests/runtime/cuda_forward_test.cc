@@ -7,7 +7,11 @@
 // layers, for the median row (a token whose gate logits nearly tie may pick
 // another expert on the GPU: that moves its row by more, and is not a bug;
 // the MoE itself is checked against float64 in kernels/cuda/check_matmul).
-// The blocks each backend seals: equal in number.
+// The blocks each backend seals: equal in number. The GPU keeps sealed
+// blocks in its block pool between passes: by default, with none (every pass
+// copies them up), with one too small for a layer's blocks, and with one
+// that holds a layer's but not two (each layer evicts the one before).
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +20,7 @@
 
 #include "kvtier/kernels/cuda_codec.h"
 #include "services/common/child_process.h"
+#include "services/runtime/device_block_pool.h"
 #include "services/runtime/make_model.h"
 #include "services/runtime/model.h"
 #include "tests/binary_path.h"
@@ -39,7 +44,8 @@ double RelativeError(const std::vector<float>& got, const std::vector<float>& wa
 
 struct Variant {
   std::string name, preset;
-  bool dense_only;  // every layer a dense MLP: no gate to tip over
+  bool dense_only;                // every layer a dense MLP: no gate to tip over
+  int pool_blocks = -1;            // room in the device block pool, in int8 blocks of 16; -1: the default
 };
 void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
 
@@ -65,7 +71,13 @@ TEST_P(CudaForwardTest, LogitsMatchTheCpuThroughPrefillAndDecode) {
   auto ckpt = Checkpoint::Open(dir_.string());
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
   auto cpu = Model::Load(**ckpt, Device::kCpu);
-  auto gpu = Model::Load(**ckpt, Device::kCuda);
+  CudaOptions cuda;
+  if (GetParam().pool_blocks >= 0) {
+    const kernels::BlockShape int8_block{16, static_cast<uint32_t>(config.kv_lora_rank),
+                                         static_cast<uint32_t>(config.qk_rope_head_dim)};
+    cuda.block_pool_bytes = GetParam().pool_blocks * static_cast<int64_t>(EncodedBytes(kernels::Codec::kInt8, int8_block));
+  }
+  auto gpu = Model::Load(**ckpt, Device::kCuda, cuda);
   ASSERT_TRUE(cpu.ok() && gpu.ok()) << cpu.status() << " " << gpu.status();
 
   const size_t vocab = static_cast<size_t>(config.vocab_size);
@@ -119,8 +131,56 @@ TEST_P(CudaForwardTest, LogitsMatchTheCpuThroughPrefillAndDecode) {
 INSTANTIATE_TEST_SUITE_P(Presets, CudaForwardTest,
                          ::testing::Values(Variant{"tiny", "tiny", false}, Variant{"tiny_dense", "tiny", true},
                                            Variant{"lite_attn", "lite-attn", false},
-                                           Variant{"lite_attn_dense", "lite-attn", true}),
+                                           Variant{"lite_attn_dense", "lite-attn", true},
+                                           // Every pass copies its blocks up.
+                                           Variant{"lite_attn_dense_no_pool", "lite-attn", true, 0},
+                                           // The int8 sequence's 2 blocks of a layer fit; each
+                                           // layer's evict the layer before's.
+                                           Variant{"lite_attn_dense_pool_of_2", "lite-attn", true, 2},
+                                           // They do not fit: every pass copies them up.
+                                           Variant{"lite_attn_dense_pool_of_1", "lite-attn", true, 1}),
                          [](const auto& info) { return info.param.name; });
+
+// The device block pool keeps what it holds under the blocks' ids, reuses
+// the least recently used slot, and refuses more blocks than slots.
+TEST(DeviceBlockPool, HoldsBlocksByIdAndReusesTheLeastRecentlyUsedSlot) {
+  std::string why;
+  if (!kernels::cuda::DevicePresent(&why)) GTEST_SKIP() << "no GPU (" << why << "): the block pool not run";
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  auto random_block = [&] {
+    std::vector<uint8_t> bytes(4096);
+    for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng.engine()());
+    return SealedBlock(std::move(bytes));
+  };
+  const SealedBlock a = random_block(), b = random_block(), c = random_block(), d = random_block();
+  auto pool = DeviceBlockPool::Create(4096, 3);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  auto device_bytes = [&](int32_t slot) {
+    std::vector<uint8_t> out(4096);
+    cudaMemcpy(out.data(), (*pool)->base() + size_t(slot) * 4096, 4096, cudaMemcpyDeviceToHost);
+    return out;
+  };
+  std::vector<int32_t> first, second;
+  const SealedBlock* ab[] = {&a, &b, &a};
+  ASSERT_TRUE(*(*pool)->Place(ab, nullptr, first));
+  EXPECT_EQ(first[0], first[2]);  // one block, one slot
+  const SealedBlock* ca[] = {&c, &a};
+  ASSERT_TRUE(*(*pool)->Place(ca, nullptr, second));
+  EXPECT_EQ(second[1], first[0]) << "a stays where it was";
+  const SealedBlock copy_of_c = c;  // a copy is the same block
+  const SealedBlock* cd[] = {&copy_of_c, &d};
+  std::vector<int32_t> third;
+  ASSERT_TRUE(*(*pool)->Place(cd, nullptr, third));
+  EXPECT_EQ(third[0], second[0]);
+  EXPECT_NE(third[1], first[0]) << "b's slot (least recently used) takes d, not a's";
+  EXPECT_EQ(device_bytes(third[1]), std::vector<uint8_t>(d.begin(), d.end()));
+  EXPECT_EQ(device_bytes(second[0]), std::vector<uint8_t>(c.begin(), c.end()));
+  EXPECT_EQ(device_bytes(first[0]), std::vector<uint8_t>(a.begin(), a.end()));
+  const SealedBlock* too_many[] = {&a, &b, &c, &d};
+  std::vector<int32_t> none;
+  EXPECT_FALSE(*(*pool)->Place(too_many, nullptr, none));
+}
 
 // The end-to-end check: `kvtier run --device cuda` prints the same
 // greedy ids as `--device cpu` on the lite-attn preset (int8 blocks of 64:

@@ -1,0 +1,66 @@
+#include "services/runtime/device_block_pool.h"
+
+#include <cuda_runtime.h>
+
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvtier::runtime {
+
+absl::StatusOr<std::unique_ptr<DeviceBlockPool>> DeviceBlockPool::Create(size_t block_bytes, uint32_t slots) {
+  if (block_bytes == 0 || slots == 0) return absl::InvalidArgumentError("an empty device block pool");
+  void* base = nullptr;
+  if (const cudaError_t e = cudaMalloc(&base, block_bytes * slots); e != cudaSuccess) {
+    return absl::ResourceExhaustedError(absl::StrCat("device block pool of ", slots, " x ", block_bytes,
+                                                     " bytes: ", cudaGetErrorString(e)));
+  }
+  return std::unique_ptr<DeviceBlockPool>(new DeviceBlockPool(static_cast<uint8_t*>(base), block_bytes, slots));
+}
+
+DeviceBlockPool::DeviceBlockPool(uint8_t* base, size_t block_bytes, uint32_t slots)
+    : base_(base), block_bytes_(block_bytes), id_in_(slots, 0), position_(slots) {
+  for (uint32_t s = 0; s < slots; ++s) position_[s] = recency_.insert(recency_.end(), s);
+}
+
+DeviceBlockPool::~DeviceBlockPool() { cudaFree(base_); }
+
+absl::StatusOr<bool> DeviceBlockPool::Place(std::span<const SealedBlock* const> blocks, void* stream,
+                                            std::vector<int32_t>& slot_of) {
+  std::unordered_set<uint64_t> wanted;
+  for (const SealedBlock* b : blocks) wanted.insert(b->id());
+  if (wanted.size() > id_in_.size()) return false;
+  // Held blocks first move to the front, so the back holds only slots none
+  // of `blocks` needs: those are what the missing ones take.
+  std::vector<const SealedBlock*> missing;
+  for (const SealedBlock* b : blocks) {
+    const auto it = slot_of_id_.find(b->id());
+    if (it == slot_of_id_.end()) {
+      missing.push_back(b);
+      continue;
+    }
+    recency_.splice(recency_.begin(), recency_, position_[it->second]);
+  }
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  for (const SealedBlock* b : missing) {
+    if (slot_of_id_.count(b->id()) > 0) continue;  // the same block twice in `blocks`
+    const uint32_t slot = recency_.back();
+    if (id_in_[slot] != 0) slot_of_id_.erase(id_in_[slot]);
+    id_in_[slot] = b->id();
+    slot_of_id_[b->id()] = slot;
+    recency_.splice(recency_.begin(), recency_, position_[slot]);
+    if (const cudaError_t e =
+            cudaMemcpyAsync(base_ + size_t{slot} * block_bytes_, b->data(), block_bytes_, cudaMemcpyHostToDevice, s);
+        e != cudaSuccess) {
+      // What the slot holds is unknown now: forget it.
+      slot_of_id_.erase(b->id());
+      id_in_[slot] = 0;
+      return absl::InternalError(absl::StrCat("copying a block to the device: ", cudaGetErrorString(e)));
+    }
+  }
+  slot_of.clear();
+  for (const SealedBlock* b : blocks) slot_of.push_back(static_cast<int32_t>(slot_of_id_.at(b->id())));
+  return true;
+}
+
+}  // namespace kvtier::runtime
