@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kvtier/kernels/parallel.h"
+#include "services/common/byte_size.h"
 #include "services/common/metrics_exposer.h"
 #include "services/common/server_runner.h"
 #include "services/common/status.h"
@@ -23,12 +24,21 @@ void ModelServerFlags::Register(FlagParser& flags) {
   flags.AddBool("no-fast-path", &no_fast_path,
                 "read and write blocks over gRPC only, even with a cache shard on this host");
   flags.AddString("device", &device, "cpu|cuda: where the model runs (cuda: bf16 weights on the first GPU)");
+  flags.AddString("device-block-pool", &device_block_pool,
+                  "with --device cuda: GPU memory that keeps sequences' blocks between passes, e.g. 8GiB "
+                  "(0: none, every pass copies them up; default: 40% of the GPU memory free at the first pass)");
 }
 
 absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const ModelServerFlags& f) {
   if (f.model.empty() || f.cache.empty()) return absl::InvalidArgumentError("--model and --cache are required");
   if (f.threads > 1024) return absl::InvalidArgumentError("--threads must be at most 1024");
   KVTIER_ASSIGN_OR_RETURN(const runtime::Device device, runtime::ParseDevice(f.device));
+  runtime::CudaOptions cuda;
+  if (!f.device_block_pool.empty()) {
+    absl::StatusOr<uint64_t> bytes = ParseByteSize(f.device_block_pool);
+    if (!bytes.ok()) return absl::InvalidArgumentError(absl::StrCat("--device-block-pool: ", bytes.status().message()));
+    cuda.block_pool_bytes = static_cast<int64_t>(std::min<uint64_t>(*bytes, INT64_MAX));
+  }
   kernels::SetKernelThreads(f.threads == 0 ? std::max(1u, std::thread::hardware_concurrency()) : f.threads);
   ModelServer s;
   absl::StatusOr<std::unique_ptr<ShardSet>> shards = ShardSet::Create(f.cache, absl::Milliseconds(f.cache_deadline_ms), !f.no_fast_path);
@@ -36,7 +46,7 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
   s.shards = std::move(*shards);
   std::cerr << program << ": loading " << f.model << " on " << f.device << std::endl;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Checkpoint> checkpoint, runtime::Checkpoint::Open(f.model));
-  KVTIER_ASSIGN_OR_RETURN(s.model, runtime::Model::Load(*checkpoint, device));
+  KVTIER_ASSIGN_OR_RETURN(s.model, runtime::Model::Load(*checkpoint, device, cuda));
   KVTIER_ASSIGN_OR_RETURN(s.model_id, ModelId(f.model));
   s.registry = std::make_shared<prometheus::Registry>();
   KVTIER_ASSIGN_OR_RETURN(s.exposer, StartMetricsExposer(f.metrics_listen, {s.registry}));

@@ -28,9 +28,10 @@ struct ModelServerFlags {
   uint64_t threads = 0;  // 0: every core
   bool no_fast_path = false;
   std::string device = "cpu";
+  std::string device_block_pool;  // empty: CudaOptions' default
 
   // --listen --model --cache --metrics-listen --cache-deadline-ms --threads
-  // --no-fast-path --device
+  // --no-fast-path --device --device-block-pool
   void Register(FlagParser& flags);
 };
 

@@ -15,6 +15,9 @@
 
 #include "kvtier/v1/decode.grpc.pb.h"
 #include "kvtier/v1/prefill.grpc.pb.h"
+#if KVTIER_RUNTIME_CUDA
+#include "kvtier/kernels/cuda_codec.h"
+#endif
 #include "services/cache/cache_client.h"
 #include "services/cli/remote_generate.h"
 #include "services/common/child_process.h"
@@ -595,6 +598,31 @@ TEST_F(ServingTest, BadRequestsGetClearStatuses) {
               b->set_data("not a block");
             }),
             grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+// The model servers' device flags: a device that is not one, a pool size
+// that is not a size, and CUDA where it cannot run are refused at start-up
+// with a message (2: a usage error; 1: cannot run here).
+TEST_F(ServingTest, ModelServersRefuseDeviceFlagsTheyCannotHonour) {
+  for (const std::string& start : {std::string(KVTIER_DECODE_BINARY) + " ",
+                                   std::string(KVTIER_PREFILL_BINARY) + " --decode 127.0.0.1:1 "}) {
+    const std::string command = start + "--listen 127.0.0.1:0 --model " + Tiny().dir +
+                                " --cache 127.0.0.1:1 --metrics-listen '' ";
+    const CommandResult not_a_device = RunCommand(command + "--device tpu");
+    EXPECT_EQ(not_a_device.exit_code, 2) << not_a_device.output;
+    EXPECT_NE(not_a_device.output.find("--device tpu is not one of cpu, cuda"), std::string::npos)
+        << not_a_device.output;
+    const CommandResult not_a_size = RunCommand(command + "--device cuda --device-block-pool 12XB");
+    EXPECT_EQ(not_a_size.exit_code, 2) << not_a_size.output;
+    EXPECT_NE(not_a_size.output.find("--device-block-pool"), std::string::npos) << not_a_size.output;
+#if KVTIER_RUNTIME_CUDA
+    std::string why;
+    if (kernels::cuda::DevicePresent(&why)) continue;  // cuda_forward_test runs it
+#endif
+    const CommandResult no_gpu = RunCommand(command + "--device cuda");
+    EXPECT_EQ(no_gpu.exit_code, 1) << no_gpu.output;
+    EXPECT_NE(no_gpu.output.find("--device cuda"), std::string::npos) << no_gpu.output;
+  }
 }
 
 // The alerting rules and the Grafana dashboard in deploy/ name only metrics
