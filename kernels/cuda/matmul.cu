@@ -182,28 +182,41 @@ Status Blas::MoeForward(const MoeDeviceWeights& w, uint32_t hidden, const float*
     for (uint32_t i = 0; i < n; ++i) rows_of.back()[i] = static_cast<int32_t>(i);
     weights_of.emplace_back(n, 1.0f);
   }
+  std::vector<const SwiGluDeviceWeights*> mlps;
+  for (const SwiGluDeviceWeights& e : w.experts) mlps.push_back(&e);
+  if (w.shared.inter > 0) mlps.push_back(&w.shared);
   cudaMemsetAsync(out, 0, size_t{n} * hidden * 4, stream);
-  for (size_t e = 0; e < rows_of.size(); ++e) {
-    if (rows_of[e].empty()) continue;
-    KVTIER_KERNELS_RETURN_IF_ERROR(
-        SwiGluAddRows(e < experts ? w.experts[e] : w.shared, hidden, x, rows_of[e], weights_of[e], out));
-  }
-  return OkStatus();
+  return SwiGluGroups(mlps, rows_of, weights_of, hidden, x, out);
 }
 
-Status Blas::SwiGluAddRows(const SwiGluDeviceWeights& w, uint32_t hidden, const float* x,
-                           const std::vector<int32_t>& rows, const std::vector<float>& weights, float* out) {
+Status Blas::SwiGluGroups(const std::vector<const SwiGluDeviceWeights*>& mlps,
+                          const std::vector<std::vector<int32_t>>& rows, const std::vector<std::vector<float>>& weights,
+                          uint32_t hidden, const float* x, float* out) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_);
-  const uint32_t count = static_cast<uint32_t>(rows.size());
+  // Every group's rows and weights in one copy; the groups then run back to
+  // back on the stream (in order: no two add to a row at once), one wait at
+  // the end.
+  std::vector<int32_t> all_rows;
+  std::vector<float> all_weights;
+  for (size_t g = 0; g < rows.size(); ++g) {
+    all_rows.insert(all_rows.end(), rows[g].begin(), rows[g].end());
+    all_weights.insert(all_weights.end(), weights[g].begin(), weights[g].end());
+  }
+  if (all_rows.empty()) return OkStatus();
   void *d_rows, *d_weights;
-  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kRows, size_t{count} * 4, &d_rows));
-  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kWeights, size_t{count} * 4, &d_weights));
-  // Pageable host memory: these copies finish before they return.
-  cudaMemcpyAsync(d_rows, rows.data(), size_t{count} * 4, cudaMemcpyHostToDevice, stream);
-  cudaMemcpyAsync(d_weights, weights.data(), size_t{count} * 4, cudaMemcpyHostToDevice, stream);
-  KVTIER_KERNELS_RETURN_IF_ERROR(SwiGluAdd(w, hidden, x, static_cast<int32_t*>(d_rows),
-                                           static_cast<float*>(d_weights), count, out));
-  // The next call reuses these buffers.
+  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kRows, all_rows.size() * 4, &d_rows));
+  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kWeights, all_weights.size() * 4, &d_weights));
+  // From pageable memory: staged before these return, so the vectors may go.
+  cudaMemcpyAsync(d_rows, all_rows.data(), all_rows.size() * 4, cudaMemcpyHostToDevice, stream);
+  cudaMemcpyAsync(d_weights, all_weights.data(), all_weights.size() * 4, cudaMemcpyHostToDevice, stream);
+  size_t offset = 0;
+  for (size_t g = 0; g < rows.size(); ++g) {
+    const uint32_t count = static_cast<uint32_t>(rows[g].size());
+    if (count == 0) continue;
+    KVTIER_KERNELS_RETURN_IF_ERROR(SwiGluAdd(*mlps[g], hidden, x, static_cast<int32_t*>(d_rows) + offset,
+                                             static_cast<float*>(d_weights) + offset, count, out));
+    offset += count;
+  }
   if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) return CudaError(e, "cuda::Blas SwiGLU");
   return OkStatus();
 }
@@ -214,10 +227,10 @@ Status Blas::SwiGlu(const SwiGluDeviceWeights& w, uint32_t hidden, const float* 
     return InvalidArgument("cuda::Blas::SwiGlu: missing weights or pointers");
   }
   if (n == 0) return OkStatus();
-  std::vector<int32_t> rows(n);
-  for (uint32_t i = 0; i < n; ++i) rows[i] = static_cast<int32_t>(i);
+  std::vector<std::vector<int32_t>> rows(1, std::vector<int32_t>(n));
+  for (uint32_t i = 0; i < n; ++i) rows[0][i] = static_cast<int32_t>(i);
   cudaMemsetAsync(out, 0, size_t{n} * hidden * 4, static_cast<cudaStream_t>(stream_));
-  return SwiGluAddRows(w, hidden, x, rows, std::vector<float>(n, 1.0f), out);
+  return SwiGluGroups({&w}, rows, {std::vector<float>(n, 1.0f)}, hidden, x, out);
 }
 
 }  // namespace kvtier::kernels::cuda

@@ -75,10 +75,11 @@ class Blas {
   // out[rows[i]] += weights[i] * SwiGLU(x[rows[i]]) for `count` rows.
   Status SwiGluAdd(const SwiGluDeviceWeights& w, uint32_t hidden, const float* x, const int32_t* rows,
                    const float* weights, uint32_t count, float* out);
-  // SwiGluAdd over host lists of rows and weights, and waits (the lists'
-  // device copies are reused by the next call).
-  Status SwiGluAddRows(const SwiGluDeviceWeights& w, uint32_t hidden, const float* x,
-                       const std::vector<int32_t>& rows, const std::vector<float>& weights, float* out);
+  // SwiGluAdd for each group g: mlps[g] over its host lists rows[g] and
+  // weights[g]; then waits.
+  Status SwiGluGroups(const std::vector<const SwiGluDeviceWeights*>& mlps,
+                      const std::vector<std::vector<int32_t>>& rows, const std::vector<std::vector<float>>& weights,
+                      uint32_t hidden, const float* x, float* out);
 
   const void* api_;  // the CublasApi (cuBLAS is opened at run time: cublas_loader.h)
   void* handle_;     // cublasHandle_t
