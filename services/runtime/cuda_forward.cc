@@ -52,12 +52,13 @@ class DeviceArray {
     return absl::OkStatus();
   }
 
-  // Reserve, copy `host` in on `stream` and wait (so `host` may go).
+  // Reserve, then copy `host` in on `stream`. From pageable memory the call
+  // returns once the bytes are staged, so `host` may go; no wait for the
+  // copy itself (the stream orders it before what reads it).
   absl::Status Upload(std::span<const T> host, cudaStream_t stream) {
     KVTIER_RETURN_IF_ERROR(Reserve(std::max<size_t>(host.size(), 1)));
-    KVTIER_RETURN_IF_ERROR(
-        CudaCheck(cudaMemcpyAsync(data_, host.data(), host.size_bytes(), cudaMemcpyHostToDevice, stream), "upload"));
-    return CudaCheck(cudaStreamSynchronize(stream), "upload");
+    return CudaCheck(cudaMemcpyAsync(data_, host.data(), host.size_bytes(), cudaMemcpyHostToDevice, stream),
+                     "upload");
   }
 
  private:
