@@ -3,9 +3,10 @@
 // and every row's attention absorbed over its sequence's quantized blocks
 // and float tail by the paged MLA kernel, prefill rows and decode steps
 // alike. Sequence caches stay in host memory, where the serving layer reads
-// and writes their blocks: each pass copies a layer's blocks to the device,
-// and blocks are sealed on the host with the CPU codecs (the GPU's give the
-// same bytes). Built only with CUDA (KVTIER_RUNTIME_CUDA).
+// and writes their blocks; the GPU keeps copies of them between passes in a
+// device block pool (device_block_pool.h) and copies up only the blocks it
+// does not hold. Blocks are sealed on the host with the CPU codecs (the
+// GPU's give the same bytes). Built only with CUDA (KVTIER_RUNTIME_CUDA).
 #ifndef KVTIER_SERVICES_RUNTIME_CUDA_FORWARD_H_
 #define KVTIER_SERVICES_RUNTIME_CUDA_FORWARD_H_
 
