@@ -146,6 +146,20 @@ void ReferenceMlp(const HostMlp& m, uint32_t hidden, const float* x, double weig
   }
 }
 
+// Every output within 2e-3 of the largest |want| (the MLPs' bound, above);
+// else says which token and value of `width` differ.
+bool WithinOfLargest(const char* what, const std::vector<float>& out, const std::vector<double>& want, uint32_t width) {
+  double largest = 0;
+  for (double v : want) largest = std::max(largest, std::abs(v));
+  for (size_t k = 0; k < want.size(); ++k) {
+    if (!(std::abs(out[k] - want[k]) <= 2e-3 * largest)) {
+      std::fprintf(stderr, "%s token %zu value %zu: GPU %g, float64 %g\n", what, k / width, k % width, out[k], want[k]);
+      return false;
+    }
+  }
+  return true;
+}
+
 bool CheckMoe(cuda::Blas& blas, std::mt19937_64& rng) {
   constexpr uint32_t kHidden = 256, kInter = 128, kExperts = 16, kTokens = 33;
   GateParams gate;
@@ -197,15 +211,7 @@ bool CheckMoe(cuda::Blas& blas, std::mt19937_64& rng) {
     for (const ExpertChoice& c : choices) ReferenceMlp(experts[c.expert], kHidden, xi, c.weight, &want[size_t{i} * kHidden]);
     ReferenceMlp(shared, kHidden, xi, 1.0, &want[size_t{i} * kHidden]);
   }
-  double largest = 0;
-  for (double v : want) largest = std::max(largest, std::abs(v));
-  for (size_t k = 0; k < want.size(); ++k) {
-    if (!(std::abs(out[k] - want[k]) <= 2e-3 * largest)) {
-      std::fprintf(stderr, "MoE token %zu value %zu: GPU %g, float64 %g\n", k / kHidden, k % kHidden, out[k], want[k]);
-      return false;
-    }
-  }
-  return true;
+  return WithinOfLargest("MoE", out, want, kHidden);
 }
 
 // A dense layer's MLP (SwiGlu) against float64.
@@ -227,15 +233,7 @@ bool CheckDenseMlp(cuda::Blas& blas, std::mt19937_64& rng) {
   }
   std::vector<double> want(x.size(), 0.0);
   for (uint32_t i = 0; i < kTokens; ++i) ReferenceMlp(m, kHidden, x.data() + size_t{i} * kHidden, 1.0, &want[size_t{i} * kHidden]);
-  double largest = 0;
-  for (double v : want) largest = std::max(largest, std::abs(v));
-  for (size_t k = 0; k < want.size(); ++k) {
-    if (!(std::abs(out[k] - want[k]) <= 2e-3 * largest)) {
-      std::fprintf(stderr, "dense MLP token %zu value %zu: GPU %g, float64 %g\n", k / kHidden, k % kHidden, out[k], want[k]);
-      return false;
-    }
-  }
-  return true;
+  return WithinOfLargest("dense MLP", out, want, kHidden);
 }
 
 void Benchmark(cuda::Blas& blas, std::mt19937_64& rng) {
