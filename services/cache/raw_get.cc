@@ -5,6 +5,7 @@
 #include <grpcpp/support/client_callback.h>
 
 #include <cstring>
+#include <deque>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -65,6 +66,10 @@ class SliceCursor {
   size_t offset_ = 0;
 };
 
+// Receives the stream on gRPC's threads and lands each answer on the
+// caller's thread (in Wait), so copying one record into its destination
+// overlaps with receiving the next. At most kAhead answers wait to be
+// landed; past that, reading pauses until the caller catches up.
 class RawGetReactor final : public grpc::ClientReadReactor<grpc::ByteBuffer> {
  public:
   RawGetReactor(grpc::ClientContext* context, const RecordDestination& destination,
@@ -77,22 +82,21 @@ class RawGetReactor final : public grpc::ClientReadReactor<grpc::ByteBuffer> {
     const grpc::internal::RpcMethod method(kGetMethod, grpc::internal::RpcMethod::SERVER_STREAMING);
     grpc::internal::ClientCallbackReaderFactory<grpc::ByteBuffer>::Create(channel, method, context_,
                                                                           &request_, this);
-    StartRead(&buffer_);
+    StartRead(&reading_);
     StartCall();
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) return;  // end of stream: OnDone follows
-    RawBlock block;
-    absl::Status status = ParseRawGetResponse(buffer_, destination_, block);
-    if (!status.ok()) {
+    bool again;
+    {
       absl::MutexLock lock(&mu_);
-      parse_error_ = status;
-      context_->TryCancel();
-      return;
+      received_.emplace_back();
+      received_.back().Swap(&reading_);
+      again = received_.size() < kAhead;
+      reading_paused_ = !again;
     }
-    on_block_(block);
-    StartRead(&buffer_);
+    if (again) StartRead(&reading_);
   }
 
   void OnDone(const grpc::Status& status) override {
@@ -101,25 +105,51 @@ class RawGetReactor final : public grpc::ClientReadReactor<grpc::ByteBuffer> {
     done_ = true;
   }
 
+  // Lands answers as they arrive until the stream ends; its status.
   grpc::Status Wait() {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(&done_));
-    if (!parse_error_.ok()) {
-      return grpc::Status(grpc::StatusCode::INTERNAL, std::string(parse_error_.message()));
+    absl::Status parse_error;
+    while (true) {
+      grpc::ByteBuffer answer;
+      bool resume = false;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(this, &RawGetReactor::ReadyLocked));
+        if (received_.empty()) break;  // the stream ended and everything is landed
+        answer.Swap(&received_.front());
+        received_.pop_front();
+        resume = reading_paused_ && parse_error.ok();
+        reading_paused_ = false;
+      }
+      if (resume) StartRead(&reading_);
+      if (!parse_error.ok()) continue;  // cancelled: drain what is left
+      RawBlock block;
+      parse_error = ParseRawGetResponse(answer, destination_, block);
+      if (!parse_error.ok()) {
+        context_->TryCancel();
+        continue;
+      }
+      on_block_(block);
     }
+    if (!parse_error.ok()) return grpc::Status(grpc::StatusCode::INTERNAL, std::string(parse_error.message()));
+    absl::MutexLock lock(&mu_);
     return status_;
   }
 
  private:
+  static constexpr size_t kAhead = 2;
+
+  bool ReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !received_.empty() || done_; }
+
   grpc::ClientContext* context_;
   const RecordDestination& destination_;
   const std::function<void(const RawBlock&)>& on_block_;
   grpc::ByteBuffer request_;
-  grpc::ByteBuffer buffer_;
+  grpc::ByteBuffer reading_;  // the read in flight
   absl::Mutex mu_;
+  std::deque<grpc::ByteBuffer> received_ ABSL_GUARDED_BY(mu_);  // not landed yet
+  bool reading_paused_ ABSL_GUARDED_BY(mu_) = false;            // Wait restarts reading
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status status_ ABSL_GUARDED_BY(mu_);
-  absl::Status parse_error_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

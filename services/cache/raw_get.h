@@ -26,11 +26,12 @@ struct RawBlock {
 
 using RecordDestination = std::function<std::span<uint8_t>(uint32_t index, size_t size)>;
 
-// Runs one Get call to the end. Each answer is parsed on a gRPC thread as it
-// arrives (no hand-off to another thread): its record is copied into
-// `destination(index, size)` (a buffer at least `size` long), then
-// `on_block` sees what arrived. Blocks the caller until the stream ends and
-// returns its status (INTERNAL if an answer did not parse).
+// Runs one Get call to the end. Answers are received on gRPC's threads and
+// landed on the caller's, in order, while the next ones arrive: each
+// record is copied into `destination(index, size)` (a buffer at least
+// `size` long), then `on_block` sees what arrived. Blocks the caller until
+// the stream ends and returns its status (INTERNAL if an answer did not
+// parse).
 grpc::Status RawGet(grpc::Channel* channel, grpc::ClientContext* context,
                     const v1::GetRequest& request, const RecordDestination& destination,
                     const std::function<void(const RawBlock&)>& on_block);
