@@ -553,7 +553,7 @@ absl::Status BlockStore::CopyToExported(const PinnedBlock& block, ExportedBuffer
   if (arena == nullptr || arena->addressable() || block.owned_ != nullptr) {
     return absl::FailedPreconditionError("block is not in a slab tier");
   }
-  SlabMemory* slab = const_cast<SlabMemory*>(arena->slab());
+  SlabMemory* slab = options_.device_slab.get();  // the one slab tier's
   const size_t page = arena->page_size();
   for (size_t k = 0; k < pages.size() && k * page < size; ++k) {
     const size_t n = std::min(page, size - k * page);

@@ -572,7 +572,7 @@ grpc::ServerUnaryReactor* CacheService::LeaseBlocks(grpc::CallbackServerContext*
   if (!scope.ok()) return FinishUnary(context, std::move(timer), scope.status());
   absl::StatusOr<std::vector<kvblock::BlockHash>> hashes = ValidateHashes(request->block_hashes());
   if (!hashes.ok()) return FinishUnary(context, std::move(timer), hashes.status());
-  // Pinning verifies every record's checksum: not on a gRPC thread.
+  // Pinning may promote blocks (a copy between tiers): not on a gRPC thread.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   auto work = [this, reactor, request, response, scope = *std::move(scope),
                hashes = *std::move(hashes), timer]() mutable {

@@ -299,8 +299,8 @@ absl::StatusOr<std::vector<uint32_t>> FastPathClient::Fetch(
     shared_bytes += b.has_shared() ? b.shared().size() : b.has_device() ? b.device().size() : 0;
   }
   const int n = leased.blocks_size();
-  // One core copies and checks at about half of what memory delivers
-  // (measured: 9 GB/s against memcpy's 18-20): large reads split in two.
+  // Large reads split in two: the page faults of a first read of fresh
+  // mappings run in parallel (measured: 5.5 -> 8.7 GB/s on new maps).
   if (shared_bytes >= kTwoThreadBytes && std::thread::hardware_concurrency() > 1) {
     std::thread helper([&] {
       for (int i = n / 2; i < n; ++i) deliver(leased.blocks(i));
