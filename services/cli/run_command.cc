@@ -62,7 +62,7 @@ int RunRun(const std::vector<std::string>& args) {
   flags.AddUint("tokens-per-block", &tokens_per_block, "tokens per latent block");
   flags.AddBool("json", &json, "print {ids, logprobs, top_logprobs, prompt_tokens, cached_tokens}");
   flags.AddUint("threads", &threads, "threads for the model's matrix products (default: every core)");
-  flags.AddString("device", &device, "cpu|cuda: where the model runs (cuda: bf16 weights on the first GPU)");
+  flags.AddString("device", &device, runtime::kDeviceFlagHelp);
   sampling_flags.Register(flags);
   if (std::optional<int> exit = flags.ParseOrExit(args, "kvtier run")) return *exit;
   kernels::SetKernelThreads(std::clamp<uint64_t>(threads, 1, 1024));

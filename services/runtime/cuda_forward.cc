@@ -184,23 +184,18 @@ absl::Status CudaForward::LoadLayer(const Checkpoint& ckpt, int64_t index, Devic
   }
   KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, p + "self_attn.kv_a_proj_with_mqa.weight", l.kv_a));
   KVTIER_RETURN_IF_ERROR(UploadFloat(ckpt, p + "self_attn.kv_a_layernorm.weight", l.kv_a_norm));
-  // kv_b_proj rows per head: nope rows of W_UK, then v rows of W_UV.
-  const size_t heads = c.num_attention_heads, nope = c.qk_nope_head_dim, v = c.v_head_dim, kv = c.kv_lora_rank;
-  KVTIER_ASSIGN_OR_RETURN(TensorView kv_b_view, ckpt.Tensor(p + "self_attn.kv_b_proj.weight"));
-  const std::vector<float> kv_b = kv_b_view.ToFloat();
+  // The GPU multiplies by W_UK^T per head: each head's [nope][kv] transposed.
+  const size_t heads = c.num_attention_heads, nope = c.qk_nope_head_dim, kv = c.kv_lora_rank;
+  KVTIER_ASSIGN_OR_RETURN(TensorView kv_b, ckpt.Tensor(p + "self_attn.kv_b_proj.weight"));
+  const KvBWeights split = SplitKvB(kv_b.ToFloat(), c);
   std::vector<float> w_uk_t(heads * kv * nope);
   for (size_t h = 0; h < heads; ++h) {
-    const float* head = kv_b.data() + h * (nope + v) * kv;
     for (size_t i = 0; i < nope; ++i) {
-      for (size_t j = 0; j < kv; ++j) w_uk_t[(h * kv + j) * nope + i] = head[i * kv + j];
+      for (size_t j = 0; j < kv; ++j) w_uk_t[(h * kv + j) * nope + i] = split.w_uk[(h * nope + i) * kv + j];
     }
   }
-  std::vector<float> w_uv(heads * v * kv);
-  for (size_t h = 0; h < heads; ++h) {
-    std::copy_n(kv_b.data() + (h * (nope + v) + nope) * kv, v * kv, w_uv.data() + h * v * kv);
-  }
   KVTIER_RETURN_IF_ERROR(l.w_uk_t.Upload(ToBf16(w_uk_t), stream_));
-  KVTIER_RETURN_IF_ERROR(l.w_uv.Upload(ToBf16(w_uv), stream_));
+  KVTIER_RETURN_IF_ERROR(l.w_uv.Upload(ToBf16(split.w_uv), stream_));
   KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, p + "self_attn.o_proj.weight", l.o_proj));
   auto load_mlp = [&](const std::string& prefix, int64_t inter, DeviceMlp& m) -> absl::Status {
     m.inter = static_cast<uint32_t>(inter);

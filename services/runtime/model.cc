@@ -50,8 +50,6 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const Checkpoint& ckpt, Devic
   KVTIER_ASSIGN_OR_RETURN(m->embed_, load("model.embed_tokens.weight"));
   KVTIER_ASSIGN_OR_RETURN(m->final_norm_, load("model.norm.weight"));
   KVTIER_ASSIGN_OR_RETURN(m->lm_head_, load("lm_head.weight"));
-  const int64_t heads = c.num_attention_heads, nope = c.qk_nope_head_dim, v = c.v_head_dim,
-                kv = c.kv_lora_rank;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
     Layer l;
@@ -67,14 +65,9 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const Checkpoint& ckpt, Devic
     KVTIER_ASSIGN_OR_RETURN(l.kv_a, load(p + "self_attn.kv_a_proj_with_mqa.weight"));
     KVTIER_ASSIGN_OR_RETURN(l.kv_a_norm, load(p + "self_attn.kv_a_layernorm.weight"));
     KVTIER_ASSIGN_OR_RETURN(std::vector<float> kv_b, load(p + "self_attn.kv_b_proj.weight"));
-    // kv_b_proj rows per head: nope rows of W_UK, then v rows of W_UV.
-    l.w_uk.resize(heads * nope * kv);
-    l.w_uv.resize(heads * v * kv);
-    for (int64_t h = 0; h < heads; ++h) {
-      const float* head = kv_b.data() + h * (nope + v) * kv;
-      std::copy_n(head, nope * kv, l.w_uk.data() + h * nope * kv);
-      std::copy_n(head + nope * kv, v * kv, l.w_uv.data() + h * v * kv);
-    }
+    KvBWeights split = SplitKvB(kv_b, c);
+    l.w_uk = std::move(split.w_uk);
+    l.w_uv = std::move(split.w_uv);
     KVTIER_ASSIGN_OR_RETURN(l.o_proj, load(p + "self_attn.o_proj.weight"));
     l.moe = c.IsMoeLayer(i);
     auto load_swiglu = [&](const std::string& prefix, size_t inter) -> absl::StatusOr<SwiGluWeights> {
@@ -316,6 +309,18 @@ absl::Status Model::Forward(std::span<const SequenceTokens> batch, const LayerDo
     batch[b].cache->length += static_cast<int64_t>(batch[b].tokens.size());
   }
   return absl::OkStatus();
+}
+
+KvBWeights SplitKvB(std::span<const float> kv_b, const ModelConfig& c) {
+  const size_t heads = c.num_attention_heads, nope = c.qk_nope_head_dim, v = c.v_head_dim, kv = c.kv_lora_rank;
+  KvBWeights w{std::vector<float>(heads * nope * kv), std::vector<float>(heads * v * kv)};
+  // Per head: nope rows of W_UK, then v rows of W_UV.
+  for (size_t h = 0; h < heads; ++h) {
+    const float* head = kv_b.data() + h * (nope + v) * kv;
+    std::copy_n(head, nope * kv, w.w_uk.data() + h * nope * kv);
+    std::copy_n(head + nope * kv, v * kv, w.w_uv.data() + h * v * kv);
+  }
+  return w;
 }
 
 absl::Status SealFullBlocks(SequenceCache& cache, size_t li, uint32_t kv_lora_rank, uint32_t rope_dim) {

@@ -43,6 +43,17 @@ struct SequenceTokens {
   std::span<float> logits;
 };
 
+// A layer's kv_b_proj ([heads][nope + v][kv_lora_rank] rows) split into
+// W_UK ([heads][nope][kv]) and W_UV ([heads][v][kv]), as both backends use
+// them.
+struct KvBWeights {
+  std::vector<float> w_uk, w_uv;
+};
+KvBWeights SplitKvB(std::span<const float> kv_b, const ModelConfig& config);
+
+// `--device`'s help, for every program that takes it.
+inline constexpr char kDeviceFlagHelp[] = "cpu|cuda: where the model runs (cuda: bf16 weights on the first GPU)";
+
 // Quantizes the full blocks at the front of `layer`'s tail into blocks.
 absl::Status SealFullBlocks(SequenceCache& cache, size_t layer, uint32_t kv_lora_rank, uint32_t rope_dim);
 

@@ -23,7 +23,7 @@ void ModelServerFlags::Register(FlagParser& flags) {
   flags.AddUint("threads", &threads, "threads for the model's matrix products (0: every core)");
   flags.AddBool("no-fast-path", &no_fast_path,
                 "read and write blocks over gRPC only, even with a cache shard on this host");
-  flags.AddString("device", &device, "cpu|cuda: where the model runs (cuda: bf16 weights on the first GPU)");
+  flags.AddString("device", &device, runtime::kDeviceFlagHelp);
   flags.AddString("device-block-pool", &device_block_pool,
                   "with --device cuda: GPU memory that keeps sequences' blocks between passes, e.g. 8GiB "
                   "(0: none, every pass copies them up; default: 40% of the GPU memory free at the first pass)");
