@@ -116,9 +116,7 @@ int Main() {
   cudaMalloc(&d_codes, floats * 2);
   const std::vector<float> x = RandomLatents(64, 7);
   for (size_t b = 0; b < kBlocks; b += 64) cudaMemcpy(d_x + b * kShape.values(), x.data(), x.size() * 4, cudaMemcpyHostToDevice);
-  const double copy_ms = check::Milliseconds([&] { cudaMemcpyAsync(d_copy, d_x, floats * 4, cudaMemcpyDeviceToDevice); }, 20);
-  // A device-to-device copy reads and writes every byte.
-  const double copy_gbs = 2.0 * floats * 4 / copy_ms / 1e6;
+  const double copy_gbs = check::DeviceCopyGBs(floats * 4);
   std::printf("\n%-6s %14s %10s %16s %10s\n", "codec", "quantize GB/s", "% copy", "dequantize GB/s", "% copy");
   for (Codec codec : kAllCodecs) {
     // Bytes moved: float latents read and codes written (or the reverse).

@@ -238,11 +238,7 @@ bool CheckDenseMlp(cuda::Blas& blas, std::mt19937_64& rng) {
 
 void Benchmark(cuda::Blas& blas, std::mt19937_64& rng) {
   constexpr uint32_t kRows = 3072, kCols = 2048;
-  const size_t copy_bytes = size_t{1} << 30;
-  uint8_t *a = nullptr, *b = nullptr;
-  cudaMalloc(&a, copy_bytes), cudaMalloc(&b, copy_bytes);
-  const double copy_gbs = 2.0 * copy_bytes / check::Milliseconds([&] { cudaMemcpyAsync(b, a, copy_bytes, cudaMemcpyDeviceToDevice); }, 20) / 1e6;
-  cudaFree(a), cudaFree(b);
+  const double copy_gbs = check::DeviceCopyGBs(size_t{1} << 30);
   uint16_t* w = check::ToDevice(RandomBf16(size_t{kRows} * kCols, 0.02f, rng));
   float* x = check::ToDevice(RandomFloats(size_t{256} * kCols, rng));
   float* y = check::ToDevice(std::vector<float>(size_t{256} * kRows));

@@ -38,6 +38,19 @@ double Milliseconds(Op op, int reps) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / reps;
 }
 
+// Device-to-device cudaMemcpy of `bytes`, in GB/s of bytes read plus
+// written: the bandwidth the checks' tables compare against, measured in
+// the same run.
+inline double DeviceCopyGBs(size_t bytes) {
+  void *from = nullptr, *to = nullptr;
+  cudaMalloc(&from, bytes);
+  cudaMalloc(&to, bytes);
+  const double ms = Milliseconds([&] { cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice); }, 10);
+  cudaFree(from);
+  cudaFree(to);
+  return 2.0 * bytes / ms / 1e6;
+}
+
 }  // namespace kvtier::kernels::check
 
 #endif  // KVTIER_KERNELS_CUDA_CHECK_UTIL_H_
