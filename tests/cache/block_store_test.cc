@@ -26,15 +26,9 @@ using kvblock::BlockHash;
 
 constexpr uint32_t kPage = 4096;
 
-kvblock::LatentLayout SmallLayout() {
-  kvblock::LatentLayout l;
-  l.model_id = "store-test";
-  l.num_layers = 4;
-  l.kv_lora_rank = 24;
-  l.rope_dim = 8;
-  l.tokens_per_block = 16;
-  l.codec = kernels::Codec::kInt8;
-  return l;  // 2,340-byte records: one page each
+kvblock::LatentLayout SmallLayout() {  // 2,340-byte records: one page each
+  return {.model_id = "store-test", .num_layers = 4, .kv_lora_rank = 24, .rope_dim = 8, .tokens_per_block = 16,
+          .codec = kernels::Codec::kInt8};
 }
 
 // Where the tiers live. Every behaviour must be the same in each.

@@ -17,14 +17,8 @@ namespace kvtier::cache {
 namespace {
 
 kvblock::LatentLayout Layout() {
-  kvblock::LatentLayout l;
-  l.model_id = "fast-path-server-test";
-  l.num_layers = 2;
-  l.kv_lora_rank = 24;
-  l.rope_dim = 8;
-  l.tokens_per_block = 16;
-  l.codec = kernels::Codec::kInt8;
-  return l;
+  return {.model_id = "fast-path-server-test", .num_layers = 2, .kv_lora_rank = 24, .rope_dim = 8,
+          .tokens_per_block = 16, .codec = kernels::Codec::kInt8};
 }
 
 class FastPathServerTest : public ::testing::Test {

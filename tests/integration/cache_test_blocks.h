@@ -13,15 +13,9 @@
 
 namespace kvtier::cache {
 
-inline kvblock::LatentLayout TestLayout() {
-  kvblock::LatentLayout l;
-  l.model_id = "integration";
-  l.num_layers = 8;
-  l.kv_lora_rank = 512;
-  l.rope_dim = 64;
-  l.tokens_per_block = 64;
-  l.codec = kernels::Codec::kInt8;
-  return l;  // 304,164-byte records
+inline kvblock::LatentLayout TestLayout() {  // 304,164-byte records
+  return {.model_id = "integration", .num_layers = 8, .kv_lora_rank = 512, .rope_dim = 64, .tokens_per_block = 64,
+          .codec = kernels::Codec::kInt8};
 }
 
 // Latents from a fast generator: the bytes only need to differ per block.

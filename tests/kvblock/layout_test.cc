@@ -9,14 +9,8 @@ namespace kvtier::kvblock {
 namespace {
 
 LatentLayout V2Lite() {
-  LatentLayout l;
-  l.model_id = "deepseek-v2-lite";
-  l.num_layers = 27;
-  l.kv_lora_rank = 512;
-  l.rope_dim = 64;
-  l.tokens_per_block = 64;
-  l.codec = kernels::Codec::kInt8;
-  return l;
+  return {.model_id = "deepseek-v2-lite", .num_layers = 27, .kv_lora_rank = 512, .rope_dim = 64,
+          .tokens_per_block = 64, .codec = kernels::Codec::kInt8};
 }
 
 TEST(Layout, IdChangesWithEveryField) {
