@@ -26,6 +26,16 @@ namespace {
 
 using kvblock::BlockHash;
 
+// Every record of `expected` arrived, byte for byte.
+::testing::AssertionResult SameRecords(const std::vector<absl::StatusOr<std::string>>& got,
+                                       const std::vector<TestBlock>& expected) {
+  for (size_t i = 0; i < expected.size(); ++i) {
+    if (!got[i].ok()) return ::testing::AssertionFailure() << "block " << i << ": " << got[i].status();
+    if (*got[i] != expected[i].record) return ::testing::AssertionFailure() << "block " << i << " differs";
+  }
+  return ::testing::AssertionSuccess();
+}
+
 class FastPathTest : public ::testing::Test {
  protected:
   // `port` 0: any free port.
@@ -296,12 +306,7 @@ TEST_F(FastPathTest, CacheRestartUnderAClientsMappingsNeverGivesOldBytes) {
   auto shards = serving::ShardSet::Create(target_, absl::Seconds(5), /*fast_path=*/true);
   ASSERT_TRUE(shards.ok());
   auto check = [&](const std::vector<TestBlock>& expected) {
-    const auto got = (*shards)->Fetch("tenant-a", layout_, Hashes(before));
-    for (size_t i = 0; i < expected.size(); ++i) {
-      if (!got[i].ok()) return ::testing::AssertionFailure() << i << ": " << got[i].status();
-      if (*got[i] != expected[i].record) return ::testing::AssertionFailure() << "block " << i << " differs";
-    }
-    return ::testing::AssertionSuccess();
+    return SameRecords((*shards)->Fetch("tenant-a", layout_, Hashes(before)), expected);
   };
   EXPECT_TRUE(check(before));
   auto standalone = FastPathClient::Connect(channel_, absl::Seconds(5));
@@ -561,11 +566,7 @@ TEST_F(FastPathTest, DeviceTierOutsideSharedMemoryFallsBackToTcp) {
   // The shard set reads the rest over TCP: every block, right.
   auto shards = serving::ShardSet::Create(target_, absl::Seconds(10), /*fast_path=*/true);
   ASSERT_TRUE(shards.ok());
-  const auto fetched = (*shards)->Fetch("tenant-a", layout_, Hashes(blocks));
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    ASSERT_TRUE(fetched[i].ok()) << i << ": " << fetched[i].status();
-    EXPECT_EQ(*fetched[i], blocks[i].record) << i;
-  }
+  EXPECT_TRUE(SameRecords((*shards)->Fetch("tenant-a", layout_, Hashes(blocks)), blocks));
 }
 
 TEST_F(FastPathTest, CacheWithoutFastPathIsReadOverTcp) {
@@ -575,11 +576,7 @@ TEST_F(FastPathTest, CacheWithoutFastPathIsReadOverTcp) {
             absl::StatusCode::kFailedPrecondition);
   auto shards = serving::ShardSet::Create(target_, absl::Seconds(5), /*fast_path=*/true);
   ASSERT_TRUE(shards.ok());
-  const auto got = (*shards)->Fetch("tenant-a", layout_, Hashes(blocks));
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    ASSERT_TRUE(got[i].ok()) << got[i].status();
-    EXPECT_EQ(*got[i], blocks[i].record);
-  }
+  EXPECT_TRUE(SameRecords((*shards)->Fetch("tenant-a", layout_, Hashes(blocks)), blocks));
   EXPECT_EQ(Stats().fast_path_blocks_out(), 0u);
 }
 
