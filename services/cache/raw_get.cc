@@ -69,7 +69,10 @@ class SliceCursor {
 // Receives the stream on gRPC's threads and lands each answer on the
 // caller's thread (in Wait), so copying one record into its destination
 // overlaps with receiving the next. At most kAhead answers wait to be
-// landed; past that, reading pauses until the caller catches up.
+// landed; past that, reading pauses until the caller catches up. Wait
+// restarts reads from outside any reaction, so the reactor holds the call
+// (AddHold) until a read has found the stream's end: gRPC calls OnDone only
+// after that, never under a read Wait is about to start.
 class RawGetReactor final : public grpc::ClientReadReactor<grpc::ByteBuffer> {
  public:
   RawGetReactor(grpc::ClientContext* context, const RecordDestination& destination,
@@ -82,19 +85,23 @@ class RawGetReactor final : public grpc::ClientReadReactor<grpc::ByteBuffer> {
     const grpc::internal::RpcMethod method(kGetMethod, grpc::internal::RpcMethod::SERVER_STREAMING);
     grpc::internal::ClientCallbackReaderFactory<grpc::ByteBuffer>::Create(channel, method, context_,
                                                                           &request_, this);
+    AddHold();
     StartRead(&reading_);
     StartCall();
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) return;  // end of stream: OnDone follows
-    bool again;
+    bool again = false;
     {
       absl::MutexLock lock(&mu_);
-      received_.emplace_back();
-      received_.back().Swap(&reading_);
-      again = received_.size() < kAhead;
-      reading_paused_ = !again;
+      if (!ok) {
+        ended_ = true;  // Wait lets go of the call
+      } else {
+        received_.emplace_back();
+        received_.back().Swap(&reading_);
+        again = received_.size() < kAhead;
+        reading_paused_ = !again;
+      }
     }
     if (again) StartRead(&reading_);
   }
@@ -110,15 +117,24 @@ class RawGetReactor final : public grpc::ClientReadReactor<grpc::ByteBuffer> {
     absl::Status parse_error;
     while (true) {
       grpc::ByteBuffer answer;
-      bool resume = false;
+      bool resume = false, release = false;
       {
         absl::MutexLock lock(&mu_);
         mu_.Await(absl::Condition(this, &RawGetReactor::ReadyLocked));
-        if (received_.empty()) break;  // the stream ended and everything is landed
-        answer.Swap(&received_.front());
-        received_.pop_front();
-        resume = reading_paused_ && parse_error.ok();
-        reading_paused_ = false;
+        if (received_.empty()) {
+          if (done_) break;  // everything landed, and the call is over
+          release = held_;   // the stream ended: OnDone may come now
+          held_ = false;
+        } else {
+          answer.Swap(&received_.front());
+          received_.pop_front();
+          resume = reading_paused_;  // after an error too: reads then end at once
+          reading_paused_ = false;
+        }
+      }
+      if (release) {
+        RemoveHold();
+        continue;
       }
       if (resume) StartRead(&reading_);
       if (!parse_error.ok()) continue;  // cancelled: drain what is left
@@ -138,7 +154,9 @@ class RawGetReactor final : public grpc::ClientReadReactor<grpc::ByteBuffer> {
  private:
   static constexpr size_t kAhead = 2;
 
-  bool ReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !received_.empty() || done_; }
+  bool ReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !received_.empty() || done_ || (ended_ && held_);
+  }
 
   grpc::ClientContext* context_;
   const RecordDestination& destination_;
@@ -148,6 +166,8 @@ class RawGetReactor final : public grpc::ClientReadReactor<grpc::ByteBuffer> {
   absl::Mutex mu_;
   std::deque<grpc::ByteBuffer> received_ ABSL_GUARDED_BY(mu_);  // not landed yet
   bool reading_paused_ ABSL_GUARDED_BY(mu_) = false;            // Wait restarts reading
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;                     // a read found the end
+  bool held_ ABSL_GUARDED_BY(mu_) = true;                       // the hold Start took
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status status_ ABSL_GUARDED_BY(mu_);
 };
