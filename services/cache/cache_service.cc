@@ -67,12 +67,15 @@ const grpc::Status kBusy(grpc::StatusCode::RESOURCE_EXHAUSTED,
 
 // Applies a Put stream's messages in order on the executor, while reads run
 // ahead by up to kReadAhead messages so that the network and the store work
-// overlap. Memory per stream stays bounded by that window.
-class PutReactor final : public grpc::ServerReadReactor<v1::PutRequest> {
+// overlap. Memory per stream stays bounded by that window. Messages arrive
+// raw and are parsed here: a message that does not parse is answered
+// INVALID_ARGUMENT (typed, gRPC would end the stream there as if the client
+// had closed it, and the Put would answer OK).
+class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   static constexpr size_t kReadAhead = 8;
 
-  PutReactor(CacheService* service, v1::PutResponse* response)
+  PutReactor(CacheService* service, grpc::ByteBuffer* response)
       : service_(service), response_(response), timer_(service->metrics(), "Put") {
     {
       absl::MutexLock lock(&mu_);
@@ -87,7 +90,7 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutRequest> {
       absl::MutexLock lock(&mu_);
       reading_ = false;
       if (ok) {
-        queue_.push_back(std::move(request_));
+        queue_.emplace_back().Swap(&request_);
       } else {
         closed_ = true;  // the client closed its side, or the call ended
       }
@@ -156,7 +159,7 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutRequest> {
   // Applies queued messages until the queue is empty (on the executor).
   void Drain() {
     while (true) {
-      v1::PutRequest request;
+      grpc::ByteBuffer raw;
       {
         absl::ReleasableMutexLock lock(&mu_);
         if (queue_.empty() || error_.has_value()) {
@@ -168,10 +171,15 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutRequest> {
           Run(last);
           return;
         }
-        request = std::move(queue_.front());
+        raw.Swap(&queue_.front());
         queue_.pop_front();
       }
-      absl::Status status = Apply(request);
+      ++messages_;
+      v1::PutRequest request;
+      absl::Status status =
+          grpc::SerializationTraits<v1::PutRequest>::Deserialize(&raw, &request).ok()
+              ? Apply(request)
+              : absl::InvalidArgumentError(absl::StrCat("Put message ", messages_, " does not parse as a PutRequest"));
       Step step;
       {
         absl::MutexLock lock(&mu_);
@@ -239,18 +247,21 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutRequest> {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Put stream carried no header");
     }
     PutSummary summary = session_->Finish();
-    response_->set_blocks_stored(summary.blocks_stored);
-    response_->set_blocks_deduplicated(summary.blocks_deduplicated);
+    v1::PutResponse response;
+    response.set_blocks_stored(summary.blocks_stored);
+    response.set_blocks_deduplicated(summary.blocks_deduplicated);
     for (const auto& h : summary.incomplete) {
-      response_->add_incomplete_block_hashes(std::string(kvblock::HashAsBytes(h)));
+      response.add_incomplete_block_hashes(std::string(kvblock::HashAsBytes(h)));
     }
-    return grpc::Status::OK;
+    bool own = false;
+    return grpc::SerializationTraits<v1::PutResponse>::Serialize(response, response_, &own);
   }
 
   CacheService* service_;
-  v1::PutResponse* response_;
+  grpc::ByteBuffer* response_;
   RpcTimer timer_;
-  v1::PutRequest request_;  // the one read in flight; owned by whoever set reading_
+  grpc::ByteBuffer request_;  // the one read in flight; owned by whoever set reading_
+  int messages_ = 0;          // parsed so far, by Drain
   // Used by one Drain task at a time (processing_), then by Answer; freed in
   // OnDone, taking incomplete blocks with it.
   std::unique_ptr<PutSession> session_;
@@ -258,7 +269,7 @@ class PutReactor final : public grpc::ServerReadReactor<v1::PutRequest> {
   std::string staged_copy_;
 
   absl::Mutex mu_;
-  std::deque<v1::PutRequest> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
   bool reading_ ABSL_GUARDED_BY(mu_) = false;
   bool processing_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
@@ -525,8 +536,8 @@ grpc::ServerUnaryReactor* CacheService::Match(grpc::CallbackServerContext* conte
   return FinishUnary(context, std::move(timer), absl::OkStatus());
 }
 
-grpc::ServerReadReactor<v1::PutRequest>* CacheService::Put(grpc::CallbackServerContext*,
-                                                           v1::PutResponse* response) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* CacheService::Put(grpc::CallbackServerContext*,
+                                                             grpc::ByteBuffer* response) {
   return new PutReactor(this, response);
 }
 

@@ -23,8 +23,9 @@ inline constexpr int kMaxBlocksPerRequest = 65536;
 inline constexpr int kMaxSlicesPerBatch = 4096;
 
 // Get is registered raw (ByteBuffer in and out) so its answers can point
-// into the store; every other method is typed.
-using KvCacheBase = v1::KvCache::WithCallbackMethod_Match<v1::KvCache::WithCallbackMethod_Put<
+// into the store, and Put so that a message that does not parse is refused
+// instead of ending the stream; every other method is typed.
+using KvCacheBase = v1::KvCache::WithCallbackMethod_Match<v1::KvCache::WithRawCallbackMethod_Put<
     v1::KvCache::WithRawCallbackMethod_Get<v1::KvCache::WithCallbackMethod_ReleaseLease<
         v1::KvCache::WithCallbackMethod_Stats<v1::KvCache::WithCallbackMethod_OpenFastPath<
             v1::KvCache::WithCallbackMethod_LeaseBlocks<v1::KvCache::Service>>>>>>>;
@@ -52,8 +53,8 @@ class CacheService final : public KvCacheBase {
   grpc::ServerUnaryReactor* Match(grpc::CallbackServerContext* context,
                                   const v1::MatchRequest* request,
                                   v1::MatchResponse* response) override;
-  grpc::ServerReadReactor<v1::PutRequest>* Put(grpc::CallbackServerContext* context,
-                                               v1::PutResponse* response) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* Put(grpc::CallbackServerContext* context,
+                                                 grpc::ByteBuffer* response) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Get(grpc::CallbackServerContext* context,
                                                   const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* ReleaseLease(grpc::CallbackServerContext* context,
