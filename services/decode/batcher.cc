@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "services/runtime/cache_mark.h"
 #include "services/serving/generated_tokens.h"
 
 namespace kvtier::decode {
@@ -73,18 +74,37 @@ void Batcher::Loop() {
 
 void Batcher::Step(const std::vector<std::shared_ptr<DecodeSequence>>& batch) {
   const auto start = std::chrono::steady_clock::now();
+  Advance(batch);
+  on_step_(batch.size(), std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+}
+
+void Batcher::Advance(const std::vector<std::shared_ptr<DecodeSequence>>& batch) {
   const size_t vocab = static_cast<size_t>(model_.config().vocab_size);
   std::vector<std::vector<float>> logits(batch.size(), std::vector<float>(vocab));
   std::vector<runtime::SequenceTokens> rows;
   std::vector<size_t> sealed_before;
+  std::vector<runtime::CacheMark> marks;
   for (size_t i = 0; i < batch.size(); ++i) {
     rows.push_back({std::span(&batch[i]->next_input, 1), &batch[i]->cache, logits[i]});
     sealed_before.push_back(batch[i]->cache.blocks[0].size());
+    if (batch.size() > 1) marks.push_back(runtime::MarkCache(batch[i]->cache, 1));
   }
   if (absl::Status s = model_.Forward(rows); !s.ok()) {
-    // Only a cache that does not fit the model gets here; the service checks
-    // that before submitting, so this is a bug worth the message.
-    for (const auto& seq : batch) Fail(*seq, absl::InternalError(absl::StrCat("decode step failed: ", s.message())));
+    // Rows do not mix: a sequence whose own latents break the pass (values
+    // out of the model's range, say, from a request's tail: the kernels
+    // answer INVALID_ARGUMENT) must not fail the others. Undo the step and
+    // take each sequence alone, so that only the one at fault fails. (A
+    // device error keeps its own code.)
+    if (batch.size() == 1) {
+      const bool its_values = s.code() == absl::StatusCode::kInvalidArgument;
+      Fail(*batch[0], absl::Status(s.code(), absl::StrCat("decode step failed for this sequence alone: ", s.message(),
+                                                          its_values ? " (its latents, from the request's tail or "
+                                                                       "blocks, lead to values the model cannot carry)"
+                                                                     : "")));
+      return;
+    }
+    for (size_t i = 0; i < batch.size(); ++i) runtime::UndoToMark(batch[i]->cache, std::move(marks[i]));
+    for (const auto& sequence : batch) Advance({sequence});
     return;
   }
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -105,7 +125,6 @@ void Batcher::Step(const std::vector<std::shared_ptr<DecodeSequence>>& batch) {
       Post(s, std::move(finished), true);
     }
   }
-  on_step_(batch.size(), std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
 }  // namespace kvtier::decode

@@ -69,6 +69,9 @@ class Batcher {
   void Loop();
   // One token for each of `batch`; posts its events.
   void Step(const std::vector<std::shared_ptr<DecodeSequence>>& batch);
+  // Step's work. A batch whose pass fails is undone and run again one
+  // sequence at a time: only a sequence that fails alone is failed.
+  void Advance(const std::vector<std::shared_ptr<DecodeSequence>>& batch);
 
   const runtime::Model& model_;
   const Options options_;

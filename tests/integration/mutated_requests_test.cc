@@ -2,10 +2,10 @@
 // of the real kvtier-cache, kvtier-decode and kvtier-prefill binaries, with
 // random bytes flipped, overwritten, cut off or inserted, sent as raw gRPC
 // messages (so what the server parses is exactly what was mangled). Every
-// answer must be a status that names the client's mistake (or OK, where the
-// mangled request still means something), never UNKNOWN or a server error
-// other than gRPC's own "cannot parse"; afterwards the servers still hold
-// and serve what they held.
+// answer must be OK (where the mangled request still means something) or a
+// status that names the client's mistake, and bytes that no longer parse
+// INVALID_ARGUMENT; afterwards the servers still hold and serve what they
+// held.
 #include <gtest/gtest.h>
 
 #include <grpcpp/grpcpp.h>
@@ -49,7 +49,7 @@ std::string Mutate(std::string s, std::mt19937_64& rng) {
         s.resize(rng() % (s.size() + 1));
         break;
       case 3:  // bytes inserted
-        for (size_t n = 1 + rng() % 8; n > 0; --n) s.insert(s.begin() + static_cast<std::ptrdiff_t>(at), static_cast<char>(rng()));
+        for (size_t n = 1 + rng() % 8; n > 0; --n) s.insert(at, 1, static_cast<char>(rng()));
         break;
       case 4:  // all ones: lengths and varints at their largest
         for (size_t i = at; i < std::min(s.size(), at + 1 + rng() % 8); ++i) s[i] = '\xff';
@@ -167,8 +167,12 @@ TEST(MutatedRequestsTest, CacheAnswersEveryMangledRequestAndKeepsItsBlocks) {
   for (const auto& b : kept) ASSERT_TRUE(client.Put("ns", layout, {b.slices}).ok());
   std::vector<kvblock::BlockHash> hashes;
   for (const auto& b : kept) hashes.push_back(b.slices.hash);
+  // Pinned by a lease against the fresh blocks below; a second lease is
+  // what the mangled ReleaseLease requests name (one may still end it).
   absl::StatusOr<v1::MatchResponse> leased = client.Match("ns", layout, hashes, /*acquire_lease=*/true, 60000);
   ASSERT_TRUE(leased.ok()) << leased.status();
+  absl::StatusOr<v1::MatchResponse> to_release = client.Match("ns", layout, hashes, true, 60000);
+  ASSERT_TRUE(to_release.ok()) << to_release.status();
 
   v1::MatchRequest match;
   match.set_kv_namespace("ns");
@@ -179,7 +183,7 @@ TEST(MutatedRequestsTest, CacheAnswersEveryMangledRequestAndKeepsItsBlocks) {
   v1::GetRequest get = cache::MakeGetRequest("ns", layout, hashes);
   get.set_lease_id(leased->lease_id());
   v1::ReleaseLeaseRequest release;
-  release.set_lease_id(leased->lease_id());
+  release.set_lease_id(to_release->lease_id());
   v1::OpenFastPathRequest open;
   open.set_staging_bytes(1 << 20);
   open.set_host_boot_id("boot");
@@ -255,43 +259,73 @@ TEST(MutatedRequestsTest, CacheAnswersEveryMangledRequestAndKeepsItsBlocks) {
   EXPECT_EQ(stats->pending_blocks(), 0u);
 }
 
-TEST(MutatedRequestsTest, DecodeAndPrefillAnswerEveryMangledRequestAndStillGenerate) {
-  testing::SeededRng rng;
-  SCOPED_TRACE(rng.Trace());
-  const std::string dir = (fs::temp_directory_path() / ("kvtier_mutated_" + std::to_string(getpid()))).string();
-  const runtime::ModelConfig config = *runtime::PresetConfig("tiny");
-  ASSERT_TRUE(runtime::MakeModel(config, dir, 5).ok());
-  struct Cleanup {
-    std::string dir;
-    ~Cleanup() { fs::remove_all(dir); }
-  } cleanup{dir};
+// A tiny model's cache, decode worker and prefill node (blocks of 16 bf16
+// tokens), and requests for them.
+class ModelServersTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(runtime::MakeModel(config_, dir_, 5).ok());
+    cache_ = std::make_unique<ChildProcess>(std::vector<std::string>{
+        KVTIER_CACHE_BINARY, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--device-capacity",
+        "16MiB", "--host-capacity", "16MiB"});
+    const std::string cache_target = "127.0.0.1:" + std::to_string(cache_->WaitForListeningPort());
+    decode_ = std::make_unique<ChildProcess>(std::vector<std::string>{
+        KVTIER_DECODE_BINARY, "--listen", "127.0.0.1:0", "--model", dir_, "--cache", cache_target,
+        "--metrics-listen", "127.0.0.1:0"});
+    const std::optional<std::string> metrics = decode_->WaitForLine("metrics on ");
+    ASSERT_TRUE(metrics.has_value());
+    decode_metrics_ = metrics->substr(0, metrics->find('/'));
+    const int decode_port = decode_->WaitForListeningPort();
+    ASSERT_GT(decode_port, 0);
+    const std::string decode_target = "127.0.0.1:" + std::to_string(decode_port);
+    prefill_ = std::make_unique<ChildProcess>(std::vector<std::string>{
+        KVTIER_PREFILL_BINARY, "--listen", "127.0.0.1:0", "--model", dir_, "--cache", cache_target, "--decode",
+        decode_target, "--kv-codec", "bf16", "--tokens-per-block", "16", "--metrics-listen", "127.0.0.1:0"});
+    const int prefill_port = prefill_->WaitForListeningPort();
+    ASSERT_GT(prefill_port, 0);
+    decode_channel_ = cache::CacheClient::Connect(decode_target);
+    prefill_channel_ = cache::CacheClient::Connect("127.0.0.1:" + std::to_string(prefill_port));
+  }
+  void TearDown() override { fs::remove_all(dir_); }
 
-  ChildProcess cache({KVTIER_CACHE_BINARY, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
-                      "--device-capacity", "16MiB", "--host-capacity", "16MiB"});
-  const std::string cache_target = "127.0.0.1:" + std::to_string(cache.WaitForListeningPort());
-  ChildProcess decode({KVTIER_DECODE_BINARY, "--listen", "127.0.0.1:0", "--model", dir, "--cache", cache_target,
-                       "--metrics-listen", "127.0.0.1:0"});
-  const int decode_port = decode.WaitForListeningPort();
-  ASSERT_GT(decode_port, 0);
-  const std::string decode_target = "127.0.0.1:" + std::to_string(decode_port);
-  ChildProcess prefill({KVTIER_PREFILL_BINARY, "--listen", "127.0.0.1:0", "--model", dir, "--cache", cache_target,
-                        "--decode", decode_target, "--kv-codec", "bf16", "--tokens-per-block", "16",
-                        "--metrics-listen", "127.0.0.1:0"});
-  const int prefill_port = prefill.WaitForListeningPort();
-  ASSERT_GT(prefill_port, 0);
-  auto decode_channel = cache::CacheClient::Connect(decode_target);
-  auto prefill_channel = cache::CacheClient::Connect("127.0.0.1:" + std::to_string(prefill_port));
+  // A Decode request for tokens 1, 2, 3 held as a tail of random latents
+  // of magnitude up to `scale`.
+  v1::DecodeRequest Decode(float scale, uint32_t max_new_tokens) {
+    const kvblock::LatentLayout layout =
+        serving::ModelLayout(config_, *serving::ModelId(dir_), kernels::Codec::kBf16, 16);
+    v1::DecodeRequest request;
+    request.set_kv_namespace("default");
+    *request.mutable_layout() = kvblock::LayoutToProto(layout);
+    for (uint32_t t : {1, 2, 3}) request.add_token_ids(t);
+    request.mutable_tail()->set_token_count(3);
+    std::vector<float> tail(3 * config_.num_hidden_layers * (config_.kv_lora_rank + config_.qk_rope_head_dim));
+    std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+    for (float& v : tail) v = scale * value(rng_.engine());
+    request.mutable_tail()->set_latents(std::string(reinterpret_cast<const char*>(tail.data()), tail.size() * 4));
+    request.mutable_limits()->set_max_new_tokens(max_new_tokens);
+    return request;
+  }
 
+  testing::SeededRng rng_;
+  const runtime::ModelConfig config_ = *runtime::PresetConfig("tiny");
+  const std::string dir_ = (fs::temp_directory_path() / ("kvtier_mutated_" + std::to_string(getpid()))).string();
+  std::unique_ptr<ChildProcess> cache_, decode_, prefill_;
+  std::shared_ptr<grpc::Channel> decode_channel_, prefill_channel_;
+  std::string decode_metrics_;  // host:port
+};
+
+TEST_F(ModelServersTest, DecodeAndPrefillAnswerEveryMangledRequestAndStillGenerate) {
+  SCOPED_TRACE(rng_.Trace());
   // A generation before and after the mangled requests, both reading the
   // prompt's blocks from the cache: the same tokens. (The first one, which
   // stores them, attends over its own unrounded latents and may differ by a
   // near tie.)
   v1::GenerateRequest generate;
   generate.set_request_id("mutated");
-  for (uint32_t t = 0; t < 40; ++t) generate.add_prompt_token_ids(1 + static_cast<uint32_t>(rng.engine()() % 200));
+  for (uint32_t t = 0; t < 40; ++t) generate.add_prompt_token_ids(1 + static_cast<uint32_t>(rng_.engine()() % 200));
   generate.mutable_limits()->set_max_new_tokens(6);
   auto generation = [&] {
-    auto stub = v1::Prefill::NewStub(prefill_channel);
+    auto stub = v1::Prefill::NewStub(prefill_channel_);
     grpc::ClientContext context;
     auto reader = stub->Generate(&context, generate);
     std::vector<uint32_t> ids;
@@ -306,31 +340,68 @@ TEST(MutatedRequestsTest, DecodeAndPrefillAnswerEveryMangledRequestAndStillGener
   ASSERT_EQ(generation().size(), 6u);
   const std::vector<uint32_t> before = generation();
 
-  const kvblock::LatentLayout layout =
-      serving::ModelLayout(config, *serving::ModelId(dir), kernels::Codec::kBf16, 16);
-  v1::DecodeRequest request;
-  request.set_kv_namespace("default");
-  *request.mutable_layout() = kvblock::LayoutToProto(layout);
-  for (uint32_t t : {1, 2, 3}) request.add_token_ids(t);
-  request.mutable_tail()->set_token_count(3);
-  const size_t tail_floats = 3 * config.num_hidden_layers * (config.kv_lora_rank + config.qk_rope_head_dim);
-  std::vector<float> tail(tail_floats);
-  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
-  for (float& v : tail) v = value(rng.engine());
-  request.mutable_tail()->set_latents(std::string(reinterpret_cast<const char*>(tail.data()), tail.size() * 4));
-  request.mutable_limits()->set_max_new_tokens(4);
-  ASSERT_TRUE(ServerStreaming(*decode_channel, "/kvtier.v1.Decode/Decode", Serialized(request)).ok());
-
+  const v1::DecodeRequest request = Decode(1.0f, 4);
+  ASSERT_TRUE(ServerStreaming(*decode_channel_, "/kvtier.v1.Decode/Decode", Serialized(request)).ok());
   Answers answers;
   for (int i = 0; i < 300; ++i) {
-    const std::string decode_bytes = Mutate(Serialized(request), rng.engine());
+    const std::string decode_bytes = Mutate(Serialized(request), rng_.engine());
     answers.Check("Decode", Parses<v1::DecodeRequest>(decode_bytes),
-                  ServerStreaming(*decode_channel, "/kvtier.v1.Decode/Decode", decode_bytes));
-    const std::string generate_bytes = Mutate(Serialized(generate), rng.engine());
+                  ServerStreaming(*decode_channel_, "/kvtier.v1.Decode/Decode", decode_bytes));
+    const std::string generate_bytes = Mutate(Serialized(generate), rng_.engine());
     answers.Check("Generate", Parses<v1::GenerateRequest>(generate_bytes),
-                  ServerStreaming(*prefill_channel, "/kvtier.v1.Prefill/Generate", generate_bytes));
+                  ServerStreaming(*prefill_channel_, "/kvtier.v1.Prefill/Generate", generate_bytes));
   }
   EXPECT_EQ(generation(), before);
+}
+
+// Latents finite but far out of range (a tail of values near the float
+// maximum) overflow inside the model. The decode worker batches every
+// sequence's step: the sequence at fault must fail alone (INVALID_ARGUMENT),
+// and one decoding beside it must go on to the same tokens as without it.
+TEST_F(ModelServersTest, ASequenceWhoseLatentsOverflowFailsAloneNotItsBatch) {
+  SCOPED_TRACE(rng_.Trace());
+  auto stub = v1::Decode::NewStub(decode_channel_);
+  constexpr uint32_t kTokens = 1000;  // long enough for the bad one to join
+  const v1::DecodeRequest good = Decode(1.0f, kTokens);
+  auto tokens_of = [](grpc::ClientReader<v1::DecodeResponse>& reader, std::vector<uint32_t>& ids) {
+    v1::DecodeResponse e;
+    while (reader.Read(&e)) {
+      if (e.has_token()) ids.push_back(e.token().token_id());
+    }
+    return reader.Finish();
+  };
+  std::vector<uint32_t> alone;
+  {
+    grpc::ClientContext context;
+    auto reader = stub->Decode(&context, good);
+    ASSERT_TRUE(tokens_of(*reader, alone).ok());
+  }
+  ASSERT_EQ(alone.size(), kTokens - 1);  // indexes 1 on: the prefill node samples 0
+
+  // The bad sequence joins while the good one decodes.
+  grpc::ClientContext good_context;
+  auto good_reader = stub->Decode(&good_context, good);
+  v1::DecodeResponse first;
+  ASSERT_TRUE(good_reader->Read(&first));
+  grpc::ClientContext bad_context;
+  auto bad_reader = stub->Decode(&bad_context, Decode(3e38f, kTokens));
+  std::vector<uint32_t> bad_ids;
+  const grpc::Status bad = tokens_of(*bad_reader, bad_ids);
+  EXPECT_EQ(bad.error_code(), StatusCode::INVALID_ARGUMENT) << bad.error_message();
+  EXPECT_NE(bad.error_message().find("this sequence alone"), std::string::npos) << bad.error_message();
+  std::vector<uint32_t> beside{first.token().token_id()};
+  const grpc::Status status = tokens_of(*good_reader, beside);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(beside, alone);
+
+  // They did share a step (else this tested nothing): a step of 2.
+  const CommandResult scrape = RunCommand("curl -sf http://" + decode_metrics_ + "/metrics");
+  ASSERT_EQ(scrape.exit_code, 0);
+  auto value = [&](const std::string& name) {
+    const size_t at = scrape.output.find("\n" + name + " ");
+    return at == std::string::npos ? -1.0 : std::stod(scrape.output.substr(at + name.size() + 2));
+  };
+  EXPECT_GT(value("kvtier_decode_batch_size_count"), value("kvtier_decode_batch_size_bucket{le=\"1\"}"));
 }
 
 }  // namespace

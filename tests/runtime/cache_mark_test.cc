@@ -1,0 +1,80 @@
+#include "services/runtime/cache_mark.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <random>
+
+#include "services/runtime/checkpoint.h"
+#include "services/runtime/make_model.h"
+#include "tests/test_random.h"
+
+namespace kvtier::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Same length, the same sealed blocks (by id: the originals, not copies of
+// their bytes) and bit-identical tails.
+void ExpectSameCache(const SequenceCache& got, const SequenceCache& want) {
+  EXPECT_EQ(got.length, want.length);
+  ASSERT_EQ(got.blocks.size(), want.blocks.size());
+  for (size_t l = 0; l < want.blocks.size(); ++l) {
+    ASSERT_EQ(got.blocks[l].size(), want.blocks[l].size()) << "layer " << l;
+    for (size_t b = 0; b < want.blocks[l].size(); ++b) EXPECT_EQ(got.blocks[l][b].id(), want.blocks[l][b].id());
+    EXPECT_EQ(got.tail[l], want.tail[l]) << "layer " << l;
+  }
+}
+
+// A pass undone leaves the cache as it was, whether the pass sealed a block
+// (the prompt ends one token short of a block) or not, and whether it ran
+// to the end or stopped part way (one layer's latents appended); the
+// undone cache then steps to the same logits as one never touched.
+TEST(CacheMark, UndoingAPassRestoresTheCacheExactly) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  const fs::path dir = fs::temp_directory_path() / ("kvtier_cache_mark_" + std::to_string(getpid()));
+  ASSERT_TRUE(MakeModel(*PresetConfig("tiny"), dir.string(), rng.seed()).ok());
+  auto checkpoint = Checkpoint::Open(dir.string());
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  auto model = Model::Load(**checkpoint);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const size_t vocab = static_cast<size_t>((*model)->config().vocab_size);
+  std::uniform_int_distribution<uint32_t> token(0, static_cast<uint32_t>(vocab - 1));
+  constexpr uint32_t kBlock = 16;
+  for (const uint32_t prompt_length : {kBlock - 1, 2 * kBlock + 5}) {
+    for (const bool part_way : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "prompt " << prompt_length << (part_way ? ", part way" : ", whole pass"));
+      SequenceCache cache = (*model)->NewCache(kernels::Codec::kInt8, kBlock);
+      std::vector<uint32_t> prompt(prompt_length);
+      for (uint32_t& t : prompt) t = token(rng.engine());
+      std::vector<float> logits(vocab);
+      ASSERT_TRUE((*model)->Prefill(prompt, cache, logits).ok());
+      const SequenceCache before = cache;
+
+      CacheMark mark = MarkCache(cache, 1);
+      if (part_way) {
+        const auto& c = (*model)->config();
+        cache.tail[0].insert(cache.tail[0].end(), c.kv_lora_rank + c.qk_rope_head_dim, 1.0f);
+      } else {
+        ASSERT_TRUE((*model)->Step(token(rng.engine()), cache, logits).ok());
+        if (prompt_length == kBlock - 1) {
+          ASSERT_EQ(cache.blocks[0].size(), before.blocks[0].size() + 1) << "the pass sealed a block";
+        }
+      }
+      UndoToMark(cache, std::move(mark));
+      ExpectSameCache(cache, before);
+
+      SequenceCache untouched = before;
+      std::vector<float> want(vocab);
+      const uint32_t next = token(rng.engine());
+      ASSERT_TRUE((*model)->Step(next, untouched, want).ok());
+      ASSERT_TRUE((*model)->Step(next, cache, logits).ok());
+      EXPECT_EQ(logits, want);
+    }
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kvtier::runtime
