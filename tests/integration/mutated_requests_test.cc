@@ -13,6 +13,7 @@
 #include <grpcpp/support/sync_stream.h>
 
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <random>
 #include <tuple>
@@ -21,8 +22,10 @@
 #include "kvtier/v1/prefill.grpc.pb.h"
 #include "services/cache/cache_client.h"
 #include "services/common/child_process.h"
+#include "services/runtime/checkpoint.h"
 #include "services/runtime/make_model.h"
 #include "services/runtime/model_config.h"
+#include "services/kvblock/block_key.h"
 #include "services/serving/sequence_blocks.h"
 #include "tests/integration/cache_test_blocks.h"
 #include "tests/test_random.h"
@@ -57,6 +60,99 @@ std::string Mutate(std::string s, std::mt19937_64& rng) {
     }
   }
   return s;
+}
+
+// A value at an edge, or random.
+template <typename Int>
+Int EdgeValue(std::mt19937_64& rng) {
+  switch (rng() % 5) {
+    case 0: return 0;
+    case 1: return 1;
+    case 2: return std::numeric_limits<Int>::max();
+    case 3: return std::numeric_limits<Int>::min();
+    default: return static_cast<Int>(rng());
+  }
+}
+
+// One field of `m` (at any depth) set to an edge or random value, cleared,
+// or (repeated) grown, cut or emptied: a request that still parses, for the
+// services' own checks.
+void MutateField(google::protobuf::Message& m, std::mt19937_64& rng) {
+  using google::protobuf::FieldDescriptor;
+  const google::protobuf::Descriptor* type = m.GetDescriptor();
+  const google::protobuf::Reflection* r = m.GetReflection();
+  if (type->field_count() == 0) return;
+  const FieldDescriptor* f = type->field(static_cast<int>(rng() % type->field_count()));
+  if (f->is_repeated()) {
+    const int n = r->FieldSize(m, f);
+    switch (rng() % 4) {
+      case 0: r->ClearField(&m, f); return;
+      case 1: if (n > 0) r->RemoveLast(&m, f); return;
+      case 2:  // a copy of an element, changed or not
+        if (n > 0 && f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+          google::protobuf::Message* added = r->AddMessage(&m, f);
+          added->CopyFrom(r->GetRepeatedMessage(m, f, static_cast<int>(rng() % n)));
+          if (rng() % 2) MutateField(*added, rng);
+        } else if (n > 0 && f->cpp_type() == FieldDescriptor::CPPTYPE_STRING) {
+          r->AddString(&m, f, r->GetRepeatedString(m, f, static_cast<int>(rng() % n)));
+        } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_UINT32) {
+          r->AddUInt32(&m, f, EdgeValue<uint32_t>(rng));
+        }
+        return;
+      default:  // one element changed
+        if (n == 0) return;
+        if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+          MutateField(*r->MutableRepeatedMessage(&m, f, static_cast<int>(rng() % n)), rng);
+        } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_UINT32) {
+          r->SetRepeatedUInt32(&m, f, static_cast<int>(rng() % n), EdgeValue<uint32_t>(rng));
+        } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_STRING) {
+          std::string v = r->GetRepeatedString(m, f, static_cast<int>(rng() % n));
+          if (!v.empty()) v[rng() % v.size()] ^= 1;
+          r->SetRepeatedString(&m, f, static_cast<int>(rng() % n), v);
+        }
+        return;
+    }
+  }
+  if (rng() % 6 == 0) {
+    r->ClearField(&m, f);
+    return;
+  }
+  switch (f->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_MESSAGE: MutateField(*r->MutableMessage(&m, f), rng); return;
+    case FieldDescriptor::CPPTYPE_INT32: r->SetInt32(&m, f, EdgeValue<int32_t>(rng)); return;
+    case FieldDescriptor::CPPTYPE_INT64: r->SetInt64(&m, f, EdgeValue<int64_t>(rng)); return;
+    case FieldDescriptor::CPPTYPE_UINT32: r->SetUInt32(&m, f, EdgeValue<uint32_t>(rng)); return;
+    case FieldDescriptor::CPPTYPE_UINT64: r->SetUInt64(&m, f, EdgeValue<uint64_t>(rng)); return;
+    case FieldDescriptor::CPPTYPE_BOOL: r->SetBool(&m, f, !r->GetBool(m, f)); return;
+    case FieldDescriptor::CPPTYPE_FLOAT: {
+      const float edges[] = {0.0f, -1.0f, 1e30f, -1e-30f, std::numeric_limits<float>::quiet_NaN(),
+                             std::numeric_limits<float>::infinity()};
+      r->SetFloat(&m, f, edges[rng() % 6]);
+      return;
+    }
+    case FieldDescriptor::CPPTYPE_DOUBLE: r->SetDouble(&m, f, static_cast<double>(EdgeValue<int64_t>(rng))); return;
+    case FieldDescriptor::CPPTYPE_ENUM: r->SetEnumValue(&m, f, EdgeValue<int32_t>(rng) % 8); return;
+    case FieldDescriptor::CPPTYPE_STRING: {
+      std::string v = r->GetString(m, f);
+      switch (rng() % 4) {
+        case 0: v.resize(v.empty() ? 0 : rng() % v.size()); break;
+        case 1: v += std::string(1 + rng() % 64, static_cast<char>(rng())); break;
+        case 2: if (!v.empty()) v[rng() % v.size()] = static_cast<char>(rng()); break;
+        default: v = std::string(rng() % 40, 'a' + static_cast<char>(rng() % 26)); break;
+      }
+      r->SetString(&m, f, v);
+      return;
+    }
+  }
+}
+
+// Half the time bytes mangled (Mutate), half one field (MutateField).
+std::string Mangled(const google::protobuf::Message& valid, std::mt19937_64& rng) {
+  if (rng() % 2) return Mutate(valid.SerializeAsString(), rng);
+  std::unique_ptr<google::protobuf::Message> m(valid.New());
+  m->CopyFrom(valid);
+  for (int n = 1 + static_cast<int>(rng() % 2); n > 0; --n) MutateField(*m, rng);
+  return m->SerializeAsString();
 }
 
 grpc::ByteBuffer Bytes(const std::string& s) {
@@ -217,7 +313,7 @@ TEST(MutatedRequestsTest, CacheAnswersEveryMangledRequestAndKeepsItsBlocks) {
   std::mt19937_64& r = rng.engine();
   for (int i = 0; i < 400; ++i) {
     const auto unary = [&]<typename Request>(const std::string& rpc, const Request& valid) {
-      const std::string bytes = Mutate(Serialized(valid), r);
+      const std::string bytes = Mangled(valid, r);
       answers.Check(rpc, Parses<Request>(bytes), Unary(*channel, "/kvtier.v1.KvCache/" + rpc, bytes));
     };
     unary("Match", match);
@@ -225,25 +321,25 @@ TEST(MutatedRequestsTest, CacheAnswersEveryMangledRequestAndKeepsItsBlocks) {
     unary("Stats", v1::StatsRequest());
     unary("OpenFastPath", open);
     unary("LeaseBlocks", lease_blocks);
-    const std::string get_bytes = Mutate(Serialized(get), r);
+    const std::string get_bytes = Mangled(get, r);
     answers.Check("Get", Parses<v1::GetRequest>(get_bytes),
                   ServerStreaming(*channel, "/kvtier.v1.KvCache/Get", get_bytes));
     // A Put of a fresh block, one of its messages mangled.
     const cache::TestBlock fresh = cache::MakeBlock(layout, "ns", r());
-    std::vector<std::string> put;
-    v1::PutRequest header;
-    header.mutable_header()->set_kv_namespace("ns");
-    *header.mutable_header()->mutable_layout() = kvblock::LayoutToProto(layout);
-    put.push_back(Serialized(header));
+    std::vector<v1::PutRequest> messages(1);
+    messages[0].mutable_header()->set_kv_namespace("ns");
+    *messages[0].mutable_header()->mutable_layout() = kvblock::LayoutToProto(layout);
     for (const std::string& record : fresh.slices.records) {
-      v1::PutRequest slice;
-      slice.mutable_slice()->set_block_hash(std::string(kvblock::HashAsBytes(fresh.slices.hash)));
-      slice.mutable_slice()->set_data(record);
-      put.push_back(Serialized(slice));
+      v1::LayerSlice* slice = messages.emplace_back().mutable_slice();
+      slice->set_block_hash(std::string(kvblock::HashAsBytes(fresh.slices.hash)));
+      slice->set_data(record);
     }
-    std::string& victim = put[r() % put.size()];
-    victim = Mutate(std::move(victim), r);
-    answers.Check("Put", Parses<v1::PutRequest>(victim), ClientStreaming(*channel, "/kvtier.v1.KvCache/Put", put));
+    const size_t victim = r() % messages.size();
+    std::vector<std::string> put;
+    for (size_t m = 0; m < messages.size(); ++m) {
+      put.push_back(m == victim ? Mangled(messages[m], r) : Serialized(messages[m]));
+    }
+    answers.Check("Put", Parses<v1::PutRequest>(put[victim]), ClientStreaming(*channel, "/kvtier.v1.KvCache/Put", put));
   }
 
   // What was stored is still there, byte for byte; no Put is left half
@@ -306,6 +402,37 @@ class ModelServersTest : public ::testing::Test {
     return request;
   }
 
+  // A Decode request as a prefill node sends one: 20 prompt tokens, the
+  // first 16 as an inline block (their key in block_hashes), the other 4
+  // as the tail, latents computed by the model in process.
+  v1::DecodeRequest DecodeWithInlineBlock() {
+    auto checkpoint = runtime::Checkpoint::Open(dir_);
+    auto model = runtime::Model::Load(**checkpoint);
+    const kvblock::LatentLayout layout =
+        serving::ModelLayout(config_, *serving::ModelId(dir_), kernels::Codec::kBf16, 16);
+    runtime::SequenceCache cache = (*model)->NewCache(layout.codec, layout.tokens_per_block);
+    std::vector<uint32_t> prompt(20);
+    for (uint32_t& t : prompt) t = static_cast<uint32_t>(rng_.engine()() % config_.vocab_size);
+    std::vector<float> logits(config_.vocab_size);
+    EXPECT_TRUE((*model)->Prefill(prompt, cache, logits).ok());
+    v1::DecodeRequest request;
+    request.set_kv_namespace("default");
+    *request.mutable_layout() = kvblock::LayoutToProto(layout);
+    for (uint32_t t : prompt) request.add_token_ids(t);
+    for (const auto& h : kvblock::ComputeBlockChain("default", kvblock::LayoutId(layout), 16, prompt)) {
+      request.add_block_hashes(std::string(kvblock::HashAsBytes(h)));
+    }
+    v1::InlineBlock* block = request.add_inline_blocks();
+    block->set_block_index(0);
+    block->set_data(*serving::BlockRecord(layout, cache, 0, 0, layout.num_layers));
+    request.mutable_tail()->set_token_count(4);
+    request.mutable_tail()->set_latents(serving::TailBytes(cache));
+    request.mutable_first_token()->set_token_id(7);
+    request.mutable_limits()->set_max_new_tokens(4);
+    request.set_skip_write_back(rng_.engine()() % 2 == 0);
+    return request;
+  }
+
   testing::SeededRng rng_;
   const runtime::ModelConfig config_ = *runtime::PresetConfig("tiny");
   const std::string dir_ = (fs::temp_directory_path() / ("kvtier_mutated_" + std::to_string(getpid()))).string();
@@ -340,14 +467,17 @@ TEST_F(ModelServersTest, DecodeAndPrefillAnswerEveryMangledRequestAndStillGenera
   ASSERT_EQ(generation().size(), 6u);
   const std::vector<uint32_t> before = generation();
 
-  const v1::DecodeRequest request = Decode(1.0f, 4);
-  ASSERT_TRUE(ServerStreaming(*decode_channel_, "/kvtier.v1.Decode/Decode", Serialized(request)).ok());
+  const v1::DecodeRequest requests[] = {Decode(1.0f, 4), DecodeWithInlineBlock()};
+  for (const v1::DecodeRequest& request : requests) {
+    const grpc::Status status = ServerStreaming(*decode_channel_, "/kvtier.v1.Decode/Decode", Serialized(request));
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
   Answers answers;
   for (int i = 0; i < 300; ++i) {
-    const std::string decode_bytes = Mutate(Serialized(request), rng_.engine());
+    const std::string decode_bytes = Mangled(requests[i % 2], rng_.engine());
     answers.Check("Decode", Parses<v1::DecodeRequest>(decode_bytes),
                   ServerStreaming(*decode_channel_, "/kvtier.v1.Decode/Decode", decode_bytes));
-    const std::string generate_bytes = Mutate(Serialized(generate), rng_.engine());
+    const std::string generate_bytes = Mangled(generate, rng_.engine());
     answers.Check("Generate", Parses<v1::GenerateRequest>(generate_bytes),
                   ServerStreaming(*prefill_channel_, "/kvtier.v1.Prefill/Generate", generate_bytes));
   }
