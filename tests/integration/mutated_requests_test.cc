@@ -12,10 +12,12 @@
 #include <grpcpp/impl/codegen/client_unary_call.h>
 #include <grpcpp/support/sync_stream.h>
 
+#include <atomic>
 #include <filesystem>
 #include <limits>
 #include <map>
 #include <random>
+#include <thread>
 #include <tuple>
 
 #include "kvtier/v1/decode.grpc.pb.h"
@@ -309,6 +311,23 @@ TEST(MutatedRequestsTest, CacheAnswersEveryMangledRequestAndKeepsItsBlocks) {
               "the request to /kvtier.v1.KvCache/Match does not parse as that method's request message");
   }
 
+  // Meanwhile another client stores and reads back its own blocks: every
+  // byte as written, whatever the mangled requests beside it do.
+  std::atomic<bool> mangling{true};
+  std::atomic<int> round_trips{0};
+  std::thread valid_traffic([&, seed = rng.engine()()] {
+    cache::CacheClient own(cache::CacheClient::Connect("127.0.0.1:" + std::to_string(port), /*own_connection=*/true));
+    for (uint64_t k = 0; mangling.load() || k < 5; ++k) {
+      const cache::TestBlock b = cache::MakeBlock(layout, "valid", seed + k);
+      ASSERT_TRUE(own.Put("valid", layout, {b.slices}).ok());
+      absl::StatusOr<std::vector<cache::FetchedBlock>> back = own.Get("valid", layout, {b.slices.hash});
+      ASSERT_TRUE(back.ok()) << back.status();
+      ASSERT_TRUE((*back)[0].status.ok()) << (*back)[0].status;
+      ASSERT_EQ((*back)[0].record, b.record);
+      ++round_trips;
+    }
+  });
+
   Answers answers;
   std::mt19937_64& r = rng.engine();
   for (int i = 0; i < 400; ++i) {
@@ -341,6 +360,10 @@ TEST(MutatedRequestsTest, CacheAnswersEveryMangledRequestAndKeepsItsBlocks) {
     }
     answers.Check("Put", Parses<v1::PutRequest>(put[victim]), ClientStreaming(*channel, "/kvtier.v1.KvCache/Put", put));
   }
+
+  mangling = false;
+  valid_traffic.join();
+  EXPECT_GE(round_trips.load(), 5);
 
   // What was stored is still there, byte for byte; no Put is left half
   // assembled.
