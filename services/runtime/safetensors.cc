@@ -140,8 +140,10 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
         return bad("shape has a negative or huge dimension");
       }
       view.shape.push_back(d.get<int64_t>());
+      // Checked before multiplying: two dimensions under the limit can
+      // overflow 64 bits together (2^24 x 2^40 would wrap to 0 elements).
+      if (view.shape.back() != 0 && elements > kMaxElements / view.shape.back()) return bad("shape is too large");
       elements *= view.shape.back();
-      if (elements > kMaxElements) return bad("shape is too large");
     }
     const json& offsets = entry["data_offsets"];
     if (!offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned()) {

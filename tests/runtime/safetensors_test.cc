@@ -106,6 +106,10 @@ TEST_F(SafetensorsTest, MalformedFilesGetClearErrors) {
       {WriteRaw("shape", R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4),
        "tensor w: shape has a negative"},
       {WriteRaw("fields", R"({"w":{"dtype":"F32"}})", 0), "tensor w: needs dtype, shape"},
+      // 2^24 x 2^40 elements: each dimension allowed, the product wraps to 0
+      // in 64 bits and would match no bytes.
+      {WriteRaw("wrap", R"({"w":{"dtype":"F32","shape":[16777216,1099511627776],"data_offsets":[0,0]}})", 0),
+       "tensor w: shape is too large"},
   };
   for (const Case& c : cases) {
     auto file = SafetensorsFile::Open(c.path);
