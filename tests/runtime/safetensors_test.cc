@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "kvtier/kernels/float_formats.h"
 #include "tests/test_random.h"
 
@@ -125,6 +127,86 @@ TEST_F(SafetensorsTest, MalformedFilesGetClearErrors) {
   ASSERT_TRUE(WriteSafetensors(good, {{"x", DType::kF32, {64}, Random(64)}}).ok());
   std::filesystem::resize_file(good, std::filesystem::file_size(good) - 1);
   EXPECT_NE(SafetensorsFile::Open(good).status().message().find("tensor x"), std::string::npos);
+}
+
+// Headers changed at random (a shape dimension, an offset or a dtype set to
+// an edge value or to another JSON type, a key dropped, a tensor's entry
+// copied under another name) or the length field changed: Open refuses the
+// file with INVALID_ARGUMENT or returns tensors whose bytes lie inside the
+// file and match their shape and dtype. Never a crash (run it under ASan
+// too).
+TEST_F(SafetensorsTest, MangledHeadersAreRefusedOrConsistent) {
+  SCOPED_TRACE(rng_.Trace());
+  std::mt19937_64& rng = rng_.engine();
+  const std::string good = Path("good");
+  ASSERT_TRUE(WriteSafetensors(good, {{"a", DType::kF32, {4, 3}, Random(12)},
+                                      {"b", DType::kBf16, {5}, Random(5)},
+                                      {"c", DType::kF16, {2, 2, 2}, Random(8)}})
+                  .ok());
+  std::ifstream in(good, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  uint64_t header_len;
+  std::memcpy(&header_len, bytes.data(), 8);
+  const nlohmann::json header = nlohmann::json::parse(bytes.substr(8, header_len));
+  const std::string data = bytes.substr(8 + header_len);
+  const nlohmann::json edges[] = {0, 1, -1, 3, 4, 16, 16777216, 1099511627776ull, 18446744073709551615ull, 2.5, "7",
+                                  nullptr, nlohmann::json::array(), nlohmann::json::object()};
+  for (int round = 0; round < 400; ++round) {
+    nlohmann::json h = header;
+    const std::string names[] = {"a", "b", "c"};
+    for (int edit = 1 + static_cast<int>(rng() % 3); edit > 0; --edit) {
+    nlohmann::json& t = h[names[rng() % 3]];
+    switch (rng() % 6) {
+      case 0:
+        if (t.contains("shape") && !t["shape"].empty()) {
+          t["shape"][rng() % t["shape"].size()] = edges[rng() % std::size(edges)];
+        }
+        break;
+      case 1:
+        t["data_offsets"][rng() % 2] = edges[rng() % std::size(edges)];
+        break;
+      case 2: {
+        const char* dtypes[] = {"F32", "BF16", "F16", "I8", "F64", ""};
+        t["dtype"] = dtypes[rng() % std::size(dtypes)];
+        break;
+      }
+      case 3: {
+        const char* keys[] = {"shape", "dtype", "data_offsets"};
+        t.erase(keys[rng() % 3]);
+        break;
+      }
+      case 4:
+        t["shape"].push_back(edges[rng() % std::size(edges)]);
+        break;
+      default: {
+        nlohmann::json& copy = h["copy" + std::to_string(rng() % 3)];
+        copy = t;
+        if (copy.contains("data_offsets") && copy["data_offsets"].is_array() && !copy["data_offsets"].empty()) {
+          copy["data_offsets"][0] = edges[rng() % std::size(edges)];
+        }
+        break;
+      }
+    }
+    }
+    std::string text = h.dump();
+    uint64_t length = text.size();
+    if (rng() % 8 == 0) length = (rng() % 2) ? length + 1 + rng() % 64 : rng() % (length + 1);
+    const std::string path = WriteRaw("mangled", text + data, 0, length);
+    absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(path);
+    if (!file.ok()) {
+      EXPECT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument) << file.status() << "\n" << text;
+      continue;
+    }
+    const size_t file_size = std::filesystem::file_size(path);
+    for (const auto& [name, view] : (*file)->tensors()) {
+      __int128 elements = 1;
+      for (int64_t d : view.shape) elements *= d;
+      EXPECT_EQ(static_cast<__int128>(view.bytes.size()), elements * static_cast<__int128>(DTypeBytes(view.dtype)))
+          << name << " in\n" << text;
+      EXPECT_LE(view.bytes.size(), file_size) << name;
+      EXPECT_EQ(view.ToFloat().size(), static_cast<size_t>(view.elements())) << name;
+    }
+  }
 }
 
 }  // namespace
