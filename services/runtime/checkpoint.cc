@@ -64,8 +64,10 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
     return opened[name] = ckpt->files_.back().get();
   };
 
-  for (const TensorSpec& spec : ExpectedTensors(ckpt->config_)) {
-    const std::string file_name = location.empty() ? "model.safetensors" : location[spec.name];
+  KVTIER_RETURN_IF_ERROR(ForEachExpectedTensor(ckpt->config_, [&](const TensorSpec& spec) -> absl::Status {
+    const auto listed = location.find(spec.name);
+    const std::string file_name = location.empty() ? "model.safetensors"
+                                  : listed == location.end() ? "" : listed->second;
     if (file_name.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat(index_path.string(), " does not list tensor ", spec.name));
@@ -82,7 +84,8 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
                                                      ShapeText(spec.shape)));
     }
     ckpt->tensors_.emplace(spec.name, *view);
-  }
+    return absl::OkStatus();
+  }));
   return ckpt;
 }
 

@@ -15,15 +15,21 @@ absl::Status Missing(const std::string& field, const std::string& want) {
   return absl::InvalidArgumentError(absl::StrCat("config.json: ", field, " must be ", want));
 }
 
-// A positive integer field; `fallback` when absent or null (if given).
+// Every size in config.json is at most this: far above any real model's
+// (DeepSeek-V3's largest, the vocabulary, is 129,280), and low enough that
+// the products of two of them that name tensor shapes fit in 64 bits.
+constexpr int64_t kMaxConfigInt = int64_t{1} << 24;
+
+// An integer field in [min, kMaxConfigInt]; `fallback` when absent or null
+// (if given).
 absl::StatusOr<int64_t> Int(const json& j, const std::string& field,
                             std::optional<int64_t> fallback = std::nullopt, int64_t min = 1) {
   if (!j.contains(field) || j[field].is_null()) {
     if (fallback.has_value()) return *fallback;
     return Missing(field, "present");
   }
-  if (!j[field].is_number_integer() || j[field].get<int64_t>() < min) {
-    return Missing(field, absl::StrCat("an integer >= ", min));
+  if (!j[field].is_number_integer() || j[field].get<int64_t>() < min || j[field].get<int64_t>() > kMaxConfigInt) {
+    return Missing(field, absl::StrCat("an integer from ", min, " to ", kMaxConfigInt));
   }
   return j[field].get<int64_t>();
 }
@@ -215,43 +221,54 @@ std::string ModelConfig::ToJson() const {
   return j.dump(2);
 }
 
-std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c) {
+absl::Status ForEachExpectedTensor(const ModelConfig& c, const std::function<absl::Status(const TensorSpec&)>& visit) {
   const int64_t h = c.hidden_size, heads = c.num_attention_heads;
-  std::vector<TensorSpec> t = {{"model.embed_tokens.weight", {c.vocab_size, h}}};
+  KVTIER_RETURN_IF_ERROR(visit({"model.embed_tokens.weight", {c.vocab_size, h}}));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
-    t.push_back({p + "input_layernorm.weight", {h}});
-    t.push_back({p + "post_attention_layernorm.weight", {h}});
+    KVTIER_RETURN_IF_ERROR(visit({p + "input_layernorm.weight", {h}}));
+    KVTIER_RETURN_IF_ERROR(visit({p + "post_attention_layernorm.weight", {h}}));
     const std::string a = p + "self_attn.";
     if (c.q_lora_rank.has_value()) {
-      t.push_back({a + "q_a_proj.weight", {*c.q_lora_rank, h}});
-      t.push_back({a + "q_a_layernorm.weight", {*c.q_lora_rank}});
-      t.push_back({a + "q_b_proj.weight", {heads * c.q_head_dim(), *c.q_lora_rank}});
+      KVTIER_RETURN_IF_ERROR(visit({a + "q_a_proj.weight", {*c.q_lora_rank, h}}));
+      KVTIER_RETURN_IF_ERROR(visit({a + "q_a_layernorm.weight", {*c.q_lora_rank}}));
+      KVTIER_RETURN_IF_ERROR(visit({a + "q_b_proj.weight", {heads * c.q_head_dim(), *c.q_lora_rank}}));
     } else {
-      t.push_back({a + "q_proj.weight", {heads * c.q_head_dim(), h}});
+      KVTIER_RETURN_IF_ERROR(visit({a + "q_proj.weight", {heads * c.q_head_dim(), h}}));
     }
-    t.push_back({a + "kv_a_proj_with_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, h}});
-    t.push_back({a + "kv_a_layernorm.weight", {c.kv_lora_rank}});
-    t.push_back({a + "kv_b_proj.weight", {heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}});
-    t.push_back({a + "o_proj.weight", {h, heads * c.v_head_dim}});
+    KVTIER_RETURN_IF_ERROR(visit({a + "kv_a_proj_with_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, h}}));
+    KVTIER_RETURN_IF_ERROR(visit({a + "kv_a_layernorm.weight", {c.kv_lora_rank}}));
+    KVTIER_RETURN_IF_ERROR(
+        visit({a + "kv_b_proj.weight", {heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}}));
+    KVTIER_RETURN_IF_ERROR(visit({a + "o_proj.weight", {h, heads * c.v_head_dim}}));
     const std::string m = p + "mlp.";
-    auto ffn = [&](const std::string& prefix, int64_t inter) {
-      t.push_back({prefix + "gate_proj.weight", {inter, h}});
-      t.push_back({prefix + "up_proj.weight", {inter, h}});
-      t.push_back({prefix + "down_proj.weight", {h, inter}});
+    auto ffn = [&](const std::string& prefix, int64_t inter) -> absl::Status {
+      KVTIER_RETURN_IF_ERROR(visit({prefix + "gate_proj.weight", {inter, h}}));
+      KVTIER_RETURN_IF_ERROR(visit({prefix + "up_proj.weight", {inter, h}}));
+      return visit({prefix + "down_proj.weight", {h, inter}});
     };
     if (!c.IsMoeLayer(i)) {
-      ffn(m, c.intermediate_size);
+      KVTIER_RETURN_IF_ERROR(ffn(m, c.intermediate_size));
       continue;
     }
-    t.push_back({m + "gate.weight", {c.n_routed_experts, h}});
+    KVTIER_RETURN_IF_ERROR(visit({m + "gate.weight", {c.n_routed_experts, h}}));
     for (int64_t e = 0; e < c.n_routed_experts; ++e) {
-      ffn(absl::StrCat(m, "experts.", e, "."), c.moe_intermediate_size);
+      KVTIER_RETURN_IF_ERROR(ffn(absl::StrCat(m, "experts.", e, "."), c.moe_intermediate_size));
     }
-    if (c.n_shared_experts > 0) ffn(m + "shared_experts.", c.moe_intermediate_size * c.n_shared_experts);
+    if (c.n_shared_experts > 0) {
+      KVTIER_RETURN_IF_ERROR(ffn(m + "shared_experts.", c.moe_intermediate_size * c.n_shared_experts));
+    }
   }
-  t.push_back({"model.norm.weight", {h}});
-  t.push_back({"lm_head.weight", {c.vocab_size, h}});
+  KVTIER_RETURN_IF_ERROR(visit({"model.norm.weight", {h}}));
+  return visit({"lm_head.weight", {c.vocab_size, h}});
+}
+
+std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c) {
+  std::vector<TensorSpec> t;
+  (void)ForEachExpectedTensor(c, [&](const TensorSpec& spec) {
+    t.push_back(spec);
+    return absl::OkStatus();
+  });
   return t;
 }
 

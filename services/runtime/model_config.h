@@ -4,6 +4,7 @@
 #define KVTIER_SERVICES_RUNTIME_MODEL_CONFIG_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -70,6 +71,12 @@ struct TensorSpec {
 
 // Every tensor a checkpoint of `config` holds, with Hugging Face names.
 std::vector<TensorSpec> ExpectedTensors(const ModelConfig& config);
+// The same tensors one at a time, stopping at the first error `visit`
+// returns: a loader checks each against the files without building the
+// list, which a corrupt config (a billion layers) could make too large to
+// hold.
+absl::Status ForEachExpectedTensor(const ModelConfig& config,
+                                   const std::function<absl::Status(const TensorSpec&)>& visit);
 
 }  // namespace kvtier::runtime
 

@@ -108,6 +108,17 @@ TEST_F(CheckpointTest, EveryDefectIsNamed) {
       // A config that implies more layers than the weights hold.
       {"missing_tensor", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["num_hidden_layers"] = 4; }); },
        absl::StatusCode::kInvalidArgument, "lacks tensor model.layers.3."},
+      // Counts far beyond the files: refused at the first tensor that is not
+      // there, without listing the millions the config implies first.
+      {"ten_million_layers", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["num_hidden_layers"] = 10000000; }); },
+       absl::StatusCode::kInvalidArgument, "lacks tensor model.layers.3."},
+      {"experts", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["n_routed_experts"] = 10000000; }); },
+       absl::StatusCode::kInvalidArgument, "config.json implies [10000000, 64]"},
+      // Sizes whose products would overflow 64 bits in the tensor shapes.
+      {"huge_heads", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["num_attention_heads"] = 1LL << 62; }); },
+       absl::StatusCode::kInvalidArgument, "num_attention_heads must be an integer from 1 to 16777216"},
+      {"huge_shared", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["n_shared_experts"] = 1LL << 62; }); },
+       absl::StatusCode::kInvalidArgument, "n_shared_experts must be an integer from 0 to 16777216"},
       {"shape", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["vocab_size"] = 300; }); },
        absl::StatusCode::kInvalidArgument, "tensor model.embed_tokens.weight has shape [256, 64], config.json implies [300, 64]"},
       {"truncated", [](const std::string& d) {
