@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <set>
 #include <thread>
 
 #include "services/cache/fast_path_client.h"
@@ -271,6 +272,79 @@ TEST_F(FastPathTest, SocketProtocolRefusesWhatASessionHasNoRightTo) {
   EXPECT_TRUE(client_->ReleaseLease(leased_a.lease_id()).ok());
   EXPECT_EQ(client_->ReleaseLease(leased_a.lease_id()).code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(Stats().pinned_blocks(), 4u);
+}
+
+// Random requests on a proven session's socket: any kind (valid or not),
+// tier and segment indexes in and far out of range, generations right, off
+// by one or random. The cache answers or hangs up; it never hands out a
+// segment of a namespace the session has not read, and after each request
+// the session (or a new one, if it was hung up on) still reads its own
+// segment. Afterwards the bytes read back as stored and, every socket
+// closed, nothing stays pinned.
+TEST_F(FastPathTest, RandomSocketRequestsNeverCrossNamespaces) {
+  SCOPED_TRACE(rng_.Trace());
+  std::mt19937_64& rng = rng_.engine();
+  const std::vector<TestBlock> a = PutBlocks("tenant-a", rng_.seed(), 4);
+  const std::vector<TestBlock> b = PutBlocks("tenant-b", rng_.seed() + 100, 4);
+  auto other = OpenRaw();
+  v1::LeaseBlocksResponse leased_b;
+  ASSERT_TRUE(Lease(*other, "tenant-b", Hashes(b), leased_b).ok());
+  std::set<std::pair<uint32_t, uint32_t>> b_segments;  // (tier, segment)
+  std::vector<v1::SharedPiece> pieces;
+  for (const v1::LeasedBlock& block : leased_b.blocks()) {
+    for (const v1::SharedPiece& piece : block.shared().pieces()) {
+      b_segments.insert({piece.tier_index(), piece.segment()});
+      pieces.push_back(piece);
+    }
+  }
+  std::unique_ptr<RawSession> session;
+  v1::SharedPiece own;
+  auto open = [&] {
+    session = OpenRaw();
+    v1::LeaseBlocksResponse leased_a;
+    ASSERT_TRUE(Lease(*session, "tenant-a", Hashes(a), leased_a).ok());
+    own = leased_a.blocks(0).shared().pieces(0);
+    pieces.push_back(own);
+  };
+  open();
+  for (int round = 0; round < 1000; ++round) {
+    fastpath::Request request{};
+    const uint32_t kinds[] = {0, 1, 2, 2, 2, 3, 3, 4, static_cast<uint32_t>(rng())};
+    request.kind = static_cast<fastpath::RequestKind>(kinds[rng() % std::size(kinds)]);
+    const v1::SharedPiece& like = pieces[rng() % pieces.size()];
+    request.tier = rng() % 4 == 0 ? static_cast<uint32_t>(rng()) : like.tier_index() + rng() % 2;
+    request.segment = rng() % 4 == 0 ? static_cast<uint32_t>(rng()) : like.segment() + rng() % 3;
+    const uint64_t generations[] = {like.generation(), like.generation(), like.generation() + 1, rng(),
+                                    leased_b.lease_id()};
+    request.generation = generations[rng() % std::size(generations)];
+    request.session_id = rng() % 2 ? session->opened.session_id() : rng();
+    for (uint8_t& byte : request.secret) byte = static_cast<uint8_t>(rng());
+    ASSERT_TRUE(fastpath::SendRequest(session->socket, request).ok());
+    int fd = -1;
+    if (request.kind == fastpath::RequestKind::kSegment) {
+      const absl::Status answer = fastpath::ReceiveReply(session->socket, fd);
+      if (fd >= 0) close(fd);
+      if (answer.ok()) {
+        EXPECT_FALSE(b_segments.contains({request.tier, request.segment}))
+            << "tenant-a's session got tenant-b's segment " << request.segment << " of tier " << request.tier;
+      }
+    }
+    // The session still reads its own segment; or it was hung up on (a
+    // request of another kind): then a new one must.
+    if (request.kind != fastpath::RequestKind::kSegment && request.kind != fastpath::RequestKind::kRelease) {
+      const absl::Status refused = fastpath::ReceiveReply(session->socket, fd);
+      EXPECT_FALSE(refused.ok()) << "kind " << static_cast<uint32_t>(request.kind);
+      open();
+    }
+    ASSERT_TRUE(AskSegment(*session, own, fd).ok()) << "round " << round;
+    close(fd);
+  }
+  EXPECT_TRUE(SameRecords(FetchAll(*FastPathClient::Connect(channel_, absl::Seconds(10), 0).value(), "tenant-a",
+                                   Hashes(a)),
+                          a));
+  session.reset();
+  other.reset();
+  EXPECT_TRUE(StatsBecome([](const v1::StatsResponse& s) { return s.pinned_blocks() == 0; }));
 }
 
 TEST_F(FastPathTest, LeasesExpireAtTheirDeadline) {
