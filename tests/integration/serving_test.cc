@@ -461,9 +461,13 @@ TEST_F(ServingTest, ACorruptedBlockIsDetectedAndRecomputed) {
   size_t corrupted = 0;
   for (const auto& e : fs::recursive_directory_iterator(disk)) {
     if (e.path().extension() != ".kvb") continue;
+    // A changed byte, whatever it was (a fixed value could be the same).
     std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(static_cast<std::streamoff>(fs::file_size(e.path()) / 2));
-    f.put('\x5a');
+    const auto middle = static_cast<std::streamoff>(fs::file_size(e.path()) / 2);
+    f.seekg(middle);
+    const char was = static_cast<char>(f.get());
+    f.seekp(middle);
+    f.put(static_cast<char>(was ^ 0x5a));
     ++corrupted;
   }
   ASSERT_GT(corrupted, 0u) << "no block reached the disk tier";
