@@ -92,7 +92,7 @@ bool Parses(const std::string& bytes) {
 
 grpc::Status Unary(grpc::Channel& channel, const std::string& method, const std::string& request) {
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   grpc::ByteBuffer response;
   return grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
       &channel, grpc::internal::RpcMethod(method.c_str(), grpc::internal::RpcMethod::NORMAL_RPC), &context,
@@ -101,7 +101,7 @@ grpc::Status Unary(grpc::Channel& channel, const std::string& method, const std:
 
 grpc::Status ServerStreaming(grpc::Channel& channel, const std::string& method, const std::string& request) {
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
       grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
           &channel, grpc::internal::RpcMethod(method.c_str(), grpc::internal::RpcMethod::SERVER_STREAMING),
@@ -115,7 +115,7 @@ grpc::Status ServerStreaming(grpc::Channel& channel, const std::string& method, 
 grpc::Status ClientStreaming(grpc::Channel& channel, const std::string& method,
                              const std::vector<std::string>& requests) {
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   grpc::ByteBuffer response;
   std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
       grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
