@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "kvtier/kernels/parallel.h"
+#include "load/decode_steps.h"
 #include "services/common/flags.h"
 #include "services/runtime/checkpoint.h"
 #include "services/runtime/make_model.h"
@@ -62,18 +63,12 @@ int Main(int argc, char** argv) {
   // Steps `model` over copies of the prefilled caches.
   auto time_steps = [&](const Model& model, const std::string& name) {
     std::vector<SequenceCache> stepped = caches;
-    std::vector<uint32_t> next(sequences, 5);
-    const auto start = std::chrono::steady_clock::now();
-    for (uint64_t s = 0; s < steps; ++s) {
-      std::vector<SequenceTokens> rows;
-      for (size_t b = 0; b < sequences; ++b) rows.push_back({std::span(&next[b], 1), &stepped[b], logits[b]});
-      if (const absl::Status status = model.Forward(rows); !status.ok()) {
-        std::printf("%-14s failed: %s\n", name.c_str(), std::string(status.message()).c_str());
-        return false;
-      }
+    const absl::StatusOr<double> seconds = load::TimeDecodeSteps(model, stepped, steps);
+    if (!seconds.ok()) {
+      std::printf("%-14s failed: %s\n", name.c_str(), std::string(seconds.status().message()).c_str());
+      return false;
     }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("%-14s %12.1f %10.1f\n", name.c_str(), seconds / steps * 1e3, sequences * steps / seconds);
+    std::printf("%-14s %12.1f %10.1f\n", name.c_str(), *seconds / steps * 1e3, sequences * steps / *seconds);
     return true;
   };
   for (size_t threads : {size_t{1}, cores}) {

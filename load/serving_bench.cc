@@ -22,6 +22,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "kvtier/kernels/parallel.h"
+#include "load/decode_steps.h"
 #include "kvtier/v1/prefill.grpc.pb.h"
 #include "services/cache/cache_client.h"
 #include "services/common/child_process.h"
@@ -107,14 +108,12 @@ double InProcessDecode(const runtime::Model& model, size_t batch, size_t prompt,
     caches.push_back(model.NewCache(kernels::Codec::kInt8, 64));
     (void)model.Prefill(RandomPrompt(prompt, rng), caches.back(), logits[b]);
   }
-  std::vector<uint32_t> next(batch, 1);
-  const auto start = Clock::now();
-  for (int s = 0; s < steps; ++s) {
-    std::vector<runtime::SequenceTokens> rows;
-    for (size_t b = 0; b < batch; ++b) rows.push_back({std::span(&next[b], 1), &caches[b], logits[b]});
-    (void)model.Forward(rows);
+  const absl::StatusOr<double> seconds = load::TimeDecodeSteps(model, caches, static_cast<uint64_t>(steps), 1);
+  if (!seconds.ok()) {
+    std::fprintf(stderr, "in-process decode failed: %s\n", std::string(seconds.status().message()).c_str());
+    std::exit(1);
   }
-  return static_cast<double>(batch * steps) / std::chrono::duration<double>(Clock::now() - start).count();
+  return static_cast<double>(batch * steps) / *seconds;
 }
 
 int Main(int argc, char** argv) {
