@@ -19,7 +19,12 @@ constexpr char kGetMethod[] = "/kvtier.v1.KvCache/Get";
 // Reads bytes across a message's slices in order.
 class SliceCursor {
  public:
-  explicit SliceCursor(const std::vector<grpc::Slice>& slices) : slices_(slices) {}
+  explicit SliceCursor(const std::vector<grpc::Slice>& slices) : slices_(slices) {
+    for (const grpc::Slice& slice : slices) left_ += slice.size();
+  }
+
+  // Bytes not read yet.
+  size_t remaining() const { return left_; }
 
   bool done() {
     Skip();
@@ -29,6 +34,7 @@ class SliceCursor {
     Skip();
     if (slice_ == slices_.size()) return false;
     b = slices_[slice_].begin()[offset_++];
+    --left_;
     return true;
   }
   bool ReadVarint(uint64_t& v) {
@@ -52,6 +58,7 @@ class SliceCursor {
         out += take;
       }
       offset_ += take;
+      left_ -= take;
       n -= take;
     }
     return true;
@@ -64,6 +71,7 @@ class SliceCursor {
   const std::vector<grpc::Slice>& slices_;
   size_t slice_ = 0;
   size_t offset_ = 0;
+  size_t left_ = 0;
 };
 
 // Receives the stream on gRPC's threads and lands each answer on the
@@ -188,8 +196,12 @@ absl::Status ParseRawGetResponse(grpc::ByteBuffer& buffer, const RecordDestinati
   if (!buffer.Dump(&slices).ok()) return absl::InternalError("cannot read a Get answer");
   block = RawBlock();
   SliceCursor in(slices);
-  // The data field may come before or after the index: hold its position.
-  bool have_data = false;
+  // Fields come in number order (protobuf's own order; proto3 leaves out an
+  // index of 0), so the index, if any, comes before the record and says
+  // where it lands. An index after the record, or a second index or
+  // record, is refused: the bytes would land under one index and be
+  // reported under another.
+  bool have_index = false, have_data = false;
   while (!in.done()) {
     uint64_t tag, length;
     if (!in.ReadVarint(tag)) return absl::InternalError("truncated Get answer");
@@ -197,13 +209,18 @@ absl::Status ParseRawGetResponse(grpc::ByteBuffer& buffer, const RecordDestinati
     if (type == 0) {
       uint64_t v;
       if (!in.ReadVarint(v)) return absl::InternalError("truncated Get answer");
-      if (field == v1::GetResponse::kIndexFieldNumber) block.index = static_cast<uint32_t>(v);
+      if (field == v1::GetResponse::kIndexFieldNumber) {
+        if (have_index || have_data) return absl::InternalError("Get answer with its index twice or after its record");
+        block.index = static_cast<uint32_t>(v);
+        have_index = true;
+      }
       if (field == v1::GetResponse::kTierFieldNumber) block.tier = static_cast<v1::Tier>(v);
       continue;
     }
     if (type != 2 || !in.ReadVarint(length)) return absl::InternalError("malformed Get answer");
+    if (length > in.remaining()) return absl::InternalError("truncated Get answer");
     if (field == v1::GetResponse::kDataFieldNumber) {
-      // The server writes index before data, so the destination is known.
+      if (have_data) return absl::InternalError("Get answer with two records");
       std::span<uint8_t> out = destination(block.index, length);
       if (out.size() < length) {
         return absl::InternalError(absl::StrCat("no room for a ", length, "-byte record"));
