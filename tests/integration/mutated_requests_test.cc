@@ -377,6 +377,17 @@ TEST_F(ModelServersTest, DecodeAndPrefillAnswerEveryMangledRequestAndStillGenera
     const grpc::Status status = ServerStreaming(*decode_channel_, "/kvtier.v1.Decode/Decode", Serialized(request));
     ASSERT_TRUE(status.ok()) << status.error_message();
   }
+  // Meanwhile the same generation runs again and again, its decode steps
+  // batched with whatever the mangled requests started: always the same
+  // tokens.
+  std::atomic<bool> mangling{true};
+  std::atomic<int> repeats{0};
+  std::thread beside([&] {
+    while (mangling.load() || repeats.load() < 3) {
+      EXPECT_EQ(generation(), before) << "repeat " << repeats.load();
+      ++repeats;
+    }
+  });
   Answers answers;
   for (int i = 0; i < 300; ++i) {
     const std::string decode_bytes = Mangled(requests[i % 2], rng_.engine());
@@ -386,6 +397,9 @@ TEST_F(ModelServersTest, DecodeAndPrefillAnswerEveryMangledRequestAndStillGenera
     answers.Check("Generate", Parses<v1::GenerateRequest>(generate_bytes),
                   ServerStreaming(*prefill_channel_, "/kvtier.v1.Prefill/Generate", generate_bytes));
   }
+  mangling = false;
+  beside.join();
+  std::cout << repeats.load() << " generations ran beside the mangled requests" << std::endl;
   EXPECT_EQ(generation(), before);
 }
 
