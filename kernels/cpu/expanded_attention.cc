@@ -18,6 +18,20 @@ KVTIER_VECTOR_CLONES void AddScaled(float p, const float* v, size_t n, float* ou
 
 }  // namespace
 
+void AbsorbQueries(const MlaDims& d, const float* w_uk, const float* q, std::span<const size_t> rows,
+                   float* q_latent) {
+  const size_t qdim = d.nope + d.rope;
+  ParallelFor(d.heads, 1, [&](size_t begin, size_t end) {
+    for (size_t h = begin; h < end; ++h) {
+      for (size_t r : rows) std::fill_n(q_latent + (r * d.heads + h) * d.kv, d.kv, 0.0f);
+      for (size_t i = 0; i < d.nope; ++i) {
+        const float* w = w_uk + (h * d.nope + i) * d.kv;
+        for (size_t r : rows) AddScaled(q[(r * d.heads + h) * qdim + i], w, d.kv, q_latent + (r * d.heads + h) * d.kv);
+      }
+    }
+  });
+}
+
 MlaCosts MlaFormCosts(const MlaDims& d, size_t rows, size_t context, size_t visible) {
   const double h = static_cast<double>(d.heads), per_token_weights = static_cast<double>((d.nope + d.v) * d.kv);
   return {static_cast<double>(rows) * h * per_token_weights + static_cast<double>(visible) * h * (2 * d.kv + d.rope),

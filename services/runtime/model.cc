@@ -223,17 +223,7 @@ absl::Status Model::Forward(std::span<const SequenceTokens> batch, const LayerDo
     }
     // Absorbed rows: W_UK folded into the query (each weight row read once
     // for all of them), attention over the stored latents, W_UV after.
-    std::fill(q_latent.begin(), q_latent.end(), 0.0f);
-    for (size_t hd = 0; hd < heads; ++hd) {
-      for (size_t i = 0; i < nope; ++i) {
-        const float* w = l.w_uk.data() + (hd * nope + i) * kv;
-        for (size_t r : absorbed_rows) {
-          const float qn = q[(r * heads + hd) * qdim + i];
-          float* ql = q_latent.data() + (r * heads + hd) * kv;
-          for (size_t j = 0; j < kv; ++j) ql[j] += w[j] * qn;
-        }
-      }
-    }
+    kernels::AbsorbQueries(dims, l.w_uk.data(), q.data(), absorbed_rows, q_latent.data());
     // Rows attend independently: the kernel threads take them in chunks
     // (a decode step's sequences), each keeping its own first error.
     std::vector<kernels::Status> row_status(absorbed_rows.size());

@@ -28,6 +28,15 @@ struct MlaCosts {
 };
 MlaCosts MlaFormCosts(const MlaDims& d, size_t rows, size_t context, size_t visible);
 
+// The absorbed form's query: W_UK folded in, q_latent[r][h] = sum_i
+// q[r][h][i] * w_uk[h][i] over the nope dims, for the rows listed in `rows`
+// (others are left alone). q: [row][heads][nope + rope]; w_uk: [heads]
+// [nope][kv]; q_latent: [row][heads][kv]. Each weight row is read once for
+// all rows; heads are split over the kernel threads, each output summed by
+// one thread in a fixed order (the same bits for any thread count).
+void AbsorbQueries(const MlaDims& d, const float* w_uk, const float* q, std::span<const size_t> rows,
+                   float* q_latent);
+
 // For each row r and head h: softmax over t <= positions[r] of scale *
 // (q_nope . W_UK[h] c_t + q_pe . pe_t), then out = sum_t p_t W_UV[h] c_t.
 // context: [tokens][kv + rope] (latent c_t then rotated pe_t); q: [rows]
