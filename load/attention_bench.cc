@@ -274,8 +274,8 @@ BENCHMARK(BM_ReadBandwidth)->Arg(16384)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_FmaPeak)->Unit(benchmark::kMillisecond);
 
 // The runtime's projections: kernels::Gemm of a 3072 x 2048 weight (V2-Lite's
-// q_proj) against 32, 256 and 2,048 inputs, one thread; items = multiply-adds,
-// next to FmaPeak above.
+// q_proj) against 1 and 8 inputs (decode batches), 32, 256 and 2,048 (prefill),
+// one thread; items = multiply-adds, next to FmaPeak above.
 void BM_Gemm(benchmark::State& state) {
   const size_t rows = 3072, cols = 2048, n = static_cast<size_t>(state.range(0));
   std::vector<float> w(rows * cols, 0.5f), x(n * cols, 0.25f), y(n * rows);
@@ -285,7 +285,7 @@ void BM_Gemm(benchmark::State& state) {
   }
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * rows * cols * n));
 }
-BENCHMARK(BM_Gemm)->Arg(32)->Arg(256)->Arg(2048)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Gemm)->Arg(1)->Arg(8)->Arg(32)->Arg(256)->Arg(2048)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
