@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "services/runtime/cache_mark.h"
@@ -103,6 +104,8 @@ void Batcher::Advance(const std::vector<std::shared_ptr<DecodeSequence>>& batch)
                                                                      : "")));
       return;
     }
+    std::cerr << "kvtier-decode: a step of " << batch.size() << " sequences failed (" << s.message()
+              << "); running them one at a time" << std::endl;
     for (size_t i = 0; i < batch.size(); ++i) runtime::UndoToMark(batch[i]->cache, std::move(marks[i]));
     for (const auto& sequence : batch) Advance({sequence});
     return;
