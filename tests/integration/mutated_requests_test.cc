@@ -29,6 +29,7 @@
 #include "services/runtime/model_config.h"
 #include "services/serving/sequence_blocks.h"
 #include "tests/integration/cache_test_blocks.h"
+#include "tests/integration/cluster.h"
 #include "tests/integration/mangled_messages.h"
 #include "tests/test_random.h"
 
@@ -260,43 +261,33 @@ TEST(MutatedRequestsTest, CacheAnswersEveryMangledRequestAndKeepsItsBlocks) {
   EXPECT_EQ(stats->pending_blocks(), 0u);
 }
 
-// A tiny model's cache, decode worker and prefill node (blocks of 16 bf16
-// tokens), and requests for them.
+// A tiny model's cache, decode worker and prefill node, and requests for
+// them.
 class ModelServersTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_TRUE(runtime::MakeModel(config_, dir_, 5).ok());
-    cache_ = std::make_unique<ChildProcess>(std::vector<std::string>{
-        KVTIER_CACHE_BINARY, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--device-capacity",
-        "16MiB", "--host-capacity", "16MiB"});
-    const std::string cache_target = "127.0.0.1:" + std::to_string(cache_->WaitForListeningPort());
-    decode_ = std::make_unique<ChildProcess>(std::vector<std::string>{
-        KVTIER_DECODE_BINARY, "--listen", "127.0.0.1:0", "--model", dir_, "--cache", cache_target,
-        "--metrics-listen", "127.0.0.1:0"});
-    const std::optional<std::string> metrics = decode_->WaitForLine("metrics on ");
-    ASSERT_TRUE(metrics.has_value());
-    decode_metrics_ = metrics->substr(0, metrics->find('/'));
-    const int decode_port = decode_->WaitForListeningPort();
-    ASSERT_GT(decode_port, 0);
-    const std::string decode_target = "127.0.0.1:" + std::to_string(decode_port);
-    prefill_ = std::make_unique<ChildProcess>(std::vector<std::string>{
-        KVTIER_PREFILL_BINARY, "--listen", "127.0.0.1:0", "--model", dir_, "--cache", cache_target, "--decode",
-        decode_target, "--kv-codec", "bf16", "--tokens-per-block", "16", "--metrics-listen", "127.0.0.1:0"});
-    const int prefill_port = prefill_->WaitForListeningPort();
-    ASSERT_GT(prefill_port, 0);
-    decode_channel_ = cache::CacheClient::Connect(decode_target);
-    prefill_channel_ = cache::CacheClient::Connect("127.0.0.1:" + std::to_string(prefill_port));
+    cluster_ = std::make_unique<Cluster>(dir_, 1, 1);
+    ASSERT_TRUE(cluster_->ok());
+    decode_channel_ = cache::CacheClient::Connect(cluster_->decode_targets[0]);
+    prefill_channel_ = cache::CacheClient::Connect(cluster_->prefill_target);
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override {
+    cluster_.reset();
+    fs::remove_all(dir_);
+  }
+
+  // The layout the cluster's prefill node stores (bf16, kClusterBlock).
+  kvblock::LatentLayout Layout() const {
+    return serving::ModelLayout(config_, *serving::ModelId(dir_), kernels::Codec::kBf16, kClusterBlock);
+  }
 
   // A Decode request for tokens 1, 2, 3 held as a tail of random latents
   // of magnitude up to `scale`.
   v1::DecodeRequest Decode(float scale, uint32_t max_new_tokens) {
-    const kvblock::LatentLayout layout =
-        serving::ModelLayout(config_, *serving::ModelId(dir_), kernels::Codec::kBf16, 16);
     v1::DecodeRequest request;
     request.set_kv_namespace("default");
-    *request.mutable_layout() = kvblock::LayoutToProto(layout);
+    *request.mutable_layout() = kvblock::LayoutToProto(Layout());
     for (uint32_t t : {1, 2, 3}) request.add_token_ids(t);
     request.mutable_tail()->set_token_count(3);
     std::vector<float> tail(3 * config_.num_hidden_layers * (config_.kv_lora_rank + config_.qk_rope_head_dim));
@@ -307,16 +298,15 @@ class ModelServersTest : public ::testing::Test {
     return request;
   }
 
-  // A Decode request as a prefill node sends one: 20 prompt tokens, the
-  // first 16 as an inline block (their key in block_hashes), the other 4
-  // as the tail, latents computed by the model in process.
+  // A Decode request as a prefill node sends one: a block and 4 tokens of
+  // prompt, the block inline (its key in block_hashes), the 4 tokens as the
+  // tail, latents computed by the model in process.
   v1::DecodeRequest DecodeWithInlineBlock() {
     auto checkpoint = runtime::Checkpoint::Open(dir_);
     auto model = runtime::Model::Load(**checkpoint);
-    const kvblock::LatentLayout layout =
-        serving::ModelLayout(config_, *serving::ModelId(dir_), kernels::Codec::kBf16, 16);
+    const kvblock::LatentLayout layout = Layout();
     runtime::SequenceCache cache = (*model)->NewCache(layout.codec, layout.tokens_per_block);
-    std::vector<uint32_t> prompt(20);
+    std::vector<uint32_t> prompt(kClusterBlock + 4);
     for (uint32_t& t : prompt) t = static_cast<uint32_t>(rng_.engine()() % config_.vocab_size);
     std::vector<float> logits(config_.vocab_size);
     EXPECT_TRUE((*model)->Prefill(prompt, cache, logits).ok());
@@ -324,7 +314,7 @@ class ModelServersTest : public ::testing::Test {
     request.set_kv_namespace("default");
     *request.mutable_layout() = kvblock::LayoutToProto(layout);
     for (uint32_t t : prompt) request.add_token_ids(t);
-    for (const auto& h : kvblock::ComputeBlockChain("default", kvblock::LayoutId(layout), 16, prompt)) {
+    for (const auto& h : kvblock::ComputeBlockChain("default", kvblock::LayoutId(layout), kClusterBlock, prompt)) {
       request.add_block_hashes(std::string(kvblock::HashAsBytes(h)));
     }
     v1::InlineBlock* block = request.add_inline_blocks();
@@ -341,9 +331,8 @@ class ModelServersTest : public ::testing::Test {
   testing::SeededRng rng_;
   const runtime::ModelConfig config_ = *runtime::PresetConfig("tiny");
   const std::string dir_ = (fs::temp_directory_path() / ("kvtier_mutated_" + std::to_string(getpid()))).string();
-  std::unique_ptr<ChildProcess> cache_, decode_, prefill_;
+  std::unique_ptr<Cluster> cluster_;
   std::shared_ptr<grpc::Channel> decode_channel_, prefill_channel_;
-  std::string decode_metrics_;  // host:port
 };
 
 TEST_F(ModelServersTest, DecodeAndPrefillAnswerEveryMangledRequestAndStillGenerate) {
@@ -354,7 +343,7 @@ TEST_F(ModelServersTest, DecodeAndPrefillAnswerEveryMangledRequestAndStillGenera
   // near tie.)
   v1::GenerateRequest generate;
   generate.set_request_id("mutated");
-  for (uint32_t t = 0; t < 40; ++t) generate.add_prompt_token_ids(1 + static_cast<uint32_t>(rng_.engine()() % 200));
+  for (uint32_t t = 0; t < kClusterBlock + 16; ++t) generate.add_prompt_token_ids(1 + static_cast<uint32_t>(rng_.engine()() % 200));
   generate.mutable_limits()->set_max_new_tokens(6);
   auto generation = [&] {
     auto stub = v1::Prefill::NewStub(prefill_channel_);
@@ -444,7 +433,7 @@ TEST_F(ModelServersTest, ASequenceWhoseLatentsOverflowFailsAloneNotItsBatch) {
   EXPECT_EQ(beside, alone);
 
   // They did share a step (else this tested nothing): a step of 2.
-  const CommandResult scrape = RunCommand("curl -sf http://" + decode_metrics_ + "/metrics");
+  const CommandResult scrape = RunCommand("curl -sf http://" + cluster_->decode_metrics[0] + "/metrics");
   ASSERT_EQ(scrape.exit_code, 0);
   auto value = [&](const std::string& name) {
     const size_t at = scrape.output.find("\n" + name + " ");

@@ -26,6 +26,7 @@
 #include "services/runtime/make_model.h"
 #include "services/serving/sequence_blocks.h"
 #include "services/serving/shard_set.h"
+#include "tests/integration/cluster.h"
 #include "tests/test_random.h"
 
 namespace kvtier {
@@ -34,7 +35,7 @@ namespace {
 namespace fs = std::filesystem;
 using cli::RemoteGeneration;
 
-constexpr uint32_t kBlock = 64;
+constexpr uint32_t kBlock = kClusterBlock;  // the prefill node's blocks
 
 // One tiny checkpoint (q_lora, YaRN, group-limited routing, a shared
 // expert, a dense first layer) for the whole test binary.
@@ -143,67 +144,6 @@ v1::GenerateRequest Request(const std::vector<uint32_t>& prompt, uint32_t max_ne
   return r;
 }
 
-std::string Address(ChildProcess& p) {
-  const int port = p.WaitForListeningPort();
-  return port > 0 ? "127.0.0.1:" + std::to_string(port) : "";
-}
-
-// Cache shards, decode workers and one prefill node on free ports.
-class Cluster {
- public:
-  // `model_flags` go to the decode workers and the prefill node.
-  Cluster(int caches, int decoders, std::vector<std::string> cache_flags = {}, std::string deadline_ms = "2000",
-          std::vector<std::string> model_flags = {}) {
-    std::string cache_list, decode_list;
-    for (int i = 0; i < caches; ++i) {
-      std::vector<std::string> argv = {KVTIER_CACHE_BINARY, "--listen", "127.0.0.1:0", "--metrics-listen",
-                                       "127.0.0.1:0", "--device-capacity", "16MiB", "--host-capacity", "16MiB"};
-      argv.insert(argv.end(), cache_flags.begin(), cache_flags.end());
-      this->caches.push_back(std::make_unique<ChildProcess>(argv));
-      std::optional<std::string> metrics = this->caches.back()->WaitForLine("metrics on ");
-      cache_metrics.push_back(metrics ? metrics->substr(0, metrics->find('/')) : "");
-      cache_targets.push_back(Address(*this->caches.back()));
-      cache_list += (i ? "," : "") + cache_targets.back();
-    }
-    for (int i = 0; i < decoders; ++i) {
-      std::vector<std::string> argv = {KVTIER_DECODE_BINARY, "--listen", "127.0.0.1:0", "--model", Tiny().dir,
-                                       "--cache", cache_list, "--metrics-listen", "127.0.0.1:0",
-                                       "--cache-deadline-ms", "2000"};
-      argv.insert(argv.end(), model_flags.begin(), model_flags.end());
-      this->decoders.push_back(std::make_unique<ChildProcess>(argv));
-      std::optional<std::string> metrics = this->decoders.back()->WaitForLine("metrics on ");
-      decode_metrics.push_back(metrics ? metrics->substr(0, metrics->find('/')) : "");
-      decode_targets.push_back(Address(*this->decoders.back()));
-      decode_list += (i ? "," : "") + decode_targets.back();
-    }
-    std::vector<std::string> argv = {
-        KVTIER_PREFILL_BINARY, "--listen", "127.0.0.1:0", "--model", Tiny().dir, "--cache", cache_list, "--decode",
-        decode_list, "--kv-codec", "bf16", "--tokens-per-block", std::to_string(kBlock), "--cache-deadline-ms",
-        deadline_ms, "--metrics-listen", "127.0.0.1:0"};
-    argv.insert(argv.end(), model_flags.begin(), model_flags.end());
-    prefill = std::make_unique<ChildProcess>(argv);
-    std::optional<std::string> metrics = prefill->WaitForLine("metrics on ");
-    prefill_metrics = metrics ? metrics->substr(0, metrics->find('/')) : "";
-    prefill_target = Address(*prefill);
-  }
-  bool ok() const {
-    for (const auto& t : cache_targets) if (t.empty()) return false;
-    for (const auto& t : decode_targets) if (t.empty()) return false;
-    return !prefill_target.empty();
-  }
-  absl::StatusOr<RemoteGeneration> Generate(const v1::GenerateRequest& r) {
-    return cli::GenerateRemotely(prefill_target, r);
-  }
-  v1::StatsResponse CacheStats(size_t shard) {
-    return *cache::CacheClient(cache::CacheClient::Connect(cache_targets[shard]), absl::Seconds(5)).Stats();
-  }
-
-  std::vector<std::unique_ptr<ChildProcess>> caches, decoders;
-  std::unique_ptr<ChildProcess> prefill;
-  std::vector<std::string> cache_targets, cache_metrics, decode_targets, decode_metrics;
-  std::string prefill_target, prefill_metrics;
-};
-
 class ServingTest : public ::testing::Test {
  protected:
   testing::SeededRng rng_;
@@ -213,7 +153,7 @@ class ServingTest : public ::testing::Test {
 // boundaries: every id, logprob and top-5 as in process, with no cache hit.
 TEST_F(ServingTest, GenerationsEqualTheInProcessRuntime) {
   SCOPED_TRACE(rng_.Trace());
-  Cluster cluster(1, 1);
+  Cluster cluster(Tiny().dir, 1, 1);
   ASSERT_TRUE(cluster.ok());
   for (size_t length : {1, 63, 64, 65, 300}) {
     SCOPED_TRACE("prompt of " + std::to_string(length));
@@ -239,7 +179,7 @@ TEST_F(ServingTest, FastPathAndTcpGiveTheSameGenerations) {
   std::vector<std::vector<runtime::Sampled>> second_turns;
   for (bool fast : {true, false}) {
     SCOPED_TRACE(fast ? "fast path" : "--no-fast-path");
-    Cluster cluster(1, 1, {}, "2000", fast ? std::vector<std::string>{} : std::vector<std::string>{"--no-fast-path"});
+    Cluster cluster(Tiny().dir, 1, 1, {}, "2000", fast ? std::vector<std::string>{} : std::vector<std::string>{"--no-fast-path"});
     ASSERT_TRUE(cluster.ok());
     ASSERT_TRUE(cluster.Generate(Request(prompt, 8)).ok());  // stores the prompt's blocks
     absl::StatusOr<RemoteGeneration> hit = cluster.Generate(Request(prompt, 40));
@@ -262,7 +202,7 @@ TEST_F(ServingTest, FastPathAndTcpGiveTheSameGenerations) {
 // the prefill node samples it (token 0) or a decode worker does.
 TEST_F(ServingTest, StopTokensEndTheGeneration) {
   SCOPED_TRACE(rng_.Trace());
-  Cluster cluster(1, 1);
+  Cluster cluster(Tiny().dir, 1, 1);
   ASSERT_TRUE(cluster.ok());
   const std::vector<uint32_t> prompt = RandomIds(80, rng_.engine());
   const std::vector<runtime::Sampled> want = InProcess(prompt, 20);
@@ -285,7 +225,7 @@ TEST_F(ServingTest, StopTokensEndTheGeneration) {
 // prints what `kvtier run --json` prints in process.
 TEST_F(ServingTest, KvtierGeneratePrintsWhatKvtierRunPrints) {
   SCOPED_TRACE(rng_.Trace());
-  Cluster cluster(1, 1);
+  Cluster cluster(Tiny().dir, 1, 1);
   ASSERT_TRUE(cluster.ok());
   std::string ids;
   for (uint32_t t : RandomIds(130, rng_.engine())) ids += (ids.empty() ? "" : ",") + std::to_string(t);
@@ -322,7 +262,7 @@ TEST_F(ServingTest, KvtierUpRunsAConversationAndStopsCleanly) {
 // back; outputs stay those of the in-process runtime.
 TEST_F(ServingTest, SharedPrefixesAndNextTurnsHitTheCache) {
   SCOPED_TRACE(rng_.Trace());
-  Cluster cluster(1, 1);
+  Cluster cluster(Tiny().dir, 1, 1);
   ASSERT_TRUE(cluster.ok());
   const std::vector<uint32_t> prefix = RandomIds(192, rng_.engine());
   std::vector<uint32_t> a = prefix, b = prefix;
@@ -370,7 +310,7 @@ TEST_F(ServingTest, SharedPrefixesAndNextTurnsHitTheCache) {
 // feeds a Put stream: a prefill longer than the deadline still stores.
 TEST_F(ServingTest, APrefillLongerThanTheCacheDeadlineStillStoresItsBlocks) {
   SCOPED_TRACE(rng_.Trace());
-  Cluster cluster(1, 1, {}, /*deadline_ms=*/"20");
+  Cluster cluster(Tiny().dir, 1, 1, {}, /*deadline_ms=*/"20");
   ASSERT_TRUE(cluster.ok());
   const std::vector<uint32_t> prompt = RandomIds(2000, rng_.engine());
   absl::StatusOr<RemoteGeneration> first = cluster.Generate(Request(prompt, 2));
@@ -385,7 +325,7 @@ TEST_F(ServingTest, APrefillLongerThanTheCacheDeadlineStillStoresItsBlocks) {
 // across them gives each the in-process result.
 TEST_F(ServingTest, SixteenConcurrentGenerations) {
   SCOPED_TRACE(rng_.Trace());
-  Cluster cluster(2, 1);
+  Cluster cluster(Tiny().dir, 2, 1);
   ASSERT_TRUE(cluster.ok());
   std::vector<std::vector<uint32_t>> prompts;
   const std::vector<uint32_t> shared = RandomIds(128, rng_.engine());
@@ -411,7 +351,7 @@ TEST_F(ServingTest, SixteenConcurrentGenerations) {
 // inline), and repeats of earlier prompts still hit on the live shard.
 TEST_F(ServingTest, AShardKilledMidRunLosesNoRequest) {
   SCOPED_TRACE(rng_.Trace());
-  Cluster cluster(2, 1);
+  Cluster cluster(Tiny().dir, 2, 1);
   ASSERT_TRUE(cluster.ok());
   // Which shard each block lives on, as the services choose it.
   auto shards = serving::ShardSet::Create(cluster.cache_targets[0] + "," + cluster.cache_targets[1], absl::Seconds(1));
@@ -452,7 +392,7 @@ TEST_F(ServingTest, ACorruptedBlockIsDetectedAndRecomputed) {
   // The device tier holds 8 of these 15 KiB blocks (a prompt's pending
   // blocks must fit there while its layers stream in), the host tier 1:
   // a second prompt pushes the first one's blocks to disk.
-  Cluster cluster(1, 1, {"--device-capacity", "128KiB", "--host-capacity", "16KiB", "--page-size", "4096",
+  Cluster cluster(Tiny().dir, 1, 1, {"--device-capacity", "128KiB", "--host-capacity", "16KiB", "--page-size", "4096",
                          "--disk-dir", disk.string(), "--disk-capacity", "64MiB"});
   ASSERT_TRUE(cluster.ok());
   const std::vector<uint32_t> first = RandomIds(400, rng_.engine()), second = RandomIds(400, rng_.engine());
@@ -487,7 +427,7 @@ TEST_F(ServingTest, ADecodeWorkerDyingMidStream) {
   const std::vector<runtime::Sampled> want = InProcess(prompt, 400);
   for (int workers : {1, 2}) {
     SCOPED_TRACE(std::to_string(workers) + " decode workers");
-    Cluster cluster(1, workers);
+    Cluster cluster(Tiny().dir, 1, workers);
     ASSERT_TRUE(cluster.ok());
     auto stub = v1::Prefill::NewStub(cache::CacheClient::Connect(cluster.prefill_target));
     grpc::ClientContext context;
@@ -516,7 +456,7 @@ TEST_F(ServingTest, ADecodeWorkerDyingMidStream) {
 // worker's open sequences return to 0.
 TEST_F(ServingTest, CancellationFreesTheDecodeSequence) {
   SCOPED_TRACE(rng_.Trace());
-  Cluster cluster(1, 1);
+  Cluster cluster(Tiny().dir, 1, 1);
   ASSERT_TRUE(cluster.ok());
   auto stub = v1::Prefill::NewStub(cache::CacheClient::Connect(cluster.prefill_target));
   grpc::ClientContext context;
@@ -541,7 +481,7 @@ TEST_F(ServingTest, CancellationFreesTheDecodeSequence) {
 }
 
 TEST_F(ServingTest, BadRequestsGetClearStatuses) {
-  Cluster cluster(1, 1);
+  Cluster cluster(Tiny().dir, 1, 1);
   ASSERT_TRUE(cluster.ok());
   struct Case {
     std::string name;
@@ -633,7 +573,7 @@ TEST_F(ServingTest, ModelServersRefuseDeviceFlagsTheyCannotHonour) {
 // the three servers really export (scraped after a generation), and
 // promtool accepts the rules.
 TEST_F(ServingTest, DeployedRulesAndDashboardUseExportedMetrics) {
-  Cluster cluster(1, 1);
+  Cluster cluster(Tiny().dir, 1, 1);
   ASSERT_TRUE(cluster.ok());
   ASSERT_TRUE(cluster.Generate(Request(RandomIds(100, rng_.engine()), 4)).ok());
   std::set<std::string> exported;
