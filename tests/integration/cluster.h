@@ -38,10 +38,7 @@ class Cluster {
       std::vector<std::string> argv = {KVTIER_CACHE_BINARY, "--listen", "127.0.0.1:0", "--metrics-listen",
                                        "127.0.0.1:0", "--device-capacity", "16MiB", "--host-capacity", "16MiB"};
       argv.insert(argv.end(), cache_flags.begin(), cache_flags.end());
-      this->caches.push_back(std::make_unique<ChildProcess>(argv));
-      std::optional<std::string> metrics = this->caches.back()->WaitForLine("metrics on ");
-      cache_metrics.push_back(metrics ? metrics->substr(0, metrics->find('/')) : "");
-      cache_targets.push_back(Address(*this->caches.back()));
+      this->caches.push_back(Start(argv, cache_metrics.emplace_back(), cache_targets.emplace_back()));
       cache_list += (i ? "," : "") + cache_targets.back();
     }
     for (int i = 0; i < decoders; ++i) {
@@ -49,10 +46,7 @@ class Cluster {
                                        "--cache", cache_list, "--metrics-listen", "127.0.0.1:0",
                                        "--cache-deadline-ms", "2000"};
       argv.insert(argv.end(), model_flags.begin(), model_flags.end());
-      this->decoders.push_back(std::make_unique<ChildProcess>(argv));
-      std::optional<std::string> metrics = this->decoders.back()->WaitForLine("metrics on ");
-      decode_metrics.push_back(metrics ? metrics->substr(0, metrics->find('/')) : "");
-      decode_targets.push_back(Address(*this->decoders.back()));
+      this->decoders.push_back(Start(argv, decode_metrics.emplace_back(), decode_targets.emplace_back()));
       decode_list += (i ? "," : "") + decode_targets.back();
     }
     std::vector<std::string> argv = {
@@ -60,10 +54,7 @@ class Cluster {
         decode_list, "--kv-codec", "bf16", "--tokens-per-block", std::to_string(kClusterBlock), "--cache-deadline-ms",
         deadline_ms, "--metrics-listen", "127.0.0.1:0"};
     argv.insert(argv.end(), model_flags.begin(), model_flags.end());
-    prefill = std::make_unique<ChildProcess>(argv);
-    std::optional<std::string> metrics = prefill->WaitForLine("metrics on ");
-    prefill_metrics = metrics ? metrics->substr(0, metrics->find('/')) : "";
-    prefill_target = Address(*prefill);
+    prefill = Start(argv, prefill_metrics, prefill_target);
   }
   bool ok() const {
     for (const auto& t : cache_targets) if (t.empty()) return false;
@@ -75,6 +66,17 @@ class Cluster {
   }
   v1::StatsResponse CacheStats(size_t shard) {
     return *cache::CacheClient(cache::CacheClient::Connect(cache_targets[shard]), absl::Seconds(5)).Stats();
+  }
+
+  // Starts a server; its metrics and gRPC addresses ("" where it printed
+  // none).
+  static std::unique_ptr<ChildProcess> Start(std::vector<std::string> argv, std::string& metrics,
+                                             std::string& target) {
+    auto process = std::make_unique<ChildProcess>(std::move(argv));
+    const std::optional<std::string> line = process->WaitForLine("metrics on ");
+    metrics = line ? line->substr(0, line->find('/')) : "";
+    target = Address(*process);
+    return process;
   }
 
   std::vector<std::unique_ptr<ChildProcess>> caches, decoders;
