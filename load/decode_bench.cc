@@ -8,7 +8,6 @@
 //
 //   decode_bench [--sequences 8] [--context 2048] [--steps 10]
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <optional>

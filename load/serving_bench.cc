@@ -22,8 +22,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include "kvtier/kernels/parallel.h"
-#include "load/decode_steps.h"
 #include "kvtier/v1/prefill.grpc.pb.h"
+#include "load/decode_steps.h"
 #include "services/cache/cache_client.h"
 #include "services/common/child_process.h"
 #include "services/common/flags.h"

@@ -7,13 +7,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
-#include <map>
 #include <fstream>
+#include <map>
 #include <random>
 #include <set>
 #include <thread>
-#include <atomic>
 
 #include "absl/synchronization/mutex.h"
 #include "services/kvblock/block_format.h"
