@@ -590,7 +590,7 @@ std::vector<SharedPiece> BlockStore::SharedPieces(const PinnedBlock& block) {
 absl::StatusOr<int> BlockStore::OpenSegmentReadOnly(uint32_t tier, uint32_t segment,
                                                     uint64_t generation, const std::string& ns) {
   absl::MutexLock lock(&mu_);
-  const PageArena* arena = tier < tiers_.size() ? tiers_[tier]->arena.get() : nullptr;
+  PageArena* arena = tier < tiers_.size() ? tiers_[tier]->arena.get() : nullptr;
   if (arena == nullptr || !arena->shared() || segment >= arena->segment_count()) {
     return absl::InvalidArgumentError(absl::StrCat("no shared segment ", segment, " in tier ", tier));
   }
@@ -609,6 +609,7 @@ absl::StatusOr<int> BlockStore::OpenSegmentReadOnly(uint32_t tier, uint32_t segm
   if (fd < 0) {
     return absl::InternalError(absl::StrCat("cannot reopen ", path, ": ", std::strerror(errno)));
   }
+  arena->MarkExported(segment);  // from now on, it changes owner through a new memfd
   return fd;
 }
 

@@ -210,11 +210,16 @@ void PageArena::Reassign(uint32_t s, const std::string& owner) {
   if (!shared_) return;
   uint8_t* at = base_ + size_t{s} * segment_pages_ * page_size_;
   const size_t bytes = SegmentBytes(s);
+  if (seg.fd >= 0 && !seg.exported) {
+    std::memset(at, 0, bytes);  // only this process maps it
+    return;
+  }
   if (seg.fd >= 0) {
     // Frees the old owner's bytes even where a reader still maps them.
     fallocate(seg.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(bytes));
     close(seg.fd);
   }
+  seg.exported = false;
   seg.fd = MapMemfd(at, bytes);
   if (seg.fd < 0 && !MapAnonymous(at, bytes)) {
     // The addresses are ours and reserved; failing to map them means the

@@ -9,9 +9,12 @@
 // come from its own segments, and only an empty segment changes owner. In a
 // shared arena each segment is its own sealed memfd, so the cache can hand a
 // same-host reader the segments of one namespace, read-only, without
-// exposing any other namespace's bytes. A segment that changes owner gets a
-// fresh memfd (a new generation); the old one's pages are punched out, so a
-// stale mapping can read only zeros, never the new owner's bytes.
+// exposing any other namespace's bytes. A segment that changes owner starts
+// a new generation with only zeros in it: if its memfd was ever handed out
+// (MarkExported), a fresh memfd, the old one's pages punched out, so a
+// stale mapping can read only zeros, never the new owner's bytes; if not,
+// the same memfd cleared in place, which keeps its pages (a fresh memfd
+// faults in every page again, most of the cost of storing under eviction).
 //
 // An arena may instead live in a slab the process reaches only by copies (a
 // GPU's memory, SlabMemory): then it is not addressable, and its pages are
@@ -87,12 +90,15 @@ class PageArena {
   // shared arena, or the memfd could not be made and anonymous memory
   // stands in).
   int SegmentFd(uint32_t segment) const { return segments_[segment].fd; }
+  // Its memfd has gone to another process in this generation.
+  void MarkExported(uint32_t segment) { segments_[segment].exported = true; }
 
  private:
   struct Segment {
     std::string owner;
     uint64_t generation = 0;
     int fd = -1;
+    bool exported = false;  // fd handed out in this generation
     std::vector<uint32_t> free;  // a stack, lowest page on top
     uint32_t pages = 0;
   };

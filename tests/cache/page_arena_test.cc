@@ -1,0 +1,103 @@
+// PageArena's shared segments changing owner: what the new owner and any
+// old reader can see, and that a segment no reader has is reused in place.
+#include "services/cache/page_arena.h"
+
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tests/test_random.h"
+
+namespace kvtier::cache {
+namespace {
+
+constexpr uint32_t kPage = 4096;
+constexpr uint32_t kSegmentPages = 2;
+
+std::unique_ptr<PageArena> OneSegmentArena() {
+  absl::StatusOr<std::unique_ptr<PageArena>> arena = PageArena::Create(
+      {.capacity = kSegmentPages * kPage, .page_size = kPage, .segment_pages = kSegmentPages, .shared = true,
+       .slab = nullptr});
+  EXPECT_TRUE(arena.ok()) << arena.status();
+  return *std::move(arena);
+}
+
+// Both pages of the segment for `owner`, filled with fresh random bytes,
+// none of them zero.
+std::string FillFor(PageArena& arena, const std::string& owner, std::vector<uint32_t>& pages) {
+  static testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  EXPECT_TRUE(arena.Allocate(kSegmentPages, owner, pages));
+  std::uniform_int_distribution<int> byte(1, 255);
+  std::string bytes(kSegmentPages * kPage, '\0');
+  for (char& c : bytes) c = static_cast<char>(byte(rng.engine()));
+  EXPECT_TRUE(arena.Write(pages, 0, bytes).ok());
+  return bytes;
+}
+
+// The record laid over `pages`, as `segment` (the segment's bytes) holds it.
+std::string Record(std::string_view segment, const std::vector<uint32_t>& pages) {
+  std::string out;
+  for (uint32_t p : pages) out.append(segment.substr(size_t{p} * kPage, kPage));
+  return out;
+}
+
+std::string_view SegmentBytes(const PageArena& arena) {
+  return {reinterpret_cast<const char*>(arena.page(0)), kSegmentPages * kPage};
+}
+
+bool AllZero(std::string_view bytes) { return bytes.find_first_not_of('\0') == std::string_view::npos; }
+
+TEST(PageArenaTest, ASegmentNoReaderHasIsClearedInPlaceForItsNextOwner) {
+  std::unique_ptr<PageArena> arena = OneSegmentArena();
+  std::vector<uint32_t> pages;
+  FillFor(*arena, "tenant-a", pages);
+  const int fd = arena->SegmentFd(0);
+  const uint64_t generation = arena->Generation(0);
+  ASSERT_GE(fd, 0);
+  arena->Free(pages);
+
+  ASSERT_TRUE(arena->Allocate(1, "tenant-b", pages));
+  EXPECT_EQ(arena->Owner(0), "tenant-b");
+  EXPECT_GT(arena->Generation(0), generation);
+  // The same memfd (its pages already there), with nothing of tenant-a's.
+  EXPECT_EQ(arena->SegmentFd(0), fd);
+  EXPECT_TRUE(AllZero(SegmentBytes(*arena)));
+}
+
+TEST(PageArenaTest, ASegmentAReaderHadGetsANewMemfdAndTheReaderOnlyZeros) {
+  std::unique_ptr<PageArena> arena = OneSegmentArena();
+  std::vector<uint32_t> pages;
+  const std::string a_bytes = FillFor(*arena, "tenant-a", pages);
+  // A reader of tenant-a maps the segment, as a fast path session does.
+  const int old_fd = arena->SegmentFd(0);
+  const uint64_t generation = arena->Generation(0);
+  arena->MarkExported(0);
+  void* reader = mmap(nullptr, kSegmentPages * kPage, PROT_READ, MAP_SHARED, old_fd, 0);
+  ASSERT_NE(reader, MAP_FAILED);
+  const std::string_view seen(static_cast<const char*>(reader), kSegmentPages * kPage);
+  EXPECT_EQ(Record(seen, pages), a_bytes);
+  arena->Free(pages);
+
+  const std::string b_bytes = FillFor(*arena, "tenant-b", pages);
+  EXPECT_GT(arena->Generation(0), generation);
+  EXPECT_EQ(Record(SegmentBytes(*arena), pages), b_bytes);
+  // The old reader sees neither tenant's bytes now.
+  EXPECT_TRUE(AllZero(seen));
+  munmap(reader, kSegmentPages * kPage);
+
+  // The new memfd has gone to no reader yet: the next change is in place.
+  const int b_fd = arena->SegmentFd(0);
+  arena->Free(pages);
+  ASSERT_TRUE(arena->Allocate(1, "tenant-c", pages));
+  EXPECT_EQ(arena->SegmentFd(0), b_fd);
+  EXPECT_TRUE(AllZero(SegmentBytes(*arena)));
+}
+
+}  // namespace
+}  // namespace kvtier::cache
