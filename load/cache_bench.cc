@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -36,6 +37,8 @@
 #include "services/cache/fast_path_client.h"
 #include "services/cache/raw_get.h"
 #include "services/common/flags.h"
+#include "services/serving/sequence_blocks.h"
+#include "services/serving/shard_set.h"
 #include "services/kvblock/block_format.h"
 #include "services/common/child_process.h"
 
@@ -194,6 +197,43 @@ Sample KvtierFastGet(FastPathClient& fast, const kvblock::LatentLayout& layout, 
                  std::string(left.status().message()).c_str(), blocks);
   }
   return sample;
+}
+
+// What a decode worker or prefill node does with a cached prefix:
+// ShardSet::Fetch (through the fast path, or one Get stream when `shards`
+// has it off), then each record appended to the sequence's cache. `cache`
+// is left holding the prefix, so that it is freed outside the timing.
+Sample WorkerLoad(serving::ShardSet& shards, const kvblock::LatentLayout& layout, const std::string& ns,
+                  const Prefix& p, runtime::SequenceCache& cache) {
+  cache = runtime::SequenceCache{.codec = layout.codec,
+                                 .tokens_per_block = layout.tokens_per_block,
+                                 .blocks = std::vector<std::vector<runtime::SealedBlock>>(layout.num_layers),
+                                 .tail = std::vector<std::vector<float>>(layout.num_layers)};
+  Sample sample;
+  size_t appended = 0;
+  for (const absl::StatusOr<std::string>& record : shards.Fetch(ns, layout, p.hashes)) {
+    if (!record.ok() || !serving::AppendBlockRecord(*record, layout, cache).ok()) break;
+    ++appended;
+    sample.Block();
+  }
+  sample.Done();
+  if (appended != p.hashes.size()) std::fprintf(stderr, "worker load: %zu of %zu blocks\n", appended, p.hashes.size());
+  return sample;
+}
+
+// Whether `cache` holds the prefix's layer payloads, block for block.
+void CheckLoaded(const runtime::SequenceCache& cache, const kvblock::LatentLayout& layout, const Prefix& p) {
+  for (size_t b = 0; b < p.records.size(); ++b) {
+    const absl::StatusOr<kvblock::BlockView> view = kvblock::ParseBlock(p.records[b], &layout);
+    for (uint32_t l = 0; l < layout.num_layers; ++l) {
+      const std::string_view want = view->Layer(l);
+      if (b >= cache.blocks[l].size() || cache.blocks[l][b].size() != want.size() ||
+          std::memcmp(cache.blocks[l][b].data(), want.data(), want.size()) != 0) {
+        std::fprintf(stderr, "worker load: block %zu layer %u differs\n", b, l);
+        return;
+      }
+    }
+  }
 }
 
 Sample RedisSet(redisContext* redis, const std::string& ns, const Prefix& p) {
@@ -358,13 +398,29 @@ int Run(const std::string& cache_binary, const std::string& redis_binary, int ro
     }
     fast_clients.push_back(*std::move(fast));
   }
+  // Each client also reads as a worker does: a ShardSet of the one cache,
+  // with the fast path and without.
+  std::vector<std::array<std::unique_ptr<serving::ShardSet>, 2>> worker_shards(kMaxClients);
+  for (auto& pair : worker_shards) {
+    for (int tcp = 0; tcp < 2; ++tcp) {
+      absl::StatusOr<std::unique_ptr<serving::ShardSet>> shards = serving::ShardSet::Create(
+          "127.0.0.1:" + std::to_string(cache_port), absl::Seconds(60), /*fast_path=*/tcp == 0);
+      if (!shards.ok()) {
+        std::fprintf(stderr, "shard set: %s\n", std::string(shards.status().message()).c_str());
+        return 1;
+      }
+      pair[tcp] = *std::move(shards);
+    }
+  }
+  std::vector<runtime::SequenceCache> loaded(kMaxClients);
   std::vector<std::vector<uint8_t>> destinations(kMaxClients, std::vector<uint8_t>(bytes + 4096));
 
   std::vector<Row> rows;
   std::vector<double> get_over_redis, get_over_raw, redis_over_raw, fast_over_redis, fast_mapped_over_redis, fast_over_memcpy,
       fast_mapped_over_memcpy;
   for (int n : client_counts) {
-    std::vector<std::pair<double, std::vector<Sample>>> put, staged_put, get, fast, fast_mapped, set, rget, copy, raw;
+    std::vector<std::pair<double, std::vector<Sample>>> put, staged_put, get, fast, fast_mapped, set, rget, copy, raw,
+        worker_fast, worker_tcp;
     for (int round = 0; round < rounds; ++round) {
       // Fresh namespaces each round so Put stores instead of deduplicating.
       const std::string tag = absl::StrFormat("r%d-n%d-", round, n);
@@ -396,6 +452,14 @@ int Run(const std::string& cache_binary, const std::string& redis_binary, int ro
         s.Done();
         return s;
       }));
+      worker_fast.push_back(Concurrently(n, [&](int c) {
+        return WorkerLoad(*worker_shards[c][0], layout, tag + std::to_string(c), prefixes[c], loaded[c]);
+      }));
+      for (int c = 0; c < n; ++c) CheckLoaded(loaded[c], layout, prefixes[c]);
+      worker_tcp.push_back(Concurrently(n, [&](int c) {
+        return WorkerLoad(*worker_shards[c][1], layout, tag + std::to_string(c), prefixes[c], loaded[c]);
+      }));
+      for (int c = 0; c < n; ++c) CheckLoaded(loaded[c], layout, prefixes[c]);
       // Again, its segments now mapped (as a worker reading one tenant's
       // prefixes finds them); the copies since have flushed the CPU caches.
       fast_mapped.push_back(Concurrently(n, [&](int c) {
@@ -421,7 +485,9 @@ int Run(const std::string& cache_binary, const std::string& redis_binary, int ro
     fast_mapped_over_memcpy.push_back(median_ratio(copy, fast_mapped));
     rows.push_back(Summarize("kvtier fast path, new maps", n, bytes, fast));
     rows.push_back(Summarize("kvtier fast path, mapped", n, bytes, fast_mapped));
+    rows.push_back(Summarize("worker load, fast path", n, bytes, worker_fast));
     rows.push_back(Summarize("kvtier Get (fetch)", n, bytes, get));
+    rows.push_back(Summarize("worker load, TCP", n, bytes, worker_tcp));
     rows.push_back(Summarize("redis GET, pipelined (fetch)", n, bytes, rget));
     rows.push_back(Summarize("raw TCP socket (fetch)", n, bytes, raw));
     rows.push_back(Summarize("kvtier Put (store)", n, bytes, put));
