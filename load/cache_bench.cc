@@ -9,8 +9,10 @@
 // pipelined SET and GET through hiredis, each GET reply copied to the same
 // kind of buffer. Raw TCP: the same records on a plain socket, read straight
 // into the buffer (the physical limit of a loopback fetch). memcpy: the same
-// bytes, buffer to buffer. All over loopback TCP, 1 and 4 concurrent
-// clients; servers started by this program.
+// bytes, buffer to buffer. Worker load: the prefix as a decode worker or
+// prefill node loads it (ShardSet::Fetch, fast path or TCP, then every
+// record appended to a sequence cache). All over loopback TCP, 1 and 4
+// concurrent clients; servers started by this program.
 //
 //   cache_bench --cache-binary build/services/kvtier-cache [--rounds 5]
 #include <arpa/inet.h>
@@ -211,7 +213,7 @@ Sample WorkerLoad(serving::ShardSet& shards, const kvblock::LatentLayout& layout
                                  .tail = std::vector<std::vector<float>>(layout.num_layers)};
   Sample sample;
   size_t appended = 0;
-  for (const absl::StatusOr<std::string>& record : shards.Fetch(ns, layout, p.hashes)) {
+  for (const absl::StatusOr<serving::FetchedRecord>& record : shards.Fetch(ns, layout, p.hashes)) {
     if (!record.ok() || !serving::AppendBlockRecord(*record, layout, cache).ok()) break;
     ++appended;
     sample.Block();

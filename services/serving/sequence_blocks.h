@@ -4,6 +4,7 @@
 #ifndef KVTIER_SERVICES_SERVING_SEQUENCE_BLOCKS_H_
 #define KVTIER_SERVICES_SERVING_SEQUENCE_BLOCKS_H_
 
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -32,8 +33,9 @@ absl::StatusOr<std::string> BlockRecord(const kvblock::LatentLayout& layout,
 
 // Appends an all-layer record of `layout` as the next sealed block of
 // `cache`, which must hold whole blocks only (an empty tail). The record is
-// parsed without trust: its CRC, layout and sizes are checked.
-absl::Status AppendBlockRecord(std::string_view record, const kvblock::LatentLayout& layout,
+// parsed without trust: its CRC, layout and sizes are checked. The block's
+// layers are views into `record`, which they keep alive.
+absl::Status AppendBlockRecord(std::shared_ptr<const std::string> record, const kvblock::LatentLayout& layout,
                                runtime::SequenceCache& cache);
 
 // The tail (tokens after the last sealed block) as TailLatents.latents:

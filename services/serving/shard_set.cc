@@ -79,10 +79,10 @@ size_t ShardSet::MatchPrefix(const std::string& ns, const kvblock::LatentLayout&
   return prefix;
 }
 
-std::vector<absl::StatusOr<std::string>> ShardSet::Fetch(const std::string& ns,
-                                                         const kvblock::LatentLayout& layout,
-                                                         const std::vector<kvblock::BlockHash>& hashes) {
-  std::vector<absl::StatusOr<std::string>> out(hashes.size(), absl::NotFoundError("not fetched"));
+std::vector<absl::StatusOr<FetchedRecord>> ShardSet::Fetch(const std::string& ns,
+                                                           const kvblock::LatentLayout& layout,
+                                                           const std::vector<kvblock::BlockHash>& hashes) {
+  std::vector<absl::StatusOr<FetchedRecord>> out(hashes.size(), absl::NotFoundError("not fetched"));
   const std::vector<std::vector<size_t>> positions = ByShard(hashes);
   std::vector<std::future<void>> done;
   for (size_t s = 0; s < shards_.size(); ++s) {
@@ -98,23 +98,28 @@ std::vector<absl::StatusOr<std::string>> ShardSet::Fetch(const std::string& ns,
 void ShardSet::FetchFromShard(size_t s, const std::string& ns, const kvblock::LatentLayout& layout,
                               const std::vector<kvblock::BlockHash>& hashes,
                               const std::vector<size_t>& indices, bool fast,
-                              std::vector<absl::StatusOr<std::string>>& out) {
+                              std::vector<absl::StatusOr<FetchedRecord>>& out) {
   std::vector<kvblock::BlockHash> mine;
   for (size_t i : indices) mine.push_back(hashes[i]);
-  std::vector<std::string> records(mine.size());
+  std::vector<std::shared_ptr<std::string>> records(mine.size());
   // Only whole records of this layout, at indices asked for, get room (an
   // empty span refuses one): a server's answer cannot make this side
-  // allocate what it likes.
+  // allocate what it likes. A record is handed on only once written whole,
+  // so what a pooled string held before never shows.
   const size_t record_bytes = kvblock::HeaderFor(layout, 0, layout.num_layers).RecordBytes();
   const cache::RecordDestination destination = [&](uint32_t index, size_t size) {
     if (index >= records.size() || size != record_bytes) return std::span<uint8_t>();
-    records[index].resize(size);
-    return std::span(reinterpret_cast<uint8_t*>(records[index].data()), size);
+    if (records[index] == nullptr) records[index] = records_->Take(size);
+    return std::span(reinterpret_cast<uint8_t*>(records[index]->data()), size);
   };
   const auto on_block = [&](const cache::RawBlock& block) {
     if (block.index >= records.size()) return;
-    absl::StatusOr<std::string>& slot = out[indices[block.index]];
-    slot = block.status.ok() ? absl::StatusOr<std::string>(std::move(records[block.index])) : block.status;
+    absl::StatusOr<FetchedRecord>& slot = out[indices[block.index]];
+    if (!block.status.ok()) {
+      slot = block.status;
+    } else if (records[block.index] != nullptr) {
+      slot = FetchedRecord(std::move(records[block.index]));
+    }
   };
   if (std::shared_ptr<cache::FastPathClient> client = fast ? FastPathOf(s) : nullptr) {
     absl::StatusOr<std::vector<uint32_t>> left = client->Fetch(ns, layout, mine, destination, on_block);

@@ -16,8 +16,13 @@
 #include "absl/time/time.h"
 #include "services/cache/cache_client.h"
 #include "services/cache/fast_path_client.h"
+#include "services/serving/record_pool.h"
 
 namespace kvtier::serving {
+
+// A whole-block record as Fetch gives it: shared, so that the blocks of a
+// sequence's cache can be views into it (AppendBlockRecord).
+using FetchedRecord = std::shared_ptr<const std::string>;
 
 class ShardSet {
  public:
@@ -44,9 +49,12 @@ class ShardSet {
   // Reads `hashes` (all shards at once), each record landing straight in its
   // string: copied from a local shard's shared memory, else one Get stream
   // per shard (RawGet: no protobuf copy). Each answer is the record, or why
-  // there is none (a miss, DATA_LOSS, or the shard's error).
-  std::vector<absl::StatusOr<std::string>> Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
-                                                 const std::vector<kvblock::BlockHash>& hashes);
+  // there is none (a miss, DATA_LOSS, or the shard's error). The strings
+  // come from a pool and go back to it when their last holder lets go.
+  std::vector<absl::StatusOr<FetchedRecord>> Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
+                                                   const std::vector<kvblock::BlockHash>& hashes);
+  // The most bytes of fetched records that stay in the pool unheld.
+  static constexpr size_t kIdleRecordBytes = size_t{512} << 20;
 
   // Stores whole-block records, one Put per shard (a ShardedPut); the
   // hashes stored (or already there).
@@ -67,7 +75,7 @@ class ShardSet {
   // Fetch's part for shard `s`: `indices` of `hashes` into `out`.
   void FetchFromShard(size_t s, const std::string& ns, const kvblock::LatentLayout& layout,
                       const std::vector<kvblock::BlockHash>& hashes, const std::vector<size_t>& indices,
-                      bool fast, std::vector<absl::StatusOr<std::string>>& out);
+                      bool fast, std::vector<absl::StatusOr<FetchedRecord>>& out);
 
   struct FastPath {
     absl::Mutex mu;
@@ -83,6 +91,7 @@ class ShardSet {
   };
   std::vector<Shard> shards_;
   absl::Duration deadline_;
+  std::shared_ptr<RecordPool> records_ = RecordPool::Create(kIdleRecordBytes);
 };
 
 // Layer slices streamed to the blocks' shards as they are computed: one Put

@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <unordered_set>
+#include <vector>
 
 namespace kvtier::runtime {
 namespace {
@@ -26,6 +28,27 @@ TEST(SealedBlock, IdsNameOnePayloadAndCopiesShareIt) {
   const std::span<const uint8_t> view = copy;
   EXPECT_EQ(view.size(), 2u);
   EXPECT_EQ(view[0], 5);
+}
+
+// A block viewing into shared memory keeps that memory alive (and no
+// longer), and is a new payload (its own id) even over the same bytes.
+TEST(SealedBlock, AViewKeepsItsOwnerAlive) {
+  auto record = std::make_shared<std::vector<uint8_t>>(std::vector<uint8_t>{1, 2, 3, 4, 5, 6});
+  const std::weak_ptr<std::vector<uint8_t>> watch = record;
+  {
+    const SealedBlock first(record, std::span<const uint8_t>(*record).subspan(0, 3));
+    SealedBlock second(record, std::span<const uint8_t>(*record).subspan(3, 3));
+    record.reset();
+    EXPECT_FALSE(watch.expired());
+    EXPECT_EQ(first, SealedBlock(std::vector<uint8_t>{1, 2, 3}));
+    EXPECT_EQ(second.bytes()[2], 6);
+    EXPECT_NE(first.id(), second.id());
+    const SealedBlock copy = second;
+    second = first;
+    EXPECT_EQ(copy.bytes()[0], 4);
+    EXPECT_FALSE(watch.expired());
+  }
+  EXPECT_TRUE(watch.expired());
 }
 
 }  // namespace
