@@ -213,7 +213,7 @@ Sample WorkerLoad(serving::ShardSet& shards, const kvblock::LatentLayout& layout
                                  .tail = std::vector<std::vector<float>>(layout.num_layers)};
   Sample sample;
   size_t appended = 0;
-  for (const absl::StatusOr<serving::FetchedRecord>& record : shards.Fetch(ns, layout, p.hashes)) {
+  for (const absl::StatusOr<serving::SharedRecord>& record : shards.Fetch(ns, layout, p.hashes)) {
     if (!record.ok() || !serving::AppendBlockRecord(*record, layout, cache).ok()) break;
     ++appended;
     sample.Block();

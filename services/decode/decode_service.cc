@@ -105,8 +105,8 @@ absl::StatusOr<std::shared_ptr<DecodeSequence>> DecodeService::Prepare(const v1:
   for (size_t i = 0; i < full; ++i) {
     if (inline_records[i] == nullptr) wanted.push_back(chain[i]), wanted_index.push_back(i);
   }
-  std::vector<absl::StatusOr<serving::FetchedRecord>> fetched = shards_.Fetch(r.kv_namespace(), layout, wanted);
-  std::vector<const absl::StatusOr<serving::FetchedRecord>*> from_cache(full, nullptr);  // by block index
+  std::vector<absl::StatusOr<serving::SharedRecord>> fetched = shards_.Fetch(r.kv_namespace(), layout, wanted);
+  std::vector<const absl::StatusOr<serving::SharedRecord>*> from_cache(full, nullptr);  // by block index
   for (size_t k = 0; k < wanted.size(); ++k) from_cache[wanted_index[k]] = &fetched[k];
 
   auto s = std::make_shared<DecodeSequence>();
@@ -117,7 +117,7 @@ absl::StatusOr<std::shared_ptr<DecodeSequence>> DecodeService::Prepare(const v1:
   std::vector<float> scratch(c.vocab_size);
   for (size_t i = 0; i < full; ++i) {
     if (inline_records[i] != nullptr) {
-      if (absl::Status st = serving::AppendBlockRecord(std::make_shared<const std::string>(*inline_records[i]),
+      if (absl::Status st = serving::AppendBlockRecord({std::make_shared<const std::string>(*inline_records[i])},
                                                        layout, s->cache);
           !st.ok()) {
         return absl::InvalidArgumentError(absl::StrCat("inline block ", i, ": ", st.message()));
@@ -125,7 +125,7 @@ absl::StatusOr<std::shared_ptr<DecodeSequence>> DecodeService::Prepare(const v1:
       blocks_inline_.Increment();
       continue;
     }
-    const absl::StatusOr<serving::FetchedRecord>& record = *from_cache[i];
+    const absl::StatusOr<serving::SharedRecord>& record = *from_cache[i];
     if (record.ok() && serving::AppendBlockRecord(*record, layout, s->cache).ok()) {
       blocks_fetched_.Increment();
       continue;

@@ -78,7 +78,7 @@ BlockHeader HeaderFor(const LatentLayout& layout, uint32_t layer_begin, uint32_t
   return h;
 }
 
-absl::StatusOr<BlockView> ParseBlock(std::string_view record, const LatentLayout* expected) {
+absl::StatusOr<BlockView> ParseBlock(std::string_view record, const LatentLayout* expected, CrcCheck crc_check) {
   if (record.size() < kBlockHeaderBytes + kBlockTrailerBytes) {
     return absl::InvalidArgumentError(absl::StrCat("block record truncated: ", record.size(),
                                                    " bytes, smaller than header and checksum"));
@@ -119,7 +119,8 @@ absl::StatusOr<BlockView> ParseBlock(std::string_view record, const LatentLayout
                                                    " bytes, header says ", want));
   }
   const uint32_t stored_crc = Load<uint32_t>(record, want - kBlockTrailerBytes);
-  const uint32_t crc = Crc32c(record.data(), want - kBlockTrailerBytes);
+  const uint32_t crc =
+      crc_check == CrcCheck::kCheck ? Crc32c(record.data(), want - kBlockTrailerBytes) : stored_crc;
   if (crc != stored_crc) {
     return absl::DataLossError(absl::StrCat("block checksum mismatch: stored ",
                                             absl::Hex(stored_crc, absl::kZeroPad8), ", computed ",

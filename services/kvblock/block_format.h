@@ -68,6 +68,11 @@ struct BlockView {
   }
 };
 
+// Whether ParseBlock reads the record for its CRC32C. kCheckedBefore only
+// for bytes whose CRC the caller verified as they were written where they
+// are (the fast path's copy does): it saves a pass over the record.
+enum class CrcCheck { kCheck, kCheckedBefore };
+
 // Parses a record without trusting it. Errors, each naming what is wrong:
 //   INVALID_ARGUMENT     bad magic, bad header fields, truncated or oversized
 //   FAILED_PRECONDITION  unsupported format version; record not of `expected`
@@ -75,7 +80,8 @@ struct BlockView {
 //   DATA_LOSS            CRC32C mismatch
 // `expected` may be null to accept any layout.
 absl::StatusOr<BlockView> ParseBlock(std::string_view record,
-                                     const LatentLayout* expected = nullptr);
+                                     const LatentLayout* expected = nullptr,
+                                     CrcCheck crc_check = CrcCheck::kCheck);
 
 // The 32 header bytes of a record; the caller has checked the fields.
 std::array<char, kBlockHeaderBytes> EncodeBlockHeader(const BlockHeader& header);

@@ -77,7 +77,7 @@ absl::StatusOr<PrefillService::Prefilled> PrefillService::Prefill(const v1::Gene
     const std::vector<kvblock::BlockHash> wanted(prefix.begin(), prefix.begin() + matched);
     // A block gone since Match, corrupt, or on a shard that stopped
     // answering ends the reuse there: the rest is prefilled.
-    for (absl::StatusOr<serving::FetchedRecord>& record : shards_.Fetch(ns, layout_, wanted)) {
+    for (absl::StatusOr<serving::SharedRecord>& record : shards_.Fetch(ns, layout_, wanted)) {
       absl::Status appended = record.ok() ? serving::AppendBlockRecord(*record, layout_, cache) : record.status();
       if (!appended.ok()) {
         std::cerr << "kvtier-prefill: request '" << r.request_id() << "': cached block " << cached_blocks << " of "

@@ -12,6 +12,7 @@
 #include "services/kvblock/layout.h"
 #include "services/runtime/checkpoint.h"
 #include "services/runtime/model.h"
+#include "services/serving/shared_record.h"
 
 namespace kvtier::serving {
 
@@ -33,9 +34,10 @@ absl::StatusOr<std::string> BlockRecord(const kvblock::LatentLayout& layout,
 
 // Appends an all-layer record of `layout` as the next sealed block of
 // `cache`, which must hold whole blocks only (an empty tail). The record is
-// parsed without trust: its CRC, layout and sizes are checked. The block's
-// layers are views into `record`, which they keep alive.
-absl::Status AppendBlockRecord(std::shared_ptr<const std::string> record, const kvblock::LatentLayout& layout,
+// parsed without trust: its layout and sizes are checked, and its CRC
+// unless it was checked as the record was copied in. The block's layers are
+// views into the record's bytes, which they keep alive.
+absl::Status AppendBlockRecord(const SharedRecord& record, const kvblock::LatentLayout& layout,
                                runtime::SequenceCache& cache);
 
 // The tail (tokens after the last sealed block) as TailLatents.latents:

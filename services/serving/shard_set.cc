@@ -79,10 +79,10 @@ size_t ShardSet::MatchPrefix(const std::string& ns, const kvblock::LatentLayout&
   return prefix;
 }
 
-std::vector<absl::StatusOr<FetchedRecord>> ShardSet::Fetch(const std::string& ns,
-                                                           const kvblock::LatentLayout& layout,
-                                                           const std::vector<kvblock::BlockHash>& hashes) {
-  std::vector<absl::StatusOr<FetchedRecord>> out(hashes.size(), absl::NotFoundError("not fetched"));
+std::vector<absl::StatusOr<SharedRecord>> ShardSet::Fetch(const std::string& ns,
+                                                          const kvblock::LatentLayout& layout,
+                                                          const std::vector<kvblock::BlockHash>& hashes) {
+  std::vector<absl::StatusOr<SharedRecord>> out(hashes.size(), absl::NotFoundError("not fetched"));
   const std::vector<std::vector<size_t>> positions = ByShard(hashes);
   std::vector<std::future<void>> done;
   for (size_t s = 0; s < shards_.size(); ++s) {
@@ -98,7 +98,7 @@ std::vector<absl::StatusOr<FetchedRecord>> ShardSet::Fetch(const std::string& ns
 void ShardSet::FetchFromShard(size_t s, const std::string& ns, const kvblock::LatentLayout& layout,
                               const std::vector<kvblock::BlockHash>& hashes,
                               const std::vector<size_t>& indices, bool fast,
-                              std::vector<absl::StatusOr<FetchedRecord>>& out) {
+                              std::vector<absl::StatusOr<SharedRecord>>& out) {
   std::vector<kvblock::BlockHash> mine;
   for (size_t i : indices) mine.push_back(hashes[i]);
   std::vector<std::shared_ptr<std::string>> records(mine.size());
@@ -112,16 +112,17 @@ void ShardSet::FetchFromShard(size_t s, const std::string& ns, const kvblock::La
     if (records[index] == nullptr) records[index] = records_->Take(size);
     return std::span(reinterpret_cast<uint8_t*>(records[index]->data()), size);
   };
+  std::shared_ptr<cache::FastPathClient> client = fast ? FastPathOf(s) : nullptr;
   const auto on_block = [&](const cache::RawBlock& block) {
     if (block.index >= records.size()) return;
-    absl::StatusOr<FetchedRecord>& slot = out[indices[block.index]];
+    absl::StatusOr<SharedRecord>& slot = out[indices[block.index]];
     if (!block.status.ok()) {
       slot = block.status;
     } else if (records[block.index] != nullptr) {
-      slot = FetchedRecord(std::move(records[block.index]));
+      slot = SharedRecord{std::move(records[block.index]), /*crc_checked=*/client != nullptr};
     }
   };
-  if (std::shared_ptr<cache::FastPathClient> client = fast ? FastPathOf(s) : nullptr) {
+  if (client != nullptr) {
     absl::StatusOr<std::vector<uint32_t>> left = client->Fetch(ns, layout, mine, destination, on_block);
     if (left.ok() && left->empty()) return;
     std::vector<size_t> rest;

@@ -17,12 +17,9 @@
 #include "services/cache/cache_client.h"
 #include "services/cache/fast_path_client.h"
 #include "services/serving/record_pool.h"
+#include "services/serving/shared_record.h"
 
 namespace kvtier::serving {
-
-// A whole-block record as Fetch gives it: shared, so that the blocks of a
-// sequence's cache can be views into it (AppendBlockRecord).
-using FetchedRecord = std::shared_ptr<const std::string>;
 
 class ShardSet {
  public:
@@ -50,8 +47,9 @@ class ShardSet {
   // string: copied from a local shard's shared memory, else one Get stream
   // per shard (RawGet: no protobuf copy). Each answer is the record, or why
   // there is none (a miss, DATA_LOSS, or the shard's error). The strings
-  // come from a pool and go back to it when their last holder lets go.
-  std::vector<absl::StatusOr<FetchedRecord>> Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
+  // come from a pool and go back to it when their last holder lets go;
+  // those the fast path copied have had their CRC checked.
+  std::vector<absl::StatusOr<SharedRecord>> Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
                                                    const std::vector<kvblock::BlockHash>& hashes);
   // The most bytes of fetched records that stay in the pool unheld.
   static constexpr size_t kIdleRecordBytes = size_t{512} << 20;
@@ -75,7 +73,7 @@ class ShardSet {
   // Fetch's part for shard `s`: `indices` of `hashes` into `out`.
   void FetchFromShard(size_t s, const std::string& ns, const kvblock::LatentLayout& layout,
                       const std::vector<kvblock::BlockHash>& hashes, const std::vector<size_t>& indices,
-                      bool fast, std::vector<absl::StatusOr<FetchedRecord>>& out);
+                      bool fast, std::vector<absl::StatusOr<SharedRecord>>& out);
 
   struct FastPath {
     absl::Mutex mu;

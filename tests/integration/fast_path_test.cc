@@ -28,7 +28,7 @@ namespace {
 using kvblock::BlockHash;
 
 const std::string& Bytes(const std::string& record) { return record; }
-const std::string& Bytes(const serving::FetchedRecord& record) { return *record; }
+const std::string& Bytes(const serving::SharedRecord& record) { return *record.bytes; }
 
 // Every record of `expected` arrived, byte for byte (`Record`: as the fast
 // path client or the shard set gives it).
@@ -474,7 +474,7 @@ TEST_F(FastPathTest, ACorruptRecordIsNeverDeliveredAndIsCountedOverTcp) {
   ASSERT_TRUE(shards.ok());
   const auto fetched = (*shards)->Fetch("tenant-a", layout_, Hashes(blocks));
   EXPECT_EQ(fetched[1].status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(**fetched[0], blocks[0].record);
+  EXPECT_EQ(*fetched[0]->bytes, blocks[0].record);
   EXPECT_EQ(Stats().checksum_failures(), 1u);
 }
 
@@ -649,14 +649,20 @@ TEST_F(FastPathTest, DeviceTierOutsideSharedMemoryFallsBackToTcp) {
   {
     const auto fetched = (*shards)->Fetch("tenant-a", layout_, Hashes(blocks));
     EXPECT_TRUE(SameRecords(fetched, blocks));
-    for (const auto& r : fetched) first_memory.insert(r.ok() ? (*r)->data() : nullptr);
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      if (!fetched[i].ok()) continue;
+      first_memory.insert(fetched[i]->bytes->data());
+      // Only what came through shared memory had its CRC checked on the way.
+      const bool over_tcp = std::find(fallback.begin(), fallback.end(), i) != fallback.end();
+      EXPECT_EQ(fetched[i]->crc_checked, !over_tcp) << i;
+    }
   }
   // Again, once those records are let go: the same memory (no fresh pages
   // to fault in), every byte written again.
   const auto again = (*shards)->Fetch("tenant-a", layout_, Hashes(blocks));
   EXPECT_TRUE(SameRecords(again, blocks));
   std::set<const char*> second_memory;
-  for (const auto& r : again) second_memory.insert(r.ok() ? (*r)->data() : nullptr);
+  for (const auto& r : again) second_memory.insert(r.ok() ? r->bytes->data() : nullptr);
   EXPECT_EQ(second_memory, first_memory);
 }
 

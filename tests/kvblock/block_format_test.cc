@@ -196,6 +196,25 @@ TEST_F(BlockParserTest, AnyFlippedPayloadOrChecksumBitIsDataLoss) {
   }
 }
 
+// kCheckedBefore skips only the CRC pass: a flipped payload bit goes unseen,
+// a bad header, a truncation or another layout does not.
+TEST_F(BlockParserTest, CheckedBeforeSkipsTheCrcAndNothingElse) {
+  SCOPED_TRACE(rng_.Trace());
+  const auto parse = [&](const std::string& r) { return ParseBlock(r, &layout_, CrcCheck::kCheckedBefore); };
+  std::string flipped = record_;
+  flipped[kBlockHeaderBytes + rng_.engine()() % (record_.size() - kBlockHeaderBytes)] ^= 0x04;
+  ASSERT_TRUE(parse(flipped).ok());
+  EXPECT_EQ(parse(flipped)->payloads.data(), flipped.data() + kBlockHeaderBytes);
+  EXPECT_EQ(parse(record_.substr(0, record_.size() - 1)).status().code(), absl::StatusCode::kInvalidArgument);
+  std::string bad_magic = record_;
+  bad_magic[0] = 'X';
+  EXPECT_EQ(parse(bad_magic).status().code(), absl::StatusCode::kInvalidArgument);
+  LatentLayout other = layout_;
+  other.kv_lora_rank += 8;
+  EXPECT_EQ(ParseBlock(record_, &other, CrcCheck::kCheckedBefore).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(BlockParserTest, RandomCorruptionNeverCrashesAndNeverParses) {
   SCOPED_TRACE(rng_.Trace());
   auto& rng = rng_.engine();
