@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "kvtier/kernels/expanded_attention.h"
 #include "kvtier/kernels/layers.h"
 #include "kvtier/kernels/mla_attention.h"
 
@@ -286,6 +287,36 @@ void BM_Gemm(benchmark::State& state) {
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * rows * cols * n));
 }
 BENCHMARK(BM_Gemm)->Arg(1)->Arg(8)->Arg(32)->Arg(256)->Arg(2048)->Unit(benchmark::kMillisecond);
+
+// One layer's attention for a fresh prefill of `tokens` tokens in the
+// expanded form (what prefill passes take), one thread; items are the
+// multiply-adds MlaFormCosts counts for it, comparable with FmaPeak's.
+void BM_ExpandedPrefill(benchmark::State& state) {
+  const kvtier::kernels::MlaDims d{16, 128, 64, 128, 512};
+  const size_t tokens = static_cast<size_t>(state.range(0)), dim = d.kv + d.rope;
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> normal(0.0f, 0.1f);
+  const auto random = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = normal(rng);
+    return v;
+  };
+  const std::vector<float> w_uk = random(d.heads * d.nope * d.kv), w_uv = random(d.heads * d.v * d.kv);
+  const std::vector<float> context = random(tokens * dim), q = random(tokens * d.heads * (d.nope + d.rope)),
+                           q_pe = random(tokens * d.heads * d.rope);
+  std::vector<int64_t> positions(tokens);
+  for (size_t t = 0; t < tokens; ++t) positions[t] = static_cast<int64_t>(t);
+  std::vector<float> out(tokens * d.heads * d.v);
+  for (auto _ : state) {
+    kvtier::kernels::ExpandedAttention(d, w_uk.data(), w_uv.data(), context, tokens, positions.data(), q.data(),
+                                       q_pe.data(), 0.07f, out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double visible = static_cast<double>(tokens) * static_cast<double>(tokens + 1) / 2;
+  state.SetItemsProcessed(static_cast<int64_t>(
+      static_cast<double>(state.iterations()) * kvtier::kernels::MlaFormCosts(d, tokens, tokens, visible).expanded));
+}
+BENCHMARK(BM_ExpandedPrefill)->Arg(512)->Arg(2048)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -43,31 +43,53 @@ void ExpandedAttention(const MlaDims& d, const float* w_uk, const float* w_uv, s
                        size_t rows, const int64_t* positions, const float* q, const float* q_pe, float scale,
                        float* out) {
   const size_t dim = d.kv + d.rope, tokens = context.size() / dim, qdim = d.nope + d.rope;
-  // Keys and values per head: [heads][tokens][nope], [heads][tokens][v].
-  std::vector<float> keys(d.heads * tokens * d.nope), values(d.heads * tokens * d.v);
-  for (size_t h = 0; h < d.heads; ++h) {
-    Gemm(w_uk + h * d.nope * d.kv, d.nope, d.kv, context.data(), tokens, dim, keys.data() + h * tokens * d.nope,
-         d.nope);
-    Gemm(w_uv + h * d.v * d.kv, d.v, d.kv, context.data(), tokens, dim, values.data() + h * tokens * d.v, d.v);
+  // The context's latents and rope parts apart (Gemm reads a weight as
+  // contiguous rows), keys per head [heads][tokens][nope] and values per
+  // head transposed, [heads][v][tokens], so that both products below are
+  // Gemms over a block of rows.
+  std::vector<float> latents(tokens * d.kv), pe(tokens * d.rope);
+  for (size_t t = 0; t < tokens; ++t) {
+    std::copy_n(context.data() + t * dim, d.kv, latents.data() + t * d.kv);
+    std::copy_n(context.data() + t * dim + d.kv, d.rope, pe.data() + t * d.rope);
   }
-  // Rows are independent: the kernel threads take them in chunks.
-  ParallelFor(rows, 8, [&](size_t row_begin, size_t row_end) {
-    std::vector<float> score(tokens), pe(tokens * d.heads);
-    for (size_t r = row_begin; r < row_end; ++r) {
-      const size_t seen = static_cast<size_t>(positions[r]) + 1;
-      // Rope scores of every head at once: pe[t][h] = q_pe[h] . pe_t.
-      Gemm(q_pe + r * d.heads * d.rope, d.heads, d.rope, context.data() + d.kv, seen, dim, pe.data(), d.heads);
-      for (size_t h = 0; h < d.heads; ++h) {
-        Gemm(q + (r * d.heads + h) * qdim, 1, d.nope, keys.data() + h * tokens * d.nope, seen, d.nope, score.data(),
-             1);
+  std::vector<float> keys(d.heads * tokens * d.nope), values_t(d.heads * d.v * tokens);
+  for (size_t h = 0; h < d.heads; ++h) {
+    Gemm(w_uk + h * d.nope * d.kv, d.nope, d.kv, latents.data(), tokens, d.kv, keys.data() + h * tokens * d.nope,
+         d.nope);
+    Gemm(latents.data(), tokens, d.kv, w_uv + h * d.v * d.kv, d.v, d.kv, values_t.data() + h * d.v * tokens, tokens);
+  }
+  // Each (head, block of rows) is one job for the kernel threads: scores for
+  // the block's rows at once (the keys read once for all of them), softmax
+  // per row over the tokens it sees, then the weighted values.
+  constexpr size_t kRowBlock = 32;
+  const size_t blocks = (rows + kRowBlock - 1) / kRowBlock;
+  ParallelFor(d.heads * blocks, 1, [&](size_t job_begin, size_t job_end) {
+    std::vector<float> p(kRowBlock * tokens), p_pe(kRowBlock * tokens), out_t(d.v * kRowBlock);
+    for (size_t job = job_begin; job < job_end; ++job) {
+      const size_t h = job / blocks, r0 = job % blocks * kRowBlock, n = std::min(kRowBlock, rows - r0);
+      size_t seen_max = 0;
+      for (size_t i = 0; i < n; ++i) seen_max = std::max(seen_max, static_cast<size_t>(positions[r0 + i]) + 1);
+      // p[i][t] = q_nope . k_t and p_pe[i][t] = q_pe . pe_t for t < seen_max.
+      Gemm(keys.data() + h * tokens * d.nope, seen_max, d.nope, q + (r0 * d.heads + h) * qdim, n, d.heads * qdim,
+           p.data(), seen_max);
+      Gemm(pe.data(), seen_max, d.rope, q_pe + (r0 * d.heads + h) * d.rope, n, d.heads * d.rope, p_pe.data(),
+           seen_max);
+      for (size_t i = 0; i < n; ++i) {
+        float* pi = p.data() + i * seen_max;
+        const float* pe_i = p_pe.data() + i * seen_max;
+        const size_t seen = static_cast<size_t>(positions[r0 + i]) + 1;
         float max = -INFINITY;
-        for (size_t t = 0; t < seen; ++t) max = std::max(max, score[t] = (score[t] + pe[t * d.heads + h]) * scale);
+        for (size_t t = 0; t < seen; ++t) max = std::max(max, pi[t] = (pi[t] + pe_i[t]) * scale);
         float sum = 0.0f;
-        for (size_t t = 0; t < seen; ++t) sum += (score[t] = std::exp(score[t] - max));
-        float* o = out + (r * d.heads + h) * d.v;
-        std::fill(o, o + d.v, 0.0f);
-        const float* vh = values.data() + h * tokens * d.v;
-        for (size_t t = 0; t < seen; ++t) AddScaled(score[t] / sum, vh + t * d.v, d.v, o);
+        for (size_t t = 0; t < seen; ++t) sum += (pi[t] = std::exp(pi[t] - max));
+        for (size_t t = 0; t < seen; ++t) pi[t] /= sum;
+        std::fill(pi + seen, pi + seen_max, 0.0f);  // tokens after this row's own
+      }
+      // out_t[j][i] = sum_t p[i][t] v_t[j]: the block's outputs, transposed.
+      Gemm(p.data(), n, seen_max, values_t.data() + h * d.v * tokens, d.v, tokens, out_t.data(), n);
+      for (size_t i = 0; i < n; ++i) {
+        float* o = out + ((r0 + i) * d.heads + h) * d.v;
+        for (size_t j = 0; j < d.v; ++j) o[j] = out_t[j * n + i];
       }
     }
   });

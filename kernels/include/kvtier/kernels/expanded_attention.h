@@ -43,6 +43,8 @@ void AbsorbQueries(const MlaDims& d, const float* w_uk, const float* q, std::spa
 // [heads][nope + rope], of which the nope part is read; q_pe: [rows][heads]
 // [rope], rotated; out: [rows][heads][v]; w_uk: [heads][nope][kv]; w_uv:
 // [heads][v][kv]. Every position must be below the context's tokens.
+// Scores and weighted values are Gemms over blocks of rows, (head, block)
+// jobs split over the kernel threads: the same bits for any thread count.
 void ExpandedAttention(const MlaDims& d, const float* w_uk, const float* w_uv, std::span<const float> context,
                        size_t rows, const int64_t* positions, const float* q, const float* q_pe, float scale,
                        float* out);
