@@ -3,11 +3,11 @@
 //
 // Each client stores, then fetches, the latents of a 4,096-token prefix at
 // DeepSeek-V2-Lite dims with the int8 codec: 64 blocks x 27 layers, ~1 MB a
-// block, ~66 MB a client. kvtier: one Put stream of layer slices (as a
-// prefill node sends them) and one Get stream landing each record in the
-// client's buffer (RawGet). Redis: the same records as values,
-// pipelined SET and GET through hiredis, each GET reply copied to the same
-// kind of buffer. Raw TCP: the same records on a plain socket, read straight
+// block, ~66 MB a client. kvtier: one Put stream of layer slices (a block's
+// to a message, as a prefill node sends them) and one Get stream landing
+// each record in the client's buffer (RawGet). Redis: the same records as
+// values, pipelined SET and GET through hiredis, each GET reply copied to
+// the same kind of buffer. Raw TCP: the same records on a plain socket, read straight
 // into the buffer (the physical limit of a loopback fetch). memcpy: the same
 // bytes, buffer to buffer. Worker load: the prefix as a decode worker or
 // prefill node loads it (ShardSet::Fetch, fast path or TCP, then every
@@ -113,8 +113,9 @@ std::pair<double, std::vector<Sample>> Concurrently(int clients, Op op) {
   return {Seconds(Clock::now() - start), samples};
 }
 
-// One Put stream of the prefix's layer slices; with `fast`, each slice is
-// written into the session's staging region and the stream names it
+// One Put stream of the prefix's layer slices, a block's slices to a
+// message (as ShardedPut batches a prefill node's); with `fast`, each slice
+// is written into the session's staging region and the message names it
 // (inline when the region is full).
 Sample KvtierPut(CacheClient& client, const kvblock::LatentLayout& layout, const std::string& ns,
                  const Prefix& p, FastPathClient* fast = nullptr) {
@@ -132,21 +133,19 @@ Sample KvtierPut(CacheClient& client, const kvblock::LatentLayout& layout, const
     header.mutable_header()->set_fast_path_session_id(fast->session_id());
   }
   writer->Write(header);
-  v1::PutRequest slice, batch;  // staged slices go a block's worth to a message
+  v1::PutRequest batch;
   for (const BlockSlices& b : p.slices) {
     const std::string hash(kvblock::HashAsBytes(b.hash));
-    slice.mutable_slice()->set_block_hash(hash);
     for (const std::string& r : b.records) {
+      v1::LayerSlice* s = batch.mutable_batch()->add_slices();
+      s->set_block_hash(hash);
       if (std::optional<v1::StagedRange> range = staged.has_value() ? staged->Stage(r) : std::nullopt) {
-        v1::LayerSlice* s = batch.mutable_batch()->add_slices();
-        s->set_block_hash(hash);
         *s->mutable_staged() = *range;
-        continue;
+      } else {
+        s->set_data(r);
       }
-      slice.mutable_slice()->set_data(r);
-      writer->Write(slice);
     }
-    if (batch.batch().slices_size() > 0) writer->Write(batch);
+    writer->Write(batch);
     batch.mutable_batch()->clear_slices();
     sample.Block();
   }

@@ -201,13 +201,15 @@ struct ShardedPut::Stream {
   std::unique_ptr<grpc::ClientWriter<v1::PutRequest>> writer;
   bool open = false;
   std::set<kvblock::BlockHash> written;
-  // Staged slices not sent yet: small, so sent many to a message.
+  // Slices not sent yet, and the inline bytes among them.
   v1::PutRequest batch;
+  size_t inline_bytes = 0;
 
   void FlushBatch() {
     if (!open || batch.batch().slices_size() == 0) return;
     open = writer->Write(batch);
     batch.mutable_batch()->clear_slices();
+    inline_bytes = 0;
   }
 };
 
@@ -244,20 +246,18 @@ void ShardedPut::Write(const kvblock::BlockHash& hash, const std::string& record
   }
   if (!s->open) return;
   s->written.insert(hash);
-  const std::string hash_bytes(kvblock::HashAsBytes(hash));
-  // Through the staging region when there is room in it (batched), else
-  // inline.
+  // Through the staging region when there is room in it, else inline.
+  v1::LayerSlice* batched = s->batch.mutable_batch()->add_slices();
+  batched->set_block_hash(std::string(kvblock::HashAsBytes(hash)));
   if (std::optional<v1::StagedRange> staged = s->staged != nullptr ? s->staged->Stage(record) : std::nullopt) {
-    v1::LayerSlice* batched = s->batch.mutable_batch()->add_slices();
-    batched->set_block_hash(hash_bytes);
     *batched->mutable_staged() = *staged;
-    if (s->batch.batch().slices_size() >= kSlicesPerMessage) s->FlushBatch();
-    return;
+  } else {
+    batched->set_data(record);
+    s->inline_bytes += record.size();
   }
-  v1::PutRequest slice;
-  slice.mutable_slice()->set_block_hash(hash_bytes);
-  slice.mutable_slice()->set_data(record);
-  s->open = s->writer->Write(slice);
+  if (s->batch.batch().slices_size() >= kSlicesPerMessage || s->inline_bytes >= kInlineBytesPerMessage) {
+    s->FlushBatch();
+  }
 }
 
 void ShardedPut::Flush() {

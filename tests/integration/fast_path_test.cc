@@ -666,6 +666,29 @@ TEST_F(FastPathTest, DeviceTierOutsideSharedMemoryFallsBackToTcp) {
   EXPECT_EQ(second_memory, first_memory);
 }
 
+// A prefill node's Put stream to a cache on another host: inline slices
+// many to a message, flushed at the message limits (here 320 slices of
+// 38 KB: both the slice count and the byte limit are reached) and at the
+// end; every block stored, byte for byte.
+TEST_F(FastPathTest, ShardedPutSendsInlineSlicesManyToAMessage) {
+  StartCache({"--no-fast-path"});
+  std::vector<TestBlock> blocks;
+  for (uint64_t i = 0; i < 40; ++i) blocks.push_back(MakeBlock(layout_, "tenant-a", rng_.seed() + i));
+  auto shards = serving::ShardSet::Create(target_, absl::Seconds(10), /*fast_path=*/true);
+  ASSERT_TRUE(shards.ok());
+  std::set<kvblock::BlockHash> stored;
+  {
+    serving::ShardedPut put(**shards, "tenant-a", layout_, absl::Seconds(10));
+    for (uint32_t l = 0; l < layout_.num_layers; ++l) {
+      for (const TestBlock& b : blocks) put.Write(b.slices.hash, b.slices.records[l]);
+    }
+    stored = put.Finish();
+  }
+  EXPECT_EQ(stored.size(), blocks.size());
+  EXPECT_EQ(Stats().blocks_stored(), blocks.size());
+  EXPECT_TRUE(SameRecords((*shards)->Fetch("tenant-a", layout_, Hashes(blocks)), blocks));
+}
+
 TEST_F(FastPathTest, CacheWithoutFastPathIsReadOverTcp) {
   StartCache({"--no-fast-path"});
   const std::vector<TestBlock> blocks = PutBlocks("tenant-a", rng_.seed(), 3);
