@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <optional>
@@ -215,7 +216,6 @@ Sample WorkerLoad(serving::ShardSet& shards, const kvblock::LatentLayout& layout
   for (const absl::StatusOr<serving::SharedRecord>& record : shards.Fetch(ns, layout, p.hashes)) {
     if (!record.ok() || !serving::AppendBlockRecord(*record, layout, cache).ok()) break;
     ++appended;
-    sample.Block();
   }
   sample.Done();
   if (appended != p.hashes.size()) std::fprintf(stderr, "worker load: %zu of %zu blocks\n", appended, p.hashes.size());
@@ -344,7 +344,8 @@ Row Summarize(const std::string& what, int clients, size_t bytes_per_client,
   }
   std::sort(rates.begin(), rates.end());
   std::sort(blocks.begin(), blocks.end());
-  auto pct = [&](double q) { return blocks.empty() ? 0 : 1e3 * blocks[static_cast<size_t>(q * (blocks.size() - 1))]; };
+  // No per-block times (a row that gets its blocks all at once): NaN, shown as "-".
+  auto pct = [&](double q) { return blocks.empty() ? NAN : 1e3 * blocks[static_cast<size_t>(q * (blocks.size() - 1))]; };
   return Row{what, clients, rates[rates.size() / 2], pct(0.5), pct(0.99)};
 }
 
@@ -502,7 +503,9 @@ int Run(const std::string& cache_binary, const std::string& redis_binary, int ro
               kRedisWindow, rounds);
   std::printf("%-30s %8s %10s %14s %14s\n", "path", "clients", "GB/s", "p50 ms/block", "p99 ms/block");
   for (const Row& r : rows) {
-    std::printf("%-30s %8d %10.2f %14.3f %14.3f\n", r.what.c_str(), r.clients, r.gbps, r.p50_ms, r.p99_ms);
+    const auto ms = [](double v) { return std::isnan(v) ? std::string("-") : absl::StrFormat("%.3f", v); };
+    std::printf("%-30s %8d %10.2f %14s %14s\n", r.what.c_str(), r.clients, r.gbps, ms(r.p50_ms).c_str(),
+                ms(r.p99_ms).c_str());
   }
   const auto print_ratios = [&](const char* what, const std::vector<double>& ratios, const char* target) {
     std::printf("%s, median of per-round ratios:", what);
