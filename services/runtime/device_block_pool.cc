@@ -28,7 +28,14 @@ DeviceBlockPool::~DeviceBlockPool() { cudaFree(base_); }
 absl::StatusOr<bool> DeviceBlockPool::Place(std::span<const SealedBlock* const> blocks, void* stream,
                                             std::vector<int32_t>& slot_of) {
   std::unordered_set<uint64_t> wanted;
-  for (const SealedBlock* b : blocks) wanted.insert(b->id());
+  for (const SealedBlock* b : blocks) {
+    // A slot's copy reads block_bytes_ from the payload, wherever it lies.
+    if (b->size() != block_bytes_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a block of ", b->size(), " bytes for a pool of ", block_bytes_, "-byte slots"));
+    }
+    wanted.insert(b->id());
+  }
   if (wanted.size() > id_in_.size()) return false;
   // Held blocks first move to the front, so the back holds only slots none
   // of `blocks` needs: those are what the missing ones take.

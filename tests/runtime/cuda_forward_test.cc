@@ -142,7 +142,8 @@ INSTANTIATE_TEST_SUITE_P(Presets, CudaForwardTest,
                          [](const auto& info) { return info.param.name; });
 
 // The device block pool keeps what it holds under the blocks' ids, reuses
-// the least recently used slot, and refuses more blocks than slots.
+// the least recently used slot, and refuses more blocks than slots and
+// blocks of another size.
 TEST(DeviceBlockPool, HoldsBlocksByIdAndReusesTheLeastRecentlyUsedSlot) {
   std::string why;
   if (!kernels::cuda::DevicePresent(&why)) GTEST_SKIP() << "no GPU (" << why << "): the block pool not run";
@@ -180,6 +181,12 @@ TEST(DeviceBlockPool, HoldsBlocksByIdAndReusesTheLeastRecentlyUsedSlot) {
   const SealedBlock* too_many[] = {&a, &b, &c, &d};
   std::vector<int32_t> none;
   EXPECT_FALSE(*(*pool)->Place(too_many, nullptr, none));
+  // A block of another size (a view into a record, say) is refused, not
+  // copied with the slot's size.
+  auto record = std::make_shared<const std::vector<uint8_t>>(8192, uint8_t{7});
+  const SealedBlock short_view(record, std::span<const uint8_t>(*record).first(4000));
+  const SealedBlock* wrong_size[] = {&a, &short_view};
+  EXPECT_EQ((*pool)->Place(wrong_size, nullptr, none).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // The end-to-end check: `kvtier run --device cuda` prints the same
