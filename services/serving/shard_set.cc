@@ -118,9 +118,19 @@ void ShardSet::FetchFromShard(size_t s, const std::string& ns, const kvblock::La
     absl::StatusOr<SharedRecord>& slot = out[indices[block.index]];
     if (!block.status.ok()) {
       slot = block.status;
-    } else if (records[block.index] != nullptr) {
-      slot = SharedRecord{std::move(records[block.index]), /*crc_checked=*/client != nullptr};
+      return;
     }
+    if (records[block.index] == nullptr) return;
+    // The fast path checked the CRC as it copied; a record that came over
+    // TCP is checked here, just landed and still in cache, rather than
+    // read again from memory when it is appended.
+    if (client == nullptr) {
+      if (absl::Status checked = kvblock::ParseBlock(*records[block.index], &layout).status(); !checked.ok()) {
+        slot = checked;
+        return;
+      }
+    }
+    slot = SharedRecord{std::move(records[block.index]), /*crc_checked=*/true};
   };
   if (client != nullptr) {
     absl::StatusOr<std::vector<uint32_t>> left = client->Fetch(ns, layout, mine, destination, on_block);

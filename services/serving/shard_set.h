@@ -46,9 +46,10 @@ class ShardSet {
   // Reads `hashes` (all shards at once), each record landing straight in its
   // string: copied from a local shard's shared memory, else one Get stream
   // per shard (RawGet: no protobuf copy). Each answer is the record, or why
-  // there is none (a miss, DATA_LOSS, or the shard's error). The strings
-  // come from a pool and go back to it when their last holder lets go;
-  // those the fast path copied have had their CRC checked.
+  // there is none (a miss, DATA_LOSS, or the shard's error). Every record
+  // given has had its CRC checked (as it was copied or as it landed); the
+  // strings come from a pool and go back to it when their last holder lets
+  // go.
   std::vector<absl::StatusOr<SharedRecord>> Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
                                                    const std::vector<kvblock::BlockHash>& hashes);
   // The most bytes of fetched records that stay in the pool unheld.
