@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <ranges>
+#include <span>
+#include <vector>
 
 namespace kvtier::runtime {
 namespace {
@@ -13,6 +16,18 @@ uint64_t Mix(uint64_t x) {
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
+}
+
+// The largest logit, in four running maxima (one chain of dependent
+// comparisons took 3.5 ns an entry).
+float MaxOf(std::span<const float> v) {
+  float m[4] = {v[0], v[0], v[0], v[0]};
+  size_t i = 0;
+  for (; i + 4 <= v.size(); i += 4) {
+    for (size_t j = 0; j < 4; ++j) m[j] = std::max(m[j], v[i + j]);
+  }
+  for (; i < v.size(); ++i) m[0] = std::max(m[0], v[i]);
+  return std::max(std::max(m[0], m[1]), std::max(m[2], m[3]));
 }
 
 }  // namespace
@@ -27,45 +42,62 @@ absl::Status ValidateSampling(const Sampling& s) {
 
 Sampled Sample(std::span<const float> logits, const Sampling& s, uint64_t step, size_t top_n) {
   const size_t n = logits.size();
-  const double max = *std::max_element(logits.begin(), logits.end());
-  double log_sum = 0;
-  for (float l : logits) log_sum += std::exp(l - max);
-  log_sum = std::log(log_sum) + max;
-  std::vector<uint32_t> order(n);
-  std::iota(order.begin(), order.end(), 0u);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](uint32_t a, uint32_t b) { return logits[a] > logits[b]; });
+  const float max = MaxOf(logits);
+  // Passes over the vocabulary run for every token: float exps summed in
+  // double, four sums apart so that the additions do not wait on each other.
+  double sums[4] = {0, 0, 0, 0};
+  for (size_t i = 0; i < n; ++i) sums[i % 4] += std::exp(logits[i] - max);
+  const double log_sum = std::log((sums[0] + sums[1]) + (sums[2] + sums[3])) + max;
+  // Tokens most likely first, ties by id, but only as many as are needed
+  // (the top logprobs, the nucleus): a real vocabulary sorted whole for
+  // every token took 8.6 ms at 102,400 entries (load/sampler_bench).
+  const auto before = [&](uint32_t a, uint32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  const auto ids = std::views::iota(uint32_t{0}, static_cast<uint32_t>(n));
   Sampled out;
-  for (size_t i = 0; i < std::min(top_n, n); ++i) {
-    out.top.push_back({order[i], static_cast<float>(logits[order[i]] - log_sum)});
-  }
-  out.token = order[0];
+  std::vector<uint32_t> top(std::min(top_n, n));
+  std::ranges::partial_sort_copy(ids, top, before);
+  for (uint32_t t : top) out.top.push_back({t, static_cast<float>(logits[t] - log_sum)});
+  out.token = static_cast<uint32_t>(std::find(logits.begin(), logits.end(), max) - logits.begin());  // first of ties
   if (s.temperature > 0) {
-    // Probabilities under the temperature, most likely first; keep the
-    // smallest prefix whose mass reaches top_p; draw from it.
-    std::vector<double> p(n);
-    double total = 0;
-    for (size_t i = 0; i < n; ++i) total += (p[i] = std::exp((logits[order[i]] - max) / s.temperature));
-    size_t keep = n;
-    double mass = 0;
-    for (size_t i = 0; i < n; ++i) {
-      mass += p[i] / total;
-      if (mass >= s.top_p) {
-        keep = i + 1;
-        break;
+    const float inv_temperature = 1.0f / s.temperature;
+    const auto weight = [&](uint32_t t) { return double{std::exp((logits[t] - max) * inv_temperature)}; };
+    double parts[4] = {0, 0, 0, 0};
+    for (uint32_t t : ids) parts[t % 4] += weight(t);
+    const double total = (parts[0] + parts[1]) + (parts[2] + parts[3]);
+    const double u01 = static_cast<double>(Mix(s.seed ^ Mix(step)) >> 11) * 0x1p-53;
+    // Draws from `candidates` (in their order) in proportion to weight.
+    const auto draw = [&](const auto& candidates, double mass) {
+      const double u = u01 * mass;
+      double acc = 0;
+      uint32_t last = 0;
+      for (uint32_t t : candidates) {
+        acc += weight(t);
+        last = t;
+        if (u < acc) return t;
       }
-    }
-    double kept = 0;
-    for (size_t i = 0; i < keep; ++i) kept += p[i];
-    const double u = static_cast<double>(Mix(s.seed ^ Mix(step)) >> 11) * 0x1p-53 * kept;
-    double acc = 0;
-    out.token = order[keep - 1];
-    for (size_t i = 0; i < keep; ++i) {
-      acc += p[i];
-      if (u < acc) {
-        out.token = order[i];
-        break;
+      return last;
+    };
+    if (s.top_p >= 1) {
+      out.token = draw(ids, total);
+    } else {
+      // The most likely tokens whose mass first reaches top_p, sorting
+      // more of them only while it has not.
+      std::vector<uint32_t> order(ids.begin(), ids.end());
+      size_t sorted = 0, keep = 0;
+      double mass = 0, kept = 0;
+      for (size_t k = 64; keep == 0; k *= 2) {
+        const size_t from = sorted;
+        sorted = std::min(k, n);
+        std::partial_sort(order.begin() + static_cast<std::ptrdiff_t>(from),
+                          order.begin() + static_cast<std::ptrdiff_t>(sorted), order.end(), before);
+        for (size_t i = from; i < sorted && keep == 0; ++i) {
+          kept += weight(order[i]);
+          mass = kept / total;
+          if (mass >= s.top_p) keep = i + 1;
+        }
+        if (sorted == n && keep == 0) keep = n;
       }
+      out.token = draw(std::span(order).first(keep), kept);
     }
   }
   out.logprob = static_cast<float>(logits[out.token] - log_sum);

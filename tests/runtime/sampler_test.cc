@@ -2,7 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <numeric>
+#include <random>
+#include <set>
+#include <vector>
 
 #include "tests/test_random.h"
 
@@ -50,6 +56,76 @@ TEST(Sampler, TemperatureDrawsFollowTheDistributionAndTopPCutsTheTail) {
   const Sampled b = Sample(logits, Sampling{0.7f, 1.0f, 9}, 3, 2);
   EXPECT_EQ(a.token, b.token);
   EXPECT_NEAR(a.logprob, logits[a.token], 1e-6);
+}
+
+// The order a full stable sort gives: most likely first, ties by id.
+std::vector<uint32_t> ReferenceOrder(const std::vector<float>& logits) {
+  std::vector<uint32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0u);
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return logits[a] > logits[b]; });
+  return order;
+}
+
+// A vocabulary with many ties (logits on a coarse grid) at real size:
+// greedy takes the first of the largest, and the top list is the stable
+// order's head.
+TEST(Sampler, GreedyAndTopLogprobsFollowTheStableOrderAtFullVocabulary) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  std::uniform_int_distribution<int> grid(-40, 40);
+  std::vector<float> logits(102400);
+  for (float& v : logits) v = static_cast<float>(grid(rng.engine())) / 4;
+  const std::vector<uint32_t> order = ReferenceOrder(logits);
+  const Sampled s = Sample(logits, Sampling{}, 0, 20);
+  EXPECT_EQ(s.token, order[0]);
+  ASSERT_EQ(s.top.size(), 20u);
+  for (size_t i = 0; i < 20; ++i) EXPECT_EQ(s.top[i].first, order[i]) << i;
+  double sum = 0;
+  for (float v : logits) sum += std::exp(double{v} - 10.0);
+  EXPECT_NEAR(s.logprob, logits[order[0]] - 10.0 - std::log(sum), 1e-4);
+}
+
+// A large vocabulary with a peaked head: draws stay inside the nucleus a
+// full sort gives (the smallest head reaching top_p), at the frequencies of
+// their renormalised probabilities; with top_p 1 any token can come.
+TEST(Sampler, NucleusDrawsMatchAFullSortAtLargeVocabulary) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> logits(4000);
+  for (float& v : logits) v = normal(rng.engine());
+  // A head of 60 tokens at random ids, logits 4.0 to 5.18.
+  std::vector<uint32_t> ids(logits.size());
+  std::iota(ids.begin(), ids.end(), 0u);
+  std::shuffle(ids.begin(), ids.end(), rng.engine());
+  for (int i = 0; i < 60; ++i) logits[ids[i]] = 4.0f + 0.02f * static_cast<float>(i);
+  const Sampling sampling{0.8f, 0.5f, rng.engine()()};
+  const std::vector<uint32_t> order = ReferenceOrder(logits);
+  const double max = logits[order[0]];
+  std::vector<double> p(logits.size());
+  double total = 0;
+  for (uint32_t t : order) total += (p[t] = std::exp((logits[t] - max) / 0.8));
+  size_t keep = 0;
+  double mass = 0;
+  while (mass < 0.5 * total) mass += p[order[keep++]];
+  const std::set<uint32_t> nucleus(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(keep));
+  ASSERT_GT(keep, 10u);  // enough tokens for the frequencies to mean something
+  std::map<uint32_t, int> count;
+  constexpr int kDraws = 20000;
+  for (uint64_t step = 0; step < kDraws; ++step) {
+    const uint32_t t = Sample(logits, sampling, step, 0).token;
+    // The last kept token sits on the cut, where float and double sums may
+    // disagree: the one after it is allowed too.
+    ASSERT_TRUE(nucleus.count(t) || t == order[keep]) << "token " << t << " outside the nucleus";
+    ++count[t];
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    const uint32_t t = order[i];
+    EXPECT_NEAR(count[t] / double{kDraws}, p[t] / mass, 0.006) << "token " << t;
+  }
+  std::set<uint32_t> drawn_wide;
+  for (uint64_t step = 0; step < 1000; ++step) drawn_wide.insert(Sample(logits, Sampling{0.8f, 1.0f, 3}, step, 0).token);
+  EXPECT_GT(drawn_wide.size(), keep) << "top_p 1 keeps the whole vocabulary";
 }
 
 TEST(Sampler, RejectsBadParameters) {
