@@ -92,8 +92,14 @@ TEST_P(AbsorbedMlaTest, EqualsFloat64AttentionOverTheDequantizedLatents) {
     std::vector<float> out(size_t{s.heads} * s.kv_lora_rank, NAN);
     ASSERT_TRUE(AbsorbedMlaDecode(s, q_latent, q_rope, scale, ctx.blocks, ctx.tail, out).ok());
     const std::vector<double> want = Reference(s, q_latent, q_rope, scale, ctx.latents);
+    // int8 blocks take the VNNI path, which rounds the query and the
+    // attention weights to int16 (relative 2^-16 of the largest value per
+    // head and block, mla_attention_int8.h); over 512 + 64 channels that
+    // reached 1.3e-4 in 150 runs of this test (median 3e-5), past the 1e-4
+    // the float paths keep to, so int8 gets 4e-4.
+    const double tolerance = GetParam() == Codec::kInt8 ? 4e-4 : 1e-4;
     for (size_t i = 0; i < out.size(); ++i) {
-      ASSERT_NEAR(out[i], want[i], 1e-4 * (1 + std::fabs(want[i]))) << "heads " << s.heads << " i " << i;
+      ASSERT_NEAR(out[i], want[i], tolerance * (1 + std::fabs(want[i]))) << "heads " << s.heads << " i " << i;
     }
   }
 }
