@@ -81,12 +81,13 @@ void Batcher::Step(const std::vector<std::shared_ptr<DecodeSequence>>& batch) {
 
 void Batcher::Advance(const std::vector<std::shared_ptr<DecodeSequence>>& batch) {
   const size_t vocab = static_cast<size_t>(model_.config().vocab_size);
-  std::vector<std::vector<float>> logits(batch.size(), std::vector<float>(vocab));
+  logits_.resize(batch.size() * vocab);
+  const auto logits = [&](size_t i) { return std::span(logits_).subspan(i * vocab, vocab); };
   std::vector<runtime::SequenceTokens> rows;
   std::vector<size_t> sealed_before;
   std::vector<runtime::CacheMark> marks;
   for (size_t i = 0; i < batch.size(); ++i) {
-    rows.push_back({std::span(&batch[i]->next_input, 1), &batch[i]->cache, logits[i]});
+    rows.push_back({std::span(&batch[i]->next_input, 1), &batch[i]->cache, logits(i)});
     sealed_before.push_back(batch[i]->cache.blocks[0].size());
     if (batch.size() > 1) marks.push_back(runtime::MarkCache(batch[i]->cache, 1));
   }
@@ -114,7 +115,7 @@ void Batcher::Advance(const std::vector<std::shared_ptr<DecodeSequence>>& batch)
     DecodeSequence& s = *batch[i];
     s.tokens.push_back(s.next_input);
     for (size_t b = sealed_before[i]; b < s.cache.blocks[0].size(); ++b) on_sealed_(s, b);
-    const runtime::Sampled sampled = runtime::Sample(logits[i], s.sampling, s.next_index, s.limits.top_logprobs());
+    const runtime::Sampled sampled = runtime::Sample(logits(i), s.sampling, s.next_index, s.limits.top_logprobs());
     v1::DecodeResponse event;
     *event.mutable_token() = serving::ToGeneratedToken(s.next_index, sampled);
     const v1::FinishReason reason = serving::FinishAfter(s.next_index, sampled.token, s.limits);

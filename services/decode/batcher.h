@@ -81,6 +81,10 @@ class Batcher {
   std::vector<std::shared_ptr<DecodeSequence>> sequences_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   size_t next_turn_ = 0;  // batcher thread only: where the next step's window starts
+  // Batcher thread only: a step's logits, row after row, kept between steps
+  // (a fresh [batch][vocab] buffer each step faulted its pages in again:
+  // ~8 ms at 32 sequences of a 102,400-token vocabulary).
+  std::vector<float> logits_;
   std::thread thread_;
 };
 

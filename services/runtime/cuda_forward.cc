@@ -447,14 +447,15 @@ absl::Status CudaForward::Forward(std::span<const SequenceTokens> batch,
   }
   KVTIER_RETURN_IF_ERROR(Check(kc::RmsNorm(h_.data(), final_norm_.data(), sequences, hidden, eps, h_.data(), stream_)));
   KVTIER_RETURN_IF_ERROR(Check(blas_->Gemm(lm_head_.data(), vocab, hidden, h_.data(), sequences, logits_.data())));
-  std::vector<float> logits(size_t{sequences} * vocab);
-  KVTIER_RETURN_IF_ERROR(CudaCheck(
-      cudaMemcpyAsync(logits.data(), logits_.data(), logits.size() * 4, cudaMemcpyDeviceToHost, stream_), "logits"));
-  KVTIER_RETURN_IF_ERROR(CudaCheck(cudaStreamSynchronize(stream_), "logits"));
+  // Straight into each caller's logits (no host buffer of our own to fault
+  // in and copy out of).
   for (uint32_t b = 0; b < sequences; ++b) {
-    std::copy_n(logits.begin() + size_t{b} * vocab, vocab, batch[b].logits.begin());
-    batch[b].cache->length += static_cast<int64_t>(batch[b].tokens.size());
+    KVTIER_RETURN_IF_ERROR(CudaCheck(cudaMemcpyAsync(batch[b].logits.data(), logits_.data() + size_t{b} * vocab,
+                                                     size_t{vocab} * 4, cudaMemcpyDeviceToHost, stream_),
+                                     "logits"));
   }
+  KVTIER_RETURN_IF_ERROR(CudaCheck(cudaStreamSynchronize(stream_), "logits"));
+  for (uint32_t b = 0; b < sequences; ++b) batch[b].cache->length += static_cast<int64_t>(batch[b].tokens.size());
   return absl::OkStatus();
 }
 

@@ -287,15 +287,22 @@ absl::Status Model::Forward(std::span<const SequenceTokens> batch, const LayerDo
     if (on_layer) on_layer(li);
   }
   // Logits after each sequence's last token.
-  std::vector<float> last(batch.size() * hidden), logits(batch.size() * c.vocab_size);
+  std::vector<float> last(batch.size() * hidden);
   size_t end = 0;
   for (size_t b = 0; b < batch.size(); ++b) {
     end += batch[b].tokens.size();
     KVTIER_RETURN_IF_ERROR(Check(kernels::RmsNorm(row(x, end - 1, hidden), final_norm_, eps, row(last, b, hidden))));
   }
-  MatMul(lm_head_, c.vocab_size, hidden, last.data(), batch.size(), logits.data());
+  // Straight into the callers' logits when they are one buffer, row after
+  // row (the decode batcher's), else through one of our own.
+  const size_t vocab = static_cast<size_t>(c.vocab_size);
+  bool one_buffer = true;
+  for (size_t b = 0; b < batch.size(); ++b) one_buffer &= batch[b].logits.data() == batch[0].logits.data() + b * vocab;
+  std::vector<float> own(one_buffer ? 0 : batch.size() * vocab);
+  float* logits = one_buffer ? batch[0].logits.data() : own.data();
+  MatMul(lm_head_, c.vocab_size, hidden, last.data(), batch.size(), logits);
   for (size_t b = 0; b < batch.size(); ++b) {
-    std::copy_n(logits.begin() + b * c.vocab_size, c.vocab_size, batch[b].logits.begin());
+    if (!one_buffer) std::copy_n(own.begin() + b * vocab, vocab, batch[b].logits.begin());
     batch[b].cache->length += static_cast<int64_t>(batch[b].tokens.size());
   }
   return absl::OkStatus();

@@ -204,10 +204,24 @@ TEST(Model, BatchOfSequencesEqualsEachAlone) {
     }
   }
   alone = batched;
+  std::vector<SequenceCache> one_buffer_caches = batched;
   std::vector<std::vector<float>> got(4, std::vector<float>(256, NAN)), want = got;
   std::vector<SequenceTokens> batch;
   for (size_t s = 0; s < pass.size(); ++s) batch.push_back({pass[s], &batched[s], got[s]});
   ASSERT_TRUE((*model)->Forward(batch).ok());
+  // The same pass with the logits in one buffer, row after row (as the
+  // decode batcher keeps them; Forward writes straight into it): the same
+  // bits.
+  std::vector<float> one_buffer(4 * 256, NAN);
+  std::vector<SequenceTokens> same_pass;
+  for (size_t s = 0; s < pass.size(); ++s) {
+    same_pass.push_back({pass[s], &one_buffer_caches[s], std::span(one_buffer).subspan(s * 256, 256)});
+  }
+  ASSERT_TRUE((*model)->Forward(same_pass).ok());
+  for (size_t s = 0; s < pass.size(); ++s) {
+    EXPECT_EQ(std::vector<float>(one_buffer.begin() + s * 256, one_buffer.begin() + (s + 1) * 256), got[s]) << s;
+    EXPECT_EQ(one_buffer_caches[s].length, batched[s].length);
+  }
   for (size_t s = 0; s < pass.size(); ++s) {
     SCOPED_TRACE("sequence " + std::to_string(s));
     ASSERT_TRUE((*model)->Prefill(pass[s], alone[s], want[s]).ok());
