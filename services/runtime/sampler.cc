@@ -58,6 +58,7 @@ Sampled Sample(std::span<const float> logits, const Sampling& s, uint64_t step, 
   std::ranges::partial_sort_copy(ids, top, before);
   for (uint32_t t : top) out.top.push_back({t, static_cast<float>(logits[t] - log_sum)});
   out.token = static_cast<uint32_t>(std::find(logits.begin(), logits.end(), max) - logits.begin());  // first of ties
+  if (out.token >= n) out.token = 0;  // a NaN maximum matches nothing; still a token of the vocabulary
   if (s.temperature > 0) {
     const float inv_temperature = 1.0f / s.temperature;
     const auto weight = [&](uint32_t t) { return double{std::exp((logits[t] - max) * inv_temperature)}; };

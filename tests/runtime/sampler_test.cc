@@ -128,6 +128,17 @@ TEST(Sampler, NucleusDrawsMatchAFullSortAtLargeVocabulary) {
   EXPECT_GT(drawn_wide.size(), keep) << "top_p 1 keeps the whole vocabulary";
 }
 
+// Logits the model should never give (it fails a pass that overflows)
+// still sample a token of the vocabulary.
+TEST(Sampler, NonFiniteLogitsStillGiveATokenOfTheVocabulary) {
+  for (const std::vector<float>& logits : {std::vector<float>{NAN, 1.0f, 2.0f}, std::vector<float>{1.0f, NAN, 0.5f},
+                                           std::vector<float>{INFINITY, 1.0f, 2.0f}, std::vector<float>{NAN, NAN, NAN}}) {
+    for (const Sampling& s : {Sampling{}, Sampling{1.0f, 1.0f, 1}, Sampling{1.0f, 0.5f, 1}}) {
+      EXPECT_LT(Sample(logits, s, 0, 2).token, logits.size());
+    }
+  }
+}
+
 TEST(Sampler, RejectsBadParameters) {
   EXPECT_TRUE(ValidateSampling(Sampling{}).ok());
   EXPECT_FALSE(ValidateSampling(Sampling{-1.0f, 1.0f, 0}).ok());
