@@ -214,7 +214,9 @@ Sample WorkerLoad(serving::ShardSet& shards, const kvblock::LatentLayout& layout
   Sample sample;
   size_t appended = 0;
   for (const absl::StatusOr<serving::SharedRecord>& record : shards.Fetch(ns, layout, p.hashes)) {
-    if (!record.ok() || !serving::AppendBlockRecord(*record, layout, cache).ok()) break;
+    if (!record.ok() || !serving::AppendBlockRecord(*record, layout, cache, kvblock::CrcCheck::kCheckedBefore).ok()) {
+      break;
+    }
     ++appended;
   }
   sample.Done();

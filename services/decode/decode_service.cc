@@ -117,8 +117,8 @@ absl::StatusOr<std::shared_ptr<DecodeSequence>> DecodeService::Prepare(const v1:
   std::vector<float> scratch(c.vocab_size);
   for (size_t i = 0; i < full; ++i) {
     if (inline_records[i] != nullptr) {
-      if (absl::Status st = serving::AppendBlockRecord({std::make_shared<const std::string>(*inline_records[i])},
-                                                       layout, s->cache);
+      if (absl::Status st =
+              serving::AppendBlockRecord(std::make_shared<const std::string>(*inline_records[i]), layout, s->cache);
           !st.ok()) {
         return absl::InvalidArgumentError(absl::StrCat("inline block ", i, ": ", st.message()));
       }
@@ -126,7 +126,8 @@ absl::StatusOr<std::shared_ptr<DecodeSequence>> DecodeService::Prepare(const v1:
       continue;
     }
     const absl::StatusOr<serving::SharedRecord>& record = *from_cache[i];
-    if (record.ok() && serving::AppendBlockRecord(*record, layout, s->cache).ok()) {
+    // Fetch checked each record's CRC as it landed.
+    if (record.ok() && serving::AppendBlockRecord(*record, layout, s->cache, kvblock::CrcCheck::kCheckedBefore).ok()) {
       blocks_fetched_.Increment();
       continue;
     }

@@ -69,8 +69,8 @@ struct BlockView {
 };
 
 // Whether ParseBlock reads the record for its CRC32C. kCheckedBefore only
-// for bytes whose CRC the caller verified as they were written where they
-// are (the fast path's copy does): it saves a pass over the record.
+// for bytes whose CRC was verified where they now lie, as they were
+// written there (ShardSet::Fetch's records): it saves a pass over them.
 enum class CrcCheck { kCheck, kCheckedBefore };
 
 // Parses a record without trusting it. Errors, each naming what is wrong:

@@ -78,7 +78,10 @@ absl::StatusOr<PrefillService::Prefilled> PrefillService::Prefill(const v1::Gene
     // A block gone since Match, corrupt, or on a shard that stopped
     // answering ends the reuse there: the rest is prefilled.
     for (absl::StatusOr<serving::SharedRecord>& record : shards_.Fetch(ns, layout_, wanted)) {
-      absl::Status appended = record.ok() ? serving::AppendBlockRecord(*record, layout_, cache) : record.status();
+      // Fetch checked each record's CRC as it landed.
+      absl::Status appended =
+          record.ok() ? serving::AppendBlockRecord(*record, layout_, cache, kvblock::CrcCheck::kCheckedBefore)
+                      : record.status();
       if (!appended.ok()) {
         std::cerr << "kvtier-prefill: request '" << r.request_id() << "': cached block " << cached_blocks << " of "
                   << matched << " unusable (" << appended.message() << "); prefilling from there" << std::endl;

@@ -75,25 +75,21 @@ absl::StatusOr<std::string> BlockRecord(const kvblock::LatentLayout& layout,
   return kvblock::SerializeBlock(kvblock::HeaderFor(layout, layer_begin, layer_count), payloads);
 }
 
-absl::Status AppendBlockRecord(const SharedRecord& record, const kvblock::LatentLayout& layout,
-                               runtime::SequenceCache& cache) {
+absl::Status AppendBlockRecord(SharedRecord record, const kvblock::LatentLayout& layout,
+                               runtime::SequenceCache& cache, kvblock::CrcCheck crc_check) {
   if (!std::all_of(cache.tail.begin(), cache.tail.end(), [](const auto& t) { return t.empty(); }) ||
       cache.blocks.size() != layout.num_layers || cache.codec != layout.codec ||
       cache.tokens_per_block != layout.tokens_per_block) {
     return absl::FailedPreconditionError("the sequence cache does not take whole blocks of this layout");
   }
-  if (record.bytes == nullptr) return absl::InvalidArgumentError("no record");
-  KVTIER_ASSIGN_OR_RETURN(
-      kvblock::BlockView view,
-      kvblock::ParseBlock(*record.bytes, &layout,
-                          record.crc_checked ? kvblock::CrcCheck::kCheckedBefore : kvblock::CrcCheck::kCheck));
+  if (record == nullptr) return absl::InvalidArgumentError("no record");
+  KVTIER_ASSIGN_OR_RETURN(kvblock::BlockView view, kvblock::ParseBlock(*record, &layout, crc_check));
   if (view.header.layer_begin != 0 || view.header.layer_count != layout.num_layers) {
     return absl::InvalidArgumentError("the record does not hold every layer");
   }
   for (uint32_t l = 0; l < layout.num_layers; ++l) {
     const std::string_view payload = view.Layer(l);
-    cache.blocks[l].emplace_back(record.bytes,
-                                 std::span(reinterpret_cast<const uint8_t*>(payload.data()), payload.size()));
+    cache.blocks[l].emplace_back(record, std::span(reinterpret_cast<const uint8_t*>(payload.data()), payload.size()));
   }
   cache.length += layout.tokens_per_block;
   return absl::OkStatus();

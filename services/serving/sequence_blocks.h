@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "services/kvblock/block_format.h"
 #include "services/kvblock/layout.h"
 #include "services/runtime/checkpoint.h"
 #include "services/runtime/model.h"
@@ -35,10 +36,11 @@ absl::StatusOr<std::string> BlockRecord(const kvblock::LatentLayout& layout,
 // Appends an all-layer record of `layout` as the next sealed block of
 // `cache`, which must hold whole blocks only (an empty tail). The record is
 // parsed without trust: its layout and sizes are checked, and its CRC
-// unless it was checked as the record was copied in. The block's layers are
-// views into the record's bytes, which they keep alive.
-absl::Status AppendBlockRecord(const SharedRecord& record, const kvblock::LatentLayout& layout,
-                               runtime::SequenceCache& cache);
+// unless `crc_check` says that was done where the bytes landed (as
+// ShardSet::Fetch does). The block's layers are views into the record,
+// which they keep alive.
+absl::Status AppendBlockRecord(SharedRecord record, const kvblock::LatentLayout& layout,
+                               runtime::SequenceCache& cache, kvblock::CrcCheck crc_check = kvblock::CrcCheck::kCheck);
 
 // The tail (tokens after the last sealed block) as TailLatents.latents:
 // float32 [layers][tokens][kv_lora_rank + rope_dim].

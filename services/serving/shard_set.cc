@@ -130,7 +130,7 @@ void ShardSet::FetchFromShard(size_t s, const std::string& ns, const kvblock::La
         return;
       }
     }
-    slot = SharedRecord{std::move(records[block.index]), /*crc_checked=*/true};
+    slot = SharedRecord(std::move(records[block.index]));
   };
   if (client != nullptr) {
     absl::StatusOr<std::vector<uint32_t>> left = client->Fetch(ns, layout, mine, destination, on_block);

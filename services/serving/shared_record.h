@@ -8,12 +8,7 @@
 
 namespace kvtier::serving {
 
-struct SharedRecord {
-  std::shared_ptr<const std::string> bytes;
-  // Its CRC32C was verified over these very bytes as they were copied in
-  // (the same-host fast path does), so it need not be read again for it.
-  bool crc_checked = false;
-};
+using SharedRecord = std::shared_ptr<const std::string>;
 
 }  // namespace kvtier::serving
 

@@ -61,7 +61,7 @@ TEST(FastPathGpuTest, GpuTierBlocksReachAGpuClientThroughIpc) {
   const auto fetched = (*shards)->Fetch("tenant-a", layout, hashes);
   for (size_t i = 0; i < blocks.size(); ++i) {
     ASSERT_TRUE(fetched[i].ok()) << fetched[i].status();
-    EXPECT_EQ(*fetched[i]->bytes, blocks[i].record) << i;
+    EXPECT_EQ(**fetched[i], blocks[i].record) << i;
   }
 }
 

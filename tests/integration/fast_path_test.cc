@@ -28,7 +28,7 @@ namespace {
 using kvblock::BlockHash;
 
 const std::string& Bytes(const std::string& record) { return record; }
-const std::string& Bytes(const serving::SharedRecord& record) { return *record.bytes; }
+const std::string& Bytes(const serving::SharedRecord& record) { return *record; }
 
 // Every record of `expected` arrived, byte for byte (`Record`: as the fast
 // path client or the shard set gives it).
@@ -554,7 +554,7 @@ TEST_F(FastPathTest, ACorruptRecordIsNeverDeliveredAndIsCountedOverTcp) {
   ASSERT_TRUE(shards.ok());
   const auto fetched = (*shards)->Fetch("tenant-a", layout_, Hashes(blocks));
   EXPECT_EQ(fetched[1].status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(*fetched[0]->bytes, blocks[0].record);
+  EXPECT_EQ(**fetched[0], blocks[0].record);
   EXPECT_EQ(Stats().checksum_failures(), 1u);
 }
 
@@ -731,9 +731,9 @@ TEST_F(FastPathTest, DeviceTierOutsideSharedMemoryFallsBackToTcp) {
     EXPECT_TRUE(SameRecords(fetched, blocks));
     for (size_t i = 0; i < blocks.size(); ++i) {
       if (!fetched[i].ok()) continue;
-      first_memory.insert(fetched[i]->bytes->data());
-      // Checked as it was copied out of shared memory, or as it landed.
-      EXPECT_TRUE(fetched[i]->crc_checked) << i;
+      first_memory.insert((*fetched[i])->data());
+      // Sound whichever way it came (Fetch hands on only records it checked).
+      EXPECT_TRUE(kvblock::ParseBlock(**fetched[i], &layout_).ok()) << i;
     }
   }
   // Again, once those records are let go: the same memory (no fresh pages
@@ -741,7 +741,7 @@ TEST_F(FastPathTest, DeviceTierOutsideSharedMemoryFallsBackToTcp) {
   const auto again = (*shards)->Fetch("tenant-a", layout_, Hashes(blocks));
   EXPECT_TRUE(SameRecords(again, blocks));
   std::set<const char*> second_memory;
-  for (const auto& r : again) second_memory.insert(r.ok() ? r->bytes->data() : nullptr);
+  for (const auto& r : again) second_memory.insert(r.ok() ? (*r)->data() : nullptr);
   EXPECT_EQ(second_memory, first_memory);
 }
 

@@ -52,7 +52,7 @@ TEST(SequenceBlocks, RecordsRoundTripAndTheBlocksViewTheirRecord) {
     ASSERT_TRUE(record.ok()) << record.status();
     auto shared = std::make_shared<const std::string>(*std::move(record));
     if (b == 0) first_record = shared;
-    ASSERT_TRUE(AppendBlockRecord({shared}, layout, copy).ok());
+    ASSERT_TRUE(AppendBlockRecord(shared, layout, copy).ok());
     // Each layer's payload lies inside the record, not in a copy.
     const auto* begin = reinterpret_cast<const uint8_t*>(shared->data());
     for (uint32_t l = 0; l < layout.num_layers; ++l) {
@@ -75,7 +75,7 @@ TEST(SequenceBlocks, BadRecordsAreRefusedAndChangeNothing) {
   const std::string record = *BlockRecord(layout, source, 0, 0, layout.num_layers);
   runtime::SequenceCache cache = EmptyCache(layout);
   const auto code = [&](std::string bytes, const kvblock::LatentLayout& as) {
-    return AppendBlockRecord({std::make_shared<const std::string>(std::move(bytes))}, as, cache).code();
+    return AppendBlockRecord(std::make_shared<const std::string>(std::move(bytes)), as, cache).code();
   };
   std::string flipped = record;
   flipped[std::uniform_int_distribution<size_t>(kvblock::kBlockHeaderBytes, record.size() - 1)(rng.engine())] ^= 0x10;
@@ -85,9 +85,9 @@ TEST(SequenceBlocks, BadRecordsAreRefusedAndChangeNothing) {
   kvblock::LatentLayout other = layout;
   other.codec = kernels::Codec::kInt4;
   runtime::SequenceCache int4_cache = EmptyCache(other);
-  EXPECT_NE(AppendBlockRecord({std::make_shared<const std::string>(record)}, other, int4_cache).code(),
+  EXPECT_NE(AppendBlockRecord(std::make_shared<const std::string>(record), other, int4_cache).code(),
             absl::StatusCode::kOk);
-  EXPECT_EQ(AppendBlockRecord({nullptr}, layout, cache).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(AppendBlockRecord(nullptr, layout, cache).code(), absl::StatusCode::kInvalidArgument);
   for (const auto& layer : cache.blocks) EXPECT_TRUE(layer.empty());
   EXPECT_EQ(cache.length, 0);
   // A cache with a tail takes no whole block.
@@ -97,8 +97,8 @@ TEST(SequenceBlocks, BadRecordsAreRefusedAndChangeNothing) {
   EXPECT_EQ(code(record, layout), absl::StatusCode::kOk);
 }
 
-// A record whose CRC was checked as it was copied in is not read for it
-// again (the flipped byte goes unseen), but its header still is.
+// A record whose CRC was checked where it landed (kCheckedBefore) is not
+// read for it again (the flipped byte goes unseen), but its header still is.
 TEST(SequenceBlocks, ARecordCheckedOnTheWayInIsNotCheckedAgain) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
@@ -108,11 +108,11 @@ TEST(SequenceBlocks, ARecordCheckedOnTheWayInIsNotCheckedAgain) {
   record[kvblock::kBlockHeaderBytes + 5] ^= 0x01;
   auto bytes = std::make_shared<const std::string>(record);
   runtime::SequenceCache cache = EmptyCache(layout);
-  EXPECT_EQ(AppendBlockRecord({bytes, /*crc_checked=*/false}, layout, cache).code(), absl::StatusCode::kDataLoss);
-  EXPECT_TRUE(AppendBlockRecord({bytes, /*crc_checked=*/true}, layout, cache).ok());
+  EXPECT_EQ(AppendBlockRecord(bytes, layout, cache, kvblock::CrcCheck::kCheck).code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(AppendBlockRecord(bytes, layout, cache, kvblock::CrcCheck::kCheckedBefore).ok());
   EXPECT_EQ(cache.blocks[0].size(), 1u);
   const auto partial = std::make_shared<const std::string>(*BlockRecord(layout, source, 0, 0, 2));
-  EXPECT_EQ(AppendBlockRecord({partial, /*crc_checked=*/true}, layout, cache).code(),
+  EXPECT_EQ(AppendBlockRecord(partial, layout, cache, kvblock::CrcCheck::kCheckedBefore).code(),
             absl::StatusCode::kInvalidArgument);
 }
 

@@ -82,8 +82,8 @@ TEST(ShardSetFetch, RecordsOverTcpAreCheckedAsTheyLand) {
   ASSERT_EQ(got.size(), records.size());
   for (size_t i : {0, 2}) {
     ASSERT_TRUE(got[i].ok()) << i << ": " << got[i].status();
-    EXPECT_EQ(*got[i]->bytes, records[i]);
-    EXPECT_TRUE(got[i]->crc_checked);
+    EXPECT_EQ(**got[i], records[i]);
+    EXPECT_TRUE(kvblock::ParseBlock(**got[i], &layout).ok());
   }
   EXPECT_EQ(got[1].status().code(), absl::StatusCode::kDataLoss) << got[1].status();
   EXPECT_FALSE(got[3].ok());
