@@ -207,10 +207,7 @@ Sample KvtierFastGet(FastPathClient& fast, const kvblock::LatentLayout& layout, 
 // is left holding the prefix, so that it is freed outside the timing.
 Sample WorkerLoad(serving::ShardSet& shards, const kvblock::LatentLayout& layout, const std::string& ns,
                   const Prefix& p, runtime::SequenceCache& cache) {
-  cache = runtime::SequenceCache{.codec = layout.codec,
-                                 .tokens_per_block = layout.tokens_per_block,
-                                 .blocks = std::vector<std::vector<runtime::SealedBlock>>(layout.num_layers),
-                                 .tail = std::vector<std::vector<float>>(layout.num_layers)};
+  cache = serving::EmptyCache(layout);
   Sample sample;
   size_t appended = 0;
   for (const absl::StatusOr<serving::SharedRecord>& record : shards.Fetch(ns, layout, p.hashes)) {

@@ -75,6 +75,13 @@ absl::StatusOr<std::string> BlockRecord(const kvblock::LatentLayout& layout,
   return kvblock::SerializeBlock(kvblock::HeaderFor(layout, layer_begin, layer_count), payloads);
 }
 
+runtime::SequenceCache EmptyCache(const kvblock::LatentLayout& layout) {
+  return {.codec = layout.codec,
+          .tokens_per_block = layout.tokens_per_block,
+          .blocks = std::vector<std::vector<runtime::SealedBlock>>(layout.num_layers),
+          .tail = std::vector<std::vector<float>>(layout.num_layers)};
+}
+
 absl::Status AppendBlockRecord(SharedRecord record, const kvblock::LatentLayout& layout,
                                runtime::SequenceCache& cache, kvblock::CrcCheck crc_check) {
   if (!std::all_of(cache.tail.begin(), cache.tail.end(), [](const auto& t) { return t.empty(); }) ||

@@ -33,6 +33,10 @@ absl::StatusOr<std::string> BlockRecord(const kvblock::LatentLayout& layout,
                                         const runtime::SequenceCache& cache, size_t block,
                                         uint32_t layer_begin, uint32_t layer_count);
 
+// An empty sequence cache of `layout`'s layers, codec and block size: what
+// a worker without the model at hand appends fetched blocks to.
+runtime::SequenceCache EmptyCache(const kvblock::LatentLayout& layout);
+
 // Appends an all-layer record of `layout` as the next sealed block of
 // `cache`, which must hold whole blocks only (an empty tail). The record is
 // parsed without trust: its layout and sizes are checked, and its CRC

@@ -19,13 +19,6 @@ kvblock::LatentLayout Layout() {
           .tokens_per_block = 16, .codec = kernels::Codec::kInt8};
 }
 
-runtime::SequenceCache EmptyCache(const kvblock::LatentLayout& layout) {
-  return {.codec = layout.codec,
-          .tokens_per_block = layout.tokens_per_block,
-          .blocks = std::vector<std::vector<runtime::SealedBlock>>(layout.num_layers),
-          .tail = std::vector<std::vector<float>>(layout.num_layers)};
-}
-
 // `blocks` sealed blocks of fresh random latents in every layer.
 runtime::SequenceCache RandomCache(const kvblock::LatentLayout& layout, size_t blocks, std::mt19937_64& rng) {
   runtime::SequenceCache cache = EmptyCache(layout);
