@@ -15,12 +15,17 @@
 namespace kvtier::runtime {
 namespace {
 
+std::vector<float> NormalLogits(size_t n, float stddev, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.0f, stddev);
+  std::vector<float> logits(n);
+  for (float& v : logits) v = normal(rng);
+  return logits;
+}
+
 TEST(Sampler, GreedyTakesTheArgmaxWithItsLogSoftmax) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
-  std::normal_distribution<float> normal(0.0f, 3.0f);
-  std::vector<float> logits(300);
-  for (float& v : logits) v = normal(rng.engine());
+  const std::vector<float> logits = NormalLogits(300, 3.0f, rng.engine());
   const Sampled s = Sample(logits, Sampling{}, 0, 5);
   const size_t argmax = std::max_element(logits.begin(), logits.end()) - logits.begin();
   EXPECT_EQ(s.token, argmax);
@@ -91,9 +96,7 @@ TEST(Sampler, GreedyAndTopLogprobsFollowTheStableOrderAtFullVocabulary) {
 TEST(Sampler, NucleusDrawsMatchAFullSortAtLargeVocabulary) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> logits(4000);
-  for (float& v : logits) v = normal(rng.engine());
+  std::vector<float> logits = NormalLogits(4000, 1.0f, rng.engine());
   // A head of 60 tokens at random ids, logits 4.0 to 5.18.
   std::vector<uint32_t> ids(logits.size());
   std::iota(ids.begin(), ids.end(), 0u);
