@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "kvtier/kernels/parallel.h"
 #include "services/common/byte_size.h"
 #include "services/common/metrics_exposer.h"
@@ -13,6 +14,34 @@
 #include "services/serving/sequence_blocks.h"
 
 namespace kvtier::serving {
+namespace {
+
+// <prefix>_record_pool_bytes{state="idle"|"held"}, read at scrape time.
+class RecordPoolMetrics : public prometheus::Collectable {
+ public:
+  RecordPoolMetrics(std::string prefix, const ShardSet* shards) : prefix_(std::move(prefix)), shards_(shards) {}
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    prometheus::MetricFamily family{prefix_ + "_record_pool_bytes",
+                                    "Memory of fetched cached blocks: held by sequences, or idle and kept for reuse",
+                                    prometheus::MetricType::Gauge,
+                                    {}};
+    const RecordPool& pool = shards_->records();
+    for (const auto& [state, bytes] : {std::pair("idle", pool.idle_bytes()), std::pair("held", pool.held_bytes())}) {
+      prometheus::ClientMetric m;
+      m.label = {{"state", state}};
+      m.gauge.value = static_cast<double>(bytes);
+      family.metric.push_back(std::move(m));
+    }
+    return {std::move(family)};
+  }
+
+ private:
+  const std::string prefix_;
+  const ShardSet* shards_;
+};
+
+}  // namespace
 
 void ModelServerFlags::Register(FlagParser& flags) {
   flags.AddString("listen", &listen, "gRPC address HOST:PORT (port 0: any free port)");
@@ -24,6 +53,9 @@ void ModelServerFlags::Register(FlagParser& flags) {
   flags.AddBool("no-fast-path", &no_fast_path,
                 "read and write blocks over gRPC only, even with a cache shard on this host");
   flags.AddString("device", &device, runtime::kDeviceFlagHelp);
+  flags.AddString("record-pool", &record_pool,
+                  "memory of fetched cached blocks kept for reuse once no sequence holds them, e.g. 512MiB "
+                  "(0: none; landing a prefix in fresh memory costs page faults)");
   flags.AddString("device-block-pool", &device_block_pool,
                   "with --device cuda: GPU memory that keeps sequences' blocks between passes, e.g. 8GiB "
                   "(0: none, every pass copies them up; default: 40% of the GPU memory free at the first pass)");
@@ -39,9 +71,13 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
     if (!bytes.ok()) return absl::InvalidArgumentError(absl::StrCat("--device-block-pool: ", bytes.status().message()));
     cuda.block_pool_bytes = static_cast<int64_t>(std::min<uint64_t>(*bytes, INT64_MAX));
   }
+  const absl::StatusOr<uint64_t> record_pool = ParseByteSize(f.record_pool);
+  if (!record_pool.ok()) return absl::InvalidArgumentError(absl::StrCat("--record-pool: ", record_pool.status().message()));
   kernels::SetKernelThreads(f.threads == 0 ? std::max(1u, std::thread::hardware_concurrency()) : f.threads);
   ModelServer s;
-  absl::StatusOr<std::unique_ptr<ShardSet>> shards = ShardSet::Create(f.cache, absl::Milliseconds(f.cache_deadline_ms), !f.no_fast_path);
+  absl::StatusOr<std::unique_ptr<ShardSet>> shards =
+      ShardSet::Create(f.cache, absl::Milliseconds(f.cache_deadline_ms), !f.no_fast_path,
+                       static_cast<size_t>(std::min<uint64_t>(*record_pool, SIZE_MAX)));
   if (!shards.ok()) return absl::InvalidArgumentError(absl::StrCat("--cache: ", shards.status().message()));
   s.shards = std::move(*shards);
   std::cerr << program << ": loading " << f.model << " on " << f.device << std::endl;
@@ -49,7 +85,8 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
   KVTIER_ASSIGN_OR_RETURN(s.model, runtime::Model::Load(*checkpoint, device, cuda));
   KVTIER_ASSIGN_OR_RETURN(s.model_id, ModelId(f.model));
   s.registry = std::make_shared<prometheus::Registry>();
-  KVTIER_ASSIGN_OR_RETURN(s.exposer, StartMetricsExposer(f.metrics_listen, {s.registry}));
+  s.record_pool_metrics = std::make_shared<RecordPoolMetrics>(absl::StrReplaceAll(program, {{"-", "_"}}), s.shards.get());
+  KVTIER_ASSIGN_OR_RETURN(s.exposer, StartMetricsExposer(f.metrics_listen, {s.registry, s.record_pool_metrics}));
   return s;
 }
 

@@ -29,9 +29,10 @@ struct ModelServerFlags {
   bool no_fast_path = false;
   std::string device = "cpu";
   std::string device_block_pool;  // empty: CudaOptions' default
+  std::string record_pool = "512MiB";
 
   // --listen --model --cache --metrics-listen --cache-deadline-ms --threads
-  // --no-fast-path --device --device-block-pool
+  // --no-fast-path --device --device-block-pool --record-pool
   void Register(FlagParser& flags);
 };
 
@@ -40,12 +41,15 @@ struct ModelServer {
   std::unique_ptr<runtime::Model> model;  // the weights are copied: no checkpoint mapping kept
   std::string model_id;                   // ModelId(checkpoint dir)
   std::shared_ptr<prometheus::Registry> registry;
+  std::shared_ptr<prometheus::Collectable> record_pool_metrics;  // reads shards' record pool
   std::unique_ptr<prometheus::Exposer> exposer;  // null with no --metrics-listen
 };
 
 // Checks the flags (INVALID_ARGUMENT: a usage error), sets the kernel
 // threads, connects the shards, loads the model (saying so on stderr as
-// "<program>: loading DIR") and starts the metrics endpoint.
+// "<program>: loading DIR") and starts the metrics endpoint, which also
+// reports the shards' record pool as <program>_record_pool_bytes{state}
+// ("kvtier-decode" -> kvtier_decode_...).
 absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const ModelServerFlags& flags);
 
 // Serves `service` on `listen` until SIGTERM: logs `ready` once listening

@@ -28,16 +28,19 @@ class RecordPool : public std::enable_shared_from_this<RecordPool> {
   // lets go.
   std::shared_ptr<std::string> Take(size_t size);
 
+  // Bytes kept for reuse, and bytes handed out and not yet let go.
   size_t idle_bytes() const;
+  size_t held_bytes() const;
 
  private:
   explicit RecordPool(size_t max_idle_bytes) : max_idle_bytes_(max_idle_bytes) {}
-  void Return(std::string* record);
+  void Return(std::string* record, size_t taken_size);
 
   const size_t max_idle_bytes_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<size_t, std::vector<std::unique_ptr<std::string>>> idle_ ABSL_GUARDED_BY(mu_);  // by size
   size_t idle_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvtier::serving

@@ -28,9 +28,11 @@ uint64_t Mix(uint64_t z) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(const std::string& targets,
-                                                           absl::Duration deadline, bool fast_path) {
+                                                           absl::Duration deadline, bool fast_path,
+                                                           size_t idle_record_bytes) {
   auto set = std::unique_ptr<ShardSet>(new ShardSet());
   set->deadline_ = deadline;
+  set->records_ = RecordPool::Create(idle_record_bytes);
   std::set<std::string> seen;
   for (absl::string_view t : absl::StrSplit(targets, ',', absl::SkipWhitespace())) {
     const std::string target(t);

@@ -26,10 +26,12 @@ class ShardSet {
   // `targets`: comma-separated host:port list, at least one, no repeats.
   // Every call to a shard gets `deadline`. With `fast_path`, blocks of a
   // shard on this host are read through its shared memory (FastPathClient),
-  // falling back to Get for whatever that cannot serve.
+  // falling back to Get for whatever that cannot serve. At most
+  // `idle_record_bytes` of fetched records are kept for reuse once let go.
   static absl::StatusOr<std::unique_ptr<ShardSet>> Create(const std::string& targets,
                                                           absl::Duration deadline,
-                                                          bool fast_path = true);
+                                                          bool fast_path = true,
+                                                          size_t idle_record_bytes = kIdleRecordBytes);
 
   size_t size() const { return shards_.size(); }
   const std::string& target(size_t shard) const { return shards_[shard].target; }
@@ -52,8 +54,11 @@ class ShardSet {
   // go.
   std::vector<absl::StatusOr<SharedRecord>> Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
                                                    const std::vector<kvblock::BlockHash>& hashes);
-  // The most bytes of fetched records that stay in the pool unheld.
+  // The default of the most bytes of fetched records that stay in the
+  // pool unheld.
   static constexpr size_t kIdleRecordBytes = size_t{512} << 20;
+  // Where Fetch's records come from (for its metrics).
+  const RecordPool& records() const { return *records_; }
 
   // Stores whole-block records, one Put per shard (a ShardedPut); the
   // hashes stored (or already there).
@@ -90,7 +95,7 @@ class ShardSet {
   };
   std::vector<Shard> shards_;
   absl::Duration deadline_;
-  std::shared_ptr<RecordPool> records_ = RecordPool::Create(kIdleRecordBytes);
+  std::shared_ptr<RecordPool> records_;
 };
 
 // Layer slices streamed to the blocks' shards as they are computed: one Put

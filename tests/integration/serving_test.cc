@@ -480,6 +480,48 @@ TEST_F(ServingTest, CancellationFreesTheDecodeSequence) {
   EXPECT_EQ(sequences(), 0.0);
 }
 
+// Value of the sample named `series` (name and labels, as exposed) on the
+// /metrics page at `address`; -1 when absent.
+double Scrape(const std::string& address, const std::string& series) {
+  const CommandResult r = RunCommand("curl -s http://" + address + "/metrics");
+  const size_t at = r.output.find("\n" + series + " ");
+  return at == std::string::npos ? -1.0 : std::stod(r.output.substr(at + series.size() + 2));
+}
+
+// Fetched records go back to the model servers' pools once their sequences
+// let go, up to --record-pool: the decode worker keeps every block it
+// fetched (the prompt's, from the cache), the prefill node the prefix its
+// second request found cached; with --record-pool 0 neither keeps any.
+TEST_F(ServingTest, RecordPoolKeepsFetchedBlocksUpToItsFlag) {
+  SCOPED_TRACE(rng_.Trace());
+  const kvblock::LatentLayout layout =
+      serving::ModelLayout(Tiny().model->config(), *serving::ModelId(Tiny().dir), kernels::Codec::kBf16, kBlock);
+  const double record_bytes = static_cast<double>(kvblock::HeaderFor(layout, 0, layout.num_layers).RecordBytes());
+  const std::vector<uint32_t> prompt = RandomIds(3 * kBlock + 10, rng_.engine());
+  for (const bool keep : {true, false}) {
+    SCOPED_TRACE(keep ? "default pool" : "--record-pool 0");
+    Cluster cluster(Tiny().dir, 1, 1, {}, "2000",
+                    keep ? std::vector<std::string>{} : std::vector<std::string>{"--record-pool", "0"});
+    ASSERT_TRUE(cluster.ok());
+    for (int turn = 0; turn < 2; ++turn) ASSERT_TRUE(cluster.Generate(Request(prompt, 3)).ok());
+    // Both turns' decode sequences fetched the prompt's 3 blocks; the second
+    // prefill found them cached. Wait for the last sequence to let go.
+    const std::string decode = cluster.decode_metrics[0], prefill = cluster.prefill_metrics;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while ((Scrape(decode, "kvtier_decode_record_pool_bytes{state=\"held\"}") != 0.0 ||
+            Scrape(prefill, "kvtier_prefill_record_pool_bytes{state=\"held\"}") != 0.0) &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_EQ(Scrape(decode, "kvtier_decode_blocks_fetched_total"), 6.0);
+    EXPECT_EQ(Scrape(decode, "kvtier_decode_record_pool_bytes{state=\"held\"}"), 0.0);
+    EXPECT_EQ(Scrape(prefill, "kvtier_prefill_record_pool_bytes{state=\"held\"}"), 0.0);
+    // Turn 2 reused turn 1's strings: 3 records idle, not 6.
+    EXPECT_EQ(Scrape(decode, "kvtier_decode_record_pool_bytes{state=\"idle\"}"), keep ? 3 * record_bytes : 0.0);
+    EXPECT_EQ(Scrape(prefill, "kvtier_prefill_record_pool_bytes{state=\"idle\"}"), keep ? 3 * record_bytes : 0.0);
+  }
+}
+
 TEST_F(ServingTest, BadRequestsGetClearStatuses) {
   Cluster cluster(Tiny().dir, 1, 1);
   ASSERT_TRUE(cluster.ok());
@@ -544,10 +586,10 @@ TEST_F(ServingTest, BadRequestsGetClearStatuses) {
             grpc::StatusCode::INVALID_ARGUMENT);
 }
 
-// The model servers' device flags: a device that is not one, a pool size
-// that is not a size, and CUDA where it cannot run are refused at start-up
-// with a message (2: a usage error; 1: cannot run here).
-TEST_F(ServingTest, ModelServersRefuseDeviceFlagsTheyCannotHonour) {
+// The model servers' memory and device flags: a device that is not one,
+// pool sizes that are not sizes, and CUDA where it cannot run are refused
+// at start-up with a message (2: a usage error; 1: cannot run here).
+TEST_F(ServingTest, ModelServersRefuseFlagsTheyCannotHonour) {
   for (const std::string& start : {std::string(KVTIER_DECODE_BINARY) + " ",
                                    std::string(KVTIER_PREFILL_BINARY) + " --decode 127.0.0.1:1 "}) {
     const std::string command = start + "--listen 127.0.0.1:0 --model " + Tiny().dir +
@@ -559,6 +601,9 @@ TEST_F(ServingTest, ModelServersRefuseDeviceFlagsTheyCannotHonour) {
     const CommandResult not_a_size = RunCommand(command + "--device cuda --device-block-pool 12XB");
     EXPECT_EQ(not_a_size.exit_code, 2) << not_a_size.output;
     EXPECT_NE(not_a_size.output.find("--device-block-pool"), std::string::npos) << not_a_size.output;
+    const CommandResult not_a_pool = RunCommand(command + "--record-pool 12XB");
+    EXPECT_EQ(not_a_pool.exit_code, 2) << not_a_pool.output;
+    EXPECT_NE(not_a_pool.output.find("--record-pool: '12XB'"), std::string::npos) << not_a_pool.output;
 #if KVTIER_RUNTIME_CUDA
     std::string why;
     if (kernels::cuda::DevicePresent(&why)) continue;  // cuda_forward_test runs it

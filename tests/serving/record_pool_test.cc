@@ -19,14 +19,17 @@ TEST(RecordPool, GivesALetGoStringAgainForItsSizeOnly) {
   const char* a_bytes = a->data();
   std::shared_ptr<std::string> b = pool->Take(1000);
   EXPECT_NE(b->data(), a_bytes);  // a is still held
+  EXPECT_EQ(pool->held_bytes(), 2000u);
   a.reset();
   EXPECT_EQ(pool->idle_bytes(), 1000u);
+  EXPECT_EQ(pool->held_bytes(), 1000u);
   const std::shared_ptr<std::string> other_size = pool->Take(999);
   EXPECT_EQ(other_size->size(), 999u);
   EXPECT_EQ(pool->idle_bytes(), 1000u);
   const std::shared_ptr<std::string> again = pool->Take(1000);
   EXPECT_EQ(again->data(), a_bytes);
   EXPECT_EQ(pool->idle_bytes(), 0u);
+  EXPECT_EQ(pool->held_bytes(), 2999u);
 }
 
 TEST(RecordPool, KeepsNoMoreThanItsLimitIdle) {
@@ -35,6 +38,17 @@ TEST(RecordPool, KeepsNoMoreThanItsLimitIdle) {
   for (int i = 0; i < 5; ++i) held.push_back(pool->Take(1000));
   held.clear();
   EXPECT_EQ(pool->idle_bytes(), 2000u);
+  EXPECT_EQ(pool->held_bytes(), 0u);  // freed beyond the limit, but let go all the same
+}
+
+TEST(RecordPool, AStringItsHolderResizedIsFreedNotPooled) {
+  std::shared_ptr<RecordPool> pool = RecordPool::Create(1 << 20);
+  std::shared_ptr<std::string> record = pool->Take(1000);
+  record->resize(10);
+  record.reset();
+  EXPECT_EQ(pool->held_bytes(), 0u);
+  EXPECT_EQ(pool->idle_bytes(), 0u);
+  EXPECT_EQ(pool->Take(10)->size(), 10u);
 }
 
 TEST(RecordPool, StringsOutliveTheirPoolsLastOtherHolder) {
@@ -78,6 +92,7 @@ TEST(RecordPool, NoTwoHoldersShareAStringAcrossThreads) {
   for (std::thread& t : threads) t.join();
   for (int t = 0; t < 4; ++t) EXPECT_EQ(bad[t], 0) << "thread " << t;
   EXPECT_LE(pool->idle_bytes(), size_t{64} << 10);
+  EXPECT_EQ(pool->held_bytes(), 0u);
 }
 
 }  // namespace
