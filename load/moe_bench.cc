@@ -4,8 +4,9 @@
 // against this machine's memory read bandwidth measured in the same run (a
 // decode-sized MoE is bound by reading its chosen experts' weights).
 //
-//   moe_bench [--rounds N]
+//   moe_bench [--rounds N] [--threads N]
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "kvtier/kernels/parallel.h"
 #include "services/common/flags.h"
 #include "services/runtime/ffn.h"
 
@@ -53,19 +55,24 @@ size_t ExpertsTouched(const MoeWeights& moe, const std::vector<float>& x, size_t
   return touched.size();
 }
 
-// Sum of 64-bit words over `bytes` of memory: the read bound.
+// Sum of 64-bit words over `buffer`, split over the kernel threads as the
+// layer is: the read bound.
 double ReadBandwidth(const std::vector<float>& buffer) {
-  const auto start = Clock::now();
-  uint64_t sum = 0;
   const size_t words = buffer.size() * sizeof(float) / 8;
   const auto* bytes = reinterpret_cast<const uint8_t*>(buffer.data());
-  for (size_t i = 0; i < words; ++i) {
-    uint64_t w;
-    std::memcpy(&w, bytes + 8 * i, 8);
-    sum += w;
-  }
+  std::atomic<uint64_t> total{0};
+  const auto start = Clock::now();
+  kernels::ParallelFor(words, 1 << 20, [&](size_t begin, size_t end) {
+    uint64_t sum = 0;
+    for (size_t i = begin; i < end; ++i) {
+      uint64_t w;
+      std::memcpy(&w, bytes + 8 * i, 8);
+      sum += w;
+    }
+    total += sum;
+  });
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  if (sum == 42) std::puts("");  // keeps the sum alive
+  if (total == 42) std::puts("");  // keeps the sums alive
   return static_cast<double>(words * 8) / seconds;
 }
 
@@ -75,14 +82,16 @@ double Median(std::vector<double> v) {
 }
 
 int Main(int argc, char** argv) {
-  uint64_t rounds = 5;
-  FlagParser flags("moe_bench [--rounds N]",
+  uint64_t rounds = 5, threads = 1;
+  FlagParser flags("moe_bench [--rounds N] [--threads N]",
                    "One V2-Lite MoE layer for decode batches 1-32 against memory read bandwidth.");
   flags.AddUint("rounds", &rounds, "timed repetitions per batch (the median is shown)");
+  flags.AddUint("threads", &threads, "kernel threads for the layer and the bandwidth probe");
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "moe_bench")) {
     return *exit;
   }
   rounds = std::max<uint64_t>(rounds, 1);
+  kernels::SetKernelThreads(std::clamp<uint64_t>(threads, 1, 1024));
 
   std::mt19937_64 rng(11);
   std::fprintf(stderr, "making a %.1f GB MoE layer...\n",
@@ -123,7 +132,7 @@ int Main(int argc, char** argv) {
     std::printf("%-6zu %10.1f %9.1f %14.1f %12.2f %13.0f%%\n", batch, batch / t, experts, bytes / batch / 1e6,
                 bytes / t / 1e9, 100 * bytes / t / bandwidth);
   }
-  std::printf("memory read bandwidth (1 thread, same run): %.2f GB/s\n", bandwidth / 1e9);
+  std::printf("memory read bandwidth (%zu thread%s, same run): %.2f GB/s\n", kernels::KernelThreads(), kernels::KernelThreads() == 1 ? "" : "s", bandwidth / 1e9);
   return 0;
 }
 

@@ -4,22 +4,38 @@
 #include <cmath>
 #include <span>
 
+#include "kvtier/kernels/parallel.h"
 #include "services/runtime/matmul.h"
 
 namespace kvtier::runtime {
 
-void SwiGluForward(const SwiGluWeights& w, size_t hidden, const float* x, size_t n,
-                   const float* weights, const uint32_t* out_rows, float* out) {
-  std::vector<float> g(n * w.inter), u(n * w.inter), y(n * hidden);
+namespace {
+
+// y[n][hidden] = SwiGLU(x) for the n rows of x.
+void SwiGluRows(const SwiGluWeights& w, size_t hidden, const float* x, size_t n, float* y) {
+  std::vector<float> g(n * w.inter), u(n * w.inter);
   MatMul(w.gate, w.inter, hidden, x, n, g.data());
   MatMul(w.up, w.inter, hidden, x, n, u.data());
   for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-  MatMul(w.down, hidden, w.inter, g.data(), n, y.data());
+  MatMul(w.down, hidden, w.inter, g.data(), n, y);
+}
+
+// out[out_rows[i]] += weights[i] * y[i] (defaults as SwiGluForward's).
+void AddRows(const float* y, size_t hidden, size_t n, const float* weights, const uint32_t* out_rows, float* out) {
   for (size_t i = 0; i < n; ++i) {
     const float scale = weights == nullptr ? 1.0f : weights[i];
     float* o = out + (out_rows == nullptr ? i : out_rows[i]) * hidden;
     for (size_t j = 0; j < hidden; ++j) o[j] += scale * y[i * hidden + j];
   }
+}
+
+}  // namespace
+
+void SwiGluForward(const SwiGluWeights& w, size_t hidden, const float* x, size_t n,
+                   const float* weights, const uint32_t* out_rows, float* out) {
+  std::vector<float> y(n * hidden);
+  SwiGluRows(w, hidden, x, n, y.data());
+  AddRows(y.data(), hidden, n, weights, out_rows, out);
 }
 
 void MoeForward(const MoeWeights& w, size_t hidden, const float* x, size_t n, float* out) {
@@ -37,13 +53,31 @@ void MoeForward(const MoeWeights& w, size_t hidden, const float* x, size_t n, fl
       weights_of[e.expert].push_back(e.weight);
     }
   }
-  std::vector<float> gathered;
+  // The chosen experts are independent jobs for the kernel threads (each
+  // one's products too small to split well at decode batch sizes), each
+  // into its own rows of `y`; then added to `out` in expert order, as one
+  // thread would, so the sums do not depend on the thread count.
+  std::vector<size_t> chosen_experts, y_row;  // y_row[k]: where expert k's rows start in y
+  size_t y_rows = 0;
   for (size_t e = 0; e < experts; ++e) {
-    const std::vector<uint32_t>& rows = rows_of[e];
-    if (rows.empty()) continue;
-    gathered.resize(rows.size() * hidden);
-    for (size_t i = 0; i < rows.size(); ++i) std::copy_n(x + rows[i] * hidden, hidden, gathered.data() + i * hidden);
-    SwiGluForward(w.experts[e], hidden, gathered.data(), rows.size(), weights_of[e].data(), rows.data(), out);
+    if (rows_of[e].empty()) continue;
+    chosen_experts.push_back(e);
+    y_row.push_back(y_rows);
+    y_rows += rows_of[e].size();
+  }
+  std::vector<float> y(y_rows * hidden);
+  kernels::ParallelFor(chosen_experts.size(), 1, [&](size_t begin, size_t end) {
+    std::vector<float> gathered;
+    for (size_t k = begin; k < end; ++k) {
+      const std::vector<uint32_t>& rows = rows_of[chosen_experts[k]];
+      gathered.resize(rows.size() * hidden);
+      for (size_t i = 0; i < rows.size(); ++i) std::copy_n(x + rows[i] * hidden, hidden, gathered.data() + i * hidden);
+      SwiGluRows(w.experts[chosen_experts[k]], hidden, gathered.data(), rows.size(), y.data() + y_row[k] * hidden);
+    }
+  });
+  for (size_t k = 0; k < chosen_experts.size(); ++k) {
+    const size_t e = chosen_experts[k];
+    AddRows(y.data() + y_row[k] * hidden, hidden, rows_of[e].size(), weights_of[e].data(), rows_of[e].data(), out);
   }
   if (w.shared.inter > 0) SwiGluForward(w.shared, hidden, x, n, nullptr, nullptr, out);
 }

@@ -1,5 +1,6 @@
 // MoeForward over a batch against a float64 re-computation row by row
-// (DeepSeek-V2's gate from tests/reference, SwiGLU in double).
+// (DeepSeek-V2's gate from tests/reference, SwiGLU in double), with its
+// experts spread over several kernel threads, and the same bits with one.
 #include "services/runtime/ffn.h"
 
 #include <gtest/gtest.h>
@@ -7,6 +8,7 @@
 #include <cmath>
 #include <random>
 
+#include "kvtier/kernels/parallel.h"
 #include "tests/reference/deepseek_math.h"
 #include "tests/test_random.h"
 
@@ -39,21 +41,42 @@ void AddSwiGlu(const SwiGluWeights& w, size_t hidden, const float* x, double wei
   }
 }
 
-TEST(MoeForward, BatchMatchesFloat64PerRow) {
-  testing::SeededRng rng;
-  SCOPED_TRACE(rng.Trace());
-  constexpr size_t kHidden = 48, kExperts = 8, kInter = 24, kRows = 13;
+constexpr size_t kHidden = 48, kExperts = 8, kInter = 24, kRows = 13;
+
+MoeWeights RandomMoe(std::mt19937_64& rng) {
   MoeWeights moe;
   moe.gate = {.top_k = 3, .group_limited = true, .n_group = 4, .topk_group = 2, .norm_topk_prob = false,
               .routed_scaling_factor = 1.5f};
   std::normal_distribution<float> normal(0.0f, 1.0f);
   moe.router.resize(kExperts * kHidden);
-  for (float& v : moe.router) v = normal(rng.engine()) * 0.5f;
-  for (size_t e = 0; e < kExperts; ++e) moe.experts.push_back(RandomSwiGlu(kInter, kHidden, rng.engine()));
-  moe.shared = RandomSwiGlu(2 * kInter, kHidden, rng.engine());
-  std::vector<float> x(kRows * kHidden), out(kRows * kHidden, NAN);
-  for (float& v : x) v = normal(rng.engine());
+  for (float& v : moe.router) v = normal(rng) * 0.5f;
+  for (size_t e = 0; e < kExperts; ++e) moe.experts.push_back(RandomSwiGlu(kInter, kHidden, rng));
+  moe.shared = RandomSwiGlu(2 * kInter, kHidden, rng);
+  return moe;
+}
+
+std::vector<float> RandomRows(std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(kRows * kHidden);
+  for (float& v : x) v = normal(rng);
+  return x;
+}
+
+// MoeForward's output with `threads` kernel threads.
+std::vector<float> MoeWithThreads(const MoeWeights& moe, const std::vector<float>& x, size_t threads) {
+  std::vector<float> out(kRows * kHidden, NAN);
+  kernels::SetKernelThreads(threads);
   MoeForward(moe, kHidden, x.data(), kRows, out.data());
+  kernels::SetKernelThreads(1);
+  return out;
+}
+
+TEST(MoeForward, BatchMatchesFloat64PerRow) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  const MoeWeights moe = RandomMoe(rng.engine());
+  const std::vector<float> x = RandomRows(rng.engine());
+  const std::vector<float> out = MoeWithThreads(moe, x, 3);
 
   for (size_t r = 0; r < kRows; ++r) {
     const float* xr = x.data() + r * kHidden;
@@ -68,6 +91,17 @@ TEST(MoeForward, BatchMatchesFloat64PerRow) {
   }
   // Weight bytes: router + 3 experts' matrices + shared.
   EXPECT_EQ(MoeWeightBytes(moe, kHidden, 3), 4 * (kExperts * kHidden + 3 * 3 * kInter * kHidden + 3 * 2 * kInter * kHidden));
+}
+
+// The chosen experts run as jobs on the kernel threads; their sums into a
+// row still come in expert order.
+TEST(MoeForward, SameBitsWithOneOrManyThreads) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  const MoeWeights moe = RandomMoe(rng.engine());
+  const std::vector<float> x = RandomRows(rng.engine());
+  const std::vector<float> one = MoeWithThreads(moe, x, 1);
+  for (size_t threads : {2, 3, 5}) EXPECT_EQ(MoeWithThreads(moe, x, threads), one) << threads << " threads";
 }
 
 }  // namespace
