@@ -94,10 +94,12 @@ KVTIER_VECTOR_CLONES void GemmRowRange(const float* w, size_t row_begin, size_t 
 void Gemm(const float* w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride, float* y,
           size_t y_stride) {
   // Split the weight rows among the kernel threads when there is enough
-  // work (about 4 M multiply-adds a chunk); each output is still one dot
-  // product in one thread, so results do not depend on the split.
+  // work (about 1 M multiply-adds a chunk: with one input row, as in a
+  // single sequence's decode step, 4 MB of weights, far more than waking a
+  // thread costs); each output is still one dot product in one thread, so
+  // results do not depend on the split.
   const size_t per_row = std::max<size_t>(cols * n, 1);
-  ParallelFor(rows, std::max<size_t>((size_t{1} << 22) / per_row, 8), [&](size_t begin, size_t end) {
+  ParallelFor(rows, std::max<size_t>((size_t{1} << 20) / per_row, 8), [&](size_t begin, size_t end) {
     GemmRowRange(w, begin, end, cols, x, n, x_stride, y, y_stride);
   });
 }
