@@ -132,7 +132,9 @@ int Main(int argc, char** argv) {
     std::printf("%-6zu %10.1f %9.1f %14.1f %12.2f %13.0f%%\n", batch, batch / t, experts, bytes / batch / 1e6,
                 bytes / t / 1e9, 100 * bytes / t / bandwidth);
   }
-  std::printf("memory read bandwidth (%zu thread%s, same run): %.2f GB/s\n", kernels::KernelThreads(), kernels::KernelThreads() == 1 ? "" : "s", bandwidth / 1e9);
+  const size_t probe_threads = kernels::KernelThreads();
+  std::printf("memory read bandwidth (%zu thread%s, same run): %.2f GB/s\n", probe_threads,
+              probe_threads == 1 ? "" : "s", bandwidth / 1e9);
   return 0;
 }
 
