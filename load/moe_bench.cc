@@ -1,10 +1,11 @@
 // One MoE layer at DeepSeek-V2-Lite dims (64 routed experts, top-6, 2 shared,
-// intermediate 1408, hidden 2048; float32 weights, 2.3 GB) for decode batches
+// intermediate 1408, hidden 2048; float32 weights, 2.3 GB, or with --bf16
+// as a bf16 checkpoint loads, 1.2 GB) for decode batches
 // of 1-32 tokens: tokens/s, and the weight bytes the layer reads per second
 // against this machine's memory read bandwidth measured in the same run (a
 // decode-sized MoE is bound by reading its chosen experts' weights).
 //
-//   moe_bench [--rounds N] [--threads N]
+//   moe_bench [--rounds N] [--threads N] [--bf16]
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "kvtier/kernels/float_formats.h"
 #include "kvtier/kernels/parallel.h"
 #include "services/common/flags.h"
 #include "services/runtime/ffn.h"
@@ -33,12 +35,19 @@ void Fill(std::vector<float>& m, size_t n, std::mt19937_64& rng, float scale) {
   for (size_t i = 0; i < n; ++i) m[i] = (static_cast<float>(rng() >> 40) / 16777216.0f * 2 - 1) * scale;
 }
 
-SwiGluWeights MakeSwiGlu(size_t inter, std::mt19937_64& rng) {
+void Fill(WeightMatrix& m, size_t n, std::mt19937_64& rng, float scale, bool bf16) {
+  Fill(m.f32, n, rng, scale);
+  if (!bf16) return;
+  for (float v : m.f32) m.bf16.push_back(kernels::FloatToBf16(v));
+  m.f32 = {};
+}
+
+SwiGluWeights MakeSwiGlu(size_t inter, std::mt19937_64& rng, bool bf16) {
   SwiGluWeights w;
   w.inter = inter;
-  Fill(w.gate, inter * kHidden, rng, 1 / std::sqrt(float{kHidden}));
-  Fill(w.up, inter * kHidden, rng, 1 / std::sqrt(float{kHidden}));
-  Fill(w.down, kHidden * inter, rng, 1 / std::sqrt(float(inter)));
+  Fill(w.gate, inter * kHidden, rng, 1 / std::sqrt(float{kHidden}), bf16);
+  Fill(w.up, inter * kHidden, rng, 1 / std::sqrt(float{kHidden}), bf16);
+  Fill(w.down, kHidden * inter, rng, 1 / std::sqrt(float(inter)), bf16);
   return w;
 }
 
@@ -83,10 +92,12 @@ double Median(std::vector<double> v) {
 
 int Main(int argc, char** argv) {
   uint64_t rounds = 5, threads = 1;
-  FlagParser flags("moe_bench [--rounds N] [--threads N]",
+  bool bf16 = false;
+  FlagParser flags("moe_bench [--rounds N] [--threads N] [--bf16]",
                    "One V2-Lite MoE layer for decode batches 1-32 against memory read bandwidth.");
   flags.AddUint("rounds", &rounds, "timed repetitions per batch (the median is shown)");
   flags.AddUint("threads", &threads, "kernel threads for the layer and the bandwidth probe");
+  flags.AddBool("bf16", &bf16, "experts in bf16, as a bf16 checkpoint loads (default: float32)");
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "moe_bench")) {
     return *exit;
   }
@@ -95,13 +106,13 @@ int Main(int argc, char** argv) {
 
   std::mt19937_64 rng(11);
   std::fprintf(stderr, "making a %.1f GB MoE layer...\n",
-               4.0 * (kExperts + kShared) * 3 * kInter * kHidden / 1e9);
+               (bf16 ? 2.0 : 4.0) * (kExperts + kShared) * 3 * kInter * kHidden / 1e9);
   MoeWeights moe;
   moe.gate = {.top_k = 6, .group_limited = false, .n_group = 1, .topk_group = 1, .norm_topk_prob = false,
               .routed_scaling_factor = 1.0f};
   Fill(moe.router, kExperts * kHidden, rng, 1 / std::sqrt(float{kHidden}));
-  for (size_t e = 0; e < kExperts; ++e) moe.experts.push_back(MakeSwiGlu(kInter, rng));
-  moe.shared = MakeSwiGlu(kShared * kInter, rng);
+  for (size_t e = 0; e < kExperts; ++e) moe.experts.push_back(MakeSwiGlu(kInter, rng, bf16));
+  moe.shared = MakeSwiGlu(kShared * kInter, rng, bf16);
 
   // The bandwidth bound over a buffer as large as all the experts' weights,
   // so neither fits in cache.
@@ -127,8 +138,8 @@ int Main(int argc, char** argv) {
     }
     const double t = Median(seconds);
     const double experts = static_cast<double>(touched) / static_cast<double>(rounds);
-    const double bytes = static_cast<double>(MoeWeightBytes(moe, kHidden, 0)) +
-                         experts * static_cast<double>(MoeWeightBytes(moe, kHidden, 1) - MoeWeightBytes(moe, kHidden, 0));
+    const double bytes = static_cast<double>(MoeWeightBytes(moe, 0)) +
+                         experts * static_cast<double>(MoeWeightBytes(moe, 1) - MoeWeightBytes(moe, 0));
     std::printf("%-6zu %10.1f %9.1f %14.1f %12.2f %13.0f%%\n", batch, batch / t, experts, bytes / batch / 1e6,
                 bytes / t / 1e9, 100 * bytes / t / bandwidth);
   }

@@ -1,6 +1,7 @@
 #include "kvtier/kernels/layers.h"
 
 #include "codec_internal.h"
+#include "kvtier/kernels/float_formats.h"
 #include "kvtier/kernels/parallel.h"
 
 #include <algorithm>
@@ -34,14 +35,29 @@ KVTIER_INLINE Lanes16 Load16(const float* p) {
   return v;
 }
 
+// 16 bf16 weights widened to floats (exactly: a bf16 is a float's top half).
+typedef uint16_t Bf16Lanes16 __attribute__((vector_size(32)));
+typedef uint32_t Bits16 __attribute__((vector_size(64)));
+KVTIER_INLINE Lanes16 Load16(const uint16_t* p) {
+  Bf16Lanes16 h;
+  std::memcpy(&h, p, sizeof h);
+  const Bits16 bits = __builtin_convertvector(h, Bits16) << 16;
+  Lanes16 v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+
+KVTIER_INLINE float WeightAt(const float* row, size_t c) { return row[c]; }
+KVTIER_INLINE float WeightAt(const uint16_t* row, size_t c) { return Bf16ToFloat(row[c]); }
+
 // Dot products of one weight row with M inputs, M fixed at compile time.
 // The partial sums are vector values, not an array, so that they stay in
 // registers (as a float[M][16] array GCC kept them on the stack: a store
 // and reload on every step, measured 10 G multiply-adds/s). The lanes are
 // summed in a fixed order (lane-wise, then lanes 0..15, then the columns
 // past the last full lane group), which Gemv repeats.
-template <size_t M>
-KVTIER_INLINE void DotTile(const float* row, size_t cols, const float* x, size_t x_stride, float* y,
+template <size_t M, typename Weight>
+KVTIER_INLINE void DotTile(const Weight* row, size_t cols, const float* x, size_t x_stride, float* y,
                            size_t y_stride) {
   constexpr size_t kLanes = 16;
   const size_t full = cols / kLanes * kLanes;
@@ -53,7 +69,9 @@ KVTIER_INLINE void DotTile(const float* row, size_t cols, const float* x, size_t
   for (size_t i = 0; i < M; ++i) {
     float s = 0.0f;
     for (size_t j = 0; j < kLanes; ++j) s += lanes[i][j];
-    for (size_t c = full; c < cols; ++c) s += row[c] * x[i * x_stride + c];
+    // An explicit fma: left to the compiler, the float and bf16 tails were
+    // contracted differently (measured: other last bits).
+    for (size_t c = full; c < cols; ++c) s = std::fma(WeightAt(row, c), x[i * x_stride + c], s);
     y[i * y_stride] = s;
   }
 }
@@ -61,10 +79,11 @@ KVTIER_INLINE void DotTile(const float* row, size_t cols, const float* x, size_t
 
 // All weight rows against inputs [0, n), four inputs sharing each load of
 // a weight row: Gemm's work for one block of inputs.
-KVTIER_INLINE void GemmRows(const float* w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride,
+template <typename Weight>
+KVTIER_INLINE void GemmRows(const Weight* w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride,
                             float* y, size_t y_stride) {
   for (size_t r = 0; r < rows; ++r) {
-    const float* row = w + r * cols;
+    const Weight* row = w + r * cols;
     size_t i = 0;
     for (; i + 4 <= n; i += 4) DotTile<4>(row, cols, x + i * x_stride, x_stride, y + i * y_stride + r, y_stride);
     for (; i < n; ++i) DotTile<1>(row, cols, x + i * x_stride, x_stride, y + i * y_stride + r, y_stride);
@@ -80,28 +99,48 @@ namespace {
 // would otherwise be re-read from memory per row). A clones function of
 // its own: the parallel chunks call it from lambdas, which would otherwise
 // be compiled for the baseline target only.
-KVTIER_VECTOR_CLONES void GemmRowRange(const float* w, size_t row_begin, size_t row_end, size_t cols,
-                                       const float* x, size_t n, size_t x_stride, float* y, size_t y_stride) {
+template <typename Weight>
+KVTIER_INLINE void GemmRowRangeOf(const Weight* w, size_t row_begin, size_t row_end, size_t cols, const float* x,
+                                  size_t n, size_t x_stride, float* y, size_t y_stride) {
   constexpr size_t kInputBlock = 32;  // a multiple of the 4-input tile
   for (size_t i0 = 0; i0 < n; i0 += kInputBlock) {
     GemmRows(w + row_begin * cols, row_end - row_begin, cols, x + i0 * x_stride, std::min(kInputBlock, n - i0),
              x_stride, y + i0 * y_stride + row_begin, y_stride);
   }
 }
+KVTIER_VECTOR_CLONES void GemmRowRange(const float* w, size_t row_begin, size_t row_end, size_t cols,
+                                       const float* x, size_t n, size_t x_stride, float* y, size_t y_stride) {
+  GemmRowRangeOf(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
+}
+KVTIER_VECTOR_CLONES void GemmRowRange(const uint16_t* w, size_t row_begin, size_t row_end, size_t cols,
+                                       const float* x, size_t n, size_t x_stride, float* y, size_t y_stride) {
+  GemmRowRangeOf(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
+}
+
+// Gemm's split of the weight rows among the kernel threads: about 1 M
+// multiply-adds a chunk (with one input row, as in a single sequence's
+// decode step, 4 MB of float weights, far more than waking a thread
+// costs); each output is still one dot product in one thread, so results
+// do not depend on the split.
+template <typename Weight>
+void GemmOf(const Weight* w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride, float* y,
+            size_t y_stride) {
+  const size_t per_row = std::max<size_t>(cols * n, 1);
+  ParallelFor(rows, std::max<size_t>((size_t{1} << 20) / per_row, 8), [&](size_t begin, size_t end) {
+    GemmRowRange(w, begin, end, cols, x, n, x_stride, y, y_stride);
+  });
+}
 
 }  // namespace
 
 void Gemm(const float* w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride, float* y,
           size_t y_stride) {
-  // Split the weight rows among the kernel threads when there is enough
-  // work (about 1 M multiply-adds a chunk: with one input row, as in a
-  // single sequence's decode step, 4 MB of weights, far more than waking a
-  // thread costs); each output is still one dot product in one thread, so
-  // results do not depend on the split.
-  const size_t per_row = std::max<size_t>(cols * n, 1);
-  ParallelFor(rows, std::max<size_t>((size_t{1} << 20) / per_row, 8), [&](size_t begin, size_t end) {
-    GemmRowRange(w, begin, end, cols, x, n, x_stride, y, y_stride);
-  });
+  GemmOf(w, rows, cols, x, n, x_stride, y, y_stride);
+}
+
+void GemmBf16(const uint16_t* w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride, float* y,
+              size_t y_stride) {
+  GemmOf(w, rows, cols, x, n, x_stride, y, y_stride);
 }
 
 // Absorbed attention calls this per token with one row: no tile loop.

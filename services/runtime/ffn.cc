@@ -82,9 +82,10 @@ void MoeForward(const MoeWeights& w, size_t hidden, const float* x, size_t n, fl
   if (w.shared.inter > 0) SwiGluForward(w.shared, hidden, x, n, nullptr, nullptr, out);
 }
 
-size_t MoeWeightBytes(const MoeWeights& w, size_t hidden, size_t experts_touched) {
-  const size_t per_expert = w.experts.empty() ? 0 : 3 * w.experts[0].inter * hidden;
-  return sizeof(float) * (w.router.size() + experts_touched * per_expert + 3 * w.shared.inter * hidden);
+size_t MoeWeightBytes(const MoeWeights& w, size_t experts_touched) {
+  const auto swiglu = [](const SwiGluWeights& s) { return s.gate.bytes() + s.up.bytes() + s.down.bytes(); };
+  const size_t per_expert = w.experts.empty() ? 0 : swiglu(w.experts[0]);
+  return sizeof(float) * w.router.size() + experts_touched * per_expert + swiglu(w.shared);
 }
 
 }  // namespace kvtier::runtime

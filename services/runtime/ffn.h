@@ -1,6 +1,7 @@
 // The feed-forward half of a DeepSeek-V2 layer over a batch of rows: a
 // SwiGLU MLP (dense layers, each expert, the shared experts) and the MoE
-// that routes each row to its top-k experts. Weights float32, row-major.
+// that routes each row to its top-k experts. Weights row-major, bf16 or
+// float32 (WeightMatrix), activations float32.
 #ifndef KVTIER_SERVICES_RUNTIME_FFN_H_
 #define KVTIER_SERVICES_RUNTIME_FFN_H_
 
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "kvtier/kernels/layers.h"
+#include "services/runtime/matmul.h"
 
 namespace kvtier::runtime {
 
@@ -16,7 +18,7 @@ namespace kvtier::runtime {
 // [hidden][inter].
 struct SwiGluWeights {
   size_t inter = 0;
-  std::vector<float> gate, up, down;
+  WeightMatrix gate, up, down;
 };
 
 // For each of the n rows of x ([n][hidden]):
@@ -39,7 +41,7 @@ void MoeForward(const MoeWeights& w, size_t hidden, const float* x, size_t n, fl
 
 // Weight bytes MoeForward reads for rows choosing `experts_touched`
 // distinct experts: router, those experts and the shared experts.
-size_t MoeWeightBytes(const MoeWeights& w, size_t hidden, size_t experts_touched);
+size_t MoeWeightBytes(const MoeWeights& w, size_t experts_touched);
 
 }  // namespace kvtier::runtime
 

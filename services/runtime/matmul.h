@@ -1,15 +1,35 @@
-// The row-major product the runtime's layers share.
+// The row-major product the runtime's layers share, over weights kept as
+// the checkpoint stores them.
 #ifndef KVTIER_SERVICES_RUNTIME_MATMUL_H_
 #define KVTIER_SERVICES_RUNTIME_MATMUL_H_
 
+#include <cstdint>
 #include <vector>
 
 #include "kvtier/kernels/layers.h"
 
 namespace kvtier::runtime {
 
+// A projection's weights [rows][cols]: a bf16 checkpoint's stay bf16 (half
+// the memory, and half the bytes a decode step reads), other dtypes become
+// float32. One of the two is filled. Products are the same bits either way:
+// a bf16 widens to float exactly.
+struct WeightMatrix {
+  std::vector<float> f32;
+  std::vector<uint16_t> bf16;
+
+  size_t bytes() const { return f32.size() * sizeof(float) + bf16.size() * sizeof(uint16_t); }
+};
+
 // y[n][rows] = x[n][cols] W^T for W [rows][cols]: each weight row read once
 // for all n inputs.
+inline void MatMul(const WeightMatrix& w, size_t rows, size_t cols, const float* x, size_t n, float* y) {
+  if (!w.bf16.empty()) {
+    kernels::GemmBf16(w.bf16.data(), rows, cols, x, n, cols, y, rows);
+  } else {
+    kernels::Gemm(w.f32.data(), rows, cols, x, n, cols, y, rows);
+  }
+}
 inline void MatMul(const std::vector<float>& w, size_t rows, size_t cols, const float* x, size_t n,
                    float* y) {
   kernels::Gemm(w.data(), rows, cols, x, n, cols, y, rows);

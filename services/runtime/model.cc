@@ -1,6 +1,7 @@
 #include "services/runtime/model.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "kvtier/kernels/expanded_attention.h"
@@ -47,35 +48,46 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const Checkpoint& ckpt, Devic
     KVTIER_ASSIGN_OR_RETURN(TensorView t, ckpt.Tensor(name));
     return t.ToFloat();
   };
+  auto load_matrix = [&](const std::string& name) -> absl::StatusOr<WeightMatrix> {
+    KVTIER_ASSIGN_OR_RETURN(TensorView t, ckpt.Tensor(name));
+    WeightMatrix w;
+    if (t.dtype == DType::kBf16) {
+      w.bf16.resize(static_cast<size_t>(t.elements()));
+      std::memcpy(w.bf16.data(), t.bytes.data(), w.bf16.size() * sizeof(uint16_t));
+    } else {
+      w.f32 = t.ToFloat();
+    }
+    return w;
+  };
   KVTIER_ASSIGN_OR_RETURN(m->embed_, load("model.embed_tokens.weight"));
   KVTIER_ASSIGN_OR_RETURN(m->final_norm_, load("model.norm.weight"));
-  KVTIER_ASSIGN_OR_RETURN(m->lm_head_, load("lm_head.weight"));
+  KVTIER_ASSIGN_OR_RETURN(m->lm_head_, load_matrix("lm_head.weight"));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
     Layer l;
     KVTIER_ASSIGN_OR_RETURN(l.input_norm, load(p + "input_layernorm.weight"));
     KVTIER_ASSIGN_OR_RETURN(l.post_norm, load(p + "post_attention_layernorm.weight"));
     if (c.q_lora_rank.has_value()) {
-      KVTIER_ASSIGN_OR_RETURN(l.q_a, load(p + "self_attn.q_a_proj.weight"));
+      KVTIER_ASSIGN_OR_RETURN(l.q_a, load_matrix(p + "self_attn.q_a_proj.weight"));
       KVTIER_ASSIGN_OR_RETURN(l.q_a_norm, load(p + "self_attn.q_a_layernorm.weight"));
-      KVTIER_ASSIGN_OR_RETURN(l.q_b, load(p + "self_attn.q_b_proj.weight"));
+      KVTIER_ASSIGN_OR_RETURN(l.q_b, load_matrix(p + "self_attn.q_b_proj.weight"));
     } else {
-      KVTIER_ASSIGN_OR_RETURN(l.q_proj, load(p + "self_attn.q_proj.weight"));
+      KVTIER_ASSIGN_OR_RETURN(l.q_proj, load_matrix(p + "self_attn.q_proj.weight"));
     }
-    KVTIER_ASSIGN_OR_RETURN(l.kv_a, load(p + "self_attn.kv_a_proj_with_mqa.weight"));
+    KVTIER_ASSIGN_OR_RETURN(l.kv_a, load_matrix(p + "self_attn.kv_a_proj_with_mqa.weight"));
     KVTIER_ASSIGN_OR_RETURN(l.kv_a_norm, load(p + "self_attn.kv_a_layernorm.weight"));
     KVTIER_ASSIGN_OR_RETURN(std::vector<float> kv_b, load(p + "self_attn.kv_b_proj.weight"));
     KvBWeights split = SplitKvB(kv_b, c);
     l.w_uk = std::move(split.w_uk);
     l.w_uv = std::move(split.w_uv);
-    KVTIER_ASSIGN_OR_RETURN(l.o_proj, load(p + "self_attn.o_proj.weight"));
+    KVTIER_ASSIGN_OR_RETURN(l.o_proj, load_matrix(p + "self_attn.o_proj.weight"));
     l.moe = c.IsMoeLayer(i);
     auto load_swiglu = [&](const std::string& prefix, size_t inter) -> absl::StatusOr<SwiGluWeights> {
       SwiGluWeights w;
       w.inter = inter;
-      KVTIER_ASSIGN_OR_RETURN(w.gate, load(prefix + "gate_proj.weight"));
-      KVTIER_ASSIGN_OR_RETURN(w.up, load(prefix + "up_proj.weight"));
-      KVTIER_ASSIGN_OR_RETURN(w.down, load(prefix + "down_proj.weight"));
+      KVTIER_ASSIGN_OR_RETURN(w.gate, load_matrix(prefix + "gate_proj.weight"));
+      KVTIER_ASSIGN_OR_RETURN(w.up, load_matrix(prefix + "up_proj.weight"));
+      KVTIER_ASSIGN_OR_RETURN(w.down, load_matrix(prefix + "down_proj.weight"));
       return w;
     };
     if (!l.moe) {

@@ -79,8 +79,9 @@ struct CudaOptions {
   int64_t block_pool_bytes = -1;
 };
 
-// The weights, loaded once: float32 in host memory for the CPU; bf16 in
-// GPU memory for CUDA. Immutable after Load; thread-safe (passes on a GPU
+// The weights, loaded once: in host memory for the CPU (projections as the
+// checkpoint stores them, bf16 or float32; norms and the rest float32);
+// bf16 in GPU memory for CUDA. Immutable after Load; thread-safe (passes on a GPU
 // take turns).
 class Model {
  public:
@@ -120,12 +121,12 @@ class Model {
 
  private:
   struct Layer {
-    std::vector<float> input_norm, post_norm;
-    std::vector<float> q_proj;                 // [heads*q_head, hidden] (no q_lora)
-    std::vector<float> q_a, q_a_norm, q_b;     // q_lora form
-    std::vector<float> kv_a, kv_a_norm;
-    std::vector<float> w_uk, w_uv;             // [heads][nope][kv], [heads][v][kv]
-    std::vector<float> o_proj;
+    std::vector<float> input_norm, post_norm, q_a_norm, kv_a_norm;
+    WeightMatrix q_proj;        // [heads*q_head, hidden] (no q_lora)
+    WeightMatrix q_a, q_b;      // q_lora form
+    WeightMatrix kv_a;
+    std::vector<float> w_uk, w_uv;  // [heads][nope][kv], [heads][v][kv]
+    WeightMatrix o_proj;
     bool moe = false;
     SwiGluWeights mlp;  // dense layers
     MoeWeights experts;
@@ -135,7 +136,8 @@ class Model {
 
   ModelConfig config_;
   kernels::RopeTable rope_;
-  std::vector<float> embed_, final_norm_, lm_head_;
+  std::vector<float> embed_, final_norm_;
+  WeightMatrix lm_head_;
   std::vector<Layer> layers_;
   std::unique_ptr<DeviceForward> device_;  // set: every pass runs there (no CPU weights)
 };

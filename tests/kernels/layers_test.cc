@@ -9,7 +9,9 @@
 #include <tuple>
 #include <vector>
 
+#include "kvtier/kernels/float_formats.h"
 #include "kvtier/kernels/layers.h"
+#include "kvtier/kernels/parallel.h"
 #include "kvtier/kernels/rope.h"
 #include "tests/reference/deepseek_math.h"
 #include "tests/test_random.h"
@@ -121,6 +123,37 @@ TEST(Gemm, MatchesFloat64AndGemvWithStrides) {
         ASSERT_EQ(y[i * ys + r], one[r]) << "batch and single differ at input " << i << " row " << r;
       }
       for (size_t r = rows; r < ys; ++r) ASSERT_TRUE(std::isnan(y[i * ys + r])) << "padding written";
+    }
+  }
+}
+
+// bf16 weights, widened as they are read: the bits of Gemm over the widened
+// weights, on one thread and split over several, strides and tails (cols
+// past the last 16) included.
+TEST(GemmBf16, SameBitsAsGemmOverTheWidenedWeights) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (auto [rows, cols, n] : {std::tuple<size_t, size_t, size_t>{1, 1, 1}, {5, 17, 3}, {9, 64, 4}, {31, 2049, 9},
+                               {700, 1500, 1}, {600, 333, 37}}) {
+    const size_t xs = cols + 3, ys = rows + 2;
+    std::vector<uint16_t> w(rows * cols);
+    std::vector<float> widened(rows * cols), x(n * xs);
+    for (size_t k = 0; k < w.size(); ++k) w[k] = FloatToBf16(normal(rng.engine())), widened[k] = Bf16ToFloat(w[k]);
+    for (float& v : x) v = normal(rng.engine());
+    for (size_t threads : {1, 3}) {
+      SetKernelThreads(threads);
+      std::vector<float> want(n * ys, NAN), got(n * ys, NAN);
+      Gemm(widened.data(), rows, cols, x.data(), n, xs, want.data(), ys);
+      GemmBf16(w.data(), rows, cols, x.data(), n, xs, got.data(), ys);
+      SetKernelThreads(1);
+      for (size_t k = 0; k < got.size(); ++k) {
+        if (std::isnan(want[k])) {
+          ASSERT_TRUE(std::isnan(got[k])) << "padding written at " << k;
+        } else {
+          ASSERT_EQ(got[k], want[k]) << rows << "x" << cols << " n " << n << ", " << threads << " threads, at " << k;
+        }
+      }
     }
   }
 }

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <random>
 
+#include "kvtier/kernels/float_formats.h"
 #include "kvtier/kernels/parallel.h"
 #include "tests/reference/deepseek_math.h"
 #include "tests/test_random.h"
@@ -19,11 +20,24 @@ SwiGluWeights RandomSwiGlu(size_t inter, size_t hidden, std::mt19937_64& rng) {
   std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(static_cast<float>(hidden)));
   SwiGluWeights w;
   w.inter = inter;
-  for (auto* m : {&w.gate, &w.up, &w.down}) {
-    m->resize(inter * hidden);
-    for (float& v : *m) v = normal(rng);
+  for (WeightMatrix* m : {&w.gate, &w.up, &w.down}) {
+    m->f32.resize(inter * hidden);
+    for (float& v : m->f32) v = normal(rng);
   }
   return w;
+}
+
+double At(const WeightMatrix& m, size_t k) { return m.bf16.empty() ? m.f32[k] : kernels::Bf16ToFloat(m.bf16[k]); }
+
+// The same weights rounded to bf16 and kept that way; `widened` gets them
+// back as floats.
+void ToBf16(WeightMatrix& m, WeightMatrix& widened) {
+  widened = {};
+  for (float v : m.f32) {
+    m.bf16.push_back(kernels::FloatToBf16(v));
+    widened.f32.push_back(kernels::Bf16ToFloat(m.bf16.back()));
+  }
+  m.f32.clear();
 }
 
 // sum_e weight_e * SwiGLU_e(x) in double.
@@ -31,12 +45,12 @@ void AddSwiGlu(const SwiGluWeights& w, size_t hidden, const float* x, double wei
   std::vector<double> act(w.inter);
   for (size_t i = 0; i < w.inter; ++i) {
     double g = 0, u = 0;
-    for (size_t c = 0; c < hidden; ++c) g += double{w.gate[i * hidden + c]} * x[c], u += double{w.up[i * hidden + c]} * x[c];
+    for (size_t c = 0; c < hidden; ++c) g += At(w.gate, i * hidden + c) * x[c], u += At(w.up, i * hidden + c) * x[c];
     act[i] = g / (1 + std::exp(-g)) * u;
   }
   for (size_t j = 0; j < hidden; ++j) {
     double y = 0;
-    for (size_t i = 0; i < w.inter; ++i) y += double{w.down[j * w.inter + i]} * act[i];
+    for (size_t i = 0; i < w.inter; ++i) y += At(w.down, j * w.inter + i) * act[i];
     out[j] += weight * y;
   }
 }
@@ -90,7 +104,24 @@ TEST(MoeForward, BatchMatchesFloat64PerRow) {
     }
   }
   // Weight bytes: router + 3 experts' matrices + shared.
-  EXPECT_EQ(MoeWeightBytes(moe, kHidden, 3), 4 * (kExperts * kHidden + 3 * 3 * kInter * kHidden + 3 * 2 * kInter * kHidden));
+  EXPECT_EQ(MoeWeightBytes(moe, 3), 4 * (kExperts * kHidden + 3 * 3 * kInter * kHidden + 3 * 2 * kInter * kHidden));
+}
+
+// Experts kept in bf16 (as a bf16 checkpoint loads): the bits of the same
+// weights widened to float, and half their bytes.
+TEST(MoeForward, Bf16WeightsGiveTheBitsOfTheirFloatValues) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  MoeWeights bf16 = RandomMoe(rng.engine());
+  MoeWeights widened = bf16;
+  for (size_t e = 0; e <= kExperts; ++e) {
+    SwiGluWeights& b = e < kExperts ? bf16.experts[e] : bf16.shared;
+    SwiGluWeights& f = e < kExperts ? widened.experts[e] : widened.shared;
+    ToBf16(b.gate, f.gate), ToBf16(b.up, f.up), ToBf16(b.down, f.down);
+  }
+  const std::vector<float> x = RandomRows(rng.engine());
+  EXPECT_EQ(MoeWithThreads(bf16, x, 3), MoeWithThreads(widened, x, 1));
+  EXPECT_EQ(MoeWeightBytes(bf16, 3), 4 * kExperts * kHidden + 2 * (3 * 3 * kInter * kHidden + 3 * 2 * kInter * kHidden));
 }
 
 // The chosen experts run as jobs on the kernel threads; their sums into a

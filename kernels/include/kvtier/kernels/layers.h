@@ -22,6 +22,12 @@ void Gemv(const float* w, size_t rows, size_t cols, const float* x, float* y);
 void Gemm(const float* w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride,
           float* y, size_t y_stride);
 
+// Gemm with bf16 weights (as checkpoints store them), widened to float as
+// they are read: the same bits as Gemm over the widened weights, from half
+// the memory.
+void GemmBf16(const uint16_t* w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride,
+              float* y, size_t y_stride);
+
 // out = x / sqrt(mean(x^2) + eps) * weight. `out` may alias `x`.
 Status RmsNorm(std::span<const float> x, std::span<const float> weight, float eps,
                std::span<float> out);
