@@ -1,11 +1,13 @@
-// The row-major product the runtime's layers share, over weights kept as
-// the checkpoint stores them.
+// Weights kept as the checkpoint stores them, and the two ways the CPU
+// runtime reads them: row-major products and single rows (embeddings).
 #ifndef KVTIER_SERVICES_RUNTIME_MATMUL_H_
 #define KVTIER_SERVICES_RUNTIME_MATMUL_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
+#include "kvtier/kernels/float_formats.h"
 #include "kvtier/kernels/layers.h"
 
 namespace kvtier::runtime {
@@ -30,6 +32,15 @@ inline void MatMul(const WeightMatrix& w, size_t rows, size_t cols, const float*
     kernels::Gemm(w.f32.data(), rows, cols, x, n, cols, y, rows);
   }
 }
+// Row `row` of `w` ([rows][cols]) as floats into out[cols].
+inline void EmbeddingRow(const WeightMatrix& w, size_t row, size_t cols, float* out) {
+  if (!w.bf16.empty()) {
+    for (size_t c = 0; c < cols; ++c) out[c] = kernels::Bf16ToFloat(w.bf16[row * cols + c]);
+  } else {
+    std::copy_n(w.f32.begin() + row * cols, cols, out);
+  }
+}
+
 inline void MatMul(const std::vector<float>& w, size_t rows, size_t cols, const float* x, size_t n,
                    float* y) {
   kernels::Gemm(w.data(), rows, cols, x, n, cols, y, rows);

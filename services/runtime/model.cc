@@ -59,7 +59,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const Checkpoint& ckpt, Devic
     }
     return w;
   };
-  KVTIER_ASSIGN_OR_RETURN(m->embed_, load("model.embed_tokens.weight"));
+  KVTIER_ASSIGN_OR_RETURN(m->embed_, load_matrix("model.embed_tokens.weight"));
   KVTIER_ASSIGN_OR_RETURN(m->final_norm_, load("model.norm.weight"));
   KVTIER_ASSIGN_OR_RETURN(m->lm_head_, load_matrix("lm_head.weight"));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
@@ -198,7 +198,7 @@ absl::Status Model::Forward(std::span<const SequenceTokens> batch, const LayerDo
   {
     size_t r = 0;
     for (const SequenceTokens& s : batch) {
-      for (uint32_t token : s.tokens) std::copy_n(embed_.begin() + token * hidden, hidden, x.begin() + r++ * hidden);
+      for (uint32_t token : s.tokens) EmbeddingRow(embed_, token, hidden, x.data() + r++ * hidden);
     }
   }
   const size_t q_lora = c.q_lora_rank.value_or(0);

@@ -136,8 +136,8 @@ class Model {
 
   ModelConfig config_;
   kernels::RopeTable rope_;
-  std::vector<float> embed_, final_norm_;
-  WeightMatrix lm_head_;
+  std::vector<float> final_norm_;
+  WeightMatrix embed_, lm_head_;
   std::vector<Layer> layers_;
   std::unique_ptr<DeviceForward> device_;  // set: every pass runs there (no CPU weights)
 };
