@@ -53,10 +53,12 @@ void MoeForward(const MoeWeights& w, size_t hidden, const float* x, size_t n, fl
       weights_of[e.expert].push_back(e.weight);
     }
   }
-  // The chosen experts are independent jobs for the kernel threads (each
-  // one's products too small to split well at decode batch sizes), each
-  // into its own rows of `y`; then added to `out` in expert order, as one
-  // thread would, so the sums do not depend on the thread count.
+  // Each chosen expert into its own rows of `y`, then added to `out` in
+  // expert order, as one thread would, so the sums do not depend on the
+  // thread count. With few rows an expert (decode) the experts are the
+  // kernel threads' jobs, their own products too small to split well; with
+  // many (prefill) each expert's products split evenly over the threads,
+  // however unevenly the rows were routed.
   std::vector<size_t> chosen_experts, y_row;  // y_row[k]: where expert k's rows start in y
   size_t y_rows = 0;
   for (size_t e = 0; e < experts; ++e) {
@@ -66,7 +68,7 @@ void MoeForward(const MoeWeights& w, size_t hidden, const float* x, size_t n, fl
     y_rows += rows_of[e].size();
   }
   std::vector<float> y(y_rows * hidden);
-  kernels::ParallelFor(chosen_experts.size(), 1, [&](size_t begin, size_t end) {
+  const auto run = [&](size_t begin, size_t end) {
     std::vector<float> gathered;
     for (size_t k = begin; k < end; ++k) {
       const std::vector<uint32_t>& rows = rows_of[chosen_experts[k]];
@@ -74,7 +76,13 @@ void MoeForward(const MoeWeights& w, size_t hidden, const float* x, size_t n, fl
       for (size_t i = 0; i < rows.size(); ++i) std::copy_n(x + rows[i] * hidden, hidden, gathered.data() + i * hidden);
       SwiGluRows(w.experts[chosen_experts[k]], hidden, gathered.data(), rows.size(), y.data() + y_row[k] * hidden);
     }
-  });
+  };
+  constexpr size_t kRowsForSplitExperts = 32;  // an expert's rows, on average
+  if (y_rows >= kRowsForSplitExperts * chosen_experts.size()) {
+    run(0, chosen_experts.size());
+  } else {
+    kernels::ParallelFor(chosen_experts.size(), 1, run);
+  }
   for (size_t k = 0; k < chosen_experts.size(); ++k) {
     const size_t e = chosen_experts[k];
     AddRows(y.data() + y_row[k] * hidden, hidden, rows_of[e].size(), weights_of[e].data(), rows_of[e].data(), out);

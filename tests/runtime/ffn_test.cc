@@ -69,18 +69,20 @@ MoeWeights RandomMoe(std::mt19937_64& rng) {
   return moe;
 }
 
-std::vector<float> RandomRows(std::mt19937_64& rng) {
+// 13 rows: a few an expert (the experts run as jobs); 120: many (each
+// expert's products split instead).
+std::vector<float> RandomRows(std::mt19937_64& rng, size_t rows = kRows) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> x(kRows * kHidden);
+  std::vector<float> x(rows * kHidden);
   for (float& v : x) v = normal(rng);
   return x;
 }
 
 // MoeForward's output with `threads` kernel threads.
 std::vector<float> MoeWithThreads(const MoeWeights& moe, const std::vector<float>& x, size_t threads) {
-  std::vector<float> out(kRows * kHidden, NAN);
+  std::vector<float> out(x.size(), NAN);
   kernels::SetKernelThreads(threads);
-  MoeForward(moe, kHidden, x.data(), kRows, out.data());
+  MoeForward(moe, kHidden, x.data(), x.size() / kHidden, out.data());
   kernels::SetKernelThreads(1);
   return out;
 }
@@ -89,18 +91,19 @@ TEST(MoeForward, BatchMatchesFloat64PerRow) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
   const MoeWeights moe = RandomMoe(rng.engine());
-  const std::vector<float> x = RandomRows(rng.engine());
-  const std::vector<float> out = MoeWithThreads(moe, x, 3);
-
-  for (size_t r = 0; r < kRows; ++r) {
-    const float* xr = x.data() + r * kHidden;
-    std::vector<float> logits(kExperts);
-    kernels::Gemv(moe.router.data(), kExperts, kHidden, xr, logits.data());
-    std::vector<double> want(kHidden, 0.0);
-    for (auto [e, weight] : kernels::ReferenceGate(logits, moe.gate)) AddSwiGlu(moe.experts[e], kHidden, xr, weight, want);
-    AddSwiGlu(moe.shared, kHidden, xr, 1.0, want);
-    for (size_t j = 0; j < kHidden; ++j) {
-      ASSERT_NEAR(out[r * kHidden + j], want[j], 1e-5 * (1 + std::fabs(want[j]))) << "row " << r << " dim " << j;
+  for (size_t rows : {kRows, size_t{120}}) {
+    const std::vector<float> x = RandomRows(rng.engine(), rows);
+    const std::vector<float> out = MoeWithThreads(moe, x, 3);
+    for (size_t r = 0; r < rows; ++r) {
+      const float* xr = x.data() + r * kHidden;
+      std::vector<float> logits(kExperts);
+      kernels::Gemv(moe.router.data(), kExperts, kHidden, xr, logits.data());
+      std::vector<double> want(kHidden, 0.0);
+      for (auto [e, weight] : kernels::ReferenceGate(logits, moe.gate)) AddSwiGlu(moe.experts[e], kHidden, xr, weight, want);
+      AddSwiGlu(moe.shared, kHidden, xr, 1.0, want);
+      for (size_t j = 0; j < kHidden; ++j) {
+        ASSERT_NEAR(out[r * kHidden + j], want[j], 1e-5 * (1 + std::fabs(want[j]))) << rows << " rows: row " << r << " dim " << j;
+      }
     }
   }
   // Weight bytes: router + 3 experts' matrices + shared.
@@ -130,9 +133,11 @@ TEST(MoeForward, SameBitsWithOneOrManyThreads) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
   const MoeWeights moe = RandomMoe(rng.engine());
-  const std::vector<float> x = RandomRows(rng.engine());
-  const std::vector<float> one = MoeWithThreads(moe, x, 1);
-  for (size_t threads : {2, 3, 5}) EXPECT_EQ(MoeWithThreads(moe, x, threads), one) << threads << " threads";
+  for (size_t rows : {kRows, size_t{120}}) {
+    const std::vector<float> x = RandomRows(rng.engine(), rows);
+    const std::vector<float> one = MoeWithThreads(moe, x, 1);
+    for (size_t threads : {2, 3, 5}) EXPECT_EQ(MoeWithThreads(moe, x, threads), one) << rows << " rows, " << threads << " threads";
+  }
 }
 
 }  // namespace
