@@ -90,6 +90,17 @@ Timed Generate(v1::Prefill::Stub& stub, const std::vector<uint32_t>& prompt, uin
   return t;
 }
 
+// The decode worker's step count and the sequences its steps carried, from
+// its batch-size histogram (zeros if it cannot be scraped).
+std::pair<double, double> DecodeSteps(const std::string& metrics) {
+  const CommandResult r = RunCommand("curl -s http://" + metrics + "/metrics");
+  const auto value = [&](const std::string& name) {
+    const size_t at = r.output.find("\n" + name + " ");
+    return at == std::string::npos ? 0.0 : std::stod(r.output.substr(at + name.size() + 2));
+  };
+  return {value("kvtier_decode_batch_size_count"), value("kvtier_decode_batch_size_sum")};
+}
+
 std::string Serve(ChildProcess& p, const char* name) {
   const int port = p.WaitForListeningPort(120000);
   if (port <= 0) {
@@ -138,7 +149,9 @@ int Main(int argc, char** argv) {
                       "2GiB", "--host-capacity", "1GiB"});
   const std::string cache_target = Serve(cache, "kvtier-cache");
   ChildProcess decode({bin + "/kvtier-decode", "--listen", "127.0.0.1:0", "--model", model_dir.string(), "--cache",
-                       cache_target});
+                       cache_target, "--metrics-listen", "127.0.0.1:0"});
+  const std::optional<std::string> metrics_line = decode.WaitForLine("metrics on ");
+  const std::string decode_metrics = metrics_line ? metrics_line->substr(0, metrics_line->find('/')) : "";
   const std::string decode_target = Serve(decode, "kvtier-decode");
   ChildProcess prefill({bin + "/kvtier-prefill", "--listen", "127.0.0.1:0", "--model", model_dir.string(), "--cache",
                         cache_target, "--decode", decode_target, "--kv-codec", "int8"});
@@ -185,9 +198,14 @@ int Main(int argc, char** argv) {
   auto model = runtime::Model::Load(**checkpoint);
   std::printf("decode, %zu tokens per sequence after a %zu-token prompt (median of %zu)\n", decode_tokens,
               kDecodePrompt, rounds);
-  std::printf("%-10s %16s %18s %8s\n", "sequences", "services tok/s", "in process tok/s", "ratio");
+  // "mean batch": sequences per step of the decode worker during the
+  // services' rows (sequences arrive one prefill at a time, so the first and
+  // last steps of a row carry fewer than all of them).
+  std::printf("%-10s %16s %18s %8s %11s\n", "sequences", "services tok/s", "in process tok/s", "ratio",
+              "mean batch");
   for (size_t batch : {1, 8, 32}) {
     std::vector<double> served, local;
+    const auto [steps_before, carried_before] = DecodeSteps(decode_metrics);
     for (uint64_t r = 0; r < rounds; ++r) {
       std::vector<std::vector<uint32_t>> prompts;
       for (size_t b = 0; b < batch; ++b) prompts.push_back(RandomPrompt(kDecodePrompt, rng));
@@ -205,7 +223,10 @@ int Main(int argc, char** argv) {
       served.push_back(static_cast<double>(tokens) / std::chrono::duration<double>(to - from).count());
       local.push_back(InProcessDecode(**model, batch, kDecodePrompt, static_cast<int>(decode_tokens), rng));
     }
-    std::printf("%-10zu %16.1f %18.1f %8.2f\n", batch, Median(served), Median(local), Median(served) / Median(local));
+    const auto [steps_after, carried_after] = DecodeSteps(decode_metrics);
+    const double steps = steps_after - steps_before;
+    std::printf("%-10zu %16.1f %18.1f %8.2f %11.1f\n", batch, Median(served), Median(local),
+                Median(served) / Median(local), steps > 0 ? (carried_after - carried_before) / steps : 0.0);
   }
   fs::remove_all(model_dir);
   return 0;
