@@ -3,6 +3,8 @@
 // ran the model), against one pass over the same logits (finding the
 // largest): the floor any sampler has to read.
 //
+// BM_SampleEach draws a decode step's 32 tokens on 1 and 2 kernel threads.
+//
 //   sampler_bench [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 
@@ -10,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "kvtier/kernels/parallel.h"
 #include "services/runtime/sampler.h"
 
 namespace {
@@ -42,6 +45,21 @@ BENCHMARK(BM_Sample)
     ->Args({102400, 70, 90, 0})
     ->Args({102400, 100, 100, 0})
     ->Args({129280, 0, 100, 0});
+
+// A decode step's tokens: `sequences` greedy draws with 5 top logprobs,
+// through SampleEach on `threads` kernel threads (the decode worker's way).
+void BM_SampleEach(benchmark::State& state) {
+  const size_t sequences = static_cast<size_t>(state.range(0));
+  kvtier::kernels::SetKernelThreads(static_cast<size_t>(state.range(1)));
+  std::vector<std::vector<float>> logits(sequences, Logits(102400));
+  const kvtier::runtime::Sampling greedy;
+  std::vector<kvtier::runtime::SampleRequest> requests;
+  for (size_t i = 0; i < sequences; ++i) requests.push_back({logits[i], &greedy, i, 5});
+  for (auto _ : state) benchmark::DoNotOptimize(kvtier::runtime::SampleEach(requests));
+  kvtier::kernels::SetKernelThreads(1);
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * sequences));
+}
+BENCHMARK(BM_SampleEach)->ArgNames({"sequences", "threads"})->Args({32, 1})->Args({32, 2});
 
 void BM_OnePass(benchmark::State& state) {
   const std::vector<float> logits = Logits(static_cast<size_t>(state.range(0)));

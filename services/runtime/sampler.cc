@@ -1,5 +1,7 @@
 #include "services/runtime/sampler.h"
 
+#include "kvtier/kernels/parallel.h"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -105,6 +107,17 @@ Sampled Sample(std::span<const float> logits, const Sampling& s, uint64_t step, 
     }
   }
   out.logprob = static_cast<float>(logits[out.token] - log_sum);
+  return out;
+}
+
+std::vector<Sampled> SampleEach(std::span<const SampleRequest> requests) {
+  std::vector<Sampled> out(requests.size());
+  kernels::ParallelFor(requests.size(), 1, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      const SampleRequest& r = requests[i];
+      out[i] = Sample(r.logits, *r.sampling, r.step, r.top_n);
+    }
+  });
   return out;
 }
 

@@ -33,6 +33,18 @@ struct Sampled {
 // generation split across machines samples the same tokens.
 Sampled Sample(std::span<const float> logits, const Sampling& s, uint64_t step, size_t top_n);
 
+// One Sample call's arguments.
+struct SampleRequest {
+  std::span<const float> logits;
+  const Sampling* sampling = nullptr;
+  uint64_t step = 0;
+  size_t top_n = 0;
+};
+
+// A token for each request (a decode step's sequences), the requests split
+// over the kernel threads; each result is what Sample gives for it.
+std::vector<Sampled> SampleEach(std::span<const SampleRequest> requests);
+
 }  // namespace kvtier::runtime
 
 #endif  // KVTIER_SERVICES_RUNTIME_SAMPLER_H_

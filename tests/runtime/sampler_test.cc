@@ -10,6 +10,7 @@
 #include <set>
 #include <vector>
 
+#include "kvtier/kernels/parallel.h"
 #include "tests/test_random.h"
 
 namespace kvtier::runtime {
@@ -140,6 +141,32 @@ TEST(Sampler, NonFiniteLogitsStillGiveATokenOfTheVocabulary) {
       EXPECT_LT(Sample(logits, s, 0, 2).token, logits.size());
     }
   }
+}
+
+// A decode step's tokens drawn together over the kernel threads: each the
+// token, log-probability and alternatives Sample gives alone, whatever the
+// thread count; greedy and temperature rows mixed.
+TEST(Sampler, SampleEachGivesEachRowWhatSampleGives) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  const std::vector<Sampling> samplings = {Sampling{}, Sampling{0.8f, 0.9f, 11}, Sampling{1.0f, 1.0f, 12}};
+  std::vector<std::vector<float>> logits;
+  std::vector<SampleRequest> requests;
+  for (size_t i = 0; i < 11; ++i) logits.push_back(NormalLogits(4000, 3.0f, rng.engine()));
+  for (size_t i = 0; i < logits.size(); ++i) requests.push_back({logits[i], &samplings[i % 3], 5 + i, i % 4});
+  for (size_t threads : {1, 3}) {
+    kernels::SetKernelThreads(threads);
+    const std::vector<Sampled> got = SampleEach(requests);
+    kernels::SetKernelThreads(1);
+    ASSERT_EQ(got.size(), requests.size());
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const Sampled want = Sample(logits[i], *requests[i].sampling, requests[i].step, requests[i].top_n);
+      EXPECT_EQ(got[i].token, want.token) << "row " << i << ", " << threads << " threads";
+      EXPECT_EQ(got[i].logprob, want.logprob) << "row " << i;
+      EXPECT_EQ(got[i].top, want.top) << "row " << i;
+    }
+  }
+  EXPECT_TRUE(SampleEach({}).empty());
 }
 
 TEST(Sampler, RejectsBadParameters) {
