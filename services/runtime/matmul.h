@@ -32,6 +32,7 @@ inline void MatMul(const WeightMatrix& w, size_t rows, size_t cols, const float*
     kernels::Gemm(w.f32.data(), rows, cols, x, n, cols, y, rows);
   }
 }
+
 // Row `row` of `w` ([rows][cols]) as floats into out[cols].
 inline void EmbeddingRow(const WeightMatrix& w, size_t row, size_t cols, float* out) {
   if (!w.bf16.empty()) {
@@ -41,6 +42,7 @@ inline void EmbeddingRow(const WeightMatrix& w, size_t row, size_t cols, float* 
   }
 }
 
+// MatMul over float32 weights held as such (the MoE router).
 inline void MatMul(const std::vector<float>& w, size_t rows, size_t cols, const float* x, size_t n,
                    float* y) {
   kernels::Gemm(w.data(), rows, cols, x, n, cols, y, rows);

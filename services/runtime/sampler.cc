@@ -1,13 +1,13 @@
 #include "services/runtime/sampler.h"
 
-#include "kvtier/kernels/parallel.h"
-
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <ranges>
 #include <span>
 #include <vector>
+
+#include "kvtier/kernels/parallel.h"
 
 namespace kvtier::runtime {
 namespace {
