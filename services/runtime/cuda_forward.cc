@@ -16,6 +16,7 @@
 #include "kvtier/kernels/float_formats.h"
 #include "services/common/status.h"
 #include "services/runtime/device_block_pool.h"
+#include "services/runtime/matmul.h"
 
 namespace kvtier::runtime {
 namespace {
@@ -125,7 +126,7 @@ class CudaForward final : public DeviceForward {
   const CudaOptions options_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<kc::Blas> blas_;  // on stream_
-  std::vector<float> embed_;        // host: a pass gathers its rows here
+  WeightMatrix embed_;              // host: a pass gathers its rows here
   DeviceArray<float> final_norm_;
   DeviceArray<uint16_t> lm_head_;
   std::vector<DeviceLayer> layers_;
@@ -160,7 +161,7 @@ absl::Status CudaForward::Load(const Checkpoint& checkpoint) {
   KVTIER_RETURN_IF_ERROR(CudaCheck(cudaStreamCreate(&stream_), "cudaStreamCreate"));
   KVTIER_RETURN_IF_ERROR(Check(kc::Blas::Create(stream_, blas_)));
   KVTIER_ASSIGN_OR_RETURN(TensorView embed, checkpoint.Tensor("model.embed_tokens.weight"));
-  embed_ = embed.ToFloat();
+  embed_ = ToWeightMatrix(embed);
   KVTIER_RETURN_IF_ERROR(UploadFloat(checkpoint, "model.norm.weight", final_norm_));
   KVTIER_RETURN_IF_ERROR(UploadBf16(checkpoint, "lm_head.weight", lm_head_));
   layers_.resize(static_cast<size_t>(config_.num_hidden_layers));
@@ -356,7 +357,8 @@ absl::Status CudaForward::Forward(std::span<const SequenceTokens> batch,
   for (const SequenceTokens& s : batch) {
     for (size_t i = 0; i < s.tokens.size(); ++i) {
       positions.push_back(s.cache->length + static_cast<int64_t>(i));
-      x.insert(x.end(), embed_.begin() + size_t{s.tokens[i]} * hidden, embed_.begin() + size_t{s.tokens[i] + 1} * hidden);
+      x.resize(x.size() + hidden);
+      EmbeddingRow(embed_, s.tokens[i], hidden, x.data() + x.size() - hidden);
     }
   }
   const uint32_t n = static_cast<uint32_t>(positions.size());

@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "kvtier/kernels/float_formats.h"
 #include "kvtier/kernels/layers.h"
+#include "services/runtime/safetensors.h"
 
 namespace kvtier::runtime {
 
@@ -22,6 +24,18 @@ struct WeightMatrix {
 
   size_t bytes() const { return f32.size() * sizeof(float) + bf16.size() * sizeof(uint16_t); }
 };
+
+// A checkpoint tensor as a WeightMatrix (its bf16 copied as it is).
+inline WeightMatrix ToWeightMatrix(const TensorView& t) {
+  WeightMatrix w;
+  if (t.dtype == DType::kBf16) {
+    w.bf16.resize(static_cast<size_t>(t.elements()));
+    std::memcpy(w.bf16.data(), t.bytes.data(), w.bf16.size() * sizeof(uint16_t));
+  } else {
+    w.f32 = t.ToFloat();
+  }
+  return w;
+}
 
 // y[n][rows] = x[n][cols] W^T for W [rows][cols]: each weight row read once
 // for all n inputs.

@@ -1,7 +1,6 @@
 #include "services/runtime/model.h"
 
 #include <cmath>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "kvtier/kernels/expanded_attention.h"
@@ -50,14 +49,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const Checkpoint& ckpt, Devic
   };
   auto load_matrix = [&](const std::string& name) -> absl::StatusOr<WeightMatrix> {
     KVTIER_ASSIGN_OR_RETURN(TensorView t, ckpt.Tensor(name));
-    WeightMatrix w;
-    if (t.dtype == DType::kBf16) {
-      w.bf16.resize(static_cast<size_t>(t.elements()));
-      std::memcpy(w.bf16.data(), t.bytes.data(), w.bf16.size() * sizeof(uint16_t));
-    } else {
-      w.f32 = t.ToFloat();
-    }
-    return w;
+    return ToWeightMatrix(t);
   };
   KVTIER_ASSIGN_OR_RETURN(m->embed_, load_matrix("model.embed_tokens.weight"));
   KVTIER_ASSIGN_OR_RETURN(m->final_norm_, load("model.norm.weight"));
