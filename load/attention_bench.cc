@@ -288,6 +288,20 @@ void BM_Gemm(benchmark::State& state) {
 }
 BENCHMARK(BM_Gemm)->Arg(1)->Arg(8)->Arg(32)->Arg(256)->Arg(2048)->Unit(benchmark::kMillisecond);
 
+// Gemm with bf16 weights (what the CPU runtime keeps from a bf16
+// checkpoint): half the bytes for the same multiply-adds.
+void BM_GemmBf16(benchmark::State& state) {
+  const size_t rows = 3072, cols = 2048, n = static_cast<size_t>(state.range(0));
+  std::vector<uint16_t> w(rows * cols, 0x3f00);  // 0.5
+  std::vector<float> x(n * cols, 0.25f), y(n * rows);
+  for (auto _ : state) {
+    kvtier::kernels::GemmBf16(w.data(), rows, cols, x.data(), n, cols, y.data(), rows);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * rows * cols * n));
+}
+BENCHMARK(BM_GemmBf16)->Arg(1)->Arg(8)->Arg(32)->Arg(256)->Unit(benchmark::kMillisecond);
+
 // One layer's attention for a fresh prefill of `tokens` tokens in the
 // expanded form (what prefill passes take), one thread; items are the
 // multiply-adds MlaFormCosts counts for it, comparable with FmaPeak's.
