@@ -24,6 +24,7 @@
 #include "services/runtime/checkpoint.h"
 #include "services/runtime/generate.h"
 #include "services/runtime/make_model.h"
+#include "services/serving/request_checks.h"
 #include "services/serving/sequence_blocks.h"
 #include "services/serving/shard_set.h"
 #include "tests/integration/cluster.h"
@@ -58,38 +59,40 @@ const TestModel& Tiny() {
   return *m;
 }
 
-// Generation after `prompt` continuing `cache` (which holds the latents of
-// a prefix of it): the rest of the prompt in one pass, then decode steps,
-// as runtime::Generate does.
-// Greedy tokens from `logits` (after the last token in `cache`) on, as
-// runtime::Generate draws them.
-std::vector<runtime::Sampled> DecodeFrom(runtime::SequenceCache& cache, std::vector<float> logits, uint32_t max_new) {
+// Tokens from `logits` (after the last token in `cache`) on, as
+// runtime::Generate draws them (greedy unless `sampling` says otherwise).
+std::vector<runtime::Sampled> DecodeFrom(runtime::SequenceCache& cache, std::vector<float> logits, uint32_t max_new,
+                                         const runtime::Sampling& sampling = {}) {
   std::vector<runtime::Sampled> out;
   for (uint32_t i = 0; i < max_new; ++i) {
-    out.push_back(runtime::Sample(logits, {}, i, 5));
+    out.push_back(runtime::Sample(logits, sampling, i, 5));
     if (i + 1 < max_new && !Tiny().model->Step(out.back().token, cache, logits).ok()) std::abort();
   }
   return out;
 }
 
+// Generation after `prompt` continuing `cache` (which holds the latents of
+// a prefix of it): the rest of the prompt in one pass, then decode steps,
+// as runtime::Generate does.
 std::vector<runtime::Sampled> Continue(runtime::SequenceCache cache, const std::vector<uint32_t>& prompt,
-                                       uint32_t max_new) {
+                                       uint32_t max_new, const runtime::Sampling& sampling = {}) {
   std::vector<float> logits(Tiny().model->config().vocab_size);
   if (!Tiny().model->Prefill(std::span(prompt).subspan(cache.length), cache, logits).ok()) std::abort();
-  return DecodeFrom(cache, std::move(logits), max_new);
+  return DecodeFrom(cache, std::move(logits), max_new, sampling);
 }
 
 // What the services must compute when the cache supplied the first
 // `cached` tokens' blocks, each made by a prefill from scratch: those tokens
 // in one pass, the rest in another. With cached = 0 this is `kvtier run`.
-std::vector<runtime::Sampled> InProcess(const std::vector<uint32_t>& prompt, uint32_t max_new, size_t cached = 0) {
+std::vector<runtime::Sampled> InProcess(const std::vector<uint32_t>& prompt, uint32_t max_new, size_t cached = 0,
+                                        const runtime::Sampling& sampling = {}) {
   const runtime::Model& model = *Tiny().model;
   runtime::SequenceCache cache = model.NewCache(kernels::Codec::kBf16, kBlock);
   if (cached > 0) {
     std::vector<float> logits(model.config().vocab_size);
     if (!model.Prefill(std::span(prompt).first(cached), cache, logits).ok()) std::abort();
   }
-  return Continue(std::move(cache), prompt, max_new);
+  return Continue(std::move(cache), prompt, max_new, sampling);
 }
 
 // What decode computes when its blocks come from two prefills of `prompt`:
@@ -343,6 +346,35 @@ TEST_F(ServingTest, SixteenConcurrentGenerations) {
     absl::StatusOr<RemoteGeneration> got = runs[i].get();
     ASSERT_TRUE(got.ok()) << got.status();
     ExpectSameGeneration(got->tokens, InProcess(prompts[i], 40, got->usage.cached_tokens()), 1e-4);
+  }
+}
+
+// Sampled generations (temperature, top-p, each its own seed), eight at
+// once so that the decode worker draws each step's tokens together: every
+// token as the in-process runtime draws it from the same seed.
+TEST_F(ServingTest, SampledGenerationsFollowTheirSeedsInBatches) {
+  SCOPED_TRACE(rng_.Trace());
+  Cluster cluster(Tiny().dir, 1, 1);
+  ASSERT_TRUE(cluster.ok());
+  std::vector<std::vector<uint32_t>> prompts;
+  std::vector<v1::GenerateRequest> requests;
+  for (int i = 0; i < 8; ++i) {
+    prompts.push_back(RandomIds(30 + 11 * i, rng_.engine()));
+    requests.push_back(Request(prompts.back(), 30));
+    requests.back().mutable_sampling()->set_temperature(0.9f);
+    requests.back().mutable_sampling()->set_top_p(i % 2 ? 0.8f : 1.0f);
+    requests.back().mutable_sampling()->set_seed(1000 + rng_.engine()() % 1000);
+  }
+  std::vector<std::future<absl::StatusOr<RemoteGeneration>>> runs;
+  for (const auto& r : requests) {
+    runs.push_back(std::async(std::launch::async, [&cluster, r] { return cluster.Generate(r); }));
+  }
+  for (size_t i = 0; i < runs.size(); ++i) {
+    SCOPED_TRACE("client " + std::to_string(i));
+    absl::StatusOr<RemoteGeneration> got = runs[i].get();
+    ASSERT_TRUE(got.ok()) << got.status();
+    const runtime::Sampling sampling = serving::ToSampling(requests[i].sampling());
+    ExpectSameGeneration(got->tokens, InProcess(prompts[i], 30, got->usage.cached_tokens(), sampling), 1e-4);
   }
 }
 
