@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "services/runtime/make_model.h"
+#include "services/runtime/safetensors.h"
 #if KVTIER_RUNTIME_CUDA
 #include "kvtier/kernels/cuda_codec.h"
 #endif
@@ -248,6 +249,57 @@ TEST(Model, BatchOfSequencesEqualsEachAlone) {
   EXPECT_EQ(batched[0].length, before.length);
   EXPECT_EQ(batched[0].tail, before.tail);
   fs::remove_all(dir);
+}
+
+// A checkpoint stored in float32 (the bf16 one's values, widened exactly)
+// runs on float weights where the bf16 one keeps bf16: the same logits, bit
+// for bit, through a prefill and decode steps.
+TEST(Model, Float32CheckpointGivesTheBitsOfItsBf16Original) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  const fs::path bf16_dir = fs::temp_directory_path() / ("kvtier_model_bf16_" + std::to_string(rng.seed()));
+  const fs::path f32_dir = fs::temp_directory_path() / ("kvtier_model_f32_" + std::to_string(rng.seed()));
+  const ModelConfig config = *PresetConfig("tiny");
+  ASSERT_TRUE(MakeModel(config, bf16_dir.string(), rng.seed()).ok());
+  auto bf16 = Checkpoint::Open(bf16_dir.string());
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  std::vector<TensorToWrite> widened;
+  for (const TensorSpec& spec : ExpectedTensors(config)) {
+    absl::StatusOr<TensorView> t = (*bf16)->Tensor(spec.name);
+    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_EQ(t->dtype, DType::kBf16);
+    widened.push_back({spec.name, DType::kF32, spec.shape, t->ToFloat()});
+  }
+  fs::create_directories(f32_dir);
+  fs::copy_file(bf16_dir / "config.json", f32_dir / "config.json");
+  ASSERT_TRUE(WriteSafetensors((f32_dir / "model.safetensors").string(), widened).ok());
+  auto f32 = Checkpoint::Open(f32_dir.string());
+  ASSERT_TRUE(f32.ok()) << f32.status();
+
+  std::vector<std::unique_ptr<Model>> models;
+  for (const Checkpoint* c : {bf16->get(), f32->get()}) {
+    auto model = Model::Load(*c);
+    ASSERT_TRUE(model.ok()) << model.status();
+    models.push_back(*std::move(model));
+  }
+  std::uniform_int_distribution<uint32_t> id(0, static_cast<uint32_t>(config.vocab_size - 1));
+  std::vector<uint32_t> prompt(21);
+  for (auto& t : prompt) t = id(rng.engine());
+  std::vector<std::vector<float>> logits;
+  for (const auto& model : models) {
+    SequenceCache cache = model->NewCache(kernels::Codec::kInt8, 16);
+    std::vector<float> row(config.vocab_size), all;
+    ASSERT_TRUE(model->Prefill(prompt, cache, row).ok());
+    all = row;
+    for (uint32_t t : {7u, 99u, 3u}) {
+      ASSERT_TRUE(model->Step(t, cache, row).ok());
+      all.insert(all.end(), row.begin(), row.end());
+    }
+    logits.push_back(all);
+  }
+  EXPECT_EQ(logits[0], logits[1]);
+  fs::remove_all(bf16_dir);
+  fs::remove_all(f32_dir);
 }
 
 TEST(Model, RejectsTokensOutsideTheVocabulary) {
