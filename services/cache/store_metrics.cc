@@ -1,29 +1,11 @@
 #include "services/cache/store_metrics.h"
 
+#include "services/common/metric_family.h"
 
 namespace kvtier::cache {
-namespace {
 
-using prometheus::ClientMetric;
 using prometheus::MetricFamily;
 using prometheus::MetricType;
-
-MetricFamily Family(std::string name, std::string help, MetricType type) {
-  return MetricFamily{std::move(name), std::move(help), type, {}};
-}
-
-void AddSample(MetricFamily& family, double value, std::vector<ClientMetric::Label> labels = {}) {
-  ClientMetric m;
-  m.label = std::move(labels);
-  if (family.type == MetricType::Counter) {
-    m.counter.value = value;
-  } else {
-    m.gauge.value = value;
-  }
-  family.metric.push_back(std::move(m));
-}
-
-}  // namespace
 
 std::vector<MetricFamily> StoreMetrics::Collect() const {
   const StoreStats s = store_->Stats();

@@ -7,6 +7,7 @@
 #include "absl/strings/str_replace.h"
 #include "kvtier/kernels/parallel.h"
 #include "services/common/byte_size.h"
+#include "services/common/metric_family.h"
 #include "services/common/metrics_exposer.h"
 #include "services/common/server_runner.h"
 #include "services/common/status.h"
@@ -19,26 +20,22 @@ namespace {
 // <prefix>_record_pool_bytes{state="idle"|"held"}, read at scrape time.
 class RecordPoolMetrics : public prometheus::Collectable {
  public:
-  RecordPoolMetrics(std::string prefix, const ShardSet* shards) : prefix_(std::move(prefix)), shards_(shards) {}
+  RecordPoolMetrics(std::string prefix, std::shared_ptr<const RecordPool> pool)
+      : prefix_(std::move(prefix)), pool_(std::move(pool)) {}
 
   std::vector<prometheus::MetricFamily> Collect() const override {
-    prometheus::MetricFamily family{prefix_ + "_record_pool_bytes",
-                                    "Memory of fetched cached blocks: held by sequences, or idle and kept for reuse",
-                                    prometheus::MetricType::Gauge,
-                                    {}};
-    const RecordPool& pool = shards_->records();
-    for (const auto& [state, bytes] : {std::pair("idle", pool.idle_bytes()), std::pair("held", pool.held_bytes())}) {
-      prometheus::ClientMetric m;
-      m.label = {{"state", state}};
-      m.gauge.value = static_cast<double>(bytes);
-      family.metric.push_back(std::move(m));
-    }
+    prometheus::MetricFamily family =
+        Family(prefix_ + "_record_pool_bytes",
+               "Memory of fetched cached blocks: held by sequences, or idle and kept for reuse",
+               prometheus::MetricType::Gauge);
+    AddSample(family, static_cast<double>(pool_->idle_bytes()), {{"state", "idle"}});
+    AddSample(family, static_cast<double>(pool_->held_bytes()), {{"state", "held"}});
     return {std::move(family)};
   }
 
  private:
   const std::string prefix_;
-  const ShardSet* shards_;
+  const std::shared_ptr<const RecordPool> pool_;
 };
 
 }  // namespace
@@ -76,8 +73,7 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
   kernels::SetKernelThreads(f.threads == 0 ? std::max(1u, std::thread::hardware_concurrency()) : f.threads);
   ModelServer s;
   absl::StatusOr<std::unique_ptr<ShardSet>> shards =
-      ShardSet::Create(f.cache, absl::Milliseconds(f.cache_deadline_ms), !f.no_fast_path,
-                       static_cast<size_t>(std::min<uint64_t>(*record_pool, SIZE_MAX)));
+      ShardSet::Create(f.cache, absl::Milliseconds(f.cache_deadline_ms), !f.no_fast_path, *record_pool);
   if (!shards.ok()) return absl::InvalidArgumentError(absl::StrCat("--cache: ", shards.status().message()));
   s.shards = std::move(*shards);
   std::cerr << program << ": loading " << f.model << " on " << f.device << std::endl;
@@ -85,7 +81,8 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
   KVTIER_ASSIGN_OR_RETURN(s.model, runtime::Model::Load(*checkpoint, device, cuda));
   KVTIER_ASSIGN_OR_RETURN(s.model_id, ModelId(f.model));
   s.registry = std::make_shared<prometheus::Registry>();
-  s.record_pool_metrics = std::make_shared<RecordPoolMetrics>(absl::StrReplaceAll(program, {{"-", "_"}}), s.shards.get());
+  s.record_pool_metrics =
+      std::make_shared<RecordPoolMetrics>(absl::StrReplaceAll(program, {{"-", "_"}}), s.shards->records());
   KVTIER_ASSIGN_OR_RETURN(s.exposer, StartMetricsExposer(f.metrics_listen, {s.registry, s.record_pool_metrics}));
   return s;
 }

@@ -41,7 +41,7 @@ struct ModelServer {
   std::unique_ptr<runtime::Model> model;  // the weights are copied: no checkpoint mapping kept
   std::string model_id;                   // ModelId(checkpoint dir)
   std::shared_ptr<prometheus::Registry> registry;
-  std::shared_ptr<prometheus::Collectable> record_pool_metrics;  // reads shards' record pool
+  std::shared_ptr<prometheus::Collectable> record_pool_metrics;  // the shards' record pool
   std::unique_ptr<prometheus::Exposer> exposer;  // null with no --metrics-listen
 };
 

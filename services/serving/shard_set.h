@@ -58,7 +58,7 @@ class ShardSet {
   // pool unheld.
   static constexpr size_t kIdleRecordBytes = size_t{512} << 20;
   // Where Fetch's records come from (for its metrics).
-  const RecordPool& records() const { return *records_; }
+  std::shared_ptr<const RecordPool> records() const { return records_; }
 
   // Stores whole-block records, one Put per shard (a ShardedPut); the
   // hashes stored (or already there).
