@@ -27,6 +27,7 @@
 #include "services/cache/cache_client.h"
 #include "services/common/child_process.h"
 #include "services/common/flags.h"
+#include "services/common/metrics_page.h"
 #include "services/runtime/checkpoint.h"
 #include "services/runtime/make_model.h"
 #include "services/runtime/model.h"
@@ -93,12 +94,9 @@ Timed Generate(v1::Prefill::Stub& stub, const std::vector<uint32_t>& prompt, uin
 // The decode worker's step count and the sequences its steps carried, from
 // its batch-size histogram (zeros if it cannot be scraped).
 std::pair<double, double> DecodeSteps(const std::string& metrics) {
-  const CommandResult r = RunCommand("curl -s http://" + metrics + "/metrics");
-  const auto value = [&](const std::string& name) {
-    const size_t at = r.output.find("\n" + name + " ");
-    return at == std::string::npos ? 0.0 : std::stod(r.output.substr(at + name.size() + 2));
-  };
-  return {value("kvtier_decode_batch_size_count"), value("kvtier_decode_batch_size_sum")};
+  const std::string page = ScrapeMetrics(metrics);
+  return {MetricValue(page, "kvtier_decode_batch_size_count").value_or(0),
+          MetricValue(page, "kvtier_decode_batch_size_sum").value_or(0)};
 }
 
 std::string Serve(ChildProcess& p, const char* name) {

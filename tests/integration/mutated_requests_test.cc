@@ -23,6 +23,7 @@
 #include "kvtier/v1/prefill.grpc.pb.h"
 #include "services/cache/cache_client.h"
 #include "services/common/child_process.h"
+#include "services/common/metrics_page.h"
 #include "services/kvblock/block_key.h"
 #include "services/runtime/checkpoint.h"
 #include "services/runtime/make_model.h"
@@ -433,12 +434,9 @@ TEST_F(ModelServersTest, ASequenceWhoseLatentsOverflowFailsAloneNotItsBatch) {
   EXPECT_EQ(beside, alone);
 
   // They did share a step (else this tested nothing): a step of 2.
-  const CommandResult scrape = RunCommand("curl -sf http://" + cluster_->decode_metrics[0] + "/metrics");
-  ASSERT_EQ(scrape.exit_code, 0);
-  auto value = [&](const std::string& name) {
-    const size_t at = scrape.output.find("\n" + name + " ");
-    return at == std::string::npos ? -1.0 : std::stod(scrape.output.substr(at + name.size() + 2));
-  };
+  const std::string page = ScrapeMetrics(cluster_->decode_metrics[0]);
+  ASSERT_FALSE(page.empty());
+  auto value = [&](const std::string& name) { return MetricValue(page, name).value_or(-1.0); };
   EXPECT_GT(value("kvtier_decode_batch_size_count"), value("kvtier_decode_batch_size_bucket{le=\"1\"}"));
 }
 

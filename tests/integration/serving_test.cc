@@ -21,6 +21,7 @@
 #include "services/cache/cache_client.h"
 #include "services/cli/remote_generate.h"
 #include "services/common/child_process.h"
+#include "services/common/metrics_page.h"
 #include "services/runtime/checkpoint.h"
 #include "services/runtime/generate.h"
 #include "services/runtime/make_model.h"
@@ -129,6 +130,12 @@ void ExpectSameGeneration(const std::vector<runtime::Sampled>& got, const std::v
       EXPECT_NEAR(got[i].top[k].second, want[i].top[k].second, tolerance) << "token " << i << " top " << k;
     }
   }
+}
+
+// Value of the sample `series` on the /metrics page at `address`; -1 when
+// absent.
+double Scrape(const std::string& address, const std::string& series) {
+  return MetricValue(ScrapeMetrics(address), series).value_or(-1.0);
 }
 
 std::vector<uint32_t> RandomIds(size_t n, std::mt19937_64& rng) {
@@ -496,11 +503,7 @@ TEST_F(ServingTest, CancellationFreesTheDecodeSequence) {
   v1::GenerateResponse event;
   for (int i = 0; i < 4 && reader->Read(&event); ++i) {
   }
-  auto sequences = [&] {
-    const CommandResult r = RunCommand("curl -s http://" + cluster.decode_metrics[0] + "/metrics");
-    const size_t at = r.output.find("\nkvtier_decode_sequences ");
-    return at == std::string::npos ? -1.0 : std::stod(r.output.substr(at + 25));
-  };
+  auto sequences = [&] { return Scrape(cluster.decode_metrics[0], "kvtier_decode_sequences"); };
   EXPECT_EQ(sequences(), 1.0);
   context.TryCancel();
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
@@ -510,14 +513,6 @@ TEST_F(ServingTest, CancellationFreesTheDecodeSequence) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   EXPECT_EQ(sequences(), 0.0);
-}
-
-// Value of the sample named `series` (name and labels, as exposed) on the
-// /metrics page at `address`; -1 when absent.
-double Scrape(const std::string& address, const std::string& series) {
-  const CommandResult r = RunCommand("curl -s http://" + address + "/metrics");
-  const size_t at = r.output.find("\n" + series + " ");
-  return at == std::string::npos ? -1.0 : std::stod(r.output.substr(at + series.size() + 2));
 }
 
 // Fetched records go back to the model servers' pools once their sequences
