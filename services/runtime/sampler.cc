@@ -68,9 +68,15 @@ Sampled Sample(std::span<const float> logits, const Sampling& s, uint64_t step, 
   out.token = static_cast<uint32_t>(std::find(logits.begin(), logits.end(), max) - logits.begin());  // first of ties
   if (out.token >= n) out.token = 0;  // a NaN maximum matches nothing; still a token of the vocabulary
   if (s.temperature > 0) {
+    // Each token's weight under the temperature, computed once for the
+    // total, the nucleus and the draw; kept per thread between calls (a
+    // fresh vocabulary-sized buffer faults its pages in for every token).
     const float inv_temperature = 1.0f / s.temperature;
-    const auto weight = [&](uint32_t t) { return double{std::exp((logits[t] - max) * inv_temperature)}; };
-    const double total = SumOver(n, weight);
+    thread_local std::vector<float> weights;
+    weights.resize(n);
+    const double total =
+        SumOver(n, [&](uint32_t t) { return double{weights[t] = std::exp((logits[t] - max) * inv_temperature)}; });
+    const auto weight = [&](uint32_t t) { return double{weights[t]}; };
     const double u01 = static_cast<double>(Mix(s.seed ^ Mix(step)) >> 11) * 0x1p-53;
     // Draws from `candidates` (in their order) in proportion to weight.
     const auto draw = [&](const auto& candidates, double mass) {
