@@ -127,8 +127,9 @@ TEST(MoeForward, Bf16WeightsGiveTheBitsOfTheirFloatValues) {
   EXPECT_EQ(MoeWeightBytes(bf16, 3), 4 * kExperts * kHidden + 2 * (3 * 3 * kInter * kHidden + 3 * 2 * kInter * kHidden));
 }
 
-// The chosen experts run as jobs on the kernel threads; their sums into a
-// row still come in expert order.
+// The chosen experts spread over the kernel threads (as jobs with a few
+// rows an expert, by splitting each one's products with many); their sums
+// into a row still come in expert order.
 TEST(MoeForward, SameBitsWithOneOrManyThreads) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
