@@ -100,12 +100,15 @@ TEST(Gemv, MatchesFloat64AtOddSizes) {
 }
 
 // Strided inputs and outputs (with padding that must stay untouched) and
-// batch sizes around the 4-input tile; each output also equals Gemv's bits.
+// batch sizes around the tiles (4 inputs; from 4 inputs, 6 weight rows over
+// 1,024-column chunks, in blocks of 32 inputs); each output also equals
+// Gemv's bits.
 TEST(Gemm, MatchesFloat64AndGemvWithStrides) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (auto [rows, cols, n] : {std::tuple<size_t, size_t, size_t>{1, 1, 1}, {5, 17, 3}, {9, 64, 4}, {31, 2049, 9}}) {
+  for (auto [rows, cols, n] : {std::tuple<size_t, size_t, size_t>{1, 1, 1}, {5, 17, 3}, {9, 64, 4}, {31, 2049, 9},
+                               {6, 1024, 4}, {13, 3000, 38}, {20, 15, 7}}) {
     const size_t xs = cols + 3, ys = rows + 2;
     std::vector<float> w(rows * cols), x(n * xs), y(n * ys, NAN), one(rows);
     for (float& v : w) v = normal(rng.engine());

@@ -1,0 +1,262 @@
+// Gemm and Gemv: dot products of weight rows with inputs, each summed in
+// one fixed order whatever the batch, the tile or the thread split, so a
+// sequence's results do not depend on what it is batched with.
+#include "codec_internal.h"
+#include "kvtier/kernels/float_formats.h"
+#include "kvtier/kernels/layers.h"
+#include "kvtier/kernels/parallel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace kvtier::kernels {
+
+namespace {
+
+// Helpers of the target-clone functions must be inlined into each clone:
+// one left out of line is compiled for the baseline target only (measured:
+// blocking Gemm's inputs un-inlined its tile and cut it from 20 to 7 G
+// multiply-adds/s).
+#define KVTIER_INLINE __attribute__((always_inline)) inline
+
+// 16 floats as one GCC vector: each target clone maps it to its own
+// registers (one zmm, two ymm or four xmm).
+typedef float Lanes16 __attribute__((vector_size(64)));
+
+// Inlined into each clone, so the vector never crosses a call: GCC's note
+// that its return ABI differs without AVX-512 does not apply (to here and
+// DotTile, which uses it).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+KVTIER_INLINE Lanes16 Load16(const float* p) {
+  Lanes16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// 16 bf16 weights widened to floats (exactly: a bf16 is a float's top half).
+typedef uint16_t Bf16Lanes16 __attribute__((vector_size(32)));
+typedef uint32_t Bits16 __attribute__((vector_size(64)));
+KVTIER_INLINE Lanes16 Load16(const uint16_t* p) {
+  Bf16Lanes16 h;
+  std::memcpy(&h, p, sizeof h);
+  const Bits16 bits = __builtin_convertvector(h, Bits16) << 16;
+  Lanes16 v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+
+KVTIER_INLINE float WeightAt(const float* row, size_t c) { return row[c]; }
+KVTIER_INLINE float WeightAt(const uint16_t* row, size_t c) { return Bf16ToFloat(row[c]); }
+
+// Dot products of one weight row with M inputs, M fixed at compile time.
+// The partial sums are vector values, not an array, so that they stay in
+// registers (as a float[M][16] array GCC kept them on the stack: a store
+// and reload on every step, measured 10 G multiply-adds/s). The lanes are
+// summed in a fixed order (lane-wise, then lanes 0..15, then the columns
+// past the last full lane group), which Gemv repeats.
+template <size_t M, typename Weight>
+KVTIER_INLINE void DotTile(const Weight* row, size_t cols, const float* x, size_t x_stride, float* y,
+                           size_t y_stride) {
+  constexpr size_t kLanes = 16;
+  const size_t full = cols / kLanes * kLanes;
+  Lanes16 lanes[M] = {};
+  for (size_t c = 0; c < full; c += kLanes) {
+    const Lanes16 w = Load16(row + c);
+    for (size_t i = 0; i < M; ++i) lanes[i] += w * Load16(x + i * x_stride + c);
+  }
+  for (size_t i = 0; i < M; ++i) {
+    float s = 0.0f;
+    for (size_t j = 0; j < kLanes; ++j) s += lanes[i][j];
+    // An explicit fma: left to the compiler, the float and bf16 tails were
+    // contracted differently (measured: other last bits).
+    for (size_t c = full; c < cols; ++c) s = std::fma(WeightAt(row, c), x[i * x_stride + c], s);
+    y[i * y_stride] = s;
+  }
+}
+
+// R weight rows against M inputs over columns [begin, end) (whole lane
+// groups), continuing the lane-wise sums in `acc` (R x M, row-major): the
+// steps of DotTile's loop, with each load of a weight row shared by M
+// inputs and each load of an input by R rows.
+template <size_t R, size_t M, typename Weight>
+KVTIER_INLINE void AccumulateBlock(const Weight* w, size_t cols, size_t begin, size_t end, const float* x,
+                                   size_t x_stride, Lanes16* acc) {
+  Lanes16 lanes[R][M];
+  for (size_t r = 0; r < R; ++r)
+    for (size_t i = 0; i < M; ++i) lanes[r][i] = acc[r * M + i];
+  for (size_t c = begin; c < end; c += 16) {
+    Lanes16 in[M];
+    for (size_t i = 0; i < M; ++i) in[i] = Load16(x + i * x_stride + c);
+    for (size_t r = 0; r < R; ++r) {
+      const Lanes16 wr = Load16(w + r * cols + c);
+      for (size_t i = 0; i < M; ++i) lanes[r][i] += wr * in[i];
+    }
+  }
+  for (size_t r = 0; r < R; ++r)
+    for (size_t i = 0; i < M; ++i) acc[r * M + i] = lanes[r][i];
+}
+
+// The R x M dot products from their lane-wise sums, finished as DotTile
+// finishes one: lanes in order, then the columns past the last lane group.
+template <size_t R, size_t M, typename Weight>
+KVTIER_INLINE void FinishBlock(const Weight* w, size_t cols, const float* x, size_t x_stride, const Lanes16* acc,
+                               float* y, size_t y_stride) {
+  const size_t full = cols / 16 * 16;
+  for (size_t r = 0; r < R; ++r) {
+    for (size_t i = 0; i < M; ++i) {
+      float s = 0.0f;
+      for (size_t j = 0; j < 16; ++j) s += acc[r * M + i][j];
+      for (size_t c = full; c < cols; ++c) s = std::fma(WeightAt(w + r * cols, c), x[i * x_stride + c], s);
+      y[i * y_stride + r] = s;
+    }
+  }
+}
+#pragma GCC diagnostic pop
+
+// All weight rows against inputs [0, n), four inputs sharing each load of
+// a weight row: Gemm's work for one block of inputs.
+template <typename Weight>
+KVTIER_INLINE void GemmRows(const Weight* w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride,
+                            float* y, size_t y_stride) {
+  for (size_t r = 0; r < rows; ++r) {
+    const Weight* row = w + r * cols;
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) DotTile<4>(row, cols, x + i * x_stride, x_stride, y + i * y_stride + r, y_stride);
+    for (; i < n; ++i) DotTile<1>(row, cols, x + i * x_stride, x_stride, y + i * y_stride + r, y_stride);
+  }
+}
+
+// Gemm's block of inputs in tiles of 6 weight rows x 4 inputs (24 sums in
+// registers: AVX-512's 32 registers hold them with the loads), the columns
+// in chunks of 1,024 so that a tile's weights stay in L1 while the block's
+// inputs pass. The rows past the last whole tile go through GemmRows.
+// Measured against 4 x 4 tiles and chunks of 256-2,048 columns, blocks of
+// 16-64 inputs (load/README.md, "Gemm tiles").
+constexpr size_t kInputBlock = 32;
+// Below 4 inputs a tile would be all tail: one weight row at a time
+// (GemmRows) streams the weights from memory faster.
+constexpr size_t kWideFrom = 4;
+
+template <typename Weight>
+KVTIER_INLINE void GemmRowsWide(const Weight* w, size_t rows, size_t cols, const float* x, size_t n,
+                                size_t x_stride, float* y, size_t y_stride) {
+  constexpr size_t kRows = 6, kInputs = 4, kChunk = 1024;
+  const size_t full = cols / 16 * 16;
+  Lanes16 acc[kInputBlock * kRows];
+  size_t r0 = 0;
+  for (; r0 + kRows <= rows; r0 += kRows) {
+    const Weight* tile = w + r0 * cols;
+    for (size_t k = 0; k < n * kRows; ++k) acc[k] = Lanes16{};
+    for (size_t c = 0; c < full; c += kChunk) {
+      const size_t c_end = std::min(full, c + kChunk);
+      size_t i = 0;
+      for (; i + kInputs <= n; i += kInputs)
+        AccumulateBlock<kRows, kInputs>(tile, cols, c, c_end, x + i * x_stride, x_stride, acc + i * kRows);
+      for (; i < n; ++i) AccumulateBlock<kRows, 1>(tile, cols, c, c_end, x + i * x_stride, x_stride, acc + i * kRows);
+    }
+    size_t i = 0;
+    for (; i + kInputs <= n; i += kInputs)
+      FinishBlock<kRows, kInputs>(tile, cols, x + i * x_stride, x_stride, acc + i * kRows, y + i * y_stride + r0,
+                                  y_stride);
+    for (; i < n; ++i)
+      FinishBlock<kRows, 1>(tile, cols, x + i * x_stride, x_stride, acc + i * kRows, y + i * y_stride + r0, y_stride);
+  }
+  GemmRows(w + r0 * cols, rows - r0, cols, x, n, x_stride, y + r0, y_stride);
+}
+
+}  // namespace
+
+namespace {
+
+// Weight rows [row_begin, row_end) against all inputs, the inputs in blocks
+// of 32 that stay in L2 while every row passes over them (2,048 inputs
+// would otherwise be re-read from memory per row). A clones function of
+// its own: the parallel chunks call it from lambdas, which would otherwise
+// be compiled for the baseline target only.
+template <bool kWide, typename Weight>
+KVTIER_INLINE void GemmRowRangeOf(const Weight* w, size_t row_begin, size_t row_end, size_t cols, const float* x,
+                                  size_t n, size_t x_stride, float* y, size_t y_stride) {
+  for (size_t i0 = 0; i0 < n; i0 += kInputBlock) {
+    const size_t block = std::min(kInputBlock, n - i0);
+    float* out = y + i0 * y_stride + row_begin;
+    if (kWide) {
+      GemmRowsWide(w + row_begin * cols, row_end - row_begin, cols, x + i0 * x_stride, block, x_stride, out, y_stride);
+    } else {
+      GemmRows(w + row_begin * cols, row_end - row_begin, cols, x + i0 * x_stride, block, x_stride, out, y_stride);
+    }
+  }
+}
+KVTIER_VECTOR_CLONES void GemmRowRange(const float* w, size_t row_begin, size_t row_end, size_t cols,
+                                       const float* x, size_t n, size_t x_stride, float* y, size_t y_stride) {
+  GemmRowRangeOf<false>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
+}
+KVTIER_VECTOR_CLONES void GemmRowRange(const uint16_t* w, size_t row_begin, size_t row_end, size_t cols,
+                                       const float* x, size_t n, size_t x_stride, float* y, size_t y_stride) {
+  GemmRowRangeOf<false>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
+}
+
+// The wide tiles need AVX-512's 32 vector registers (in AVX2's 16 their
+// sums would spill), so they have their own x86-64-v4 build, taken when
+// the CPU has it; elsewhere every n goes through GemmRows.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KVTIER_AVX512 __attribute__((target("arch=x86-64-v4")))
+KVTIER_AVX512 void GemmRowRangeWide(const float* w, size_t row_begin, size_t row_end, size_t cols, const float* x,
+                                    size_t n, size_t x_stride, float* y, size_t y_stride) {
+  GemmRowRangeOf<true>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
+}
+KVTIER_AVX512 void GemmRowRangeWide(const uint16_t* w, size_t row_begin, size_t row_end, size_t cols,
+                                    const float* x, size_t n, size_t x_stride, float* y, size_t y_stride) {
+  GemmRowRangeOf<true>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
+}
+bool HasWideTiles() {
+  static const bool has = __builtin_cpu_supports("x86-64-v4");
+  return has;
+}
+#else
+template <typename Weight>
+void GemmRowRangeWide(const Weight* w, size_t row_begin, size_t row_end, size_t cols, const float* x, size_t n,
+                      size_t x_stride, float* y, size_t y_stride) {
+  GemmRowRange(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
+}
+bool HasWideTiles() { return false; }
+#endif
+
+// Gemm's split of the weight rows among the kernel threads: about 1 M
+// multiply-adds a chunk (with one input row, as in a single sequence's
+// decode step, 4 MB of float weights, far more than waking a thread
+// costs); each output is still one dot product in one thread, so results
+// do not depend on the split.
+template <typename Weight>
+void GemmOf(const Weight* w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride, float* y,
+            size_t y_stride) {
+  const size_t per_row = std::max<size_t>(cols * n, 1);
+  const bool wide = n >= kWideFrom && HasWideTiles();
+  ParallelFor(rows, std::max<size_t>((size_t{1} << 20) / per_row, 8), [&](size_t begin, size_t end) {
+    if (wide) {
+      GemmRowRangeWide(w, begin, end, cols, x, n, x_stride, y, y_stride);
+    } else {
+      GemmRowRange(w, begin, end, cols, x, n, x_stride, y, y_stride);
+    }
+  });
+}
+
+}  // namespace
+
+void Gemm(const float* w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride, float* y,
+          size_t y_stride) {
+  GemmOf(w, rows, cols, x, n, x_stride, y, y_stride);
+}
+
+void GemmBf16(const uint16_t* w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride, float* y,
+              size_t y_stride) {
+  GemmOf(w, rows, cols, x, n, x_stride, y, y_stride);
+}
+
+// Absorbed attention calls this per token with one row: no tile loop.
+KVTIER_VECTOR_CLONES void Gemv(const float* w, size_t rows, size_t cols, const float* x, float* y) {
+  for (size_t r = 0; r < rows; ++r) DotTile<1>(w + r * cols, cols, x, cols, y + r, 1);
+}
+
+}  // namespace kvtier::kernels
