@@ -78,11 +78,8 @@ void ExpandedAttention(const MlaDims& d, const float* w_uk, const float* w_uv, s
         float* pi = p.data() + i * seen_max;
         const float* pe_i = p_pe.data() + i * seen_max;
         const size_t seen = static_cast<size_t>(positions[r0 + i]) + 1;
-        float max = -INFINITY;
-        for (size_t t = 0; t < seen; ++t) max = std::max(max, pi[t] = (pi[t] + pe_i[t]) * scale);
-        float sum = 0.0f;
-        for (size_t t = 0; t < seen; ++t) sum += (pi[t] = std::exp(pi[t] - max));
-        for (size_t t = 0; t < seen; ++t) pi[t] /= sum;
+        for (size_t t = 0; t < seen; ++t) pi[t] = (pi[t] + pe_i[t]) * scale;
+        Softmax(pi, seen);
         std::fill(pi + seen, pi + seen_max, 0.0f);  // tokens after this row's own
       }
       // out_t[j][i] = sum_t p[i][t] v_t[j]: the block's outputs, transposed.

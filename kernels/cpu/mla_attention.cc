@@ -126,11 +126,8 @@ KVTIER_VECTOR_CLONES Status AbsorbedMlaDecode(const MlaShape& s, std::span<const
   // Softmax per head (scores become probabilities).
   for (uint32_t h = 0; h < heads; ++h) {
     float* sh = scores.data() + size_t{h} * total;
-    float max = -INFINITY;
-    for (size_t t = 0; t < total; ++t) max = std::max(max, sh[t] *= softmax_scale);
-    float sum = 0.0f;
-    for (size_t t = 0; t < total; ++t) sum += (sh[t] = std::exp(sh[t] - max));
-    for (size_t t = 0; t < total; ++t) sh[t] /= sum;
+    for (size_t t = 0; t < total; ++t) sh[t] *= softmax_scale;
+    Softmax(sh, total);
   }
   // Pass 2: weighted sums of the latents.
   std::fill(out.begin(), out.end(), 0.0f);

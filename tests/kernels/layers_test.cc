@@ -82,6 +82,34 @@ TEST(Rope, RejectsBadParameters) {
   EXPECT_EQ(RopeTable::Create(8, 10000.0, &bad, table).code(), StatusCode::kInvalidArgument);
 }
 
+// Softmax against float64, at lengths around the 16-lane groups: random
+// scores with a wide spread, and a sweep of exp's argument from 0 to -100
+// (each output within 1e-5 of its value; a wrong polynomial or ln 2 split
+// is off by more).
+TEST(Softmax, MatchesFloat64) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  std::normal_distribution<float> normal(0.0f, 8.0f);
+  std::vector<std::vector<float>> cases;
+  for (size_t n : {1, 7, 16, 33, 1000}) {
+    cases.emplace_back(n);
+    for (float& v : cases.back()) v = normal(rng.engine());
+  }
+  cases.emplace_back(10000);
+  for (size_t i = 0; i < cases.back().size(); ++i) cases.back()[i] = -0.01f * static_cast<float>(i);
+  for (std::vector<float>& x : cases) {
+    const double max = *std::max_element(x.begin(), x.end());
+    double sum = 0;
+    for (float v : x) sum += std::exp(double{v} - max);
+    std::vector<float> got = x;
+    Softmax(got.data(), got.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double want = std::exp(double{x[i]} - max) / sum;
+      ASSERT_NEAR(got[i], want, 1e-5 * want + 1e-38) << "n " << x.size() << " at " << i << " (score " << x[i] << ")";
+    }
+  }
+}
+
 TEST(Gemv, MatchesFloat64AtOddSizes) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
