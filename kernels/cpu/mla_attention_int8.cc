@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "codec_internal.h"
@@ -17,18 +18,6 @@
 #endif
 
 namespace kvtier::kernels::cpu {
-namespace {
-
-constexpr float kInt16Max = 32767.0f;
-
-// The block's per-channel scales (bf16, before the codes) as floats.
-std::vector<float> Scales(const uint8_t* payload, uint32_t dim) {
-  std::vector<float> scale(dim);
-  for (uint32_t c = 0; c < dim; ++c) scale[c] = Bf16ToFloat(LoadU16(payload + 2 * c));
-  return scale;
-}
-
-}  // namespace
 
 #ifdef KVTIER_VNNI
 
@@ -40,168 +29,263 @@ bool Int8VnniUsable(uint32_t dim, uint32_t kv_lora_rank) {
 
 namespace {
 
-// Rounds x[i] * mul[i] (mul may be null: 1) for i < n to int16 with one
-// scale (max |x * mul| -> 32767); returns the value of one int16 step.
+constexpr float kInt16Max = 32767.0f;
+
 KVTIER_VNNI inline __mmask16 Remaining(size_t n, size_t i) {
   return static_cast<__mmask16>(n - i >= 16 ? 0xffff : (1u << (n - i)) - 1);
 }
 
-KVTIER_VNNI inline __m512 LoadProduct(const float* x, const float* mul, size_t i, __mmask16 m) {
-  const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
-  return mul == nullptr ? v : _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, mul + i));
-}
-
-KVTIER_VNNI float ToInt16(const float* x, const float* mul, size_t n, int16_t* out) {
+// Rounds x[i] for i < n to int16 with one scale (max |x| -> 32767) into
+// runs of 32 that lie `run_stride` apart in `out` (32: one after another);
+// returns the value of one int16 step.
+KVTIER_VNNI float ToInt16(const float* x, size_t n, int16_t* out, size_t run_stride = 32) {
   __m512 max = _mm512_setzero_ps();
   for (size_t i = 0; i < n; i += 16) {
-    max = _mm512_max_ps(max, _mm512_abs_ps(LoadProduct(x, mul, i, Remaining(n, i))));
+    max = _mm512_max_ps(max, _mm512_abs_ps(_mm512_maskz_loadu_ps(Remaining(n, i), x + i)));
   }
   const float top = _mm512_reduce_max_ps(max);
-  if (top == 0.0f) {
-    std::fill(out, out + n, int16_t{0});
-    return 0.0f;
-  }
-  const __m512 to_int = _mm512_set1_ps(kInt16Max / top);
+  // Round to nearest even (the default mode), then narrow; |v| <= 32767.
+  const __m512 to_int = _mm512_set1_ps(top == 0.0f ? 0.0f : kInt16Max / top);
   for (size_t i = 0; i < n; i += 16) {
     const __mmask16 m = Remaining(n, i);
-    // Round to nearest even (the default mode), then narrow; |v| <= 32767.
-    const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(LoadProduct(x, mul, i, m), to_int));
-    _mm256_mask_storeu_epi16(out + i, m, _mm512_cvtsepi32_epi16(v));
+    const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), to_int));
+    _mm256_mask_storeu_epi16(out + i / 32 * run_stride + i % 32, m, _mm512_cvtsepi32_epi16(v));
   }
   return top / kInt16Max;
 }
 
-// Sums each of 16 vectors: lane h of the result is the sum of acc[h]'s lanes.
-KVTIER_VNNI __attribute__((always_inline)) inline __m512i SumEach(const __m512i acc[16]) {
-  __m512i pairs[8], quads[4];
+// Sums each of 16 vectors: lane i of the result is the sum of v[i]'s lanes
+// (in float: 16 lanes of int32 sums could overflow int32 together).
+KVTIER_VNNI __attribute__((always_inline)) inline __m512 SumEach(const __m512 v[16]) {
+  __m512 pairs[8], quads[4];
   for (int i = 0; i < 8; ++i) {  // per 128-bit lane: a0+a2, b0+b2, a1+a3, b1+b3
-    pairs[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(acc[2 * i], acc[2 * i + 1]),
-                                _mm512_unpackhi_epi32(acc[2 * i], acc[2 * i + 1]));
+    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
   }
-  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: the lane's sum of 4 heads
-    quads[i] = _mm512_add_epi64(_mm512_unpacklo_epi64(pairs[2 * i], pairs[2 * i + 1]),
-                                _mm512_unpackhi_epi64(pairs[2 * i], pairs[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: the lane's sum of 4 vectors
+    const __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
+    quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
   }
-  // quads[i] holds heads 4i..4i+3 in each of its four 128-bit lanes; sum
-  // the lanes so that heads 4i..4i+3 land in lane i.
-  const __m512i v01 = _mm512_add_epi32(_mm512_shuffle_i32x4(quads[0], quads[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                       _mm512_shuffle_i32x4(quads[0], quads[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  const __m512i v23 = _mm512_add_epi32(_mm512_shuffle_i32x4(quads[2], quads[3], _MM_SHUFFLE(2, 0, 2, 0)),
-                                       _mm512_shuffle_i32x4(quads[2], quads[3], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm512_add_epi32(_mm512_shuffle_i32x4(v01, v23, _MM_SHUFFLE(2, 0, 2, 0)),
-                          _mm512_shuffle_i32x4(v01, v23, _MM_SHUFFLE(3, 1, 3, 1)));
+  // quads[i] holds vectors 4i..4i+3 in each of its four 128-bit lanes; sum
+  // the lanes so that vectors 4i..4i+3 land in lane i.
+  const __m512 v01 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(quads[0], quads[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 v23 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(v01, v23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(v01, v23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
-
-}  // namespace
-
-namespace {
 
 // The block's widest channels (largest scales) are multiplied in float:
 // one outlier channel would otherwise set the int16 step of every query
 // (measured: errors of 1.4e-4 against float64 with a 20x outlier channel).
 constexpr uint32_t kFloatChannels = 4;
 
-// The first kHeads rows of q16 ([16][dim]) regrouped as ScoreTokens reads
-// them: [dim / 32][kHeads][32], so one pointer reaches every head's group.
-template <uint32_t kHeads>
-const int16_t* Grouped(const std::vector<int16_t>& q16, uint32_t dim, std::vector<int16_t>& out) {
-  for (uint32_t g = 0; g < dim / 32; ++g)
-    for (uint32_t h = 0; h < kHeads; ++h)
-      std::copy_n(q16.data() + size_t{h} * dim + 32 * g, 32, out.data() + (size_t{g} * kHeads + h) * 32);
-  return out.data();
+// Both passes work in tiles of 16 int32 sums kept in registers, each load
+// shared by 4 vpdpwssd: 4 heads x 4 tokens for the scores, 4 heads x 64
+// channels for the weighted sums (a load a product, with 16 heads a token,
+// had the load ports, not the multiply-adds, set the pace). Heads go in
+// groups of 4, the last one padded with zero queries or weights whose
+// results are not written.
+constexpr uint32_t kGroup = 4;
+
+// Buffers kept per thread between blocks (a decode step calls these once
+// a block): grown, never shrunk or cleared.
+struct Scratch {
+  std::vector<float> scale, qs, step, wide_q, wide_codes;
+  std::vector<int16_t> q16, p16, widened;
+  std::vector<int8_t> zeros;
+};
+
+template <typename T>
+T* Sized(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
 }
 
-// Scores of kHeads heads (q16: [dim / 32][kHeads][32] int16, each group of
-// 32 channels of all the heads together) against every token of the block,
-// plus the float channels (wide_q: [channel][16 heads]); lane h of each
-// token's result is head h.
-template <uint32_t kHeads>
-KVTIER_VNNI void ScoreTokens(const int8_t* codes, uint32_t tokens, uint32_t dim, const int16_t* q16,
-                             const float* step, const uint32_t* wide, const float* wide_q, uint32_t n,
-                             float* scores, size_t stride) {
-  const __m512 steps = _mm512_load_ps(step);
-  for (uint32_t t = 0; t < tokens; ++t) {
-    const int8_t* code = codes + size_t{t} * dim;
-    __m512i acc[16];
-    for (auto& a : acc) a = _mm512_setzero_si512();
-    for (uint32_t g = 0; g < dim / 32; ++g) {
-      const __m512i c16 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(code + 32 * g)));
-      const int16_t* qg = q16 + size_t{g} * kHeads * 32;
-      for (uint32_t h = 0; h < kHeads; ++h) acc[h] = _mm512_dpwssd_epi32(acc[h], c16, _mm512_loadu_si512(qg + 32 * h));
-    }
-    __m512 score = _mm512_mul_ps(_mm512_cvtepi32_ps(SumEach(acc)), steps);
-    for (uint32_t j = 0; j < kFloatChannels; ++j) {
-      score = _mm512_fmadd_ps(_mm512_load_ps(wide_q + 16 * j), _mm512_set1_ps(code[wide[j]]), score);
-    }
-    alignas(64) float out[16];
-    _mm512_store_ps(out, score);
-    for (uint32_t h = 0; h < n; ++h) scores[size_t{h} * stride + t] = out[h];
+Scratch& ThreadScratch() {
+  thread_local Scratch scratch;
+  return scratch;
+}
+
+// The block's per-channel scales (bf16, before the codes) as floats; dim
+// is a multiple of 32.
+KVTIER_VNNI const float* Scales(const uint8_t* payload, uint32_t dim, Scratch& s) {
+  float* scale = Sized(s.scale, dim);
+  for (uint32_t c = 0; c < dim; c += 16) {
+    const __m256i bf16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(payload + 2 * c));
+    _mm512_storeu_ps(scale + c, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16), 16)));
   }
+  return scale;
+}
+
+// The kFloatChannels channels of largest |scale|, largest first (the
+// lower channel on ties).
+void WidestChannels(const float* scale, uint32_t dim, uint32_t* wide) {
+  float width[kFloatChannels];
+  uint32_t found = 0;
+  for (uint32_t c = 0; c < dim; ++c) {
+    const float w = std::fabs(scale[c]);
+    if (found == kFloatChannels && !(w > width[kFloatChannels - 1])) continue;
+    uint32_t i = std::min(found, kFloatChannels - 1);
+    for (; i > 0 && w > width[i - 1]; --i) width[i] = width[i - 1], wide[i] = wide[i - 1];
+    width[i] = w, wide[i] = c;
+    found = std::min(found + 1, kFloatChannels);
+  }
+}
+
+// The tiles' 16 accumulators are named variables, a##h##k for head h and
+// token k (or chunk k): as an array GCC 12 copied each of them between two
+// sets of registers on every step (32 moves for 16 multiply-adds).
+#define KVTIER_TILE_ROW(X, h) X(h, 0) X(h, 1) X(h, 2) X(h, 3)
+#define KVTIER_TILE(X) KVTIER_TILE_ROW(X, 0) KVTIER_TILE_ROW(X, 1) KVTIER_TILE_ROW(X, 2) KVTIER_TILE_ROW(X, 3)
+#define KVTIER_TILE_ZERO(h, k) __m512i a##h##k = _mm512_setzero_si512();
+#define KVTIER_TILE_FLOAT(h, k) _mm512_cvtepi32_ps(a##h##k),
+#define KVTIER_TILE_INT(h, k) a##h##k,
+#define KVTIER_DPWSSD(acc, a, b) asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+
+// Sums of one 4-head x 4-token tile, lane h * 4 + k for head h and token
+// k: q16[h] . code[k] over all channel groups, q16 as [dim / 32][4][32].
+KVTIER_VNNI __attribute__((noinline)) __m512 ScoreTile(const int8_t* const rows[kGroup], const int16_t* qg,
+                                                                   uint32_t dim) {
+  KVTIER_TILE(KVTIER_TILE_ZERO)
+  for (uint32_t g = 0; g < dim / 32; ++g) {
+#define KVTIER_CODES(k) \
+  const __m512i c##k = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[k] + 32 * g)));
+#define KVTIER_SCORE(h, k) KVTIER_DPWSSD(a##h##k, c##k, q)
+#define KVTIER_HEAD(h)                                                      \
+  {                                                                         \
+    const __m512i q = _mm512_loadu_si512(qg + (size_t{g} * kGroup + h) * 32); \
+    KVTIER_TILE_ROW(KVTIER_SCORE, h)                                        \
+  }
+    KVTIER_CODES(0) KVTIER_CODES(1) KVTIER_CODES(2) KVTIER_CODES(3)
+    KVTIER_HEAD(0) KVTIER_HEAD(1) KVTIER_HEAD(2) KVTIER_HEAD(3)
+#undef KVTIER_CODES
+#undef KVTIER_SCORE
+#undef KVTIER_HEAD
+  }
+  const __m512 sums[16] = {KVTIER_TILE(KVTIER_TILE_FLOAT)};
+  return SumEach(sums);
+}
+
+// Two int16 weights (tokens 2k and 2k + 1) as the int32 vpdpwssd pairs
+// with the two tokens' codes.
+KVTIER_VNNI inline __m512i WeightPair(const int16_t* p16, uint32_t k) {
+  int32_t both;
+  std::memcpy(&both, p16 + 2 * size_t{k}, sizeof both);
+  return _mm512_set1_epi32(both);
+}
+
+// Sums of one 4-head x 64-channel tile over the span's token pairs:
+// out[h * 4 + j] = sum_k (p16[h][2k], p16[h][2k+1]) . widened[k][j], p16
+// as [head][2 * npairs], widened as [pair][4 chunks][32].
+KVTIER_VNNI __attribute__((noinline)) void WeightedTile(const int16_t* p16, const int16_t* widened, uint32_t npairs,
+                                                        __m512i out[16]) {
+  KVTIER_TILE(KVTIER_TILE_ZERO)
+  for (uint32_t k = 0; k < npairs; ++k) {
+#define KVTIER_CODES(j) const __m512i w##j = _mm512_loadu_si512(widened + (size_t{k} * 4 + j) * 32);
+#define KVTIER_SUM(h, j) KVTIER_DPWSSD(a##h##j, p, w##j)
+#define KVTIER_HEAD(h)                                                  \
+  {                                                                     \
+    const __m512i p = WeightPair(p16 + size_t{h} * 2 * npairs, k);      \
+    KVTIER_TILE_ROW(KVTIER_SUM, h)                                      \
+  }
+    KVTIER_CODES(0) KVTIER_CODES(1) KVTIER_CODES(2) KVTIER_CODES(3)
+    KVTIER_HEAD(0) KVTIER_HEAD(1) KVTIER_HEAD(2) KVTIER_HEAD(3)
+#undef KVTIER_CODES
+#undef KVTIER_SUM
+#undef KVTIER_HEAD
+  }
+  const __m512i sums[16] = {KVTIER_TILE(KVTIER_TILE_INT)};
+  std::copy_n(sums, 16, out);
 }
 
 }  // namespace
 
 KVTIER_VNNI void Int8BlockScores(const uint8_t* payload, uint32_t tokens, uint32_t dim, uint32_t heads,
                                  const float* q, float* scores, size_t stride) {
-  const std::vector<float> scale = Scales(payload, dim);
+  Scratch& s = ThreadScratch();
+  const float* scale = Scales(payload, dim, s);
   const auto* codes = reinterpret_cast<const int8_t*>(payload + 2 * size_t{dim});
-  uint32_t wide[kFloatChannels];  // channel indices, widest scale first
-  std::vector<uint32_t> order(dim);
-  for (uint32_t c = 0; c < dim; ++c) order[c] = c;
-  std::partial_sort(order.begin(), order.begin() + kFloatChannels, order.end(),
-                    [&](uint32_t a, uint32_t b) { return std::fabs(scale[a]) > std::fabs(scale[b]); });
-  std::copy_n(order.begin(), kFloatChannels, wide);
-  // Queries with the scales folded in, as int16 without the float channels,
-  // up to 16 heads a pass; a pass of 8 or 4 heads skips the products of the
-  // missing ones.
-  std::vector<int16_t> q16(size_t{16} * dim), grouped(size_t{16} * dim);
-  std::vector<float> qs(dim);
-  for (uint32_t h0 = 0; h0 < heads; h0 += 16) {
-    const uint32_t n = std::min(16u, heads - h0);
-    std::fill(q16.begin(), q16.end(), int16_t{0});
-    alignas(64) float step[16] = {};
-    alignas(64) float wide_q[kFloatChannels * 16] = {};
-    for (uint32_t h = 0; h < n; ++h) {
-      const float* qh = q + size_t{h0 + h} * dim;
-      for (uint32_t c = 0; c < dim; ++c) qs[c] = qh[c] * scale[c];
+  uint32_t wide[kFloatChannels];
+  WidestChannels(scale, dim, wide);
+  // Queries with the scales folded in, as int16 without the float channels
+  // (one step each), laid out [head group][dim / 32][4 heads][32].
+  const uint32_t groups = (heads + kGroup - 1) / kGroup, padded = groups * kGroup;
+  int16_t* q16 = Sized(s.q16, size_t{padded} * dim);
+  float* qs = Sized(s.qs, dim);
+  float* step = Sized(s.step, padded);
+  float* wide_q = Sized(s.wide_q, size_t{padded} * kFloatChannels);
+  for (uint32_t h = 0; h < padded; ++h) {
+    if (h < heads) {
+      for (uint32_t c = 0; c < dim; ++c) qs[c] = q[size_t{h} * dim + c] * scale[c];
       for (uint32_t j = 0; j < kFloatChannels; ++j) {
-        wide_q[16 * j + h] = qs[wide[j]];
+        wide_q[h * kFloatChannels + j] = qs[wide[j]];
         qs[wide[j]] = 0.0f;
       }
-      step[h] = ToInt16(qs.data(), nullptr, dim, q16.data() + size_t{h} * dim);
-    }
-    float* s = scores + size_t{h0} * stride;
-    if (n > 8) {
-      ScoreTokens<16>(codes, tokens, dim, Grouped<16>(q16, dim, grouped), step, wide, wide_q, n, s, stride);
-    } else if (n > 4) {
-      ScoreTokens<8>(codes, tokens, dim, Grouped<8>(q16, dim, grouped), step, wide, wide_q, n, s, stride);
     } else {
-      ScoreTokens<4>(codes, tokens, dim, Grouped<4>(q16, dim, grouped), step, wide, wide_q, n, s, stride);
+      std::fill(qs, qs + dim, 0.0f);
+    }
+    int16_t* grouped = q16 + size_t{h / kGroup} * kGroup * dim + (h % kGroup) * 32;
+    step[h] = ToInt16(qs, dim, grouped, kGroup * 32);
+  }
+  // Integer sums, 4 tokens (rows past the block read zeros) by 4 heads.
+  const int8_t* zeros = Sized(s.zeros, dim);
+  for (uint32_t t0 = 0; t0 < tokens; t0 += kGroup) {
+    const uint32_t n = std::min(kGroup, tokens - t0);
+    const int8_t* rows[kGroup];
+    for (uint32_t k = 0; k < kGroup; ++k) rows[k] = k < n ? codes + size_t{t0 + k} * dim : zeros;
+    for (uint32_t group = 0; group < groups; ++group) {
+      alignas(64) float sums[16];
+      _mm512_store_ps(sums, ScoreTile(rows, q16 + size_t{group} * kGroup * dim, dim));
+      for (uint32_t h = 0; h < kGroup && group * kGroup + h < heads; ++h) {
+        _mm_mask_storeu_ps(scores + size_t{group * kGroup + h} * stride + t0, static_cast<__mmask8>((1u << n) - 1),
+                           _mm_load_ps(sums + h * kGroup));
+      }
+    }
+  }
+  // Scores: the sums times each head's step, plus the float channels.
+  float* wide_codes = Sized(s.wide_codes, size_t{kFloatChannels} * tokens);
+  for (uint32_t j = 0; j < kFloatChannels; ++j)
+    for (uint32_t t = 0; t < tokens; ++t) wide_codes[size_t{j} * tokens + t] = codes[size_t{t} * dim + wide[j]];
+  for (uint32_t h = 0; h < heads; ++h) {
+    float* sh = scores + size_t{h} * stride;
+    const __m512 hs = _mm512_set1_ps(step[h]);
+    for (uint32_t t = 0; t < tokens; t += 16) {
+      const __mmask16 m = Remaining(tokens, t);
+      __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, sh + t), hs);
+      for (uint32_t j = 0; j < kFloatChannels; ++j) {
+        v = _mm512_fmadd_ps(_mm512_set1_ps(wide_q[h * kFloatChannels + j]),
+                            _mm512_maskz_loadu_ps(m, wide_codes + size_t{j} * tokens + t), v);
+      }
+      _mm512_mask_storeu_ps(sh + t, m, v);
     }
   }
 }
 
 KVTIER_VNNI void Int8BlockWeightedSum(const uint8_t* payload, uint32_t tokens, uint32_t dim, uint32_t kv,
                                       uint32_t heads, const float* p, size_t stride, float* out) {
-  const std::vector<float> scale = Scales(payload, dim);
+  Scratch& s = ThreadScratch();
+  const float* scale = Scales(payload, dim, s);
   const auto* codes = reinterpret_cast<const int8_t*>(payload + 2 * size_t{dim});
   // Tokens go in pairs: vpdpwssd adds p_a*code_a + p_b*code_b per channel.
   // A span of at most 128 pairs keeps int32 sums below 2^31 (each pair adds
   // at most 2 * 32767 * 128); the weights are rounded per span and head.
   constexpr uint32_t kSpanPairs = 128, kChunk = 4;  // 4 x 16 channels at a time
-  const std::vector<int8_t> zeros(dim, 0);
-  std::vector<int16_t> widened(size_t{kSpanPairs} * kChunk * 32);  // [pair][chunk] x 32 int16
-  std::vector<int16_t> p16(2 * size_t{kSpanPairs});
-  std::vector<int32_t> pairs(size_t{heads} * kSpanPairs);
-  std::vector<float> step(heads);
+  const uint32_t groups = (heads + kGroup - 1) / kGroup, padded = groups * kGroup;
+  const int8_t* zeros = Sized(s.zeros, dim);
+  int16_t* widened = Sized(s.widened, size_t{kSpanPairs} * kChunk * 32);  // [pair][chunk] x 32 int16
+  int16_t* p16 = Sized(s.p16, size_t{padded} * 2 * kSpanPairs);  // [head][2 * npairs]
+  float* step = Sized(s.step, padded);
   for (uint32_t t0 = 0; t0 < tokens; t0 += 2 * kSpanPairs) {
     const uint32_t span = std::min(2 * kSpanPairs, tokens - t0), npairs = (span + 1) / 2;
-    for (uint32_t h = 0; h < heads; ++h) {
-      std::fill(p16.begin(), p16.end(), int16_t{0});
-      step[h] = ToInt16(p + size_t{h} * stride + t0, nullptr, span, p16.data());
-      for (uint32_t k = 0; k < npairs; ++k) {
-        pairs[size_t{h} * kSpanPairs + k] =
-            static_cast<int32_t>(static_cast<uint16_t>(p16[2 * k]) | static_cast<uint32_t>(static_cast<uint16_t>(p16[2 * k + 1])) << 16);
+    for (uint32_t h = 0; h < padded; ++h) {
+      int16_t* ph = p16 + size_t{h} * 2 * npairs;
+      ph[2 * npairs - 1] = 0;  // an odd span's last pair has one token
+      if (h < heads) {
+        step[h] = ToInt16(p + size_t{h} * stride + t0, span, ph);
+      } else {
+        std::fill(ph, ph + 2 * npairs, int16_t{0});
+        step[h] = 0.0f;
       }
     }
     for (uint32_t c0 = 0; c0 < kv; c0 += 16 * kChunk) {
@@ -210,8 +294,8 @@ KVTIER_VNNI void Int8BlockWeightedSum(const uint8_t* payload, uint32_t tokens, u
       // lanes (code_a[c], code_b[c]) for 16 channels; shared by all heads.
       for (uint32_t k = 0; k < npairs; ++k) {
         const int8_t* a = codes + size_t{t0 + 2 * k} * dim;
-        const int8_t* b = 2 * k + 1 < span ? a + dim : zeros.data();
-        int16_t* w = widened.data() + size_t{k} * kChunk * 32;
+        const int8_t* b = 2 * k + 1 < span ? a + dim : zeros;
+        int16_t* w = widened + size_t{k} * kChunk * 32;
         for (uint32_t j = chunk; j < kChunk; ++j) _mm512_storeu_si512(w + 32 * j, _mm512_setzero_si512());
         for (uint32_t j = 0; j < chunk; ++j) {
           const __m128i xa = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + c0 + 16 * j));
@@ -220,21 +304,17 @@ KVTIER_VNNI void Int8BlockWeightedSum(const uint8_t* payload, uint32_t tokens, u
           _mm512_storeu_si512(w + 32 * j, _mm512_cvtepi8_epi16(both));
         }
       }
-      for (uint32_t h = 0; h < heads; ++h) {
-        __m512i acc[kChunk];
-        for (auto& x : acc) x = _mm512_setzero_si512();
-        const int32_t* ph = pairs.data() + size_t{h} * kSpanPairs;
-        for (uint32_t k = 0; k < npairs; ++k) {
-          const __m512i pp = _mm512_set1_epi32(ph[k]);
-          const int16_t* w = widened.data() + size_t{k} * kChunk * 32;
-          for (uint32_t j = 0; j < kChunk; ++j) acc[j] = _mm512_dpwssd_epi32(acc[j], pp, _mm512_loadu_si512(w + 32 * j));
-        }
+      for (uint32_t group = 0; group < groups; ++group) {
+        __m512i acc[kGroup * kChunk];  // [head][chunk]
+        WeightedTile(p16 + size_t{group} * kGroup * 2 * npairs, widened, npairs, acc);
         // out += step * scale_c * sum
-        const __m512 hs = _mm512_set1_ps(step[h]);
-        for (uint32_t j = 0; j < chunk; ++j) {
-          float* o = out + size_t{h} * kv + c0 + 16 * j;
-          const __m512 s = _mm512_mul_ps(_mm512_loadu_ps(scale.data() + c0 + 16 * j), hs);
-          _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[j]), s, _mm512_loadu_ps(o)));
+        for (uint32_t h = 0; h < kGroup && group * kGroup + h < heads; ++h) {
+          const __m512 hs = _mm512_set1_ps(step[group * kGroup + h]);
+          for (uint32_t j = 0; j < chunk; ++j) {
+            float* o = out + size_t{group * kGroup + h} * kv + c0 + 16 * j;
+            const __m512 sc = _mm512_mul_ps(_mm512_loadu_ps(scale + c0 + 16 * j), hs);
+            _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[h * kChunk + j]), sc, _mm512_loadu_ps(o)));
+          }
         }
       }
     }
