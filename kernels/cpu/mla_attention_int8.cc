@@ -134,8 +134,9 @@ void WidestChannels(const float* scale, uint32_t dim, uint32_t* wide) {
 }
 
 // The tiles' 16 accumulators are named variables, a##h##k for head h and
-// token k (or chunk k): as an array GCC 12 copied each of them between two
-// sets of registers on every step (32 moves for 16 multiply-adds).
+// token k (or chunk k), updated in place by an asm vpdpwssd: as an array,
+// or through the intrinsic, GCC 12 copied most of them between two sets of
+// registers on every step (up to 32 moves for 16 multiply-adds).
 #define KVTIER_TILE_ROW(X, h) X(h, 0) X(h, 1) X(h, 2) X(h, 3)
 #define KVTIER_TILE(X) KVTIER_TILE_ROW(X, 0) KVTIER_TILE_ROW(X, 1) KVTIER_TILE_ROW(X, 2) KVTIER_TILE_ROW(X, 3)
 #define KVTIER_TILE_ZERO(h, k) __m512i a##h##k = _mm512_setzero_si512();
