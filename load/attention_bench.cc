@@ -16,7 +16,6 @@
 #include <map>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "kvtier/kernels/expanded_attention.h"
@@ -72,28 +71,17 @@ void BM_Absorbed(benchmark::State& state) {
   state.SetLabel(kvtier::kernels::CodecName(codec));
 }
 
-// Two threads, each taking half of the heads (the blocks are shared, read by
-// both), on the kernels' thread pool as the runtime's threads are: kept
-// from one step to the next (a thread made per step paid for its start and
-// for growing the int8 path's per-thread buffers every time).
+// Two kernel threads: AbsorbedMlaDecode gives each half of the heads (the
+// blocks are shared, read by both).
 void BM_AbsorbedTwoThreads(benchmark::State& state) {
   const Codec codec = static_cast<Codec>(state.range(0));
   const auto tokens = static_cast<uint32_t>(state.range(1));
   const Context& ctx = GetContext(codec, tokens);
-  constexpr kvtier::kernels::MlaShape kHalf{kShape.heads / 2, kShape.kv_lora_rank, kShape.rope_dim};
   std::vector<float> q(kShape.heads * kShape.kv_lora_rank, 0.01f), qr(kShape.heads * kShape.rope_dim, 0.01f),
       out(kShape.heads * kShape.kv_lora_rank);
-  const size_t ql = kHalf.heads * kHalf.kv_lora_rank, qp = kHalf.heads * kHalf.rope_dim;
-  auto half = [&](int i) {
-    (void)kvtier::kernels::AbsorbedMlaDecode(kHalf, std::span(q).subspan(i * ql, ql),
-                                             std::span(qr).subspan(i * qp, qp), 0.07f, ctx.blocks, {},
-                                             std::span(out).subspan(i * ql, ql));
-  };
   kvtier::kernels::SetKernelThreads(2);
   for (auto _ : state) {
-    kvtier::kernels::ParallelFor(2, 1, [&](size_t begin, size_t end) {
-      for (size_t i = begin; i < end; ++i) half(static_cast<int>(i));
-    });
+    (void)kvtier::kernels::AbsorbedMlaDecode(kShape, q, qr, 0.07f, ctx.blocks, {}, out);
     benchmark::DoNotOptimize(out.data());
   }
   kvtier::kernels::SetKernelThreads(1);

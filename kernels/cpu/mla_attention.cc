@@ -10,6 +10,7 @@
 #include "mla_attention_int8.h"
 #include "kvtier/kernels/float_formats.h"
 #include "kvtier/kernels/layers.h"
+#include "kvtier/kernels/parallel.h"
 
 namespace kvtier::kernels {
 namespace {
@@ -56,26 +57,12 @@ KVTIER_VECTOR_CLONES void CodeRow(const LatentBlock& b, uint32_t dim, uint32_t t
   for (uint32_t k = 0; half + k < dim; ++k) codes[half + k] = static_cast<float>(src[k] >> 4);
 }
 
-}  // namespace
-
-KVTIER_VECTOR_CLONES Status AbsorbedMlaDecode(const MlaShape& s, std::span<const float> q_latent,
-                         std::span<const float> q_rope, float softmax_scale,
-                         std::span<const LatentBlock> blocks, std::span<const float> tail,
-                         std::span<float> out) {
+// AbsorbedMlaDecode for s.heads heads, its arguments checked.
+KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> q_latent,
+                                      std::span<const float> q_rope, float softmax_scale,
+                                      std::span<const LatentBlock> blocks, std::span<const float> tail,
+                                      size_t total, std::span<float> out) {
   const uint32_t kv = s.kv_lora_rank, rope = s.rope_dim, dim = kv + rope, heads = s.heads;
-  if (heads == 0 || kv == 0 || q_latent.size() != size_t{heads} * kv ||
-      q_rope.size() != size_t{heads} * rope || out.size() != size_t{heads} * kv ||
-      tail.size() % dim != 0) {
-    return InvalidArgument("AbsorbedMlaDecode: q, out or tail sizes disagree with the shape");
-  }
-  size_t total = tail.size() / dim;
-  for (const LatentBlock& b : blocks) {
-    if (EncodedBytes(b.codec, {b.tokens, kv, rope}) != b.payload.size() || b.payload.empty()) {
-      return InvalidArgument("AbsorbedMlaDecode: a block's payload does not match its codec and tokens");
-    }
-    total += b.tokens;
-  }
-  if (total == 0) return InvalidArgument("AbsorbedMlaDecode: no context tokens");
 
   // Queries as one [heads][dim] array: latent part then rope part.
   std::vector<float> q(size_t{heads} * dim);
@@ -173,6 +160,35 @@ KVTIER_VECTOR_CLONES Status AbsorbedMlaDecode(const MlaShape& s, std::span<const
       for (uint32_t c = 0; c < kv; ++c) out[size_t{h} * kv + c] += p * tail[t * dim + c];
     }
   }
+}
+
+}  // namespace
+
+Status AbsorbedMlaDecode(const MlaShape& s, std::span<const float> q_latent, std::span<const float> q_rope,
+                         float softmax_scale, std::span<const LatentBlock> blocks, std::span<const float> tail,
+                         std::span<float> out) {
+  const uint32_t kv = s.kv_lora_rank, rope = s.rope_dim, dim = kv + rope, heads = s.heads;
+  if (heads == 0 || kv == 0 || q_latent.size() != size_t{heads} * kv ||
+      q_rope.size() != size_t{heads} * rope || out.size() != size_t{heads} * kv ||
+      tail.size() % dim != 0) {
+    return InvalidArgument("AbsorbedMlaDecode: q, out or tail sizes disagree with the shape");
+  }
+  size_t total = tail.size() / dim;
+  for (const LatentBlock& b : blocks) {
+    if (EncodedBytes(b.codec, {b.tokens, kv, rope}) != b.payload.size() || b.payload.empty()) {
+      return InvalidArgument("AbsorbedMlaDecode: a block's payload does not match its codec and tokens");
+    }
+    total += b.tokens;
+  }
+  if (total == 0) return InvalidArgument("AbsorbedMlaDecode: no context tokens");
+  // Heads attend independently: the kernel threads take them in groups of
+  // at least 4 (the int8 tiles' width). Inside a batch the model already
+  // spreads its sequences over the threads, and this runs inline.
+  ParallelFor(heads, 4, [&](size_t begin, size_t end) {
+    const MlaShape part{static_cast<uint32_t>(end - begin), kv, rope};
+    AttendHeads(part, q_latent.subspan(begin * kv, (end - begin) * kv), q_rope.subspan(begin * rope, (end - begin) * rope),
+                softmax_scale, blocks, tail, total, out.subspan(begin * kv, (end - begin) * kv));
+  });
   return OkStatus();
 }
 

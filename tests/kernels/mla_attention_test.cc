@@ -1,5 +1,6 @@
 // Absorbed MLA decode attention: (1) over every codec's stored blocks it
-// equals float64 attention over the dequantized latents; (2) with W_UK and
+// equals float64 attention over the dequantized latents, with the same bits
+// when its heads are split over threads; (2) with W_UK and
 // W_UV folded in it equals the naive expanded-K/V attention.
 #include "kvtier/kernels/mla_attention.h"
 
@@ -8,6 +9,7 @@
 #include <cmath>
 
 #include "kvtier/kernels/float_formats.h"
+#include "kvtier/kernels/parallel.h"
 #include "tests/test_random.h"
 
 namespace kvtier::kernels {
@@ -101,6 +103,13 @@ TEST_P(AbsorbedMlaTest, EqualsFloat64AttentionOverTheDequantizedLatents) {
     for (size_t i = 0; i < out.size(); ++i) {
       ASSERT_NEAR(out[i], want[i], tolerance * (1 + std::fabs(want[i]))) << "heads " << s.heads << " i " << i;
     }
+    // Heads split over the kernel threads give the same bits.
+    std::vector<float> split(out.size(), NAN);
+    SetKernelThreads(3);
+    const Status st = AbsorbedMlaDecode(s, q_latent, q_rope, scale, ctx.blocks, ctx.tail, split);
+    SetKernelThreads(1);
+    ASSERT_TRUE(st.ok());
+    for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(split[i], out[i]) << "heads " << s.heads << " i " << i;
   }
 }
 
