@@ -133,10 +133,11 @@ KVTIER_INLINE void GemmRows(const Weight* w, size_t rows, size_t cols, const flo
 // in chunks of 1,024 so that a tile's weights stay in L1 while the block's
 // inputs pass. The rows past the last whole tile go through GemmRows.
 // Measured against 4 x 4 tiles and chunks of 256-2,048 columns, blocks of
-// 16-64 inputs (load/README.md, "Gemm tiles").
+// 16-64 inputs (load/README.md, "The peaks, measured again").
 constexpr size_t kInputBlock = 32;
-// Below 4 inputs a tile would be all tail: one weight row at a time
-// (GemmRows) streams the weights from memory faster.
+// Below 4 inputs a tile would be all tail, and one weight row at a time
+// (GemmRows) keeps the weights one stream from memory (two rows a pass
+// measured 2.4x slower in decode, load/README.md).
 constexpr size_t kWideFrom = 4;
 
 template <typename Weight>
