@@ -188,35 +188,30 @@ void BM_LatentReexpanded(benchmark::State& state) {
 #define KVTIER_TWELVE(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
 #define KVTIER_CHAIN(k) auto c##k = a;
 #define KVTIER_KEEP(k) asm volatile("" : : "v"(c##k));
+// Twelve chains from `a`, each stepped by STEP(k) kPeakRounds times a
+// benchmark iteration; items: `per_step` multiply-adds a step.
+#define KVTIER_PEAK_LOOP(STEP, per_step)                                                   \
+  KVTIER_TWELVE(KVTIER_CHAIN)                                                              \
+  for (auto _ : state) {                                                                   \
+    for (int r = 0; r < kPeakRounds; ++r) { KVTIER_TWELVE(STEP) }                          \
+  }                                                                                        \
+  KVTIER_TWELVE(KVTIER_KEEP)                                                               \
+  state.SetItemsProcessed(state.iterations() * int64_t{kPeakRounds} * 12 * (per_step));
 constexpr int kPeakRounds = 1 << 14;
 
 // Float multiply-adds: 16 a zmm FMA (AVX-512), 8 a ymm FMA (AVX2).
 __attribute__((target("avx512f"))) void FmaLoop512(benchmark::State& state) {
   const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(0.001f);
-  KVTIER_TWELVE(KVTIER_CHAIN)
-  for (auto _ : state) {
-    for (int r = 0; r < kPeakRounds; ++r) {
 #define KVTIER_STEP(k) c##k = _mm512_fmadd_ps(c##k, a, b); asm volatile("" : "+v"(c##k));
-      KVTIER_TWELVE(KVTIER_STEP)
+  KVTIER_PEAK_LOOP(KVTIER_STEP, 16)
 #undef KVTIER_STEP
-    }
-  }
-  KVTIER_TWELVE(KVTIER_KEEP)
-  state.SetItemsProcessed(state.iterations() * int64_t{kPeakRounds} * 12 * 16);
 }
 
 __attribute__((target("avx2,fma"))) void FmaLoop256(benchmark::State& state) {
   const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(0.001f);
-  KVTIER_TWELVE(KVTIER_CHAIN)
-  for (auto _ : state) {
-    for (int r = 0; r < kPeakRounds; ++r) {
 #define KVTIER_STEP(k) c##k = _mm256_fmadd_ps(c##k, a, b); asm volatile("" : "+x"(c##k));
-      KVTIER_TWELVE(KVTIER_STEP)
+  KVTIER_PEAK_LOOP(KVTIER_STEP, 8)
 #undef KVTIER_STEP
-    }
-  }
-  KVTIER_TWELVE(KVTIER_KEEP)
-  state.SetItemsProcessed(state.iterations() * int64_t{kPeakRounds} * 12 * 8);
 }
 
 // items_per_second = float multiply-adds/s, the unit of BM_Gemm below.
@@ -234,16 +229,9 @@ void BM_FmaPeak(benchmark::State& state) {
 // (32 an instruction).
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void VnniLoop(benchmark::State& state) {
   const __m512i a = _mm512_set1_epi32(0x00020003), b = _mm512_set1_epi32(0x00010001);
-  KVTIER_TWELVE(KVTIER_CHAIN)
-  for (auto _ : state) {
-    for (int r = 0; r < kPeakRounds; ++r) {
 #define KVTIER_STEP(k) c##k = _mm512_dpwssd_epi32(c##k, a, b); asm volatile("" : "+v"(c##k));
-      KVTIER_TWELVE(KVTIER_STEP)
+  KVTIER_PEAK_LOOP(KVTIER_STEP, 32)
 #undef KVTIER_STEP
-    }
-  }
-  KVTIER_TWELVE(KVTIER_KEEP)
-  state.SetItemsProcessed(state.iterations() * int64_t{kPeakRounds} * 12 * 32);
 }
 
 void BM_VnniPeak(benchmark::State& state) {

@@ -142,27 +142,27 @@ void WidestChannels(const float* scale, uint32_t dim, uint32_t* wide) {
 #define KVTIER_TILE_ZERO(h, k) __m512i a##h##k = _mm512_setzero_si512();
 #define KVTIER_TILE_FLOAT(h, k) _mm512_cvtepi32_ps(a##h##k),
 #define KVTIER_TILE_INT(h, k) a##h##k,
-#define KVTIER_DPWSSD(acc, a, b) asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+#define KVTIER_TILE_DPWSSD(h, k) asm("vpdpwssd %2, %1, %0" : "+v"(a##h##k) : "v"(row), "v"(c##k));
+// One step of a tile: a[h][k] += row(h) . column(k) (int16 pairs to int32)
+// for 4 rows and 4 columns, each operand loaded once.
+#define KVTIER_TILE_STEP(COLUMN, ROW)                                                        \
+  const __m512i c0 = COLUMN(0), c1 = COLUMN(1), c2 = COLUMN(2), c3 = COLUMN(3);              \
+  { const __m512i row = ROW(0); KVTIER_TILE_ROW(KVTIER_TILE_DPWSSD, 0) }                     \
+  { const __m512i row = ROW(1); KVTIER_TILE_ROW(KVTIER_TILE_DPWSSD, 1) }                     \
+  { const __m512i row = ROW(2); KVTIER_TILE_ROW(KVTIER_TILE_DPWSSD, 2) }                     \
+  { const __m512i row = ROW(3); KVTIER_TILE_ROW(KVTIER_TILE_DPWSSD, 3) }
 
 // Sums of one 4-head x 4-token tile, lane h * 4 + k for head h and token
 // k: q16[h] . code[k] over all channel groups, q16 as [dim / 32][4][32].
 KVTIER_VNNI __attribute__((noinline)) __m512 ScoreTile(const int8_t* const rows[kGroup], const int16_t* qg,
-                                                                   uint32_t dim) {
+                                                       uint32_t dim) {
   KVTIER_TILE(KVTIER_TILE_ZERO)
   for (uint32_t g = 0; g < dim / 32; ++g) {
-#define KVTIER_CODES(k) \
-  const __m512i c##k = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[k] + 32 * g)));
-#define KVTIER_SCORE(h, k) KVTIER_DPWSSD(a##h##k, c##k, q)
-#define KVTIER_HEAD(h)                                                      \
-  {                                                                         \
-    const __m512i q = _mm512_loadu_si512(qg + (size_t{g} * kGroup + h) * 32); \
-    KVTIER_TILE_ROW(KVTIER_SCORE, h)                                        \
-  }
-    KVTIER_CODES(0) KVTIER_CODES(1) KVTIER_CODES(2) KVTIER_CODES(3)
-    KVTIER_HEAD(0) KVTIER_HEAD(1) KVTIER_HEAD(2) KVTIER_HEAD(3)
+#define KVTIER_CODES(k) _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[k] + 32 * g)))
+#define KVTIER_QUERY(h) _mm512_loadu_si512(qg + (size_t{g} * kGroup + h) * 32)
+    KVTIER_TILE_STEP(KVTIER_CODES, KVTIER_QUERY)
 #undef KVTIER_CODES
-#undef KVTIER_SCORE
-#undef KVTIER_HEAD
+#undef KVTIER_QUERY
   }
   const __m512 sums[16] = {KVTIER_TILE(KVTIER_TILE_FLOAT)};
   return SumEach(sums);
@@ -183,18 +183,11 @@ KVTIER_VNNI __attribute__((noinline)) void WeightedTile(const int16_t* p16, cons
                                                         __m512i out[16]) {
   KVTIER_TILE(KVTIER_TILE_ZERO)
   for (uint32_t k = 0; k < npairs; ++k) {
-#define KVTIER_CODES(j) const __m512i w##j = _mm512_loadu_si512(widened + (size_t{k} * 4 + j) * 32);
-#define KVTIER_SUM(h, j) KVTIER_DPWSSD(a##h##j, p, w##j)
-#define KVTIER_HEAD(h)                                                  \
-  {                                                                     \
-    const __m512i p = WeightPair(p16 + size_t{h} * 2 * npairs, k);      \
-    KVTIER_TILE_ROW(KVTIER_SUM, h)                                      \
-  }
-    KVTIER_CODES(0) KVTIER_CODES(1) KVTIER_CODES(2) KVTIER_CODES(3)
-    KVTIER_HEAD(0) KVTIER_HEAD(1) KVTIER_HEAD(2) KVTIER_HEAD(3)
+#define KVTIER_CODES(j) _mm512_loadu_si512(widened + (size_t{k} * 4 + j) * 32)
+#define KVTIER_WEIGHTS(h) WeightPair(p16 + size_t{h} * 2 * npairs, k)
+    KVTIER_TILE_STEP(KVTIER_CODES, KVTIER_WEIGHTS)
 #undef KVTIER_CODES
-#undef KVTIER_SUM
-#undef KVTIER_HEAD
+#undef KVTIER_WEIGHTS
   }
   const __m512i sums[16] = {KVTIER_TILE(KVTIER_TILE_INT)};
   std::copy_n(sums, 16, out);
