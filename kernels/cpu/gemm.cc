@@ -77,15 +77,15 @@ KVTIER_INLINE void DotTile(const Weight* row, size_t cols, const float* x, size_
 }
 
 // R weight rows against M inputs over columns [begin, end) (whole lane
-// groups), continuing the lane-wise sums in `acc` (R x M, row-major): the
-// steps of DotTile's loop, with each load of a weight row shared by M
-// inputs and each load of an input by R rows.
+// groups), continuing the lane-wise sums in `acc` (R x M, row-major; from
+// zero when begin is 0): the steps of DotTile's loop, with each load of a
+// weight row shared by M inputs and each load of an input by R rows.
 template <size_t R, size_t M, typename Weight>
 KVTIER_INLINE void AccumulateBlock(const Weight* w, size_t cols, size_t begin, size_t end, const float* x,
                                    size_t x_stride, Lanes16* acc) {
   Lanes16 lanes[R][M];
   for (size_t r = 0; r < R; ++r)
-    for (size_t i = 0; i < M; ++i) lanes[r][i] = acc[r * M + i];
+    for (size_t i = 0; i < M; ++i) lanes[r][i] = begin == 0 ? Lanes16{} : acc[r * M + i];
   for (size_t c = begin; c < end; c += 16) {
     Lanes16 in[M];
     for (size_t i = 0; i < M; ++i) in[i] = Load16(x + i * x_stride + c);
@@ -149,14 +149,15 @@ KVTIER_INLINE void GemmRowsWide(const Weight* w, size_t rows, size_t cols, const
   size_t r0 = 0;
   for (; r0 + kRows <= rows; r0 += kRows) {
     const Weight* tile = w + r0 * cols;
-    for (size_t k = 0; k < n * kRows; ++k) acc[k] = Lanes16{};
-    for (size_t c = 0; c < full; c += kChunk) {
+    size_t c = 0;
+    do {  // once at least: the first chunk sets the sums (to 0 when cols < 16)
       const size_t c_end = std::min(full, c + kChunk);
       size_t i = 0;
       for (; i + kInputs <= n; i += kInputs)
         AccumulateBlock<kRows, kInputs>(tile, cols, c, c_end, x + i * x_stride, x_stride, acc + i * kRows);
       for (; i < n; ++i) AccumulateBlock<kRows, 1>(tile, cols, c, c_end, x + i * x_stride, x_stride, acc + i * kRows);
-    }
+      c += kChunk;
+    } while (c < full);
     size_t i = 0;
     for (; i + kInputs <= n; i += kInputs)
       FinishBlock<kRows, kInputs>(tile, cols, x + i * x_stride, x_stride, acc + i * kRows, y + i * y_stride + r0,
