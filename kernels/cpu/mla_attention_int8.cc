@@ -5,15 +5,11 @@
 #include <cstring>
 #include <vector>
 
+#include "avx512_tiles.h"
 #include "codec_internal.h"
 #include "kvtier/kernels/float_formats.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
-// GCC 12's AVX-512 unpack intrinsics pass an undefined vector as their
-// unused merge source, which -Wmaybe-uninitialized reports at each use.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
 #define KVTIER_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 #endif
 
@@ -52,27 +48,6 @@ KVTIER_VNNI float ToInt16(const float* x, size_t n, int16_t* out, size_t run_str
     _mm256_mask_storeu_epi16(out + i / 32 * run_stride + i % 32, m, _mm512_cvtsepi32_epi16(v));
   }
   return top / kInt16Max;
-}
-
-// Sums each of 16 vectors: lane i of the result is the sum of v[i]'s lanes
-// (in float: 16 lanes of int32 sums could overflow int32 together).
-KVTIER_VNNI __attribute__((always_inline)) inline __m512 SumEach(const __m512 v[16]) {
-  __m512 pairs[8], quads[4];
-  for (int i = 0; i < 8; ++i) {  // per 128-bit lane: a0+a2, b0+b2, a1+a3, b1+b3
-    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  }
-  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: the lane's sum of 4 vectors
-    const __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
-    quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-  }
-  // quads[i] holds vectors 4i..4i+3 in each of its four 128-bit lanes; sum
-  // the lanes so that vectors 4i..4i+3 land in lane i.
-  const __m512 v01 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                   _mm512_shuffle_f32x4(quads[0], quads[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  const __m512 v23 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(2, 0, 2, 0)),
-                                   _mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(v01, v23, _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_f32x4(v01, v23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
 // The block's widest channels (largest scales) are multiplied in float:
@@ -133,24 +108,12 @@ void WidestChannels(const float* scale, uint32_t dim, uint32_t* wide) {
   }
 }
 
-// The tiles' 16 accumulators are named variables, a##h##k for head h and
-// token k (or chunk k), updated in place by an asm vpdpwssd: as an array,
-// or through the intrinsic, GCC 12 copied most of them between two sets of
-// registers on every step (up to 32 moves for 16 multiply-adds).
-#define KVTIER_TILE_ROW(X, h) X(h, 0) X(h, 1) X(h, 2) X(h, 3)
-#define KVTIER_TILE(X) KVTIER_TILE_ROW(X, 0) KVTIER_TILE_ROW(X, 1) KVTIER_TILE_ROW(X, 2) KVTIER_TILE_ROW(X, 3)
+// vpdpwssd as an asm that updates its accumulator in place: through the
+// intrinsic GCC 12 still copied some of the named accumulators between
+// registers on every step.
 #define KVTIER_TILE_ZERO(h, k) __m512i a##h##k = _mm512_setzero_si512();
 #define KVTIER_TILE_FLOAT(h, k) _mm512_cvtepi32_ps(a##h##k),
-#define KVTIER_TILE_INT(h, k) a##h##k,
 #define KVTIER_TILE_DPWSSD(h, k) asm("vpdpwssd %2, %1, %0" : "+v"(a##h##k) : "v"(row), "v"(c##k));
-// One step of a tile: a[h][k] += row(h) . column(k) (int16 pairs to int32)
-// for 4 rows and 4 columns, each operand loaded once.
-#define KVTIER_TILE_STEP(COLUMN, ROW)                                                        \
-  const __m512i c0 = COLUMN(0), c1 = COLUMN(1), c2 = COLUMN(2), c3 = COLUMN(3);              \
-  { const __m512i row = ROW(0); KVTIER_TILE_ROW(KVTIER_TILE_DPWSSD, 0) }                     \
-  { const __m512i row = ROW(1); KVTIER_TILE_ROW(KVTIER_TILE_DPWSSD, 1) }                     \
-  { const __m512i row = ROW(2); KVTIER_TILE_ROW(KVTIER_TILE_DPWSSD, 2) }                     \
-  { const __m512i row = ROW(3); KVTIER_TILE_ROW(KVTIER_TILE_DPWSSD, 3) }
 
 // Sums of one 4-head x 4-token tile, lane h * 4 + k for head h and token
 // k: q16[h] . code[k] over all channel groups, q16 as [dim / 32][4][32].
@@ -160,7 +123,7 @@ KVTIER_VNNI __attribute__((noinline)) __m512 ScoreTile(const int8_t* const rows[
   for (uint32_t g = 0; g < dim / 32; ++g) {
 #define KVTIER_CODES(k) _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[k] + 32 * g)))
 #define KVTIER_QUERY(h) _mm512_loadu_si512(qg + (size_t{g} * kGroup + h) * 32)
-    KVTIER_TILE_STEP(KVTIER_CODES, KVTIER_QUERY)
+    KVTIER_TILE_STEP(__m512i, KVTIER_CODES, KVTIER_QUERY, KVTIER_TILE_DPWSSD)
 #undef KVTIER_CODES
 #undef KVTIER_QUERY
   }
@@ -185,11 +148,11 @@ KVTIER_VNNI __attribute__((noinline)) void WeightedTile(const int16_t* p16, cons
   for (uint32_t k = 0; k < npairs; ++k) {
 #define KVTIER_CODES(j) _mm512_loadu_si512(widened + (size_t{k} * 4 + j) * 32)
 #define KVTIER_WEIGHTS(h) WeightPair(p16 + size_t{h} * 2 * npairs, k)
-    KVTIER_TILE_STEP(KVTIER_CODES, KVTIER_WEIGHTS)
+    KVTIER_TILE_STEP(__m512i, KVTIER_CODES, KVTIER_WEIGHTS, KVTIER_TILE_DPWSSD)
 #undef KVTIER_CODES
 #undef KVTIER_WEIGHTS
   }
-  const __m512i sums[16] = {KVTIER_TILE(KVTIER_TILE_INT)};
+  const __m512i sums[16] = {KVTIER_TILE(KVTIER_TILE_LIST)};
   std::copy_n(sums, 16, out);
 }
 
@@ -229,12 +192,8 @@ KVTIER_VNNI void Int8BlockScores(const uint8_t* payload, uint32_t tokens, uint32
     const int8_t* rows[kGroup];
     for (uint32_t k = 0; k < kGroup; ++k) rows[k] = k < n ? codes + size_t{t0 + k} * dim : zeros;
     for (uint32_t group = 0; group < groups; ++group) {
-      alignas(64) float sums[16];
-      _mm512_store_ps(sums, ScoreTile(rows, q16 + size_t{group} * kGroup * dim, dim));
-      for (uint32_t h = 0; h < kGroup && group * kGroup + h < heads; ++h) {
-        _mm_mask_storeu_ps(scores + size_t{group * kGroup + h} * stride + t0, static_cast<__mmask8>((1u << n) - 1),
-                           _mm_load_ps(sums + h * kGroup));
-      }
+      StoreTileRows(ScoreTile(rows, q16 + size_t{group} * kGroup * dim, dim), std::min(kGroup, heads - group * kGroup),
+                    n, scores + size_t{group * kGroup} * stride + t0, stride);
     }
   }
   // Scores: the sums times each head's step, plus the float channels.

@@ -1,0 +1,67 @@
+// AVX-512 pieces of the attention kernels' register tiles: 4 x 4
+// accumulators as named variables a##h##k (h the tile's row, k its
+// column), one step of a tile, and a 16-way horizontal sum. Private to
+// kernels/cpu, for functions built for AVX-512.
+#ifndef KVTIER_KERNELS_CPU_AVX512_TILES_H_
+#define KVTIER_KERNELS_CPU_AVX512_TILES_H_
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// GCC 12's AVX-512 unpack intrinsics pass an undefined vector as their
+// unused merge source, which -Wmaybe-uninitialized reports at each use.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+
+// The 16 accumulators are named variables: as an array GCC 12 copied most
+// of them between two sets of registers on every step (up to 32 moves for
+// 16 multiply-adds).
+#define KVTIER_TILE_ROW(X, h) X(h, 0) X(h, 1) X(h, 2) X(h, 3)
+#define KVTIER_TILE(X) KVTIER_TILE_ROW(X, 0) KVTIER_TILE_ROW(X, 1) KVTIER_TILE_ROW(X, 2) KVTIER_TILE_ROW(X, 3)
+#define KVTIER_TILE_LIST(h, k) a##h##k,
+
+// One step of a tile: the columns loaded once as c0..c3 = COLUMN(k), then
+// per row h `row` = ROW(h) and OP(h, k) for its 4 accumulators.
+#define KVTIER_TILE_STEP(TYPE, COLUMN, ROW, OP)                                 \
+  const TYPE c0 = COLUMN(0), c1 = COLUMN(1), c2 = COLUMN(2), c3 = COLUMN(3);    \
+  { const TYPE row = ROW(0); KVTIER_TILE_ROW(OP, 0) }                           \
+  { const TYPE row = ROW(1); KVTIER_TILE_ROW(OP, 1) }                           \
+  { const TYPE row = ROW(2); KVTIER_TILE_ROW(OP, 2) }                           \
+  { const TYPE row = ROW(3); KVTIER_TILE_ROW(OP, 3) }
+
+namespace kvtier::kernels::cpu {
+
+// Sums each of 16 vectors: lane i of the result is the sum of v[i]'s lanes.
+__attribute__((target("avx512f"), always_inline)) inline __m512 SumEach(const __m512 v[16]) {
+  __m512 pairs[8], quads[4];
+  for (int i = 0; i < 8; ++i) {  // per 128-bit lane: a0+a2, b0+b2, a1+a3, b1+b3
+    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  }
+  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: the lane's sum of 4 vectors
+    const __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
+    quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  // quads[i] holds vectors 4i..4i+3 in each of its four 128-bit lanes; sum
+  // the lanes so that vectors 4i..4i+3 land in lane i.
+  const __m512 v01 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(quads[0], quads[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 v23 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(v01, v23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(v01, v23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// Stores the 4 x 4 tile sums of SumEach (lane h * 4 + k) as rows: the
+// first n of row h at dst + h * stride, for the rows h < rows.
+__attribute__((target("avx512f,avx512vl"), always_inline)) inline void StoreTileRows(__m512 sums, uint32_t rows, uint32_t n,
+                                                                            float* dst, size_t stride) {
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, sums);
+  for (uint32_t h = 0; h < rows; ++h) {
+    _mm_mask_storeu_ps(dst + h * stride, static_cast<__mmask8>((1u << n) - 1), _mm_load_ps(lanes + 4 * h));
+  }
+}
+
+}  // namespace kvtier::kernels::cpu
+
+#endif
+#endif  // KVTIER_KERNELS_CPU_AVX512_TILES_H_
