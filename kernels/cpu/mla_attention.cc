@@ -1,12 +1,14 @@
 #include "kvtier/kernels/mla_attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "codec_internal.h"
+#include "mla_attention_float.h"
 #include "mla_attention_int8.h"
 #include "kvtier/kernels/float_formats.h"
 #include "kvtier/kernels/layers.h"
@@ -14,6 +16,8 @@
 
 namespace kvtier::kernels {
 namespace {
+
+std::atomic<bool> tiles_enabled{true};
 
 // Widens token t of a bf16 or fp8 block to floats (latent then rope).
 KVTIER_VECTOR_CLONES void WidenRow(const LatentBlock& b, const MlaShape& s, uint32_t t, float* row) {
@@ -73,8 +77,24 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
   std::vector<float> scores(size_t{heads} * total);  // [heads][total]
   std::vector<float> row(dim), scale(dim), zero(dim), qs(size_t{heads} * dim), bias(heads), dots(heads);
 
-  // int8 blocks take integer dot products where the CPU has them.
-  const bool vnni = cpu::Int8VnniUsable(dim, kv);
+  // int8 blocks take integer dot products where the CPU has them; the other
+  // blocks, widened to floats (codes, for int8 and int4), take float
+  // register tiles where it has AVX-512, else a token at a time.
+  const bool vnni = tiles_enabled && cpu::Int8VnniUsable(dim, kv);
+  const bool tiles = tiles_enabled && cpu::FloatTilesUsable(dim, kv);
+  std::vector<float> rows;
+  auto widen_block = [&](const LatentBlock& b) {
+    rows.resize(size_t{b.tokens} * dim + cpu::kFloatTilePadding);
+    if (b.codec == Codec::kBf16) return cpu::WidenBf16Block(b.payload.data(), b.tokens, dim, rows.data());
+    if (b.codec == Codec::kInt4 && dim % 32 == 0) return cpu::WidenInt4Codes(b.payload.data(), b.tokens, dim, rows.data());
+    for (uint32_t t = 0; t < b.tokens; ++t) {
+      if (b.codec == Codec::kInt8 || b.codec == Codec::kInt4) {
+        CodeRow(b, dim, t, rows.data() + size_t{t} * dim);
+      } else {
+        WidenRow(b, s, t, rows.data() + size_t{t} * dim);
+      }
+    }
+  };
   // Pass 1: scores.
   size_t t0 = 0;
   for (const LatentBlock& b : blocks) {
@@ -92,16 +112,25 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
         Gemv(qh, 1, dim, zero.data(), &bias[h]);
       }
     }
-    for (uint32_t t = 0; t < b.tokens; ++t) {
-      if (integer) {
-        CodeRow(b, dim, t, row.data());
-      } else {
-        WidenRow(b, s, t, row.data());
+    const float* query = integer ? qs.data() : q.data();
+    if (tiles) {
+      widen_block(b);
+      cpu::FloatBlockScores(rows.data(), b.tokens, dim, heads, query, scores.data() + t0, total);
+    } else {
+      for (uint32_t t = 0; t < b.tokens; ++t) {
+        if (integer) {
+          CodeRow(b, dim, t, row.data());
+        } else {
+          WidenRow(b, s, t, row.data());
+        }
+        // Every head's score at once: [heads][dim] queries times this row.
+        Gemv(query, heads, dim, row.data(), dots.data());
+        for (uint32_t h = 0; h < heads; ++h) scores[size_t{h} * total + t0 + t] = dots[h];
       }
-      // Every head's score at once: [heads][dim] queries times this row.
-      Gemv(integer ? qs.data() : q.data(), heads, dim, row.data(), dots.data());
+    }
+    if (integer) {
       for (uint32_t h = 0; h < heads; ++h) {
-        scores[size_t{h} * total + t0 + t] = (integer ? bias[h] : 0.0f) + dots[h];
+        for (uint32_t t = 0; t < b.tokens; ++t) scores[size_t{h} * total + t0 + t] += bias[h];
       }
     }
     t0 += b.tokens;
@@ -118,7 +147,7 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
   }
   // Pass 2: weighted sums of the latents.
   std::fill(out.begin(), out.end(), 0.0f);
-  std::vector<float> acc(size_t{heads} * kv), psum(heads);
+  std::vector<float> acc(size_t{heads} * kv);
   t0 = 0;
   for (const LatentBlock& b : blocks) {
     if (vnni && b.codec == Codec::kInt8) {
@@ -127,28 +156,31 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
       continue;
     }
     const bool integer = b.codec == Codec::kInt8 || b.codec == Codec::kInt4;
-    if (integer) {
-      ChannelParams(b, dim, scale.data(), zero.data());
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      std::fill(psum.begin(), psum.end(), 0.0f);
-    }
-    for (uint32_t t = 0; t < b.tokens; ++t) {
-      if (integer) {
-        CodeRow(b, dim, t, row.data());
-      } else {
-        WidenRow(b, s, t, row.data());
-      }
-      for (uint32_t h = 0; h < heads; ++h) {
-        const float p = scores[size_t{h} * total + t0 + t];
-        float* dst = (integer ? acc.data() : out.data()) + size_t{h} * kv;
-        for (uint32_t c = 0; c < kv; ++c) dst[c] += p * row[c];
-        if (integer) psum[h] += p;
+    float* dst = integer ? acc.data() : out.data();  // integer: sums of p * code
+    if (integer) std::fill(acc.begin(), acc.end(), 0.0f);
+    if (tiles) {
+      widen_block(b);
+      cpu::FloatBlockWeightedSum(rows.data(), b.tokens, dim, kv, heads, scores.data() + t0, total, dst);
+    } else {
+      for (uint32_t t = 0; t < b.tokens; ++t) {
+        if (integer) {
+          CodeRow(b, dim, t, row.data());
+        } else {
+          WidenRow(b, s, t, row.data());
+        }
+        for (uint32_t h = 0; h < heads; ++h) {
+          const float p = scores[size_t{h} * total + t0 + t];
+          for (uint32_t c = 0; c < kv; ++c) dst[size_t{h} * kv + c] += p * row[c];
+        }
       }
     }
     if (integer) {  // sum_t p*(z + s*code) = z*sum_t p + s*sum_t p*code
+      ChannelParams(b, dim, scale.data(), zero.data());
       for (uint32_t h = 0; h < heads; ++h) {
+        float psum = 0.0f;
+        for (uint32_t t = 0; t < b.tokens; ++t) psum += scores[size_t{h} * total + t0 + t];
         for (uint32_t c = 0; c < kv; ++c) {
-          out[size_t{h} * kv + c] += zero[c] * psum[h] + scale[c] * acc[size_t{h} * kv + c];
+          out[size_t{h} * kv + c] += zero[c] * psum + scale[c] * acc[size_t{h} * kv + c];
         }
       }
     }
@@ -163,6 +195,8 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
 }
 
 }  // namespace
+
+void SetAttentionTilesForTesting(bool enabled) { tiles_enabled = enabled; }
 
 Status AbsorbedMlaDecode(const MlaShape& s, std::span<const float> q_latent, std::span<const float> q_rope,
                          float softmax_scale, std::span<const LatentBlock> blocks, std::span<const float> tail,

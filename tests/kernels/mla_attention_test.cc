@@ -1,6 +1,7 @@
 // Absorbed MLA decode attention: (1) over every codec's stored blocks it
 // equals float64 attention over the dequantized latents, with the same bits
-// when its heads are split over threads; (2) with W_UK and
+// when its heads are split over threads, and so does its portable path (no
+// VNNI or AVX-512 tiles); (2) with W_UK and
 // W_UV folded in it equals the naive expanded-K/V attention.
 #include "kvtier/kernels/mla_attention.h"
 
@@ -110,6 +111,15 @@ TEST_P(AbsorbedMlaTest, EqualsFloat64AttentionOverTheDequantizedLatents) {
     SetKernelThreads(1);
     ASSERT_TRUE(st.ok());
     for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(split[i], out[i]) << "heads " << s.heads << " i " << i;
+    // The portable path (CPUs without AVX-512) within the float paths' bound.
+    std::vector<float> portable(out.size(), NAN);
+    SetAttentionTilesForTesting(false);
+    const Status pst = AbsorbedMlaDecode(s, q_latent, q_rope, scale, ctx.blocks, ctx.tail, portable);
+    SetAttentionTilesForTesting(true);
+    ASSERT_TRUE(pst.ok());
+    for (size_t i = 0; i < out.size(); ++i) {
+      ASSERT_NEAR(portable[i], want[i], 1e-4 * (1 + std::fabs(want[i]))) << "portable, heads " << s.heads << " i " << i;
+    }
   }
 }
 

@@ -1,0 +1,41 @@
+// The float path of absorbed MLA attention (bf16, fp8 and int4 blocks, and
+// int8 where the CPU lacks VNNI) over a block already widened to floats,
+// in AVX-512 register tiles: 4 heads x 4 tokens for the scores, 4 heads x
+// 64 channels for the weighted sums, 16 sums in registers and each load
+// shared by 4 FMAs. Private to kernels/cpu.
+#ifndef KVTIER_KERNELS_CPU_MLA_ATTENTION_FLOAT_H_
+#define KVTIER_KERNELS_CPU_MLA_ATTENTION_FLOAT_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvtier::kernels::cpu {
+
+// True when this CPU runs AVX-512 F and VL and the shape suits the tiles
+// (dim and kv_lora_rank multiples of 16).
+bool FloatTilesUsable(uint32_t dim, uint32_t kv_lora_rank);
+
+// Extra floats a `rows` buffer needs past its tokens x dim: the weighted
+// sums read whole 64-channel chunks.
+constexpr size_t kFloatTilePadding = 64;
+
+// scores[h * stride + t] = q[h] . rows[t] for t < tokens, h < heads
+// (`rows` [tokens][dim], `q` [heads][dim]).
+void FloatBlockScores(const float* rows, uint32_t tokens, uint32_t dim, uint32_t heads, const float* q,
+                      float* scores, size_t stride);
+
+// out[h * kv + c] += sum_t p[h * stride + t] * rows[t][c] for c < kv.
+void FloatBlockWeightedSum(const float* rows, uint32_t tokens, uint32_t dim, uint32_t kv, uint32_t heads,
+                           const float* p, size_t stride, float* out);
+
+// A bf16 block's tokens widened to floats, [tokens][dim] (dim a multiple
+// of 16).
+void WidenBf16Block(const uint8_t* payload, uint32_t tokens, uint32_t dim, float* rows);
+
+// An int4 block's codes (0..15) as floats, [tokens][dim] (dim a multiple
+// of 32: each half of a token's channels a whole number of 16-byte runs).
+void WidenInt4Codes(const uint8_t* payload, uint32_t tokens, uint32_t dim, float* rows);
+
+}  // namespace kvtier::kernels::cpu
+
+#endif  // KVTIER_KERNELS_CPU_MLA_ATTENTION_FLOAT_H_
