@@ -264,7 +264,7 @@ void BM_ReadBandwidth(benchmark::State& state) {
 }
 
 void Args(benchmark::internal::Benchmark* b) {
-  for (int codec : {1, 3, 4}) {
+  for (int codec : {1, 2, 3, 4}) {
     for (int tokens : {1024, 4096, 16384}) b->Args({codec, tokens});
   }
 }

@@ -87,6 +87,7 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
     rows.resize(size_t{b.tokens} * dim + cpu::kFloatTilePadding);
     if (b.codec == Codec::kBf16) return cpu::WidenBf16Block(b.payload.data(), b.tokens, dim, rows.data());
     if (b.codec == Codec::kInt4 && dim % 32 == 0) return cpu::WidenInt4Codes(b.payload.data(), b.tokens, dim, rows.data());
+    if (b.codec == Codec::kFp8 && rope % 16 == 0) return cpu::WidenFp8Block(b.payload.data(), b.tokens, kv, rope, rows.data());
     for (uint32_t t = 0; t < b.tokens; ++t) {
       if (b.codec == Codec::kInt8 || b.codec == Codec::kInt4) {
         CodeRow(b, dim, t, rows.data() + size_t{t} * dim);

@@ -1,9 +1,11 @@
 #include "mla_attention_float.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "avx512_tiles.h"
+#include "kvtier/kernels/codec.h"
 
 namespace kvtier::kernels::cpu {
 
@@ -103,11 +105,40 @@ KVTIER_AVX512 void FloatBlockWeightedSum(const float* rows, uint32_t tokens, uin
   }
 }
 
+KVTIER_AVX512 inline __m512 Bf16ToFloats(const uint8_t* bf16) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bf16));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 KVTIER_AVX512 void WidenBf16Block(const uint8_t* payload, uint32_t tokens, uint32_t dim, float* rows) {
-  const size_t n = size_t{tokens} * dim;
-  for (size_t i = 0; i < n; i += 16) {
-    const __m256i bf16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(payload + 2 * i));
-    _mm512_storeu_ps(rows + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16), 16)));
+  for (size_t i = 0; i < size_t{tokens} * dim; i += 16) _mm512_storeu_ps(rows + i, Bf16ToFloats(payload + 2 * i));
+}
+
+KVTIER_AVX512 void WidenFp8Block(const uint8_t* payload, uint32_t tokens, uint32_t kv, uint32_t rope, float* rows) {
+  // A token: kv E4M3 codes, a float scale per tile of kFp8TileSize, rope bf16.
+  const uint32_t tiles = (kv + kFp8TileSize - 1) / kFp8TileSize, dim = kv + rope;
+  const size_t token_bytes = EncodedBytes(Codec::kFp8, {1, kv, rope});
+  const __m512i seven = _mm512_set1_epi32(0x7), magnitude_mask = _mm512_set1_epi32(0x7f);
+  const __m512i bias = _mm512_set1_epi32(120 << 23), nan = _mm512_set1_epi32(0x7fc00000);
+  for (uint32_t t = 0; t < tokens; ++t) {
+    const uint8_t* src = payload + t * token_bytes;
+    float* row = rows + size_t{t} * dim;
+    for (uint32_t c = 0; c < kv; c += 16) {
+      float scale;
+      std::memcpy(&scale, src + kv + 4 * (c / kFp8TileSize), sizeof scale);
+      const __m512i code = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + c)));
+      const __m512i magnitude = _mm512_and_si512(code, magnitude_mask);
+      // As Fp8E4m3ToFloat: normal (m << 20) + 120 << 23, subnormal (c & 7) / 512, 0x7f NaN.
+      __m512i bits = _mm512_add_epi32(_mm512_slli_epi32(magnitude, 20), bias);
+      const __m512 subnormal = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(code, seven)), _mm512_set1_ps(1.0f / 512));
+      bits = _mm512_mask_mov_epi32(bits, _mm512_cmplt_epi32_mask(magnitude, _mm512_set1_epi32(0x08)),
+                                   _mm512_castps_si512(subnormal));
+      bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(magnitude, magnitude_mask), nan);
+      bits = _mm512_or_si512(bits, _mm512_slli_epi32(_mm512_andnot_si512(magnitude_mask, code), 24));
+      _mm512_storeu_ps(row + c, _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(scale)));
+    }
+    const uint8_t* rope_src = src + kv + 4 * size_t{tiles};
+    for (uint32_t c = 0; c < rope; c += 16) _mm512_storeu_ps(row + kv + c, Bf16ToFloats(rope_src + 2 * c));
   }
 }
 
@@ -134,6 +165,7 @@ bool FloatTilesUsable(uint32_t, uint32_t) { return false; }
 void FloatBlockScores(const float*, uint32_t, uint32_t, uint32_t, const float*, float*, size_t) {}
 void FloatBlockWeightedSum(const float*, uint32_t, uint32_t, uint32_t, uint32_t, const float*, size_t, float*) {}
 void WidenBf16Block(const uint8_t*, uint32_t, uint32_t, float*) {}
+void WidenFp8Block(const uint8_t*, uint32_t, uint32_t, uint32_t, float*) {}
 void WidenInt4Codes(const uint8_t*, uint32_t, uint32_t, float*) {}
 
 #endif

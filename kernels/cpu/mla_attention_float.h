@@ -32,6 +32,11 @@ void FloatBlockWeightedSum(const float* rows, uint32_t tokens, uint32_t dim, uin
 // of 16).
 void WidenBf16Block(const uint8_t* payload, uint32_t tokens, uint32_t dim, float* rows);
 
+// An fp8 block's tokens widened to floats, [tokens][kv + rope] (kv and rope
+// multiples of 16): the same values as the codec's Fp8E4m3ToFloat times the
+// tile's scale, NaN codes included.
+void WidenFp8Block(const uint8_t* payload, uint32_t tokens, uint32_t kv, uint32_t rope, float* rows);
+
 // An int4 block's codes (0..15) as floats, [tokens][dim] (dim a multiple
 // of 32: each half of a token's channels a whole number of 16-byte runs).
 void WidenInt4Codes(const uint8_t* payload, uint32_t tokens, uint32_t dim, float* rows);

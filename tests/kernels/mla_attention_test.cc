@@ -8,9 +8,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "kvtier/kernels/float_formats.h"
 #include "kvtier/kernels/parallel.h"
+#include "kernels/cpu/mla_attention_float.h"
 #include "tests/test_random.h"
 
 namespace kvtier::kernels {
@@ -202,6 +204,54 @@ TEST(AbsorbedMla, RejectsBadSizes) {
             StatusCode::kInvalidArgument);
   std::vector<float> short_q(15);
   EXPECT_EQ(AbsorbedMlaDecode(s, short_q, qr, 1.0f, {}, tail, out).code(), StatusCode::kInvalidArgument);
+}
+
+// The float tiles widen fp8 blocks 16 codes at a time: every one of the
+// 256 codes, in both tiles of a token and in the tile tail, gives the
+// codec's Fp8E4m3ToFloat(code) * scale, NaN codes included.
+TEST(FloatTiles, Fp8WideningGivesTheCodecsValueForEveryCode) {
+  constexpr uint32_t kv = 256 + 32, rope = 16, tokens = 2, dim = kv + rope, tiles = 3;
+  if (!cpu::FloatTilesUsable(dim, kv)) GTEST_SKIP() << "no AVX-512 on this CPU: the float tiles do not run";
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const size_t token_bytes = EncodedBytes(Codec::kFp8, {1, kv, rope});
+  ASSERT_EQ(token_bytes, kv + 4 * tiles + 2 * rope);
+  std::vector<uint8_t> payload(tokens * token_bytes);
+  float scale[tokens][tiles];
+  for (uint32_t t = 0; t < tokens; ++t) {
+    uint8_t* src = payload.data() + t * token_bytes;
+    for (uint32_t c = 0; c < kv; ++c) src[c] = static_cast<uint8_t>(t == 0 ? c : 255 - c % 256);
+    for (uint32_t i = 0; i < tiles; ++i) {
+      scale[t][i] = std::fabs(normal(rng.engine())) + 0.01f;
+      std::memcpy(src + kv + 4 * i, &scale[t][i], 4);
+    }
+    for (uint32_t c = 0; c < rope; ++c) {
+      const uint16_t v = FloatToBf16(normal(rng.engine()));
+      std::memcpy(src + kv + 4 * tiles + 2 * c, &v, 2);
+    }
+  }
+  std::vector<float> rows(tokens * dim + cpu::kFloatTilePadding, -1.0f);
+  cpu::WidenFp8Block(payload.data(), tokens, kv, rope, rows.data());
+  for (uint32_t t = 0; t < tokens; ++t) {
+    const uint8_t* src = payload.data() + t * token_bytes;
+    for (uint32_t c = 0; c < dim; ++c) {
+      float want;
+      if (c < kv) {
+        want = Fp8E4m3ToFloat(src[c]) * scale[t][c / kFp8TileSize];
+      } else {
+        uint16_t v;
+        std::memcpy(&v, src + kv + 4 * tiles + 2 * (c - kv), 2);
+        want = Bf16ToFloat(v);
+      }
+      const float got = rows[t * dim + c];
+      if (std::isnan(want)) {
+        ASSERT_TRUE(std::isnan(got)) << "token " << t << " channel " << c << " code " << int{src[c]};
+      } else {
+        ASSERT_EQ(got, want) << "token " << t << " channel " << c;
+      }
+    }
+  }
 }
 
 }  // namespace
