@@ -61,6 +61,16 @@ KVTIER_VECTOR_CLONES void CodeRow(const LatentBlock& b, uint32_t dim, uint32_t t
   for (uint32_t k = 0; half + k < dim; ++k) codes[half + k] = static_cast<float>(src[k] >> 4);
 }
 
+// Token t of a block as floats: its values (bf16, fp8), or its integer
+// codes (int8, int4), the scales and zero points left to the caller.
+void TokenRow(const LatentBlock& b, const MlaShape& s, uint32_t t, float* row) {
+  if (b.codec == Codec::kInt8 || b.codec == Codec::kInt4) {
+    CodeRow(b, s.kv_lora_rank + s.rope_dim, t, row);
+  } else {
+    WidenRow(b, s, t, row);
+  }
+}
+
 // AbsorbedMlaDecode for s.heads heads, its arguments checked.
 KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> q_latent,
                                       std::span<const float> q_rope, float softmax_scale,
@@ -88,13 +98,7 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
     if (b.codec == Codec::kBf16) return cpu::WidenBf16Block(b.payload.data(), b.tokens, dim, rows.data());
     if (b.codec == Codec::kInt4 && dim % 32 == 0) return cpu::WidenInt4Codes(b.payload.data(), b.tokens, dim, rows.data());
     if (b.codec == Codec::kFp8 && rope % 16 == 0) return cpu::WidenFp8Block(b.payload.data(), b.tokens, kv, rope, rows.data());
-    for (uint32_t t = 0; t < b.tokens; ++t) {
-      if (b.codec == Codec::kInt8 || b.codec == Codec::kInt4) {
-        CodeRow(b, dim, t, rows.data() + size_t{t} * dim);
-      } else {
-        WidenRow(b, s, t, rows.data() + size_t{t} * dim);
-      }
-    }
+    for (uint32_t t = 0; t < b.tokens; ++t) TokenRow(b, s, t, rows.data() + size_t{t} * dim);
   };
   // Pass 1: scores.
   size_t t0 = 0;
@@ -119,11 +123,7 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
       cpu::FloatBlockScores(rows.data(), b.tokens, dim, heads, query, scores.data() + t0, total);
     } else {
       for (uint32_t t = 0; t < b.tokens; ++t) {
-        if (integer) {
-          CodeRow(b, dim, t, row.data());
-        } else {
-          WidenRow(b, s, t, row.data());
-        }
+        TokenRow(b, s, t, row.data());
         // Every head's score at once: [heads][dim] queries times this row.
         Gemv(query, heads, dim, row.data(), dots.data());
         for (uint32_t h = 0; h < heads; ++h) scores[size_t{h} * total + t0 + t] = dots[h];
@@ -164,11 +164,7 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
       cpu::FloatBlockWeightedSum(rows.data(), b.tokens, dim, kv, heads, scores.data() + t0, total, dst);
     } else {
       for (uint32_t t = 0; t < b.tokens; ++t) {
-        if (integer) {
-          CodeRow(b, dim, t, row.data());
-        } else {
-          WidenRow(b, s, t, row.data());
-        }
+        TokenRow(b, s, t, row.data());
         for (uint32_t h = 0; h < heads; ++h) {
           const float p = scores[size_t{h} * total + t0 + t];
           for (uint32_t c = 0; c < kv; ++c) dst[size_t{h} * kv + c] += p * row[c];
