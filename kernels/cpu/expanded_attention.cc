@@ -43,19 +43,19 @@ void ExpandedAttention(const MlaDims& d, const float* w_uk, const float* w_uv, s
                        size_t rows, const int64_t* positions, const float* q, const float* q_pe, float scale,
                        float* out) {
   const size_t dim = d.kv + d.rope, tokens = context.size() / dim, qdim = d.nope + d.rope;
-  // The context's latents and rope parts apart (Gemm reads a weight as
-  // contiguous rows), keys per head [heads][tokens][nope] and values per
-  // head transposed, [heads][v][tokens], so that both products below are
-  // Gemms over a block of rows.
-  std::vector<float> latents(tokens * d.kv), pe(tokens * d.rope);
-  for (size_t t = 0; t < tokens; ++t) {
-    std::copy_n(context.data() + t * dim, d.kv, latents.data() + t * d.kv);
-    std::copy_n(context.data() + t * dim + d.kv, d.rope, pe.data() + t * d.rope);
-  }
-  std::vector<float> keys(d.heads * tokens * d.nope), values_t(d.heads * d.v * tokens);
+  // The context's latents apart (Gemm reads a weight as contiguous rows);
+  // keys per head [heads][tokens][nope + rope], each the head's expanded
+  // key then the token's rope part, so that a score is one dot product
+  // with [q_nope | q_pe] (as two, of 128 and 64, most of the work was the
+  // dot products' lane sums); values per head transposed, [heads][v][tokens],
+  // so that both products below are Gemms over a block of rows.
+  std::vector<float> latents(tokens * d.kv);
+  for (size_t t = 0; t < tokens; ++t) std::copy_n(context.data() + t * dim, d.kv, latents.data() + t * d.kv);
+  std::vector<float> keys(d.heads * tokens * qdim), values_t(d.heads * d.v * tokens);
   for (size_t h = 0; h < d.heads; ++h) {
-    Gemm(w_uk + h * d.nope * d.kv, d.nope, d.kv, latents.data(), tokens, d.kv, keys.data() + h * tokens * d.nope,
-         d.nope);
+    float* kh = keys.data() + h * tokens * qdim;
+    Gemm(w_uk + h * d.nope * d.kv, d.nope, d.kv, latents.data(), tokens, d.kv, kh, qdim);
+    for (size_t t = 0; t < tokens; ++t) std::copy_n(context.data() + t * dim + d.kv, d.rope, kh + t * qdim + d.nope);
     Gemm(latents.data(), tokens, d.kv, w_uv + h * d.v * d.kv, d.v, d.kv, values_t.data() + h * d.v * tokens, tokens);
   }
   // Each (head, block of rows) is one job for the kernel threads: scores for
@@ -64,21 +64,22 @@ void ExpandedAttention(const MlaDims& d, const float* w_uk, const float* w_uv, s
   constexpr size_t kRowBlock = 32;
   const size_t blocks = (rows + kRowBlock - 1) / kRowBlock;
   ParallelFor(d.heads * blocks, 1, [&](size_t job_begin, size_t job_end) {
-    std::vector<float> p(kRowBlock * tokens), p_pe(kRowBlock * tokens), out_t(d.v * kRowBlock);
+    std::vector<float> p(kRowBlock * tokens), queries(kRowBlock * qdim), out_t(d.v * kRowBlock);
     for (size_t job = job_begin; job < job_end; ++job) {
       const size_t h = job / blocks, r0 = job % blocks * kRowBlock, n = std::min(kRowBlock, rows - r0);
       size_t seen_max = 0;
-      for (size_t i = 0; i < n; ++i) seen_max = std::max(seen_max, static_cast<size_t>(positions[r0 + i]) + 1);
-      // p[i][t] = q_nope . k_t and p_pe[i][t] = q_pe . pe_t for t < seen_max.
-      Gemm(keys.data() + h * tokens * d.nope, seen_max, d.nope, q + (r0 * d.heads + h) * qdim, n, d.heads * qdim,
-           p.data(), seen_max);
-      Gemm(pe.data(), seen_max, d.rope, q_pe + (r0 * d.heads + h) * d.rope, n, d.heads * d.rope, p_pe.data(),
-           seen_max);
+      for (size_t i = 0; i < n; ++i) {
+        seen_max = std::max(seen_max, static_cast<size_t>(positions[r0 + i]) + 1);
+        const size_t row = (r0 + i) * d.heads + h;
+        std::copy_n(q + row * qdim, d.nope, queries.data() + i * qdim);
+        std::copy_n(q_pe + row * d.rope, d.rope, queries.data() + i * qdim + d.nope);
+      }
+      // p[i][t] = [q_nope | q_pe]_i . [k | pe]_t for t < seen_max.
+      Gemm(keys.data() + h * tokens * qdim, seen_max, qdim, queries.data(), n, qdim, p.data(), seen_max);
       for (size_t i = 0; i < n; ++i) {
         float* pi = p.data() + i * seen_max;
-        const float* pe_i = p_pe.data() + i * seen_max;
         const size_t seen = static_cast<size_t>(positions[r0 + i]) + 1;
-        for (size_t t = 0; t < seen; ++t) pi[t] = (pi[t] + pe_i[t]) * scale;
+        for (size_t t = 0; t < seen; ++t) pi[t] *= scale;
         Softmax(pi, seen);
         std::fill(pi + seen, pi + seen_max, 0.0f);  // tokens after this row's own
       }
