@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "codec_internal.h"
@@ -11,25 +12,75 @@
 namespace kvtier::kernels {
 namespace {
 
-// out[j] += p * v[j] for a value row.
-KVTIER_VECTOR_CLONES void AddScaled(float p, const float* v, size_t n, float* out) {
-  for (size_t j = 0; j < n; ++j) out[j] += p * v[j];
+// 16 floats as one GCC vector (each target clone maps it to its registers).
+typedef float Lanes16 __attribute__((vector_size(64)));
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"  // inlined into each clone: no vector crosses a call
+__attribute__((always_inline)) inline Lanes16 Load16(const float* p) {
+  Lanes16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// y[m][c] = sum_i x[m][i] * w[i][c] for M rows, each output summed in i
+// order (one FMA each step): the rows share every load of w, 32 channels
+// at a time in registers (as one AXPY per (row, i), each step reloaded and
+// stored its row's outputs).
+template <size_t M>
+__attribute__((always_inline)) inline void AbsorbRows(const float* w, size_t nope, size_t kv,
+                                                      const float* const x[M], float* const y[M]) {
+  size_t c0 = 0;
+  for (; c0 + 32 <= kv; c0 += 32) {
+    Lanes16 acc[M][2] = {};
+    for (size_t i = 0; i < nope; ++i) {
+      const Lanes16 w0 = Load16(w + i * kv + c0), w1 = Load16(w + i * kv + c0 + 16);
+      for (size_t m = 0; m < M; ++m) acc[m][0] += x[m][i] * w0, acc[m][1] += x[m][i] * w1;
+    }
+    for (size_t m = 0; m < M; ++m) {
+      std::memcpy(y[m] + c0, &acc[m][0], sizeof acc[m][0]);
+      std::memcpy(y[m] + c0 + 16, &acc[m][1], sizeof acc[m][1]);
+    }
+  }
+  for (size_t m = 0; m < M; ++m) {
+    for (size_t c = c0; c < kv; ++c) {
+      float s = 0.0f;
+      for (size_t i = 0; i < nope; ++i) s += x[m][i] * w[i * kv + c];
+      y[m][c] = s;
+    }
+  }
+}
+#pragma GCC diagnostic pop
+
+// AbsorbQueries for heads [begin, end): the rows 4 at a time.
+KVTIER_VECTOR_CLONES void AbsorbHeads(const MlaDims& d, const float* w_uk, const float* q,
+                                      std::span<const size_t> rows, float* q_latent, size_t begin, size_t end) {
+  const size_t qdim = d.nope + d.rope;
+  for (size_t h = begin; h < end; ++h) {
+    const float* w = w_uk + h * d.nope * d.kv;
+    size_t k = 0;
+    for (; k + 4 <= rows.size(); k += 4) {
+      const float* x[4];
+      float* y[4];
+      for (size_t m = 0; m < 4; ++m) {
+        x[m] = q + (rows[k + m] * d.heads + h) * qdim;
+        y[m] = q_latent + (rows[k + m] * d.heads + h) * d.kv;
+      }
+      AbsorbRows<4>(w, d.nope, d.kv, x, y);
+    }
+    for (; k < rows.size(); ++k) {
+      const float* x[1] = {q + (rows[k] * d.heads + h) * qdim};
+      float* y[1] = {q_latent + (rows[k] * d.heads + h) * d.kv};
+      AbsorbRows<1>(w, d.nope, d.kv, x, y);
+    }
+  }
 }
 
 }  // namespace
 
 void AbsorbQueries(const MlaDims& d, const float* w_uk, const float* q, std::span<const size_t> rows,
                    float* q_latent) {
-  const size_t qdim = d.nope + d.rope;
-  ParallelFor(d.heads, 1, [&](size_t begin, size_t end) {
-    for (size_t h = begin; h < end; ++h) {
-      for (size_t r : rows) std::fill_n(q_latent + (r * d.heads + h) * d.kv, d.kv, 0.0f);
-      for (size_t i = 0; i < d.nope; ++i) {
-        const float* w = w_uk + (h * d.nope + i) * d.kv;
-        for (size_t r : rows) AddScaled(q[(r * d.heads + h) * qdim + i], w, d.kv, q_latent + (r * d.heads + h) * d.kv);
-      }
-    }
-  });
+  ParallelFor(d.heads, 1, [&](size_t begin, size_t end) { AbsorbHeads(d, w_uk, q, rows, q_latent, begin, end); });
 }
 
 MlaCosts MlaFormCosts(const MlaDims& d, size_t rows, size_t context, size_t visible) {
