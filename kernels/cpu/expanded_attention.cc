@@ -6,30 +6,52 @@
 #include <vector>
 
 #include "codec_internal.h"
+#include "mla_attention_float.h"
 #include "kvtier/kernels/layers.h"
 #include "kvtier/kernels/parallel.h"
 
 namespace kvtier::kernels {
 namespace {
 
-// 16 floats as one GCC vector (each target clone maps it to its registers).
+// out[j] += p * v[j] for a value row.
+KVTIER_VECTOR_CLONES void AddScaled(float p, const float* v, size_t n, float* out) {
+  for (size_t j = 0; j < n; ++j) out[j] += p * v[j];
+}
+
+// AbsorbQueries for heads [begin, end), a weight row at a time for all
+// rows: the path of CPUs without AVX-512.
+void AbsorbHeadsPortable(const MlaDims& d, const float* w_uk, const float* q, std::span<const size_t> rows,
+                         float* q_latent, size_t begin, size_t end) {
+  const size_t qdim = d.nope + d.rope;
+  for (size_t h = begin; h < end; ++h) {
+    for (size_t r : rows) std::fill_n(q_latent + (r * d.heads + h) * d.kv, d.kv, 0.0f);
+    for (size_t i = 0; i < d.nope; ++i) {
+      const float* w = w_uk + (h * d.nope + i) * d.kv;
+      for (size_t r : rows) AddScaled(q[(r * d.heads + h) * qdim + i], w, d.kv, q_latent + (r * d.heads + h) * d.kv);
+    }
+  }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KVTIER_AVX512 __attribute__((target("arch=x86-64-v4")))
+
+// 16 floats as one GCC vector: one zmm register here.
 typedef float Lanes16 __attribute__((vector_size(64)));
 
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wpsabi"  // inlined into each clone: no vector crosses a call
-__attribute__((always_inline)) inline Lanes16 Load16(const float* p) {
+KVTIER_AVX512 inline Lanes16 Load16(const float* p) {
   Lanes16 v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
 
 // y[m][c] = sum_i x[m][i] * w[i][c] for M rows, each output summed in i
-// order (one FMA each step): the rows share every load of w, 32 channels
-// at a time in registers (as one AXPY per (row, i), each step reloaded and
-// stored its row's outputs).
+// order with one FMA a step, as AddScaled sums it (the same bits): the
+// rows share every load of w, 32 channels at a time in registers (AddScaled
+// reloads and stores a row's outputs for every i). AVX-512 only: in AVX2's
+// registers GCC built the broadcasts through memory.
 template <size_t M>
-__attribute__((always_inline)) inline void AbsorbRows(const float* w, size_t nope, size_t kv,
-                                                      const float* const x[M], float* const y[M]) {
+KVTIER_AVX512 inline void AbsorbRows(const float* w, size_t nope, size_t kv, const float* const x[M],
+                                     float* const y[M]) {
   size_t c0 = 0;
   for (; c0 + 32 <= kv; c0 += 32) {
     Lanes16 acc[M][2] = {};
@@ -50,11 +72,10 @@ __attribute__((always_inline)) inline void AbsorbRows(const float* w, size_t nop
     }
   }
 }
-#pragma GCC diagnostic pop
 
-// AbsorbQueries for heads [begin, end): the rows 4 at a time.
-KVTIER_VECTOR_CLONES void AbsorbHeads(const MlaDims& d, const float* w_uk, const float* q,
-                                      std::span<const size_t> rows, float* q_latent, size_t begin, size_t end) {
+// AbsorbQueries for heads [begin, end), the rows 4 at a time.
+KVTIER_AVX512 void AbsorbHeadsAvx512(const MlaDims& d, const float* w_uk, const float* q,
+                                     std::span<const size_t> rows, float* q_latent, size_t begin, size_t end) {
   const size_t qdim = d.nope + d.rope;
   for (size_t h = begin; h < end; ++h) {
     const float* w = w_uk + h * d.nope * d.kv;
@@ -76,11 +97,27 @@ KVTIER_VECTOR_CLONES void AbsorbHeads(const MlaDims& d, const float* w_uk, const
   }
 }
 
+bool HasAvx512() {
+  static const bool has = __builtin_cpu_supports("x86-64-v4");
+  return has;
+}
+#else
+void AbsorbHeadsAvx512(const MlaDims&, const float*, const float*, std::span<const size_t>, float*, size_t, size_t) {}
+bool HasAvx512() { return false; }
+#endif
+
 }  // namespace
 
 void AbsorbQueries(const MlaDims& d, const float* w_uk, const float* q, std::span<const size_t> rows,
                    float* q_latent) {
-  ParallelFor(d.heads, 1, [&](size_t begin, size_t end) { AbsorbHeads(d, w_uk, q, rows, q_latent, begin, end); });
+  const bool tiles = HasAvx512() && cpu::AttentionTilesEnabled();
+  ParallelFor(d.heads, 1, [&](size_t begin, size_t end) {
+    if (tiles) {
+      AbsorbHeadsAvx512(d, w_uk, q, rows, q_latent, begin, end);
+    } else {
+      AbsorbHeadsPortable(d, w_uk, q, rows, q_latent, begin, end);
+    }
+  });
 }
 
 MlaCosts MlaFormCosts(const MlaDims& d, size_t rows, size_t context, size_t visible) {

@@ -90,8 +90,8 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
   // int8 blocks take integer dot products where the CPU has them; the other
   // blocks, widened to floats (codes, for int8 and int4), take float
   // register tiles where it has AVX-512, else a token at a time.
-  const bool vnni = tiles_enabled && cpu::Int8VnniUsable(dim, kv);
-  const bool tiles = tiles_enabled && cpu::FloatTilesUsable(dim, kv);
+  const bool vnni = cpu::AttentionTilesEnabled() && cpu::Int8VnniUsable(dim, kv);
+  const bool tiles = cpu::AttentionTilesEnabled() && cpu::FloatTilesUsable(dim, kv);
   std::vector<float> rows;
   auto widen_block = [&](const LatentBlock& b) {
     rows.resize(size_t{b.tokens} * dim + cpu::kFloatTilePadding);
@@ -194,6 +194,8 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
 }  // namespace
 
 void SetAttentionTilesForTesting(bool enabled) { tiles_enabled = enabled; }
+
+bool cpu::AttentionTilesEnabled() { return tiles_enabled; }
 
 Status AbsorbedMlaDecode(const MlaShape& s, std::span<const float> q_latent, std::span<const float> q_rope,
                          float softmax_scale, std::span<const LatentBlock> blocks, std::span<const float> tail,

@@ -11,6 +11,10 @@
 
 namespace kvtier::kernels::cpu {
 
+// False while a test has turned the attention kernels' tiles off
+// (SetAttentionTilesForTesting), so that the portable paths run.
+bool AttentionTilesEnabled();
+
 // True when this CPU runs AVX-512 F and VL and the shape suits the tiles
 // (dim and kv_lora_rank multiples of 16).
 bool FloatTilesUsable(uint32_t dim, uint32_t kv_lora_rank);

@@ -1,6 +1,7 @@
 // The expanded-form attention against float64 attention written out per
 // head, on fresh random inputs, and the cost model's choice of form.
 #include "kvtier/kernels/expanded_attention.h"
+#include "kvtier/kernels/mla_attention.h"
 
 #include <gtest/gtest.h>
 
@@ -99,32 +100,38 @@ TEST(ExpandedAttention, ManyRowsAtAnyPositionsMatchFloat64) {
 
 // W_UK folded into the queries of some rows, against float64; the rows not
 // listed keep their (poisoned) values. Listed rows in fours and one at a
-// time, latent dims in 32s and a tail.
+// time, latent dims in 32s and a tail; the AVX-512 tiles and the portable
+// path.
 TEST(AbsorbQueries, MatchesFloat64AndLeavesOtherRowsAlone) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
   using Case = std::tuple<MlaDims, size_t, std::vector<size_t>>;
-  for (const auto& [d, rows, listed] :
-       {Case{{5, 24, 8, 12, 40}, 7, {0, 2, 3, 6}}, Case{{3, 16, 8, 12, 80}, 12, {1, 2, 3, 5, 6, 8, 9, 10, 11}}}) {
-    const size_t qdim = d.nope + d.rope;
-    const std::vector<float> w_uk = Random(d.heads * d.nope * d.kv, rng.engine(), 0.2f);
-    const std::vector<float> q = Random(rows * d.heads * qdim, rng.engine(), 1.0f);
-    std::vector<float> q_latent(rows * d.heads * d.kv, NAN);
-    AbsorbQueries(d, w_uk.data(), q.data(), listed, q_latent.data());
-    for (size_t r = 0; r < rows; ++r) {
-      const bool is_listed = std::find(listed.begin(), listed.end(), r) != listed.end();
-      for (size_t h = 0; h < d.heads; ++h) {
-        for (size_t c = 0; c < d.kv; ++c) {
-          const float got = q_latent[(r * d.heads + h) * d.kv + c];
-          if (!is_listed) {
-            ASSERT_TRUE(std::isnan(got)) << "row " << r << " was not listed";
-            continue;
+  const Case cases[] = {{{5, 24, 8, 12, 40}, 7, {0, 2, 3, 6}}, {{3, 16, 8, 12, 80}, 12, {1, 2, 3, 5, 6, 8, 9, 10, 11}}};
+  for (const auto& [d, rows, listed] : cases) {
+    for (bool tiles : {true, false}) {
+      SCOPED_TRACE(tiles ? "tiles" : "portable");
+      const size_t qdim = d.nope + d.rope;
+      const std::vector<float> w_uk = Random(d.heads * d.nope * d.kv, rng.engine(), 0.2f);
+      const std::vector<float> q = Random(rows * d.heads * qdim, rng.engine(), 1.0f);
+      std::vector<float> q_latent(rows * d.heads * d.kv, NAN);
+      SetAttentionTilesForTesting(tiles);
+      AbsorbQueries(d, w_uk.data(), q.data(), listed, q_latent.data());
+      SetAttentionTilesForTesting(true);
+      for (size_t r = 0; r < rows; ++r) {
+        const bool is_listed = std::find(listed.begin(), listed.end(), r) != listed.end();
+        for (size_t h = 0; h < d.heads; ++h) {
+          for (size_t c = 0; c < d.kv; ++c) {
+            const float got = q_latent[(r * d.heads + h) * d.kv + c];
+            if (!is_listed) {
+              ASSERT_TRUE(std::isnan(got)) << "row " << r << " was not listed";
+              continue;
+            }
+            double want = 0;
+            for (size_t i = 0; i < d.nope; ++i) {
+              want += double{q[(r * d.heads + h) * qdim + i]} * w_uk[(h * d.nope + i) * d.kv + c];
+            }
+            ASSERT_NEAR(got, want, 1e-5 * (1 + std::fabs(want))) << "row " << r << " head " << h << " dim " << c;
           }
-          double want = 0;
-          for (size_t i = 0; i < d.nope; ++i) {
-            want += double{q[(r * d.heads + h) * qdim + i]} * w_uk[(h * d.nope + i) * d.kv + c];
-          }
-          ASSERT_NEAR(got, want, 1e-5 * (1 + std::fabs(want))) << "row " << r << " head " << h << " dim " << c;
         }
       }
     }

@@ -43,8 +43,8 @@ Status AbsorbedMlaDecode(const MlaShape& shape, std::span<const float> q_latent,
                          std::span<const LatentBlock> blocks, std::span<const float> tail,
                          std::span<float> out);
 
-// For tests: false sends AbsorbedMlaDecode down its portable path (a token
-// at a time, no VNNI or AVX-512 tiles), as on CPUs without them.
+// For tests: false sends AbsorbedMlaDecode and AbsorbQueries down their
+// portable paths (no VNNI or AVX-512 tiles), as on CPUs without them.
 void SetAttentionTilesForTesting(bool enabled);
 
 }  // namespace kvtier::kernels
