@@ -12,6 +12,9 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
+#include <cstddef>
+#include <cstdint>
+
 // The 16 accumulators are named variables: as an array GCC 12 copied most
 // of them between two sets of registers on every step (up to 32 moves for
 // 16 multiply-adds).
@@ -48,6 +51,12 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 SumEach(const __
                                    _mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(3, 1, 3, 1)));
   return _mm512_add_ps(_mm512_shuffle_f32x4(v01, v23, _MM_SHUFFLE(2, 0, 2, 0)),
                        _mm512_shuffle_f32x4(v01, v23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// 16 bf16 values (32 bytes at `bf16`) widened to floats, exactly.
+__attribute__((target("avx512f"), always_inline)) inline __m512 Bf16ToFloats(const uint8_t* bf16) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bf16));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
 // Stores the 4 x 4 tile sums of SumEach (lane h * 4 + k) as rows: the

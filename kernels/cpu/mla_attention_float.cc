@@ -105,11 +105,6 @@ KVTIER_AVX512 void FloatBlockWeightedSum(const float* rows, uint32_t tokens, uin
   }
 }
 
-KVTIER_AVX512 inline __m512 Bf16ToFloats(const uint8_t* bf16) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bf16));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
 KVTIER_AVX512 void WidenBf16Block(const uint8_t* payload, uint32_t tokens, uint32_t dim, float* rows) {
   for (size_t i = 0; i < size_t{tokens} * dim; i += 16) _mm512_storeu_ps(rows + i, Bf16ToFloats(payload + 2 * i));
 }

@@ -86,10 +86,7 @@ Scratch& ThreadScratch() {
 // is a multiple of 32.
 KVTIER_VNNI const float* Scales(const uint8_t* payload, uint32_t dim, Scratch& s) {
   float* scale = Sized(s.scale, dim);
-  for (uint32_t c = 0; c < dim; c += 16) {
-    const __m256i bf16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(payload + 2 * c));
-    _mm512_storeu_ps(scale + c, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16), 16)));
-  }
+  for (uint32_t c = 0; c < dim; c += 16) _mm512_storeu_ps(scale + c, Bf16ToFloats(payload + 2 * c));
   return scale;
 }
 
