@@ -39,8 +39,9 @@ KVTIER_AVX512 __attribute__((noinline)) __m512 ScoreTile(const float* const toke
   return SumEach(sums);
 }
 
-// One 4-head x 64-channel tile: out[h][16 j..] += sum_t p[h][t] *
-// rows[t][16 j..], p[h] at p[h * stride].
+// One 4-head x 64-channel tile over the block's tokens: out[h][c] +=
+// sum_t p[h][t] * rows[t][c] for the first `chunks` 16-channel groups
+// (p[h]: head h's weights; out[h]: its 64 outputs, null for a padding head).
 KVTIER_AVX512 __attribute__((noinline)) void WeightedTile(const float* rows, uint32_t tokens, uint32_t dim,
                                                           const float* const p[kGroup], float* const out[kGroup],
                                                           uint32_t chunks) {
