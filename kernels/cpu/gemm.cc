@@ -10,6 +10,10 @@
 #include <cmath>
 #include <cstring>
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+#endif
+
 namespace kvtier::kernels {
 
 namespace {
@@ -98,21 +102,6 @@ KVTIER_INLINE void AccumulateBlock(const Weight* w, size_t cols, size_t begin, s
     for (size_t i = 0; i < M; ++i) acc[r * M + i] = lanes[r][i];
 }
 
-// The R x M dot products from their lane-wise sums, finished as DotTile
-// finishes one: lanes in order, then the columns past the last lane group.
-template <size_t R, size_t M, typename Weight>
-KVTIER_INLINE void FinishBlock(const Weight* w, size_t cols, const float* x, size_t x_stride, const Lanes16* acc,
-                               float* y, size_t y_stride) {
-  const size_t full = cols / 16 * 16;
-  for (size_t r = 0; r < R; ++r) {
-    for (size_t i = 0; i < M; ++i) {
-      float s = 0.0f;
-      for (size_t j = 0; j < 16; ++j) s += acc[r * M + i][j];
-      for (size_t c = full; c < cols; ++c) s = std::fma(WeightAt(w + r * cols, c), x[i * x_stride + c], s);
-      y[i * y_stride + r] = s;
-    }
-  }
-}
 #pragma GCC diagnostic pop
 
 // All weight rows against inputs [0, n), four inputs sharing each load of
@@ -140,12 +129,65 @@ constexpr size_t kInputBlock = 32;
 // measured 2.4x slower in decode, load/README.md).
 constexpr size_t kWideFrom = 4;
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KVTIER_AVX512 __attribute__((target("arch=x86-64-v4")))
+
+// sums[k] = (((0 + v[k][0]) + v[k][1]) + ...) + v[k][15] for k < 16,
+// DotTile's lane order (so the same bits), sixteen at a time: the vectors
+// transposed, then the columns added in lane order. One at a time, the
+// lane sums weighed most on short rows: 128- and 192-column Gemms (the
+// prefill's scores) ran 7-9% slower.
+#pragma GCC diagnostic push
+// GCC 12's AVX-512 unpacks pass an undefined vector as an unused merge
+// source, which -Wuninitialized reports at each use.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+KVTIER_AVX512 void LaneSums(const Lanes16* v, float* sums) {
+  // Per 128-bit lane L, u[4g + m] holds element 4L + m of vectors 4g..4g+3.
+  __m512 u[16];
+  for (int g = 0; g < 4; ++g) {
+    const __m512 lo01 = _mm512_unpacklo_ps(v[4 * g], v[4 * g + 1]), hi01 = _mm512_unpackhi_ps(v[4 * g], v[4 * g + 1]);
+    const __m512 lo23 = _mm512_unpacklo_ps(v[4 * g + 2], v[4 * g + 3]), hi23 = _mm512_unpackhi_ps(v[4 * g + 2], v[4 * g + 3]);
+    const __m512d l01 = _mm512_castps_pd(lo01), l23 = _mm512_castps_pd(lo23);
+    const __m512d h01 = _mm512_castps_pd(hi01), h23 = _mm512_castps_pd(hi23);
+    u[4 * g + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(l01, l23));
+    u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(l01, l23));
+    u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(h01, h23));
+    u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(h01, h23));
+  }
+  // Column 4L + m: lane L of u[m], u[4 + m], u[8 + m], u[12 + m].
+  __m512 column[16];
+  for (int m = 0; m < 4; ++m) {
+    const __m512 a02 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x88), a13 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xdd);
+    const __m512 b02 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x88);
+    const __m512 b13 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xdd);
+    column[m] = _mm512_shuffle_f32x4(a02, b02, 0x88);
+    column[4 + m] = _mm512_shuffle_f32x4(a13, b13, 0x88);
+    column[8 + m] = _mm512_shuffle_f32x4(a02, b02, 0xdd);
+    column[12 + m] = _mm512_shuffle_f32x4(a13, b13, 0xdd);
+  }
+  __m512 sum = _mm512_setzero_ps();
+  for (int j = 0; j < 16; ++j) sum = _mm512_add_ps(sum, column[j]);
+  _mm512_storeu_ps(sums, sum);
+}
+#pragma GCC diagnostic pop
+#else
+inline void LaneSums(const Lanes16* v, float* sums) {
+  for (int k = 0; k < 16; ++k) {
+    float s = 0.0f;
+    for (int j = 0; j < 16; ++j) s += v[k][j];
+    sums[k] = s;
+  }
+}
+#endif
+
 template <typename Weight>
 KVTIER_INLINE void GemmRowsWide(const Weight* w, size_t rows, size_t cols, const float* x, size_t n,
                                 size_t x_stride, float* y, size_t y_stride) {
   constexpr size_t kRows = 6, kInputs = 4, kChunk = 1024;
   const size_t full = cols / 16 * 16;
-  Lanes16 acc[kInputBlock * kRows];
+  Lanes16 acc[kInputBlock * kRows] = {};  // each input tile's [row][input] sums, then each tail input's [row]
+  const size_t tiled = n / kInputs * kInputs, entries = n * kRows;
   size_t r0 = 0;
   for (; r0 + kRows <= rows; r0 += kRows) {
     const Weight* tile = w + r0 * cols;
@@ -158,12 +200,20 @@ KVTIER_INLINE void GemmRowsWide(const Weight* w, size_t rows, size_t cols, const
       for (; i < n; ++i) AccumulateBlock<kRows, 1>(tile, cols, c, c_end, x + i * x_stride, x_stride, acc + i * kRows);
       c += kChunk;
     } while (c < full);
-    size_t i = 0;
-    for (; i + kInputs <= n; i += kInputs)
-      FinishBlock<kRows, kInputs>(tile, cols, x + i * x_stride, x_stride, acc + i * kRows, y + i * y_stride + r0,
-                                  y_stride);
-    for (; i < n; ++i)
-      FinishBlock<kRows, 1>(tile, cols, x + i * x_stride, x_stride, acc + i * kRows, y + i * y_stride + r0, y_stride);
+    // The tile's dot products from their lane sums, then the columns past
+    // the last lane group, as FinishBlock does for one.
+    for (size_t e0 = 0; e0 < entries; e0 += 16) {
+      alignas(64) float sums[16];
+      LaneSums(acc + e0, sums);
+      for (size_t e = e0; e < std::min(entries, e0 + 16); ++e) {
+        const bool in_tile = e < tiled * kRows;
+        const size_t r = in_tile ? e % (kRows * kInputs) / kInputs : e % kRows;
+        const size_t i = in_tile ? e / (kRows * kInputs) * kInputs + e % kInputs : e / kRows;
+        float s = sums[e - e0];
+        for (size_t c = full; c < cols; ++c) s = std::fma(WeightAt(tile + r * cols, c), x[i * x_stride + c], s);
+        y[i * y_stride + r0 + r] = s;
+      }
+    }
   }
   GemmRows(w + r0 * cols, rows - r0, cols, x, n, x_stride, y + r0, y_stride);
 }
@@ -183,7 +233,7 @@ KVTIER_INLINE void GemmRowRangeOf(const Weight* w, size_t row_begin, size_t row_
   for (size_t i0 = 0; i0 < n; i0 += kInputBlock) {
     const size_t block = std::min(kInputBlock, n - i0);
     float* out = y + i0 * y_stride + row_begin;
-    if (kWide) {
+    if constexpr (kWide) {
       GemmRowsWide(w + row_begin * cols, row_end - row_begin, cols, x + i0 * x_stride, block, x_stride, out, y_stride);
     } else {
       GemmRows(w + row_begin * cols, row_end - row_begin, cols, x + i0 * x_stride, block, x_stride, out, y_stride);
@@ -203,7 +253,6 @@ KVTIER_VECTOR_CLONES void GemmRowRange(const uint16_t* w, size_t row_begin, size
 // sums would spill), so they have their own x86-64-v4 build, taken when
 // the CPU has it; elsewhere every n goes through GemmRows.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define KVTIER_AVX512 __attribute__((target("arch=x86-64-v4")))
 KVTIER_AVX512 void GemmRowRangeWide(const float* w, size_t row_begin, size_t row_end, size_t cols, const float* x,
                                     size_t n, size_t x_stride, float* y, size_t y_stride) {
   GemmRowRangeOf<true>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
