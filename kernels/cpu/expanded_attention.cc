@@ -5,7 +5,9 @@
 #include <cstring>
 #include <vector>
 
+#include "avx512.h"
 #include "codec_internal.h"
+#include "lanes16.h"
 #include "mla_attention_float.h"
 #include "kvtier/kernels/layers.h"
 #include "kvtier/kernels/parallel.h"
@@ -33,16 +35,8 @@ void AbsorbHeadsPortable(const MlaDims& d, const float* w_uk, const float* q, st
 }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define KVTIER_AVX512 __attribute__((target("arch=x86-64-v4")))
-
-// 16 floats as one GCC vector: one zmm register here.
-typedef float Lanes16 __attribute__((vector_size(64)));
-
-KVTIER_AVX512 inline Lanes16 Load16(const float* p) {
-  Lanes16 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
+using cpu::Lanes16;
+using cpu::Load16;
 
 // y[m][c] = sum_i x[m][i] * w[i][c] for M rows, each output summed in i
 // order with one FMA a step, as AddScaled sums it (the same bits): the
@@ -96,21 +90,15 @@ KVTIER_AVX512 void AbsorbHeadsAvx512(const MlaDims& d, const float* w_uk, const 
     }
   }
 }
-
-bool HasAvx512() {
-  static const bool has = __builtin_cpu_supports("x86-64-v4");
-  return has;
-}
 #else
 void AbsorbHeadsAvx512(const MlaDims&, const float*, const float*, std::span<const size_t>, float*, size_t, size_t) {}
-bool HasAvx512() { return false; }
 #endif
 
 }  // namespace
 
 void AbsorbQueries(const MlaDims& d, const float* w_uk, const float* q, std::span<const size_t> rows,
                    float* q_latent) {
-  const bool tiles = HasAvx512() && cpu::AttentionTilesEnabled();
+  const bool tiles = cpu::HasAvx512() && cpu::AttentionTilesEnabled();
   ParallelFor(d.heads, 1, [&](size_t begin, size_t end) {
     if (tiles) {
       AbsorbHeadsAvx512(d, w_uk, q, rows, q_latent, begin, end);

@@ -1,18 +1,16 @@
 // Gemm and Gemv: dot products of weight rows with inputs, each summed in
 // one fixed order whatever the batch, the tile or the thread split, so a
 // sequence's results do not depend on what it is batched with.
+#include "avx512.h"
 #include "codec_internal.h"
 #include "kvtier/kernels/float_formats.h"
+#include "lanes16.h"
 #include "kvtier/kernels/layers.h"
 #include "kvtier/kernels/parallel.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#include <immintrin.h>
-#endif
 
 namespace kvtier::kernels {
 
@@ -24,33 +22,13 @@ namespace {
 // multiply-adds/s).
 #define KVTIER_INLINE __attribute__((always_inline)) inline
 
-// 16 floats as one GCC vector: each target clone maps it to its own
-// registers (one zmm, two ymm or four xmm).
-typedef float Lanes16 __attribute__((vector_size(64)));
+using cpu::Lanes16;
+using cpu::Load16;
 
-// Inlined into each clone, so the vector never crosses a call: GCC's note
-// that its return ABI differs without AVX-512 does not apply (to here and
-// DotTile, which uses it).
+// Load16 returns a 64-byte vector; inlined into each clone it never
+// crosses a call, so GCC's note on that ABI does not apply to its callers.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
-KVTIER_INLINE Lanes16 Load16(const float* p) {
-  Lanes16 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-// 16 bf16 weights widened to floats (exactly: a bf16 is a float's top half).
-typedef uint16_t Bf16Lanes16 __attribute__((vector_size(32)));
-typedef uint32_t Bits16 __attribute__((vector_size(64)));
-KVTIER_INLINE Lanes16 Load16(const uint16_t* p) {
-  Bf16Lanes16 h;
-  std::memcpy(&h, p, sizeof h);
-  const Bits16 bits = __builtin_convertvector(h, Bits16) << 16;
-  Lanes16 v;
-  std::memcpy(&v, &bits, sizeof v);
-  return v;
-}
-
 KVTIER_INLINE float WeightAt(const float* row, size_t c) { return row[c]; }
 KVTIER_INLINE float WeightAt(const uint16_t* row, size_t c) { return Bf16ToFloat(row[c]); }
 
@@ -102,6 +80,7 @@ KVTIER_INLINE void AccumulateBlock(const Weight* w, size_t cols, size_t begin, s
     for (size_t i = 0; i < M; ++i) acc[r * M + i] = lanes[r][i];
 }
 
+
 #pragma GCC diagnostic pop
 
 // All weight rows against inputs [0, n), four inputs sharing each load of
@@ -130,18 +109,11 @@ constexpr size_t kInputBlock = 32;
 constexpr size_t kWideFrom = 4;
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define KVTIER_AVX512 __attribute__((target("arch=x86-64-v4")))
-
 // sums[k] = (((0 + v[k][0]) + v[k][1]) + ...) + v[k][15] for k < 16,
 // DotTile's lane order (so the same bits), sixteen at a time: the vectors
 // transposed, then the columns added in lane order. One at a time, the
 // lane sums weighed most on short rows: 128- and 192-column Gemms (the
 // prefill's scores) ran 7-9% slower.
-#pragma GCC diagnostic push
-// GCC 12's AVX-512 unpacks pass an undefined vector as an unused merge
-// source, which -Wuninitialized reports at each use.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 KVTIER_AVX512 void LaneSums(const Lanes16* v, float* sums) {
   // Per 128-bit lane L, u[4g + m] holds element 4L + m of vectors 4g..4g+3.
   __m512 u[16];
@@ -170,7 +142,6 @@ KVTIER_AVX512 void LaneSums(const Lanes16* v, float* sums) {
   for (int j = 0; j < 16; ++j) sum = _mm512_add_ps(sum, column[j]);
   _mm512_storeu_ps(sums, sum);
 }
-#pragma GCC diagnostic pop
 #else
 inline void LaneSums(const Lanes16* v, float* sums) {
   for (int k = 0; k < 16; ++k) {
@@ -261,17 +232,12 @@ KVTIER_AVX512 void GemmRowRangeWide(const uint16_t* w, size_t row_begin, size_t 
                                     const float* x, size_t n, size_t x_stride, float* y, size_t y_stride) {
   GemmRowRangeOf<true>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
 }
-bool HasWideTiles() {
-  static const bool has = __builtin_cpu_supports("x86-64-v4");
-  return has;
-}
 #else
 template <typename Weight>
 void GemmRowRangeWide(const Weight* w, size_t row_begin, size_t row_end, size_t cols, const float* x, size_t n,
                       size_t x_stride, float* y, size_t y_stride) {
   GemmRowRange(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
 }
-bool HasWideTiles() { return false; }
 #endif
 
 // Gemm's split of the weight rows among the kernel threads: about 1 M
@@ -283,7 +249,7 @@ template <typename Weight>
 void GemmOf(const Weight* w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride, float* y,
             size_t y_stride) {
   const size_t per_row = std::max<size_t>(cols * n, 1);
-  const bool wide = n >= kWideFrom && HasWideTiles();
+  const bool wide = n >= kWideFrom && cpu::HasAvx512();
   ParallelFor(rows, std::max<size_t>((size_t{1} << 20) / per_row, 8), [&](size_t begin, size_t end) {
     if (wide) {
       GemmRowRangeWide(w, begin, end, cols, x, n, x_stride, y, y_stride);

@@ -4,17 +4,15 @@
 #include <cstring>
 #include <vector>
 
-#include "avx512_tiles.h"
+#include "avx512.h"
 #include "kvtier/kernels/codec.h"
 
 namespace kvtier::kernels::cpu {
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#define KVTIER_AVX512 __attribute__((target("avx512f,avx512vl")))
 
 bool FloatTilesUsable(uint32_t dim, uint32_t kv_lora_rank) {
-  static const bool cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
-  return cpu && dim % 16 == 0 && kv_lora_rank % 16 == 0;
+  return HasAvx512() && dim % 16 == 0 && kv_lora_rank % 16 == 0;
 }
 
 namespace {

@@ -15,7 +15,7 @@ namespace kvtier::kernels::cpu {
 // (SetAttentionTilesForTesting), so that the portable paths run.
 bool AttentionTilesEnabled();
 
-// True when this CPU runs AVX-512 F and VL and the shape suits the tiles
+// True when this CPU runs AVX-512 (x86-64-v4) and the shape suits the tiles
 // (dim and kv_lora_rank multiples of 16).
 bool FloatTilesUsable(uint32_t dim, uint32_t kv_lora_rank);
 

@@ -5,12 +5,12 @@
 #include <cstring>
 #include <vector>
 
-#include "avx512_tiles.h"
+#include "avx512.h"
 #include "codec_internal.h"
 #include "kvtier/kernels/float_formats.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#define KVTIER_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#define KVTIER_VNNI __attribute__((target("arch=x86-64-v4,avx512vnni")))
 #endif
 
 namespace kvtier::kernels::cpu {
@@ -18,8 +18,7 @@ namespace kvtier::kernels::cpu {
 #ifdef KVTIER_VNNI
 
 bool Int8VnniUsable(uint32_t dim, uint32_t kv_lora_rank) {
-  static const bool cpu = __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                          __builtin_cpu_supports("avx512vnni");
+  static const bool cpu = HasAvx512() && __builtin_cpu_supports("avx512vnni");
   return cpu && dim % 32 == 0 && kv_lora_rank % 16 == 0 && dim <= 8192;
 }
 
@@ -27,23 +26,19 @@ namespace {
 
 constexpr float kInt16Max = 32767.0f;
 
-KVTIER_VNNI inline __mmask16 Remaining(size_t n, size_t i) {
-  return static_cast<__mmask16>(n - i >= 16 ? 0xffff : (1u << (n - i)) - 1);
-}
-
 // Rounds x[i] for i < n to int16 with one scale (max |x| -> 32767) into
 // runs of 32 that lie `run_stride` apart in `out` (32: one after another);
 // returns the value of one int16 step.
 KVTIER_VNNI float ToInt16(const float* x, size_t n, int16_t* out, size_t run_stride = 32) {
   __m512 max = _mm512_setzero_ps();
   for (size_t i = 0; i < n; i += 16) {
-    max = _mm512_max_ps(max, _mm512_abs_ps(_mm512_maskz_loadu_ps(Remaining(n, i), x + i)));
+    max = _mm512_max_ps(max, _mm512_abs_ps(_mm512_maskz_loadu_ps(TailMask(n, i), x + i)));
   }
   const float top = _mm512_reduce_max_ps(max);
   // Round to nearest even (the default mode), then narrow; |v| <= 32767.
   const __m512 to_int = _mm512_set1_ps(top == 0.0f ? 0.0f : kInt16Max / top);
   for (size_t i = 0; i < n; i += 16) {
-    const __mmask16 m = Remaining(n, i);
+    const __mmask16 m = TailMask(n, i);
     const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), to_int));
     _mm256_mask_storeu_epi16(out + i / 32 * run_stride + i % 32, m, _mm512_cvtsepi32_epi16(v));
   }
@@ -201,7 +196,7 @@ KVTIER_VNNI void Int8BlockScores(const uint8_t* payload, uint32_t tokens, uint32
     float* sh = scores + size_t{h} * stride;
     const __m512 hs = _mm512_set1_ps(step[h]);
     for (uint32_t t = 0; t < tokens; t += 16) {
-      const __mmask16 m = Remaining(tokens, t);
+      const __mmask16 m = TailMask(tokens, t);
       __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, sh + t), hs);
       for (uint32_t j = 0; j < kFloatChannels; ++j) {
         v = _mm512_fmadd_ps(_mm512_set1_ps(wide_q[h * kFloatChannels + j]),

@@ -15,7 +15,7 @@
 
 namespace kvtier::kernels::cpu {
 
-// True when this CPU runs AVX-512 BW, VL and VNNI and the shape suits the kernels
+// True when this CPU runs AVX-512 (x86-64-v4) with VNNI and the shape suits the kernels
 // (dim a multiple of 32, kv_lora_rank of 16, dim at most 8192).
 bool Int8VnniUsable(uint32_t dim, uint32_t kv_lora_rank);
 

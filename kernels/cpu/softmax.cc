@@ -6,13 +6,7 @@
 
 #include "kvtier/kernels/layers.h"
 
-#if defined(__x86_64__) && defined(__GNUC__)
-// GCC 12's AVX-512 reductions pass an undefined vector as an unused merge
-// source, which -Wmaybe-uninitialized reports at each use.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#define KVTIER_AVX512F __attribute__((target("avx512f")))
-#endif
+#include "avx512.h"
 
 namespace kvtier::kernels {
 namespace {
@@ -25,13 +19,13 @@ void SoftmaxScalar(float* x, size_t n) {
   for (size_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
-#ifdef KVTIER_AVX512F
+#ifdef KVTIER_AVX512
 
 // exp(x) for x <= 0: x = k ln2 + r with |r| <= ln2 / 2 (ln2 in two parts,
 // so r is exact to float precision), e^r by its Taylor series to r^7
 // (remainder under 2^-27 of the result), times 2^k by vscalefps, which
 // also gives 0 below the float range.
-KVTIER_AVX512F inline __m512 ExpNonPositive(__m512 x) {
+KVTIER_AVX512 inline __m512 ExpNonPositive(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));  // e^-104 is 0 in float
   const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -44,24 +38,20 @@ KVTIER_AVX512F inline __m512 ExpNonPositive(__m512 x) {
   return _mm512_scalef_ps(p, k);
 }
 
-KVTIER_AVX512F inline __mmask16 Lanes(size_t n, size_t i) {
-  return static_cast<__mmask16>(n - i >= 16 ? 0xffff : (1u << (n - i)) - 1);
-}
-
-KVTIER_AVX512F void SoftmaxAvx512(float* x, size_t n) {
+KVTIER_AVX512 void SoftmaxAvx512(float* x, size_t n) {
   __m512 max = _mm512_set1_ps(-INFINITY);
-  for (size_t i = 0; i < n; i += 16) max = _mm512_max_ps(max, _mm512_mask_loadu_ps(max, Lanes(n, i), x + i));
+  for (size_t i = 0; i < n; i += 16) max = _mm512_max_ps(max, _mm512_mask_loadu_ps(max, cpu::TailMask(n, i), x + i));
   const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(max));
   __m512 sum = _mm512_setzero_ps();
   for (size_t i = 0; i < n; i += 16) {
-    const __mmask16 m = Lanes(n, i);
+    const __mmask16 m = cpu::TailMask(n, i);
     const __m512 e = ExpNonPositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), top));
     _mm512_mask_storeu_ps(x + i, m, e);
     sum = _mm512_mask_add_ps(sum, m, sum, e);
   }
   const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
   for (size_t i = 0; i < n; i += 16) {
-    const __mmask16 m = Lanes(n, i);
+    const __mmask16 m = cpu::TailMask(n, i);
     _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv));
   }
 }
@@ -71,9 +61,8 @@ KVTIER_AVX512F void SoftmaxAvx512(float* x, size_t n) {
 }  // namespace
 
 void Softmax(float* x, size_t n) {
-#ifdef KVTIER_AVX512F
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
-  if (avx512) return SoftmaxAvx512(x, n);
+#ifdef KVTIER_AVX512
+  if (cpu::HasAvx512()) return SoftmaxAvx512(x, n);
 #endif
   SoftmaxScalar(x, n);
 }

@@ -1,9 +1,28 @@
-// AVX-512 pieces of the attention kernels' register tiles: 4 x 4
-// accumulators as named variables a##h##k (h the tile's row, k its
-// column), one step of a tile, and a 16-way horizontal sum. Private to
-// kernels/cpu, for functions built for AVX-512.
-#ifndef KVTIER_KERNELS_CPU_AVX512_TILES_H_
-#define KVTIER_KERNELS_CPU_AVX512_TILES_H_
+// AVX-512 pieces the CPU kernels share: the build target and the check
+// that this CPU runs it, tail masks, and the attention kernels' register
+// tiles (4 x 4 accumulators as named variables a##h##k, h the tile's row,
+// k its column; one step of a tile; a 16-way horizontal sum). Private to
+// kernels/cpu.
+#ifndef KVTIER_KERNELS_CPU_AVX512_H_
+#define KVTIER_KERNELS_CPU_AVX512_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvtier::kernels::cpu {
+
+// True when this CPU runs x86-64-v4 (AVX-512 F, BW, CD, DQ, VL), the
+// target of KVTIER_AVX512 functions.
+#if defined(__x86_64__) && defined(__GNUC__)
+inline bool HasAvx512() {
+  static const bool has = __builtin_cpu_supports("x86-64-v4");
+  return has;
+}
+#else
+inline bool HasAvx512() { return false; }
+#endif
+
+}  // namespace kvtier::kernels::cpu
 
 #if defined(__x86_64__) && defined(__GNUC__)
 // GCC 12's AVX-512 unpack intrinsics pass an undefined vector as their
@@ -12,8 +31,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
-#include <cstddef>
-#include <cstdint>
+#define KVTIER_AVX512 __attribute__((target("arch=x86-64-v4")))
 
 // The 16 accumulators are named variables: as an array GCC 12 copied most
 // of them between two sets of registers on every step (up to 32 moves for
@@ -33,8 +51,13 @@
 
 namespace kvtier::kernels::cpu {
 
+// Lanes i..i+15 of n that exist (all 16 but at the end).
+KVTIER_AVX512 inline __mmask16 TailMask(size_t n, size_t i) {
+  return static_cast<__mmask16>(n - i >= 16 ? 0xffff : (1u << (n - i)) - 1);
+}
+
 // Sums each of 16 vectors: lane i of the result is the sum of v[i]'s lanes.
-__attribute__((target("avx512f"), always_inline)) inline __m512 SumEach(const __m512 v[16]) {
+KVTIER_AVX512 __attribute__((always_inline)) inline __m512 SumEach(const __m512 v[16]) {
   __m512 pairs[8], quads[4];
   for (int i = 0; i < 8; ++i) {  // per 128-bit lane: a0+a2, b0+b2, a1+a3, b1+b3
     pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
@@ -54,14 +77,14 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 SumEach(const __
 }
 
 // 16 bf16 values (32 bytes at `bf16`) widened to floats, exactly.
-__attribute__((target("avx512f"), always_inline)) inline __m512 Bf16ToFloats(const uint8_t* bf16) {
+KVTIER_AVX512 __attribute__((always_inline)) inline __m512 Bf16ToFloats(const uint8_t* bf16) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bf16));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
 // Stores the 4 x 4 tile sums of SumEach (lane h * 4 + k) as rows: the
 // first n of row h at dst + h * stride, for the rows h < rows.
-__attribute__((target("avx512f,avx512vl"), always_inline)) inline void StoreTileRows(__m512 sums, uint32_t rows, uint32_t n,
+KVTIER_AVX512 __attribute__((always_inline)) inline void StoreTileRows(__m512 sums, uint32_t rows, uint32_t n,
                                                                             float* dst, size_t stride) {
   alignas(64) float lanes[16];
   _mm512_store_ps(lanes, sums);
@@ -73,4 +96,4 @@ __attribute__((target("avx512f,avx512vl"), always_inline)) inline void StoreTile
 }  // namespace kvtier::kernels::cpu
 
 #endif
-#endif  // KVTIER_KERNELS_CPU_AVX512_TILES_H_
+#endif  // KVTIER_KERNELS_CPU_AVX512_H_
