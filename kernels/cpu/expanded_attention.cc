@@ -155,8 +155,7 @@ void ExpandedAttention(const MlaDims& d, const float* w_uk, const float* w_uv, s
       for (size_t i = 0; i < n; ++i) {
         float* pi = p.data() + i * seen_max;
         const size_t seen = static_cast<size_t>(positions[r0 + i]) + 1;
-        for (size_t t = 0; t < seen; ++t) pi[t] *= scale;
-        Softmax(pi, seen);
+        Softmax(pi, seen, scale);
         std::fill(pi + seen, pi + seen_max, 0.0f);  // tokens after this row's own
       }
       // out_t[j][i] = sum_t p[i][t] v_t[j]: the block's outputs, transposed.

@@ -141,11 +141,7 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
     for (uint32_t h = 0; h < heads; ++h) scores[size_t{h} * total + t0 + t] = dots[h];
   }
   // Softmax per head (scores become probabilities).
-  for (uint32_t h = 0; h < heads; ++h) {
-    float* sh = scores.data() + size_t{h} * total;
-    for (size_t t = 0; t < total; ++t) sh[t] *= softmax_scale;
-    Softmax(sh, total);
-  }
+  for (uint32_t h = 0; h < heads; ++h) Softmax(scores.data() + size_t{h} * total, total, softmax_scale);
   // Pass 2: weighted sums of the latents.
   std::fill(out.begin(), out.end(), 0.0f);
   std::vector<float> acc(size_t{heads} * kv);

@@ -11,10 +11,10 @@
 namespace kvtier::kernels {
 namespace {
 
-void SoftmaxScalar(float* x, size_t n) {
+void SoftmaxScalar(float* x, size_t n, float scale) {
   const float max = *std::max_element(x, x + n);
   float sum = 0.0f;
-  for (size_t i = 0; i < n; ++i) sum += (x[i] = std::exp(x[i] - max));
+  for (size_t i = 0; i < n; ++i) sum += (x[i] = std::exp((x[i] - max) * scale));
   const float inv = 1.0f / sum;
   for (size_t i = 0; i < n; ++i) x[i] *= inv;
 }
@@ -38,14 +38,14 @@ KVTIER_AVX512 inline __m512 ExpNonPositive(__m512 x) {
   return _mm512_scalef_ps(p, k);
 }
 
-KVTIER_AVX512 void SoftmaxAvx512(float* x, size_t n) {
+KVTIER_AVX512 void SoftmaxAvx512(float* x, size_t n, float scale) {
   __m512 max = _mm512_set1_ps(-INFINITY);
   for (size_t i = 0; i < n; i += 16) max = _mm512_max_ps(max, _mm512_mask_loadu_ps(max, cpu::TailMask(n, i), x + i));
-  const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(max));
+  const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(max)), factor = _mm512_set1_ps(scale);
   __m512 sum = _mm512_setzero_ps();
   for (size_t i = 0; i < n; i += 16) {
     const __mmask16 m = cpu::TailMask(n, i);
-    const __m512 e = ExpNonPositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), top));
+    const __m512 e = ExpNonPositive(_mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), top), factor));
     _mm512_mask_storeu_ps(x + i, m, e);
     sum = _mm512_mask_add_ps(sum, m, sum, e);
   }
@@ -60,11 +60,11 @@ KVTIER_AVX512 void SoftmaxAvx512(float* x, size_t n) {
 
 }  // namespace
 
-void Softmax(float* x, size_t n) {
+void Softmax(float* x, size_t n, float scale) {
 #ifdef KVTIER_AVX512
-  if (cpu::HasAvx512()) return SoftmaxAvx512(x, n);
+  if (cpu::HasAvx512()) return SoftmaxAvx512(x, n, scale);
 #endif
-  SoftmaxScalar(x, n);
+  SoftmaxScalar(x, n, scale);
 }
 
 }  // namespace kvtier::kernels

@@ -82,8 +82,9 @@ TEST(Rope, RejectsBadParameters) {
   EXPECT_EQ(RopeTable::Create(8, 10000.0, &bad, table).code(), StatusCode::kInvalidArgument);
 }
 
-// Softmax against float64, at lengths around the 16-lane groups: random
-// scores with a wide spread, and a sweep of exp's argument from 0 to -100
+// Softmax against float64, at lengths around the 16-lane groups and with
+// and without a scale: random scores with a wide spread, and a sweep of
+// exp's argument from 0 to -100
 // (each output within 1e-5 of its value; a wrong polynomial or ln 2 split
 // is off by more).
 TEST(Softmax, MatchesFloat64) {
@@ -97,15 +98,18 @@ TEST(Softmax, MatchesFloat64) {
   }
   cases.emplace_back(10000);
   for (size_t i = 0; i < cases.back().size(); ++i) cases.back()[i] = -0.01f * static_cast<float>(i);
-  for (std::vector<float>& x : cases) {
-    const double max = *std::max_element(x.begin(), x.end());
-    double sum = 0;
-    for (float v : x) sum += std::exp(double{v} - max);
-    std::vector<float> got = x;
-    Softmax(got.data(), got.size());
-    for (size_t i = 0; i < x.size(); ++i) {
-      const double want = std::exp(double{x[i]} - max) / sum;
-      ASSERT_NEAR(got[i], want, 1e-5 * want + 1e-38) << "n " << x.size() << " at " << i << " (score " << x[i] << ")";
+  for (const float scale : {1.0f, 0.0721688f}) {  // and attention's 1/sqrt(192)
+    for (std::vector<float>& x : cases) {
+      const double max = *std::max_element(x.begin(), x.end());
+      double sum = 0;
+      for (float v : x) sum += std::exp(scale * (double{v} - max));
+      std::vector<float> got = x;
+      Softmax(got.data(), got.size(), scale);
+      for (size_t i = 0; i < x.size(); ++i) {
+        const double want = std::exp(scale * (double{x[i]} - max)) / sum;
+        ASSERT_NEAR(got[i], want, 1e-5 * want + 1e-38)
+            << "scale " << scale << ", n " << x.size() << " at " << i << " (score " << x[i] << ")";
+      }
     }
   }
 }

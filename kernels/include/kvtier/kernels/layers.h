@@ -28,10 +28,11 @@ void Gemm(const float* w, size_t rows, size_t cols, const float* x, size_t n, si
 void GemmBf16(const uint16_t* w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride,
               float* y, size_t y_stride);
 
-// x[i] = exp(x[i] - max) / sum_j exp(x[j] - max) in place, for n >= 1
-// finite scores: attention's softmax. With AVX-512 sixteen at a time
-// through a polynomial exp (within 2 ulp of expf), elsewhere expf.
-void Softmax(float* x, size_t n);
+// x[i] = e_i / sum_j e_j with e_i = exp(scale * (x[i] - max)), in place,
+// for n >= 1 finite scores and scale > 0: attention's softmax of scaled
+// scores. With AVX-512 sixteen at a time through a polynomial exp (within
+// 2 ulp of expf), elsewhere expf.
+void Softmax(float* x, size_t n, float scale = 1.0f);
 
 // out = x / sqrt(mean(x^2) + eps) * weight. `out` may alias `x`.
 Status RmsNorm(std::span<const float> x, std::span<const float> weight, float eps,
