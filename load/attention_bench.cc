@@ -57,37 +57,26 @@ const Context& GetContext(Codec codec, uint32_t tokens) {
   return ctx;
 }
 
-void BM_Absorbed(benchmark::State& state) {
+// One layer-step on `threads` kernel threads: AbsorbedMlaDecode gives each
+// a share of the heads (the blocks are shared, read by all of them).
+void Absorbed(benchmark::State& state, size_t threads) {
   const Codec codec = static_cast<Codec>(state.range(0));
   const auto tokens = static_cast<uint32_t>(state.range(1));
   const Context& ctx = GetContext(codec, tokens);
   std::vector<float> q(kShape.heads * kShape.kv_lora_rank, 0.01f), qr(kShape.heads * kShape.rope_dim, 0.01f),
       out(kShape.heads * kShape.kv_lora_rank);
-  for (auto _ : state) {
-    (void)kvtier::kernels::AbsorbedMlaDecode(kShape, q, qr, 0.07f, ctx.blocks, {}, out);
-    benchmark::DoNotOptimize(out.data());
-  }
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * ctx.bytes));
-  state.SetLabel(kvtier::kernels::CodecName(codec));
-}
-
-// Two kernel threads: AbsorbedMlaDecode gives each half of the heads (the
-// blocks are shared, read by both).
-void BM_AbsorbedTwoThreads(benchmark::State& state) {
-  const Codec codec = static_cast<Codec>(state.range(0));
-  const auto tokens = static_cast<uint32_t>(state.range(1));
-  const Context& ctx = GetContext(codec, tokens);
-  std::vector<float> q(kShape.heads * kShape.kv_lora_rank, 0.01f), qr(kShape.heads * kShape.rope_dim, 0.01f),
-      out(kShape.heads * kShape.kv_lora_rank);
-  kvtier::kernels::SetKernelThreads(2);
+  kvtier::kernels::SetKernelThreads(threads);
   for (auto _ : state) {
     (void)kvtier::kernels::AbsorbedMlaDecode(kShape, q, qr, 0.07f, ctx.blocks, {}, out);
     benchmark::DoNotOptimize(out.data());
   }
   kvtier::kernels::SetKernelThreads(1);
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * ctx.bytes));
-  state.SetLabel(std::string(kvtier::kernels::CodecName(codec)) + " 2 threads");
+  state.SetLabel(std::string(kvtier::kernels::CodecName(codec)) + (threads == 1 ? "" : " " + std::to_string(threads) + " threads"));
 }
+
+void BM_Absorbed(benchmark::State& state) { Absorbed(state, 1); }
+void BM_AbsorbedTwoThreads(benchmark::State& state) { Absorbed(state, 2); }
 
 // The forms seed 003 compares, for the same layer-step (float32 here):
 // naive caches expanded per-head K (nope + rope) and V; latent caches the
