@@ -1,34 +1,84 @@
 #!/usr/bin/env bash
 # The GPU checks, for the device machine (nvcc, cmake and ninja; no gRPC,
-# protobuf or gtest): builds kernels/ with CUDA standalone, then runs the
-# CUDA codec check (bytes equal to the CPU codecs') and its GB/s table, and
-# the paged MLA decode attention check (against float64 and the CPU) and its
-# table of GB/s against the device-to-device copy bandwidth; RMSNorm/RoPE and
-# the cuBLAS projections and MoE against the CPU; the device tier slab with
-# its spill and promotion rates against pinned cudaMemcpy. Then, when a
-# device-bundle/ made by scripts/device_bundle.sh came along (carried), the
-# services' GPU tests from it: --device cuda against the CPU (cuda_forward_test,
-# `kvtier run --device cuda` included) and the fast path to GPU clients; and
-# batched decode steps on the CPU and the GPU (decode_bench).
+# protobuf or gtest): the CUDA codec check (bytes equal to the CPU codecs')
+# and its GB/s table; the paged MLA decode attention check (against float64
+# and the CPU) and its table of GB/s against the device-to-device copy
+# bandwidth; RMSNorm/RoPE and the cuBLAS projections and MoE against the
+# CPU; the device tier slab with its spill and promotion rates against
+# pinned cudaMemcpy. Then, when a device-bundle/ made by
+# scripts/device_bundle.sh came along (carried), the services' GPU tests
+# from it: --device cuda against the CPU (cuda_forward_test, `kvtier run
+# --device cuda` included) and the fast path to GPU clients; and batched
+# decode steps on the CPU and the GPU (decode_bench).
+#
+# The check programs come prebuilt in device-bundle/checks/ when they run
+# there, and are built here otherwise. Each step has a time limit inside
+# DEADLINE seconds (default 450) for the whole script, so that a hang still
+# leaves the rest of the log; a check that fails is run again, without its
+# benchmark, under compute-sanitizer's memcheck. A table of every step's
+# exit code and seconds ends the output.
 # Usage, from the repository root: bash kernels/cuda/device_check.sh
-set -euo pipefail
+set -uo pipefail
 cd "$(dirname "$0")/../.."
-build=${BUILD_DIR:-build-device}
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVTIER_KERNELS_ONLY=ON -DKVTIER_CUDA=ON
-cmake --build "$build" -j"$(nproc)" --target kvtier_cuda_check_codecs kvtier_cuda_check_layers kvtier_cuda_check_matmul kvtier_cuda_check_mla_attention kvtier_cuda_check_slab
+start=$SECONDS
+deadline=${DEADLINE:-450}
+summary=()
 status=0
-"$build"/kernels/kvtier_cuda_check_codecs || status=$?
-"$build"/kernels/kvtier_cuda_check_layers || status=$?
-"$build"/kernels/kvtier_cuda_check_matmul || status=$?
-"$build"/kernels/kvtier_cuda_check_mla_attention || status=$?
-"$build"/kernels/kvtier_cuda_check_slab || status=$?
+
+# Runs "$@" with at most `cap` seconds (less when the deadline is near) and
+# records its exit code: 0 pass, 77 skipped, 124 timed out, else failed.
+step() {
+  local name=$1 cap=$2
+  shift 2
+  local left=$((deadline - (SECONDS - start) - 10))
+  if ((left < 5)); then
+    summary+=("$(printf '%-34s %6s %6s' "$name" "-" "not run (deadline)")")
+    status=1
+    return 1
+  fi
+  ((cap > left)) && cap=$left
+  echo
+  echo "=== $name (at most ${cap} s)"
+  local t0=$SECONDS rc=0
+  timeout --kill-after=5 "$cap" "$@" || rc=$?
+  summary+=("$(printf '%-34s %6d %6d' "$name" "$rc" $((SECONDS - t0)))")
+  if ((rc != 0 && rc != 77)); then status=1; fi
+  return $rc
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
+checks=(codecs mla_attention layers matmul slab)
+bin=device-bundle/checks
+probe=127
+[ -x "$bin/kvtier_cuda_check_layers" ] && { "$bin/kvtier_cuda_check_layers" >/dev/null 2>&1; probe=$?; }
+if ((probe == 126 || probe == 127)); then  # absent, or the loader refused it
+  echo "no runnable prebuilt checks in $bin: building them here"
+  build=${BUILD_DIR:-build-device}
+  bin=$build/kernels
+  step "build the CUDA checks" 240 bash -c "cmake -S . -B '$build' -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DKVTIER_KERNELS_ONLY=ON -DKVTIER_CUDA=ON >/dev/null && cmake --build '$build' -j$(nproc) --target \
+    $(printf 'kvtier_cuda_check_%s ' "${checks[@]}")"
+fi
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+for c in "${checks[@]}"; do
+  rc=0
+  step "check $c" 150 "$bin/kvtier_cuda_check_$c" || rc=$?
+  if ((rc != 0 && rc != 77)) && [ -x "$sanitizer" ]; then
+    step "memcheck $c (no benchmark)" 90 "$sanitizer" --tool memcheck --print-limit 20 \
+      "$bin/kvtier_cuda_check_$c" --no-benchmark
+  fi
+done
 if [ -d device-bundle ]; then
   export LD_LIBRARY_PATH="$PWD/device-bundle/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
   export KVTIER_BINARY="$PWD/device-bundle/kvtier" KVTIER_CACHE_BINARY="$PWD/device-bundle/kvtier-cache"
-  device-bundle/cuda_forward_test || status=$?
-  device-bundle/fast_path_gpu_test || status=$?
-  device-bundle/decode_bench || status=$?
+  step "cuda_forward_test" 120 device-bundle/cuda_forward_test
+  step "fast_path_gpu_test" 60 device-bundle/fast_path_gpu_test
+  step "decode_bench" 90 device-bundle/decode_bench
 else
   echo "no device-bundle/: the services' GPU tests (scripts/device_bundle.sh) not run"
 fi
+echo
+echo "=== summary ($((SECONDS - start)) s in all)"
+printf '%-34s %6s %6s\n' step rc s
+printf '%s\n' "${summary[@]}"
 exit $status
