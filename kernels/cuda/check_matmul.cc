@@ -91,7 +91,9 @@ bool CheckGroupedGemm(cuda::Blas& blas, std::mt19937_64& rng) {
   float* dx = check::ToDevice(x);
   float* dy = check::ToDevice(std::vector<float>(kN * kLdy, NAN));
   const Status s = blas.GroupedGemm(dw, kRows, kCols, kGroups, dx, kLdx, kXGroup, kN, dy, kLdy, kYGroup);
-  const Status refused = blas.GroupedGemm(dw, kRows, kCols, kGroups, dx, kLdx - 1, kXGroup, kN, dy, kLdy, kYGroup);
+  // The last group's inputs end at (groups - 1) * x_group + cols: one short of that is refused.
+  const Status refused = blas.GroupedGemm(dw, kRows, kCols, kGroups, dx, (kGroups - 1) * kXGroup + kCols - 1, kXGroup,
+                                          kN, dy, kLdy, kYGroup);
   const std::vector<float> y = check::ToHost(dy, kN * kLdy);
   cudaFree(dw), cudaFree(dx), cudaFree(dy);
   if (!s.ok() || refused.code() != StatusCode::kInvalidArgument) {

@@ -3,16 +3,19 @@
 // lengths (blocks through a shuffled block table, plus float tails), every
 // codec, 16, 20 and 128 heads, on fresh random latents with an outlier
 // channel and outputs poisoned with NaN first; the GPU's out and lse against
-// a float64 reference over the same dequantized latents (relative error
-// <= 1e-4 of the largest |out| of each sequence and head; lse within 1e-4)
-// and out against the CPU's AbsorbedMlaDecode (<= 5e-4: the CPU's int8
-// path rounds queries to int16). int8 runs twice: on CUDA cores (those
-// bounds) and on tensor cores, whose fp16 inputs get 2e-3 (out against
-// float64 and the CPU) and 1e-3 (lse). A block index outside the pool must come
-// back INVALID_ARGUMENT; rows sharing blocks and a tail must match copies. Then a
-// table: latent bytes read per second at 16 heads, contexts 4k-64k, batch
-// 1-128, each codec, against a device-to-device cudaMemcpy measured in the
-// same run.
+// a float64 reference over the same dequantized latents and out against the
+// CPU's AbsorbedMlaDecode. Each output channel is a weighted sum
+// sum_t p_t c_t, so its error is bounded relative to sum_t p_t |c_t| (the
+// outlier channel's can be 20x its result): on CUDA cores (float32)
+// 1e-4 against float64, lse within 1e-4; on tensor cores (fp16 latents,
+// queries and weights) 4e-3, lse 1e-3; against the CPU, those plus the
+// CPU's own bound (5e-3 for int8, whose queries are rounded to int16,
+// 5e-4 otherwise). Each line prints the largest errors seen. A block index outside the
+// pool must come back INVALID_ARGUMENT; rows sharing blocks and a tail must
+// match copies. Then a table: latent bytes read per second at 16 heads,
+// contexts 4k-64k, batch 1-128, each codec on tensor cores (and int8 on
+// CUDA cores), against a device-to-device cudaMemcpy measured in the same
+// run.
 // Exit codes: 0 pass, 1 mismatch or CUDA error, 77 no device (ctest: skip).
 #include <cuda_runtime.h>
 
@@ -67,14 +70,23 @@ struct Sequence {
   uint32_t tail;
 };
 
-// One batch checked on one codec and head count; false (and why) on a mismatch.
-// Error bounds, relative to the largest |out| (lse: to max(1, |lse|)).
+// Error bounds, relative to sum_t p_t |c_t| of each output channel (lse:
+// to max(1, |lse|)), and the largest errors seen.
 struct Tolerance {
-  double out = 1e-4, out_vs_cpu = 5e-4, lse = 1e-4;
+  double out = 1e-4, lse = 1e-4;
 };
+struct Errors {
+  double out = 0, cpu = 0, lse = 0;
+};
+// The CPU's own error, added to the GPU's when they are compared: its int8
+// path rounds the query (times the block's scales) to int16 per block, and
+// an outlier channel takes most of that range (3.1e-3 seen on an H200).
+double CpuBound(Codec codec) { return codec == Codec::kInt8 ? 5e-3 : 5e-4; }
 
+// One batch checked on one codec and head count; false (and why) on a
+// mismatch.
 bool CheckBatch(Codec codec, uint32_t heads, const std::vector<Sequence>& seqs, uint64_t seed,
-                const cuda::PagedMlaOptions& options, const Tolerance& tol) {
+                const cuda::PagedMlaOptions& options, const Tolerance& tol, Errors* worst) {
   std::mt19937_64 rng(seed);
   const uint32_t batch = static_cast<uint32_t>(seqs.size());
   uint32_t max_blocks = 0, max_tail = 0, pool_blocks = 0;
@@ -159,24 +171,31 @@ bool CheckBatch(Codec codec, uint32_t heads, const std::vector<Sequence>& seqs, 
       }
       double sum = 0;
       for (double& s : score) sum += (s = std::exp(s - m));
-      std::vector<double> want(kKv, 0.0);
-      double largest = 0;
+      // want[c] = sum_t p_t c_t; magnitude[c] = sum_t p_t |c_t|, its scale.
+      std::vector<double> want(kKv, 0.0), magnitude(kKv, 0.0);
       for (size_t t = 0; t < tokens; ++t) {
-        for (uint32_t c = 0; c < kKv; ++c) want[c] += score[t] / sum * dequantized[b][t * kDim + c];
+        for (uint32_t c = 0; c < kKv; ++c) {
+          const double v = dequantized[b][t * kDim + c];
+          want[c] += score[t] / sum * v, magnitude[c] += score[t] / sum * std::abs(v);
+        }
       }
-      for (double w : want) largest = std::max(largest, std::abs(w));
       const float* got = out.data() + (size_t{b} * heads + h) * kKv;
       const float* cpu = cpu_out.data() + size_t{h} * kKv;
       for (uint32_t c = 0; c < kKv; ++c) {
-        const double err = std::abs(got[c] - want[c]) / largest, cpu_err = std::abs(got[c] - cpu[c]) / largest;
-        if (!(err <= tol.out) || !(cpu_err <= tol.out_vs_cpu)) {
-          std::fprintf(stderr, "%s, %u heads: sequence %u head %u channel %u: GPU %g, float64 %g, CPU %g\n",
-                       CodecName(codec), heads, b, h, c, got[c], want[c], cpu[c]);
+        const double err = std::abs(got[c] - want[c]) / magnitude[c];
+        const double cpu_err = std::abs(got[c] - cpu[c]) / magnitude[c];
+        worst->out = std::max(worst->out, err), worst->cpu = std::max(worst->cpu, cpu_err);
+        if (!(err <= tol.out) || !(cpu_err <= tol.out + CpuBound(codec))) {
+          std::fprintf(stderr,
+                       "%s, %u heads: sequence %u head %u channel %u: GPU %g, float64 %g, CPU %g, sum p|c| %g\n",
+                       CodecName(codec), heads, b, h, c, got[c], want[c], cpu[c], magnitude[c]);
           return false;
         }
       }
       const double want_lse = m + std::log(sum);
-      if (!(std::abs(lse[size_t{b} * heads + h] - want_lse) <= tol.lse * std::max(1.0, std::abs(want_lse)))) {
+      const double lse_err = std::abs(lse[size_t{b} * heads + h] - want_lse) / std::max(1.0, std::abs(want_lse));
+      worst->lse = std::max(worst->lse, lse_err);
+      if (!(lse_err <= tol.lse)) {
         std::fprintf(stderr, "%s: sequence %u head %u: lse %g, float64 %g\n", CodecName(codec), b, h,
                      lse[size_t{b} * heads + h], want_lse);
         return false;
@@ -211,12 +230,12 @@ void Benchmark() {
     Codec codec;
     bool tensor_cores;
   };
-  for (const Variant v : {Variant{Codec::kBf16, false}, Variant{Codec::kFp8, false}, Variant{Codec::kInt8, false},
-                          Variant{Codec::kInt8, true}, Variant{Codec::kInt4, false}}) {
+  for (const Variant v : {Variant{Codec::kBf16, true}, Variant{Codec::kFp8, true}, Variant{Codec::kInt8, true},
+                          Variant{Codec::kInt4, true}, Variant{Codec::kInt8, false}}) {
     const Codec codec = v.codec;
     cuda::PagedMlaOptions options;
     options.tensor_cores = v.tensor_cores;
-    const std::string name = std::string(CodecName(codec)) + (v.tensor_cores ? " mma" : "");
+    const std::string name = std::string(CodecName(codec)) + (v.tensor_cores ? "" : " cores");
     const size_t block_bytes = EncodedBytes(codec, kBlockShape);
     const uint32_t pool_blocks = kMaxBatch * max_blocks;
     DeviceArray<uint8_t> pool(size_t{pool_blocks} * block_bytes);
@@ -307,6 +326,38 @@ bool SharedRowsMatchCopies() {
   return ok && refused(bad);
 }
 
+// --profile CODEC CONTEXT BATCH: that one benchmark case, run three times
+// (for a profiler: ncu --launch-skip 1 --launch-count 1).
+int Profile(const char* codec_name, uint32_t context, uint32_t batch) {
+  Codec codec = Codec::kInt8;
+  for (Codec c : kAllCodecs) {
+    if (std::string(CodecName(c)) == codec_name) codec = c;
+  }
+  constexpr uint32_t kHeads = 16;
+  const uint32_t blocks = context / kTpb;
+  const size_t block_bytes = EncodedBytes(codec, kBlockShape);
+  std::mt19937_64 rng(5);
+  std::vector<uint8_t> base(block_bytes);
+  (void)Quantize(codec, kBlockShape, Random(kBlockShape.values(), rng, 1), base);
+  DeviceArray<uint8_t> pool(size_t{batch} * blocks * block_bytes);
+  for (size_t i = 0; i < size_t{batch} * blocks; ++i) {
+    cudaMemcpy(pool.data + i * block_bytes, base.data(), block_bytes, cudaMemcpyHostToDevice);
+  }
+  std::vector<int32_t> table(size_t{batch} * blocks);
+  std::iota(table.begin(), table.end(), 0);
+  DeviceArray<int32_t> d_table(table), d_counts(std::vector<int32_t>(batch, static_cast<int32_t>(blocks)));
+  DeviceArray<float> q(Random(size_t{batch} * kHeads * kDim, rng)), out(size_t{batch} * kHeads * kKv);
+  cuda::PagedLatents latents{codec, kTpb, pool.data, batch * blocks, d_table.data, blocks, d_counts.data,
+                             nullptr, nullptr, 0};
+  for (int i = 0; i < 3; ++i) {
+    const Status s = cuda::PagedMlaDecode({kHeads, kKv, kRope}, latents, batch, q.data, 0.07f, out.data, nullptr,
+                                          nullptr);
+    if (!s.ok()) return std::fprintf(stderr, "%s\n", s.message().c_str()), 1;
+  }
+  std::printf("profiled %s, %u tokens, batch %u\n", CodecName(codec), context, batch);
+  return 0;
+}
+
 int Main(bool benchmark) {
   std::string why;
   if (!cuda::DevicePresent(&why)) {
@@ -323,19 +374,21 @@ int Main(bool benchmark) {
   ok = ok && shared;
   // Tail only, one block, blocks and a tail, and a long sequence (split).
   const std::vector<Sequence> seqs = {{0, 5}, {1, 0}, {3, 17}, {40, 63}};
-  cuda::PagedMlaOptions cuda_cores;
-  cuda_cores.tensor_cores = false;
   for (Codec codec : kAllCodecs) {
     for (uint32_t heads : {16u, 20u, 128u}) {
-      const bool same = CheckBatch(codec, heads, seqs, 100 + heads, cuda_cores, Tolerance());
-      std::printf("%-5s %3u heads, CUDA cores:   %s\n", CodecName(codec), heads,
-                  same ? "matches float64 and the CPU" : "MISMATCH");
-      ok = ok && same;
-      if (codec != Codec::kInt8) continue;
-      const bool mma = CheckBatch(codec, heads, seqs, 200 + heads, cuda::PagedMlaOptions(), Tolerance{2e-3, 2e-3, 1e-3});
-      std::printf("%-5s %3u heads, tensor cores: %s\n", CodecName(codec), heads,
-                  mma ? "matches float64 and the CPU" : "MISMATCH");
-      ok = ok && mma;
+      for (const bool tensor_cores : {false, true}) {
+        cuda::PagedMlaOptions options;
+        options.tensor_cores = tensor_cores;
+        // fp16 latents, queries and weights: a few of fp16's unit roundoffs
+        // (4.9e-4), amplified where the outlier channel moves the scores.
+        const Tolerance tol = tensor_cores ? Tolerance{4e-3, 1e-3} : Tolerance();
+        Errors worst;
+        const bool same = CheckBatch(codec, heads, seqs, (tensor_cores ? 200 : 100) + heads, options, tol, &worst);
+        std::printf("%-5s %3u heads, %-13s %s (largest errors: %.1e, %.1e against the CPU, lse %.1e)\n",
+                    CodecName(codec), heads, tensor_cores ? "tensor cores:" : "CUDA cores:",
+                    same ? "matches float64 and the CPU" : "MISMATCH", worst.out, worst.cpu, worst.lse);
+        ok = ok && same;
+      }
     }
   }
   if (benchmark) Benchmark();
@@ -347,5 +400,9 @@ int Main(bool benchmark) {
 
 // --no-benchmark: the checks alone (as under compute-sanitizer).
 int main(int argc, char** argv) {
+  if (argc == 5 && std::string(argv[1]) == "--profile") {
+    return kvtier::kernels::Profile(argv[2], static_cast<uint32_t>(std::stoul(argv[3])),
+                                    static_cast<uint32_t>(std::stoul(argv[4])));
+  }
   return kvtier::kernels::Main(!(argc > 1 && std::string(argv[1]) == "--no-benchmark"));
 }

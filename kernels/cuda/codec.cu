@@ -10,6 +10,7 @@
 #include "kvtier/kernels/cuda_codec.h"
 #include "kvtier/kernels/float_formats.h"
 #include "cuda_status.h"
+#include "stream_memory.h"
 
 namespace kvtier::kernels::cuda {
 namespace {
@@ -228,7 +229,7 @@ Status Quantize(Codec codec, BlockShape shape, const float* device_in, uint8_t* 
   if (blocks == 0) return OkStatus();
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   unsigned long long* first_bad = nullptr;
-  if (cudaError_t e = cudaMallocAsync(&first_bad, sizeof *first_bad, stream); e != cudaSuccess) {
+  if (cudaError_t e = MallocAsync(reinterpret_cast<void**>(&first_bad), sizeof *first_bad, stream); e != cudaSuccess) {
     return CudaError(e, "cuda::Quantize");
   }
   if (cudaError_t e = cudaMemsetAsync(first_bad, 0xff, sizeof *first_bad, stream); e != cudaSuccess) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cuda_status.h"
+#include "stream_memory.h"
 #include "kvtier/kernels/cuda_layers.h"
 
 namespace kvtier::kernels::cuda {
@@ -85,7 +86,7 @@ Status ApplyRope(const RopeTable& table, const int64_t* positions, float* x, uin
   if (rows == 0) return OkStatus();
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   double* inv_freq = nullptr;
-  if (const cudaError_t e = cudaMallocAsync(&inv_freq, half * sizeof(double), stream); e != cudaSuccess) {
+  if (const cudaError_t e = MallocAsync(reinterpret_cast<void**>(&inv_freq), half * sizeof(double), stream); e != cudaSuccess) {
     return CudaError(e, "cuda::ApplyRope");
   }
   cudaMemcpyAsync(inv_freq, table.inv_freq().data(), half * sizeof(double), cudaMemcpyHostToDevice, stream);

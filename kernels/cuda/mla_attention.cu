@@ -1,6 +1,7 @@
-// Paged absorbed-MLA decode attention on CUDA cores: the first, simple
-// version, written for correctness (checked against the CPU by
-// check_mla_attention.cc) and to measure against; tensor cores come next.
+// Paged absorbed-MLA decode attention on CUDA cores, in float32: every
+// shape, and the tails (float tokens) of the tensor-core kernel's
+// (mla_attention_mma.cu); written for correctness, checked against float64
+// and the CPU by check_mla_attention.cc.
 //
 // Grid: (split, head group of up to 16 heads, sequence). A CUDA block walks
 // its range of the sequence's blocks 16 tokens at a time: the tokens are
@@ -19,6 +20,7 @@
 #include <string>
 
 #include "cuda_status.h"
+#include "stream_memory.h"
 #include "kvtier/kernels/cuda_mla_attention.h"
 #include "kvtier/kernels/float_formats.h"
 #include "mla_attention_internal.h"
@@ -241,22 +243,28 @@ Status PagedMlaDecode(const MlaShape& shape, const PagedLatents& latents, uint32
       e != cudaSuccess) {
     return CudaError(e, "cuda::PagedMlaDecode");
   }
-  // Enough CUDA blocks to fill the device twice over, splitting long
-  // sequences into ranges of whole blocks.
-  const uint32_t groups = (shape.heads + kGroupHeads - 1) / kGroupHeads;
-  const uint32_t max_blocks = std::max(latents.max_blocks_per_sequence, 1u);
-  const uint32_t wanted = std::max<uint32_t>(1, (2 * static_cast<uint32_t>(sms) + batch * groups - 1) / (batch * groups));
-  const uint32_t blocks_per_split = (max_blocks + std::min(wanted, max_blocks) - 1) / std::min(wanted, max_blocks);
-  const uint32_t splits = (max_blocks + blocks_per_split - 1) / blocks_per_split;
-
-  // int8 blocks of V2/V3's shape take the tensor cores; their tails, and
+  // Blocks of V2/V3's shape take the tensor cores; their tails, and
   // everything else, the CUDA-core kernel. With tensor cores the tails are
   // a split of their own.
-  const bool tensor_cores = options.tensor_cores && internal::TensorCoreShape(shape, latents);
+  const bool tensor_cores = options.tensor_cores && internal::TensorCoreShape(shape, latents, block_bytes);
+  // One wave of CUDA blocks over the device (as many as fit at once),
+  // splitting long sequences into ranges of whole blocks.
+  int per_sm = 2;
+  if (tensor_cores) {
+    if (const cudaError_t e = internal::TensorCoreBlocksPerSm(latents.codec, block_bytes, &per_sm); e != cudaSuccess) {
+      return CudaError(e, "cuda::PagedMlaDecode occupancy");
+    }
+  }
+  const uint32_t groups = (shape.heads + kGroupHeads - 1) / kGroupHeads;
+  const uint32_t max_blocks = std::max(latents.max_blocks_per_sequence, 1u);
+  const uint32_t wave = static_cast<uint32_t>(std::max(per_sm, 1) * sms);
+  const uint32_t wanted = std::max<uint32_t>(1, (wave + batch * groups - 1) / (batch * groups));
+  const uint32_t blocks_per_split = (max_blocks + std::min(wanted, max_blocks) - 1) / std::min(wanted, max_blocks);
+  const uint32_t splits = (max_blocks + blocks_per_split - 1) / blocks_per_split;
   const uint32_t total_splits = splits + (tensor_cores ? 1 : 0);
   const size_t partial_bytes = sizeof(float) * size_t{batch} * total_splits * shape.heads * (size_t{kv} + 2);
   void* workspace = nullptr;
-  if (const cudaError_t e = cudaMallocAsync(&workspace, partial_bytes + sizeof(unsigned long long), stream);
+  if (const cudaError_t e = MallocAsync(&workspace, partial_bytes + sizeof(unsigned long long), stream);
       e != cudaSuccess) {
     return CudaError(e, "cuda::PagedMlaDecode workspace");
   }

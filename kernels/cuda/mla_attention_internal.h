@@ -44,11 +44,15 @@ struct Params {
   unsigned long long* bad;
 };
 
-// The tensor-core kernel's shape: int8 blocks of 64 tokens of 512 + 64.
-inline bool TensorCoreShape(const MlaShape& shape, const PagedLatents& latents) {
-  return latents.codec == Codec::kInt8 && shape.kv_lora_rank == 512 && shape.rope_dim == 64 &&
-         latents.tokens_per_block == 64;
+// The tensor-core kernel's shape: blocks of 64 tokens of 512 + 64, any
+// codec, each block 16-byte aligned in the pool (cp.async copies 16 bytes).
+inline bool TensorCoreShape(const MlaShape& shape, const PagedLatents& latents, size_t block_bytes) {
+  return shape.kv_lora_rank == 512 && shape.rope_dim == 64 && latents.tokens_per_block == 64 &&
+         block_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(latents.pool) % 16 == 0;
 }
+
+// How many of the tensor-core kernel's CUDA blocks fit on a multiprocessor.
+cudaError_t TensorCoreBlocksPerSm(Codec codec, size_t block_bytes, int* blocks);
 
 // Launches the tensor-core kernel over `grid_splits` splits of whole blocks
 // (no tails), grid (splits, head groups of 16, batch). Returns the launch

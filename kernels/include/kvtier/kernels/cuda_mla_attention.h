@@ -62,10 +62,11 @@ struct PagedLatents {
 // a count outside its row, or a sequence with no context, naming the first
 // such sequence; INTERNAL for a CUDA error.
 //
-// int8 blocks of 64 tokens of 512 + 64 (DeepSeek-V2/V3 with kvtier's int8
-// codec) run on tensor cores, with the query times the block's scales and
-// the softmax weights rounded to fp16 (about 1e-3 of the output's scale);
-// everything else, and every tail, runs in float32 on CUDA cores.
+// Blocks of 64 tokens of 512 + 64 (DeepSeek-V2/V3), any codec, run on
+// tensor cores: dequantized to fp16, with the query and the softmax weights
+// rounded to fp16 (each output channel within about 1e-3 of
+// sum_t p_t |c_t|, the scale of its weighted sum); tails, and every other
+// shape, run in float32 on CUDA cores.
 struct PagedMlaOptions {
   bool tensor_cores = true;  // false: CUDA cores only
 };
