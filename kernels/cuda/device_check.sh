@@ -16,7 +16,8 @@
 # DEADLINE seconds (default 450) for the whole script, so that a hang still
 # leaves the rest of the log; a check that fails is run again, without its
 # benchmark, under compute-sanitizer's memcheck. A table of every step's
-# exit code and seconds ends the output.
+# exit code and seconds ends the output. CHECKS="codecs slab" runs only
+# those checks; SERVICES=0 skips the bundle's tests.
 # Usage, from the repository root: bash kernels/cuda/device_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -47,7 +48,8 @@ step() {
 }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
-checks=(codecs mla_attention layers matmul slab)
+read -r -a checks <<<"${CHECKS:-codecs mla_attention layers matmul slab}"
+
 bin=device-bundle/checks
 probe=127
 [ -x "$bin/kvtier_cuda_check_layers" ] && { "$bin/kvtier_cuda_check_layers" >/dev/null 2>&1; probe=$?; }
@@ -68,7 +70,9 @@ for c in "${checks[@]}"; do
       "$bin/kvtier_cuda_check_$c" --no-benchmark
   fi
 done
-if [ -d device-bundle ]; then
+if [ "${SERVICES:-1}" = 0 ]; then
+  echo "SERVICES=0: the bundle's tests not run"
+elif [ -d device-bundle ]; then
   export LD_LIBRARY_PATH="$PWD/device-bundle/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
   export KVTIER_BINARY="$PWD/device-bundle/kvtier" KVTIER_CACHE_BINARY="$PWD/device-bundle/kvtier-cache"
   step "cuda_forward_test" 120 device-bundle/cuda_forward_test

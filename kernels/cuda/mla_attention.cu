@@ -258,7 +258,7 @@ Status PagedMlaDecode(const MlaShape& shape, const PagedLatents& latents, uint32
   const uint32_t groups = (shape.heads + kGroupHeads - 1) / kGroupHeads;
   const uint32_t max_blocks = std::max(latents.max_blocks_per_sequence, 1u);
   const uint32_t wave = static_cast<uint32_t>(std::max(per_sm, 1) * sms);
-  const uint32_t wanted = std::max<uint32_t>(1, (wave + batch * groups - 1) / (batch * groups));
+  const uint32_t wanted = std::max<uint32_t>(1, wave / (batch * groups));  // no partial second wave
   const uint32_t blocks_per_split = (max_blocks + std::min(wanted, max_blocks) - 1) / std::min(wanted, max_blocks);
   const uint32_t splits = (max_blocks + blocks_per_split - 1) / blocks_per_split;
   const uint32_t total_splits = splits + (tensor_cores ? 1 : 0);

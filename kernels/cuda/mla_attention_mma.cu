@@ -1,20 +1,24 @@
 // Paged MLA decode attention on tensor cores, for blocks of 64 tokens of
-// 512 + 64 (DeepSeek-V2/V3) in every codec: a memory-bound kernel, so the
-// latents are read from the pool once, straight into shared memory, and
-// dequantized to fp16 once, next to the tensor cores that use them.
+// 512 + 64 (DeepSeek-V2/V3) in every codec. The kernel is memory-bound, and
+// what limits it is shared memory's bandwidth, so a latent byte passes
+// through shared memory once: from the pool by cp.async (two blocks in
+// flight), then straight into registers, dequantized to fp16, as the
+// operands of the tensor cores' products.
 //
 // One CUDA block (4 warps) per (split, group of 16 heads, sequence); the 16
-// heads are the M dimension of mma.m16n8k16 (fp16 in, fp32 out). Each
-// block's stored bytes arrive by cp.async, two blocks in flight. Warp w owns
-// latent channels [128w, 128w + 128) and rope channels [512 + 16w, +16):
-// its query fragments stay in registers, and per 16 tokens it dequantizes
-// only its own channels into a private fp16 tile, which gives both the
-// score products (ldmatrix) and, transposed, the weighted sums of its 128
-// latent channels (ldmatrix.trans): keys and values are the same latents.
-// The four warps' partial scores are summed through shared memory; each
-// warp then runs the same online softmax in registers (the scores'
-// accumulator layout is the weights' operand layout, as in FlashAttention
-// 2). Tails (float tokens) are left to the CUDA-core kernel, as a split of
+// heads are the M dimension of mma.m16n8k16 (fp16 in, fp32 out). Warp w owns
+// latent channels [128w, 128w + 128) and rope channels [512 + 16w, +16): its
+// query fragments and its channels' scales stay in registers. Per 16
+// tokens, a thread dequantizes 16 consecutive channels of a token at a time
+// into the key operand of the scores: the order of k inside an mma is free,
+// so thread t4 of a row takes channels 16 t4 + 4j .. + 3 at k-step j, and
+// the query's fragments follow the same order. The four warps' partial
+// scores are summed through shared memory; each warp runs the same online
+// softmax in registers (the scores' accumulator layout is the weights'
+// operand layout, as in FlashAttention 2). movmatrix transposes the key
+// operands into the value operands of the weighted sums (keys and values
+// are the same latents), whose output channels come out in that same order.
+// Tails (float tokens) are left to the CUDA-core kernel, as a split of
 // their own.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -31,22 +35,13 @@ constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr uint32_t kHeads = 16;  // the mma's M
 constexpr uint32_t kKv = 512, kRope = 64, kDim = kKv + kRope, kTokens = 64;
-constexpr uint32_t kSub = 16;                         // tokens a warp dequantizes at a time
-constexpr uint32_t kWarpKv = kKv / kWarps;            // 128
-constexpr uint32_t kWarpRope = kRope / kWarps;        // 16
-constexpr uint32_t kWarpChannels = kWarpKv + kWarpRope;  // 144: nine k-steps of 16
-constexpr uint32_t kSteps = kWarpChannels / 16;
-constexpr uint32_t kOctets = kWarpChannels / 8;       // 18 pieces of 8 channels per token
-// Halves per tile row: 304 bytes put the 8 rows an ldmatrix reads in
-// different banks.
-constexpr uint32_t kTileStride = kWarpChannels + 8;
+constexpr uint32_t kSub = 16;                   // tokens between score reductions
+constexpr uint32_t kWarpKv = kKv / kWarps;      // 128: two groups of 64
+constexpr uint32_t kWarpRope = kRope / kWarps;  // 16: one k-step
+constexpr uint32_t kSteps = (kWarpKv + kWarpRope) / 16;  // 9
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Shared memory after the two raw block buffers.
 struct Shared {
-  __half2 scale[kDim / 2];  // int8, int4: the block's per-channel scales in fp16
-  __half2 min[kDim / 2];    // int4: the block's per-channel minimums
-  __half tile[kWarps][kSub][kTileStride];
   float red[2][kWarps][kHeads][kSub];  // partial scores, double-buffered
 };
 
@@ -65,57 +60,112 @@ __device__ inline __half2 MagicHalves(uint32_t w, uint32_t pair) {
   return Half2(__byte_perm(w, 0x64646464u, pair == 0 ? 0x4140 : 0x4342));
 }
 
-// Dequantizes channels [c, c + 8) of token t of a block into 8 fp16.
+// The first of the 16 (kv) or 4 (rope) consecutive channels thread t4 of
+// warp w dequantizes at k-step `step`, and the first of its channels in the
+// (k = 2 t4, 2 t4 + 1) and (k = 8 + 2 t4, 9 + 2 t4) pairs of that step.
+__device__ inline uint32_t RunStart(uint32_t warp, uint32_t t4, uint32_t group) {
+  return group < 2 ? warp * kWarpKv + 64 * group + 16 * t4 : kKv + warp * kWarpRope + 4 * t4;
+}
+__device__ inline uint32_t StepChannel(uint32_t warp, uint32_t t4, uint32_t step) {
+  return step < 8 ? RunStart(warp, t4, step / 4) + 4 * (step % 4) : RunStart(warp, t4, 2);
+}
+
+// A thread's per-channel constants for one block (int8: scales; int4:
+// scales and minimums), fp16 pairs: 8 per kv group, 2 for the rope run.
+struct ChannelConstants {
+  uint32_t scale[18], min[18];
+};
+
 template <Codec kCodec>
-__device__ inline uint4 Octet(const uint8_t* block, const Shared& s, uint32_t t, uint32_t c) {
-  uint32_t h[4];
-  if constexpr (kCodec == Codec::kBf16) {
-    const uint4 v = *reinterpret_cast<const uint4*>(block + 2 * (t * kDim + c));
-    h[0] = Bf16PairToHalves(v.x), h[1] = Bf16PairToHalves(v.y), h[2] = Bf16PairToHalves(v.z);
-    h[3] = Bf16PairToHalves(v.w);
-  } else if constexpr (kCodec == Codec::kInt8) {
-    // Codes + 128 as 1024 + byte, minus 1152: the code exactly; then the scale.
-    const uint2 v = *reinterpret_cast<const uint2*>(block + 2 * kDim + t * kDim + c);
-    const __half2 bias = __float2half2_rn(1152.0f);
-    for (uint32_t i = 0; i < 4; ++i) {
-      const uint32_t w = (i < 2 ? v.x : v.y) ^ 0x80808080u;
-      h[i] = Bits(__hmul2(__hsub2(MagicHalves(w, i % 2), bias), s.scale[c / 2 + i]));
-    }
-  } else if constexpr (kCodec == Codec::kInt4) {
-    // Byte j of a token holds channel j (low nibble) and j + 288 (high).
-    constexpr uint32_t kHalf = kDim / 2;
-    const uint2 v = *reinterpret_cast<const uint2*>(block + 4 * kDim + t * kHalf + (c < kHalf ? c : c - kHalf));
-    const uint32_t shift = c < kHalf ? 0 : 4;
-    const __half2 bias = __float2half2_rn(1024.0f);
-    for (uint32_t i = 0; i < 4; ++i) {
-      const uint32_t w = ((i < 2 ? v.x : v.y) >> shift) & 0x0f0f0f0fu;
-      h[i] = Bits(__hfma2(__hsub2(MagicHalves(w, i % 2), bias), s.scale[c / 2 + i], s.min[c / 2 + i]));
-    }
-  } else {  // kFp8: per token, 512 e4m3, 4 float scales (one per 128 channels), 64 bf16
-    constexpr uint32_t kRow = kKv + 16 + 2 * kRope;
-    const uint8_t* row = block + t * kRow;
-    if (c >= kKv) {
-      const uint4 v = *reinterpret_cast<const uint4*>(row + kKv + 16 + 2 * (c - kKv));
-      h[0] = Bf16PairToHalves(v.x), h[1] = Bf16PairToHalves(v.y), h[2] = Bf16PairToHalves(v.z);
-      h[3] = Bf16PairToHalves(v.w);
-    } else {
-      const uint2 v = *reinterpret_cast<const uint2*>(row + c);
-      const float scale = *reinterpret_cast<const float*>(row + kKv + 4 * (c / kFp8TileSize));
-      for (uint32_t i = 0; i < 4; ++i) {
-        const uint32_t w = i < 2 ? v.x : v.y;
-        const __half2_raw pair =
-            __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(i % 2 == 0 ? w : w >> 16), __NV_E4M3);
-        const float2 f = __half22float2(__half2(pair));
-        h[i] = PackHalves(f.x * scale, f.y * scale);
+__device__ inline void LoadConstants(const uint8_t* block, uint32_t warp, uint32_t t4, ChannelConstants& k) {
+  if constexpr (kCodec == Codec::kInt8 || kCodec == Codec::kInt4) {
+#pragma unroll
+    for (uint32_t group = 0; group < 3; ++group) {
+      const uint32_t c = RunStart(warp, t4, group), pairs = group < 2 ? 8 : 2;
+#pragma unroll
+      for (uint32_t i = 0; i < pairs; ++i) {
+        k.scale[8 * group + i] = Bf16PairToHalves(*reinterpret_cast<const uint32_t*>(block + 2 * (c + 2 * i)));
+        if constexpr (kCodec == Codec::kInt4) {
+          k.min[8 * group + i] =
+              Bf16PairToHalves(*reinterpret_cast<const uint32_t*>(block + 2 * (kDim + c + 2 * i)));
+        }
       }
     }
   }
-  return make_uint4(h[0], h[1], h[2], h[3]);
 }
 
-// The latent channel a warp's local channel l stands for.
-__device__ inline uint32_t Channel(uint32_t warp, uint32_t l) {
-  return l < kWarpKv ? warp * kWarpKv + l : kKv + warp * kWarpRope + (l - kWarpKv);
+// 4 codes held in the bytes of `w` (int8: two's complement; int4: 0..15),
+// dequantized into two fp16 pairs.
+template <Codec kCodec>
+__device__ inline void DequantizeWord(uint32_t w, const uint32_t* scale, const uint32_t* min, uint32_t* out) {
+#pragma unroll
+  for (uint32_t i = 0; i < 2; ++i) {
+    if constexpr (kCodec == Codec::kInt8) {
+      // code + 128 as 1024 + byte, minus 1152: the code exactly.
+      const __half2 code = __hsub2(MagicHalves(w ^ 0x80808080u, i), __float2half2_rn(1152.0f));
+      out[i] = Bits(__hmul2(code, Half2(scale[i])));
+    } else {
+      const __half2 code = __hsub2(MagicHalves(w, i), __float2half2_rn(1024.0f));
+      out[i] = Bits(__hfma2(code, Half2(scale[i]), Half2(min[i])));
+    }
+  }
+}
+
+// Channels [c, c + kCount) of token t (kCount 16 or 4), dequantized into
+// kCount / 2 fp16 pairs; `first` indexes the thread's constants for them.
+template <Codec kCodec, uint32_t kCount>
+__device__ inline void Dequantize(const uint8_t* block, uint32_t t, uint32_t c, const ChannelConstants& k,
+                                  uint32_t first, uint32_t (&out)[kCount / 2]) {
+  constexpr uint32_t kWords = kCount / 4;  // 8-bit codes
+  if constexpr (kCodec == Codec::kBf16 || (kCodec == Codec::kFp8 && kCount == 4)) {
+    // bf16 (fp8's rope too): two values a word.
+    const uint8_t* from = kCodec == Codec::kBf16 ? block + 2 * (t * kDim + c)
+                                                 : block + t * (kKv + 16 + 2 * kRope) + kKv + 16 + 2 * (c - kKv);
+    if constexpr (kCount == 16) {
+      const uint4 a = reinterpret_cast<const uint4*>(from)[0], z = reinterpret_cast<const uint4*>(from)[1];
+      const uint32_t w[8] = {a.x, a.y, a.z, a.w, z.x, z.y, z.z, z.w};
+#pragma unroll
+      for (uint32_t i = 0; i < 8; ++i) out[i] = Bf16PairToHalves(w[i]);
+    } else {
+      const uint2 a = *reinterpret_cast<const uint2*>(from);
+      out[0] = Bf16PairToHalves(a.x), out[1] = Bf16PairToHalves(a.y);
+    }
+  } else {
+    const uint8_t* from;
+    uint32_t shift = 0;
+    if constexpr (kCodec == Codec::kInt8) {
+      from = block + 2 * kDim + t * kDim + c;
+    } else if constexpr (kCodec == Codec::kInt4) {  // byte j: channel j (low nibble), j + 288 (high)
+      constexpr uint32_t kHalf = kDim / 2;
+      from = block + 4 * kDim + t * kHalf + (c < kHalf ? c : c - kHalf);
+      shift = c < kHalf ? 0 : 4;
+    } else {  // fp8 latents: per token 512 e4m3, then 4 float scales
+      from = block + t * (kKv + 16 + 2 * kRope) + c;
+    }
+    uint32_t w[kWords];
+    if constexpr (kCount == 16) {
+      const uint4 a = *reinterpret_cast<const uint4*>(from);
+      w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w;
+    } else {
+      w[0] = *reinterpret_cast<const uint32_t*>(from);
+    }
+    if constexpr (kCodec == Codec::kFp8) {
+      const float scale = *reinterpret_cast<const float*>(from - c + kKv + 4 * (c / kFp8TileSize));
+#pragma unroll
+      for (uint32_t i = 0; i < kCount / 2; ++i) {
+        const __half2_raw pair = __nv_cvt_fp8x2_to_halfraw2(
+            static_cast<__nv_fp8x2_storage_t>(w[i / 2] >> (16 * (i % 2))), __NV_E4M3);
+        const float2 f = __half22float2(__half2(pair));
+        out[i] = PackHalves(f.x * scale, f.y * scale);
+      }
+    } else {
+#pragma unroll
+      for (uint32_t i = 0; i < kWords; ++i) {
+        const uint32_t codes = kCodec == Codec::kInt4 ? (w[i] >> shift) & 0x0f0f0f0fu : w[i];
+        DequantizeWord<kCodec>(codes, k.scale + first + 2 * i, k.min + first + 2 * i, out + 2 * i);
+      }
+    }
+  }
 }
 
 // D = A * B + D; A 16x16 (row), B 16x8 (col), fp16 in, fp32 accumulate.
@@ -127,15 +177,12 @@ __device__ inline void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, u
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ inline void LoadMatrices(uint32_t (&r)[4], const void* row, bool transposed) {
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
-  if (transposed) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address));
-  } else {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address));
-  }
+// The 8x8 fp16 matrix a warp holds (thread: row g, columns 2 t4, 2 t4 + 1),
+// transposed.
+__device__ inline uint32_t Transpose(uint32_t m) {
+  uint32_t t;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(t) : "r"(m));
+  return t;
 }
 
 __device__ inline void CopyAsync16(void* shared, const void* global) {
@@ -165,8 +212,9 @@ __global__ void __launch_bounds__(kThreads) TensorCoreKernel(Params p, uint32_t 
   const uint32_t blocks = static_cast<uint32_t>(nblocks);
   const uint32_t count = first < blocks ? min(first + p.blocks_per_split, blocks) - first : 0;
   const int32_t* table = L.block_table + static_cast<size_t>(table_row) * L.max_blocks_per_sequence + first;
-  // Block k of this split into raw buffer k % 2 (the smem's start); a group is committed even when
-  // empty, so that "all but the latest group" always means block k.
+  // Block k of this split into raw buffer k % 2 (the start of shared
+  // memory); a group is committed even when empty, so that "all but the
+  // latest group" always means block k.
   auto fetch = [&](uint32_t k) {
     if (k < count) {
       const int32_t index = table[k];
@@ -184,18 +232,20 @@ __global__ void __launch_bounds__(kThreads) TensorCoreKernel(Params p, uint32_t 
   fetch(0);
   fetch(1);
 
-  // The query's fragments for this warp's channels, in fp16 (padding heads 0).
+  // The query's fragments, in the keys' k order, fp16 (padding heads 0).
   uint32_t qa[kSteps][4];
 #pragma unroll
   for (uint32_t step = 0; step < kSteps; ++step) {
 #pragma unroll
     for (uint32_t i = 0; i < 4; ++i) {
-      const uint32_t h = g + 8 * (i % 2), c = Channel(warp, 16 * step + 8 * (i / 2) + 2 * t4);
+      const uint32_t h = g + 8 * (i % 2), c = StepChannel(warp, t4, step) + 2 * (i / 2);
       const float* q = p.q + (size_t{b} * p.shape.heads + h0 + h) * kDim + c;
       qa[step][i] = h < heads ? PackHalves(q[0], q[1]) : 0u;
     }
   }
-  float acc[kWarpKv / 8][4] = {};            // this warp's 128 channels of the weighted sums
+  // Weighted sums of this warp's 128 channels: n-tile 8 G + 2 j + r holds
+  // channels RunStart(G) + 16 t + 4 j + 2 r + {0, 1}, t = 0..3.
+  float acc[kWarpKv / 8][4] = {};
   float run_max[2] = {-INFINITY, -INFINITY};  // rows g and g + 8, in log2 units
   float run_sum[2] = {0.0f, 0.0f};            // this thread's share of them
   const float score_scale = p.scale * kLog2e;
@@ -205,51 +255,41 @@ __global__ void __launch_bounds__(kThreads) TensorCoreKernel(Params p, uint32_t 
     WaitForAllButLatestCopies();
     __syncthreads();
     const uint8_t* block = smem + (k % 2) * raw_bytes;
-    if constexpr (kCodec == Codec::kInt8 || kCodec == Codec::kInt4) {
-      for (uint32_t i = threadIdx.x; i < kDim / 2; i += kThreads) {
-        const uint32_t w = reinterpret_cast<const uint32_t*>(block)[i];
-        s.scale[i] = Half2(Bf16PairToHalves(w));
-        if constexpr (kCodec == Codec::kInt4) {
-          s.min[i] = Half2(Bf16PairToHalves(reinterpret_cast<const uint32_t*>(block + 2 * kDim)[i]));
-        }
-      }
-      __syncthreads();
-    }
+    ChannelConstants constants;
+    LoadConstants<kCodec>(block, warp, t4, constants);
     for (uint32_t t0 = 0; t0 < kTokens; t0 += kSub) {
-      // Dequantize this warp's channels of 16 tokens into its tile.
-      __syncwarp();
+      // The keys: kf[step][nt] = (k = 2 t4.., k = 8 + 2 t4..) of token t0 + 8 nt + g.
+      uint32_t kf[kSteps][2][2];
 #pragma unroll
-      for (uint32_t j = 0; j < kSub * kOctets / 32; ++j) {
-        const uint32_t i = lane + 32 * j, t = i / kOctets, l = 8 * (i % kOctets);
-        *reinterpret_cast<uint4*>(&s.tile[warp][t][l]) = Octet<kCodec>(block, s, t0 + t, Channel(warp, l));
-      }
-      __syncwarp();
-      // Partial scores over this warp's channels: 16 heads x 16 tokens.
-      // All fragments first, then the products in two independent chains
-      // per n-tile (the even and odd k-steps): their latencies overlap.
-      uint32_t kf[kSteps][4];  // tokens 0-7 (k 0-7, 8-15), tokens 8-15 (k 0-7, 8-15)
+      for (uint32_t nt = 0; nt < 2; ++nt) {
+        const uint32_t t = t0 + 8 * nt + g;
 #pragma unroll
-      for (uint32_t step = 0; step < kSteps; ++step) {
-        LoadMatrices(kf[step], &s.tile[warp][8 * (lane / 16) + lane % 8][16 * step + 8 * ((lane / 8) % 2)], false);
+        for (uint32_t group = 0; group < 2; ++group) {
+          uint32_t v[8];
+          Dequantize<kCodec, 16>(block, t, RunStart(warp, t4, group), constants, 8 * group, v);
+#pragma unroll
+          for (uint32_t j = 0; j < 4; ++j) kf[4 * group + j][nt][0] = v[2 * j], kf[4 * group + j][nt][1] = v[2 * j + 1];
+        }
+        uint32_t v[2];
+        Dequantize<kCodec, 4>(block, t, RunStart(warp, t4, 2), constants, 16, v);
+        kf[8][nt][0] = v[0], kf[8][nt][1] = v[1];
       }
+      // Partial scores over this warp's channels, in two independent chains
+      // per n-tile (even and odd k-steps) whose latencies overlap.
       float score[2][4] = {}, odd[2][4] = {};
 #pragma unroll
       for (uint32_t step = 0; step < kSteps; ++step) {
         float(&chain)[2][4] = step % 2 == 0 ? score : odd;
-        Mma(chain[0], qa[step], kf[step][0], kf[step][1]);
-        Mma(chain[1], qa[step], kf[step][2], kf[step][3]);
-      }
-#pragma unroll
-      for (uint32_t nt = 0; nt < 2; ++nt) {
-#pragma unroll
-        for (uint32_t e = 0; e < 4; ++e) score[nt][e] += odd[nt][e];
+        Mma(chain[0], qa[step], kf[step][0][0], kf[step][0][1]);
+        Mma(chain[1], qa[step], kf[step][1][0], kf[step][1][1]);
       }
       float(&red)[kHeads][kSub] = s.red[parity][warp];
 #pragma unroll
       for (uint32_t nt = 0; nt < 2; ++nt) {
         const uint32_t t = 8 * nt + 2 * t4;
-        *reinterpret_cast<float2*>(&red[g][t]) = make_float2(score[nt][0], score[nt][1]);
-        *reinterpret_cast<float2*>(&red[g + 8][t]) = make_float2(score[nt][2], score[nt][3]);
+        *reinterpret_cast<float2*>(&red[g][t]) = make_float2(score[nt][0] + odd[nt][0], score[nt][1] + odd[nt][1]);
+        *reinterpret_cast<float2*>(&red[g + 8][t]) =
+            make_float2(score[nt][2] + odd[nt][2], score[nt][3] + odd[nt][3]);
       }
       __syncthreads();
 #pragma unroll
@@ -293,15 +333,13 @@ __global__ void __launch_bounds__(kThreads) TensorCoreKernel(Params p, uint32_t 
         acc[nt][0] *= rescale[0], acc[nt][1] *= rescale[0];
         acc[nt][2] *= rescale[1], acc[nt][3] *= rescale[1];
       }
-      uint32_t vf[kWarpKv / 16][4];  // channels 0-7 (tokens 0-7, 8-15), channels 8-15 (tokens 0-7, 8-15)
+      // The values: each key operand (8 tokens x 8 channels) transposed.
 #pragma unroll
-      for (uint32_t pair = 0; pair < kWarpKv / 16; ++pair) {
-        LoadMatrices(vf[pair], &s.tile[warp][8 * ((lane / 8) % 2) + lane % 8][16 * pair + 8 * (lane / 16)], true);
-      }
+      for (uint32_t step = 0; step < 8; ++step) {
 #pragma unroll
-      for (uint32_t pair = 0; pair < kWarpKv / 16; ++pair) {
-        Mma(acc[2 * pair], pa, vf[pair][0], vf[pair][1]);
-        Mma(acc[2 * pair + 1], pa, vf[pair][2], vf[pair][3]);
+        for (uint32_t r = 0; r < 2; ++r) {
+          Mma(acc[2 * step + r], pa, Transpose(kf[step][0][r]), Transpose(kf[step][1][r]));
+        }
       }
     }
     fetch(k + 2);  // every warp has passed its last read of this buffer (the barrier above)
@@ -323,7 +361,7 @@ __global__ void __launch_bounds__(kThreads) TensorCoreKernel(Params p, uint32_t 
   }
 #pragma unroll
   for (uint32_t nt = 0; nt < kWarpKv / 8; ++nt) {
-    const uint32_t c = warp * kWarpKv + 8 * nt + 2 * t4;
+    const uint32_t c = RunStart(warp, t4, nt / 8) + 4 * ((nt % 8) / 2) + 2 * (nt % 2);
     if (g < heads) *reinterpret_cast<float2*>(&out[g * stride + 2 + c]) = make_float2(acc[nt][0], acc[nt][1]);
     if (g + 8 < heads) {
       *reinterpret_cast<float2*>(&out[(g + 8) * stride + 2 + c]) = make_float2(acc[nt][2], acc[nt][3]);
