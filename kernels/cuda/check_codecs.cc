@@ -1,5 +1,6 @@
 // GPU codec check and benchmark, for the device machine (no gtest there):
-// on fresh random latents with outlier channels, the CUDA codecs' bytes
+// on fresh random latents with outlier channels, in three block shapes (the
+// 16-byte kernels' and the per-value fallbacks'), the CUDA codecs' bytes
 // must equal the CPU codecs' bytes exactly, and their decoded floats too
 // (outputs poisoned first, so an element never written fails); then a
 // table of quantize/dequantize GB/s against a device-to-device cudaMemcpy of
@@ -29,26 +30,26 @@ bool Check(cudaError_t e, const char* what) {
   return false;
 }
 
-std::vector<float> RandomLatents(size_t blocks, uint64_t seed) {
+std::vector<float> RandomLatents(BlockShape shape, size_t blocks, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> x(kShape.values() * blocks);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = normal(rng) * (i % kShape.dim() == 7 ? 30.0f : 1.0f);
+  std::vector<float> x(shape.values() * blocks);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = normal(rng) * (i % shape.dim() == 7 ? 30.0f : 1.0f);
   return x;
 }
 
 // CPU and GPU agree byte for byte on `blocks` blocks; returns false (and
 // says where) when they do not.
-bool SameAsCpu(Codec codec, size_t blocks, uint64_t seed) {
-  const std::vector<float> x = RandomLatents(blocks, seed);
-  const size_t bytes = EncodedBytes(codec, kShape);
+bool SameAsCpu(Codec codec, BlockShape shape, size_t blocks, uint64_t seed) {
+  const std::vector<float> x = RandomLatents(shape, blocks, seed);
+  const size_t bytes = EncodedBytes(codec, shape);
   std::vector<uint8_t> want(bytes * blocks);
   std::vector<float> want_back(x.size());
   for (size_t b = 0; b < blocks; ++b) {
-    const std::span<const float> in(x.data() + b * kShape.values(), kShape.values());
-    if (!Quantize(codec, kShape, in, std::span(want.data() + b * bytes, bytes)).ok() ||
-        !Dequantize(codec, kShape, std::span(want.data() + b * bytes, bytes),
-                    std::span(want_back.data() + b * kShape.values(), kShape.values()))
+    const std::span<const float> in(x.data() + b * shape.values(), shape.values());
+    if (!Quantize(codec, shape, in, std::span(want.data() + b * bytes, bytes)).ok() ||
+        !Dequantize(codec, shape, std::span(want.data() + b * bytes, bytes),
+                    std::span(want_back.data() + b * shape.values(), shape.values()))
              .ok()) {
       std::fprintf(stderr, "CPU codec failed\n");
       return false;
@@ -64,8 +65,8 @@ bool SameAsCpu(Codec codec, size_t blocks, uint64_t seed) {
   cudaMemcpy(d_x, x.data(), x.size() * 4, cudaMemcpyHostToDevice);
   cudaMemset(d_codes, 0xAB, want.size());  // poison: every byte must be written
   cudaMemset(d_back, 0xFF, x.size() * 4);
-  Status q = cuda::Quantize(codec, kShape, d_x, d_codes, blocks, nullptr);
-  Status d = q.ok() ? cuda::Dequantize(codec, kShape, d_codes, d_back, blocks, nullptr) : q;
+  Status q = cuda::Quantize(codec, shape, d_x, d_codes, blocks, nullptr);
+  Status d = q.ok() ? cuda::Dequantize(codec, shape, d_codes, d_back, blocks, nullptr) : q;
   std::vector<uint8_t> got(want.size());
   std::vector<float> got_back(x.size());
   cudaMemcpy(got.data(), d_codes, got.size(), cudaMemcpyDeviceToHost);
@@ -98,7 +99,7 @@ void Benchmark() {
   cudaMalloc(&d_x, floats * 4);
   cudaMalloc(&d_copy, floats * 4);
   cudaMalloc(&d_codes, floats * 2);
-  const std::vector<float> x = RandomLatents(64, 7);
+  const std::vector<float> x = RandomLatents(kShape, 64, 7);
   for (size_t b = 0; b < kBlocks; b += 64) cudaMemcpy(d_x + b * kShape.values(), x.data(), x.size() * 4, cudaMemcpyHostToDevice);
   const double copy_gbs = check::DeviceCopyGBs(floats * 4);
   std::printf("\n%-6s %14s %10s %16s %10s\n", "codec", "quantize GB/s", "% copy", "dequantize GB/s", "% copy");
@@ -124,11 +125,16 @@ int Main(bool benchmark) {
   cudaGetDeviceProperties(&prop, 0);
   std::printf("device: %s\n", prop.name);
   bool ok = true;
-  for (Codec codec : kAllCodecs) {
-    for (size_t blocks : {size_t{1}, size_t{3}, size_t{257}}) {
-      const bool same = SameAsCpu(codec, blocks, 1000 + blocks);
-      std::printf("%-5s %4zu blocks: %s\n", CodecName(codec), blocks, same ? "same bytes as the CPU" : "MISMATCH");
-      ok = ok && same;
+  // V2's blocks take the 16-byte kernels; 33 tokens of 128 + 8 too (an odd
+  // number of fp8 tiles, token groups cut short); 5 of 30 + 7 the others.
+  for (const BlockShape shape : {kShape, BlockShape{33, 128, 8}, BlockShape{5, 30, 7}}) {
+    for (Codec codec : kAllCodecs) {
+      for (size_t blocks : {size_t{1}, size_t{3}, size_t{257}}) {
+        const bool same = SameAsCpu(codec, shape, blocks, 1000 + blocks);
+        std::printf("%-5s %2u x (%u + %u), %4zu blocks: %s\n", CodecName(codec), shape.tokens, shape.latent_dim,
+                    shape.rope_dim, blocks, same ? "same bytes as the CPU" : "MISMATCH");
+        ok = ok && same;
+      }
     }
   }
   if (benchmark) Benchmark();

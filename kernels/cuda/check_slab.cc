@@ -4,13 +4,16 @@
 // copied device-to-device into an IPC buffer reads back identical in
 // another process that opens the buffer's handle (the fast path to GPU
 // clients); and the spill (slab -> host) and promotion
-// (host -> slab) rates of 1 MB blocks, as tier moves copy them, from pinned
-// and from pageable memory, against plain pinned cudaMemcpy of 256 MB.
+// (host -> slab) rates of 1 MB blocks, as one copy each and as the cache's
+// page arena moves them (16 runs of 64 KB, one wait), from pinned memory,
+// from a pinned buffer allocated per block, and from pageable memory,
+// against plain pinned cudaMemcpy of 256 MB.
 // Exit codes: 0 pass, 1 mismatch or CUDA error, 77 no device (ctest: skip).
 #include <cuda_runtime.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -71,15 +74,42 @@ void Benchmark(cuda::DeviceSlab& slab) {
       (void)(in ? slab.CopyIn(b * kBlock, host + b * kBlock, kBlock) : slab.CopyOut(b * kBlock, host + b * kBlock, kBlock));
     }
   };
+  // As the cache's page arena moves a block: its 64 KB pages' runs queued
+  // together, one wait a block.
+  constexpr size_t kPage = 65536;
+  auto paged = [&](uint8_t* host, bool in) {
+    std::vector<cuda::SlabRun> runs;
+    for (size_t b = 0; b < kBlocks; ++b) {
+      runs.clear();
+      for (size_t at = 0; at < kBlock; at += kPage) {
+        runs.push_back({b * kBlock + at, std::min(kPage, kBlock - at), host + b * kBlock + at});
+      }
+      (void)(in ? slab.CopyInRuns(runs) : slab.CopyOutRuns(runs));
+    }
+  };
+  // And with a pinned buffer allocated for each block, as a tier move or a
+  // Get from the device tier takes one.
+  auto fresh_pinned = [&] {
+    for (size_t b = 0; b < kBlocks; ++b) {
+      std::shared_ptr<uint8_t> buffer = cuda::DeviceSlab::AllocatePinned(kBlock);
+      (void)slab.CopyOut(b * kBlock, buffer.get(), kBlock);
+    }
+  };
   const size_t moved = kBlocks * kBlock;
   const double promote_pinned = GBs(moved, [&] { blocks(pinned.get(), true); });
   const double spill_pinned = GBs(moved, [&] { blocks(pinned.get(), false); });
+  const double promote_pages = GBs(moved, [&] { paged(pinned.get(), true); });
+  const double spill_pages = GBs(moved, [&] { paged(pinned.get(), false); });
+  const double spill_fresh = GBs(moved, fresh_pinned);
   const double promote_pageable = GBs(moved, [&] { blocks(pageable.data(), true); });
   const double spill_pageable = GBs(moved, [&] { blocks(pageable.data(), false); });
   std::printf("\nplain pinned cudaMemcpy, 256 MB: host->device %.1f GB/s, device->host %.1f GB/s\n", h2d, d2h);
   std::printf("%-32s %10s %10s\n", "1 MB blocks through the slab", "GB/s", "% memcpy");
   std::printf("%-32s %10.1f %9.0f%%\n", "promotion, from pinned", promote_pinned, 100 * promote_pinned / h2d);
   std::printf("%-32s %10.1f %9.0f%%\n", "spill, to pinned", spill_pinned, 100 * spill_pinned / d2h);
+  std::printf("%-32s %10.1f %9.0f%%\n", "promotion, 16 page runs, pinned", promote_pages, 100 * promote_pages / h2d);
+  std::printf("%-32s %10.1f %9.0f%%\n", "spill, 16 page runs, pinned", spill_pages, 100 * spill_pages / d2h);
+  std::printf("%-32s %10.1f %9.0f%%\n", "spill, new pinned buffer each", spill_fresh, 100 * spill_fresh / d2h);
   std::printf("%-32s %10.1f %9.0f%%\n", "promotion, from pageable", promote_pageable, 100 * promote_pageable / h2d);
   std::printf("%-32s %10.1f %9.0f%%\n", "spill, to pageable", spill_pageable, 100 * spill_pageable / d2h);
 }

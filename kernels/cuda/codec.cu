@@ -192,6 +192,277 @@ __global__ void DequantizeFp8Kernel(const uint8_t* in, float* out, size_t token_
   out[i] = __fmul_rn(Fp8E4m3ToFloat(b[c]), scale);
 }
 
+// The kernels above take one value (or one channel's column) per thread;
+// the ones below move 16 bytes per load or store, for shapes whose channel
+// counts are multiples of 8 (fp8: latents of whole 128-channel tiles) and
+// 16-byte aligned buffers, which is every model's. They compute each value
+// with the same expressions, so the bytes are the same.
+
+__device__ inline float Lane(const float4& v, uint32_t e) { return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w; }
+
+// bf16: 8 values a thread.
+__global__ void QuantizeBf16x8Kernel(const float* in, uint16_t* out, size_t n8, unsigned long long* first_bad) {
+  const size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
+  if (i >= n8) return;
+  const float4 a = reinterpret_cast<const float4*>(in)[2 * i], b = reinterpret_cast<const float4*>(in)[2 * i + 1];
+  const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  uint32_t packed[4];
+  for (uint32_t k = 0; k < 8; k += 2) {
+    const uint16_t lo = FloatToBf16(x[k]), hi = FloatToBf16(x[k + 1]);
+    if ((lo & 0x7f80u) == 0x7f80u) NoteBad(8 * i + k, first_bad);
+    if ((hi & 0x7f80u) == 0x7f80u) NoteBad(8 * i + k + 1, first_bad);
+    packed[k / 2] = lo | uint32_t{hi} << 16;
+  }
+  reinterpret_cast<uint4*>(out)[i] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+}
+
+__global__ void DequantizeBf16x8Kernel(const uint16_t* in, float* out, size_t n8) {
+  const size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
+  if (i >= n8) return;
+  const uint4 v = reinterpret_cast<const uint4*>(in)[i];
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  float x[8];
+  for (uint32_t k = 0; k < 4; ++k) x[2 * k] = Bf16ToFloat(w[k] & 0xffffu), x[2 * k + 1] = Bf16ToFloat(w[k] >> 16);
+  reinterpret_cast<float4*>(out)[2 * i] = make_float4(x[0], x[1], x[2], x[3]);
+  reinterpret_cast<float4*>(out)[2 * i + 1] = make_float4(x[4], x[5], x[6], x[7]);
+}
+
+// int8: one CUDA block per latent block, dim / 4 x 4 threads: thread (quad
+// q, group j) holds channels 4q..4q+3 of 16 tokens in registers, so each
+// value is read once; the groups' maxima meet in shared memory.
+constexpr uint32_t kGroupTokens = 16;
+
+__global__ void QuantizeInt8QuadsKernel(const float* in, uint8_t* out, uint32_t tokens, uint32_t dim,
+                                        size_t block_bytes, unsigned long long* first_bad) {
+  extern __shared__ float part[];  // [groups][dim]
+  const uint32_t quads = dim / 4, q = threadIdx.x % quads, j = threadIdx.x / quads, groups = blockDim.x / quads;
+  const float* x = in + blockIdx.x * size_t{tokens} * dim;
+  uint8_t* o = out + blockIdx.x * block_bytes;
+  float4 v[kGroupTokens];
+  float amax[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (uint32_t i = 0; i < kGroupTokens; ++i) {
+    const uint32_t t = kGroupTokens * j + i;
+    if (t >= tokens) break;
+    v[i] = reinterpret_cast<const float4*>(x + size_t{t} * dim)[q];
+    for (uint32_t e = 0; e < 4; ++e) {
+      const float value = Lane(v[i], e);
+      if (!isfinite(value)) NoteBad((blockIdx.x * size_t{tokens} + t) * dim + 4 * q + e, first_bad);
+      amax[e] = fmaxf(amax[e], fabsf(value));
+    }
+  }
+  for (uint32_t e = 0; e < 4; ++e) part[j * dim + 4 * q + e] = amax[e];
+  __syncthreads();
+  float inv[4];
+  uint16_t bits[4];
+  for (uint32_t e = 0; e < 4; ++e) {
+    float a = 0.0f;
+    for (uint32_t k = 0; k < groups; ++k) a = fmaxf(a, part[k * dim + 4 * q + e]);
+    bits[e] = FloatToBf16TowardPositive(fmaxf(__fdiv_rn(a, 127.0f), kMinIntScale));
+    inv[e] = __fdiv_rn(1.0f, Bf16ToFloat(bits[e]));
+  }
+  if (j == 0) {
+    reinterpret_cast<uint2*>(o)[q] = make_uint2(bits[0] | uint32_t{bits[1]} << 16, bits[2] | uint32_t{bits[3]} << 16);
+  }
+  uint8_t* codes = o + 2 * size_t{dim};
+#pragma unroll
+  for (uint32_t i = 0; i < kGroupTokens; ++i) {
+    const uint32_t t = kGroupTokens * j + i;
+    if (t >= tokens) break;
+    uint32_t packed = 0;
+    for (uint32_t e = 0; e < 4; ++e) {
+      const float code = fminf(fmaxf(rintf(__fmul_rn(Lane(v[i], e), inv[e])), -127.0f), 127.0f);
+      packed |= uint32_t{static_cast<uint8_t>(static_cast<int8_t>(code))} << (8 * e);
+    }
+    reinterpret_cast<uint32_t*>(codes + size_t{t} * dim)[q] = packed;
+  }
+}
+
+// int4: the same over byte columns: thread (quad q, group j) holds byte
+// columns 4q..4q+3, channels 4q.. (low nibbles) and half + 4q.. (high), of
+// 8 tokens.
+constexpr uint32_t kInt4GroupTokens = 8;
+
+__global__ void QuantizeInt4QuadsKernel(const float* in, uint8_t* out, uint32_t tokens, uint32_t dim,
+                                        size_t block_bytes, unsigned long long* first_bad) {
+  extern __shared__ float part[];  // [groups][2][dim]: minimums, maximums
+  const uint32_t half = dim / 2, quads = half / 4, q = threadIdx.x % quads, j = threadIdx.x / quads;
+  const uint32_t groups = blockDim.x / quads;
+  const float* x = in + blockIdx.x * size_t{tokens} * dim;
+  uint8_t* o = out + blockIdx.x * block_bytes;
+  const unsigned long long base = blockIdx.x * size_t{tokens} * dim;
+  float4 v[kInt4GroupTokens][2];  // [token][low, high]
+  float lo[8], hi[8];             // channels 4q + e, then half + 4q + e
+  const float4 first_lo = reinterpret_cast<const float4*>(x)[q], first_hi = reinterpret_cast<const float4*>(x + half)[q];
+  for (uint32_t e = 0; e < 4; ++e) {
+    lo[e] = hi[e] = Lane(first_lo, e);
+    lo[4 + e] = hi[4 + e] = Lane(first_hi, e);
+  }
+#pragma unroll
+  for (uint32_t i = 0; i < kInt4GroupTokens; ++i) {
+    const uint32_t t = kInt4GroupTokens * j + i;
+    if (t >= tokens) break;
+    for (uint32_t side = 0; side < 2; ++side) {
+      v[i][side] = reinterpret_cast<const float4*>(x + size_t{t} * dim + side * half)[q];
+      for (uint32_t e = 0; e < 4; ++e) {
+        const float value = Lane(v[i][side], e);
+        if (!isfinite(value)) NoteBad(base + size_t{t} * dim + side * half + 4 * q + e, first_bad);
+        lo[4 * side + e] = fminf(lo[4 * side + e], value), hi[4 * side + e] = fmaxf(hi[4 * side + e], value);
+      }
+    }
+  }
+  for (uint32_t k = 0; k < 8; ++k) {
+    const uint32_t c = (k < 4 ? 0 : half) + 4 * q + k % 4;
+    part[(2 * j) * dim + c] = lo[k], part[(2 * j + 1) * dim + c] = hi[k];
+  }
+  __syncthreads();
+  float zero[8], inv[8];
+  bool ok[4] = {true, true, true, true};
+  for (uint32_t k = 0; k < 8; ++k) {
+    const uint32_t c = (k < 4 ? 0 : half) + 4 * q + k % 4;
+    float l = part[c], h = part[dim + c];
+    for (uint32_t g = 1; g < groups; ++g) l = fminf(l, part[(2 * g) * dim + c]), h = fmaxf(h, part[(2 * g + 1) * dim + c]);
+    const uint16_t zero_bits = FloatToBf16TowardNegative(l);
+    zero[k] = Bf16ToFloat(zero_bits);
+    const float range = __fsub_rn(h, zero[k]);
+    const uint16_t scale_bits = FloatToBf16TowardPositive(fmaxf(__fdiv_rn(range, 15.0f), kMinIntScale));
+    const float scale = Bf16ToFloat(scale_bits);
+    if (j == 0) {
+      std::memcpy(o + 2 * c, &scale_bits, 2);
+      std::memcpy(o + 2 * (size_t{dim} + c), &zero_bits, 2);
+    }
+    inv[k] = __fdiv_rn(1.0f, scale);
+    ok[k % 4] = ok[k % 4] && isfinite(zero[k]) && isfinite(range) && isfinite(scale);
+  }
+  if (j == 0) {
+    for (uint32_t e = 0; e < 4; ++e) {
+      if (!ok[e]) NoteBad(base + 4 * q + e, first_bad);  // a range too wide for a bf16 scale
+    }
+  }
+  uint8_t* codes = o + 4 * size_t{dim};
+#pragma unroll
+  for (uint32_t i = 0; i < kInt4GroupTokens; ++i) {
+    const uint32_t t = kInt4GroupTokens * j + i;
+    if (t >= tokens) break;
+    uint32_t packed = 0;
+    for (uint32_t e = 0; e < 4; ++e) {
+      const uint8_t low = Int4Code(Lane(v[i][0], e), zero[e], inv[e]);
+      const uint8_t high = Int4Code(Lane(v[i][1], e), zero[4 + e], inv[4 + e]);
+      packed |= uint32_t{static_cast<uint8_t>(low | high << 4)} << (8 * e);
+    }
+    reinterpret_cast<uint32_t*>(codes + size_t{t} * half)[q] = packed;
+  }
+}
+
+// Dequantizing int8 and int4: a thread per token and 4 (byte) columns.
+__global__ void DequantizeInt8QuadsKernel(const uint8_t* in, float* out, uint32_t tokens, uint32_t dim,
+                                          size_t block_bytes, size_t items) {
+  const size_t item = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
+  if (item >= items) return;
+  const uint32_t quads = dim / 4, q = static_cast<uint32_t>(item % quads);
+  const size_t row = item / quads, block = row / tokens;
+  const uint32_t t = static_cast<uint32_t>(row % tokens);
+  const uint8_t* b = in + block * block_bytes;
+  const uint2 scale_bits = reinterpret_cast<const uint2*>(b)[q];
+  const uint32_t codes = reinterpret_cast<const uint32_t*>(b + 2 * size_t{dim} + size_t{t} * dim)[q];
+  const float scale[4] = {Bf16ToFloat(scale_bits.x & 0xffffu), Bf16ToFloat(scale_bits.x >> 16),
+                          Bf16ToFloat(scale_bits.y & 0xffffu), Bf16ToFloat(scale_bits.y >> 16)};
+  float y[4];
+  for (uint32_t e = 0; e < 4; ++e) y[e] = __fmul_rn(static_cast<int8_t>(codes >> (8 * e)), scale[e]);
+  reinterpret_cast<float4*>(out + row * dim)[q] = make_float4(y[0], y[1], y[2], y[3]);
+}
+
+__global__ void DequantizeInt4QuadsKernel(const uint8_t* in, float* out, uint32_t tokens, uint32_t dim,
+                                          size_t block_bytes, size_t items) {
+  const size_t item = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
+  if (item >= items) return;
+  const uint32_t half = dim / 2, quads = half / 4, q = static_cast<uint32_t>(item % quads);
+  const size_t row = item / quads, block = row / tokens;
+  const uint32_t t = static_cast<uint32_t>(row % tokens);
+  const uint8_t* b = in + block * block_bytes;
+  const uint32_t codes = reinterpret_cast<const uint32_t*>(b + 4 * size_t{dim} + size_t{t} * half)[q];
+  for (uint32_t side = 0; side < 2; ++side) {
+    const uint2 scale_bits = reinterpret_cast<const uint2*>(b + 2 * side * half)[q];
+    const uint2 zero_bits = reinterpret_cast<const uint2*>(b + 2 * (size_t{dim} + side * half))[q];
+    const uint32_t s[2] = {scale_bits.x, scale_bits.y}, z[2] = {zero_bits.x, zero_bits.y};
+    float y[4];
+    for (uint32_t e = 0; e < 4; ++e) {
+      const float scale = Bf16ToFloat((s[e / 2] >> (16 * (e % 2))) & 0xffffu);
+      const float zero = Bf16ToFloat((z[e / 2] >> (16 * (e % 2))) & 0xffffu);
+      const float code = static_cast<float>((codes >> (8 * e + 4 * side)) & 0xfu);
+      y[e] = __fadd_rn(zero, __fmul_rn(code, scale));
+    }
+    reinterpret_cast<float4*>(out + row * dim + side * half)[q] = make_float4(y[0], y[1], y[2], y[3]);
+  }
+}
+
+// fp8: a warp per token; lane l takes channels 4l..4l+3 of each 128-channel
+// tile (the tile's amax by shuffles) and rope pairs 2l, 2l + 1 (+ 64 ...).
+__global__ void QuantizeFp8WarpKernel(const float* in, uint8_t* out, size_t token_count, uint32_t latent,
+                                      uint32_t rope, size_t token_bytes, unsigned long long* first_bad) {
+  const size_t token = (blockIdx.x * size_t{blockDim.x} + threadIdx.x) / 32;
+  const uint32_t lane = threadIdx.x % 32, dim = latent + rope, tiles = latent / kFp8TileSize;
+  if (token >= token_count) return;
+  const float* x = in + token * dim;
+  uint8_t* o = out + token * token_bytes;
+  for (uint32_t tile = 0; tile < tiles; ++tile) {
+    const uint32_t c = tile * kFp8TileSize + 4 * lane;
+    const float4 raw = *reinterpret_cast<const float4*>(x + c);
+    float v[4], amax = 0.0f;
+    for (uint32_t e = 0; e < 4; ++e) {
+      v[e] = Bf16ToFloat(FloatToBf16(Lane(raw, e)));
+      if (!isfinite(v[e])) NoteBad(token * dim + c + e, first_bad);
+      amax = fmaxf(amax, fabsf(v[e]));
+    }
+    for (uint32_t d = 16; d > 0; d /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
+    const float scale = Fp8TileScale(amax);
+    const float inv = __fdiv_rn(1.0f, scale);  // exact: a power of two
+    if (lane == 0) std::memcpy(o + latent + 4 * size_t{tile}, &scale, 4);
+    uint32_t packed = 0;
+    for (uint32_t e = 0; e < 4; ++e) packed |= uint32_t{Fp8E4m3FromInRange(__fmul_rn(v[e], inv))} << (8 * e);
+    *reinterpret_cast<uint32_t*>(o + c) = packed;
+  }
+  for (uint32_t c = 2 * lane; c < rope; c += 64) {
+    const float2 raw = *reinterpret_cast<const float2*>(x + latent + c);
+    const uint16_t lo = FloatToBf16(raw.x), hi = FloatToBf16(raw.y);
+    if ((lo & 0x7f80u) == 0x7f80u) NoteBad(token * dim + latent + c, first_bad);
+    if ((hi & 0x7f80u) == 0x7f80u) NoteBad(token * dim + latent + c + 1, first_bad);
+    *reinterpret_cast<uint32_t*>(o + latent + 4 * size_t{tiles} + 2 * size_t{c}) = lo | uint32_t{hi} << 16;
+  }
+}
+
+// A thread per token and 4 channels (latent e4m3 or rope bf16).
+__global__ void DequantizeFp8QuadsKernel(const uint8_t* in, float* out, size_t items, uint32_t latent, uint32_t rope,
+                                         size_t token_bytes) {
+  const size_t item = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
+  if (item >= items) return;
+  const uint32_t dim = latent + rope, quads = dim / 4, c = 4 * static_cast<uint32_t>(item % quads);
+  const size_t token = item / quads;
+  const uint8_t* b = in + token * token_bytes;
+  float y[4];
+  if (c >= latent) {
+    // 4-byte aligned only (a token's bytes are, with an odd tile count).
+    const uint32_t* bits =
+        reinterpret_cast<const uint32_t*>(b + latent + 4 * size_t{latent / kFp8TileSize} + 2 * size_t{c - latent});
+    y[0] = Bf16ToFloat(bits[0] & 0xffffu), y[1] = Bf16ToFloat(bits[0] >> 16);
+    y[2] = Bf16ToFloat(bits[1] & 0xffffu), y[3] = Bf16ToFloat(bits[1] >> 16);
+  } else {
+    float scale;
+    std::memcpy(&scale, b + latent + 4 * size_t{c / kFp8TileSize}, 4);
+    const uint32_t codes = *reinterpret_cast<const uint32_t*>(b + c);
+    for (uint32_t e = 0; e < 4; ++e) y[e] = __fmul_rn(Fp8E4m3ToFloat(static_cast<uint8_t>(codes >> (8 * e))), scale);
+  }
+  reinterpret_cast<float4*>(out + token * dim)[c / 4] = make_float4(y[0], y[1], y[2], y[3]);
+}
+
+// Whether the 16-byte kernels take this shape and these buffers.
+bool Vectorizable(Codec codec, BlockShape shape, const void* a, const void* b) {
+  const bool aligned = reinterpret_cast<uintptr_t>(a) % 16 == 0 && reinterpret_cast<uintptr_t>(b) % 16 == 0;
+  const bool channels = codec == Codec::kFp8 ? shape.latent_dim % kFp8TileSize == 0 && shape.rope_dim % 4 == 0
+                                             : shape.dim() % 8 == 0;
+  return aligned && channels;
+}
+
 Status Finish(cudaStream_t stream, unsigned long long* first_bad, BlockShape shape, const char* what) {
   unsigned long long bad = kNoBadValue;
   if (first_bad != nullptr) {
@@ -237,20 +508,48 @@ Status Quantize(Codec codec, BlockShape shape, const float* device_in, uint8_t* 
     return CudaError(e, "cuda::Quantize");
   }
   const size_t n = shape.values() * blocks;
+  const bool wide = Vectorizable(codec, shape, device_in, device_out);
   switch (codec) {
     case Codec::kBf16:
+      if (wide) {
+        QuantizeBf16x8Kernel<<<(n / 8 + 255) / 256, 256, 0, stream>>>(device_in, reinterpret_cast<uint16_t*>(device_out),
+                                                                      n / 8, first_bad);
+        break;
+      }
       QuantizeBf16Kernel<<<(n + 255) / 256, 256, 0, stream>>>(device_in, reinterpret_cast<uint16_t*>(device_out), n,
                                                               first_bad);
       break;
-    case Codec::kInt8:
+    case Codec::kInt8: {
+      const uint32_t groups = (shape.tokens + kGroupTokens - 1) / kGroupTokens, threads = shape.dim() / 4 * groups;
+      if (wide && threads <= 1024) {
+        QuantizeInt8QuadsKernel<<<blocks, threads, sizeof(float) * groups * shape.dim(), stream>>>(
+            device_in, device_out, shape.tokens, shape.dim(), EncodedBytes(codec, shape), first_bad);
+        break;
+      }
       QuantizeInt8Kernel<<<blocks, 256, 0, stream>>>(device_in, device_out, shape.tokens, shape.dim(),
                                                      EncodedBytes(codec, shape), first_bad);
       break;
-    case Codec::kInt4:
+    }
+    case Codec::kInt4: {
+      const uint32_t groups = (shape.tokens + kInt4GroupTokens - 1) / kInt4GroupTokens,
+                     threads = shape.dim() / 8 * groups;
+      if (wide && threads <= 1024) {
+        QuantizeInt4QuadsKernel<<<blocks, threads, sizeof(float) * 2 * groups * shape.dim(), stream>>>(
+            device_in, device_out, shape.tokens, shape.dim(), EncodedBytes(codec, shape), first_bad);
+        break;
+      }
       QuantizeInt4Kernel<<<blocks, 256, 0, stream>>>(device_in, device_out, shape.tokens, shape.dim(),
                                                      EncodedBytes(codec, shape), first_bad);
       break;
+    }
     case Codec::kFp8: {
+      if (wide) {
+        const size_t tokens = size_t{shape.tokens} * blocks;
+        QuantizeFp8WarpKernel<<<(tokens + 7) / 8, 256, 0, stream>>>(
+            device_in, device_out, tokens, shape.latent_dim, shape.rope_dim,
+            EncodedBytes(codec, {1, shape.latent_dim, shape.rope_dim}), first_bad);
+        break;
+      }
       const uint32_t tiles = (shape.latent_dim + kFp8TileSize - 1) / kFp8TileSize;
       const size_t items = size_t{shape.tokens} * blocks * (tiles + 1);
       QuantizeFp8Kernel<<<(items + 127) / 128, 128, 0, stream>>>(
@@ -275,20 +574,43 @@ Status Dequantize(Codec codec, BlockShape shape, const uint8_t* device_in, float
   if (blocks == 0) return OkStatus();
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   const size_t n = shape.values() * blocks;
+  const bool wide = Vectorizable(codec, shape, device_in, device_out);
+  const size_t quads = n / 4;  // the 16-byte kernels' items: a token's 4 channels
   switch (codec) {
     case Codec::kBf16:
+      if (wide) {
+        DequantizeBf16x8Kernel<<<(n / 8 + 255) / 256, 256, 0, stream>>>(reinterpret_cast<const uint16_t*>(device_in),
+                                                                        device_out, n / 8);
+        break;
+      }
       DequantizeBf16Kernel<<<(n + 255) / 256, 256, 0, stream>>>(reinterpret_cast<const uint16_t*>(device_in),
                                                                 device_out, n);
       break;
     case Codec::kInt8:
+      if (wide) {
+        DequantizeInt8QuadsKernel<<<(quads + 255) / 256, 256, 0, stream>>>(device_in, device_out, shape.tokens,
+                                                                           shape.dim(), EncodedBytes(codec, shape), quads);
+        break;
+      }
       DequantizeInt8Kernel<<<blocks, 256, 0, stream>>>(device_in, device_out, shape.tokens, shape.dim(),
                                                        EncodedBytes(codec, shape));
       break;
     case Codec::kInt4:
+      if (wide) {  // items: a token's 4 byte columns
+        DequantizeInt4QuadsKernel<<<(quads / 2 + 255) / 256, 256, 0, stream>>>(
+            device_in, device_out, shape.tokens, shape.dim(), EncodedBytes(codec, shape), quads / 2);
+        break;
+      }
       DequantizeInt4Kernel<<<blocks, 256, 0, stream>>>(device_in, device_out, shape.tokens, shape.dim(),
                                                        EncodedBytes(codec, shape));
       break;
     case Codec::kFp8: {
+      if (wide) {
+        DequantizeFp8QuadsKernel<<<(quads + 255) / 256, 256, 0, stream>>>(
+            device_in, device_out, quads, shape.latent_dim, shape.rope_dim,
+            EncodedBytes(codec, {1, shape.latent_dim, shape.rope_dim}));
+        break;
+      }
       const uint32_t tiles = (shape.latent_dim + kFp8TileSize - 1) / kFp8TileSize;
       DequantizeFp8Kernel<<<(n + 255) / 256, 256, 0, stream>>>(device_in, device_out, size_t{shape.tokens} * blocks,
                                                               shape.latent_dim, shape.rope_dim, tiles,

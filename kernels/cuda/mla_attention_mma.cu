@@ -41,8 +41,12 @@ constexpr uint32_t kWarpRope = kRope / kWarps;  // 16: one k-step
 constexpr uint32_t kSteps = (kWarpKv + kWarpRope) / 16;  // 9
 constexpr float kLog2e = 1.4426950408889634f;
 
+// Floats a head's row of partial scores takes: 24 puts the four rows a
+// half-warp's float2 accesses touch in different banks.
+constexpr uint32_t kRedStride = kSub + 8;
+
 struct Shared {
-  float red[2][kWarps][kHeads][kSub];  // partial scores, double-buffered
+  float red[2][kWarps][kHeads][kRedStride];  // partial scores, double-buffered
 };
 
 __device__ inline uint32_t Bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
@@ -283,7 +287,7 @@ __global__ void __launch_bounds__(kThreads) TensorCoreKernel(Params p, uint32_t 
         Mma(chain[0], qa[step], kf[step][0][0], kf[step][0][1]);
         Mma(chain[1], qa[step], kf[step][1][0], kf[step][1][1]);
       }
-      float(&red)[kHeads][kSub] = s.red[parity][warp];
+      float(&red)[kHeads][kRedStride] = s.red[parity][warp];
 #pragma unroll
       for (uint32_t nt = 0; nt < 2; ++nt) {
         const uint32_t t = 8 * nt + 2 * t4;
@@ -328,10 +332,14 @@ __global__ void __launch_bounds__(kThreads) TensorCoreKernel(Params p, uint32_t 
       // The weights as the A operand: k = token (the scores' columns).
       const uint32_t pa[4] = {PackHalves(score[0][0], score[0][1]), PackHalves(score[0][2], score[0][3]),
                               PackHalves(score[1][0], score[1][1]), PackHalves(score[1][2], score[1][3])};
+      // Past the first tokens the running max seldom moves: skip the
+      // rescale when it moved in no row of the warp.
+      if (__any_sync(0xffffffffu, rescale[0] != 1.0f || rescale[1] != 1.0f)) {
 #pragma unroll
-      for (uint32_t nt = 0; nt < kWarpKv / 8; ++nt) {
-        acc[nt][0] *= rescale[0], acc[nt][1] *= rescale[0];
-        acc[nt][2] *= rescale[1], acc[nt][3] *= rescale[1];
+        for (uint32_t nt = 0; nt < kWarpKv / 8; ++nt) {
+          acc[nt][0] *= rescale[0], acc[nt][1] *= rescale[0];
+          acc[nt][2] *= rescale[1], acc[nt][3] *= rescale[1];
+        }
       }
       // The values: each key operand (8 tokens x 8 channels) transposed.
 #pragma unroll

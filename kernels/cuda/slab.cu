@@ -74,6 +74,32 @@ std::shared_ptr<uint8_t> DeviceSlab::AllocatePinned(size_t n) {
   return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { cudaFreeHost(q); });
 }
 
+Status DeviceSlab::CopyRuns(std::span<const SlabRun> runs, bool in) {
+  const char* what = in ? "slab copy in" : "slab copy out";
+  for (const SlabRun& r : runs) {
+    if (Status s = CheckRange(r.offset, r.n, size_); !s.ok()) return s;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  cudaError_t first = cudaSuccess;
+  for (const SlabRun& r : runs) {
+    const cudaError_t e = in ? cudaMemcpyAsync(base_ + r.offset, r.host, r.n, cudaMemcpyHostToDevice, stream)
+                             : cudaMemcpyAsync(r.host, base_ + r.offset, r.n, cudaMemcpyDeviceToHost, stream);
+    if (e != cudaSuccess) {
+      first = e;
+      break;  // what was queued is still waited for below
+    }
+  }
+  const cudaError_t waited = cudaStreamSynchronize(stream);
+  if (first != cudaSuccess) return CudaError(first, what);
+  if (waited != cudaSuccess) return CudaError(waited, what);
+  return OkStatus();
+}
+
+Status DeviceSlab::CopyInRuns(std::span<const SlabRun> runs) { return CopyRuns(runs, true); }
+
+Status DeviceSlab::CopyOutRuns(std::span<const SlabRun> runs) { return CopyRuns(runs, false); }
+
 Status DeviceSlab::CopyToDevice(uint64_t offset, void* device_to, size_t n) {
   if (Status s = CheckRange(offset, n, size_); !s.ok()) return s;
   return Copy(device_to, base_ + offset, n, cudaMemcpyDeviceToDevice, "slab copy to device");

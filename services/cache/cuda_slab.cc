@@ -1,6 +1,7 @@
 #include "services/cache/cuda_slab.h"
 
 #include <string>
+#include <vector>
 
 #include "kvtier/kernels/cuda_codec.h"
 #include "kvtier/kernels/cuda_ipc.h"
@@ -36,6 +37,25 @@ absl::Status CudaSlab::CopyIn(uint64_t offset, const void* from, size_t n) {
 
 absl::Status CudaSlab::CopyOut(uint64_t offset, void* to, size_t n) const {
   return FromKernelStatus(slab_->CopyOut(offset, to, n));
+}
+
+namespace {
+
+std::vector<kernels::cuda::SlabRun> KernelRuns(std::span<const SlabRun> runs) {
+  std::vector<kernels::cuda::SlabRun> out;
+  out.reserve(runs.size());
+  for (const SlabRun& r : runs) out.push_back({r.offset, r.n, r.host});
+  return out;
+}
+
+}  // namespace
+
+absl::Status CudaSlab::CopyInRuns(std::span<const SlabRun> runs) {
+  return FromKernelStatus(slab_->CopyInRuns(KernelRuns(runs)));
+}
+
+absl::Status CudaSlab::CopyOutRuns(std::span<const SlabRun> runs) const {
+  return FromKernelStatus(slab_->CopyOutRuns(KernelRuns(runs)));
 }
 
 absl::StatusOr<std::unique_ptr<ExportedBuffer>> CudaSlab::Export(uint64_t bytes) {

@@ -19,6 +19,8 @@ class CudaSlab final : public SlabMemory {
   std::string name() const override { return slab_->name(); }
   absl::Status CopyIn(uint64_t offset, const void* from, size_t n) override;
   absl::Status CopyOut(uint64_t offset, void* to, size_t n) const override;
+  absl::Status CopyInRuns(std::span<const SlabRun> runs) override;
+  absl::Status CopyOutRuns(std::span<const SlabRun> runs) const override;
   // Pinned: Get answers copied out of the slab go to gRPC from here.
   std::shared_ptr<uint8_t> AllocateHost(size_t n) const override;
   // A cuda::DeviceBuffer, its IPC handle for a same-host GPU client.

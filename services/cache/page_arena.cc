@@ -8,8 +8,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/status.h"
 
 namespace kvtier::cache {
 namespace {
@@ -110,20 +112,31 @@ absl::Status PageArena::ForEachRun(const std::vector<uint32_t>& pages, size_t of
   return absl::OkStatus();
 }
 
+// In a slab, a block's runs go as one copy (a GPU then waits once).
 absl::Status PageArena::Write(const std::vector<uint32_t>& pages, size_t offset, std::string_view data) {
-  return ForEachRun(pages, offset, data.size(), [&](size_t at, size_t done, size_t n) {
-    if (slab_ != nullptr) return slab_->CopyIn(at, data.data() + done, n);
-    std::memcpy(base_ + at, data.data() + done, n);
+  std::vector<SlabRun> runs;
+  KVTIER_RETURN_IF_ERROR(ForEachRun(pages, offset, data.size(), [&](size_t at, size_t done, size_t n) {
+    if (slab_ != nullptr) {
+      runs.push_back({at, n, const_cast<char*>(data.data()) + done});  // read only: a copy in
+    } else {
+      std::memcpy(base_ + at, data.data() + done, n);
+    }
     return absl::OkStatus();
-  });
+  }));
+  return runs.empty() ? absl::OkStatus() : slab_->CopyInRuns(runs);
 }
 
 absl::Status PageArena::Read(const std::vector<uint32_t>& pages, size_t offset, std::span<uint8_t> out) const {
-  return ForEachRun(pages, offset, out.size(), [&](size_t at, size_t done, size_t n) {
-    if (slab_ != nullptr) return slab_->CopyOut(at, out.data() + done, n);
-    std::memcpy(out.data() + done, base_ + at, n);
+  std::vector<SlabRun> runs;
+  KVTIER_RETURN_IF_ERROR(ForEachRun(pages, offset, out.size(), [&](size_t at, size_t done, size_t n) {
+    if (slab_ != nullptr) {
+      runs.push_back({at, n, out.data() + done});
+    } else {
+      std::memcpy(out.data() + done, base_ + at, n);
+    }
     return absl::OkStatus();
-  });
+  }));
+  return runs.empty() ? absl::OkStatus() : slab_->CopyOutRuns(runs);
 }
 
 uint64_t PageArena::SegmentBytes(uint32_t segment) const {

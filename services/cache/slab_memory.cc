@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/status.h"
 
 namespace kvtier::cache {
 namespace {
@@ -26,6 +27,16 @@ absl::StatusOr<std::unique_ptr<StagedHostSlab>> StagedHostSlab::Create(uint64_t 
     return absl::ResourceExhaustedError(absl::StrCat("cannot map ", bytes, " bytes: ", std::strerror(errno)));
   }
   return std::unique_ptr<StagedHostSlab>(new StagedHostSlab(static_cast<uint8_t*>(base), bytes));
+}
+
+absl::Status SlabMemory::CopyInRuns(std::span<const SlabRun> runs) {
+  for (const SlabRun& r : runs) KVTIER_RETURN_IF_ERROR(CopyIn(r.offset, r.host, r.n));
+  return absl::OkStatus();
+}
+
+absl::Status SlabMemory::CopyOutRuns(std::span<const SlabRun> runs) const {
+  for (const SlabRun& r : runs) KVTIER_RETURN_IF_ERROR(CopyOut(r.offset, r.host, r.n));
+  return absl::OkStatus();
 }
 
 StagedHostSlab::~StagedHostSlab() { munmap(base_, size_); }

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -24,6 +25,13 @@ class ExportedBuffer {
   virtual std::string handle() const = 0;
 };
 
+// One piece of a copy between a slab and host memory (a page's run).
+struct SlabRun {
+  uint64_t offset;  // in the slab
+  size_t n;
+  void* host;
+};
+
 // Thread-safe: copies to disjoint ranges may run at once.
 class SlabMemory {
  public:
@@ -35,6 +43,9 @@ class SlabMemory {
   // INTERNAL on failure.
   virtual absl::Status CopyIn(uint64_t offset, const void* from, size_t n) = 0;
   virtual absl::Status CopyOut(uint64_t offset, void* to, size_t n) const = 0;
+  // The same for a block's runs at once (a GPU waits once for them all).
+  virtual absl::Status CopyInRuns(std::span<const SlabRun> runs);
+  virtual absl::Status CopyOutRuns(std::span<const SlabRun> runs) const;
   // A host buffer copies in and out of the slab go fastest through (pinned
   // memory for a GPU), freed when the last owner lets go.
   virtual std::shared_ptr<uint8_t> AllocateHost(size_t n) const = 0;
