@@ -283,7 +283,9 @@ __global__ void QuantizeInt8QuadsKernel(const float* in, uint8_t* out, uint32_t 
 // 8 tokens.
 constexpr uint32_t kInt4GroupTokens = 8;
 
-__global__ void QuantizeInt4QuadsKernel(const float* in, uint8_t* out, uint32_t tokens, uint32_t dim,
+constexpr uint32_t kMaxInt4Threads = 576;  // V2's 72 byte quads x 8 groups; registers for each
+
+__global__ void __launch_bounds__(kMaxInt4Threads) QuantizeInt4QuadsKernel(const float* in, uint8_t* out, uint32_t tokens, uint32_t dim,
                                         size_t block_bytes, unsigned long long* first_bad) {
   extern __shared__ float part[];  // [groups][2][dim]: minimums, maximums
   const uint32_t half = dim / 2, quads = half / 4, q = threadIdx.x % quads, j = threadIdx.x / quads;
@@ -455,9 +457,11 @@ __global__ void DequantizeFp8QuadsKernel(const uint8_t* in, float* out, size_t i
   reinterpret_cast<float4*>(out + token * dim)[c / 4] = make_float4(y[0], y[1], y[2], y[3]);
 }
 
-// Whether the 16-byte kernels take this shape and these buffers.
+// Whether the 16-byte kernels take this shape and these buffers (and every
+// block's scales start 8-byte aligned).
 bool Vectorizable(Codec codec, BlockShape shape, const void* a, const void* b) {
-  const bool aligned = reinterpret_cast<uintptr_t>(a) % 16 == 0 && reinterpret_cast<uintptr_t>(b) % 16 == 0;
+  const bool aligned = reinterpret_cast<uintptr_t>(a) % 16 == 0 && reinterpret_cast<uintptr_t>(b) % 16 == 0 &&
+                       EncodedBytes(codec, shape) % 8 == 0;
   const bool channels = codec == Codec::kFp8 ? shape.latent_dim % kFp8TileSize == 0 && shape.rope_dim % 4 == 0
                                              : shape.dim() % 8 == 0;
   return aligned && channels;
@@ -533,7 +537,7 @@ Status Quantize(Codec codec, BlockShape shape, const float* device_in, uint8_t* 
     case Codec::kInt4: {
       const uint32_t groups = (shape.tokens + kInt4GroupTokens - 1) / kInt4GroupTokens,
                      threads = shape.dim() / 8 * groups;
-      if (wide && threads <= 1024) {
+      if (wide && threads <= kMaxInt4Threads) {
         QuantizeInt4QuadsKernel<<<blocks, threads, sizeof(float) * 2 * groups * shape.dim(), stream>>>(
             device_in, device_out, shape.tokens, shape.dim(), EncodedBytes(codec, shape), first_bad);
         break;

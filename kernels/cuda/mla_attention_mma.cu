@@ -41,12 +41,11 @@ constexpr uint32_t kWarpRope = kRope / kWarps;  // 16: one k-step
 constexpr uint32_t kSteps = (kWarpKv + kWarpRope) / 16;  // 9
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Floats a head's row of partial scores takes: 24 puts the four rows a
-// half-warp's float2 accesses touch in different banks.
-constexpr uint32_t kRedStride = kSub + 8;
-
 struct Shared {
-  float red[2][kWarps][kHeads][kRedStride];  // partial scores, double-buffered
+  // Partial scores, double-buffered: each thread's 4 of each n-tile (its
+  // accumulators), at its lane; the warps' threads of a lane hold the same
+  // positions.
+  float4 red[2][kWarps][2][32];
 };
 
 __device__ inline uint32_t Bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
@@ -172,6 +171,14 @@ __device__ inline void Dequantize(const uint8_t* block, uint32_t t, uint32_t c, 
   }
 }
 
+// 2^x by the hardware's approximation (2 ulp; exp2f adds range handling
+// the scores do not need: they are finite and at most 0 after the max).
+__device__ inline float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // D = A * B + D; A 16x16 (row), B 16x8 (col), fp16 in, fp32 accumulate.
 __device__ inline void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -287,27 +294,21 @@ __global__ void __launch_bounds__(kThreads) TensorCoreKernel(Params p, uint32_t 
         Mma(chain[0], qa[step], kf[step][0][0], kf[step][0][1]);
         Mma(chain[1], qa[step], kf[step][1][0], kf[step][1][1]);
       }
-      float(&red)[kHeads][kRedStride] = s.red[parity][warp];
-#pragma unroll
-      for (uint32_t nt = 0; nt < 2; ++nt) {
-        const uint32_t t = 8 * nt + 2 * t4;
-        *reinterpret_cast<float2*>(&red[g][t]) = make_float2(score[nt][0] + odd[nt][0], score[nt][1] + odd[nt][1]);
-        *reinterpret_cast<float2*>(&red[g + 8][t]) =
-            make_float2(score[nt][2] + odd[nt][2], score[nt][3] + odd[nt][3]);
-      }
+      s.red[parity][warp][0][lane] = make_float4(score[0][0] + odd[0][0], score[0][1] + odd[0][1],
+                                                 score[0][2] + odd[0][2], score[0][3] + odd[0][3]);
+      s.red[parity][warp][1][lane] = make_float4(score[1][0] + odd[1][0], score[1][1] + odd[1][1],
+                                                 score[1][2] + odd[1][2], score[1][3] + odd[1][3]);
       __syncthreads();
 #pragma unroll
       for (uint32_t nt = 0; nt < 2; ++nt) {
-        const uint32_t t = 8 * nt + 2 * t4;
-        float2 lo = make_float2(0.0f, 0.0f), hi = lo;
+        float4 sum = s.red[parity][0][nt][lane];
 #pragma unroll
-        for (uint32_t w = 0; w < kWarps; ++w) {
-          const float2 a = *reinterpret_cast<const float2*>(&s.red[parity][w][g][t]);
-          const float2 c = *reinterpret_cast<const float2*>(&s.red[parity][w][g + 8][t]);
-          lo.x += a.x, lo.y += a.y, hi.x += c.x, hi.y += c.y;
+        for (uint32_t w = 1; w < kWarps; ++w) {
+          const float4 part = s.red[parity][w][nt][lane];
+          sum.x += part.x, sum.y += part.y, sum.z += part.z, sum.w += part.w;
         }
-        score[nt][0] = lo.x * score_scale, score[nt][1] = lo.y * score_scale;
-        score[nt][2] = hi.x * score_scale, score[nt][3] = hi.y * score_scale;
+        score[nt][0] = sum.x * score_scale, score[nt][1] = sum.y * score_scale;
+        score[nt][2] = sum.z * score_scale, score[nt][3] = sum.w * score_scale;
       }
       parity ^= 1;
       // Online softmax of rows g (elements 0, 1) and g + 8 (2, 3); a row's
@@ -319,13 +320,13 @@ __global__ void __launch_bounds__(kThreads) TensorCoreKernel(Params p, uint32_t 
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
         m = fmaxf(m, run_max[r]);
-        rescale[r] = exp2f(run_max[r] - m);  // 0 on the first tokens
+        rescale[r] = Exp2(run_max[r] - m);  // 0 on the first tokens
         run_max[r] = m;
         float sum = 0.0f;
 #pragma unroll
         for (uint32_t nt = 0; nt < 2; ++nt) {
 #pragma unroll
-          for (uint32_t e = 2 * r; e < 2 * r + 2; ++e) sum += (score[nt][e] = exp2f(score[nt][e] - m));
+          for (uint32_t e = 2 * r; e < 2 * r + 2; ++e) sum += (score[nt][e] = Exp2(score[nt][e] - m));
         }
         run_sum[r] = run_sum[r] * rescale[r] + sum;
       }

@@ -2,6 +2,8 @@
 #include <cuda_runtime.h>
 
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "cuda_status.h"
 #include "kvtier/kernels/cuda_slab.h"
@@ -65,13 +67,62 @@ Status DeviceSlab::CopyOut(uint64_t offset, void* to, size_t n) {
   return Copy(to, base_ + offset, n, cudaMemcpyDeviceToHost, "slab copy out");
 }
 
+namespace {
+
+// Freed pinned buffers, kept for the next of the same size: cudaMallocHost
+// of 1 MB costs about a millisecond (page locking), fifty times the copy a
+// tier move or a Get from the device tier needs the buffer for.
+class PinnedPool {
+ public:
+  static PinnedPool& Get() {
+    static PinnedPool* pool = new PinnedPool();  // outlives every buffer
+    return *pool;
+  }
+  uint8_t* Take(size_t n) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = free_.find(n);
+      if (it != free_.end()) {
+        uint8_t* p = it->second;
+        free_.erase(it);
+        kept_ -= n;
+        return p;
+      }
+    }
+    void* p = nullptr;
+    if (cudaMallocHost(&p, n) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return static_cast<uint8_t*>(p);
+  }
+  void Give(uint8_t* p, size_t n) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (kept_ + n <= kKeptBytes) {
+        free_.emplace(n, p);
+        kept_ += n;
+        return;
+      }
+    }
+    cudaFreeHost(p);
+  }
+
+ private:
+  static constexpr size_t kKeptBytes = size_t{256} << 20;
+  std::mutex mu_;
+  std::multimap<size_t, uint8_t*> free_;
+  size_t kept_ = 0;
+};
+
+}  // namespace
+
 std::shared_ptr<uint8_t> DeviceSlab::AllocatePinned(size_t n) {
-  void* p = nullptr;
-  if (cudaMallocHost(&p, n) != cudaSuccess) {
-    cudaGetLastError();
+  uint8_t* p = PinnedPool::Get().Take(n);
+  if (p == nullptr) {
     return std::shared_ptr<uint8_t>(new uint8_t[n], std::default_delete<uint8_t[]>());  // pageable, still correct
   }
-  return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { cudaFreeHost(q); });
+  return std::shared_ptr<uint8_t>(p, [n](uint8_t* q) { PinnedPool::Get().Give(q, n); });
 }
 
 Status DeviceSlab::CopyRuns(std::span<const SlabRun> runs, bool in) {

@@ -112,12 +112,30 @@ absl::Status PageArena::ForEachRun(const std::vector<uint32_t>& pages, size_t of
   return absl::OkStatus();
 }
 
+namespace {
+
+// Appends `run`, or extends the last run when `run` continues it in both
+// memories: a block's pages are often adjacent, and a GPU copies one long
+// run much faster than many 64 KB ones.
+void AddRun(std::vector<SlabRun>& runs, const SlabRun& run) {
+  if (!runs.empty()) {
+    SlabRun& last = runs.back();
+    if (last.offset + last.n == run.offset && static_cast<uint8_t*>(last.host) + last.n == run.host) {
+      last.n += run.n;
+      return;
+    }
+  }
+  runs.push_back(run);
+}
+
+}  // namespace
+
 // In a slab, a block's runs go as one copy (a GPU then waits once).
 absl::Status PageArena::Write(const std::vector<uint32_t>& pages, size_t offset, std::string_view data) {
   std::vector<SlabRun> runs;
   KVTIER_RETURN_IF_ERROR(ForEachRun(pages, offset, data.size(), [&](size_t at, size_t done, size_t n) {
     if (slab_ != nullptr) {
-      runs.push_back({at, n, const_cast<char*>(data.data()) + done});  // read only: a copy in
+      AddRun(runs, {at, n, const_cast<char*>(data.data()) + done});  // read only: a copy in
     } else {
       std::memcpy(base_ + at, data.data() + done, n);
     }
@@ -130,7 +148,7 @@ absl::Status PageArena::Read(const std::vector<uint32_t>& pages, size_t offset, 
   std::vector<SlabRun> runs;
   KVTIER_RETURN_IF_ERROR(ForEachRun(pages, offset, out.size(), [&](size_t at, size_t done, size_t n) {
     if (slab_ != nullptr) {
-      runs.push_back({at, n, out.data() + done});
+      AddRun(runs, {at, n, out.data() + done});
     } else {
       std::memcpy(out.data() + done, base_ + at, n);
     }

@@ -49,7 +49,8 @@ class DeviceSlab {
   // Copies [offset, offset + n) of the slab to other device memory (a
   // DeviceBuffer) on the slab's stream, and waits.
   Status CopyToDevice(uint64_t offset, void* device_to, size_t n);
-  // Page-locked host memory, freed when the last owner lets go.
+  // Page-locked host memory, given back when the last owner lets go (kept,
+  // up to 256 MB, for the next buffer of its size).
   static std::shared_ptr<uint8_t> AllocatePinned(size_t n);
   int device() const { return device_; }
 
