@@ -251,7 +251,7 @@ Status PagedMlaDecode(const MlaShape& shape, const PagedLatents& latents, uint32
   // splitting long sequences into ranges of whole blocks.
   int per_sm = 2;
   if (tensor_cores) {
-    if (const cudaError_t e = internal::TensorCoreBlocksPerSm(latents.codec, block_bytes, &per_sm); e != cudaSuccess) {
+    if (const cudaError_t e = internal::TensorCoreBlocksPerSm(latents.codec, &per_sm); e != cudaSuccess) {
       return CudaError(e, "cuda::PagedMlaDecode occupancy");
     }
   }

@@ -52,7 +52,7 @@ inline bool TensorCoreShape(const MlaShape& shape, const PagedLatents& latents, 
 }
 
 // How many of the tensor-core kernel's CUDA blocks fit on a multiprocessor.
-cudaError_t TensorCoreBlocksPerSm(Codec codec, size_t block_bytes, int* blocks);
+cudaError_t TensorCoreBlocksPerSm(Codec codec, int* blocks);
 
 // Launches the tensor-core kernel over `grid_splits` splits of whole blocks
 // (no tails), grid (splits, head groups of 16, batch). Returns the launch

@@ -1,15 +1,15 @@
 // Paged MLA decode attention on tensor cores, for blocks of 64 tokens of
 // 512 + 64 (DeepSeek-V2/V3) in every codec. The kernel is memory-bound, and
 // what limits it is shared memory's bandwidth, so a latent byte passes
-// through shared memory once: from the pool by cp.async (two blocks in
-// flight), then straight into registers, dequantized to fp16, as the
-// operands of the tensor cores' products.
+// through shared memory once: from the pool by cp.async (in stages of 16
+// tokens, three in flight), then straight into registers, dequantized to
+// fp16, as the operands of the tensor cores' products.
 //
 // One CUDA block (4 warps) per (split, group of 16 heads, sequence); the 16
 // heads are the M dimension of mma.m16n8k16 (fp16 in, fp32 out). Warp w owns
 // latent channels [128w, 128w + 128) and rope channels [512 + 16w, +16): its
-// query fragments and its channels' scales stay in registers. Per 16
-// tokens, a thread dequantizes 16 consecutive channels of a token at a time
+// query fragments and its channels' scales stay in registers. Per stage, a
+// thread dequantizes 16 consecutive channels of a token at a time
 // into the key operand of the scores: the order of k inside an mma is free,
 // so thread t4 of a row takes channels 16 t4 + 4j .. + 3 at k-step j, and
 // the query's fragments follow the same order. The four warps' partial
@@ -40,6 +40,23 @@ constexpr uint32_t kWarpKv = kKv / kWarps;      // 128: two groups of 64
 constexpr uint32_t kWarpRope = kRope / kWarps;  // 16: one k-step
 constexpr uint32_t kSteps = (kWarpKv + kWarpRope) / 16;  // 9
 constexpr float kLog2e = 1.4426950408889634f;
+// The pool is read in stages of 16 tokens (a block's per-channel constants
+// come with its first), a ring of 4 in shared memory, 3 in flight.
+constexpr uint32_t kStages = 4;
+constexpr uint32_t kStagesPerBlock = kTokens / kSub;
+
+// A stored block's per-channel constants (int8: scales; int4: scales and
+// minimums), before its tokens, and the bytes a token takes.
+constexpr uint32_t PrefixBytes(Codec codec) {
+  return codec == Codec::kInt8 ? 2 * kDim : codec == Codec::kInt4 ? 4 * kDim : 0;
+}
+constexpr uint32_t RowBytes(Codec codec) {
+  return codec == Codec::kBf16 ? 2 * kDim : codec == Codec::kInt8 ? kDim : codec == Codec::kInt4 ? kDim / 2
+                                                                        : kKv + 16 + 2 * kRope;
+}
+// A stage: the prefix, then 16 tokens' rows, so that a stage reads as a
+// block of 16 tokens.
+constexpr uint32_t StageBytes(Codec codec) { return PrefixBytes(codec) + kSub * RowBytes(codec); }
 
 struct Shared {
   // Partial scores, double-buffered: each thread's 4 of each n-tile (its
@@ -201,12 +218,14 @@ __device__ inline void CopyAsync16(void* shared, const void* global) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(global));
 }
 __device__ inline void CommitCopies() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ inline void WaitForAllButLatestCopies() { asm volatile("cp.async.wait_group 1;\n" ::); }
+// All but the latest kStages - 2 groups: the stage about to be read.
+__device__ inline void WaitForStage() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2)); }
 
 template <Codec kCodec>
-__global__ void __launch_bounds__(kThreads) TensorCoreKernel(Params p, uint32_t raw_bytes) {
+__global__ void __launch_bounds__(kThreads) TensorCoreKernel(Params p) {
+  constexpr uint32_t kPrefix = PrefixBytes(kCodec), kRow = RowBytes(kCodec), kStage = StageBytes(kCodec);
   extern __shared__ __align__(16) unsigned char smem[];
-  Shared& s = *reinterpret_cast<Shared*>(smem + 2 * raw_bytes);
+  Shared& s = *reinterpret_cast<Shared*>(smem + kStages * kStage);
   const uint32_t split = p.split_base + blockIdx.x, b = blockIdx.z;
   const uint32_t h0 = blockIdx.y * kHeads, heads = min(kHeads, p.shape.heads - h0);
   const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -223,25 +242,33 @@ __global__ void __launch_bounds__(kThreads) TensorCoreKernel(Params p, uint32_t 
   const uint32_t blocks = static_cast<uint32_t>(nblocks);
   const uint32_t count = first < blocks ? min(first + p.blocks_per_split, blocks) - first : 0;
   const int32_t* table = L.block_table + static_cast<size_t>(table_row) * L.max_blocks_per_sequence + first;
-  // Block k of this split into raw buffer k % 2 (the start of shared
-  // memory); a group is committed even when empty, so that "all but the
-  // latest group" always means block k.
-  auto fetch = [&](uint32_t k) {
-    if (k < count) {
-      const int32_t index = table[k];
+  // Stage i (tokens 16 (i % 4).. of the split's block i / 4) into buffer
+  // i % kStages; a group is committed even when empty, so that the wait
+  // always means stage i.
+  const uint32_t stages = kStagesPerBlock * count;
+  auto fetch = [&](uint32_t i) {
+    if (i < stages) {
+      const int32_t index = table[i / kStagesPerBlock];
       if (index < 0 || static_cast<uint32_t>(index) >= L.pool_blocks) {
         if (threadIdx.x == 0) NoteBadInput(p.bad, b, kBadBlockIndex);
       } else {
         const unsigned char* from = L.pool + size_t(index) * p.block_bytes;
-        for (uint32_t i = threadIdx.x; i < p.block_bytes / 16; i += kThreads) {
-          CopyAsync16(smem + (k % 2) * raw_bytes + 16 * i, from + 16 * i);
+        unsigned char* to = smem + (i % kStages) * kStage;
+        const uint32_t quarter = i % kStagesPerBlock;
+        if constexpr (kPrefix > 0) {
+          if (quarter == 0) {
+            for (uint32_t j = threadIdx.x; j < kPrefix / 16; j += kThreads) CopyAsync16(to + 16 * j, from + 16 * j);
+          }
+        }
+        from += kPrefix + quarter * kSub * kRow;
+        for (uint32_t j = threadIdx.x; j < kSub * kRow / 16; j += kThreads) {
+          CopyAsync16(to + kPrefix + 16 * j, from + 16 * j);
         }
       }
     }
     CommitCopies();
   };
-  fetch(0);
-  fetch(1);
+  for (uint32_t i = 0; i + 1 < kStages; ++i) fetch(i);
 
   // The query's fragments, in the keys' k order, fp16 (padding heads 0).
   uint32_t qa[kSteps][4];
@@ -262,13 +289,17 @@ __global__ void __launch_bounds__(kThreads) TensorCoreKernel(Params p, uint32_t 
   const float score_scale = p.scale * kLog2e;
   uint32_t parity = 0;
 
-  for (uint32_t k = 0; k < count; ++k) {
-    WaitForAllButLatestCopies();
+  ChannelConstants constants;
+  for (uint32_t i = 0; i < stages; ++i) {
+    WaitForStage();
     __syncthreads();
-    const uint8_t* block = smem + (k % 2) * raw_bytes;
-    ChannelConstants constants;
-    LoadConstants<kCodec>(block, warp, t4, constants);
-    for (uint32_t t0 = 0; t0 < kTokens; t0 += kSub) {
+    // Every warp has passed its last read of stage i - 1 (before the
+    // barrier above): its buffer takes stage i + kStages - 1.
+    fetch(i + kStages - 1);
+    const uint8_t* block = smem + (i % kStages) * kStage;
+    if (i % kStagesPerBlock == 0) LoadConstants<kCodec>(block, warp, t4, constants);
+    {
+      constexpr uint32_t t0 = 0;
       // The keys: kf[step][nt] = (k = 2 t4.., k = 8 + 2 t4..) of token t0 + 8 nt + g.
       uint32_t kf[kSteps][2][2];
 #pragma unroll
@@ -351,7 +382,6 @@ __global__ void __launch_bounds__(kThreads) TensorCoreKernel(Params p, uint32_t 
         }
       }
     }
-    fetch(k + 2);  // every warp has passed its last read of this buffer (the barrier above)
   }
   // The quad's shares of each row's sum.
 #pragma unroll
@@ -378,11 +408,11 @@ __global__ void __launch_bounds__(kThreads) TensorCoreKernel(Params p, uint32_t 
   }
 }
 
-// Shared memory: two raw blocks, then Shared.
-int SharedBytes(size_t block_bytes) { return static_cast<int>(2 * block_bytes + sizeof(Shared)); }
+// Shared memory: the ring of stages, then Shared.
+int SharedBytes(Codec codec) { return static_cast<int>(kStages * StageBytes(codec) + sizeof(Shared)); }
 
 // The kernel for `codec`, its shared-memory limit raised to what it takes.
-cudaError_t KernelFor(Codec codec, size_t block_bytes, void (**kernel)(Params, uint32_t)) {
+cudaError_t KernelFor(Codec codec, void (**kernel)(Params)) {
   switch (codec) {
     case Codec::kBf16:
       *kernel = TensorCoreKernel<Codec::kBf16>;
@@ -399,23 +429,22 @@ cudaError_t KernelFor(Codec codec, size_t block_bytes, void (**kernel)(Params, u
     default:
       return cudaErrorInvalidValue;
   }
-  return cudaFuncSetAttribute(*kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SharedBytes(block_bytes));
+  return cudaFuncSetAttribute(*kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SharedBytes(codec));
 }
 
 }  // namespace
 
-cudaError_t TensorCoreBlocksPerSm(Codec codec, size_t block_bytes, int* blocks) {
-  void (*kernel)(Params, uint32_t) = nullptr;
-  if (const cudaError_t e = KernelFor(codec, block_bytes, &kernel); e != cudaSuccess) return e;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kThreads, SharedBytes(block_bytes));
+cudaError_t TensorCoreBlocksPerSm(Codec codec, int* blocks) {
+  void (*kernel)(Params) = nullptr;
+  if (const cudaError_t e = KernelFor(codec, &kernel); e != cudaSuccess) return e;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kThreads, SharedBytes(codec));
 }
 
 cudaError_t LaunchTensorCorePartials(const Params& p, uint32_t grid_splits, uint32_t batch, cudaStream_t stream) {
-  void (*kernel)(Params, uint32_t) = nullptr;
-  if (const cudaError_t e = KernelFor(p.latents.codec, p.block_bytes, &kernel); e != cudaSuccess) return e;
+  void (*kernel)(Params) = nullptr;
+  if (const cudaError_t e = KernelFor(p.latents.codec, &kernel); e != cudaSuccess) return e;
   const uint32_t groups = (p.shape.heads + kHeads - 1) / kHeads;
-  kernel<<<dim3(grid_splits, groups, batch), kThreads, SharedBytes(p.block_bytes), stream>>>(
-      p, static_cast<uint32_t>(p.block_bytes));
+  kernel<<<dim3(grid_splits, groups, batch), kThreads, SharedBytes(p.latents.codec), stream>>>(p);
   return cudaGetLastError();
 }
 
