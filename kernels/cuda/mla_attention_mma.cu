@@ -2,7 +2,7 @@
 // 512 + 64 (DeepSeek-V2/V3) in every codec. The kernel is memory-bound, and
 // what limits it is shared memory's bandwidth, so a latent byte passes
 // through shared memory once: from the pool by cp.async (in stages of 16
-// tokens, several in flight), then straight into registers, dequantized to
+// tokens, three in flight), then straight into registers, dequantized to
 // fp16, as the operands of the tensor cores' products.
 //
 // One CUDA block (4 warps) per (split, group of 16 heads, sequence); the 16
@@ -41,13 +41,12 @@ constexpr uint32_t kWarpRope = kRope / kWarps;  // 16: one k-step
 constexpr uint32_t kSteps = (kWarpKv + kWarpRope) / 16;  // 9
 constexpr float kLog2e = 1.4426950408889634f;
 // The pool is read in stages of 16 tokens (a block's per-channel constants
-// come with its first), a ring in shared memory with all but one in flight:
-// 4 stages of bf16 (18 KB each; two CUDA blocks a multiprocessor), 8 of the
-// smaller codecs (6.8-10.4 KB), so that each multiprocessor has 100-150 KB
-// on the way (int8 with 4 stages ran at 48% of the copy rate, against 54%
-// with two whole blocks).
+// come with its first), a ring of 4 in shared memory, 3 in flight. Measured
+// on an H200 at 128 x 64k tokens, % of the copy rate (bf16, fp8, int8,
+// int4): 83, 59, 48, 25 this way; 57, 52, 54, 30 with two whole blocks in
+// flight; 83, 49, 47, 25 with 8 stages for all but bf16.
+constexpr uint32_t kStages = 4;
 constexpr uint32_t kStagesPerBlock = kTokens / kSub;
-constexpr uint32_t Stages(Codec codec) { return codec == Codec::kBf16 ? 4 : 8; }
 
 // A stored block's per-channel constants (int8: scales; int4: scales and
 // minimums), before its tokens, and the bytes a token takes.
@@ -223,15 +222,11 @@ __device__ inline void CopyAsync16(void* shared, const void* global) {
 }
 __device__ inline void CommitCopies() { asm volatile("cp.async.commit_group;\n" ::); }
 // All but the latest kStages - 2 groups: the stage about to be read.
-template <uint32_t kStages>
-__device__ inline void WaitForStage() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2));
-}
+__device__ inline void WaitForStage() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2)); }
 
 template <Codec kCodec>
 __global__ void __launch_bounds__(kThreads) TensorCoreKernel(Params p) {
   constexpr uint32_t kPrefix = PrefixBytes(kCodec), kRow = RowBytes(kCodec), kStage = StageBytes(kCodec);
-  constexpr uint32_t kStages = Stages(kCodec);
   extern __shared__ __align__(16) unsigned char smem[];
   Shared& s = *reinterpret_cast<Shared*>(smem + kStages * kStage);
   const uint32_t split = p.split_base + blockIdx.x, b = blockIdx.z;
@@ -299,7 +294,7 @@ __global__ void __launch_bounds__(kThreads) TensorCoreKernel(Params p) {
 
   ChannelConstants constants;
   for (uint32_t i = 0; i < stages; ++i) {
-    WaitForStage<kStages>();
+    WaitForStage();
     __syncthreads();
     // Every warp has passed its last read of stage i - 1 (before the
     // barrier above): its buffer takes stage i + kStages - 1.
@@ -417,7 +412,7 @@ __global__ void __launch_bounds__(kThreads) TensorCoreKernel(Params p) {
 }
 
 // Shared memory: the ring of stages, then Shared.
-int SharedBytes(Codec codec) { return static_cast<int>(Stages(codec) * StageBytes(codec) + sizeof(Shared)); }
+int SharedBytes(Codec codec) { return static_cast<int>(kStages * StageBytes(codec) + sizeof(Shared)); }
 
 // The kernel for `codec`, its shared-memory limit raised to what it takes.
 cudaError_t KernelFor(Codec codec, void (**kernel)(Params)) {
