@@ -1,12 +1,15 @@
 // PageArena's shared segments changing owner: what the new owner and any
-// old reader can see, and that a segment no reader has is reused in place.
+// old reader can see, and that a segment no reader has is reused in place;
+// and over a slab, the runs a block's pages are copied in.
 #include "services/cache/page_arena.h"
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -97,6 +100,62 @@ TEST(PageArenaTest, ASegmentAReaderHadGetsANewMemfdAndTheReaderOnlyZeros) {
   ASSERT_TRUE(arena->Allocate(1, "tenant-c", pages));
   EXPECT_EQ(arena->SegmentFd(0), b_fd);
   EXPECT_TRUE(AllZero(SegmentBytes(*arena)));
+}
+
+// Host memory behind the slab contract that records each batch of runs.
+class RecordingSlab final : public SlabMemory {
+ public:
+  explicit RecordingSlab(uint64_t bytes) : slab_(*StagedHostSlab::Create(bytes)) {}
+  uint64_t size() const override { return slab_->size(); }
+  std::string name() const override { return "recording"; }
+  absl::Status CopyIn(uint64_t offset, const void* from, size_t n) override { return slab_->CopyIn(offset, from, n); }
+  absl::Status CopyOut(uint64_t offset, void* to, size_t n) const override { return slab_->CopyOut(offset, to, n); }
+  absl::Status CopyInRuns(std::span<const SlabRun> runs) override {
+    batches.emplace_back(runs.begin(), runs.end());
+    return SlabMemory::CopyInRuns(runs);
+  }
+  absl::Status CopyOutRuns(std::span<const SlabRun> runs) const override {
+    batches.emplace_back(runs.begin(), runs.end());
+    return SlabMemory::CopyOutRuns(runs);
+  }
+  std::shared_ptr<uint8_t> AllocateHost(size_t n) const override { return slab_->AllocateHost(n); }
+  mutable std::vector<std::vector<SlabRun>> batches;
+
+ private:
+  std::unique_ptr<StagedHostSlab> slab_;
+};
+
+// A block over pages 0, 1 and 3 of a slab goes as one batch of two runs
+// each way (pages 0 and 1 adjacent in both memories: one run), and its
+// bytes come back.
+TEST(PageArenaTest, ABlocksAdjacentPagesAreOneRunInOneBatch) {
+  auto slab = std::make_shared<RecordingSlab>(4 * kPage);
+  absl::StatusOr<std::unique_ptr<PageArena>> arena =
+      PageArena::Create({.capacity = 4 * kPage, .page_size = kPage, .segment_pages = 4, .shared = false, .slab = slab});
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  std::vector<uint32_t> all;
+  ASSERT_TRUE((*arena)->Allocate(4, "ns", all));
+  const std::vector<uint32_t> pages = {0, 1, 3};
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (const size_t offset : {size_t{0}, size_t{kPage / 2}}) {
+    std::string bytes(2 * kPage + (offset == 0 ? kPage : 0), '\0');
+    for (char& c : bytes) c = static_cast<char>(byte(rng.engine()));
+    slab->batches.clear();
+    ASSERT_TRUE((*arena)->Write(pages, offset, bytes).ok());
+    std::string back(bytes.size(), '\0');
+    ASSERT_TRUE((*arena)->Read(pages, offset, std::span(reinterpret_cast<uint8_t*>(back.data()), back.size())).ok());
+    EXPECT_EQ(back, bytes);
+    ASSERT_EQ(slab->batches.size(), 2u);  // the write, the read
+    for (const std::vector<SlabRun>& runs : slab->batches) {
+      ASSERT_EQ(runs.size(), 2u);
+      EXPECT_EQ(runs[0].offset, offset);
+      EXPECT_EQ(runs[0].n, 2 * kPage - offset);
+      EXPECT_EQ(runs[1].offset, 3 * kPage);
+      EXPECT_EQ(runs[1].n, bytes.size() - runs[0].n);
+    }
+  }
 }
 
 }  // namespace
