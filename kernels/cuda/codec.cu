@@ -34,6 +34,12 @@ __global__ void DequantizeBf16Kernel(const uint16_t* in, float* out, size_t n) {
   if (i < n) out[i] = Bf16ToFloat(in[i]);
 }
 
+// An int8 code's byte: the product rounded first, then to the nearest
+// integer (ties to even), within +-127.
+__device__ uint8_t Int8Code(float x, float inv) {
+  return static_cast<uint8_t>(static_cast<int8_t>(fminf(fmaxf(rintf(__fmul_rn(x, inv)), -127.0f), 127.0f)));
+}
+
 // One CUDA block per latent block, one thread per channel (strided when the
 // channels outnumber the threads): the channel's max over the tokens, its
 // bf16 scale rounded up, then the codes. Adjacent threads read adjacent
@@ -54,9 +60,7 @@ __global__ void QuantizeInt8Kernel(const float* in, uint8_t* out, uint32_t token
     const float inv = __fdiv_rn(1.0f, Bf16ToFloat(bits));
     int8_t* codes = reinterpret_cast<int8_t*>(o + 2 * size_t{dim});
     for (uint32_t t = 0; t < tokens; ++t) {
-      // The product rounded first, then to the nearest integer, ties to even.
-      const float q = fminf(fmaxf(rintf(__fmul_rn(x[size_t{t} * dim + c], inv)), -127.0f), 127.0f);
-      codes[size_t{t} * dim + c] = static_cast<int8_t>(q);
+      codes[size_t{t} * dim + c] = static_cast<int8_t>(Int8Code(x[size_t{t} * dim + c], inv));
     }
   }
 }
@@ -279,10 +283,7 @@ __global__ void QuantizeInt8QuadsKernel(const float* in, uint8_t* out, uint32_t 
     const uint32_t t = kGroupTokens * j + i;
     if (t >= tokens) break;
     uint32_t packed = 0;
-    for (uint32_t e = 0; e < 4; ++e) {
-      const float code = fminf(fmaxf(rintf(__fmul_rn(Lane(v[i], e), inv[e])), -127.0f), 127.0f);
-      packed |= uint32_t{static_cast<uint8_t>(static_cast<int8_t>(code))} << (8 * e);
-    }
+    for (uint32_t e = 0; e < 4; ++e) packed |= uint32_t{Int8Code(Lane(v[i], e), inv[e])} << (8 * e);
     reinterpret_cast<uint32_t*>(codes + size_t{t} * dim)[q] = packed;
   }
 }
