@@ -1,6 +1,7 @@
 // Paged MLA decode attention on tensor cores, for blocks of 64 tokens of
-// 512 + 64 (DeepSeek-V2/V3) in every codec. The kernel is memory-bound, and
-// what limits it is shared memory's bandwidth, so a latent byte passes
+// 512 + 64 (DeepSeek-V2/V3) in every codec. The kernel is memory-bound; its
+// first version was held back by shared memory's bandwidth (each latent
+// byte went through it about 11 times), so a latent byte now passes
 // through shared memory once: from the pool by cp.async (in stages of 16
 // tokens, three in flight), then straight into registers, dequantized to
 // fp16, as the operands of the tensor cores' products.
@@ -302,12 +303,11 @@ __global__ void __launch_bounds__(kThreads) TensorCoreKernel(Params p) {
     const uint8_t* block = smem + (i % kStages) * kStage;
     if (i % kStagesPerBlock == 0) LoadConstants<kCodec>(block, warp, t4, constants);
     {
-      constexpr uint32_t t0 = 0;
-      // The keys: kf[step][nt] = (k = 2 t4.., k = 8 + 2 t4..) of token t0 + 8 nt + g.
+      // The keys: kf[step][nt] = (k = 2 t4.., k = 8 + 2 t4..) of the stage's token 8 nt + g.
       uint32_t kf[kSteps][2][2];
 #pragma unroll
       for (uint32_t nt = 0; nt < 2; ++nt) {
-        const uint32_t t = t0 + 8 * nt + g;
+        const uint32_t t = 8 * nt + g;
 #pragma unroll
         for (uint32_t group = 0; group < 2; ++group) {
           uint32_t v[8];
