@@ -23,6 +23,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <iterator>
 #include <numeric>
 #include <random>
 #include <string>
@@ -329,10 +331,16 @@ bool SharedRowsMatchCopies() {
 // --profile CODEC CONTEXT BATCH: that one benchmark case, run three times
 // (for a profiler: ncu --launch-skip 1 --launch-count 1).
 int Profile(const char* codec_name, uint32_t context, uint32_t batch) {
-  Codec codec = Codec::kInt8;
-  for (Codec c : kAllCodecs) {
-    if (std::string(CodecName(c)) == codec_name) codec = c;
+  const Codec* codec_it = std::find_if(std::begin(kAllCodecs), std::end(kAllCodecs),
+                                       [&](Codec c) { return std::string(CodecName(c)) == codec_name; });
+  if (codec_it == std::end(kAllCodecs) || context < kTpb || batch == 0) {
+    std::fprintf(stderr, "--profile CODEC CONTEXT BATCH: a codec (bf16, fp8, int8, int4), at least %u tokens, "
+                 "at least 1 sequence\n", kTpb);
+    return 2;
   }
+  const Codec codec = *codec_it;
+  std::string why;
+  if (!cuda::DevicePresent(&why)) return std::printf("SKIPPED: no GPU (%s)\n", why.c_str()), 77;
   constexpr uint32_t kHeads = 16;
   const uint32_t blocks = context / kTpb;
   const size_t block_bytes = EncodedBytes(codec, kBlockShape);
@@ -403,8 +411,8 @@ int Main(bool benchmark) {
 // --no-benchmark: the checks alone (as under compute-sanitizer).
 int main(int argc, char** argv) {
   if (argc == 5 && std::string(argv[1]) == "--profile") {
-    return kvtier::kernels::Profile(argv[2], static_cast<uint32_t>(std::stoul(argv[3])),
-                                    static_cast<uint32_t>(std::stoul(argv[4])));
+    return kvtier::kernels::Profile(argv[2], static_cast<uint32_t>(std::strtoul(argv[3], nullptr, 10)),
+                                    static_cast<uint32_t>(std::strtoul(argv[4], nullptr, 10)));
   }
   return kvtier::kernels::Main(!(argc > 1 && std::string(argv[1]) == "--no-benchmark"));
 }
