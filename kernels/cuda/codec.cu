@@ -19,14 +19,20 @@ constexpr unsigned long long kNoBadValue = ~0ull;
 
 __device__ void NoteBad(unsigned long long index, unsigned long long* first_bad) { atomicMin(first_bad, index); }
 
+// x rounded to bf16; value `index` noted when that is not finite (NaN, inf,
+// or beyond the bf16 range).
+__device__ uint16_t Bf16Noting(float x, unsigned long long index, unsigned long long* first_bad) {
+  const uint16_t h = FloatToBf16(x);
+  if ((h & 0x7f80u) == 0x7f80u) NoteBad(index, first_bad);
+  return h;
+}
+
 // One thread per value: round to bf16, note the first value that is not
-// finite in bf16 (NaN, inf, or beyond the bf16 range).
+// finite in bf16.
 __global__ void QuantizeBf16Kernel(const float* in, uint16_t* out, size_t n, unsigned long long* first_bad) {
   const size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
   if (i >= n) return;
-  const uint16_t h = FloatToBf16(in[i]);
-  if ((h & 0x7f80u) == 0x7f80u) NoteBad(i, first_bad);
-  out[i] = h;
+  out[i] = Bf16Noting(in[i], i, first_bad);
 }
 
 __global__ void DequantizeBf16Kernel(const uint16_t* in, float* out, size_t n) {
@@ -158,8 +164,7 @@ __global__ void QuantizeFp8Kernel(const float* in, uint8_t* out, size_t token_co
   uint8_t* o = out + token * token_bytes;
   if (part == tiles) {  // rope: bf16, as is
     for (uint32_t c = 0; c < rope; ++c) {
-      const uint16_t h = FloatToBf16(x[latent + c]);
-      if ((h & 0x7f80u) == 0x7f80u) NoteBad(token * dim + latent + c, first_bad);
+      const uint16_t h = Bf16Noting(x[latent + c], token * dim + latent + c, first_bad);
       std::memcpy(o + latent + 4 * size_t{tiles} + 2 * c, &h, 2);
     }
     return;
@@ -212,9 +217,7 @@ __global__ void QuantizeBf16x8Kernel(const float* in, uint16_t* out, size_t n8, 
   const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
   uint32_t packed[4];
   for (uint32_t k = 0; k < 8; k += 2) {
-    const uint16_t lo = FloatToBf16(x[k]), hi = FloatToBf16(x[k + 1]);
-    if ((lo & 0x7f80u) == 0x7f80u) NoteBad(8 * i + k, first_bad);
-    if ((hi & 0x7f80u) == 0x7f80u) NoteBad(8 * i + k + 1, first_bad);
+    const uint16_t lo = Bf16Noting(x[k], 8 * i + k, first_bad), hi = Bf16Noting(x[k + 1], 8 * i + k + 1, first_bad);
     packed[k / 2] = lo | uint32_t{hi} << 16;
   }
   reinterpret_cast<uint4*>(out)[i] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
@@ -434,9 +437,8 @@ __global__ void QuantizeFp8WarpKernel(const float* in, uint8_t* out, size_t toke
   }
   for (uint32_t c = 2 * lane; c < rope; c += 64) {
     const float2 raw = *reinterpret_cast<const float2*>(x + latent + c);
-    const uint16_t lo = FloatToBf16(raw.x), hi = FloatToBf16(raw.y);
-    if ((lo & 0x7f80u) == 0x7f80u) NoteBad(token * dim + latent + c, first_bad);
-    if ((hi & 0x7f80u) == 0x7f80u) NoteBad(token * dim + latent + c + 1, first_bad);
+    const uint16_t lo = Bf16Noting(raw.x, token * dim + latent + c, first_bad);
+    const uint16_t hi = Bf16Noting(raw.y, token * dim + latent + c + 1, first_bad);
     *reinterpret_cast<uint32_t*>(o + latent + 4 * size_t{tiles} + 2 * size_t{c}) = lo | uint32_t{hi} << 16;
   }
 }
