@@ -408,11 +408,11 @@ int Main(bool benchmark) {
 }  // namespace
 }  // namespace kvtier::kernels
 
-// --no-benchmark: the checks alone (as under compute-sanitizer).
+// --profile runs one benchmark case; --no-benchmark the checks alone.
 int main(int argc, char** argv) {
   if (argc == 5 && std::string(argv[1]) == "--profile") {
     return kvtier::kernels::Profile(argv[2], static_cast<uint32_t>(std::strtoul(argv[3], nullptr, 10)),
                                     static_cast<uint32_t>(std::strtoul(argv[4], nullptr, 10)));
   }
-  return kvtier::kernels::Main(!(argc > 1 && std::string(argv[1]) == "--no-benchmark"));
+  return kvtier::kernels::Main(kvtier::kernels::check::WantBenchmark(argc, argv));
 }

@@ -188,7 +188,4 @@ int Main(bool benchmark) {
 }  // namespace
 }  // namespace kvtier::kernels
 
-// --no-benchmark: the checks alone (as under compute-sanitizer).
-int main(int argc, char** argv) {
-  return kvtier::kernels::Main(!(argc > 1 && std::string(argv[1]) == "--no-benchmark"));
-}
+int main(int argc, char** argv) { return kvtier::kernels::Main(kvtier::kernels::check::WantBenchmark(argc, argv)); }

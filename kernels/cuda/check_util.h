@@ -7,9 +7,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <vector>
 
 namespace kvtier::kernels::check {
+
+// False when the program was asked for its checks alone (`--no-benchmark`,
+// as under compute-sanitizer).
+inline bool WantBenchmark(int argc, char** argv) { return !(argc > 1 && std::strcmp(argv[1], "--no-benchmark") == 0); }
 
 // A device copy of `host` (freed by the caller with cudaFree).
 template <typename T>
