@@ -58,13 +58,13 @@ Status DeviceSlab::Copy(void* to, const void* from, size_t n, int kind, const ch
 }
 
 Status DeviceSlab::CopyIn(uint64_t offset, const void* from, size_t n) {
-  if (Status s = CheckRange(offset, n, size_); !s.ok()) return s;
-  return Copy(base_ + offset, from, n, cudaMemcpyHostToDevice, "slab copy in");
+  const SlabRun run{offset, n, const_cast<void*>(from)};  // read only: a copy in
+  return CopyRuns({&run, 1}, true);
 }
 
 Status DeviceSlab::CopyOut(uint64_t offset, void* to, size_t n) {
-  if (Status s = CheckRange(offset, n, size_); !s.ok()) return s;
-  return Copy(to, base_ + offset, n, cudaMemcpyDeviceToHost, "slab copy out");
+  const SlabRun run{offset, n, to};
+  return CopyRuns({&run, 1}, false);
 }
 
 namespace {

@@ -56,7 +56,8 @@ class DeviceSlab {
 
  private:
   DeviceSlab() = default;
-  // One cudaMemcpyAsync (a cudaMemcpyKind) on the slab's stream, waited for.
+  // One cudaMemcpyAsync (a cudaMemcpyKind) on the slab's stream, waited for
+  // (device to device: CopyToDevice).
   Status Copy(void* to, const void* from, size_t n, int kind, const char* what);
   // A cudaMemcpyAsync per run (slab to host, or host to slab), one wait.
   Status CopyRuns(std::span<const SlabRun> runs, bool in);
