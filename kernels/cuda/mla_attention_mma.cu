@@ -26,6 +26,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "mla_attention_internal.h"
 
@@ -414,40 +417,71 @@ __global__ void __launch_bounds__(kThreads) TensorCoreKernel(Params p) {
 // Shared memory: the ring of stages, then Shared.
 int SharedBytes(Codec codec) { return static_cast<int>(kStages * StageBytes(codec) + sizeof(Shared)); }
 
-// The kernel for `codec`, its shared-memory limit raised to what it takes.
-cudaError_t KernelFor(Codec codec, void (**kernel)(Params)) {
+// The kernel for `codec`, its shared-memory limit raised to what it takes,
+// and how many of its CUDA blocks fit a multiprocessor: found once per
+// device and codec (each decode call, a layer's, would otherwise set the
+// attribute and ask the occupancy again).
+struct Prepared {
+  void (*kernel)(Params) = nullptr;
+  int blocks_per_sm = 0;
+};
+
+cudaError_t Prepare(Codec codec, Prepared* out) {
+  void (*kernel)(Params) = nullptr;
   switch (codec) {
     case Codec::kBf16:
-      *kernel = TensorCoreKernel<Codec::kBf16>;
+      kernel = TensorCoreKernel<Codec::kBf16>;
       break;
     case Codec::kFp8:
-      *kernel = TensorCoreKernel<Codec::kFp8>;
+      kernel = TensorCoreKernel<Codec::kFp8>;
       break;
     case Codec::kInt8:
-      *kernel = TensorCoreKernel<Codec::kInt8>;
+      kernel = TensorCoreKernel<Codec::kInt8>;
       break;
     case Codec::kInt4:
-      *kernel = TensorCoreKernel<Codec::kInt4>;
+      kernel = TensorCoreKernel<Codec::kInt4>;
       break;
     default:
       return cudaErrorInvalidValue;
   }
-  return cudaFuncSetAttribute(*kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SharedBytes(codec));
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  static std::mutex mu;
+  static std::map<std::pair<int, Codec>, Prepared> prepared;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = prepared.find({device, codec});
+  if (it == prepared.end()) {
+    Prepared p{kernel, 0};
+    if (const cudaError_t e =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SharedBytes(codec));
+        e != cudaSuccess) {
+      return e;
+    }
+    if (const cudaError_t e =
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&p.blocks_per_sm, kernel, kThreads, SharedBytes(codec));
+        e != cudaSuccess) {
+      return e;
+    }
+    it = prepared.emplace(std::make_pair(device, codec), p).first;
+  }
+  *out = it->second;
+  return cudaSuccess;
 }
 
 }  // namespace
 
 cudaError_t TensorCoreBlocksPerSm(Codec codec, int* blocks) {
-  void (*kernel)(Params) = nullptr;
-  if (const cudaError_t e = KernelFor(codec, &kernel); e != cudaSuccess) return e;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kThreads, SharedBytes(codec));
+  Prepared p;
+  if (const cudaError_t e = Prepare(codec, &p); e != cudaSuccess) return e;
+  *blocks = p.blocks_per_sm;
+  return cudaSuccess;
 }
 
 cudaError_t LaunchTensorCorePartials(const Params& p, uint32_t grid_splits, uint32_t batch, cudaStream_t stream) {
-  void (*kernel)(Params) = nullptr;
-  if (const cudaError_t e = KernelFor(p.latents.codec, &kernel); e != cudaSuccess) return e;
+  Prepared prepared;
+  if (const cudaError_t e = Prepare(p.latents.codec, &prepared); e != cudaSuccess) return e;
   const uint32_t groups = (p.shape.heads + kHeads - 1) / kHeads;
-  kernel<<<dim3(grid_splits, groups, batch), kThreads, SharedBytes(p.latents.codec), stream>>>(p);
+  prepared.kernel<<<dim3(grid_splits, groups, batch), kThreads, SharedBytes(p.latents.codec), stream>>>(p);
   return cudaGetLastError();
 }
 
