@@ -79,8 +79,6 @@ KVTIER_INLINE void AccumulateBlock(const Weight* w, size_t cols, size_t begin, s
   for (size_t r = 0; r < R; ++r)
     for (size_t i = 0; i < M; ++i) acc[r * M + i] = lanes[r][i];
 }
-
-
 #pragma GCC diagnostic pop
 
 // All weight rows against inputs [0, n), four inputs sharing each load of
@@ -111,7 +109,8 @@ constexpr size_t kWideFrom = 4;
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 // sums[k] = (((0 + v[k][0]) + v[k][1]) + ...) + v[k][15] for k < 16,
 // DotTile's lane order (so the same bits), sixteen at a time: the vectors
-// transposed, then the columns added in lane order. One at a time, the
+// transposed, then the columns added in lane order (avx512.h's SumEach adds
+// in a tree: other bits). One at a time, the
 // lane sums weighed most on short rows: 128- and 192-column Gemms (the
 // prefill's scores) ran 7-9% slower.
 KVTIER_AVX512 void LaneSums(const Lanes16* v, float* sums) {
@@ -172,7 +171,7 @@ KVTIER_INLINE void GemmRowsWide(const Weight* w, size_t rows, size_t cols, const
       c += kChunk;
     } while (c < full);
     // The tile's dot products from their lane sums, then the columns past
-    // the last lane group, as FinishBlock does for one.
+    // the last lane group, as DotTile does for one.
     for (size_t e0 = 0; e0 < entries; e0 += 16) {
       alignas(64) float sums[16];
       LaneSums(acc + e0, sums);
@@ -188,10 +187,6 @@ KVTIER_INLINE void GemmRowsWide(const Weight* w, size_t rows, size_t cols, const
   }
   GemmRows(w + r0 * cols, rows - r0, cols, x, n, x_stride, y + r0, y_stride);
 }
-
-}  // namespace
-
-namespace {
 
 // Weight rows [row_begin, row_end) against all inputs, the inputs in blocks
 // of 32 that stay in L2 while every row passes over them (2,048 inputs
