@@ -2,12 +2,12 @@
 # Packs, into device-bundle/ (ignored by git), what the device machine
 # cannot build itself (it has nvcc, cmake and ninja but no gRPC, protobuf,
 # Abseil or gtest): this machine's release build of the service binaries,
-# the gpu-labelled gtest programs and decode_bench, stripped, and the CUDA
-# check programs (in checks/: the device machine then need not build them)
-# with the Debian
-# shared libraries they load — all but glibc's, the C++ runtime's and
-# CUDA's, which the device machine has (newer). kernels/cuda/device_check.sh runs them
-# when the bundle is there; name device-bundle in the device tool's `carry`.
+# the gpu-labelled gtest programs and decode_bench, and the CUDA check
+# programs (in checks/: the device machine then need not build them),
+# stripped, with the Debian shared libraries they load — all but glibc's,
+# the C++ runtime's and CUDA's, which the device machine has (newer).
+# kernels/cuda/device_check.sh runs them when the bundle is there; name
+# device-bundle in the device tool's `carry`.
 # Usage, from the repository root, after scripts/test.sh (which builds build/):
 #   bash scripts/device_bundle.sh
 set -euo pipefail

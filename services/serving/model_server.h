@@ -29,7 +29,7 @@ struct ModelServerFlags {
   bool no_fast_path = false;
   std::string device = "cpu";
   std::string device_block_pool;  // empty: CudaOptions' default
-  std::string record_pool = "512MiB";
+  std::string record_pool = std::to_string(ShardSet::kIdleRecordBytes >> 20) + "MiB";
 
   // --listen --model --cache --metrics-listen --cache-deadline-ms --threads
   // --no-fast-path --device --device-block-pool --record-pool
