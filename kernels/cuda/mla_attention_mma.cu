@@ -452,16 +452,11 @@ cudaError_t Prepare(Codec codec, Prepared* out) {
   auto it = prepared.find({device, codec});
   if (it == prepared.end()) {
     Prepared p{kernel, 0};
-    if (const cudaError_t e =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SharedBytes(codec));
-        e != cudaSuccess) {
-      return e;
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SharedBytes(codec));
+    if (e == cudaSuccess) {
+      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&p.blocks_per_sm, kernel, kThreads, SharedBytes(codec));
     }
-    if (const cudaError_t e =
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&p.blocks_per_sm, kernel, kThreads, SharedBytes(codec));
-        e != cudaSuccess) {
-      return e;
-    }
+    if (e != cudaSuccess) return e;
     it = prepared.emplace(std::make_pair(device, codec), p).first;
   }
   *out = it->second;
