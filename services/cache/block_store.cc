@@ -84,6 +84,10 @@ uint32_t StoredCrc(const std::vector<std::span<const uint8_t>>& pieces, size_t s
   return crc;
 }
 
+bool CrcMatches(const std::vector<std::span<const uint8_t>>& pieces, size_t size) {
+  return ComputedCrc(pieces, size) == StoredCrc(pieces, size);
+}
+
 }  // namespace
 
 size_t BlockStore::KeyHash::operator()(const Key& k) const {
@@ -298,8 +302,7 @@ absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(
     absl::StatusOr<std::vector<std::span<const uint8_t>>> source = SourceOf(tier, pages, ns, hash, e->size, owned);
     if (source.ok()) pieces = std::move(*source);
   }
-  if (!in_place && (pieces.empty() || (options.verify_checksum &&
-                                       ComputedCrc(pieces, e->size) != StoredCrc(pieces, e->size)))) {
+  if (!in_place && (pieces.empty() || (options.verify_checksum && !CrcMatches(pieces, e->size)))) {
     absl::MutexLock lock(&mu_);
     ++counters_.checksum_failures;
     if (!e->zombie) DropLocked(e);
@@ -362,12 +365,7 @@ absl::StatusOr<std::vector<std::span<const uint8_t>>> BlockStore::SourceOf(
   const Tier& t = *tiers_[tier];
   std::vector<std::span<const uint8_t>> pieces;
   if (t.disk == nullptr && t.arena->addressable()) {
-    size_t left = size;
-    for (uint32_t p : pages) {
-      const size_t n = std::min<size_t>(left, t.arena->page_size());
-      pieces.emplace_back(t.arena->page(p), n);
-      left -= n;
-    }
+    for (std::span<uint8_t> piece : t.arena->PagePieces(pages, size)) pieces.emplace_back(piece);
     return pieces;
   }
   if (t.disk != nullptr) {
@@ -486,20 +484,24 @@ bool BlockStore::MoveLocked(Entry* e, size_t to) {
 absl::Status BlockStore::CopyRecord(size_t from, const std::vector<uint32_t>& source, size_t to,
                                     const std::vector<uint32_t>& pages, const std::string& ns,
                                     const kvblock::BlockHash& hash, size_t size) const {
+  auto corrupt = [&] {
+    return absl::DataLossError(absl::StrCat("block ", kvblock::HashToHex(hash), " failed its checksum"));
+  };
+  const Tier& src = *tiers_[from];
+  const Tier& dst = *tiers_[to];
+  if (src.disk == nullptr && !src.arena->addressable() && dst.disk == nullptr) {
+    // Out of a slab (a GPU's): straight into the destination's pages in one
+    // batch of copies, and checked there.
+    const std::vector<std::span<uint8_t>> out = dst.arena->PagePieces(pages, size);
+    KVTIER_RETURN_IF_ERROR(src.arena->ReadPieces(source, 0, out));
+    return CrcMatches(std::vector<std::span<const uint8_t>>(out.begin(), out.end()), size) ? absl::OkStatus()
+                                                                                           : corrupt();
+  }
   std::shared_ptr<const uint8_t> owned;
   absl::StatusOr<std::vector<std::span<const uint8_t>>> pieces = SourceOf(from, source, ns, hash, size, owned);
-  if (!pieces.ok() || ComputedCrc(*pieces, size) != StoredCrc(*pieces, size)) {
-    return absl::DataLossError(absl::StrCat("block ", kvblock::HashToHex(hash), " failed its checksum"));
-  }
-  const Tier& dst = *tiers_[to];
+  if (!pieces.ok() || !CrcMatches(*pieces, size)) return corrupt();
   if (dst.disk != nullptr) return dst.disk->Write(ns, hash, *pieces);  // disk full or failing: stays
-  size_t offset = 0;
-  for (const auto& piece : *pieces) {
-    KVTIER_RETURN_IF_ERROR(dst.arena->Write(
-        pages, offset, std::string_view(reinterpret_cast<const char*>(piece.data()), piece.size())));
-    offset += piece.size();
-  }
-  return absl::OkStatus();
+  return dst.arena->WritePieces(pages, 0, *pieces);  // into a slab: one batch of copies
 }
 
 absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t bytes,

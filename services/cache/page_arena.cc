@@ -99,17 +99,18 @@ PageArena::~PageArena() {
   }
 }
 
-template <typename Copy>
-absl::Status PageArena::ForEachRun(const std::vector<uint32_t>& pages, size_t offset, size_t size,
-                                   Copy copy) const {
-  for (size_t done = 0; done < size;) {
-    const size_t page = offset / page_size_, in_page = offset % page_size_;
-    const size_t n = std::min(size - done, page_size_ - in_page);
-    if (absl::Status s = copy(size_t{pages[page]} * page_size_ + in_page, done, n); !s.ok()) return s;
-    done += n;
-    offset += n;
+template <typename Piece, typename Copy>
+void PageArena::ForEachRun(const std::vector<uint32_t>& pages, size_t offset, std::span<const Piece> pieces,
+                           Copy copy) const {
+  for (const Piece& piece : pieces) {
+    for (size_t done = 0; done < piece.size();) {
+      const size_t page = offset / page_size_, in_page = offset % page_size_;
+      const size_t n = std::min(piece.size() - done, page_size_ - in_page);
+      copy(size_t{pages[page]} * page_size_ + in_page, piece.data() + done, n);
+      done += n;
+      offset += n;
+    }
   }
-  return absl::OkStatus();
 }
 
 namespace {
@@ -130,31 +131,48 @@ void AddRun(std::vector<SlabRun>& runs, const SlabRun& run) {
 
 }  // namespace
 
-// In a slab, a block's runs go as one copy (a GPU then waits once).
 absl::Status PageArena::Write(const std::vector<uint32_t>& pages, size_t offset, std::string_view data) {
-  std::vector<SlabRun> runs;
-  KVTIER_RETURN_IF_ERROR(ForEachRun(pages, offset, data.size(), [&](size_t at, size_t done, size_t n) {
-    if (slab_ != nullptr) {
-      AddRun(runs, {at, n, const_cast<char*>(data.data()) + done});  // read only: a copy in
-    } else {
-      std::memcpy(base_ + at, data.data() + done, n);
-    }
-    return absl::OkStatus();
-  }));
-  return runs.empty() ? absl::OkStatus() : slab_->CopyInRuns(runs);
+  const std::span<const uint8_t> piece(reinterpret_cast<const uint8_t*>(data.data()), data.size());
+  return WritePieces(pages, offset, std::span(&piece, 1));
 }
 
 absl::Status PageArena::Read(const std::vector<uint32_t>& pages, size_t offset, std::span<uint8_t> out) const {
+  return ReadPieces(pages, offset, std::span(&out, 1));
+}
+
+// In a slab, the pieces' runs go as one copy (a GPU then waits once).
+absl::Status PageArena::WritePieces(const std::vector<uint32_t>& pages, size_t offset,
+                                    std::span<const std::span<const uint8_t>> pieces) {
   std::vector<SlabRun> runs;
-  KVTIER_RETURN_IF_ERROR(ForEachRun(pages, offset, out.size(), [&](size_t at, size_t done, size_t n) {
+  ForEachRun(pages, offset, pieces, [&](size_t at, const uint8_t* from, size_t n) {
     if (slab_ != nullptr) {
-      AddRun(runs, {at, n, out.data() + done});
+      AddRun(runs, {at, n, const_cast<uint8_t*>(from)});  // read only: a copy in
     } else {
-      std::memcpy(out.data() + done, base_ + at, n);
+      std::memcpy(base_ + at, from, n);
     }
-    return absl::OkStatus();
-  }));
+  });
+  return runs.empty() ? absl::OkStatus() : slab_->CopyInRuns(runs);
+}
+
+absl::Status PageArena::ReadPieces(const std::vector<uint32_t>& pages, size_t offset,
+                                   std::span<const std::span<uint8_t>> pieces) const {
+  std::vector<SlabRun> runs;
+  ForEachRun(pages, offset, pieces, [&](size_t at, uint8_t* to, size_t n) {
+    if (slab_ != nullptr) {
+      AddRun(runs, {at, n, to});
+    } else {
+      std::memcpy(to, base_ + at, n);
+    }
+  });
   return runs.empty() ? absl::OkStatus() : slab_->CopyOutRuns(runs);
+}
+
+std::vector<std::span<uint8_t>> PageArena::PagePieces(const std::vector<uint32_t>& pages, size_t size) const {
+  std::vector<std::span<uint8_t>> pieces;
+  for (size_t k = 0; k * page_size_ < size; ++k) {
+    pieces.emplace_back(base_ + size_t{pages[k]} * page_size_, std::min<size_t>(page_size_, size - k * page_size_));
+  }
+  return pieces;
 }
 
 uint64_t PageArena::SegmentBytes(uint32_t segment) const {

@@ -78,6 +78,16 @@ class PageArena {
   // over `pages` (in order). INTERNAL if the slab's copy fails.
   absl::Status Write(const std::vector<uint32_t>& pages, size_t offset, std::string_view data);
   absl::Status Read(const std::vector<uint32_t>& pages, size_t offset, std::span<uint8_t> out) const;
+  // The same for bytes in several pieces of host memory, one after another
+  // in the record (a tier move's pages in another arena): in a slab, one
+  // batch of copies for them all.
+  absl::Status WritePieces(const std::vector<uint32_t>& pages, size_t offset,
+                           std::span<const std::span<const uint8_t>> pieces);
+  absl::Status ReadPieces(const std::vector<uint32_t>& pages, size_t offset,
+                          std::span<const std::span<uint8_t>> pieces) const;
+  // The first `size` bytes of a record laid over `pages`, a piece a page:
+  // only when addressable().
+  std::vector<std::span<uint8_t>> PagePieces(const std::vector<uint32_t>& pages, size_t size) const;
 
   // Where a page lives, for handing its segment to another process.
   uint32_t segment_pages() const { return segment_pages_; }
@@ -110,10 +120,11 @@ class PageArena {
   };
 
   PageArena(uint8_t* base, size_t bytes, const ArenaOptions& options, uint32_t pages);
-  // Calls copy(byte offset in the arena, bytes done, n) for each run of a
-  // record's [offset, offset + size) that lies in one page.
-  template <typename Copy>
-  absl::Status ForEachRun(const std::vector<uint32_t>& pages, size_t offset, size_t size, Copy copy) const;
+  // Calls copy(byte offset in the arena, host address, n) for each run of
+  // the record from `offset` on that lies in one page and one piece.
+  template <typename Piece, typename Copy>
+  void ForEachRun(const std::vector<uint32_t>& pages, size_t offset, std::span<const Piece> pieces,
+                  Copy copy) const;
   // Owners are told apart only in a shared arena; elsewhere all are one.
   const std::string& Key(const std::string& owner) const;
   // Gives an empty segment to `owner`: in a shared arena, a new memfd mapped

@@ -17,6 +17,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "services/kvblock/block_format.h"
+#include "tests/cache/recording_slab.h"
 #include "tests/test_random.h"
 
 namespace kvtier::cache {
@@ -491,6 +492,73 @@ TEST(BlockStoreMoves, APromotionReadMeanwhileLeavesTheBlockWithItsReader) {
   promoter.join();
   put(3), put(4), put(5);  // traffic that would reuse freed host pages
   EXPECT_EQ((*reader)->CopyToString(), before) << "the reader's pages were freed under it";
+  EXPECT_EQ(store->Stats().checksum_failures, 0u);
+}
+
+// A block over several pages moves between a slab tier (a GPU's) and the
+// host tier in one batch of copies each way (a GPU waits once a batch), and
+// comes back with the bytes it was stored with.
+TEST(BlockStoreMoves, ATierMoveOfAManyPageBlockIsOneBatchOfCopies) {
+  kvblock::LatentLayout layout = SmallLayout();
+  layout.num_layers = 16;  // 9,240-byte records: 3 pages
+  const uint64_t layout_id = kvblock::LayoutId(layout);
+  const size_t record_bytes = kvblock::HeaderFor(layout, 0, layout.num_layers).RecordBytes();
+  ASSERT_GT(record_bytes, 2 * kPage);
+  auto slab = std::make_shared<RecordingSlab>(6 * kPage);  // 2 blocks
+  StoreOptions o;
+  o.page_size = kPage;
+  o.device_capacity = 6 * kPage;
+  o.host_capacity = 18 * kPage;
+  o.device_slab = slab;
+  ManualClock clock;
+  auto store = *BlockStore::Create(o, &clock);
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<BlockHash> hashes;
+  std::vector<std::string> records;
+  auto put = [&](int i) {
+    std::vector<uint32_t> tokens(16, static_cast<uint32_t>(i));
+    hashes.push_back(kvblock::ChainHash("ns", kvblock::kNoParent, layout_id, tokens));
+    std::vector<float> x(size_t{layout.num_layers} * layout.LayerShape().values());
+    for (float& v : x) v = normal(rng.engine());
+    auto session = store->BeginPut("ns", layout);
+    ASSERT_TRUE(session->AddSlice(hashes.back(), *kvblock::EncodeBlock(layout, 0, layout.num_layers, x)).ok());
+    session->Finish();
+    auto stored = store->Read("ns", layout_id, hashes.back());
+    ASSERT_TRUE(stored.ok()) << stored.status();
+    records.push_back((*stored)->CopyToString());
+  };
+  auto tier_of = [&](int i) {
+    BlockStore::ReadOptions where;
+    where.promote = false;
+    return (*store->Read("ns", layout_id, hashes[i], where))->tier();
+  };
+  put(0), put(1);
+  slab->Clear();
+  put(2);  // block 0 goes down to the host tier
+  ASSERT_EQ(tier_of(0), v1::TIER_HOST);
+  ASSERT_EQ(slab->out_batches.size(), 3u) << "the demotion, the new block's checksum, put's read";
+  for (const auto& batch : slab->out_batches) EXPECT_EQ(RecordingSlab::Bytes(batch), record_bytes);
+
+  slab->Clear();
+  auto promoted = store->Read("ns", layout_id, hashes[0]);  // block 1 goes down, block 0 up
+  ASSERT_TRUE(promoted.ok()) << promoted.status();
+  EXPECT_EQ((*promoted)->tier(), v1::TIER_HOST);
+  EXPECT_EQ((*promoted)->CopyToString(), records[0]);
+  ASSERT_EQ(slab->in_batches.size(), 1u) << "the promotion";
+  EXPECT_EQ(RecordingSlab::Bytes(slab->in_batches[0]), record_bytes);
+  ASSERT_EQ(slab->out_batches.size(), 2u) << "the demotion, then the read out of the slab";
+  for (const auto& batch : slab->out_batches) EXPECT_EQ(RecordingSlab::Bytes(batch), record_bytes);
+  EXPECT_EQ(tier_of(0), v1::TIER_DEVICE);
+  EXPECT_EQ(tier_of(1), v1::TIER_HOST);
+  EXPECT_EQ(store->Stats().tiers[0].demotions, 2u);
+  EXPECT_EQ(store->Stats().tiers[0].promotions, 1u);
+  for (int i : {1, 2}) {  // each promoted in turn, the other two going down
+    auto block = store->Read("ns", layout_id, hashes[i]);
+    ASSERT_TRUE(block.ok()) << block.status();
+    EXPECT_EQ((*block)->CopyToString(), records[i]) << i;
+  }
   EXPECT_EQ(store->Stats().checksum_failures, 0u);
 }
 

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tests/cache/recording_slab.h"
 #include "tests/test_random.h"
 
 namespace kvtier::cache {
@@ -102,29 +103,6 @@ TEST(PageArenaTest, ASegmentAReaderHadGetsANewMemfdAndTheReaderOnlyZeros) {
   EXPECT_TRUE(AllZero(SegmentBytes(*arena)));
 }
 
-// Host memory behind the slab contract that records each batch of runs.
-class RecordingSlab final : public SlabMemory {
- public:
-  explicit RecordingSlab(uint64_t bytes) : slab_(*StagedHostSlab::Create(bytes)) {}
-  uint64_t size() const override { return slab_->size(); }
-  std::string name() const override { return "recording"; }
-  absl::Status CopyIn(uint64_t offset, const void* from, size_t n) override { return slab_->CopyIn(offset, from, n); }
-  absl::Status CopyOut(uint64_t offset, void* to, size_t n) const override { return slab_->CopyOut(offset, to, n); }
-  absl::Status CopyInRuns(std::span<const SlabRun> runs) override {
-    batches.emplace_back(runs.begin(), runs.end());
-    return SlabMemory::CopyInRuns(runs);
-  }
-  absl::Status CopyOutRuns(std::span<const SlabRun> runs) const override {
-    batches.emplace_back(runs.begin(), runs.end());
-    return SlabMemory::CopyOutRuns(runs);
-  }
-  std::shared_ptr<uint8_t> AllocateHost(size_t n) const override { return slab_->AllocateHost(n); }
-  mutable std::vector<std::vector<SlabRun>> batches;
-
- private:
-  std::unique_ptr<StagedHostSlab> slab_;
-};
-
 // A block over pages 0, 1 and 3 of a slab goes as one batch of two runs
 // each way (pages 0 and 1 adjacent in both memories: one run), and its
 // bytes come back.
@@ -142,19 +120,62 @@ TEST(PageArenaTest, ABlocksAdjacentPagesAreOneRunInOneBatch) {
   for (const size_t offset : {size_t{0}, size_t{kPage / 2}}) {
     std::string bytes(2 * kPage + (offset == 0 ? kPage : 0), '\0');
     for (char& c : bytes) c = static_cast<char>(byte(rng.engine()));
-    slab->batches.clear();
+    slab->Clear();
     ASSERT_TRUE((*arena)->Write(pages, offset, bytes).ok());
     std::string back(bytes.size(), '\0');
     ASSERT_TRUE((*arena)->Read(pages, offset, std::span(reinterpret_cast<uint8_t*>(back.data()), back.size())).ok());
     EXPECT_EQ(back, bytes);
-    ASSERT_EQ(slab->batches.size(), 2u);  // the write, the read
-    for (const std::vector<SlabRun>& runs : slab->batches) {
+    ASSERT_EQ(slab->in_batches.size(), 1u);
+    ASSERT_EQ(slab->out_batches.size(), 1u);
+    for (const std::vector<SlabRun>& runs : {slab->in_batches[0], slab->out_batches[0]}) {
       ASSERT_EQ(runs.size(), 2u);
       EXPECT_EQ(runs[0].offset, offset);
       EXPECT_EQ(runs[0].n, 2 * kPage - offset);
       EXPECT_EQ(runs[1].offset, 3 * kPage);
       EXPECT_EQ(runs[1].n, bytes.size() - runs[0].n);
     }
+  }
+}
+
+// A record in pieces of host memory (a tier move's pages in another
+// arena) goes in one batch each way too; the pieces' bytes land in order.
+TEST(PageArenaTest, PiecesOfARecordAreOneBatch) {
+  auto slab = std::make_shared<RecordingSlab>(4 * kPage);
+  absl::StatusOr<std::unique_ptr<PageArena>> arena =
+      PageArena::Create({.capacity = 4 * kPage, .page_size = kPage, .segment_pages = 4, .shared = false, .slab = slab});
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  std::vector<uint32_t> all;
+  ASSERT_TRUE((*arena)->Allocate(4, "ns", all));
+  const std::vector<uint32_t> pages = {3, 0, 2};
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  std::uniform_int_distribution<int> byte(0, 255);
+  // Three pieces apart in host memory, of other sizes than a page.
+  std::vector<std::string> parts = {std::string(kPage / 3, '\0'), std::string(kPage + 17, '\0'),
+                                    std::string(kPage / 2, '\0')};
+  std::string whole;
+  for (std::string& part : parts) {
+    for (char& c : part) c = static_cast<char>(byte(rng.engine()));
+    whole += part;
+  }
+  std::vector<std::span<const uint8_t>> in;
+  for (const std::string& part : parts) in.emplace_back(reinterpret_cast<const uint8_t*>(part.data()), part.size());
+  slab->Clear();
+  ASSERT_TRUE((*arena)->WritePieces(pages, 100, in).ok());
+  std::string back(whole.size(), '\0');
+  ASSERT_TRUE((*arena)->Read(pages, 100, std::span(reinterpret_cast<uint8_t*>(back.data()), back.size())).ok());
+  EXPECT_EQ(back, whole);
+  // And read back into pieces: the other way round.
+  std::vector<std::string> out = {std::string(5, '\0'), std::string(whole.size() - 5, '\0')};
+  std::vector<std::span<uint8_t>> out_pieces;
+  for (std::string& part : out) out_pieces.emplace_back(reinterpret_cast<uint8_t*>(part.data()), part.size());
+  ASSERT_TRUE((*arena)->ReadPieces(pages, 100, out_pieces).ok());
+  EXPECT_EQ(out[0] + out[1], whole);
+  ASSERT_EQ(slab->in_batches.size(), 1u);
+  ASSERT_EQ(slab->out_batches.size(), 2u);
+  for (const auto& batch : {slab->in_batches[0], slab->out_batches[0], slab->out_batches[1]}) {
+    EXPECT_EQ(RecordingSlab::Bytes(batch), whole.size());
+    EXPECT_EQ(batch.front().offset, 3 * kPage + 100);
   }
 }
 
