@@ -636,6 +636,14 @@ struct PutSession::Pending {
   std::vector<uint32_t> pages;
   std::vector<bool> layers;
   uint32_t layers_left = 0;
+  // By first layer: the slices' layer counts and payload CRCs, from which
+  // the record's CRC is put together without reading the pages back (a
+  // GPU's would be copied out again).
+  struct Slice {
+    uint32_t layers = 0;
+    uint32_t payload_crc = 0;
+  };
+  std::vector<Slice> slices;
 };
 
 PutSession::PutSession(BlockStore* store, std::string ns, kvblock::LatentLayout layout)
@@ -684,6 +692,7 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_vi
     pending->pages = std::move(*pages);
     pending->layers.assign(layout_.num_layers, false);
     pending->layers_left = layout_.num_layers;
+    pending->slices.resize(layout_.num_layers);
     it = pending_.emplace(key, std::move(pending)).first;
   }
   Pending& p = *it->second;
@@ -699,6 +708,12 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_vi
       p.pages, kvblock::kBlockHeaderBytes + size_t{h.layer_begin} * h.layer_payload_bytes, slice->payloads));
   for (uint32_t l = h.layer_begin; l < h.layer_begin + h.layer_count; ++l) p.layers[l] = true;
   p.layers_left -= h.layer_count;
+  // ParseBlock verified crc(header || payloads), the slice's last 4 bytes;
+  // the payloads' own CRC follows from it and the header's.
+  uint32_t slice_crc;
+  std::memcpy(&slice_crc, record.data() + record.size() - sizeof slice_crc, sizeof slice_crc);
+  p.slices[h.layer_begin] = {h.layer_count, kvblock::Crc32cCombine(kvblock::Crc32c(record.data(), kvblock::kBlockHeaderBytes),
+                                                                    slice_crc, slice->payloads.size())};
   {
     absl::MutexLock lock(&store_->mu_);
     store_->counters_.bytes_in += record.size();
@@ -708,10 +723,10 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_vi
   // Complete: header and checksum, then visible all at once.
   const auto header = kvblock::EncodeBlockHeader(kvblock::HeaderFor(layout_, 0, layout_.num_layers));
   KVTIER_RETURN_IF_ERROR(arena.Write(p.pages, 0, std::string_view(header.data(), header.size())));
-  std::shared_ptr<const uint8_t> copy;  // the record read back, from a slab
-  KVTIER_ASSIGN_OR_RETURN(std::vector<std::span<const uint8_t>> pieces,
-                          store_->SourceOf(0, p.pages, ns_, hash, record_bytes_, copy));
-  const uint32_t crc = ComputedCrc(pieces, record_bytes_);
+  uint32_t crc = kvblock::Crc32c(header.data(), header.size());
+  for (uint32_t l = 0; l < layout_.num_layers; l += p.slices[l].layers) {
+    crc = kvblock::Crc32cCombine(crc, p.slices[l].payload_crc, size_t{p.slices[l].layers} * h.layer_payload_bytes);
+  }
   KVTIER_RETURN_IF_ERROR(arena.Write(p.pages, record_bytes_ - kvblock::kBlockTrailerBytes,
                                      std::string_view(reinterpret_cast<const char*>(&crc), sizeof crc)));
 

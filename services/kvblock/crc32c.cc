@@ -27,6 +27,25 @@ constexpr std::array<std::array<uint32_t, 256>, 8> MakeTables() {
 }
 constexpr auto kTables = MakeTables();
 
+// a * b mod the polynomial, both in the reflected order (bit 31 holds x^0).
+constexpr uint32_t MultiplyModPolynomial(uint32_t a, uint32_t b) {
+  uint32_t product = 0;
+  for (int i = 31; i >= 0; --i) {
+    product ^= b & (0u - ((a >> i) & 1));
+    b = (b >> 1) ^ (kPolynomial & (0u - (b & 1)));  // b * x
+  }
+  return product;
+}
+
+// x^(2^k) mod the polynomial, k = 0..63.
+constexpr std::array<uint32_t, 64> MakePowers() {
+  std::array<uint32_t, 64> powers{};
+  powers[0] = 1u << 30;  // x
+  for (int k = 1; k < 64; ++k) powers[k] = MultiplyModPolynomial(powers[k - 1], powers[k - 1]);
+  return powers;
+}
+constexpr auto kPowersOfX = MakePowers();
+
 // The raw register update for one byte (no pre/post inversion).
 constexpr uint32_t RawByte(uint32_t crc, uint8_t b) { return kTables[0][(crc ^ b) & 0xff] ^ (crc >> 8); }
 
@@ -205,6 +224,18 @@ uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size) {
   if (HaveSse42()) return ExtendHardware(crc, static_cast<const uint8_t*>(data), size);
 #endif
   return Crc32cExtendPortable(crc, data, size);
+}
+
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, size_t size_b) {
+  // crc(A || B) = crc(A) * x^(8 size_b) + crc(B): the pre- and
+  // post-inversions of both cancel out. The power comes from the table of
+  // x^(2^k), one product a set bit of 8 size_b.
+  uint64_t bits = uint64_t{size_b} * 8;
+  uint32_t shifted = crc_a;
+  for (int k = 0; bits != 0; ++k, bits >>= 1) {
+    if (bits & 1) shifted = MultiplyModPolynomial(kPowersOfX[k], shifted);
+  }
+  return shifted ^ crc_b;
 }
 
 }  // namespace kvtier::kvblock

@@ -15,6 +15,10 @@ namespace kvtier::kvblock {
 uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size);
 inline uint32_t Crc32c(const void* data, size_t size) { return Crc32cExtend(0, data, size); }
 
+// The CRC32C of A followed by B, from crc(A), crc(B) and B's length: a
+// record's checksum put together from pieces that arrive in any order.
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, size_t size_b);
+
 // The table-driven path alone, for tests that compare both paths.
 uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t size);
 

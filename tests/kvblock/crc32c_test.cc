@@ -41,6 +41,24 @@ TEST(Crc32c, HardwareAndTableAgreeAndExtendComposes) {
   }
 }
 
+// Two pieces' CRCs combine into the whole's, for lengths from 0 to past a
+// layer slice's, at random split points.
+TEST(Crc32c, CombineGivesTheCrcOfTheConcatenation) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  std::vector<uint8_t> data(70000);
+  for (auto& b : data) b = static_cast<uint8_t>(rng.engine()());
+  std::uniform_int_distribution<size_t> pos(0, data.size());
+  for (int i = 0; i < 200; ++i) {
+    size_t a = pos(rng.engine()), b = pos(rng.engine());
+    if (a > b) std::swap(a, b);
+    const uint32_t first = Crc32c(data.data(), a), second = Crc32c(data.data() + a, b - a);
+    ASSERT_EQ(Crc32cCombine(first, second, b - a), Crc32c(data.data(), b)) << a << " + " << b - a;
+  }
+  EXPECT_EQ(Crc32cCombine(Crc32c(data.data(), 100), 0, 0), Crc32c(data.data(), 100));
+  EXPECT_EQ(Crc32cCombine(0, Crc32c(data.data(), 100), 100), Crc32c(data.data(), 100));
+}
+
 // Every length up to past the 256-byte steps of the carry-less path (and its
 // 64-byte and sub-64-byte tails), at every alignment, from a random running
 // CRC: the same as the table.

@@ -1,0 +1,179 @@
+// Tier moves in the store, in-process, against memcpy of the same bytes in
+// the same run: storing blocks (27 layer slices each, as a prefill node
+// sends them) into a full device tier (each block pushes one down to the
+// host tier: a demotion); reading the demoted blocks back as a Get does
+// (each read promotes one and pushes another down). Every move and read checks the record's CRC. The device tier in
+// host memory the store addresses, and in a slab it reaches only by copies
+// (staged-host: the code path of a GPU's memory, its copies memcpy here).
+//   tier_move_bench [--blocks N] [--rounds N]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "load/bench_layout.h"
+#include "services/cache/block_store.h"
+#include "services/common/flags.h"
+#include "services/kvblock/block_format.h"
+
+namespace kvtier::cache {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <typename F>
+double Seconds(F f) {
+  const auto start = Clock::now();
+  f();
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+struct Phases {
+  double store_demoting, read_promoting;  // seconds
+};
+
+class Bench {
+ public:
+  Bench(uint32_t blocks, uint32_t distinct) : layout_(load::V2LiteInt8()), blocks_(blocks) {
+    std::mt19937_64 rng(1);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(layout_.LayerShape().values());
+    slices_.resize(distinct);
+    for (auto& block : slices_) {
+      for (uint32_t l = 0; l < layout_.num_layers; ++l) {
+        for (float& v : x) v = normal(rng);
+        block.push_back(*kvblock::EncodeBlock(layout_, l, 1, x));
+      }
+    }
+    record_bytes_ = kvblock::HeaderFor(layout_, 0, layout_.num_layers).RecordBytes();
+  }
+  size_t record_bytes() const { return record_bytes_; }
+
+  // A store whose device tier holds `blocks` blocks, the host tier 3 times
+  // as many; shared memory, as kvtier-cache runs.
+  std::unique_ptr<BlockStore> Open(bool staged) const {
+    const uint64_t page = 64 * 1024;
+    const uint64_t device = blocks_ * ((record_bytes_ + page - 1) / page) * page;
+    StoreOptions o;
+    o.device_capacity = device;
+    o.host_capacity = 3 * device;
+    o.shared_memory = true;
+    if (staged) o.device_slab = *StagedHostSlab::Create(device);
+    return *BlockStore::Create(o, SystemClock::Get());
+  }
+
+  // Round `round` of `store` (each round's blocks are new): stores
+  // 2 x blocks, the second half timed (each pushing one of the first half
+  // down), then reads the first half back (each promoted, pushing one of
+  // the second half down).
+  Phases Run(BlockStore& store, uint32_t round) {
+    const uint64_t layout_id = kvblock::LayoutId(layout_);
+    std::vector<kvblock::BlockHash> hashes;
+    for (uint32_t i = 0; i < 2 * blocks_; ++i) {
+      std::vector<uint32_t> tokens(layout_.tokens_per_block, i);
+      tokens[0] = round;
+      hashes.push_back(kvblock::ChainHash("ns", kvblock::kNoParent, layout_id, tokens));
+    }
+    auto put = [&](uint32_t begin) {
+      for (uint32_t i = begin; i < begin + blocks_; ++i) {
+        auto session = store.BeginPut("ns", layout_);
+        for (const std::string& slice : slices_[i % slices_.size()]) {
+          if (!session->AddSlice(hashes[i], slice).ok()) std::abort();
+        }
+        if (session->Finish().blocks_stored != 1) std::abort();
+      }
+    };
+    put(0);
+    const StoreStats before = store.Stats();
+    Phases p;
+    p.store_demoting = Seconds([&] { put(blocks_); });
+    p.read_promoting = Seconds([&] {
+      for (uint32_t i = 0; i < blocks_; ++i) {
+        auto block = store.Read("ns", layout_id, hashes[i]);
+        if (!block.ok() || (*block)->tier() != v1::TIER_HOST) std::abort();
+      }
+    });
+    const StoreStats after = store.Stats();
+    if (after.tiers[0].demotions - before.tiers[0].demotions != 2 * blocks_ ||
+        after.tiers[0].promotions - before.tiers[0].promotions != blocks_) {
+      std::abort();
+    }
+    return p;
+  }
+
+  // The same bytes copied block by block into other memory.
+  double Memcpy() {
+    std::vector<uint8_t> from(size_t{blocks_} * record_bytes_, 1), to(from.size(), 2);
+    return Seconds([&] {
+      for (size_t i = 0; i < blocks_; ++i) {
+        std::memcpy(to.data() + i * record_bytes_, from.data() + i * record_bytes_, record_bytes_);
+      }
+    });
+  }
+
+ private:
+  kvblock::LatentLayout layout_;
+  uint32_t blocks_;
+  size_t record_bytes_ = 0;
+  std::vector<std::vector<std::string>> slices_;  // distinct blocks' layer slices
+};
+
+int Main(int argc, char** argv) {
+  uint64_t blocks = 64, rounds = 7;
+  FlagParser flags("tier_move_bench [--blocks N] [--rounds N]",
+                   "The store's tier moves (1 MB V2-Lite int8 blocks) against memcpy.");
+  flags.AddUint("blocks", &blocks, "blocks the device tier holds; twice as many are stored");
+  flags.AddUint("rounds", &rounds, "rounds of every row, interleaved; the medians are printed");
+  if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "tier_move_bench")) {
+    return *exit;
+  }
+  if (blocks == 0 || rounds == 0) {
+    std::fprintf(stderr, "tier_move_bench: --blocks and --rounds must be positive\n");
+    return 2;
+  }
+  Bench bench(static_cast<uint32_t>(blocks), 16);
+  std::unique_ptr<BlockStore> host_store = bench.Open(false), staged_store = bench.Open(true);
+  // Round 0 writes every page for the first time (page faults): not counted.
+  bench.Run(*host_store, 0);
+  bench.Run(*staged_store, 0);
+  std::vector<double> memcpy_s;
+  std::vector<Phases> host, staged;
+  for (uint32_t r = 1; r <= rounds; ++r) {
+    memcpy_s.push_back(bench.Memcpy());
+    host.push_back(bench.Run(*host_store, r));
+    staged.push_back(bench.Run(*staged_store, r));
+  }
+  const double gb = static_cast<double>(blocks * bench.record_bytes()) / 1e9;
+  const double copy = gb / Median(memcpy_s);
+  std::printf("%llu blocks of %zu B (V2-Lite int8) a row; median of %llu rounds; memcpy %.2f GB/s\n\n",
+              static_cast<unsigned long long>(blocks), bench.record_bytes(), static_cast<unsigned long long>(rounds),
+              copy);
+  std::printf("%-40s %8s %10s\n", "device tier / what", "GB/s", "of memcpy");
+  for (const bool is_staged : {false, true}) {
+    const std::vector<Phases>& runs = is_staged ? staged : host;
+    const char* where = is_staged ? "staged slab" : "host memory";
+    const std::pair<const char*, double Phases::*> rows[] = {{"store, each demoting one", &Phases::store_demoting},
+                                                             {"read, each promoting one", &Phases::read_promoting}};
+    for (const auto& [what, field] : rows) {
+      std::vector<double> seconds;
+      for (const Phases& p : runs) seconds.push_back(p.*field);
+      const double rate = gb / Median(seconds);
+      const std::string label = std::string(where) + ": " + what;
+      std::printf("%-40s %8.2f %9.2fx\n", label.c_str(), rate, rate / copy);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvtier::cache
+
+int main(int argc, char** argv) { return kvtier::cache::Main(argc, argv); }
