@@ -125,6 +125,18 @@ std::shared_ptr<uint8_t> DeviceSlab::AllocatePinned(size_t n) {
   return std::shared_ptr<uint8_t>(p, [n](uint8_t* q) { PinnedPool::Get().Give(q, n); });
 }
 
+Status DeviceSlab::PinHost(void* p, size_t n) {
+  if (const cudaError_t e = cudaHostRegister(p, n, cudaHostRegisterDefault); e != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it
+    return CudaError(e, "cudaHostRegister");
+  }
+  return OkStatus();
+}
+
+void DeviceSlab::UnpinHost(void* p) {
+  if (cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
+}
+
 Status DeviceSlab::CopyRuns(std::span<const SlabRun> runs, bool in) {
   const char* what = in ? "slab copy in" : "slab copy out";
   for (const SlabRun& r : runs) {

@@ -74,4 +74,10 @@ absl::Status CudaSlab::CopyToExported(uint64_t offset, ExportedBuffer& to, uint6
 
 std::shared_ptr<uint8_t> CudaSlab::AllocateHost(size_t n) const { return kernels::cuda::DeviceSlab::AllocatePinned(n); }
 
+absl::Status CudaSlab::PinHost(void* p, size_t n) {
+  return FromKernelStatus(kernels::cuda::DeviceSlab::PinHost(p, n));
+}
+
+void CudaSlab::UnpinHost(void* p) { kernels::cuda::DeviceSlab::UnpinHost(p); }
+
 }  // namespace kvtier::cache

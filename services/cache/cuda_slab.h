@@ -23,6 +23,8 @@ class CudaSlab final : public SlabMemory {
   absl::Status CopyOutRuns(std::span<const SlabRun> runs) const override;
   // Pinned: Get answers copied out of the slab go to gRPC from here.
   std::shared_ptr<uint8_t> AllocateHost(size_t n) const override;
+  absl::Status PinHost(void* p, size_t n) override;
+  void UnpinHost(void* p) override;
   // A cuda::DeviceBuffer, its IPC handle for a same-host GPU client.
   absl::StatusOr<std::unique_ptr<ExportedBuffer>> Export(uint64_t bytes) override;
   absl::Status CopyToExported(uint64_t offset, ExportedBuffer& to, uint64_t to_offset, size_t n) override;

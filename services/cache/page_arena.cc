@@ -72,6 +72,7 @@ PageArena::PageArena(uint8_t* base, size_t bytes, const ArenaOptions& options, u
     : base_(base),
       mapped_bytes_(bytes),
       slab_(options.slab),
+      pin_for_(options.slab == nullptr ? options.pin_for : nullptr),
       page_size_(options.page_size),
       segment_pages_(options.segment_pages),
       total_pages_(pages),
@@ -93,6 +94,7 @@ PageArena::PageArena(uint8_t* base, size_t bytes, const ArenaOptions& options, u
 }
 
 PageArena::~PageArena() {
+  for (uint32_t s = 0; s < segments_.size(); ++s) Unpin(s);
   if (base_ != nullptr) munmap(base_, mapped_bytes_);
   for (const Segment& seg : segments_) {
     if (seg.fd >= 0) close(seg.fd);
@@ -208,6 +210,7 @@ bool PageArena::Allocate(uint32_t n, const std::string& owner, std::vector<uint3
     }
     Segment& seg = segments_[s];
     if (shared_ && seg.generation == 0) Reassign(s, key);  // never mapped yet
+    Pin(s);
     if (seg.free.size() == seg.pages) {
       empty_.erase(s);
       empty_pages_ -= seg.pages;
@@ -257,12 +260,13 @@ void PageArena::Reassign(uint32_t s, const std::string& owner) {
   }
   ++seg.generation;
   if (!shared_) return;
-  uint8_t* at = base_ + size_t{s} * segment_pages_ * page_size_;
+  uint8_t* at = SegmentAddress(s);
   const size_t bytes = SegmentBytes(s);
   if (seg.fd >= 0 && !seg.exported) {
     std::memset(at, 0, bytes);  // only this process maps it
     return;
   }
+  Unpin(s);  // the pin holds the old pages, not what is mapped next
   if (seg.fd >= 0) {
     // Frees the old owner's bytes even where a reader still maps them.
     fallocate(seg.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(bytes));
@@ -276,6 +280,30 @@ void PageArena::Reassign(uint32_t s, const std::string& owner) {
     std::fprintf(stderr, "kvtier-cache: cannot map segment %u: %s\n", s, std::strerror(errno));
     std::abort();
   }
+}
+
+void PageArena::Pin(uint32_t s) {
+  Segment& seg = segments_[s];
+  if (pin_for_ == nullptr || seg.pinned || pin_refused_) return;
+  const absl::Status pinned = pin_for_->PinHost(SegmentAddress(s), SegmentBytes(s));
+  if (pinned.ok()) {
+    seg.pinned = true;
+    return;
+  }
+  pin_refused_ = true;
+  if (pinned.code() != absl::StatusCode::kUnimplemented) {
+    std::fprintf(stderr,
+                 "kvtier-cache: cannot pin the host tier's pages for copies to %s (%s); they go through the "
+                 "driver's staging, slower\n",
+                 pin_for_->name().c_str(), std::string(pinned.message()).c_str());
+  }
+}
+
+void PageArena::Unpin(uint32_t s) {
+  Segment& seg = segments_[s];
+  if (!seg.pinned) return;
+  pin_for_->UnpinHost(SegmentAddress(s));
+  seg.pinned = false;
 }
 
 }  // namespace kvtier::cache

@@ -48,6 +48,10 @@ struct ArenaOptions {
   // Pages in this slab instead of host memory (`shared` does not apply);
   // the capacity is capped at its size.
   std::shared_ptr<SlabMemory> slab;
+  // Host pages that are copied to and from this slab (a GPU's, the tier
+  // above): each segment pinned with it from its first use, so those
+  // copies run at the pinned rate.
+  std::shared_ptr<SlabMemory> pin_for;
 };
 
 class PageArena {
@@ -111,6 +115,7 @@ class PageArena {
     bool exported = false;  // fd handed out in this generation
     std::vector<uint32_t> free;  // a stack, lowest page on top
     uint32_t pages = 0;
+    bool pinned = false;  // with pin_for, over its current mapping
   };
   struct OwnerPages {
     std::set<uint32_t> with_free;  // its segments with a free page
@@ -130,10 +135,17 @@ class PageArena {
   // Gives an empty segment to `owner`: in a shared arena, a new memfd mapped
   // over it.
   void Reassign(uint32_t segment, const std::string& owner);
+  uint8_t* SegmentAddress(uint32_t segment) const { return base_ + size_t{segment} * segment_pages_ * page_size_; }
+  // Pins a segment's pages with pin_for, unless done or refused before
+  // (refused: said once on stderr; copies then go slower, still right).
+  void Pin(uint32_t segment);
+  void Unpin(uint32_t segment);
 
   uint8_t* base_;  // null with a slab
   size_t mapped_bytes_;
   std::shared_ptr<SlabMemory> slab_;
+  std::shared_ptr<SlabMemory> pin_for_;  // null: nothing to pin for
+  bool pin_refused_ = false;
   uint32_t page_size_;
   uint32_t segment_pages_;
   uint32_t total_pages_;

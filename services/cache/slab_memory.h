@@ -49,6 +49,12 @@ class SlabMemory {
   // A host buffer copies in and out of the slab go fastest through (pinned
   // memory for a GPU), freed when the last owner lets go.
   virtual std::shared_ptr<uint8_t> AllocateHost(size_t n) const = 0;
+  // Page-locks host memory this process maps (a host tier's pages) so
+  // copies between it and the slab run at the pinned rate; UNIMPLEMENTED
+  // where that means nothing (host memory). UnpinHost before the memory is
+  // unmapped or remapped.
+  virtual absl::Status PinHost(void* /*p*/, size_t /*n*/) { return absl::UnimplementedError("nothing to pin"); }
+  virtual void UnpinHost(void* /*p*/) {}
   // A buffer other processes can open, and device-to-device copies into
   // it; UNIMPLEMENTED where there is no such thing (host memory).
   virtual absl::StatusOr<std::unique_ptr<ExportedBuffer>> Export(uint64_t /*bytes*/) {

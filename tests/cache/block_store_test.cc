@@ -548,6 +548,10 @@ TEST(BlockStoreMoves, ATierMoveOfAManyPageBlockIsOneBatchOfCopies) {
   EXPECT_EQ((*promoted)->CopyToString(), records[0]);
   ASSERT_EQ(slab->in_batches.size(), 1u) << "the promotion";
   EXPECT_EQ(RecordingSlab::Bytes(slab->in_batches[0]), record_bytes);
+  // Both moves copy straight from and to the host tier's pages, pinned.
+  for (const auto& batch : {slab->in_batches[0], slab->out_batches[0]}) {
+    for (const SlabRun& run : batch) EXPECT_TRUE(slab->IsPinned(run.host, run.n));
+  }
   ASSERT_EQ(slab->out_batches.size(), 2u) << "the demotion, then the read out of the slab";
   for (const auto& batch : slab->out_batches) EXPECT_EQ(RecordingSlab::Bytes(batch), record_bytes);
   EXPECT_EQ(tier_of(0), v1::TIER_DEVICE);

@@ -26,7 +26,7 @@ constexpr uint32_t kSegmentPages = 2;
 std::unique_ptr<PageArena> OneSegmentArena() {
   absl::StatusOr<std::unique_ptr<PageArena>> arena = PageArena::Create(
       {.capacity = kSegmentPages * kPage, .page_size = kPage, .segment_pages = kSegmentPages, .shared = true,
-       .slab = nullptr});
+       .slab = nullptr, .pin_for = nullptr});
   EXPECT_TRUE(arena.ok()) << arena.status();
   return *std::move(arena);
 }
@@ -109,7 +109,7 @@ TEST(PageArenaTest, ASegmentAReaderHadGetsANewMemfdAndTheReaderOnlyZeros) {
 TEST(PageArenaTest, ABlocksAdjacentPagesAreOneRunInOneBatch) {
   auto slab = std::make_shared<RecordingSlab>(4 * kPage);
   absl::StatusOr<std::unique_ptr<PageArena>> arena =
-      PageArena::Create({.capacity = 4 * kPage, .page_size = kPage, .segment_pages = 4, .shared = false, .slab = slab});
+      PageArena::Create({.capacity = 4 * kPage, .page_size = kPage, .segment_pages = 4, .shared = false, .slab = slab, .pin_for = nullptr});
   ASSERT_TRUE(arena.ok()) << arena.status();
   std::vector<uint32_t> all;
   ASSERT_TRUE((*arena)->Allocate(4, "ns", all));
@@ -142,7 +142,7 @@ TEST(PageArenaTest, ABlocksAdjacentPagesAreOneRunInOneBatch) {
 TEST(PageArenaTest, PiecesOfARecordAreOneBatch) {
   auto slab = std::make_shared<RecordingSlab>(4 * kPage);
   absl::StatusOr<std::unique_ptr<PageArena>> arena =
-      PageArena::Create({.capacity = 4 * kPage, .page_size = kPage, .segment_pages = 4, .shared = false, .slab = slab});
+      PageArena::Create({.capacity = 4 * kPage, .page_size = kPage, .segment_pages = 4, .shared = false, .slab = slab, .pin_for = nullptr});
   ASSERT_TRUE(arena.ok()) << arena.status();
   std::vector<uint32_t> all;
   ASSERT_TRUE((*arena)->Allocate(4, "ns", all));
@@ -177,6 +177,55 @@ TEST(PageArenaTest, PiecesOfARecordAreOneBatch) {
     EXPECT_EQ(RecordingSlab::Bytes(batch), whole.size());
     EXPECT_EQ(batch.front().offset, 3 * kPage + 100);
   }
+}
+
+// Host pages copied to and from a GPU's slab are pinned with it a segment
+// at a time, from the segment's first use; a segment that gets a new memfd
+// is unpinned while the old pages are still mapped, then pinned again; all
+// is unpinned when the arena goes.
+TEST(PageArenaTest, SegmentsArePinnedForTheSlabAndUnpinnedBeforeRemapping) {
+  auto slab = std::make_shared<RecordingSlab>(kPage);
+  {
+    absl::StatusOr<std::unique_ptr<PageArena>> arena =
+        PageArena::Create({.capacity = 2 * kSegmentPages * kPage, .page_size = kPage, .segment_pages = kSegmentPages,
+                           .shared = true, .slab = nullptr, .pin_for = slab});
+    ASSERT_TRUE(arena.ok()) << arena.status();
+    EXPECT_TRUE(slab->pinned.empty()) << "nothing pinned before it is used";
+    std::vector<uint32_t> pages;
+    const std::string bytes = FillFor(**arena, "tenant-a", pages);
+    ASSERT_EQ(slab->pinned.size(), 1u);
+    for (uint32_t p : pages) EXPECT_TRUE(slab->IsPinned((*arena)->page(p), kPage)) << p;
+    (*arena)->MarkExported(0);  // a reader maps it: the next owner gets a new memfd
+    (*arena)->Free(pages);
+    ASSERT_TRUE((*arena)->Allocate(kSegmentPages, "tenant-b", pages));
+    EXPECT_EQ(slab->first_byte_unpinned, static_cast<uint8_t>(bytes[0])) << "unpinned after the old pages went";
+    ASSERT_EQ(slab->pinned.size(), 1u);
+    EXPECT_EQ(slab->pin_calls, 2);
+    for (uint32_t p : pages) EXPECT_TRUE(slab->IsPinned((*arena)->page(p), kPage)) << p;
+    // The second segment, for a third owner.
+    ASSERT_TRUE((*arena)->Allocate(1, "tenant-c", pages));
+    EXPECT_EQ(slab->pinned.size(), 2u);
+  }
+  EXPECT_TRUE(slab->pinned.empty()) << "the arena left memory pinned";
+  EXPECT_EQ(slab->errors, 0);
+}
+
+// Memory the system refuses to pin is asked for once; the arena works on.
+TEST(PageArenaTest, RefusedPinsAreAskedOnce) {
+  auto slab = std::make_shared<RecordingSlab>(kPage);
+  slab->refuse_pins = true;
+  absl::StatusOr<std::unique_ptr<PageArena>> arena =
+      PageArena::Create({.capacity = 4 * kPage, .page_size = kPage, .segment_pages = 1, .shared = false,
+                         .slab = nullptr, .pin_for = slab});
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  std::vector<uint32_t> pages;
+  ASSERT_TRUE((*arena)->Allocate(4, "ns", pages));
+  const std::string bytes(4 * kPage, 'x');
+  ASSERT_TRUE((*arena)->Write(pages, 0, bytes).ok());
+  std::string back(bytes.size(), '\0');
+  ASSERT_TRUE((*arena)->Read(pages, 0, std::span(reinterpret_cast<uint8_t*>(back.data()), back.size())).ok());
+  EXPECT_EQ(back, bytes);
+  EXPECT_EQ(slab->pin_calls, 1);
 }
 
 }  // namespace

@@ -1,8 +1,11 @@
 // Host memory behind the slab contract that records each batch of runs it
-// is asked to copy (a GPU waits once a batch). Not thread-safe.
+// is asked to copy (a GPU waits once a batch) and the host memory pinned
+// for it. Not thread-safe.
 #ifndef KVTIER_TESTS_CACHE_RECORDING_SLAB_H_
 #define KVTIER_TESTS_CACHE_RECORDING_SLAB_H_
 
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -28,6 +31,29 @@ class RecordingSlab final : public SlabMemory {
     return SlabMemory::CopyOutRuns(runs);
   }
   std::shared_ptr<uint8_t> AllocateHost(size_t n) const override { return slab_->AllocateHost(n); }
+  absl::Status PinHost(void* p, size_t n) override {
+    ++pin_calls;
+    if (refuse_pins) return absl::InternalError("refused for the test");
+    if (!pinned.emplace(static_cast<uint8_t*>(p), n).second) ++errors;  // pinned twice
+    return absl::OkStatus();
+  }
+  void UnpinHost(void* p) override {
+    auto it = pinned.find(static_cast<uint8_t*>(p));
+    if (it == pinned.end()) {
+      ++errors;  // never pinned
+      return;
+    }
+    first_byte_unpinned = *it->first;  // still the memory that was pinned?
+    pinned.erase(it);
+  }
+  // Whether [p, p + n) lies in pinned memory.
+  bool IsPinned(const void* p, size_t n) const {
+    const auto* q = static_cast<const uint8_t*>(p);
+    auto it = pinned.upper_bound(const_cast<uint8_t*>(q));
+    if (it == pinned.begin()) return false;
+    --it;
+    return q + n <= it->first + it->second;
+  }
 
   void Clear() {
     in_batches.clear();
@@ -42,6 +68,11 @@ class RecordingSlab final : public SlabMemory {
 
   std::vector<std::vector<SlabRun>> in_batches;
   mutable std::vector<std::vector<SlabRun>> out_batches;
+  std::map<uint8_t*, size_t> pinned;  // by address
+  int pin_calls = 0;
+  int errors = 0;  // pinned twice, or unpinned without a pin
+  uint8_t first_byte_unpinned = 0;
+  bool refuse_pins = false;
 
  private:
   std::unique_ptr<StagedHostSlab> slab_;

@@ -52,6 +52,11 @@ class DeviceSlab {
   // Page-locked host memory, given back when the last owner lets go (kept,
   // up to 256 MB, for the next buffer of its size).
   static std::shared_ptr<uint8_t> AllocatePinned(size_t n);
+  // Page-locks host memory this process already maps (cudaHostRegister),
+  // so copies to and from it run at the pinned rate; UnpinHost before the
+  // memory is unmapped or remapped. INTERNAL when the driver refuses.
+  static Status PinHost(void* p, size_t n);
+  static void UnpinHost(void* p);
   int device() const { return device_; }
 
  private:
