@@ -1,7 +1,9 @@
-// The fast path to GPU clients (ctest label `gpu`): with the cache's device
-// tier on a GPU (--device-memory cuda), a client that can open CUDA IPC
-// handles gets the blocks of that tier device to device, through a buffer
-// of its own session. Skipped, saying why, where there is no GPU.
+// The cache's device tier on a GPU (--device-memory cuda; ctest label
+// `gpu`): a client that can open CUDA IPC handles gets the blocks of that
+// tier device to device, through a buffer of its own session; and blocks
+// pushed down to the host tier (its pages pinned for the GPU's copies) and
+// read back up come back as they were stored. Skipped, saying why, where
+// there is no GPU.
 #include <gtest/gtest.h>
 
 #include "kvtier/kernels/cuda_codec.h"
@@ -63,6 +65,44 @@ TEST(FastPathGpuTest, GpuTierBlocksReachAGpuClientThroughIpc) {
     ASSERT_TRUE(fetched[i].ok()) << fetched[i].status();
     EXPECT_EQ(**fetched[i], blocks[i].record) << i;
   }
+}
+
+// Four times what the GPU tier holds, so most blocks go down to the host
+// tier and are promoted again when read: each read back byte for byte.
+TEST(FastPathGpuTest, BlocksSpilledToTheHostTierComeBackUpIntact) {
+  std::string why;
+  if (!kernels::cuda::DevicePresent(&why)) GTEST_SKIP() << "no GPU: " << why;
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  ChildProcess cache({testing::BinaryPath("KVTIER_CACHE_BINARY", KVTIER_CACHE_BINARY), "--listen", "127.0.0.1:0",
+                      "--metrics-listen", "", "--device-capacity", "4MiB", "--host-capacity", "64MiB",
+                      "--device-memory", "cuda"});
+  const int port = cache.WaitForListeningPort();
+  ASSERT_GT(port, 0);
+  const kvblock::LatentLayout layout = TestLayout();  // 13 blocks hold 4 MiB
+  CacheClient client(CacheClient::Connect("127.0.0.1:" + std::to_string(port)));
+  std::vector<TestBlock> blocks;
+  std::vector<kvblock::BlockHash> hashes;
+  for (int i = 0; i < 48; ++i) {
+    blocks.push_back(MakeBlock(layout, "tenant-a", rng.seed() + i));
+    hashes.push_back(blocks.back().slices.hash);
+    ASSERT_TRUE(client.Put("tenant-a", layout, {blocks.back().slices}).ok()) << i;
+  }
+  const auto got = client.Get("tenant-a", layout, hashes);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), blocks.size());
+  size_t from_host = 0;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    ASSERT_TRUE((*got)[i].status.ok()) << i << ": " << (*got)[i].status;
+    EXPECT_EQ((*got)[i].record, blocks[i].record) << i;
+    from_host += (*got)[i].tier == v1::TIER_HOST;
+  }
+  EXPECT_GT(from_host, blocks.size() / 2);
+  const auto stats = client.Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->checksum_failures(), 0u);
+  EXPECT_GT(stats->tiers(0).demotions(), blocks.size() / 2);
+  EXPECT_GT(stats->tiers(0).promotions(), 0u);
 }
 
 }  // namespace
