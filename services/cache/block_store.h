@@ -266,11 +266,24 @@ class BlockStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HasRoomLocked(size_t tier, size_t bytes, const std::string& ns) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves a pinned block to `to` with a verified copy, made without the
-  // lock (it is released and taken again inside). Returns false, leaving it
-  // in place, when the destination has no room, or it is moving or read by
-  // another; on a checksum failure the block is dropped.
-  bool MoveLocked(Entry* entry, size_t to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A slab tier's (a GPU's) copies out wait once a batch, so it demotes
+  // its victims together, this many bytes at most (and at most a sixteenth
+  // of the tier): more than one block asks, which leaves room ahead for the
+  // next. Other tiers demote only what is asked.
+  static constexpr uint64_t kDemotionBatchBytes = 8 << 20;
+  uint64_t DemotionBatchBytes(size_t tier) const;
+  struct Move;
+  // Moves pinned blocks of one tier to `to` with verified copies, made
+  // without the lock (it is released and taken again inside); moved[i] says
+  // whether entries[i] went. One stays in place when the destination has no
+  // room, or it is moving or read by another; on a checksum failure it is
+  // dropped.
+  std::vector<bool> MoveLocked(std::span<Entry* const> entries, size_t to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Commits a move whose copy is done, or undoes it; true when it went.
+  bool FinishMoveLocked(Move& move, size_t to, const absl::Status& copied) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CopyRecord for each move, without the lock; out of a slab, all in one
+  // batch of copies.
+  std::vector<absl::Status> CopyRecords(std::span<const Move> moves, size_t to) const;
   void DropLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives back the pages or file holding a block's record.
   void ReleaseStorageLocked(const Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

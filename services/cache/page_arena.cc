@@ -158,14 +158,21 @@ absl::Status PageArena::WritePieces(const std::vector<uint32_t>& pages, size_t o
 
 absl::Status PageArena::ReadPieces(const std::vector<uint32_t>& pages, size_t offset,
                                    std::span<const std::span<uint8_t>> pieces) const {
+  const RecordPieces record{&pages, offset, pieces};
+  return ReadRecords(std::span(&record, 1));
+}
+
+absl::Status PageArena::ReadRecords(std::span<const RecordPieces> records) const {
   std::vector<SlabRun> runs;
-  ForEachRun(pages, offset, pieces, [&](size_t at, uint8_t* to, size_t n) {
-    if (slab_ != nullptr) {
-      AddRun(runs, {at, n, to});
-    } else {
-      std::memcpy(to, base_ + at, n);
-    }
-  });
+  for (const RecordPieces& r : records) {
+    ForEachRun(*r.pages, r.offset, r.pieces, [&](size_t at, uint8_t* to, size_t n) {
+      if (slab_ != nullptr) {
+        AddRun(runs, {at, n, to});
+      } else {
+        std::memcpy(to, base_ + at, n);
+      }
+    });
+  }
   return runs.empty() ? absl::OkStatus() : slab_->CopyOutRuns(runs);
 }
 

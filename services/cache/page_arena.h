@@ -89,6 +89,13 @@ class PageArena {
                            std::span<const std::span<const uint8_t>> pieces);
   absl::Status ReadPieces(const std::vector<uint32_t>& pages, size_t offset,
                           std::span<const std::span<uint8_t>> pieces) const;
+  // ReadPieces for several records at once: in a slab, one batch for all.
+  struct RecordPieces {
+    const std::vector<uint32_t>* pages;
+    size_t offset;
+    std::span<const std::span<uint8_t>> pieces;
+  };
+  absl::Status ReadRecords(std::span<const RecordPieces> records) const;
   // The first `size` bytes of a record laid over `pages`, a piece a page:
   // only when addressable().
   std::vector<std::span<uint8_t>> PagePieces(const std::vector<uint32_t>& pages, size_t size) const;

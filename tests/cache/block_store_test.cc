@@ -566,6 +566,66 @@ TEST(BlockStoreMoves, ATierMoveOfAManyPageBlockIsOneBatchOfCopies) {
   EXPECT_EQ(store->Stats().checksum_failures, 0u);
 }
 
+// A full slab tier (a GPU's) demotes a sixteenth of itself at a time, in
+// one batch of copies, so the blocks stored next find room without a copy
+// each; a tier in host memory demotes only what each block needs. Every
+// block reads back as stored.
+TEST(BlockStoreMoves, ASlabTierDemotesInBatchesAhead) {
+  const kvblock::LatentLayout layout = SmallLayout();
+  const uint64_t layout_id = kvblock::LayoutId(layout);
+  for (const bool in_slab : {true, false}) {
+    SCOPED_TRACE(in_slab ? "device tier in a slab" : "device tier in host memory");
+    auto slab = std::make_shared<RecordingSlab>(64 * kPage);
+    StoreOptions o;
+    o.page_size = kPage;
+    o.device_capacity = 64 * kPage;  // a sixteenth: 16 KiB, 7 records of 2,340 B and an eighth
+    o.host_capacity = 256 * kPage;
+    if (in_slab) o.device_slab = slab;
+    ManualClock clock;
+    auto store = *BlockStore::Create(o, &clock);
+    testing::SeededRng rng;
+    SCOPED_TRACE(rng.Trace());
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<BlockHash> hashes;
+    std::vector<std::string> records;  // a whole block's slice is its record
+    auto put = [&] {
+      std::vector<uint32_t> tokens(16, static_cast<uint32_t>(hashes.size()));
+      hashes.push_back(kvblock::ChainHash("ns", kvblock::kNoParent, layout_id, tokens));
+      std::vector<float> x(size_t{layout.num_layers} * layout.LayerShape().values());
+      for (float& v : x) v = normal(rng.engine());
+      records.push_back(*kvblock::EncodeBlock(layout, 0, layout.num_layers, x));
+      auto session = store->BeginPut("ns", layout);
+      ASSERT_TRUE(session->AddSlice(hashes.back(), records.back()).ok());
+      ASSERT_EQ(session->Finish().blocks_stored, 1u);
+    };
+    for (int i = 0; i < 64; ++i) put();
+    EXPECT_EQ(store->Stats().tiers[0].demotions, 0u);
+    slab->Clear();
+    for (int i = 0; i < 8; ++i) put();
+    if (in_slab) {
+      EXPECT_EQ(store->Stats().tiers[0].demotions, 8u) << "one batch, ahead";
+      ASSERT_EQ(slab->out_batches.size(), 1u);
+      EXPECT_EQ(RecordingSlab::Bytes(slab->out_batches[0]), 8 * records[0].size());
+      put();
+      EXPECT_EQ(store->Stats().tiers[0].demotions, 16u) << "the next batch";
+      EXPECT_EQ(slab->out_batches.size(), 2u);
+    } else {
+      EXPECT_EQ(store->Stats().tiers[0].demotions, 8u) << "one for each block";
+      put();
+      EXPECT_EQ(store->Stats().tiers[0].demotions, 9u);
+    }
+    for (size_t i = 0; i < hashes.size(); ++i) {
+      auto block = store->Read("ns", layout_id, hashes[i]);
+      ASSERT_TRUE(block.ok()) << i << ": " << block.status();
+      EXPECT_EQ((*block)->CopyToString(), records[i]) << i;
+    }
+    const StoreStats stats = store->Stats();
+    EXPECT_EQ(stats.checksum_failures, 0u);
+    EXPECT_EQ(stats.tiers[0].blocks + stats.tiers[1].blocks, hashes.size()) << "nothing dropped";
+    for (const TierCounters& t : stats.tiers) EXPECT_LE(t.used_bytes, t.capacity_bytes);
+  }
+}
+
 TEST_P(BlockStoreTest, CorruptedBytesAreNeverServed) {
   Put(Hash(0));
   Corrupt(Hash(0), 200);
