@@ -1,10 +1,13 @@
-// Tier moves in the store, in-process, against memcpy of the same bytes in
-// the same run: storing blocks (27 layer slices each, as a prefill node
-// sends them) into a full device tier (each block pushes one down to the
-// host tier: a demotion); reading the demoted blocks back as a Get does
-// (each read promotes one and pushes another down). Every move and read checks the record's CRC. The device tier in
-// host memory the store addresses, and in a slab it reaches only by copies
-// (staged-host: the code path of a GPU's memory, its copies memcpy here).
+// Tier moves in the store, in-process: storing blocks (27 layer slices
+// each, as a prefill node sends them) into a full device tier (each block
+// pushes one down to the host tier: a demotion), and reading the demoted
+// blocks back as a Get does (each read promotes one and pushes another
+// down). Every move and read checks the record's CRC. The device tier in
+// host memory the store addresses; in a slab it reaches only by copies
+// (staged-host: a GPU's code path, its copies memcpy here); and, built
+// with CUDA on a machine with a GPU, in the GPU's memory. Compared with
+// memcpy of the same bytes in the same rounds (the GPU: pinned cudaMemcpy,
+// one way; a block stored crosses twice, a block read three times).
 //   tier_move_bench [--blocks N] [--rounds N]
 #include <algorithm>
 #include <chrono>
@@ -16,6 +19,9 @@
 
 #include "load/bench_layout.h"
 #include "services/cache/block_store.h"
+#if KVTIER_HAVE_CUDA
+#include "services/cache/cuda_slab.h"
+#endif
 #include "services/common/flags.h"
 #include "services/kvblock/block_format.h"
 
@@ -57,16 +63,21 @@ class Bench {
   }
   size_t record_bytes() const { return record_bytes_; }
 
-  // A store whose device tier holds `blocks` blocks, the host tier 3 times
-  // as many; shared memory, as kvtier-cache runs.
-  std::unique_ptr<BlockStore> Open(bool staged) const {
+  // Bytes of a device tier that holds `blocks` blocks.
+  uint64_t DeviceBytes() const {
     const uint64_t page = 64 * 1024;
-    const uint64_t device = blocks_ * ((record_bytes_ + page - 1) / page) * page;
+    return blocks_ * ((record_bytes_ + page - 1) / page) * page;
+  }
+
+  // A store whose device tier holds `blocks` blocks, in `slab` (null: host
+  // memory), the host tier 3 times as many; shared memory, as kvtier-cache
+  // runs.
+  std::unique_ptr<BlockStore> Open(std::shared_ptr<SlabMemory> slab) const {
     StoreOptions o;
-    o.device_capacity = device;
-    o.host_capacity = 3 * device;
+    o.device_capacity = DeviceBytes();
+    o.host_capacity = 3 * DeviceBytes();
     o.shared_memory = true;
-    if (staged) o.device_slab = *StagedHostSlab::Create(device);
+    o.device_slab = std::move(slab);
     return *BlockStore::Create(o, SystemClock::Get());
   }
 
@@ -121,6 +132,19 @@ class Bench {
     });
   }
 
+  // The same bytes copied into `slab` and out again in one copy each from
+  // its pinned host memory (plain pinned cudaMemcpy for a GPU's): the
+  // seconds of one way, the two averaged.
+  double SlabCopy(SlabMemory& slab) {
+    const size_t bytes = size_t{blocks_} * record_bytes_;
+    std::shared_ptr<uint8_t> host = slab.AllocateHost(bytes);
+    std::memset(host.get(), 1, bytes);
+    return Seconds([&] {
+             if (!slab.CopyIn(0, host.get(), bytes).ok() || !slab.CopyOut(0, host.get(), bytes).ok()) std::abort();
+           }) /
+           2;
+  }
+
  private:
   kvblock::LatentLayout layout_;
   uint32_t blocks_;
@@ -142,34 +166,50 @@ int Main(int argc, char** argv) {
     return 2;
   }
   Bench bench(static_cast<uint32_t>(blocks), 16);
-  std::unique_ptr<BlockStore> host_store = bench.Open(false), staged_store = bench.Open(true);
-  // Round 0 writes every page for the first time (page faults): not counted.
-  bench.Run(*host_store, 0);
-  bench.Run(*staged_store, 0);
-  std::vector<double> memcpy_s;
-  std::vector<Phases> host, staged;
+  // Each device tier, and what its rows are compared with.
+  struct Kind {
+    const char* name;
+    bool gpu;  // compared with pinned copies in and out of its slab
+    std::shared_ptr<SlabMemory> slab;
+    std::unique_ptr<BlockStore> store;
+    std::vector<Phases> phases;
+    std::vector<double> reference_s;
+  };
+  std::vector<Kind> kinds;
+  kinds.push_back({"host memory", false, nullptr, nullptr, {}, {}});
+  kinds.push_back({"staged slab", false, *StagedHostSlab::Create(bench.DeviceBytes()), nullptr, {}, {}});
+#if KVTIER_HAVE_CUDA
+  if (absl::StatusOr<std::unique_ptr<CudaSlab>> gpu = CudaSlab::Create(bench.DeviceBytes()); gpu.ok()) {
+    kinds.push_back({"GPU slab", true, std::shared_ptr<SlabMemory>(*std::move(gpu)), nullptr, {}, {}});
+  } else {
+    std::printf("no GPU slab: %s\n", std::string(gpu.status().message()).c_str());
+  }
+#endif
+  for (Kind& k : kinds) {
+    k.store = bench.Open(k.slab);
+    bench.Run(*k.store, 0);  // writes every page for the first time (page faults): not counted
+  }
   for (uint32_t r = 1; r <= rounds; ++r) {
-    memcpy_s.push_back(bench.Memcpy());
-    host.push_back(bench.Run(*host_store, r));
-    staged.push_back(bench.Run(*staged_store, r));
+    for (Kind& k : kinds) {
+      k.reference_s.push_back(k.gpu ? bench.SlabCopy(*k.slab) : bench.Memcpy());
+      k.phases.push_back(bench.Run(*k.store, r));
+    }
   }
   const double gb = static_cast<double>(blocks * bench.record_bytes()) / 1e9;
-  const double copy = gb / Median(memcpy_s);
-  std::printf("%llu blocks of %zu B (V2-Lite int8) a row; median of %llu rounds; memcpy %.2f GB/s\n\n",
-              static_cast<unsigned long long>(blocks), bench.record_bytes(), static_cast<unsigned long long>(rounds),
-              copy);
-  std::printf("%-40s %8s %10s\n", "device tier / what", "GB/s", "of memcpy");
-  for (const bool is_staged : {false, true}) {
-    const std::vector<Phases>& runs = is_staged ? staged : host;
-    const char* where = is_staged ? "staged slab" : "host memory";
+  std::printf("%llu blocks of %zu B (V2-Lite int8) a row; median of %llu rounds; GB/s of blocks, against memcpy "
+              "(GPU: pinned cudaMemcpy, one way) of the same bytes in the same rounds\n\n",
+              static_cast<unsigned long long>(blocks), bench.record_bytes(), static_cast<unsigned long long>(rounds));
+  std::printf("%-40s %8s %12s %10s\n", "device tier / what", "GB/s", "limit GB/s", "of limit");
+  for (const Kind& k : kinds) {
+    const double limit = gb / Median(k.reference_s);
     const std::pair<const char*, double Phases::*> rows[] = {{"store, each demoting one", &Phases::store_demoting},
                                                              {"read, each promoting one", &Phases::read_promoting}};
     for (const auto& [what, field] : rows) {
       std::vector<double> seconds;
-      for (const Phases& p : runs) seconds.push_back(p.*field);
+      for (const Phases& p : k.phases) seconds.push_back(p.*field);
       const double rate = gb / Median(seconds);
-      const std::string label = std::string(where) + ": " + what;
-      std::printf("%-40s %8.2f %9.2fx\n", label.c_str(), rate, rate / copy);
+      const std::string label = std::string(k.name) + ": " + what;
+      std::printf("%-40s %8.2f %12.2f %9.2fx\n", label.c_str(), rate, limit, rate / limit);
     }
   }
   return 0;

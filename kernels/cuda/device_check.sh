@@ -8,8 +8,10 @@
 # pinned cudaMemcpy. Then, when a device-bundle/ made by
 # scripts/device_bundle.sh came along (carried), the services' GPU tests
 # from it: --device cuda against the CPU (cuda_forward_test, `kvtier run
-# --device cuda` included) and the fast path to GPU clients; and batched
-# decode steps on the CPU and the GPU (decode_bench).
+# --device cuda` included), the fast path to GPU clients and spills from
+# a GPU tier (fast_path_gpu_test); batched decode steps on the CPU and the
+# GPU (decode_bench); and the store's tier moves with the device tier in
+# the GPU against pinned cudaMemcpy (tier_move_bench).
 #
 # The check programs come prebuilt in device-bundle/checks/ when they run
 # there, and are built here otherwise. Each step has a time limit inside
@@ -78,6 +80,7 @@ elif [ -d device-bundle ]; then
   step "cuda_forward_test" 120 device-bundle/cuda_forward_test
   step "fast_path_gpu_test" 60 device-bundle/fast_path_gpu_test
   step "decode_bench" 90 device-bundle/decode_bench
+  step "tier_move_bench" 60 device-bundle/tier_move_bench --rounds 5
 else
   echo "no device-bundle/: the services' GPU tests (scripts/device_bundle.sh) not run"
 fi
