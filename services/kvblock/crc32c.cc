@@ -7,10 +7,12 @@
 #include <immintrin.h>
 #endif
 
+#include "kvtier/kernels/crc32c_math.h"
+
 namespace kvtier::kvblock {
 namespace {
 
-constexpr uint32_t kPolynomial = 0x82f63b78u;  // Castagnoli, reflected
+constexpr uint32_t kPolynomial = kernels::kCrc32cPolynomial;  // Castagnoli, reflected
 
 // Slicing-by-8 tables: table[k][b] is the CRC of byte b followed by k zeros.
 constexpr std::array<std::array<uint32_t, 256>, 8> MakeTables() {
@@ -27,21 +29,11 @@ constexpr std::array<std::array<uint32_t, 256>, 8> MakeTables() {
 }
 constexpr auto kTables = MakeTables();
 
-// a * b mod the polynomial, both in the reflected order (bit 31 holds x^0).
-constexpr uint32_t MultiplyModPolynomial(uint32_t a, uint32_t b) {
-  uint32_t product = 0;
-  for (int i = 31; i >= 0; --i) {
-    product ^= b & (0u - ((a >> i) & 1));
-    b = (b >> 1) ^ (kPolynomial & (0u - (b & 1)));  // b * x
-  }
-  return product;
-}
-
 // x^(2^k) mod the polynomial, k = 0..63.
 constexpr std::array<uint32_t, 64> MakePowers() {
   std::array<uint32_t, 64> powers{};
-  powers[0] = 1u << 30;  // x
-  for (int k = 1; k < 64; ++k) powers[k] = MultiplyModPolynomial(powers[k - 1], powers[k - 1]);
+  powers[0] = kernels::kCrc32cX;
+  for (int k = 1; k < 64; ++k) powers[k] = kernels::Crc32cMultiply(powers[k - 1], powers[k - 1]);
   return powers;
 }
 constexpr auto kPowersOfX = MakePowers();
@@ -233,7 +225,7 @@ uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, size_t size_b) {
   uint64_t bits = uint64_t{size_b} * 8;
   uint32_t shifted = crc_a;
   for (int k = 0; bits != 0; ++k, bits >>= 1) {
-    if (bits & 1) shifted = MultiplyModPolynomial(kPowersOfX[k], shifted);
+    if (bits & 1) shifted = kernels::Crc32cMultiply(kPowersOfX[k], shifted);
   }
   return shifted ^ crc_b;
 }

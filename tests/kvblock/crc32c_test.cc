@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "kvtier/kernels/crc32c_math.h"
 #include "tests/test_random.h"
 
 namespace kvtier::kvblock {
@@ -57,6 +58,37 @@ TEST(Crc32c, CombineGivesTheCrcOfTheConcatenation) {
   }
   EXPECT_EQ(Crc32cCombine(Crc32c(data.data(), 100), 0, 0), Crc32c(data.data(), 100));
   EXPECT_EQ(Crc32cCombine(0, Crc32c(data.data(), 100), 100), Crc32c(data.data(), 100));
+}
+
+// The scheme a GPU checks records with (crc32c_math.h): raw CRCs of
+// power-of-two parts after zero padding, joined pairwise level by level,
+// give the CRC of the whole, for sizes around the part boundaries and a
+// block's.
+TEST(Crc32c, PartsJoinedLevelByLevelGiveTheRecordsCrc) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  uint32_t table[4][256];
+  for (uint32_t k = 0; k < 4; ++k) {
+    for (uint32_t b = 0; b < 256; ++b) table[k][b] = kernels::Crc32cTableEntry(k, b);
+  }
+  std::vector<uint8_t> data(1026468);
+  for (auto& b : data) b = static_cast<uint8_t>(rng.engine()());
+  for (const uint32_t parts : {1u, 32u, 1024u}) {
+    for (const size_t bytes : {size_t{0}, size_t{1}, size_t{3}, size_t{4095}, size_t{4096}, size_t{4097},
+                               size_t{131071}, data.size() - 4, data.size()}) {
+      const kernels::Crc32cSplit split = kernels::SplitForCrc32c(bytes, parts);
+      std::vector<uint32_t> raw(parts);
+      for (uint32_t t = 0; t < parts; ++t) {
+        raw[t] = kernels::Crc32cRawPart(table, [&](uint64_t i) { return data[i]; }, split, t);
+      }
+      uint32_t factor = kernels::Crc32cFirstJoinFactor(split);
+      for (uint32_t stride = 1; stride < parts; stride *= 2) {
+        for (uint32_t t = 0; t < parts; t += 2 * stride) raw[t] = kernels::Crc32cMultiply(raw[t], factor) ^ raw[t + stride];
+        factor = kernels::Crc32cMultiply(factor, factor);
+      }
+      ASSERT_EQ(kernels::Crc32cFromRaw(raw[0], bytes), Crc32c(data.data(), bytes)) << parts << " parts, " << bytes;
+    }
+  }
 }
 
 // Every length up to past the 256-byte steps of the carry-less path (and its
