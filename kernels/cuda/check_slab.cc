@@ -8,8 +8,10 @@
 // page arena moves them (16 runs of 64 KB, one wait), from pinned memory,
 // from a pinned buffer allocated per block, from pageable memory, and from
 // memfd pages pinned in 4 MB segments (PinHost: the host tier's pages),
-// against plain pinned cudaMemcpy of 256 MB. The pinned memfd pages must
-// round-trip too.
+// in batches of 8 blocks, and with their CRCs computed on the GPU first
+// (as the store demotes), against plain pinned cudaMemcpy of 256 MB. The
+// pinned memfd pages must round-trip too, and records' CRC32C computed on
+// the GPU must equal a bit-by-bit CPU CRC32C.
 // Exit codes: 0 pass, 1 mismatch or CUDA error, 77 no device (ctest: skip).
 #include <cuda_runtime.h>
 #include <sys/mman.h>
@@ -111,6 +113,61 @@ bool PinnedMemfdRoundTrips(cuda::DeviceSlab& slab, std::mt19937_64& rng) {
   return true;
 }
 
+// CRC32C bit by bit: the reference for the GPU's.
+uint32_t BitwiseCrc32c(const uint8_t* p, size_t n) {
+  uint32_t c = ~0u;
+  for (size_t i = 0; i < n; ++i) {
+    c ^= p[i];
+    for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0x82f63b78u & (0u - (c & 1)));
+  }
+  return ~c;
+}
+
+// Records over scattered 64 KB pages of the slab, of sizes around the
+// GPU's part boundaries and a block's: their CRC32C computed on the GPU
+// equals the CPU's, and the runs queued with them come out intact.
+bool RecordCrcsMatch(cuda::DeviceSlab& slab, std::mt19937_64& rng) {
+  constexpr uint32_t kPage = 65536;
+  const std::vector<size_t> sizes = {0, 1, 3, 4097, kPage, kPage + 5, 1026464, 1026468, 3 * kPage - 1};
+  std::vector<uint64_t> free_pages(kSlabBytes / kPage);
+  for (size_t i = 0; i < free_pages.size(); ++i) free_pages[i] = i * kPage;
+  std::shuffle(free_pages.begin(), free_pages.end(), rng);
+  std::vector<std::vector<uint64_t>> offsets;
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<cuda::DeviceSlab::Record> records;
+  std::vector<cuda::SlabRun> runs;
+  for (const size_t size : sizes) {
+    std::vector<uint8_t> record(size);
+    for (auto& b : record) b = static_cast<uint8_t>(rng());
+    std::vector<uint64_t> pages;
+    for (size_t at = 0; at < std::max<size_t>(size, 1); at += kPage) {
+      pages.push_back(free_pages.back());
+      free_pages.pop_back();
+      const size_t n = std::min<size_t>(kPage, size - std::min(size, at));
+      if (n > 0 && !slab.CopyIn(pages.back(), record.data() + at, n).ok()) return false;
+    }
+    offsets.push_back(std::move(pages));
+    bytes.push_back(std::move(record));
+  }
+  std::vector<uint8_t> out(kPage, 0xA5);
+  for (size_t k = 0; k < sizes.size(); ++k) records.push_back({offsets[k], sizes[k]});
+  runs.push_back({offsets[6][1], kPage, out.data()});  // the second page of the block-sized record
+  std::vector<uint32_t> crcs(records.size(), 0);
+  if (const Status s = slab.CopyOutRunsWithCrc(runs, records, kPage, crcs.data()); !s.ok()) {
+    std::fprintf(stderr, "CopyOutRunsWithCrc: %s\n", s.message().c_str());
+    return false;
+  }
+  bool ok = std::memcmp(out.data(), bytes[6].data() + kPage, kPage) == 0;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const uint32_t want = BitwiseCrc32c(bytes[k].data(), sizes[k]);
+    if (crcs[k] != want) {
+      std::fprintf(stderr, "record of %zu bytes: GPU CRC %08x, CPU %08x\n", sizes[k], crcs[k], want);
+      ok = false;
+    }
+  }
+  return ok;
+}
+
 // GB/s of `op`, which moves `bytes` each call.
 template <typename Op>
 double GBs(size_t bytes, Op op) {
@@ -175,11 +232,31 @@ void Benchmark(cuda::DeviceSlab& slab) {
       (void)slab.CopyOutRuns(runs);
     }
   };
-  double promote_memfd = 0, spill_memfd = 0, spill_memfd_batched = 0;
+  // And with the blocks' CRCs computed on the GPU first, as the store
+  // demotes out of a GPU tier (1 MB records over 16 pages of 64 KB).
+  auto spill_batches_crc = [&](uint8_t* host) {
+    std::vector<cuda::SlabRun> runs;
+    std::vector<std::vector<uint64_t>> pages(kBatch);
+    std::vector<cuda::DeviceSlab::Record> records;
+    uint32_t crcs[kBatch];
+    for (size_t b = 0; b + kBatch <= kBlocks; b += kBatch) {
+      runs.clear();
+      records.clear();
+      for (size_t k = b; k < b + kBatch; ++k) {
+        runs.push_back({k * kBlock, kBlock, host + k * kBlock});
+        pages[k - b].clear();
+        for (size_t at = 0; at < kBlock; at += kPage) pages[k - b].push_back(k * kBlock + at);
+        records.push_back({pages[k - b], kBlock - 4});
+      }
+      (void)slab.CopyOutRunsWithCrc(runs, records, kPage, crcs);
+    }
+  };
+  double promote_memfd = 0, spill_memfd = 0, spill_memfd_batched = 0, spill_memfd_crc = 0;
   if (memfd.data() != nullptr) {
     promote_memfd = GBs(moved, [&] { blocks(memfd.data(), true); });
     spill_memfd = GBs(moved, [&] { blocks(memfd.data(), false); });
     spill_memfd_batched = GBs(batched, [&] { spill_batches(memfd.data()); });
+    spill_memfd_crc = GBs(batched, [&] { spill_batches_crc(memfd.data()); });
   }
   std::printf("\nplain pinned cudaMemcpy, 256 MB: host->device %.1f GB/s, device->host %.1f GB/s\n", h2d, d2h);
   std::printf("%-32s %10s %10s\n", "1 MB blocks through the slab", "GB/s", "% memcpy");
@@ -194,6 +271,7 @@ void Benchmark(cuda::DeviceSlab& slab) {
   std::printf("%-32s %10.1f %9.0f%%\n", "spill, to pinned memfd pages", spill_memfd, 100 * spill_memfd / d2h);
   std::printf("%-32s %10.1f %9.0f%%\n", "spill, same, 8 blocks a batch", spill_memfd_batched,
               100 * spill_memfd_batched / d2h);
+  std::printf("%-32s %10.1f %9.0f%%\n", "spill, same, CRCs on the GPU", spill_memfd_crc, 100 * spill_memfd_crc / d2h);
   std::printf("pinning a 4 MB memfd segment (PinHost, first touch included): %.2f ms\n", pin_ms_a_segment);
 }
 
@@ -263,12 +341,13 @@ int Main(bool benchmark) {
   const bool ok = RoundTrips(*slab, rng);
   const bool ipc = IpcRoundTrip(*slab, rng, reader);
   const bool memfd = PinnedMemfdRoundTrips(*slab, rng);
+  const bool crc = RecordCrcsMatch(*slab, rng);
   std::printf("%s: copies in and out %s; through an IPC buffer to another process %s; to and from pinned memfd "
-              "pages %s\n",
+              "pages %s; records' CRC32C on the GPU %s\n",
               slab->name().c_str(), ok ? "round-trip" : "MISMATCH", ipc ? "round-trip" : "FAILED",
-              memfd ? "round-trip" : "FAILED");
+              memfd ? "round-trip" : "FAILED", crc ? "equal to the CPU's" : "MISMATCH");
   if (benchmark) Benchmark(*slab);
-  return ok && ipc && memfd ? 0 : 1;
+  return ok && ipc && memfd && crc ? 0 : 1;
 }
 
 }  // namespace

@@ -3,10 +3,13 @@
 
 #include <cstring>
 #include <map>
+#include <vector>
 #include <mutex>
 
 #include "cuda_status.h"
+#include "kvtier/kernels/crc32c_math.h"
 #include "kvtier/kernels/cuda_slab.h"
+#include "stream_memory.h"
 
 namespace kvtier::kernels::cuda {
 
@@ -156,6 +159,103 @@ Status DeviceSlab::CopyRuns(std::span<const SlabRun> runs, bool in) {
   const cudaError_t waited = cudaStreamSynchronize(stream);
   if (first != cudaSuccess) return CudaError(first, what);
   if (waited != cudaSuccess) return CudaError(waited, what);
+  return OkStatus();
+}
+
+namespace {
+
+struct RecordDesc {
+  uint64_t first_page;  // in the page offsets
+  uint64_t bytes;
+};
+
+constexpr uint32_t kCrcThreads = 1024;
+
+// One CUDA block a record: each thread the raw CRC of its part, then the
+// parts joined pairwise in shared memory, level by level.
+__global__ void __launch_bounds__(kCrcThreads)
+    RecordCrcKernel(const uint8_t* slab, const uint64_t* page_offsets, const RecordDesc* records, uint32_t page_shift,
+                    uint32_t* crcs) {
+  __shared__ uint32_t table[4][256];
+  __shared__ uint32_t raw[kCrcThreads];
+  const uint32_t t = threadIdx.x;
+  table[t >> 8][t & 255] = Crc32cTableEntry(t >> 8, t & 255);  // as many entries as threads
+  __syncthreads();
+  const RecordDesc record = records[blockIdx.x];
+  const uint64_t* pages = page_offsets + record.first_page;
+  const uint64_t in_page = (uint64_t{1} << page_shift) - 1;
+  const Crc32cSplit split = SplitForCrc32c(record.bytes, kCrcThreads);
+  raw[t] = Crc32cRawPart(
+      table, [&](uint64_t i) { return slab[pages[i >> page_shift] + (i & in_page)]; }, split, t);
+  uint32_t factor = Crc32cFirstJoinFactor(split);
+  for (uint32_t stride = 1; stride < kCrcThreads; stride *= 2) {
+    __syncthreads();
+    if (t % (2 * stride) == 0) raw[t] = Crc32cMultiply(raw[t], factor) ^ raw[t + stride];
+    factor = Crc32cMultiply(factor, factor);
+  }
+  if (t == 0) crcs[blockIdx.x] = Crc32cFromRaw(raw[0], record.bytes);
+}
+
+}  // namespace
+
+Status DeviceSlab::CopyOutRunsWithCrc(std::span<const SlabRun> runs, std::span<const Record> records,
+                                      uint32_t page_size, uint32_t* crcs) {
+  if (records.empty()) return CopyOutRuns(runs);
+  if (page_size == 0 || (page_size & (page_size - 1)) != 0) {
+    return Status(StatusCode::kInternal, "slab page size must be a power of two");
+  }
+  for (const SlabRun& r : runs) {
+    if (Status s = CheckRange(r.offset, r.n, size_); !s.ok()) return s;
+  }
+  // Descriptors and page offsets go over in one copy, the CRCs come back in
+  // one, through one pinned buffer: [descriptors][page offsets][CRCs].
+  std::vector<RecordDesc> descs;
+  uint64_t pages = 0;
+  for (const Record& r : records) {
+    if (r.bytes > r.page_offsets.size() * uint64_t{page_size}) {
+      return Status(StatusCode::kInternal, "slab record longer than its pages");
+    }
+    for (const uint64_t offset : r.page_offsets) {
+      if (Status s = CheckRange(offset, page_size, size_); !s.ok()) return s;
+    }
+    descs.push_back({pages, r.bytes});
+    pages += r.page_offsets.size();
+  }
+  const size_t desc_bytes = descs.size() * sizeof(RecordDesc), offset_bytes = pages * sizeof(uint64_t),
+               in_bytes = desc_bytes + offset_bytes, crc_bytes = records.size() * sizeof(uint32_t);
+  std::shared_ptr<uint8_t> host = AllocatePinned(in_bytes + crc_bytes);
+  std::memcpy(host.get(), descs.data(), desc_bytes);
+  uint8_t* at = host.get() + desc_bytes;
+  for (const Record& r : records) {
+    std::memcpy(at, r.page_offsets.data(), r.page_offsets.size_bytes());
+    at += r.page_offsets.size_bytes();
+  }
+  const uint32_t page_shift = static_cast<uint32_t>(__builtin_ctz(page_size));
+  std::lock_guard<std::mutex> lock(mu_);
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  void* scratch = nullptr;
+  if (const cudaError_t e = MallocAsync(&scratch, in_bytes + crc_bytes, stream); e != cudaSuccess) {
+    return CudaError(e, "slab CRC workspace");
+  }
+  auto* device = static_cast<uint8_t*>(scratch);
+  cudaError_t first = cudaMemcpyAsync(device, host.get(), in_bytes, cudaMemcpyHostToDevice, stream);
+  if (first == cudaSuccess) {
+    RecordCrcKernel<<<static_cast<unsigned>(records.size()), kCrcThreads, 0, stream>>>(
+        base_, reinterpret_cast<const uint64_t*>(device + desc_bytes), reinterpret_cast<const RecordDesc*>(device),
+        page_shift, reinterpret_cast<uint32_t*>(device + in_bytes));
+    first = cudaGetLastError();
+  }
+  if (first == cudaSuccess) {
+    first = cudaMemcpyAsync(host.get() + in_bytes, device + in_bytes, crc_bytes, cudaMemcpyDeviceToHost, stream);
+  }
+  for (size_t i = 0; first == cudaSuccess && i < runs.size(); ++i) {
+    first = cudaMemcpyAsync(runs[i].host, base_ + runs[i].offset, runs[i].n, cudaMemcpyDeviceToHost, stream);
+  }
+  cudaFreeAsync(scratch, stream);
+  const cudaError_t waited = cudaStreamSynchronize(stream);
+  if (first != cudaSuccess) return CudaError(first, "slab copy out with CRC");
+  if (waited != cudaSuccess) return CudaError(waited, "slab copy out with CRC");
+  std::memcpy(crcs, host.get() + in_bytes, crc_bytes);
   return OkStatus();
 }
 

@@ -3,7 +3,9 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -86,6 +88,17 @@ uint32_t StoredCrc(const std::vector<std::span<const uint8_t>>& pieces, size_t s
 
 bool CrcMatches(const std::vector<std::span<const uint8_t>>& pieces, size_t size) {
   return ComputedCrc(pieces, size) == StoredCrc(pieces, size);
+}
+
+// A slab's own CRC of a record (a GPU's) that the landed copy's check
+// overruled: said once, since every such record is then checked twice.
+void WarnSlabCrcDisagreed(const kvblock::BlockHash& hash) {
+  static std::atomic<bool> said{false};
+  if (said.exchange(true)) return;
+  std::fprintf(stderr,
+               "kvtier-cache: the device tier's CRC of block %s disagreed with the check of its copy, which "
+               "passed; such blocks are checked on the host\n",
+               kvblock::HashToHex(hash).c_str());
 }
 
 absl::Status ChecksumFailed(const kvblock::BlockHash& hash) {
@@ -533,20 +546,32 @@ std::vector<absl::Status> BlockStore::CopyRecords(std::span<const Move> moves, s
   const Tier& dst = *tiers_[to];
   if (src.disk == nullptr && !src.arena->addressable() && dst.disk == nullptr) {
     // Out of a slab (a GPU's): straight into the destination's pages, all
-    // in one batch of copies (one wait), each checked where it landed.
+    // in one batch of copies (one wait). A GPU computes the records' CRCs
+    // where they lie, at its memory's rate, and each landed trailer must
+    // match; without that, or when one does not, the landed bytes are
+    // checked here and decide.
     std::vector<std::vector<std::span<uint8_t>>> outs;
     std::vector<PageArena::RecordPieces> records;
-    for (const Move& m : moves) outs.push_back(dst.arena->PagePieces(m.pages, m.entry->size));
+    std::vector<uint64_t> crc_bytes;
+    for (const Move& m : moves) {
+      outs.push_back(dst.arena->PagePieces(m.pages, m.entry->size));
+      crc_bytes.push_back(m.entry->size - kvblock::kBlockTrailerBytes);
+    }
     for (size_t k = 0; k < moves.size(); ++k) records.push_back({&moves[k].source, 0, outs[k]});
-    const absl::Status read = src.arena->ReadRecords(records);
+    std::vector<uint32_t> crcs(moves.size());
+    bool checked = false;
+    const absl::Status read = src.arena->ReadRecordsWithCrc(records, crc_bytes, crcs, checked);
     for (size_t k = 0; k < moves.size(); ++k) {
       const Entry& e = *moves[k].entry;
+      const std::vector<std::span<const uint8_t>> landed(outs[k].begin(), outs[k].end());
+      const bool checked_there = checked && crcs[k] == StoredCrc(landed, e.size);
       if (!read.ok()) {
         copied.push_back(read);
-      } else if (!CrcMatches(std::vector<std::span<const uint8_t>>(outs[k].begin(), outs[k].end()), e.size)) {
-        copied.push_back(ChecksumFailed(e.hash));
-      } else {
+      } else if (checked_there || CrcMatches(landed, e.size)) {
+        if (checked && !checked_there) WarnSlabCrcDisagreed(e.hash);
         copied.push_back(absl::OkStatus());
+      } else {
+        copied.push_back(ChecksumFailed(e.hash));
       }
     }
     return copied;

@@ -58,6 +58,18 @@ absl::Status CudaSlab::CopyOutRuns(std::span<const SlabRun> runs) const {
   return FromKernelStatus(slab_->CopyOutRuns(KernelRuns(runs)));
 }
 
+absl::Status CudaSlab::CopyOutRunsWithCrc(std::span<const SlabRun> runs, std::span<const SlabRecord> records,
+                                          uint32_t page_size, std::span<uint32_t> crcs) const {
+  if (crcs.size() != records.size()) return absl::InternalError("one CRC a record");
+  if (page_size == 0 || (page_size & (page_size - 1)) != 0) {
+    return absl::UnimplementedError("the GPU checks records over pages of a power of two bytes only");
+  }
+  std::vector<kernels::cuda::DeviceSlab::Record> kernel_records;
+  kernel_records.reserve(records.size());
+  for (const SlabRecord& r : records) kernel_records.push_back({r.page_offsets, r.bytes});
+  return FromKernelStatus(slab_->CopyOutRunsWithCrc(KernelRuns(runs), kernel_records, page_size, crcs.data()));
+}
+
 absl::StatusOr<std::unique_ptr<ExportedBuffer>> CudaSlab::Export(uint64_t bytes) {
   std::unique_ptr<kernels::cuda::DeviceBuffer> buffer;
   KVTIER_RETURN_IF_ERROR(FromKernelStatus(kernels::cuda::DeviceBuffer::Create(bytes, buffer)));

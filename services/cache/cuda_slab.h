@@ -21,6 +21,8 @@ class CudaSlab final : public SlabMemory {
   absl::Status CopyOut(uint64_t offset, void* to, size_t n) const override;
   absl::Status CopyInRuns(std::span<const SlabRun> runs) override;
   absl::Status CopyOutRuns(std::span<const SlabRun> runs) const override;
+  absl::Status CopyOutRunsWithCrc(std::span<const SlabRun> runs, std::span<const SlabRecord> records,
+                                  uint32_t page_size, std::span<uint32_t> crcs) const override;
   // Pinned: Get answers copied out of the slab go to gRPC from here.
   std::shared_ptr<uint8_t> AllocateHost(size_t n) const override;
   absl::Status PinHost(void* p, size_t n) override;

@@ -163,6 +163,13 @@ absl::Status PageArena::ReadPieces(const std::vector<uint32_t>& pages, size_t of
 }
 
 absl::Status PageArena::ReadRecords(std::span<const RecordPieces> records) const {
+  bool checked;
+  return ReadRecordsWithCrc(records, {}, {}, checked);
+}
+
+absl::Status PageArena::ReadRecordsWithCrc(std::span<const RecordPieces> records, std::span<const uint64_t> crc_bytes,
+                                           std::span<uint32_t> crcs, bool& checked) const {
+  checked = false;
   std::vector<SlabRun> runs;
   for (const RecordPieces& r : records) {
     ForEachRun(*r.pages, r.offset, r.pieces, [&](size_t at, uint8_t* to, size_t n) {
@@ -173,7 +180,22 @@ absl::Status PageArena::ReadRecords(std::span<const RecordPieces> records) const
       }
     });
   }
-  return runs.empty() ? absl::OkStatus() : slab_->CopyOutRuns(runs);
+  if (runs.empty()) return absl::OkStatus();
+  if (!crcs.empty()) {
+    std::vector<SlabRecord> checks(records.size());
+    for (size_t k = 0; k < records.size(); ++k) {
+      checks[k].bytes = crc_bytes[k];
+      for (size_t p = 0; p * page_size_ < crc_bytes[k]; ++p) {
+        checks[k].page_offsets.push_back(uint64_t{(*records[k].pages)[p]} * page_size_);
+      }
+    }
+    const absl::Status copied = slab_->CopyOutRunsWithCrc(runs, checks, page_size_, crcs);
+    if (copied.code() != absl::StatusCode::kUnimplemented) {
+      checked = copied.ok();
+      return copied;
+    }
+  }
+  return slab_->CopyOutRuns(runs);
 }
 
 std::vector<std::span<uint8_t>> PageArena::PagePieces(const std::vector<uint32_t>& pages, size_t size) const {

@@ -2,11 +2,13 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "services/common/status.h"
+#include "services/kvblock/crc32c.h"
 
 namespace kvtier::cache {
 namespace {
@@ -51,6 +53,23 @@ absl::Status StagedHostSlab::CopyOut(uint64_t offset, void* to, size_t n) const 
   if (absl::Status s = CheckRange(offset, n, size_); !s.ok()) return s;
   std::memcpy(to, base_ + offset, n);
   return absl::OkStatus();
+}
+
+absl::Status StagedHostSlab::CopyOutRunsWithCrc(std::span<const SlabRun> runs, std::span<const SlabRecord> records,
+                                                uint32_t page_size, std::span<uint32_t> crcs) const {
+  if (crcs.size() != records.size()) return absl::InternalError("one CRC a record");
+  for (size_t k = 0; k < records.size(); ++k) {
+    const SlabRecord& r = records[k];
+    if (r.bytes > r.page_offsets.size() * uint64_t{page_size}) return absl::InternalError("record longer than its pages");
+    uint32_t crc = 0;
+    for (uint64_t done = 0, page = 0; done < r.bytes; done += page_size, ++page) {
+      const size_t n = std::min<uint64_t>(page_size, r.bytes - done);
+      KVTIER_RETURN_IF_ERROR(CheckRange(r.page_offsets[page], n, size_));
+      crc = kvblock::Crc32cExtend(crc, base_ + r.page_offsets[page], n);
+    }
+    crcs[k] = crc;
+  }
+  return CopyOutRuns(runs);
 }
 
 std::shared_ptr<uint8_t> StagedHostSlab::AllocateHost(size_t n) const {

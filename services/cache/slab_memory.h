@@ -10,6 +10,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -32,6 +33,12 @@ struct SlabRun {
   void* host;
 };
 
+// A record lying in a slab's pages, for SlabMemory::CopyOutRunsWithCrc.
+struct SlabRecord {
+  std::vector<uint64_t> page_offsets;  // its pages' offsets in the slab, in order
+  uint64_t bytes = 0;                  // how many of its first bytes to check
+};
+
 // Thread-safe: copies to disjoint ranges may run at once.
 class SlabMemory {
  public:
@@ -46,6 +53,15 @@ class SlabMemory {
   // The same for a block's runs at once (a GPU waits once for them all).
   virtual absl::Status CopyInRuns(std::span<const SlabRun> runs);
   virtual absl::Status CopyOutRuns(std::span<const SlabRun> runs) const;
+  // CopyOutRuns, with the CRC32C of each record's first `bytes` bytes
+  // computed where they lie first (by a GPU's own threads, at its memory's
+  // rate) into crcs[k], so the caller need not read the copies to check
+  // them. Pages are `page_size` bytes. UNIMPLEMENTED where the slab does
+  // not do this (nothing copied then).
+  virtual absl::Status CopyOutRunsWithCrc(std::span<const SlabRun> /*runs*/, std::span<const SlabRecord> /*records*/,
+                                          uint32_t /*page_size*/, std::span<uint32_t> /*crcs*/) const {
+    return absl::UnimplementedError("this slab does not check records");
+  }
   // A host buffer copies in and out of the slab go fastest through (pinned
   // memory for a GPU), freed when the last owner lets go.
   virtual std::shared_ptr<uint8_t> AllocateHost(size_t n) const = 0;
@@ -75,6 +91,10 @@ class StagedHostSlab final : public SlabMemory {
   std::string name() const override { return "host (staged)"; }
   absl::Status CopyIn(uint64_t offset, const void* from, size_t n) override;
   absl::Status CopyOut(uint64_t offset, void* to, size_t n) const override;
+  // The CRCs computed over its memory, as a GPU computes them over its
+  // own: the same path runs here.
+  absl::Status CopyOutRunsWithCrc(std::span<const SlabRun> runs, std::span<const SlabRecord> records,
+                                  uint32_t page_size, std::span<uint32_t> crcs) const override;
   std::shared_ptr<uint8_t> AllocateHost(size_t n) const override;
 
  private:

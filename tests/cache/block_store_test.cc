@@ -623,7 +623,49 @@ TEST(BlockStoreMoves, ASlabTierDemotesInBatchesAhead) {
     EXPECT_EQ(stats.checksum_failures, 0u);
     EXPECT_EQ(stats.tiers[0].blocks + stats.tiers[1].blocks, hashes.size()) << "nothing dropped";
     for (const TierCounters& t : stats.tiers) EXPECT_LE(t.used_bytes, t.capacity_bytes);
+    if (in_slab) {
+      EXPECT_GE(slab->checked_records, stats.tiers[0].demotions) << "each checked where it lay";
+    }
   }
+}
+
+// A slab whose own CRCs are wrong (a broken GPU kernel) loses nothing: the
+// landed copies are checked on the host and decide.
+TEST(BlockStoreMoves, ASlabsWrongCrcsAreOverruledByTheHostsCheck) {
+  const kvblock::LatentLayout layout = SmallLayout();
+  const uint64_t layout_id = kvblock::LayoutId(layout);
+  auto slab = std::make_shared<RecordingSlab>(4 * kPage);
+  slab->wrong_crcs = true;
+  StoreOptions o;
+  o.page_size = kPage;
+  o.device_capacity = 4 * kPage;
+  o.host_capacity = 16 * kPage;
+  o.device_slab = slab;
+  ManualClock clock;
+  auto store = *BlockStore::Create(o, &clock);
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<BlockHash> hashes;
+  std::vector<std::string> records;
+  for (int i = 0; i < 12; ++i) {
+    std::vector<uint32_t> tokens(16, static_cast<uint32_t>(i));
+    hashes.push_back(kvblock::ChainHash("ns", kvblock::kNoParent, layout_id, tokens));
+    std::vector<float> x(size_t{layout.num_layers} * layout.LayerShape().values());
+    for (float& v : x) v = normal(rng.engine());
+    records.push_back(*kvblock::EncodeBlock(layout, 0, layout.num_layers, x));
+    auto session = store->BeginPut("ns", layout);
+    ASSERT_TRUE(session->AddSlice(hashes.back(), records.back()).ok());
+    session->Finish();
+  }
+  EXPECT_EQ(store->Stats().tiers[0].demotions, 8u);
+  EXPECT_EQ(slab->checked_records, 8u);
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    auto block = store->Read("ns", layout_id, hashes[i]);
+    ASSERT_TRUE(block.ok()) << i << ": " << block.status();
+    EXPECT_EQ((*block)->CopyToString(), records[i]) << i;
+  }
+  EXPECT_EQ(store->Stats().checksum_failures, 0u);
 }
 
 TEST_P(BlockStoreTest, CorruptedBytesAreNeverServed) {

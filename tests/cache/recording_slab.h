@@ -1,6 +1,6 @@
 // Host memory behind the slab contract that records each batch of runs it
-// is asked to copy (a GPU waits once a batch) and the host memory pinned
-// for it. Not thread-safe.
+// is asked to copy (a GPU waits once a batch), the records it checks, and
+// the host memory pinned for it. Not thread-safe.
 #ifndef KVTIER_TESTS_CACHE_RECORDING_SLAB_H_
 #define KVTIER_TESTS_CACHE_RECORDING_SLAB_H_
 
@@ -29,6 +29,18 @@ class RecordingSlab final : public SlabMemory {
   absl::Status CopyOutRuns(std::span<const SlabRun> runs) const override {
     out_batches.emplace_back(runs.begin(), runs.end());
     return SlabMemory::CopyOutRuns(runs);
+  }
+  // As a GPU's: the records' CRCs computed where they lie (wrong ones on
+  // request), the runs recorded as a batch.
+  absl::Status CopyOutRunsWithCrc(std::span<const SlabRun> runs, std::span<const SlabRecord> records,
+                                  uint32_t page_size, std::span<uint32_t> crcs) const override {
+    out_batches.emplace_back(runs.begin(), runs.end());
+    checked_records += records.size();
+    absl::Status s = slab_->CopyOutRunsWithCrc(runs, records, page_size, crcs);
+    if (wrong_crcs) {
+      for (uint32_t& crc : crcs) crc ^= 1;
+    }
+    return s;
   }
   std::shared_ptr<uint8_t> AllocateHost(size_t n) const override { return slab_->AllocateHost(n); }
   absl::Status PinHost(void* p, size_t n) override {
@@ -68,6 +80,8 @@ class RecordingSlab final : public SlabMemory {
 
   std::vector<std::vector<SlabRun>> in_batches;
   mutable std::vector<std::vector<SlabRun>> out_batches;
+  mutable size_t checked_records = 0;  // CRCs computed by CopyOutRunsWithCrc
+  bool wrong_crcs = false;
   std::map<uint8_t*, size_t> pinned;  // by address
   int pin_calls = 0;
   int errors = 0;  // pinned twice, or unpinned without a pin

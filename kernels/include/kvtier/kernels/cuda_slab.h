@@ -46,6 +46,18 @@ class DeviceSlab {
   // for once: a wait costs about as much as copying 0.5 MB.
   Status CopyInRuns(std::span<const SlabRun> runs);
   Status CopyOutRuns(std::span<const SlabRun> runs);
+  // A record in the slab, for CopyOutRunsWithCrc: its pages' offsets in
+  // the slab, in order, and how many of its first bytes to check.
+  struct Record {
+    std::span<const uint64_t> page_offsets;
+    uint64_t bytes;
+  };
+  // CopyOutRuns, the CRC32C of each record's first `bytes` bytes computed
+  // on the GPU first (a CUDA block a record; crc32c_math.h) into crcs[k],
+  // on the same stream, one wait for all: the host need not read the
+  // copies to check them. `page_size` a power of two.
+  Status CopyOutRunsWithCrc(std::span<const SlabRun> runs, std::span<const Record> records, uint32_t page_size,
+                            uint32_t* crcs);
   // Copies [offset, offset + n) of the slab to other device memory (a
   // DeviceBuffer) on the slab's stream, and waits.
   Status CopyToDevice(uint64_t offset, void* device_to, size_t n);
