@@ -801,8 +801,8 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_vi
   // the payloads' own CRC follows from it and the header's.
   uint32_t slice_crc;
   std::memcpy(&slice_crc, record.data() + record.size() - sizeof slice_crc, sizeof slice_crc);
-  p.slices[h.layer_begin] = {h.layer_count, kvblock::Crc32cCombine(kvblock::Crc32c(record.data(), kvblock::kBlockHeaderBytes),
-                                                                    slice_crc, slice->payloads.size())};
+  const uint32_t header_crc = kvblock::Crc32c(record.data(), kvblock::kBlockHeaderBytes);
+  p.slices[h.layer_begin] = {h.layer_count, kvblock::Crc32cCombine(header_crc, slice_crc, slice->payloads.size())};
   {
     absl::MutexLock lock(&store_->mu_);
     store_->counters_.bytes_in += record.size();

@@ -60,7 +60,9 @@ absl::Status StagedHostSlab::CopyOutRunsWithCrc(std::span<const SlabRun> runs, s
   if (crcs.size() != records.size()) return absl::InternalError("one CRC a record");
   for (size_t k = 0; k < records.size(); ++k) {
     const SlabRecord& r = records[k];
-    if (r.bytes > r.page_offsets.size() * uint64_t{page_size}) return absl::InternalError("record longer than its pages");
+    if (r.bytes > r.page_offsets.size() * uint64_t{page_size}) {
+      return absl::InternalError("record longer than its pages");
+    }
     uint32_t crc = 0;
     for (uint64_t done = 0, page = 0; done < r.bytes; done += page_size, ++page) {
       const size_t n = std::min<uint64_t>(page_size, r.bytes - done);

@@ -12,14 +12,13 @@
 namespace kvtier::kvblock {
 namespace {
 
-constexpr uint32_t kPolynomial = kernels::kCrc32cPolynomial;  // Castagnoli, reflected
 
 // Slicing-by-8 tables: table[k][b] is the CRC of byte b followed by k zeros.
 constexpr std::array<std::array<uint32_t, 256>, 8> MakeTables() {
   std::array<std::array<uint32_t, 256>, 8> t{};
   for (uint32_t b = 0; b < 256; ++b) {
     uint32_t crc = b;
-    for (int i = 0; i < 8; ++i) crc = (crc >> 1) ^ ((crc & 1) ? kPolynomial : 0);
+    for (int i = 0; i < 8; ++i) crc = kernels::Crc32cBitStep(crc);
     t[0][b] = crc;
   }
   for (uint32_t b = 0; b < 256; ++b) {

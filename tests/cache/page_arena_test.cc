@@ -109,7 +109,8 @@ TEST(PageArenaTest, ASegmentAReaderHadGetsANewMemfdAndTheReaderOnlyZeros) {
 TEST(PageArenaTest, ABlocksAdjacentPagesAreOneRunInOneBatch) {
   auto slab = std::make_shared<RecordingSlab>(4 * kPage);
   absl::StatusOr<std::unique_ptr<PageArena>> arena =
-      PageArena::Create({.capacity = 4 * kPage, .page_size = kPage, .segment_pages = 4, .shared = false, .slab = slab, .pin_for = nullptr});
+      PageArena::Create({.capacity = 4 * kPage, .page_size = kPage, .segment_pages = 4, .shared = false, .slab = slab,
+                         .pin_for = nullptr});
   ASSERT_TRUE(arena.ok()) << arena.status();
   std::vector<uint32_t> all;
   ASSERT_TRUE((*arena)->Allocate(4, "ns", all));
@@ -142,7 +143,8 @@ TEST(PageArenaTest, ABlocksAdjacentPagesAreOneRunInOneBatch) {
 TEST(PageArenaTest, PiecesOfARecordAreOneBatch) {
   auto slab = std::make_shared<RecordingSlab>(4 * kPage);
   absl::StatusOr<std::unique_ptr<PageArena>> arena =
-      PageArena::Create({.capacity = 4 * kPage, .page_size = kPage, .segment_pages = 4, .shared = false, .slab = slab, .pin_for = nullptr});
+      PageArena::Create({.capacity = 4 * kPage, .page_size = kPage, .segment_pages = 4, .shared = false, .slab = slab,
+                         .pin_for = nullptr});
   ASSERT_TRUE(arena.ok()) << arena.status();
   std::vector<uint32_t> all;
   ASSERT_TRUE((*arena)->Allocate(4, "ns", all));

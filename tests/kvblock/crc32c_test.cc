@@ -83,7 +83,9 @@ TEST(Crc32c, PartsJoinedLevelByLevelGiveTheRecordsCrc) {
       }
       uint32_t factor = kernels::Crc32cFirstJoinFactor(split);
       for (uint32_t stride = 1; stride < parts; stride *= 2) {
-        for (uint32_t t = 0; t < parts; t += 2 * stride) raw[t] = kernels::Crc32cMultiply(raw[t], factor) ^ raw[t + stride];
+        for (uint32_t t = 0; t < parts; t += 2 * stride) {
+          raw[t] = kernels::Crc32cMultiply(raw[t], factor) ^ raw[t + stride];
+        }
         factor = kernels::Crc32cMultiply(factor, factor);
       }
       ASSERT_EQ(kernels::Crc32cFromRaw(raw[0], bytes), Crc32c(data.data(), bytes)) << parts << " parts, " << bytes;

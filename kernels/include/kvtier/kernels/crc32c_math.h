@@ -27,12 +27,17 @@ inline constexpr uint32_t kCrc32cPolynomial = 0x82f63b78u;  // reflected
 inline constexpr uint32_t kCrc32cOne = 1u << 31;            // x^0
 inline constexpr uint32_t kCrc32cX = 1u << 30;              // x^1
 
+// The register after one bit of a byte already xored in; also a * x.
+KVTIER_HOST_DEVICE constexpr uint32_t Crc32cBitStep(uint32_t c) {
+  return (c >> 1) ^ (kCrc32cPolynomial & (0u - (c & 1)));
+}
+
 // a * b mod the polynomial.
 KVTIER_HOST_DEVICE constexpr uint32_t Crc32cMultiply(uint32_t a, uint32_t b) {
   uint32_t product = 0;
   for (int i = 31; i >= 0; --i) {
     product ^= b & (0u - ((a >> i) & 1));
-    b = (b >> 1) ^ (kCrc32cPolynomial & (0u - (b & 1)));  // b * x
+    b = Crc32cBitStep(b);  // b * x
   }
   return product;
 }
@@ -48,9 +53,6 @@ KVTIER_HOST_DEVICE constexpr uint32_t Crc32cZeroBytesFactor(uint64_t n) {
   }
   return result;
 }
-
-// The register after one bit of a byte already xored in.
-KVTIER_HOST_DEVICE constexpr uint32_t Crc32cBitStep(uint32_t c) { return (c >> 1) ^ (kCrc32cPolynomial & (0u - (c & 1))); }
 
 // Slicing-by-4 table entry: the raw CRC of byte b followed by k zero bytes
 // (k = 0..3).
