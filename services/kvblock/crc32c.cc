@@ -12,7 +12,6 @@
 namespace kvtier::kvblock {
 namespace {
 
-
 // Slicing-by-8 tables: table[k][b] is the CRC of byte b followed by k zeros.
 constexpr std::array<std::array<uint32_t, 256>, 8> MakeTables() {
   std::array<std::array<uint32_t, 256>, 8> t{};
