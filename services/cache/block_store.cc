@@ -101,6 +101,17 @@ void WarnSlabCrcDisagreed(const kvblock::BlockHash& hash) {
                kvblock::HashToHex(hash).c_str());
 }
 
+// Whether a record copied out of its tier is intact: by the CRC its slab
+// computed where it lay (a GPU's) when that agrees with the landed
+// trailer; else by checking the copy here, which decides.
+bool Intact(const std::vector<std::span<const uint8_t>>& landed, size_t size, std::optional<uint32_t> slab_crc,
+            const kvblock::BlockHash& hash) {
+  if (slab_crc.has_value() && *slab_crc == StoredCrc(landed, size)) return true;
+  const bool intact = CrcMatches(landed, size);
+  if (intact && slab_crc.has_value()) WarnSlabCrcDisagreed(hash);
+  return intact;
+}
+
 absl::Status ChecksumFailed(const kvblock::BlockHash& hash) {
   return absl::DataLossError(absl::StrCat("block ", kvblock::HashToHex(hash), " failed its checksum"));
 }
@@ -314,13 +325,15 @@ absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(
   // the lock.
   std::vector<std::span<const uint8_t>> pieces;
   std::shared_ptr<const uint8_t> owned;  // the record, when copied from disk or a slab
+  std::optional<uint32_t> slab_crc;
   const PageArena* arena = tiers_[tier]->arena.get();
   const bool in_place = !options.copy_out && (arena == nullptr || !arena->addressable());
   if (!in_place) {
-    absl::StatusOr<std::vector<std::span<const uint8_t>>> source = SourceOf(tier, pages, ns, hash, e->size, owned);
+    absl::StatusOr<std::vector<std::span<const uint8_t>>> source =
+        SourceOf(tier, pages, ns, hash, e->size, owned, slab_crc);
     if (source.ok()) pieces = std::move(*source);
   }
-  if (!in_place && (pieces.empty() || (options.verify_checksum && !CrcMatches(pieces, e->size)))) {
+  if (!in_place && (pieces.empty() || (options.verify_checksum && !Intact(pieces, e->size, slab_crc, hash)))) {
     absl::MutexLock lock(&mu_);
     ++counters_.checksum_failures;
     if (!e->zombie) DropLocked(e);
@@ -379,7 +392,7 @@ void BlockStore::ReleaseStorageLocked(const Entry& e) {
 
 absl::StatusOr<std::vector<std::span<const uint8_t>>> BlockStore::SourceOf(
     size_t tier, const std::vector<uint32_t>& pages, const std::string& ns, const kvblock::BlockHash& hash,
-    size_t size, std::shared_ptr<const uint8_t>& owned) const {
+    size_t size, std::shared_ptr<const uint8_t>& owned, std::optional<uint32_t>& slab_crc) const {
   const Tier& t = *tiers_[tier];
   std::vector<std::span<const uint8_t>> pieces;
   if (t.disk == nullptr && t.arena->addressable()) {
@@ -394,7 +407,17 @@ absl::StatusOr<std::vector<std::span<const uint8_t>>> BlockStore::SourceOf(
     owned = std::shared_ptr<const uint8_t>(held, reinterpret_cast<const uint8_t*>(held->data()));
   } else {
     std::shared_ptr<uint8_t> copy = t.arena->slab()->AllocateHost(size);
-    if (absl::Status s = t.arena->Read(pages, 0, std::span(copy.get(), size)); !s.ok()) return s;
+    const std::span<uint8_t> out(copy.get(), size);
+    const PageArena::RecordPieces record{&pages, 0, std::span(&out, 1)};
+    const uint64_t crc_bytes = size - kvblock::kBlockTrailerBytes;
+    uint32_t crc = 0;
+    bool computed = false;
+    if (absl::Status s = t.arena->ReadRecordsWithCrc(std::span(&record, 1), std::span(&crc_bytes, 1),
+                                                     std::span(&crc, 1), computed);
+        !s.ok()) {
+      return s;
+    }
+    if (computed) slab_crc = crc;
     owned = std::move(copy);
   }
   return std::vector<std::span<const uint8_t>>{std::span(owned.get(), size)};
@@ -546,10 +569,8 @@ std::vector<absl::Status> BlockStore::CopyRecords(std::span<const Move> moves, s
   const Tier& dst = *tiers_[to];
   if (src.disk == nullptr && !src.arena->addressable() && dst.disk == nullptr) {
     // Out of a slab (a GPU's): straight into the destination's pages, all
-    // in one batch of copies (one wait). A GPU computes the records' CRCs
-    // where they lie, at its memory's rate, and each landed trailer must
-    // match; without that, or when one does not, the landed bytes are
-    // checked here and decide.
+    // in one batch of copies (one wait); a GPU computes the records' CRCs
+    // where they lie, at its memory's rate (Intact).
     std::vector<std::vector<std::span<uint8_t>>> outs;
     std::vector<PageArena::RecordPieces> records;
     std::vector<uint64_t> crc_bytes;
@@ -564,14 +585,12 @@ std::vector<absl::Status> BlockStore::CopyRecords(std::span<const Move> moves, s
     for (size_t k = 0; k < moves.size(); ++k) {
       const Entry& e = *moves[k].entry;
       const std::vector<std::span<const uint8_t>> landed(outs[k].begin(), outs[k].end());
-      const bool checked_there = checked && crcs[k] == StoredCrc(landed, e.size);
       if (!read.ok()) {
         copied.push_back(read);
-      } else if (checked_there || CrcMatches(landed, e.size)) {
-        if (checked && !checked_there) WarnSlabCrcDisagreed(e.hash);
-        copied.push_back(absl::OkStatus());
       } else {
-        copied.push_back(ChecksumFailed(e.hash));
+        std::optional<uint32_t> slab_crc;
+        if (checked) slab_crc = crcs[k];
+        copied.push_back(Intact(landed, e.size, slab_crc, e.hash) ? absl::OkStatus() : ChecksumFailed(e.hash));
       }
     }
     return copied;
@@ -586,8 +605,10 @@ absl::Status BlockStore::CopyRecord(size_t from, const std::vector<uint32_t>& so
                                     const std::vector<uint32_t>& pages, const std::string& ns,
                                     const kvblock::BlockHash& hash, size_t size) const {
   std::shared_ptr<const uint8_t> owned;
-  absl::StatusOr<std::vector<std::span<const uint8_t>>> pieces = SourceOf(from, source, ns, hash, size, owned);
-  if (!pieces.ok() || !CrcMatches(*pieces, size)) return ChecksumFailed(hash);
+  std::optional<uint32_t> slab_crc;
+  absl::StatusOr<std::vector<std::span<const uint8_t>>> pieces =
+      SourceOf(from, source, ns, hash, size, owned, slab_crc);
+  if (!pieces.ok() || !Intact(*pieces, size, slab_crc, hash)) return ChecksumFailed(hash);
   const Tier& dst = *tiers_[to];
   if (dst.disk != nullptr) return dst.disk->Write(ns, hash, *pieces);  // disk full or failing: stays
   return dst.arena->WritePieces(pages, 0, *pieces);  // into a slab: one batch of copies

@@ -291,10 +291,13 @@ class BlockStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The record's bytes in `tier` at `pages`: spans over the pages, or over
   // a copy in `owned` (its file read, or its pages copied out of a slab).
-  // Needs no lock: for a pinned block, whose storage does not change.
+  // Out of a slab that computes CRCs where records lie (a GPU's),
+  // `slab_crc` gets the record's (trailer excluded). Needs no lock: for a
+  // pinned block, whose storage does not change.
   absl::StatusOr<std::vector<std::span<const uint8_t>>> SourceOf(size_t tier, const std::vector<uint32_t>& pages,
                                                                  const std::string& ns, const kvblock::BlockHash& hash,
-                                                                 size_t size, std::shared_ptr<const uint8_t>& owned) const;
+                                                                 size_t size, std::shared_ptr<const uint8_t>& owned,
+                                                                 std::optional<uint32_t>& slab_crc) const;
   // Checks a record's CRC and copies it into reserved room of tier `to`
   // (its `pages`, or its file), without the lock. DATA_LOSS when the check
   // fails; other errors leave the block where it was.

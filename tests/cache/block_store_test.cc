@@ -630,7 +630,7 @@ TEST(BlockStoreMoves, ASlabTierDemotesInBatchesAhead) {
 }
 
 // A slab whose own CRCs are wrong (a broken GPU kernel) loses nothing: the
-// landed copies are checked on the host and decide.
+// landed copies, moved or read, are checked on the host and decide.
 TEST(BlockStoreMoves, ASlabsWrongCrcsAreOverruledByTheHostsCheck) {
   const kvblock::LatentLayout layout = SmallLayout();
   const uint64_t layout_id = kvblock::LayoutId(layout);
@@ -665,6 +665,7 @@ TEST(BlockStoreMoves, ASlabsWrongCrcsAreOverruledByTheHostsCheck) {
     ASSERT_TRUE(block.ok()) << i << ": " << block.status();
     EXPECT_EQ((*block)->CopyToString(), records[i]) << i;
   }
+  EXPECT_GE(slab->checked_records, 8u + hashes.size()) << "reads out of the slab are checked there too";
   EXPECT_EQ(store->Stats().checksum_failures, 0u);
 }
 
