@@ -261,6 +261,28 @@ Status DeviceSlab::CopyOutRunsWithCrc(std::span<const SlabRun> runs, std::span<c
 
 Status DeviceSlab::CopyInRuns(std::span<const SlabRun> runs) { return CopyRuns(runs, true); }
 
+Status DeviceSlab::CopyInRunsNoWait(std::span<const SlabRun> runs) {
+  for (const SlabRun& r : runs) {
+    if (Status s = CheckRange(r.offset, r.n, size_); !s.ok()) return s;
+    cudaPointerAttributes where{};
+    if (cudaPointerGetAttributes(&where, r.host) != cudaSuccess) {
+      cudaGetLastError();  // not sticky: clear it
+      return CopyRuns(runs, true);
+    }
+    if (where.type != cudaMemoryTypeUnregistered) return CopyRuns(runs, true);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  for (const SlabRun& r : runs) {
+    if (const cudaError_t e = cudaMemcpyAsync(base_ + r.offset, r.host, r.n, cudaMemcpyHostToDevice, stream);
+        e != cudaSuccess) {
+      cudaStreamSynchronize(stream);  // what was queued lands before the error is told
+      return CudaError(e, "slab copy in");
+    }
+  }
+  return OkStatus();
+}
+
 Status DeviceSlab::CopyOutRuns(std::span<const SlabRun> runs) { return CopyRuns(runs, false); }
 
 Status DeviceSlab::CopyToDevice(uint64_t offset, void* device_to, size_t n) {

@@ -54,6 +54,10 @@ absl::Status CudaSlab::CopyInRuns(std::span<const SlabRun> runs) {
   return FromKernelStatus(slab_->CopyInRuns(KernelRuns(runs)));
 }
 
+absl::Status CudaSlab::CopyInRunsNoWait(std::span<const SlabRun> runs) {
+  return FromKernelStatus(slab_->CopyInRunsNoWait(KernelRuns(runs)));
+}
+
 absl::Status CudaSlab::CopyOutRuns(std::span<const SlabRun> runs) const {
   return FromKernelStatus(slab_->CopyOutRuns(KernelRuns(runs)));
 }

@@ -20,6 +20,7 @@ class CudaSlab final : public SlabMemory {
   absl::Status CopyIn(uint64_t offset, const void* from, size_t n) override;
   absl::Status CopyOut(uint64_t offset, void* to, size_t n) const override;
   absl::Status CopyInRuns(std::span<const SlabRun> runs) override;
+  absl::Status CopyInRunsNoWait(std::span<const SlabRun> runs) override;
   absl::Status CopyOutRuns(std::span<const SlabRun> runs) const override;
   absl::Status CopyOutRunsWithCrc(std::span<const SlabRun> runs, std::span<const SlabRecord> records,
                                   uint32_t page_size, std::span<uint32_t> crcs) const override;

@@ -135,16 +135,22 @@ void AddRun(std::vector<SlabRun>& runs, const SlabRun& run) {
 
 absl::Status PageArena::Write(const std::vector<uint32_t>& pages, size_t offset, std::string_view data) {
   const std::span<const uint8_t> piece(reinterpret_cast<const uint8_t*>(data.data()), data.size());
-  return WritePieces(pages, offset, std::span(&piece, 1));
+  return WriteRuns(pages, offset, std::span(&piece, 1), /*wait=*/false);
 }
 
 absl::Status PageArena::Read(const std::vector<uint32_t>& pages, size_t offset, std::span<uint8_t> out) const {
   return ReadPieces(pages, offset, std::span(&out, 1));
 }
 
-// In a slab, the pieces' runs go as one copy (a GPU then waits once).
 absl::Status PageArena::WritePieces(const std::vector<uint32_t>& pages, size_t offset,
                                     std::span<const std::span<const uint8_t>> pieces) {
+  return WriteRuns(pages, offset, pieces, /*wait=*/true);
+}
+
+// In a slab, the pieces' runs go as one copy (a GPU then waits once, if at
+// all).
+absl::Status PageArena::WriteRuns(const std::vector<uint32_t>& pages, size_t offset,
+                                  std::span<const std::span<const uint8_t>> pieces, bool wait) {
   std::vector<SlabRun> runs;
   ForEachRun(pages, offset, pieces, [&](size_t at, const uint8_t* from, size_t n) {
     if (slab_ != nullptr) {
@@ -153,7 +159,8 @@ absl::Status PageArena::WritePieces(const std::vector<uint32_t>& pages, size_t o
       std::memcpy(base_ + at, from, n);
     }
   });
-  return runs.empty() ? absl::OkStatus() : slab_->CopyInRuns(runs);
+  if (runs.empty()) return absl::OkStatus();
+  return wait ? slab_->CopyInRuns(runs) : slab_->CopyInRunsNoWait(runs);
 }
 
 absl::Status PageArena::ReadPieces(const std::vector<uint32_t>& pages, size_t offset,

@@ -79,7 +79,9 @@ class PageArena {
   const SlabMemory* slab() const { return slab_.get(); }
 
   // Copies `data` to / `out.size()` bytes from [offset, ...) of a record laid
-  // over `pages` (in order). INTERNAL if the slab's copy fails.
+  // over `pages` (in order). INTERNAL if the slab's copy fails. Write's
+  // copies into a slab may land after it returns (from pageable memory, on
+  // a GPU; `data` may be reused at once): later reads of the slab see them.
   absl::Status Write(const std::vector<uint32_t>& pages, size_t offset, std::string_view data);
   absl::Status Read(const std::vector<uint32_t>& pages, size_t offset, std::span<uint8_t> out) const;
   // The same for bytes in several pieces of host memory, one after another
@@ -139,6 +141,9 @@ class PageArena {
   PageArena(uint8_t* base, size_t bytes, const ArenaOptions& options, uint32_t pages);
   // Calls copy(byte offset in the arena, host address, n) for each run of
   // the record from `offset` on that lies in one page and one piece.
+  // WritePieces, waiting for a slab's copies to land or not.
+  absl::Status WriteRuns(const std::vector<uint32_t>& pages, size_t offset,
+                         std::span<const std::span<const uint8_t>> pieces, bool wait);
   template <typename Piece, typename Copy>
   void ForEachRun(const std::vector<uint32_t>& pages, size_t offset, std::span<const Piece> pieces,
                   Copy copy) const;

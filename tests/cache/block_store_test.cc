@@ -539,6 +539,10 @@ TEST(BlockStoreMoves, ATierMoveOfAManyPageBlockIsOneBatchOfCopies) {
   put(2);  // block 0 goes down to the host tier
   ASSERT_EQ(tier_of(0), v1::TIER_HOST);
   ASSERT_EQ(slab->out_batches.size(), 2u) << "the demotion, put's read (a new block's checksum reads nothing back)";
+  // The slice, the header and the trailer, none waited for: their sources
+  // may be reused at once, and reads see them.
+  EXPECT_EQ(slab->in_batches.size(), 3u);
+  EXPECT_EQ(slab->unwaited_in_batches, 3u);
   for (const auto& batch : slab->out_batches) EXPECT_EQ(RecordingSlab::Bytes(batch), record_bytes);
 
   slab->Clear();
@@ -547,6 +551,7 @@ TEST(BlockStoreMoves, ATierMoveOfAManyPageBlockIsOneBatchOfCopies) {
   EXPECT_EQ((*promoted)->tier(), v1::TIER_HOST);
   EXPECT_EQ((*promoted)->CopyToString(), records[0]);
   ASSERT_EQ(slab->in_batches.size(), 1u) << "the promotion";
+  EXPECT_EQ(slab->unwaited_in_batches, 0u) << "its source pages are freed once it lands: it waits";
   EXPECT_EQ(RecordingSlab::Bytes(slab->in_batches[0]), record_bytes);
   // Both moves copy straight from and to the host tier's pages, pinned.
   for (const auto& batch : {slab->in_batches[0], slab->out_batches[0]}) {

@@ -26,6 +26,10 @@ class RecordingSlab final : public SlabMemory {
     in_batches.emplace_back(runs.begin(), runs.end());
     return SlabMemory::CopyInRuns(runs);
   }
+  absl::Status CopyInRunsNoWait(std::span<const SlabRun> runs) override {
+    ++unwaited_in_batches;
+    return CopyInRuns(runs);
+  }
   absl::Status CopyOutRuns(std::span<const SlabRun> runs) const override {
     out_batches.emplace_back(runs.begin(), runs.end());
     return SlabMemory::CopyOutRuns(runs);
@@ -70,6 +74,7 @@ class RecordingSlab final : public SlabMemory {
   void Clear() {
     in_batches.clear();
     out_batches.clear();
+    unwaited_in_batches = 0;
   }
   // Bytes a batch copies.
   static size_t Bytes(const std::vector<SlabRun>& batch) {
@@ -79,6 +84,7 @@ class RecordingSlab final : public SlabMemory {
   }
 
   std::vector<std::vector<SlabRun>> in_batches;
+  size_t unwaited_in_batches = 0;  // of in_batches, by CopyInRunsNoWait
   mutable std::vector<std::vector<SlabRun>> out_batches;
   mutable size_t checked_records = 0;  // CRCs computed by CopyOutRunsWithCrc
   bool wrong_crcs = false;

@@ -46,6 +46,11 @@ class DeviceSlab {
   // for once: a wait costs about as much as copying 0.5 MB.
   Status CopyInRuns(std::span<const SlabRun> runs);
   Status CopyOutRuns(std::span<const SlabRun> runs);
+  // CopyInRuns without the wait when every source is pageable memory: the
+  // driver has taken its bytes when cudaMemcpyAsync returns, and later
+  // copies on the slab's stream see them (an error may surface at one of
+  // those). Pinned sources must outlive their copies: those wait.
+  Status CopyInRunsNoWait(std::span<const SlabRun> runs);
   // A record in the slab, for CopyOutRunsWithCrc: its pages' offsets in
   // the slab, in order, and how many of its first bytes to check.
   struct Record {
