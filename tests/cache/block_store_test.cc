@@ -448,51 +448,81 @@ class GatedSlab final : public SlabMemory {
   bool armed_ = false, waiting_ = false, open_ = false;
 };
 
+// A store whose device tier is `slab` (host memory when null), for the
+// tests of tier moves through it: blocks stored whole, each of fresh
+// random latents, their records kept to compare.
+class SlabStore {
+ public:
+  SlabStore(const kvblock::LatentLayout& layout, std::shared_ptr<SlabMemory> slab, uint64_t device_pages,
+            uint64_t host_pages)
+      : layout_(layout), layout_id_(kvblock::LayoutId(layout)) {
+    StoreOptions o;
+    o.page_size = kPage;
+    o.device_capacity = device_pages * kPage;
+    o.host_capacity = host_pages * kPage;
+    o.device_slab = std::move(slab);
+    store_ = *BlockStore::Create(o, &clock_);
+  }
+  BlockStore& store() { return *store_; }
+  std::string Trace() { return rng_.Trace(); }  // the seed, for SCOPED_TRACE
+
+  // Stores block number hashes.size() (a whole block's slice is its record).
+  void Put() {
+    std::vector<uint32_t> tokens(16, static_cast<uint32_t>(hashes.size()));
+    hashes.push_back(kvblock::ChainHash("ns", kvblock::kNoParent, layout_id_, tokens));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(size_t{layout_.num_layers} * layout_.LayerShape().values());
+    for (float& v : x) v = normal(rng_.engine());
+    records.push_back(*kvblock::EncodeBlock(layout_, 0, layout_.num_layers, x));
+    auto session = store_->BeginPut("ns", layout_);
+    ASSERT_TRUE(session->AddSlice(hashes.back(), records.back()).ok());
+    ASSERT_EQ(session->Finish().blocks_stored, 1u);
+  }
+  absl::StatusOr<std::shared_ptr<const PinnedBlock>> Read(size_t i, bool promote = true) {
+    BlockStore::ReadOptions options;
+    options.promote = promote;
+    return store_->Read("ns", layout_id_, hashes[i], options);
+  }
+  v1::Tier TierOf(size_t i) { return (*Read(i, /*promote=*/false))->tier(); }
+  // Every block reads back (promoted) as it was stored.
+  void ExpectAllIntact() {
+    for (size_t i = 0; i < hashes.size(); ++i) {
+      auto block = Read(i);
+      ASSERT_TRUE(block.ok()) << i << ": " << block.status();
+      EXPECT_EQ((*block)->CopyToString(), records[i]) << i;
+    }
+  }
+
+  std::vector<BlockHash> hashes;
+  std::vector<std::string> records;
+
+ private:
+  kvblock::LatentLayout layout_;
+  uint64_t layout_id_;
+  ManualClock clock_;
+  std::unique_ptr<BlockStore> store_;
+  testing::SeededRng rng_;
+};
+
 // A promotion whose copy is under way when another reader pins the block
 // where it is (its pages, in the host tier) must not free those pages.
 TEST(BlockStoreMoves, APromotionReadMeanwhileLeavesTheBlockWithItsReader) {
-  kvblock::LatentLayout layout = SmallLayout();
-  const uint64_t layout_id = kvblock::LayoutId(layout);
   auto gated = std::make_shared<GatedSlab>(2 * kPage);
-  StoreOptions o;
-  o.page_size = kPage;
-  o.device_capacity = 2 * kPage;
-  o.host_capacity = 4 * kPage;
-  o.device_slab = gated;
-  ManualClock clock;
-  auto store = *BlockStore::Create(o, &clock);
-  testing::SeededRng rng;
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  auto put = [&](int i) {
-    std::vector<uint32_t> tokens(16, static_cast<uint32_t>(i));
-    const BlockHash hash = kvblock::ChainHash("ns", kvblock::kNoParent, layout_id, tokens);
-    std::vector<float> x(size_t{layout.num_layers} * layout.LayerShape().values());
-    for (float& v : x) v = normal(rng.engine());
-    auto session = store->BeginPut("ns", layout);
-    EXPECT_TRUE(session->AddSlice(hash, *kvblock::EncodeBlock(layout, 0, layout.num_layers, x)).ok());
-    session->Finish();
-    return hash;
-  };
-  const BlockHash x = put(0);
-  put(1), put(2);  // block 0 goes down to the host tier
-  BlockStore::ReadOptions in_place;
-  in_place.promote = false;
-  {
-    auto probe = store->Read("ns", layout_id, x, in_place);
-    ASSERT_TRUE(probe.ok());
-    ASSERT_EQ((*probe)->tier(), v1::TIER_HOST);
-  }
+  SlabStore s(SmallLayout(), gated, 2, 4);
+  SCOPED_TRACE(s.Trace());
+  for (int i = 0; i < 3; ++i) s.Put();  // block 0 goes down to the host tier
+  ASSERT_EQ(s.TierOf(0), v1::TIER_HOST);
   gated->Arm();
-  std::thread promoter([&] { EXPECT_TRUE(store->Read("ns", layout_id, x).ok()); });
+  std::thread promoter([&] { EXPECT_TRUE(s.Read(0).ok()); });
   gated->AwaitCopier();  // the promotion is copying, without the lock
-  auto reader = store->Read("ns", layout_id, x, in_place);
+  auto reader = s.Read(0, /*promote=*/false);
   ASSERT_TRUE(reader.ok());
   const std::string before = (*reader)->CopyToString();
   gated->Open();
   promoter.join();
-  put(3), put(4), put(5);  // traffic that would reuse freed host pages
+  for (int i = 0; i < 3; ++i) s.Put();  // traffic that would reuse freed host pages
   EXPECT_EQ((*reader)->CopyToString(), before) << "the reader's pages were freed under it";
-  EXPECT_EQ(store->Stats().checksum_failures, 0u);
+  EXPECT_EQ(s.store().Stats().checksum_failures, 0u);
 }
 
 // A block over several pages moves between a slab tier (a GPU's) and the
@@ -501,74 +531,42 @@ TEST(BlockStoreMoves, APromotionReadMeanwhileLeavesTheBlockWithItsReader) {
 TEST(BlockStoreMoves, ATierMoveOfAManyPageBlockIsOneBatchOfCopies) {
   kvblock::LatentLayout layout = SmallLayout();
   layout.num_layers = 16;  // 9,240-byte records: 3 pages
-  const uint64_t layout_id = kvblock::LayoutId(layout);
   const size_t record_bytes = kvblock::HeaderFor(layout, 0, layout.num_layers).RecordBytes();
   ASSERT_GT(record_bytes, 2 * kPage);
   auto slab = std::make_shared<RecordingSlab>(6 * kPage);  // 2 blocks
-  StoreOptions o;
-  o.page_size = kPage;
-  o.device_capacity = 6 * kPage;
-  o.host_capacity = 18 * kPage;
-  o.device_slab = slab;
-  ManualClock clock;
-  auto store = *BlockStore::Create(o, &clock);
-  testing::SeededRng rng;
-  SCOPED_TRACE(rng.Trace());
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<BlockHash> hashes;
-  std::vector<std::string> records;
-  auto put = [&](int i) {
-    std::vector<uint32_t> tokens(16, static_cast<uint32_t>(i));
-    hashes.push_back(kvblock::ChainHash("ns", kvblock::kNoParent, layout_id, tokens));
-    std::vector<float> x(size_t{layout.num_layers} * layout.LayerShape().values());
-    for (float& v : x) v = normal(rng.engine());
-    auto session = store->BeginPut("ns", layout);
-    ASSERT_TRUE(session->AddSlice(hashes.back(), *kvblock::EncodeBlock(layout, 0, layout.num_layers, x)).ok());
-    session->Finish();
-    auto stored = store->Read("ns", layout_id, hashes.back());
-    ASSERT_TRUE(stored.ok()) << stored.status();
-    records.push_back((*stored)->CopyToString());
-  };
-  auto tier_of = [&](int i) {
-    BlockStore::ReadOptions where;
-    where.promote = false;
-    return (*store->Read("ns", layout_id, hashes[i], where))->tier();
-  };
-  put(0), put(1);
+  SlabStore s(layout, slab, 6, 18);
+  SCOPED_TRACE(s.Trace());
+  s.Put(), s.Put();
   slab->Clear();
-  put(2);  // block 0 goes down to the host tier
-  ASSERT_EQ(tier_of(0), v1::TIER_HOST);
-  ASSERT_EQ(slab->out_batches.size(), 2u) << "the demotion, put's read (a new block's checksum reads nothing back)";
+  s.Put();  // block 0 goes down to the host tier
+  ASSERT_EQ(s.TierOf(0), v1::TIER_HOST);
+  ASSERT_EQ(slab->out_batches.size(), 1u) << "the demotion (a new block's checksum reads nothing back)";
+  EXPECT_EQ(RecordingSlab::Bytes(slab->out_batches[0]), record_bytes);
   // The slice, the header and the trailer, none waited for: their sources
   // may be reused at once, and reads see them.
   EXPECT_EQ(slab->in_batches.size(), 3u);
   EXPECT_EQ(slab->unwaited_in_batches, 3u);
-  for (const auto& batch : slab->out_batches) EXPECT_EQ(RecordingSlab::Bytes(batch), record_bytes);
 
   slab->Clear();
-  auto promoted = store->Read("ns", layout_id, hashes[0]);  // block 1 goes down, block 0 up
+  auto promoted = s.Read(0);  // block 1 goes down, block 0 up
   ASSERT_TRUE(promoted.ok()) << promoted.status();
   EXPECT_EQ((*promoted)->tier(), v1::TIER_HOST);
-  EXPECT_EQ((*promoted)->CopyToString(), records[0]);
+  EXPECT_EQ((*promoted)->CopyToString(), s.records[0]);
   ASSERT_EQ(slab->in_batches.size(), 1u) << "the promotion";
   EXPECT_EQ(slab->unwaited_in_batches, 0u) << "its source pages are freed once it lands: it waits";
   EXPECT_EQ(RecordingSlab::Bytes(slab->in_batches[0]), record_bytes);
+  ASSERT_EQ(slab->out_batches.size(), 2u) << "the demotion, then the read out of the slab";
+  for (const auto& batch : slab->out_batches) EXPECT_EQ(RecordingSlab::Bytes(batch), record_bytes);
   // Both moves copy straight from and to the host tier's pages, pinned.
   for (const auto& batch : {slab->in_batches[0], slab->out_batches[0]}) {
     for (const SlabRun& run : batch) EXPECT_TRUE(slab->IsPinned(run.host, run.n));
   }
-  ASSERT_EQ(slab->out_batches.size(), 2u) << "the demotion, then the read out of the slab";
-  for (const auto& batch : slab->out_batches) EXPECT_EQ(RecordingSlab::Bytes(batch), record_bytes);
-  EXPECT_EQ(tier_of(0), v1::TIER_DEVICE);
-  EXPECT_EQ(tier_of(1), v1::TIER_HOST);
-  EXPECT_EQ(store->Stats().tiers[0].demotions, 2u);
-  EXPECT_EQ(store->Stats().tiers[0].promotions, 1u);
-  for (int i : {1, 2}) {  // each promoted in turn, the other two going down
-    auto block = store->Read("ns", layout_id, hashes[i]);
-    ASSERT_TRUE(block.ok()) << block.status();
-    EXPECT_EQ((*block)->CopyToString(), records[i]) << i;
-  }
-  EXPECT_EQ(store->Stats().checksum_failures, 0u);
+  EXPECT_EQ(s.TierOf(0), v1::TIER_DEVICE);
+  EXPECT_EQ(s.TierOf(1), v1::TIER_HOST);
+  EXPECT_EQ(s.store().Stats().tiers[0].demotions, 2u);
+  EXPECT_EQ(s.store().Stats().tiers[0].promotions, 1u);
+  s.ExpectAllIntact();  // each promoted in turn, others going down
+  EXPECT_EQ(s.store().Stats().checksum_failures, 0u);
 }
 
 // A full slab tier (a GPU's) demotes a sixteenth of itself at a time, in
@@ -576,57 +574,32 @@ TEST(BlockStoreMoves, ATierMoveOfAManyPageBlockIsOneBatchOfCopies) {
 // each; a tier in host memory demotes only what each block needs. Every
 // block reads back as stored.
 TEST(BlockStoreMoves, ASlabTierDemotesInBatchesAhead) {
-  const kvblock::LatentLayout layout = SmallLayout();
-  const uint64_t layout_id = kvblock::LayoutId(layout);
   for (const bool in_slab : {true, false}) {
     SCOPED_TRACE(in_slab ? "device tier in a slab" : "device tier in host memory");
     auto slab = std::make_shared<RecordingSlab>(64 * kPage);
-    StoreOptions o;
-    o.page_size = kPage;
-    o.device_capacity = 64 * kPage;  // a sixteenth: 16 KiB, 7 records of 2,340 B and an eighth
-    o.host_capacity = 256 * kPage;
-    if (in_slab) o.device_slab = slab;
-    ManualClock clock;
-    auto store = *BlockStore::Create(o, &clock);
-    testing::SeededRng rng;
-    SCOPED_TRACE(rng.Trace());
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<BlockHash> hashes;
-    std::vector<std::string> records;  // a whole block's slice is its record
-    auto put = [&] {
-      std::vector<uint32_t> tokens(16, static_cast<uint32_t>(hashes.size()));
-      hashes.push_back(kvblock::ChainHash("ns", kvblock::kNoParent, layout_id, tokens));
-      std::vector<float> x(size_t{layout.num_layers} * layout.LayerShape().values());
-      for (float& v : x) v = normal(rng.engine());
-      records.push_back(*kvblock::EncodeBlock(layout, 0, layout.num_layers, x));
-      auto session = store->BeginPut("ns", layout);
-      ASSERT_TRUE(session->AddSlice(hashes.back(), records.back()).ok());
-      ASSERT_EQ(session->Finish().blocks_stored, 1u);
-    };
-    for (int i = 0; i < 64; ++i) put();
-    EXPECT_EQ(store->Stats().tiers[0].demotions, 0u);
+    // A sixteenth of 64 pages: 16 KiB, 7 records of 2,340 B and an eighth.
+    SlabStore s(SmallLayout(), in_slab ? slab : nullptr, 64, 256);
+    SCOPED_TRACE(s.Trace());
+    for (int i = 0; i < 64; ++i) s.Put();
+    EXPECT_EQ(s.store().Stats().tiers[0].demotions, 0u);
     slab->Clear();
-    for (int i = 0; i < 8; ++i) put();
+    for (int i = 0; i < 8; ++i) s.Put();
     if (in_slab) {
-      EXPECT_EQ(store->Stats().tiers[0].demotions, 8u) << "one batch, ahead";
+      EXPECT_EQ(s.store().Stats().tiers[0].demotions, 8u) << "one batch, ahead";
       ASSERT_EQ(slab->out_batches.size(), 1u);
-      EXPECT_EQ(RecordingSlab::Bytes(slab->out_batches[0]), 8 * records[0].size());
-      put();
-      EXPECT_EQ(store->Stats().tiers[0].demotions, 16u) << "the next batch";
+      EXPECT_EQ(RecordingSlab::Bytes(slab->out_batches[0]), 8 * s.records[0].size());
+      s.Put();
+      EXPECT_EQ(s.store().Stats().tiers[0].demotions, 16u) << "the next batch";
       EXPECT_EQ(slab->out_batches.size(), 2u);
     } else {
-      EXPECT_EQ(store->Stats().tiers[0].demotions, 8u) << "one for each block";
-      put();
-      EXPECT_EQ(store->Stats().tiers[0].demotions, 9u);
+      EXPECT_EQ(s.store().Stats().tiers[0].demotions, 8u) << "one for each block";
+      s.Put();
+      EXPECT_EQ(s.store().Stats().tiers[0].demotions, 9u);
     }
-    for (size_t i = 0; i < hashes.size(); ++i) {
-      auto block = store->Read("ns", layout_id, hashes[i]);
-      ASSERT_TRUE(block.ok()) << i << ": " << block.status();
-      EXPECT_EQ((*block)->CopyToString(), records[i]) << i;
-    }
-    const StoreStats stats = store->Stats();
+    s.ExpectAllIntact();
+    const StoreStats stats = s.store().Stats();
     EXPECT_EQ(stats.checksum_failures, 0u);
-    EXPECT_EQ(stats.tiers[0].blocks + stats.tiers[1].blocks, hashes.size()) << "nothing dropped";
+    EXPECT_EQ(stats.tiers[0].blocks + stats.tiers[1].blocks, s.hashes.size()) << "nothing dropped";
     for (const TierCounters& t : stats.tiers) EXPECT_LE(t.used_bytes, t.capacity_bytes);
     if (in_slab) {
       EXPECT_GE(slab->checked_records, stats.tiers[0].demotions) << "each checked where it lay";
@@ -637,41 +610,16 @@ TEST(BlockStoreMoves, ASlabTierDemotesInBatchesAhead) {
 // A slab whose own CRCs are wrong (a broken GPU kernel) loses nothing: the
 // landed copies, moved or read, are checked on the host and decide.
 TEST(BlockStoreMoves, ASlabsWrongCrcsAreOverruledByTheHostsCheck) {
-  const kvblock::LatentLayout layout = SmallLayout();
-  const uint64_t layout_id = kvblock::LayoutId(layout);
   auto slab = std::make_shared<RecordingSlab>(4 * kPage);
   slab->wrong_crcs = true;
-  StoreOptions o;
-  o.page_size = kPage;
-  o.device_capacity = 4 * kPage;
-  o.host_capacity = 16 * kPage;
-  o.device_slab = slab;
-  ManualClock clock;
-  auto store = *BlockStore::Create(o, &clock);
-  testing::SeededRng rng;
-  SCOPED_TRACE(rng.Trace());
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<BlockHash> hashes;
-  std::vector<std::string> records;
-  for (int i = 0; i < 12; ++i) {
-    std::vector<uint32_t> tokens(16, static_cast<uint32_t>(i));
-    hashes.push_back(kvblock::ChainHash("ns", kvblock::kNoParent, layout_id, tokens));
-    std::vector<float> x(size_t{layout.num_layers} * layout.LayerShape().values());
-    for (float& v : x) v = normal(rng.engine());
-    records.push_back(*kvblock::EncodeBlock(layout, 0, layout.num_layers, x));
-    auto session = store->BeginPut("ns", layout);
-    ASSERT_TRUE(session->AddSlice(hashes.back(), records.back()).ok());
-    session->Finish();
-  }
-  EXPECT_EQ(store->Stats().tiers[0].demotions, 8u);
+  SlabStore s(SmallLayout(), slab, 4, 16);
+  SCOPED_TRACE(s.Trace());
+  for (int i = 0; i < 12; ++i) s.Put();
+  EXPECT_EQ(s.store().Stats().tiers[0].demotions, 8u);
   EXPECT_EQ(slab->checked_records, 8u);
-  for (size_t i = 0; i < hashes.size(); ++i) {
-    auto block = store->Read("ns", layout_id, hashes[i]);
-    ASSERT_TRUE(block.ok()) << i << ": " << block.status();
-    EXPECT_EQ((*block)->CopyToString(), records[i]) << i;
-  }
-  EXPECT_GE(slab->checked_records, 8u + hashes.size()) << "reads out of the slab are checked there too";
-  EXPECT_EQ(store->Stats().checksum_failures, 0u);
+  s.ExpectAllIntact();
+  EXPECT_GE(slab->checked_records, 8u + s.hashes.size()) << "reads out of the slab are checked there too";
+  EXPECT_EQ(s.store().Stats().checksum_failures, 0u);
 }
 
 TEST_P(BlockStoreTest, CorruptedBytesAreNeverServed) {

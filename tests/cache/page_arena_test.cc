@@ -103,17 +103,23 @@ TEST(PageArenaTest, ASegmentAReaderHadGetsANewMemfdAndTheReaderOnlyZeros) {
   EXPECT_TRUE(AllZero(SegmentBytes(*arena)));
 }
 
+// An arena of 4 pages in `slab`, all taken by one owner.
+std::unique_ptr<PageArena> AllTakenArena(std::shared_ptr<SlabMemory> slab) {
+  absl::StatusOr<std::unique_ptr<PageArena>> arena =
+      PageArena::Create({.capacity = 4 * kPage, .page_size = kPage, .segment_pages = 4, .shared = false,
+                         .slab = std::move(slab), .pin_for = nullptr});
+  EXPECT_TRUE(arena.ok()) << arena.status();
+  std::vector<uint32_t> all;
+  EXPECT_TRUE((*arena)->Allocate(4, "ns", all));
+  return *std::move(arena);
+}
+
 // A block over pages 0, 1 and 3 of a slab goes as one batch of two runs
 // each way (pages 0 and 1 adjacent in both memories: one run), and its
 // bytes come back.
 TEST(PageArenaTest, ABlocksAdjacentPagesAreOneRunInOneBatch) {
   auto slab = std::make_shared<RecordingSlab>(4 * kPage);
-  absl::StatusOr<std::unique_ptr<PageArena>> arena =
-      PageArena::Create({.capacity = 4 * kPage, .page_size = kPage, .segment_pages = 4, .shared = false, .slab = slab,
-                         .pin_for = nullptr});
-  ASSERT_TRUE(arena.ok()) << arena.status();
-  std::vector<uint32_t> all;
-  ASSERT_TRUE((*arena)->Allocate(4, "ns", all));
+  std::unique_ptr<PageArena> arena = AllTakenArena(slab);
   const std::vector<uint32_t> pages = {0, 1, 3};
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
@@ -122,9 +128,9 @@ TEST(PageArenaTest, ABlocksAdjacentPagesAreOneRunInOneBatch) {
     std::string bytes(2 * kPage + (offset == 0 ? kPage : 0), '\0');
     for (char& c : bytes) c = static_cast<char>(byte(rng.engine()));
     slab->Clear();
-    ASSERT_TRUE((*arena)->Write(pages, offset, bytes).ok());
+    ASSERT_TRUE(arena->Write(pages, offset, bytes).ok());
     std::string back(bytes.size(), '\0');
-    ASSERT_TRUE((*arena)->Read(pages, offset, std::span(reinterpret_cast<uint8_t*>(back.data()), back.size())).ok());
+    ASSERT_TRUE(arena->Read(pages, offset, std::span(reinterpret_cast<uint8_t*>(back.data()), back.size())).ok());
     EXPECT_EQ(back, bytes);
     ASSERT_EQ(slab->in_batches.size(), 1u);
     ASSERT_EQ(slab->out_batches.size(), 1u);
@@ -142,12 +148,7 @@ TEST(PageArenaTest, ABlocksAdjacentPagesAreOneRunInOneBatch) {
 // arena) goes in one batch each way too; the pieces' bytes land in order.
 TEST(PageArenaTest, PiecesOfARecordAreOneBatch) {
   auto slab = std::make_shared<RecordingSlab>(4 * kPage);
-  absl::StatusOr<std::unique_ptr<PageArena>> arena =
-      PageArena::Create({.capacity = 4 * kPage, .page_size = kPage, .segment_pages = 4, .shared = false, .slab = slab,
-                         .pin_for = nullptr});
-  ASSERT_TRUE(arena.ok()) << arena.status();
-  std::vector<uint32_t> all;
-  ASSERT_TRUE((*arena)->Allocate(4, "ns", all));
+  std::unique_ptr<PageArena> arena = AllTakenArena(slab);
   const std::vector<uint32_t> pages = {3, 0, 2};
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
@@ -163,15 +164,15 @@ TEST(PageArenaTest, PiecesOfARecordAreOneBatch) {
   std::vector<std::span<const uint8_t>> in;
   for (const std::string& part : parts) in.emplace_back(reinterpret_cast<const uint8_t*>(part.data()), part.size());
   slab->Clear();
-  ASSERT_TRUE((*arena)->WritePieces(pages, 100, in).ok());
+  ASSERT_TRUE(arena->WritePieces(pages, 100, in).ok());
   std::string back(whole.size(), '\0');
-  ASSERT_TRUE((*arena)->Read(pages, 100, std::span(reinterpret_cast<uint8_t*>(back.data()), back.size())).ok());
+  ASSERT_TRUE(arena->Read(pages, 100, std::span(reinterpret_cast<uint8_t*>(back.data()), back.size())).ok());
   EXPECT_EQ(back, whole);
   // And read back into pieces: the other way round.
   std::vector<std::string> out = {std::string(5, '\0'), std::string(whole.size() - 5, '\0')};
   std::vector<std::span<uint8_t>> out_pieces;
   for (std::string& part : out) out_pieces.emplace_back(reinterpret_cast<uint8_t*>(part.data()), part.size());
-  ASSERT_TRUE((*arena)->ReadPieces(pages, 100, out_pieces).ok());
+  ASSERT_TRUE(arena->ReadPieces(pages, 100, out_pieces).ok());
   EXPECT_EQ(out[0] + out[1], whole);
   ASSERT_EQ(slab->in_batches.size(), 1u);
   ASSERT_EQ(slab->out_batches.size(), 2u);
@@ -188,24 +189,25 @@ TEST(PageArenaTest, PiecesOfARecordAreOneBatch) {
 TEST(PageArenaTest, SegmentsArePinnedForTheSlabAndUnpinnedBeforeRemapping) {
   auto slab = std::make_shared<RecordingSlab>(kPage);
   {
-    absl::StatusOr<std::unique_ptr<PageArena>> arena =
+    absl::StatusOr<std::unique_ptr<PageArena>> created =
         PageArena::Create({.capacity = 2 * kSegmentPages * kPage, .page_size = kPage, .segment_pages = kSegmentPages,
                            .shared = true, .slab = nullptr, .pin_for = slab});
-    ASSERT_TRUE(arena.ok()) << arena.status();
+    ASSERT_TRUE(created.ok()) << created.status();
+    PageArena* arena = created->get();
     EXPECT_TRUE(slab->pinned.empty()) << "nothing pinned before it is used";
     std::vector<uint32_t> pages;
-    const std::string bytes = FillFor(**arena, "tenant-a", pages);
+    const std::string bytes = FillFor(*arena, "tenant-a", pages);
     ASSERT_EQ(slab->pinned.size(), 1u);
-    for (uint32_t p : pages) EXPECT_TRUE(slab->IsPinned((*arena)->page(p), kPage)) << p;
-    (*arena)->MarkExported(0);  // a reader maps it: the next owner gets a new memfd
-    (*arena)->Free(pages);
-    ASSERT_TRUE((*arena)->Allocate(kSegmentPages, "tenant-b", pages));
+    for (uint32_t p : pages) EXPECT_TRUE(slab->IsPinned(arena->page(p), kPage)) << p;
+    arena->MarkExported(0);  // a reader maps it: the next owner gets a new memfd
+    arena->Free(pages);
+    ASSERT_TRUE(arena->Allocate(kSegmentPages, "tenant-b", pages));
     EXPECT_EQ(slab->first_byte_unpinned, static_cast<uint8_t>(bytes[0])) << "unpinned after the old pages went";
     ASSERT_EQ(slab->pinned.size(), 1u);
     EXPECT_EQ(slab->pin_calls, 2);
-    for (uint32_t p : pages) EXPECT_TRUE(slab->IsPinned((*arena)->page(p), kPage)) << p;
+    for (uint32_t p : pages) EXPECT_TRUE(slab->IsPinned(arena->page(p), kPage)) << p;
     // The second segment, for a third owner.
-    ASSERT_TRUE((*arena)->Allocate(1, "tenant-c", pages));
+    ASSERT_TRUE(arena->Allocate(1, "tenant-c", pages));
     EXPECT_EQ(slab->pinned.size(), 2u);
   }
   EXPECT_TRUE(slab->pinned.empty()) << "the arena left memory pinned";
@@ -216,16 +218,17 @@ TEST(PageArenaTest, SegmentsArePinnedForTheSlabAndUnpinnedBeforeRemapping) {
 TEST(PageArenaTest, RefusedPinsAreAskedOnce) {
   auto slab = std::make_shared<RecordingSlab>(kPage);
   slab->refuse_pins = true;
-  absl::StatusOr<std::unique_ptr<PageArena>> arena =
+  absl::StatusOr<std::unique_ptr<PageArena>> created =
       PageArena::Create({.capacity = 4 * kPage, .page_size = kPage, .segment_pages = 1, .shared = false,
                          .slab = nullptr, .pin_for = slab});
-  ASSERT_TRUE(arena.ok()) << arena.status();
+  ASSERT_TRUE(created.ok()) << created.status();
+  PageArena* arena = created->get();
   std::vector<uint32_t> pages;
-  ASSERT_TRUE((*arena)->Allocate(4, "ns", pages));
+  ASSERT_TRUE(arena->Allocate(4, "ns", pages));
   const std::string bytes(4 * kPage, 'x');
-  ASSERT_TRUE((*arena)->Write(pages, 0, bytes).ok());
+  ASSERT_TRUE(arena->Write(pages, 0, bytes).ok());
   std::string back(bytes.size(), '\0');
-  ASSERT_TRUE((*arena)->Read(pages, 0, std::span(reinterpret_cast<uint8_t*>(back.data()), back.size())).ok());
+  ASSERT_TRUE(arena->Read(pages, 0, std::span(reinterpret_cast<uint8_t*>(back.data()), back.size())).ok());
   EXPECT_EQ(back, bytes);
   EXPECT_EQ(slab->pin_calls, 1);
 }
