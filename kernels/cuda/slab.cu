@@ -37,7 +37,14 @@ Status DeviceSlab::Create(uint64_t bytes, std::unique_ptr<DeviceSlab>& out) {
 }
 
 DeviceSlab::~DeviceSlab() {
-  if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  if (stream_ != nullptr) {
+    cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));  // copies out of the staging land first
+    cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  }
+  for (size_t i = 0; i < kStagingChunks; ++i) {
+    if (staging_[i] != nullptr) cudaFreeHost(staging_[i]);
+    if (staging_done_[i] != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(staging_done_[i]));
+  }
   if (base_ != nullptr) cudaFree(base_);
 }
 
@@ -261,24 +268,57 @@ Status DeviceSlab::CopyOutRunsWithCrc(std::span<const SlabRun> runs, std::span<c
 
 Status DeviceSlab::CopyInRuns(std::span<const SlabRun> runs) { return CopyRuns(runs, true); }
 
+uint8_t* DeviceSlab::StagingFor(size_t bytes) {
+  if (staging_used_ + bytes > kStagingChunkBytes || staging_[staging_chunk_] == nullptr) {
+    if (staging_[staging_chunk_] != nullptr) {
+      // The chunk is full: mark where its copies end and go on to the next,
+      // once what was copied out of that one has landed.
+      cudaEventRecord(static_cast<cudaEvent_t>(staging_done_[staging_chunk_]), static_cast<cudaStream_t>(stream_));
+      staging_chunk_ = (staging_chunk_ + 1) % kStagingChunks;
+    }
+    if (staging_[staging_chunk_] == nullptr) {
+      void* chunk = nullptr;
+      cudaEvent_t done = nullptr;
+      if (cudaMallocHost(&chunk, kStagingChunkBytes) != cudaSuccess ||
+          cudaEventCreateWithFlags(&done, cudaEventDisableTiming) != cudaSuccess) {
+        cudaGetLastError();  // not sticky: clear it
+        if (chunk != nullptr) cudaFreeHost(chunk);
+        return nullptr;
+      }
+      staging_[staging_chunk_] = static_cast<uint8_t*>(chunk);
+      staging_done_[staging_chunk_] = done;
+    } else if (cudaEventSynchronize(static_cast<cudaEvent_t>(staging_done_[staging_chunk_])) != cudaSuccess) {
+      return nullptr;
+    }
+    staging_used_ = 0;
+  }
+  uint8_t* at = staging_[staging_chunk_] + staging_used_;
+  staging_used_ += bytes;
+  return at;
+}
+
 Status DeviceSlab::CopyInRunsNoWait(std::span<const SlabRun> runs) {
+  size_t bytes = 0;
   for (const SlabRun& r : runs) {
     if (Status s = CheckRange(r.offset, r.n, size_); !s.ok()) return s;
-    cudaPointerAttributes where{};
-    if (cudaPointerGetAttributes(&where, r.host) != cudaSuccess) {
-      cudaGetLastError();  // not sticky: clear it
-      return CopyRuns(runs, true);
-    }
-    if (where.type != cudaMemoryTypeUnregistered) return CopyRuns(runs, true);
+    bytes += r.n;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  if (bytes > kStagingChunkBytes) return CopyRuns(runs, true);
+  std::unique_lock<std::mutex> lock(mu_);
+  uint8_t* staged = StagingFor(bytes);
+  if (staged == nullptr) {
+    lock.unlock();
+    return CopyRuns(runs, true);
+  }
   cudaStream_t stream = static_cast<cudaStream_t>(stream_);
   for (const SlabRun& r : runs) {
-    if (const cudaError_t e = cudaMemcpyAsync(base_ + r.offset, r.host, r.n, cudaMemcpyHostToDevice, stream);
+    std::memcpy(staged, r.host, r.n);
+    if (const cudaError_t e = cudaMemcpyAsync(base_ + r.offset, staged, r.n, cudaMemcpyHostToDevice, stream);
         e != cudaSuccess) {
       cudaStreamSynchronize(stream);  // what was queued lands before the error is told
       return CudaError(e, "slab copy in");
     }
+    staged += r.n;
   }
   return OkStatus();
 }

@@ -80,8 +80,8 @@ class PageArena {
 
   // Copies `data` to / `out.size()` bytes from [offset, ...) of a record laid
   // over `pages` (in order). INTERNAL if the slab's copy fails. Write's
-  // copies into a slab may land after it returns (from pageable memory, on
-  // a GPU; `data` may be reused at once): later reads of the slab see them.
+  // copies into a slab may land after it returns (`data` may be reused at
+  // once): later reads of the slab see them.
   absl::Status Write(const std::vector<uint32_t>& pages, size_t offset, std::string_view data);
   absl::Status Read(const std::vector<uint32_t>& pages, size_t offset, std::span<uint8_t> out) const;
   // The same for bytes in several pieces of host memory, one after another

@@ -53,8 +53,8 @@ class SlabMemory {
   // The same for a block's runs at once (a GPU waits once for them all).
   virtual absl::Status CopyInRuns(std::span<const SlabRun> runs);
   // CopyInRuns from memory the caller may reuse as soon as it returns, but
-  // whose copies need not have landed by then (a GPU's, from pageable
-  // memory): copies out of the slab afterwards still see them.
+  // whose copies need not have landed by then (a GPU's, staged through its
+  // own pinned memory): copies out of the slab afterwards still see them.
   virtual absl::Status CopyInRunsNoWait(std::span<const SlabRun> runs) { return CopyInRuns(runs); }
   virtual absl::Status CopyOutRuns(std::span<const SlabRun> runs) const;
   // CopyOutRuns, with the CRC32C of each record's first `bytes` bytes

@@ -46,10 +46,11 @@ class DeviceSlab {
   // for once: a wait costs about as much as copying 0.5 MB.
   Status CopyInRuns(std::span<const SlabRun> runs);
   Status CopyOutRuns(std::span<const SlabRun> runs);
-  // CopyInRuns without the wait when every source is pageable memory: the
-  // driver has taken its bytes when cudaMemcpyAsync returns, and later
-  // copies on the slab's stream see them (an error may surface at one of
-  // those). Pinned sources must outlive their copies: those wait.
+  // CopyInRuns without the wait: the bytes are copied into pinned staging
+  // of the slab's own first (reused once the copies from it have landed),
+  // so the sources may be reused at once; later copies on the slab's
+  // stream see them (an error may surface at one of those). Batches over
+  // a staging chunk (4 MB) wait instead.
   Status CopyInRunsNoWait(std::span<const SlabRun> runs);
   // A record in the slab, for CopyOutRunsWithCrc: its pages' offsets in
   // the slab, in order, and how many of its first bytes to check.
@@ -83,8 +84,17 @@ class DeviceSlab {
   Status Copy(void* to, const void* from, size_t n, int kind, const char* what);
   // A cudaMemcpyAsync per run (slab to host, or host to slab), one wait.
   Status CopyRuns(std::span<const SlabRun> runs, bool in);
+  // A staging chunk for CopyInRunsNoWait with room for `bytes`: the next
+  // one when the current is full, after the copies out of it have landed.
+  // Null when pinned memory cannot be had. Under mu_.
+  uint8_t* StagingFor(size_t bytes);
+  static constexpr size_t kStagingChunkBytes = size_t{4} << 20;
+  static constexpr size_t kStagingChunks = 4;
   uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
+  std::array<uint8_t*, kStagingChunks> staging_{};  // cudaMallocHost'd when first needed
+  std::array<void*, kStagingChunks> staging_done_{};  // cudaEvent_t: the last copy out of each chunk
+  size_t staging_chunk_ = 0, staging_used_ = 0;
   int device_ = 0;
   void* stream_ = nullptr;  // cudaStream_t
   std::string name_;
