@@ -10,7 +10,9 @@
 // from a pinned buffer allocated per block, from pageable memory, and from
 // memfd pages pinned in 4 MB segments (PinHost: the host tier's pages),
 // in batches of 8 blocks, and with their CRCs computed on the GPU first
-// (as the store demotes), against plain pinned cudaMemcpy of 256 MB. The
+// (as the store demotes); and a Put's 27 slices a block from pageable
+// memory, each waited for or staged without the wait; against plain
+// pinned cudaMemcpy of 256 MB. The
 // pinned memfd pages must round-trip too, and records' CRC32C computed on
 // the GPU must equal a bit-by-bit CPU CRC32C.
 // Exit codes: 0 pass, 1 mismatch or CUDA error, 77 no device (ctest: skip).
@@ -233,12 +235,27 @@ void Benchmark(cuda::DeviceSlab& slab) {
       (void)slab.CopyOut(b * kBlock, buffer.get(), kBlock);
     }
   };
+  // As a Put writes a block: 27 layer slices, from pageable memory (a gRPC
+  // message), each waited for or not (the slab's staging).
+  constexpr size_t kSlices = 27, kSlice = kBlock / kSlices;
+  auto slices = [&](bool wait) {
+    for (size_t b = 0; b < kBlocks; ++b) {
+      for (size_t k = 0; k < kSlices; ++k) {
+        const cuda::SlabRun run{b * kBlock + k * kSlice, kSlice, pageable.data() + b * kBlock + k * kSlice};
+        (void)(wait ? slab.CopyInRuns({&run, 1}) : slab.CopyInRunsNoWait({&run, 1}));
+      }
+    }
+    uint8_t last;
+    (void)slab.CopyOut(0, &last, 1);  // waits for what was queued
+  };
   const size_t moved = kBlocks * kBlock;
   const double promote_pinned = GBs(moved, [&] { blocks(pinned.get(), true); });
   const double spill_pinned = GBs(moved, [&] { blocks(pinned.get(), false); });
   const double promote_pages = GBs(moved, [&] { paged(pinned.get(), true); });
   const double spill_pages = GBs(moved, [&] { paged(pinned.get(), false); });
   const double spill_fresh = GBs(moved, fresh_pinned);
+  const double put_waited = GBs(kBlocks * kSlices * kSlice, [&] { slices(true); });
+  const double put_unwaited = GBs(kBlocks * kSlices * kSlice, [&] { slices(false); });
   const double promote_pageable = GBs(moved, [&] { blocks(pageable.data(), true); });
   const double spill_pageable = GBs(moved, [&] { blocks(pageable.data(), false); });
   const auto pin_start = std::chrono::steady_clock::now();
@@ -296,6 +313,8 @@ void Benchmark(cuda::DeviceSlab& slab) {
   std::printf("%-32s %10.1f %9.0f%%\n", "spill, same, 8 blocks a batch", spill_memfd_batched,
               100 * spill_memfd_batched / d2h);
   std::printf("%-32s %10.1f %9.0f%%\n", "spill, same, CRCs on the GPU", spill_memfd_crc, 100 * spill_memfd_crc / d2h);
+  std::printf("%-32s %10.1f %9.0f%%\n", "put, 27 slices, each waited", put_waited, 100 * put_waited / h2d);
+  std::printf("%-32s %10.1f %9.0f%%\n", "put, 27 slices, staged unwaited", put_unwaited, 100 * put_unwaited / h2d);
   std::printf("pinning a 4 MB memfd segment (PinHost, first touch included): %.2f ms\n", pin_ms_a_segment);
 }
 
