@@ -139,11 +139,11 @@ class PageArena {
   };
 
   PageArena(uint8_t* base, size_t bytes, const ArenaOptions& options, uint32_t pages);
-  // Calls copy(byte offset in the arena, host address, n) for each run of
-  // the record from `offset` on that lies in one page and one piece.
   // WritePieces, waiting for a slab's copies to land or not.
   absl::Status WriteRuns(const std::vector<uint32_t>& pages, size_t offset,
                          std::span<const std::span<const uint8_t>> pieces, bool wait);
+  // Calls copy(byte offset in the arena, host address, n) for each run of
+  // the record from `offset` on that lies in one page and one piece.
   template <typename Piece, typename Copy>
   void ForEachRun(const std::vector<uint32_t>& pages, size_t offset, std::span<const Piece> pieces,
                   Copy copy) const;
