@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -33,6 +34,11 @@ using Clock = std::chrono::steady_clock;
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+[[noreturn]] void Fail(const std::string& what) {
+  std::fprintf(stderr, "tier_move_bench: %s\n", what.c_str());
+  std::exit(1);
 }
 
 template <typename F>
@@ -78,7 +84,9 @@ class Bench {
     o.host_capacity = 3 * DeviceBytes();
     o.shared_memory = true;
     o.device_slab = std::move(slab);
-    return *BlockStore::Create(o, SystemClock::Get());
+    absl::StatusOr<std::unique_ptr<BlockStore>> store = BlockStore::Create(o, SystemClock::Get());
+    if (!store.ok()) Fail("cannot open a store: " + std::string(store.status().message()));
+    return *std::move(store);
   }
 
   // Round `round` of `store` (each round's blocks are new): stores
@@ -97,9 +105,9 @@ class Bench {
       for (uint32_t i = begin; i < begin + blocks_; ++i) {
         auto session = store.BeginPut("ns", layout_);
         for (const std::string& slice : slices_[i % slices_.size()]) {
-          if (!session->AddSlice(hashes[i], slice).ok()) std::abort();
+          if (absl::Status s = session->AddSlice(hashes[i], slice); !s.ok()) Fail("a slice refused: " + s.ToString());
         }
-        if (session->Finish().blocks_stored != 1) std::abort();
+        if (session->Finish().blocks_stored != 1) Fail("a block not stored");
       }
     };
     put(0);
@@ -109,7 +117,8 @@ class Bench {
     p.read_promoting = Seconds([&] {
       for (uint32_t i = 0; i < blocks_; ++i) {
         auto block = store.Read("ns", layout_id, hashes[i]);
-        if (!block.ok() || (*block)->tier() != v1::TIER_HOST) std::abort();
+        if (!block.ok()) Fail("a read failed: " + block.status().ToString());
+        if ((*block)->tier() != v1::TIER_HOST) Fail("a block read was not in the host tier");
       }
     });
     // Every read promoted its block; as many went down (a slab tier
@@ -117,7 +126,7 @@ class Bench {
     const StoreStats after = store.Stats();
     if (after.tiers[0].promotions - before.tiers[0].promotions != blocks_ ||
         after.tiers[0].demotions - before.tiers[0].demotions + 16 < 2 * blocks_) {
-      std::abort();
+      Fail("the tiers did not move as planned");
     }
     return p;
   }
@@ -140,7 +149,9 @@ class Bench {
     std::shared_ptr<uint8_t> host = slab.AllocateHost(bytes);
     std::memset(host.get(), 1, bytes);
     return Seconds([&] {
-             if (!slab.CopyIn(0, host.get(), bytes).ok() || !slab.CopyOut(0, host.get(), bytes).ok()) std::abort();
+             if (!slab.CopyIn(0, host.get(), bytes).ok() || !slab.CopyOut(0, host.get(), bytes).ok()) {
+               Fail("a plain copy through the slab failed");
+             }
            }) /
            2;
   }
