@@ -91,7 +91,12 @@ KVTIER_AVX512 void AbsorbHeadsAvx512(const MlaDims& d, const float* w_uk, const 
   }
 }
 #else
-void AbsorbHeadsAvx512(const MlaDims&, const float*, const float*, std::span<const size_t>, float*, size_t, size_t) {}
+// No AVX-512 build of the rows here (HasAvx512 may still say the CPU has
+// it): the portable path, never a stub that leaves q_latent unwritten.
+void AbsorbHeadsAvx512(const MlaDims& d, const float* w_uk, const float* q, std::span<const size_t> rows,
+                       float* q_latent, size_t begin, size_t end) {
+  AbsorbHeadsPortable(d, w_uk, q, rows, q_latent, begin, end);
+}
 #endif
 
 }  // namespace
