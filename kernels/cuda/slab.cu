@@ -55,16 +55,39 @@ Status CheckRange(uint64_t offset, size_t n, uint64_t size) {
   return OkStatus();
 }
 
+Status CheckRuns(std::span<const SlabRun> runs, uint64_t size) {
+  for (const SlabRun& r : runs) {
+    if (Status s = CheckRange(r.offset, r.n, size); !s.ok()) return s;
+  }
+  return OkStatus();
+}
+
+// Queues the runs' copies between the slab at `base` and host memory
+// (`in`: into the slab) on `stream`; the first error stops the queuing.
+cudaError_t QueueRuns(uint8_t* base, std::span<const SlabRun> runs, bool in, cudaStream_t stream) {
+  for (const SlabRun& r : runs) {
+    const cudaError_t e = in ? cudaMemcpyAsync(base + r.offset, r.host, r.n, cudaMemcpyHostToDevice, stream)
+                             : cudaMemcpyAsync(r.host, base + r.offset, r.n, cudaMemcpyDeviceToHost, stream);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+// Waits for what was queued on `stream`, then tells the first error:
+// `queued`'s (a copy that could not be queued), else the wait's.
+Status WaitFor(cudaStream_t stream, cudaError_t queued, const char* what) {
+  const cudaError_t waited = cudaStreamSynchronize(stream);
+  if (queued != cudaSuccess) return CudaError(queued, what);
+  if (waited != cudaSuccess) return CudaError(waited, what);
+  return OkStatus();
+}
+
 }  // namespace
 
 Status DeviceSlab::Copy(void* to, const void* from, size_t n, int kind, const char* what) {
   std::lock_guard<std::mutex> lock(mu_);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_);
-  if (const cudaError_t e = cudaMemcpyAsync(to, from, n, static_cast<cudaMemcpyKind>(kind), stream); e != cudaSuccess) {
-    return CudaError(e, what);
-  }
-  if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) return CudaError(e, what);
-  return OkStatus();
+  return WaitFor(stream, cudaMemcpyAsync(to, from, n, static_cast<cudaMemcpyKind>(kind), stream), what);
 }
 
 Status DeviceSlab::CopyIn(uint64_t offset, const void* from, size_t n) {
@@ -148,25 +171,10 @@ void DeviceSlab::UnpinHost(void* p) {
 }
 
 Status DeviceSlab::CopyRuns(std::span<const SlabRun> runs, bool in) {
-  const char* what = in ? "slab copy in" : "slab copy out";
-  for (const SlabRun& r : runs) {
-    if (Status s = CheckRange(r.offset, r.n, size_); !s.ok()) return s;
-  }
+  if (Status s = CheckRuns(runs, size_); !s.ok()) return s;
   std::lock_guard<std::mutex> lock(mu_);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_);
-  cudaError_t first = cudaSuccess;
-  for (const SlabRun& r : runs) {
-    const cudaError_t e = in ? cudaMemcpyAsync(base_ + r.offset, r.host, r.n, cudaMemcpyHostToDevice, stream)
-                             : cudaMemcpyAsync(r.host, base_ + r.offset, r.n, cudaMemcpyDeviceToHost, stream);
-    if (e != cudaSuccess) {
-      first = e;
-      break;  // what was queued is still waited for below
-    }
-  }
-  const cudaError_t waited = cudaStreamSynchronize(stream);
-  if (first != cudaSuccess) return CudaError(first, what);
-  if (waited != cudaSuccess) return CudaError(waited, what);
-  return OkStatus();
+  return WaitFor(stream, QueueRuns(base_, runs, in, stream), in ? "slab copy in" : "slab copy out");
 }
 
 namespace {
@@ -211,9 +219,7 @@ Status DeviceSlab::CopyOutRunsWithCrc(std::span<const SlabRun> runs, std::span<c
   if (page_size == 0 || (page_size & (page_size - 1)) != 0) {
     return Status(StatusCode::kInternal, "slab page size must be a power of two");
   }
-  for (const SlabRun& r : runs) {
-    if (Status s = CheckRange(r.offset, r.n, size_); !s.ok()) return s;
-  }
+  if (Status s = CheckRuns(runs, size_); !s.ok()) return s;
   // Descriptors and page offsets go over in one copy, the CRCs come back in
   // one, through one pinned buffer: [descriptors][page offsets][CRCs].
   std::vector<RecordDesc> descs;
@@ -255,13 +261,9 @@ Status DeviceSlab::CopyOutRunsWithCrc(std::span<const SlabRun> runs, std::span<c
   if (first == cudaSuccess) {
     first = cudaMemcpyAsync(host.get() + in_bytes, device + in_bytes, crc_bytes, cudaMemcpyDeviceToHost, stream);
   }
-  for (size_t i = 0; first == cudaSuccess && i < runs.size(); ++i) {
-    first = cudaMemcpyAsync(runs[i].host, base_ + runs[i].offset, runs[i].n, cudaMemcpyDeviceToHost, stream);
-  }
+  if (first == cudaSuccess) first = QueueRuns(base_, runs, /*in=*/false, stream);
   cudaFreeAsync(scratch, stream);
-  const cudaError_t waited = cudaStreamSynchronize(stream);
-  if (first != cudaSuccess) return CudaError(first, "slab copy out with CRC");
-  if (waited != cudaSuccess) return CudaError(waited, "slab copy out with CRC");
+  KVTIER_KERNELS_RETURN_IF_ERROR(WaitFor(stream, first, "slab copy out with CRC"));
   std::memcpy(crcs, host.get() + in_bytes, crc_bytes);
   return OkStatus();
 }
@@ -298,11 +300,9 @@ uint8_t* DeviceSlab::StagingFor(size_t bytes) {
 }
 
 Status DeviceSlab::CopyInRunsNoWait(std::span<const SlabRun> runs) {
+  if (Status s = CheckRuns(runs, size_); !s.ok()) return s;
   size_t bytes = 0;
-  for (const SlabRun& r : runs) {
-    if (Status s = CheckRange(r.offset, r.n, size_); !s.ok()) return s;
-    bytes += r.n;
-  }
+  for (const SlabRun& r : runs) bytes += r.n;
   if (bytes > kStagingChunkBytes) return CopyRuns(runs, true);
   std::unique_lock<std::mutex> lock(mu_);
   uint8_t* staged = StagingFor(bytes);
@@ -315,8 +315,7 @@ Status DeviceSlab::CopyInRunsNoWait(std::span<const SlabRun> runs) {
     std::memcpy(staged, r.host, r.n);
     if (const cudaError_t e = cudaMemcpyAsync(base_ + r.offset, staged, r.n, cudaMemcpyHostToDevice, stream);
         e != cudaSuccess) {
-      cudaStreamSynchronize(stream);  // what was queued lands before the error is told
-      return CudaError(e, "slab copy in");
+      return WaitFor(stream, e, "slab copy in");  // what was queued lands before the error is told
     }
     staged += r.n;
   }
