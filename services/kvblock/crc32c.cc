@@ -15,19 +15,16 @@ namespace {
 // Slicing-by-8 tables: table[k][b] is the CRC of byte b followed by k zeros.
 constexpr std::array<std::array<uint32_t, 256>, 8> MakeTables() {
   std::array<std::array<uint32_t, 256>, 8> t{};
-  for (uint32_t b = 0; b < 256; ++b) {
-    uint32_t crc = b;
-    for (int i = 0; i < 8; ++i) crc = kernels::Crc32cBitStep(crc);
-    t[0][b] = crc;
-  }
-  for (uint32_t b = 0; b < 256; ++b) {
-    for (int k = 1; k < 8; ++k) t[k][b] = (t[k - 1][b] >> 8) ^ t[0][t[k - 1][b] & 0xff];
+  for (uint32_t k = 0; k < 8; ++k) {
+    for (uint32_t b = 0; b < 256; ++b) t[k][b] = kernels::Crc32cTableEntry(k, b);
   }
   return t;
 }
 constexpr auto kTables = MakeTables();
 
-// x^(2^k) mod the polynomial, k = 0..63.
+// x^(2^k) mod the polynomial, k = 0..63: Crc32cCombine's powers from a
+// table, where Crc32cZeroBytesFactor (for device code too) squares its way
+// up each call; a Put combines a block's 27 slices.
 constexpr std::array<uint32_t, 64> MakePowers() {
   std::array<uint32_t, 64> powers{};
   powers[0] = kernels::kCrc32cX;

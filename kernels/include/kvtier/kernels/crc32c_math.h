@@ -54,8 +54,8 @@ KVTIER_HOST_DEVICE constexpr uint32_t Crc32cZeroBytesFactor(uint64_t n) {
   return result;
 }
 
-// Slicing-by-4 table entry: the raw CRC of byte b followed by k zero bytes
-// (k = 0..3).
+// Slicing table entry: the raw CRC of byte b followed by k zero bytes
+// (slicing-by-4 takes k = 0..3, by-8 k = 0..7).
 KVTIER_HOST_DEVICE constexpr uint32_t Crc32cTableEntry(uint32_t k, uint32_t b) {
   uint32_t c = b;
   for (uint32_t i = 0; i < 8 * (k + 1); ++i) c = Crc32cBitStep(c);
