@@ -6,6 +6,10 @@
 // there is no GPU.
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <string>
+#include <vector>
+
 #include "kvtier/kernels/cuda_codec.h"
 #include "services/cache/fast_path_client.h"
 #include "services/common/child_process.h"
@@ -17,17 +21,32 @@
 namespace kvtier::cache {
 namespace {
 
-TEST(FastPathGpuTest, GpuTierBlocksReachAGpuClientThroughIpc) {
-  std::string why;
-  if (!kernels::cuda::DevicePresent(&why)) GTEST_SKIP() << "no GPU: " << why;
+class FastPathGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!kernels::cuda::DevicePresent(&why)) GTEST_SKIP() << "no GPU: " << why;
+  }
+  // A kvtier-cache on a free port, its device tier on the GPU.
+  void StartCache(const std::string& device_capacity, const std::string& host_capacity) {
+    cache_ = std::make_unique<ChildProcess>(std::vector<std::string>{
+        testing::BinaryPath("KVTIER_CACHE_BINARY", KVTIER_CACHE_BINARY), "--listen", "127.0.0.1:0",
+        "--metrics-listen", "", "--device-capacity", device_capacity, "--host-capacity", host_capacity,
+        "--device-memory", "cuda"});
+    const int port = cache_->WaitForListeningPort();
+    ASSERT_GT(port, 0);
+    target_ = "127.0.0.1:" + std::to_string(port);
+  }
+
+  std::unique_ptr<ChildProcess> cache_;
+  std::string target_;
+};
+
+TEST_F(FastPathGpuTest, GpuTierBlocksReachAGpuClientThroughIpc) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
-  ChildProcess cache({testing::BinaryPath("KVTIER_CACHE_BINARY", KVTIER_CACHE_BINARY), "--listen", "127.0.0.1:0",
-                      "--metrics-listen", "", "--device-capacity",
-                      "256MiB", "--host-capacity", "256MiB", "--device-memory", "cuda"});
-  const int port = cache.WaitForListeningPort();
-  ASSERT_GT(port, 0);
-  const std::string target = "127.0.0.1:" + std::to_string(port);
+  ASSERT_NO_FATAL_FAILURE(StartCache("256MiB", "256MiB"));
+  const std::string& target = target_;
   const kvblock::LatentLayout layout = TestLayout();
   CacheClient client(CacheClient::Connect(target));
   std::vector<TestBlock> blocks;
@@ -69,18 +88,12 @@ TEST(FastPathGpuTest, GpuTierBlocksReachAGpuClientThroughIpc) {
 
 // Four times what the GPU tier holds, so most blocks go down to the host
 // tier and are promoted again when read: each read back byte for byte.
-TEST(FastPathGpuTest, BlocksSpilledToTheHostTierComeBackUpIntact) {
-  std::string why;
-  if (!kernels::cuda::DevicePresent(&why)) GTEST_SKIP() << "no GPU: " << why;
+TEST_F(FastPathGpuTest, BlocksSpilledToTheHostTierComeBackUpIntact) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
-  ChildProcess cache({testing::BinaryPath("KVTIER_CACHE_BINARY", KVTIER_CACHE_BINARY), "--listen", "127.0.0.1:0",
-                      "--metrics-listen", "", "--device-capacity", "4MiB", "--host-capacity", "64MiB",
-                      "--device-memory", "cuda"});
-  const int port = cache.WaitForListeningPort();
-  ASSERT_GT(port, 0);
+  ASSERT_NO_FATAL_FAILURE(StartCache("4MiB", "64MiB"));
   const kvblock::LatentLayout layout = TestLayout();  // 13 blocks hold 4 MiB
-  CacheClient client(CacheClient::Connect("127.0.0.1:" + std::to_string(port)));
+  CacheClient client(CacheClient::Connect(target_));
   std::vector<TestBlock> blocks;
   std::vector<kvblock::BlockHash> hashes;
   for (int i = 0; i < 48; ++i) {
