@@ -296,8 +296,9 @@ __global__ void QuantizeInt8QuadsKernel(const float* in, uint8_t* out, uint32_t 
 // of V2's 72 quads left most threads idle): thread (quad q, group j) holds
 // byte columns 4q..4q+3, channels 4q.. (low nibbles) and half + 4q.. (high),
 // of 8 tokens.
-__global__ void __launch_bounds__(kMaxInt4Threads) QuantizeInt4QuadsKernel(const float* in, uint8_t* out, uint32_t tokens, uint32_t dim,
-                                        size_t block_bytes, unsigned long long* first_bad) {
+__global__ void __launch_bounds__(kMaxInt4Threads)
+    QuantizeInt4QuadsKernel(const float* in, uint8_t* out, uint32_t tokens, uint32_t dim, size_t block_bytes,
+                            unsigned long long* first_bad) {
   extern __shared__ float part[];  // [groups][2][dim]: minimums, maximums
   const uint32_t half = dim / 2, quads = half / 4, q = threadIdx.x % quads, j = threadIdx.x / quads;
   const uint32_t groups = blockDim.x / quads;
