@@ -248,34 +248,10 @@ void Benchmark(cuda::DeviceSlab& slab) {
     uint8_t last;
     (void)slab.CopyOut(0, &last, 1);  // waits for what was queued
   };
-  const size_t moved = kBlocks * kBlock;
-  const double promote_pinned = GBs(moved, [&] { blocks(pinned.get(), true); });
-  const double spill_pinned = GBs(moved, [&] { blocks(pinned.get(), false); });
-  const double promote_pages = GBs(moved, [&] { paged(pinned.get(), true); });
-  const double spill_pages = GBs(moved, [&] { paged(pinned.get(), false); });
-  const double spill_fresh = GBs(moved, fresh_pinned);
-  const double put_waited = GBs(kBlocks * kSlices * kSlice, [&] { slices(true); });
-  const double put_unwaited = GBs(kBlocks * kSlices * kSlice, [&] { slices(false); });
-  const double promote_pageable = GBs(moved, [&] { blocks(pageable.data(), true); });
-  const double spill_pageable = GBs(moved, [&] { blocks(pageable.data(), false); });
-  const auto pin_start = std::chrono::steady_clock::now();
-  PinnedMemfd memfd(kBig, 4u << 20);
-  const double pin_ms_a_segment =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - pin_start).count() / (kBig >> 22);
-  // The store's demotions out of a GPU tier: 8 blocks in one batch.
+  // The store's demotions out of a GPU tier: 8 blocks a batch, with their
+  // CRCs computed on the GPU first or not (1 MB records over 64 KB pages).
   constexpr size_t kBatch = 8;
-  const size_t batched = kBlocks / kBatch * kBatch * kBlock;
-  auto spill_batches = [&](uint8_t* host) {
-    std::vector<cuda::SlabRun> runs;
-    for (size_t b = 0; b + kBatch <= kBlocks; b += kBatch) {
-      runs.clear();
-      for (size_t k = b; k < b + kBatch; ++k) runs.push_back({k * kBlock, kBlock, host + k * kBlock});
-      (void)slab.CopyOutRuns(runs);
-    }
-  };
-  // And with the blocks' CRCs computed on the GPU first, as the store
-  // demotes out of a GPU tier (1 MB records over 16 pages of 64 KB).
-  auto spill_batches_crc = [&](uint8_t* host) {
+  auto spill_batches = [&](uint8_t* host, bool crc) {
     std::vector<cuda::SlabRun> runs;
     std::vector<std::vector<uint64_t>> pages(kBatch);
     std::vector<cuda::DeviceSlab::Record> records;
@@ -283,38 +259,46 @@ void Benchmark(cuda::DeviceSlab& slab) {
     for (size_t b = 0; b + kBatch <= kBlocks; b += kBatch) {
       runs.clear();
       records.clear();
-      for (size_t k = b; k < b + kBatch; ++k) {
-        runs.push_back({k * kBlock, kBlock, host + k * kBlock});
-        pages[k - b].clear();
-        for (size_t at = 0; at < kBlock; at += kPage) pages[k - b].push_back(k * kBlock + at);
-        records.push_back({pages[k - b], kBlock - 4});
+      for (size_t k = 0; k < kBatch; ++k) {
+        runs.push_back({(b + k) * kBlock, kBlock, host + (b + k) * kBlock});
+        pages[k].clear();
+        for (size_t at = 0; at < kBlock; at += kPage) pages[k].push_back((b + k) * kBlock + at);
+        records.push_back({pages[k], kBlock - 4});
       }
-      (void)slab.CopyOutRunsWithCrc(runs, records, kPage, crcs);
+      (void)(crc ? slab.CopyOutRunsWithCrc(runs, records, kPage, crcs) : slab.CopyOutRuns(runs));
     }
   };
-  double promote_memfd = 0, spill_memfd = 0, spill_memfd_batched = 0, spill_memfd_crc = 0;
-  if (memfd.data() != nullptr) {
-    promote_memfd = GBs(moved, [&] { blocks(memfd.data(), true); });
-    spill_memfd = GBs(moved, [&] { blocks(memfd.data(), false); });
-    spill_memfd_batched = GBs(batched, [&] { spill_batches(memfd.data()); });
-    spill_memfd_crc = GBs(batched, [&] { spill_batches_crc(memfd.data()); });
-  }
+  const size_t moved = kBlocks * kBlock, batched = kBlocks / kBatch * kBatch * kBlock,
+               sliced = kBlocks * kSlices * kSlice;
   std::printf("\nplain pinned cudaMemcpy, 256 MB: host->device %.1f GB/s, device->host %.1f GB/s\n", h2d, d2h);
   std::printf("%-32s %10s %10s\n", "1 MB blocks through the slab", "GB/s", "% memcpy");
-  std::printf("%-32s %10.1f %9.0f%%\n", "promotion, from pinned", promote_pinned, 100 * promote_pinned / h2d);
-  std::printf("%-32s %10.1f %9.0f%%\n", "spill, to pinned", spill_pinned, 100 * spill_pinned / d2h);
-  std::printf("%-32s %10.1f %9.0f%%\n", "promotion, 16 page runs, pinned", promote_pages, 100 * promote_pages / h2d);
-  std::printf("%-32s %10.1f %9.0f%%\n", "spill, 16 page runs, pinned", spill_pages, 100 * spill_pages / d2h);
-  std::printf("%-32s %10.1f %9.0f%%\n", "spill, new pinned buffer each", spill_fresh, 100 * spill_fresh / d2h);
-  std::printf("%-32s %10.1f %9.0f%%\n", "promotion, from pageable", promote_pageable, 100 * promote_pageable / h2d);
-  std::printf("%-32s %10.1f %9.0f%%\n", "spill, to pageable", spill_pageable, 100 * spill_pageable / d2h);
-  std::printf("%-32s %10.1f %9.0f%%\n", "promotion, pinned memfd pages", promote_memfd, 100 * promote_memfd / h2d);
-  std::printf("%-32s %10.1f %9.0f%%\n", "spill, to pinned memfd pages", spill_memfd, 100 * spill_memfd / d2h);
-  std::printf("%-32s %10.1f %9.0f%%\n", "spill, same, 8 blocks a batch", spill_memfd_batched,
-              100 * spill_memfd_batched / d2h);
-  std::printf("%-32s %10.1f %9.0f%%\n", "spill, same, CRCs on the GPU", spill_memfd_crc, 100 * spill_memfd_crc / d2h);
-  std::printf("%-32s %10.1f %9.0f%%\n", "put, 27 slices, each waited", put_waited, 100 * put_waited / h2d);
-  std::printf("%-32s %10.1f %9.0f%%\n", "put, 27 slices, staged unwaited", put_unwaited, 100 * put_unwaited / h2d);
+  // Times `op`, which moves `bytes` into the slab (`in`) or out of it,
+  // and prints its row against the plain copy that way.
+  auto row = [&](const char* what, size_t bytes, bool in, auto op) {
+    const double rate = GBs(bytes, op), limit = in ? h2d : d2h;
+    std::printf("%-32s %10.1f %9.0f%%\n", what, rate, 100 * rate / limit);
+  };
+  row("promotion, from pinned", moved, true, [&] { blocks(pinned.get(), true); });
+  row("spill, to pinned", moved, false, [&] { blocks(pinned.get(), false); });
+  row("promotion, 16 page runs, pinned", moved, true, [&] { paged(pinned.get(), true); });
+  row("spill, 16 page runs, pinned", moved, false, [&] { paged(pinned.get(), false); });
+  row("spill, new pinned buffer each", moved, false, fresh_pinned);
+  row("promotion, from pageable", moved, true, [&] { blocks(pageable.data(), true); });
+  row("spill, to pageable", moved, false, [&] { blocks(pageable.data(), false); });
+  row("put, 27 slices, each waited", sliced, true, [&] { slices(true); });
+  row("put, 27 slices, staged unwaited", sliced, true, [&] { slices(false); });
+  const auto pin_start = std::chrono::steady_clock::now();
+  PinnedMemfd memfd(kBig, 4u << 20);
+  const double pin_ms_a_segment =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - pin_start).count() / (kBig >> 22);
+  if (memfd.data() == nullptr) {
+    std::printf("pinned memfd pages: could not be had (see above)\n");
+    return;
+  }
+  row("promotion, pinned memfd pages", moved, true, [&] { blocks(memfd.data(), true); });
+  row("spill, to pinned memfd pages", moved, false, [&] { blocks(memfd.data(), false); });
+  row("spill, same, 8 blocks a batch", batched, false, [&] { spill_batches(memfd.data(), false); });
+  row("spill, same, CRCs on the GPU", batched, false, [&] { spill_batches(memfd.data(), true); });
   std::printf("pinning a 4 MB memfd segment (PinHost, first touch included): %.2f ms\n", pin_ms_a_segment);
 }
 
