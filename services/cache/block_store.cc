@@ -412,11 +412,8 @@ absl::StatusOr<std::vector<std::span<const uint8_t>>> BlockStore::SourceOf(
     const uint64_t crc_bytes = size - kvblock::kBlockTrailerBytes;
     uint32_t crc = 0;
     bool computed = false;
-    if (absl::Status s = t.arena->ReadRecordsWithCrc(std::span(&record, 1), std::span(&crc_bytes, 1),
-                                                     std::span(&crc, 1), computed);
-        !s.ok()) {
-      return s;
-    }
+    KVTIER_RETURN_IF_ERROR(
+        t.arena->ReadRecords(std::span(&record, 1), std::span(&crc_bytes, 1), std::span(&crc, 1), computed));
     if (computed) slab_crc = crc;
     owned = std::move(copy);
   }
@@ -581,7 +578,7 @@ std::vector<absl::Status> BlockStore::CopyRecords(std::span<const Move> moves, s
     for (size_t k = 0; k < moves.size(); ++k) records.push_back({&moves[k].source, 0, outs[k]});
     std::vector<uint32_t> crcs(moves.size());
     bool checked = false;
-    const absl::Status read = src.arena->ReadRecordsWithCrc(records, crc_bytes, crcs, checked);
+    const absl::Status read = src.arena->ReadRecords(records, crc_bytes, crcs, checked);
     for (size_t k = 0; k < moves.size(); ++k) {
       const Entry& e = *moves[k].entry;
       const std::vector<std::span<const uint8_t>> landed(outs[k].begin(), outs[k].end());

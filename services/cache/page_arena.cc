@@ -166,16 +166,12 @@ absl::Status PageArena::WriteRuns(const std::vector<uint32_t>& pages, size_t off
 absl::Status PageArena::ReadPieces(const std::vector<uint32_t>& pages, size_t offset,
                                    std::span<const std::span<uint8_t>> pieces) const {
   const RecordPieces record{&pages, offset, pieces};
-  return ReadRecords(std::span(&record, 1));
-}
-
-absl::Status PageArena::ReadRecords(std::span<const RecordPieces> records) const {
   bool checked;
-  return ReadRecordsWithCrc(records, {}, {}, checked);
+  return ReadRecords(std::span(&record, 1), {}, {}, checked);
 }
 
-absl::Status PageArena::ReadRecordsWithCrc(std::span<const RecordPieces> records, std::span<const uint64_t> crc_bytes,
-                                           std::span<uint32_t> crcs, bool& checked) const {
+absl::Status PageArena::ReadRecords(std::span<const RecordPieces> records, std::span<const uint64_t> crc_bytes,
+                                    std::span<uint32_t> crcs, bool& checked) const {
   checked = false;
   std::vector<SlabRun> runs;
   for (const RecordPieces& r : records) {
