@@ -116,14 +116,7 @@ void Benchmark() {
 }
 
 int Main(bool benchmark) {
-  std::string why;
-  if (!cuda::DevicePresent(&why)) {
-    std::printf("SKIPPED: no GPU (%s); the CUDA codecs were built but not run\n", why.c_str());
-    return 77;
-  }
-  cudaDeviceProp prop{};
-  cudaGetDeviceProperties(&prop, 0);
-  std::printf("device: %s\n", prop.name);
+  if (!check::DeviceOrSkip("the CUDA codecs were")) return 77;
   bool ok = true;
   // V2's blocks take the 16-byte kernels; 33 tokens of 128 + 8 too (an odd
   // number of fp8 tiles, token groups cut short); 5 of 30 + 7 the others.

@@ -108,11 +108,7 @@ bool CheckAdd(std::mt19937_64& rng) {
 }
 
 int Main() {
-  std::string why;
-  if (!cuda::DevicePresent(&why)) {
-    std::printf("SKIPPED: no GPU (%s); RMSNorm and RoPE were built but not run\n", why.c_str());
-    return 77;
-  }
+  if (!check::DeviceOrSkip("RMSNorm and RoPE were")) return 77;
   std::mt19937_64 rng(std::random_device{}());
   const bool norm = CheckRmsNorm(rng), rope = CheckRope(rng), add = CheckAdd(rng);
   std::printf("RMSNorm: %s\nRoPE (YaRN): %s\nresidual add: %s\n", norm ? "matches the CPU" : "MISMATCH",

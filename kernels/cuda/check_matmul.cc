@@ -254,11 +254,7 @@ void Benchmark(cuda::Blas& blas, std::mt19937_64& rng) {
 }
 
 int Main(bool benchmark) {
-  std::string why;
-  if (!cuda::DevicePresent(&why)) {
-    std::printf("SKIPPED: no GPU (%s); the cuBLAS projections and MoE were built but not run\n", why.c_str());
-    return 77;
-  }
+  if (!check::DeviceOrSkip("the cuBLAS projections and MoE were")) return 77;
   std::unique_ptr<cuda::Blas> blas;
   if (const Status s = cuda::Blas::Create(nullptr, blas); !s.ok()) {
     std::fprintf(stderr, "%s\n", s.message().c_str());

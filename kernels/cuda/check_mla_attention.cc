@@ -339,8 +339,7 @@ int Profile(const char* codec_name, uint32_t context, uint32_t batch) {
     return 2;
   }
   const Codec codec = *codec_it;
-  std::string why;
-  if (!cuda::DevicePresent(&why)) return std::printf("SKIPPED: no GPU (%s)\n", why.c_str()), 77;
+  if (!check::DeviceOrSkip("the CUDA attention was")) return 77;
   constexpr uint32_t kHeads = 16;
   const uint32_t blocks = context / kTpb;
   const size_t block_bytes = EncodedBytes(codec, kBlockShape);
@@ -367,14 +366,7 @@ int Profile(const char* codec_name, uint32_t context, uint32_t batch) {
 }
 
 int Main(bool benchmark) {
-  std::string why;
-  if (!cuda::DevicePresent(&why)) {
-    std::printf("SKIPPED: no GPU (%s); the CUDA attention was built but not run\n", why.c_str());
-    return 77;
-  }
-  cudaDeviceProp prop{};
-  cudaGetDeviceProperties(&prop, 0);
-  std::printf("device: %s\n", prop.name);
+  if (!check::DeviceOrSkip("the CUDA attention was")) return 77;
   bool ok = RefusesBadBlockIndex();
   std::printf("block index outside the pool: %s\n", ok ? "INVALID_ARGUMENT" : "NOT REFUSED");
   const bool shared = SharedRowsMatchCopies();

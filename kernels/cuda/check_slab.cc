@@ -352,9 +352,7 @@ int Main(bool benchmark) {
   }
   close(pipe_fds[0]);
   const Reader reader{pid, pipe_fds[1]};
-  std::string why;
-  if (!cuda::DevicePresent(&why)) {
-    std::printf("SKIPPED: no GPU (%s); the device tier's slab and IPC were built but not run\n", why.c_str());
+  if (!check::DeviceOrSkip("the device tier's slab and IPC were")) {
     close(reader.to);  // the reader sees end of input and exits
     waitpid(reader.pid, nullptr, 0);
     return 77;

@@ -7,14 +7,33 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
+
+#include "kvtier/kernels/cuda_codec.h"
 
 namespace kvtier::kernels::check {
 
 // False when the program was asked for its checks alone (`--no-benchmark`,
 // as under compute-sanitizer).
 inline bool WantBenchmark(int argc, char** argv) { return !(argc > 1 && std::strcmp(argv[1], "--no-benchmark") == 0); }
+
+// True, having named the device, when there is a GPU to run on; else
+// false, having said that `what` was built but not run (the caller exits
+// 77: ctest's skip).
+inline bool DeviceOrSkip(const char* what) {
+  std::string why;
+  if (!cuda::DevicePresent(&why)) {
+    std::printf("SKIPPED: no GPU (%s); %s built but not run\n", why.c_str(), what);
+    return false;
+  }
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  std::printf("device: %s\n", prop.name);
+  return true;
+}
 
 // A device copy of `host` (freed by the caller with cudaFree).
 template <typename T>
