@@ -10,7 +10,7 @@
 # from it: --device cuda against the CPU (cuda_forward_test, `kvtier run
 # --device cuda` included), the fast path to GPU clients and spills from
 # a GPU tier (fast_path_gpu_test); batched decode steps on the CPU and the
-# GPU (decode_bench); and the store's tier moves with the device tier in
+# GPU (decode_bench; again with every launch waited for); and the store's tier moves with the device tier in
 # the GPU against pinned cudaMemcpy (tier_move_bench).
 #
 # The check programs come prebuilt in device-bundle/checks/ when they run
@@ -80,6 +80,9 @@ elif [ -d device-bundle ]; then
   step "cuda_forward_test" 120 device-bundle/cuda_forward_test
   step "fast_path_gpu_test" 60 device-bundle/fast_path_gpu_test
   step "decode_bench" 90 device-bundle/decode_bench
+  # The same GPU steps with every kernel launch waited for (CUDA's own
+  # switch): what the decode step cost when each op waited for its stream.
+  step "decode_bench, launches waited" 60 env CUDA_LAUNCH_BLOCKING=1 device-bundle/decode_bench --cuda-only
   step "tier_move_bench" 60 device-bundle/tier_move_bench --rounds 5
 else
   echo "no device-bundle/: the services' GPU tests (scripts/device_bundle.sh) not run"
