@@ -283,7 +283,9 @@ void Benchmark() {
 // Rows that share one sequence's block-table row and tail (block_table_rows,
 // tail_offsets: as a prefill's rows do) give bit for bit what they give with
 // copies of both, int8 blocks on tensor cores; an entry past the table or
-// the tail is refused, naming the row.
+// the tail is refused, naming the row. The same with a caller's fault word
+// (PagedMlaDecode does not wait): the same bits, and the same refusals
+// once the word is read back.
 bool SharedRowsMatchCopies() {
   std::mt19937_64 rng(7);
   constexpr uint32_t heads = 16, rows = 3, kTail = 40;
@@ -316,9 +318,26 @@ bool SharedRowsMatchCopies() {
   latents.tail = d_tail.data, latents.tail_offsets = offsets.data, latents.tail_capacity = kTail;
   ok = ok && cuda::PagedMlaDecode(shape, latents, rows, d_q.data, 0.1f, out_shared.data, nullptr, nullptr).ok();
   ok = ok && out_shared.Read(size_t{rows} * heads * kKv) == out_copies.Read(size_t{rows} * heads * kKv);
+  DeviceArray<unsigned long long> fault(std::vector<unsigned long long>{cuda::kNoPagedMlaFault});
+  cuda::PagedMlaOptions unwaited;
+  unwaited.fault = fault.data;
+  DeviceArray<float> out_unwaited(size_t{rows} * heads * kKv);
+  ok = ok && cuda::PagedMlaDecode(shape, latents, rows, d_q.data, 0.1f, out_unwaited.data, nullptr, nullptr, unwaited)
+                 .ok();
+  // Read(): cudaMemcpy on the default stream, which waits for the kernels.
+  ok = ok && out_unwaited.Read(size_t{rows} * heads * kKv) == out_copies.Read(size_t{rows} * heads * kKv);
+  ok = ok && fault.Read(1)[0] == cuda::kNoPagedMlaFault;
+  if (!ok) std::printf("FAIL shared rows, or the same with a fault word (not waited for)\n");
   auto refused = [&](const cuda::PagedLatents& bad) {
     const Status s = cuda::PagedMlaDecode(shape, bad, rows, d_q.data, 0.1f, out_shared.data, nullptr, nullptr);
-    return s.code() == StatusCode::kInvalidArgument && s.message().find("sequence 2") != std::string::npos;
+    cudaMemcpy(fault.data, &cuda::kNoPagedMlaFault, sizeof cuda::kNoPagedMlaFault, cudaMemcpyHostToDevice);
+    const bool queued =
+        cuda::PagedMlaDecode(shape, bad, rows, d_q.data, 0.1f, out_shared.data, nullptr, nullptr, unwaited).ok();
+    const Status found = cuda::PagedMlaFault(fault.Read(1)[0]);
+    const bool ok = s.code() == StatusCode::kInvalidArgument && s.message().find("sequence 2") != std::string::npos &&
+                    queued && found.code() == s.code() && found.message() == s.message();
+    if (!ok) std::printf("FAIL refusal: waited '%s', fault word '%s'\n", s.message().c_str(), found.message().c_str());
+    return ok;
   };
   cuda::PagedLatents bad = latents;
   bad.tail_offsets = bad_offsets.data;

@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "cuda_status.h"
-#include "stream_memory.h"
 #include "kvtier/kernels/cuda_layers.h"
 
 namespace kvtier::kernels::cuda {
@@ -32,11 +31,17 @@ __global__ void __launch_bounds__(kThreads) RmsNormKernel(const float* x, const 
   for (uint32_t c = threadIdx.x; c < dim; c += kThreads) o[c] = weight[c] * (row[c] * inv);
 }
 
+// The table's frequencies, passed by value with the launch: no device copy
+// to allocate, and nothing on the host that the queued kernel still reads.
+struct RopeFrequencies {
+  double inv[kThreads];
+};
+
 // One thread per (row, vector, pair): reads its interleaved pair (2i, 2i+1)
 // and writes the rotated values to i and half + i. A vector's threads all
 // read before any writes (the vector sits in one CUDA block, which syncs),
 // since pair i's outputs overwrite other pairs' inputs.
-__global__ void __launch_bounds__(kThreads) RopeKernel(const double* inv_freq, double mscale, uint32_t half,
+__global__ void __launch_bounds__(kThreads) RopeKernel(const RopeFrequencies freq, double mscale, uint32_t half,
                                                        const int64_t* positions, float* x, uint32_t vectors,
                                                        size_t row_stride, size_t vector_stride) {
   const uint32_t r = blockIdx.y;
@@ -47,7 +52,7 @@ __global__ void __launch_bounds__(kThreads) RopeKernel(const double* inv_freq, d
   if (active) a = vec[2 * i], b = vec[2 * i + 1];
   __syncthreads();
   if (!active) return;
-  const double angle = static_cast<double>(positions[r]) * inv_freq[i];
+  const double angle = static_cast<double>(positions[r]) * freq.inv[i];
   const float c = static_cast<float>(cos(angle) * mscale), s = static_cast<float>(sin(angle) * mscale);
   vec[i] = a * c - b * s;
   vec[half + i] = b * c + a * s;
@@ -58,9 +63,10 @@ __global__ void AddKernel(float* x, const float* y, size_t n) {
   if (i < n) x[i] += y[i];
 }
 
-Status Finish(cudaStream_t stream, const char* what) {
+// The launch's own error; faults while the kernel runs surface at the
+// caller's next wait on the stream.
+Status Launched(const char* what) {
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return CudaError(e, what);
-  if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) return CudaError(e, what);
   return OkStatus();
 }
 
@@ -73,7 +79,7 @@ Status RmsNorm(const float* x, const float* weight, uint32_t rows, uint32_t dim,
   }
   if (rows == 0) return OkStatus();
   RmsNormKernel<<<rows, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, weight, dim, eps, out);
-  return Finish(static_cast<cudaStream_t>(stream), "cuda::RmsNorm");
+  return Launched("cuda::RmsNorm");
 }
 
 Status ApplyRope(const RopeTable& table, const int64_t* positions, float* x, uint32_t rows, uint32_t vectors,
@@ -85,20 +91,16 @@ Status ApplyRope(const RopeTable& table, const int64_t* positions, float* x, uin
   }
   if (rows == 0) return OkStatus();
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  double* inv_freq = nullptr;
-  if (const cudaError_t e = MallocAsync(reinterpret_cast<void**>(&inv_freq), half * sizeof(double), stream); e != cudaSuccess) {
-    return CudaError(e, "cuda::ApplyRope");
-  }
-  cudaMemcpyAsync(inv_freq, table.inv_freq().data(), half * sizeof(double), cudaMemcpyHostToDevice, stream);
+  RopeFrequencies freq{};
+  std::copy_n(table.inv_freq().begin(), half, freq.inv);
   const uint32_t per_block = kThreads / half;
   // Rows on the grid's y axis, at most 65535 a launch (a long prefill has more).
   constexpr uint32_t kMaxRows = 65535;
   for (uint32_t first = 0; first < rows; first += kMaxRows) {
     RopeKernel<<<dim3((vectors + per_block - 1) / per_block, std::min(kMaxRows, rows - first)), kThreads, 0, stream>>>(
-        inv_freq, table.mscale(), half, positions + first, x + first * row_stride, vectors, row_stride, vector_stride);
+        freq, table.mscale(), half, positions + first, x + first * row_stride, vectors, row_stride, vector_stride);
   }
-  cudaFreeAsync(inv_freq, stream);
-  return Finish(stream, "cuda::ApplyRope");
+  return Launched("cuda::ApplyRope");
 }
 
 Status AddInPlace(float* x, const float* y, size_t n, void* stream_ptr) {
@@ -106,7 +108,7 @@ Status AddInPlace(float* x, const float* y, size_t n, void* stream_ptr) {
   if (n == 0) return OkStatus();
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   AddKernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(x, y, n);
-  return Finish(stream, "cuda::AddInPlace");
+  return Launched("cuda::AddInPlace");
 }
 
 }  // namespace kvtier::kernels::cuda

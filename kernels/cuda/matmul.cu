@@ -1,6 +1,7 @@
 // cuBLAS projections and the MoE feed-forward (cuda_matmul.h).
 #include <cuda_runtime.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -49,7 +50,7 @@ __global__ void ScatterAddKernel(const float* d, const int32_t* rows, const floa
 }
 
 // Scratch slots.
-enum Slot : size_t { kXs, kGate, kUp, kHidden, kDown, kRows, kWeights, kLogits, kSlots };
+enum Slot : size_t { kXs, kGate, kUp, kHidden, kDown, kRouting, kLogits, kSlots };
 
 }  // namespace
 
@@ -65,12 +66,21 @@ Status Blas::Create(void* stream, std::unique_ptr<Blas>& out) {
     api->destroy(handle);
     return BlasError(*api, s, "cublasSetStream");
   }
+  cudaEvent_t staged = nullptr;
+  if (const cudaError_t e = cudaEventCreateWithFlags(&staged, cudaEventDisableTiming); e != cudaSuccess) {
+    api->destroy(handle);
+    return CudaError(e, "cuda::Blas event");
+  }
   out.reset(new Blas(api, handle, stream));
   out->scratch_.assign(kSlots, {nullptr, 0});
+  out->staged_ = staged;
   return OkStatus();
 }
 
 Blas::~Blas() {
+  cudaEventSynchronize(static_cast<cudaEvent_t>(staged_));  // no copy still reads the staging
+  cudaEventDestroy(static_cast<cudaEvent_t>(staged_));
+  cudaFreeHost(staging_);
   for (auto& [p, bytes] : scratch_) cudaFree(p);
   static_cast<const CublasApi*>(api_)->destroy(static_cast<cublasHandle_t>(handle_));
 }
@@ -78,12 +88,38 @@ Blas::~Blas() {
 Status Blas::Scratch(size_t slot, size_t bytes, void** out) {
   auto& [p, size] = scratch_[slot];
   if (size < bytes) {
-    cudaFree(p);  // synchronises: nothing in flight still uses it
+    if (p != nullptr) {
+      // Queued work may still use it (cudaFree only "may" wait for that).
+      if (const cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) return CudaError(e, "cuda::Blas scratch");
+      cudaFree(p);
+    }
     p = nullptr, size = 0;
     if (const cudaError_t e = cudaMalloc(&p, bytes); e != cudaSuccess) return CudaError(e, "cuda::Blas scratch");
     size = bytes;
   }
   *out = p;
+  return OkStatus();
+}
+
+Status Blas::Upload(const void* host, size_t bytes, void* device) {
+  cudaEvent_t staged = static_cast<cudaEvent_t>(staged_);
+  // At once in a forward pass: its stream has waited since the last upload.
+  if (const cudaError_t e = cudaEventSynchronize(staged); e != cudaSuccess) return CudaError(e, "cuda::Blas upload");
+  if (staging_bytes_ < bytes) {
+    cudaFreeHost(staging_);
+    staging_ = nullptr, staging_bytes_ = 0;
+    if (const cudaError_t e = cudaMallocHost(&staging_, bytes); e != cudaSuccess) {
+      return CudaError(e, "cuda::Blas staging");
+    }
+    staging_bytes_ = bytes;
+  }
+  std::memcpy(staging_, host, bytes);
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  if (const cudaError_t e = cudaMemcpyAsync(device, staging_, bytes, cudaMemcpyHostToDevice, stream);
+      e != cudaSuccess) {
+    return CudaError(e, "cuda::Blas upload");
+  }
+  if (const cudaError_t e = cudaEventRecord(staged, stream); e != cudaSuccess) return CudaError(e, "cuda::Blas upload");
   return OkStatus();
 }
 
@@ -123,10 +159,8 @@ Status Blas::GroupedGemm(const uint16_t* w, uint32_t rows, uint32_t cols, uint32
   void* xs = nullptr;
   KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kXs, size_t{n} * ldx * 2, &xs));
   ToBf16Kernel<<<Blocks(size_t{n} * ldx), kThreads, 0, stream>>>(x, static_cast<uint16_t*>(xs), size_t{n} * ldx);
-  KVTIER_KERNELS_RETURN_IF_ERROR(
-      GroupedGemmBf16(w, rows, cols, groups, static_cast<uint16_t*>(xs), ldx, x_group, n, y, ldy, y_group));
-  if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) return CudaError(e, "cuda::Blas::Gemm");
-  return OkStatus();
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return CudaError(e, "cuda::Blas::Gemm");
+  return GroupedGemmBf16(w, rows, cols, groups, static_cast<uint16_t*>(xs), ldx, x_group, n, y, ldy, y_group);
 }
 
 Status Blas::SwiGluAdd(const SwiGluDeviceWeights& w, uint32_t hidden, const float* x, const int32_t* rows,
@@ -162,9 +196,9 @@ Status Blas::MoeForward(const MoeDeviceWeights& w, uint32_t hidden, const float*
   KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kLogits, size_t{n} * experts * 4, &logits));
   KVTIER_KERNELS_RETURN_IF_ERROR(Gemm(w.router, experts, hidden, x, n, static_cast<float*>(logits)));
   std::vector<float> host_logits(size_t{n} * experts);
-  if (const cudaError_t e = cudaMemcpy(host_logits.data(), logits, host_logits.size() * 4, cudaMemcpyDeviceToHost);
-      e != cudaSuccess) {
-    return CudaError(e, "cuda::Blas::MoeForward logits");
+  cudaMemcpyAsync(host_logits.data(), logits, host_logits.size() * 4, cudaMemcpyDeviceToHost, stream);
+  if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) {
+    return CudaError(e, "cuda::Blas::MoeForward logits (or work queued before them)");
   }
   std::vector<std::vector<int32_t>> rows_of(experts);
   std::vector<std::vector<float>> weights_of(experts);
@@ -192,32 +226,37 @@ Status Blas::MoeForward(const MoeDeviceWeights& w, uint32_t hidden, const float*
 Status Blas::SwiGluGroups(const std::vector<const SwiGluDeviceWeights*>& mlps,
                           const std::vector<std::vector<int32_t>>& rows, const std::vector<std::vector<float>>& weights,
                           uint32_t hidden, const float* x, float* out) {
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
-  // Every group's rows and weights in one copy; the groups then run back to
-  // back on the stream (in order: no two add to a row at once), one wait at
-  // the end.
-  std::vector<int32_t> all_rows;
-  std::vector<float> all_weights;
-  for (size_t g = 0; g < rows.size(); ++g) {
-    all_rows.insert(all_rows.end(), rows[g].begin(), rows[g].end());
-    all_weights.insert(all_weights.end(), weights[g].begin(), weights[g].end());
+  // Every group's rows, then every group's weights, in one copy; the groups
+  // then run back to back on the stream (in order: no two add to a row at
+  // once).
+  if (rows.size() != mlps.size() || weights.size() != mlps.size()) {
+    return InvalidArgument("cuda::Blas SwiGLU: a group without its rows or weights");
   }
-  if (all_rows.empty()) return OkStatus();
-  void *d_rows, *d_weights;
-  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kRows, all_rows.size() * 4, &d_rows));
-  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kWeights, all_weights.size() * 4, &d_weights));
-  // From pageable memory: staged before these return, so the vectors may go.
-  cudaMemcpyAsync(d_rows, all_rows.data(), all_rows.size() * 4, cudaMemcpyHostToDevice, stream);
-  cudaMemcpyAsync(d_weights, all_weights.data(), all_weights.size() * 4, cudaMemcpyHostToDevice, stream);
+  std::vector<int32_t> routing;  // rows, then the weights' bits
+  for (size_t g = 0; g < rows.size(); ++g) {
+    if (weights[g].size() != rows[g].size()) return InvalidArgument("cuda::Blas SwiGLU: a weight for each row");
+    routing.insert(routing.end(), rows[g].begin(), rows[g].end());
+  }
+  const size_t total = routing.size();
+  if (total == 0) return OkStatus();
+  routing.resize(2 * total);
+  size_t at = total;
+  for (const std::vector<float>& w : weights) {
+    std::memcpy(routing.data() + at, w.data(), w.size() * 4);
+    at += w.size();
+  }
+  void* d_routing;
+  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kRouting, routing.size() * 4, &d_routing));
+  KVTIER_KERNELS_RETURN_IF_ERROR(Upload(routing.data(), routing.size() * 4, d_routing));
+  const int32_t* d_rows = static_cast<const int32_t*>(d_routing);
+  const float* d_weights = reinterpret_cast<const float*>(d_rows + total);
   size_t offset = 0;
   for (size_t g = 0; g < rows.size(); ++g) {
     const uint32_t count = static_cast<uint32_t>(rows[g].size());
     if (count == 0) continue;
-    KVTIER_KERNELS_RETURN_IF_ERROR(SwiGluAdd(*mlps[g], hidden, x, static_cast<int32_t*>(d_rows) + offset,
-                                             static_cast<float*>(d_weights) + offset, count, out));
+    KVTIER_KERNELS_RETURN_IF_ERROR(SwiGluAdd(*mlps[g], hidden, x, d_rows + offset, d_weights + offset, count, out));
     offset += count;
   }
-  if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) return CudaError(e, "cuda::Blas SwiGLU");
   return OkStatus();
 }
 

@@ -32,8 +32,6 @@ constexpr int kThreads = 256;
 constexpr uint32_t kGroupHeads = 16;  // heads per CUDA block
 constexpr uint32_t kChunk = 16;       // tokens widened at a time
 
-constexpr unsigned long long kNothingBad = ~0ull;
-
 using internal::kBadBlockCount;
 using internal::kBadBlockIndex;
 using internal::kBadTail;
@@ -263,15 +261,18 @@ Status PagedMlaDecode(const MlaShape& shape, const PagedLatents& latents, uint32
   const uint32_t splits = (max_blocks + blocks_per_split - 1) / blocks_per_split;
   const uint32_t total_splits = splits + (tensor_cores ? 1 : 0);
   const size_t partial_bytes = sizeof(float) * size_t{batch} * total_splits * shape.heads * (size_t{kv} + 2);
+  // The partial results, and the fault word unless the caller keeps one.
+  const bool wait = options.fault == nullptr;
   void* workspace = nullptr;
-  if (const cudaError_t e = MallocAsync(&workspace, partial_bytes + sizeof(unsigned long long), stream);
+  if (const cudaError_t e = MallocAsync(&workspace, partial_bytes + (wait ? sizeof(unsigned long long) : 0), stream);
       e != cudaSuccess) {
     return CudaError(e, "cuda::PagedMlaDecode workspace");
   }
   Params p{shape, latents, block_bytes, q, softmax_scale, total_splits, 0, blocks_per_split, !tensor_cores,
            static_cast<float*>(workspace),
-           reinterpret_cast<unsigned long long*>(static_cast<char*>(workspace) + partial_bytes)};
-  cudaMemsetAsync(p.bad, 0xff, sizeof(unsigned long long), stream);
+           wait ? reinterpret_cast<unsigned long long*>(static_cast<char*>(workspace) + partial_bytes)
+                : options.fault};
+  if (wait) cudaMemsetAsync(p.bad, 0xff, sizeof(unsigned long long), stream);
   if (tensor_cores) {
     if (const cudaError_t e = internal::LaunchTensorCorePartials(p, splits, batch, stream); e != cudaSuccess) {
       cudaFreeAsync(workspace, stream);
@@ -287,21 +288,28 @@ Status PagedMlaDecode(const MlaShape& shape, const PagedLatents& latents, uint32
   }
   CombineKernel<<<dim3(shape.heads, batch), kThreads, 0, stream>>>(p.partial, total_splits, shape.heads, kv, out,
                                                                    lse);
-  unsigned long long bad = kNothingBad;
+  if (!wait) {
+    cudaFreeAsync(workspace, stream);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return CudaError(e, "cuda::PagedMlaDecode launch");
+    return OkStatus();
+  }
+  unsigned long long bad = kNoPagedMlaFault;
   cudaMemcpyAsync(&bad, p.bad, sizeof bad, cudaMemcpyDeviceToHost, stream);
   cudaFreeAsync(workspace, stream);
   if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) {
     return CudaError(e, "cuda::PagedMlaDecode");
   }
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return CudaError(e, "cuda::PagedMlaDecode launch");
-  if (bad != kNothingBad) {
-    static const char* const kWhy[] = {
-        "", "a block count outside its block-table row (or a block_table_rows entry outside the table)",
-        "a block index outside the pool",
-        "a tail count outside 0..max_tail (or its tail_offsets outside the tail), or no context"};
-    return InvalidArgument("cuda::PagedMlaDecode: sequence " + std::to_string(bad >> 2) + " has " + kWhy[bad & 3]);
-  }
-  return OkStatus();
+  return PagedMlaFault(bad);
+}
+
+Status PagedMlaFault(unsigned long long fault) {
+  if (fault == kNoPagedMlaFault) return OkStatus();
+  static const char* const kWhy[] = {
+      "", "a block count outside its block-table row (or a block_table_rows entry outside the table)",
+      "a block index outside the pool",
+      "a tail count outside 0..max_tail (or its tail_offsets outside the tail), or no context"};
+  return InvalidArgument("cuda::PagedMlaDecode: sequence " + std::to_string(fault >> 2) + " has " + kWhy[fault & 3]);
 }
 
 }  // namespace kvtier::kernels::cuda

@@ -46,16 +46,27 @@ class DeviceArray {
   // Room for n values; what was there is lost when it grows.
   absl::Status Reserve(size_t n) {
     if (n <= size_) return absl::OkStatus();
-    cudaFree(data_);  // synchronises: nothing in flight still uses it
+    if (data_ != nullptr) {
+      // Queued work may still use it (cudaFree only "may" wait for that).
+      KVTIER_RETURN_IF_ERROR(CudaCheck(cudaDeviceSynchronize(), "growing a device array"));
+      cudaFree(data_);
+    }
     data_ = nullptr, size_ = 0;
     KVTIER_RETURN_IF_ERROR(CudaCheck(cudaMalloc(&data_, n * sizeof(T)), "cudaMalloc"));
     size_ = n;
     return absl::OkStatus();
   }
 
-  // Reserve, then copy `host` in on `stream`. From pageable memory the call
-  // returns once the bytes are staged, so `host` may go; no wait for the
-  // copy itself (the stream orders it before what reads it).
+  // Reserve, then copy `host` in and return once it is staged (weights, at
+  // load time): `host` may go.
+  absl::Status Assign(std::span<const T> host) {
+    KVTIER_RETURN_IF_ERROR(Reserve(std::max<size_t>(host.size(), 1)));
+    return CudaCheck(cudaMemcpy(data_, host.data(), host.size_bytes(), cudaMemcpyHostToDevice), "upload");
+  }
+
+  // Reserve, then queue a copy of `host` on `stream` (ordered before what
+  // reads it there). `host` must stay until the stream has been waited for:
+  // from pageable memory CUDA may stage it when the copy runs.
   absl::Status Upload(std::span<const T> host, cudaStream_t stream) {
     KVTIER_RETURN_IF_ERROR(Reserve(std::max<size_t>(host.size(), 1)));
     return CudaCheck(cudaMemcpyAsync(data_, host.data(), host.size_bytes(), cudaMemcpyHostToDevice, stream),
@@ -109,9 +120,24 @@ class CudaForward final : public DeviceForward {
                        const std::function<void(size_t layer)>& on_layer) override;
 
  private:
+  // Queues the pass on stream_, waiting only where the host needs results
+  // (each layer's new latents; an MoE layer's gate logits). Forward then
+  // waits for the rest, whatever this returned.
+  absl::Status QueuePass(std::span<const SequenceTokens> batch, const std::function<void(size_t layer)>& on_layer);
   absl::Status LoadLayer(const Checkpoint& checkpoint, int64_t index, DeviceLayer& l);
   absl::Status UploadBf16(const Checkpoint& checkpoint, const std::string& name, DeviceArray<uint16_t>& out);
   absl::Status UploadFloat(const Checkpoint& checkpoint, const std::string& name, DeviceArray<float>& out);
+  // Queues a copy of `host` into `to` on the pass's stream, keeping `host`
+  // until the pass has waited for it.
+  template <typename T>
+  absl::Status Upload(std::vector<T> host, DeviceArray<T>& to) {
+    auto kept = std::make_shared<const std::vector<T>>(std::move(host));
+    kept_.push_back(kept);
+    return to.Upload(*kept, stream_);
+  }
+  // Waits for the pass's queued work (a pass's every return goes through
+  // here): only then may kept_ go, and the callers' caches and logits.
+  absl::Status WaitForPass(const char* what);
   // Attention of the rows of `seqs` (one codec and block size; rows from
   // `first_row` of the pass on), each over its sequence's blocks of layer
   // li and the tail up to its own token: q_full -> attn_latent.
@@ -139,20 +165,31 @@ class CudaForward final : public DeviceForward {
   std::unique_ptr<DeviceBlockPool> block_pool_;
   bool block_pool_tried_ = false;
   DeviceArray<int32_t> table_, table_rows_, block_counts_, tail_tokens_;
+  // The lowest bad input the attention kernels found in a pass (they do not
+  // wait; the pass reads it back at its end).
+  DeviceArray<unsigned long long> attention_fault_;
+  unsigned long long attention_fault_seen_ = 0;  // its value, read back
+  std::vector<std::shared_ptr<const void>> kept_;  // host sources of queued copies
 };
+
+absl::Status CudaForward::WaitForPass(const char* what) {
+  const cudaError_t e = cudaStreamSynchronize(stream_);
+  kept_.clear();
+  return CudaCheck(e, what);
+}
 
 absl::Status CudaForward::UploadBf16(const Checkpoint& checkpoint, const std::string& name,
                                      DeviceArray<uint16_t>& out) {
   KVTIER_ASSIGN_OR_RETURN(TensorView t, checkpoint.Tensor(name));
   const std::vector<uint16_t> bf16 = ToBf16(t.ToFloat());
-  return out.Upload(bf16, stream_);
+  return out.Assign(bf16);
 }
 
 absl::Status CudaForward::UploadFloat(const Checkpoint& checkpoint, const std::string& name,
                                       DeviceArray<float>& out) {
   KVTIER_ASSIGN_OR_RETURN(TensorView t, checkpoint.Tensor(name));
   const std::vector<float> values = t.ToFloat();
-  return out.Upload(values, stream_);
+  return out.Assign(values);
 }
 
 absl::Status CudaForward::Load(const Checkpoint& checkpoint) {
@@ -195,8 +232,8 @@ absl::Status CudaForward::LoadLayer(const Checkpoint& ckpt, int64_t index, Devic
       for (size_t j = 0; j < kv; ++j) w_uk_t[(h * kv + j) * nope + i] = split.w_uk[(h * nope + i) * kv + j];
     }
   }
-  KVTIER_RETURN_IF_ERROR(l.w_uk_t.Upload(ToBf16(w_uk_t), stream_));
-  KVTIER_RETURN_IF_ERROR(l.w_uv.Upload(ToBf16(split.w_uv), stream_));
+  KVTIER_RETURN_IF_ERROR(l.w_uk_t.Assign(ToBf16(w_uk_t)));
+  KVTIER_RETURN_IF_ERROR(l.w_uv.Assign(ToBf16(split.w_uv)));
   KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, p + "self_attn.o_proj.weight", l.o_proj));
   auto load_mlp = [&](const std::string& prefix, int64_t inter, DeviceMlp& m) -> absl::Status {
     m.inter = static_cast<uint32_t>(inter);
@@ -270,7 +307,7 @@ absl::Status CudaForward::Attend(std::span<const SequenceTokens> seqs, size_t li
       copy.insert(copy.end(), needed[k]->begin(), needed[k]->end());
       slot_of.push_back(static_cast<int32_t>(k));
     }
-    KVTIER_RETURN_IF_ERROR(pool_.Upload(copy, stream_));
+    KVTIER_RETURN_IF_ERROR(Upload(std::move(copy), pool_));
   }
   // A sequence's block-table row and tail are shared by its pass rows.
   std::vector<float> tails;
@@ -302,12 +339,13 @@ absl::Status CudaForward::Attend(std::span<const SequenceTokens> seqs, size_t li
       max_tail = std::max(max_tail, static_cast<uint32_t>(visible));
     }
   }
-  KVTIER_RETURN_IF_ERROR(table_.Upload(table, stream_));
-  KVTIER_RETURN_IF_ERROR(table_rows_.Upload(table_rows, stream_));
-  KVTIER_RETURN_IF_ERROR(block_counts_.Upload(counts, stream_));
-  KVTIER_RETURN_IF_ERROR(tails_.Upload(tails, stream_));
-  KVTIER_RETURN_IF_ERROR(tail_offsets_.Upload(offsets, stream_));
-  KVTIER_RETURN_IF_ERROR(tail_tokens_.Upload(tail_tokens, stream_));
+  const size_t rows = counts.size(), tail_capacity = tails.size() / dim;
+  KVTIER_RETURN_IF_ERROR(Upload(std::move(table), table_));
+  KVTIER_RETURN_IF_ERROR(Upload(std::move(table_rows), table_rows_));
+  KVTIER_RETURN_IF_ERROR(Upload(std::move(counts), block_counts_));
+  KVTIER_RETURN_IF_ERROR(Upload(std::move(tails), tails_));
+  KVTIER_RETURN_IF_ERROR(Upload(std::move(offsets), tail_offsets_));
+  KVTIER_RETURN_IF_ERROR(Upload(std::move(tail_tokens), tail_tokens_));
   kc::PagedLatents latents;
   latents.codec = first.codec;
   latents.tokens_per_block = first.tokens_per_block;
@@ -320,13 +358,15 @@ absl::Status CudaForward::Attend(std::span<const SequenceTokens> seqs, size_t li
   latents.tail_tokens = tail_tokens_.data();
   latents.max_tail = max_tail;
   latents.tail_offsets = tail_offsets_.data();
-  latents.tail_capacity = tails.size() / dim;
+  latents.tail_capacity = tail_capacity;
   latents.block_table_rows = table_rows_.data();
   latents.block_table_height = static_cast<uint32_t>(seqs.size());
   // Rows in chunks: the kernel's grid holds at most 65535 rows and its
   // workspace a partial result per row and split (kept near 256 MiB).
   const size_t chunk = std::clamp<size_t>((size_t{1} << 28) / (size_t{8} * heads * (kv + 2)), 1, 32768);
-  for (size_t r = 0; r < counts.size(); r += chunk) {
+  kc::PagedMlaOptions options;
+  options.fault = attention_fault_.data();
+  for (size_t r = 0; r < rows; r += chunk) {
     kc::PagedLatents part = latents;
     part.block_table_rows = table_rows_.data() + r;
     part.blocks_per_sequence = block_counts_.data() + r;
@@ -334,9 +374,8 @@ absl::Status CudaForward::Attend(std::span<const SequenceTokens> seqs, size_t li
     part.tail_offsets = tail_offsets_.data() + r;
     const size_t row = first_row + r;
     KVTIER_RETURN_IF_ERROR(Check(kc::PagedMlaDecode(
-        {heads, kv, rope}, part, static_cast<uint32_t>(std::min(chunk, counts.size() - r)),
-        q_full_.data() + row * heads * dim, static_cast<float>(c.SoftmaxScale()),
-        attn_latent_.data() + row * heads * kv, nullptr, stream_)));
+        {heads, kv, rope}, part, static_cast<uint32_t>(std::min(chunk, rows - r)), q_full_.data() + row * heads * dim,
+        static_cast<float>(c.SoftmaxScale()), attn_latent_.data() + row * heads * kv, nullptr, stream_, options)));
   }
   return absl::OkStatus();
 }
@@ -344,6 +383,17 @@ absl::Status CudaForward::Attend(std::span<const SequenceTokens> seqs, size_t li
 absl::Status CudaForward::Forward(std::span<const SequenceTokens> batch,
                                   const std::function<void(size_t layer)>& on_layer) {
   std::lock_guard<std::mutex> lock(mu_);
+  const absl::Status queued = QueuePass(batch, on_layer);
+  const absl::Status ran = WaitForPass("forward pass (a fault in its queued work)");
+  KVTIER_RETURN_IF_ERROR(queued);
+  KVTIER_RETURN_IF_ERROR(ran);
+  KVTIER_RETURN_IF_ERROR(Check(kc::PagedMlaFault(attention_fault_seen_)));
+  for (const SequenceTokens& s : batch) s.cache->length += static_cast<int64_t>(s.tokens.size());
+  return absl::OkStatus();
+}
+
+absl::Status CudaForward::QueuePass(std::span<const SequenceTokens> batch,
+                                    const std::function<void(size_t layer)>& on_layer) {
   const ModelConfig& c = config_;
   const uint32_t hidden = static_cast<uint32_t>(c.hidden_size), heads = static_cast<uint32_t>(c.num_attention_heads),
                  nope = static_cast<uint32_t>(c.qk_nope_head_dim), rope = static_cast<uint32_t>(c.qk_rope_head_dim),
@@ -362,8 +412,13 @@ absl::Status CudaForward::Forward(std::span<const SequenceTokens> batch,
     }
   }
   const uint32_t n = static_cast<uint32_t>(positions.size());
-  KVTIER_RETURN_IF_ERROR(x_.Upload(x, stream_));
-  KVTIER_RETURN_IF_ERROR(positions_.Upload(positions, stream_));
+  static_assert(kc::kNoPagedMlaFault == ~0ull, "the fault word is set with a 0xff memset");
+  KVTIER_RETURN_IF_ERROR(Upload(std::move(x), x_));
+  KVTIER_RETURN_IF_ERROR(Upload(std::move(positions), positions_));
+  KVTIER_RETURN_IF_ERROR(attention_fault_.Reserve(1));
+  KVTIER_RETURN_IF_ERROR(CudaCheck(
+      cudaMemsetAsync(attention_fault_.data(), 0xff, sizeof(unsigned long long), stream_), "attention fault word"));
+  attention_fault_seen_ = kc::kNoPagedMlaFault;
   for (auto [array, size] : {std::pair(&h_, size_t{hidden}), std::pair(&qa_, size_t{q_lora}),
                              std::pair(&q_, size_t{heads} * qdim), std::pair(&q_full_, size_t{heads} * dim),
                              std::pair(&latent_, size_t{dim}), std::pair(&latent_c_, size_t{kv}),
@@ -397,7 +452,7 @@ absl::Status CudaForward::Forward(std::span<const SequenceTokens> batch,
     KVTIER_RETURN_IF_ERROR(CudaCheck(
         cudaMemcpyAsync(latents.data(), latent_.data(), latents.size() * 4, cudaMemcpyDeviceToHost, stream_),
         "latent download"));
-    KVTIER_RETURN_IF_ERROR(CudaCheck(cudaStreamSynchronize(stream_), "latent download"));
+    KVTIER_RETURN_IF_ERROR(CudaCheck(cudaStreamSynchronize(stream_), "latent download (or work queued before it)"));
     {
       size_t r = 0;
       for (const SequenceTokens& s : batch) {
@@ -456,9 +511,9 @@ absl::Status CudaForward::Forward(std::span<const SequenceTokens> batch,
                                                      size_t{vocab} * 4, cudaMemcpyDeviceToHost, stream_),
                                      "logits"));
   }
-  KVTIER_RETURN_IF_ERROR(CudaCheck(cudaStreamSynchronize(stream_), "logits"));
-  for (uint32_t b = 0; b < sequences; ++b) batch[b].cache->length += static_cast<int64_t>(batch[b].tokens.size());
-  return absl::OkStatus();
+  return CudaCheck(cudaMemcpyAsync(&attention_fault_seen_, attention_fault_.data(), sizeof attention_fault_seen_,
+                                   cudaMemcpyDeviceToHost, stream_),
+                   "attention fault word");
 }
 
 }  // namespace

@@ -1,8 +1,10 @@
 // RMSNorm and DeepSeek's RoPE on the GPU, the same mathematics as the CPU's
 // RmsNorm (layers.h) and RopeTable::Apply (rope.h), over many rows at once.
-// All pointers are device memory. Each runs on `stream` (a cudaStream_t;
-// null: the default stream) and waits for it. INVALID_ARGUMENT for sizes
-// that do not fit; INTERNAL for a CUDA error. Built only with CUDA.
+// All pointers are device memory. Each queues its kernel on `stream` (a
+// cudaStream_t; null: the default stream) and returns without waiting: the
+// caller waits before reading the results (a fault while the kernel runs
+// shows at that wait). INVALID_ARGUMENT for sizes that do not fit; INTERNAL
+// for a launch that fails. Built only with CUDA.
 #ifndef KVTIER_KERNELS_CUDA_LAYERS_H_
 #define KVTIER_KERNELS_CUDA_LAYERS_H_
 

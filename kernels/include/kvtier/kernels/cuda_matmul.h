@@ -6,6 +6,11 @@
 // logits); each chosen expert then runs once over all of its tokens.
 // Built only with CUDA; callable from plain C++. Not thread-safe (one
 // stream, reused scratch memory).
+//
+// Each call queues its work on the Blas's stream and returns without
+// waiting (MoeForward waits once, for the gate's logits): the caller waits
+// before reading results, and a fault while the work runs shows at that
+// wait. Host memory given to a call may go when it returns.
 #ifndef KVTIER_KERNELS_CUDA_MATMUL_H_
 #define KVTIER_KERNELS_CUDA_MATMUL_H_
 
@@ -44,7 +49,7 @@ class Blas {
   Blas& operator=(const Blas&) = delete;
 
   // y[i][r] = sum_c w[r][c] * x[i][c] for n inputs: w bf16 [rows][cols], x
-  // and y float [n][cols] and [n][rows], all device memory. Waits.
+  // and y float [n][cols] and [n][rows], all device memory.
   Status Gemm(const uint16_t* w, uint32_t rows, uint32_t cols, const float* x, uint32_t n, float* y);
 
   // Gemm for `groups` weights at once (w_g = w + g * rows * cols), each over
@@ -52,16 +57,16 @@ class Blas {
   // x + i * ldx + g * x_group and y_g[i] at y + i * ldy + g * y_group (per
   // head projections straight from and into [n][heads][...] activations).
   // Every group must lie within its row: (groups - 1) * x_group + cols <= ldx,
-  // likewise for y. Waits.
+  // likewise for y.
   Status GroupedGemm(const uint16_t* w, uint32_t rows, uint32_t cols, uint32_t groups, const float* x, size_t ldx,
                      size_t x_group, uint32_t n, float* y, size_t ldy, size_t y_group);
 
   // out[n][hidden] = SwiGLU(x) (a dense layer's MLP), x and out device
-  // memory. Waits.
+  // memory.
   Status SwiGlu(const SwiGluDeviceWeights& w, uint32_t hidden, const float* x, uint32_t n, float* out);
 
   // out[n][hidden] = routed experts (weighted by the gate) + shared experts,
-  // x and out device memory. Waits.
+  // x and out device memory.
   Status MoeForward(const MoeDeviceWeights& w, uint32_t hidden, const float* x, uint32_t n, float* out);
 
  private:
@@ -72,11 +77,14 @@ class Blas {
                          size_t ldx, size_t x_group, uint32_t n, float* y, size_t ldy, size_t y_group);
   // Device scratch of at least `bytes`, kept between calls.
   Status Scratch(size_t slot, size_t bytes, void** out);
+  // Queues a copy of `bytes` host bytes to `device` through pinned staging
+  // (refilled once the last such copy has run), so `host` may go at once.
+  Status Upload(const void* host, size_t bytes, void* device);
   // out[rows[i]] += weights[i] * SwiGLU(x[rows[i]]) for `count` rows.
   Status SwiGluAdd(const SwiGluDeviceWeights& w, uint32_t hidden, const float* x, const int32_t* rows,
                    const float* weights, uint32_t count, float* out);
   // SwiGluAdd for each group g: mlps[g] over its host lists rows[g] and
-  // weights[g]; then waits.
+  // weights[g].
   Status SwiGluGroups(const std::vector<const SwiGluDeviceWeights*>& mlps,
                       const std::vector<std::vector<int32_t>>& rows, const std::vector<std::vector<float>>& weights,
                       uint32_t hidden, const float* x, float* out);
@@ -85,6 +93,9 @@ class Blas {
   void* handle_;     // cublasHandle_t
   void* stream_;  // cudaStream_t
   std::vector<std::pair<void*, size_t>> scratch_;
+  void* staging_ = nullptr;  // pinned, for Upload
+  size_t staging_bytes_ = 0;
+  void* staged_ = nullptr;  // cudaEvent_t: the last Upload's copy has run
 };
 
 }  // namespace kvtier::kernels::cuda

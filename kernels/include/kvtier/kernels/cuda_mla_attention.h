@@ -57,10 +57,11 @@ struct PagedLatents {
 // q: [batch][heads][kv_lora_rank + rope_dim] (q_latent then q_rope, as the
 // CPU's q_latent and q_rope side by side); out: [batch][heads][kv_lora_rank];
 // lse: [batch][heads], or null. Runs on `stream` (a cudaStream_t; null: the
-// default stream) and waits for it. INVALID_ARGUMENT for shapes or pointers
-// that do not fit, and (found on the device) a block index outside the pool,
-// a count outside its row, or a sequence with no context, naming the first
-// such sequence; INTERNAL for a CUDA error.
+// default stream) and waits for it, unless options.fault is given.
+// INVALID_ARGUMENT for shapes or pointers that do not fit, and (found on the
+// device) a block index outside the pool, a count outside its row, or a
+// sequence with no context, naming the first such sequence; INTERNAL for a
+// CUDA error.
 //
 // Blocks of 64 tokens of 512 + 64 (DeepSeek-V2/V3), any codec, run on
 // tensor cores: dequantized to fp16, with the query and the softmax weights
@@ -70,7 +71,19 @@ struct PagedLatents {
 // run in float32 on CUDA cores.
 struct PagedMlaOptions {
   bool tensor_cores = true;  // false: CUDA cores only
+  // Null: PagedMlaDecode waits and reports what the device found. Else a
+  // device word, set to kNoPagedMlaFault by the caller, where the kernels
+  // note the first bad input; PagedMlaDecode then returns without waiting
+  // (any host memory it was given may go), and the caller, having waited
+  // and read the word back, hands it to PagedMlaFault. One word may serve
+  // many calls (it keeps the lowest sequence's fault).
+  unsigned long long* fault = nullptr;
 };
+inline constexpr unsigned long long kNoPagedMlaFault = ~0ull;
+// OK for kNoPagedMlaFault, else INVALID_ARGUMENT saying what the kernels
+// found.
+Status PagedMlaFault(unsigned long long fault);
+
 Status PagedMlaDecode(const MlaShape& shape, const PagedLatents& latents, uint32_t batch, const float* q,
                       float softmax_scale, float* out, float* lse, void* stream,
                       const PagedMlaOptions& options = PagedMlaOptions());
