@@ -162,7 +162,22 @@ bool WithinOfLargest(const char* what, const std::vector<float>& out, const std:
   return true;
 }
 
-bool CheckMoe(cuda::Blas& blas, std::mt19937_64& rng) {
+// The gate's choice for input x: float64 logits of the bf16 router and
+// input, then SelectExperts, as the CPU backend chooses.
+bool ChooseExperts(const std::vector<uint16_t>& router, uint32_t experts, uint32_t hidden, const float* x,
+                   const GateParams& gate, std::vector<ExpertChoice>& choices) {
+  std::vector<float> logits(experts);
+  for (uint32_t e = 0; e < experts; ++e) {
+    double l = 0;
+    for (uint32_t c = 0; c < hidden; ++c) l += Bf(router[size_t{e} * hidden + c]) * Bf(x[c]);
+    logits[e] = static_cast<float>(l);
+  }
+  return SelectExperts(logits, gate, choices).ok();
+}
+
+// The MoE layer against float64, its experts' GEMMs grouped (one cuBLAS
+// call a projection) or one an expert.
+bool CheckMoe(cuda::Blas& blas, std::mt19937_64& rng, bool grouped) {
   constexpr uint32_t kHidden = 256, kInter = 128, kExperts = 16, kTokens = 33;
   GateParams gate;
   gate.top_k = 4, gate.group_limited = true, gate.n_group = 4, gate.topk_group = 2;
@@ -187,7 +202,9 @@ bool CheckMoe(cuda::Blas& blas, std::mt19937_64& rng) {
   const std::vector<float> x = RandomFloats(size_t{kTokens} * kHidden, rng);
   float* dx = check::ToDevice(x);
   float* dout = check::ToDevice(std::vector<float>(size_t{kTokens} * kHidden, NAN));
+  blas.GroupExperts(grouped);
   const Status s = blas.MoeForward(dw, kHidden, dx, kTokens, dout);
+  blas.GroupExperts(true);
   const std::vector<float> out = check::ToHost(dout, size_t{kTokens} * kHidden);
   const auto free_mlp = [](const cuda::SwiGluDeviceWeights& d) {
     for (const uint16_t* p : {d.gate, d.up, d.down}) cudaFree(const_cast<uint16_t*>(p));
@@ -202,14 +219,8 @@ bool CheckMoe(cuda::Blas& blas, std::mt19937_64& rng) {
   std::vector<double> want(size_t{kTokens} * kHidden, 0.0);
   for (uint32_t i = 0; i < kTokens; ++i) {
     const float* xi = x.data() + size_t{i} * kHidden;
-    std::vector<float> logits(kExperts);
-    for (uint32_t e = 0; e < kExperts; ++e) {
-      double l = 0;
-      for (uint32_t c = 0; c < kHidden; ++c) l += Bf(router[size_t{e} * kHidden + c]) * Bf(xi[c]);
-      logits[e] = static_cast<float>(l);
-    }
     std::vector<ExpertChoice> choices;
-    if (!SelectExperts(logits, gate, choices).ok()) return false;
+    if (!ChooseExperts(router, kExperts, kHidden, xi, gate, choices)) return false;
     for (const ExpertChoice& c : choices) ReferenceMlp(experts[c.expert], kHidden, xi, c.weight, &want[size_t{i} * kHidden]);
     ReferenceMlp(shared, kHidden, xi, 1.0, &want[size_t{i} * kHidden]);
   }
@@ -253,6 +264,63 @@ void Benchmark(cuda::Blas& blas, std::mt19937_64& rng) {
   cudaFree(w), cudaFree(x), cudaFree(y);
 }
 
+// A DeepSeek-V2-Lite MoE layer (64 experts of 1408, top 6, 2 shared; its
+// weights filled with one bf16 value: the time does not depend on them),
+// experts grouped against one GEMM an expert; GB/s of the weights read
+// (the experts some token chose, and the shared ones) against the copy.
+void BenchmarkMoe(cuda::Blas& blas, std::mt19937_64& rng) {
+  constexpr uint32_t kHidden = 2048, kInter = 1408, kExperts = 64;
+  const double copy_gbs = check::DeviceCopyGBs(size_t{1} << 30);
+  std::vector<void*> owned;
+  auto filled = [&](size_t values) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, values * 2) != cudaSuccess) return static_cast<uint16_t*>(nullptr);
+    cudaMemset(p, 0x3c, values * 2);  // bf16 0x3c3c, about 0.0115
+    owned.push_back(p);
+    return static_cast<uint16_t*>(p);
+  };
+  auto mlp = [&](uint32_t inter) {
+    return cuda::SwiGluDeviceWeights{filled(size_t{inter} * kHidden), filled(size_t{inter} * kHidden),
+                                     filled(size_t{kHidden} * inter), inter};
+  };
+  cuda::MoeDeviceWeights w;
+  w.gate.top_k = 6;
+  for (uint32_t e = 0; e < kExperts; ++e) w.experts.push_back(mlp(kInter));
+  w.shared = mlp(2 * kInter);
+  const std::vector<uint16_t> router = RandomBf16(size_t{kExperts} * kHidden, 0.1f, rng);
+  w.router = check::ToDevice(router);
+  constexpr uint32_t kMaxTokens = 512;
+  const std::vector<float> x = RandomFloats(size_t{kMaxTokens} * kHidden, rng);
+  float* dx = check::ToDevice(x);
+  float* dout = check::ToDevice(std::vector<float>(x.size()));
+  const double expert_bytes = 3.0 * kInter * kHidden * 2;
+  std::printf("\nMoE layer, V2-Lite (64 experts of %u, top 6, 2 shared), weights GB/s against copy %.0f GB/s\n"
+              "%6s %8s %12s %10s %8s %12s %10s %8s\n",
+              kInter, copy_gbs, "tokens", "experts", "grouped ms", "GB/s", "% copy", "each ms", "GB/s", "% copy");
+  for (uint32_t n : {1u, 16u, 128u, 512u}) {
+    // The experts the gate picks for these tokens (as MoeForward does).
+    std::vector<bool> used(kExperts, false);
+    for (uint32_t i = 0; i < n; ++i) {
+      std::vector<ExpertChoice> choices;
+      (void)ChooseExperts(router, kExperts, kHidden, &x[size_t{i} * kHidden], w.gate, choices);
+      for (const ExpertChoice& c : choices) used[c.expert] = true;
+    }
+    const uint32_t touched = static_cast<uint32_t>(std::count(used.begin(), used.end(), true));
+    const double bytes = (touched + 2) * expert_bytes;  // the shared pair is one MLP twice as wide
+    double ms[2];
+    for (int grouped = 1; grouped >= 0; --grouped) {
+      blas.GroupExperts(grouped == 1);
+      ms[grouped] = check::Milliseconds([&] { (void)blas.MoeForward(w, kHidden, dx, n, dout); }, 10);
+    }
+    blas.GroupExperts(true);
+    std::printf("%6u %8u %12.3f %10.0f %7.0f%% %12.3f %10.0f %7.0f%%\n", n, touched, ms[1], bytes / ms[1] / 1e6,
+                100 * bytes / ms[1] / 1e6 / copy_gbs, ms[0], bytes / ms[0] / 1e6,
+                100 * bytes / ms[0] / 1e6 / copy_gbs);
+  }
+  for (void* p : owned) cudaFree(p);
+  cudaFree(const_cast<uint16_t*>(w.router)), cudaFree(dx), cudaFree(dout);
+}
+
 int Main(bool benchmark) {
   if (!check::DeviceOrSkip("the cuBLAS projections and MoE were")) return 77;
   std::unique_ptr<cuda::Blas> blas;
@@ -261,13 +329,17 @@ int Main(bool benchmark) {
     return 1;
   }
   std::mt19937_64 rng(std::random_device{}());
-  const bool gemm = CheckGemm(*blas, rng), grouped = CheckGroupedGemm(*blas, rng), moe = CheckMoe(*blas, rng),
-             dense = CheckDenseMlp(*blas, rng);
+  const bool gemm = CheckGemm(*blas, rng), grouped = CheckGroupedGemm(*blas, rng), moe = CheckMoe(*blas, rng, true),
+             moe_loop = CheckMoe(*blas, rng, false), dense = CheckDenseMlp(*blas, rng);
   auto verdict = [](bool ok) { return ok ? "matches float64" : "MISMATCH"; };
-  std::printf("bf16 GEMM: %s\ngrouped (per-head) GEMM: %s\nMoE (group-limited top-4 of 16 + shared): %s\n"
-              "dense SwiGLU MLP: %s\n", verdict(gemm), verdict(grouped), verdict(moe), verdict(dense));
-  if (benchmark) Benchmark(*blas, rng);
-  return gemm && grouped && moe && dense ? 0 : 1;
+  std::printf("bf16 GEMM: %s\ngrouped (per-head) GEMM: %s\nMoE (group-limited top-4 of 16 + shared), experts "
+              "grouped: %s\nthe same, one GEMM an expert: %s\ndense SwiGLU MLP: %s\n",
+              verdict(gemm), verdict(grouped), verdict(moe), verdict(moe_loop), verdict(dense));
+  if (benchmark) {
+    Benchmark(*blas, rng);
+    BenchmarkMoe(*blas, rng);
+  }
+  return gemm && grouped && moe && moe_loop && dense ? 0 : 1;
 }
 
 }  // namespace

@@ -1,13 +1,17 @@
 // cuBLAS projections and the MoE feed-forward (cuda_matmul.h).
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "cublas_loader.h"
 #include "cuda_status.h"
 #include "kvtier/kernels/cuda_matmul.h"
+#include "kvtier/kernels/expert_groups.h"
 #include "kvtier/kernels/float_formats.h"
 
 namespace kvtier::kernels::cuda {
@@ -39,14 +43,27 @@ __global__ void SwiGluKernel(const float* g, const float* u, uint16_t* h, size_t
   if (i < n) h[i] = FloatToBf16(g[i] / (1.0f + expf(-g[i])) * u[i]);
 }
 
-// out[rows[i]] += weights[i] * d[i], one CUDA block per row. Experts run one
-// after another on the stream, so no two blocks add to a row at once.
-__global__ void ScatterAddKernel(const float* d, const int32_t* rows, const float* weights, uint32_t cols,
-                                 float* out) {
-  const float* src = d + size_t{blockIdx.x} * cols;
-  float* dst = out + size_t(rows[blockIdx.x]) * cols;
-  const float w = weights[blockIdx.x];
-  for (uint32_t c = threadIdx.x; c < cols; c += blockDim.x) dst[c] += w * src[c];
+// out[t] = sum of weights[j] * d[pairs[j]] over token t's pairs j (first[t]
+// .. first[t + 1] - 1, in group order), one CUDA block per token: every
+// output written, each by one thread, in a fixed order.
+__global__ void CombineKernel(const float* d, const int32_t* first, const int32_t* pairs, const float* weights,
+                              uint32_t cols, float* out) {
+  const int32_t begin = first[blockIdx.x], end = first[blockIdx.x + 1];
+  float* dst = out + size_t{blockIdx.x} * cols;
+  for (uint32_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    float sum = 0.0f;
+    for (int32_t j = begin; j < end; ++j) sum += weights[j] * d[size_t(pairs[j]) * cols + c];
+    dst[c] = sum;
+  }
+}
+
+// Appends `values` to `blob` at a multiple of alignof(T); where they start.
+template <typename T>
+size_t Append(std::vector<uint8_t>& blob, std::span<const T> values) {
+  const size_t at = (blob.size() + alignof(T) - 1) / alignof(T) * alignof(T);
+  blob.resize(at + values.size_bytes());
+  std::memcpy(blob.data() + at, values.data(), values.size_bytes());
+  return at;
 }
 
 // Scratch slots.
@@ -163,26 +180,6 @@ Status Blas::GroupedGemm(const uint16_t* w, uint32_t rows, uint32_t cols, uint32
   return GroupedGemmBf16(w, rows, cols, groups, static_cast<uint16_t*>(xs), ldx, x_group, n, y, ldy, y_group);
 }
 
-Status Blas::SwiGluAdd(const SwiGluDeviceWeights& w, uint32_t hidden, const float* x, const int32_t* rows,
-                       const float* weights, uint32_t count, float* out) {
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
-  void *xs, *g, *u, *h, *d;
-  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kXs, size_t{count} * hidden * 2, &xs));
-  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kGate, size_t{count} * w.inter * 4, &g));
-  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kUp, size_t{count} * w.inter * 4, &u));
-  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kHidden, size_t{count} * w.inter * 2, &h));
-  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kDown, size_t{count} * hidden * 4, &d));
-  GatherBf16Kernel<<<count, kThreads, 0, stream>>>(x, rows, hidden, static_cast<uint16_t*>(xs));
-  KVTIER_KERNELS_RETURN_IF_ERROR(GemmBf16(w.gate, w.inter, hidden, static_cast<uint16_t*>(xs), count, static_cast<float*>(g)));
-  KVTIER_KERNELS_RETURN_IF_ERROR(GemmBf16(w.up, w.inter, hidden, static_cast<uint16_t*>(xs), count, static_cast<float*>(u)));
-  SwiGluKernel<<<Blocks(size_t{count} * w.inter), kThreads, 0, stream>>>(
-      static_cast<float*>(g), static_cast<float*>(u), static_cast<uint16_t*>(h), size_t{count} * w.inter);
-  KVTIER_KERNELS_RETURN_IF_ERROR(GemmBf16(w.down, hidden, w.inter, static_cast<uint16_t*>(h), count, static_cast<float*>(d)));
-  ScatterAddKernel<<<count, kThreads, 0, stream>>>(static_cast<float*>(d), rows, weights, hidden, out);
-  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return CudaError(e, "cuda::Blas SwiGLU");
-  return OkStatus();
-}
-
 Status Blas::MoeForward(const MoeDeviceWeights& w, uint32_t hidden, const float* x, uint32_t n, float* out) {
   const uint32_t experts = static_cast<uint32_t>(w.experts.size());
   if (w.router == nullptr || experts == 0 || x == nullptr || out == nullptr || hidden == 0) {
@@ -219,44 +216,102 @@ Status Blas::MoeForward(const MoeDeviceWeights& w, uint32_t hidden, const float*
   std::vector<const SwiGluDeviceWeights*> mlps;
   for (const SwiGluDeviceWeights& e : w.experts) mlps.push_back(&e);
   if (w.shared.inter > 0) mlps.push_back(&w.shared);
-  cudaMemsetAsync(out, 0, size_t{n} * hidden * 4, stream);
-  return SwiGluGroups(mlps, rows_of, weights_of, hidden, x, out);
+  return SwiGluGroups(mlps, rows_of, weights_of, hidden, n, x, out);
+}
+
+Status Blas::GemmsBf16(const std::vector<GemmBf16Args>& gemms, const void* const* device_arrays) {
+  if (gemms.empty()) return OkStatus();
+  const CublasApi& api = *static_cast<const CublasApi*>(api_);
+  if (group_experts_) {
+    const size_t count = gemms.size();
+    std::vector<int> m, n, k;
+    for (const GemmBf16Args& g : gemms) {
+      m.push_back(static_cast<int>(g.rows)), n.push_back(static_cast<int>(g.n)), k.push_back(static_cast<int>(g.cols));
+    }
+    // As GroupedGemmBf16, one problem a group: W^T stored, so op(A) = W.
+    const std::vector<cublasOperation_t> trans_w(count, CUBLAS_OP_T), trans_x(count, CUBLAS_OP_N);
+    const std::vector<float> one(count, 1.0f), zero(count, 0.0f);
+    const std::vector<int> group_size(count, 1);
+    const cublasStatus_t s = api.gemm_grouped_batched_ex(
+        static_cast<cublasHandle_t>(handle_), trans_w.data(), trans_x.data(), m.data(), n.data(), k.data(),
+        one.data(), device_arrays, CUDA_R_16BF, k.data(), device_arrays + count, CUDA_R_16BF, k.data(), zero.data(),
+        const_cast<void* const*>(device_arrays + 2 * count), CUDA_R_32F, m.data(), static_cast<int>(count),
+        group_size.data(), CUBLAS_COMPUTE_32F);
+    if (s == CUBLAS_STATUS_SUCCESS) return OkStatus();
+    // A cuBLAS without grouped bf16 -> float32 products says one of these.
+    if (s != CUBLAS_STATUS_NOT_SUPPORTED && s != CUBLAS_STATUS_INVALID_VALUE) {
+      return BlasError(api, s, "cublasGemmGroupedBatchedEx");
+    }
+    std::fprintf(stderr, "cuda::Blas: cuBLAS refuses grouped bf16 GEMMs (%s); experts run one GEMM each\n",
+                 api.status_string(s));
+    group_experts_ = false;
+  }
+  for (const GemmBf16Args& g : gemms) KVTIER_KERNELS_RETURN_IF_ERROR(GemmBf16(g.w, g.rows, g.cols, g.x, g.n, g.y));
+  return OkStatus();
 }
 
 Status Blas::SwiGluGroups(const std::vector<const SwiGluDeviceWeights*>& mlps,
                           const std::vector<std::vector<int32_t>>& rows, const std::vector<std::vector<float>>& weights,
-                          uint32_t hidden, const float* x, float* out) {
-  // Every group's rows, then every group's weights, in one copy; the groups
-  // then run back to back on the stream (in order: no two add to a row at
-  // once).
-  if (rows.size() != mlps.size() || weights.size() != mlps.size()) {
-    return InvalidArgument("cuda::Blas SwiGLU: a group without its rows or weights");
+                          uint32_t hidden, uint32_t tokens, const float* x, float* out) {
+  if (tokens == 0) return OkStatus();
+  std::vector<uint32_t> inter;
+  for (const SwiGluDeviceWeights* m : mlps) inter.push_back(m->inter);
+  ExpertGroups plan;
+  KVTIER_KERNELS_RETURN_IF_ERROR(PlanExpertGroups(rows, weights, inter, tokens, plan));
+  const size_t pairs = plan.pairs();
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  // Every pair's input (bf16), gate and up values, SwiGLU (bf16) and output.
+  void *xs, *g, *u, *h, *d;
+  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kXs, std::max<size_t>(pairs, 1) * hidden * 2, &xs));
+  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kGate, std::max<size_t>(plan.inner_values, 1) * 4, &g));
+  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kUp, std::max<size_t>(plan.inner_values, 1) * 4, &u));
+  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kHidden, std::max<size_t>(plan.inner_values, 1) * 2, &h));
+  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kDown, std::max<size_t>(pairs, 1) * hidden * 4, &d));
+  // The three projections' GEMMs, one a group with tokens.
+  std::vector<GemmBf16Args> gate, up, down;
+  for (size_t k = 0; k < mlps.size(); ++k) {
+    if (plan.count[k] == 0) continue;
+    const SwiGluDeviceWeights& w = *mlps[k];
+    const uint16_t* x_k = static_cast<const uint16_t*>(xs) + plan.first_pair[k] * hidden;
+    gate.push_back({w.gate, w.inter, hidden, x_k, plan.count[k], static_cast<float*>(g) + plan.first_inner[k]});
+    up.push_back({w.up, w.inter, hidden, x_k, plan.count[k], static_cast<float*>(u) + plan.first_inner[k]});
+    down.push_back({w.down, hidden, w.inter, static_cast<const uint16_t*>(h) + plan.first_inner[k], plan.count[k],
+                    static_cast<float*>(d) + plan.first_pair[k] * hidden});
   }
-  std::vector<int32_t> routing;  // rows, then the weights' bits
-  for (size_t g = 0; g < rows.size(); ++g) {
-    if (weights[g].size() != rows[g].size()) return InvalidArgument("cuda::Blas SwiGLU: a weight for each row");
-    routing.insert(routing.end(), rows[g].begin(), rows[g].end());
+  // One copy up: the pairs' tokens, each token's pairs and weights, and the
+  // grouped GEMMs' pointer arrays (w, x, y of each projection).
+  std::vector<uint8_t> blob;
+  const size_t at_pair_token = Append(blob, std::span<const int32_t>(plan.pair_token));
+  const size_t at_first = Append(blob, std::span<const int32_t>(plan.token_first));
+  const size_t at_pairs = Append(blob, std::span<const int32_t>(plan.token_pairs));
+  const size_t at_weights = Append(blob, std::span<const float>(plan.token_weights));
+  size_t at_arrays[3];
+  int stage = 0;
+  for (const std::vector<GemmBf16Args>* gemms : {&gate, &up, &down}) {
+    std::vector<const void*> arrays;
+    for (const GemmBf16Args& a : *gemms) arrays.push_back(a.w);
+    for (const GemmBf16Args& a : *gemms) arrays.push_back(a.x);
+    for (const GemmBf16Args& a : *gemms) arrays.push_back(a.y);
+    at_arrays[stage++] = Append(blob, std::span<const void* const>(arrays));
   }
-  const size_t total = routing.size();
-  if (total == 0) return OkStatus();
-  routing.resize(2 * total);
-  size_t at = total;
-  for (const std::vector<float>& w : weights) {
-    std::memcpy(routing.data() + at, w.data(), w.size() * 4);
-    at += w.size();
+  void* d_blob;
+  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kRouting, std::max<size_t>(blob.size(), 1), &d_blob));
+  KVTIER_KERNELS_RETURN_IF_ERROR(Upload(blob.data(), blob.size(), d_blob));
+  auto in_blob = [&](size_t at) { return static_cast<uint8_t*>(d_blob) + at; };
+  if (pairs > 0) {
+    GatherBf16Kernel<<<static_cast<unsigned>(pairs), kThreads, 0, stream>>>(
+        x, reinterpret_cast<const int32_t*>(in_blob(at_pair_token)), hidden, static_cast<uint16_t*>(xs));
+    KVTIER_KERNELS_RETURN_IF_ERROR(GemmsBf16(gate, reinterpret_cast<const void* const*>(in_blob(at_arrays[0]))));
+    KVTIER_KERNELS_RETURN_IF_ERROR(GemmsBf16(up, reinterpret_cast<const void* const*>(in_blob(at_arrays[1]))));
+    SwiGluKernel<<<Blocks(plan.inner_values), kThreads, 0, stream>>>(
+        static_cast<float*>(g), static_cast<float*>(u), static_cast<uint16_t*>(h), plan.inner_values);
+    KVTIER_KERNELS_RETURN_IF_ERROR(GemmsBf16(down, reinterpret_cast<const void* const*>(in_blob(at_arrays[2]))));
   }
-  void* d_routing;
-  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kRouting, routing.size() * 4, &d_routing));
-  KVTIER_KERNELS_RETURN_IF_ERROR(Upload(routing.data(), routing.size() * 4, d_routing));
-  const int32_t* d_rows = static_cast<const int32_t*>(d_routing);
-  const float* d_weights = reinterpret_cast<const float*>(d_rows + total);
-  size_t offset = 0;
-  for (size_t g = 0; g < rows.size(); ++g) {
-    const uint32_t count = static_cast<uint32_t>(rows[g].size());
-    if (count == 0) continue;
-    KVTIER_KERNELS_RETURN_IF_ERROR(SwiGluAdd(*mlps[g], hidden, x, d_rows + offset, d_weights + offset, count, out));
-    offset += count;
-  }
+  CombineKernel<<<tokens, kThreads, 0, stream>>>(static_cast<const float*>(d),
+                                                 reinterpret_cast<const int32_t*>(in_blob(at_first)),
+                                                 reinterpret_cast<const int32_t*>(in_blob(at_pairs)),
+                                                 reinterpret_cast<const float*>(in_blob(at_weights)), hidden, out);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return CudaError(e, "cuda::Blas SwiGLU");
   return OkStatus();
 }
 
@@ -268,8 +323,7 @@ Status Blas::SwiGlu(const SwiGluDeviceWeights& w, uint32_t hidden, const float* 
   if (n == 0) return OkStatus();
   std::vector<std::vector<int32_t>> rows(1, std::vector<int32_t>(n));
   for (uint32_t i = 0; i < n; ++i) rows[0][i] = static_cast<int32_t>(i);
-  cudaMemsetAsync(out, 0, size_t{n} * hidden * 4, static_cast<cudaStream_t>(stream_));
-  return SwiGluGroups({&w}, rows, {std::vector<float>(n, 1.0f)}, hidden, x, out);
+  return SwiGluGroups({&w}, rows, {std::vector<float>(n, 1.0f)}, hidden, n, x, out);
 }
 
 }  // namespace kvtier::kernels::cuda
