@@ -83,6 +83,9 @@ elif [ -d device-bundle ]; then
   # The same GPU steps with every kernel launch waited for (CUDA's own
   # switch): what the decode step cost when each op waited for its stream.
   step "decode_bench, launches waited" 60 env CUDA_LAUNCH_BLOCKING=1 device-bundle/decode_bench --cuda-only
+  # 64 sequences: how the step grows with the batch (every layer uploads
+  # each sequence's float tail).
+  step "decode_bench, 64 sequences" 60 device-bundle/decode_bench --cuda-only --sequences 64
   step "tier_move_bench" 60 device-bundle/tier_move_bench --rounds 5
 else
   echo "no device-bundle/: the services' GPU tests (scripts/device_bundle.sh) not run"
