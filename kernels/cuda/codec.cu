@@ -636,7 +636,7 @@ Status Dequantize(Codec codec, BlockShape shape, const uint8_t* device_in, float
     default:
       return InvalidArgument("unknown codec");
   }
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return CudaError(e, "cuda::Dequantize launch");
+  KVTIER_KERNELS_RETURN_IF_ERROR(Launched("cuda::Dequantize launch"));
   return Finish(stream, nullptr, shape, "cuda::Dequantize");
 }
 

@@ -16,6 +16,13 @@ inline Status CudaError(cudaError_t e, const char* what) {
   return Status(StatusCode::kInternal, std::string(what) + ": " + cudaGetErrorString(e));
 }
 
+// The last launch's own error (INTERNAL naming `what`); faults while a
+// queued kernel runs show at the caller's next wait on its stream.
+inline Status Launched(const char* what) {
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return CudaError(e, what);
+  return Status();
+}
+
 }  // namespace kvtier::kernels::cuda
 
 // Returns the Status of `expr` from the enclosing function unless it is OK.

@@ -63,13 +63,6 @@ __global__ void AddKernel(float* x, const float* y, size_t n) {
   if (i < n) x[i] += y[i];
 }
 
-// The launch's own error; faults while the kernel runs surface at the
-// caller's next wait on the stream.
-Status Launched(const char* what) {
-  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return CudaError(e, what);
-  return OkStatus();
-}
-
 }  // namespace
 
 Status RmsNorm(const float* x, const float* weight, uint32_t rows, uint32_t dim, float eps, float* out,

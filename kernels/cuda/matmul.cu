@@ -176,7 +176,7 @@ Status Blas::GroupedGemm(const uint16_t* w, uint32_t rows, uint32_t cols, uint32
   void* xs = nullptr;
   KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kXs, size_t{n} * ldx * 2, &xs));
   ToBf16Kernel<<<Blocks(size_t{n} * ldx), kThreads, 0, stream>>>(x, static_cast<uint16_t*>(xs), size_t{n} * ldx);
-  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return CudaError(e, "cuda::Blas::Gemm");
+  KVTIER_KERNELS_RETURN_IF_ERROR(Launched("cuda::Blas::Gemm"));
   return GroupedGemmBf16(w, rows, cols, groups, static_cast<uint16_t*>(xs), ldx, x_group, n, y, ldy, y_group);
 }
 
@@ -311,8 +311,7 @@ Status Blas::SwiGluGroups(const std::vector<const SwiGluDeviceWeights*>& mlps,
                                                  reinterpret_cast<const int32_t*>(in_blob(at_first)),
                                                  reinterpret_cast<const int32_t*>(in_blob(at_pairs)),
                                                  reinterpret_cast<const float*>(in_blob(at_weights)), hidden, out);
-  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return CudaError(e, "cuda::Blas SwiGLU");
-  return OkStatus();
+  return Launched("cuda::Blas SwiGLU");
 }
 
 Status Blas::SwiGlu(const SwiGluDeviceWeights& w, uint32_t hidden, const float* x, uint32_t n, float* out) {

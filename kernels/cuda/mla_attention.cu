@@ -288,18 +288,15 @@ Status PagedMlaDecode(const MlaShape& shape, const PagedLatents& latents, uint32
   }
   CombineKernel<<<dim3(shape.heads, batch), kThreads, 0, stream>>>(p.partial, total_splits, shape.heads, kv, out,
                                                                    lse);
-  if (!wait) {
-    cudaFreeAsync(workspace, stream);
-    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return CudaError(e, "cuda::PagedMlaDecode launch");
-    return OkStatus();
-  }
   unsigned long long bad = kNoPagedMlaFault;
-  cudaMemcpyAsync(&bad, p.bad, sizeof bad, cudaMemcpyDeviceToHost, stream);
+  if (wait) cudaMemcpyAsync(&bad, p.bad, sizeof bad, cudaMemcpyDeviceToHost, stream);
   cudaFreeAsync(workspace, stream);
-  if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) {
-    return CudaError(e, "cuda::PagedMlaDecode");
+  if (wait) {
+    if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) {
+      return CudaError(e, "cuda::PagedMlaDecode");
+    }
   }
-  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return CudaError(e, "cuda::PagedMlaDecode launch");
+  KVTIER_KERNELS_RETURN_IF_ERROR(Launched("cuda::PagedMlaDecode launch"));
   return PagedMlaFault(bad);
 }
 
