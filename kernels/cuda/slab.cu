@@ -3,8 +3,8 @@
 
 #include <cstring>
 #include <map>
-#include <vector>
 #include <mutex>
+#include <vector>
 
 #include "cuda_status.h"
 #include "kvtier/kernels/crc32c_math.h"
@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(kCrcThreads)
   const Crc32cSplit split = SplitForCrc32c(record.bytes, kCrcThreads);
   raw[t] = Crc32cRawPart(
       table, [&](uint64_t i) { return slab[pages[i >> page_shift] + (i & in_page)]; }, split, t);
-  uint32_t factor = Crc32cFirstJoinFactor(split);
+  uint32_t factor = Crc32cZeroBytesFactor(split.segment);  // joins neighbours at level 0; squared a level up
   for (uint32_t stride = 1; stride < kCrcThreads; stride *= 2) {
     __syncthreads();
     if (t % (2 * stride) == 0) raw[t] = Crc32cMultiply(raw[t], factor) ^ raw[t + stride];

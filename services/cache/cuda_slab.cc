@@ -39,27 +39,16 @@ absl::Status CudaSlab::CopyOut(uint64_t offset, void* to, size_t n) const {
   return FromKernelStatus(slab_->CopyOut(offset, to, n));
 }
 
-namespace {
-
-std::vector<kernels::cuda::SlabRun> KernelRuns(std::span<const SlabRun> runs) {
-  std::vector<kernels::cuda::SlabRun> out;
-  out.reserve(runs.size());
-  for (const SlabRun& r : runs) out.push_back({r.offset, r.n, r.host});
-  return out;
-}
-
-}  // namespace
-
 absl::Status CudaSlab::CopyInRuns(std::span<const SlabRun> runs) {
-  return FromKernelStatus(slab_->CopyInRuns(KernelRuns(runs)));
+  return FromKernelStatus(slab_->CopyInRuns(runs));
 }
 
 absl::Status CudaSlab::CopyInRunsNoWait(std::span<const SlabRun> runs) {
-  return FromKernelStatus(slab_->CopyInRunsNoWait(KernelRuns(runs)));
+  return FromKernelStatus(slab_->CopyInRunsNoWait(runs));
 }
 
 absl::Status CudaSlab::CopyOutRuns(std::span<const SlabRun> runs) const {
-  return FromKernelStatus(slab_->CopyOutRuns(KernelRuns(runs)));
+  return FromKernelStatus(slab_->CopyOutRuns(runs));
 }
 
 absl::Status CudaSlab::CopyOutRunsWithCrc(std::span<const SlabRun> runs, std::span<const SlabRecord> records,
@@ -71,7 +60,7 @@ absl::Status CudaSlab::CopyOutRunsWithCrc(std::span<const SlabRun> runs, std::sp
   std::vector<kernels::cuda::DeviceSlab::Record> kernel_records;
   kernel_records.reserve(records.size());
   for (const SlabRecord& r : records) kernel_records.push_back({r.page_offsets, r.bytes});
-  return FromKernelStatus(slab_->CopyOutRunsWithCrc(KernelRuns(runs), kernel_records, page_size, crcs.data()));
+  return FromKernelStatus(slab_->CopyOutRunsWithCrc(runs, kernel_records, page_size, crcs.data()));
 }
 
 absl::StatusOr<std::unique_ptr<ExportedBuffer>> CudaSlab::Export(uint64_t bytes) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kvtier/kernels/cuda_slab.h"
 
 namespace kvtier::cache {
 
@@ -26,12 +27,9 @@ class ExportedBuffer {
   virtual std::string handle() const = 0;
 };
 
-// One piece of a copy between a slab and host memory (a page's run).
-struct SlabRun {
-  uint64_t offset;  // in the slab
-  size_t n;
-  void* host;
-};
+// One piece of a copy between a slab and host memory (a page's run): the
+// GPU slab's own type (plain C++), so runs go to it as they are.
+using SlabRun = kernels::cuda::SlabRun;
 
 // A record lying in a slab's pages, for SlabMemory::CopyOutRunsWithCrc.
 struct SlabRecord {

@@ -81,7 +81,7 @@ TEST(Crc32c, PartsJoinedLevelByLevelGiveTheRecordsCrc) {
       for (uint32_t t = 0; t < parts; ++t) {
         raw[t] = kernels::Crc32cRawPart(table, [&](uint64_t i) { return data[i]; }, split, t);
       }
-      uint32_t factor = kernels::Crc32cFirstJoinFactor(split);
+      uint32_t factor = kernels::Crc32cZeroBytesFactor(split.segment);
       for (uint32_t stride = 1; stride < parts; stride *= 2) {
         for (uint32_t t = 0; t < parts; t += 2 * stride) {
           raw[t] = kernels::Crc32cMultiply(raw[t], factor) ^ raw[t + stride];

@@ -100,12 +100,6 @@ KVTIER_HOST_DEVICE uint32_t Crc32cRawPart(const uint32_t (*table)[256], Byte byt
   return c;
 }
 
-// The factor joining neighbouring parts at level 0, x^(8 segment);
-// squared for each level up.
-KVTIER_HOST_DEVICE constexpr uint32_t Crc32cFirstJoinFactor(Crc32cSplit split) {
-  return Crc32cZeroBytesFactor(split.segment);
-}
-
 }  // namespace kvtier::kernels
 
 #endif  // KVTIER_KERNELS_CRC32C_MATH_H_

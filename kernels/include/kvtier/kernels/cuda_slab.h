@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstddef>
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -17,7 +18,8 @@
 
 namespace kvtier::kernels::cuda {
 
-// One piece of a copy between the slab and host memory.
+// One piece of a copy between the slab and host memory (plain C++: the
+// cache's SlabMemory uses it without CUDA too).
 struct SlabRun {
   uint64_t offset;  // in the slab
   size_t n;
