@@ -80,14 +80,10 @@ void ReadAt(const std::vector<std::span<const uint8_t>>& pieces, size_t offset,
 }
 
 uint32_t StoredCrc(const std::vector<std::span<const uint8_t>>& pieces, size_t size) {
-  uint32_t crc;
+  uint32_t crc = 0;
   ReadAt(pieces, size - kvblock::kBlockTrailerBytes,
          std::span(reinterpret_cast<uint8_t*>(&crc), sizeof crc));
   return crc;
-}
-
-bool CrcMatches(const std::vector<std::span<const uint8_t>>& pieces, size_t size) {
-  return ComputedCrc(pieces, size) == StoredCrc(pieces, size);
 }
 
 // A slab's own CRC of a record (a GPU's) that the landed copy's check
@@ -106,8 +102,9 @@ void WarnSlabCrcDisagreed(const kvblock::BlockHash& hash) {
 // trailer; else by checking the copy here, which decides.
 bool Intact(const std::vector<std::span<const uint8_t>>& landed, size_t size, std::optional<uint32_t> slab_crc,
             const kvblock::BlockHash& hash) {
-  if (slab_crc.has_value() && *slab_crc == StoredCrc(landed, size)) return true;
-  const bool intact = CrcMatches(landed, size);
+  const uint32_t stored = StoredCrc(landed, size);
+  if (slab_crc.has_value() && *slab_crc == stored) return true;
+  const bool intact = ComputedCrc(landed, size) == stored;
   if (intact && slab_crc.has_value()) WarnSlabCrcDisagreed(hash);
   return intact;
 }
@@ -579,16 +576,13 @@ std::vector<absl::Status> BlockStore::CopyRecords(std::span<const Move> moves, s
     std::vector<uint32_t> crcs(moves.size());
     bool checked = false;
     const absl::Status read = src.arena->ReadRecords(records, crc_bytes, crcs, checked);
+    if (!read.ok()) return std::vector<absl::Status>(moves.size(), read);
     for (size_t k = 0; k < moves.size(); ++k) {
       const Entry& e = *moves[k].entry;
       const std::vector<std::span<const uint8_t>> landed(outs[k].begin(), outs[k].end());
-      if (!read.ok()) {
-        copied.push_back(read);
-      } else {
-        std::optional<uint32_t> slab_crc;
-        if (checked) slab_crc = crcs[k];
-        copied.push_back(Intact(landed, e.size, slab_crc, e.hash) ? absl::OkStatus() : ChecksumFailed(e.hash));
-      }
+      std::optional<uint32_t> slab_crc;
+      if (checked) slab_crc = crcs[k];
+      copied.push_back(Intact(landed, e.size, slab_crc, e.hash) ? absl::OkStatus() : ChecksumFailed(e.hash));
     }
     return copied;
   }
