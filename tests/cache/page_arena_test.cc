@@ -31,15 +31,28 @@ std::unique_ptr<PageArena> OneSegmentArena() {
   return *std::move(arena);
 }
 
+// n random bytes, none of them zero.
+std::string RandomBytes(size_t n, std::mt19937_64& rng) {
+  std::uniform_int_distribution<int> byte(1, 255);
+  std::string bytes(n, '\0');
+  for (char& c : bytes) c = static_cast<char>(byte(rng));
+  return bytes;
+}
+
+// n bytes read back from `pages` at `offset`.
+std::string ReadBack(PageArena& arena, const std::vector<uint32_t>& pages, size_t offset, size_t n) {
+  std::string back(n, '\0');
+  EXPECT_TRUE(arena.Read(pages, offset, std::span(reinterpret_cast<uint8_t*>(back.data()), n)).ok());
+  return back;
+}
+
 // Both pages of the segment for `owner`, filled with fresh random bytes,
 // none of them zero.
 std::string FillFor(PageArena& arena, const std::string& owner, std::vector<uint32_t>& pages) {
   static testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
   EXPECT_TRUE(arena.Allocate(kSegmentPages, owner, pages));
-  std::uniform_int_distribution<int> byte(1, 255);
-  std::string bytes(kSegmentPages * kPage, '\0');
-  for (char& c : bytes) c = static_cast<char>(byte(rng.engine()));
+  const std::string bytes = RandomBytes(kSegmentPages * kPage, rng.engine());
   EXPECT_TRUE(arena.Write(pages, 0, bytes).ok());
   return bytes;
 }
@@ -123,15 +136,11 @@ TEST(PageArenaTest, ABlocksAdjacentPagesAreOneRunInOneBatch) {
   const std::vector<uint32_t> pages = {0, 1, 3};
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
-  std::uniform_int_distribution<int> byte(0, 255);
   for (const size_t offset : {size_t{0}, size_t{kPage / 2}}) {
-    std::string bytes(2 * kPage + (offset == 0 ? kPage : 0), '\0');
-    for (char& c : bytes) c = static_cast<char>(byte(rng.engine()));
+    const std::string bytes = RandomBytes(2 * kPage + (offset == 0 ? kPage : 0), rng.engine());
     slab->Clear();
     ASSERT_TRUE(arena->Write(pages, offset, bytes).ok());
-    std::string back(bytes.size(), '\0');
-    ASSERT_TRUE(arena->Read(pages, offset, std::span(reinterpret_cast<uint8_t*>(back.data()), back.size())).ok());
-    EXPECT_EQ(back, bytes);
+    EXPECT_EQ(ReadBack(*arena, pages, offset, bytes.size()), bytes);
     ASSERT_EQ(slab->in_batches.size(), 1u);
     ASSERT_EQ(slab->out_batches.size(), 1u);
     for (const std::vector<SlabRun>& runs : {slab->in_batches[0], slab->out_batches[0]}) {
@@ -152,22 +161,15 @@ TEST(PageArenaTest, PiecesOfARecordAreOneBatch) {
   const std::vector<uint32_t> pages = {3, 0, 2};
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
-  std::uniform_int_distribution<int> byte(0, 255);
   // Three pieces apart in host memory, of other sizes than a page.
-  std::vector<std::string> parts = {std::string(kPage / 3, '\0'), std::string(kPage + 17, '\0'),
-                                    std::string(kPage / 2, '\0')};
-  std::string whole;
-  for (std::string& part : parts) {
-    for (char& c : part) c = static_cast<char>(byte(rng.engine()));
-    whole += part;
-  }
+  const std::vector<std::string> parts = {RandomBytes(kPage / 3, rng.engine()), RandomBytes(kPage + 17, rng.engine()),
+                                          RandomBytes(kPage / 2, rng.engine())};
+  const std::string whole = parts[0] + parts[1] + parts[2];
   std::vector<std::span<const uint8_t>> in;
   for (const std::string& part : parts) in.emplace_back(reinterpret_cast<const uint8_t*>(part.data()), part.size());
   slab->Clear();
   ASSERT_TRUE(arena->WritePieces(pages, 100, in).ok());
-  std::string back(whole.size(), '\0');
-  ASSERT_TRUE(arena->Read(pages, 100, std::span(reinterpret_cast<uint8_t*>(back.data()), back.size())).ok());
-  EXPECT_EQ(back, whole);
+  EXPECT_EQ(ReadBack(*arena, pages, 100, whole.size()), whole);
   // And read back into pieces: the other way round.
   std::vector<std::string> out = {std::string(5, '\0'), std::string(whole.size() - 5, '\0')};
   std::vector<std::span<uint8_t>> out_pieces;
@@ -227,9 +229,7 @@ TEST(PageArenaTest, RefusedPinsAreAskedOnce) {
   ASSERT_TRUE(arena->Allocate(4, "ns", pages));
   const std::string bytes(4 * kPage, 'x');
   ASSERT_TRUE(arena->Write(pages, 0, bytes).ok());
-  std::string back(bytes.size(), '\0');
-  ASSERT_TRUE(arena->Read(pages, 0, std::span(reinterpret_cast<uint8_t*>(back.data()), back.size())).ok());
-  EXPECT_EQ(back, bytes);
+  EXPECT_EQ(ReadBack(*arena, pages, 0, bytes.size()), bytes);
   EXPECT_EQ(slab->pin_calls, 1);
 }
 

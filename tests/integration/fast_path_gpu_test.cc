@@ -46,9 +46,8 @@ TEST_F(FastPathGpuTest, GpuTierBlocksReachAGpuClientThroughIpc) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
   ASSERT_NO_FATAL_FAILURE(StartCache("256MiB", "256MiB"));
-  const std::string& target = target_;
   const kvblock::LatentLayout layout = TestLayout();
-  CacheClient client(CacheClient::Connect(target));
+  CacheClient client(CacheClient::Connect(target_));
   std::vector<TestBlock> blocks;
   std::vector<BlockSlices> slices;
   std::vector<kvblock::BlockHash> hashes;
@@ -59,7 +58,7 @@ TEST_F(FastPathGpuTest, GpuTierBlocksReachAGpuClientThroughIpc) {
   }
   ASSERT_TRUE(client.Put("tenant-a", layout, slices).ok());
 
-  auto fast = FastPathClient::Connect(CacheClient::Connect(target), absl::Seconds(10), 0, 64 << 20);
+  auto fast = FastPathClient::Connect(CacheClient::Connect(target_), absl::Seconds(10), 0, 64 << 20);
   ASSERT_TRUE(fast.ok()) << fast.status();
   ASSERT_TRUE((*fast)->has_device_staging());
   std::vector<std::string> records(blocks.size());
@@ -77,7 +76,7 @@ TEST_F(FastPathGpuTest, GpuTierBlocksReachAGpuClientThroughIpc) {
   for (size_t i = 0; i < blocks.size(); ++i) EXPECT_EQ(records[i], blocks[i].record) << i;
   EXPECT_EQ(client.Stats()->fast_path_blocks_out(), blocks.size());
   // The shard set (decode and prefill) takes the same way.
-  auto shards = serving::ShardSet::Create(target, absl::Seconds(10), /*fast_path=*/true);
+  auto shards = serving::ShardSet::Create(target_, absl::Seconds(10), /*fast_path=*/true);
   ASSERT_TRUE(shards.ok());
   const auto fetched = (*shards)->Fetch("tenant-a", layout, hashes);
   for (size_t i = 0; i < blocks.size(); ++i) {
