@@ -20,11 +20,14 @@
 
 #include "kvtier/kernels/float_formats.h"
 #include "kvtier/kernels/parallel.h"
+#include "load/median.h"
 #include "services/common/flags.h"
 #include "services/runtime/ffn.h"
 
 namespace kvtier::runtime {
 namespace {
+
+using load::Median;
 
 constexpr size_t kHidden = 2048, kExperts = 64, kInter = 1408, kShared = 2;
 using Clock = std::chrono::steady_clock;
@@ -83,11 +86,6 @@ double ReadBandwidth(const std::vector<float>& buffer) {
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   if (total == 42) std::puts("");  // keeps the sums alive
   return static_cast<double>(words * 8) / seconds;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 int Main(int argc, char** argv) {

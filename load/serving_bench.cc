@@ -24,6 +24,7 @@
 #include "kvtier/kernels/parallel.h"
 #include "kvtier/v1/prefill.grpc.pb.h"
 #include "load/decode_steps.h"
+#include "load/median.h"
 #include "services/cache/cache_client.h"
 #include "services/common/child_process.h"
 #include "services/common/flags.h"
@@ -35,17 +36,14 @@
 namespace kvtier {
 namespace {
 
+using load::Median;
+
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 // Short prompts in the decode rows, so that their prefills barely overlap
 // the decoding being measured.
 constexpr size_t kDecodePrompt = 16;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 std::vector<uint32_t> RandomPrompt(size_t n, std::mt19937_64& rng) {
   std::uniform_int_distribution<uint32_t> id(0, 1023);

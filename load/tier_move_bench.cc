@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "load/bench_layout.h"
+#include "load/median.h"
 #include "services/cache/block_store.h"
 #if KVTIER_HAVE_CUDA
 #include "services/cache/cuda_slab.h"
@@ -29,12 +30,9 @@
 namespace kvtier::cache {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using load::Median;
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using Clock = std::chrono::steady_clock;
 
 [[noreturn]] void Fail(const std::string& what) {
   std::fprintf(stderr, "tier_move_bench: %s\n", what.c_str());

@@ -10,7 +10,8 @@
 # from it: --device cuda against the CPU (cuda_forward_test, `kvtier run
 # --device cuda` included), the fast path to GPU clients and spills from
 # a GPU tier (fast_path_gpu_test); batched decode steps on the CPU and the
-# GPU (decode_bench; again with every launch waited for); and the store's tier moves with the device tier in
+# GPU (decode_bench; the GPU's again with every launch waited for, and
+# with 64 sequences); and the store's tier moves with the device tier in
 # the GPU against pinned cudaMemcpy (tier_move_bench).
 #
 # The check programs come prebuilt in device-bundle/checks/ when they run
