@@ -13,6 +13,8 @@ packages=(
   # integration tests and benchmarks: a real Prometheus scrapes the cache,
   # Redis is the peer the cache is measured against
   prometheus redis-server libhiredis-dev curl
+  # the Kubernetes manifests' check
+  python3 python3-yaml
 )
 
 missing=()
