@@ -78,7 +78,11 @@ if [ "${SERVICES:-1}" = 0 ]; then
 elif [ -d device-bundle ]; then
   export LD_LIBRARY_PATH="$PWD/device-bundle/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
   export KVTIER_BINARY="$PWD/device-bundle/kvtier" KVTIER_CACHE_BINARY="$PWD/device-bundle/kvtier-cache"
-  step "cuda_forward_test" 120 device-bundle/cuda_forward_test
+  if ! step "cuda_forward_test" 120 device-bundle/cuda_forward_test; then
+    # Passing with every launch waited for would point at the queued pass
+    # (a host buffer freed or a scratch reused too early), not the math.
+    step "cuda_forward_test, launches waited" 120 env CUDA_LAUNCH_BLOCKING=1 device-bundle/cuda_forward_test
+  fi
   step "fast_path_gpu_test" 60 device-bundle/fast_path_gpu_test
   step "decode_bench" 90 device-bundle/decode_bench
   # The same GPU steps with every kernel launch waited for (CUDA's own
