@@ -357,7 +357,7 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       return step;
     }
     if (!writing_ && prepared_.has_value()) {
-      current_ = std::move(*prepared_);
+      current_.Swap(&*prepared_);  // ByteBuffer has no move: a copy would ref every slice again
       prepared_.reset();
       writing_ = true;
       step.start_write = true;
@@ -570,8 +570,9 @@ grpc::ServerUnaryReactor* CacheService::OpenFastPath(grpc::CallbackServerContext
   RpcTimer timer(metrics_, "OpenFastPath");
   if (fast_path_ == nullptr) return FinishUnary(context, std::move(timer), NoFastPath());
   absl::StatusOr<v1::OpenFastPathResponse> opened = fast_path_->Open(*request);
-  if (opened.ok()) *response = *std::move(opened);
-  return FinishUnary(context, std::move(timer), opened.status());
+  if (!opened.ok()) return FinishUnary(context, std::move(timer), opened.status());
+  *response = *std::move(opened);
+  return FinishUnary(context, std::move(timer), absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* CacheService::LeaseBlocks(grpc::CallbackServerContext* context,

@@ -25,7 +25,7 @@ void ReleasePin(void* holder) { delete static_cast<std::shared_ptr<const PinnedB
 }  // namespace
 
 grpc::ByteBuffer EncodeBlockResponse(uint32_t index, const kvblock::BlockHash& hash,
-                                     std::shared_ptr<const PinnedBlock> block) {
+                                     const std::shared_ptr<const PinnedBlock>& block) {
   // Field numbers from cache.proto's GetResponse.
   std::string header;
   header.push_back(static_cast<char>(Tag(v1::GetResponse::kIndexFieldNumber, kVarint)));

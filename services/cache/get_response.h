@@ -20,7 +20,7 @@ namespace kvtier::cache {
 
 // A GetResponse carrying the whole pinned record as `data`.
 grpc::ByteBuffer EncodeBlockResponse(uint32_t index, const kvblock::BlockHash& hash,
-                                     std::shared_ptr<const PinnedBlock> block);
+                                     const std::shared_ptr<const PinnedBlock>& block);
 
 // Any other GetResponse (a miss, or a layer subset), serialized normally.
 grpc::ByteBuffer EncodeResponse(const v1::GetResponse& response);
