@@ -365,7 +365,7 @@ int Run(const std::string& cache_binary, const std::string& redis_binary, int ro
   ChildProcess redis({redis_binary, "--port", std::to_string(redis_port), "--bind",
                                "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no",
                                "--logfile", "/dev/null"});
-  if (cache_port <= 0) {
+  if (cache_port <= 0 || redis_port <= 0) {
     std::fprintf(stderr, "servers did not start\n");
     return 1;
   }

@@ -112,14 +112,15 @@ size_t ChildProcess::RssBytes() const {
 
 int FreeLoopbackPort() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
   socklen_t len = sizeof addr;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const bool bound = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+                     getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
   close(fd);
-  return ntohs(addr.sin_port);
+  return bound ? ntohs(addr.sin_port) : 0;
 }
 
 CommandResult RunCommand(const std::string& command) {

@@ -43,7 +43,7 @@ class ChildProcess {
 };
 
 // A loopback TCP port free right now, for servers that cannot bind port 0
-// and report it (Prometheus, Redis).
+// and report it (Prometheus, Redis); 0 when the system gives none.
 int FreeLoopbackPort();
 
 // Runs a command to completion; stdout and stderr together.

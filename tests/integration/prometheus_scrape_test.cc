@@ -76,7 +76,9 @@ TEST(PrometheusScrape, ScrapedValuesMatchStats) {
            << "scrape_configs:\n  - job_name: kvtier-cache\n    static_configs:\n"
            << "      - targets: ['" << metrics_address << "']\n";
   }
-  const std::string prometheus = "127.0.0.1:" + std::to_string(FreeLoopbackPort());
+  const int prometheus_port = FreeLoopbackPort();
+  ASSERT_GT(prometheus_port, 0) << "no free loopback port for Prometheus";
+  const std::string prometheus = "127.0.0.1:" + std::to_string(prometheus_port);
   ChildProcess server({"/usr/bin/prometheus", "--config.file=" + (dir / "prometheus.yml").string(),
                        "--storage.tsdb.path=" + (dir / "data").string(),
                        "--web.listen-address=" + prometheus, "--log.level=warn"});
