@@ -448,13 +448,14 @@ uint64_t BlockStore::DemotionBatchBytes(size_t tier) const {
 bool BlockStore::MakeRoomLocked(size_t tier, size_t bytes, const std::string& ns) {
   Tier& t = *tiers_[tier];
   const bool demotes = tier + 1 < tiers_.size();
-  const uint64_t batch_bytes = std::max<uint64_t>(bytes, DemotionBatchBytes(tier));
+  // Victims taken at a time: a batch to demote, or the one to evict.
+  const uint64_t victims_bytes = demotes ? std::max<uint64_t>(bytes, DemotionBatchBytes(tier)) : 1;
   // Plain LRU: in a shared arena another namespace's victim makes room only
   // once its segment empties, so this may move more than `bytes`.
   while (!HasRoomLocked(tier, bytes, ns)) {
     std::vector<Entry*> victims;  // least recently used first
     uint64_t victim_bytes = 0;
-    for (auto it = t.lru.rbegin(); it != t.lru.rend() && victim_bytes < (demotes ? batch_bytes : 1); ++it) {
+    for (auto it = t.lru.rbegin(); it != t.lru.rend() && victim_bytes < victims_bytes; ++it) {
       if ((*it)->pins > 0) continue;
       victims.push_back(*it);
       victim_bytes += (*it)->size;

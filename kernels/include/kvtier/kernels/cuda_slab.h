@@ -7,7 +7,6 @@
 
 #include <array>
 #include <cstddef>
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <mutex>
