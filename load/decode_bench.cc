@@ -64,7 +64,7 @@ int Main(int argc, char** argv) {
     std::vector<uint32_t> prompt(context);
     for (uint32_t& t : prompt) t = rng() % m.config().vocab_size;
     caches.push_back(m.NewCache(kernels::Codec::kInt8, 64));
-    const Model& prefill = cuda_only && on_gpu.ok() ? **on_gpu : m;
+    const Model& prefill = cuda_only ? **on_gpu : m;  // on_gpu is ok: checked above
     if (!prefill.Prefill(prompt, caches.back(), logits[b]).ok()) return 1;
   }
   std::printf("%zu sequences x %zu-token int8 contexts, lite-attn, %zu steps\n", sequences, context, steps);

@@ -193,7 +193,11 @@ Status Blas::MoeForward(const MoeDeviceWeights& w, uint32_t hidden, const float*
   KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kLogits, size_t{n} * experts * 4, &logits));
   KVTIER_KERNELS_RETURN_IF_ERROR(Gemm(w.router, experts, hidden, x, n, static_cast<float*>(logits)));
   std::vector<float> host_logits(size_t{n} * experts);
-  cudaMemcpyAsync(host_logits.data(), logits, host_logits.size() * 4, cudaMemcpyDeviceToHost, stream);
+  if (const cudaError_t e =
+          cudaMemcpyAsync(host_logits.data(), logits, host_logits.size() * 4, cudaMemcpyDeviceToHost, stream);
+      e != cudaSuccess) {
+    return CudaError(e, "cuda::Blas::MoeForward logits");
+  }
   if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) {
     return CudaError(e, "cuda::Blas::MoeForward logits (or work queued before them)");
   }

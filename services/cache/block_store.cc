@@ -405,13 +405,8 @@ absl::StatusOr<std::vector<std::span<const uint8_t>>> BlockStore::SourceOf(
   } else {
     std::shared_ptr<uint8_t> copy = t.arena->slab()->AllocateHost(size);
     const std::span<uint8_t> out(copy.get(), size);
-    const PageArena::RecordPieces record{&pages, 0, std::span(&out, 1)};
-    const uint64_t crc_bytes = size - kvblock::kBlockTrailerBytes;
-    uint32_t crc = 0;
-    bool computed = false;
-    KVTIER_RETURN_IF_ERROR(
-        t.arena->ReadRecords(std::span(&record, 1), std::span(&crc_bytes, 1), std::span(&crc, 1), computed));
-    if (computed) slab_crc = crc;
+    const PageArena::RecordPieces record{&pages, 0, std::span(&out, 1), size - kvblock::kBlockTrailerBytes};
+    KVTIER_RETURN_IF_ERROR(t.arena->ReadRecords(std::span(&record, 1), std::span(&slab_crc, 1)));
     owned = std::move(copy);
   }
   return std::vector<std::span<const uint8_t>>{std::span(owned.get(), size)};
@@ -567,23 +562,18 @@ std::vector<absl::Status> BlockStore::CopyRecords(std::span<const Move> moves, s
     // in one batch of copies (one wait); a GPU computes the records' CRCs
     // where they lie, at its memory's rate (Intact).
     std::vector<std::vector<std::span<uint8_t>>> outs;
+    for (const Move& m : moves) outs.push_back(dst.arena->PagePieces(m.pages, m.entry->size));
     std::vector<PageArena::RecordPieces> records;
-    std::vector<uint64_t> crc_bytes;
-    for (const Move& m : moves) {
-      outs.push_back(dst.arena->PagePieces(m.pages, m.entry->size));
-      crc_bytes.push_back(m.entry->size - kvblock::kBlockTrailerBytes);
+    for (size_t k = 0; k < moves.size(); ++k) {
+      records.push_back({&moves[k].source, 0, outs[k], moves[k].entry->size - kvblock::kBlockTrailerBytes});
     }
-    for (size_t k = 0; k < moves.size(); ++k) records.push_back({&moves[k].source, 0, outs[k]});
-    std::vector<uint32_t> crcs(moves.size());
-    bool checked = false;
-    const absl::Status read = src.arena->ReadRecords(records, crc_bytes, crcs, checked);
+    std::vector<std::optional<uint32_t>> slab_crcs(moves.size());
+    const absl::Status read = src.arena->ReadRecords(records, slab_crcs);
     if (!read.ok()) return std::vector<absl::Status>(moves.size(), read);
     for (size_t k = 0; k < moves.size(); ++k) {
       const Entry& e = *moves[k].entry;
       const std::vector<std::span<const uint8_t>> landed(outs[k].begin(), outs[k].end());
-      std::optional<uint32_t> slab_crc;
-      if (checked) slab_crc = crcs[k];
-      copied.push_back(Intact(landed, e.size, slab_crc, e.hash) ? absl::OkStatus() : ChecksumFailed(e.hash));
+      copied.push_back(Intact(landed, e.size, slab_crcs[k], e.hash) ? absl::OkStatus() : ChecksumFailed(e.hash));
     }
     return copied;
   }

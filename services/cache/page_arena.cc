@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -166,13 +167,13 @@ absl::Status PageArena::WriteRuns(const std::vector<uint32_t>& pages, size_t off
 absl::Status PageArena::ReadPieces(const std::vector<uint32_t>& pages, size_t offset,
                                    std::span<const std::span<uint8_t>> pieces) const {
   const RecordPieces record{&pages, offset, pieces};
-  bool checked;
-  return ReadRecords(std::span(&record, 1), {}, {}, checked);
+  return ReadRecords(std::span(&record, 1));
 }
 
-absl::Status PageArena::ReadRecords(std::span<const RecordPieces> records, std::span<const uint64_t> crc_bytes,
-                                    std::span<uint32_t> crcs, bool& checked) const {
-  checked = false;
+absl::Status PageArena::ReadRecords(std::span<const RecordPieces> records,
+                                    std::span<std::optional<uint32_t>> crcs) const {
+  if (!crcs.empty() && crcs.size() != records.size()) return absl::InternalError("one CRC a record");
+  for (std::optional<uint32_t>& crc : crcs) crc.reset();
   std::vector<SlabRun> runs;
   for (const RecordPieces& r : records) {
     ForEachRun(*r.pages, r.offset, r.pieces, [&](size_t at, uint8_t* to, size_t n) {
@@ -187,14 +188,15 @@ absl::Status PageArena::ReadRecords(std::span<const RecordPieces> records, std::
   if (!crcs.empty()) {
     std::vector<SlabRecord> checks(records.size());
     for (size_t k = 0; k < records.size(); ++k) {
-      checks[k].bytes = crc_bytes[k];
-      for (size_t p = 0; p * page_size_ < crc_bytes[k]; ++p) {
+      checks[k].bytes = records[k].crc_bytes;
+      for (size_t p = 0; p * page_size_ < records[k].crc_bytes; ++p) {
         checks[k].page_offsets.push_back(uint64_t{(*records[k].pages)[p]} * page_size_);
       }
     }
-    const absl::Status copied = slab_->CopyOutRunsWithCrc(runs, checks, page_size_, crcs);
+    std::vector<uint32_t> computed(records.size());
+    const absl::Status copied = slab_->CopyOutRunsWithCrc(runs, checks, page_size_, computed);
     if (copied.code() != absl::StatusCode::kUnimplemented) {
-      checked = copied.ok();
+      if (copied.ok()) std::copy(computed.begin(), computed.end(), crcs.begin());
       return copied;
     }
   }

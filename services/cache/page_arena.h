@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -93,16 +94,16 @@ class PageArena {
                           std::span<const std::span<uint8_t>> pieces) const;
   // ReadPieces for several records at once: in a slab, one batch for all.
   // With `crcs` (one a record; else empty), a slab that can (a GPU's) also
-  // computes the CRC32C of each record's first crc_bytes[k] bytes where
-  // they lie, into crcs[k]; `checked` says whether it did (if not, check
-  // the copies).
+  // computes the CRC32C of each record's first crc_bytes where they lie,
+  // into crcs[k]; where it cannot, crcs stay empty (check the copies).
   struct RecordPieces {
     const std::vector<uint32_t>* pages;
     size_t offset;
     std::span<const std::span<uint8_t>> pieces;
+    uint64_t crc_bytes = 0;  // with crcs: from the record's first byte
   };
-  absl::Status ReadRecords(std::span<const RecordPieces> records, std::span<const uint64_t> crc_bytes,
-                           std::span<uint32_t> crcs, bool& checked) const;
+  absl::Status ReadRecords(std::span<const RecordPieces> records,
+                           std::span<std::optional<uint32_t>> crcs = {}) const;
   // The first `size` bytes of a record laid over `pages`, a piece a page:
   // only when addressable().
   std::vector<std::span<uint8_t>> PagePieces(const std::vector<uint32_t>& pages, size_t size) const;
