@@ -3,7 +3,8 @@
 //
 // Each client stores, then fetches, the latents of a 4,096-token prefix at
 // DeepSeek-V2-Lite dims with the int8 codec: 64 blocks x 27 layers, ~1 MB a
-// block, ~66 MB a client. kvtier: one Put stream of layer slices (a block's
+// block, ~66 MB a client; kvtier and Redis each fetch it twice (right after
+// the store, and again). kvtier: one Put stream of layer slices (a block's
 // to a message, as a prefill node sends them) and one Get stream landing
 // each record in the client's buffer (RawGet). Redis: the same records as
 // values, pipelined SET and GET through hiredis, each GET reply copied to
@@ -417,11 +418,11 @@ int Run(const std::string& cache_binary, const std::string& redis_binary, int ro
   std::vector<std::vector<uint8_t>> destinations(kMaxClients, std::vector<uint8_t>(bytes + 4096));
 
   std::vector<Row> rows;
-  std::vector<double> get_over_redis, get_over_raw, redis_over_raw, fast_over_redis, fast_mapped_over_redis, fast_over_memcpy,
+  std::vector<double> get_over_redis, again_over_redis, get_over_raw, redis_over_raw, fast_over_redis, fast_mapped_over_redis, fast_over_memcpy,
       fast_mapped_over_memcpy;
   for (int n : client_counts) {
-    std::vector<std::pair<double, std::vector<Sample>>> put, staged_put, get, fast, fast_mapped, set, rget, copy, raw,
-        worker_fast, worker_tcp;
+    std::vector<std::pair<double, std::vector<Sample>>> put, staged_put, get, get_again, fast, fast_mapped, set, rget,
+        rget_again, copy, raw, worker_fast, worker_tcp;
     for (int round = 0; round < rounds; ++round) {
       // Fresh namespaces each round so Put stores instead of deduplicating.
       const std::string tag = absl::StrFormat("r%d-n%d-", round, n);
@@ -432,16 +433,28 @@ int Run(const std::string& cache_binary, const std::string& redis_binary, int ro
       staged_put.push_back(Concurrently(n, [&](int c) {
         return KvtierPut(*clients[c], layout, "staged-" + tag + std::to_string(c), prefixes[c], fast_clients[c].get());
       }));
-      get.push_back(Concurrently(n, [&](int c) {
-        return KvtierGet(channels[c].get(), layout, tag + std::to_string(c), prefixes[c], destinations[c]);
-      }));
+      const auto kvtier_get = [&] {
+        return Concurrently(n, [&](int c) {
+          return KvtierGet(channels[c].get(), layout, tag + std::to_string(c), prefixes[c], destinations[c]);
+        });
+      };
+      // Each fetch twice: first right after the store, then again, as a
+      // prefix is read again and again once stored (the second read finds
+      // neither the store's writes nor the first read in the CPU caches:
+      // the prefix is twice the last-level cache).
+      get.push_back(kvtier_get());
+      get_again.push_back(kvtier_get());
       fast.push_back(Concurrently(n, [&](int c) {
         return KvtierFastGet(*fast_clients[c], layout, tag + std::to_string(c), prefixes[c], destinations[c]);
       }));
       set.push_back(Concurrently(n, [&](int c) { return RedisSet(redis_clients[c], tag + std::to_string(c), prefixes[c]); }));
-      rget.push_back(Concurrently(n, [&](int c) {
-        return RedisGet(redis_clients[c], tag + std::to_string(c), prefixes[c], destinations[c]);
-      }));
+      const auto redis_get = [&] {
+        return Concurrently(n, [&](int c) {
+          return RedisGet(redis_clients[c], tag + std::to_string(c), prefixes[c], destinations[c]);
+        });
+      };
+      rget.push_back(redis_get());
+      rget_again.push_back(redis_get());
       raw.push_back(Concurrently(n, [&](int c) { return RawTcpFetch(prefixes[c], destinations[c]); }));
       copy.push_back(Concurrently(n, [&](int c) {
         Sample s;
@@ -478,6 +491,7 @@ int Run(const std::string& cache_binary, const std::string& redis_binary, int ro
       return ratios[ratios.size() / 2];
     };
     get_over_redis.push_back(median_ratio(rget, get));
+    again_over_redis.push_back(median_ratio(rget_again, get_again));
     get_over_raw.push_back(median_ratio(raw, get));
     redis_over_raw.push_back(median_ratio(raw, rget));
     fast_over_redis.push_back(median_ratio(rget, fast));
@@ -488,8 +502,10 @@ int Run(const std::string& cache_binary, const std::string& redis_binary, int ro
     rows.push_back(Summarize("kvtier fast path, mapped", n, bytes, fast_mapped));
     rows.push_back(Summarize("worker load, fast path", n, bytes, worker_fast));
     rows.push_back(Summarize("kvtier Get (fetch)", n, bytes, get));
+    rows.push_back(Summarize("kvtier Get, read again", n, bytes, get_again));
     rows.push_back(Summarize("worker load, TCP", n, bytes, worker_tcp));
     rows.push_back(Summarize("redis GET, pipelined (fetch)", n, bytes, rget));
+    rows.push_back(Summarize("redis GET, read again", n, bytes, rget_again));
     rows.push_back(Summarize("raw TCP socket (fetch)", n, bytes, raw));
     rows.push_back(Summarize("kvtier Put (store)", n, bytes, put));
     rows.push_back(Summarize("kvtier Put, fast path (store)", n, bytes, staged_put));
@@ -516,6 +532,7 @@ int Run(const std::string& cache_binary, const std::string& redis_binary, int ro
   };
   std::printf("\n");
   print_ratios("kvtier Get (TCP) / redis GET", get_over_redis, "target >= 1");
+  print_ratios("kvtier Get (TCP) / redis GET, read again", again_over_redis, "target >= 1");
   print_ratios("kvtier Get (TCP) / raw TCP socket", get_over_raw, "1 would be the physical limit");
   print_ratios("redis GET / raw TCP socket", redis_over_raw, "1 would be the physical limit");
   print_ratios("kvtier fast path, new maps / redis GET", fast_over_redis, "target >= 2");
