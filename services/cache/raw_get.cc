@@ -2,10 +2,12 @@
 
 #include <grpcpp/impl/codegen/proto_utils.h>
 #include <grpcpp/support/byte_buffer.h>
-#include <grpcpp/support/client_callback.h>
+#include <grpcpp/completion_queue.h>
+#include <grpcpp/support/async_stream.h>
 
 #include <cstring>
 #include <deque>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -74,120 +76,112 @@ class SliceCursor {
   size_t left_ = 0;
 };
 
-// Receives the stream on gRPC's threads and lands each answer on the
-// caller's thread (in Wait), so copying one record into its destination
-// overlaps with receiving the next. At most kAhead answers wait to be
-// landed; past that, reading pauses until the caller catches up. Wait
-// restarts reads from outside any reaction, so the reactor holds the call
-// (AddHold) until a read has found the stream's end: gRPC calls OnDone only
-// after that, never under a read Wait is about to start.
-class RawGetReactor final : public grpc::ClientReadReactor<grpc::ByteBuffer> {
+// Answers received but not landed yet. The receiving thread waits while
+// kAhead are waiting, so a slow caller pauses the stream (and with it the
+// server) instead of growing this without bound.
+class AnswerQueue {
  public:
-  RawGetReactor(grpc::ClientContext* context, const RecordDestination& destination,
-                const std::function<void(const RawBlock&)>& on_block)
-      : context_(context), destination_(destination), on_block_(on_block) {}
-
-  void Start(grpc::Channel* channel, const v1::GetRequest& request) {
-    bool own = false;
-    (void)grpc::SerializationTraits<v1::GetRequest>::Serialize(request, &request_, &own);
-    const grpc::internal::RpcMethod method(kGetMethod, grpc::internal::RpcMethod::SERVER_STREAMING);
-    grpc::internal::ClientCallbackReaderFactory<grpc::ByteBuffer>::Create(channel, method, context_,
-                                                                          &request_, this);
-    AddHold();
-    StartRead(&reading_);
-    StartCall();
+  // Waits for room (the caller keeps taking answers to the end, even
+  // after it cancelled the call).
+  void Push(grpc::ByteBuffer& answer) {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &AnswerQueue::HasRoomLocked));
+    waiting_.emplace_back();
+    waiting_.back().Swap(&answer);  // ByteBuffer has no move: a copy would ref every slice again
   }
-
-  void OnReadDone(bool ok) override {
-    bool again = false;
-    {
-      absl::MutexLock lock(&mu_);
-      if (!ok) {
-        ended_ = true;  // Wait lets go of the call
-      } else {
-        received_.emplace_back();
-        received_.back().Swap(&reading_);
-        again = received_.size() < kAhead;
-        reading_paused_ = !again;
-      }
-    }
-    if (again) StartRead(&reading_);
-  }
-
-  void OnDone(const grpc::Status& status) override {
+  void End(const grpc::Status& status) {
     absl::MutexLock lock(&mu_);
     status_ = status;
-    done_ = true;
+    ended_ = true;
   }
-
-  // Lands answers as they arrive until the stream ends; its status.
-  grpc::Status Wait() {
-    absl::Status parse_error;
-    while (true) {
-      grpc::ByteBuffer answer;
-      bool resume = false, release = false;
-      {
-        absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(this, &RawGetReactor::ReadyLocked));
-        if (received_.empty()) {
-          if (done_) break;  // everything landed, and the call is over
-          release = held_;   // the stream ended: OnDone may come now
-          held_ = false;
-        } else {
-          answer.Swap(&received_.front());
-          received_.pop_front();
-          resume = reading_paused_;  // after an error too: reads then end at once
-          reading_paused_ = false;
-        }
-      }
-      if (release) {
-        RemoveHold();
-        continue;
-      }
-      if (resume) StartRead(&reading_);
-      if (!parse_error.ok()) continue;  // cancelled: drain what is left
-      RawBlock block;
-      parse_error = ParseRawGetResponse(answer, destination_, block);
-      if (!parse_error.ok()) {
-        context_->TryCancel();
-        continue;
-      }
-      on_block_(block);
-    }
-    if (!parse_error.ok()) return grpc::Status(grpc::StatusCode::INTERNAL, std::string(parse_error.message()));
+  // The next answer, or false (with the stream's status) once it ended.
+  bool Pop(grpc::ByteBuffer& answer, grpc::Status& status) {
     absl::MutexLock lock(&mu_);
-    return status_;
+    mu_.Await(absl::Condition(this, &AnswerQueue::ReadyLocked));
+    if (waiting_.empty()) {
+      status = status_;
+      return false;
+    }
+    answer.Swap(&waiting_.front());
+    waiting_.pop_front();
+    return true;
   }
 
  private:
   static constexpr size_t kAhead = 2;
+  bool HasRoomLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return waiting_.size() < kAhead; }
+  bool ReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !waiting_.empty() || ended_; }
 
-  bool ReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !received_.empty() || done_ || (ended_ && held_);
-  }
-
-  grpc::ClientContext* context_;
-  const RecordDestination& destination_;
-  const std::function<void(const RawBlock&)>& on_block_;
-  grpc::ByteBuffer request_;
-  grpc::ByteBuffer reading_;  // the read in flight
   absl::Mutex mu_;
-  std::deque<grpc::ByteBuffer> received_ ABSL_GUARDED_BY(mu_);  // not landed yet
-  bool reading_paused_ ABSL_GUARDED_BY(mu_) = false;            // Wait restarts reading
-  bool ended_ ABSL_GUARDED_BY(mu_) = false;                     // a read found the end
-  bool held_ ABSL_GUARDED_BY(mu_) = true;                       // the hold Start took
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<grpc::ByteBuffer> waiting_ ABSL_GUARDED_BY(mu_);
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status status_ ABSL_GUARDED_BY(mu_);
 };
 
+// Reads the whole stream into `answers` on the calling thread, which polls
+// the call's own completion queue, and ends it with the call's status.
+void Receive(grpc::CompletionQueue& cq, grpc::ClientAsyncReader<grpc::ByteBuffer>& reader,
+             AnswerQueue& answers) {
+  void* tag = nullptr;
+  bool ok = false;
+  // A call that did not start still finishes, with the reason.
+  if (cq.Next(&tag, &ok) && ok) {
+    while (true) {
+      grpc::ByteBuffer answer;
+      reader.Read(&answer, &answer);
+      if (!cq.Next(&tag, &ok) || !ok) break;  // the stream ended, or failed
+      answers.Push(answer);
+    }
+  }
+  grpc::Status status;
+  reader.Finish(&status, &status);
+  if (!cq.Next(&tag, &ok) || !ok) status = grpc::Status(grpc::StatusCode::INTERNAL, "Get call lost its status");
+  answers.End(status);
+}
+
 }  // namespace
 
+// Answers are received on a thread of this call's own, which polls the
+// connection through a completion queue of its own, and landed on the
+// caller's thread, so copying one record into its destination overlaps
+// with receiving the next. gRPC's callback API, which did the receiving
+// before, measured slower here (a loop of Gets of one 65.7 MB prefix, 5
+// interleaved pairs: 3.58-4.66 GB/s against 3.28-4.07): its two callback
+// threads hand the polling to each other on every event.
 grpc::Status RawGet(grpc::Channel* channel, grpc::ClientContext* context,
                     const v1::GetRequest& request, const RecordDestination& destination,
                     const std::function<void(const RawBlock&)>& on_block) {
-  RawGetReactor reactor(context, destination, on_block);
-  reactor.Start(channel, request);
-  return reactor.Wait();
+  grpc::ByteBuffer serialized;
+  bool own = false;
+  (void)grpc::SerializationTraits<v1::GetRequest>::Serialize(request, &serialized, &own);
+  grpc::CompletionQueue cq;
+  const grpc::internal::RpcMethod method(kGetMethod, grpc::internal::RpcMethod::SERVER_STREAMING);
+  std::unique_ptr<grpc::ClientAsyncReader<grpc::ByteBuffer>> reader(
+      grpc::internal::ClientAsyncReaderFactory<grpc::ByteBuffer>::Create(
+          channel, &cq, method, context, serialized, /*start=*/true, /*tag=*/&serialized));
+  AnswerQueue answers;
+  std::thread receiver([&] { Receive(cq, *reader, answers); });
+  absl::Status parse_error;
+  grpc::ByteBuffer answer;
+  grpc::Status status;
+  while (answers.Pop(answer, status)) {
+    if (!parse_error.ok()) continue;  // cancelled: drain what is left
+    RawBlock block;
+    parse_error = ParseRawGetResponse(answer, destination, block);
+    if (!parse_error.ok()) {
+      context->TryCancel();
+      continue;
+    }
+    on_block(block);
+  }
+  receiver.join();
+  cq.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq.Next(&tag, &ok)) {
+  }
+  if (!parse_error.ok()) return grpc::Status(grpc::StatusCode::INTERNAL, std::string(parse_error.message()));
+  return status;
 }
 
 absl::Status ParseRawGetResponse(grpc::ByteBuffer& buffer, const RecordDestination& destination,

@@ -26,8 +26,9 @@ struct RawBlock {
 
 using RecordDestination = std::function<std::span<uint8_t>(uint32_t index, size_t size)>;
 
-// Runs one Get call to the end. Answers are received on gRPC's threads and
-// landed on the caller's, in order, while the next ones arrive: each
+// Runs one Get call to the end. Answers are received on a thread of the
+// call's own and landed on the caller's, in order, while the next ones
+// arrive: each
 // record is copied into `destination(index, size)` (a buffer at least
 // `size` long), then `on_block` sees what arrived. Blocks the caller until
 // the stream ends and returns its status (INTERNAL if an answer did not

@@ -579,6 +579,45 @@ TEST_F(CacheServerTest, RawGetLandsRecordsInTheCallersBuffer) {
   }
 }
 
+TEST_F(CacheServerTest, RawGetCancelsAtAnAnswerWithNoRoomAndReturns) {
+  std::vector<TestBlock> blocks;
+  std::vector<BlockSlices> slices;
+  for (int i = 0; i < 4; ++i) {
+    blocks.push_back(MakeBlock(layout_, "ns", 70 + i));
+    slices.push_back(blocks.back().slices);
+  }
+  ASSERT_TRUE(client_->Put("ns", layout_, slices).ok());
+  std::vector<kvblock::BlockHash> hashes;
+  for (const TestBlock& b : blocks) hashes.push_back(b.slices.hash);
+  std::vector<uint8_t> room(blocks[0].record.size());
+  grpc::ClientContext context;
+  client_->SetDeadline(context);
+  std::vector<uint32_t> landed;
+  // Index 1 gets no room: the stream is cancelled there and drained, and
+  // nothing after it lands.
+  const grpc::Status status = RawGet(
+      channel_.get(), &context, MakeGetRequest("ns", layout_, hashes),
+      [&](uint32_t index, size_t) { return index == 1 ? std::span<uint8_t>() : std::span<uint8_t>(room); },
+      [&](const RawBlock& block) { landed.push_back(block.index); });
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INTERNAL);
+  EXPECT_NE(status.error_message().find("no room"), std::string::npos) << status.error_message();
+  EXPECT_EQ(landed, std::vector<uint32_t>{0});
+}
+
+TEST(RawGetWithoutServer, AnswersTheCallsErrorAndLandsNothing) {
+  const int port = FreeLoopbackPort();  // nothing listens there
+  std::shared_ptr<grpc::Channel> channel = CacheClient::Connect("127.0.0.1:" + std::to_string(port));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  const kvblock::LatentLayout layout = TestLayout();
+  int landed = 0;
+  const grpc::Status status = RawGet(
+      channel.get(), &context, MakeGetRequest("ns", layout, {MakeBlock(layout, "ns", 1).slices.hash}),
+      [](uint32_t, size_t) { return std::span<uint8_t>(); }, [&](const RawBlock&) { ++landed; });
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_EQ(landed, 0);
+}
+
 TEST_F(CacheServerTest, OnlyConfiguredNamespacesAreServed) {
   server_.reset();
   Start("8MiB", "8MiB", {"--namespaces", "tenant-a,tenant-b"});
