@@ -37,6 +37,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "load/bench_layout.h"
+#include "load/median.h"
 #include "services/cache/cache_client.h"
 #include "services/cache/fast_path_client.h"
 #include "services/cache/raw_get.h"
@@ -342,11 +343,10 @@ Row Summarize(const std::string& what, int clients, size_t bytes_per_client,
     rates.push_back(static_cast<double>(bytes_per_client) * clients / wall / 1e9);
     for (const Sample& s : samples) blocks.insert(blocks.end(), s.block_seconds.begin(), s.block_seconds.end());
   }
-  std::sort(rates.begin(), rates.end());
   std::sort(blocks.begin(), blocks.end());
   // No per-block times (a row that gets its blocks all at once): NaN, shown as "-".
   auto pct = [&](double q) { return blocks.empty() ? NAN : 1e3 * blocks[static_cast<size_t>(q * (blocks.size() - 1))]; };
-  return Row{what, clients, rates[rates.size() / 2], pct(0.5), pct(0.99)};
+  return Row{what, clients, load::Median(rates), pct(0.5), pct(0.99)};
 }
 
 int Run(const std::string& cache_binary, const std::string& redis_binary, int rounds,
@@ -487,8 +487,7 @@ int Run(const std::string& cache_binary, const std::string& redis_binary, int ro
     const auto median_ratio = [&](const auto& slower, const auto& faster) {
       std::vector<double> ratios;
       for (int round = 0; round < rounds; ++round) ratios.push_back(slower[round].first / faster[round].first);
-      std::sort(ratios.begin(), ratios.end());
-      return ratios[ratios.size() / 2];
+      return load::Median(ratios);
     };
     get_over_redis.push_back(median_ratio(rget, get));
     again_over_redis.push_back(median_ratio(rget_again, get_again));

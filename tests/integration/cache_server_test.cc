@@ -606,6 +606,7 @@ TEST_F(CacheServerTest, RawGetCancelsAtAnAnswerWithNoRoomAndReturns) {
 
 TEST(RawGetWithoutServer, AnswersTheCallsErrorAndLandsNothing) {
   const int port = FreeLoopbackPort();  // nothing listens there
+  ASSERT_GT(port, 0) << "no free loopback port";
   std::shared_ptr<grpc::Channel> channel = CacheClient::Connect("127.0.0.1:" + std::to_string(port));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
