@@ -1,6 +1,7 @@
 // The device tier's slab of GPU memory (cuda_slab.h).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -9,6 +10,7 @@
 #include "cuda_status.h"
 #include "kvtier/kernels/crc32c_math.h"
 #include "kvtier/kernels/cuda_slab.h"
+#include "kvtier/kernels/pinned_ranges.h"
 #include "stream_memory.h"
 
 namespace kvtier::kernels::cuda {
@@ -62,10 +64,21 @@ Status CheckRuns(std::span<const SlabRun> runs, uint64_t size) {
   return OkStatus();
 }
 
+// The host memory PinHost registered, process-wide as CUDA's registrations
+// are.
+PinnedRanges& Pinned() {
+  static PinnedRanges* ranges = new PinnedRanges();  // outlives every copy
+  return *ranges;
+}
+
 // Queues the runs' copies between the slab at `base` and host memory
-// (`in`: into the slab) on `stream`; the first error stops the queuing.
+// (`in`: into the slab) on `stream`, each cut at the borders of pinned
+// ranges (runs over adjacent pages of two host tier segments would be
+// refused); the first error stops the queuing.
 cudaError_t QueueRuns(uint8_t* base, std::span<const SlabRun> runs, bool in, cudaStream_t stream) {
-  for (const SlabRun& r : runs) {
+  std::vector<SlabRun> cut;
+  Pinned().Split(runs, cut);
+  for (const SlabRun& r : cut) {
     const cudaError_t e = in ? cudaMemcpyAsync(base + r.offset, r.host, r.n, cudaMemcpyHostToDevice, stream)
                              : cudaMemcpyAsync(r.host, base + r.offset, r.n, cudaMemcpyDeviceToHost, stream);
     if (e != cudaSuccess) return e;
@@ -74,10 +87,15 @@ cudaError_t QueueRuns(uint8_t* base, std::span<const SlabRun> runs, bool in, cud
 }
 
 // Waits for what was queued on `stream`, then tells the first error:
-// `queued`'s (a copy that could not be queued), else the wait's.
+// `queued`'s (a copy that could not be queued), else the wait's. A call's
+// error stays as this thread's last error until read: cleared here, or
+// the next kernel launch's check would report it as its own.
 Status WaitFor(cudaStream_t stream, cudaError_t queued, const char* what) {
   const cudaError_t waited = cudaStreamSynchronize(stream);
-  if (queued != cudaSuccess) return CudaError(queued, what);
+  if (queued != cudaSuccess) {
+    cudaGetLastError();
+    return CudaError(queued, what);
+  }
   if (waited != cudaSuccess) return CudaError(waited, what);
   return OkStatus();
 }
@@ -163,10 +181,12 @@ Status DeviceSlab::PinHost(void* p, size_t n) {
     cudaGetLastError();  // not sticky: clear it
     return CudaError(e, "cudaHostRegister");
   }
+  Pinned().Add(p, n);
   return OkStatus();
 }
 
 void DeviceSlab::UnpinHost(void* p) {
+  Pinned().Remove(p);
   if (cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
 }
 
@@ -184,31 +204,72 @@ struct RecordDesc {
   uint64_t bytes;
 };
 
-constexpr uint32_t kCrcThreads = 1024;
+// A record's CRC is taken in chunks of kCrcChunk bytes, one a thread (16
+// bytes a load), kCrcThreads chunks a CUDA block, as many CUDA blocks a
+// record as the longest needs (1 MB: 16), so a record is read by many
+// multiprocessors at once; a second kernel joins each record's parts.
+constexpr uint32_t kCrcThreads = 256, kCrcChunk = DeviceSlab::kMinCrcPage;  // a chunk never spans two pages
+constexpr uint64_t kCrcPartBytes = uint64_t{kCrcThreads} * kCrcChunk;
 
-// One CUDA block a record: each thread the raw CRC of its part, then the
-// parts joined pairwise in shared memory, level by level.
+// Part blockIdx.x of record blockIdx.y: the raw CRC of its slots' chunks
+// (crc32c_math.h's Crc32cChunkInSlot: the whole chunks fill the record's
+// last slots), joined pairwise in shared memory, level by level.
 __global__ void __launch_bounds__(kCrcThreads)
-    RecordCrcKernel(const uint8_t* slab, const uint64_t* page_offsets, const RecordDesc* records, uint32_t page_shift,
-                    uint32_t* crcs) {
+    RecordCrcPartsKernel(const uint8_t* slab, const uint64_t* page_offsets, const RecordDesc* records,
+                         uint32_t page_shift, uint32_t* parts) {
   __shared__ uint32_t table[4][256];
   __shared__ uint32_t raw[kCrcThreads];
   const uint32_t t = threadIdx.x;
-  table[t >> 8][t & 255] = Crc32cTableEntry(t >> 8, t & 255);  // as many entries as threads
+  for (uint32_t k = 0; k < 4; ++k) table[k][t] = Crc32cTableEntry(k, t);  // a column a thread
   __syncthreads();
-  const RecordDesc record = records[blockIdx.x];
-  const uint64_t* pages = page_offsets + record.first_page;
-  const uint64_t in_page = (uint64_t{1} << page_shift) - 1;
-  const Crc32cSplit split = SplitForCrc32c(record.bytes, kCrcThreads);
-  raw[t] = Crc32cRawPart(
-      table, [&](uint64_t i) { return slab[pages[i >> page_shift] + (i & in_page)]; }, split, t);
-  uint32_t factor = Crc32cZeroBytesFactor(split.segment);  // joins neighbours at level 0; squared a level up
+  const RecordDesc record = records[blockIdx.y];
+  const uint64_t slots = uint64_t{gridDim.x} * kCrcThreads;
+  const int64_t chunk = Crc32cChunkInSlot(uint64_t{blockIdx.x} * kCrcThreads + t, slots, record.bytes / kCrcChunk);
+  uint32_t c = 0;
+  if (chunk >= 0) {
+    const uint64_t at = uint64_t(chunk) * kCrcChunk;
+    const auto* words = reinterpret_cast<const uint4*>(
+        slab + page_offsets[record.first_page + (at >> page_shift)] + (at & ((uint64_t{1} << page_shift) - 1)));
+    for (uint32_t i = 0; i < kCrcChunk / 16; ++i) {
+      const uint4 w = words[i];
+      c = Crc32cWordStep(table, c, w.x);
+      c = Crc32cWordStep(table, c, w.y);
+      c = Crc32cWordStep(table, c, w.z);
+      c = Crc32cWordStep(table, c, w.w);
+    }
+  }
+  raw[t] = c;
+  uint32_t factor = Crc32cZeroBytesFactor(kCrcChunk);  // joins neighbours at level 0; squared a level up
   for (uint32_t stride = 1; stride < kCrcThreads; stride *= 2) {
     __syncthreads();
     if (t % (2 * stride) == 0) raw[t] = Crc32cMultiply(raw[t], factor) ^ raw[t + stride];
     factor = Crc32cMultiply(factor, factor);
   }
-  if (t == 0) crcs[blockIdx.x] = Crc32cFromRaw(raw[0], record.bytes);
+  if (t == 0) parts[uint64_t{blockIdx.y} * gridDim.x + blockIdx.x] = raw[0];
+}
+
+// A thread a record: its parts joined in order, then the bytes after its
+// whole chunks (fewer than kCrcChunk), into the standard CRC32C.
+__global__ void RecordCrcJoinKernel(const uint8_t* slab, const uint64_t* page_offsets, const RecordDesc* records,
+                                    uint32_t count, uint32_t page_shift, const uint32_t* parts,
+                                    uint32_t parts_per_record, uint32_t* crcs) {
+  const uint32_t r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= count) return;
+  const RecordDesc record = records[r];
+  const uint32_t part_factor = Crc32cZeroBytesFactor(kCrcPartBytes);
+  uint32_t c = 0;
+  for (uint32_t p = 0; p < parts_per_record; ++p) {
+    c = Crc32cMultiply(c, part_factor) ^ parts[uint64_t{r} * parts_per_record + p];
+  }
+  const uint64_t tail_at = record.bytes / kCrcChunk * kCrcChunk;
+  const uint8_t* tail = slab + page_offsets[record.first_page + (tail_at >> page_shift)] +
+                        (tail_at & ((uint64_t{1} << page_shift) - 1));
+  uint32_t tail_raw = 0;
+  for (uint64_t i = 0; i < record.bytes - tail_at; ++i) {
+    tail_raw ^= tail[i];
+    for (int b = 0; b < 8; ++b) tail_raw = Crc32cBitStep(tail_raw);
+  }
+  crcs[r] = Crc32cFromRaw(Crc32cJoin(c, tail_raw, record.bytes - tail_at), record.bytes);
 }
 
 }  // namespace
@@ -216,26 +277,32 @@ __global__ void __launch_bounds__(kCrcThreads)
 Status DeviceSlab::CopyOutRunsWithCrc(std::span<const SlabRun> runs, std::span<const Record> records,
                                       uint32_t page_size, uint32_t* crcs) {
   if (records.empty()) return CopyOutRuns(runs);
-  if (page_size == 0 || (page_size & (page_size - 1)) != 0) {
-    return Status(StatusCode::kInternal, "slab page size must be a power of two");
+  if (page_size < kMinCrcPage || (page_size & (page_size - 1)) != 0) {
+    return Status(StatusCode::kInternal, "slab pages must be a power of two of at least " +
+                                             std::to_string(kMinCrcPage) + " bytes to be checked on the GPU");
   }
+  if (records.size() > 65535) return Status(StatusCode::kInternal, "at most 65535 records a batch");
   if (Status s = CheckRuns(runs, size_); !s.ok()) return s;
   // Descriptors and page offsets go over in one copy, the CRCs come back in
   // one, through one pinned buffer: [descriptors][page offsets][CRCs].
   std::vector<RecordDesc> descs;
-  uint64_t pages = 0;
+  uint64_t pages = 0, longest = 0;
   for (const Record& r : records) {
     if (r.bytes > r.page_offsets.size() * uint64_t{page_size}) {
       return Status(StatusCode::kInternal, "slab record longer than its pages");
     }
     for (const uint64_t offset : r.page_offsets) {
+      if (offset % page_size != 0) return Status(StatusCode::kInternal, "slab record page not on a page boundary");
       if (Status s = CheckRange(offset, page_size, size_); !s.ok()) return s;
     }
     descs.push_back({pages, r.bytes});
     pages += r.page_offsets.size();
+    longest = std::max(longest, r.bytes);
   }
+  const auto parts_per_record = static_cast<uint32_t>(std::max<uint64_t>(1, (longest / kCrcChunk + kCrcThreads - 1) / kCrcThreads));
   const size_t desc_bytes = descs.size() * sizeof(RecordDesc), offset_bytes = pages * sizeof(uint64_t),
-               in_bytes = desc_bytes + offset_bytes, crc_bytes = records.size() * sizeof(uint32_t);
+               in_bytes = desc_bytes + offset_bytes, crc_bytes = records.size() * sizeof(uint32_t),
+               part_bytes = records.size() * parts_per_record * sizeof(uint32_t);
   std::shared_ptr<uint8_t> host = AllocatePinned(in_bytes + crc_bytes);
   std::memcpy(host.get(), descs.data(), desc_bytes);
   uint8_t* at = host.get() + desc_bytes;
@@ -244,22 +311,30 @@ Status DeviceSlab::CopyOutRunsWithCrc(std::span<const SlabRun> runs, std::span<c
     at += r.page_offsets.size_bytes();
   }
   const uint32_t page_shift = static_cast<uint32_t>(__builtin_ctz(page_size));
+  const auto count = static_cast<uint32_t>(records.size());
   std::lock_guard<std::mutex> lock(mu_);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  // On the device: [descriptors][page offsets][CRCs][parts].
   void* scratch = nullptr;
-  if (const cudaError_t e = MallocAsync(&scratch, in_bytes + crc_bytes, stream); e != cudaSuccess) {
+  if (const cudaError_t e = MallocAsync(&scratch, in_bytes + crc_bytes + part_bytes, stream); e != cudaSuccess) {
     return CudaError(e, "slab CRC workspace");
   }
   auto* device = static_cast<uint8_t*>(scratch);
+  const auto* device_offsets = reinterpret_cast<const uint64_t*>(device + desc_bytes);
+  const auto* device_descs = reinterpret_cast<const RecordDesc*>(device);
+  auto* device_crcs = reinterpret_cast<uint32_t*>(device + in_bytes);
+  auto* device_parts = reinterpret_cast<uint32_t*>(device + in_bytes + crc_bytes);
   cudaError_t first = cudaMemcpyAsync(device, host.get(), in_bytes, cudaMemcpyHostToDevice, stream);
   if (first == cudaSuccess) {
-    RecordCrcKernel<<<static_cast<unsigned>(records.size()), kCrcThreads, 0, stream>>>(
-        base_, reinterpret_cast<const uint64_t*>(device + desc_bytes), reinterpret_cast<const RecordDesc*>(device),
-        page_shift, reinterpret_cast<uint32_t*>(device + in_bytes));
+    RecordCrcPartsKernel<<<dim3(parts_per_record, count), kCrcThreads, 0, stream>>>(
+        base_, device_offsets, device_descs, page_shift, device_parts);
+    RecordCrcJoinKernel<<<(count + 127) / 128, 128, 0, stream>>>(base_, device_offsets, device_descs, count,
+                                                                  page_shift, device_parts, parts_per_record,
+                                                                  device_crcs);
     first = cudaGetLastError();
   }
   if (first == cudaSuccess) {
-    first = cudaMemcpyAsync(host.get() + in_bytes, device + in_bytes, crc_bytes, cudaMemcpyDeviceToHost, stream);
+    first = cudaMemcpyAsync(host.get() + in_bytes, device_crcs, crc_bytes, cudaMemcpyDeviceToHost, stream);
   }
   if (first == cudaSuccess) first = QueueRuns(base_, runs, /*in=*/false, stream);
   cudaFreeAsync(scratch, stream);

@@ -109,6 +109,16 @@ bool Intact(const std::vector<std::span<const uint8_t>>& landed, size_t size, st
   return intact;
 }
 
+// A tier move whose copy failed (not a checksum: the copying itself, a
+// GPU's error say): the block stays where it was, or is dropped when its
+// room is needed. Said once; every such move would say the same.
+void WarnMoveFailed(const absl::Status& copied) {
+  static std::atomic<bool> said{false};
+  if (said.exchange(true)) return;
+  std::fprintf(stderr, "kvtier-cache: a tier move failed (%s); such blocks stay in their tier, or are evicted "
+               "when their room is needed\n", copied.ToString().c_str());
+}
+
 absl::Status ChecksumFailed(const kvblock::BlockHash& hash) {
   return absl::DataLossError(absl::StrCat("block ", kvblock::HashToHex(hash), " failed its checksum"));
 }
@@ -533,6 +543,8 @@ bool BlockStore::FinishMoveLocked(Move& move, size_t to, const absl::Status& cop
     if (copied.code() == absl::StatusCode::kDataLoss) {  // a corrupt record never reaches another tier
       ++counters_.checksum_failures;
       if (!e->zombie) DropLocked(e);
+    } else if (!copied.ok()) {
+      WarnMoveFailed(copied);
     }
     return false;
   }

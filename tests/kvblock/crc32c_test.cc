@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvtier/kernels/crc32c_math.h"
@@ -60,11 +63,13 @@ TEST(Crc32c, CombineGivesTheCrcOfTheConcatenation) {
   EXPECT_EQ(Crc32cCombine(0, Crc32c(data.data(), 100), 100), Crc32c(data.data(), 100));
 }
 
-// The scheme a GPU checks records with (crc32c_math.h): raw CRCs of
-// power-of-two parts after zero padding, joined pairwise level by level,
-// give the CRC of the whole, for sizes around the part boundaries and a
-// block's.
-TEST(Crc32c, PartsJoinedLevelByLevelGiveTheRecordsCrc) {
+// The scheme a GPU checks records with (slab.cu, crc32c_math.h): chunks of
+// `chunk` bytes from the record's start, one a thread, `threads` a part,
+// the whole chunks in the last slots of the parts; each part's slots
+// joined pairwise, level by level, the parts in order, then the bytes
+// after the whole chunks: the record's CRC, for sizes around the chunk,
+// part and page boundaries and a block's.
+TEST(Crc32c, ChunksJoinedAsTheGpuJoinsThemGiveTheRecordsCrc) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
   uint32_t table[4][256];
@@ -73,22 +78,38 @@ TEST(Crc32c, PartsJoinedLevelByLevelGiveTheRecordsCrc) {
   }
   std::vector<uint8_t> data(1026468);
   for (auto& b : data) b = static_cast<uint8_t>(rng.engine()());
-  for (const uint32_t parts : {1u, 32u, 1024u}) {
-    for (const size_t bytes : {size_t{0}, size_t{1}, size_t{3}, size_t{4095}, size_t{4096}, size_t{4097},
-                               size_t{131071}, data.size() - 4, data.size()}) {
-      const kernels::Crc32cSplit split = kernels::SplitForCrc32c(bytes, parts);
-      std::vector<uint32_t> raw(parts);
-      for (uint32_t t = 0; t < parts; ++t) {
-        raw[t] = kernels::Crc32cRawPart(table, [&](uint64_t i) { return data[i]; }, split, t);
-      }
-      uint32_t factor = kernels::Crc32cZeroBytesFactor(split.segment);
-      for (uint32_t stride = 1; stride < parts; stride *= 2) {
-        for (uint32_t t = 0; t < parts; t += 2 * stride) {
-          raw[t] = kernels::Crc32cMultiply(raw[t], factor) ^ raw[t + stride];
+  for (const auto& [chunk, threads] : {std::pair<uint64_t, uint64_t>{256, 256}, {16, 4}}) {
+    for (const size_t bytes : {size_t{0}, size_t{1}, size_t{255}, size_t{256}, size_t{257}, size_t{65535},
+                               size_t{65536}, size_t{65537}, size_t{131071}, data.size() - 4, data.size()}) {
+      const uint64_t whole = bytes / chunk, parts = std::max<uint64_t>(1, (whole + threads - 1) / threads);
+      std::vector<uint32_t> part_raw(parts);
+      for (uint64_t p = 0; p < parts; ++p) {
+        std::vector<uint32_t> raw(threads, 0);
+        for (uint64_t t = 0; t < threads; ++t) {
+          const int64_t c = kernels::Crc32cChunkInSlot(p * threads + t, parts * threads, whole);
+          for (uint64_t i = 0; c >= 0 && i < chunk; i += 4) {
+            uint32_t word;
+            std::memcpy(&word, data.data() + c * chunk + i, 4);
+            raw[t] = kernels::Crc32cWordStep(table, raw[t], word);
+          }
         }
-        factor = kernels::Crc32cMultiply(factor, factor);
+        uint32_t factor = kernels::Crc32cZeroBytesFactor(chunk);
+        for (uint64_t stride = 1; stride < threads; stride *= 2) {
+          for (uint64_t t = 0; t < threads; t += 2 * stride) {
+            raw[t] = kernels::Crc32cMultiply(raw[t], factor) ^ raw[t + stride];
+          }
+          factor = kernels::Crc32cMultiply(factor, factor);
+        }
+        part_raw[p] = raw[0];
       }
-      ASSERT_EQ(kernels::Crc32cFromRaw(raw[0], bytes), Crc32c(data.data(), bytes)) << parts << " parts, " << bytes;
+      uint32_t c = 0;
+      for (const uint32_t r : part_raw) c = kernels::Crc32cJoin(c, r, chunk * threads);
+      const uint64_t tail_at = whole * chunk;
+      uint32_t tail = 0;
+      for (uint64_t i = tail_at; i < bytes; ++i) tail = (tail >> 8) ^ table[0][(tail ^ data[i]) & 0xff];
+      ASSERT_EQ(kernels::Crc32cFromRaw(kernels::Crc32cJoin(c, tail, bytes - tail_at), bytes),
+                Crc32c(data.data(), bytes))
+          << chunk << "-byte chunks, " << threads << " a part, " << bytes << " bytes";
     }
   }
 }

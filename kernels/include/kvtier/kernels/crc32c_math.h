@@ -67,37 +67,26 @@ KVTIER_HOST_DEVICE constexpr uint32_t Crc32cFromRaw(uint32_t raw, uint64_t bytes
   return ~(raw ^ Crc32cMultiply(0xffffffffu, Crc32cZeroBytesFactor(bytes)));
 }
 
-// A record of `bytes` bytes cut into `parts` (a power of two) segments of
-// `segment` bytes each, a power of two, after `pad` zero bytes in front:
-// part t holds the record's bytes [t * segment - pad, (t + 1) * segment -
-// pad) that exist. Joining neighbours pairwise, level by level, multiplies
-// by x^(8 segment 2^level): no lengths to work out per pair.
-struct Crc32cSplit {
-  uint64_t segment;
-  uint64_t pad;
-};
-KVTIER_HOST_DEVICE constexpr Crc32cSplit SplitForCrc32c(uint64_t bytes, uint32_t parts) {
-  uint64_t segment = 4;
-  while (segment * parts < bytes) segment <<= 1;
-  return {segment, segment * parts - bytes};
+// The raw CRC of A || B from raw(A), raw(B) and B's length.
+KVTIER_HOST_DEVICE constexpr uint32_t Crc32cJoin(uint32_t raw_a, uint32_t raw_b, uint64_t bytes_b) {
+  return Crc32cMultiply(raw_a, Crc32cZeroBytesFactor(bytes_b)) ^ raw_b;
 }
 
-// The raw CRC of part `t` of a split record: its bytes that exist, read
-// with byte(i) (i counted in the record), four at a time through a
-// slicing-by-4 table (table[k][b] = Crc32cTableEntry(k, b)).
-template <typename Byte>
-KVTIER_HOST_DEVICE uint32_t Crc32cRawPart(const uint32_t (*table)[256], Byte byte, Crc32cSplit split, uint64_t t) {
-  const uint64_t virtual_begin = t * split.segment, virtual_end = virtual_begin + split.segment;
-  if (virtual_end <= split.pad) return 0;  // all padding
-  const uint64_t end = virtual_end - split.pad;  // at most the record's size
-  uint64_t i = virtual_begin > split.pad ? virtual_begin - split.pad : 0;
-  uint32_t c = 0;
-  for (; i + 4 <= end; i += 4) {
-    c ^= uint32_t{byte(i)} | uint32_t{byte(i + 1)} << 8 | uint32_t{byte(i + 2)} << 16 | uint32_t{byte(i + 3)} << 24;
-    c = table[3][c & 0xff] ^ table[2][(c >> 8) & 0xff] ^ table[1][(c >> 16) & 0xff] ^ table[0][c >> 24];
-  }
-  for (; i < end; ++i) c = (c >> 8) ^ table[0][(c ^ byte(i)) & 0xff];
-  return c;
+// One slicing-by-4 step: the raw register `c` after four more bytes, given
+// as a little-endian word (table[k][b] = Crc32cTableEntry(k, b)).
+KVTIER_HOST_DEVICE inline uint32_t Crc32cWordStep(const uint32_t (*table)[256], uint32_t c, uint32_t word) {
+  c ^= word;
+  return table[3][c & 0xff] ^ table[2][(c >> 8) & 0xff] ^ table[1][(c >> 16) & 0xff] ^ table[0][c >> 24];
+}
+
+// A record checked in chunks of equal size counted from its first byte
+// (aligned loads, one chunk a thread): its `whole` whole chunks fill the
+// last of `slots` slots and the slots in front hold nothing (zero bytes in
+// front change no raw CRC), so neighbouring slots join pairwise, level by
+// level, each level with one factor; the bytes after the whole chunks join
+// last (Crc32cJoin). The chunk a slot holds, or -1 for an empty slot.
+KVTIER_HOST_DEVICE constexpr int64_t Crc32cChunkInSlot(uint64_t slot, uint64_t slots, uint64_t whole) {
+  return slot + whole >= slots ? static_cast<int64_t>(slot + whole - slots) : -1;
 }
 
 }  // namespace kvtier::kernels

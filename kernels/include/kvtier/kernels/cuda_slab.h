@@ -60,9 +60,12 @@ class DeviceSlab {
     uint64_t bytes;
   };
   // CopyOutRuns, the CRC32C of each record's first `bytes` bytes computed
-  // on the GPU first (a CUDA block a record; crc32c_math.h) into crcs[k],
-  // on the same stream, one wait for all: the host need not read the
-  // copies to check them. `page_size` a power of two.
+  // on the GPU first (chunks of 256 bytes a thread, joined with
+  // crc32c_math.h's algebra) into crcs[k], on the same stream, one wait
+  // for all: the host need not read the copies to check them. Pages are
+  // `page_size` bytes, a power of two of at least kMinCrcPage, and the
+  // records' page offsets multiples of it.
+  static constexpr uint32_t kMinCrcPage = 256;
   Status CopyOutRunsWithCrc(std::span<const SlabRun> runs, std::span<const Record> records, uint32_t page_size,
                             uint32_t* crcs);
   // Copies [offset, offset + n) of the slab to other device memory (a
