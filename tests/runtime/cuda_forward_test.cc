@@ -17,6 +17,10 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <utility>
 
 #include "kvtier/kernels/cuda_codec.h"
 #include "services/common/child_process.h"
@@ -203,11 +207,19 @@ TEST(CudaForwardCli, KvtierRunOnCudaPrintsTheCpuIds) {
   for (int i = 0; i < 150; ++i) prompt += (i ? "," : "") + std::to_string(id(rng.engine()));
   const std::string command = testing::BinaryPath("KVTIER_BINARY", KVTIER_BINARY) + " run --model " + dir.string() + " --prompt-ids " + prompt +
                               " --max-new-tokens 8 --kv-codec int8 --device ";
-  const auto on_cpu = RunCommand(command + "cpu");
-  const auto on_gpu = RunCommand(command + "cuda");
-  EXPECT_EQ(on_cpu.exit_code, 0) << on_cpu.output;
-  EXPECT_EQ(on_gpu.exit_code, 0) << on_gpu.output;
-  EXPECT_EQ(on_gpu.output, on_cpu.output) << rng.Trace();
+  // The ids on stdout are compared; what each run said on stderr (a GPU
+  // backend's notes) is shown when they differ.
+  auto run_on = [&](const std::string& device) {
+    const std::string log = (dir / (device + ".stderr")).string();
+    CommandResult r = RunCommand("{ " + command + device + " 2>" + log + "; }");
+    std::ifstream in(log);
+    return std::make_pair(r, std::string(std::istreambuf_iterator<char>(in), {}));
+  };
+  const auto [on_cpu, cpu_said] = run_on("cpu");
+  const auto [on_gpu, gpu_said] = run_on("cuda");
+  EXPECT_EQ(on_cpu.exit_code, 0) << on_cpu.output << cpu_said;
+  EXPECT_EQ(on_gpu.exit_code, 0) << on_gpu.output << gpu_said;
+  EXPECT_EQ(on_gpu.output, on_cpu.output) << rng.Trace() << "\ncpu said: " << cpu_said << "\ncuda said: " << gpu_said;
   fs::remove_all(dir);
 }
 
