@@ -197,8 +197,8 @@ Sample KvtierFastGet(FastPathClient& fast, const kvblock::LatentLayout& layout, 
       });
   sample.Done();
   if (!left.ok() || blocks != p.records.size()) {
-    std::fprintf(stderr, "fast path Get failed: %s (%zu blocks)\n",
-                 std::string(left.status().message()).c_str(), blocks);
+    std::fprintf(stderr, "fast path Get failed: %s (%zu blocks read, %zu left for Get)\n",
+                 std::string(left.status().message()).c_str(), blocks, left.ok() ? left->size() : 0);
   }
   return sample;
 }
@@ -349,8 +349,8 @@ Row Summarize(const std::string& what, int clients, size_t bytes_per_client,
   return Row{what, clients, load::Median(rates), pct(0.5), pct(0.99)};
 }
 
-int Run(const std::string& cache_binary, const std::string& redis_binary, int rounds,
-        const std::vector<int>& client_counts) {
+int Run(const std::string& cache_binary, const std::string& device_memory, const std::string& redis_binary,
+        int rounds, const std::vector<int>& client_counts) {
   const kvblock::LatentLayout layout = load::V2LiteInt8();
   constexpr int kMaxClients = 4;
   std::vector<Prefix> prefixes;
@@ -359,7 +359,7 @@ int Run(const std::string& cache_binary, const std::string& redis_binary, int ro
 
   ChildProcess cache({cache_binary, "--listen", "127.0.0.1:0", "--metrics-listen", "",
                                "--device-capacity", "1GiB", "--host-capacity", "64MiB",
-                               "--fast-path-staging", "1GiB"});
+                               "--fast-path-staging", "1GiB", "--device-memory", device_memory});
   const int cache_port = cache.WaitForListeningPort();
   const int redis_port = FreeLoopbackPort();  // Redis cannot report port 0
   // Redis logs to a file nobody reads, not to a pipe that could fill.
@@ -393,7 +393,12 @@ int Run(const std::string& cache_binary, const std::string& redis_binary, int ro
   }
   std::vector<std::unique_ptr<FastPathClient>> fast_clients;
   for (int c = 0; c < kMaxClients; ++c) {
-    absl::StatusOr<std::unique_ptr<FastPathClient>> fast = FastPathClient::Connect(channels[c], absl::Seconds(60), /*staging_bytes=*/128 << 20);
+    // On a host with the cache's GPU, as ShardSet does: the GPU tier's
+    // blocks come through the session's IPC buffer (else they would be
+    // left for Get).
+    absl::StatusOr<std::unique_ptr<FastPathClient>> fast =
+        FastPathClient::Connect(channels[c], absl::Seconds(60), /*staging_bytes=*/128 << 20,
+                                FastPathClient::DeviceStagingWanted());
     if (!fast.ok()) {
       std::fprintf(stderr, "fast path: %s\n", std::string(fast.status().message()).c_str());
       return 1;
@@ -547,6 +552,7 @@ int Run(const std::string& cache_binary, const std::string& redis_binary, int ro
 
 int main(int argc, char** argv) {
   std::string cache_binary = "build/services/kvtier-cache";
+  std::string device_memory = "auto";
   std::string redis_binary = "/usr/bin/redis-server";
   uint64_t rounds = 5;
   uint64_t window = 1;
@@ -554,6 +560,8 @@ int main(int argc, char** argv) {
   kvtier::FlagParser flags("cache_bench [--cache-binary PATH] [--rounds N]",
                            "kvtier-cache Get/Put vs Redis pipelined GET/SET vs memcpy, one run.");
   flags.AddString("cache-binary", &cache_binary, "kvtier-cache to start");
+  flags.AddString("device-memory", &device_memory,
+                  "kvtier-cache's --device-memory: where its device tier lives (auto: a GPU when there is one)");
   flags.AddString("redis-binary", &redis_binary, "redis-server to start");
   flags.AddUint("rounds", &rounds, "measurements per row (the median is shown)");
   flags.AddUint("redis-window", &window, "pipelined Redis GETs in flight per client");
@@ -572,6 +580,6 @@ int main(int argc, char** argv) {
     }
     counts.push_back(n);
   }
-  return kvtier::cache::Run(cache_binary, redis_binary, static_cast<int>(std::max<uint64_t>(rounds, 1)),
-                            counts);
+  return kvtier::cache::Run(cache_binary, device_memory, redis_binary,
+                            static_cast<int>(std::max<uint64_t>(rounds, 1)), counts);
 }

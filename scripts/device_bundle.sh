@@ -2,7 +2,8 @@
 # Packs, into device-bundle/ (ignored by git), what the device machine
 # cannot build itself (it has nvcc, cmake and ninja but no gRPC, protobuf,
 # Abseil or gtest): this machine's release build of the service binaries,
-# the gpu-labelled gtest programs, decode_bench and tier_move_bench, and the CUDA check
+# the gpu-labelled gtest programs, decode_bench, tier_move_bench and
+# cache_bench (with Debian's redis-server, its peer), and the CUDA check
 # programs (in checks/: the device machine then need not build them),
 # stripped, with the Debian shared libraries they load — all but glibc's,
 # the C++ runtime's and CUDA's, which the device machine has (newer).
@@ -14,15 +15,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=device-bundle
 programs=(services/kvtier services/kvtier-cache services/kvtier-decode services/kvtier-prefill
-          tests/cuda_forward_test tests/fast_path_gpu_test load/decode_bench load/tier_move_bench)
+          tests/cuda_forward_test tests/fast_path_gpu_test load/decode_bench load/tier_move_bench load/cache_bench)
 checks=(codecs layers matmul mla_attention slab)
 cmake --build build -j2 --target kvtier kvtier-cache kvtier-decode kvtier-prefill cuda_forward_test \
-  fast_path_gpu_test decode_bench tier_move_bench $(printf 'kvtier_cuda_check_%s ' "${checks[@]}")
+  fast_path_gpu_test decode_bench tier_move_bench cache_bench $(printf 'kvtier_cuda_check_%s ' "${checks[@]}")
 rm -rf "$out"
 mkdir -p "$out/lib" "$out/checks"
 for p in "${programs[@]}"; do strip -o "$out/$(basename "$p")" "build/$p"; done
+# Named redis-server: the one Debian binary acts as redis-check-rdb by name.
+strip -o "$out/redis-server" "$(readlink -f /usr/bin/redis-server)"
 for c in "${checks[@]}"; do strip -o "$out/checks/kvtier_cuda_check_$c" "build/kernels/kvtier_cuda_check_$c"; done
-ldd "$out"/kvtier* "$out"/*_test "$out"/*_bench "$out"/checks/* | awk '/=> \// {print $3}' | sort -u |
+ldd "$out"/kvtier* "$out"/*_test "$out"/*_bench "$out"/redis-server "$out"/checks/* | awk '/=> \// {print $3}' | sort -u |
   grep -v -E '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+)\.so|/usr/local/cuda' |
   while read -r lib; do cp -L "$lib" "$out/lib/"; done
 du -sh "$out"

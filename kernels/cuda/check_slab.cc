@@ -209,9 +209,15 @@ void Benchmark(cuda::DeviceSlab& slab) {
   const double h2d = GBs(kBig, [&] { cudaMemcpy(device, pinned.get(), kBig, cudaMemcpyHostToDevice); });
   const double d2h = GBs(kBig, [&] { cudaMemcpy(pinned.get(), device, kBig, cudaMemcpyDeviceToHost); });
   cudaFree(device);
+  // The first copy that failed in a row's timing: the row says so instead
+  // of a rate (a refused copy costs nothing and would look fast).
+  std::string failed;
+  auto note = [&](const Status& s) {
+    if (!s.ok() && failed.empty()) failed = s.message();
+  };
   auto blocks = [&](uint8_t* host, bool in) {
     for (size_t b = 0; b < kBlocks; ++b) {
-      (void)(in ? slab.CopyIn(b * kBlock, host + b * kBlock, kBlock) : slab.CopyOut(b * kBlock, host + b * kBlock, kBlock));
+      note(in ? slab.CopyIn(b * kBlock, host + b * kBlock, kBlock) : slab.CopyOut(b * kBlock, host + b * kBlock, kBlock));
     }
   };
   // As the cache's page arena moves a block: its 64 KB pages' runs queued
@@ -224,7 +230,7 @@ void Benchmark(cuda::DeviceSlab& slab) {
       for (size_t at = 0; at < kBlock; at += kPage) {
         runs.push_back({b * kBlock + at, std::min(kPage, kBlock - at), host + b * kBlock + at});
       }
-      (void)(in ? slab.CopyInRuns(runs) : slab.CopyOutRuns(runs));
+      note(in ? slab.CopyInRuns(runs) : slab.CopyOutRuns(runs));
     }
   };
   // And with a pinned buffer allocated for each block, as a tier move or a
@@ -232,7 +238,7 @@ void Benchmark(cuda::DeviceSlab& slab) {
   auto fresh_pinned = [&] {
     for (size_t b = 0; b < kBlocks; ++b) {
       std::shared_ptr<uint8_t> buffer = cuda::DeviceSlab::AllocatePinned(kBlock);
-      (void)slab.CopyOut(b * kBlock, buffer.get(), kBlock);
+      note(slab.CopyOut(b * kBlock, buffer.get(), kBlock));
     }
   };
   // As a Put writes a block: 27 layer slices, from pageable memory (a gRPC
@@ -242,15 +248,16 @@ void Benchmark(cuda::DeviceSlab& slab) {
     for (size_t b = 0; b < kBlocks; ++b) {
       for (size_t k = 0; k < kSlices; ++k) {
         const cuda::SlabRun run{b * kBlock + k * kSlice, kSlice, pageable.data() + b * kBlock + k * kSlice};
-        (void)(wait ? slab.CopyInRuns({&run, 1}) : slab.CopyInRunsNoWait({&run, 1}));
+        note(wait ? slab.CopyInRuns({&run, 1}) : slab.CopyInRunsNoWait({&run, 1}));
       }
     }
     uint8_t last;
-    (void)slab.CopyOut(0, &last, 1);  // waits for what was queued
+    note(slab.CopyOut(0, &last, 1));  // waits for what was queued
   };
   // The store's demotions out of a GPU tier: 8 blocks a batch, with their
-  // CRCs computed on the GPU first or not (1 MB records over 64 KB pages).
-  constexpr size_t kBatch = 8;
+  // CRCs computed on the GPU first or not (1 MB records over 64 KB pages,
+  // each from a page boundary of the slab, as the store lays them).
+  constexpr size_t kBatch = 8, kSlot = (kBlock + kPage - 1) / kPage * kPage;
   auto spill_batches = [&](uint8_t* host, bool crc) {
     std::vector<cuda::SlabRun> runs;
     std::vector<std::vector<uint64_t>> pages(kBatch);
@@ -260,13 +267,13 @@ void Benchmark(cuda::DeviceSlab& slab) {
       runs.clear();
       records.clear();
       for (size_t k = 0; k < kBatch; ++k) {
-        runs.push_back({(b + k) * kBlock, kBlock, host + (b + k) * kBlock});
+        runs.push_back({(b + k) * kSlot, kBlock, host + (b + k) * kBlock});
         if (!crc) continue;  // the plain row times the copies alone
         pages[k].clear();
-        for (size_t at = 0; at < kBlock; at += kPage) pages[k].push_back((b + k) * kBlock + at);
+        for (size_t at = 0; at < kBlock; at += kPage) pages[k].push_back((b + k) * kSlot + at);
         records.push_back({pages[k], kBlock - 4});
       }
-      (void)(crc ? slab.CopyOutRunsWithCrc(runs, records, kPage, crcs) : slab.CopyOutRuns(runs));
+      note(crc ? slab.CopyOutRunsWithCrc(runs, records, kPage, crcs) : slab.CopyOutRuns(runs));
     }
   };
   const size_t moved = kBlocks * kBlock, batched = kBlocks / kBatch * kBatch * kBlock,
@@ -276,7 +283,12 @@ void Benchmark(cuda::DeviceSlab& slab) {
   // Times `op`, which moves `bytes` into the slab (`in`) or out of it,
   // and prints its row against the plain copy that way.
   auto row = [&](const char* what, size_t bytes, bool in, auto op) {
+    failed.clear();
     const double rate = GBs(bytes, op), limit = in ? h2d : d2h;
+    if (!failed.empty()) {
+      std::printf("%-32s FAILED: %s\n", what, failed.c_str());
+      return;
+    }
     std::printf("%-32s %10.1f %9.0f%%\n", what, rate, 100 * rate / limit);
   };
   row("promotion, from pinned", moved, true, [&] { blocks(pinned.get(), true); });

@@ -11,8 +11,10 @@
 # --device cuda` included), the fast path to GPU clients and spills from
 # a GPU tier (fast_path_gpu_test); batched decode steps on the CPU and the
 # GPU (decode_bench; the GPU's again with every launch waited for, and
-# with 64 sequences); and the store's tier moves with the device tier in
-# the GPU against pinned cudaMemcpy (tier_move_bench).
+# with 64 sequences); the store's tier moves with the device tier in
+# the GPU against pinned cudaMemcpy (tier_move_bench); and the cache
+# service's Get and Put against Redis with its device tier in the GPU
+# (cache_bench).
 #
 # The check programs come prebuilt in device-bundle/checks/ when they run
 # there, and are built here otherwise. Each step has a time limit inside
@@ -92,6 +94,10 @@ elif [ -d device-bundle ]; then
   # each sequence's float tail).
   step "decode_bench, 64 sequences" 60 device-bundle/decode_bench --cuda-only --sequences 64
   step "tier_move_bench" 60 device-bundle/tier_move_bench --rounds 5
+  # The cache service over loopback TCP and the fast path with its device
+  # tier in the GPU, beside Redis and memcpy (issue 3's table).
+  step "cache_bench, device tier in the GPU" 150 device-bundle/cache_bench --cache-binary \
+    device-bundle/kvtier-cache --redis-binary device-bundle/redis-server --rounds 11 --clients 1,4
 else
   echo "no device-bundle/: the services' GPU tests (scripts/device_bundle.sh) not run"
 fi
