@@ -5,6 +5,7 @@
 
 #include <iostream>
 #include <memory>
+#include <sstream>
 #include <thread>
 
 #include <prometheus/exposer.h>
@@ -177,20 +178,24 @@ int Run(const Flags& f) {
     return 1;
   }
   const StoreStats stats = (*store)->Stats();
-  std::cerr << "kvtier-cache: device tier " << options->device_capacity << " bytes in "
-            << (options->device_slab != nullptr ? options->device_slab->name() : "host memory") << ", host tier "
-            << options->host_capacity << " bytes, pages of " << options->page_size << " bytes";
+  // Said in one write: std::cerr writes each piece at once, and a parent
+  // printing beside it (kvtier up) would cut the line.
+  std::ostringstream started;
+  started << "kvtier-cache: device tier " << options->device_capacity << " bytes in "
+          << (options->device_slab != nullptr ? options->device_slab->name() : "host memory") << ", host tier "
+          << options->host_capacity << " bytes, pages of " << options->page_size << " bytes";
   if (!options->disk_dir.empty()) {
-    std::cerr << ", disk tier " << options->disk_capacity << " bytes in " << options->disk_dir
-              << " (" << stats.tiers.back().blocks << " blocks found)";
+    started << ", disk tier " << options->disk_capacity << " bytes in " << options->disk_dir
+            << " (" << stats.tiers.back().blocks << " blocks found)";
   }
   if (fast_path != nullptr) {
-    std::cerr << "; same-host fast path on " << fast_path->socket_path()
-              << (options->device_slab != nullptr ? " (host tier in shared memory)" : " (tiers in shared memory)");
+    started << "; same-host fast path on " << fast_path->socket_path()
+            << (options->device_slab != nullptr ? " (host tier in shared memory)" : " (tiers in shared memory)");
   } else {
-    std::cerr << "; no fast path";
+    started << "; no fast path";
   }
-  std::cerr << std::endl;
+  started << "\n";
+  std::cerr << started.str() << std::flush;
   (*server)->WaitForShutdownSignal();
   std::cerr << "kvtier-cache: stopped" << std::endl;
   return 0;
