@@ -1,5 +1,6 @@
 #include "services/serving/shard_set.h"
 
+#include <algorithm>
 #include <future>
 
 #include "absl/strings/str_cat.h"
@@ -42,6 +43,7 @@ absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(const std::string& ta
     if (!seen.insert(target).second) return absl::InvalidArgumentError(absl::StrCat("cache shard ", target, " is listed twice"));
     std::shared_ptr<grpc::Channel> channel = cache::CacheClient::Connect(target);
     set->shards_.push_back({target, First8(kvblock::Sha256({target})), channel,
+                            std::make_unique<GetConnections>(target),
                             std::make_unique<cache::CacheClient>(channel, deadline),
                             fast_path ? std::make_unique<FastPath>() : nullptr});
   }
@@ -149,8 +151,11 @@ void ShardSet::FetchFromShard(size_t s, const std::string& ns, const kvblock::La
   }
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
-  const grpc::Status status = cache::RawGet(shards_[s].channel.get(), &context,
+  GetConnections& gets = *shards_[s].gets;
+  const size_t connection = gets.Take();
+  const grpc::Status status = cache::RawGet(gets.channels[connection].get(), &context,
                                             cache::MakeGetRequest(ns, layout, mine), destination, on_block);
+  gets.Give(connection);
   if (!status.ok()) {
     // Blocks that arrived before the stream failed stay usable.
     for (size_t i : indices) {
@@ -160,6 +165,22 @@ void ShardSet::FetchFromShard(size_t s, const std::string& ns, const kvblock::La
       }
     }
   }
+}
+
+ShardSet::GetConnections::GetConnections(const std::string& target) : streams(kConnections, 0) {
+  for (size_t k = 0; k < kConnections; ++k) channels.push_back(cache::CacheClient::Connect(target, /*own_connection=*/true));
+}
+
+size_t ShardSet::GetConnections::Take() {
+  absl::MutexLock lock(&mu);
+  const size_t k = std::min_element(streams.begin(), streams.end()) - streams.begin();
+  ++streams[k];
+  return k;
+}
+
+void ShardSet::GetConnections::Give(size_t k) {
+  absl::MutexLock lock(&mu);
+  --streams[k];
 }
 
 std::shared_ptr<cache::FastPathClient> ShardSet::FastPathOf(size_t s) {

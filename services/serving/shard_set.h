@@ -81,6 +81,20 @@ class ShardSet {
                       const std::vector<kvblock::BlockHash>& hashes, const std::vector<size_t>& indices,
                       bool fast, std::vector<absl::StatusOr<SharedRecord>>& out);
 
+  // Fetch's Get streams to a shard, on connections of their own (each
+  // made on first use): one HTTP/2 connection carries about one stream's
+  // rate, so concurrent Fetches (a worker loading several sequences) that
+  // shared one were held to it. A stream takes the connection with the
+  // fewest streams, the first on a tie: a lone reader keeps to one, warm.
+  struct GetConnections {
+    static constexpr size_t kConnections = 4;
+    explicit GetConnections(const std::string& target);
+    size_t Take();
+    void Give(size_t k);
+    std::vector<std::shared_ptr<grpc::Channel>> channels;
+    absl::Mutex mu;
+    std::vector<int> streams ABSL_GUARDED_BY(mu);
+  };
   struct FastPath {
     absl::Mutex mu;
     std::shared_ptr<cache::FastPathClient> client ABSL_GUARDED_BY(mu);
@@ -90,6 +104,7 @@ class ShardSet {
     std::string target;
     uint64_t seed;  // from the target: a shard's scores do not depend on the others
     std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<GetConnections> gets;
     std::unique_ptr<cache::CacheClient> client;
     std::unique_ptr<FastPath> fast_path;  // null: fast path off
   };

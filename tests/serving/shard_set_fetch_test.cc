@@ -8,7 +8,10 @@
 #include <grpcpp/grpcpp.h>
 
 #include <random>
+#include <set>
+#include <thread>
 
+#include "absl/synchronization/mutex.h"
 #include "kvtier/v1/cache.grpc.pb.h"
 #include "services/kvblock/block_format.h"
 #include "services/kvblock/block_key.h"
@@ -87,6 +90,80 @@ TEST(ShardSetFetch, RecordsOverTcpAreCheckedAsTheyLand) {
   }
   EXPECT_EQ(got[1].status().code(), absl::StatusCode::kDataLoss) << got[1].status();
   EXPECT_FALSE(got[3].ok());
+  server->Shutdown();
+}
+
+// Answers Get with `record` for every hash asked, noting the caller's
+// address (its connection). The first `together` calls wait until all of
+// them have arrived (or 10 s), so that they are in flight at once.
+class PeerNotingCache final : public v1::KvCache::Service {
+ public:
+  PeerNotingCache(std::string record, size_t together) : record_(std::move(record)), together_(together) {}
+  grpc::Status Get(grpc::ServerContext* context, const v1::GetRequest* request,
+                   grpc::ServerWriter<v1::GetResponse>* writer) override {
+    {
+      absl::MutexLock lock(&mu_);
+      peers_.push_back(context->peer());
+      mu_.AwaitWithTimeout(absl::Condition(this, &PeerNotingCache::AllArrived), absl::Seconds(10));
+    }
+    for (int i = 0; i < request->block_hashes_size(); ++i) {
+      v1::GetResponse answer;
+      answer.set_index(static_cast<uint32_t>(i));
+      answer.set_block_hash(request->block_hashes(i));
+      answer.set_data(record_);
+      writer->Write(answer);
+    }
+    return grpc::Status::OK;
+  }
+  std::vector<std::string> peers() {
+    absl::MutexLock lock(&mu_);
+    return peers_;
+  }
+
+ private:
+  bool AllArrived() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return peers_.size() >= together_; }
+  const std::string record_;
+  const size_t together_;
+  absl::Mutex mu_;
+  std::vector<std::string> peers_ ABSL_GUARDED_BY(mu_);
+};
+
+// Fetches in flight at once from one ShardSet go over connections of their
+// own (one HTTP/2 connection carries about one stream's rate), and a lone
+// reader keeps to one connection.
+TEST(ShardSetFetch, ConcurrentFetchesUseConnectionsOfTheirOwn) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  const kvblock::LatentLayout layout = Layout();
+  constexpr size_t kTogether = 3;
+  PeerNotingCache service(RandomRecord(layout, rng.engine()), kTogether);
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  auto shards = ShardSet::Create("127.0.0.1:" + std::to_string(port), absl::Seconds(20), /*fast_path=*/false);
+  ASSERT_TRUE(shards.ok()) << shards.status();
+  std::vector<std::uint32_t> tokens(layout.tokens_per_block * 2);
+  for (size_t t = 0; t < tokens.size(); ++t) tokens[t] = static_cast<uint32_t>(rng.engine()() % 1000);
+  const std::vector<kvblock::BlockHash> hashes =
+      kvblock::ComputeBlockChain("tenant", kvblock::LayoutId(layout), layout.tokens_per_block, tokens);
+  auto fetch_all = [&] {
+    for (const absl::StatusOr<SharedRecord>& r : (*shards)->Fetch("tenant", layout, hashes)) {
+      EXPECT_TRUE(r.ok()) << r.status();
+    }
+  };
+  std::vector<std::thread> readers;
+  for (size_t k = 0; k < kTogether; ++k) readers.emplace_back(fetch_all);
+  for (std::thread& t : readers) t.join();
+  fetch_all();  // then one at a time
+  fetch_all();
+  const std::vector<std::string> peers = service.peers();
+  ASSERT_EQ(peers.size(), kTogether + 2);
+  EXPECT_EQ(std::set<std::string>(peers.begin(), peers.begin() + kTogether).size(), kTogether)
+      << "Fetches in flight at once shared a connection";
+  EXPECT_EQ(peers[kTogether], peers[kTogether + 1]) << "a lone reader changed connections";
   server->Shutdown();
 }
 
