@@ -217,7 +217,8 @@ void Benchmark(cuda::DeviceSlab& slab) {
   };
   auto blocks = [&](uint8_t* host, bool in) {
     for (size_t b = 0; b < kBlocks; ++b) {
-      note(in ? slab.CopyIn(b * kBlock, host + b * kBlock, kBlock) : slab.CopyOut(b * kBlock, host + b * kBlock, kBlock));
+      note(in ? slab.CopyIn(b * kBlock, host + b * kBlock, kBlock)
+              : slab.CopyOut(b * kBlock, host + b * kBlock, kBlock));
     }
   };
   // As the cache's page arena moves a block: its 64 KB pages' runs queued

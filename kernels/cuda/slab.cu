@@ -299,7 +299,8 @@ Status DeviceSlab::CopyOutRunsWithCrc(std::span<const SlabRun> runs, std::span<c
     pages += r.page_offsets.size();
     longest = std::max(longest, r.bytes);
   }
-  const auto parts_per_record = static_cast<uint32_t>(std::max<uint64_t>(1, (longest / kCrcChunk + kCrcThreads - 1) / kCrcThreads));
+  const auto parts_per_record =
+      static_cast<uint32_t>(std::max<uint64_t>(1, (longest / kCrcChunk + kCrcThreads - 1) / kCrcThreads));
   const size_t desc_bytes = descs.size() * sizeof(RecordDesc), offset_bytes = pages * sizeof(uint64_t),
                in_bytes = desc_bytes + offset_bytes, crc_bytes = records.size() * sizeof(uint32_t),
                part_bytes = records.size() * parts_per_record * sizeof(uint32_t);

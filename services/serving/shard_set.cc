@@ -168,7 +168,9 @@ void ShardSet::FetchFromShard(size_t s, const std::string& ns, const kvblock::La
 }
 
 ShardSet::GetConnections::GetConnections(const std::string& target) : streams(kConnections, 0) {
-  for (size_t k = 0; k < kConnections; ++k) channels.push_back(cache::CacheClient::Connect(target, /*own_connection=*/true));
+  for (size_t k = 0; k < kConnections; ++k) {
+    channels.push_back(cache::CacheClient::Connect(target, /*own_connection=*/true));
+  }
 }
 
 size_t ShardSet::GetConnections::Take() {

@@ -53,6 +53,15 @@ class StandInCache final : public v1::KvCache::Service {
   std::vector<std::string> records_;
 };
 
+// `service` on a free loopback port; null if it did not start.
+std::unique_ptr<grpc::Server> Serve(grpc::Service& service, int& port) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  return port > 0 ? std::move(server) : nullptr;
+}
+
 TEST(ShardSetFetch, RecordsOverTcpAreCheckedAsTheyLand) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
@@ -68,12 +77,8 @@ TEST(ShardSetFetch, RecordsOverTcpAreCheckedAsTheyLand) {
 
   StandInCache service(sent);
   int port = 0;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> server = Serve(service, port);
   ASSERT_NE(server, nullptr);
-  ASSERT_GT(port, 0);
 
   auto shards = ShardSet::Create("127.0.0.1:" + std::to_string(port), absl::Seconds(10), /*fast_path=*/false);
   ASSERT_TRUE(shards.ok()) << shards.status();
@@ -138,10 +143,7 @@ TEST(ShardSetFetch, ConcurrentFetchesUseConnectionsOfTheirOwn) {
   constexpr size_t kTogether = 3;
   PeerNotingCache service(RandomRecord(layout, rng.engine()), kTogether);
   int port = 0;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> server = Serve(service, port);
   ASSERT_NE(server, nullptr);
   auto shards = ShardSet::Create("127.0.0.1:" + std::to_string(port), absl::Seconds(20), /*fast_path=*/false);
   ASSERT_TRUE(shards.ok()) << shards.status();
