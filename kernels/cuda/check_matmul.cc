@@ -175,9 +175,8 @@ bool ChooseExperts(const std::vector<uint16_t>& router, uint32_t experts, uint32
   return SelectExperts(logits, gate, choices).ok();
 }
 
-// The MoE layer against float64, its experts' GEMMs grouped (one cuBLAS
-// call a projection) or one an expert.
-bool CheckMoe(cuda::Blas& blas, std::mt19937_64& rng, bool grouped) {
+// The MoE layer against float64.
+bool CheckMoe(cuda::Blas& blas, std::mt19937_64& rng) {
   constexpr uint32_t kHidden = 256, kInter = 128, kExperts = 16, kTokens = 33;
   GateParams gate;
   gate.top_k = 4, gate.group_limited = true, gate.n_group = 4, gate.topk_group = 2;
@@ -202,9 +201,7 @@ bool CheckMoe(cuda::Blas& blas, std::mt19937_64& rng, bool grouped) {
   const std::vector<float> x = RandomFloats(size_t{kTokens} * kHidden, rng);
   float* dx = check::ToDevice(x);
   float* dout = check::ToDevice(std::vector<float>(size_t{kTokens} * kHidden, NAN));
-  blas.GroupExperts(grouped);
   const Status s = blas.MoeForward(dw, kHidden, dx, kTokens, dout);
-  blas.GroupExperts(true);
   const std::vector<float> out = check::ToHost(dout, size_t{kTokens} * kHidden);
   const auto free_mlp = [](const cuda::SwiGluDeviceWeights& d) {
     for (const uint16_t* p : {d.gate, d.up, d.down}) cudaFree(const_cast<uint16_t*>(p));
@@ -265,8 +262,8 @@ void Benchmark(cuda::Blas& blas, std::mt19937_64& rng) {
 }
 
 // A DeepSeek-V2-Lite MoE layer (64 experts of 1408, top 6, 2 shared; its
-// weights filled with one bf16 value: the time does not depend on them),
-// experts grouped against one GEMM an expert; GB/s of the weights read
+// weights filled with one bf16 value: the time does not depend on them):
+// GB/s of the weights read
 // (the experts some token chose, and the shared ones) against the copy.
 void BenchmarkMoe(cuda::Blas& blas, std::mt19937_64& rng) {
   constexpr uint32_t kHidden = 2048, kInter = 1408, kExperts = 64;
@@ -295,8 +292,8 @@ void BenchmarkMoe(cuda::Blas& blas, std::mt19937_64& rng) {
   float* dout = check::ToDevice(std::vector<float>(x.size()));
   const double expert_bytes = 3.0 * kInter * kHidden * 2;
   std::printf("\nMoE layer, V2-Lite (64 experts of %u, top 6, 2 shared), weights GB/s against copy %.0f GB/s\n"
-              "%6s %8s %12s %10s %8s %12s %10s %8s\n",
-              kInter, copy_gbs, "tokens", "experts", "grouped ms", "GB/s", "% copy", "each ms", "GB/s", "% copy");
+              "%6s %8s %10s %10s %8s\n",
+              kInter, copy_gbs, "tokens", "experts", "ms", "GB/s", "% copy");
   for (uint32_t n : {1u, 16u, 128u, 512u}) {
     // The experts the gate picks for these tokens (as MoeForward does).
     std::vector<bool> used(kExperts, false);
@@ -307,15 +304,8 @@ void BenchmarkMoe(cuda::Blas& blas, std::mt19937_64& rng) {
     }
     const uint32_t touched = static_cast<uint32_t>(std::count(used.begin(), used.end(), true));
     const double bytes = (touched + 2) * expert_bytes;  // the shared pair is one MLP twice as wide
-    double ms[2];
-    for (int grouped = 1; grouped >= 0; --grouped) {
-      blas.GroupExperts(grouped == 1);
-      ms[grouped] = check::Milliseconds([&] { (void)blas.MoeForward(w, kHidden, dx, n, dout); }, 10);
-    }
-    blas.GroupExperts(true);
-    std::printf("%6u %8u %12.3f %10.0f %7.0f%% %12.3f %10.0f %7.0f%%\n", n, touched, ms[1], bytes / ms[1] / 1e6,
-                100 * bytes / ms[1] / 1e6 / copy_gbs, ms[0], bytes / ms[0] / 1e6,
-                100 * bytes / ms[0] / 1e6 / copy_gbs);
+    const double ms = check::Milliseconds([&] { (void)blas.MoeForward(w, kHidden, dx, n, dout); }, 10);
+    std::printf("%6u %8u %10.3f %10.0f %7.0f%%\n", n, touched, ms, bytes / ms / 1e6, 100 * bytes / ms / 1e6 / copy_gbs);
   }
   for (void* p : owned) cudaFree(p);
   cudaFree(const_cast<uint16_t*>(w.router)), cudaFree(dx), cudaFree(dout);
@@ -329,17 +319,16 @@ int Main(bool benchmark) {
     return 1;
   }
   std::mt19937_64 rng(std::random_device{}());
-  const bool gemm = CheckGemm(*blas, rng), grouped = CheckGroupedGemm(*blas, rng), moe = CheckMoe(*blas, rng, true),
-             moe_loop = CheckMoe(*blas, rng, false), dense = CheckDenseMlp(*blas, rng);
+  const bool gemm = CheckGemm(*blas, rng), grouped = CheckGroupedGemm(*blas, rng), moe = CheckMoe(*blas, rng),
+             dense = CheckDenseMlp(*blas, rng);
   auto verdict = [](bool ok) { return ok ? "matches float64" : "MISMATCH"; };
-  std::printf("bf16 GEMM: %s\ngrouped (per-head) GEMM: %s\nMoE (group-limited top-4 of 16 + shared), experts "
-              "grouped: %s\nthe same, one GEMM an expert: %s\ndense SwiGLU MLP: %s\n",
-              verdict(gemm), verdict(grouped), verdict(moe), verdict(moe_loop), verdict(dense));
+  std::printf("bf16 GEMM: %s\ngrouped (per-head) GEMM: %s\nMoE (group-limited top-4 of 16 + shared): %s\n"
+              "dense SwiGLU MLP: %s\n", verdict(gemm), verdict(grouped), verdict(moe), verdict(dense));
   if (benchmark) {
     Benchmark(*blas, rng);
     BenchmarkMoe(*blas, rng);
   }
-  return gemm && grouped && moe && moe_loop && dense ? 0 : 1;
+  return gemm && grouped && moe && dense ? 0 : 1;
 }
 
 }  // namespace

@@ -17,7 +17,6 @@ KVTIER_CUBLAS_MATCHES(create, cublasCreate_v2);
 KVTIER_CUBLAS_MATCHES(destroy, cublasDestroy_v2);
 KVTIER_CUBLAS_MATCHES(set_stream, cublasSetStream_v2);
 KVTIER_CUBLAS_MATCHES(gemm_strided_batched_ex, cublasGemmStridedBatchedEx);
-KVTIER_CUBLAS_MATCHES(gemm_grouped_batched_ex, cublasGemmGroupedBatchedEx);
 KVTIER_CUBLAS_MATCHES(status_string, cublasGetStatusString);
 #undef KVTIER_CUBLAS_MATCHES
 
@@ -49,7 +48,6 @@ Loaded Open() {
          Find(library, "cublasDestroy_v2", l.api.destroy, l.why) &&
          Find(library, "cublasSetStream_v2", l.api.set_stream, l.why) &&
          Find(library, "cublasGemmStridedBatchedEx", l.api.gemm_strided_batched_ex, l.why) &&
-         Find(library, "cublasGemmGroupedBatchedEx", l.api.gemm_grouped_batched_ex, l.why) &&
          Find(library, "cublasGetStatusString", l.api.status_string, l.why);
   return l;  // the library stays open for the process's life
 }

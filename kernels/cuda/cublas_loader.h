@@ -23,11 +23,6 @@ struct CublasApi {
                                             const void*, const void*, cudaDataType, int, long long int, const void*,
                                             cudaDataType, int, long long int, const void*, void*, cudaDataType, int,
                                             long long int, int, cublasComputeType_t, cublasGemmAlgo_t);
-  cublasStatus_t (*gemm_grouped_batched_ex)(cublasHandle_t, const cublasOperation_t[], const cublasOperation_t[],
-                                            const int[], const int[], const int[], const void*, const void* const[],
-                                            cudaDataType_t, const int[], const void* const[], cudaDataType_t,
-                                            const int[], const void*, void* const[], cudaDataType_t, const int[], int,
-                                            const int[], cublasComputeType_t);
   const char* (*status_string)(cublasStatus_t);
 };
 

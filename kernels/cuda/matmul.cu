@@ -2,7 +2,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 #include <span>
 #include <string>
@@ -223,37 +222,6 @@ Status Blas::MoeForward(const MoeDeviceWeights& w, uint32_t hidden, const float*
   return SwiGluGroups(mlps, rows_of, weights_of, hidden, n, x, out);
 }
 
-Status Blas::GemmsBf16(const std::vector<GemmBf16Args>& gemms, const void* const* device_arrays) {
-  if (gemms.empty()) return OkStatus();
-  const CublasApi& api = *static_cast<const CublasApi*>(api_);
-  if (group_experts_) {
-    const size_t count = gemms.size();
-    std::vector<int> m, n, k;
-    for (const GemmBf16Args& g : gemms) {
-      m.push_back(static_cast<int>(g.rows)), n.push_back(static_cast<int>(g.n)), k.push_back(static_cast<int>(g.cols));
-    }
-    // As GroupedGemmBf16, one problem a group: W^T stored, so op(A) = W.
-    const std::vector<cublasOperation_t> trans_w(count, CUBLAS_OP_T), trans_x(count, CUBLAS_OP_N);
-    const std::vector<float> one(count, 1.0f), zero(count, 0.0f);
-    const std::vector<int> group_size(count, 1);
-    const cublasStatus_t s = api.gemm_grouped_batched_ex(
-        static_cast<cublasHandle_t>(handle_), trans_w.data(), trans_x.data(), m.data(), n.data(), k.data(),
-        one.data(), device_arrays, CUDA_R_16BF, k.data(), device_arrays + count, CUDA_R_16BF, k.data(), zero.data(),
-        const_cast<void* const*>(device_arrays + 2 * count), CUDA_R_32F, m.data(), static_cast<int>(count),
-        group_size.data(), CUBLAS_COMPUTE_32F);
-    if (s == CUBLAS_STATUS_SUCCESS) return OkStatus();
-    // A cuBLAS without grouped bf16 -> float32 products says one of these.
-    if (s != CUBLAS_STATUS_NOT_SUPPORTED && s != CUBLAS_STATUS_INVALID_VALUE) {
-      return BlasError(api, s, "cublasGemmGroupedBatchedEx");
-    }
-    std::fprintf(stderr, "cuda::Blas: cuBLAS refuses grouped bf16 GEMMs (%s); experts run one GEMM each\n",
-                 api.status_string(s));
-    group_experts_ = false;
-  }
-  for (const GemmBf16Args& g : gemms) KVTIER_KERNELS_RETURN_IF_ERROR(GemmBf16(g.w, g.rows, g.cols, g.x, g.n, g.y));
-  return OkStatus();
-}
-
 Status Blas::SwiGluGroups(const std::vector<const SwiGluDeviceWeights*>& mlps,
                           const std::vector<std::vector<int32_t>>& rows, const std::vector<std::vector<float>>& weights,
                           uint32_t hidden, uint32_t tokens, const float* x, float* out) {
@@ -271,45 +239,40 @@ Status Blas::SwiGluGroups(const std::vector<const SwiGluDeviceWeights*>& mlps,
   KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kUp, std::max<size_t>(plan.inner_values, 1) * 4, &u));
   KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kHidden, std::max<size_t>(plan.inner_values, 1) * 2, &h));
   KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kDown, std::max<size_t>(pairs, 1) * hidden * 4, &d));
-  // The three projections' GEMMs, one a group with tokens.
-  std::vector<GemmBf16Args> gate, up, down;
-  for (size_t k = 0; k < mlps.size(); ++k) {
-    if (plan.count[k] == 0) continue;
-    const SwiGluDeviceWeights& w = *mlps[k];
-    const uint16_t* x_k = static_cast<const uint16_t*>(xs) + plan.first_pair[k] * hidden;
-    gate.push_back({w.gate, w.inter, hidden, x_k, plan.count[k], static_cast<float*>(g) + plan.first_inner[k]});
-    up.push_back({w.up, w.inter, hidden, x_k, plan.count[k], static_cast<float*>(u) + plan.first_inner[k]});
-    down.push_back({w.down, hidden, w.inter, static_cast<const uint16_t*>(h) + plan.first_inner[k], plan.count[k],
-                    static_cast<float*>(d) + plan.first_pair[k] * hidden});
-  }
-  // One copy up: the pairs' tokens, each token's pairs and weights, and the
-  // grouped GEMMs' pointer arrays (w, x, y of each projection).
+  // One copy up: the pairs' tokens, and each token's pairs and weights.
   std::vector<uint8_t> blob;
   const size_t at_pair_token = Append(blob, std::span<const int32_t>(plan.pair_token));
   const size_t at_first = Append(blob, std::span<const int32_t>(plan.token_first));
   const size_t at_pairs = Append(blob, std::span<const int32_t>(plan.token_pairs));
   const size_t at_weights = Append(blob, std::span<const float>(plan.token_weights));
-  size_t at_arrays[3];
-  int stage = 0;
-  for (const std::vector<GemmBf16Args>* gemms : {&gate, &up, &down}) {
-    std::vector<const void*> arrays;
-    for (const GemmBf16Args& a : *gemms) arrays.push_back(a.w);
-    for (const GemmBf16Args& a : *gemms) arrays.push_back(a.x);
-    for (const GemmBf16Args& a : *gemms) arrays.push_back(a.y);
-    at_arrays[stage++] = Append(blob, std::span<const void* const>(arrays));
-  }
   void* d_blob;
   KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kRouting, std::max<size_t>(blob.size(), 1), &d_blob));
   KVTIER_KERNELS_RETURN_IF_ERROR(Upload(blob.data(), blob.size(), d_blob));
   auto in_blob = [&](size_t at) { return static_cast<uint8_t*>(d_blob) + at; };
+  // Group k's pairs: its inputs, gate and up values, SwiGLU and outputs.
+  auto x_of = [&](size_t k) { return static_cast<const uint16_t*>(xs) + plan.first_pair[k] * hidden; };
+  auto g_of = [&](size_t k) { return static_cast<float*>(g) + plan.first_inner[k]; };
+  auto u_of = [&](size_t k) { return static_cast<float*>(u) + plan.first_inner[k]; };
+  auto h_of = [&](size_t k) { return static_cast<const uint16_t*>(h) + plan.first_inner[k]; };
+  auto d_of = [&](size_t k) { return static_cast<float*>(d) + plan.first_pair[k] * hidden; };
   if (pairs > 0) {
     GatherBf16Kernel<<<static_cast<unsigned>(pairs), kThreads, 0, stream>>>(
         x, reinterpret_cast<const int32_t*>(in_blob(at_pair_token)), hidden, static_cast<uint16_t*>(xs));
-    KVTIER_KERNELS_RETURN_IF_ERROR(GemmsBf16(gate, reinterpret_cast<const void* const*>(in_blob(at_arrays[0]))));
-    KVTIER_KERNELS_RETURN_IF_ERROR(GemmsBf16(up, reinterpret_cast<const void* const*>(in_blob(at_arrays[1]))));
+    // One GEMM an expert and projection: cuBLAS 13's grouped GEMM refuses
+    // bf16 inputs with float32 outputs (NOT_SUPPORTED, seen on an H200).
+    for (size_t k = 0; k < mlps.size(); ++k) {
+      if (plan.count[k] == 0) continue;
+      const SwiGluDeviceWeights& w = *mlps[k];
+      KVTIER_KERNELS_RETURN_IF_ERROR(GemmBf16(w.gate, w.inter, hidden, x_of(k), plan.count[k], g_of(k)));
+      KVTIER_KERNELS_RETURN_IF_ERROR(GemmBf16(w.up, w.inter, hidden, x_of(k), plan.count[k], u_of(k)));
+    }
     SwiGluKernel<<<Blocks(plan.inner_values), kThreads, 0, stream>>>(
         static_cast<float*>(g), static_cast<float*>(u), static_cast<uint16_t*>(h), plan.inner_values);
-    KVTIER_KERNELS_RETURN_IF_ERROR(GemmsBf16(down, reinterpret_cast<const void* const*>(in_blob(at_arrays[2]))));
+    for (size_t k = 0; k < mlps.size(); ++k) {
+      if (plan.count[k] == 0) continue;
+      const SwiGluDeviceWeights& w = *mlps[k];
+      KVTIER_KERNELS_RETURN_IF_ERROR(GemmBf16(w.down, hidden, w.inter, h_of(k), plan.count[k], d_of(k)));
+    }
   }
   CombineKernel<<<tokens, kThreads, 0, stream>>>(static_cast<const float*>(d),
                                                  reinterpret_cast<const int32_t*>(in_blob(at_first)),

@@ -3,9 +3,9 @@
 // Face stores them), activations rounded to bf16 on the way in, products
 // summed in float32 (CUBLAS_COMPUTE_32F), results in float32. The MoE gate
 // picks experts exactly as the CPU does (SelectExperts, on the gate's
-// logits); each chosen expert then runs once over all of its tokens, all
-// experts in one grouped GEMM a projection (cublasGemmGroupedBatchedEx),
-// and each token sums its experts' outputs in one pass.
+// logits); each chosen expert then runs once over all of its tokens, its
+// (token, expert) pairs laid out together (expert_groups.h), and each token
+// sums its experts' outputs in one pass.
 // Built only with CUDA; callable from plain C++. Not thread-safe (one
 // stream, reused scratch memory).
 //
@@ -71,11 +71,6 @@ class Blas {
   // x and out device memory.
   Status MoeForward(const MoeDeviceWeights& w, uint32_t hidden, const float* x, uint32_t n, float* out);
 
-  // Whether the experts' GEMMs run as one grouped call a projection (the
-  // default) or one call an expert (for comparison; also what is left when
-  // cuBLAS refuses the grouped call, said once on stderr).
-  void GroupExperts(bool on) { group_experts_ = on; }
-
  private:
   Blas(const void* api, void* handle, void* stream) : api_(api), handle_(handle), stream_(stream) {}
   // y = x W^T on bf16 x already on the device (grouped: as GroupedGemm).
@@ -92,17 +87,6 @@ class Blas {
   Status SwiGluGroups(const std::vector<const SwiGluDeviceWeights*>& mlps,
                       const std::vector<std::vector<int32_t>>& rows, const std::vector<std::vector<float>>& weights,
                       uint32_t hidden, uint32_t tokens, const float* x, float* out);
-  // y_i = w_i x_i for each of `count` GEMMs (as GemmBf16: w [rows][cols],
-  // x [n][cols], y [n][rows]); `device_arrays`: their w, x and y pointers,
-  // `count` each, in device memory (for the grouped call).
-  struct GemmBf16Args {
-    const uint16_t* w;
-    uint32_t rows, cols;
-    const uint16_t* x;
-    uint32_t n;
-    float* y;
-  };
-  Status GemmsBf16(const std::vector<GemmBf16Args>& gemms, const void* const* device_arrays);
 
   const void* api_;  // the CublasApi (cuBLAS is opened at run time: cublas_loader.h)
   void* handle_;     // cublasHandle_t
@@ -111,7 +95,6 @@ class Blas {
   void* staging_ = nullptr;  // pinned, for Upload
   size_t staging_bytes_ = 0;
   void* staged_ = nullptr;  // cudaEvent_t: the last Upload's copy has run
-  bool group_experts_ = true;
 };
 
 }  // namespace kvtier::kernels::cuda

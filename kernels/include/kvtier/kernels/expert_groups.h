@@ -1,7 +1,8 @@
 // Where an MoE layer's (token, expert) pairs lie in one set of buffers, so
-// that every expert's GEMMs run as one grouped call and each token's
-// weighted sum of its experts' outputs is one pass (the CUDA MoE,
-// cuda_matmul.h). Plain C++: built and tested without CUDA.
+// that each token's inputs are gathered in one pass, each expert's GEMMs
+// read and write their own slice, and each token's weighted sum of its
+// experts' outputs is one pass (the CUDA MoE, cuda_matmul.h). Plain C++:
+// built and tested without CUDA.
 #ifndef KVTIER_KERNELS_EXPERT_GROUPS_H_
 #define KVTIER_KERNELS_EXPERT_GROUPS_H_
 
