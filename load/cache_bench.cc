@@ -423,8 +423,8 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
   std::vector<std::vector<uint8_t>> destinations(kMaxClients, std::vector<uint8_t>(bytes + 4096));
 
   std::vector<Row> rows;
-  std::vector<double> get_over_redis, again_over_redis, get_over_raw, redis_over_raw, fast_over_redis, fast_mapped_over_redis, fast_over_memcpy,
-      fast_mapped_over_memcpy;
+  std::vector<double> get_over_redis, again_over_redis, get_over_raw, redis_over_raw, fast_over_redis,
+      fast_mapped_over_redis, fast_over_memcpy, fast_mapped_over_memcpy;
   for (int n : client_counts) {
     std::vector<std::pair<double, std::vector<Sample>>> put, staged_put, get, get_again, fast, fast_mapped, set, rget,
         rget_again, copy, raw, worker_fast, worker_tcp;

@@ -17,8 +17,8 @@ out=device-bundle
 programs=(services/kvtier services/kvtier-cache services/kvtier-decode services/kvtier-prefill
           tests/cuda_forward_test tests/fast_path_gpu_test load/decode_bench load/tier_move_bench load/cache_bench)
 checks=(codecs layers matmul mla_attention slab)
-cmake --build build -j2 --target kvtier kvtier-cache kvtier-decode kvtier-prefill cuda_forward_test \
-  fast_path_gpu_test decode_bench tier_move_bench cache_bench $(printf 'kvtier_cuda_check_%s ' "${checks[@]}")
+cmake --build build -j2 --target $(for p in "${programs[@]}"; do basename "$p"; done) \
+  $(printf 'kvtier_cuda_check_%s ' "${checks[@]}")
 rm -rf "$out"
 mkdir -p "$out/lib" "$out/checks"
 for p in "${programs[@]}"; do strip -o "$out/$(basename "$p")" "build/$p"; done

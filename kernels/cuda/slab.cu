@@ -277,7 +277,7 @@ __global__ void RecordCrcJoinKernel(const uint8_t* slab, const uint64_t* page_of
 Status DeviceSlab::CopyOutRunsWithCrc(std::span<const SlabRun> runs, std::span<const Record> records,
                                       uint32_t page_size, uint32_t* crcs) {
   if (records.empty()) return CopyOutRuns(runs);
-  if (page_size < kMinCrcPage || (page_size & (page_size - 1)) != 0) {
+  if (!ChecksPagesOf(page_size)) {
     return Status(StatusCode::kInternal, "slab pages must be a power of two of at least " +
                                              std::to_string(kMinCrcPage) + " bytes to be checked on the GPU");
   }

@@ -54,7 +54,7 @@ absl::Status CudaSlab::CopyOutRuns(std::span<const SlabRun> runs) const {
 absl::Status CudaSlab::CopyOutRunsWithCrc(std::span<const SlabRun> runs, std::span<const SlabRecord> records,
                                           uint32_t page_size, std::span<uint32_t> crcs) const {
   if (crcs.size() != records.size()) return absl::InternalError("one CRC a record");
-  if (page_size < kernels::cuda::DeviceSlab::kMinCrcPage || (page_size & (page_size - 1)) != 0) {
+  if (!kernels::cuda::DeviceSlab::ChecksPagesOf(page_size)) {
     return absl::UnimplementedError("the GPU checks records over pages of a power of two bytes (256 or more) only");
   }
   std::vector<kernels::cuda::DeviceSlab::Record> kernel_records;

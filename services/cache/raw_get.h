@@ -28,11 +28,10 @@ using RecordDestination = std::function<std::span<uint8_t>(uint32_t index, size_
 
 // Runs one Get call to the end. Answers are received on a thread of the
 // call's own and landed on the caller's, in order, while the next ones
-// arrive: each
-// record is copied into `destination(index, size)` (a buffer at least
-// `size` long), then `on_block` sees what arrived. Blocks the caller until
-// the stream ends and returns its status (INTERNAL if an answer did not
-// parse).
+// arrive: each record is copied into `destination(index, size)` (a buffer
+// at least `size` long), then `on_block` sees what arrived. Blocks the
+// caller until the stream ends and returns its status (INTERNAL if an
+// answer did not parse).
 grpc::Status RawGet(grpc::Channel* channel, grpc::ClientContext* context,
                     const v1::GetRequest& request, const RecordDestination& destination,
                     const std::function<void(const RawBlock&)>& on_block);

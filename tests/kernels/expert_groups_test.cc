@@ -1,7 +1,7 @@
 // The MoE pair layout (expert_groups.h) the CUDA MoE runs on: every index
 // checked against the routing it was made from, and a layer computed
 // through it on the CPU equal, bit for bit, to adding the experts' outputs
-// one expert after another (what the GPU did before it grouped them).
+// one expert after another (what the GPU did before it used the layout).
 #include "kvtier/kernels/expert_groups.h"
 
 #include <gtest/gtest.h>
@@ -142,7 +142,7 @@ TEST(ExpertGroupsTest, ALayerThroughThePlanEqualsAddingExpertsOneAfterAnother) {
   for (size_t p = 0; p < plan.pairs(); ++p) {
     std::copy_n(&x[static_cast<size_t>(plan.pair_token[p]) * kHidden], kHidden, &gathered[p * kHidden]);
   }
-  // Stage by stage, as the grouped GEMMs run: overlapping groups would
+  // Stage by stage, as the GPU's GEMMs run: overlapping groups would
   // overwrite each other's inner values before they are read.
   for (size_t g = 0; g < experts.size(); ++g) {
     for (uint32_t i = 0; i < plan.count[g]; ++i) {

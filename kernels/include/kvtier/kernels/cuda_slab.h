@@ -66,6 +66,9 @@ class DeviceSlab {
   // `page_size` bytes, a power of two of at least kMinCrcPage, and the
   // records' page offsets multiples of it.
   static constexpr uint32_t kMinCrcPage = 256;
+  static constexpr bool ChecksPagesOf(uint32_t page_size) {
+    return page_size >= kMinCrcPage && (page_size & (page_size - 1)) == 0;
+  }
   Status CopyOutRunsWithCrc(std::span<const SlabRun> runs, std::span<const Record> records, uint32_t page_size,
                             uint32_t* crcs);
   // Copies [offset, offset + n) of the slab to other device memory (a
