@@ -12,8 +12,9 @@
 // into the buffer (the physical limit of a loopback fetch). memcpy: the same
 // bytes, buffer to buffer. Worker load: the prefix as a decode worker or
 // prefill node loads it (ShardSet::Fetch, fast path or TCP, then every
-// record appended to a sequence cache). All over loopback TCP, 1 and 4
-// concurrent clients; servers started by this program.
+// record appended to a sequence cache). Prefill store: the prefix as a
+// prefill node stores it (ShardSet::Store over TCP). All over loopback TCP,
+// 1 and 4 concurrent clients; servers started by this program.
 //
 //   cache_bench --cache-binary build/services/kvtier-cache [--rounds 5]
 #include <arpa/inet.h>
@@ -223,6 +224,17 @@ Sample WorkerLoad(serving::ShardSet& shards, const kvblock::LatentLayout& layout
   return sample;
 }
 
+// What a prefill node does with a prefix it computed: ShardSet::Store, the
+// layer slices batched into one Put stream (a ShardedPut), over TCP here.
+Sample PrefillStore(serving::ShardSet& shards, const kvblock::LatentLayout& layout, const std::string& ns,
+                    const Prefix& p) {
+  Sample sample;
+  const size_t stored = shards.Store(ns, layout, p.slices).size();
+  sample.Done();
+  if (stored != p.slices.size()) std::fprintf(stderr, "prefill store: %zu of %zu blocks\n", stored, p.slices.size());
+  return sample;
+}
+
 // Whether `cache` holds the prefix's layer payloads, block for block.
 void CheckLoaded(const runtime::SequenceCache& cache, const kvblock::LatentLayout& layout, const Prefix& p) {
   for (size_t b = 0; b < p.records.size(); ++b) {
@@ -427,7 +439,7 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
       fast_mapped_over_redis, fast_over_memcpy, fast_mapped_over_memcpy;
   for (int n : client_counts) {
     std::vector<std::pair<double, std::vector<Sample>>> put, staged_put, get, get_again, fast, fast_mapped, set, rget,
-        rget_again, copy, raw, worker_fast, worker_tcp;
+        rget_again, copy, raw, worker_fast, worker_tcp, prefill_tcp;
     for (int round = 0; round < rounds; ++round) {
       // Fresh namespaces each round so Put stores instead of deduplicating.
       const std::string tag = absl::StrFormat("r%d-n%d-", round, n);
@@ -484,6 +496,10 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
       fast_mapped.push_back(Concurrently(n, [&](int c) {
         return KvtierFastGet(*fast_clients[c], layout, tag + std::to_string(c), prefixes[c], destinations[c]);
       }));
+      // And once more, under other names, as a prefill node stores it.
+      prefill_tcp.push_back(Concurrently(n, [&](int c) {
+        return PrefillStore(*worker_shards[c][1], layout, "prefill-" + tag + std::to_string(c), prefixes[c]);
+      }));
       // Drop this round's keys from Redis so memory stays flat.
       for (int c = 0; c < n; ++c) freeReplyObject(redisCommand(redis_clients[c], "FLUSHALL"));
     }
@@ -513,6 +529,7 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
     rows.push_back(Summarize("raw TCP socket (fetch)", n, bytes, raw));
     rows.push_back(Summarize("kvtier Put (store)", n, bytes, put));
     rows.push_back(Summarize("kvtier Put, fast path (store)", n, bytes, staged_put));
+    rows.push_back(Summarize("prefill store, TCP", n, bytes, prefill_tcp));
     rows.push_back(Summarize("redis SET, pipelined (store)", n, bytes, set));
     rows.push_back(Summarize("memcpy", n, bytes, copy));
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <future>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -43,7 +44,7 @@ absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(const std::string& ta
     if (!seen.insert(target).second) return absl::InvalidArgumentError(absl::StrCat("cache shard ", target, " is listed twice"));
     std::shared_ptr<grpc::Channel> channel = cache::CacheClient::Connect(target);
     set->shards_.push_back({target, First8(kvblock::Sha256({target})), channel,
-                            std::make_unique<GetConnections>(target),
+                            std::make_unique<StreamConnections>(target),
                             std::make_unique<cache::CacheClient>(channel, deadline),
                             fast_path ? std::make_unique<FastPath>() : nullptr});
   }
@@ -151,11 +152,9 @@ void ShardSet::FetchFromShard(size_t s, const std::string& ns, const kvblock::La
   }
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
-  GetConnections& gets = *shards_[s].gets;
-  const size_t connection = gets.Take();
-  const grpc::Status status = cache::RawGet(gets.channels[connection].get(), &context,
+  const StreamConnections::Lease connection = TakeConnection(s);
+  const grpc::Status status = cache::RawGet(connection.channel(), &context,
                                             cache::MakeGetRequest(ns, layout, mine), destination, on_block);
-  gets.Give(connection);
   if (!status.ok()) {
     // Blocks that arrived before the stream failed stay usable.
     for (size_t i : indices) {
@@ -165,24 +164,6 @@ void ShardSet::FetchFromShard(size_t s, const std::string& ns, const kvblock::La
       }
     }
   }
-}
-
-ShardSet::GetConnections::GetConnections(const std::string& target) : streams(kConnections, 0) {
-  for (size_t k = 0; k < kConnections; ++k) {
-    channels.push_back(cache::CacheClient::Connect(target, /*own_connection=*/true));
-  }
-}
-
-size_t ShardSet::GetConnections::Take() {
-  absl::MutexLock lock(&mu);
-  const size_t k = std::min_element(streams.begin(), streams.end()) - streams.begin();
-  ++streams[k];
-  return k;
-}
-
-void ShardSet::GetConnections::Give(size_t k) {
-  absl::MutexLock lock(&mu);
-  --streams[k];
 }
 
 std::shared_ptr<cache::FastPathClient> ShardSet::FastPathOf(size_t s) {
@@ -231,6 +212,7 @@ struct ShardedPut::Stream {
   // is destroyed before it.
   std::shared_ptr<cache::FastPathClient> fast;
   std::unique_ptr<cache::FastPathClient::StagedStream> staged;
+  std::optional<StreamConnections::Lease> connection;
   grpc::ClientContext context;
   v1::PutResponse response;
   std::unique_ptr<grpc::ClientWriter<v1::PutRequest>> writer;
@@ -274,7 +256,8 @@ void ShardedPut::Write(const kvblock::BlockHash& hash, const std::string& record
       s->staged = std::make_unique<cache::FastPathClient::StagedStream>(s->fast.get());
       header.mutable_header()->set_fast_path_session_id(s->fast->session_id());
     }
-    s->writer = shards_.client(shard).stub().Put(&s->context, &s->response);
+    s->connection.emplace(shards_.TakeConnection(shard));
+    s->writer = s->connection->stub().Put(&s->context, &s->response);
     header.mutable_header()->set_kv_namespace(ns_);
     *header.mutable_header()->mutable_layout() = kvblock::LayoutToProto(layout_);
     s->open = s->writer->Write(header);

@@ -18,6 +18,7 @@
 #include "services/cache/fast_path_client.h"
 #include "services/serving/record_pool.h"
 #include "services/serving/shared_record.h"
+#include "services/serving/stream_connections.h"
 
 namespace kvtier::serving {
 
@@ -73,6 +74,10 @@ class ShardSet {
   void DropFastPath(size_t s, const std::shared_ptr<cache::FastPathClient>& failed);
   static constexpr uint64_t kStagingBytes = 32 << 20;
 
+  // A connection to shard `s` for a long stream, of this ShardSet's own
+  // (see StreamConnections); the least busy.
+  StreamConnections::Lease TakeConnection(size_t s) { return shards_[s].streams->Take(); }
+
  private:
   // Indices of `hashes` on each shard, in order.
   std::vector<std::vector<size_t>> ByShard(const std::vector<kvblock::BlockHash>& hashes) const;
@@ -81,20 +86,6 @@ class ShardSet {
                       const std::vector<kvblock::BlockHash>& hashes, const std::vector<size_t>& indices,
                       bool fast, std::vector<absl::StatusOr<SharedRecord>>& out);
 
-  // Fetch's Get streams to a shard, on connections of their own (each
-  // made on first use): one HTTP/2 connection carries about one stream's
-  // rate, so concurrent Fetches (a worker loading several sequences) that
-  // shared one were held to it. A stream takes the connection with the
-  // fewest streams, the first on a tie: a lone reader keeps to one, warm.
-  struct GetConnections {
-    static constexpr size_t kConnections = 4;
-    explicit GetConnections(const std::string& target);
-    size_t Take();
-    void Give(size_t k);
-    std::vector<std::shared_ptr<grpc::Channel>> channels;
-    absl::Mutex mu;
-    std::vector<int> streams ABSL_GUARDED_BY(mu);
-  };
   struct FastPath {
     absl::Mutex mu;
     std::shared_ptr<cache::FastPathClient> client ABSL_GUARDED_BY(mu);
@@ -104,7 +95,7 @@ class ShardSet {
     std::string target;
     uint64_t seed;  // from the target: a shard's scores do not depend on the others
     std::shared_ptr<grpc::Channel> channel;
-    std::unique_ptr<GetConnections> gets;
+    std::unique_ptr<StreamConnections> streams;  // Fetch's Gets, ShardedPut's Puts
     std::unique_ptr<cache::CacheClient> client;
     std::unique_ptr<FastPath> fast_path;  // null: fast path off
   };
@@ -130,11 +121,13 @@ class ShardedPut {
   // region, else inline): on Flush, Finish, or once a message holds
   // kSlicesPerMessage slices or kInlineBytesPerMessage inline bytes. One
   // message per slice cost the cache a hand-off each: a 4,096-token V2-Lite
-  // prefix as 1,728 messages stored at about half the rate of 64.
+  // prefix as 1,728 messages stored at about half the rate of 64. Inline,
+  // about a block a message (1 MiB) beat 4 MiB: the cache applies one
+  // message while the next arrives (cache_bench, load/README.md).
   void Write(const kvblock::BlockHash& hash, const std::string& record);
   void Flush();
   static constexpr int kSlicesPerMessage = 256;
-  static constexpr size_t kInlineBytesPerMessage = 4 << 20;
+  static constexpr size_t kInlineBytesPerMessage = 1 << 20;
   // Ends every stream; the hashes now stored (or that were already there).
   std::set<kvblock::BlockHash> Finish();
 

@@ -1,8 +1,9 @@
-// ShardSet::Fetch over TCP checks each record as it lands. A real
-// kvtier-cache never sends a record that fails its CRC (it checks on every
-// read), so bytes damaged on the way can only come from a stand-in: a
-// KvCache server here that answers Get with chosen records, one of them
-// with a flipped byte, one of another layout.
+// ShardSet's streams over TCP, against stand-in KvCache servers. Fetch
+// checks each record as it lands: a real kvtier-cache never sends a record
+// that fails its CRC (it checks on every read), so bytes damaged on the way
+// can only come from a stand-in that answers Get with chosen records, one
+// of them with a flipped byte, one of another layout. Concurrent streams
+// (Gets, Puts) go over connections of their own.
 #include <gtest/gtest.h>
 
 #include <grpcpp/grpcpp.h>
@@ -98,19 +99,16 @@ TEST(ShardSetFetch, RecordsOverTcpAreCheckedAsTheyLand) {
   server->Shutdown();
 }
 
-// Answers Get with `record` for every hash asked, noting the caller's
-// address (its connection). The first `together` calls wait until all of
-// them have arrived (or 10 s), so that they are in flight at once.
+// Answers Get with `record` for every hash asked, and takes every Put
+// (storing nothing), noting each caller's address (its connection). The
+// first `together` calls wait until all of them have arrived (or 10 s), so
+// that they are in flight at once.
 class PeerNotingCache final : public v1::KvCache::Service {
  public:
   PeerNotingCache(std::string record, size_t together) : record_(std::move(record)), together_(together) {}
   grpc::Status Get(grpc::ServerContext* context, const v1::GetRequest* request,
                    grpc::ServerWriter<v1::GetResponse>* writer) override {
-    {
-      absl::MutexLock lock(&mu_);
-      peers_.push_back(context->peer());
-      mu_.AwaitWithTimeout(absl::Condition(this, &PeerNotingCache::AllArrived), absl::Seconds(10));
-    }
+    Arrive(context->peer());
     for (int i = 0; i < request->block_hashes_size(); ++i) {
       v1::GetResponse answer;
       answer.set_index(static_cast<uint32_t>(i));
@@ -120,12 +118,25 @@ class PeerNotingCache final : public v1::KvCache::Service {
     }
     return grpc::Status::OK;
   }
+  grpc::Status Put(grpc::ServerContext* context, grpc::ServerReader<v1::PutRequest>* reader,
+                   v1::PutResponse*) override {
+    Arrive(context->peer());
+    v1::PutRequest request;
+    while (reader->Read(&request)) {
+    }
+    return grpc::Status::OK;
+  }
   std::vector<std::string> peers() {
     absl::MutexLock lock(&mu_);
     return peers_;
   }
 
  private:
+  void Arrive(const std::string& peer) {
+    absl::MutexLock lock(&mu_);
+    peers_.push_back(peer);
+    mu_.AwaitWithTimeout(absl::Condition(this, &PeerNotingCache::AllArrived), absl::Seconds(10));
+  }
   bool AllArrived() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return peers_.size() >= together_; }
   const std::string record_;
   const size_t together_;
@@ -166,6 +177,40 @@ TEST(ShardSetFetch, ConcurrentFetchesUseConnectionsOfTheirOwn) {
   EXPECT_EQ(std::set<std::string>(peers.begin(), peers.begin() + kTogether).size(), kTogether)
       << "Fetches in flight at once shared a connection";
   EXPECT_EQ(peers[kTogether], peers[kTogether + 1]) << "a lone reader changed connections";
+  server->Shutdown();
+}
+
+// So do a prefill node's concurrent stores (ShardedPut's Put streams).
+TEST(ShardSetStore, ConcurrentStoresUseConnectionsOfTheirOwn) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  const kvblock::LatentLayout layout = Layout();
+  constexpr size_t kTogether = 3;
+  PeerNotingCache service(/*record=*/"", kTogether);
+  int port = 0;
+  std::unique_ptr<grpc::Server> server = Serve(service, port);
+  ASSERT_NE(server, nullptr);
+  auto shards = ShardSet::Create("127.0.0.1:" + std::to_string(port), absl::Seconds(20), /*fast_path=*/false);
+  ASSERT_TRUE(shards.ok()) << shards.status();
+  const std::string record = RandomRecord(layout, rng.engine());
+  auto store_one = [&](uint32_t seed) {
+    const std::vector<uint32_t> tokens(layout.tokens_per_block, seed);
+    const kvblock::BlockHash hash =
+        kvblock::ComputeBlockChain("tenant", kvblock::LayoutId(layout), layout.tokens_per_block, tokens)[0];
+    ShardedPut put(**shards, "tenant", layout, absl::Seconds(20));
+    put.Write(hash, record);
+    EXPECT_EQ(put.Finish(), std::set<kvblock::BlockHash>{hash});
+  };
+  std::vector<std::thread> writers;
+  for (size_t k = 0; k < kTogether; ++k) writers.emplace_back(store_one, static_cast<uint32_t>(k));
+  for (std::thread& t : writers) t.join();
+  store_one(100);  // then one at a time
+  store_one(101);
+  const std::vector<std::string> peers = service.peers();
+  ASSERT_EQ(peers.size(), kTogether + 2);
+  EXPECT_EQ(std::set<std::string>(peers.begin(), peers.begin() + kTogether).size(), kTogether)
+      << "Puts in flight at once shared a connection";
+  EXPECT_EQ(peers[kTogether], peers[kTogether + 1]) << "a lone writer changed connections";
   server->Shutdown();
 }
 
