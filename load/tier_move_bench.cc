@@ -52,17 +52,8 @@ struct Phases {
 
 class Bench {
  public:
-  Bench(uint32_t blocks, uint32_t distinct) : layout_(load::V2LiteInt8()), blocks_(blocks) {
-    std::mt19937_64 rng(1);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float> x(layout_.LayerShape().values());
-    slices_.resize(distinct);
-    for (auto& block : slices_) {
-      for (uint32_t l = 0; l < layout_.num_layers; ++l) {
-        for (float& v : x) v = normal(rng);
-        block.push_back(*kvblock::EncodeBlock(layout_, l, 1, x));
-      }
-    }
+  Bench(uint32_t blocks, uint32_t distinct)
+      : layout_(load::V2LiteInt8()), blocks_(blocks), slices_(load::RandomBlockSlices(layout_, distinct)) {
     record_bytes_ = kvblock::HeaderFor(layout_, 0, layout_.num_layers).RecordBytes();
   }
   size_t record_bytes() const { return record_bytes_; }

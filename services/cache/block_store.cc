@@ -169,6 +169,7 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const StoreOption
     arena_options.segment_pages =
         static_cast<uint32_t>(std::max<uint64_t>(1, options.segment_bytes / options.page_size));
     arena_options.shared = options.shared_memory;
+    arena_options.make_segments_ahead = options.make_segments_ahead;
     if (kind == v1::TIER_DEVICE) arena_options.slab = options.device_slab;
     if (kind == v1::TIER_HOST) arena_options.pin_for = options.device_slab;  // tier moves copy between them
     auto arena = PageArena::Create(arena_options);

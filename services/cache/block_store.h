@@ -57,6 +57,8 @@ struct StoreOptions {
   // segment, so same-host readers can map them (the fast path).
   bool shared_memory = false;
   uint64_t segment_bytes = 4 << 20;
+  // New memfds for segments readers had, made ahead (ArenaOptions).
+  bool make_segments_ahead = true;
   // The device tier in this slab (a GPU's memory) instead of host memory.
   std::shared_ptr<SlabMemory> device_slab;
   absl::Duration default_lease_ttl = absl::Seconds(30);

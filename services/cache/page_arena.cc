@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "services/cache/segment_spares.h"
 #include "services/common/status.h"
 
 namespace kvtier::cache {
@@ -24,15 +25,12 @@ bool MapAnonymous(uint8_t* at, size_t bytes) {
               -1, 0) != MAP_FAILED;
 }
 
-// A sealed memfd of `bytes` mapped read-write over [at, at + bytes), or -1.
-// The seals fix its size, so no holder of the descriptor can shrink it under
-// another's mapping (no SIGBUS).
+// A new sealed memfd of `bytes` mapped read-write over [at, at + bytes), or
+// -1.
 int MapMemfd(uint8_t* at, size_t bytes) {
-  const int fd = memfd_create("kvtier-cache-segment", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  const int fd = SealedMemfd(bytes);
   if (fd < 0) return -1;
-  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
-      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
-      mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+  if (mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
     close(fd);
     return -1;
   }
@@ -77,7 +75,8 @@ PageArena::PageArena(uint8_t* base, size_t bytes, const ArenaOptions& options, u
       page_size_(options.page_size),
       segment_pages_(options.segment_pages),
       total_pages_(pages),
-      shared_(options.shared && options.slab == nullptr) {
+      shared_(options.shared && options.slab == nullptr),
+      make_segments_ahead_(options.make_segments_ahead) {
   const uint32_t count = (pages + segment_pages_ - 1) / segment_pages_;
   segments_.resize(count);
   OwnerPages& unowned = owners_[""];
@@ -301,18 +300,39 @@ void PageArena::Reassign(uint32_t s, const std::string& owner) {
     return;
   }
   Unpin(s);  // the pin holds the old pages, not what is mapped next
-  if (seg.fd >= 0) {
-    // Frees the old owner's bytes even where a reader still maps them.
-    fallocate(seg.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(bytes));
-    close(seg.fd);
-  }
+  const int old_fd = seg.fd;
   seg.exported = false;
-  seg.fd = MapMemfd(at, bytes);
+  seg.fd = MapNewMemfd(at, bytes, /*replacing=*/old_fd >= 0);
+  // Frees the old owner's bytes even where a reader still maps them (they
+  // are no longer mapped here).
+  if (old_fd >= 0) Retire(old_fd, bytes);
   if (seg.fd < 0 && !MapAnonymous(at, bytes)) {
     // The addresses are ours and reserved; failing to map them means the
     // process is out of memory for page tables.
     std::fprintf(stderr, "kvtier-cache: cannot map segment %u: %s\n", s, std::strerror(errno));
     std::abort();
+  }
+}
+
+int PageArena::MapNewMemfd(uint8_t* at, size_t bytes, bool replacing) {
+  if (replacing && spares_ == nullptr && make_segments_ahead_ && segments_.size() >= kSegmentsPerSpare) {
+    // Owners now take segments that readers had: make memfds ahead.
+    spares_ = std::make_unique<SegmentSpares>(size_t{segment_pages_} * page_size_,
+                                              std::min<size_t>(kMostSpares, segments_.size() / kSegmentsPerSpare));
+  }
+  if (spares_ != nullptr && bytes == spares_->bytes()) {
+    if (std::optional<SegmentSpares::Spare> spare = spares_->Take(); spare && spares_->MoveTo(*spare, at)) {
+      return spare->fd;
+    }
+  }
+  return MapMemfd(at, bytes);
+}
+
+void PageArena::Retire(int fd, size_t bytes) {
+  if (spares_ != nullptr && bytes == spares_->bytes()) {
+    spares_->Retire(fd);
+  } else {
+    PunchAndClose(fd, bytes);
   }
 }
 

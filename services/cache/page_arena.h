@@ -15,6 +15,8 @@
 // stale mapping can read only zeros, never the new owner's bytes; if not,
 // the same memfd cleared in place, which keeps its pages (a fresh memfd
 // faults in every page again, most of the cost of storing under eviction).
+// Once owners start taking segments readers had, fresh memfds are made
+// ahead, their pages mapped, on a thread of their own (SegmentSpares).
 //
 // An arena may instead live in a slab the process reaches only by copies (a
 // GPU's memory, SlabMemory): then it is not addressable, and its pages are
@@ -37,6 +39,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "services/cache/segment_spares.h"
 #include "services/cache/slab_memory.h"
 
 namespace kvtier::cache {
@@ -46,6 +49,9 @@ struct ArenaOptions {
   uint32_t page_size = 64 * 1024;
   uint32_t segment_pages = 64;  // the last segment may be shorter
   bool shared = false;          // memfd-backed segments (else anonymous memory)
+  // In a shared arena, new memfds for segments that readers had are made
+  // ahead on a thread (SegmentSpares); off only to measure what that saves.
+  bool make_segments_ahead = true;
   // Pages in this slab instead of host memory (`shared` does not apply);
   // the capacity is capped at its size.
   std::shared_ptr<SlabMemory> slab;
@@ -121,6 +127,11 @@ class PageArena {
   int SegmentFd(uint32_t segment) const { return segments_[segment].fd; }
   // Its memfd has gone to another process in this generation.
   void MarkExported(uint32_t segment) { segments_[segment].exported = true; }
+  // Waits until the memfds made ahead are ready and those let go are
+  // closed; at once when none are made (for tests and benchmarks).
+  void WaitForSegmentsAhead() {
+    if (spares_ != nullptr) spares_->WaitIdle();
+  }
 
  private:
   struct Segment {
@@ -153,6 +164,13 @@ class PageArena {
   // Gives an empty segment to `owner`: in a shared arena, a new memfd mapped
   // over it.
   void Reassign(uint32_t segment, const std::string& owner);
+  // A new memfd mapped over [at, at + bytes), -1 if none could be: one made
+  // ahead when there is one ready (`replacing` one that readers had starts
+  // making them).
+  int MapNewMemfd(uint8_t* at, size_t bytes, bool replacing);
+  // Punches out a memfd's pages and closes it: on the spares' thread when
+  // there is one.
+  void Retire(int fd, size_t bytes);
   uint8_t* SegmentAddress(uint32_t segment) const { return base_ + size_t{segment} * segment_pages_ * page_size_; }
   // Pins a segment's pages with pin_for, unless done or refused before
   // (refused: said once on stderr; copies then go slower, still right).
@@ -168,10 +186,17 @@ class PageArena {
   uint32_t segment_pages_;
   uint32_t total_pages_;
   bool shared_;
+  bool make_segments_ahead_;
   std::vector<Segment> segments_;
   std::unordered_map<std::string, OwnerPages> owners_;
   std::set<uint32_t> empty_;  // wholly free segments, whoever owns them
   uint32_t empty_pages_ = 0;  // pages in them
+  // Memfds made ahead: one a kSegmentsPerSpare segments, at most
+  // kMostSpares (their pages are memory beyond the capacity: at most 1/16
+  // of the arena's, and 32 MiB with 4 MiB segments); null until needed.
+  static constexpr size_t kSegmentsPerSpare = 16;
+  static constexpr size_t kMostSpares = 8;
+  std::unique_ptr<SegmentSpares> spares_;
 };
 
 }  // namespace kvtier::cache

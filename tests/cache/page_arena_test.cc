@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <memory>
 #include <random>
 #include <span>
@@ -114,6 +115,56 @@ TEST(PageArenaTest, ASegmentAReaderHadGetsANewMemfdAndTheReaderOnlyZeros) {
   ASSERT_TRUE(arena->Allocate(1, "tenant-c", pages));
   EXPECT_EQ(arena->SegmentFd(0), b_fd);
   EXPECT_TRUE(AllZero(SegmentBytes(*arena)));
+}
+
+// In an arena of enough segments, a segment a reader had gets a memfd made
+// ahead: its pages already there when the new owner writes. The old reader
+// never sees the new owner's bytes, and zeros once the old memfd is
+// punched out (on the spares' thread).
+TEST(PageArenaTest, ASegmentAReaderHadGetsAMemfdMadeAhead) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  constexpr uint32_t kSegments = 32;
+  absl::StatusOr<std::unique_ptr<PageArena>> made = PageArena::Create(
+      {.capacity = kSegments * kSegmentPages * kPage, .page_size = kPage, .segment_pages = kSegmentPages,
+       .shared = true, .slab = nullptr, .pin_for = nullptr});
+  ASSERT_TRUE(made.ok()) << made.status();
+  PageArena& arena = **made;
+  const size_t bytes = kSegmentPages * kPage;
+  std::vector<uint32_t> pages;
+  const std::vector<std::string> owners = {"tenant-a", "tenant-b", "tenant-c"};
+  for (size_t k = 0; k + 1 < owners.size(); ++k) {
+    // owners[k] fills segment 0, a reader maps it, owners[k] lets it go.
+    ASSERT_TRUE(arena.Allocate(kSegmentPages, owners[k], pages));
+    ASSERT_EQ(arena.SegmentOf(pages[0]), 0u);
+    const std::string old_bytes = RandomBytes(bytes, rng.engine());
+    ASSERT_TRUE(arena.Write(pages, 0, old_bytes).ok());
+    arena.MarkExported(0);
+    void* reader = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, arena.SegmentFd(0), 0);
+    ASSERT_NE(reader, MAP_FAILED);
+    const std::string_view seen(static_cast<const char*>(reader), bytes);
+    arena.Free(pages);
+    arena.WaitForSegmentsAhead();
+
+    ASSERT_TRUE(arena.Allocate(kSegmentPages, owners[k + 1], pages));
+    ASSERT_EQ(arena.SegmentOf(pages[0]), 0u);
+    std::vector<unsigned char> resident(bytes / static_cast<size_t>(sysconf(_SC_PAGESIZE)));
+    ASSERT_EQ(mincore(arena.page(0), bytes, resident.data()), 0);
+    const size_t present = std::count_if(resident.begin(), resident.end(), [](unsigned char c) { return c & 1; });
+    // The first change starts the thread; from the second on, one is ready.
+    if (k > 0) {
+      EXPECT_EQ(present, resident.size()) << "the new memfd's pages were not made ahead";
+    }
+    EXPECT_TRUE(AllZero(SegmentBytes(arena)));
+    const std::string new_bytes = RandomBytes(bytes, rng.engine());
+    ASSERT_TRUE(arena.Write(pages, 0, new_bytes).ok());
+    EXPECT_EQ(Record(SegmentBytes(arena), pages), new_bytes);
+    EXPECT_EQ(seen.find(new_bytes.substr(0, 64)), std::string_view::npos) << "an old reader saw the new owner's bytes";
+    arena.WaitForSegmentsAhead();
+    EXPECT_TRUE(AllZero(seen)) << "the old memfd was not punched out";
+    munmap(reader, bytes);
+    arena.Free(pages);
+  }
 }
 
 // An arena of 4 pages in `slab`, all taken by one owner.
