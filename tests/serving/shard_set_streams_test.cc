@@ -8,6 +8,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <random>
 #include <set>
 #include <thread>
@@ -144,6 +145,23 @@ class PeerNotingCache final : public v1::KvCache::Service {
   std::vector<std::string> peers_ ABSL_GUARDED_BY(mu_);
 };
 
+// Runs `call` from `together` threads at once, then twice alone, and
+// checks the connections `service` saw them on: the calls in flight at once
+// on connections of their own, the lone ones on one.
+void ExpectConnectionsOfTheirOwn(PeerNotingCache& service, size_t together,
+                                 const std::function<void(uint32_t)>& call) {
+  std::vector<std::thread> threads;
+  for (size_t k = 0; k < together; ++k) threads.emplace_back(call, static_cast<uint32_t>(k));
+  for (std::thread& t : threads) t.join();
+  call(100);  // then one at a time
+  call(101);
+  const std::vector<std::string> peers = service.peers();
+  ASSERT_EQ(peers.size(), together + 2);
+  EXPECT_EQ(std::set<std::string>(peers.begin(), peers.begin() + together).size(), together)
+      << "calls in flight at once shared a connection";
+  EXPECT_EQ(peers[together], peers[together + 1]) << "a lone call changed connections";
+}
+
 // Fetches in flight at once from one ShardSet go over connections of their
 // own (one HTTP/2 connection carries about one stream's rate), and a lone
 // reader keeps to one connection.
@@ -162,21 +180,11 @@ TEST(ShardSetFetch, ConcurrentFetchesUseConnectionsOfTheirOwn) {
   for (size_t t = 0; t < tokens.size(); ++t) tokens[t] = static_cast<uint32_t>(rng.engine()() % 1000);
   const std::vector<kvblock::BlockHash> hashes =
       kvblock::ComputeBlockChain("tenant", kvblock::LayoutId(layout), layout.tokens_per_block, tokens);
-  auto fetch_all = [&] {
+  ExpectConnectionsOfTheirOwn(service, kTogether, [&](uint32_t) {
     for (const absl::StatusOr<SharedRecord>& r : (*shards)->Fetch("tenant", layout, hashes)) {
       EXPECT_TRUE(r.ok()) << r.status();
     }
-  };
-  std::vector<std::thread> readers;
-  for (size_t k = 0; k < kTogether; ++k) readers.emplace_back(fetch_all);
-  for (std::thread& t : readers) t.join();
-  fetch_all();  // then one at a time
-  fetch_all();
-  const std::vector<std::string> peers = service.peers();
-  ASSERT_EQ(peers.size(), kTogether + 2);
-  EXPECT_EQ(std::set<std::string>(peers.begin(), peers.begin() + kTogether).size(), kTogether)
-      << "Fetches in flight at once shared a connection";
-  EXPECT_EQ(peers[kTogether], peers[kTogether + 1]) << "a lone reader changed connections";
+  });
   server->Shutdown();
 }
 
@@ -193,24 +201,14 @@ TEST(ShardSetStore, ConcurrentStoresUseConnectionsOfTheirOwn) {
   auto shards = ShardSet::Create("127.0.0.1:" + std::to_string(port), absl::Seconds(20), /*fast_path=*/false);
   ASSERT_TRUE(shards.ok()) << shards.status();
   const std::string record = RandomRecord(layout, rng.engine());
-  auto store_one = [&](uint32_t seed) {
+  ExpectConnectionsOfTheirOwn(service, kTogether, [&](uint32_t seed) {
     const std::vector<uint32_t> tokens(layout.tokens_per_block, seed);
     const kvblock::BlockHash hash =
         kvblock::ComputeBlockChain("tenant", kvblock::LayoutId(layout), layout.tokens_per_block, tokens)[0];
     ShardedPut put(**shards, "tenant", layout, absl::Seconds(20));
     put.Write(hash, record);
     EXPECT_EQ(put.Finish(), std::set<kvblock::BlockHash>{hash});
-  };
-  std::vector<std::thread> writers;
-  for (size_t k = 0; k < kTogether; ++k) writers.emplace_back(store_one, static_cast<uint32_t>(k));
-  for (std::thread& t : writers) t.join();
-  store_one(100);  // then one at a time
-  store_one(101);
-  const std::vector<std::string> peers = service.peers();
-  ASSERT_EQ(peers.size(), kTogether + 2);
-  EXPECT_EQ(std::set<std::string>(peers.begin(), peers.begin() + kTogether).size(), kTogether)
-      << "Puts in flight at once shared a connection";
-  EXPECT_EQ(peers[kTogether], peers[kTogether + 1]) << "a lone writer changed connections";
+  });
   server->Shutdown();
 }
 
