@@ -9,7 +9,6 @@
 // had with memfds made ahead (the default), and with memfds faulted in as
 // written; against memcpy of the same bytes.
 //   segment_reuse_bench [--rounds N]
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -90,7 +89,7 @@ class Bench {
 
  private:
   // Prefix `n` under namespace "ns<n>"; then, with readers, every segment
-  // holding it opened read-only (MarkExported), as a fast path session does.
+  // holding it opened read-only, as a fast path session opens them.
   void Store(BlockStore& store, uint32_t n, Readers readers) {
     const std::string ns = absl::StrCat("ns", n);
     const uint64_t layout_id = kvblock::LayoutId(layout_);

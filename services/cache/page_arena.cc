@@ -1,6 +1,5 @@
 #include "services/cache/page_arena.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 

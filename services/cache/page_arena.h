@@ -12,9 +12,10 @@
 // exposing any other namespace's bytes. A segment that changes owner starts
 // a new generation with only zeros in it: if its memfd was ever handed out
 // (MarkExported), a fresh memfd, the old one's pages punched out, so a
-// stale mapping can read only zeros, never the new owner's bytes; if not,
-// the same memfd cleared in place, which keeps its pages (a fresh memfd
-// faults in every page again, most of the cost of storing under eviction).
+// stale mapping can read the old owner's bytes until then and zeros after,
+// never the new owner's; if not, the same memfd cleared in place, which
+// keeps its pages (a fresh memfd faults in every page again, most of the
+// cost of storing under eviction).
 // Once owners start taking segments readers had, fresh memfds are made
 // ahead, their pages mapped, on a thread of their own (SegmentSpares).
 //

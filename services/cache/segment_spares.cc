@@ -10,6 +10,7 @@
 #include <cstring>
 
 namespace kvtier::cache {
+
 void PunchAndClose(int fd, size_t bytes) {
   fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(bytes));
   close(fd);
