@@ -726,7 +726,9 @@ StoreStats BlockStore::Stats() {
   StoreStats s = counters_;
   for (const auto& t : tiers_) {
     s.tiers.push_back(t->counters);
-    if (t->arena != nullptr) s.metadata_bytes += t->arena->total_pages() * sizeof(uint32_t);
+    if (t->arena != nullptr) {
+      s.metadata_bytes += t->arena->total_pages() * sizeof(uint32_t) + t->arena->SegmentsAheadBytes();
+    }
   }
   s.metadata_bytes += leases_.size() * sizeof(Lease);
   for (const auto& [id, lease] : leases_) s.metadata_bytes += lease.entries.capacity() * sizeof(Entry*);

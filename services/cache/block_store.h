@@ -80,7 +80,7 @@ struct TierCounters {
 
 struct StoreStats {
   std::vector<TierCounters> tiers;
-  uint64_t metadata_bytes = 0;
+  uint64_t metadata_bytes = 0;  // and memfds made ahead (see cache.proto)
   uint64_t misses = 0;
   uint64_t blocks_stored = 0;
   uint64_t blocks_deduplicated = 0;

@@ -128,6 +128,9 @@ class PageArena {
   int SegmentFd(uint32_t segment) const { return segments_[segment].fd; }
   // Its memfd has gone to another process in this generation.
   void MarkExported(uint32_t segment) { segments_[segment].exported = true; }
+  // Bytes of memfds made ahead or waiting to be punched out: memory beyond
+  // the capacity.
+  uint64_t SegmentsAheadBytes() const { return spares_ != nullptr ? spares_->HeldBytes() : 0; }
   // Waits until the memfds made ahead are ready and those let go are
   // closed; at once when none are made (for tests and benchmarks).
   void WaitForSegmentsAhead() {

@@ -69,6 +69,11 @@ void SegmentSpares::Retire(int fd) {
   PunchAndClose(fd, bytes_);  // the thread is behind: no more memory waits on it
 }
 
+uint64_t SegmentSpares::HeldBytes() {
+  absl::MutexLock lock(&mu_);
+  return uint64_t{Held()} * bytes_;
+}
+
 size_t SegmentSpares::Held() const { return ready_.size() + retired_.size() + (busy_ ? 1 : 0); }
 
 bool SegmentSpares::HasWork() const { return stop_ || !retired_.empty() || (!failed_ && Held() < keep_); }

@@ -39,6 +39,8 @@ class SegmentSpares {
   SegmentSpares& operator=(const SegmentSpares&) = delete;
 
   size_t bytes() const { return bytes_; }
+  // Bytes of the memfds held now, ready or waiting to be punched.
+  uint64_t HeldBytes();
 
   // A ready memfd, mapped read-write at `at` with every page present (all
   // zeros), now the taker's; none when none is ready (the taker makes its

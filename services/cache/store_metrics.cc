@@ -58,7 +58,7 @@ std::vector<MetricFamily> StoreMetrics::Collect() const {
        s.bytes_out},
       {"kvtier_cache_checksum_failures_total", "Records whose CRC32C failed on arrival, read or move",
        MetricType::Counter, s.checksum_failures},
-      {"kvtier_cache_metadata_bytes", "Bookkeeping memory outside the tiers' block bytes",
+      {"kvtier_cache_metadata_bytes", "Memory outside the tiers' block bytes: bookkeeping, memfds made ahead",
        MetricType::Gauge, s.metadata_bytes},
       {"kvtier_cache_leases", "Leases pinning blocks now", MetricType::Gauge, s.active_leases},
       {"kvtier_cache_pending_blocks", "Blocks being assembled by Put streams", MetricType::Gauge,

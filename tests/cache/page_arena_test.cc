@@ -162,6 +162,7 @@ TEST(PageArenaTest, ASegmentAReaderHadGetsAMemfdMadeAhead) {
     EXPECT_EQ(seen.find(new_bytes.substr(0, 64)), std::string_view::npos) << "an old reader saw the new owner's bytes";
     arena.WaitForSegmentsAhead();
     EXPECT_TRUE(AllZero(seen)) << "the old memfd was not punched out";
+    EXPECT_EQ(arena.SegmentsAheadBytes(), 2 * bytes) << "one made ahead a 16 segments, counted";
     munmap(reader, bytes);
     arena.Free(pages);
   }
