@@ -319,8 +319,8 @@ int PageArena::MapNewMemfd(uint8_t* at, size_t bytes, bool replacing) {
     spares_ = std::make_unique<SegmentSpares>(size_t{segment_pages_} * page_size_,
                                               std::min<size_t>(kMostSpares, segments_.size() / kSegmentsPerSpare));
   }
-  if (spares_ != nullptr && bytes == spares_->bytes()) {
-    if (std::optional<SegmentSpares::Spare> spare = spares_->Take(); spare && spares_->MoveTo(*spare, at)) {
+  if (SegmentSpares* spares = SparesFor(bytes)) {
+    if (std::optional<SegmentSpares::Spare> spare = spares->Take(); spare && spares->MoveTo(*spare, at)) {
       return spare->fd;
     }
   }
@@ -328,8 +328,8 @@ int PageArena::MapNewMemfd(uint8_t* at, size_t bytes, bool replacing) {
 }
 
 void PageArena::Retire(int fd, size_t bytes) {
-  if (spares_ != nullptr && bytes == spares_->bytes()) {
-    spares_->Retire(fd);
+  if (SegmentSpares* spares = SparesFor(bytes)) {
+    spares->Retire(fd);
   } else {
     PunchAndClose(fd, bytes);
   }

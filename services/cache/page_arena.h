@@ -175,6 +175,11 @@ class PageArena {
   // Punches out a memfd's pages and closes it: on the spares' thread when
   // there is one.
   void Retire(int fd, size_t bytes);
+  // The spares for memfds of `bytes` (a whole segment's; the last one may
+  // be shorter), or null.
+  SegmentSpares* SparesFor(size_t bytes) const {
+    return spares_ != nullptr && bytes == spares_->bytes() ? spares_.get() : nullptr;
+  }
   uint8_t* SegmentAddress(uint32_t segment) const { return base_ + size_t{segment} * segment_pages_ * page_size_; }
   // Pins a segment's pages with pin_for, unless done or refused before
   // (refused: said once on stderr; copies then go slower, still right).

@@ -36,7 +36,6 @@ class StreamConnections {
     ~Lease();
     grpc::Channel* channel() const { return owner_->channels_[index_].get(); }
     v1::KvCache::Stub& stub() const { return *owner_->stubs_[index_]; }
-    size_t index() const { return index_; }
 
    private:
     friend class StreamConnections;
