@@ -14,7 +14,9 @@
 # with 64 sequences); the store's tier moves with the device tier in
 # the GPU against pinned cudaMemcpy (tier_move_bench); and the cache
 # service's Get and Put against Redis with its device tier in the GPU
-# (cache_bench).
+# (cache_bench); and stores into segments fast path readers had, with
+# their memfds made ahead on a spare core (segment_reuse_bench: no GPU,
+# but the 16 cores this machine lacks).
 #
 # The check programs come prebuilt in device-bundle/checks/ when they run
 # there, and are built here otherwise. Each step has a time limit inside
@@ -98,6 +100,7 @@ elif [ -d device-bundle ]; then
   # tier in the GPU, beside Redis and memcpy (issue 3's table).
   step "cache_bench, device tier in the GPU" 150 device-bundle/cache_bench --cache-binary \
     device-bundle/kvtier-cache --redis-binary device-bundle/redis-server --rounds 11 --clients 1,4
+  step "segment_reuse_bench" 40 device-bundle/segment_reuse_bench --rounds 3
 else
   echo "no device-bundle/: the services' GPU tests (scripts/device_bundle.sh) not run"
 fi
