@@ -14,7 +14,11 @@
 // prefill node loads it (ShardSet::Fetch, fast path or TCP, then every
 // record appended to a sequence cache). Prefill store: the prefix as a
 // prefill node stores it (ShardSet::Store over TCP). All over loopback TCP,
-// 1 and 4 concurrent clients; servers started by this program.
+// 1 and 4 concurrent clients; servers started by this program. The
+// header names the kernel's TCP congestion control: BBR paces even a
+// loopback sender, which holds Redis and the plain socket to about half of
+// what they reach under CUBIC (load/README.md), so tables taken under
+// different ones do not compare.
 //
 //   cache_bench --cache-binary build/services/kvtier-cache [--rounds 5]
 #include <arpa/inet.h>
@@ -29,6 +33,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <thread>
@@ -56,6 +61,13 @@ constexpr int kBlocks = 64;
 int kRedisWindow = 1;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// The kernel's TCP congestion control for new connections (a sysctl).
+std::string TcpCongestionControl() {
+  std::ifstream file("/proc/sys/net/ipv4/tcp_congestion_control");
+  std::string name;
+  return file >> name ? name : "unknown";
+}
 
 // One client's prefix: 64 blocks, as slices and as whole records.
 struct Prefix {
@@ -534,9 +546,10 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
     rows.push_back(Summarize("memcpy", n, bytes, copy));
   }
   std::printf("4,096-token prefix, DeepSeek-V2-Lite int8: %d blocks x %u layers, %zu B a block, "
-              "%.1f MB a client; loopback TCP; Redis GETs in flight: %d; median of %d rounds\n\n",
+              "%.1f MB a client; loopback TCP, congestion control %s; Redis GETs in flight: %d; "
+              "median of %d rounds\n\n",
               kBlocks, layout.num_layers, prefixes[0].records[0].size(), bytes / 1e6,
-              kRedisWindow, rounds);
+              TcpCongestionControl().c_str(), kRedisWindow, rounds);
   std::printf("%-30s %8s %10s %14s %14s\n", "path", "clients", "GB/s", "p50 ms/block", "p99 ms/block");
   for (const Row& r : rows) {
     const auto ms = [](double v) { return std::isnan(v) ? std::string("-") : absl::StrFormat("%.3f", v); };
