@@ -16,15 +16,17 @@
 // prefill node stores it (ShardSet::Store over TCP). All over loopback TCP,
 // 1 and 4 concurrent clients; servers started by this program. The
 // header names the kernel's TCP congestion control: BBR paces even a
-// loopback sender, which holds Redis and the plain socket to about half of
-// what they reach under CUBIC (load/README.md), so tables taken under
-// different ones do not compare.
+// loopback sender, which holds Redis and the plain socket to a half or two
+// thirds of what they reach under CUBIC (load/README.md), so tables taken
+// under different ones do not compare. Each row also gives the CPU time of
+// this program and both servers per GB moved.
 //
 //   cache_bench --cache-binary build/services/kvtier-cache [--rounds 5]
 #include <arpa/inet.h>
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -117,16 +119,51 @@ struct Sample {
   void Done() { seconds = Seconds(Clock::now() - start); }
 };
 
-// Runs `op(client)` on `clients` threads at once; returns their samples and
-// the wall time of the slowest.
+// CPU time used by this process and the servers it started, together: what
+// a row costs in CPU, whichever process does the work.
+class CpuClocks {
+ public:
+  explicit CpuClocks(const std::vector<pid_t>& servers) {
+    clocks_.push_back(CLOCK_PROCESS_CPUTIME_ID);
+    for (pid_t pid : servers) {
+      clockid_t clock;
+      if (clock_getcpuclockid(pid, &clock) == 0) clocks_.push_back(clock);
+    }
+  }
+  double Seconds() const {
+    double total = 0;
+    for (clockid_t clock : clocks_) {
+      timespec t{};
+      if (clock_gettime(clock, &t) == 0) total += t.tv_sec + t.tv_nsec * 1e-9;
+    }
+    return total;
+  }
+
+ private:
+  std::vector<clockid_t> clocks_;
+};
+
+// One round of a row: every client's sample, the wall time of the slowest,
+// and the CPU time all processes used meanwhile.
+struct Round {
+  double wall = 0;
+  double cpu = 0;
+  std::vector<Sample> samples;
+};
+
+// Runs `op(client)` on `clients` threads at once.
 template <typename Op>
-std::pair<double, std::vector<Sample>> Concurrently(int clients, Op op) {
-  std::vector<Sample> samples(clients);
+Round Concurrently(const CpuClocks& cpu, int clients, Op op) {
+  Round round;
+  round.samples.resize(clients);
   std::vector<std::thread> threads;
+  const double cpu_start = cpu.Seconds();
   const auto start = Clock::now();
-  for (int c = 0; c < clients; ++c) threads.emplace_back([&, c] { samples[c] = op(c); });
+  for (int c = 0; c < clients; ++c) threads.emplace_back([&, c] { round.samples[c] = op(c); });
   for (auto& t : threads) t.join();
-  return {Seconds(Clock::now() - start), samples};
+  round.wall = Seconds(Clock::now() - start);
+  round.cpu = cpu.Seconds() - cpu_start;
+  return round;
 }
 
 // One Put stream of the prefix's layer slices, a block's slices to a
@@ -358,19 +395,24 @@ struct Row {
   int clients;
   double gbps;
   double p50_ms, p99_ms;
+  double cpu_seconds_per_gb;
 };
 
 Row Summarize(const std::string& what, int clients, size_t bytes_per_client,
-              const std::vector<std::pair<double, std::vector<Sample>>>& rounds) {
-  std::vector<double> rates, blocks;
-  for (const auto& [wall, samples] : rounds) {
-    rates.push_back(static_cast<double>(bytes_per_client) * clients / wall / 1e9);
-    for (const Sample& s : samples) blocks.insert(blocks.end(), s.block_seconds.begin(), s.block_seconds.end());
+              const std::vector<Round>& rounds) {
+  std::vector<double> rates, cpu, blocks;
+  const double gb = static_cast<double>(bytes_per_client) * clients / 1e9;
+  for (const Round& round : rounds) {
+    rates.push_back(gb / round.wall);
+    cpu.push_back(round.cpu / gb);
+    for (const Sample& s : round.samples) {
+      blocks.insert(blocks.end(), s.block_seconds.begin(), s.block_seconds.end());
+    }
   }
   std::sort(blocks.begin(), blocks.end());
   // No per-block times (a row that gets its blocks all at once): NaN, shown as "-".
   auto pct = [&](double q) { return blocks.empty() ? NAN : 1e3 * blocks[static_cast<size_t>(q * (blocks.size() - 1))]; };
-  return Row{what, clients, load::Median(rates), pct(0.5), pct(0.99)};
+  return Row{what, clients, load::Median(rates), pct(0.5), pct(0.99), load::Median(cpu)};
 }
 
 int Run(const std::string& cache_binary, const std::string& device_memory, const std::string& redis_binary,
@@ -408,6 +450,7 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
     }
     redis_clients.push_back(r);
   }
+  const CpuClocks cpu_clocks({cache.pid(), redis.pid()});
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   std::vector<std::unique_ptr<CacheClient>> clients;
   for (int c = 0; c < kMaxClients; ++c) {
@@ -448,22 +491,22 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
 
   std::vector<Row> rows;
   std::vector<double> get_over_redis, again_over_redis, get_over_raw, redis_over_raw, fast_over_redis,
-      fast_mapped_over_redis, fast_over_memcpy, fast_mapped_over_memcpy;
+      fast_mapped_over_redis, fast_over_memcpy, fast_mapped_over_memcpy, get_cpu_over_redis;
   for (int n : client_counts) {
-    std::vector<std::pair<double, std::vector<Sample>>> put, staged_put, get, get_again, fast, fast_mapped, set, rget,
+    std::vector<Round> put, staged_put, get, get_again, fast, fast_mapped, set, rget,
         rget_again, copy, raw, worker_fast, worker_tcp, prefill_tcp;
     for (int round = 0; round < rounds; ++round) {
       // Fresh namespaces each round so Put stores instead of deduplicating.
       const std::string tag = absl::StrFormat("r%d-n%d-", round, n);
-      put.push_back(Concurrently(n, [&](int c) {
+      put.push_back(Concurrently(cpu_clocks, n, [&](int c) {
         return KvtierPut(*clients[c], layout, tag + std::to_string(c), prefixes[c]);
       }));
       // The same blocks again under other names, through the staging region.
-      staged_put.push_back(Concurrently(n, [&](int c) {
+      staged_put.push_back(Concurrently(cpu_clocks, n, [&](int c) {
         return KvtierPut(*clients[c], layout, "staged-" + tag + std::to_string(c), prefixes[c], fast_clients[c].get());
       }));
       const auto kvtier_get = [&] {
-        return Concurrently(n, [&](int c) {
+        return Concurrently(cpu_clocks, n, [&](int c) {
           return KvtierGet(channels[c].get(), layout, tag + std::to_string(c), prefixes[c], destinations[c]);
         });
       };
@@ -473,19 +516,21 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
       // the prefix is twice the last-level cache).
       get.push_back(kvtier_get());
       get_again.push_back(kvtier_get());
-      fast.push_back(Concurrently(n, [&](int c) {
+      fast.push_back(Concurrently(cpu_clocks, n, [&](int c) {
         return KvtierFastGet(*fast_clients[c], layout, tag + std::to_string(c), prefixes[c], destinations[c]);
       }));
-      set.push_back(Concurrently(n, [&](int c) { return RedisSet(redis_clients[c], tag + std::to_string(c), prefixes[c]); }));
+      set.push_back(Concurrently(cpu_clocks, n, [&](int c) {
+        return RedisSet(redis_clients[c], tag + std::to_string(c), prefixes[c]);
+      }));
       const auto redis_get = [&] {
-        return Concurrently(n, [&](int c) {
+        return Concurrently(cpu_clocks, n, [&](int c) {
           return RedisGet(redis_clients[c], tag + std::to_string(c), prefixes[c], destinations[c]);
         });
       };
       rget.push_back(redis_get());
       rget_again.push_back(redis_get());
-      raw.push_back(Concurrently(n, [&](int c) { return RawTcpFetch(prefixes[c], destinations[c]); }));
-      copy.push_back(Concurrently(n, [&](int c) {
+      raw.push_back(Concurrently(cpu_clocks, n, [&](int c) { return RawTcpFetch(prefixes[c], destinations[c]); }));
+      copy.push_back(Concurrently(cpu_clocks, n, [&](int c) {
         Sample s;
         const size_t slot = prefixes[c].records[0].size();
         for (int b = 0; b < kBlocks; ++b) {
@@ -495,21 +540,21 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
         s.Done();
         return s;
       }));
-      worker_fast.push_back(Concurrently(n, [&](int c) {
+      worker_fast.push_back(Concurrently(cpu_clocks, n, [&](int c) {
         return WorkerLoad(*worker_shards[c][0], layout, tag + std::to_string(c), prefixes[c], loaded[c]);
       }));
       for (int c = 0; c < n; ++c) CheckLoaded(loaded[c], layout, prefixes[c]);
-      worker_tcp.push_back(Concurrently(n, [&](int c) {
+      worker_tcp.push_back(Concurrently(cpu_clocks, n, [&](int c) {
         return WorkerLoad(*worker_shards[c][1], layout, tag + std::to_string(c), prefixes[c], loaded[c]);
       }));
       for (int c = 0; c < n; ++c) CheckLoaded(loaded[c], layout, prefixes[c]);
       // Again, its segments now mapped (as a worker reading one tenant's
       // prefixes finds them); the copies since have flushed the CPU caches.
-      fast_mapped.push_back(Concurrently(n, [&](int c) {
+      fast_mapped.push_back(Concurrently(cpu_clocks, n, [&](int c) {
         return KvtierFastGet(*fast_clients[c], layout, tag + std::to_string(c), prefixes[c], destinations[c]);
       }));
       // And once more, under other names, as a prefill node stores it.
-      prefill_tcp.push_back(Concurrently(n, [&](int c) {
+      prefill_tcp.push_back(Concurrently(cpu_clocks, n, [&](int c) {
         return PrefillStore(*worker_shards[c][1], layout, "prefill-" + tag + std::to_string(c), prefixes[c]);
       }));
       // Drop this round's keys from Redis so memory stays flat.
@@ -519,9 +564,16 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
     // back to back) and report the median ratio.
     const auto median_ratio = [&](const auto& slower, const auto& faster) {
       std::vector<double> ratios;
-      for (int round = 0; round < rounds; ++round) ratios.push_back(slower[round].first / faster[round].first);
+      for (int round = 0; round < rounds; ++round) ratios.push_back(slower[round].wall / faster[round].wall);
       return load::Median(ratios);
     };
+    // And what each used of the CPU (both move the same bytes).
+    const auto median_cpu_ratio = [&](const auto& a, const auto& b) {
+      std::vector<double> ratios;
+      for (int round = 0; round < rounds; ++round) ratios.push_back(a[round].cpu / b[round].cpu);
+      return load::Median(ratios);
+    };
+    get_cpu_over_redis.push_back(median_cpu_ratio(get, rget));
     get_over_redis.push_back(median_ratio(rget, get));
     again_over_redis.push_back(median_ratio(rget_again, get_again));
     get_over_raw.push_back(median_ratio(raw, get));
@@ -550,11 +602,14 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
               "median of %d rounds\n\n",
               kBlocks, layout.num_layers, prefixes[0].records[0].size(), bytes / 1e6,
               TcpCongestionControl().c_str(), kRedisWindow, rounds);
-  std::printf("%-30s %8s %10s %14s %14s\n", "path", "clients", "GB/s", "p50 ms/block", "p99 ms/block");
+  // CPU s/GB: CPU time of this program, the cache and Redis together per GB
+  // moved, whichever of them did the work.
+  std::printf("%-30s %8s %10s %14s %14s %10s\n", "path", "clients", "GB/s", "p50 ms/block", "p99 ms/block",
+              "CPU s/GB");
   for (const Row& r : rows) {
     const auto ms = [](double v) { return std::isnan(v) ? std::string("-") : absl::StrFormat("%.3f", v); };
-    std::printf("%-30s %8d %10.2f %14s %14s\n", r.what.c_str(), r.clients, r.gbps, ms(r.p50_ms).c_str(),
-                ms(r.p99_ms).c_str());
+    std::printf("%-30s %8d %10.2f %14s %14s %10.3f\n", r.what.c_str(), r.clients, r.gbps, ms(r.p50_ms).c_str(),
+                ms(r.p99_ms).c_str(), r.cpu_seconds_per_gb);
   }
   const auto print_ratios = [&](const char* what, const std::vector<double>& ratios, const char* target) {
     std::printf("%s, median of per-round ratios:", what);
@@ -569,6 +624,7 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
   print_ratios("kvtier Get (TCP) / redis GET, read again", again_over_redis, "target >= 1");
   print_ratios("kvtier Get (TCP) / raw TCP socket", get_over_raw, "1 would be the physical limit");
   print_ratios("redis GET / raw TCP socket", redis_over_raw, "1 would be the physical limit");
+  print_ratios("kvtier Get (TCP) / redis GET, CPU time", get_cpu_over_redis, "below 1: less CPU a byte");
   print_ratios("kvtier fast path, new maps / redis GET", fast_over_redis, "target >= 2");
   print_ratios("kvtier fast path, mapped / redis GET", fast_mapped_over_redis, "target >= 2");
   print_ratios("kvtier fast path, new maps / memcpy", fast_over_memcpy, "target >= 0.4");
