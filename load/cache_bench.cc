@@ -127,7 +127,11 @@ class CpuClocks {
     clocks_.push_back(CLOCK_PROCESS_CPUTIME_ID);
     for (pid_t pid : servers) {
       clockid_t clock;
-      if (clock_getcpuclockid(pid, &clock) == 0) clocks_.push_back(clock);
+      if (clock_getcpuclockid(pid, &clock) == 0) {
+        clocks_.push_back(clock);
+      } else {
+        std::fprintf(stderr, "no CPU clock for process %d: CPU s/GB leaves it out\n", static_cast<int>(pid));
+      }
     }
   }
   double Seconds() const {
