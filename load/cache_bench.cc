@@ -107,16 +107,14 @@ Prefix MakePrefix(const kvblock::LatentLayout& layout, const std::string& ns, ui
 // Timing of one client's operation: started when constructed; Block() at
 // each block's end records the time since the previous one.
 struct Sample {
-  double seconds = 0;                 // wall time of the operation
   std::vector<double> block_seconds;  // time to each block, from the previous one
-  Clock::time_point start = Clock::now(), last = start;
+  Clock::time_point last = Clock::now();
 
   void Block() {
     const auto now = Clock::now();
     block_seconds.push_back(Seconds(now - last));
     last = now;
   }
-  void Done() { seconds = Seconds(Clock::now() - start); }
 };
 
 // CPU time used by this process and the servers it started, together: what
@@ -208,7 +206,6 @@ Sample KvtierPut(CacheClient& client, const kvblock::LatentLayout& layout, const
   }
   writer->WritesDone();
   grpc::Status status = writer->Finish();
-  sample.Done();
   if (!status.ok()) std::fprintf(stderr, "Put failed: %s\n", status.error_message().c_str());
   return sample;
 }
@@ -228,7 +225,6 @@ Sample KvtierGet(grpc::Channel* channel, const kvblock::LatentLayout& layout, co
         sample.Block();
         blocks += block.status.ok() ? 1 : 0;
       });
-  sample.Done();
   if (!status.ok() || blocks != p.records.size()) {
     std::fprintf(stderr, "Get failed: %s (%zu blocks)\n", status.error_message().c_str(), blocks);
   }
@@ -249,7 +245,6 @@ Sample KvtierFastGet(FastPathClient& fast, const kvblock::LatentLayout& layout, 
         sample.Block();
         blocks += block.status.ok() ? 1 : 0;
       });
-  sample.Done();
   if (!left.ok() || blocks != p.records.size()) {
     std::fprintf(stderr, "fast path Get failed: %s (%zu blocks read, %zu left for Get)\n",
                  std::string(left.status().message()).c_str(), blocks, left.ok() ? left->size() : 0);
@@ -272,7 +267,6 @@ Sample WorkerLoad(serving::ShardSet& shards, const kvblock::LatentLayout& layout
     }
     ++appended;
   }
-  sample.Done();
   if (appended != p.hashes.size()) std::fprintf(stderr, "worker load: %zu of %zu blocks\n", appended, p.hashes.size());
   return sample;
 }
@@ -283,7 +277,6 @@ Sample PrefillStore(serving::ShardSet& shards, const kvblock::LatentLayout& layo
                     const Prefix& p) {
   Sample sample;
   const size_t stored = shards.Store(ns, layout, p.slices).size();
-  sample.Done();
   if (stored != p.slices.size()) std::fprintf(stderr, "prefill store: %zu of %zu blocks\n", stored, p.slices.size());
   return sample;
 }
@@ -316,7 +309,6 @@ Sample RedisSet(redisContext* redis, const std::string& ns, const Prefix& p) {
     freeReplyObject(reply);
     sample.Block();
   }
-  sample.Done();
   return sample;
 }
 
@@ -346,7 +338,6 @@ Sample RedisGet(redisContext* redis, const std::string& ns, const Prefix& p,
     freeReplyObject(reply);
     sample.Block();
   }
-  sample.Done();
   return sample;
 }
 
@@ -387,7 +378,6 @@ Sample RawTcpFetch(const Prefix& p, std::vector<uint8_t>& destination) {
     }
     sample.Block();
   }
-  sample.Done();
   close(s);
   writer.join();
   close(listener);
@@ -541,7 +531,6 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
           std::memcpy(destinations[c].data() + b * slot, prefixes[c].records[b].data(), slot);
           s.Block();
         }
-        s.Done();
         return s;
       }));
       worker_fast.push_back(Concurrently(cpu_clocks, n, [&](int c) {
@@ -566,18 +555,15 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
     }
     // The machine is noisy: compare kvtier and Redis round by round (they ran
     // back to back) and report the median ratio.
-    const auto median_ratio = [&](const auto& slower, const auto& faster) {
+    // (`field` a / `field` b: wall time, or the CPU time both used to move
+    // the same bytes.)
+    const auto median_ratio = [&](const std::vector<Round>& a, const std::vector<Round>& b,
+                                  double Round::*field = &Round::wall) {
       std::vector<double> ratios;
-      for (int round = 0; round < rounds; ++round) ratios.push_back(slower[round].wall / faster[round].wall);
+      for (int round = 0; round < rounds; ++round) ratios.push_back(a[round].*field / b[round].*field);
       return load::Median(ratios);
     };
-    // And what each used of the CPU (both move the same bytes).
-    const auto median_cpu_ratio = [&](const auto& a, const auto& b) {
-      std::vector<double> ratios;
-      for (int round = 0; round < rounds; ++round) ratios.push_back(a[round].cpu / b[round].cpu);
-      return load::Median(ratios);
-    };
-    get_cpu_over_redis.push_back(median_cpu_ratio(get, rget));
+    get_cpu_over_redis.push_back(median_ratio(get, rget, &Round::cpu));
     get_over_redis.push_back(median_ratio(rget, get));
     again_over_redis.push_back(median_ratio(rget_again, get_again));
     get_over_raw.push_back(median_ratio(raw, get));
