@@ -211,6 +211,13 @@ struct RecordDesc {
 constexpr uint32_t kCrcThreads = 256, kCrcChunk = DeviceSlab::kMinCrcPage;  // a chunk never spans two pages
 constexpr uint64_t kCrcPartBytes = uint64_t{kCrcThreads} * kCrcChunk;
 
+// Where byte `at` of `record` lies in the slab (its pages `page_size`, a
+// power of two, apart).
+__device__ inline const uint8_t* RecordByte(const uint8_t* slab, const uint64_t* page_offsets,
+                                            const RecordDesc& record, uint64_t at, uint32_t page_shift) {
+  return slab + page_offsets[record.first_page + (at >> page_shift)] + (at & ((uint64_t{1} << page_shift) - 1));
+}
+
 // Part blockIdx.x of record blockIdx.y: the raw CRC of its slots' chunks
 // (crc32c_math.h's Crc32cChunkInSlot: the whole chunks fill the record's
 // last slots), joined pairwise in shared memory, level by level.
@@ -227,9 +234,8 @@ __global__ void __launch_bounds__(kCrcThreads)
   const int64_t chunk = Crc32cChunkInSlot(uint64_t{blockIdx.x} * kCrcThreads + t, slots, record.bytes / kCrcChunk);
   uint32_t c = 0;
   if (chunk >= 0) {
-    const uint64_t at = uint64_t(chunk) * kCrcChunk;
     const auto* words = reinterpret_cast<const uint4*>(
-        slab + page_offsets[record.first_page + (at >> page_shift)] + (at & ((uint64_t{1} << page_shift) - 1)));
+        RecordByte(slab, page_offsets, record, uint64_t(chunk) * kCrcChunk, page_shift));
     for (uint32_t i = 0; i < kCrcChunk / 16; ++i) {
       const uint4 w = words[i];
       c = Crc32cWordStep(table, c, w.x);
@@ -262,8 +268,7 @@ __global__ void RecordCrcJoinKernel(const uint8_t* slab, const uint64_t* page_of
     c = Crc32cMultiply(c, part_factor) ^ parts[uint64_t{r} * parts_per_record + p];
   }
   const uint64_t tail_at = record.bytes / kCrcChunk * kCrcChunk;
-  const uint8_t* tail = slab + page_offsets[record.first_page + (tail_at >> page_shift)] +
-                        (tail_at & ((uint64_t{1} << page_shift) - 1));
+  const uint8_t* tail = RecordByte(slab, page_offsets, record, tail_at, page_shift);
   uint32_t tail_raw = 0;
   for (uint64_t i = 0; i < record.bytes - tail_at; ++i) {
     tail_raw ^= tail[i];

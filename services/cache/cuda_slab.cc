@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "kvtier/kernels/cuda_codec.h"
 #include "kvtier/kernels/cuda_ipc.h"
 #include "services/common/status.h"
@@ -55,7 +56,8 @@ absl::Status CudaSlab::CopyOutRunsWithCrc(std::span<const SlabRun> runs, std::sp
                                           uint32_t page_size, std::span<uint32_t> crcs) const {
   if (crcs.size() != records.size()) return absl::InternalError("one CRC a record");
   if (!kernels::cuda::DeviceSlab::ChecksPagesOf(page_size)) {
-    return absl::UnimplementedError("the GPU checks records over pages of a power of two bytes (256 or more) only");
+    return absl::UnimplementedError(absl::StrCat("the GPU checks records over pages of a power of two bytes (",
+                                                 kernels::cuda::DeviceSlab::kMinCrcPage, " or more) only"));
   }
   std::vector<kernels::cuda::DeviceSlab::Record> kernel_records;
   kernel_records.reserve(records.size());
