@@ -320,18 +320,7 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     if (!grpc::SerializationTraits<v1::GetRequest>::Deserialize(&copy, &request).ok()) {
       return absl::InvalidArgumentError("GetRequest does not parse");
     }
-    KVTIER_ASSIGN_OR_RETURN(scope_, service_->ValidateScope(request.kv_namespace(), request.layout()));
-    KVTIER_ASSIGN_OR_RETURN(hashes_, ValidateHashes(request.block_hashes()));
-    const uint32_t layers = scope_.layout.num_layers;
-    layer_begin_ = request.layer_begin();
-    layer_count_ = request.layer_count() == 0 ? layers - std::min(layer_begin_, layers)
-                                              : request.layer_count();
-    if (layer_begin_ >= layers || layer_count_ > layers - layer_begin_) {
-      return absl::InvalidArgumentError(absl::StrCat("layers [", layer_begin_, ", +",
-                                                     request.layer_count(), ") outside the ",
-                                                     layers, " of the layout"));
-    }
-    lease_id_ = request.lease_id();
+    KVTIER_ASSIGN_OR_RETURN(plan_, service_->PlanGet(request));
     return absl::OkStatus();
   }
 
@@ -347,7 +336,7 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   Step PlanLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Step step;
     if (finished_) return step;
-    if (!final_status_.has_value() && sent_ == hashes_.size()) final_status_ = grpc::Status::OK;
+    if (!final_status_.has_value() && sent_ == plan_.hashes.size()) final_status_ = grpc::Status::OK;
     if (final_status_.has_value()) {
       // Never finish while a Produce task or a write may still touch this.
       if (!producing_ && !writing_) {
@@ -362,7 +351,7 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       writing_ = true;
       step.start_write = true;
     }
-    if (!producing_ && !prepared_.has_value() && next_ < hashes_.size()) {
+    if (!producing_ && !prepared_.has_value() && next_ < plan_.hashes.size()) {
       producing_ = true;
       step.submit = true;
       step.index = next_++;
@@ -374,7 +363,7 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     if (step.finish.has_value()) {
       // Before Finish, so a client that sees the stream end sees the lease
       // ended too.
-      if (lease_id_ != 0) (void)service_->store()->ReleaseLease(lease_id_);
+      if (plan_.lease_id != 0) (void)service_->store()->ReleaseLease(plan_.lease_id);
       timer_.Done(step.finish->error_code());
       Finish(*step.finish);  // may delete this
       return;
@@ -409,46 +398,26 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   grpc::ByteBuffer Encode(size_t index) const {
-    const kvblock::BlockHash& hash = hashes_[index];
-    absl::StatusOr<std::shared_ptr<const PinnedBlock>> block =
-        service_->store()->Read(scope_.ns, scope_.layout_id, hash);
-    if (block.ok() && layer_count_ == scope_.layout.num_layers) {
-      return EncodeBlockResponse(static_cast<uint32_t>(index), hash, *block);
+    GetAnswer answer = service_->ReadForGet(plan_, index);
+    if (answer.record != nullptr) {
+      return EncodeBlockResponse(static_cast<uint32_t>(index), plan_.hashes[index], answer.record);
     }
     v1::GetResponse response;
     response.set_index(static_cast<uint32_t>(index));
-    response.set_block_hash(std::string(kvblock::HashAsBytes(hash)));
-    absl::Status status = block.status();
-    if (block.ok()) {
-      response.set_tier((*block)->tier());
-      absl::StatusOr<std::string> subset = LayerSubset(**block);
-      if (subset.ok()) response.set_data(std::move(*subset));
-      status = subset.status();
-    }
-    if (!status.ok()) {
-      response.mutable_miss()->set_code(static_cast<int>(status.code()));
-      response.mutable_miss()->set_message(std::string(status.message()));
+    response.set_block_hash(std::string(kvblock::HashAsBytes(plan_.hashes[index])));
+    if (answer.miss.ok()) {
+      response.set_tier(answer.tier);
+      response.set_data(std::move(answer.subset));
+    } else {
+      response.mutable_miss()->set_code(static_cast<int>(answer.miss.code()));
+      response.mutable_miss()->set_message(std::string(answer.miss.message()));
     }
     return EncodeResponse(response);
   }
 
-  absl::StatusOr<std::string> LayerSubset(const PinnedBlock& block) const {
-    const std::string record = block.CopyToString();
-    KVTIER_ASSIGN_OR_RETURN(kvblock::BlockView view, kvblock::ParseBlock(record, &scope_.layout));
-    const size_t per_layer = view.header.layer_payload_bytes;
-    return kvblock::SerializeBlock(
-        kvblock::HeaderFor(scope_.layout, layer_begin_, layer_count_),
-        view.payloads.substr(size_t{layer_begin_} * per_layer, size_t{layer_count_} * per_layer));
-  }
-
   CacheService* service_;
   RpcTimer timer_;
-  // Set once by Parse, before any task runs.
-  RequestScope scope_;
-  std::vector<kvblock::BlockHash> hashes_;
-  uint32_t layer_begin_ = 0;
-  uint32_t layer_count_ = 0;
-  uint64_t lease_id_ = 0;
+  GetPlan plan_;  // set once by Parse, before any task runs
 
   absl::Mutex mu_;
   size_t next_ ABSL_GUARDED_BY(mu_) = 0;  // next block to prepare
@@ -514,6 +483,54 @@ absl::StatusOr<RequestScope> CacheService::ValidateScope(const std::string& ns,
   KVTIER_ASSIGN_OR_RETURN(scope.layout, kvblock::LayoutFromProto(layout));
   scope.layout_id = kvblock::LayoutId(scope.layout);
   return scope;
+}
+
+absl::StatusOr<GetPlan> CacheService::PlanGet(const v1::GetRequest& request) const {
+  GetPlan plan;
+  KVTIER_ASSIGN_OR_RETURN(plan.scope, ValidateScope(request.kv_namespace(), request.layout()));
+  KVTIER_ASSIGN_OR_RETURN(plan.hashes, ValidateHashes(request.block_hashes()));
+  const uint32_t layers = plan.scope.layout.num_layers;
+  plan.layer_begin = request.layer_begin();
+  plan.layer_count = request.layer_count() == 0 ? layers - std::min(plan.layer_begin, layers)
+                                                : request.layer_count();
+  if (plan.layer_begin >= layers || plan.layer_count > layers - plan.layer_begin) {
+    return absl::InvalidArgumentError(absl::StrCat("layers [", plan.layer_begin, ", +", request.layer_count(),
+                                                   ") outside the ", layers, " of the layout"));
+  }
+  plan.lease_id = request.lease_id();
+  return plan;
+}
+
+GetAnswer CacheService::ReadForGet(const GetPlan& plan, size_t index) const {
+  GetAnswer answer;
+  absl::StatusOr<std::shared_ptr<const PinnedBlock>> block =
+      store_->Read(plan.scope.ns, plan.scope.layout_id, plan.hashes[index]);
+  if (!block.ok()) {
+    answer.miss = block.status();
+    return answer;
+  }
+  answer.tier = (*block)->tier();
+  if (plan.layer_count == plan.scope.layout.num_layers) {
+    answer.record = *std::move(block);
+    return answer;
+  }
+  // Only the layers asked for: a record of its own, with its own CRC.
+  const std::string record = (*block)->CopyToString();
+  absl::StatusOr<kvblock::BlockView> view = kvblock::ParseBlock(record, &plan.scope.layout);
+  if (!view.ok()) {
+    answer.miss = view.status();
+    return answer;
+  }
+  const size_t per_layer = view->header.layer_payload_bytes;
+  absl::StatusOr<std::string> subset = kvblock::SerializeBlock(
+      kvblock::HeaderFor(plan.scope.layout, plan.layer_begin, plan.layer_count),
+      view->payloads.substr(size_t{plan.layer_begin} * per_layer, size_t{plan.layer_count} * per_layer));
+  if (subset.ok()) {
+    answer.subset = *std::move(subset);
+  } else {
+    answer.miss = subset.status();
+  }
+  return answer;
 }
 
 grpc::ServerUnaryReactor* CacheService::Match(grpc::CallbackServerContext* context,

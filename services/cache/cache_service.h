@@ -37,6 +37,24 @@ struct RequestScope {
   uint64_t layout_id = 0;
 };
 
+// A GetRequest, checked: which blocks, which layers, the lease it ends.
+struct GetPlan {
+  RequestScope scope;
+  std::vector<kvblock::BlockHash> hashes;
+  uint32_t layer_begin = 0;
+  uint32_t layer_count = 0;
+  uint64_t lease_id = 0;  // 0: none
+};
+
+// One block of a Get: the whole pinned record, or the layers asked for, or
+// why neither (a miss).
+struct GetAnswer {
+  std::shared_ptr<const PinnedBlock> record;  // when all layers were asked for
+  std::string subset;                         // else the layers, as a record
+  v1::Tier tier = v1::TIER_UNSPECIFIED;
+  absl::Status miss;
+};
+
 class CacheService final : public KvCacheBase {
  public:
   // None owned; all must outlive the service. `metrics` may be null, and
@@ -49,6 +67,12 @@ class CacheService final : public KvCacheBase {
   // namespace this server does not serve.
   absl::StatusOr<RequestScope> ValidateScope(const std::string& ns,
                                              const v1::LatentLayout& layout) const;
+
+  // INVALID_ARGUMENT or NOT_FOUND, as ValidateScope, for a request Get
+  // cannot serve.
+  absl::StatusOr<GetPlan> PlanGet(const v1::GetRequest& request) const;
+  // Reads block `index` of `plan` (its CRC32C verified by the store).
+  GetAnswer ReadForGet(const GetPlan& plan, size_t index) const;
 
   grpc::ServerUnaryReactor* Match(grpc::CallbackServerContext* context,
                                   const v1::MatchRequest* request,
