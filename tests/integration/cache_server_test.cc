@@ -421,17 +421,6 @@ TEST_F(CacheServerTest, StatsCommandAndMetricsReportTheSameFigures) {
       << scrape.output;
 }
 
-// Polls Stats (the server announces nothing) until `done` holds, up to 10 s.
-bool StatsEventually(CacheClient& client, const std::function<bool(const v1::StatsResponse&)>& done) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (std::chrono::steady_clock::now() < deadline) {
-    auto s = client.Stats();
-    if (s.ok() && done(*s)) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
-}
-
 TEST_F(CacheServerTest, CancelledPutFreesItsIncompleteBlocks) {
   const TestBlock b = MakeBlock(layout_, "ns", 11);
   {
@@ -645,6 +634,10 @@ TEST(CacheServerFlags, RefusesBadCapacitiesWithAMessage) {
       {{"--device-capacity", "1000TiB", "--host-capacity", "1GiB"}, "exceeds this machine's memory"},
       {{"--device-capacity", "abc", "--host-capacity", "1GiB"}, "not a size"},
       {{"--device-capacity", "1GiB", "--host-capacity", "1GiB", "--listen", "nowhere"}, "HOST:PORT"},
+      {{"--device-capacity", "1GiB", "--host-capacity", "1GiB", "--bulk-listen", "nowhere"}, "--bulk-listen: address"},
+      {{"--device-capacity", "1GiB", "--host-capacity", "1GiB", "--bulk-listen", "127.0.0.1:0",
+        "--bulk-max-connections", "0"},
+       "--bulk-listen: the bulk stream needs room for a connection"},
       {{"--device-capacity", "1GiB", "--host-capacity", "1GiB", "--namespaces", "a,b/c"},
        "--namespaces: kv_namespace may hold only"},
       {{"--device-capacity", "1GiB", "--host-capacity", "1GiB", "--disk-dir", "/tmp/x"},

@@ -1,10 +1,13 @@
 // Blocks for tests that talk to a real kvtier-cache: a V2-Lite-shaped
-// layout with fewer layers, and records made from a seed.
+// layout with fewer layers, records made from a seed, and a wait on Stats.
 #ifndef KVTIER_TESTS_INTEGRATION_CACHE_TEST_BLOCKS_H_
 #define KVTIER_TESTS_INTEGRATION_CACHE_TEST_BLOCKS_H_
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <span>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -48,6 +51,17 @@ inline TestBlock MakeBlock(const kvblock::LatentLayout& layout, const std::strin
   }
   b.record = *kvblock::EncodeBlock(layout, 0, layout.num_layers, x);
   return b;
+}
+
+// Polls Stats (the server announces nothing) until `done` holds, up to 10 s.
+inline bool StatsEventually(CacheClient& client, const std::function<bool(const v1::StatsResponse&)>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto s = client.Stats();
+    if (s.ok() && done(*s)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
 }
 
 }  // namespace kvtier::cache

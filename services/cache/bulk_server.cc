@@ -1,0 +1,221 @@
+#include "services/cache/bulk_server.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <iostream>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "services/cache/bulk_stream.h"
+#include "services/common/server_runner.h"
+
+namespace kvtier::cache {
+namespace {
+
+absl::StatusOr<int> ListenTcp(const std::string& address, int& port) {
+  if (absl::Status s = ValidateListenAddress(address); !s.ok()) return s;
+  const size_t colon = address.rfind(':');
+  std::string host = address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string service = address.substr(colon + 1);
+  if (int e = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found); e != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot resolve '", address, "': ", gai_strerror(e)));
+  }
+  std::string why = "no address";
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_storage bound{};
+    socklen_t length = sizeof bound;
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 128) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length) == 0) {
+      port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                               : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+      freeaddrinfo(found);
+      return fd;
+    }
+    why = std::strerror(errno);
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return absl::UnavailableError(absl::StrCat("cannot listen on ", address, ": ", why));
+}
+
+// An end frame: the request's status. Best effort: the connection may be
+// gone already.
+absl::Status SendEnd(int fd, const absl::Status& status) {
+  const std::string message = bulk::FrameMessage(status);
+  bulk::Frame frame{bulk::kBulkEndIndex, static_cast<uint32_t>(status.code()), 0,
+                    static_cast<uint32_t>(message.size())};
+  const iovec pieces[2] = {{&frame, sizeof frame}, {const_cast<char*>(message.data()), message.size()}};
+  return bulk::SendAll(fd, pieces);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<BulkServer>> BulkServer::Start(const BulkServerOptions& options,
+                                                              CacheService* service, RpcMetrics* metrics) {
+  if (options.max_connections == 0) return absl::InvalidArgumentError("the bulk stream needs room for a connection");
+  int port = 0;
+  absl::StatusOr<int> listener = ListenTcp(options.listen, port);
+  if (!listener.ok()) return listener.status();
+  const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake < 0) {
+    close(*listener);
+    return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
+  }
+  std::unique_ptr<BulkServer> server(new BulkServer(options, service, metrics, *listener, wake, port));
+  server->acceptor_ = std::thread([s = server.get()] { s->AcceptLoop(); });
+  return server;
+}
+
+BulkServer::BulkServer(const BulkServerOptions& options, CacheService* service, RpcMetrics* metrics,
+                       int listener, int wake, int port)
+    : options_(options), service_(service), metrics_(metrics), listener_(listener), wake_(wake), port_(port) {}
+
+BulkServer::~BulkServer() {
+  Shutdown();
+  close(listener_);
+  close(wake_);
+}
+
+void BulkServer::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  const uint64_t one = 1;
+  (void)!write(wake_, &one, sizeof one);
+  acceptor_.join();
+  // No new threads now: join the rest (each finishes its request first).
+  std::list<Connection> left;
+  {
+    absl::MutexLock lock(&mu_);
+    left.swap(connections_);
+  }
+  for (Connection& c : left) c.thread.join();
+}
+
+void BulkServer::JoinFinished() {
+  std::list<Connection> finished;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = connections_.begin(); it != connections_.end();) {
+      auto next = std::next(it);
+      if (it->done) finished.splice(finished.end(), connections_, it);
+      it = next;
+    }
+  }
+  for (Connection& c : finished) c.thread.join();
+}
+
+void BulkServer::AcceptLoop() {
+  while (true) {
+    pollfd fds[2] = {{listener_, POLLIN, 0}, {wake_, POLLIN, 0}};
+    // Wakes now and then to join the threads of closed connections.
+    const int ready = poll(fds, 2, /*timeout_ms=*/1000);
+    JoinFinished();
+    if (fds[1].revents != 0) return;
+    if (ready <= 0 || (fds[0].revents & POLLIN) == 0) continue;
+    const int fd = accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;  // the peer gave up already, or out of descriptors for now
+    if (!bulk::ConfigureSocket(fd, options_.io_timeout).ok() || open_.load() >= options_.max_connections) {
+      (void)SendEnd(fd, absl::ResourceExhaustedError(absl::StrCat(
+                            "the bulk stream serves ", options_.max_connections, " connections at most")));
+      close(fd);
+      continue;
+    }
+    ++open_;
+    absl::MutexLock lock(&mu_);
+    connections_.emplace_back();
+    Connection* c = &connections_.back();
+    c->thread = std::thread([this, fd, c] {
+      Serve(fd);
+      close(fd);
+      --open_;
+      absl::MutexLock done_lock(&mu_);
+      c->done = true;
+    });
+  }
+}
+
+bool BulkServer::WaitForRequest(int fd) const {
+  pollfd fds[2] = {{fd, POLLIN, 0}, {wake_, POLLIN, 0}};
+  const int ready = poll(fds, 2, static_cast<int>(absl::ToInt64Milliseconds(options_.idle_timeout)));
+  return ready > 0 && fds[1].revents == 0 && fds[0].revents != 0;
+}
+
+void BulkServer::Serve(int fd) {
+  while (WaitForRequest(fd)) {
+    bulk::RequestHead head;
+    const absl::Status got = bulk::ReceiveAll(fd, {reinterpret_cast<uint8_t*>(&head), sizeof head}, /*eof_ok=*/true);
+    if (!got.ok()) return;  // closed between requests, or a stalled sender
+    if (head.magic != bulk::kBulkRequestMagic) {
+      (void)SendEnd(fd, absl::InvalidArgumentError("not a kvtier bulk stream request (wrong magic)"));
+      return;
+    }
+    if (head.length > bulk::kMaxBulkRequestBytes) {
+      (void)SendEnd(fd, absl::InvalidArgumentError(absl::StrCat("a ", head.length, "-byte request; at most ",
+                                                                bulk::kMaxBulkRequestBytes)));
+      return;
+    }
+    std::string body(head.length, '\0');
+    if (!bulk::ReceiveAll(fd, {reinterpret_cast<uint8_t*>(body.data()), body.size()}).ok()) return;
+    if (!Answer(fd, body)) return;
+  }
+}
+
+bool BulkServer::Answer(int fd, const std::string& body) {
+  const absl::Time start = absl::Now();
+  absl::Status status;  // the request's
+  absl::Status sent;    // the connection's
+  v1::GetRequest request;
+  absl::StatusOr<GetPlan> plan = request.ParseFromString(body)
+                                     ? service_->PlanGet(request)
+                                     : absl::InvalidArgumentError("GetRequest does not parse");
+  if (!plan.ok()) {
+    status = plan.status();
+  } else {
+    for (size_t i = 0; i < plan->hashes.size() && sent.ok(); ++i) {
+      const GetAnswer answer = service_->ReadForGet(*plan, i);
+      const std::string miss = bulk::FrameMessage(answer.miss);
+      std::vector<iovec> pieces(1);
+      if (answer.record != nullptr) {
+        for (std::span<const uint8_t> piece : answer.record->pieces()) {
+          pieces.push_back({const_cast<uint8_t*>(piece.data()), piece.size()});
+        }
+      } else {
+        const std::string& bytes = answer.miss.ok() ? answer.subset : miss;
+        pieces.push_back({const_cast<char*>(bytes.data()), bytes.size()});
+      }
+      bulk::Frame frame{static_cast<uint32_t>(i), static_cast<uint32_t>(answer.miss.code()),
+                        static_cast<uint32_t>(answer.tier), 0};
+      for (size_t p = 1; p < pieces.size(); ++p) frame.length += static_cast<uint32_t>(pieces[p].iov_len);
+      pieces[0] = {&frame, sizeof frame};
+      sent = bulk::SendAll(fd, pieces);
+    }
+    if (plan->lease_id != 0) (void)service_->store()->ReleaseLease(plan->lease_id);
+    if (!sent.ok()) status = sent;
+  }
+  if (sent.ok()) sent = SendEnd(fd, status);
+  if (metrics_ != nullptr) {
+    metrics_->Observe("BulkGet", static_cast<grpc::StatusCode>(status.code()), absl::Now() - start);
+  }
+  return sent.ok();
+}
+
+}  // namespace kvtier::cache

@@ -1,0 +1,82 @@
+#include "services/cache/bulk_stream.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvtier::cache::bulk {
+namespace {
+
+absl::Status SocketError(const char* what, int error) {
+  if (error == EAGAIN || error == EWOULDBLOCK) {
+    return absl::DeadlineExceededError(absl::StrCat(what, ": the peer stalled past the timeout"));
+  }
+  return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(error)));
+}
+
+}  // namespace
+
+absl::Status ConfigureSocket(int fd, absl::Duration io_timeout) {
+  const timeval tv = absl::ToTimeval(io_timeout);
+  const int one = 1;
+  if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0 ||
+      setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0 ||
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0) {
+    return absl::InternalError(absl::StrCat("setsockopt: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SendAll(int fd, std::span<const iovec> pieces) {
+  std::vector<iovec> left(pieces.begin(), pieces.end());
+  size_t first = 0;
+  while (first < left.size()) {
+    msghdr msg{};
+    msg.msg_iov = left.data() + first;
+    msg.msg_iovlen = std::min<size_t>(left.size() - first, IOV_MAX);
+    const ssize_t sent = sendmsg(fd, &msg, MSG_NOSIGNAL);
+    if (sent < 0) {
+      if (errno == EINTR) continue;
+      return SocketError("send", errno);
+    }
+    // Skip what went, the first piece left possibly in part.
+    size_t n = static_cast<size_t>(sent);
+    while (first < left.size() && n >= left[first].iov_len) n -= left[first++].iov_len;
+    if (n > 0) {
+      left[first].iov_base = static_cast<uint8_t*>(left[first].iov_base) + n;
+      left[first].iov_len -= n;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReceiveAll(int fd, std::span<uint8_t> out, bool eof_ok) {
+  size_t got = 0;
+  while (got < out.size()) {
+    const ssize_t n = recv(fd, out.data() + got, out.size() - got, MSG_WAITALL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return SocketError("receive", errno);
+    }
+    if (n == 0) {
+      if (got == 0 && eof_ok) return absl::NotFoundError("connection closed");
+      return absl::UnavailableError(absl::StrCat("connection closed after ", got, " of ", out.size(), " bytes"));
+    }
+    got += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+std::string FrameMessage(const absl::Status& status) {
+  return std::string(status.message().substr(0, kMaxMessageBytes));
+}
+
+}  // namespace kvtier::cache::bulk
