@@ -8,7 +8,9 @@
 // to a message, as a prefill node sends them) and one Get stream landing
 // each record in the client's buffer (RawGet). Redis: the same records as
 // values, pipelined SET and GET through hiredis, each GET reply copied to
-// the same kind of buffer. Raw TCP: the same records on a plain socket, read straight
+// the same kind of buffer. Bulk stream: the same Get request over the
+// cache's plain TCP connection (--bulk-listen), each record received
+// straight into the buffer (BulkClient). Raw TCP: the same records on a plain socket, read straight
 // into the buffer (the physical limit of a loopback fetch). memcpy: the same
 // bytes, buffer to buffer. Worker load: the prefix as a decode worker or
 // prefill node loads it (ShardSet::Fetch, fast path or TCP, then every
@@ -46,6 +48,7 @@
 #include "absl/strings/str_split.h"
 #include "load/bench_layout.h"
 #include "load/median.h"
+#include "services/cache/bulk_client.h"
 #include "services/cache/cache_client.h"
 #include "services/cache/fast_path_client.h"
 #include "services/cache/raw_get.h"
@@ -227,6 +230,26 @@ Sample KvtierGet(grpc::Channel* channel, const kvblock::LatentLayout& layout, co
       });
   if (!status.ok() || blocks != p.records.size()) {
     std::fprintf(stderr, "Get failed: %s (%zu blocks)\n", status.error_message().c_str(), blocks);
+  }
+  return sample;
+}
+
+// The bulk stream: the same request over a plain TCP connection, each
+// record received straight into the destination.
+Sample KvtierBulkGet(BulkClient& client, const kvblock::LatentLayout& layout, const std::string& ns,
+                     const Prefix& p, std::vector<uint8_t>& destination) {
+  const size_t slot = p.records[0].size();
+  Sample sample;
+  size_t blocks = 0;
+  const absl::Status status = client.Get(
+      MakeGetRequest(ns, layout, p.hashes),
+      [&](uint32_t index, size_t) { return std::span<uint8_t>(destination.data() + index * slot, slot); },
+      [&](const RawBlock& block) {
+        sample.Block();
+        blocks += block.status.ok() ? 1 : 0;
+      });
+  if (!status.ok() || blocks != p.records.size()) {
+    std::fprintf(stderr, "bulk stream Get failed: %s (%zu blocks)\n", std::string(status.message()).c_str(), blocks);
   }
   return sample;
 }
@@ -419,7 +442,8 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
 
   ChildProcess cache({cache_binary, "--listen", "127.0.0.1:0", "--metrics-listen", "",
                                "--device-capacity", "1GiB", "--host-capacity", "64MiB",
-                               "--fast-path-staging", "1GiB", "--device-memory", device_memory});
+                               "--fast-path-staging", "1GiB", "--device-memory", device_memory,
+                               "--bulk-listen", "127.0.0.1:0"});
   const int cache_port = cache.WaitForListeningPort();
   const int redis_port = FreeLoopbackPort();  // Redis cannot report port 0
   // Redis logs to a file nobody reads, not to a pipe that could fill.
@@ -451,6 +475,21 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
     channels.push_back(CacheClient::Connect("127.0.0.1:" + std::to_string(cache_port),
                                             /*own_connection=*/true));
     clients.push_back(std::make_unique<CacheClient>(channels.back(), absl::Seconds(60)));
+  }
+  absl::StatusOr<v1::StatsResponse> stats = clients[0]->Stats();
+  if (!stats.ok()) {
+    std::fprintf(stderr, "Stats: %s\n", std::string(stats.status().message()).c_str());
+    return 1;
+  }
+  std::vector<std::unique_ptr<BulkClient>> bulk_clients;
+  for (int c = 0; c < kMaxClients; ++c) {
+    absl::StatusOr<std::unique_ptr<BulkClient>> bulk =
+        BulkClient::Connect("127.0.0.1:" + std::to_string(stats->bulk_port()));
+    if (!bulk.ok()) {
+      std::fprintf(stderr, "bulk stream: %s\n", std::string(bulk.status().message()).c_str());
+      return 1;
+    }
+    bulk_clients.push_back(*std::move(bulk));
   }
   std::vector<std::unique_ptr<FastPathClient>> fast_clients;
   for (int c = 0; c < kMaxClients; ++c) {
@@ -485,9 +524,10 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
 
   std::vector<Row> rows;
   std::vector<double> get_over_redis, again_over_redis, get_over_raw, redis_over_raw, fast_over_redis,
-      fast_mapped_over_redis, fast_over_memcpy, fast_mapped_over_memcpy, get_cpu_over_redis;
+      fast_mapped_over_redis, fast_over_memcpy, fast_mapped_over_memcpy, get_cpu_over_redis, bulk_over_redis,
+      bulk_again_over_redis, bulk_cpu_over_redis;
   for (int n : client_counts) {
-    std::vector<Round> put, staged_put, get, get_again, fast, fast_mapped, set, rget,
+    std::vector<Round> put, staged_put, get, get_again, bulk, bulk_again, fast, fast_mapped, set, rget,
         rget_again, copy, raw, worker_fast, worker_tcp, prefill_tcp;
     for (int round = 0; round < rounds; ++round) {
       // Fresh namespaces each round so Put stores instead of deduplicating.
@@ -510,6 +550,13 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
       // the prefix is twice the last-level cache).
       get.push_back(kvtier_get());
       get_again.push_back(kvtier_get());
+      const auto bulk_get = [&] {
+        return Concurrently(cpu_clocks, n, [&](int c) {
+          return KvtierBulkGet(*bulk_clients[c], layout, tag + std::to_string(c), prefixes[c], destinations[c]);
+        });
+      };
+      bulk.push_back(bulk_get());
+      bulk_again.push_back(bulk_get());
       fast.push_back(Concurrently(cpu_clocks, n, [&](int c) {
         return KvtierFastGet(*fast_clients[c], layout, tag + std::to_string(c), prefixes[c], destinations[c]);
       }));
@@ -567,6 +614,9 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
     get_over_redis.push_back(median_ratio(rget, get));
     again_over_redis.push_back(median_ratio(rget_again, get_again));
     get_over_raw.push_back(median_ratio(raw, get));
+    bulk_over_redis.push_back(median_ratio(rget, bulk));
+    bulk_again_over_redis.push_back(median_ratio(rget_again, bulk_again));
+    bulk_cpu_over_redis.push_back(median_ratio(bulk, rget, &Round::cpu));
     redis_over_raw.push_back(median_ratio(raw, rget));
     fast_over_redis.push_back(median_ratio(rget, fast));
     fast_mapped_over_redis.push_back(median_ratio(rget, fast_mapped));
@@ -577,6 +627,8 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
     rows.push_back(Summarize("worker load, fast path", n, bytes, worker_fast));
     rows.push_back(Summarize("kvtier Get (fetch)", n, bytes, get));
     rows.push_back(Summarize("kvtier Get, read again", n, bytes, get_again));
+    rows.push_back(Summarize("kvtier bulk stream (fetch)", n, bytes, bulk));
+    rows.push_back(Summarize("kvtier bulk stream, read again", n, bytes, bulk_again));
     rows.push_back(Summarize("worker load, TCP", n, bytes, worker_tcp));
     rows.push_back(Summarize("redis GET, pipelined (fetch)", n, bytes, rget));
     rows.push_back(Summarize("redis GET, read again", n, bytes, rget_again));
@@ -615,6 +667,9 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
   print_ratios("kvtier Get (TCP) / raw TCP socket", get_over_raw, "1 would be the physical limit");
   print_ratios("redis GET / raw TCP socket", redis_over_raw, "1 would be the physical limit");
   print_ratios("kvtier Get (TCP) / redis GET, CPU time", get_cpu_over_redis, "below 1: less CPU a byte");
+  print_ratios("kvtier bulk stream / redis GET", bulk_over_redis, "target >= 1");
+  print_ratios("kvtier bulk stream / redis GET, read again", bulk_again_over_redis, "target >= 1");
+  print_ratios("kvtier bulk stream / redis GET, CPU time", bulk_cpu_over_redis, "below 1: less CPU a byte");
   print_ratios("kvtier fast path, new maps / redis GET", fast_over_redis, "target >= 2");
   print_ratios("kvtier fast path, mapped / redis GET", fast_mapped_over_redis, "target >= 2");
   print_ratios("kvtier fast path, new maps / memcpy", fast_over_memcpy, "target >= 0.4");
