@@ -96,6 +96,8 @@ absl::Status BulkClient::Receive(size_t blocks, const RecordDestination& destina
       if (status.ok() && next != blocks) {
         return broke(absl::InternalError(absl::StrCat("bulk stream ended after ", next, " of ", blocks, " blocks")));
       }
+      // Over the cache's connection limit: it closed this one.
+      if (status.code() == absl::StatusCode::kResourceExhausted) return broke(status);
       return status;
     }
     if (frame.index != next || next >= blocks) {

@@ -29,7 +29,8 @@ class BulkClient {
   // `destination(index, size)`, then `on_block` sees the answer; answers
   // come in request order. Returns the request's status (the cache's
   // refusal, such as INVALID_ARGUMENT), or UNAVAILABLE / INTERNAL when the
-  // connection broke or the cache's answer was malformed; after those the
+  // connection broke or the cache's answer was malformed, RESOURCE_EXHAUSTED
+  // when the cache serves as many connections as it will; after those the
   // client is broken() and every later call fails.
   absl::Status Get(const v1::GetRequest& request, const RecordDestination& destination,
                    const std::function<void(const RawBlock&)>& on_block);

@@ -12,9 +12,10 @@
 //           message); then a Frame with index kBulkEndIndex, the request's
 //           status code and its message.
 // A request that cannot be read (wrong magic, over kMaxBulkRequestBytes)
-// gets an end frame and the connection is closed; one that reads but is
-// refused (a bad layout, an unknown namespace) gets an end frame and the
-// connection stays.
+// gets an end frame and the connection is closed, as does every request on
+// a connection over the cache's limit (RESOURCE_EXHAUSTED); one that reads
+// but is refused (a bad layout, an unknown namespace) gets an end frame
+// and the connection stays.
 #ifndef KVTIER_SERVICES_CACHE_BULK_STREAM_H_
 #define KVTIER_SERVICES_CACHE_BULK_STREAM_H_
 

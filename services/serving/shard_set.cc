@@ -43,10 +43,11 @@ absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(const std::string& ta
     }
     if (!seen.insert(target).second) return absl::InvalidArgumentError(absl::StrCat("cache shard ", target, " is listed twice"));
     std::shared_ptr<grpc::Channel> channel = cache::CacheClient::Connect(target);
+    auto client = std::make_unique<cache::CacheClient>(channel, deadline);
+    auto bulk = std::make_unique<BulkConnections>(target, client.get(), deadline);
     set->shards_.push_back({target, First8(kvblock::Sha256({target})), channel,
-                            std::make_unique<StreamConnections>(target),
-                            std::make_unique<cache::CacheClient>(channel, deadline),
-                            fast_path ? std::make_unique<FastPath>() : nullptr});
+                            std::make_unique<StreamConnections>(target), std::move(client),
+                            fast_path ? std::make_unique<FastPath>() : nullptr, std::move(bulk)});
   }
   if (set->shards_.empty()) return absl::InvalidArgumentError("no cache shard given");
   return set;
@@ -93,7 +94,7 @@ std::vector<absl::StatusOr<SharedRecord>> ShardSet::Fetch(const std::string& ns,
   for (size_t s = 0; s < shards_.size(); ++s) {
     if (positions[s].empty()) continue;
     done.push_back(std::async(std::launch::async, [&, s] {
-      FetchFromShard(s, ns, layout, hashes, positions[s], /*fast=*/true, out);
+      FetchFromShard(s, ns, layout, hashes, positions[s], Route::kFastPath, out);
     }));
   }
   for (auto& d : done) d.get();
@@ -102,8 +103,9 @@ std::vector<absl::StatusOr<SharedRecord>> ShardSet::Fetch(const std::string& ns,
 
 void ShardSet::FetchFromShard(size_t s, const std::string& ns, const kvblock::LatentLayout& layout,
                               const std::vector<kvblock::BlockHash>& hashes,
-                              const std::vector<size_t>& indices, bool fast,
+                              const std::vector<size_t>& indices, Route route,
                               std::vector<absl::StatusOr<SharedRecord>>& out) {
+  if (indices.empty()) return;
   std::vector<kvblock::BlockHash> mine;
   for (size_t i : indices) mine.push_back(hashes[i]);
   std::vector<std::shared_ptr<std::string>> records(mine.size());
@@ -117,7 +119,7 @@ void ShardSet::FetchFromShard(size_t s, const std::string& ns, const kvblock::La
     if (records[index] == nullptr) records[index] = records_->Take(size);
     return std::span(reinterpret_cast<uint8_t*>(records[index]->data()), size);
   };
-  std::shared_ptr<cache::FastPathClient> client = fast ? FastPathOf(s) : nullptr;
+  std::shared_ptr<cache::FastPathClient> client = route == Route::kFastPath ? FastPathOf(s) : nullptr;
   const auto on_block = [&](const cache::RawBlock& block) {
     if (block.index >= records.size()) return;
     absl::StatusOr<SharedRecord>& slot = out[indices[block.index]];
@@ -147,23 +149,42 @@ void ShardSet::FetchFromShard(size_t s, const std::string& ns, const kvblock::La
       DropFastPath(s, client);  // e.g. the cache restarted: a new session next time
       rest = indices;
     }
-    FetchFromShard(s, ns, layout, hashes, rest, /*fast=*/false, out);
+    FetchFromShard(s, ns, layout, hashes, rest, Route::kBulk, out);
     return;
+  }
+  // Blocks that arrived before a request failed stay usable.
+  const auto failed = [&](const absl::Status& status) {
+    for (size_t i : indices) {
+      if (!out[i].ok()) {
+        out[i] = absl::Status(status.code(), absl::StrCat("cache ", shards_[s].target, ": ", status.message()));
+      }
+    }
+  };
+  if (route != Route::kGet) {
+    if (std::unique_ptr<cache::BulkClient> bulk = shards_[s].bulk->Take()) {
+      const absl::Status status = bulk->Get(cache::MakeGetRequest(ns, layout, mine), destination, on_block);
+      const bool broke = bulk->broken();
+      shards_[s].bulk->Give(std::move(bulk));
+      if (!broke) {
+        if (!status.ok()) failed(status);
+        return;
+      }
+      // The connection broke, or the cache had no room for it: what did
+      // not arrive is asked for again by Get.
+      std::vector<size_t> rest;
+      for (size_t i : indices) {
+        if (!out[i].ok()) rest.push_back(i);
+      }
+      FetchFromShard(s, ns, layout, hashes, rest, Route::kGet, out);
+      return;
+    }
   }
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
   const StreamConnections::Lease connection = TakeConnection(s);
   const grpc::Status status = cache::RawGet(connection.channel(), &context,
                                             cache::MakeGetRequest(ns, layout, mine), destination, on_block);
-  if (!status.ok()) {
-    // Blocks that arrived before the stream failed stay usable.
-    for (size_t i : indices) {
-      if (!out[i].ok()) {
-        out[i] = absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                              absl::StrCat("cache ", shards_[s].target, ": ", status.error_message()));
-      }
-    }
-  }
+  if (!status.ok()) failed(cache::FromGrpcStatus(status));
 }
 
 std::shared_ptr<cache::FastPathClient> ShardSet::FastPathOf(size_t s) {

@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "services/cache/cache_client.h"
 #include "services/cache/fast_path_client.h"
+#include "services/serving/bulk_connections.h"
 #include "services/serving/record_pool.h"
 #include "services/serving/shared_record.h"
 #include "services/serving/stream_connections.h"
@@ -26,8 +27,9 @@ class ShardSet {
  public:
   // `targets`: comma-separated host:port list, at least one, no repeats.
   // Every call to a shard gets `deadline`. With `fast_path`, blocks of a
-  // shard on this host are read through its shared memory (FastPathClient),
-  // falling back to Get for whatever that cannot serve. At most
+  // shard on this host are read through its shared memory (FastPathClient);
+  // the rest come over the shard's bulk stream when it serves one, else by
+  // Get. At most
   // `idle_record_bytes` of fetched records are kept for reuse once let go.
   static absl::StatusOr<std::unique_ptr<ShardSet>> Create(const std::string& targets,
                                                           absl::Duration deadline,
@@ -47,8 +49,9 @@ class ShardSet {
                      const std::vector<kvblock::BlockHash>& chain);
 
   // Reads `hashes` (all shards at once), each record landing straight in its
-  // string: copied from a local shard's shared memory, else one Get stream
-  // per shard (RawGet: no protobuf copy). Each answer is the record, or why
+  // string: copied from a local shard's shared memory, else one request per
+  // shard over its bulk stream, or one Get stream (RawGet: no protobuf
+  // copy) where it has none or the connection broke. Each answer is the record, or why
   // there is none (a miss, DATA_LOSS, or the shard's error). Every record
   // given has had its CRC checked (as it was copied or as it landed); the
   // strings come from a pool and go back to it when their last holder lets
@@ -81,10 +84,13 @@ class ShardSet {
  private:
   // Indices of `hashes` on each shard, in order.
   std::vector<std::vector<size_t>> ByShard(const std::vector<kvblock::BlockHash>& hashes) const;
+  // How FetchFromShard reads; each passes what it could not serve on to
+  // the next.
+  enum class Route { kFastPath, kBulk, kGet };
   // Fetch's part for shard `s`: `indices` of `hashes` into `out`.
   void FetchFromShard(size_t s, const std::string& ns, const kvblock::LatentLayout& layout,
                       const std::vector<kvblock::BlockHash>& hashes, const std::vector<size_t>& indices,
-                      bool fast, std::vector<absl::StatusOr<SharedRecord>>& out);
+                      Route route, std::vector<absl::StatusOr<SharedRecord>>& out);
 
   struct FastPath {
     absl::Mutex mu;
@@ -98,6 +104,7 @@ class ShardSet {
     std::unique_ptr<StreamConnections> streams;  // Fetch's Gets, ShardedPut's Puts
     std::unique_ptr<cache::CacheClient> client;
     std::unique_ptr<FastPath> fast_path;  // null: fast path off
+    std::unique_ptr<BulkConnections> bulk;
   };
   std::vector<Shard> shards_;
   absl::Duration deadline_;

@@ -16,6 +16,7 @@
 #include "services/cache/bulk_stream.h"
 #include "services/cache/cache_client.h"
 #include "services/common/child_process.h"
+#include "services/serving/shard_set.h"
 #include "tests/integration/cache_test_blocks.h"
 #include "tests/test_random.h"
 
@@ -34,7 +35,8 @@ class BulkStreamTest : public ::testing::Test {
     server_ = std::make_unique<ChildProcess>(std::move(argv));
     const int port = server_->WaitForListeningPort();
     ASSERT_GT(port, 0);
-    client_ = std::make_unique<CacheClient>(CacheClient::Connect("127.0.0.1:" + std::to_string(port)));
+    target_ = "127.0.0.1:" + std::to_string(port);
+    client_ = std::make_unique<CacheClient>(CacheClient::Connect(target_));
     auto stats = client_->Stats();
     ASSERT_TRUE(stats.ok()) << stats.status();
     ASSERT_GT(stats->bulk_port(), 0u);
@@ -98,7 +100,7 @@ class BulkStreamTest : public ::testing::Test {
   kvblock::LatentLayout layout_ = TestLayout();
   std::unique_ptr<ChildProcess> server_;
   std::unique_ptr<CacheClient> client_;
-  std::string bulk_address_;
+  std::string target_, bulk_address_;
   testing::SeededRng rng_;
 };
 
@@ -149,6 +151,46 @@ TEST_F(BulkStreamTest, ReadsBackEveryByteAndSaysWhatMissed) {
   auto stats = client_->Stats();
   EXPECT_EQ(stats->bulk_connections(), 1u);
   EXPECT_EQ(stats->pinned_blocks(), 0u);
+}
+
+TEST_F(BulkStreamTest, ShardSetReadsRemoteShardsOverIt) {
+  SCOPED_TRACE(rng_.Trace());
+  const std::vector<TestBlock> blocks = Store("ns", 6);
+  std::vector<BlockHash> hashes;
+  for (const TestBlock& b : blocks) hashes.push_back(b.slices.hash);
+  // Without the fast path, as a worker on another host reads the shard.
+  auto shards = serving::ShardSet::Create(target_, absl::Seconds(10), /*fast_path=*/false);
+  ASSERT_TRUE(shards.ok());
+  for (int pass = 0; pass < 2; ++pass) {
+    const auto fetched = (*shards)->Fetch("ns", layout_, hashes);
+    ASSERT_EQ(fetched.size(), hashes.size());
+    for (size_t i = 0; i < hashes.size(); ++i) {
+      ASSERT_TRUE(fetched[i].ok()) << i << ": " << fetched[i].status();
+      EXPECT_EQ(**fetched[i], blocks[i].record) << i;
+    }
+    // It came over the bulk stream, whose connection is kept for the next
+    // Fetch (the second pass reuses it).
+    EXPECT_EQ(client_->Stats()->bulk_connections(), 1u);
+  }
+}
+
+TEST_F(BulkStreamTest, ShardSetFallsBackToGetWhenTheBulkStreamIsFull) {
+  server_.reset();
+  Start({"--bulk-max-connections", "1"});
+  const std::vector<TestBlock> blocks = Store("ns", 3);
+  std::vector<BlockHash> hashes;
+  for (const TestBlock& b : blocks) hashes.push_back(b.slices.hash);
+  auto holder = BulkClient::Connect(bulk_address_);  // takes the one place
+  ASSERT_TRUE(holder.ok());
+  ASSERT_TRUE(Run(**holder, MakeGetRequest("ns", layout_, {})).status.ok());
+  auto shards = serving::ShardSet::Create(target_, absl::Seconds(10), /*fast_path=*/false);
+  ASSERT_TRUE(shards.ok());
+  const auto fetched = (*shards)->Fetch("ns", layout_, hashes);
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    ASSERT_TRUE(fetched[i].ok()) << i << ": " << fetched[i].status();
+    EXPECT_EQ(**fetched[i], blocks[i].record) << i;
+  }
+  EXPECT_EQ(client_->Stats()->bulk_connections(), 1u);  // only the holder's
 }
 
 TEST_F(BulkStreamTest, RefusedRequestsGetTheirStatusAndTheConnectionGoesOn) {
@@ -265,6 +307,7 @@ TEST_F(BulkStreamTest, ConnectionsBeyondTheLimitAreRefused) {
   ASSERT_TRUE(second.ok());  // the kernel accepts; the cache answers and closes
   const Answers refused = Run(**second, MakeGetRequest("ns", layout_, {}));
   EXPECT_EQ(refused.status.code(), absl::StatusCode::kResourceExhausted) << refused.status;
+  EXPECT_TRUE((*second)->broken());
   first->reset();  // its connection closes, which frees the place
   EXPECT_TRUE(StatsEventually(*client_, [](const v1::StatsResponse& s) { return s.bulk_connections() == 0; }));
   auto third = BulkClient::Connect(bulk_address_);
