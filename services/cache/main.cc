@@ -167,12 +167,6 @@ int Run(const Flags& f) {
   }
   auto registry = std::make_shared<prometheus::Registry>();
   RpcMetrics rpc_metrics(*registry);
-  auto store_metrics = std::make_shared<StoreMetrics>(store->get(), fast_path.get());
-  auto exposer = StartMetricsExposer(f.metrics_listen, {registry, store_metrics});
-  if (!exposer.ok()) {
-    std::cerr << "kvtier-cache: " << exposer.status().message() << "\n";
-    return 1;
-  }
   Executor executor(f.threads, /*max_queued=*/4096);
   CacheService service(store->get(), &executor, &rpc_metrics, namespaces, fast_path.get());
   std::unique_ptr<BulkServer> bulk;
@@ -187,6 +181,12 @@ int Run(const Flags& f) {
     }
     bulk = *std::move(started);
     service.SetBulkServer(bulk.get());
+  }
+  auto store_metrics = std::make_shared<StoreMetrics>(store->get(), fast_path.get(), bulk.get());
+  auto exposer = StartMetricsExposer(f.metrics_listen, {registry, store_metrics});
+  if (!exposer.ok()) {
+    std::cerr << "kvtier-cache: " << exposer.status().message() << "\n";
+    return 1;
   }
   ServerOptions server_options;
   server_options.listen = f.listen;

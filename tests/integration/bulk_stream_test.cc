@@ -28,11 +28,14 @@ using kvblock::BlockHash;
 class BulkStreamTest : public ::testing::Test {
  protected:
   void Start(std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv = {KVTIER_CACHE_BINARY, "--listen", "127.0.0.1:0", "--metrics-listen", "",
+    std::vector<std::string> argv = {KVTIER_CACHE_BINARY, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
                                      "--device-capacity", "64MiB", "--host-capacity", "64MiB",
                                      "--bulk-listen", "127.0.0.1:0"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     server_ = std::make_unique<ChildProcess>(std::move(argv));
+    const std::optional<std::string> metrics = server_->WaitForLine("metrics on ");
+    ASSERT_TRUE(metrics.has_value());
+    metrics_address_ = metrics->substr(0, metrics->find('/'));
     const int port = server_->WaitForListeningPort();
     ASSERT_GT(port, 0);
     target_ = "127.0.0.1:" + std::to_string(port);
@@ -100,7 +103,7 @@ class BulkStreamTest : public ::testing::Test {
   kvblock::LatentLayout layout_ = TestLayout();
   std::unique_ptr<ChildProcess> server_;
   std::unique_ptr<CacheClient> client_;
-  std::string target_, bulk_address_;
+  std::string target_, metrics_address_, bulk_address_;
   testing::SeededRng rng_;
 };
 
@@ -172,6 +175,18 @@ TEST_F(BulkStreamTest, ShardSetReadsRemoteShardsOverIt) {
     // Fetch (the second pass reuses it).
     EXPECT_EQ(client_->Stats()->bulk_connections(), 1u);
   }
+  // What an operator sees of it.
+  const std::string port = bulk_address_.substr(bulk_address_.rfind(':') + 1);
+  const CommandResult table = RunCommand(std::string(KVTIER_BINARY) + " stats --target " + target_);
+  EXPECT_NE(table.output.find("bulk stream: port " + port + ", 1 connections"), std::string::npos) << table.output;
+  const CommandResult json = RunCommand(std::string(KVTIER_BINARY) + " stats --json --target " + target_);
+  EXPECT_NE(json.output.find("\"bulk_port\": " + port + ", \"bulk_connections\": 1}"), std::string::npos)
+      << json.output;
+  const CommandResult scrape = RunCommand("curl -sf http://" + metrics_address_ + "/metrics");
+  EXPECT_NE(scrape.output.find("kvtier_cache_bulk_connections 1\n"), std::string::npos) << scrape.output;
+  EXPECT_NE(scrape.output.find("kvtier_cache_rpc_duration_seconds_count{code=\"OK\",method=\"BulkGet\"} 2\n"),
+            std::string::npos)
+      << scrape.output;
 }
 
 TEST_F(BulkStreamTest, ShardSetFallsBackToGetWhenTheBulkStreamIsFull) {
