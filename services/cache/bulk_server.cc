@@ -133,7 +133,11 @@ void BulkServer::AcceptLoop() {
     if (ready <= 0 || (fds[0].revents & POLLIN) == 0) continue;
     const int fd = accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;  // the peer gave up already, or out of descriptors for now
-    if (!bulk::ConfigureSocket(fd, options_.io_timeout).ok() || open_.load() >= options_.max_connections) {
+    if (!bulk::ConfigureSocket(fd, options_.io_timeout).ok()) {
+      close(fd);
+      continue;
+    }
+    if (open_.load() >= options_.max_connections) {
       (void)SendEnd(fd, absl::ResourceExhaustedError(absl::StrCat(
                             "the bulk stream serves ", options_.max_connections, " connections at most")));
       close(fd);

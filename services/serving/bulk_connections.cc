@@ -6,12 +6,13 @@ namespace kvtier::serving {
 
 std::unique_ptr<cache::BulkClient> BulkConnections::Take() {
   absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  if (!idle_.empty() && now - idle_.back().since > kMaxIdle) idle_.clear();  // the rest are older
   if (!idle_.empty()) {
-    std::unique_ptr<cache::BulkClient> connection = std::move(idle_.back());
+    std::unique_ptr<cache::BulkClient> connection = std::move(idle_.back().connection);
     idle_.pop_back();
     return connection;
   }
-  const absl::Time now = absl::Now();
   if (now < retry_after_) return nullptr;
   if (address_.empty()) {
     absl::StatusOr<v1::StatsResponse> stats = client_->Stats();
@@ -39,7 +40,7 @@ void BulkConnections::Give(std::unique_ptr<cache::BulkClient> connection) {
     retry_after_ = absl::Now() + absl::Seconds(10);
     return;
   }
-  if (idle_.size() < kIdle) idle_.push_back(std::move(connection));
+  if (idle_.size() < kIdle) idle_.push_back({std::move(connection), absl::Now()});
 }
 
 }  // namespace kvtier::serving

@@ -20,6 +20,10 @@ namespace kvtier::serving {
 class BulkConnections {
  public:
   static constexpr size_t kIdle = 4;  // idle connections kept
+  // An idle connection older than this is closed rather than reused: the
+  // cache closes those idle for 10 minutes, and a reused one found closed
+  // would send its Fetch to Get.
+  static constexpr absl::Duration kMaxIdle = absl::Minutes(1);
   // `target`: the shard's gRPC host:port; `client` (not owned) asks it for
   // Stats. `io_timeout` bounds each wait of a bulk read.
   BulkConnections(std::string target, cache::CacheClient* client, absl::Duration io_timeout)
@@ -39,7 +43,11 @@ class BulkConnections {
   absl::Mutex mu_;
   std::string address_ ABSL_GUARDED_BY(mu_);  // empty: not known
   absl::Time retry_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  std::vector<std::unique_ptr<cache::BulkClient>> idle_ ABSL_GUARDED_BY(mu_);
+  struct Idle {
+    std::unique_ptr<cache::BulkClient> connection;
+    absl::Time since;
+  };
+  std::vector<Idle> idle_ ABSL_GUARDED_BY(mu_);  // the most recent last
 };
 
 }  // namespace kvtier::serving
