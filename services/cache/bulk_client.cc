@@ -14,17 +14,15 @@ namespace kvtier::cache {
 
 absl::StatusOr<std::unique_ptr<BulkClient>> BulkClient::Connect(const std::string& address,
                                                                 absl::Duration io_timeout) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("bulk stream address '", address, "' is not HOST:PORT"));
-  }
-  std::string host = address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  absl::StatusOr<std::pair<std::string, std::string>> split = bulk::SplitHostPort(address);
+  if (!split.ok()) return split.status();
+  const auto& [host, port] = *split;
+  if (host.empty()) return absl::InvalidArgumentError(absl::StrCat("bulk stream address '", address, "' has no host"));
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
-  if (int e = getaddrinfo(host.c_str(), address.substr(colon + 1).c_str(), &hints, &found); e != 0) {
+  if (int e = getaddrinfo(host.c_str(), port.c_str(), &hints, &found); e != 0) {
     return absl::InvalidArgumentError(absl::StrCat("cannot resolve '", address, "': ", gai_strerror(e)));
   }
   std::string why = "no address";

@@ -20,15 +20,14 @@ namespace {
 
 absl::StatusOr<int> ListenTcp(const std::string& address, int& port) {
   if (absl::Status s = ValidateListenAddress(address); !s.ok()) return s;
-  const size_t colon = address.rfind(':');
-  std::string host = address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  absl::StatusOr<std::pair<std::string, std::string>> split = bulk::SplitHostPort(address);
+  if (!split.ok()) return split.status();
+  const auto& [host, service] = *split;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* found = nullptr;
-  const std::string service = address.substr(colon + 1);
   if (int e = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found); e != 0) {
     return absl::InvalidArgumentError(absl::StrCat("cannot resolve '", address, "': ", gai_strerror(e)));
   }

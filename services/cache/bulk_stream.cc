@@ -24,6 +24,16 @@ absl::Status SocketError(const char* what, int error) {
 
 }  // namespace
 
+absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon + 1 == address.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("address '", address, "' is not HOST:PORT"));
+  }
+  std::string host = address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return std::pair{host, address.substr(colon + 1)};
+}
+
 absl::Status ConfigureSocket(int fd, absl::Duration io_timeout) {
   const timeval tv = absl::ToTimeval(io_timeout);
   const int one = 1;

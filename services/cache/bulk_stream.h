@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -51,6 +52,10 @@ struct Frame {
 };
 
 static_assert(sizeof(RequestHead) == 8 && sizeof(Frame) == 16, "wire sizes are fixed");
+
+// The host and port of "HOST:PORT" ("[::1]:PORT" for IPv6, the brackets
+// dropped; an empty host for "any"); INVALID_ARGUMENT without a port.
+absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(const std::string& address);
 
 // Sets the socket's send and receive timeouts (a stalled peer then fails a
 // call instead of holding it forever) and TCP_NODELAY.

@@ -360,5 +360,14 @@ TEST_F(BulkStreamTest, SigtermLetsAnInFlightRequestFinish) {
   EXPECT_FALSE(Run(**idle, MakeGetRequest("ns", layout_, {})).status.ok());
 }
 
+TEST(BulkClientConnect, SaysWhyAnAddressCannotBeUsed) {
+  EXPECT_EQ(BulkClient::Connect("nowhere").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BulkClient::Connect(":7072").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BulkClient::Connect("127.0.0.1:").status().code(), absl::StatusCode::kInvalidArgument);
+  const absl::Status closed = BulkClient::Connect("127.0.0.1:1").status();  // nothing listens there
+  EXPECT_EQ(closed.code(), absl::StatusCode::kUnavailable) << closed;
+  EXPECT_NE(closed.message().find("127.0.0.1:1"), std::string::npos) << closed;
+}
+
 }  // namespace
 }  // namespace kvtier::cache
