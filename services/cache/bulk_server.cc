@@ -1,5 +1,6 @@
 #include "services/cache/bulk_server.h"
 
+#include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -131,7 +132,15 @@ void BulkServer::AcceptLoop() {
     if (fds[1].revents != 0) return;
     if (ready <= 0 || (fds[0].revents & POLLIN) == 0) continue;
     const int fd = accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;  // the peer gave up already, or out of descriptors for now
+    if (fd < 0) {
+      // Out of descriptors: the listener stays readable, so wait a little
+      // (or for Shutdown) rather than spin. Otherwise the peer gave up.
+      if (errno == EMFILE || errno == ENFILE) {
+        pollfd wake{wake_, POLLIN, 0};
+        (void)poll(&wake, 1, /*timeout_ms=*/100);
+      }
+      continue;
+    }
     if (!bulk::ConfigureSocket(fd, options_.io_timeout).ok()) {
       close(fd);
       continue;
