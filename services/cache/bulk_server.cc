@@ -64,6 +64,22 @@ absl::Status SendEnd(int fd, const absl::Status& status) {
   return bulk::SendAll(fd, pieces);
 }
 
+// Answers a request that cannot be read, then ends the connection so that
+// the answer arrives: closing with the peer's bytes still unread would
+// reset the connection, and the reset can overtake the answer. So the rest
+// of what the peer sent is read and dropped first (up to 1 MiB and the
+// socket's receive timeout).
+void RefuseAndClose(int fd, const absl::Status& why) {
+  if (!SendEnd(fd, why).ok()) return;
+  shutdown(fd, SHUT_WR);
+  char sink[16384];
+  for (size_t dropped = 0; dropped < (1 << 20);) {
+    const ssize_t n = recv(fd, sink, sizeof sink, 0);
+    if (n <= 0) return;
+    dropped += static_cast<size_t>(n);
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<BulkServer>> BulkServer::Start(const BulkServerOptions& options,
@@ -177,13 +193,11 @@ void BulkServer::Serve(int fd) {
     const absl::Status got = bulk::ReceiveAll(fd, {reinterpret_cast<uint8_t*>(&head), sizeof head}, /*eof_ok=*/true);
     if (!got.ok()) return;  // closed between requests, or a stalled sender
     if (head.magic != bulk::kBulkRequestMagic) {
-      (void)SendEnd(fd, absl::InvalidArgumentError("not a kvtier bulk stream request (wrong magic)"));
-      return;
+      return RefuseAndClose(fd, absl::InvalidArgumentError("not a kvtier bulk stream request (wrong magic)"));
     }
     if (head.length > bulk::kMaxBulkRequestBytes) {
-      (void)SendEnd(fd, absl::InvalidArgumentError(absl::StrCat("a ", head.length, "-byte request; at most ",
-                                                                bulk::kMaxBulkRequestBytes)));
-      return;
+      return RefuseAndClose(fd, absl::InvalidArgumentError(absl::StrCat("a ", head.length, "-byte request; at most ",
+                                                                        bulk::kMaxBulkRequestBytes)));
     }
     std::string body(head.length, '\0');
     if (!bulk::ReceiveAll(fd, {reinterpret_cast<uint8_t*>(body.data()), body.size()}).ok()) return;

@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -280,6 +281,51 @@ TEST_F(BulkStreamTest, UnreadableRequestsEndTheConnection) {
   auto client = BulkClient::Connect(bulk_address_);
   ASSERT_TRUE(client.ok());
   EXPECT_TRUE(Run(**client, MakeGetRequest("ns", layout_, {})).status.ok());
+}
+
+TEST_F(BulkStreamTest, RandomBytesGetAnAnswerOrACloseAndNeverACrash) {
+  SCOPED_TRACE(rng_.Trace());
+  const std::vector<TestBlock> blocks = Store("ns", 2);
+  const std::string valid = MakeGetRequest("ns", layout_, {blocks[0].slices.hash, blocks[1].slices.hash})
+                                .SerializeAsString();
+  std::uniform_int_distribution<int> byte(0, 255), kind(0, 2);
+  for (int i = 0; i < 200; ++i) {
+    // Random heads, or the right magic with a random body, or a valid
+    // request with bytes flipped: each is answered or the connection closed.
+    std::string bytes;
+    const int k = kind(rng_.engine());
+    if (k == 0) {
+      bytes.resize(1 + rng_.engine()() % 64);
+      for (char& c : bytes) c = static_cast<char>(byte(rng_.engine()));
+    } else {
+      std::string body = valid;
+      if (k == 1) body.resize(rng_.engine()() % 256);
+      for (char& c : body) {
+        if (k == 1 || rng_.engine()() % 16 == 0) c = static_cast<char>(byte(rng_.engine()));
+      }
+      const bulk::RequestHead head{bulk::kBulkRequestMagic, static_cast<uint32_t>(body.size())};
+      bytes.assign(reinterpret_cast<const char*>(&head), sizeof head);
+      bytes += body;
+    }
+    const int fd = RawSocket();
+    const iovec piece{bytes.data(), bytes.size()};
+    ASSERT_TRUE(bulk::SendAll(fd, {&piece, 1}).ok()) << i;
+    shutdown(fd, SHUT_WR);  // a short head then reads as a closed connection
+    // Whatever comes back (frames, then an end frame) ends with the cache
+    // closing the connection, not resetting it.
+    char sink[65536];
+    ssize_t n;
+    while ((n = recv(fd, sink, sizeof sink, 0)) > 0) {
+    }
+    EXPECT_EQ(n, 0) << i << ": " << std::strerror(errno);
+    close(fd);
+  }
+  auto client = BulkClient::Connect(bulk_address_);
+  ASSERT_TRUE(client.ok());
+  const Answers a = Run(**client, MakeGetRequest("ns", layout_, {blocks[1].slices.hash}));
+  ASSERT_TRUE(a.status.ok()) << a.status;
+  EXPECT_EQ(a.records.at(0), blocks[1].record);
+  EXPECT_TRUE(StatsEventually(*client_, [](const v1::StatsResponse& s) { return s.pinned_blocks() == 0; }));
 }
 
 TEST_F(BulkStreamTest, ReaderThatVanishesLeavesNothingPinnedOrLeased) {
