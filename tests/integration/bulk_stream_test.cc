@@ -61,6 +61,12 @@ class BulkStreamTest : public ::testing::Test {
     return blocks;
   }
 
+  static std::vector<BlockHash> HashesOf(const std::vector<TestBlock>& blocks) {
+    std::vector<BlockHash> hashes;
+    for (const TestBlock& b : blocks) hashes.push_back(b.slices.hash);
+    return hashes;
+  }
+
   // A request's answers, each record in a buffer of its own.
   struct Answers {
     absl::Status status;
@@ -111,8 +117,7 @@ class BulkStreamTest : public ::testing::Test {
 TEST_F(BulkStreamTest, ReadsBackEveryByteAndSaysWhatMissed) {
   SCOPED_TRACE(rng_.Trace());
   const std::vector<TestBlock> blocks = Store("ns", 12);
-  std::vector<BlockHash> hashes;
-  for (const TestBlock& b : blocks) hashes.push_back(b.slices.hash);
+  std::vector<BlockHash> hashes = HashesOf(blocks);
   const BlockHash absent = MakeBlock(layout_, "ns", rng_.engine()()).slices.hash;
   hashes.insert(hashes.begin() + 5, absent);
 
@@ -160,8 +165,7 @@ TEST_F(BulkStreamTest, ReadsBackEveryByteAndSaysWhatMissed) {
 TEST_F(BulkStreamTest, ShardSetReadsRemoteShardsOverIt) {
   SCOPED_TRACE(rng_.Trace());
   const std::vector<TestBlock> blocks = Store("ns", 6);
-  std::vector<BlockHash> hashes;
-  for (const TestBlock& b : blocks) hashes.push_back(b.slices.hash);
+  const std::vector<BlockHash> hashes = HashesOf(blocks);
   // Without the fast path, as a worker on another host reads the shard.
   auto shards = serving::ShardSet::Create(target_, absl::Seconds(10), /*fast_path=*/false);
   ASSERT_TRUE(shards.ok());
@@ -194,8 +198,7 @@ TEST_F(BulkStreamTest, ShardSetFallsBackToGetWhenTheBulkStreamIsFull) {
   server_.reset();
   Start({"--bulk-max-connections", "1"});
   const std::vector<TestBlock> blocks = Store("ns", 3);
-  std::vector<BlockHash> hashes;
-  for (const TestBlock& b : blocks) hashes.push_back(b.slices.hash);
+  const std::vector<BlockHash> hashes = HashesOf(blocks);
   auto holder = BulkClient::Connect(bulk_address_);  // takes the one place
   ASSERT_TRUE(holder.ok());
   ASSERT_TRUE(Run(**holder, MakeGetRequest("ns", layout_, {})).status.ok());
@@ -330,8 +333,7 @@ TEST_F(BulkStreamTest, RandomBytesGetAnAnswerOrACloseAndNeverACrash) {
 
 TEST_F(BulkStreamTest, ReaderThatVanishesLeavesNothingPinnedOrLeased) {
   const std::vector<TestBlock> blocks = Store("ns", 24);
-  std::vector<BlockHash> hashes;
-  for (const TestBlock& b : blocks) hashes.push_back(b.slices.hash);
+  const std::vector<BlockHash> hashes = HashesOf(blocks);
   auto lease = client_->Match("ns", layout_, hashes, /*acquire_lease=*/true, 600000);
   ASSERT_TRUE(lease.ok());
   EXPECT_EQ(client_->Stats()->pinned_blocks(), 24u);
@@ -379,8 +381,7 @@ TEST_F(BulkStreamTest, ConnectionsBeyondTheLimitAreRefused) {
 TEST_F(BulkStreamTest, SigtermLetsAnInFlightRequestFinish) {
   SCOPED_TRACE(rng_.Trace());
   const std::vector<TestBlock> blocks = Store("ns", 48);
-  std::vector<BlockHash> hashes;
-  for (const TestBlock& b : blocks) hashes.push_back(b.slices.hash);
+  const std::vector<BlockHash> hashes = HashesOf(blocks);
   auto idle = BulkClient::Connect(bulk_address_);  // closed by the cache at SIGTERM
   ASSERT_TRUE(idle.ok());
   auto client = BulkClient::Connect(bulk_address_);
