@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "services/cache/bulk_stream.h"
@@ -14,30 +13,14 @@ namespace kvtier::cache {
 
 absl::StatusOr<std::unique_ptr<BulkClient>> BulkClient::Connect(const std::string& address,
                                                                 absl::Duration io_timeout) {
-  absl::StatusOr<std::pair<std::string, std::string>> split = bulk::SplitHostPort(address);
-  if (!split.ok()) return split.status();
-  const auto& [host, port] = *split;
-  if (host.empty()) return absl::InvalidArgumentError(absl::StrCat("bulk stream address '", address, "' has no host"));
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (int e = getaddrinfo(host.c_str(), port.c_str(), &hints, &found); e != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot resolve '", address, "': ", gai_strerror(e)));
+  absl::StatusOr<int> fd = bulk::OpenTcpSocket(address, /*passive=*/false, [&](int fd, const addrinfo& a) {
+    return bulk::ConfigureSocket(fd, io_timeout).ok() && connect(fd, a.ai_addr, a.ai_addrlen) == 0;
+  });
+  if (!fd.ok()) {
+    return absl::Status(fd.status().code(),
+                        absl::StrCat("cannot connect to the bulk stream: ", fd.status().message()));
   }
-  std::string why = "no address";
-  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
-    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) continue;
-    if (bulk::ConfigureSocket(fd, io_timeout).ok() && connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
-      freeaddrinfo(found);
-      return std::unique_ptr<BulkClient>(new BulkClient(fd));
-    }
-    why = std::strerror(errno);
-    close(fd);
-  }
-  freeaddrinfo(found);
-  return absl::UnavailableError(absl::StrCat("cannot connect to the bulk stream at ", address, ": ", why));
+  return std::unique_ptr<BulkClient>(new BulkClient(*fd));
 }
 
 BulkClient::~BulkClient() {
@@ -53,7 +36,7 @@ absl::Status BulkClient::Get(const v1::GetRequest& request, const RecordDestinat
                                                    bulk::kMaxBulkRequestBytes, " at most"));
   }
   bulk::RequestHead head{bulk::kBulkRequestMagic, static_cast<uint32_t>(body.size())};
-  const iovec pieces[2] = {{&head, sizeof head}, {const_cast<char*>(body.data()), body.size()}};
+  iovec pieces[2] = {{&head, sizeof head}, {const_cast<char*>(body.data()), body.size()}};
   absl::Status status = bulk::SendAll(fd_, pieces);
   if (status.ok()) status = Receive(request.block_hashes_size(), destination, on_block);
   return status;
@@ -94,8 +77,7 @@ absl::Status BulkClient::Receive(size_t blocks, const RecordDestination& destina
       if (status.ok() && next != blocks) {
         return broke(absl::InternalError(absl::StrCat("bulk stream ended after ", next, " of ", blocks, " blocks")));
       }
-      // Over the cache's connection limit: it closed this one.
-      if (status.code() == absl::StatusCode::kResourceExhausted) return broke(status);
+      if (frame.tier == bulk::kClosing) return broke(status);
       return status;
     }
     if (frame.index != next || next >= blocks) {

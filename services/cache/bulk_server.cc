@@ -8,8 +8,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
-#include <iostream>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -21,46 +21,30 @@ namespace {
 
 absl::StatusOr<int> ListenTcp(const std::string& address, int& port) {
   if (absl::Status s = ValidateListenAddress(address); !s.ok()) return s;
-  absl::StatusOr<std::pair<std::string, std::string>> split = bulk::SplitHostPort(address);
-  if (!split.ok()) return split.status();
-  const auto& [host, service] = *split;
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  if (int e = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found); e != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot resolve '", address, "': ", gai_strerror(e)));
-  }
-  std::string why = "no address";
-  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
-    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) continue;
+  absl::StatusOr<int> fd = bulk::OpenTcpSocket(address, /*passive=*/true, [](int fd, const addrinfo& a) {
     const int one = 1;
     (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_storage bound{};
-    socklen_t length = sizeof bound;
-    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 128) == 0 &&
-        getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length) == 0) {
-      port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                                               : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-      freeaddrinfo(found);
-      return fd;
-    }
-    why = std::strerror(errno);
-    close(fd);
+    return bind(fd, a.ai_addr, a.ai_addrlen) == 0 && listen(fd, 128) == 0;
+  });
+  if (!fd.ok()) return absl::Status(fd.status().code(), absl::StrCat("cannot listen: ", fd.status().message()));
+  sockaddr_storage bound{};
+  socklen_t length = sizeof bound;
+  if (getsockname(*fd, reinterpret_cast<sockaddr*>(&bound), &length) != 0) {
+    close(*fd);
+    return absl::InternalError(absl::StrCat("getsockname: ", std::strerror(errno)));
   }
-  freeaddrinfo(found);
-  return absl::UnavailableError(absl::StrCat("cannot listen on ", address, ": ", why));
+  port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                           : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  return *fd;
 }
 
-// An end frame: the request's status. Best effort: the connection may be
-// gone already.
-absl::Status SendEnd(int fd, const absl::Status& status) {
+// An end frame: the request's status, and whether the connection closes
+// after it.
+absl::Status SendEnd(int fd, const absl::Status& status, bool closing = false) {
   const std::string message = bulk::FrameMessage(status);
-  bulk::Frame frame{bulk::kBulkEndIndex, static_cast<uint32_t>(status.code()), 0,
+  bulk::Frame frame{bulk::kBulkEndIndex, static_cast<uint32_t>(status.code()), closing ? bulk::kClosing : 0,
                     static_cast<uint32_t>(message.size())};
-  const iovec pieces[2] = {{&frame, sizeof frame}, {const_cast<char*>(message.data()), message.size()}};
+  iovec pieces[2] = {{&frame, sizeof frame}, {const_cast<char*>(message.data()), message.size()}};
   return bulk::SendAll(fd, pieces);
 }
 
@@ -70,7 +54,7 @@ absl::Status SendEnd(int fd, const absl::Status& status) {
 // of what the peer sent is read and dropped first (up to 1 MiB and the
 // socket's receive timeout).
 void RefuseAndClose(int fd, const absl::Status& why) {
-  if (!SendEnd(fd, why).ok()) return;
+  if (!SendEnd(fd, why, /*closing=*/true).ok()) return;
   shutdown(fd, SHUT_WR);
   char sink[16384];
   for (size_t dropped = 0; dropped < (1 << 20);) {
@@ -126,6 +110,11 @@ void BulkServer::Shutdown() {
   for (Connection& c : left) c.thread.join();
 }
 
+size_t BulkServer::connections() const {
+  absl::MutexLock lock(&mu_);
+  return std::count_if(connections_.begin(), connections_.end(), [](const Connection& c) { return !c.done; });
+}
+
 void BulkServer::JoinFinished() {
   std::list<Connection> finished;
   {
@@ -161,20 +150,21 @@ void BulkServer::AcceptLoop() {
       close(fd);
       continue;
     }
-    if (open_.load() >= options_.max_connections) {
-      (void)SendEnd(fd, absl::ResourceExhaustedError(absl::StrCat(
-                            "the bulk stream serves ", options_.max_connections, " connections at most")));
+    if (connections() >= options_.max_connections) {
+      // Not drained as RefuseAndClose does: that could hold the acceptor.
+      (void)SendEnd(fd,
+                    absl::ResourceExhaustedError(absl::StrCat("the bulk stream serves ", options_.max_connections,
+                                                              " connections at most")),
+                    /*closing=*/true);
       close(fd);
       continue;
     }
-    ++open_;
     absl::MutexLock lock(&mu_);
     connections_.emplace_back();
     Connection* c = &connections_.back();
     c->thread = std::thread([this, fd, c] {
       Serve(fd);
       close(fd);
-      --open_;
       absl::MutexLock done_lock(&mu_);
       c->done = true;
     });
@@ -216,22 +206,24 @@ bool BulkServer::Answer(int fd, const std::string& body) {
   if (!plan.ok()) {
     status = plan.status();
   } else {
+    std::vector<iovec> pieces;  // the frame, then the record's pages (or a message)
     for (size_t i = 0; i < plan->hashes.size() && sent.ok(); ++i) {
       const GetAnswer answer = service_->ReadForGet(*plan, i);
-      const std::string miss = bulk::FrameMessage(answer.miss);
-      std::vector<iovec> pieces(1);
+      bulk::Frame frame{static_cast<uint32_t>(i), static_cast<uint32_t>(answer.miss.code()),
+                        static_cast<uint32_t>(answer.tier), 0};
+      pieces.assign(1, {&frame, sizeof frame});
+      std::string miss;
       if (answer.record != nullptr) {
+        frame.length = static_cast<uint32_t>(answer.record->size());
         for (std::span<const uint8_t> piece : answer.record->pieces()) {
           pieces.push_back({const_cast<uint8_t*>(piece.data()), piece.size()});
         }
       } else {
+        if (!answer.miss.ok()) miss = bulk::FrameMessage(answer.miss);
         const std::string& bytes = answer.miss.ok() ? answer.subset : miss;
+        frame.length = static_cast<uint32_t>(bytes.size());
         pieces.push_back({const_cast<char*>(bytes.data()), bytes.size()});
       }
-      bulk::Frame frame{static_cast<uint32_t>(i), static_cast<uint32_t>(answer.miss.code()),
-                        static_cast<uint32_t>(answer.tier), 0};
-      for (size_t p = 1; p < pieces.size(); ++p) frame.length += static_cast<uint32_t>(pieces[p].iov_len);
-      pieces[0] = {&frame, sizeof frame};
       sent = bulk::SendAll(fd, pieces);
     }
     if (plan->lease_id != 0) (void)service_->store()->ReleaseLease(plan->lease_id);

@@ -8,7 +8,6 @@
 #ifndef KVTIER_SERVICES_CACHE_BULK_SERVER_H_
 #define KVTIER_SERVICES_CACHE_BULK_SERVER_H_
 
-#include <atomic>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -43,7 +42,7 @@ class BulkServer {
   BulkServer& operator=(const BulkServer&) = delete;
 
   int port() const { return port_; }
-  size_t connections() const { return open_.load(); }
+  size_t connections() const;  // open now
   // Stops accepting and closes idle connections; requests being answered
   // finish first. Returns once every connection is closed.
   void Shutdown();
@@ -66,13 +65,12 @@ class BulkServer {
   const int listener_;
   const int wake_;  // eventfd: readable once Shutdown began
   const int port_;
-  std::atomic<size_t> open_{0};
   std::thread acceptor_;
   struct Connection {
     std::thread thread;
     bool done = false;
   };
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   // Finished ones are joined by the acceptor as it goes, the rest by Shutdown.
   std::list<Connection> connections_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

@@ -2,13 +2,15 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <netdb.h>
+#include <unistd.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 
 #include <algorithm>
 #include <cstring>
-#include <vector>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -24,14 +26,36 @@ absl::Status SocketError(const char* what, int error) {
 
 }  // namespace
 
-absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(const std::string& address) {
+absl::StatusOr<int> OpenTcpSocket(const std::string& address, bool passive,
+                                  const std::function<bool(int fd, const addrinfo& a)>& use) {
   const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon + 1 == address.size()) {
+  if (colon == std::string::npos || colon + 1 == address.size() || (colon == 0 && !passive)) {
     return absl::InvalidArgumentError(absl::StrCat("address '", address, "' is not HOST:PORT"));
   }
   std::string host = address.substr(0, colon);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  return std::pair{host, address.substr(colon + 1)};
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = passive ? AI_PASSIVE | AI_NUMERICSERV : 0;
+  addrinfo* found = nullptr;
+  const std::string port = address.substr(colon + 1);
+  if (int e = getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found); e != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot resolve '", address, "': ", gai_strerror(e)));
+  }
+  std::string why = "no address";
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    if (use(fd, *a)) {
+      freeaddrinfo(found);
+      return fd;
+    }
+    why = std::strerror(errno);
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return absl::UnavailableError(absl::StrCat(address, ": ", why));
 }
 
 absl::Status ConfigureSocket(int fd, absl::Duration io_timeout) {
@@ -45,13 +69,11 @@ absl::Status ConfigureSocket(int fd, absl::Duration io_timeout) {
   return absl::OkStatus();
 }
 
-absl::Status SendAll(int fd, std::span<const iovec> pieces) {
-  std::vector<iovec> left(pieces.begin(), pieces.end());
-  size_t first = 0;
-  while (first < left.size()) {
+absl::Status SendAll(int fd, std::span<iovec> pieces) {
+  while (!pieces.empty()) {
     msghdr msg{};
-    msg.msg_iov = left.data() + first;
-    msg.msg_iovlen = std::min<size_t>(left.size() - first, IOV_MAX);
+    msg.msg_iov = pieces.data();
+    msg.msg_iovlen = std::min<size_t>(pieces.size(), IOV_MAX);
     const ssize_t sent = sendmsg(fd, &msg, MSG_NOSIGNAL);
     if (sent < 0) {
       if (errno == EINTR) continue;
@@ -59,10 +81,13 @@ absl::Status SendAll(int fd, std::span<const iovec> pieces) {
     }
     // Skip what went, the first piece left possibly in part.
     size_t n = static_cast<size_t>(sent);
-    while (first < left.size() && n >= left[first].iov_len) n -= left[first++].iov_len;
+    while (!pieces.empty() && n >= pieces.front().iov_len) {
+      n -= pieces.front().iov_len;
+      pieces = pieces.subspan(1);
+    }
     if (n > 0) {
-      left[first].iov_base = static_cast<uint8_t*>(left[first].iov_base) + n;
-      left[first].iov_len -= n;
+      pieces.front().iov_base = static_cast<uint8_t*>(pieces.front().iov_base) + n;
+      pieces.front().iov_len -= n;
     }
   }
   return absl::OkStatus();

@@ -12,10 +12,10 @@
 //           message); then a Frame with index kBulkEndIndex, the request's
 //           status code and its message.
 // A request that cannot be read (wrong magic, over kMaxBulkRequestBytes)
-// gets an end frame and the connection is closed, as does every request on
-// a connection over the cache's limit (RESOURCE_EXHAUSTED); one that reads
-// but is refused (a bad layout, an unknown namespace) gets an end frame
-// and the connection stays.
+// gets an end frame marked kClosing and the connection is closed, as does
+// every request on a connection over the cache's limit
+// (RESOURCE_EXHAUSTED); one that reads but is refused (a bad layout, an
+// unknown namespace) gets an end frame and the connection stays.
 #ifndef KVTIER_SERVICES_CACHE_BULK_STREAM_H_
 #define KVTIER_SERVICES_CACHE_BULK_STREAM_H_
 
@@ -23,12 +23,14 @@
 
 #include <bit>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
-#include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+
+struct addrinfo;
 
 namespace kvtier::cache::bulk {
 
@@ -38,6 +40,8 @@ inline constexpr uint32_t kBulkRequestMagic = 0x3142564b;  // "KVB1"
 inline constexpr uint32_t kMaxBulkRequestBytes = 4 << 20;
 inline constexpr uint32_t kBulkEndIndex = 0xffffffff;
 inline constexpr uint32_t kMaxMessageBytes = 4096;  // of a miss or an end frame
+// In an end frame's `tier`: the cache closes the connection after it.
+inline constexpr uint32_t kClosing = 1;
 
 struct RequestHead {
   uint32_t magic = kBulkRequestMagic;
@@ -47,24 +51,29 @@ struct RequestHead {
 struct Frame {
   uint32_t index = 0;
   uint32_t code = 0;  // absl::StatusCode
-  uint32_t tier = 0;  // v1::Tier the record was read from
+  uint32_t tier = 0;  // v1::Tier the record was read from; an end frame: 0 or kClosing
   uint32_t length = 0;
 };
 
 static_assert(sizeof(RequestHead) == 8 && sizeof(Frame) == 16, "wire sizes are fixed");
 
-// The host and port of "HOST:PORT" ("[::1]:PORT" for IPv6, the brackets
-// dropped; an empty host for "any"); INVALID_ARGUMENT without a port.
-absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(const std::string& address);
+// A TCP socket for the first address of HOST:PORT ("[::1]:PORT" for IPv6)
+// that `use` takes: `use` binds or connects it, and says whether it did.
+// `passive`: addresses to listen on, where an empty host means any.
+// INVALID_ARGUMENT for an address that does not resolve, UNAVAILABLE
+// (with the last error) when `use` took none.
+absl::StatusOr<int> OpenTcpSocket(const std::string& address, bool passive,
+                                  const std::function<bool(int fd, const addrinfo& a)>& use);
 
 // Sets the socket's send and receive timeouts (a stalled peer then fails a
 // call instead of holding it forever) and TCP_NODELAY.
 absl::Status ConfigureSocket(int fd, absl::Duration io_timeout);
 
-// Sends all of `pieces` (several sendmsg calls when the kernel takes part):
-// UNAVAILABLE when the peer is gone, DEADLINE_EXCEEDED when it stopped
-// reading for longer than the send timeout.
-absl::Status SendAll(int fd, std::span<const iovec> pieces);
+// Sends all of `pieces` (several sendmsg calls when the kernel takes part;
+// a piece sent in part is advanced in place, so entries may change): UNAVAILABLE
+// when the peer is gone, DEADLINE_EXCEEDED when it stopped reading for
+// longer than the send timeout.
+absl::Status SendAll(int fd, std::span<iovec> pieces);
 
 // Fills `out` from the socket. `eof_ok`: a peer that closed before the
 // first byte is NOT_FOUND (a clean end) rather than UNAVAILABLE.

@@ -515,9 +515,11 @@ GetAnswer CacheService::ReadForGet(const GetPlan& plan, size_t index) const {
     answer.record = *std::move(block);
     return answer;
   }
-  // Only the layers asked for: a record of its own, with its own CRC.
+  // Only the layers asked for: a record of its own, with its own CRC. The
+  // store checked this one's as it read it.
   const std::string record = (*block)->CopyToString();
-  absl::StatusOr<kvblock::BlockView> view = kvblock::ParseBlock(record, &plan.scope.layout);
+  absl::StatusOr<kvblock::BlockView> view =
+      kvblock::ParseBlock(record, &plan.scope.layout, kvblock::CrcCheck::kCheckedBefore);
   if (!view.ok()) {
     answer.miss = view.status();
     return answer;

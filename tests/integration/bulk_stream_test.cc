@@ -97,11 +97,20 @@ class BulkStreamTest : public ::testing::Test {
     EXPECT_TRUE(bulk::ConfigureSocket(fd, absl::Seconds(30)).ok());
     return fd;
   }
-  // The end frame's status that answers what was sent on `fd`.
-  static absl::Status ReadEnd(int fd) {
+  static absl::Status Send(int fd, std::string_view bytes) {
+    iovec piece{const_cast<char*>(bytes.data()), bytes.size()};
+    return bulk::SendAll(fd, {&piece, 1});
+  }
+  static std::string Head(const bulk::RequestHead& head) {
+    return std::string(reinterpret_cast<const char*>(&head), sizeof head);
+  }
+  // The end frame's status that answers what was sent on `fd`; `closing`
+  // (if given) says whether the frame said the cache closes the connection.
+  static absl::Status ReadEnd(int fd, bool* closing = nullptr) {
     bulk::Frame frame;
     if (absl::Status s = bulk::ReceiveAll(fd, {reinterpret_cast<uint8_t*>(&frame), sizeof frame}); !s.ok()) return s;
     EXPECT_EQ(frame.index, bulk::kBulkEndIndex);
+    if (closing != nullptr) *closing = frame.tier == bulk::kClosing;
     std::string message(frame.length, '\0');
     EXPECT_TRUE(bulk::ReceiveAll(fd, {reinterpret_cast<uint8_t*>(message.data()), message.size()}).ok());
     return absl::Status(static_cast<absl::StatusCode>(frame.code), message);
@@ -255,12 +264,12 @@ TEST_F(BulkStreamTest, RefusedRequestsGetTheirStatusAndTheConnectionGoesOn) {
   // A body that is not a GetRequest: refused, and the connection goes on.
   const int fd = RawSocket();
   const std::string garbage = "\xff\xff\xff\xff not protobuf";
-  bulk::RequestHead head{bulk::kBulkRequestMagic, static_cast<uint32_t>(garbage.size())};
-  const iovec pieces[2] = {{&head, sizeof head}, {const_cast<char*>(garbage.data()), garbage.size()}};
-  ASSERT_TRUE(bulk::SendAll(fd, pieces).ok());
-  EXPECT_EQ(ReadEnd(fd).code(), absl::StatusCode::kInvalidArgument);
-  head.length = 0;  // an empty GetRequest: no namespace
-  ASSERT_TRUE(bulk::SendAll(fd, std::span<const iovec>(pieces, 1)).ok());
+  ASSERT_TRUE(Send(fd, Head({bulk::kBulkRequestMagic, static_cast<uint32_t>(garbage.size())}) + garbage).ok());
+  bool closing = true;
+  EXPECT_EQ(ReadEnd(fd, &closing).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(closing);
+  // An empty GetRequest: no namespace.
+  ASSERT_TRUE(Send(fd, Head({bulk::kBulkRequestMagic, 0})).ok());
   EXPECT_EQ(ReadEnd(fd).code(), absl::StatusCode::kInvalidArgument);
   close(fd);
 }
@@ -273,9 +282,10 @@ TEST_F(BulkStreamTest, UnreadableRequestsEndTheConnection) {
   for (const Case& c : {Case{"wrong magic", {0x50545448, 4}},  // "HTTP"
                         Case{"request over 4 MiB", {bulk::kBulkRequestMagic, bulk::kMaxBulkRequestBytes + 1}}}) {
     const int fd = RawSocket();
-    const iovec piece{const_cast<bulk::RequestHead*>(&c.head), sizeof c.head};
-    ASSERT_TRUE(bulk::SendAll(fd, {&piece, 1}).ok()) << c.what;
-    EXPECT_EQ(ReadEnd(fd).code(), absl::StatusCode::kInvalidArgument) << c.what;
+    ASSERT_TRUE(Send(fd, Head(c.head)).ok()) << c.what;
+    bool closing = false;
+    EXPECT_EQ(ReadEnd(fd, &closing).code(), absl::StatusCode::kInvalidArgument) << c.what;
+    EXPECT_TRUE(closing) << c.what;
     uint8_t byte;
     EXPECT_EQ(recv(fd, &byte, 1, 0), 0) << c.what << ": the cache closes the connection";
     close(fd);
@@ -306,13 +316,10 @@ TEST_F(BulkStreamTest, RandomBytesGetAnAnswerOrACloseAndNeverACrash) {
       for (char& c : body) {
         if (k == 1 || rng_.engine()() % 16 == 0) c = static_cast<char>(byte(rng_.engine()));
       }
-      const bulk::RequestHead head{bulk::kBulkRequestMagic, static_cast<uint32_t>(body.size())};
-      bytes.assign(reinterpret_cast<const char*>(&head), sizeof head);
-      bytes += body;
+      bytes = Head({bulk::kBulkRequestMagic, static_cast<uint32_t>(body.size())}) + body;
     }
     const int fd = RawSocket();
-    const iovec piece{bytes.data(), bytes.size()};
-    ASSERT_TRUE(bulk::SendAll(fd, {&piece, 1}).ok()) << i;
+    ASSERT_TRUE(Send(fd, bytes).ok()) << i;
     shutdown(fd, SHUT_WR);  // a short head then reads as a closed connection
     // Whatever comes back (frames, then an end frame) ends with the cache
     // closing the connection, not resetting it.
