@@ -38,6 +38,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
@@ -213,71 +214,69 @@ Sample KvtierPut(CacheClient& client, const kvblock::LatentLayout& layout, const
   return sample;
 }
 
+// Where a fetch of prefix `p` lands: record i in slot i of `destination`.
+// Times each block and counts those that arrived.
+struct Landing {
+  Landing(const Prefix& p, std::vector<uint8_t>& destination) : prefix(p), buffer(destination) {}
+  RecordDestination Destination() {
+    const size_t slot = prefix.records[0].size();
+    return [this, slot](uint32_t index, size_t) { return std::span<uint8_t>(buffer.data() + index * slot, slot); };
+  }
+  std::function<void(const RawBlock&)> OnBlock() {
+    return [this](const RawBlock& block) {
+      sample.Block();
+      landed += block.status.ok() ? 1 : 0;
+    };
+  }
+  // Says so when the fetch failed or did not land every block.
+  Sample Done(const char* what, const absl::Status& status) {
+    if (!status.ok() || landed != prefix.records.size()) {
+      std::fprintf(stderr, "%s failed: %s (%zu of %zu blocks)\n", what, std::string(status.message()).c_str(),
+                   landed, prefix.records.size());
+    }
+    return std::move(sample);
+  }
+
+  const Prefix& prefix;
+  std::vector<uint8_t>& buffer;
+  Sample sample;
+  size_t landed = 0;
+};
+
 Sample KvtierGet(grpc::Channel* channel, const kvblock::LatentLayout& layout, const std::string& ns,
                  const Prefix& p, std::vector<uint8_t>& destination) {
-  const v1::GetRequest request = MakeGetRequest(ns, layout, p.hashes);
-  const size_t slot = p.records[0].size();
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-  Sample sample;
-  size_t blocks = 0;
-  grpc::Status status = RawGet(
-      channel, &context, request,
-      [&](uint32_t index, size_t) { return std::span<uint8_t>(destination.data() + index * slot, slot); },
-      [&](const RawBlock& block) {
-        sample.Block();
-        blocks += block.status.ok() ? 1 : 0;
-      });
-  if (!status.ok() || blocks != p.records.size()) {
-    std::fprintf(stderr, "Get failed: %s (%zu blocks)\n", status.error_message().c_str(), blocks);
-  }
-  return sample;
+  Landing landing(p, destination);
+  const grpc::Status status = RawGet(channel, &context, MakeGetRequest(ns, layout, p.hashes),
+                                     landing.Destination(), landing.OnBlock());
+  return landing.Done("Get", FromGrpcStatus(status));
 }
 
 // The bulk stream: the same request over a plain TCP connection, each
 // record received straight into the destination.
 Sample KvtierBulkGet(BulkClient& client, const kvblock::LatentLayout& layout, const std::string& ns,
                      const Prefix& p, std::vector<uint8_t>& destination) {
-  const size_t slot = p.records[0].size();
-  Sample sample;
-  size_t blocks = 0;
-  const absl::Status status = client.Get(
-      MakeGetRequest(ns, layout, p.hashes),
-      [&](uint32_t index, size_t) { return std::span<uint8_t>(destination.data() + index * slot, slot); },
-      [&](const RawBlock& block) {
-        sample.Block();
-        blocks += block.status.ok() ? 1 : 0;
-      });
-  if (!status.ok() || blocks != p.records.size()) {
-    std::fprintf(stderr, "bulk stream Get failed: %s (%zu blocks)\n", std::string(status.message()).c_str(), blocks);
-  }
-  return sample;
+  Landing landing(p, destination);
+  const absl::Status status =
+      client.Get(MakeGetRequest(ns, layout, p.hashes), landing.Destination(), landing.OnBlock());
+  return landing.Done("bulk stream Get", status);
 }
 
 // The same-host fast path: lease the prefix, copy each record out of the
-// cache's shared memory into the destination.
+// cache's shared memory into the destination (what it leaves is counted
+// as not landed).
 Sample KvtierFastGet(FastPathClient& fast, const kvblock::LatentLayout& layout, const std::string& ns,
                      const Prefix& p, std::vector<uint8_t>& destination) {
-  const size_t slot = p.records[0].size();
-  Sample sample;
-  size_t blocks = 0;
-  absl::StatusOr<std::vector<uint32_t>> left = fast.Fetch(
-      ns, layout, p.hashes,
-      [&](uint32_t index, size_t) { return std::span<uint8_t>(destination.data() + index * slot, slot); },
-      [&](const RawBlock& block) {
-        sample.Block();
-        blocks += block.status.ok() ? 1 : 0;
-      });
-  if (!left.ok() || blocks != p.records.size()) {
-    std::fprintf(stderr, "fast path Get failed: %s (%zu blocks read, %zu left for Get)\n",
-                 std::string(left.status().message()).c_str(), blocks, left.ok() ? left->size() : 0);
-  }
-  return sample;
+  Landing landing(p, destination);
+  const absl::StatusOr<std::vector<uint32_t>> left =
+      fast.Fetch(ns, layout, p.hashes, landing.Destination(), landing.OnBlock());
+  return landing.Done("fast path Get", left.status());
 }
 
 // What a decode worker or prefill node does with a cached prefix:
-// ShardSet::Fetch (through the fast path, or one Get stream when `shards`
-// has it off), then each record appended to the sequence's cache. `cache`
+// ShardSet::Fetch (through the fast path, or over the bulk stream when
+// `shards` has it off), then each record appended to the sequence's cache. `cache`
 // is left holding the prefix, so that it is freed outside the timing.
 Sample WorkerLoad(serving::ShardSet& shards, const kvblock::LatentLayout& layout, const std::string& ns,
                   const Prefix& p, runtime::SequenceCache& cache) {
