@@ -50,21 +50,7 @@ class BulkStreamTest : public ::testing::Test {
 
   // Stores `n` blocks of fresh random content in `ns`.
   std::vector<TestBlock> Store(const std::string& ns, int n) {
-    std::vector<TestBlock> blocks;
-    std::vector<BlockSlices> slices;
-    for (int i = 0; i < n; ++i) {
-      blocks.push_back(MakeBlock(layout_, ns, rng_.engine()()));
-      slices.push_back(blocks.back().slices);
-    }
-    auto put = client_->Put(ns, layout_, slices);
-    EXPECT_TRUE(put.ok()) << put.status();
-    return blocks;
-  }
-
-  static std::vector<BlockHash> HashesOf(const std::vector<TestBlock>& blocks) {
-    std::vector<BlockHash> hashes;
-    for (const TestBlock& b : blocks) hashes.push_back(b.slices.hash);
-    return hashes;
+    return StoreBlocks(*client_, layout_, ns, rng_.engine()(), n);
   }
 
   // A request's answers, each record in a buffer of its own.
@@ -126,7 +112,7 @@ class BulkStreamTest : public ::testing::Test {
 TEST_F(BulkStreamTest, ReadsBackEveryByteAndSaysWhatMissed) {
   SCOPED_TRACE(rng_.Trace());
   const std::vector<TestBlock> blocks = Store("ns", 12);
-  std::vector<BlockHash> hashes = HashesOf(blocks);
+  std::vector<BlockHash> hashes = Hashes(blocks);
   const BlockHash absent = MakeBlock(layout_, "ns", rng_.engine()()).slices.hash;
   hashes.insert(hashes.begin() + 5, absent);
 
@@ -174,7 +160,7 @@ TEST_F(BulkStreamTest, ReadsBackEveryByteAndSaysWhatMissed) {
 TEST_F(BulkStreamTest, ShardSetReadsRemoteShardsOverIt) {
   SCOPED_TRACE(rng_.Trace());
   const std::vector<TestBlock> blocks = Store("ns", 6);
-  const std::vector<BlockHash> hashes = HashesOf(blocks);
+  const std::vector<BlockHash> hashes = Hashes(blocks);
   // Without the fast path, as a worker on another host reads the shard.
   auto shards = serving::ShardSet::Create(target_, absl::Seconds(10), /*fast_path=*/false);
   ASSERT_TRUE(shards.ok());
@@ -207,7 +193,7 @@ TEST_F(BulkStreamTest, ShardSetFallsBackToGetWhenTheBulkStreamIsFull) {
   server_.reset();
   Start({"--bulk-max-connections", "1"});
   const std::vector<TestBlock> blocks = Store("ns", 3);
-  const std::vector<BlockHash> hashes = HashesOf(blocks);
+  const std::vector<BlockHash> hashes = Hashes(blocks);
   auto holder = BulkClient::Connect(bulk_address_);  // takes the one place
   ASSERT_TRUE(holder.ok());
   ASSERT_TRUE(Run(**holder, MakeGetRequest("ns", layout_, {})).status.ok());
@@ -340,7 +326,7 @@ TEST_F(BulkStreamTest, RandomBytesGetAnAnswerOrACloseAndNeverACrash) {
 
 TEST_F(BulkStreamTest, ReaderThatVanishesLeavesNothingPinnedOrLeased) {
   const std::vector<TestBlock> blocks = Store("ns", 24);
-  const std::vector<BlockHash> hashes = HashesOf(blocks);
+  const std::vector<BlockHash> hashes = Hashes(blocks);
   auto lease = client_->Match("ns", layout_, hashes, /*acquire_lease=*/true, 600000);
   ASSERT_TRUE(lease.ok());
   EXPECT_EQ(client_->Stats()->pinned_blocks(), 24u);
@@ -388,7 +374,7 @@ TEST_F(BulkStreamTest, ConnectionsBeyondTheLimitAreRefused) {
 TEST_F(BulkStreamTest, SigtermLetsAnInFlightRequestFinish) {
   SCOPED_TRACE(rng_.Trace());
   const std::vector<TestBlock> blocks = Store("ns", 48);
-  const std::vector<BlockHash> hashes = HashesOf(blocks);
+  const std::vector<BlockHash> hashes = Hashes(blocks);
   auto idle = BulkClient::Connect(bulk_address_);  // closed by the cache at SIGTERM
   ASSERT_TRUE(idle.ok());
   auto client = BulkClient::Connect(bulk_address_);

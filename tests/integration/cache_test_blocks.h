@@ -1,5 +1,6 @@
 // Blocks for tests that talk to a real kvtier-cache: a V2-Lite-shaped
-// layout with fewer layers, records made from a seed, and a wait on Stats.
+// layout with fewer layers, records made from a seed and stored, and a
+// wait on Stats.
 #ifndef KVTIER_TESTS_INTEGRATION_CACHE_TEST_BLOCKS_H_
 #define KVTIER_TESTS_INTEGRATION_CACHE_TEST_BLOCKS_H_
 
@@ -8,6 +9,8 @@
 #include <functional>
 #include <span>
 #include <thread>
+
+#include <gtest/gtest.h>
 #include <string>
 #include <vector>
 
@@ -51,6 +54,26 @@ inline TestBlock MakeBlock(const kvblock::LatentLayout& layout, const std::strin
   }
   b.record = *kvblock::EncodeBlock(layout, 0, layout.num_layers, x);
   return b;
+}
+
+// Stores blocks made from seeds first..first+count-1 in `ns`; returns them.
+inline std::vector<TestBlock> StoreBlocks(CacheClient& client, const kvblock::LatentLayout& layout,
+                                          const std::string& ns, uint64_t first, int count) {
+  std::vector<TestBlock> blocks;
+  std::vector<BlockSlices> slices;
+  for (int i = 0; i < count; ++i) {
+    blocks.push_back(MakeBlock(layout, ns, first + i));
+    slices.push_back(blocks.back().slices);
+  }
+  auto put = client.Put(ns, layout, slices);
+  EXPECT_TRUE(put.ok()) << put.status();
+  return blocks;
+}
+
+inline std::vector<kvblock::BlockHash> Hashes(const std::vector<TestBlock>& blocks) {
+  std::vector<kvblock::BlockHash> hashes;
+  for (const TestBlock& b : blocks) hashes.push_back(b.slices.hash);
+  return hashes;
 }
 
 // Polls Stats (the server announces nothing) until `done` holds, up to 10 s.

@@ -65,21 +65,7 @@ class FastPathTest : public ::testing::Test {
 
   // Stores blocks made from seeds first..first+count-1 in `ns`.
   std::vector<TestBlock> PutBlocks(const std::string& ns, uint64_t first, int count) {
-    std::vector<TestBlock> blocks;
-    std::vector<BlockSlices> slices;
-    for (int i = 0; i < count; ++i) {
-      blocks.push_back(MakeBlock(layout_, ns, first + i));
-      slices.push_back(blocks.back().slices);
-    }
-    auto put = client_->Put(ns, layout_, slices);
-    EXPECT_TRUE(put.ok()) << put.status();
-    return blocks;
-  }
-
-  static std::vector<BlockHash> Hashes(const std::vector<TestBlock>& blocks) {
-    std::vector<BlockHash> h;
-    for (const TestBlock& b : blocks) h.push_back(b.slices.hash);
-    return h;
+    return StoreBlocks(*client_, layout_, ns, first, count);
   }
 
   v1::StatsResponse Stats() {
