@@ -8,11 +8,9 @@
 // to a message, as a prefill node sends them) and one Get stream landing
 // each record in the client's buffer (RawGet). Redis: the same records as
 // values, pipelined SET and GET through hiredis, each GET reply copied to
-// the same kind of buffer. Bulk stream: the same Get request over the
-// cache's plain TCP connection (--bulk-listen), each record received
-// straight into the buffer (BulkClient). Raw TCP: the same records on a plain socket, read straight
-// into the buffer (the physical limit of a loopback fetch). memcpy: the same
-// bytes, buffer to buffer. Worker load: the prefix as a decode worker or
+// the same kind of buffer. Raw TCP: the same records on a plain socket,
+// read straight into the buffer (the physical limit of a loopback fetch).
+// memcpy: the same bytes, buffer to buffer. Worker load: the prefix as a decode worker or
 // prefill node loads it (ShardSet::Fetch, fast path or TCP, then every
 // record appended to a sequence cache). Prefill store: the prefix as a
 // prefill node stores it (ShardSet::Store over TCP). All over loopback TCP,
@@ -49,7 +47,6 @@
 #include "absl/strings/str_split.h"
 #include "load/bench_layout.h"
 #include "load/median.h"
-#include "services/cache/bulk_client.h"
 #include "services/cache/cache_client.h"
 #include "services/cache/fast_path_client.h"
 #include "services/cache/raw_get.h"
@@ -253,16 +250,6 @@ Sample KvtierGet(grpc::Channel* channel, const kvblock::LatentLayout& layout, co
   return landing.Done("Get", FromGrpcStatus(status));
 }
 
-// The bulk stream: the same request over a plain TCP connection, each
-// record received straight into the destination.
-Sample KvtierBulkGet(BulkClient& client, const kvblock::LatentLayout& layout, const std::string& ns,
-                     const Prefix& p, std::vector<uint8_t>& destination) {
-  Landing landing(p, destination);
-  const absl::Status status =
-      client.Get(MakeGetRequest(ns, layout, p.hashes), landing.Destination(), landing.OnBlock());
-  return landing.Done("bulk stream Get", status);
-}
-
 // The same-host fast path: lease the prefix, copy each record out of the
 // cache's shared memory into the destination (what it leaves is counted
 // as not landed).
@@ -275,8 +262,8 @@ Sample KvtierFastGet(FastPathClient& fast, const kvblock::LatentLayout& layout, 
 }
 
 // What a decode worker or prefill node does with a cached prefix:
-// ShardSet::Fetch (through the fast path, or over the bulk stream when
-// `shards` has it off), then each record appended to the sequence's cache. `cache`
+// ShardSet::Fetch (through the fast path, or by Get when `shards` has it
+// off), then each record appended to the sequence's cache. `cache`
 // is left holding the prefix, so that it is freed outside the timing.
 Sample WorkerLoad(serving::ShardSet& shards, const kvblock::LatentLayout& layout, const std::string& ns,
                   const Prefix& p, runtime::SequenceCache& cache) {
@@ -441,8 +428,7 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
 
   ChildProcess cache({cache_binary, "--listen", "127.0.0.1:0", "--metrics-listen", "",
                                "--device-capacity", "1GiB", "--host-capacity", "64MiB",
-                               "--fast-path-staging", "1GiB", "--device-memory", device_memory,
-                               "--bulk-listen", "127.0.0.1:0"});
+                               "--fast-path-staging", "1GiB", "--device-memory", device_memory});
   const int cache_port = cache.WaitForListeningPort();
   const int redis_port = FreeLoopbackPort();  // Redis cannot report port 0
   // Redis logs to a file nobody reads, not to a pipe that could fill.
@@ -480,16 +466,6 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
     std::fprintf(stderr, "Stats: %s\n", std::string(stats.status().message()).c_str());
     return 1;
   }
-  std::vector<std::unique_ptr<BulkClient>> bulk_clients;
-  for (int c = 0; c < kMaxClients; ++c) {
-    absl::StatusOr<std::unique_ptr<BulkClient>> bulk =
-        BulkClient::Connect("127.0.0.1:" + std::to_string(stats->bulk_port()));
-    if (!bulk.ok()) {
-      std::fprintf(stderr, "bulk stream: %s\n", std::string(bulk.status().message()).c_str());
-      return 1;
-    }
-    bulk_clients.push_back(*std::move(bulk));
-  }
   std::vector<std::unique_ptr<FastPathClient>> fast_clients;
   for (int c = 0; c < kMaxClients; ++c) {
     // On a host with the cache's GPU, as ShardSet does: the GPU tier's
@@ -523,10 +499,9 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
 
   std::vector<Row> rows;
   std::vector<double> get_over_redis, again_over_redis, get_over_raw, redis_over_raw, fast_over_redis,
-      fast_mapped_over_redis, fast_over_memcpy, fast_mapped_over_memcpy, get_cpu_over_redis, bulk_over_redis,
-      bulk_again_over_redis, bulk_cpu_over_redis;
+      fast_mapped_over_redis, fast_over_memcpy, fast_mapped_over_memcpy, get_cpu_over_redis;
   for (int n : client_counts) {
-    std::vector<Round> put, staged_put, get, get_again, bulk, bulk_again, fast, fast_mapped, set, rget,
+    std::vector<Round> put, staged_put, get, get_again, fast, fast_mapped, set, rget,
         rget_again, copy, raw, worker_fast, worker_tcp, prefill_tcp;
     for (int round = 0; round < rounds; ++round) {
       // Fresh namespaces each round so Put stores instead of deduplicating.
@@ -549,13 +524,6 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
       // the prefix is twice the last-level cache).
       get.push_back(kvtier_get());
       get_again.push_back(kvtier_get());
-      const auto bulk_get = [&] {
-        return Concurrently(cpu_clocks, n, [&](int c) {
-          return KvtierBulkGet(*bulk_clients[c], layout, tag + std::to_string(c), prefixes[c], destinations[c]);
-        });
-      };
-      bulk.push_back(bulk_get());
-      bulk_again.push_back(bulk_get());
       fast.push_back(Concurrently(cpu_clocks, n, [&](int c) {
         return KvtierFastGet(*fast_clients[c], layout, tag + std::to_string(c), prefixes[c], destinations[c]);
       }));
@@ -613,9 +581,6 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
     get_over_redis.push_back(median_ratio(rget, get));
     again_over_redis.push_back(median_ratio(rget_again, get_again));
     get_over_raw.push_back(median_ratio(raw, get));
-    bulk_over_redis.push_back(median_ratio(rget, bulk));
-    bulk_again_over_redis.push_back(median_ratio(rget_again, bulk_again));
-    bulk_cpu_over_redis.push_back(median_ratio(bulk, rget, &Round::cpu));
     redis_over_raw.push_back(median_ratio(raw, rget));
     fast_over_redis.push_back(median_ratio(rget, fast));
     fast_mapped_over_redis.push_back(median_ratio(rget, fast_mapped));
@@ -626,8 +591,6 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
     rows.push_back(Summarize("worker load, fast path", n, bytes, worker_fast));
     rows.push_back(Summarize("kvtier Get (fetch)", n, bytes, get));
     rows.push_back(Summarize("kvtier Get, read again", n, bytes, get_again));
-    rows.push_back(Summarize("kvtier bulk stream (fetch)", n, bytes, bulk));
-    rows.push_back(Summarize("kvtier bulk stream, read again", n, bytes, bulk_again));
     rows.push_back(Summarize("worker load, TCP", n, bytes, worker_tcp));
     rows.push_back(Summarize("redis GET, pipelined (fetch)", n, bytes, rget));
     rows.push_back(Summarize("redis GET, read again", n, bytes, rget_again));
@@ -666,9 +629,6 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
   print_ratios("kvtier Get (TCP) / raw TCP socket", get_over_raw, "1 would be the physical limit");
   print_ratios("redis GET / raw TCP socket", redis_over_raw, "1 would be the physical limit");
   print_ratios("kvtier Get (TCP) / redis GET, CPU time", get_cpu_over_redis, "below 1: less CPU a byte");
-  print_ratios("kvtier bulk stream / redis GET", bulk_over_redis, "target >= 1");
-  print_ratios("kvtier bulk stream / redis GET, read again", bulk_again_over_redis, "target >= 1");
-  print_ratios("kvtier bulk stream / redis GET, CPU time", bulk_cpu_over_redis, "below 1: less CPU a byte");
   print_ratios("kvtier fast path, new maps / redis GET", fast_over_redis, "target >= 2");
   print_ratios("kvtier fast path, mapped / redis GET", fast_mapped_over_redis, "target >= 2");
   print_ratios("kvtier fast path, new maps / memcpy", fast_over_memcpy, "target >= 0.4");
