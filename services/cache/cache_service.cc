@@ -9,7 +9,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "services/cache/bulk_server.h"
 #include "services/cache/get_response.h"
 #include "services/common/status.h"
 #include "services/kvblock/block_format.h"
@@ -581,10 +580,6 @@ grpc::ServerUnaryReactor* CacheService::Stats(grpc::CallbackServerContext* conte
                                               v1::StatsResponse* response) {
   FillStats(store_->Stats(), fast_path_ != nullptr ? fast_path_->Counters() : FastPathCounters(),
             *response);
-  if (bulk_ != nullptr) {
-    response->set_bulk_port(static_cast<uint32_t>(bulk_->port()));
-    response->set_bulk_connections(bulk_->connections());
-  }
   return FinishUnary(context, RpcTimer(metrics_, "Stats"), absl::OkStatus());
 }
 

@@ -18,8 +18,6 @@
 
 namespace kvtier::cache {
 
-class BulkServer;
-
 inline constexpr char kCacheServerVersion[] = "kvtier-cache 0.1.0";
 inline constexpr int kMaxBlocksPerRequest = 65536;
 inline constexpr int kMaxSlicesPerBatch = 4096;
@@ -96,10 +94,6 @@ class CacheService final : public KvCacheBase {
                                         const v1::LeaseBlocksRequest* request,
                                         v1::LeaseBlocksResponse* response) override;
 
-  // Stats reports the bulk stream's port and connections (not owned;
-  // null: not served). Set before the server starts.
-  void SetBulkServer(const BulkServer* bulk) { bulk_ = bulk; }
-
   BlockStore* store() const { return store_; }
   Executor* executor() const { return executor_; }
   RpcMetrics* metrics() const { return metrics_; }
@@ -111,7 +105,6 @@ class CacheService final : public KvCacheBase {
   RpcMetrics* metrics_;
   absl::flat_hash_set<std::string> namespaces_;
   FastPathServer* fast_path_;
-  const BulkServer* bulk_ = nullptr;
 };
 
 // Fills a StatsResponse from the store's (and the fast path's) counters.

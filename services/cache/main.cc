@@ -14,7 +14,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "services/cache/bulk_server.h"
 #include "services/cache/cache_service.h"
 #include "services/cache/fast_path_server.h"
 #include "services/cache/slab_memory.h"
@@ -44,8 +43,6 @@ struct Flags {
   std::string fast_path_socket;
   std::string fast_path_staging = "512MiB";
   bool no_fast_path = false;
-  std::string bulk_listen;
-  uint64_t bulk_max_connections = 64;
 };
 
 // The device tier's memory for --device-memory; null: host memory.
@@ -114,8 +111,7 @@ absl::StatusOr<StoreOptions> ToStoreOptions(const Flags& f) {
 }
 
 int Run(const Flags& f) {
-  for (const auto& [flag, address] : {std::pair{"--listen", f.listen}, {"--metrics-listen", f.metrics_listen},
-                                      {"--bulk-listen", f.bulk_listen}}) {
+  for (const auto& [flag, address] : {std::pair{"--listen", f.listen}, {"--metrics-listen", f.metrics_listen}}) {
     if (address.empty() && std::string(flag) != "--listen") continue;
     if (absl::Status s = ValidateListenAddress(address); !s.ok()) {
       std::cerr << "kvtier-cache: " << flag << ": " << s.message() << "\n";
@@ -169,20 +165,7 @@ int Run(const Flags& f) {
   RpcMetrics rpc_metrics(*registry);
   Executor executor(f.threads, /*max_queued=*/4096);
   CacheService service(store->get(), &executor, &rpc_metrics, namespaces, fast_path.get());
-  std::unique_ptr<BulkServer> bulk;
-  if (!f.bulk_listen.empty()) {
-    BulkServerOptions bulk_options;
-    bulk_options.listen = f.bulk_listen;
-    bulk_options.max_connections = f.bulk_max_connections;
-    absl::StatusOr<std::unique_ptr<BulkServer>> started = BulkServer::Start(bulk_options, &service, &rpc_metrics);
-    if (!started.ok()) {
-      std::cerr << "kvtier-cache: --bulk-listen: " << started.status().message() << "\n";
-      return started.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-    }
-    bulk = *std::move(started);
-    service.SetBulkServer(bulk.get());
-  }
-  auto store_metrics = std::make_shared<StoreMetrics>(store->get(), fast_path.get(), bulk.get());
+  auto store_metrics = std::make_shared<StoreMetrics>(store->get(), fast_path.get());
   auto exposer = StartMetricsExposer(f.metrics_listen, {registry, store_metrics});
   if (!exposer.ok()) {
     std::cerr << "kvtier-cache: " << exposer.status().message() << "\n";
@@ -212,20 +195,12 @@ int Run(const Flags& f) {
   } else {
     started << "; no fast path";
   }
-  if (bulk != nullptr) {
-    started << "; bulk stream on " << f.bulk_listen.substr(0, f.bulk_listen.rfind(':')) << ":" << bulk->port();
-  }
   started << "\n";
   std::cerr << started.str() << std::flush;
   const int signal = WaitForStopSignal();
   std::cerr << "kvtier-cache: received " << (signal == SIGTERM ? "SIGTERM" : "SIGINT")
-            << ": draining in-flight RPCs" << (bulk != nullptr ? " and bulk stream requests" : "") << std::endl;
-  // Both stop taking work at once; each lets what it is answering finish.
-  std::thread bulk_drain([&bulk] {
-    if (bulk != nullptr) bulk->Shutdown();
-  });
+            << ": draining in-flight RPCs" << std::endl;
   (*server)->Shutdown();
-  bulk_drain.join();
   std::cerr << "kvtier-cache: stopped" << std::endl;
   return 0;
 }
@@ -262,11 +237,6 @@ int main(int argc, char** argv) {
                   "unix socket of the same-host fast path, '@name' for an abstract one (default: a fresh abstract name)");
   flags.AddString("fast-path-staging", &f.fast_path_staging,
                   "staging memory for same-host Put, all sessions together (0: none)");
-  flags.AddString("bulk-listen", &f.bulk_listen,
-                  "TCP address HOST:PORT of the bulk stream: Get requests over a plain connection, for remote "
-                  "readers of large prefixes (port 0: any free port; empty: not served)");
-  flags.AddUint("bulk-max-connections", &f.bulk_max_connections,
-                "bulk stream connections served at once (one thread each); more are refused");
   flags.AddBool("no-fast-path", &f.no_fast_path,
                 "serve blocks over gRPC only: tiers in private memory, no unix socket");
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "kvtier-cache")) return *exit;

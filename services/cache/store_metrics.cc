@@ -75,8 +75,6 @@ std::vector<MetricFamily> StoreMetrics::Collect() const {
        MetricType::Counter, fast.bytes_in},
       {"kvtier_cache_fast_path_staging_bytes", "Staging regions granted to open fast path sessions",
        MetricType::Gauge, fast.staging_bytes},
-      {"kvtier_cache_bulk_connections", "Bulk stream connections open", MetricType::Gauge,
-       bulk_ != nullptr ? bulk_->connections() : 0},
   };
   for (const Single& single : singles) {
     MetricFamily f = Family(single.name, single.help, single.type);

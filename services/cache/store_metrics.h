@@ -1,4 +1,4 @@
-// Exposes the store's (and fast path's and bulk stream's) counters to Prometheus, read from
+// Exposes the store's (and fast path's) counters to Prometheus, read from
 // BlockStore::Stats at scrape time, so a scrape and a Stats RPC report the same figures.
 #ifndef KVTIER_SERVICES_CACHE_STORE_METRICS_H_
 #define KVTIER_SERVICES_CACHE_STORE_METRICS_H_
@@ -10,22 +10,20 @@
 #include <prometheus/metric_family.h>
 
 #include "services/cache/block_store.h"
-#include "services/cache/bulk_server.h"
 #include "services/cache/fast_path_server.h"
 
 namespace kvtier::cache {
 
 class StoreMetrics : public prometheus::Collectable {
  public:
-  // `fast_path` and `bulk` may be null (their figures are then 0).
-  explicit StoreMetrics(BlockStore* store, FastPathServer* fast_path = nullptr, const BulkServer* bulk = nullptr)
-      : store_(store), fast_path_(fast_path), bulk_(bulk) {}
+  // `fast_path` may be null (its figures are then 0).
+  explicit StoreMetrics(BlockStore* store, FastPathServer* fast_path = nullptr)
+      : store_(store), fast_path_(fast_path) {}
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
   BlockStore* store_;
   FastPathServer* fast_path_;
-  const BulkServer* bulk_;
 };
 
 }  // namespace kvtier::cache

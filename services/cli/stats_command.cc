@@ -40,8 +40,7 @@ void PrintJson(const v1::StatsResponse& s) {
                   ", \"fast_path_blocks_out\": ", s.fast_path_blocks_out(),
                   ", \"fast_path_bytes_out\": ", s.fast_path_bytes_out(),
                   ", \"fast_path_bytes_in\": ", s.fast_path_bytes_in(),
-                  ", \"fast_path_staging_bytes\": ", s.fast_path_staging_bytes(),
-                  ", \"bulk_port\": ", s.bulk_port(), ", \"bulk_connections\": ", s.bulk_connections(), "}");
+                  ", \"fast_path_staging_bytes\": ", s.fast_path_staging_bytes(), "}");
   std::cout << out << "\n";
 }
 
@@ -65,11 +64,6 @@ std::string StatsTable(const std::string& target, const v1::StatsResponse& s) {
   absl::StrAppend(&out, "same-host fast path: ", s.fast_path_sessions(), " sessions, ", s.fast_path_blocks_out(),
                   " blocks (", HumanBytes(s.fast_path_bytes_out()), ") out, ", HumanBytes(s.fast_path_bytes_in()),
                   " in, staging ", HumanBytes(s.fast_path_staging_bytes()), "\n");
-  if (s.bulk_port() != 0) {
-    absl::StrAppend(&out, "bulk stream: port ", s.bulk_port(), ", ", s.bulk_connections(), " connections\n");
-  } else {
-    absl::StrAppend(&out, "bulk stream: not served\n");
-  }
   return out;
 }
 

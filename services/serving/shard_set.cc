@@ -6,7 +6,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "services/cache/raw_get.h"
 #include "services/kvblock/block_format.h"
 #include "services/kvblock/sha256.h"
 
@@ -43,11 +42,11 @@ absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(const std::string& ta
     }
     if (!seen.insert(target).second) return absl::InvalidArgumentError(absl::StrCat("cache shard ", target, " is listed twice"));
     std::shared_ptr<grpc::Channel> channel = cache::CacheClient::Connect(target);
-    auto client = std::make_unique<cache::CacheClient>(channel, deadline);
-    auto bulk = std::make_unique<BulkConnections>(target, client.get(), deadline);
-    set->shards_.push_back({target, First8(kvblock::Sha256({target})), channel,
-                            std::make_unique<StreamConnections>(target), std::move(client),
-                            fast_path ? std::make_unique<FastPath>() : nullptr, std::move(bulk)});
+    Shard shard{target, First8(kvblock::Sha256({target})), std::make_unique<StreamConnections>(target),
+                std::make_unique<cache::CacheClient>(channel, deadline), {}};
+    if (fast_path) shard.routes.push_back(std::make_unique<FastPathRoute>(channel, deadline));
+    shard.routes.push_back(std::make_unique<GrpcRoute>(target, shard.streams.get(), deadline));
+    set->shards_.push_back(std::move(shard));
   }
   if (set->shards_.empty()) return absl::InvalidArgumentError("no cache shard given");
   return set;
@@ -94,7 +93,7 @@ std::vector<absl::StatusOr<SharedRecord>> ShardSet::Fetch(const std::string& ns,
   for (size_t s = 0; s < shards_.size(); ++s) {
     if (positions[s].empty()) continue;
     done.push_back(std::async(std::launch::async, [&, s] {
-      FetchFromShard(s, ns, layout, hashes, positions[s], Route::kFastPath, out);
+      FetchFromShard(s, ns, layout, hashes, positions[s], out);
     }));
   }
   for (auto& d : done) d.get();
@@ -102,114 +101,23 @@ std::vector<absl::StatusOr<SharedRecord>> ShardSet::Fetch(const std::string& ns,
 }
 
 void ShardSet::FetchFromShard(size_t s, const std::string& ns, const kvblock::LatentLayout& layout,
-                              const std::vector<kvblock::BlockHash>& hashes,
-                              const std::vector<size_t>& indices, Route route,
+                              const std::vector<kvblock::BlockHash>& hashes, std::vector<size_t> indices,
                               std::vector<absl::StatusOr<SharedRecord>>& out) {
-  if (indices.empty()) return;
-  std::vector<kvblock::BlockHash> mine;
-  for (size_t i : indices) mine.push_back(hashes[i]);
-  std::vector<std::shared_ptr<std::string>> records(mine.size());
-  // Only whole records of this layout, at indices asked for, get room (an
-  // empty span refuses one): a server's answer cannot make this side
-  // allocate what it likes. A record is handed on only once written whole,
-  // so what a pooled string held before never shows.
-  const size_t record_bytes = kvblock::HeaderFor(layout, 0, layout.num_layers).RecordBytes();
-  const cache::RecordDestination destination = [&](uint32_t index, size_t size) {
-    if (index >= records.size() || size != record_bytes) return std::span<uint8_t>();
-    if (records[index] == nullptr) records[index] = records_->Take(size);
-    return std::span(reinterpret_cast<uint8_t*>(records[index]->data()), size);
-  };
-  std::shared_ptr<cache::FastPathClient> client = route == Route::kFastPath ? FastPathOf(s) : nullptr;
-  const auto on_block = [&](const cache::RawBlock& block) {
-    if (block.index >= records.size()) return;
-    absl::StatusOr<SharedRecord>& slot = out[indices[block.index]];
-    if (!block.status.ok()) {
-      slot = block.status;
-      return;
-    }
-    if (records[block.index] == nullptr) return;
-    // The fast path checked the CRC as it copied; a record that came over
-    // TCP is checked here, just landed and still in cache, rather than
-    // read again from memory when it is appended.
-    if (client == nullptr) {
-      if (absl::Status checked = kvblock::ParseBlock(*records[block.index], &layout).status(); !checked.ok()) {
-        slot = checked;
-        return;
-      }
-    }
-    slot = SharedRecord(std::move(records[block.index]));
-  };
-  if (client != nullptr) {
-    absl::StatusOr<std::vector<uint32_t>> left = client->Fetch(ns, layout, mine, destination, on_block);
-    if (left.ok() && left->empty()) return;
-    std::vector<size_t> rest;
-    if (left.ok()) {
-      for (uint32_t i : *left) rest.push_back(indices[i]);
-    } else {
-      DropFastPath(s, client);  // e.g. the cache restarted: a new session next time
-      rest = indices;
-    }
-    FetchFromShard(s, ns, layout, hashes, rest, Route::kBulk, out);
-    return;
-  }
-  // Blocks that arrived before a request failed stay usable.
-  const auto failed = [&](const absl::Status& status) {
+  for (const std::unique_ptr<ShardRoute>& route : shards_[s].routes) {
+    if (indices.empty()) return;
+    std::vector<kvblock::BlockHash> mine;
+    std::vector<absl::StatusOr<SharedRecord>*> slots;
     for (size_t i : indices) {
-      if (!out[i].ok()) {
-        out[i] = absl::Status(status.code(), absl::StrCat("cache ", shards_[s].target, ": ", status.message()));
-      }
+      mine.push_back(hashes[i]);
+      slots.push_back(&out[i]);
     }
-  };
-  if (route != Route::kGet) {
-    if (std::unique_ptr<cache::BulkClient> bulk = shards_[s].bulk->Take()) {
-      const absl::Status status = bulk->Get(cache::MakeGetRequest(ns, layout, mine), destination, on_block);
-      const bool broke = bulk->broken();
-      shards_[s].bulk->Give(std::move(bulk));
-      if (!broke) {
-        if (!status.ok()) failed(status);
-        return;
-      }
-      // The connection broke, or the cache had no room for it: what did
-      // not arrive is asked for again by Get.
-      std::vector<size_t> rest;
-      for (size_t i : indices) {
-        if (!out[i].ok()) rest.push_back(i);
-      }
-      FetchFromShard(s, ns, layout, hashes, rest, Route::kGet, out);
-      return;
+    RecordLanding landing(layout, *records_, std::move(slots));
+    std::vector<size_t> left;
+    for (uint32_t i : route->Fetch(ns, layout, mine, landing)) {
+      if (i < indices.size()) left.push_back(indices[i]);
     }
+    indices = std::move(left);
   }
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
-  const StreamConnections::Lease connection = TakeConnection(s);
-  const grpc::Status status = cache::RawGet(connection.channel(), &context,
-                                            cache::MakeGetRequest(ns, layout, mine), destination, on_block);
-  if (!status.ok()) failed(cache::FromGrpcStatus(status));
-}
-
-std::shared_ptr<cache::FastPathClient> ShardSet::FastPathOf(size_t s) {
-  FastPath* fast = shards_[s].fast_path.get();
-  if (fast == nullptr) return nullptr;
-  absl::MutexLock lock(&fast->mu);
-  if (fast->client != nullptr || absl::Now() < fast->retry_after) return fast->client;
-  absl::StatusOr<std::unique_ptr<cache::FastPathClient>> opened =
-      cache::FastPathClient::Connect(shards_[s].channel, deadline_, kStagingBytes,
-                                     cache::FastPathClient::DeviceStagingWanted());
-  if (!opened.ok()) {
-    // No fast path there (another host, or off): ask again now and then,
-    // since a restarted cache may have one; rarely when it said so itself.
-    const bool refused = opened.status().code() == absl::StatusCode::kFailedPrecondition;
-    fast->retry_after = absl::Now() + (refused ? absl::Minutes(5) : absl::Seconds(10));
-    return nullptr;
-  }
-  fast->client = *std::move(opened);
-  return fast->client;
-}
-
-void ShardSet::DropFastPath(size_t s, const std::shared_ptr<cache::FastPathClient>& failed) {
-  FastPath& fast = *shards_[s].fast_path;
-  absl::MutexLock lock(&fast.mu);
-  if (fast.client == failed) fast.client.reset();
 }
 
 std::set<kvblock::BlockHash> ShardSet::Store(const std::string& ns, const kvblock::LatentLayout& layout,
@@ -228,9 +136,10 @@ std::vector<std::vector<size_t>> ShardSet::ByShard(const std::vector<kvblock::Bl
 }
 
 struct ShardedPut::Stream {
-  // A local shard's session: slices go through its staging region. Declared
-  // first so that `staged` (whose chunks go back once the stream is over)
-  // is destroyed before it.
+  // A local shard's session, from `staging_route`: slices go through its
+  // staging region. Declared first so that `staged` (whose chunks go back
+  // once the stream is over) is destroyed before it.
+  ShardRoute* staging_route = nullptr;
   std::shared_ptr<cache::FastPathClient> fast;
   std::unique_ptr<cache::FastPathClient::StagedStream> staged;
   std::optional<StreamConnections::Lease> connection;
@@ -272,8 +181,12 @@ void ShardedPut::Write(const kvblock::BlockHash& hash, const std::string& record
   if (s == nullptr) {
     s = std::make_unique<Stream>();
     v1::PutRequest header;
-    s->fast = shards_.FastPathOf(shard);
-    if (s->fast != nullptr && s->fast->staging_bytes() > 0) {
+    for (const std::unique_ptr<ShardRoute>& route : shards_.routes(shard)) {
+      if (s->fast != nullptr) break;
+      s->fast = route->PutStaging();
+      s->staging_route = route.get();
+    }
+    if (s->fast != nullptr) {
       s->staged = std::make_unique<cache::FastPathClient::StagedStream>(s->fast.get());
       header.mutable_header()->set_fast_path_session_id(s->fast->session_id());
     }
@@ -328,7 +241,7 @@ std::set<kvblock::BlockHash> ShardedPut::Finish() {
     if (answer.wait_until(deadline) != std::future_status::ready) s->context.TryCancel();
     const grpc::Status status = answer.get();
     if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION && s->fast != nullptr) {
-      shards_.DropFastPath(shard, s->fast);  // e.g. the cache restarted
+      s->staging_route->StagingFailed(s->fast);  // e.g. the cache restarted
     }
     if (status.ok()) {
       std::set<std::string> incomplete(s->response.incomplete_block_hashes().begin(),

@@ -2,7 +2,8 @@
 // on the shard chosen by rendezvous hashing of its key, so adding a shard
 // moves only about 1/N of the keys. A shard that is down, slow (deadline) or
 // answers a miss only makes its blocks look absent: callers recompute them.
-// Thread-safe.
+// ShardSet only routes: each shard's blocks travel by its own ordered list
+// of ShardRoutes (shard_routes.h). Thread-safe.
 #ifndef KVTIER_SERVICES_SERVING_SHARD_SET_H_
 #define KVTIER_SERVICES_SERVING_SHARD_SET_H_
 
@@ -15,9 +16,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "services/cache/cache_client.h"
-#include "services/cache/fast_path_client.h"
-#include "services/serving/bulk_connections.h"
 #include "services/serving/record_pool.h"
+#include "services/serving/shard_routes.h"
 #include "services/serving/shared_record.h"
 #include "services/serving/stream_connections.h"
 
@@ -27,9 +27,8 @@ class ShardSet {
  public:
   // `targets`: comma-separated host:port list, at least one, no repeats.
   // Every call to a shard gets `deadline`. With `fast_path`, blocks of a
-  // shard on this host are read through its shared memory (FastPathClient);
-  // the rest come over the shard's bulk stream when it serves one, else by
-  // Get. At most
+  // shard on this host are read through its shared memory (FastPathRoute);
+  // the rest come by Get (GrpcRoute). At most
   // `idle_record_bytes` of fetched records are kept for reuse once let go.
   static absl::StatusOr<std::unique_ptr<ShardSet>> Create(const std::string& targets,
                                                           absl::Duration deadline,
@@ -49,13 +48,11 @@ class ShardSet {
                      const std::vector<kvblock::BlockHash>& chain);
 
   // Reads `hashes` (all shards at once), each record landing straight in its
-  // string: copied from a local shard's shared memory, else one request per
-  // shard over its bulk stream, or one Get stream (RawGet: no protobuf
-  // copy) where it has none or the connection broke. Each answer is the record, or why
-  // there is none (a miss, DATA_LOSS, or the shard's error). Every record
-  // given has had its CRC checked (as it was copied or as it landed); the
-  // strings come from a pool and go back to it when their last holder lets
-  // go.
+  // string: each shard's routes are tried in turn, each asked for what the
+  // one before left. Each answer is the record, or why there is none (a
+  // miss, DATA_LOSS, or the shard's error). Every record given has had its
+  // CRC checked (as it was copied or as it landed); the strings come from a
+  // pool and go back to it when their last holder lets go.
   std::vector<absl::StatusOr<SharedRecord>> Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
                                                    const std::vector<kvblock::BlockHash>& hashes);
   // The default of the most bytes of fetched records that stay in the
@@ -69,13 +66,8 @@ class ShardSet {
   std::set<kvblock::BlockHash> Store(const std::string& ns, const kvblock::LatentLayout& layout,
                                      const std::vector<cache::BlockSlices>& blocks);
 
-  // The shard's fast path session (with a staging region for Put), opened
-  // on first use; null when there is none (not local, off, or failed
-  // lately). A caller whose call through it failed drops it, and the next
-  // use opens a new one.
-  std::shared_ptr<cache::FastPathClient> FastPathOf(size_t s);
-  void DropFastPath(size_t s, const std::shared_ptr<cache::FastPathClient>& failed);
-  static constexpr uint64_t kStagingBytes = 32 << 20;
+  // Shard `s`'s routes, in the order they are tried.
+  const std::vector<std::unique_ptr<ShardRoute>>& routes(size_t s) const { return shards_[s].routes; }
 
   // A connection to shard `s` for a long stream, of this ShardSet's own
   // (see StreamConnections); the least busy.
@@ -84,27 +76,17 @@ class ShardSet {
  private:
   // Indices of `hashes` on each shard, in order.
   std::vector<std::vector<size_t>> ByShard(const std::vector<kvblock::BlockHash>& hashes) const;
-  // How FetchFromShard reads; each passes what it could not serve on to
-  // the next.
-  enum class Route { kFastPath, kBulk, kGet };
   // Fetch's part for shard `s`: `indices` of `hashes` into `out`.
   void FetchFromShard(size_t s, const std::string& ns, const kvblock::LatentLayout& layout,
-                      const std::vector<kvblock::BlockHash>& hashes, const std::vector<size_t>& indices,
-                      Route route, std::vector<absl::StatusOr<SharedRecord>>& out);
+                      const std::vector<kvblock::BlockHash>& hashes, std::vector<size_t> indices,
+                      std::vector<absl::StatusOr<SharedRecord>>& out);
 
-  struct FastPath {
-    absl::Mutex mu;
-    std::shared_ptr<cache::FastPathClient> client ABSL_GUARDED_BY(mu);
-    absl::Time retry_after ABSL_GUARDED_BY(mu) = absl::InfinitePast();
-  };
   struct Shard {
     std::string target;
     uint64_t seed;  // from the target: a shard's scores do not depend on the others
-    std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<StreamConnections> streams;  // Fetch's Gets, ShardedPut's Puts
     std::unique_ptr<cache::CacheClient> client;
-    std::unique_ptr<FastPath> fast_path;  // null: fast path off
-    std::unique_ptr<BulkConnections> bulk;
+    std::vector<std::unique_ptr<ShardRoute>> routes;  // tried in order; gRPC last
   };
   std::vector<Shard> shards_;
   absl::Duration deadline_;
