@@ -1,9 +1,9 @@
 #include "services/cache/raw_get.h"
 
-#include <grpcpp/impl/codegen/proto_utils.h>
-#include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/completion_queue.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/support/async_stream.h>
+#include <grpcpp/support/byte_buffer.h>
 
 #include <cstring>
 #include <deque>
@@ -118,24 +118,33 @@ class AnswerQueue {
   grpc::Status status_ ABSL_GUARDED_BY(mu_);
 };
 
-// Reads the whole stream into `answers` on the calling thread, which polls
-// the call's own completion queue, and ends it with the call's status.
-void Receive(grpc::CompletionQueue& cq, grpc::ClientAsyncReader<grpc::ByteBuffer>& reader,
-             AnswerQueue& answers) {
+// Runs the call on the calling thread, which polls the call's own
+// completion queue: sends the request, reads the whole stream into
+// `answers` and ends it with the call's status. The call is generic (bytes
+// both ways): the client half of a server-streaming method is one message
+// and a half-close.
+void Receive(grpc::CompletionQueue& cq, grpc::GenericClientAsyncReaderWriter& call,
+             const grpc::ByteBuffer& request, AnswerQueue& answers) {
   void* tag = nullptr;
   bool ok = false;
-  // A call that did not start still finishes, with the reason.
-  if (cq.Next(&tag, &ok) && ok) {
-    while (true) {
-      grpc::ByteBuffer answer;
-      reader.Read(&answer, &answer);
-      if (!cq.Next(&tag, &ok) || !ok) break;  // the stream ended, or failed
-      answers.Push(answer);
+  const auto step = [&] { return cq.Next(&tag, &ok) && ok; };
+  // A call that did not start, or whose request could not be sent, still
+  // finishes, with the reason.
+  call.StartCall(&call);
+  if (step()) {
+    call.WriteLast(request, grpc::WriteOptions(), &call);
+    if (step()) {
+      while (true) {
+        grpc::ByteBuffer answer;
+        call.Read(&answer, &call);
+        if (!step()) break;  // the stream ended, or failed
+        answers.Push(answer);
+      }
     }
   }
   grpc::Status status;
-  reader.Finish(&status, &status);
-  if (!cq.Next(&tag, &ok) || !ok) status = grpc::Status(grpc::StatusCode::INTERNAL, "Get call lost its status");
+  call.Finish(&status, &call);
+  if (!step()) status = grpc::Status(grpc::StatusCode::INTERNAL, "Get call lost its status");
   answers.End(status);
 }
 
@@ -151,16 +160,14 @@ void Receive(grpc::CompletionQueue& cq, grpc::ClientAsyncReader<grpc::ByteBuffer
 grpc::Status RawGet(grpc::Channel* channel, grpc::ClientContext* context,
                     const v1::GetRequest& request, const RecordDestination& destination,
                     const std::function<void(const RawBlock&)>& on_block) {
-  grpc::ByteBuffer serialized;
-  bool own = false;
-  (void)grpc::SerializationTraits<v1::GetRequest>::Serialize(request, &serialized, &own);
+  const std::string bytes = request.SerializeAsString();
+  grpc::Slice slice(bytes);
+  const grpc::ByteBuffer serialized(&slice, 1);
   grpc::CompletionQueue cq;
-  const grpc::internal::RpcMethod method(kGetMethod, grpc::internal::RpcMethod::SERVER_STREAMING);
-  std::unique_ptr<grpc::ClientAsyncReader<grpc::ByteBuffer>> reader(
-      grpc::internal::ClientAsyncReaderFactory<grpc::ByteBuffer>::Create(
-          channel, &cq, method, context, serialized, /*start=*/true, /*tag=*/&serialized));
+  grpc::GenericStub stub(channel->shared_from_this());
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call = stub.PrepareCall(context, kGetMethod, &cq);
   AnswerQueue answers;
-  std::thread receiver([&] { Receive(cq, *reader, answers); });
+  std::thread receiver([&] { Receive(cq, *call, serialized, answers); });
   absl::Status parse_error;
   grpc::ByteBuffer answer;
   grpc::Status status;
