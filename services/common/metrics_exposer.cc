@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/bind_check.h"
 
 namespace kvtier {
 
@@ -13,7 +14,9 @@ absl::StatusOr<std::unique_ptr<prometheus::Exposer>> StartMetricsExposer(
   try {
     exposer = std::make_unique<prometheus::Exposer>(address);
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
+    // civetweb's own words ("null context when constructing CivetServer")
+    // do not say why; bind(2) does.
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address, ": ", WhyCannotBind(address)));
   }
   for (const auto& c : collectables) exposer->RegisterCollectable(c);
   const std::string host = address.substr(0, address.rfind(':'));

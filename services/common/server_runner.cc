@@ -9,6 +9,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "services/common/bind_check.h"
 #include "services/common/unparsed_request_interceptor.h"
 
 namespace kvtier {
@@ -40,6 +41,9 @@ absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  // gRPC sets SO_REUSEPORT by default: a second server on a port in use
+  // would then share it with the first, each taking some connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // Fixed per-stream receive window, as CacheClient sets (see there): large
   // streamed payloads flow without waiting for window updates. The resource
   // quota still bounds what all streams together may buffer.
@@ -56,7 +60,8 @@ absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(
   for (grpc::Service* service : services) builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.listen, ": ", WhyCannotBind(options.listen)));
   }
   server->GetHealthCheckService()->SetServingStatus(true);
   const std::string host = options.listen.substr(0, options.listen.rfind(':'));

@@ -672,5 +672,41 @@ TEST_F(ServingTest, DeployedRulesAndDashboardUseExportedMetrics) {
   EXPECT_EQ(check.exit_code, 0) << check.output;
 }
 
+// gRPC turns SO_REUSEPORT on by default, so a second server on a port in
+// use used to say `listening on` and share it with the first. Every server
+// must instead refuse the port, say why, and exit non-zero; so must a
+// metrics port in use.
+TEST_F(ServingTest, EveryServerRefusesAPortAlreadyInUse) {
+  Cluster cluster(Tiny().dir, 1, 1);
+  ASSERT_TRUE(cluster.ok());
+  const std::string taken = cluster.cache_targets[0];
+  const std::string cache = std::string(KVTIER_CACHE_BINARY) + " --device-capacity 16MiB --host-capacity 16MiB";
+  const std::string model = " --model " + Tiny().dir + " --cache " + taken;
+  struct Case {
+    std::string command;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {cache + " --listen " + taken, "cannot listen on " + taken + ": Address already in use"},
+      {std::string(KVTIER_DECODE_BINARY) + " --listen " + taken + model,
+       "cannot listen on " + taken + ": Address already in use"},
+      {std::string(KVTIER_PREFILL_BINARY) + " --listen " + taken + model + " --decode " +
+           cluster.decode_targets[0] + " --kv-codec bf16",
+       "cannot listen on " + taken + ": Address already in use"},
+      {cache + " --listen 127.0.0.1:0 --metrics-listen " + cluster.cache_metrics[0],
+       "cannot serve metrics on " + cluster.cache_metrics[0] + ": Address already in use"},
+  };
+  for (const Case& c : cases) {
+    // `timeout`: a server that took the port would otherwise serve on.
+    const CommandResult r = RunCommand("timeout 30 " + c.command);
+    EXPECT_NE(r.exit_code, 0) << c.command;
+    EXPECT_NE(r.exit_code, 124) << c.command << " kept serving on a port in use";
+    EXPECT_EQ(r.output.find("listening on"), std::string::npos) << c.command << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.command << "\n" << r.output;
+  }
+  // The first cache still answers, alone on its port.
+  EXPECT_GT(cluster.CacheStats(0).tiers_size(), 0);
+}
+
 }  // namespace
 }  // namespace kvtier
