@@ -27,12 +27,8 @@ bool MapAnonymous(uint8_t* at, size_t bytes) {
 // A new sealed memfd of `bytes` mapped read-write over [at, at + bytes), or
 // -1.
 int MapMemfd(uint8_t* at, size_t bytes) {
-  const int fd = SealedMemfd(bytes);
-  if (fd < 0) return -1;
-  if (mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
-    close(fd);
-    return -1;
-  }
+  int fd = -1;
+  MapSealedMemfd(bytes, at, fd);
   return fd;
 }
 
@@ -302,8 +298,8 @@ void PageArena::Reassign(uint32_t s, const std::string& owner) {
   const int old_fd = seg.fd;
   seg.exported = false;
   seg.fd = MapNewMemfd(at, bytes, /*replacing=*/old_fd >= 0);
-  // Frees the old owner's bytes even where a reader still maps them (they
-  // are no longer mapped here).
+  // No longer mapped here; a reader that still maps it keeps the old
+  // owner's bytes until it unmaps (SegmentSpares::Retire).
   if (old_fd >= 0) Retire(old_fd, bytes);
   if (seg.fd < 0 && !MapAnonymous(at, bytes)) {
     // The addresses are ours and reserved; failing to map them means the
@@ -331,7 +327,7 @@ void PageArena::Retire(int fd, size_t bytes) {
   if (SegmentSpares* spares = SparesFor(bytes)) {
     spares->Retire(fd);
   } else {
-    PunchAndClose(fd, bytes);
+    close(fd);
   }
 }
 

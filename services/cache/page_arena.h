@@ -11,9 +11,10 @@
 // same-host reader the segments of one namespace, read-only, without
 // exposing any other namespace's bytes. A segment that changes owner starts
 // a new generation with only zeros in it: if its memfd was ever handed out
-// (MarkExported), a fresh memfd, the old one's pages punched out, so a
-// stale mapping can read the old owner's bytes until then and zeros after,
-// never the new owner's; if not, the same memfd cleared in place, which
+// (MarkExported), a fresh memfd, so a stale mapping keeps reading the old
+// owner's bytes (the memfd's write seal keeps them from being punched out;
+// they are freed when the last reader unmaps), never the new owner's; if
+// not, the same memfd cleared in place, which
 // keeps its pages (a fresh memfd faults in every page again, most of the
 // cost of storing under eviction).
 // Once owners start taking segments readers had, fresh memfds are made
@@ -128,7 +129,7 @@ class PageArena {
   int SegmentFd(uint32_t segment) const { return segments_[segment].fd; }
   // Its memfd has gone to another process in this generation.
   void MarkExported(uint32_t segment) { segments_[segment].exported = true; }
-  // Bytes of memfds made ahead or waiting to be punched out: memory beyond
+  // Bytes of memfds made ahead or waiting to be closed: memory beyond
   // the capacity.
   uint64_t SegmentsAheadBytes() const { return spares_ != nullptr ? spares_->HeldBytes() : 0; }
   // Waits until the memfds made ahead are ready and those let go are

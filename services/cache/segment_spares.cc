@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,20 +12,27 @@
 
 namespace kvtier::cache {
 
-void PunchAndClose(int fd, size_t bytes) {
-  fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(bytes));
-  close(fd);
-}
-
-int SealedMemfd(size_t bytes) {
-  const int fd = memfd_create("kvtier-cache-segment", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0) return -1;
-  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
-      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    close(fd);
-    return -1;
+uint8_t* MapSealedMemfd(size_t bytes, uint8_t* at, int& fd) {
+  fd = memfd_create("kvtier-cache-segment", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return nullptr;
+  void* mapped = MAP_FAILED;
+  if (ftruncate(fd, static_cast<off_t>(bytes)) == 0) {
+    mapped = at != nullptr ? mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0)
+                           : mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   }
-  return fd;
+  // The future-write seal leaves the mapping just made writable, and only
+  // it: so it comes after.
+  if (mapped == MAP_FAILED ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0 ||
+      fchmod(fd, 0400) != 0) {
+    const int error = errno;
+    if (mapped != MAP_FAILED && at == nullptr) munmap(mapped, bytes);
+    close(fd);
+    fd = -1;
+    errno = error;
+    return nullptr;
+  }
+  return static_cast<uint8_t*>(mapped);
 }
 
 SegmentSpares::SegmentSpares(size_t bytes, size_t keep)
@@ -40,7 +48,7 @@ SegmentSpares::~SegmentSpares() {
     munmap(s.at, bytes_);
     close(s.fd);
   }
-  for (int fd : retired_) PunchAndClose(fd, bytes_);
+  for (int fd : retired_) close(fd);
 }
 
 std::optional<SegmentSpares::Spare> SegmentSpares::Take() {
@@ -66,7 +74,7 @@ void SegmentSpares::Retire(int fd) {
       return;
     }
   }
-  PunchAndClose(fd, bytes_);  // the thread is behind: no more memory waits on it
+  close(fd);  // the thread is behind: no more memory waits on it
 }
 
 uint64_t SegmentSpares::HeldBytes() {
@@ -93,33 +101,31 @@ void SegmentSpares::Run() {
     mu_.Await(absl::Condition(this, &SegmentSpares::HasWork));
     if (stop_) return;
     if (!retired_.empty()) {
-      // Old pages first: they are memory the arena no longer counts.
+      // Old memfds first: they are memory the arena no longer counts.
       const int fd = retired_.front();
       retired_.pop_front();
       busy_ = true;
       mu_.Unlock();
-      PunchAndClose(fd, bytes_);
+      close(fd);
       mu_.Lock();
       busy_ = false;
       continue;
     }
     busy_ = true;
     mu_.Unlock();
-    const int fd = SealedMemfd(bytes_);
-    void* at = fd < 0 ? MAP_FAILED
-                      : mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    int fd = -1;
+    uint8_t* at = MapSealedMemfd(bytes_, nullptr, fd);
     const int error = errno;
     mu_.Lock();
     busy_ = false;
-    if (at == MAP_FAILED) {
-      if (fd >= 0) close(fd);
+    if (at == nullptr) {
       std::fprintf(stderr,
                    "kvtier-cache: cannot make segments ahead (%s); new owners' pages fault in as written\n",
                    std::strerror(error));
       failed_ = true;
       continue;
     }
-    ready_.push_back({fd, static_cast<uint8_t*>(at)});
+    ready_.push_back({fd, at});
   }
 }
 

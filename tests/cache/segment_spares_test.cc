@@ -1,6 +1,8 @@
-// SegmentSpares: the memfds it makes ahead are sealed, zeroed, with their
+// SegmentSpares: the memfds it makes ahead are sealed (against resizing and
+// against any writer but the mapping made with them), zeroed, with their
 // pages present, and move to where the arena wants them; the memfds it is
-// given back are punched out, so a reader's stale mapping reads zeros.
+// given back are closed, and a reader's stale mapping keeps the bytes it
+// was allowed to read.
 #include "services/cache/segment_spares.h"
 
 #include <fcntl.h>
@@ -32,7 +34,13 @@ TEST(SegmentSpares, ASpareIsSealedZeroedPresentAndMovesWhereAsked) {
   ASSERT_EQ(fstat(spare->fd, &st), 0);
   EXPECT_EQ(static_cast<size_t>(st.st_size), kBytes);
   const int seals = fcntl(spare->fd, F_GET_SEALS);
-  EXPECT_EQ(seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL;
+  EXPECT_EQ(seals & kSeals, kSeals);
+  EXPECT_EQ(st.st_mode & 0777, 0400u);
+  // Only the mapping it was made with writes it.
+  EXPECT_EQ(mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, spare->fd, 0), MAP_FAILED);
+  EXPECT_EQ(pwrite(spare->fd, "x", 1, 0), -1);
+  EXPECT_NE(fallocate(spare->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, kBytes), 0);
   EXPECT_TRUE(AllPagesPresent(spare->at, kBytes)) << "made ahead means its pages are already there";
   EXPECT_TRUE(AllZero(spare->at, kBytes));
 
@@ -59,36 +67,42 @@ struct ReadMemfd {
   const uint8_t* reader;
 };
 ReadMemfd Filled(std::mt19937_64& rng) {
-  const int fd = SealedMemfd(kBytes);
+  int fd = -1;
+  uint8_t* writer = MapSealedMemfd(kBytes, nullptr, fd);
+  EXPECT_NE(writer, nullptr);
   EXPECT_GE(fd, 0);
-  void* writer = mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  EXPECT_NE(writer, MAP_FAILED);
   std::uniform_int_distribution<int> byte(1, 255);
-  for (size_t i = 0; i < kBytes; ++i) static_cast<uint8_t*>(writer)[i] = static_cast<uint8_t>(byte(rng));
+  for (size_t i = 0; i < kBytes; ++i) writer[i] = static_cast<uint8_t>(byte(rng));
   munmap(writer, kBytes);
   void* reader = mmap(nullptr, kBytes, PROT_READ, MAP_SHARED, fd, 0);
   EXPECT_NE(reader, MAP_FAILED);
   return {fd, static_cast<const uint8_t*>(reader)};
 }
 
-TEST(SegmentSpares, RetiredMemfdsArePunchedOutForTheirReaders) {
+// The write seal keeps a retired memfd's pages from being punched out: its
+// reader keeps the very bytes it mapped (its own tenant's), and the memfd
+// is closed, so the pages go when the reader unmaps.
+TEST(SegmentSpares, RetiredMemfdsAreClosedAndTheirReadersKeepWhatTheyRead) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
   std::vector<ReadMemfd> memfds;
+  std::vector<std::string> before;
+  const auto seen = [](const ReadMemfd& m) { return std::string(reinterpret_cast<const char*>(m.reader), kBytes); };
   {
     SegmentSpares spares(kBytes, 4);
-    for (int i = 0; i < 6; ++i) {  // queued for the thread, or punched at once when it holds 4
+    for (int i = 0; i < 6; ++i) {  // queued for the thread, or closed at once when it holds 4
       memfds.push_back(Filled(rng.engine()));
+      before.push_back(seen(memfds.back()));
       ASSERT_FALSE(AllZero(memfds.back().reader, kBytes));
       spares.Retire(memfds.back().fd);
     }
     spares.WaitIdle();
-    for (const ReadMemfd& m : memfds) EXPECT_TRUE(AllZero(m.reader, kBytes));
     // One more, left to the destructor.
     memfds.push_back(Filled(rng.engine()));
+    before.push_back(seen(memfds.back()));
     spares.Retire(memfds.back().fd);
   }
-  EXPECT_TRUE(AllZero(memfds.back().reader, kBytes));
+  for (size_t i = 0; i < memfds.size(); ++i) EXPECT_EQ(seen(memfds[i]), before[i]) << "memfd " << i;
   for (const ReadMemfd& m : memfds) {
     EXPECT_EQ(fcntl(m.fd, F_GETFD), -1) << "memfd " << m.fd << " left open";
     munmap(const_cast<uint8_t*>(m.reader), kBytes);

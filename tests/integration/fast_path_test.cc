@@ -8,7 +8,14 @@
 #include <unistd.h>
 
 #include <fcntl.h>
+#include <grp.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <fstream>
 
 #include <algorithm>
 #include <filesystem>
@@ -345,6 +352,85 @@ TEST_F(FastPathTest, SocketProtocolRefusesWhatASessionHasNoRightTo) {
   EXPECT_EQ(Stats().pinned_blocks(), 4u);
 }
 
+// Every way a holder of a segment's descriptor might write the segment:
+// through it, or through the file reopened read-write by its /proc path
+// (a memfd is a file; its mode and seals decide). Each flips a byte at
+// `at`. Returns how many worked. Allocates nothing (it runs in a forked
+// child too).
+int WritesThatWork(int fd, const char* reopen_path, size_t bytes, size_t at) {
+  int worked = 0;
+  const int reopened = open(reopen_path, O_RDWR | O_CLOEXEC);
+  for (const int f : {fd, reopened}) {
+    if (f < 0) continue;
+    char byte = 0;
+    if (pread(f, &byte, 1, static_cast<off_t>(at)) != 1) continue;
+    byte = static_cast<char>(byte ^ 0x20);
+    worked += pwrite(f, &byte, 1, static_cast<off_t>(at)) == 1;
+    if (void* w = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0); w != MAP_FAILED) {
+      ++worked;
+      static_cast<char*>(w)[at] ^= 0x20;
+      munmap(w, bytes);
+    }
+    if (void* r = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, f, 0); r != MAP_FAILED) {
+      if (mprotect(r, bytes, PROT_READ | PROT_WRITE) == 0) {
+        ++worked;
+        static_cast<char*>(r)[at] ^= 0x20;
+      }
+      munmap(r, bytes);
+    }
+    worked += fallocate(f, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(bytes)) == 0;
+    worked += ftruncate(f, 0) == 0;
+  }
+  if (reopened >= 0) close(reopened);
+  return worked;
+}
+
+// A reader's descriptor is read-only for good: neither the cache's own
+// user (root here, whom file modes do not stop) nor another user can write
+// the segment through it or through its reopened file, and the tenant's
+// block reads back as stored.
+TEST_F(FastPathTest, AReaderCanNeverWriteTheSegmentsItIsGiven) {
+  const std::vector<TestBlock> blocks = PutBlocks("tenant-a", rng_.seed(), 3);
+  auto reader = OpenRaw();
+  v1::LeaseBlocksResponse leased;
+  ASSERT_TRUE(Lease(*reader, "tenant-a", Hashes(blocks), leased).ok());
+  ASSERT_TRUE(leased.blocks(1).has_shared());
+  const v1::SharedPiece& piece = leased.blocks(1).shared().pieces(0);
+  int fd = -1;
+  ASSERT_TRUE(AskSegment(*reader, piece, fd).ok());
+  ASSERT_GE(fd, 0);
+  struct stat st;
+  ASSERT_EQ(fstat(fd, &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0400u) << "other users may reopen the segment";
+  const size_t bytes = static_cast<size_t>(st.st_size);
+  const size_t at = piece.offset() + std::min<size_t>(piece.length() - 1, 1000);
+  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+
+  EXPECT_EQ(WritesThatWork(fd, path.c_str(), bytes, at), 0) << "as the cache's own user";
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Another user; dumpable again, so that its /proc/self stays its own.
+    if (setgroups(0, nullptr) != 0 || setgid(65534) != 0 || setuid(65534) != 0) _exit(100);
+    prctl(PR_SET_DUMPABLE, 1);
+    _exit(WritesThatWork(fd, path.c_str(), bytes, at));
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "as another user (100: could not become one)";
+  close(fd);
+
+  EXPECT_TRUE(client_->ReleaseLease(leased.lease_id()).ok());
+  auto got = client_->Get("tenant-a", layout_, Hashes(blocks));
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    EXPECT_TRUE((*got)[i].status.ok()) << i << ": " << (*got)[i].status;
+    EXPECT_EQ((*got)[i].record, blocks[i].record) << i;
+  }
+  EXPECT_EQ(Stats().checksum_failures(), 0u);
+}
+
 // Random requests on a proven session's socket: any kind (valid or not),
 // tier and segment indexes in and far out of range, generations right, off
 // by one or random. The cache answers or hangs up; it never hands out a
@@ -497,28 +583,28 @@ TEST_F(FastPathTest, CacheRestartUnderAClientsMappingsNeverGivesOldBytes) {
 }
 
 // Flips a byte of `record` wherever the cache's segments hold it, through
-// the cache's own memfd descriptors (the test is its parent).
+// the cache's own writable mappings (/proc/PID/mem: the test is its parent),
+// as failing memory would: the segments' memfds take no other writer.
 int CorruptInCache(pid_t cache, const std::string& record) {
   int hits = 0;
-  const std::string dir = "/proc/" + std::to_string(cache) + "/fd";
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    std::error_code error;
-    const std::string link = std::filesystem::read_symlink(entry.path(), error).string();
-    if (error || link.find("kvtier-cache-segment") == std::string::npos) continue;
-    const int fd = open(entry.path().c_str(), O_RDWR);
-    if (fd < 0) continue;
-    struct stat st;
-    fstat(fd, &st);
-    std::string bytes(static_cast<size_t>(st.st_size), '\0');
-    if (pread(fd, bytes.data(), bytes.size(), 0) == st.st_size) {
-      const size_t at = bytes.find(record);
-      if (at != std::string::npos) {
-        const char flipped = static_cast<char>(bytes[at + 1000] ^ 0x10);
-        hits += pwrite(fd, &flipped, 1, static_cast<off_t>(at + 1000)) == 1;
-      }
+  const std::string proc = "/proc/" + std::to_string(cache);
+  std::ifstream maps(proc + "/maps");
+  const int mem = open((proc + "/mem").c_str(), O_RDWR);
+  if (mem < 0) return 0;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("kvtier-cache-segment") == std::string::npos) continue;
+    uint64_t begin = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%" SCNx64 "-%" SCNx64, &begin, &end) != 2) continue;
+    std::string bytes(end - begin, '\0');
+    if (pread(mem, bytes.data(), bytes.size(), static_cast<off_t>(begin)) != static_cast<ssize_t>(bytes.size())) {
+      continue;
     }
-    close(fd);
+    const size_t at = bytes.find(record);
+    if (at == std::string::npos) continue;
+    const char flipped = static_cast<char>(bytes[at + 1000] ^ 0x10);
+    hits += pwrite(mem, &flipped, 1, static_cast<off_t>(begin + at + 1000)) == 1;
   }
+  close(mem);
   return hits;
 }
 
