@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/common/status.h"
 #include "services/kvblock/block_format.h"
+#include "services/common/log.h"
 #include "services/kvblock/crc32c.h"
 
 namespace kvtier::cache {
@@ -87,14 +88,11 @@ uint32_t StoredCrc(const std::vector<std::span<const uint8_t>>& pieces, size_t s
 }
 
 // A slab's own CRC of a record (a GPU's) that the landed copy's check
-// overruled: said once, since every such record is then checked twice.
+// overruled: every such record is then checked twice.
 void WarnSlabCrcDisagreed(const kvblock::BlockHash& hash) {
-  static std::atomic<bool> said{false};
-  if (said.exchange(true)) return;
-  std::fprintf(stderr,
-               "kvtier-cache: the device tier's CRC of block %s disagreed with the check of its copy, which "
-               "passed; such blocks are checked on the host\n",
-               kvblock::HashToHex(hash).c_str());
+  static RateLimitedLog log(LogLevel::kWarning, "store");
+  log(absl::StrCat("the device tier's CRC of block ", kvblock::HashToHex(hash),
+                   " disagreed with the check of its copy, which passed; such blocks are checked on the host"));
 }
 
 // Whether a record copied out of its tier is intact: by the CRC its slab
@@ -111,12 +109,11 @@ bool Intact(const std::vector<std::span<const uint8_t>>& landed, size_t size, st
 
 // A tier move whose copy failed (not a checksum: the copying itself, a
 // GPU's error say): the block stays where it was, or is dropped when its
-// room is needed. Said once; every such move would say the same.
+// room is needed.
 void WarnMoveFailed(const absl::Status& copied) {
-  static std::atomic<bool> said{false};
-  if (said.exchange(true)) return;
-  std::fprintf(stderr, "kvtier-cache: a tier move failed (%s); such blocks stay in their tier, or are evicted "
-               "when their room is needed\n", copied.ToString().c_str());
+  static RateLimitedLog log(LogLevel::kWarning, "store");
+  log(absl::StrCat("a tier move failed (", copied.ToString(),
+                   "); such blocks stay in their tier, or are evicted when their room is needed"));
 }
 
 absl::Status ChecksumFailed(const kvblock::BlockHash& hash) {

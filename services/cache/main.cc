@@ -21,6 +21,7 @@
 #include "services/cache/cuda_slab.h"
 #endif
 #include "services/cache/store_metrics.h"
+#include "services/common/log.h"
 #include "services/common/byte_size.h"
 #include "services/common/flags.h"
 #include "services/common/metrics_exposer.h"
@@ -209,6 +210,7 @@ int Run(const Flags& f) {
 }  // namespace kvtier::cache
 
 int main(int argc, char** argv) {
+  kvtier::SetLogProgram("kvtier-cache");
   kvtier::BlockShutdownSignals();
   kvtier::cache::Flags f;
   kvtier::FlagParser flags(

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/cache/segment_spares.h"
+#include "services/common/log.h"
 #include "services/common/status.h"
 
 namespace kvtier::cache {
@@ -304,7 +305,7 @@ void PageArena::Reassign(uint32_t s, const std::string& owner) {
   if (seg.fd < 0 && !MapAnonymous(at, bytes)) {
     // The addresses are ours and reserved; failing to map them means the
     // process is out of memory for page tables.
-    std::fprintf(stderr, "kvtier-cache: cannot map segment %u: %s\n", s, std::strerror(errno));
+    Log(LogLevel::kError, "store", absl::StrCat("cannot map segment ", s, ": ", std::strerror(errno)));
     std::abort();
   }
 }
@@ -341,10 +342,9 @@ void PageArena::Pin(uint32_t s) {
   }
   pin_refused_ = true;
   if (pinned.code() != absl::StatusCode::kUnimplemented) {
-    std::fprintf(stderr,
-                 "kvtier-cache: cannot pin the host tier's pages for copies to %s (%s); they go through the "
-                 "driver's staging, slower\n",
-                 pin_for_->name().c_str(), std::string(pinned.message()).c_str());
+    Log(LogLevel::kWarning, "store",
+        absl::StrCat("cannot pin the host tier's pages for copies to ", pin_for_->name(), " (", pinned.message(),
+                     "); they go through the driver's staging, slower"));
   }
 }
 

@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "services/common/log.h"
+
 namespace kvtier::cache {
 
 uint8_t* MapSealedMemfd(size_t bytes, uint8_t* at, int& fd) {
@@ -119,9 +121,9 @@ void SegmentSpares::Run() {
     mu_.Lock();
     busy_ = false;
     if (at == nullptr) {
-      std::fprintf(stderr,
-                   "kvtier-cache: cannot make segments ahead (%s); new owners' pages fault in as written\n",
-                   std::strerror(error));
+      Log(LogLevel::kWarning, "store",
+          std::string("cannot make segments ahead (") + std::strerror(error) +
+              "); new owners' pages fault in as written");
       failed_ = true;
       continue;
     }

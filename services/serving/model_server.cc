@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "kvtier/kernels/parallel.h"
+#include "services/common/log.h"
 #include "services/common/byte_size.h"
 #include "services/common/metric_family.h"
 #include "services/common/metrics_exposer.h"
@@ -59,6 +60,7 @@ void ModelServerFlags::Register(FlagParser& flags) {
 }
 
 absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const ModelServerFlags& f) {
+  SetLogProgram(program);
   if (f.model.empty() || f.cache.empty()) return absl::InvalidArgumentError("--model and --cache are required");
   if (f.threads > 1024) return absl::InvalidArgumentError("--threads must be at most 1024");
   KVTIER_ASSIGN_OR_RETURN(const runtime::Device device, runtime::ParseDevice(f.device));
