@@ -181,10 +181,10 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const StoreOption
     return absl::InvalidArgumentError("a disk tier needs both a directory and a capacity");
   }
   if (!options.disk_dir.empty()) {
-    absl::StatusOr<DiskDir> disk = DiskDir::Open(options.disk_dir);
+    absl::StatusOr<std::unique_ptr<DiskDir>> disk = DiskDir::Open(options.disk_dir);
     if (!disk.ok()) return disk.status();
     auto tier = std::make_unique<Tier>();
-    tier->disk = std::make_unique<DiskDir>(std::move(*disk));
+    tier->disk = *std::move(disk);
     tier->counters.tier = v1::TIER_DISK;
     tier->counters.capacity_bytes = options.disk_capacity;
     tiers.push_back(std::move(tier));
@@ -501,27 +501,60 @@ std::vector<bool> BlockStore::MoveLocked(std::span<Entry* const> entries, size_t
   // the same is checked again before a move commits.
   std::vector<bool> moved(entries.size(), false);
   Tier& dst = *tiers_[to];
-  std::vector<Move> moves;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    Entry* e = entries[i];
-    if (e->moving || e->pins > 1 || e->zombie) continue;
-    const bool fits_at_all = dst.disk != nullptr ? e->size <= dst.counters.capacity_bytes
-                                                 : PagesFor(e->size) <= dst.arena->total_pages();
-    if (!fits_at_all || !MakeRoomLocked(to, e->size, e->ns)) continue;
-    std::vector<uint32_t> pages;  // the room, reserved
-    if (dst.disk == nullptr && !dst.arena->Allocate(PagesFor(e->size), e->ns, pages)) continue;
-    dst.counters.used_bytes += e->size;
-    e->moving = true;
-    moves.push_back({i, e, e->tier, e->pages, std::move(pages)});
+  std::vector<size_t> wanted(entries.size());
+  for (size_t i = 0; i < wanted.size(); ++i) wanted[i] = i;
+  // A second round for the blocks a full file system refused, once the
+  // disk tier has evicted to make room there.
+  for (int round = 0; round < 2 && !wanted.empty(); ++round) {
+    std::vector<Move> moves;
+    for (size_t i : wanted) {
+      Entry* e = entries[i];
+      if (e->moving || e->pins > 1 || e->zombie) continue;
+      const bool fits_at_all = dst.disk != nullptr ? e->size <= dst.counters.capacity_bytes
+                                                   : PagesFor(e->size) <= dst.arena->total_pages();
+      if (!fits_at_all || !MakeRoomLocked(to, e->size, e->ns)) continue;
+      std::vector<uint32_t> pages;  // the room, reserved
+      if (dst.disk == nullptr && !dst.arena->Allocate(PagesFor(e->size), e->ns, pages)) continue;
+      dst.counters.used_bytes += e->size;
+      e->moving = true;
+      moves.push_back({i, e, e->tier, e->pages, std::move(pages)});
+    }
+    if (moves.empty()) break;
+    // Copying (and checking) blocks takes long enough that other calls
+    // should not wait for it.
+    mu_.Unlock();
+    const std::vector<absl::Status> copied = CopyRecords(moves, to);
+    mu_.Lock();
+    wanted.clear();
+    for (size_t k = 0; k < moves.size(); ++k) {
+      moved[moves[k].index] = FinishMoveLocked(moves[k], to, copied[k]);
+      if (!moved[moves[k].index] && copied[k].code() == absl::StatusCode::kResourceExhausted &&
+          dst.disk != nullptr && MakeDiskRoomLocked(to, moves[k].entry->size)) {
+        wanted.push_back(moves[k].index);
+      }
+    }
   }
-  if (moves.empty()) return moved;
-  // Copying (and checking) blocks takes long enough that other calls
-  // should not wait for it.
-  mu_.Unlock();
-  const std::vector<absl::Status> copied = CopyRecords(moves, to);
-  mu_.Lock();
-  for (size_t k = 0; k < moves.size(); ++k) moved[moves[k].index] = FinishMoveLocked(moves[k], to, copied[k]);
   return moved;
+}
+
+bool BlockStore::MakeDiskRoomLocked(size_t tier, size_t bytes) {
+  static RateLimitedLog log(LogLevel::kWarning, "disk");
+  Tier& t = *tiers_[tier];
+  std::vector<Entry*> victims;  // least recently used first
+  size_t freed = 0;
+  for (auto it = t.lru.rbegin(); it != t.lru.rend() && freed < bytes; ++it) {
+    if ((*it)->pins > 0 || (*it)->moving) continue;
+    victims.push_back(*it);
+    freed += (*it)->size;
+  }
+  for (Entry* victim : victims) {
+    ++t.counters.evictions;
+    DropLocked(victim);
+  }
+  log(absl::StrCat("the file system under the disk tier is full before its capacity (", t.counters.used_bytes,
+                   " of ", t.counters.capacity_bytes, " bytes in use); evicted ", victims.size(),
+                   " blocks to make room"));
+  return !victims.empty();
 }
 
 bool BlockStore::FinishMoveLocked(Move& move, size_t to, const absl::Status& copied) {
@@ -536,6 +569,8 @@ bool BlockStore::FinishMoveLocked(Move& move, size_t to, const absl::Status& cop
       dst.arena->Free(pages);
     } else if (copied.ok() && !(e->zombie && index_.count(Key(e->ns, e->hash)) > 0)) {
       dst.disk->Remove(e->ns, e->hash);  // ours (a newer block of that key keeps its file)
+    } else if (!copied.ok() && copied.code() != absl::StatusCode::kDataLoss) {
+      ++counters_.disk_write_errors;
     }
     dst.counters.used_bytes -= e->size;
     if (copied.code() == absl::StatusCode::kDataLoss) {  // a corrupt record never reaches another tier

@@ -87,6 +87,7 @@ struct StoreStats {
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;
   uint64_t checksum_failures = 0;
+  uint64_t disk_write_errors = 0;  // records the disk tier could not write
   uint64_t active_leases = 0;
   uint64_t pending_blocks = 0;
   uint64_t pinned_blocks = 0;  // by leases and readers
@@ -268,6 +269,10 @@ class BlockStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HasRoomLocked(size_t tier, size_t bytes, const std::string& ns) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The file system under disk tier `tier` filled before its capacity:
+  // evicts its LRU unpinned blocks until `bytes` of files are gone; false
+  // when none could go.
+  bool MakeDiskRoomLocked(size_t tier, size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A slab tier's (a GPU's) copies out wait once a batch, so it demotes
   // its victims together, this many bytes at most (and at most a sixteenth
   // of the tier): more than one block asks, which leaves room ahead for the

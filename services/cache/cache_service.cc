@@ -452,6 +452,7 @@ void FillStats(const StoreStats& s, const FastPathCounters& f, v1::StatsResponse
   r.set_bytes_in(s.bytes_in);
   r.set_bytes_out(s.bytes_out);
   r.set_checksum_failures(s.checksum_failures);
+  r.set_disk_write_errors(s.disk_write_errors);
   r.set_active_leases(s.active_leases);
   r.set_pending_blocks(s.pending_blocks);
   r.set_pinned_blocks(s.pinned_blocks);

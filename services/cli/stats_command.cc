@@ -35,6 +35,7 @@ void PrintJson(const v1::StatsResponse& s) {
                   ", \"blocks_deduplicated\": ", s.blocks_deduplicated(),
                   ", \"bytes_in\": ", s.bytes_in(), ", \"bytes_out\": ", s.bytes_out(),
                   ", \"checksum_failures\": ", s.checksum_failures(),
+                  ", \"disk_write_errors\": ", s.disk_write_errors(),
                   ", \"active_leases\": ", s.active_leases(), ", \"pending_blocks\": ", s.pending_blocks(),
                   ", \"pinned_blocks\": ", s.pinned_blocks(), ", \"fast_path_sessions\": ", s.fast_path_sessions(),
                   ", \"fast_path_blocks_out\": ", s.fast_path_blocks_out(),
@@ -59,7 +60,7 @@ std::string StatsTable(const std::string& target, const v1::StatsResponse& s) {
   }
   absl::StrAppend(&out, "\nmisses ", s.misses(), ", blocks stored ", s.blocks_stored(), ", deduplicated ",
                   s.blocks_deduplicated(), ", in ", HumanBytes(s.bytes_in()), ", out ", HumanBytes(s.bytes_out()),
-                  ", checksum failures ", s.checksum_failures(), ", leases ", s.active_leases(), ", metadata ",
+                  ", checksum failures ", s.checksum_failures(), ", disk write errors ", s.disk_write_errors(), ", leases ", s.active_leases(), ", metadata ",
                   HumanBytes(s.metadata_bytes()), "\n");
   absl::StrAppend(&out, "same-host fast path: ", s.fast_path_sessions(), " sessions, ", s.fast_path_blocks_out(),
                   " blocks (", HumanBytes(s.fast_path_bytes_out()), ") out, ", HumanBytes(s.fast_path_bytes_in()),

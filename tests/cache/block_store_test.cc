@@ -4,10 +4,13 @@
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -790,6 +793,99 @@ TEST_P(BlockStoreTest, CorruptDiskFilesAreDroppedAndCounted) {
   EXPECT_EQ(s.tiers[2].blocks, 0u);
   EXPECT_EQ(s.checksum_failures, 2u);
   EXPECT_FALSE(std::filesystem::exists(disk_dir_ / "ns-ns" / "torn.kvb.tmp"));
+}
+
+// The disk file of `hash` in `ns`.
+std::filesystem::path DiskFile(const std::filesystem::path& dir, const std::string& ns, const BlockHash& hash) {
+  return dir / ("ns-" + ns) / (kvblock::HashToHex(hash) + ".kvb");
+}
+
+// Two valid files swapped on disk: each names the other's key, so neither
+// is ever served as the other's block, running or after a restart.
+TEST_P(BlockStoreTest, SwappedDiskFilesAreNeverServedAsEachOther) {
+  Open(1, 1, 4);
+  for (int i = 0; i < 4; ++i) Put(Hash(i));
+  ASSERT_EQ(TierOf(Hash(0)), v1::TIER_DISK);
+  ASSERT_EQ(TierOf(Hash(1)), v1::TIER_DISK);
+  const auto swap = [&] {
+    const auto a = DiskFile(disk_dir_, "ns", Hash(0)), b = DiskFile(disk_dir_, "ns", Hash(1));
+    std::filesystem::rename(a, disk_dir_ / "swap");
+    std::filesystem::rename(b, a);
+    std::filesystem::rename(disk_dir_ / "swap", b);
+  };
+  swap();
+  EXPECT_EQ(ReadCode(Hash(0)), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ReadCode(Hash(1)), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store_->Stats().checksum_failures, 2u);
+
+  // Stored again, swapped while the cache is down: the scan refuses both.
+  Put(Hash(0));
+  Put(Hash(1));
+  for (int i = 4; i < 6; ++i) Put(Hash(i));
+  ASSERT_EQ(TierOf(Hash(0)), v1::TIER_DISK);
+  ASSERT_EQ(TierOf(Hash(1)), v1::TIER_DISK);
+  store_.reset();
+  swap();
+  Open(1, 1, 4);
+  EXPECT_EQ(store_->Stats().checksum_failures, 2u);
+  EXPECT_EQ(ReadCode(Hash(0)), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ReadCode(Hash(1)), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(std::filesystem::exists(DiskFile(disk_dir_, "ns", Hash(0))));
+}
+
+// Links planted in the disk directory are never followed: the scan neither
+// reads nor deletes what they point to, and a namespace whose directory is
+// a link gets no file written through it.
+TEST_P(BlockStoreTest, TheDiskTierNeverFollowsLinksOutOfItsDirectory) {
+  const std::filesystem::path outside = disk_dir_.string() + "-outside";
+  std::filesystem::create_directories(outside);
+  std::filesystem::create_directories(disk_dir_ / "ns-ns");
+  const BlockHash planted = Hash(100);
+  for (const std::string& name : {std::string("garbage.kvb"), kvblock::HashToHex(planted) + ".kvb"}) {
+    std::ofstream(outside / name) << "not a record, and not the cache's to delete";
+  }
+  std::filesystem::create_directory_symlink(outside, disk_dir_ / "ns-evil");
+  std::filesystem::create_symlink(outside / (kvblock::HashToHex(planted) + ".kvb"),
+                                  DiskFile(disk_dir_, "ns", planted));
+  Open(1, 1, 8);
+  EXPECT_EQ(store_->Stats().checksum_failures, 0u) << "looked through a link";
+  EXPECT_EQ(store_->Stats().tiers[2].blocks, 0u);
+  EXPECT_EQ(ReadCode(planted), absl::StatusCode::kNotFound);
+  for (int i = 0; i < 4; ++i) Put(Hash(i), "evil");  // two of them demoted to disk
+  std::set<std::string> left;
+  for (const auto& f : std::filesystem::directory_iterator(outside)) left.insert(f.path().filename().string());
+  EXPECT_EQ(left, (std::set<std::string>{"garbage.kvb", kvblock::HashToHex(planted) + ".kvb"}));
+  EXPECT_GT(store_->Stats().disk_write_errors, 0u);
+  std::filesystem::remove_all(outside);
+}
+
+// The file system fills before --disk-capacity: the tier evicts its oldest
+// blocks to make room and goes on taking new ones, reports what it holds,
+// and counts the failed writes.
+TEST_P(BlockStoreTest, AFullFileSystemUnderTheDiskTierEvictsToMakeRoom) {
+  std::filesystem::create_directories(disk_dir_);
+  // 16 pages of tmpfs: about 16 record files, against a capacity of 1,000.
+  if (mount("tmpfs", disk_dir_.c_str(), "tmpfs", 0, "size=64k") != 0) {
+    GTEST_SKIP() << "cannot mount a small tmpfs here (" << std::strerror(errno) << "): needs root";
+  }
+  const size_t record_bytes = kvblock::HeaderFor(layout_, 0, 4).RecordBytes();
+  Open(1, 1, 1000);
+  constexpr int kBlocks = 60;
+  for (int i = 0; i < kBlocks; ++i) Put(Hash(i));
+  const StoreStats s = store_->Stats();
+  const TierCounters& disk = s.tiers[2];
+  EXPECT_GT(s.disk_write_errors, 0u);
+  EXPECT_GT(disk.evictions, 0u);
+  EXPECT_GE(disk.blocks, 8u);
+  EXPECT_EQ(disk.used_bytes, disk.blocks * record_bytes) << "reports what it holds";
+  size_t files = 0;
+  for (const auto& f : std::filesystem::directory_iterator(disk_dir_ / "ns-ns")) files += f.path().extension() == ".kvb";
+  EXPECT_EQ(files, disk.blocks);
+  // Still taking blocks: the last ones demoted are on disk.
+  EXPECT_EQ(TierOf(Hash(kBlocks - 3)), v1::TIER_DISK);
+  EXPECT_EQ(TierOf(Hash(kBlocks - 4)), v1::TIER_DISK);
+  store_.reset();
+  umount(disk_dir_.c_str());
 }
 
 // ---- Shared segments: what the fast path hands to same-host readers ----
