@@ -16,24 +16,6 @@
 namespace kvtier::cache {
 namespace {
 
-absl::StatusOr<std::vector<kvblock::BlockHash>> ValidateHashes(
-    const google::protobuf::RepeatedPtrField<std::string>& hashes) {
-  if (hashes.size() > kMaxBlocksPerRequest) {
-    return absl::InvalidArgumentError(absl::StrCat(hashes.size(), " block hashes, at most ",
-                                                   kMaxBlocksPerRequest, " per request"));
-  }
-  std::vector<kvblock::BlockHash> out;
-  out.reserve(hashes.size());
-  for (int i = 0; i < hashes.size(); ++i) {
-    absl::StatusOr<kvblock::BlockHash> h = kvblock::HashFromBytes(hashes[i]);
-    if (!h.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("block_hashes[", i, "]: ", h.status().message()));
-    }
-    out.push_back(*h);
-  }
-  return out;
-}
-
 // Times an RPC from construction to Done(code).
 class RpcTimer {
  public:
@@ -57,8 +39,6 @@ grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context, RpcT
   reactor->Finish(g);
   return reactor;
 }
-
-absl::Status NoFastPath() { return absl::FailedPreconditionError("this cache runs without a fast path"); }
 
 const grpc::Status kBusy(grpc::StatusCode::RESOURCE_EXHAUSTED,
                          "kvtier-cache is at its work-queue limit; retry with backoff");
@@ -197,16 +177,9 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     switch (request.kind_case()) {
       case v1::PutRequest::kHeader: {
         if (session_ != nullptr) return absl::InvalidArgumentError("second Put header in one stream");
-        KVTIER_ASSIGN_OR_RETURN(RequestScope scope,
-                                service_->ValidateScope(request.header().kv_namespace(),
-                                                        request.header().layout()));
-        if (const uint64_t id = request.header().fast_path_session_id(); id != 0) {
-          if (service_->fast_path() == nullptr) {
-            return NoFastPath();
-          }
-          KVTIER_ASSIGN_OR_RETURN(staging_, service_->fast_path()->Staging(id));
-        }
-        session_ = service_->store()->BeginPut(scope.ns, scope.layout);
+        KVTIER_ASSIGN_OR_RETURN(PutPlan plan, service_->planner().PlanPut(request.header()));
+        staging_ = std::move(plan.staging);
+        session_ = service_->store()->BeginPut(plan.scope.ns, plan.scope.layout);
         return absl::OkStatus();
       }
       case v1::PutRequest::kSlice:
@@ -320,7 +293,7 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     if (!grpc::SerializationTraits<v1::GetRequest>::Deserialize(&copy, &request).ok()) {
       return absl::InvalidArgumentError("GetRequest does not parse");
     }
-    KVTIER_ASSIGN_OR_RETURN(plan_, service_->PlanGet(request));
+    KVTIER_ASSIGN_OR_RETURN(plan_, service_->planner().PlanGet(request));
     return absl::OkStatus();
   }
 
@@ -470,37 +443,8 @@ CacheService::CacheService(BlockStore* store, Executor* executor, RpcMetrics* me
     : store_(store),
       executor_(executor),
       metrics_(metrics),
-      namespaces_(namespaces.begin(), namespaces.end()),
-      fast_path_(fast_path) {}
-
-absl::StatusOr<RequestScope> CacheService::ValidateScope(const std::string& ns,
-                                                         const v1::LatentLayout& layout) const {
-  KVTIER_RETURN_IF_ERROR(kvblock::ValidateNamespace(ns));
-  if (!namespaces_.empty() && !namespaces_.contains(ns)) {
-    return absl::NotFoundError(absl::StrCat("unknown namespace '", ns, "'"));
-  }
-  RequestScope scope;
-  scope.ns = ns;
-  KVTIER_ASSIGN_OR_RETURN(scope.layout, kvblock::LayoutFromProto(layout));
-  scope.layout_id = kvblock::LayoutId(scope.layout);
-  return scope;
-}
-
-absl::StatusOr<GetPlan> CacheService::PlanGet(const v1::GetRequest& request) const {
-  GetPlan plan;
-  KVTIER_ASSIGN_OR_RETURN(plan.scope, ValidateScope(request.kv_namespace(), request.layout()));
-  KVTIER_ASSIGN_OR_RETURN(plan.hashes, ValidateHashes(request.block_hashes()));
-  const uint32_t layers = plan.scope.layout.num_layers;
-  plan.layer_begin = request.layer_begin();
-  plan.layer_count = request.layer_count() == 0 ? layers - std::min(plan.layer_begin, layers)
-                                                : request.layer_count();
-  if (plan.layer_begin >= layers || plan.layer_count > layers - plan.layer_begin) {
-    return absl::InvalidArgumentError(absl::StrCat("layers [", plan.layer_begin, ", +", request.layer_count(),
-                                                   ") outside the ", layers, " of the layout"));
-  }
-  plan.lease_id = request.lease_id();
-  return plan;
-}
+      fast_path_(fast_path),
+      planner_(std::move(namespaces), fast_path) {}
 
 GetAnswer CacheService::ReadForGet(const GetPlan& plan, size_t index) const {
   GetAnswer answer;
@@ -540,13 +484,9 @@ grpc::ServerUnaryReactor* CacheService::Match(grpc::CallbackServerContext* conte
                                               const v1::MatchRequest* request,
                                               v1::MatchResponse* response) {
   RpcTimer timer(metrics_, "Match");
-  absl::StatusOr<RequestScope> scope = ValidateScope(request->kv_namespace(), request->layout());
-  if (!scope.ok()) return FinishUnary(context, std::move(timer), scope.status());
-  absl::StatusOr<std::vector<kvblock::BlockHash>> hashes = ValidateHashes(request->block_hashes());
-  if (!hashes.ok()) return FinishUnary(context, std::move(timer), hashes.status());
-  std::optional<absl::Duration> ttl;
-  if (request->acquire_lease()) ttl = absl::Milliseconds(request->lease_ttl_ms());
-  MatchResult m = store_->Match(scope->ns, scope->layout_id, *hashes, ttl);
+  absl::StatusOr<BlocksPlan> plan = planner_.PlanMatch(*request);
+  if (!plan.ok()) return FinishUnary(context, std::move(timer), plan.status());
+  MatchResult m = store_->Match(plan->scope.ns, plan->scope.layout_id, plan->hashes, plan->lease_ttl);
   response->set_matched_blocks(m.matched_blocks);
   for (v1::Tier t : m.tiers) response->add_tiers(t);
   if (m.lease_id != 0) {
@@ -599,18 +539,13 @@ grpc::ServerUnaryReactor* CacheService::LeaseBlocks(grpc::CallbackServerContext*
                                                     const v1::LeaseBlocksRequest* request,
                                                     v1::LeaseBlocksResponse* response) {
   RpcTimer timer(metrics_, "LeaseBlocks");
-  if (fast_path_ == nullptr) return FinishUnary(context, std::move(timer), NoFastPath());
-  absl::StatusOr<RequestScope> scope = ValidateScope(request->kv_namespace(), request->layout());
-  if (!scope.ok()) return FinishUnary(context, std::move(timer), scope.status());
-  absl::StatusOr<std::vector<kvblock::BlockHash>> hashes = ValidateHashes(request->block_hashes());
-  if (!hashes.ok()) return FinishUnary(context, std::move(timer), hashes.status());
+  absl::StatusOr<BlocksPlan> plan = planner_.PlanLease(*request);
+  if (!plan.ok()) return FinishUnary(context, std::move(timer), plan.status());
   // Pinning may promote blocks (a copy between tiers): not on a gRPC thread.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  auto work = [this, reactor, request, response, scope = *std::move(scope),
-               hashes = *std::move(hashes), timer]() mutable {
-    const absl::Status status =
-        fast_path_->Lease(request->session_id(), scope.ns, scope.layout_id, hashes,
-                          absl::Milliseconds(request->lease_ttl_ms()), *response);
+  auto work = [this, reactor, request, response, plan = *std::move(plan), timer]() mutable {
+    const absl::Status status = fast_path_->Lease(request->session_id(), plan.scope.ns, plan.scope.layout_id,
+                                                  plan.hashes, *plan.lease_ttl, *response);
     const grpc::Status g = ToGrpcStatus(status);
     timer.Done(g.error_code());
     reactor->Finish(g);

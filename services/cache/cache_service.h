@@ -8,18 +8,16 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
-
 #include "kvtier/v1/cache.grpc.pb.h"
 #include "services/cache/block_store.h"
 #include "services/cache/fast_path_server.h"
+#include "services/cache/request_planner.h"
 #include "services/cache/rpc_metrics.h"
 #include "services/common/executor.h"
 
 namespace kvtier::cache {
 
 inline constexpr char kCacheServerVersion[] = "kvtier-cache 0.1.0";
-inline constexpr int kMaxBlocksPerRequest = 65536;
 inline constexpr int kMaxSlicesPerBatch = 4096;
 
 // Get is registered raw (ByteBuffer in and out) so its answers can point
@@ -29,22 +27,6 @@ using KvCacheBase = v1::KvCache::WithCallbackMethod_Match<v1::KvCache::WithRawCa
     v1::KvCache::WithRawCallbackMethod_Get<v1::KvCache::WithCallbackMethod_ReleaseLease<
         v1::KvCache::WithCallbackMethod_Stats<v1::KvCache::WithCallbackMethod_OpenFastPath<
             v1::KvCache::WithCallbackMethod_LeaseBlocks<v1::KvCache::Service>>>>>>>;
-
-// What a request names: its tenant and layout, checked.
-struct RequestScope {
-  std::string ns;
-  kvblock::LatentLayout layout;
-  uint64_t layout_id = 0;
-};
-
-// A GetRequest, checked: which blocks, which layers, the lease it ends.
-struct GetPlan {
-  RequestScope scope;
-  std::vector<kvblock::BlockHash> hashes;
-  uint32_t layer_begin = 0;
-  uint32_t layer_count = 0;
-  uint64_t lease_id = 0;  // 0: none
-};
 
 // One block of a Get: the whole pinned record, or the layers asked for, or
 // why neither (a miss).
@@ -63,14 +45,8 @@ class CacheService final : public KvCacheBase {
   CacheService(BlockStore* store, Executor* executor, RpcMetrics* metrics,
                std::vector<std::string> namespaces = {}, FastPathServer* fast_path = nullptr);
 
-  // INVALID_ARGUMENT for a malformed namespace or layout, NOT_FOUND for a
-  // namespace this server does not serve.
-  absl::StatusOr<RequestScope> ValidateScope(const std::string& ns,
-                                             const v1::LatentLayout& layout) const;
-
-  // INVALID_ARGUMENT or NOT_FOUND, as ValidateScope, for a request Get
-  // cannot serve.
-  absl::StatusOr<GetPlan> PlanGet(const v1::GetRequest& request) const;
+  // Every request is checked here first (request_planner.h).
+  const RequestPlanner& planner() const { return planner_; }
   // Reads block `index` of `plan` (its CRC32C verified by the store).
   GetAnswer ReadForGet(const GetPlan& plan, size_t index) const;
 
@@ -103,8 +79,8 @@ class CacheService final : public KvCacheBase {
   BlockStore* store_;
   Executor* executor_;
   RpcMetrics* metrics_;
-  absl::flat_hash_set<std::string> namespaces_;
   FastPathServer* fast_path_;
+  RequestPlanner planner_;
 };
 
 // Fills a StatsResponse from the store's (and the fast path's) counters.
