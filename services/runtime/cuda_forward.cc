@@ -1,7 +1,5 @@
 #include "services/runtime/cuda_forward.h"
 
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <mutex>
 #include <string>
@@ -10,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kvtier/kernels/cuda_codec.h"
+#include "kvtier/kernels/cuda_device.h"
 #include "kvtier/kernels/cuda_layers.h"
 #include "kvtier/kernels/cuda_matmul.h"
 #include "kvtier/kernels/cuda_mla_attention.h"
@@ -25,12 +24,6 @@ namespace kc = kernels::cuda;
 
 absl::Status Check(const kernels::Status& s) { return FromKernelStatus(s); }
 
-absl::Status CudaCheck(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  const std::string message = absl::StrCat(what, ": ", cudaGetErrorString(e));
-  return e == cudaErrorMemoryAllocation ? absl::ResourceExhaustedError(message) : absl::InternalError(message);
-}
-
 // Device memory for n values of T that only grows, freed with its owner.
 template <typename T>
 class DeviceArray {
@@ -39,7 +32,7 @@ class DeviceArray {
   DeviceArray(DeviceArray&& other) noexcept
       : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
   DeviceArray& operator=(DeviceArray&&) = delete;
-  ~DeviceArray() { cudaFree(data_); }
+  ~DeviceArray() { kc::DeviceFree(data_); }
 
   T* data() const { return data_; }
 
@@ -47,12 +40,14 @@ class DeviceArray {
   absl::Status Reserve(size_t n) {
     if (n <= size_) return absl::OkStatus();
     if (data_ != nullptr) {
-      // Queued work may still use it (cudaFree only "may" wait for that).
-      KVTIER_RETURN_IF_ERROR(CudaCheck(cudaDeviceSynchronize(), "growing a device array"));
-      cudaFree(data_);
+      // Queued work may still use it (freeing only "may" wait for that).
+      KVTIER_RETURN_IF_ERROR(Check(kc::DeviceSynchronize("growing a device array")));
+      kc::DeviceFree(data_);
     }
     data_ = nullptr, size_ = 0;
-    KVTIER_RETURN_IF_ERROR(CudaCheck(cudaMalloc(&data_, n * sizeof(T)), "cudaMalloc"));
+    void* allocated = nullptr;
+    KVTIER_RETURN_IF_ERROR(Check(kc::DeviceAllocate(n * sizeof(T), allocated, "device array")));
+    data_ = static_cast<T*>(allocated);
     size_ = n;
     return absl::OkStatus();
   }
@@ -61,16 +56,15 @@ class DeviceArray {
   // load time): `host` may go.
   absl::Status Assign(std::span<const T> host) {
     KVTIER_RETURN_IF_ERROR(Reserve(std::max<size_t>(host.size(), 1)));
-    return CudaCheck(cudaMemcpy(data_, host.data(), host.size_bytes(), cudaMemcpyHostToDevice), "upload");
+    return Check(kc::CopyNow(data_, host.data(), host.size_bytes(), kc::Copy::kHostToDevice, "upload"));
   }
 
   // Reserve, then queue a copy of `host` on `stream` (ordered before what
   // reads it there). `host` must stay until the stream has been waited for:
   // from pageable memory CUDA may stage it when the copy runs.
-  absl::Status Upload(std::span<const T> host, cudaStream_t stream) {
+  absl::Status Upload(std::span<const T> host, kc::StreamHandle stream) {
     KVTIER_RETURN_IF_ERROR(Reserve(std::max<size_t>(host.size(), 1)));
-    return CudaCheck(cudaMemcpyAsync(data_, host.data(), host.size_bytes(), cudaMemcpyHostToDevice, stream),
-                     "upload");
+    return Check(kc::CopyQueued(data_, host.data(), host.size_bytes(), kc::Copy::kHostToDevice, stream, "upload"));
   }
 
  private:
@@ -111,8 +105,8 @@ class CudaForward final : public DeviceForward {
   CudaForward(const ModelConfig& config, const kernels::RopeTable& rope, const CudaOptions& options)
       : config_(config), rope_(rope), options_(options) {}
   ~CudaForward() override {
-    blas_.reset();
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    blas_.reset();  // before its stream
+    stream_owner_.reset();
   }
 
   absl::Status Load(const Checkpoint& checkpoint);
@@ -150,7 +144,8 @@ class CudaForward final : public DeviceForward {
   const ModelConfig config_;
   const kernels::RopeTable rope_;
   const CudaOptions options_;
-  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<kc::DeviceStream> stream_owner_;
+  kc::StreamHandle stream_ = nullptr;  // stream_owner_'s
   std::unique_ptr<kc::Blas> blas_;  // on stream_
   WeightMatrix embed_;              // host: a pass gathers its rows here
   DeviceArray<float> final_norm_;
@@ -173,9 +168,9 @@ class CudaForward final : public DeviceForward {
 };
 
 absl::Status CudaForward::WaitForPass(const char* what) {
-  const cudaError_t e = cudaStreamSynchronize(stream_);
+  const kernels::Status waited = stream_owner_->Synchronize(what);
   kept_.clear();
-  return CudaCheck(e, what);
+  return Check(waited);
 }
 
 absl::Status CudaForward::UploadBf16(const Checkpoint& checkpoint, const std::string& name,
@@ -195,7 +190,8 @@ absl::Status CudaForward::UploadFloat(const Checkpoint& checkpoint, const std::s
 absl::Status CudaForward::Load(const Checkpoint& checkpoint) {
   std::string why;
   if (!kc::DevicePresent(&why)) return absl::FailedPreconditionError(absl::StrCat("--device cuda: no usable GPU: ", why));
-  KVTIER_RETURN_IF_ERROR(CudaCheck(cudaStreamCreate(&stream_), "cudaStreamCreate"));
+  KVTIER_RETURN_IF_ERROR(Check(kc::DeviceStream::Create(stream_owner_)));
+  stream_ = stream_owner_->handle();
   KVTIER_RETURN_IF_ERROR(Check(kc::Blas::Create(stream_, blas_)));
   KVTIER_ASSIGN_OR_RETURN(TensorView embed, checkpoint.Tensor("model.embed_tokens.weight"));
   embed_ = ToWeightMatrix(embed);
@@ -263,7 +259,7 @@ DeviceBlockPool* CudaForward::BlockPool(size_t block_bytes) {
   if (!block_pool_tried_) {
     block_pool_tried_ = true;
     size_t bytes = static_cast<size_t>(std::max<int64_t>(options_.block_pool_bytes, 0)), free = 0, total = 0;
-    if (options_.block_pool_bytes < 0 && cudaMemGetInfo(&free, &total) == cudaSuccess) bytes = free / 10 * 4;
+    if (options_.block_pool_bytes < 0 && kc::DeviceMemory(free, total)) bytes = free / 10 * 4;
     const size_t slots = std::min<size_t>(bytes / block_bytes, INT32_MAX);
     if (slots > 0) {
       absl::StatusOr<std::unique_ptr<DeviceBlockPool>> pool =
@@ -416,8 +412,8 @@ absl::Status CudaForward::QueuePass(std::span<const SequenceTokens> batch,
   KVTIER_RETURN_IF_ERROR(Upload(std::move(x), x_));
   KVTIER_RETURN_IF_ERROR(Upload(std::move(positions), positions_));
   KVTIER_RETURN_IF_ERROR(attention_fault_.Reserve(1));
-  KVTIER_RETURN_IF_ERROR(CudaCheck(
-      cudaMemsetAsync(attention_fault_.data(), 0xff, sizeof(unsigned long long), stream_), "attention fault word"));
+  KVTIER_RETURN_IF_ERROR(Check(
+      kc::FillQueued(attention_fault_.data(), 0xff, sizeof(unsigned long long), stream_, "attention fault word")));
   attention_fault_seen_ = kc::kNoPagedMlaFault;
   for (auto [array, size] : {std::pair(&h_, size_t{hidden}), std::pair(&qa_, size_t{q_lora}),
                              std::pair(&q_, size_t{heads} * qdim), std::pair(&q_full_, size_t{heads} * dim),
@@ -440,19 +436,16 @@ absl::Status CudaForward::QueuePass(std::span<const SequenceTokens> batch,
     // The new latents: normalised compressed part, rotated rope part; the
     // host's sequence caches keep them.
     KVTIER_RETURN_IF_ERROR(Check(blas_->Gemm(l.kv_a.data(), dim, hidden, h_.data(), n, latent_.data())));
-    KVTIER_RETURN_IF_ERROR(CudaCheck(cudaMemcpy2DAsync(latent_c_.data(), kv * 4, latent_.data(), dim * 4, kv * 4, n,
-                                                       cudaMemcpyDeviceToDevice, stream_),
-                                     "latent copy"));
+    KVTIER_RETURN_IF_ERROR(Check(kc::Copy2DQueued(latent_c_.data(), kv * 4, latent_.data(), dim * 4, kv * 4, n,
+                                                  kc::Copy::kDeviceToDevice, stream_, "latent copy")));
     KVTIER_RETURN_IF_ERROR(
         Check(kc::RmsNorm(latent_c_.data(), l.kv_a_norm.data(), n, kv, eps, latent_c_.data(), stream_)));
-    KVTIER_RETURN_IF_ERROR(CudaCheck(cudaMemcpy2DAsync(latent_.data(), dim * 4, latent_c_.data(), kv * 4, kv * 4, n,
-                                                       cudaMemcpyDeviceToDevice, stream_),
-                                     "latent copy"));
+    KVTIER_RETURN_IF_ERROR(Check(kc::Copy2DQueued(latent_.data(), dim * 4, latent_c_.data(), kv * 4, kv * 4, n,
+                                                  kc::Copy::kDeviceToDevice, stream_, "latent copy")));
     KVTIER_RETURN_IF_ERROR(Check(kc::ApplyRope(rope_, positions_.data(), latent_.data() + kv, n, 1, dim, dim, stream_)));
-    KVTIER_RETURN_IF_ERROR(CudaCheck(
-        cudaMemcpyAsync(latents.data(), latent_.data(), latents.size() * 4, cudaMemcpyDeviceToHost, stream_),
-        "latent download"));
-    KVTIER_RETURN_IF_ERROR(CudaCheck(cudaStreamSynchronize(stream_), "latent download (or work queued before it)"));
+    KVTIER_RETURN_IF_ERROR(Check(kc::CopyQueued(latents.data(), latent_.data(), latents.size() * 4,
+                                                kc::Copy::kDeviceToHost, stream_, "latent download")));
+    KVTIER_RETURN_IF_ERROR(Check(stream_owner_->Synchronize("latent download (or work queued before it)")));
     {
       size_t r = 0;
       for (const SequenceTokens& s : batch) {
@@ -465,9 +458,8 @@ absl::Status CudaForward::QueuePass(std::span<const SequenceTokens> batch,
     // per head, the rope part rotated.
     KVTIER_RETURN_IF_ERROR(Check(blas_->GroupedGemm(l.w_uk_t.data(), kv, nope, heads, q_.data(), size_t{heads} * qdim,
                                                     qdim, n, q_full_.data(), size_t{heads} * dim, dim)));
-    KVTIER_RETURN_IF_ERROR(CudaCheck(cudaMemcpy2DAsync(q_full_.data() + kv, dim * 4, q_.data() + nope, qdim * 4,
-                                                       rope * 4, size_t{n} * heads, cudaMemcpyDeviceToDevice, stream_),
-                                     "query copy"));
+    KVTIER_RETURN_IF_ERROR(Check(kc::Copy2DQueued(q_full_.data() + kv, dim * 4, q_.data() + nope, qdim * 4, rope * 4,
+                                                  size_t{n} * heads, kc::Copy::kDeviceToDevice, stream_, "query copy")));
     KVTIER_RETURN_IF_ERROR(Check(kc::ApplyRope(rope_, positions_.data(), q_full_.data() + kv, n, heads,
                                                size_t{heads} * dim, dim, stream_)));
     // Attention, one launch per run of sequences stored alike.
@@ -498,22 +490,19 @@ absl::Status CudaForward::QueuePass(std::span<const SequenceTokens> batch,
   size_t end = 0;
   for (uint32_t b = 0; b < sequences; ++b) {
     end += batch[b].tokens.size();
-    KVTIER_RETURN_IF_ERROR(CudaCheck(cudaMemcpyAsync(h_.data() + size_t{b} * hidden, x_.data() + (end - 1) * hidden,
-                                                     size_t{hidden} * 4, cudaMemcpyDeviceToDevice, stream_),
-                                     "last rows"));
+    KVTIER_RETURN_IF_ERROR(Check(kc::CopyQueued(h_.data() + size_t{b} * hidden, x_.data() + (end - 1) * hidden,
+                                                size_t{hidden} * 4, kc::Copy::kDeviceToDevice, stream_, "last rows")));
   }
   KVTIER_RETURN_IF_ERROR(Check(kc::RmsNorm(h_.data(), final_norm_.data(), sequences, hidden, eps, h_.data(), stream_)));
   KVTIER_RETURN_IF_ERROR(Check(blas_->Gemm(lm_head_.data(), vocab, hidden, h_.data(), sequences, logits_.data())));
   // Straight into each caller's logits (no host buffer of our own to fault
   // in and copy out of).
   for (uint32_t b = 0; b < sequences; ++b) {
-    KVTIER_RETURN_IF_ERROR(CudaCheck(cudaMemcpyAsync(batch[b].logits.data(), logits_.data() + size_t{b} * vocab,
-                                                     size_t{vocab} * 4, cudaMemcpyDeviceToHost, stream_),
-                                     "logits"));
+    KVTIER_RETURN_IF_ERROR(Check(kc::CopyQueued(batch[b].logits.data(), logits_.data() + size_t{b} * vocab,
+                                                size_t{vocab} * 4, kc::Copy::kDeviceToHost, stream_, "logits")));
   }
-  return CudaCheck(cudaMemcpyAsync(&attention_fault_seen_, attention_fault_.data(), sizeof attention_fault_seen_,
-                                   cudaMemcpyDeviceToHost, stream_),
-                   "attention fault word");
+  return Check(kc::CopyQueued(&attention_fault_seen_, attention_fault_.data(), sizeof attention_fault_seen_,
+                              kc::Copy::kDeviceToHost, stream_, "attention fault word"));
 }
 
 }  // namespace

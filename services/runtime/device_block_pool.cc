@@ -1,19 +1,19 @@
 #include "services/runtime/device_block_pool.h"
 
-#include <cuda_runtime.h>
-
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "kvtier/kernels/cuda_device.h"
+#include "services/common/status.h"
 
 namespace kvtier::runtime {
 
 absl::StatusOr<std::unique_ptr<DeviceBlockPool>> DeviceBlockPool::Create(size_t block_bytes, uint32_t slots) {
   if (block_bytes == 0 || slots == 0) return absl::InvalidArgumentError("an empty device block pool");
   void* base = nullptr;
-  if (const cudaError_t e = cudaMalloc(&base, block_bytes * slots); e != cudaSuccess) {
-    return absl::ResourceExhaustedError(absl::StrCat("device block pool of ", slots, " x ", block_bytes,
-                                                     " bytes: ", cudaGetErrorString(e)));
+  const std::string what = absl::StrCat("device block pool of ", slots, " x ", block_bytes, " bytes");
+  if (const kernels::Status s = kernels::cuda::DeviceAllocate(block_bytes * slots, base, what.c_str()); !s.ok()) {
+    return absl::ResourceExhaustedError(s.message());
   }
   return std::unique_ptr<DeviceBlockPool>(new DeviceBlockPool(static_cast<uint8_t*>(base), block_bytes, slots));
 }
@@ -23,7 +23,7 @@ DeviceBlockPool::DeviceBlockPool(uint8_t* base, size_t block_bytes, uint32_t slo
   for (uint32_t s = 0; s < slots; ++s) position_[s] = recency_.insert(recency_.end(), s);
 }
 
-DeviceBlockPool::~DeviceBlockPool() { cudaFree(base_); }
+DeviceBlockPool::~DeviceBlockPool() { kernels::cuda::DeviceFree(base_); }
 
 absl::StatusOr<bool> DeviceBlockPool::Place(std::span<const SealedBlock* const> blocks, void* stream,
                                             std::vector<int32_t>& slot_of) {
@@ -48,7 +48,6 @@ absl::StatusOr<bool> DeviceBlockPool::Place(std::span<const SealedBlock* const> 
     }
     recency_.splice(recency_.begin(), recency_, position_[it->second]);
   }
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
   for (const SealedBlock* b : missing) {
     if (slot_of_id_.count(b->id()) > 0) continue;  // the same block twice in `blocks`
     const uint32_t slot = recency_.back();
@@ -56,13 +55,14 @@ absl::StatusOr<bool> DeviceBlockPool::Place(std::span<const SealedBlock* const> 
     id_in_[slot] = b->id();
     slot_of_id_[b->id()] = slot;
     recency_.splice(recency_.begin(), recency_, position_[slot]);
-    if (const cudaError_t e =
-            cudaMemcpyAsync(base_ + size_t{slot} * block_bytes_, b->data(), block_bytes_, cudaMemcpyHostToDevice, s);
-        e != cudaSuccess) {
+    if (const kernels::Status s = kernels::cuda::CopyQueued(base_ + size_t{slot} * block_bytes_, b->data(),
+                                                           block_bytes_, kernels::cuda::Copy::kHostToDevice, stream,
+                                                           "copying a block to the device");
+        !s.ok()) {
       // What the slot holds is unknown now: forget it.
       slot_of_id_.erase(b->id());
       id_in_[slot] = 0;
-      return absl::InternalError(absl::StrCat("copying a block to the device: ", cudaGetErrorString(e)));
+      return FromKernelStatus(s);
     }
   }
   slot_of.clear();

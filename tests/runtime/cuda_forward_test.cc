@@ -11,7 +11,6 @@
 // blocks in its block pool between passes: by default, with none (every pass
 // copies them up), with one too small for a layer's blocks, and with one
 // that holds a layer's but not two (each layer evicts the one before).
-#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,6 +21,7 @@
 #include <string>
 #include <utility>
 
+#include "kvtier/kernels/cuda_device.h"
 #include "kvtier/kernels/cuda_codec.h"
 #include "services/common/child_process.h"
 #include "services/runtime/device_block_pool.h"
@@ -163,7 +163,9 @@ TEST(DeviceBlockPool, HoldsBlocksByIdAndReusesTheLeastRecentlyUsedSlot) {
   ASSERT_TRUE(pool.ok()) << pool.status();
   auto device_bytes = [&](int32_t slot) {
     std::vector<uint8_t> out(4096);
-    cudaMemcpy(out.data(), (*pool)->base() + size_t(slot) * 4096, 4096, cudaMemcpyDeviceToHost);
+    EXPECT_TRUE(kernels::cuda::CopyNow(out.data(), (*pool)->base() + size_t(slot) * 4096, 4096,
+                                       kernels::cuda::Copy::kDeviceToHost, "block")
+                    .ok());
     return out;
   };
   std::vector<int32_t> first, second;
