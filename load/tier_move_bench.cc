@@ -107,7 +107,7 @@ class Bench {
       for (uint32_t i = 0; i < blocks_; ++i) {
         auto block = store.Read("ns", layout_id, hashes[i]);
         if (!block.ok()) Fail("a read failed: " + block.status().ToString());
-        if ((*block)->tier() != v1::TIER_HOST) Fail("a block read was not in the host tier");
+        if ((*block)->tier() != TierKind::kHost) Fail("a block read was not in the host tier");
       }
     });
     // Every read promoted its block; as many went down (a slab tier

@@ -30,15 +30,13 @@ struct Entry {
 };
 
 struct BlockStore::Tier {
-  // Exactly one of these; neither pointer changes after Create.
-  std::unique_ptr<PageArena> arena;
-  std::unique_ptr<DiskDir> disk;
+  std::unique_ptr<TierStorage> storage;  // fixed after Create
   std::list<Entry*> lru;  // most recently used first
   TierCounters counters;
 };
 
 struct BlockStore::Lease {
-  absl::Time deadline;
+  std::multimap<absl::Time, uint64_t>::iterator deadline;  // in lease_deadlines_
   std::vector<Entry*> entries;
 };
 
@@ -116,6 +114,8 @@ void WarnMoveFailed(const absl::Status& copied) {
                    "); such blocks stay in their tier, or are evicted when their room is needed"));
 }
 
+RecordRoom RoomOf(const Entry& e) { return {e.ns, e.hash, e.pages, e.size}; }
+
 absl::Status ChecksumFailed(const kvblock::BlockHash& hash) {
   return absl::DataLossError(absl::StrCat("block ", kvblock::HashToHex(hash), " failed its checksum"));
 }
@@ -130,12 +130,17 @@ size_t BlockStore::KeyHash::operator()(const Key& k) const {
 
 // ---- PinnedBlock ----
 
-PinnedBlock::PinnedBlock(BlockStore* store, Entry* entry, v1::Tier tier,
+PinnedBlock::PinnedBlock(BlockStore* store, Entry* entry, TierKind tier,
                          std::vector<std::span<const uint8_t>> pieces, std::shared_ptr<const uint8_t> owned,
                          size_t size)
     : store_(store), entry_(entry), tier_(tier), owned_(std::move(owned)), pieces_(std::move(pieces)), size_(size) {}
 
 PinnedBlock::~PinnedBlock() { store_->Unpin(entry_); }
+
+// A pinned entry's tier and room change only under a move, which a reader's
+// pin keeps off it; they were set before the pin was taken under the lock.
+size_t PinnedBlock::tier_index() const { return entry_->tier; }
+RecordRoom PinnedBlock::room() const { return RoomOf(*entry_); }
 
 std::string PinnedBlock::CopyToString() const {
   std::string out;
@@ -152,12 +157,12 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const StoreOption
     return absl::InvalidArgumentError("page size must be at least 4096 bytes");
   }
   std::vector<std::unique_ptr<Tier>> tiers;
-  const std::pair<v1::Tier, uint64_t> configured[] = {
-      {v1::TIER_DEVICE, options.device_capacity}, {v1::TIER_HOST, options.host_capacity}};
+  const std::pair<TierKind, uint64_t> configured[] = {
+      {TierKind::kDevice, options.device_capacity}, {TierKind::kHost, options.host_capacity}};
   for (auto [kind, capacity] : configured) {
     if (capacity < options.page_size) {
       return absl::InvalidArgumentError(absl::StrCat(
-          v1::Tier_Name(kind), " capacity ", capacity, " bytes is below one page (",
+          kind == TierKind::kDevice ? "TIER_DEVICE" : "TIER_HOST", " capacity ", capacity, " bytes is below one page (",
           options.page_size, " bytes)"));
     }
     ArenaOptions arena_options;
@@ -167,12 +172,12 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const StoreOption
         static_cast<uint32_t>(std::max<uint64_t>(1, options.segment_bytes / options.page_size));
     arena_options.shared = options.shared_memory;
     arena_options.make_segments_ahead = options.make_segments_ahead;
-    if (kind == v1::TIER_DEVICE) arena_options.slab = options.device_slab;
-    if (kind == v1::TIER_HOST) arena_options.pin_for = options.device_slab;  // tier moves copy between them
+    if (kind == TierKind::kDevice) arena_options.slab = options.device_slab;
+    if (kind == TierKind::kHost) arena_options.pin_for = options.device_slab;  // tier moves copy between them
     auto arena = PageArena::Create(arena_options);
     if (!arena.ok()) return arena.status();
     auto tier = std::make_unique<Tier>();
-    tier->arena = std::move(*arena);
+    tier->storage = PagesStorage(*std::move(arena));
     tier->counters.tier = kind;
     tier->counters.capacity_bytes = capacity;
     tiers.push_back(std::move(tier));
@@ -184,27 +189,26 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const StoreOption
     absl::StatusOr<std::unique_ptr<DiskDir>> disk = DiskDir::Open(options.disk_dir);
     if (!disk.ok()) return disk.status();
     auto tier = std::make_unique<Tier>();
-    tier->disk = *std::move(disk);
-    tier->counters.tier = v1::TIER_DISK;
+    tier->storage = DiskStorage(*std::move(disk), options.disk_capacity);
+    tier->counters.tier = TierKind::kDisk;
     tier->counters.capacity_bytes = options.disk_capacity;
     tiers.push_back(std::move(tier));
   }
   std::unique_ptr<BlockStore> store(new BlockStore(options, clock, std::move(tiers)));
   absl::MutexLock lock(&store->mu_);
-  store->LoadDiskLocked();
+  store->RecoverLocked();
   return store;
 }
 
-void BlockStore::LoadDiskLocked() {
+void BlockStore::RecoverLocked() {
   Tier& t = *tiers_.back();
-  if (t.disk == nullptr) return;
-  std::vector<DiskRecord> records = t.disk->Scan(counters_.checksum_failures);
+  std::vector<DiskRecord> records = t.storage->Recover(counters_.checksum_failures);
   // Newest first, so the LRU list's back is the oldest file.
   std::sort(records.begin(), records.end(),
             [](const DiskRecord& a, const DiskRecord& b) { return a.mtime_ns > b.mtime_ns; });
   for (DiskRecord& r : records) {
     if (t.counters.used_bytes + r.size > t.counters.capacity_bytes) {  // capacity shrank
-      t.disk->Remove(r.ns, r.hash);
+      t.storage->Give({r.ns, r.hash, {}, r.size}, /*written=*/true);
       ++t.counters.evictions;
       continue;
     }
@@ -230,10 +234,6 @@ BlockStore::BlockStore(const StoreOptions& options, Clock* clock,
 
 BlockStore::~BlockStore() = default;
 
-uint32_t BlockStore::PagesFor(size_t bytes) const {
-  return static_cast<uint32_t>((bytes + options_.page_size - 1) / options_.page_size);
-}
-
 MatchResult BlockStore::Match(const std::string& ns, uint64_t layout_id,
                               std::span<const kvblock::BlockHash> hashes,
                               std::optional<absl::Duration> lease_ttl) {
@@ -256,7 +256,8 @@ MatchResult BlockStore::Match(const std::string& ns, uint64_t layout_id,
     for (Entry* e : matched) PinLocked(e);
     result.lease_id = next_lease_id_++;
     result.lease_deadline = clock_->Now() + ttl;
-    leases_[result.lease_id] = Lease{result.lease_deadline, std::move(matched)};
+    leases_[result.lease_id] =
+        Lease{lease_deadlines_.emplace(result.lease_deadline, result.lease_id), std::move(matched)};
   }
   return result;
 }
@@ -269,6 +270,7 @@ absl::Status BlockStore::ReleaseLease(uint64_t lease_id) {
     return absl::NotFoundError(absl::StrCat("lease ", lease_id, " is unknown or expired"));
   }
   for (Entry* e : it->second.entries) UnpinLocked(e);
+  lease_deadlines_.erase(it->second.deadline);
   leases_.erase(it);
   return absl::OkStatus();
 }
@@ -280,13 +282,11 @@ void BlockStore::ExpireLeases() {
 
 void BlockStore::ExpireLeasesLocked() {
   const absl::Time now = clock_->Now();
-  for (auto it = leases_.begin(); it != leases_.end();) {
-    if (it->second.deadline > now) {
-      ++it;
-      continue;
-    }
-    for (Entry* e : it->second.entries) UnpinLocked(e);
-    leases_.erase(it++);
+  while (!lease_deadlines_.empty() && lease_deadlines_.begin()->first <= now) {
+    auto lease = leases_.find(lease_deadlines_.begin()->second);
+    for (Entry* e : lease->second.entries) UnpinLocked(e);
+    leases_.erase(lease);
+    lease_deadlines_.erase(lease_deadlines_.begin());
   }
 }
 
@@ -295,7 +295,7 @@ absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(
   Entry* e;
   size_t tier;
   std::vector<uint32_t> pages;
-  v1::Tier served_from;
+  TierKind served_from;
   {
     absl::MutexLock lock(&mu_);
     ExpireLeasesLocked();
@@ -328,17 +328,15 @@ absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(
   // Pinned, with a reader's pin no move commits: its storage stays as it
   // is, so it is read (a file, a copy out of a slab) and verified without
   // the lock.
-  std::vector<std::span<const uint8_t>> pieces;
-  std::shared_ptr<const uint8_t> owned;  // the record, when copied from disk or a slab
-  std::optional<uint32_t> slab_crc;
-  const PageArena* arena = tiers_[tier]->arena.get();
-  const bool in_place = !options.copy_out && (arena == nullptr || !arena->addressable());
+  RecordBytes bytes;
+  const TierStorage& storage = *tiers_[tier]->storage;
+  const bool in_place = !options.copy_out && !storage.in_memory();
   if (!in_place) {
-    absl::StatusOr<std::vector<std::span<const uint8_t>>> source =
-        SourceOf(tier, pages, ns, hash, e->size, owned, slab_crc);
-    if (source.ok()) pieces = std::move(*source);
+    absl::StatusOr<RecordBytes> read = storage.Read({ns, hash, pages, e->size});
+    if (read.ok()) bytes = *std::move(read);
   }
-  if (!in_place && (pieces.empty() || (options.verify_checksum && !Intact(pieces, e->size, slab_crc, hash)))) {
+  if (!in_place &&
+      (bytes.pieces.empty() || (options.verify_checksum && !Intact(bytes.pieces, e->size, bytes.crc, hash)))) {
     absl::MutexLock lock(&mu_);
     ++counters_.checksum_failures;
     if (!e->zombie) DropLocked(e);
@@ -351,7 +349,7 @@ absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(
     counters_.bytes_out += e->size;
   }
   return std::shared_ptr<const PinnedBlock>(
-      new PinnedBlock(this, e, served_from, std::move(pieces), std::move(owned), e->size));
+      new PinnedBlock(this, e, served_from, std::move(bytes.pieces), std::move(bytes.owned), e->size));
 }
 
 void BlockStore::Unpin(Entry* entry) {
@@ -379,51 +377,17 @@ void BlockStore::TouchLocked(Entry* e) {
   lru.splice(lru.begin(), lru, e->lru);
 }
 
-void BlockStore::FreePagesLocked(size_t tier, const std::vector<uint32_t>& pages, size_t bytes) {
+void BlockStore::GiveRoomLocked(size_t tier, const RecordRoom& room, bool written) {
   Tier& t = *tiers_[tier];
-  t.arena->Free(pages);
-  t.counters.used_bytes -= bytes;
+  t.storage->Give(room, written);
+  t.counters.used_bytes -= room.size;
 }
 
-void BlockStore::ReleaseStorageLocked(const Entry& e) {
-  Tier& t = *tiers_[e.tier];
-  if (t.disk != nullptr) {
-    t.disk->Remove(e.ns, e.hash);
-    t.counters.used_bytes -= e.size;
-  } else {
-    FreePagesLocked(e.tier, e.pages, e.size);
-  }
-}
-
-absl::StatusOr<std::vector<std::span<const uint8_t>>> BlockStore::SourceOf(
-    size_t tier, const std::vector<uint32_t>& pages, const std::string& ns, const kvblock::BlockHash& hash,
-    size_t size, std::shared_ptr<const uint8_t>& owned, std::optional<uint32_t>& slab_crc) const {
-  const Tier& t = *tiers_[tier];
-  std::vector<std::span<const uint8_t>> pieces;
-  if (t.disk == nullptr && t.arena->addressable()) {
-    for (std::span<uint8_t> piece : t.arena->PagePieces(pages, size)) pieces.emplace_back(piece);
-    return pieces;
-  }
-  if (t.disk != nullptr) {
-    absl::StatusOr<std::string> bytes = t.disk->Read(ns, hash, size);
-    if (!bytes.ok()) return bytes.status();
-    if (bytes->size() != size) return absl::DataLossError("record file changed size");
-    auto held = std::make_shared<std::string>(*std::move(bytes));
-    owned = std::shared_ptr<const uint8_t>(held, reinterpret_cast<const uint8_t*>(held->data()));
-  } else {
-    std::shared_ptr<uint8_t> copy = t.arena->slab()->AllocateHost(size);
-    const std::span<uint8_t> out(copy.get(), size);
-    const PageArena::RecordPieces record{&pages, 0, std::span(&out, 1), size - kvblock::kBlockTrailerBytes};
-    KVTIER_RETURN_IF_ERROR(t.arena->ReadRecords(std::span(&record, 1), std::span(&slab_crc, 1)));
-    owned = std::move(copy);
-  }
-  return std::vector<std::span<const uint8_t>>{std::span(owned.get(), size)};
-}
+void BlockStore::ReleaseStorageLocked(const Entry& e) { GiveRoomLocked(e.tier, RoomOf(e), /*written=*/true); }
 
 bool BlockStore::HasRoomLocked(size_t tier, size_t bytes, const std::string& ns) const {
   const Tier& t = *tiers_[tier];
-  if (t.disk != nullptr) return t.counters.capacity_bytes - t.counters.used_bytes >= bytes;
-  return t.arena->FreePagesFor(ns) >= PagesFor(bytes);
+  return t.storage->HasRoom(bytes, ns, t.counters.capacity_bytes - t.counters.used_bytes);
 }
 
 void BlockStore::DropLocked(Entry* e) {
@@ -442,17 +406,12 @@ void BlockStore::DropLocked(Entry* e) {
   counters_.metadata_bytes -= EntryMetadataBytes(*e);
 }
 
-uint64_t BlockStore::DemotionBatchBytes(size_t tier) const {
-  const Tier& t = *tiers_[tier];
-  if (tier + 1 == tiers_.size() || t.arena == nullptr || t.arena->addressable()) return 0;
-  return std::min<uint64_t>(kDemotionBatchBytes, t.counters.capacity_bytes / 16);
-}
-
 bool BlockStore::MakeRoomLocked(size_t tier, size_t bytes, const std::string& ns) {
   Tier& t = *tiers_[tier];
   const bool demotes = tier + 1 < tiers_.size();
   // Victims taken at a time: a batch to demote, or the one to evict.
-  const uint64_t victims_bytes = demotes ? std::max<uint64_t>(bytes, DemotionBatchBytes(tier)) : 1;
+  const uint64_t victims_bytes =
+      demotes ? std::max<uint64_t>(bytes, t.storage->MoveBatchBytes(t.counters.capacity_bytes)) : 1;
   // Plain LRU: in a shared arena another namespace's victim makes room only
   // once its segment empties, so this may move more than `bytes`.
   while (!HasRoomLocked(tier, bytes, ns)) {
@@ -510,11 +469,9 @@ std::vector<bool> BlockStore::MoveLocked(std::span<Entry* const> entries, size_t
     for (size_t i : wanted) {
       Entry* e = entries[i];
       if (e->moving || e->pins > 1 || e->zombie) continue;
-      const bool fits_at_all = dst.disk != nullptr ? e->size <= dst.counters.capacity_bytes
-                                                   : PagesFor(e->size) <= dst.arena->total_pages();
-      if (!fits_at_all || !MakeRoomLocked(to, e->size, e->ns)) continue;
+      if (!dst.storage->Fits(e->size) || !MakeRoomLocked(to, e->size, e->ns)) continue;
       std::vector<uint32_t> pages;  // the room, reserved
-      if (dst.disk == nullptr && !dst.arena->Allocate(PagesFor(e->size), e->ns, pages)) continue;
+      if (!dst.storage->Take(e->size, e->ns, pages)) continue;
       dst.counters.used_bytes += e->size;
       e->moving = true;
       moves.push_back({i, e, e->tier, e->pages, std::move(pages)});
@@ -529,7 +486,7 @@ std::vector<bool> BlockStore::MoveLocked(std::span<Entry* const> entries, size_t
     for (size_t k = 0; k < moves.size(); ++k) {
       moved[moves[k].index] = FinishMoveLocked(moves[k], to, copied[k]);
       if (!moved[moves[k].index] && copied[k].code() == absl::StatusCode::kResourceExhausted &&
-          dst.disk != nullptr && MakeDiskRoomLocked(to, moves[k].entry->size)) {
+          EvictForFullStorageLocked(to, moves[k].entry->size)) {
         wanted.push_back(moves[k].index);
       }
     }
@@ -537,8 +494,8 @@ std::vector<bool> BlockStore::MoveLocked(std::span<Entry* const> entries, size_t
   return moved;
 }
 
-bool BlockStore::MakeDiskRoomLocked(size_t tier, size_t bytes) {
-  static RateLimitedLog log(LogLevel::kWarning, "disk");
+bool BlockStore::EvictForFullStorageLocked(size_t tier, size_t bytes) {
+  static RateLimitedLog log(LogLevel::kWarning, "store");
   Tier& t = *tiers_[tier];
   std::vector<Entry*> victims;  // least recently used first
   size_t freed = 0;
@@ -551,7 +508,7 @@ bool BlockStore::MakeDiskRoomLocked(size_t tier, size_t bytes) {
     ++t.counters.evictions;
     DropLocked(victim);
   }
-  log(absl::StrCat("the file system under the disk tier is full before its capacity (", t.counters.used_bytes,
+  log(absl::StrCat("the storage under a tier is full before its capacity (", t.counters.used_bytes,
                    " of ", t.counters.capacity_bytes, " bytes in use); evicted ", victims.size(),
                    " blocks to make room"));
   return !victims.empty();
@@ -565,14 +522,11 @@ bool BlockStore::FinishMoveLocked(Move& move, size_t to, const absl::Status& cop
   e->moving = false;
   // A reader that pinned the block meanwhile reads its old storage: it stays.
   if (!copied.ok() || e->zombie || e->pins > 1) {
-    if (dst.disk == nullptr) {
-      dst.arena->Free(pages);
-    } else if (copied.ok() && !(e->zombie && index_.count(Key(e->ns, e->hash)) > 0)) {
-      dst.disk->Remove(e->ns, e->hash);  // ours (a newer block of that key keeps its file)
-    } else if (!copied.ok() && copied.code() != absl::StatusCode::kDataLoss) {
-      ++counters_.disk_write_errors;
-    }
-    dst.counters.used_bytes -= e->size;
+    // What was written is ours to remove, unless a newer block of that key
+    // took its place (a file under its name).
+    const bool ours = copied.ok() && !(e->zombie && index_.count(Key(e->ns, e->hash)) > 0);
+    GiveRoomLocked(to, {e->ns, e->hash, pages, e->size}, ours);
+    if (!copied.ok() && copied.code() != absl::StatusCode::kDataLoss) ++dst.counters.write_errors;
     if (copied.code() == absl::StatusCode::kDataLoss) {  // a corrupt record never reaches another tier
       ++counters_.checksum_failures;
       if (!e->zombie) DropLocked(e);
@@ -599,46 +553,52 @@ bool BlockStore::FinishMoveLocked(Move& move, size_t to, const absl::Status& cop
 }
 
 std::vector<absl::Status> BlockStore::CopyRecords(std::span<const Move> moves, size_t to) const {
+  const TierStorage& src = *tiers_[moves[0].from]->storage;  // the same for all
+  const TierStorage& dst = *tiers_[to]->storage;
+  std::vector<RecordRoom> sources, rooms;
+  std::vector<std::vector<std::span<uint8_t>>> outs;
+  for (const Move& m : moves) {
+    const Entry& e = *m.entry;
+    sources.push_back({e.ns, e.hash, m.source, e.size});
+    rooms.push_back({e.ns, e.hash, m.pages, e.size});
+    outs.push_back(dst.Memory(rooms.back()));
+  }
+  // A source's read failing for its own bytes (a file gone or altered)
+  // loses the block; any other leaves it where it was.
+  const auto read_failed = [](const absl::Status& s, const kvblock::BlockHash& hash) {
+    const bool lost = s.code() == absl::StatusCode::kDataLoss || s.code() == absl::StatusCode::kNotFound;
+    return lost ? ChecksumFailed(hash) : s;
+  };
   std::vector<absl::Status> copied;
-  const Tier& src = *tiers_[moves[0].from];  // the same for all
-  const Tier& dst = *tiers_[to];
-  if (src.disk == nullptr && !src.arena->addressable() && dst.disk == nullptr) {
-    // Out of a slab (a GPU's): straight into the destination's pages, all
-    // in one batch of copies (one wait); a GPU computes the records' CRCs
-    // where they lie, at its memory's rate (Intact).
-    std::vector<std::vector<std::span<uint8_t>>> outs;
-    for (const Move& m : moves) outs.push_back(dst.arena->PagePieces(m.pages, m.entry->size));
-    std::vector<PageArena::RecordPieces> records;
+  if (!outs[0].empty()) {
+    // Into memory: out of the source all at once (one wait for a GPU),
+    // each checked where it landed (or by the CRC a GPU computed where it
+    // lay, when that agrees).
+    std::vector<std::optional<uint32_t>> crcs(moves.size());
+    const std::vector<absl::Status> read = src.ReadInto(sources, outs, crcs);
     for (size_t k = 0; k < moves.size(); ++k) {
-      records.push_back({&moves[k].source, 0, outs[k], moves[k].entry->size - kvblock::kBlockTrailerBytes});
-    }
-    std::vector<std::optional<uint32_t>> slab_crcs(moves.size());
-    const absl::Status read = src.arena->ReadRecords(records, slab_crcs);
-    if (!read.ok()) return std::vector<absl::Status>(moves.size(), read);
-    for (size_t k = 0; k < moves.size(); ++k) {
-      const Entry& e = *moves[k].entry;
+      const kvblock::BlockHash& hash = moves[k].entry->hash;
       const std::vector<std::span<const uint8_t>> landed(outs[k].begin(), outs[k].end());
-      copied.push_back(Intact(landed, e.size, slab_crcs[k], e.hash) ? absl::OkStatus() : ChecksumFailed(e.hash));
+      if (!read[k].ok()) {
+        copied.push_back(read_failed(read[k], hash));
+      } else {
+        copied.push_back(Intact(landed, moves[k].entry->size, crcs[k], hash) ? absl::OkStatus() : ChecksumFailed(hash));
+      }
     }
     return copied;
   }
-  for (const Move& m : moves) {
-    copied.push_back(CopyRecord(m.from, m.source, to, m.pages, m.entry->ns, m.entry->hash, m.entry->size));
+  for (size_t k = 0; k < moves.size(); ++k) {
+    const kvblock::BlockHash& hash = moves[k].entry->hash;
+    absl::StatusOr<RecordBytes> bytes = src.Read(sources[k]);
+    if (!bytes.ok()) {
+      copied.push_back(read_failed(bytes.status(), hash));
+    } else if (!Intact(bytes->pieces, moves[k].entry->size, bytes->crc, hash)) {
+      copied.push_back(ChecksumFailed(hash));
+    } else {
+      copied.push_back(dst.Write(rooms[k], bytes->pieces));  // a full or failing disk: it stays
+    }
   }
   return copied;
-}
-
-absl::Status BlockStore::CopyRecord(size_t from, const std::vector<uint32_t>& source, size_t to,
-                                    const std::vector<uint32_t>& pages, const std::string& ns,
-                                    const kvblock::BlockHash& hash, size_t size) const {
-  std::shared_ptr<const uint8_t> owned;
-  std::optional<uint32_t> slab_crc;
-  absl::StatusOr<std::vector<std::span<const uint8_t>>> pieces =
-      SourceOf(from, source, ns, hash, size, owned, slab_crc);
-  if (!pieces.ok() || !Intact(*pieces, size, slab_crc, hash)) return ChecksumFailed(hash);
-  const Tier& dst = *tiers_[to];
-  if (dst.disk != nullptr) return dst.disk->Write(ns, hash, *pieces);  // disk full or failing: stays
-  return dst.arena->WritePieces(pages, 0, *pieces);  // into a slab: one batch of copies
 }
 
 absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t bytes,
@@ -648,8 +608,7 @@ absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t b
         pending_blocks_, " blocks are being assembled, the limit; retry later"));
   }
   Tier& first = *tiers_[0];
-  const uint32_t n = PagesFor(bytes);
-  if (n > first.arena->total_pages()) {
+  if (!first.storage->Fits(bytes)) {
     return absl::ResourceExhaustedError(absl::StrCat("a block of ", bytes,
                                                      " bytes does not fit the device tier (",
                                                      first.counters.capacity_bytes, " bytes)"));
@@ -659,7 +618,7 @@ absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t b
         "device tier is full of pinned or incomplete blocks; retry later");
   }
   std::vector<uint32_t> pages;
-  if (!first.arena->Allocate(n, ns, pages)) {
+  if (!first.storage->Take(bytes, ns, pages)) {
     return absl::ResourceExhaustedError("device tier is full of blocks in use; retry later");
   }
   first.counters.used_bytes += bytes;
@@ -671,85 +630,22 @@ std::unique_ptr<PutSession> BlockStore::BeginPut(std::string ns, kvblock::Latent
   return std::unique_ptr<PutSession>(new PutSession(this, std::move(ns), std::move(layout)));
 }
 
-bool BlockStore::Shareable(size_t tier) const {
-  return tier < tiers_.size() && tiers_[tier]->arena != nullptr && tiers_[tier]->arena->shared();
-}
-
-SlabMemory* BlockStore::FirstTierSlab() const { return options_.device_slab.get(); }
-
-absl::Status BlockStore::CopyToExported(const PinnedBlock& block, ExportedBuffer& to, uint64_t at) {
-  size_t tier;
-  std::vector<uint32_t> pages;
-  size_t size;
-  {
-    absl::MutexLock lock(&mu_);
-    tier = block.entry_->tier;
-    pages = block.entry_->pages;
-    size = block.entry_->size;
-  }
-  // Pinned: its pages stay as they are without the lock.
-  const PageArena* arena = tiers_[tier]->arena.get();
-  if (arena == nullptr || arena->addressable() || block.owned_ != nullptr) {
-    return absl::FailedPreconditionError("block is not in a slab tier");
-  }
-  SlabMemory* slab = options_.device_slab.get();  // the one slab tier's
-  const size_t page = arena->page_size();
-  for (size_t k = 0; k < pages.size() && k * page < size; ++k) {
-    const size_t n = std::min(page, size - k * page);
-    KVTIER_RETURN_IF_ERROR(slab->CopyToExported(size_t{pages[k]} * page, to, at + k * page, n));
-  }
-  return absl::OkStatus();
-}
+TierStorage& BlockStore::storage(size_t tier) const { return *tiers_[tier]->storage; }
 
 std::vector<SharedPiece> BlockStore::SharedPieces(const PinnedBlock& block) {
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&mu_);  // a segment's generation changes under it
   const Entry& e = *block.entry_;
-  const Tier& t = *tiers_[e.tier];
-  std::vector<SharedPiece> pieces;
-  if (block.owned_ != nullptr || t.arena == nullptr || !t.arena->shared()) return pieces;
-  const PageArena& arena = *t.arena;
-  const uint64_t segment_bytes = uint64_t{arena.segment_pages()} * arena.page_size();
-  size_t left = e.size;
-  for (uint32_t p : e.pages) {
-    const uint32_t s = arena.SegmentOf(p);
-    if (arena.SegmentFd(s) < 0) return {};
-    const uint64_t offset = uint64_t{p} * arena.page_size() - s * segment_bytes;
-    const uint64_t n = std::min<size_t>(left, arena.page_size());
-    left -= n;
-    SharedPiece* last = pieces.empty() ? nullptr : &pieces.back();
-    if (last != nullptr && last->segment == s && last->offset + last->length == offset) {
-      last->length += n;
-      continue;
-    }
-    pieces.push_back({static_cast<uint32_t>(e.tier), s, arena.Generation(s), offset, n});
-  }
-  return pieces;
+  if (block.owned_ != nullptr) return {};  // a copy, not where it lies
+  return tiers_[e.tier]->storage->SharedPieces(static_cast<uint32_t>(e.tier), RoomOf(e));
 }
 
-absl::StatusOr<int> BlockStore::OpenSegmentReadOnly(uint32_t tier, uint32_t segment,
-                                                    uint64_t generation, const std::string& ns) {
-  absl::MutexLock lock(&mu_);
-  PageArena* arena = tier < tiers_.size() ? tiers_[tier]->arena.get() : nullptr;
-  if (arena == nullptr || !arena->shared() || segment >= arena->segment_count()) {
+absl::StatusOr<int> BlockStore::OpenSegmentReadOnly(uint32_t tier, uint32_t segment, uint64_t generation,
+                                                    const std::string& ns) {
+  absl::MutexLock lock(&mu_);  // a segment's owner and generation change under it
+  if (tier >= tiers_.size() || !tiers_[tier]->storage->shareable()) {
     return absl::InvalidArgumentError(absl::StrCat("no shared segment ", segment, " in tier ", tier));
   }
-  if (arena->Generation(segment) != generation || arena->SegmentFd(segment) < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("segment ", segment, " of tier ", tier, " is no longer generation ", generation));
-  }
-  if (arena->Owner(segment) != ns) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("segment ", segment, " of tier ", tier, " holds another namespace's blocks"));
-  }
-  // Reopening through /proc gives a descriptor of the same memory that can
-  // only be mapped read-only.
-  const std::string path = absl::StrCat("/proc/self/fd/", arena->SegmentFd(segment));
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return absl::InternalError(absl::StrCat("cannot reopen ", path, ": ", std::strerror(errno)));
-  }
-  arena->MarkExported(segment);  // from now on, it changes owner through a new memfd
-  return fd;
+  return tiers_[tier]->storage->OpenShared(segment, generation, ns);
 }
 
 StoreStats BlockStore::Stats() {
@@ -758,9 +654,7 @@ StoreStats BlockStore::Stats() {
   StoreStats s = counters_;
   for (const auto& t : tiers_) {
     s.tiers.push_back(t->counters);
-    if (t->arena != nullptr) {
-      s.metadata_bytes += t->arena->total_pages() * sizeof(uint32_t) + t->arena->SegmentsAheadBytes();
-    }
+    s.metadata_bytes += t->storage->MetadataBytes();
   }
   s.metadata_bytes += leases_.size() * sizeof(Lease);
   for (const auto& [id, lease] : leases_) s.metadata_bytes += lease.entries.capacity() * sizeof(Entry*);
@@ -772,6 +666,7 @@ StoreStats BlockStore::Stats() {
 // ---- PutSession ----
 
 struct PutSession::Pending {
+  kvblock::BlockHash hash;
   std::vector<uint32_t> pages;
   std::vector<bool> layers;
   uint32_t layers_left = 0;
@@ -798,7 +693,7 @@ PutSession::~PutSession() {
 
 void PutSession::Abandon(Pending& p) {
   absl::MutexLock lock(&store_->mu_);
-  store_->FreePagesLocked(0, p.pages, record_bytes_);
+  store_->GiveRoomLocked(0, {ns_, p.hash, p.pages, record_bytes_}, /*written=*/false);
   --store_->pending_blocks_;
 }
 
@@ -828,6 +723,7 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_vi
     absl::StatusOr<std::vector<uint32_t>> pages = store_->AllocatePendingLocked(record_bytes_, ns_);
     if (!pages.ok()) return pages.status();
     auto pending = std::make_unique<Pending>();
+    pending->hash = hash;
     pending->pages = std::move(*pages);
     pending->layers.assign(layout_.num_layers, false);
     pending->layers_left = layout_.num_layers;
@@ -842,9 +738,10 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_vi
                                                      kvblock::HashToHex(hash), " sent twice"));
     }
   }
-  PageArena& arena = *store_->tiers_[0]->arena;
-  KVTIER_RETURN_IF_ERROR(arena.Write(
-      p.pages, kvblock::kBlockHeaderBytes + size_t{h.layer_begin} * h.layer_payload_bytes, slice->payloads));
+  const TierStorage& first = *store_->tiers_[0]->storage;
+  const RecordRoom room{ns_, hash, p.pages, record_bytes_};
+  KVTIER_RETURN_IF_ERROR(
+      first.WriteAt(room, kvblock::kBlockHeaderBytes + size_t{h.layer_begin} * h.layer_payload_bytes, slice->payloads));
   for (uint32_t l = h.layer_begin; l < h.layer_begin + h.layer_count; ++l) p.layers[l] = true;
   p.layers_left -= h.layer_count;
   // ParseBlock verified crc(header || payloads), the slice's last 4 bytes;
@@ -861,13 +758,13 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_vi
 
   // Complete: header and checksum, then visible all at once.
   const auto header = kvblock::EncodeBlockHeader(kvblock::HeaderFor(layout_, 0, layout_.num_layers));
-  KVTIER_RETURN_IF_ERROR(arena.Write(p.pages, 0, std::string_view(header.data(), header.size())));
+  KVTIER_RETURN_IF_ERROR(first.WriteAt(room, 0, std::string_view(header.data(), header.size())));
   uint32_t crc = kvblock::Crc32c(header.data(), header.size());
   for (uint32_t l = 0; l < layout_.num_layers; l += p.slices[l].layers) {
     crc = kvblock::Crc32cCombine(crc, p.slices[l].payload_crc, size_t{p.slices[l].layers} * h.layer_payload_bytes);
   }
-  KVTIER_RETURN_IF_ERROR(arena.Write(p.pages, record_bytes_ - kvblock::kBlockTrailerBytes,
-                                     std::string_view(reinterpret_cast<const char*>(&crc), sizeof crc)));
+  KVTIER_RETURN_IF_ERROR(first.WriteAt(room, record_bytes_ - kvblock::kBlockTrailerBytes,
+                                       std::string_view(reinterpret_cast<const char*>(&crc), sizeof crc)));
 
   std::unique_ptr<Pending> done = std::move(it->second);
   pending_.erase(it);
@@ -875,7 +772,7 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_vi
   --store_->pending_blocks_;
   BlockStore::Key index_key(ns_, hash);
   if (store_->index_.count(index_key) > 0) {  // another stream finished it first
-    store_->FreePagesLocked(0, done->pages, record_bytes_);
+    store_->GiveRoomLocked(0, {ns_, hash, done->pages, record_bytes_}, /*written=*/false);
     ++summary_.blocks_deduplicated;
     ++store_->counters_.blocks_deduplicated;
     return absl::OkStatus();
@@ -887,10 +784,10 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_vi
   entry->size = record_bytes_;
   entry->tier = 0;
   entry->pages = std::move(done->pages);
-  BlockStore::Tier& first = *store_->tiers_[0];
-  first.lru.push_front(entry.get());
-  entry->lru = first.lru.begin();
-  ++first.counters.blocks;
+  BlockStore::Tier& first_tier = *store_->tiers_[0];
+  first_tier.lru.push_front(entry.get());
+  entry->lru = first_tier.lru.begin();
+  ++first_tier.counters.blocks;
   ++store_->counters_.blocks_stored;
   store_->counters_.metadata_bytes += EntryMetadataBytes(*entry);
   store_->index_.emplace(std::move(index_key), std::move(entry));

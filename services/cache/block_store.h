@@ -1,14 +1,16 @@
-// The cache's store of latent block records, in tiers of fixed-size pages.
+// The cache's store of latent block records, in tiers.
 //
 // Tiers, fastest first: device (a GPU's memory in a slab reached by copies,
-// or host memory standing in for it), host, and optionally disk (files). The
-// page tiers may live in memfd segments, one namespace each, that same-host
-// readers map (the fast path: SharedPieces). A tier that is full demotes its
-// least-recently-used unpinned blocks to the next tier; the last tier drops
-// them. Reading a block promotes it to the first tier. Every tier move and
-// every read verifies the record's CRC32C (unless the reader says it will);
-// a block that fails is dropped and counted, never served. Reads and tier
-// moves copy and check records without the store's lock.
+// or host memory standing in for it), host, and optionally disk (files).
+// Each keeps its records in a TierStorage (tier_storage.h: private pages,
+// memfd segments that same-host readers map, a GPU slab, or files); this
+// class is the policy over them and never asks which kind a tier is. A
+// tier that is full demotes its least-recently-used unpinned blocks to the
+// next tier; the last tier drops them. Reading a block promotes it to the
+// first tier. Every tier move and every read verifies the record's CRC32C
+// (unless the reader says it will); a block that fails is dropped and
+// counted, never served. Reads and tier moves copy and check records
+// without the store's lock.
 //
 // Blocks are keyed by (namespace, chain hash). A Put assembles a block from
 // layer slices in pages of the first tier that only its session can see; the
@@ -25,6 +27,7 @@
 #include <array>
 #include <cstdint>
 #include <list>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -37,10 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "kvtier/v1/layout.pb.h"
-#include "services/cache/disk_dir.h"
-#include "services/cache/page_arena.h"
-#include "services/cache/slab_memory.h"
+#include "services/cache/tier_storage.h"
 #include "services/common/clock.h"
 #include "services/kvblock/block_key.h"
 #include "services/kvblock/layout.h"
@@ -68,7 +68,7 @@ struct StoreOptions {
 };
 
 struct TierCounters {
-  v1::Tier tier = v1::TIER_UNSPECIFIED;
+  TierKind tier = TierKind::kDevice;
   uint64_t capacity_bytes = 0;
   uint64_t used_bytes = 0;  // record bytes of visible and pending blocks
   uint64_t blocks = 0;      // visible blocks
@@ -76,6 +76,7 @@ struct TierCounters {
   uint64_t promotions = 0;
   uint64_t demotions = 0;
   uint64_t evictions = 0;
+  uint64_t write_errors = 0;  // records it could not store (a full or failing disk)
 };
 
 struct StoreStats {
@@ -87,7 +88,6 @@ struct StoreStats {
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;
   uint64_t checksum_failures = 0;
-  uint64_t disk_write_errors = 0;  // records the disk tier could not write
   uint64_t active_leases = 0;
   uint64_t pending_blocks = 0;
   uint64_t pinned_blocks = 0;  // by leases and readers
@@ -95,22 +95,13 @@ struct StoreStats {
 
 struct MatchResult {
   uint32_t matched_blocks = 0;
-  std::vector<v1::Tier> tiers;
+  std::vector<TierKind> tiers;
   uint64_t lease_id = 0;  // 0 = none taken
   absl::Time lease_deadline;
 };
 
 class BlockStore;
 struct Entry;
-
-// A stretch of a record in a shared segment (BlockStore::SharedPieces).
-struct SharedPiece {
-  uint32_t tier = 0;  // index into the configured tiers, fastest first
-  uint32_t segment = 0;
-  uint64_t generation = 0;
-  uint64_t offset = 0;  // in the segment
-  uint64_t length = 0;
-};
 
 // A block pinned for reading: its record bytes stay in place, unchanged,
 // until this object is destroyed. Thread-safe to read from.
@@ -122,7 +113,11 @@ class PinnedBlock {
 
   size_t size() const { return size_; }
   // The tier it was read from (before any promotion).
-  v1::Tier tier() const { return tier_; }
+  TierKind tier() const { return tier_; }
+  // Where it lies now: its tier's index (fastest first) and its room there,
+  // which stay as they are while this pin lasts.
+  size_t tier_index() const;
+  RecordRoom room() const;
   // The record as page-sized pieces, in order.
   const std::vector<std::span<const uint8_t>>& pieces() const { return pieces_; }
   std::string CopyToString() const;
@@ -131,12 +126,12 @@ class PinnedBlock {
   friend class BlockStore;
   // `pieces` point into the store's pages, or into `owned`: a copy read from
   // disk or out of a slab (null otherwise).
-  PinnedBlock(BlockStore* store, Entry* entry, v1::Tier tier,
+  PinnedBlock(BlockStore* store, Entry* entry, TierKind tier,
               std::vector<std::span<const uint8_t>> pieces, std::shared_ptr<const uint8_t> owned, size_t size);
 
   BlockStore* store_;
   Entry* entry_;
-  v1::Tier tier_;
+  TierKind tier_;
   std::shared_ptr<const uint8_t> owned_;
   std::vector<std::span<const uint8_t>> pieces_;
   size_t size_;
@@ -207,9 +202,9 @@ class BlockStore {
     bool verify_checksum = true;
     // False serves the block from the tier it is in.
     bool promote = true;
-    // False pins a block that is not in addressable memory (on disk, in a
-    // slab) without reading it: its pieces are then empty (a slab's block
-    // can be read with CopyToExported).
+    // False pins a block that is not in memory (on disk, in a slab)
+    // without reading it: its pieces are then empty (a slab's block can be
+    // copied device to device by its storage).
     bool copy_out = true;
   };
   absl::StatusOr<std::shared_ptr<const PinnedBlock>> Read(const std::string& ns, uint64_t layout_id,
@@ -219,24 +214,20 @@ class BlockStore {
                                                           const kvblock::BlockHash& hash) {
     return Read(ns, layout_id, hash, ReadOptions());
   }
-  // Whether `tier`'s blocks can be handed to same-host readers (SharedPieces).
-  bool Shareable(size_t tier) const;
-  // The first tier's slab, when it lives in one (a GPU's memory); else null.
-  SlabMemory* FirstTierSlab() const;
-  // Copies a block pinned in a slab tier into `to` at `at`, device to
-  // device; FAILED_PRECONDITION when it is not in a slab.
-  absl::Status CopyToExported(const PinnedBlock& block, ExportedBuffer& to, uint64_t at);
+  // Tier `tier`'s storage (fastest first): its properties, and what only
+  // its kind can do with a pinned block (TierStorage::CopyToExported).
+  TierStorage& storage(size_t tier) const;
 
   std::unique_ptr<PutSession> BeginPut(std::string ns, kvblock::LatentLayout layout);
 
-  // Where a pinned block's record lies in shared segments, in order, pages
-  // that follow each other merged; empty when some of it is not in a memfd
-  // (a copy read from disk, an arena that is not shared).
+  // Where a pinned block's record lies in shared segments
+  // (TierStorage::SharedPieces); empty when some of it is not in one (a
+  // copy read from disk, a tier that is not shared).
   std::vector<SharedPiece> SharedPieces(const PinnedBlock& block);
   // A new read-only descriptor of a shared segment, for a reader of `ns`
-  // (the caller closes it). FAILED_PRECONDITION when the segment is no
-  // longer at `generation` or has no memfd; PERMISSION_DENIED when it does
-  // not hold `ns`'s blocks.
+  // (the caller closes it). INVALID_ARGUMENT for no such segment;
+  // FAILED_PRECONDITION when it is no longer at `generation` or has no
+  // memfd; PERMISSION_DENIED when it does not hold `ns`'s blocks.
   absl::StatusOr<int> OpenSegmentReadOnly(uint32_t tier, uint32_t segment, uint64_t generation,
                                           const std::string& ns);
 
@@ -269,16 +260,10 @@ class BlockStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HasRoomLocked(size_t tier, size_t bytes, const std::string& ns) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The file system under disk tier `tier` filled before its capacity:
-  // evicts its LRU unpinned blocks until `bytes` of files are gone; false
-  // when none could go.
-  bool MakeDiskRoomLocked(size_t tier, size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A slab tier's (a GPU's) copies out wait once a batch, so it demotes
-  // its victims together, this many bytes at most (and at most a sixteenth
-  // of the tier): more than one block asks, which leaves room ahead for the
-  // next. Other tiers demote only what is asked.
-  static constexpr uint64_t kDemotionBatchBytes = 8 << 20;
-  uint64_t DemotionBatchBytes(size_t tier) const;
+  // The storage under `tier` filled before its capacity (a file system
+  // under a disk tier): evicts its LRU unpinned blocks until `bytes` of
+  // them are gone; false when none could go.
+  bool EvictForFullStorageLocked(size_t tier, size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct Move;
   // Moves pinned blocks of one tier to `to` with verified copies, made
   // without the lock (it is released and taken again inside); moved[i] says
@@ -288,35 +273,21 @@ class BlockStore {
   std::vector<bool> MoveLocked(std::span<Entry* const> entries, size_t to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Commits a move whose copy is done, or undoes it; true when it went.
   bool FinishMoveLocked(Move& move, size_t to, const absl::Status& copied) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // CopyRecord for each move, without the lock; out of a slab, all in one
-  // batch of copies.
+  // Copies and checks each move's record into its room in tier `to`,
+  // without the lock: into memory, out of the source in one batch (one wait
+  // for a GPU) and checked where it landed; else read, checked and written.
+  // DATA_LOSS when a check fails; other errors leave the block where it was.
   std::vector<absl::Status> CopyRecords(std::span<const Move> moves, size_t to) const;
   void DropLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Gives back the pages or file holding a block's record.
+  // Gives back the room holding a block's record.
   void ReleaseStorageLocked(const Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FreePagesLocked(size_t tier, const std::vector<uint32_t>& pages, size_t bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The record's bytes in `tier` at `pages`: spans over the pages, or over
-  // a copy in `owned` (its file read, or its pages copied out of a slab).
-  // Out of a slab that computes CRCs where records lie (a GPU's),
-  // `slab_crc` gets the record's (trailer excluded). Needs no lock: for a
-  // pinned block, whose storage does not change.
-  absl::StatusOr<std::vector<std::span<const uint8_t>>> SourceOf(size_t tier, const std::vector<uint32_t>& pages,
-                                                                 const std::string& ns, const kvblock::BlockHash& hash,
-                                                                 size_t size, std::shared_ptr<const uint8_t>& owned,
-                                                                 std::optional<uint32_t>& slab_crc) const;
-  // Checks a record's CRC and copies it into reserved room of tier `to`
-  // (its `pages`, or its file), without the lock. DATA_LOSS when the check
-  // fails; other errors leave the block where it was.
-  absl::Status CopyRecord(size_t from, const std::vector<uint32_t>& source, size_t to,
-                          const std::vector<uint32_t>& pages, const std::string& ns,
-                          const kvblock::BlockHash& hash, size_t size) const;
-  // Restores the disk tier's blocks at start-up.
-  void LoadDiskLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes pages in the first tier for a block being assembled.
+  // Gives back room of tier `tier` taken for a record of `bytes`.
+  void GiveRoomLocked(size_t tier, const RecordRoom& room, bool written) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Restores the blocks the last tier still holds from before (a disk's).
+  void RecoverLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes room in the first tier for a block being assembled.
   absl::StatusOr<std::vector<uint32_t>> AllocatePendingLocked(size_t bytes, const std::string& ns)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  uint32_t PagesFor(size_t bytes) const;
 
   const StoreOptions options_;
   Clock* const clock_;
@@ -327,6 +298,8 @@ class BlockStore {
   // Dropped while pinned: freed when the last pin goes.
   std::vector<std::unique_ptr<Entry>> zombies_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
+  // The leases by deadline, soonest first: expiry looks only at those due.
+  std::multimap<absl::Time, uint64_t> lease_deadlines_ ABSL_GUARDED_BY(mu_);
   uint64_t next_lease_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint32_t pending_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   StoreStats counters_ ABSL_GUARDED_BY(mu_);  // the non-tier counters

@@ -409,7 +409,7 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 void FillStats(const StoreStats& s, const FastPathCounters& f, v1::StatsResponse& r) {
   for (const TierCounters& t : s.tiers) {
     v1::TierStats* ts = r.add_tiers();
-    ts->set_tier(t.tier);
+    ts->set_tier(static_cast<v1::Tier>(t.tier));
     ts->set_capacity_bytes(t.capacity_bytes);
     ts->set_used_bytes(t.used_bytes);
     ts->set_blocks(t.blocks);
@@ -417,6 +417,7 @@ void FillStats(const StoreStats& s, const FastPathCounters& f, v1::StatsResponse
     ts->set_promotions(t.promotions);
     ts->set_demotions(t.demotions);
     ts->set_evictions(t.evictions);
+    ts->set_write_errors(t.write_errors);
   }
   r.set_metadata_bytes(s.metadata_bytes);
   r.set_misses(s.misses);
@@ -425,7 +426,6 @@ void FillStats(const StoreStats& s, const FastPathCounters& f, v1::StatsResponse
   r.set_bytes_in(s.bytes_in);
   r.set_bytes_out(s.bytes_out);
   r.set_checksum_failures(s.checksum_failures);
-  r.set_disk_write_errors(s.disk_write_errors);
   r.set_active_leases(s.active_leases);
   r.set_pending_blocks(s.pending_blocks);
   r.set_pinned_blocks(s.pinned_blocks);
@@ -454,7 +454,7 @@ GetAnswer CacheService::ReadForGet(const GetPlan& plan, size_t index) const {
     answer.miss = block.status();
     return answer;
   }
-  answer.tier = (*block)->tier();
+  answer.tier = static_cast<v1::Tier>((*block)->tier());
   if (plan.layer_count == plan.scope.layout.num_layers) {
     answer.record = *std::move(block);
     return answer;
@@ -488,7 +488,7 @@ grpc::ServerUnaryReactor* CacheService::Match(grpc::CallbackServerContext* conte
   if (!plan.ok()) return FinishUnary(context, std::move(timer), plan.status());
   MatchResult m = store_->Match(plan->scope.ns, plan->scope.layout_id, plan->hashes, plan->lease_ttl);
   response->set_matched_blocks(m.matched_blocks);
-  for (v1::Tier t : m.tiers) response->add_tiers(t);
+  for (TierKind t : m.tiers) response->add_tiers(static_cast<v1::Tier>(t));
   if (m.lease_id != 0) {
     response->set_lease_id(m.lease_id);
     response->set_lease_deadline_unix_ms(absl::ToUnixMillis(m.lease_deadline));

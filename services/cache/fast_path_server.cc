@@ -131,7 +131,7 @@ absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(const v1::OpenFast
   }
   // GPU clients get a device buffer of their own when the device tier is on
   // a GPU: its blocks are copied there, device to device, per lease.
-  if (SlabMemory* slab = store_->FirstTierSlab(); slab != nullptr && device_staging_bytes > 0) {
+  if (SlabMemory* slab = store_->storage(0).slab(); slab != nullptr && device_staging_bytes > 0) {
     absl::StatusOr<std::unique_ptr<ExportedBuffer>> buffer =
         slab->Export(std::min(device_staging_bytes, options_.max_device_staging));
     if (buffer.ok()) {
@@ -184,7 +184,7 @@ absl::Status FastPathServer::Lease(uint64_t session_id, const std::string& ns, u
   // (not a GPU's), so a host-tier block is read where it is.
   BlockStore::ReadOptions read;
   read.verify_checksum = false;
-  read.promote = store_->Shareable(0);
+  read.promote = store_->storage(0).shareable();
   read.copy_out = false;  // a block on disk or in a GPU tier is not read here
   for (size_t i = 0; i < hashes.size(); ++i) {
     v1::LeasedBlock* out = response.add_blocks();
@@ -195,7 +195,7 @@ absl::Status FastPathServer::Lease(uint64_t session_id, const std::string& ns, u
       out->mutable_miss()->set_message(std::string(block.status().message()));
       continue;
     }
-    out->set_tier((*block)->tier());
+    out->set_tier(static_cast<v1::Tier>((*block)->tier()));
     const std::vector<SharedPiece> pieces = store_->SharedPieces(**block);
     if (pieces.empty()) {
       // In a GPU tier: device to device, for a session with device staging.
@@ -229,7 +229,8 @@ absl::Status FastPathServer::Lease(uint64_t session_id, const std::string& ns, u
   const absl::Time deadline = clock_->Now() + std::min(ttl, options_.max_lease_ttl);
   counters_.blocks_out += pinned.size();
   counters_.bytes_out += bytes;
-  leases_[id] = FastLease{session_id, deadline, std::move(pinned), std::move(device_ranges)};
+  leases_[id] = FastLease{session_id, lease_deadlines_.emplace(deadline, id), std::move(pinned),
+                          std::move(device_ranges)};
   session.leases.insert(id);
   response.set_lease_id(id);
   response.set_lease_deadline_unix_ms(absl::ToUnixMillis(deadline));
@@ -255,6 +256,7 @@ void FastPathServer::EndLeaseLocked(uint64_t lease_id) {
       for (uint64_t offset : it->second.device_ranges) session->second.device->used.erase(offset);
     }
   }
+  lease_deadlines_.erase(it->second.deadline);
   leases_.erase(it);  // unpins its blocks
 }
 
@@ -266,7 +268,7 @@ bool FastPathServer::CopyToDevice(DeviceStaging& device, const PinnedBlock& bloc
     at = device.Allocate(block.size());
   }
   if (!at.has_value()) return false;  // full: this block goes over TCP
-  if (!store_->CopyToExported(block, *device.buffer, *at).ok()) {
+  if (!store_->storage(block.tier_index()).CopyToExported(block.room(), *device.buffer, *at).ok()) {
     absl::MutexLock lock(&mu_);
     device.used.erase(*at);
     return false;
@@ -285,10 +287,8 @@ FastPathCounters FastPathServer::Counters() {
 
 void FastPathServer::ExpireLocked() {
   const absl::Time now = clock_->Now();
-  for (auto it = leases_.begin(); it != leases_.end();) {
-    auto next = std::next(it);
-    if (it->second.deadline <= now) EndLeaseLocked(it->first);
-    it = next;
+  while (!lease_deadlines_.empty() && lease_deadlines_.begin()->first <= now) {
+    EndLeaseLocked(lease_deadlines_.begin()->second);
   }
   for (auto it = sessions_.begin(); it != sessions_.end();) {
     auto next = std::next(it);

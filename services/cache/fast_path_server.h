@@ -125,7 +125,7 @@ class FastPathServer {
   };
   struct FastLease {
     uint64_t session_id;
-    absl::Time deadline;
+    std::multimap<absl::Time, uint64_t>::iterator deadline;  // in lease_deadlines_
     std::vector<std::shared_ptr<const PinnedBlock>> blocks;
     std::vector<uint64_t> device_ranges;  // offsets held in the session's device staging
   };
@@ -158,6 +158,8 @@ class FastPathServer {
   };
   absl::flat_hash_map<int, Connection> connections_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, FastLease> leases_ ABSL_GUARDED_BY(mu_);
+  // The leases by deadline, soonest first: expiry looks only at those due.
+  std::multimap<absl::Time, uint64_t> lease_deadlines_ ABSL_GUARDED_BY(mu_);
   uint64_t next_lease_ ABSL_GUARDED_BY(mu_) = 1;
   FastPathCounters counters_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;

@@ -31,12 +31,15 @@ std::vector<MetricFamily> StoreMetrics::Collect() const {
        MetricType::Counter, &TierCounters::demotions},
       {"kvtier_cache_evictions_total", "Blocks dropped from the tier with no slower tier to take them",
        MetricType::Counter, &TierCounters::evictions},
+      {"kvtier_cache_write_errors_total",
+       "Records the tier could not store: its storage full before its capacity (a disk's), or failing",
+       MetricType::Counter, &TierCounters::write_errors},
   };
   std::vector<MetricFamily> families;
   for (const PerTier& p : per_tier) {
     MetricFamily f = Family(p.name, p.help, p.type);
     for (const TierCounters& t : s.tiers) {
-      AddSample(f, static_cast<double>(t.*(p.field)), {{"tier", kvblock::TierName(t.tier)}});
+      AddSample(f, static_cast<double>(t.*(p.field)), {{"tier", kvblock::TierName(static_cast<v1::Tier>(t.tier))}});
     }
     families.push_back(std::move(f));
   }
@@ -58,9 +61,6 @@ std::vector<MetricFamily> StoreMetrics::Collect() const {
        s.bytes_out},
       {"kvtier_cache_checksum_failures_total", "Records whose CRC32C failed on arrival, read or move",
        MetricType::Counter, s.checksum_failures},
-      {"kvtier_cache_disk_write_errors_total",
-       "Records the disk tier could not write (a full file system, a failing disk)", MetricType::Counter,
-       s.disk_write_errors},
       {"kvtier_cache_metadata_bytes", "Memory outside the tiers' block bytes: bookkeeping, memfds made ahead",
        MetricType::Gauge, s.metadata_bytes},
       {"kvtier_cache_leases", "Leases pinning blocks now", MetricType::Gauge, s.active_leases},

@@ -28,14 +28,14 @@ void PrintJson(const v1::StatsResponse& s) {
                     "\", \"capacity_bytes\": ", t.capacity_bytes(),
                     ", \"used_bytes\": ", t.used_bytes(), ", \"blocks\": ", t.blocks(),
                     ", \"hits\": ", t.hits(), ", \"promotions\": ", t.promotions(),
-                    ", \"demotions\": ", t.demotions(), ", \"evictions\": ", t.evictions(), "}");
+                    ", \"demotions\": ", t.demotions(), ", \"evictions\": ", t.evictions(),
+                    ", \"write_errors\": ", t.write_errors(), "}");
   }
   absl::StrAppend(&out, "], \"metadata_bytes\": ", s.metadata_bytes(), ", \"misses\": ", s.misses(),
                   ", \"blocks_stored\": ", s.blocks_stored(),
                   ", \"blocks_deduplicated\": ", s.blocks_deduplicated(),
                   ", \"bytes_in\": ", s.bytes_in(), ", \"bytes_out\": ", s.bytes_out(),
                   ", \"checksum_failures\": ", s.checksum_failures(),
-                  ", \"disk_write_errors\": ", s.disk_write_errors(),
                   ", \"active_leases\": ", s.active_leases(), ", \"pending_blocks\": ", s.pending_blocks(),
                   ", \"pinned_blocks\": ", s.pinned_blocks(), ", \"fast_path_sessions\": ", s.fast_path_sessions(),
                   ", \"fast_path_blocks_out\": ", s.fast_path_blocks_out(),
@@ -58,9 +58,11 @@ std::string StatsTable(const std::string& target, const v1::StatsResponse& s) {
                                           HumanBytes(t.used_bytes()), use, t.blocks(), t.hits(), t.promotions(),
                                           t.demotions(), t.evictions()));
   }
+  uint64_t write_errors = 0;
+  for (const v1::TierStats& t : s.tiers()) write_errors += t.write_errors();
   absl::StrAppend(&out, "\nmisses ", s.misses(), ", blocks stored ", s.blocks_stored(), ", deduplicated ",
                   s.blocks_deduplicated(), ", in ", HumanBytes(s.bytes_in()), ", out ", HumanBytes(s.bytes_out()),
-                  ", checksum failures ", s.checksum_failures(), ", disk write errors ", s.disk_write_errors(), ", leases ", s.active_leases(), ", metadata ",
+                  ", checksum failures ", s.checksum_failures(), ", write errors ", write_errors, ", leases ", s.active_leases(), ", metadata ",
                   HumanBytes(s.metadata_bytes()), "\n");
   absl::StrAppend(&out, "same-host fast path: ", s.fast_path_sessions(), " sessions, ", s.fast_path_blocks_out(),
                   " blocks (", HumanBytes(s.fast_path_bytes_out()), ") out, ", HumanBytes(s.fast_path_bytes_in()),

@@ -104,16 +104,16 @@ class BlockStoreTest : public ::testing::TestWithParam<Memory> {
     return store_->Read(ns, layout_id_, hash).status().code();
   }
 
-  v1::Tier TierOf(const BlockHash& hash) {
+  std::optional<TierKind> TierOf(const BlockHash& hash) {
     MatchResult m = store_->Match("ns", layout_id_, std::span(&hash, 1));
-    return m.matched_blocks == 1 ? m.tiers[0] : v1::TIER_UNSPECIFIED;
+    return m.matched_blocks == 1 ? std::optional<TierKind>(m.tiers[0]) : std::nullopt;
   }
 
   void ConcurrentTraffic();
 
   void ExpectWithinCapacity() {
     for (const TierCounters& t : store_->Stats().tiers) {
-      EXPECT_LE(t.used_bytes, t.capacity_bytes) << v1::Tier_Name(t.tier);
+      EXPECT_LE(t.used_bytes, t.capacity_bytes) << static_cast<int>(t.tier);
     }
   }
 
@@ -169,7 +169,7 @@ TEST_P(BlockStoreTest, ReadsBackTheRecordAssembledFromSlices) {
     ASSERT_TRUE(slice.ok());
     EXPECT_EQ(view->Layer(l), slice->Layer(0)) << "layer " << l;
   }
-  EXPECT_EQ((*block)->tier(), v1::TIER_DEVICE);
+  EXPECT_EQ((*block)->tier(), TierKind::kDevice);
 }
 
 TEST_P(BlockStoreTest, BlockIsInvisibleUntilItsLastLayerArrivesInAnyOrder) {
@@ -249,25 +249,25 @@ TEST_P(BlockStoreTest, FullDeviceTierDemotesLruAndLastTierDrops) {
   EXPECT_EQ(s.tiers[0].blocks, 4u);
   EXPECT_EQ(s.tiers[1].blocks, 6u);
   EXPECT_EQ(s.tiers[0].demotions, 6u);
-  for (int i = 0; i < 6; ++i) EXPECT_EQ(TierOf(Hash(i)), v1::TIER_HOST) << i;
-  for (int i = 6; i < 10; ++i) EXPECT_EQ(TierOf(Hash(i)), v1::TIER_DEVICE) << i;
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(TierOf(Hash(i)), TierKind::kHost) << i;
+  for (int i = 6; i < 10; ++i) EXPECT_EQ(TierOf(Hash(i)), TierKind::kDevice) << i;
   // Match touched 0..9 in order, so 6 is now the device tier's LRU block.
   Put(Hash(10));
   s = store_->Stats();
   EXPECT_EQ(s.tiers[1].evictions, 1u);
-  EXPECT_EQ(TierOf(Hash(0)), v1::TIER_UNSPECIFIED) << "host LRU block dropped";
-  EXPECT_EQ(TierOf(Hash(6)), v1::TIER_HOST) << "device LRU block demoted";
+  EXPECT_EQ(TierOf(Hash(0)), std::nullopt) << "host LRU block dropped";
+  EXPECT_EQ(TierOf(Hash(6)), TierKind::kHost) << "device LRU block demoted";
   ExpectWithinCapacity();
 }
 
 TEST_P(BlockStoreTest, ReadPromotesADemotedBlock) {
   for (int i = 0; i < 6; ++i) Put(Hash(i));
-  ASSERT_EQ(TierOf(Hash(0)), v1::TIER_HOST);
+  ASSERT_EQ(TierOf(Hash(0)), TierKind::kHost);
   auto block = store_->Read("ns", layout_id_, Hash(0));
   ASSERT_TRUE(block.ok());
-  EXPECT_EQ((*block)->tier(), v1::TIER_HOST) << "reports where it was found";
+  EXPECT_EQ((*block)->tier(), TierKind::kHost) << "reports where it was found";
   block->reset();
-  EXPECT_EQ(TierOf(Hash(0)), v1::TIER_DEVICE);
+  EXPECT_EQ(TierOf(Hash(0)), TierKind::kDevice);
   const StoreStats s = store_->Stats();
   EXPECT_EQ(s.tiers[0].promotions, 1u);
   EXPECT_EQ(s.tiers[1].hits, 1u);
@@ -295,6 +295,30 @@ TEST_P(BlockStoreTest, LeasedBlocksSurvivePressureUntilTheLeaseExpires) {
   EXPECT_EQ(store_->ReleaseLease(m.lease_id).code(), absl::StatusCode::kNotFound);
 }
 
+// Leases end at their own deadlines, whatever order they were taken in,
+// and one released early leaves the others' deadlines as they were.
+TEST_P(BlockStoreTest, LeasesExpireInDeadlineOrder) {
+  Open(4, 4);
+  std::vector<BlockHash> hashes;
+  for (int i = 0; i < 4; ++i) Put(hashes.emplace_back(Hash(i)));
+  const absl::Duration ttls[] = {absl::Seconds(4), absl::Seconds(1), absl::Seconds(3), absl::Seconds(2)};
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 4; ++i) ids.push_back(store_->Match("ns", layout_id_, std::span(&hashes[i], 1), ttls[i]).lease_id);
+  ASSERT_TRUE(store_->ReleaseLease(ids[2]).ok());  // the 3 s one, early
+  EXPECT_EQ(store_->Stats().active_leases, 3u);
+  clock_.Advance(absl::Milliseconds(1500));
+  EXPECT_EQ(store_->Stats().active_leases, 2u) << "the 1 s lease ended";
+  EXPECT_EQ(store_->ReleaseLease(ids[1]).code(), absl::StatusCode::kNotFound);
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(store_->Stats().active_leases, 1u) << "the 2 s lease ended";
+  EXPECT_EQ(store_->ReleaseLease(ids[3]).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->Stats().pinned_blocks, 1u);
+  clock_.Advance(absl::Seconds(2));
+  EXPECT_EQ(store_->Stats().active_leases, 0u) << "the 4 s lease ended";
+  EXPECT_EQ(store_->Stats().pinned_blocks, 0u);
+  EXPECT_EQ(store_->ReleaseLease(ids[0]).code(), absl::StatusCode::kNotFound);
+}
+
 TEST_P(BlockStoreTest, ReleasedLeaseUnpins) {
   Open(1, 1);
   Put(Hash(0));
@@ -304,7 +328,7 @@ TEST_P(BlockStoreTest, ReleasedLeaseUnpins) {
   ASSERT_TRUE(store_->ReleaseLease(m.lease_id).ok());
   Put(Hash(1));
   Put(Hash(2));  // pushes block 0 out of both tiers
-  EXPECT_EQ(TierOf(h), v1::TIER_UNSPECIFIED);
+  EXPECT_EQ(TierOf(h), std::nullopt);
 }
 
 TEST_P(BlockStoreTest, ReaderPinsTheBlock) {
@@ -318,7 +342,7 @@ TEST_P(BlockStoreTest, ReaderPinsTheBlock) {
   EXPECT_EQ((*reader)->CopyToString(), before);
   reader->reset();
   EXPECT_TRUE(session->AddSlice(Hash(1), Slice(0, 4)).ok());
-  EXPECT_EQ(TierOf(Hash(0)), v1::TIER_HOST);
+  EXPECT_EQ(TierOf(Hash(0)), TierKind::kHost);
 }
 
 // A block being read where it is (here: in the host tier, pinned without
@@ -328,7 +352,7 @@ TEST_P(BlockStoreTest, ABlockIsNotMovedFromUnderAnotherReader) {
   Open(1, 4);
   Put(Hash(0));
   Put(Hash(1));  // demotes block 0 to the host tier
-  ASSERT_EQ(TierOf(Hash(0)), v1::TIER_HOST);
+  ASSERT_EQ(TierOf(Hash(0)), TierKind::kHost);
   BlockStore::ReadOptions in_place;
   in_place.promote = false;
   auto first = store_->Read("ns", layout_id_, Hash(0), in_place);
@@ -336,14 +360,14 @@ TEST_P(BlockStoreTest, ABlockIsNotMovedFromUnderAnotherReader) {
   const std::string before = (*first)->CopyToString();
   auto second = store_->Read("ns", layout_id_, Hash(0));
   ASSERT_TRUE(second.ok());
-  EXPECT_EQ((*second)->tier(), v1::TIER_HOST);
-  EXPECT_EQ(TierOf(Hash(0)), v1::TIER_HOST) << "not promoted while the first reader holds it";
+  EXPECT_EQ((*second)->tier(), TierKind::kHost);
+  EXPECT_EQ(TierOf(Hash(0)), TierKind::kHost) << "not promoted while the first reader holds it";
   Put(Hash(2));  // more traffic through the tiers
   EXPECT_EQ((*first)->CopyToString(), before) << "the first reader's bytes stayed put";
   first->reset();
   second->reset();
   ASSERT_TRUE(store_->Read("ns", layout_id_, Hash(0)).ok());
-  EXPECT_EQ(TierOf(Hash(0)), v1::TIER_DEVICE) << "promoted once no one else reads it";
+  EXPECT_EQ(TierOf(Hash(0)), TierKind::kDevice) << "promoted once no one else reads it";
 }
 
 // Four threads storing and reading through tiers so small that nearly
@@ -502,7 +526,7 @@ class SlabStore {
     options.promote = promote;
     return store_->Read("ns", layout_id_, hashes[i], options);
   }
-  v1::Tier TierOf(size_t i) { return (*Read(i, /*promote=*/false))->tier(); }
+  TierKind TierOf(size_t i) { return (*Read(i, /*promote=*/false))->tier(); }
   // Every block reads back (promoted) as it was stored.
   void ExpectAllIntact() {
     for (size_t i = 0; i < hashes.size(); ++i) {
@@ -530,7 +554,7 @@ TEST(BlockStoreMoves, APromotionReadMeanwhileLeavesTheBlockWithItsReader) {
   SlabStore s(SmallLayout(), gated, 2, 4);
   SCOPED_TRACE(s.Trace());
   for (int i = 0; i < 3; ++i) s.Put();  // block 0 goes down to the host tier
-  ASSERT_EQ(s.TierOf(0), v1::TIER_HOST);
+  ASSERT_EQ(s.TierOf(0), TierKind::kHost);
   gated->Arm();
   std::thread promoter([&] { EXPECT_TRUE(s.Read(0).ok()); });
   gated->AwaitCopier();  // the promotion is copying, without the lock
@@ -558,7 +582,7 @@ TEST(BlockStoreMoves, ATierMoveOfAManyPageBlockIsOneBatchOfCopies) {
   s.Put(), s.Put();
   slab->Clear();
   s.Put();  // block 0 goes down to the host tier
-  ASSERT_EQ(s.TierOf(0), v1::TIER_HOST);
+  ASSERT_EQ(s.TierOf(0), TierKind::kHost);
   ASSERT_EQ(slab->out_batches.size(), 1u) << "the demotion (a new block's checksum reads nothing back)";
   EXPECT_EQ(RecordingSlab::Bytes(slab->out_batches[0]), record_bytes);
   // The slice, the header and the trailer, none waited for: their sources
@@ -569,7 +593,7 @@ TEST(BlockStoreMoves, ATierMoveOfAManyPageBlockIsOneBatchOfCopies) {
   slab->Clear();
   auto promoted = s.Read(0);  // block 1 goes down, block 0 up
   ASSERT_TRUE(promoted.ok()) << promoted.status();
-  EXPECT_EQ((*promoted)->tier(), v1::TIER_HOST);
+  EXPECT_EQ((*promoted)->tier(), TierKind::kHost);
   EXPECT_EQ((*promoted)->CopyToString(), s.records[0]);
   ASSERT_EQ(slab->in_batches.size(), 1u) << "the promotion";
   EXPECT_EQ(slab->unwaited_in_batches, 0u) << "its source pages are freed once it lands: it waits";
@@ -580,8 +604,8 @@ TEST(BlockStoreMoves, ATierMoveOfAManyPageBlockIsOneBatchOfCopies) {
   for (const auto& batch : {slab->in_batches[0], slab->out_batches[0]}) {
     for (const SlabRun& run : batch) EXPECT_TRUE(slab->IsPinned(run.host, run.n));
   }
-  EXPECT_EQ(s.TierOf(0), v1::TIER_DEVICE);
-  EXPECT_EQ(s.TierOf(1), v1::TIER_HOST);
+  EXPECT_EQ(s.TierOf(0), TierKind::kDevice);
+  EXPECT_EQ(s.TierOf(1), TierKind::kHost);
   EXPECT_EQ(s.store().Stats().tiers[0].demotions, 2u);
   EXPECT_EQ(s.store().Stats().tiers[0].promotions, 1u);
   s.ExpectAllIntact();  // each promoted in turn, others going down
@@ -656,7 +680,7 @@ TEST_P(BlockStoreTest, CorruptionFoundOnDemotionDropsTheBlock) {
   Put(Hash(0));
   Corrupt(Hash(0), 300);
   Put(Hash(1));  // demotes block 0, verifying it on the way
-  EXPECT_EQ(TierOf(Hash(0)), v1::TIER_UNSPECIFIED);
+  EXPECT_EQ(TierOf(Hash(0)), std::nullopt);
   EXPECT_EQ(store_->Stats().checksum_failures, 1u);
   EXPECT_EQ(store_->Stats().tiers[1].used_bytes, 0u);
 }
@@ -724,11 +748,11 @@ TEST_P(BlockStoreTest, DiskTierTakesWhatHostDemotesAndDropsLast) {
   for (int i = 0; i < 7; ++i) Put(Hash(i));
   StoreStats s = store_->Stats();
   ASSERT_EQ(s.tiers.size(), 3u);
-  EXPECT_EQ(s.tiers[2].tier, v1::TIER_DISK);
+  EXPECT_EQ(s.tiers[2].tier, TierKind::kDisk);
   EXPECT_EQ(s.tiers[2].blocks, 3u);
   EXPECT_EQ(s.tiers[1].demotions, 3u);
   EXPECT_EQ(s.tiers[2].evictions, 0u);
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(TierOf(Hash(i)), v1::TIER_DISK) << i;
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(TierOf(Hash(i)), TierKind::kDisk) << i;
   Put(Hash(7));
   s = store_->Stats();
   EXPECT_EQ(s.tiers[2].evictions, 1u);
@@ -736,9 +760,9 @@ TEST_P(BlockStoreTest, DiskTierTakesWhatHostDemotesAndDropsLast) {
   // A read from disk promotes to the device tier.
   auto block = store_->Read("ns", layout_id_, Hash(1));
   ASSERT_TRUE(block.ok()) << block.status();
-  EXPECT_EQ((*block)->tier(), v1::TIER_DISK);
+  EXPECT_EQ((*block)->tier(), TierKind::kDisk);
   block->reset();
-  EXPECT_EQ(TierOf(Hash(1)), v1::TIER_DEVICE);
+  EXPECT_EQ(TierOf(Hash(1)), TierKind::kDevice);
 }
 
 TEST_P(BlockStoreTest, RestartFindsTheDiskTiersBlocks) {
@@ -746,7 +770,7 @@ TEST_P(BlockStoreTest, RestartFindsTheDiskTiersBlocks) {
   std::map<int, std::vector<std::string>> slices;
   for (int i = 0; i < 5; ++i) slices[i] = Put(Hash(i));
   for (int i = 0; i < 3; ++i) {  // 0, 1, 2 went to disk; reading would promote, so Match only
-    ASSERT_EQ(TierOf(Hash(i)), v1::TIER_DISK) << i;
+    ASSERT_EQ(TierOf(Hash(i)), TierKind::kDisk) << i;
   }
   // Reopen: the memory tiers start empty, the disk tier as it was.
   Open(1, 1, 4);
@@ -769,8 +793,8 @@ TEST_P(BlockStoreTest, RestartFindsTheDiskTiersBlocks) {
 TEST_P(BlockStoreTest, CorruptDiskFilesAreDroppedAndCounted) {
   Open(1, 1, 4);
   for (int i = 0; i < 4; ++i) Put(Hash(i));
-  ASSERT_EQ(TierOf(Hash(0)), v1::TIER_DISK);
-  ASSERT_EQ(TierOf(Hash(1)), v1::TIER_DISK);
+  ASSERT_EQ(TierOf(Hash(0)), TierKind::kDisk);
+  ASSERT_EQ(TierOf(Hash(1)), TierKind::kDisk);
   store_.reset();
   // Flip a byte in each file, and leave a torn temporary file behind.
   int flipped = 0;
@@ -805,8 +829,8 @@ std::filesystem::path DiskFile(const std::filesystem::path& dir, const std::stri
 TEST_P(BlockStoreTest, SwappedDiskFilesAreNeverServedAsEachOther) {
   Open(1, 1, 4);
   for (int i = 0; i < 4; ++i) Put(Hash(i));
-  ASSERT_EQ(TierOf(Hash(0)), v1::TIER_DISK);
-  ASSERT_EQ(TierOf(Hash(1)), v1::TIER_DISK);
+  ASSERT_EQ(TierOf(Hash(0)), TierKind::kDisk);
+  ASSERT_EQ(TierOf(Hash(1)), TierKind::kDisk);
   const auto swap = [&] {
     const auto a = DiskFile(disk_dir_, "ns", Hash(0)), b = DiskFile(disk_dir_, "ns", Hash(1));
     std::filesystem::rename(a, disk_dir_ / "swap");
@@ -822,8 +846,8 @@ TEST_P(BlockStoreTest, SwappedDiskFilesAreNeverServedAsEachOther) {
   Put(Hash(0));
   Put(Hash(1));
   for (int i = 4; i < 6; ++i) Put(Hash(i));
-  ASSERT_EQ(TierOf(Hash(0)), v1::TIER_DISK);
-  ASSERT_EQ(TierOf(Hash(1)), v1::TIER_DISK);
+  ASSERT_EQ(TierOf(Hash(0)), TierKind::kDisk);
+  ASSERT_EQ(TierOf(Hash(1)), TierKind::kDisk);
   store_.reset();
   swap();
   Open(1, 1, 4);
@@ -855,7 +879,7 @@ TEST_P(BlockStoreTest, TheDiskTierNeverFollowsLinksOutOfItsDirectory) {
   std::set<std::string> left;
   for (const auto& f : std::filesystem::directory_iterator(outside)) left.insert(f.path().filename().string());
   EXPECT_EQ(left, (std::set<std::string>{"garbage.kvb", kvblock::HashToHex(planted) + ".kvb"}));
-  EXPECT_GT(store_->Stats().disk_write_errors, 0u);
+  EXPECT_GT(store_->Stats().tiers[2].write_errors, 0u);
   std::filesystem::remove_all(outside);
 }
 
@@ -874,7 +898,7 @@ TEST_P(BlockStoreTest, AFullFileSystemUnderTheDiskTierEvictsToMakeRoom) {
   for (int i = 0; i < kBlocks; ++i) Put(Hash(i));
   const StoreStats s = store_->Stats();
   const TierCounters& disk = s.tiers[2];
-  EXPECT_GT(s.disk_write_errors, 0u);
+  EXPECT_GT(disk.write_errors, 0u);
   EXPECT_GT(disk.evictions, 0u);
   EXPECT_GE(disk.blocks, 8u);
   EXPECT_EQ(disk.used_bytes, disk.blocks * record_bytes) << "reports what it holds";
@@ -882,8 +906,8 @@ TEST_P(BlockStoreTest, AFullFileSystemUnderTheDiskTierEvictsToMakeRoom) {
   for (const auto& f : std::filesystem::directory_iterator(disk_dir_ / "ns-ns")) files += f.path().extension() == ".kvb";
   EXPECT_EQ(files, disk.blocks);
   // Still taking blocks: the last ones demoted are on disk.
-  EXPECT_EQ(TierOf(Hash(kBlocks - 3)), v1::TIER_DISK);
-  EXPECT_EQ(TierOf(Hash(kBlocks - 4)), v1::TIER_DISK);
+  EXPECT_EQ(TierOf(Hash(kBlocks - 3)), TierKind::kDisk);
+  EXPECT_EQ(TierOf(Hash(kBlocks - 4)), TierKind::kDisk);
   store_.reset();
   umount(disk_dir_.c_str());
 }
