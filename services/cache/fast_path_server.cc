@@ -285,6 +285,12 @@ FastPathCounters FastPathServer::Counters() {
   return counters_;
 }
 
+bool FastPathServer::AwaitSessions(uint64_t sessions, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  const auto open = [this, sessions]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return counters_.sessions == sessions; };
+  return mu_.AwaitWithTimeout(absl::Condition(&open), timeout);
+}
+
 void FastPathServer::ExpireLocked() {
   const absl::Time now = clock_->Now();
   while (!lease_deadlines_.empty() && lease_deadlines_.begin()->first <= now) {

@@ -105,6 +105,9 @@ class FastPathServer {
   // Ends a fast-path lease; NOT_FOUND if unknown or expired.
   absl::Status Release(uint64_t lease_id);
   FastPathCounters Counters();
+  // Waits until `sessions` proven sessions are open, at most `timeout`;
+  // whether they are (for tests: a session ends on the socket's thread).
+  bool AwaitSessions(uint64_t sessions, absl::Duration timeout);
 
  private:
   // A session's device staging buffer and the ranges leases hold in it.

@@ -16,6 +16,7 @@
 
 #include "services/cache/cache_client.h"
 #include "services/kvblock/block_format.h"
+#include "tests/eventually.h"
 
 namespace kvtier::cache {
 
@@ -76,15 +77,12 @@ inline std::vector<kvblock::BlockHash> Hashes(const std::vector<TestBlock>& bloc
   return hashes;
 }
 
-// Polls Stats (the server announces nothing) until `done` holds, up to 10 s.
+// Asks Stats (the server announces nothing) until `done` holds, up to 10 s.
 inline bool StatsEventually(CacheClient& client, const std::function<bool(const v1::StatsResponse&)>& done) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (std::chrono::steady_clock::now() < deadline) {
+  return testing::Eventually([&] {
     auto s = client.Stats();
-    if (s.ok() && done(*s)) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
+    return s.ok() && done(*s);
+  });
 }
 
 }  // namespace kvtier::cache

@@ -26,6 +26,7 @@
 #include "services/cache/fast_path_socket.h"
 #include "services/common/child_process.h"
 #include "services/serving/shard_set.h"
+#include "tests/eventually.h"
 #include "tests/integration/cache_test_blocks.h"
 #include "tests/test_random.h"
 
@@ -81,15 +82,10 @@ class FastPathTest : public ::testing::Test {
     return s.ok() ? *s : v1::StatsResponse();
   }
 
-  // Polls Stats until `done` holds (the cache acts on its own clock and
+  // Asks Stats until `done` holds (the cache acts on its own clock and
   // socket events); false after 10 s.
   bool StatsBecome(const std::function<bool(const v1::StatsResponse&)>& done) {
-    const absl::Time give_up = absl::Now() + absl::Seconds(10);
-    while (absl::Now() < give_up) {
-      if (done(Stats())) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return false;
+    return testing::Eventually([&] { return done(Stats()); });
   }
 
   // A raw session: opened, and (when `prove`) proven over its socket.
@@ -572,12 +568,7 @@ TEST_F(FastPathTest, CacheRestartUnderAClientsMappingsNeverGivesOldBytes) {
   EXPECT_FALSE(old.ok());
   // The shard set reconnects (its channel may first need a moment) and
   // reads the new bytes, over a new session.
-  bool fresh = false;
-  for (int attempt = 0; attempt < 100 && !fresh; ++attempt) {
-    fresh = check(after);
-    if (!fresh) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  EXPECT_TRUE(fresh);
+  EXPECT_TRUE(testing::Eventually([&] { return check(after); }, std::chrono::seconds(5)));
   EXPECT_TRUE(check(after));
   EXPECT_GT(Stats().fast_path_blocks_out(), 0u) << "the new cache served by the fast path";
 }

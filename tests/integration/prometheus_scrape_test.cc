@@ -12,6 +12,7 @@
 #include "services/cache/cache_client.h"
 #include "services/kvblock/block_format.h"
 #include "services/common/child_process.h"
+#include "tests/eventually.h"
 
 namespace kvtier::cache {
 namespace {
@@ -19,19 +20,20 @@ namespace {
 
 
 
-// Asks Prometheus's HTTP API for one instant value, polling (Prometheus
-// announces nothing) until the series exists or 30 s pass.
+// Asks Prometheus's HTTP API for one instant value, again and again
+// (Prometheus announces nothing) until the series exists or 30 s pass.
 std::optional<double> QueryUntilPresent(const std::string& prometheus, const std::string& query) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   const std::regex value(R"re("value":\[[0-9.]+,"([0-9.eE+-]+)"\])re");
-  while (std::chrono::steady_clock::now() < deadline) {
-    auto r = RunCommand("curl -sfG http://" + prometheus + "/api/v1/query --data-urlencode 'query=" +
-                        query + "'");
-    std::smatch m;
-    if (r.exit_code == 0 && std::regex_search(r.output, m, value)) return std::stod(m[1]);
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-  return std::nullopt;
+  std::optional<double> found;
+  testing::Eventually(
+      [&] {
+        auto r = RunCommand("curl -sfG http://" + prometheus + "/api/v1/query --data-urlencode 'query=" + query + "'");
+        std::smatch m;
+        if (r.exit_code == 0 && std::regex_search(r.output, m, value)) found = std::stod(m[1]);
+        return found.has_value();
+      },
+      std::chrono::seconds(30));
+  return found;
 }
 
 TEST(PrometheusScrape, ScrapedValuesMatchStats) {

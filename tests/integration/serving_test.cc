@@ -28,6 +28,7 @@
 #include "services/serving/request_checks.h"
 #include "services/serving/sequence_blocks.h"
 #include "services/serving/shard_set.h"
+#include "tests/eventually.h"
 #include "tests/integration/cluster.h"
 #include "tests/test_random.h"
 
@@ -508,11 +509,7 @@ TEST_F(ServingTest, CancellationFreesTheDecodeSequence) {
   context.TryCancel();
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
   // The worker notices within its 100 ms poll; allow generous time.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (sequences() != 0.0 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  EXPECT_EQ(sequences(), 0.0);
+  EXPECT_TRUE(testing::Eventually([&] { return sequences() == 0.0; }, std::chrono::seconds(20)));
 }
 
 // Fetched records go back to the model servers' pools once their sequences
@@ -534,12 +531,12 @@ TEST_F(ServingTest, RecordPoolKeepsFetchedBlocksUpToItsFlag) {
     // Both turns' decode sequences fetched the prompt's 3 blocks; the second
     // prefill found them cached. Wait for the last sequence to let go.
     const std::string decode = cluster.decode_metrics[0], prefill = cluster.prefill_metrics;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while ((Scrape(decode, "kvtier_decode_record_pool_bytes{state=\"held\"}") != 0.0 ||
-            Scrape(prefill, "kvtier_prefill_record_pool_bytes{state=\"held\"}") != 0.0) &&
-           std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+    EXPECT_TRUE(testing::Eventually(
+        [&] {
+          return Scrape(decode, "kvtier_decode_record_pool_bytes{state=\"held\"}") == 0.0 &&
+                 Scrape(prefill, "kvtier_prefill_record_pool_bytes{state=\"held\"}") == 0.0;
+        },
+        std::chrono::seconds(20)));
     EXPECT_EQ(Scrape(decode, "kvtier_decode_blocks_fetched_total"), 6.0);
     EXPECT_EQ(Scrape(decode, "kvtier_decode_record_pool_bytes{state=\"held\"}"), 0.0);
     EXPECT_EQ(Scrape(prefill, "kvtier_prefill_record_pool_bytes{state=\"held\"}"), 0.0);
