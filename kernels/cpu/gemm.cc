@@ -17,9 +17,8 @@ namespace kvtier::kernels {
 namespace {
 
 // Helpers of the target-clone functions must be inlined into each clone:
-// one left out of line is compiled for the baseline target only (measured:
-// blocking Gemm's inputs un-inlined its tile and cut it from 20 to 7 G
-// multiply-adds/s).
+// one left out of line is compiled for the baseline target only, and the
+// tile that calls it runs at a fraction of its rate.
 #define KVTIER_INLINE __attribute__((always_inline)) inline
 
 using cpu::Lanes16;
@@ -35,7 +34,7 @@ KVTIER_INLINE float WeightAt(const uint16_t* row, size_t c) { return Bf16ToFloat
 // Dot products of one weight row with M inputs, M fixed at compile time.
 // The partial sums are vector values, not an array, so that they stay in
 // registers (as a float[M][16] array GCC kept them on the stack: a store
-// and reload on every step, measured 10 G multiply-adds/s). The lanes are
+// and reload on every step). The lanes are
 // summed in a fixed order (lane-wise, then lanes 0..15, then the columns
 // past the last full lane group), which Gemv repeats.
 template <size_t M, typename Weight>
@@ -98,12 +97,12 @@ KVTIER_INLINE void GemmRows(const Weight* w, size_t rows, size_t cols, const flo
 // registers: AVX-512's 32 registers hold them with the loads), the columns
 // in chunks of 1,024 so that a tile's weights stay in L1 while the block's
 // inputs pass. The rows past the last whole tile go through GemmRows.
-// Measured against 4 x 4 tiles and chunks of 256-2,048 columns, blocks of
+// Chosen against 4 x 4 tiles, chunks of 256-2,048 columns and blocks of
 // 16-64 inputs (load/README.md, "The peaks, measured again").
 constexpr size_t kInputBlock = 32;
 // Below 4 inputs a tile would be all tail, and one weight row at a time
 // (GemmRows) keeps the weights one stream from memory (two rows a pass
-// measured 2.4x slower in decode, load/README.md).
+// were slower in decode, load/README.md).
 constexpr size_t kWideFrom = 4;
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)

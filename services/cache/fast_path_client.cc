@@ -175,8 +175,8 @@ absl::StatusOr<std::shared_ptr<const FastPathClient::Mapping>> FastPathClient::M
   struct stat st;
   void* base = MAP_FAILED;
   if (fstat(fd, &st) == 0 && st.st_size > 0) {
-    // Not MAP_POPULATE: measured slower (0.43 ms per 4 MiB segment) than
-    // the faults of the first copy, which map 16 pages each.
+    // Not MAP_POPULATE: slower than the faults of the first copy, which
+    // map 16 pages each (load/README.md, cache_bench).
     base = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
   }
   close(fd);
@@ -206,7 +206,7 @@ bool FastPathClient::CopyRecord(const v1::SharedRecord& record, std::span<uint8_
       return false;
     }
     // Copy, then sum the chunk while it is still in cache (a fused 8-byte
-    // copy-and-sum loop measured slower: 5.8 against 9.0 GB/s).
+    // copy-and-sum loop was slower).
     constexpr uint64_t kChunk = 32 * 1024;
     for (uint64_t done = 0; done < piece.length(); done += kChunk) {
       const uint64_t n = std::min(kChunk, piece.length() - done);
@@ -235,7 +235,7 @@ bool FastPathClient::CopyDeviceRecord(const v1::DeviceRecord& record, std::span<
 
 void FastPathClient::ReleaseSoon(uint64_t lease_id) {
   // Over the session's socket: one send, no answer to wait for (a gRPC
-  // ReleaseLease cost 0.2-0.4 ms of this thread). If it is lost, the
+  // ReleaseLease held this thread for a round trip). If it is lost, the
   // lease's deadline ends it.
   fastpath::Request release{fastpath::RequestKind::kRelease};
   release.generation = lease_id;
@@ -300,7 +300,7 @@ absl::StatusOr<std::vector<uint32_t>> FastPathClient::Fetch(
   }
   const int n = leased.blocks_size();
   // Large reads split in two: the page faults of a first read of fresh
-  // mappings run in parallel (measured: 5.5 -> 8.7 GB/s on new maps).
+  // mappings run in parallel.
   if (shared_bytes >= kTwoThreadBytes && std::thread::hardware_concurrency() > 1) {
     std::thread helper([&] {
       for (int i = n / 2; i < n; ++i) deliver(leased.blocks(i));

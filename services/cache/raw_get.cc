@@ -154,9 +154,8 @@ void Receive(grpc::CompletionQueue& cq, grpc::GenericClientAsyncReaderWriter& ca
 // connection through a completion queue of its own, and landed on the
 // caller's thread, so copying one record into its destination overlaps
 // with receiving the next. gRPC's callback API, which did the receiving
-// before, measured slower here (a loop of Gets of one 65.7 MB prefix, 5
-// interleaved pairs: 3.58-4.66 GB/s against 3.28-4.07): its two callback
-// threads hand the polling to each other on every event.
+// before, was slower here (load/README.md): its two callback threads hand
+// the polling to each other on every event.
 grpc::Status RawGet(grpc::Channel* channel, grpc::ClientContext* context,
                     const v1::GetRequest& request, const RecordDestination& destination,
                     const std::function<void(const RawBlock&)>& on_block) {

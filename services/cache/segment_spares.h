@@ -1,10 +1,10 @@
 // Memfds for a shared PageArena's segments, made ahead on a thread of their
 // own. A segment that a reader mapped must get a new memfd when it changes
 // owner (see page_arena.h), and a new memfd's pages are allocated, zeroed
-// and mapped one fault at a time as they are first written: measured here,
-// 1.6 GB/s for a 4 MiB segment's first writes against 15 GB/s into pages
-// already mapped, which made a store into a full cache that fast-path
-// readers use 2-3x slower. This thread makes sealed memfds with their pages
+// and mapped one fault at a time as they are first written, several times
+// slower than writes into pages already mapped, which made a store into a
+// full cache that fast-path readers use slower by as much
+// (load/segment_reuse_bench). This thread makes sealed memfds with their pages
 // already mapped (MAP_POPULATE), and the arena moves one over the segment's
 // addresses with mremap, which moves the page tables and copies nothing.
 // It also closes the memfds segments let go, off the store's path too.

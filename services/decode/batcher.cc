@@ -112,7 +112,7 @@ void Batcher::Advance(const std::vector<std::shared_ptr<DecodeSequence>>& batch)
     return;
   }
   // Every sequence's token at once, over the kernel threads (at a real
-  // vocabulary one token is ~0.3 ms of CPU, whatever device ran the step).
+  // vocabulary sampling is real CPU work, whatever device ran the step).
   std::vector<runtime::SampleRequest> requests;
   for (size_t i = 0; i < batch.size(); ++i) {
     const DecodeSequence& s = *batch[i];

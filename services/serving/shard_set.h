@@ -109,10 +109,9 @@ class ShardedPut {
   // Slices are sent many to a message (staged in a local shard's fast path
   // region, else inline): on Flush, Finish, or once a message holds
   // kSlicesPerMessage slices or kInlineBytesPerMessage inline bytes. One
-  // message per slice cost the cache a hand-off each: a 4,096-token V2-Lite
-  // prefix as 1,728 messages stored at about half the rate of 64. Inline,
-  // about a block a message (1 MiB) beat 4 MiB: the cache applies one
-  // message while the next arrives (cache_bench, load/README.md).
+  // message per slice cost the cache a hand-off each; inline, about a block
+  // a message beat larger ones: the cache applies one message while the
+  // next arrives (cache_bench, load/README.md).
   void Write(const kvblock::BlockHash& hash, const std::string& record);
   void Flush();
   static constexpr int kSlicesPerMessage = 256;
