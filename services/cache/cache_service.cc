@@ -79,7 +79,13 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     Run(step);
   }
 
-  void OnDone() override { delete this; }
+  // The thread that decided to finish let go of mu_ after its last touch
+  // of this; taking it once here orders that before the delete, whatever
+  // gRPC's hand-off to this thread does.
+  void OnDone() override {
+    { absl::MutexLock lock(&mu_); }
+    delete this;
+  }
 
  private:
   // What to do next, decided under the lock, done outside it (Finish may
@@ -284,7 +290,13 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     Run(step);
   }
 
-  void OnDone() override { delete this; }
+  // The thread that decided to finish let go of mu_ after its last touch
+  // of this; taking it once here orders that before the delete, whatever
+  // gRPC's hand-off to this thread does.
+  void OnDone() override {
+    { absl::MutexLock lock(&mu_); }
+    delete this;
+  }
 
  private:
   absl::Status Parse(const grpc::ByteBuffer* raw) {
