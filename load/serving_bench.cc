@@ -25,7 +25,7 @@
 #include "kvtier/v1/prefill.grpc.pb.h"
 #include "load/decode_steps.h"
 #include "load/median.h"
-#include "services/cache/cache_client.h"
+#include "services/cache/client/cache_client.h"
 #include "services/common/child_process.h"
 #include "services/common/flags.h"
 #include "services/common/metrics_page.h"

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "load/bench_layout.h"
-#include "services/cache/block_store.h"
+#include "services/cache/store/block_store.h"
 #include "services/common/flags.h"
 #include "services/kvblock/block_format.h"
 

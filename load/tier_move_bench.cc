@@ -20,9 +20,9 @@
 
 #include "load/bench_layout.h"
 #include "load/median.h"
-#include "services/cache/block_store.h"
+#include "services/cache/store/block_store.h"
 #if KVTIER_HAVE_CUDA
-#include "services/cache/cuda_slab.h"
+#include "services/cache/store/cuda_slab.h"
 #endif
 #include "services/common/flags.h"
 #include "services/kvblock/block_format.h"

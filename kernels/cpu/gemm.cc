@@ -98,7 +98,8 @@ KVTIER_INLINE void GemmRows(const Weight* w, size_t rows, size_t cols, const flo
 // in chunks of 1,024 so that a tile's weights stay in L1 while the block's
 // inputs pass. The rows past the last whole tile go through GemmRows.
 // Chosen against 4 x 4 tiles, chunks of 256-2,048 columns and blocks of
-// 16-64 inputs (load/README.md, "The peaks, measured again").
+// 16-64 inputs (docs/notes/2026-12-01-benchmark-history.md, "The peaks,
+// measured again").
 constexpr size_t kInputBlock = 32;
 // Below 4 inputs a tile would be all tail, and one weight row at a time
 // (GemmRows) keeps the weights one stream from memory (two rows a pass

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kvtier/v1/prefill.grpc.pb.h"
-#include "services/cache/cache_client.h"
+#include "services/cache/client/cache_client.h"
 
 namespace kvtier::cli {
 

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "services/cache/cache_client.h"
+#include "services/cache/client/cache_client.h"
 #include "services/cli/commands.h"
 #include "services/cli/stats_table.h"
 #include "services/common/flags.h"

@@ -3,7 +3,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
-#include "services/cache/cache_client.h"
+#include "services/cache/client/cache_client.h"
 #include "services/common/status.h"
 #include "services/serving/generated_tokens.h"
 #include "services/serving/request_checks.h"

@@ -1,9 +1,9 @@
 // Strings for fetched block records, used again once nothing holds them. A
 // worker fetches a cached prefix for every request it takes, and landing it
 // in fresh memory costs more than the copy itself: every new page faults in
-// as it is first written (load/README.md, "A prefix loaded as a worker
-// loads it"). Thread-safe;
-// lives as long as any string it handed out.
+// as it is first written (docs/notes/2026-12-01-benchmark-history.md, "A
+// prefix loaded as a worker loads it"). Thread-safe; lives as long as any
+// string it handed out.
 #ifndef KVTIER_SERVICES_SERVING_RECORD_POOL_H_
 #define KVTIER_SERVICES_SERVING_RECORD_POOL_H_
 

@@ -1,7 +1,7 @@
 #include "services/serving/shard_routes.h"
 
 #include "absl/strings/str_cat.h"
-#include "services/cache/cache_client.h"
+#include "services/cache/client/cache_client.h"
 
 namespace kvtier::serving {
 

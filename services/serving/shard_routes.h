@@ -16,8 +16,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "services/cache/fast_path_client.h"
-#include "services/cache/raw_get.h"
+#include "services/cache/fast_path/fast_path_client.h"
+#include "services/cache/client/raw_get.h"
 #include "services/kvblock/block_format.h"
 #include "services/serving/record_pool.h"
 #include "services/serving/shared_record.h"
@@ -75,7 +75,7 @@ class ShardRoute {
   virtual void StagingFailed(const std::shared_ptr<cache::FastPathClient>& /*session*/) {}
 };
 
-// The same-host fast path (fast_path.md): records copied out of the cache's
+// The same-host fast path (services/cache/fast_path/fast_path.md): records copied out of the cache's
 // shared segments, or its GPU tier through CUDA IPC. The session is opened
 // on first use; a route that cannot open one (another host, a cache without
 // it) answers nothing and asks again now and then, since a restarted cache

@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "services/cache/cache_client.h"
+#include "services/cache/client/cache_client.h"
 #include "services/serving/record_pool.h"
 #include "services/serving/shard_routes.h"
 #include "services/serving/shared_record.h"

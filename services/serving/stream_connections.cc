@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "services/cache/cache_client.h"
+#include "services/cache/client/cache_client.h"
 
 namespace kvtier::serving {
 

@@ -13,8 +13,8 @@
 #include <random>
 #include <thread>
 
-#include "services/cache/cache_client.h"
-#include "services/cache/raw_get.h"
+#include "services/cache/client/cache_client.h"
+#include "services/cache/client/raw_get.h"
 #include "services/kvblock/block_format.h"
 #include "services/common/child_process.h"
 #include "tests/integration/cache_test_blocks.h"

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "services/cache/cache_client.h"
+#include "services/cache/client/cache_client.h"
 #include "services/kvblock/block_format.h"
 #include "tests/eventually.h"
 

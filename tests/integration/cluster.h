@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "kvtier/v1/prefill.grpc.pb.h"
-#include "services/cache/cache_client.h"
+#include "services/cache/client/cache_client.h"
 #include "services/cli/remote_generate.h"
 #include "services/common/child_process.h"
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "kvtier/kernels/cuda_codec.h"
-#include "services/cache/fast_path_client.h"
+#include "services/cache/fast_path/fast_path_client.h"
 #include "services/common/child_process.h"
 #include "services/serving/shard_set.h"
 #include "tests/binary_path.h"

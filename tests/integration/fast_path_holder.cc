@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "services/cache/fast_path_client.h"
+#include "services/cache/fast_path/fast_path_client.h"
 #include "tests/integration/cache_test_blocks.h"
 
 int main(int argc, char** argv) {

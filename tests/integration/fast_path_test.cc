@@ -22,8 +22,8 @@
 #include <set>
 #include <thread>
 
-#include "services/cache/fast_path_client.h"
-#include "services/cache/fast_path_socket.h"
+#include "services/cache/fast_path/fast_path_client.h"
+#include "services/cache/fast_path/fast_path_socket.h"
 #include "services/common/child_process.h"
 #include "services/serving/shard_set.h"
 #include "tests/eventually.h"

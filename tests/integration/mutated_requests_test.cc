@@ -21,7 +21,7 @@
 
 #include "kvtier/v1/decode.grpc.pb.h"
 #include "kvtier/v1/prefill.grpc.pb.h"
-#include "services/cache/cache_client.h"
+#include "services/cache/client/cache_client.h"
 #include "services/common/child_process.h"
 #include "services/common/metrics_page.h"
 #include "services/kvblock/block_key.h"

@@ -9,7 +9,7 @@
 #include <regex>
 #include <thread>
 
-#include "services/cache/cache_client.h"
+#include "services/cache/client/cache_client.h"
 #include "services/kvblock/block_format.h"
 #include "services/common/child_process.h"
 #include "tests/eventually.h"

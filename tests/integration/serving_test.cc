@@ -18,7 +18,7 @@
 #if KVTIER_RUNTIME_CUDA
 #include "kvtier/kernels/cuda_codec.h"
 #endif
-#include "services/cache/cache_client.h"
+#include "services/cache/client/cache_client.h"
 #include "services/cli/remote_generate.h"
 #include "services/common/child_process.h"
 #include "services/common/metrics_page.h"

@@ -1,0 +1,74 @@
+// A blocking client of kvtier.v1.KvCache, with a deadline on every call: what
+// the prefill node, the decode worker, `kvtier stats` and the tests use.
+// Thread-safe (gRPC stubs are).
+#ifndef KVTIER_SERVICES_CACHE_CLIENT_CACHE_CLIENT_H_
+#define KVTIER_SERVICES_CACHE_CLIENT_CACHE_CLIENT_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kvtier/v1/cache.grpc.pb.h"
+#include "services/kvblock/block_key.h"
+#include "services/kvblock/layout.h"
+
+namespace kvtier::cache {
+
+struct BlockSlices {
+  kvblock::BlockHash hash;
+  std::vector<std::string> records;  // block-format slice records
+};
+
+// One Get answer: the record, or why there is none.
+struct FetchedBlock {
+  absl::Status status;  // OK, NOT_FOUND, DATA_LOSS, ...
+  std::string record;
+  v1::Tier tier = v1::TIER_UNSPECIFIED;
+};
+
+class CacheClient {
+ public:
+  // Channel to `target` (host:port) with kvtier's message-size limit and
+  // flow-control window; `own_connection` keeps it off other channels' TCP
+  // connections to the same target.
+  static std::shared_ptr<grpc::Channel> Connect(const std::string& target,
+                                                bool own_connection = false);
+  explicit CacheClient(std::shared_ptr<grpc::Channel> channel,
+                       absl::Duration deadline = absl::Seconds(30));
+
+  absl::StatusOr<v1::MatchResponse> Match(const std::string& ns, const kvblock::LatentLayout& layout,
+                                          const std::vector<kvblock::BlockHash>& hashes,
+                                          bool acquire_lease = false, uint32_t lease_ttl_ms = 0);
+  // One Put stream: the header, then every slice in order.
+  absl::StatusOr<v1::PutResponse> Put(const std::string& ns, const kvblock::LatentLayout& layout,
+                                      const std::vector<BlockSlices>& blocks);
+  // One Get stream; answers in request order. Errors of the stream itself
+  // (bad request, cancelled) are the returned status.
+  absl::StatusOr<std::vector<FetchedBlock>> Get(const std::string& ns,
+                                                const kvblock::LatentLayout& layout,
+                                                const std::vector<kvblock::BlockHash>& hashes,
+                                                uint64_t lease_id = 0);
+  absl::Status ReleaseLease(uint64_t lease_id);
+  absl::StatusOr<v1::StatsResponse> Stats();
+
+  v1::KvCache::Stub& stub() { return *stub_; }
+  void SetDeadline(grpc::ClientContext& context) const;
+
+ private:
+  std::unique_ptr<v1::KvCache::Stub> stub_;
+  absl::Duration deadline_;
+};
+
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+// The GetRequest for `hashes` (all layers), as CacheClient::Get sends it.
+v1::GetRequest MakeGetRequest(const std::string& ns, const kvblock::LatentLayout& layout,
+                              const std::vector<kvblock::BlockHash>& hashes, uint64_t lease_id = 0);
+
+}  // namespace kvtier::cache
+
+#endif  // KVTIER_SERVICES_CACHE_CLIENT_CACHE_CLIENT_H_

@@ -1,0 +1,418 @@
+#include "services/cache/fast_path/fast_path_server.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "services/cache/fast_path/fast_path_socket.h"
+
+namespace kvtier::cache {
+namespace {
+
+void RandomBytes(void* out, size_t n) {
+  auto* p = static_cast<uint8_t*>(out);
+  while (n > 0) {
+    const ssize_t got = getrandom(p, n, 0);
+    if (got > 0) p += got, n -= static_cast<size_t>(got);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<StagingRegion>> StagingRegion::Create(uint64_t bytes) {
+  const int fd = memfd_create("kvtier-cache-staging", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return absl::ResourceExhaustedError(absl::StrCat("memfd: ", std::strerror(errno)));
+  void* base = MAP_FAILED;
+  // Sealed size: the client cannot shrink it under this mapping.
+  if (ftruncate(fd, static_cast<off_t>(bytes)) == 0 &&
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0) {
+    base = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+  }
+  if (base == MAP_FAILED) {
+    const absl::Status s = absl::ResourceExhaustedError(absl::StrCat("staging region: ", std::strerror(errno)));
+    close(fd);
+    return s;
+  }
+  return std::shared_ptr<StagingRegion>(new StagingRegion(fd, static_cast<const char*>(base), bytes));
+}
+
+StagingRegion::~StagingRegion() {
+  munmap(const_cast<char*>(base_), size_);
+  close(fd_);
+}
+
+absl::StatusOr<std::string_view> StagingRegion::Range(uint64_t offset, uint64_t length) const {
+  if (offset > size_ || length > size_ - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("staged range [", offset, ", +", length,
+                                                   ") is outside the ", size_, "-byte staging region"));
+  }
+  return std::string_view(base_ + offset, length);
+}
+
+absl::StatusOr<std::unique_ptr<FastPathServer>> FastPathServer::Start(
+    const FastPathOptions& options, BlockStore* store, Clock* clock) {
+  absl::StatusOr<int> listener = fastpath::Listen(options.socket_path);
+  if (!listener.ok()) return listener.status();
+  const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake < 0) {
+    close(*listener);
+    return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
+  }
+  return std::unique_ptr<FastPathServer>(new FastPathServer(options, store, clock, *listener, wake));
+}
+
+FastPathServer::FastPathServer(const FastPathOptions& options, BlockStore* store, Clock* clock,
+                               int listener, int wake)
+    : options_(options), store_(store), clock_(clock), listener_(listener), wake_(wake) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+FastPathServer::~FastPathServer() {
+  const uint64_t one = 1;
+  (void)!write(wake_, &one, sizeof one);
+  thread_.join();
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [socket, c] : connections_) close(socket);
+    connections_.clear();
+    leases_.clear();  // unpins
+    sessions_.clear();
+  }
+  close(listener_);
+  close(wake_);
+  if (options_.socket_path[0] != '@') unlink(options_.socket_path.c_str());
+}
+
+std::optional<uint64_t> FastPathServer::DeviceStaging::Allocate(uint64_t size) {
+  uint64_t at = 0;
+  for (const auto& [offset, length] : used) {
+    if (offset - at >= size) break;
+    at = offset + length;
+  }
+  if (at > buffer->size() || buffer->size() - at < size) return std::nullopt;
+  used[at] = size;
+  return at;
+}
+
+absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(const v1::OpenFastPathRequest& request) {
+  if (!request.host_boot_id().empty() && !fastpath::HostBootId().empty() && request.host_boot_id() != fastpath::HostBootId()) {
+    return absl::FailedPreconditionError("the client is on another host: no fast path");
+  }
+  uint64_t staging_bytes = request.staging_bytes();
+  const uint64_t device_staging_bytes = request.device_staging_bytes();
+  absl::MutexLock lock(&mu_);
+  ExpireLocked();
+  if (sessions_.size() >= options_.max_sessions) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(sessions_.size(), " fast path sessions are open, the limit"));
+  }
+  uint64_t id = 0;
+  while (id == 0 || sessions_.contains(id)) RandomBytes(&id, sizeof id);
+  Session& session = sessions_[id];
+  RandomBytes(session.secret.data(), session.secret.size());
+  session.open_until = clock_->Now() + options_.prove_within;
+  // Whole pages, within this session's share and what is left of the budget.
+  staging_bytes = std::min({staging_bytes, options_.max_staging_per_session,
+                            options_.staging_budget - counters_.staging_bytes}) &
+                  ~uint64_t{4095};
+  if (staging_bytes > 0) {
+    absl::StatusOr<std::shared_ptr<StagingRegion>> staging = StagingRegion::Create(staging_bytes);
+    if (staging.ok()) {
+      session.staging = *std::move(staging);
+      counters_.staging_bytes += staging_bytes;
+    }
+  }
+  // GPU clients get a device buffer of their own when the device tier is on
+  // a GPU: its blocks are copied there, device to device, per lease.
+  if (SlabMemory* slab = store_->storage(0).slab(); slab != nullptr && device_staging_bytes > 0) {
+    absl::StatusOr<std::unique_ptr<ExportedBuffer>> buffer =
+        slab->Export(std::min(device_staging_bytes, options_.max_device_staging));
+    if (buffer.ok()) {
+      session.device = std::make_shared<DeviceStaging>();
+      session.device->buffer = *std::move(buffer);
+    }
+  }
+  v1::OpenFastPathResponse response;
+  response.set_staging_bytes(session.staging != nullptr ? session.staging->size() : 0);
+  if (session.device != nullptr) {
+    response.set_device_staging_bytes(session.device->buffer->size());
+    response.set_device_ipc_handle(session.device->buffer->handle());
+  }
+  response.set_session_id(id);
+  response.set_secret(session.secret.data(), session.secret.size());
+  response.set_socket_path(options_.socket_path);
+  response.set_prove_within_ms(absl::ToInt64Milliseconds(options_.prove_within));
+  return response;
+}
+
+absl::Status FastPathServer::Lease(uint64_t session_id, const std::string& ns, uint64_t layout_id,
+                                   const std::vector<kvblock::BlockHash>& hashes,
+                                   absl::Duration ttl, v1::LeaseBlocksResponse& response) {
+  const auto check_session = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+    auto it = sessions_.find(session_id);
+    if (it == sessions_.end() || it->second.socket < 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("fast path session ", absl::Hex(session_id), " is unknown or not proven"));
+    }
+    if (it->second.leases.size() >= options_.max_leases_per_session) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "session holds ", it->second.leases.size(), " leases, the limit; release some"));
+    }
+    return absl::OkStatus();
+  };
+  std::shared_ptr<DeviceStaging> device;  // kept alive while copying into it
+  {
+    absl::MutexLock lock(&mu_);
+    ExpireLocked();
+    if (absl::Status s = check_session(); !s.ok()) return s;
+    device = sessions_[session_id].device;
+  }
+  std::vector<uint64_t> device_ranges;
+  // Pinning may promote (and so copy) blocks: done without the lock. The
+  // reader verifies each record's checksum as it copies it, so the records
+  // are not read here too.
+  std::vector<std::shared_ptr<const PinnedBlock>> pinned;
+  uint64_t bytes = 0;
+  // A block is promoted only into a first tier it can be handed out from
+  // (not a GPU's), so a host-tier block is read where it is.
+  BlockStore::ReadOptions read;
+  read.verify_checksum = false;
+  read.promote = store_->storage(0).shareable();
+  read.copy_out = false;  // a block on disk or in a GPU tier is not read here
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    v1::LeasedBlock* out = response.add_blocks();
+    out->set_index(static_cast<uint32_t>(i));
+    absl::StatusOr<std::shared_ptr<const PinnedBlock>> block = store_->Read(ns, layout_id, hashes[i], read);
+    if (!block.ok()) {
+      out->mutable_miss()->set_code(static_cast<int>(block.status().code()));
+      out->mutable_miss()->set_message(std::string(block.status().message()));
+      continue;
+    }
+    out->set_tier(static_cast<v1::Tier>((*block)->tier()));
+    const std::vector<SharedPiece> pieces = store_->SharedPieces(**block);
+    if (pieces.empty()) {
+      // In a GPU tier: device to device, for a session with device staging.
+      if (device == nullptr || !CopyToDevice(*device, **block, *out, device_ranges)) {
+        out->mutable_miss()->set_code(static_cast<int>(absl::StatusCode::kUnavailable));
+        out->mutable_miss()->set_message("block is not in shared memory; read it with Get");
+        continue;
+      }
+    } else {
+      v1::SharedRecord* record = out->mutable_shared();
+      record->set_size((*block)->size());
+      for (const SharedPiece& p : pieces) {
+        v1::SharedPiece* piece = record->add_pieces();
+        piece->set_tier_index(p.tier);
+        piece->set_segment(p.segment);
+        piece->set_generation(p.generation);
+        piece->set_offset(p.offset);
+        piece->set_length(p.length);
+      }
+    }
+    bytes += (*block)->size();
+    pinned.push_back(*std::move(block));
+  }
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = check_session(); !s.ok()) return s;  // it died meanwhile (its staging with it)
+  if (pinned.empty()) return absl::OkStatus();
+  Session& session = sessions_[session_id];
+  session.namespaces.insert(ns);
+  const uint64_t id = kFastPathLeaseBit | next_lease_++;
+  if (ttl <= absl::ZeroDuration()) ttl = options_.default_lease_ttl;
+  const absl::Time deadline = clock_->Now() + std::min(ttl, options_.max_lease_ttl);
+  counters_.blocks_out += pinned.size();
+  counters_.bytes_out += bytes;
+  leases_[id] = FastLease{session_id, lease_deadlines_.emplace(deadline, id), std::move(pinned),
+                          std::move(device_ranges)};
+  session.leases.insert(id);
+  response.set_lease_id(id);
+  response.set_lease_deadline_unix_ms(absl::ToUnixMillis(deadline));
+  return absl::OkStatus();
+}
+
+absl::Status FastPathServer::Release(uint64_t lease_id) {
+  absl::MutexLock lock(&mu_);
+  ExpireLocked();
+  if (!leases_.contains(lease_id)) {
+    return absl::NotFoundError(absl::StrCat("lease ", lease_id, " is unknown or expired"));
+  }
+  EndLeaseLocked(lease_id);
+  return absl::OkStatus();
+}
+
+void FastPathServer::EndLeaseLocked(uint64_t lease_id) {
+  auto it = leases_.find(lease_id);
+  auto session = sessions_.find(it->second.session_id);
+  if (session != sessions_.end()) {
+    session->second.leases.erase(lease_id);
+    if (session->second.device != nullptr) {
+      for (uint64_t offset : it->second.device_ranges) session->second.device->used.erase(offset);
+    }
+  }
+  lease_deadlines_.erase(it->second.deadline);
+  leases_.erase(it);  // unpins its blocks
+}
+
+bool FastPathServer::CopyToDevice(DeviceStaging& device, const PinnedBlock& block, v1::LeasedBlock& out,
+                                  std::vector<uint64_t>& ranges) {
+  std::optional<uint64_t> at;
+  {
+    absl::MutexLock lock(&mu_);
+    at = device.Allocate(block.size());
+  }
+  if (!at.has_value()) return false;  // full: this block goes over TCP
+  if (!store_->storage(block.tier_index()).CopyToExported(block.room(), *device.buffer, *at).ok()) {
+    absl::MutexLock lock(&mu_);
+    device.used.erase(*at);
+    return false;
+  }
+  out.mutable_device()->set_offset(*at);
+  out.mutable_device()->set_size(block.size());
+  ranges.push_back(*at);
+  return true;
+}
+
+FastPathCounters FastPathServer::Counters() {
+  absl::MutexLock lock(&mu_);
+  ExpireLocked();
+  return counters_;
+}
+
+bool FastPathServer::AwaitSessions(uint64_t sessions, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  const auto open = [this, sessions]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return counters_.sessions == sessions; };
+  return mu_.AwaitWithTimeout(absl::Condition(&open), timeout);
+}
+
+void FastPathServer::ExpireLocked() {
+  const absl::Time now = clock_->Now();
+  while (!lease_deadlines_.empty() && lease_deadlines_.begin()->first <= now) {
+    EndLeaseLocked(lease_deadlines_.begin()->second);
+  }
+  for (auto it = sessions_.begin(); it != sessions_.end();) {
+    auto next = std::next(it);
+    if (it->second.socket < 0 && it->second.open_until <= now) EndSessionLocked(it->first);
+    it = next;
+  }
+}
+
+absl::StatusOr<std::shared_ptr<const StagingRegion>> FastPathServer::Staging(uint64_t session_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end() || it->second.socket < 0 || it->second.staging == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "fast path session ", absl::Hex(session_id), " is unknown, unproven or has no staging region"));
+  }
+  return std::shared_ptr<const StagingRegion>(it->second.staging);
+}
+
+void FastPathServer::CountStaged(uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  counters_.bytes_in += bytes;
+}
+
+void FastPathServer::EndSessionLocked(uint64_t session_id) {
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return;
+  if (it->second.staging != nullptr) counters_.staging_bytes -= it->second.staging->size();
+  for (uint64_t lease : it->second.leases) leases_.erase(lease);
+  if (it->second.socket >= 0) --counters_.sessions;
+  sessions_.erase(it);
+}
+
+void FastPathServer::CloseConnectionLocked(int socket) {
+  auto it = connections_.find(socket);
+  if (it->second.session != 0) EndSessionLocked(it->second.session);
+  connections_.erase(it);
+  close(socket);
+}
+
+bool FastPathServer::Serve(int socket) {
+  fastpath::Request request;
+  if (!fastpath::ReceiveRequest(socket, request).ok()) return false;
+  uint64_t& proven = connections_[socket].session;
+  if (request.kind == fastpath::RequestKind::kHello) {
+    auto it = sessions_.find(request.session_id);
+    if (proven != 0 || it == sessions_.end() || it->second.socket >= 0 ||
+        it->second.secret != request.secret) {
+      (void)fastpath::SendReply(socket, absl::PermissionDeniedError("unknown session or wrong secret"));
+      return false;
+    }
+    it->second.socket = socket;
+    proven = request.session_id;
+    ++counters_.sessions;
+    // The staging region (if any) travels with the answer, writable.
+    const StagingRegion* staging = it->second.staging.get();
+    return fastpath::SendReply(socket, absl::OkStatus(), staging != nullptr ? staging->fd() : -1).ok();
+  }
+  if (request.kind == fastpath::RequestKind::kRelease && proven != 0) {
+    // Only the session's own leases; the client does not wait for an answer.
+    if (sessions_[proven].leases.contains(request.generation)) EndLeaseLocked(request.generation);
+    return true;
+  }
+  if (request.kind != fastpath::RequestKind::kSegment || proven == 0) {
+    (void)fastpath::SendReply(socket, absl::InvalidArgumentError("say hello first"));
+    return false;
+  }
+  // Only a segment of a namespace this session has read through a lease.
+  absl::Status answer = absl::PermissionDeniedError("segment of a namespace this session has not read");
+  for (const std::string& ns : sessions_[proven].namespaces) {
+    absl::StatusOr<int> fd =
+        store_->OpenSegmentReadOnly(request.tier, request.segment, request.generation, ns);
+    if (fd.ok()) {
+      const bool sent = fastpath::SendReply(socket, absl::OkStatus(), *fd).ok();
+      close(*fd);
+      return sent;
+    }
+    if (fd.status().code() != absl::StatusCode::kPermissionDenied) {
+      answer = fd.status();
+      break;
+    }
+  }
+  return fastpath::SendReply(socket, answer).ok();
+}
+
+void FastPathServer::Loop() {
+  std::vector<pollfd> fds;
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      ExpireLocked();
+      // Connections that never proved a session are closed here, on the
+      // thread that polls them.
+      const absl::Time now = clock_->Now();
+      std::vector<int> stale;
+      for (const auto& [socket, c] : connections_) {
+        if (c.session == 0 && c.accepted + options_.prove_within <= now) stale.push_back(socket);
+      }
+      for (int socket : stale) CloseConnectionLocked(socket);
+      fds.assign({{wake_, POLLIN, 0}, {listener_, POLLIN, 0}});
+      for (const auto& [socket, c] : connections_) fds.push_back({socket, POLLIN, 0});
+    }
+    // The timeout bounds how late a lease expires.
+    if (poll(fds.data(), fds.size(), 100) < 0) continue;
+    if (fds[0].revents != 0) return;
+    absl::MutexLock lock(&mu_);
+    if (fds[1].revents & POLLIN) {
+      const int socket = accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (socket >= 0 && connections_.size() >= 2 * options_.max_sessions) {
+        close(socket);
+      } else if (socket >= 0) {
+        connections_[socket] = Connection{0, clock_->Now()};
+      }
+    }
+    for (size_t i = 2; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      if (!Serve(fds[i].fd)) CloseConnectionLocked(fds[i].fd);
+    }
+  }
+}
+
+}  // namespace kvtier::cache

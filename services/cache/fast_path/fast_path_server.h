@@ -1,0 +1,173 @@
+// The cache's side of the same-host fast path (fast_path.md): sessions that
+// prove they are local over a unix socket, read-only segment descriptors
+// handed to them for the namespaces they read, and leases that pin the
+// blocks whose shared-memory locations they were given.
+//
+// A session's leases end when it releases them, at their deadline, or at
+// once when its socket closes (the client died). One thread serves the
+// socket and expires leases; the RPC side calls in from any thread.
+// Thread-safe; lock order: FastPathServer::mu_, then BlockStore's.
+#ifndef KVTIER_SERVICES_CACHE_FAST_PATH_FAST_PATH_SERVER_H_
+#define KVTIER_SERVICES_CACHE_FAST_PATH_FAST_PATH_SERVER_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "kvtier/v1/cache.pb.h"
+#include "services/cache/store/block_store.h"
+#include "services/common/clock.h"
+
+namespace kvtier::cache {
+
+struct FastPathOptions {
+  std::string socket_path;  // '@name': Linux abstract namespace
+  absl::Duration prove_within = absl::Seconds(10);
+  size_t max_sessions = 256;
+  size_t max_leases_per_session = 1024;
+  absl::Duration default_lease_ttl = absl::Seconds(30);
+  absl::Duration max_lease_ttl = absl::Minutes(10);
+  // Staging regions for staged Put: all sessions' together, and one's most.
+  uint64_t staging_budget = 512 << 20;
+  uint64_t max_staging_per_session = 128 << 20;
+  // Device staging (GPU device tier only), per session.
+  uint64_t max_device_staging = 256 << 20;
+};
+
+struct FastPathCounters {
+  uint64_t sessions = 0;  // proven and open
+  uint64_t blocks_out = 0;
+  uint64_t bytes_out = 0;
+  uint64_t bytes_in = 0;       // staged slice bytes taken by Put
+  uint64_t staging_bytes = 0;  // granted to open sessions
+};
+
+// A session's staging region: a sealed memfd the client writes records
+// into and Put streams read them from. Lives while its session or a Put
+// stream using it does.
+class StagingRegion {
+ public:
+  static absl::StatusOr<std::shared_ptr<StagingRegion>> Create(uint64_t bytes);
+  ~StagingRegion();
+  StagingRegion(const StagingRegion&) = delete;
+  StagingRegion& operator=(const StagingRegion&) = delete;
+
+  int fd() const { return fd_; }
+  uint64_t size() const { return size_; }
+  // [offset, offset + length), or INVALID_ARGUMENT if it is not inside.
+  absl::StatusOr<std::string_view> Range(uint64_t offset, uint64_t length) const;
+
+ private:
+  StagingRegion(int fd, const char* base, uint64_t size) : fd_(fd), base_(base), size_(size) {}
+  int fd_;
+  const char* base_;
+  uint64_t size_;
+};
+
+// Fast-path lease ids have this bit set; Match's never do.
+inline constexpr uint64_t kFastPathLeaseBit = uint64_t{1} << 63;
+
+class FastPathServer {
+ public:
+  // Listens on options.socket_path; `store` and `clock` must outlive it.
+  static absl::StatusOr<std::unique_ptr<FastPathServer>> Start(const FastPathOptions& options,
+                                                               BlockStore* store, Clock* clock);
+  // Closes every connection and ends every lease.
+  ~FastPathServer();
+
+  const std::string& socket_path() const { return options_.socket_path; }
+
+  // A new, unproven session, with a staging region of up to
+  // request.staging_bytes() if the budget allows (and device staging, see
+  // cache.proto). FAILED_PRECONDITION for a client whose host_boot_id says
+  // it is on another host; RESOURCE_EXHAUSTED at max_sessions.
+  absl::StatusOr<v1::OpenFastPathResponse> Open(const v1::OpenFastPathRequest& request);
+  // A proven session's staging region; FAILED_PRECONDITION if it has none.
+  absl::StatusOr<std::shared_ptr<const StagingRegion>> Staging(uint64_t session_id);
+  // Counts bytes a Put stream took from a staging region.
+  void CountStaged(uint64_t bytes);
+  // Pins `hashes` (checked by the caller) of `ns` for a proven session and
+  // fills `response` with where their records lie. FAILED_PRECONDITION for
+  // an unknown or unproven session.
+  absl::Status Lease(uint64_t session_id, const std::string& ns, uint64_t layout_id,
+                     const std::vector<kvblock::BlockHash>& hashes, absl::Duration ttl,
+                     v1::LeaseBlocksResponse& response);
+  // Ends a fast-path lease; NOT_FOUND if unknown or expired.
+  absl::Status Release(uint64_t lease_id);
+  FastPathCounters Counters();
+  // Waits until `sessions` proven sessions are open, at most `timeout`;
+  // whether they are (for tests: a session ends on the socket's thread).
+  bool AwaitSessions(uint64_t sessions, absl::Duration timeout);
+
+ private:
+  // A session's device staging buffer and the ranges leases hold in it.
+  struct DeviceStaging {
+    std::unique_ptr<ExportedBuffer> buffer;
+    std::map<uint64_t, uint64_t> used;  // offset -> size
+    // First fit; nullopt when nothing fits.
+    std::optional<uint64_t> Allocate(uint64_t size);
+  };
+  struct Session {
+    std::array<uint8_t, 16> secret;
+    absl::Time open_until;  // unproven sessions are dropped after it
+    int socket = -1;        // the proving connection; -1 until proven
+    std::set<std::string> namespaces;  // read through this session so far
+    std::set<uint64_t> leases;
+    std::shared_ptr<StagingRegion> staging;  // null: none granted
+    std::shared_ptr<DeviceStaging> device;   // null: none granted
+  };
+  struct FastLease {
+    uint64_t session_id;
+    std::multimap<absl::Time, uint64_t>::iterator deadline;  // in lease_deadlines_
+    std::vector<std::shared_ptr<const PinnedBlock>> blocks;
+    std::vector<uint64_t> device_ranges;  // offsets held in the session's device staging
+  };
+
+  FastPathServer(const FastPathOptions& options, BlockStore* store, Clock* clock, int listener,
+                 int wake);
+  void Loop();
+  // Answers one message on a connection; false when it should be closed.
+  bool Serve(int socket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CloseConnectionLocked(int socket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndSessionLocked(uint64_t session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndLeaseLocked(uint64_t lease_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Copies a block pinned in the GPU tier into a range of `device` (noted in
+  // `ranges`) and describes it in `out`; false when there is no room or the
+  // copy fails.
+  bool CopyToDevice(DeviceStaging& device, const PinnedBlock& block, v1::LeasedBlock& out,
+                    std::vector<uint64_t>& ranges);
+  void ExpireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const FastPathOptions options_;
+  BlockStore* const store_;
+  Clock* const clock_;
+  const int listener_;
+  const int wake_;  // eventfd: stops the loop
+  absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  struct Connection {
+    uint64_t session = 0;  // the session it proved; 0: not yet
+    absl::Time accepted;   // closed if not proven within prove_within
+  };
+  absl::flat_hash_map<int, Connection> connections_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, FastLease> leases_ ABSL_GUARDED_BY(mu_);
+  // The leases by deadline, soonest first: expiry looks only at those due.
+  std::multimap<absl::Time, uint64_t> lease_deadlines_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_lease_ ABSL_GUARDED_BY(mu_) = 1;
+  FastPathCounters counters_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+}  // namespace kvtier::cache
+
+#endif  // KVTIER_SERVICES_CACHE_FAST_PATH_FAST_PATH_SERVER_H_

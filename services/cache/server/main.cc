@@ -1,0 +1,246 @@
+// kvtier-cache: the tiered latent block store, served over gRPC with
+// Prometheus metrics.
+#include <signal.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+#include <prometheus/exposer.h>
+#include <prometheus/registry.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "services/cache/server/cache_service.h"
+#include "services/cache/fast_path/fast_path_server.h"
+#include "services/cache/store/slab_memory.h"
+#if KVTIER_HAVE_CUDA
+#include "services/cache/store/cuda_slab.h"
+#endif
+#include "services/cache/server/store_metrics.h"
+#include "services/common/log.h"
+#include "services/common/byte_size.h"
+#include "services/common/flags.h"
+#include "services/common/metrics_exposer.h"
+#include "services/common/server_runner.h"
+
+namespace kvtier::cache {
+namespace {
+
+struct Flags {
+  std::string listen = "0.0.0.0:7070";
+  std::string metrics_listen = "0.0.0.0:9464";
+  std::string device_capacity;
+  std::string host_capacity;
+  std::string disk_dir;
+  std::string disk_capacity;
+  uint64_t threads = std::max(2u, std::thread::hardware_concurrency());
+  uint64_t page_size = 64 * 1024;
+  std::string namespaces;
+  std::string device_memory = "auto";
+  std::string fast_path_socket;
+  std::string fast_path_staging = "512MiB";
+  bool no_fast_path = false;
+};
+
+// The device tier's memory for --device-memory; null: host memory.
+absl::StatusOr<std::shared_ptr<SlabMemory>> DeviceTierSlab(const std::string& kind, uint64_t bytes) {
+  if (kind == "host") return nullptr;
+  if (kind == "staged-host") {
+    absl::StatusOr<std::unique_ptr<StagedHostSlab>> slab = StagedHostSlab::Create(bytes);
+    if (!slab.ok()) return slab.status();
+    return std::shared_ptr<SlabMemory>(*std::move(slab));
+  }
+  if (kind != "auto" && kind != "cuda") {
+    return absl::InvalidArgumentError("--device-memory must be auto, cuda, host or staged-host");
+  }
+#if KVTIER_HAVE_CUDA
+  absl::StatusOr<std::unique_ptr<CudaSlab>> slab = CudaSlab::Create(bytes);
+  if (slab.ok()) return std::shared_ptr<SlabMemory>(*std::move(slab));
+  // auto: no GPU here, so host memory; a GPU that fails is an error.
+  if (kind == "auto" && slab.status().code() == absl::StatusCode::kFailedPrecondition) return nullptr;
+  return absl::Status(slab.status().code(), absl::StrCat("--device-memory ", kind, ": ", slab.status().message()));
+#else
+  if (kind == "cuda") return absl::FailedPreconditionError("--device-memory cuda: this build has no CUDA");
+  return nullptr;
+#endif
+}
+
+absl::StatusOr<StoreOptions> ToStoreOptions(const Flags& f) {
+  if (f.device_capacity.empty() || f.host_capacity.empty()) {
+    return absl::InvalidArgumentError("--device-capacity and --host-capacity are required");
+  }
+  if (f.disk_dir.empty() != f.disk_capacity.empty()) {
+    return absl::InvalidArgumentError("--disk-dir and --disk-capacity go together");
+  }
+  StoreOptions o;
+  if (!f.disk_dir.empty()) {
+    absl::StatusOr<uint64_t> disk = ParseByteSize(f.disk_capacity);
+    if (!disk.ok() || *disk == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--disk-capacity: ", disk.ok() ? "must be positive" : disk.status().message()));
+    }
+    o.disk_dir = f.disk_dir;
+    o.disk_capacity = *disk;
+  }
+  absl::StatusOr<uint64_t> device = ParseByteSize(f.device_capacity);
+  if (!device.ok()) return absl::InvalidArgumentError(absl::StrCat("--device-capacity: ", device.status().message()));
+  absl::StatusOr<uint64_t> host = ParseByteSize(f.host_capacity);
+  if (!host.ok()) return absl::InvalidArgumentError(absl::StrCat("--host-capacity: ", host.status().message()));
+  if (f.page_size < 4096 || f.page_size > (64u << 20)) {
+    return absl::InvalidArgumentError("--page-size must be within 4KiB..64MiB");
+  }
+  o.page_size = static_cast<uint32_t>(f.page_size);
+  o.shared_memory = !f.no_fast_path;
+  absl::StatusOr<std::shared_ptr<SlabMemory>> slab = DeviceTierSlab(f.device_memory, *device);
+  if (!slab.ok()) return slab.status();
+  o.device_slab = *std::move(slab);
+  o.device_capacity = *device;
+  o.host_capacity = *host;
+  // Unless the device tier is on a GPU, it is host memory too: both must fit in RAM.
+  const uint64_t ram = PhysicalMemoryBytes();
+  const bool on_gpu = o.device_slab != nullptr && f.device_memory != "staged-host";
+  if (*host > ram || (!on_gpu && (*device > ram || *device + *host > ram))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        on_gpu ? "--host-capacity = " : "--device-capacity + --host-capacity = ", *host + (on_gpu ? 0 : *device),
+        " bytes exceeds this machine's memory (", ram, " bytes)"));
+  }
+  return o;
+}
+
+int Run(const Flags& f) {
+  for (const auto& [flag, address] : {std::pair{"--listen", f.listen}, {"--metrics-listen", f.metrics_listen}}) {
+    if (address.empty() && std::string(flag) != "--listen") continue;
+    if (absl::Status s = ValidateListenAddress(address); !s.ok()) {
+      std::cerr << "kvtier-cache: " << flag << ": " << s.message() << "\n";
+      return 2;
+    }
+  }
+  std::vector<std::string> namespaces;
+  for (absl::string_view ns : absl::StrSplit(f.namespaces, ',', absl::SkipEmpty())) {
+    if (absl::Status s = kvblock::ValidateNamespace(std::string(ns)); !s.ok()) {
+      std::cerr << "kvtier-cache: --namespaces: " << s.message() << "\n";
+      return 2;
+    }
+    namespaces.emplace_back(ns);
+  }
+  absl::StatusOr<StoreOptions> options = ToStoreOptions(f);
+  if (!options.ok()) {
+    std::cerr << "kvtier-cache: " << options.status().message() << "\n";
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<BlockStore>> store = BlockStore::Create(*options, SystemClock::Get());
+  if (!store.ok()) {
+    std::cerr << "kvtier-cache: " << store.status().message() << "\n";
+    return 2;
+  }
+  std::unique_ptr<FastPathServer> fast_path;
+  if (!f.no_fast_path) {
+    FastPathOptions fast_options;
+    fast_options.socket_path = f.fast_path_socket;
+    absl::StatusOr<uint64_t> staging = ParseByteSize(f.fast_path_staging);
+    if (!staging.ok()) {
+      std::cerr << "kvtier-cache: --fast-path-staging: " << staging.status().message() << "\n";
+      return 2;
+    }
+    fast_options.staging_budget = *staging;
+    if (fast_options.socket_path.empty()) {
+      // Abstract: nothing to clean up, reachable within this network namespace
+      // (the pod), and unique even between containers that share it.
+      uint64_t nonce = 0;
+      (void)!getrandom(&nonce, sizeof nonce, 0);
+      fast_options.socket_path = absl::StrCat("@kvtier-cache-", getpid(), "-", absl::Hex(nonce));
+    }
+    absl::StatusOr<std::unique_ptr<FastPathServer>> started =
+        FastPathServer::Start(fast_options, store->get(), SystemClock::Get());
+    if (!started.ok()) {
+      std::cerr << "kvtier-cache: --fast-path-socket: " << started.status().message() << "\n";
+      return 2;
+    }
+    fast_path = *std::move(started);
+  }
+  auto registry = std::make_shared<prometheus::Registry>();
+  RpcMetrics rpc_metrics(*registry);
+  Executor executor(f.threads, /*max_queued=*/4096);
+  CacheService service(store->get(), &executor, &rpc_metrics, namespaces, fast_path.get());
+  auto store_metrics = std::make_shared<StoreMetrics>(store->get(), fast_path.get());
+  auto exposer = StartMetricsExposer(f.metrics_listen, {registry, store_metrics});
+  if (!exposer.ok()) {
+    std::cerr << "kvtier-cache: " << exposer.status().message() << "\n";
+    return 1;
+  }
+  ServerOptions server_options;
+  server_options.listen = f.listen;
+  absl::StatusOr<std::unique_ptr<ServerRunner>> server = ServerRunner::Start(server_options, {&service});
+  if (!server.ok()) {
+    std::cerr << "kvtier-cache: " << server.status().message() << "\n";
+    return 1;
+  }
+  const StoreStats stats = (*store)->Stats();
+  // Said in one write: std::cerr writes each piece at once, and a parent
+  // printing beside it (kvtier up) would cut the line.
+  std::ostringstream started;
+  started << "kvtier-cache: device tier " << options->device_capacity << " bytes in "
+          << (options->device_slab != nullptr ? options->device_slab->name() : "host memory") << ", host tier "
+          << options->host_capacity << " bytes, pages of " << options->page_size << " bytes";
+  if (!options->disk_dir.empty()) {
+    started << ", disk tier " << options->disk_capacity << " bytes in " << options->disk_dir
+            << " (" << stats.tiers.back().blocks << " blocks found)";
+  }
+  if (fast_path != nullptr) {
+    started << "; same-host fast path on " << fast_path->socket_path()
+            << (options->device_slab != nullptr ? " (host tier in shared memory)" : " (tiers in shared memory)");
+  } else {
+    started << "; no fast path";
+  }
+  started << "\n";
+  std::cerr << started.str() << std::flush;
+  const int signal = WaitForStopSignal();
+  std::cerr << "kvtier-cache: received " << (signal == SIGTERM ? "SIGTERM" : "SIGINT")
+            << ": draining in-flight RPCs" << std::endl;
+  (*server)->Shutdown();
+  std::cerr << "kvtier-cache: stopped" << std::endl;
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvtier::cache
+
+int main(int argc, char** argv) {
+  kvtier::SetLogProgram("kvtier-cache");
+  kvtier::BlockShutdownSignals();
+  kvtier::cache::Flags f;
+  kvtier::FlagParser flags(
+      "kvtier-cache --device-capacity SIZE --host-capacity SIZE [flags]",
+      "Serves kvtier.v1.KvCache: a tiered store of quantized MLA latent blocks.\n"
+      "Full tiers demote least-recently-used blocks to the next tier; the last drops\n"
+      "them (the disk tier, when configured, is last). Without a GPU the device tier\n"
+      "is host memory. SIZE: bytes or 512MiB, 4GiB.\n"
+      "Stops gracefully on SIGTERM.");
+  flags.AddString("listen", &f.listen, "gRPC address HOST:PORT (port 0: any free port)");
+  flags.AddString("metrics-listen", &f.metrics_listen,
+                  "Prometheus /metrics address HOST:PORT; empty to disable");
+  flags.AddString("device-capacity", &f.device_capacity, "bytes of the device tier");
+  flags.AddString("host-capacity", &f.host_capacity, "bytes of the host (CPU spill) tier");
+  flags.AddString("disk-dir", &f.disk_dir,
+                  "directory of the disk tier; a restart finds its blocks again");
+  flags.AddString("disk-capacity", &f.disk_capacity, "bytes of block records under --disk-dir");
+  flags.AddUint("threads", &f.threads, "worker threads for Put and Get");
+  flags.AddString("namespaces", &f.namespaces,
+                  "comma-separated tenants to serve (others get NOT_FOUND); empty: any");
+  flags.AddUint("page-size", &f.page_size, "tier page size in bytes");
+  flags.AddString("device-memory", &f.device_memory,
+                  "where the device tier lives: auto (a GPU if there is one, else host memory), cuda, host, "
+                  "or staged-host (host memory reached by copies, as a GPU's is: for testing)");
+  flags.AddString("fast-path-socket", &f.fast_path_socket,
+                  "unix socket of the same-host fast path, '@name' for an abstract one (default: a fresh abstract name)");
+  flags.AddString("fast-path-staging", &f.fast_path_staging,
+                  "staging memory for same-host Put, all sessions together (0: none)");
+  flags.AddBool("no-fast-path", &f.no_fast_path,
+                "serve blocks over gRPC only: tiers in private memory, no unix socket");
+  if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "kvtier-cache")) return *exit;
+  return kvtier::cache::Run(f);
+}

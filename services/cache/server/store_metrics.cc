@@ -1,0 +1,90 @@
+#include "services/cache/server/store_metrics.h"
+
+#include "services/common/metric_family.h"
+
+namespace kvtier::cache {
+
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+std::vector<MetricFamily> StoreMetrics::Collect() const {
+  const StoreStats s = store_->Stats();
+  const FastPathCounters fast = fast_path_ != nullptr ? fast_path_->Counters() : FastPathCounters();
+  struct PerTier {
+    const char* name;
+    const char* help;
+    MetricType type;
+    uint64_t TierCounters::*field;
+  };
+  const PerTier per_tier[] = {
+      {"kvtier_cache_capacity_bytes", "Hard limit on block bytes in the tier", MetricType::Gauge,
+       &TierCounters::capacity_bytes},
+      {"kvtier_cache_used_bytes", "Block record bytes held in the tier (stored and being assembled)",
+       MetricType::Gauge, &TierCounters::used_bytes},
+      {"kvtier_cache_blocks", "Visible blocks held in the tier", MetricType::Gauge,
+       &TierCounters::blocks},
+      {"kvtier_cache_hits_total", "Blocks read from the tier", MetricType::Counter,
+       &TierCounters::hits},
+      {"kvtier_cache_promotions_total", "Blocks moved into the tier from a slower one on read",
+       MetricType::Counter, &TierCounters::promotions},
+      {"kvtier_cache_demotions_total", "Blocks moved out of the tier to a slower one when full",
+       MetricType::Counter, &TierCounters::demotions},
+      {"kvtier_cache_evictions_total", "Blocks dropped from the tier with no slower tier to take them",
+       MetricType::Counter, &TierCounters::evictions},
+      {"kvtier_cache_write_errors_total",
+       "Records the tier could not store: its storage full before its capacity (a disk's), or failing",
+       MetricType::Counter, &TierCounters::write_errors},
+  };
+  std::vector<MetricFamily> families;
+  for (const PerTier& p : per_tier) {
+    MetricFamily f = Family(p.name, p.help, p.type);
+    for (const TierCounters& t : s.tiers) {
+      AddSample(f, static_cast<double>(t.*(p.field)), {{"tier", kvblock::TierName(static_cast<v1::Tier>(t.tier))}});
+    }
+    families.push_back(std::move(f));
+  }
+  struct Single {
+    const char* name;
+    const char* help;
+    MetricType type;
+    uint64_t value;
+  };
+  const Single singles[] = {
+      {"kvtier_cache_misses_total", "Block reads that found nothing", MetricType::Counter, s.misses},
+      {"kvtier_cache_blocks_stored_total", "Blocks that became visible", MetricType::Counter,
+       s.blocks_stored},
+      {"kvtier_cache_blocks_deduplicated_total", "Puts of blocks already stored",
+       MetricType::Counter, s.blocks_deduplicated},
+      {"kvtier_cache_received_bytes_total", "Slice record bytes accepted by Put",
+       MetricType::Counter, s.bytes_in},
+      {"kvtier_cache_sent_bytes_total", "Block record bytes served by Get", MetricType::Counter,
+       s.bytes_out},
+      {"kvtier_cache_checksum_failures_total", "Records whose CRC32C failed on arrival, read or move",
+       MetricType::Counter, s.checksum_failures},
+      {"kvtier_cache_metadata_bytes", "Memory outside the tiers' block bytes: bookkeeping, memfds made ahead",
+       MetricType::Gauge, s.metadata_bytes},
+      {"kvtier_cache_leases", "Leases pinning blocks now", MetricType::Gauge, s.active_leases},
+      {"kvtier_cache_pending_blocks", "Blocks being assembled by Put streams", MetricType::Gauge,
+       s.pending_blocks},
+      {"kvtier_cache_pinned_blocks", "Blocks pinned by leases or readers", MetricType::Gauge,
+       s.pinned_blocks},
+      {"kvtier_cache_fast_path_sessions", "Same-host fast path sessions open and proven",
+       MetricType::Gauge, fast.sessions},
+      {"kvtier_cache_fast_path_blocks_total", "Blocks handed out as shared-memory leases",
+       MetricType::Counter, fast.blocks_out},
+      {"kvtier_cache_fast_path_sent_bytes_total", "Record bytes handed out as shared-memory leases",
+       MetricType::Counter, fast.bytes_out},
+      {"kvtier_cache_fast_path_received_bytes_total", "Slice record bytes Put took from staging regions",
+       MetricType::Counter, fast.bytes_in},
+      {"kvtier_cache_fast_path_staging_bytes", "Staging regions granted to open fast path sessions",
+       MetricType::Gauge, fast.staging_bytes},
+  };
+  for (const Single& single : singles) {
+    MetricFamily f = Family(single.name, single.help, single.type);
+    AddSample(f, static_cast<double>(single.value));
+    families.push_back(std::move(f));
+  }
+  return families;
+}
+
+}  // namespace kvtier::cache

@@ -1,0 +1,810 @@
+#include "services/cache/store/block_store.h"
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "services/common/status.h"
+#include "services/kvblock/block_format.h"
+#include "services/common/log.h"
+#include "services/kvblock/crc32c.h"
+
+namespace kvtier::cache {
+
+struct Entry {
+  std::string ns;
+  kvblock::BlockHash hash;
+  uint64_t layout_id = 0;
+  size_t size = 0;  // record bytes
+  size_t tier = 0;
+  std::vector<uint32_t> pages;
+  uint32_t pins = 0;
+  bool zombie = false;  // dropped while pinned; pages freed at the last unpin
+  bool moving = false;  // being copied to another tier (without the lock)
+  std::list<Entry*>::iterator lru;
+};
+
+struct BlockStore::Tier {
+  std::unique_ptr<TierStorage> storage;  // fixed after Create
+  std::list<Entry*> lru;  // most recently used first
+  TierCounters counters;
+};
+
+struct BlockStore::Lease {
+  std::multimap<absl::Time, uint64_t>::iterator deadline;  // in lease_deadlines_
+  std::vector<Entry*> entries;
+};
+
+namespace {
+
+// Bookkeeping bytes an index entry costs beyond its payload: the entry, its
+// page list, its namespace copy and the hash-map node.
+size_t EntryMetadataBytes(const Entry& e) {
+  constexpr size_t kMapNode = 64;
+  return sizeof(Entry) + kMapNode + e.pages.capacity() * sizeof(uint32_t) + e.ns.capacity();
+}
+
+// CRC32C of a paged record's bytes before its trailer, and the stored one.
+uint32_t ComputedCrc(const std::vector<std::span<const uint8_t>>& pieces, size_t size) {
+  uint32_t crc = 0;
+  size_t left = size - kvblock::kBlockTrailerBytes;
+  for (const auto& piece : pieces) {
+    const size_t n = std::min(left, piece.size());
+    crc = kvblock::Crc32cExtend(crc, piece.data(), n);
+    left -= n;
+    if (left == 0) break;
+  }
+  return crc;
+}
+
+// Copies [offset, offset + out.size()) of a paged record into `out`.
+void ReadAt(const std::vector<std::span<const uint8_t>>& pieces, size_t offset,
+            std::span<uint8_t> out) {
+  for (const auto& piece : pieces) {
+    if (out.empty()) return;
+    if (offset >= piece.size()) {
+      offset -= piece.size();
+      continue;
+    }
+    const size_t n = std::min(out.size(), piece.size() - offset);
+    std::memcpy(out.data(), piece.data() + offset, n);
+    out = out.subspan(n);
+    offset = 0;
+  }
+}
+
+uint32_t StoredCrc(const std::vector<std::span<const uint8_t>>& pieces, size_t size) {
+  uint32_t crc = 0;
+  ReadAt(pieces, size - kvblock::kBlockTrailerBytes,
+         std::span(reinterpret_cast<uint8_t*>(&crc), sizeof crc));
+  return crc;
+}
+
+// A slab's own CRC of a record (a GPU's) that the landed copy's check
+// overruled: every such record is then checked twice.
+void WarnSlabCrcDisagreed(const kvblock::BlockHash& hash) {
+  static RateLimitedLog log(LogLevel::kWarning, "store");
+  log(absl::StrCat("the device tier's CRC of block ", kvblock::HashToHex(hash),
+                   " disagreed with the check of its copy, which passed; such blocks are checked on the host"));
+}
+
+// Whether a record copied out of its tier is intact: by the CRC its slab
+// computed where it lay (a GPU's) when that agrees with the landed
+// trailer; else by checking the copy here, which decides.
+bool Intact(const std::vector<std::span<const uint8_t>>& landed, size_t size, std::optional<uint32_t> slab_crc,
+            const kvblock::BlockHash& hash) {
+  const uint32_t stored = StoredCrc(landed, size);
+  if (slab_crc.has_value() && *slab_crc == stored) return true;
+  const bool intact = ComputedCrc(landed, size) == stored;
+  if (intact && slab_crc.has_value()) WarnSlabCrcDisagreed(hash);
+  return intact;
+}
+
+// A tier move whose copy failed (not a checksum: the copying itself, a
+// GPU's error say): the block stays where it was, or is dropped when its
+// room is needed.
+void WarnMoveFailed(const absl::Status& copied) {
+  static RateLimitedLog log(LogLevel::kWarning, "store");
+  log(absl::StrCat("a tier move failed (", copied.ToString(),
+                   "); such blocks stay in their tier, or are evicted when their room is needed"));
+}
+
+RecordRoom RoomOf(const Entry& e) { return {e.ns, e.hash, e.pages, e.size}; }
+
+absl::Status ChecksumFailed(const kvblock::BlockHash& hash) {
+  return absl::DataLossError(absl::StrCat("block ", kvblock::HashToHex(hash), " failed its checksum"));
+}
+
+}  // namespace
+
+size_t BlockStore::KeyHash::operator()(const Key& k) const {
+  uint64_t h;
+  std::memcpy(&h, k.second.data(), sizeof h);  // already uniformly distributed
+  return h ^ std::hash<std::string>()(k.first);
+}
+
+// ---- PinnedBlock ----
+
+PinnedBlock::PinnedBlock(BlockStore* store, Entry* entry, TierKind tier,
+                         std::vector<std::span<const uint8_t>> pieces, std::shared_ptr<const uint8_t> owned,
+                         size_t size)
+    : store_(store), entry_(entry), tier_(tier), owned_(std::move(owned)), pieces_(std::move(pieces)), size_(size) {}
+
+PinnedBlock::~PinnedBlock() { store_->Unpin(entry_); }
+
+// A pinned entry's tier and room change only under a move, which a reader's
+// pin keeps off it; they were set before the pin was taken under the lock.
+size_t PinnedBlock::tier_index() const { return entry_->tier; }
+RecordRoom PinnedBlock::room() const { return RoomOf(*entry_); }
+
+std::string PinnedBlock::CopyToString() const {
+  std::string out;
+  out.reserve(size_);
+  for (const auto& piece : pieces_) out.append(reinterpret_cast<const char*>(piece.data()), piece.size());
+  return out;
+}
+
+// ---- BlockStore ----
+
+absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const StoreOptions& options,
+                                                               Clock* clock) {
+  if (options.page_size < 4096) {
+    return absl::InvalidArgumentError("page size must be at least 4096 bytes");
+  }
+  std::vector<std::unique_ptr<Tier>> tiers;
+  const std::pair<TierKind, uint64_t> configured[] = {
+      {TierKind::kDevice, options.device_capacity}, {TierKind::kHost, options.host_capacity}};
+  for (auto [kind, capacity] : configured) {
+    if (capacity < options.page_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kind == TierKind::kDevice ? "TIER_DEVICE" : "TIER_HOST", " capacity ", capacity, " bytes is below one page (",
+          options.page_size, " bytes)"));
+    }
+    ArenaOptions arena_options;
+    arena_options.capacity = capacity;
+    arena_options.page_size = options.page_size;
+    arena_options.segment_pages =
+        static_cast<uint32_t>(std::max<uint64_t>(1, options.segment_bytes / options.page_size));
+    arena_options.shared = options.shared_memory;
+    arena_options.make_segments_ahead = options.make_segments_ahead;
+    if (kind == TierKind::kDevice) arena_options.slab = options.device_slab;
+    if (kind == TierKind::kHost) arena_options.pin_for = options.device_slab;  // tier moves copy between them
+    auto arena = PageArena::Create(arena_options);
+    if (!arena.ok()) return arena.status();
+    auto tier = std::make_unique<Tier>();
+    tier->storage = PagesStorage(*std::move(arena));
+    tier->counters.tier = kind;
+    tier->counters.capacity_bytes = capacity;
+    tiers.push_back(std::move(tier));
+  }
+  if (options.disk_dir.empty() != (options.disk_capacity == 0)) {
+    return absl::InvalidArgumentError("a disk tier needs both a directory and a capacity");
+  }
+  if (!options.disk_dir.empty()) {
+    absl::StatusOr<std::unique_ptr<DiskDir>> disk = DiskDir::Open(options.disk_dir);
+    if (!disk.ok()) return disk.status();
+    auto tier = std::make_unique<Tier>();
+    tier->storage = DiskStorage(*std::move(disk), options.disk_capacity);
+    tier->counters.tier = TierKind::kDisk;
+    tier->counters.capacity_bytes = options.disk_capacity;
+    tiers.push_back(std::move(tier));
+  }
+  std::unique_ptr<BlockStore> store(new BlockStore(options, clock, std::move(tiers)));
+  absl::MutexLock lock(&store->mu_);
+  store->RecoverLocked();
+  return store;
+}
+
+void BlockStore::RecoverLocked() {
+  Tier& t = *tiers_.back();
+  std::vector<DiskRecord> records = t.storage->Recover(counters_.checksum_failures);
+  // Newest first, so the LRU list's back is the oldest file.
+  std::sort(records.begin(), records.end(),
+            [](const DiskRecord& a, const DiskRecord& b) { return a.mtime_ns > b.mtime_ns; });
+  for (DiskRecord& r : records) {
+    if (t.counters.used_bytes + r.size > t.counters.capacity_bytes) {  // capacity shrank
+      t.storage->Give({r.ns, r.hash, {}, r.size}, /*written=*/true);
+      ++t.counters.evictions;
+      continue;
+    }
+    auto entry = std::make_unique<Entry>();
+    entry->ns = std::move(r.ns);
+    entry->hash = r.hash;
+    entry->layout_id = r.layout_id;
+    entry->size = r.size;
+    entry->tier = tiers_.size() - 1;
+    t.lru.push_back(entry.get());
+    entry->lru = std::prev(t.lru.end());
+    t.counters.used_bytes += r.size;
+    ++t.counters.blocks;
+    counters_.metadata_bytes += EntryMetadataBytes(*entry);
+    Key key(entry->ns, entry->hash);
+    index_.emplace(std::move(key), std::move(entry));
+  }
+}
+
+BlockStore::BlockStore(const StoreOptions& options, Clock* clock,
+                       std::vector<std::unique_ptr<Tier>> tiers)
+    : options_(options), clock_(clock), tiers_(std::move(tiers)) {}
+
+BlockStore::~BlockStore() = default;
+
+MatchResult BlockStore::Match(const std::string& ns, uint64_t layout_id,
+                              std::span<const kvblock::BlockHash> hashes,
+                              std::optional<absl::Duration> lease_ttl) {
+  absl::MutexLock lock(&mu_);
+  ExpireLeasesLocked();
+  MatchResult result;
+  std::vector<Entry*> matched;
+  for (const kvblock::BlockHash& hash : hashes) {
+    auto it = index_.find(Key(ns, hash));
+    if (it == index_.end() || it->second->layout_id != layout_id) break;
+    Entry* e = it->second.get();
+    TouchLocked(e);
+    matched.push_back(e);
+    result.tiers.push_back(tiers_[e->tier]->counters.tier);
+  }
+  result.matched_blocks = static_cast<uint32_t>(matched.size());
+  if (lease_ttl.has_value() && !matched.empty()) {
+    absl::Duration ttl = *lease_ttl <= absl::ZeroDuration() ? options_.default_lease_ttl : *lease_ttl;
+    ttl = std::min(ttl, options_.max_lease_ttl);
+    for (Entry* e : matched) PinLocked(e);
+    result.lease_id = next_lease_id_++;
+    result.lease_deadline = clock_->Now() + ttl;
+    leases_[result.lease_id] =
+        Lease{lease_deadlines_.emplace(result.lease_deadline, result.lease_id), std::move(matched)};
+  }
+  return result;
+}
+
+absl::Status BlockStore::ReleaseLease(uint64_t lease_id) {
+  absl::MutexLock lock(&mu_);
+  ExpireLeasesLocked();
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) {
+    return absl::NotFoundError(absl::StrCat("lease ", lease_id, " is unknown or expired"));
+  }
+  for (Entry* e : it->second.entries) UnpinLocked(e);
+  lease_deadlines_.erase(it->second.deadline);
+  leases_.erase(it);
+  return absl::OkStatus();
+}
+
+void BlockStore::ExpireLeases() {
+  absl::MutexLock lock(&mu_);
+  ExpireLeasesLocked();
+}
+
+void BlockStore::ExpireLeasesLocked() {
+  const absl::Time now = clock_->Now();
+  while (!lease_deadlines_.empty() && lease_deadlines_.begin()->first <= now) {
+    auto lease = leases_.find(lease_deadlines_.begin()->second);
+    for (Entry* e : lease->second.entries) UnpinLocked(e);
+    leases_.erase(lease);
+    lease_deadlines_.erase(lease_deadlines_.begin());
+  }
+}
+
+absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(
+    const std::string& ns, uint64_t layout_id, const kvblock::BlockHash& hash, const ReadOptions& options) {
+  Entry* e;
+  size_t tier;
+  std::vector<uint32_t> pages;
+  TierKind served_from;
+  {
+    absl::MutexLock lock(&mu_);
+    ExpireLeasesLocked();
+    auto it = index_.find(Key(ns, hash));
+    if (it == index_.end()) {
+      ++counters_.misses;
+      return absl::NotFoundError(absl::StrCat("block ", kvblock::HashToHex(hash), " not stored"));
+    }
+    e = it->second.get();
+    if (e->layout_id != layout_id) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("block ", kvblock::HashToHex(hash), " was stored under layout ",
+                       absl::Hex(e->layout_id), ", not ", absl::Hex(layout_id)));
+    }
+    Tier& from = *tiers_[e->tier];
+    ++from.counters.hits;
+    served_from = from.counters.tier;
+    PinLocked(e);  // before the move: making room must not pick this block
+    if (e->tier != 0 && options.promote && !MoveLocked(std::span(&e, 1), 0)[0] && e->zombie) {
+      UnpinLocked(e);
+      return absl::DataLossError(absl::StrCat("block ", kvblock::HashToHex(hash),
+                                              " failed its checksum and was dropped"));
+    }
+    TouchLocked(e);
+    // Promotion can fail only when the device tier is all pinned; then the
+    // block is served from where it is.
+    tier = e->tier;
+    pages = e->pages;
+  }
+  // Pinned, with a reader's pin no move commits: its storage stays as it
+  // is, so it is read (a file, a copy out of a slab) and verified without
+  // the lock.
+  RecordBytes bytes;
+  const TierStorage& storage = *tiers_[tier]->storage;
+  const bool in_place = !options.copy_out && !storage.in_memory();
+  if (!in_place) {
+    absl::StatusOr<RecordBytes> read = storage.Read({ns, hash, pages, e->size});
+    if (read.ok()) bytes = *std::move(read);
+  }
+  if (!in_place &&
+      (bytes.pieces.empty() || (options.verify_checksum && !Intact(bytes.pieces, e->size, bytes.crc, hash)))) {
+    absl::MutexLock lock(&mu_);
+    ++counters_.checksum_failures;
+    if (!e->zombie) DropLocked(e);
+    UnpinLocked(e);
+    return absl::DataLossError(absl::StrCat("block ", kvblock::HashToHex(hash),
+                                            " failed its checksum and was dropped"));
+  }
+  if (!in_place) {  // a block pinned unread is counted by whoever reads it
+    absl::MutexLock lock(&mu_);
+    counters_.bytes_out += e->size;
+  }
+  return std::shared_ptr<const PinnedBlock>(
+      new PinnedBlock(this, e, served_from, std::move(bytes.pieces), std::move(bytes.owned), e->size));
+}
+
+void BlockStore::Unpin(Entry* entry) {
+  absl::MutexLock lock(&mu_);
+  UnpinLocked(entry);
+}
+
+void BlockStore::UnpinLocked(Entry* e) {
+  if (--e->pins > 0) return;
+  --counters_.pinned_blocks;
+  if (!e->zombie) return;
+  ReleaseStorageLocked(*e);
+  counters_.metadata_bytes -= EntryMetadataBytes(*e);
+  auto it = std::find_if(zombies_.begin(), zombies_.end(),
+                         [e](const std::unique_ptr<Entry>& z) { return z.get() == e; });
+  zombies_.erase(it);
+}
+
+void BlockStore::PinLocked(Entry* e) {
+  if (e->pins++ == 0) ++counters_.pinned_blocks;
+}
+
+void BlockStore::TouchLocked(Entry* e) {
+  auto& lru = tiers_[e->tier]->lru;
+  lru.splice(lru.begin(), lru, e->lru);
+}
+
+void BlockStore::GiveRoomLocked(size_t tier, const RecordRoom& room, bool written) {
+  Tier& t = *tiers_[tier];
+  t.storage->Give(room, written);
+  t.counters.used_bytes -= room.size;
+}
+
+void BlockStore::ReleaseStorageLocked(const Entry& e) { GiveRoomLocked(e.tier, RoomOf(e), /*written=*/true); }
+
+bool BlockStore::HasRoomLocked(size_t tier, size_t bytes, const std::string& ns) const {
+  const Tier& t = *tiers_[tier];
+  return t.storage->HasRoom(bytes, ns, t.counters.capacity_bytes - t.counters.used_bytes);
+}
+
+void BlockStore::DropLocked(Entry* e) {
+  Tier& t = *tiers_[e->tier];
+  t.lru.erase(e->lru);
+  --t.counters.blocks;
+  auto it = index_.find(Key(e->ns, e->hash));
+  std::unique_ptr<Entry> owned = std::move(it->second);
+  index_.erase(it);
+  if (e->pins > 0) {
+    e->zombie = true;
+    zombies_.push_back(std::move(owned));
+    return;
+  }
+  ReleaseStorageLocked(*e);
+  counters_.metadata_bytes -= EntryMetadataBytes(*e);
+}
+
+bool BlockStore::MakeRoomLocked(size_t tier, size_t bytes, const std::string& ns) {
+  Tier& t = *tiers_[tier];
+  const bool demotes = tier + 1 < tiers_.size();
+  // Victims taken at a time: a batch to demote, or the one to evict.
+  const uint64_t victims_bytes =
+      demotes ? std::max<uint64_t>(bytes, t.storage->MoveBatchBytes(t.counters.capacity_bytes)) : 1;
+  // Plain LRU: in a shared arena another namespace's victim makes room only
+  // once its segment empties, so this may move more than `bytes`.
+  while (!HasRoomLocked(tier, bytes, ns)) {
+    std::vector<Entry*> victims;  // least recently used first
+    uint64_t victim_bytes = 0;
+    for (auto it = t.lru.rbegin(); it != t.lru.rend() && victim_bytes < victims_bytes; ++it) {
+      if ((*it)->pins > 0) continue;
+      victims.push_back(*it);
+      victim_bytes += (*it)->size;
+    }
+    if (victims.empty()) return false;
+    if (!demotes) {
+      ++t.counters.evictions;
+      DropLocked(victims[0]);
+      continue;
+    }
+    for (Entry* v : victims) PinLocked(v);  // keeps them out of the next tier's own eviction
+    const std::vector<bool> moved = MoveLocked(victims, tier + 1);
+    for (size_t i = 0; i < victims.size(); ++i) {
+      Entry* v = victims[i];
+      const bool dropped = v->zombie;
+      const bool read_meanwhile = v->pins > 1;  // the copy ran unlocked: look for another
+      UnpinLocked(v);
+      // One that could not go down is dropped, if its room is still needed.
+      if (moved[i] || dropped || read_meanwhile || HasRoomLocked(tier, bytes, ns)) continue;
+      ++t.counters.evictions;
+      DropLocked(v);
+    }
+  }
+  return true;
+}
+
+struct BlockStore::Move {
+  size_t index;  // in MoveLocked's entries
+  Entry* entry;
+  size_t from;
+  std::vector<uint32_t> source;  // its pages where it is
+  std::vector<uint32_t> pages;   // its room in the destination
+};
+
+std::vector<bool> BlockStore::MoveLocked(std::span<Entry* const> entries, size_t to) {
+  // The caller holds the entries pinned: nothing frees their storage or
+  // evicts them, and `moving` keeps a second mover away, so their bytes
+  // stay put while the copies below run without the lock. Only a block no
+  // one else reads moves (another reader's pieces point into its storage);
+  // the same is checked again before a move commits.
+  std::vector<bool> moved(entries.size(), false);
+  Tier& dst = *tiers_[to];
+  std::vector<size_t> wanted(entries.size());
+  for (size_t i = 0; i < wanted.size(); ++i) wanted[i] = i;
+  // A second round for the blocks a full file system refused, once the
+  // disk tier has evicted to make room there.
+  for (int round = 0; round < 2 && !wanted.empty(); ++round) {
+    std::vector<Move> moves;
+    for (size_t i : wanted) {
+      Entry* e = entries[i];
+      if (e->moving || e->pins > 1 || e->zombie) continue;
+      if (!dst.storage->Fits(e->size) || !MakeRoomLocked(to, e->size, e->ns)) continue;
+      std::vector<uint32_t> pages;  // the room, reserved
+      if (!dst.storage->Take(e->size, e->ns, pages)) continue;
+      dst.counters.used_bytes += e->size;
+      e->moving = true;
+      moves.push_back({i, e, e->tier, e->pages, std::move(pages)});
+    }
+    if (moves.empty()) break;
+    // Copying (and checking) blocks takes long enough that other calls
+    // should not wait for it.
+    mu_.Unlock();
+    const std::vector<absl::Status> copied = CopyRecords(moves, to);
+    mu_.Lock();
+    wanted.clear();
+    for (size_t k = 0; k < moves.size(); ++k) {
+      moved[moves[k].index] = FinishMoveLocked(moves[k], to, copied[k]);
+      if (!moved[moves[k].index] && copied[k].code() == absl::StatusCode::kResourceExhausted &&
+          EvictForFullStorageLocked(to, moves[k].entry->size)) {
+        wanted.push_back(moves[k].index);
+      }
+    }
+  }
+  return moved;
+}
+
+bool BlockStore::EvictForFullStorageLocked(size_t tier, size_t bytes) {
+  static RateLimitedLog log(LogLevel::kWarning, "store");
+  Tier& t = *tiers_[tier];
+  std::vector<Entry*> victims;  // least recently used first
+  size_t freed = 0;
+  for (auto it = t.lru.rbegin(); it != t.lru.rend() && freed < bytes; ++it) {
+    if ((*it)->pins > 0 || (*it)->moving) continue;
+    victims.push_back(*it);
+    freed += (*it)->size;
+  }
+  for (Entry* victim : victims) {
+    ++t.counters.evictions;
+    DropLocked(victim);
+  }
+  log(absl::StrCat("the storage under a tier is full before its capacity (", t.counters.used_bytes,
+                   " of ", t.counters.capacity_bytes, " bytes in use); evicted ", victims.size(),
+                   " blocks to make room"));
+  return !victims.empty();
+}
+
+bool BlockStore::FinishMoveLocked(Move& move, size_t to, const absl::Status& copied) {
+  Entry* e = move.entry;
+  const size_t from = move.from;
+  Tier& dst = *tiers_[to];
+  std::vector<uint32_t>& pages = move.pages;
+  e->moving = false;
+  // A reader that pinned the block meanwhile reads its old storage: it stays.
+  if (!copied.ok() || e->zombie || e->pins > 1) {
+    // What was written is ours to remove, unless a newer block of that key
+    // took its place (a file under its name).
+    const bool ours = copied.ok() && !(e->zombie && index_.count(Key(e->ns, e->hash)) > 0);
+    GiveRoomLocked(to, {e->ns, e->hash, pages, e->size}, ours);
+    if (!copied.ok() && copied.code() != absl::StatusCode::kDataLoss) ++dst.counters.write_errors;
+    if (copied.code() == absl::StatusCode::kDataLoss) {  // a corrupt record never reaches another tier
+      ++counters_.checksum_failures;
+      if (!e->zombie) DropLocked(e);
+    } else if (!copied.ok()) {
+      WarnMoveFailed(copied);
+    }
+    return false;
+  }
+  Tier& src = *tiers_[from];
+  src.lru.erase(e->lru);
+  --src.counters.blocks;
+  ReleaseStorageLocked(*e);
+  e->pages = std::move(pages);
+  e->tier = to;
+  dst.lru.push_front(e);
+  e->lru = dst.lru.begin();
+  ++dst.counters.blocks;
+  if (to < from) {
+    ++dst.counters.promotions;
+  } else {
+    ++src.counters.demotions;
+  }
+  return true;
+}
+
+std::vector<absl::Status> BlockStore::CopyRecords(std::span<const Move> moves, size_t to) const {
+  const TierStorage& src = *tiers_[moves[0].from]->storage;  // the same for all
+  const TierStorage& dst = *tiers_[to]->storage;
+  std::vector<RecordRoom> sources, rooms;
+  std::vector<std::vector<std::span<uint8_t>>> outs;
+  for (const Move& m : moves) {
+    const Entry& e = *m.entry;
+    sources.push_back({e.ns, e.hash, m.source, e.size});
+    rooms.push_back({e.ns, e.hash, m.pages, e.size});
+    outs.push_back(dst.Memory(rooms.back()));
+  }
+  // A source's read failing for its own bytes (a file gone or altered)
+  // loses the block; any other leaves it where it was.
+  const auto read_failed = [](const absl::Status& s, const kvblock::BlockHash& hash) {
+    const bool lost = s.code() == absl::StatusCode::kDataLoss || s.code() == absl::StatusCode::kNotFound;
+    return lost ? ChecksumFailed(hash) : s;
+  };
+  std::vector<absl::Status> copied;
+  if (!outs[0].empty()) {
+    // Into memory: out of the source all at once (one wait for a GPU),
+    // each checked where it landed (or by the CRC a GPU computed where it
+    // lay, when that agrees).
+    std::vector<std::optional<uint32_t>> crcs(moves.size());
+    const std::vector<absl::Status> read = src.ReadInto(sources, outs, crcs);
+    for (size_t k = 0; k < moves.size(); ++k) {
+      const kvblock::BlockHash& hash = moves[k].entry->hash;
+      const std::vector<std::span<const uint8_t>> landed(outs[k].begin(), outs[k].end());
+      if (!read[k].ok()) {
+        copied.push_back(read_failed(read[k], hash));
+      } else {
+        copied.push_back(Intact(landed, moves[k].entry->size, crcs[k], hash) ? absl::OkStatus() : ChecksumFailed(hash));
+      }
+    }
+    return copied;
+  }
+  for (size_t k = 0; k < moves.size(); ++k) {
+    const kvblock::BlockHash& hash = moves[k].entry->hash;
+    absl::StatusOr<RecordBytes> bytes = src.Read(sources[k]);
+    if (!bytes.ok()) {
+      copied.push_back(read_failed(bytes.status(), hash));
+    } else if (!Intact(bytes->pieces, moves[k].entry->size, bytes->crc, hash)) {
+      copied.push_back(ChecksumFailed(hash));
+    } else {
+      copied.push_back(dst.Write(rooms[k], bytes->pieces));  // a full or failing disk: it stays
+    }
+  }
+  return copied;
+}
+
+absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t bytes,
+                                                                      const std::string& ns) {
+  if (pending_blocks_ >= options_.max_pending_blocks) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        pending_blocks_, " blocks are being assembled, the limit; retry later"));
+  }
+  Tier& first = *tiers_[0];
+  if (!first.storage->Fits(bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat("a block of ", bytes,
+                                                     " bytes does not fit the device tier (",
+                                                     first.counters.capacity_bytes, " bytes)"));
+  }
+  if (!MakeRoomLocked(0, bytes, ns)) {
+    return absl::ResourceExhaustedError(
+        "device tier is full of pinned or incomplete blocks; retry later");
+  }
+  std::vector<uint32_t> pages;
+  if (!first.storage->Take(bytes, ns, pages)) {
+    return absl::ResourceExhaustedError("device tier is full of blocks in use; retry later");
+  }
+  first.counters.used_bytes += bytes;
+  ++pending_blocks_;
+  return pages;
+}
+
+std::unique_ptr<PutSession> BlockStore::BeginPut(std::string ns, kvblock::LatentLayout layout) {
+  return std::unique_ptr<PutSession>(new PutSession(this, std::move(ns), std::move(layout)));
+}
+
+TierStorage& BlockStore::storage(size_t tier) const { return *tiers_[tier]->storage; }
+
+std::vector<SharedPiece> BlockStore::SharedPieces(const PinnedBlock& block) {
+  absl::MutexLock lock(&mu_);  // a segment's generation changes under it
+  const Entry& e = *block.entry_;
+  if (block.owned_ != nullptr) return {};  // a copy, not where it lies
+  return tiers_[e.tier]->storage->SharedPieces(static_cast<uint32_t>(e.tier), RoomOf(e));
+}
+
+absl::StatusOr<int> BlockStore::OpenSegmentReadOnly(uint32_t tier, uint32_t segment, uint64_t generation,
+                                                    const std::string& ns) {
+  absl::MutexLock lock(&mu_);  // a segment's owner and generation change under it
+  if (tier >= tiers_.size() || !tiers_[tier]->storage->shareable()) {
+    return absl::InvalidArgumentError(absl::StrCat("no shared segment ", segment, " in tier ", tier));
+  }
+  return tiers_[tier]->storage->OpenShared(segment, generation, ns);
+}
+
+StoreStats BlockStore::Stats() {
+  absl::MutexLock lock(&mu_);
+  ExpireLeasesLocked();
+  StoreStats s = counters_;
+  for (const auto& t : tiers_) {
+    s.tiers.push_back(t->counters);
+    s.metadata_bytes += t->storage->MetadataBytes();
+  }
+  s.metadata_bytes += leases_.size() * sizeof(Lease);
+  for (const auto& [id, lease] : leases_) s.metadata_bytes += lease.entries.capacity() * sizeof(Entry*);
+  s.active_leases = leases_.size();
+  s.pending_blocks = pending_blocks_;
+  return s;
+}
+
+// ---- PutSession ----
+
+struct PutSession::Pending {
+  kvblock::BlockHash hash;
+  std::vector<uint32_t> pages;
+  std::vector<bool> layers;
+  uint32_t layers_left = 0;
+  // By first layer: the slices' layer counts and payload CRCs, from which
+  // the record's CRC is put together without reading the pages back (a
+  // GPU's would be copied out again).
+  struct Slice {
+    uint32_t layers = 0;
+    uint32_t payload_crc = 0;
+  };
+  std::vector<Slice> slices;
+};
+
+PutSession::PutSession(BlockStore* store, std::string ns, kvblock::LatentLayout layout)
+    : store_(store),
+      ns_(std::move(ns)),
+      layout_(std::move(layout)),
+      layout_id_(kvblock::LayoutId(layout_)),
+      record_bytes_(kvblock::HeaderFor(layout_, 0, layout_.num_layers).RecordBytes()) {}
+
+PutSession::~PutSession() {
+  for (auto& [hash, pending] : pending_) Abandon(*pending);
+}
+
+void PutSession::Abandon(Pending& p) {
+  absl::MutexLock lock(&store_->mu_);
+  store_->GiveRoomLocked(0, {ns_, p.hash, p.pages, record_bytes_}, /*written=*/false);
+  --store_->pending_blocks_;
+}
+
+absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_view record) {
+  absl::StatusOr<kvblock::BlockView> slice = kvblock::ParseBlock(record, &layout_);
+  if (!slice.ok()) {
+    if (slice.status().code() == absl::StatusCode::kDataLoss) {
+      absl::MutexLock lock(&store_->mu_);
+      ++store_->counters_.checksum_failures;
+    }
+    return absl::Status(slice.status().code(), absl::StrCat("slice of block ",
+                                                             kvblock::HashToHex(hash), ": ",
+                                                             slice.status().message()));
+  }
+  const std::string key(kvblock::HashAsBytes(hash));
+  auto it = pending_.find(key);
+  if (it == pending_.end()) {
+    absl::MutexLock lock(&store_->mu_);
+    if (store_->index_.count(BlockStore::Key(ns_, hash)) > 0) {
+      // Already stored: this slice and the block's others cost nothing.
+      if (deduplicated_.insert(key).second) {
+        ++summary_.blocks_deduplicated;
+        ++store_->counters_.blocks_deduplicated;
+      }
+      return absl::OkStatus();
+    }
+    absl::StatusOr<std::vector<uint32_t>> pages = store_->AllocatePendingLocked(record_bytes_, ns_);
+    if (!pages.ok()) return pages.status();
+    auto pending = std::make_unique<Pending>();
+    pending->hash = hash;
+    pending->pages = std::move(*pages);
+    pending->layers.assign(layout_.num_layers, false);
+    pending->layers_left = layout_.num_layers;
+    pending->slices.resize(layout_.num_layers);
+    it = pending_.emplace(key, std::move(pending)).first;
+  }
+  Pending& p = *it->second;
+  const kvblock::BlockHeader& h = slice->header;
+  for (uint32_t l = h.layer_begin; l < h.layer_begin + h.layer_count; ++l) {
+    if (p.layers[l]) {
+      return absl::InvalidArgumentError(absl::StrCat("layer ", l, " of block ",
+                                                     kvblock::HashToHex(hash), " sent twice"));
+    }
+  }
+  const TierStorage& first = *store_->tiers_[0]->storage;
+  const RecordRoom room{ns_, hash, p.pages, record_bytes_};
+  KVTIER_RETURN_IF_ERROR(
+      first.WriteAt(room, kvblock::kBlockHeaderBytes + size_t{h.layer_begin} * h.layer_payload_bytes, slice->payloads));
+  for (uint32_t l = h.layer_begin; l < h.layer_begin + h.layer_count; ++l) p.layers[l] = true;
+  p.layers_left -= h.layer_count;
+  // ParseBlock verified crc(header || payloads), the slice's last 4 bytes;
+  // the payloads' own CRC follows from it and the header's.
+  uint32_t slice_crc;
+  std::memcpy(&slice_crc, record.data() + record.size() - sizeof slice_crc, sizeof slice_crc);
+  const uint32_t header_crc = kvblock::Crc32c(record.data(), kvblock::kBlockHeaderBytes);
+  p.slices[h.layer_begin] = {h.layer_count, kvblock::Crc32cCombine(header_crc, slice_crc, slice->payloads.size())};
+  {
+    absl::MutexLock lock(&store_->mu_);
+    store_->counters_.bytes_in += record.size();
+  }
+  if (p.layers_left > 0) return absl::OkStatus();
+
+  // Complete: header and checksum, then visible all at once.
+  const auto header = kvblock::EncodeBlockHeader(kvblock::HeaderFor(layout_, 0, layout_.num_layers));
+  KVTIER_RETURN_IF_ERROR(first.WriteAt(room, 0, std::string_view(header.data(), header.size())));
+  uint32_t crc = kvblock::Crc32c(header.data(), header.size());
+  for (uint32_t l = 0; l < layout_.num_layers; l += p.slices[l].layers) {
+    crc = kvblock::Crc32cCombine(crc, p.slices[l].payload_crc, size_t{p.slices[l].layers} * h.layer_payload_bytes);
+  }
+  KVTIER_RETURN_IF_ERROR(first.WriteAt(room, record_bytes_ - kvblock::kBlockTrailerBytes,
+                                       std::string_view(reinterpret_cast<const char*>(&crc), sizeof crc)));
+
+  std::unique_ptr<Pending> done = std::move(it->second);
+  pending_.erase(it);
+  absl::MutexLock lock(&store_->mu_);
+  --store_->pending_blocks_;
+  BlockStore::Key index_key(ns_, hash);
+  if (store_->index_.count(index_key) > 0) {  // another stream finished it first
+    store_->GiveRoomLocked(0, {ns_, hash, done->pages, record_bytes_}, /*written=*/false);
+    ++summary_.blocks_deduplicated;
+    ++store_->counters_.blocks_deduplicated;
+    return absl::OkStatus();
+  }
+  auto entry = std::make_unique<Entry>();
+  entry->ns = ns_;
+  entry->hash = hash;
+  entry->layout_id = layout_id_;
+  entry->size = record_bytes_;
+  entry->tier = 0;
+  entry->pages = std::move(done->pages);
+  BlockStore::Tier& first_tier = *store_->tiers_[0];
+  first_tier.lru.push_front(entry.get());
+  entry->lru = first_tier.lru.begin();
+  ++first_tier.counters.blocks;
+  ++store_->counters_.blocks_stored;
+  store_->counters_.metadata_bytes += EntryMetadataBytes(*entry);
+  store_->index_.emplace(std::move(index_key), std::move(entry));
+  ++summary_.blocks_stored;
+  return absl::OkStatus();
+}
+
+PutSummary PutSession::Finish() {
+  for (auto& [key, pending] : pending_) {
+    Abandon(*pending);
+    kvblock::BlockHash hash;
+    std::memcpy(hash.data(), key.data(), hash.size());
+    summary_.incomplete.push_back(hash);
+  }
+  pending_.clear();
+  deduplicated_.clear();
+  return summary_;
+}
+
+}  // namespace kvtier::cache

@@ -1,0 +1,310 @@
+// The cache's store of latent block records, in tiers.
+//
+// Tiers, fastest first: device (a GPU's memory in a slab reached by copies,
+// or host memory standing in for it), host, and optionally disk (files).
+// Each keeps its records in a TierStorage (tier_storage.h: private pages,
+// memfd segments that same-host readers map, a GPU slab, or files); this
+// class is the policy over them and never asks which kind a tier is. A
+// tier that is full demotes its least-recently-used unpinned blocks to the
+// next tier; the last tier drops them. Reading a block promotes it to the
+// first tier. Every tier move and every read verifies the record's CRC32C
+// (unless the reader says it will); a block that fails is dropped and
+// counted, never served. Reads and tier moves copy and check records
+// without the store's lock.
+//
+// Blocks are keyed by (namespace, chain hash). A Put assembles a block from
+// layer slices in pages of the first tier that only its session can see; the
+// block becomes visible to Match and Read all at once, when its last layer
+// has arrived. Pinned blocks (by a lease or by a reader) are never moved or
+// dropped.
+//
+// Thread-safe. One mutex guards the index, tiers and leases; page contents
+// are read without it while pinned, and written without it only while owned
+// by a PutSession.
+#ifndef KVTIER_SERVICES_CACHE_STORE_BLOCK_STORE_H_
+#define KVTIER_SERVICES_CACHE_STORE_BLOCK_STORE_H_
+
+#include <array>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "services/cache/store/tier_storage.h"
+#include "services/common/clock.h"
+#include "services/kvblock/block_key.h"
+#include "services/kvblock/layout.h"
+
+namespace kvtier::cache {
+
+struct StoreOptions {
+  uint64_t device_capacity = 0;  // bytes; both must be positive
+  uint64_t host_capacity = 0;
+  std::string disk_dir;        // empty: no disk tier
+  uint64_t disk_capacity = 0;  // bytes of records under disk_dir
+  uint32_t page_size = 64 * 1024;
+  // Page tiers in memfd segments of this many bytes, one namespace per
+  // segment, so same-host readers can map them (the fast path).
+  bool shared_memory = false;
+  uint64_t segment_bytes = 4 << 20;
+  // New memfds for segments readers had, made ahead (ArenaOptions).
+  bool make_segments_ahead = true;
+  // The device tier in this slab (a GPU's memory) instead of host memory.
+  std::shared_ptr<SlabMemory> device_slab;
+  absl::Duration default_lease_ttl = absl::Seconds(30);
+  absl::Duration max_lease_ttl = absl::Minutes(10);
+  // Blocks being assembled at once, across all Put streams.
+  uint32_t max_pending_blocks = 1024;
+};
+
+struct TierCounters {
+  TierKind tier = TierKind::kDevice;
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;  // record bytes of visible and pending blocks
+  uint64_t blocks = 0;      // visible blocks
+  uint64_t hits = 0;
+  uint64_t promotions = 0;
+  uint64_t demotions = 0;
+  uint64_t evictions = 0;
+  uint64_t write_errors = 0;  // records it could not store (a full or failing disk)
+};
+
+struct StoreStats {
+  std::vector<TierCounters> tiers;
+  uint64_t metadata_bytes = 0;  // and memfds made ahead (see cache.proto)
+  uint64_t misses = 0;
+  uint64_t blocks_stored = 0;
+  uint64_t blocks_deduplicated = 0;
+  uint64_t bytes_in = 0;
+  uint64_t bytes_out = 0;
+  uint64_t checksum_failures = 0;
+  uint64_t active_leases = 0;
+  uint64_t pending_blocks = 0;
+  uint64_t pinned_blocks = 0;  // by leases and readers
+};
+
+struct MatchResult {
+  uint32_t matched_blocks = 0;
+  std::vector<TierKind> tiers;
+  uint64_t lease_id = 0;  // 0 = none taken
+  absl::Time lease_deadline;
+};
+
+class BlockStore;
+struct Entry;
+
+// A block pinned for reading: its record bytes stay in place, unchanged,
+// until this object is destroyed. Thread-safe to read from.
+class PinnedBlock {
+ public:
+  ~PinnedBlock();
+  PinnedBlock(const PinnedBlock&) = delete;
+  PinnedBlock& operator=(const PinnedBlock&) = delete;
+
+  size_t size() const { return size_; }
+  // The tier it was read from (before any promotion).
+  TierKind tier() const { return tier_; }
+  // Where it lies now: its tier's index (fastest first) and its room there,
+  // which stay as they are while this pin lasts.
+  size_t tier_index() const;
+  RecordRoom room() const;
+  // The record as page-sized pieces, in order.
+  const std::vector<std::span<const uint8_t>>& pieces() const { return pieces_; }
+  std::string CopyToString() const;
+
+ private:
+  friend class BlockStore;
+  // `pieces` point into the store's pages, or into `owned`: a copy read from
+  // disk or out of a slab (null otherwise).
+  PinnedBlock(BlockStore* store, Entry* entry, TierKind tier,
+              std::vector<std::span<const uint8_t>> pieces, std::shared_ptr<const uint8_t> owned, size_t size);
+
+  BlockStore* store_;
+  Entry* entry_;
+  TierKind tier_;
+  std::shared_ptr<const uint8_t> owned_;
+  std::vector<std::span<const uint8_t>> pieces_;
+  size_t size_;
+};
+
+struct PutSummary {
+  uint32_t blocks_stored = 0;
+  uint32_t blocks_deduplicated = 0;
+  std::vector<kvblock::BlockHash> incomplete;
+};
+
+// Assembles the blocks of one Put stream. Not thread-safe (one stream, one
+// caller at a time). Destroying it without Finish frees every block it had
+// not completed, as when the stream is cancelled.
+class PutSession {
+ public:
+  ~PutSession();
+  PutSession(const PutSession&) = delete;
+  PutSession& operator=(const PutSession&) = delete;
+
+  // Parses and verifies one slice record (block_format.md) and stages its
+  // layers; the block is committed when its last layer arrives. Errors:
+  // INVALID_ARGUMENT / FAILED_PRECONDITION / DATA_LOSS from the parser,
+  // INVALID_ARGUMENT for a layer sent twice, RESOURCE_EXHAUSTED when no room
+  // can be made. A failed slice leaves the session usable.
+  absl::Status AddSlice(const kvblock::BlockHash& hash, std::string_view record);
+  // Frees the blocks still incomplete and reports what this session did.
+  PutSummary Finish();
+
+ private:
+  friend class BlockStore;
+  struct Pending;
+  PutSession(BlockStore* store, std::string ns, kvblock::LatentLayout layout);
+  void Abandon(Pending& pending);
+
+  BlockStore* store_;
+  std::string ns_;
+  kvblock::LatentLayout layout_;
+  uint64_t layout_id_;
+  size_t record_bytes_;
+  std::unordered_map<std::string, std::unique_ptr<Pending>> pending_;  // by hash bytes
+  std::unordered_set<std::string> deduplicated_;  // blocks found already stored
+  PutSummary summary_;
+};
+
+class BlockStore {
+ public:
+  static absl::StatusOr<std::unique_ptr<BlockStore>> Create(const StoreOptions& options,
+                                                            Clock* clock);
+  ~BlockStore();
+
+  // Longest prefix of `hashes` stored in `ns` under `layout_id`. With a
+  // lease_ttl the matched blocks are pinned until ReleaseLease or the
+  // deadline (ttl 0 = the default; capped at max_lease_ttl).
+  MatchResult Match(const std::string& ns, uint64_t layout_id,
+                    std::span<const kvblock::BlockHash> hashes,
+                    std::optional<absl::Duration> lease_ttl = std::nullopt);
+  // NOT_FOUND for an unknown or expired lease.
+  absl::Status ReleaseLease(uint64_t lease_id);
+
+  // Pins one block for reading: promotes it to the first tier if it can,
+  // verifies its checksum. NOT_FOUND if absent; DATA_LOSS if its checksum
+  // failed (the block is dropped); FAILED_PRECONDITION if it was stored
+  // under another layout.
+  struct ReadOptions {
+    // False leaves the check to a reader that checks the bytes as it copies
+    // them (the fast path); a tier move still verifies.
+    bool verify_checksum = true;
+    // False serves the block from the tier it is in.
+    bool promote = true;
+    // False pins a block that is not in memory (on disk, in a slab)
+    // without reading it: its pieces are then empty (a slab's block can be
+    // copied device to device by its storage).
+    bool copy_out = true;
+  };
+  absl::StatusOr<std::shared_ptr<const PinnedBlock>> Read(const std::string& ns, uint64_t layout_id,
+                                                          const kvblock::BlockHash& hash,
+                                                          const ReadOptions& options);
+  absl::StatusOr<std::shared_ptr<const PinnedBlock>> Read(const std::string& ns, uint64_t layout_id,
+                                                          const kvblock::BlockHash& hash) {
+    return Read(ns, layout_id, hash, ReadOptions());
+  }
+  // Tier `tier`'s storage (fastest first): its properties, and what only
+  // its kind can do with a pinned block (TierStorage::CopyToExported).
+  TierStorage& storage(size_t tier) const;
+
+  std::unique_ptr<PutSession> BeginPut(std::string ns, kvblock::LatentLayout layout);
+
+  // Where a pinned block's record lies in shared segments
+  // (TierStorage::SharedPieces); empty when some of it is not in one (a
+  // copy read from disk, a tier that is not shared).
+  std::vector<SharedPiece> SharedPieces(const PinnedBlock& block);
+  // A new read-only descriptor of a shared segment, for a reader of `ns`
+  // (the caller closes it). INVALID_ARGUMENT for no such segment;
+  // FAILED_PRECONDITION when it is no longer at `generation` or has no
+  // memfd; PERMISSION_DENIED when it does not hold `ns`'s blocks.
+  absl::StatusOr<int> OpenSegmentReadOnly(uint32_t tier, uint32_t segment, uint64_t generation,
+                                          const std::string& ns);
+
+  // Ends leases whose deadline has passed (also done by every call above).
+  void ExpireLeases();
+  StoreStats Stats();
+
+ private:
+  friend class PinnedBlock;
+  friend class PutSession;
+  struct Tier;
+  struct Lease;
+  struct KeyHash {
+    size_t operator()(const std::pair<std::string, kvblock::BlockHash>& k) const;
+  };
+  using Key = std::pair<std::string, kvblock::BlockHash>;
+
+  BlockStore(const StoreOptions& options, Clock* clock, std::vector<std::unique_ptr<Tier>> tiers);
+
+  void ExpireLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PinLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Unpin(Entry* entry);
+  void UnpinLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TouchLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes room in `tier` for a record of `bytes`, demoting or dropping LRU
+  // unpinned blocks; false when pinned blocks leave too little room.
+  // `ns` owns the record: in a shared arena only its segments, or empty
+  // ones, can take it.
+  bool MakeRoomLocked(size_t tier, size_t bytes, const std::string& ns)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool HasRoomLocked(size_t tier, size_t bytes, const std::string& ns) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The storage under `tier` filled before its capacity (a file system
+  // under a disk tier): evicts its LRU unpinned blocks until `bytes` of
+  // them are gone; false when none could go.
+  bool EvictForFullStorageLocked(size_t tier, size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct Move;
+  // Moves pinned blocks of one tier to `to` with verified copies, made
+  // without the lock (it is released and taken again inside); moved[i] says
+  // whether entries[i] went. One stays in place when the destination has no
+  // room, or it is moving or read by another; on a checksum failure it is
+  // dropped.
+  std::vector<bool> MoveLocked(std::span<Entry* const> entries, size_t to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Commits a move whose copy is done, or undoes it; true when it went.
+  bool FinishMoveLocked(Move& move, size_t to, const absl::Status& copied) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Copies and checks each move's record into its room in tier `to`,
+  // without the lock: into memory, out of the source in one batch (one wait
+  // for a GPU) and checked where it landed; else read, checked and written.
+  // DATA_LOSS when a check fails; other errors leave the block where it was.
+  std::vector<absl::Status> CopyRecords(std::span<const Move> moves, size_t to) const;
+  void DropLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives back the room holding a block's record.
+  void ReleaseStorageLocked(const Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives back room of tier `tier` taken for a record of `bytes`.
+  void GiveRoomLocked(size_t tier, const RecordRoom& room, bool written) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Restores the blocks the last tier still holds from before (a disk's).
+  void RecoverLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes room in the first tier for a block being assembled.
+  absl::StatusOr<std::vector<uint32_t>> AllocatePendingLocked(size_t bytes, const std::string& ns)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const StoreOptions options_;
+  Clock* const clock_;
+  mutable absl::Mutex mu_;
+  // Fixed at construction; each Tier's lists and counters are guarded by mu_.
+  const std::vector<std::unique_ptr<Tier>> tiers_;
+  std::unordered_map<Key, std::unique_ptr<Entry>, KeyHash> index_ ABSL_GUARDED_BY(mu_);
+  // Dropped while pinned: freed when the last pin goes.
+  std::vector<std::unique_ptr<Entry>> zombies_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
+  // The leases by deadline, soonest first: expiry looks only at those due.
+  std::multimap<absl::Time, uint64_t> lease_deadlines_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_lease_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint32_t pending_blocks_ ABSL_GUARDED_BY(mu_) = 0;
+  StoreStats counters_ ABSL_GUARDED_BY(mu_);  // the non-tier counters
+};
+
+}  // namespace kvtier::cache
+
+#endif  // KVTIER_SERVICES_CACHE_STORE_BLOCK_STORE_H_

@@ -1,0 +1,271 @@
+#include "services/cache/store/disk_dir.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "services/common/log.h"
+#include "services/kvblock/block_format.h"
+#include "services/kvblock/crc32c.h"
+
+namespace kvtier::cache {
+namespace {
+
+constexpr char kNamespacePrefix[] = "ns-";
+constexpr char kSuffix[] = ".kvb";
+constexpr char kTempSuffix[] = ".kvb.tmp";
+constexpr size_t kFixedHeaderBytes = 8 + 32;  // magic, version, namespace length; hash
+
+bool EndsWith(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string FileName(const kvblock::BlockHash& hash) { return kvblock::HashToHex(hash) + kSuffix; }
+
+template <typename T>
+void Append(std::string& out, T value) {
+  out.append(reinterpret_cast<const char*>(&value), sizeof value);
+}
+
+// Reads exactly `size` bytes at `offset`.
+bool ReadAll(int fd, void* out, size_t size, off_t offset) {
+  auto* at = static_cast<char*>(out);
+  while (size > 0) {
+    const ssize_t n = pread(fd, at, size, offset);
+    if (n <= 0) return false;
+    at += n;
+    offset += n;
+    size -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// Writes all of `bytes`; false (errno set) when it cannot.
+bool WriteAll(int fd, std::span<const uint8_t> bytes) {
+  while (!bytes.empty()) {
+    const ssize_t n = write(fd, bytes.data(), bytes.size());
+    if (n <= 0) {
+      if (n == 0) errno = ENOSPC;
+      return false;
+    }
+    bytes = bytes.subspan(static_cast<size_t>(n));
+  }
+  return true;
+}
+
+// The last four bytes of the record the pieces make (its CRC32C), wherever
+// the pieces cut them.
+uint32_t TrailingCrc(const std::vector<std::span<const uint8_t>>& pieces) {
+  uint8_t bytes[4] = {};
+  size_t want = sizeof bytes;
+  for (auto it = pieces.rbegin(); it != pieces.rend() && want > 0; ++it) {
+    const size_t take = std::min(want, it->size());
+    std::memcpy(bytes + want - take, it->data() + it->size() - take, take);
+    want -= take;
+  }
+  uint32_t crc;
+  std::memcpy(&crc, bytes, sizeof crc);
+  return crc;
+}
+
+// The names in directory `fd` (not closed) that are, by lstat, regular
+// files (`want_dirs` false) or directories; the rest is logged and skipped.
+std::vector<std::string> Entries(int fd, bool want_dirs, const std::string& where) {
+  static RateLimitedLog skipped(LogLevel::kWarning, "disk");
+  std::vector<std::string> names;
+  const int copy = dup(fd);
+  DIR* dir = copy >= 0 ? fdopendir(copy) : nullptr;
+  if (dir == nullptr) {
+    if (copy >= 0) close(copy);
+    return names;
+  }
+  while (const dirent* entry = readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (name == "." || name == "..") continue;
+    struct stat st;
+    if (fstatat(fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (want_dirs ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode)) {
+      names.push_back(name);
+    } else if (!want_dirs || !S_ISDIR(st.st_mode)) {
+      skipped(absl::StrCat("skipping ", where, "/", name, ": not a plain ", want_dirs ? "directory" : "file",
+                           " (links are never followed)"));
+    }
+  }
+  closedir(dir);
+  return names;
+}
+
+// The record in an open disk file that claims to be `ns`/`hash`:
+// NOT_FOUND / DATA_LOSS as Read says.
+absl::StatusOr<std::string> ReadRecord(int fd, const std::string& ns, const kvblock::BlockHash& hash,
+                                       std::optional<size_t> size, const std::string& path) {
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return absl::DataLossError(absl::StrCat(path, " is no file"));
+  const size_t header_bytes = kFixedHeaderBytes + ns.size() + 4;
+  const size_t file_bytes = static_cast<size_t>(st.st_size);
+  if (file_bytes < header_bytes + kvblock::kBlockHeaderBytes + kvblock::kBlockTrailerBytes ||
+      (size.has_value() && file_bytes != header_bytes + *size)) {
+    return absl::DataLossError(absl::StrCat(path, " is ", file_bytes, " bytes, not a record of this block"));
+  }
+  std::string header(header_bytes, '\0');
+  std::string record(file_bytes - header_bytes, '\0');
+  if (!ReadAll(fd, header.data(), header.size(), 0) ||
+      !ReadAll(fd, record.data(), record.size(), static_cast<off_t>(header_bytes))) {
+    return absl::DataLossError(absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
+  }
+  uint32_t record_crc;
+  std::memcpy(&record_crc, record.data() + record.size() - 4, 4);
+  if (header != DiskFileHeader(ns, hash, record_crc)) {
+    return absl::DataLossError(absl::StrCat(path, " does not hold block ", kvblock::HashToHex(hash), " of '", ns,
+                                            "' (an old format, or a file moved from another block's name)"));
+  }
+  return record;
+}
+
+}  // namespace
+
+std::string DiskFileHeader(const std::string& ns, const kvblock::BlockHash& hash, uint32_t record_crc) {
+  std::string header(kDiskFileMagic, sizeof kDiskFileMagic);
+  Append(header, kDiskFileVersion);
+  Append(header, static_cast<uint16_t>(ns.size()));
+  header.append(reinterpret_cast<const char*>(hash.data()), hash.size());
+  header += ns;
+  // The key's bytes, then the record's own CRC: checks the key, and binds
+  // it to the record it heads.
+  const uint32_t crc = kvblock::Crc32cExtend(kvblock::Crc32c(header.data(), header.size()), &record_crc, 4);
+  Append(header, crc);
+  return header;
+}
+
+absl::StatusOr<std::unique_ptr<DiskDir>> DiskDir::Open(const std::string& dir) {
+  // DIR itself is the operator's: a path through links is theirs to give.
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return absl::InvalidArgumentError(absl::StrCat("--disk-dir ", dir, ": ", std::strerror(errno)));
+  }
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return absl::InvalidArgumentError(absl::StrCat("--disk-dir ", dir, ": ", std::strerror(errno)));
+  std::unique_ptr<DiskDir> disk(new DiskDir(dir, fd));
+  constexpr char kProbe[] = ".kvtier-write-probe";
+  const int probe = openat(fd, kProbe, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (probe < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--disk-dir ", dir, " is not writable: ", std::strerror(errno)));
+  }
+  close(probe);
+  unlinkat(fd, kProbe, 0);
+  return disk;
+}
+
+DiskDir::~DiskDir() { close(fd_); }
+
+int DiskDir::OpenNamespace(const std::string& ns, bool create) const {
+  const std::string name = kNamespacePrefix + ns;
+  if (create && mkdirat(fd_, name.c_str(), 0700) != 0 && errno != EEXIST) return -1;
+  return openat(fd_, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+}
+
+std::vector<DiskRecord> DiskDir::Scan(uint64_t& corrupt) const {
+  std::vector<DiskRecord> records;
+  for (const std::string& ns_dir : Entries(fd_, /*want_dirs=*/true, dir_)) {
+    if (ns_dir.rfind(kNamespacePrefix, 0) != 0) continue;
+    const std::string ns = ns_dir.substr(sizeof(kNamespacePrefix) - 1);
+    if (!kvblock::ValidateNamespace(ns).ok()) continue;
+    const int ns_fd = OpenNamespace(ns, /*create=*/false);
+    if (ns_fd < 0) continue;
+    const std::string where = dir_ + "/" + ns_dir;
+    for (const std::string& name : Entries(ns_fd, /*want_dirs=*/false, where)) {
+      if (EndsWith(name, kTempSuffix)) {  // a write a crash cut short
+        unlinkat(ns_fd, name.c_str(), 0);
+        continue;
+      }
+      if (!EndsWith(name, kSuffix)) continue;
+      const std::string hex = name.substr(0, name.size() - (sizeof(kSuffix) - 1));
+      DiskRecord r;
+      r.ns = ns;
+      const bool hex_ok = hex.size() == 64 && hex.find_first_not_of("0123456789abcdef") == std::string::npos;
+      if (hex_ok) {
+        const std::string raw_hash = absl::HexStringToBytes(hex);
+        std::memcpy(r.hash.data(), raw_hash.data(), r.hash.size());
+      }
+      const int fd = openat(ns_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+      absl::StatusOr<std::string> record = fd >= 0 && hex_ok
+                                               ? ReadRecord(fd, ns, r.hash, std::nullopt, where + "/" + name)
+                                               : absl::DataLossError("unreadable");
+      absl::StatusOr<kvblock::BlockView> view =
+          record.ok() ? kvblock::ParseBlock(*record) : absl::StatusOr<kvblock::BlockView>(record.status());
+      struct stat st {};
+      if (fd >= 0) fstat(fd, &st);
+      if (fd >= 0) close(fd);
+      if (!view.ok()) {
+        ++corrupt;
+        unlinkat(ns_fd, name.c_str(), 0);  // the entry itself: a plain file in our directory
+        continue;
+      }
+      r.layout_id = view->header.layout_id;
+      r.size = record->size();
+      r.mtime_ns = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+      records.push_back(std::move(r));
+    }
+    close(ns_fd);
+  }
+  return records;
+}
+
+absl::Status DiskDir::Write(const std::string& ns, const kvblock::BlockHash& hash,
+                            const std::vector<std::span<const uint8_t>>& pieces) const {
+  const std::string header = DiskFileHeader(ns, hash, TrailingCrc(pieces));
+  const auto failed = [&](const char* what) {
+    const int error = errno;
+    const std::string message = absl::StrCat(what, " ", dir_, "/", kNamespacePrefix, ns, "/", FileName(hash), ": ",
+                                             std::strerror(error));
+    return error == ENOSPC || error == EDQUOT ? absl::ResourceExhaustedError(message)
+                                              : absl::UnavailableError(message);
+  };
+  const int ns_fd = OpenNamespace(ns, /*create=*/true);
+  if (ns_fd < 0) return failed("cannot open the directory of");
+  const std::string final_name = FileName(hash);
+  const std::string temp_name = kvblock::HashToHex(hash) + kTempSuffix;
+  const int fd = openat(ns_fd, temp_name.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  absl::Status status;
+  if (fd < 0) {
+    status = failed("cannot create");
+  } else {
+    bool written = WriteAll(fd, std::span(reinterpret_cast<const uint8_t*>(header.data()), header.size()));
+    for (size_t i = 0; written && i < pieces.size(); ++i) written = WriteAll(fd, pieces[i]);
+    if (!written) status = failed("cannot write");
+    if (close(fd) != 0 && status.ok()) status = failed("cannot write");
+    if (status.ok() && renameat(ns_fd, temp_name.c_str(), ns_fd, final_name.c_str()) != 0) {
+      status = failed("cannot rename into");
+    }
+    if (!status.ok()) unlinkat(ns_fd, temp_name.c_str(), 0);
+  }
+  close(ns_fd);
+  return status;
+}
+
+absl::StatusOr<std::string> DiskDir::Read(const std::string& ns, const kvblock::BlockHash& hash,
+                                          size_t size) const {
+  const std::string path = absl::StrCat(dir_, "/", kNamespacePrefix, ns, "/", FileName(hash));
+  const int ns_fd = OpenNamespace(ns, /*create=*/false);
+  const int fd = ns_fd < 0 ? -1 : openat(ns_fd, FileName(hash).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (ns_fd >= 0) close(ns_fd);
+  if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  absl::StatusOr<std::string> record = ReadRecord(fd, ns, hash, size, path);
+  close(fd);
+  return record;
+}
+
+void DiskDir::Remove(const std::string& ns, const kvblock::BlockHash& hash) const {
+  const int ns_fd = OpenNamespace(ns, /*create=*/false);
+  if (ns_fd < 0) return;
+  unlinkat(ns_fd, FileName(hash).c_str(), 0);
+  close(ns_fd);
+}
+
+}  // namespace kvtier::cache

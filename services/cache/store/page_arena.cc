@@ -1,0 +1,358 @@
+#include "services/cache/store/page_arena.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "services/cache/store/segment_spares.h"
+#include "services/common/log.h"
+#include "services/common/status.h"
+
+namespace kvtier::cache {
+namespace {
+
+// Anonymous memory over [at, at + bytes): the arena's own pages, or (shared
+// arenas) a stand-in when a memfd cannot be made.
+bool MapAnonymous(uint8_t* at, size_t bytes) {
+  return mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+              -1, 0) != MAP_FAILED;
+}
+
+// A new sealed memfd of `bytes` mapped read-write over [at, at + bytes), or
+// -1.
+int MapMemfd(uint8_t* at, size_t bytes) {
+  int fd = -1;
+  MapSealedMemfd(bytes, at, fd);
+  return fd;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PageArena>> PageArena::Create(const ArenaOptions& options) {
+  if (options.page_size == 0 || options.segment_pages == 0) {
+    return absl::InvalidArgumentError("page and segment sizes must be positive");
+  }
+  const uint64_t capacity =
+      options.slab != nullptr ? std::min(options.capacity, options.slab->size()) : options.capacity;
+  const uint64_t pages = capacity / options.page_size;
+  if (pages == 0 || pages > UINT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("capacity ", capacity, " bytes gives ",
+                                                   pages, " pages of ", options.page_size, " bytes"));
+  }
+  const size_t bytes = pages * options.page_size;
+  if (options.slab != nullptr) {
+    return std::unique_ptr<PageArena>(new PageArena(nullptr, bytes, options, static_cast<uint32_t>(pages)));
+  }
+  // MAP_NORESERVE: the capacity is a ceiling, not a reservation; the kernel
+  // commits pages as blocks are written. A shared arena only reserves the
+  // addresses here; each segment's memfd is mapped when it gets an owner.
+  void* base = mmap(nullptr, bytes, options.shared ? PROT_NONE : PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (base == MAP_FAILED) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot map ", bytes, " bytes: ", std::strerror(errno)));
+  }
+  return std::unique_ptr<PageArena>(
+      new PageArena(static_cast<uint8_t*>(base), bytes, options, static_cast<uint32_t>(pages)));
+}
+
+PageArena::PageArena(uint8_t* base, size_t bytes, const ArenaOptions& options, uint32_t pages)
+    : base_(base),
+      mapped_bytes_(bytes),
+      slab_(options.slab),
+      pin_for_(options.slab == nullptr ? options.pin_for : nullptr),
+      page_size_(options.page_size),
+      segment_pages_(options.segment_pages),
+      total_pages_(pages),
+      shared_(options.shared && options.slab == nullptr),
+      make_segments_ahead_(options.make_segments_ahead) {
+  const uint32_t count = (pages + segment_pages_ - 1) / segment_pages_;
+  segments_.resize(count);
+  OwnerPages& unowned = owners_[""];
+  for (uint32_t s = 0; s < count; ++s) {
+    Segment& seg = segments_[s];
+    const uint32_t first = s * segment_pages_;
+    seg.pages = std::min(segment_pages_, pages - first);
+    for (uint32_t p = first + seg.pages; p > first; --p) seg.free.push_back(p - 1);
+    unowned.with_free.insert(s);
+    empty_.insert(s);
+  }
+  unowned.free = unowned.empty_pages = pages;
+  unowned.segments = count;
+  empty_pages_ = pages;
+}
+
+PageArena::~PageArena() {
+  for (uint32_t s = 0; s < segments_.size(); ++s) Unpin(s);
+  if (base_ != nullptr) munmap(base_, mapped_bytes_);
+  for (const Segment& seg : segments_) {
+    if (seg.fd >= 0) close(seg.fd);
+  }
+}
+
+template <typename Piece, typename Copy>
+void PageArena::ForEachRun(const std::vector<uint32_t>& pages, size_t offset, std::span<const Piece> pieces,
+                           Copy copy) const {
+  for (const Piece& piece : pieces) {
+    for (size_t done = 0; done < piece.size();) {
+      const size_t page = offset / page_size_, in_page = offset % page_size_;
+      const size_t n = std::min(piece.size() - done, page_size_ - in_page);
+      copy(size_t{pages[page]} * page_size_ + in_page, piece.data() + done, n);
+      done += n;
+      offset += n;
+    }
+  }
+}
+
+namespace {
+
+// Appends `run`, or extends the last run when `run` continues it in both
+// memories: a block's pages are often adjacent, and a GPU copies one long
+// run much faster than many 64 KB ones.
+void AddRun(std::vector<SlabRun>& runs, const SlabRun& run) {
+  if (!runs.empty()) {
+    SlabRun& last = runs.back();
+    if (last.offset + last.n == run.offset && static_cast<uint8_t*>(last.host) + last.n == run.host) {
+      last.n += run.n;
+      return;
+    }
+  }
+  runs.push_back(run);
+}
+
+}  // namespace
+
+absl::Status PageArena::Write(const std::vector<uint32_t>& pages, size_t offset, std::string_view data) {
+  const std::span<const uint8_t> piece(reinterpret_cast<const uint8_t*>(data.data()), data.size());
+  return WriteRuns(pages, offset, std::span(&piece, 1), /*wait=*/false);
+}
+
+absl::Status PageArena::Read(const std::vector<uint32_t>& pages, size_t offset, std::span<uint8_t> out) const {
+  return ReadPieces(pages, offset, std::span(&out, 1));
+}
+
+absl::Status PageArena::WritePieces(const std::vector<uint32_t>& pages, size_t offset,
+                                    std::span<const std::span<const uint8_t>> pieces) {
+  return WriteRuns(pages, offset, pieces, /*wait=*/true);
+}
+
+// In a slab, the pieces' runs go as one copy (a GPU then waits once, if at
+// all).
+absl::Status PageArena::WriteRuns(const std::vector<uint32_t>& pages, size_t offset,
+                                  std::span<const std::span<const uint8_t>> pieces, bool wait) {
+  std::vector<SlabRun> runs;
+  ForEachRun(pages, offset, pieces, [&](size_t at, const uint8_t* from, size_t n) {
+    if (slab_ != nullptr) {
+      AddRun(runs, {at, n, const_cast<uint8_t*>(from)});  // read only: a copy in
+    } else {
+      std::memcpy(base_ + at, from, n);
+    }
+  });
+  if (runs.empty()) return absl::OkStatus();
+  return wait ? slab_->CopyInRuns(runs) : slab_->CopyInRunsNoWait(runs);
+}
+
+absl::Status PageArena::ReadPieces(const std::vector<uint32_t>& pages, size_t offset,
+                                   std::span<const std::span<uint8_t>> pieces) const {
+  const RecordPieces record{&pages, offset, pieces};
+  return ReadRecords(std::span(&record, 1));
+}
+
+absl::Status PageArena::ReadRecords(std::span<const RecordPieces> records,
+                                    std::span<std::optional<uint32_t>> crcs) const {
+  if (!crcs.empty() && crcs.size() != records.size()) return absl::InternalError("one CRC a record");
+  for (std::optional<uint32_t>& crc : crcs) crc.reset();
+  std::vector<SlabRun> runs;
+  for (const RecordPieces& r : records) {
+    ForEachRun(*r.pages, r.offset, r.pieces, [&](size_t at, uint8_t* to, size_t n) {
+      if (slab_ != nullptr) {
+        AddRun(runs, {at, n, to});
+      } else {
+        std::memcpy(to, base_ + at, n);
+      }
+    });
+  }
+  if (runs.empty()) return absl::OkStatus();
+  if (!crcs.empty()) {
+    std::vector<SlabRecord> checks(records.size());
+    for (size_t k = 0; k < records.size(); ++k) {
+      checks[k].bytes = records[k].crc_bytes;
+      for (size_t p = 0; p * page_size_ < records[k].crc_bytes; ++p) {
+        checks[k].page_offsets.push_back(uint64_t{(*records[k].pages)[p]} * page_size_);
+      }
+    }
+    std::vector<uint32_t> computed(records.size());
+    const absl::Status copied = slab_->CopyOutRunsWithCrc(runs, checks, page_size_, computed);
+    if (copied.code() != absl::StatusCode::kUnimplemented) {
+      if (copied.ok()) std::copy(computed.begin(), computed.end(), crcs.begin());
+      return copied;
+    }
+  }
+  return slab_->CopyOutRuns(runs);
+}
+
+std::vector<std::span<uint8_t>> PageArena::PagePieces(const std::vector<uint32_t>& pages, size_t size) const {
+  std::vector<std::span<uint8_t>> pieces;
+  for (size_t k = 0; k * page_size_ < size; ++k) {
+    pieces.emplace_back(base_ + size_t{pages[k]} * page_size_, std::min<size_t>(page_size_, size - k * page_size_));
+  }
+  return pieces;
+}
+
+uint64_t PageArena::SegmentBytes(uint32_t segment) const {
+  return uint64_t{segments_[segment].pages} * page_size_;
+}
+
+const std::string& PageArena::Key(const std::string& owner) const {
+  static const std::string kEveryone;
+  return shared_ ? owner : kEveryone;
+}
+
+uint32_t PageArena::FreePagesFor(const std::string& owner) const {
+  auto it = owners_.find(Key(owner));
+  if (it == owners_.end()) return empty_pages_;
+  return it->second.free + (empty_pages_ - it->second.empty_pages);
+}
+
+bool PageArena::Allocate(uint32_t n, const std::string& owner, std::vector<uint32_t>& pages) {
+  const std::string& key = Key(owner);
+  if (FreePagesFor(key) < n) return false;
+  pages.clear();
+  pages.reserve(n);
+  OwnerPages* mine = &owners_[key];
+  while (pages.size() < n) {
+    uint32_t s;
+    if (!mine->with_free.empty()) {
+      s = *mine->with_free.begin();
+    } else {
+      // Its own segments are full: an empty one changes hands.
+      s = *empty_.begin();
+      Reassign(s, key);
+      mine = &owners_[key];
+    }
+    Segment& seg = segments_[s];
+    if (shared_ && seg.generation == 0) Reassign(s, key);  // never mapped yet
+    Pin(s);
+    if (seg.free.size() == seg.pages) {
+      empty_.erase(s);
+      empty_pages_ -= seg.pages;
+      mine->empty_pages -= seg.pages;
+    }
+    const uint32_t take = std::min<uint32_t>(n - pages.size(), seg.free.size());
+    for (uint32_t i = 0; i < take; ++i) {
+      pages.push_back(seg.free.back());
+      seg.free.pop_back();
+    }
+    mine->free -= take;
+    if (seg.free.empty()) mine->with_free.erase(s);
+  }
+  return true;
+}
+
+void PageArena::Free(const std::vector<uint32_t>& pages) {
+  for (uint32_t p : pages) {
+    const uint32_t s = SegmentOf(p);
+    Segment& seg = segments_[s];
+    OwnerPages& owner = owners_[seg.owner];
+    seg.free.push_back(p);
+    if (seg.free.size() == 1) owner.with_free.insert(s);
+    ++owner.free;
+    if (seg.free.size() == seg.pages) {
+      empty_.insert(s);
+      empty_pages_ += seg.pages;
+      owner.empty_pages += seg.pages;
+    }
+  }
+}
+
+void PageArena::Reassign(uint32_t s, const std::string& owner) {
+  Segment& seg = segments_[s];
+  if (seg.owner != owner) {
+    auto old = owners_.find(seg.owner);
+    old->second.with_free.erase(s);
+    old->second.free -= seg.pages;
+    old->second.empty_pages -= seg.pages;
+    if (--old->second.segments == 0) owners_.erase(old);
+    OwnerPages& mine = owners_[owner];
+    mine.with_free.insert(s);
+    mine.free += seg.pages;
+    mine.empty_pages += seg.pages;
+    ++mine.segments;
+    seg.owner = owner;
+  }
+  ++seg.generation;
+  if (!shared_) return;
+  uint8_t* at = SegmentAddress(s);
+  const size_t bytes = SegmentBytes(s);
+  if (seg.fd >= 0 && !seg.exported) {
+    std::memset(at, 0, bytes);  // only this process maps it
+    return;
+  }
+  Unpin(s);  // the pin holds the old pages, not what is mapped next
+  const int old_fd = seg.fd;
+  seg.exported = false;
+  seg.fd = MapNewMemfd(at, bytes, /*replacing=*/old_fd >= 0);
+  // No longer mapped here; a reader that still maps it keeps the old
+  // owner's bytes until it unmaps (SegmentSpares::Retire).
+  if (old_fd >= 0) Retire(old_fd, bytes);
+  if (seg.fd < 0 && !MapAnonymous(at, bytes)) {
+    // The addresses are ours and reserved; failing to map them means the
+    // process is out of memory for page tables.
+    Log(LogLevel::kError, "store", absl::StrCat("cannot map segment ", s, ": ", std::strerror(errno)));
+    std::abort();
+  }
+}
+
+int PageArena::MapNewMemfd(uint8_t* at, size_t bytes, bool replacing) {
+  if (replacing && spares_ == nullptr && make_segments_ahead_ && segments_.size() >= kSegmentsPerSpare) {
+    // Owners now take segments that readers had: make memfds ahead.
+    spares_ = std::make_unique<SegmentSpares>(size_t{segment_pages_} * page_size_,
+                                              std::min<size_t>(kMostSpares, segments_.size() / kSegmentsPerSpare));
+  }
+  if (SegmentSpares* spares = SparesFor(bytes)) {
+    if (std::optional<SegmentSpares::Spare> spare = spares->Take(); spare && spares->MoveTo(*spare, at)) {
+      return spare->fd;
+    }
+  }
+  return MapMemfd(at, bytes);
+}
+
+void PageArena::Retire(int fd, size_t bytes) {
+  if (SegmentSpares* spares = SparesFor(bytes)) {
+    spares->Retire(fd);
+  } else {
+    close(fd);
+  }
+}
+
+void PageArena::Pin(uint32_t s) {
+  Segment& seg = segments_[s];
+  if (pin_for_ == nullptr || seg.pinned || pin_refused_) return;
+  const absl::Status pinned = pin_for_->PinHost(SegmentAddress(s), SegmentBytes(s));
+  if (pinned.ok()) {
+    seg.pinned = true;
+    return;
+  }
+  pin_refused_ = true;
+  if (pinned.code() != absl::StatusCode::kUnimplemented) {
+    Log(LogLevel::kWarning, "store",
+        absl::StrCat("cannot pin the host tier's pages for copies to ", pin_for_->name(), " (", pinned.message(),
+                     "); they go through the driver's staging, slower"));
+  }
+}
+
+void PageArena::Unpin(uint32_t s) {
+  Segment& seg = segments_[s];
+  if (!seg.pinned) return;
+  pin_for_->UnpinHost(SegmentAddress(s));
+  seg.pinned = false;
+}
+
+}  // namespace kvtier::cache

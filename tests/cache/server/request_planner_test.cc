@@ -1,0 +1,114 @@
+// RequestPlanner: every kind of request is refused, with the right code,
+// for each thing it checks, and planned as asked when all is well.
+#include "services/cache/server/request_planner.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "services/kvblock/layout.h"
+
+namespace kvtier::cache {
+namespace {
+
+kvblock::LatentLayout Layout() {
+  kvblock::LatentLayout l;
+  l.model_id = "planner-test";
+  l.num_layers = 4;
+  l.kv_lora_rank = 16;
+  l.rope_dim = 8;
+  l.tokens_per_block = 16;
+  l.codec = kernels::Codec::kInt8;
+  return l;
+}
+
+std::string AHash(char c) { return std::string(32, c); }
+
+// The same checks through every plan that names a scope and hashes.
+struct Kind {
+  const char* name;
+  std::function<absl::Status(const RequestPlanner&, const std::string& ns, const v1::LatentLayout&,
+                             const std::vector<std::string>& hashes)>
+      plan;
+};
+
+// A request of type R naming a scope and hashes.
+template <typename R>
+R Named(const std::string& ns, const v1::LatentLayout& layout, const std::vector<std::string>& hashes) {
+  R r;
+  r.set_kv_namespace(ns);
+  *r.mutable_layout() = layout;
+  for (const std::string& h : hashes) r.add_block_hashes(h);
+  return r;
+}
+
+std::vector<Kind> Kinds() {
+  return {
+      {"Match", [](const RequestPlanner& p, const auto&... a) { return p.PlanMatch(Named<v1::MatchRequest>(a...)).status(); }},
+      {"Get", [](const RequestPlanner& p, const auto&... a) { return p.PlanGet(Named<v1::GetRequest>(a...)).status(); }},
+  };
+}
+
+TEST(RequestPlanner, EveryPlanRefusesWhatItChecks) {
+  const RequestPlanner planner({"tenant-a"}, /*fast_path=*/nullptr);
+  const v1::LatentLayout good = kvblock::LayoutToProto(Layout());
+  v1::LatentLayout bad = good;
+  bad.set_num_layers(0);
+  for (const Kind& kind : Kinds()) {
+    SCOPED_TRACE(kind.name);
+    EXPECT_TRUE(kind.plan(planner, "tenant-a", good, {AHash('a'), AHash('b')}).ok());
+    EXPECT_EQ(kind.plan(planner, "tenant-b", good, {}).code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(kind.plan(planner, "", good, {}).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(kind.plan(planner, "a/b", good, {}).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(kind.plan(planner, "tenant-a", bad, {}).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(kind.plan(planner, "tenant-a", good, {"short"}).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(kind.plan(planner, "tenant-a", good, std::vector<std::string>(kMaxBlocksPerRequest + 1, AHash('a')))
+                  .code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  // Put and fast path leases: the same scope checks, and no session here.
+  v1::PutHeader header;
+  header.set_kv_namespace("tenant-b");
+  *header.mutable_layout() = good;
+  EXPECT_EQ(planner.PlanPut(header).status().code(), absl::StatusCode::kNotFound);
+  header.set_kv_namespace("tenant-a");
+  EXPECT_TRUE(planner.PlanPut(header).ok());
+  header.set_fast_path_session_id(7);
+  EXPECT_EQ(planner.PlanPut(header).status().code(), absl::StatusCode::kFailedPrecondition);
+  v1::LeaseBlocksRequest lease;
+  lease.set_kv_namespace("tenant-a");
+  *lease.mutable_layout() = good;
+  EXPECT_EQ(planner.PlanLease(lease).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(RequestPlanner, PlansWhatWasAskedFor) {
+  const RequestPlanner planner({}, /*fast_path=*/nullptr);  // any namespace
+  v1::GetRequest get;
+  get.set_kv_namespace("anyone");
+  *get.mutable_layout() = kvblock::LayoutToProto(Layout());
+  get.add_block_hashes(AHash('x'));
+  get.set_layer_begin(1);
+  get.set_lease_id(42);
+  absl::StatusOr<GetPlan> plan = planner.PlanGet(get);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->scope.ns, "anyone");
+  EXPECT_EQ(plan->scope.layout_id, kvblock::LayoutId(Layout()));
+  EXPECT_EQ(plan->layer_begin, 1u);
+  EXPECT_EQ(plan->layer_count, 3u) << "0 means the rest of the layers";
+  EXPECT_EQ(plan->lease_id, 42u);
+  ASSERT_EQ(plan->hashes.size(), 1u);
+  EXPECT_EQ(plan->hashes[0][0], 'x');
+  get.set_layer_count(4);  // 1 + 4 > 4 layers
+  EXPECT_EQ(planner.PlanGet(get).status().code(), absl::StatusCode::kInvalidArgument);
+
+  v1::MatchRequest match;
+  match.set_kv_namespace("anyone");
+  *match.mutable_layout() = kvblock::LayoutToProto(Layout());
+  EXPECT_FALSE(planner.PlanMatch(match)->lease_ttl.has_value());
+  match.set_acquire_lease(true);
+  match.set_lease_ttl_ms(1500);
+  EXPECT_EQ(*planner.PlanMatch(match)->lease_ttl, absl::Milliseconds(1500));
+}
+
+}  // namespace
+}  // namespace kvtier::cache
