@@ -72,7 +72,8 @@ void Absorbed(benchmark::State& state, size_t threads) {
   }
   kvtier::kernels::SetKernelThreads(1);
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * ctx.bytes));
-  state.SetLabel(std::string(kvtier::kernels::CodecName(codec)) + (threads == 1 ? "" : " " + std::to_string(threads) + " threads"));
+  state.SetLabel(std::string(kvtier::kernels::CodecName(codec)) +
+                 (threads == 1 ? "" : " " + std::to_string(threads) + " threads"));
 }
 
 void BM_Absorbed(benchmark::State& state) { Absorbed(state, 1); }
@@ -179,26 +180,32 @@ void BM_LatentReexpanded(benchmark::State& state) {
 #define KVTIER_KEEP(k) asm volatile("" : : "v"(c##k));
 // Twelve chains from `a`, each stepped by STEP(k) kPeakRounds times a
 // benchmark iteration; items: `per_step` multiply-adds a step.
-#define KVTIER_PEAK_LOOP(STEP, per_step)                                                   \
-  KVTIER_TWELVE(KVTIER_CHAIN)                                                              \
-  for (auto _ : state) {                                                                   \
-    for (int r = 0; r < kPeakRounds; ++r) { KVTIER_TWELVE(STEP) }                          \
-  }                                                                                        \
-  KVTIER_TWELVE(KVTIER_KEEP)                                                               \
+#define KVTIER_PEAK_LOOP(STEP, per_step)    \
+  KVTIER_TWELVE(KVTIER_CHAIN)               \
+  for (auto _ : state) {                    \
+    for (int r = 0; r < kPeakRounds; ++r) { \
+      KVTIER_TWELVE(STEP)                   \
+    }                                       \
+  }                                         \
+  KVTIER_TWELVE(KVTIER_KEEP)                \
   state.SetItemsProcessed(state.iterations() * int64_t{kPeakRounds} * 12 * (per_step));
 constexpr int kPeakRounds = 1 << 14;
 
 // Float multiply-adds: 16 a zmm FMA (AVX-512), 8 a ymm FMA (AVX2).
 __attribute__((target("avx512f"))) void FmaLoop512(benchmark::State& state) {
   const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(0.001f);
-#define KVTIER_STEP(k) c##k = _mm512_fmadd_ps(c##k, a, b); asm volatile("" : "+v"(c##k));
+#define KVTIER_STEP(k)                \
+  c##k = _mm512_fmadd_ps(c##k, a, b); \
+  asm volatile("" : "+v"(c##k));
   KVTIER_PEAK_LOOP(KVTIER_STEP, 16)
 #undef KVTIER_STEP
 }
 
 __attribute__((target("avx2,fma"))) void FmaLoop256(benchmark::State& state) {
   const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(0.001f);
-#define KVTIER_STEP(k) c##k = _mm256_fmadd_ps(c##k, a, b); asm volatile("" : "+x"(c##k));
+#define KVTIER_STEP(k)                \
+  c##k = _mm256_fmadd_ps(c##k, a, b); \
+  asm volatile("" : "+x"(c##k));
   KVTIER_PEAK_LOOP(KVTIER_STEP, 8)
 #undef KVTIER_STEP
 }
@@ -218,7 +225,9 @@ void BM_FmaPeak(benchmark::State& state) {
 // (32 an instruction).
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void VnniLoop(benchmark::State& state) {
   const __m512i a = _mm512_set1_epi32(0x00020003), b = _mm512_set1_epi32(0x00010001);
-#define KVTIER_STEP(k) c##k = _mm512_dpwssd_epi32(c##k, a, b); asm volatile("" : "+v"(c##k));
+#define KVTIER_STEP(k)                    \
+  c##k = _mm512_dpwssd_epi32(c##k, a, b); \
+  asm volatile("" : "+v"(c##k));
   KVTIER_PEAK_LOOP(KVTIER_STEP, 32)
 #undef KVTIER_STEP
 }
@@ -318,8 +327,8 @@ void BM_ExpandedPrefill(benchmark::State& state) {
     benchmark::DoNotOptimize(out.data());
   }
   const double visible = static_cast<double>(tokens) * static_cast<double>(tokens + 1) / 2;
-  state.SetItemsProcessed(static_cast<int64_t>(
-      static_cast<double>(state.iterations()) * kvtier::kernels::MlaFormCosts(d, tokens, tokens, visible).expanded));
+  state.SetItemsProcessed(static_cast<int64_t>(static_cast<double>(state.iterations()) *
+                                               kvtier::kernels::MlaFormCosts(d, tokens, tokens, visible).expanded));
 }
 BENCHMARK(BM_ExpandedPrefill)->Arg(512)->Arg(2048)->Unit(benchmark::kMillisecond);
 

@@ -15,14 +15,17 @@
 namespace kvtier::load {
 
 inline kvblock::LatentLayout V2LiteInt8() {
-  return {.model_id = "deepseek-v2-lite-bench", .num_layers = 27, .kv_lora_rank = 512, .rope_dim = 64,
-          .tokens_per_block = 64, .codec = kernels::Codec::kInt8};
+  return {.model_id = "deepseek-v2-lite-bench",
+          .num_layers = 27,
+          .kv_lora_rank = 512,
+          .rope_dim = 64,
+          .tokens_per_block = 64,
+          .codec = kernels::Codec::kInt8};
 }
 
 // `blocks` blocks of random latents, each as one record a layer (the layer
 // slices a prefill node sends).
-inline std::vector<std::vector<std::string>> RandomBlockSlices(const kvblock::LatentLayout& layout,
-                                                               uint32_t blocks) {
+inline std::vector<std::vector<std::string>> RandomBlockSlices(const kvblock::LatentLayout& layout, uint32_t blocks) {
   std::mt19937_64 rng(1);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> x(layout.LayerShape().values());

@@ -48,13 +48,13 @@
 #include "load/bench_layout.h"
 #include "load/median.h"
 #include "services/cache/client/cache_client.h"
-#include "services/cache/fast_path/fast_path_client.h"
 #include "services/cache/client/raw_get.h"
+#include "services/cache/fast_path/fast_path_client.h"
+#include "services/common/child_process.h"
 #include "services/common/flags.h"
+#include "services/kvblock/block_format.h"
 #include "services/serving/sequence_blocks.h"
 #include "services/serving/shard_set.h"
-#include "services/kvblock/block_format.h"
-#include "services/common/child_process.h"
 
 namespace kvtier::cache {
 namespace {
@@ -95,8 +95,8 @@ Prefix MakePrefix(const kvblock::LatentLayout& layout, const std::string& ns, ui
     }
     BlockSlices block{p.hashes[b], {}};
     for (uint32_t l = 0; l < layout.num_layers; ++l) {
-      block.records.push_back(*kvblock::EncodeBlock(
-          layout, l, 1, std::span<const float>(x).subspan(l * layer_values, layer_values)));
+      block.records.push_back(
+          *kvblock::EncodeBlock(layout, l, 1, std::span<const float>(x).subspan(l * layer_values, layer_values)));
     }
     p.records.push_back(*kvblock::EncodeBlock(layout, 0, layout.num_layers, x));
     p.bytes += p.records.back().size();
@@ -173,8 +173,8 @@ Round Concurrently(const CpuClocks& cpu, int clients, Op op) {
 // message (as ShardedPut batches a prefill node's); with `fast`, each slice
 // is written into the session's staging region and the message names it
 // (inline when the region is full).
-Sample KvtierPut(CacheClient& client, const kvblock::LatentLayout& layout, const std::string& ns,
-                 const Prefix& p, FastPathClient* fast = nullptr) {
+Sample KvtierPut(CacheClient& client, const kvblock::LatentLayout& layout, const std::string& ns, const Prefix& p,
+                 FastPathClient* fast = nullptr) {
   grpc::ClientContext context;
   client.SetDeadline(context);
   v1::PutResponse response;
@@ -228,8 +228,8 @@ struct Landing {
   // Says so when the fetch failed or did not land every block.
   Sample Done(const char* what, const absl::Status& status) {
     if (!status.ok() || landed != prefix.records.size()) {
-      std::fprintf(stderr, "%s failed: %s (%zu of %zu blocks)\n", what, std::string(status.message()).c_str(),
-                   landed, prefix.records.size());
+      std::fprintf(stderr, "%s failed: %s (%zu of %zu blocks)\n", what, std::string(status.message()).c_str(), landed,
+                   prefix.records.size());
     }
     return std::move(sample);
   }
@@ -240,21 +240,21 @@ struct Landing {
   size_t landed = 0;
 };
 
-Sample KvtierGet(grpc::Channel* channel, const kvblock::LatentLayout& layout, const std::string& ns,
-                 const Prefix& p, std::vector<uint8_t>& destination) {
+Sample KvtierGet(grpc::Channel* channel, const kvblock::LatentLayout& layout, const std::string& ns, const Prefix& p,
+                 std::vector<uint8_t>& destination) {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   Landing landing(p, destination);
-  const grpc::Status status = RawGet(channel, &context, MakeGetRequest(ns, layout, p.hashes),
-                                     landing.Destination(), landing.OnBlock());
+  const grpc::Status status =
+      RawGet(channel, &context, MakeGetRequest(ns, layout, p.hashes), landing.Destination(), landing.OnBlock());
   return landing.Done("Get", FromGrpcStatus(status));
 }
 
 // The same-host fast path: lease the prefix, copy each record out of the
 // cache's shared memory into the destination (what it leaves is counted
 // as not landed).
-Sample KvtierFastGet(FastPathClient& fast, const kvblock::LatentLayout& layout, const std::string& ns,
-                     const Prefix& p, std::vector<uint8_t>& destination) {
+Sample KvtierFastGet(FastPathClient& fast, const kvblock::LatentLayout& layout, const std::string& ns, const Prefix& p,
+                     std::vector<uint8_t>& destination) {
   Landing landing(p, destination);
   const absl::StatusOr<std::vector<uint32_t>> left =
       fast.Fetch(ns, layout, p.hashes, landing.Destination(), landing.OnBlock());
@@ -309,8 +309,7 @@ Sample RedisSet(redisContext* redis, const std::string& ns, const Prefix& p) {
   Sample sample;
   for (int b = 0; b < kBlocks; ++b) {
     const std::string key = ns + kvblock::HashToHex(p.hashes[b]);
-    redisAppendCommand(redis, "SET %b %b", key.data(), key.size(), p.records[b].data(),
-                       p.records[b].size());
+    redisAppendCommand(redis, "SET %b %b", key.data(), key.size(), p.records[b].data(), p.records[b].size());
   }
   for (int b = 0; b < kBlocks; ++b) {
     void* reply = nullptr;
@@ -321,8 +320,7 @@ Sample RedisSet(redisContext* redis, const std::string& ns, const Prefix& p) {
   return sample;
 }
 
-Sample RedisGet(redisContext* redis, const std::string& ns, const Prefix& p,
-                std::vector<uint8_t>& destination) {
+Sample RedisGet(redisContext* redis, const std::string& ns, const Prefix& p, std::vector<uint8_t>& destination) {
   Sample sample;
   const size_t slot = p.records[0].size();
   auto append = [&](int b) {
@@ -376,7 +374,8 @@ Sample RawTcpFetch(const Prefix& p, std::vector<uint8_t>& destination) {
     close(s);
   });
   const int s = socket(AF_INET, SOCK_STREAM, 0);
-  if (connect(s, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) std::fprintf(stderr, "raw TCP: no connection\n");
+  if (connect(s, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0)
+    std::fprintf(stderr, "raw TCP: no connection\n");
   const size_t slot = p.records[0].size();
   Sample sample;
   for (int b = 0; b < kBlocks; ++b) {
@@ -401,8 +400,7 @@ struct Row {
   double cpu_seconds_per_gb;
 };
 
-Row Summarize(const std::string& what, int clients, size_t bytes_per_client,
-              const std::vector<Round>& rounds) {
+Row Summarize(const std::string& what, int clients, size_t bytes_per_client, const std::vector<Round>& rounds) {
   std::vector<double> rates, cpu, blocks;
   const double gb = static_cast<double>(bytes_per_client) * clients / 1e9;
   for (const Round& round : rounds) {
@@ -414,27 +412,27 @@ Row Summarize(const std::string& what, int clients, size_t bytes_per_client,
   }
   std::sort(blocks.begin(), blocks.end());
   // No per-block times (a row that gets its blocks all at once): NaN, shown as "-".
-  auto pct = [&](double q) { return blocks.empty() ? NAN : 1e3 * blocks[static_cast<size_t>(q * (blocks.size() - 1))]; };
+  auto pct = [&](double q) {
+    return blocks.empty() ? NAN : 1e3 * blocks[static_cast<size_t>(q * (blocks.size() - 1))];
+  };
   return Row{what, clients, load::Median(rates), pct(0.5), pct(0.99), load::Median(cpu)};
 }
 
-int Run(const std::string& cache_binary, const std::string& device_memory, const std::string& redis_binary,
-        int rounds, const std::vector<int>& client_counts) {
+int Run(const std::string& cache_binary, const std::string& device_memory, const std::string& redis_binary, int rounds,
+        const std::vector<int>& client_counts) {
   const kvblock::LatentLayout layout = load::V2LiteInt8();
   constexpr int kMaxClients = 4;
   std::vector<Prefix> prefixes;
   for (int c = 0; c < kMaxClients; ++c) prefixes.push_back(MakePrefix(layout, "c" + std::to_string(c), c + 1));
   const size_t bytes = prefixes[0].bytes;
 
-  ChildProcess cache({cache_binary, "--listen", "127.0.0.1:0", "--metrics-listen", "",
-                               "--device-capacity", "1GiB", "--host-capacity", "64MiB",
-                               "--fast-path-staging", "1GiB", "--device-memory", device_memory});
+  ChildProcess cache({cache_binary, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--device-capacity", "1GiB",
+                      "--host-capacity", "64MiB", "--fast-path-staging", "1GiB", "--device-memory", device_memory});
   const int cache_port = cache.WaitForListeningPort();
   const int redis_port = FreeLoopbackPort();  // Redis cannot report port 0
   // Redis logs to a file nobody reads, not to a pipe that could fill.
-  ChildProcess redis({redis_binary, "--port", std::to_string(redis_port), "--bind",
-                               "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no",
-                               "--logfile", "/dev/null"});
+  ChildProcess redis({redis_binary, "--port", std::to_string(redis_port), "--bind", "127.0.0.1", "--save", "",
+                      "--appendonly", "no", "--daemonize", "no", "--logfile", "/dev/null"});
   if (cache_port <= 0 || redis_port <= 0) {
     std::fprintf(stderr, "servers did not start\n");
     return 1;
@@ -471,9 +469,8 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
     // On a host with the cache's GPU, as ShardSet does: the GPU tier's
     // blocks come through the session's IPC buffer (else they would be
     // left for Get).
-    absl::StatusOr<std::unique_ptr<FastPathClient>> fast =
-        FastPathClient::Connect(channels[c], absl::Seconds(60), /*staging_bytes=*/128 << 20,
-                                FastPathClient::DeviceStagingWanted());
+    absl::StatusOr<std::unique_ptr<FastPathClient>> fast = FastPathClient::Connect(
+        channels[c], absl::Seconds(60), /*staging_bytes=*/128 << 20, FastPathClient::DeviceStagingWanted());
     if (!fast.ok()) {
       std::fprintf(stderr, "fast path: %s\n", std::string(fast.status().message()).c_str());
       return 1;
@@ -501,14 +498,13 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
   std::vector<double> get_over_redis, again_over_redis, get_over_raw, redis_over_raw, fast_over_redis,
       fast_mapped_over_redis, fast_over_memcpy, fast_mapped_over_memcpy, get_cpu_over_redis;
   for (int n : client_counts) {
-    std::vector<Round> put, staged_put, get, get_again, fast, fast_mapped, set, rget,
-        rget_again, copy, raw, worker_fast, worker_tcp, prefill_tcp;
+    std::vector<Round> put, staged_put, get, get_again, fast, fast_mapped, set, rget, rget_again, copy, raw,
+        worker_fast, worker_tcp, prefill_tcp;
     for (int round = 0; round < rounds; ++round) {
       // Fresh namespaces each round so Put stores instead of deduplicating.
       const std::string tag = absl::StrFormat("r%d-n%d-", round, n);
-      put.push_back(Concurrently(cpu_clocks, n, [&](int c) {
-        return KvtierPut(*clients[c], layout, tag + std::to_string(c), prefixes[c]);
-      }));
+      put.push_back(Concurrently(
+          cpu_clocks, n, [&](int c) { return KvtierPut(*clients[c], layout, tag + std::to_string(c), prefixes[c]); }));
       // The same blocks again under other names, through the staging region.
       staged_put.push_back(Concurrently(cpu_clocks, n, [&](int c) {
         return KvtierPut(*clients[c], layout, "staged-" + tag + std::to_string(c), prefixes[c], fast_clients[c].get());
@@ -527,9 +523,8 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
       fast.push_back(Concurrently(cpu_clocks, n, [&](int c) {
         return KvtierFastGet(*fast_clients[c], layout, tag + std::to_string(c), prefixes[c], destinations[c]);
       }));
-      set.push_back(Concurrently(cpu_clocks, n, [&](int c) {
-        return RedisSet(redis_clients[c], tag + std::to_string(c), prefixes[c]);
-      }));
+      set.push_back(Concurrently(
+          cpu_clocks, n, [&](int c) { return RedisSet(redis_clients[c], tag + std::to_string(c), prefixes[c]); }));
       const auto redis_get = [&] {
         return Concurrently(cpu_clocks, n, [&](int c) {
           return RedisGet(redis_clients[c], tag + std::to_string(c), prefixes[c], destinations[c]);
@@ -601,15 +596,15 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
     rows.push_back(Summarize("redis SET, pipelined (store)", n, bytes, set));
     rows.push_back(Summarize("memcpy", n, bytes, copy));
   }
-  std::printf("4,096-token prefix, DeepSeek-V2-Lite int8: %d blocks x %u layers, %zu B a block, "
-              "%.1f MB a client; loopback TCP, congestion control %s; Redis GETs in flight: %d; "
-              "median of %d rounds\n\n",
-              kBlocks, layout.num_layers, prefixes[0].records[0].size(), bytes / 1e6,
-              TcpCongestionControl().c_str(), kRedisWindow, rounds);
+  std::printf(
+      "4,096-token prefix, DeepSeek-V2-Lite int8: %d blocks x %u layers, %zu B a block, "
+      "%.1f MB a client; loopback TCP, congestion control %s; Redis GETs in flight: %d; "
+      "median of %d rounds\n\n",
+      kBlocks, layout.num_layers, prefixes[0].records[0].size(), bytes / 1e6, TcpCongestionControl().c_str(),
+      kRedisWindow, rounds);
   // CPU s/GB: CPU time of this program, the cache and Redis together per GB
   // moved, whichever of them did the work.
-  std::printf("%-30s %8s %10s %14s %14s %10s\n", "path", "clients", "GB/s", "p50 ms/block", "p99 ms/block",
-              "CPU s/GB");
+  std::printf("%-30s %8s %10s %14s %14s %10s\n", "path", "clients", "GB/s", "p50 ms/block", "p99 ms/block", "CPU s/GB");
   for (const Row& r : rows) {
     const auto ms = [](double v) { return std::isnan(v) ? std::string("-") : absl::StrFormat("%.3f", v); };
     std::printf("%-30s %8d %10.2f %14s %14s %10.3f\n", r.what.c_str(), r.clients, r.gbps, ms(r.p50_ms).c_str(),
@@ -618,8 +613,7 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
   const auto print_ratios = [&](const char* what, const std::vector<double>& ratios, const char* target) {
     std::printf("%s, median of per-round ratios:", what);
     for (size_t i = 0; i < client_counts.size(); ++i) {
-      std::printf("%s %d client%s %.2fx", i ? "," : "", client_counts[i],
-                  client_counts[i] == 1 ? "" : "s", ratios[i]);
+      std::printf("%s %d client%s %.2fx", i ? "," : "", client_counts[i], client_counts[i] == 1 ? "" : "s", ratios[i]);
     }
     std::printf(" (%s)\n", target);
   };
@@ -656,8 +650,7 @@ int main(int argc, char** argv) {
   flags.AddUint("rounds", &rounds, "measurements per row (the median is shown)");
   flags.AddUint("redis-window", &window, "pipelined Redis GETs in flight per client");
   flags.AddString("clients", &clients, "concurrent client counts to run, each 1..4");
-  if (std::optional<int> exit =
-          flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "cache_bench")) {
+  if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "cache_bench")) {
     return *exit;
   }
   kvtier::cache::kRedisWindow = static_cast<int>(std::clamp<uint64_t>(window, 1, 64));
@@ -670,6 +663,6 @@ int main(int argc, char** argv) {
     }
     counts.push_back(n);
   }
-  return kvtier::cache::Run(cache_binary, device_memory, redis_binary,
-                            static_cast<int>(std::max<uint64_t>(rounds, 1)), counts);
+  return kvtier::cache::Run(cache_binary, device_memory, redis_binary, static_cast<int>(std::max<uint64_t>(rounds, 1)),
+                            counts);
 }

@@ -56,9 +56,9 @@ void BM_Quantize(benchmark::State& state) {
   std::vector<uint8_t> out(kBlocks * block_bytes, 1);
   for (auto _ : state) {
     for (size_t b = 0; b < kBlocks; ++b) {
-      const auto s = kvtier::kernels::Quantize(
-          codec, kShape, std::span(in).subspan(b * kShape.values(), kShape.values()),
-          std::span(out).subspan(b * block_bytes, block_bytes));
+      const auto s =
+          kvtier::kernels::Quantize(codec, kShape, std::span(in).subspan(b * kShape.values(), kShape.values()),
+                                    std::span(out).subspan(b * block_bytes, block_bytes));
       if (!s.ok()) state.SkipWithError(s.message().c_str());
     }
     benchmark::ClobberMemory();
@@ -73,16 +73,15 @@ void BM_Dequantize(benchmark::State& state) {
   const size_t block_bytes = kvtier::kernels::EncodedBytes(codec, kShape);
   std::vector<uint8_t> encoded(kBlocks * block_bytes);
   for (size_t b = 0; b < kBlocks; ++b) {
-    (void)kvtier::kernels::Quantize(codec, kShape,
-                                    std::span(in).subspan(b * kShape.values(), kShape.values()),
+    (void)kvtier::kernels::Quantize(codec, kShape, std::span(in).subspan(b * kShape.values(), kShape.values()),
                                     std::span(encoded).subspan(b * block_bytes, block_bytes));
   }
   std::vector<float> out(in.size(), 1.0f);
   for (auto _ : state) {
     for (size_t b = 0; b < kBlocks; ++b) {
-      const auto s = kvtier::kernels::Dequantize(
-          codec, kShape, std::span(encoded).subspan(b * block_bytes, block_bytes),
-          std::span(out).subspan(b * kShape.values(), kShape.values()));
+      const auto s =
+          kvtier::kernels::Dequantize(codec, kShape, std::span(encoded).subspan(b * block_bytes, block_bytes),
+                                      std::span(out).subspan(b * kShape.values(), kShape.values()));
       if (!s.ok()) state.SkipWithError(s.message().c_str());
     }
     benchmark::ClobberMemory();
@@ -133,11 +132,9 @@ class RatioReporter : public benchmark::ConsoleReporter {
   void Finalize() override {
     ConsoleReporter::Finalize();
     const double memcpy_gbps = gbps_["BM_Memcpy"][""];
-    std::printf("\nV2-Lite layer blocks (64 x 576 float32), one core, %zu MiB working set\n",
-                FloatBytes() >> 20);
+    std::printf("\nV2-Lite layer blocks (64 x 576 float32), one core, %zu MiB working set\n", FloatBytes() >> 20);
     std::printf("memcpy of the same float32 bytes: %.2f GB/s\n\n", memcpy_gbps);
-    std::printf("%-6s %14s %10s %16s %10s\n", "codec", "quantize GB/s", "% memcpy",
-                "dequantize GB/s", "% memcpy");
+    std::printf("%-6s %14s %10s %16s %10s\n", "codec", "quantize GB/s", "% memcpy", "dequantize GB/s", "% memcpy");
     for (Codec c : kvtier::kernels::kAllCodecs) {
       const std::string n = kvtier::kernels::CodecName(c);
       const double q = gbps_["BM_Quantize"][n], d = gbps_["BM_Dequantize"][n];

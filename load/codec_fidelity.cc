@@ -64,8 +64,8 @@ int Run(const std::string& preset, int prompts, int tokens, uint32_t tokens_per_
   std::printf("%-6s %22s %22s %18s\n", "codec", "mean max|dlogit|/max|logit|", "worst", "greedy agreement");
   for (int c = 0; c < 3; ++c) {
     const Tally& y = tally[c];
-    std::printf("%-6s %22.5f %22.5f %17.2f%%\n", kernels::CodecName(codecs[c]),
-                y.rel_error_sum / y.positions, y.rel_error_max, 100.0 * y.agree / y.positions);
+    std::printf("%-6s %22.5f %22.5f %17.2f%%\n", kernels::CodecName(codecs[c]), y.rel_error_sum / y.positions,
+                y.rel_error_max, 100.0 * y.agree / y.positions);
   }
   std::printf("\n(%.1f s)\n", seconds);
   std::filesystem::remove_all(dir);
@@ -84,8 +84,7 @@ int main(int argc, char** argv) {
   flags.AddUint("prompts", &prompts, "random prompts");
   flags.AddUint("tokens", &tokens, "tokens per prompt (teacher-forced)");
   flags.AddUint("tokens-per-block", &block, "latent block size");
-  if (std::optional<int> exit =
-          flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "codec_fidelity")) {
+  if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "codec_fidelity")) {
     return *exit;
   }
   return kvtier::runtime::Run(preset, static_cast<int>(prompts), static_cast<int>(tokens),

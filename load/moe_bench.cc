@@ -12,8 +12,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <random>
 #include <optional>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -106,7 +106,11 @@ int Main(int argc, char** argv) {
   std::fprintf(stderr, "making a %.1f GB MoE layer...\n",
                (bf16 ? 2.0 : 4.0) * (kExperts + kShared) * 3 * kInter * kHidden / 1e9);
   MoeWeights moe;
-  moe.gate = {.top_k = 6, .group_limited = false, .n_group = 1, .topk_group = 1, .norm_topk_prob = false,
+  moe.gate = {.top_k = 6,
+              .group_limited = false,
+              .n_group = 1,
+              .topk_group = 1,
+              .norm_topk_prob = false,
               .routed_scaling_factor = 1.0f};
   Fill(moe.router, kExperts * kHidden, rng, 1 / std::sqrt(float{kHidden}));
   for (size_t e = 0; e < kExperts; ++e) moe.experts.push_back(MakeSwiGlu(kInter, rng, bf16));
@@ -120,8 +124,8 @@ int Main(int argc, char** argv) {
   for (uint64_t i = 0; i < rounds; ++i) bandwidths.push_back(ReadBandwidth(probe));
   const double bandwidth = Median(bandwidths);
 
-  std::printf("%-6s %10s %9s %14s %12s %14s\n", "batch", "tokens/s", "experts", "weights MB/tok",
-              "weight GB/s", "of read bw");
+  std::printf("%-6s %10s %9s %14s %12s %14s\n", "batch", "tokens/s", "experts", "weights MB/tok", "weight GB/s",
+              "of read bw");
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (size_t batch : {1, 2, 4, 8, 16, 32}) {
     std::vector<double> seconds;

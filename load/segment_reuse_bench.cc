@@ -28,8 +28,8 @@ namespace kvtier::cache {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr uint32_t kPrefixBlocks = 16;                 // ~16 MB a prefix
-constexpr uint64_t kDeviceBytes = uint64_t{1} << 30;   // as cache_bench runs the cache
+constexpr uint32_t kPrefixBlocks = 16;                // ~16 MB a prefix
+constexpr uint64_t kDeviceBytes = uint64_t{1} << 30;  // as cache_bench runs the cache
 constexpr uint64_t kHostBytes = uint64_t{64} << 20;
 
 [[noreturn]] void Fail(const std::string& what) {
@@ -125,8 +125,8 @@ int Main(int argc, char** argv) {
   FlagParser flags("segment_reuse_bench [--rounds N]",
                    "Stores into a full cache whose segments readers had: memfds made ahead vs faulted in.");
   flags.AddUint("rounds", &rounds, "measurements per row (the median is shown)");
-  if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc),
-                                                  "segment_reuse_bench")) {
+  if (std::optional<int> exit =
+          flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "segment_reuse_bench")) {
     return *exit;
   }
   Bench bench;
@@ -138,9 +138,10 @@ int Main(int argc, char** argv) {
     faulted.push_back(bench.Run(Readers::kFaultedIn, prefixes));
     copy.push_back(bench.Memcpy(prefixes));
   }
-  std::printf("%u prefixes of %u DeepSeek-V2-Lite int8 blocks (%.1f MB) stored into a full %.0f MiB device tier, "
-              "one thread; median of %zu rounds\n\n",
-              prefixes, kPrefixBlocks, bench.PrefixBytes() / 1e6, kDeviceBytes / 1048576.0, none.size());
+  std::printf(
+      "%u prefixes of %u DeepSeek-V2-Lite int8 blocks (%.1f MB) stored into a full %.0f MiB device tier, "
+      "one thread; median of %zu rounds\n\n",
+      prefixes, kPrefixBlocks, bench.PrefixBytes() / 1e6, kDeviceBytes / 1048576.0, none.size());
   std::printf("%-52s %8s %10s\n", "store", "GB/s", "of memcpy");
   const double c = load::Median(copy);
   auto row = [&](const char* what, const std::vector<double>& v) {

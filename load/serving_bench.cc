@@ -11,6 +11,8 @@
 //    (Model::Forward): the ratio is what the services cost.
 //
 //   serving_bench [--rounds N] [--bin-dir build/services]
+#include <grpcpp/grpcpp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -18,8 +20,6 @@
 #include <future>
 #include <random>
 #include <thread>
-
-#include <grpcpp/grpcpp.h>
 
 #include "kvtier/kernels/parallel.h"
 #include "kvtier/v1/prefill.grpc.pb.h"
@@ -54,7 +54,7 @@ std::vector<uint32_t> RandomPrompt(size_t n, std::mt19937_64& rng) {
 
 // One generation's timings, as the client sees them.
 struct Timed {
-  double ttft_ms = 0;       // request sent -> token 0
+  double ttft_ms = 0;         // request sent -> token 0
   double server_ttft_ms = 0;  // the prefill node's own figure (usage)
   uint32_t cached = 0;
   uint32_t tokens = 0;
@@ -197,8 +197,7 @@ int Main(int argc, char** argv) {
   // "mean batch": sequences per step of the decode worker during the
   // services' rows (sequences arrive one prefill at a time, so the first and
   // last steps of a row carry fewer than all of them).
-  std::printf("%-10s %16s %18s %8s %11s\n", "sequences", "services tok/s", "in process tok/s", "ratio",
-              "mean batch");
+  std::printf("%-10s %16s %18s %8s %11s\n", "sequences", "services tok/s", "in process tok/s", "ratio", "mean batch");
   for (size_t batch : {1, 8, 32}) {
     std::vector<double> served, local;
     const auto [steps_before, carried_before] = DecodeSteps(decode_metrics);
@@ -207,7 +206,8 @@ int Main(int argc, char** argv) {
       for (size_t b = 0; b < batch; ++b) prompts.push_back(RandomPrompt(kDecodePrompt, rng));
       std::vector<std::future<Timed>> runs;
       for (const auto& p : prompts) {
-        runs.push_back(std::async(std::launch::async, [&, p] { return Generate(*stub, p, static_cast<uint32_t>(decode_tokens)); }));
+        runs.push_back(std::async(std::launch::async,
+                                  [&, p] { return Generate(*stub, p, static_cast<uint32_t>(decode_tokens)); }));
       }
       std::vector<Timed> done;
       for (auto& f : runs) done.push_back(f.get());
@@ -215,7 +215,8 @@ int Main(int argc, char** argv) {
       // from the first sequence's token 1 to the last sequence's end.
       Clock::time_point from = done[0].first_decode, to = done[0].last;
       size_t tokens = 0;
-      for (const Timed& t : done) from = std::min(from, t.first_decode), to = std::max(to, t.last), tokens += t.tokens - 1;
+      for (const Timed& t : done)
+        from = std::min(from, t.first_decode), to = std::max(to, t.last), tokens += t.tokens - 1;
       served.push_back(static_cast<double>(tokens) / std::chrono::duration<double>(to - from).count());
       local.push_back(InProcessDecode(**model, batch, kDecodePrompt, static_cast<int>(decode_tokens), rng));
     }

@@ -88,8 +88,8 @@ int Main(int argc, char** argv) {
   std::printf("reads of 8 device-tier blocks, %llu s each\n%-28s %12s %10s %10s %10s %11s\n",
               static_cast<unsigned long long>(seconds), "", "reads/s", "p50 us", "p99 us", "p99.9 us", "demotions");
   for (const auto& [name, r] : {std::pair{"alone", alone}, {"while blocks are demoted", mixed}}) {
-    std::printf("%-28s %12.0f %10.2f %10.2f %10.2f %11llu\n", name, r.reads_per_second, r.p50_us, r.p99_us,
-                r.p999_us, static_cast<unsigned long long>(r.demotions));
+    std::printf("%-28s %12.0f %10.2f %10.2f %10.2f %11llu\n", name, r.reads_per_second, r.p50_us, r.p99_us, r.p999_us,
+                static_cast<unsigned long long>(r.demotions));
   }
   return 0;
 }

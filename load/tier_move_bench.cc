@@ -196,9 +196,10 @@ int Main(int argc, char** argv) {
     }
   }
   const double gb = static_cast<double>(blocks * bench.record_bytes()) / 1e9;
-  std::printf("%llu blocks of %zu B (V2-Lite int8) a row; median of %llu rounds; GB/s of blocks, against memcpy "
-              "(GPU: pinned cudaMemcpy, one way) of the same bytes in the same rounds\n\n",
-              static_cast<unsigned long long>(blocks), bench.record_bytes(), static_cast<unsigned long long>(rounds));
+  std::printf(
+      "%llu blocks of %zu B (V2-Lite int8) a row; median of %llu rounds; GB/s of blocks, against memcpy "
+      "(GPU: pinned cudaMemcpy, one way) of the same bytes in the same rounds\n\n",
+      static_cast<unsigned long long>(blocks), bench.record_bytes(), static_cast<unsigned long long>(rounds));
   std::printf("%-40s %8s %12s %10s\n", "device tier / what", "GB/s", "limit GB/s", "of limit");
   for (const Kind& k : kinds) {
     const double limit = gb / Median(k.reference_s);

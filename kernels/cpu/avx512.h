@@ -42,12 +42,24 @@ inline bool HasAvx512() { return false; }
 
 // One step of a tile: the columns loaded once as c0..c3 = COLUMN(k), then
 // per row h `row` = ROW(h) and OP(h, k) for its 4 accumulators.
-#define KVTIER_TILE_STEP(TYPE, COLUMN, ROW, OP)                                 \
-  const TYPE c0 = COLUMN(0), c1 = COLUMN(1), c2 = COLUMN(2), c3 = COLUMN(3);    \
-  { const TYPE row = ROW(0); KVTIER_TILE_ROW(OP, 0) }                           \
-  { const TYPE row = ROW(1); KVTIER_TILE_ROW(OP, 1) }                           \
-  { const TYPE row = ROW(2); KVTIER_TILE_ROW(OP, 2) }                           \
-  { const TYPE row = ROW(3); KVTIER_TILE_ROW(OP, 3) }
+#define KVTIER_TILE_STEP(TYPE, COLUMN, ROW, OP)                              \
+  const TYPE c0 = COLUMN(0), c1 = COLUMN(1), c2 = COLUMN(2), c3 = COLUMN(3); \
+  {                                                                          \
+    const TYPE row = ROW(0);                                                 \
+    KVTIER_TILE_ROW(OP, 0)                                                   \
+  }                                                                          \
+  {                                                                          \
+    const TYPE row = ROW(1);                                                 \
+    KVTIER_TILE_ROW(OP, 1)                                                   \
+  }                                                                          \
+  {                                                                          \
+    const TYPE row = ROW(2);                                                 \
+    KVTIER_TILE_ROW(OP, 2)                                                   \
+  }                                                                          \
+  {                                                                          \
+    const TYPE row = ROW(3);                                                 \
+    KVTIER_TILE_ROW(OP, 3)                                                   \
+  }
 
 namespace kvtier::kernels::cpu {
 
@@ -85,7 +97,7 @@ KVTIER_AVX512 __attribute__((always_inline)) inline __m512 Bf16ToFloats(const ui
 // Stores the 4 x 4 tile sums of SumEach (lane h * 4 + k) as rows: the
 // first n of row h at dst + h * stride, for the rows h < rows.
 KVTIER_AVX512 __attribute__((always_inline)) inline void StoreTileRows(__m512 sums, uint32_t rows, uint32_t n,
-                                                                            float* dst, size_t stride) {
+                                                                       float* dst, size_t stride) {
   alignas(64) float lanes[16];
   _mm512_store_ps(lanes, sums);
   for (uint32_t h = 0; h < rows; ++h) {

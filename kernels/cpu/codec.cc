@@ -12,10 +12,14 @@ namespace kvtier::kernels {
 
 const char* CodecName(Codec codec) {
   switch (codec) {
-    case Codec::kBf16: return "bf16";
-    case Codec::kFp8: return "fp8";
-    case Codec::kInt8: return "int8";
-    case Codec::kInt4: return "int4";
+    case Codec::kBf16:
+      return "bf16";
+    case Codec::kFp8:
+      return "fp8";
+    case Codec::kInt8:
+      return "int8";
+    case Codec::kInt4:
+      return "int4";
   }
   return "unknown";
 }
@@ -31,16 +35,15 @@ bool IsKnownCodec(uint8_t value) { return value >= 1 && value <= 4; }
 
 Status ValidateShape(BlockShape shape) {
   if (shape.tokens < 1 || shape.tokens > kMaxBlockTokens) {
-    return InvalidArgument("block token count " + std::to_string(shape.tokens) +
-                           " outside 1.." + std::to_string(kMaxBlockTokens));
+    return InvalidArgument("block token count " + std::to_string(shape.tokens) + " outside 1.." +
+                           std::to_string(kMaxBlockTokens));
   }
   if (shape.latent_dim < 1 || shape.latent_dim > kMaxLatentDim) {
-    return InvalidArgument("latent dim " + std::to_string(shape.latent_dim) +
-                           " outside 1.." + std::to_string(kMaxLatentDim));
+    return InvalidArgument("latent dim " + std::to_string(shape.latent_dim) + " outside 1.." +
+                           std::to_string(kMaxLatentDim));
   }
   if (shape.rope_dim > kMaxLatentDim) {
-    return InvalidArgument("rope dim " + std::to_string(shape.rope_dim) +
-                           " above " + std::to_string(kMaxLatentDim));
+    return InvalidArgument("rope dim " + std::to_string(shape.rope_dim) + " above " + std::to_string(kMaxLatentDim));
   }
   return OkStatus();
 }
@@ -72,40 +75,49 @@ Status CheckSizes(Codec codec, BlockShape shape, size_t values, size_t bytes) {
     return InvalidArgument("unknown codec " + std::to_string(static_cast<int>(codec)));
   }
   if (values != shape.values()) {
-    return InvalidArgument("float buffer holds " + std::to_string(values) +
-                           " values, shape needs " + std::to_string(shape.values()));
+    return InvalidArgument("float buffer holds " + std::to_string(values) + " values, shape needs " +
+                           std::to_string(shape.values()));
   }
   const size_t want = EncodedBytes(codec, shape);
   if (bytes != want) {
-    return InvalidArgument(std::string(CodecName(codec)) + " payload is " +
-                           std::to_string(bytes) + " bytes, shape needs " +
-                           std::to_string(want));
+    return InvalidArgument(std::string(CodecName(codec)) + " payload is " + std::to_string(bytes) +
+                           " bytes, shape needs " + std::to_string(want));
   }
   return OkStatus();
 }
 
 }  // namespace
 
-Status Quantize(Codec codec, BlockShape shape, std::span<const float> in,
-                std::span<uint8_t> out) {
+Status Quantize(Codec codec, BlockShape shape, std::span<const float> in, std::span<uint8_t> out) {
   if (Status s = CheckSizes(codec, shape, in.size(), out.size()); !s.ok()) return s;
   switch (codec) {
-    case Codec::kBf16: return cpu::QuantizeBf16(shape, in.data(), out.data());
-    case Codec::kFp8: return cpu::QuantizeFp8(shape, in.data(), out.data());
-    case Codec::kInt8: return cpu::QuantizeInt8(shape, in.data(), out.data());
-    case Codec::kInt4: return cpu::QuantizeInt4(shape, in.data(), out.data());
+    case Codec::kBf16:
+      return cpu::QuantizeBf16(shape, in.data(), out.data());
+    case Codec::kFp8:
+      return cpu::QuantizeFp8(shape, in.data(), out.data());
+    case Codec::kInt8:
+      return cpu::QuantizeInt8(shape, in.data(), out.data());
+    case Codec::kInt4:
+      return cpu::QuantizeInt4(shape, in.data(), out.data());
   }
   return InvalidArgument("unknown codec");
 }
 
-Status Dequantize(Codec codec, BlockShape shape, std::span<const uint8_t> in,
-                  std::span<float> out) {
+Status Dequantize(Codec codec, BlockShape shape, std::span<const uint8_t> in, std::span<float> out) {
   if (Status s = CheckSizes(codec, shape, out.size(), in.size()); !s.ok()) return s;
   switch (codec) {
-    case Codec::kBf16: cpu::DequantizeBf16(shape, in.data(), out.data()); break;
-    case Codec::kFp8: cpu::DequantizeFp8(shape, in.data(), out.data()); break;
-    case Codec::kInt8: cpu::DequantizeInt8(shape, in.data(), out.data()); break;
-    case Codec::kInt4: cpu::DequantizeInt4(shape, in.data(), out.data()); break;
+    case Codec::kBf16:
+      cpu::DequantizeBf16(shape, in.data(), out.data());
+      break;
+    case Codec::kFp8:
+      cpu::DequantizeFp8(shape, in.data(), out.data());
+      break;
+    case Codec::kInt8:
+      cpu::DequantizeInt8(shape, in.data(), out.data());
+      break;
+    case Codec::kInt4:
+      cpu::DequantizeInt4(shape, in.data(), out.data());
+      break;
   }
   return OkStatus();
 }
@@ -122,8 +134,7 @@ KVTIER_VECTOR_CLONES Status CheckFinite(BlockShape shape, const float* in) {
   for (size_t i = 0; i < n; ++i) {
     if (!std::isfinite(in[i])) {
       return InvalidArgument("non-finite input " + std::to_string(in[i]) + " at token " +
-                             std::to_string(i / shape.dim()) + ", channel " +
-                             std::to_string(i % shape.dim()));
+                             std::to_string(i / shape.dim()) + ", channel " + std::to_string(i % shape.dim()));
     }
   }
   return OkStatus();

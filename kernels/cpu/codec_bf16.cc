@@ -18,9 +18,8 @@ KVTIER_VECTOR_CLONES Status QuantizeBf16(BlockShape shape, const float* in, uint
   if (Status s = CheckFinite(shape, in); !s.ok()) return s;
   for (size_t i = 0; i < n; ++i) {
     if ((FloatToBf16(in[i]) & 0x7f80u) == 0x7f80u) {
-      return InvalidArgument("value " + std::to_string(in[i]) + " at token " +
-                             std::to_string(i / shape.dim()) + ", channel " +
-                             std::to_string(i % shape.dim()) + " overflows bf16");
+      return InvalidArgument("value " + std::to_string(in[i]) + " at token " + std::to_string(i / shape.dim()) +
+                             ", channel " + std::to_string(i % shape.dim()) + " overflows bf16");
     }
   }
   return OkStatus();

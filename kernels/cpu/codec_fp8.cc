@@ -19,8 +19,8 @@ size_t Fp8TokenBytes(BlockShape shape, uint32_t tiles) {
 }
 
 Status OverflowError(uint32_t t, uint32_t c, float v) {
-  return InvalidArgument("value " + std::to_string(v) + " at token " + std::to_string(t) +
-                         ", channel " + std::to_string(c) + " overflows bf16");
+  return InvalidArgument("value " + std::to_string(v) + " at token " + std::to_string(t) + ", channel " +
+                         std::to_string(c) + " overflows bf16");
 }
 
 // Bits of the largest |x| of a tile. Non-negative floats order like their
@@ -34,8 +34,7 @@ inline uint32_t AbsMaxBits(const float* in, uint32_t n) {
 
 // Rounds finite input to bf16 (FlashMLA quantizes bf16 caches), scales, and
 // converts; |bf16(x) * inv| <= 448 since the scale covers the tile's amax.
-inline void EncodeTile(const float* __restrict in, float inv, uint8_t* __restrict codes,
-                       uint32_t n) {
+inline void EncodeTile(const float* __restrict in, float inv, uint8_t* __restrict codes, uint32_t n) {
   for (uint32_t c = 0; c < n; ++c) {
     codes[c] = Fp8E4m3FromInRange(BitsToFloat(RoundToBf16Bits(FloatBits(in[c])) << 16) * inv);
   }
@@ -58,8 +57,7 @@ KVTIER_VECTOR_CLONES Status QuantizeFp8(BlockShape shape, const float* in, uint8
       const uint32_t begin = tile * kFp8TileSize;
       const uint32_t n = std::min(begin + kFp8TileSize, shape.latent_dim) - begin;
       // Full tiles take a constant trip count, which the compiler unrolls.
-      const uint32_t bits = n == kFp8TileSize ? AbsMaxBits(row + begin, kFp8TileSize)
-                                              : AbsMaxBits(row + begin, n);
+      const uint32_t bits = n == kFp8TileSize ? AbsMaxBits(row + begin, kFp8TileSize) : AbsMaxBits(row + begin, n);
       amax_bits[size_t{t} * tiles + tile] = bits;
       any_bits = std::max(any_bits, bits);
     }

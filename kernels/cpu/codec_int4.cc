@@ -32,13 +32,11 @@ KVTIER_VECTOR_CLONES Status QuantizeInt4(BlockShape shape, const float* in, uint
     const uint16_t zero_bits = FloatToBf16TowardNegative(lo[c]);
     const float z = Bf16ToFloat(zero_bits);
     const float range = hi[c] - z;
-    const uint16_t scale_bits =
-        FloatToBf16TowardPositive(std::max(range / 15.0f, kMinIntScale));
+    const uint16_t scale_bits = FloatToBf16TowardPositive(std::max(range / 15.0f, kMinIntScale));
     const float s = Bf16ToFloat(scale_bits);
     if (!std::isfinite(z) || !std::isfinite(range) || !std::isfinite(s)) {
-      return InvalidArgument("channel " + std::to_string(c) + " spans [" +
-                             std::to_string(lo[c]) + ", " + std::to_string(hi[c]) +
-                             "], too wide for the int4 codec's bf16 scale");
+      return InvalidArgument("channel " + std::to_string(c) + " spans [" + std::to_string(lo[c]) + ", " +
+                             std::to_string(hi[c]) + "], too wide for the int4 codec's bf16 scale");
     }
     StoreU16(out + 2 * c, scale_bits);
     StoreU16(out + 2 * (size_t{dim} + c), zero_bits);

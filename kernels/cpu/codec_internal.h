@@ -11,16 +11,14 @@
 
 namespace kvtier::kernels::cpu {
 
-static_assert(std::endian::native == std::endian::little,
-              "the block format is little-endian and stored as-is");
+static_assert(std::endian::native == std::endian::little, "the block format is little-endian and stored as-is");
 
 // The hot loops are plain C++ that compilers vectorize; on x86-64 GCC builds
 // each such function for AVX-512, AVX2 and baseline SSE2 and picks one when
 // the program loads, so one binary is both portable and fast. Not under
 // ThreadSanitizer: its instrumented resolvers would run before its runtime.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
-#define KVTIER_VECTOR_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define KVTIER_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define KVTIER_VECTOR_CLONES
 #endif
@@ -31,7 +29,6 @@ inline float RoundHalfEven(float v) {
   constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
   return (v + kMagic) - kMagic;
 }
-
 
 // INVALID_ARGUMENT naming the first non-finite input value, or OK.
 Status CheckFinite(BlockShape shape, const float* in);

@@ -7,10 +7,10 @@
 
 #include "avx512.h"
 #include "codec_internal.h"
-#include "lanes16.h"
-#include "mla_attention_float.h"
 #include "kvtier/kernels/layers.h"
 #include "kvtier/kernels/parallel.h"
+#include "lanes16.h"
+#include "mla_attention_float.h"
 
 namespace kvtier::kernels {
 namespace {
@@ -68,8 +68,8 @@ KVTIER_AVX512 inline void AbsorbRows(const float* w, size_t nope, size_t kv, con
 }
 
 // AbsorbQueries for heads [begin, end), the rows 4 at a time.
-KVTIER_AVX512 void AbsorbHeadsAvx512(const MlaDims& d, const float* w_uk, const float* q,
-                                     std::span<const size_t> rows, float* q_latent, size_t begin, size_t end) {
+KVTIER_AVX512 void AbsorbHeadsAvx512(const MlaDims& d, const float* w_uk, const float* q, std::span<const size_t> rows,
+                                     float* q_latent, size_t begin, size_t end) {
   const size_t qdim = d.nope + d.rope;
   for (size_t h = begin; h < end; ++h) {
     const float* w = w_uk + h * d.nope * d.kv;
@@ -101,8 +101,7 @@ void AbsorbHeadsAvx512(const MlaDims& d, const float* w_uk, const float* q, std:
 
 }  // namespace
 
-void AbsorbQueries(const MlaDims& d, const float* w_uk, const float* q, std::span<const size_t> rows,
-                   float* q_latent) {
+void AbsorbQueries(const MlaDims& d, const float* w_uk, const float* q, std::span<const size_t> rows, float* q_latent) {
   const bool tiles = cpu::HasAvx512() && cpu::AttentionTilesEnabled();
   ParallelFor(d.heads, 1, [&](size_t begin, size_t end) {
     if (tiles) {

@@ -4,9 +4,8 @@
 
 namespace kvtier::kernels {
 
-Status PlanExpertGroups(const std::vector<std::vector<int32_t>>& rows,
-                        const std::vector<std::vector<float>>& weights, std::span<const uint32_t> inter,
-                        uint32_t tokens, ExpertGroups& out) {
+Status PlanExpertGroups(const std::vector<std::vector<int32_t>>& rows, const std::vector<std::vector<float>>& weights,
+                        std::span<const uint32_t> inter, uint32_t tokens, ExpertGroups& out) {
   const size_t groups = rows.size();
   if (weights.size() != groups || inter.size() != groups) {
     return InvalidArgument("expert groups: " + std::to_string(groups) + " row lists, " +

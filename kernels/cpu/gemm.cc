@@ -1,16 +1,16 @@
 // Gemm and Gemv: dot products of weight rows with inputs, each summed in
 // one fixed order whatever the batch, the tile or the thread split, so a
 // sequence's results do not depend on what it is batched with.
-#include "avx512.h"
-#include "codec_internal.h"
-#include "kvtier/kernels/float_formats.h"
-#include "lanes16.h"
-#include "kvtier/kernels/layers.h"
-#include "kvtier/kernels/parallel.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+
+#include "avx512.h"
+#include "codec_internal.h"
+#include "kvtier/kernels/float_formats.h"
+#include "kvtier/kernels/layers.h"
+#include "kvtier/kernels/parallel.h"
+#include "lanes16.h"
 
 namespace kvtier::kernels {
 
@@ -38,8 +38,7 @@ KVTIER_INLINE float WeightAt(const uint16_t* row, size_t c) { return Bf16ToFloat
 // summed in a fixed order (lane-wise, then lanes 0..15, then the columns
 // past the last full lane group), which Gemv repeats.
 template <size_t M, typename Weight>
-KVTIER_INLINE void DotTile(const Weight* row, size_t cols, const float* x, size_t x_stride, float* y,
-                           size_t y_stride) {
+KVTIER_INLINE void DotTile(const Weight* row, size_t cols, const float* x, size_t x_stride, float* y, size_t y_stride) {
   constexpr size_t kLanes = 16;
   const size_t full = cols / kLanes * kLanes;
   Lanes16 lanes[M] = {};
@@ -118,7 +117,8 @@ KVTIER_AVX512 void LaneSums(const Lanes16* v, float* sums) {
   __m512 u[16];
   for (int g = 0; g < 4; ++g) {
     const __m512 lo01 = _mm512_unpacklo_ps(v[4 * g], v[4 * g + 1]), hi01 = _mm512_unpackhi_ps(v[4 * g], v[4 * g + 1]);
-    const __m512 lo23 = _mm512_unpacklo_ps(v[4 * g + 2], v[4 * g + 3]), hi23 = _mm512_unpackhi_ps(v[4 * g + 2], v[4 * g + 3]);
+    const __m512 lo23 = _mm512_unpacklo_ps(v[4 * g + 2], v[4 * g + 3]),
+                 hi23 = _mm512_unpackhi_ps(v[4 * g + 2], v[4 * g + 3]);
     const __m512d l01 = _mm512_castps_pd(lo01), l23 = _mm512_castps_pd(lo23);
     const __m512d h01 = _mm512_castps_pd(hi01), h23 = _mm512_castps_pd(hi23);
     u[4 * g + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(l01, l23));
@@ -152,8 +152,8 @@ inline void LaneSums(const Lanes16* v, float* sums) {
 #endif
 
 template <typename Weight>
-KVTIER_INLINE void GemmRowsWide(const Weight* w, size_t rows, size_t cols, const float* x, size_t n,
-                                size_t x_stride, float* y, size_t y_stride) {
+KVTIER_INLINE void GemmRowsWide(const Weight* w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride,
+                                float* y, size_t y_stride) {
   constexpr size_t kRows = 6, kInputs = 4, kChunk = 1024;
   const size_t full = cols / 16 * 16;
   Lanes16 acc[kInputBlock * kRows] = {};  // each input tile's [row][input] sums, then each tail input's [row]
@@ -206,12 +206,12 @@ KVTIER_INLINE void GemmRowRangeOf(const Weight* w, size_t row_begin, size_t row_
     }
   }
 }
-KVTIER_VECTOR_CLONES void GemmRowRange(const float* w, size_t row_begin, size_t row_end, size_t cols,
-                                       const float* x, size_t n, size_t x_stride, float* y, size_t y_stride) {
+KVTIER_VECTOR_CLONES void GemmRowRange(const float* w, size_t row_begin, size_t row_end, size_t cols, const float* x,
+                                       size_t n, size_t x_stride, float* y, size_t y_stride) {
   GemmRowRangeOf<false>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
 }
-KVTIER_VECTOR_CLONES void GemmRowRange(const uint16_t* w, size_t row_begin, size_t row_end, size_t cols,
-                                       const float* x, size_t n, size_t x_stride, float* y, size_t y_stride) {
+KVTIER_VECTOR_CLONES void GemmRowRange(const uint16_t* w, size_t row_begin, size_t row_end, size_t cols, const float* x,
+                                       size_t n, size_t x_stride, float* y, size_t y_stride) {
   GemmRowRangeOf<false>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
 }
 
@@ -223,8 +223,8 @@ KVTIER_AVX512 void GemmRowRangeWide(const float* w, size_t row_begin, size_t row
                                     size_t n, size_t x_stride, float* y, size_t y_stride) {
   GemmRowRangeOf<true>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
 }
-KVTIER_AVX512 void GemmRowRangeWide(const uint16_t* w, size_t row_begin, size_t row_end, size_t cols,
-                                    const float* x, size_t n, size_t x_stride, float* y, size_t y_stride) {
+KVTIER_AVX512 void GemmRowRangeWide(const uint16_t* w, size_t row_begin, size_t row_end, size_t cols, const float* x,
+                                    size_t n, size_t x_stride, float* y, size_t y_stride) {
   GemmRowRangeOf<true>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
 }
 #else

@@ -7,8 +7,7 @@
 
 namespace kvtier::kernels {
 
-Status RmsNorm(std::span<const float> x, std::span<const float> weight, float eps,
-               std::span<float> out) {
+Status RmsNorm(std::span<const float> x, std::span<const float> weight, float eps, std::span<float> out) {
   if (x.empty() || weight.size() != x.size() || out.size() != x.size()) {
     return InvalidArgument("RmsNorm: x, weight and out must have the same non-zero size");
   }
@@ -19,15 +18,13 @@ Status RmsNorm(std::span<const float> x, std::span<const float> weight, float ep
   return OkStatus();
 }
 
-Status SelectExperts(std::span<const float> logits, const GateParams& p,
-                     std::vector<ExpertChoice>& out) {
+Status SelectExperts(std::span<const float> logits, const GateParams& p, std::vector<ExpertChoice>& out) {
   const size_t n = logits.size();
   if (n == 0 || p.top_k < 1 || p.top_k > n) {
-    return InvalidArgument("SelectExperts: top_k " + std::to_string(p.top_k) + " of " +
-                           std::to_string(n) + " experts");
+    return InvalidArgument("SelectExperts: top_k " + std::to_string(p.top_k) + " of " + std::to_string(n) + " experts");
   }
-  if (p.group_limited && (p.n_group < 1 || n % p.n_group != 0 || p.topk_group < 1 ||
-                          p.topk_group > p.n_group || p.top_k > p.topk_group * (n / p.n_group))) {
+  if (p.group_limited && (p.n_group < 1 || n % p.n_group != 0 || p.topk_group < 1 || p.topk_group > p.n_group ||
+                          p.top_k > p.topk_group * (n / p.n_group))) {
     return InvalidArgument("SelectExperts: groups do not fit the experts and top_k");
   }
   // Softmax, stable.
@@ -42,11 +39,9 @@ Status SelectExperts(std::span<const float> logits, const GateParams& p,
     const size_t per_group = n / p.n_group;
     std::vector<std::pair<float, uint32_t>> groups;
     for (uint32_t g = 0; g < p.n_group; ++g) {
-      groups.emplace_back(*std::max_element(scores.begin() + g * per_group,
-                                            scores.begin() + (g + 1) * per_group), g);
+      groups.emplace_back(*std::max_element(scores.begin() + g * per_group, scores.begin() + (g + 1) * per_group), g);
     }
-    std::stable_sort(groups.begin(), groups.end(),
-                     [](const auto& a, const auto& b) { return a.first > b.first; });
+    std::stable_sort(groups.begin(), groups.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
     std::vector<bool> keep(p.n_group, false);
     for (uint32_t i = 0; i < p.topk_group; ++i) keep[groups[i].second] = true;
     for (size_t e = 0; e < n; ++e) {
@@ -55,8 +50,7 @@ Status SelectExperts(std::span<const float> logits, const GateParams& p,
   }
   std::vector<uint32_t> order(n);
   std::iota(order.begin(), order.end(), 0u);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](uint32_t a, uint32_t b) { return eligible[a] > eligible[b]; });
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return eligible[a] > eligible[b]; });
   out.clear();
   float picked = 0.0f;
   for (uint32_t i = 0; i < p.top_k; ++i) {

@@ -8,11 +8,11 @@
 #include <vector>
 
 #include "codec_internal.h"
-#include "mla_attention_float.h"
-#include "mla_attention_int8.h"
 #include "kvtier/kernels/float_formats.h"
 #include "kvtier/kernels/layers.h"
 #include "kvtier/kernels/parallel.h"
+#include "mla_attention_float.h"
+#include "mla_attention_int8.h"
 
 namespace kvtier::kernels {
 namespace {
@@ -72,10 +72,9 @@ void TokenRow(const LatentBlock& b, const MlaShape& s, uint32_t t, float* row) {
 }
 
 // AbsorbedMlaDecode for s.heads heads, its arguments checked.
-KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> q_latent,
-                                      std::span<const float> q_rope, float softmax_scale,
-                                      std::span<const LatentBlock> blocks, std::span<const float> tail,
-                                      size_t total, std::span<float> out) {
+KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> q_latent, std::span<const float> q_rope,
+                                      float softmax_scale, std::span<const LatentBlock> blocks,
+                                      std::span<const float> tail, size_t total, std::span<float> out) {
   const uint32_t kv = s.kv_lora_rank, rope = s.rope_dim, dim = kv + rope, heads = s.heads;
 
   // Queries as one [heads][dim] array: latent part then rope part.
@@ -96,8 +95,10 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
   auto widen_block = [&](const LatentBlock& b) {
     rows.resize(size_t{b.tokens} * dim + cpu::kFloatTilePadding);
     if (b.codec == Codec::kBf16) return cpu::WidenBf16Block(b.payload.data(), b.tokens, dim, rows.data());
-    if (b.codec == Codec::kInt4 && dim % 32 == 0) return cpu::WidenInt4Codes(b.payload.data(), b.tokens, dim, rows.data());
-    if (b.codec == Codec::kFp8 && rope % 16 == 0) return cpu::WidenFp8Block(b.payload.data(), b.tokens, kv, rope, rows.data());
+    if (b.codec == Codec::kInt4 && dim % 32 == 0)
+      return cpu::WidenInt4Codes(b.payload.data(), b.tokens, dim, rows.data());
+    if (b.codec == Codec::kFp8 && rope % 16 == 0)
+      return cpu::WidenFp8Block(b.payload.data(), b.tokens, kv, rope, rows.data());
     for (uint32_t t = 0; t < b.tokens; ++t) TokenRow(b, s, t, rows.data() + size_t{t} * dim);
   };
   // Pass 1: scores.
@@ -197,9 +198,8 @@ Status AbsorbedMlaDecode(const MlaShape& s, std::span<const float> q_latent, std
                          float softmax_scale, std::span<const LatentBlock> blocks, std::span<const float> tail,
                          std::span<float> out) {
   const uint32_t kv = s.kv_lora_rank, rope = s.rope_dim, dim = kv + rope, heads = s.heads;
-  if (heads == 0 || kv == 0 || q_latent.size() != size_t{heads} * kv ||
-      q_rope.size() != size_t{heads} * rope || out.size() != size_t{heads} * kv ||
-      tail.size() % dim != 0) {
+  if (heads == 0 || kv == 0 || q_latent.size() != size_t{heads} * kv || q_rope.size() != size_t{heads} * rope ||
+      out.size() != size_t{heads} * kv || tail.size() % dim != 0) {
     return InvalidArgument("AbsorbedMlaDecode: q, out or tail sizes disagree with the shape");
   }
   size_t total = tail.size() / dim;
@@ -215,8 +215,9 @@ Status AbsorbedMlaDecode(const MlaShape& s, std::span<const float> q_latent, std
   // spreads its sequences over the threads, and this runs inline.
   ParallelFor(heads, 4, [&](size_t begin, size_t end) {
     const MlaShape part{static_cast<uint32_t>(end - begin), kv, rope};
-    AttendHeads(part, q_latent.subspan(begin * kv, (end - begin) * kv), q_rope.subspan(begin * rope, (end - begin) * rope),
-                softmax_scale, blocks, tail, total, out.subspan(begin * kv, (end - begin) * kv));
+    AttendHeads(part, q_latent.subspan(begin * kv, (end - begin) * kv),
+                q_rope.subspan(begin * rope, (end - begin) * rope), softmax_scale, blocks, tail, total,
+                out.subspan(begin * kv, (end - begin) * kv));
   });
   return OkStatus();
 }

@@ -86,8 +86,8 @@ KVTIER_AVX512 void FloatBlockScores(const float* rows, uint32_t tokens, uint32_t
   }
 }
 
-KVTIER_AVX512 void FloatBlockWeightedSum(const float* rows, uint32_t tokens, uint32_t dim, uint32_t kv,
-                                         uint32_t heads, const float* p, size_t stride, float* out) {
+KVTIER_AVX512 void FloatBlockWeightedSum(const float* rows, uint32_t tokens, uint32_t dim, uint32_t kv, uint32_t heads,
+                                         const float* p, size_t stride, float* out) {
   const float* zeros = Zeros(tokens);
   for (uint32_t c0 = 0; c0 < kv; c0 += 16 * kGroup) {
     const uint32_t chunks = std::min(kGroup, (kv - c0) / 16);
@@ -124,7 +124,8 @@ KVTIER_AVX512 void WidenFp8Block(const uint8_t* payload, uint32_t tokens, uint32
       const __m512i magnitude = _mm512_and_si512(code, magnitude_mask);
       // As Fp8E4m3ToFloat: normal (m << 20) + 120 << 23, subnormal (c & 7) / 512, 0x7f NaN.
       __m512i bits = _mm512_add_epi32(_mm512_slli_epi32(magnitude, 20), bias);
-      const __m512 subnormal = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(code, seven)), _mm512_set1_ps(1.0f / 512));
+      const __m512 subnormal =
+          _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(code, seven)), _mm512_set1_ps(1.0f / 512));
       bits = _mm512_mask_mov_epi32(bits, _mm512_cmplt_epi32_mask(magnitude, _mm512_set1_epi32(0x08)),
                                    _mm512_castps_si512(subnormal));
       bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(magnitude, magnitude_mask), nan);

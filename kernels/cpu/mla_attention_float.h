@@ -25,8 +25,8 @@ constexpr size_t kFloatTilePadding = 64;
 
 // scores[h * stride + t] = q[h] . rows[t] for t < tokens, h < heads
 // (`rows` [tokens][dim], `q` [heads][dim]).
-void FloatBlockScores(const float* rows, uint32_t tokens, uint32_t dim, uint32_t heads, const float* q,
-                      float* scores, size_t stride);
+void FloatBlockScores(const float* rows, uint32_t tokens, uint32_t dim, uint32_t heads, const float* q, float* scores,
+                      size_t stride);
 
 // out[h * kv + c] += sum_t p[h * stride + t] * rows[t][c] for c < kv.
 void FloatBlockWeightedSum(const float* rows, uint32_t tokens, uint32_t dim, uint32_t kv, uint32_t heads,

@@ -150,8 +150,8 @@ KVTIER_VNNI __attribute__((noinline)) void WeightedTile(const int16_t* p16, cons
 
 }  // namespace
 
-KVTIER_VNNI void Int8BlockScores(const uint8_t* payload, uint32_t tokens, uint32_t dim, uint32_t heads,
-                                 const float* q, float* scores, size_t stride) {
+KVTIER_VNNI void Int8BlockScores(const uint8_t* payload, uint32_t tokens, uint32_t dim, uint32_t heads, const float* q,
+                                 float* scores, size_t stride) {
   Scratch& s = ThreadScratch();
   const float* scale = Scales(payload, dim, s);
   const auto* codes = reinterpret_cast<const int8_t*>(payload + 2 * size_t{dim});
@@ -219,7 +219,7 @@ KVTIER_VNNI void Int8BlockWeightedSum(const uint8_t* payload, uint32_t tokens, u
   const uint32_t groups = (heads + kGroup - 1) / kGroup, padded = groups * kGroup;
   const int8_t* zeros = Sized(s.zeros, dim);
   int16_t* widened = Sized(s.widened, size_t{kSpanPairs} * kChunk * 32);  // [pair][chunk] x 32 int16
-  int16_t* p16 = Sized(s.p16, size_t{padded} * 2 * kSpanPairs);  // [head][2 * npairs]
+  int16_t* p16 = Sized(s.p16, size_t{padded} * 2 * kSpanPairs);           // [head][2 * npairs]
   float* step = Sized(s.step, padded);
   for (uint32_t t0 = 0; t0 < tokens; t0 += 2 * kSpanPairs) {
     const uint32_t span = std::min(2 * kSpanPairs, tokens - t0), npairs = (span + 1) / 2;

@@ -13,9 +13,7 @@ double CorrectionDim(double rotations, double dim, double base, double max_pos) 
   return dim * std::log(max_pos / (rotations * 2 * std::numbers::pi)) / (2 * std::log(base));
 }
 
-double YarnMscale(double scale, double mscale) {
-  return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
-}
+double YarnMscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
 
 }  // namespace
 

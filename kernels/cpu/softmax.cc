@@ -4,9 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kvtier/kernels/layers.h"
-
 #include "avx512.h"
+#include "kvtier/kernels/layers.h"
 
 namespace kvtier::kernels {
 namespace {
@@ -30,7 +29,7 @@ KVTIER_AVX512 inline __m512 ExpNonPositive(__m512 x) {
   const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145752f), x);  // ln2's top 16 bits
-  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.42860677e-6f), r);      // and the rest
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.42860677e-6f), r);       // and the rest
   __m512 p = _mm512_set1_ps(1.0f / 5040);
   for (const float c : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));

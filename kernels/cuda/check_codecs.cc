@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "check_util.h"
 #include "kvtier/kernels/codec.h"
 #include "kvtier/kernels/cuda_codec.h"
-#include "check_util.h"
 
 namespace kvtier::kernels {
 namespace {
@@ -78,8 +78,8 @@ bool SameAsCpu(Codec codec, BlockShape shape, size_t blocks, uint64_t seed) {
   }
   for (size_t i = 0; i < got.size(); ++i) {
     if (got[i] != want[i]) {
-      std::fprintf(stderr, "%s: byte %zu (block %zu) is %u on the GPU, %u on the CPU\n", CodecName(codec), i,
-                   i / bytes, got[i], want[i]);
+      std::fprintf(stderr, "%s: byte %zu (block %zu) is %u on the GPU, %u on the CPU\n", CodecName(codec), i, i / bytes,
+                   got[i], want[i]);
       return false;
     }
   }
@@ -100,14 +100,17 @@ void Benchmark() {
   cudaMalloc(&d_copy, floats * 4);
   cudaMalloc(&d_codes, floats * 2);
   const std::vector<float> x = RandomLatents(kShape, 64, 7);
-  for (size_t b = 0; b < kBlocks; b += 64) cudaMemcpy(d_x + b * kShape.values(), x.data(), x.size() * 4, cudaMemcpyHostToDevice);
+  for (size_t b = 0; b < kBlocks; b += 64)
+    cudaMemcpy(d_x + b * kShape.values(), x.data(), x.size() * 4, cudaMemcpyHostToDevice);
   const double copy_gbs = check::DeviceCopyGBs(floats * 4);
   std::printf("\n%-6s %14s %10s %16s %10s\n", "codec", "quantize GB/s", "% copy", "dequantize GB/s", "% copy");
   for (Codec codec : kAllCodecs) {
     // Bytes moved: float latents read and codes written (or the reverse).
     const double moved = static_cast<double>(floats) * 4 + static_cast<double>(EncodedBytes(codec, kShape)) * kBlocks;
-    const double q = check::Milliseconds([&] { (void)cuda::Quantize(codec, kShape, d_x, d_codes, kBlocks, nullptr); }, 20);
-    const double d = check::Milliseconds([&] { (void)cuda::Dequantize(codec, kShape, d_codes, d_copy, kBlocks, nullptr); }, 20);
+    const double q =
+        check::Milliseconds([&] { (void)cuda::Quantize(codec, kShape, d_x, d_codes, kBlocks, nullptr); }, 20);
+    const double d =
+        check::Milliseconds([&] { (void)cuda::Dequantize(codec, kShape, d_codes, d_copy, kBlocks, nullptr); }, 20);
     std::printf("%-6s %14.1f %9.0f%% %16.1f %9.0f%%\n", CodecName(codec), moved / q / 1e6,
                 100 * moved / q / 1e6 / copy_gbs, moved / d / 1e6, 100 * moved / d / 1e6 / copy_gbs);
   }

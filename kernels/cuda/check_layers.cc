@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "kvtier/kernels/cuda_codec.h"
 #include "check_util.h"
+#include "kvtier/kernels/cuda_codec.h"
 #include "kvtier/kernels/cuda_layers.h"
 #include "kvtier/kernels/layers.h"
 #include "kvtier/kernels/rope.h"

@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "kvtier/kernels/cuda_codec.h"
 #include "check_util.h"
+#include "kvtier/kernels/cuda_codec.h"
 #include "kvtier/kernels/cuda_matmul.h"
 #include "kvtier/kernels/float_formats.h"
 #include "kvtier/kernels/layers.h"
@@ -97,8 +97,8 @@ bool CheckGroupedGemm(cuda::Blas& blas, std::mt19937_64& rng) {
   const std::vector<float> y = check::ToHost(dy, kN * kLdy);
   cudaFree(dw), cudaFree(dx), cudaFree(dy);
   if (!s.ok() || refused.code() != StatusCode::kInvalidArgument) {
-    std::fprintf(stderr, "GroupedGemm: '%s'; a group past its row: '%s'\n",
-                 s.message().c_str(), refused.message().c_str());
+    std::fprintf(stderr, "GroupedGemm: '%s'; a group past its row: '%s'\n", s.message().c_str(),
+                 refused.message().c_str());
     return false;
   }
   for (uint32_t i = 0; i < kN; ++i) {
@@ -218,7 +218,8 @@ bool CheckMoe(cuda::Blas& blas, std::mt19937_64& rng) {
     const float* xi = x.data() + size_t{i} * kHidden;
     std::vector<ExpertChoice> choices;
     if (!ChooseExperts(router, kExperts, kHidden, xi, gate, choices)) return false;
-    for (const ExpertChoice& c : choices) ReferenceMlp(experts[c.expert], kHidden, xi, c.weight, &want[size_t{i} * kHidden]);
+    for (const ExpertChoice& c : choices)
+      ReferenceMlp(experts[c.expert], kHidden, xi, c.weight, &want[size_t{i} * kHidden]);
     ReferenceMlp(shared, kHidden, xi, 1.0, &want[size_t{i} * kHidden]);
   }
   return WithinOfLargest("MoE", out, want, kHidden);
@@ -242,7 +243,8 @@ bool CheckDenseMlp(cuda::Blas& blas, std::mt19937_64& rng) {
     return false;
   }
   std::vector<double> want(x.size(), 0.0);
-  for (uint32_t i = 0; i < kTokens; ++i) ReferenceMlp(m, kHidden, x.data() + size_t{i} * kHidden, 1.0, &want[size_t{i} * kHidden]);
+  for (uint32_t i = 0; i < kTokens; ++i)
+    ReferenceMlp(m, kHidden, x.data() + size_t{i} * kHidden, 1.0, &want[size_t{i} * kHidden]);
   return WithinOfLargest("dense MLP", out, want, kHidden);
 }
 
@@ -256,7 +258,8 @@ void Benchmark(cuda::Blas& blas, std::mt19937_64& rng) {
               kRows * kCols * 2 / 1e6, copy_gbs, "batch", "ms", "weight GB/s", "TFLOP/s");
   for (uint32_t n : {1u, 8u, 32u, 256u}) {
     const double ms = check::Milliseconds([&] { (void)blas.Gemm(w, kRows, kCols, x, n, y); }, 20);
-    std::printf("%6u %10.4f %12.0f %10.2f\n", n, ms, kRows * kCols * 2.0 / ms / 1e6, 2.0 * kRows * kCols * n / ms / 1e9);
+    std::printf("%6u %10.4f %12.0f %10.2f\n", n, ms, kRows * kCols * 2.0 / ms / 1e6,
+                2.0 * kRows * kCols * n / ms / 1e9);
   }
   cudaFree(w), cudaFree(x), cudaFree(y);
 }
@@ -291,9 +294,10 @@ void BenchmarkMoe(cuda::Blas& blas, std::mt19937_64& rng) {
   float* dx = check::ToDevice(x);
   float* dout = check::ToDevice(std::vector<float>(x.size()));
   const double expert_bytes = 3.0 * kInter * kHidden * 2;
-  std::printf("\nMoE layer, V2-Lite (64 experts of %u, top 6, 2 shared), weights GB/s against copy %.0f GB/s\n"
-              "%6s %8s %10s %10s %8s\n",
-              kInter, copy_gbs, "tokens", "experts", "ms", "GB/s", "% copy");
+  std::printf(
+      "\nMoE layer, V2-Lite (64 experts of %u, top 6, 2 shared), weights GB/s against copy %.0f GB/s\n"
+      "%6s %8s %10s %10s %8s\n",
+      kInter, copy_gbs, "tokens", "experts", "ms", "GB/s", "% copy");
   for (uint32_t n : {1u, 16u, 128u, 512u}) {
     // The experts the gate picks for these tokens (as MoeForward does).
     std::vector<bool> used(kExperts, false);
@@ -322,8 +326,10 @@ int Main(bool benchmark) {
   const bool gemm = CheckGemm(*blas, rng), grouped = CheckGroupedGemm(*blas, rng), moe = CheckMoe(*blas, rng),
              dense = CheckDenseMlp(*blas, rng);
   auto verdict = [](bool ok) { return ok ? "matches float64" : "MISMATCH"; };
-  std::printf("bf16 GEMM: %s\ngrouped (per-head) GEMM: %s\nMoE (group-limited top-4 of 16 + shared): %s\n"
-              "dense SwiGLU MLP: %s\n", verdict(gemm), verdict(grouped), verdict(moe), verdict(dense));
+  std::printf(
+      "bf16 GEMM: %s\ngrouped (per-head) GEMM: %s\nMoE (group-limited top-4 of 16 + shared): %s\n"
+      "dense SwiGLU MLP: %s\n",
+      verdict(gemm), verdict(grouped), verdict(moe), verdict(dense));
   if (benchmark) {
     Benchmark(*blas, rng);
     BenchmarkMoe(*blas, rng);

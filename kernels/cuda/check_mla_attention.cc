@@ -30,11 +30,11 @@
 #include <string>
 #include <vector>
 
+#include "check_util.h"
 #include "kvtier/kernels/codec.h"
 #include "kvtier/kernels/cuda_codec.h"
 #include "kvtier/kernels/cuda_mla_attention.h"
 #include "kvtier/kernels/mla_attention.h"
-#include "check_util.h"
 
 namespace kvtier::kernels {
 namespace {
@@ -135,8 +135,16 @@ bool CheckBatch(Codec codec, uint32_t heads, const std::vector<Sequence>& seqs, 
   DeviceArray<float> d_tail(tail), d_q(q), d_out(size_t{batch} * heads * kKv), d_lse(size_t{batch} * heads);
   cudaMemset(d_out.data, 0xff, size_t{batch} * heads * kKv * 4);  // NaN: every element must be written
   cudaMemset(d_lse.data, 0xff, size_t{batch} * heads * 4);
-  cuda::PagedLatents latents{codec, kTpb, d_pool.data, pool_blocks, d_table.data, max_blocks, d_counts.data,
-                             max_tail > 0 ? d_tail.data : nullptr, max_tail > 0 ? d_tails.data : nullptr, max_tail};
+  cuda::PagedLatents latents{codec,
+                             kTpb,
+                             d_pool.data,
+                             pool_blocks,
+                             d_table.data,
+                             max_blocks,
+                             d_counts.data,
+                             max_tail > 0 ? d_tail.data : nullptr,
+                             max_tail > 0 ? d_tails.data : nullptr,
+                             max_tail};
   const MlaShape shape{heads, kKv, kRope};
   const Status status =
       cuda::PagedMlaDecode(shape, latents, batch, d_q.data, scale, d_out.data, d_lse.data, nullptr, options);
@@ -259,8 +267,8 @@ void Benchmark() {
         std::vector<int32_t> table(size_t{batch} * blocks), counts(batch, static_cast<int32_t>(blocks));
         for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i % pool_blocks);
         DeviceArray<int32_t> d_table(table), d_counts(counts);
-        cuda::PagedLatents latents{codec, kTpb, pool.data, pool_blocks, d_table.data, blocks, d_counts.data,
-                                   nullptr, nullptr, 0};
+        cuda::PagedLatents latents{codec,  kTpb,          pool.data, pool_blocks, d_table.data,
+                                   blocks, d_counts.data, nullptr,   nullptr,     0};
         Status status;
         const double ms = check::Milliseconds(
             [&] {
@@ -294,7 +302,8 @@ bool SharedRowsMatchCopies() {
   std::vector<uint8_t> pool(2 * block_bytes);
   for (int j = 0; j < 2; ++j) {
     if (!Quantize(Codec::kInt8, kBlockShape, Random(kBlockShape.values(), rng),
-                  std::span(pool).subspan(j * block_bytes, block_bytes)).ok()) {
+                  std::span(pool).subspan(j * block_bytes, block_bytes))
+             .ok()) {
       return false;
     }
   }
@@ -311,8 +320,8 @@ bool SharedRowsMatchCopies() {
       bad_rows(std::vector<int32_t>{0, 0, 1});
   DeviceArray<int64_t> offsets(std::vector<int64_t>(rows, 0)), bad_offsets(std::vector<int64_t>{0, 0, 1});
   const MlaShape shape{heads, kKv, kRope};
-  cuda::PagedLatents latents{Codec::kInt8, kTpb, d_pool.data, 2, tables.data, 2, counts.data,
-                             d_copies.data, tokens.data, kTail};
+  cuda::PagedLatents latents{Codec::kInt8, kTpb,          d_pool.data, 2,    tables.data, 2,
+                             counts.data,  d_copies.data, tokens.data, kTail};
   bool ok = cuda::PagedMlaDecode(shape, latents, rows, d_q.data, 0.1f, out_copies.data, nullptr, nullptr).ok();
   latents.block_table_rows = shared_rows.data, latents.block_table_height = 1;
   latents.tail = d_tail.data, latents.tail_offsets = offsets.data, latents.tail_capacity = kTail;
@@ -322,8 +331,8 @@ bool SharedRowsMatchCopies() {
   cuda::PagedMlaOptions unwaited;
   unwaited.fault = fault.data;
   DeviceArray<float> out_unwaited(size_t{rows} * heads * kKv);
-  ok = ok && cuda::PagedMlaDecode(shape, latents, rows, d_q.data, 0.1f, out_unwaited.data, nullptr, nullptr, unwaited)
-                 .ok();
+  ok = ok &&
+       cuda::PagedMlaDecode(shape, latents, rows, d_q.data, 0.1f, out_unwaited.data, nullptr, nullptr, unwaited).ok();
   // Read(): cudaMemcpy on the default stream, which waits for the kernels.
   ok = ok && out_unwaited.Read(size_t{rows} * heads * kKv) == out_copies.Read(size_t{rows} * heads * kKv);
   ok = ok && fault.Read(1)[0] == cuda::kNoPagedMlaFault;
@@ -335,8 +344,8 @@ bool SharedRowsMatchCopies() {
         cuda::PagedMlaDecode(shape, bad, rows, d_q.data, 0.1f, out_shared.data, nullptr, nullptr, unwaited).ok();
     const Status found = cuda::PagedMlaFault(fault.Read(1)[0]);
     const bool refusals = s.code() == StatusCode::kInvalidArgument &&
-                          s.message().find("sequence 2") != std::string::npos && queued &&
-                          found.code() == s.code() && found.message() == s.message();
+                          s.message().find("sequence 2") != std::string::npos && queued && found.code() == s.code() &&
+                          found.message() == s.message();
     if (!refusals) {
       std::printf("FAIL refusal: waited '%s', fault word '%s'\n", s.message().c_str(), found.message().c_str());
     }
@@ -356,8 +365,10 @@ int Profile(const char* codec_name, uint32_t context, uint32_t batch) {
   const Codec* codec_it = std::find_if(std::begin(kAllCodecs), std::end(kAllCodecs),
                                        [&](Codec c) { return std::string(CodecName(c)) == codec_name; });
   if (codec_it == std::end(kAllCodecs) || context < kTpb || batch == 0) {
-    std::fprintf(stderr, "--profile CODEC CONTEXT BATCH: a codec (bf16, fp8, int8, int4), at least %u tokens, "
-                 "at least 1 sequence\n", kTpb);
+    std::fprintf(stderr,
+                 "--profile CODEC CONTEXT BATCH: a codec (bf16, fp8, int8, int4), at least %u tokens, "
+                 "at least 1 sequence\n",
+                 kTpb);
     return 2;
   }
   const Codec codec = *codec_it;
@@ -376,11 +387,11 @@ int Profile(const char* codec_name, uint32_t context, uint32_t batch) {
   std::iota(table.begin(), table.end(), 0);
   DeviceArray<int32_t> d_table(table), d_counts(std::vector<int32_t>(batch, static_cast<int32_t>(blocks)));
   DeviceArray<float> q(Random(size_t{batch} * kHeads * kDim, rng)), out(size_t{batch} * kHeads * kKv);
-  cuda::PagedLatents latents{codec, kTpb, pool.data, batch * blocks, d_table.data, blocks, d_counts.data,
-                             nullptr, nullptr, 0};
+  cuda::PagedLatents latents{codec,  kTpb,          pool.data, batch * blocks, d_table.data,
+                             blocks, d_counts.data, nullptr,   nullptr,        0};
   for (int i = 0; i < 3; ++i) {
-    const Status s = cuda::PagedMlaDecode({kHeads, kKv, kRope}, latents, batch, q.data, 0.07f, out.data, nullptr,
-                                          nullptr);
+    const Status s =
+        cuda::PagedMlaDecode({kHeads, kKv, kRope}, latents, batch, q.data, 0.07f, out.data, nullptr, nullptr);
     if (!s.ok()) return std::fprintf(stderr, "%s\n", s.message().c_str()), 1;
   }
   std::printf("profiled %s, %u tokens, batch %u\n", CodecName(codec), context, batch);
@@ -409,8 +420,9 @@ int Main(bool benchmark) {
         Errors worst;
         const bool same = CheckBatch(codec, heads, seqs, (tensor_cores ? 200 : 100) + heads, options, tol, &worst);
         std::printf("%-5s %3u heads, %-13s %s (largest errors: %.1e, %.1e against the CPU, lse %.1e)\n",
-                    CodecName(codec), heads, tensor_cores ? "tensor cores:" : "CUDA cores:",
-                    same ? "matches float64 and the CPU" : "MISMATCH", worst.out, worst.cpu, worst.lse);
+                    CodecName(codec), heads,
+                    tensor_cores ? "tensor cores:" : "CUDA cores:", same ? "matches float64 and the CPU" : "MISMATCH",
+                    worst.out, worst.cpu, worst.lse);
         ok = ok && same;
       }
     }

@@ -29,10 +29,10 @@
 #include <string>
 #include <vector>
 
+#include "check_util.h"
 #include "kvtier/kernels/cuda_codec.h"
 #include "kvtier/kernels/cuda_ipc.h"
 #include "kvtier/kernels/cuda_slab.h"
-#include "check_util.h"
 
 namespace kvtier::kernels {
 namespace {
@@ -381,10 +381,11 @@ int Main(bool benchmark) {
   const bool ipc = IpcRoundTrip(*slab, rng, reader);
   const bool memfd = PinnedMemfdRoundTrips(*slab, rng);
   const bool crc = RecordCrcsMatch(*slab, rng);
-  std::printf("%s: copies in and out %s; through an IPC buffer to another process %s; to and from pinned memfd "
-              "pages %s; records' CRC32C on the GPU %s\n",
-              slab->name().c_str(), ok ? "round-trip" : "MISMATCH", ipc ? "round-trip" : "FAILED",
-              memfd ? "round-trip" : "FAILED", crc ? "equal to the CPU's" : "MISMATCH");
+  std::printf(
+      "%s: copies in and out %s; through an IPC buffer to another process %s; to and from pinned memfd "
+      "pages %s; records' CRC32C on the GPU %s\n",
+      slab->name().c_str(), ok ? "round-trip" : "MISMATCH", ipc ? "round-trip" : "FAILED",
+      memfd ? "round-trip" : "FAILED", crc ? "equal to the CPU's" : "MISMATCH");
   if (benchmark) Benchmark(*slab);
   return ok && ipc && memfd && crc ? 0 : 1;
 }

@@ -7,9 +7,9 @@
 #include <cstring>
 #include <string>
 
+#include "cuda_status.h"
 #include "kvtier/kernels/cuda_codec.h"
 #include "kvtier/kernels/float_formats.h"
-#include "cuda_status.h"
 #include "stream_memory.h"
 
 namespace kvtier::kernels::cuda {
@@ -71,8 +71,7 @@ __global__ void QuantizeInt8Kernel(const float* in, uint8_t* out, uint32_t token
   }
 }
 
-__global__ void DequantizeInt8Kernel(const uint8_t* in, float* out, uint32_t tokens, uint32_t dim,
-                                     size_t block_bytes) {
+__global__ void DequantizeInt8Kernel(const uint8_t* in, float* out, uint32_t tokens, uint32_t dim, size_t block_bytes) {
   const uint8_t* b = in + blockIdx.x * block_bytes;
   float* y = out + blockIdx.x * size_t{tokens} * dim;
   const int8_t* codes = reinterpret_cast<const int8_t*>(b + 2 * size_t{dim});
@@ -132,8 +131,7 @@ __global__ void QuantizeInt4Kernel(const float* in, uint8_t* out, uint32_t token
   }
 }
 
-__global__ void DequantizeInt4Kernel(const uint8_t* in, float* out, uint32_t tokens, uint32_t dim,
-                                     size_t block_bytes) {
+__global__ void DequantizeInt4Kernel(const uint8_t* in, float* out, uint32_t tokens, uint32_t dim, size_t block_bytes) {
   const uint32_t half = (dim + 1) / 2;
   const uint8_t* b = in + blockIdx.x * block_bytes;
   float* y = out + blockIdx.x * size_t{tokens} * dim;
@@ -154,8 +152,8 @@ __global__ void DequantizeInt4Kernel(const uint8_t* in, float* out, uint32_t tok
 // fp8 (FlashMLA's token layout): one thread per token and latent tile (the
 // tile's bf16 amax, its power-of-two scale, 128 codes) and one per token for
 // the bf16 rope part.
-__global__ void QuantizeFp8Kernel(const float* in, uint8_t* out, size_t token_count, uint32_t latent,
-                                  uint32_t rope, uint32_t tiles, size_t token_bytes, unsigned long long* first_bad) {
+__global__ void QuantizeFp8Kernel(const float* in, uint8_t* out, size_t token_count, uint32_t latent, uint32_t rope,
+                                  uint32_t tiles, size_t token_bytes, unsigned long long* first_bad) {
   const size_t item = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
   if (item >= token_count * (tiles + 1)) return;
   const size_t token = item / (tiles + 1);
@@ -307,7 +305,8 @@ __global__ void __launch_bounds__(kMaxInt4Threads)
   const unsigned long long base = blockIdx.x * size_t{tokens} * dim;
   float4 v[kInt4GroupTokens][2];  // [token][low, high]
   float lo[8], hi[8];             // channels 4q + e, then half + 4q + e
-  const float4 first_lo = reinterpret_cast<const float4*>(x)[q], first_hi = reinterpret_cast<const float4*>(x + half)[q];
+  const float4 first_lo = reinterpret_cast<const float4*>(x)[q],
+               first_hi = reinterpret_cast<const float4*>(x + half)[q];
   for (uint32_t e = 0; e < 4; ++e) {
     lo[e] = hi[e] = Lane(first_lo, e);
     lo[4 + e] = hi[4 + e] = Lane(first_hi, e);
@@ -335,7 +334,8 @@ __global__ void __launch_bounds__(kMaxInt4Threads)
   for (uint32_t k = 0; k < 8; ++k) {
     const uint32_t c = (k < 4 ? 0 : half) + 4 * q + k % 4;
     float l = part[c], h = part[dim + c];
-    for (uint32_t g = 1; g < groups; ++g) l = fminf(l, part[(2 * g) * dim + c]), h = fmaxf(h, part[(2 * g + 1) * dim + c]);
+    for (uint32_t g = 1; g < groups; ++g)
+      l = fminf(l, part[(2 * g) * dim + c]), h = fmaxf(h, part[(2 * g + 1) * dim + c]);
     const uint16_t zero_bits = FloatToBf16TowardNegative(l);
     zero[k] = Bf16ToFloat(zero_bits);
     const float range = __fsub_rn(h, zero[k]);
@@ -412,8 +412,8 @@ __global__ void DequantizeInt4QuadsKernel(const uint8_t* in, float* out, uint32_
 
 // fp8: a warp per token; lane l takes channels 4l..4l+3 of each 128-channel
 // tile (the tile's amax by shuffles) and rope pairs 2l, 2l + 1 (+ 64 ...).
-__global__ void QuantizeFp8WarpKernel(const float* in, uint8_t* out, size_t token_count, uint32_t latent,
-                                      uint32_t rope, size_t token_bytes, unsigned long long* first_bad) {
+__global__ void QuantizeFp8WarpKernel(const float* in, uint8_t* out, size_t token_count, uint32_t latent, uint32_t rope,
+                                      size_t token_bytes, unsigned long long* first_bad) {
   const size_t token = (blockIdx.x * size_t{blockDim.x} + threadIdx.x) / 32;
   const uint32_t lane = threadIdx.x % 32, dim = latent + rope, tiles = latent / kFp8TileSize;
   if (token >= token_count) return;
@@ -473,15 +473,16 @@ __global__ void DequantizeFp8QuadsKernel(const uint8_t* in, float* out, size_t i
 bool Vectorizable(Codec codec, BlockShape shape, const void* a, const void* b) {
   const bool aligned = reinterpret_cast<uintptr_t>(a) % 16 == 0 && reinterpret_cast<uintptr_t>(b) % 16 == 0 &&
                        EncodedBytes(codec, shape) % 8 == 0;
-  const bool channels = codec == Codec::kFp8 ? shape.latent_dim % kFp8TileSize == 0 && shape.rope_dim % 4 == 0
-                                             : shape.dim() % 8 == 0;
+  const bool channels =
+      codec == Codec::kFp8 ? shape.latent_dim % kFp8TileSize == 0 && shape.rope_dim % 4 == 0 : shape.dim() % 8 == 0;
   return aligned && channels;
 }
 
 Status Finish(cudaStream_t stream, unsigned long long* first_bad, BlockShape shape, const char* what) {
   unsigned long long bad = kNoBadValue;
   if (first_bad != nullptr) {
-    if (cudaError_t e = cudaMemcpyAsync(&bad, first_bad, sizeof bad, cudaMemcpyDeviceToHost, stream); e != cudaSuccess) {
+    if (cudaError_t e = cudaMemcpyAsync(&bad, first_bad, sizeof bad, cudaMemcpyDeviceToHost, stream);
+        e != cudaSuccess) {
       cudaFreeAsync(first_bad, stream);
       return CudaError(e, what);
     }
@@ -527,16 +528,16 @@ Status Quantize(Codec codec, BlockShape shape, const float* device_in, uint8_t* 
   switch (codec) {
     case Codec::kBf16:
       if (wide) {
-        QuantizeBf16x8Kernel<<<(n / 8 + 255) / 256, 256, 0, stream>>>(device_in, reinterpret_cast<uint16_t*>(device_out),
-                                                                      n / 8, first_bad);
+        QuantizeBf16x8Kernel<<<(n / 8 + 255) / 256, 256, 0, stream>>>(
+            device_in, reinterpret_cast<uint16_t*>(device_out), n / 8, first_bad);
         break;
       }
       QuantizeBf16Kernel<<<(n + 255) / 256, 256, 0, stream>>>(device_in, reinterpret_cast<uint16_t*>(device_out), n,
                                                               first_bad);
       break;
     case Codec::kInt8: {
-      const uint32_t groups = (shape.tokens + kGroupTokens - 1) / kGroupTokens, chunks =
-                         (shape.dim() / 4 + kChunkQuads - 1) / kChunkQuads;
+      const uint32_t groups = (shape.tokens + kGroupTokens - 1) / kGroupTokens,
+                     chunks = (shape.dim() / 4 + kChunkQuads - 1) / kChunkQuads;
       if (wide && kChunkQuads * groups <= 1024) {
         QuantizeInt8QuadsKernel<<<dim3(blocks, chunks), kChunkQuads * groups, 0, stream>>>(
             device_in, device_out, shape.tokens, shape.dim(), EncodedBytes(codec, shape), first_bad);
@@ -604,8 +605,8 @@ Status Dequantize(Codec codec, BlockShape shape, const uint8_t* device_in, float
       break;
     case Codec::kInt8:
       if (wide) {
-        DequantizeInt8QuadsKernel<<<(quads + 255) / 256, 256, 0, stream>>>(device_in, device_out, shape.tokens,
-                                                                           shape.dim(), EncodedBytes(codec, shape), quads);
+        DequantizeInt8QuadsKernel<<<(quads + 255) / 256, 256, 0, stream>>>(
+            device_in, device_out, shape.tokens, shape.dim(), EncodedBytes(codec, shape), quads);
         break;
       }
       DequantizeInt8Kernel<<<blocks, 256, 0, stream>>>(device_in, device_out, shape.tokens, shape.dim(),
@@ -628,9 +629,9 @@ Status Dequantize(Codec codec, BlockShape shape, const uint8_t* device_in, float
         break;
       }
       const uint32_t tiles = (shape.latent_dim + kFp8TileSize - 1) / kFp8TileSize;
-      DequantizeFp8Kernel<<<(n + 255) / 256, 256, 0, stream>>>(device_in, device_out, size_t{shape.tokens} * blocks,
-                                                              shape.latent_dim, shape.rope_dim, tiles,
-                                                              EncodedBytes(codec, {1, shape.latent_dim, shape.rope_dim}));
+      DequantizeFp8Kernel<<<(n + 255) / 256, 256, 0, stream>>>(
+          device_in, device_out, size_t{shape.tokens} * blocks, shape.latent_dim, shape.rope_dim, tiles,
+          EncodedBytes(codec, {1, shape.latent_dim, shape.rope_dim}));
       break;
     }
     default:

@@ -11,8 +11,8 @@ namespace {
 // nothing is linked): a signature cuBLAS changes fails to compile here, not
 // to run. The static_cast picks the C overload of the C++ wrappers.
 #define KVTIER_CUBLAS_MATCHES(field, function) \
-  static_assert(std::is_same_v<decltype(CublasApi::field),                \
-                               decltype(static_cast<decltype(CublasApi::field)>(&function))>)
+  static_assert(                               \
+      std::is_same_v<decltype(CublasApi::field), decltype(static_cast<decltype(CublasApi::field)>(&function))>)
 KVTIER_CUBLAS_MATCHES(create, cublasCreate_v2);
 KVTIER_CUBLAS_MATCHES(destroy, cublasDestroy_v2);
 KVTIER_CUBLAS_MATCHES(set_stream, cublasSetStream_v2);

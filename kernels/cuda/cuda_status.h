@@ -26,10 +26,10 @@ inline Status Launched(const char* what) {
 }  // namespace kvtier::kernels::cuda
 
 // Returns the Status of `expr` from the enclosing function unless it is OK.
-#define KVTIER_KERNELS_RETURN_IF_ERROR(expr)                 \
-  do {                                                       \
-    ::kvtier::kernels::Status kvtier_status_ = (expr);       \
-    if (!kvtier_status_.ok()) return kvtier_status_;         \
+#define KVTIER_KERNELS_RETURN_IF_ERROR(expr)           \
+  do {                                                 \
+    ::kvtier::kernels::Status kvtier_status_ = (expr); \
+    if (!kvtier_status_.ok()) return kvtier_status_;   \
   } while (0)
 
 #endif  // KVTIER_KERNELS_CUDA_CUDA_STATUS_H_

@@ -1,8 +1,7 @@
-#include "kvtier/kernels/cuda_device.h"
-
 #include <cuda_runtime.h>
 
 #include "cuda_status.h"
+#include "kvtier/kernels/cuda_device.h"
 
 namespace kvtier::kernels::cuda {
 namespace {
@@ -66,8 +65,7 @@ Status CopyQueued(void* to, const void* from, size_t bytes, Copy kind, StreamHan
 
 Status Copy2DQueued(void* to, size_t to_pitch, const void* from, size_t from_pitch, size_t row_bytes, size_t rows,
                     Copy kind, StreamHandle stream, const char* what) {
-  return Checked(cudaMemcpy2DAsync(to, to_pitch, from, from_pitch, row_bytes, rows, Kind(kind), Stream(stream)),
-                 what);
+  return Checked(cudaMemcpy2DAsync(to, to_pitch, from, from_pitch, row_bytes, rows, Kind(kind), Stream(stream)), what);
 }
 
 Status FillQueued(void* p, int byte, size_t bytes, StreamHandle stream, const char* what) {

@@ -21,7 +21,8 @@ Status DeviceBuffer::Create(uint64_t bytes, std::unique_ptr<DeviceBuffer>& out) 
   buffer->size_ = bytes;
   cudaIpcMemHandle_t handle;
   static_assert(sizeof handle == sizeof(IpcHandleBytes), "cudaIpcMemHandle_t is 64 bytes");
-  if (const cudaError_t e = cudaIpcGetMemHandle(&handle, p); e != cudaSuccess) return CudaError(e, "cudaIpcGetMemHandle");
+  if (const cudaError_t e = cudaIpcGetMemHandle(&handle, p); e != cudaSuccess)
+    return CudaError(e, "cudaIpcGetMemHandle");
   std::memcpy(buffer->handle_.data(), &handle, sizeof handle);
   out = std::move(buffer);
   return OkStatus();

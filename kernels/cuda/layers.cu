@@ -14,8 +14,8 @@ namespace {
 constexpr int kThreads = 256;
 
 // One CUDA block per row: a tree sum of squares, then the scaled row.
-__global__ void __launch_bounds__(kThreads) RmsNormKernel(const float* x, const float* weight, uint32_t dim, float eps,
-                                                          float* out) {
+__global__ void __launch_bounds__(kThreads)
+    RmsNormKernel(const float* x, const float* weight, uint32_t dim, float eps, float* out) {
   __shared__ float partial[kThreads];
   const float* row = x + size_t{blockIdx.x} * dim;
   float sum = 0.0f;
@@ -41,9 +41,9 @@ struct RopeFrequencies {
 // and writes the rotated values to i and half + i. A vector's threads all
 // read before any writes (the vector sits in one CUDA block, which syncs),
 // since pair i's outputs overwrite other pairs' inputs.
-__global__ void __launch_bounds__(kThreads) RopeKernel(const RopeFrequencies freq, double mscale, uint32_t half,
-                                                       const int64_t* positions, float* x, uint32_t vectors,
-                                                       size_t row_stride, size_t vector_stride) {
+__global__ void __launch_bounds__(kThreads)
+    RopeKernel(const RopeFrequencies freq, double mscale, uint32_t half, const int64_t* positions, float* x,
+               uint32_t vectors, size_t row_stride, size_t vector_stride) {
   const uint32_t r = blockIdx.y;
   const uint32_t v = blockIdx.x * (kThreads / half) + threadIdx.x / half, i = threadIdx.x % half;
   const bool active = threadIdx.x < (kThreads / half) * half && v < vectors;
@@ -65,8 +65,7 @@ __global__ void AddKernel(float* x, const float* y, size_t n) {
 
 }  // namespace
 
-Status RmsNorm(const float* x, const float* weight, uint32_t rows, uint32_t dim, float eps, float* out,
-               void* stream) {
+Status RmsNorm(const float* x, const float* weight, uint32_t rows, uint32_t dim, float eps, float* out, void* stream) {
   if (x == nullptr || weight == nullptr || out == nullptr || dim == 0) {
     return InvalidArgument("cuda::RmsNorm: missing pointer or zero dim");
   }

@@ -152,9 +152,8 @@ Status Blas::GroupedGemmBf16(const uint16_t* w, uint32_t rows, uint32_t cols, ui
   const cublasStatus_t s = api.gemm_strided_batched_ex(
       static_cast<cublasHandle_t>(handle_), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(n),
       static_cast<int>(cols), &one, w, CUDA_R_16BF, static_cast<int>(cols), static_cast<long long>(rows) * cols, x,
-      CUDA_R_16BF, static_cast<int>(ldx), static_cast<long long>(x_group), &zero, y, CUDA_R_32F,
-      static_cast<int>(ldy), static_cast<long long>(y_group), static_cast<int>(groups), CUBLAS_COMPUTE_32F,
-      CUBLAS_GEMM_DEFAULT);
+      CUDA_R_16BF, static_cast<int>(ldx), static_cast<long long>(x_group), &zero, y, CUDA_R_32F, static_cast<int>(ldy),
+      static_cast<long long>(y_group), static_cast<int>(groups), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   return s == CUBLAS_STATUS_SUCCESS ? OkStatus() : BlasError(api, s, "cublasGemmStridedBatchedEx");
 }
 
@@ -162,8 +161,8 @@ Status Blas::Gemm(const uint16_t* w, uint32_t rows, uint32_t cols, const float* 
   return GroupedGemm(w, rows, cols, 1, x, cols, 0, n, y, rows, 0);
 }
 
-Status Blas::GroupedGemm(const uint16_t* w, uint32_t rows, uint32_t cols, uint32_t groups, const float* x,
-                         size_t ldx, size_t x_group, uint32_t n, float* y, size_t ldy, size_t y_group) {
+Status Blas::GroupedGemm(const uint16_t* w, uint32_t rows, uint32_t cols, uint32_t groups, const float* x, size_t ldx,
+                         size_t x_group, uint32_t n, float* y, size_t ldy, size_t y_group) {
   if (w == nullptr || x == nullptr || y == nullptr || rows == 0 || cols == 0 || groups == 0) {
     return InvalidArgument("cuda::Blas::Gemm: missing pointer or empty matrix");
   }
@@ -266,8 +265,8 @@ Status Blas::SwiGluGroups(const std::vector<const SwiGluDeviceWeights*>& mlps,
       KVTIER_KERNELS_RETURN_IF_ERROR(GemmBf16(w.gate, w.inter, hidden, x_of(k), plan.count[k], g_of(k)));
       KVTIER_KERNELS_RETURN_IF_ERROR(GemmBf16(w.up, w.inter, hidden, x_of(k), plan.count[k], u_of(k)));
     }
-    SwiGluKernel<<<Blocks(plan.inner_values), kThreads, 0, stream>>>(
-        static_cast<float*>(g), static_cast<float*>(u), static_cast<uint16_t*>(h), plan.inner_values);
+    SwiGluKernel<<<Blocks(plan.inner_values), kThreads, 0, stream>>>(static_cast<float*>(g), static_cast<float*>(u),
+                                                                     static_cast<uint16_t*>(h), plan.inner_values);
     for (size_t k = 0; k < mlps.size(); ++k) {
       if (plan.count[k] == 0) continue;
       const SwiGluDeviceWeights& w = *mlps[k];
@@ -282,8 +281,8 @@ Status Blas::SwiGluGroups(const std::vector<const SwiGluDeviceWeights*>& mlps,
 }
 
 Status Blas::SwiGlu(const SwiGluDeviceWeights& w, uint32_t hidden, const float* x, uint32_t n, float* out) {
-  if (w.gate == nullptr || w.up == nullptr || w.down == nullptr || w.inter == 0 || x == nullptr ||
-      out == nullptr || hidden == 0) {
+  if (w.gate == nullptr || w.up == nullptr || w.down == nullptr || w.inter == 0 || x == nullptr || out == nullptr ||
+      hidden == 0) {
     return InvalidArgument("cuda::Blas::SwiGlu: missing weights or pointers");
   }
   if (n == 0) return OkStatus();

@@ -20,10 +20,10 @@
 #include <string>
 
 #include "cuda_status.h"
-#include "stream_memory.h"
 #include "kvtier/kernels/cuda_mla_attention.h"
 #include "kvtier/kernels/float_formats.h"
 #include "mla_attention_internal.h"
+#include "stream_memory.h"
 
 namespace kvtier::kernels::cuda {
 namespace {
@@ -79,13 +79,13 @@ __global__ void __launch_bounds__(kThreads) PartialKernel(Params p) {
   const PagedLatents& L = p.latents;
 
   extern __shared__ float smem[];
-  float* qs = smem;                          // [kGroupHeads][stride]
-  float* rows = qs + kGroupHeads * stride;   // [kChunk][stride]
-  float* probs = rows + kChunk * stride;     // [kGroupHeads][kChunk]
+  float* qs = smem;                         // [kGroupHeads][stride]
+  float* rows = qs + kGroupHeads * stride;  // [kChunk][stride]
+  float* probs = rows + kChunk * stride;    // [kGroupHeads][kChunk]
   float* run_max = probs + kGroupHeads * kChunk;
   float* run_sum = run_max + kGroupHeads;
   float* rescale = run_sum + kGroupHeads;
-  float* acc = rescale + kGroupHeads;        // [kGroupHeads][kv]
+  float* acc = rescale + kGroupHeads;  // [kGroupHeads][kv]
 
   const int32_t nblocks = L.blocks_per_sequence[b];
   const int32_t ntail = L.max_tail > 0 ? L.tail_tokens[b] : 0;
@@ -127,8 +127,7 @@ __global__ void __launch_bounds__(kThreads) PartialKernel(Params p) {
           NoteBadInput(p.bad, b, kBadBlockIndex);
           v = 0.0f;
         } else {
-          v = StoredValue(L.codec, L.pool + size_t(index) * p.block_bytes, t % L.tokens_per_block, c, kv, dim,
-                          rope);
+          v = StoredValue(L.codec, L.pool + size_t(index) * p.block_bytes, t % L.tokens_per_block, c, kv, dim, rope);
         }
       } else {
         v = L.tail[(static_cast<size_t>(tail_base) + (t - block_tokens)) * dim + c];
@@ -187,8 +186,8 @@ __global__ void __launch_bounds__(kThreads) PartialKernel(Params p) {
 
 // One CUDA block per (head, sequence): the splits' results weighted by
 // exp(max_s - max) and normalised by the total sum.
-__global__ void __launch_bounds__(kThreads) CombineKernel(const float* partial, uint32_t splits, uint32_t heads,
-                                                          uint32_t kv, float* out, float* lse) {
+__global__ void __launch_bounds__(kThreads)
+    CombineKernel(const float* partial, uint32_t splits, uint32_t heads, uint32_t kv, float* out, float* lse) {
   const uint32_t h = blockIdx.x, b = blockIdx.y;
   const size_t part = size_t{kv} + 2;
   const float* first = partial + (size_t{b} * splits * heads + h) * part;
@@ -210,8 +209,7 @@ __global__ void __launch_bounds__(kThreads) CombineKernel(const float* partial, 
 }  // namespace
 
 Status PagedMlaDecode(const MlaShape& shape, const PagedLatents& latents, uint32_t batch, const float* q,
-                      float softmax_scale, float* out, float* lse, void* stream_ptr,
-                      const PagedMlaOptions& options) {
+                      float softmax_scale, float* out, float* lse, void* stream_ptr, const PagedMlaOptions& options) {
   const uint32_t kv = shape.kv_lora_rank, dim = kv + shape.rope_dim;
   const size_t block_bytes = EncodedBytes(latents.codec, {latents.tokens_per_block, kv, shape.rope_dim});
   if (shape.heads == 0 || kv == 0 || batch == 0 || block_bytes == 0) {
@@ -236,8 +234,8 @@ Status PagedMlaDecode(const MlaShape& shape, const PagedLatents& latents, uint32
     return InvalidArgument("cuda::PagedMlaDecode: kv_lora_rank + rope_dim " + std::to_string(dim) +
                            " needs more shared memory than the device has");
   }
-  if (const cudaError_t e = cudaFuncSetAttribute(PartialKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(smem));
+  if (const cudaError_t e =
+          cudaFuncSetAttribute(PartialKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
       e != cudaSuccess) {
     return CudaError(e, "cuda::PagedMlaDecode");
   }
@@ -268,10 +266,17 @@ Status PagedMlaDecode(const MlaShape& shape, const PagedLatents& latents, uint32
       e != cudaSuccess) {
     return CudaError(e, "cuda::PagedMlaDecode workspace");
   }
-  Params p{shape, latents, block_bytes, q, softmax_scale, total_splits, 0, blocks_per_split, !tensor_cores,
+  Params p{shape,
+           latents,
+           block_bytes,
+           q,
+           softmax_scale,
+           total_splits,
+           0,
+           blocks_per_split,
+           !tensor_cores,
            static_cast<float*>(workspace),
-           wait ? reinterpret_cast<unsigned long long*>(static_cast<char*>(workspace) + partial_bytes)
-                : options.fault};
+           wait ? reinterpret_cast<unsigned long long*>(static_cast<char*>(workspace) + partial_bytes) : options.fault};
   if (wait) cudaMemsetAsync(p.bad, 0xff, sizeof(unsigned long long), stream);
   if (tensor_cores) {
     if (const cudaError_t e = internal::LaunchTensorCorePartials(p, splits, batch, stream); e != cudaSuccess) {
@@ -286,8 +291,7 @@ Status PagedMlaDecode(const MlaShape& shape, const PagedLatents& latents, uint32
   } else {
     PartialKernel<<<dim3(splits, groups, batch), kThreads, smem, stream>>>(p);
   }
-  CombineKernel<<<dim3(shape.heads, batch), kThreads, 0, stream>>>(p.partial, total_splits, shape.heads, kv, out,
-                                                                   lse);
+  CombineKernel<<<dim3(shape.heads, batch), kThreads, 0, stream>>>(p.partial, total_splits, shape.heads, kv, out, lse);
   unsigned long long bad = kNoPagedMlaFault;
   if (wait) cudaMemcpyAsync(&bad, p.bad, sizeof bad, cudaMemcpyDeviceToHost, stream);
   cudaFreeAsync(workspace, stream);

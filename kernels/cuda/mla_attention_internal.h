@@ -4,10 +4,10 @@
 #ifndef KVTIER_KERNELS_CUDA_MLA_ATTENTION_INTERNAL_H_
 #define KVTIER_KERNELS_CUDA_MLA_ATTENTION_INTERNAL_H_
 
+#include <cuda_runtime.h>
+
 #include <cstddef>
 #include <cstdint>
-
-#include <cuda_runtime.h>
 
 #include "kvtier/kernels/cuda_mla_attention.h"
 
@@ -47,8 +47,8 @@ struct Params {
 // The tensor-core kernel's shape: blocks of 64 tokens of 512 + 64, any
 // codec, each block 16-byte aligned in the pool (cp.async copies 16 bytes).
 inline bool TensorCoreShape(const MlaShape& shape, const PagedLatents& latents, size_t block_bytes) {
-  return shape.kv_lora_rank == 512 && shape.rope_dim == 64 && latents.tokens_per_block == 64 &&
-         block_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(latents.pool) % 16 == 0;
+  return shape.kv_lora_rank == 512 && shape.rope_dim == 64 && latents.tokens_per_block == 64 && block_bytes % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(latents.pool) % 16 == 0;
 }
 
 // How many of the tensor-core kernel's CUDA blocks fit on a multiprocessor.

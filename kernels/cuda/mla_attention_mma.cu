@@ -39,9 +39,9 @@ constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr uint32_t kHeads = 16;  // the mma's M
 constexpr uint32_t kKv = 512, kRope = 64, kDim = kKv + kRope, kTokens = 64;
-constexpr uint32_t kSub = 16;                   // tokens between score reductions
-constexpr uint32_t kWarpKv = kKv / kWarps;      // 128: two groups of 64
-constexpr uint32_t kWarpRope = kRope / kWarps;  // 16: one k-step
+constexpr uint32_t kSub = 16;                            // tokens between score reductions
+constexpr uint32_t kWarpKv = kKv / kWarps;               // 128: two groups of 64
+constexpr uint32_t kWarpRope = kRope / kWarps;           // 16: one k-step
 constexpr uint32_t kSteps = (kWarpKv + kWarpRope) / 16;  // 9
 constexpr float kLog2e = 1.4426950408889634f;
 // The pool is read in stages of 16 tokens (a block's per-channel constants
@@ -58,8 +58,10 @@ constexpr uint32_t PrefixBytes(Codec codec) {
   return codec == Codec::kInt8 ? 2 * kDim : codec == Codec::kInt4 ? 4 * kDim : 0;
 }
 constexpr uint32_t RowBytes(Codec codec) {
-  return codec == Codec::kBf16 ? 2 * kDim : codec == Codec::kInt8 ? kDim : codec == Codec::kInt4 ? kDim / 2
-                                                                        : kKv + 16 + 2 * kRope;
+  return codec == Codec::kBf16   ? 2 * kDim
+         : codec == Codec::kInt8 ? kDim
+         : codec == Codec::kInt4 ? kDim / 2
+                                 : kKv + 16 + 2 * kRope;
 }
 // A stage: the prefix, then 16 tokens' rows, so that a stage reads as a
 // block of 16 tokens.
@@ -113,8 +115,7 @@ __device__ inline void LoadConstants(const uint8_t* block, uint32_t warp, uint32
       for (uint32_t i = 0; i < pairs; ++i) {
         k.scale[8 * group + i] = Bf16PairToHalves(*reinterpret_cast<const uint32_t*>(block + 2 * (c + 2 * i)));
         if constexpr (kCodec == Codec::kInt4) {
-          k.min[8 * group + i] =
-              Bf16PairToHalves(*reinterpret_cast<const uint32_t*>(block + 2 * (kDim + c + 2 * i)));
+          k.min[8 * group + i] = Bf16PairToHalves(*reinterpret_cast<const uint32_t*>(block + 2 * (kDim + c + 2 * i)));
         }
       }
     }
@@ -180,8 +181,8 @@ __device__ inline void Dequantize(const uint8_t* block, uint32_t t, uint32_t c, 
       const float scale = *reinterpret_cast<const float*>(from - c + kKv + 4 * (c / kFp8TileSize));
 #pragma unroll
       for (uint32_t i = 0; i < kCount / 2; ++i) {
-        const __half2_raw pair = __nv_cvt_fp8x2_to_halfraw2(
-            static_cast<__nv_fp8x2_storage_t>(w[i / 2] >> (16 * (i % 2))), __NV_E4M3);
+        const __half2_raw pair =
+            __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[i / 2] >> (16 * (i % 2))), __NV_E4M3);
         const float2 f = __half22float2(__half2(pair));
         out[i] = PackHalves(f.x * scale, f.y * scale);
       }

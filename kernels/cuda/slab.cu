@@ -213,8 +213,8 @@ constexpr uint64_t kCrcPartBytes = uint64_t{kCrcThreads} * kCrcChunk;
 
 // Where byte `at` of `record` lies in the slab (its pages `page_size`, a
 // power of two, apart).
-__device__ inline const uint8_t* RecordByte(const uint8_t* slab, const uint64_t* page_offsets,
-                                            const RecordDesc& record, uint64_t at, uint32_t page_shift) {
+__device__ inline const uint8_t* RecordByte(const uint8_t* slab, const uint64_t* page_offsets, const RecordDesc& record,
+                                            uint64_t at, uint32_t page_shift) {
   return slab + page_offsets[record.first_page + (at >> page_shift)] + (at & ((uint64_t{1} << page_shift) - 1));
 }
 
@@ -234,8 +234,8 @@ __global__ void __launch_bounds__(kCrcThreads)
   const int64_t chunk = Crc32cChunkInSlot(uint64_t{blockIdx.x} * kCrcThreads + t, slots, record.bytes / kCrcChunk);
   uint32_t c = 0;
   if (chunk >= 0) {
-    const auto* words = reinterpret_cast<const uint4*>(
-        RecordByte(slab, page_offsets, record, uint64_t(chunk) * kCrcChunk, page_shift));
+    const auto* words =
+        reinterpret_cast<const uint4*>(RecordByte(slab, page_offsets, record, uint64_t(chunk) * kCrcChunk, page_shift));
     for (uint32_t i = 0; i < kCrcChunk / 16; ++i) {
       const uint4 w = words[i];
       c = Crc32cWordStep(table, c, w.x);
@@ -332,11 +332,10 @@ Status DeviceSlab::CopyOutRunsWithCrc(std::span<const SlabRun> runs, std::span<c
   auto* device_parts = reinterpret_cast<uint32_t*>(device + in_bytes + crc_bytes);
   cudaError_t first = cudaMemcpyAsync(device, host.get(), in_bytes, cudaMemcpyHostToDevice, stream);
   if (first == cudaSuccess) {
-    RecordCrcPartsKernel<<<dim3(parts_per_record, count), kCrcThreads, 0, stream>>>(
-        base_, device_offsets, device_descs, page_shift, device_parts);
-    RecordCrcJoinKernel<<<(count + 127) / 128, 128, 0, stream>>>(base_, device_offsets, device_descs, count,
-                                                                  page_shift, device_parts, parts_per_record,
-                                                                  device_crcs);
+    RecordCrcPartsKernel<<<dim3(parts_per_record, count), kCrcThreads, 0, stream>>>(base_, device_offsets, device_descs,
+                                                                                    page_shift, device_parts);
+    RecordCrcJoinKernel<<<(count + 127) / 128, 128, 0, stream>>>(base_, device_offsets, device_descs, count, page_shift,
+                                                                 device_parts, parts_per_record, device_crcs);
     first = cudaGetLastError();
   }
   if (first == cudaSuccess) {

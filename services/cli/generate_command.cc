@@ -51,9 +51,10 @@ int RunGenerate(const std::vector<std::string>& args) {
   request.mutable_limits()->set_top_logprobs(static_cast<uint32_t>(std::min<uint64_t>(top_logprobs, UINT32_MAX)));
   absl::StatusOr<RemoteGeneration> out = GenerateRemotely(target, request);
   if (!out.ok()) return fail(out.status());
-  std::cerr << absl::StrFormat("kvtier generate: %zu tokens (%s), prompt %u tokens of which %u cached, first token after %.1f ms\n",
-                               out->tokens.size(), v1::FinishReason_Name(out->reason), out->usage.prompt_tokens(),
-                               out->usage.cached_tokens(), out->usage.time_to_first_token_us() / 1e3);
+  std::cerr << absl::StrFormat(
+      "kvtier generate: %zu tokens (%s), prompt %u tokens of which %u cached, first token after %.1f ms\n",
+      out->tokens.size(), v1::FinishReason_Name(out->reason), out->usage.prompt_tokens(), out->usage.cached_tokens(),
+      out->usage.time_to_first_token_us() / 1e3);
   std::cout << (json ? GenerationJson(out->tokens, out->usage.prompt_tokens(), out->usage.cached_tokens())
                      : IdsLine(out->tokens))
             << "\n";

@@ -42,11 +42,9 @@ int RunMakeModel(const std::vector<std::string>& args) {
     std::cerr << "kvtier make-model: wrote a checkpoint that does not load: " << ckpt.status() << "\n";
     return 1;
   }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::cout << "wrote " << preset << " (seed " << seed << ", "
-            << runtime::ExpectedTensors(*config).size() << " tensors) to " << out << " in "
-            << seconds << " s\n";
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cout << "wrote " << preset << " (seed " << seed << ", " << runtime::ExpectedTensors(*config).size()
+            << " tensors) to " << out << " in " << seconds << " s\n";
   return 0;
 }
 

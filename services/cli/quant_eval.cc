@@ -18,8 +18,7 @@ using kernels::FloatToBf16TowardNegative;
 using kernels::FloatToBf16TowardPositive;
 
 // Mean over tokens of ||x - x'|| / ||x|| over channels [begin, end).
-double MeanRelativeError(const LatentRows& x, std::span<const float> recon, uint32_t begin,
-                         uint32_t end) {
+double MeanRelativeError(const LatentRows& x, std::span<const float> recon, uint32_t begin, uint32_t end) {
   if (begin == end || x.tokens() == 0) return 0.0;
   double sum = 0.0;
   for (size_t t = 0; t < x.tokens(); ++t) {
@@ -35,8 +34,8 @@ double MeanRelativeError(const LatentRows& x, std::span<const float> recon, uint
   return sum / static_cast<double>(x.tokens());
 }
 
-SchemeResult Finish(std::string name, std::optional<kernels::Codec> codec, size_t bytes,
-                    const LatentRows& rows, std::span<const float> recon) {
+SchemeResult Finish(std::string name, std::optional<kernels::Codec> codec, size_t bytes, const LatentRows& rows,
+                    std::span<const float> recon) {
   SchemeResult r;
   r.scheme = std::move(name);
   r.codec = codec;
@@ -72,7 +71,10 @@ void QuantizeSymmetric(const Region& r, float levels, bool bf16_scale) {
 // Asymmetric: bf16 zero (min, rounded down) and bf16 scale over the region.
 void QuantizeAsymmetric(const Region& r, float levels) {
   float lo = INFINITY, hi = -INFINITY;
-  r.ForEach([&](float& v) { lo = std::min(lo, v); hi = std::max(hi, v); });
+  r.ForEach([&](float& v) {
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  });
   const float z = Bf16ToFloat(FloatToBf16TowardNegative(lo));
   const float s = Bf16ToFloat(FloatToBf16TowardPositive((hi - z) / levels));
   if (s == 0.0f) {
@@ -83,8 +85,7 @@ void QuantizeAsymmetric(const Region& r, float levels) {
 }
 
 // Calls f(region) for the latent part and the rope part (if any) of a block.
-void ForEachPart(float* block, uint32_t tokens, const LatentRows& rows,
-                 const std::function<void(const Region&)>& f) {
+void ForEachPart(float* block, uint32_t tokens, const LatentRows& rows, const std::function<void(const Region&)>& f) {
   f(Region{block, rows.dim(), 0, tokens, 0, rows.latent_dim});
   if (rows.rope_dim > 0) f(Region{block, rows.dim(), 0, tokens, rows.latent_dim, rows.dim()});
 }
@@ -141,8 +142,7 @@ SchemeResult RunBaseline(std::string name, const Baseline& baseline, const Laten
 
 }  // namespace
 
-LatentRows MakeSyntheticLatents(uint32_t tokens, uint32_t latent_dim, uint32_t rope_dim,
-                                uint64_t seed) {
+LatentRows MakeSyntheticLatents(uint32_t tokens, uint32_t latent_dim, uint32_t rope_dim, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
@@ -181,12 +181,11 @@ LatentRows MakeSyntheticLatents(uint32_t tokens, uint32_t latent_dim, uint32_t r
   return rows;
 }
 
-absl::StatusOr<SchemeResult> EvaluateCodec(kernels::Codec codec, const LatentRows& rows,
-                                           uint32_t tokens_per_block) {
+absl::StatusOr<SchemeResult> EvaluateCodec(kernels::Codec codec, const LatentRows& rows, uint32_t tokens_per_block) {
   if (rows.tokens() == 0) return absl::InvalidArgumentError("no tokens to evaluate");
   if (tokens_per_block < 1 || tokens_per_block > kernels::kMaxBlockTokens) {
-    return absl::InvalidArgumentError(absl::StrCat("tokens per block ", tokens_per_block,
-                                                   " outside 1..", kernels::kMaxBlockTokens));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokens per block ", tokens_per_block, " outside 1..", kernels::kMaxBlockTokens));
   }
   std::vector<float> recon(rows.values.size());
   std::vector<uint8_t> encoded;
@@ -197,15 +196,14 @@ absl::StatusOr<SchemeResult> EvaluateCodec(kernels::Codec codec, const LatentRow
     const std::span<const float> in(rows.values.data() + t0 * rows.dim(), shape.values());
     encoded.resize(kernels::EncodedBytes(codec, shape));
     KVTIER_RETURN_IF_ERROR(FromKernelStatus(kernels::Quantize(codec, shape, in, encoded)));
-    KVTIER_RETURN_IF_ERROR(FromKernelStatus(kernels::Dequantize(
-        codec, shape, encoded, std::span<float>(recon.data() + t0 * rows.dim(), shape.values()))));
+    KVTIER_RETURN_IF_ERROR(FromKernelStatus(
+        kernels::Dequantize(codec, shape, encoded, std::span<float>(recon.data() + t0 * rows.dim(), shape.values()))));
     bytes += encoded.size();
   }
   return Finish(std::string(kernels::CodecName(codec)), codec, bytes, rows, recon);
 }
 
-absl::StatusOr<std::vector<SchemeResult>> EvaluateAllSchemes(const LatentRows& rows,
-                                                             uint32_t tokens_per_block) {
+absl::StatusOr<std::vector<SchemeResult>> EvaluateAllSchemes(const LatentRows& rows, uint32_t tokens_per_block) {
   std::vector<SchemeResult> table;
   auto add_codec = [&](kernels::Codec codec, std::string name) -> absl::Status {
     KVTIER_ASSIGN_OR_RETURN(SchemeResult r, EvaluateCodec(codec, rows, tokens_per_block));
@@ -218,12 +216,9 @@ absl::StatusOr<std::vector<SchemeResult>> EvaluateAllSchemes(const LatentRows& r
   table.push_back(RunBaseline("int8 per-tensor", Int8PerTensor, rows, tokens_per_block));
   table.push_back(RunBaseline("int8 per-token", Int8PerToken, rows, tokens_per_block));
   KVTIER_RETURN_IF_ERROR(add_codec(kernels::Codec::kInt8, "int8 per-channel (kvtier int8)"));
-  table.push_back(
-      RunBaseline("int4 symmetric per-channel", Int4SymmetricPerChannel, rows, tokens_per_block));
-  table.push_back(
-      RunBaseline("int4 asymmetric per-token group-64", Int4PerTokenGroup, rows, tokens_per_block));
-  KVTIER_RETURN_IF_ERROR(
-      add_codec(kernels::Codec::kInt4, "int4 asymmetric per-channel (kvtier int4)"));
+  table.push_back(RunBaseline("int4 symmetric per-channel", Int4SymmetricPerChannel, rows, tokens_per_block));
+  table.push_back(RunBaseline("int4 asymmetric per-token group-64", Int4PerTokenGroup, rows, tokens_per_block));
+  KVTIER_RETURN_IF_ERROR(add_codec(kernels::Codec::kInt4, "int4 asymmetric per-channel (kvtier int4)"));
   return table;
 }
 

@@ -17,13 +17,14 @@ namespace kvtier::cli {
 namespace {
 
 absl::Status Run(const std::string& model_dir, const std::string& prompt_ids, uint64_t max_new,
-                 const std::string& codec_name, uint64_t tokens_per_block, bool json,
-                 const runtime::Sampling& sampling, const std::string& device_name) {
+                 const std::string& codec_name, uint64_t tokens_per_block, bool json, const runtime::Sampling& sampling,
+                 const std::string& device_name) {
   if (model_dir.empty()) return absl::InvalidArgumentError("--model is required");
   const absl::StatusOr<runtime::Device> device = runtime::ParseDevice(device_name);
   if (!device.ok()) return device.status();
   const std::optional<kernels::Codec> codec = kernels::ParseCodec(codec_name);
-  if (!codec) return absl::InvalidArgumentError(absl::StrCat("--kv-codec ", codec_name, " is not one of bf16, fp8, int8, int4"));
+  if (!codec)
+    return absl::InvalidArgumentError(absl::StrCat("--kv-codec ", codec_name, " is not one of bf16, fp8, int8, int4"));
   if (max_new < 1 || max_new > 1 << 20) return absl::InvalidArgumentError("--max-new-tokens must be in 1..1048576");
   if (tokens_per_block < 1 || tokens_per_block > kernels::kMaxBlockTokens) {
     return absl::InvalidArgumentError("--tokens-per-block must be in 1..4096");

@@ -25,23 +25,20 @@ void PrintJson(const v1::StatsResponse& s) {
   for (int i = 0; i < s.tiers_size(); ++i) {
     const v1::TierStats& t = s.tiers(i);
     absl::StrAppend(&out, i ? ", " : "", "{\"tier\": \"", kvblock::TierName(t.tier()),
-                    "\", \"capacity_bytes\": ", t.capacity_bytes(),
-                    ", \"used_bytes\": ", t.used_bytes(), ", \"blocks\": ", t.blocks(),
-                    ", \"hits\": ", t.hits(), ", \"promotions\": ", t.promotions(),
+                    "\", \"capacity_bytes\": ", t.capacity_bytes(), ", \"used_bytes\": ", t.used_bytes(),
+                    ", \"blocks\": ", t.blocks(), ", \"hits\": ", t.hits(), ", \"promotions\": ", t.promotions(),
                     ", \"demotions\": ", t.demotions(), ", \"evictions\": ", t.evictions(),
                     ", \"write_errors\": ", t.write_errors(), "}");
   }
-  absl::StrAppend(&out, "], \"metadata_bytes\": ", s.metadata_bytes(), ", \"misses\": ", s.misses(),
-                  ", \"blocks_stored\": ", s.blocks_stored(),
-                  ", \"blocks_deduplicated\": ", s.blocks_deduplicated(),
-                  ", \"bytes_in\": ", s.bytes_in(), ", \"bytes_out\": ", s.bytes_out(),
-                  ", \"checksum_failures\": ", s.checksum_failures(),
-                  ", \"active_leases\": ", s.active_leases(), ", \"pending_blocks\": ", s.pending_blocks(),
-                  ", \"pinned_blocks\": ", s.pinned_blocks(), ", \"fast_path_sessions\": ", s.fast_path_sessions(),
-                  ", \"fast_path_blocks_out\": ", s.fast_path_blocks_out(),
-                  ", \"fast_path_bytes_out\": ", s.fast_path_bytes_out(),
-                  ", \"fast_path_bytes_in\": ", s.fast_path_bytes_in(),
-                  ", \"fast_path_staging_bytes\": ", s.fast_path_staging_bytes(), "}");
+  absl::StrAppend(
+      &out, "], \"metadata_bytes\": ", s.metadata_bytes(), ", \"misses\": ", s.misses(),
+      ", \"blocks_stored\": ", s.blocks_stored(), ", \"blocks_deduplicated\": ", s.blocks_deduplicated(),
+      ", \"bytes_in\": ", s.bytes_in(), ", \"bytes_out\": ", s.bytes_out(),
+      ", \"checksum_failures\": ", s.checksum_failures(), ", \"active_leases\": ", s.active_leases(),
+      ", \"pending_blocks\": ", s.pending_blocks(), ", \"pinned_blocks\": ", s.pinned_blocks(),
+      ", \"fast_path_sessions\": ", s.fast_path_sessions(), ", \"fast_path_blocks_out\": ", s.fast_path_blocks_out(),
+      ", \"fast_path_bytes_out\": ", s.fast_path_bytes_out(), ", \"fast_path_bytes_in\": ", s.fast_path_bytes_in(),
+      ", \"fast_path_staging_bytes\": ", s.fast_path_staging_bytes(), "}");
   std::cout << out << "\n";
 }
 
@@ -53,23 +50,22 @@ std::string StatsTable(const std::string& target, const v1::StatsResponse& s) {
                                         "use", "blocks", "hits", "promoted", "demoted", "evicted"));
   for (const v1::TierStats& t : s.tiers()) {
     const double use = t.capacity_bytes() ? 100.0 * t.used_bytes() / t.capacity_bytes() : 0;
-    absl::StrAppend(&out, absl::StrFormat("%-7s %12s %12s %5.1f%% %8d %8d %10d %10d %10d\n",
-                                          kvblock::TierName(t.tier()), HumanBytes(t.capacity_bytes()),
-                                          HumanBytes(t.used_bytes()), use, t.blocks(), t.hits(), t.promotions(),
-                                          t.demotions(), t.evictions()));
+    absl::StrAppend(
+        &out, absl::StrFormat("%-7s %12s %12s %5.1f%% %8d %8d %10d %10d %10d\n", kvblock::TierName(t.tier()),
+                              HumanBytes(t.capacity_bytes()), HumanBytes(t.used_bytes()), use, t.blocks(), t.hits(),
+                              t.promotions(), t.demotions(), t.evictions()));
   }
   uint64_t write_errors = 0;
   for (const v1::TierStats& t : s.tiers()) write_errors += t.write_errors();
   absl::StrAppend(&out, "\nmisses ", s.misses(), ", blocks stored ", s.blocks_stored(), ", deduplicated ",
                   s.blocks_deduplicated(), ", in ", HumanBytes(s.bytes_in()), ", out ", HumanBytes(s.bytes_out()),
-                  ", checksum failures ", s.checksum_failures(), ", write errors ", write_errors, ", leases ", s.active_leases(), ", metadata ",
-                  HumanBytes(s.metadata_bytes()), "\n");
+                  ", checksum failures ", s.checksum_failures(), ", write errors ", write_errors, ", leases ",
+                  s.active_leases(), ", metadata ", HumanBytes(s.metadata_bytes()), "\n");
   absl::StrAppend(&out, "same-host fast path: ", s.fast_path_sessions(), " sessions, ", s.fast_path_blocks_out(),
                   " blocks (", HumanBytes(s.fast_path_bytes_out()), ") out, ", HumanBytes(s.fast_path_bytes_in()),
                   " in, staging ", HumanBytes(s.fast_path_staging_bytes()), "\n");
   return out;
 }
-
 
 int RunStats(const std::vector<std::string>& args) {
   std::string target;
@@ -85,8 +81,7 @@ int RunStats(const std::vector<std::string>& args) {
     std::cerr << "kvtier stats: --target is required\n";
     return 2;
   }
-  cache::CacheClient client(cache::CacheClient::Connect(target),
-                            absl::Milliseconds(static_cast<int64_t>(timeout_ms)));
+  cache::CacheClient client(cache::CacheClient::Connect(target), absl::Milliseconds(static_cast<int64_t>(timeout_ms)));
   absl::StatusOr<v1::StatsResponse> stats = client.Stats();
   if (!stats.ok()) {
     std::cerr << "kvtier stats: " << target << ": " << stats.status() << "\n";

@@ -99,8 +99,9 @@ int Up(const UpFlags& f) {
   if (!codec) return fail("--kv-codec must be one of bf16, fp8, int8, int4");
   if (f.prompt_tokens < 1 || f.max_new_tokens < 1 ||
       f.prompt_tokens * 2 + f.max_new_tokens * 2 + 16 > static_cast<uint64_t>(config->max_position_embeddings)) {
-    return fail(absl::StrCat("--prompt-tokens and --max-new-tokens must be positive and two turns must fit the model's ",
-                             config->max_position_embeddings, " positions"));
+    return fail(
+        absl::StrCat("--prompt-tokens and --max-new-tokens must be positive and two turns must fit the model's ",
+                     config->max_position_embeddings, " positions"));
   }
 
   const std::string model_dir = absl::StrCat(f.dir, "/model-", f.preset, "-seed", f.seed);
@@ -124,8 +125,7 @@ int Up(const UpFlags& f) {
   if (!decode_address) return fail("kvtier-decode did not start (its error is above)");
   progress.Step(absl::StrCat("kvtier-decode serving on ", *decode_address));
   ChildProcess prefill({bin + "/kvtier-prefill", "--listen", "127.0.0.1:0", "--model", model_dir, "--cache",
-                        *cache_address, "--decode", *decode_address, "--kv-codec", f.kv_codec,
-                        "--device", f.device});
+                        *cache_address, "--decode", *decode_address, "--kv-codec", f.kv_codec, "--device", f.device});
   const std::optional<std::string> prefill_address = WaitUntilServing(prefill, "kvtier-prefill to load the model");
   if (!prefill_address) return fail("kvtier-prefill did not start (its error is above)");
   progress.Step(absl::StrCat("kvtier-prefill serving on ", *prefill_address));
@@ -160,7 +160,8 @@ int Up(const UpFlags& f) {
     WaitForStopSignal();
   }
   // The front door first, the cache last: nothing is in flight by then.
-  for (auto [child, name] : {std::pair{&prefill, "kvtier-prefill"}, {&decode, "kvtier-decode"}, {&cache, "kvtier-cache"}}) {
+  for (auto [child, name] :
+       {std::pair{&prefill, "kvtier-prefill"}, {&decode, "kvtier-decode"}, {&cache, "kvtier-cache"}}) {
     progress.Step(absl::StrCat("stopping ", name, " (SIGTERM)"));
     if (const int code = child->Stop(SIGTERM); code != 0) return fail(absl::StrCat(name, " exited with ", code));
   }

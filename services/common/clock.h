@@ -28,8 +28,7 @@ class SystemClock : public Clock {
 // Moves only when told to.
 class ManualClock : public Clock {
  public:
-  explicit ManualClock(absl::Time start = absl::UnixEpoch() + absl::Hours(24 * 365 * 50))
-      : now_(start) {}
+  explicit ManualClock(absl::Time start = absl::UnixEpoch() + absl::Hours(24 * 365 * 50)) : now_(start) {}
   absl::Time Now() override {
     absl::MutexLock lock(&mu_);
     return now_;

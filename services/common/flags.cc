@@ -28,8 +28,7 @@ absl::Status FlagParser::Assign(const std::string& name, Flag& flag, const std::
     **s = value;
   } else if (auto* u = std::get_if<uint64_t*>(&flag.target)) {
     if (!absl::SimpleAtoi(value, *u)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", name, " wants a non-negative integer, got '", value, "'"));
+      return absl::InvalidArgumentError(absl::StrCat("--", name, " wants a non-negative integer, got '", value, "'"));
     }
   } else if (auto* b = std::get_if<bool*>(&flag.target)) {
     if (value == "true" || value == "1") {
@@ -37,8 +36,7 @@ absl::Status FlagParser::Assign(const std::string& name, Flag& flag, const std::
     } else if (value == "false" || value == "0") {
       **b = false;
     } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", name, " wants true or false, got '", value, "'"));
+      return absl::InvalidArgumentError(absl::StrCat("--", name, " wants true or false, got '", value, "'"));
     }
   }
   set_.insert(name);
@@ -81,8 +79,7 @@ absl::Status FlagParser::Parse(const std::vector<std::string>& args) {
   return absl::OkStatus();
 }
 
-std::optional<int> FlagParser::ParseOrExit(const std::vector<std::string>& args,
-                                           const std::string& program) {
+std::optional<int> FlagParser::ParseOrExit(const std::vector<std::string>& args, const std::string& program) {
   if (absl::Status s = Parse(args); !s.ok()) {
     std::cerr << program << ": " << s.message() << "\n";
     return 2;

@@ -4,12 +4,12 @@
 #ifndef KVTIER_SERVICES_COMMON_METRIC_FAMILY_H_
 #define KVTIER_SERVICES_COMMON_METRIC_FAMILY_H_
 
+#include <prometheus/client_metric.h>
+#include <prometheus/metric_family.h>
+
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <prometheus/client_metric.h>
-#include <prometheus/metric_family.h>
 
 namespace kvtier {
 

@@ -4,12 +4,12 @@
 #ifndef KVTIER_SERVICES_COMMON_METRICS_EXPOSER_H_
 #define KVTIER_SERVICES_COMMON_METRICS_EXPOSER_H_
 
+#include <prometheus/collectable.h>
+#include <prometheus/exposer.h>
+
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <prometheus/collectable.h>
-#include <prometheus/exposer.h>
 
 #include "absl/status/statusor.h"
 

@@ -1,11 +1,10 @@
 #include "services/common/server_runner.h"
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
 
 #include <iostream>
-
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -25,16 +24,16 @@ void BlockShutdownSignals() {
 absl::Status ValidateListenAddress(const std::string& address) {
   const size_t colon = address.rfind(':');
   int port = -1;
-  if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 || port > 65535) {
+  if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
+      port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("address '", address, "' is not HOST:PORT (port 0-65535, 0 = any free)"));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(
-    const ServerOptions& options, std::vector<grpc::Service*> services) {
+absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(const ServerOptions& options,
+                                                                  std::vector<grpc::Service*> services) {
   if (absl::Status s = ValidateListenAddress(options.listen); !s.ok()) return s;
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -66,8 +65,7 @@ absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(
   server->GetHealthCheckService()->SetServingStatus(true);
   const std::string host = options.listen.substr(0, options.listen.rfind(':'));
   std::cout << "listening on " << host << ":" << port << std::endl;
-  return std::unique_ptr<ServerRunner>(
-      new ServerRunner(std::move(server), port, options.shutdown_grace));
+  return std::unique_ptr<ServerRunner>(new ServerRunner(std::move(server), port, options.shutdown_grace));
 }
 
 ServerRunner::~ServerRunner() { Shutdown(); }
@@ -84,8 +82,7 @@ int WaitForStopSignal() {
 
 void ServerRunner::WaitForShutdownSignal() {
   const int signal = WaitForStopSignal();
-  std::cerr << "received " << (signal == SIGTERM ? "SIGTERM" : "SIGINT")
-            << ": draining in-flight RPCs" << std::endl;
+  std::cerr << "received " << (signal == SIGTERM ? "SIGTERM" : "SIGINT") << ": draining in-flight RPCs" << std::endl;
   Shutdown();
 }
 

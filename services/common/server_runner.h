@@ -5,13 +5,13 @@
 #ifndef KVTIER_SERVICES_COMMON_SERVER_RUNNER_H_
 #define KVTIER_SERVICES_COMMON_SERVER_RUNNER_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"

@@ -14,11 +14,11 @@
 #define KVTIER_STATUS_CONCAT_(a, b) KVTIER_STATUS_CONCAT_INNER_(a, b)
 
 // Returns `expr` (an absl::Status) from the current function unless it is OK.
-#define KVTIER_RETURN_IF_ERROR(expr)                      \
-  do {                                                    \
+#define KVTIER_RETURN_IF_ERROR(expr)                                  \
+  do {                                                                \
     if (absl::Status kvtier_status_ = (expr); !kvtier_status_.ok()) { \
-      return kvtier_status_;                              \
-    }                                                     \
+      return kvtier_status_;                                          \
+    }                                                                 \
   } while (0)
 
 // `lhs = value of (expr)`, an absl::StatusOr<T>, or returns its error.

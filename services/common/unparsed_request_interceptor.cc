@@ -21,9 +21,9 @@ class UnparsedRequestInterceptor : public grpc::experimental::Interceptor {
     }
     if (unparsed_ && methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS) &&
         !methods->GetSendStatus().ok()) {
-      methods->ModifySendStatus(grpc::Status(
-          grpc::StatusCode::INVALID_ARGUMENT,
-          "the request to " + method_ + " does not parse as that method's request message"));
+      methods->ModifySendStatus(
+          grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                       "the request to " + method_ + " does not parse as that method's request message"));
     }
     methods->Proceed();
   }

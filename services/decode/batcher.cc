@@ -23,11 +23,9 @@ void Fail(DecodeSequence& s, absl::Status error) {
 }
 
 Batcher::Batcher(const runtime::Model& model, Options options, BlockSealed on_sealed, StepDone on_step)
-    : model_(model),
-      options_(options),
-      on_sealed_(std::move(on_sealed)),
-      on_step_(std::move(on_step)),
-      thread_([this] { Loop(); }) {}
+    : model_(model), options_(options), on_sealed_(std::move(on_sealed)), on_step_(std::move(on_step)), thread_([this] {
+        Loop();
+      }) {}
 
 Batcher::~Batcher() {
   {
@@ -42,8 +40,8 @@ absl::Status Batcher::Submit(std::shared_ptr<DecodeSequence> sequence) {
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError("the decode worker is shutting down");
   if (sequences_.size() >= options_.max_sequences) {
-    return absl::ResourceExhaustedError(absl::StrCat("the decode worker holds its maximum of ",
-                                                     options_.max_sequences, " sequences"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the decode worker holds its maximum of ", options_.max_sequences, " sequences"));
   }
   sequences_.push_back(std::move(sequence));
   return absl::OkStatus();

@@ -33,7 +33,7 @@ struct DecodeSequence {
   uint32_t next_input = 0;       // fed at the next step
   uint32_t next_index = 1;       // generated index the next step samples
   runtime::Sampling sampling;
-  v1::GenerationLimits limits;   // max_new_tokens counts generated index 0
+  v1::GenerationLimits limits;  // max_new_tokens counts generated index 0
   // Write-back of the blocks that fill: the key chain so far (one hash per
   // sealed block), under the request's namespace and layout.
   bool write_back = true;
@@ -44,9 +44,9 @@ struct DecodeSequence {
 
   absl::Mutex mu;
   std::deque<v1::DecodeResponse> events ABSL_GUARDED_BY(mu);  // to stream, in order
-  bool done ABSL_GUARDED_BY(mu) = false;                     // no more events
+  bool done ABSL_GUARDED_BY(mu) = false;                      // no more events
   absl::Status error ABSL_GUARDED_BY(mu);
-  bool cancelled ABSL_GUARDED_BY(mu) = false;                // set by the RPC thread
+  bool cancelled ABSL_GUARDED_BY(mu) = false;  // set by the RPC thread
 };
 
 class Batcher {

@@ -24,10 +24,10 @@ DecodeService::DecodeService(const runtime::Model* model, std::string model_id, 
       shards_(*shards),
       writer_(*shards, /*max_queued=*/4096),
       tokens_(MakeCounter(*registry, "kvtier_decode_tokens_total", "Tokens generated and streamed.")),
-      blocks_fetched_(MakeCounter(*registry, "kvtier_decode_blocks_fetched_total",
-                                  "Prompt blocks read from the cache shards.")),
-      blocks_inline_(MakeCounter(*registry, "kvtier_decode_blocks_inline_total",
-                                 "Prompt blocks that came inside the request.")),
+      blocks_fetched_(
+          MakeCounter(*registry, "kvtier_decode_blocks_fetched_total", "Prompt blocks read from the cache shards.")),
+      blocks_inline_(
+          MakeCounter(*registry, "kvtier_decode_blocks_inline_total", "Prompt blocks that came inside the request.")),
       blocks_recomputed_(MakeCounter(*registry, "kvtier_decode_blocks_recomputed_total",
                                      "Prompt blocks the cache could not supply, recomputed here.")),
       blocks_written_back_(MakeCounter(*registry, "kvtier_decode_blocks_written_back_total",
@@ -41,8 +41,8 @@ DecodeService::DecodeService(const runtime::Model* model, std::string model_id, 
                         .Name("kvtier_decode_step_duration_seconds")
                         .Help("Wall time of one decode step of the whole batch.")
                         .Register(*registry)
-                        .Add({}, prometheus::Histogram::BucketBoundaries{0.001, 0.0025, 0.005, 0.01, 0.025,
-                                                                         0.05, 0.1, 0.25, 0.5, 1, 2.5})),
+                        .Add({}, prometheus::Histogram::BucketBoundaries{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                                                         0.25, 0.5, 1, 2.5})),
       sequences_(prometheus::BuildGauge()
                      .Name("kvtier_decode_sequences")
                      .Help("Decode streams open: sequences being decoded or waiting for their turn.")
@@ -65,10 +65,10 @@ absl::StatusOr<std::shared_ptr<DecodeSequence>> DecodeService::Prepare(const v1:
   KVTIER_RETURN_IF_ERROR(kvblock::ValidateNamespace(r.kv_namespace()));
   KVTIER_ASSIGN_OR_RETURN(kvblock::LatentLayout layout, kvblock::LayoutFromProto(r.layout()));
   if (!(layout == serving::ModelLayout(c, model_id_, layout.codec, layout.tokens_per_block))) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the request's latents are of model ", layout.model_id, " (", layout.num_layers, " layers, ",
-        layout.kv_lora_rank, "+", layout.rope_dim, "); this worker serves ", model_id_, " (", c.num_hidden_layers,
-        " layers, ", c.kv_lora_rank, "+", c.qk_rope_head_dim, ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the request's latents are of model ", layout.model_id, " (", layout.num_layers, " layers, ",
+                     layout.kv_lora_rank, "+", layout.rope_dim, "); this worker serves ", model_id_, " (",
+                     c.num_hidden_layers, " layers, ", c.kv_lora_rank, "+", c.qk_rope_head_dim, ")"));
   }
   KVTIER_RETURN_IF_ERROR(serving::CheckTokenIds(r.token_ids(), c.vocab_size, "token_ids"));
   KVTIER_RETURN_IF_ERROR(serving::CheckGeneration(c, r.token_ids_size(), r.sampling(), r.limits()));
@@ -85,8 +85,8 @@ absl::StatusOr<std::shared_ptr<DecodeSequence>> DecodeService::Prepare(const v1:
   }
   for (size_t i = 0; i < full; ++i) {
     if (r.block_hashes(static_cast<int>(i)) != kvblock::HashAsBytes(chain[i])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "block_hashes[", i, "] is not the chain hash of its tokens in this namespace and layout"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("block_hashes[", i, "] is not the chain hash of its tokens in this namespace and layout"));
     }
   }
   if (r.tail().token_count() != tokens.size() % tpb) {
@@ -162,8 +162,7 @@ void DecodeService::OnSealed(DecodeSequence& s, size_t block) {
   if (!s.write_back || block != s.chain.size()) return;
   const uint32_t tpb = s.layout.tokens_per_block;
   s.chain.push_back(kvblock::ChainHash(s.ns, block == 0 ? kvblock::kNoParent : s.chain[block - 1],
-                                       kvblock::LayoutId(s.layout),
-                                       std::span(s.tokens).subspan(block * tpb, tpb)));
+                                       kvblock::LayoutId(s.layout), std::span(s.tokens).subspan(block * tpb, tpb)));
   absl::StatusOr<std::string> record = serving::BlockRecord(s.layout, s.cache, block, 0, s.layout.num_layers);
   if (!record.ok()) return;
   if (const uint64_t ticket = writer_.Enqueue(s.ns, s.layout, s.chain.back(), std::move(*record)); ticket != 0) {

@@ -5,13 +5,13 @@
 #ifndef KVTIER_SERVICES_DECODE_DECODE_SERVICE_H_
 #define KVTIER_SERVICES_DECODE_DECODE_SERVICE_H_
 
-#include <memory>
-#include <string>
-
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
+
+#include <memory>
+#include <string>
 
 #include "kvtier/v1/decode.grpc.pb.h"
 #include "services/decode/batcher.h"

@@ -25,9 +25,9 @@ int Run(const Flags& f) {
   if (!s.ok()) return serving::ExitWith(program, s.status());
   DecodeService service(s->model.get(), s->model_id, s->shards.get(), s->registry.get(),
                         {.max_batch = f.max_batch, .max_sequences = f.max_sequences});
-  return serving::ServeUntilSignal(program, f.server.listen, &service,
-                                   absl::StrCat("model ", s->model_id, ", ", s->shards->size(),
-                                                " cache shard(s), batches of up to ", f.max_batch));
+  return serving::ServeUntilSignal(
+      program, f.server.listen, &service,
+      absl::StrCat("model ", s->model_id, ", ", s->shards->size(), " cache shard(s), batches of up to ", f.max_batch));
 }
 
 }  // namespace

@@ -27,15 +27,13 @@ absl::Status CheckHeaderFields(const BlockHeader& h) {
   }
   if (h.layer_count < 1 || h.layer_begin + h.layer_count > kMaxLayers) {
     return absl::InvalidArgumentError(absl::StrCat("block header: layers [", h.layer_begin, ", ",
-                                                   h.layer_begin + h.layer_count,
-                                                   ") empty or beyond ", kMaxLayers));
+                                                   h.layer_begin + h.layer_count, ") empty or beyond ", kMaxLayers));
   }
   const size_t want = kernels::EncodedBytes(h.codec, h.LayerShape());
   if (h.layer_payload_bytes != want) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "block header: ", h.layer_payload_bytes, " bytes per layer, but ",
-        kernels::CodecName(h.codec), " at ", h.token_count, " tokens x (", h.latent_dim, " + ",
-        h.rope_dim, ") takes ", want));
+    return absl::InvalidArgumentError(absl::StrCat("block header: ", h.layer_payload_bytes, " bytes per layer, but ",
+                                                   kernels::CodecName(h.codec), " at ", h.token_count, " tokens x (",
+                                                   h.latent_dim, " + ", h.rope_dim, ") takes ", want));
   }
   return absl::OkStatus();
 }
@@ -43,21 +41,20 @@ absl::Status CheckHeaderFields(const BlockHeader& h) {
 absl::Status CheckAgainstLayout(const BlockHeader& h, const LatentLayout& l) {
   const uint64_t id = LayoutId(l);
   if (h.layout_id != id) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "block has layout id ", absl::Hex(h.layout_id, absl::kZeroPad16), ", expected ",
-        absl::Hex(id, absl::kZeroPad16), " (", l.model_id, ", ", kernels::CodecName(l.codec), ")"));
+    return absl::FailedPreconditionError(absl::StrCat("block has layout id ", absl::Hex(h.layout_id, absl::kZeroPad16),
+                                                      ", expected ", absl::Hex(id, absl::kZeroPad16), " (", l.model_id,
+                                                      ", ", kernels::CodecName(l.codec), ")"));
   }
-  if (h.codec != l.codec || h.token_count != l.tokens_per_block ||
-      h.latent_dim != l.kv_lora_rank || h.rope_dim != l.rope_dim) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "block is ", kernels::CodecName(h.codec), " ", h.token_count, " tokens x (", h.latent_dim,
-        " + ", h.rope_dim, "), layout wants ", kernels::CodecName(l.codec), " ",
-        l.tokens_per_block, " x (", l.kv_lora_rank, " + ", l.rope_dim, ")"));
+  if (h.codec != l.codec || h.token_count != l.tokens_per_block || h.latent_dim != l.kv_lora_rank ||
+      h.rope_dim != l.rope_dim) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("block is ", kernels::CodecName(h.codec), " ", h.token_count, " tokens x (", h.latent_dim, " + ",
+                     h.rope_dim, "), layout wants ", kernels::CodecName(l.codec), " ", l.tokens_per_block, " x (",
+                     l.kv_lora_rank, " + ", l.rope_dim, ")"));
   }
   if (h.layer_begin + h.layer_count > l.num_layers) {
     return absl::FailedPreconditionError(absl::StrCat("block holds layers [", h.layer_begin, ", ",
-                                                      h.layer_begin + h.layer_count,
-                                                      "), layout has ", l.num_layers));
+                                                      h.layer_begin + h.layer_count, "), layout has ", l.num_layers));
   }
   return absl::OkStatus();
 }
@@ -80,8 +77,8 @@ BlockHeader HeaderFor(const LatentLayout& layout, uint32_t layer_begin, uint32_t
 
 absl::StatusOr<BlockView> ParseBlock(std::string_view record, const LatentLayout* expected, CrcCheck crc_check) {
   if (record.size() < kBlockHeaderBytes + kBlockTrailerBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("block record truncated: ", record.size(),
-                                                   " bytes, smaller than header and checksum"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("block record truncated: ", record.size(), " bytes, smaller than header and checksum"));
   }
   if (std::memcmp(record.data(), kBlockMagic, sizeof kBlockMagic) != 0) {
     return absl::InvalidArgumentError("block record has bad magic (not a KVTB record)");
@@ -89,9 +86,8 @@ absl::StatusOr<BlockView> ParseBlock(std::string_view record, const LatentLayout
   BlockHeader h;
   h.format_version = Load<uint16_t>(record, 4);
   if (h.format_version != kBlockFormatVersion) {
-    return absl::FailedPreconditionError(absl::StrCat("block format version ", h.format_version,
-                                                      " is not supported (this build reads ",
-                                                      kBlockFormatVersion, ")"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "block format version ", h.format_version, " is not supported (this build reads ", kBlockFormatVersion, ")"));
   }
   const uint8_t codec = Load<uint8_t>(record, 6);
   if (!kernels::IsKnownCodec(codec)) {
@@ -115,16 +111,14 @@ absl::StatusOr<BlockView> ParseBlock(std::string_view record, const LatentLayout
         absl::StrCat("block record truncated: ", record.size(), " bytes, header says ", want));
   }
   if (record.size() > want) {
-    return absl::InvalidArgumentError(absl::StrCat("block record oversized: ", record.size(),
-                                                   " bytes, header says ", want));
+    return absl::InvalidArgumentError(
+        absl::StrCat("block record oversized: ", record.size(), " bytes, header says ", want));
   }
   const uint32_t stored_crc = Load<uint32_t>(record, want - kBlockTrailerBytes);
-  const uint32_t crc =
-      crc_check == CrcCheck::kCheck ? Crc32c(record.data(), want - kBlockTrailerBytes) : stored_crc;
+  const uint32_t crc = crc_check == CrcCheck::kCheck ? Crc32c(record.data(), want - kBlockTrailerBytes) : stored_crc;
   if (crc != stored_crc) {
-    return absl::DataLossError(absl::StrCat("block checksum mismatch: stored ",
-                                            absl::Hex(stored_crc, absl::kZeroPad8), ", computed ",
-                                            absl::Hex(crc, absl::kZeroPad8)));
+    return absl::DataLossError(absl::StrCat("block checksum mismatch: stored ", absl::Hex(stored_crc, absl::kZeroPad8),
+                                            ", computed ", absl::Hex(crc, absl::kZeroPad8)));
   }
   if (expected != nullptr) KVTIER_RETURN_IF_ERROR(CheckAgainstLayout(h, *expected));
   return BlockView{h, record.substr(kBlockHeaderBytes, want - kBlockHeaderBytes - kBlockTrailerBytes)};
@@ -148,8 +142,7 @@ std::array<char, kBlockHeaderBytes> EncodeBlockHeader(const BlockHeader& h) {
 
 absl::StatusOr<std::string> SerializeBlock(const BlockHeader& h, std::string_view payloads) {
   if (h.format_version != kBlockFormatVersion) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot write block format version ",
-                                                   h.format_version));
+    return absl::InvalidArgumentError(absl::StrCat("cannot write block format version ", h.format_version));
   }
   KVTIER_RETURN_IF_ERROR(CheckHeaderFields(h));
   const size_t want = size_t{h.layer_count} * h.layer_payload_bytes;
@@ -166,29 +159,26 @@ absl::StatusOr<std::string> SerializeBlock(const BlockHeader& h, std::string_vie
   return record;
 }
 
-absl::StatusOr<std::string> EncodeBlock(const LatentLayout& layout, uint32_t layer_begin,
-                                        uint32_t layer_count, std::span<const float> latents) {
+absl::StatusOr<std::string> EncodeBlock(const LatentLayout& layout, uint32_t layer_begin, uint32_t layer_count,
+                                        std::span<const float> latents) {
   KVTIER_RETURN_IF_ERROR(ValidateLayout(layout));
   if (layer_count < 1 || layer_begin + layer_count > layout.num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("layers [", layer_begin, ", ",
-                                                   layer_begin + layer_count, ") not within the ",
-                                                   layout.num_layers, " of the layout"));
+    return absl::InvalidArgumentError(absl::StrCat("layers [", layer_begin, ", ", layer_begin + layer_count,
+                                                   ") not within the ", layout.num_layers, " of the layout"));
   }
   const kernels::BlockShape shape = layout.LayerShape();
   if (latents.size() != size_t{layer_count} * shape.values()) {
-    return absl::InvalidArgumentError(absl::StrCat("expected ", layer_count * shape.values(),
-                                                   " latent values, got ", latents.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected ", layer_count * shape.values(), " latent values, got ", latents.size()));
   }
   const size_t layer_bytes = layout.LayerPayloadBytes();
   std::string payloads(size_t{layer_count} * layer_bytes, '\0');
   for (uint32_t i = 0; i < layer_count; ++i) {
-    std::span<uint8_t> out(reinterpret_cast<uint8_t*>(payloads.data()) + i * layer_bytes,
-                           layer_bytes);
+    std::span<uint8_t> out(reinterpret_cast<uint8_t*>(payloads.data()) + i * layer_bytes, layer_bytes);
     kernels::Status s =
         kernels::Quantize(layout.codec, shape, latents.subspan(i * shape.values(), shape.values()), out);
     if (!s.ok()) {
-      return absl::Status(FromKernelStatus(s).code(),
-                          absl::StrCat("layer ", layer_begin + i, ": ", s.message()));
+      return absl::Status(FromKernelStatus(s).code(), absl::StrCat("layer ", layer_begin + i, ": ", s.message()));
     }
   }
   return SerializeBlock(HeaderFor(layout, layer_begin, layer_count), payloads);
@@ -197,16 +187,15 @@ absl::StatusOr<std::string> EncodeBlock(const LatentLayout& layout, uint32_t lay
 absl::Status DecodeBlock(const BlockView& block, std::span<float> out) {
   const kernels::BlockShape shape = block.header.LayerShape();
   if (out.size() != size_t{block.header.layer_count} * shape.values()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "output holds ", out.size(), " values, block has ",
-        size_t{block.header.layer_count} * shape.values()));
+    return absl::InvalidArgumentError(absl::StrCat("output holds ", out.size(), " values, block has ",
+                                                   size_t{block.header.layer_count} * shape.values()));
   }
   for (uint32_t i = 0; i < block.header.layer_count; ++i) {
     const std::string_view layer = block.Layer(i);
-    KVTIER_RETURN_IF_ERROR(FromKernelStatus(kernels::Dequantize(
-        block.header.codec, shape,
-        std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(layer.data()), layer.size()),
-        out.subspan(i * shape.values(), shape.values()))));
+    KVTIER_RETURN_IF_ERROR(FromKernelStatus(
+        kernels::Dequantize(block.header.codec, shape,
+                            std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(layer.data()), layer.size()),
+                            out.subspan(i * shape.values(), shape.values()))));
   }
   return absl::OkStatus();
 }

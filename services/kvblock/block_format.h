@@ -79,8 +79,7 @@ enum class CrcCheck { kCheck, kCheckedBefore };
 //                        (layout id, codec, dims, token count, layer range)
 //   DATA_LOSS            CRC32C mismatch
 // `expected` may be null to accept any layout.
-absl::StatusOr<BlockView> ParseBlock(std::string_view record,
-                                     const LatentLayout* expected = nullptr,
+absl::StatusOr<BlockView> ParseBlock(std::string_view record, const LatentLayout* expected = nullptr,
                                      CrcCheck crc_check = CrcCheck::kCheck);
 
 // The 32 header bytes of a record; the caller has checked the fields.
@@ -88,13 +87,12 @@ std::array<char, kBlockHeaderBytes> EncodeBlockHeader(const BlockHeader& header)
 
 // Serializes `header` and `payloads` (exactly layer_count * layer_payload_bytes
 // bytes) into a record with its CRC32C.
-absl::StatusOr<std::string> SerializeBlock(const BlockHeader& header,
-                                           std::string_view payloads);
+absl::StatusOr<std::string> SerializeBlock(const BlockHeader& header, std::string_view payloads);
 
 // Quantizes float latents [layer_count][tokens_per_block][kv_lora_rank +
 // rope_dim] with the layout's codec and serializes them as one record.
-absl::StatusOr<std::string> EncodeBlock(const LatentLayout& layout, uint32_t layer_begin,
-                                        uint32_t layer_count, std::span<const float> latents);
+absl::StatusOr<std::string> EncodeBlock(const LatentLayout& layout, uint32_t layer_begin, uint32_t layer_count,
+                                        std::span<const float> latents);
 
 // Dequantizes every layer of a parsed record into `out` (same shape as
 // EncodeBlock's input).

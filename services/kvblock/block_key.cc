@@ -9,12 +9,11 @@ namespace kvtier::kvblock {
 
 absl::Status ValidateNamespace(const std::string& ns) {
   if (ns.empty() || ns.size() > 128) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("kv_namespace must be 1-128 bytes, got ", ns.size()));
+    return absl::InvalidArgumentError(absl::StrCat("kv_namespace must be 1-128 bytes, got ", ns.size()));
   }
   for (char c : ns) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '.' || c == '_' || c == '-';
+    const bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
     if (!ok) {
       return absl::InvalidArgumentError("kv_namespace may hold only [A-Za-z0-9._-]");
     }
@@ -22,23 +21,20 @@ absl::Status ValidateNamespace(const std::string& ns) {
   return absl::OkStatus();
 }
 
-
-BlockHash ChainHash(std::string_view namespace_salt, const BlockHash& parent,
-                    uint64_t layout_id, std::span<const uint32_t> token_ids) {
+BlockHash ChainHash(std::string_view namespace_salt, const BlockHash& parent, uint64_t layout_id,
+                    std::span<const uint32_t> token_ids) {
   const uint32_t salt_len = static_cast<uint32_t>(namespace_salt.size());
   const uint32_t count = static_cast<uint32_t>(token_ids.size());
   char salt_len_le[4], layout_le[8], count_le[4];
   std::memcpy(salt_len_le, &salt_len, 4);  // little-endian host
   std::memcpy(layout_le, &layout_id, 8);
   std::memcpy(count_le, &count, 4);
-  return Sha256({std::string_view(salt_len_le, 4), namespace_salt, HashAsBytes(parent),
-                 std::string_view(layout_le, 8), std::string_view(count_le, 4),
-                 std::string_view(reinterpret_cast<const char*>(token_ids.data()),
-                                  token_ids.size_bytes())});
+  return Sha256({std::string_view(salt_len_le, 4), namespace_salt, HashAsBytes(parent), std::string_view(layout_le, 8),
+                 std::string_view(count_le, 4),
+                 std::string_view(reinterpret_cast<const char*>(token_ids.data()), token_ids.size_bytes())});
 }
 
-std::vector<BlockHash> ComputeBlockChain(std::string_view namespace_salt, uint64_t layout_id,
-                                         uint32_t tokens_per_block,
+std::vector<BlockHash> ComputeBlockChain(std::string_view namespace_salt, uint64_t layout_id, uint32_t tokens_per_block,
                                          std::span<const uint32_t> token_ids) {
   std::vector<BlockHash> chain;
   if (tokens_per_block == 0) return chain;
@@ -46,8 +42,7 @@ std::vector<BlockHash> ComputeBlockChain(std::string_view namespace_salt, uint64
   chain.reserve(blocks);
   BlockHash parent = kNoParent;
   for (size_t i = 0; i < blocks; ++i) {
-    parent = ChainHash(namespace_salt, parent, layout_id,
-                       token_ids.subspan(i * tokens_per_block, tokens_per_block));
+    parent = ChainHash(namespace_salt, parent, layout_id, token_ids.subspan(i * tokens_per_block, tokens_per_block));
     chain.push_back(parent);
   }
   return chain;
@@ -65,8 +60,7 @@ std::string HashToHex(const BlockHash& hash) {
 absl::StatusOr<BlockHash> HashFromBytes(std::string_view bytes) {
   BlockHash hash;
   if (bytes.size() != hash.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("block hash must be 32 bytes, got ", bytes.size()));
+    return absl::InvalidArgumentError(absl::StrCat("block hash must be 32 bytes, got ", bytes.size()));
   }
   std::memcpy(hash.data(), bytes.data(), hash.size());
   return hash;

@@ -30,12 +30,11 @@ inline constexpr BlockHash kNoParent{};
 // 1-128 bytes of [A-Za-z0-9._-].
 absl::Status ValidateNamespace(const std::string& ns);
 
-BlockHash ChainHash(std::string_view namespace_salt, const BlockHash& parent,
-                    uint64_t layout_id, std::span<const uint32_t> token_ids);
+BlockHash ChainHash(std::string_view namespace_salt, const BlockHash& parent, uint64_t layout_id,
+                    std::span<const uint32_t> token_ids);
 
 // Keys of the full blocks of `token_ids` (a partial tail gets none).
-std::vector<BlockHash> ComputeBlockChain(std::string_view namespace_salt, uint64_t layout_id,
-                                         uint32_t tokens_per_block,
+std::vector<BlockHash> ComputeBlockChain(std::string_view namespace_salt, uint64_t layout_id, uint32_t tokens_per_block,
                                          std::span<const uint32_t> token_ids);
 
 std::string HashToHex(const BlockHash& hash);

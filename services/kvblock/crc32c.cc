@@ -73,8 +73,7 @@ __attribute__((target("sse4.2"))) uint64_t Crc64(uint64_t c, const uint8_t* p) {
   return __builtin_ia32_crc32di(c, word);
 }
 
-__attribute__((target("sse4.2"))) uint32_t ExtendHardware(uint32_t crc, const uint8_t* p,
-                                                            size_t n) {
+__attribute__((target("sse4.2"))) uint32_t ExtendHardware(uint32_t crc, const uint8_t* p, size_t n) {
   static const ZeroShift shift;
   uint64_t c = ~crc;
   for (; n >= 3 * kChunk; n -= 3 * kChunk, p += 3 * kChunk) {
@@ -107,8 +106,7 @@ bool HaveSse42() {
 // About 3x the crc32 instruction's rate on data in cache.
 struct FoldConstants {
   __m128i by128, by256, by384, by512, by2048;  // [lo: x^(D+63), hi: x^(D-1)], each mod P, reflected
-  FoldConstants()
-      : by128(Pair(128)), by256(Pair(256)), by384(Pair(384)), by512(Pair(512)), by2048(Pair(2048)) {}
+  FoldConstants() : by128(Pair(128)), by256(Pair(256)), by384(Pair(384)), by512(Pair(512)), by2048(Pair(2048)) {}
 
   // x^e mod P (normal bit order: bit i is x^i), P = 0x1EDC6F41 with x^32.
   static uint64_t XPowMod(int e) {
@@ -197,9 +195,8 @@ uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t size) {
     std::memcpy(&lo, p, 4);
     std::memcpy(&hi, p + 4, 4);
     lo ^= c;
-    c = kTables[7][lo & 0xff] ^ kTables[6][(lo >> 8) & 0xff] ^ kTables[5][(lo >> 16) & 0xff] ^
-        kTables[4][lo >> 24] ^ kTables[3][hi & 0xff] ^ kTables[2][(hi >> 8) & 0xff] ^
-        kTables[1][(hi >> 16) & 0xff] ^ kTables[0][hi >> 24];
+    c = kTables[7][lo & 0xff] ^ kTables[6][(lo >> 8) & 0xff] ^ kTables[5][(lo >> 16) & 0xff] ^ kTables[4][lo >> 24] ^
+        kTables[3][hi & 0xff] ^ kTables[2][(hi >> 8) & 0xff] ^ kTables[1][(hi >> 16) & 0xff] ^ kTables[0][hi >> 24];
   }
   for (; size > 0; --size, ++p) c = (c >> 8) ^ kTables[0][(c ^ *p) & 0xff];
   return ~c;

@@ -20,25 +20,21 @@ void AppendU32(std::string& out, uint32_t v) {
 absl::Status ValidateLayout(const LatentLayout& l) {
   if (l.model_id.empty() || l.model_id.size() > kMaxModelIdBytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat("layout.model_id must be 1..", kMaxModelIdBytes, " bytes, got ",
-                     l.model_id.size()));
+        absl::StrCat("layout.model_id must be 1..", kMaxModelIdBytes, " bytes, got ", l.model_id.size()));
   }
   if (l.num_layers < 1 || l.num_layers > kMaxLayers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("layout.num_layers ", l.num_layers, " outside 1..", kMaxLayers));
+    return absl::InvalidArgumentError(absl::StrCat("layout.num_layers ", l.num_layers, " outside 1..", kMaxLayers));
   }
   if (!kernels::IsKnownCodec(static_cast<uint8_t>(l.codec))) {
     return absl::InvalidArgumentError(
         absl::StrCat("layout.codec ", static_cast<int>(l.codec), " is not a known codec"));
   }
   if (l.block_format_version != kBlockFormatVersion) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("layout.block_format_version ", l.block_format_version,
-                     " is not supported (this build reads ", kBlockFormatVersion, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("layout.block_format_version ", l.block_format_version,
+                                                   " is not supported (this build reads ", kBlockFormatVersion, ")"));
   }
   if (kernels::Status s = kernels::ValidateShape(l.LayerShape()); !s.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("layout tokens_per_block/kv_lora_rank/rope_dim: ", s.message()));
+    return absl::InvalidArgumentError(absl::StrCat("layout tokens_per_block/kv_lora_rank/rope_dim: ", s.message()));
   }
   if (l.kv_lora_rank > 0xffff || l.rope_dim > 0xffff) {
     return absl::InvalidArgumentError("layout dims must fit 16 bits");
@@ -79,19 +75,23 @@ absl::StatusOr<LatentLayout> LayoutFromProto(const v1::LatentLayout& p) {
   l.block_format_version = p.block_format_version();
   if (absl::Status s = ValidateLayout(l); !s.ok()) return s;
   if (p.layout_id() != 0 && p.layout_id() != LayoutId(l)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("layout.layout_id ", absl::Hex(p.layout_id()),
-                     " does not match its fields (computed ", absl::Hex(LayoutId(l)), ")"));
+    return absl::InvalidArgumentError(absl::StrCat("layout.layout_id ", absl::Hex(p.layout_id()),
+                                                   " does not match its fields (computed ", absl::Hex(LayoutId(l)),
+                                                   ")"));
   }
   return l;
 }
 
 std::string TierName(v1::Tier tier) {
   switch (tier) {
-    case v1::TIER_DEVICE: return "device";
-    case v1::TIER_HOST: return "host";
-    case v1::TIER_DISK: return "disk";
-    default: return "unspecified";
+    case v1::TIER_DEVICE:
+      return "device";
+    case v1::TIER_HOST:
+      return "host";
+    case v1::TIER_DISK:
+      return "disk";
+    default:
+      return "unspecified";
   }
 }
 

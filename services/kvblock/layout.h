@@ -29,9 +29,7 @@ struct LatentLayout {
   uint32_t block_format_version = kBlockFormatVersion;
 
   // Shape of one layer of one full block.
-  kernels::BlockShape LayerShape() const {
-    return {tokens_per_block, kv_lora_rank, rope_dim};
-  }
+  kernels::BlockShape LayerShape() const { return {tokens_per_block, kv_lora_rank, rope_dim}; }
   // Codec payload bytes of one layer of one full block.
   size_t LayerPayloadBytes() const { return kernels::EncodedBytes(codec, LayerShape()); }
 

@@ -48,8 +48,8 @@ PrefillService::PrefillService(const runtime::Model* model, std::string model_id
                                .Name("kvtier_prefill_time_to_first_token_seconds")
                                .Help("From request arrival to the first token sent.")
                                .Register(*registry)
-                               .Add({}, prometheus::Histogram::BucketBoundaries{0.005, 0.01, 0.025, 0.05, 0.1,
-                                                                                0.25, 0.5, 1, 2.5, 5, 10, 30})) {
+                               .Add({}, prometheus::Histogram::BucketBoundaries{0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                                                                0.5, 1, 2.5, 5, 10, 30})) {
   for (const std::string& target : decode_targets) {
     decoders_.emplace_back(target, v1::Decode::NewStub(cache::CacheClient::Connect(target)));
   }
@@ -60,12 +60,10 @@ grpc::Status PrefillService::Count(grpc::Status status) {
   return status;
 }
 
-absl::StatusOr<PrefillService::Prefilled> PrefillService::Prefill(const v1::GenerateRequest& r,
-                                                                  const std::string& ns) {
+absl::StatusOr<PrefillService::Prefilled> PrefillService::Prefill(const v1::GenerateRequest& r, const std::string& ns) {
   const std::vector<uint32_t> prompt(r.prompt_token_ids().begin(), r.prompt_token_ids().end());
   const uint32_t tpb = layout_.tokens_per_block;
-  const std::vector<kvblock::BlockHash> chain =
-      kvblock::ComputeBlockChain(ns, kvblock::LayoutId(layout_), tpb, prompt);
+  const std::vector<kvblock::BlockHash> chain = kvblock::ComputeBlockChain(ns, kvblock::LayoutId(layout_), tpb, prompt);
   // The logits after the last prompt token must be computed here, so the
   // block holding it is never taken from the cache.
   const size_t reusable = std::min(chain.size(), (prompt.size() - 1) / tpb);
@@ -130,8 +128,8 @@ absl::StatusOr<PrefillService::Prefilled> PrefillService::Prefill(const v1::Gene
   }
   d.mutable_tail()->set_token_count(static_cast<uint32_t>(prompt.size() % tpb));
   d.mutable_tail()->set_latents(serving::TailBytes(cache));
-  *d.mutable_first_token() =
-      serving::ToGeneratedToken(0, runtime::Sample(logits, serving::ToSampling(r.sampling()), 0, r.limits().top_logprobs()));
+  *d.mutable_first_token() = serving::ToGeneratedToken(
+      0, runtime::Sample(logits, serving::ToSampling(r.sampling()), 0, r.limits().top_logprobs()));
   *d.mutable_sampling() = r.sampling();
   *d.mutable_limits() = r.limits();
   return out;
@@ -175,8 +173,8 @@ grpc::Status PrefillService::Generate(grpc::ServerContext* context, const v1::Ge
   return Count(Relay(context, p->decode, usage, writer));
 }
 
-grpc::Status PrefillService::Relay(grpc::ServerContext* context, const v1::DecodeRequest& request,
-                                   v1::Usage usage, grpc::ServerWriter<v1::GenerateResponse>* writer) {
+grpc::Status PrefillService::Relay(grpc::ServerContext* context, const v1::DecodeRequest& request, v1::Usage usage,
+                                   grpc::ServerWriter<v1::GenerateResponse>* writer) {
   uint32_t next_index = 1;  // the next token the client has not seen
   std::string failures;
   const size_t first = next_decoder_.fetch_add(1);
@@ -227,9 +225,9 @@ grpc::Status PrefillService::Relay(grpc::ServerContext* context, const v1::Decod
               << " failed after token " << next_index - 1 << " (" << why << ")"
               << (attempt + 1 < decoders_.size() ? "; trying the next" : "") << std::endl;
   }
-  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                      absl::StrCat("no decode worker could continue the request after token ", next_index - 1,
-                                   ": ", failures));
+  return grpc::Status(
+      grpc::StatusCode::UNAVAILABLE,
+      absl::StrCat("no decode worker could continue the request after token ", next_index - 1, ": ", failures));
 }
 
 }  // namespace kvtier::prefill

@@ -6,14 +6,14 @@
 #ifndef KVTIER_SERVICES_PREFILL_PREFILL_SERVICE_H_
 #define KVTIER_SERVICES_PREFILL_PREFILL_SERVICE_H_
 
+#include <prometheus/counter.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
 #include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <prometheus/counter.h>
-#include <prometheus/histogram.h>
-#include <prometheus/registry.h>
 
 #include "kvtier/v1/decode.grpc.pb.h"
 #include "kvtier/v1/prefill.grpc.pb.h"

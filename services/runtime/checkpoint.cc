@@ -21,9 +21,7 @@ absl::StatusOr<std::string> ReadText(const fs::path& path) {
   return text.str();
 }
 
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
+std::string ShapeText(const std::vector<int64_t>& shape) { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
 
 }  // namespace
 
@@ -66,22 +64,21 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
 
   KVTIER_RETURN_IF_ERROR(ForEachExpectedTensor(ckpt->config_, [&](const TensorSpec& spec) -> absl::Status {
     const auto listed = location.find(spec.name);
-    const std::string file_name = location.empty() ? "model.safetensors"
-                                  : listed == location.end() ? "" : listed->second;
+    const std::string file_name = location.empty()           ? "model.safetensors"
+                                  : listed == location.end() ? ""
+                                                             : listed->second;
     if (file_name.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(index_path.string(), " does not list tensor ", spec.name));
+      return absl::InvalidArgumentError(absl::StrCat(index_path.string(), " does not list tensor ", spec.name));
     }
-    KVTIER_ASSIGN_OR_RETURN(SafetensorsFile* file, file_for(file_name));
+    KVTIER_ASSIGN_OR_RETURN(SafetensorsFile * file, file_for(file_name));
     absl::StatusOr<TensorView> view = file->Tensor(spec.name);
     if (!view.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("checkpoint ", dir, " lacks tensor ", spec.name,
-                                                     " (looked in ", file_name, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("checkpoint ", dir, " lacks tensor ", spec.name, " (looked in ", file_name, ")"));
     }
     if (view->shape != spec.shape) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor ", spec.name, " has shape ",
-                                                     ShapeText(view->shape), ", config.json implies ",
-                                                     ShapeText(spec.shape)));
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", spec.name, " has shape ", ShapeText(view->shape),
+                                                     ", config.json implies ", ShapeText(spec.shape)));
     }
     ckpt->tensors_.emplace(spec.name, *view);
     return absl::OkStatus();

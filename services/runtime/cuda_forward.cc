@@ -90,7 +90,7 @@ struct DeviceLayer {
   DeviceMlp mlp;  // dense layers
   DeviceArray<uint16_t> router;
   std::vector<DeviceMlp> experts;
-  DeviceMlp shared;  // inter 0: none
+  DeviceMlp shared;               // inter 0: none
   kc::MoeDeviceWeights moe_view;  // points into router, experts and shared
 };
 
@@ -146,8 +146,8 @@ class CudaForward final : public DeviceForward {
   const CudaOptions options_;
   std::unique_ptr<kc::DeviceStream> stream_owner_;
   kc::StreamHandle stream_ = nullptr;  // stream_owner_'s
-  std::unique_ptr<kc::Blas> blas_;  // on stream_
-  WeightMatrix embed_;              // host: a pass gathers its rows here
+  std::unique_ptr<kc::Blas> blas_;     // on stream_
+  WeightMatrix embed_;                 // host: a pass gathers its rows here
   DeviceArray<float> final_norm_;
   DeviceArray<uint16_t> lm_head_;
   std::vector<DeviceLayer> layers_;
@@ -163,7 +163,7 @@ class CudaForward final : public DeviceForward {
   // The lowest bad input the attention kernels found in a pass (they do not
   // wait; the pass reads it back at its end).
   DeviceArray<unsigned long long> attention_fault_;
-  unsigned long long attention_fault_seen_ = 0;  // its value, read back
+  unsigned long long attention_fault_seen_ = 0;    // its value, read back
   std::vector<std::shared_ptr<const void>> kept_;  // host sources of queued copies
 };
 
@@ -180,8 +180,7 @@ absl::Status CudaForward::UploadBf16(const Checkpoint& checkpoint, const std::st
   return out.Assign(bf16);
 }
 
-absl::Status CudaForward::UploadFloat(const Checkpoint& checkpoint, const std::string& name,
-                                      DeviceArray<float>& out) {
+absl::Status CudaForward::UploadFloat(const Checkpoint& checkpoint, const std::string& name, DeviceArray<float>& out) {
   KVTIER_ASSIGN_OR_RETURN(TensorView t, checkpoint.Tensor(name));
   const std::vector<float> values = t.ToFloat();
   return out.Assign(values);
@@ -189,7 +188,8 @@ absl::Status CudaForward::UploadFloat(const Checkpoint& checkpoint, const std::s
 
 absl::Status CudaForward::Load(const Checkpoint& checkpoint) {
   std::string why;
-  if (!kc::DevicePresent(&why)) return absl::FailedPreconditionError(absl::StrCat("--device cuda: no usable GPU: ", why));
+  if (!kc::DevicePresent(&why))
+    return absl::FailedPreconditionError(absl::StrCat("--device cuda: no usable GPU: ", why));
   KVTIER_RETURN_IF_ERROR(Check(kc::DeviceStream::Create(stream_owner_)));
   stream_ = stream_owner_->handle();
   KVTIER_RETURN_IF_ERROR(Check(kc::Blas::Create(stream_, blas_)));
@@ -245,8 +245,7 @@ absl::Status CudaForward::LoadLayer(const Checkpoint& ckpt, int64_t index, Devic
     KVTIER_RETURN_IF_ERROR(load_mlp(absl::StrCat(p, "mlp.experts.", e, "."), c.moe_intermediate_size, l.experts[e]));
   }
   if (c.n_shared_experts > 0) {
-    KVTIER_RETURN_IF_ERROR(
-        load_mlp(p + "mlp.shared_experts.", c.moe_intermediate_size * c.n_shared_experts, l.shared));
+    KVTIER_RETURN_IF_ERROR(load_mlp(p + "mlp.shared_experts.", c.moe_intermediate_size * c.n_shared_experts, l.shared));
   }
   l.moe_view.router = l.router.data();
   for (const DeviceMlp& e : l.experts) l.moe_view.experts.push_back(e.View());
@@ -415,11 +414,11 @@ absl::Status CudaForward::QueuePass(std::span<const SequenceTokens> batch,
   KVTIER_RETURN_IF_ERROR(Check(
       kc::FillQueued(attention_fault_.data(), 0xff, sizeof(unsigned long long), stream_, "attention fault word")));
   attention_fault_seen_ = kc::kNoPagedMlaFault;
-  for (auto [array, size] : {std::pair(&h_, size_t{hidden}), std::pair(&qa_, size_t{q_lora}),
-                             std::pair(&q_, size_t{heads} * qdim), std::pair(&q_full_, size_t{heads} * dim),
-                             std::pair(&latent_, size_t{dim}), std::pair(&latent_c_, size_t{kv}),
-                             std::pair(&attn_latent_, size_t{heads} * kv), std::pair(&attn_, size_t{heads} * v),
-                             std::pair(&delta_, size_t{hidden})}) {
+  for (auto [array, size] :
+       {std::pair(&h_, size_t{hidden}), std::pair(&qa_, size_t{q_lora}), std::pair(&q_, size_t{heads} * qdim),
+        std::pair(&q_full_, size_t{heads} * dim), std::pair(&latent_, size_t{dim}), std::pair(&latent_c_, size_t{kv}),
+        std::pair(&attn_latent_, size_t{heads} * kv), std::pair(&attn_, size_t{heads} * v),
+        std::pair(&delta_, size_t{hidden})}) {
     KVTIER_RETURN_IF_ERROR(array->Reserve(std::max<size_t>(size_t{n} * size, 1)));
   }
   std::vector<float> latents(size_t{n} * dim);
@@ -442,7 +441,8 @@ absl::Status CudaForward::QueuePass(std::span<const SequenceTokens> batch,
         Check(kc::RmsNorm(latent_c_.data(), l.kv_a_norm.data(), n, kv, eps, latent_c_.data(), stream_)));
     KVTIER_RETURN_IF_ERROR(Check(kc::Copy2DQueued(latent_.data(), dim * 4, latent_c_.data(), kv * 4, kv * 4, n,
                                                   kc::Copy::kDeviceToDevice, stream_, "latent copy")));
-    KVTIER_RETURN_IF_ERROR(Check(kc::ApplyRope(rope_, positions_.data(), latent_.data() + kv, n, 1, dim, dim, stream_)));
+    KVTIER_RETURN_IF_ERROR(
+        Check(kc::ApplyRope(rope_, positions_.data(), latent_.data() + kv, n, 1, dim, dim, stream_)));
     KVTIER_RETURN_IF_ERROR(Check(kc::CopyQueued(latents.data(), latent_.data(), latents.size() * 4,
                                                 kc::Copy::kDeviceToHost, stream_, "latent download")));
     KVTIER_RETURN_IF_ERROR(Check(stream_owner_->Synchronize("latent download (or work queued before it)")));
@@ -458,10 +458,11 @@ absl::Status CudaForward::QueuePass(std::span<const SequenceTokens> batch,
     // per head, the rope part rotated.
     KVTIER_RETURN_IF_ERROR(Check(blas_->GroupedGemm(l.w_uk_t.data(), kv, nope, heads, q_.data(), size_t{heads} * qdim,
                                                     qdim, n, q_full_.data(), size_t{heads} * dim, dim)));
-    KVTIER_RETURN_IF_ERROR(Check(kc::Copy2DQueued(q_full_.data() + kv, dim * 4, q_.data() + nope, qdim * 4, rope * 4,
-                                                  size_t{n} * heads, kc::Copy::kDeviceToDevice, stream_, "query copy")));
-    KVTIER_RETURN_IF_ERROR(Check(kc::ApplyRope(rope_, positions_.data(), q_full_.data() + kv, n, heads,
-                                               size_t{heads} * dim, dim, stream_)));
+    KVTIER_RETURN_IF_ERROR(
+        Check(kc::Copy2DQueued(q_full_.data() + kv, dim * 4, q_.data() + nope, qdim * 4, rope * 4, size_t{n} * heads,
+                               kc::Copy::kDeviceToDevice, stream_, "query copy")));
+    KVTIER_RETURN_IF_ERROR(Check(
+        kc::ApplyRope(rope_, positions_.data(), q_full_.data() + kv, n, heads, size_t{heads} * dim, dim, stream_)));
     // Attention, one launch per run of sequences stored alike.
     for (size_t b = 0, row = 0; b < batch.size();) {
       size_t end = b + 1, rows = batch[b].tokens.size();

@@ -55,9 +55,9 @@ absl::StatusOr<bool> DeviceBlockPool::Place(std::span<const SealedBlock* const> 
     id_in_[slot] = b->id();
     slot_of_id_[b->id()] = slot;
     recency_.splice(recency_.begin(), recency_, position_[slot]);
-    if (const kernels::Status s = kernels::cuda::CopyQueued(base_ + size_t{slot} * block_bytes_, b->data(),
-                                                           block_bytes_, kernels::cuda::Copy::kHostToDevice, stream,
-                                                           "copying a block to the device");
+    if (const kernels::Status s =
+            kernels::cuda::CopyQueued(base_ + size_t{slot} * block_bytes_, b->data(), block_bytes_,
+                                      kernels::cuda::Copy::kHostToDevice, stream, "copying a block to the device");
         !s.ok()) {
       // What the slot holds is unknown now: forget it.
       slot_of_id_.erase(b->id());

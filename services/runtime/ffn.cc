@@ -31,8 +31,8 @@ void AddRows(const float* y, size_t hidden, size_t n, const float* weights, cons
 
 }  // namespace
 
-void SwiGluForward(const SwiGluWeights& w, size_t hidden, const float* x, size_t n,
-                   const float* weights, const uint32_t* out_rows, float* out) {
+void SwiGluForward(const SwiGluWeights& w, size_t hidden, const float* x, size_t n, const float* weights,
+                   const uint32_t* out_rows, float* out) {
   std::vector<float> y(n * hidden);
   SwiGluRows(w, hidden, x, n, y.data());
   AddRows(y.data(), hidden, n, weights, out_rows, out);

@@ -24,8 +24,8 @@ struct SwiGluWeights {
 // For each of the n rows of x ([n][hidden]):
 // out[out_rows[i]] += weights[i] * SwiGLU(x_i); no out_rows means row i, no
 // weights means 1. Each weight matrix is read once for all rows.
-void SwiGluForward(const SwiGluWeights& w, size_t hidden, const float* x, size_t n,
-                   const float* weights, const uint32_t* out_rows, float* out);
+void SwiGluForward(const SwiGluWeights& w, size_t hidden, const float* x, size_t n, const float* weights,
+                   const uint32_t* out_rows, float* out);
 
 struct MoeWeights {
   std::vector<float> router;  // [experts][hidden]

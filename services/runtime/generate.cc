@@ -11,14 +11,13 @@ absl::StatusOr<std::vector<Sampled>> Generate(const Model& model, const std::vec
   if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
   for (size_t i = 0; i < prompt.size(); ++i) {
     if (prompt[i] >= c.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt id ", prompt[i], " at position ", i,
-                                                     " is outside the vocabulary of ", c.vocab_size));
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt id ", prompt[i], " at position ", i, " is outside the vocabulary of ", c.vocab_size));
     }
   }
   if (prompt.size() + o.max_new_tokens > static_cast<size_t>(c.max_position_embeddings)) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt (", prompt.size(), ") + max_new_tokens (",
-                                                   o.max_new_tokens, ") exceeds max_position_embeddings ",
-                                                   c.max_position_embeddings));
+    return absl::InvalidArgumentError(absl::StrCat("prompt (", prompt.size(), ") + max_new_tokens (", o.max_new_tokens,
+                                                   ") exceeds max_position_embeddings ", c.max_position_embeddings));
   }
   KVTIER_RETURN_IF_ERROR(ValidateSampling(o.sampling));
   SequenceCache cache = model.NewCache(o.codec, o.tokens_per_block);

@@ -58,8 +58,7 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& preset) {
     c.rope_scaling = kernels::YarnParams{40.0, 4096, 32.0, 1.0, 0.707, 0.707};  // as V2-Lite
     return c;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown preset '", preset, "' (tiny, lite-attn)"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown preset '", preset, "' (tiny, lite-attn)"));
 }
 
 namespace {
@@ -71,8 +70,7 @@ std::string ShardName(size_t index, int shards) {
 
 }  // namespace
 
-absl::Status MakeModel(const ModelConfig& config, const std::string& out_dir, uint64_t seed,
-                       int shards) {
+absl::Status MakeModel(const ModelConfig& config, const std::string& out_dir, uint64_t seed, int shards) {
   namespace fs = std::filesystem;
   if (shards < 1) return absl::InvalidArgumentError("shards must be at least 1");
   std::error_code error;

@@ -22,8 +22,7 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& preset);
 // one model.safetensors, or `shards` files plus model.safetensors.index.json.
 // Weights keep activations O(1): norms near 1, projections N(0, 1/fan_in),
 // a wider lm_head so greedy choices have clear margins.
-absl::Status MakeModel(const ModelConfig& config, const std::string& out_dir, uint64_t seed,
-                       int shards = 1);
+absl::Status MakeModel(const ModelConfig& config, const std::string& out_dir, uint64_t seed, int shards = 1);
 
 }  // namespace kvtier::runtime
 

@@ -57,8 +57,7 @@ inline void EmbeddingRow(const WeightMatrix& w, size_t row, size_t cols, float* 
 }
 
 // MatMul over float32 weights held as such (the MoE router).
-inline void MatMul(const std::vector<float>& w, size_t rows, size_t cols, const float* x, size_t n,
-                   float* y) {
+inline void MatMul(const std::vector<float>& w, size_t rows, size_t cols, const float* x, size_t n, float* y) {
   kernels::Gemm(w.data(), rows, cols, x, n, cols, y, rows);
 }
 

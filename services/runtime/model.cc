@@ -32,8 +32,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const Checkpoint& ckpt, Devic
   m->config_ = ckpt.config();
   const ModelConfig& c = m->config_;
   const kernels::YarnParams* yarn = c.rope_scaling.has_value() ? &*c.rope_scaling : nullptr;
-  KVTIER_RETURN_IF_ERROR(Check(kernels::RopeTable::Create(
-      static_cast<uint32_t>(c.qk_rope_head_dim), c.rope_theta, yarn, m->rope_)));
+  KVTIER_RETURN_IF_ERROR(
+      Check(kernels::RopeTable::Create(static_cast<uint32_t>(c.qk_rope_head_dim), c.rope_theta, yarn, m->rope_)));
   if (device == Device::kCuda) {
 #if KVTIER_RUNTIME_CUDA
     KVTIER_ASSIGN_OR_RETURN(m->device_, LoadCudaForward(ckpt, m->rope_, cuda));
@@ -93,8 +93,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const Checkpoint& ckpt, Devic
         moe.experts.push_back(std::move(expert));
       }
       if (c.n_shared_experts > 0) {
-        KVTIER_ASSIGN_OR_RETURN(moe.shared, load_swiglu(p + "mlp.shared_experts.",
-                                                        c.moe_intermediate_size * c.n_shared_experts));
+        KVTIER_ASSIGN_OR_RETURN(moe.shared,
+                                load_swiglu(p + "mlp.shared_experts.", c.moe_intermediate_size * c.n_shared_experts));
       }
       moe.gate = c.Gate();
     }
@@ -116,8 +116,7 @@ absl::Status Model::Step(uint32_t token, SequenceCache& cache, std::span<float> 
   return Prefill(std::span(&token, 1), cache, logits);
 }
 
-absl::Status Model::Prefill(std::span<const uint32_t> tokens, SequenceCache& cache,
-                            std::span<float> logits) const {
+absl::Status Model::Prefill(std::span<const uint32_t> tokens, SequenceCache& cache, std::span<float> logits) const {
   const SequenceTokens one{tokens, &cache, logits};
   return Forward(std::span(&one, 1));
 }
@@ -251,8 +250,8 @@ absl::Status Model::Forward(std::span<const SequenceTokens> batch, const LayerDo
       const size_t count = seg.end - seg.begin;
       if (!seg.expanded) {
         for (size_t hd = 0; hd < heads; ++hd) {
-          kernels::Gemm(l.w_uv.data() + hd * v * kv, v, kv, attn_latent.data() + (seg.begin * heads + hd) * kv,
-                        count, heads * kv, attn.data() + seg.begin * heads * v + hd * v, heads * v);
+          kernels::Gemm(l.w_uv.data() + hd * v * kv, v, kv, attn_latent.data() + (seg.begin * heads + hd) * kv, count,
+                        heads * kv, attn.data() + seg.begin * heads * v + hd * v, heads * v);
         }
         continue;
       }
@@ -330,8 +329,8 @@ absl::Status SealFullBlocks(SequenceCache& cache, size_t li, uint32_t kv_lora_ra
   size_t sealed = 0;
   while (tail.size() - sealed >= shape.values()) {
     std::vector<uint8_t> payload(kernels::EncodedBytes(cache.codec, shape));
-    KVTIER_RETURN_IF_ERROR(Check(kernels::Quantize(
-        cache.codec, shape, std::span<const float>(tail).subspan(sealed, shape.values()), payload)));
+    KVTIER_RETURN_IF_ERROR(Check(
+        kernels::Quantize(cache.codec, shape, std::span<const float>(tail).subspan(sealed, shape.values()), payload)));
     cache.blocks[li].push_back(std::move(payload));
     sealed += shape.values();
   }

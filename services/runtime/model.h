@@ -29,9 +29,9 @@ namespace kvtier::runtime {
 struct SequenceCache {
   kernels::Codec codec = kernels::Codec::kBf16;
   uint32_t tokens_per_block = 64;
-  int64_t length = 0;  // tokens whose latents are held
+  int64_t length = 0;                            // tokens whose latents are held
   std::vector<std::vector<SealedBlock>> blocks;  // [layer][block]
-  std::vector<std::vector<float>> tail;                  // [layer] rows
+  std::vector<std::vector<float>> tail;          // [layer] rows
 };
 
 // One sequence's part of a forward pass: `tokens` run at positions
@@ -115,15 +115,14 @@ class Model {
 
   // Forward for one sequence: a prompt (or its uncached suffix), or one
   // decode step.
-  absl::Status Prefill(std::span<const uint32_t> tokens, SequenceCache& cache,
-                       std::span<float> logits) const;
+  absl::Status Prefill(std::span<const uint32_t> tokens, SequenceCache& cache, std::span<float> logits) const;
   absl::Status Step(uint32_t token, SequenceCache& cache, std::span<float> logits) const;
 
  private:
   struct Layer {
     std::vector<float> input_norm, post_norm, q_a_norm, kv_a_norm;
-    WeightMatrix q_proj;        // [heads*q_head, hidden] (no q_lora)
-    WeightMatrix q_a, q_b;      // q_lora form
+    WeightMatrix q_proj;    // [heads*q_head, hidden] (no q_lora)
+    WeightMatrix q_a, q_b;  // q_lora form
     WeightMatrix kv_a;
     std::vector<float> w_uk, w_uv;  // [heads][nope][kv], [heads][v][kv]
     WeightMatrix o_proj;

@@ -22,8 +22,8 @@ constexpr int64_t kMaxConfigInt = int64_t{1} << 24;
 
 // An integer field in [min, kMaxConfigInt]; `fallback` when absent or null
 // (if given).
-absl::StatusOr<int64_t> Int(const json& j, const std::string& field,
-                            std::optional<int64_t> fallback = std::nullopt, int64_t min = 1) {
+absl::StatusOr<int64_t> Int(const json& j, const std::string& field, std::optional<int64_t> fallback = std::nullopt,
+                            int64_t min = 1) {
   if (!j.contains(field) || j[field].is_null()) {
     if (fallback.has_value()) return *fallback;
     return Missing(field, "present");
@@ -55,15 +55,13 @@ absl::StatusOr<bool> Bool(const json& j, const std::string& field, bool fallback
 absl::Status Expect(const json& j, const std::string& field, const std::string& supported) {
   if (!j.contains(field) || j[field].is_null()) return absl::OkStatus();
   if (!j[field].is_string() || j[field].get<std::string>() != supported) {
-    return absl::UnimplementedError(absl::StrCat("config.json: ", field, " ", j[field].dump(),
-                                                 " is not supported (only \"", supported, "\")"));
+    return absl::UnimplementedError(
+        absl::StrCat("config.json: ", field, " ", j[field].dump(), " is not supported (only \"", supported, "\")"));
   }
   return absl::OkStatus();
 }
 
-double YarnMscale(double scale, double mscale) {
-  return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
-}
+double YarnMscale(double scale, double mscale) { return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
 
 }  // namespace
 
@@ -95,9 +93,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text) {
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return absl::InvalidArgumentError("config.json is not a JSON object");
   if (!j.contains("model_type") || j["model_type"] != "deepseek_v2") {
-    return absl::UnimplementedError(absl::StrCat(
-        "config.json: model_type ", j.contains("model_type") ? j["model_type"].dump() : "(missing)",
-        " is not supported (only \"deepseek_v2\")"));
+    return absl::UnimplementedError(absl::StrCat("config.json: model_type ",
+                                                 j.contains("model_type") ? j["model_type"].dump() : "(missing)",
+                                                 " is not supported (only \"deepseek_v2\")"));
   }
   KVTIER_RETURN_IF_ERROR(Expect(j, "hidden_act", "silu"));
   KVTIER_RETURN_IF_ERROR(Expect(j, "scoring_func", "softmax"));
@@ -146,8 +144,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text) {
         return Missing("num_experts_per_tok", "at most topk_group x experts per group");
       }
     } else {
-      return absl::UnimplementedError(absl::StrCat("config.json: topk_method \"", method,
-                                                   "\" is not supported (greedy, group_limited_greedy)"));
+      return absl::UnimplementedError(
+          absl::StrCat("config.json: topk_method \"", method, "\" is not supported (greedy, group_limited_greedy)"));
     }
   }
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
@@ -155,13 +153,12 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text) {
     if (!r.is_object()) return Missing("rope_scaling", "an object or null");
     const std::string type = r.value("type", r.value("rope_type", std::string()));
     if (type != "yarn") {
-      return absl::UnimplementedError(absl::StrCat("config.json: rope_scaling type \"", type,
-                                                   "\" is not supported (only \"yarn\")"));
+      return absl::UnimplementedError(
+          absl::StrCat("config.json: rope_scaling type \"", type, "\" is not supported (only \"yarn\")"));
     }
     kernels::YarnParams y;
     KVTIER_ASSIGN_OR_RETURN(y.factor, Real(r, "factor", std::nullopt));
-    KVTIER_ASSIGN_OR_RETURN(y.original_max_position_embeddings,
-                            Int(r, "original_max_position_embeddings", 4096));
+    KVTIER_ASSIGN_OR_RETURN(y.original_max_position_embeddings, Int(r, "original_max_position_embeddings", 4096));
     KVTIER_ASSIGN_OR_RETURN(y.beta_fast, Real(r, "beta_fast", 32.0));
     KVTIER_ASSIGN_OR_RETURN(y.beta_slow, Real(r, "beta_slow", 1.0));
     KVTIER_ASSIGN_OR_RETURN(y.mscale, Real(r, "mscale", 1.0));

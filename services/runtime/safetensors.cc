@@ -31,9 +31,12 @@ absl::StatusOr<DType> ParseDType(const std::string& name) {
 
 const char* DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kBf16: return "BF16";
-    case DType::kF16: return "F16";
-    case DType::kF32: return "F32";
+    case DType::kBf16:
+      return "BF16";
+    case DType::kF16:
+      return "F16";
+    case DType::kF32:
+      return "F32";
   }
   return "?";
 }
@@ -55,9 +58,9 @@ uint16_t FloatToHalf(float f) {
   const uint32_t u = kernels::FloatBits(f);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return sign | 0x7e00u;             // NaN
-  if (a >= 0x477ff000u) return sign | 0x7c00u;            // rounds past 65504: inf
-  if (a < 0x38800000u) {                                  // below 2^-14: subnormal
+  if (a > 0x7f800000u) return sign | 0x7e00u;                    // NaN
+  if (a >= 0x477ff000u) return sign | 0x7c00u;                   // rounds past 65504: inf
+  if (a < 0x38800000u) {                                         // below 2^-14: subnormal
     const float scaled = kernels::BitsToFloat(a) * 16777216.0f;  // exact: x 2^24
     return sign | static_cast<uint16_t>(std::nearbyint(scaled));
   }
@@ -101,15 +104,13 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   void* map = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   close(fd);
   if (map == MAP_FAILED) return absl::InternalError(absl::StrCat("cannot map ", path));
-  std::unique_ptr<SafetensorsFile> file(
-      new SafetensorsFile(path, static_cast<const uint8_t*>(map), size));
+  std::unique_ptr<SafetensorsFile> file(new SafetensorsFile(path, static_cast<const uint8_t*>(map), size));
 
   uint64_t header_len;
   std::memcpy(&header_len, file->data_, 8);
   if (header_len > size - 8) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": header length ", header_len,
-                                                   " runs past the end of the ", size,
-                                                   "-byte file (truncated?)"));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": header length ", header_len, " runs past the end of the ",
+                                                   size, "-byte file (truncated?)"));
   }
   const json header = json::parse(file->data_ + 8, file->data_ + 8 + header_len, nullptr,
                                   /*allow_exceptions=*/false);
@@ -123,9 +124,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
     auto bad = [&](const std::string& why) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", name, ": ", why));
     };
-    if (!entry.is_object() || !entry.contains("dtype") || !entry["dtype"].is_string() ||
-        !entry.contains("shape") || !entry["shape"].is_array() ||
-        !entry.contains("data_offsets") || !entry["data_offsets"].is_array() ||
+    if (!entry.is_object() || !entry.contains("dtype") || !entry["dtype"].is_string() || !entry.contains("shape") ||
+        !entry["shape"].is_array() || !entry.contains("data_offsets") || !entry["data_offsets"].is_array() ||
         entry["data_offsets"].size() != 2) {
       return bad("needs dtype, shape and two data_offsets");
     }
@@ -155,8 +155,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
                               " data bytes (truncated file?)"));
     }
     if (end - begin != static_cast<uint64_t>(elements) * DTypeBytes(view.dtype)) {
-      return bad(absl::StrCat(end - begin, " bytes, but shape and ", DTypeName(view.dtype),
-                              " need ", elements * static_cast<int64_t>(DTypeBytes(view.dtype))));
+      return bad(absl::StrCat(end - begin, " bytes, but shape and ", DTypeName(view.dtype), " need ",
+                              elements * static_cast<int64_t>(DTypeBytes(view.dtype))));
     }
     view.bytes = std::span<const uint8_t>(data + begin, end - begin);
     file->tensors_.emplace(name, std::move(view));
@@ -179,12 +179,11 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorT
     int64_t elements = 1;
     for (int64_t d : t.shape) elements *= d;
     if (elements != static_cast<int64_t>(t.values.size())) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, ": ", t.values.size(),
-                                                     " values for a shape of ", elements));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", t.name, ": ", t.values.size(), " values for a shape of ", elements));
     }
     const uint64_t bytes = t.values.size() * DTypeBytes(t.dtype);
-    header[t.name] = {{"dtype", DTypeName(t.dtype)}, {"shape", t.shape},
-                      {"data_offsets", {offset, offset + bytes}}};
+    header[t.name] = {{"dtype", DTypeName(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string text = header.dump();
@@ -200,8 +199,7 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorT
       if (t.dtype == DType::kF32) {
         std::memcpy(buffer.data() + 4 * i, &t.values[i], 4);
       } else {
-        const uint16_t h = t.dtype == DType::kBf16 ? kernels::FloatToBf16(t.values[i])
-                                                   : FloatToHalf(t.values[i]);
+        const uint16_t h = t.dtype == DType::kBf16 ? kernels::FloatToBf16(t.values[i]) : FloatToHalf(t.values[i]);
         std::memcpy(buffer.data() + 2 * i, &h, 2);
       }
     }

@@ -59,7 +59,9 @@ Sampled Sample(std::span<const float> logits, const Sampling& s, uint64_t step, 
   // Tokens most likely first, ties by id, but only as many as are needed
   // (the top logprobs, the nucleus): sorting a real vocabulary whole for
   // every token costs milliseconds (load/sampler_bench).
-  const auto before = [&](uint32_t a, uint32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  const auto before = [&](uint32_t a, uint32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
   const auto ids = std::views::iota(uint32_t{0}, static_cast<uint32_t>(n));
   Sampled out;
   std::vector<uint32_t> top(std::min(top_n, n));

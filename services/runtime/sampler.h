@@ -25,7 +25,7 @@ absl::Status ValidateSampling(const Sampling& s);
 
 struct Sampled {
   uint32_t token = 0;
-  float logprob = 0;  // log-softmax of the logits (before temperature) at token
+  float logprob = 0;                            // log-softmax of the logits (before temperature) at token
   std::vector<std::pair<uint32_t, float>> top;  // most likely first
 };
 

@@ -34,9 +34,7 @@ class SealedBlock {
   auto end() const { return bytes_.end(); }
   uint64_t id() const { return id_; }
   // Equal bytes (ids aside).
-  friend bool operator==(const SealedBlock& a, const SealedBlock& b) {
-    return std::ranges::equal(a.bytes_, b.bytes_);
-  }
+  friend bool operator==(const SealedBlock& a, const SealedBlock& b) { return std::ranges::equal(a.bytes_, b.bytes_); }
 
  private:
   explicit SealedBlock(std::shared_ptr<const std::vector<uint8_t>> bytes)

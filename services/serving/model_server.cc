@@ -6,8 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "kvtier/kernels/parallel.h"
-#include "services/common/log.h"
 #include "services/common/byte_size.h"
+#include "services/common/log.h"
 #include "services/common/metric_family.h"
 #include "services/common/metrics_exposer.h"
 #include "services/common/server_runner.h"
@@ -71,7 +71,8 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
     cuda.block_pool_bytes = static_cast<int64_t>(std::min<uint64_t>(*bytes, INT64_MAX));
   }
   const absl::StatusOr<uint64_t> record_pool = ParseByteSize(f.record_pool);
-  if (!record_pool.ok()) return absl::InvalidArgumentError(absl::StrCat("--record-pool: ", record_pool.status().message()));
+  if (!record_pool.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--record-pool: ", record_pool.status().message()));
   kernels::SetKernelThreads(f.threads == 0 ? std::max(1u, std::thread::hardware_concurrency()) : f.threads);
   ModelServer s;
   absl::StatusOr<std::unique_ptr<ShardSet>> shards =

@@ -4,13 +4,13 @@
 #ifndef KVTIER_SERVICES_SERVING_MODEL_SERVER_H_
 #define KVTIER_SERVICES_SERVING_MODEL_SERVER_H_
 
-#include <cstdint>
-#include <memory>
-#include <string>
-
 #include <grpcpp/grpcpp.h>
 #include <prometheus/exposer.h>
 #include <prometheus/registry.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "services/common/flags.h"
@@ -42,7 +42,7 @@ struct ModelServer {
   std::string model_id;                   // ModelId(checkpoint dir)
   std::shared_ptr<prometheus::Registry> registry;
   std::shared_ptr<prometheus::Collectable> record_pool_metrics;  // the shards' record pool
-  std::unique_ptr<prometheus::Exposer> exposer;  // null with no --metrics-listen
+  std::unique_ptr<prometheus::Exposer> exposer;                  // null with no --metrics-listen
 };
 
 // Checks the flags (INVALID_ARGUMENT: a usage error), sets the kernel

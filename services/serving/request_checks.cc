@@ -10,8 +10,8 @@ absl::Status CheckTokenIds(const google::protobuf::RepeatedField<uint32_t>& ids,
   if (ids.empty()) return absl::InvalidArgumentError(absl::StrCat(field, " is empty"));
   for (int i = 0; i < ids.size(); ++i) {
     if (ids[i] >= vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(field, "[", i, "] = ", ids[i],
-                                                     " is outside the vocabulary of ", vocab_size));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, "[", i, "] = ", ids[i], " is outside the vocabulary of ", vocab_size));
     }
   }
   return absl::OkStatus();
@@ -29,7 +29,8 @@ absl::Status CheckGeneration(const runtime::ModelConfig& config, size_t context_
   }
   if (context_tokens + limits.max_new_tokens() > static_cast<size_t>(config.max_position_embeddings)) {
     return absl::InvalidArgumentError(absl::StrCat(context_tokens, " tokens + max_new_tokens ", limits.max_new_tokens(),
-                                                   " exceed the model's ", config.max_position_embeddings, " positions"));
+                                                   " exceed the model's ", config.max_position_embeddings,
+                                                   " positions"));
   }
   return absl::OkStatus();
 }

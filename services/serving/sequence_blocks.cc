@@ -15,8 +15,8 @@ namespace kvtier::serving {
 
 namespace fs = std::filesystem;
 
-kvblock::LatentLayout ModelLayout(const runtime::ModelConfig& config, const std::string& model_id,
-                                  kernels::Codec codec, uint32_t tokens_per_block) {
+kvblock::LatentLayout ModelLayout(const runtime::ModelConfig& config, const std::string& model_id, kernels::Codec codec,
+                                  uint32_t tokens_per_block) {
   kvblock::LatentLayout layout;
   layout.model_id = model_id;
   layout.num_layers = static_cast<uint32_t>(config.num_hidden_layers);
@@ -60,15 +60,15 @@ absl::StatusOr<std::string> ModelId(const std::string& checkpoint_dir) {
   return id;
 }
 
-absl::StatusOr<std::string> BlockRecord(const kvblock::LatentLayout& layout,
-                                        const runtime::SequenceCache& cache, size_t block,
-                                        uint32_t layer_begin, uint32_t layer_count) {
+absl::StatusOr<std::string> BlockRecord(const kvblock::LatentLayout& layout, const runtime::SequenceCache& cache,
+                                        size_t block, uint32_t layer_begin, uint32_t layer_count) {
   if (layer_begin + layer_count > cache.blocks.size() || layer_count == 0) {
     return absl::InvalidArgumentError("layer range outside the cache");
   }
   std::string payloads;
   for (uint32_t l = layer_begin; l < layer_begin + layer_count; ++l) {
-    if (block >= cache.blocks[l].size()) return absl::InvalidArgumentError(absl::StrCat("block ", block, " is not sealed"));
+    if (block >= cache.blocks[l].size())
+      return absl::InvalidArgumentError(absl::StrCat("block ", block, " is not sealed"));
     const runtime::SealedBlock& p = cache.blocks[l][block];
     payloads.append(reinterpret_cast<const char*>(p.data()), p.size());
   }
@@ -82,8 +82,8 @@ runtime::SequenceCache EmptyCache(const kvblock::LatentLayout& layout) {
           .tail = std::vector<std::vector<float>>(layout.num_layers)};
 }
 
-absl::Status AppendBlockRecord(SharedRecord record, const kvblock::LatentLayout& layout,
-                               runtime::SequenceCache& cache, kvblock::CrcCheck crc_check) {
+absl::Status AppendBlockRecord(SharedRecord record, const kvblock::LatentLayout& layout, runtime::SequenceCache& cache,
+                               kvblock::CrcCheck crc_check) {
   if (!std::all_of(cache.tail.begin(), cache.tail.end(), [](const auto& t) { return t.empty(); }) ||
       cache.blocks.size() != layout.num_layers || cache.codec != layout.codec ||
       cache.tokens_per_block != layout.tokens_per_block) {
@@ -132,7 +132,8 @@ absl::Status SetTail(std::string_view bytes, uint32_t token_count, const kvblock
       }
     }
   }
-  cache.length = static_cast<int64_t>(cache.blocks.empty() ? 0 : cache.blocks[0].size()) * layout.tokens_per_block + token_count;
+  cache.length =
+      static_cast<int64_t>(cache.blocks.empty() ? 0 : cache.blocks[0].size()) * layout.tokens_per_block + token_count;
   return absl::OkStatus();
 }
 

@@ -19,8 +19,8 @@ namespace kvtier::serving {
 
 // The layout of `config`'s latents stored in `codec`, blocks of
 // `tokens_per_block`, for the model `model_id` (see ModelId).
-kvblock::LatentLayout ModelLayout(const runtime::ModelConfig& config, const std::string& model_id,
-                                  kernels::Codec codec, uint32_t tokens_per_block);
+kvblock::LatentLayout ModelLayout(const runtime::ModelConfig& config, const std::string& model_id, kernels::Codec codec,
+                                  uint32_t tokens_per_block);
 
 // Names a checkpoint's weights, so blocks of different models never share
 // keys: "deepseek_v2-" + 16 hex digits of SHA-256 over config.json and each
@@ -29,9 +29,8 @@ absl::StatusOr<std::string> ModelId(const std::string& checkpoint_dir);
 
 // Layers [layer_begin, layer_begin + layer_count) of sealed block `block`
 // of `cache` as one record.
-absl::StatusOr<std::string> BlockRecord(const kvblock::LatentLayout& layout,
-                                        const runtime::SequenceCache& cache, size_t block,
-                                        uint32_t layer_begin, uint32_t layer_count);
+absl::StatusOr<std::string> BlockRecord(const kvblock::LatentLayout& layout, const runtime::SequenceCache& cache,
+                                        size_t block, uint32_t layer_begin, uint32_t layer_count);
 
 // An empty sequence cache of `layout`'s layers, codec and block size: what
 // a worker without the model at hand appends fetched blocks to.
@@ -43,8 +42,8 @@ runtime::SequenceCache EmptyCache(const kvblock::LatentLayout& layout);
 // unless `crc_check` says that was done where the bytes landed (as
 // ShardSet::Fetch does). The block's layers are views into the record,
 // which they keep alive.
-absl::Status AppendBlockRecord(SharedRecord record, const kvblock::LatentLayout& layout,
-                               runtime::SequenceCache& cache, kvblock::CrcCheck crc_check = kvblock::CrcCheck::kCheck);
+absl::Status AppendBlockRecord(SharedRecord record, const kvblock::LatentLayout& layout, runtime::SequenceCache& cache,
+                               kvblock::CrcCheck crc_check = kvblock::CrcCheck::kCheck);
 
 // The tail (tokens after the last sealed block) as TailLatents.latents:
 // float32 [layers][tokens][kv_lora_rank + rope_dim].

@@ -47,8 +47,8 @@ void RecordLanding::FailUnanswered(const absl::Status& status) {
 std::shared_ptr<cache::FastPathClient> FastPathRoute::Session() {
   absl::MutexLock lock(&mu_);
   if (session_ != nullptr || absl::Now() < retry_after_) return session_;
-  absl::StatusOr<std::unique_ptr<cache::FastPathClient>> opened = cache::FastPathClient::Connect(
-      channel_, deadline_, kStagingBytes, cache::FastPathClient::DeviceStagingWanted());
+  absl::StatusOr<std::unique_ptr<cache::FastPathClient>> opened =
+      cache::FastPathClient::Connect(channel_, deadline_, kStagingBytes, cache::FastPathClient::DeviceStagingWanted());
   if (!opened.ok()) {
     // No fast path there (another host, or off): ask again now and then,
     // since a restarted cache may have one; rarely when it said so itself.
@@ -61,8 +61,7 @@ std::shared_ptr<cache::FastPathClient> FastPathRoute::Session() {
 }
 
 std::vector<uint32_t> FastPathRoute::Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
-                                           const std::vector<kvblock::BlockHash>& hashes,
-                                           RecordLanding& landing) {
+                                           const std::vector<kvblock::BlockHash>& hashes, RecordLanding& landing) {
   std::vector<uint32_t> all(hashes.size());
   for (uint32_t i = 0; i < all.size(); ++i) all[i] = i;
   std::shared_ptr<cache::FastPathClient> session = Session();
@@ -92,13 +91,11 @@ std::vector<uint32_t> GrpcRoute::Fetch(const std::string& ns, const kvblock::Lat
   context.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
   const StreamConnections::Lease connection = connections_->Take();
   const grpc::Status status =
-      cache::RawGet(connection.channel(), &context, cache::MakeGetRequest(ns, layout, hashes),
-                    landing.AsDestination(),
+      cache::RawGet(connection.channel(), &context, cache::MakeGetRequest(ns, layout, hashes), landing.AsDestination(),
                     [&](const cache::RawBlock& block) { landing.Deliver(block, kvblock::CrcCheck::kCheck); });
   if (!status.ok()) {
     const absl::Status failed = cache::FromGrpcStatus(status);
-    landing.FailUnanswered(
-        absl::Status(failed.code(), absl::StrCat("cache ", target_, ": ", failed.message())));
+    landing.FailUnanswered(absl::Status(failed.code(), absl::StrCat("cache ", target_, ": ", failed.message())));
   }
   return {};
 }

@@ -28,9 +28,8 @@ uint64_t Mix(uint64_t z) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(const std::string& targets,
-                                                           absl::Duration deadline, bool fast_path,
-                                                           size_t idle_record_bytes) {
+absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(const std::string& targets, absl::Duration deadline,
+                                                           bool fast_path, size_t idle_record_bytes) {
   auto set = std::unique_ptr<ShardSet>(new ShardSet());
   set->deadline_ = deadline;
   set->records_ = RecordPool::Create(idle_record_bytes);
@@ -40,10 +39,14 @@ absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(const std::string& ta
     if (target.find(':') == std::string::npos) {
       return absl::InvalidArgumentError(absl::StrCat("cache shard '", target, "' is not host:port"));
     }
-    if (!seen.insert(target).second) return absl::InvalidArgumentError(absl::StrCat("cache shard ", target, " is listed twice"));
+    if (!seen.insert(target).second)
+      return absl::InvalidArgumentError(absl::StrCat("cache shard ", target, " is listed twice"));
     std::shared_ptr<grpc::Channel> channel = cache::CacheClient::Connect(target);
-    Shard shard{target, First8(kvblock::Sha256({target})), std::make_unique<StreamConnections>(target),
-                std::make_unique<cache::CacheClient>(channel, deadline), {}};
+    Shard shard{target,
+                First8(kvblock::Sha256({target})),
+                std::make_unique<StreamConnections>(target),
+                std::make_unique<cache::CacheClient>(channel, deadline),
+                {}};
     if (fast_path) shard.routes.push_back(std::make_unique<FastPathRoute>(channel, deadline));
     shard.routes.push_back(std::make_unique<GrpcRoute>(target, shard.streams.get(), deadline));
     set->shards_.push_back(std::move(shard));
@@ -84,17 +87,15 @@ size_t ShardSet::MatchPrefix(const std::string& ns, const kvblock::LatentLayout&
   return prefix;
 }
 
-std::vector<absl::StatusOr<SharedRecord>> ShardSet::Fetch(const std::string& ns,
-                                                          const kvblock::LatentLayout& layout,
+std::vector<absl::StatusOr<SharedRecord>> ShardSet::Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
                                                           const std::vector<kvblock::BlockHash>& hashes) {
   std::vector<absl::StatusOr<SharedRecord>> out(hashes.size(), absl::NotFoundError("not fetched"));
   const std::vector<std::vector<size_t>> positions = ByShard(hashes);
   std::vector<std::future<void>> done;
   for (size_t s = 0; s < shards_.size(); ++s) {
     if (positions[s].empty()) continue;
-    done.push_back(std::async(std::launch::async, [&, s] {
-      FetchFromShard(s, ns, layout, hashes, positions[s], out);
-    }));
+    done.push_back(
+        std::async(std::launch::async, [&, s] { FetchFromShard(s, ns, layout, hashes, positions[s], out); }));
   }
   for (auto& d : done) d.get();
   return out;

@@ -30,8 +30,7 @@ class ShardSet {
   // shard on this host are read through its shared memory (FastPathRoute);
   // the rest come by Get (GrpcRoute). At most
   // `idle_record_bytes` of fetched records are kept for reuse once let go.
-  static absl::StatusOr<std::unique_ptr<ShardSet>> Create(const std::string& targets,
-                                                          absl::Duration deadline,
+  static absl::StatusOr<std::unique_ptr<ShardSet>> Create(const std::string& targets, absl::Duration deadline,
                                                           bool fast_path = true,
                                                           size_t idle_record_bytes = kIdleRecordBytes);
 
@@ -54,7 +53,7 @@ class ShardSet {
   // CRC checked (as it was copied or as it landed); the strings come from a
   // pool and go back to it when their last holder lets go.
   std::vector<absl::StatusOr<SharedRecord>> Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
-                                                   const std::vector<kvblock::BlockHash>& hashes);
+                                                  const std::vector<kvblock::BlockHash>& hashes);
   // The default of the most bytes of fetched records that stay in the
   // pool unheld.
   static constexpr size_t kIdleRecordBytes = size_t{512} << 20;
@@ -83,7 +82,7 @@ class ShardSet {
 
   struct Shard {
     std::string target;
-    uint64_t seed;  // from the target: a shard's scores do not depend on the others
+    uint64_t seed;                               // from the target: a shard's scores do not depend on the others
     std::unique_ptr<StreamConnections> streams;  // Fetch's Gets, ShardedPut's Puts
     std::unique_ptr<cache::CacheClient> client;
     std::vector<std::unique_ptr<ShardRoute>> routes;  // tried in order; gRPC last
@@ -102,8 +101,7 @@ class ShardSet {
 // thread-safe.
 class ShardedPut {
  public:
-  ShardedPut(ShardSet& shards, std::string ns, const kvblock::LatentLayout& layout,
-             absl::Duration finish_deadline);
+  ShardedPut(ShardSet& shards, std::string ns, const kvblock::LatentLayout& layout, absl::Duration finish_deadline);
   ~ShardedPut();
 
   // Slices are sent many to a message (staged in a local shard's fast path

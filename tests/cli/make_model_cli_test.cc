@@ -4,16 +4,15 @@
 
 #include <filesystem>
 
-#include "services/runtime/checkpoint.h"
 #include "services/common/child_process.h"
+#include "services/runtime/checkpoint.h"
 
 namespace kvtier::cli {
 namespace {
 
 TEST(MakeModelCli, WritesACheckpointThatLoads) {
   const auto dir = std::filesystem::temp_directory_path() / ("kvtier_mm_" + std::to_string(getpid()));
-  auto r = RunCommand(std::string(KVTIER_BINARY) + " make-model --preset tiny --seed 3 --out " +
-                               dir.string());
+  auto r = RunCommand(std::string(KVTIER_BINARY) + " make-model --preset tiny --seed 3 --out " + dir.string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("wrote tiny (seed 3"), std::string::npos) << r.output;
   auto ckpt = runtime::Checkpoint::Open(dir.string());

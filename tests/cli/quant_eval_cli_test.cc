@@ -15,23 +15,19 @@
 namespace kvtier::cli {
 namespace {
 
-CommandResult RunKvtier(const std::string& args) {
-  return RunCommand(std::string(KVTIER_BINARY) + " " + args);
-}
+CommandResult RunKvtier(const std::string& args) { return RunCommand(std::string(KVTIER_BINARY) + " " + args); }
 
 class QuantEvalCliTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("kvtier_quant_eval_" + std::to_string(rng_.seed()));
+    dir_ = std::filesystem::temp_directory_path() / ("kvtier_quant_eval_" + std::to_string(rng_.seed()));
     std::filesystem::create_directories(dir_);
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
   std::string WriteFile(const std::string& name, const std::vector<float>& v) {
     const auto path = (dir_ / name).string();
-    std::ofstream(path, std::ios::binary)
-        .write(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
     return path;
   }
 
@@ -65,9 +61,8 @@ TEST_F(QuantEvalCliTest, JsonMatchesTheLibraryOnAFile) {
 TEST_F(QuantEvalCliTest, SyntheticPrintsTheComparisonTable) {
   CommandResult r = RunKvtier("quant-eval --synthetic --tokens 512 --codec int4");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  for (const char* row : {"int8 per-tensor", "int8 per-token", "int8 per-channel",
-                          "int4 symmetric per-channel", "int4 asymmetric per-channel", "fp8",
-                          "bf16"}) {
+  for (const char* row : {"int8 per-tensor", "int8 per-token", "int8 per-channel", "int4 symmetric per-channel",
+                          "int4 asymmetric per-channel", "fp8", "bf16"}) {
     EXPECT_NE(r.output.find(row), std::string::npos) << row << " missing:\n" << r.output;
   }
   EXPECT_NE(r.output.find("codec int4: 324.0 bytes/token/layer"), std::string::npos) << r.output;
@@ -104,8 +99,8 @@ TEST_F(QuantEvalCliTest, BadInputGetsAClearErrorAndExitCode) {
 TEST_F(QuantEvalCliTest, HelpExplainsTheFlags) {
   CommandResult r = RunKvtier("quant-eval --help");
   EXPECT_EQ(r.exit_code, 0);
-  for (const char* flag : {"--input", "--dim", "--codec", "--rope-dim", "--tokens-per-block",
-                           "--json", "--synthetic"}) {
+  for (const char* flag :
+       {"--input", "--dim", "--codec", "--rope-dim", "--tokens-per-block", "--json", "--synthetic"}) {
     EXPECT_NE(r.output.find(flag), std::string::npos) << flag;
   }
   EXPECT_EQ(RunKvtier("--help").exit_code, 0);

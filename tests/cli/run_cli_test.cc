@@ -4,9 +4,9 @@
 #include <filesystem>
 #include <regex>
 
+#include "services/common/child_process.h"
 #include "services/runtime/generate.h"
 #include "services/runtime/make_model.h"
-#include "services/common/child_process.h"
 
 namespace kvtier::cli {
 namespace {
@@ -40,14 +40,13 @@ TEST(RunCli, GreedyIdsAndLogprobsMatchTheRuntime) {
     std::string args;
     std::string message;
   };
-  for (const Case& c : std::vector<Case>{
-           {" --prompt-ids 1,256 --max-new-tokens 2", "outside the vocabulary of 256"},
-           {" --prompt-ids x --max-new-tokens 2", "is not a token id"},
-           {" --prompt-ids 1 --kv-codec int2", "--kv-codec int2"},
-           {" --prompt-ids 1 --temperature hot", "--temperature wants a number"},
-           {" --prompt-ids 1 --temperature 1 --top-p 2", "top_p must be in (0, 1]"},
-           {" --prompt-ids 1 --max-new-tokens 5000", "exceeds max_position_embeddings"},
-           {" --prompt-ids 1 --device tpu", "--device tpu is not one of cpu, cuda"}}) {
+  for (const Case& c : std::vector<Case>{{" --prompt-ids 1,256 --max-new-tokens 2", "outside the vocabulary of 256"},
+                                         {" --prompt-ids x --max-new-tokens 2", "is not a token id"},
+                                         {" --prompt-ids 1 --kv-codec int2", "--kv-codec int2"},
+                                         {" --prompt-ids 1 --temperature hot", "--temperature wants a number"},
+                                         {" --prompt-ids 1 --temperature 1 --top-p 2", "top_p must be in (0, 1]"},
+                                         {" --prompt-ids 1 --max-new-tokens 5000", "exceeds max_position_embeddings"},
+                                         {" --prompt-ids 1 --device tpu", "--device tpu is not one of cpu, cuda"}}) {
     auto bad = RunCommand(kvtier + c.args);
     EXPECT_EQ(bad.exit_code, 2) << c.args << "\n" << bad.output;
     EXPECT_NE(bad.output.find(c.message), std::string::npos) << c.args << "\n" << bad.output;

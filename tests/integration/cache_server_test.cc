@@ -1,22 +1,21 @@
 // kvtier-cache as users run it: the real binary on port 0, real gRPC clients.
+#include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
-#include <grpcpp/generic/generic_stub.h>
-
 #include <atomic>
-#include <condition_variable>
-#include <mutex>
-#include <filesystem>
 #include <chrono>
+#include <condition_variable>
+#include <filesystem>
 #include <functional>
+#include <mutex>
 #include <random>
 #include <thread>
 
 #include "services/cache/client/cache_client.h"
 #include "services/cache/client/raw_get.h"
-#include "services/kvblock/block_format.h"
 #include "services/common/child_process.h"
+#include "services/kvblock/block_format.h"
 #include "tests/integration/cache_test_blocks.h"
 #include "tests/test_random.h"
 
@@ -25,14 +24,20 @@ namespace {
 
 using kvblock::BlockHash;
 
-
 class CacheServerTest : public ::testing::Test {
  protected:
-  void Start(const std::string& device, const std::string& host,
-             std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv = {
-        KVTIER_CACHE_BINARY, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
-        "--device-capacity", device, "--host-capacity", host, "--threads", "4"};
+  void Start(const std::string& device, const std::string& host, std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv = {KVTIER_CACHE_BINARY,
+                                     "--listen",
+                                     "127.0.0.1:0",
+                                     "--metrics-listen",
+                                     "127.0.0.1:0",
+                                     "--device-capacity",
+                                     device,
+                                     "--host-capacity",
+                                     host,
+                                     "--threads",
+                                     "4"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     server_ = std::make_unique<ChildProcess>(std::move(argv));
     std::optional<std::string> metrics = server_->WaitForLine("metrics on ");
@@ -103,8 +108,8 @@ TEST_F(CacheServerTest, MatchFindsTheLongestStoredPrefixAndDedupSkipsRepeats) {
   std::vector<TestBlock> blocks;
   for (int i = 0; i < 4; ++i) blocks.push_back(MakeBlock(layout_, "ns", 100 + i));
   ASSERT_TRUE(client_->Put("ns", layout_, {blocks[0].slices, blocks[1].slices, blocks[3].slices}).ok());
-  auto m = client_->Match("ns", layout_, {blocks[0].slices.hash, blocks[1].slices.hash,
-                                          blocks[2].slices.hash, blocks[3].slices.hash});
+  auto m = client_->Match("ns", layout_,
+                          {blocks[0].slices.hash, blocks[1].slices.hash, blocks[2].slices.hash, blocks[3].slices.hash});
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->matched_blocks(), 2u);
   ASSERT_EQ(m->tiers_size(), 2);
@@ -136,10 +141,8 @@ TEST_F(CacheServerTest, BadInputsGetTheirStatusCodes) {
   EXPECT_EQ(match_code([](auto& r) { r.set_kv_namespace("a/b"); }), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(match_code([](auto& r) { r.mutable_layout()->set_codec(v1::KV_CODEC_UNSPECIFIED); }),
             grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(match_code([](auto& r) { r.mutable_layout()->set_layout_id(1); }),
-            grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(match_code([](auto& r) { r.mutable_layout()->set_num_layers(0); }),
-            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(match_code([](auto& r) { r.mutable_layout()->set_layout_id(1); }), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(match_code([](auto& r) { r.mutable_layout()->set_num_layers(0); }), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(match_code([](auto& r) { r.add_block_hashes("short"); }), grpc::StatusCode::INVALID_ARGUMENT);
 
   auto put_code = [&](std::vector<std::string> records, bool header = true) {
@@ -167,8 +170,7 @@ TEST_F(CacheServerTest, BadInputsGetTheirStatusCodes) {
   corrupt[1000] ^= 4;
   kvblock::LatentLayout int4 = layout_;
   int4.codec = kernels::Codec::kInt4;
-  const std::string wrong_codec = *kvblock::EncodeBlock(
-      int4, 0, 1, Latents(int4.LayerShape().values(), 1));
+  const std::string wrong_codec = *kvblock::EncodeBlock(int4, 0, 1, Latents(int4.LayerShape().values(), 1));
   EXPECT_EQ(put_code({slice}, /*header=*/false), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(put_code({slice.substr(0, slice.size() - 1)}), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(put_code({slice + "x"}), grpc::StatusCode::INVALID_ARGUMENT);
@@ -184,7 +186,8 @@ TEST_F(CacheServerTest, BadInputsGetTheirStatusCodes) {
     client_->SetDeadline(context);
     auto reader = stub.Get(&context, get);
     v1::GetResponse response;
-    while (reader->Read(&response)) {}
+    while (reader->Read(&response)) {
+    }
     EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   }
   EXPECT_EQ(client_->ReleaseLease(12345).code(), absl::StatusCode::kNotFound);
@@ -286,8 +289,8 @@ TEST_F(CacheServerTest, HealthServesAndSigtermDrainsThenExitsZero) {
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
-  generic.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
-                    &response, [&](grpc::Status s) {
+  generic.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                    [&](grpc::Status s) {
                       std::lock_guard<std::mutex> lock(mu);
                       status = s;
                       done = true;
@@ -313,8 +316,7 @@ class ListServices : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::Byte
  public:
   explicit ListServices(grpc::GenericStub& stub) {
     context_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    stub.PrepareBidiStreamingCall(&context_,
-                                  "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+    stub.PrepareBidiStreamingCall(&context_, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
                                   grpc::StubOptions(), this);
     grpc::Slice list(std::string("\x3a\x00", 2));  // field 7 list_services = ""
     request_ = grpc::ByteBuffer(&list, 1);
@@ -410,9 +412,9 @@ TEST_F(CacheServerTest, StatsCommandAndMetricsReportTheSameFigures) {
 
   auto scrape = RunCommand("curl -sf http://" + metrics_address_ + "/metrics");
   ASSERT_EQ(scrape.exit_code, 0) << scrape.output;
-  EXPECT_NE(scrape.output.find("kvtier_cache_used_bytes{tier=\"device\"} " +
-                               std::to_string(stats->tiers(0).used_bytes())),
-            std::string::npos)
+  EXPECT_NE(
+      scrape.output.find("kvtier_cache_used_bytes{tier=\"device\"} " + std::to_string(stats->tiers(0).used_bytes())),
+      std::string::npos)
       << scrape.output;
   EXPECT_NE(scrape.output.find("kvtier_cache_blocks_stored_total 1"), std::string::npos);
   EXPECT_NE(scrape.output.find("kvtier_cache_rpc_duration_seconds_count{code=\"OK\",method=\"Put\"} 1"),
@@ -441,9 +443,8 @@ TEST_F(CacheServerTest, CancelledPutFreesItsIncompleteBlocks) {
     context.TryCancel();
     EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::CANCELLED);
   }
-  EXPECT_TRUE(StatsEventually(*client_, [](const auto& s) {
-    return s.pending_blocks() == 0 && s.tiers(0).used_bytes() == 0;
-  }));
+  EXPECT_TRUE(
+      StatsEventually(*client_, [](const auto& s) { return s.pending_blocks() == 0 && s.tiers(0).used_bytes() == 0; }));
   EXPECT_EQ(client_->Match("ns", layout_, {b.slices.hash})->matched_blocks(), 0u);
 }
 
@@ -468,7 +469,8 @@ TEST_F(CacheServerTest, ClientThatVanishesMidGetLeavesNothingPinned) {
     v1::GetResponse response;
     ASSERT_TRUE(reader->Read(&response));
     context.TryCancel();  // the client goes away with 23 blocks unread
-    while (reader->Read(&response)) {}
+    while (reader->Read(&response)) {
+    }
     EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
   }
   EXPECT_TRUE(StatsEventually(*client_, [](const auto& s) { return s.pinned_blocks() == 0; }));
@@ -504,8 +506,8 @@ TEST_F(CacheServerTest, SigtermLetsAnInFlightGetFinish) {
 }
 
 TEST_F(CacheServerTest, RestartWithTheSameDiskDirFindsItsBlocks) {
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           ("kvtier_disk_" + std::to_string(rng_.seed()))).string();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("kvtier_disk_" + std::to_string(rng_.seed()))).string();
   const std::vector<std::string> disk = {"--disk-dir", dir, "--disk-capacity", "64MiB"};
   server_.reset();
   Start("1MiB", "1MiB", disk);  // 6 blocks fit in memory; the rest go to disk
@@ -552,8 +554,7 @@ TEST_F(CacheServerTest, RawGetLandsRecordsInTheCallersBuffer) {
   client_->SetDeadline(context);
   std::vector<RawBlock> got;
   grpc::Status status = RawGet(
-      channel_.get(), &context, get,
-      [&](uint32_t index, size_t) { return std::span<uint8_t>(pool[index]); },
+      channel_.get(), &context, get, [&](uint32_t index, size_t) { return std::span<uint8_t>(pool[index]); },
       [&](const RawBlock& block) { got.push_back(block); });
   ASSERT_TRUE(status.ok()) << status.error_message();
   ASSERT_EQ(got.size(), 3u);
@@ -616,8 +617,7 @@ TEST_F(CacheServerTest, OnlyConfiguredNamespacesAreServed) {
   EXPECT_EQ(m.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(m.status().message().find("unknown namespace 'tenant-c'"), std::string::npos) << m.status();
   EXPECT_EQ(client_->Put("tenant-c", layout_, {b.slices}).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(client_->Get("tenant-c", layout_, {b.slices.hash}).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(client_->Get("tenant-c", layout_, {b.slices.hash}).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(client_->Match("tenant-a", layout_, {b.slices.hash})->matched_blocks(), 1u);
 }
 
@@ -637,8 +637,7 @@ TEST(CacheServerFlags, RefusesBadCapacitiesWithAMessage) {
        "--namespaces: kv_namespace may hold only"},
       {{"--device-capacity", "1GiB", "--host-capacity", "1GiB", "--disk-dir", "/tmp/x"},
        "--disk-dir and --disk-capacity go together"},
-      {{"--device-capacity", "1GiB", "--host-capacity", "1GiB", "--disk-dir", "/proc/no",
-        "--disk-capacity", "1GiB"},
+      {{"--device-capacity", "1GiB", "--host-capacity", "1GiB", "--disk-dir", "/proc/no", "--disk-capacity", "1GiB"},
        "--disk-dir /proc/no"},
   };
   for (const Case& c : cases) {

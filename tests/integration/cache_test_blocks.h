@@ -4,14 +4,14 @@
 #ifndef KVTIER_TESTS_INTEGRATION_CACHE_TEST_BLOCKS_H_
 #define KVTIER_TESTS_INTEGRATION_CACHE_TEST_BLOCKS_H_
 
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <span>
-#include <thread>
-
-#include <gtest/gtest.h>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "services/cache/client/cache_client.h"
@@ -21,7 +21,11 @@
 namespace kvtier::cache {
 
 inline kvblock::LatentLayout TestLayout() {  // 304,164-byte records
-  return {.model_id = "integration", .num_layers = 8, .kv_lora_rank = 512, .rope_dim = 64, .tokens_per_block = 64,
+  return {.model_id = "integration",
+          .num_layers = 8,
+          .kv_lora_rank = 512,
+          .rope_dim = 64,
+          .tokens_per_block = 64,
           .codec = kernels::Codec::kInt8};
 }
 

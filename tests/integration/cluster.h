@@ -35,30 +35,52 @@ class Cluster {
           std::string deadline_ms = "2000", std::vector<std::string> model_flags = {}) {
     std::string cache_list, decode_list;
     for (int i = 0; i < caches; ++i) {
-      std::vector<std::string> argv = {KVTIER_CACHE_BINARY, "--listen", "127.0.0.1:0", "--metrics-listen",
-                                       "127.0.0.1:0", "--device-capacity", "16MiB", "--host-capacity", "16MiB"};
+      std::vector<std::string> argv = {KVTIER_CACHE_BINARY,
+                                       "--listen",
+                                       "127.0.0.1:0",
+                                       "--metrics-listen",
+                                       "127.0.0.1:0",
+                                       "--device-capacity",
+                                       "16MiB",
+                                       "--host-capacity",
+                                       "16MiB"};
       argv.insert(argv.end(), cache_flags.begin(), cache_flags.end());
       this->caches.push_back(Start(argv, cache_metrics.emplace_back(), cache_targets.emplace_back()));
       cache_list += (i ? "," : "") + cache_targets.back();
     }
     for (int i = 0; i < decoders; ++i) {
-      std::vector<std::string> argv = {KVTIER_DECODE_BINARY, "--listen", "127.0.0.1:0", "--model", model_dir,
-                                       "--cache", cache_list, "--metrics-listen", "127.0.0.1:0",
-                                       "--cache-deadline-ms", "2000"};
+      std::vector<std::string> argv = {
+          KVTIER_DECODE_BINARY, "--listen",    "127.0.0.1:0",         "--model", model_dir, "--cache", cache_list,
+          "--metrics-listen",   "127.0.0.1:0", "--cache-deadline-ms", "2000"};
       argv.insert(argv.end(), model_flags.begin(), model_flags.end());
       this->decoders.push_back(Start(argv, decode_metrics.emplace_back(), decode_targets.emplace_back()));
       decode_list += (i ? "," : "") + decode_targets.back();
     }
-    std::vector<std::string> argv = {
-        KVTIER_PREFILL_BINARY, "--listen", "127.0.0.1:0", "--model", model_dir, "--cache", cache_list, "--decode",
-        decode_list, "--kv-codec", "bf16", "--tokens-per-block", std::to_string(kClusterBlock), "--cache-deadline-ms",
-        deadline_ms, "--metrics-listen", "127.0.0.1:0"};
+    std::vector<std::string> argv = {KVTIER_PREFILL_BINARY,
+                                     "--listen",
+                                     "127.0.0.1:0",
+                                     "--model",
+                                     model_dir,
+                                     "--cache",
+                                     cache_list,
+                                     "--decode",
+                                     decode_list,
+                                     "--kv-codec",
+                                     "bf16",
+                                     "--tokens-per-block",
+                                     std::to_string(kClusterBlock),
+                                     "--cache-deadline-ms",
+                                     deadline_ms,
+                                     "--metrics-listen",
+                                     "127.0.0.1:0"};
     argv.insert(argv.end(), model_flags.begin(), model_flags.end());
     prefill = Start(argv, prefill_metrics, prefill_target);
   }
   bool ok() const {
-    for (const auto& t : cache_targets) if (t.empty()) return false;
-    for (const auto& t : decode_targets) if (t.empty()) return false;
+    for (const auto& t : cache_targets)
+      if (t.empty()) return false;
+    for (const auto& t : decode_targets)
+      if (t.empty()) return false;
     return !prefill_target.empty();
   }
   absl::StatusOr<cli::RemoteGeneration> Generate(const v1::GenerateRequest& r) {
@@ -70,8 +92,7 @@ class Cluster {
 
   // Starts a server; its metrics and gRPC addresses ("" where it printed
   // none).
-  static std::unique_ptr<ChildProcess> Start(std::vector<std::string> argv, std::string& metrics,
-                                             std::string& target) {
+  static std::unique_ptr<ChildProcess> Start(std::vector<std::string> argv, std::string& metrics, std::string& target) {
     auto process = std::make_unique<ChildProcess>(std::move(argv));
     const std::optional<std::string> line = process->WaitForLine("metrics on ");
     metrics = line ? line->substr(0, line->find('/')) : "";

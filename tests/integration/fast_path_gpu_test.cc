@@ -30,9 +30,8 @@ class FastPathGpuTest : public ::testing::Test {
   // A kvtier-cache on a free port, its device tier on the GPU.
   void StartCache(const std::string& device_capacity, const std::string& host_capacity) {
     cache_ = std::make_unique<ChildProcess>(std::vector<std::string>{
-        testing::BinaryPath("KVTIER_CACHE_BINARY", KVTIER_CACHE_BINARY), "--listen", "127.0.0.1:0",
-        "--metrics-listen", "", "--device-capacity", device_capacity, "--host-capacity", host_capacity,
-        "--device-memory", "cuda"});
+        testing::BinaryPath("KVTIER_CACHE_BINARY", KVTIER_CACHE_BINARY), "--listen", "127.0.0.1:0", "--metrics-listen",
+        "", "--device-capacity", device_capacity, "--host-capacity", host_capacity, "--device-memory", "cuda"});
     const int port = cache_->WaitForListeningPort();
     ASSERT_GT(port, 0);
     target_ = "127.0.0.1:" + std::to_string(port);

@@ -2,23 +2,21 @@
 // bytes through both paths, the socket protocol's refusals, lease expiry, a
 // client killed holding leases, a cache restart under a client's mappings,
 // and the fallback to TCP.
+#include <fcntl.h>
+#include <grp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <unistd.h>
-
-#include <fcntl.h>
-#include <grp.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-
-#include <cinttypes>
-#include <cstdio>
-#include <fstream>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cinttypes>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <set>
 #include <thread>
 
@@ -55,10 +53,16 @@ class FastPathTest : public ::testing::Test {
   // `port` 0: any free port.
   void StartCache(std::vector<std::string> extra = {}, int port = 0) {
     std::vector<std::string> argv = {KVTIER_CACHE_BINARY,
-                                     "--listen", "127.0.0.1:" + std::to_string(port),
-                                     "--metrics-listen", "",
-                                     "--device-capacity", "32MiB", "--host-capacity", "64MiB",
-                                     "--threads", "2"};
+                                     "--listen",
+                                     "127.0.0.1:" + std::to_string(port),
+                                     "--metrics-listen",
+                                     "",
+                                     "--device-capacity",
+                                     "32MiB",
+                                     "--host-capacity",
+                                     "64MiB",
+                                     "--threads",
+                                     "2"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     cache_ = std::make_unique<ChildProcess>(std::move(argv));
     port_ = cache_->WaitForListeningPort();
@@ -125,8 +129,7 @@ class FastPathTest : public ::testing::Test {
     return client_->stub().LeaseBlocks(&context, request, &response);
   }
   // Asks for a segment's descriptor: the reply's status, `fd` if any.
-  absl::Status AskSegment(const RawSession& s, const v1::SharedPiece& piece, int& fd,
-                          uint64_t generation_delta = 0) {
+  absl::Status AskSegment(const RawSession& s, const v1::SharedPiece& piece, int& fd, uint64_t generation_delta = 0) {
     fastpath::Request request{fastpath::RequestKind::kSegment};
     request.tier = piece.tier_index();
     request.segment = piece.segment();
@@ -288,8 +291,7 @@ TEST_F(FastPathTest, SocketProtocolRefusesWhatASessionHasNoRightTo) {
   // Unproven: no leases.
   auto unproven = OpenRaw(/*prove=*/false);
   v1::LeaseBlocksResponse leased;
-  EXPECT_EQ(Lease(*unproven, "tenant-a", Hashes(a), leased).error_code(),
-            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(Lease(*unproven, "tenant-a", Hashes(a), leased).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   // A wrong secret is refused and the connection closed.
   {
     const int socket = *fastpath::Connect(unproven->opened.socket_path());
@@ -331,8 +333,7 @@ TEST_F(FastPathTest, SocketProtocolRefusesWhatASessionHasNoRightTo) {
   // Another namespace's segment, or a stale generation: refused.
   EXPECT_EQ(AskSegment(*reader_a, piece_b, fd).code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(fd, -1);
-  EXPECT_EQ(AskSegment(*reader_a, piece_a, fd, /*generation_delta=*/1).code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(AskSegment(*reader_a, piece_a, fd, /*generation_delta=*/1).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(Stats().pinned_blocks(), 8u);
   // A session cannot end another's lease over its socket. (The segment
   // request after it is answered only once the release was handled.)
@@ -492,9 +493,8 @@ TEST_F(FastPathTest, RandomSocketRequestsNeverCrossNamespaces) {
     ASSERT_TRUE(AskSegment(*session, own, fd).ok()) << "round " << round;
     close(fd);
   }
-  EXPECT_TRUE(SameRecords(FetchAll(*FastPathClient::Connect(channel_, absl::Seconds(10), 0).value(), "tenant-a",
-                                   Hashes(a)),
-                          a));
+  EXPECT_TRUE(SameRecords(
+      FetchAll(*FastPathClient::Connect(channel_, absl::Seconds(10), 0).value(), "tenant-a", Hashes(a)), a));
   session.reset();
   other.reset();
   EXPECT_TRUE(StatsBecome([](const v1::StatsResponse& s) { return s.pinned_blocks() == 0; }));
@@ -522,9 +522,8 @@ TEST_F(FastPathTest, AClientKilledHoldingLeasesLeavesNothingPinned) {
   EXPECT_EQ(holder.Stop(SIGKILL), 128 + SIGKILL);
   // Its socket closed: the cache ends the session and its leases at once
   // (the 30 s lease deadline would do it otherwise).
-  EXPECT_TRUE(StatsBecome([](const v1::StatsResponse& s) {
-    return s.pinned_blocks() == 0 && s.fast_path_sessions() == 0;
-  }));
+  EXPECT_TRUE(
+      StatsBecome([](const v1::StatsResponse& s) { return s.pinned_blocks() == 0 && s.fast_path_sessions() == 0; }));
 }
 
 TEST_F(FastPathTest, CacheRestartUnderAClientsMappingsNeverGivesOldBytes) {
@@ -558,13 +557,14 @@ TEST_F(FastPathTest, CacheRestartUnderAClientsMappingsNeverGivesOldBytes) {
 
   // The old session is gone: an error, not a crash or stale bytes.
   std::string sink;
-  auto old = (*standalone)->Fetch(
-      "tenant-a", layout_, Hashes(before),
-      [&](uint32_t, size_t size) {
-        sink.resize(size);
-        return std::span(reinterpret_cast<uint8_t*>(sink.data()), size);
-      },
-      [&](const RawBlock&) { ADD_FAILURE() << "delivered through a dead session"; });
+  auto old = (*standalone)
+                 ->Fetch(
+                     "tenant-a", layout_, Hashes(before),
+                     [&](uint32_t, size_t size) {
+                       sink.resize(size);
+                       return std::span(reinterpret_cast<uint8_t*>(sink.data()), size);
+                     },
+                     [&](const RawBlock&) { ADD_FAILURE() << "delivered through a dead session"; });
   EXPECT_FALSE(old.ok());
   // The shard set reconnects (its channel may first need a moment) and
   // reads the new bytes, over a new session.
@@ -622,8 +622,7 @@ TEST_F(FastPathTest, ACorruptRecordIsNeverDeliveredAndIsCountedOverTcp) {
 }
 
 // One Put stream of `messages`; its status and answer.
-grpc::Status PutStream(CacheClient& client, const std::vector<v1::PutRequest>& messages,
-                       v1::PutResponse* response) {
+grpc::Status PutStream(CacheClient& client, const std::vector<v1::PutRequest>& messages, v1::PutResponse* response) {
   grpc::ClientContext context;
   client.SetDeadline(context);
   auto writer = client.stub().Put(&context, response);
@@ -687,7 +686,8 @@ TEST_F(FastPathTest, StagedPutStoresWhatTheClientWroteInItsRegion) {
       }
     }
     v1::PutResponse response;
-    const grpc::Status status = PutStream(*client_, {Header("tenant-a", layout_, (*fast)->session_id()), batch}, &response);
+    const grpc::Status status =
+        PutStream(*client_, {Header("tenant-a", layout_, (*fast)->session_id()), batch}, &response);
     ASSERT_TRUE(status.ok()) << status.error_message();
     EXPECT_EQ(response.blocks_stored(), 5u);
   }
@@ -721,13 +721,17 @@ TEST_F(FastPathTest, BadStagedSlicesGetClearErrorsAndStoreNothing) {
     grpc::StatusCode code;
   };
   const Case cases[] = {
-      {"staged slice, no session in the header", {Header("tenant-a", layout_, 0), StagedSlice(hash, good)},
+      {"staged slice, no session in the header",
+       {Header("tenant-a", layout_, 0), StagedSlice(hash, good)},
        grpc::StatusCode::INVALID_ARGUMENT},
-      {"unknown session", {Header("tenant-a", layout_, session ^ 1), StagedSlice(hash, good)},
+      {"unknown session",
+       {Header("tenant-a", layout_, session ^ 1), StagedSlice(hash, good)},
        grpc::StatusCode::FAILED_PRECONDITION},
-      {"range past the region", {Header("tenant-a", layout_, session), StagedSlice(hash, outside)},
+      {"range past the region",
+       {Header("tenant-a", layout_, session), StagedSlice(hash, outside)},
        grpc::StatusCode::INVALID_ARGUMENT},
-      {"range overflowing", {Header("tenant-a", layout_, session), StagedSlice(hash, overflowing)},
+      {"range overflowing",
+       {Header("tenant-a", layout_, session), StagedSlice(hash, overflowing)},
        grpc::StatusCode::INVALID_ARGUMENT},
   };
   for (const Case& c : cases) {
@@ -753,8 +757,7 @@ TEST_F(FastPathTest, BadStagedSlicesGetClearErrorsAndStoreNothing) {
   const std::optional<v1::StagedRange> bad_range = corrupt.Stage(bad);
   ASSERT_TRUE(bad_range.has_value());
   v1::PutResponse response;
-  EXPECT_EQ(PutStream(*client_, {Header("tenant-a", layout_, session), StagedSlice(hash, *bad_range)},
-                      &response)
+  EXPECT_EQ(PutStream(*client_, {Header("tenant-a", layout_, session), StagedSlice(hash, *bad_range)}, &response)
                 .error_code(),
             grpc::StatusCode::DATA_LOSS);
   const v1::StatsResponse stats = Stats();
@@ -834,8 +837,7 @@ TEST_F(FastPathTest, ShardedPutSendsInlineSlicesManyToAMessage) {
 TEST_F(FastPathTest, CacheWithoutFastPathIsReadOverTcp) {
   StartCache({"--no-fast-path"});
   const std::vector<TestBlock> blocks = PutBlocks("tenant-a", rng_.seed(), 3);
-  EXPECT_EQ(FastPathClient::Connect(channel_, absl::Seconds(5)).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(FastPathClient::Connect(channel_, absl::Seconds(5)).status().code(), absl::StatusCode::kFailedPrecondition);
   auto shards = serving::ShardSet::Create(target_, absl::Seconds(5), /*fast_path=*/true);
   ASSERT_TRUE(shards.ok());
   EXPECT_TRUE(SameRecords((*shards)->Fetch("tenant-a", layout_, Hashes(blocks)), blocks));

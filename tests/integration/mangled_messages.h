@@ -45,11 +45,16 @@ inline std::string Mutate(std::string s, std::mt19937_64& rng) {
 template <typename Int>
 Int EdgeValue(std::mt19937_64& rng) {
   switch (rng() % 5) {
-    case 0: return 0;
-    case 1: return 1;
-    case 2: return std::numeric_limits<Int>::max();
-    case 3: return std::numeric_limits<Int>::min();
-    default: return static_cast<Int>(rng());
+    case 0:
+      return 0;
+    case 1:
+      return 1;
+    case 2:
+      return std::numeric_limits<Int>::max();
+    case 3:
+      return std::numeric_limits<Int>::min();
+    default:
+      return static_cast<Int>(rng());
   }
 }
 
@@ -65,8 +70,12 @@ inline void MutateField(google::protobuf::Message& m, std::mt19937_64& rng) {
   if (f->is_repeated()) {
     const int n = r->FieldSize(m, f);
     switch (rng() % 4) {
-      case 0: r->ClearField(&m, f); return;
-      case 1: if (n > 0) r->RemoveLast(&m, f); return;
+      case 0:
+        r->ClearField(&m, f);
+        return;
+      case 1:
+        if (n > 0) r->RemoveLast(&m, f);
+        return;
       case 2:  // a copy of an element, changed or not
         if (n > 0 && f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
           google::protobuf::Message* added = r->AddMessage(&m, f);
@@ -97,27 +106,51 @@ inline void MutateField(google::protobuf::Message& m, std::mt19937_64& rng) {
     return;
   }
   switch (f->cpp_type()) {
-    case FieldDescriptor::CPPTYPE_MESSAGE: MutateField(*r->MutableMessage(&m, f), rng); return;
-    case FieldDescriptor::CPPTYPE_INT32: r->SetInt32(&m, f, EdgeValue<int32_t>(rng)); return;
-    case FieldDescriptor::CPPTYPE_INT64: r->SetInt64(&m, f, EdgeValue<int64_t>(rng)); return;
-    case FieldDescriptor::CPPTYPE_UINT32: r->SetUInt32(&m, f, EdgeValue<uint32_t>(rng)); return;
-    case FieldDescriptor::CPPTYPE_UINT64: r->SetUInt64(&m, f, EdgeValue<uint64_t>(rng)); return;
-    case FieldDescriptor::CPPTYPE_BOOL: r->SetBool(&m, f, !r->GetBool(m, f)); return;
+    case FieldDescriptor::CPPTYPE_MESSAGE:
+      MutateField(*r->MutableMessage(&m, f), rng);
+      return;
+    case FieldDescriptor::CPPTYPE_INT32:
+      r->SetInt32(&m, f, EdgeValue<int32_t>(rng));
+      return;
+    case FieldDescriptor::CPPTYPE_INT64:
+      r->SetInt64(&m, f, EdgeValue<int64_t>(rng));
+      return;
+    case FieldDescriptor::CPPTYPE_UINT32:
+      r->SetUInt32(&m, f, EdgeValue<uint32_t>(rng));
+      return;
+    case FieldDescriptor::CPPTYPE_UINT64:
+      r->SetUInt64(&m, f, EdgeValue<uint64_t>(rng));
+      return;
+    case FieldDescriptor::CPPTYPE_BOOL:
+      r->SetBool(&m, f, !r->GetBool(m, f));
+      return;
     case FieldDescriptor::CPPTYPE_FLOAT: {
-      const float edges[] = {0.0f, -1.0f, 1e30f, -1e-30f, std::numeric_limits<float>::quiet_NaN(),
-                             std::numeric_limits<float>::infinity()};
+      const float edges[] = {
+          0.0f, -1.0f, 1e30f, -1e-30f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()};
       r->SetFloat(&m, f, edges[rng() % 6]);
       return;
     }
-    case FieldDescriptor::CPPTYPE_DOUBLE: r->SetDouble(&m, f, static_cast<double>(EdgeValue<int64_t>(rng))); return;
-    case FieldDescriptor::CPPTYPE_ENUM: r->SetEnumValue(&m, f, EdgeValue<int32_t>(rng) % 8); return;
+    case FieldDescriptor::CPPTYPE_DOUBLE:
+      r->SetDouble(&m, f, static_cast<double>(EdgeValue<int64_t>(rng)));
+      return;
+    case FieldDescriptor::CPPTYPE_ENUM:
+      r->SetEnumValue(&m, f, EdgeValue<int32_t>(rng) % 8);
+      return;
     case FieldDescriptor::CPPTYPE_STRING: {
       std::string v = r->GetString(m, f);
       switch (rng() % 4) {
-        case 0: v.resize(v.empty() ? 0 : rng() % v.size()); break;
-        case 1: v += std::string(1 + rng() % 64, static_cast<char>(rng())); break;
-        case 2: if (!v.empty()) v[rng() % v.size()] = static_cast<char>(rng()); break;
-        default: v = std::string(rng() % 40, 'a' + static_cast<char>(rng() % 26)); break;
+        case 0:
+          v.resize(v.empty() ? 0 : rng() % v.size());
+          break;
+        case 1:
+          v += std::string(1 + rng() % 64, static_cast<char>(rng()));
+          break;
+        case 2:
+          if (!v.empty()) v[rng() % v.size()] = static_cast<char>(rng());
+          break;
+        default:
+          v = std::string(rng() % 40, 'a' + static_cast<char>(rng() % 26));
+          break;
       }
       r->SetString(&m, f, v);
       return;

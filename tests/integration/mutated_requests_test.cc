@@ -6,11 +6,10 @@
 // status that names the client's mistake, and bytes that no longer parse
 // INVALID_ARGUMENT; afterwards the servers still hold and serve what they
 // held.
-#include <gtest/gtest.h>
-
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/codegen/client_unary_call.h>
 #include <grpcpp/support/sync_stream.h>
+#include <gtest/gtest.h>
 
 #include <atomic>
 #include <filesystem>
@@ -106,8 +105,8 @@ grpc::Status ServerStreaming(grpc::Channel& channel, const std::string& method, 
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
       grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
-          &channel, grpc::internal::RpcMethod(method.c_str(), grpc::internal::RpcMethod::SERVER_STREAMING),
-          &context, Bytes(request)));
+          &channel, grpc::internal::RpcMethod(method.c_str(), grpc::internal::RpcMethod::SERVER_STREAMING), &context,
+          Bytes(request)));
   grpc::ByteBuffer answer;
   while (reader->Read(&answer)) {
   }
@@ -121,8 +120,8 @@ grpc::Status ClientStreaming(grpc::Channel& channel, const std::string& method,
   grpc::ByteBuffer response;
   std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
       grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
-          &channel, grpc::internal::RpcMethod(method.c_str(), grpc::internal::RpcMethod::CLIENT_STREAMING),
-          &context, &response));
+          &channel, grpc::internal::RpcMethod(method.c_str(), grpc::internal::RpcMethod::CLIENT_STREAMING), &context,
+          &response));
   for (const std::string& r : requests) {
     if (!writer->Write(Bytes(r))) break;
   }
@@ -344,7 +343,8 @@ TEST_F(ModelServersTest, DecodeAndPrefillAnswerEveryMangledRequestAndStillGenera
   // near tie.)
   v1::GenerateRequest generate;
   generate.set_request_id("mutated");
-  for (uint32_t t = 0; t < kClusterBlock + 16; ++t) generate.add_prompt_token_ids(1 + static_cast<uint32_t>(rng_.engine()() % 200));
+  for (uint32_t t = 0; t < kClusterBlock + 16; ++t)
+    generate.add_prompt_token_ids(1 + static_cast<uint32_t>(rng_.engine()() % 200));
   generate.mutable_limits()->set_max_new_tokens(6);
   auto generation = [&] {
     auto stub = v1::Prefill::NewStub(prefill_channel_);

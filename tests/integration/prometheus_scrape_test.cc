@@ -10,15 +10,12 @@
 #include <thread>
 
 #include "services/cache/client/cache_client.h"
-#include "services/kvblock/block_format.h"
 #include "services/common/child_process.h"
+#include "services/kvblock/block_format.h"
 #include "tests/eventually.h"
 
 namespace kvtier::cache {
 namespace {
-
-
-
 
 // Asks Prometheus's HTTP API for one instant value, again and again
 // (Prometheus announces nothing) until the series exists or 30 s pass.
@@ -37,8 +34,8 @@ std::optional<double> QueryUntilPresent(const std::string& prometheus, const std
 }
 
 TEST(PrometheusScrape, ScrapedValuesMatchStats) {
-  ChildProcess cache({KVTIER_CACHE_BINARY, "--listen", "127.0.0.1:0", "--metrics-listen",
-                      "127.0.0.1:0", "--device-capacity", "8MiB", "--host-capacity", "16MiB"});
+  ChildProcess cache({KVTIER_CACHE_BINARY, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+                      "--device-capacity", "8MiB", "--host-capacity", "16MiB"});
   auto metrics = cache.WaitForLine("metrics on ");
   ASSERT_TRUE(metrics.has_value());
   const std::string metrics_address = metrics->substr(0, metrics->find('/'));
@@ -69,8 +66,7 @@ TEST(PrometheusScrape, ScrapedValuesMatchStats) {
   auto stats = client.Stats();
   ASSERT_TRUE(stats.ok());
 
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("kvtier_prometheus_" + std::to_string(getpid()));
+  const auto dir = std::filesystem::temp_directory_path() / ("kvtier_prometheus_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   {
     std::ofstream config(dir / "prometheus.yml");
@@ -82,8 +78,8 @@ TEST(PrometheusScrape, ScrapedValuesMatchStats) {
   ASSERT_GT(prometheus_port, 0) << "no free loopback port for Prometheus";
   const std::string prometheus = "127.0.0.1:" + std::to_string(prometheus_port);
   ChildProcess server({"/usr/bin/prometheus", "--config.file=" + (dir / "prometheus.yml").string(),
-                       "--storage.tsdb.path=" + (dir / "data").string(),
-                       "--web.listen-address=" + prometheus, "--log.level=warn"});
+                       "--storage.tsdb.path=" + (dir / "data").string(), "--web.listen-address=" + prometheus,
+                       "--log.level=warn"});
 
   struct Expect {
     std::string query;
@@ -110,8 +106,8 @@ TEST(PrometheusScrape, ScrapedValuesMatchStats) {
     ASSERT_TRUE(scraped.has_value()) << e.query << " never scraped";
     EXPECT_EQ(*scraped, static_cast<double>(e.value)) << e.query;
   }
-  std::optional<double> puts = QueryUntilPresent(
-      prometheus, "kvtier_cache_rpc_duration_seconds_count{method=\"Put\",code=\"OK\"}");
+  std::optional<double> puts =
+      QueryUntilPresent(prometheus, "kvtier_cache_rpc_duration_seconds_count{method=\"Put\",code=\"OK\"}");
   ASSERT_TRUE(puts.has_value());
   EXPECT_EQ(*puts, 1.0);
   server.Stop(SIGTERM);

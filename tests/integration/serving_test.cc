@@ -190,7 +190,8 @@ TEST_F(ServingTest, FastPathAndTcpGiveTheSameGenerations) {
   std::vector<std::vector<runtime::Sampled>> second_turns;
   for (bool fast : {true, false}) {
     SCOPED_TRACE(fast ? "fast path" : "--no-fast-path");
-    Cluster cluster(Tiny().dir, 1, 1, {}, "2000", fast ? std::vector<std::string>{} : std::vector<std::string>{"--no-fast-path"});
+    Cluster cluster(Tiny().dir, 1, 1, {}, "2000",
+                    fast ? std::vector<std::string>{} : std::vector<std::string>{"--no-fast-path"});
     ASSERT_TRUE(cluster.ok());
     ASSERT_TRUE(cluster.Generate(Request(prompt, 8)).ok());  // stores the prompt's blocks
     absl::StatusOr<RemoteGeneration> hit = cluster.Generate(Request(prompt, 40));
@@ -257,8 +258,8 @@ TEST_F(ServingTest, KvtierGeneratePrintsWhatKvtierRunPrints) {
 // whose second turn hits, the cache's stats, a clean stop.
 TEST_F(ServingTest, KvtierUpRunsAConversationAndStopsCleanly) {
   const fs::path dir = fs::temp_directory_path() / ("kvtier_up_" + std::to_string(rng_.seed()));
-  const CommandResult up = RunCommand(std::string(KVTIER_BINARY) + " up --preset tiny --prompt-tokens 150 --dir " +
-                                      dir.string());
+  const CommandResult up =
+      RunCommand(std::string(KVTIER_BINARY) + " up --preset tiny --prompt-tokens 150 --dir " + dir.string());
   fs::remove_all(dir);
   ASSERT_EQ(up.exit_code, 0) << up.output;
   EXPECT_NE(up.output.find("turn 1: 150 prompt tokens, 0 from the cache"), std::string::npos) << up.output;
@@ -417,7 +418,8 @@ TEST_F(ServingTest, AShardKilledMidRunLosesNoRequest) {
       const size_t cached = got->usage.cached_tokens();
       const auto chain = kvblock::ComputeBlockChain("default", kvblock::LayoutId(layout), kBlock, prompts[i]);
       std::vector<bool> round0_copy(chain.size());
-      for (size_t b = 0; b < chain.size(); ++b) round0_copy[b] = b < cached / kBlock || (*shards)->ShardOf(chain[b]) == 0;
+      for (size_t b = 0; b < chain.size(); ++b)
+        round0_copy[b] = b < cached / kBlock || (*shards)->ShardOf(chain[b]) == 0;
       ExpectSameGeneration(got->tokens, MixedInProcess(prompts[i], 12, cached, round0_copy), 1e-4);
     }
   }
@@ -432,8 +434,9 @@ TEST_F(ServingTest, ACorruptedBlockIsDetectedAndRecomputed) {
   // The device tier holds 8 of these 15 KiB blocks (a prompt's pending
   // blocks must fit there while its layers stream in), the host tier 1:
   // a second prompt pushes the first one's blocks to disk.
-  Cluster cluster(Tiny().dir, 1, 1, {"--device-capacity", "128KiB", "--host-capacity", "16KiB", "--page-size", "4096",
-                         "--disk-dir", disk.string(), "--disk-capacity", "64MiB"});
+  Cluster cluster(Tiny().dir, 1, 1,
+                  {"--device-capacity", "128KiB", "--host-capacity", "16KiB", "--page-size", "4096", "--disk-dir",
+                   disk.string(), "--disk-capacity", "64MiB"});
   ASSERT_TRUE(cluster.ok());
   const std::vector<uint32_t> first = RandomIds(400, rng_.engine()), second = RandomIds(400, rng_.engine());
   ASSERT_TRUE(cluster.Generate(Request(first, 4)).ok());
@@ -562,7 +565,8 @@ TEST_F(ServingTest, BadRequestsGetClearStatuses) {
       {"negative temperature", [](auto& r) { r.mutable_sampling()->set_temperature(-1); }, "temperature"},
       {"top_p above 1", [](auto& r) { r.mutable_sampling()->set_top_p(1.5f); }, "top_p"},
       {"too many logprobs", [](auto& r) { r.mutable_limits()->set_top_logprobs(21); }, "top_logprobs"},
-      {"stop id outside the vocabulary", [](auto& r) { r.mutable_limits()->add_stop_token_ids(999); }, "stop_token_ids"},
+      {"stop id outside the vocabulary", [](auto& r) { r.mutable_limits()->add_stop_token_ids(999); },
+       "stop_token_ids"},
       {"bad namespace", [](auto& r) { r.set_kv_namespace("a/b"); }, "kv_namespace"},
   };
   for (const Case& c : cases) {
@@ -614,10 +618,10 @@ TEST_F(ServingTest, BadRequestsGetClearStatuses) {
 // pool sizes that are not sizes, and CUDA where it cannot run are refused
 // at start-up with a message (2: a usage error; 1: cannot run here).
 TEST_F(ServingTest, ModelServersRefuseFlagsTheyCannotHonour) {
-  for (const std::string& start : {std::string(KVTIER_DECODE_BINARY) + " ",
-                                   std::string(KVTIER_PREFILL_BINARY) + " --decode 127.0.0.1:1 "}) {
-    const std::string command = start + "--listen 127.0.0.1:0 --model " + Tiny().dir +
-                                " --cache 127.0.0.1:1 --metrics-listen '' ";
+  for (const std::string& start :
+       {std::string(KVTIER_DECODE_BINARY) + " ", std::string(KVTIER_PREFILL_BINARY) + " --decode 127.0.0.1:1 "}) {
+    const std::string command =
+        start + "--listen 127.0.0.1:0 --model " + Tiny().dir + " --cache 127.0.0.1:1 --metrics-listen '' ";
     const CommandResult not_a_device = RunCommand(command + "--device tpu");
     EXPECT_EQ(not_a_device.exit_code, 2) << not_a_device.output;
     EXPECT_NE(not_a_device.output.find("--device tpu is not one of cpu, cuda"), std::string::npos)
@@ -660,12 +664,14 @@ TEST_F(ServingTest, DeployedRulesAndDashboardUseExportedMetrics) {
     ASSERT_TRUE(in) << file;
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     size_t names = 0;
-    for (auto it = std::sregex_iterator(text.begin(), text.end(), metric); it != std::sregex_iterator(); ++it, ++names) {
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), metric); it != std::sregex_iterator();
+         ++it, ++names) {
       EXPECT_TRUE(exported.contains(it->str())) << file << " uses " << it->str() << ", which no server exports";
     }
     EXPECT_GT(names, 5u) << file;
   }
-  const CommandResult check = RunCommand("promtool check rules " + std::string(KVTIER_DEPLOY_DIR) + "/prometheus/rules.yml");
+  const CommandResult check =
+      RunCommand("promtool check rules " + std::string(KVTIER_DEPLOY_DIR) + "/prometheus/rules.yml");
   EXPECT_EQ(check.exit_code, 0) << check.output;
 }
 
@@ -687,8 +693,8 @@ TEST_F(ServingTest, EveryServerRefusesAPortAlreadyInUse) {
       {cache + " --listen " + taken, "cannot listen on " + taken + ": Address already in use"},
       {std::string(KVTIER_DECODE_BINARY) + " --listen " + taken + model,
        "cannot listen on " + taken + ": Address already in use"},
-      {std::string(KVTIER_PREFILL_BINARY) + " --listen " + taken + model + " --decode " +
-           cluster.decode_targets[0] + " --kv-codec bf16",
+      {std::string(KVTIER_PREFILL_BINARY) + " --listen " + taken + model + " --decode " + cluster.decode_targets[0] +
+           " --kv-codec bf16",
        "cannot listen on " + taken + ": Address already in use"},
       {cache + " --listen 127.0.0.1:0 --metrics-listen " + cluster.cache_metrics[0],
        "cannot serve metrics on " + cluster.cache_metrics[0] + ": Address already in use"},

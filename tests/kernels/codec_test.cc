@@ -125,8 +125,7 @@ const BlockShape kShapes[] = {
     {1, 512, 64},   // single-token block
     {17, 130, 3},   // odd sizes, fp8 partial tile
     {5, 7, 0},      // no rope dims, odd channel count (int4 padding nibble)
-    {3, 1, 1},
-    {128, 256, 32},
+    {3, 1, 1},     {128, 256, 32},
 };
 
 class CodecTest : public ::testing::TestWithParam<Codec> {};
@@ -136,15 +135,13 @@ TEST_P(CodecTest, EveryElementWithinHalfItsStep) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
   for (const BlockShape& shape : kShapes) {
-    SCOPED_TRACE(::testing::Message() << shape.tokens << "x(" << shape.latent_dim << "+"
-                                      << shape.rope_dim << ")");
+    SCOPED_TRACE(::testing::Message() << shape.tokens << "x(" << shape.latent_dim << "+" << shape.rope_dim << ")");
     const std::vector<float> x = RandomLatents(shape, rng.engine());
     const std::vector<float> y = Decode(codec, shape, Encode(codec, shape, x));
     const std::vector<double> bound = ErrorBounds(codec, shape, x);
     for (size_t i = 0; i < x.size(); ++i) {
       ASSERT_LE(std::fabs(double{x[i]} - y[i]), bound[i])
-          << "token " << i / shape.dim() << " channel " << i % shape.dim() << ": " << x[i]
-          << " -> " << y[i];
+          << "token " << i / shape.dim() << " channel " << i % shape.dim() << ": " << x[i] << " -> " << y[i];
     }
   }
 }
@@ -182,8 +179,8 @@ TEST_P(CodecTest, RejectsWrongSizesAndShapes) {
   EXPECT_EQ(Quantize(codec, shape, short_in, out).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(Dequantize(codec, shape, short_out, x).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(Dequantize(codec, shape, out, short_in).code(), StatusCode::kInvalidArgument);
-  for (BlockShape bad : {BlockShape{0, 8, 2}, BlockShape{kMaxBlockTokens + 1, 8, 2},
-                         BlockShape{4, 0, 2}, BlockShape{4, kMaxLatentDim + 1, 0}}) {
+  for (BlockShape bad : {BlockShape{0, 8, 2}, BlockShape{kMaxBlockTokens + 1, 8, 2}, BlockShape{4, 0, 2},
+                         BlockShape{4, kMaxLatentDim + 1, 0}}) {
     EXPECT_EQ(EncodedBytes(codec, bad), 0u);
     EXPECT_EQ(Quantize(codec, bad, x, out).code(), StatusCode::kInvalidArgument);
   }
@@ -363,8 +360,7 @@ std::vector<uint8_t> FlashMlaFp8Reference(const std::vector<float>& x, uint32_t 
         amax = std::max(amax, std::fabs(double{Bf16ToFloat(FloatToBf16(x[t * 576 + c]))}));
       }
       const float inv = static_cast<float>(amax) / 448.0f;
-      const float scale = static_cast<float>(
-          std::exp2(std::ceil(std::log2(std::max(double{inv}, double{1e-4f})))));
+      const float scale = static_cast<float>(std::exp2(std::ceil(std::log2(std::max(double{inv}, double{1e-4f})))));
       std::memcpy(dst + 512 + 4 * tile, &scale, 4);
       for (int c = tile * 128; c < tile * 128 + 128; ++c) {
         const double v = Bf16ToFloat(FloatToBf16(x[t * 576 + c])) / double{scale};

@@ -1,7 +1,6 @@
 // The expanded-form attention against float64 attention written out per
 // head, on fresh random inputs, and the cost model's choice of form.
 #include "kvtier/kernels/expanded_attention.h"
-#include "kvtier/kernels/mla_attention.h"
 
 #include <gtest/gtest.h>
 
@@ -11,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kvtier/kernels/mla_attention.h"
 #include "tests/test_random.h"
 
 namespace kvtier::kernels {
@@ -25,8 +25,7 @@ std::vector<float> Random(size_t n, std::mt19937_64& rng, float stddev) {
 
 // ExpandedAttention for rows at `positions` over a context of `tokens`,
 // against float64 attention written out per head.
-void CheckAgainstFloat64(const MlaDims& d, size_t tokens, const std::vector<int64_t>& positions,
-                         std::mt19937_64& rng) {
+void CheckAgainstFloat64(const MlaDims& d, size_t tokens, const std::vector<int64_t>& positions, std::mt19937_64& rng) {
   const size_t dim = d.kv + d.rope, rows = positions.size();
   const std::vector<float> w_uk = Random(d.heads * d.nope * d.kv, rng, 0.2f);
   const std::vector<float> w_uv = Random(d.heads * d.v * d.kv, rng, 0.2f);
@@ -144,7 +143,7 @@ TEST(MlaFormCosts, ExpandsFreshPrefillsAndAbsorbsDecodeSteps) {
     const MlaCosts c = MlaFormCosts(v2, count, before + count, count * before + count * (count + 1) / 2);
     return c.expanded < c.absorbed;
   };
-  EXPECT_TRUE(expanded(0, 2048));    // a fresh prompt
+  EXPECT_TRUE(expanded(0, 2048));  // a fresh prompt
   EXPECT_TRUE(expanded(0, 64));
   EXPECT_FALSE(expanded(4096, 1));   // a decode step
   EXPECT_FALSE(expanded(1984, 64));  // a short suffix after a long cached prefix

@@ -75,8 +75,8 @@ TEST(ExpertGroupsTest, EveryPairIsWhereTheRoutingPutsIt) {
       EXPECT_GT(p, last_pair);  // pairs grow with their groups
       last_pair = p;
       EXPECT_EQ(plan.pair_token[p], static_cast<int32_t>(t));
-      const size_t g = std::upper_bound(plan.first_pair.begin(), plan.first_pair.end(), size_t(p)) -
-                       plan.first_pair.begin() - 1;
+      const size_t g =
+          std::upper_bound(plan.first_pair.begin(), plan.first_pair.end(), size_t(p)) - plan.first_pair.begin() - 1;
       EXPECT_EQ(plan.token_weights[j], r.weights[g][p - plan.first_pair[g]]);
     }
   }

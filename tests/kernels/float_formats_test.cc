@@ -16,8 +16,7 @@ namespace {
 double Fp8Reference(int code) {
   const int sign = (code >> 7) & 1, exponent = (code >> 3) & 0xf, mantissa = code & 7;
   if ((code & 0x7f) == 0x7f) return std::numeric_limits<double>::quiet_NaN();
-  const double mag = exponent == 0 ? std::ldexp(mantissa / 8.0, -6)
-                                   : std::ldexp(1.0 + mantissa / 8.0, exponent - 7);
+  const double mag = exponent == 0 ? std::ldexp(mantissa / 8.0, -6) : std::ldexp(1.0 + mantissa / 8.0, exponent - 7);
   return sign ? -mag : mag;
 }
 

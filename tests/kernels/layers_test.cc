@@ -1,5 +1,7 @@
 // RoPE (plain and YaRN), RMSNorm and the MoE gate against float64
 // re-implementations written from DeepSeek-V2's modeling code.
+#include "kvtier/kernels/layers.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,7 +12,6 @@
 #include <vector>
 
 #include "kvtier/kernels/float_formats.h"
-#include "kvtier/kernels/layers.h"
 #include "kvtier/kernels/parallel.h"
 #include "kvtier/kernels/rope.h"
 #include "tests/reference/deepseek_math.h"
@@ -125,7 +126,8 @@ TEST(Gemv, MatchesFloat64AtOddSizes) {
     Gemv(w.data(), rows, cols, x.data(), y.data());
     for (size_t r = 0; r < rows; ++r) {
       double want = 0, mag = 0;
-      for (size_t c = 0; c < cols; ++c) want += double{w[r * cols + c]} * x[c], mag += std::fabs(double{w[r * cols + c]} * x[c]);
+      for (size_t c = 0; c < cols; ++c)
+        want += double{w[r * cols + c]} * x[c], mag += std::fabs(double{w[r * cols + c]} * x[c]);
       ASSERT_NEAR(y[r], want, 1e-6 * (1 + mag)) << rows << "x" << cols << " row " << r;
     }
   }
@@ -139,8 +141,13 @@ TEST(Gemm, MatchesFloat64AndGemvWithStrides) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (auto [rows, cols, n] : {std::tuple<size_t, size_t, size_t>{1, 1, 1}, {5, 17, 3}, {9, 64, 4}, {31, 2049, 9},
-                               {6, 1024, 4}, {13, 3000, 38}, {20, 15, 7}}) {
+  for (auto [rows, cols, n] : {std::tuple<size_t, size_t, size_t>{1, 1, 1},
+                               {5, 17, 3},
+                               {9, 64, 4},
+                               {31, 2049, 9},
+                               {6, 1024, 4},
+                               {13, 3000, 38},
+                               {20, 15, 7}}) {
     const size_t xs = cols + 3, ys = rows + 2;
     std::vector<float> w(rows * cols), x(n * xs), y(n * ys, NAN), one(rows);
     for (float& v : w) v = normal(rng.engine());
@@ -169,8 +176,12 @@ TEST(GemmBf16, SameBitsAsGemmOverTheWidenedWeights) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (auto [rows, cols, n] : {std::tuple<size_t, size_t, size_t>{1, 1, 1}, {5, 17, 3}, {9, 64, 4}, {31, 2049, 9},
-                               {700, 1500, 1}, {600, 333, 37}}) {
+  for (auto [rows, cols, n] : {std::tuple<size_t, size_t, size_t>{1, 1, 1},
+                               {5, 17, 3},
+                               {9, 64, 4},
+                               {31, 2049, 9},
+                               {700, 1500, 1},
+                               {600, 333, 37}}) {
     const size_t xs = cols + 3, ys = rows + 2;
     std::vector<uint16_t> w(rows * cols);
     std::vector<float> widened(rows * cols), x(n * xs);
@@ -256,8 +267,12 @@ TEST(MoeGate, RandomCasesMatchTheReference) {
   for (int trial = 0; trial < 500; ++trial) {
     std::vector<float> logits(64);
     for (float& v : logits) v = normal(rng.engine());
-    GateParams p{.top_k = 6, .group_limited = coin(rng.engine()) == 1, .n_group = 8, .topk_group = 3,
-                 .norm_topk_prob = coin(rng.engine()) == 1, .routed_scaling_factor = 2.5f};
+    GateParams p{.top_k = 6,
+                 .group_limited = coin(rng.engine()) == 1,
+                 .n_group = 8,
+                 .topk_group = 3,
+                 .norm_topk_prob = coin(rng.engine()) == 1,
+                 .routed_scaling_factor = 2.5f};
     std::vector<ExpertChoice> out;
     ASSERT_TRUE(SelectExperts(logits, p, out).ok());
     const auto want = ReferenceGate(logits, p);
@@ -270,8 +285,8 @@ TEST(MoeGate, RandomCasesMatchTheReference) {
   std::vector<ExpertChoice> out;
   EXPECT_EQ(SelectExperts(std::vector<float>(8, 0.0f), GateParams{.top_k = 9}, out).code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(SelectExperts(std::vector<float>(8, 0.0f),
-                          GateParams{.top_k = 2, .group_limited = true, .n_group = 3}, out).code(),
+  EXPECT_EQ(SelectExperts(std::vector<float>(8, 0.0f), GateParams{.top_k = 2, .group_limited = true, .n_group = 3}, out)
+                .code(),
             StatusCode::kInvalidArgument);
 }
 

@@ -10,9 +10,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/cpu/mla_attention_float.h"
 #include "kvtier/kernels/float_formats.h"
 #include "kvtier/kernels/parallel.h"
-#include "kernels/cpu/mla_attention_float.h"
 #include "tests/test_random.h"
 
 namespace kvtier::kernels {
@@ -25,8 +25,8 @@ struct Context {
   std::vector<double> latents;  // every token, dequantized, for references
 };
 
-Context MakeContext(Codec codec, const MlaShape& s, std::vector<uint32_t> block_tokens,
-                    uint32_t tail_tokens, std::mt19937_64& rng) {
+Context MakeContext(Codec codec, const MlaShape& s, std::vector<uint32_t> block_tokens, uint32_t tail_tokens,
+                    std::mt19937_64& rng) {
   const uint32_t dim = s.kv_lora_rank + s.rope_dim;
   std::normal_distribution<float> normal(0.0f, 1.0f);
   Context ctx;
@@ -34,7 +34,8 @@ Context MakeContext(Codec codec, const MlaShape& s, std::vector<uint32_t> block_
   for (uint32_t tokens : block_tokens) {
     const BlockShape shape{tokens, s.kv_lora_rank, s.rope_dim};
     std::vector<float> x(shape.values());
-    for (size_t i = 0; i < x.size(); ++i) x[i] = normal(rng) * (i % dim == 3 ? 20.0f : 1.0f) + (i % dim == 5 ? 4.0f : 0.0f);
+    for (size_t i = 0; i < x.size(); ++i)
+      x[i] = normal(rng) * (i % dim == 3 ? 20.0f : 1.0f) + (i % dim == 5 ? 4.0f : 0.0f);
     std::vector<uint8_t> payload(EncodedBytes(codec, shape));
     EXPECT_TRUE(Quantize(codec, shape, x, payload).ok());
     std::vector<float> back(x.size());
@@ -50,9 +51,8 @@ Context MakeContext(Codec codec, const MlaShape& s, std::vector<uint32_t> block_
 }
 
 // Softmax attention in double over explicit latents.
-std::vector<double> Reference(const MlaShape& s, const std::vector<float>& q_latent,
-                              const std::vector<float>& q_rope, double scale,
-                              const std::vector<double>& latents) {
+std::vector<double> Reference(const MlaShape& s, const std::vector<float>& q_latent, const std::vector<float>& q_rope,
+                              double scale, const std::vector<double>& latents) {
   const uint32_t dim = s.kv_lora_rank + s.rope_dim;
   const size_t tokens = latents.size() / dim;
   std::vector<double> out(size_t{s.heads} * s.kv_lora_rank, 0.0);
@@ -61,14 +61,17 @@ std::vector<double> Reference(const MlaShape& s, const std::vector<float>& q_lat
     double max = -INFINITY;
     for (size_t t = 0; t < tokens; ++t) {
       double v = 0;
-      for (uint32_t c = 0; c < s.kv_lora_rank; ++c) v += double{q_latent[h * s.kv_lora_rank + c]} * latents[t * dim + c];
-      for (uint32_t c = 0; c < s.rope_dim; ++c) v += double{q_rope[h * s.rope_dim + c]} * latents[t * dim + s.kv_lora_rank + c];
+      for (uint32_t c = 0; c < s.kv_lora_rank; ++c)
+        v += double{q_latent[h * s.kv_lora_rank + c]} * latents[t * dim + c];
+      for (uint32_t c = 0; c < s.rope_dim; ++c)
+        v += double{q_rope[h * s.rope_dim + c]} * latents[t * dim + s.kv_lora_rank + c];
       max = std::max(max, score[t] = v * scale);
     }
     double sum = 0;
     for (double& v : score) sum += (v = std::exp(v - max));
     for (size_t t = 0; t < tokens; ++t) {
-      for (uint32_t c = 0; c < s.kv_lora_rank; ++c) out[h * s.kv_lora_rank + c] += score[t] / sum * latents[t * dim + c];
+      for (uint32_t c = 0; c < s.kv_lora_rank; ++c)
+        out[h * s.kv_lora_rank + c] += score[t] / sum * latents[t * dim + c];
     }
   }
   return out;
@@ -194,14 +197,12 @@ TEST(AbsorbedMla, RejectsBadSizes) {
   const MlaShape s{2, 8, 4};
   std::vector<float> q(16), qr(8), out(16), tail(12);
   EXPECT_TRUE(AbsorbedMlaDecode(s, q, qr, 1.0f, {}, tail, out).ok());
-  EXPECT_EQ(AbsorbedMlaDecode(s, q, qr, 1.0f, {}, {}, out).code(), StatusCode::kInvalidArgument)
-      << "no context";
+  EXPECT_EQ(AbsorbedMlaDecode(s, q, qr, 1.0f, {}, {}, out).code(), StatusCode::kInvalidArgument) << "no context";
   std::vector<float> odd_tail(13);
   EXPECT_EQ(AbsorbedMlaDecode(s, q, qr, 1.0f, {}, odd_tail, out).code(), StatusCode::kInvalidArgument);
   std::vector<uint8_t> payload(10);
   const LatentBlock bad{Codec::kInt8, 4, payload};
-  EXPECT_EQ(AbsorbedMlaDecode(s, q, qr, 1.0f, std::span(&bad, 1), tail, out).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(AbsorbedMlaDecode(s, q, qr, 1.0f, std::span(&bad, 1), tail, out).code(), StatusCode::kInvalidArgument);
   std::vector<float> short_q(15);
   EXPECT_EQ(AbsorbedMlaDecode(s, short_q, qr, 1.0f, {}, tail, out).code(), StatusCode::kInvalidArgument);
 }

@@ -72,7 +72,8 @@ TEST_P(BlockFormatTest, RoundTripsEveryCodec) {
   for (uint32_t layer = 0; layer < 3; ++layer) {
     std::vector<uint8_t> enc(l.LayerPayloadBytes());
     std::vector<float> want(shape.values());
-    ASSERT_TRUE(kernels::Quantize(l.codec, shape, std::span(x).subspan(layer * shape.values(), shape.values()), enc).ok());
+    ASSERT_TRUE(
+        kernels::Quantize(l.codec, shape, std::span(x).subspan(layer * shape.values(), shape.values()), enc).ok());
     ASSERT_TRUE(kernels::Dequantize(l.codec, shape, enc, want).ok());
     EXPECT_TRUE(std::equal(want.begin(), want.end(), y.begin() + layer * shape.values()));
   }
@@ -172,11 +173,11 @@ TEST_F(BlockParserTest, WrongLayoutIsFailedPrecondition) {
 
 TEST_F(BlockParserTest, InconsistentHeaderIsInvalidArgument) {
   const std::vector<std::pair<size_t, uint8_t>> edits = {
-      {6, 9},    // unknown codec
-      {7, 1},    // unknown flag
-      {28, 1},   // payload size no longer matches the codec
-      {16, 0},   // token count 0 (low byte; record has 5)
-      {22, 0},   // layer count 0
+      {6, 9},   // unknown codec
+      {7, 1},   // unknown flag
+      {28, 1},  // payload size no longer matches the codec
+      {16, 0},  // token count 0 (low byte; record has 5)
+      {22, 0},  // layer count 0
   };
   for (auto [offset, value] : edits) {
     std::string r = record_;

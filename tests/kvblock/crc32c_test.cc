@@ -125,7 +125,8 @@ TEST(Crc32c, EveryLengthAndAlignmentAgreesWithTheTable) {
   for (size_t offset = 0; offset < 64; offset += 7) {
     for (size_t size = 0; size <= 1200; ++size) {
       const auto start = static_cast<uint32_t>(rng.engine()());
-      ASSERT_EQ(Crc32cExtend(start, data.data() + offset, size), Crc32cExtendPortable(start, data.data() + offset, size))
+      ASSERT_EQ(Crc32cExtend(start, data.data() + offset, size),
+                Crc32cExtendPortable(start, data.data() + offset, size))
           << "offset " << offset << " size " << size;
     }
   }

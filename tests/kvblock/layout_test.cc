@@ -9,18 +9,19 @@ namespace kvtier::kvblock {
 namespace {
 
 LatentLayout V2Lite() {
-  return {.model_id = "deepseek-v2-lite", .num_layers = 27, .kv_lora_rank = 512, .rope_dim = 64,
-          .tokens_per_block = 64, .codec = kernels::Codec::kInt8};
+  return {.model_id = "deepseek-v2-lite",
+          .num_layers = 27,
+          .kv_lora_rank = 512,
+          .rope_dim = 64,
+          .tokens_per_block = 64,
+          .codec = kernels::Codec::kInt8};
 }
 
 TEST(Layout, IdChangesWithEveryField) {
   const std::vector<std::function<void(LatentLayout&)>> changes = {
-      [](LatentLayout& l) { l.model_id += "x"; },
-      [](LatentLayout& l) { l.num_layers += 1; },
-      [](LatentLayout& l) { l.kv_lora_rank += 1; },
-      [](LatentLayout& l) { l.rope_dim += 1; },
-      [](LatentLayout& l) { l.tokens_per_block += 1; },
-      [](LatentLayout& l) { l.codec = kernels::Codec::kInt4; },
+      [](LatentLayout& l) { l.model_id += "x"; },           [](LatentLayout& l) { l.num_layers += 1; },
+      [](LatentLayout& l) { l.kv_lora_rank += 1; },         [](LatentLayout& l) { l.rope_dim += 1; },
+      [](LatentLayout& l) { l.tokens_per_block += 1; },     [](LatentLayout& l) { l.codec = kernels::Codec::kInt4; },
       [](LatentLayout& l) { l.block_format_version += 1; },
   };
   std::set<uint64_t> ids = {LayoutId(V2Lite())};

@@ -16,12 +16,9 @@ struct Rpc {
 
 TEST(Contract, ServicesHaveTheRpcsAndStreamingKinds) {
   const std::vector<Rpc> rpcs = {
-      {"kvtier.v1.KvCache", "Match", false, false},
-      {"kvtier.v1.KvCache", "Put", true, false},
-      {"kvtier.v1.KvCache", "Get", false, true},
-      {"kvtier.v1.KvCache", "ReleaseLease", false, false},
-      {"kvtier.v1.KvCache", "Stats", false, false},
-      {"kvtier.v1.Decode", "Decode", false, true},
+      {"kvtier.v1.KvCache", "Match", false, false},   {"kvtier.v1.KvCache", "Put", true, false},
+      {"kvtier.v1.KvCache", "Get", false, true},      {"kvtier.v1.KvCache", "ReleaseLease", false, false},
+      {"kvtier.v1.KvCache", "Stats", false, false},   {"kvtier.v1.Decode", "Decode", false, true},
       {"kvtier.v1.Prefill", "Generate", false, true},
   };
   const auto* pool = google::protobuf::DescriptorPool::generated_pool();

@@ -20,14 +20,15 @@ namespace kvtier::kernels {
 // the way the Python does it: build cos/sin over cat(freqs, freqs), view the
 // input as (d/2, 2) and transpose, then x*cos + rotate_half(x)*sin.
 inline std::vector<double> ReferenceRope(const std::vector<double>& x, int64_t pos, double base,
-                                  const YarnParams* yarn) {
+                                         const YarnParams* yarn) {
   const size_t d = x.size(), half = d / 2;
   std::vector<double> inv(half);
   for (size_t i = 0; i < half; ++i) inv[i] = 1.0 / std::pow(base, static_cast<double>(2 * i) / d);
   double mscale = 1.0;
   if (yarn != nullptr) {
     auto corr = [&](double rot) {
-      return (d * std::log(static_cast<double>(yarn->original_max_position_embeddings) / (rot * 2 * std::numbers::pi))) /
+      return (d *
+              std::log(static_cast<double>(yarn->original_max_position_embeddings) / (rot * 2 * std::numbers::pi))) /
              (2 * std::log(base));
     };
     double low = std::max(std::floor(corr(yarn->beta_fast)), 0.0);
@@ -47,15 +48,14 @@ inline std::vector<double> ReferenceRope(const std::vector<double>& x, int64_t p
     sin[j] = std::sin(pos * inv[j % half]) * mscale;
   }
   for (size_t i = 0; i < half; ++i) y[i] = x[2 * i], y[half + i] = x[2 * i + 1];  // view+transpose
-  for (size_t j = 0; j < half; ++j) rot[j] = -y[half + j], rot[half + j] = y[j];     // rotate_half
+  for (size_t j = 0; j < half; ++j) rot[j] = -y[half + j], rot[half + j] = y[j];  // rotate_half
   for (size_t j = 0; j < d; ++j) out[j] = y[j] * cos[j] + rot[j] * sin[j];
   return out;
 }
 
 // DeepseekV2MoEGate in double: softmax, (group mask), top-k, then
 // renormalise if top_k > 1 and norm_topk_prob, else scale.
-inline std::vector<std::pair<uint32_t, double>> ReferenceGate(const std::vector<float>& logits,
-                                                       const GateParams& p) {
+inline std::vector<std::pair<uint32_t, double>> ReferenceGate(const std::vector<float>& logits, const GateParams& p) {
   const size_t n = logits.size();
   std::vector<double> s(n);
   double max = *std::max_element(logits.begin(), logits.end()), sum = 0;
@@ -70,7 +70,8 @@ inline std::vector<std::pair<uint32_t, double>> ReferenceGate(const std::vector<
     std::stable_sort(g.begin(), g.end(), [](auto& a, auto& b) { return a.first > b.first; });
     std::vector<bool> keep(p.n_group);
     for (uint32_t k = 0; k < p.topk_group; ++k) keep[g[k].second] = true;
-    for (size_t e = 0; e < n; ++e) if (!keep[e / per]) s[e] = 0;
+    for (size_t e = 0; e < n; ++e)
+      if (!keep[e / per]) s[e] = 0;
   }
   std::vector<uint32_t> idx(n);
   std::iota(idx.begin(), idx.end(), 0u);

@@ -57,14 +57,12 @@ Vec Mlp(Weights& Load, const std::string& prefix, const Vec& x) {
 
 }  // namespace
 
-std::vector<std::vector<double>> NaiveLogits(const runtime::Checkpoint& ckpt,
-                                             const std::vector<uint32_t>& tokens,
-                                             const runtime::SequenceCache* stored,
-                                             size_t stored_from) {
+std::vector<std::vector<double>> NaiveLogits(const runtime::Checkpoint& ckpt, const std::vector<uint32_t>& tokens,
+                                             const runtime::SequenceCache* stored, size_t stored_from) {
   const runtime::ModelConfig& c = ckpt.config();
   Weights Load(ckpt);
-  const size_t H = c.hidden_size, heads = c.num_attention_heads, nope = c.qk_nope_head_dim,
-               rope = c.qk_rope_head_dim, vd = c.v_head_dim, kv = c.kv_lora_rank;
+  const size_t H = c.hidden_size, heads = c.num_attention_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim,
+               vd = c.v_head_dim, kv = c.kv_lora_rank;
   const kernels::YarnParams* yarn = c.rope_scaling.has_value() ? &*c.rope_scaling : nullptr;
   // softmax_scale = q_head_dim^-0.5 * yarn_get_mscale(factor, mscale_all_dim)^2
   double scale = 1.0 / std::sqrt(static_cast<double>(nope + rope));
@@ -74,7 +72,7 @@ std::vector<std::vector<double>> NaiveLogits(const runtime::Checkpoint& ckpt,
   }
   const Vec& embed = Load("model.embed_tokens.weight");
   std::vector<std::vector<Vec>> latents(c.num_hidden_layers);  // [layer][token] c ‖ k_pe
-  std::vector<size_t> replaced(c.num_hidden_layers, 0);         // stored blocks applied
+  std::vector<size_t> replaced(c.num_hidden_layers, 0);        // stored blocks applied
   std::vector<std::vector<double>> all_logits;
   for (size_t p = 0; p < tokens.size(); ++p) {
     Vec x(embed.begin() + tokens[p] * H, embed.begin() + (tokens[p] + 1) * H);
@@ -83,9 +81,8 @@ std::vector<std::vector<double>> NaiveLogits(const runtime::Checkpoint& ckpt,
       const std::string a = pre + "self_attn.";
       const Vec h = RmsNorm(x, Load(pre + "input_layernorm.weight"), c.rms_norm_eps);
       const Vec q = c.q_lora_rank.has_value()
-                        ? Linear(Load(a + "q_b_proj.weight"),
-                                 RmsNorm(Linear(Load(a + "q_a_proj.weight"), h),
-                                         Load(a + "q_a_layernorm.weight"), c.rms_norm_eps))
+                        ? Linear(Load(a + "q_b_proj.weight"), RmsNorm(Linear(Load(a + "q_a_proj.weight"), h),
+                                                                      Load(a + "q_a_layernorm.weight"), c.rms_norm_eps))
                         : Linear(Load(a + "q_proj.weight"), h);
       Vec ckv = Linear(Load(a + "kv_a_proj_with_mqa.weight"), h);
       Vec compressed(ckv.begin(), ckv.begin() + kv), k_pe(ckv.begin() + kv, ckv.end());
@@ -158,8 +155,7 @@ std::vector<std::vector<double>> NaiveLogits(const runtime::Checkpoint& ckpt,
       }
       for (size_t i = 0; i < H; ++i) x[i] += ffn[i];
     }
-    all_logits.push_back(Linear(Load("lm_head.weight"),
-                                RmsNorm(x, Load("model.norm.weight"), c.rms_norm_eps)));
+    all_logits.push_back(Linear(Load("lm_head.weight"), RmsNorm(x, Load("model.norm.weight"), c.rms_norm_eps)));
   }
   return all_logits;
 }

@@ -22,10 +22,8 @@ namespace kvtier::testing {
 // `stored_from`: the first step that sees stored blocks (a prefill of the
 // first N tokens runs on full-precision latents and seals its blocks at the
 // end, so its blocks appear from step N on).
-std::vector<std::vector<double>> NaiveLogits(const runtime::Checkpoint& ckpt,
-                                             const std::vector<uint32_t>& tokens,
-                                             const runtime::SequenceCache* stored = nullptr,
-                                             size_t stored_from = 0);
+std::vector<std::vector<double>> NaiveLogits(const runtime::Checkpoint& ckpt, const std::vector<uint32_t>& tokens,
+                                             const runtime::SequenceCache* stored = nullptr, size_t stored_from = 0);
 
 }  // namespace kvtier::testing
 

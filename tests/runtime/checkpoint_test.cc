@@ -87,8 +87,8 @@ TEST_F(CheckpointTest, EveryDefectIsNamed) {
     std::string message;
   };
   const std::vector<Case> cases = {
-      {"no_config", [](const std::string& d) { fs::remove(fs::path(d) / "config.json"); },
-       absl::StatusCode::kNotFound, "config.json"},
+      {"no_config", [](const std::string& d) { fs::remove(fs::path(d) / "config.json"); }, absl::StatusCode::kNotFound,
+       "config.json"},
       {"no_weights", [](const std::string& d) { fs::remove(fs::path(d) / "model.safetensors"); },
        absl::StatusCode::kNotFound, "model.safetensors"},
       {"model_type", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["model_type"] = "llama"; }); },
@@ -110,21 +110,26 @@ TEST_F(CheckpointTest, EveryDefectIsNamed) {
        absl::StatusCode::kInvalidArgument, "lacks tensor model.layers.3."},
       // Counts far beyond the files: refused at the first tensor that is not
       // there, without listing the millions the config implies first.
-      {"ten_million_layers", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["num_hidden_layers"] = 10000000; }); },
+      {"ten_million_layers",
+       [&](const std::string& d) { EditConfig(d, [](auto& j) { j["num_hidden_layers"] = 10000000; }); },
        absl::StatusCode::kInvalidArgument, "lacks tensor model.layers.3."},
       {"experts", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["n_routed_experts"] = 10000000; }); },
        absl::StatusCode::kInvalidArgument, "config.json implies [10000000, 64]"},
       // Sizes whose products would overflow 64 bits in the tensor shapes.
-      {"huge_heads", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["num_attention_heads"] = 1LL << 62; }); },
+      {"huge_heads",
+       [&](const std::string& d) { EditConfig(d, [](auto& j) { j["num_attention_heads"] = 1LL << 62; }); },
        absl::StatusCode::kInvalidArgument, "num_attention_heads must be an integer from 1 to 16777216"},
       {"huge_shared", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["n_shared_experts"] = 1LL << 62; }); },
        absl::StatusCode::kInvalidArgument, "n_shared_experts must be an integer from 0 to 16777216"},
       {"shape", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["vocab_size"] = 300; }); },
-       absl::StatusCode::kInvalidArgument, "tensor model.embed_tokens.weight has shape [256, 64], config.json implies [300, 64]"},
-      {"truncated", [](const std::string& d) {
+       absl::StatusCode::kInvalidArgument,
+       "tensor model.embed_tokens.weight has shape [256, 64], config.json implies [300, 64]"},
+      {"truncated",
+       [](const std::string& d) {
          const fs::path f = fs::path(d) / "model.safetensors";
          fs::resize_file(f, fs::file_size(f) - 100);
-       }, absl::StatusCode::kInvalidArgument, "lm_head.weight"},
+       },
+       absl::StatusCode::kInvalidArgument, "lm_head.weight"},
   };
   for (const Case& c : cases) {
     const std::string dir = Dir(c.name);

@@ -21,8 +21,8 @@
 #include <string>
 #include <utility>
 
-#include "kvtier/kernels/cuda_device.h"
 #include "kvtier/kernels/cuda_codec.h"
+#include "kvtier/kernels/cuda_device.h"
 #include "services/common/child_process.h"
 #include "services/runtime/device_block_pool.h"
 #include "services/runtime/make_model.h"
@@ -48,8 +48,8 @@ double RelativeError(const std::vector<float>& got, const std::vector<float>& wa
 
 struct Variant {
   std::string name, preset;
-  bool dense_only;                // every layer a dense MLP: no gate to tip over
-  int pool_blocks = -1;            // room in the device block pool, in int8 blocks of 16; -1: the default
+  bool dense_only;       // every layer a dense MLP: no gate to tip over
+  int pool_blocks = -1;  // room in the device block pool, in int8 blocks of 16; -1: the default
 };
 void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
 
@@ -79,7 +79,8 @@ TEST_P(CudaForwardTest, LogitsMatchTheCpuThroughPrefillAndDecode) {
   if (GetParam().pool_blocks >= 0) {
     const kernels::BlockShape int8_block{16, static_cast<uint32_t>(config.kv_lora_rank),
                                          static_cast<uint32_t>(config.qk_rope_head_dim)};
-    cuda.block_pool_bytes = GetParam().pool_blocks * static_cast<int64_t>(EncodedBytes(kernels::Codec::kInt8, int8_block));
+    cuda.block_pool_bytes =
+        GetParam().pool_blocks * static_cast<int64_t>(EncodedBytes(kernels::Codec::kInt8, int8_block));
   }
   auto gpu = Model::Load(**ckpt, Device::kCuda, cuda);
   ASSERT_TRUE(cpu.ok() && gpu.ok()) << cpu.status() << " " << gpu.status();
@@ -207,8 +208,8 @@ TEST(CudaForwardCli, KvtierRunOnCudaPrintsTheCpuIds) {
   std::string prompt;
   std::uniform_int_distribution<uint32_t> id(0, 1023);
   for (int i = 0; i < 150; ++i) prompt += (i ? "," : "") + std::to_string(id(rng.engine()));
-  const std::string command = testing::BinaryPath("KVTIER_BINARY", KVTIER_BINARY) + " run --model " + dir.string() + " --prompt-ids " + prompt +
-                              " --max-new-tokens 8 --kv-codec int8 --device ";
+  const std::string command = testing::BinaryPath("KVTIER_BINARY", KVTIER_BINARY) + " run --model " + dir.string() +
+                              " --prompt-ids " + prompt + " --max-new-tokens 8 --kv-codec int8 --device ";
   // The ids on stdout are compared; what each run said on stderr (a GPU
   // backend's notes) is shown when they differ.
   auto run_on = [&](const std::string& device) {

@@ -59,7 +59,11 @@ constexpr size_t kHidden = 48, kExperts = 8, kInter = 24, kRows = 13;
 
 MoeWeights RandomMoe(std::mt19937_64& rng) {
   MoeWeights moe;
-  moe.gate = {.top_k = 3, .group_limited = true, .n_group = 4, .topk_group = 2, .norm_topk_prob = false,
+  moe.gate = {.top_k = 3,
+              .group_limited = true,
+              .n_group = 4,
+              .topk_group = 2,
+              .norm_topk_prob = false,
               .routed_scaling_factor = 1.5f};
   std::normal_distribution<float> normal(0.0f, 1.0f);
   moe.router.resize(kExperts * kHidden);
@@ -98,16 +102,19 @@ TEST(MoeForward, BatchMatchesFloat64PerRowOnAnyThreadCount) {
   for (size_t rows : {kRows, size_t{120}}) {
     const std::vector<float> x = RandomRows(rng.engine(), rows);
     const std::vector<float> out = MoeWithThreads(moe, x, 3);
-    for (size_t threads : {1, 2, 5}) EXPECT_EQ(MoeWithThreads(moe, x, threads), out) << rows << " rows, " << threads << " threads";
+    for (size_t threads : {1, 2, 5})
+      EXPECT_EQ(MoeWithThreads(moe, x, threads), out) << rows << " rows, " << threads << " threads";
     for (size_t r = 0; r < rows; ++r) {
       const float* xr = x.data() + r * kHidden;
       std::vector<float> logits(kExperts);
       kernels::Gemv(moe.router.data(), kExperts, kHidden, xr, logits.data());
       std::vector<double> want(kHidden, 0.0);
-      for (auto [e, weight] : kernels::ReferenceGate(logits, moe.gate)) AddSwiGlu(moe.experts[e], kHidden, xr, weight, want);
+      for (auto [e, weight] : kernels::ReferenceGate(logits, moe.gate))
+        AddSwiGlu(moe.experts[e], kHidden, xr, weight, want);
       AddSwiGlu(moe.shared, kHidden, xr, 1.0, want);
       for (size_t j = 0; j < kHidden; ++j) {
-        ASSERT_NEAR(out[r * kHidden + j], want[j], 1e-5 * (1 + std::fabs(want[j]))) << rows << " rows: row " << r << " dim " << j;
+        ASSERT_NEAR(out[r * kHidden + j], want[j], 1e-5 * (1 + std::fabs(want[j])))
+            << rows << " rows: row " << r << " dim " << j;
       }
     }
   }
@@ -129,7 +136,8 @@ TEST(MoeForward, Bf16WeightsGiveTheBitsOfTheirFloatValues) {
   }
   const std::vector<float> x = RandomRows(rng.engine());
   EXPECT_EQ(MoeWithThreads(bf16, x, 3), MoeWithThreads(widened, x, 1));
-  EXPECT_EQ(MoeWeightBytes(bf16, 3), 4 * kExperts * kHidden + 2 * (3 * 3 * kInter * kHidden + 3 * 2 * kInter * kHidden));
+  EXPECT_EQ(MoeWeightBytes(bf16, 3),
+            4 * kExperts * kHidden + 2 * (3 * 3 * kInter * kHidden + 3 * 2 * kInter * kHidden));
 }
 
 }  // namespace

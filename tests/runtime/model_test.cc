@@ -69,28 +69,26 @@ TEST_P(ModelTest, AbsorbedLogitsMatchTheNaiveModel) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Configs, ModelTest,
-    ::testing::Values(
-        Variant{"tiny", [](ModelConfig&) {}},
-        Variant{"q_proj_greedy_norm_topk_freq2_no_rope_scaling",
-                [](ModelConfig& c) {
-                  c.q_lora_rank.reset();
-                  c.topk_method = TopkMethod::kGreedy;
-                  c.norm_topk_prob = true;
-                  c.moe_layer_freq = 2;
-                  c.num_hidden_layers = 4;
-                  c.rope_scaling.reset();
-                }},
-        Variant{"scaled_routing_top1_no_shared",
-                [](ModelConfig& c) {
-                  c.num_experts_per_tok = 1;
-                  c.norm_topk_prob = true;  // ignored for top-1, as in DeepSeek-V2
-                  c.routed_scaling_factor = 2.5;
-                  c.n_shared_experts = 0;
-                  c.first_k_dense_replace = 0;
-                }}),
-    [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Configs, ModelTest,
+                         ::testing::Values(Variant{"tiny", [](ModelConfig&) {}},
+                                           Variant{"q_proj_greedy_norm_topk_freq2_no_rope_scaling",
+                                                   [](ModelConfig& c) {
+                                                     c.q_lora_rank.reset();
+                                                     c.topk_method = TopkMethod::kGreedy;
+                                                     c.norm_topk_prob = true;
+                                                     c.moe_layer_freq = 2;
+                                                     c.num_hidden_layers = 4;
+                                                     c.rope_scaling.reset();
+                                                   }},
+                                           Variant{"scaled_routing_top1_no_shared",
+                                                   [](ModelConfig& c) {
+                                                     c.num_experts_per_tok = 1;
+                                                     c.norm_topk_prob = true;  // ignored for top-1, as in DeepSeek-V2
+                                                     c.routed_scaling_factor = 2.5;
+                                                     c.n_shared_experts = 0;
+                                                     c.first_k_dense_replace = 0;
+                                                   }}),
+                         [](const auto& info) { return info.param.name; });
 
 // --device cuda where it cannot run (no GPU, or a build without CUDA) is
 // refused at load, saying why; cuda_forward_test covers it with a GPU.

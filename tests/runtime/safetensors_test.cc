@@ -6,7 +6,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "kvtier/kernels/float_formats.h"
@@ -41,18 +40,17 @@ class SafetensorsTest : public ::testing::Test {
   }
 
   testing::SeededRng rng_;
-  std::filesystem::path dir_ = std::filesystem::temp_directory_path() /
-                               ("kvtier_st_" + std::to_string(rng_.seed()));
+  std::filesystem::path dir_ = std::filesystem::temp_directory_path() / ("kvtier_st_" + std::to_string(rng_.seed()));
 };
 
 TEST_F(SafetensorsTest, RoundTripsEveryDtype) {
   SCOPED_TRACE(rng_.Trace());
   const std::vector<float> a = Random(6 * 7), b = Random(5), c = Random(3 * 2 * 4);
   const std::string path = Path("model.safetensors");
-  ASSERT_TRUE(WriteSafetensors(path, {{"a.weight", DType::kBf16, {6, 7}, a},
-                                      {"b", DType::kF16, {5}, b},
-                                      {"c", DType::kF32, {3, 2, 4}, c}})
-                  .ok());
+  ASSERT_TRUE(
+      WriteSafetensors(
+          path, {{"a.weight", DType::kBf16, {6, 7}, a}, {"b", DType::kF16, {5}, b}, {"c", DType::kF32, {3, 2, 4}, c}})
+          .ok());
   auto file = SafetensorsFile::Open(path);
   ASSERT_TRUE(file.ok()) << file.status();
   ASSERT_EQ((*file)->tensors().size(), 3u);
@@ -149,44 +147,56 @@ TEST_F(SafetensorsTest, MangledHeadersAreRefusedOrConsistent) {
   std::memcpy(&header_len, bytes.data(), 8);
   const nlohmann::json header = nlohmann::json::parse(bytes.substr(8, header_len));
   const std::string data = bytes.substr(8 + header_len);
-  const nlohmann::json edges[] = {0, 1, -1, 3, 4, 16, 16777216, 1099511627776ull, 18446744073709551615ull, 2.5, "7",
-                                  nullptr, nlohmann::json::array(), nlohmann::json::object()};
+  const nlohmann::json edges[] = {0,
+                                  1,
+                                  -1,
+                                  3,
+                                  4,
+                                  16,
+                                  16777216,
+                                  1099511627776ull,
+                                  18446744073709551615ull,
+                                  2.5,
+                                  "7",
+                                  nullptr,
+                                  nlohmann::json::array(),
+                                  nlohmann::json::object()};
   for (int round = 0; round < 400; ++round) {
     nlohmann::json h = header;
     const std::string names[] = {"a", "b", "c"};
     for (int edit = 1 + static_cast<int>(rng() % 3); edit > 0; --edit) {
-    nlohmann::json& t = h[names[rng() % 3]];
-    switch (rng() % 6) {
-      case 0:
-        if (t.contains("shape") && !t["shape"].empty()) {
-          t["shape"][rng() % t["shape"].size()] = edges[rng() % std::size(edges)];
+      nlohmann::json& t = h[names[rng() % 3]];
+      switch (rng() % 6) {
+        case 0:
+          if (t.contains("shape") && !t["shape"].empty()) {
+            t["shape"][rng() % t["shape"].size()] = edges[rng() % std::size(edges)];
+          }
+          break;
+        case 1:
+          t["data_offsets"][rng() % 2] = edges[rng() % std::size(edges)];
+          break;
+        case 2: {
+          const char* dtypes[] = {"F32", "BF16", "F16", "I8", "F64", ""};
+          t["dtype"] = dtypes[rng() % std::size(dtypes)];
+          break;
         }
-        break;
-      case 1:
-        t["data_offsets"][rng() % 2] = edges[rng() % std::size(edges)];
-        break;
-      case 2: {
-        const char* dtypes[] = {"F32", "BF16", "F16", "I8", "F64", ""};
-        t["dtype"] = dtypes[rng() % std::size(dtypes)];
-        break;
-      }
-      case 3: {
-        const char* keys[] = {"shape", "dtype", "data_offsets"};
-        t.erase(keys[rng() % 3]);
-        break;
-      }
-      case 4:
-        t["shape"].push_back(edges[rng() % std::size(edges)]);
-        break;
-      default: {
-        nlohmann::json& copy = h["copy" + std::to_string(rng() % 3)];
-        copy = t;
-        if (copy.contains("data_offsets") && copy["data_offsets"].is_array() && !copy["data_offsets"].empty()) {
-          copy["data_offsets"][0] = edges[rng() % std::size(edges)];
+        case 3: {
+          const char* keys[] = {"shape", "dtype", "data_offsets"};
+          t.erase(keys[rng() % 3]);
+          break;
         }
-        break;
+        case 4:
+          t["shape"].push_back(edges[rng() % std::size(edges)]);
+          break;
+        default: {
+          nlohmann::json& copy = h["copy" + std::to_string(rng() % 3)];
+          copy = t;
+          if (copy.contains("data_offsets") && copy["data_offsets"].is_array() && !copy["data_offsets"].empty()) {
+            copy["data_offsets"][0] = edges[rng() % std::size(edges)];
+          }
+          break;
+        }
       }
-    }
     }
     std::string text = h.dump();
     uint64_t length = text.size();
@@ -202,7 +212,8 @@ TEST_F(SafetensorsTest, MangledHeadersAreRefusedOrConsistent) {
       __int128 elements = 1;
       for (int64_t d : view.shape) elements *= d;
       EXPECT_EQ(static_cast<__int128>(view.bytes.size()), elements * static_cast<__int128>(DTypeBytes(view.dtype)))
-          << name << " in\n" << text;
+          << name << " in\n"
+          << text;
       EXPECT_LE(view.bytes.size(), file_size) << name;
       EXPECT_EQ(view.ToFloat().size(), static_cast<size_t>(view.elements())) << name;
     }

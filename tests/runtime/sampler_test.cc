@@ -128,15 +128,17 @@ TEST(Sampler, NucleusDrawsMatchAFullSortAtLargeVocabulary) {
     EXPECT_NEAR(count[t] / double{kDraws}, p[t] / mass, 0.006) << "token " << t;
   }
   std::set<uint32_t> drawn_wide;
-  for (uint64_t step = 0; step < 1000; ++step) drawn_wide.insert(Sample(logits, Sampling{0.8f, 1.0f, 3}, step, 0).token);
+  for (uint64_t step = 0; step < 1000; ++step)
+    drawn_wide.insert(Sample(logits, Sampling{0.8f, 1.0f, 3}, step, 0).token);
   EXPECT_GT(drawn_wide.size(), keep) << "top_p 1 keeps the whole vocabulary";
 }
 
 // Logits the model should never give (it fails a pass that overflows)
 // still sample a token of the vocabulary.
 TEST(Sampler, NonFiniteLogitsStillGiveATokenOfTheVocabulary) {
-  for (const std::vector<float>& logits : {std::vector<float>{NAN, 1.0f, 2.0f}, std::vector<float>{1.0f, NAN, 0.5f},
-                                           std::vector<float>{INFINITY, 1.0f, 2.0f}, std::vector<float>{NAN, NAN, NAN}}) {
+  for (const std::vector<float>& logits :
+       {std::vector<float>{NAN, 1.0f, 2.0f}, std::vector<float>{1.0f, NAN, 0.5f},
+        std::vector<float>{INFINITY, 1.0f, 2.0f}, std::vector<float>{NAN, NAN, NAN}}) {
     for (const Sampling& s : {Sampling{}, Sampling{1.0f, 1.0f, 1}, Sampling{1.0f, 0.5f, 1}}) {
       EXPECT_LT(Sample(logits, s, 0, 2).token, logits.size());
     }

@@ -15,8 +15,12 @@ namespace kvtier::serving {
 namespace {
 
 kvblock::LatentLayout Layout() {
-  return {.model_id = "sequence-blocks-test", .num_layers = 3, .kv_lora_rank = 32, .rope_dim = 8,
-          .tokens_per_block = 16, .codec = kernels::Codec::kInt8};
+  return {.model_id = "sequence-blocks-test",
+          .num_layers = 3,
+          .kv_lora_rank = 32,
+          .rope_dim = 8,
+          .tokens_per_block = 16,
+          .codec = kernels::Codec::kInt8};
 }
 
 // `blocks` sealed blocks of fresh random latents in every layer.

@@ -4,9 +4,8 @@
 // can only come from a stand-in that answers Get with chosen records, one
 // of them with a flipped byte, one of another layout. Concurrent streams
 // (Gets, Puts) go over connections of their own.
-#include <gtest/gtest.h>
-
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 
 #include <functional>
 #include <random>
@@ -24,7 +23,11 @@ namespace kvtier::serving {
 namespace {
 
 kvblock::LatentLayout Layout() {
-  return {.model_id = "fetch-test", .num_layers = 3, .kv_lora_rank = 32, .rope_dim = 8, .tokens_per_block = 16,
+  return {.model_id = "fetch-test",
+          .num_layers = 3,
+          .kv_lora_rank = 32,
+          .rope_dim = 8,
+          .tokens_per_block = 16,
           .codec = kernels::Codec::kInt8};
 }
 
@@ -148,8 +151,7 @@ class PeerNotingCache final : public v1::KvCache::Service {
 // Runs `call` from `together` threads at once, then twice alone, and
 // checks the connections `service` saw them on: the calls in flight at once
 // on connections of their own, the lone ones on one.
-void ExpectConnectionsOfTheirOwn(PeerNotingCache& service, size_t together,
-                                 const std::function<void(uint32_t)>& call) {
+void ExpectConnectionsOfTheirOwn(PeerNotingCache& service, size_t together, const std::function<void(uint32_t)>& call) {
   std::vector<std::thread> threads;
   for (size_t k = 0; k < together; ++k) threads.emplace_back(call, static_cast<uint32_t>(k));
   for (std::thread& t : threads) t.join();

@@ -9,8 +9,7 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
-std::shared_ptr<grpc::Channel> CacheClient::Connect(const std::string& target,
-                                                    bool own_connection) {
+std::shared_ptr<grpc::Channel> CacheClient::Connect(const std::string& target, bool own_connection) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
@@ -29,10 +28,9 @@ void CacheClient::SetDeadline(grpc::ClientContext& context) const {
   context.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
 }
 
-absl::StatusOr<v1::MatchResponse> CacheClient::Match(const std::string& ns,
-                                                     const kvblock::LatentLayout& layout,
-                                                     const std::vector<kvblock::BlockHash>& hashes,
-                                                     bool acquire_lease, uint32_t lease_ttl_ms) {
+absl::StatusOr<v1::MatchResponse> CacheClient::Match(const std::string& ns, const kvblock::LatentLayout& layout,
+                                                     const std::vector<kvblock::BlockHash>& hashes, bool acquire_lease,
+                                                     uint32_t lease_ttl_ms) {
   v1::MatchRequest request;
   request.set_kv_namespace(ns);
   *request.mutable_layout() = kvblock::LayoutToProto(layout);
@@ -46,8 +44,7 @@ absl::StatusOr<v1::MatchResponse> CacheClient::Match(const std::string& ns,
   return response;
 }
 
-absl::StatusOr<v1::PutResponse> CacheClient::Put(const std::string& ns,
-                                                 const kvblock::LatentLayout& layout,
+absl::StatusOr<v1::PutResponse> CacheClient::Put(const std::string& ns, const kvblock::LatentLayout& layout,
                                                  const std::vector<BlockSlices>& blocks) {
   grpc::ClientContext context;
   SetDeadline(context);
@@ -71,9 +68,9 @@ absl::StatusOr<v1::PutResponse> CacheClient::Put(const std::string& ns,
   return response;
 }
 
-absl::StatusOr<std::vector<FetchedBlock>> CacheClient::Get(
-    const std::string& ns, const kvblock::LatentLayout& layout,
-    const std::vector<kvblock::BlockHash>& hashes, uint64_t lease_id) {
+absl::StatusOr<std::vector<FetchedBlock>> CacheClient::Get(const std::string& ns, const kvblock::LatentLayout& layout,
+                                                           const std::vector<kvblock::BlockHash>& hashes,
+                                                           uint64_t lease_id) {
   const v1::GetRequest request = MakeGetRequest(ns, layout, hashes, lease_id);
   grpc::ClientContext context;
   SetDeadline(context);
@@ -88,8 +85,7 @@ absl::StatusOr<std::vector<FetchedBlock>> CacheClient::Get(
     FetchedBlock& b = blocks[response.index()];
     b.tier = response.tier();
     if (response.has_miss()) {
-      b.status = absl::Status(static_cast<absl::StatusCode>(response.miss().code()),
-                              response.miss().message());
+      b.status = absl::Status(static_cast<absl::StatusCode>(response.miss().code()), response.miss().message());
     } else {
       b.record = std::move(*response.mutable_data());
     }

@@ -4,11 +4,11 @@
 #ifndef KVTIER_SERVICES_CACHE_CLIENT_CACHE_CLIENT_H_
 #define KVTIER_SERVICES_CACHE_CLIENT_CACHE_CLIENT_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -35,23 +35,19 @@ class CacheClient {
   // Channel to `target` (host:port) with kvtier's message-size limit and
   // flow-control window; `own_connection` keeps it off other channels' TCP
   // connections to the same target.
-  static std::shared_ptr<grpc::Channel> Connect(const std::string& target,
-                                                bool own_connection = false);
-  explicit CacheClient(std::shared_ptr<grpc::Channel> channel,
-                       absl::Duration deadline = absl::Seconds(30));
+  static std::shared_ptr<grpc::Channel> Connect(const std::string& target, bool own_connection = false);
+  explicit CacheClient(std::shared_ptr<grpc::Channel> channel, absl::Duration deadline = absl::Seconds(30));
 
   absl::StatusOr<v1::MatchResponse> Match(const std::string& ns, const kvblock::LatentLayout& layout,
-                                          const std::vector<kvblock::BlockHash>& hashes,
-                                          bool acquire_lease = false, uint32_t lease_ttl_ms = 0);
+                                          const std::vector<kvblock::BlockHash>& hashes, bool acquire_lease = false,
+                                          uint32_t lease_ttl_ms = 0);
   // One Put stream: the header, then every slice in order.
   absl::StatusOr<v1::PutResponse> Put(const std::string& ns, const kvblock::LatentLayout& layout,
                                       const std::vector<BlockSlices>& blocks);
   // One Get stream; answers in request order. Errors of the stream itself
   // (bad request, cancelled) are the returned status.
-  absl::StatusOr<std::vector<FetchedBlock>> Get(const std::string& ns,
-                                                const kvblock::LatentLayout& layout,
-                                                const std::vector<kvblock::BlockHash>& hashes,
-                                                uint64_t lease_id = 0);
+  absl::StatusOr<std::vector<FetchedBlock>> Get(const std::string& ns, const kvblock::LatentLayout& layout,
+                                                const std::vector<kvblock::BlockHash>& hashes, uint64_t lease_id = 0);
   absl::Status ReleaseLease(uint64_t lease_id);
   absl::StatusOr<v1::StatsResponse> Stats();
 

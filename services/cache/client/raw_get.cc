@@ -123,8 +123,8 @@ class AnswerQueue {
 // `answers` and ends it with the call's status. The call is generic (bytes
 // both ways): the client half of a server-streaming method is one message
 // and a half-close.
-void Receive(grpc::CompletionQueue& cq, grpc::GenericClientAsyncReaderWriter& call,
-             const grpc::ByteBuffer& request, AnswerQueue& answers) {
+void Receive(grpc::CompletionQueue& cq, grpc::GenericClientAsyncReaderWriter& call, const grpc::ByteBuffer& request,
+             AnswerQueue& answers) {
   void* tag = nullptr;
   bool ok = false;
   const auto step = [&] { return cq.Next(&tag, &ok) && ok; };
@@ -156,9 +156,8 @@ void Receive(grpc::CompletionQueue& cq, grpc::GenericClientAsyncReaderWriter& ca
 // with receiving the next. gRPC's callback API, which did the receiving
 // before, was slower here (load/README.md): its two callback threads hand
 // the polling to each other on every event.
-grpc::Status RawGet(grpc::Channel* channel, grpc::ClientContext* context,
-                    const v1::GetRequest& request, const RecordDestination& destination,
-                    const std::function<void(const RawBlock&)>& on_block) {
+grpc::Status RawGet(grpc::Channel* channel, grpc::ClientContext* context, const v1::GetRequest& request,
+                    const RecordDestination& destination, const std::function<void(const RawBlock&)>& on_block) {
   const std::string bytes = request.SerializeAsString();
   grpc::Slice slice(bytes);
   const grpc::ByteBuffer serialized(&slice, 1);
@@ -190,8 +189,7 @@ grpc::Status RawGet(grpc::Channel* channel, grpc::ClientContext* context,
   return status;
 }
 
-absl::Status ParseRawGetResponse(grpc::ByteBuffer& buffer, const RecordDestination& destination,
-                                 RawBlock& block) {
+absl::Status ParseRawGetResponse(grpc::ByteBuffer& buffer, const RecordDestination& destination, RawBlock& block) {
   std::vector<grpc::Slice> slices;
   if (!buffer.Dump(&slices).ok()) return absl::InternalError("cannot read a Get answer");
   block = RawBlock();

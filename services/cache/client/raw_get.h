@@ -5,12 +5,12 @@
 #ifndef KVTIER_SERVICES_CACHE_CLIENT_RAW_GET_H_
 #define KVTIER_SERVICES_CACHE_CLIENT_RAW_GET_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
 #include "kvtier/v1/cache.pb.h"
@@ -32,13 +32,11 @@ using RecordDestination = std::function<std::span<uint8_t>(uint32_t index, size_
 // at least `size` long), then `on_block` sees what arrived. Blocks the
 // caller until the stream ends and returns its status (INTERNAL if an
 // answer did not parse).
-grpc::Status RawGet(grpc::Channel* channel, grpc::ClientContext* context,
-                    const v1::GetRequest& request, const RecordDestination& destination,
-                    const std::function<void(const RawBlock&)>& on_block);
+grpc::Status RawGet(grpc::Channel* channel, grpc::ClientContext* context, const v1::GetRequest& request,
+                    const RecordDestination& destination, const std::function<void(const RawBlock&)>& on_block);
 
 // Parses one GetResponse in wire form; exposed for tests.
-absl::Status ParseRawGetResponse(grpc::ByteBuffer& buffer, const RecordDestination& destination,
-                                 RawBlock& block);
+absl::Status ParseRawGetResponse(grpc::ByteBuffer& buffer, const RecordDestination& destination, RawBlock& block);
 
 }  // namespace kvtier::cache
 

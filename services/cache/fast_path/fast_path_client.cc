@@ -45,17 +45,16 @@ bool EndsInCrc(std::span<const uint8_t> record, uint32_t crc) {
 }  // namespace
 
 struct FastPathClient::Mapping {
-  Mapping(const uint8_t* base, size_t size, uint64_t generation)
-      : base(base), size(size), generation(generation) {}
+  Mapping(const uint8_t* base, size_t size, uint64_t generation) : base(base), size(size), generation(generation) {}
   ~Mapping() { munmap(const_cast<uint8_t*>(base), size); }
   const uint8_t* base;
   size_t size;
   uint64_t generation;
 };
 
-absl::StatusOr<std::unique_ptr<FastPathClient>> FastPathClient::Connect(
-    std::shared_ptr<grpc::Channel> channel, absl::Duration deadline, uint64_t staging_bytes,
-    uint64_t device_staging_bytes) {
+absl::StatusOr<std::unique_ptr<FastPathClient>> FastPathClient::Connect(std::shared_ptr<grpc::Channel> channel,
+                                                                        absl::Duration deadline, uint64_t staging_bytes,
+                                                                        uint64_t device_staging_bytes) {
   CacheClient client(channel, deadline);
   grpc::ClientContext context;
   client.SetDeadline(context);
@@ -82,8 +81,7 @@ absl::StatusOr<std::unique_ptr<FastPathClient>> FastPathClient::Connect(
   if (proven.ok()) proven = fastpath::ReceiveReply(*socket, staging_fd);
   if (!proven.ok()) {
     close(*socket);
-    return absl::UnavailableError(
-        absl::StrCat("fast path socket ", opened.socket_path(), ": ", proven.message()));
+    return absl::UnavailableError(absl::StrCat("fast path socket ", opened.socket_path(), ": ", proven.message()));
   }
   uint8_t* staging = nullptr;
   uint64_t staging_size = 0;
@@ -103,12 +101,12 @@ absl::StatusOr<std::unique_ptr<FastPathClient>> FastPathClient::Connect(
     if (kernels::cuda::IpcMapping::Open(handle, opened.device_staging_bytes(), d->mapping).ok()) device = std::move(d);
   }
 #endif
-  return std::unique_ptr<FastPathClient>(new FastPathClient(std::move(channel), deadline, opened.session_id(),
-                                                            *socket, staging, staging_size, std::move(device)));
+  return std::unique_ptr<FastPathClient>(new FastPathClient(std::move(channel), deadline, opened.session_id(), *socket,
+                                                            staging, staging_size, std::move(device)));
 }
 
-FastPathClient::FastPathClient(std::shared_ptr<grpc::Channel> channel, absl::Duration deadline,
-                               uint64_t session_id, int socket, uint8_t* staging, uint64_t staging_size,
+FastPathClient::FastPathClient(std::shared_ptr<grpc::Channel> channel, absl::Duration deadline, uint64_t session_id,
+                               int socket, uint8_t* staging, uint64_t staging_size,
                                std::unique_ptr<DeviceMapping> device)
     : client_(std::move(channel), deadline),
       session_id_(session_id),
@@ -154,8 +152,9 @@ size_t FastPathClient::mapped_segments() {
   return mappings_.size();
 }
 
-absl::StatusOr<std::shared_ptr<const FastPathClient::Mapping>> FastPathClient::MappingFor(
-    uint32_t tier, uint32_t segment, uint64_t generation) {
+absl::StatusOr<std::shared_ptr<const FastPathClient::Mapping>> FastPathClient::MappingFor(uint32_t tier,
+                                                                                          uint32_t segment,
+                                                                                          uint64_t generation) {
   absl::MutexLock lock(&mu_);
   std::shared_ptr<const Mapping>& slot = mappings_[{tier, segment}];
   if (slot != nullptr && slot->generation == generation) return slot;
@@ -184,8 +183,8 @@ absl::StatusOr<std::shared_ptr<const FastPathClient::Mapping>> FastPathClient::M
     mappings_.erase({tier, segment});
     return absl::UnavailableError(absl::StrCat("cannot map segment ", segment, ": ", std::strerror(errno)));
   }
-  slot = std::make_shared<const Mapping>(static_cast<const uint8_t*>(base),
-                                         static_cast<size_t>(st.st_size), generation);
+  slot =
+      std::make_shared<const Mapping>(static_cast<const uint8_t*>(base), static_cast<size_t>(st.st_size), generation);
   return slot;
 }
 
@@ -201,8 +200,7 @@ bool FastPathClient::CopyRecord(const v1::SharedRecord& record, std::span<uint8_
     if (!mapping.ok()) return false;
     const Mapping& m = **mapping;
     // Checked against what is really mapped, never trusting the answer.
-    if (piece.offset() > m.size || piece.length() > m.size - piece.offset() ||
-        piece.length() > size - at) {
+    if (piece.offset() > m.size || piece.length() > m.size - piece.offset() || piece.length() > size - at) {
       return false;
     }
     // Copy, then sum the chunk while it is still in cache (a fused 8-byte
@@ -243,10 +241,10 @@ void FastPathClient::ReleaseSoon(uint64_t lease_id) {
   (void)fastpath::SendRequest(socket_, release);
 }
 
-absl::StatusOr<std::vector<uint32_t>> FastPathClient::Fetch(
-    const std::string& ns, const kvblock::LatentLayout& layout,
-    const std::vector<kvblock::BlockHash>& hashes, const RecordDestination& destination,
-    const std::function<void(const RawBlock&)>& on_block) {
+absl::StatusOr<std::vector<uint32_t>> FastPathClient::Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
+                                                            const std::vector<kvblock::BlockHash>& hashes,
+                                                            const RecordDestination& destination,
+                                                            const std::function<void(const RawBlock&)>& on_block) {
   v1::LeaseBlocksRequest request;
   request.set_session_id(session_id_);
   request.set_kv_namespace(ns);
@@ -271,8 +269,7 @@ absl::StatusOr<std::vector<uint32_t>> FastPathClient::Fetch(
     if (b.has_miss()) {
       block.status = absl::Status(static_cast<absl::StatusCode>(b.miss().code()), b.miss().message());
       absl::MutexLock lock(&callback_mu);
-      if (block.status.code() == absl::StatusCode::kNotFound ||
-          block.status.code() == absl::StatusCode::kDataLoss) {
+      if (block.status.code() == absl::StatusCode::kNotFound || block.status.code() == absl::StatusCode::kDataLoss) {
         on_block(block);
       } else {
         fallback.push_back(b.index());

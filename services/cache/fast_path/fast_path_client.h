@@ -14,8 +14,8 @@
 
 #include <cstdint>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,8 +57,7 @@ class FastPathClient {
   // (the call failed, the session is gone) means nothing was delivered.
   // Large reads copy on two threads; the callbacks are never called at
   // once, but not always in index order.
-  absl::StatusOr<std::vector<uint32_t>> Fetch(const std::string& ns,
-                                              const kvblock::LatentLayout& layout,
+  absl::StatusOr<std::vector<uint32_t>> Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
                                               const std::vector<kvblock::BlockHash>& hashes,
                                               const RecordDestination& destination,
                                               const std::function<void(const RawBlock&)>& on_block);
@@ -92,15 +91,13 @@ class FastPathClient {
  private:
   struct Mapping;
   struct DeviceMapping;  // the session's device staging, opened (CUDA builds)
-  FastPathClient(std::shared_ptr<grpc::Channel> channel, absl::Duration deadline,
-                 uint64_t session_id, int socket, uint8_t* staging, uint64_t staging_size,
-                 std::unique_ptr<DeviceMapping> device);
+  FastPathClient(std::shared_ptr<grpc::Channel> channel, absl::Duration deadline, uint64_t session_id, int socket,
+                 uint8_t* staging, uint64_t staging_size, std::unique_ptr<DeviceMapping> device);
   // Copies a record out of the device staging and checks its CRC32C.
   bool CopyDeviceRecord(const v1::DeviceRecord& record, std::span<uint8_t> out);
   // The segment mapped at `generation`: asks the cache for its descriptor
   // when it is not mapped yet or was mapped at another generation.
-  absl::StatusOr<std::shared_ptr<const Mapping>> MappingFor(uint32_t tier, uint32_t segment,
-                                                            uint64_t generation);
+  absl::StatusOr<std::shared_ptr<const Mapping>> MappingFor(uint32_t tier, uint32_t segment, uint64_t generation);
   // Ends a lease without waiting for the answer.
   void ReleaseSoon(uint64_t lease_id);
   // Copies a leased record into `out` and checks its CRC32C on the way;
@@ -111,8 +108,7 @@ class FastPathClient {
   const uint64_t session_id_;
   absl::Mutex mu_;
   const int socket_;  // requests on it are made under mu_
-  std::map<std::pair<uint32_t, uint32_t>, std::shared_ptr<const Mapping>> mappings_
-      ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<uint32_t, uint32_t>, std::shared_ptr<const Mapping>> mappings_ ABSL_GUARDED_BY(mu_);
   static constexpr uint64_t kTwoThreadBytes = 8 << 20;
   // The staging region (writable), cut into chunks handed to streams.
   static constexpr uint64_t kStagingChunk = 4 << 20;

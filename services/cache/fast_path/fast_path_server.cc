@@ -2,8 +2,8 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <sys/mman.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -50,14 +50,14 @@ StagingRegion::~StagingRegion() {
 
 absl::StatusOr<std::string_view> StagingRegion::Range(uint64_t offset, uint64_t length) const {
   if (offset > size_ || length > size_ - offset) {
-    return absl::InvalidArgumentError(absl::StrCat("staged range [", offset, ", +", length,
-                                                   ") is outside the ", size_, "-byte staging region"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("staged range [", offset, ", +", length, ") is outside the ", size_, "-byte staging region"));
   }
   return std::string_view(base_ + offset, length);
 }
 
-absl::StatusOr<std::unique_ptr<FastPathServer>> FastPathServer::Start(
-    const FastPathOptions& options, BlockStore* store, Clock* clock) {
+absl::StatusOr<std::unique_ptr<FastPathServer>> FastPathServer::Start(const FastPathOptions& options, BlockStore* store,
+                                                                      Clock* clock) {
   absl::StatusOr<int> listener = fastpath::Listen(options.socket_path);
   if (!listener.ok()) return listener.status();
   const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -68,8 +68,7 @@ absl::StatusOr<std::unique_ptr<FastPathServer>> FastPathServer::Start(
   return std::unique_ptr<FastPathServer>(new FastPathServer(options, store, clock, *listener, wake));
 }
 
-FastPathServer::FastPathServer(const FastPathOptions& options, BlockStore* store, Clock* clock,
-                               int listener, int wake)
+FastPathServer::FastPathServer(const FastPathOptions& options, BlockStore* store, Clock* clock, int listener, int wake)
     : options_(options), store_(store), clock_(clock), listener_(listener), wake_(wake) {
   thread_ = std::thread([this] { Loop(); });
 }
@@ -102,7 +101,8 @@ std::optional<uint64_t> FastPathServer::DeviceStaging::Allocate(uint64_t size) {
 }
 
 absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(const v1::OpenFastPathRequest& request) {
-  if (!request.host_boot_id().empty() && !fastpath::HostBootId().empty() && request.host_boot_id() != fastpath::HostBootId()) {
+  if (!request.host_boot_id().empty() && !fastpath::HostBootId().empty() &&
+      request.host_boot_id() != fastpath::HostBootId()) {
     return absl::FailedPreconditionError("the client is on another host: no fast path");
   }
   uint64_t staging_bytes = request.staging_bytes();
@@ -110,8 +110,7 @@ absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(const v1::OpenFast
   absl::MutexLock lock(&mu_);
   ExpireLocked();
   if (sessions_.size() >= options_.max_sessions) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(sessions_.size(), " fast path sessions are open, the limit"));
+    return absl::ResourceExhaustedError(absl::StrCat(sessions_.size(), " fast path sessions are open, the limit"));
   }
   uint64_t id = 0;
   while (id == 0 || sessions_.contains(id)) RandomBytes(&id, sizeof id);
@@ -119,9 +118,9 @@ absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(const v1::OpenFast
   RandomBytes(session.secret.data(), session.secret.size());
   session.open_until = clock_->Now() + options_.prove_within;
   // Whole pages, within this session's share and what is left of the budget.
-  staging_bytes = std::min({staging_bytes, options_.max_staging_per_session,
-                            options_.staging_budget - counters_.staging_bytes}) &
-                  ~uint64_t{4095};
+  staging_bytes =
+      std::min({staging_bytes, options_.max_staging_per_session, options_.staging_budget - counters_.staging_bytes}) &
+      ~uint64_t{4095};
   if (staging_bytes > 0) {
     absl::StatusOr<std::shared_ptr<StagingRegion>> staging = StagingRegion::Create(staging_bytes);
     if (staging.ok()) {
@@ -153,8 +152,8 @@ absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(const v1::OpenFast
 }
 
 absl::Status FastPathServer::Lease(uint64_t session_id, const std::string& ns, uint64_t layout_id,
-                                   const std::vector<kvblock::BlockHash>& hashes,
-                                   absl::Duration ttl, v1::LeaseBlocksResponse& response) {
+                                   const std::vector<kvblock::BlockHash>& hashes, absl::Duration ttl,
+                                   v1::LeaseBlocksResponse& response) {
   const auto check_session = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
     auto it = sessions_.find(session_id);
     if (it == sessions_.end() || it->second.socket < 0) {
@@ -162,8 +161,8 @@ absl::Status FastPathServer::Lease(uint64_t session_id, const std::string& ns, u
           absl::StrCat("fast path session ", absl::Hex(session_id), " is unknown or not proven"));
     }
     if (it->second.leases.size() >= options_.max_leases_per_session) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "session holds ", it->second.leases.size(), " leases, the limit; release some"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("session holds ", it->second.leases.size(), " leases, the limit; release some"));
     }
     return absl::OkStatus();
   };
@@ -229,8 +228,8 @@ absl::Status FastPathServer::Lease(uint64_t session_id, const std::string& ns, u
   const absl::Time deadline = clock_->Now() + std::min(ttl, options_.max_lease_ttl);
   counters_.blocks_out += pinned.size();
   counters_.bytes_out += bytes;
-  leases_[id] = FastLease{session_id, lease_deadlines_.emplace(deadline, id), std::move(pinned),
-                          std::move(device_ranges)};
+  leases_[id] =
+      FastLease{session_id, lease_deadlines_.emplace(deadline, id), std::move(pinned), std::move(device_ranges)};
   session.leases.insert(id);
   response.set_lease_id(id);
   response.set_lease_deadline_unix_ms(absl::ToUnixMillis(deadline));
@@ -307,8 +306,8 @@ absl::StatusOr<std::shared_ptr<const StagingRegion>> FastPathServer::Staging(uin
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(session_id);
   if (it == sessions_.end() || it->second.socket < 0 || it->second.staging == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "fast path session ", absl::Hex(session_id), " is unknown, unproven or has no staging region"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("fast path session ", absl::Hex(session_id), " is unknown, unproven or has no staging region"));
   }
   return std::shared_ptr<const StagingRegion>(it->second.staging);
 }
@@ -340,8 +339,7 @@ bool FastPathServer::Serve(int socket) {
   uint64_t& proven = connections_[socket].session;
   if (request.kind == fastpath::RequestKind::kHello) {
     auto it = sessions_.find(request.session_id);
-    if (proven != 0 || it == sessions_.end() || it->second.socket >= 0 ||
-        it->second.secret != request.secret) {
+    if (proven != 0 || it == sessions_.end() || it->second.socket >= 0 || it->second.secret != request.secret) {
       (void)fastpath::SendReply(socket, absl::PermissionDeniedError("unknown session or wrong secret"));
       return false;
     }
@@ -364,8 +362,7 @@ bool FastPathServer::Serve(int socket) {
   // Only a segment of a namespace this session has read through a lease.
   absl::Status answer = absl::PermissionDeniedError("segment of a namespace this session has not read");
   for (const std::string& ns : sessions_[proven].namespaces) {
-    absl::StatusOr<int> fd =
-        store_->OpenSegmentReadOnly(request.tier, request.segment, request.generation, ns);
+    absl::StatusOr<int> fd = store_->OpenSegmentReadOnly(request.tier, request.segment, request.generation, ns);
     if (fd.ok()) {
       const bool sent = fastpath::SendReply(socket, absl::OkStatus(), *fd).ok();
       close(*fd);

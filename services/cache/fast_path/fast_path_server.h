@@ -12,8 +12,8 @@
 
 #include <array>
 #include <cstdint>
-#include <memory>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -80,8 +80,8 @@ inline constexpr uint64_t kFastPathLeaseBit = uint64_t{1} << 63;
 class FastPathServer {
  public:
   // Listens on options.socket_path; `store` and `clock` must outlive it.
-  static absl::StatusOr<std::unique_ptr<FastPathServer>> Start(const FastPathOptions& options,
-                                                               BlockStore* store, Clock* clock);
+  static absl::StatusOr<std::unique_ptr<FastPathServer>> Start(const FastPathOptions& options, BlockStore* store,
+                                                               Clock* clock);
   // Closes every connection and ends every lease.
   ~FastPathServer();
 
@@ -119,8 +119,8 @@ class FastPathServer {
   };
   struct Session {
     std::array<uint8_t, 16> secret;
-    absl::Time open_until;  // unproven sessions are dropped after it
-    int socket = -1;        // the proving connection; -1 until proven
+    absl::Time open_until;             // unproven sessions are dropped after it
+    int socket = -1;                   // the proving connection; -1 until proven
     std::set<std::string> namespaces;  // read through this session so far
     std::set<uint64_t> leases;
     std::shared_ptr<StagingRegion> staging;  // null: none granted
@@ -133,8 +133,7 @@ class FastPathServer {
     std::vector<uint64_t> device_ranges;  // offsets held in the session's device staging
   };
 
-  FastPathServer(const FastPathOptions& options, BlockStore* store, Clock* clock, int listener,
-                 int wake);
+  FastPathServer(const FastPathOptions& options, BlockStore* store, Clock* clock, int listener, int wake);
   void Loop();
   // Answers one message on a connection; false when it should be closed.
   bool Serve(int socket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

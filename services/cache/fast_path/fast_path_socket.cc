@@ -40,8 +40,8 @@ const std::string& HostBootId() {
 
 absl::Status CheckSocketPath(const std::string& path) {
   if (path.size() < 2 || path.size() >= sizeof(sockaddr_un::sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat("unix socket path '", path, "' must be 2 to ",
-                                                   sizeof(sockaddr_un::sun_path) - 1, " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unix socket path '", path, "' must be 2 to ", sizeof(sockaddr_un::sun_path) - 1, " bytes"));
   }
   return absl::OkStatus();
 }

@@ -196,8 +196,8 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
         return ApplySlice(request.slice());
       case v1::PutRequest::kBatch: {
         if (request.batch().slices_size() > kMaxSlicesPerBatch) {
-          return absl::InvalidArgumentError(absl::StrCat(request.batch().slices_size(),
-                                                         " slices in one batch, at most ", kMaxSlicesPerBatch));
+          return absl::InvalidArgumentError(
+              absl::StrCat(request.batch().slices_size(), " slices in one batch, at most ", kMaxSlicesPerBatch));
         }
         for (const v1::LayerSlice& slice : request.batch().slices()) KVTIER_RETURN_IF_ERROR(ApplySlice(slice));
         return absl::OkStatus();
@@ -490,8 +490,7 @@ GetAnswer CacheService::ReadForGet(const GetPlan& plan, size_t index) const {
   return answer;
 }
 
-grpc::ServerUnaryReactor* CacheService::Match(grpc::CallbackServerContext* context,
-                                              const v1::MatchRequest* request,
+grpc::ServerUnaryReactor* CacheService::Match(grpc::CallbackServerContext* context, const v1::MatchRequest* request,
                                               v1::MatchResponse* response) {
   RpcTimer timer(metrics_, "Match");
   absl::StatusOr<BlocksPlan> plan = planner_.PlanMatch(*request);
@@ -506,8 +505,7 @@ grpc::ServerUnaryReactor* CacheService::Match(grpc::CallbackServerContext* conte
   return FinishUnary(context, std::move(timer), absl::OkStatus());
 }
 
-grpc::ServerReadReactor<grpc::ByteBuffer>* CacheService::Put(grpc::CallbackServerContext*,
-                                                             grpc::ByteBuffer* response) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* CacheService::Put(grpc::CallbackServerContext*, grpc::ByteBuffer* response) {
   return new PutReactor(this, response);
 }
 
@@ -520,17 +518,14 @@ grpc::ServerUnaryReactor* CacheService::ReleaseLease(grpc::CallbackServerContext
                                                      const v1::ReleaseLeaseRequest* request,
                                                      v1::ReleaseLeaseResponse*) {
   const uint64_t id = request->lease_id();
-  absl::Status status = fast_path_ != nullptr && (id & kFastPathLeaseBit) != 0
-                            ? fast_path_->Release(id)
-                            : store_->ReleaseLease(id);
+  absl::Status status =
+      fast_path_ != nullptr && (id & kFastPathLeaseBit) != 0 ? fast_path_->Release(id) : store_->ReleaseLease(id);
   return FinishUnary(context, RpcTimer(metrics_, "ReleaseLease"), status);
 }
 
-grpc::ServerUnaryReactor* CacheService::Stats(grpc::CallbackServerContext* context,
-                                              const v1::StatsRequest*,
+grpc::ServerUnaryReactor* CacheService::Stats(grpc::CallbackServerContext* context, const v1::StatsRequest*,
                                               v1::StatsResponse* response) {
-  FillStats(store_->Stats(), fast_path_ != nullptr ? fast_path_->Counters() : FastPathCounters(),
-            *response);
+  FillStats(store_->Stats(), fast_path_ != nullptr ? fast_path_->Counters() : FastPathCounters(), *response);
   return FinishUnary(context, RpcTimer(metrics_, "Stats"), absl::OkStatus());
 }
 

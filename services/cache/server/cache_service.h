@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "kvtier/v1/cache.grpc.pb.h"
-#include "services/cache/store/block_store.h"
 #include "services/cache/fast_path/fast_path_server.h"
 #include "services/cache/server/request_planner.h"
 #include "services/cache/server/rpc_metrics.h"
+#include "services/cache/store/block_store.h"
 #include "services/common/executor.h"
 
 namespace kvtier::cache {
@@ -42,32 +42,27 @@ class CacheService final : public KvCacheBase {
   // None owned; all must outlive the service. `metrics` may be null, and
   // `fast_path` (then OpenFastPath answers FAILED_PRECONDITION).
   // `namespaces`: the tenants served; empty serves any well-formed name.
-  CacheService(BlockStore* store, Executor* executor, RpcMetrics* metrics,
-               std::vector<std::string> namespaces = {}, FastPathServer* fast_path = nullptr);
+  CacheService(BlockStore* store, Executor* executor, RpcMetrics* metrics, std::vector<std::string> namespaces = {},
+               FastPathServer* fast_path = nullptr);
 
   // Every request is checked here first (request_planner.h).
   const RequestPlanner& planner() const { return planner_; }
   // Reads block `index` of `plan` (its CRC32C verified by the store).
   GetAnswer ReadForGet(const GetPlan& plan, size_t index) const;
 
-  grpc::ServerUnaryReactor* Match(grpc::CallbackServerContext* context,
-                                  const v1::MatchRequest* request,
+  grpc::ServerUnaryReactor* Match(grpc::CallbackServerContext* context, const v1::MatchRequest* request,
                                   v1::MatchResponse* response) override;
   grpc::ServerReadReactor<grpc::ByteBuffer>* Put(grpc::CallbackServerContext* context,
                                                  grpc::ByteBuffer* response) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Get(grpc::CallbackServerContext* context,
                                                   const grpc::ByteBuffer* request) override;
-  grpc::ServerUnaryReactor* ReleaseLease(grpc::CallbackServerContext* context,
-                                         const v1::ReleaseLeaseRequest* request,
+  grpc::ServerUnaryReactor* ReleaseLease(grpc::CallbackServerContext* context, const v1::ReleaseLeaseRequest* request,
                                          v1::ReleaseLeaseResponse* response) override;
-  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context,
-                                  const v1::StatsRequest* request,
+  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context, const v1::StatsRequest* request,
                                   v1::StatsResponse* response) override;
-  grpc::ServerUnaryReactor* OpenFastPath(grpc::CallbackServerContext* context,
-                                         const v1::OpenFastPathRequest* request,
+  grpc::ServerUnaryReactor* OpenFastPath(grpc::CallbackServerContext* context, const v1::OpenFastPathRequest* request,
                                          v1::OpenFastPathResponse* response) override;
-  grpc::ServerUnaryReactor* LeaseBlocks(grpc::CallbackServerContext* context,
-                                        const v1::LeaseBlocksRequest* request,
+  grpc::ServerUnaryReactor* LeaseBlocks(grpc::CallbackServerContext* context, const v1::LeaseBlocksRequest* request,
                                         v1::LeaseBlocksResponse* response) override;
 
   BlockStore* store() const { return store_; }
@@ -84,8 +79,7 @@ class CacheService final : public KvCacheBase {
 };
 
 // Fills a StatsResponse from the store's (and the fast path's) counters.
-void FillStats(const StoreStats& stats, const FastPathCounters& fast_path,
-               v1::StatsResponse& response);
+void FillStats(const StoreStats& stats, const FastPathCounters& fast_path, v1::StatsResponse& response);
 
 }  // namespace kvtier::cache
 

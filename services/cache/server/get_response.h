@@ -6,10 +6,10 @@
 #ifndef KVTIER_SERVICES_CACHE_SERVER_GET_RESPONSE_H_
 #define KVTIER_SERVICES_CACHE_SERVER_GET_RESPONSE_H_
 
+#include <grpcpp/support/byte_buffer.h>
+
 #include <cstdint>
 #include <memory>
-
-#include <grpcpp/support/byte_buffer.h>
 
 #include "absl/status/status.h"
 #include "kvtier/v1/cache.pb.h"

@@ -1,5 +1,7 @@
 // kvtier-cache: the tiered latent block store, served over gRPC with
 // Prometheus metrics.
+#include <prometheus/exposer.h>
+#include <prometheus/registry.h>
 #include <signal.h>
 #include <sys/random.h>
 #include <unistd.h>
@@ -9,21 +11,18 @@
 #include <sstream>
 #include <thread>
 
-#include <prometheus/exposer.h>
-#include <prometheus/registry.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "services/cache/server/cache_service.h"
 #include "services/cache/fast_path/fast_path_server.h"
+#include "services/cache/server/cache_service.h"
 #include "services/cache/store/slab_memory.h"
 #if KVTIER_HAVE_CUDA
 #include "services/cache/store/cuda_slab.h"
 #endif
 #include "services/cache/server/store_metrics.h"
-#include "services/common/log.h"
 #include "services/common/byte_size.h"
 #include "services/common/flags.h"
+#include "services/common/log.h"
 #include "services/common/metrics_exposer.h"
 #include "services/common/server_runner.h"
 
@@ -80,8 +79,8 @@ absl::StatusOr<StoreOptions> ToStoreOptions(const Flags& f) {
   if (!f.disk_dir.empty()) {
     absl::StatusOr<uint64_t> disk = ParseByteSize(f.disk_capacity);
     if (!disk.ok() || *disk == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--disk-capacity: ", disk.ok() ? "must be positive" : disk.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--disk-capacity: ", disk.ok() ? "must be positive" : disk.status().message()));
     }
     o.disk_dir = f.disk_dir;
     o.disk_capacity = *disk;
@@ -187,8 +186,8 @@ int Run(const Flags& f) {
           << (options->device_slab != nullptr ? options->device_slab->name() : "host memory") << ", host tier "
           << options->host_capacity << " bytes, pages of " << options->page_size << " bytes";
   if (!options->disk_dir.empty()) {
-    started << ", disk tier " << options->disk_capacity << " bytes in " << options->disk_dir
-            << " (" << stats.tiers.back().blocks << " blocks found)";
+    started << ", disk tier " << options->disk_capacity << " bytes in " << options->disk_dir << " ("
+            << stats.tiers.back().blocks << " blocks found)";
   }
   if (fast_path != nullptr) {
     started << "; same-host fast path on " << fast_path->socket_path()
@@ -199,8 +198,8 @@ int Run(const Flags& f) {
   started << "\n";
   std::cerr << started.str() << std::flush;
   const int signal = WaitForStopSignal();
-  std::cerr << "kvtier-cache: received " << (signal == SIGTERM ? "SIGTERM" : "SIGINT")
-            << ": draining in-flight RPCs" << std::endl;
+  std::cerr << "kvtier-cache: received " << (signal == SIGTERM ? "SIGTERM" : "SIGINT") << ": draining in-flight RPCs"
+            << std::endl;
   (*server)->Shutdown();
   std::cerr << "kvtier-cache: stopped" << std::endl;
   return 0;
@@ -213,34 +212,32 @@ int main(int argc, char** argv) {
   kvtier::SetLogProgram("kvtier-cache");
   kvtier::BlockShutdownSignals();
   kvtier::cache::Flags f;
-  kvtier::FlagParser flags(
-      "kvtier-cache --device-capacity SIZE --host-capacity SIZE [flags]",
-      "Serves kvtier.v1.KvCache: a tiered store of quantized MLA latent blocks.\n"
-      "Full tiers demote least-recently-used blocks to the next tier; the last drops\n"
-      "them (the disk tier, when configured, is last). Without a GPU the device tier\n"
-      "is host memory. SIZE: bytes or 512MiB, 4GiB.\n"
-      "Stops gracefully on SIGTERM.");
+  kvtier::FlagParser flags("kvtier-cache --device-capacity SIZE --host-capacity SIZE [flags]",
+                           "Serves kvtier.v1.KvCache: a tiered store of quantized MLA latent blocks.\n"
+                           "Full tiers demote least-recently-used blocks to the next tier; the last drops\n"
+                           "them (the disk tier, when configured, is last). Without a GPU the device tier\n"
+                           "is host memory. SIZE: bytes or 512MiB, 4GiB.\n"
+                           "Stops gracefully on SIGTERM.");
   flags.AddString("listen", &f.listen, "gRPC address HOST:PORT (port 0: any free port)");
-  flags.AddString("metrics-listen", &f.metrics_listen,
-                  "Prometheus /metrics address HOST:PORT; empty to disable");
+  flags.AddString("metrics-listen", &f.metrics_listen, "Prometheus /metrics address HOST:PORT; empty to disable");
   flags.AddString("device-capacity", &f.device_capacity, "bytes of the device tier");
   flags.AddString("host-capacity", &f.host_capacity, "bytes of the host (CPU spill) tier");
-  flags.AddString("disk-dir", &f.disk_dir,
-                  "directory of the disk tier; a restart finds its blocks again");
+  flags.AddString("disk-dir", &f.disk_dir, "directory of the disk tier; a restart finds its blocks again");
   flags.AddString("disk-capacity", &f.disk_capacity, "bytes of block records under --disk-dir");
   flags.AddUint("threads", &f.threads, "worker threads for Put and Get");
-  flags.AddString("namespaces", &f.namespaces,
-                  "comma-separated tenants to serve (others get NOT_FOUND); empty: any");
+  flags.AddString("namespaces", &f.namespaces, "comma-separated tenants to serve (others get NOT_FOUND); empty: any");
   flags.AddUint("page-size", &f.page_size, "tier page size in bytes");
   flags.AddString("device-memory", &f.device_memory,
                   "where the device tier lives: auto (a GPU if there is one, else host memory), cuda, host, "
                   "or staged-host (host memory reached by copies, as a GPU's is: for testing)");
-  flags.AddString("fast-path-socket", &f.fast_path_socket,
-                  "unix socket of the same-host fast path, '@name' for an abstract one (default: a fresh abstract name)");
+  flags.AddString(
+      "fast-path-socket", &f.fast_path_socket,
+      "unix socket of the same-host fast path, '@name' for an abstract one (default: a fresh abstract name)");
   flags.AddString("fast-path-staging", &f.fast_path_staging,
                   "staging memory for same-host Put, all sessions together (0: none)");
   flags.AddBool("no-fast-path", &f.no_fast_path,
                 "serve blocks over gRPC only: tiers in private memory, no unix socket");
-  if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "kvtier-cache")) return *exit;
+  if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "kvtier-cache"))
+    return *exit;
   return kvtier::cache::Run(f);
 }

@@ -9,8 +9,8 @@ namespace {
 absl::StatusOr<std::vector<kvblock::BlockHash>> PlanHashes(
     const google::protobuf::RepeatedPtrField<std::string>& hashes) {
   if (hashes.size() > kMaxBlocksPerRequest) {
-    return absl::InvalidArgumentError(absl::StrCat(hashes.size(), " block hashes, at most ",
-                                                   kMaxBlocksPerRequest, " per request"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(hashes.size(), " block hashes, at most ", kMaxBlocksPerRequest, " per request"));
   }
   std::vector<kvblock::BlockHash> out;
   out.reserve(hashes.size());
@@ -28,8 +28,7 @@ absl::StatusOr<std::vector<kvblock::BlockHash>> PlanHashes(
 
 absl::Status NoFastPath() { return absl::FailedPreconditionError("this cache runs without a fast path"); }
 
-absl::StatusOr<RequestScope> RequestPlanner::PlanScope(const std::string& ns,
-                                                       const v1::LatentLayout& layout) const {
+absl::StatusOr<RequestScope> RequestPlanner::PlanScope(const std::string& ns, const v1::LatentLayout& layout) const {
   KVTIER_RETURN_IF_ERROR(kvblock::ValidateNamespace(ns));
   if (!namespaces_.empty() && !namespaces_.contains(ns)) {
     return absl::NotFoundError(absl::StrCat("unknown namespace '", ns, "'"));
@@ -71,8 +70,7 @@ absl::StatusOr<GetPlan> RequestPlanner::PlanGet(const v1::GetRequest& request) c
   KVTIER_ASSIGN_OR_RETURN(plan.hashes, PlanHashes(request.block_hashes()));
   const uint32_t layers = plan.scope.layout.num_layers;
   plan.layer_begin = request.layer_begin();
-  plan.layer_count = request.layer_count() == 0 ? layers - std::min(plan.layer_begin, layers)
-                                                : request.layer_count();
+  plan.layer_count = request.layer_count() == 0 ? layers - std::min(plan.layer_begin, layers) : request.layer_count();
   if (plan.layer_begin >= layers || plan.layer_count > layers - plan.layer_begin) {
     return absl::InvalidArgumentError(absl::StrCat("layers [", plan.layer_begin, ", +", request.layer_count(),
                                                    ") outside the ", layers, " of the layout"));

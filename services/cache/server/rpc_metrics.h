@@ -3,14 +3,14 @@
 #ifndef KVTIER_SERVICES_CACHE_SERVER_RPC_METRICS_H_
 #define KVTIER_SERVICES_CACHE_SERVER_RPC_METRICS_H_
 
-#include <map>
-#include <memory>
-#include <string>
-
 #include <grpcpp/support/status.h>
 #include <prometheus/family.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
+
+#include <map>
+#include <memory>
+#include <string>
 
 #include "absl/time/time.h"
 

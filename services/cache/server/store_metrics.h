@@ -3,14 +3,14 @@
 #ifndef KVTIER_SERVICES_CACHE_SERVER_STORE_METRICS_H_
 #define KVTIER_SERVICES_CACHE_SERVER_STORE_METRICS_H_
 
-#include <string>
-#include <vector>
-
 #include <prometheus/collectable.h>
 #include <prometheus/metric_family.h>
 
-#include "services/cache/store/block_store.h"
+#include <string>
+#include <vector>
+
 #include "services/cache/fast_path/fast_path_server.h"
+#include "services/cache/store/block_store.h"
 
 namespace kvtier::cache {
 

@@ -9,9 +9,9 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/log.h"
 #include "services/common/status.h"
 #include "services/kvblock/block_format.h"
-#include "services/common/log.h"
 #include "services/kvblock/crc32c.h"
 
 namespace kvtier::cache {
@@ -31,7 +31,7 @@ struct Entry {
 
 struct BlockStore::Tier {
   std::unique_ptr<TierStorage> storage;  // fixed after Create
-  std::list<Entry*> lru;  // most recently used first
+  std::list<Entry*> lru;                 // most recently used first
   TierCounters counters;
 };
 
@@ -63,8 +63,7 @@ uint32_t ComputedCrc(const std::vector<std::span<const uint8_t>>& pieces, size_t
 }
 
 // Copies [offset, offset + out.size()) of a paged record into `out`.
-void ReadAt(const std::vector<std::span<const uint8_t>>& pieces, size_t offset,
-            std::span<uint8_t> out) {
+void ReadAt(const std::vector<std::span<const uint8_t>>& pieces, size_t offset, std::span<uint8_t> out) {
   for (const auto& piece : pieces) {
     if (out.empty()) return;
     if (offset >= piece.size()) {
@@ -80,8 +79,7 @@ void ReadAt(const std::vector<std::span<const uint8_t>>& pieces, size_t offset,
 
 uint32_t StoredCrc(const std::vector<std::span<const uint8_t>>& pieces, size_t size) {
   uint32_t crc = 0;
-  ReadAt(pieces, size - kvblock::kBlockTrailerBytes,
-         std::span(reinterpret_cast<uint8_t*>(&crc), sizeof crc));
+  ReadAt(pieces, size - kvblock::kBlockTrailerBytes, std::span(reinterpret_cast<uint8_t*>(&crc), sizeof crc));
   return crc;
 }
 
@@ -130,9 +128,8 @@ size_t BlockStore::KeyHash::operator()(const Key& k) const {
 
 // ---- PinnedBlock ----
 
-PinnedBlock::PinnedBlock(BlockStore* store, Entry* entry, TierKind tier,
-                         std::vector<std::span<const uint8_t>> pieces, std::shared_ptr<const uint8_t> owned,
-                         size_t size)
+PinnedBlock::PinnedBlock(BlockStore* store, Entry* entry, TierKind tier, std::vector<std::span<const uint8_t>> pieces,
+                         std::shared_ptr<const uint8_t> owned, size_t size)
     : store_(store), entry_(entry), tier_(tier), owned_(std::move(owned)), pieces_(std::move(pieces)), size_(size) {}
 
 PinnedBlock::~PinnedBlock() { store_->Unpin(entry_); }
@@ -151,19 +148,18 @@ std::string PinnedBlock::CopyToString() const {
 
 // ---- BlockStore ----
 
-absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const StoreOptions& options,
-                                                               Clock* clock) {
+absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const StoreOptions& options, Clock* clock) {
   if (options.page_size < 4096) {
     return absl::InvalidArgumentError("page size must be at least 4096 bytes");
   }
   std::vector<std::unique_ptr<Tier>> tiers;
-  const std::pair<TierKind, uint64_t> configured[] = {
-      {TierKind::kDevice, options.device_capacity}, {TierKind::kHost, options.host_capacity}};
+  const std::pair<TierKind, uint64_t> configured[] = {{TierKind::kDevice, options.device_capacity},
+                                                      {TierKind::kHost, options.host_capacity}};
   for (auto [kind, capacity] : configured) {
     if (capacity < options.page_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          kind == TierKind::kDevice ? "TIER_DEVICE" : "TIER_HOST", " capacity ", capacity, " bytes is below one page (",
-          options.page_size, " bytes)"));
+      return absl::InvalidArgumentError(absl::StrCat(kind == TierKind::kDevice ? "TIER_DEVICE" : "TIER_HOST",
+                                                     " capacity ", capacity, " bytes is below one page (",
+                                                     options.page_size, " bytes)"));
     }
     ArenaOptions arena_options;
     arena_options.capacity = capacity;
@@ -228,14 +224,12 @@ void BlockStore::RecoverLocked() {
   }
 }
 
-BlockStore::BlockStore(const StoreOptions& options, Clock* clock,
-                       std::vector<std::unique_ptr<Tier>> tiers)
+BlockStore::BlockStore(const StoreOptions& options, Clock* clock, std::vector<std::unique_ptr<Tier>> tiers)
     : options_(options), clock_(clock), tiers_(std::move(tiers)) {}
 
 BlockStore::~BlockStore() = default;
 
-MatchResult BlockStore::Match(const std::string& ns, uint64_t layout_id,
-                              std::span<const kvblock::BlockHash> hashes,
+MatchResult BlockStore::Match(const std::string& ns, uint64_t layout_id, std::span<const kvblock::BlockHash> hashes,
                               std::optional<absl::Duration> lease_ttl) {
   absl::MutexLock lock(&mu_);
   ExpireLeasesLocked();
@@ -290,8 +284,9 @@ void BlockStore::ExpireLeasesLocked() {
   }
 }
 
-absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(
-    const std::string& ns, uint64_t layout_id, const kvblock::BlockHash& hash, const ReadOptions& options) {
+absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(const std::string& ns, uint64_t layout_id,
+                                                                    const kvblock::BlockHash& hash,
+                                                                    const ReadOptions& options) {
   Entry* e;
   size_t tier;
   std::vector<uint32_t> pages;
@@ -306,9 +301,8 @@ absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(
     }
     e = it->second.get();
     if (e->layout_id != layout_id) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("block ", kvblock::HashToHex(hash), " was stored under layout ",
-                       absl::Hex(e->layout_id), ", not ", absl::Hex(layout_id)));
+      return absl::FailedPreconditionError(absl::StrCat("block ", kvblock::HashToHex(hash), " was stored under layout ",
+                                                        absl::Hex(e->layout_id), ", not ", absl::Hex(layout_id)));
     }
     Tier& from = *tiers_[e->tier];
     ++from.counters.hits;
@@ -316,8 +310,8 @@ absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(
     PinLocked(e);  // before the move: making room must not pick this block
     if (e->tier != 0 && options.promote && !MoveLocked(std::span(&e, 1), 0)[0] && e->zombie) {
       UnpinLocked(e);
-      return absl::DataLossError(absl::StrCat("block ", kvblock::HashToHex(hash),
-                                              " failed its checksum and was dropped"));
+      return absl::DataLossError(
+          absl::StrCat("block ", kvblock::HashToHex(hash), " failed its checksum and was dropped"));
     }
     TouchLocked(e);
     // Promotion can fail only when the device tier is all pinned; then the
@@ -341,8 +335,8 @@ absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(
     ++counters_.checksum_failures;
     if (!e->zombie) DropLocked(e);
     UnpinLocked(e);
-    return absl::DataLossError(absl::StrCat("block ", kvblock::HashToHex(hash),
-                                            " failed its checksum and was dropped"));
+    return absl::DataLossError(
+        absl::StrCat("block ", kvblock::HashToHex(hash), " failed its checksum and was dropped"));
   }
   if (!in_place) {  // a block pinned unread is counted by whoever reads it
     absl::MutexLock lock(&mu_);
@@ -363,8 +357,8 @@ void BlockStore::UnpinLocked(Entry* e) {
   if (!e->zombie) return;
   ReleaseStorageLocked(*e);
   counters_.metadata_bytes -= EntryMetadataBytes(*e);
-  auto it = std::find_if(zombies_.begin(), zombies_.end(),
-                         [e](const std::unique_ptr<Entry>& z) { return z.get() == e; });
+  auto it =
+      std::find_if(zombies_.begin(), zombies_.end(), [e](const std::unique_ptr<Entry>& z) { return z.get() == e; });
   zombies_.erase(it);
 }
 
@@ -508,9 +502,8 @@ bool BlockStore::EvictForFullStorageLocked(size_t tier, size_t bytes) {
     ++t.counters.evictions;
     DropLocked(victim);
   }
-  log(absl::StrCat("the storage under a tier is full before its capacity (", t.counters.used_bytes,
-                   " of ", t.counters.capacity_bytes, " bytes in use); evicted ", victims.size(),
-                   " blocks to make room"));
+  log(absl::StrCat("the storage under a tier is full before its capacity (", t.counters.used_bytes, " of ",
+                   t.counters.capacity_bytes, " bytes in use); evicted ", victims.size(), " blocks to make room"));
   return !victims.empty();
 }
 
@@ -601,21 +594,18 @@ std::vector<absl::Status> BlockStore::CopyRecords(std::span<const Move> moves, s
   return copied;
 }
 
-absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t bytes,
-                                                                      const std::string& ns) {
+absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t bytes, const std::string& ns) {
   if (pending_blocks_ >= options_.max_pending_blocks) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        pending_blocks_, " blocks are being assembled, the limit; retry later"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(pending_blocks_, " blocks are being assembled, the limit; retry later"));
   }
   Tier& first = *tiers_[0];
   if (!first.storage->Fits(bytes)) {
-    return absl::ResourceExhaustedError(absl::StrCat("a block of ", bytes,
-                                                     " bytes does not fit the device tier (",
+    return absl::ResourceExhaustedError(absl::StrCat("a block of ", bytes, " bytes does not fit the device tier (",
                                                      first.counters.capacity_bytes, " bytes)"));
   }
   if (!MakeRoomLocked(0, bytes, ns)) {
-    return absl::ResourceExhaustedError(
-        "device tier is full of pinned or incomplete blocks; retry later");
+    return absl::ResourceExhaustedError("device tier is full of pinned or incomplete blocks; retry later");
   }
   std::vector<uint32_t> pages;
   if (!first.storage->Take(bytes, ns, pages)) {
@@ -704,9 +694,8 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_vi
       absl::MutexLock lock(&store_->mu_);
       ++store_->counters_.checksum_failures;
     }
-    return absl::Status(slice.status().code(), absl::StrCat("slice of block ",
-                                                             kvblock::HashToHex(hash), ": ",
-                                                             slice.status().message()));
+    return absl::Status(slice.status().code(),
+                        absl::StrCat("slice of block ", kvblock::HashToHex(hash), ": ", slice.status().message()));
   }
   const std::string key(kvblock::HashAsBytes(hash));
   auto it = pending_.find(key);
@@ -734,8 +723,8 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_vi
   const kvblock::BlockHeader& h = slice->header;
   for (uint32_t l = h.layer_begin; l < h.layer_begin + h.layer_count; ++l) {
     if (p.layers[l]) {
-      return absl::InvalidArgumentError(absl::StrCat("layer ", l, " of block ",
-                                                     kvblock::HashToHex(hash), " sent twice"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer ", l, " of block ", kvblock::HashToHex(hash), " sent twice"));
     }
   }
   const TierStorage& first = *store_->tiers_[0]->storage;

@@ -126,8 +126,8 @@ class PinnedBlock {
   friend class BlockStore;
   // `pieces` point into the store's pages, or into `owned`: a copy read from
   // disk or out of a slab (null otherwise).
-  PinnedBlock(BlockStore* store, Entry* entry, TierKind tier,
-              std::vector<std::span<const uint8_t>> pieces, std::shared_ptr<const uint8_t> owned, size_t size);
+  PinnedBlock(BlockStore* store, Entry* entry, TierKind tier, std::vector<std::span<const uint8_t>> pieces,
+              std::shared_ptr<const uint8_t> owned, size_t size);
 
   BlockStore* store_;
   Entry* entry_;
@@ -173,21 +173,19 @@ class PutSession {
   uint64_t layout_id_;
   size_t record_bytes_;
   std::unordered_map<std::string, std::unique_ptr<Pending>> pending_;  // by hash bytes
-  std::unordered_set<std::string> deduplicated_;  // blocks found already stored
+  std::unordered_set<std::string> deduplicated_;                       // blocks found already stored
   PutSummary summary_;
 };
 
 class BlockStore {
  public:
-  static absl::StatusOr<std::unique_ptr<BlockStore>> Create(const StoreOptions& options,
-                                                            Clock* clock);
+  static absl::StatusOr<std::unique_ptr<BlockStore>> Create(const StoreOptions& options, Clock* clock);
   ~BlockStore();
 
   // Longest prefix of `hashes` stored in `ns` under `layout_id`. With a
   // lease_ttl the matched blocks are pinned until ReleaseLease or the
   // deadline (ttl 0 = the default; capped at max_lease_ttl).
-  MatchResult Match(const std::string& ns, uint64_t layout_id,
-                    std::span<const kvblock::BlockHash> hashes,
+  MatchResult Match(const std::string& ns, uint64_t layout_id, std::span<const kvblock::BlockHash> hashes,
                     std::optional<absl::Duration> lease_ttl = std::nullopt);
   // NOT_FOUND for an unknown or expired lease.
   absl::Status ReleaseLease(uint64_t lease_id);
@@ -208,8 +206,7 @@ class BlockStore {
     bool copy_out = true;
   };
   absl::StatusOr<std::shared_ptr<const PinnedBlock>> Read(const std::string& ns, uint64_t layout_id,
-                                                          const kvblock::BlockHash& hash,
-                                                          const ReadOptions& options);
+                                                          const kvblock::BlockHash& hash, const ReadOptions& options);
   absl::StatusOr<std::shared_ptr<const PinnedBlock>> Read(const std::string& ns, uint64_t layout_id,
                                                           const kvblock::BlockHash& hash) {
     return Read(ns, layout_id, hash, ReadOptions());
@@ -228,8 +225,7 @@ class BlockStore {
   // (the caller closes it). INVALID_ARGUMENT for no such segment;
   // FAILED_PRECONDITION when it is no longer at `generation` or has no
   // memfd; PERMISSION_DENIED when it does not hold `ns`'s blocks.
-  absl::StatusOr<int> OpenSegmentReadOnly(uint32_t tier, uint32_t segment, uint64_t generation,
-                                          const std::string& ns);
+  absl::StatusOr<int> OpenSegmentReadOnly(uint32_t tier, uint32_t segment, uint64_t generation, const std::string& ns);
 
   // Ends leases whose deadline has passed (also done by every call above).
   void ExpireLeases();
@@ -256,10 +252,8 @@ class BlockStore {
   // unpinned blocks; false when pinned blocks leave too little room.
   // `ns` owns the record: in a shared arena only its segments, or empty
   // ones, can take it.
-  bool MakeRoomLocked(size_t tier, size_t bytes, const std::string& ns)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool HasRoomLocked(size_t tier, size_t bytes, const std::string& ns) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool MakeRoomLocked(size_t tier, size_t bytes, const std::string& ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool HasRoomLocked(size_t tier, size_t bytes, const std::string& ns) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The storage under `tier` filled before its capacity (a file system
   // under a disk tier): evicts its LRU unpinned blocks until `bytes` of
   // them are gone; false when none could go.

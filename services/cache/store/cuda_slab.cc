@@ -40,9 +40,7 @@ absl::Status CudaSlab::CopyOut(uint64_t offset, void* to, size_t n) const {
   return FromKernelStatus(slab_->CopyOut(offset, to, n));
 }
 
-absl::Status CudaSlab::CopyInRuns(std::span<const SlabRun> runs) {
-  return FromKernelStatus(slab_->CopyInRuns(runs));
-}
+absl::Status CudaSlab::CopyInRuns(std::span<const SlabRun> runs) { return FromKernelStatus(slab_->CopyInRuns(runs)); }
 
 absl::Status CudaSlab::CopyInRunsNoWait(std::span<const SlabRun> runs) {
   return FromKernelStatus(slab_->CopyInRunsNoWait(runs));
@@ -81,9 +79,7 @@ absl::Status CudaSlab::CopyToExported(uint64_t offset, ExportedBuffer& to, uint6
 
 std::shared_ptr<uint8_t> CudaSlab::AllocateHost(size_t n) const { return kernels::cuda::DeviceSlab::AllocatePinned(n); }
 
-absl::Status CudaSlab::PinHost(void* p, size_t n) {
-  return FromKernelStatus(kernels::cuda::DeviceSlab::PinHost(p, n));
-}
+absl::Status CudaSlab::PinHost(void* p, size_t n) { return FromKernelStatus(kernels::cuda::DeviceSlab::PinHost(p, n)); }
 
 void CudaSlab::UnpinHost(void* p) { kernels::cuda::DeviceSlab::UnpinHost(p); }
 

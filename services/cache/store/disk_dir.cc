@@ -222,10 +222,9 @@ absl::Status DiskDir::Write(const std::string& ns, const kvblock::BlockHash& has
   const std::string header = DiskFileHeader(ns, hash, TrailingCrc(pieces));
   const auto failed = [&](const char* what) {
     const int error = errno;
-    const std::string message = absl::StrCat(what, " ", dir_, "/", kNamespacePrefix, ns, "/", FileName(hash), ": ",
-                                             std::strerror(error));
-    return error == ENOSPC || error == EDQUOT ? absl::ResourceExhaustedError(message)
-                                              : absl::UnavailableError(message);
+    const std::string message =
+        absl::StrCat(what, " ", dir_, "/", kNamespacePrefix, ns, "/", FileName(hash), ": ", std::strerror(error));
+    return error == ENOSPC || error == EDQUOT ? absl::ResourceExhaustedError(message) : absl::UnavailableError(message);
   };
   const int ns_fd = OpenNamespace(ns, /*create=*/true);
   if (ns_fd < 0) return failed("cannot open the directory of");
@@ -249,8 +248,7 @@ absl::Status DiskDir::Write(const std::string& ns, const kvblock::BlockHash& has
   return status;
 }
 
-absl::StatusOr<std::string> DiskDir::Read(const std::string& ns, const kvblock::BlockHash& hash,
-                                          size_t size) const {
+absl::StatusOr<std::string> DiskDir::Read(const std::string& ns, const kvblock::BlockHash& hash, size_t size) const {
   const std::string path = absl::StrCat(dir_, "/", kNamespacePrefix, ns, "/", FileName(hash));
   const int ns_fd = OpenNamespace(ns, /*create=*/false);
   const int fd = ns_fd < 0 ? -1 : openat(ns_fd, FileName(hash).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);

@@ -30,7 +30,7 @@ struct DiskRecord {
   std::string ns;
   kvblock::BlockHash hash;
   uint64_t layout_id = 0;
-  size_t size = 0;  // the record's bytes (the file's less its key header)
+  size_t size = 0;       // the record's bytes (the file's less its key header)
   int64_t mtime_ns = 0;  // for restoring LRU order
 };
 

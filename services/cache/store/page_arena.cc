@@ -21,8 +21,8 @@ namespace {
 // Anonymous memory over [at, at + bytes): the arena's own pages, or (shared
 // arenas) a stand-in when a memfd cannot be made.
 bool MapAnonymous(uint8_t* at, size_t bytes) {
-  return mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
-              -1, 0) != MAP_FAILED;
+  return mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) !=
+         MAP_FAILED;
 }
 
 // A new sealed memfd of `bytes` mapped read-write over [at, at + bytes), or
@@ -43,8 +43,8 @@ absl::StatusOr<std::unique_ptr<PageArena>> PageArena::Create(const ArenaOptions&
       options.slab != nullptr ? std::min(options.capacity, options.slab->size()) : options.capacity;
   const uint64_t pages = capacity / options.page_size;
   if (pages == 0 || pages > UINT32_MAX) {
-    return absl::InvalidArgumentError(absl::StrCat("capacity ", capacity, " bytes gives ",
-                                                   pages, " pages of ", options.page_size, " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("capacity ", capacity, " bytes gives ", pages, " pages of ", options.page_size, " bytes"));
   }
   const size_t bytes = pages * options.page_size;
   if (options.slab != nullptr) {
@@ -56,8 +56,7 @@ absl::StatusOr<std::unique_ptr<PageArena>> PageArena::Create(const ArenaOptions&
   void* base = mmap(nullptr, bytes, options.shared ? PROT_NONE : PROT_READ | PROT_WRITE,
                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (base == MAP_FAILED) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cannot map ", bytes, " bytes: ", std::strerror(errno)));
+    return absl::ResourceExhaustedError(absl::StrCat("cannot map ", bytes, " bytes: ", std::strerror(errno)));
   }
   return std::unique_ptr<PageArena>(
       new PageArena(static_cast<uint8_t*>(base), bytes, options, static_cast<uint32_t>(pages)));
@@ -206,9 +205,7 @@ std::vector<std::span<uint8_t>> PageArena::PagePieces(const std::vector<uint32_t
   return pieces;
 }
 
-uint64_t PageArena::SegmentBytes(uint32_t segment) const {
-  return uint64_t{segments_[segment].pages} * page_size_;
-}
+uint64_t PageArena::SegmentBytes(uint32_t segment) const { return uint64_t{segments_[segment].pages} * page_size_; }
 
 const std::string& PageArena::Key(const std::string& owner) const {
   static const std::string kEveryone;

@@ -33,12 +33,11 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
-
-#include <span>
-#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "services/cache/store/segment_spares.h"
@@ -110,8 +109,7 @@ class PageArena {
     std::span<const std::span<uint8_t>> pieces;
     uint64_t crc_bytes = 0;  // with crcs: from the record's first byte
   };
-  absl::Status ReadRecords(std::span<const RecordPieces> records,
-                           std::span<std::optional<uint32_t>> crcs = {}) const;
+  absl::Status ReadRecords(std::span<const RecordPieces> records, std::span<std::optional<uint32_t>> crcs = {}) const;
   // The first `size` bytes of a record laid over `pages`, a piece a page:
   // only when addressable().
   std::vector<std::span<uint8_t>> PagePieces(const std::vector<uint32_t>& pages, size_t size) const;
@@ -143,7 +141,7 @@ class PageArena {
     std::string owner;
     uint64_t generation = 0;
     int fd = -1;
-    bool exported = false;  // fd handed out in this generation
+    bool exported = false;       // fd handed out in this generation
     std::vector<uint32_t> free;  // a stack, lowest page on top
     uint32_t pages = 0;
     bool pinned = false;  // with pin_for, over its current mapping
@@ -162,8 +160,7 @@ class PageArena {
   // Calls copy(byte offset in the arena, host address, n) for each run of
   // the record from `offset` on that lies in one page and one piece.
   template <typename Piece, typename Copy>
-  void ForEachRun(const std::vector<uint32_t>& pages, size_t offset, std::span<const Piece> pieces,
-                  Copy copy) const;
+  void ForEachRun(const std::vector<uint32_t>& pages, size_t offset, std::span<const Piece> pieces, Copy copy) const;
   // Owners are told apart only in a shared arena; elsewhere all are one.
   const std::string& Key(const std::string& owner) const;
   // Gives an empty segment to `owner`: in a shared arena, a new memfd mapped

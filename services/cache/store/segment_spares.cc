@@ -88,9 +88,7 @@ size_t SegmentSpares::Held() const { return ready_.size() + retired_.size() + (b
 
 bool SegmentSpares::HasWork() const { return stop_ || !retired_.empty() || (!failed_ && Held() < keep_); }
 
-bool SegmentSpares::Idle() const {
-  return retired_.empty() && !busy_ && (failed_ || ready_.size() >= keep_);
-}
+bool SegmentSpares::Idle() const { return retired_.empty() && !busy_ && (failed_ || ready_.size() >= keep_); }
 
 void SegmentSpares::WaitIdle() {
   absl::MutexLock lock(&mu_);

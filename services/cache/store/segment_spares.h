@@ -77,8 +77,8 @@ class SegmentSpares {
   absl::Mutex mu_;
   std::deque<Spare> ready_ ABSL_GUARDED_BY(mu_);
   std::deque<int> retired_ ABSL_GUARDED_BY(mu_);
-  bool busy_ ABSL_GUARDED_BY(mu_) = false;  // the thread closes one or makes one
-  bool failed_ ABSL_GUARDED_BY(mu_) = false;    // could not make one: makes no more
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;    // the thread closes one or makes one
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;  // could not make one: makes no more
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };

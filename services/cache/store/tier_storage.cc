@@ -128,8 +128,7 @@ class SharedSegments final : public PrivatePages {
       return absl::InvalidArgumentError(absl::StrCat("no shared segment ", segment));
     }
     if (arena_->Generation(segment) != generation || arena_->SegmentFd(segment) < 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("segment ", segment, " is no longer generation ", generation));
+      return absl::FailedPreconditionError(absl::StrCat("segment ", segment, " is no longer generation ", generation));
     }
     if (arena_->Owner(segment) != ns) {
       return absl::PermissionDeniedError(absl::StrCat("segment ", segment, " holds another namespace's blocks"));

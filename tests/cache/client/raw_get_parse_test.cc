@@ -2,8 +2,6 @@
 // caller's buffers without a protobuf copy), so it must hold against any
 // bytes a server sends: records land only at their own index, in a slot of
 // the right size, whatever the slices look like.
-#include "services/cache/client/raw_get.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "services/cache/client/raw_get.h"
 #include "tests/integration/mangled_messages.h"
 #include "tests/test_random.h"
 

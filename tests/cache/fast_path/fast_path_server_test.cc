@@ -16,8 +16,12 @@ namespace kvtier::cache {
 namespace {
 
 kvblock::LatentLayout Layout() {
-  return {.model_id = "fast-path-server-test", .num_layers = 2, .kv_lora_rank = 24, .rope_dim = 8,
-          .tokens_per_block = 16, .codec = kernels::Codec::kInt8};
+  return {.model_id = "fast-path-server-test",
+          .num_layers = 2,
+          .kv_lora_rank = 24,
+          .rope_dim = 8,
+          .tokens_per_block = 16,
+          .codec = kernels::Codec::kInt8};
 }
 
 class FastPathServerTest : public ::testing::Test {

@@ -44,8 +44,10 @@ R Named(const std::string& ns, const v1::LatentLayout& layout, const std::vector
 
 std::vector<Kind> Kinds() {
   return {
-      {"Match", [](const RequestPlanner& p, const auto&... a) { return p.PlanMatch(Named<v1::MatchRequest>(a...)).status(); }},
-      {"Get", [](const RequestPlanner& p, const auto&... a) { return p.PlanGet(Named<v1::GetRequest>(a...)).status(); }},
+      {"Match",
+       [](const RequestPlanner& p, const auto&... a) { return p.PlanMatch(Named<v1::MatchRequest>(a...)).status(); }},
+      {"Get",
+       [](const RequestPlanner& p, const auto&... a) { return p.PlanGet(Named<v1::GetRequest>(a...)).status(); }},
   };
 }
 
@@ -62,9 +64,9 @@ TEST(RequestPlanner, EveryPlanRefusesWhatItChecks) {
     EXPECT_EQ(kind.plan(planner, "a/b", good, {}).code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(kind.plan(planner, "tenant-a", bad, {}).code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(kind.plan(planner, "tenant-a", good, {"short"}).code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_EQ(kind.plan(planner, "tenant-a", good, std::vector<std::string>(kMaxBlocksPerRequest + 1, AHash('a')))
-                  .code(),
-              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(
+        kind.plan(planner, "tenant-a", good, std::vector<std::string>(kMaxBlocksPerRequest + 1, AHash('a'))).code(),
+        absl::StatusCode::kInvalidArgument);
   }
   // Put and fast path leases: the same scope checks, and no session here.
   v1::PutHeader header;

@@ -31,7 +31,11 @@ using kvblock::BlockHash;
 constexpr uint32_t kPage = 4096;
 
 kvblock::LatentLayout SmallLayout() {  // 2,340-byte records: one page each
-  return {.model_id = "store-test", .num_layers = 4, .kv_lora_rank = 24, .rope_dim = 8, .tokens_per_block = 16,
+  return {.model_id = "store-test",
+          .num_layers = 4,
+          .kv_lora_rank = 24,
+          .rope_dim = 8,
+          .tokens_per_block = 16,
           .codec = kernels::Codec::kInt8};
 }
 
@@ -146,8 +150,8 @@ class BlockStoreTest : public ::testing::TestWithParam<Memory> {
 
   testing::SeededRng rng_;
   std::shared_ptr<StagedHostSlab> slab_;  // kStagedDevice
-  std::filesystem::path disk_dir_ = std::filesystem::temp_directory_path() /
-                                    ("kvtier_store_test_" + std::to_string(rng_.seed()));
+  std::filesystem::path disk_dir_ =
+      std::filesystem::temp_directory_path() / ("kvtier_store_test_" + std::to_string(rng_.seed()));
   ManualClock clock_;
   kvblock::LatentLayout layout_ = SmallLayout();
   uint64_t layout_id_ = kvblock::LayoutId(SmallLayout());
@@ -234,8 +238,7 @@ TEST_P(BlockStoreTest, BadSlicesGetTheirStatusAndLeaveTheSessionUsable) {
   kvblock::LatentLayout other = layout_;
   other.codec = kernels::Codec::kInt4;
   std::vector<float> x(other.LayerShape().values(), 1.0f);
-  EXPECT_EQ(session->AddSlice(h, *kvblock::EncodeBlock(other, 2, 1, x)).code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(session->AddSlice(h, *kvblock::EncodeBlock(other, 2, 1, x)).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(session->AddSlice(h, "garbage").code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(session->AddSlice(h, Slice(2, 2)).ok());
   EXPECT_EQ(session->Finish().blocks_stored, 1u);
@@ -303,7 +306,8 @@ TEST_P(BlockStoreTest, LeasesExpireInDeadlineOrder) {
   for (int i = 0; i < 4; ++i) Put(hashes.emplace_back(Hash(i)));
   const absl::Duration ttls[] = {absl::Seconds(4), absl::Seconds(1), absl::Seconds(3), absl::Seconds(2)};
   std::vector<uint64_t> ids;
-  for (int i = 0; i < 4; ++i) ids.push_back(store_->Match("ns", layout_id_, std::span(&hashes[i], 1), ttls[i]).lease_id);
+  for (int i = 0; i < 4; ++i)
+    ids.push_back(store_->Match("ns", layout_id_, std::span(&hashes[i], 1), ttls[i]).lease_id);
   ASSERT_TRUE(store_->ReleaseLease(ids[2]).ok());  // the 3 s one, early
   EXPECT_EQ(store_->Stats().active_leases, 3u);
   clock_.Advance(absl::Milliseconds(1500));
@@ -465,7 +469,8 @@ class GatedSlab final : public SlabMemory {
     absl::MutexLock lock(&mu_);
     if (armed_) {
       waiting_ = true;
-      mu_.Await(absl::Condition(+[](bool* open) { return *open; }, &open_));
+      mu_.Await(absl::Condition(
+          +[](bool* open) { return *open; }, &open_));
     }
     return slab_->CopyIn(offset, from, n);
   }
@@ -691,8 +696,7 @@ TEST_P(BlockStoreTest, NamespacesNeverSeeEachOthersBlocks) {
   EXPECT_EQ(store_->Match("tenant-b", layout_id_, std::span(&h, 1)).matched_blocks, 0u);
   EXPECT_EQ(ReadCode(h, "tenant-b"), absl::StatusCode::kNotFound);
   EXPECT_EQ(ReadCode(h, "tenant-a"), absl::StatusCode::kOk);
-  EXPECT_EQ(store_->Read("tenant-a", layout_id_ ^ 1, h).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store_->Read("tenant-a", layout_id_ ^ 1, h).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_P(BlockStoreTest, MatchStopsAtTheFirstMissingBlock) {
@@ -869,8 +873,7 @@ TEST_P(BlockStoreTest, TheDiskTierNeverFollowsLinksOutOfItsDirectory) {
     std::ofstream(outside / name) << "not a record, and not the cache's to delete";
   }
   std::filesystem::create_directory_symlink(outside, disk_dir_ / "ns-evil");
-  std::filesystem::create_symlink(outside / (kvblock::HashToHex(planted) + ".kvb"),
-                                  DiskFile(disk_dir_, "ns", planted));
+  std::filesystem::create_symlink(outside / (kvblock::HashToHex(planted) + ".kvb"), DiskFile(disk_dir_, "ns", planted));
   Open(1, 1, 8);
   EXPECT_EQ(store_->Stats().checksum_failures, 0u) << "looked through a link";
   EXPECT_EQ(store_->Stats().tiers[2].blocks, 0u);
@@ -903,7 +906,8 @@ TEST_P(BlockStoreTest, AFullFileSystemUnderTheDiskTierEvictsToMakeRoom) {
   EXPECT_GE(disk.blocks, 8u);
   EXPECT_EQ(disk.used_bytes, disk.blocks * record_bytes) << "reports what it holds";
   size_t files = 0;
-  for (const auto& f : std::filesystem::directory_iterator(disk_dir_ / "ns-ns")) files += f.path().extension() == ".kvb";
+  for (const auto& f : std::filesystem::directory_iterator(disk_dir_ / "ns-ns"))
+    files += f.path().extension() == ".kvb";
   EXPECT_EQ(files, disk.blocks);
   // Still taking blocks: the last ones demoted are on disk.
   EXPECT_EQ(TierOf(Hash(kBlocks - 3)), TierKind::kDisk);
@@ -956,29 +960,23 @@ TEST_P(BlockStoreTest, SharedSegmentsHoldOneNamespaceAndReadBackTheRecord) {
       const std::string record = (*block)->CopyToString();
       EXPECT_EQ(pieces[0].length, record.size());
       segments_of[ns].insert(pieces[0].segment);
-      absl::StatusOr<int> fd = store_->OpenSegmentReadOnly(pieces[0].tier, pieces[0].segment,
-                                                           pieces[0].generation, ns);
+      absl::StatusOr<int> fd = store_->OpenSegmentReadOnly(pieces[0].tier, pieces[0].segment, pieces[0].generation, ns);
       ASSERT_TRUE(fd.ok()) << fd.status();
       auto mapping = MapForReader(*fd);
       ASSERT_NE(mapping->base, nullptr);
       ASSERT_LE(pieces[0].offset + pieces[0].length, mapping->size);
-      EXPECT_EQ(std::string_view(reinterpret_cast<const char*>(mapping->base) + pieces[0].offset,
-                                 pieces[0].length),
+      EXPECT_EQ(std::string_view(reinterpret_cast<const char*>(mapping->base) + pieces[0].offset, pieces[0].length),
                 record);
       // Read-only for readers: no writable shared mapping of it.
       EXPECT_EQ(mmap(nullptr, mapping->size, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0), MAP_FAILED);
       EXPECT_EQ(errno, EACCES);
       const std::string other = ns == "tenant-a" ? "tenant-b" : "tenant-a";
-      EXPECT_EQ(store_->OpenSegmentReadOnly(pieces[0].tier, pieces[0].segment, pieces[0].generation,
-                                            other)
-                    .status()
-                    .code(),
-                absl::StatusCode::kPermissionDenied);
-      EXPECT_EQ(store_->OpenSegmentReadOnly(pieces[0].tier, pieces[0].segment,
-                                            pieces[0].generation + 1, ns)
-                    .status()
-                    .code(),
-                absl::StatusCode::kFailedPrecondition);
+      EXPECT_EQ(
+          store_->OpenSegmentReadOnly(pieces[0].tier, pieces[0].segment, pieces[0].generation, other).status().code(),
+          absl::StatusCode::kPermissionDenied);
+      EXPECT_EQ(
+          store_->OpenSegmentReadOnly(pieces[0].tier, pieces[0].segment, pieces[0].generation + 1, ns).status().code(),
+          absl::StatusCode::kFailedPrecondition);
       close(*fd);
     }
   }
@@ -999,8 +997,8 @@ TEST_P(SharedSegmentsTest, ASegmentChangingNamespaceLeavesOldMappingsWithoutTheN
     auto block = store_->Read("tenant-a", layout_id_, a0);
     ASSERT_TRUE(block.ok());
     old_piece = store_->SharedPieces(**block)[0];
-    absl::StatusOr<int> fd = store_->OpenSegmentReadOnly(old_piece.tier, old_piece.segment,
-                                                         old_piece.generation, "tenant-a");
+    absl::StatusOr<int> fd =
+        store_->OpenSegmentReadOnly(old_piece.tier, old_piece.segment, old_piece.generation, "tenant-a");
     ASSERT_TRUE(fd.ok()) << fd.status();
     stale = MapForReader(*fd);
     close(*fd);
@@ -1019,11 +1017,9 @@ TEST_P(SharedSegmentsTest, ASegmentChangingNamespaceLeavesOldMappingsWithoutTheN
     EXPECT_GT(p.generation, old_piece.generation);
     b_records.push_back((*block)->CopyToString());
   }
-  EXPECT_EQ(store_->OpenSegmentReadOnly(old_piece.tier, old_piece.segment, old_piece.generation,
-                                        "tenant-a")
-                .status()
-                .code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(
+      store_->OpenSegmentReadOnly(old_piece.tier, old_piece.segment, old_piece.generation, "tenant-a").status().code(),
+      absl::StatusCode::kFailedPrecondition);
   // The stale mapping keeps what it read (tenant-a's), never tenant-b's.
   const std::string_view seen(reinterpret_cast<const char*>(stale->base), stale->size);
   EXPECT_EQ(seen, stale_bytes);
@@ -1034,9 +1030,12 @@ TEST_P(SharedSegmentsTest, ASegmentChangingNamespaceLeavesOldMappingsWithoutTheN
 
 std::string MemoryName(const ::testing::TestParamInfo<Memory>& info) {
   switch (info.param) {
-    case Memory::kPrivate: return "Private";
-    case Memory::kSharedSegments: return "SharedSegments";
-    case Memory::kStagedDevice: return "StagedDevice";
+    case Memory::kPrivate:
+      return "Private";
+    case Memory::kSharedSegments:
+      return "SharedSegments";
+    case Memory::kStagedDevice:
+      return "StagedDevice";
   }
   return "";
 }
@@ -1049,20 +1048,16 @@ TEST(BlockStoreOptions, RefusesCapacitiesBelowOnePage) {
   StoreOptions o;
   o.device_capacity = 0;
   o.host_capacity = 1 << 20;
-  EXPECT_EQ(BlockStore::Create(o, SystemClock::Get()).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BlockStore::Create(o, SystemClock::Get()).status().code(), absl::StatusCode::kInvalidArgument);
   o.device_capacity = 1 << 20;
   o.host_capacity = 100;
-  EXPECT_EQ(BlockStore::Create(o, SystemClock::Get()).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BlockStore::Create(o, SystemClock::Get()).status().code(), absl::StatusCode::kInvalidArgument);
   o.host_capacity = 1 << 20;
   o.disk_dir = "/tmp/kvtier-no-capacity";
-  EXPECT_EQ(BlockStore::Create(o, SystemClock::Get()).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BlockStore::Create(o, SystemClock::Get()).status().code(), absl::StatusCode::kInvalidArgument);
   o.disk_capacity = 1 << 20;
   o.disk_dir = "/proc/kvtier-cannot-create";
-  EXPECT_EQ(BlockStore::Create(o, SystemClock::Get()).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BlockStore::Create(o, SystemClock::Get()).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -25,9 +25,12 @@ constexpr uint32_t kPage = 4096;
 constexpr uint32_t kSegmentPages = 2;
 
 std::unique_ptr<PageArena> OneSegmentArena() {
-  absl::StatusOr<std::unique_ptr<PageArena>> arena = PageArena::Create(
-      {.capacity = kSegmentPages * kPage, .page_size = kPage, .segment_pages = kSegmentPages, .shared = true,
-       .slab = nullptr, .pin_for = nullptr});
+  absl::StatusOr<std::unique_ptr<PageArena>> arena = PageArena::Create({.capacity = kSegmentPages * kPage,
+                                                                        .page_size = kPage,
+                                                                        .segment_pages = kSegmentPages,
+                                                                        .shared = true,
+                                                                        .slab = nullptr,
+                                                                        .pin_for = nullptr});
   EXPECT_TRUE(arena.ok()) << arena.status();
   return *std::move(arena);
 }
@@ -125,9 +128,12 @@ TEST(PageArenaTest, ASegmentAReaderHadGetsAMemfdMadeAhead) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
   constexpr uint32_t kSegments = 32;
-  absl::StatusOr<std::unique_ptr<PageArena>> made = PageArena::Create(
-      {.capacity = kSegments * kSegmentPages * kPage, .page_size = kPage, .segment_pages = kSegmentPages,
-       .shared = true, .slab = nullptr, .pin_for = nullptr});
+  absl::StatusOr<std::unique_ptr<PageArena>> made = PageArena::Create({.capacity = kSegments * kSegmentPages * kPage,
+                                                                       .page_size = kPage,
+                                                                       .segment_pages = kSegmentPages,
+                                                                       .shared = true,
+                                                                       .slab = nullptr,
+                                                                       .pin_for = nullptr});
   ASSERT_TRUE(made.ok()) << made.status();
   PageArena& arena = **made;
   const size_t bytes = kSegmentPages * kPage;
@@ -167,9 +173,12 @@ TEST(PageArenaTest, ASegmentAReaderHadGetsAMemfdMadeAhead) {
 
 // An arena of 4 pages in `slab`, all taken by one owner.
 std::unique_ptr<PageArena> AllTakenArena(std::shared_ptr<SlabMemory> slab) {
-  absl::StatusOr<std::unique_ptr<PageArena>> arena =
-      PageArena::Create({.capacity = 4 * kPage, .page_size = kPage, .segment_pages = 4, .shared = false,
-                         .slab = std::move(slab), .pin_for = nullptr});
+  absl::StatusOr<std::unique_ptr<PageArena>> arena = PageArena::Create({.capacity = 4 * kPage,
+                                                                        .page_size = kPage,
+                                                                        .segment_pages = 4,
+                                                                        .shared = false,
+                                                                        .slab = std::move(slab),
+                                                                        .pin_for = nullptr});
   EXPECT_TRUE(arena.ok()) << arena.status();
   std::vector<uint32_t> all;
   EXPECT_TRUE((*arena)->Allocate(4, "ns", all));
@@ -240,9 +249,12 @@ TEST(PageArenaTest, PiecesOfARecordAreOneBatch) {
 TEST(PageArenaTest, SegmentsArePinnedForTheSlabAndUnpinnedBeforeRemapping) {
   auto slab = std::make_shared<RecordingSlab>(kPage);
   {
-    absl::StatusOr<std::unique_ptr<PageArena>> created =
-        PageArena::Create({.capacity = 2 * kSegmentPages * kPage, .page_size = kPage, .segment_pages = kSegmentPages,
-                           .shared = true, .slab = nullptr, .pin_for = slab});
+    absl::StatusOr<std::unique_ptr<PageArena>> created = PageArena::Create({.capacity = 2 * kSegmentPages * kPage,
+                                                                            .page_size = kPage,
+                                                                            .segment_pages = kSegmentPages,
+                                                                            .shared = true,
+                                                                            .slab = nullptr,
+                                                                            .pin_for = slab});
     ASSERT_TRUE(created.ok()) << created.status();
     PageArena* arena = created->get();
     EXPECT_TRUE(slab->pinned.empty()) << "nothing pinned before it is used";
@@ -269,9 +281,12 @@ TEST(PageArenaTest, SegmentsArePinnedForTheSlabAndUnpinnedBeforeRemapping) {
 TEST(PageArenaTest, RefusedPinsAreAskedOnce) {
   auto slab = std::make_shared<RecordingSlab>(kPage);
   slab->refuse_pins = true;
-  absl::StatusOr<std::unique_ptr<PageArena>> created =
-      PageArena::Create({.capacity = 4 * kPage, .page_size = kPage, .segment_pages = 1, .shared = false,
-                         .slab = nullptr, .pin_for = slab});
+  absl::StatusOr<std::unique_ptr<PageArena>> created = PageArena::Create({.capacity = 4 * kPage,
+                                                                          .page_size = kPage,
+                                                                          .segment_pages = 1,
+                                                                          .shared = false,
+                                                                          .slab = nullptr,
+                                                                          .pin_for = slab});
   ASSERT_TRUE(created.ok()) << created.status();
   PageArena* arena = created->get();
   std::vector<uint32_t> pages;

@@ -30,7 +30,7 @@ TEST(SegmentSpares, ASpareIsSealedZeroedPresentAndMovesWhereAsked) {
   spares.WaitIdle();
   std::optional<SegmentSpares::Spare> spare = spares.Take();
   ASSERT_TRUE(spare.has_value());
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(fstat(spare->fd, &st), 0);
   EXPECT_EQ(static_cast<size_t>(st.st_size), kBytes);
   const int seals = fcntl(spare->fd, F_GET_SEALS);

@@ -35,8 +35,7 @@ namespace kvtier::kernels {
 // Values are part of the block format and the wire protocol: never renumber.
 enum class Codec : uint8_t { kBf16 = 1, kFp8 = 2, kInt8 = 3, kInt4 = 4 };
 
-inline constexpr Codec kAllCodecs[] = {Codec::kBf16, Codec::kFp8, Codec::kInt8,
-                                       Codec::kInt4};
+inline constexpr Codec kAllCodecs[] = {Codec::kBf16, Codec::kFp8, Codec::kInt8, Codec::kInt4};
 
 // "bf16", "fp8", "int8", "int4" (a static string).
 const char* CodecName(Codec codec);
@@ -70,14 +69,12 @@ size_t EncodedBytes(Codec codec, BlockShape shape);
 // Encodes `in` (shape.values() floats) into `out` (EncodedBytes bytes).
 // Rejects non-finite input, and values a codec cannot represent, with
 // INVALID_ARGUMENT naming the token and channel; `out` is then unspecified.
-Status Quantize(Codec codec, BlockShape shape, std::span<const float> in,
-                std::span<uint8_t> out);
+Status Quantize(Codec codec, BlockShape shape, std::span<const float> in, std::span<uint8_t> out);
 
 // Decodes `in` (exactly EncodedBytes bytes) into `out` (shape.values()
 // floats). Reads nothing outside `in`; sizes are checked, contents are not
 // (the block format's CRC32C is what vouches for them).
-Status Dequantize(Codec codec, BlockShape shape, std::span<const uint8_t> in,
-                  std::span<float> out);
+Status Dequantize(Codec codec, BlockShape shape, std::span<const uint8_t> in, std::span<float> out);
 
 }  // namespace kvtier::kernels
 

@@ -18,8 +18,7 @@ namespace kvtier::kernels::cuda {
 
 // out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight for `rows` rows of `dim`
 // floats (x and out may be the same).
-Status RmsNorm(const float* x, const float* weight, uint32_t rows, uint32_t dim, float eps, float* out,
-               void* stream);
+Status RmsNorm(const float* x, const float* weight, uint32_t rows, uint32_t dim, float eps, float* out, void* stream);
 
 // Rotates, in place, `vectors` rope vectors of each of `rows` rows by the
 // row's position: vector v of row r starts at x + r * row_stride + v *

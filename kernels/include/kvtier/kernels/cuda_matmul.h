@@ -90,7 +90,7 @@ class Blas {
 
   const void* api_;  // the CublasApi (cuBLAS is opened at run time: cublas_loader.h)
   void* handle_;     // cublasHandle_t
-  void* stream_;  // cudaStream_t
+  void* stream_;     // cudaStream_t
   std::vector<std::pair<void*, size_t>> scratch_;
   void* staging_ = nullptr;  // pinned, for Upload
   size_t staging_bytes_ = 0;

@@ -99,7 +99,7 @@ class DeviceSlab {
   static constexpr size_t kStagingChunks = 4;
   uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
-  std::array<uint8_t*, kStagingChunks> staging_{};  // cudaMallocHost'd when first needed
+  std::array<uint8_t*, kStagingChunks> staging_{};    // cudaMallocHost'd when first needed
   std::array<void*, kStagingChunks> staging_done_{};  // cudaEvent_t: the last copy out of each chunk
   size_t staging_chunk_ = 0, staging_used_ = 0;
   int device_ = 0;

@@ -34,8 +34,7 @@ MlaCosts MlaFormCosts(const MlaDims& d, size_t rows, size_t context, size_t visi
 // [nope][kv]; q_latent: [row][heads][kv]. Each weight row is read once for
 // all rows; heads are split over the kernel threads, each output summed by
 // one thread in a fixed order (the same bits for any thread count).
-void AbsorbQueries(const MlaDims& d, const float* w_uk, const float* q, std::span<const size_t> rows,
-                   float* q_latent);
+void AbsorbQueries(const MlaDims& d, const float* w_uk, const float* q, std::span<const size_t> rows, float* q_latent);
 
 // For each row r and head h: softmax over t <= positions[r] of scale *
 // (q_nope . W_UK[h] c_t + q_pe . pe_t), then out = sum_t p_t W_UV[h] c_t.

@@ -22,7 +22,7 @@ struct ExpertGroups {
   // first_inner[g] of the gate, up and SwiGLU buffers.
   std::vector<uint32_t> count;
   std::vector<size_t> first_pair, first_inner;
-  size_t inner_values = 0;         // sum of count[g] * inter[g]
+  size_t inner_values = 0;          // sum of count[g] * inter[g]
   std::vector<int32_t> pair_token;  // [pairs]: the token a pair reads
   // Token t's pairs, groups in order: token_pairs[token_first[t] ..
   // token_first[t + 1] - 1], each with its weight. Summed in this order,
@@ -38,9 +38,8 @@ struct ExpertGroups {
 // Group g (an expert, with intermediate size inter[g]) takes tokens
 // rows[g] with weights weights[g]. INVALID_ARGUMENT when the lists'
 // lengths disagree or a row is not a token in [0, tokens).
-Status PlanExpertGroups(const std::vector<std::vector<int32_t>>& rows,
-                        const std::vector<std::vector<float>>& weights, std::span<const uint32_t> inter,
-                        uint32_t tokens, ExpertGroups& out);
+Status PlanExpertGroups(const std::vector<std::vector<int32_t>>& rows, const std::vector<std::vector<float>>& weights,
+                        std::span<const uint32_t> inter, uint32_t tokens, ExpertGroups& out);
 
 }  // namespace kvtier::kernels
 

@@ -51,7 +51,7 @@ KVTIER_HD inline uint16_t FloatToBf16TowardPositive(float f) {
   const bool inexact = (u & 0xffffu) != 0;
   const bool negative = (u >> 31) != 0;
   if (inexact && !negative) ++h;  // magnitude up for positives
-  return h;                        // truncation already rounds negatives up
+  return h;                       // truncation already rounds negatives up
 }
 KVTIER_HD inline uint16_t FloatToBf16TowardNegative(float f) {
   const uint32_t u = FloatBits(f);
@@ -76,8 +76,7 @@ KVTIER_HD inline uint8_t Fp8E4m3FromInRange(float f) {
   // subtracting 2^14 rounds to one (ties to even). Clamping the bits to 2^-6
   // keeps the conversion to integer in range for every input.
   const float small = BitsToFloat(a < 0x3c800000u ? a : 0x3c800000u);
-  const uint32_t subnormal =
-      static_cast<uint32_t>(static_cast<int32_t>(((small + 16384.0f) - 16384.0f) * 512.0f));
+  const uint32_t subnormal = static_cast<uint32_t>(static_cast<int32_t>(((small + 16384.0f) - 16384.0f) * 512.0f));
   // Normal: keep 3 mantissa bits, ties to even, and rebias the exponent 127 -> 7.
   const uint32_t normal = ((a + 0x7ffffu + ((a >> 20) & 1u)) >> 20) - (120u << 3);
   return static_cast<uint8_t>(sign | SelectBits(a < 0x3c800000u, subnormal, normal));

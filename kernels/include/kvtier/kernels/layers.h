@@ -19,14 +19,14 @@ void Gemv(const float* w, size_t rows, size_t cols, const float* x, float* y);
 // y[i * y_stride + r] = sum_c w[r * cols + c] * x[i * x_stride + c]. Each
 // dot product is summed in the same order as Gemv's, so a batch gives
 // bit-identical results to one input at a time. `y` must not alias.
-void Gemm(const float* w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride,
-          float* y, size_t y_stride);
+void Gemm(const float* w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride, float* y,
+          size_t y_stride);
 
 // Gemm with bf16 weights (as checkpoints store them), widened to float as
 // they are read: the same bits as Gemm over the widened weights, from half
 // the memory.
-void GemmBf16(const uint16_t* w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride,
-              float* y, size_t y_stride);
+void GemmBf16(const uint16_t* w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride, float* y,
+              size_t y_stride);
 
 // x[i] = e_i / sum_j e_j with e_i = exp(scale * (x[i] - max)), in place,
 // for n >= 1 finite scores and scale > 0: attention's softmax of scaled
@@ -35,8 +35,7 @@ void GemmBf16(const uint16_t* w, size_t rows, size_t cols, const float* x, size_
 void Softmax(float* x, size_t n, float scale = 1.0f);
 
 // out = x / sqrt(mean(x^2) + eps) * weight. `out` may alias `x`.
-Status RmsNorm(std::span<const float> x, std::span<const float> weight, float eps,
-               std::span<float> out);
+Status RmsNorm(std::span<const float> x, std::span<const float> weight, float eps, std::span<float> out);
 
 // How the MoE gate picks experts (DeepSeek-V2's DeepseekV2MoEGate).
 struct GateParams {
@@ -59,8 +58,7 @@ struct ExpertChoice {
 // top_k > 1 and norm_topk_prob, and otherwise multiplied by
 // routed_scaling_factor (never both). Ties go to the lower expert index.
 // Choices come highest weight first.
-Status SelectExperts(std::span<const float> logits, const GateParams& params,
-                     std::vector<ExpertChoice>& out);
+Status SelectExperts(std::span<const float> logits, const GateParams& params, std::vector<ExpertChoice>& out);
 
 }  // namespace kvtier::kernels
 

@@ -38,9 +38,8 @@ struct LatentBlock {
 // rope_dim values, the tokens not yet in a full block) are the context.
 // q_latent: heads x kv_lora_rank; q_rope: heads x rope_dim; out: heads x
 // kv_lora_rank. INVALID_ARGUMENT for sizes that disagree or no context.
-Status AbsorbedMlaDecode(const MlaShape& shape, std::span<const float> q_latent,
-                         std::span<const float> q_rope, float softmax_scale,
-                         std::span<const LatentBlock> blocks, std::span<const float> tail,
+Status AbsorbedMlaDecode(const MlaShape& shape, std::span<const float> q_latent, std::span<const float> q_rope,
+                         float softmax_scale, std::span<const LatentBlock> blocks, std::span<const float> tail,
                          std::span<float> out);
 
 // For tests: false sends AbsorbedMlaDecode and AbsorbQueries down their
