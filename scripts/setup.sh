@@ -15,6 +15,8 @@ packages=(
   prometheus redis-server libhiredis-dev curl
   # the Kubernetes manifests' check
   python3 python3-yaml
+  # the thread-safety analysis (scripts/thread_safety_check.sh)
+  clang
 )
 
 missing=()

@@ -15,7 +15,13 @@ namespace kvtier::kernels::cpu {
 // target of KVTIER_AVX512 functions.
 #if defined(__x86_64__) && defined(__GNUC__)
 inline bool HasAvx512() {
+#if defined(__clang__)  // clang 14 knows the features, not the level
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512vl");
+#else
   static const bool has = __builtin_cpu_supports("x86-64-v4");
+#endif
   return has;
 }
 #else
@@ -27,7 +33,9 @@ inline bool HasAvx512() { return false; }
 #if defined(__x86_64__) && defined(__GNUC__)
 // GCC 12's AVX-512 unpack intrinsics pass an undefined vector as their
 // unused merge source, which -Wmaybe-uninitialized reports at each use.
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 

@@ -121,8 +121,9 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   const size_t data_size = size - 8 - header_len;
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") continue;
+    const std::string& tensor = name;  // a structured binding: not capturable before C++20 in clang 14
     auto bad = [&](const std::string& why) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", name, ": ", why));
+      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", tensor, ": ", why));
     };
     if (!entry.is_object() || !entry.contains("dtype") || !entry["dtype"].is_string() || !entry.contains("shape") ||
         !entry["shape"].is_array() || !entry.contains("data_offsets") || !entry["data_offsets"].is_array() ||
