@@ -1,5 +1,6 @@
 // kvtier-cache (TCP Get and the same-host fast path) against Redis and
-// memcpy, side by side in one run.
+// memcpy, side by side in one run. Over 600 lines because every row runs
+// in the same rounds as the peers it is compared with.
 //
 // Each client stores, then fetches, the latents of a 4,096-token prefix at
 // DeepSeek-V2-Lite dims with the int8 codec: 64 blocks x 27 layers, ~1 MB a

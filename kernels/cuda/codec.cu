@@ -2,6 +2,8 @@
 // same functions as the CPU codecs (float_formats.h) or an explicitly
 // rounded CUDA intrinsic, and nvcc's FMA contraction is off for this file
 // (as -ffp-contract=off is for the CPU codecs), so the bytes are the CPU's.
+// One file over 600 lines for that reason: the four codecs' kernels share
+// the compile flag that makes them match.
 #include <cuda_runtime.h>
 
 #include <cstring>

@@ -1,4 +1,5 @@
 // kvtier-cache as users run it: the real binary on port 0, real gRPC clients.
+// Over 600 lines: one fixture (a running cache) for everything its RPCs do.
 #include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
 #include <signal.h>

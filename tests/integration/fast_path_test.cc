@@ -1,7 +1,8 @@
 // The same-host fast path against the real kvtier-cache binary: identical
 // bytes through both paths, the socket protocol's refusals, lease expiry, a
 // client killed holding leases, a cache restart under a client's mappings,
-// and the fallback to TCP.
+// and the fallback to TCP. Over 600 lines: one fixture (a running cache and
+// raw socket sessions) for every case.
 #include <fcntl.h>
 #include <grp.h>
 #include <gtest/gtest.h>

@@ -1,5 +1,6 @@
 // BlockStore with a hand-driven clock: visibility, dedup, LRU demotion and
-// promotion, leases, pins, capacity limits, checksums, namespaces.
+// promotion, leases, pins, capacity limits, checksums, namespaces, the
+// disk tier. Over 600 lines: one fixture, run over every kind of memory.
 #include "services/cache/store/block_store.h"
 
 #include <gtest/gtest.h>

@@ -1,0 +1,50 @@
+// What BlockStore and PutSession share and nobody else sees: an index
+// entry, a tier, a lease. Guarded by BlockStore::mu_ unless said.
+#ifndef KVTIER_SERVICES_CACHE_STORE_BLOCK_STORE_INTERNAL_H_
+#define KVTIER_SERVICES_CACHE_STORE_BLOCK_STORE_INTERNAL_H_
+
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "services/cache/store/block_store.h"
+
+namespace kvtier::cache {
+
+struct Entry {
+  std::string ns;
+  kvblock::BlockHash hash;
+  uint64_t layout_id = 0;
+  size_t size = 0;  // record bytes
+  size_t tier = 0;
+  std::vector<uint32_t> pages;
+  uint32_t pins = 0;
+  bool zombie = false;  // dropped while pinned; pages freed at the last unpin
+  bool moving = false;  // being copied to another tier (without the lock)
+  std::list<Entry*>::iterator lru;
+};
+
+struct BlockStore::Tier {
+  std::unique_ptr<TierStorage> storage;  // fixed after Create
+  std::list<Entry*> lru;                 // most recently used first
+  TierCounters counters;
+};
+
+struct BlockStore::Lease {
+  std::multimap<absl::Time, uint64_t>::iterator deadline;  // in lease_deadlines_
+  std::vector<Entry*> entries;
+};
+
+// Bookkeeping bytes an index entry costs beyond its payload: the entry, its
+// page list, its namespace copy and the hash-map node.
+inline size_t EntryMetadataBytes(const Entry& e) {
+  constexpr size_t kMapNode = 64;
+  return sizeof(Entry) + kMapNode + e.pages.capacity() * sizeof(uint32_t) + e.ns.capacity();
+}
+
+}  // namespace kvtier::cache
+
+#endif  // KVTIER_SERVICES_CACHE_STORE_BLOCK_STORE_INTERNAL_H_
