@@ -1,5 +1,6 @@
 #include "services/kvblock/block_format.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -198,6 +199,26 @@ absl::Status DecodeBlock(const BlockView& block, std::span<float> out) {
                             out.subspan(i * shape.values(), shape.values()))));
   }
   return absl::OkStatus();
+}
+
+void CopyFromPieces(std::span<const std::span<const uint8_t>> pieces, size_t offset, std::span<uint8_t> out) {
+  for (const auto& piece : pieces) {
+    if (out.empty()) return;
+    if (offset >= piece.size()) {
+      offset -= piece.size();
+      continue;
+    }
+    const size_t n = std::min(out.size(), piece.size() - offset);
+    std::memcpy(out.data(), piece.data() + offset, n);
+    out = out.subspan(n);
+    offset = 0;
+  }
+}
+
+uint32_t TrailerCrc(std::span<const std::span<const uint8_t>> pieces, size_t size) {
+  uint32_t crc = 0;
+  CopyFromPieces(pieces, size - kBlockTrailerBytes, std::span(reinterpret_cast<uint8_t*>(&crc), sizeof crc));
+  return crc;
 }
 
 }  // namespace kvtier::kvblock

@@ -98,6 +98,12 @@ absl::StatusOr<std::string> EncodeBlock(const LatentLayout& layout, uint32_t lay
 // EncodeBlock's input).
 absl::Status DecodeBlock(const BlockView& block, std::span<float> out);
 
+// A record held in pieces of memory, in order (a tier's pages, say): copies
+// its bytes [offset, offset + out.size()) into `out`.
+void CopyFromPieces(std::span<const std::span<const uint8_t>> pieces, size_t offset, std::span<uint8_t> out);
+// The CRC32C in the trailer of a `size`-byte record held in `pieces`.
+uint32_t TrailerCrc(std::span<const std::span<const uint8_t>> pieces, size_t size);
+
 }  // namespace kvtier::kvblock
 
 #endif  // KVTIER_SERVICES_KVBLOCK_BLOCK_FORMAT_H_

@@ -35,27 +35,6 @@ uint32_t ComputedCrc(const std::vector<std::span<const uint8_t>>& pieces, size_t
   return crc;
 }
 
-// Copies [offset, offset + out.size()) of a paged record into `out`.
-void ReadAt(const std::vector<std::span<const uint8_t>>& pieces, size_t offset, std::span<uint8_t> out) {
-  for (const auto& piece : pieces) {
-    if (out.empty()) return;
-    if (offset >= piece.size()) {
-      offset -= piece.size();
-      continue;
-    }
-    const size_t n = std::min(out.size(), piece.size() - offset);
-    std::memcpy(out.data(), piece.data() + offset, n);
-    out = out.subspan(n);
-    offset = 0;
-  }
-}
-
-uint32_t StoredCrc(const std::vector<std::span<const uint8_t>>& pieces, size_t size) {
-  uint32_t crc = 0;
-  ReadAt(pieces, size - kvblock::kBlockTrailerBytes, std::span(reinterpret_cast<uint8_t*>(&crc), sizeof crc));
-  return crc;
-}
-
 // A slab's own CRC of a record (a GPU's) that the landed copy's check
 // overruled: every such record is then checked twice.
 void WarnSlabCrcDisagreed(const kvblock::BlockHash& hash) {
@@ -69,7 +48,7 @@ void WarnSlabCrcDisagreed(const kvblock::BlockHash& hash) {
 // trailer; else by checking the copy here, which decides.
 bool Intact(const std::vector<std::span<const uint8_t>>& landed, size_t size, std::optional<uint32_t> slab_crc,
             const kvblock::BlockHash& hash) {
-  const uint32_t stored = StoredCrc(landed, size);
+  const uint32_t stored = kvblock::TrailerCrc(landed, size);
   if (slab_crc.has_value() && *slab_crc == stored) return true;
   const bool intact = ComputedCrc(landed, size) == stored;
   if (intact && slab_crc.has_value()) WarnSlabCrcDisagreed(hash);
@@ -492,11 +471,11 @@ bool BlockStore::FinishMoveLocked(Move& move, size_t to, const absl::Status& cop
     // took its place (a file under its name).
     const bool ours = copied.ok() && !(e->zombie && index_.count(Key(e->ns, e->hash)) > 0);
     GiveRoomLocked(to, {e->ns, e->hash, pages, e->size}, ours);
-    if (!copied.ok() && copied.code() != absl::StatusCode::kDataLoss) ++dst.counters.write_errors;
     if (copied.code() == absl::StatusCode::kDataLoss) {  // a corrupt record never reaches another tier
       ++counters_.checksum_failures;
       if (!e->zombie) DropLocked(e);
     } else if (!copied.ok()) {
+      ++dst.counters.write_errors;
       WarnMoveFailed(copied);
     }
     return false;

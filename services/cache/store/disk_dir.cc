@@ -60,46 +60,36 @@ bool WriteAll(int fd, std::span<const uint8_t> bytes) {
   return true;
 }
 
-// The last four bytes of the record the pieces make (its CRC32C), wherever
-// the pieces cut them.
-uint32_t TrailingCrc(const std::vector<std::span<const uint8_t>>& pieces) {
-  uint8_t bytes[4] = {};
-  size_t want = sizeof bytes;
-  for (auto it = pieces.rbegin(); it != pieces.rend() && want > 0; ++it) {
-    const size_t take = std::min(want, it->size());
-    std::memcpy(bytes + want - take, it->data() + it->size() - take, take);
-    want -= take;
-  }
-  uint32_t crc;
-  std::memcpy(&crc, bytes, sizeof crc);
-  return crc;
-}
+// An entry of a directory, as lstat sees it.
+struct Entry {
+  std::string name;
+  struct stat st;
+};
 
-// The names in directory `fd` (not closed) that are, by lstat, regular
-// files (`want_dirs` false) or directories; the rest is logged and skipped.
-std::vector<std::string> Entries(int fd, bool want_dirs, const std::string& where) {
+// The entries of directory `fd` (not closed) that are plain directories
+// (`dirs`) or plain files; anything else (a link, a device) is said and
+// skipped, never followed.
+std::vector<Entry> Entries(int fd, bool dirs, const std::string& where) {
   static RateLimitedLog skipped(LogLevel::kWarning, "disk");
-  std::vector<std::string> names;
+  std::vector<Entry> entries;
   const int copy = dup(fd);
   DIR* dir = copy >= 0 ? fdopendir(copy) : nullptr;
   if (dir == nullptr) {
     if (copy >= 0) close(copy);
-    return names;
+    return entries;
   }
-  while (const dirent* entry = readdir(dir)) {
-    const std::string name = entry->d_name;
-    if (name == "." || name == "..") continue;
-    struct stat st;
-    if (fstatat(fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-    if (want_dirs ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode)) {
-      names.push_back(name);
-    } else if (!want_dirs || !S_ISDIR(st.st_mode)) {
-      skipped(absl::StrCat("skipping ", where, "/", name, ": not a plain ", want_dirs ? "directory" : "file",
-                           " (links are never followed)"));
+  while (const dirent* d = readdir(dir)) {
+    Entry e{d->d_name, {}};
+    if (e.name == "." || e.name == ".." || fstatat(fd, e.name.c_str(), &e.st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (dirs ? S_ISDIR(e.st.st_mode) : S_ISREG(e.st.st_mode)) {
+      entries.push_back(std::move(e));
+    } else if (!S_ISDIR(e.st.st_mode) && !S_ISREG(e.st.st_mode)) {
+      skipped(
+          absl::StrCat("skipping ", where, "/", e.name, ": not a plain file or directory (links are never followed)"));
     }
   }
   closedir(dir);
-  return names;
+  return entries;
 }
 
 // The record in an open disk file that claims to be `ns`/`hash`:
@@ -166,51 +156,46 @@ DiskDir::~DiskDir() { close(fd_); }
 
 int DiskDir::OpenNamespace(const std::string& ns, bool create) const {
   const std::string name = kNamespacePrefix + ns;
-  if (create && mkdirat(fd_, name.c_str(), 0700) != 0 && errno != EEXIST) return -1;
-  return openat(fd_, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  constexpr int kFlags = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC;
+  const int fd = openat(fd_, name.c_str(), kFlags);
+  if (fd >= 0 || !create || errno != ENOENT) return fd;
+  if (mkdirat(fd_, name.c_str(), 0700) != 0 && errno != EEXIST) return -1;
+  return openat(fd_, name.c_str(), kFlags);
 }
 
 std::vector<DiskRecord> DiskDir::Scan(uint64_t& corrupt) const {
   std::vector<DiskRecord> records;
-  for (const std::string& ns_dir : Entries(fd_, /*want_dirs=*/true, dir_)) {
-    if (ns_dir.rfind(kNamespacePrefix, 0) != 0) continue;
-    const std::string ns = ns_dir.substr(sizeof(kNamespacePrefix) - 1);
+  for (const Entry& ns_dir : Entries(fd_, /*dirs=*/true, dir_)) {
+    if (ns_dir.name.rfind(kNamespacePrefix, 0) != 0) continue;
+    const std::string ns = ns_dir.name.substr(sizeof(kNamespacePrefix) - 1);
     if (!kvblock::ValidateNamespace(ns).ok()) continue;
     const int ns_fd = OpenNamespace(ns, /*create=*/false);
     if (ns_fd < 0) continue;
-    const std::string where = dir_ + "/" + ns_dir;
-    for (const std::string& name : Entries(ns_fd, /*want_dirs=*/false, where)) {
+    const std::string where = dir_ + "/" + ns_dir.name;
+    for (const Entry& file : Entries(ns_fd, /*dirs=*/false, where)) {
+      const std::string& name = file.name;
       if (EndsWith(name, kTempSuffix)) {  // a write a crash cut short
         unlinkat(ns_fd, name.c_str(), 0);
         continue;
       }
       if (!EndsWith(name, kSuffix)) continue;
       const std::string hex = name.substr(0, name.size() - (sizeof(kSuffix) - 1));
-      DiskRecord r;
-      r.ns = ns;
       const bool hex_ok = hex.size() == 64 && hex.find_first_not_of("0123456789abcdef") == std::string::npos;
-      if (hex_ok) {
-        const std::string raw_hash = absl::HexStringToBytes(hex);
-        std::memcpy(r.hash.data(), raw_hash.data(), r.hash.size());
-      }
-      const int fd = openat(ns_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-      absl::StatusOr<std::string> record = fd >= 0 && hex_ok
-                                               ? ReadRecord(fd, ns, r.hash, std::nullopt, where + "/" + name)
-                                               : absl::DataLossError("unreadable");
+      absl::StatusOr<kvblock::BlockHash> hash =
+          hex_ok ? kvblock::HashFromBytes(absl::HexStringToBytes(hex)) : absl::DataLossError("not a block's name");
+      const int fd = hash.ok() ? openat(ns_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC) : -1;
+      absl::StatusOr<std::string> record =
+          fd >= 0 ? ReadRecord(fd, ns, *hash, std::nullopt, where + "/" + name) : absl::DataLossError("unreadable");
+      if (fd >= 0) close(fd);
       absl::StatusOr<kvblock::BlockView> view =
           record.ok() ? kvblock::ParseBlock(*record) : absl::StatusOr<kvblock::BlockView>(record.status());
-      struct stat st {};
-      if (fd >= 0) fstat(fd, &st);
-      if (fd >= 0) close(fd);
       if (!view.ok()) {
         ++corrupt;
         unlinkat(ns_fd, name.c_str(), 0);  // the entry itself: a plain file in our directory
         continue;
       }
-      r.layout_id = view->header.layout_id;
-      r.size = record->size();
-      r.mtime_ns = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
-      records.push_back(std::move(r));
+      records.push_back({ns, *hash, view->header.layout_id, record->size(),
+                         int64_t{file.st.st_mtim.tv_sec} * 1000000000 + file.st.st_mtim.tv_nsec});
     }
     close(ns_fd);
   }
@@ -219,7 +204,10 @@ std::vector<DiskRecord> DiskDir::Scan(uint64_t& corrupt) const {
 
 absl::Status DiskDir::Write(const std::string& ns, const kvblock::BlockHash& hash,
                             const std::vector<std::span<const uint8_t>>& pieces) const {
-  const std::string header = DiskFileHeader(ns, hash, TrailingCrc(pieces));
+  size_t size = 0;
+  for (const auto& piece : pieces) size += piece.size();
+  if (size < kvblock::kBlockTrailerBytes) return absl::InvalidArgumentError("not a record");
+  const std::string header = DiskFileHeader(ns, hash, kvblock::TrailerCrc(pieces, size));
   const auto failed = [&](const char* what) {
     const int error = errno;
     const std::string message =

@@ -24,16 +24,10 @@ std::vector<absl::Status> TierStorage::ReadInto(std::span<const RecordRoom> room
       continue;
     }
     crcs[k] = bytes->crc;
-    // Piece by piece from the source into the destination's pieces.
-    size_t out = 0, out_at = 0;
-    for (std::span<const uint8_t> piece : bytes->pieces) {
-      while (!piece.empty() && out < to[k].size()) {
-        const size_t n = std::min(piece.size(), to[k][out].size() - out_at);
-        std::memcpy(to[k][out].data() + out_at, piece.data(), n);
-        piece = piece.subspan(n);
-        out_at += n;
-        if (out_at == to[k][out].size()) ++out, out_at = 0;
-      }
+    size_t at = 0;
+    for (std::span<uint8_t> piece : to[k]) {
+      kvblock::CopyFromPieces(bytes->pieces, at, piece);
+      at += piece.size();
     }
     read.push_back(absl::OkStatus());
   }
