@@ -38,7 +38,6 @@ Status DeviceStream::Synchronize(const char* what) const {
 }
 
 Status DeviceAllocate(size_t bytes, void*& out, const char* what) {
-  out = nullptr;
   if (const cudaError_t e = cudaMalloc(&out, bytes); e != cudaSuccess) {
     out = nullptr;
     return Status(e == cudaErrorMemoryAllocation ? StatusCode::kResourceExhausted : StatusCode::kInternal,

@@ -104,10 +104,6 @@ class CudaForward final : public DeviceForward {
  public:
   CudaForward(const ModelConfig& config, const kernels::RopeTable& rope, const CudaOptions& options)
       : config_(config), rope_(rope), options_(options) {}
-  ~CudaForward() override {
-    blas_.reset();  // before its stream
-    stream_owner_.reset();
-  }
 
   absl::Status Load(const Checkpoint& checkpoint);
   absl::Status Forward(std::span<const SequenceTokens> batch,
@@ -144,6 +140,7 @@ class CudaForward final : public DeviceForward {
   const ModelConfig config_;
   const kernels::RopeTable rope_;
   const CudaOptions options_;
+  // Declared before blas_, which is on it: destroyed after it.
   std::unique_ptr<kc::DeviceStream> stream_owner_;
   kc::StreamHandle stream_ = nullptr;  // stream_owner_'s
   std::unique_ptr<kc::Blas> blas_;     // on stream_

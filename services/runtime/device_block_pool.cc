@@ -12,9 +12,7 @@ absl::StatusOr<std::unique_ptr<DeviceBlockPool>> DeviceBlockPool::Create(size_t 
   if (block_bytes == 0 || slots == 0) return absl::InvalidArgumentError("an empty device block pool");
   void* base = nullptr;
   const std::string what = absl::StrCat("device block pool of ", slots, " x ", block_bytes, " bytes");
-  if (const kernels::Status s = kernels::cuda::DeviceAllocate(block_bytes * slots, base, what.c_str()); !s.ok()) {
-    return absl::ResourceExhaustedError(s.message());
-  }
+  KVTIER_RETURN_IF_ERROR(FromKernelStatus(kernels::cuda::DeviceAllocate(block_bytes * slots, base, what.c_str())));
   return std::unique_ptr<DeviceBlockPool>(new DeviceBlockPool(static_cast<uint8_t*>(base), block_bytes, slots));
 }
 

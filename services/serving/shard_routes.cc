@@ -62,17 +62,20 @@ std::shared_ptr<cache::FastPathClient> FastPathRoute::Session() {
 
 std::vector<uint32_t> FastPathRoute::Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
                                            const std::vector<kvblock::BlockHash>& hashes, RecordLanding& landing) {
+  std::shared_ptr<cache::FastPathClient> session = Session();
+  absl::StatusOr<std::vector<uint32_t>> left = absl::UnavailableError("no fast path session");
+  if (session != nullptr) {
+    // The fast path checks each record's CRC as it copies it.
+    left = session->Fetch(ns, layout, hashes, landing.AsDestination(), [&](const cache::RawBlock& block) {
+      landing.Deliver(block, kvblock::CrcCheck::kCheckedBefore);
+    });
+    if (left.ok()) return *std::move(left);
+    SessionFailed(session);  // e.g. the cache restarted: a new session next time
+  }
+  // Nothing delivered: all of it for the next route.
   std::vector<uint32_t> all(hashes.size());
   for (uint32_t i = 0; i < all.size(); ++i) all[i] = i;
-  std::shared_ptr<cache::FastPathClient> session = Session();
-  if (session == nullptr) return all;
-  // The fast path checks each record's CRC as it copies it.
-  absl::StatusOr<std::vector<uint32_t>> left =
-      session->Fetch(ns, layout, hashes, landing.AsDestination(),
-                     [&](const cache::RawBlock& block) { landing.Deliver(block, kvblock::CrcCheck::kCheckedBefore); });
-  if (left.ok()) return *std::move(left);
-  StagingFailed(session);  // e.g. the cache restarted: a new session next time
-  return all;              // a failed call delivered nothing
+  return all;
 }
 
 std::shared_ptr<cache::FastPathClient> FastPathRoute::PutStaging() {
@@ -80,7 +83,7 @@ std::shared_ptr<cache::FastPathClient> FastPathRoute::PutStaging() {
   return session != nullptr && session->staging_bytes() > 0 ? session : nullptr;
 }
 
-void FastPathRoute::StagingFailed(const std::shared_ptr<cache::FastPathClient>& session) {
+void FastPathRoute::SessionFailed(const std::shared_ptr<cache::FastPathClient>& session) {
   absl::MutexLock lock(&mu_);
   if (session_ == session) session_.reset();
 }

@@ -69,10 +69,11 @@ class ShardRoute {
   virtual std::vector<uint32_t> Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
                                       const std::vector<kvblock::BlockHash>& hashes, RecordLanding& landing) = 0;
   // A same-host session through whose staging region a Put stream's records
-  // can travel, or null (they go inline). A stream that failed as if the
-  // session were gone reports it with StagingFailed.
+  // can travel, or null (they go inline). A call that failed through it as
+  // if the session were gone reports it with SessionFailed: the next use
+  // opens a new one.
   virtual std::shared_ptr<cache::FastPathClient> PutStaging() { return nullptr; }
-  virtual void StagingFailed(const std::shared_ptr<cache::FastPathClient>& /*session*/) {}
+  virtual void SessionFailed(const std::shared_ptr<cache::FastPathClient>& /*session*/) {}
 };
 
 // The same-host fast path (services/cache/fast_path/fast_path.md): records copied out of the cache's
@@ -89,7 +90,7 @@ class FastPathRoute : public ShardRoute {
   std::vector<uint32_t> Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
                               const std::vector<kvblock::BlockHash>& hashes, RecordLanding& landing) override;
   std::shared_ptr<cache::FastPathClient> PutStaging() override;
-  void StagingFailed(const std::shared_ptr<cache::FastPathClient>& session) override;
+  void SessionFailed(const std::shared_ptr<cache::FastPathClient>& session) override;
   static constexpr uint64_t kStagingBytes = 32 << 20;
 
  private:

@@ -183,9 +183,10 @@ void ShardedPut::Write(const kvblock::BlockHash& hash, const std::string& record
     s = std::make_unique<Stream>();
     v1::PutRequest header;
     for (const std::unique_ptr<ShardRoute>& route : shards_.routes(shard)) {
-      if (s->fast != nullptr) break;
-      s->fast = route->PutStaging();
-      s->staging_route = route.get();
+      if ((s->fast = route->PutStaging()) != nullptr) {
+        s->staging_route = route.get();
+        break;
+      }
     }
     if (s->fast != nullptr) {
       s->staged = std::make_unique<cache::FastPathClient::StagedStream>(s->fast.get());
@@ -242,7 +243,7 @@ std::set<kvblock::BlockHash> ShardedPut::Finish() {
     if (answer.wait_until(deadline) != std::future_status::ready) s->context.TryCancel();
     const grpc::Status status = answer.get();
     if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION && s->fast != nullptr) {
-      s->staging_route->StagingFailed(s->fast);  // e.g. the cache restarted
+      s->staging_route->SessionFailed(s->fast);  // e.g. the cache restarted
     }
     if (status.ok()) {
       std::set<std::string> incomplete(s->response.incomplete_block_hashes().begin(),
