@@ -503,6 +503,7 @@ std::vector<absl::Status> BlockStore::CopyRecords(std::span<const Move> moves, s
   std::vector<RecordRoom> sources, rooms;
   std::vector<std::vector<std::span<uint8_t>>> outs;
   for (const Move& m : moves) {
+    dst.Prepare(m.pages);
     const Entry& e = *m.entry;
     sources.push_back({e.ns, e.hash, m.source, e.size});
     rooms.push_back({e.ns, e.hash, m.pages, e.size});

@@ -71,9 +71,11 @@ PageArena::PageArena(uint8_t* base, size_t bytes, const ArenaOptions& options, u
       segment_pages_(options.segment_pages),
       total_pages_(pages),
       shared_(options.shared && options.slab == nullptr),
-      make_segments_ahead_(options.make_segments_ahead) {
+      make_segments_ahead_(options.make_segments_ahead),
+      prepares_(shared_ || pin_for_ != nullptr) {
   const uint32_t count = (pages + segment_pages_ - 1) / segment_pages_;
   segments_.resize(count);
+  readiness_.assign(count, Readiness::kReady);
   OwnerPages& unowned = owners_[""];
   for (uint32_t s = 0; s < count; ++s) {
     Segment& seg = segments_[s];
@@ -236,7 +238,7 @@ bool PageArena::Allocate(uint32_t n, const std::string& owner, std::vector<uint3
     }
     Segment& seg = segments_[s];
     if (shared_ && seg.generation == 0) Reassign(s, key);  // never mapped yet
-    Pin(s);
+    MarkForPrepare(s);
     if (seg.free.size() == seg.pages) {
       empty_.erase(s);
       empty_pages_ -= seg.pages;
@@ -286,6 +288,51 @@ void PageArena::Reassign(uint32_t s, const std::string& owner) {
   }
   ++seg.generation;
   if (!shared_) return;
+  absl::MutexLock lock(&prep_mu_);
+  // It is empty, so no one is preparing it (a preparer holds pages of it).
+  seg.dirty = true;
+}
+
+void PageArena::MarkForPrepare(uint32_t s) {
+  if (!prepares_) return;
+  absl::MutexLock lock(&prep_mu_);
+  if (readiness_[s] == Readiness::kReady && NeedsPrepare(segments_[s])) readiness_[s] = Readiness::kWaiting;
+}
+
+bool PageArena::Ready(uint32_t s) {
+  absl::MutexLock lock(&prep_mu_);
+  return readiness_[s] == Readiness::kReady;
+}
+
+void PageArena::Prepare(const std::vector<uint32_t>& pages) {
+  if (!prepares_) return;
+  std::vector<uint32_t> segments;
+  for (uint32_t p : pages) {
+    if (segments.empty() || segments.back() != SegmentOf(p)) segments.push_back(SegmentOf(p));
+  }
+  for (uint32_t s : segments) {
+    {
+      absl::MutexLock lock(&prep_mu_);
+      while (readiness_[s] == Readiness::kPreparing) prepared_.Wait(&prep_mu_);
+      if (readiness_[s] == Readiness::kReady) continue;
+      readiness_[s] = Readiness::kPreparing;
+    }
+    PrepareSegment(s);
+    absl::MutexLock lock(&prep_mu_);
+    readiness_[s] = Readiness::kReady;
+    prepared_.SignalAll();
+  }
+}
+
+void PageArena::PrepareSegment(uint32_t s) {
+  Segment& seg = segments_[s];
+  if (seg.dirty) Clear(s);
+  seg.dirty = false;
+  Pin(s);
+}
+
+void PageArena::Clear(uint32_t s) {
+  Segment& seg = segments_[s];
   uint8_t* at = SegmentAddress(s);
   const size_t bytes = SegmentBytes(s);
   if (seg.fd >= 0 && !seg.exported) {
@@ -307,13 +354,18 @@ void PageArena::Reassign(uint32_t s, const std::string& owner) {
   }
 }
 
-int PageArena::MapNewMemfd(uint8_t* at, size_t bytes, bool replacing) {
+SegmentSpares* PageArena::SparesFor(size_t bytes, bool replacing) {
+  absl::MutexLock lock(&prep_mu_);
   if (replacing && spares_ == nullptr && make_segments_ahead_ && segments_.size() >= kSegmentsPerSpare) {
     // Owners now take segments that readers had: make memfds ahead.
     spares_ = std::make_unique<SegmentSpares>(size_t{segment_pages_} * page_size_,
                                               std::min<size_t>(kMostSpares, segments_.size() / kSegmentsPerSpare));
   }
-  if (SegmentSpares* spares = SparesFor(bytes)) {
+  return spares_ != nullptr && bytes == spares_->bytes() ? spares_.get() : nullptr;
+}
+
+int PageArena::MapNewMemfd(uint8_t* at, size_t bytes, bool replacing) {
+  if (SegmentSpares* spares = SparesFor(bytes, replacing)) {
     if (std::optional<SegmentSpares::Spare> spare = spares->Take(); spare && spares->MoveTo(*spare, at)) {
       return spare->fd;
     }
@@ -322,11 +374,25 @@ int PageArena::MapNewMemfd(uint8_t* at, size_t bytes, bool replacing) {
 }
 
 void PageArena::Retire(int fd, size_t bytes) {
-  if (SegmentSpares* spares = SparesFor(bytes)) {
+  if (SegmentSpares* spares = SparesFor(bytes, /*replacing=*/false)) {
     spares->Retire(fd);
   } else {
     close(fd);
   }
+}
+
+uint64_t PageArena::SegmentsAheadBytes() {
+  absl::MutexLock lock(&prep_mu_);
+  return spares_ != nullptr ? spares_->HeldBytes() : 0;
+}
+
+void PageArena::WaitForSegmentsAhead() {
+  SegmentSpares* spares;
+  {
+    absl::MutexLock lock(&prep_mu_);
+    spares = spares_.get();
+  }
+  if (spares != nullptr) spares->WaitIdle();
 }
 
 void PageArena::Pin(uint32_t s) {

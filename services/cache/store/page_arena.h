@@ -24,10 +24,14 @@
 // GPU's memory, SlabMemory): then it is not addressable, and its pages are
 // written and read with Write and Read alone.
 //
-// Not thread-safe: BlockStore serializes allocation.
+// Taking and freeing pages is not thread-safe: BlockStore serializes it
+// under its lock. Making a segment ready (clearing it or mapping its new
+// memfd, pinning it) is slow, so Allocate only marks what needs it and
+// Prepare does it without that lock; Prepare is thread-safe.
 #ifndef KVTIER_SERVICES_CACHE_STORE_PAGE_ARENA_H_
 #define KVTIER_SERVICES_CACHE_STORE_PAGE_ARENA_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -40,6 +44,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "services/cache/store/segment_spares.h"
 #include "services/cache/store/slab_memory.h"
 
@@ -76,8 +81,18 @@ class PageArena {
   // Pages `owner` could take now: free pages of its segments plus those of
   // empty segments it does not own.
   uint32_t FreePagesFor(const std::string& owner) const;
-  // Takes `n` pages for `owner`, or returns false (and takes none).
+  // Takes `n` pages for `owner`, or returns false (and takes none). The
+  // pages may not be usable yet: the caller runs Prepare on them before it
+  // writes them or frees them.
   bool Allocate(uint32_t n, const std::string& owner, std::vector<uint32_t>& pages);
+  // Makes the segments of pages just taken ready (without the caller's
+  // lock): a segment that changed owner cleared or given its new memfd,
+  // pinned for pin_for's copies. Waits for those another caller is
+  // preparing.
+  void Prepare(const std::vector<uint32_t>& pages);
+  // Whether a segment holds what its generation says: false while it is
+  // being prepared (nothing of its new owner in it yet).
+  bool Ready(uint32_t segment);
   void Free(const std::vector<uint32_t>& pages);
 
   // Host pointers to pages: only when addressable().
@@ -129,12 +144,10 @@ class PageArena {
   void MarkExported(uint32_t segment) { segments_[segment].exported = true; }
   // Bytes of memfds made ahead or waiting to be closed: memory beyond
   // the capacity.
-  uint64_t SegmentsAheadBytes() const { return spares_ != nullptr ? spares_->HeldBytes() : 0; }
+  uint64_t SegmentsAheadBytes();
   // Waits until the memfds made ahead are ready and those let go are
   // closed; at once when none are made (for tests and benchmarks).
-  void WaitForSegmentsAhead() {
-    if (spares_ != nullptr) spares_->WaitIdle();
-  }
+  void WaitForSegmentsAhead();
 
  private:
   struct Segment {
@@ -144,8 +157,12 @@ class PageArena {
     bool exported = false;       // fd handed out in this generation
     std::vector<uint32_t> free;  // a stack, lowest page on top
     uint32_t pages = 0;
+    // fd, exported, dirty and pinned change only on the thread preparing
+    // it, or under the caller's lock while it is ready.
+    bool dirty = false;   // changed owner: to be cleared (or a new memfd)
     bool pinned = false;  // with pin_for, over its current mapping
   };
+  enum class Readiness : uint8_t { kReady, kWaiting, kPreparing };
   struct OwnerPages {
     std::set<uint32_t> with_free;  // its segments with a free page
     uint32_t free = 0;             // free pages in them
@@ -163,24 +180,31 @@ class PageArena {
   void ForEachRun(const std::vector<uint32_t>& pages, size_t offset, std::span<const Piece> pieces, Copy copy) const;
   // Owners are told apart only in a shared arena; elsewhere all are one.
   const std::string& Key(const std::string& owner) const;
-  // Gives an empty segment to `owner`: in a shared arena, a new memfd mapped
-  // over it.
+  // Gives an empty segment to `owner` in a new generation: in a shared
+  // arena, to be cleared by Prepare.
   void Reassign(uint32_t segment, const std::string& owner);
+  // Marks a segment just handed out for Prepare, if it needs it.
+  void MarkForPrepare(uint32_t segment);
+  bool NeedsPrepare(const Segment& seg) const {
+    return seg.dirty || (pin_for_ != nullptr && !seg.pinned && !pin_refused_);
+  }
+  // Prepare's work on one segment (its own now).
+  void PrepareSegment(uint32_t segment);
+  // Only zeros in a dirty segment: cleared in place when only this process
+  // maps its memfd, else a new memfd mapped over it.
+  void Clear(uint32_t segment);
   // A new memfd mapped over [at, at + bytes), -1 if none could be: one made
   // ahead when there is one ready (`replacing` one that readers had starts
   // making them).
   int MapNewMemfd(uint8_t* at, size_t bytes, bool replacing);
-  // Punches out a memfd's pages and closes it: on the spares' thread when
-  // there is one.
+  // Closes a memfd let go: on the spares' thread when there is one.
   void Retire(int fd, size_t bytes);
   // The spares for memfds of `bytes` (a whole segment's; the last one may
-  // be shorter), or null.
-  SegmentSpares* SparesFor(size_t bytes) const {
-    return spares_ != nullptr && bytes == spares_->bytes() ? spares_.get() : nullptr;
-  }
+  // be shorter), or null; made the first time `replacing` one readers had.
+  SegmentSpares* SparesFor(size_t bytes, bool replacing);
   uint8_t* SegmentAddress(uint32_t segment) const { return base_ + size_t{segment} * segment_pages_ * page_size_; }
   // Pins a segment's pages with pin_for, unless done or refused before
-  // (refused: said once on stderr; copies then go slower, still right).
+  // (refused: logged once; copies then go slower, still right).
   void Pin(uint32_t segment);
   void Unpin(uint32_t segment);
 
@@ -188,7 +212,7 @@ class PageArena {
   size_t mapped_bytes_;
   std::shared_ptr<SlabMemory> slab_;
   std::shared_ptr<SlabMemory> pin_for_;  // null: nothing to pin for
-  bool pin_refused_ = false;
+  std::atomic<bool> pin_refused_ = false;
   uint32_t page_size_;
   uint32_t segment_pages_;
   uint32_t total_pages_;
@@ -203,7 +227,13 @@ class PageArena {
   // of the arena's, and 32 MiB with 4 MiB segments); null until needed.
   static constexpr size_t kSegmentsPerSpare = 16;
   static constexpr size_t kMostSpares = 8;
-  std::unique_ptr<SegmentSpares> spares_;
+
+  // Segments that need preparing (shared, or pinned for a slab).
+  const bool prepares_;
+  absl::Mutex prep_mu_;
+  absl::CondVar prepared_;  // a segment became ready
+  std::vector<Readiness> readiness_ ABSL_GUARDED_BY(prep_mu_);
+  std::unique_ptr<SegmentSpares> spares_ ABSL_GUARDED_BY(prep_mu_);
 };
 
 }  // namespace kvtier::cache

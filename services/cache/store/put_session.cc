@@ -56,24 +56,28 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_vi
   const std::string key(kvblock::HashAsBytes(hash));
   auto it = pending_.find(key);
   if (it == pending_.end()) {
-    absl::MutexLock lock(&store_->mu_);
-    if (store_->index_.count(BlockStore::Key(ns_, hash)) > 0) {
-      // Already stored: this slice and the block's others cost nothing.
-      if (deduplicated_.insert(key).second) {
-        ++summary_.blocks_deduplicated;
-        ++store_->counters_.blocks_deduplicated;
+    {
+      absl::MutexLock lock(&store_->mu_);
+      if (store_->index_.count(BlockStore::Key(ns_, hash)) > 0) {
+        // Already stored: this slice and the block's others cost nothing.
+        if (deduplicated_.insert(key).second) {
+          ++summary_.blocks_deduplicated;
+          ++store_->counters_.blocks_deduplicated;
+        }
+        return absl::OkStatus();
       }
-      return absl::OkStatus();
+      absl::StatusOr<std::vector<uint32_t>> pages = store_->AllocatePendingLocked(record_bytes_, ns_);
+      if (!pages.ok()) return pages.status();
+      auto pending = std::make_unique<Pending>();
+      pending->hash = hash;
+      pending->pages = std::move(*pages);
+      pending->layers.assign(layout_.num_layers, false);
+      pending->layers_left = layout_.num_layers;
+      pending->slices.resize(layout_.num_layers);
+      it = pending_.emplace(key, std::move(pending)).first;
     }
-    absl::StatusOr<std::vector<uint32_t>> pages = store_->AllocatePendingLocked(record_bytes_, ns_);
-    if (!pages.ok()) return pages.status();
-    auto pending = std::make_unique<Pending>();
-    pending->hash = hash;
-    pending->pages = std::move(*pages);
-    pending->layers.assign(layout_.num_layers, false);
-    pending->layers_left = layout_.num_layers;
-    pending->slices.resize(layout_.num_layers);
-    it = pending_.emplace(key, std::move(pending)).first;
+    // Its room is ours alone now: made ready without the lock.
+    store_->tiers_[0]->storage->Prepare(it->second->pages);
   }
   Pending& p = *it->second;
   const kvblock::BlockHeader& h = slice->header;

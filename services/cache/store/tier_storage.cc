@@ -61,6 +61,7 @@ class PrivatePages : public TierStorage {
     return arena_->Allocate(PagesFor(bytes), ns, pages);
   }
   void Give(const RecordRoom& room, bool /*written*/) override { arena_->Free(room.pages); }
+  void Prepare(const std::vector<uint32_t>& pages) const override { arena_->Prepare(pages); }
 
   absl::StatusOr<RecordBytes> Read(const RecordRoom& room) const override {
     RecordBytes bytes;
@@ -121,7 +122,7 @@ class SharedSegments final : public PrivatePages {
     if (segment >= arena_->segment_count()) {
       return absl::InvalidArgumentError(absl::StrCat("no shared segment ", segment));
     }
-    if (arena_->Generation(segment) != generation || arena_->SegmentFd(segment) < 0) {
+    if (arena_->Generation(segment) != generation || !arena_->Ready(segment) || arena_->SegmentFd(segment) < 0) {
       return absl::FailedPreconditionError(absl::StrCat("segment ", segment, " is no longer generation ", generation));
     }
     if (arena_->Owner(segment) != ns) {

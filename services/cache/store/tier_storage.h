@@ -9,8 +9,8 @@
 //   SlabPages       pages in a slab reached only by copies (a GPU's memory)
 //   DiskFiles       one file per record (disk_dir.h)
 //
-// Room is taken and given back under the store's lock; a record's bytes are
-// read and written without it, while the record is pinned or its room
+// Room is taken and given back under the store's lock (and prepared
+// without it); a record's bytes are read and written without it, while the record is pinned or its room
 // reserved (its pages do not change then). Not thread-safe otherwise.
 #ifndef KVTIER_SERVICES_CACHE_STORE_TIER_STORAGE_H_
 #define KVTIER_SERVICES_CACHE_STORE_TIER_STORAGE_H_
@@ -73,13 +73,18 @@ class TierStorage {
   // capacity less what it holds.
   virtual bool HasRoom(size_t bytes, const std::string& ns, uint64_t free_bytes) const = 0;
   // Takes room for a record of `bytes` of `ns`: its pages (none for a
-  // file). False, and nothing taken, when there is none.
+  // file). False, and nothing taken, when there is none. The taker runs
+  // Prepare on the pages, without the lock, before anything else.
   virtual bool Take(size_t bytes, const std::string& ns, std::vector<uint32_t>& pages) = 0;
   // Gives back a record's room; `written` says whether its bytes were
   // stored there (a file then goes too).
   virtual void Give(const RecordRoom& room, bool written) = 0;
 
   // ---- Bytes (without the lock) ----
+  // Makes room just taken ready to be written: the slow part of taking it
+  // (clearing memory a reader had, mapping a new segment, pinning), out
+  // of the store's lock. Thread-safe.
+  virtual void Prepare(const std::vector<uint32_t>& /*pages*/) const {}
   virtual absl::StatusOr<RecordBytes> Read(const RecordRoom& room) const = 0;
   // Copies each record into `to[k]` (host memory, record k's size in
   // pieces), with `crcs[k]` as Read's crc: a slab does them all in one

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <random>
 #include <set>
@@ -21,6 +22,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "services/kvblock/block_format.h"
+#include "tests/cache/store/gated_pin_slab.h"
 #include "tests/cache/store/recording_slab.h"
 #include "tests/test_random.h"
 
@@ -616,6 +618,33 @@ TEST(BlockStoreMoves, ATierMoveOfAManyPageBlockIsOneBatchOfCopies) {
   EXPECT_EQ(s.store().Stats().tiers[0].promotions, 1u);
   s.ExpectAllIntact();  // each promoted in turn, others going down
   EXPECT_EQ(s.store().Stats().checksum_failures, 0u);
+}
+
+// Pinning host pages for a GPU's copies can take long (a driver locks
+// every page): it runs outside the store's lock, so a demotion pinning a
+// host segment for the first time holds up no other call.
+TEST(BlockStoreMoves, PinningAHostSegmentHoldsUpNoOtherCall) {
+  auto slab = std::make_shared<GatedPinSlab>(2 * kPage);
+  SlabStore s(SmallLayout(), slab, 2, 16);  // one block a page: the third goes down
+  SCOPED_TRACE(s.Trace());
+  s.Put(), s.Put();
+  ASSERT_EQ(slab->pins_started(), 0) << "nothing in the host tier yet";
+  std::thread demoting([&] { s.Put(); });
+  slab->pinning.WaitForNotification();
+  // The demotion waits in PinHost; the store answers meanwhile.
+  auto stats = std::async(std::launch::async, [&] { return s.store().Stats(); });
+  auto read = std::async(std::launch::async, [&] { return s.Read(1, /*promote=*/false).ok(); });
+  const bool answered = stats.wait_for(std::chrono::seconds(10)) == std::future_status::ready &&
+                        read.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  slab->open.Notify();
+  demoting.join();
+  EXPECT_TRUE(answered) << "a call waited for the pin";
+  const auto seen = stats.get();
+  EXPECT_EQ(seen.tiers[0].blocks + seen.tiers[1].blocks, 2u) << "the third block is not stored yet";
+  EXPECT_TRUE(read.get());
+  EXPECT_EQ(slab->pins_started(), 1);
+  EXPECT_EQ(s.TierOf(0), TierKind::kHost);
+  s.ExpectAllIntact();
 }
 
 // A full slab tier (a GPU's) demotes a sixteenth of itself at a time, in

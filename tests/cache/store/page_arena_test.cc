@@ -12,8 +12,11 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
+#include "services/cache/store/tier_storage.h"
+#include "tests/cache/store/gated_pin_slab.h"
 #include "tests/cache/store/memory_checks.h"
 #include "tests/cache/store/recording_slab.h"
 #include "tests/test_random.h"
@@ -33,6 +36,13 @@ std::unique_ptr<PageArena> OneSegmentArena() {
                                                                         .pin_for = nullptr});
   EXPECT_TRUE(arena.ok()) << arena.status();
   return *std::move(arena);
+}
+
+// Allocate and then Prepare, as the store takes pages.
+bool Take(PageArena& arena, uint32_t n, const std::string& owner, std::vector<uint32_t>& pages) {
+  if (!arena.Allocate(n, owner, pages)) return false;
+  arena.Prepare(pages);
+  return true;
 }
 
 // n random bytes, none of them zero.
@@ -55,7 +65,7 @@ std::string ReadBack(PageArena& arena, const std::vector<uint32_t>& pages, size_
 std::string FillFor(PageArena& arena, const std::string& owner, std::vector<uint32_t>& pages) {
   static testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
-  EXPECT_TRUE(arena.Allocate(kSegmentPages, owner, pages));
+  EXPECT_TRUE(Take(arena, kSegmentPages, owner, pages));
   const std::string bytes = RandomBytes(kSegmentPages * kPage, rng.engine());
   EXPECT_TRUE(arena.Write(pages, 0, bytes).ok());
   return bytes;
@@ -81,7 +91,7 @@ TEST(PageArenaTest, ASegmentNoReaderHasIsClearedInPlaceForItsNextOwner) {
   ASSERT_GE(fd, 0);
   arena->Free(pages);
 
-  ASSERT_TRUE(arena->Allocate(1, "tenant-b", pages));
+  ASSERT_TRUE(Take(*arena, 1, "tenant-b", pages));
   EXPECT_EQ(arena->Owner(0), "tenant-b");
   EXPECT_GT(arena->Generation(0), generation);
   // The same memfd (its pages already there), with nothing of tenant-a's.
@@ -115,7 +125,7 @@ TEST(PageArenaTest, ASegmentAReaderHadGetsANewMemfdAndTheReaderOnlyItsOwnBytes) 
   // The new memfd has gone to no reader yet: the next change is in place.
   const int b_fd = arena->SegmentFd(0);
   arena->Free(pages);
-  ASSERT_TRUE(arena->Allocate(1, "tenant-c", pages));
+  ASSERT_TRUE(Take(*arena, 1, "tenant-c", pages));
   EXPECT_EQ(arena->SegmentFd(0), b_fd);
   EXPECT_TRUE(AllZero(SegmentBytes(*arena)));
 }
@@ -141,7 +151,7 @@ TEST(PageArenaTest, ASegmentAReaderHadGetsAMemfdMadeAhead) {
   const std::vector<std::string> owners = {"tenant-a", "tenant-b", "tenant-c"};
   for (size_t k = 0; k + 1 < owners.size(); ++k) {
     // owners[k] fills segment 0, a reader maps it, owners[k] lets it go.
-    ASSERT_TRUE(arena.Allocate(kSegmentPages, owners[k], pages));
+    ASSERT_TRUE(Take(arena, kSegmentPages, owners[k], pages));
     ASSERT_EQ(arena.SegmentOf(pages[0]), 0u);
     const std::string old_bytes = RandomBytes(bytes, rng.engine());
     ASSERT_TRUE(arena.Write(pages, 0, old_bytes).ok());
@@ -152,7 +162,7 @@ TEST(PageArenaTest, ASegmentAReaderHadGetsAMemfdMadeAhead) {
     arena.Free(pages);
     arena.WaitForSegmentsAhead();
 
-    ASSERT_TRUE(arena.Allocate(kSegmentPages, owners[k + 1], pages));
+    ASSERT_TRUE(Take(arena, kSegmentPages, owners[k + 1], pages));
     ASSERT_EQ(arena.SegmentOf(pages[0]), 0u);
     // The first change starts the thread; from the second on, one is ready.
     if (k > 0) {
@@ -181,7 +191,7 @@ std::unique_ptr<PageArena> AllTakenArena(std::shared_ptr<SlabMemory> slab) {
                                                                         .pin_for = nullptr});
   EXPECT_TRUE(arena.ok()) << arena.status();
   std::vector<uint32_t> all;
-  EXPECT_TRUE((*arena)->Allocate(4, "ns", all));
+  EXPECT_TRUE(Take(**arena, 4, "ns", all));
   return *std::move(arena);
 }
 
@@ -264,17 +274,51 @@ TEST(PageArenaTest, SegmentsArePinnedForTheSlabAndUnpinnedBeforeRemapping) {
     for (uint32_t p : pages) EXPECT_TRUE(slab->IsPinned(arena->page(p), kPage)) << p;
     arena->MarkExported(0);  // a reader maps it: the next owner gets a new memfd
     arena->Free(pages);
-    ASSERT_TRUE(arena->Allocate(kSegmentPages, "tenant-b", pages));
+    ASSERT_TRUE(Take(*arena, kSegmentPages, "tenant-b", pages));
     EXPECT_EQ(slab->first_byte_unpinned, static_cast<uint8_t>(bytes[0])) << "unpinned after the old pages went";
     ASSERT_EQ(slab->pinned.size(), 1u);
     EXPECT_EQ(slab->pin_calls, 2);
     for (uint32_t p : pages) EXPECT_TRUE(slab->IsPinned(arena->page(p), kPage)) << p;
     // The second segment, for a third owner.
-    ASSERT_TRUE(arena->Allocate(1, "tenant-c", pages));
+    ASSERT_TRUE(Take(*arena, 1, "tenant-c", pages));
     EXPECT_EQ(slab->pinned.size(), 2u);
   }
   EXPECT_TRUE(slab->pinned.empty()) << "the arena left memory pinned";
   EXPECT_EQ(slab->errors, 0);
+}
+
+// Allocate only marks the segments it hands out that need work; Prepare
+// does it, once a segment however many take its pages, and a reader is
+// refused the segment until then (it holds nothing of its new owner yet).
+TEST(PageArenaTest, ASegmentIsPreparedOnceAndOpenedOnlyWhenReady) {
+  auto slab = std::make_shared<GatedPinSlab>(kPage);
+  absl::StatusOr<std::unique_ptr<PageArena>> created = PageArena::Create({.capacity = 2 * kSegmentPages * kPage,
+                                                                          .page_size = kPage,
+                                                                          .segment_pages = kSegmentPages,
+                                                                          .shared = true,
+                                                                          .slab = nullptr,
+                                                                          .pin_for = slab});
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<TierStorage> storage = PagesStorage(*std::move(created));
+  std::vector<uint32_t> first, second;
+  ASSERT_TRUE(storage->Take(kPage, "tenant-a", first));
+  const auto open = [&] { return storage->OpenShared(0, /*generation=*/1, "tenant-a"); };
+  EXPECT_EQ(open().status().code(), absl::StatusCode::kFailedPrecondition) << "opened before it was prepared";
+  std::thread preparing([&] { storage->Prepare(first); });
+  slab->pinning.WaitForNotification();
+  // The segment's other page, taken while the first taker prepares it:
+  // the second taker waits for that, and pins nothing itself.
+  ASSERT_TRUE(storage->Take(kPage, "tenant-a", second));
+  ASSERT_EQ(second[0] / kSegmentPages, first[0] / kSegmentPages);
+  std::thread waiting([&] { storage->Prepare(second); });
+  EXPECT_EQ(open().status().code(), absl::StatusCode::kFailedPrecondition) << "opened while being prepared";
+  slab->open.Notify();
+  preparing.join();
+  waiting.join();
+  EXPECT_EQ(slab->pins_started(), 1);
+  absl::StatusOr<int> fd = open();
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  close(*fd);
 }
 
 // Memory the system refuses to pin is asked for once; the arena works on.
@@ -290,7 +334,7 @@ TEST(PageArenaTest, RefusedPinsAreAskedOnce) {
   ASSERT_TRUE(created.ok()) << created.status();
   PageArena* arena = created->get();
   std::vector<uint32_t> pages;
-  ASSERT_TRUE(arena->Allocate(4, "ns", pages));
+  ASSERT_TRUE(Take(*arena, 4, "ns", pages));
   const std::string bytes(4 * kPage, 'x');
   ASSERT_TRUE(arena->Write(pages, 0, bytes).ok());
   EXPECT_EQ(ReadBack(*arena, pages, 0, bytes.size()), bytes);
