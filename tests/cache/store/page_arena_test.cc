@@ -27,13 +27,15 @@ namespace {
 constexpr uint32_t kPage = 4096;
 constexpr uint32_t kSegmentPages = 2;
 
-std::unique_ptr<PageArena> OneSegmentArena() {
-  absl::StatusOr<std::unique_ptr<PageArena>> arena = PageArena::Create({.capacity = kSegmentPages * kPage,
+// A shared arena of `segments` segments, its host pages pinned for
+// `pin_for` (if any).
+std::unique_ptr<PageArena> SharedArena(uint32_t segments, std::shared_ptr<SlabMemory> pin_for = nullptr) {
+  absl::StatusOr<std::unique_ptr<PageArena>> arena = PageArena::Create({.capacity = segments * kSegmentPages * kPage,
                                                                         .page_size = kPage,
                                                                         .segment_pages = kSegmentPages,
                                                                         .shared = true,
                                                                         .slab = nullptr,
-                                                                        .pin_for = nullptr});
+                                                                        .pin_for = std::move(pin_for)});
   EXPECT_TRUE(arena.ok()) << arena.status();
   return *std::move(arena);
 }
@@ -83,7 +85,7 @@ std::string_view SegmentBytes(const PageArena& arena) {
 }
 
 TEST(PageArenaTest, ASegmentNoReaderHasIsClearedInPlaceForItsNextOwner) {
-  std::unique_ptr<PageArena> arena = OneSegmentArena();
+  std::unique_ptr<PageArena> arena = SharedArena(1);
   std::vector<uint32_t> pages;
   FillFor(*arena, "tenant-a", pages);
   const int fd = arena->SegmentFd(0);
@@ -100,7 +102,7 @@ TEST(PageArenaTest, ASegmentNoReaderHasIsClearedInPlaceForItsNextOwner) {
 }
 
 TEST(PageArenaTest, ASegmentAReaderHadGetsANewMemfdAndTheReaderOnlyItsOwnBytes) {
-  std::unique_ptr<PageArena> arena = OneSegmentArena();
+  std::unique_ptr<PageArena> arena = SharedArena(1);
   std::vector<uint32_t> pages;
   const std::string a_bytes = FillFor(*arena, "tenant-a", pages);
   // A reader of tenant-a maps the segment, as a fast path session does.
@@ -259,14 +261,8 @@ TEST(PageArenaTest, PiecesOfARecordAreOneBatch) {
 TEST(PageArenaTest, SegmentsArePinnedForTheSlabAndUnpinnedBeforeRemapping) {
   auto slab = std::make_shared<RecordingSlab>(kPage);
   {
-    absl::StatusOr<std::unique_ptr<PageArena>> created = PageArena::Create({.capacity = 2 * kSegmentPages * kPage,
-                                                                            .page_size = kPage,
-                                                                            .segment_pages = kSegmentPages,
-                                                                            .shared = true,
-                                                                            .slab = nullptr,
-                                                                            .pin_for = slab});
-    ASSERT_TRUE(created.ok()) << created.status();
-    PageArena* arena = created->get();
+    std::unique_ptr<PageArena> owned = SharedArena(2, slab);
+    PageArena* arena = owned.get();
     EXPECT_TRUE(slab->pinned.empty()) << "nothing pinned before it is used";
     std::vector<uint32_t> pages;
     const std::string bytes = FillFor(*arena, "tenant-a", pages);
@@ -292,14 +288,7 @@ TEST(PageArenaTest, SegmentsArePinnedForTheSlabAndUnpinnedBeforeRemapping) {
 // refused the segment until then (it holds nothing of its new owner yet).
 TEST(PageArenaTest, ASegmentIsPreparedOnceAndOpenedOnlyWhenReady) {
   auto slab = std::make_shared<GatedPinSlab>(kPage);
-  absl::StatusOr<std::unique_ptr<PageArena>> created = PageArena::Create({.capacity = 2 * kSegmentPages * kPage,
-                                                                          .page_size = kPage,
-                                                                          .segment_pages = kSegmentPages,
-                                                                          .shared = true,
-                                                                          .slab = nullptr,
-                                                                          .pin_for = slab});
-  ASSERT_TRUE(created.ok()) << created.status();
-  std::unique_ptr<TierStorage> storage = PagesStorage(*std::move(created));
+  std::unique_ptr<TierStorage> storage = PagesStorage(SharedArena(2, slab));
   std::vector<uint32_t> first, second;
   ASSERT_TRUE(storage->Take(kPage, "tenant-a", first));
   const auto open = [&] { return storage->OpenShared(0, /*generation=*/1, "tenant-a"); };
