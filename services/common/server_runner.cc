@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "services/common/bind_check.h"
+#include "services/common/log.h"
 #include "services/common/unparsed_request_interceptor.h"
 
 namespace kvtier {
@@ -39,7 +40,9 @@ absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(const ServerOp
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = ServerCredentials(options.tls);
+  if (!credentials.ok()) return credentials.status();
+  builder.AddListeningPort(options.listen, *credentials, &port);
   // gRPC sets SO_REUSEPORT by default: a second server on a port in use
   // would then share it with the first, each taking some connections.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -65,6 +68,11 @@ absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(const ServerOp
   server->GetHealthCheckService()->SetServingStatus(true);
   const std::string host = options.listen.substr(0, options.listen.rfind(':'));
   std::cout << "listening on " << host << ":" << port << std::endl;
+  if (!options.tls.dir.empty()) {
+    Log(LogLevel::kInfo, "server",
+        absl::StrCat("TLS from ", options.tls.dir,
+                     options.tls.require_client_certificate ? ", client certificates required" : ""));
+  }
   return std::unique_ptr<ServerRunner>(new ServerRunner(std::move(server), port, options.shutdown_grace));
 }
 

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "services/common/tls.h"
 
 namespace kvtier {
 
@@ -24,6 +25,7 @@ struct ServerOptions {
   // gRPC's own buffers (resource quota); requests beyond it are refused.
   int64_t memory_quota_bytes = 1LL << 30;
   absl::Duration shutdown_grace = absl::Seconds(30);
+  TlsOptions tls;  // dir empty: plaintext
 };
 
 // Blocks SIGTERM and SIGINT in this thread and every thread it creates, so

@@ -1,6 +1,7 @@
 #include "services/cache/client/cache_client.h"
 
 #include "absl/strings/str_cat.h"
+#include "services/common/client_identity.h"
 
 namespace kvtier::cache {
 
@@ -18,7 +19,7 @@ std::shared_ptr<grpc::Channel> CacheClient::Connect(const std::string& target, b
   args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16 << 20);
   if (own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  return MakeChannel(target, args);
 }
 
 CacheClient::CacheClient(std::shared_ptr<grpc::Channel> channel, absl::Duration deadline)

@@ -100,7 +100,8 @@ std::optional<uint64_t> FastPathServer::DeviceStaging::Allocate(uint64_t size) {
   return at;
 }
 
-absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(const v1::OpenFastPathRequest& request) {
+absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(const v1::OpenFastPathRequest& request,
+                                                              const Caller& caller) {
   if (!request.host_boot_id().empty() && !fastpath::HostBootId().empty() &&
       request.host_boot_id() != fastpath::HostBootId()) {
     return absl::FailedPreconditionError("the client is on another host: no fast path");
@@ -112,9 +113,18 @@ absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(const v1::OpenFast
   if (sessions_.size() >= options_.max_sessions) {
     return absl::ResourceExhaustedError(absl::StrCat(sessions_.size(), " fast path sessions are open, the limit"));
   }
+  const size_t tenant_limit =
+      caller.quota.max_sessions() > 0 ? caller.quota.max_sessions() : options_.max_sessions_per_tenant;
+  size_t& held = sessions_by_tenant_[caller.tenant];
+  if (held >= tenant_limit) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(caller.Describe(), " holds ", held, " fast path sessions, the most it may"));
+  }
+  ++held;
   uint64_t id = 0;
   while (id == 0 || sessions_.contains(id)) RandomBytes(&id, sizeof id);
   Session& session = sessions_[id];
+  session.tenant = caller.tenant;
   RandomBytes(session.secret.data(), session.secret.size());
   session.open_until = clock_->Now() + options_.prove_within;
   // Whole pages, within this session's share and what is left of the budget.
@@ -153,10 +163,10 @@ absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(const v1::OpenFast
 
 absl::Status FastPathServer::Lease(uint64_t session_id, const std::string& ns, uint64_t layout_id,
                                    const std::vector<kvblock::BlockHash>& hashes, absl::Duration ttl,
-                                   v1::LeaseBlocksResponse& response) {
+                                   v1::LeaseBlocksResponse& response, const std::string& tenant) {
   const auto check_session = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
     auto it = sessions_.find(session_id);
-    if (it == sessions_.end() || it->second.socket < 0) {
+    if (it == sessions_.end() || it->second.socket < 0 || it->second.tenant != tenant) {
       return absl::FailedPreconditionError(
           absl::StrCat("fast path session ", absl::Hex(session_id), " is unknown or not proven"));
     }
@@ -223,7 +233,11 @@ absl::Status FastPathServer::Lease(uint64_t session_id, const std::string& ns, u
   if (pinned.empty()) return absl::OkStatus();
   Session& session = sessions_[session_id];
   session.namespaces.insert(ns);
-  const uint64_t id = kFastPathLeaseBit | next_lease_++;
+  uint64_t id = 0;  // unguessable: the id alone releases it
+  while (id == 0 || leases_.contains(id)) {
+    RandomBytes(&id, sizeof id);
+    id |= kFastPathLeaseBit;
+  }
   if (ttl <= absl::ZeroDuration()) ttl = options_.default_lease_ttl;
   const absl::Time deadline = clock_->Now() + std::min(ttl, options_.max_lease_ttl);
   counters_.blocks_out += pinned.size();
@@ -236,10 +250,12 @@ absl::Status FastPathServer::Lease(uint64_t session_id, const std::string& ns, u
   return absl::OkStatus();
 }
 
-absl::Status FastPathServer::Release(uint64_t lease_id) {
+absl::Status FastPathServer::Release(uint64_t lease_id, const std::string& tenant) {
   absl::MutexLock lock(&mu_);
   ExpireLocked();
-  if (!leases_.contains(lease_id)) {
+  auto lease = leases_.find(lease_id);
+  auto session = lease == leases_.end() ? sessions_.end() : sessions_.find(lease->second.session_id);
+  if (session == sessions_.end() || session->second.tenant != tenant) {
     return absl::NotFoundError(absl::StrCat("lease ", lease_id, " is unknown or expired"));
   }
   EndLeaseLocked(lease_id);
@@ -302,10 +318,11 @@ void FastPathServer::ExpireLocked() {
   }
 }
 
-absl::StatusOr<std::shared_ptr<const StagingRegion>> FastPathServer::Staging(uint64_t session_id) {
+absl::StatusOr<std::shared_ptr<const StagingRegion>> FastPathServer::Staging(uint64_t session_id,
+                                                                             const std::string& tenant) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(session_id);
-  if (it == sessions_.end() || it->second.socket < 0 || it->second.staging == nullptr) {
+  if (it == sessions_.end() || it->second.socket < 0 || it->second.staging == nullptr || it->second.tenant != tenant) {
     return absl::FailedPreconditionError(
         absl::StrCat("fast path session ", absl::Hex(session_id), " is unknown, unproven or has no staging region"));
   }
@@ -321,8 +338,11 @@ void FastPathServer::EndSessionLocked(uint64_t session_id) {
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) return;
   if (it->second.staging != nullptr) counters_.staging_bytes -= it->second.staging->size();
-  for (uint64_t lease : it->second.leases) leases_.erase(lease);
+  const std::set<uint64_t> leases = it->second.leases;  // EndLeaseLocked edits the set
+  for (uint64_t lease : leases) EndLeaseLocked(lease);
   if (it->second.socket >= 0) --counters_.sessions;
+  auto held = sessions_by_tenant_.find(it->second.tenant);
+  if (--held->second == 0) sessions_by_tenant_.erase(held);
   sessions_.erase(it);
 }
 

@@ -27,6 +27,7 @@
 #include "kvtier/v1/cache.pb.h"
 #include "services/cache/store/block_store.h"
 #include "services/common/clock.h"
+#include "services/common/tenants.h"
 
 namespace kvtier::cache {
 
@@ -34,6 +35,7 @@ struct FastPathOptions {
   std::string socket_path;  // '@name': Linux abstract namespace
   absl::Duration prove_within = absl::Seconds(10);
   size_t max_sessions = 256;
+  size_t max_sessions_per_tenant = 32;  // unless its quota says otherwise
   size_t max_leases_per_session = 1024;
   absl::Duration default_lease_ttl = absl::Seconds(30);
   absl::Duration max_lease_ttl = absl::Minutes(10);
@@ -91,19 +93,27 @@ class FastPathServer {
   // request.staging_bytes() if the budget allows (and device staging, see
   // cache.proto). FAILED_PRECONDITION for a client whose host_boot_id says
   // it is on another host; RESOURCE_EXHAUSTED at max_sessions.
-  absl::StatusOr<v1::OpenFastPathResponse> Open(const v1::OpenFastPathRequest& request);
-  // A proven session's staging region; FAILED_PRECONDITION if it has none.
-  absl::StatusOr<std::shared_ptr<const StagingRegion>> Staging(uint64_t session_id);
+  // The session is the caller's tenant's: only that tenant's calls may use
+  // it (to any other tenant it is unknown); RESOURCE_EXHAUSTED when the
+  // tenant holds max_sessions_per_tenant (or its quota's) already.
+  absl::StatusOr<v1::OpenFastPathResponse> Open(const v1::OpenFastPathRequest& request, const Caller& caller);
+  absl::StatusOr<v1::OpenFastPathResponse> Open(const v1::OpenFastPathRequest& request) {
+    return Open(request, Caller());
+  }
+  // A proven session's staging region; FAILED_PRECONDITION if it has none
+  // or is another tenant's.
+  absl::StatusOr<std::shared_ptr<const StagingRegion>> Staging(uint64_t session_id, const std::string& tenant = "");
   // Counts bytes a Put stream took from a staging region.
   void CountStaged(uint64_t bytes);
   // Pins `hashes` (checked by the caller) of `ns` for a proven session and
   // fills `response` with where their records lie. FAILED_PRECONDITION for
-  // an unknown or unproven session.
+  // an unknown or unproven session, or another tenant's.
   absl::Status Lease(uint64_t session_id, const std::string& ns, uint64_t layout_id,
                      const std::vector<kvblock::BlockHash>& hashes, absl::Duration ttl,
-                     v1::LeaseBlocksResponse& response);
-  // Ends a fast-path lease; NOT_FOUND if unknown or expired.
-  absl::Status Release(uint64_t lease_id);
+                     v1::LeaseBlocksResponse& response, const std::string& tenant = "");
+  // Ends a fast-path lease; NOT_FOUND if unknown, expired or another
+  // tenant's.
+  absl::Status Release(uint64_t lease_id, const std::string& tenant = "");
   FastPathCounters Counters();
   // Waits until `sessions` proven sessions are open, at most `timeout`;
   // whether they are (for tests: a session ends on the socket's thread).
@@ -118,6 +128,7 @@ class FastPathServer {
     std::optional<uint64_t> Allocate(uint64_t size);
   };
   struct Session {
+    std::string tenant;  // whose calls may use it
     std::array<uint8_t, 16> secret;
     absl::Time open_until;             // unproven sessions are dropped after it
     int socket = -1;                   // the proving connection; -1 until proven
@@ -162,7 +173,7 @@ class FastPathServer {
   absl::flat_hash_map<uint64_t, FastLease> leases_ ABSL_GUARDED_BY(mu_);
   // The leases by deadline, soonest first: expiry looks only at those due.
   std::multimap<absl::Time, uint64_t> lease_deadlines_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_lease_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<std::string, size_t> sessions_by_tenant_ ABSL_GUARDED_BY(mu_);
   FastPathCounters counters_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };

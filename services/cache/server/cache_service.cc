@@ -65,13 +65,21 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   static constexpr size_t kReadAhead = 8;
 
-  PutReactor(CacheService* service, grpc::ByteBuffer* response)
+  PutReactor(CacheService* service, absl::StatusOr<std::shared_ptr<const Caller>> caller, grpc::ByteBuffer* response)
       : service_(service), response_(response), timer_(service->metrics(), "Put") {
+    Step step;
     {
       absl::MutexLock lock(&mu_);
-      reading_ = true;
+      if (caller.ok()) {
+        caller_ = *std::move(caller);
+        reading_ = true;
+        step.start_read = true;
+      } else {
+        error_ = ToGrpcStatus(caller.status());
+        step = PlanLocked();
+      }
     }
-    StartRead(&request_);
+    Run(step);
   }
 
   void OnReadDone(bool ok) override {
@@ -187,7 +195,7 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     switch (request.kind_case()) {
       case v1::PutRequest::kHeader: {
         if (session_ != nullptr) return absl::InvalidArgumentError("second Put header in one stream");
-        KVTIER_ASSIGN_OR_RETURN(PutPlan plan, service_->planner().PlanPut(request.header()));
+        KVTIER_ASSIGN_OR_RETURN(PutPlan plan, service_->planner().PlanPut(caller_, request.header()));
         staging_ = std::move(plan.staging);
         session_ = service_->store()->BeginPut(plan.scope.ns, plan.scope.layout);
         return absl::OkStatus();
@@ -243,8 +251,9 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   CacheService* service_;
   grpc::ByteBuffer* response_;
   RpcTimer timer_;
-  grpc::ByteBuffer request_;  // the one read in flight; owned by whoever set reading_
-  int messages_ = 0;          // parsed so far, by Drain
+  std::shared_ptr<const Caller> caller_;  // set before the first read
+  grpc::ByteBuffer request_;              // the one read in flight; owned by whoever set reading_
+  int messages_ = 0;                      // parsed so far, by Drain
   // Used by one Drain task at a time (processing_), then by Answer; freed in
   // OnDone, taking incomplete blocks with it.
   std::unique_ptr<PutSession> session_;
@@ -267,9 +276,9 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 // are held, however slowly the client reads.
 class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  GetReactor(CacheService* service, const grpc::ByteBuffer* raw)
+  GetReactor(CacheService* service, absl::StatusOr<std::shared_ptr<const Caller>> caller, const grpc::ByteBuffer* raw)
       : service_(service), timer_(service->metrics(), "Get") {
-    absl::Status status = Parse(raw);
+    absl::Status status = caller.ok() ? Parse(*std::move(caller), raw) : caller.status();
     Step step;
     {
       absl::MutexLock lock(&mu_);
@@ -297,13 +306,13 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void OnDone() override { DeleteWhenDone(this, mu_); }
 
  private:
-  absl::Status Parse(const grpc::ByteBuffer* raw) {
+  absl::Status Parse(std::shared_ptr<const Caller> caller, const grpc::ByteBuffer* raw) {
     grpc::ByteBuffer copy(*raw);  // shares the slices
     v1::GetRequest request;
     if (!grpc::SerializationTraits<v1::GetRequest>::Deserialize(&copy, &request).ok()) {
       return absl::InvalidArgumentError("GetRequest does not parse");
     }
-    KVTIER_ASSIGN_OR_RETURN(plan_, service_->planner().PlanGet(request));
+    KVTIER_ASSIGN_OR_RETURN(plan_, service_->planner().PlanGet(std::move(caller), request));
     return absl::OkStatus();
   }
 
@@ -346,7 +355,7 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     if (step.finish.has_value()) {
       // Before Finish, so a client that sees the stream end sees the lease
       // ended too.
-      if (plan_.lease_id != 0) (void)service_->store()->ReleaseLease(plan_.lease_id);
+      if (plan_.lease_id != 0) (void)service_->store()->ReleaseLease(plan_.lease_id, plan_.scope.caller->tenant);
       timer_.Done(step.finish->error_code());
       Finish(*step.finish);  // may delete this
       return;
@@ -449,12 +458,20 @@ void FillStats(const StoreStats& s, const FastPathCounters& f, v1::StatsResponse
 }
 
 CacheService::CacheService(BlockStore* store, Executor* executor, RpcMetrics* metrics,
-                           std::vector<std::string> namespaces, FastPathServer* fast_path)
+                           std::vector<std::string> namespaces, FastPathServer* fast_path, TenantRegistry* tenants)
     : store_(store),
       executor_(executor),
       metrics_(metrics),
       fast_path_(fast_path),
+      tenants_(tenants),
       planner_(std::move(namespaces), fast_path) {}
+
+absl::StatusOr<std::shared_ptr<const Caller>> CacheService::Authenticate(const grpc::CallbackServerContext& context,
+                                                                         const char* method) const {
+  if (tenants_ != nullptr) return tenants_->Authenticate(context, method);
+  static const auto* everyone = new std::shared_ptr<const Caller>(std::make_shared<Caller>());
+  return *everyone;
+}
 
 GetAnswer CacheService::ReadForGet(const GetPlan& plan, size_t index) const {
   GetAnswer answer;
@@ -493,9 +510,13 @@ GetAnswer CacheService::ReadForGet(const GetPlan& plan, size_t index) const {
 grpc::ServerUnaryReactor* CacheService::Match(grpc::CallbackServerContext* context, const v1::MatchRequest* request,
                                               v1::MatchResponse* response) {
   RpcTimer timer(metrics_, "Match");
-  absl::StatusOr<BlocksPlan> plan = planner_.PlanMatch(*request);
+  absl::StatusOr<std::shared_ptr<const Caller>> caller = Authenticate(*context, "Match");
+  if (!caller.ok()) return FinishUnary(context, std::move(timer), caller.status());
+  absl::StatusOr<BlocksPlan> plan = planner_.PlanMatch(*std::move(caller), *request);
   if (!plan.ok()) return FinishUnary(context, std::move(timer), plan.status());
-  MatchResult m = store_->Match(plan->scope.ns, plan->scope.layout_id, plan->hashes, plan->lease_ttl);
+  MatchResult m =
+      store_->Match(plan->scope.ns, plan->scope.layout_id, plan->hashes, plan->lease_ttl, plan->scope.caller->tenant);
+  if (!m.lease_status.ok()) return FinishUnary(context, std::move(timer), m.lease_status);
   response->set_matched_blocks(m.matched_blocks);
   for (TierKind t : m.tiers) response->add_tiers(static_cast<v1::Tier>(t));
   if (m.lease_id != 0) {
@@ -505,28 +526,42 @@ grpc::ServerUnaryReactor* CacheService::Match(grpc::CallbackServerContext* conte
   return FinishUnary(context, std::move(timer), absl::OkStatus());
 }
 
-grpc::ServerReadReactor<grpc::ByteBuffer>* CacheService::Put(grpc::CallbackServerContext*, grpc::ByteBuffer* response) {
-  return new PutReactor(this, response);
+grpc::ServerReadReactor<grpc::ByteBuffer>* CacheService::Put(grpc::CallbackServerContext* context,
+                                                             grpc::ByteBuffer* response) {
+  return new PutReactor(this, Authenticate(*context, "Put"), response);
 }
 
-grpc::ServerWriteReactor<grpc::ByteBuffer>* CacheService::Get(grpc::CallbackServerContext*,
+grpc::ServerWriteReactor<grpc::ByteBuffer>* CacheService::Get(grpc::CallbackServerContext* context,
                                                               const grpc::ByteBuffer* request) {
-  return new GetReactor(this, request);
+  return new GetReactor(this, Authenticate(*context, "Get"), request);
 }
 
 grpc::ServerUnaryReactor* CacheService::ReleaseLease(grpc::CallbackServerContext* context,
                                                      const v1::ReleaseLeaseRequest* request,
                                                      v1::ReleaseLeaseResponse*) {
+  RpcTimer timer(metrics_, "ReleaseLease");
+  absl::StatusOr<std::shared_ptr<const Caller>> caller = Authenticate(*context, "ReleaseLease");
+  if (!caller.ok()) return FinishUnary(context, std::move(timer), caller.status());
   const uint64_t id = request->lease_id();
-  absl::Status status =
-      fast_path_ != nullptr && (id & kFastPathLeaseBit) != 0 ? fast_path_->Release(id) : store_->ReleaseLease(id);
-  return FinishUnary(context, RpcTimer(metrics_, "ReleaseLease"), status);
+  absl::Status status = fast_path_ != nullptr && (id & kFastPathLeaseBit) != 0
+                            ? fast_path_->Release(id, (*caller)->tenant)
+                            : store_->ReleaseLease(id, (*caller)->tenant);
+  return FinishUnary(context, std::move(timer), status);
 }
 
 grpc::ServerUnaryReactor* CacheService::Stats(grpc::CallbackServerContext* context, const v1::StatsRequest*,
                                               v1::StatsResponse* response) {
+  RpcTimer timer(metrics_, "Stats");
+  absl::StatusOr<std::shared_ptr<const Caller>> caller = Authenticate(*context, "Stats");
+  if (!caller.ok()) return FinishUnary(context, std::move(timer), caller.status());
+  // The figures are the whole cache's: only an admin sees them.
+  if ((*caller)->role != v1::ADMIN) {
+    return FinishUnary(context, std::move(timer),
+                       absl::PermissionDeniedError(
+                           absl::StrCat((*caller)->Describe(), " is not an admin: Stats covers every tenant")));
+  }
   FillStats(store_->Stats(), fast_path_ != nullptr ? fast_path_->Counters() : FastPathCounters(), *response);
-  return FinishUnary(context, RpcTimer(metrics_, "Stats"), absl::OkStatus());
+  return FinishUnary(context, std::move(timer), absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* CacheService::OpenFastPath(grpc::CallbackServerContext* context,
@@ -534,7 +569,9 @@ grpc::ServerUnaryReactor* CacheService::OpenFastPath(grpc::CallbackServerContext
                                                      v1::OpenFastPathResponse* response) {
   RpcTimer timer(metrics_, "OpenFastPath");
   if (fast_path_ == nullptr) return FinishUnary(context, std::move(timer), NoFastPath());
-  absl::StatusOr<v1::OpenFastPathResponse> opened = fast_path_->Open(*request);
+  absl::StatusOr<std::shared_ptr<const Caller>> caller = Authenticate(*context, "OpenFastPath");
+  if (!caller.ok()) return FinishUnary(context, std::move(timer), caller.status());
+  absl::StatusOr<v1::OpenFastPathResponse> opened = fast_path_->Open(*request, **caller);
   if (!opened.ok()) return FinishUnary(context, std::move(timer), opened.status());
   *response = *std::move(opened);
   return FinishUnary(context, std::move(timer), absl::OkStatus());
@@ -544,13 +581,15 @@ grpc::ServerUnaryReactor* CacheService::LeaseBlocks(grpc::CallbackServerContext*
                                                     const v1::LeaseBlocksRequest* request,
                                                     v1::LeaseBlocksResponse* response) {
   RpcTimer timer(metrics_, "LeaseBlocks");
-  absl::StatusOr<BlocksPlan> plan = planner_.PlanLease(*request);
+  absl::StatusOr<std::shared_ptr<const Caller>> caller = Authenticate(*context, "LeaseBlocks");
+  if (!caller.ok()) return FinishUnary(context, std::move(timer), caller.status());
+  absl::StatusOr<BlocksPlan> plan = planner_.PlanLease(*std::move(caller), *request);
   if (!plan.ok()) return FinishUnary(context, std::move(timer), plan.status());
   // Pinning may promote blocks (a copy between tiers): not on a gRPC thread.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   auto work = [this, reactor, request, response, plan = *std::move(plan), timer]() mutable {
     const absl::Status status = fast_path_->Lease(request->session_id(), plan.scope.ns, plan.scope.layout_id,
-                                                  plan.hashes, *plan.lease_ttl, *response);
+                                                  plan.hashes, *plan.lease_ttl, *response, plan.scope.caller->tenant);
     const grpc::Status g = ToGrpcStatus(status);
     timer.Done(g.error_code());
     reactor->Finish(g);

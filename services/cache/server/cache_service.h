@@ -42,8 +42,13 @@ class CacheService final : public KvCacheBase {
   // None owned; all must outlive the service. `metrics` may be null, and
   // `fast_path` (then OpenFastPath answers FAILED_PRECONDITION).
   // `namespaces`: the tenants served; empty serves any well-formed name.
+  // `tenants`: who may call (null: every caller, one trust domain).
   CacheService(BlockStore* store, Executor* executor, RpcMetrics* metrics, std::vector<std::string> namespaces = {},
-               FastPathServer* fast_path = nullptr);
+               FastPathServer* fast_path = nullptr, TenantRegistry* tenants = nullptr);
+
+  // Who a call is from; UNAUTHENTICATED without a valid proof.
+  absl::StatusOr<std::shared_ptr<const Caller>> Authenticate(const grpc::CallbackServerContext& context,
+                                                             const char* method) const;
 
   // Every request is checked here first (request_planner.h).
   const RequestPlanner& planner() const { return planner_; }
@@ -75,6 +80,7 @@ class CacheService final : public KvCacheBase {
   Executor* executor_;
   RpcMetrics* metrics_;
   FastPathServer* fast_path_;
+  TenantRegistry* tenants_;
   RequestPlanner planner_;
 };
 

@@ -28,12 +28,15 @@ absl::StatusOr<std::vector<kvblock::BlockHash>> PlanHashes(
 
 absl::Status NoFastPath() { return absl::FailedPreconditionError("this cache runs without a fast path"); }
 
-absl::StatusOr<RequestScope> RequestPlanner::PlanScope(const std::string& ns, const v1::LatentLayout& layout) const {
+absl::StatusOr<RequestScope> RequestPlanner::PlanScope(std::shared_ptr<const Caller> caller, const std::string& ns,
+                                                       const v1::LatentLayout& layout) const {
   KVTIER_RETURN_IF_ERROR(kvblock::ValidateNamespace(ns));
+  KVTIER_RETURN_IF_ERROR(CheckNamespace(*caller, ns));
   if (!namespaces_.empty() && !namespaces_.contains(ns)) {
     return absl::NotFoundError(absl::StrCat("unknown namespace '", ns, "'"));
   }
   RequestScope scope;
+  scope.caller = std::move(caller);
   scope.ns = ns;
   KVTIER_ASSIGN_OR_RETURN(scope.layout, kvblock::LayoutFromProto(layout));
   scope.layout_id = kvblock::LayoutId(scope.layout);
@@ -41,32 +44,35 @@ absl::StatusOr<RequestScope> RequestPlanner::PlanScope(const std::string& ns, co
 }
 
 absl::StatusOr<BlocksPlan> RequestPlanner::PlanBlocks(
-    const std::string& ns, const v1::LatentLayout& layout,
+    std::shared_ptr<const Caller> caller, const std::string& ns, const v1::LatentLayout& layout,
     const google::protobuf::RepeatedPtrField<std::string>& hashes) const {
   BlocksPlan plan;
-  KVTIER_ASSIGN_OR_RETURN(plan.scope, PlanScope(ns, layout));
+  KVTIER_ASSIGN_OR_RETURN(plan.scope, PlanScope(std::move(caller), ns, layout));
   KVTIER_ASSIGN_OR_RETURN(plan.hashes, PlanHashes(hashes));
   return plan;
 }
 
-absl::StatusOr<BlocksPlan> RequestPlanner::PlanMatch(const v1::MatchRequest& request) const {
-  KVTIER_ASSIGN_OR_RETURN(BlocksPlan plan,
-                          PlanBlocks(request.kv_namespace(), request.layout(), request.block_hashes()));
+absl::StatusOr<BlocksPlan> RequestPlanner::PlanMatch(std::shared_ptr<const Caller> caller,
+                                                     const v1::MatchRequest& request) const {
+  KVTIER_ASSIGN_OR_RETURN(
+      BlocksPlan plan, PlanBlocks(std::move(caller), request.kv_namespace(), request.layout(), request.block_hashes()));
   if (request.acquire_lease()) plan.lease_ttl = absl::Milliseconds(request.lease_ttl_ms());
   return plan;
 }
 
-absl::StatusOr<BlocksPlan> RequestPlanner::PlanLease(const v1::LeaseBlocksRequest& request) const {
+absl::StatusOr<BlocksPlan> RequestPlanner::PlanLease(std::shared_ptr<const Caller> caller,
+                                                     const v1::LeaseBlocksRequest& request) const {
+  KVTIER_ASSIGN_OR_RETURN(
+      BlocksPlan plan, PlanBlocks(std::move(caller), request.kv_namespace(), request.layout(), request.block_hashes()));
   if (fast_path_ == nullptr) return NoFastPath();
-  KVTIER_ASSIGN_OR_RETURN(BlocksPlan plan,
-                          PlanBlocks(request.kv_namespace(), request.layout(), request.block_hashes()));
   plan.lease_ttl = absl::Milliseconds(request.lease_ttl_ms());
   return plan;
 }
 
-absl::StatusOr<GetPlan> RequestPlanner::PlanGet(const v1::GetRequest& request) const {
+absl::StatusOr<GetPlan> RequestPlanner::PlanGet(std::shared_ptr<const Caller> caller,
+                                                const v1::GetRequest& request) const {
   GetPlan plan;
-  KVTIER_ASSIGN_OR_RETURN(plan.scope, PlanScope(request.kv_namespace(), request.layout()));
+  KVTIER_ASSIGN_OR_RETURN(plan.scope, PlanScope(std::move(caller), request.kv_namespace(), request.layout()));
   KVTIER_ASSIGN_OR_RETURN(plan.hashes, PlanHashes(request.block_hashes()));
   const uint32_t layers = plan.scope.layout.num_layers;
   plan.layer_begin = request.layer_begin();
@@ -79,12 +85,16 @@ absl::StatusOr<GetPlan> RequestPlanner::PlanGet(const v1::GetRequest& request) c
   return plan;
 }
 
-absl::StatusOr<PutPlan> RequestPlanner::PlanPut(const v1::PutHeader& header) const {
+absl::StatusOr<PutPlan> RequestPlanner::PlanPut(std::shared_ptr<const Caller> caller,
+                                                const v1::PutHeader& header) const {
+  if (!caller->MayWrite()) {
+    return absl::PermissionDeniedError(absl::StrCat(caller->Describe(), " is a reader: it may not Put"));
+  }
   PutPlan plan;
-  KVTIER_ASSIGN_OR_RETURN(plan.scope, PlanScope(header.kv_namespace(), header.layout()));
+  KVTIER_ASSIGN_OR_RETURN(plan.scope, PlanScope(std::move(caller), header.kv_namespace(), header.layout()));
   if (const uint64_t id = header.fast_path_session_id(); id != 0) {
     if (fast_path_ == nullptr) return NoFastPath();
-    KVTIER_ASSIGN_OR_RETURN(plan.staging, fast_path_->Staging(id));
+    KVTIER_ASSIGN_OR_RETURN(plan.staging, fast_path_->Staging(id, plan.scope.caller->tenant));
   }
   return plan;
 }

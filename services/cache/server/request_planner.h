@@ -1,9 +1,10 @@
 // The one place a cache request is checked before any block moves: its
 // namespace (well formed, served here), its layout, its block hashes, its
 // layer range, its lease, and for a Put the fast path session whose staging
-// region it names. Every way of serving blocks (gRPC Get, Match, fast path
-// leases, Put by bytes or by staged range) is an adapter that asks this
-// first, so a check added here (identity, quota) holds on every path.
+// region it names, and whether the caller's tenant may do it (its
+// namespaces, its role). Every way of serving blocks (gRPC Get, Match, fast
+// path leases, Put by bytes or by staged range) is an adapter that asks
+// this first, so a check added here holds on every path.
 // Thread-safe (const after construction).
 #ifndef KVTIER_SERVICES_CACHE_SERVER_REQUEST_PLANNER_H_
 #define KVTIER_SERVICES_CACHE_SERVER_REQUEST_PLANNER_H_
@@ -18,6 +19,7 @@
 #include "absl/time/time.h"
 #include "kvtier/v1/cache.pb.h"
 #include "services/cache/fast_path/fast_path_server.h"
+#include "services/common/tenants.h"
 #include "services/kvblock/block_key.h"
 #include "services/kvblock/layout.h"
 
@@ -25,8 +27,9 @@ namespace kvtier::cache {
 
 inline constexpr int kMaxBlocksPerRequest = 65536;
 
-// What a request names: its tenant and layout, checked.
+// What a request names: its namespace and layout, checked, and who asks.
 struct RequestScope {
+  std::shared_ptr<const Caller> caller;
   std::string ns;
   kvblock::LatentLayout layout;
   uint64_t layout_id = 0;
@@ -63,20 +66,25 @@ class RequestPlanner {
   RequestPlanner(std::vector<std::string> namespaces, FastPathServer* fast_path)
       : namespaces_(namespaces.begin(), namespaces.end()), fast_path_(fast_path) {}
 
-  // INVALID_ARGUMENT for a malformed namespace or layout, NOT_FOUND for a
-  // namespace this server does not serve.
-  absl::StatusOr<RequestScope> PlanScope(const std::string& ns, const v1::LatentLayout& layout) const;
+  // INVALID_ARGUMENT for a malformed namespace or layout, PERMISSION_DENIED
+  // for a namespace the caller's tenant may not use, NOT_FOUND for one this
+  // server does not serve.
+  absl::StatusOr<RequestScope> PlanScope(std::shared_ptr<const Caller> caller, const std::string& ns,
+                                         const v1::LatentLayout& layout) const;
   // As PlanScope, and INVALID_ARGUMENT for bad hashes or too many.
-  absl::StatusOr<BlocksPlan> PlanMatch(const v1::MatchRequest& request) const;
-  absl::StatusOr<BlocksPlan> PlanLease(const v1::LeaseBlocksRequest& request) const;
+  absl::StatusOr<BlocksPlan> PlanMatch(std::shared_ptr<const Caller> caller, const v1::MatchRequest& request) const;
+  absl::StatusOr<BlocksPlan> PlanLease(std::shared_ptr<const Caller> caller,
+                                       const v1::LeaseBlocksRequest& request) const;
   // As PlanMatch, and INVALID_ARGUMENT for a layer range outside the layout.
-  absl::StatusOr<GetPlan> PlanGet(const v1::GetRequest& request) const;
-  // As PlanScope; FAILED_PRECONDITION / NOT_FOUND for a fast path session
-  // this server does not have or does not know.
-  absl::StatusOr<PutPlan> PlanPut(const v1::PutHeader& header) const;
+  absl::StatusOr<GetPlan> PlanGet(std::shared_ptr<const Caller> caller, const v1::GetRequest& request) const;
+  // As PlanScope, and PERMISSION_DENIED for a reader; FAILED_PRECONDITION /
+  // NOT_FOUND for a fast path session this server does not have or does
+  // not know.
+  absl::StatusOr<PutPlan> PlanPut(std::shared_ptr<const Caller> caller, const v1::PutHeader& header) const;
 
  private:
-  absl::StatusOr<BlocksPlan> PlanBlocks(const std::string& ns, const v1::LatentLayout& layout,
+  absl::StatusOr<BlocksPlan> PlanBlocks(std::shared_ptr<const Caller> caller, const std::string& ns,
+                                        const v1::LatentLayout& layout,
                                         const google::protobuf::RepeatedPtrField<std::string>& hashes) const;
 
   const absl::flat_hash_set<std::string> namespaces_;

@@ -4,6 +4,7 @@
 #include "services/cache/store/block_store.h"
 
 #include <fcntl.h>
+#include <openssl/rand.h>
 
 #include <algorithm>
 #include <atomic>
@@ -21,6 +22,20 @@
 namespace kvtier::cache {
 
 namespace {
+
+// A lease id no other caller can guess (it releases the lease): from
+// OpenSSL's CSPRNG, never 0, never with the fast path's bit.
+uint64_t RandomLeaseId() {
+  uint64_t id = 0;
+  while (id == 0) {
+    if (RAND_bytes(reinterpret_cast<unsigned char*>(&id), sizeof id) != 1) {
+      Log(LogLevel::kError, "store", "OpenSSL's random generator failed");
+      std::abort();
+    }
+    id &= ~(uint64_t{1} << 63);
+  }
+  return id;
+}
 
 // CRC32C of a paged record's bytes before its trailer, and the stored one.
 uint32_t ComputedCrc(const std::vector<std::span<const uint8_t>>& pieces, size_t size) {
@@ -182,7 +197,7 @@ BlockStore::BlockStore(const StoreOptions& options, Clock* clock, std::vector<st
 BlockStore::~BlockStore() = default;
 
 MatchResult BlockStore::Match(const std::string& ns, uint64_t layout_id, std::span<const kvblock::BlockHash> hashes,
-                              std::optional<absl::Duration> lease_ttl) {
+                              std::optional<absl::Duration> lease_ttl, const std::string& owner) {
   absl::MutexLock lock(&mu_);
   ExpireLeasesLocked();
   MatchResult result;
@@ -196,29 +211,44 @@ MatchResult BlockStore::Match(const std::string& ns, uint64_t layout_id, std::sp
     result.tiers.push_back(tiers_[e->tier]->counters.tier);
   }
   result.matched_blocks = static_cast<uint32_t>(matched.size());
-  if (lease_ttl.has_value() && !matched.empty()) {
-    absl::Duration ttl = *lease_ttl <= absl::ZeroDuration() ? options_.default_lease_ttl : *lease_ttl;
-    ttl = std::min(ttl, options_.max_lease_ttl);
-    for (Entry* e : matched) PinLocked(e);
-    result.lease_id = next_lease_id_++;
-    result.lease_deadline = clock_->Now() + ttl;
-    leases_[result.lease_id] =
-        Lease{lease_deadlines_.emplace(result.lease_deadline, result.lease_id), std::move(matched)};
+  if (!lease_ttl.has_value() || matched.empty()) return result;
+  uint32_t& held = leases_by_owner_[owner];
+  if (held >= options_.max_leases_per_owner) {
+    result.lease_status = absl::ResourceExhaustedError(
+        absl::StrCat(held, " leases held, the most one tenant may hold; release some or let them expire"));
+    return result;
   }
+  ++held;
+  absl::Duration ttl = *lease_ttl <= absl::ZeroDuration() ? options_.default_lease_ttl : *lease_ttl;
+  ttl = std::min(ttl, options_.max_lease_ttl);
+  for (Entry* e : matched) PinLocked(e);
+  do {
+    result.lease_id = RandomLeaseId();
+  } while (leases_.contains(result.lease_id));
+  result.lease_deadline = clock_->Now() + ttl;
+  leases_[result.lease_id] =
+      Lease{lease_deadlines_.emplace(result.lease_deadline, result.lease_id), std::move(matched), owner};
   return result;
 }
 
-absl::Status BlockStore::ReleaseLease(uint64_t lease_id) {
+absl::Status BlockStore::ReleaseLease(uint64_t lease_id, const std::string& owner) {
   absl::MutexLock lock(&mu_);
   ExpireLeasesLocked();
   auto it = leases_.find(lease_id);
-  if (it == leases_.end()) {
+  // Another owner's lease is as unknown as one that never was.
+  if (it == leases_.end() || it->second.owner != owner) {
     return absl::NotFoundError(absl::StrCat("lease ", lease_id, " is unknown or expired"));
   }
-  for (Entry* e : it->second.entries) UnpinLocked(e);
-  lease_deadlines_.erase(it->second.deadline);
-  leases_.erase(it);
+  EndLeaseLocked(it);
   return absl::OkStatus();
+}
+
+void BlockStore::EndLeaseLocked(absl::flat_hash_map<uint64_t, Lease>::iterator lease) {
+  for (Entry* e : lease->second.entries) UnpinLocked(e);
+  lease_deadlines_.erase(lease->second.deadline);
+  auto held = leases_by_owner_.find(lease->second.owner);
+  if (--held->second == 0) leases_by_owner_.erase(held);
+  leases_.erase(lease);
 }
 
 void BlockStore::ExpireLeases() {
@@ -229,10 +259,7 @@ void BlockStore::ExpireLeases() {
 void BlockStore::ExpireLeasesLocked() {
   const absl::Time now = clock_->Now();
   while (!lease_deadlines_.empty() && lease_deadlines_.begin()->first <= now) {
-    auto lease = leases_.find(lease_deadlines_.begin()->second);
-    for (Entry* e : lease->second.entries) UnpinLocked(e);
-    leases_.erase(lease);
-    lease_deadlines_.erase(lease_deadlines_.begin());
+    EndLeaseLocked(leases_.find(lease_deadlines_.begin()->second));
   }
 }
 

@@ -62,7 +62,9 @@ struct StoreOptions {
   // The device tier in this slab (a GPU's memory) instead of host memory.
   std::shared_ptr<SlabMemory> device_slab;
   absl::Duration default_lease_ttl = absl::Seconds(30);
-  absl::Duration max_lease_ttl = absl::Minutes(10);
+  absl::Duration max_lease_ttl = absl::Minutes(1);
+  // Leases one owner (a tenant) may hold at once.
+  uint32_t max_leases_per_owner = 1024;
   // Blocks being assembled at once, across all Put streams.
   uint32_t max_pending_blocks = 1024;
 };
@@ -98,6 +100,9 @@ struct MatchResult {
   std::vector<TierKind> tiers;
   uint64_t lease_id = 0;  // 0 = none taken
   absl::Time lease_deadline;
+  // Not OK when a lease was asked for and refused (RESOURCE_EXHAUSTED: its
+  // owner holds as many as it may).
+  absl::Status lease_status;
 };
 
 class BlockStore;
@@ -184,11 +189,12 @@ class BlockStore {
 
   // Longest prefix of `hashes` stored in `ns` under `layout_id`. With a
   // lease_ttl the matched blocks are pinned until ReleaseLease or the
-  // deadline (ttl 0 = the default; capped at max_lease_ttl).
+  // deadline (ttl 0 = the default; capped at max_lease_ttl), by a lease of
+  // `owner`'s, under an id no one can guess.
   MatchResult Match(const std::string& ns, uint64_t layout_id, std::span<const kvblock::BlockHash> hashes,
-                    std::optional<absl::Duration> lease_ttl = std::nullopt);
-  // NOT_FOUND for an unknown or expired lease.
-  absl::Status ReleaseLease(uint64_t lease_id);
+                    std::optional<absl::Duration> lease_ttl = std::nullopt, const std::string& owner = "");
+  // NOT_FOUND for an unknown or expired lease, or one of another owner's.
+  absl::Status ReleaseLease(uint64_t lease_id, const std::string& owner = "");
 
   // Pins one block for reading: promotes it to the first tier if it can,
   // verifies its checksum. NOT_FOUND if absent; DATA_LOSS if its checksum
@@ -244,6 +250,7 @@ class BlockStore {
   BlockStore(const StoreOptions& options, Clock* clock, std::vector<std::unique_ptr<Tier>> tiers);
 
   void ExpireLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndLeaseLocked(absl::flat_hash_map<uint64_t, Lease>::iterator lease) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PinLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unpin(Entry* entry);
   void UnpinLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -294,7 +301,7 @@ class BlockStore {
   absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
   // The leases by deadline, soonest first: expiry looks only at those due.
   std::multimap<absl::Time, uint64_t> lease_deadlines_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_lease_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<std::string, uint32_t> leases_by_owner_ ABSL_GUARDED_BY(mu_);
   uint32_t pending_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   StoreStats counters_ ABSL_GUARDED_BY(mu_);  // the non-tier counters
 };

@@ -36,6 +36,7 @@ struct BlockStore::Tier {
 struct BlockStore::Lease {
   std::multimap<absl::Time, uint64_t>::iterator deadline;  // in lease_deadlines_
   std::vector<Entry*> entries;
+  std::string owner;
 };
 
 // Bookkeeping bytes an index entry costs beyond its payload: the entry, its

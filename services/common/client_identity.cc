@@ -1,0 +1,89 @@
+#include "services/common/client_identity.h"
+
+#include <grpcpp/support/client_interceptor.h>
+
+#include <fstream>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+
+namespace kvtier {
+namespace {
+
+// Adds the bearer token to every call's initial metadata.
+class TokenInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit TokenInterceptor(std::shared_ptr<const std::string> header) : header_(std::move(header)) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->emplace("authorization", *header_);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  std::shared_ptr<const std::string> header_;
+};
+
+class TokenInterceptorFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit TokenInterceptorFactory(std::shared_ptr<const std::string> header) : header_(std::move(header)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(grpc::experimental::ClientRpcInfo* /*info*/) override {
+    return new TokenInterceptor(header_);
+  }
+
+ private:
+  std::shared_ptr<const std::string> header_;
+};
+
+struct Identity {
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  std::shared_ptr<const std::string> authorization;  // null: no token
+};
+
+absl::Mutex identity_mu;
+Identity& CurrentIdentity() ABSL_EXCLUSIVE_LOCKS_REQUIRED(identity_mu) {
+  static Identity* identity = new Identity;
+  return *identity;
+}
+
+}  // namespace
+
+absl::Status SetClientIdentity(const ClientIdentityOptions& options) {
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = ChannelCredentials(options.tls);
+  if (!credentials.ok()) return credentials.status();
+  Identity identity;
+  identity.credentials = *std::move(credentials);
+  if (!options.token_file.empty()) {
+    std::ifstream in(options.token_file);
+    std::string token;
+    if (!in || !std::getline(in, token)) {
+      return absl::InvalidArgumentError(absl::StrCat("--token-file: cannot read ", options.token_file));
+    }
+    token = std::string(absl::StripAsciiWhitespace(token));
+    if (token.empty())
+      return absl::InvalidArgumentError(absl::StrCat("--token-file: ", options.token_file, " is empty"));
+    identity.authorization = std::make_shared<const std::string>(absl::StrCat("Bearer ", token));
+  }
+  absl::MutexLock lock(&identity_mu);
+  CurrentIdentity() = std::move(identity);
+  return absl::OkStatus();
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const grpc::ChannelArguments& args) {
+  Identity identity;
+  {
+    absl::MutexLock lock(&identity_mu);
+    identity = CurrentIdentity();
+  }
+  if (identity.authorization == nullptr) return grpc::CreateCustomChannel(target, identity.credentials, args);
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<TokenInterceptorFactory>(identity.authorization));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(target, identity.credentials, args,
+                                                                 std::move(interceptors));
+}
+
+}  // namespace kvtier
