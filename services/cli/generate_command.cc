@@ -9,12 +9,14 @@
 #include "services/cli/generation_io.h"
 #include "services/cli/remote_generate.h"
 #include "services/common/flags.h"
+#include "services/common/security_flags.h"
 
 namespace kvtier::cli {
 
 int RunGenerate(const std::vector<std::string>& args) {
   std::string target, prompt_ids, ns, request_id;
-  uint64_t max_new = 16, top_logprobs = 5;
+  uint64_t max_new = 16, top_logprobs = 5, deadline_ms = 600000;
+  SecurityFlags security;
   SamplingFlags sampling_flags;
   bool json = false;
   FlagParser flags("kvtier generate --target ADDR --prompt-ids 1,2,3 --max-new-tokens N [flags]",
@@ -29,13 +31,17 @@ int RunGenerate(const std::vector<std::string>& args) {
   flags.AddString("namespace", &ns, "tenant whose cached prefixes may be reused (default: \"default\")");
   flags.AddString("request-id", &request_id, "id for the servers' logs");
   flags.AddUint("top-logprobs", &top_logprobs, "alternatives reported per token (0-20)");
+  flags.AddUint("deadline-ms", &deadline_ms, "the whole generation's deadline (DEADLINE_EXCEEDED past it)");
   sampling_flags.Register(flags);
+  security.Register(flags, /*serves=*/false, /*calls=*/true);
   if (std::optional<int> exit = flags.ParseOrExit(args, "kvtier generate")) return *exit;
   auto fail = [](const absl::Status& s) {
     std::cerr << "kvtier generate: " << absl::StatusCodeToString(s.code()) << ": " << s.message() << "\n";
     return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   };
   if (target.empty()) return fail(absl::InvalidArgumentError("--target is required"));
+  if (deadline_ms == 0) return fail(absl::InvalidArgumentError("--deadline-ms must be positive"));
+  if (absl::Status s = security.ApplyToClients(); !s.ok()) return fail(s);
   auto prompt = ParseIds(prompt_ids);
   if (!prompt.ok()) return fail(prompt.status());
   auto sampling = sampling_flags.Parse();
@@ -49,7 +55,8 @@ int RunGenerate(const std::vector<std::string>& args) {
   request.mutable_sampling()->set_seed(sampling->seed);
   request.mutable_limits()->set_max_new_tokens(static_cast<uint32_t>(std::min<uint64_t>(max_new, UINT32_MAX)));
   request.mutable_limits()->set_top_logprobs(static_cast<uint32_t>(std::min<uint64_t>(top_logprobs, UINT32_MAX)));
-  absl::StatusOr<RemoteGeneration> out = GenerateRemotely(target, request);
+  absl::StatusOr<RemoteGeneration> out =
+      GenerateRemotely(target, request, absl::Milliseconds(static_cast<int64_t>(deadline_ms)));
   if (!out.ok()) return fail(out.status());
   std::cerr << absl::StrFormat(
       "kvtier generate: %zu tokens (%s), prompt %u tokens of which %u cached, first token after %.1f ms\n",

@@ -8,9 +8,11 @@
 
 namespace kvtier::cli {
 
-absl::StatusOr<RemoteGeneration> GenerateRemotely(const std::string& target, const v1::GenerateRequest& request) {
+absl::StatusOr<RemoteGeneration> GenerateRemotely(const std::string& target, const v1::GenerateRequest& request,
+                                                  absl::Duration deadline) {
   auto stub = v1::Prefill::NewStub(cache::CacheClient::Connect(target));
   grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
   auto reader = stub->Generate(&context, request);
   RemoteGeneration out;
   v1::GenerateResponse event;

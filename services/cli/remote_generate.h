@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "kvtier/v1/prefill.pb.h"
 #include "services/runtime/sampler.h"
 
@@ -20,7 +21,8 @@ struct RemoteGeneration {
 
 // Runs `request` on the prefill node at `target` to the end. The call's
 // error (with its gRPC code) when it fails.
-absl::StatusOr<RemoteGeneration> GenerateRemotely(const std::string& target, const v1::GenerateRequest& request);
+absl::StatusOr<RemoteGeneration> GenerateRemotely(const std::string& target, const v1::GenerateRequest& request,
+                                                  absl::Duration deadline);
 
 }  // namespace kvtier::cli
 

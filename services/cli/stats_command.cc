@@ -8,6 +8,7 @@
 #include "services/cli/commands.h"
 #include "services/cli/stats_table.h"
 #include "services/common/flags.h"
+#include "services/common/security_flags.h"
 
 namespace kvtier::cli {
 namespace {
@@ -76,7 +77,13 @@ int RunStats(const std::vector<std::string>& args) {
   flags.AddString("target", &target, "the cache server's gRPC address");
   flags.AddBool("json", &json, "print one JSON object instead of a table");
   flags.AddUint("timeout-ms", &timeout_ms, "deadline of the Stats call");
+  SecurityFlags security;
+  security.Register(flags, /*serves=*/false, /*calls=*/true);
   if (std::optional<int> exit = flags.ParseOrExit(args, "kvtier stats")) return *exit;
+  if (absl::Status s = security.ApplyToClients(); !s.ok()) {
+    std::cerr << "kvtier stats: " << s.message() << "\n";
+    return 2;
+  }
   if (target.empty()) {
     std::cerr << "kvtier stats: --target is required\n";
     return 2;

@@ -140,7 +140,8 @@ int Up(const UpFlags& f) {
     progress.Step(absl::StrCat("turn ", turn, ": generating ", f.max_new_tokens, " tokens after a ", prompt.size(),
                                "-token prompt"));
     absl::StatusOr<RemoteGeneration> out =
-        GenerateRemotely(*prefill_address, Request(prompt, f.max_new_tokens, absl::StrCat("up-turn-", turn)));
+        GenerateRemotely(*prefill_address, Request(prompt, f.max_new_tokens, absl::StrCat("up-turn-", turn)),
+                         absl::Minutes(10));
     if (!out.ok()) return fail(absl::StrCat("turn ", turn, ": ", out.status().ToString()));
     std::cout << absl::StrFormat("turn %d: %u prompt tokens, %u from the cache, first token after %.1f ms\n", turn,
                                  out->usage.prompt_tokens(), out->usage.cached_tokens(),

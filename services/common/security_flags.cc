@@ -4,15 +4,18 @@
 
 namespace kvtier {
 
-void SecurityFlags::Register(FlagParser& flags, bool server) {
+void SecurityFlags::Register(FlagParser& flags, bool serves, bool calls) {
   flags.AddString("tls-dir", &tls_dir,
                   "TLS for every gRPC call: a directory with ca.crt, tls.crt and tls.key (a Kubernetes TLS "
-                  "Secret); reloaded when they change. Empty: plaintext");
-  flags.AddString("token-file", &token_file,
-                  "a file whose first line is the bearer token this process's calls carry (to servers run with "
-                  "--tenants)");
+                  "Secret; a client needs only ca.crt, and presents tls.crt when it has one); reloaded when they "
+                  "change. Empty: plaintext");
   flags.AddUint("reload-seconds", &reload_seconds, "how often the TLS files and the tenants file are checked");
-  if (!server) return;
+  if (calls) {
+    flags.AddString("token-file", &token_file,
+                    "a file whose first line is the bearer token this process's calls carry (to servers run "
+                    "with --tenants)");
+  }
+  if (!serves) return;
   flags.AddBool("tls-require-client-cert", &tls_require_client_cert,
                 "mutual TLS: refuse clients without a certificate signed by ca.crt");
   flags.AddString("tenants", &tenants,

@@ -24,8 +24,9 @@ struct SecurityFlags {
   std::string tenants;
   uint64_t reload_seconds = 10;
 
-  // Registers the flags; `server` adds those only a server has.
-  void Register(FlagParser& flags, bool server);
+  // Registers the flags of a process that `serves` gRPC, `calls` servers,
+  // or both.
+  void Register(FlagParser& flags, bool serves, bool calls);
   TlsOptions Tls() const;
   // Sets this process's client identity (client_identity.h) from them.
   absl::Status ApplyToClients() const;

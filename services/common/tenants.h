@@ -29,6 +29,7 @@ struct Caller {
   std::string tenant;  // empty without a tenants file
   v1::TenantRole role = v1::ADMIN;
   absl::flat_hash_set<std::string> namespaces;  // unused for an admin
+  std::string default_namespace = "default";    // the first listed, with a file
   v1::TenantQuota quota;
 
   bool MayUse(const std::string& ns) const { return role == v1::ADMIN || namespaces.contains(ns); }
@@ -82,6 +83,11 @@ class TenantRegistry {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread watcher_;
 };
+
+// registry->Authenticate, or with no registry the caller of one trust
+// domain.
+absl::StatusOr<std::shared_ptr<const Caller>> Authenticate(TenantRegistry* registry,
+                                                           const grpc::ServerContextBase& context, const char* method);
 
 }  // namespace kvtier
 

@@ -18,9 +18,10 @@ prometheus::Counter& MakeCounter(prometheus::Registry& r, const std::string& nam
 }  // namespace
 
 DecodeService::DecodeService(const runtime::Model* model, std::string model_id, serving::ShardSet* shards,
-                             prometheus::Registry* registry, Batcher::Options options)
+                             prometheus::Registry* registry, Batcher::Options options, TenantRegistry* tenants)
     : model_(*model),
       model_id_(std::move(model_id)),
+      tenants_(tenants),
       shards_(*shards),
       writer_(*shards, /*max_queued=*/4096),
       tokens_(MakeCounter(*registry, "kvtier_decode_tokens_total", "Tokens generated and streamed.")),
@@ -173,6 +174,14 @@ void DecodeService::OnSealed(DecodeSequence& s, size_t block) {
 
 grpc::Status DecodeService::Decode(grpc::ServerContext* context, const v1::DecodeRequest* request,
                                    grpc::ServerWriter<v1::DecodeResponse>* writer) {
+  absl::StatusOr<std::shared_ptr<const Caller>> caller = Authenticate(tenants_, *context, "Decode");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (!(*caller)->IsService()) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        absl::StrCat((*caller)->Describe(), " is not a kvtier service: decode workers serve only "
+                                                            "prefill nodes (send requests to a prefill node)"));
+  }
+  if (absl::Status s = CheckNamespace(**caller, request->kv_namespace()); !s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<std::shared_ptr<DecodeSequence>> prepared = Prepare(*request);
   if (!prepared.ok()) return ToGrpcStatus(prepared.status());
   DecodeSequence& s = **prepared;

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "kvtier/v1/decode.grpc.pb.h"
+#include "services/common/tenants.h"
 #include "services/decode/batcher.h"
 #include "services/serving/block_writer.h"
 #include "services/serving/shard_set.h"
@@ -22,9 +23,10 @@ namespace kvtier::decode {
 
 class DecodeService final : public v1::Decode::Service {
  public:
-  // None owned; all must outlive the service.
+  // None owned; all must outlive the service. `tenants`: who may call
+  // (kvtier services only; null: every caller, one trust domain).
   DecodeService(const runtime::Model* model, std::string model_id, serving::ShardSet* shards,
-                prometheus::Registry* registry, Batcher::Options options);
+                prometheus::Registry* registry, Batcher::Options options, TenantRegistry* tenants = nullptr);
   ~DecodeService() override;
 
   grpc::Status Decode(grpc::ServerContext* context, const v1::DecodeRequest* request,
@@ -38,6 +40,7 @@ class DecodeService final : public v1::Decode::Service {
 
   const runtime::Model& model_;
   const std::string model_id_;
+  TenantRegistry* const tenants_;
   serving::ShardSet& shards_;
   serving::BlockWriter writer_;
   prometheus::Counter& tokens_;

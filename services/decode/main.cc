@@ -24,9 +24,9 @@ int Run(const Flags& f) {
   absl::StatusOr<serving::ModelServer> s = serving::StartModelServer(program, f.server);
   if (!s.ok()) return serving::ExitWith(program, s.status());
   DecodeService service(s->model.get(), s->model_id, s->shards.get(), s->registry.get(),
-                        {.max_batch = f.max_batch, .max_sequences = f.max_sequences});
+                        {.max_batch = f.max_batch, .max_sequences = f.max_sequences}, s->tenants.get());
   return serving::ServeUntilSignal(
-      program, f.server.listen, &service,
+      program, f.server, &service,
       absl::StrCat("model ", s->model_id, ", ", s->shards->size(), " cache shard(s), batches of up to ", f.max_batch));
 }
 

@@ -38,9 +38,10 @@ int Run(const Flags& f) {
   options.codec = *codec;
   options.tokens_per_block = static_cast<uint32_t>(f.tokens_per_block);
   options.cache_deadline = absl::Milliseconds(f.server.cache_deadline_ms);
-  PrefillService service(s->model.get(), s->model_id, s->shards.get(), decoders, s->registry.get(), options);
+  PrefillService service(s->model.get(), s->model_id, s->shards.get(), decoders, s->registry.get(), options,
+                         s->tenants.get());
   return serving::ServeUntilSignal(
-      program, f.server.listen, &service,
+      program, f.server, &service,
       absl::StrCat("model ", s->model_id, ", latents in ", f.kv_codec, ", blocks of ", f.tokens_per_block, ", ",
                    s->shards->size(), " cache shard(s), ", decoders.size(), " decode worker(s)"));
 }

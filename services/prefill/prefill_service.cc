@@ -19,9 +19,10 @@ struct PrefillService::Prefilled {
 
 PrefillService::PrefillService(const runtime::Model* model, std::string model_id, serving::ShardSet* shards,
                                const std::vector<std::string>& decode_targets, prometheus::Registry* registry,
-                               PrefillOptions options)
+                               PrefillOptions options, TenantRegistry* tenants)
     : model_(*model),
       model_id_(std::move(model_id)),
+      tenants_(tenants),
       shards_(*shards),
       options_(options),
       layout_(serving::ModelLayout(model->config(), model_id_, options.codec, options.tokens_per_block)),
@@ -139,10 +140,13 @@ grpc::Status PrefillService::Generate(grpc::ServerContext* context, const v1::Ge
                                       grpc::ServerWriter<v1::GenerateResponse>* writer) {
   const absl::Time start = absl::Now();
   const runtime::ModelConfig& c = model_.config();
-  const std::string ns = r->kv_namespace().empty() ? "default" : r->kv_namespace();
+  absl::StatusOr<std::shared_ptr<const Caller>> caller = Authenticate(tenants_, *context, "Generate");
+  if (!caller.ok()) return Count(ToGrpcStatus(caller.status()));
+  const std::string ns = r->kv_namespace().empty() ? (*caller)->default_namespace : r->kv_namespace();
   absl::Status valid = r->request_id().size() > serving::kMaxRequestIdBytes
                            ? absl::InvalidArgumentError("request_id is longer than 128 bytes")
                            : kvblock::ValidateNamespace(ns);
+  if (valid.ok()) valid = CheckNamespace(**caller, ns);
   if (valid.ok()) valid = serving::CheckTokenIds(r->prompt_token_ids(), c.vocab_size, "prompt_token_ids");
   if (valid.ok()) valid = serving::CheckGeneration(c, r->prompt_token_ids_size(), r->sampling(), r->limits());
   if (!valid.ok()) return Count(ToGrpcStatus(valid));

@@ -19,6 +19,7 @@
 #include "kvtier/v1/prefill.grpc.pb.h"
 #include "services/runtime/model.h"
 #include "services/runtime/sampler.h"
+#include "services/common/tenants.h"
 #include "services/serving/shard_set.h"
 
 namespace kvtier::prefill {
@@ -33,9 +34,11 @@ class PrefillService final : public v1::Prefill::Service {
  public:
   // None owned; all must outlive the service. `decode_targets`: host:port
   // of each decode worker.
+  // `tenants`: who may call (null: every caller, one trust domain); a
+  // request without a namespace uses its tenant's first.
   PrefillService(const runtime::Model* model, std::string model_id, serving::ShardSet* shards,
                  const std::vector<std::string>& decode_targets, prometheus::Registry* registry,
-                 PrefillOptions options);
+                 PrefillOptions options, TenantRegistry* tenants = nullptr);
 
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override;
@@ -52,6 +55,7 @@ class PrefillService final : public v1::Prefill::Service {
 
   const runtime::Model& model_;
   const std::string model_id_;
+  TenantRegistry* const tenants_;
   serving::ShardSet& shards_;
   const PrefillOptions options_;
   const kvblock::LatentLayout layout_;

@@ -57,6 +57,7 @@ void ModelServerFlags::Register(FlagParser& flags) {
   flags.AddString("device-block-pool", &device_block_pool,
                   "with --device cuda: GPU memory that keeps sequences' blocks between passes, e.g. 8GiB "
                   "(0: none, every pass copies them up; default: 40% of the GPU memory free at the first pass)");
+  security.Register(flags, /*serves=*/true, /*calls=*/true);
 }
 
 absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const ModelServerFlags& f) {
@@ -75,6 +76,10 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
     return absl::InvalidArgumentError(absl::StrCat("--record-pool: ", record_pool.status().message()));
   kernels::SetKernelThreads(f.threads == 0 ? std::max(1u, std::thread::hardware_concurrency()) : f.threads);
   ModelServer s;
+  // Before the first channel: the shards' (and decode workers') channels
+  // carry this process's identity.
+  KVTIER_RETURN_IF_ERROR(f.security.ApplyToClients());
+  KVTIER_ASSIGN_OR_RETURN(s.tenants, f.security.OpenTenants());
   absl::StatusOr<std::unique_ptr<ShardSet>> shards =
       ShardSet::Create(f.cache, absl::Milliseconds(f.cache_deadline_ms), !f.no_fast_path, *record_pool);
   if (!shards.ok()) return absl::InvalidArgumentError(absl::StrCat("--cache: ", shards.status().message()));
@@ -90,10 +95,11 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
   return s;
 }
 
-int ServeUntilSignal(const std::string& program, const std::string& listen, grpc::Service* service,
+int ServeUntilSignal(const std::string& program, const ModelServerFlags& flags, grpc::Service* service,
                      const std::string& ready) {
   ServerOptions options;
-  options.listen = listen;
+  options.listen = flags.listen;
+  options.tls = flags.security.Tls();
   absl::StatusOr<std::unique_ptr<ServerRunner>> server = ServerRunner::Start(options, {service});
   if (!server.ok()) return ExitWith(program, server.status());
   std::cerr << program << ": " << ready << std::endl;

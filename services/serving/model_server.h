@@ -14,6 +14,8 @@
 
 #include "absl/status/statusor.h"
 #include "services/common/flags.h"
+#include "services/common/security_flags.h"
+#include "services/common/tenants.h"
 #include "services/runtime/model.h"
 #include "services/serving/shard_set.h"
 
@@ -30,9 +32,11 @@ struct ModelServerFlags {
   std::string device = "cpu";
   std::string device_block_pool;  // empty: CudaOptions' default
   std::string record_pool = std::to_string(ShardSet::kIdleRecordBytes >> 20) + "MiB";
+  SecurityFlags security;
 
   // --listen --model --cache --metrics-listen --cache-deadline-ms --threads
-  // --no-fast-path --device --device-block-pool --record-pool
+  // --no-fast-path --device --device-block-pool --record-pool, and the
+  // security flags (security_flags.h)
   void Register(FlagParser& flags);
 };
 
@@ -43,6 +47,7 @@ struct ModelServer {
   std::shared_ptr<prometheus::Registry> registry;
   std::shared_ptr<prometheus::Collectable> record_pool_metrics;  // the shards' record pool
   std::unique_ptr<prometheus::Exposer> exposer;                  // null with no --metrics-listen
+  std::unique_ptr<TenantRegistry> tenants;                       // who may call it
 };
 
 // Checks the flags (INVALID_ARGUMENT: a usage error), sets the kernel
@@ -52,9 +57,10 @@ struct ModelServer {
 // ("kvtier-decode" -> kvtier_decode_...).
 absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const ModelServerFlags& flags);
 
-// Serves `service` on `listen` until SIGTERM: logs `ready` once listening
-// and "<program>: stopped" at the end; the exit code for main.
-int ServeUntilSignal(const std::string& program, const std::string& listen, grpc::Service* service,
+// Serves `service` on the flags' --listen (over --tls-dir's TLS) until
+// SIGTERM: logs `ready` once listening and "<program>: stopped" at the
+// end; the exit code for main.
+int ServeUntilSignal(const std::string& program, const ModelServerFlags& flags, grpc::Service* service,
                      const std::string& ready);
 
 // "<program>: <message>" on stderr; returns 2 for INVALID_ARGUMENT (a usage

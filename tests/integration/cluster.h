@@ -84,7 +84,7 @@ class Cluster {
     return !prefill_target.empty();
   }
   absl::StatusOr<cli::RemoteGeneration> Generate(const v1::GenerateRequest& r) {
-    return cli::GenerateRemotely(prefill_target, r);
+    return cli::GenerateRemotely(prefill_target, r, absl::Minutes(5));
   }
   v1::StatsResponse CacheStats(size_t shard) {
     return *cache::CacheClient(cache::CacheClient::Connect(cache_targets[shard]), absl::Seconds(5)).Stats();

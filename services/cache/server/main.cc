@@ -22,6 +22,7 @@
 #include "services/cache/server/store_metrics.h"
 #include "services/common/byte_size.h"
 #include "services/common/flags.h"
+#include "services/common/security_flags.h"
 #include "services/common/log.h"
 #include "services/common/metrics_exposer.h"
 #include "services/common/server_runner.h"
@@ -43,6 +44,7 @@ struct Flags {
   std::string fast_path_socket;
   std::string fast_path_staging = "512MiB";
   bool no_fast_path = false;
+  SecurityFlags security;
 };
 
 // The device tier's memory for --device-memory; null: host memory.
@@ -161,10 +163,15 @@ int Run(const Flags& f) {
     }
     fast_path = *std::move(started);
   }
+  absl::StatusOr<std::unique_ptr<TenantRegistry>> tenants = f.security.OpenTenants();
+  if (!tenants.ok()) {
+    std::cerr << "kvtier-cache: " << tenants.status().message() << "\n";
+    return 2;
+  }
   auto registry = std::make_shared<prometheus::Registry>();
   RpcMetrics rpc_metrics(*registry);
   Executor executor(f.threads, /*max_queued=*/4096);
-  CacheService service(store->get(), &executor, &rpc_metrics, namespaces, fast_path.get());
+  CacheService service(store->get(), &executor, &rpc_metrics, namespaces, fast_path.get(), tenants->get());
   auto store_metrics = std::make_shared<StoreMetrics>(store->get(), fast_path.get());
   auto exposer = StartMetricsExposer(f.metrics_listen, {registry, store_metrics});
   if (!exposer.ok()) {
@@ -173,6 +180,7 @@ int Run(const Flags& f) {
   }
   ServerOptions server_options;
   server_options.listen = f.listen;
+  server_options.tls = f.security.Tls();
   absl::StatusOr<std::unique_ptr<ServerRunner>> server = ServerRunner::Start(server_options, {&service});
   if (!server.ok()) {
     std::cerr << "kvtier-cache: " << server.status().message() << "\n";
@@ -237,6 +245,7 @@ int main(int argc, char** argv) {
                   "staging memory for same-host Put, all sessions together (0: none)");
   flags.AddBool("no-fast-path", &f.no_fast_path,
                 "serve blocks over gRPC only: tiers in private memory, no unix socket");
+  f.security.Register(flags, /*serves=*/true, /*calls=*/false);
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "kvtier-cache"))
     return *exit;
   return kvtier::cache::Run(f);
