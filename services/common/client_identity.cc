@@ -50,9 +50,7 @@ Identity& CurrentIdentity() ABSL_EXCLUSIVE_LOCKS_REQUIRED(identity_mu) {
   return *identity;
 }
 
-}  // namespace
-
-absl::Status SetClientIdentity(const ClientIdentityOptions& options) {
+absl::StatusOr<Identity> LoadIdentity(const ClientIdentityOptions& options) {
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = ChannelCredentials(options.tls);
   if (!credentials.ok()) return credentials.status();
   Identity identity;
@@ -68,8 +66,25 @@ absl::Status SetClientIdentity(const ClientIdentityOptions& options) {
       return absl::InvalidArgumentError(absl::StrCat("--token-file: ", options.token_file, " is empty"));
     identity.authorization = std::make_shared<const std::string>(absl::StrCat("Bearer ", token));
   }
+  return identity;
+}
+
+std::shared_ptr<grpc::Channel> ChannelWith(const Identity& identity, const std::string& target,
+                                           const grpc::ChannelArguments& args) {
+  if (identity.authorization == nullptr) return grpc::CreateCustomChannel(target, identity.credentials, args);
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<TokenInterceptorFactory>(identity.authorization));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(target, identity.credentials, args,
+                                                                 std::move(interceptors));
+}
+
+}  // namespace
+
+absl::Status SetClientIdentity(const ClientIdentityOptions& options) {
+  absl::StatusOr<Identity> identity = LoadIdentity(options);
+  if (!identity.ok()) return identity.status();
   absl::MutexLock lock(&identity_mu);
-  CurrentIdentity() = std::move(identity);
+  CurrentIdentity() = *std::move(identity);
   return absl::OkStatus();
 }
 
@@ -79,11 +94,15 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const grpc
     absl::MutexLock lock(&identity_mu);
     identity = CurrentIdentity();
   }
-  if (identity.authorization == nullptr) return grpc::CreateCustomChannel(target, identity.credentials, args);
-  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
-  interceptors.push_back(std::make_unique<TokenInterceptorFactory>(identity.authorization));
-  return grpc::experimental::CreateCustomChannelWithInterceptors(target, identity.credentials, args,
-                                                                 std::move(interceptors));
+  return ChannelWith(identity, target, args);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannelAs(const ClientIdentityOptions& options,
+                                                             const std::string& target,
+                                                             const grpc::ChannelArguments& args) {
+  absl::StatusOr<Identity> identity = LoadIdentity(options);
+  if (!identity.ok()) return identity.status();
+  return ChannelWith(*identity, target, args);
 }
 
 }  // namespace kvtier

@@ -12,7 +12,7 @@
 #include <memory>
 #include <string>
 
-#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "services/common/tls.h"
 
 namespace kvtier {
@@ -29,6 +29,12 @@ absl::Status SetClientIdentity(const ClientIdentityOptions& options);
 
 // A channel to `target` with this process's identity.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const grpc::ChannelArguments& args);
+
+// A channel to `target` with another identity (a tool or test acting as
+// several tenants); errors as SetClientIdentity's.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannelAs(const ClientIdentityOptions& identity,
+                                                             const std::string& target,
+                                                             const grpc::ChannelArguments& args = {});
 
 }  // namespace kvtier
 

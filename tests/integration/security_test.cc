@@ -1,0 +1,305 @@
+// TLS and tenants on a real kvtier-cache: certificates made at test time
+// with the openssl command line, servers on port 0, clients with gRPC's own
+// TLS. Each attempt that must fail is followed by a good request on the
+// same server, so a refusal is the attempt's, not a dead server's.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kvtier/v1/cache.grpc.pb.h"
+#include "services/cache/client/cache_client.h"
+#include "services/common/child_process.h"
+#include "services/common/client_identity.h"
+#include "services/kvblock/sha256.h"
+#include "tests/eventually.h"
+#include "tests/integration/cache_test_blocks.h"
+#include "tests/integration/test_certificates.h"
+
+namespace kvtier::cache {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::TestCa;
+
+std::string Sha256Hex(const std::string& token) {
+  const kvblock::Sha256Digest d = kvblock::Sha256({token});
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(d.data()), d.size()));
+}
+
+// A tenant of the tenants file: its token (and the file that holds it).
+struct TestTenant {
+  std::string name, role, ns, token;
+  std::string cert_identity;  // empty: none
+};
+
+std::string TenantsJson(const std::vector<TestTenant>& tenants) {
+  std::string json = "{\"tenants\": [";
+  for (size_t i = 0; i < tenants.size(); ++i) {
+    const TestTenant& t = tenants[i];
+    absl::StrAppend(&json, i ? "," : "", "{\"name\": \"", t.name, "\", \"role\": \"", t.role, "\"");
+    if (!t.ns.empty()) absl::StrAppend(&json, ", \"namespaces\": [\"", t.ns, "\"]");
+    absl::StrAppend(&json, ", \"tokenSha256\": [\"", Sha256Hex(t.token), "\"]");
+    if (!t.cert_identity.empty()) absl::StrAppend(&json, ", \"certificateIdentities\": [\"", t.cert_identity, "\"]");
+    json += "}";
+  }
+  return json + "]}";
+}
+
+// Writes `contents` to `path` by a rename, as Kubernetes swaps a Secret's files.
+void WriteAtomically(const fs::path& path, const std::string& contents) {
+  const fs::path tmp = path.string() + ".new";
+  std::ofstream(tmp) << contents;
+  fs::rename(tmp, path);
+}
+
+class SecurityTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    char tmpl[] = "/tmp/kvtier-security-XXXXXX";
+    dir_ = new fs::path(mkdtemp(tmpl));
+    TestCa ca(*dir_ / "ca", "kvtier test CA");
+    TestCa other(*dir_ / "other-ca", "some other CA");
+    ca.Issue(*dir_ / "server", "cache-1", "DNS:localhost,IP:127.0.0.1");
+    ca.Issue(*dir_ / "server-2", "cache-2", "DNS:localhost,IP:127.0.0.1");
+    ca.Issue(*dir_ / "client", "acme client", "DNS:acme.clients.kvtier");
+    ca.Issue(*dir_ / "expired-client", "acme client", "DNS:acme.clients.kvtier", "20200101000000Z", "20200102000000Z");
+    ca.TrustOnly(*dir_ / "trust");
+    other.TrustOnly(*dir_ / "other-trust");
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*dir_);
+    delete dir_;
+  }
+
+  static fs::path Dir(const std::string& name) { return *dir_ / name; }
+
+  // A token file for `token`.
+  static std::string TokenFile(const std::string& token) {
+    const fs::path path = *dir_ / ("token-" + Sha256Hex(token).substr(0, 12));
+    std::ofstream(path) << token << "\n";
+    return path.string();
+  }
+
+  // A cache with `flags` on port 0; its address, or "" when it did not start.
+  std::string StartCache(std::vector<std::string> flags) {
+    std::vector<std::string> argv = {KVTIER_CACHE_BINARY,
+                                     "--listen",
+                                     "127.0.0.1:0",
+                                     "--metrics-listen",
+                                     "",
+                                     "--device-capacity",
+                                     "16MiB",
+                                     "--host-capacity",
+                                     "16MiB",
+                                     "--reload-seconds",
+                                     "1"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    caches_.push_back(std::make_unique<ChildProcess>(argv));
+    const int port = caches_.back()->WaitForListeningPort();
+    return port > 0 ? absl::StrCat("127.0.0.1:", port) : "";
+  }
+
+  // A client of `target` over TLS trusting (and presenting) `tls_dir`'s
+  // files ("" for plaintext), carrying `token` ("" for none).
+  static CacheClient Client(const std::string& target, const std::string& tls_dir, const std::string& token = "") {
+    ClientIdentityOptions identity;
+    identity.tls.dir = tls_dir.empty() ? "" : Dir(tls_dir).string();
+    if (!token.empty()) identity.token_file = TokenFile(token);
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannelAs(identity, target);
+    EXPECT_TRUE(channel.ok()) << channel.status();
+    return CacheClient(*channel, absl::Seconds(5));
+  }
+
+  static absl::StatusCode StatsCode(CacheClient client) { return client.Stats().status().code(); }
+
+  static inline fs::path* dir_ = nullptr;
+  std::vector<std::unique_ptr<ChildProcess>> caches_;
+};
+
+const TestTenant kAdmin{"ops", "ADMIN", "", "admin-token-7f3a"};
+const TestTenant kAcme{"acme", "WRITER", "acme", "acme-token-91c2", "acme.clients.kvtier"};
+const TestTenant kGlobex{"globex", "WRITER", "globex", "globex-token-44d0"};
+const TestTenant kAuditor{"auditor", "READER", "acme", "auditor-token-0b17"};
+
+// The connection attempts that must fail, each with its status and then a
+// good request on the same server (printed as a table).
+TEST_F(SecurityTest, BadConnectionAttemptsAreRefusedAndGoodOnesServed) {
+  const fs::path tenants = Dir("tenants-attempts.json");
+  std::ofstream(tenants) << TenantsJson({kAdmin, kAcme});
+  const std::string tls = StartCache({"--tls-dir", Dir("server").string(), "--tenants", tenants.string()});
+  const std::string mtls =
+      StartCache({"--tls-dir", Dir("server").string(), "--tls-require-client-cert", "--tenants", tenants.string()});
+  ASSERT_FALSE(tls.empty());
+  ASSERT_FALSE(mtls.empty());
+
+  struct Attempt {
+    std::string what;
+    absl::StatusCode expected;
+    std::function<absl::StatusCode()> attempt, good;
+  };
+  const auto good_tls = [&] { return StatsCode(Client(tls, "trust", kAdmin.token)); };
+  const auto good_mtls = [&] { return StatsCode(Client(mtls, "client", kAdmin.token)); };
+  std::vector<Attempt> attempts = {
+      {"plaintext client to a TLS server", absl::StatusCode::kUnavailable,
+       [&] { return StatsCode(Client(tls, "", kAdmin.token)); }, good_tls},
+      {"client trusting another CA", absl::StatusCode::kUnavailable,
+       [&] { return StatsCode(Client(tls, "other-trust", kAdmin.token)); }, good_tls},
+      {"no token and no client certificate", absl::StatusCode::kUnauthenticated,
+       [&] { return StatsCode(Client(tls, "trust")); }, good_tls},
+      {"a token no tenant has", absl::StatusCode::kUnauthenticated,
+       [&] { return StatsCode(Client(tls, "trust", "not-a-token")); }, good_tls},
+      {"mutual TLS without a client certificate", absl::StatusCode::kUnavailable,
+       [&] { return StatsCode(Client(mtls, "trust", kAdmin.token)); }, good_mtls},
+      {"mutual TLS with an expired client certificate", absl::StatusCode::kUnavailable,
+       [&] { return StatsCode(Client(mtls, "expired-client", kAdmin.token)); }, good_mtls},
+  };
+  std::ostringstream table;
+  const auto row = [&](const std::string& what, const std::string& status, const std::string& then) {
+    table << absl::StrFormat("%-50s %-17s %s\n", what, status, then);
+  };
+  row("attempt", "status", "then a good request");
+  for (const Attempt& a : attempts) {
+    const absl::StatusCode got = a.attempt(), then = a.good();
+    row(a.what, absl::StatusCodeToString(got), absl::StatusCodeToString(then));
+    EXPECT_EQ(got, a.expected) << a.what;
+    EXPECT_EQ(then, absl::StatusCode::kOk) << "after: " << a.what;
+  }
+
+  // A client certificate proves its tenant: acme's certificate with no
+  // token reads acme's namespace and no other.
+  CacheClient by_cert = Client(mtls, "client");
+  EXPECT_TRUE(by_cert.Match("acme", TestLayout(), {}).ok());
+  EXPECT_EQ(by_cert.Match("globex", TestLayout(), {}).status().code(), absl::StatusCode::kPermissionDenied);
+
+  // A token taken out of the tenants file while the server runs: refused
+  // once the file is read again, and the others still served.
+  CacheClient acme = Client(tls, "trust", kAcme.token);
+  const absl::StatusCode before = acme.Match("acme", TestLayout(), {}).status().code();
+  WriteAtomically(tenants, TenantsJson({kAdmin}));
+  const bool refused = testing::Eventually(
+      [&] { return acme.Match("acme", TestLayout(), {}).status().code() == absl::StatusCode::kUnauthenticated; });
+  const absl::StatusCode then = good_tls();
+  row("a token removed from the tenants file", refused ? "UNAUTHENTICATED" : "still served",
+      absl::StatusCodeToString(then));
+  EXPECT_EQ(before, absl::StatusCode::kOk);
+  EXPECT_TRUE(refused);
+  EXPECT_EQ(then, absl::StatusCode::kOk);
+  std::cout << table.str();
+}
+
+// The common name of the certificate a new connection to `target` is
+// served with.
+std::string ServedCommonName(const std::string& target, const fs::path& trust) {
+  ClientIdentityOptions identity;
+  identity.tls.dir = trust.string();
+  auto channel = MakeChannelAs(identity, target);
+  if (!channel.ok()) return "";
+  auto stub = v1::KvCache::NewStub(*channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::StatsResponse response;
+  stub->Stats(&context, v1::StatsRequest(), &response);
+  std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth == nullptr) return "";
+  for (const grpc::string_ref& cn : auth->FindPropertyValues("x509_common_name"))
+    return std::string(cn.data(), cn.size());
+  return "";
+}
+
+// New certificate files under a running cache: new connections get them,
+// a stream open on an old connection finishes, no restart.
+TEST_F(SecurityTest, RotatedCertificatesServeNewConnectionsWhileOpenStreamsFinish) {
+  const fs::path live = Dir("rotating");
+  fs::create_directories(live);
+  for (const char* f : {"ca.crt", "tls.crt", "tls.key"}) {
+    fs::copy_file(Dir("server") / f, live / f, fs::copy_options::overwrite_existing);
+  }
+  const std::string target = StartCache({"--tls-dir", live.string()});
+  ASSERT_FALSE(target.empty());
+  EXPECT_EQ(ServedCommonName(target, Dir("trust")), "cache-1");
+
+  CacheClient client = Client(target, "trust");
+  const std::vector<TestBlock> blocks = StoreBlocks(client, TestLayout(), "tenant", 1, 24);
+  // A Get stream opened now, read one block, then the files change.
+  ClientIdentityOptions identity;
+  identity.tls.dir = Dir("trust").string();
+  auto channel = *MakeChannelAs(identity, target);
+  auto stub = v1::KvCache::NewStub(channel);
+  v1::GetRequest request;
+  request.set_kv_namespace("tenant");
+  *request.mutable_layout() = kvblock::LayoutToProto(TestLayout());
+  for (const TestBlock& b : blocks) request.add_block_hashes(std::string(kvblock::HashAsBytes(b.slices.hash)));
+  grpc::ClientContext context;
+  auto reader = stub->Get(&context, request);
+  v1::GetResponse response;
+  ASSERT_TRUE(reader->Read(&response));
+  size_t read = 1;
+
+  for (const char* f : {"tls.key", "tls.crt"}) {
+    std::ifstream in(Dir("server-2") / f);
+    WriteAtomically(live / f, std::string(std::istreambuf_iterator<char>(in), {}));
+  }
+  EXPECT_TRUE(testing::Eventually([&] { return ServedCommonName(target, Dir("trust")) == "cache-2"; },
+                                  std::chrono::seconds(20)))
+      << "new connections still get the old certificate";
+  while (reader->Read(&response)) ++read;
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(read, blocks.size()) << "the stream open across the rotation lost blocks";
+}
+
+// Tenants cannot reach each other's blocks by any RPC, even knowing the
+// hashes; a reader cannot Put; leases are their owner's; Stats is an
+// admin's.
+TEST_F(SecurityTest, TenantsCannotReachEachOthersBlocks) {
+  const fs::path tenants = Dir("tenants-isolation.json");
+  std::ofstream(tenants) << TenantsJson({kAdmin, kAcme, kGlobex, kAuditor});
+  const std::string target = StartCache({"--tls-dir", Dir("server").string(), "--tenants", tenants.string()});
+  ASSERT_FALSE(target.empty());
+  CacheClient acme = Client(target, "trust", kAcme.token);
+  CacheClient globex = Client(target, "trust", kGlobex.token);
+  CacheClient auditor = Client(target, "trust", kAuditor.token);
+  CacheClient admin = Client(target, "trust", kAdmin.token);
+
+  const std::vector<TestBlock> theirs = StoreBlocks(globex, TestLayout(), "globex", 1, 3);
+  const std::vector<kvblock::BlockHash> hashes = Hashes(theirs);
+  auto matched = globex.Match("globex", TestLayout(), hashes, /*acquire_lease=*/true, 30000);
+  ASSERT_TRUE(matched.ok()) << matched.status();
+  ASSERT_EQ(matched->matched_blocks(), 3u);
+
+  // acme, knowing globex's hashes and lease.
+  EXPECT_EQ(acme.Match("globex", TestLayout(), hashes).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(acme.Get("globex", TestLayout(), hashes).status().code(), absl::StatusCode::kPermissionDenied);
+  std::vector<BlockSlices> slices = {MakeBlock(TestLayout(), "globex", 99).slices};
+  EXPECT_EQ(acme.Put("globex", TestLayout(), slices).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(acme.ReleaseLease(matched->lease_id()).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(acme.Stats().status().code(), absl::StatusCode::kPermissionDenied);
+  // The same hashes in its own namespace are other blocks: none there.
+  EXPECT_EQ(acme.Match("acme", TestLayout(), hashes)->matched_blocks(), 0u);
+  // A reader of acme's namespace reads it but cannot write it.
+  slices = {MakeBlock(TestLayout(), "acme", 5).slices};
+  EXPECT_EQ(auditor.Put("acme", TestLayout(), slices).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(acme.Put("acme", TestLayout(), slices).ok());
+  EXPECT_EQ(auditor.Match("acme", TestLayout(), {slices[0].hash})->matched_blocks(), 1u);
+
+  // globex's blocks and lease are untouched, and its own release works.
+  auto fetched = globex.Get("globex", TestLayout(), hashes);
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  ASSERT_EQ(fetched->size(), theirs.size());
+  EXPECT_TRUE(globex.ReleaseLease(matched->lease_id()).ok());
+  EXPECT_TRUE(admin.Stats().ok());
+}
+
+}  // namespace
+}  // namespace kvtier::cache

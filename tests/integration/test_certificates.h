@@ -1,0 +1,72 @@
+// Certificates made at test time with the openssl command line, laid out as
+// a Kubernetes TLS Secret (ca.crt, tls.crt, tls.key in one directory), the
+// layout --tls-dir reads.
+#ifndef KVTIER_TESTS_INTEGRATION_TEST_CERTIFICATES_H_
+#define KVTIER_TESTS_INTEGRATION_TEST_CERTIFICATES_H_
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace kvtier::testing {
+
+// Runs a shell command; false (and a test failure) when it fails.
+inline bool Shell(const std::string& command) {
+  const int rc = std::system((command + " >/dev/null 2>&1").c_str());
+  EXPECT_EQ(rc, 0) << command;
+  return rc == 0;
+}
+
+// A certificate authority under `dir`: ca.key, ca.crt, and what `openssl
+// ca` keeps (its config, index and serial), so it can issue certificates
+// for any period, an expired one included.
+class TestCa {
+ public:
+  TestCa(const std::filesystem::path& dir, const std::string& name) : dir_(dir) {
+    std::filesystem::create_directories(dir_);
+    std::ofstream(dir_ / "index.txt");
+    std::ofstream(dir_ / "serial") << "1000\n";
+    std::ofstream(dir_ / "ca.cnf") << "[ca]\ndefault_ca = test\n[test]\ndatabase = " << (dir_ / "index.txt").string()
+                                   << "\nnew_certs_dir = " << dir_.string()
+                                   << "\nserial = " << (dir_ / "serial").string()
+                                   << "\ndefault_md = sha256\npolicy = any\nunique_subject = no\n"
+                                   << "[any]\ncommonName = supplied\n";
+    Shell("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj '/CN=" + name +
+          "' -keyout " + (dir_ / "ca.key").string() + " -out " + (dir_ / "ca.crt").string());
+  }
+
+  // A certificate for `cn` with subject alternative names `san` (e.g.
+  // "DNS:localhost,IP:127.0.0.1"), valid from `start` to `end`
+  // (YYYYMMDDHHMMSSZ; empty: from now for a day), in `out` as tls.crt and
+  // tls.key, with this CA's ca.crt beside them.
+  void Issue(const std::filesystem::path& out, const std::string& cn, const std::string& san,
+             const std::string& start = "", const std::string& end = "") const {
+    std::filesystem::create_directories(out);
+    const std::string key = (out / "tls.key").string(), csr = (out / "tls.csr").string();
+    const std::string ext = (out / "ext.cnf").string();
+    std::ofstream(ext) << "subjectAltName = " << san << "\n";
+    Shell("openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj '/CN=" + cn + "' -keyout " + key +
+          " -out " + csr);
+    const std::string period = start.empty() ? std::string(" -days 1") : " -startdate " + start + " -enddate " + end;
+    Shell("openssl ca -batch -notext -config " + (dir_ / "ca.cnf").string() + " -cert " + (dir_ / "ca.crt").string() +
+          " -keyfile " + (dir_ / "ca.key").string() + " -in " + csr + " -out " + (out / "tls.crt").string() +
+          " -extfile " + ext + period);
+    std::filesystem::copy_file(dir_ / "ca.crt", out / "ca.crt", std::filesystem::copy_options::overwrite_existing);
+  }
+
+  // Only ca.crt in `out`: what a client that presents no certificate has.
+  void TrustOnly(const std::filesystem::path& out) const {
+    std::filesystem::create_directories(out);
+    std::filesystem::copy_file(dir_ / "ca.crt", out / "ca.crt", std::filesystem::copy_options::overwrite_existing);
+  }
+
+ private:
+  std::filesystem::path dir_;
+};
+
+}  // namespace kvtier::testing
+
+#endif  // KVTIER_TESTS_INTEGRATION_TEST_CERTIFICATES_H_
