@@ -14,6 +14,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "services/common/log.h"
 
 namespace kvtier {
@@ -72,7 +73,11 @@ absl::Status CheckNamespace(const Caller& caller, const std::string& ns) {
 absl::StatusOr<v1::TenantsFile> ParseTenantsFile(const std::string& json) {
   v1::TenantsFile file;
   const auto parsed = google::protobuf::util::JsonStringToMessage(json, &file);
-  if (!parsed.ok()) return absl::InvalidArgumentError(absl::StrCat("not a tenants file: ", parsed.ToString()));
+  if (!parsed.ok()) {
+    // One line: the parser's message points at the place on a line of its own.
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a tenants file: ", absl::StrReplaceAll(parsed.ToString(), {{"\n", " "}})));
+  }
   absl::flat_hash_set<std::string> names, tokens, identities;
   for (int i = 0; i < file.tenants_size(); ++i) {
     const v1::Tenant& t = file.tenants(i);

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/escaping.h"
 #include "kvtier/v1/decode.grpc.pb.h"
 #include "kvtier/v1/prefill.grpc.pb.h"
 #if KVTIER_RUNTIME_CUDA
@@ -22,7 +23,9 @@
 #include "services/cache/client/cache_client.h"
 #include "services/cli/remote_generate.h"
 #include "services/common/child_process.h"
+#include "services/common/client_identity.h"
 #include "services/common/metrics_page.h"
+#include "services/kvblock/sha256.h"
 #include "services/runtime/checkpoint.h"
 #include "services/runtime/generate.h"
 #include "services/runtime/make_model.h"
@@ -548,6 +551,55 @@ TEST_F(ServingTest, RecordPoolKeepsFetchedBlocksUpToItsFlag) {
     EXPECT_EQ(Scrape(decode, "kvtier_decode_record_pool_bytes{state=\"idle\"}"), keep ? 3 * record_bytes : 0.0);
     EXPECT_EQ(Scrape(prefill, "kvtier_prefill_record_pool_bytes{state=\"idle\"}"), keep ? 3 * record_bytes : 0.0);
   }
+}
+
+// With a tenants file on every server: an end client reaches its tenant's
+// namespace through the prefill node and no other; the prefill node and
+// decode worker reach the cache as a service; a decode worker refuses an
+// end client.
+TEST_F(ServingTest, TenantsReachOnlyTheirNamespacesThroughThePrefillNode) {
+  const fs::path dir = fs::temp_directory_path() / ("kvtier_serving_tenants_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const auto token_file = [&](const std::string& name, const std::string& token) {
+    std::ofstream(dir / name) << token << "\n";
+    const kvblock::Sha256Digest d = kvblock::Sha256({token});
+    return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(d.data()), d.size()));
+  };
+  const std::string service = token_file("service.token", "service-token-1e9b");
+  const std::string acme = token_file("acme.token", "acme-token-5c2d");
+  std::ofstream(dir / "tenants.json")
+      << "{\"tenants\": [{\"name\": \"kvtier\", \"role\": \"SERVICE\", \"namespaces\": [\"acme\"], "
+      << "\"tokenSha256\": [\"" << service << "\"]}, {\"name\": \"acme\", \"role\": \"WRITER\", "
+      << "\"namespaces\": [\"acme\"], \"tokenSha256\": [\"" << acme << "\"]}]}";
+  const std::string tenants = (dir / "tenants.json").string();
+  Cluster cluster(Tiny().dir, 1, 1, {"--tenants", tenants}, "2000",
+                  {"--tenants", tenants, "--token-file", (dir / "service.token").string()});
+  ASSERT_TRUE(cluster.ok());
+  const std::vector<uint32_t> prompt = RandomIds(2 * kBlock + 3, rng_.engine());
+
+  // No token: refused at the door.
+  EXPECT_EQ(cluster.Generate(Request(prompt, 4)).status().code(), absl::StatusCode::kUnauthenticated);
+  ASSERT_TRUE(SetClientIdentity({.tls = {}, .token_file = (dir / "acme.token").string()}).ok());
+  absl::StatusOr<RemoteGeneration> mine = cluster.Generate(Request(prompt, 4));  // acme's namespace by default
+  EXPECT_TRUE(mine.ok()) << mine.status();
+  EXPECT_EQ(cluster.Generate(Request(prompt, 4, "globex")).status().code(), absl::StatusCode::kPermissionDenied);
+  // The prefill node stored acme's blocks as the service: a second turn hits.
+  absl::StatusOr<RemoteGeneration> again = cluster.Generate(Request(prompt, 4, "acme"));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->usage.cached_tokens(), 2 * kBlock);
+  // A decode worker serves services, not end clients.
+  auto channel = MakeChannelAs({.tls = {}, .token_file = (dir / "acme.token").string()}, cluster.decode_targets[0]);
+  ASSERT_TRUE(channel.ok());
+  grpc::ClientContext context;
+  v1::DecodeRequest direct;
+  direct.set_kv_namespace("acme");
+  auto reader = v1::Decode::NewStub(*channel)->Decode(&context, direct);
+  v1::DecodeResponse event;
+  while (reader->Read(&event)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  ASSERT_TRUE(SetClientIdentity({}).ok());
+  fs::remove_all(dir);
 }
 
 TEST_F(ServingTest, BadRequestsGetClearStatuses) {
