@@ -12,7 +12,11 @@ absl::StatusOr<std::unique_ptr<prometheus::Exposer>> StartMetricsExposer(
   std::unique_ptr<prometheus::Exposer> exposer;
   if (address.empty()) return exposer;
   try {
-    exposer = std::make_unique<prometheus::Exposer>(address);
+    // civetweb's defaults (two threads, 30 s to wait for a request) let two
+    // silent connections blind a scrape for half a minute: more threads,
+    // and a connection that sends nothing for a while is dropped.
+    exposer = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", address, "num_threads", "16", "request_timeout_ms", "2000", "enable_keep_alive", "no"});
   } catch (const std::exception& e) {
     // civetweb's own words ("null context when constructing CivetServer")
     // do not say why; bind(2) does.

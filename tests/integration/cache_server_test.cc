@@ -2,13 +2,18 @@
 // Over 600 lines: one fixture (a running cache) for everything its RPCs do.
 #include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -16,6 +21,7 @@
 #include "services/cache/client/cache_client.h"
 #include "services/cache/client/raw_get.h"
 #include "services/common/child_process.h"
+#include "services/common/metrics_page.h"
 #include "services/kvblock/block_format.h"
 #include "tests/integration/cache_test_blocks.h"
 #include "tests/test_random.h"
@@ -421,6 +427,27 @@ TEST_F(CacheServerTest, StatsCommandAndMetricsReportTheSameFigures) {
   EXPECT_NE(scrape.output.find("kvtier_cache_rpc_duration_seconds_count{code=\"OK\",method=\"Put\"} 1"),
             std::string::npos)
       << scrape.output;
+}
+
+// Connections to /metrics that never send a request (a port scanner, a
+// stuck client) do not blind the scrape behind them.
+TEST_F(CacheServerTest, SilentMetricsConnectionsDoNotBlindTheScrape) {
+  const size_t colon = metrics_address_.rfind(':');
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(metrics_address_.substr(colon + 1))));
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  std::vector<int> silent;
+  for (int i = 0; i < 24; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    silent.push_back(fd);
+  }
+  auto scrape = std::async(std::launch::async, [&] { return ScrapeMetrics(metrics_address_); });
+  const bool answered = scrape.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  for (int fd : silent) close(fd);
+  EXPECT_TRUE(answered) << "the scrape waited behind silent connections";
+  EXPECT_NE(scrape.get().find("kvtier_cache_capacity_bytes"), std::string::npos);
 }
 
 TEST_F(CacheServerTest, CancelledPutFreesItsIncompleteBlocks) {
