@@ -1,8 +1,8 @@
 // kvtier-cache as users run it: the real binary on port 0, real gRPC clients.
 // Over 600 lines: one fixture (a running cache) for everything its RPCs do.
+#include <arpa/inet.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
-#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>

@@ -574,7 +574,18 @@ std::vector<absl::Status> BlockStore::CopyRecords(std::span<const Move> moves, s
   return copied;
 }
 
-absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t bytes, const std::string& ns) {
+absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t bytes, const PutSession& session) {
+  const std::string& ns = session.ns_;
+  if (session.pending_.size() >= options_.max_pending_per_stream) {
+    return absl::ResourceExhaustedError(absl::StrCat("this Put stream holds ", session.pending_.size(),
+                                                     " incomplete blocks, the most one stream may; complete some"));
+  }
+  // Looked up, not held: making room below may let go of the lock.
+  if (auto owned = pending_by_owner_.find(session.owner_);
+      owned != pending_by_owner_.end() && owned->second >= options_.max_pending_per_owner) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        owned->second, " incomplete blocks of this tenant's Put streams, the most one tenant may; retry later"));
+  }
   if (pending_blocks_ >= options_.max_pending_blocks) {
     return absl::ResourceExhaustedError(
         absl::StrCat(pending_blocks_, " blocks are being assembled, the limit; retry later"));
@@ -593,11 +604,18 @@ absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t b
   }
   first.counters.used_bytes += bytes;
   ++pending_blocks_;
+  ++pending_by_owner_[session.owner_];
   return pages;
 }
 
-std::unique_ptr<PutSession> BlockStore::BeginPut(std::string ns, kvblock::LatentLayout layout) {
-  return std::unique_ptr<PutSession>(new PutSession(this, std::move(ns), std::move(layout)));
+void BlockStore::EndPendingLocked(const std::string& owner) {
+  --pending_blocks_;
+  auto it = pending_by_owner_.find(owner);
+  if (--it->second == 0) pending_by_owner_.erase(it);
+}
+
+std::unique_ptr<PutSession> BlockStore::BeginPut(std::string ns, kvblock::LatentLayout layout, std::string owner) {
+  return std::unique_ptr<PutSession>(new PutSession(this, std::move(ns), std::move(layout), std::move(owner)));
 }
 
 TierStorage& BlockStore::storage(size_t tier) const { return *tiers_[tier]->storage; }

@@ -65,8 +65,11 @@ struct StoreOptions {
   absl::Duration max_lease_ttl = absl::Minutes(1);
   // Leases one owner (a tenant) may hold at once.
   uint32_t max_leases_per_owner = 1024;
-  // Blocks being assembled at once, across all Put streams.
+  // Blocks being assembled at once, across all Put streams; in one stream;
+  // for one owner (a tenant), so that no stream or tenant holds all of it.
   uint32_t max_pending_blocks = 1024;
+  uint32_t max_pending_per_stream = 256;
+  uint32_t max_pending_per_owner = 512;
 };
 
 struct TierCounters {
@@ -169,11 +172,12 @@ class PutSession {
  private:
   friend class BlockStore;
   struct Pending;
-  PutSession(BlockStore* store, std::string ns, kvblock::LatentLayout layout);
+  PutSession(BlockStore* store, std::string ns, kvblock::LatentLayout layout, std::string owner);
   void Abandon(Pending& pending);
 
   BlockStore* store_;
   std::string ns_;
+  std::string owner_;
   kvblock::LatentLayout layout_;
   uint64_t layout_id_;
   size_t record_bytes_;
@@ -221,7 +225,9 @@ class BlockStore {
   // its kind can do with a pinned block (TierStorage::CopyToExported).
   TierStorage& storage(size_t tier) const;
 
-  std::unique_ptr<PutSession> BeginPut(std::string ns, kvblock::LatentLayout layout);
+  // A Put stream into `ns` for `owner` (whose incomplete blocks are bounded
+  // together).
+  std::unique_ptr<PutSession> BeginPut(std::string ns, kvblock::LatentLayout layout, std::string owner = "");
 
   // Where a pinned block's record lies in shared segments
   // (TierStorage::SharedPieces); empty when some of it is not in one (a
@@ -286,9 +292,12 @@ class BlockStore {
   void GiveRoomLocked(size_t tier, const RecordRoom& room, bool written) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Restores the blocks the last tier still holds from before (a disk's).
   void RecoverLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes room in the first tier for a block being assembled.
-  absl::StatusOr<std::vector<uint32_t>> AllocatePendingLocked(size_t bytes, const std::string& ns)
+  // Takes room in the first tier for a block being assembled by `session`
+  // (RESOURCE_EXHAUSTED past the bounds on incomplete blocks);
+  // EndPendingLocked when it is stored or dropped.
+  absl::StatusOr<std::vector<uint32_t>> AllocatePendingLocked(size_t bytes, const PutSession& session)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndPendingLocked(const std::string& owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const StoreOptions options_;
   Clock* const clock_;
@@ -303,6 +312,7 @@ class BlockStore {
   std::multimap<absl::Time, uint64_t> lease_deadlines_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint32_t> leases_by_owner_ ABSL_GUARDED_BY(mu_);
   uint32_t pending_blocks_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<std::string, uint32_t> pending_by_owner_ ABSL_GUARDED_BY(mu_);
   StoreStats counters_ ABSL_GUARDED_BY(mu_);  // the non-tier counters
 };
 

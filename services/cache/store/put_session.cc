@@ -26,9 +26,10 @@ struct PutSession::Pending {
   std::vector<Slice> slices;
 };
 
-PutSession::PutSession(BlockStore* store, std::string ns, kvblock::LatentLayout layout)
+PutSession::PutSession(BlockStore* store, std::string ns, kvblock::LatentLayout layout, std::string owner)
     : store_(store),
       ns_(std::move(ns)),
+      owner_(std::move(owner)),
       layout_(std::move(layout)),
       layout_id_(kvblock::LayoutId(layout_)),
       record_bytes_(kvblock::HeaderFor(layout_, 0, layout_.num_layers).RecordBytes()) {}
@@ -40,7 +41,7 @@ PutSession::~PutSession() {
 void PutSession::Abandon(Pending& p) {
   absl::MutexLock lock(&store_->mu_);
   store_->GiveRoomLocked(0, {ns_, p.hash, p.pages, record_bytes_}, /*written=*/false);
-  --store_->pending_blocks_;
+  store_->EndPendingLocked(owner_);
 }
 
 absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_view record) {
@@ -66,7 +67,7 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_vi
         }
         return absl::OkStatus();
       }
-      absl::StatusOr<std::vector<uint32_t>> pages = store_->AllocatePendingLocked(record_bytes_, ns_);
+      absl::StatusOr<std::vector<uint32_t>> pages = store_->AllocatePendingLocked(record_bytes_, *this);
       if (!pages.ok()) return pages.status();
       auto pending = std::make_unique<Pending>();
       pending->hash = hash;
@@ -118,7 +119,7 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_vi
   std::unique_ptr<Pending> done = std::move(it->second);
   pending_.erase(it);
   absl::MutexLock lock(&store_->mu_);
-  --store_->pending_blocks_;
+  store_->EndPendingLocked(owner_);
   BlockStore::Key index_key(ns_, hash);
   if (store_->index_.count(index_key) > 0) {  // another stream finished it first
     store_->GiveRoomLocked(0, {ns_, hash, done->pages, record_bytes_}, /*written=*/false);

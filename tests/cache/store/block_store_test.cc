@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <map>
 #include <random>
@@ -55,7 +56,8 @@ class BlockStoreTest : public ::testing::TestWithParam<Memory> {
 
   // Capacities in pages (one block per page with SmallLayout); disk in
   // records.
-  void Open(uint64_t device_pages, uint64_t host_pages, uint64_t disk_records = 0) {
+  void Open(uint64_t device_pages, uint64_t host_pages, uint64_t disk_records = 0,
+            const std::function<void(StoreOptions&)>& tune = {}) {
     StoreOptions o;
     o.page_size = kPage;
     o.device_capacity = device_pages * kPage;
@@ -73,6 +75,7 @@ class BlockStoreTest : public ::testing::TestWithParam<Memory> {
     }
     store_.reset();
     o.default_lease_ttl = absl::Seconds(10);
+    if (tune) tune(o);
     auto s = BlockStore::Create(o, &clock_);
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(*s);
@@ -205,6 +208,36 @@ TEST_P(BlockStoreTest, SecondPutOfAStoredBlockIsDeduplicated) {
   EXPECT_EQ(stats.tiers[0].used_bytes, used);
   EXPECT_EQ(stats.blocks_deduplicated, 1u);
   EXPECT_EQ(stats.blocks_stored, 1u);
+}
+
+// One stream, or one tenant's streams, cannot hold every block being
+// assembled: past their bound a new block is RESOURCE_EXHAUSTED for them
+// alone, and completing a block gives its place back.
+TEST_P(BlockStoreTest, IncompleteBlocksAreBoundedPerStreamAndPerOwner) {
+  Open(16, 16, 0, [](StoreOptions& o) {
+    o.max_pending_per_stream = 3;
+    o.max_pending_per_owner = 5;
+  });
+  auto hoarder = store_->BeginPut("ns", layout_, "mallory");
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(hoarder->AddSlice(Hash(10 + i), Slice(0, 1)).ok());
+  absl::Status refused = hoarder->AddSlice(Hash(13), Slice(0, 1));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.message().find("one stream"), std::string::npos) << refused;
+  auto second = store_->BeginPut("ns", layout_, "mallory");
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(second->AddSlice(Hash(20 + i), Slice(0, 1)).ok());
+  refused = second->AddSlice(Hash(22), Slice(0, 1));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.message().find("one tenant"), std::string::npos) << refused;
+  // Another tenant is not held up.
+  auto honest = store_->BeginPut("ns", layout_, "alice");
+  for (uint32_t l = 0; l < 4; ++l) ASSERT_TRUE(honest->AddSlice(Hash(30), Slice(l, 1)).ok());
+  EXPECT_EQ(honest->Finish().blocks_stored, 1u);
+  // A block completed frees its place in its stream's and tenant's bounds.
+  for (uint32_t l = 1; l < 4; ++l) ASSERT_TRUE(hoarder->AddSlice(Hash(10), Slice(l, 1)).ok());
+  EXPECT_TRUE(hoarder->AddSlice(Hash(13), Slice(0, 1)).ok());
+  hoarder.reset();
+  second.reset();
+  EXPECT_EQ(store_->Stats().pending_blocks, 0u);
 }
 
 TEST_P(BlockStoreTest, CancelledPutFreesWhatItHeld) {
