@@ -16,6 +16,9 @@ void SecurityFlags::Register(FlagParser& flags, bool serves, bool calls) {
                     "with --tenants)");
   }
   if (!serves) return;
+  flags.AddString("health-listen", &health_listen,
+                  "HOST:PORT of a plaintext server of grpc.health.v1 only, for probes that speak no TLS "
+                  "(kubelet's gRPC probes); empty: none");
   flags.AddBool("tls-require-client-cert", &tls_require_client_cert,
                 "mutual TLS: refuse clients without a certificate signed by ca.crt");
   flags.AddString("tenants", &tenants,

@@ -2,7 +2,8 @@
 // meaning everywhere: --tls-dir (a Kubernetes TLS Secret's files),
 // --tls-require-client-cert (servers: mutual TLS), --token-file (the
 // bearer token this process's calls carry), --tenants (servers: who may
-// call) and --reload-seconds (how often those files are checked).
+// call), --reload-seconds (how often those files are checked) and
+// --health-listen (servers: plaintext health for kubelet's probes).
 #ifndef KVTIER_SERVICES_COMMON_SECURITY_FLAGS_H_
 #define KVTIER_SERVICES_COMMON_SECURITY_FLAGS_H_
 
@@ -23,6 +24,7 @@ struct SecurityFlags {
   std::string token_file;
   std::string tenants;
   uint64_t reload_seconds = 10;
+  std::string health_listen;
 
   // Registers the flags of a process that `serves` gRPC, `calls` servers,
   // or both.

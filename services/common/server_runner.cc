@@ -36,6 +36,11 @@ absl::Status ValidateListenAddress(const std::string& address) {
 absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(const ServerOptions& options,
                                                                   std::vector<grpc::Service*> services) {
   if (absl::Status s = ValidateListenAddress(options.listen); !s.ok()) return s;
+  if (!options.health_listen.empty()) {
+    if (absl::Status s = ValidateListenAddress(options.health_listen); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--health-listen: ", s.message()));
+    }
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -66,6 +71,23 @@ absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(const ServerOp
         absl::StrCat("cannot listen on ", options.listen, ": ", WhyCannotBind(options.listen)));
   }
   server->GetHealthCheckService()->SetServingStatus(true);
+  std::unique_ptr<grpc::Server> health;
+  if (!options.health_listen.empty()) {
+    // No service registered: the default health service is all it serves.
+    grpc::ServerBuilder health_builder;
+    int health_port = 0;
+    health_builder.AddListeningPort(options.health_listen, grpc::InsecureServerCredentials(), &health_port);
+    health_builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    health = health_builder.BuildAndStart();
+    if (health == nullptr || health_port == 0) {
+      server->Shutdown();
+      return absl::UnavailableError(
+          absl::StrCat("cannot serve health on ", options.health_listen, ": ", WhyCannotBind(options.health_listen)));
+    }
+    health->GetHealthCheckService()->SetServingStatus(true);
+    std::cout << "health on " << options.health_listen.substr(0, options.health_listen.rfind(':')) << ":" << health_port
+              << std::endl;
+  }
   const std::string host = options.listen.substr(0, options.listen.rfind(':'));
   std::cout << "listening on " << host << ":" << port << std::endl;
   if (!options.tls.dir.empty()) {
@@ -73,7 +95,8 @@ absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(const ServerOp
         absl::StrCat("TLS from ", options.tls.dir,
                      options.tls.require_client_certificate ? ", client certificates required" : ""));
   }
-  return std::unique_ptr<ServerRunner>(new ServerRunner(std::move(server), port, options.shutdown_grace));
+  return std::unique_ptr<ServerRunner>(
+      new ServerRunner(std::move(server), std::move(health), port, options.shutdown_grace));
 }
 
 ServerRunner::~ServerRunner() { Shutdown(); }
@@ -98,8 +121,10 @@ void ServerRunner::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
   server_->GetHealthCheckService()->SetServingStatus(false);
+  if (health_ != nullptr) health_->GetHealthCheckService()->SetServingStatus(false);
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace_));
   server_->Wait();
+  if (health_ != nullptr) health_->Shutdown();
 }
 
 }  // namespace kvtier

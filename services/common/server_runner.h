@@ -26,6 +26,9 @@ struct ServerOptions {
   int64_t memory_quota_bytes = 1LL << 30;
   absl::Duration shutdown_grace = absl::Seconds(30);
   TlsOptions tls;  // dir empty: plaintext
+  // A plaintext port serving only grpc.health.v1 (kubelet's gRPC probes
+  // speak no TLS); empty: none.
+  std::string health_listen;
 };
 
 // Blocks SIGTERM and SIGINT in this thread and every thread it creates, so
@@ -38,7 +41,8 @@ int WaitForStopSignal();
 class ServerRunner {
  public:
   // Builds and starts the server with `services` (not owned; they must
-  // outlive it). Prints "listening on HOST:PORT".
+  // outlive it). Prints "health on HOST:PORT" (with health_listen), then
+  // "listening on HOST:PORT".
   static absl::StatusOr<std::unique_ptr<ServerRunner>> Start(const ServerOptions& options,
                                                              std::vector<grpc::Service*> services);
   ~ServerRunner();
@@ -51,10 +55,12 @@ class ServerRunner {
   void Shutdown();
 
  private:
-  ServerRunner(std::unique_ptr<grpc::Server> server, int port, absl::Duration grace)
-      : server_(std::move(server)), port_(port), grace_(grace) {}
+  ServerRunner(std::unique_ptr<grpc::Server> server, std::unique_ptr<grpc::Server> health, int port,
+               absl::Duration grace)
+      : server_(std::move(server)), health_(std::move(health)), port_(port), grace_(grace) {}
 
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> health_;  // null without health_listen
   int port_;
   absl::Duration grace_;
   bool shut_down_ = false;

@@ -100,6 +100,7 @@ int ServeUntilSignal(const std::string& program, const ModelServerFlags& flags, 
   ServerOptions options;
   options.listen = flags.listen;
   options.tls = flags.security.Tls();
+  options.health_listen = flags.security.health_listen;
   absl::StatusOr<std::unique_ptr<ServerRunner>> server = ServerRunner::Start(options, {service});
   if (!server.ok()) return ExitWith(program, server.status());
   std::cerr << program << ": " << ready << std::endl;

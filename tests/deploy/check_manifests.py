@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Checks deploy/kubernetes against the binaries it runs: every manifest the
 kustomization lists exists and parses, every container runs a kvtier server
-with flags that server's --help lists, and its gRPC port, probes and
---listen agree; when the cache puts its fast path socket in a directory,
+with flags that server's --help lists, and its gRPC port, probes,
+--listen and --health-listen agree; when the cache puts its fast path socket in a directory,
 every decode and prefill container mounts that directory.
 Usage: check_manifests.py DEPLOY_DIR BIN_DIR"""
 import pathlib
@@ -31,7 +31,8 @@ def main(deploy_dir, bin_dir):
                 help_text = subprocess.run([str(binary), "--help"], capture_output=True, text=True).stdout
                 if "--listen" not in help_text:
                     errors.append(f"{where}: {binary} --help does not list --listen")
-                args = dict(a[2:].split("=", 1) for a in c.get("args", []))
+                # --name=value, or --name alone for a boolean
+                args = dict((a[2:].split("=", 1) + [""])[:2] for a in c.get("args", []))
                 for flag in args:
                     if f"--{flag}\n" not in help_text:
                         errors.append(f"{where}: {c['command'][0]} has no flag --{flag}")
@@ -42,9 +43,14 @@ def main(deploy_dir, bin_dir):
                 if c["command"][0] == "kvtier-cache" and socket and not socket.startswith("@"):
                     socket_dirs.add(str(pathlib.PurePosixPath(socket).parent))
                 mounts.append((where, c["command"][0], {m["mountPath"] for m in c.get("volumeMounts", [])}))
+                # Behind TLS the probes read the plaintext --health-listen port.
+                health = args.get("health-listen", "")
+                probe_port = int(health.rsplit(":", 1)[1]) if health else grpc_port
+                if health and probe_port not in [p["containerPort"] for p in c["ports"]]:
+                    errors.append(f"{where}: --health-listen port {probe_port} is not a container port")
                 for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-                    if probe in c and c[probe]["grpc"]["port"] != grpc_port:
-                        errors.append(f"{where}: {probe} checks port {c[probe]['grpc']['port']}, not {grpc_port}")
+                    if probe in c and c[probe]["grpc"]["port"] != probe_port:
+                        errors.append(f"{where}: {probe} checks port {c[probe]['grpc']['port']}, not {probe_port}")
     for where, binary, paths in mounts:
         for d in socket_dirs:
             if binary in ("kvtier-decode", "kvtier-prefill") and d not in paths:

@@ -2,12 +2,14 @@
 // with the openssl command line, servers on port 0, clients with gRPC's own
 // TLS. Each attempt that must fail is followed by a good request on the
 // same server, so a refusal is the attempt's, not a dead server's.
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <iostream>
 #include <iterator>
 #include <memory>
@@ -197,6 +199,37 @@ TEST_F(SecurityTest, BadConnectionAttemptsAreRefusedAndGoodOnesServed) {
   EXPECT_TRUE(refused);
   EXPECT_EQ(then, absl::StatusCode::kOk);
   std::cout << table.str();
+}
+
+// Behind TLS, kubelet's gRPC probes (which speak no TLS) read health from
+// --health-listen: plaintext, and nothing but health there.
+TEST_F(SecurityTest, PlaintextHealthPortServesOnlyHealth) {
+  caches_.push_back(std::make_unique<ChildProcess>(std::vector<std::string>{
+      KVTIER_CACHE_BINARY, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--device-capacity", "16MiB",
+      "--host-capacity", "16MiB", "--tls-dir", Dir("server").string(), "--health-listen", "127.0.0.1:0"}));
+  const std::optional<std::string> health = caches_.back()->WaitForLine("health on ");
+  ASSERT_TRUE(health.has_value());
+  ASSERT_GT(caches_.back()->WaitForListeningPort(), 0);
+  auto channel = grpc::CreateChannel(*health, grpc::InsecureChannelCredentials());
+  // grpc.health.v1.Health/Check of the whole server (an empty request),
+  // by hand: its answer SERVING is the two bytes of field 1 = 1.
+  grpc::GenericStub generic(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::Slice empty("");
+  grpc::ByteBuffer request(&empty, 1), response;
+  std::promise<grpc::Status> checked;
+  generic.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                    [&](grpc::Status s) { checked.set_value(s); });
+  const grpc::Status status = checked.get_future().get();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& slice : slices) bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  EXPECT_EQ(bytes, std::string("\x08\x01", 2)) << "not SERVING";
+  EXPECT_EQ(StatsCode(CacheClient(channel, absl::Seconds(5))), absl::StatusCode::kUnimplemented)
+      << "the plaintext port serves more than health";
 }
 
 // The common name of the certificate a new connection to `target` is

@@ -181,6 +181,7 @@ int Run(const Flags& f) {
   ServerOptions server_options;
   server_options.listen = f.listen;
   server_options.tls = f.security.Tls();
+  server_options.health_listen = f.security.health_listen;
   absl::StatusOr<std::unique_ptr<ServerRunner>> server = ServerRunner::Start(server_options, {&service});
   if (!server.ok()) {
     std::cerr << "kvtier-cache: " << server.status().message() << "\n";
