@@ -17,6 +17,8 @@ packages=(
   python3 python3-yaml
   # the thread-safety analysis (scripts/thread_safety_check.sh)
   clang
+  # certificates for the TLS tests and `kvtier up --tls`
+  openssl
 )
 
 missing=()

@@ -19,7 +19,9 @@
 #include "services/cli/generation_io.h"
 #include "services/cli/remote_generate.h"
 #include "services/cli/stats_table.h"
+#include "services/cli/throwaway_tls.h"
 #include "services/common/child_process.h"
+#include "services/common/client_identity.h"
 #include "services/common/flags.h"
 #include "services/common/server_runner.h"
 #include "services/runtime/make_model.h"
@@ -39,6 +41,7 @@ struct UpFlags {
   uint64_t seed = 1;
   bool keep = false;
   std::string device = "cpu";
+  bool tls = false;
 };
 
 class Progress {
@@ -112,20 +115,46 @@ int Up(const UpFlags& f) {
     progress.Step(absl::StrCat("using the ", f.preset, " model in ", model_dir));
   }
 
-  ChildProcess cache({bin + "/kvtier-cache", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
-                      "--device-capacity", "256MiB", "--host-capacity", "1GiB"});
+  // With --tls every call is over TLS, the cache and the decode worker
+  // take only callers with a certificate from the throwaway CA.
+  std::vector<std::string> tls, mtls;
+  const std::string tls_dir = f.tls ? absl::StrCat(f.dir, "/tls-", getpid()) : "";
+  // Gone with this process: the CA's key is already deleted.
+  const std::unique_ptr<const std::string, void (*)(const std::string*)> remove_tls(&tls_dir, [](const std::string* d) {
+    std::error_code ignored;
+    if (!d->empty()) fs::remove_all(*d, ignored);
+  });
+  if (f.tls) {
+    if (absl::Status s = MakeThrowawayTls(tls_dir); !s.ok()) return fail(std::string(s.message()));
+    if (absl::Status s = SetClientIdentity({.tls = {.dir = tls_dir}, .token_file = ""}); !s.ok()) {
+      return fail(std::string(s.message()));
+    }
+    tls = {"--tls-dir", tls_dir};
+    mtls = {"--tls-dir", tls_dir, "--tls-require-client-cert"};
+    progress.Step(absl::StrCat("a throwaway CA and certificate in ", tls_dir, "; every call over TLS"));
+  }
+  const auto with = [](std::vector<std::string> argv, const std::vector<std::string>& extra) {
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return argv;
+  };
+  ChildProcess cache(with({bin + "/kvtier-cache", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+                           "--device-capacity", "256MiB", "--host-capacity", "1GiB"},
+                          mtls));
   const std::optional<std::string> metrics = cache.WaitForLine("metrics on ", 30000);
   const std::optional<std::string> cache_address = WaitUntilServing(cache, "kvtier-cache");
   if (!cache_address) return fail("kvtier-cache did not start (its error is above)");
   progress.Step(absl::StrCat("kvtier-cache serving on ", *cache_address, ", metrics on ", metrics.value_or("?")));
 
-  ChildProcess decode({bin + "/kvtier-decode", "--listen", "127.0.0.1:0", "--model", model_dir, "--cache",
-                       *cache_address, "--device", f.device});
+  ChildProcess decode(with({bin + "/kvtier-decode", "--listen", "127.0.0.1:0", "--model", model_dir, "--cache",
+                            *cache_address, "--device", f.device},
+                           mtls));
   const std::optional<std::string> decode_address = WaitUntilServing(decode, "kvtier-decode to load the model");
   if (!decode_address) return fail("kvtier-decode did not start (its error is above)");
   progress.Step(absl::StrCat("kvtier-decode serving on ", *decode_address));
-  ChildProcess prefill({bin + "/kvtier-prefill", "--listen", "127.0.0.1:0", "--model", model_dir, "--cache",
-                        *cache_address, "--decode", *decode_address, "--kv-codec", f.kv_codec, "--device", f.device});
+  ChildProcess prefill(
+      with({bin + "/kvtier-prefill", "--listen", "127.0.0.1:0", "--model", model_dir, "--cache", *cache_address,
+            "--decode", *decode_address, "--kv-codec", f.kv_codec, "--device", f.device},
+           tls));
   const std::optional<std::string> prefill_address = WaitUntilServing(prefill, "kvtier-prefill to load the model");
   if (!prefill_address) return fail("kvtier-prefill did not start (its error is above)");
   progress.Step(absl::StrCat("kvtier-prefill serving on ", *prefill_address));
@@ -139,9 +168,8 @@ int Up(const UpFlags& f) {
   for (int turn = 1; turn <= 2; ++turn) {
     progress.Step(absl::StrCat("turn ", turn, ": generating ", f.max_new_tokens, " tokens after a ", prompt.size(),
                                "-token prompt"));
-    absl::StatusOr<RemoteGeneration> out =
-        GenerateRemotely(*prefill_address, Request(prompt, f.max_new_tokens, absl::StrCat("up-turn-", turn)),
-                         absl::Minutes(10));
+    absl::StatusOr<RemoteGeneration> out = GenerateRemotely(
+        *prefill_address, Request(prompt, f.max_new_tokens, absl::StrCat("up-turn-", turn)), absl::Minutes(10));
     if (!out.ok()) return fail(absl::StrCat("turn ", turn, ": ", out.status().ToString()));
     std::cout << absl::StrFormat("turn %d: %u prompt tokens, %u from the cache, first token after %.1f ms\n", turn,
                                  out->usage.prompt_tokens(), out->usage.cached_tokens(),
@@ -188,6 +216,9 @@ int RunUp(const std::vector<std::string>& args) {
   flags.AddUint("seed", &f.seed, "model and prompt seed");
   flags.AddBool("keep", &f.keep, "keep serving after the conversation until Ctrl-C");
   flags.AddString("device", &f.device, "cpu|cuda: where kvtier-decode and kvtier-prefill run the model");
+  flags.AddBool("tls", &f.tls,
+                "run every call over TLS, with a throwaway CA made under --dir (mutual TLS to the cache and the "
+                "decode worker)");
   if (std::optional<int> exit = flags.ParseOrExit(args, "kvtier up")) return *exit;
   return Up(f);
 }

@@ -260,17 +260,27 @@ TEST_F(ServingTest, KvtierGeneratePrintsWhatKvtierRunPrints) {
 
 // The README's first command on the tiny preset: a two-turn conversation
 // whose second turn hits, the cache's stats, a clean stop.
+// In plaintext and, with --tls, over TLS from a throwaway CA (mutual TLS
+// to the cache and the decode worker) that is gone afterwards.
 TEST_F(ServingTest, KvtierUpRunsAConversationAndStopsCleanly) {
-  const fs::path dir = fs::temp_directory_path() / ("kvtier_up_" + std::to_string(rng_.seed()));
-  const CommandResult up =
-      RunCommand(std::string(KVTIER_BINARY) + " up --preset tiny --prompt-tokens 150 --dir " + dir.string());
-  fs::remove_all(dir);
-  ASSERT_EQ(up.exit_code, 0) << up.output;
-  EXPECT_NE(up.output.find("turn 1: 150 prompt tokens, 0 from the cache"), std::string::npos) << up.output;
-  EXPECT_NE(up.output.find("turn 2: 190 prompt tokens, 128 from the cache"), std::string::npos) << up.output;
-  // Turn 1's two prompt blocks, then turn 2's third.
-  EXPECT_NE(up.output.find("blocks stored 3, deduplicated 0"), std::string::npos) << up.output;
-  EXPECT_NE(up.output.find("all three stopped cleanly"), std::string::npos) << up.output;
+  for (const std::string tls : {"", " --tls"}) {
+    SCOPED_TRACE(tls);
+    const fs::path dir = fs::temp_directory_path() / ("kvtier_up_" + std::to_string(rng_.seed()));
+    const CommandResult up =
+        RunCommand(std::string(KVTIER_BINARY) + " up --preset tiny --prompt-tokens 150 --dir " + dir.string() + tls);
+    size_t left = 0;  // what --tls left under --dir besides the model
+    for (const auto& entry : fs::directory_iterator(dir))
+      left += entry.path().filename().string().rfind("tls-", 0) == 0;
+    fs::remove_all(dir);
+    ASSERT_EQ(up.exit_code, 0) << up.output;
+    EXPECT_NE(up.output.find("turn 1: 150 prompt tokens, 0 from the cache"), std::string::npos) << up.output;
+    EXPECT_NE(up.output.find("turn 2: 190 prompt tokens, 128 from the cache"), std::string::npos) << up.output;
+    // Turn 1's two prompt blocks, then turn 2's third.
+    EXPECT_NE(up.output.find("blocks stored 3, deduplicated 0"), std::string::npos) << up.output;
+    EXPECT_NE(up.output.find("all three stopped cleanly"), std::string::npos) << up.output;
+    EXPECT_EQ(up.output.find("every call over TLS") != std::string::npos, !tls.empty()) << up.output;
+    EXPECT_EQ(left, 0u) << "the throwaway certificates stayed behind";
+  }
 }
 
 // A second request sharing a 192-token prefix reuses it; a conversation's

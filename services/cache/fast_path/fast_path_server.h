@@ -38,7 +38,7 @@ struct FastPathOptions {
   size_t max_sessions_per_tenant = 32;  // unless its quota says otherwise
   size_t max_leases_per_session = 1024;
   absl::Duration default_lease_ttl = absl::Seconds(30);
-  absl::Duration max_lease_ttl = absl::Minutes(10);
+  absl::Duration max_lease_ttl = absl::Minutes(1);
   // Staging regions for staged Put: all sessions' together, and one's most.
   uint64_t staging_budget = 512 << 20;
   uint64_t max_staging_per_session = 128 << 20;
