@@ -13,8 +13,8 @@ packages=(
   # integration tests and benchmarks: a real Prometheus scrapes the cache,
   # Redis is the peer the cache is measured against
   prometheus redis-server libhiredis-dev curl
-  # the Kubernetes manifests' check
-  python3 python3-yaml
+  # the Kubernetes manifests' check; the Python client's test
+  python3 python3-yaml python3-grpcio python3-protobuf python3-crc32c
   # the thread-safety analysis (scripts/thread_safety_check.sh)
   clang
   # certificates for the TLS tests and `kvtier up --tls`
