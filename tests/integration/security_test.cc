@@ -44,6 +44,7 @@ std::string Sha256Hex(const std::string& token) {
 struct TestTenant {
   std::string name, role, ns, token;
   std::string cert_identity;  // empty: none
+  std::string quota;          // a TenantQuota as JSON; empty: none
 };
 
 std::string TenantsJson(const std::vector<TestTenant>& tenants) {
@@ -54,6 +55,7 @@ std::string TenantsJson(const std::vector<TestTenant>& tenants) {
     if (!t.ns.empty()) absl::StrAppend(&json, ", \"namespaces\": [\"", t.ns, "\"]");
     absl::StrAppend(&json, ", \"tokenSha256\": [\"", Sha256Hex(t.token), "\"]");
     if (!t.cert_identity.empty()) absl::StrAppend(&json, ", \"certificateIdentities\": [\"", t.cert_identity, "\"]");
+    if (!t.quota.empty()) absl::StrAppend(&json, ", \"quota\": ", t.quota);
     json += "}";
   }
   return json + "]}";
@@ -332,6 +334,29 @@ TEST_F(SecurityTest, TenantsCannotReachEachOthersBlocks) {
   ASSERT_EQ(fetched->size(), theirs.size());
   EXPECT_TRUE(globex.ReleaseLease(matched->lease_id()).ok());
   EXPECT_TRUE(admin.Stats().ok());
+}
+
+// A tenant writing ten times its quota demotes and drops its own blocks;
+// another tenant's, within its quota, stay where they were.
+TEST_F(SecurityTest, ATenantWritingTenTimesItsQuotaEvictsOnlyItsOwn) {
+  // A TestLayout block takes 5 pages of 64 KiB: 320 KiB.
+  const std::string quota = R"({"deviceBytes": 2097152, "hostBytes": 2097152})";  // 6 blocks each
+  TestTenant acme = kAcme, globex = kGlobex;
+  acme.quota = globex.quota = quota;
+  const fs::path tenants = Dir("tenants-quota.json");
+  std::ofstream(tenants) << TenantsJson({kAdmin, acme, globex});
+  const std::string target = StartCache({"--tenants", tenants.string()});
+  ASSERT_FALSE(target.empty());
+  CacheClient acme_client = Client(target, "", acme.token), globex_client = Client(target, "", globex.token);
+  const std::vector<TestBlock> theirs = StoreBlocks(globex_client, TestLayout(), "globex", 1, 5);
+  for (int round = 0; round < 12; ++round) StoreBlocks(acme_client, TestLayout(), "acme", 100 + 5 * round, 5);
+  auto matched = globex_client.Match("globex", TestLayout(), Hashes(theirs));
+  ASSERT_TRUE(matched.ok()) << matched.status();
+  EXPECT_EQ(matched->matched_blocks(), 5u);
+  for (int t : matched->tiers()) EXPECT_EQ(t, v1::TIER_DEVICE) << "globex's block left the device tier";
+  auto stats = Client(target, "", kAdmin.token).Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_GT(stats->tiers(0).evictions() + stats->tiers(1).evictions(), 0u) << "acme never went over its quota";
 }
 
 }  // namespace

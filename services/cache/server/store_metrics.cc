@@ -19,7 +19,8 @@ std::vector<MetricFamily> StoreMetrics::Collect() const {
   const PerTier per_tier[] = {
       {"kvtier_cache_capacity_bytes", "Hard limit on block bytes in the tier", MetricType::Gauge,
        &TierCounters::capacity_bytes},
-      {"kvtier_cache_used_bytes", "Block record bytes held in the tier (stored and being assembled)", MetricType::Gauge,
+      {"kvtier_cache_used_bytes", "Memory the tier's blocks take, whole pages (stored and being assembled)",
+       MetricType::Gauge,
        &TierCounters::used_bytes},
       {"kvtier_cache_blocks", "Visible blocks held in the tier", MetricType::Gauge, &TierCounters::blocks},
       {"kvtier_cache_hits_total", "Blocks read from the tier", MetricType::Counter, &TierCounters::hits},

@@ -170,7 +170,7 @@ void BlockStore::RecoverLocked() {
   std::sort(records.begin(), records.end(),
             [](const DiskRecord& a, const DiskRecord& b) { return a.mtime_ns > b.mtime_ns; });
   for (DiskRecord& r : records) {
-    if (t.counters.used_bytes + r.size > t.counters.capacity_bytes) {  // capacity shrank
+    if (t.counters.used_bytes + t.storage->BytesTaken(r.size) > t.counters.capacity_bytes) {  // capacity shrank
       t.storage->Give({r.ns, r.hash, {}, r.size}, /*written=*/true);
       ++t.counters.evictions;
       continue;
@@ -183,7 +183,7 @@ void BlockStore::RecoverLocked() {
     entry->tier = tiers_.size() - 1;
     t.lru.push_back(entry.get());
     entry->lru = std::prev(t.lru.end());
-    t.counters.used_bytes += r.size;
+    ChargeLocked(tiers_.size() - 1, entry->owner, t.storage->BytesTaken(r.size), +1);
     ++t.counters.blocks;
     counters_.metadata_bytes += EntryMetadataBytes(*entry);
     Key key(entry->ns, entry->hash);
@@ -350,13 +350,37 @@ void BlockStore::TouchLocked(Entry* e) {
   lru.splice(lru.begin(), lru, e->lru);
 }
 
-void BlockStore::GiveRoomLocked(size_t tier, const RecordRoom& room, bool written) {
+void BlockStore::GiveRoomLocked(size_t tier, const RecordRoom& room, const std::string& owner, bool written) {
   Tier& t = *tiers_[tier];
   t.storage->Give(room, written);
-  t.counters.used_bytes -= room.size;
+  ChargeLocked(tier, owner, t.storage->BytesTaken(room.size), -1);
 }
 
-void BlockStore::ReleaseStorageLocked(const Entry& e) { GiveRoomLocked(e.tier, RoomOf(e), /*written=*/true); }
+void BlockStore::ChargeLocked(size_t tier, const std::string& owner, uint64_t bytes, int sign) {
+  OwnerBook& book = owners_[owner];
+  if (sign > 0) {
+    tiers_[tier]->counters.used_bytes += bytes;
+    book.used[tier] += bytes;
+    return;
+  }
+  tiers_[tier]->counters.used_bytes -= bytes;
+  book.used[tier] -= bytes;
+  ForgetIfEmptyLocked(owner);
+}
+
+void BlockStore::ForgetIfEmptyLocked(const std::string& owner) {
+  auto it = owners_.find(owner);
+  if (it->second.pending_blocks == 0 && it->second.used == std::array<uint64_t, 3>{}) owners_.erase(it);
+}
+
+bool BlockStore::WithinQuotaLocked(const std::string& owner, size_t tier) const {
+  auto it = owners_.find(owner);
+  if (it == owners_.end()) return true;  // holds nothing here
+  const uint64_t limit = it->second.quota.tier_bytes[tier];
+  return limit > 0 && it->second.used[tier] <= limit;
+}
+
+void BlockStore::ReleaseStorageLocked(const Entry& e) { GiveRoomLocked(e.tier, RoomOf(e), e.owner, /*written=*/true); }
 
 bool BlockStore::HasRoomLocked(size_t tier, size_t bytes, const std::string& ns) const {
   const Tier& t = *tiers_[tier];
@@ -379,19 +403,46 @@ void BlockStore::DropLocked(Entry* e) {
   counters_.metadata_bytes -= EntryMetadataBytes(*e);
 }
 
-bool BlockStore::MakeRoomLocked(size_t tier, size_t bytes, const std::string& ns) {
+bool BlockStore::MakeRoomLocked(size_t tier, size_t bytes, const std::string& ns, const std::string& owner) {
+  const uint64_t taken = tiers_[tier]->storage->BytesTaken(bytes);
+  auto book = owners_.find(owner);
+  if (const uint64_t limit = book == owners_.end() ? 0 : book->second.quota.tier_bytes[tier]; limit > 0) {
+    // Over its quota, an owner makes room out of its own blocks only.
+    const auto over_quota = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      auto b = owners_.find(owner);  // looked up again: moves let go of the lock
+      return b != owners_.end() && b->second.used[tier] + taken > limit;
+    };
+    if (taken > limit || !FreeWhileLocked(tier, bytes, over_quota, [&](const Entry& e) { return e.owner == owner; })) {
+      return false;
+    }
+  }
+  const auto short_of_room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !HasRoomLocked(tier, bytes, ns); };
+  // The asker's own blocks, and those of owners over their quota or with
+  // none, go first; an owner within its quota loses blocks only when the
+  // quotas add up to more than the tier holds.
+  if (FreeWhileLocked(tier, bytes, short_of_room, [&](const Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return e.owner == owner || !WithinQuotaLocked(e.owner, tier);
+      })) {
+    return true;
+  }
+  return FreeWhileLocked(tier, bytes, short_of_room, [](const Entry&) { return true; });
+}
+
+bool BlockStore::FreeWhileLocked(size_t tier, size_t bytes, const std::function<bool()>& short_of_room,
+                                 const std::function<bool(const Entry&)>& eligible) {
   Tier& t = *tiers_[tier];
   const bool demotes = tier + 1 < tiers_.size();
   // Victims taken at a time: a batch to demote, or the one to evict.
   const uint64_t victims_bytes =
       demotes ? std::max<uint64_t>(bytes, t.storage->MoveBatchBytes(t.counters.capacity_bytes)) : 1;
-  // Plain LRU: in a shared arena another namespace's victim makes room only
-  // once its segment empties, so this may move more than `bytes`.
-  while (!HasRoomLocked(tier, bytes, ns)) {
+  // Plain LRU among the eligible: in a shared arena another namespace's
+  // victim makes room only once its segment empties, so this may move more
+  // than `bytes`.
+  while (short_of_room()) {
     std::vector<Entry*> victims;  // least recently used first
     uint64_t victim_bytes = 0;
     for (auto it = t.lru.rbegin(); it != t.lru.rend() && victim_bytes < victims_bytes; ++it) {
-      if ((*it)->pins > 0) continue;
+      if ((*it)->pins > 0 || !eligible(**it)) continue;
       victims.push_back(*it);
       victim_bytes += (*it)->size;
     }
@@ -409,7 +460,7 @@ bool BlockStore::MakeRoomLocked(size_t tier, size_t bytes, const std::string& ns
       const bool read_meanwhile = v->pins > 1;  // the copy ran unlocked: look for another
       UnpinLocked(v);
       // One that could not go down is dropped, if its room is still needed.
-      if (moved[i] || dropped || read_meanwhile || HasRoomLocked(tier, bytes, ns)) continue;
+      if (moved[i] || dropped || read_meanwhile || !short_of_room()) continue;
       ++t.counters.evictions;
       DropLocked(v);
     }
@@ -442,10 +493,10 @@ std::vector<bool> BlockStore::MoveLocked(std::span<Entry* const> entries, size_t
     for (size_t i : wanted) {
       Entry* e = entries[i];
       if (e->moving || e->pins > 1 || e->zombie) continue;
-      if (!dst.storage->Fits(e->size) || !MakeRoomLocked(to, e->size, e->ns)) continue;
+      if (!dst.storage->Fits(e->size) || !MakeRoomLocked(to, e->size, e->ns, e->owner)) continue;
       std::vector<uint32_t> pages;  // the room, reserved
       if (!dst.storage->Take(e->size, e->ns, pages)) continue;
-      dst.counters.used_bytes += e->size;
+      ChargeLocked(to, e->owner, dst.storage->BytesTaken(e->size), +1);
       e->moving = true;
       moves.push_back({i, e, e->tier, e->pages, std::move(pages)});
     }
@@ -497,7 +548,7 @@ bool BlockStore::FinishMoveLocked(Move& move, size_t to, const absl::Status& cop
     // What was written is ours to remove, unless a newer block of that key
     // took its place (a file under its name).
     const bool ours = copied.ok() && !(e->zombie && index_.count(Key(e->ns, e->hash)) > 0);
-    GiveRoomLocked(to, {e->ns, e->hash, pages, e->size}, ours);
+    GiveRoomLocked(to, {e->ns, e->hash, pages, e->size}, e->owner, ours);
     if (copied.code() == absl::StatusCode::kDataLoss) {  // a corrupt record never reaches another tier
       ++counters_.checksum_failures;
       if (!e->zombie) DropLocked(e);
@@ -581,10 +632,11 @@ absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t b
                                                      " incomplete blocks, the most one stream may; complete some"));
   }
   // Looked up, not held: making room below may let go of the lock.
-  if (auto owned = pending_by_owner_.find(session.owner_);
-      owned != pending_by_owner_.end() && owned->second >= options_.max_pending_per_owner) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        owned->second, " incomplete blocks of this tenant's Put streams, the most one tenant may; retry later"));
+  if (auto owned = owners_.find(session.owner_);
+      owned != owners_.end() && owned->second.pending_blocks >= options_.max_pending_per_owner) {
+    return absl::ResourceExhaustedError(absl::StrCat(owned->second.pending_blocks,
+                                                     " incomplete blocks of this tenant's Put streams, the most one "
+                                                     "tenant may; retry later"));
   }
   if (pending_blocks_ >= options_.max_pending_blocks) {
     return absl::ResourceExhaustedError(
@@ -595,26 +647,38 @@ absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t b
     return absl::ResourceExhaustedError(absl::StrCat("a block of ", bytes, " bytes does not fit the device tier (",
                                                      first.counters.capacity_bytes, " bytes)"));
   }
-  if (!MakeRoomLocked(0, bytes, ns)) {
+  if (!MakeRoomLocked(0, bytes, ns, session.owner_)) {
+    auto book = owners_.find(session.owner_);
+    if (const uint64_t limit = book == owners_.end() ? 0 : book->second.quota.tier_bytes[0];
+        limit > 0 && book->second.used[0] + first.storage->BytesTaken(bytes) > limit) {
+      return absl::ResourceExhaustedError(absl::StrCat("tenant ", session.owner_, "'s quota of ", limit,
+                                                       " bytes in the device tier is all pinned or incomplete "
+                                                       "blocks; retry later"));
+    }
     return absl::ResourceExhaustedError("device tier is full of pinned or incomplete blocks; retry later");
   }
   std::vector<uint32_t> pages;
   if (!first.storage->Take(bytes, ns, pages)) {
     return absl::ResourceExhaustedError("device tier is full of blocks in use; retry later");
   }
-  first.counters.used_bytes += bytes;
+  ChargeLocked(0, session.owner_, first.storage->BytesTaken(bytes), +1);
   ++pending_blocks_;
-  ++pending_by_owner_[session.owner_];
+  ++owners_[session.owner_].pending_blocks;
   return pages;
 }
 
 void BlockStore::EndPendingLocked(const std::string& owner) {
   --pending_blocks_;
-  auto it = pending_by_owner_.find(owner);
-  if (--it->second == 0) pending_by_owner_.erase(it);
+  --owners_[owner].pending_blocks;
+  ForgetIfEmptyLocked(owner);
 }
 
-std::unique_ptr<PutSession> BlockStore::BeginPut(std::string ns, kvblock::LatentLayout layout, std::string owner) {
+std::unique_ptr<PutSession> BlockStore::BeginPut(std::string ns, kvblock::LatentLayout layout, std::string owner,
+                                                 OwnerQuota quota) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (quota.tier_bytes != std::array<uint64_t, 3>{} || owners_.contains(owner)) owners_[owner].quota = quota;
+  }
   return std::unique_ptr<PutSession>(new PutSession(this, std::move(ns), std::move(layout), std::move(owner)));
 }
 
@@ -648,6 +712,9 @@ StoreStats BlockStore::Stats() {
   for (const auto& [id, lease] : leases_) s.metadata_bytes += lease.entries.capacity() * sizeof(Entry*);
   s.active_leases = leases_.size();
   s.pending_blocks = pending_blocks_;
+  for (const auto& [owner, book] : owners_) {
+    if (book.used != std::array<uint64_t, 3>{}) s.used_by_owner[owner] = book.used;
+  }
   return s;
 }
 

@@ -26,6 +26,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -72,10 +73,16 @@ struct StoreOptions {
   uint32_t max_pending_per_owner = 512;
 };
 
+// What one owner (a tenant) may hold: bytes per tier, fastest first (as
+// the memory its blocks take: whole pages), 0 for no limit.
+struct OwnerQuota {
+  std::array<uint64_t, 3> tier_bytes{};
+};
+
 struct TierCounters {
   TierKind tier = TierKind::kDevice;
   uint64_t capacity_bytes = 0;
-  uint64_t used_bytes = 0;  // record bytes of visible and pending blocks
+  uint64_t used_bytes = 0;  // taken by visible and pending blocks: whole pages in a page tier
   uint64_t blocks = 0;      // visible blocks
   uint64_t hits = 0;
   uint64_t promotions = 0;
@@ -96,6 +103,8 @@ struct StoreStats {
   uint64_t active_leases = 0;
   uint64_t pending_blocks = 0;
   uint64_t pinned_blocks = 0;  // by leases and readers
+  // Bytes each owner's blocks take, per tier (owners that hold some).
+  std::map<std::string, std::array<uint64_t, 3>> used_by_owner;
 };
 
 struct MatchResult {
@@ -225,9 +234,14 @@ class BlockStore {
   // its kind can do with a pinned block (TierStorage::CopyToExported).
   TierStorage& storage(size_t tier) const;
 
-  // A Put stream into `ns` for `owner` (whose incomplete blocks are bounded
-  // together).
-  std::unique_ptr<PutSession> BeginPut(std::string ns, kvblock::LatentLayout layout, std::string owner = "");
+  // A Put stream into `ns` for `owner`, whose blocks (those it stores, and
+  // its incomplete ones) are bounded together, and by `quota` (which
+  // replaces what the owner's last stream said). An owner over its quota in
+  // a tier demotes or drops its own least recently used blocks; room made
+  // for anyone is taken from owners over their quotas or without one
+  // first, never from one within its quota while there is another choice.
+  std::unique_ptr<PutSession> BeginPut(std::string ns, kvblock::LatentLayout layout, std::string owner = "",
+                                       OwnerQuota quota = {});
 
   // Where a pinned block's record lies in shared segments
   // (TierStorage::SharedPieces); empty when some of it is not in one (a
@@ -261,11 +275,24 @@ class BlockStore {
   void Unpin(Entry* entry);
   void UnpinLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TouchLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Makes room in `tier` for a record of `bytes`, demoting or dropping LRU
-  // unpinned blocks; false when pinned blocks leave too little room.
-  // `ns` owns the record: in a shared arena only its segments, or empty
-  // ones, can take it.
-  bool MakeRoomLocked(size_t tier, size_t bytes, const std::string& ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes room in `tier` for a record of `bytes` of `owner`'s, demoting or
+  // dropping LRU unpinned blocks: first the owner's own while it would be
+  // over its quota, then as BeginPut says; false when pinned blocks leave
+  // too little room. `ns` is the record's: in a shared arena only its
+  // segments, or empty ones, can take it.
+  bool MakeRoomLocked(size_t tier, size_t bytes, const std::string& ns, const std::string& owner)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Demotes or drops LRU unpinned blocks of `tier` that `eligible` allows
+  // while `short_of_room` holds; false when none is left to go.
+  bool FreeWhileLocked(size_t tier, size_t bytes, const std::function<bool()>& short_of_room,
+                       const std::function<bool(const Entry&)>& eligible) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `owner` has a quota in `tier` and is within it.
+  bool WithinQuotaLocked(const std::string& owner, size_t tier) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds (or with a negative sign takes away) room an owner's record took.
+  void ChargeLocked(size_t tier, const std::string& owner, uint64_t bytes, int sign) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops an owner's book once it holds nothing (its quota comes again
+  // with its next Put).
+  void ForgetIfEmptyLocked(const std::string& owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HasRoomLocked(size_t tier, size_t bytes, const std::string& ns) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The storage under `tier` filled before its capacity (a file system
   // under a disk tier): evicts its LRU unpinned blocks until `bytes` of
@@ -288,8 +315,9 @@ class BlockStore {
   void DropLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives back the room holding a block's record.
   void ReleaseStorageLocked(const Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Gives back room of tier `tier` taken for a record of `bytes`.
-  void GiveRoomLocked(size_t tier, const RecordRoom& room, bool written) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives back room of tier `tier` taken for `owner`'s record.
+  void GiveRoomLocked(size_t tier, const RecordRoom& room, const std::string& owner, bool written)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Restores the blocks the last tier still holds from before (a disk's).
   void RecoverLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes room in the first tier for a block being assembled by `session`
@@ -312,7 +340,14 @@ class BlockStore {
   std::multimap<absl::Time, uint64_t> lease_deadlines_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint32_t> leases_by_owner_ ABSL_GUARDED_BY(mu_);
   uint32_t pending_blocks_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_map<std::string, uint32_t> pending_by_owner_ ABSL_GUARDED_BY(mu_);
+  // What each owner holds and may hold (kept while it has blocks, pending
+  // ones or a quota).
+  struct OwnerBook {
+    OwnerQuota quota;
+    std::array<uint64_t, 3> used{};
+    uint32_t pending_blocks = 0;
+  };
+  absl::flat_hash_map<std::string, OwnerBook> owners_ ABSL_GUARDED_BY(mu_);
   StoreStats counters_ ABSL_GUARDED_BY(mu_);  // the non-tier counters
 };
 

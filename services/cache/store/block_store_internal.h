@@ -16,6 +16,7 @@ namespace kvtier::cache {
 
 struct Entry {
   std::string ns;
+  std::string owner;  // who stored it (quotas); empty: nobody's (recovered from disk, no tenants)
   kvblock::BlockHash hash;
   uint64_t layout_id = 0;
   size_t size = 0;  // record bytes

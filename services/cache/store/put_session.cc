@@ -40,7 +40,7 @@ PutSession::~PutSession() {
 
 void PutSession::Abandon(Pending& p) {
   absl::MutexLock lock(&store_->mu_);
-  store_->GiveRoomLocked(0, {ns_, p.hash, p.pages, record_bytes_}, /*written=*/false);
+  store_->GiveRoomLocked(0, {ns_, p.hash, p.pages, record_bytes_}, owner_, /*written=*/false);
   store_->EndPendingLocked(owner_);
 }
 
@@ -122,13 +122,14 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_vi
   store_->EndPendingLocked(owner_);
   BlockStore::Key index_key(ns_, hash);
   if (store_->index_.count(index_key) > 0) {  // another stream finished it first
-    store_->GiveRoomLocked(0, {ns_, hash, done->pages, record_bytes_}, /*written=*/false);
+    store_->GiveRoomLocked(0, {ns_, hash, done->pages, record_bytes_}, owner_, /*written=*/false);
     ++summary_.blocks_deduplicated;
     ++store_->counters_.blocks_deduplicated;
     return absl::OkStatus();
   }
   auto entry = std::make_unique<Entry>();
   entry->ns = ns_;
+  entry->owner = owner_;
   entry->hash = hash;
   entry->layout_id = layout_id_;
   entry->size = record_bytes_;

@@ -54,6 +54,7 @@ class PrivatePages : public TierStorage {
   explicit PrivatePages(std::unique_ptr<PageArena> arena) : arena_(std::move(arena)) {}
 
   bool Fits(size_t bytes) const override { return PagesFor(bytes) <= arena_->total_pages(); }
+  uint64_t BytesTaken(size_t bytes) const override { return uint64_t{PagesFor(bytes)} * arena_->page_size(); }
   bool HasRoom(size_t bytes, const std::string& ns, uint64_t /*free_bytes*/) const override {
     return arena_->FreePagesFor(ns) >= PagesFor(bytes);
   }

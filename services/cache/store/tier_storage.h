@@ -69,6 +69,9 @@ class TierStorage {
   // ---- Room (under the store's lock) ----
   // Whether a record of `bytes` fits at all, the tier empty.
   virtual bool Fits(size_t bytes) const = 0;
+  // The memory a record of `bytes` takes here (whole pages in a page
+  // tier): what the tier's use and an owner's quota count.
+  virtual uint64_t BytesTaken(size_t bytes) const { return bytes; }
   // Whether a record of `bytes` of `ns` fits now; `free_bytes`: the tier's
   // capacity less what it holds.
   virtual bool HasRoom(size_t bytes, const std::string& ns, uint64_t free_bytes) const = 0;

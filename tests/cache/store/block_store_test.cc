@@ -240,6 +240,53 @@ TEST_P(BlockStoreTest, IncompleteBlocksAreBoundedPerStreamAndPerOwner) {
   EXPECT_EQ(store_->Stats().pending_blocks, 0u);
 }
 
+// Quotas: a tenant writing ten times its quota demotes and drops its own
+// blocks, never another's within its quota; use counts whole pages; a Put
+// that cannot fit because the tenant's quota is all pinned says so.
+TEST_P(BlockStoreTest, ATenantOverItsQuotaEvictsOnlyItsOwnBlocks) {
+  Open(8, 8);  // one block a page
+  const OwnerQuota small{{2 * kPage, 2 * kPage, 0}}, fair{{3 * kPage, 3 * kPage, 0}};
+  const auto put = [&](const std::string& owner, const OwnerQuota& quota, int i) {
+    auto session = store_->BeginPut("ns", layout_, owner, quota);
+    absl::Status status;
+    for (uint32_t l = 0; l < layout_.num_layers && status.ok(); ++l) status = session->AddSlice(Hash(i), Slice(l, 1));
+    session->Finish();
+    return status;
+  };
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(put("bob", fair, 100 + i).ok());
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(put("alice", small, i).ok()) << i;
+  StoreStats stats = store_->Stats();
+  EXPECT_EQ(stats.used_by_owner["bob"][0], 3 * kPage) << "bob's blocks, within his quota, left the device tier";
+  EXPECT_LE(stats.used_by_owner["alice"][0], 2 * kPage);
+  EXPECT_LE(stats.used_by_owner["alice"][1], 2 * kPage);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(store_->Match("ns", layout_id_, std::vector<BlockHash>{Hash(100 + i)}).tiers,
+              std::vector<TierKind>{TierKind::kDevice})
+        << "bob's block " << i;
+  }
+  // alice's newest blocks are what she keeps; the rest are gone.
+  EXPECT_EQ(store_->Match("ns", layout_id_, std::vector<BlockHash>{Hash(19)}).matched_blocks, 1u);
+  EXPECT_EQ(store_->Match("ns", layout_id_, std::vector<BlockHash>{Hash(0)}).matched_blocks, 0u);
+  EXPECT_EQ(stats.tiers[0].used_bytes, stats.used_by_owner["alice"][0] + stats.used_by_owner["bob"][0]);
+
+  // Her device share all leased: a new block cannot fit, and says why.
+  std::vector<BlockHash> hers;
+  for (int i = 0; i < 20; ++i) {
+    if (store_->Match("ns", layout_id_, std::vector<BlockHash>{Hash(i)}).tiers ==
+        std::vector<TierKind>{TierKind::kDevice}) {
+      hers.push_back(Hash(i));
+    }
+  }
+  ASSERT_EQ(hers.size(), 2u);
+  for (const BlockHash& h : hers) {
+    ASSERT_NE(store_->Match("ns", layout_id_, std::vector<BlockHash>{h}, absl::Seconds(30), "alice").lease_id, 0u);
+  }
+  const absl::Status refused = put("alice", small, 50);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.message().find("alice's quota"), std::string::npos) << refused;
+  EXPECT_TRUE(put("bob", fair, 103).ok()) << "bob's own room is not alice's";
+}
+
 TEST_P(BlockStoreTest, CancelledPutFreesWhatItHeld) {
   const StoreStats before = store_->Stats();
   {
@@ -806,8 +853,10 @@ TEST_P(BlockStoreTest, RandomWorkloadNeverExceedsCapacity) {
   const StoreStats s = store_->Stats();
   EXPECT_GT(s.metadata_bytes, 0u);
   EXPECT_EQ(s.pending_blocks, 0u);
+  // Use counts the memory blocks take: whole pages.
+  const size_t record = kvblock::HeaderFor(layout_, 0, 4).RecordBytes();
   EXPECT_EQ(s.tiers[0].used_bytes + s.tiers[1].used_bytes,
-            (s.tiers[0].blocks + s.tiers[1].blocks) * kvblock::HeaderFor(layout_, 0, 4).RecordBytes());
+            (s.tiers[0].blocks + s.tiers[1].blocks) * ((record + kPage - 1) / kPage) * kPage);
 }
 
 TEST_P(BlockStoreTest, DiskTierTakesWhatHostDemotesAndDropsLast) {
