@@ -132,10 +132,10 @@ class SecurityTest : public ::testing::Test {
   std::vector<std::unique_ptr<ChildProcess>> caches_;
 };
 
-const TestTenant kAdmin{"ops", "ADMIN", "", "admin-token-7f3a"};
-const TestTenant kAcme{"acme", "WRITER", "acme", "acme-token-91c2", "acme.clients.kvtier"};
-const TestTenant kGlobex{"globex", "WRITER", "globex", "globex-token-44d0"};
-const TestTenant kAuditor{"auditor", "READER", "acme", "auditor-token-0b17"};
+const TestTenant kAdmin{"ops", "ADMIN", "", "admin-token-7f3a", "", ""};
+const TestTenant kAcme{"acme", "WRITER", "acme", "acme-token-91c2", "acme.clients.kvtier", ""};
+const TestTenant kGlobex{"globex", "WRITER", "globex", "globex-token-44d0", "", ""};
+const TestTenant kAuditor{"auditor", "READER", "acme", "auditor-token-0b17", "", ""};
 
 // The connection attempts that must fail, each with its status and then a
 // good request on the same server (printed as a table).
