@@ -127,17 +127,9 @@ absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(const v1::OpenFast
   session.tenant = caller.tenant;
   RandomBytes(session.secret.data(), session.secret.size());
   session.open_until = clock_->Now() + options_.prove_within;
-  // Whole pages, within this session's share and what is left of the budget.
-  staging_bytes =
-      std::min({staging_bytes, options_.max_staging_per_session, options_.staging_budget - counters_.staging_bytes}) &
-      ~uint64_t{4095};
-  if (staging_bytes > 0) {
-    absl::StatusOr<std::shared_ptr<StagingRegion>> staging = StagingRegion::Create(staging_bytes);
-    if (staging.ok()) {
-      session.staging = *std::move(staging);
-      counters_.staging_bytes += staging_bytes;
-    }
-  }
+  // Whole pages within this session's share, granted once it is proven (an
+  // unproven session, from anywhere, holds none of the budget).
+  session.staging_wanted = std::min(staging_bytes, options_.max_staging_per_session) & ~uint64_t{4095};
   // GPU clients get a device buffer of their own when the device tier is on
   // a GPU: its blocks are copied there, device to device, per lease.
   if (SlabMemory* slab = store_->storage(0).slab(); slab != nullptr && device_staging_bytes > 0) {
@@ -149,7 +141,7 @@ absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(const v1::OpenFast
     }
   }
   v1::OpenFastPathResponse response;
-  response.set_staging_bytes(session.staging != nullptr ? session.staging->size() : 0);
+  response.set_staging_bytes(session.staging_wanted);
   if (session.device != nullptr) {
     response.set_device_staging_bytes(session.device->buffer->size());
     response.set_device_ipc_handle(session.device->buffer->handle());
@@ -366,7 +358,17 @@ bool FastPathServer::Serve(int socket) {
     it->second.socket = socket;
     proven = request.session_id;
     ++counters_.sessions;
-    // The staging region (if any) travels with the answer, writable.
+    // Its staging region, as much as is left of the budget, travels with
+    // the answer, writable.
+    if (const uint64_t bytes =
+            std::min(it->second.staging_wanted, options_.staging_budget - counters_.staging_bytes) & ~uint64_t{4095};
+        bytes > 0) {
+      absl::StatusOr<std::shared_ptr<StagingRegion>> region = StagingRegion::Create(bytes);
+      if (region.ok()) {
+        it->second.staging = *std::move(region);
+        counters_.staging_bytes += bytes;
+      }
+    }
     const StagingRegion* staging = it->second.staging.get();
     return fastpath::SendReply(socket, absl::OkStatus(), staging != nullptr ? staging->fd() : -1).ok();
   }

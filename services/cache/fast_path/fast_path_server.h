@@ -89,9 +89,9 @@ class FastPathServer {
 
   const std::string& socket_path() const { return options_.socket_path; }
 
-  // A new, unproven session, with a staging region of up to
-  // request.staging_bytes() if the budget allows (and device staging, see
-  // cache.proto). FAILED_PRECONDITION for a client whose host_boot_id says
+  // A new, unproven session, offered a staging region of up to
+  // request.staging_bytes(), granted when it proves itself if the budget
+  // allows then (and device staging, see cache.proto). FAILED_PRECONDITION for a client whose host_boot_id says
   // it is on another host; RESOURCE_EXHAUSTED at max_sessions.
   // The session is the caller's tenant's: only that tenant's calls may use
   // it (to any other tenant it is unknown); RESOURCE_EXHAUSTED when the
@@ -134,6 +134,7 @@ class FastPathServer {
     int socket = -1;                   // the proving connection; -1 until proven
     std::set<std::string> namespaces;  // read through this session so far
     std::set<uint64_t> leases;
+    uint64_t staging_wanted = 0;             // granted on proof, if the budget allows
     std::shared_ptr<StagingRegion> staging;  // null: none granted
     std::shared_ptr<DeviceStaging> device;   // null: none granted
   };

@@ -4,6 +4,7 @@
 #include "services/cache/fast_path/fast_path_server.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <random>
@@ -103,6 +104,30 @@ TEST_F(FastPathServerTest, ClosingTheSocketEndsTheSessionAndItsLeases) {
   v1::LeaseBlocksResponse again;
   EXPECT_EQ(server_->Lease(session, "ns", kvblock::LayoutId(layout_), {hash}, absl::ZeroDuration(), again).code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// Sessions that never prove themselves (opened from another host, say)
+// hold none of the staging budget: a proven session gets its region.
+TEST_F(FastPathServerTest, StagingGoesOnlyToProvenSessions) {
+  v1::OpenFastPathRequest wants;
+  wants.set_staging_bytes(64 << 20);
+  for (int i = 0; i < 16; ++i) ASSERT_TRUE(server_->Open(wants).ok());  // never proven
+  EXPECT_EQ(server_->Counters().staging_bytes, 0u);
+  v1::OpenFastPathResponse opened = *server_->Open(wants);
+  const int socket = *fastpath::Connect(opened.socket_path());
+  fastpath::Request hello{fastpath::RequestKind::kHello};
+  hello.session_id = opened.session_id();
+  std::memcpy(hello.secret.data(), opened.secret().data(), 16);
+  int fd = -1;
+  ASSERT_TRUE(fastpath::SendRequest(socket, hello).ok());
+  ASSERT_TRUE(fastpath::ReceiveReply(socket, fd).ok());
+  ASSERT_GE(fd, 0) << "the proven session got no staging region";
+  struct stat st;
+  ASSERT_EQ(fstat(fd, &st), 0);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), 64u << 20);
+  EXPECT_EQ(server_->Counters().staging_bytes, 64u << 20);
+  close(fd);
+  close(socket);
 }
 
 TEST_F(FastPathServerTest, UnprovenSessionsAndSilentConnectionsAreDropped) {
