@@ -24,6 +24,7 @@
 #include "services/cache/client/cache_client.h"
 #include "services/common/child_process.h"
 #include "services/common/client_identity.h"
+#include "services/common/metrics_page.h"
 #include "services/kvblock/sha256.h"
 #include "tests/eventually.h"
 #include "tests/integration/cache_test_blocks.h"
@@ -96,8 +97,10 @@ class SecurityTest : public ::testing::Test {
     return path.string();
   }
 
-  // A cache with `flags` on port 0; its address, or "" when it did not start.
-  std::string StartCache(std::vector<std::string> flags) {
+  // A cache with `flags` on port 0; its address, or "" when it did not
+  // start. With `metrics`, it serves /metrics too, there.
+  std::string StartCache(std::vector<std::string> flags, std::string* metrics = nullptr) {
+    if (metrics != nullptr) flags.insert(flags.end(), {"--metrics-listen", "127.0.0.1:0"});
     std::vector<std::string> argv = {KVTIER_CACHE_BINARY,
                                      "--listen",
                                      "127.0.0.1:0",
@@ -111,6 +114,10 @@ class SecurityTest : public ::testing::Test {
                                      "1"};
     argv.insert(argv.end(), flags.begin(), flags.end());
     caches_.push_back(std::make_unique<ChildProcess>(argv));
+    if (metrics != nullptr) {
+      const std::optional<std::string> line = caches_.back()->WaitForLine("metrics on ");
+      *metrics = line ? line->substr(0, line->find('/')) : "";
+    }
     const int port = caches_.back()->WaitForListeningPort();
     return port > 0 ? absl::StrCat("127.0.0.1:", port) : "";
   }
@@ -345,8 +352,10 @@ TEST_F(SecurityTest, ATenantWritingTenTimesItsQuotaEvictsOnlyItsOwn) {
   acme.quota = globex.quota = quota;
   const fs::path tenants = Dir("tenants-quota.json");
   std::ofstream(tenants) << TenantsJson({kAdmin, acme, globex});
-  const std::string target = StartCache({"--tenants", tenants.string()});
+  std::string metrics;
+  const std::string target = StartCache({"--tenants", tenants.string()}, &metrics);
   ASSERT_FALSE(target.empty());
+  ASSERT_FALSE(metrics.empty());
   CacheClient acme_client = Client(target, "", acme.token), globex_client = Client(target, "", globex.token);
   const std::vector<TestBlock> theirs = StoreBlocks(globex_client, TestLayout(), "globex", 1, 5);
   for (int round = 0; round < 12; ++round) StoreBlocks(acme_client, TestLayout(), "acme", 100 + 5 * round, 5);
@@ -357,6 +366,17 @@ TEST_F(SecurityTest, ATenantWritingTenTimesItsQuotaEvictsOnlyItsOwn) {
   auto stats = Client(target, "", kAdmin.token).Stats();
   ASSERT_TRUE(stats.ok());
   EXPECT_GT(stats->tiers(0).evictions() + stats->tiers(1).evictions(), 0u) << "acme never went over its quota";
+
+  // The same, per tenant, on /metrics; and a refusal, counted.
+  EXPECT_EQ(acme_client.Match("globex", TestLayout(), {}).status().code(), absl::StatusCode::kPermissionDenied);
+  const std::string page = ScrapeMetrics(metrics);
+  EXPECT_GT(MetricValue(page, R"(kvtier_cache_tenant_evictions_total{tenant="acme"})").value_or(0), 0) << page;
+  EXPECT_FALSE(MetricValue(page, R"(kvtier_cache_tenant_evictions_total{tenant="globex"})").has_value());
+  EXPECT_EQ(MetricValue(page, R"(kvtier_cache_tenant_used_bytes{tenant="globex",tier="device"})"), 5 * 327680.0);
+  EXPECT_LE(MetricValue(page, R"(kvtier_cache_tenant_used_bytes{tenant="acme",tier="device"})").value_or(1e18),
+            2097152.0);
+  EXPECT_EQ(MetricValue(page, R"(kvtier_cache_tenant_hits_total{tenant="globex"})"), 5.0);
+  EXPECT_EQ(MetricValue(page, R"(kvtier_cache_tenant_denied_total{reason="PERMISSION_DENIED",tenant="acme"})"), 1.0);
 }
 
 }  // namespace

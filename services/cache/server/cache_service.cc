@@ -182,7 +182,7 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       {
         absl::MutexLock lock(&mu_);
         if (!status.ok()) {
-          error_ = ToGrpcStatus(status);
+          error_ = ToGrpcStatus(service_->Count(caller_->tenant, status));
           queue_.clear();
         }
         step = PlanLocked();  // processing_ is still set: at most a read
@@ -281,7 +281,8 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   GetReactor(CacheService* service, absl::StatusOr<std::shared_ptr<const Caller>> caller, const grpc::ByteBuffer* raw)
       : service_(service), timer_(service->metrics(), "Get") {
-    absl::Status status = caller.ok() ? Parse(*std::move(caller), raw) : caller.status();
+    const std::string tenant = caller.ok() ? (*caller)->tenant : "";
+    absl::Status status = caller.ok() ? service->Count(tenant, Parse(*std::move(caller), raw)) : caller.status();
     Step step;
     {
       absl::MutexLock lock(&mu_);
@@ -394,6 +395,10 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   grpc::ByteBuffer Encode(size_t index) const {
     GetAnswer answer = service_->ReadForGet(plan_, index);
+    if (service_->metrics() != nullptr) {
+      const bool hit = answer.record != nullptr || answer.miss.ok();
+      service_->metrics()->CountBlocks(plan_.scope.caller->tenant, hit ? 1 : 0, hit ? 0 : 1);
+    }
     if (answer.record != nullptr) {
       return EncodeBlockResponse(static_cast<uint32_t>(index), plan_.hashes[index], answer.record);
     }
@@ -471,7 +476,14 @@ CacheService::CacheService(BlockStore* store, Executor* executor, RpcMetrics* me
 
 absl::StatusOr<std::shared_ptr<const Caller>> CacheService::Authenticate(const grpc::CallbackServerContext& context,
                                                                          const char* method) const {
-  return kvtier::Authenticate(tenants_, context, method);
+  absl::StatusOr<std::shared_ptr<const Caller>> caller = kvtier::Authenticate(tenants_, context, method);
+  if (!caller.ok()) (void)Count("", caller.status());
+  return caller;
+}
+
+absl::Status CacheService::Count(const std::string& tenant, absl::Status status) const {
+  if (metrics_ != nullptr && !status.ok()) metrics_->CountDenied(tenant, status);
+  return status;
 }
 
 GetAnswer CacheService::ReadForGet(const GetPlan& plan, size_t index) const {
@@ -513,11 +525,12 @@ grpc::ServerUnaryReactor* CacheService::Match(grpc::CallbackServerContext* conte
   RpcTimer timer(metrics_, "Match");
   absl::StatusOr<std::shared_ptr<const Caller>> caller = Authenticate(*context, "Match");
   if (!caller.ok()) return FinishUnary(context, std::move(timer), caller.status());
+  const std::string tenant = (*caller)->tenant;
   absl::StatusOr<BlocksPlan> plan = planner_.PlanMatch(*std::move(caller), *request);
-  if (!plan.ok()) return FinishUnary(context, std::move(timer), plan.status());
-  MatchResult m =
-      store_->Match(plan->scope.ns, plan->scope.layout_id, plan->hashes, plan->lease_ttl, plan->scope.caller->tenant);
-  if (!m.lease_status.ok()) return FinishUnary(context, std::move(timer), m.lease_status);
+  if (!plan.ok()) return FinishUnary(context, std::move(timer), Count(tenant, plan.status()));
+  MatchResult m = store_->Match(plan->scope.ns, plan->scope.layout_id, plan->hashes, plan->lease_ttl, tenant);
+  if (!m.lease_status.ok()) return FinishUnary(context, std::move(timer), Count(tenant, m.lease_status));
+  if (metrics_ != nullptr) metrics_->CountBlocks(tenant, m.matched_blocks, plan->hashes.size() - m.matched_blocks);
   response->set_matched_blocks(m.matched_blocks);
   for (TierKind t : m.tiers) response->add_tiers(static_cast<v1::Tier>(t));
   if (m.lease_id != 0) {
@@ -557,9 +570,10 @@ grpc::ServerUnaryReactor* CacheService::Stats(grpc::CallbackServerContext* conte
   if (!caller.ok()) return FinishUnary(context, std::move(timer), caller.status());
   // The figures are the whole cache's: only an admin sees them.
   if ((*caller)->role != v1::ADMIN) {
-    return FinishUnary(context, std::move(timer),
-                       absl::PermissionDeniedError(
-                           absl::StrCat((*caller)->Describe(), " is not an admin: Stats covers every tenant")));
+    return FinishUnary(
+        context, std::move(timer),
+        Count((*caller)->tenant, absl::PermissionDeniedError(absl::StrCat(
+                                     (*caller)->Describe(), " is not an admin: Stats covers every tenant"))));
   }
   FillStats(store_->Stats(), fast_path_ != nullptr ? fast_path_->Counters() : FastPathCounters(), *response);
   return FinishUnary(context, std::move(timer), absl::OkStatus());
@@ -573,7 +587,7 @@ grpc::ServerUnaryReactor* CacheService::OpenFastPath(grpc::CallbackServerContext
   absl::StatusOr<std::shared_ptr<const Caller>> caller = Authenticate(*context, "OpenFastPath");
   if (!caller.ok()) return FinishUnary(context, std::move(timer), caller.status());
   absl::StatusOr<v1::OpenFastPathResponse> opened = fast_path_->Open(*request, **caller);
-  if (!opened.ok()) return FinishUnary(context, std::move(timer), opened.status());
+  if (!opened.ok()) return FinishUnary(context, std::move(timer), Count((*caller)->tenant, opened.status()));
   *response = *std::move(opened);
   return FinishUnary(context, std::move(timer), absl::OkStatus());
 }
@@ -584,8 +598,9 @@ grpc::ServerUnaryReactor* CacheService::LeaseBlocks(grpc::CallbackServerContext*
   RpcTimer timer(metrics_, "LeaseBlocks");
   absl::StatusOr<std::shared_ptr<const Caller>> caller = Authenticate(*context, "LeaseBlocks");
   if (!caller.ok()) return FinishUnary(context, std::move(timer), caller.status());
+  const std::string tenant = (*caller)->tenant;
   absl::StatusOr<BlocksPlan> plan = planner_.PlanLease(*std::move(caller), *request);
-  if (!plan.ok()) return FinishUnary(context, std::move(timer), plan.status());
+  if (!plan.ok()) return FinishUnary(context, std::move(timer), Count(tenant, plan.status()));
   // Pinning may promote blocks (a copy between tiers): not on a gRPC thread.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   auto work = [this, reactor, request, response, plan = *std::move(plan), timer]() mutable {

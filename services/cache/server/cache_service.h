@@ -49,6 +49,8 @@ class CacheService final : public KvCacheBase {
   // Who a call is from; UNAUTHENTICATED without a valid proof.
   absl::StatusOr<std::shared_ptr<const Caller>> Authenticate(const grpc::CallbackServerContext& context,
                                                              const char* method) const;
+  // Counts `status` against `tenant` when it is a refusal; returns it.
+  absl::Status Count(const std::string& tenant, absl::Status status) const;
 
   // Every request is checked here first (request_planner.h).
   const RequestPlanner& planner() const { return planner_; }

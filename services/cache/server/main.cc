@@ -22,9 +22,9 @@
 #include "services/cache/server/store_metrics.h"
 #include "services/common/byte_size.h"
 #include "services/common/flags.h"
-#include "services/common/security_flags.h"
 #include "services/common/log.h"
 #include "services/common/metrics_exposer.h"
+#include "services/common/security_flags.h"
 #include "services/common/server_runner.h"
 
 namespace kvtier::cache {

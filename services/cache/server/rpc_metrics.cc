@@ -18,7 +18,36 @@ RpcMetrics::RpcMetrics(prometheus::Registry& registry)
     : family_(prometheus::BuildHistogram()
                   .Name("kvtier_cache_rpc_duration_seconds")
                   .Help("Time from an RPC's arrival to its final status, by method and status code")
+                  .Register(registry)),
+      hits_(prometheus::BuildCounter()
+                .Name("kvtier_cache_tenant_hits_total")
+                .Help("Blocks a tenant's Match and Get found")
+                .Register(registry)),
+      misses_(prometheus::BuildCounter()
+                  .Name("kvtier_cache_tenant_misses_total")
+                  .Help("Blocks a tenant's Match and Get asked for and did not find")
+                  .Register(registry)),
+      denied_(prometheus::BuildCounter()
+                  .Name("kvtier_cache_tenant_denied_total")
+                  .Help("Requests refused, by tenant (empty: not authenticated) and reason")
                   .Register(registry)) {}
+
+void RpcMetrics::CountBlocks(const std::string& tenant, uint64_t hits, uint64_t misses) {
+  if (hits > 0) hits_.Add({{"tenant", tenant}}).Increment(static_cast<double>(hits));
+  if (misses > 0) misses_.Add({{"tenant", tenant}}).Increment(static_cast<double>(misses));
+}
+
+void RpcMetrics::CountDenied(const std::string& tenant, const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kResourceExhausted:
+      denied_.Add({{"tenant", tenant}, {"reason", absl::StatusCodeToString(status.code())}}).Increment();
+      return;
+    default:
+      return;
+  }
+}
 
 void RpcMetrics::Observe(const std::string& method, grpc::StatusCode code, absl::Duration elapsed) {
   family_.Add({{"method", method}, {"code", absl::StatusCodeToString(static_cast<absl::StatusCode>(code))}}, Buckets())

@@ -1,9 +1,12 @@
-// Per-RPC latency histograms, observed by the cache service's reactors.
-// Thread-safe.
+// What the cache's RPCs did: latency histograms by method and status, and
+// per tenant the blocks asked for that were found or not and the requests
+// refused, by reason. Tenants are the callers the tenants file names (or
+// "" without one), so the labels stay bounded. Thread-safe.
 #ifndef KVTIER_SERVICES_CACHE_SERVER_RPC_METRICS_H_
 #define KVTIER_SERVICES_CACHE_SERVER_RPC_METRICS_H_
 
 #include <grpcpp/support/status.h>
+#include <prometheus/counter.h>
 #include <prometheus/family.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
@@ -12,18 +15,29 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 
 namespace kvtier::cache {
 
 class RpcMetrics {
  public:
-  // Registers kvtier_cache_rpc_duration_seconds{method,code} in `registry`.
+  // Registers kvtier_cache_rpc_duration_seconds{method,code},
+  // kvtier_cache_tenant_hits_total{tenant}, ..._misses_total{tenant} and
+  // kvtier_cache_tenant_denied_total{tenant,reason} in `registry`.
   explicit RpcMetrics(prometheus::Registry& registry);
   void Observe(const std::string& method, grpc::StatusCode code, absl::Duration elapsed);
+  // Blocks of a Match or Get by `tenant`: found and not.
+  void CountBlocks(const std::string& tenant, uint64_t hits, uint64_t misses);
+  // A request refused: counted when `status` is a refusal (UNAUTHENTICATED,
+  // PERMISSION_DENIED, RESOURCE_EXHAUSTED), under its code as the reason.
+  void CountDenied(const std::string& tenant, const absl::Status& status);
 
  private:
   prometheus::Family<prometheus::Histogram>& family_;
+  prometheus::Family<prometheus::Counter>& hits_;
+  prometheus::Family<prometheus::Counter>& misses_;
+  prometheus::Family<prometheus::Counter>& denied_;
 };
 
 }  // namespace kvtier::cache

@@ -20,8 +20,7 @@ std::vector<MetricFamily> StoreMetrics::Collect() const {
       {"kvtier_cache_capacity_bytes", "Hard limit on block bytes in the tier", MetricType::Gauge,
        &TierCounters::capacity_bytes},
       {"kvtier_cache_used_bytes", "Memory the tier's blocks take, whole pages (stored and being assembled)",
-       MetricType::Gauge,
-       &TierCounters::used_bytes},
+       MetricType::Gauge, &TierCounters::used_bytes},
       {"kvtier_cache_blocks", "Visible blocks held in the tier", MetricType::Gauge, &TierCounters::blocks},
       {"kvtier_cache_hits_total", "Blocks read from the tier", MetricType::Counter, &TierCounters::hits},
       {"kvtier_cache_promotions_total", "Blocks moved into the tier from a slower one on read", MetricType::Counter,
@@ -78,6 +77,23 @@ std::vector<MetricFamily> StoreMetrics::Collect() const {
     AddSample(f, static_cast<double>(single.value));
     families.push_back(std::move(f));
   }
+  // Per tenant (the tenants file's names; nothing without one).
+  MetricFamily used =
+      Family("kvtier_cache_tenant_used_bytes", "Memory a tenant's blocks take in the tier", MetricType::Gauge);
+  for (const auto& [tenant, bytes] : s.used_by_owner) {
+    if (tenant.empty()) continue;
+    for (size_t i = 0; i < s.tiers.size(); ++i) {
+      AddSample(used, static_cast<double>(bytes[i]),
+                {{"tenant", tenant}, {"tier", kvblock::TierName(static_cast<v1::Tier>(s.tiers[i].tier))}});
+    }
+  }
+  families.push_back(std::move(used));
+  MetricFamily evicted =
+      Family("kvtier_cache_tenant_evictions_total", "A tenant's blocks dropped to make room", MetricType::Counter);
+  for (const auto& [tenant, count] : s.evictions_by_owner) {
+    if (!tenant.empty()) AddSample(evicted, static_cast<double>(count), {{"tenant", tenant}});
+  }
+  families.push_back(std::move(evicted));
   return families;
 }
 

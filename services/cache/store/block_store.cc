@@ -387,6 +387,12 @@ bool BlockStore::HasRoomLocked(size_t tier, size_t bytes, const std::string& ns)
   return t.storage->HasRoom(bytes, ns, t.counters.capacity_bytes - t.counters.used_bytes);
 }
 
+void BlockStore::EvictLocked(Entry* e) {
+  ++tiers_[e->tier]->counters.evictions;
+  ++evictions_by_owner_[e->owner];
+  DropLocked(e);
+}
+
 void BlockStore::DropLocked(Entry* e) {
   Tier& t = *tiers_[e->tier];
   t.lru.erase(e->lru);
@@ -448,8 +454,7 @@ bool BlockStore::FreeWhileLocked(size_t tier, size_t bytes, const std::function<
     }
     if (victims.empty()) return false;
     if (!demotes) {
-      ++t.counters.evictions;
-      DropLocked(victims[0]);
+      EvictLocked(victims[0]);
       continue;
     }
     for (Entry* v : victims) PinLocked(v);  // keeps them out of the next tier's own eviction
@@ -461,8 +466,7 @@ bool BlockStore::FreeWhileLocked(size_t tier, size_t bytes, const std::function<
       UnpinLocked(v);
       // One that could not go down is dropped, if its room is still needed.
       if (moved[i] || dropped || read_meanwhile || !short_of_room()) continue;
-      ++t.counters.evictions;
-      DropLocked(v);
+      EvictLocked(v);
     }
   }
   return true;
@@ -528,10 +532,7 @@ bool BlockStore::EvictForFullStorageLocked(size_t tier, size_t bytes) {
     victims.push_back(*it);
     freed += (*it)->size;
   }
-  for (Entry* victim : victims) {
-    ++t.counters.evictions;
-    DropLocked(victim);
-  }
+  for (Entry* victim : victims) EvictLocked(victim);
   log(absl::StrCat("the storage under a tier is full before its capacity (", t.counters.used_bytes, " of ",
                    t.counters.capacity_bytes, " bytes in use); evicted ", victims.size(), " blocks to make room"));
   return !victims.empty();
@@ -715,6 +716,7 @@ StoreStats BlockStore::Stats() {
   for (const auto& [owner, book] : owners_) {
     if (book.used != std::array<uint64_t, 3>{}) s.used_by_owner[owner] = book.used;
   }
+  s.evictions_by_owner.insert(evictions_by_owner_.begin(), evictions_by_owner_.end());
   return s;
 }
 

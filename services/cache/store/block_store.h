@@ -105,6 +105,8 @@ struct StoreStats {
   uint64_t pinned_blocks = 0;  // by leases and readers
   // Bytes each owner's blocks take, per tier (owners that hold some).
   std::map<std::string, std::array<uint64_t, 3>> used_by_owner;
+  // Blocks of each owner's evicted, ever (owners that lost some).
+  std::map<std::string, uint64_t> evictions_by_owner;
 };
 
 struct MatchResult {
@@ -313,6 +315,8 @@ class BlockStore {
   // DATA_LOSS when a check fails; other errors leave the block where it was.
   std::vector<absl::Status> CopyRecords(std::span<const Move> moves, size_t to) const;
   void DropLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops a block to make room, counted as an eviction of its tier and owner.
+  void EvictLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives back the room holding a block's record.
   void ReleaseStorageLocked(const Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives back room of tier `tier` taken for `owner`'s record.
@@ -348,6 +352,8 @@ class BlockStore {
     uint32_t pending_blocks = 0;
   };
   absl::flat_hash_map<std::string, OwnerBook> owners_ ABSL_GUARDED_BY(mu_);
+  // Kept when an owner's book goes: a counter never falls.
+  absl::flat_hash_map<std::string, uint64_t> evictions_by_owner_ ABSL_GUARDED_BY(mu_);
   StoreStats counters_ ABSL_GUARDED_BY(mu_);  // the non-tier counters
 };
 
