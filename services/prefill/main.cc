@@ -18,6 +18,7 @@ struct Flags {
   std::string decode;
   std::string kv_codec = "int8";
   uint64_t tokens_per_block = 64;
+  uint64_t decode_idle_ms = 30000;
 };
 
 int Run(const Flags& f) {
@@ -26,6 +27,7 @@ int Run(const Flags& f) {
     return serving::ExitWith(program, absl::InvalidArgumentError(message));
   };
   if (f.decode.empty()) return usage("--decode is required");
+  if (f.decode_idle_ms == 0) return usage("--decode-idle-ms must be positive");
   const std::optional<kernels::Codec> codec = kernels::ParseCodec(f.kv_codec);
   if (!codec) return usage(absl::StrCat("--kv-codec ", f.kv_codec, " is not one of bf16, fp8, int8, int4"));
   if (f.tokens_per_block < 1 || f.tokens_per_block > kernels::kMaxBlockTokens) {
@@ -38,6 +40,7 @@ int Run(const Flags& f) {
   options.codec = *codec;
   options.tokens_per_block = static_cast<uint32_t>(f.tokens_per_block);
   options.cache_deadline = absl::Milliseconds(f.server.cache_deadline_ms);
+  options.decode_idle = absl::Milliseconds(static_cast<int64_t>(f.decode_idle_ms));
   PrefillService service(s->model.get(), s->model_id, s->shards.get(), decoders, s->registry.get(), options,
                          s->tenants.get());
   return serving::ServeUntilSignal(
@@ -62,6 +65,8 @@ int main(int argc, char** argv) {
   flags.AddString("decode", &f.decode, "kvtier-decode workers, comma-separated HOST:PORT");
   flags.AddString("kv-codec", &f.kv_codec, "bf16|fp8|int8|int4: how latent blocks are stored");
   flags.AddUint("tokens-per-block", &f.tokens_per_block, "tokens per latent block");
+  flags.AddUint("decode-idle-ms", &f.decode_idle_ms,
+                "a decode worker that sends nothing this long is given up and the next one tried");
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "kvtier-prefill")) {
     return *exit;
   }

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/cache/client/cache_client.h"
 #include "services/common/status.h"
+#include "services/prefill/progress_watchdog.h"
 #include "services/serving/generated_tokens.h"
 #include "services/serving/request_checks.h"
 #include "services/serving/sequence_blocks.h"
@@ -187,9 +188,11 @@ grpc::Status PrefillService::Relay(grpc::ServerContext* context, const v1::Decod
     // Cancellation and the deadline of the client's call carry over.
     std::unique_ptr<grpc::ClientContext> call = grpc::ClientContext::FromServerContext(*context);
     std::unique_ptr<grpc::ClientReader<v1::DecodeResponse>> reader = stub->Decode(call.get(), request);
+    ProgressWatchdog watchdog(call.get(), options_.decode_idle);
     v1::DecodeResponse event;
     bool finished = false;
     while (!finished && reader->Read(&event)) {
+      watchdog.Progress();
       v1::GenerateResponse out;
       if (event.has_token()) {
         // A retried worker repeats what an earlier one already streamed
@@ -220,9 +223,12 @@ grpc::Status PrefillService::Relay(grpc::ServerContext* context, const v1::Decod
     if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled");
     // Another worker can take over from where this one stopped only for
     // faults of the worker itself, not for a request it rejected.
-    const bool retryable = status.ok() || status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+    const bool stalled = watchdog.fired();
+    const bool retryable = stalled || status.ok() || status.error_code() == grpc::StatusCode::UNAVAILABLE ||
                            status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
-    const std::string why = status.ok() ? "stream ended without a finish" : status.error_message();
+    const std::string why = stalled       ? absl::StrCat("no progress for ", absl::FormatDuration(options_.decode_idle))
+                            : status.ok() ? "stream ended without a finish"
+                                          : status.error_message();
     absl::StrAppend(&failures, failures.empty() ? "" : "; ", target, ": ", why);
     if (!retryable) return grpc::Status(status.error_code(), absl::StrCat("decode worker ", target, ": ", why));
     std::cerr << "kvtier-prefill: request '" << request.request_id() << "': decode worker " << target

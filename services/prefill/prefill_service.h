@@ -17,9 +17,9 @@
 
 #include "kvtier/v1/decode.grpc.pb.h"
 #include "kvtier/v1/prefill.grpc.pb.h"
+#include "services/common/tenants.h"
 #include "services/runtime/model.h"
 #include "services/runtime/sampler.h"
-#include "services/common/tenants.h"
 #include "services/serving/shard_set.h"
 
 namespace kvtier::prefill {
@@ -28,6 +28,9 @@ struct PrefillOptions {
   kernels::Codec codec = kernels::Codec::kInt8;
   uint32_t tokens_per_block = 64;
   absl::Duration cache_deadline = absl::Seconds(5);
+  // A decode worker's stream that sends nothing this long is given up (and
+  // the next worker tried).
+  absl::Duration decode_idle = absl::Seconds(30);
 };
 
 class PrefillService final : public v1::Prefill::Service {
@@ -37,8 +40,8 @@ class PrefillService final : public v1::Prefill::Service {
   // `tenants`: who may call (null: every caller, one trust domain); a
   // request without a namespace uses its tenant's first.
   PrefillService(const runtime::Model* model, std::string model_id, serving::ShardSet* shards,
-                 const std::vector<std::string>& decode_targets, prometheus::Registry* registry,
-                 PrefillOptions options, TenantRegistry* tenants = nullptr);
+                 const std::vector<std::string>& decode_targets, prometheus::Registry* registry, PrefillOptions options,
+                 TenantRegistry* tenants = nullptr);
 
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override;

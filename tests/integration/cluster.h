@@ -30,9 +30,11 @@ inline std::string Address(ChildProcess& p) {
 // the checkpoint in `model_dir` (bf16 latents, blocks of kClusterBlock).
 class Cluster {
  public:
-  // `model_flags` go to the decode workers and the prefill node.
+  // `model_flags` go to the decode workers and the prefill node,
+  // `prefill_flags` to the prefill node alone.
   Cluster(const std::string& model_dir, int caches, int decoders, std::vector<std::string> cache_flags = {},
-          std::string deadline_ms = "2000", std::vector<std::string> model_flags = {}) {
+          std::string deadline_ms = "2000", std::vector<std::string> model_flags = {},
+          std::vector<std::string> prefill_flags = {}) {
     std::string cache_list, decode_list;
     for (int i = 0; i < caches; ++i) {
       std::vector<std::string> argv = {KVTIER_CACHE_BINARY,
@@ -74,6 +76,7 @@ class Cluster {
                                      "--metrics-listen",
                                      "127.0.0.1:0"};
     argv.insert(argv.end(), model_flags.begin(), model_flags.end());
+    argv.insert(argv.end(), prefill_flags.begin(), prefill_flags.end());
     prefill = Start(argv, prefill_metrics, prefill_target);
   }
   bool ok() const {

@@ -612,6 +612,28 @@ TEST_F(ServingTest, TenantsReachOnlyTheirNamespacesThroughThePrefillNode) {
   fs::remove_all(dir);
 }
 
+// A decode worker that hangs (SIGSTOPped: its socket still accepts) is
+// given up after --decode-idle-ms of silence, and the client hears why;
+// `kvtier generate` with a deadline shorter than that gets DEADLINE_EXCEEDED
+// on time instead of waiting forever.
+TEST_F(ServingTest, AHungDecodeWorkerIsGivenUpAndDeadlinesHold) {
+  Cluster cluster(Tiny().dir, 1, 1, {}, "2000", {}, {"--decode-idle-ms", "1000"});
+  ASSERT_TRUE(cluster.ok());
+  const std::vector<uint32_t> prompt = RandomIds(kBlock + 5, rng_.engine());
+  ASSERT_TRUE(cluster.Generate(Request(prompt, 4)).ok());
+  ASSERT_EQ(kill(cluster.decoders[0]->pid(), SIGSTOP), 0);
+  auto hung = std::async(std::launch::async, [&] { return cluster.Generate(Request(prompt, 4)); });
+  ASSERT_EQ(hung.wait_for(std::chrono::seconds(30)), std::future_status::ready) << "the prefill node waited on";
+  const absl::StatusOr<RemoteGeneration> given_up = hung.get();
+  EXPECT_EQ(given_up.status().code(), absl::StatusCode::kUnavailable) << given_up.status();
+  EXPECT_NE(given_up.status().message().find("no progress"), std::string::npos) << given_up.status();
+  const CommandResult cli = RunCommand(std::string(KVTIER_BINARY) + " generate --target " + cluster.prefill_target +
+                                       " --prompt-ids 1,2,3 --max-new-tokens 4 --deadline-ms 300");
+  EXPECT_EQ(cli.exit_code, 1) << cli.output;
+  EXPECT_NE(cli.output.find("DEADLINE_EXCEEDED"), std::string::npos) << cli.output;
+  kill(cluster.decoders[0]->pid(), SIGCONT);
+}
+
 TEST_F(ServingTest, BadRequestsGetClearStatuses) {
   Cluster cluster(Tiny().dir, 1, 1);
   ASSERT_TRUE(cluster.ok());
