@@ -465,6 +465,19 @@ void FillStats(const StoreStats& s, const FastPathCounters& f, v1::StatsResponse
   r.add_block_format_versions(kvblock::kBlockFormatVersion);
 }
 
+void FillTenantStats(const StoreStats& s, const Caller& caller, v1::StatsResponse& r) {
+  const auto used = s.used_by_owner.find(caller.tenant);
+  const uint64_t quotas[] = {caller.quota.device_bytes(), caller.quota.host_bytes(), caller.quota.disk_bytes()};
+  for (size_t i = 0; i < s.tiers.size(); ++i) {
+    v1::TierStats* ts = r.add_tiers();
+    ts->set_tier(static_cast<v1::Tier>(s.tiers[i].tier));
+    ts->set_capacity_bytes(i < 3 && quotas[i] > 0 ? quotas[i] : s.tiers[i].capacity_bytes);
+    if (used != s.used_by_owner.end()) ts->set_used_bytes(used->second[i]);
+  }
+  r.set_server_version(kCacheServerVersion);
+  r.add_block_format_versions(kvblock::kBlockFormatVersion);
+}
+
 CacheService::CacheService(BlockStore* store, Executor* executor, RpcMetrics* metrics,
                            std::vector<std::string> namespaces, FastPathServer* fast_path, TenantRegistry* tenants)
     : store_(store),
@@ -568,14 +581,12 @@ grpc::ServerUnaryReactor* CacheService::Stats(grpc::CallbackServerContext* conte
   RpcTimer timer(metrics_, "Stats");
   absl::StatusOr<std::shared_ptr<const Caller>> caller = Authenticate(*context, "Stats");
   if (!caller.ok()) return FinishUnary(context, std::move(timer), caller.status());
-  // The figures are the whole cache's: only an admin sees them.
-  if ((*caller)->role != v1::ADMIN) {
-    return FinishUnary(
-        context, std::move(timer),
-        Count((*caller)->tenant, absl::PermissionDeniedError(absl::StrCat(
-                                     (*caller)->Describe(), " is not an admin: Stats covers every tenant"))));
+  const StoreStats stats = store_->Stats();
+  if ((*caller)->role != v1::ADMIN && tenants_ != nullptr) {
+    FillTenantStats(stats, **caller, *response);
+    return FinishUnary(context, std::move(timer), absl::OkStatus());
   }
-  FillStats(store_->Stats(), fast_path_ != nullptr ? fast_path_->Counters() : FastPathCounters(), *response);
+  FillStats(stats, fast_path_ != nullptr ? fast_path_->Counters() : FastPathCounters(), *response);
   return FinishUnary(context, std::move(timer), absl::OkStatus());
 }
 

@@ -88,6 +88,8 @@ class CacheService final : public KvCacheBase {
 
 // Fills a StatsResponse from the store's (and the fast path's) counters.
 void FillStats(const StoreStats& stats, const FastPathCounters& fast_path, v1::StatsResponse& response);
+// A tenant's own figures (see cache.proto, Stats).
+void FillTenantStats(const StoreStats& stats, const Caller& caller, v1::StatsResponse& response);
 
 }  // namespace kvtier::cache
 
