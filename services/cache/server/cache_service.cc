@@ -198,9 +198,9 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
         KVTIER_ASSIGN_OR_RETURN(PutPlan plan, service_->planner().PlanPut(caller_, request.header()));
         staging_ = std::move(plan.staging);
         const v1::TenantQuota& quota = plan.scope.caller->quota;
-        session_ =
-            service_->store()->BeginPut(plan.scope.ns, plan.scope.layout, plan.scope.caller->tenant,
-                                        OwnerQuota{{quota.device_bytes(), quota.host_bytes(), quota.disk_bytes()}});
+        session_ = service_->store()->BeginPut(
+            plan.scope.ns, plan.scope.layout, plan.scope.caller->tenant,
+            OwnerQuota{{quota.device_bytes(), quota.host_bytes(), quota.disk_bytes()}, quota.put_bytes_in_flight()});
         return absl::OkStatus();
       }
       case v1::PutRequest::kSlice:

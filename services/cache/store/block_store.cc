@@ -644,6 +644,13 @@ absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t b
         absl::StrCat(pending_blocks_, " blocks are being assembled, the limit; retry later"));
   }
   Tier& first = *tiers_[0];
+  if (auto book = owners_.find(session.owner_);
+      book != owners_.end() && book->second.quota.pending_bytes > 0 &&
+      book->second.pending_bytes + first.storage->BytesTaken(bytes) > book->second.quota.pending_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "tenant ", session.owner_, "'s Put streams hold ", book->second.pending_bytes,
+        " bytes of incomplete blocks, its quota of ", book->second.quota.pending_bytes, "; complete some"));
+  }
   if (!first.storage->Fits(bytes)) {
     return absl::ResourceExhaustedError(absl::StrCat("a block of ", bytes, " bytes does not fit the device tier (",
                                                      first.counters.capacity_bytes, " bytes)"));
@@ -664,13 +671,17 @@ absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t b
   }
   ChargeLocked(0, session.owner_, first.storage->BytesTaken(bytes), +1);
   ++pending_blocks_;
-  ++owners_[session.owner_].pending_blocks;
+  OwnerBook& book = owners_[session.owner_];
+  ++book.pending_blocks;
+  book.pending_bytes += first.storage->BytesTaken(bytes);
   return pages;
 }
 
-void BlockStore::EndPendingLocked(const std::string& owner) {
+void BlockStore::EndPendingLocked(const std::string& owner, size_t bytes) {
   --pending_blocks_;
-  --owners_[owner].pending_blocks;
+  OwnerBook& book = owners_[owner];
+  --book.pending_blocks;
+  book.pending_bytes -= tiers_[0]->storage->BytesTaken(bytes);
   ForgetIfEmptyLocked(owner);
 }
 
@@ -678,7 +689,8 @@ std::unique_ptr<PutSession> BlockStore::BeginPut(std::string ns, kvblock::Latent
                                                  OwnerQuota quota) {
   {
     absl::MutexLock lock(&mu_);
-    if (quota.tier_bytes != std::array<uint64_t, 3>{} || owners_.contains(owner)) owners_[owner].quota = quota;
+    const bool limited = quota.tier_bytes != std::array<uint64_t, 3>{} || quota.pending_bytes > 0;
+    if (limited || owners_.contains(owner)) owners_[owner].quota = quota;
   }
   return std::unique_ptr<PutSession>(new PutSession(this, std::move(ns), std::move(layout), std::move(owner)));
 }

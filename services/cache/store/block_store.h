@@ -77,6 +77,9 @@ struct StoreOptions {
 // the memory its blocks take: whole pages), 0 for no limit.
 struct OwnerQuota {
   std::array<uint64_t, 3> tier_bytes{};
+  // Memory its incomplete blocks (Put streams still assembling them) may
+  // take at once; 0 for no limit.
+  uint64_t pending_bytes = 0;
 };
 
 struct TierCounters {
@@ -329,7 +332,7 @@ class BlockStore {
   // EndPendingLocked when it is stored or dropped.
   absl::StatusOr<std::vector<uint32_t>> AllocatePendingLocked(size_t bytes, const PutSession& session)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EndPendingLocked(const std::string& owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndPendingLocked(const std::string& owner, size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const StoreOptions options_;
   Clock* const clock_;
@@ -350,6 +353,7 @@ class BlockStore {
     OwnerQuota quota;
     std::array<uint64_t, 3> used{};
     uint32_t pending_blocks = 0;
+    uint64_t pending_bytes = 0;  // taken by them in the first tier
   };
   absl::flat_hash_map<std::string, OwnerBook> owners_ ABSL_GUARDED_BY(mu_);
   // Kept when an owner's book goes: a counter never falls.

@@ -41,7 +41,7 @@ PutSession::~PutSession() {
 void PutSession::Abandon(Pending& p) {
   absl::MutexLock lock(&store_->mu_);
   store_->GiveRoomLocked(0, {ns_, p.hash, p.pages, record_bytes_}, owner_, /*written=*/false);
-  store_->EndPendingLocked(owner_);
+  store_->EndPendingLocked(owner_, record_bytes_);
 }
 
 absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_view record) {
@@ -119,7 +119,7 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_vi
   std::unique_ptr<Pending> done = std::move(it->second);
   pending_.erase(it);
   absl::MutexLock lock(&store_->mu_);
-  store_->EndPendingLocked(owner_);
+  store_->EndPendingLocked(owner_, record_bytes_);
   BlockStore::Key index_key(ns_, hash);
   if (store_->index_.count(index_key) > 0) {  // another stream finished it first
     store_->GiveRoomLocked(0, {ns_, hash, done->pages, record_bytes_}, owner_, /*written=*/false);

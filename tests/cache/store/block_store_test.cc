@@ -228,6 +228,13 @@ TEST_P(BlockStoreTest, IncompleteBlocksAreBoundedPerStreamAndPerOwner) {
   refused = second->AddSlice(Hash(22), Slice(0, 1));
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(refused.message().find("one tenant"), std::string::npos) << refused;
+  // A tenant's quota of bytes in flight bounds its streams together too.
+  auto metered = store_->BeginPut("ns", layout_, "carol", OwnerQuota{{}, 2 * kPage});
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(metered->AddSlice(Hash(40 + i), Slice(0, 1)).ok());
+  refused = metered->AddSlice(Hash(42), Slice(0, 1));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.message().find("carol's Put streams hold"), std::string::npos) << refused;
+  metered.reset();
   // Another tenant is not held up.
   auto honest = store_->BeginPut("ns", layout_, "alice");
   for (uint32_t l = 0; l < 4; ++l) ASSERT_TRUE(honest->AddSlice(Hash(30), Slice(l, 1)).ok());
