@@ -541,7 +541,8 @@ grpc::ServerUnaryReactor* CacheService::Match(grpc::CallbackServerContext* conte
   const std::string tenant = (*caller)->tenant;
   absl::StatusOr<BlocksPlan> plan = planner_.PlanMatch(*std::move(caller), *request);
   if (!plan.ok()) return FinishUnary(context, std::move(timer), Count(tenant, plan.status()));
-  MatchResult m = store_->Match(plan->scope.ns, plan->scope.layout_id, plan->hashes, plan->lease_ttl, tenant);
+  MatchResult m = store_->Match(plan->scope.ns, plan->scope.layout_id, plan->hashes, plan->lease_ttl, tenant,
+                                plan->scope.caller->quota.max_leases());
   if (!m.lease_status.ok()) return FinishUnary(context, std::move(timer), Count(tenant, m.lease_status));
   if (metrics_ != nullptr) metrics_->CountBlocks(tenant, m.matched_blocks, plan->hashes.size() - m.matched_blocks);
   response->set_matched_blocks(m.matched_blocks);

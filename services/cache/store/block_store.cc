@@ -197,7 +197,7 @@ BlockStore::BlockStore(const StoreOptions& options, Clock* clock, std::vector<st
 BlockStore::~BlockStore() = default;
 
 MatchResult BlockStore::Match(const std::string& ns, uint64_t layout_id, std::span<const kvblock::BlockHash> hashes,
-                              std::optional<absl::Duration> lease_ttl, const std::string& owner) {
+                              std::optional<absl::Duration> lease_ttl, const std::string& owner, uint32_t max_leases) {
   absl::MutexLock lock(&mu_);
   ExpireLeasesLocked();
   MatchResult result;
@@ -213,7 +213,7 @@ MatchResult BlockStore::Match(const std::string& ns, uint64_t layout_id, std::sp
   result.matched_blocks = static_cast<uint32_t>(matched.size());
   if (!lease_ttl.has_value() || matched.empty()) return result;
   uint32_t& held = leases_by_owner_[owner];
-  if (held >= options_.max_leases_per_owner) {
+  if (held >= (max_leases > 0 ? max_leases : options_.max_leases_per_owner)) {
     result.lease_status = absl::ResourceExhaustedError(
         absl::StrCat(held, " leases held, the most one tenant may hold; release some or let them expire"));
     return result;

@@ -208,9 +208,11 @@ class BlockStore {
   // Longest prefix of `hashes` stored in `ns` under `layout_id`. With a
   // lease_ttl the matched blocks are pinned until ReleaseLease or the
   // deadline (ttl 0 = the default; capped at max_lease_ttl), by a lease of
-  // `owner`'s, under an id no one can guess.
+  // `owner`'s, under an id no one can guess; the owner holds at most
+  // `max_leases` at once (0: max_leases_per_owner).
   MatchResult Match(const std::string& ns, uint64_t layout_id, std::span<const kvblock::BlockHash> hashes,
-                    std::optional<absl::Duration> lease_ttl = std::nullopt, const std::string& owner = "");
+                    std::optional<absl::Duration> lease_ttl = std::nullopt, const std::string& owner = "",
+                    uint32_t max_leases = 0);
   // NOT_FOUND for an unknown or expired lease, or one of another owner's.
   absl::Status ReleaseLease(uint64_t lease_id, const std::string& owner = "");
 

@@ -294,6 +294,21 @@ TEST_P(BlockStoreTest, ATenantOverItsQuotaEvictsOnlyItsOwnBlocks) {
   EXPECT_TRUE(put("bob", fair, 103).ok()) << "bob's own room is not alice's";
 }
 
+// A tenant's leases are bounded (its quota's number, or the store's):
+// past it Match refuses the lease, and another tenant still gets one.
+TEST_P(BlockStoreTest, LeasesAreBoundedPerOwner) {
+  const BlockHash h = Hash(7);
+  Put(h);
+  const std::vector<BlockHash> one{h};
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(store_->Match("ns", layout_id_, one, absl::Seconds(5), "mallory", 2).lease_status.ok());
+  }
+  const MatchResult refused = store_->Match("ns", layout_id_, one, absl::Seconds(5), "mallory", 2);
+  EXPECT_EQ(refused.lease_status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(refused.lease_id, 0u);
+  EXPECT_NE(store_->Match("ns", layout_id_, one, absl::Seconds(5), "alice", 2).lease_id, 0u);
+}
+
 TEST_P(BlockStoreTest, CancelledPutFreesWhatItHeld) {
   const StoreStats before = store_->Stats();
   {
