@@ -21,9 +21,13 @@
 #include <set>
 #include <thread>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "services/cache/fast_path/fast_path_client.h"
 #include "services/cache/fast_path/fast_path_socket.h"
 #include "services/common/child_process.h"
+#include "services/common/client_identity.h"
+#include "services/kvblock/sha256.h"
 #include "services/serving/shard_set.h"
 #include "tests/eventually.h"
 #include "tests/integration/cache_test_blocks.h"
@@ -203,6 +207,54 @@ TEST_F(FastPathTest, SameRandomBlocksReadBackIdenticalThroughBothPaths) {
   EXPECT_NE(table.output.find("same-host fast path: 1 sessions, 24 blocks"), std::string::npos) << table.output;
   // Fetch ends its lease over the socket without waiting for the cache.
   EXPECT_TRUE(StatsBecome([](const v1::StatsResponse& s) { return s.pinned_blocks() == 0; }));
+}
+
+// With a tenants file, a session is its tenant's: tenant A's session
+// cannot lease tenant B's blocks, even knowing their hashes, and B cannot
+// use A's session at all; each reads its own through shared memory.
+TEST_F(FastPathTest, ASessionServesOnlyItsOwnTenant) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("kvtier_fast_path_tenants_" + std::to_string(rng_.seed()));
+  std::filesystem::create_directories(dir);
+  std::string tenants = "{\"tenants\": [";
+  for (const char* name : {"tenant-a", "tenant-b"}) {
+    const std::string token = std::string(name) + "-token-" + std::to_string(rng_.seed());
+    std::ofstream(dir / name) << token << "\n";
+    const kvblock::Sha256Digest d = kvblock::Sha256({token});
+    tenants += absl::StrCat(
+        tenants.back() == '[' ? "" : ",", "{\"name\": \"", name, "\", \"role\": \"WRITER\", \"namespaces\": [\"", name,
+        "\"], \"tokenSha256\": [\"",
+        absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(d.data()), d.size())), "\"]}");
+  }
+  std::ofstream(dir / "tenants.json") << tenants << "]}";
+  StartCache({"--tenants", (dir / "tenants.json").string()});
+  const auto channel_of = [&](const char* name) {
+    return *MakeChannelAs({.tls = {}, .token_file = (dir / name).string()}, target_);
+  };
+  auto channel_a = channel_of("tenant-a"), channel_b = channel_of("tenant-b");
+  CacheClient a(channel_a), b(channel_b);
+  const std::vector<TestBlock> mine = StoreBlocks(a, layout_, "tenant-a", rng_.seed(), 3);
+  const std::vector<TestBlock> theirs = StoreBlocks(b, layout_, "tenant-b", rng_.seed() + 50, 3);
+
+  auto fast_a = FastPathClient::Connect(channel_a, absl::Seconds(10));
+  ASSERT_TRUE(fast_a.ok()) << fast_a.status();
+  EXPECT_TRUE(SameRecords(FetchAll(**fast_a, "tenant-a", Hashes(mine)), mine));
+  const auto refused = (*fast_a)->Fetch(
+      "tenant-b", layout_, Hashes(theirs), [](uint32_t, size_t) { return std::span<uint8_t>(); },
+      [](const RawBlock&) {});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied) << refused.status();
+  // B, knowing A's session id, cannot lease through it.
+  v1::LeaseBlocksRequest request;
+  request.set_session_id((*fast_a)->session_id());
+  request.set_kv_namespace("tenant-b");
+  *request.mutable_layout() = kvblock::LayoutToProto(layout_);
+  for (const BlockHash& h : Hashes(theirs)) request.add_block_hashes(std::string(kvblock::HashAsBytes(h)));
+  grpc::ClientContext context;
+  b.SetDeadline(context);
+  v1::LeaseBlocksResponse response;
+  EXPECT_EQ(b.stub().LeaseBlocks(&context, request, &response).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(response.blocks_size(), 0);
+  std::filesystem::remove_all(dir);
 }
 
 // Four tenants storing and reading at once through tiers a few times
