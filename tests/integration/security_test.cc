@@ -144,6 +144,25 @@ const TestTenant kAcme{"acme", "WRITER", "acme", "acme-token-91c2", "acme.client
 const TestTenant kGlobex{"globex", "WRITER", "globex", "globex-token-44d0", "", ""};
 const TestTenant kAuditor{"auditor", "READER", "acme", "auditor-token-0b17", "", ""};
 
+// A TLS directory or tenants file that cannot be used stops the server at
+// once, exit 2, saying which file and why.
+TEST_F(SecurityTest, UnusableTlsOrTenantsFilesAreUsageErrors) {
+  const fs::path bad = Dir("bad-tenants.json");
+  std::ofstream(bad) << R"({"tenants": [{"name": "x", "namespaces": ["x"], "tokenSha256": ["00"]}]})";
+  for (const auto& [flags, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--tls-dir", Dir("missing").string()}, "cannot read " + (Dir("missing") / "ca.crt").string()},
+           {{"--tenants", bad.string()}, "no role"},
+           {{"--tenants", Dir("missing.json").string()}, "cannot read"}}) {
+    std::string command = std::string(KVTIER_CACHE_BINARY) +
+                          " --listen 127.0.0.1:0 --metrics-listen '' --device-capacity 16MiB --host-capacity 16MiB";
+    for (const std::string& f : flags) command += " " + f;
+    const CommandResult r = RunCommand(command);
+    EXPECT_EQ(r.exit_code, 2) << command << "\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("listening on"), std::string::npos) << r.output;
+  }
+}
+
 // The connection attempts that must fail, each with its status and then a
 // good request on the same server (printed as a table).
 TEST_F(SecurityTest, BadConnectionAttemptsAreRefusedAndGoodOnesServed) {

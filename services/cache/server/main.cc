@@ -185,7 +185,7 @@ int Run(const Flags& f) {
   absl::StatusOr<std::unique_ptr<ServerRunner>> server = ServerRunner::Start(server_options, {&service});
   if (!server.ok()) {
     std::cerr << "kvtier-cache: " << server.status().message() << "\n";
-    return 1;
+    return server.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;  // a bad flag, or a busy port
   }
   const StoreStats stats = (*store)->Stats();
   // Said in one write: std::cerr writes each piece at once, and a parent
