@@ -10,6 +10,8 @@
 #include <fstream>
 #include <string>
 
+#include "tests/temp_dir.h"
+
 namespace kvtier {
 namespace {
 
@@ -46,8 +48,7 @@ TEST(TenantsFile, RefusesWhatCannotBeEnforced) {
 }
 
 TEST(TenantRegistry, KeepsTheLastGoodFileWhenABadOneReplacesIt) {
-  char tmpl[] = "/tmp/kvtier-tenants-XXXXXX";
-  const std::filesystem::path dir = mkdtemp(tmpl);
+  const testing::TempDir dir("kvtier-tenants-");
   const std::filesystem::path path = dir / "tenants.json";
   const auto write = [&](const std::string& json) {
     std::ofstream(dir / "new") << json;
@@ -66,7 +67,6 @@ TEST(TenantRegistry, KeepsTheLastGoodFileWhenABadOneReplacesIt) {
   EXPECT_EQ((*registry)->TenantNames(), std::vector<std::string>{"globex"});
   EXPECT_EQ(TenantRegistry::Open((dir / "missing").string(), absl::Hours(1)).status().code(),
             absl::StatusCode::kInvalidArgument);
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

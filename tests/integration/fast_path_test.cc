@@ -21,16 +21,16 @@
 #include <set>
 #include <thread>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "services/cache/fast_path/fast_path_client.h"
 #include "services/cache/fast_path/fast_path_socket.h"
 #include "services/common/child_process.h"
 #include "services/common/client_identity.h"
-#include "services/kvblock/sha256.h"
 #include "services/serving/shard_set.h"
 #include "tests/eventually.h"
 #include "tests/integration/cache_test_blocks.h"
+#include "tests/integration/test_tenants.h"
+#include "tests/temp_dir.h"
 #include "tests/test_random.h"
 
 namespace kvtier::cache {
@@ -213,25 +213,16 @@ TEST_F(FastPathTest, SameRandomBlocksReadBackIdenticalThroughBothPaths) {
 // cannot lease tenant B's blocks, even knowing their hashes, and B cannot
 // use A's session at all; each reads its own through shared memory.
 TEST_F(FastPathTest, ASessionServesOnlyItsOwnTenant) {
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("kvtier_fast_path_tenants_" + std::to_string(rng_.seed()));
-  std::filesystem::create_directories(dir);
-  std::string tenants = "{\"tenants\": [";
-  for (const char* name : {"tenant-a", "tenant-b"}) {
-    const std::string token = std::string(name) + "-token-" + std::to_string(rng_.seed());
-    std::ofstream(dir / name) << token << "\n";
-    const kvblock::Sha256Digest d = kvblock::Sha256({token});
-    tenants += absl::StrCat(
-        tenants.back() == '[' ? "" : ",", "{\"name\": \"", name, "\", \"role\": \"WRITER\", \"namespaces\": [\"", name,
-        "\"], \"tokenSha256\": [\"",
-        absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(d.data()), d.size())), "\"]}");
-  }
-  std::ofstream(dir / "tenants.json") << tenants << "]}";
+  const testing::TempDir dir("kvtier_fast_path_tenants_");
+  const std::string seed = std::to_string(rng_.seed());
+  const testing::TestTenant tenant_a{"tenant-a", "WRITER", "tenant-a", "a-token-" + seed};
+  const testing::TestTenant tenant_b{"tenant-b", "WRITER", "tenant-b", "b-token-" + seed};
+  std::ofstream(dir / "tenants.json") << testing::TenantsJson({tenant_a, tenant_b});
   StartCache({"--tenants", (dir / "tenants.json").string()});
-  const auto channel_of = [&](const char* name) {
-    return *MakeChannelAs({.tls = {}, .token_file = (dir / name).string()}, target_);
+  const auto channel_of = [&](const testing::TestTenant& t) {
+    return *MakeChannelAs({.tls = {}, .token_file = testing::WriteTokenFile(dir.path(), t.token)}, target_);
   };
-  auto channel_a = channel_of("tenant-a"), channel_b = channel_of("tenant-b");
+  auto channel_a = channel_of(tenant_a), channel_b = channel_of(tenant_b);
   CacheClient a(channel_a), b(channel_b);
   const std::vector<TestBlock> mine = StoreBlocks(a, layout_, "tenant-a", rng_.seed(), 3);
   const std::vector<TestBlock> theirs = StoreBlocks(b, layout_, "tenant-b", rng_.seed() + 50, 3);
@@ -254,7 +245,6 @@ TEST_F(FastPathTest, ASessionServesOnlyItsOwnTenant) {
   v1::LeaseBlocksResponse response;
   EXPECT_EQ(b.stub().LeaseBlocks(&context, request, &response).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(response.blocks_size(), 0);
-  std::filesystem::remove_all(dir);
 }
 
 // Four tenants storing and reading at once through tiers a few times

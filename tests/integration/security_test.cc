@@ -17,7 +17,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kvtier/v1/cache.grpc.pb.h"
@@ -25,42 +24,20 @@
 #include "services/common/child_process.h"
 #include "services/common/client_identity.h"
 #include "services/common/metrics_page.h"
-#include "services/kvblock/sha256.h"
 #include "tests/eventually.h"
 #include "tests/integration/cache_test_blocks.h"
 #include "tests/integration/test_certificates.h"
+#include "tests/integration/test_tenants.h"
+#include "tests/temp_dir.h"
 
 namespace kvtier::cache {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::TempDir;
+using testing::TenantsJson;
 using testing::TestCa;
-
-std::string Sha256Hex(const std::string& token) {
-  const kvblock::Sha256Digest d = kvblock::Sha256({token});
-  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(d.data()), d.size()));
-}
-
-// A tenant of the tenants file: its token (and the file that holds it).
-struct TestTenant {
-  std::string name, role, ns, token;
-  std::string cert_identity;  // empty: none
-  std::string quota;          // a TenantQuota as JSON; empty: none
-};
-
-std::string TenantsJson(const std::vector<TestTenant>& tenants) {
-  std::string json = "{\"tenants\": [";
-  for (size_t i = 0; i < tenants.size(); ++i) {
-    const TestTenant& t = tenants[i];
-    absl::StrAppend(&json, i ? "," : "", "{\"name\": \"", t.name, "\", \"role\": \"", t.role, "\"");
-    if (!t.ns.empty()) absl::StrAppend(&json, ", \"namespaces\": [\"", t.ns, "\"]");
-    absl::StrAppend(&json, ", \"tokenSha256\": [\"", Sha256Hex(t.token), "\"]");
-    if (!t.cert_identity.empty()) absl::StrAppend(&json, ", \"certificateIdentities\": [\"", t.cert_identity, "\"]");
-    if (!t.quota.empty()) absl::StrAppend(&json, ", \"quota\": ", t.quota);
-    json += "}";
-  }
-  return json + "]}";
-}
+using testing::TestTenant;
 
 // Writes `contents` to `path` by a rename, as Kubernetes swaps a Secret's files.
 void WriteAtomically(const fs::path& path, const std::string& contents) {
@@ -72,30 +49,19 @@ void WriteAtomically(const fs::path& path, const std::string& contents) {
 class SecurityTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    char tmpl[] = "/tmp/kvtier-security-XXXXXX";
-    dir_ = new fs::path(mkdtemp(tmpl));
-    TestCa ca(*dir_ / "ca", "kvtier test CA");
-    TestCa other(*dir_ / "other-ca", "some other CA");
-    ca.Issue(*dir_ / "server", "cache-1", "DNS:localhost,IP:127.0.0.1");
-    ca.Issue(*dir_ / "server-2", "cache-2", "DNS:localhost,IP:127.0.0.1");
-    ca.Issue(*dir_ / "client", "acme client", "DNS:acme.clients.kvtier");
-    ca.Issue(*dir_ / "expired-client", "acme client", "DNS:acme.clients.kvtier", "20200101000000Z", "20200102000000Z");
-    ca.TrustOnly(*dir_ / "trust");
-    other.TrustOnly(*dir_ / "other-trust");
+    dir_ = new TempDir("kvtier-security-");
+    TestCa ca(Dir("ca"), "kvtier test CA");
+    TestCa other(Dir("other-ca"), "some other CA");
+    ca.Issue(Dir("server"), "cache-1", "DNS:localhost,IP:127.0.0.1");
+    ca.Issue(Dir("server-2"), "cache-2", "DNS:localhost,IP:127.0.0.1");
+    ca.Issue(Dir("client"), "acme client", "DNS:acme.clients.kvtier");
+    ca.Issue(Dir("expired-client"), "acme client", "DNS:acme.clients.kvtier", "20200101000000Z", "20200102000000Z");
+    ca.TrustOnly(Dir("trust"));
+    other.TrustOnly(Dir("other-trust"));
   }
-  static void TearDownTestSuite() {
-    fs::remove_all(*dir_);
-    delete dir_;
-  }
+  static void TearDownTestSuite() { delete dir_; }
 
   static fs::path Dir(const std::string& name) { return *dir_ / name; }
-
-  // A token file for `token`.
-  static std::string TokenFile(const std::string& token) {
-    const fs::path path = *dir_ / ("token-" + Sha256Hex(token).substr(0, 12));
-    std::ofstream(path) << token << "\n";
-    return path.string();
-  }
 
   // A cache with `flags` on port 0; its address, or "" when it did not
   // start. With `metrics`, it serves /metrics too, there.
@@ -127,7 +93,7 @@ class SecurityTest : public ::testing::Test {
   static CacheClient Client(const std::string& target, const std::string& tls_dir, const std::string& token = "") {
     ClientIdentityOptions identity;
     identity.tls.dir = tls_dir.empty() ? "" : Dir(tls_dir).string();
-    if (!token.empty()) identity.token_file = TokenFile(token);
+    if (!token.empty()) identity.token_file = testing::WriteTokenFile(dir_->path(), token);
     absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannelAs(identity, target);
     EXPECT_TRUE(channel.ok()) << channel.status();
     return CacheClient(*channel, absl::Seconds(5));
@@ -135,14 +101,14 @@ class SecurityTest : public ::testing::Test {
 
   static absl::StatusCode StatsCode(CacheClient client) { return client.Stats().status().code(); }
 
-  static inline fs::path* dir_ = nullptr;
+  static inline TempDir* dir_ = nullptr;
   std::vector<std::unique_ptr<ChildProcess>> caches_;
 };
 
-const TestTenant kAdmin{"ops", "ADMIN", "", "admin-token-7f3a", "", ""};
-const TestTenant kAcme{"acme", "WRITER", "acme", "acme-token-91c2", "acme.clients.kvtier", ""};
-const TestTenant kGlobex{"globex", "WRITER", "globex", "globex-token-44d0", "", ""};
-const TestTenant kAuditor{"auditor", "READER", "acme", "auditor-token-0b17", "", ""};
+const TestTenant kAdmin{"ops", "ADMIN", "", "admin-token-7f3a"};
+const TestTenant kAcme{"acme", "WRITER", "acme", "acme-token-91c2", "acme.clients.kvtier"};
+const TestTenant kGlobex{"globex", "WRITER", "globex", "globex-token-44d0"};
+const TestTenant kAuditor{"auditor", "READER", "acme", "auditor-token-0b17"};
 
 // A TLS directory or tenants file that cannot be used stops the server at
 // once, exit 2, saying which file and why.

@@ -14,7 +14,6 @@
 #include <sstream>
 #include <thread>
 
-#include "absl/strings/escaping.h"
 #include "kvtier/v1/decode.grpc.pb.h"
 #include "kvtier/v1/prefill.grpc.pb.h"
 #if KVTIER_RUNTIME_CUDA
@@ -25,7 +24,6 @@
 #include "services/common/child_process.h"
 #include "services/common/client_identity.h"
 #include "services/common/metrics_page.h"
-#include "services/kvblock/sha256.h"
 #include "services/runtime/checkpoint.h"
 #include "services/runtime/generate.h"
 #include "services/runtime/make_model.h"
@@ -34,6 +32,8 @@
 #include "services/serving/shard_set.h"
 #include "tests/eventually.h"
 #include "tests/integration/cluster.h"
+#include "tests/integration/test_tenants.h"
+#include "tests/temp_dir.h"
 #include "tests/test_random.h"
 
 namespace kvtier {
@@ -568,28 +568,21 @@ TEST_F(ServingTest, RecordPoolKeepsFetchedBlocksUpToItsFlag) {
 // decode worker reach the cache as a service; a decode worker refuses an
 // end client.
 TEST_F(ServingTest, TenantsReachOnlyTheirNamespacesThroughThePrefillNode) {
-  const fs::path dir = fs::temp_directory_path() / ("kvtier_serving_tenants_" + std::to_string(getpid()));
-  fs::create_directories(dir);
-  const auto token_file = [&](const std::string& name, const std::string& token) {
-    std::ofstream(dir / name) << token << "\n";
-    const kvblock::Sha256Digest d = kvblock::Sha256({token});
-    return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(d.data()), d.size()));
-  };
-  const std::string service = token_file("service.token", "service-token-1e9b");
-  const std::string acme = token_file("acme.token", "acme-token-5c2d");
-  std::ofstream(dir / "tenants.json")
-      << "{\"tenants\": [{\"name\": \"kvtier\", \"role\": \"SERVICE\", \"namespaces\": [\"acme\"], "
-      << "\"tokenSha256\": [\"" << service << "\"]}, {\"name\": \"acme\", \"role\": \"WRITER\", "
-      << "\"namespaces\": [\"acme\"], \"tokenSha256\": [\"" << acme << "\"]}]}";
+  const testing::TempDir dir("kvtier_serving_tenants_");
+  const testing::TestTenant service{"kvtier", "SERVICE", "acme", "service-token-1e9b"};
+  const testing::TestTenant acme{"acme", "WRITER", "acme", "acme-token-5c2d"};
   const std::string tenants = (dir / "tenants.json").string();
+  std::ofstream(tenants) << testing::TenantsJson({service, acme});
+  const std::string service_token = testing::WriteTokenFile(dir.path(), service.token);
+  const std::string acme_token = testing::WriteTokenFile(dir.path(), acme.token);
   Cluster cluster(Tiny().dir, 1, 1, {"--tenants", tenants}, "2000",
-                  {"--tenants", tenants, "--token-file", (dir / "service.token").string()});
+                  {"--tenants", tenants, "--token-file", service_token});
   ASSERT_TRUE(cluster.ok());
   const std::vector<uint32_t> prompt = RandomIds(2 * kBlock + 3, rng_.engine());
 
   // No token: refused at the door.
   EXPECT_EQ(cluster.Generate(Request(prompt, 4)).status().code(), absl::StatusCode::kUnauthenticated);
-  ASSERT_TRUE(SetClientIdentity({.tls = {}, .token_file = (dir / "acme.token").string()}).ok());
+  ASSERT_TRUE(SetClientIdentity({.tls = {}, .token_file = acme_token}).ok());
   absl::StatusOr<RemoteGeneration> mine = cluster.Generate(Request(prompt, 4));  // acme's namespace by default
   EXPECT_TRUE(mine.ok()) << mine.status();
   EXPECT_EQ(cluster.Generate(Request(prompt, 4, "globex")).status().code(), absl::StatusCode::kPermissionDenied);
@@ -598,7 +591,7 @@ TEST_F(ServingTest, TenantsReachOnlyTheirNamespacesThroughThePrefillNode) {
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->usage.cached_tokens(), 2 * kBlock);
   // A decode worker serves services, not end clients.
-  auto channel = MakeChannelAs({.tls = {}, .token_file = (dir / "acme.token").string()}, cluster.decode_targets[0]);
+  auto channel = MakeChannelAs({.tls = {}, .token_file = acme_token}, cluster.decode_targets[0]);
   ASSERT_TRUE(channel.ok());
   grpc::ClientContext context;
   v1::DecodeRequest direct;
@@ -609,7 +602,6 @@ TEST_F(ServingTest, TenantsReachOnlyTheirNamespacesThroughThePrefillNode) {
   }
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED);
   ASSERT_TRUE(SetClientIdentity({}).ok());
-  fs::remove_all(dir);
 }
 
 // A decode worker that hangs (SIGSTOPped: its socket still accepts) is
