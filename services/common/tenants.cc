@@ -3,7 +3,6 @@
 #include <google/protobuf/util/json_util.h>
 #include <grpc/grpc_security_constants.h>
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
 #include <sys/stat.h>
 
 #include <array>
@@ -16,18 +15,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "services/common/log.h"
+#include "services/kvblock/sha256.h"
 
 namespace kvtier {
 namespace {
 
-using Digest = std::array<uint8_t, 32>;
-
-Digest Sha256(std::string_view bytes) {
-  Digest d{};
-  unsigned n = 0;
-  EVP_Digest(bytes.data(), bytes.size(), d.data(), &n, EVP_sha256(), nullptr);
-  return d;
-}
+using kvblock::Sha256;
+using Digest = kvblock::Sha256Digest;
 
 bool IsLowerHex(const std::string& s) {
   for (char c : s) {
@@ -226,7 +220,7 @@ absl::StatusOr<std::shared_ptr<const Caller>> TenantRegistry::Authenticate(const
   if (!bearer.empty()) {
     constexpr std::string_view kScheme = "Bearer ";
     if (bearer.compare(0, kScheme.size(), kScheme) != 0) return refuse("authorization is not 'Bearer TOKEN'");
-    const Digest presented = Sha256(std::string_view(bearer).substr(kScheme.size()));
+    const Digest presented = Sha256({std::string_view(bearer).substr(kScheme.size())});
     // Every stored digest is compared, each in constant time.
     std::optional<size_t> match;
     for (const auto& [digest, index] : loaded->tokens) {
