@@ -360,6 +360,9 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       // Before Finish, so a client that sees the stream end sees the lease
       // ended too.
       if (plan_.lease_id != 0) (void)service_->store()->ReleaseLease(plan_.lease_id, plan_.scope.caller->tenant);
+      if (service_->metrics() != nullptr && plan_.scope.caller != nullptr) {
+        service_->metrics()->CountBlocks(plan_.scope.caller->tenant, found_, missed_);
+      }
       timer_.Done(step.finish->error_code());
       Finish(*step.finish);  // may delete this
       return;
@@ -393,12 +396,9 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     Run(step);
   }
 
-  grpc::ByteBuffer Encode(size_t index) const {
+  grpc::ByteBuffer Encode(size_t index) {
     GetAnswer answer = service_->ReadForGet(plan_, index);
-    if (service_->metrics() != nullptr) {
-      const bool hit = answer.record != nullptr || answer.miss.ok();
-      service_->metrics()->CountBlocks(plan_.scope.caller->tenant, hit ? 1 : 0, hit ? 0 : 1);
-    }
+    ++(answer.record != nullptr || answer.miss.ok() ? found_ : missed_);
     if (answer.record != nullptr) {
       return EncodeBlockResponse(static_cast<uint32_t>(index), plan_.hashes[index], answer.record);
     }
@@ -418,6 +418,9 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   CacheService* service_;
   RpcTimer timer_;
   GetPlan plan_;  // set once by Parse, before any task runs
+  // Blocks answered and missed, counted by whoever runs Produce (one at a
+  // time), reported once as the stream finishes.
+  uint64_t found_ = 0, missed_ = 0;
 
   absl::Mutex mu_;
   size_t next_ ABSL_GUARDED_BY(mu_) = 0;  // next block to prepare
