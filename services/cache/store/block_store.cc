@@ -409,7 +409,8 @@ void BlockStore::DropLocked(Entry* e) {
   counters_.metadata_bytes -= EntryMetadataBytes(*e);
 }
 
-bool BlockStore::MakeRoomLocked(size_t tier, size_t bytes, const std::string& ns, const std::string& owner) {
+absl::Status BlockStore::MakeRoomLocked(size_t tier, size_t bytes, const std::string& ns, const std::string& owner) {
+  const auto tier_name = [&] { return kvblock::TierName(static_cast<v1::Tier>(tiers_[tier]->counters.tier)); };
   const uint64_t taken = tiers_[tier]->storage->BytesTaken(bytes);
   auto book = owners_.find(owner);
   if (const uint64_t limit = book == owners_.end() ? 0 : book->second.quota.tier_bytes[tier]; limit > 0) {
@@ -419,19 +420,22 @@ bool BlockStore::MakeRoomLocked(size_t tier, size_t bytes, const std::string& ns
       return b != owners_.end() && b->second.used[tier] + taken > limit;
     };
     if (taken > limit || !FreeWhileLocked(tier, bytes, over_quota, [&](const Entry& e) { return e.owner == owner; })) {
-      return false;
+      return absl::ResourceExhaustedError(absl::StrCat("tenant ", owner, "'s quota of ", limit, " bytes in the ",
+                                                       tier_name(), " tier is all pinned or incomplete blocks"));
     }
   }
   const auto short_of_room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !HasRoomLocked(tier, bytes, ns); };
   // The asker's own blocks, and those of owners over their quota or with
   // none, go first; an owner within its quota loses blocks only when the
   // quotas add up to more than the tier holds.
-  if (FreeWhileLocked(tier, bytes, short_of_room, [&](const Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return e.owner == owner || !WithinQuotaLocked(e.owner, tier);
-      })) {
-    return true;
+  if (FreeWhileLocked(tier, bytes, short_of_room,
+                      [&](const Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                        return e.owner == owner || !WithinQuotaLocked(e.owner, tier);
+                      }) ||
+      FreeWhileLocked(tier, bytes, short_of_room, [](const Entry&) { return true; })) {
+    return absl::OkStatus();
   }
-  return FreeWhileLocked(tier, bytes, short_of_room, [](const Entry&) { return true; });
+  return absl::ResourceExhaustedError(absl::StrCat(tier_name(), " tier is full of pinned or incomplete blocks"));
 }
 
 bool BlockStore::FreeWhileLocked(size_t tier, size_t bytes, const std::function<bool()>& short_of_room,
@@ -497,7 +501,7 @@ std::vector<bool> BlockStore::MoveLocked(std::span<Entry* const> entries, size_t
     for (size_t i : wanted) {
       Entry* e = entries[i];
       if (e->moving || e->pins > 1 || e->zombie) continue;
-      if (!dst.storage->Fits(e->size) || !MakeRoomLocked(to, e->size, e->ns, e->owner)) continue;
+      if (!dst.storage->Fits(e->size) || !MakeRoomLocked(to, e->size, e->ns, e->owner).ok()) continue;
       std::vector<uint32_t> pages;  // the room, reserved
       if (!dst.storage->Take(e->size, e->ns, pages)) continue;
       ChargeLocked(to, e->owner, dst.storage->BytesTaken(e->size), +1);
@@ -655,15 +659,8 @@ absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t b
     return absl::ResourceExhaustedError(absl::StrCat("a block of ", bytes, " bytes does not fit the device tier (",
                                                      first.counters.capacity_bytes, " bytes)"));
   }
-  if (!MakeRoomLocked(0, bytes, ns, session.owner_)) {
-    auto book = owners_.find(session.owner_);
-    if (const uint64_t limit = book == owners_.end() ? 0 : book->second.quota.tier_bytes[0];
-        limit > 0 && book->second.used[0] + first.storage->BytesTaken(bytes) > limit) {
-      return absl::ResourceExhaustedError(absl::StrCat("tenant ", session.owner_, "'s quota of ", limit,
-                                                       " bytes in the device tier is all pinned or incomplete "
-                                                       "blocks; retry later"));
-    }
-    return absl::ResourceExhaustedError("device tier is full of pinned or incomplete blocks; retry later");
+  if (absl::Status room = MakeRoomLocked(0, bytes, ns, session.owner_); !room.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat(room.message(), "; retry later"));
   }
   std::vector<uint32_t> pages;
   if (!first.storage->Take(bytes, ns, pages)) {

@@ -284,10 +284,10 @@ class BlockStore {
   void TouchLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes room in `tier` for a record of `bytes` of `owner`'s, demoting or
   // dropping LRU unpinned blocks: first the owner's own while it would be
-  // over its quota, then as BeginPut says; false when pinned blocks leave
-  // too little room. `ns` is the record's: in a shared arena only its
+  // over its quota, then as BeginPut says; RESOURCE_EXHAUSTED, naming the
+  // quota or the tier, when pinned blocks leave too little room. `ns` is the record's: in a shared arena only its
   // segments, or empty ones, can take it.
-  bool MakeRoomLocked(size_t tier, size_t bytes, const std::string& ns, const std::string& owner)
+  absl::Status MakeRoomLocked(size_t tier, size_t bytes, const std::string& ns, const std::string& owner)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Demotes or drops LRU unpinned blocks of `tier` that `eligible` allows
   // while `short_of_room` holds; false when none is left to go.
