@@ -74,13 +74,9 @@ bool KvtierGet(grpc::Channel* channel, const kvblock::LatentLayout& layout, cons
                std::vector<uint8_t>& destination) {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-  v1::GetRequest request;
-  request.set_kv_namespace(ns);
-  *request.mutable_layout() = kvblock::LayoutToProto(layout);
-  for (const kvblock::BlockHash& h : p.hashes) request.add_block_hashes(std::string(kvblock::HashAsBytes(h)));
   size_t landed = 0;
   const grpc::Status status = cache::RawGet(
-      channel, &context, request,
+      channel, &context, cache::MakeGetRequest(ns, layout, p.hashes),
       [&](uint32_t index, size_t) {
         return std::span<uint8_t>(destination.data() + index * p.record_bytes, p.record_bytes);
       },

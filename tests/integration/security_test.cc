@@ -264,12 +264,8 @@ TEST_F(SecurityTest, RotatedCertificatesServeNewConnectionsWhileOpenStreamsFinis
   identity.tls.dir = Dir("trust").string();
   auto channel = *MakeChannelAs(identity, target);
   auto stub = v1::KvCache::NewStub(channel);
-  v1::GetRequest request;
-  request.set_kv_namespace("tenant");
-  *request.mutable_layout() = kvblock::LayoutToProto(TestLayout());
-  for (const TestBlock& b : blocks) request.add_block_hashes(std::string(kvblock::HashAsBytes(b.slices.hash)));
   grpc::ClientContext context;
-  auto reader = stub->Get(&context, request);
+  auto reader = stub->Get(&context, MakeGetRequest("tenant", TestLayout(), Hashes(blocks)));
   v1::GetResponse response;
   ASSERT_TRUE(reader->Read(&response));
   size_t read = 1;
