@@ -476,6 +476,58 @@ TEST_F(CacheServerTest, CancelledPutFreesItsIncompleteBlocks) {
   EXPECT_EQ(client_->Match("ns", layout_, {b.slices.hash})->matched_blocks(), 0u);
 }
 
+// A Put of a header and 3 of a block's 8 layers, on `context`.
+std::unique_ptr<grpc::ClientWriter<v1::PutRequest>> StartPartialPut(CacheClient& client, grpc::ClientContext& context,
+                                                                   const kvblock::LatentLayout& layout,
+                                                                   const TestBlock& b, v1::PutResponse& response) {
+  auto writer = client.stub().Put(&context, &response);
+  v1::PutRequest h;
+  h.mutable_header()->set_kv_namespace("ns");
+  *h.mutable_header()->mutable_layout() = kvblock::LayoutToProto(layout);
+  EXPECT_TRUE(writer->Write(h));
+  for (int l = 0; l < 3; ++l) {
+    v1::PutRequest s;
+    s.mutable_slice()->set_block_hash(std::string(kvblock::HashAsBytes(b.slices.hash)));
+    s.mutable_slice()->set_data(b.slices.records[l]);
+    EXPECT_TRUE(writer->Write(s));
+  }
+  return writer;
+}
+
+TEST_F(CacheServerTest, PutThatGoesSilentIsEndedAndItsBlocksFreed) {
+  Start("8MiB", "8MiB", {"--put-idle-ms", "500"});
+  const TestBlock b = MakeBlock(layout_, "ns", 12);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::PutResponse response;
+  const auto start = std::chrono::steady_clock::now();
+  auto writer = StartPartialPut(*client_, context, layout_, b, response);
+  ASSERT_TRUE(StatsEventually(*client_, [](const auto& s) { return s.pending_blocks() == 1; }));
+  // No WritesDone: the client just stops sending, and the server ends it.
+  const grpc::Status status = writer->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << status.error_message();
+  EXPECT_NE(status.error_message().find("no Put message for 500ms"), std::string::npos) << status.error_message();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));  // the server's limit, not ours
+  EXPECT_TRUE(StatsEventually(*client_, [](const auto& s) { return s.pending_blocks() == 0; }));
+  EXPECT_EQ(client_->Match("ns", layout_, {b.slices.hash})->matched_blocks(), 0u);
+  // A writer whose stream lasts longer than the limit, but that is never
+  // silent for as long, stores its block.
+  grpc::ClientContext steady_context;
+  v1::PutResponse steady_response;
+  auto steady = StartPartialPut(*client_, steady_context, layout_, b, steady_response);
+  for (uint32_t l = 3; l < layout_.num_layers; ++l) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    v1::PutRequest s;
+    s.mutable_slice()->set_block_hash(std::string(kvblock::HashAsBytes(b.slices.hash)));
+    s.mutable_slice()->set_data(b.slices.records[l]);
+    ASSERT_TRUE(steady->Write(s));
+  }
+  ASSERT_TRUE(steady->WritesDone());
+  const grpc::Status steady_status = steady->Finish();
+  ASSERT_TRUE(steady_status.ok()) << steady_status.error_message();
+  EXPECT_EQ(steady_response.blocks_stored(), 1u);
+}
+
 TEST_F(CacheServerTest, ClientThatVanishesMidGetLeavesNothingPinned) {
   std::vector<BlockSlices> blocks;
   std::vector<BlockHash> hashes;

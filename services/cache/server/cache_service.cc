@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "services/cache/server/get_response.h"
+#include "services/common/log.h"
 #include "services/common/status.h"
 #include "services/kvblock/block_format.h"
 
@@ -61,7 +62,7 @@ const grpc::Status kBusy(grpc::StatusCode::RESOURCE_EXHAUSTED,
 // raw and are parsed here: a message that does not parse is answered
 // INVALID_ARGUMENT (typed, gRPC would end the stream there as if the client
 // had closed it, and the Put would answer OK).
-class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, public IdleStream {
  public:
   static constexpr size_t kReadAhead = 8;
 
@@ -74,6 +75,11 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
         caller_ = *std::move(caller);
         reading_ = true;
         step.start_read = true;
+        waiting_since_ = absl::Now();
+        if (service->idle_puts() != nullptr) {
+          service->idle_puts()->Add(this);
+          watched_ = true;
+        }
       } else {
         error_ = ToGrpcStatus(caller.status());
         step = PlanLocked();
@@ -87,6 +93,7 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     {
       absl::MutexLock lock(&mu_);
       reading_ = false;
+      waiting_since_ = absl::Now();
       if (ok) {
         queue_.emplace_back().Swap(&request_);
       } else {
@@ -97,7 +104,29 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     Run(step);
   }
 
-  void OnDone() override { DeleteWhenDone(this, mu_); }
+  void OnDone() override {
+    if (watched_) service_->idle_puts()->Remove(this);
+    DeleteWhenDone(this, mu_);
+  }
+
+  // Ends the stream when it has waited for the client's next message since
+  // before `cutoff` (not when the store is behind: then it reads ahead).
+  void ExpireIfIdleSince(absl::Time cutoff) override {
+    Step step;
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_ || error_.has_value() || processing_ || !queue_.empty() || !reading_ || waiting_since_ >= cutoff) {
+        return;
+      }
+      const std::string why = absl::StrCat("no Put message for ", absl::FormatDuration(service_->idle_puts()->limit()),
+                                           ": stream ended, its incomplete blocks dropped");
+      static RateLimitedLog log(LogLevel::kWarning, "put");
+      log(absl::StrCat(caller_->Describe(), ": ", why));
+      error_ = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, why);
+      step = PlanLocked();
+    }
+    Run(step);  // may delete this
+  }
 
  private:
   // What to do next, decided under the lock, done outside it (Finish may
@@ -164,6 +193,7 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
           // Decided in the same critical section that ends processing: once
           // it is clear, another thread may finish the stream and free this.
           processing_ = false;
+          waiting_since_ = absl::Now();
           const Step last = PlanLocked();
           lock.Release();
           Run(last);
@@ -255,6 +285,7 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   grpc::ByteBuffer* response_;
   RpcTimer timer_;
   std::shared_ptr<const Caller> caller_;  // set before the first read
+  bool watched_ = false;                  // in idle_puts, from before the first read
   grpc::ByteBuffer request_;              // the one read in flight; owned by whoever set reading_
   int messages_ = 0;                      // parsed so far, by Drain
   // Used by one Drain task at a time (processing_), then by Answer; freed in
@@ -270,6 +301,8 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<grpc::Status> error_ ABSL_GUARDED_BY(mu_);
+  // Since when the stream has had nothing to do but wait for the client.
+  absl::Time waiting_since_ ABSL_GUARDED_BY(mu_);
 };
 
 // ---- Get ----
@@ -482,12 +515,14 @@ void FillTenantStats(const StoreStats& s, const Caller& caller, v1::StatsRespons
 }
 
 CacheService::CacheService(BlockStore* store, Executor* executor, RpcMetrics* metrics,
-                           std::vector<std::string> namespaces, FastPathServer* fast_path, TenantRegistry* tenants)
+                           std::vector<std::string> namespaces, FastPathServer* fast_path, TenantRegistry* tenants,
+                           IdleStreams* idle_puts)
     : store_(store),
       executor_(executor),
       metrics_(metrics),
       fast_path_(fast_path),
       tenants_(tenants),
+      idle_puts_(idle_puts),
       planner_(std::move(namespaces), fast_path) {}
 
 absl::StatusOr<std::shared_ptr<const Caller>> CacheService::Authenticate(const grpc::CallbackServerContext& context,

@@ -10,6 +10,7 @@
 
 #include "kvtier/v1/cache.grpc.pb.h"
 #include "services/cache/fast_path/fast_path_server.h"
+#include "services/cache/server/idle_streams.h"
 #include "services/cache/server/request_planner.h"
 #include "services/cache/server/rpc_metrics.h"
 #include "services/cache/store/block_store.h"
@@ -43,8 +44,11 @@ class CacheService final : public KvCacheBase {
   // `fast_path` (then OpenFastPath answers FAILED_PRECONDITION).
   // `namespaces`: the tenants served; empty serves any well-formed name.
   // `tenants`: who may call (null: every caller, one trust domain).
+  // `idle_puts`: ends Put streams that wait on their client too long (null:
+  // never).
   CacheService(BlockStore* store, Executor* executor, RpcMetrics* metrics, std::vector<std::string> namespaces = {},
-               FastPathServer* fast_path = nullptr, TenantRegistry* tenants = nullptr);
+               FastPathServer* fast_path = nullptr, TenantRegistry* tenants = nullptr,
+               IdleStreams* idle_puts = nullptr);
 
   // Who a call is from; UNAUTHENTICATED without a valid proof.
   absl::StatusOr<std::shared_ptr<const Caller>> Authenticate(const grpc::CallbackServerContext& context,
@@ -76,6 +80,7 @@ class CacheService final : public KvCacheBase {
   Executor* executor() const { return executor_; }
   RpcMetrics* metrics() const { return metrics_; }
   FastPathServer* fast_path() const { return fast_path_; }
+  IdleStreams* idle_puts() const { return idle_puts_; }
 
  private:
   BlockStore* store_;
@@ -83,6 +88,7 @@ class CacheService final : public KvCacheBase {
   RpcMetrics* metrics_;
   FastPathServer* fast_path_;
   TenantRegistry* tenants_;
+  IdleStreams* idle_puts_;
   RequestPlanner planner_;
 };
 

@@ -44,6 +44,7 @@ struct Flags {
   std::string fast_path_socket;
   std::string fast_path_staging = "512MiB";
   bool no_fast_path = false;
+  uint64_t put_idle_ms = 30000;
   SecurityFlags security;
 };
 
@@ -163,6 +164,10 @@ int Run(const Flags& f) {
     }
     fast_path = *std::move(started);
   }
+  if (f.put_idle_ms == 0) {
+    std::cerr << "kvtier-cache: --put-idle-ms must be positive\n";
+    return 2;
+  }
   absl::StatusOr<std::unique_ptr<TenantRegistry>> tenants = f.security.OpenTenants();
   if (!tenants.ok()) {
     std::cerr << "kvtier-cache: " << tenants.status().message() << "\n";
@@ -171,7 +176,9 @@ int Run(const Flags& f) {
   auto registry = std::make_shared<prometheus::Registry>();
   RpcMetrics rpc_metrics(*registry);
   Executor executor(f.threads, /*max_queued=*/4096);
-  CacheService service(store->get(), &executor, &rpc_metrics, namespaces, fast_path.get(), tenants->get());
+  IdleStreams idle_puts(absl::Milliseconds(static_cast<int64_t>(f.put_idle_ms)));
+  CacheService service(store->get(), &executor, &rpc_metrics, namespaces, fast_path.get(), tenants->get(),
+                       &idle_puts);
   auto store_metrics = std::make_shared<StoreMetrics>(store->get(), fast_path.get());
   auto exposer = StartMetricsExposer(f.metrics_listen, {registry, store_metrics});
   if (!exposer.ok()) {
@@ -246,6 +253,9 @@ int main(int argc, char** argv) {
                   "staging memory for same-host Put, all sessions together (0: none)");
   flags.AddBool("no-fast-path", &f.no_fast_path,
                 "serve blocks over gRPC only: tiers in private memory, no unix socket");
+  flags.AddUint("put-idle-ms", &f.put_idle_ms,
+                "a Put stream that sends nothing for this long is ended (DEADLINE_EXCEEDED) and its incomplete "
+                "blocks dropped");
   f.security.Register(flags, /*serves=*/true, /*calls=*/false);
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "kvtier-cache"))
     return *exit;
