@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/common/status.h"
 #include "services/serving/generated_tokens.h"
+#include "services/serving/model_server.h"
 #include "services/serving/request_checks.h"
 #include "services/serving/sequence_blocks.h"
 
@@ -172,15 +173,34 @@ void DecodeService::OnSealed(DecodeSequence& s, size_t block) {
   }
 }
 
+absl::StatusOr<std::shared_ptr<const Caller>> DecodeService::AuthenticateService(const grpc::ServerContext& context,
+                                                                                 const char* method) const {
+  absl::StatusOr<std::shared_ptr<const Caller>> caller = Authenticate(tenants_, context, method);
+  if (!caller.ok()) return caller.status();
+  if (!(*caller)->IsService()) {
+    return absl::PermissionDeniedError(absl::StrCat((*caller)->Describe(),
+                                                    " is not a kvtier service: decode workers serve only prefill "
+                                                    "nodes (send requests to a prefill node)"));
+  }
+  return caller;
+}
+
+grpc::Status DecodeService::Info(grpc::ServerContext* context, const v1::InfoRequest* /*request*/,
+                                 v1::ServerInfo* response) {
+  absl::StatusOr<std::shared_ptr<const Caller>> caller = AuthenticateService(*context, "Info");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  std::vector<kvblock::LatentLayout> layouts;
+  for (kernels::Codec codec : kernels::kAllCodecs) {
+    layouts.push_back(serving::ModelLayout(model_.config(), model_id_, codec, /*tokens_per_block=*/0));
+  }
+  *response = serving::ServerInfoFor("kvtier-decode", model_, model_id_, layouts, "");
+  return grpc::Status::OK;
+}
+
 grpc::Status DecodeService::Decode(grpc::ServerContext* context, const v1::DecodeRequest* request,
                                    grpc::ServerWriter<v1::DecodeResponse>* writer) {
-  absl::StatusOr<std::shared_ptr<const Caller>> caller = Authenticate(tenants_, *context, "Decode");
+  absl::StatusOr<std::shared_ptr<const Caller>> caller = AuthenticateService(*context, "Decode");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
-  if (!(*caller)->IsService()) {
-    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                        absl::StrCat((*caller)->Describe(), " is not a kvtier service: decode workers serve only "
-                                                            "prefill nodes (send requests to a prefill node)"));
-  }
   if (absl::Status s = CheckNamespace(**caller, request->kv_namespace()); !s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<std::shared_ptr<DecodeSequence>> prepared = Prepare(*request);
   if (!prepared.ok()) return ToGrpcStatus(prepared.status());

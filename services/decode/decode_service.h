@@ -31,12 +31,18 @@ class DecodeService final : public v1::Decode::Service {
 
   grpc::Status Decode(grpc::ServerContext* context, const v1::DecodeRequest* request,
                       grpc::ServerWriter<v1::DecodeResponse>* writer) override;
+  // The model and the layouts it reads and writes (one a codec, any block
+  // size); for kvtier services, as Decode is.
+  grpc::Status Info(grpc::ServerContext* context, const v1::InfoRequest* request, v1::ServerInfo* response) override;
 
  private:
   // Checks the request and builds its sequence, fetching or recomputing the
   // blocks; the caller submits it.
   absl::StatusOr<std::shared_ptr<DecodeSequence>> Prepare(const v1::DecodeRequest& request);
   void OnSealed(DecodeSequence& sequence, size_t block);
+  // UNAUTHENTICATED or PERMISSION_DENIED unless the caller is a service.
+  absl::StatusOr<std::shared_ptr<const Caller>> AuthenticateService(const grpc::ServerContext& context,
+                                                                    const char* method) const;
 
   const runtime::Model& model_;
   const std::string model_id_;

@@ -7,6 +7,7 @@
 #include "services/common/status.h"
 #include "services/prefill/progress_watchdog.h"
 #include "services/serving/generated_tokens.h"
+#include "services/serving/model_server.h"
 #include "services/serving/request_checks.h"
 #include "services/serving/sequence_blocks.h"
 
@@ -135,6 +136,14 @@ absl::StatusOr<PrefillService::Prefilled> PrefillService::Prefill(const v1::Gene
   *d.mutable_sampling() = r.sampling();
   *d.mutable_limits() = r.limits();
   return out;
+}
+
+grpc::Status PrefillService::Info(grpc::ServerContext* context, const v1::InfoRequest* /*request*/,
+                                  v1::ServerInfo* response) {
+  absl::StatusOr<std::shared_ptr<const Caller>> caller = Authenticate(tenants_, *context, "Info");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  *response = serving::ServerInfoFor("kvtier-prefill", model_, model_id_, {layout_}, (*caller)->default_namespace);
+  return grpc::Status::OK;
 }
 
 grpc::Status PrefillService::Generate(grpc::ServerContext* context, const v1::GenerateRequest* r,

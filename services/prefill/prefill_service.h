@@ -45,6 +45,9 @@ class PrefillService final : public v1::Prefill::Service {
 
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override;
+  // The model, the layout this node writes, and the caller's default
+  // namespace; any authenticated caller may ask.
+  grpc::Status Info(grpc::ServerContext* context, const v1::InfoRequest* request, v1::ServerInfo* response) override;
 
  private:
   struct Prefilled;

@@ -109,6 +109,24 @@ int ServeUntilSignal(const std::string& program, const ModelServerFlags& flags, 
   return 0;
 }
 
+v1::ServerInfo ServerInfoFor(const std::string& program, const runtime::Model& model, const std::string& model_id,
+                             const std::vector<kvblock::LatentLayout>& layouts, const std::string& default_namespace) {
+  v1::ServerInfo info;
+  info.set_server_version(absl::StrCat(program, " ", kKvtierVersion));
+  info.set_model_id(model_id);
+  for (const kvblock::LatentLayout& layout : layouts) {
+    v1::LatentLayout* p = info.add_layouts();
+    *p = kvblock::LayoutToProto(layout);
+    if (layout.tokens_per_block == 0) p->set_layout_id(0);  // any block size: no one layout
+  }
+  const runtime::ModelConfig& c = model.config();
+  info.set_vocab_size(static_cast<uint32_t>(c.vocab_size));
+  info.set_max_context_tokens(static_cast<uint32_t>(c.max_position_embeddings));
+  info.add_block_format_versions(kvblock::kBlockFormatVersion);
+  info.set_default_namespace(default_namespace);
+  return info;
+}
+
 int ExitWith(const std::string& program, const absl::Status& status) {
   std::cerr << program << ": " << status.message() << "\n";
   return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;

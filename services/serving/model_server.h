@@ -13,6 +13,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "kvtier/v1/info.pb.h"
+#include "services/kvblock/layout.h"
 #include "services/common/flags.h"
 #include "services/common/security_flags.h"
 #include "services/common/tenants.h"
@@ -62,6 +64,14 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
 // end; the exit code for main.
 int ServeUntilSignal(const std::string& program, const ModelServerFlags& flags, grpc::Service* service,
                      const std::string& ready);
+
+inline constexpr char kKvtierVersion[] = "0.1.0";
+
+// What a decode worker or prefill node answers to Info (info.proto):
+// "<program> <version>", the model, `layouts` (layout ids set where their
+// tokens_per_block is), and the caller's default namespace.
+v1::ServerInfo ServerInfoFor(const std::string& program, const runtime::Model& model, const std::string& model_id,
+                             const std::vector<kvblock::LatentLayout>& layouts, const std::string& default_namespace);
 
 // "<program>: <message>" on stderr; returns 2 for INVALID_ARGUMENT (a usage
 // error), 1 otherwise.
