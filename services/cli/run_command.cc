@@ -2,6 +2,7 @@
 // checking a model). Last stdout line: the generated ids; or, with --json,
 // one JSON object with ids, logprobs and top logprobs.
 #include <algorithm>
+#include <fstream>
 #include <iostream>
 #include <thread>
 
@@ -10,15 +11,39 @@
 #include "services/cli/commands.h"
 #include "services/cli/generation_io.h"
 #include "services/common/flags.h"
+#include "services/common/status.h"
 #include "services/runtime/checkpoint.h"
 #include "services/runtime/generate.h"
 
 namespace kvtier::cli {
 namespace {
 
+// `rows` ([layer] rows of `dim` floats, as many in each layer) as a NumPy
+// .npy file of float32 [layers][tokens][dim].
+absl::Status WriteNpy(const std::string& path, const std::vector<std::vector<float>>& rows, size_t dim) {
+  const size_t tokens = rows.empty() ? 0 : rows[0].size() / dim;
+  std::string header = absl::StrCat("{'descr': '<f4', 'fortran_order': False, 'shape': (", rows.size(), ", ", tokens,
+                                    ", ", dim, "), }");
+  // Magic, version 1.0, a little-endian u16 length; data 64-byte aligned.
+  const size_t unpadded = 10 + header.size() + 1;
+  header.append((64 - unpadded % 64) % 64, ' ');
+  header += '\n';
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  const uint16_t length = static_cast<uint16_t>(header.size());
+  out.write("\x93NUMPY\x01\x00", 8);
+  out.write(reinterpret_cast<const char*>(&length), 2);
+  out << header;
+  for (const std::vector<float>& layer : rows) {
+    out.write(reinterpret_cast<const char*>(layer.data()), static_cast<std::streamsize>(layer.size() * sizeof(float)));
+  }
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("--latents-out: cannot write ", path));
+  return absl::OkStatus();
+}
+
 absl::Status Run(const std::string& model_dir, const std::string& prompt_ids, uint64_t max_new,
                  const std::string& codec_name, uint64_t tokens_per_block, bool json, const runtime::Sampling& sampling,
-                 const std::string& device_name) {
+                 const std::string& device_name, const std::string& latents_out) {
   if (model_dir.empty()) return absl::InvalidArgumentError("--model is required");
   const absl::StatusOr<runtime::Device> device = runtime::ParseDevice(device_name);
   if (!device.ok()) return device.status();
@@ -40,8 +65,14 @@ absl::Status Run(const std::string& model_dir, const std::string& prompt_ids, ui
   options.codec = *codec;
   options.tokens_per_block = static_cast<uint32_t>(tokens_per_block);
   options.sampling = sampling;
+  std::vector<std::vector<float>> sealed;
+  if (!latents_out.empty()) options.sealed_latents = &sealed;
   auto out = runtime::Generate(**model, *prompt, options);
   if (!out.ok()) return out.status();
+  if (!latents_out.empty()) {
+    const runtime::ModelConfig& c = (*model)->config();
+    KVTIER_RETURN_IF_ERROR(WriteNpy(latents_out, sealed, static_cast<size_t>(c.kv_lora_rank + c.qk_rope_head_dim)));
+  }
   std::cout << (json ? GenerationJson(*out, prompt->size(), 0) : IdsLine(*out)) << "\n";
   return absl::OkStatus();
 }
@@ -49,7 +80,7 @@ absl::Status Run(const std::string& model_dir, const std::string& prompt_ids, ui
 }  // namespace
 
 int RunRun(const std::vector<std::string>& args) {
-  std::string model, prompt_ids, codec = "bf16", device = "cpu";
+  std::string model, prompt_ids, codec = "bf16", device = "cpu", latents_out;
   uint64_t max_new = 16, tokens_per_block = 64, threads = std::max(1u, std::thread::hardware_concurrency());
   SamplingFlags sampling_flags;
   bool json = false;
@@ -64,12 +95,15 @@ int RunRun(const std::vector<std::string>& args) {
   flags.AddBool("json", &json, "print {ids, logprobs, top_logprobs, prompt_tokens, cached_tokens}");
   flags.AddUint("threads", &threads, "threads for the model's matrix products (default: every core)");
   flags.AddString("device", &device, runtime::kDeviceFlagHelp);
+  flags.AddString("latents-out", &latents_out,
+                  "write the float latents of every block sealed (the prompt's full blocks first) to this .npy "
+                  "file, float32 [layers][tokens][kv_lora_rank + rope]: to check another codec implementation");
   sampling_flags.Register(flags);
   if (std::optional<int> exit = flags.ParseOrExit(args, "kvtier run")) return *exit;
   kernels::SetKernelThreads(std::clamp<uint64_t>(threads, 1, 1024));
   absl::StatusOr<runtime::Sampling> sampling = sampling_flags.Parse();
   absl::Status s = sampling.status();
-  if (s.ok()) s = Run(model, prompt_ids, max_new, codec, tokens_per_block, json, *sampling, device);
+  if (s.ok()) s = Run(model, prompt_ids, max_new, codec, tokens_per_block, json, *sampling, device, latents_out);
   if (!s.ok()) {
     std::cerr << "kvtier run: " << s.message() << "\n";
     return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;

@@ -21,6 +21,7 @@ absl::StatusOr<std::vector<Sampled>> Generate(const Model& model, const std::vec
   }
   KVTIER_RETURN_IF_ERROR(ValidateSampling(o.sampling));
   SequenceCache cache = model.NewCache(o.codec, o.tokens_per_block);
+  cache.sealed_rows = o.sealed_latents;
   std::vector<float> logits(c.vocab_size);
   KVTIER_RETURN_IF_ERROR(model.Prefill(prompt, cache, logits));
   std::vector<Sampled> out;

@@ -17,6 +17,9 @@ struct GenerateOptions {
   uint32_t tokens_per_block = 64;
   Sampling sampling;
   size_t top_logprobs = 5;
+  // When set, [layer] gets the float latents of every block sealed, in
+  // order (SequenceCache::sealed_rows).
+  std::vector<std::vector<float>>* sealed_latents = nullptr;
 };
 
 // INVALID_ARGUMENT for an empty prompt, ids outside the vocabulary, a prompt

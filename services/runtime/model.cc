@@ -328,6 +328,11 @@ absl::Status SealFullBlocks(SequenceCache& cache, size_t li, uint32_t kv_lora_ra
   std::vector<float>& tail = cache.tail[li];
   size_t sealed = 0;
   while (tail.size() - sealed >= shape.values()) {
+    if (cache.sealed_rows != nullptr) {
+      if (cache.sealed_rows->size() <= li) cache.sealed_rows->resize(li + 1);
+      (*cache.sealed_rows)[li].insert((*cache.sealed_rows)[li].end(), tail.begin() + static_cast<ptrdiff_t>(sealed),
+                                      tail.begin() + static_cast<ptrdiff_t>(sealed + shape.values()));
+    }
     std::vector<uint8_t> payload(kernels::EncodedBytes(cache.codec, shape));
     KVTIER_RETURN_IF_ERROR(Check(
         kernels::Quantize(cache.codec, shape, std::span<const float>(tail).subspan(sealed, shape.values()), payload)));

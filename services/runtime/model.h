@@ -32,6 +32,9 @@ struct SequenceCache {
   int64_t length = 0;                            // tokens whose latents are held
   std::vector<std::vector<SealedBlock>> blocks;  // [layer][block]
   std::vector<std::vector<float>> tail;          // [layer] rows
+  // When set, [layer] gets the float rows of each block as it is sealed
+  // (to check another implementation's codecs against the same latents).
+  std::vector<std::vector<float>>* sealed_rows = nullptr;
 };
 
 // One sequence's part of a forward pass: `tokens` run at positions
