@@ -13,8 +13,10 @@ packages=(
   # integration tests and benchmarks: a real Prometheus scrapes the cache,
   # Redis is the peer the cache is measured against
   prometheus redis-server libhiredis-dev curl
-  # the Kubernetes manifests' check; the Python client's test
-  python3 python3-yaml python3-grpcio python3-protobuf python3-crc32c
+  # the Kubernetes manifests' check; the Python client (clients/python),
+  # its tests and its pip install
+  python3 python3-yaml python3-grpcio python3-protobuf python3-crc32c python3-numpy python3-pytest
+  python3-setuptools python3-pip
   # the thread-safety analysis (scripts/thread_safety_check.sh)
   clang
   # certificates for the TLS tests and `kvtier up --tls`

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "services/kvblock/layout.h"
 #include "tests/test_random.h"
 
 namespace kvtier::kvblock {
@@ -47,6 +48,17 @@ TEST(BlockKey, MatchesTheDocumentedEncoding) {
   for (auto& b : parent) b = static_cast<uint8_t>(rng.engine()());
   EXPECT_EQ(ChainHash("tenant-a", parent, 0x1234567890abcdefull, tokens),
             ReferenceChainHash("tenant-a", parent, 0x1234567890abcdefull, tokens));
+}
+
+// docs/protocol.md's test vector; the Python client's tests check the same.
+TEST(BlockKey, ChainIsTheDocumentedVector) {
+  const LatentLayout tiny{
+      .model_id = "m", .num_layers = 1, .kv_lora_rank = 4, .rope_dim = 2, .tokens_per_block = 2,
+      .codec = kernels::Codec::kBf16};
+  const std::vector<uint32_t> tokens = {1, 2, 3, 4, 5};
+  const std::vector<BlockHash> chain = ComputeBlockChain("default", LayoutId(tiny), 2, tokens);
+  ASSERT_EQ(chain.size(), 2u);
+  EXPECT_EQ(HashToHex(chain[1]), "6ed84cc4bce8f5454dd594e32bdfe6d93b5ea70ffb88d71fd39904b9713f018d");
 }
 
 TEST(BlockKey, EqualInputsGiveEqualKeysAndAnyChangeChangesThem) {

@@ -33,6 +33,13 @@ TEST(Layout, IdChangesWithEveryField) {
   }
 }
 
+// docs/protocol.md's test vector; the Python client's tests check the same.
+TEST(Layout, IdIsTheDocumentedVector) {
+  LatentLayout l = V2Lite();
+  l.model_id = "deepseek-ai/DeepSeek-V2-Lite";
+  EXPECT_EQ(LayoutId(l), 0xf7031e4b3c2f58feull);
+}
+
 TEST(Layout, ProtoRoundTripCarriesTheId) {
   const v1::LatentLayout p = LayoutToProto(V2Lite());
   EXPECT_EQ(p.layout_id(), LayoutId(V2Lite()));

@@ -1,0 +1,68 @@
+"""Channels to kvtier servers: plaintext, TLS, mutual TLS, with a bearer token.
+
+TLS material is read from a directory laid out as a Kubernetes TLS Secret
+(what the servers' --tls-dir takes): ca.crt (the CA to trust), and for
+mutual TLS tls.crt and tls.key (this client's certificate and key).
+"""
+import pathlib
+
+import grpc
+
+# Records of a few MiB travel in one message.
+_OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+
+
+class _Token(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor, grpc.StreamUnaryClientInterceptor,
+             grpc.StreamStreamClientInterceptor):
+    """Adds `authorization: Bearer TOKEN` to every call (plaintext or TLS)."""
+
+    def __init__(self, token):
+        self._header = ("authorization", "Bearer " + token)
+
+    def _with_token(self, details):
+        metadata = list(details.metadata or []) + [self._header]
+        return details._replace(metadata=metadata) if hasattr(details, "_replace") else _Details(details, metadata)
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._with_token(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._with_token(details), request)
+
+    def intercept_stream_unary(self, continuation, details, requests):
+        return continuation(self._with_token(details), requests)
+
+    def intercept_stream_stream(self, continuation, details, requests):
+        return continuation(self._with_token(details), requests)
+
+
+class _Details(grpc.ClientCallDetails):
+    def __init__(self, details, metadata):
+        self.method = details.method
+        self.timeout = details.timeout
+        self.metadata = metadata
+        self.credentials = details.credentials
+        self.wait_for_ready = getattr(details, "wait_for_ready", None)
+        self.compression = getattr(details, "compression", None)
+
+
+def make_channel(target, *, tls_dir=None, token=None, server_name=None):
+    """A channel to HOST:PORT. tls_dir: TLS (mutual when it holds tls.crt and
+    tls.key); token: a bearer token sent with every call; server_name: the
+    name to check the server's certificate against, when not the host's."""
+    options = list(_OPTIONS)
+    if tls_dir is None:
+        channel = grpc.insecure_channel(target, options=options)
+    else:
+        d = pathlib.Path(tls_dir)
+        cert, key = d / "tls.crt", d / "tls.key"
+        mutual = cert.exists() and key.exists()
+        credentials = grpc.ssl_channel_credentials(root_certificates=(d / "ca.crt").read_bytes(),
+                                                   private_key=key.read_bytes() if mutual else None,
+                                                   certificate_chain=cert.read_bytes() if mutual else None)
+        if server_name:
+            options.append(("grpc.ssl_target_name_override", server_name))
+        channel = grpc.secure_channel(target, credentials, options=options)
+    if token:
+        channel = grpc.intercept_channel(channel, _Token(token))
+    return channel

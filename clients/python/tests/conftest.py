@@ -1,0 +1,116 @@
+"""Fixtures: the real servers on port 0, a generated model, certificates.
+
+The binaries come from the environment (ctest sets them): KVTIER_CACHE_BINARY,
+KVTIER_DECODE_BINARY, KVTIER_PREFILL_BINARY, KVTIER_BINARY (the CLI) and
+KVTIER_WIRE_VECTORS.
+"""
+import hashlib
+import json
+import os
+import subprocess
+import threading
+
+import pytest
+
+
+def binary(name):
+    path = os.environ.get(name)
+    if not path:
+        pytest.skip(f"{name} is not set (run through ctest)")
+    return path
+
+
+class Server:
+    """A server process; `target` is the HOST:PORT it printed."""
+
+    def __init__(self, argv):
+        self.argv = argv
+        self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.stderr = []
+        threading.Thread(target=self._drain_stderr, daemon=True).start()
+        self.target = None
+        for line in self.process.stdout:
+            if line.startswith("listening on "):
+                self.target = line.split()[-1]
+                break
+        if self.target is None:
+            self.process.wait(timeout=30)
+            raise RuntimeError(f"{argv[0]} did not start: {''.join(self.stderr)}")
+        threading.Thread(target=self.process.stdout.read, daemon=True).start()
+
+    def _drain_stderr(self):
+        for line in self.process.stderr:
+            self.stderr.append(line)
+
+    def stop(self):
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture
+def start_server():
+    started = []
+
+    def start(argv):
+        server = Server([str(a) for a in argv])
+        started.append(server)
+        return server
+
+    yield start
+    for server in reversed(started):
+        server.stop()
+
+
+def cache_argv(*extra):
+    return [binary("KVTIER_CACHE_BINARY"), "--listen", "127.0.0.1:0", "--metrics-listen", "", "--device-capacity",
+            "32MiB", "--host-capacity", "32MiB", *extra]
+
+
+@pytest.fixture
+def cache(start_server):
+    """A plaintext kvtier-cache serving any namespace."""
+    return start_server(cache_argv())
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    """A generated DeepSeek-V2 checkpoint (the tiny preset)."""
+    out = tmp_path_factory.mktemp("model")
+    subprocess.run([binary("KVTIER_BINARY"), "make-model", "--preset", "tiny", "--out", str(out), "--seed", "29"],
+                   check=True, capture_output=True)
+    return out
+
+
+def sh(*args, cwd):
+    subprocess.run(args, cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def tls_dir(tmp_path_factory):
+    """A CA and a server certificate for localhost, made with openssl: the
+    server's --tls-dir; its ca.crt alone is what a client trusts."""
+    d = tmp_path_factory.mktemp("tls")
+    p256 = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    sh("openssl", "req", "-x509", *p256, "-days", "1", "-subj", "/CN=test CA", "-keyout", "ca.key", "-out", "ca.crt",
+       cwd=d)
+    sh("openssl", "req", *p256, "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+       "-keyout", "tls.key", "-out", "tls.csr", cwd=d)
+    sh("openssl", "x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days",
+       "1", "-copy_extensions", "copy", "-out", "tls.crt", cwd=d)
+    client = d / "client"
+    client.mkdir()
+    (client / "ca.crt").write_bytes((d / "ca.crt").read_bytes())
+    return d
+
+
+def write_tenants(path, tenants):
+    """tenants: {name: (role, [namespaces], token)} as a --tenants file."""
+    path.write_text(json.dumps({"tenants": [
+        {"name": name, "role": role, "namespaces": namespaces,
+         "tokenSha256": [hashlib.sha256(token.encode()).hexdigest()]}
+        for name, (role, namespaces, token) in tenants.items()]}))
+    return path

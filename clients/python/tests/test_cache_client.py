@@ -1,0 +1,135 @@
+"""CacheClient against a real kvtier-cache on port 0: byte-exact Put and
+Get of records built in Python, Match, Stats, the documented statuses for
+bad input, a dead server, and TLS with tokens."""
+import socket
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from conftest import cache_argv, write_tenants
+from kvtier import CacheClient, KvtierError, LatentLayout, block_hashes, encode_record, parse_record
+from kvtier.records import encode_payloads
+
+LAYOUT = LatentLayout("python-client", num_layers=3, kv_lora_rank=64, rope_dim=16, tokens_per_block=8, codec="int8")
+
+
+def blocks(rng, layout, ns, count):
+    """(hash, whole record, per-layer records) for `count` blocks of a random prompt."""
+    tokens = [int(t) for t in rng.integers(0, 50000, size=count * layout.tokens_per_block)]
+    out = []
+    for h in block_hashes(ns, layout, tokens):
+        x = rng.standard_normal((layout.num_layers, layout.tokens_per_block, layout.dim)).astype(np.float32)
+        record = encode_record(layout, 0, x)
+        layers = [encode_record(layout, layer, x[layer]) for layer in range(layout.num_layers)]
+        out.append((h, record, layers))
+    return out
+
+
+def test_put_match_get_are_byte_exact(cache):
+    rng = np.random.default_rng()
+    with CacheClient(cache.target) as client:
+        stored = blocks(rng, LAYOUT, "acme", 5)
+        put = client.put("acme", LAYOUT, [(h, layers) for h, _, layers in stored])  # a slice per layer
+        assert put.blocks_stored == 5
+        hashes = [h for h, _, _ in stored]
+        assert client.match("acme", LAYOUT, hashes + [bytes(32)]).matched_blocks == 5
+        assert client.get("acme", LAYOUT, hashes) == [record for _, record, _ in stored]
+        # A layer subset comes back as a record of its own.
+        one = client.get("acme", LAYOUT, hashes[:1], layers=(1, 2))[0]
+        parsed = parse_record(one, LAYOUT)
+        assert (parsed.first_layer, parsed.layer_count) == (1, 2)
+        assert parsed.payloads == parse_record(stored[0][1]).payloads[1:]
+        # Whole records dedupe; a missing block is None.
+        assert client.put("acme", LAYOUT, [(h, record) for h, record, _ in stored]).blocks_deduplicated == 5
+        assert client.get("acme", LAYOUT, [bytes(32)]) == [None]
+        assert client.match("other", LAYOUT, hashes).matched_blocks == 0  # namespaces never share
+        stats = client.stats()
+        assert stats.blocks_stored == 5 and stats.server_version.startswith("kvtier-cache ")
+
+
+def expect_status(code, call, match=""):
+    with pytest.raises(KvtierError) as e:
+        call()
+    assert e.value.code == code, e.value
+    assert match in e.value.details, e.value.details
+    return e.value
+
+
+def test_bad_input_gets_the_documented_statuses(start_server):
+    cache = start_server(cache_argv("--namespaces", "acme,globex"))
+    rng = np.random.default_rng()
+    client = CacheClient(cache.target)
+    h, record, _ = blocks(rng, LAYOUT, "acme", 1)[0]
+    other = LatentLayout("another-model", 3, 64, 16, 8, "int8")
+    # A record of another layout under this one.
+    expect_status(grpc.StatusCode.FAILED_PRECONDITION,
+                  lambda: client.put("acme", LAYOUT, [(h, encode_record(other, 0, np.zeros((3, 8, 80))))]),
+                  "layout id")
+    bad_crc = bytearray(record)
+    bad_crc[100] ^= 0xFF
+    expect_status(grpc.StatusCode.DATA_LOSS, lambda: client.put("acme", LAYOUT, [(h, bytes(bad_crc))]), "checksum")
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: client.get("acme", LAYOUT, [h], layers=(2, 5)), "layer")
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: client.put("acme", LAYOUT, [(h[:31], record)]), "32 bytes")
+    expect_status(grpc.StatusCode.NOT_FOUND, lambda: client.match("initech", LAYOUT, [h]), "unknown namespace")
+    with pytest.raises(ValueError, match="namespace"):
+        client.match("no spaces", LAYOUT, [h])
+    # The records in Python refuse what the server would, with the same codes.
+    expect_status(grpc.StatusCode.DATA_LOSS, lambda: parse_record(bad_crc), "checksum")
+    expect_status(grpc.StatusCode.FAILED_PRECONDITION, lambda: parse_record(record, other), "layout id")
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: parse_record(record[:-1]), "truncated")
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: encode_payloads(LAYOUT, 2, [b"x", b"y"]), "not within")
+    # Nothing above stored anything.
+    assert client.stats().blocks_stored == 0
+
+
+def test_a_dead_server_is_unavailable_within_the_deadline():
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = CacheClient(f"127.0.0.1:{port}", timeout=3)
+    start = time.monotonic()
+    expect_status(grpc.StatusCode.UNAVAILABLE, lambda: client.match("acme", LAYOUT, [bytes(32)]))
+    assert time.monotonic() - start < 3.5
+
+
+def test_tls_and_tokens(start_server, tls_dir, tmp_path):
+    tokens = {"acme": "acme-python-token-31", "globex": "globex-python-token-77"}
+    tenants = write_tenants(tmp_path / "tenants.json",
+                            {name: ("WRITER", [name], token) for name, token in tokens.items()})
+    cache = start_server(cache_argv("--no-fast-path", "--tls-dir", tls_dir, "--tenants", tenants))
+    acme = CacheClient(cache.target, tls_dir=tls_dir / "client", token=tokens["acme"])
+    stored = blocks(np.random.default_rng(), LAYOUT, "acme", 3)
+    assert acme.put("acme", LAYOUT, [(h, record) for h, record, _ in stored]).blocks_stored == 3
+    hashes = [h for h, _, _ in stored]
+    assert acme.get("acme", LAYOUT, hashes) == [record for _, record, _ in stored]
+    globex = CacheClient(cache.target, tls_dir=tls_dir / "client", token=tokens["globex"])
+    expect_status(grpc.StatusCode.PERMISSION_DENIED, lambda: globex.match("acme", LAYOUT, hashes))
+    nobody = CacheClient(cache.target, tls_dir=tls_dir / "client")
+    expect_status(grpc.StatusCode.UNAUTHENTICATED, lambda: nobody.match("acme", LAYOUT, hashes))
+    plaintext = CacheClient(cache.target, token=tokens["acme"], timeout=3)
+    expect_status(grpc.StatusCode.UNAVAILABLE, lambda: plaintext.match("acme", LAYOUT, hashes))
+
+
+def test_pip_installs_the_package_without_network(tmp_path, cache):
+    """pip builds and installs it from a copy of the folder, the stubs
+    generated as it builds; the installed package works from anywhere."""
+    import os
+    import pathlib
+    import shutil
+    import subprocess
+    import sys
+    source = pathlib.Path(__file__).resolve().parents[1]
+    copy = tmp_path / "src"
+    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info", "tests"))
+    target = tmp_path / "site"
+    env = dict(os.environ, KVTIER_PROTO_DIR=str(source.parents[1] / "proto"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "--no-index",
+                    "--target", str(target), str(copy)], check=True, capture_output=True, env=env)
+    script = ("import sys, kvtier; from kvtier.v1 import cache_pb2_grpc; "
+              f"print(kvtier.__file__, kvtier.CacheClient('{cache.target}').stats().server_version)")
+    ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path,
+                         env=dict(os.environ, PYTHONPATH=str(target)), check=True)
+    installed, version = ran.stdout.split(" ", 1)
+    assert installed.startswith(str(target)) and version.startswith("kvtier-cache ")

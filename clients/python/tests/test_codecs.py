@@ -1,0 +1,60 @@
+"""The numpy codecs on their own: every element within its codec's bound of
+the input, on fresh random latents with outlier channels; bad input refused.
+(Byte equality with the C++ codecs is test_wire_contract's.)"""
+import numpy as np
+import pytest
+
+from kvtier import dequantize, encoded_bytes, quantize
+from kvtier.codecs import FP8_TILE, bf16_to_float
+
+
+def latents(rng, tokens, dim):
+    x = rng.standard_normal((tokens, dim)).astype(np.float32)
+    x[:, rng.integers(0, dim, size=4)] *= 60
+    return x
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng()
+
+
+@pytest.mark.parametrize("tokens,latent,rope", [(64, 512, 64), (5, 129, 7), (1, 3, 0)])
+def test_integer_codecs_stay_within_half_a_step(rng, tokens, latent, rope):
+    x = latents(rng, tokens, latent + rope)
+    dim = latent + rope
+    for codec in ("int8", "int4"):
+        payload = quantize(codec, x, latent, rope)
+        assert len(payload) == encoded_bytes(codec, tokens, latent, rope)
+        y = dequantize(codec, payload, tokens, latent, rope)
+        step = bf16_to_float(np.frombuffer(payload[:2 * dim], dtype="<u2"))
+        assert (np.abs(y - x) <= step * 0.5000001 + 1e-30).all(), codec
+
+
+def test_bf16_is_round_to_nearest_and_fp8_within_its_step(rng):
+    tokens, latent, rope = 16, 300, 20
+    x = latents(rng, tokens, latent + rope)
+    y = dequantize("bf16", quantize("bf16", x, latent, rope), tokens, latent, rope)
+    assert (np.abs(y - x) <= np.abs(x) * 2.0 ** -8).all()
+    y = dequantize("fp8", quantize("fp8", x, latent, rope), tokens, latent, rope)
+    assert (np.abs(y[:, latent:] - x[:, latent:]) <= np.abs(x[:, latent:]) * 2.0 ** -8).all()  # rope in bf16
+    for tile in range(0, latent, FP8_TILE):
+        part = slice(tile, min(tile + FP8_TILE, latent))
+        amax = np.abs(x[:, part]).max(axis=1, keepdims=True)
+        # e4m3: 3 mantissa bits (relative 2^-4), scale at most 2x the amax's.
+        assert (np.abs(y[:, part] - x[:, part]) <= np.maximum(np.abs(x[:, part]) * 2.0 ** -3, amax * 2.0 ** -9)).all()
+
+
+def test_bad_input_is_refused():
+    x = np.ones((4, 10), dtype=np.float32)
+    x[2, 3] = np.nan
+    with pytest.raises(ValueError, match="non-finite input nan at token 2, channel 3"):
+        quantize("int8", x, 8, 2)
+    with pytest.raises(ValueError, match="overflows bf16"):
+        quantize("bf16", np.full((1, 2), 3.4e38, dtype=np.float32), 2, 0)
+    with pytest.raises(ValueError, match="shape"):
+        quantize("int4", np.ones((4, 9), dtype=np.float32), 8, 2)
+    with pytest.raises(ValueError, match="unknown codec"):
+        quantize("int3", np.ones((4, 10), dtype=np.float32), 8, 2)
+    with pytest.raises(ValueError, match="bytes"):
+        dequantize("int8", b"\0" * 7, 4, 8, 2)
