@@ -22,8 +22,8 @@ namespace {
 // .npy file of float32 [layers][tokens][dim].
 absl::Status WriteNpy(const std::string& path, const std::vector<std::vector<float>>& rows, size_t dim) {
   const size_t tokens = rows.empty() ? 0 : rows[0].size() / dim;
-  std::string header = absl::StrCat("{'descr': '<f4', 'fortran_order': False, 'shape': (", rows.size(), ", ", tokens,
-                                    ", ", dim, "), }");
+  std::string header =
+      absl::StrCat("{'descr': '<f4', 'fortran_order': False, 'shape': (", rows.size(), ", ", tokens, ", ", dim, "), }");
   // Magic, version 1.0, a little-endian u16 length; data 64-byte aligned.
   const size_t unpadded = 10 + header.size() + 1;
   header.append((64 - unpadded % 64) % 64, ' ');

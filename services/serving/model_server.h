@@ -14,10 +14,10 @@
 
 #include "absl/status/statusor.h"
 #include "kvtier/v1/info.pb.h"
-#include "services/kvblock/layout.h"
 #include "services/common/flags.h"
 #include "services/common/security_flags.h"
 #include "services/common/tenants.h"
+#include "services/kvblock/layout.h"
 #include "services/runtime/model.h"
 #include "services/serving/shard_set.h"
 

@@ -478,8 +478,8 @@ TEST_F(CacheServerTest, CancelledPutFreesItsIncompleteBlocks) {
 
 // A Put of a header and 3 of a block's 8 layers, on `context`.
 std::unique_ptr<grpc::ClientWriter<v1::PutRequest>> StartPartialPut(CacheClient& client, grpc::ClientContext& context,
-                                                                   const kvblock::LatentLayout& layout,
-                                                                   const TestBlock& b, v1::PutResponse& response) {
+                                                                    const kvblock::LatentLayout& layout,
+                                                                    const TestBlock& b, v1::PutResponse& response) {
   auto writer = client.stub().Put(&context, &response);
   v1::PutRequest h;
   h.mutable_header()->set_kv_namespace("ns");

@@ -52,9 +52,12 @@ TEST(BlockKey, MatchesTheDocumentedEncoding) {
 
 // docs/protocol.md's test vector; the Python client's tests check the same.
 TEST(BlockKey, ChainIsTheDocumentedVector) {
-  const LatentLayout tiny{
-      .model_id = "m", .num_layers = 1, .kv_lora_rank = 4, .rope_dim = 2, .tokens_per_block = 2,
-      .codec = kernels::Codec::kBf16};
+  const LatentLayout tiny{.model_id = "m",
+                          .num_layers = 1,
+                          .kv_lora_rank = 4,
+                          .rope_dim = 2,
+                          .tokens_per_block = 2,
+                          .codec = kernels::Codec::kBf16};
   const std::vector<uint32_t> tokens = {1, 2, 3, 4, 5};
   const std::vector<BlockHash> chain = ComputeBlockChain("default", LayoutId(tiny), 2, tokens);
   ASSERT_EQ(chain.size(), 2u);

@@ -32,9 +32,12 @@ namespace {
 using nlohmann::json;
 
 json LayoutJson(const LatentLayout& l) {
-  return {{"model_id", l.model_id},         {"num_layers", l.num_layers},
-          {"kv_lora_rank", l.kv_lora_rank}, {"rope_dim", l.rope_dim},
-          {"tokens_per_block", l.tokens_per_block}, {"codec", static_cast<int>(l.codec)},
+  return {{"model_id", l.model_id},
+          {"num_layers", l.num_layers},
+          {"kv_lora_rank", l.kv_lora_rank},
+          {"rope_dim", l.rope_dim},
+          {"tokens_per_block", l.tokens_per_block},
+          {"codec", static_cast<int>(l.codec)},
           {"block_format_version", l.block_format_version}};
 }
 
@@ -80,7 +83,10 @@ std::vector<float> Latents(std::mt19937_64& rng, size_t tokens, size_t dim, size
 json Make(uint64_t seed) {
   std::mt19937_64 rng(seed);
   const std::vector<LatentLayout> shapes = {
-      {.model_id = "deepseek-ai/DeepSeek-V2-Lite@vectors", .num_layers = 2, .kv_lora_rank = 512, .rope_dim = 64,
+      {.model_id = "deepseek-ai/DeepSeek-V2-Lite@vectors",
+       .num_layers = 2,
+       .kv_lora_rank = 512,
+       .rope_dim = 64,
        .tokens_per_block = 16},
       {.model_id = "odd", .num_layers = 3, .kv_lora_rank = 129, .rope_dim = 7, .tokens_per_block = 5},
       {.model_id = "no-rope", .num_layers = 1, .kv_lora_rank = 200, .rope_dim = 0, .tokens_per_block = 3},
