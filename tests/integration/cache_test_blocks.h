@@ -29,6 +29,14 @@ inline kvblock::LatentLayout TestLayout() {  // 304,164-byte records
           .codec = kernels::Codec::kInt8};
 }
 
+// kvtier-cache's default --page-size, and what a TestLayout block takes in
+// it: whole pages.
+inline constexpr uint64_t kCachePageBytes = 16 * 1024;
+inline uint64_t TestBlockBytesTaken() {
+  const uint64_t record = kvblock::HeaderFor(TestLayout(), 0, TestLayout().num_layers).RecordBytes();
+  return (record + kCachePageBytes - 1) / kCachePageBytes * kCachePageBytes;
+}
+
 // Latents from a fast generator: the bytes only need to differ per block.
 inline std::vector<float> Latents(size_t n, uint64_t seed) {
   std::vector<float> x(n);

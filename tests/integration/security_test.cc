@@ -327,7 +327,8 @@ TEST_F(SecurityTest, TenantsCannotReachEachOthersBlocks) {
   EXPECT_TRUE(globex.ReleaseLease(matched->lease_id()).ok());
   absl::StatusOr<v1::StatsResponse> theirs_stats = globex.Stats(), all = admin.Stats();
   ASSERT_TRUE(theirs_stats.ok() && all.ok());
-  EXPECT_EQ(theirs_stats->tiers(0).used_bytes(), 3 * 327680u) << "globex's own three blocks, in whole pages";
+  EXPECT_EQ(theirs_stats->tiers(0).used_bytes(), 3 * TestBlockBytesTaken())
+      << "globex's own three blocks, in whole pages";
   EXPECT_EQ(all->blocks_stored(), 4u) << "the admin sees everyone's";
 }
 
@@ -360,7 +361,8 @@ TEST_F(SecurityTest, ATenantWritingTenTimesItsQuotaEvictsOnlyItsOwn) {
   const std::string page = ScrapeMetrics(metrics);
   EXPECT_GT(MetricValue(page, R"(kvtier_cache_tenant_evictions_total{tenant="acme"})").value_or(0), 0) << page;
   EXPECT_FALSE(MetricValue(page, R"(kvtier_cache_tenant_evictions_total{tenant="globex"})").has_value());
-  EXPECT_EQ(MetricValue(page, R"(kvtier_cache_tenant_used_bytes{tenant="globex",tier="device"})"), 5 * 327680.0);
+  EXPECT_EQ(MetricValue(page, R"(kvtier_cache_tenant_used_bytes{tenant="globex",tier="device"})"),
+            5.0 * TestBlockBytesTaken());
   EXPECT_LE(MetricValue(page, R"(kvtier_cache_tenant_used_bytes{tenant="acme",tier="device"})").value_or(1e18),
             2097152.0);
   EXPECT_EQ(MetricValue(page, R"(kvtier_cache_tenant_hits_total{tenant="globex"})"), 5.0);

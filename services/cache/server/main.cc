@@ -38,7 +38,7 @@ struct Flags {
   std::string disk_dir;
   std::string disk_capacity;
   uint64_t threads = std::max(2u, std::thread::hardware_concurrency());
-  uint64_t page_size = 64 * 1024;
+  uint64_t page_size = 16 * 1024;
   std::string namespaces;
   std::string device_memory = "auto";
   std::string fast_path_socket;

@@ -53,7 +53,7 @@ struct StoreOptions {
   uint64_t host_capacity = 0;
   std::string disk_dir;        // empty: no disk tier
   uint64_t disk_capacity = 0;  // bytes of records under disk_dir
-  uint32_t page_size = 64 * 1024;
+  uint32_t page_size = 16 * 1024;
   // Page tiers in memfd segments of this many bytes, one namespace per
   // segment, so same-host readers can map them (the fast path).
   bool shared_memory = false;
@@ -140,7 +140,7 @@ class PinnedBlock {
   // which stay as they are while this pin lasts.
   size_t tier_index() const;
   RecordRoom room() const;
-  // The record as page-sized pieces, in order.
+  // The record in pieces (runs of adjacent pages, or one copy), in order.
   const std::vector<std::span<const uint8_t>>& pieces() const { return pieces_; }
   std::string CopyToString() const;
 

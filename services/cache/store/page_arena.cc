@@ -99,7 +99,7 @@ PageArena::~PageArena() {
 }
 
 template <typename Piece, typename Copy>
-void PageArena::ForEachRun(const std::vector<uint32_t>& pages, size_t offset, std::span<const Piece> pieces,
+void PageArena::ForEachRun(std::span<const uint32_t> pages, size_t offset, std::span<const Piece> pieces,
                            Copy copy) const {
   for (const Piece& piece : pieces) {
     for (size_t done = 0; done < piece.size();) {
@@ -130,23 +130,23 @@ void AddRun(std::vector<SlabRun>& runs, const SlabRun& run) {
 
 }  // namespace
 
-absl::Status PageArena::Write(const std::vector<uint32_t>& pages, size_t offset, std::string_view data) {
+absl::Status PageArena::Write(std::span<const uint32_t> pages, size_t offset, std::string_view data) {
   const std::span<const uint8_t> piece(reinterpret_cast<const uint8_t*>(data.data()), data.size());
   return WriteRuns(pages, offset, std::span(&piece, 1), /*wait=*/false);
 }
 
-absl::Status PageArena::Read(const std::vector<uint32_t>& pages, size_t offset, std::span<uint8_t> out) const {
+absl::Status PageArena::Read(std::span<const uint32_t> pages, size_t offset, std::span<uint8_t> out) const {
   return ReadPieces(pages, offset, std::span(&out, 1));
 }
 
-absl::Status PageArena::WritePieces(const std::vector<uint32_t>& pages, size_t offset,
+absl::Status PageArena::WritePieces(std::span<const uint32_t> pages, size_t offset,
                                     std::span<const std::span<const uint8_t>> pieces) {
   return WriteRuns(pages, offset, pieces, /*wait=*/true);
 }
 
 // In a slab, the pieces' runs go as one copy (a GPU then waits once, if at
 // all).
-absl::Status PageArena::WriteRuns(const std::vector<uint32_t>& pages, size_t offset,
+absl::Status PageArena::WriteRuns(std::span<const uint32_t> pages, size_t offset,
                                   std::span<const std::span<const uint8_t>> pieces, bool wait) {
   std::vector<SlabRun> runs;
   ForEachRun(pages, offset, pieces, [&](size_t at, const uint8_t* from, size_t n) {
@@ -160,9 +160,9 @@ absl::Status PageArena::WriteRuns(const std::vector<uint32_t>& pages, size_t off
   return wait ? slab_->CopyInRuns(runs) : slab_->CopyInRunsNoWait(runs);
 }
 
-absl::Status PageArena::ReadPieces(const std::vector<uint32_t>& pages, size_t offset,
+absl::Status PageArena::ReadPieces(std::span<const uint32_t> pages, size_t offset,
                                    std::span<const std::span<uint8_t>> pieces) const {
-  const RecordPieces record{&pages, offset, pieces};
+  const RecordPieces record{pages, offset, pieces};
   return ReadRecords(std::span(&record, 1));
 }
 
@@ -172,7 +172,7 @@ absl::Status PageArena::ReadRecords(std::span<const RecordPieces> records,
   for (std::optional<uint32_t>& crc : crcs) crc.reset();
   std::vector<SlabRun> runs;
   for (const RecordPieces& r : records) {
-    ForEachRun(*r.pages, r.offset, r.pieces, [&](size_t at, uint8_t* to, size_t n) {
+    ForEachRun(r.pages, r.offset, r.pieces, [&](size_t at, uint8_t* to, size_t n) {
       if (slab_ != nullptr) {
         AddRun(runs, {at, n, to});
       } else {
@@ -186,7 +186,8 @@ absl::Status PageArena::ReadRecords(std::span<const RecordPieces> records,
     for (size_t k = 0; k < records.size(); ++k) {
       checks[k].bytes = records[k].crc_bytes;
       for (size_t p = 0; p * page_size_ < records[k].crc_bytes; ++p) {
-        checks[k].page_offsets.push_back(uint64_t{(*records[k].pages)[p]} * page_size_);
+        // A record that starts inside its first page (a slot) lies in it.
+        checks[k].page_offsets.push_back(uint64_t{records[k].pages[p]} * page_size_ + (p == 0 ? records[k].offset : 0));
       }
     }
     std::vector<uint32_t> computed(records.size());
@@ -199,10 +200,16 @@ absl::Status PageArena::ReadRecords(std::span<const RecordPieces> records,
   return slab_->CopyOutRuns(runs);
 }
 
-std::vector<std::span<uint8_t>> PageArena::PagePieces(const std::vector<uint32_t>& pages, size_t size) const {
+std::vector<std::span<uint8_t>> PageArena::PagePieces(std::span<const uint32_t> pages, size_t size) const {
   std::vector<std::span<uint8_t>> pieces;
   for (size_t k = 0; k * page_size_ < size; ++k) {
-    pieces.emplace_back(base_ + size_t{pages[k]} * page_size_, std::min<size_t>(page_size_, size - k * page_size_));
+    uint8_t* at = base_ + size_t{pages[k]} * page_size_;
+    const size_t n = std::min<size_t>(page_size_, size - k * page_size_);
+    if (!pieces.empty() && pieces.back().data() + pieces.back().size() == at) {
+      pieces.back() = std::span(pieces.back().data(), pieces.back().size() + n);  // the next page: one piece
+    } else {
+      pieces.emplace_back(at, n);
+    }
   }
   return pieces;
 }
@@ -255,7 +262,7 @@ bool PageArena::Allocate(uint32_t n, const std::string& owner, std::vector<uint3
   return true;
 }
 
-void PageArena::Free(const std::vector<uint32_t>& pages) {
+void PageArena::Free(std::span<const uint32_t> pages) {
   for (uint32_t p : pages) {
     const uint32_t s = SegmentOf(p);
     Segment& seg = segments_[s];
@@ -304,7 +311,7 @@ bool PageArena::Ready(uint32_t s) {
   return readiness_[s] == Readiness::kReady;
 }
 
-void PageArena::Prepare(const std::vector<uint32_t>& pages) {
+void PageArena::Prepare(std::span<const uint32_t> pages) {
   if (!prepares_) return;
   std::vector<uint32_t> segments;
   for (uint32_t p : pages) {

@@ -52,7 +52,7 @@ namespace kvtier::cache {
 
 struct ArenaOptions {
   uint64_t capacity = 0;  // bytes; floor(capacity / page_size) pages
-  uint32_t page_size = 64 * 1024;
+  uint32_t page_size = 16 * 1024;
   uint32_t segment_pages = 64;  // the last segment may be shorter
   bool shared = false;          // memfd-backed segments (else anonymous memory)
   // In a shared arena, new memfds for segments that readers had are made
@@ -89,11 +89,11 @@ class PageArena {
   // lock): a segment that changed owner cleared or given its new memfd,
   // pinned for pin_for's copies. Waits for those another caller is
   // preparing.
-  void Prepare(const std::vector<uint32_t>& pages);
+  void Prepare(std::span<const uint32_t> pages);
   // Whether a segment holds what its generation says: false while it is
   // being prepared (nothing of its new owner in it yet).
   bool Ready(uint32_t segment);
-  void Free(const std::vector<uint32_t>& pages);
+  void Free(std::span<const uint32_t> pages);
 
   // Host pointers to pages: only when addressable().
   bool addressable() const { return slab_ == nullptr; }
@@ -105,29 +105,29 @@ class PageArena {
   // over `pages` (in order). INTERNAL if the slab's copy fails. Write's
   // copies into a slab may land after it returns (`data` may be reused at
   // once): later reads of the slab see them.
-  absl::Status Write(const std::vector<uint32_t>& pages, size_t offset, std::string_view data);
-  absl::Status Read(const std::vector<uint32_t>& pages, size_t offset, std::span<uint8_t> out) const;
+  absl::Status Write(std::span<const uint32_t> pages, size_t offset, std::string_view data);
+  absl::Status Read(std::span<const uint32_t> pages, size_t offset, std::span<uint8_t> out) const;
   // The same for bytes in several pieces of host memory, one after another
   // in the record (a tier move's pages in another arena): in a slab, one
   // batch of copies for them all.
-  absl::Status WritePieces(const std::vector<uint32_t>& pages, size_t offset,
+  absl::Status WritePieces(std::span<const uint32_t> pages, size_t offset,
                            std::span<const std::span<const uint8_t>> pieces);
-  absl::Status ReadPieces(const std::vector<uint32_t>& pages, size_t offset,
+  absl::Status ReadPieces(std::span<const uint32_t> pages, size_t offset,
                           std::span<const std::span<uint8_t>> pieces) const;
   // ReadPieces for several records at once: in a slab, one batch for all.
   // With `crcs` (one a record; else empty), a slab that can (a GPU's) also
   // computes the CRC32C of each record's first crc_bytes where they lie,
   // into crcs[k]; where it cannot, crcs stay empty (check the copies).
   struct RecordPieces {
-    const std::vector<uint32_t>* pages;
-    size_t offset;
+    std::span<const uint32_t> pages;
+    size_t offset;  // with crcs: where the record starts in its first page
     std::span<const std::span<uint8_t>> pieces;
     uint64_t crc_bytes = 0;  // with crcs: from the record's first byte
   };
   absl::Status ReadRecords(std::span<const RecordPieces> records, std::span<std::optional<uint32_t>> crcs = {}) const;
-  // The first `size` bytes of a record laid over `pages`, a piece a page:
-  // only when addressable().
-  std::vector<std::span<uint8_t>> PagePieces(const std::vector<uint32_t>& pages, size_t size) const;
+  // The first `size` bytes of a record laid over `pages`, a piece a run of
+  // adjacent pages: only when addressable().
+  std::vector<std::span<uint8_t>> PagePieces(std::span<const uint32_t> pages, size_t size) const;
 
   // Where a page lives, for handing its segment to another process.
   uint32_t segment_pages() const { return segment_pages_; }
@@ -172,12 +172,12 @@ class PageArena {
 
   PageArena(uint8_t* base, size_t bytes, const ArenaOptions& options, uint32_t pages);
   // WritePieces, waiting for a slab's copies to land or not.
-  absl::Status WriteRuns(const std::vector<uint32_t>& pages, size_t offset,
+  absl::Status WriteRuns(std::span<const uint32_t> pages, size_t offset,
                          std::span<const std::span<const uint8_t>> pieces, bool wait);
   // Calls copy(byte offset in the arena, host address, n) for each run of
   // the record from `offset` on that lies in one page and one piece.
   template <typename Piece, typename Copy>
-  void ForEachRun(const std::vector<uint32_t>& pages, size_t offset, std::span<const Piece> pieces, Copy copy) const;
+  void ForEachRun(std::span<const uint32_t> pages, size_t offset, std::span<const Piece> pieces, Copy copy) const;
   // Owners are told apart only in a shared arena; elsewhere all are one.
   const std::string& Key(const std::string& owner) const;
   // Gives an empty segment to `owner` in a new generation: in a shared

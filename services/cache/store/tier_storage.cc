@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "services/cache/store/record_slots.h"
 #include "services/common/status.h"
 #include "services/kvblock/block_format.h"
 
@@ -48,47 +49,66 @@ absl::Status TierStorage::CopyToExported(const RecordRoom& /*room*/, ExportedBuf
 
 namespace {
 
-// Pages in this process's own memory.
+// Pages in this process's own memory; records of at most half a page in
+// slots (record_slots.h).
 class PrivatePages : public TierStorage {
  public:
-  explicit PrivatePages(std::unique_ptr<PageArena> arena) : arena_(std::move(arena)) {}
+  explicit PrivatePages(std::unique_ptr<PageArena> arena) : arena_(std::move(arena)), slots_(arena_.get()) {}
 
   bool Fits(size_t bytes) const override { return PagesFor(bytes) <= arena_->total_pages(); }
-  uint64_t BytesTaken(size_t bytes) const override { return uint64_t{PagesFor(bytes)} * arena_->page_size(); }
+  uint64_t BytesTaken(size_t bytes) const override {
+    const uint32_t slot = slots_.SlotBytes(bytes);
+    return slot > 0 ? slot : uint64_t{PagesFor(bytes)} * arena_->page_size();
+  }
   bool HasRoom(size_t bytes, const std::string& ns, uint64_t /*free_bytes*/) const override {
-    return arena_->FreePagesFor(ns) >= PagesFor(bytes);
+    const uint32_t slot = slots_.SlotBytes(bytes);
+    return slot > 0 ? slots_.HasRoom(slot, ns) : arena_->FreePagesFor(ns) >= PagesFor(bytes);
   }
   bool Take(size_t bytes, const std::string& ns, std::vector<uint32_t>& pages) override {
-    return arena_->Allocate(PagesFor(bytes), ns, pages);
+    const uint32_t slot = slots_.SlotBytes(bytes);
+    return slot > 0 ? slots_.Take(slot, ns, pages) : arena_->Allocate(PagesFor(bytes), ns, pages);
   }
-  void Give(const RecordRoom& room, bool /*written*/) override { arena_->Free(room.pages); }
-  void Prepare(const std::vector<uint32_t>& pages) const override { arena_->Prepare(pages); }
+  void Give(const RecordRoom& room, bool /*written*/) override {
+    if (RecordSlots::IsSlot(room.pages)) {
+      slots_.Give(room.pages);
+    } else {
+      arena_->Free(room.pages);
+    }
+  }
+  void Prepare(const std::vector<uint32_t>& pages) const override { arena_->Prepare(RecordSlots::Pages(pages)); }
 
   absl::StatusOr<RecordBytes> Read(const RecordRoom& room) const override {
     RecordBytes bytes;
-    for (std::span<uint8_t> piece : arena_->PagePieces(room.pages, room.size)) bytes.pieces.emplace_back(piece);
+    for (std::span<uint8_t> piece : Memory(room)) bytes.pieces.emplace_back(piece);
     return bytes;
   }
   absl::Status Write(const RecordRoom& room, const std::vector<std::span<const uint8_t>>& pieces) const override {
-    return arena_->WritePieces(room.pages, 0, pieces);
+    return arena_->WritePieces(RecordSlots::Pages(room.pages), RecordSlots::Offset(room.pages), pieces);
   }
   absl::Status WriteAt(const RecordRoom& room, size_t offset, std::string_view bytes) const override {
-    return arena_->Write(room.pages, offset, bytes);
+    return arena_->Write(RecordSlots::Pages(room.pages), RecordSlots::Offset(room.pages) + offset, bytes);
   }
   std::vector<std::span<uint8_t>> Memory(const RecordRoom& room) const override {
-    return arena_->PagePieces(room.pages, room.size);
+    if (!RecordSlots::IsSlot(room.pages)) return arena_->PagePieces(room.pages, room.size);
+    return {std::span(arena_->page(room.pages[0]) + RecordSlots::Offset(room.pages), room.size)};
   }
 
   bool in_memory() const override { return true; }
   uint64_t MetadataBytes() const override {
-    return uint64_t{arena_->total_pages()} * sizeof(uint32_t) + arena_->SegmentsAheadBytes();
+    return uint64_t{arena_->total_pages()} * sizeof(uint32_t) + arena_->SegmentsAheadBytes() + slots_.MetadataBytes();
   }
 
  protected:
   uint32_t PagesFor(size_t bytes) const {
     return static_cast<uint32_t>((bytes + arena_->page_size() - 1) / arena_->page_size());
   }
+  // Where a record's bytes start: the byte offset of its first page in the
+  // arena, plus its slot's offset.
+  uint64_t Start(const std::vector<uint32_t>& room) const {
+    return uint64_t{room[0]} * arena_->page_size() + RecordSlots::Offset(room);
+  }
   const std::unique_ptr<PageArena> arena_;
+  RecordSlots slots_;
 };
 
 // Pages in memfd segments, one namespace each, mapped read-only by
@@ -103,11 +123,12 @@ class SharedSegments final : public PrivatePages {
     const uint64_t segment_bytes = uint64_t{arena_->segment_pages()} * arena_->page_size();
     std::vector<SharedPiece> pieces;
     size_t left = room.size;
-    for (uint32_t p : room.pages) {
+    const uint32_t slot = RecordSlots::Offset(room.pages);  // a slotted record lies in one page
+    for (uint32_t p : RecordSlots::Pages(room.pages)) {
       const uint32_t s = arena_->SegmentOf(p);
       if (arena_->SegmentFd(s) < 0) return {};  // anonymous memory stood in for its memfd
-      const uint64_t offset = uint64_t{p} * arena_->page_size() - s * segment_bytes;
-      const uint64_t n = std::min<size_t>(left, arena_->page_size());
+      const uint64_t offset = uint64_t{p} * arena_->page_size() + slot - s * segment_bytes;
+      const uint64_t n = std::min<size_t>(left, arena_->page_size() - slot);
       left -= n;
       SharedPiece* last = pieces.empty() ? nullptr : &pieces.back();
       if (last != nullptr && last->segment == s && last->offset + last->length == offset) {
@@ -163,7 +184,8 @@ class SlabPages final : public PrivatePages {
     // CRCs where they lie, at its memory's rate.
     std::vector<PageArena::RecordPieces> records;
     for (size_t k = 0; k < rooms.size(); ++k) {
-      records.push_back({&rooms[k].pages, 0, to[k], rooms[k].size - kvblock::kBlockTrailerBytes});
+      records.push_back({RecordSlots::Pages(rooms[k].pages), RecordSlots::Offset(rooms[k].pages), to[k],
+                         rooms[k].size - kvblock::kBlockTrailerBytes});
     }
     return std::vector<absl::Status>(rooms.size(), arena_->ReadRecords(records, crcs));
   }
@@ -179,6 +201,7 @@ class SlabPages final : public PrivatePages {
   SlabMemory* slab() const override { return slab_; }
 
   absl::Status CopyToExported(const RecordRoom& room, ExportedBuffer& to, uint64_t at) const override {
+    if (RecordSlots::IsSlot(room.pages)) return slab_->CopyToExported(Start(room.pages), to, at, room.size);
     const size_t page = arena_->page_size();
     for (size_t k = 0; k < room.pages.size() && k * page < room.size; ++k) {
       const size_t n = std::min(page, room.size - k * page);

@@ -1,0 +1,70 @@
+#include "services/cache/store/record_slots.h"
+
+#include <algorithm>
+#include <bit>
+
+namespace kvtier::cache {
+namespace {
+
+uint64_t AllFree(uint32_t slots) { return slots == 64 ? ~uint64_t{0} : (uint64_t{1} << slots) - 1; }
+
+}  // namespace
+
+RecordSlots::RecordSlots(PageArena* arena)
+    : arena_(arena), min_slot_(std::max<uint32_t>(256, arena->page_size() / kMostSlotsPerPage)) {}
+
+uint32_t RecordSlots::SlotBytes(size_t bytes) const {
+  if (bytes > arena_->page_size() / 2) return 0;
+  return std::max(min_slot_, std::bit_ceil(static_cast<uint32_t>(bytes)));
+}
+
+bool RecordSlots::HasRoom(uint32_t slot_bytes, const std::string& owner) const {
+  return with_free_.contains({owner, slot_bytes}) || arena_->FreePagesFor(owner) >= 1;
+}
+
+bool RecordSlots::Take(uint32_t slot_bytes, const std::string& owner, std::vector<uint32_t>& room) {
+  auto free_pages = with_free_.find({owner, slot_bytes});
+  uint32_t page = 0;
+  if (free_pages != with_free_.end()) {
+    page = *free_pages->second.begin();
+  } else {
+    std::vector<uint32_t> taken;
+    if (!arena_->Allocate(1, owner, taken)) return false;
+    page = taken[0];
+    pages_[page] = {owner, slot_bytes, AllFree(arena_->page_size() / slot_bytes)};
+    free_pages = with_free_.try_emplace({owner, slot_bytes}).first;
+    free_pages->second.insert(page);
+  }
+  SlottedPage& p = pages_[page];
+  const int slot = std::countr_zero(p.free);
+  p.free &= ~(uint64_t{1} << slot);
+  if (p.free == 0) {
+    free_pages->second.erase(page);
+    if (free_pages->second.empty()) with_free_.erase(free_pages);
+  }
+  room = {page, kTag | static_cast<uint32_t>(slot) * slot_bytes};
+  return true;
+}
+
+void RecordSlots::Give(const std::vector<uint32_t>& room) {
+  const uint32_t page = room[0];
+  auto it = pages_.find(page);
+  SlottedPage& p = it->second;
+  const Class c{p.owner, p.slot_bytes};
+  if (p.free == 0) with_free_[c].insert(page);
+  p.free |= uint64_t{1} << (Offset(room) / p.slot_bytes);
+  if (p.free != AllFree(arena_->page_size() / p.slot_bytes)) return;
+  // Its last slot: the page goes back to the arena.
+  auto free_pages = with_free_.find(c);
+  free_pages->second.erase(page);
+  if (free_pages->second.empty()) with_free_.erase(free_pages);
+  pages_.erase(it);
+  arena_->Free(std::span(&page, 1));
+}
+
+uint64_t RecordSlots::MetadataBytes() const {
+  // A node of each map a slotted page is in, roughly.
+  return pages_.size() * (sizeof(SlottedPage) + 64) + with_free_.size() * 96;
+}
+
+}  // namespace kvtier::cache
