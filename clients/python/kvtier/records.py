@@ -32,7 +32,7 @@ class Record:
     layer_count: int
     latent_dim: int
     rope_dim: int
-    payloads: tuple  # one bytes object a layer
+    payloads: tuple  # one memoryview (or bytes) a layer
 
     def latents(self):
         """The float32 latents, [layer_count][tokens][latent_dim + rope_dim]."""
@@ -72,12 +72,13 @@ def encode_record(layout, first_layer, latents):
 
 
 def parse_record(record, layout=None):
-    """Checks and splits a record; with `layout`, also that it belongs to it."""
-    record = bytes(record)
+    """Checks and splits a record; with `layout`, also that it belongs to it.
+    The payloads are memoryviews into `record` (no copy)."""
+    record = memoryview(record).cast("B")
     if len(record) < HEADER_BYTES + TRAILER_BYTES:
         raise invalid(f"block record truncated: {len(record)} bytes, smaller than header and checksum")
     magic, version, codec, flags, layout_id, tokens, first, count, latent, rope, per = HEADER.unpack_from(record)
-    if magic != MAGIC:
+    if bytes(magic) != MAGIC:
         raise invalid("block record has bad magic (not a KVTB record)")
     if version != BLOCK_FORMAT_VERSION:
         raise KvtierError(grpc.StatusCode.FAILED_PRECONDITION, f"block format version {version} is not supported")
@@ -97,7 +98,7 @@ def parse_record(record, layout=None):
         raise invalid(f"block record {'truncated' if len(record) < want else 'oversized'}: {len(record)} bytes, "
                       f"header says {want}")
     stored, = struct.unpack_from("<I", record, want - TRAILER_BYTES)
-    computed = crc32c.crc32c(record[:want - TRAILER_BYTES])
+    computed = crc32c.crc32c(record[:want - TRAILER_BYTES])  # a view: no copy
     if stored != computed:
         raise KvtierError(grpc.StatusCode.DATA_LOSS,
                           f"block checksum mismatch: stored {stored:08x}, computed {computed:08x}")

@@ -4,6 +4,7 @@ bad input, a dead server, and TLS with tokens."""
 import socket
 import time
 
+import crc32c
 import grpc
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from conftest import cache_argv, write_tenants
 from kvtier import CacheClient, KvtierError, LatentLayout, block_hashes, encode_record, parse_record
 from kvtier.records import encode_payloads
+from kvtier.v1 import cache_pb2
 
 LAYOUT = LatentLayout("python-client", num_layers=3, kv_lora_rank=64, rope_dim=16, tokens_per_block=8, codec="int8")
 
@@ -75,6 +77,16 @@ def test_bad_input_gets_the_documented_statuses(start_server):
     expect_status(grpc.StatusCode.NOT_FOUND, lambda: client.match("initech", LAYOUT, [h]), "unknown namespace")
     with pytest.raises(ValueError, match="namespace"):
         client.match("no spaces", LAYOUT, [h])
+    # A request's layout id may be 0 (the server computes it); a record's
+    # header must carry the real one.
+    request = cache_pb2.MatchRequest(kv_namespace="acme", layout=LAYOUT.to_proto(), block_hashes=[h])
+    request.layout.layout_id = 0
+    assert client._stub.Match(request, timeout=10).matched_blocks == 0
+    zero_id = bytearray(record)
+    zero_id[8:16] = bytes(8)
+    zero_id[-4:] = crc32c.crc32c(bytes(zero_id[:-4])).to_bytes(4, "little")
+    expect_status(grpc.StatusCode.FAILED_PRECONDITION, lambda: client.put("acme", LAYOUT, [(h, bytes(zero_id))]),
+                  "layout id 0000000000000000")
     # The records in Python refuse what the server would, with the same codes.
     expect_status(grpc.StatusCode.DATA_LOSS, lambda: parse_record(bad_crc), "checksum")
     expect_status(grpc.StatusCode.FAILED_PRECONDITION, lambda: parse_record(record, other), "layout id")
