@@ -3,36 +3,18 @@
 Every call takes a deadline (seconds; the client's default otherwise), and
 every failure is a KvtierError carrying the gRPC status code.
 """
-import grpc
 
-from kvtier.channel import make_channel
-from kvtier.errors import KvtierError
+from kvtier.channel import ServiceClient
 from kvtier.keys import check_namespace
 from kvtier.records import parse_record
 from kvtier.v1 import cache_pb2, cache_pb2_grpc
 
-MAX_SLICES_PER_BATCH = 4096
 
-
-class CacheClient:
+class CacheClient(ServiceClient):
     """CacheClient("127.0.0.1:7070", tls_dir=..., token=..., timeout=10)."""
 
-    def __init__(self, target, *, tls_dir=None, token=None, server_name=None, timeout=10.0, channel=None):
-        self._channel = channel or make_channel(target, tls_dir=tls_dir, token=token, server_name=server_name)
-        self._stub = cache_pb2_grpc.KvCacheStub(self._channel)
-        self.timeout = timeout
-
-    def close(self):
-        self._channel.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def _deadline(self, timeout):
-        return self.timeout if timeout is None else timeout
+    def __init__(self, target, **options):
+        super().__init__(cache_pb2_grpc.KvCacheStub, target, **options)
 
     def match(self, ns, layout, hashes, *, lease_ms=None, timeout=None):
         """How many of `hashes` (a chain, first block first) are stored, as a
@@ -40,10 +22,7 @@ class CacheClient:
         request = cache_pb2.MatchRequest(kv_namespace=check_namespace(ns), layout=layout.to_proto(),
                                          block_hashes=list(hashes), acquire_lease=lease_ms is not None,
                                          lease_ttl_ms=lease_ms or 0)
-        try:
-            return self._stub.Match(request, timeout=self._deadline(timeout))
-        except grpc.RpcError as e:
-            raise KvtierError.from_rpc(e) from None
+        return self._unary(self._stub.Match, request, timeout)
 
     def put(self, ns, layout, blocks, *, timeout=None):
         """Stores blocks: `blocks` is an iterable of (hash, record) or (hash,
@@ -56,10 +35,7 @@ class CacheClient:
                     yield cache_pb2.PutRequest(slice=cache_pb2.LayerSlice(block_hash=bytes(block_hash),
                                                                           data=bytes(record)))
         check_namespace(ns)
-        try:
-            return self._stub.Put(messages(), timeout=self._deadline(timeout))
-        except grpc.RpcError as e:
-            raise KvtierError.from_rpc(e) from None
+        return self._unary(self._stub.Put, messages(), timeout)
 
     def get(self, ns, layout, hashes, *, layers=None, lease_id=0, verify=True, timeout=None):
         """The records of `hashes`, in order: a list of bytes, None where a
@@ -70,25 +46,16 @@ class CacheClient:
                                        block_hashes=list(hashes), layer_begin=begin, layer_count=count,
                                        lease_id=lease_id)
         out = [None] * len(request.block_hashes)
-        try:
-            for answer in self._stub.Get(request, timeout=self._deadline(timeout)):
-                if answer.WhichOneof("result") == "data":
-                    if verify:
-                        parse_record(answer.data, layout)
-                    out[answer.index] = answer.data
-        except grpc.RpcError as e:
-            raise KvtierError.from_rpc(e) from None
+        for answer in self._stream(self._stub.Get, request, timeout):
+            if answer.WhichOneof("result") == "data":
+                if verify:
+                    parse_record(answer.data, layout)
+                out[answer.index] = answer.data
         return out
 
     def release_lease(self, lease_id, *, timeout=None):
-        try:
-            self._stub.ReleaseLease(cache_pb2.ReleaseLeaseRequest(lease_id=lease_id), timeout=self._deadline(timeout))
-        except grpc.RpcError as e:
-            raise KvtierError.from_rpc(e) from None
+        self._unary(self._stub.ReleaseLease, cache_pb2.ReleaseLeaseRequest(lease_id=lease_id), timeout)
 
     def stats(self, *, timeout=None):
         """The StatsResponse: per tier capacity, use and counters."""
-        try:
-            return self._stub.Stats(cache_pb2.StatsRequest(), timeout=self._deadline(timeout))
-        except grpc.RpcError as e:
-            raise KvtierError.from_rpc(e) from None
+        return self._unary(self._stub.Stats, cache_pb2.StatsRequest(), timeout)

@@ -8,6 +8,8 @@ import pathlib
 
 import grpc
 
+from kvtier.errors import KvtierError
+
 # Records of a few MiB travel in one message.
 _OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
 
@@ -66,3 +68,39 @@ def make_channel(target, *, tls_dir=None, token=None, server_name=None):
     if token:
         channel = grpc.intercept_channel(channel, _Token(token))
     return channel
+
+
+class ServiceClient:
+    """What the clients share: a channel, a default deadline (seconds) for
+    every call, and failures raised as KvtierError."""
+
+    def __init__(self, stub_class, target, *, tls_dir=None, token=None, server_name=None, timeout=10.0,
+                 channel=None):
+        self._channel = channel or make_channel(target, tls_dir=tls_dir, token=token, server_name=server_name)
+        self._stub = stub_class(self._channel)
+        self.timeout = timeout
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _deadline(self, timeout):
+        return self.timeout if timeout is None else timeout
+
+    def _unary(self, method, request, timeout):
+        try:
+            return method(request, timeout=self._deadline(timeout))
+        except grpc.RpcError as e:
+            raise KvtierError.from_rpc(e) from None
+
+    def _stream(self, method, request, timeout):
+        """The answers of a server-streaming call, as they arrive."""
+        try:
+            yield from method(request, timeout=self._deadline(timeout))
+        except grpc.RpcError as e:
+            raise KvtierError.from_rpc(e) from None

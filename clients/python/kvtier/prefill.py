@@ -1,10 +1,7 @@
 """A client of kvtier-prefill (kvtier.v1.Prefill): generate and info."""
 import dataclasses
 
-import grpc
-
-from kvtier.channel import make_channel
-from kvtier.errors import KvtierError
+from kvtier.channel import ServiceClient
 from kvtier.v1 import generation_pb2, info_pb2, prefill_pb2, prefill_pb2_grpc
 
 
@@ -25,30 +22,16 @@ class Finished:
     usage: object
 
 
-class PrefillClient:
+class PrefillClient(ServiceClient):
     """PrefillClient("127.0.0.1:7071", tls_dir=..., token=..., timeout=60)."""
 
-    def __init__(self, target, *, tls_dir=None, token=None, server_name=None, timeout=60.0, channel=None):
-        self._channel = channel or make_channel(target, tls_dir=tls_dir, token=token, server_name=server_name)
-        self._stub = prefill_pb2_grpc.PrefillStub(self._channel)
-        self.timeout = timeout
-
-    def close(self):
-        self._channel.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+    def __init__(self, target, *, timeout=60.0, **options):
+        super().__init__(prefill_pb2_grpc.PrefillStub, target, timeout=timeout, **options)
 
     def info(self, *, timeout=None):
         """The ServerInfo: model_id, the layout this node writes, vocab_size,
         max_context_tokens, default_namespace, server_version."""
-        try:
-            return self._stub.Info(info_pb2.InfoRequest(), timeout=self.timeout if timeout is None else timeout)
-        except grpc.RpcError as e:
-            raise KvtierError.from_rpc(e) from None
+        return self._unary(self._stub.Info, info_pb2.InfoRequest(), timeout)
 
     def generate(self, prompt_ids, *, max_new_tokens=16, namespace="", temperature=0.0, top_p=0.0, seed=0,
                  stop_token_ids=(), top_logprobs=0, request_id="", timeout=None):
@@ -59,14 +42,11 @@ class PrefillClient:
             sampling=generation_pb2.SamplingParams(temperature=temperature, top_p=top_p, seed=seed),
             limits=generation_pb2.GenerationLimits(max_new_tokens=max_new_tokens, stop_token_ids=list(stop_token_ids),
                                                    top_logprobs=top_logprobs))
-        try:
-            for event in self._stub.Generate(request, timeout=self.timeout if timeout is None else timeout):
-                yield from _events(event)
-        except grpc.RpcError as e:
-            raise KvtierError.from_rpc(e) from None
+        for event in self._stream(self._stub.Generate, request, timeout):
+            yield from events(event)
 
 
-def _events(event):
+def events(event):
     """A GenerateResponse or DecodeResponse as Token / Finished."""
     if event.WhichOneof("event") == "token":
         t = event.token
