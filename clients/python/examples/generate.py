@@ -7,6 +7,7 @@
 import sys
 
 from kvtier import KvtierError, LatentLayout, PrefillClient
+from kvtier.layout import CODEC_NAMES
 from kvtier.prefill import Token
 
 
@@ -15,7 +16,7 @@ def main(target, prompt):
         info = prefill.info()
         layout = LatentLayout.from_proto(info.layouts[0])
         print(f"{info.server_version}: model {info.model_id}, blocks of {layout.tokens_per_block} tokens in "
-              f"codec {layout.codec}, layout id {layout.layout_id:016x}, namespace '{info.default_namespace}'")
+              f"{CODEC_NAMES[layout.codec]}, layout id {layout.layout_id:016x}, namespace '{info.default_namespace}'")
         try:
             for event in prefill.generate(prompt, max_new_tokens=16, top_logprobs=2):
                 if isinstance(event, Token):

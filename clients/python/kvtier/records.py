@@ -62,12 +62,12 @@ def encode_record(layout, first_layer, latents):
     latents = np.asarray(latents, dtype=np.float32)
     if latents.ndim == 2:
         latents = latents[None]
+    if latents.ndim != 3 or latents.shape[1] != layout.tokens_per_block:
+        raise invalid(f"latents must be [layers][{layout.tokens_per_block} tokens][dim], got shape {latents.shape}")
     try:
         payloads = [quantize(layout.codec, layer, layout.kv_lora_rank, layout.rope_dim) for layer in latents]
     except ValueError as e:
         raise invalid(str(e)) from None
-    if any(layer.shape[0] != layout.tokens_per_block for layer in latents):
-        raise invalid(f"a block holds {layout.tokens_per_block} tokens, got {latents.shape[1]}")
     return encode_payloads(layout, first_layer, payloads)
 
 

@@ -92,6 +92,7 @@ def test_bad_input_gets_the_documented_statuses(start_server):
     expect_status(grpc.StatusCode.FAILED_PRECONDITION, lambda: parse_record(record, other), "layout id")
     expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: parse_record(record[:-1]), "truncated")
     expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: encode_payloads(LAYOUT, 2, [b"x", b"y"]), "not within")
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: encode_record(LAYOUT, 0, np.zeros((3, 7, 80))), "8 tokens")
     # Nothing above stored anything.
     assert client.stats().blocks_stored == 0
 
