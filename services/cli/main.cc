@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "services/cli/commands.h"
+#include "services/common/version.h"
 
 namespace {
 
@@ -29,6 +30,10 @@ int main(int argc, char** argv) {
   }
   const std::string command = argv[1];
   const std::vector<std::string> args(argv + 2, argv + argc);
+  if (command == "--version") {
+    std::cout << "kvtier " << kvtier::kKvtierVersion << "\n";
+    return 0;
+  }
   if (command == "--help" || command == "-h" || command == "help") {
     std::cout << kUsage;
     return 0;

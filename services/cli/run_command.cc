@@ -93,7 +93,7 @@ int RunRun(const std::vector<std::string>& args) {
   flags.AddString("kv-codec", &codec, "bf16|fp8|int8|int4: how full latent blocks are stored");
   flags.AddUint("tokens-per-block", &tokens_per_block, "tokens per latent block");
   flags.AddBool("json", &json, "print {ids, logprobs, top_logprobs, prompt_tokens, cached_tokens}");
-  flags.AddUint("threads", &threads, "threads for the model's matrix products (default: every core)");
+  flags.AddUint("threads", &threads, "threads for the model's matrix products");
   flags.AddString("device", &device, runtime::kDeviceFlagHelp);
   flags.AddString("latents-out", &latents_out,
                   "write the float latents of every block sealed (the prompt's full blocks first) to this .npy "

@@ -4,6 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "services/common/version.h"
 
 namespace kvtier {
 
@@ -50,6 +51,10 @@ absl::Status FlagParser::Parse(const std::vector<std::string>& args) {
       help_requested_ = true;
       continue;
     }
+    if (arg == "--version") {
+      version_requested_ = true;
+      continue;
+    }
     if (arg.size() < 3 || arg.compare(0, 2, "--") != 0) {
       return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "'"));
     }
@@ -88,6 +93,11 @@ std::optional<int> FlagParser::ParseOrExit(const std::vector<std::string>& args,
     std::cout << Help();
     return 0;
   }
+  if (version_requested_) {
+    // "kvtier run" is the kvtier CLI's: its version is the CLI's.
+    std::cout << program.substr(0, program.find(' ')) << " " << kKvtierVersion << "\n";
+    return 0;
+  }
   return std::nullopt;
 }
 
@@ -109,7 +119,7 @@ std::string FlagParser::Help() const {
     if (!default_value.empty()) absl::StrAppend(&out, " (default: ", default_value, ")");
     absl::StrAppend(&out, "\n");
   }
-  absl::StrAppend(&out, "  --help\n      print this help\n");
+  absl::StrAppend(&out, "  --help\n      print this help\n  --version\n      print the version\n");
   return out;
 }
 

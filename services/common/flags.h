@@ -53,6 +53,7 @@ class FlagParser {
   std::vector<std::string> order_;
   std::set<std::string> set_;
   bool help_requested_ = false;
+  bool version_requested_ = false;
 };
 
 }  // namespace kvtier

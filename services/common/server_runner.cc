@@ -8,6 +8,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "services/common/address.h"
 #include "services/common/bind_check.h"
 #include "services/common/log.h"
 #include "services/common/unparsed_request_interceptor.h"
@@ -20,17 +21,6 @@ void BlockShutdownSignals() {
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
-}
-
-absl::Status ValidateListenAddress(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  int port = -1;
-  if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
-      port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("address '", address, "' is not HOST:PORT (port 0-65535, 0 = any free)"));
-  }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(const ServerOptions& options,
@@ -113,7 +103,8 @@ int WaitForStopSignal() {
 
 void ServerRunner::WaitForShutdownSignal() {
   const int signal = WaitForStopSignal();
-  std::cerr << "received " << (signal == SIGTERM ? "SIGTERM" : "SIGINT") << ": draining in-flight RPCs" << std::endl;
+  Log(LogLevel::kInfo, "",
+      absl::StrCat("received ", signal == SIGTERM ? "SIGTERM" : "SIGINT", ": draining in-flight RPCs"));
   Shutdown();
 }
 

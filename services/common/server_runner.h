@@ -66,9 +66,6 @@ class ServerRunner {
   bool shut_down_ = false;
 };
 
-// Splits "host:port" (IPv6 as "[::1]:port"); INVALID_ARGUMENT when malformed.
-absl::Status ValidateListenAddress(const std::string& address);
-
 }  // namespace kvtier
 
 #endif  // KVTIER_SERVICES_COMMON_SERVER_RUNNER_H_

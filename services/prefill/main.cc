@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "services/common/address.h"
 #include "services/common/flags.h"
 #include "services/common/server_runner.h"
 #include "services/prefill/prefill_service.h"
@@ -34,6 +35,11 @@ int Run(const Flags& f) {
     return usage("--tokens-per-block must be in 1..4096");
   }
   const std::vector<std::string> decoders = absl::StrSplit(f.decode, ',', absl::SkipWhitespace());
+  for (const std::string& decoder : decoders) {
+    if (absl::Status valid = ValidateTargetAddress(decoder); !valid.ok()) {
+      return usage(absl::StrCat("--decode: ", valid.message()));
+    }
+  }
   absl::StatusOr<serving::ModelServer> s = serving::StartModelServer(program, f.server);
   if (!s.ok()) return serving::ExitWith(program, s.status());
   PrefillOptions options;

@@ -17,6 +17,7 @@
 #include "services/common/flags.h"
 #include "services/common/security_flags.h"
 #include "services/common/tenants.h"
+#include "services/common/version.h"
 #include "services/kvblock/layout.h"
 #include "services/runtime/model.h"
 #include "services/serving/shard_set.h"
@@ -64,8 +65,6 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
 // end; the exit code for main.
 int ServeUntilSignal(const std::string& program, const ModelServerFlags& flags, grpc::Service* service,
                      const std::string& ready);
-
-inline constexpr char kKvtierVersion[] = "0.1.0";
 
 // What a decode worker or prefill node answers to Info (info.proto):
 // "<program> <version>", the model, `layouts` (layout ids set where their

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "services/common/address.h"
 #include "services/kvblock/block_format.h"
 #include "services/kvblock/sha256.h"
 
@@ -36,8 +37,8 @@ absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(const std::string& ta
   std::set<std::string> seen;
   for (absl::string_view t : absl::StrSplit(targets, ',', absl::SkipWhitespace())) {
     const std::string target(t);
-    if (target.find(':') == std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("cache shard '", target, "' is not host:port"));
+    if (absl::Status s = ValidateTargetAddress(target); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("cache shard: ", s.message()));
     }
     if (!seen.insert(target).second)
       return absl::InvalidArgumentError(absl::StrCat("cache shard ", target, " is listed twice"));

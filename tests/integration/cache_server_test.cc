@@ -701,6 +701,14 @@ TEST_F(CacheServerTest, OnlyConfiguredNamespacesAreServed) {
   EXPECT_EQ(client_->Match("tenant-a", layout_, {b.slices.hash})->matched_blocks(), 1u);
 }
 
+TEST_F(CacheServerTest, TakesSizesAsKubernetesWritesThem) {
+  Start("8Mi", "1.5Mi");
+  absl::StatusOr<v1::StatsResponse> stats = client_->Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->tiers(0).capacity_bytes(), 8u << 20);
+  EXPECT_EQ(stats->tiers(1).capacity_bytes(), 3u << 19);
+}
+
 TEST(CacheServerFlags, RefusesBadCapacitiesWithAMessage) {
   struct Case {
     std::vector<std::string> args;
@@ -710,7 +718,8 @@ TEST(CacheServerFlags, RefusesBadCapacitiesWithAMessage) {
       {{"--host-capacity", "1GiB"}, "--device-capacity and --host-capacity are required"},
       {{"--device-capacity", "0", "--host-capacity", "1GiB"}, "below one page"},
       {{"--device-capacity", "1PiB", "--host-capacity", "1GiB"}, "unknown unit"},
-      {{"--device-capacity", "1000TiB", "--host-capacity", "1GiB"}, "exceeds this machine's memory"},
+      {{"--device-capacity", "1000TiB", "--host-capacity", "1GiB"}, "exceeds the memory this process may use"},
+      {{"--device-capacity", "1.5.5GiB", "--host-capacity", "1GiB"}, "unknown unit"},
       {{"--device-capacity", "abc", "--host-capacity", "1GiB"}, "not a size"},
       {{"--device-capacity", "1GiB", "--host-capacity", "1GiB", "--listen", "nowhere"}, "HOST:PORT"},
       {{"--device-capacity", "1GiB", "--host-capacity", "1GiB", "--namespaces", "a,b/c"},

@@ -694,6 +694,45 @@ TEST_F(ServingTest, BadRequestsGetClearStatuses) {
 // The model servers' memory and device flags: a device that is not one,
 // pool sizes that are not sizes, and CUDA where it cannot run are refused
 // at start-up with a message (2: a usage error; 1: cannot run here).
+// Addresses that nothing can be called at are refused at start, not
+// served around: a port out of range for a cache shard or a decode worker.
+TEST_F(ServingTest, ModelServersRefuseAddressesNobodyCouldListenOn) {
+  const std::string common = " --listen 127.0.0.1:0 --metrics-listen '' --model " + Tiny().dir;
+  const std::pair<std::string, std::string> cases[] = {
+      {KVTIER_DECODE_BINARY + common + " --cache 127.0.0.1:99999", "--cache: cache shard: address '127.0.0.1:99999'"},
+      {KVTIER_DECODE_BINARY + common + " --cache 127.0.0.1:0", "port 1-65535"},
+      {KVTIER_PREFILL_BINARY + common + " --cache 127.0.0.1:1 --decode :7072", "--decode: address ':7072'"},
+  };
+  for (const auto& [command, why] : cases) {
+    const CommandResult r = RunCommand(command);
+    EXPECT_EQ(r.exit_code, 2) << command << "\n" << r.output;
+    EXPECT_NE(r.output.find(why), std::string::npos) << command << "\n" << r.output;
+  }
+}
+
+// Every binary says its version; a stopped model server says who it is.
+TEST_F(ServingTest, BinariesSayTheirVersionAndTheirNameWhenStopped) {
+  for (const auto& [binary, name] : {std::pair{std::string(KVTIER_CACHE_BINARY), "kvtier-cache"},
+                                     {std::string(KVTIER_DECODE_BINARY), "kvtier-decode"},
+                                     {std::string(KVTIER_PREFILL_BINARY), "kvtier-prefill"},
+                                     {std::string(KVTIER_BINARY), "kvtier"},
+                                     {std::string(KVTIER_BINARY) + " run", "kvtier"}}) {
+    const CommandResult r = RunCommand(binary + " --version");
+    EXPECT_EQ(r.exit_code, 0) << binary;
+    EXPECT_EQ(r.output, std::string(name) + " 0.1.0\n") << binary;
+  }
+  const std::string common = " --listen 127.0.0.1:0 --metrics-listen '' --model " + Tiny().dir + " --cache 127.0.0.1:1";
+  for (const auto& [command, name] : {std::pair{KVTIER_DECODE_BINARY + common, "kvtier-decode"},
+                                      {KVTIER_PREFILL_BINARY + common + " --decode 127.0.0.1:2", "kvtier-prefill"}}) {
+    // SIGTERM waits, blocked, until the server asks for it.
+    const CommandResult r =
+        RunCommand("{ " + command + " > /dev/null & pid=$!; sleep 0.5; kill -TERM $pid; wait $pid; }");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(std::string(name) + ": received SIGTERM: draining in-flight RPCs"), std::string::npos)
+        << r.output;
+  }
+}
+
 TEST_F(ServingTest, ModelServersRefuseFlagsTheyCannotHonour) {
   for (const std::string& start :
        {std::string(KVTIER_DECODE_BINARY) + " ", std::string(KVTIER_PREFILL_BINARY) + " --decode 127.0.0.1:1 "}) {

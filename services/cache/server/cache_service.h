@@ -15,10 +15,11 @@
 #include "services/cache/server/rpc_metrics.h"
 #include "services/cache/store/block_store.h"
 #include "services/common/executor.h"
+#include "services/common/version.h"
 
 namespace kvtier::cache {
 
-inline constexpr char kCacheServerVersion[] = "kvtier-cache 0.1.0";
+inline const std::string kCacheServerVersion = std::string("kvtier-cache ") + kKvtierVersion;
 inline constexpr int kMaxSlicesPerBatch = 4096;
 
 // Get is registered raw (ByteBuffer in and out) so its answers can point

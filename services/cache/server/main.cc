@@ -20,6 +20,7 @@
 #include "services/cache/store/cuda_slab.h"
 #endif
 #include "services/cache/server/store_metrics.h"
+#include "services/common/address.h"
 #include "services/common/byte_size.h"
 #include "services/common/flags.h"
 #include "services/common/log.h"
@@ -102,13 +103,16 @@ absl::StatusOr<StoreOptions> ToStoreOptions(const Flags& f) {
   o.device_slab = *std::move(slab);
   o.device_capacity = *device;
   o.host_capacity = *host;
-  // Unless the device tier is on a GPU, it is host memory too: both must fit in RAM.
-  const uint64_t ram = PhysicalMemoryBytes();
+  // Unless the device tier is on a GPU, it is host memory too: both must fit
+  // in what this process may use (a container's limit, in Kubernetes).
+  const MemoryLimit memory = ProcessMemoryLimit();
   const bool on_gpu = o.device_slab != nullptr && f.device_memory != "staged-host";
+  const uint64_t ram = memory.bytes;
   if (*host > ram || (!on_gpu && (*device > ram || *device + *host > ram))) {
     return absl::InvalidArgumentError(absl::StrCat(
         on_gpu ? "--host-capacity = " : "--device-capacity + --host-capacity = ", *host + (on_gpu ? 0 : *device),
-        " bytes exceeds this machine's memory (", ram, " bytes)"));
+        " bytes exceeds the memory this process may use (", ram, " bytes: ",
+        memory.from_cgroup ? "its cgroup's limit, a container's memory limit" : "this machine's memory", ")"));
   }
   return o;
 }
@@ -177,8 +181,7 @@ int Run(const Flags& f) {
   RpcMetrics rpc_metrics(*registry);
   Executor executor(f.threads, /*max_queued=*/4096);
   IdleStreams idle_puts(absl::Milliseconds(static_cast<int64_t>(f.put_idle_ms)));
-  CacheService service(store->get(), &executor, &rpc_metrics, namespaces, fast_path.get(), tenants->get(),
-                       &idle_puts);
+  CacheService service(store->get(), &executor, &rpc_metrics, namespaces, fast_path.get(), tenants->get(), &idle_puts);
   auto store_metrics = std::make_shared<StoreMetrics>(store->get(), fast_path.get());
   auto exposer = StartMetricsExposer(f.metrics_listen, {registry, store_metrics});
   if (!exposer.ok()) {
@@ -214,8 +217,8 @@ int Run(const Flags& f) {
   started << "\n";
   std::cerr << started.str() << std::flush;
   const int signal = WaitForStopSignal();
-  std::cerr << "kvtier-cache: received " << (signal == SIGTERM ? "SIGTERM" : "SIGINT") << ": draining in-flight RPCs"
-            << std::endl;
+  Log(LogLevel::kInfo, "",
+      absl::StrCat("received ", signal == SIGTERM ? "SIGTERM" : "SIGINT", ": draining in-flight RPCs"));
   (*server)->Shutdown();
   std::cerr << "kvtier-cache: stopped" << std::endl;
   return 0;
@@ -232,7 +235,7 @@ int main(int argc, char** argv) {
                            "Serves kvtier.v1.KvCache: a tiered store of quantized MLA latent blocks.\n"
                            "Full tiers demote least-recently-used blocks to the next tier; the last drops\n"
                            "them (the disk tier, when configured, is last). Without a GPU the device tier\n"
-                           "is host memory. SIZE: bytes or 512MiB, 4GiB.\n"
+                           "is host memory. SIZE: bytes or 512MiB, 4GiB, 4Gi, 1.5GiB.\n"
                            "Stops gracefully on SIGTERM.");
   flags.AddString("listen", &f.listen, "gRPC address HOST:PORT (port 0: any free port)");
   flags.AddString("metrics-listen", &f.metrics_listen, "Prometheus /metrics address HOST:PORT; empty to disable");
