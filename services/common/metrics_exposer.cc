@@ -7,10 +7,12 @@
 
 namespace kvtier {
 
-absl::StatusOr<std::unique_ptr<prometheus::Exposer>> StartMetricsExposer(
-    const std::string& address, const std::vector<std::shared_ptr<prometheus::Collectable>>& collectables) {
-  std::unique_ptr<prometheus::Exposer> exposer;
-  if (address.empty()) return exposer;
+absl::StatusOr<MetricsEndpoint> StartMetricsExposer(
+    const std::string& program, const std::string& address,
+    const std::vector<std::shared_ptr<prometheus::Collectable>>& collectables) {
+  MetricsEndpoint endpoint;
+  if (address.empty()) return endpoint;
+  std::unique_ptr<prometheus::Exposer>& exposer = endpoint.exposer;
   try {
     // civetweb's defaults (two threads, 30 s to wait for a request) let two
     // silent connections blind a scrape for half a minute: more threads,
@@ -23,9 +25,11 @@ absl::StatusOr<std::unique_ptr<prometheus::Exposer>> StartMetricsExposer(
     return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address, ": ", WhyCannotBind(address)));
   }
   for (const auto& c : collectables) exposer->RegisterCollectable(c);
+  endpoint.process = std::make_shared<ProcessMetrics>(program);
+  exposer->RegisterCollectable(endpoint.process);
   const std::string host = address.substr(0, address.rfind(':'));
   std::cout << "metrics on " << host << ":" << exposer->GetListeningPorts().at(0) << "/metrics" << std::endl;
-  return exposer;
+  return endpoint;
 }
 
 }  // namespace kvtier

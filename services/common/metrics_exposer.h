@@ -1,6 +1,7 @@
 // The Prometheus pull endpoint every kvtier server offers on
-// --metrics-listen: serves `collectables` at /metrics and prints
-// "metrics on HOST:PORT/metrics" on stdout once bound.
+// --metrics-listen: serves `collectables` and `program`'s process metrics
+// (process_metrics.h) at /metrics and prints "metrics on
+// HOST:PORT/metrics" on stdout once bound.
 #ifndef KVTIER_SERVICES_COMMON_METRICS_EXPOSER_H_
 #define KVTIER_SERVICES_COMMON_METRICS_EXPOSER_H_
 
@@ -12,13 +13,22 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "services/common/process_metrics.h"
 
 namespace kvtier {
 
-// nullptr for an empty address (metrics off); UNAVAILABLE when the address
-// cannot be bound.
-absl::StatusOr<std::unique_ptr<prometheus::Exposer>> StartMetricsExposer(
-    const std::string& address, const std::vector<std::shared_ptr<prometheus::Collectable>>& collectables);
+// A running endpoint, and the process metrics it serves (an exposer holds
+// what it serves weakly: this holds them for it).
+struct MetricsEndpoint {
+  std::unique_ptr<prometheus::Exposer> exposer;  // null: metrics off
+  std::shared_ptr<ProcessMetrics> process;
+};
+
+// No exposer for an empty address (metrics off); UNAVAILABLE when the
+// address cannot be bound.
+absl::StatusOr<MetricsEndpoint> StartMetricsExposer(
+    const std::string& program, const std::string& address,
+    const std::vector<std::shared_ptr<prometheus::Collectable>>& collectables);
 
 }  // namespace kvtier
 

@@ -25,6 +25,10 @@ DecodeService::DecodeService(const runtime::Model* model, std::string model_id, 
       tenants_(tenants),
       shards_(*shards),
       writer_(*shards, /*max_queued=*/4096),
+      requests_(prometheus::BuildCounter()
+                    .Name("kvtier_decode_requests_total")
+                    .Help("Decode requests, by final gRPC status code (named as the cache's).")
+                    .Register(*registry)),
       tokens_(MakeCounter(*registry, "kvtier_decode_tokens_total", "Tokens generated and streamed.")),
       blocks_fetched_(
           MakeCounter(*registry, "kvtier_decode_blocks_fetched_total", "Prompt blocks read from the cache shards.")),
@@ -199,6 +203,13 @@ grpc::Status DecodeService::Info(grpc::ServerContext* context, const v1::InfoReq
 
 grpc::Status DecodeService::Decode(grpc::ServerContext* context, const v1::DecodeRequest* request,
                                    grpc::ServerWriter<v1::DecodeResponse>* writer) {
+  const grpc::Status status = Serve(context, request, writer);
+  requests_.Add({{"code", absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code()))}}).Increment();
+  return status;
+}
+
+grpc::Status DecodeService::Serve(grpc::ServerContext* context, const v1::DecodeRequest* request,
+                                  grpc::ServerWriter<v1::DecodeResponse>* writer) {
   absl::StatusOr<std::shared_ptr<const Caller>> caller = AuthenticateService(*context, "Decode");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   if (absl::Status s = CheckNamespace(**caller, request->kv_namespace()); !s.ok()) return ToGrpcStatus(s);

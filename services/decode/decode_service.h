@@ -40,6 +40,9 @@ class DecodeService final : public v1::Decode::Service {
   // blocks; the caller submits it.
   absl::StatusOr<std::shared_ptr<DecodeSequence>> Prepare(const v1::DecodeRequest& request);
   void OnSealed(DecodeSequence& sequence, size_t block);
+  // Decode's work; Decode counts its status.
+  grpc::Status Serve(grpc::ServerContext* context, const v1::DecodeRequest* request,
+                     grpc::ServerWriter<v1::DecodeResponse>* writer);
   // UNAUTHENTICATED or PERMISSION_DENIED unless the caller is a service.
   absl::StatusOr<std::shared_ptr<const Caller>> AuthenticateService(const grpc::ServerContext& context,
                                                                     const char* method) const;
@@ -49,6 +52,7 @@ class DecodeService final : public v1::Decode::Service {
   TenantRegistry* const tenants_;
   serving::ShardSet& shards_;
   serving::BlockWriter writer_;
+  prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Counter& tokens_;
   prometheus::Counter& blocks_fetched_;
   prometheus::Counter& blocks_inline_;

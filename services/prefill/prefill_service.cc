@@ -59,7 +59,8 @@ PrefillService::PrefillService(const runtime::Model* model, std::string model_id
 }
 
 grpc::Status PrefillService::Count(grpc::Status status) {
-  requests_.Add({{"code", std::to_string(status.error_code())}}).Increment();
+  // Named as the cache names them ("OK", "UNAVAILABLE", ...).
+  requests_.Add({{"code", absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code()))}}).Increment();
   return status;
 }
 

@@ -91,7 +91,8 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
   s.registry = std::make_shared<prometheus::Registry>();
   s.record_pool_metrics =
       std::make_shared<RecordPoolMetrics>(absl::StrReplaceAll(program, {{"-", "_"}}), s.shards->records());
-  KVTIER_ASSIGN_OR_RETURN(s.exposer, StartMetricsExposer(f.metrics_listen, {s.registry, s.record_pool_metrics}));
+  KVTIER_ASSIGN_OR_RETURN(s.metrics,
+                          StartMetricsExposer(program, f.metrics_listen, {s.registry, s.record_pool_metrics}));
   return s;
 }
 

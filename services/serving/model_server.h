@@ -5,7 +5,6 @@
 #define KVTIER_SERVICES_SERVING_MODEL_SERVER_H_
 
 #include <grpcpp/grpcpp.h>
-#include <prometheus/exposer.h>
 #include <prometheus/registry.h>
 
 #include <cstdint>
@@ -15,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "kvtier/v1/info.pb.h"
 #include "services/common/flags.h"
+#include "services/common/metrics_exposer.h"
 #include "services/common/security_flags.h"
 #include "services/common/tenants.h"
 #include "services/common/version.h"
@@ -49,7 +49,7 @@ struct ModelServer {
   std::string model_id;                   // ModelId(checkpoint dir)
   std::shared_ptr<prometheus::Registry> registry;
   std::shared_ptr<prometheus::Collectable> record_pool_metrics;  // the shards' record pool
-  std::unique_ptr<prometheus::Exposer> exposer;                  // null with no --metrics-listen
+  MetricsEndpoint metrics;                                       // no exposer with no --metrics-listen
   std::unique_ptr<TenantRegistry> tenants;                       // who may call it
 };
 

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "kvtier/v1/decode.grpc.pb.h"
 #include "kvtier/v1/prefill.grpc.pb.h"
 #if KVTIER_RUNTIME_CUDA
@@ -789,6 +790,28 @@ TEST_F(ServingTest, DeployedRulesAndDashboardUseExportedMetrics) {
   const CommandResult check =
       RunCommand("promtool check rules " + std::string(KVTIER_DEPLOY_DIR) + "/prometheus/rules.yml");
   EXPECT_EQ(check.exit_code, 0) << check.output;
+}
+
+// Every server says what it is and what the process uses; both model
+// servers count requests by status code, named as the cache names them.
+TEST_F(ServingTest, EveryServerExportsBuildAndProcessMetricsAndNamedCodes) {
+  Cluster cluster(Tiny().dir, 1, 1);
+  ASSERT_TRUE(cluster.ok());
+  ASSERT_TRUE(cluster.Generate(Request(RandomIds(100, rng_.engine()), 4)).ok());
+  v1::GenerateRequest bad = Request({}, 4);  // an empty prompt: INVALID_ARGUMENT
+  EXPECT_EQ(cluster.Generate(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  for (const auto& [address, program] : {std::pair{cluster.cache_metrics[0], "kvtier-cache"},
+                                         {cluster.decode_metrics[0], "kvtier-decode"},
+                                         {cluster.prefill_metrics, "kvtier-prefill"}}) {
+    SCOPED_TRACE(program);
+    EXPECT_EQ(Scrape(address, absl::StrCat("kvtier_build_info{program=\"", program, "\",version=\"0.1.0\"}")), 1.0);
+    EXPECT_GT(Scrape(address, "process_resident_memory_bytes"), 1e6);
+    EXPECT_GT(Scrape(address, "process_open_fds"), 3.0);
+    EXPECT_GE(Scrape(address, "process_cpu_seconds_total"), 0.0);
+  }
+  EXPECT_EQ(Scrape(cluster.decode_metrics[0], "kvtier_decode_requests_total{code=\"OK\"}"), 1.0);
+  EXPECT_EQ(Scrape(cluster.prefill_metrics, "kvtier_prefill_requests_total{code=\"OK\"}"), 1.0);
+  EXPECT_EQ(Scrape(cluster.prefill_metrics, "kvtier_prefill_requests_total{code=\"INVALID_ARGUMENT\"}"), 1.0);
 }
 
 // gRPC turns SO_REUSEPORT on by default, so a second server on a port in

@@ -183,7 +183,7 @@ int Run(const Flags& f) {
   IdleStreams idle_puts(absl::Milliseconds(static_cast<int64_t>(f.put_idle_ms)));
   CacheService service(store->get(), &executor, &rpc_metrics, namespaces, fast_path.get(), tenants->get(), &idle_puts);
   auto store_metrics = std::make_shared<StoreMetrics>(store->get(), fast_path.get());
-  auto exposer = StartMetricsExposer(f.metrics_listen, {registry, store_metrics});
+  auto exposer = StartMetricsExposer("kvtier-cache", f.metrics_listen, {registry, store_metrics});
   if (!exposer.ok()) {
     std::cerr << "kvtier-cache: " << exposer.status().message() << "\n";
     return 1;
