@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   const std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "--version") {
-    std::cout << "kvtier " << kvtier::kKvtierVersion << "\n";
+    std::cout << kvtier::VersionOf("kvtier") << "\n";
     return 0;
   }
   if (command == "--help" || command == "-h" || command == "help") {

@@ -95,7 +95,7 @@ std::optional<int> FlagParser::ParseOrExit(const std::vector<std::string>& args,
   }
   if (version_requested_) {
     // "kvtier run" is the kvtier CLI's: its version is the CLI's.
-    std::cout << program.substr(0, program.find(' ')) << " " << kKvtierVersion << "\n";
+    std::cout << VersionOf(program.substr(0, program.find(' '))) << "\n";
     return 0;
   }
   return std::nullopt;

@@ -44,6 +44,12 @@ inline grpc::Status ToGrpcStatus(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
+// A gRPC code's name ("OK", "UNAVAILABLE"): the `code` label of every
+// server's request metrics.
+inline std::string StatusCodeName(grpc::StatusCode code) {
+  return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
+}
+
 }  // namespace kvtier
 
 #endif  // KVTIER_SERVICES_COMMON_STATUS_H_

@@ -204,7 +204,7 @@ grpc::Status DecodeService::Info(grpc::ServerContext* context, const v1::InfoReq
 grpc::Status DecodeService::Decode(grpc::ServerContext* context, const v1::DecodeRequest* request,
                                    grpc::ServerWriter<v1::DecodeResponse>* writer) {
   const grpc::Status status = Serve(context, request, writer);
-  requests_.Add({{"code", absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code()))}}).Increment();
+  requests_.Add({{"code", StatusCodeName(status.error_code())}}).Increment();
   return status;
 }
 

@@ -59,8 +59,7 @@ PrefillService::PrefillService(const runtime::Model* model, std::string model_id
 }
 
 grpc::Status PrefillService::Count(grpc::Status status) {
-  // Named as the cache names them ("OK", "UNAVAILABLE", ...).
-  requests_.Add({{"code", absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code()))}}).Increment();
+  requests_.Add({{"code", StatusCodeName(status.error_code())}}).Increment();
   return status;
 }
 

@@ -113,7 +113,7 @@ int ServeUntilSignal(const std::string& program, const ModelServerFlags& flags, 
 v1::ServerInfo ServerInfoFor(const std::string& program, const runtime::Model& model, const std::string& model_id,
                              const std::vector<kvblock::LatentLayout>& layouts, const std::string& default_namespace) {
   v1::ServerInfo info;
-  info.set_server_version(absl::StrCat(program, " ", kKvtierVersion));
+  info.set_server_version(VersionOf(program));
   info.set_model_id(model_id);
   for (const kvblock::LatentLayout& layout : layouts) {
     v1::LatentLayout* p = info.add_layouts();

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "services/cache/client/cache_client.h"
+#include "services/cache/store/block_store.h"
 #include "services/kvblock/block_format.h"
 #include "tests/eventually.h"
 
@@ -29,12 +30,12 @@ inline kvblock::LatentLayout TestLayout() {  // 304,164-byte records
           .codec = kernels::Codec::kInt8};
 }
 
-// kvtier-cache's default --page-size, and what a TestLayout block takes in
-// it: whole pages.
-inline constexpr uint64_t kCachePageBytes = 16 * 1024;
+// What a TestLayout block takes at kvtier-cache's default --page-size (the
+// store's): whole pages.
 inline uint64_t TestBlockBytesTaken() {
+  const uint64_t page = StoreOptions{}.page_size;
   const uint64_t record = kvblock::HeaderFor(TestLayout(), 0, TestLayout().num_layers).RecordBytes();
-  return (record + kCachePageBytes - 1) / kCachePageBytes * kCachePageBytes;
+  return (record + page - 1) / page * page;
 }
 
 // Latents from a fast generator: the bytes only need to differ per block.

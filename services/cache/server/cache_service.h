@@ -19,7 +19,7 @@
 
 namespace kvtier::cache {
 
-inline const std::string kCacheServerVersion = std::string("kvtier-cache ") + kKvtierVersion;
+inline const std::string kCacheServerVersion = VersionOf("kvtier-cache");
 inline constexpr int kMaxSlicesPerBatch = 4096;
 
 // Get is registered raw (ByteBuffer in and out) so its answers can point

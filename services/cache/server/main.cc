@@ -2,7 +2,6 @@
 // Prometheus metrics.
 #include <prometheus/exposer.h>
 #include <prometheus/registry.h>
-#include <signal.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -39,7 +38,7 @@ struct Flags {
   std::string disk_dir;
   std::string disk_capacity;
   uint64_t threads = std::max(2u, std::thread::hardware_concurrency());
-  uint64_t page_size = 16 * 1024;
+  uint64_t page_size = StoreOptions{}.page_size;
   std::string namespaces;
   std::string device_memory = "auto";
   std::string fast_path_socket;
@@ -216,10 +215,7 @@ int Run(const Flags& f) {
   }
   started << "\n";
   std::cerr << started.str() << std::flush;
-  const int signal = WaitForStopSignal();
-  Log(LogLevel::kInfo, "",
-      absl::StrCat("received ", signal == SIGTERM ? "SIGTERM" : "SIGINT", ": draining in-flight RPCs"));
-  (*server)->Shutdown();
+  (*server)->WaitForShutdownSignal();
   std::cerr << "kvtier-cache: stopped" << std::endl;
   return 0;
 }

@@ -1,6 +1,7 @@
 #include "services/cache/server/rpc_metrics.h"
 
 #include "absl/status/status.h"
+#include "services/common/status.h"
 
 namespace kvtier::cache {
 namespace {
@@ -50,8 +51,7 @@ void RpcMetrics::CountDenied(const std::string& tenant, const absl::Status& stat
 }
 
 void RpcMetrics::Observe(const std::string& method, grpc::StatusCode code, absl::Duration elapsed) {
-  family_.Add({{"method", method}, {"code", absl::StatusCodeToString(static_cast<absl::StatusCode>(code))}}, Buckets())
-      .Observe(absl::ToDoubleSeconds(elapsed));
+  family_.Add({{"method", method}, {"code", StatusCodeName(code)}}, Buckets()).Observe(absl::ToDoubleSeconds(elapsed));
 }
 
 }  // namespace kvtier::cache

@@ -38,10 +38,7 @@ bool RecordSlots::Take(uint32_t slot_bytes, const std::string& owner, std::vecto
   SlottedPage& p = pages_[page];
   const int slot = std::countr_zero(p.free);
   p.free &= ~(uint64_t{1} << slot);
-  if (p.free == 0) {
-    free_pages->second.erase(page);
-    if (free_pages->second.empty()) with_free_.erase(free_pages);
-  }
+  if (p.free == 0) DropFromFree(free_pages, page);
   room = {page, kTag | static_cast<uint32_t>(slot) * slot_bytes};
   return true;
 }
@@ -55,11 +52,14 @@ void RecordSlots::Give(const std::vector<uint32_t>& room) {
   p.free |= uint64_t{1} << (Offset(room) / p.slot_bytes);
   if (p.free != AllFree(arena_->page_size() / p.slot_bytes)) return;
   // Its last slot: the page goes back to the arena.
-  auto free_pages = with_free_.find(c);
-  free_pages->second.erase(page);
-  if (free_pages->second.empty()) with_free_.erase(free_pages);
+  DropFromFree(with_free_.find(c), page);
   pages_.erase(it);
   arena_->Free(std::span(&page, 1));
+}
+
+void RecordSlots::DropFromFree(std::map<Class, std::set<uint32_t>>::iterator free_pages, uint32_t page) {
+  free_pages->second.erase(page);
+  if (free_pages->second.empty()) with_free_.erase(free_pages);
 }
 
 uint64_t RecordSlots::MetadataBytes() const {

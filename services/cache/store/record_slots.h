@@ -60,6 +60,9 @@ class RecordSlots {
   };
   using Class = std::pair<std::string, uint32_t>;  // owner, slot size
 
+  // `page` has no free slot left (or leaves): off its class's list.
+  void DropFromFree(std::map<Class, std::set<uint32_t>>::iterator free_pages, uint32_t page);
+
   PageArena* const arena_;
   const uint32_t min_slot_;
   std::unordered_map<uint32_t, SlottedPage> pages_;
