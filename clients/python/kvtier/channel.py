@@ -23,7 +23,7 @@ class _Token(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor
 
     def _with_token(self, details):
         metadata = list(details.metadata or []) + [self._header]
-        return details._replace(metadata=metadata) if hasattr(details, "_replace") else _Details(details, metadata)
+        return details._replace(metadata=metadata)  # grpc passes a namedtuple
 
     def intercept_unary_unary(self, continuation, details, request):
         return continuation(self._with_token(details), request)
@@ -36,16 +36,6 @@ class _Token(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor
 
     def intercept_stream_stream(self, continuation, details, requests):
         return continuation(self._with_token(details), requests)
-
-
-class _Details(grpc.ClientCallDetails):
-    def __init__(self, details, metadata):
-        self.method = details.method
-        self.timeout = details.timeout
-        self.metadata = metadata
-        self.credentials = details.credentials
-        self.wait_for_ready = getattr(details, "wait_for_ready", None)
-        self.compression = getattr(details, "compression", None)
 
 
 def make_channel(target, *, tls_dir=None, token=None, server_name=None):

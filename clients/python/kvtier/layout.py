@@ -7,7 +7,10 @@ u32 block_format_version (docs/protocol.md, "Layout id").
 """
 import dataclasses
 import hashlib
+import pathlib
 import struct
+
+from kvtier.v1 import layout_pb2
 
 BLOCK_FORMAT_VERSION = 1
 
@@ -60,7 +63,6 @@ class LatentLayout:
         return struct.unpack("<Q", hashlib.sha256(canonical).digest()[:8])[0]
 
     def to_proto(self):
-        from kvtier.v1 import layout_pb2
         return layout_pb2.LatentLayout(model_id=self.model_id, num_layers=self.num_layers,
                                        kv_lora_rank=self.kv_lora_rank, rope_dim=self.rope_dim,
                                        tokens_per_block=self.tokens_per_block, codec=self.codec,
@@ -77,7 +79,6 @@ def model_id_of(checkpoint_dir):
     "deepseek_v2-" + 16 hex digits of SHA-256 over, for config.json and then
     each *.safetensors file by name: "NAME:SIZE:", its first MiB, and its
     last MiB (what follows the first, for files under 2 MiB)."""
-    import pathlib
     d = pathlib.Path(checkpoint_dir)
     files = [d / "config.json"] + sorted(d.glob("*.safetensors"), key=lambda p: p.name.encode())
     edge = 1 << 20

@@ -10,6 +10,7 @@ import struct
 
 import crc32c
 import grpc
+import numpy as np
 
 from kvtier.codecs import dequantize, encoded_bytes, quantize
 from kvtier.errors import KvtierError, invalid
@@ -36,7 +37,6 @@ class Record:
 
     def latents(self):
         """The float32 latents, [layer_count][tokens][latent_dim + rope_dim]."""
-        import numpy as np
         return np.stack([dequantize(self.codec, p, self.tokens, self.latent_dim, self.rope_dim)
                          for p in self.payloads])
 
@@ -58,7 +58,6 @@ def encode_payloads(layout, first_layer, payloads):
 
 def encode_record(layout, first_layer, latents):
     """A record of float32 latents, [layers][tokens][dim], quantized with the layout's codec."""
-    import numpy as np
     latents = np.asarray(latents, dtype=np.float32)
     if latents.ndim == 2:
         latents = latents[None]

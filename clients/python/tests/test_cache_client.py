@@ -1,7 +1,12 @@
 """CacheClient against a real kvtier-cache on port 0: byte-exact Put and
 Get of records built in Python, Match, Stats, the documented statuses for
 bad input, a dead server, and TLS with tokens."""
+import os
+import pathlib
+import shutil
 import socket
+import subprocess
+import sys
 import time
 
 import crc32c
@@ -128,11 +133,6 @@ def test_tls_and_tokens(start_server, tls_dir, tmp_path):
 def test_pip_installs_the_package_without_network(tmp_path, cache):
     """pip builds and installs it from a copy of the folder, the stubs
     generated as it builds; the installed package works from anywhere."""
-    import os
-    import pathlib
-    import shutil
-    import subprocess
-    import sys
     source = pathlib.Path(__file__).resolve().parents[1]
     copy = tmp_path / "src"
     shutil.copytree(source, copy, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info", "tests"))
