@@ -21,6 +21,8 @@ packages=(
   clang
   # certificates for the TLS tests and `kvtier up --tls`
   openssl
+  # a real DNS server for the discovery tests (SRV records, as Kubernetes)
+  dnsmasq-base
 )
 
 missing=()

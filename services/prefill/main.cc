@@ -1,12 +1,13 @@
 // kvtier-prefill: the front door. Prefills prompts over the cache tier's
 // prefixes and hands them to decode workers.
+#include <atomic>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "services/common/address.h"
 #include "services/common/flags.h"
+#include "services/common/peer_discovery.h"
 #include "services/common/server_runner.h"
 #include "services/prefill/prefill_service.h"
 #include "services/serving/model_server.h"
@@ -34,9 +35,8 @@ int Run(const Flags& f) {
   if (f.tokens_per_block < 1 || f.tokens_per_block > kernels::kMaxBlockTokens) {
     return usage("--tokens-per-block must be in 1..4096");
   }
-  const std::vector<std::string> decoders = absl::StrSplit(f.decode, ',', absl::SkipWhitespace());
-  for (const std::string& decoder : decoders) {
-    if (absl::Status valid = ValidateTargetAddress(decoder); !valid.ok()) {
+  if (!absl::StartsWith(f.decode, kSrvPrefix)) {
+    if (absl::Status valid = ParseTargetList(f.decode).status(); !valid.ok()) {
       return usage(absl::StrCat("--decode: ", valid.message()));
     }
   }
@@ -47,12 +47,18 @@ int Run(const Flags& f) {
   options.tokens_per_block = static_cast<uint32_t>(f.tokens_per_block);
   options.cache_deadline = absl::Milliseconds(f.server.cache_deadline_ms);
   options.decode_idle = absl::Milliseconds(static_cast<int64_t>(f.decode_idle_ms));
-  PrefillService service(s->model.get(), s->model_id, s->shards.get(), decoders, s->registry.get(), options,
-                         s->tenants.get());
+  PrefillService service(s->model.get(), s->model_id, s->shards.get(), s->registry.get(), options, s->tenants.get());
+  std::atomic<size_t> decoders = 0;  // the discovery's thread updates it
+  absl::StatusOr<std::unique_ptr<PeerDiscovery>> discovery = PeerDiscovery::Start(
+      "decode workers", f.decode, f.server.Discovery(), [&service, &decoders](const std::vector<std::string>& targets) {
+        service.SetDecoders(targets);
+        decoders = targets.size();
+      });
+  if (!discovery.ok()) return usage(absl::StrCat("--decode: ", discovery.status().message()));
   return serving::ServeUntilSignal(
       program, f.server, &service,
       absl::StrCat("model ", s->model_id, ", latents in ", f.kv_codec, ", blocks of ", f.tokens_per_block, ", ",
-                   s->shards->size(), " cache shard(s), ", decoders.size(), " decode worker(s)"));
+                   s->shards->size(), " cache shard(s), ", decoders.load(), " decode worker(s)"));
 }
 
 }  // namespace
@@ -68,7 +74,8 @@ int main(int argc, char** argv) {
                            "tokens. Stops gracefully on SIGTERM.");
   f.server.listen = "0.0.0.0:7071";
   f.server.Register(flags);
-  flags.AddString("decode", &f.decode, "kvtier-decode workers, comma-separated HOST:PORT");
+  flags.AddString("decode", &f.decode,
+                  "kvtier-decode workers: HOST:PORT[,HOST:PORT...], or srv:NAME (DNS SRV records, as --cache)");
   flags.AddString("kv-codec", &f.kv_codec, "bf16|fp8|int8|int4: how latent blocks are stored");
   flags.AddUint("tokens-per-block", &f.tokens_per_block, "tokens per latent block");
   flags.AddUint("decode-idle-ms", &f.decode_idle_ms,

@@ -1,5 +1,6 @@
 #include "services/prefill/prefill_service.h"
 
+#include <algorithm>
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
@@ -20,14 +21,14 @@ struct PrefillService::Prefilled {
 };
 
 PrefillService::PrefillService(const runtime::Model* model, std::string model_id, serving::ShardSet* shards,
-                               const std::vector<std::string>& decode_targets, prometheus::Registry* registry,
-                               PrefillOptions options, TenantRegistry* tenants)
+                               prometheus::Registry* registry, PrefillOptions options, TenantRegistry* tenants)
     : model_(*model),
       model_id_(std::move(model_id)),
       tenants_(tenants),
       shards_(*shards),
       options_(options),
       layout_(serving::ModelLayout(model->config(), model_id_, options.codec, options.tokens_per_block)),
+      decoders_(std::make_shared<Decoders>()),
       requests_(prometheus::BuildCounter()
                     .Name("kvtier_prefill_requests_total")
                     .Help("Generate requests, by final gRPC status code.")
@@ -52,10 +53,19 @@ PrefillService::PrefillService(const runtime::Model* model, std::string model_id
                                .Help("From request arrival to the first token sent.")
                                .Register(*registry)
                                .Add({}, prometheus::Histogram::BucketBoundaries{0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                                                                0.5, 1, 2.5, 5, 10, 30})) {
-  for (const std::string& target : decode_targets) {
-    decoders_.emplace_back(target, v1::Decode::NewStub(cache::CacheClient::Connect(target)));
+                                                                                0.5, 1, 2.5, 5, 10, 30})) {}
+
+void PrefillService::SetDecoders(const std::vector<std::string>& targets) {
+  absl::MutexLock lock(&decoders_mu_);
+  auto next = std::make_shared<Decoders>();
+  for (const std::string& target : targets) {
+    auto kept = std::find_if(decoders_->begin(), decoders_->end(), [&](const auto& d) { return d.first == target; });
+    next->emplace_back(
+        target, kept != decoders_->end()
+                    ? kept->second
+                    : std::shared_ptr<v1::Decode::Stub>(v1::Decode::NewStub(cache::CacheClient::Connect(target))));
   }
+  decoders_ = std::move(next);
 }
 
 grpc::Status PrefillService::Count(grpc::Status status) {
@@ -191,9 +201,15 @@ grpc::Status PrefillService::Relay(grpc::ServerContext* context, const v1::Decod
                                    grpc::ServerWriter<v1::GenerateResponse>* writer) {
   uint32_t next_index = 1;  // the next token the client has not seen
   std::string failures;
+  std::shared_ptr<const Decoders> decoders;
+  {
+    absl::MutexLock lock(&decoders_mu_);
+    decoders = decoders_;
+  }
+  if (decoders->empty()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no decode worker is known");
   const size_t first = next_decoder_.fetch_add(1);
-  for (size_t attempt = 0; attempt < decoders_.size(); ++attempt) {
-    auto& [target, stub] = decoders_[(first + attempt) % decoders_.size()];
+  for (size_t attempt = 0; attempt < decoders->size(); ++attempt) {
+    const auto& [target, stub] = (*decoders)[(first + attempt) % decoders->size()];
     // Cancellation and the deadline of the client's call carry over.
     std::unique_ptr<grpc::ClientContext> call = grpc::ClientContext::FromServerContext(*context);
     std::unique_ptr<grpc::ClientReader<v1::DecodeResponse>> reader = stub->Decode(call.get(), request);
@@ -242,7 +258,7 @@ grpc::Status PrefillService::Relay(grpc::ServerContext* context, const v1::Decod
     if (!retryable) return grpc::Status(status.error_code(), absl::StrCat("decode worker ", target, ": ", why));
     std::cerr << "kvtier-prefill: request '" << request.request_id() << "': decode worker " << target
               << " failed after token " << next_index - 1 << " (" << why << ")"
-              << (attempt + 1 < decoders_.size() ? "; trying the next" : "") << std::endl;
+              << (attempt + 1 < decoders->size() ? "; trying the next" : "") << std::endl;
   }
   return grpc::Status(
       grpc::StatusCode::UNAVAILABLE,

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "kvtier/v1/decode.grpc.pb.h"
 #include "kvtier/v1/prefill.grpc.pb.h"
 #include "services/common/tenants.h"
@@ -35,13 +36,16 @@ struct PrefillOptions {
 
 class PrefillService final : public v1::Prefill::Service {
  public:
-  // None owned; all must outlive the service. `decode_targets`: host:port
-  // of each decode worker.
-  // `tenants`: who may call (null: every caller, one trust domain); a
-  // request without a namespace uses its tenant's first.
+  // None owned; all must outlive the service. No decode worker until
+  // SetDecoders. `tenants`: who may call (null: every caller, one trust
+  // domain); a request without a namespace uses its tenant's first.
   PrefillService(const runtime::Model* model, std::string model_id, serving::ShardSet* shards,
-                 const std::vector<std::string>& decode_targets, prometheus::Registry* registry, PrefillOptions options,
-                 TenantRegistry* tenants = nullptr);
+                 prometheus::Registry* registry, PrefillOptions options, TenantRegistry* tenants = nullptr);
+
+  // The decode workers ("host:port" each) that new requests go to; a
+  // worker in both lists keeps its connection. Requests under way finish
+  // on the workers they had.
+  void SetDecoders(const std::vector<std::string>& targets);
 
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override;
@@ -65,7 +69,9 @@ class PrefillService final : public v1::Prefill::Service {
   serving::ShardSet& shards_;
   const PrefillOptions options_;
   const kvblock::LatentLayout layout_;
-  std::vector<std::pair<std::string, std::unique_ptr<v1::Decode::Stub>>> decoders_;
+  using Decoders = std::vector<std::pair<std::string, std::shared_ptr<v1::Decode::Stub>>>;
+  absl::Mutex decoders_mu_;
+  std::shared_ptr<const Decoders> decoders_ ABSL_GUARDED_BY(decoders_mu_);
   std::atomic<size_t> next_decoder_{0};
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Counter& prompt_tokens_;

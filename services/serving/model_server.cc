@@ -1,6 +1,7 @@
 #include "services/serving/model_server.h"
 
 #include <iostream>
+#include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -18,25 +19,37 @@
 namespace kvtier::serving {
 namespace {
 
-// <prefix>_record_pool_bytes{state="idle"|"held"}, read at scrape time.
-class RecordPoolMetrics : public prometheus::Collectable {
+// The shards' health and their record pool, read at scrape time.
+class ShardSetMetrics : public prometheus::Collectable {
  public:
-  RecordPoolMetrics(std::string prefix, std::shared_ptr<const RecordPool> pool)
-      : prefix_(std::move(prefix)), pool_(std::move(pool)) {}
+  ShardSetMetrics(std::string prefix, const ShardSet* shards) : prefix_(std::move(prefix)), shards_(shards) {}
 
   std::vector<prometheus::MetricFamily> Collect() const override {
-    prometheus::MetricFamily family =
+    prometheus::MetricFamily up =
+        Family(prefix_ + "_cache_shard_up",
+               "1 when the cache shard passed its last health check, 0 when it failed it or was not checked yet",
+               prometheus::MetricType::Gauge);
+    prometheus::MetricFamily shards =
+        Family(prefix_ + "_cache_shards", "Cache shards known, by the state of their last health check",
+               prometheus::MetricType::Gauge);
+    std::map<std::string, double> states{{"up", 0}, {"down", 0}, {"unknown", 0}};
+    for (const auto& [target, health] : shards_->HealthOfShards()) {
+      AddSample(up, health == ShardSet::Health::kUp ? 1 : 0, {{"shard", target}});
+      ++states[health == ShardSet::Health::kUp ? "up" : health == ShardSet::Health::kDown ? "down" : "unknown"];
+    }
+    for (const auto& [state, count] : states) AddSample(shards, count, {{"state", state}});
+    prometheus::MetricFamily pool =
         Family(prefix_ + "_record_pool_bytes",
                "Memory of fetched cached blocks: held by sequences, or idle and kept for reuse",
                prometheus::MetricType::Gauge);
-    AddSample(family, static_cast<double>(pool_->idle_bytes()), {{"state", "idle"}});
-    AddSample(family, static_cast<double>(pool_->held_bytes()), {{"state", "held"}});
-    return {std::move(family)};
+    AddSample(pool, static_cast<double>(shards_->records()->idle_bytes()), {{"state", "idle"}});
+    AddSample(pool, static_cast<double>(shards_->records()->held_bytes()), {{"state", "held"}});
+    return {std::move(up), std::move(shards), std::move(pool)};
   }
 
  private:
   const std::string prefix_;
-  const std::shared_ptr<const RecordPool> pool_;
+  const ShardSet* const shards_;
 };
 
 }  // namespace
@@ -44,9 +57,15 @@ class RecordPoolMetrics : public prometheus::Collectable {
 void ModelServerFlags::Register(FlagParser& flags) {
   flags.AddString("listen", &listen, "gRPC address HOST:PORT (port 0: any free port)");
   flags.AddString("model", &model, "DeepSeek-V2 checkpoint directory (config.json + safetensors)");
-  flags.AddString("cache", &cache, "kvtier-cache shards, comma-separated HOST:PORT");
+  flags.AddString("cache", &cache,
+                  "kvtier-cache shards: HOST:PORT[,HOST:PORT...], or srv:NAME to find them as DNS SRV records "
+                  "(a Kubernetes headless Service's _grpc._tcp.SERVICE.NAMESPACE.svc.cluster.local), "
+                  "looked up again every --watch-interval-ms");
   flags.AddString("metrics-listen", &metrics_listen, "Prometheus /metrics address HOST:PORT; empty: none");
   flags.AddUint("cache-deadline-ms", &cache_deadline_ms, "deadline of each call to a cache shard");
+  flags.AddUint("watch-interval-ms", &watch_interval_ms,
+                "how often srv: names are looked up again and each cache shard's health is checked");
+  flags.AddString("dns-server", &dns_server, "DNS server IPv4:PORT for srv: names; empty: the system's resolvers");
   flags.AddUint("threads", &threads, "threads for the model's matrix products (0: every core)");
   flags.AddBool("no-fast-path", &no_fast_path,
                 "read and write blocks over gRPC only, even with a cache shard on this host");
@@ -60,10 +79,15 @@ void ModelServerFlags::Register(FlagParser& flags) {
   security.Register(flags, /*serves=*/true, /*calls=*/true);
 }
 
+PeerDiscovery::Options ModelServerFlags::Discovery() const {
+  return {.interval = absl::Milliseconds(watch_interval_ms), .dns_server = dns_server};
+}
+
 absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const ModelServerFlags& f) {
   SetLogProgram(program);
   if (f.model.empty() || f.cache.empty()) return absl::InvalidArgumentError("--model and --cache are required");
   if (f.threads > 1024) return absl::InvalidArgumentError("--threads must be at most 1024");
+  if (f.watch_interval_ms == 0) return absl::InvalidArgumentError("--watch-interval-ms must be positive");
   KVTIER_ASSIGN_OR_RETURN(const runtime::Device device, runtime::ParseDevice(f.device));
   runtime::CudaOptions cuda;
   if (!f.device_block_pool.empty()) {
@@ -80,19 +104,23 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
   // carry this process's identity.
   KVTIER_RETURN_IF_ERROR(f.security.ApplyToClients());
   KVTIER_ASSIGN_OR_RETURN(s.tenants, f.security.OpenTenants());
-  absl::StatusOr<std::unique_ptr<ShardSet>> shards =
-      ShardSet::Create(f.cache, absl::Milliseconds(f.cache_deadline_ms), !f.no_fast_path, *record_pool);
-  if (!shards.ok()) return absl::InvalidArgumentError(absl::StrCat("--cache: ", shards.status().message()));
-  s.shards = std::move(*shards);
+  s.shards = std::make_unique<ShardSet>(absl::Milliseconds(f.cache_deadline_ms), !f.no_fast_path, *record_pool);
+  ShardSet* shards = s.shards.get();
+  absl::StatusOr<std::unique_ptr<PeerDiscovery>> discovery =
+      PeerDiscovery::Start("cache shards", f.cache, f.Discovery(), [shards](const std::vector<std::string>& targets) {
+        if (absl::Status set = shards->SetTargets(targets); !set.ok())
+          Log(LogLevel::kWarning, "discovery", set.ToString());
+      });
+  if (!discovery.ok()) return absl::InvalidArgumentError(absl::StrCat("--cache: ", discovery.status().message()));
+  s.cache_discovery = std::move(*discovery);
+  s.shards->StartHealthChecks(absl::Milliseconds(f.watch_interval_ms));
   std::cerr << program << ": loading " << f.model << " on " << f.device << std::endl;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Checkpoint> checkpoint, runtime::Checkpoint::Open(f.model));
   KVTIER_ASSIGN_OR_RETURN(s.model, runtime::Model::Load(*checkpoint, device, cuda));
   KVTIER_ASSIGN_OR_RETURN(s.model_id, ModelId(f.model));
   s.registry = std::make_shared<prometheus::Registry>();
-  s.record_pool_metrics =
-      std::make_shared<RecordPoolMetrics>(absl::StrReplaceAll(program, {{"-", "_"}}), s.shards->records());
-  KVTIER_ASSIGN_OR_RETURN(s.metrics,
-                          StartMetricsExposer(program, f.metrics_listen, {s.registry, s.record_pool_metrics}));
+  s.shard_metrics = std::make_shared<ShardSetMetrics>(absl::StrReplaceAll(program, {{"-", "_"}}), s.shards.get());
+  KVTIER_ASSIGN_OR_RETURN(s.metrics, StartMetricsExposer(program, f.metrics_listen, {s.registry, s.shard_metrics}));
   return s;
 }
 

@@ -15,6 +15,7 @@
 #include "kvtier/v1/info.pb.h"
 #include "services/common/flags.h"
 #include "services/common/metrics_exposer.h"
+#include "services/common/peer_discovery.h"
 #include "services/common/security_flags.h"
 #include "services/common/tenants.h"
 #include "services/common/version.h"
@@ -30,6 +31,8 @@ struct ModelServerFlags {
   std::string cache;
   std::string metrics_listen;
   uint64_t cache_deadline_ms = 5000;
+  uint64_t watch_interval_ms = 10000;
+  std::string dns_server;
   uint64_t threads = 0;  // 0: every core
   bool no_fast_path = false;
   std::string device = "cpu";
@@ -37,27 +40,34 @@ struct ModelServerFlags {
   std::string record_pool = std::to_string(ShardSet::kIdleRecordBytes >> 20) + "MiB";
   SecurityFlags security;
 
-  // --listen --model --cache --metrics-listen --cache-deadline-ms --threads
-  // --no-fast-path --device --device-block-pool --record-pool, and the
-  // security flags (security_flags.h)
+  // --listen --model --cache --metrics-listen --cache-deadline-ms
+  // --watch-interval-ms --dns-server --threads --no-fast-path --device
+  // --device-block-pool --record-pool, and the security flags
+  // (security_flags.h)
   void Register(FlagParser& flags);
+
+  // How --cache, and prefill's --decode, are looked up again.
+  PeerDiscovery::Options Discovery() const;
 };
 
 struct ModelServer {
   std::unique_ptr<ShardSet> shards;
+  std::unique_ptr<PeerDiscovery> cache_discovery;  // keeps `shards` current
   std::unique_ptr<runtime::Model> model;  // the weights are copied: no checkpoint mapping kept
   std::string model_id;                   // ModelId(checkpoint dir)
   std::shared_ptr<prometheus::Registry> registry;
-  std::shared_ptr<prometheus::Collectable> record_pool_metrics;  // the shards' record pool
+  std::shared_ptr<prometheus::Collectable> shard_metrics;  // the shards' health and record pool
   MetricsEndpoint metrics;                                       // no exposer with no --metrics-listen
   std::unique_ptr<TenantRegistry> tenants;                       // who may call it
 };
 
 // Checks the flags (INVALID_ARGUMENT: a usage error), sets the kernel
-// threads, connects the shards, loads the model (saying so on stderr as
+// threads, finds the shards (and keeps finding them, with "srv:"), starts
+// their health checks, loads the model (saying so on stderr as
 // "<program>: loading DIR") and starts the metrics endpoint, which also
-// reports the shards' record pool as <program>_record_pool_bytes{state}
-// ("kvtier-decode" -> kvtier_decode_...).
+// reports, with <program> as the prefix ("kvtier-decode" ->
+// kvtier_decode_...): <prefix>_cache_shard_up{shard},
+// <prefix>_cache_shards{state} and <prefix>_record_pool_bytes{state}.
 absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const ModelServerFlags& flags);
 
 // Serves `service` on the flags' --listen (over --tls-dir's TLS) until

@@ -1,12 +1,16 @@
 #include "services/serving/shard_set.h"
 
 #include <algorithm>
+#include <atomic>
 #include <future>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
+#include "services/cache/client/health_check.h"
 #include "services/common/address.h"
+#include "services/common/log.h"
+#include "services/common/peer_discovery.h"
+#include "services/common/status.h"
 #include "services/kvblock/block_format.h"
 #include "services/kvblock/sha256.h"
 
@@ -29,56 +33,139 @@ uint64_t Mix(uint64_t z) {
 
 }  // namespace
 
+struct ShardSet::Shard {
+  Shard(const std::string& target, absl::Duration deadline, bool fast_path)
+      : target(target),
+        seed(First8(kvblock::Sha256({target}))),
+        channel(cache::CacheClient::Connect(target)),
+        streams(target),
+        client(channel, deadline) {
+    if (fast_path) routes.push_back(std::make_unique<FastPathRoute>(channel, deadline));
+    routes.push_back(std::make_unique<GrpcRoute>(target, &streams, deadline));
+  }
+  bool Down() const { return health.load(std::memory_order_relaxed) == Health::kDown; }
+
+  const std::string target;
+  const uint64_t seed;  // from the target: a shard's scores do not depend on the others
+  const std::shared_ptr<grpc::Channel> channel;
+  StreamConnections streams;  // Fetch's Gets, ShardedPut's Puts
+  cache::CacheClient client;
+  std::vector<std::unique_ptr<ShardRoute>> routes;  // tried in order; gRPC last
+  std::atomic<Health> health{Health::kUnknown};
+};
+
+ShardSet::ShardSet(absl::Duration deadline, bool fast_path, size_t idle_record_bytes)
+    : deadline_(deadline),
+      fast_path_(fast_path),
+      records_(RecordPool::Create(idle_record_bytes)),
+      members_(std::make_shared<ShardList>()) {}
+
+ShardSet::~ShardSet() {
+  stop_health_checks_.Notify();
+  if (health_checks_.joinable()) health_checks_.join();
+}
+
 absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(const std::string& targets, absl::Duration deadline,
                                                            bool fast_path, size_t idle_record_bytes) {
-  auto set = std::unique_ptr<ShardSet>(new ShardSet());
-  set->deadline_ = deadline;
-  set->records_ = RecordPool::Create(idle_record_bytes);
+  absl::StatusOr<std::vector<std::string>> list = ParseTargetList(targets);
+  if (!list.ok()) return absl::InvalidArgumentError(absl::StrCat("cache shards: ", list.status().message()));
+  auto set = std::make_unique<ShardSet>(deadline, fast_path, idle_record_bytes);
+  KVTIER_RETURN_IF_ERROR(set->SetTargets(*list));
+  return set;
+}
+
+absl::Status ShardSet::SetTargets(const std::vector<std::string>& targets) {
   std::set<std::string> seen;
-  for (absl::string_view t : absl::StrSplit(targets, ',', absl::SkipWhitespace())) {
-    const std::string target(t);
+  for (const std::string& target : targets) {
     if (absl::Status s = ValidateTargetAddress(target); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("cache shard: ", s.message()));
     }
     if (!seen.insert(target).second)
       return absl::InvalidArgumentError(absl::StrCat("cache shard ", target, " is listed twice"));
-    std::shared_ptr<grpc::Channel> channel = cache::CacheClient::Connect(target);
-    Shard shard{target,
-                First8(kvblock::Sha256({target})),
-                std::make_unique<StreamConnections>(target),
-                std::make_unique<cache::CacheClient>(channel, deadline),
-                {}};
-    if (fast_path) shard.routes.push_back(std::make_unique<FastPathRoute>(channel, deadline));
-    shard.routes.push_back(std::make_unique<GrpcRoute>(target, shard.streams.get(), deadline));
-    set->shards_.push_back(std::move(shard));
   }
-  if (set->shards_.empty()) return absl::InvalidArgumentError("no cache shard given");
-  return set;
+  absl::MutexLock lock(&mu_);
+  auto next = std::make_shared<ShardList>();
+  for (const std::string& target : targets) {
+    auto kept = std::find_if(members_->begin(), members_->end(),
+                             [&](const std::shared_ptr<Shard>& s) { return s->target == target; });
+    next->push_back(kept != members_->end() ? *kept : std::make_shared<Shard>(target, deadline_, fast_path_));
+  }
+  members_ = std::move(next);
+  return absl::OkStatus();
 }
 
-size_t ShardSet::ShardOf(const kvblock::BlockHash& hash) const {
+std::shared_ptr<const ShardSet::ShardList> ShardSet::Members() const {
+  absl::MutexLock lock(&mu_);
+  return members_;
+}
+
+size_t ShardSet::IndexOf(const ShardList& shards, const kvblock::BlockHash& hash) {
   const uint64_t key = First8(hash);
   size_t best = 0;
   uint64_t best_score = 0;
-  for (size_t s = 0; s < shards_.size(); ++s) {
-    const uint64_t score = Mix(shards_[s].seed ^ key);
+  for (size_t s = 0; s < shards.size(); ++s) {
+    const uint64_t score = Mix(shards[s]->seed ^ key);
     if (s == 0 || score > best_score) best = s, best_score = score;
   }
   return best;
 }
 
+std::string ShardSet::ShardOf(const kvblock::BlockHash& hash) const {
+  const std::shared_ptr<const ShardList> shards = Members();
+  return shards->empty() ? "" : (*shards)[IndexOf(*shards, hash)]->target;
+}
+
+void ShardSet::CheckHealth() {
+  const std::shared_ptr<const ShardList> shards = Members();
+  std::vector<std::future<void>> done;
+  for (const std::shared_ptr<Shard>& shard : *shards) {
+    done.push_back(std::async(std::launch::async, [this, &shard] {
+      const absl::Status checked = cache::CheckHealth(shard->channel, deadline_);
+      const Health now = checked.ok() ? Health::kUp : Health::kDown;
+      const Health before = shard->health.exchange(now);
+      if (now == before) return;
+      if (now == Health::kUp) {
+        Log(LogLevel::kInfo, "cache", absl::StrCat("shard ", shard->target, " is reachable"));
+      } else {
+        Log(LogLevel::kWarning, "cache",
+            absl::StrCat("shard ", shard->target,
+                         " is unreachable (its blocks are recomputed until it is back): ", checked.message()));
+      }
+    }));
+  }
+  for (auto& d : done) d.get();
+}
+
+void ShardSet::StartHealthChecks(absl::Duration interval) {
+  health_checks_ = std::thread([this, interval] {
+    do {
+      CheckHealth();
+    } while (!stop_health_checks_.WaitForNotificationWithTimeout(interval));
+  });
+}
+
+std::vector<std::pair<std::string, ShardSet::Health>> ShardSet::HealthOfShards() const {
+  std::vector<std::pair<std::string, Health>> out;
+  for (const std::shared_ptr<Shard>& shard : *Members()) out.emplace_back(shard->target, shard->health.load());
+  return out;
+}
+
 size_t ShardSet::MatchPrefix(const std::string& ns, const kvblock::LatentLayout& layout,
                              const std::vector<kvblock::BlockHash>& chain) {
+  const std::shared_ptr<const ShardList> shards = Members();
+  if (shards->empty()) return 0;
   // Each shard is asked about its own blocks, in chain order; the prefix
   // ends at the first block some shard does not hold.
-  const std::vector<std::vector<size_t>> positions = ByShard(chain);
+  const std::vector<std::vector<size_t>> positions = ByShard(*shards, chain);
   std::vector<std::future<size_t>> answers;
-  for (size_t s = 0; s < shards_.size(); ++s) {
+  for (size_t s = 0; s < shards->size(); ++s) {
+    if (positions[s].empty()) continue;
+    Shard& shard = *(*shards)[s];
+    if (shard.Down()) return positions[s][0];
     answers.push_back(std::async(std::launch::async, [&, s]() -> size_t {
-      if (positions[s].empty()) return chain.size();
       std::vector<kvblock::BlockHash> mine;
       for (size_t i : positions[s]) mine.push_back(chain[i]);
-      absl::StatusOr<v1::MatchResponse> r = shards_[s].client->Match(ns, layout, mine);
+      absl::StatusOr<v1::MatchResponse> r = shard.client.Match(ns, layout, mine);
       const size_t matched = r.ok() ? std::min<size_t>(r->matched_blocks(), mine.size()) : 0;
       return matched == mine.size() ? chain.size() : positions[s][matched];
     }));
@@ -90,22 +177,30 @@ size_t ShardSet::MatchPrefix(const std::string& ns, const kvblock::LatentLayout&
 
 std::vector<absl::StatusOr<SharedRecord>> ShardSet::Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
                                                           const std::vector<kvblock::BlockHash>& hashes) {
-  std::vector<absl::StatusOr<SharedRecord>> out(hashes.size(), absl::NotFoundError("not fetched"));
-  const std::vector<std::vector<size_t>> positions = ByShard(hashes);
+  const std::shared_ptr<const ShardList> shards = Members();
+  std::vector<absl::StatusOr<SharedRecord>> out(hashes.size(), absl::UnavailableError("no cache shard"));
+  const std::vector<std::vector<size_t>> positions = ByShard(*shards, hashes);
   std::vector<std::future<void>> done;
-  for (size_t s = 0; s < shards_.size(); ++s) {
+  for (size_t s = 0; s < shards->size(); ++s) {
     if (positions[s].empty()) continue;
-    done.push_back(
-        std::async(std::launch::async, [&, s] { FetchFromShard(s, ns, layout, hashes, positions[s], out); }));
+    Shard& shard = *(*shards)[s];
+    if (shard.Down()) {
+      for (size_t i : positions[s]) {
+        out[i] = absl::UnavailableError(absl::StrCat("cache ", shard.target, " failed its last health check"));
+      }
+      continue;
+    }
+    done.push_back(std::async(std::launch::async,
+                              [&, s] { FetchFromShard(*(*shards)[s], ns, layout, hashes, positions[s], out); }));
   }
   for (auto& d : done) d.get();
   return out;
 }
 
-void ShardSet::FetchFromShard(size_t s, const std::string& ns, const kvblock::LatentLayout& layout,
+void ShardSet::FetchFromShard(Shard& shard, const std::string& ns, const kvblock::LatentLayout& layout,
                               const std::vector<kvblock::BlockHash>& hashes, std::vector<size_t> indices,
                               std::vector<absl::StatusOr<SharedRecord>>& out) {
-  for (const std::unique_ptr<ShardRoute>& route : shards_[s].routes) {
+  for (const std::unique_ptr<ShardRoute>& route : shard.routes) {
     if (indices.empty()) return;
     std::vector<kvblock::BlockHash> mine;
     std::vector<absl::StatusOr<SharedRecord>*> slots;
@@ -131,9 +226,11 @@ std::set<kvblock::BlockHash> ShardSet::Store(const std::string& ns, const kvbloc
   return put.Finish();
 }
 
-std::vector<std::vector<size_t>> ShardSet::ByShard(const std::vector<kvblock::BlockHash>& hashes) const {
-  std::vector<std::vector<size_t>> positions(shards_.size());
-  for (size_t i = 0; i < hashes.size(); ++i) positions[ShardOf(hashes[i])].push_back(i);
+std::vector<std::vector<size_t>> ShardSet::ByShard(const ShardList& shards,
+                                                   const std::vector<kvblock::BlockHash>& hashes) {
+  std::vector<std::vector<size_t>> positions(shards.size());
+  if (shards.empty()) return positions;
+  for (size_t i = 0; i < hashes.size(); ++i) positions[IndexOf(shards, hashes[i])].push_back(i);
   return positions;
 }
 
@@ -164,11 +261,11 @@ struct ShardedPut::Stream {
 
 ShardedPut::ShardedPut(ShardSet& shards, std::string ns, const kvblock::LatentLayout& layout,
                        absl::Duration finish_deadline)
-    : shards_(shards),
+    : members_(shards.Members()),
       ns_(std::move(ns)),
       layout_(layout),
       finish_deadline_(finish_deadline),
-      streams_(shards.size()) {}
+      streams_(members_->size()) {}
 
 ShardedPut::~ShardedPut() {
   for (auto& s : streams_) {
@@ -178,12 +275,15 @@ ShardedPut::~ShardedPut() {
 }
 
 void ShardedPut::Write(const kvblock::BlockHash& hash, const std::string& record) {
-  const size_t shard = shards_.ShardOf(hash);
-  std::unique_ptr<Stream>& s = streams_[shard];
+  if (members_->empty()) return;
+  const size_t index = ShardSet::IndexOf(*members_, hash);
+  ShardSet::Shard& shard = *(*members_)[index];
+  std::unique_ptr<Stream>& s = streams_[index];
   if (s == nullptr) {
+    if (shard.Down()) return;
     s = std::make_unique<Stream>();
     v1::PutRequest header;
-    for (const std::unique_ptr<ShardRoute>& route : shards_.routes(shard)) {
+    for (const std::unique_ptr<ShardRoute>& route : shard.routes) {
       if ((s->fast = route->PutStaging()) != nullptr) {
         s->staging_route = route.get();
         break;
@@ -193,7 +293,7 @@ void ShardedPut::Write(const kvblock::BlockHash& hash, const std::string& record
       s->staged = std::make_unique<cache::FastPathClient::StagedStream>(s->fast.get());
       header.mutable_header()->set_fast_path_session_id(s->fast->session_id());
     }
-    s->connection.emplace(shards_.TakeConnection(shard));
+    s->connection.emplace(shard.streams.Take());
     s->writer = s->connection->stub().Put(&s->context, &s->response);
     header.mutable_header()->set_kv_namespace(ns_);
     *header.mutable_header()->mutable_layout() = kvblock::LayoutToProto(layout_);

@@ -2,7 +2,8 @@
 // on the shard chosen by rendezvous hashing of its key, so adding a shard
 // moves only about 1/N of the keys. A shard that is down, slow (deadline) or
 // answers a miss only makes its blocks look absent: callers recompute them.
-// ShardSet only routes: each shard's blocks travel by its own ordered list
+// The shards can change while in use (SetTargets, from discovery). ShardSet
+// only routes: each shard's blocks travel by its own ordered list
 // of ShardRoutes (shard_routes.h). Thread-safe.
 #ifndef KVTIER_SERVICES_SERVING_SHARD_SET_H_
 #define KVTIER_SERVICES_SERVING_SHARD_SET_H_
@@ -10,10 +11,13 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "services/cache/client/cache_client.h"
 #include "services/serving/record_pool.h"
@@ -25,21 +29,38 @@ namespace kvtier::serving {
 
 class ShardSet {
  public:
-  // `targets`: comma-separated host:port list, at least one, no repeats.
-  // Every call to a shard gets `deadline`. With `fast_path`, blocks of a
-  // shard on this host are read through its shared memory (FastPathRoute);
-  // the rest come by Get (GrpcRoute). At most
-  // `idle_record_bytes` of fetched records are kept for reuse once let go.
+  // No shards until SetTargets. Every call to a shard gets `deadline`.
+  // With `fast_path`, blocks of a shard on this host are read through its
+  // shared memory (FastPathRoute); the rest come by Get (GrpcRoute). At
+  // most `idle_record_bytes` of fetched records are kept for reuse once let
+  // go.
+  explicit ShardSet(absl::Duration deadline, bool fast_path = true, size_t idle_record_bytes = kIdleRecordBytes);
+  ~ShardSet();
+  // A fixed list: `targets` as ParseTargetList takes it.
   static absl::StatusOr<std::unique_ptr<ShardSet>> Create(const std::string& targets, absl::Duration deadline,
                                                           bool fast_path = true,
                                                           size_t idle_record_bytes = kIdleRecordBytes);
 
-  size_t size() const { return shards_.size(); }
-  const std::string& target(size_t shard) const { return shards_[shard].target; }
-  cache::CacheClient& client(size_t shard) { return *shards_[shard].client; }
+  // Makes `targets` ("host:port" each, no repeats) the shards. A shard in
+  // both the old and new lists keeps its connections and health; a new
+  // one takes about 1/N of the keys; a removed one's blocks become misses
+  // (calls already under way on it finish).
+  absl::Status SetTargets(const std::vector<std::string>& targets);
 
-  // The shard with the highest score for `hash` (rendezvous hashing).
-  size_t ShardOf(const kvblock::BlockHash& hash) const;
+  size_t size() const { return Members()->size(); }
+  // The target of the shard that holds `hash` (rendezvous hashing: the
+  // highest score); empty with no shards.
+  std::string ShardOf(const kvblock::BlockHash& hash) const;
+
+  // Health-checks every shard at once (grpc.health.v1 over its channel,
+  // with the deadline) and logs each change with its reason. A shard found
+  // down is not called again until a check finds it up: its blocks are
+  // misses at once instead of after a deadline. StartHealthChecks does this
+  // every `interval` on a thread of its own, until the set is destroyed.
+  void CheckHealth();
+  void StartHealthChecks(absl::Duration interval);
+  enum class Health { kUnknown, kUp, kDown };  // kUnknown: not checked yet
+  std::vector<std::pair<std::string, Health>> HealthOfShards() const;
 
   // How many leading blocks of `chain` are stored, asking each shard about
   // its own blocks at once; a shard that fails holds none.
@@ -65,31 +86,29 @@ class ShardSet {
   std::set<kvblock::BlockHash> Store(const std::string& ns, const kvblock::LatentLayout& layout,
                                      const std::vector<cache::BlockSlices>& blocks);
 
-  // Shard `s`'s routes, in the order they are tried.
-  const std::vector<std::unique_ptr<ShardRoute>>& routes(size_t s) const { return shards_[s].routes; }
-
-  // A connection to shard `s` for a long stream, of this ShardSet's own
-  // (see StreamConnections); the least busy.
-  StreamConnections::Lease TakeConnection(size_t s) { return shards_[s].streams->Take(); }
-
  private:
-  // Indices of `hashes` on each shard, in order.
-  std::vector<std::vector<size_t>> ByShard(const std::vector<kvblock::BlockHash>& hashes) const;
-  // Fetch's part for shard `s`: `indices` of `hashes` into `out`.
-  void FetchFromShard(size_t s, const std::string& ns, const kvblock::LatentLayout& layout,
+  friend class ShardedPut;
+  struct Shard;
+  // The shards at one moment: a call works on one such list throughout,
+  // whatever SetTargets does meanwhile.
+  using ShardList = std::vector<std::shared_ptr<Shard>>;
+  std::shared_ptr<const ShardList> Members() const;
+  static size_t IndexOf(const ShardList& shards, const kvblock::BlockHash& hash);
+  // Indices of `hashes` on each shard of `shards`, in order.
+  static std::vector<std::vector<size_t>> ByShard(const ShardList& shards,
+                                                  const std::vector<kvblock::BlockHash>& hashes);
+  // Fetch's part for one shard: `indices` of `hashes` into `out`.
+  void FetchFromShard(Shard& shard, const std::string& ns, const kvblock::LatentLayout& layout,
                       const std::vector<kvblock::BlockHash>& hashes, std::vector<size_t> indices,
                       std::vector<absl::StatusOr<SharedRecord>>& out);
 
-  struct Shard {
-    std::string target;
-    uint64_t seed;                               // from the target: a shard's scores do not depend on the others
-    std::unique_ptr<StreamConnections> streams;  // Fetch's Gets, ShardedPut's Puts
-    std::unique_ptr<cache::CacheClient> client;
-    std::vector<std::unique_ptr<ShardRoute>> routes;  // tried in order; gRPC last
-  };
-  std::vector<Shard> shards_;
-  absl::Duration deadline_;
-  std::shared_ptr<RecordPool> records_;
+  const absl::Duration deadline_;
+  const bool fast_path_;
+  const std::shared_ptr<RecordPool> records_;
+  mutable absl::Mutex mu_;
+  std::shared_ptr<const ShardList> members_ ABSL_GUARDED_BY(mu_);
+  absl::Notification stop_health_checks_;
+  std::thread health_checks_;
 };
 
 // Layer slices streamed to the blocks' shards as they are computed: one Put
@@ -119,7 +138,7 @@ class ShardedPut {
 
  private:
   struct Stream;
-  ShardSet& shards_;
+  const std::shared_ptr<const ShardSet::ShardList> members_;  // the shards when the put began
   std::string ns_;
   kvblock::LatentLayout layout_;
   absl::Duration finish_deadline_;

@@ -434,7 +434,7 @@ TEST_F(ServingTest, AShardKilledMidRunLosesNoRequest) {
       const auto chain = kvblock::ComputeBlockChain("default", kvblock::LayoutId(layout), kBlock, prompts[i]);
       std::vector<bool> round0_copy(chain.size());
       for (size_t b = 0; b < chain.size(); ++b)
-        round0_copy[b] = b < cached / kBlock || (*shards)->ShardOf(chain[b]) == 0;
+        round0_copy[b] = b < cached / kBlock || (*shards)->ShardOf(chain[b]) == cluster.cache_targets[0];
       ExpectSameGeneration(got->tokens, MixedInProcess(prompts[i], 12, cached, round0_copy), 1e-4);
     }
   }
@@ -700,7 +700,7 @@ TEST_F(ServingTest, BadRequestsGetClearStatuses) {
 TEST_F(ServingTest, ModelServersRefuseAddressesNobodyCouldListenOn) {
   const std::string common = " --listen 127.0.0.1:0 --metrics-listen '' --model " + Tiny().dir;
   const std::pair<std::string, std::string> cases[] = {
-      {KVTIER_DECODE_BINARY + common + " --cache 127.0.0.1:99999", "--cache: cache shard: address '127.0.0.1:99999'"},
+      {KVTIER_DECODE_BINARY + common + " --cache 127.0.0.1:99999", "--cache: address '127.0.0.1:99999'"},
       {KVTIER_DECODE_BINARY + common + " --cache 127.0.0.1:0", "port 1-65535"},
       {KVTIER_PREFILL_BINARY + common + " --cache 127.0.0.1:1 --decode :7072", "--decode: address ':7072'"},
   };

@@ -1,0 +1,38 @@
+#include "services/cache/client/health_check.h"
+
+#include <grpcpp/generic/generic_stub.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "services/cache/client/cache_client.h"
+
+namespace kvtier::cache {
+
+absl::Status CheckHealth(const std::shared_ptr<grpc::Channel>& channel, absl::Duration deadline) {
+  grpc::GenericStub generic(channel);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  grpc::Slice empty("");  // an empty HealthCheckRequest asks about the whole server
+  grpc::ByteBuffer request(&empty, 1), response;
+  grpc::Status status;
+  absl::Notification done;
+  generic.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                    [&](grpc::Status s) {
+                      status = std::move(s);
+                      done.Notify();
+                    });
+  done.WaitForNotification();
+  if (!status.ok()) return FromGrpcStatus(status);
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (response.Dump(&slices).ok()) {
+    for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  // HealthCheckResponse{status: SERVING} is field 1, varint 1.
+  if (bytes != std::string("\x08\x01", 2)) return absl::UnavailableError("the server says it is not serving");
+  return absl::OkStatus();
+}
+
+}  // namespace kvtier::cache

@@ -1,0 +1,35 @@
+// DNS SRV look-ups through the C library's resolver (libresolv): how
+// kvtier finds the pods behind a Kubernetes headless Service, which
+// publishes one SRV record per ready pod.
+#ifndef KVTIER_SERVICES_COMMON_DNS_SRV_H_
+#define KVTIER_SERVICES_COMMON_DNS_SRV_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace kvtier {
+
+struct SrvRecord {
+  std::string host;  // without the trailing dot
+  uint16_t port = 0;
+  uint16_t priority = 0;
+  uint16_t weight = 0;
+};
+
+// The SRV records of the fully qualified `name` (no search domains are
+// tried). `dns_server`: "IPv4:PORT" to ask, or empty for the system's
+// resolvers (/etc/resolv.conf). A name that does not exist or has no SRV
+// records gives an empty list: that is an answer. UNAVAILABLE when no
+// server answered or one failed (SERVFAIL); INVALID_ARGUMENT for a bad
+// `dns_server`.
+// INVALID_ARGUMENT unless `dns_server` is empty or "IPv4:PORT".
+absl::Status ValidateDnsServer(const std::string& dns_server);
+
+absl::StatusOr<std::vector<SrvRecord>> LookUpSrv(const std::string& name, const std::string& dns_server);
+
+}  // namespace kvtier
+
+#endif  // KVTIER_SERVICES_COMMON_DNS_SRV_H_

@@ -1,0 +1,182 @@
+// Finding cache shards and decode workers through DNS SRV records, as on
+// Kubernetes (a headless Service publishes one per ready pod), against a
+// real DNS server (dnsmasq) whose answers change during the test; and the
+// shards' health as decode and prefill report it.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <random>
+
+#include "services/common/metrics_page.h"
+#include "services/runtime/make_model.h"
+#include "services/runtime/model_config.h"
+#include "tests/eventually.h"
+#include "tests/integration/cluster.h"
+#include "tests/integration/dns_server.h"
+#include "tests/test_random.h"
+
+namespace kvtier {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::DnsServer;
+using testing::Eventually;
+
+TEST(DnsSrv, AnswersWhatTheServerHoldsAndNothingForAnUnknownName) {
+  DnsServer dns;
+  ASSERT_TRUE(
+      dns.Serve({{"_grpc._tcp.cache.kvtier.test", {{"cache-0.kvtier.test", 7070}, {"cache-1.kvtier.test", 7071}}}}));
+  absl::StatusOr<std::vector<SrvRecord>> got = LookUpSrv("_grpc._tcp.cache.kvtier.test", dns.address());
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 2u);
+  std::sort(got->begin(), got->end(), [](const SrvRecord& a, const SrvRecord& b) { return a.port < b.port; });
+  EXPECT_EQ((*got)[0].host, "cache-0.kvtier.test");
+  EXPECT_EQ((*got)[0].port, 7070);
+  EXPECT_EQ((*got)[1].host, "cache-1.kvtier.test");
+  EXPECT_EQ((*got)[1].port, 7071);
+  EXPECT_EQ((*got)[1].weight, 100);
+
+  absl::StatusOr<std::vector<SrvRecord>> none = LookUpSrv("_grpc._tcp.other.kvtier.test", dns.address());
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->empty()) << "NXDOMAIN is an answer: no records";
+
+  const std::string nobody = "127.0.0.1:" + std::to_string(FreeLoopbackPort());
+  EXPECT_EQ(LookUpSrv("_grpc._tcp.cache.kvtier.test", nobody).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(LookUpSrv("x.kvtier.test", "localhost:53").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+class DiscoveryTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_dir_ =
+        new std::string((fs::temp_directory_path() / ("kvtier_discovery_" + std::to_string(getpid()))).string());
+    ASSERT_TRUE(runtime::MakeModel(*runtime::PresetConfig("tiny"), *model_dir_, 3).ok());
+  }
+  static void TearDownTestSuite() { fs::remove_all(*model_dir_); }
+
+  static std::unique_ptr<ChildProcess> StartCache(std::string& target) {
+    std::string metrics;
+    return Cluster::Start({KVTIER_CACHE_BINARY, "--listen", "127.0.0.1:0", "--device-capacity", "16MiB",
+                           "--host-capacity", "16MiB", "--metrics-listen", "127.0.0.1:0"},
+                          metrics, target);
+  }
+  // The SRV record of a server listening on 127.0.0.1:port: its target is
+  // `localhost`, a name every test host resolves.
+  static SrvRecord RecordOf(const std::string& target) {
+    return {"localhost", static_cast<uint16_t>(std::stoi(target.substr(target.rfind(':') + 1)))};
+  }
+  static std::string Shard(const std::string& target) { return "localhost:" + target.substr(target.rfind(':') + 1); }
+
+  static std::string* model_dir_;
+};
+std::string* DiscoveryTest::model_dir_ = nullptr;
+
+double Scrape(const std::string& address, const std::string& series) {
+  return MetricValue(ScrapeMetrics(address), series).value_or(-1.0);
+}
+
+// `kubectl scale` as DNS sees it: a shard's record appears, and decode and
+// prefill start using it within an interval; one that dies is reported
+// down (and recomputed around); one whose record goes is dropped.
+TEST_F(DiscoveryTest, ShardsComeAndGoWithTheirDnsRecords) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  const std::string cache_name = "_grpc._tcp.kvtier-cache.kvtier.test";
+  const std::string decode_name = "_grpc._tcp.kvtier-decode.kvtier.test";
+  std::string a, b, decode_target, decode_metrics, prefill_target, prefill_metrics;
+  std::unique_ptr<ChildProcess> cache_a = StartCache(a), cache_b = StartCache(b);
+  ASSERT_FALSE(a.empty() || b.empty());
+  DnsServer dns;
+  ASSERT_TRUE(dns.Serve({{cache_name, {RecordOf(a)}}}));  // no decode worker yet
+  const std::vector<std::string> watch = {
+      "--dns-server", dns.address(), "--watch-interval-ms", "200",     "--metrics-listen", "127.0.0.1:0", "--listen",
+      "127.0.0.1:0",  "--model",     *model_dir_,           "--cache", "srv:" + cache_name};
+  std::vector<std::string> argv = {KVTIER_DECODE_BINARY};
+  argv.insert(argv.end(), watch.begin(), watch.end());
+  std::unique_ptr<ChildProcess> decode = Cluster::Start(argv, decode_metrics, decode_target);
+  argv = {KVTIER_PREFILL_BINARY,        "--decode", "srv:" + decode_name, "--kv-codec", "bf16", "--tokens-per-block",
+          std::to_string(kClusterBlock)};
+  argv.insert(argv.end(), watch.begin(), watch.end());
+  std::unique_ptr<ChildProcess> prefill = Cluster::Start(argv, prefill_metrics, prefill_target);
+  ASSERT_FALSE(decode_target.empty() || prefill_target.empty());
+
+  std::uniform_int_distribution<uint32_t> id(0, 255);
+  v1::GenerateRequest request;
+  // 16 whole blocks and a few tokens (the last token is always computed).
+  constexpr uint32_t kCached = 16 * kClusterBlock;
+  for (uint32_t i = 0; i < kCached + 5; ++i) request.add_prompt_token_ids(id(rng.engine()));
+  request.mutable_limits()->set_max_new_tokens(4);
+  auto generate = [&] { return cli::GenerateRemotely(prefill_target, request, absl::Minutes(2)); };
+
+  // No decode worker is published yet: a clear UNAVAILABLE.
+  absl::StatusOr<cli::RemoteGeneration> got = generate();
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable) << got.status();
+  ASSERT_TRUE(dns.Serve({{cache_name, {RecordOf(a)}}, {decode_name, {RecordOf(decode_target)}}}));
+  ASSERT_TRUE(Eventually([&] { return generate().ok(); })) << "the decode worker's record was not picked up";
+  got = generate();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->usage.cached_tokens(), kCached) << "all of it on the one shard";
+  for (const std::string& metrics : {decode_metrics, prefill_metrics}) {
+    const std::string prefix = metrics == decode_metrics ? "kvtier_decode" : "kvtier_prefill";
+    EXPECT_TRUE(Eventually([&] {
+      return Scrape(metrics, prefix + "_cache_shard_up{shard=\"" + Shard(a) + "\"}") == 1;
+    })) << prefix;
+  }
+
+  // Scale to two shards: B takes its share of the keys (misses, computed
+  // again and stored on B), and the next request hits all of it again.
+  ASSERT_TRUE(dns.Serve({{cache_name, {RecordOf(a), RecordOf(b)}}, {decode_name, {RecordOf(decode_target)}}}));
+  for (const std::string& metrics : {decode_metrics, prefill_metrics}) {
+    const std::string prefix = metrics == decode_metrics ? "kvtier_decode" : "kvtier_prefill";
+    EXPECT_TRUE(Eventually([&] {
+      return Scrape(metrics, prefix + "_cache_shard_up{shard=\"" + Shard(b) + "\"}") == 1 &&
+             Scrape(metrics, prefix + "_cache_shards{state=\"up\"}") == 2;
+    })) << prefix;
+  }
+  got = generate();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_LT(got->usage.cached_tokens(), kCached) << "no block moved to the new shard (a 2^-16 chance)";
+  EXPECT_GT(cache::CacheClient(cache::CacheClient::Connect(b), absl::Seconds(5)).Stats()->blocks_stored(), 0u);
+  got = generate();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->usage.cached_tokens(), kCached);
+
+  // B dies: reported down within an interval; requests go on, B's blocks
+  // recomputed.
+  cache_b->Stop(SIGKILL);
+  EXPECT_TRUE(Eventually([&] {
+    return Scrape(prefill_metrics, "kvtier_prefill_cache_shard_up{shard=\"" + Shard(b) + "\"}") == 0 &&
+           Scrape(prefill_metrics, "kvtier_prefill_cache_shards{state=\"down\"}") == 1;
+  }));
+  got = generate();
+  ASSERT_TRUE(got.ok()) << got.status();
+  // Its record goes (the StatefulSet scaled down): the shard is forgotten.
+  ASSERT_TRUE(dns.Serve({{cache_name, {RecordOf(a)}}, {decode_name, {RecordOf(decode_target)}}}));
+  EXPECT_TRUE(Eventually([&] {
+    return Scrape(decode_metrics, "kvtier_decode_cache_shard_up{shard=\"" + Shard(b) + "\"}") == -1 &&
+           Scrape(decode_metrics, "kvtier_decode_cache_shards{state=\"down\"}") == 0 &&
+           Scrape(decode_metrics, "kvtier_decode_cache_shards{state=\"up\"}") == 1;
+  }));
+  // No shard at all: still served, everything computed.
+  ASSERT_TRUE(dns.Serve({{decode_name, {RecordOf(decode_target)}}}));
+  EXPECT_TRUE(Eventually([&] { return Scrape(prefill_metrics, "kvtier_prefill_cache_shards{state=\"up\"}") == 0; }));
+  got = generate();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->usage.cached_tokens(), 0u);
+}
+
+TEST_F(DiscoveryTest, BadNamesAndServersAreUsageErrors) {
+  for (const std::vector<std::string>& flags : std::vector<std::vector<std::string>>{
+           {"--cache", "srv:"},
+           {"--cache", "srv:name.test:7070"},
+           {"--cache", "srv:_grpc._tcp.kvtier-cache.kvtier.test", "--dns-server", "localhost"},
+           {"--cache", "srv:_grpc._tcp.kvtier-cache.kvtier.test", "--watch-interval-ms", "0"}}) {
+    std::vector<std::string> argv = {KVTIER_DECODE_BINARY, "--model", *model_dir_, "--listen", "127.0.0.1:0"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    ChildProcess decode(argv);
+    EXPECT_EQ(decode.Stop(0), 2) << flags[1];
+  }
+}
+
+}  // namespace
+}  // namespace kvtier
