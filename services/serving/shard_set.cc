@@ -145,8 +145,9 @@ void ShardSet::StartHealthChecks(absl::Duration interval) {
 }
 
 std::vector<std::pair<std::string, ShardSet::Health>> ShardSet::HealthOfShards() const {
+  const std::shared_ptr<const ShardList> shards = Members();  // held while the loop reads it
   std::vector<std::pair<std::string, Health>> out;
-  for (const std::shared_ptr<Shard>& shard : *Members()) out.emplace_back(shard->target, shard->health.load());
+  for (const std::shared_ptr<Shard>& shard : *shards) out.emplace_back(shard->target, shard->health.load());
   return out;
 }
 

@@ -1,7 +1,8 @@
 // Finding cache shards and decode workers through DNS SRV records, as on
 // Kubernetes (a headless Service publishes one per ready pod), against a
 // real DNS server (dnsmasq) whose answers change during the test; and the
-// shards' health as decode and prefill report it.
+// shards' health as decode and prefill report it. Names end in '.', so the
+// test host's search domains play no part.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -25,8 +26,8 @@ using testing::Eventually;
 TEST(DnsSrv, AnswersWhatTheServerHoldsAndNothingForAnUnknownName) {
   DnsServer dns;
   ASSERT_TRUE(
-      dns.Serve({{"_grpc._tcp.cache.kvtier.test", {{"cache-0.kvtier.test", 7070}, {"cache-1.kvtier.test", 7071}}}}));
-  absl::StatusOr<std::vector<SrvRecord>> got = LookUpSrv("_grpc._tcp.cache.kvtier.test", dns.address());
+      dns.Serve({{"_grpc._tcp.cache.kvtier.test.", {{"cache-0.kvtier.test", 7070}, {"cache-1.kvtier.test", 7071}}}}));
+  absl::StatusOr<std::vector<SrvRecord>> got = LookUpSrv("_grpc._tcp.cache.kvtier.test.", dns.address());
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_EQ(got->size(), 2u);
   std::sort(got->begin(), got->end(), [](const SrvRecord& a, const SrvRecord& b) { return a.port < b.port; });
@@ -36,12 +37,12 @@ TEST(DnsSrv, AnswersWhatTheServerHoldsAndNothingForAnUnknownName) {
   EXPECT_EQ((*got)[1].port, 7071);
   EXPECT_EQ((*got)[1].weight, 100);
 
-  absl::StatusOr<std::vector<SrvRecord>> none = LookUpSrv("_grpc._tcp.other.kvtier.test", dns.address());
+  absl::StatusOr<std::vector<SrvRecord>> none = LookUpSrv("_grpc._tcp.other.kvtier.test.", dns.address());
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_TRUE(none->empty()) << "NXDOMAIN is an answer: no records";
 
   const std::string nobody = "127.0.0.1:" + std::to_string(FreeLoopbackPort());
-  EXPECT_EQ(LookUpSrv("_grpc._tcp.cache.kvtier.test", nobody).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(LookUpSrv("_grpc._tcp.cache.kvtier.test.", nobody).status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(LookUpSrv("x.kvtier.test", "localhost:53").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -81,8 +82,8 @@ double Scrape(const std::string& address, const std::string& series) {
 TEST_F(DiscoveryTest, ShardsComeAndGoWithTheirDnsRecords) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
-  const std::string cache_name = "_grpc._tcp.kvtier-cache.kvtier.test";
-  const std::string decode_name = "_grpc._tcp.kvtier-decode.kvtier.test";
+  const std::string cache_name = "_grpc._tcp.kvtier-cache.kvtier.test.";
+  const std::string decode_name = "_grpc._tcp.kvtier-decode.kvtier.test.";
   std::string a, b, decode_target, decode_metrics, prefill_target, prefill_metrics;
   std::unique_ptr<ChildProcess> cache_a = StartCache(a), cache_b = StartCache(b);
   ASSERT_FALSE(a.empty() || b.empty());
@@ -136,7 +137,10 @@ TEST_F(DiscoveryTest, ShardsComeAndGoWithTheirDnsRecords) {
   got = generate();
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_LT(got->usage.cached_tokens(), kCached) << "no block moved to the new shard (a 2^-16 chance)";
-  EXPECT_GT(cache::CacheClient(cache::CacheClient::Connect(b), absl::Seconds(5)).Stats()->blocks_stored(), 0u);
+  absl::StatusOr<v1::StatsResponse> b_stats =
+      cache::CacheClient(cache::CacheClient::Connect(b), absl::Seconds(5)).Stats();
+  ASSERT_TRUE(b_stats.ok()) << b_stats.status();
+  EXPECT_GT(b_stats->blocks_stored(), 0u);
   got = generate();
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->usage.cached_tokens(), kCached);
