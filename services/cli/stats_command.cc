@@ -35,7 +35,8 @@ void PrintJson(const v1::StatsResponse& s) {
       &out, "], \"metadata_bytes\": ", s.metadata_bytes(), ", \"misses\": ", s.misses(),
       ", \"blocks_stored\": ", s.blocks_stored(), ", \"blocks_deduplicated\": ", s.blocks_deduplicated(),
       ", \"bytes_in\": ", s.bytes_in(), ", \"bytes_out\": ", s.bytes_out(),
-      ", \"checksum_failures\": ", s.checksum_failures(), ", \"active_leases\": ", s.active_leases(),
+      ", \"checksum_failures\": ", s.checksum_failures(),
+      ", \"arrival_checksum_failures\": ", s.arrival_checksum_failures(), ", \"active_leases\": ", s.active_leases(),
       ", \"pending_blocks\": ", s.pending_blocks(), ", \"pinned_blocks\": ", s.pinned_blocks(),
       ", \"fast_path_sessions\": ", s.fast_path_sessions(), ", \"fast_path_blocks_out\": ", s.fast_path_blocks_out(),
       ", \"fast_path_bytes_out\": ", s.fast_path_bytes_out(), ", \"fast_path_bytes_in\": ", s.fast_path_bytes_in(),
@@ -60,8 +61,9 @@ std::string StatsTable(const std::string& target, const v1::StatsResponse& s) {
   for (const v1::TierStats& t : s.tiers()) write_errors += t.write_errors();
   absl::StrAppend(&out, "\nmisses ", s.misses(), ", blocks stored ", s.blocks_stored(), ", deduplicated ",
                   s.blocks_deduplicated(), ", in ", HumanBytes(s.bytes_in()), ", out ", HumanBytes(s.bytes_out()),
-                  ", checksum failures ", s.checksum_failures(), ", write errors ", write_errors, ", leases ",
-                  s.active_leases(), ", metadata ", HumanBytes(s.metadata_bytes()), "\n");
+                  ", checksum failures ", s.checksum_failures(), " stored and ", s.arrival_checksum_failures(),
+                  " arriving, write errors ", write_errors, ", leases ", s.active_leases(), ", metadata ",
+                  HumanBytes(s.metadata_bytes()), "\n");
   absl::StrAppend(&out, "same-host fast path: ", s.fast_path_sessions(), " sessions, ", s.fast_path_blocks_out(),
                   " blocks (", HumanBytes(s.fast_path_bytes_out()), ") out, ", HumanBytes(s.fast_path_bytes_in()),
                   " in, staging ", HumanBytes(s.fast_path_staging_bytes()), "\n");

@@ -489,6 +489,7 @@ void FillStats(const StoreStats& s, const FastPathCounters& f, v1::StatsResponse
   r.set_bytes_in(s.bytes_in);
   r.set_bytes_out(s.bytes_out);
   r.set_checksum_failures(s.checksum_failures);
+  r.set_arrival_checksum_failures(s.arrival_checksum_failures);
   r.set_active_leases(s.active_leases);
   r.set_pending_blocks(s.pending_blocks);
   r.set_pinned_blocks(s.pinned_blocks);
@@ -582,7 +583,7 @@ grpc::ServerUnaryReactor* CacheService::Match(grpc::CallbackServerContext* conte
   MatchResult m = store_->Match(plan->scope.ns, plan->scope.layout_id, plan->hashes, plan->lease_ttl, tenant,
                                 plan->scope.caller->quota.max_leases());
   if (!m.lease_status.ok()) return FinishUnary(context, std::move(timer), Count(tenant, m.lease_status));
-  if (metrics_ != nullptr) metrics_->CountBlocks(tenant, m.matched_blocks, plan->hashes.size() - m.matched_blocks);
+  if (metrics_ != nullptr) metrics_->CountMatch(tenant, m.matched_blocks, plan->hashes.size());
   response->set_matched_blocks(m.matched_blocks);
   for (TierKind t : m.tiers) response->add_tiers(static_cast<v1::Tier>(t));
   if (m.lease_id != 0) {

@@ -31,11 +31,23 @@ RpcMetrics::RpcMetrics(prometheus::Registry& registry)
       denied_(prometheus::BuildCounter()
                   .Name("kvtier_cache_tenant_denied_total")
                   .Help("Requests refused, by tenant (empty: not authenticated) and reason")
-                  .Register(registry)) {}
+                  .Register(registry)),
+      match_blocks_(prometheus::BuildCounter()
+                        .Name("kvtier_cache_match_blocks_total")
+                        .Help("Blocks Match was asked about: found (a prompt prefix reused) or not (recomputed)")
+                        .Register(registry)),
+      match_hits_(match_blocks_.Add({{"result", "hit"}})),
+      match_misses_(match_blocks_.Add({{"result", "miss"}})) {}
 
 void RpcMetrics::CountBlocks(const std::string& tenant, uint64_t hits, uint64_t misses) {
   if (hits > 0) hits_.Add({{"tenant", tenant}}).Increment(static_cast<double>(hits));
   if (misses > 0) misses_.Add({{"tenant", tenant}}).Increment(static_cast<double>(misses));
+}
+
+void RpcMetrics::CountMatch(const std::string& tenant, uint64_t matched, uint64_t asked) {
+  CountBlocks(tenant, matched, asked - matched);
+  match_hits_.Increment(static_cast<double>(matched));
+  match_misses_.Increment(static_cast<double>(asked - matched));
 }
 
 void RpcMetrics::CountDenied(const std::string& tenant, const absl::Status& status) {

@@ -54,8 +54,6 @@ std::vector<MetricFamily> StoreMetrics::Collect() const {
        s.blocks_deduplicated},
       {"kvtier_cache_received_bytes_total", "Slice record bytes accepted by Put", MetricType::Counter, s.bytes_in},
       {"kvtier_cache_sent_bytes_total", "Block record bytes served by Get", MetricType::Counter, s.bytes_out},
-      {"kvtier_cache_checksum_failures_total", "Records whose CRC32C failed on arrival, read or move",
-       MetricType::Counter, s.checksum_failures},
       {"kvtier_cache_metadata_bytes", "Memory outside the tiers' block bytes: bookkeeping, memfds made ahead",
        MetricType::Gauge, s.metadata_bytes},
       {"kvtier_cache_leases", "Leases pinning blocks now", MetricType::Gauge, s.active_leases},
@@ -77,6 +75,15 @@ std::vector<MetricFamily> StoreMetrics::Collect() const {
     AddSample(f, static_cast<double>(single.value));
     families.push_back(std::move(f));
   }
+  // Stored records going bad point at memory or disk; slices arriving bad,
+  // at the sender.
+  MetricFamily checksums = Family("kvtier_cache_checksum_failures_total",
+                                  "Records whose CRC32C failed: stored ones (on a read, a tier move or recovery), or "
+                                  "slices as Put received them",
+                                  MetricType::Counter);
+  AddSample(checksums, static_cast<double>(s.checksum_failures), {{"where", "stored"}});
+  AddSample(checksums, static_cast<double>(s.arrival_checksum_failures), {{"where", "arrival"}});
+  families.push_back(std::move(checksums));
   // Per tenant (the tenants file's names; nothing without one).
   MetricFamily used =
       Family("kvtier_cache_tenant_used_bytes", "Memory a tenant's blocks take in the tier", MetricType::Gauge);

@@ -102,7 +102,8 @@ struct StoreStats {
   uint64_t blocks_deduplicated = 0;
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;
-  uint64_t checksum_failures = 0;
+  uint64_t checksum_failures = 0;          // of stored records: on a read, a tier move or recovery
+  uint64_t arrival_checksum_failures = 0;  // of slices as Put received them: the sender's fault
   uint64_t active_leases = 0;
   uint64_t pending_blocks = 0;
   uint64_t pinned_blocks = 0;  // by leases and readers

@@ -49,7 +49,7 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_vi
   if (!slice.ok()) {
     if (slice.status().code() == absl::StatusCode::kDataLoss) {
       absl::MutexLock lock(&store_->mu_);
-      ++store_->counters_.checksum_failures;
+      ++store_->counters_.arrival_checksum_failures;
     }
     return absl::Status(slice.status().code(),
                         absl::StrCat("slice of block ", kvblock::HashToHex(hash), ": ", slice.status().message()));
