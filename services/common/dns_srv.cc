@@ -59,7 +59,8 @@ absl::StatusOr<std::vector<SrvRecord>> LookUpSrv(const std::string& name, const 
   state->retrans = 1;               // seconds per try
   state->retry = 2;
   std::vector<unsigned char> answer(NS_MAXMSG);
-  const int length = res_nquery(state, name.c_str(), ns_c_in, ns_t_srv, answer.data(), static_cast<int>(answer.size()));
+  const int length =
+      res_nsearch(state, name.c_str(), ns_c_in, ns_t_srv, answer.data(), static_cast<int>(answer.size()));
   if (length < 0) {
     const int error = state->res_h_errno;
     if (error == HOST_NOT_FOUND || error == NO_DATA) return std::vector<SrvRecord>{};

@@ -19,12 +19,14 @@ struct SrvRecord {
   uint16_t weight = 0;
 };
 
-// The SRV records of the fully qualified `name` (no search domains are
-// tried). `dns_server`: "IPv4:PORT" to ask, or empty for the system's
-// resolvers (/etc/resolv.conf). A name that does not exist or has no SRV
-// records gives an empty list: that is an answer. UNAVAILABLE when no
-// server answered or one failed (SERVFAIL); INVALID_ARGUMENT for a bad
-// `dns_server`.
+// The SRV records of `name`, looked up as the C library looks up any name:
+// a name ending in '.' as it is, others also under the search domains of
+// /etc/resolv.conf (in a Kubernetes pod, its namespace's first, so
+// "_grpc._tcp.kvtier-cache" finds the Service in the pod's own namespace).
+// `dns_server`: "IPv4:PORT" to ask, or empty for the system's resolvers. A
+// name that does not exist or has no SRV records gives an empty list: that
+// is an answer. UNAVAILABLE when no server answered or one failed
+// (SERVFAIL); INVALID_ARGUMENT for a bad `dns_server`.
 // INVALID_ARGUMENT unless `dns_server` is empty or "IPv4:PORT".
 absl::Status ValidateDnsServer(const std::string& dns_server);
 

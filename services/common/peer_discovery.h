@@ -34,8 +34,8 @@ class PeerDiscovery {
   // Called with the whole list of "HOST:PORT" targets, sorted.
   using OnChange = std::function<void(const std::vector<std::string>& targets)>;
 
-  // `spec`: a target list (ParseTargetList), or "srv:NAME", a fully
-  // qualified name whose SRV records give the targets (host:port each).
+  // `spec`: a target list (ParseTargetList), or "srv:NAME", a DNS name
+  // (LookUpSrv) whose SRV records give the targets (host:port each).
   // Calls `on_change` once before returning; with a name, then again from
   // a thread of its own whenever the answer changes. A name that does not
   // resolve yet starts with no targets (logged), since its pods may not be

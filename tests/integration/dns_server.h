@@ -25,8 +25,9 @@ class DnsServer {
   // "IPv4:PORT", for LookUpSrv and --dns-server.
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
 
-  // (Re)starts the server with, for each name, an SRV record per target
-  // (priority 0, weight 100); true once it answers them all.
+  // (Re)starts the server with, for each name (absolute, ending in '.'),
+  // an SRV record per target (priority 0, weight 100); true once it
+  // answers them all.
   bool Serve(const std::map<std::string, std::vector<SrvRecord>>& names) {
     if (process_ != nullptr) process_->Stop(SIGTERM);
     std::vector<std::string> argv = {"/usr/sbin/dnsmasq",
@@ -44,8 +45,9 @@ class DnsServer {
     // it with the test.
     if (geteuid() == 0) argv.push_back("--user=root");
     for (const auto& [name, records] : names) {
+      const std::string relative = name.ends_with('.') ? name.substr(0, name.size() - 1) : name;
       for (const SrvRecord& r : records) {
-        argv.push_back("--srv-host=" + name + "," + r.host + "," + std::to_string(r.port) + ",0,100");
+        argv.push_back("--srv-host=" + relative + "," + r.host + "," + std::to_string(r.port) + ",0,100");
       }
     }
     process_ = std::make_unique<ChildProcess>(argv);
