@@ -11,7 +11,11 @@ import grpc
 from kvtier.errors import KvtierError
 
 # Records of a few MiB travel in one message.
-_OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+# round_robin: calls spread over every address the target resolves to (a
+# headless Service's pods, dns:///kvtier-prefill.kvtier:7071) instead of all
+# riding one connection.
+_OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20),
+            ("grpc.lb_policy_name", "round_robin")]
 
 
 class _Token(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor, grpc.StreamUnaryClientInterceptor,

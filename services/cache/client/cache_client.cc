@@ -19,6 +19,9 @@ std::shared_ptr<grpc::Channel> CacheClient::Connect(const std::string& target, b
   args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16 << 20);
   if (own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // Calls spread over every address the target resolves to (a headless
+  // Service's pods) instead of all riding the first one's connection.
+  args.SetLoadBalancingPolicyName("round_robin");
   return MakeChannel(target, args);
 }
 

@@ -32,9 +32,10 @@ struct FetchedBlock {
 
 class CacheClient {
  public:
-  // Channel to `target` (host:port) with kvtier's message-size limit and
-  // flow-control window; `own_connection` keeps it off other channels' TCP
-  // connections to the same target.
+  // Channel to `target` (host:port, or any gRPC target URI) with kvtier's
+  // message-size limit and flow-control window, balancing calls round-robin
+  // over every address the target resolves to; `own_connection` keeps it
+  // off other channels' TCP connections to the same target.
   static std::shared_ptr<grpc::Channel> Connect(const std::string& target, bool own_connection = false);
   explicit CacheClient(std::shared_ptr<grpc::Channel> channel, absl::Duration deadline = absl::Seconds(30));
 
