@@ -1,37 +1,14 @@
 // A real Prometheus server (Debian's `prometheus`) scrapes kvtier-cache's
 // /metrics; what it stored must equal what the Stats RPC reports.
 #include <gtest/gtest.h>
-#include <unistd.h>
-
-#include <chrono>
-#include <filesystem>
-#include <fstream>
-#include <regex>
-#include <thread>
 
 #include "services/cache/client/cache_client.h"
 #include "services/common/child_process.h"
 #include "services/kvblock/block_format.h"
-#include "tests/eventually.h"
+#include "tests/integration/prometheus_server.h"
 
 namespace kvtier::cache {
 namespace {
-
-// Asks Prometheus's HTTP API for one instant value, again and again
-// (Prometheus announces nothing) until the series exists or 30 s pass.
-std::optional<double> QueryUntilPresent(const std::string& prometheus, const std::string& query) {
-  const std::regex value(R"re("value":\[[0-9.]+,"([0-9.eE+-]+)"\])re");
-  std::optional<double> found;
-  testing::Eventually(
-      [&] {
-        auto r = RunCommand("curl -sfG http://" + prometheus + "/api/v1/query --data-urlencode 'query=" + query + "'");
-        std::smatch m;
-        if (r.exit_code == 0 && std::regex_search(r.output, m, value)) found = std::stod(m[1]);
-        return found.has_value();
-      },
-      std::chrono::seconds(30));
-  return found;
-}
 
 TEST(PrometheusScrape, ScrapedValuesMatchStats) {
   ChildProcess cache({KVTIER_CACHE_BINARY, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
@@ -66,20 +43,8 @@ TEST(PrometheusScrape, ScrapedValuesMatchStats) {
   auto stats = client.Stats();
   ASSERT_TRUE(stats.ok());
 
-  const auto dir = std::filesystem::temp_directory_path() / ("kvtier_prometheus_" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  {
-    std::ofstream config(dir / "prometheus.yml");
-    config << "global:\n  scrape_interval: 250ms\n  scrape_timeout: 200ms\n"
-           << "scrape_configs:\n  - job_name: kvtier-cache\n    static_configs:\n"
-           << "      - targets: ['" << metrics_address << "']\n";
-  }
-  const int prometheus_port = FreeLoopbackPort();
-  ASSERT_GT(prometheus_port, 0) << "no free loopback port for Prometheus";
-  const std::string prometheus = "127.0.0.1:" + std::to_string(prometheus_port);
-  ChildProcess server({"/usr/bin/prometheus", "--config.file=" + (dir / "prometheus.yml").string(),
-                       "--storage.tsdb.path=" + (dir / "data").string(), "--web.listen-address=" + prometheus,
-                       "--log.level=warn"});
+  testing::PrometheusServer prometheus({metrics_address});
+  ASSERT_FALSE(prometheus.address().empty()) << "no free loopback port for Prometheus";
 
   struct Expect {
     std::string query;
@@ -97,21 +62,20 @@ TEST(PrometheusScrape, ScrapedValuesMatchStats) {
       {"kvtier_cache_sent_bytes_total", stats->bytes_out()},
       {"kvtier_cache_received_bytes_total", stats->bytes_in()},
       {"kvtier_cache_misses_total", stats->misses()},
-      {"kvtier_cache_checksum_failures_total", stats->checksum_failures()},
+      {"kvtier_cache_checksum_failures_total{where=\"stored\"}", stats->checksum_failures()},
+      {"kvtier_cache_checksum_failures_total{where=\"arrival\"}", stats->arrival_checksum_failures()},
       {"kvtier_cache_metadata_bytes", stats->metadata_bytes()},
   };
   EXPECT_GT(stats->tiers(0).demotions(), 0u) << "the traffic should have demoted blocks";
   for (const Expect& e : expects) {
-    std::optional<double> scraped = QueryUntilPresent(prometheus, e.query);
+    std::optional<double> scraped = prometheus.ValueOf(e.query);
     ASSERT_TRUE(scraped.has_value()) << e.query << " never scraped";
     EXPECT_EQ(*scraped, static_cast<double>(e.value)) << e.query;
   }
   std::optional<double> puts =
-      QueryUntilPresent(prometheus, "kvtier_cache_rpc_duration_seconds_count{method=\"Put\",code=\"OK\"}");
+      prometheus.ValueOf("kvtier_cache_rpc_duration_seconds_count{method=\"Put\",code=\"OK\"}");
   ASSERT_TRUE(puts.has_value());
   EXPECT_EQ(*puts, 1.0);
-  server.Stop(SIGTERM);
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

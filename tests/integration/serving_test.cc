@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "kvtier/v1/decode.grpc.pb.h"
 #include "kvtier/v1/prefill.grpc.pb.h"
 #if KVTIER_RUNTIME_CUDA
@@ -33,6 +34,7 @@
 #include "services/serving/shard_set.h"
 #include "tests/eventually.h"
 #include "tests/integration/cluster.h"
+#include "tests/integration/prometheus_server.h"
 #include "tests/integration/test_tenants.h"
 #include "tests/temp_dir.h"
 #include "tests/test_random.h"
@@ -760,12 +762,22 @@ TEST_F(ServingTest, ModelServersRefuseFlagsTheyCannotHonour) {
 }
 
 // The alerting rules and the Grafana dashboard in deploy/ name only metrics
-// the three servers really export (scraped after a generation), and
-// promtool accepts the rules.
+// the three servers really export (scraped after a prompt was generated
+// twice, by a tenant), promtool accepts the rules, and every dashboard
+// query has data in a real Prometheus that scrapes the servers.
 TEST_F(ServingTest, DeployedRulesAndDashboardUseExportedMetrics) {
-  Cluster cluster(Tiny().dir, 1, 1);
+  const testing::TempDir dir("kvtier_serving_dashboard_");
+  const testing::TestTenant service{"kvtier", "SERVICE", "acme", "service-token-77f0"};
+  const testing::TestTenant acme{"acme", "WRITER", "acme", "acme-token-3a9e"};
+  const std::string tenants = (dir / "tenants.json").string();
+  std::ofstream(tenants) << testing::TenantsJson({service, acme});
+  Cluster cluster(Tiny().dir, 1, 1, {"--tenants", tenants}, "2000",
+                  {"--tenants", tenants, "--token-file", testing::WriteTokenFile(dir.path(), service.token)});
   ASSERT_TRUE(cluster.ok());
-  ASSERT_TRUE(cluster.Generate(Request(RandomIds(100, rng_.engine()), 4)).ok());
+  ASSERT_TRUE(SetClientIdentity({.tls = {}, .token_file = testing::WriteTokenFile(dir.path(), acme.token)}).ok());
+  const v1::GenerateRequest request = Request(RandomIds(2 * kBlock + 3, rng_.engine()), 4);
+  ASSERT_TRUE(cluster.Generate(request).ok());
+  ASSERT_TRUE(cluster.Generate(request).ok());  // hits
   std::set<std::string> exported;
   for (const std::string& address : {cluster.cache_metrics[0], cluster.decode_metrics[0], cluster.prefill_metrics}) {
     const CommandResult scrape = RunCommand("curl -sf http://" + address + "/metrics");
@@ -790,6 +802,77 @@ TEST_F(ServingTest, DeployedRulesAndDashboardUseExportedMetrics) {
   const CommandResult check =
       RunCommand("promtool check rules " + std::string(KVTIER_DEPLOY_DIR) + "/prometheus/rules.yml");
   EXPECT_EQ(check.exit_code, 0) << check.output;
+
+  // A real Prometheus with the rules scrapes the three servers; every
+  // dashboard query (its variables at "All", the tier at "host") then runs
+  // and has data, as it would in Grafana.
+  testing::PrometheusServer prometheus({cluster.cache_metrics[0], cluster.decode_metrics[0], cluster.prefill_metrics},
+                                       {std::string(KVTIER_DEPLOY_DIR) + "/prometheus/rules.yml"});
+  ASSERT_FALSE(prometheus.address().empty());
+  ASSERT_TRUE(prometheus.ValueOf("up").has_value());
+  ASSERT_TRUE(cluster.Generate(request).ok());  // between two scrapes
+  std::ifstream in(std::string(KVTIER_DEPLOY_DIR) + "/grafana/kvtier-dashboard.json");
+  const nlohmann::json dashboard = nlohmann::json::parse(in);
+  size_t queries = 0;
+  for (const nlohmann::json& panel : dashboard["panels"]) {
+    for (const nlohmann::json& target : panel.value("targets", nlohmann::json::array())) {
+      std::string expr = target["expr"];
+      expr = absl::StrReplaceAll(expr, {{"$cache", ".*"}, {"$worker", ".*"}, {"$tenant", ".*"}, {"$tier", "host"}});
+      SCOPED_TRACE(panel["title"].get<std::string>() + ": " + expr);
+      ++queries;
+      std::optional<nlohmann::json> answer = prometheus.QueryUntilPresent(expr, std::chrono::seconds(20));
+      ASSERT_TRUE(answer.has_value());
+      EXPECT_EQ((*answer)["status"], "success") << answer->dump();
+      EXPECT_FALSE((*answer)["data"]["result"].empty()) << "no data";
+    }
+  }
+  EXPECT_GT(queries, 30u);
+  // The template variables' label_values() queries find their values.
+  for (const nlohmann::json& variable : dashboard["templating"]["list"]) {
+    if (variable["type"] != "query") continue;
+    const std::string definition = variable["definition"];
+    const std::regex label_values(R"(label_values\((.*), (\w+)\))");
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(definition, m, label_values)) << definition;
+    std::optional<nlohmann::json> answer =
+        prometheus.QueryUntilPresent("count by (" + m[2].str() + ") (" + m[1].str() + ")");
+    ASSERT_TRUE(answer.has_value());
+    EXPECT_FALSE((*answer)["data"]["result"].empty()) << definition;
+  }
+  ASSERT_TRUE(SetClientIdentity({}).ok());
+}
+
+// A client whose target names several prefill nodes (as a headless
+// Service's DNS name does; here gRPC's ipv4: list) spreads its requests
+// over all of them, not only the first it connected to.
+TEST_F(ServingTest, ClientsSpreadRequestsOverEveryPrefillNode) {
+  Cluster cluster(Tiny().dir, 1, 1);
+  ASSERT_TRUE(cluster.ok());
+  std::string second_metrics, second_target;
+  std::unique_ptr<ChildProcess> second = Cluster::Start(
+      {KVTIER_PREFILL_BINARY, "--listen", "127.0.0.1:0", "--model", Tiny().dir, "--cache", cluster.cache_targets[0],
+       "--decode", cluster.decode_targets[0], "--metrics-listen", "127.0.0.1:0"},
+      second_metrics, second_target);
+  ASSERT_FALSE(second_target.empty());
+  // One long-lived channel, as a client keeps.
+  auto stub = v1::Prefill::NewStub(cache::CacheClient::Connect("ipv4:" + cluster.prefill_target + "," + second_target));
+  constexpr int kRequests = 10;
+  for (int i = 0; i < kRequests; ++i) {
+    grpc::ClientContext context;
+    context.set_wait_for_ready(true);
+    auto reader = stub->Generate(&context, Request(RandomIds(20, rng_.engine()), 2));
+    v1::GenerateResponse event;
+    while (reader->Read(&event)) {
+    }
+    ASSERT_TRUE(reader->Finish().ok());
+  }
+  const double first = Scrape(cluster.prefill_metrics, "kvtier_prefill_requests_total{code=\"OK\"}");
+  const double other = Scrape(second_metrics, "kvtier_prefill_requests_total{code=\"OK\"}");
+  EXPECT_EQ(first + other, kRequests);
+  // Round-robin once both are connected: the first call or two may find
+  // only one ready.
+  EXPECT_GE(first, 3.0);
+  EXPECT_GE(other, 3.0);
 }
 
 // Every server says what it is and what the process uses; both model
