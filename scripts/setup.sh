@@ -15,7 +15,7 @@ packages=(
   prometheus redis-server libhiredis-dev curl
   # the Kubernetes manifests' check; the Python client (clients/python),
   # its tests and its pip install
-  python3 python3-yaml python3-grpcio python3-protobuf python3-crc32c python3-numpy python3-pytest
+  python3 python3-yaml python3-jsonpatch python3-grpcio python3-protobuf python3-crc32c python3-numpy python3-pytest
   python3-setuptools python3-pip
   # the thread-safety analysis (scripts/thread_safety_check.sh)
   clang
@@ -24,6 +24,13 @@ packages=(
   # a real DNS server for the discovery tests (SRV records, as Kubernetes)
   dnsmasq-base
 )
+
+# Node.js and npm (the manifests' schema test, tests/deploy) come from
+# Debian unless the machine has a Node.js already: another distribution's
+# package of it conflicts with Debian's npm.
+if ! command -v npm >/dev/null; then
+  packages+=(nodejs npm)
+fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -34,15 +41,20 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#packages[@]} packages already installed"
-  exit 0
+else
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: need root to install: ${missing[*]}" >&2
+    exit 1
+  fi
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update
+  apt-get install -y --no-install-recommends "${packages[@]}"
 fi
 
-if [ "$(id -u)" -ne 0 ]; then
-  echo "setup: need root to install: ${missing[*]}" >&2
-  exit 1
+# The Kubernetes schemas, as pinned by tests/deploy/package-lock.json.
+deploy_tests="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/deploy"
+if [ ! -d "$deploy_tests/node_modules/kubernetes-models" ]; then
+  echo "setup: installing the Kubernetes schemas (npm ci in tests/deploy)"
+  npm ci --prefix "$deploy_tests" --no-audit --no-fund --loglevel=error
 fi
-
-echo "setup: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-apt-get update
-apt-get install -y --no-install-recommends "${packages[@]}"
