@@ -17,6 +17,8 @@ packages=(
   # its tests and its pip install
   python3 python3-yaml python3-jsonpatch python3-grpcio python3-protobuf python3-crc32c python3-numpy python3-pytest
   python3-setuptools python3-pip
+  # load/plot_hit_rate.py's pictures
+  python3-matplotlib
   # the thread-safety analysis (scripts/thread_safety_check.sh)
   clang
   # certificates for the TLS tests and `kvtier up --tls`

@@ -1,0 +1,64 @@
+#include "load/trace/replay.h"
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "services/kvblock/block_format.h"
+
+namespace kvtier::load {
+
+absl::StatusOr<ReplayResult> Replay(const std::vector<TraceRequest>& requests, cache::CacheClient& cache,
+                                    const kvblock::LatentLayout& layout, const BlockMapping& mapping,
+                                    double time_scale) {
+  if (mapping.layout_id != kvblock::LayoutId(layout)) {
+    return absl::InvalidArgumentError("the mapping's layout id is not the layout's");
+  }
+  // Every block's record: the cache keeps bytes, not meaning, so one
+  // record of the layout's size serves them all.
+  std::vector<float> latents(size_t{layout.num_layers} * layout.LayerShape().values(), 0.5f);
+  absl::StatusOr<std::string> record = kvblock::EncodeBlock(layout, 0, layout.num_layers, latents);
+  if (!record.ok()) return record.status();
+
+  ReplayResult result;
+  const std::vector<uint64_t> ceiling = UnboundedHitTokens(requests, mapping);
+  const absl::Time start = absl::Now();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const TraceRequest& r = requests[i];
+    if (time_scale > 0) {
+      const absl::Time due =
+          start + absl::Milliseconds(static_cast<double>(r.timestamp_ms - requests[0].timestamp_ms) / time_scale);
+      if (absl::Now() < due) std::this_thread::sleep_for(absl::ToChronoNanoseconds(due - absl::Now()));
+    }
+    const std::vector<kvblock::BlockHash> chain = RequestBlocks(r, mapping);
+    ++result.requests;
+    result.prompt_tokens += r.input_length;
+    result.ceiling_tokens += ceiling[i];
+    if (chain.empty()) continue;
+    absl::StatusOr<v1::MatchResponse> match = cache.Match(mapping.ns, layout, chain);
+    if (!match.ok()) return match.status();
+    size_t hit = std::min<size_t>(match->matched_blocks(), chain.size());
+    if (hit > 0) {
+      absl::StatusOr<std::vector<cache::FetchedBlock>> got =
+          cache.Get(mapping.ns, layout, std::vector<kvblock::BlockHash>(chain.begin(), chain.begin() + hit));
+      if (!got.ok()) return got.status();
+      size_t found = 0;
+      while (found < got->size() && (*got)[found].status.ok()) result.bytes_got += (*got)[found++].record.size();
+      hit = found;  // evicted between Match and Get: computed again
+    }
+    result.hit_tokens += hit * mapping.tokens_per_block;
+    std::vector<cache::BlockSlices> rest;
+    for (size_t b = hit; b < chain.size(); ++b) rest.push_back({chain[b], {*record}});
+    if (!rest.empty()) {
+      absl::StatusOr<v1::PutResponse> put = cache.Put(mapping.ns, layout, rest);
+      if (!put.ok()) return put.status();
+      result.bytes_put += rest.size() * record->size();
+    }
+  }
+  absl::StatusOr<v1::StatsResponse> stats = cache.Stats();
+  if (!stats.ok()) return stats.status();
+  result.stats = *std::move(stats);
+  return result;
+}
+
+}  // namespace kvtier::load

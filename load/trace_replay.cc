@@ -1,0 +1,180 @@
+// Prefix hit rate per GiB: replays a request trace (Mooncake's JSON lines,
+// load/trace/trace.h; load/trace_gen.py makes one) against a real
+// kvtier-cache for every layout and memory budget asked for, and reports
+// the token-weighted prefix hit rate beside the trace's ceiling.
+//
+//   trace_replay --trace T.jsonl --layouts expanded,bf16,int8,int4
+//                --budgets 64MiB,256MiB,1GiB [--layers 27] [--json]
+//
+// Each (layout, budget) gets a fresh cache whose device tier (in host
+// memory) is the budget; its host tier is one page, so what does not fit
+// is evicted. Layouts are V2-Lite's attention (512 + 64 latents a token and
+// layer, 16 heads of 128 + 64 K and 128 V expanded), with --layers of its
+// 27 layers: fewer scale a run down, and the budgets with it.
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "load/trace/replay.h"
+#include "services/common/byte_size.h"
+#include "services/common/child_process.h"
+#include "services/common/flags.h"
+#include "services/kvblock/block_format.h"
+
+namespace kvtier::load {
+namespace {
+
+// V2-Lite's layer as `name` stores it: latents in a codec, or the per-head
+// K and V an expanded cache keeps (bf16, 16 x (128 + 64 + 128) values a
+// token, written as one latent row of that width).
+absl::StatusOr<kvblock::LatentLayout> LayoutNamed(const std::string& name, uint32_t layers, uint32_t tokens_per_block) {
+  kvblock::LatentLayout layout{.model_id = "trace-replay-" + name,
+                               .num_layers = layers,
+                               .kv_lora_rank = 512,
+                               .rope_dim = 64,
+                               .tokens_per_block = tokens_per_block};
+  if (name == "expanded") {
+    layout.kv_lora_rank = 16 * (128 + 128) + 16 * 64 - 64;  // + rope_dim: 5,120 values
+    layout.codec = kernels::Codec::kBf16;
+  } else if (std::optional<kernels::Codec> codec = kernels::ParseCodec(name)) {
+    layout.codec = *codec;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("layout '", name, "' is not expanded, bf16, fp8, int8 or int4"));
+  }
+  return layout;
+}
+
+struct Row {
+  std::string layout;
+  uint64_t budget;
+  uint64_t block_bytes;
+  ReplayResult result;
+};
+
+uint64_t TierCounter(const v1::StatsResponse& s, uint64_t (v1::TierStats::*field)() const) {
+  uint64_t total = 0;
+  for (const v1::TierStats& t : s.tiers()) total += (t.*field)();
+  return total;
+}
+
+int Run(const std::string& cache_binary, const std::string& trace_path, const std::string& layouts,
+        const std::string& budgets, uint64_t layers, uint64_t tokens_per_block, uint64_t limit, double time_scale,
+        bool json) {
+  std::ifstream in(trace_path);
+  if (!in) {
+    std::fprintf(stderr, "trace_replay: cannot read %s\n", trace_path.c_str());
+    return 2;
+  }
+  absl::StatusOr<std::vector<TraceRequest>> requests = ReadTrace(in, limit);
+  if (!requests.ok()) {
+    std::fprintf(stderr, "trace_replay: %s\n", std::string(requests.status().message()).c_str());
+    return 2;
+  }
+  std::vector<Row> rows;
+  const std::vector<std::string> layout_names = absl::StrSplit(layouts, ',', absl::SkipEmpty());
+  const std::vector<std::string> budget_texts = absl::StrSplit(budgets, ',', absl::SkipEmpty());
+  for (const std::string& name : layout_names) {
+    absl::StatusOr<kvblock::LatentLayout> layout =
+        LayoutNamed(name, static_cast<uint32_t>(layers), static_cast<uint32_t>(tokens_per_block));
+    if (!layout.ok()) {
+      std::fprintf(stderr, "trace_replay: %s\n", std::string(layout.status().message()).c_str());
+      return 2;
+    }
+    for (const std::string& budget_text : budget_texts) {
+      absl::StatusOr<uint64_t> budget = ParseByteSize(budget_text);
+      if (!budget.ok()) {
+        std::fprintf(stderr, "trace_replay: --budgets: %s\n", std::string(budget.status().message()).c_str());
+        return 2;
+      }
+      ChildProcess cache({cache_binary, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--device-memory", "host",
+                          "--device-capacity", budget_text, "--host-capacity", "16KiB"});
+      const int port = cache.WaitForListeningPort();
+      if (port <= 0) {
+        std::fprintf(stderr, "trace_replay: %s did not start\n", cache_binary.c_str());
+        return 1;
+      }
+      cache::CacheClient client(cache::CacheClient::Connect("127.0.0.1:" + std::to_string(port)), absl::Minutes(5));
+      BlockMapping mapping{.tokens_per_block = static_cast<uint32_t>(tokens_per_block),
+                           .layout_id = kvblock::LayoutId(*layout)};
+      absl::StatusOr<ReplayResult> result = Replay(*requests, client, *layout, mapping, time_scale);
+      if (!result.ok()) {
+        std::fprintf(stderr, "trace_replay: %s at %s: %s\n", name.c_str(), budget_text.c_str(),
+                     std::string(result.status().message()).c_str());
+        return 1;
+      }
+      const uint64_t block_bytes = kvblock::HeaderFor(*layout, 0, layout->num_layers).RecordBytes();
+      rows.push_back({name, *budget, block_bytes, *std::move(result)});
+      cache.Stop(SIGTERM);
+    }
+  }
+  if (json) {
+    std::cout << "[";
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      std::cout << (i ? ",\n " : "")
+                << absl::StrFormat(
+                       "{\"layout\": \"%s\", \"budget_bytes\": %d, \"block_bytes\": %d, \"requests\": %d, "
+                       "\"prompt_tokens\": %d, \"hit_tokens\": %d, \"hit_rate\": %.4f, \"ceiling_rate\": %.4f, "
+                       "\"bytes_put\": %d, \"bytes_got\": %d, \"demotions\": %d, \"evictions\": %d}",
+                       r.layout, r.budget, r.block_bytes, r.result.requests, r.result.prompt_tokens,
+                       r.result.hit_tokens, r.result.HitRate(), r.result.CeilingRate(), r.result.bytes_put,
+                       r.result.bytes_got, TierCounter(r.result.stats, &v1::TierStats::demotions),
+                       TierCounter(r.result.stats, &v1::TierStats::evictions));
+    }
+    std::cout << "]\n";
+    return 0;
+  }
+  std::printf("%zu requests, %d layers, blocks of %d tokens\n", requests->size(), static_cast<int>(layers),
+              static_cast<int>(tokens_per_block));
+  std::printf("%-9s %10s %12s %9s %9s %12s %12s %10s\n", "layout", "budget", "block bytes", "hit rate", "ceiling",
+              "tokens saved", "evicted", "GiB put");
+  for (const Row& r : rows) {
+    std::printf("%-9s %10s %12llu %8.1f%% %8.1f%% %12llu %12llu %10.2f\n", r.layout.c_str(),
+                absl::StrFormat("%.0fMiB", r.budget / 1048576.0).c_str(),
+                static_cast<unsigned long long>(r.block_bytes), 100 * r.result.HitRate(), 100 * r.result.CeilingRate(),
+                static_cast<unsigned long long>(r.result.hit_tokens),
+                static_cast<unsigned long long>(TierCounter(r.result.stats, &v1::TierStats::evictions)),
+                r.result.bytes_put / 1073741824.0);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvtier::load
+
+int main(int argc, char** argv) {
+  std::string cache_binary = "build/services/kvtier-cache", trace, layouts = "expanded,bf16,fp8,int8,int4",
+              budgets = "256MiB,1GiB", time_scale = "0";
+  uint64_t layers = 27, tokens_per_block = 64, limit = 0;
+  bool json = false;
+  kvtier::FlagParser flags("trace_replay --trace FILE [flags]",
+                           "Replays a request trace against kvtier-cache per layout and memory budget: token-weighted "
+                           "prefix hit rate against the trace's ceiling (an unbounded cache).");
+  flags.AddString("cache-binary", &cache_binary, "the kvtier-cache to run");
+  flags.AddString("trace", &trace, "JSON lines: timestamp, input_length, output_length, hash_ids (512-token blocks)");
+  flags.AddString("layouts", &layouts, "comma-separated: expanded (per-head K/V, bf16), bf16, fp8, int8, int4");
+  flags.AddString("budgets", &budgets, "comma-separated cache memory budgets, e.g. 256MiB,1GiB");
+  flags.AddUint("layers", &layers, "layers of V2-Lite's 27 to store (fewer scale a run down)");
+  flags.AddUint("tokens-per-block", &tokens_per_block, "kvtier block size; divides 512");
+  flags.AddUint("limit", &limit, "replay at most this many requests (0: all)");
+  flags.AddString("time-scale", &time_scale, "replay at this multiple of the trace's speed (0: as fast as possible)");
+  flags.AddBool("json", &json, "one JSON object per layout and budget instead of the table");
+  if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "trace_replay")) {
+    return *exit;
+  }
+  double scale = 0;
+  if (trace.empty() || layers < 1 || layers > 27 || tokens_per_block < 1 || 512 % tokens_per_block != 0 ||
+      !absl::SimpleAtod(time_scale, &scale) || scale < 0) {
+    std::fprintf(stderr,
+                 "trace_replay: --trace is required; --layers 1..27, --tokens-per-block divides 512, "
+                 "--time-scale >= 0\n");
+    return 2;
+  }
+  return kvtier::load::Run(cache_binary, trace, layouts, budgets, layers, tokens_per_block, limit, scale, json);
+}

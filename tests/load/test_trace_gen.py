@@ -1,0 +1,80 @@
+"""load/trace_gen.py makes traces of the Mooncake format whose ids are
+chained (an id always follows the same ids), whose conversations extend
+their own prefixes and share popular system prompts; trace_replay replays
+one against a real kvtier-cache. KVTIER_TRACE_REPLAY and
+KVTIER_CACHE_BINARY: the built programs."""
+import collections
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+LOAD = pathlib.Path(__file__).resolve().parents[2] / "load"
+sys.path.insert(0, str(LOAD))
+import trace_gen  # noqa: E402
+
+
+def generate(*flags):
+    out = subprocess.run([sys.executable, str(LOAD / "trace_gen.py"), *flags], capture_output=True, text=True,
+                         check=True).stdout
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def test_requests_are_well_formed_sorted_and_reproducible():
+    trace = generate("--conversations", "60", "--seed", "7")
+    assert trace == generate("--conversations", "60", "--seed", "7")
+    assert trace != generate("--conversations", "60", "--seed", "8")
+    assert [r["timestamp"] for r in trace] == sorted(r["timestamp"] for r in trace)
+    for r in trace:
+        assert set(r) == {"timestamp", "input_length", "output_length", "hash_ids"}
+        assert len(r["hash_ids"]) == -(-r["input_length"] // 512)
+        assert r["output_length"] > 0
+
+
+def test_ids_are_chained_and_turns_extend_their_conversation():
+    trace = generate("--conversations", "80", "--seed", "3", "--turns", "5")
+    before = {}
+    for r in trace:
+        for k, block in enumerate(r["hash_ids"]):
+            # A chain: the same id always comes after the same ids.
+            assert before.setdefault(block, tuple(r["hash_ids"][:k])) == tuple(r["hash_ids"][:k])
+    # Later turns reuse all the whole blocks of an earlier prompt.
+    extended = sum(1 for a in trace for b in trace if a is not b and a["input_length"] >= 512
+                   and b["hash_ids"][:a["input_length"] // 512] == a["hash_ids"][:a["input_length"] // 512]
+                   and b["timestamp"] > a["timestamp"])
+    assert extended > len(trace) // 4
+
+
+def test_popular_system_prompts_are_shared_zipf_wise():
+    trace = generate("--conversations", "400", "--seed", "5", "--turns", "1", "--system-prompts", "10",
+                     "--system-tokens", "1500")
+    first = collections.Counter(r["hash_ids"][0] for r in trace if r["input_length"] >= 512)
+    counts = sorted(first.values(), reverse=True)
+    assert counts[0] > 3 * counts[-1], counts
+    assert len(counts) <= 10 + 5  # system prompts (shorter ones start with a message's id)
+
+
+def test_weights_follow_zipf():
+    w = trace_gen.zipf_weights(4, 1.0)
+    assert w == [1.0, 0.5, 1 / 3, 0.25]
+
+
+@pytest.mark.skipif("KVTIER_TRACE_REPLAY" not in os.environ, reason="needs the built trace_replay")
+def test_replay_of_a_generated_trace_reaches_the_ceiling_only_with_room(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in generate("--conversations", "40", "--seed", "2")))
+    out = subprocess.run([os.environ["KVTIER_TRACE_REPLAY"], "--cache-binary", os.environ["KVTIER_CACHE_BINARY"],
+                          "--trace", str(trace), "--layers", "1", "--layouts", "int8,bf16",
+                          "--budgets", "8MiB,512MiB", "--json"], capture_output=True, text=True, check=True).stdout
+    runs = {(r["layout"], r["budget_bytes"]): r for r in json.loads(out)}
+    ceiling = runs[("int8", 512 << 20)]["ceiling_rate"]
+    assert ceiling > 0.3
+    for layout in ("int8", "bf16"):
+        assert runs[(layout, 512 << 20)]["hit_rate"] == ceiling  # room for every block
+        assert runs[(layout, 8 << 20)]["hit_rate"] < ceiling
+        assert runs[(layout, 8 << 20)]["evictions"] > 0
+    # Smaller blocks, more of them kept in the same memory.
+    assert runs[("int8", 8 << 20)]["hit_rate"] > runs[("bf16", 8 << 20)]["hit_rate"]
