@@ -6,9 +6,9 @@
 //   trace_replay --trace T.jsonl --layouts expanded,bf16,int8,int4
 //                --budgets 64MiB,256MiB,1GiB [--layers 27] [--json]
 //
-// Each (layout, budget) gets a fresh cache whose device tier (in host
-// memory) is the budget; its host tier is one page, so what does not fit
-// is evicted. Layouts are V2-Lite's attention (512 + 64 latents a token and
+// Each (eviction, layout, budget) gets a fresh cache whose device tier (in
+// host memory) is the budget; its host tier is one page, so what does not
+// fit is evicted. Layouts are V2-Lite's attention (512 + 64 latents a token and
 // layer, 16 heads of 128 + 64 K and 128 V expanded), with --layers of its
 // 27 layers: fewer scale a run down, and the budgets with it.
 #include <signal.h>
@@ -51,6 +51,7 @@ absl::StatusOr<kvblock::LatentLayout> LayoutNamed(const std::string& name, uint3
 }
 
 struct Row {
+  std::string eviction;
   std::string layout;
   uint64_t budget;
   uint64_t block_bytes;
@@ -63,9 +64,9 @@ uint64_t TierCounter(const v1::StatsResponse& s, uint64_t (v1::TierStats::*field
   return total;
 }
 
-int Run(const std::string& cache_binary, const std::string& trace_path, const std::string& layouts,
-        const std::string& budgets, uint64_t layers, uint64_t tokens_per_block, uint64_t limit, double time_scale,
-        bool json) {
+int Run(const std::string& cache_binary, const std::string& trace_path, const std::string& evictions,
+        const std::string& layouts, const std::string& budgets, uint64_t page_size, uint64_t layers,
+        uint64_t tokens_per_block, uint64_t limit, double time_scale, bool json) {
   std::ifstream in(trace_path);
   if (!in) {
     std::fprintf(stderr, "trace_replay: cannot read %s\n", trace_path.c_str());
@@ -79,38 +80,42 @@ int Run(const std::string& cache_binary, const std::string& trace_path, const st
   std::vector<Row> rows;
   const std::vector<std::string> layout_names = absl::StrSplit(layouts, ',', absl::SkipEmpty());
   const std::vector<std::string> budget_texts = absl::StrSplit(budgets, ',', absl::SkipEmpty());
-  for (const std::string& name : layout_names) {
-    absl::StatusOr<kvblock::LatentLayout> layout =
-        LayoutNamed(name, static_cast<uint32_t>(layers), static_cast<uint32_t>(tokens_per_block));
-    if (!layout.ok()) {
-      std::fprintf(stderr, "trace_replay: %s\n", std::string(layout.status().message()).c_str());
-      return 2;
-    }
-    for (const std::string& budget_text : budget_texts) {
-      absl::StatusOr<uint64_t> budget = ParseByteSize(budget_text);
-      if (!budget.ok()) {
-        std::fprintf(stderr, "trace_replay: --budgets: %s\n", std::string(budget.status().message()).c_str());
+  const std::vector<std::string> policies = absl::StrSplit(evictions, ',', absl::SkipEmpty());
+  for (const std::string& eviction : policies) {
+    for (const std::string& name : layout_names) {
+      absl::StatusOr<kvblock::LatentLayout> layout =
+          LayoutNamed(name, static_cast<uint32_t>(layers), static_cast<uint32_t>(tokens_per_block));
+      if (!layout.ok()) {
+        std::fprintf(stderr, "trace_replay: %s\n", std::string(layout.status().message()).c_str());
         return 2;
       }
-      ChildProcess cache({cache_binary, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--device-memory", "host",
-                          "--device-capacity", budget_text, "--host-capacity", "16KiB"});
-      const int port = cache.WaitForListeningPort();
-      if (port <= 0) {
-        std::fprintf(stderr, "trace_replay: %s did not start\n", cache_binary.c_str());
-        return 1;
+      for (const std::string& budget_text : budget_texts) {
+        absl::StatusOr<uint64_t> budget = ParseByteSize(budget_text);
+        if (!budget.ok()) {
+          std::fprintf(stderr, "trace_replay: --budgets: %s\n", std::string(budget.status().message()).c_str());
+          return 2;
+        }
+        ChildProcess cache({cache_binary, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--device-memory", "host",
+                            "--device-capacity", budget_text, "--host-capacity", std::to_string(page_size),
+                            "--eviction", eviction, "--page-size", std::to_string(page_size)});
+        const int port = cache.WaitForListeningPort();
+        if (port <= 0) {
+          std::fprintf(stderr, "trace_replay: %s did not start\n", cache_binary.c_str());
+          return 1;
+        }
+        cache::CacheClient client(cache::CacheClient::Connect("127.0.0.1:" + std::to_string(port)), absl::Minutes(5));
+        BlockMapping mapping{.tokens_per_block = static_cast<uint32_t>(tokens_per_block),
+                             .layout_id = kvblock::LayoutId(*layout)};
+        absl::StatusOr<ReplayResult> result = Replay(*requests, client, *layout, mapping, time_scale);
+        if (!result.ok()) {
+          std::fprintf(stderr, "trace_replay: %s at %s: %s\n", name.c_str(), budget_text.c_str(),
+                       std::string(result.status().message()).c_str());
+          return 1;
+        }
+        const uint64_t block_bytes = kvblock::HeaderFor(*layout, 0, layout->num_layers).RecordBytes();
+        rows.push_back({eviction, name, *budget, block_bytes, *std::move(result)});
+        cache.Stop(SIGTERM);
       }
-      cache::CacheClient client(cache::CacheClient::Connect("127.0.0.1:" + std::to_string(port)), absl::Minutes(5));
-      BlockMapping mapping{.tokens_per_block = static_cast<uint32_t>(tokens_per_block),
-                           .layout_id = kvblock::LayoutId(*layout)};
-      absl::StatusOr<ReplayResult> result = Replay(*requests, client, *layout, mapping, time_scale);
-      if (!result.ok()) {
-        std::fprintf(stderr, "trace_replay: %s at %s: %s\n", name.c_str(), budget_text.c_str(),
-                     std::string(result.status().message()).c_str());
-        return 1;
-      }
-      const uint64_t block_bytes = kvblock::HeaderFor(*layout, 0, layout->num_layers).RecordBytes();
-      rows.push_back({name, *budget, block_bytes, *std::move(result)});
-      cache.Stop(SIGTERM);
     }
   }
   if (json) {
@@ -119,10 +124,12 @@ int Run(const std::string& cache_binary, const std::string& trace_path, const st
       const Row& r = rows[i];
       std::cout << (i ? ",\n " : "")
                 << absl::StrFormat(
-                       "{\"layout\": \"%s\", \"budget_bytes\": %d, \"block_bytes\": %d, \"requests\": %d, "
+                       "{\"eviction\": \"%s\", \"layout\": \"%s\", \"layers\": %d, \"budget_bytes\": %d, "
+                       "\"block_bytes\": %d, "
+                       "\"requests\": %d, "
                        "\"prompt_tokens\": %d, \"hit_tokens\": %d, \"hit_rate\": %.4f, \"ceiling_rate\": %.4f, "
                        "\"bytes_put\": %d, \"bytes_got\": %d, \"demotions\": %d, \"evictions\": %d}",
-                       r.layout, r.budget, r.block_bytes, r.result.requests, r.result.prompt_tokens,
+                       r.eviction, r.layout, layers, r.budget, r.block_bytes, r.result.requests, r.result.prompt_tokens,
                        r.result.hit_tokens, r.result.HitRate(), r.result.CeilingRate(), r.result.bytes_put,
                        r.result.bytes_got, TierCounter(r.result.stats, &v1::TierStats::demotions),
                        TierCounter(r.result.stats, &v1::TierStats::evictions));
@@ -132,10 +139,10 @@ int Run(const std::string& cache_binary, const std::string& trace_path, const st
   }
   std::printf("%zu requests, %d layers, blocks of %d tokens\n", requests->size(), static_cast<int>(layers),
               static_cast<int>(tokens_per_block));
-  std::printf("%-9s %10s %12s %9s %9s %12s %12s %10s\n", "layout", "budget", "block bytes", "hit rate", "ceiling",
-              "tokens saved", "evicted", "GiB put");
+  std::printf("%-11s %-9s %10s %12s %9s %9s %12s %12s %10s\n", "eviction", "layout", "budget", "block bytes",
+              "hit rate", "ceiling", "tokens saved", "evicted", "GiB put");
   for (const Row& r : rows) {
-    std::printf("%-9s %10s %12llu %8.1f%% %8.1f%% %12llu %12llu %10.2f\n", r.layout.c_str(),
+    std::printf("%-11s %-9s %10s %12llu %8.1f%% %8.1f%% %12llu %12llu %10.2f\n", r.eviction.c_str(), r.layout.c_str(),
                 absl::StrFormat("%.0fMiB", r.budget / 1048576.0).c_str(),
                 static_cast<unsigned long long>(r.block_bytes), 100 * r.result.HitRate(), 100 * r.result.CeilingRate(),
                 static_cast<unsigned long long>(r.result.hit_tokens),
@@ -149,18 +156,22 @@ int Run(const std::string& cache_binary, const std::string& trace_path, const st
 }  // namespace kvtier::load
 
 int main(int argc, char** argv) {
-  std::string cache_binary = "build/services/kvtier-cache", trace, layouts = "expanded,bf16,fp8,int8,int4",
-              budgets = "256MiB,1GiB", time_scale = "0";
-  uint64_t layers = 27, tokens_per_block = 64, limit = 0;
+  std::string cache_binary = "build/services/kvtier-cache", trace, evictions = "lru",
+              layouts = "expanded,bf16,fp8,int8,int4", budgets = "256MiB,1GiB", time_scale = "0";
+  uint64_t layers = 27, tokens_per_block = 64, limit = 0, page_size = 16384;
   bool json = false;
   kvtier::FlagParser flags("trace_replay --trace FILE [flags]",
                            "Replays a request trace against kvtier-cache per layout and memory budget: token-weighted "
                            "prefix hit rate against the trace's ceiling (an unbounded cache).");
   flags.AddString("cache-binary", &cache_binary, "the kvtier-cache to run");
   flags.AddString("trace", &trace, "JSON lines: timestamp, input_length, output_length, hash_ids (512-token blocks)");
+  flags.AddString("evictions", &evictions, "comma-separated kvtier-cache --eviction policies: lru, leaf-first");
   flags.AddString("layouts", &layouts, "comma-separated: expanded (per-head K/V, bf16), bf16, fp8, int8, int4");
   flags.AddString("budgets", &budgets, "comma-separated cache memory budgets, e.g. 256MiB,1GiB");
   flags.AddUint("layers", &layers, "layers of V2-Lite's 27 to store (fewer scale a run down)");
+  flags.AddUint("page-size", &page_size,
+                "the cache's --page-size: with fewer layers, a smaller page keeps a block's rounding up to whole "
+                "pages near what 27 layers see");
   flags.AddUint("tokens-per-block", &tokens_per_block, "kvtier block size; divides 512");
   flags.AddUint("limit", &limit, "replay at most this many requests (0: all)");
   flags.AddString("time-scale", &time_scale, "replay at this multiple of the trace's speed (0: as fast as possible)");
@@ -176,5 +187,6 @@ int main(int argc, char** argv) {
                  "--time-scale >= 0\n");
     return 2;
   }
-  return kvtier::load::Run(cache_binary, trace, layouts, budgets, layers, tokens_per_block, limit, scale, json);
+  return kvtier::load::Run(cache_binary, trace, evictions, layouts, budgets, page_size, layers, tokens_per_block, limit,
+                           scale, json);
 }

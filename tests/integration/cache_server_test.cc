@@ -730,6 +730,8 @@ TEST(CacheServerFlags, RefusesBadCapacitiesWithAMessage) {
        "--disk-dir and --disk-capacity go together"},
       {{"--device-capacity", "1GiB", "--host-capacity", "1GiB", "--disk-dir", "/proc/no", "--disk-capacity", "1GiB"},
        "--disk-dir /proc/no"},
+      {{"--device-capacity", "1GiB", "--host-capacity", "1GiB", "--eviction", "fifo"},
+       "--eviction fifo is not lru or leaf-first"},
   };
   for (const Case& c : cases) {
     std::string cmd = KVTIER_CACHE_BINARY;

@@ -45,6 +45,7 @@ struct Flags {
   std::string fast_path_staging = "512MiB";
   bool no_fast_path = false;
   uint64_t put_idle_ms = 30000;
+  std::string eviction = "lru";
   SecurityFlags security;
 };
 
@@ -97,6 +98,13 @@ absl::StatusOr<StoreOptions> ToStoreOptions(const Flags& f) {
   }
   o.page_size = static_cast<uint32_t>(f.page_size);
   o.shared_memory = !f.no_fast_path;
+  if (f.eviction == "lru") {
+    o.eviction = Eviction::kLru;
+  } else if (f.eviction == "leaf-first") {
+    o.eviction = Eviction::kLeafFirst;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("--eviction ", f.eviction, " is not lru or leaf-first"));
+  }
   absl::StatusOr<std::shared_ptr<SlabMemory>> slab = DeviceTierSlab(f.device_memory, *device);
   if (!slab.ok()) return slab.status();
   o.device_slab = *std::move(slab);
@@ -252,6 +260,10 @@ int main(int argc, char** argv) {
                   "staging memory for same-host Put, all sessions together (0: none)");
   flags.AddBool("no-fast-path", &f.no_fast_path,
                 "serve blocks over gRPC only: tiers in private memory, no unix socket");
+  flags.AddString("eviction", &f.eviction,
+                  "which blocks a full tier gives up first: lru (least recently used), or leaf-first (as lru, but a "
+                  "Match refreshes a prefix last block first, so its first blocks, which every longer prefix needs, "
+                  "go last)");
   flags.AddUint("put-idle-ms", &f.put_idle_ms,
                 "a Put stream that sends nothing for this long is ended (DEADLINE_EXCEEDED) and its incomplete "
                 "blocks dropped");

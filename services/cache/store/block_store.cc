@@ -206,9 +206,13 @@ MatchResult BlockStore::Match(const std::string& ns, uint64_t layout_id, std::sp
     auto it = index_.find(Key(ns, hash));
     if (it == index_.end() || it->second->layout_id != layout_id) break;
     Entry* e = it->second.get();
-    TouchLocked(e);
     matched.push_back(e);
     result.tiers.push_back(tiers_[e->tier]->counters.tier);
+  }
+  if (options_.eviction == Eviction::kLeafFirst) {
+    for (auto e = matched.rbegin(); e != matched.rend(); ++e) TouchLocked(*e);
+  } else {
+    for (Entry* e : matched) TouchLocked(e);
   }
   result.matched_blocks = static_cast<uint32_t>(matched.size());
   if (!lease_ttl.has_value() || matched.empty()) return result;
@@ -292,7 +296,9 @@ absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(const std::s
       return absl::DataLossError(
           absl::StrCat("block ", kvblock::HashToHex(hash), " failed its checksum and was dropped"));
     }
-    TouchLocked(e);
+    // Leaf-first: the Match before a Get set the prefix's order; reading
+    // it block by block would set it back to the first-oldest order.
+    if (options_.eviction == Eviction::kLru) TouchLocked(e);
     // Promotion can fail only when the device tier is all pinned; then the
     // block is served from where it is.
     tier = e->tier;

@@ -48,6 +48,19 @@
 
 namespace kvtier::cache {
 
+// Which blocks a full tier gives up first.
+enum class Eviction {
+  // The least recently used, each block on its own. A Match refreshes a
+  // prefix from its first block on, so the first is the oldest and goes
+  // first, taking every block after it out of reach.
+  kLru,
+  // The least recently used, but a Match refreshes a prefix from its last
+  // block back to its first: within a prefix the last blocks go first, and
+  // what stays is still a prefix someone can match. Reads do not refresh
+  // (they follow a Match, and in chain order would undo it).
+  kLeafFirst,
+};
+
 struct StoreOptions {
   uint64_t device_capacity = 0;  // bytes; both must be positive
   uint64_t host_capacity = 0;
@@ -71,6 +84,7 @@ struct StoreOptions {
   uint32_t max_pending_blocks = 1024;
   uint32_t max_pending_per_stream = 256;
   uint32_t max_pending_per_owner = 512;
+  Eviction eviction = Eviction::kLru;
 };
 
 // What one owner (a tenant) may hold: bytes per tier, fastest first (as

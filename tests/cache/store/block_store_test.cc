@@ -369,6 +369,25 @@ TEST_P(BlockStoreTest, FullDeviceTierDemotesLruAndLastTierDrops) {
   ExpectWithinCapacity();
 }
 
+// A prefix matched and then pushed out by two new blocks (room for four
+// in the device tier, one in the host tier): plain LRU gives up the
+// prefix's first blocks, the oldest refreshed, and nothing of it can be
+// matched; leaf-first gives up its last, and three of four still match.
+TEST_P(BlockStoreTest, LeafFirstEvictionKeepsWhatIsLeftOfAPrefixMatchable) {
+  for (const auto& [eviction, still_matched] : {std::pair{Eviction::kLru, 0u}, {Eviction::kLeafFirst, 3u}}) {
+    Open(4, 1, 0, [&](StoreOptions& o) { o.eviction = eviction; });
+    const std::vector<BlockHash> prefix = {Hash(0), Hash(1), Hash(2), Hash(3)};
+    for (const BlockHash& h : prefix) Put(h);
+    ASSERT_EQ(store_->Match("ns", layout_id_, prefix).matched_blocks, 4u);
+    for (const BlockHash& h : prefix) EXPECT_EQ(ReadCode(h), absl::StatusCode::kOk);  // the Get after it
+    Put(Hash(10));
+    Put(Hash(11));
+    EXPECT_EQ(store_->Stats().tiers[1].evictions, 1u);
+    EXPECT_EQ(store_->Match("ns", layout_id_, prefix).matched_blocks, still_matched)
+        << (eviction == Eviction::kLru ? "lru" : "leaf-first");
+  }
+}
+
 TEST_P(BlockStoreTest, ReadPromotesADemotedBlock) {
   for (int i = 0; i < 6; ++i) Put(Hash(i));
   ASSERT_EQ(TierOf(Hash(0)), TierKind::kHost);
