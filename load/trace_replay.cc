@@ -65,7 +65,7 @@ uint64_t TierCounter(const v1::StatsResponse& s, uint64_t (v1::TierStats::*field
 }
 
 int Run(const std::string& cache_binary, const std::string& trace_path, const std::string& evictions,
-        const std::string& layouts, const std::string& budgets, uint64_t page_size, uint64_t layers,
+        const std::string& layouts, const std::string& budgets, uint64_t page_size, bool write_back, uint64_t layers,
         uint64_t tokens_per_block, uint64_t limit, double time_scale, bool json) {
   std::ifstream in(trace_path);
   if (!in) {
@@ -106,7 +106,7 @@ int Run(const std::string& cache_binary, const std::string& trace_path, const st
         cache::CacheClient client(cache::CacheClient::Connect("127.0.0.1:" + std::to_string(port)), absl::Minutes(5));
         BlockMapping mapping{.tokens_per_block = static_cast<uint32_t>(tokens_per_block),
                              .layout_id = kvblock::LayoutId(*layout)};
-        absl::StatusOr<ReplayResult> result = Replay(*requests, client, *layout, mapping, time_scale);
+        absl::StatusOr<ReplayResult> result = Replay(*requests, client, *layout, mapping, time_scale, write_back);
         if (!result.ok()) {
           std::fprintf(stderr, "trace_replay: %s at %s: %s\n", name.c_str(), budget_text.c_str(),
                        std::string(result.status().message()).c_str());
@@ -122,17 +122,18 @@ int Run(const std::string& cache_binary, const std::string& trace_path, const st
     std::cout << "[";
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
-      std::cout << (i ? ",\n " : "")
-                << absl::StrFormat(
-                       "{\"eviction\": \"%s\", \"layout\": \"%s\", \"layers\": %d, \"budget_bytes\": %d, "
-                       "\"block_bytes\": %d, "
-                       "\"requests\": %d, "
-                       "\"prompt_tokens\": %d, \"hit_tokens\": %d, \"hit_rate\": %.4f, \"ceiling_rate\": %.4f, "
-                       "\"bytes_put\": %d, \"bytes_got\": %d, \"demotions\": %d, \"evictions\": %d}",
-                       r.eviction, r.layout, layers, r.budget, r.block_bytes, r.result.requests, r.result.prompt_tokens,
-                       r.result.hit_tokens, r.result.HitRate(), r.result.CeilingRate(), r.result.bytes_put,
-                       r.result.bytes_got, TierCounter(r.result.stats, &v1::TierStats::demotions),
-                       TierCounter(r.result.stats, &v1::TierStats::evictions));
+      std::cout
+          << (i ? ",\n " : "")
+          << absl::StrFormat(
+                 "{\"eviction\": \"%s\", \"layout\": \"%s\", \"layers\": %d, \"budget_bytes\": %d, "
+                 "\"block_bytes\": %d, "
+                 "\"requests\": %d, "
+                 "\"prompt_tokens\": %d, \"hit_tokens\": %d, \"hit_rate\": %.4f, \"ceiling_rate\": %.4f, "
+                 "\"bytes_put\": %d, \"bytes_got\": %d, \"written_back\": %d, \"demotions\": %d, \"evictions\": %d}",
+                 r.eviction, r.layout, layers, r.budget, r.block_bytes, r.result.requests, r.result.prompt_tokens,
+                 r.result.hit_tokens, r.result.HitRate(), r.result.CeilingRate(), r.result.bytes_put,
+                 r.result.bytes_got, r.result.written_back, TierCounter(r.result.stats, &v1::TierStats::demotions),
+                 TierCounter(r.result.stats, &v1::TierStats::evictions));
     }
     std::cout << "]\n";
     return 0;
@@ -159,7 +160,7 @@ int main(int argc, char** argv) {
   std::string cache_binary = "build/services/kvtier-cache", trace, evictions = "lru",
               layouts = "expanded,bf16,fp8,int8,int4", budgets = "256MiB,1GiB", time_scale = "0";
   uint64_t layers = 27, tokens_per_block = 64, limit = 0, page_size = 16384;
-  bool json = false;
+  bool json = false, write_back = false;
   kvtier::FlagParser flags("trace_replay --trace FILE [flags]",
                            "Replays a request trace against kvtier-cache per layout and memory budget: token-weighted "
                            "prefix hit rate against the trace's ceiling (an unbounded cache).");
@@ -175,6 +176,9 @@ int main(int argc, char** argv) {
   flags.AddUint("tokens-per-block", &tokens_per_block, "kvtier block size; divides 512");
   flags.AddUint("limit", &limit, "replay at most this many requests (0: all)");
   flags.AddString("time-scale", &time_scale, "replay at this multiple of the trace's speed (0: as fast as possible)");
+  flags.AddBool("write-back", &write_back,
+                "also store the blocks each answer fills, as decode workers write them back (they take room; the "
+                "trace's later prompts never name them)");
   flags.AddBool("json", &json, "one JSON object per layout and budget instead of the table");
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "trace_replay")) {
     return *exit;
@@ -187,6 +191,6 @@ int main(int argc, char** argv) {
                  "--time-scale >= 0\n");
     return 2;
   }
-  return kvtier::load::Run(cache_binary, trace, evictions, layouts, budgets, page_size, layers, tokens_per_block, limit,
-                           scale, json);
+  return kvtier::load::Run(cache_binary, trace, evictions, layouts, budgets, page_size, write_back, layers,
+                           tokens_per_block, limit, scale, json);
 }

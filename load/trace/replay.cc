@@ -9,8 +9,8 @@
 namespace kvtier::load {
 
 absl::StatusOr<ReplayResult> Replay(const std::vector<TraceRequest>& requests, cache::CacheClient& cache,
-                                    const kvblock::LatentLayout& layout, const BlockMapping& mapping,
-                                    double time_scale) {
+                                    const kvblock::LatentLayout& layout, const BlockMapping& mapping, double time_scale,
+                                    bool write_back) {
   if (mapping.layout_id != kvblock::LayoutId(layout)) {
     return absl::InvalidArgumentError("the mapping's layout id is not the layout's");
   }
@@ -34,10 +34,12 @@ absl::StatusOr<ReplayResult> Replay(const std::vector<TraceRequest>& requests, c
     ++result.requests;
     result.prompt_tokens += r.input_length;
     result.ceiling_tokens += ceiling[i];
-    if (chain.empty()) continue;
-    absl::StatusOr<v1::MatchResponse> match = cache.Match(mapping.ns, layout, chain);
-    if (!match.ok()) return match.status();
-    size_t hit = std::min<size_t>(match->matched_blocks(), chain.size());
+    size_t hit = 0;
+    if (!chain.empty()) {
+      absl::StatusOr<v1::MatchResponse> match = cache.Match(mapping.ns, layout, chain);
+      if (!match.ok()) return match.status();
+      hit = std::min<size_t>(match->matched_blocks(), chain.size());
+    }
     if (hit > 0) {
       absl::StatusOr<std::vector<cache::FetchedBlock>> got =
           cache.Get(mapping.ns, layout, std::vector<kvblock::BlockHash>(chain.begin(), chain.begin() + hit));
@@ -49,6 +51,18 @@ absl::StatusOr<ReplayResult> Replay(const std::vector<TraceRequest>& requests, c
     result.hit_tokens += hit * mapping.tokens_per_block;
     std::vector<cache::BlockSlices> rest;
     for (size_t b = hit; b < chain.size(); ++b) rest.push_back({chain[b], {*record}});
+    if (write_back) {
+      const uint64_t filled =
+          (r.input_length + r.output_length) / mapping.tokens_per_block - r.input_length / mapping.tokens_per_block;
+      kvblock::BlockHash parent = chain.empty() ? kvblock::kNoParent : chain.back();
+      for (uint32_t k = 0; k < filled; ++k) {
+        // Stand-in tokens naming the request and the block of its answer.
+        const std::vector<uint32_t> tokens = {0xffffffffu, static_cast<uint32_t>(i), k};
+        parent = kvblock::ChainHash(mapping.ns, parent, mapping.layout_id, tokens);
+        rest.push_back({parent, {*record}});
+      }
+      result.written_back += filled;
+    }
     if (!rest.empty()) {
       absl::StatusOr<v1::PutResponse> put = cache.Put(mapping.ns, layout, rest);
       if (!put.ok()) return put.status();

@@ -22,6 +22,7 @@ struct ReplayResult {
   uint64_t hit_tokens = 0;      // prompt tokens whose blocks came from the cache
   uint64_t ceiling_tokens = 0;  // what an unbounded cache would have served
   uint64_t bytes_put = 0;       // record bytes sent by Put
+  uint64_t written_back = 0;    // blocks an answer filled, stored as decode writes them back
   uint64_t bytes_got = 0;       // record bytes read by Get
   v1::StatsResponse stats;      // the cache's, after the last request
 
@@ -33,10 +34,14 @@ struct ReplayResult {
 // the cache sees the bytes a prefill node would store); `mapping.layout_id`
 // must be its id. With `time_scale` > 0, request i is sent no earlier than
 // its timestamp / time_scale after the first; 0: as fast as possible. A
-// hit counts only blocks Get really returned, in prefix order.
+// hit counts only blocks Get really returned, in prefix order. With
+// `write_back`, the blocks a request's answer fills (whole blocks of prompt
+// and output past the prompt's) are stored after it, as a decode worker
+// writes them back: new content, which the trace's later ids never name,
+// so they only take room.
 absl::StatusOr<ReplayResult> Replay(const std::vector<TraceRequest>& requests, cache::CacheClient& cache,
                                     const kvblock::LatentLayout& layout, const BlockMapping& mapping,
-                                    double time_scale = 0);
+                                    double time_scale = 0, bool write_back = false);
 
 }  // namespace kvtier::load
 

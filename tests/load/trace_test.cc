@@ -80,15 +80,15 @@ kvblock::LatentLayout SmallLayout() {
       .model_id = "trace-test", .num_layers = 2, .kv_lora_rank = 512, .rope_dim = 64, .codec = kernels::Codec::kInt8};
 }
 
-ReplayResult ReplayWithBudget(const std::string& budget) {
+ReplayResult ReplayWithBudget(const std::string& budget, bool write_back = false) {
   ChildProcess cache({KVTIER_CACHE_BINARY, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--device-memory", "host",
                       "--device-capacity", budget, "--host-capacity", "16KiB"});
   const int port = cache.WaitForListeningPort();
   EXPECT_GT(port, 0);
   cache::CacheClient client(cache::CacheClient::Connect("127.0.0.1:" + std::to_string(port)), absl::Seconds(30));
   const kvblock::LatentLayout layout = SmallLayout();
-  absl::StatusOr<ReplayResult> r =
-      Replay(Parse(kTrace), client, layout, {.tokens_per_block = 64, .layout_id = kvblock::LayoutId(layout)});
+  absl::StatusOr<ReplayResult> r = Replay(
+      Parse(kTrace), client, layout, {.tokens_per_block = 64, .layout_id = kvblock::LayoutId(layout)}, 0, write_back);
   EXPECT_TRUE(r.ok()) << r.status();
   return r.ok() ? *r : ReplayResult{};
 }
@@ -113,6 +113,20 @@ TEST(Replay, ThroughARealCacheHitsTheCeilingWithRoomAndNothingWithout) {
   uint64_t evicted = 0;
   for (const v1::TierStats& t : tight.stats.tiers()) evicted += t.evictions() + t.demotions();
   EXPECT_GT(evicted, 0u);
+}
+
+// Write-back stores the blocks answers fill: request 3's 1,400 + 10 tokens
+// fill a 22nd block (the others' answers fill none), which later prompts
+// never name: one more block put, no hit more.
+TEST(Replay, WriteBackStoresTheBlocksAnswersFill) {
+  const ReplayResult plain = ReplayWithBudget("64MiB");
+  const ReplayResult written = ReplayWithBudget("64MiB", /*write_back=*/true);
+  const uint64_t record = kvblock::HeaderFor(SmallLayout(), 0, 2).RecordBytes();
+  EXPECT_EQ(plain.written_back, 0u);
+  EXPECT_EQ(written.written_back, 1u);
+  EXPECT_EQ(written.bytes_put, plain.bytes_put + record);
+  EXPECT_EQ(written.hit_tokens, plain.hit_tokens);
+  EXPECT_EQ(written.stats.blocks_stored(), plain.stats.blocks_stored() + 1);
 }
 
 }  // namespace
