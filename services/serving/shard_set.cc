@@ -158,11 +158,15 @@ size_t ShardSet::MatchPrefix(const std::string& ns, const kvblock::LatentLayout&
   // Each shard is asked about its own blocks, in chain order; the prefix
   // ends at the first block some shard does not hold.
   const std::vector<std::vector<size_t>> positions = ByShard(*shards, chain);
+  size_t prefix = chain.size();
   std::vector<std::future<size_t>> answers;
   for (size_t s = 0; s < shards->size(); ++s) {
     if (positions[s].empty()) continue;
     Shard& shard = *(*shards)[s];
-    if (shard.Down()) return positions[s][0];
+    if (shard.Down()) {  // holds none: the prefix ends at its first block at the latest
+      prefix = std::min(prefix, positions[s][0]);
+      continue;
+    }
     answers.push_back(std::async(std::launch::async, [&, s]() -> size_t {
       std::vector<kvblock::BlockHash> mine;
       for (size_t i : positions[s]) mine.push_back(chain[i]);
@@ -171,7 +175,6 @@ size_t ShardSet::MatchPrefix(const std::string& ns, const kvblock::LatentLayout&
       return matched == mine.size() ? chain.size() : positions[s][matched];
     }));
   }
-  size_t prefix = chain.size();
   for (auto& a : answers) prefix = std::min(prefix, a.get());
   return prefix;
 }

@@ -214,5 +214,31 @@ TEST(ShardSetStore, ConcurrentStoresUseConnectionsOfTheirOwn) {
   server->Shutdown();
 }
 
+// A shard that failed its health check holds none of its blocks, but the
+// prefix still ends at the first block any shard lacks: here the first
+// block, on a live shard that does not hold it, not the down shard's.
+TEST(ShardSetMatch, ADownShardBoundsThePrefixWithoutHidingAnEarlierMiss) {
+  grpc::EnableDefaultHealthCheckService(true);
+  StandInCache live_cache({});  // answers Match UNIMPLEMENTED: holds nothing
+  int port = 0;
+  std::unique_ptr<grpc::Server> server = Serve(live_cache, port);
+  ASSERT_NE(server, nullptr);
+  const std::string live = "127.0.0.1:" + std::to_string(port), down = "127.0.0.1:1";
+  auto shards = ShardSet::Create(live + "," + down, absl::Seconds(5), /*fast_path=*/false);
+  ASSERT_TRUE(shards.ok()) << shards.status();
+  (*shards)->CheckHealth();
+  ASSERT_EQ((*shards)->HealthOfShards()[1], std::pair(down, ShardSet::Health::kDown));
+  // The live shard's block first, the down shard's after it.
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  std::vector<kvblock::BlockHash> chain;
+  while (chain.size() < 2) {
+    kvblock::BlockHash h;
+    for (auto& b : h) b = static_cast<uint8_t>(rng.engine()());
+    if ((*shards)->ShardOf(h) == (chain.empty() ? live : down)) chain.push_back(h);
+  }
+  EXPECT_EQ((*shards)->MatchPrefix("ns", Layout(), chain), 0u);
+}
+
 }  // namespace
 }  // namespace kvtier::serving
