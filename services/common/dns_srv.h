@@ -19,6 +19,9 @@ struct SrvRecord {
   uint16_t weight = 0;
 };
 
+// INVALID_ARGUMENT unless `dns_server` is empty or "IPv4:PORT".
+absl::Status ValidateDnsServer(const std::string& dns_server);
+
 // The SRV records of `name`, looked up as the C library looks up any name:
 // a name ending in '.' as it is, others also under the search domains of
 // /etc/resolv.conf (in a Kubernetes pod, its namespace's first, so
@@ -27,9 +30,6 @@ struct SrvRecord {
 // name that does not exist or has no SRV records gives an empty list: that
 // is an answer. UNAVAILABLE when no server answered or one failed
 // (SERVFAIL); INVALID_ARGUMENT for a bad `dns_server`.
-// INVALID_ARGUMENT unless `dns_server` is empty or "IPv4:PORT".
-absl::Status ValidateDnsServer(const std::string& dns_server);
-
 absl::StatusOr<std::vector<SrvRecord>> LookUpSrv(const std::string& name, const std::string& dns_server);
 
 }  // namespace kvtier

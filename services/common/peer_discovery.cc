@@ -11,6 +11,7 @@
 #include "services/common/address.h"
 #include "services/common/dns_srv.h"
 #include "services/common/log.h"
+#include "services/common/status.h"
 
 namespace kvtier {
 namespace {
@@ -30,35 +31,46 @@ std::string Difference(const std::vector<std::string>& before, const std::vector
 
 absl::StatusOr<std::vector<std::string>> ParseTargetList(const std::string& list) {
   std::vector<std::string> targets;
-  std::set<std::string> seen;
   for (absl::string_view t : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
-    std::string target(absl::StripAsciiWhitespace(t));
-    if (absl::Status s = ValidateTargetAddress(target); !s.ok()) return s;
-    if (!seen.insert(target).second) return absl::InvalidArgumentError(absl::StrCat(target, " is listed twice"));
-    targets.push_back(std::move(target));
+    targets.emplace_back(absl::StripAsciiWhitespace(t));
   }
   if (targets.empty()) return absl::InvalidArgumentError("no HOST:PORT given");
+  KVTIER_RETURN_IF_ERROR(ValidateTargets(targets));
   return targets;
 }
 
-absl::StatusOr<std::unique_ptr<PeerDiscovery>> PeerDiscovery::Start(std::string what, const std::string& spec,
-                                                                    Options options, OnChange on_change) {
-  if (!absl::StartsWith(spec, kSrvPrefix)) {
-    absl::StatusOr<std::vector<std::string>> targets = ParseTargetList(spec);
-    if (!targets.ok()) return targets.status();
-    std::sort(targets->begin(), targets->end());
-    on_change(*targets);
-    return std::unique_ptr<PeerDiscovery>(new PeerDiscovery(std::move(what), "", options, nullptr));
+absl::Status ValidateTargets(const std::vector<std::string>& targets) {
+  std::set<std::string> seen;
+  for (const std::string& target : targets) {
+    KVTIER_RETURN_IF_ERROR(ValidateTargetAddress(target));
+    if (!seen.insert(target).second) return absl::InvalidArgumentError(absl::StrCat(target, " is listed twice"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status PeerDiscovery::Validate(const std::string& spec, const Options& options) {
+  if (!absl::StartsWith(spec, kSrvPrefix)) return ParseTargetList(spec).status();
   const std::string name = spec.substr(std::string(kSrvPrefix).size());
   if (name.empty() || absl::StrContains(name, ':') || absl::StrContains(name, ',')) {
     return absl::InvalidArgumentError(absl::StrCat("'", spec, "' is not srv:NAME (a DNS name, no port)"));
   }
-  if (options.interval <= absl::ZeroDuration())
+  if (options.interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the look-up interval must be positive");
-  if (absl::Status valid = ValidateDnsServer(options.dns_server); !valid.ok()) return valid;
-  auto discovery =
-      std::unique_ptr<PeerDiscovery>(new PeerDiscovery(std::move(what), name, options, std::move(on_change)));
+  }
+  return ValidateDnsServer(options.dns_server);
+}
+
+absl::StatusOr<std::unique_ptr<PeerDiscovery>> PeerDiscovery::Start(std::string what, const std::string& spec,
+                                                                    Options options, OnChange on_change) {
+  KVTIER_RETURN_IF_ERROR(Validate(spec, options));
+  if (!absl::StartsWith(spec, kSrvPrefix)) {
+    std::vector<std::string> targets = *ParseTargetList(spec);
+    std::sort(targets.begin(), targets.end());
+    on_change(targets);
+    return std::unique_ptr<PeerDiscovery>(new PeerDiscovery(std::move(what), "", options, nullptr));
+  }
+  auto discovery = std::unique_ptr<PeerDiscovery>(
+      new PeerDiscovery(std::move(what), spec.substr(std::string(kSrvPrefix).size()), options, std::move(on_change)));
   discovery->Refresh();
   PeerDiscovery* d = discovery.get();
   discovery->thread_ = std::thread([d] {

@@ -24,6 +24,9 @@ inline constexpr char kSrvPrefix[] = "srv:";
 
 // "HOST:PORT[,HOST:PORT...]": each valid, none twice, at least one.
 absl::StatusOr<std::vector<std::string>> ParseTargetList(const std::string& list);
+// INVALID_ARGUMENT unless each target is a valid HOST:PORT and none is
+// there twice.
+absl::Status ValidateTargets(const std::vector<std::string>& targets);
 
 class PeerDiscovery {
  public:
@@ -44,6 +47,9 @@ class PeerDiscovery {
   // DNS server.
   static absl::StatusOr<std::unique_ptr<PeerDiscovery>> Start(std::string what, const std::string& spec,
                                                               Options options, OnChange on_change);
+  // What Start would refuse `spec` and `options` for, found without a
+  // look-up (for a program to check its flags before it loads anything).
+  static absl::Status Validate(const std::string& spec, const Options& options);
   ~PeerDiscovery();
 
  private:

@@ -4,7 +4,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "services/common/flags.h"
 #include "services/common/peer_discovery.h"
@@ -35,10 +34,9 @@ int Run(const Flags& f) {
   if (f.tokens_per_block < 1 || f.tokens_per_block > kernels::kMaxBlockTokens) {
     return usage("--tokens-per-block must be in 1..4096");
   }
-  if (!absl::StartsWith(f.decode, kSrvPrefix)) {
-    if (absl::Status valid = ParseTargetList(f.decode).status(); !valid.ok()) {
-      return usage(absl::StrCat("--decode: ", valid.message()));
-    }
+  // Before the model loads: a usage error should not wait for it.
+  if (absl::Status valid = PeerDiscovery::Validate(f.decode, f.server.Discovery()); !valid.ok()) {
+    return usage(absl::StrCat("--decode: ", valid.message()));
   }
   absl::StatusOr<serving::ModelServer> s = serving::StartModelServer(program, f.server);
   if (!s.ok()) return serving::ExitWith(program, s.status());

@@ -7,7 +7,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/cache/client/health_check.h"
-#include "services/common/address.h"
 #include "services/common/log.h"
 #include "services/common/peer_discovery.h"
 #include "services/common/status.h"
@@ -75,13 +74,8 @@ absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(const std::string& ta
 }
 
 absl::Status ShardSet::SetTargets(const std::vector<std::string>& targets) {
-  std::set<std::string> seen;
-  for (const std::string& target : targets) {
-    if (absl::Status s = ValidateTargetAddress(target); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("cache shard: ", s.message()));
-    }
-    if (!seen.insert(target).second)
-      return absl::InvalidArgumentError(absl::StrCat("cache shard ", target, " is listed twice"));
+  if (absl::Status valid = ValidateTargets(targets); !valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("cache shards: ", valid.message()));
   }
   absl::MutexLock lock(&mu_);
   auto next = std::make_shared<ShardList>();
