@@ -50,6 +50,21 @@ absl::StatusOr<kvblock::LatentLayout> LayoutNamed(const std::string& name, uint3
   return layout;
 }
 
+struct Options {
+  std::string cache_binary = "build/services/kvtier-cache";
+  std::string trace;
+  std::string evictions = "lru";
+  std::string layouts = "expanded,bf16,fp8,int8,int4";
+  std::string budgets = "256MiB,1GiB";
+  uint64_t page_size = 16384;
+  uint64_t layers = 27;
+  uint64_t tokens_per_block = 64;
+  uint64_t limit = 0;
+  double time_scale = 0;
+  bool write_back = false;
+  bool json = false;
+};
+
 struct Row {
   std::string eviction;
   std::string layout;
@@ -64,82 +79,44 @@ uint64_t TierCounter(const v1::StatsResponse& s, uint64_t (v1::TierStats::*field
   return total;
 }
 
-int Run(const std::string& cache_binary, const std::string& trace_path, const std::string& evictions,
-        const std::string& layouts, const std::string& budgets, uint64_t page_size, bool write_back, uint64_t layers,
-        uint64_t tokens_per_block, uint64_t limit, double time_scale, bool json) {
-  std::ifstream in(trace_path);
-  if (!in) {
-    std::fprintf(stderr, "trace_replay: cannot read %s\n", trace_path.c_str());
-    return 2;
+// One replay of `requests` on a fresh cache of `budget` bytes.
+absl::StatusOr<ReplayResult> ReplayOnFreshCache(const Options& o, const std::vector<TraceRequest>& requests,
+                                                const std::string& eviction, const kvblock::LatentLayout& layout,
+                                                uint64_t budget) {
+  ChildProcess cache({o.cache_binary, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--device-memory", "host",
+                      "--device-capacity", std::to_string(budget), "--host-capacity", std::to_string(o.page_size),
+                      "--eviction", eviction, "--page-size", std::to_string(o.page_size)});
+  const int port = cache.WaitForListeningPort();
+  if (port <= 0) return absl::UnavailableError(absl::StrCat(o.cache_binary, " did not start"));
+  cache::CacheClient client(cache::CacheClient::Connect("127.0.0.1:" + std::to_string(port)), absl::Minutes(5));
+  const BlockMapping mapping{.tokens_per_block = static_cast<uint32_t>(o.tokens_per_block),
+                             .layout_id = kvblock::LayoutId(layout)};
+  absl::StatusOr<ReplayResult> result = Replay(requests, client, layout, mapping, o.time_scale, o.write_back);
+  cache.Stop(SIGTERM);
+  return result;
+}
+
+void PrintJson(const Options& o, const std::vector<Row>& rows) {
+  std::cout << "[";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    std::cout << (i ? ",\n " : "")
+              << absl::StrFormat(
+                     "{\"eviction\": \"%s\", \"layout\": \"%s\", \"layers\": %d, \"budget_bytes\": %d, "
+                     "\"block_bytes\": %d, \"requests\": %d, \"prompt_tokens\": %d, \"hit_tokens\": %d, "
+                     "\"hit_rate\": %.4f, \"ceiling_rate\": %.4f, \"bytes_put\": %d, \"bytes_got\": %d, "
+                     "\"written_back\": %d, \"demotions\": %d, \"evictions\": %d}",
+                     r.eviction, r.layout, o.layers, r.budget, r.block_bytes, r.result.requests, r.result.prompt_tokens,
+                     r.result.hit_tokens, r.result.HitRate(), r.result.CeilingRate(), r.result.bytes_put,
+                     r.result.bytes_got, r.result.written_back, TierCounter(r.result.stats, &v1::TierStats::demotions),
+                     TierCounter(r.result.stats, &v1::TierStats::evictions));
   }
-  absl::StatusOr<std::vector<TraceRequest>> requests = ReadTrace(in, limit);
-  if (!requests.ok()) {
-    std::fprintf(stderr, "trace_replay: %s\n", std::string(requests.status().message()).c_str());
-    return 2;
-  }
-  std::vector<Row> rows;
-  const std::vector<std::string> layout_names = absl::StrSplit(layouts, ',', absl::SkipEmpty());
-  const std::vector<std::string> budget_texts = absl::StrSplit(budgets, ',', absl::SkipEmpty());
-  const std::vector<std::string> policies = absl::StrSplit(evictions, ',', absl::SkipEmpty());
-  for (const std::string& eviction : policies) {
-    for (const std::string& name : layout_names) {
-      absl::StatusOr<kvblock::LatentLayout> layout =
-          LayoutNamed(name, static_cast<uint32_t>(layers), static_cast<uint32_t>(tokens_per_block));
-      if (!layout.ok()) {
-        std::fprintf(stderr, "trace_replay: %s\n", std::string(layout.status().message()).c_str());
-        return 2;
-      }
-      for (const std::string& budget_text : budget_texts) {
-        absl::StatusOr<uint64_t> budget = ParseByteSize(budget_text);
-        if (!budget.ok()) {
-          std::fprintf(stderr, "trace_replay: --budgets: %s\n", std::string(budget.status().message()).c_str());
-          return 2;
-        }
-        ChildProcess cache({cache_binary, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--device-memory", "host",
-                            "--device-capacity", budget_text, "--host-capacity", std::to_string(page_size),
-                            "--eviction", eviction, "--page-size", std::to_string(page_size)});
-        const int port = cache.WaitForListeningPort();
-        if (port <= 0) {
-          std::fprintf(stderr, "trace_replay: %s did not start\n", cache_binary.c_str());
-          return 1;
-        }
-        cache::CacheClient client(cache::CacheClient::Connect("127.0.0.1:" + std::to_string(port)), absl::Minutes(5));
-        BlockMapping mapping{.tokens_per_block = static_cast<uint32_t>(tokens_per_block),
-                             .layout_id = kvblock::LayoutId(*layout)};
-        absl::StatusOr<ReplayResult> result = Replay(*requests, client, *layout, mapping, time_scale, write_back);
-        if (!result.ok()) {
-          std::fprintf(stderr, "trace_replay: %s at %s: %s\n", name.c_str(), budget_text.c_str(),
-                       std::string(result.status().message()).c_str());
-          return 1;
-        }
-        const uint64_t block_bytes = kvblock::HeaderFor(*layout, 0, layout->num_layers).RecordBytes();
-        rows.push_back({eviction, name, *budget, block_bytes, *std::move(result)});
-        cache.Stop(SIGTERM);
-      }
-    }
-  }
-  if (json) {
-    std::cout << "[";
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const Row& r = rows[i];
-      std::cout
-          << (i ? ",\n " : "")
-          << absl::StrFormat(
-                 "{\"eviction\": \"%s\", \"layout\": \"%s\", \"layers\": %d, \"budget_bytes\": %d, "
-                 "\"block_bytes\": %d, "
-                 "\"requests\": %d, "
-                 "\"prompt_tokens\": %d, \"hit_tokens\": %d, \"hit_rate\": %.4f, \"ceiling_rate\": %.4f, "
-                 "\"bytes_put\": %d, \"bytes_got\": %d, \"written_back\": %d, \"demotions\": %d, \"evictions\": %d}",
-                 r.eviction, r.layout, layers, r.budget, r.block_bytes, r.result.requests, r.result.prompt_tokens,
-                 r.result.hit_tokens, r.result.HitRate(), r.result.CeilingRate(), r.result.bytes_put,
-                 r.result.bytes_got, r.result.written_back, TierCounter(r.result.stats, &v1::TierStats::demotions),
-                 TierCounter(r.result.stats, &v1::TierStats::evictions));
-    }
-    std::cout << "]\n";
-    return 0;
-  }
-  std::printf("%zu requests, %d layers, blocks of %d tokens\n", requests->size(), static_cast<int>(layers),
-              static_cast<int>(tokens_per_block));
+  std::cout << "]\n";
+}
+
+void PrintTable(const Options& o, size_t requests, const std::vector<Row>& rows) {
+  std::printf("%zu requests, %d layers, blocks of %d tokens\n", requests, static_cast<int>(o.layers),
+              static_cast<int>(o.tokens_per_block));
   std::printf("%-11s %-9s %10s %12s %9s %9s %12s %12s %10s\n", "eviction", "layout", "budget", "block bytes",
               "hit rate", "ceiling", "tokens saved", "evicted", "GiB put");
   for (const Row& r : rows) {
@@ -150,6 +127,56 @@ int Run(const std::string& cache_binary, const std::string& trace_path, const st
                 static_cast<unsigned long long>(TierCounter(r.result.stats, &v1::TierStats::evictions)),
                 r.result.bytes_put / 1073741824.0);
   }
+}
+
+int Fail(const absl::Status& status, int code) {
+  std::fprintf(stderr, "trace_replay: %s\n", std::string(status.message()).c_str());
+  return code;
+}
+
+int Run(const Options& o) {
+  // Every flag's value is checked before the first replay, which may take
+  // minutes.
+  std::vector<std::pair<std::string, kvblock::LatentLayout>> layouts;
+  for (const std::string& name : std::vector<std::string>(absl::StrSplit(o.layouts, ',', absl::SkipEmpty()))) {
+    absl::StatusOr<kvblock::LatentLayout> layout =
+        LayoutNamed(name, static_cast<uint32_t>(o.layers), static_cast<uint32_t>(o.tokens_per_block));
+    if (!layout.ok()) return Fail(layout.status(), 2);
+    layouts.emplace_back(name, *layout);
+  }
+  std::vector<uint64_t> budgets;
+  for (absl::string_view text : absl::StrSplit(o.budgets, ',', absl::SkipEmpty())) {
+    absl::StatusOr<uint64_t> budget = ParseByteSize(std::string(text));
+    if (!budget.ok())
+      return Fail(absl::InvalidArgumentError(absl::StrCat("--budgets: ", budget.status().message())), 2);
+    budgets.push_back(*budget);
+  }
+  const std::vector<std::string> evictions = absl::StrSplit(o.evictions, ',', absl::SkipEmpty());
+  std::ifstream in(o.trace);
+  if (!in) return Fail(absl::NotFoundError(absl::StrCat("cannot read ", o.trace)), 2);
+  absl::StatusOr<std::vector<TraceRequest>> requests = ReadTrace(in, o.limit);
+  if (!requests.ok()) return Fail(requests.status(), 2);
+
+  std::vector<Row> rows;
+  for (const std::string& eviction : evictions) {
+    for (const auto& [name, layout] : layouts) {
+      for (uint64_t budget : budgets) {
+        absl::StatusOr<ReplayResult> result = ReplayOnFreshCache(o, *requests, eviction, layout, budget);
+        if (!result.ok()) {
+          return Fail(absl::Status(result.status().code(), absl::StrCat(eviction, ", ", name, ", ", budget,
+                                                                        " bytes: ", result.status().message())),
+                      1);
+        }
+        rows.push_back({eviction, name, budget, kvblock::HeaderFor(layout, 0, layout.num_layers).RecordBytes(),
+                        *std::move(result)});
+      }
+    }
+  }
+  if (o.json) {
+    PrintJson(o, rows);
+  } else {
+    PrintTable(o, requests->size(), rows);
+  }
   return 0;
 }
 
@@ -157,40 +184,36 @@ int Run(const std::string& cache_binary, const std::string& trace_path, const st
 }  // namespace kvtier::load
 
 int main(int argc, char** argv) {
-  std::string cache_binary = "build/services/kvtier-cache", trace, evictions = "lru",
-              layouts = "expanded,bf16,fp8,int8,int4", budgets = "256MiB,1GiB", time_scale = "0";
-  uint64_t layers = 27, tokens_per_block = 64, limit = 0, page_size = 16384;
-  bool json = false, write_back = false;
+  kvtier::load::Options o;
+  std::string time_scale = "0";
   kvtier::FlagParser flags("trace_replay --trace FILE [flags]",
                            "Replays a request trace against kvtier-cache per layout and memory budget: token-weighted "
                            "prefix hit rate against the trace's ceiling (an unbounded cache).");
-  flags.AddString("cache-binary", &cache_binary, "the kvtier-cache to run");
-  flags.AddString("trace", &trace, "JSON lines: timestamp, input_length, output_length, hash_ids (512-token blocks)");
-  flags.AddString("evictions", &evictions, "comma-separated kvtier-cache --eviction policies: lru, leaf-first");
-  flags.AddString("layouts", &layouts, "comma-separated: expanded (per-head K/V, bf16), bf16, fp8, int8, int4");
-  flags.AddString("budgets", &budgets, "comma-separated cache memory budgets, e.g. 256MiB,1GiB");
-  flags.AddUint("layers", &layers, "layers of V2-Lite's 27 to store (fewer scale a run down)");
-  flags.AddUint("page-size", &page_size,
+  flags.AddString("cache-binary", &o.cache_binary, "the kvtier-cache to run");
+  flags.AddString("trace", &o.trace, "JSON lines: timestamp, input_length, output_length, hash_ids (512-token blocks)");
+  flags.AddString("evictions", &o.evictions, "comma-separated kvtier-cache --eviction policies: lru, leaf-first");
+  flags.AddString("layouts", &o.layouts, "comma-separated: expanded (per-head K/V, bf16), bf16, fp8, int8, int4");
+  flags.AddString("budgets", &o.budgets, "comma-separated cache memory budgets, e.g. 256MiB,1GiB");
+  flags.AddUint("layers", &o.layers, "layers of V2-Lite's 27 to store (fewer scale a run down)");
+  flags.AddUint("page-size", &o.page_size,
                 "the cache's --page-size: with fewer layers, a smaller page keeps a block's rounding up to whole "
                 "pages near what 27 layers see");
-  flags.AddUint("tokens-per-block", &tokens_per_block, "kvtier block size; divides 512");
-  flags.AddUint("limit", &limit, "replay at most this many requests (0: all)");
+  flags.AddUint("tokens-per-block", &o.tokens_per_block, "kvtier block size; divides 512");
+  flags.AddUint("limit", &o.limit, "replay at most this many requests (0: all)");
   flags.AddString("time-scale", &time_scale, "replay at this multiple of the trace's speed (0: as fast as possible)");
-  flags.AddBool("write-back", &write_back,
+  flags.AddBool("write-back", &o.write_back,
                 "also store the blocks each answer fills, as decode workers write them back (they take room; the "
                 "trace's later prompts never name them)");
-  flags.AddBool("json", &json, "one JSON object per layout and budget instead of the table");
+  flags.AddBool("json", &o.json, "one JSON object per layout and budget instead of the table");
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "trace_replay")) {
     return *exit;
   }
-  double scale = 0;
-  if (trace.empty() || layers < 1 || layers > 27 || tokens_per_block < 1 || 512 % tokens_per_block != 0 ||
-      !absl::SimpleAtod(time_scale, &scale) || scale < 0) {
+  if (o.trace.empty() || o.layers < 1 || o.layers > 27 || o.tokens_per_block < 1 || 512 % o.tokens_per_block != 0 ||
+      !absl::SimpleAtod(time_scale, &o.time_scale) || o.time_scale < 0) {
     std::fprintf(stderr,
                  "trace_replay: --trace is required; --layers 1..27, --tokens-per-block divides 512, "
                  "--time-scale >= 0\n");
     return 2;
   }
-  return kvtier::load::Run(cache_binary, trace, evictions, layouts, budgets, page_size, write_back, layers,
-                           tokens_per_block, limit, scale, json);
+  return kvtier::load::Run(o);
 }
