@@ -1,92 +1,203 @@
-// How much each latent codec changes the model's output: teacher-forced
-// prompts of random ids, logits at every position under fp8/int8/int4 latent
-// blocks compared with the same run under bf16 blocks.
+// What each latent codec costs a trained model on text it never saw:
+// teacher-forced perplexity, KL divergence from the float model's next-token
+// distributions and top-1 agreement, with the latents of every earlier token
+// held as the cache holds them (full blocks in the codec, the tail in
+// float); in process over the whole text, and through the real services
+// (kvtier-cache, kvtier-decode, one kvtier-prefill per codec) over its first
+// --served-positions positions, where every full block comes from the cache.
 //
-//   codec_fidelity --preset tiny --prompts 32 --tokens 256
-#include <algorithm>
+//   codec_fidelity                       (the trained model, its held-out text)
+//   codec_fidelity --tokens 4096 --served-positions 0
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
-#include <random>
+#include <fstream>
+#include <memory>
+#include <sstream>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kvtier/kernels/parallel.h"
+#include "load/fidelity/teacher_forced.h"
+#include "services/common/child_process.h"
 #include "services/common/flags.h"
-#include "services/runtime/make_model.h"
-#include "services/runtime/model.h"
+#include "services/runtime/checkpoint.h"
+#include "services/runtime/tokenizer.h"
 
-namespace kvtier::runtime {
+namespace kvtier::fidelity {
 namespace {
 
-int Run(const std::string& preset, int prompts, int tokens, uint32_t tokens_per_block) {
-  const auto dir = std::filesystem::temp_directory_path() / ("kvtier_fidelity_" + preset);
-  absl::StatusOr<ModelConfig> config = PresetConfig(preset);
-  if (!config.ok() || !MakeModel(*config, dir.string(), 1).ok()) return 1;
-  auto ckpt = Checkpoint::Open(dir.string());
-  auto model = Model::Load(**ckpt);
-  if (!model.ok()) return 1;
-  const kernels::Codec codecs[] = {kernels::Codec::kFp8, kernels::Codec::kInt8, kernels::Codec::kInt4};
-  struct Tally {
-    double rel_error_sum = 0, rel_error_max = 0;
-    long agree = 0, positions = 0;
-  } tally[3];
-  std::mt19937_64 rng(2026);
-  std::uniform_int_distribution<uint32_t> id(0, static_cast<uint32_t>(config->vocab_size - 1));
+constexpr kernels::Codec kCodecs[] = {kernels::Codec::kBf16, kernels::Codec::kFp8, kernels::Codec::kInt8,
+                                      kernels::Codec::kInt4};
+
+struct Flags {
+  std::string model = KVTIER_MODELS_DIR "/jargon-mla";
+  std::string text;     // default: the model's heldout.txt
+  uint64_t tokens = 0;  // 0: the whole text
+  uint64_t window = 512;
+  uint64_t tokens_per_block = 64;
+  uint64_t served_positions = 1024;
+  std::string bin = "build/services";
+  uint64_t threads = 2;
+  bool json = false;
+};
+
+[[noreturn]] void Fail(const std::string& message) {
+  std::fprintf(stderr, "codec_fidelity: %s\n", message.c_str());
+  std::exit(1);
+}
+
+std::string Serve(ChildProcess& p, const std::string& name) {
+  const int port = p.WaitForListeningPort(120000);
+  if (port <= 0) Fail(name + " did not start");
+  return "127.0.0.1:" + std::to_string(port);
+}
+
+// The services on `model`: one cache, one decode worker, a prefill node per
+// codec that answers every token's logprob. Scores per codec, in kCodecs'
+// order.
+std::vector<Scores> ScoreThroughServices(const Flags& f, const Windows& text, uint32_t vocab,
+                                         const std::vector<std::vector<float>>& kept, double& seconds) {
   const auto start = std::chrono::steady_clock::now();
-  for (int p = 0; p < prompts; ++p) {
-    std::vector<uint32_t> prompt(tokens);
-    for (auto& t : prompt) t = id(rng);
-    SequenceCache base = (*model)->NewCache(kernels::Codec::kBf16, tokens_per_block);
-    std::vector<SequenceCache> caches;
-    for (kernels::Codec c : codecs) caches.push_back((*model)->NewCache(c, tokens_per_block));
-    std::vector<float> want(config->vocab_size), got(config->vocab_size);
-    for (int t = 0; t < tokens; ++t) {
-      if (!(*model)->Step(prompt[t], base, want).ok()) return 1;
-      const size_t argmax = std::max_element(want.begin(), want.end()) - want.begin();
-      double mag = 0;
-      for (float v : want) mag = std::max(mag, std::fabs(double{v}));
-      for (int c = 0; c < 3; ++c) {
-        if (!(*model)->Step(prompt[t], caches[c], got).ok()) return 1;
-        // Positions before the first sealed block see no quantized latents.
-        if (t < static_cast<int>(tokens_per_block)) continue;
-        double diff = 0;
-        for (size_t i = 0; i < got.size(); ++i) diff = std::max(diff, std::fabs(double{got[i]} - want[i]));
-        Tally& y = tally[c];
-        y.rel_error_sum += diff / mag;
-        y.rel_error_max = std::max(y.rel_error_max, diff / mag);
-        y.agree += static_cast<size_t>(std::max_element(got.begin(), got.end()) - got.begin()) == argmax;
-        ++y.positions;
+  ChildProcess cache({f.bin + "/kvtier-cache", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--device-capacity",
+                      "1GiB", "--host-capacity", "64MiB"});
+  const std::string cache_target = Serve(cache, "kvtier-cache");
+  ChildProcess decode({f.bin + "/kvtier-decode", "--listen", "127.0.0.1:0", "--model", f.model, "--cache", cache_target,
+                       "--threads", "1"});
+  const std::string decode_target = Serve(decode, "kvtier-decode");
+  std::vector<Scores> out;
+  for (size_t c = 0; c < std::size(kCodecs); ++c) {
+    const std::string codec = kernels::CodecName(kCodecs[c]);
+    ChildProcess prefill({f.bin + "/kvtier-prefill", "--listen", "127.0.0.1:0", "--model", f.model, "--cache",
+                          cache_target, "--decode", decode_target, "--kv-codec", codec, "--tokens-per-block",
+                          std::to_string(f.tokens_per_block), "--max-top-logprobs", std::to_string(vocab), "--threads",
+                          std::to_string(f.threads)});
+    uint64_t cached = 0;
+    absl::StatusOr<Scores> s = ScoreServed(Serve(prefill, "kvtier-prefill --kv-codec " + codec), text,
+                                           f.served_positions, vocab, kept[0], kept[c + 1], &cached);
+    if (!s.ok()) Fail(absl::StrCat(codec, " through the services: ", s.status().ToString()));
+    if (f.served_positions >= 2 * f.tokens_per_block && cached == 0) Fail(codec + ": no block came from the cache");
+    s->name = codec;
+    out.push_back(*s);
+    prefill.Stop(SIGTERM);
+  }
+  seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return out;
+}
+
+int Main(const Flags& f) {
+  kernels::SetKernelThreads(static_cast<int>(std::max<uint64_t>(1, f.threads)));
+  absl::StatusOr<std::unique_ptr<runtime::Checkpoint>> ckpt = runtime::Checkpoint::Open(f.model);
+  if (!ckpt.ok()) Fail(ckpt.status().ToString());
+  const runtime::ModelConfig config = (*ckpt)->config();
+  absl::StatusOr<runtime::ByteTokenizer> tokenizer =
+      runtime::ByteTokenizer::ForClass((*ckpt)->tokenizer_class(), config.vocab_size);
+  if (!tokenizer.ok()) Fail(tokenizer.status().ToString());
+  absl::StatusOr<std::unique_ptr<runtime::Model>> model = runtime::Model::Load(**ckpt);
+  if (!model.ok()) Fail(model.status().ToString());
+  const std::string text_path = f.text.empty() ? f.model + "/heldout.txt" : f.text;
+  std::ifstream in(text_path, std::ios::binary);
+  if (!in) Fail("cannot read " + text_path);
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  std::vector<uint32_t> ids = tokenizer->Encode(bytes.str());
+  if (f.tokens > 0 && ids.size() > f.tokens) ids.resize(f.tokens);
+  if (f.window > static_cast<uint64_t>(config.max_position_embeddings)) Fail("--window exceeds the model's positions");
+  const Windows text{ids, f.window};
+  const uint32_t vocab = static_cast<uint32_t>(config.vocab_size);
+  const size_t served = std::min<size_t>(f.served_positions, text.positions());
+
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::vector<float>> kept;
+  absl::StatusOr<std::vector<Scores>> local =
+      ScoreInProcess(**model, text, static_cast<uint32_t>(f.tokens_per_block), kCodecs, served, &kept);
+  if (!local.ok()) Fail(local.status().ToString());
+  const double local_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  double served_seconds = 0;
+  std::vector<Scores> remote;
+  if (served > 0) remote = ScoreThroughServices(f, text, vocab, kept, served_seconds);
+
+  const double float_ppl = (*local)[0].Perplexity();
+  const kernels::BlockShape shape{static_cast<uint32_t>(f.tokens_per_block), static_cast<uint32_t>(config.kv_lora_rank),
+                                  static_cast<uint32_t>(config.qk_rope_head_dim)};
+  if (f.json) {
+    std::printf("{\"model\": \"%s\", \"text\": \"%s\", \"positions\": %zu, \"served_positions\": %zu, \"runs\": [",
+                f.model.c_str(), text_path.c_str(), text.positions(), served);
+    for (size_t r = 0; r < local->size(); ++r) {
+      const Scores& s = (*local)[r];
+      std::printf("%s{\"codec\": \"%s\", \"perplexity\": %.6f, \"mean_kl\": %.9g, \"top1_agreement\": %.6f",
+                  r ? ", " : "", s.name.c_str(), s.Perplexity(), s.MeanKl(), s.Top1Agreement());
+      if (r > 0 && !remote.empty()) {
+        const Scores& v = remote[r - 1];
+        std::printf(
+            ", \"served\": {\"perplexity\": %.6f, \"mean_kl\": %.9g, \"top1_agreement\": %.6f, "
+            "\"max_logprob_difference\": %.9g}",
+            v.Perplexity(), v.MeanKl(), v.Top1Agreement(), v.max_logprob_difference);
       }
+      std::printf("}");
     }
+    std::printf("]}\n");
+    return 0;
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("preset %s: %d prompts x %d tokens, blocks of %u, positions after the first block; vs bf16 blocks\n\n",
-              preset.c_str(), prompts, tokens, tokens_per_block);
-  std::printf("%-6s %22s %22s %18s\n", "codec", "mean max|dlogit|/max|logit|", "worst", "greedy agreement");
-  for (int c = 0; c < 3; ++c) {
-    const Tally& y = tally[c];
-    std::printf("%-6s %22.5f %22.5f %17.2f%%\n", kernels::CodecName(codecs[c]), y.rel_error_sum / y.positions,
-                y.rel_error_max, 100.0 * y.agree / y.positions);
+  std::printf("%s on %s: %zu tokens in windows of %llu, %zu positions; blocks of %llu tokens\n", f.model.c_str(),
+              text_path.c_str(), ids.size(), static_cast<unsigned long long>(f.window), text.positions(),
+              static_cast<unsigned long long>(f.tokens_per_block));
+  std::printf("in process (%.0f s): every position\n\n", local_seconds);
+  std::printf("%-6s %14s %11s %10s %14s %8s\n", "codec", "B/token/layer", "perplexity", "vs float", "mean KL (nats)",
+              "top-1");
+  for (size_t r = 0; r < local->size(); ++r) {
+    const Scores& s = (*local)[r];
+    const std::string bytes_per_token =
+        r == 0 ? absl::StrFormat("%.0f", 4.0 * (shape.latent_dim + shape.rope_dim))
+               : absl::StrFormat("%.1f", static_cast<double>(kernels::EncodedBytes(kCodecs[r - 1], shape)) /
+                                             static_cast<double>(shape.tokens));
+    std::printf("%-6s %14s %11.4f %+9.3f%% %14.2e %7.2f%%\n", s.name.c_str(), bytes_per_token.c_str(), s.Perplexity(),
+                100.0 * (s.Perplexity() / float_ppl - 1.0), s.MeanKl(), 100.0 * s.Top1Agreement());
   }
-  std::printf("\n(%.1f s)\n", seconds);
-  std::filesystem::remove_all(dir);
+  if (!remote.empty()) {
+    std::printf("\nthrough the services (%.0f s): the first %zu positions, blocks from the cache\n\n", served_seconds,
+                served);
+    std::printf("%-6s %11s %10s %14s %8s %22s\n", "codec", "perplexity", "vs float", "mean KL (nats)", "top-1",
+                "max |dlogprob| vs local");
+    Scores float_head;  // the float model over the same positions
+    for (size_t p = 0; p < served; ++p) {
+      const std::span<const float> ref = std::span(kept[0]).subspan(p * vocab, vocab);
+      // The next token: the position's window and offset.
+      const size_t per_window = f.window - 1, w = p / per_window, t = p % per_window;
+      float_head.Add(ref, ref, text[w][t + 1]);
+    }
+    for (const Scores& v : remote) {
+      std::printf("%-6s %11.4f %+9.3f%% %14.2e %7.2f%% %22.2e\n", v.name.c_str(), v.Perplexity(),
+                  100.0 * (v.Perplexity() / float_head.Perplexity() - 1.0), v.MeanKl(), 100.0 * v.Top1Agreement(),
+                  v.max_logprob_difference);
+    }
+    std::printf("float  %11.4f (in process, same positions)\n", float_head.Perplexity());
+  }
   return 0;
 }
 
 }  // namespace
-}  // namespace kvtier::runtime
+}  // namespace kvtier::fidelity
 
 int main(int argc, char** argv) {
-  std::string preset = "tiny";
-  uint64_t prompts = 32, tokens = 256, block = 64;
-  kvtier::FlagParser flags("codec_fidelity [--preset tiny|lite-attn] [--prompts N] [--tokens N]",
-                           "Logit error and greedy agreement of fp8/int8/int4 latent blocks vs bf16.");
-  flags.AddString("preset", &preset, "generated model to use");
-  flags.AddUint("prompts", &prompts, "random prompts");
-  flags.AddUint("tokens", &tokens, "tokens per prompt (teacher-forced)");
-  flags.AddUint("tokens-per-block", &block, "latent block size");
+  kvtier::fidelity::Flags f;
+  kvtier::FlagParser flags("codec_fidelity [--model DIR] [--text FILE] [flags]",
+                           "Perplexity, KL from the float model and top-1 agreement per latent codec, on\n"
+                           "held-out text, in process and through the services (see load/README.md).");
+  flags.AddString("model", &f.model, "checkpoint with a byte tokenizer (default: the trained model)");
+  flags.AddString("text", &f.text, "UTF-8 text to score (default: the model's heldout.txt)");
+  flags.AddUint("tokens", &f.tokens, "score the text's first N tokens (0: all)");
+  flags.AddUint("window", &f.window, "tokens per teacher-forced sequence (the model's training context)");
+  flags.AddUint("tokens-per-block", &f.tokens_per_block, "latent block size");
+  flags.AddUint("served-positions", &f.served_positions,
+                "positions scored through the services too (0: none; each is one Generate)");
+  flags.AddString("bin-dir", &f.bin, "directory of kvtier-cache, kvtier-decode, kvtier-prefill");
+  flags.AddUint("threads", &f.threads, "threads for the model's matrix products");
+  flags.AddBool("json", &f.json, "print one JSON object instead of the tables");
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "codec_fidelity")) {
     return *exit;
   }
-  return kvtier::runtime::Run(preset, static_cast<int>(prompts), static_cast<int>(tokens),
-                              static_cast<uint32_t>(block));
+  return kvtier::fidelity::Main(f);
 }

@@ -14,18 +14,19 @@
 namespace kvtier::cli {
 
 int RunGenerate(const std::vector<std::string>& args) {
-  std::string target, prompt_ids, ns, request_id;
+  std::string target, ns, request_id;
+  PromptFlags prompt_flags;
   uint64_t max_new = 16, top_logprobs = 5, deadline_ms = 600000;
   SecurityFlags security;
   SamplingFlags sampling_flags;
   bool json = false;
-  FlagParser flags("kvtier generate --target ADDR --prompt-ids 1,2,3 --max-new-tokens N [flags]",
+  FlagParser flags("kvtier generate --target ADDR (--prompt-ids 1,2,3 | --prompt TEXT) --max-new-tokens N [flags]",
                    "Generates through a prefill node (kvtier-prefill), which reuses the cache's\n"
                    "prefix, prefills the rest and hands decoding to a decode worker. Greedy\n"
                    "unless --temperature is given. Usage (cached tokens, time to first token) goes\n"
-                   "to stderr.");
+                   "to stderr. A --prompt is tokenized with the tokenizer the server's Info names.");
   flags.AddString("target", &target, "the prefill node, HOST:PORT");
-  flags.AddString("prompt-ids", &prompt_ids, "comma-separated prompt token ids");
+  prompt_flags.Register(flags);
   flags.AddUint("max-new-tokens", &max_new, "tokens to generate");
   flags.AddBool("json", &json, "print {ids, logprobs, top_logprobs, prompt_tokens, cached_tokens}");
   flags.AddString("namespace", &ns, "tenant whose cached prefixes may be reused (default: \"default\")");
@@ -42,7 +43,15 @@ int RunGenerate(const std::vector<std::string>& args) {
   if (target.empty()) return fail(absl::InvalidArgumentError("--target is required"));
   if (deadline_ms == 0) return fail(absl::InvalidArgumentError("--deadline-ms must be positive"));
   if (absl::Status s = security.ApplyToClients(); !s.ok()) return fail(s);
-  auto prompt = ParseIds(prompt_ids);
+  if (absl::Status s = prompt_flags.Check(); !s.ok()) return fail(s);
+  // Text needs the server's tokenizer; ids need no call.
+  v1::ServerInfo info;
+  if (!prompt_flags.text.empty()) {
+    absl::StatusOr<v1::ServerInfo> got = PrefillInfo(target, absl::Milliseconds(static_cast<int64_t>(deadline_ms)));
+    if (!got.ok()) return fail(got.status());
+    info = *std::move(got);
+  }
+  auto prompt = prompt_flags.Ids(info.tokenizer(), info.vocab_size());
   if (!prompt.ok()) return fail(prompt.status());
   auto sampling = sampling_flags.Parse();
   if (!sampling.ok()) return fail(sampling.status());
@@ -62,8 +71,7 @@ int RunGenerate(const std::vector<std::string>& args) {
       "kvtier generate: %zu tokens (%s), prompt %u tokens of which %u cached, first token after %.1f ms\n",
       out->tokens.size(), v1::FinishReason_Name(out->reason), out->usage.prompt_tokens(), out->usage.cached_tokens(),
       out->usage.time_to_first_token_us() / 1e3);
-  std::cout << (json ? GenerationJson(out->tokens, out->usage.prompt_tokens(), out->usage.cached_tokens())
-                     : IdsLine(out->tokens))
+  std::cout << GenerationOutput(out->tokens, out->usage.prompt_tokens(), out->usage.cached_tokens(), prompt_flags, json)
             << "\n";
   return 0;
 }

@@ -1,10 +1,14 @@
 #include "services/cli/generation_io.h"
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "services/common/status.h"
+#include "services/runtime/tokenizer.h"
 
 namespace kvtier::cli {
 namespace {
@@ -48,7 +52,43 @@ absl::StatusOr<runtime::Sampling> SamplingFlags::Parse() const {
   return s;
 }
 
-std::string GenerationJson(const std::vector<runtime::Sampled>& out, size_t prompt_tokens, size_t cached_tokens) {
+void PromptFlags::Register(FlagParser& flags) {
+  flags.AddString("prompt-ids", &ids, "comma-separated prompt token ids");
+  flags.AddString("prompt", &text,
+                  "the prompt as text, through the model's tokenizer (instead of --prompt-ids); the "
+                  "generated text is printed before the ids");
+}
+
+absl::Status PromptFlags::Check() const {
+  if (ids.empty() == text.empty()) return absl::InvalidArgumentError("give exactly one of --prompt-ids and --prompt");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<uint32_t>> PromptFlags::Ids(const std::string& tokenizer_class, int64_t vocab_size) const {
+  KVTIER_RETURN_IF_ERROR(Check());
+  if (!ids.empty()) return ParseIds(ids);
+  absl::StatusOr<runtime::ByteTokenizer> tokenizer = runtime::ByteTokenizer::ForClass(tokenizer_class, vocab_size);
+  if (!tokenizer.ok())
+    return absl::Status(tokenizer.status().code(), absl::StrCat("--prompt: ", tokenizer.status().message()));
+  return tokenizer->Encode(text);
+}
+
+std::string PromptFlags::Text(const std::vector<runtime::Sampled>& out) const {
+  std::vector<uint32_t> generated;
+  for (const runtime::Sampled& s : out) generated.push_back(s.token);
+  // Ids gave a working tokenizer: ByT5's needs no state.
+  return runtime::ByteTokenizer::ForClass(runtime::kByteTokenizerClass, runtime::ByteTokenizer::kByteOffset + 256)
+      ->Decode(generated);
+}
+
+std::string GenerationOutput(const std::vector<runtime::Sampled>& out, size_t prompt_tokens, size_t cached_tokens,
+                             const PromptFlags& prompt, bool json) {
+  if (json) return GenerationJson(out, prompt_tokens, cached_tokens, prompt);
+  return prompt.text.empty() ? IdsLine(out) : absl::StrCat(prompt.Text(out), "\n", IdsLine(out));
+}
+
+std::string GenerationJson(const std::vector<runtime::Sampled>& out, size_t prompt_tokens, size_t cached_tokens,
+                           const PromptFlags& prompt) {
   std::vector<std::string> ids, logprobs, tops;
   for (const runtime::Sampled& s : out) {
     ids.push_back(absl::StrCat(s.token));
@@ -59,7 +99,9 @@ std::string GenerationJson(const std::vector<runtime::Sampled>& out, size_t prom
   }
   return absl::StrCat("{\"ids\": [", absl::StrJoin(ids, ", "), "], \"logprobs\": [", absl::StrJoin(logprobs, ", "),
                       "], \"top_logprobs\": [", absl::StrJoin(tops, ", "), "], \"prompt_tokens\": ", prompt_tokens,
-                      ", \"cached_tokens\": ", cached_tokens, "}");
+                      ", \"cached_tokens\": ", cached_tokens,
+                      prompt.text.empty() ? "" : absl::StrCat(", \"text\": ", nlohmann::json(prompt.Text(out)).dump()),
+                      "}");
 }
 
 std::string IdsLine(const std::vector<runtime::Sampled>& out) {

@@ -35,4 +35,13 @@ absl::StatusOr<RemoteGeneration> GenerateRemotely(const std::string& target, con
   return out;
 }
 
+absl::StatusOr<v1::ServerInfo> PrefillInfo(const std::string& target, absl::Duration deadline) {
+  auto stub = v1::Prefill::NewStub(cache::CacheClient::Connect(target));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  v1::ServerInfo info;
+  if (grpc::Status s = stub->Info(&context, v1::InfoRequest(), &info); !s.ok()) return cache::FromGrpcStatus(s);
+  return info;
+}
+
 }  // namespace kvtier::cli

@@ -1,5 +1,5 @@
-// A generation through a prefill node (kvtier.v1.Prefill/Generate), for
-// `kvtier generate` and `kvtier up`.
+// A generation through a prefill node (kvtier.v1.Prefill/Generate), and its
+// Info, for `kvtier generate`, `kvtier up` and the fidelity benchmark.
 #ifndef KVTIER_SERVICES_CLI_REMOTE_GENERATE_H_
 #define KVTIER_SERVICES_CLI_REMOTE_GENERATE_H_
 
@@ -23,6 +23,9 @@ struct RemoteGeneration {
 // error (with its gRPC code) when it fails.
 absl::StatusOr<RemoteGeneration> GenerateRemotely(const std::string& target, const v1::GenerateRequest& request,
                                                   absl::Duration deadline);
+
+// The prefill node's Info: its model, vocabulary and tokenizer.
+absl::StatusOr<v1::ServerInfo> PrefillInfo(const std::string& target, absl::Duration deadline);
 
 }  // namespace kvtier::cli
 

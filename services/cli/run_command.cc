@@ -41,7 +41,7 @@ absl::Status WriteNpy(const std::string& path, const std::vector<std::vector<flo
   return absl::OkStatus();
 }
 
-absl::Status Run(const std::string& model_dir, const std::string& prompt_ids, uint64_t max_new,
+absl::Status Run(const std::string& model_dir, const PromptFlags& prompt_flags, uint64_t max_new,
                  const std::string& codec_name, uint64_t tokens_per_block, bool json, const runtime::Sampling& sampling,
                  const std::string& device_name, const std::string& latents_out) {
   if (model_dir.empty()) return absl::InvalidArgumentError("--model is required");
@@ -54,10 +54,11 @@ absl::Status Run(const std::string& model_dir, const std::string& prompt_ids, ui
   if (tokens_per_block < 1 || tokens_per_block > kernels::kMaxBlockTokens) {
     return absl::InvalidArgumentError("--tokens-per-block must be in 1..4096");
   }
-  auto prompt = ParseIds(prompt_ids);
-  if (!prompt.ok()) return prompt.status();
+  KVTIER_RETURN_IF_ERROR(prompt_flags.Check());
   auto ckpt = runtime::Checkpoint::Open(model_dir);
   if (!ckpt.ok()) return ckpt.status();
+  auto prompt = prompt_flags.Ids((*ckpt)->tokenizer_class(), (*ckpt)->config().vocab_size);
+  if (!prompt.ok()) return prompt.status();
   auto model = runtime::Model::Load(**ckpt, *device);
   if (!model.ok()) return model.status();
   runtime::GenerateOptions options;
@@ -73,22 +74,23 @@ absl::Status Run(const std::string& model_dir, const std::string& prompt_ids, ui
     const runtime::ModelConfig& c = (*model)->config();
     KVTIER_RETURN_IF_ERROR(WriteNpy(latents_out, sealed, static_cast<size_t>(c.kv_lora_rank + c.qk_rope_head_dim)));
   }
-  std::cout << (json ? GenerationJson(*out, prompt->size(), 0) : IdsLine(*out)) << "\n";
+  std::cout << GenerationOutput(*out, prompt->size(), 0, prompt_flags, json) << "\n";
   return absl::OkStatus();
 }
 
 }  // namespace
 
 int RunRun(const std::vector<std::string>& args) {
-  std::string model, prompt_ids, codec = "bf16", device = "cpu", latents_out;
+  std::string model, codec = "bf16", device = "cpu", latents_out;
+  PromptFlags prompt;
   uint64_t max_new = 16, tokens_per_block = 64, threads = std::max(1u, std::thread::hardware_concurrency());
   SamplingFlags sampling_flags;
   bool json = false;
-  FlagParser flags("kvtier run --model DIR --prompt-ids 1,2,3 --max-new-tokens N [flags]",
+  FlagParser flags("kvtier run --model DIR (--prompt-ids 1,2,3 | --prompt TEXT) --max-new-tokens N [flags]",
                    "Generates in process on a DeepSeek-V2 checkpoint (no servers), with absorbed\n"
                    "MLA over latents stored in --kv-codec. Greedy unless --temperature is given.");
   flags.AddString("model", &model, "checkpoint directory (config.json + safetensors)");
-  flags.AddString("prompt-ids", &prompt_ids, "comma-separated prompt token ids");
+  prompt.Register(flags);
   flags.AddUint("max-new-tokens", &max_new, "tokens to generate");
   flags.AddString("kv-codec", &codec, "bf16|fp8|int8|int4: how full latent blocks are stored");
   flags.AddUint("tokens-per-block", &tokens_per_block, "tokens per latent block");
@@ -103,7 +105,7 @@ int RunRun(const std::vector<std::string>& args) {
   kernels::SetKernelThreads(std::clamp<uint64_t>(threads, 1, 1024));
   absl::StatusOr<runtime::Sampling> sampling = sampling_flags.Parse();
   absl::Status s = sampling.status();
-  if (s.ok()) s = Run(model, prompt_ids, max_new, codec, tokens_per_block, json, *sampling, device, latents_out);
+  if (s.ok()) s = Run(model, prompt, max_new, codec, tokens_per_block, json, *sampling, device, latents_out);
   if (!s.ok()) {
     std::cerr << "kvtier run: " << s.message() << "\n";
     return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;

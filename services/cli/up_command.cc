@@ -1,9 +1,11 @@
 // `kvtier up`: the whole system on this machine, as the README's first
-// command runs it. Generates a model, starts kvtier-cache, kvtier-decode and
+// command runs it. Takes the small trained model that ships with kvtier (or
+// generates a random one of a preset), starts kvtier-cache, kvtier-decode and
 // kvtier-prefill (the binaries next to this one) on free loopback ports, runs
 // a two-turn conversation through the prefill node (the second turn reuses
-// the first's blocks from the cache), prints the tokens, the time to first
-// token and the cache's stats, then stops everything with SIGTERM.
+// the first's blocks from the cache), prints the continuations (text where
+// the model has a tokenizer, else ids), the time to first token and the
+// cache's stats, then stops everything with SIGTERM.
 #include <unistd.h>
 
 #include <chrono>
@@ -14,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "services/cache/client/cache_client.h"
 #include "services/cli/commands.h"
 #include "services/cli/generation_io.h"
@@ -24,7 +27,9 @@
 #include "services/common/client_identity.h"
 #include "services/common/flags.h"
 #include "services/common/server_runner.h"
+#include "services/runtime/checkpoint.h"
 #include "services/runtime/make_model.h"
+#include "services/runtime/tokenizer.h"
 
 namespace kvtier::cli {
 namespace {
@@ -32,12 +37,23 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
+// The trained model in the source tree (models/train_jargon.py).
+constexpr char kTrainedModel[] = KVTIER_MODELS_DIR "/jargon-mla";
+// The conversation's two user turns, for a model with a tokenizer.
+constexpr char kFirstTurn[] =
+    ":cache: /kash/, n.\n\n1. A small, fast memory that holds what the processor will want next. ";
+constexpr char kSecondTurn[] = "\n\n2. [techspeak] ";
+
 struct UpFlags {
   std::string dir = "/tmp/kvtier-up";
-  std::string preset = "lite-attn";
+  std::string model = kTrainedModel;
+  std::string preset;
+  std::string prompt = kFirstTurn;
   std::string kv_codec = "int8";
   uint64_t prompt_tokens = 300;
-  uint64_t max_new_tokens = 24;
+  uint64_t max_new_tokens = 80;
+  // A small model's greedy text soon repeats itself; sampled, it reads.
+  runtime::Sampling sampling{.temperature = 0.7f, .top_p = 0.9f, .seed = 1};
   uint64_t seed = 1;
   bool keep = false;
   std::string device = "cpu";
@@ -75,12 +91,20 @@ std::string SelfDir() {
   return error ? "." : self.parent_path().string();
 }
 
-v1::GenerateRequest Request(const std::vector<uint32_t>& prompt, uint64_t max_new, const std::string& id) {
+// Sampled with a seed (the same text every run) where the model has a
+// tokenizer; greedy on random ids.
+v1::GenerateRequest Request(const std::vector<uint32_t>& prompt, const UpFlags& f, const std::string& id, bool text) {
   v1::GenerateRequest r;
   r.set_request_id(id);
+  if (text) {
+    r.mutable_sampling()->set_temperature(f.sampling.temperature);
+    r.mutable_sampling()->set_top_p(f.sampling.top_p);
+    r.mutable_sampling()->set_seed(f.sampling.seed);
+  }
   for (uint32_t t : prompt) r.add_prompt_token_ids(t);
-  r.mutable_limits()->set_max_new_tokens(static_cast<uint32_t>(max_new));
+  r.mutable_limits()->set_max_new_tokens(static_cast<uint32_t>(f.max_new_tokens));
   r.mutable_limits()->set_top_logprobs(5);
+  if (text) r.mutable_limits()->add_stop_token_ids(runtime::ByteTokenizer::kEos);
   return r;
 }
 
@@ -96,24 +120,50 @@ int Up(const UpFlags& f) {
       return fail(absl::StrCat(bin, "/", name, " is missing: build everything first (cmake --build build)"));
     }
   }
-  absl::StatusOr<runtime::ModelConfig> config = runtime::PresetConfig(f.preset);
-  if (!config.ok()) return fail(std::string(config.status().message()));
   const std::optional<kernels::Codec> codec = kernels::ParseCodec(f.kv_codec);
   if (!codec) return fail("--kv-codec must be one of bf16, fp8, int8, int4");
-  if (f.prompt_tokens < 1 || f.max_new_tokens < 1 ||
-      f.prompt_tokens * 2 + f.max_new_tokens * 2 + 16 > static_cast<uint64_t>(config->max_position_embeddings)) {
-    return fail(
-        absl::StrCat("--prompt-tokens and --max-new-tokens must be positive and two turns must fit the model's ",
-                     config->max_position_embeddings, " positions"));
+  std::string model_dir = f.model;
+  if (!f.preset.empty()) {
+    absl::StatusOr<runtime::ModelConfig> config = runtime::PresetConfig(f.preset);
+    if (!config.ok()) return fail(std::string(config.status().message()));
+    model_dir = absl::StrCat(f.dir, "/model-", f.preset, "-seed", f.seed);
+    if (!fs::exists(model_dir + "/config.json")) {
+      progress.Step(absl::StrCat("generating the random ", f.preset, " model in ", model_dir));
+      if (absl::Status s = runtime::MakeModel(*config, model_dir, f.seed); !s.ok()) {
+        return fail(std::string(s.message()));
+      }
+    }
   }
-
-  const std::string model_dir = absl::StrCat(f.dir, "/model-", f.preset, "-seed", f.seed);
-  if (!fs::exists(model_dir + "/config.json")) {
-    progress.Step(absl::StrCat("generating the ", f.preset, " model in ", model_dir));
-    if (absl::Status s = runtime::MakeModel(*config, model_dir, f.seed); !s.ok()) return fail(std::string(s.message()));
-  } else {
-    progress.Step(absl::StrCat("using the ", f.preset, " model in ", model_dir));
+  absl::StatusOr<std::unique_ptr<runtime::Checkpoint>> checkpoint = runtime::Checkpoint::Open(model_dir);
+  if (!checkpoint.ok()) return fail(std::string(checkpoint.status().message()));
+  const runtime::ModelConfig config = (*checkpoint)->config();
+  // With a tokenizer the turns are text; without, random ids.
+  std::optional<runtime::ByteTokenizer> tokenizer;
+  if (!(*checkpoint)->tokenizer_class().empty()) {
+    absl::StatusOr<runtime::ByteTokenizer> t =
+        runtime::ByteTokenizer::ForClass((*checkpoint)->tokenizer_class(), config.vocab_size);
+    if (!t.ok()) return fail(std::string(t.status().message()));
+    tokenizer = *t;
   }
+  checkpoint->reset();
+  std::mt19937_64 rng(f.seed);
+  std::uniform_int_distribution<uint32_t> id(0, static_cast<uint32_t>(config.vocab_size - 1));
+  const auto user_turn = [&](const std::string& text, size_t random_ids) {
+    if (tokenizer) return tokenizer->Encode(text);
+    std::vector<uint32_t> ids(random_ids);
+    for (uint32_t& t : ids) t = id(rng);
+    return ids;
+  };
+  std::vector<uint32_t> prompt = user_turn(f.prompt, f.prompt_tokens);
+  const std::vector<uint32_t> second_turn = user_turn(kSecondTurn, 16);
+  if (prompt.empty() || f.max_new_tokens < 1 ||
+      prompt.size() + second_turn.size() + f.max_new_tokens * 2 >
+          static_cast<uint64_t>(config.max_position_embeddings)) {
+    return fail(absl::StrCat("the prompt and --max-new-tokens must not be empty, and two turns must fit the model's ",
+                             config.max_position_embeddings, " positions"));
+  }
+  progress.Step(absl::StrCat(f.preset.empty() ? "the model in " : "the random model in ", model_dir,
+                             tokenizer ? " (text through its byte tokenizer)" : " (no tokenizer: random ids)"));
 
   // With --tls every call is over TLS, the cache and the decode worker
   // take only callers with a certificate from the throwaway CA.
@@ -161,22 +211,31 @@ int Up(const UpFlags& f) {
 
   // Turn 1: a fresh prompt (a full miss). Turn 2: the conversation so far
   // plus a new question: its prefix is in the cache.
-  std::mt19937_64 rng(f.seed);
-  std::uniform_int_distribution<uint32_t> id(0, static_cast<uint32_t>(config->vocab_size - 1));
-  std::vector<uint32_t> prompt(f.prompt_tokens);
-  for (uint32_t& t : prompt) t = id(rng);
+  std::vector<uint32_t> turn_text = prompt;
   for (int turn = 1; turn <= 2; ++turn) {
-    progress.Step(absl::StrCat("turn ", turn, ": generating ", f.max_new_tokens, " tokens after a ", prompt.size(),
-                               "-token prompt"));
+    progress.Step(absl::StrCat("turn ", turn, ": generating up to ", f.max_new_tokens, " tokens after a ",
+                               prompt.size(), "-token prompt"));
     absl::StatusOr<RemoteGeneration> out = GenerateRemotely(
-        *prefill_address, Request(prompt, f.max_new_tokens, absl::StrCat("up-turn-", turn)), absl::Minutes(10));
+        *prefill_address, Request(prompt, f, absl::StrCat("up-turn-", turn), tokenizer.has_value()), absl::Minutes(10));
     if (!out.ok()) return fail(absl::StrCat("turn ", turn, ": ", out.status().ToString()));
     std::cout << absl::StrFormat("turn %d: %u prompt tokens, %u from the cache, first token after %.1f ms\n", turn,
                                  out->usage.prompt_tokens(), out->usage.cached_tokens(),
-                                 out->usage.time_to_first_token_us() / 1e3)
-              << "  ids: " << IdsLine(out->tokens) << "\n";
-    for (const runtime::Sampled& s : out->tokens) prompt.push_back(s.token);
-    for (int i = 0; i < 16; ++i) prompt.push_back(id(rng));  // the user's next question
+                                 out->usage.time_to_first_token_us() / 1e3);
+    std::vector<uint32_t> generated;
+    for (const runtime::Sampled& s : out->tokens) generated.push_back(s.token);
+    if (tokenizer) {
+      // The user's words, then the model's in [brackets], each line indented.
+      std::cout << "  | "
+                << absl::StrReplaceAll(
+                       absl::StrCat(tokenizer->Decode(turn_text), "[", tokenizer->Decode(generated), "]"),
+                       {{"\n", "\n  | "}})
+                << "\n";
+    } else {
+      std::cout << "  ids: " << IdsLine(out->tokens) << "\n";
+    }
+    prompt.insert(prompt.end(), generated.begin(), generated.end());
+    prompt.insert(prompt.end(), second_turn.begin(), second_turn.end());  // the user's next question
+    turn_text = second_turn;
   }
   absl::StatusOr<v1::StatsResponse> stats =
       cache::CacheClient(cache::CacheClient::Connect(*cache_address), absl::Seconds(5)).Stats();
@@ -204,22 +263,35 @@ int RunUp(const std::vector<std::string>& args) {
   BlockShutdownSignals();  // Ctrl-C during --keep is ours to handle
   UpFlags f;
   FlagParser flags("kvtier up [flags]",
-                   "Starts kvtier-cache, kvtier-decode and kvtier-prefill locally on a generated\n"
-                   "model, runs a two-turn conversation through the prefill node (the second turn\n"
-                   "hits the first's blocks in the cache), prints the tokens, the time to first\n"
-                   "token and the cache's stats, then stops them all.");
-  flags.AddString("dir", &f.dir, "where the generated model goes (reused when present)");
-  flags.AddString("preset", &f.preset, "model preset: tiny or lite-attn");
+                   "Starts kvtier-cache, kvtier-decode and kvtier-prefill locally on kvtier's small\n"
+                   "trained model (or --model, or a random --preset model), runs a two-turn\n"
+                   "conversation through the prefill node (the second turn hits the first's blocks\n"
+                   "in the cache), prints what the model wrote (in [brackets] after the user's\n"
+                   "text), the time to first token and the cache's stats, then stops them all.");
+  flags.AddString("dir", &f.dir, "where a --preset model and --tls files go (a model is reused when present)");
+  flags.AddString("model", &f.model, "checkpoint directory; default: the trained model in the source tree");
+  flags.AddString("preset", &f.preset, "instead of --model, a generated random model: tiny or lite-attn");
+  flags.AddString("prompt", &f.prompt, "the first turn's text (a model with a tokenizer)");
   flags.AddString("kv-codec", &f.kv_codec, "bf16|fp8|int8|int4: how latent blocks are stored");
-  flags.AddUint("prompt-tokens", &f.prompt_tokens, "length of the first turn's prompt");
-  flags.AddUint("max-new-tokens", &f.max_new_tokens, "tokens generated per turn");
-  flags.AddUint("seed", &f.seed, "model and prompt seed");
+  flags.AddUint("prompt-tokens", &f.prompt_tokens, "length of the first turn's random prompt (no tokenizer)");
+  flags.AddUint("max-new-tokens", &f.max_new_tokens, "most tokens generated per turn (a turn ends at end of text)");
+  flags.AddUint("seed", &f.seed, "a --preset model's seed and its prompts', and the text turns' sampling seed");
+  std::string temperature = "0.7", top_p = "0.9";
+  flags.AddString("temperature", &temperature, "sampling temperature of a text model's turns (0: greedy)");
+  flags.AddString("top-p", &top_p, "nucleus sampling mass of a text model's turns");
   flags.AddBool("keep", &f.keep, "keep serving after the conversation until Ctrl-C");
   flags.AddString("device", &f.device, "cpu|cuda: where kvtier-decode and kvtier-prefill run the model");
   flags.AddBool("tls", &f.tls,
                 "run every call over TLS, with a throwaway CA made under --dir (mutual TLS to the cache and the "
                 "decode worker)");
   if (std::optional<int> exit = flags.ParseOrExit(args, "kvtier up")) return *exit;
+  SamplingFlags sampling{temperature, top_p, f.seed};
+  absl::StatusOr<runtime::Sampling> parsed = sampling.Parse();
+  if (!parsed.ok()) {
+    std::cerr << "kvtier up: " << parsed.status().message() << "\n";
+    return 2;
+  }
+  f.sampling = *parsed;
   return Up(f);
 }
 

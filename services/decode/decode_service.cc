@@ -77,7 +77,9 @@ absl::StatusOr<std::shared_ptr<DecodeSequence>> DecodeService::Prepare(const v1:
                      c.num_hidden_layers, " layers, ", c.kv_lora_rank, "+", c.qk_rope_head_dim, ")"));
   }
   KVTIER_RETURN_IF_ERROR(serving::CheckTokenIds(r.token_ids(), c.vocab_size, "token_ids"));
-  KVTIER_RETURN_IF_ERROR(serving::CheckGeneration(c, r.token_ids_size(), r.sampling(), r.limits()));
+  KVTIER_RETURN_IF_ERROR(serving::CheckGeneration(
+      c, r.token_ids_size(), r.sampling(), r.limits(),
+      /*the prefill node holds callers to its --max-top-logprobs*/ static_cast<uint32_t>(c.vocab_size)));
   if (r.first_token().index() != 0 || r.first_token().token_id() >= c.vocab_size) {
     return absl::InvalidArgumentError("first_token must be generated index 0 and inside the vocabulary");
   }

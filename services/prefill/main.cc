@@ -20,6 +20,7 @@ struct Flags {
   std::string kv_codec = "int8";
   uint64_t tokens_per_block = 64;
   uint64_t decode_idle_ms = 30000;
+  uint64_t max_top_logprobs = serving::kMaxTopLogprobs;
 };
 
 int Run(const Flags& f) {
@@ -45,6 +46,11 @@ int Run(const Flags& f) {
   options.tokens_per_block = static_cast<uint32_t>(f.tokens_per_block);
   options.cache_deadline = absl::Milliseconds(f.server.cache_deadline_ms);
   options.decode_idle = absl::Milliseconds(static_cast<int64_t>(f.decode_idle_ms));
+  const int64_t vocab = s->model->config().vocab_size;
+  if (f.max_top_logprobs > static_cast<uint64_t>(vocab)) {
+    return usage(absl::StrCat("--max-top-logprobs ", f.max_top_logprobs, " exceeds the model's vocabulary of ", vocab));
+  }
+  options.max_top_logprobs = static_cast<uint32_t>(f.max_top_logprobs);
   PrefillService service(s->model.get(), s->model_id, s->shards.get(), s->registry.get(), options, s->tenants.get());
   std::atomic<size_t> decoders = 0;  // the discovery's thread updates it
   absl::StatusOr<std::unique_ptr<PeerDiscovery>> discovery = PeerDiscovery::Start(
@@ -78,6 +84,9 @@ int main(int argc, char** argv) {
   flags.AddUint("tokens-per-block", &f.tokens_per_block, "tokens per latent block");
   flags.AddUint("decode-idle-ms", &f.decode_idle_ms,
                 "a decode worker that sends nothing this long is given up and the next one tried");
+  flags.AddUint("max-top-logprobs", &f.max_top_logprobs,
+                "most alternatives a request may ask for with each token (limits.top_logprobs), up to the "
+                "vocabulary: set it to the vocabulary to score text through the servers");
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "kvtier-prefill")) {
     return *exit;
   }

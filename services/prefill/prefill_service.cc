@@ -168,7 +168,9 @@ grpc::Status PrefillService::Generate(grpc::ServerContext* context, const v1::Ge
                            : kvblock::ValidateNamespace(ns);
   if (valid.ok()) valid = CheckNamespace(**caller, ns);
   if (valid.ok()) valid = serving::CheckTokenIds(r->prompt_token_ids(), c.vocab_size, "prompt_token_ids");
-  if (valid.ok()) valid = serving::CheckGeneration(c, r->prompt_token_ids_size(), r->sampling(), r->limits());
+  if (valid.ok())
+    valid =
+        serving::CheckGeneration(c, r->prompt_token_ids_size(), r->sampling(), r->limits(), options_.max_top_logprobs);
   if (!valid.ok()) return Count(ToGrpcStatus(valid));
 
   absl::StatusOr<Prefilled> p = Prefill(*r, ns);

@@ -21,6 +21,7 @@
 #include "services/common/tenants.h"
 #include "services/runtime/model.h"
 #include "services/runtime/sampler.h"
+#include "services/serving/request_checks.h"
 #include "services/serving/shard_set.h"
 
 namespace kvtier::prefill {
@@ -32,6 +33,8 @@ struct PrefillOptions {
   // A decode worker's stream that sends nothing this long is given up (and
   // the next worker tried).
   absl::Duration decode_idle = absl::Seconds(30);
+  // Most alternatives a request may ask for with each token.
+  uint32_t max_top_logprobs = serving::kMaxTopLogprobs;
 };
 
 class PrefillService final : public v1::Prefill::Service {

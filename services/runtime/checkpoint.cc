@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "services/common/status.h"
+#include "services/runtime/tokenizer.h"
 
 namespace kvtier::runtime {
 namespace fs = std::filesystem;
@@ -34,6 +35,7 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
     return absl::Status(config.status().code(), absl::StrCat(dir, "/", config.status().message()));
   }
   ckpt->config_ = *config;
+  KVTIER_ASSIGN_OR_RETURN(ckpt->tokenizer_class_, ReadTokenizerClass(dir));
 
   // Where each tensor lives: the index's weight_map, or the single file.
   std::map<std::string, std::string> location;  // tensor -> file name

@@ -1,5 +1,6 @@
 // A Hugging Face DeepSeek-V2 checkpoint directory: config.json plus
-// model.safetensors, or shards listed by model.safetensors.index.json. Open
+// model.safetensors, or shards listed by model.safetensors.index.json, and
+// optionally tokenizer_config.json. Open
 // checks that every tensor the config implies is present with its shape, so
 // later code can take them without re-checking. Immutable; thread-safe.
 #ifndef KVTIER_SERVICES_RUNTIME_CHECKPOINT_H_
@@ -24,6 +25,8 @@ class Checkpoint {
   static absl::StatusOr<std::unique_ptr<Checkpoint>> Open(const std::string& dir);
 
   const ModelConfig& config() const { return config_; }
+  // tokenizer_config.json's tokenizer_class; empty when there is none.
+  const std::string& tokenizer_class() const { return tokenizer_class_; }
   const std::string& dir() const { return dir_; }
   // A tensor Open verified; NOT_FOUND for a name the config does not imply.
   absl::StatusOr<TensorView> Tensor(const std::string& name) const;
@@ -33,6 +36,7 @@ class Checkpoint {
 
   std::string dir_;
   ModelConfig config_;
+  std::string tokenizer_class_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, TensorView> tensors_;
 };

@@ -30,6 +30,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const Checkpoint& ckpt, Devic
                                                    [[maybe_unused]] const CudaOptions& cuda) {
   std::unique_ptr<Model> m(new Model());
   m->config_ = ckpt.config();
+  m->tokenizer_class_ = ckpt.tokenizer_class();
   const ModelConfig& c = m->config_;
   const kernels::YarnParams* yarn = c.rope_scaling.has_value() ? &*c.rope_scaling : nullptr;
   KVTIER_RETURN_IF_ERROR(

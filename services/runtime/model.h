@@ -94,6 +94,8 @@ class Model {
                                                      const CudaOptions& cuda = CudaOptions());
 
   const ModelConfig& config() const { return config_; }
+  // The checkpoint's tokenizer_class (tokenizer.h); empty when it has none.
+  const std::string& tokenizer_class() const { return tokenizer_class_; }
   SequenceCache NewCache(kernels::Codec codec, uint32_t tokens_per_block) const;
 
   // Runs every sequence's tokens as one causal pass: each projection reads
@@ -137,6 +139,7 @@ class Model {
   absl::Status CheckBatch(std::span<const SequenceTokens> batch) const;
 
   ModelConfig config_;
+  std::string tokenizer_class_;
   kernels::RopeTable rope_;
   std::vector<float> final_norm_;
   WeightMatrix embed_, lm_head_;

@@ -153,6 +153,7 @@ v1::ServerInfo ServerInfoFor(const std::string& program, const runtime::Model& m
   info.set_max_context_tokens(static_cast<uint32_t>(c.max_position_embeddings));
   info.add_block_format_versions(kvblock::kBlockFormatVersion);
   info.set_default_namespace(default_namespace);
+  info.set_tokenizer(model.tokenizer_class());
   return info;
 }
 

@@ -53,12 +53,12 @@ struct ModelServerFlags {
 struct ModelServer {
   std::unique_ptr<ShardSet> shards;
   std::unique_ptr<PeerDiscovery> cache_discovery;  // keeps `shards` current
-  std::unique_ptr<runtime::Model> model;  // the weights are copied: no checkpoint mapping kept
-  std::string model_id;                   // ModelId(checkpoint dir)
+  std::unique_ptr<runtime::Model> model;           // the weights are copied: no checkpoint mapping kept
+  std::string model_id;                            // ModelId(checkpoint dir)
   std::shared_ptr<prometheus::Registry> registry;
   std::shared_ptr<prometheus::Collectable> shard_metrics;  // the shards' health and record pool
-  MetricsEndpoint metrics;                                       // no exposer with no --metrics-listen
-  std::unique_ptr<TenantRegistry> tenants;                       // who may call it
+  MetricsEndpoint metrics;                                 // no exposer with no --metrics-listen
+  std::unique_ptr<TenantRegistry> tenants;                 // who may call it
 };
 
 // Checks the flags (INVALID_ARGUMENT: a usage error), sets the kernel

@@ -18,11 +18,12 @@ absl::Status CheckTokenIds(const google::protobuf::RepeatedField<uint32_t>& ids,
 }
 
 absl::Status CheckGeneration(const runtime::ModelConfig& config, size_t context_tokens,
-                             const v1::SamplingParams& sampling, const v1::GenerationLimits& limits) {
+                             const v1::SamplingParams& sampling, const v1::GenerationLimits& limits,
+                             uint32_t max_top_logprobs) {
   KVTIER_RETURN_IF_ERROR(runtime::ValidateSampling(ToSampling(sampling)));
   if (limits.max_new_tokens() < 1) return absl::InvalidArgumentError("limits.max_new_tokens must be at least 1");
-  if (limits.top_logprobs() > kMaxTopLogprobs) {
-    return absl::InvalidArgumentError(absl::StrCat("limits.top_logprobs must be at most ", kMaxTopLogprobs));
+  if (limits.top_logprobs() > max_top_logprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("limits.top_logprobs must be at most ", max_top_logprobs));
   }
   if (!limits.stop_token_ids().empty()) {
     KVTIER_RETURN_IF_ERROR(CheckTokenIds(limits.stop_token_ids(), config.vocab_size, "limits.stop_token_ids"));

@@ -15,6 +15,7 @@
 
 namespace kvtier::serving {
 
+// The prefill node's default --max-top-logprobs.
 inline constexpr uint32_t kMaxTopLogprobs = 20;
 inline constexpr size_t kMaxRequestIdBytes = 128;
 
@@ -22,11 +23,12 @@ inline constexpr size_t kMaxRequestIdBytes = 128;
 absl::Status CheckTokenIds(const google::protobuf::RepeatedField<uint32_t>& ids, int64_t vocab_size,
                            const std::string& field);
 
-// Sampling parameters, max_new_tokens >= 1, top_logprobs <= 20, stop ids in
-// the vocabulary, and `context_tokens` + max_new_tokens within the model's
-// positions.
+// Sampling parameters, max_new_tokens >= 1, top_logprobs <=
+// `max_top_logprobs`, stop ids in the vocabulary, and `context_tokens` +
+// max_new_tokens within the model's positions.
 absl::Status CheckGeneration(const runtime::ModelConfig& config, size_t context_tokens,
-                             const v1::SamplingParams& sampling, const v1::GenerationLimits& limits);
+                             const v1::SamplingParams& sampling, const v1::GenerationLimits& limits,
+                             uint32_t max_top_logprobs);
 
 runtime::Sampling ToSampling(const v1::SamplingParams& p);
 

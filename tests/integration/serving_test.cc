@@ -261,6 +261,77 @@ TEST_F(ServingTest, KvtierGeneratePrintsWhatKvtierRunPrints) {
   EXPECT_NE(last_line(run.output).find("\"cached_tokens\": 0}"), std::string::npos) << run.output;
 }
 
+// Text in and out on the trained model: Info names its byte tokenizer,
+// `kvtier generate --prompt` prints (text, then ids) what `kvtier run
+// --prompt` prints, a prompt scored token by token through
+// --max-top-logprobs gets every token's logprob, and a model without a
+// tokenizer refuses text.
+TEST_F(ServingTest, TextInAndOutOnTheTrainedModel) {
+  const std::string model = KVTIER_MODELS_DIR "/jargon-mla";
+  Cluster cluster(model, 1, 1, {}, "2000", {}, {"--max-top-logprobs", "259"});
+  ASSERT_TRUE(cluster.ok());
+  absl::StatusOr<v1::ServerInfo> info = cli::PrefillInfo(cluster.prefill_target, absl::Seconds(10));
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->tokenizer(), "ByT5Tokenizer");
+  const std::string common = " --prompt ':bogon: /boh-gon/, n.\n\n1. The' --max-new-tokens 30";
+  for (const std::string json : {"", " --json"}) {
+    const CommandResult run = RunCommand(std::string(KVTIER_BINARY) + " run --model " + model + common + json);
+    const CommandResult generate =
+        RunCommand(std::string(KVTIER_BINARY) + " generate --target " + cluster.prefill_target + common + json);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    ASSERT_EQ(generate.exit_code, 0) << generate.output;
+    // generate's usage line goes to stderr, before.
+    EXPECT_TRUE(generate.output.ends_with(run.output)) << generate.output << "\n---\n" << run.output;
+    if (json.empty()) {
+      // The text, then the ids that spell it.
+      const std::string ids_line = run.output.substr(run.output.rfind('\n', run.output.size() - 2) + 1);
+      std::string spelled;
+      std::istringstream ids(ids_line);
+      for (uint32_t id; ids >> id;) {
+        if (id >= 3) spelled.push_back(static_cast<char>(id - 3));
+      }
+      EXPECT_EQ(run.output.substr(0, run.output.size() - ids_line.size()), spelled + "\n") << run.output;
+    } else {
+      EXPECT_NE(run.output.find("\"text\": \""), std::string::npos) << run.output;
+    }
+  }
+  v1::GenerateRequest r = Request({4 + 3, 'a' + 3, 'b' + 3}, 1, "all-logprobs");
+  r.mutable_limits()->set_top_logprobs(259);
+  absl::StatusOr<RemoteGeneration> scored = cluster.Generate(r);
+  ASSERT_TRUE(scored.ok()) << scored.status();
+  ASSERT_EQ(scored->tokens.size(), 1u);
+  EXPECT_EQ(scored->tokens[0].top.size(), 259u);
+  r.mutable_limits()->set_top_logprobs(260);
+  EXPECT_EQ(cluster.Generate(r).status().code(), absl::StatusCode::kInvalidArgument);
+
+  Cluster tiny(Tiny().dir, 1, 1);
+  ASSERT_TRUE(tiny.ok());
+  const CommandResult no_tokenizer =
+      RunCommand(std::string(KVTIER_BINARY) + " generate --target " + tiny.prefill_target + " --prompt hi");
+  EXPECT_EQ(no_tokenizer.exit_code, 1) << no_tokenizer.output;
+  EXPECT_NE(no_tokenizer.output.find("has no tokenizer"), std::string::npos) << no_tokenizer.output;
+  const CommandResult both = RunCommand(std::string(KVTIER_BINARY) + " generate --target " + tiny.prefill_target +
+                                        " --prompt hi --prompt-ids 1,2");
+  EXPECT_EQ(both.exit_code, 2) << both.output;
+  EXPECT_NE(both.output.find("exactly one of --prompt-ids and --prompt"), std::string::npos) << both.output;
+}
+
+// The README's first command on the trained model: readable text in two
+// turns, the second's first block from the cache.
+TEST_F(ServingTest, KvtierUpOnTheTrainedModelWritesText) {
+  const fs::path dir = fs::temp_directory_path() / ("kvtier_up_trained_" + std::to_string(rng_.seed()));
+  const CommandResult up = RunCommand(std::string(KVTIER_BINARY) + " up --max-new-tokens 40 --dir " + dir.string());
+  fs::remove_all(dir);
+  ASSERT_EQ(up.exit_code, 0) << up.output;
+  EXPECT_NE(up.output.find("(text through its byte tokenizer)"), std::string::npos) << up.output;
+  EXPECT_NE(up.output.find(":cache: /kash/, n."), std::string::npos) << up.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(up.output, m, std::regex(R"(turn 2: (\d+) prompt tokens, (\d+) from the cache)")))
+      << up.output;
+  EXPECT_GE(std::stoi(m[2]), 64) << up.output;
+  EXPECT_NE(up.output.find("all three stopped cleanly"), std::string::npos) << up.output;
+}
+
 // The README's first command on the tiny preset: a two-turn conversation
 // whose second turn hits, the cache's stats, a clean stop.
 // In plaintext and, with --tls, over TLS from a throwaway CA (mutual TLS
@@ -270,7 +341,8 @@ TEST_F(ServingTest, KvtierUpRunsAConversationAndStopsCleanly) {
     SCOPED_TRACE(tls);
     const fs::path dir = fs::temp_directory_path() / ("kvtier_up_" + std::to_string(rng_.seed()));
     const CommandResult up =
-        RunCommand(std::string(KVTIER_BINARY) + " up --preset tiny --prompt-tokens 150 --dir " + dir.string() + tls);
+        RunCommand(std::string(KVTIER_BINARY) + " up --preset tiny --prompt-tokens 150 --max-new-tokens 24 --dir " +
+                   dir.string() + tls);
     size_t left = 0;  // what --tls left under --dir besides the model
     for (const auto& entry : fs::directory_iterator(dir))
       left += entry.path().filename().string().rfind("tls-", 0) == 0;
@@ -748,6 +820,12 @@ TEST_F(ServingTest, ModelServersRefuseFlagsTheyCannotHonour) {
     const CommandResult not_a_size = RunCommand(command + "--device cuda --device-block-pool 12XB");
     EXPECT_EQ(not_a_size.exit_code, 2) << not_a_size.output;
     EXPECT_NE(not_a_size.output.find("--device-block-pool"), std::string::npos) << not_a_size.output;
+    if (start.find("prefill") != std::string::npos) {
+      const CommandResult too_many = RunCommand(command + "--max-top-logprobs 257");
+      EXPECT_EQ(too_many.exit_code, 2) << too_many.output;
+      EXPECT_NE(too_many.output.find("--max-top-logprobs 257 exceeds the model's vocabulary of 256"), std::string::npos)
+          << too_many.output;
+    }
     const CommandResult not_a_pool = RunCommand(command + "--record-pool 12XB");
     EXPECT_EQ(not_a_pool.exit_code, 2) << not_a_pool.output;
     EXPECT_NE(not_a_pool.output.find("--record-pool: '12XB'"), std::string::npos) << not_a_pool.output;
