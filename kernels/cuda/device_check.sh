@@ -82,6 +82,7 @@ if [ "${SERVICES:-1}" = 0 ]; then
 elif [ -d device-bundle ]; then
   export LD_LIBRARY_PATH="$PWD/device-bundle/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
   export KVTIER_BINARY="$PWD/device-bundle/kvtier" KVTIER_CACHE_BINARY="$PWD/device-bundle/kvtier-cache"
+  export KVTIER_MODELS_DIR="$PWD/models"
   if ! step "cuda_forward_test" 120 device-bundle/cuda_forward_test; then
     # Passing with every launch waited for would point at the queued pass
     # (a host buffer freed or a scratch reused too early), not the math.

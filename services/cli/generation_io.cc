@@ -76,9 +76,7 @@ absl::StatusOr<std::vector<uint32_t>> PromptFlags::Ids(const std::string& tokeni
 std::string PromptFlags::Text(const std::vector<runtime::Sampled>& out) const {
   std::vector<uint32_t> generated;
   for (const runtime::Sampled& s : out) generated.push_back(s.token);
-  // Ids gave a working tokenizer: ByT5's needs no state.
-  return runtime::ByteTokenizer::ForClass(runtime::kByteTokenizerClass, runtime::ByteTokenizer::kByteOffset + 256)
-      ->Decode(generated);
+  return runtime::ByteTokenizer().Decode(generated);
 }
 
 std::string GenerationOutput(const std::vector<runtime::Sampled>& out, size_t prompt_tokens, size_t cached_tokens,

@@ -10,31 +10,37 @@
 namespace kvtier::runtime {
 namespace {
 
-// Length of the valid UTF-8 sequence at the front of `s`, 0 if invalid.
-size_t ValidUtf8Prefix(std::string_view s) {
+// At the front of `s`: the length of a well-formed UTF-8 character
+// (`valid`), or of the longest start of one there (at least 1 byte), which
+// becomes one U+FFFD: Unicode's "maximal subpart" rule, as Python's and
+// browsers' decoders apply it.
+size_t Utf8Front(std::string_view s, bool& valid) {
   const auto byte = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
   const unsigned char lead = byte(0);
-  size_t length;
-  uint32_t min;
-  if (lead < 0x80) return 1;
+  valid = lead < 0x80;
+  if (valid) return 1;
+  size_t length = 0;
+  unsigned char low = 0x80, high = 0xBF;  // where the second byte may lie
   if (lead >= 0xC2 && lead <= 0xDF) {
-    length = 2, min = 0x80;
+    length = 2;
   } else if (lead >= 0xE0 && lead <= 0xEF) {
-    length = 3, min = 0x800;
+    length = 3;
+    if (lead == 0xE0) low = 0xA0;   // no overlong forms
+    if (lead == 0xED) high = 0x9F;  // no surrogates
   } else if (lead >= 0xF0 && lead <= 0xF4) {
-    length = 4, min = 0x10000;
+    length = 4;
+    if (lead == 0xF0) low = 0x90;
+    if (lead == 0xF4) high = 0x8F;  // nothing past U+10FFFF
   } else {
-    return 0;
+    return 1;
   }
-  if (s.size() < length) return 0;
-  uint32_t code = lead & (0x7F >> length);
-  for (size_t i = 1; i < length; ++i) {
-    if ((byte(i) & 0xC0) != 0x80) return 0;
-    code = (code << 6) | (byte(i) & 0x3F);
+  size_t n = 1;
+  for (; n < length && n < s.size(); ++n) {
+    const unsigned char b = byte(n);
+    if (n == 1 ? (b < low || b > high) : (b < 0x80 || b > 0xBF)) break;
   }
-  // No overlong forms, surrogates or code points past U+10FFFF.
-  if (code < min || (code >= 0xD800 && code <= 0xDFFF) || code > 0x10FFFF) return 0;
-  return length;
+  valid = n == length;
+  return n;
 }
 
 }  // namespace
@@ -82,9 +88,10 @@ std::string ByteTokenizer::Decode(std::span<const uint32_t> ids) const {
   }
   std::string text;
   for (std::string_view rest = bytes; !rest.empty();) {
-    const size_t n = ValidUtf8Prefix(rest);
-    text.append(n == 0 ? "\xEF\xBF\xBD" : rest.substr(0, n));
-    rest.remove_prefix(n == 0 ? 1 : n);
+    bool valid;
+    const size_t n = Utf8Front(rest, valid);
+    text.append(valid ? rest.substr(0, n) : "\xEF\xBF\xBD");
+    rest.remove_prefix(n);
   }
   return text;
 }

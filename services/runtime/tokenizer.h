@@ -30,6 +30,9 @@ class ByteTokenizer {
  public:
   static constexpr uint32_t kPad = 0, kEos = 1, kUnk = 2, kByteOffset = 3;
 
+  // It has no state: ForClass says whether a model uses it.
+  ByteTokenizer() = default;
+
   // The tokenizer of a class (Model::tokenizer_class, ServerInfo.tokenizer):
   // FAILED_PRECONDITION for none (empty), UNIMPLEMENTED for any other than
   // kByteTokenizerClass, INVALID_ARGUMENT for a vocabulary too small for
@@ -39,12 +42,9 @@ class ByteTokenizer {
   // Each byte of the UTF-8 text.
   std::vector<uint32_t> Encode(std::string_view text) const;
   // The bytes of byte ids, special and extra ids left out, with each
-  // invalid UTF-8 sequence (a cut-off multibyte character) replaced by
-  // U+FFFD so the result prints.
+  // ill-formed UTF-8 sequence (a cut-off multibyte character) replaced by
+  // U+FFFD so the result prints, as Python's errors="replace" does.
   std::string Decode(std::span<const uint32_t> ids) const;
-
- private:
-  ByteTokenizer() = default;
 };
 
 }  // namespace kvtier::runtime

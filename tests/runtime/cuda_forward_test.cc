@@ -226,5 +226,22 @@ TEST(CudaForwardCli, KvtierRunOnCudaPrintsTheCpuIds) {
   fs::remove_all(dir);
 }
 
+// The trained model (models/: 4 heads, a 64 + 16 latent, 259 ids) through
+// text in and out: `--device cuda` writes the text `--device cpu` writes.
+TEST(CudaForwardCli, KvtierRunOnCudaWritesTheCpuTextOnTheTrainedModel) {
+  std::string why;
+  if (!kernels::cuda::DevicePresent(&why)) GTEST_SKIP() << "no GPU (" << why << "): kvtier run --device cuda not run";
+  // The device machine runs this from a bundle in another checkout.
+  const std::string command = testing::BinaryPath("KVTIER_BINARY", KVTIER_BINARY) + " run --model " +
+                              testing::BinaryPath("KVTIER_MODELS_DIR", KVTIER_MODELS_DIR) +
+                              "/jargon-mla --prompt ':bit rot: n.' --max-new-tokens 24 --kv-codec int8 "
+                              "--tokens-per-block 8 --device ";
+  const CommandResult on_cpu = RunCommand(command + "cpu 2>/dev/null");
+  const CommandResult on_gpu = RunCommand(command + "cuda 2>/dev/null");
+  EXPECT_EQ(on_cpu.exit_code, 0) << on_cpu.output;
+  EXPECT_EQ(on_gpu.exit_code, 0) << on_gpu.output;
+  EXPECT_EQ(on_gpu.output, on_cpu.output);
+}
+
 }  // namespace
 }  // namespace kvtier::runtime

@@ -36,8 +36,12 @@ TEST(ByteTokenizer, DecodeDropsSpecialIdsAndReplacesBrokenCharacters) {
             "aa");
   const std::string replacement = "\xEF\xBF\xBD";
   // A multibyte character cut off, a stray continuation byte, an overlong
-  // form and a surrogate each print as U+FFFD, the rest as it is.
+  // form and a surrogate print as U+FFFD, one for each maximal start of a
+  // character (as Python's decoder does), the rest as it is.
   EXPECT_EQ(t.Decode(t.Encode("x\xC3")), "x" + replacement);
+  EXPECT_EQ(t.Decode(t.Encode("\xE2\x80"
+                              "a\xF0\x9F\x99")),
+            replacement + "a" + replacement);
   EXPECT_EQ(t.Decode(t.Encode("\xA9y")), replacement + "y");
   EXPECT_EQ(t.Decode(t.Encode("\xC0\xAF")), replacement + replacement);
   EXPECT_EQ(t.Decode(t.Encode("\xED\xA0\x80")), replacement + replacement + replacement);

@@ -2,6 +2,7 @@
 import dataclasses
 
 from kvtier.channel import ServiceClient
+from kvtier.tokenizer import EOS, tokenizer_for
 from kvtier.v1 import generation_pb2, info_pb2, prefill_pb2, prefill_pb2_grpc
 
 
@@ -30,7 +31,7 @@ class PrefillClient(ServiceClient):
 
     def info(self, *, timeout=None):
         """The ServerInfo: model_id, the layout this node writes, vocab_size,
-        max_context_tokens, default_namespace, server_version."""
+        max_context_tokens, default_namespace, server_version, tokenizer."""
         return self._unary(self._stub.Info, info_pb2.InfoRequest(), timeout)
 
     def generate(self, prompt_ids, *, max_new_tokens=16, namespace="", temperature=0.0, top_p=0.0, seed=0,
@@ -44,6 +45,16 @@ class PrefillClient(ServiceClient):
                                                    top_logprobs=top_logprobs))
         for event in self._stream(self._stub.Generate, request, timeout):
             yield from events(event)
+
+    def generate_text(self, prompt, *, max_new_tokens=16, stop_at_end_of_text=True, **options):
+        """The text the model writes after `prompt` (a str), through the
+        tokenizer the server names (tokenizer.py; ValueError without one).
+        Takes generate's options; stops at end of text unless told not to."""
+        tokenizer = tokenizer_for(self.info())
+        stop = list(options.pop("stop_token_ids", ())) + ([EOS] if stop_at_end_of_text else [])
+        ids = [e.token_id for e in self.generate(tokenizer.encode(prompt), max_new_tokens=max_new_tokens,
+                                                 stop_token_ids=stop, **options) if isinstance(e, Token)]
+        return tokenizer.decode(ids)
 
 
 def events(event):

@@ -5,6 +5,7 @@ is byte for byte what the C++ prefill node stores, and the decode worker
 uses it: Generate reports it cached, with the ids of the in-process run and
 exactly the logprobs of a turn that hit the C++ node's blocks."""
 import json
+import pathlib
 import subprocess
 
 import grpc
@@ -43,6 +44,22 @@ def test_info_says_what_each_server_serves(start_server, model_dir):
     assert worker.model_id == info.model_id and worker.server_version.startswith("kvtier-decode ")
     assert sorted(p.codec for p in worker.layouts) == sorted(CODECS.values())
     assert {(p.tokens_per_block, p.layout_id) for p in worker.layouts} == {(0, 0)}
+
+
+def test_text_in_and_out_on_the_trained_model(start_server, model_dir):
+    trained = str(pathlib.Path(__file__).resolve().parents[3] / "models" / "jargon-mla")
+    _, _, prefill = model_servers(start_server, trained)
+    client = PrefillClient(prefill.target)
+    assert client.info().tokenizer == "ByT5Tokenizer"
+    prompt = ":hack: n.\n\n1. "
+    got = client.generate_text(prompt, max_new_tokens=24, stop_at_end_of_text=False)
+    run = subprocess.run([binary("KVTIER_BINARY"), "run", "--model", trained, "--prompt", prompt, "--max-new-tokens",
+                          "24", "--kv-codec", "int8", "--tokens-per-block", str(TOKENS_PER_BLOCK), "--json"],
+                         check=True, capture_output=True, text=True)
+    assert got == json.loads(run.stdout)["text"] and len(got) > 0
+    _, _, random_model = model_servers(start_server, model_dir)
+    with pytest.raises(ValueError, match="no tokenizer"):
+        PrefillClient(random_model.target).generate_text(prompt)
 
 
 def test_a_prefix_stored_from_python_is_used_by_decode(start_server, model_dir, tmp_path):
