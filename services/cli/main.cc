@@ -16,10 +16,11 @@ constexpr char kUsage[] =
     "               on a file of latents or on synthetic ones (--synthetic)\n"
     "  stats        a cache server's capacity, use and counters per tier\n"
     "  make-model   write a random, seeded DeepSeek-V2 checkpoint (tiny, lite-attn)\n"
-    "  run          generate in process on a checkpoint (no servers)\n"
+    "  run          generate in process on a checkpoint (no servers); ids or --prompt text\n"
     "  generate     generate through a prefill node (kvtier-prefill)\n"
-    "  up           start cache + decode + prefill locally on a generated model, run a\n"
-    "               generation, print its tokens and the cache's stats\n";
+    "  up           start cache + decode + prefill locally on the small trained model\n"
+    "               (models/), run a two-turn conversation, print its text and the\n"
+    "               cache's stats\n";
 
 }  // namespace
 

@@ -269,7 +269,7 @@ int RunUp(const std::vector<std::string>& args) {
                    "in the cache), prints what the model wrote (in [brackets] after the user's\n"
                    "text), the time to first token and the cache's stats, then stops them all.");
   flags.AddString("dir", &f.dir, "where a --preset model and --tls files go (a model is reused when present)");
-  flags.AddString("model", &f.model, "checkpoint directory; default: the trained model in the source tree");
+  flags.AddString("model", &f.model, "checkpoint directory (the default is the trained model in models/)");
   flags.AddString("preset", &f.preset, "instead of --model, a generated random model: tiny or lite-attn");
   flags.AddString("prompt", &f.prompt, "the first turn's text (a model with a tokenizer)");
   flags.AddString("kv-codec", &f.kv_codec, "bf16|fp8|int8|int4: how latent blocks are stored");
