@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The main job: install, build, then `kvtier up` — a generated DeepSeek-V2
-# model (V2-Lite attention dims) served by kvtier-cache, kvtier-decode and
-# kvtier-prefill on this machine: a two-turn conversation whose second turn
-# reuses the first's latent blocks from the cache, then the cache's stats.
+# The main job: install, build, then `kvtier up` — the small DeepSeek-V2
+# trained on the Jargon File (models/) served by kvtier-cache, kvtier-decode
+# and kvtier-prefill on this machine: a two-turn conversation in text whose
+# second turn reuses the first's latent blocks from the cache, then the
+# cache's stats.
 # Extra arguments go to `kvtier up` (see `kvtier up --help`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
