@@ -443,7 +443,11 @@ TEST_F(ServingTest, SixteenConcurrentGenerations) {
     SCOPED_TRACE("client " + std::to_string(i));
     absl::StatusOr<RemoteGeneration> got = runs[i].get();
     ASSERT_TRUE(got.ok()) << got.status();
-    ExpectSameGeneration(got->tokens, InProcess(prompts[i], 40, got->usage.cached_tokens()), 1e-4);
+    // The odd clients' shared blocks may be another odd client's: the first
+    // prefill to store them wins, and a pass over another prompt can round
+    // their bf16 values a step apart (MixedInProcess), moving logprobs by
+    // up to about 1e-3; the others are exactly this client's own.
+    ExpectSameGeneration(got->tokens, InProcess(prompts[i], 40, got->usage.cached_tokens()), i % 2 ? 3e-3 : 1e-4);
   }
 }
 
