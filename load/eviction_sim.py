@@ -1,0 +1,226 @@
+#!/usr/bin/python3
+"""Which eviction policy would pay on a trace, before building it into
+kvtier-cache: replays a Mooncake-format trace (load/trace_gen.py writes
+one) against an in-memory model of a cache that holds whole 512-token trace
+blocks, for several policies and capacities. It is a model for choosing what
+to build, not a measurement: load/trace_replay measures kvtier-cache itself
+(pages, codecs, tiers); this counts blocks, which is fast enough to sweep.
+
+Per request: the longest cached prefix of its full blocks is a hit (tokens
+weighted), the policy sees that prefix used, then the rest are inserted in
+chain order. Policies: lru (a hit refreshes the prefix first block first,
+as kvtier-cache's --eviction lru), leaf-first (last block first, as
+--eviction leaf-first), radix (the least recently used block with no cached
+child goes first), s3fifo (new blocks in a small FIFO, 10% of the room,
+moved on to the main one when used again, else to a ghost list), arc
+(Megiddo and Modha's adaptive replacement cache).
+
+    python3 load/trace_gen.py --conversations 500 --seed 1 > /tmp/t500.jsonl
+    python3 load/eviction_sim.py /tmp/t500.jsonl --fractions 0.02,0.05,0.1,0.2,0.4
+"""
+import argparse
+import collections
+import heapq
+import json
+
+TRACE_BLOCK = 512
+
+
+class Lru:
+    def __init__(self, capacity, leaf_first=False):
+        self.capacity, self.leaf_first, self.blocks = capacity, leaf_first, collections.OrderedDict()
+
+    def __contains__(self, block):
+        return block in self.blocks
+
+    def used(self, prefix):
+        for b in reversed(prefix) if self.leaf_first else prefix:
+            self.blocks.move_to_end(b)
+
+    def insert(self, block, parent):
+        self.blocks[block] = parent
+        while len(self.blocks) > self.capacity:
+            self.blocks.popitem(last=False)
+
+
+class LeafFirst(Lru):
+    def __init__(self, capacity):
+        super().__init__(capacity, leaf_first=True)
+
+
+class Radix:
+    """Evicts the least recently used leaf, as a prefix tree would."""
+
+    def __init__(self, capacity):
+        self.capacity, self.time, self.clock = capacity, {}, 0
+        self.parent, self.children, self.heap = {}, collections.defaultdict(set), []
+
+    def __contains__(self, block):
+        return block in self.time
+
+    def _touch(self, block):
+        self.clock += 1
+        self.time[block] = self.clock
+        heapq.heappush(self.heap, (self.clock, block))
+
+    def used(self, prefix):
+        for b in prefix:
+            self._touch(b)
+
+    def insert(self, block, parent):
+        self.parent[block] = parent
+        if parent is not None:
+            self.children[parent].add(block)
+        self._touch(block)
+        while len(self.time) > self.capacity:
+            while True:  # entries whose time changed, or that have children, are stale
+                t, victim = heapq.heappop(self.heap)
+                if self.time.get(victim) == t and not self.children[victim]:
+                    break
+            del self.time[victim]
+            up = self.parent.pop(victim)
+            if up is not None:
+                self.children[up].discard(victim)
+                if up in self.time and not self.children[up]:
+                    heapq.heappush(self.heap, (self.time[up], up))
+
+
+class S3Fifo:
+    def __init__(self, capacity, small_share=0.1):
+        self.capacity, self.small_room = capacity, max(1, int(capacity * small_share))
+        self.small, self.main, self.ghost, self.freq = (collections.OrderedDict(), collections.OrderedDict(),
+                                                        collections.OrderedDict(), {})
+
+    def __contains__(self, block):
+        return block in self.small or block in self.main
+
+    def used(self, prefix):
+        for b in prefix:
+            self.freq[b] = min(3, self.freq.get(b, 0) + 1)
+
+    def insert(self, block, parent):
+        if block in self.ghost:
+            del self.ghost[block]
+            self.main[block] = True
+        else:
+            self.small[block] = True
+        self.freq[block] = 0
+        while len(self.small) + len(self.main) > self.capacity:
+            if len(self.small) >= self.small_room or not self.main:
+                b, _ = self.small.popitem(last=False)
+                if self.freq.get(b, 0) > 0:
+                    self.main[b] = True
+                else:
+                    self.ghost[b] = True
+                    if len(self.ghost) > self.capacity:
+                        self.ghost.popitem(last=False)
+            else:
+                while True:
+                    b, _ = self.main.popitem(last=False)
+                    if self.freq.get(b, 0) == 0:
+                        break
+                    self.freq[b] -= 1
+                    self.main[b] = True
+
+
+class Arc:
+    def __init__(self, capacity):
+        self.c, self.p = capacity, 0
+        self.t1, self.t2, self.b1, self.b2 = (collections.OrderedDict() for _ in range(4))
+
+    def __contains__(self, block):
+        return block in self.t1 or block in self.t2
+
+    def used(self, prefix):
+        for b in prefix:
+            self.t1.pop(b, None)
+            self.t2[b] = True
+            self.t2.move_to_end(b)
+
+    def _replace(self, block):
+        if self.t1 and (len(self.t1) > self.p or (block in self.b2 and len(self.t1) == self.p)):
+            b, _ = self.t1.popitem(last=False)
+            self.b1[b] = True
+        elif self.t2:
+            b, _ = self.t2.popitem(last=False)
+            self.b2[b] = True
+        else:
+            b, _ = self.t1.popitem(last=False)
+            self.b1[b] = True
+
+    def insert(self, block, parent):
+        if block in self.b1:
+            self.p = min(self.c, self.p + max(len(self.b2) // max(1, len(self.b1)), 1))
+            self._replace(block)
+            del self.b1[block]
+            self.t2[block] = True
+            return
+        if block in self.b2:
+            self.p = max(0, self.p - max(len(self.b1) // max(1, len(self.b2)), 1))
+            self._replace(block)
+            del self.b2[block]
+            self.t2[block] = True
+            return
+        in_l1 = len(self.t1) + len(self.b1)
+        everything = in_l1 + len(self.t2) + len(self.b2)
+        if in_l1 == self.c:
+            if len(self.t1) < self.c:
+                self.b1.popitem(last=False)
+                self._replace(block)
+            else:
+                self.t1.popitem(last=False)
+        elif everything >= self.c:
+            if everything == 2 * self.c:
+                self.b2.popitem(last=False)
+            self._replace(block)
+        self.t1[block] = True
+
+
+POLICIES = {"lru": Lru, "leaf-first": LeafFirst, "radix": Radix, "s3fifo": S3Fifo, "arc": Arc}
+
+
+def read_trace(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def hit_rate(requests, policy):
+    """Token-weighted share of prompt tokens found cached."""
+    hits = total = 0
+    for r in requests:
+        blocks = r["hash_ids"][:r["input_length"] // TRACE_BLOCK]  # only full blocks are kept
+        matched = 0
+        while matched < len(blocks) and blocks[matched] in policy:
+            matched += 1
+        hits += matched * TRACE_BLOCK
+        total += r["input_length"]
+        policy.used(blocks[:matched])
+        for i in range(matched, len(blocks)):
+            policy.insert(blocks[i], blocks[i - 1] if i > 0 else None)
+    return hits / total if total else 0.0
+
+
+def working_set(requests):
+    return len({b for r in requests for b in r["hash_ids"][:r["input_length"] // TRACE_BLOCK]})
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("trace", help="JSON lines: timestamp, input_length, output_length, hash_ids")
+    p.add_argument("--fractions", default="0.02,0.05,0.1,0.2,0.4", help="capacities, as shares of the working set")
+    p.add_argument("--policies", default=",".join(POLICIES))
+    args = p.parse_args()
+    requests = read_trace(args.trace)
+    size = working_set(requests)
+    names = args.policies.split(",")
+    print(f"{len(requests)} requests, working set {size} blocks of {TRACE_BLOCK} tokens, "
+          f"ceiling {hit_rate(requests, Lru(size)):.3f}")
+    print(f"{'room':>6} {'blocks':>7} " + " ".join(f"{n:>10}" for n in names))
+    for fraction in (float(f) for f in args.fractions.split(",")):
+        room = max(1, int(size * fraction))
+        rates = [hit_rate(requests, POLICIES[n](room)) for n in names]
+        print(f"{fraction:>6.0%} {room:>7} " + " ".join(f"{r:>10.3f}" for r in rates))
+
+
+if __name__ == "__main__":
+    main()
