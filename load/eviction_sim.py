@@ -16,7 +16,7 @@ moved on to the main one when used again, else to a ghost list), arc
 (Megiddo and Modha's adaptive replacement cache).
 
     python3 load/trace_gen.py --conversations 500 --seed 1 > /tmp/t500.jsonl
-    python3 load/eviction_sim.py /tmp/t500.jsonl --fractions 0.02,0.05,0.1,0.2,0.4
+    python3 load/eviction_sim.py /tmp/t500.jsonl --fractions 0.01,0.02,0.05,0.1,0.2,0.4
 """
 import argparse
 import collections
