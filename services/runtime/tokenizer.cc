@@ -52,9 +52,11 @@ absl::StatusOr<std::string> ReadTokenizerClass(const std::string& dir) {
   std::stringstream text;
   text << in.rdbuf();
   const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("tokenizer_class") || !j["tokenizer_class"].is_string() ||
-      j["tokenizer_class"].get<std::string>().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object with a tokenizer_class"));
+  if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
+  // Some checkpoints leave the class to tokenizer.json: no class named.
+  if (!j.contains("tokenizer_class") || j["tokenizer_class"].is_null()) return std::string();
+  if (!j["tokenizer_class"].is_string()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": tokenizer_class is not a string"));
   }
   return j["tokenizer_class"].get<std::string>();
 }

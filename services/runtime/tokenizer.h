@@ -22,8 +22,9 @@ namespace kvtier::runtime {
 inline constexpr char kByteTokenizerClass[] = "ByT5Tokenizer";
 
 // The tokenizer_class of the checkpoint in `dir` (its
-// tokenizer_config.json), whichever it is; empty when it has no such file.
-// INVALID_ARGUMENT naming the file when it is malformed.
+// tokenizer_config.json), whichever it is; empty when it has no such file
+// or the file names no class. INVALID_ARGUMENT naming the file when it is
+// not a JSON object or the class not a string.
 absl::StatusOr<std::string> ReadTokenizerClass(const std::string& dir);
 
 class ByteTokenizer {

@@ -6,6 +6,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "services/runtime/checkpoint.h"
+#include "services/runtime/make_model.h"
+#include "services/runtime/model.h"
 #include "tests/test_random.h"
 
 namespace kvtier::runtime {
@@ -62,12 +65,32 @@ TEST(ReadTokenizerClass, NamesTheClassOrNothing) {
   const auto write = [&](const std::string& text) { std::ofstream(dir / "tokenizer_config.json") << text; };
   write(R"({"tokenizer_class": "ByT5Tokenizer", "extra_ids": 0})");
   EXPECT_EQ(*ReadTokenizerClass(dir.string()), "ByT5Tokenizer");
-  for (const char* bad : {"{", "[]", R"({"extra_ids": 0})", R"({"tokenizer_class": 7})"}) {
+  write(R"({"extra_ids": 0})");  // the class left to tokenizer.json
+  EXPECT_EQ(*ReadTokenizerClass(dir.string()), "");
+  for (const char* bad : {"{", "[]", R"({"tokenizer_class": 7})"}) {
     write(bad);
     const absl::Status s = ReadTokenizerClass(dir.string()).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(s.message().find("tokenizer_config.json"), std::string::npos) << s;
   }
+  fs::remove_all(dir);
+}
+
+// A checkpoint carries its tokenizer's class to the model; a broken
+// tokenizer_config.json stops the load with the file's name.
+TEST(ReadTokenizerClass, CheckpointsAndModelsCarryIt) {
+  const fs::path dir = fs::temp_directory_path() / ("kvtier_tokenizer_model_" + std::to_string(getpid()));
+  ASSERT_TRUE(MakeModel(*PresetConfig("tiny"), dir.string(), 1).ok());
+  EXPECT_EQ((*Checkpoint::Open(dir.string()))->tokenizer_class(), "");
+  std::ofstream(dir / "tokenizer_config.json") << R"({"tokenizer_class": "ByT5Tokenizer"})";
+  auto ckpt = Checkpoint::Open(dir.string());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_EQ((*ckpt)->tokenizer_class(), "ByT5Tokenizer");
+  EXPECT_EQ((*Model::Load(**ckpt))->tokenizer_class(), "ByT5Tokenizer");
+  std::ofstream(dir / "tokenizer_config.json") << "{";
+  const absl::Status broken = Checkpoint::Open(dir.string()).status();
+  EXPECT_EQ(broken.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(broken.message().find("tokenizer_config.json"), std::string::npos) << broken;
   fs::remove_all(dir);
 }
 
