@@ -220,6 +220,7 @@ absl::Status FastPathServer::Lease(uint64_t session_id, const std::string& ns, u
     bytes += (*block)->size();
     pinned.push_back(*std::move(block));
   }
+  store_->Refresh(ns, layout_id, hashes);
   absl::MutexLock lock(&mu_);
   if (absl::Status s = check_session(); !s.ok()) return s;  // it died meanwhile (its staging with it)
   if (pinned.empty()) return absl::OkStatus();

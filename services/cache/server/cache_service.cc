@@ -393,6 +393,7 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       // Before Finish, so a client that sees the stream end sees the lease
       // ended too.
       if (plan_.lease_id != 0) (void)service_->store()->ReleaseLease(plan_.lease_id, plan_.scope.caller->tenant);
+      if (step.finish->ok()) service_->store()->Refresh(plan_.scope.ns, plan_.scope.layout_id, plan_.hashes);
       if (service_->metrics() != nullptr && plan_.scope.caller != nullptr) {
         service_->metrics()->CountBlocks(plan_.scope.caller->tenant, found_, missed_);
       }

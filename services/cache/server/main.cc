@@ -45,7 +45,7 @@ struct Flags {
   std::string fast_path_staging = "512MiB";
   bool no_fast_path = false;
   uint64_t put_idle_ms = 30000;
-  std::string eviction = "lru";
+  std::string eviction = "leaf-first";
   SecurityFlags security;
 };
 
@@ -261,9 +261,9 @@ int main(int argc, char** argv) {
   flags.AddBool("no-fast-path", &f.no_fast_path,
                 "serve blocks over gRPC only: tiers in private memory, no unix socket");
   flags.AddString("eviction", &f.eviction,
-                  "which blocks a full tier gives up first: lru (least recently used), or leaf-first (as lru, but a "
-                  "Match refreshes a prefix last block first, so its first blocks, which every longer prefix needs, "
-                  "go last)");
+                  "which blocks a full tier gives up first: leaf-first (the least recently used, but a Match or Get "
+                  "refreshes a prefix last block first, so its first blocks, which every longer prefix needs, go "
+                  "last), or lru (each block by its own last use)");
   flags.AddUint("put-idle-ms", &f.put_idle_ms,
                 "a Put stream that sends nothing for this long is ended (DEADLINE_EXCEEDED) and its incomplete "
                 "blocks dropped");

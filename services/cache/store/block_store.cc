@@ -347,6 +347,15 @@ void BlockStore::UnpinLocked(Entry* e) {
   zombies_.erase(it);
 }
 
+void BlockStore::Refresh(const std::string& ns, uint64_t layout_id, std::span<const kvblock::BlockHash> hashes) {
+  if (options_.eviction != Eviction::kLeafFirst) return;
+  absl::MutexLock lock(&mu_);
+  for (auto h = hashes.rbegin(); h != hashes.rend(); ++h) {
+    auto it = index_.find(Key(ns, *h));
+    if (it != index_.end() && it->second->layout_id == layout_id) TouchLocked(it->second.get());
+  }
+}
+
 void BlockStore::PinLocked(Entry* e) {
   if (e->pins++ == 0) ++counters_.pinned_blocks;
 }

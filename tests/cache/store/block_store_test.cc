@@ -388,6 +388,25 @@ TEST_P(BlockStoreTest, LeafFirstEvictionKeepsWhatIsLeftOfAPrefixMatchable) {
   }
 }
 
+// A client that reads a prefix without a Match (Read block by block,
+// then Refresh, as the Get service does) keeps it under leaf-first as a
+// matcher would: the reads alone leave it the oldest, to be pushed out.
+TEST_P(BlockStoreTest, RefreshKeepsAReadOnlyPrefixUnderLeafFirst) {
+  for (const bool refresh : {false, true}) {
+    // Room for five blocks in the device tier and one in the host tier.
+    Open(5, 1, 0, [&](StoreOptions& o) { o.eviction = Eviction::kLeafFirst; });
+    const std::vector<BlockHash> prefix = {Hash(0), Hash(1), Hash(2), Hash(3)};
+    for (const BlockHash& h : prefix) Put(h);
+    Put(Hash(20));  // newer than the prefix, until the prefix is refreshed
+    for (const BlockHash& h : prefix) EXPECT_EQ(ReadCode(h), absl::StatusCode::kOk);
+    if (refresh) store_->Refresh("ns", layout_id_, prefix);
+    Put(Hash(10));
+    Put(Hash(11));
+    EXPECT_EQ(store_->Match("ns", layout_id_, prefix).matched_blocks, refresh ? 4u : 0u)
+        << (refresh ? "refreshed" : "read only");
+  }
+}
+
 TEST_P(BlockStoreTest, ReadPromotesADemotedBlock) {
   for (int i = 0; i < 6; ++i) Put(Hash(i));
   ASSERT_EQ(TierOf(Hash(0)), TierKind::kHost);
