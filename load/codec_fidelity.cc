@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -104,7 +105,12 @@ int Main(const Flags& f) {
   bytes << in.rdbuf();
   std::vector<uint32_t> ids = tokenizer->Encode(bytes.str());
   if (f.tokens > 0 && ids.size() > f.tokens) ids.resize(f.tokens);
-  if (f.window > static_cast<uint64_t>(config.max_position_embeddings)) Fail("--window exceeds the model's positions");
+  if (f.window < 2 || f.window > static_cast<uint64_t>(config.max_position_embeddings)) {
+    Fail(absl::StrCat("--window must be in 2..", config.max_position_embeddings, " (the model's positions)"));
+  }
+  if (f.tokens_per_block < 1 || f.tokens_per_block > kernels::kMaxBlockTokens) {
+    Fail(absl::StrCat("--tokens-per-block must be in 1..", kernels::kMaxBlockTokens));
+  }
   const Windows text{ids, f.window};
   const uint32_t vocab = static_cast<uint32_t>(config.vocab_size);
   const size_t served = std::min<size_t>(f.served_positions, text.positions());
@@ -123,22 +129,25 @@ int Main(const Flags& f) {
   const kernels::BlockShape shape{static_cast<uint32_t>(f.tokens_per_block), static_cast<uint32_t>(config.kv_lora_rank),
                                   static_cast<uint32_t>(config.qk_rope_head_dim)};
   if (f.json) {
-    std::printf("{\"model\": \"%s\", \"text\": \"%s\", \"positions\": %zu, \"served_positions\": %zu, \"runs\": [",
-                f.model.c_str(), text_path.c_str(), text.positions(), served);
+    nlohmann::json out = {{"model", f.model},
+                          {"text", text_path},
+                          {"positions", text.positions()},
+                          {"served_positions", served},
+                          {"runs", nlohmann::json::array()}};
+    const auto measures = [](const Scores& s) {
+      return nlohmann::json{
+          {"perplexity", s.Perplexity()}, {"mean_kl", s.MeanKl()}, {"top1_agreement", s.Top1Agreement()}};
+    };
     for (size_t r = 0; r < local->size(); ++r) {
-      const Scores& s = (*local)[r];
-      std::printf("%s{\"codec\": \"%s\", \"perplexity\": %.6f, \"mean_kl\": %.9g, \"top1_agreement\": %.6f",
-                  r ? ", " : "", s.name.c_str(), s.Perplexity(), s.MeanKl(), s.Top1Agreement());
+      nlohmann::json run = measures((*local)[r]);
+      run["codec"] = (*local)[r].name;
       if (r > 0 && !remote.empty()) {
-        const Scores& v = remote[r - 1];
-        std::printf(
-            ", \"served\": {\"perplexity\": %.6f, \"mean_kl\": %.9g, \"top1_agreement\": %.6f, "
-            "\"max_logprob_difference\": %.9g}",
-            v.Perplexity(), v.MeanKl(), v.Top1Agreement(), v.max_logprob_difference);
+        run["served"] = measures(remote[r - 1]);
+        run["served"]["max_logprob_difference"] = remote[r - 1].max_logprob_difference;
       }
-      std::printf("}");
+      out["runs"].push_back(run);
     }
-    std::printf("]}\n");
+    std::printf("%s\n", out.dump().c_str());
     return 0;
   }
   std::printf("%s on %s: %zu tokens in windows of %llu, %zu positions; blocks of %llu tokens\n", f.model.c_str(),
