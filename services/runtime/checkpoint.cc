@@ -35,7 +35,15 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
     return absl::Status(config.status().code(), absl::StrCat(dir, "/", config.status().message()));
   }
   ckpt->config_ = *config;
-  KVTIER_ASSIGN_OR_RETURN(ckpt->tokenizer_class_, ReadTokenizerClass(dir));
+  // Optional: without it the checkpoint names no tokenizer.
+  if (const fs::path tokenizer = fs::path(dir) / "tokenizer_config.json"; fs::exists(tokenizer)) {
+    KVTIER_ASSIGN_OR_RETURN(const std::string tokenizer_text, ReadText(tokenizer));
+    absl::StatusOr<std::string> tokenizer_class = ParseTokenizerClass(tokenizer_text);
+    if (!tokenizer_class.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(tokenizer.string(), ": ", tokenizer_class.status().message()));
+    }
+    ckpt->tokenizer_class_ = *std::move(tokenizer_class);
+  }
 
   // Where each tensor lives: the index's weight_map, or the single file.
   std::map<std::string, std::string> location;  // tensor -> file name

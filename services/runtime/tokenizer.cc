@@ -1,9 +1,6 @@
 #include "services/runtime/tokenizer.h"
 
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 
@@ -45,19 +42,11 @@ size_t Utf8Front(std::string_view s, bool& valid) {
 
 }  // namespace
 
-absl::StatusOr<std::string> ReadTokenizerClass(const std::string& dir) {
-  const std::string path = (std::filesystem::path(dir) / "tokenizer_config.json").string();
-  std::ifstream in(path);
-  if (!in) return std::string();
-  std::stringstream text;
-  text << in.rdbuf();
-  const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
-  // Some checkpoints leave the class to tokenizer.json: no class named.
+absl::StatusOr<std::string> ParseTokenizerClass(const std::string& json_text) {
+  const nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return absl::InvalidArgumentError("not a JSON object");
   if (!j.contains("tokenizer_class") || j["tokenizer_class"].is_null()) return std::string();
-  if (!j["tokenizer_class"].is_string()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": tokenizer_class is not a string"));
-  }
+  if (!j["tokenizer_class"].is_string()) return absl::InvalidArgumentError("tokenizer_class is not a string");
   return j["tokenizer_class"].get<std::string>();
 }
 

@@ -21,11 +21,11 @@ namespace kvtier::runtime {
 // reports it.
 inline constexpr char kByteTokenizerClass[] = "ByT5Tokenizer";
 
-// The tokenizer_class of the checkpoint in `dir` (its
-// tokenizer_config.json), whichever it is; empty when it has no such file
-// or the file names no class. INVALID_ARGUMENT naming the file when it is
-// not a JSON object or the class not a string.
-absl::StatusOr<std::string> ReadTokenizerClass(const std::string& dir);
+// The tokenizer_class a tokenizer_config.json's text names, whichever it
+// is; empty when it names none (some checkpoints leave the class to
+// tokenizer.json). INVALID_ARGUMENT when the text is not a JSON object or
+// the class not a string.
+absl::StatusOr<std::string> ParseTokenizerClass(const std::string& json_text);
 
 class ByteTokenizer {
  public:
