@@ -22,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "kvtier/kernels/parallel.h"
 #include "load/fidelity/teacher_forced.h"
+#include "load/serve_target.h"
 #include "services/common/child_process.h"
 #include "services/common/flags.h"
 #include "services/runtime/checkpoint.h"
@@ -50,24 +51,19 @@ struct Flags {
   std::exit(1);
 }
 
-std::string Serve(ChildProcess& p, const std::string& name) {
-  const int port = p.WaitForListeningPort(120000);
-  if (port <= 0) Fail(name + " did not start");
-  return "127.0.0.1:" + std::to_string(port);
-}
-
 // The services on `model`: one cache, one decode worker, a prefill node per
 // codec that answers every token's logprob. Scores per codec, in kCodecs'
-// order.
+// order; `float_scores`, the float model's over the same positions.
 std::vector<Scores> ScoreThroughServices(const Flags& f, const Windows& text, uint32_t vocab,
-                                         const std::vector<std::vector<float>>& kept, double& seconds) {
+                                         const std::vector<std::vector<float>>& kept, Scores& float_scores,
+                                         double& seconds) {
   const auto start = std::chrono::steady_clock::now();
   ChildProcess cache({f.bin + "/kvtier-cache", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--device-capacity",
                       "1GiB", "--host-capacity", "64MiB"});
-  const std::string cache_target = Serve(cache, "kvtier-cache");
+  const std::string cache_target = load::ServeTarget(cache, "kvtier-cache");
   ChildProcess decode({f.bin + "/kvtier-decode", "--listen", "127.0.0.1:0", "--model", f.model, "--cache", cache_target,
                        "--threads", "1"});
-  const std::string decode_target = Serve(decode, "kvtier-decode");
+  const std::string decode_target = load::ServeTarget(decode, "kvtier-decode");
   std::vector<Scores> out;
   for (size_t c = 0; c < std::size(kCodecs); ++c) {
     const std::string codec = kernels::CodecName(kCodecs[c]);
@@ -76,8 +72,9 @@ std::vector<Scores> ScoreThroughServices(const Flags& f, const Windows& text, ui
                           std::to_string(f.tokens_per_block), "--max-top-logprobs", std::to_string(vocab), "--threads",
                           std::to_string(f.threads)});
     uint64_t cached = 0;
-    absl::StatusOr<Scores> s = ScoreServed(Serve(prefill, "kvtier-prefill --kv-codec " + codec), text,
-                                           f.served_positions, vocab, kept[0], kept[c + 1], &cached);
+    absl::StatusOr<Scores> s =
+        ScoreServed(load::ServeTarget(prefill, "kvtier-prefill --kv-codec " + codec), text, f.served_positions, vocab,
+                    kept[0], kept[c + 1], &cached, c == 0 ? &float_scores : nullptr);
     if (!s.ok()) Fail(absl::StrCat(codec, " through the services: ", s.status().ToString()));
     if (f.served_positions >= 2 * f.tokens_per_block && cached == 0) Fail(codec + ": no block came from the cache");
     s->name = codec;
@@ -123,7 +120,8 @@ int Main(const Flags& f) {
   const double local_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   double served_seconds = 0;
   std::vector<Scores> remote;
-  if (served > 0) remote = ScoreThroughServices(f, text, vocab, kept, served_seconds);
+  Scores float_head;  // the float model over the served positions
+  if (served > 0) remote = ScoreThroughServices(f, text, vocab, kept, float_head, served_seconds);
 
   const double float_ppl = (*local)[0].Perplexity();
   const kernels::BlockShape shape{static_cast<uint32_t>(f.tokens_per_block), static_cast<uint32_t>(config.kv_lora_rank),
@@ -170,13 +168,6 @@ int Main(const Flags& f) {
                 served);
     std::printf("%-6s %11s %10s %14s %8s %22s\n", "codec", "perplexity", "vs float", "mean KL (nats)", "top-1",
                 "max |dlogprob| vs local");
-    Scores float_head;  // the float model over the same positions
-    for (size_t p = 0; p < served; ++p) {
-      const std::span<const float> ref = std::span(kept[0]).subspan(p * vocab, vocab);
-      // The next token: the position's window and offset.
-      const size_t per_window = f.window - 1, w = p / per_window, t = p % per_window;
-      float_head.Add(ref, ref, text[w][t + 1]);
-    }
     for (const Scores& v : remote) {
       std::printf("%-6s %11.4f %+9.3f%% %14.2e %7.2f%% %22.2e\n", v.name.c_str(), v.Perplexity(),
                   100.0 * (v.Perplexity() / float_head.Perplexity() - 1.0), v.MeanKl(), 100.0 * v.Top1Agreement(),

@@ -25,6 +25,7 @@
 #include "kvtier/v1/prefill.grpc.pb.h"
 #include "load/decode_steps.h"
 #include "load/median.h"
+#include "load/serve_target.h"
 #include "services/cache/client/cache_client.h"
 #include "services/common/child_process.h"
 #include "services/common/flags.h"
@@ -97,15 +98,6 @@ std::pair<double, double> DecodeSteps(const std::string& metrics) {
           MetricValue(page, "kvtier_decode_batch_size_sum").value_or(0)};
 }
 
-std::string Serve(ChildProcess& p, const char* name) {
-  const int port = p.WaitForListeningPort(120000);
-  if (port <= 0) {
-    std::fprintf(stderr, "%s did not start\n", name);
-    std::exit(1);
-  }
-  return "127.0.0.1:" + std::to_string(port);
-}
-
 // Decode tokens/s of `batch` sequences stepped together in process, after
 // prompts of `prompt` tokens.
 double InProcessDecode(const runtime::Model& model, size_t batch, size_t prompt, int steps, std::mt19937_64& rng) {
@@ -143,22 +135,22 @@ int Main(int argc, char** argv) {
   }
   ChildProcess cache({bin + "/kvtier-cache", "--listen", "127.0.0.1:0", "--metrics-listen", "", "--device-capacity",
                       "2GiB", "--host-capacity", "1GiB"});
-  const std::string cache_target = Serve(cache, "kvtier-cache");
+  const std::string cache_target = load::ServeTarget(cache, "kvtier-cache");
   ChildProcess decode({bin + "/kvtier-decode", "--listen", "127.0.0.1:0", "--model", model_dir.string(), "--cache",
                        cache_target, "--metrics-listen", "127.0.0.1:0"});
   const std::optional<std::string> metrics_line = decode.WaitForLine("metrics on ");
   const std::string decode_metrics = metrics_line ? metrics_line->substr(0, metrics_line->find('/')) : "";
-  const std::string decode_target = Serve(decode, "kvtier-decode");
+  const std::string decode_target = load::ServeTarget(decode, "kvtier-decode");
   ChildProcess prefill({bin + "/kvtier-prefill", "--listen", "127.0.0.1:0", "--model", model_dir.string(), "--cache",
                         cache_target, "--decode", decode_target, "--kv-codec", "int8"});
-  const std::string prefill_target = Serve(prefill, "kvtier-prefill");
+  const std::string prefill_target = load::ServeTarget(prefill, "kvtier-prefill");
   auto stub = v1::Prefill::NewStub(cache::CacheClient::Connect(prefill_target));
   // A second prefill node on the same cache and decode worker, reading the
   // cached prefix over TCP: the full-hit rows compare the two.
   ChildProcess tcp_prefill({bin + "/kvtier-prefill", "--listen", "127.0.0.1:0", "--model", model_dir.string(),
                             "--cache", cache_target, "--decode", decode_target, "--kv-codec", "int8",
                             "--no-fast-path"});
-  auto tcp_stub = v1::Prefill::NewStub(cache::CacheClient::Connect(Serve(tcp_prefill, "kvtier-prefill")));
+  auto tcp_stub = v1::Prefill::NewStub(cache::CacheClient::Connect(load::ServeTarget(tcp_prefill, "kvtier-prefill")));
   std::mt19937_64 rng(9);
 
   std::vector<double> miss, hit, tcp_hit, miss_server, hit_server, tcp_hit_server;

@@ -100,18 +100,22 @@ absl::StatusOr<std::vector<Scores>> ScoreInProcess(const runtime::Model& model, 
 
 absl::StatusOr<Scores> ScoreServed(const std::string& prefill_target, const Windows& text, size_t positions,
                                    uint32_t vocab_size, std::span<const float> reference,
-                                   std::span<const float> compare_to, uint64_t* cached_tokens) {
+                                   std::span<const float> compare_to, uint64_t* cached_tokens,
+                                   Scores* reference_scores) {
+  positions = std::min(positions, text.positions());
+  if (reference.size() < positions * vocab_size ||
+      (!compare_to.empty() && compare_to.size() < positions * vocab_size)) {
+    return absl::InvalidArgumentError("the reference has fewer positions than asked for");
+  }
   Scores scores;
   scores.name = "served";
   if (cached_tokens != nullptr) *cached_tokens = 0;
+  if (reference_scores != nullptr) *reference_scores = Scores{.name = "float"};
   std::vector<float> logprobs(vocab_size);
   size_t position = 0;
   for (size_t w = 0; w < text.count() && position < positions; ++w) {
     const std::span<const uint32_t> ids = text[w];
     for (size_t t = 0; t + 1 < ids.size() && position < positions; ++t, ++position) {
-      if (reference.size() < (position + 1) * vocab_size) {
-        return absl::InvalidArgumentError("the reference has fewer positions than asked for");
-      }
       v1::GenerateRequest request;
       request.set_request_id(absl::StrCat("fidelity-", position));
       for (size_t i = 0; i <= t; ++i) request.add_prompt_token_ids(ids[i]);
@@ -128,7 +132,9 @@ absl::StatusOr<Scores> ScoreServed(const std::string& prefill_target, const Wind
         if (id >= vocab_size) return absl::OutOfRangeError(absl::StrCat("token ", id, " outside the vocabulary"));
         logprobs[id] = lp;
       }
-      scores.Add(reference.subspan(position * vocab_size, vocab_size), logprobs, ids[t + 1]);
+      const std::span<const float> ref = reference.subspan(position * vocab_size, vocab_size);
+      scores.Add(ref, logprobs, ids[t + 1]);
+      if (reference_scores != nullptr) reference_scores->Add(ref, ref, ids[t + 1]);
       if (!compare_to.empty()) {
         const std::span<const float> want = compare_to.subspan(position * vocab_size, vocab_size);
         for (size_t i = 0; i < vocab_size; ++i) {

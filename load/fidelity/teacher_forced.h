@@ -69,10 +69,13 @@ absl::StatusOr<std::vector<Scores>> ScoreInProcess(const runtime::Model& model, 
 // ScoreInProcess's float_logprobs; `compare_to`, when not empty, the
 // in-process logprobs of the node's codec, whose largest difference from
 // the served ones goes into max_logprob_difference. `cached_tokens`, when
-// set, gets the prompt tokens the cache supplied, summed.
+// set, gets the prompt tokens the cache supplied, summed;
+// `reference_scores`, the float model's own scores over the same
+// positions.
 absl::StatusOr<Scores> ScoreServed(const std::string& prefill_target, const Windows& text, size_t positions,
                                    uint32_t vocab_size, std::span<const float> reference,
-                                   std::span<const float> compare_to, uint64_t* cached_tokens = nullptr);
+                                   std::span<const float> compare_to, uint64_t* cached_tokens = nullptr,
+                                   Scores* reference_scores = nullptr);
 
 }  // namespace kvtier::fidelity
 
