@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/cli/remote_generate.h"
 #include "services/common/status.h"
+#include "services/runtime/sampler.h"
 
 namespace kvtier::fidelity {
 namespace {
@@ -48,11 +49,8 @@ size_t Windows::positions() const {
 }
 
 void LogSoftmax(std::span<const float> logits, std::span<float> out) {
-  const double max = *std::ranges::max_element(logits);
-  double sum = 0;
-  for (float v : logits) sum += std::exp(double{v} - max);
-  const double log_sum = max + std::log(sum);
-  for (size_t i = 0; i < logits.size(); ++i) out[i] = static_cast<float>(double{logits[i]} - log_sum);
+  const double log_sum = runtime::LogSumExp(logits);
+  for (size_t i = 0; i < logits.size(); ++i) out[i] = static_cast<float>(logits[i] - log_sum);
 }
 
 absl::StatusOr<std::vector<Scores>> ScoreInProcess(const runtime::Model& model, const Windows& text,

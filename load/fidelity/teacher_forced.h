@@ -48,7 +48,8 @@ struct Windows {
   size_t positions() const;
 };
 
-// log-softmax of `logits` into `out` (same size).
+// log-softmax of `logits` into `out` (same size), as the servers'
+// logprobs are computed (runtime::LogSumExp).
 void LogSoftmax(std::span<const float> logits, std::span<float> out);
 
 // The float model and each codec over every position, all in one batch per

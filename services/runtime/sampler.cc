@@ -41,6 +41,11 @@ double SumOver(size_t n, F f) {
   return (sums[0] + sums[1]) + (sums[2] + sums[3]);
 }
 
+// LogSumExp given the logits' maximum: float exps, summed in double.
+double LogSumExpWithMax(std::span<const float> logits, float max) {
+  return std::log(SumOver(logits.size(), [&](uint32_t t) { return double{std::exp(logits[t] - max)}; })) + max;
+}
+
 }  // namespace
 
 absl::Status ValidateSampling(const Sampling& s) {
@@ -51,11 +56,12 @@ absl::Status ValidateSampling(const Sampling& s) {
   return absl::OkStatus();
 }
 
+double LogSumExp(std::span<const float> logits) { return LogSumExpWithMax(logits, MaxOf(logits)); }
+
 Sampled Sample(std::span<const float> logits, const Sampling& s, uint64_t step, size_t top_n) {
   const size_t n = logits.size();
   const float max = MaxOf(logits);
-  // Float exps, summed in double.
-  const double log_sum = std::log(SumOver(n, [&](uint32_t t) { return double{std::exp(logits[t] - max)}; })) + max;
+  const double log_sum = LogSumExpWithMax(logits, max);
   // Tokens most likely first, ties by id, but only as many as are needed
   // (the top logprobs, the nucleus): sorting a real vocabulary whole for
   // every token costs milliseconds (load/sampler_bench).

@@ -29,6 +29,10 @@ struct Sampled {
   std::vector<std::pair<uint32_t, float>> top;  // most likely first
 };
 
+// ln(sum of exp(logit)): a token's logprob is its logit minus this (float
+// exps summed in double), as Sample reports them.
+double LogSumExp(std::span<const float> logits);
+
 // The draw for generated token `step` depends only on (seed, step), so a
 // generation split across machines samples the same tokens.
 Sampled Sample(std::span<const float> logits, const Sampling& s, uint64_t step, size_t top_n);
