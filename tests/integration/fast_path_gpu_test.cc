@@ -59,7 +59,8 @@ TEST_F(FastPathGpuTest, GpuTierBlocksReachAGpuClientThroughIpc) {
 
   auto fast = FastPathClient::Connect(CacheClient::Connect(target_), absl::Seconds(10), 0, 64 << 20);
   ASSERT_TRUE(fast.ok()) << fast.status();
-  ASSERT_TRUE((*fast)->has_device_staging());
+  ASSERT_TRUE((*fast)->has_device_staging()) << "granted on proof, its handle over the socket";
+  EXPECT_EQ(client.Stats()->fast_path_device_staging_bytes(), uint64_t{64} << 20);
   std::vector<std::string> records(blocks.size());
   size_t delivered = 0;
   auto left = (*fast)->Fetch(

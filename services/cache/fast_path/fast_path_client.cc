@@ -76,9 +76,10 @@ absl::StatusOr<std::unique_ptr<FastPathClient>> FastPathClient::Connect(std::sha
   // shares this host.
   absl::StatusOr<int> socket = fastpath::Connect(opened.socket_path());
   if (!socket.ok()) return absl::UnavailableError(socket.status().message());
-  int staging_fd = -1;  // comes with the answer when a region was granted
+  int staging_fd = -1;          // comes with the answer when a region was granted
+  fastpath::DeviceGrant grant;  // likewise a GPU buffer's handle
   absl::Status proven = fastpath::SendRequest(*socket, hello);
-  if (proven.ok()) proven = fastpath::ReceiveReply(*socket, staging_fd);
+  if (proven.ok()) proven = fastpath::ReceiveReply(*socket, staging_fd, &grant);
   if (!proven.ok()) {
     close(*socket);
     return absl::UnavailableError(absl::StrCat("fast path socket ", opened.socket_path(), ": ", proven.message()));
@@ -94,11 +95,9 @@ absl::StatusOr<std::unique_ptr<FastPathClient>> FastPathClient::Connect(std::sha
   // Without it, blocks the cache puts in device staging are read over TCP.
   std::unique_ptr<DeviceMapping> device;
 #if KVTIER_HAVE_CUDA
-  if (opened.device_staging_bytes() > 0 && opened.device_ipc_handle().size() == 64) {
-    kernels::cuda::IpcHandleBytes handle;
-    std::memcpy(handle.data(), opened.device_ipc_handle().data(), handle.size());
+  if (grant.bytes > 0) {
     auto d = std::make_unique<DeviceMapping>();
-    if (kernels::cuda::IpcMapping::Open(handle, opened.device_staging_bytes(), d->mapping).ok()) device = std::move(d);
+    if (kernels::cuda::IpcMapping::Open(grant.ipc_handle, grant.bytes, d->mapping).ok()) device = std::move(d);
   }
 #endif
   return std::unique_ptr<FastPathClient>(new FastPathClient(std::move(channel), deadline, opened.session_id(), *socket,

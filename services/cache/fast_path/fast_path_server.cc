@@ -106,8 +106,6 @@ absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(const v1::OpenFast
       request.host_boot_id() != fastpath::HostBootId()) {
     return absl::FailedPreconditionError("the client is on another host: no fast path");
   }
-  uint64_t staging_bytes = request.staging_bytes();
-  const uint64_t device_staging_bytes = request.device_staging_bytes();
   absl::MutexLock lock(&mu_);
   ExpireLocked();
   if (sessions_.size() >= options_.max_sessions) {
@@ -129,23 +127,16 @@ absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(const v1::OpenFast
   session.open_until = clock_->Now() + options_.prove_within;
   // Whole pages within this session's share, granted once it is proven (an
   // unproven session, from anywhere, holds none of the budget).
-  session.staging_wanted = std::min(staging_bytes, options_.max_staging_per_session) & ~uint64_t{4095};
+  session.staging_wanted = std::min(request.staging_bytes(), options_.max_staging_per_session) & ~uint64_t{4095};
   // GPU clients get a device buffer of their own when the device tier is on
-  // a GPU: its blocks are copied there, device to device, per lease.
-  if (SlabMemory* slab = store_->storage(0).slab(); slab != nullptr && device_staging_bytes > 0) {
-    absl::StatusOr<std::unique_ptr<ExportedBuffer>> buffer =
-        slab->Export(std::min(device_staging_bytes, options_.max_device_staging));
-    if (buffer.ok()) {
-      session.device = std::make_shared<DeviceStaging>();
-      session.device->buffer = *std::move(buffer);
-    }
+  // a GPU (its blocks are copied there, device to device, per lease), also
+  // only once proven: an unproven session holds no GPU memory.
+  if (store_->storage(0).slab() != nullptr) {
+    session.device_wanted = std::min(request.device_staging_bytes(), options_.max_device_staging);
   }
   v1::OpenFastPathResponse response;
   response.set_staging_bytes(session.staging_wanted);
-  if (session.device != nullptr) {
-    response.set_device_staging_bytes(session.device->buffer->size());
-    response.set_device_ipc_handle(session.device->buffer->handle());
-  }
+  response.set_device_staging_bytes(session.device_wanted);
   response.set_session_id(id);
   response.set_secret(session.secret.data(), session.secret.size());
   response.set_socket_path(options_.socket_path);
@@ -331,12 +322,42 @@ void FastPathServer::EndSessionLocked(uint64_t session_id) {
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) return;
   if (it->second.staging != nullptr) counters_.staging_bytes -= it->second.staging->size();
+  if (it->second.device != nullptr) counters_.device_staging_bytes -= it->second.device->buffer->size();
   const std::set<uint64_t> leases = it->second.leases;  // EndLeaseLocked edits the set
   for (uint64_t lease : leases) EndLeaseLocked(lease);
   if (it->second.socket >= 0) --counters_.sessions;
   auto held = sessions_by_tenant_.find(it->second.tenant);
   if (--held->second == 0) sessions_by_tenant_.erase(held);
   sessions_.erase(it);
+}
+
+void FastPathServer::GrantStagingLocked(Session& session) {
+  const uint64_t bytes =
+      std::min(session.staging_wanted, options_.staging_budget - counters_.staging_bytes) & ~uint64_t{4095};
+  if (bytes == 0) return;
+  absl::StatusOr<std::shared_ptr<StagingRegion>> region = StagingRegion::Create(bytes);
+  if (!region.ok()) return;  // Puts go over TCP
+  session.staging = *std::move(region);
+  counters_.staging_bytes += bytes;
+}
+
+fastpath::DeviceGrant FastPathServer::GrantDeviceStagingLocked(Session& session) {
+  fastpath::DeviceGrant grant;
+  SlabMemory* slab = store_->storage(0).slab();
+  const uint64_t left =
+      options_.device_staging_budget - std::min(options_.device_staging_budget, counters_.device_staging_bytes);
+  const uint64_t bytes = std::min(session.device_wanted, left);
+  if (slab == nullptr || bytes == 0) return grant;
+  absl::StatusOr<std::unique_ptr<ExportedBuffer>> buffer = slab->Export(bytes);
+  if (!buffer.ok()) return grant;  // the GPU's blocks go over TCP
+  const std::string handle = (*buffer)->handle();
+  if (handle.size() != grant.ipc_handle.size()) return grant;
+  grant.bytes = (*buffer)->size();
+  std::memcpy(grant.ipc_handle.data(), handle.data(), handle.size());
+  session.device = std::make_shared<DeviceStaging>();
+  session.device->buffer = *std::move(buffer);
+  counters_.device_staging_bytes += grant.bytes;
+  return grant;
 }
 
 void FastPathServer::CloseConnectionLocked(int socket) {
@@ -359,19 +380,12 @@ bool FastPathServer::Serve(int socket) {
     it->second.socket = socket;
     proven = request.session_id;
     ++counters_.sessions;
-    // Its staging region, as much as is left of the budget, travels with
-    // the answer, writable.
-    if (const uint64_t bytes =
-            std::min(it->second.staging_wanted, options_.staging_budget - counters_.staging_bytes) & ~uint64_t{4095};
-        bytes > 0) {
-      absl::StatusOr<std::shared_ptr<StagingRegion>> region = StagingRegion::Create(bytes);
-      if (region.ok()) {
-        it->second.staging = *std::move(region);
-        counters_.staging_bytes += bytes;
-      }
-    }
+    // The staging region (writable) and the GPU buffer's handle travel with
+    // the answer.
+    GrantStagingLocked(it->second);
+    const fastpath::DeviceGrant device = GrantDeviceStagingLocked(it->second);
     const StagingRegion* staging = it->second.staging.get();
-    return fastpath::SendReply(socket, absl::OkStatus(), staging != nullptr ? staging->fd() : -1).ok();
+    return fastpath::SendReply(socket, absl::OkStatus(), staging != nullptr ? staging->fd() : -1, device).ok();
   }
   if (request.kind == fastpath::RequestKind::kRelease && proven != 0) {
     // Only the session's own leases; the client does not wait for an answer.

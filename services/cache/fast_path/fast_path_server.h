@@ -25,6 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kvtier/v1/cache.pb.h"
+#include "services/cache/fast_path/fast_path_socket.h"
 #include "services/cache/store/block_store.h"
 #include "services/common/clock.h"
 #include "services/common/tenants.h"
@@ -42,7 +43,9 @@ struct FastPathOptions {
   // Staging regions for staged Put: all sessions' together, and one's most.
   uint64_t staging_budget = 512 << 20;
   uint64_t max_staging_per_session = 128 << 20;
-  // Device staging (GPU device tier only), per session.
+  // Device staging (GPU device tier only): all sessions' together, and
+  // one's most.
+  uint64_t device_staging_budget = uint64_t{1} << 30;
   uint64_t max_device_staging = 256 << 20;
 };
 
@@ -50,8 +53,9 @@ struct FastPathCounters {
   uint64_t sessions = 0;  // proven and open
   uint64_t blocks_out = 0;
   uint64_t bytes_out = 0;
-  uint64_t bytes_in = 0;       // staged slice bytes taken by Put
-  uint64_t staging_bytes = 0;  // granted to open sessions
+  uint64_t bytes_in = 0;              // staged slice bytes taken by Put
+  uint64_t staging_bytes = 0;         // granted to open sessions
+  uint64_t device_staging_bytes = 0;  // GPU memory granted to open sessions
 };
 
 // A session's staging region: a sealed memfd the client writes records
@@ -90,9 +94,11 @@ class FastPathServer {
   const std::string& socket_path() const { return options_.socket_path; }
 
   // A new, unproven session, offered a staging region of up to
-  // request.staging_bytes(), granted when it proves itself if the budget
-  // allows then (and device staging, see cache.proto). FAILED_PRECONDITION for a client whose host_boot_id says
-  // it is on another host; RESOURCE_EXHAUSTED at max_sessions.
+  // request.staging_bytes() and device staging of up to
+  // request.device_staging_bytes() (when the device tier is a GPU's), each
+  // granted when it proves itself, as far as its budget allows then.
+  // FAILED_PRECONDITION for a client whose host_boot_id says it is on
+  // another host; RESOURCE_EXHAUSTED at max_sessions.
   // The session is the caller's tenant's: only that tenant's calls may use
   // it (to any other tenant it is unknown); RESOURCE_EXHAUSTED when the
   // tenant holds max_sessions_per_tenant (or its quota's) already.
@@ -135,6 +141,7 @@ class FastPathServer {
     std::set<std::string> namespaces;  // read through this session so far
     std::set<uint64_t> leases;
     uint64_t staging_wanted = 0;             // granted on proof, if the budget allows
+    uint64_t device_wanted = 0;              // likewise
     std::shared_ptr<StagingRegion> staging;  // null: none granted
     std::shared_ptr<DeviceStaging> device;   // null: none granted
   };
@@ -152,6 +159,10 @@ class FastPathServer {
   void CloseConnectionLocked(int socket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndSessionLocked(uint64_t session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndLeaseLocked(uint64_t lease_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A session just proven gets its staging region and its GPU buffer, as
+  // much of each as is wanted and left of its budget.
+  void GrantStagingLocked(Session& session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  fastpath::DeviceGrant GrantDeviceStagingLocked(Session& session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Copies a block pinned in the GPU tier into a range of `device` (noted in
   // `ranges`) and describes it in `out`; false when there is no room or the
   // copy fails.

@@ -93,9 +93,10 @@ absl::Status ReceiveRequest(int socket, Request& request) {
   return absl::OkStatus();
 }
 
-absl::Status SendReply(int socket, const absl::Status& status, int fd) {
+absl::Status SendReply(int socket, const absl::Status& status, int fd, const DeviceGrant& device) {
   Reply reply;
   reply.code = static_cast<int32_t>(status.code());
+  reply.device = device;
   const absl::string_view text = status.message();
   if (!text.empty()) {  // an OK status's message may be a null view
     std::memcpy(reply.message.data(), text.data(), std::min(text.size(), reply.message.size() - 1));
@@ -119,8 +120,9 @@ absl::Status SendReply(int socket, const absl::Status& status, int fd) {
   return absl::OkStatus();
 }
 
-absl::Status ReceiveReply(int socket, int& fd) {
+absl::Status ReceiveReply(int socket, int& fd, DeviceGrant* device) {
   fd = -1;
+  if (device != nullptr) *device = DeviceGrant();
   Reply reply;
   iovec io{&reply, sizeof reply};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
@@ -147,6 +149,7 @@ absl::Status ReceiveReply(int socket, int& fd) {
     close(fd);
     fd = -1;
   }
+  if (status.ok() && device != nullptr) *device = reply.device;
   return status;
 }
 

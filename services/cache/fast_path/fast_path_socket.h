@@ -28,13 +28,21 @@ struct Request {
   std::array<uint8_t, 16> secret{};
 };
 
+// A GPU buffer of the session's own, granted with the answer to its proof:
+// what a process on this host opens it with (cudaIpcOpenMemHandle).
+struct DeviceGrant {
+  uint64_t bytes = 0;  // 0: none granted
+  std::array<char, 64> ipc_handle{};
+};
+
 struct Reply {
   int32_t code = 0;  // absl::StatusCode
   uint32_t reserved = 0;
+  DeviceGrant device;  // kHello's answer only
   std::array<char, 120> message{};
 };
 
-static_assert(sizeof(Request) == 48 && sizeof(Reply) == 128, "wire sizes are fixed");
+static_assert(sizeof(Request) == 48 && sizeof(Reply) == 200, "wire sizes are fixed");
 
 // This host's boot id (/proc/sys/kernel/random/boot_id: the same in every
 // container on one host), or "" if unreadable.
@@ -47,13 +55,14 @@ absl::Status CheckSocketPath(const std::string& path);
 absl::StatusOr<int> Listen(const std::string& path);
 absl::StatusOr<int> Connect(const std::string& path);
 
-// One message each way; `fd` (optional) travels with a reply. Receiving
-// fails on a closed peer, a short message or a stray descriptor.
+// One message each way; `fd` (optional) and `device` travel with a reply.
+// Receiving fails on a closed peer, a short message or a stray descriptor.
 absl::Status SendRequest(int socket, const Request& request);
 absl::Status ReceiveRequest(int socket, Request& request);
-absl::Status SendReply(int socket, const absl::Status& status, int fd = -1);
-// The reply's status; `fd` is the descriptor it carried, or -1.
-absl::Status ReceiveReply(int socket, int& fd);
+absl::Status SendReply(int socket, const absl::Status& status, int fd = -1, const DeviceGrant& device = {});
+// The reply's status; `fd` is the descriptor it carried, or -1; `device`
+// (optional) what it granted.
+absl::Status ReceiveReply(int socket, int& fd, DeviceGrant* device = nullptr);
 
 }  // namespace kvtier::cache::fastpath
 

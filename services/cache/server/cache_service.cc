@@ -499,6 +499,7 @@ void FillStats(const StoreStats& s, const FastPathCounters& f, v1::StatsResponse
   r.set_fast_path_bytes_out(f.bytes_out);
   r.set_fast_path_bytes_in(f.bytes_in);
   r.set_fast_path_staging_bytes(f.staging_bytes);
+  r.set_fast_path_device_staging_bytes(f.device_staging_bytes);
   r.set_server_version(kCacheServerVersion);
   r.add_block_format_versions(kvblock::kBlockFormatVersion);
 }

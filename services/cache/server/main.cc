@@ -26,6 +26,7 @@
 #include "services/common/metrics_exposer.h"
 #include "services/common/security_flags.h"
 #include "services/common/server_runner.h"
+#include "services/common/status.h"
 
 namespace kvtier::cache {
 namespace {
@@ -43,6 +44,7 @@ struct Flags {
   std::string device_memory = "auto";
   std::string fast_path_socket;
   std::string fast_path_staging = "512MiB";
+  std::string fast_path_device_staging = "1GiB";
   bool no_fast_path = false;
   uint64_t put_idle_ms = 30000;
   std::string eviction = "leaf-first";
@@ -72,6 +74,28 @@ absl::StatusOr<std::shared_ptr<SlabMemory>> DeviceTierSlab(const std::string& ki
 #endif
 }
 
+// A size flag's value; its error names the flag.
+absl::StatusOr<uint64_t> SizeFlag(const char* flag, const std::string& value) {
+  absl::StatusOr<uint64_t> bytes = ParseByteSize(value);
+  if (!bytes.ok()) return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", bytes.status().message()));
+  return bytes;
+}
+
+absl::StatusOr<FastPathOptions> ToFastPathOptions(const Flags& f) {
+  FastPathOptions o;
+  KVTIER_ASSIGN_OR_RETURN(o.staging_budget, SizeFlag("fast-path-staging", f.fast_path_staging));
+  KVTIER_ASSIGN_OR_RETURN(o.device_staging_budget, SizeFlag("fast-path-device-staging", f.fast_path_device_staging));
+  o.socket_path = f.fast_path_socket;
+  if (o.socket_path.empty()) {
+    // Abstract: nothing to clean up, reachable within this network namespace
+    // (the pod), and unique even between containers that share it.
+    uint64_t nonce = 0;
+    (void)!getrandom(&nonce, sizeof nonce, 0);
+    o.socket_path = absl::StrCat("@kvtier-cache-", getpid(), "-", absl::Hex(nonce));
+  }
+  return o;
+}
+
 absl::StatusOr<StoreOptions> ToStoreOptions(const Flags& f) {
   if (f.device_capacity.empty() || f.host_capacity.empty()) {
     return absl::InvalidArgumentError("--device-capacity and --host-capacity are required");
@@ -89,10 +113,10 @@ absl::StatusOr<StoreOptions> ToStoreOptions(const Flags& f) {
     o.disk_dir = f.disk_dir;
     o.disk_capacity = *disk;
   }
-  absl::StatusOr<uint64_t> device = ParseByteSize(f.device_capacity);
-  if (!device.ok()) return absl::InvalidArgumentError(absl::StrCat("--device-capacity: ", device.status().message()));
-  absl::StatusOr<uint64_t> host = ParseByteSize(f.host_capacity);
-  if (!host.ok()) return absl::InvalidArgumentError(absl::StrCat("--host-capacity: ", host.status().message()));
+  absl::StatusOr<uint64_t> device = SizeFlag("device-capacity", f.device_capacity);
+  if (!device.ok()) return device.status();
+  absl::StatusOr<uint64_t> host = SizeFlag("host-capacity", f.host_capacity);
+  if (!host.ok()) return host.status();
   if (f.page_size < 4096 || f.page_size > (64u << 20)) {
     return absl::InvalidArgumentError("--page-size must be within 4KiB..64MiB");
   }
@@ -152,23 +176,13 @@ int Run(const Flags& f) {
   }
   std::unique_ptr<FastPathServer> fast_path;
   if (!f.no_fast_path) {
-    FastPathOptions fast_options;
-    fast_options.socket_path = f.fast_path_socket;
-    absl::StatusOr<uint64_t> staging = ParseByteSize(f.fast_path_staging);
-    if (!staging.ok()) {
-      std::cerr << "kvtier-cache: --fast-path-staging: " << staging.status().message() << "\n";
+    absl::StatusOr<FastPathOptions> fast_options = ToFastPathOptions(f);
+    if (!fast_options.ok()) {
+      std::cerr << "kvtier-cache: " << fast_options.status().message() << "\n";
       return 2;
     }
-    fast_options.staging_budget = *staging;
-    if (fast_options.socket_path.empty()) {
-      // Abstract: nothing to clean up, reachable within this network namespace
-      // (the pod), and unique even between containers that share it.
-      uint64_t nonce = 0;
-      (void)!getrandom(&nonce, sizeof nonce, 0);
-      fast_options.socket_path = absl::StrCat("@kvtier-cache-", getpid(), "-", absl::Hex(nonce));
-    }
     absl::StatusOr<std::unique_ptr<FastPathServer>> started =
-        FastPathServer::Start(fast_options, store->get(), SystemClock::Get());
+        FastPathServer::Start(*fast_options, store->get(), SystemClock::Get());
     if (!started.ok()) {
       std::cerr << "kvtier-cache: --fast-path-socket: " << started.status().message() << "\n";
       return 2;
@@ -258,6 +272,9 @@ int main(int argc, char** argv) {
       "unix socket of the same-host fast path, '@name' for an abstract one (default: a fresh abstract name)");
   flags.AddString("fast-path-staging", &f.fast_path_staging,
                   "staging memory for same-host Put, all sessions together (0: none)");
+  flags.AddString("fast-path-device-staging", &f.fast_path_device_staging,
+                  "GPU memory, beyond --device-capacity, for same-host GPU clients to read the GPU tier's blocks "
+                  "through, all sessions together (0: none; only with the device tier on a GPU)");
   flags.AddBool("no-fast-path", &f.no_fast_path,
                 "serve blocks over gRPC only: tiers in private memory, no unix socket");
   flags.AddString("eviction", &f.eviction,

@@ -69,6 +69,8 @@ std::vector<MetricFamily> StoreMetrics::Collect() const {
        MetricType::Counter, fast.bytes_in},
       {"kvtier_cache_fast_path_staging_bytes", "Staging regions granted to open fast path sessions", MetricType::Gauge,
        fast.staging_bytes},
+      {"kvtier_cache_fast_path_device_staging_bytes", "GPU memory granted to open fast path sessions",
+       MetricType::Gauge, fast.device_staging_bytes},
   };
   for (const Single& single : singles) {
     MetricFamily f = Family(single.name, single.help, single.type);

@@ -11,6 +11,7 @@
 
 #include "services/cache/fast_path/fast_path_socket.h"
 #include "services/kvblock/block_format.h"
+#include "tests/cache/store/recording_slab.h"
 #include "tests/test_random.h"
 
 namespace kvtier::cache {
@@ -27,13 +28,18 @@ kvblock::LatentLayout Layout() {
 
 class FastPathServerTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { Start(nullptr, FastPathOptions()); }
+
+  // A store whose device tier is `device_slab` (null: host memory) and a
+  // server with `f` but for its socket and proof time.
+  void Start(std::shared_ptr<SlabMemory> device_slab, FastPathOptions f) {
+    server_.reset();
     StoreOptions o;
     o.page_size = 4096;
     o.device_capacity = o.host_capacity = 64 * 4096;
     o.shared_memory = true;
+    o.device_slab = std::move(device_slab);
     store_ = *BlockStore::Create(o, &clock_);
-    FastPathOptions f;
     f.socket_path = "@kvtier-fast-path-server-test-" + std::to_string(getpid()) + "-" + std::to_string(rng_.seed());
     f.prove_within = absl::Seconds(10);
     server_ = *FastPathServer::Start(f, store_.get(), &clock_);
@@ -51,16 +57,23 @@ class FastPathServerTest : public ::testing::Test {
     return hash;
   }
 
-  // Opens and proves a session; returns its id and keeps its socket in `socket`.
-  uint64_t Proven(int& socket) {
-    v1::OpenFastPathResponse opened = *server_->Open(v1::OpenFastPathRequest());
+  // Proves an opened session over a new connection, kept in `socket`; the
+  // staging region's descriptor (or -1) in `fd`, the device grant in `device`.
+  static absl::Status Prove(const v1::OpenFastPathResponse& opened, int& socket, int& fd,
+                            fastpath::DeviceGrant* device = nullptr) {
     socket = *fastpath::Connect(opened.socket_path());
     fastpath::Request hello{fastpath::RequestKind::kHello};
     hello.session_id = opened.session_id();
     std::memcpy(hello.secret.data(), opened.secret().data(), 16);
+    if (absl::Status s = fastpath::SendRequest(socket, hello); !s.ok()) return s;
+    return fastpath::ReceiveReply(socket, fd, device);
+  }
+
+  // Opens and proves a session; returns its id and keeps its socket in `socket`.
+  uint64_t Proven(int& socket) {
+    v1::OpenFastPathResponse opened = *server_->Open(v1::OpenFastPathRequest());
     int fd;
-    EXPECT_TRUE(fastpath::SendRequest(socket, hello).ok());
-    EXPECT_TRUE(fastpath::ReceiveReply(socket, fd).ok());
+    EXPECT_TRUE(Prove(opened, socket, fd).ok());
     return opened.session_id();
   }
 
@@ -113,14 +126,8 @@ TEST_F(FastPathServerTest, StagingGoesOnlyToProvenSessions) {
   wants.set_staging_bytes(64 << 20);
   for (int i = 0; i < 16; ++i) ASSERT_TRUE(server_->Open(wants).ok());  // never proven
   EXPECT_EQ(server_->Counters().staging_bytes, 0u);
-  v1::OpenFastPathResponse opened = *server_->Open(wants);
-  const int socket = *fastpath::Connect(opened.socket_path());
-  fastpath::Request hello{fastpath::RequestKind::kHello};
-  hello.session_id = opened.session_id();
-  std::memcpy(hello.secret.data(), opened.secret().data(), 16);
-  int fd = -1;
-  ASSERT_TRUE(fastpath::SendRequest(socket, hello).ok());
-  ASSERT_TRUE(fastpath::ReceiveReply(socket, fd).ok());
+  int socket, fd = -1;
+  ASSERT_TRUE(Prove(*server_->Open(wants), socket, fd).ok());
   ASSERT_GE(fd, 0) << "the proven session got no staging region";
   struct stat st;
   ASSERT_EQ(fstat(fd, &st), 0);
@@ -128,6 +135,60 @@ TEST_F(FastPathServerTest, StagingGoesOnlyToProvenSessions) {
   EXPECT_EQ(server_->Counters().staging_bytes, 64u << 20);
   close(fd);
   close(socket);
+}
+
+// Likewise GPU memory: with the device tier on a GPU (a host stand-in that
+// exports buffers as a GPU does), a session's own device buffer is made
+// when it proves itself, within the device staging budget; its handle comes
+// over the socket only; a lease copies the GPU tier's blocks into it; it is
+// freed with the session.
+TEST_F(FastPathServerTest, DeviceStagingGoesOnlyToProvenSessions) {
+  auto slab = std::make_shared<RecordingSlab>(64 * 4096);
+  FastPathOptions f;
+  f.max_device_staging = 2 << 20;
+  f.device_staging_budget = 3 << 20;
+  Start(slab, f);
+  const kvblock::BlockHash hash = PutBlock(7);
+  v1::OpenFastPathRequest wants;
+  wants.set_device_staging_bytes(64 << 20);
+  std::vector<v1::OpenFastPathResponse> opened;
+  for (int i = 0; i < 16; ++i) {
+    opened.push_back(*server_->Open(wants));
+    EXPECT_EQ(opened.back().device_staging_bytes(), 2u << 20) << "offered: the session's most";
+  }
+  EXPECT_TRUE(slab->exported.empty()) << "GPU memory exported to sessions that never proved themselves";
+  EXPECT_EQ(server_->Counters().device_staging_bytes, 0u);
+
+  int first, fd;
+  fastpath::DeviceGrant grant;
+  ASSERT_TRUE(Prove(opened[0], first, fd, &grant).ok());
+  ASSERT_EQ(slab->exported.size(), 1u);
+  EXPECT_EQ(grant.bytes, 2u << 20);
+  EXPECT_EQ(std::string(grant.ipc_handle.data(), grant.ipc_handle.size()), slab->exported[0]->handle());
+  EXPECT_EQ(server_->Counters().device_staging_bytes, 2u << 20);
+  // The GPU tier's block, copied into the session's buffer for its lease.
+  v1::LeaseBlocksResponse leased;
+  ASSERT_TRUE(
+      server_->Lease(opened[0].session_id(), "ns", kvblock::LayoutId(layout_), {hash}, absl::Seconds(5), leased).ok());
+  ASSERT_TRUE(leased.blocks(0).has_device()) << leased.blocks(0).DebugString();
+  const std::string record = (*store_->Read("ns", kvblock::LayoutId(layout_), hash))->CopyToString();
+  EXPECT_EQ(slab->exported[0]->bytes().substr(leased.blocks(0).device().offset(), leased.blocks(0).device().size()),
+            record);
+
+  // The second proven session gets what is left of the budget, the third none.
+  int second, third;
+  ASSERT_TRUE(Prove(opened[1], second, fd, &grant).ok());
+  EXPECT_EQ(grant.bytes, 1u << 20);
+  ASSERT_TRUE(Prove(opened[2], third, fd, &grant).ok());
+  EXPECT_EQ(grant.bytes, 0u);
+  EXPECT_EQ(slab->exported.size(), 2u);
+  EXPECT_EQ(server_->Counters().device_staging_bytes, 3u << 20);
+  // A session that ends gives its buffer back.
+  close(first);
+  ASSERT_TRUE(server_->AwaitSessions(2, absl::Seconds(5)));
+  EXPECT_EQ(server_->Counters().device_staging_bytes, 1u << 20);
+  EXPECT_EQ(*slab->live_exports, 1);
+  close(second), close(third);
 }
 
 TEST_F(FastPathServerTest, UnprovenSessionsAndSilentConnectionsAreDropped) {
@@ -139,13 +200,8 @@ TEST_F(FastPathServerTest, UnprovenSessionsAndSilentConnectionsAreDropped) {
   Proven(proven);
   clock_.Advance(absl::Seconds(10));
   // The session is gone: its hello is refused.
-  const int late = *fastpath::Connect(opened.socket_path());
-  fastpath::Request hello{fastpath::RequestKind::kHello};
-  hello.session_id = opened.session_id();
-  std::memcpy(hello.secret.data(), opened.secret().data(), 16);
-  int fd;
-  ASSERT_TRUE(fastpath::SendRequest(late, hello).ok());
-  EXPECT_EQ(fastpath::ReceiveReply(late, fd).code(), absl::StatusCode::kPermissionDenied);
+  int late, fd;
+  EXPECT_EQ(Prove(opened, late, fd).code(), absl::StatusCode::kPermissionDenied);
   // The connection that never spoke is closed by the server (within a poll
   // period; the receive times out after 5 s otherwise).
   EXPECT_NE(fastpath::ReceiveReply(silent, fd).message().find("closed"), std::string::npos);

@@ -1,10 +1,11 @@
 // Host memory behind the slab contract that records each batch of runs it
-// is asked to copy (a GPU waits once a batch), the records it checks, and
-// the host memory pinned for it. Not thread-safe.
+// is asked to copy (a GPU waits once a batch), the records it checks, the
+// host memory pinned for it, and the buffers it exports. Not thread-safe.
 #ifndef KVTIER_TESTS_CACHE_STORE_RECORDING_SLAB_H_
 #define KVTIER_TESTS_CACHE_STORE_RECORDING_SLAB_H_
 
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <span>
@@ -62,6 +63,36 @@ class RecordingSlab final : public SlabMemory {
     first_byte_unpinned = *it->first;  // still the memory that was pinned?
     pinned.erase(it);
   }
+  // As a GPU's: a buffer of its own, named by a 64-byte handle (here the
+  // count of exports so far), that copies out of the slab land in.
+  class HostExport final : public ExportedBuffer {
+   public:
+    HostExport(uint64_t bytes, int serial, std::shared_ptr<int> live)
+        : bytes_(bytes, '\0'), handle_(64, '\0'), live_(std::move(live)) {
+      std::memcpy(handle_.data(), &serial, sizeof serial);
+      ++*live_;
+    }
+    ~HostExport() override { --*live_; }
+    uint64_t size() const override { return bytes_.size(); }
+    std::string handle() const override { return handle_; }
+    std::string& bytes() { return bytes_; }
+
+   private:
+    std::string bytes_;
+    std::string handle_;
+    std::shared_ptr<int> live_;
+  };
+  absl::StatusOr<std::unique_ptr<ExportedBuffer>> Export(uint64_t bytes) override {
+    auto buffer = std::make_unique<HostExport>(bytes, static_cast<int>(exported.size()), live_exports);
+    exported.push_back(buffer.get());
+    return std::unique_ptr<ExportedBuffer>(std::move(buffer));
+  }
+  absl::Status CopyToExported(uint64_t offset, ExportedBuffer& to, uint64_t to_offset, size_t n) override {
+    std::string& bytes = static_cast<HostExport&>(to).bytes();
+    if (to_offset > bytes.size() || n > bytes.size() - to_offset) return absl::InternalError("outside the buffer");
+    return slab_->CopyOut(offset, bytes.data() + to_offset, n);
+  }
+
   // Whether [p, p + n) lies in pinned memory.
   bool IsPinned(const void* p, size_t n) const {
     const auto* q = static_cast<const uint8_t*>(p);
@@ -93,6 +124,9 @@ class RecordingSlab final : public SlabMemory {
   int errors = 0;  // pinned twice, or unpinned without a pin
   uint8_t first_byte_unpinned = 0;
   bool refuse_pins = false;
+  // Every buffer exported, in order (each valid until its owner frees it).
+  std::vector<HostExport*> exported;
+  std::shared_ptr<int> live_exports = std::make_shared<int>(0);
 
  private:
   std::unique_ptr<StagedHostSlab> slab_;
