@@ -179,9 +179,11 @@ TEST_F(FastPathServerTest, DeviceStagingGoesOnlyToProvenSessions) {
   int second, third;
   ASSERT_TRUE(Prove(opened[1], second, fd, &grant).ok());
   EXPECT_EQ(grant.bytes, 1u << 20);
+  ASSERT_EQ(slab->exported.size(), 2u);
+  EXPECT_EQ(std::string(grant.ipc_handle.data(), grant.ipc_handle.size()), slab->exported[1]->handle());
   ASSERT_TRUE(Prove(opened[2], third, fd, &grant).ok());
   EXPECT_EQ(grant.bytes, 0u);
-  EXPECT_EQ(slab->exported.size(), 2u);
+  EXPECT_EQ(slab->exported.size(), 2u) << "nothing exported when the budget is spent";
   EXPECT_EQ(server_->Counters().device_staging_bytes, 3u << 20);
   // A session that ends gives its buffer back.
   close(first);

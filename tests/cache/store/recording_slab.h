@@ -64,7 +64,8 @@ class RecordingSlab final : public SlabMemory {
     pinned.erase(it);
   }
   // As a GPU's: a buffer of its own, named by a 64-byte handle (here the
-  // count of exports so far), that copies out of the slab land in.
+  // count of exports, this one included: never all zeros), that copies out
+  // of the slab land in.
   class HostExport final : public ExportedBuffer {
    public:
     HostExport(uint64_t bytes, int serial, std::shared_ptr<int> live)
@@ -83,7 +84,7 @@ class RecordingSlab final : public SlabMemory {
     std::shared_ptr<int> live_;
   };
   absl::StatusOr<std::unique_ptr<ExportedBuffer>> Export(uint64_t bytes) override {
-    auto buffer = std::make_unique<HostExport>(bytes, static_cast<int>(exported.size()), live_exports);
+    auto buffer = std::make_unique<HostExport>(bytes, static_cast<int>(exported.size() + 1), live_exports);
     exported.push_back(buffer.get());
     return std::unique_ptr<ExportedBuffer>(std::move(buffer));
   }
