@@ -189,7 +189,7 @@ TEST_F(FastPathServerTest, DeviceStagingGoesOnlyToProvenSessions) {
   close(first);
   ASSERT_TRUE(server_->AwaitSessions(2, absl::Seconds(5)));
   EXPECT_EQ(server_->Counters().device_staging_bytes, 1u << 20);
-  EXPECT_EQ(*slab->live_exports, 1);
+  EXPECT_EQ(slab->live_exports->load(), 1);
   close(second), close(third);
 }
 

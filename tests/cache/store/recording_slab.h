@@ -4,6 +4,7 @@
 #ifndef KVTIER_TESTS_CACHE_STORE_RECORDING_SLAB_H_
 #define KVTIER_TESTS_CACHE_STORE_RECORDING_SLAB_H_
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -68,7 +69,7 @@ class RecordingSlab final : public SlabMemory {
   // of the slab land in.
   class HostExport final : public ExportedBuffer {
    public:
-    HostExport(uint64_t bytes, int serial, std::shared_ptr<int> live)
+    HostExport(uint64_t bytes, int serial, std::shared_ptr<std::atomic<int>> live)
         : bytes_(bytes, '\0'), handle_(64, '\0'), live_(std::move(live)) {
       std::memcpy(handle_.data(), &serial, sizeof serial);
       ++*live_;
@@ -81,7 +82,7 @@ class RecordingSlab final : public SlabMemory {
    private:
     std::string bytes_;
     std::string handle_;
-    std::shared_ptr<int> live_;
+    std::shared_ptr<std::atomic<int>> live_;
   };
   absl::StatusOr<std::unique_ptr<ExportedBuffer>> Export(uint64_t bytes) override {
     auto buffer = std::make_unique<HostExport>(bytes, static_cast<int>(exported.size() + 1), live_exports);
@@ -127,7 +128,8 @@ class RecordingSlab final : public SlabMemory {
   bool refuse_pins = false;
   // Every buffer exported, in order (each valid until its owner frees it).
   std::vector<HostExport*> exported;
-  std::shared_ptr<int> live_exports = std::make_shared<int>(0);
+  // Buffers not yet freed (by whichever thread lets the last go).
+  std::shared_ptr<std::atomic<int>> live_exports = std::make_shared<std::atomic<int>>(0);
 
  private:
   std::unique_ptr<StagedHostSlab> slab_;
