@@ -341,23 +341,16 @@ void FastPathServer::GrantStagingLocked(Session& session) {
   counters_.staging_bytes += bytes;
 }
 
-fastpath::DeviceGrant FastPathServer::GrantDeviceStagingLocked(Session& session) {
-  fastpath::DeviceGrant grant;
-  SlabMemory* slab = store_->storage(0).slab();
-  const uint64_t left =
-      options_.device_staging_budget - std::min(options_.device_staging_budget, counters_.device_staging_bytes);
-  const uint64_t bytes = std::min(session.device_wanted, left);
-  if (slab == nullptr || bytes == 0) return grant;
-  absl::StatusOr<std::unique_ptr<ExportedBuffer>> buffer = slab->Export(bytes);
-  if (!buffer.ok()) return grant;  // the GPU's blocks go over TCP
-  const std::string handle = (*buffer)->handle();
-  if (handle.size() != grant.ipc_handle.size()) return grant;
-  grant.bytes = (*buffer)->size();
-  std::memcpy(grant.ipc_handle.data(), handle.data(), handle.size());
+void FastPathServer::GrantDeviceStagingLocked(Session& session) {
+  // device_wanted is 0 unless the device tier is a slab.
+  const uint64_t bytes =
+      std::min(session.device_wanted, options_.device_staging_budget - counters_.device_staging_bytes);
+  if (bytes == 0) return;
+  absl::StatusOr<std::unique_ptr<ExportedBuffer>> buffer = store_->storage(0).slab()->Export(bytes);
+  if (!buffer.ok()) return;  // the GPU tier's blocks go over TCP
   session.device = std::make_shared<DeviceStaging>();
   session.device->buffer = *std::move(buffer);
-  counters_.device_staging_bytes += grant.bytes;
-  return grant;
+  counters_.device_staging_bytes += bytes;
 }
 
 void FastPathServer::CloseConnectionLocked(int socket) {
@@ -383,8 +376,14 @@ bool FastPathServer::Serve(int socket) {
     // The staging region (writable) and the GPU buffer's handle travel with
     // the answer.
     GrantStagingLocked(it->second);
-    const fastpath::DeviceGrant device = GrantDeviceStagingLocked(it->second);
+    GrantDeviceStagingLocked(it->second);
     const StagingRegion* staging = it->second.staging.get();
+    fastpath::DeviceGrant device;
+    if (const DeviceStaging* d = it->second.device.get(); d != nullptr) {
+      const std::string handle = d->buffer->handle();
+      device.bytes = d->buffer->size();
+      std::memcpy(device.ipc_handle.data(), handle.data(), std::min(handle.size(), device.ipc_handle.size()));
+    }
     return fastpath::SendReply(socket, absl::OkStatus(), staging != nullptr ? staging->fd() : -1, device).ok();
   }
   if (request.kind == fastpath::RequestKind::kRelease && proven != 0) {

@@ -25,7 +25,6 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kvtier/v1/cache.pb.h"
-#include "services/cache/fast_path/fast_path_socket.h"
 #include "services/cache/store/block_store.h"
 #include "services/common/clock.h"
 #include "services/common/tenants.h"
@@ -162,7 +161,7 @@ class FastPathServer {
   // A session just proven gets its staging region and its GPU buffer, as
   // much of each as is wanted and left of its budget.
   void GrantStagingLocked(Session& session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  fastpath::DeviceGrant GrantDeviceStagingLocked(Session& session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void GrantDeviceStagingLocked(Session& session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Copies a block pinned in the GPU tier into a range of `device` (noted in
   // `ranges`) and describes it in `out`; false when there is no room or the
   // copy fails.

@@ -73,8 +73,9 @@ class SlabMemory {
   // unmapped or remapped.
   virtual absl::Status PinHost(void* /*p*/, size_t /*n*/) { return absl::UnimplementedError("nothing to pin"); }
   virtual void UnpinHost(void* /*p*/) {}
-  // A buffer other processes can open, and device-to-device copies into
-  // it; UNIMPLEMENTED where there is no such thing (host memory).
+  // A buffer of exactly `bytes` other processes can open, and
+  // device-to-device copies into it; UNIMPLEMENTED where there is no such
+  // thing (host memory).
   virtual absl::StatusOr<std::unique_ptr<ExportedBuffer>> Export(uint64_t /*bytes*/) {
     return absl::UnimplementedError("this memory cannot be exported");
   }
