@@ -105,18 +105,12 @@ absl::StatusOr<StoreOptions> ToStoreOptions(const Flags& f) {
   }
   StoreOptions o;
   if (!f.disk_dir.empty()) {
-    absl::StatusOr<uint64_t> disk = ParseByteSize(f.disk_capacity);
-    if (!disk.ok() || *disk == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--disk-capacity: ", disk.ok() ? "must be positive" : disk.status().message()));
-    }
+    KVTIER_ASSIGN_OR_RETURN(o.disk_capacity, SizeFlag("disk-capacity", f.disk_capacity));
+    if (o.disk_capacity == 0) return absl::InvalidArgumentError("--disk-capacity: must be positive");
     o.disk_dir = f.disk_dir;
-    o.disk_capacity = *disk;
   }
-  absl::StatusOr<uint64_t> device = SizeFlag("device-capacity", f.device_capacity);
-  if (!device.ok()) return device.status();
-  absl::StatusOr<uint64_t> host = SizeFlag("host-capacity", f.host_capacity);
-  if (!host.ok()) return host.status();
+  KVTIER_ASSIGN_OR_RETURN(const uint64_t device, SizeFlag("device-capacity", f.device_capacity));
+  KVTIER_ASSIGN_OR_RETURN(const uint64_t host, SizeFlag("host-capacity", f.host_capacity));
   if (f.page_size < 4096 || f.page_size > (64u << 20)) {
     return absl::InvalidArgumentError("--page-size must be within 4KiB..64MiB");
   }
@@ -129,19 +123,17 @@ absl::StatusOr<StoreOptions> ToStoreOptions(const Flags& f) {
   } else {
     return absl::InvalidArgumentError(absl::StrCat("--eviction ", f.eviction, " is not lru or leaf-first"));
   }
-  absl::StatusOr<std::shared_ptr<SlabMemory>> slab = DeviceTierSlab(f.device_memory, *device);
-  if (!slab.ok()) return slab.status();
-  o.device_slab = *std::move(slab);
-  o.device_capacity = *device;
-  o.host_capacity = *host;
+  KVTIER_ASSIGN_OR_RETURN(o.device_slab, DeviceTierSlab(f.device_memory, device));
+  o.device_capacity = device;
+  o.host_capacity = host;
   // Unless the device tier is on a GPU, it is host memory too: both must fit
   // in what this process may use (a container's limit, in Kubernetes).
   const MemoryLimit memory = ProcessMemoryLimit();
   const bool on_gpu = o.device_slab != nullptr && f.device_memory != "staged-host";
   const uint64_t ram = memory.bytes;
-  if (*host > ram || (!on_gpu && (*device > ram || *device + *host > ram))) {
+  if (host > ram || (!on_gpu && (device > ram || device + host > ram))) {
     return absl::InvalidArgumentError(absl::StrCat(
-        on_gpu ? "--host-capacity = " : "--device-capacity + --host-capacity = ", *host + (on_gpu ? 0 : *device),
+        on_gpu ? "--host-capacity = " : "--device-capacity + --host-capacity = ", host + (on_gpu ? 0 : device),
         " bytes exceeds the memory this process may use (", ram, " bytes: ",
         memory.from_cgroup ? "its cgroup's limit, a container's memory limit" : "this machine's memory", ")"));
   }
