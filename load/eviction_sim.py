@@ -23,7 +23,7 @@ import collections
 import heapq
 import json
 
-TRACE_BLOCK = 512
+from trace_gen import BLOCK as TRACE_BLOCK
 
 
 class Lru:
@@ -184,11 +184,16 @@ def read_trace(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
+def full_blocks(request):
+    """The ids of a request's full blocks: only those are kept."""
+    return request["hash_ids"][:request["input_length"] // TRACE_BLOCK]
+
+
 def hit_rate(requests, policy):
     """Token-weighted share of prompt tokens found cached."""
     hits = total = 0
     for r in requests:
-        blocks = r["hash_ids"][:r["input_length"] // TRACE_BLOCK]  # only full blocks are kept
+        blocks = full_blocks(r)
         matched = 0
         while matched < len(blocks) and blocks[matched] in policy:
             matched += 1
@@ -201,7 +206,7 @@ def hit_rate(requests, policy):
 
 
 def working_set(requests):
-    return len({b for r in requests for b in r["hash_ids"][:r["input_length"] // TRACE_BLOCK]})
+    return len({b for r in requests for b in full_blocks(r)})
 
 
 def main():
