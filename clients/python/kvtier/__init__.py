@@ -12,6 +12,6 @@ from kvtier.records import Record, encode_payloads, encode_record, parse_record
 from kvtier.tokenizer import ByteTokenizer, tokenizer_for
 
 __version__ = "0.1.0"
-__all__ = ["ByteTokenizer", "CacheClient", "DecodeClient", "KvtierError", "LatentLayout", "PrefillClient", "Record", "block_hashes",
-           "chain_hash", "dequantize", "encode_payloads", "encode_record", "encoded_bytes", "model_id_of",
-           "parse_record", "quantize", "tokenizer_for"]
+__all__ = ["ByteTokenizer", "CacheClient", "DecodeClient", "KvtierError", "LatentLayout", "PrefillClient", "Record",
+           "block_hashes", "chain_hash", "dequantize", "encode_payloads", "encode_record", "encoded_bytes",
+           "model_id_of", "parse_record", "quantize", "tokenizer_for"]
