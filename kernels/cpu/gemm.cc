@@ -22,7 +22,9 @@ namespace {
 #define KVTIER_INLINE __attribute__((always_inline)) inline
 
 using cpu::Lanes16;
+using cpu::Lanes8;
 using cpu::Load16;
+using cpu::Load8;
 
 // Load16 returns a 64-byte vector; inlined into each clone it never
 // crosses a call, so GCC's note on that ABI does not apply to its callers.
@@ -34,21 +36,26 @@ KVTIER_INLINE float WeightAt(const uint16_t* row, size_t c) { return Bf16ToFloat
 // Dot products of one weight row with M inputs, M fixed at compile time.
 // The partial sums are vector values, not an array, so that they stay in
 // registers (as a float[M][16] array GCC kept them on the stack: a store
-// and reload on every step). The lanes are
-// summed in a fixed order (lane-wise, then lanes 0..15, then the columns
-// past the last full lane group), which Gemv repeats.
+// and reload on every step); 16 lanes as two halves, since this is built
+// for every x86-64 level (lanes16.h). The lanes are summed in a fixed
+// order (lane-wise, then lanes 0..15, then the columns past the last full
+// lane group), which Gemv repeats and the AVX-512 tiles match.
 template <size_t M, typename Weight>
 KVTIER_INLINE void DotTile(const Weight* row, size_t cols, const float* x, size_t x_stride, float* y, size_t y_stride) {
   constexpr size_t kLanes = 16;
   const size_t full = cols / kLanes * kLanes;
-  Lanes16 lanes[M] = {};
+  Lanes8 low[M] = {}, high[M] = {};  // lanes 0..7 and 8..15
   for (size_t c = 0; c < full; c += kLanes) {
-    const Lanes16 w = Load16(row + c);
-    for (size_t i = 0; i < M; ++i) lanes[i] += w * Load16(x + i * x_stride + c);
+    const Lanes8 w_low = Load8(row + c), w_high = Load8(row + c + 8);
+    for (size_t i = 0; i < M; ++i) {
+      low[i] += w_low * Load8(x + i * x_stride + c);
+      high[i] += w_high * Load8(x + i * x_stride + c + 8);
+    }
   }
   for (size_t i = 0; i < M; ++i) {
     float s = 0.0f;
-    for (size_t j = 0; j < kLanes; ++j) s += lanes[i][j];
+    for (size_t j = 0; j < 8; ++j) s += low[i][j];
+    for (size_t j = 0; j < 8; ++j) s += high[i][j];
     // An explicit fma: left to the compiler, the float and bf16 tails were
     // contracted differently (measured: other last bits).
     for (size_t c = full; c < cols; ++c) s = std::fma(WeightAt(row, c), x[i * x_stride + c], s);
