@@ -10,13 +10,13 @@
 # from it: --device cuda against the CPU (cuda_forward_test, `kvtier run
 # --device cuda` included), the fast path to GPU clients and spills from
 # a GPU tier (fast_path_gpu_test); batched decode steps on the CPU and the
-# GPU (decode_bench; the GPU's again with every launch waited for, and
-# with 64 sequences); the store's tier moves with the device tier in
-# the GPU against pinned cudaMemcpy (tier_move_bench); and the cache
-# service's Get and Put against Redis with its device tier in the GPU
-# (cache_bench); and stores into segments fast path readers had, with
+# GPU against their roofline (decode_bench; the GPU's again with every
+# launch waited for, and at 1-64 sequences); the store's tier moves with
+# the device tier in the GPU against pinned cudaMemcpy (tier_move_bench);
+# the cache service's Get and Put against Redis with its device tier in
+# the GPU (cache_bench); stores into segments fast path readers had, with
 # their memfds made ahead on a spare core (segment_reuse_bench: no GPU,
-# but the 16 cores this machine lacks).
+# but the 16 cores this machine lacks); and `kvtier up --device cuda`.
 #
 # The check programs come prebuilt in device-bundle/checks/ when they run
 # there, and are built here otherwise. Each step has a time limit inside
@@ -93,15 +93,19 @@ elif [ -d device-bundle ]; then
   # The same GPU steps with every kernel launch waited for (CUDA's own
   # switch): what the decode step cost when each op waited for its stream.
   step "decode_bench, launches waited" 60 env CUDA_LAUNCH_BLOCKING=1 device-bundle/decode_bench --cuda-only
-  # 64 sequences: how the step grows with the batch (every layer uploads
-  # each sequence's float tail).
-  step "decode_bench, 64 sequences" 60 device-bundle/decode_bench --cuda-only --sequences 64
+  # 1 to 64 sequences: how the step grows with the batch, each against its
+  # roofline (every layer uploads each sequence's float tail).
+  step "decode_bench, 1-64 sequences" 90 device-bundle/decode_bench --cuda-only --sequences 1,8,16,32,64
   step "tier_move_bench" 60 device-bundle/tier_move_bench --rounds 5
   # The cache service over loopback TCP and the fast path with its device
   # tier in the GPU, beside Redis and memcpy (issue 3's table).
   step "cache_bench, device tier in the GPU" 150 device-bundle/cache_bench --cache-binary \
     device-bundle/kvtier-cache --redis-binary device-bundle/redis-server --rounds 11 --clients 1,4
   step "segment_reuse_bench" 40 device-bundle/segment_reuse_bench --rounds 3
+  # The whole system with the model on the GPU, as the README's first
+  # command runs it on the CPU.
+  step "kvtier up --device cuda" 60 device-bundle/kvtier up --device cuda --model "$PWD/models/jargon-mla" \
+    --dir /tmp/kvtier-up-cuda
 else
   echo "no device-bundle/: the services' GPU tests (scripts/device_bundle.sh) not run"
 fi
