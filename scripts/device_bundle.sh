@@ -2,7 +2,8 @@
 # Packs, into device-bundle/ (ignored by git), what the device machine
 # cannot build itself (it has nvcc, cmake and ninja but no gRPC, protobuf,
 # Abseil or gtest): this machine's release build of the service binaries,
-# the gpu-labelled gtest programs, decode_bench, tier_move_bench,
+# the gpu-labelled gtest programs, kernels_test (the CPU kernels on the
+# device machine's CPU, which may have AVX-512), decode_bench, tier_move_bench,
 # cache_bench (with Debian's redis-server, its peer) and
 # segment_reuse_bench (no GPU, but many cores), and the CUDA check
 # programs (in checks/: the device machine then need not build them),
@@ -16,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=device-bundle
 programs=(services/kvtier services/kvtier-cache services/kvtier-decode services/kvtier-prefill
-          tests/cuda_forward_test tests/fast_path_gpu_test load/decode_bench load/tier_move_bench load/cache_bench
+          tests/cuda_forward_test tests/fast_path_gpu_test tests/kernels_test load/decode_bench load/tier_move_bench load/cache_bench
           load/segment_reuse_bench)
 checks=(codecs layers matmul mla_attention slab)
 cmake --build build -j2 --target $(for p in "${programs[@]}"; do basename "$p"; done) \

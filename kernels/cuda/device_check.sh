@@ -9,7 +9,8 @@
 # scripts/device_bundle.sh came along (carried), the services' GPU tests
 # from it: --device cuda against the CPU (cuda_forward_test, `kvtier run
 # --device cuda` included), the fast path to GPU clients and spills from
-# a GPU tier (fast_path_gpu_test); batched decode steps on the CPU and the
+# a GPU tier (fast_path_gpu_test); the CPU kernels on its CPU
+# (kernels_test); batched decode steps on the CPU and the
 # GPU against their roofline (decode_bench; the GPU's again with every
 # launch waited for, and at 1-64 sequences); the store's tier moves with
 # the device tier in the GPU against pinned cudaMemcpy (tier_move_bench);
@@ -89,6 +90,9 @@ elif [ -d device-bundle ]; then
     step "cuda_forward_test, launches waited" 120 env CUDA_LAUNCH_BLOCKING=1 device-bundle/cuda_forward_test
   fi
   step "fast_path_gpu_test" 60 device-bundle/fast_path_gpu_test
+  # The CPU kernels on this machine's CPU: where it has AVX-512, Gemm's
+  # wide tiles against DotTile's bits, which a CPU without it cannot test.
+  step "kernels_test" 60 device-bundle/kernels_test --gtest_brief=1
   step "decode_bench" 90 device-bundle/decode_bench
   # The same GPU steps with every kernel launch waited for (CUDA's own
   # switch): what the decode step cost when each op waited for its stream.
