@@ -61,6 +61,12 @@ absl::StatusOr<uint64_t> ParseByteSize(const std::string& text) {
   return static_cast<uint64_t>(bytes);
 }
 
+absl::StatusOr<uint64_t> ParseByteSizeFlag(const char* flag, const std::string& value) {
+  absl::StatusOr<uint64_t> bytes = ParseByteSize(value);
+  if (!bytes.ok()) return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", bytes.status().message()));
+  return bytes;
+}
+
 MemoryLimit ProcessMemoryLimit(const std::string& cgroup_root) {
   MemoryLimit limit;
   limit.bytes = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));

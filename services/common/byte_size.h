@@ -14,6 +14,8 @@ namespace kvtier {
 // "1.5GiB": K, M, G and T are binary multiples, with or without "i", "iB"
 // or "B"; a fraction is rounded down to whole bytes.
 absl::StatusOr<uint64_t> ParseByteSize(const std::string& text);
+// ParseByteSize for the value of --`flag`, whose error names the flag.
+absl::StatusOr<uint64_t> ParseByteSizeFlag(const char* flag, const std::string& value);
 
 // The memory this process may use: the machine's, or less where its
 // cgroup (a container's memory limit) says so. `cgroup_root`: where the

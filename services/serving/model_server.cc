@@ -91,20 +91,17 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
   KVTIER_ASSIGN_OR_RETURN(const runtime::Device device, runtime::ParseDevice(f.device));
   runtime::CudaOptions cuda;
   if (!f.device_block_pool.empty()) {
-    absl::StatusOr<uint64_t> bytes = ParseByteSize(f.device_block_pool);
-    if (!bytes.ok()) return absl::InvalidArgumentError(absl::StrCat("--device-block-pool: ", bytes.status().message()));
-    cuda.block_pool_bytes = static_cast<int64_t>(std::min<uint64_t>(*bytes, INT64_MAX));
+    KVTIER_ASSIGN_OR_RETURN(const uint64_t bytes, ParseByteSizeFlag("device-block-pool", f.device_block_pool));
+    cuda.block_pool_bytes = static_cast<int64_t>(std::min<uint64_t>(bytes, INT64_MAX));
   }
-  const absl::StatusOr<uint64_t> record_pool = ParseByteSize(f.record_pool);
-  if (!record_pool.ok())
-    return absl::InvalidArgumentError(absl::StrCat("--record-pool: ", record_pool.status().message()));
+  KVTIER_ASSIGN_OR_RETURN(const uint64_t record_pool, ParseByteSizeFlag("record-pool", f.record_pool));
   kernels::SetKernelThreads(f.threads == 0 ? std::max(1u, std::thread::hardware_concurrency()) : f.threads);
   ModelServer s;
   // Before the first channel: the shards' (and decode workers') channels
   // carry this process's identity.
   KVTIER_RETURN_IF_ERROR(f.security.ApplyToClients());
   KVTIER_ASSIGN_OR_RETURN(s.tenants, f.security.OpenTenants());
-  s.shards = std::make_unique<ShardSet>(absl::Milliseconds(f.cache_deadline_ms), !f.no_fast_path, *record_pool);
+  s.shards = std::make_unique<ShardSet>(absl::Milliseconds(f.cache_deadline_ms), !f.no_fast_path, record_pool);
   ShardSet* shards = s.shards.get();
   absl::StatusOr<std::unique_ptr<PeerDiscovery>> discovery =
       PeerDiscovery::Start("cache shards", f.cache, f.Discovery(), [shards](const std::vector<std::string>& targets) {

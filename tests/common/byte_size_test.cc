@@ -38,6 +38,14 @@ TEST(ParseByteSize, RefusesWhatIsNotASizeAndSaysWhy) {
   }
 }
 
+TEST(ParseByteSizeFlag, NamesTheFlagInItsError) {
+  EXPECT_EQ(*ParseByteSizeFlag("record-pool", "2MiB"), uint64_t{2} << 20);
+  const absl::StatusOr<uint64_t> bad = ParseByteSizeFlag("record-pool", "zz");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.status().message(), "--record-pool: 'zz' is not a size like 4GiB, 4Gi or 1.5GiB");
+}
+
 void WriteFile(const std::string& path, const std::string& text) { std::ofstream(path) << text << "\n"; }
 
 TEST(ProcessMemoryLimit, IsTheCgroupsWhereItIsBelowTheMachines) {

@@ -74,17 +74,11 @@ absl::StatusOr<std::shared_ptr<SlabMemory>> DeviceTierSlab(const std::string& ki
 #endif
 }
 
-// A size flag's value; its error names the flag.
-absl::StatusOr<uint64_t> SizeFlag(const char* flag, const std::string& value) {
-  absl::StatusOr<uint64_t> bytes = ParseByteSize(value);
-  if (!bytes.ok()) return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", bytes.status().message()));
-  return bytes;
-}
-
 absl::StatusOr<FastPathOptions> ToFastPathOptions(const Flags& f) {
   FastPathOptions o;
-  KVTIER_ASSIGN_OR_RETURN(o.staging_budget, SizeFlag("fast-path-staging", f.fast_path_staging));
-  KVTIER_ASSIGN_OR_RETURN(o.device_staging_budget, SizeFlag("fast-path-device-staging", f.fast_path_device_staging));
+  KVTIER_ASSIGN_OR_RETURN(o.staging_budget, ParseByteSizeFlag("fast-path-staging", f.fast_path_staging));
+  KVTIER_ASSIGN_OR_RETURN(o.device_staging_budget,
+                          ParseByteSizeFlag("fast-path-device-staging", f.fast_path_device_staging));
   o.socket_path = f.fast_path_socket;
   if (o.socket_path.empty()) {
     // Abstract: nothing to clean up, reachable within this network namespace
@@ -105,12 +99,12 @@ absl::StatusOr<StoreOptions> ToStoreOptions(const Flags& f) {
   }
   StoreOptions o;
   if (!f.disk_dir.empty()) {
-    KVTIER_ASSIGN_OR_RETURN(o.disk_capacity, SizeFlag("disk-capacity", f.disk_capacity));
+    KVTIER_ASSIGN_OR_RETURN(o.disk_capacity, ParseByteSizeFlag("disk-capacity", f.disk_capacity));
     if (o.disk_capacity == 0) return absl::InvalidArgumentError("--disk-capacity: must be positive");
     o.disk_dir = f.disk_dir;
   }
-  KVTIER_ASSIGN_OR_RETURN(const uint64_t device, SizeFlag("device-capacity", f.device_capacity));
-  KVTIER_ASSIGN_OR_RETURN(const uint64_t host, SizeFlag("host-capacity", f.host_capacity));
+  KVTIER_ASSIGN_OR_RETURN(const uint64_t device, ParseByteSizeFlag("device-capacity", f.device_capacity));
+  KVTIER_ASSIGN_OR_RETURN(const uint64_t host, ParseByteSizeFlag("host-capacity", f.host_capacity));
   if (f.page_size < 4096 || f.page_size > (64u << 20)) {
     return absl::InvalidArgumentError("--page-size must be within 4KiB..64MiB");
   }
