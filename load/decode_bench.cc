@@ -50,47 +50,27 @@ double Seconds(Op op) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// The best of 5 copies of `bytes`, in GB/s of bytes read plus written (the
-// convention of the GPU checks' copy rate); 0 when a copy failed. The best:
-// the rate the machine can give, which a shared machine's noise only lowers.
-template <typename Copy>
-double BestCopyGBs(size_t bytes, Copy copy) {
-  if (!copy()) return 0;  // the first pays for what later copies reuse
-  double best = 0;
-  for (int i = 0; i < 5; ++i) {
-    bool ok = true;
-    const double seconds = Seconds([&] { ok = copy(); });
-    if (!ok) return 0;
-    best = std::max(best, 2.0 * bytes / seconds / 1e9);
-  }
-  return best;
-}
-
-// memcpy split over the kernel threads.
+// memcpy split over the kernel threads, the best of 5 after a first, in
+// GB/s of bytes read plus written (as kernels::cuda::DeviceCopyGBs counts).
+// The best: the rate the machine can give, which a shared machine's noise
+// only lowers.
 double HostCopyGBs() {
   constexpr size_t kBytes = size_t{256} << 20;
   std::vector<char> from(kBytes, 1), to(kBytes);  // both touched: no page faults in the timing
-  return BestCopyGBs(kBytes, [&] {
+  auto copy = [&] {
     kernels::ParallelFor(kBytes, size_t{1} << 20,
                          [&](size_t begin, size_t end) { std::memcpy(&to[begin], &from[begin], end - begin); });
-    return true;
-  });
+  };
+  copy();
+  double best = 0;
+  for (int i = 0; i < 5; ++i) best = std::max(best, 2.0 * kBytes / Seconds(copy) / 1e9);
+  return best;
 }
 
-// Device-to-device cudaMemcpy of 1 GiB; 0 when it could not run.
+// The GPU's, over 1 GiB; 0 without one.
 double DeviceCopyGBs() {
 #ifdef KVTIER_RUNTIME_CUDA
-  namespace kc = kernels::cuda;
-  constexpr size_t kBytes = size_t{1} << 30;
-  void *from = nullptr, *to = nullptr;
-  double gbs = 0;
-  if (kc::DeviceAllocate(kBytes, from, "copy rate").ok() && kc::DeviceAllocate(kBytes, to, "copy rate").ok()) {
-    gbs =
-        BestCopyGBs(kBytes, [&] { return kc::CopyNow(to, from, kBytes, kc::Copy::kDeviceToDevice, "copy rate").ok(); });
-  }
-  kc::DeviceFree(from);
-  kc::DeviceFree(to);
-  return gbs;
+  return kernels::cuda::DeviceCopyGBs(size_t{1} << 30);
 #else
   return 0;
 #endif

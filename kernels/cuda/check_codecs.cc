@@ -102,7 +102,7 @@ void Benchmark() {
   const std::vector<float> x = RandomLatents(kShape, 64, 7);
   for (size_t b = 0; b < kBlocks; b += 64)
     cudaMemcpy(d_x + b * kShape.values(), x.data(), x.size() * 4, cudaMemcpyHostToDevice);
-  const double copy_gbs = check::DeviceCopyGBs(floats * 4);
+  const double copy_gbs = cuda::DeviceCopyGBs(floats * 4);
   std::printf("\n%-6s %14s %10s %16s %10s\n", "codec", "quantize GB/s", "% copy", "dequantize GB/s", "% copy");
   for (Codec codec : kAllCodecs) {
     // Bytes moved: float latents read and codes written (or the reverse).

@@ -250,7 +250,7 @@ bool CheckDenseMlp(cuda::Blas& blas, std::mt19937_64& rng) {
 
 void Benchmark(cuda::Blas& blas, std::mt19937_64& rng) {
   constexpr uint32_t kRows = 3072, kCols = 2048;
-  const double copy_gbs = check::DeviceCopyGBs(size_t{1} << 30);
+  const double copy_gbs = cuda::DeviceCopyGBs(size_t{1} << 30);
   uint16_t* w = check::ToDevice(RandomBf16(size_t{kRows} * kCols, 0.02f, rng));
   float* x = check::ToDevice(RandomFloats(size_t{256} * kCols, rng));
   float* y = check::ToDevice(std::vector<float>(size_t{256} * kRows));
@@ -270,7 +270,7 @@ void Benchmark(cuda::Blas& blas, std::mt19937_64& rng) {
 // (the experts some token chose, and the shared ones) against the copy.
 void BenchmarkMoe(cuda::Blas& blas, std::mt19937_64& rng) {
   constexpr uint32_t kHidden = 2048, kInter = 1408, kExperts = 64;
-  const double copy_gbs = check::DeviceCopyGBs(size_t{1} << 30);
+  const double copy_gbs = cuda::DeviceCopyGBs(size_t{1} << 30);
   std::vector<void*> owned;
   auto filled = [&](size_t values) {
     void* p = nullptr;

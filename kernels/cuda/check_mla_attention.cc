@@ -232,7 +232,7 @@ bool RefusesBadBlockIndex() {
 void Benchmark() {
   constexpr uint32_t kHeads = 16, kMaxBatch = 128, kMaxContext = 65536;
   const uint32_t max_blocks = kMaxContext / kTpb;
-  const double copy_gbs = check::DeviceCopyGBs(size_t{1} << 32);
+  const double copy_gbs = cuda::DeviceCopyGBs(size_t{1} << 32);
   std::printf("\ndevice-to-device copy: %.0f GB/s (read + write)\n", copy_gbs);
   std::printf("%-9s %8s %6s %10s %10s %8s\n", "codec", "context", "batch", "ms", "GB/s", "% copy");
   std::mt19937_64 rng(3);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kvtier/kernels/cuda_codec.h"
+#include "kvtier/kernels/cuda_device.h"  // DeviceCopyGBs, the rate the tables compare against
 
 namespace kvtier::kernels::check {
 
@@ -60,19 +61,6 @@ double Milliseconds(Op op, int reps) {
   for (int i = 0; i < reps; ++i) op();
   cudaDeviceSynchronize();
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / reps;
-}
-
-// Device-to-device cudaMemcpy of `bytes`, in GB/s of bytes read plus
-// written: the bandwidth the checks' tables compare against, measured in
-// the same run.
-inline double DeviceCopyGBs(size_t bytes) {
-  void *from = nullptr, *to = nullptr;
-  cudaMalloc(&from, bytes);
-  cudaMalloc(&to, bytes);
-  const double ms = Milliseconds([&] { cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice); }, 10);
-  cudaFree(from);
-  cudaFree(to);
-  return 2.0 * bytes / ms / 1e6;
 }
 
 }  // namespace kvtier::kernels::check

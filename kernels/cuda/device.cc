@@ -1,5 +1,7 @@
 #include <cuda_runtime.h>
 
+#include <chrono>
+
 #include "cuda_status.h"
 #include "kvtier/kernels/cuda_device.h"
 
@@ -69,6 +71,25 @@ Status Copy2DQueued(void* to, size_t to_pitch, const void* from, size_t from_pit
 
 Status FillQueued(void* p, int byte, size_t bytes, StreamHandle stream, const char* what) {
   return Checked(cudaMemsetAsync(p, byte, bytes, Stream(stream)), what);
+}
+
+double DeviceCopyGBs(size_t bytes) {
+  constexpr int kReps = 10;
+  void *from = nullptr, *to = nullptr;
+  double gbs = 0;
+  if (cudaMalloc(&from, bytes) == cudaSuccess && cudaMalloc(&to, bytes) == cudaSuccess &&
+      cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice) == cudaSuccess &&
+      cudaDeviceSynchronize() == cudaSuccess) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < kReps; ++i) cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice);
+    if (cudaDeviceSynchronize() == cudaSuccess) {
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      gbs = 2.0 * bytes * kReps / seconds / 1e9;
+    }
+  }
+  cudaFree(from);
+  cudaFree(to);
+  return gbs;
 }
 
 }  // namespace kvtier::kernels::cuda

@@ -55,6 +55,11 @@ Status Copy2DQueued(void* to, size_t to_pitch, const void* from, size_t from_pit
                     Copy kind, StreamHandle stream, const char* what);
 Status FillQueued(void* p, int byte, size_t bytes, StreamHandle stream, const char* what);
 
+// Device-to-device copies of `bytes`, the mean of 10 after a first, in
+// GB/s of bytes read plus written: the bandwidth the GPU's rates are set
+// against. 0 when the memory cannot be had or a copy fails.
+double DeviceCopyGBs(size_t bytes);
+
 }  // namespace kvtier::kernels::cuda
 
 #endif  // KVTIER_KERNELS_CUDA_DEVICE_H_
