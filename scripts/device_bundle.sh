@@ -3,8 +3,8 @@
 # cannot build itself (it has nvcc, cmake and ninja but no gRPC, protobuf,
 # Abseil or gtest): this machine's release build of the service binaries,
 # the gpu-labelled gtest programs, kernels_test (the CPU kernels on the
-# device machine's CPU, which may have AVX-512), decode_bench, tier_move_bench,
-# cache_bench (with Debian's redis-server, its peer) and
+# device machine's CPU, which may have AVX-512), decode_bench,
+# tier_move_bench, cache_bench (with Debian's redis-server, its peer) and
 # segment_reuse_bench (no GPU, but many cores), and the CUDA check
 # programs (in checks/: the device machine then need not build them),
 # stripped, with the Debian shared libraries they load — all but glibc's,
@@ -17,8 +17,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=device-bundle
 programs=(services/kvtier services/kvtier-cache services/kvtier-decode services/kvtier-prefill
-          tests/cuda_forward_test tests/fast_path_gpu_test tests/kernels_test load/decode_bench load/tier_move_bench load/cache_bench
-          load/segment_reuse_bench)
+          tests/cuda_forward_test tests/fast_path_gpu_test tests/kernels_test
+          load/decode_bench load/tier_move_bench load/cache_bench load/segment_reuse_bench)
 checks=(codecs layers matmul mla_attention slab)
 cmake --build build -j2 --target $(for p in "${programs[@]}"; do basename "$p"; done) \
   $(printf 'kvtier_cuda_check_%s ' "${checks[@]}")
