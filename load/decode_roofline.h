@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "kvtier/kernels/codec.h"
 #include "services/runtime/model_config.h"
+#include "services/runtime/model_tensors.h"
 
 namespace kvtier::load {
 

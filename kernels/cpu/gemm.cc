@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "avx512.h"
 #include "codec_internal.h"
@@ -261,7 +262,46 @@ void GemmOf(const Weight* w, size_t rows, size_t cols, const float* x, size_t n,
   });
 }
 
+// Rows of FP8 weights GemmFp8 widens at a time: one wide tile, whose
+// floats (a row of DeepSeek-V3's widest projection is 72 KiB) stay in L2
+// while every input of the call passes over them.
+constexpr size_t kFp8PanelRows = 6;
+
 }  // namespace
+
+KVTIER_VECTOR_CLONES void DequantizeFp8Rows(const Fp8BlockScaled& w, size_t cols, size_t row_begin, size_t row_end,
+                                            float* out) {
+  const size_t scale_cols = (cols + w.block_cols - 1) / w.block_cols;
+  for (size_t r = row_begin; r < row_end; ++r) {
+    const float* scales = w.scales + r / w.block_rows * scale_cols;
+    const uint8_t* codes = w.codes + r * cols;
+    float* row = out + (r - row_begin) * cols;
+    for (size_t c0 = 0, b = 0; c0 < cols; c0 += w.block_cols, ++b) {
+      const float scale = scales[b];
+      const size_t end = std::min(cols, c0 + w.block_cols);
+      for (size_t c = c0; c < end; ++c) row[c] = Fp8E4m3ToFloat(codes[c]) * scale;
+    }
+  }
+}
+
+void GemmFp8(const Fp8BlockScaled& w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride, float* y,
+             size_t y_stride) {
+  const size_t per_row = std::max<size_t>(cols * n, 1);
+  const bool wide = n >= kWideFrom && cpu::HasAvx512();
+  ParallelFor(rows, std::max<size_t>((size_t{1} << 20) / per_row, 8), [&](size_t begin, size_t end) {
+    thread_local std::vector<float> panel;
+    panel.resize(kFp8PanelRows * cols);
+    for (size_t r = begin; r < end; r += kFp8PanelRows) {
+      const size_t count = std::min(kFp8PanelRows, end - r);
+      DequantizeFp8Rows(w, cols, r, r + count, panel.data());
+      if (wide) {
+        GemmRowRangeWide(panel.data(), 0, count, cols, x, n, x_stride, y + r, y_stride);
+      } else {
+        GemmRowRange(panel.data(), 0, count, cols, x, n, x_stride, y + r, y_stride);
+      }
+    }
+  });
+}
 
 void Gemm(const float* w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride, float* y,
           size_t y_stride) {

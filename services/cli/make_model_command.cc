@@ -1,5 +1,6 @@
-// `kvtier make-model --preset tiny|lite-attn --out DIR [--seed N]`: writes a
-// random, seeded DeepSeek-V2 checkpoint in Hugging Face format.
+// `kvtier make-model --preset tiny|lite-attn|v3-tiny|kimi-k2-tiny --out DIR
+// [--seed N]`: writes a random, seeded DeepSeek-V2 or V3-family checkpoint
+// in Hugging Face format, as the model's authors publish it.
 #include <chrono>
 #include <iostream>
 
@@ -7,28 +8,34 @@
 #include "services/common/flags.h"
 #include "services/runtime/checkpoint.h"
 #include "services/runtime/make_model.h"
+#include "services/runtime/model_tensors.h"
 
 namespace kvtier::cli {
 
 int RunMakeModel(const std::vector<std::string>& args) {
   std::string preset, out;
-  uint64_t seed = 1, shards = 1;
-  FlagParser flags("kvtier make-model --preset tiny|lite-attn --out DIR [--seed N]",
-                   "Writes a random DeepSeek-V2 checkpoint (config.json + bf16 safetensors) in\n"
-                   "Hugging Face format. tiny: small in every dimension; lite-attn:\n"
-                   "DeepSeek-V2-Lite's attention dims with 2 layers and a small MoE.");
-  flags.AddString("preset", &preset, "tiny or lite-attn");
+  uint64_t seed = 1, shards = 0;
+  FlagParser flags("kvtier make-model --preset tiny|lite-attn|v3-tiny|kimi-k2-tiny --out DIR [--seed N]",
+                   "Writes a random checkpoint in Hugging Face format, as the model's authors\n"
+                   "publish it. DeepSeek-V2 (config.json + bf16 safetensors): tiny, small in\n"
+                   "every dimension; lite-attn, DeepSeek-V2-Lite's attention dims with 2 layers\n"
+                   "and a small MoE. The V3 family (FP8 projections with 128 x 128 block scales,\n"
+                   "the noaux_tc sigmoid router, 3 shards): v3-tiny, DeepSeek-V3's config at\n"
+                   "small dims with an MTP layer; kimi-k2-tiny, Kimi-K2's.");
+  flags.AddString("preset", &preset, "tiny, lite-attn, v3-tiny or kimi-k2-tiny");
   flags.AddString("out", &out, "directory to write (created if needed)");
   flags.AddUint("seed", &seed, "random seed; equal seeds give equal files");
-  flags.AddUint("shards", &shards, "safetensors files, with an index when more than 1");
+  flags.AddUint("shards", &shards,
+                "safetensors files, with an index when more than 1 (default: as published, 1 for V2, 3 for V3)");
   if (std::optional<int> exit = flags.ParseOrExit(args, "kvtier make-model")) return *exit;
-  if (out.empty() || shards < 1 || shards > 64) {
-    std::cerr << "kvtier make-model: --out is required and --shards must be 1..64\n";
-    return 2;
-  }
   absl::StatusOr<runtime::ModelConfig> config = runtime::PresetConfig(preset);
   if (!config.ok()) {
     std::cerr << "kvtier make-model: --preset: " << config.status().message() << "\n";
+    return 2;
+  }
+  if (shards == 0) shards = static_cast<uint64_t>(runtime::PublishedShards(*config));
+  if (out.empty() || shards > 64) {
+    std::cerr << "kvtier make-model: --out is required and --shards must be 1..64\n";
     return 2;
   }
   const auto start = std::chrono::steady_clock::now();

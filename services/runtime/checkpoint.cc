@@ -3,11 +3,14 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "services/common/log.h"
 #include "services/common/status.h"
+#include "services/runtime/model_tensors.h"
 #include "services/runtime/tokenizer.h"
 
 namespace kvtier::runtime {
@@ -23,6 +26,41 @@ absl::StatusOr<std::string> ReadText(const fs::path& path) {
 }
 
 std::string ShapeText(const std::vector<int64_t>& shape) { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
+
+// The index's weight_map (tensor -> file name). A tensor listed twice is an
+// error: which file holds it would depend on the JSON reader.
+absl::StatusOr<std::map<std::string, std::string>> ReadWeightMap(const fs::path& index_path) {
+  KVTIER_ASSIGN_OR_RETURN(const std::string index_text, ReadText(index_path));
+  std::string top_key, duplicate;
+  std::set<std::string> listed;
+  const nlohmann::json::parser_callback_t note_keys = [&](int depth, nlohmann::json::parse_event_t event,
+                                                          nlohmann::json& parsed) {
+    if (event != nlohmann::json::parse_event_t::key) return true;
+    if (depth == 1) top_key = parsed.get<std::string>();
+    if (depth == 2 && top_key == "weight_map" && !listed.insert(parsed.get<std::string>()).second &&
+        duplicate.empty()) {
+      duplicate = parsed.get<std::string>();
+    }
+    return true;
+  };
+  const nlohmann::json index = nlohmann::json::parse(index_text, note_keys, false);
+  if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(index_path.string(), " has no weight_map object"));
+  }
+  if (!duplicate.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(index_path.string(), " lists tensor ", duplicate, " twice in its weight_map"));
+  }
+  std::map<std::string, std::string> location;
+  for (const auto& [name, file] : index["weight_map"].items()) {
+    if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(index_path.string(), ": weight_map entry for ", name, " is not a file name"));
+    }
+    location[name] = file.get<std::string>();
+  }
+  return location;
+}
 
 }  // namespace
 
@@ -49,18 +87,13 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
   std::map<std::string, std::string> location;  // tensor -> file name
   const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
   if (fs::exists(index_path)) {
-    KVTIER_ASSIGN_OR_RETURN(const std::string index_text, ReadText(index_path));
-    const nlohmann::json index = nlohmann::json::parse(index_text, nullptr, false);
-    if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat(index_path.string(), " has no weight_map object"));
-    }
-    for (const auto& [name, file] : index["weight_map"].items()) {
-      if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(index_path.string(), ": weight_map entry for ", name, " is not a file name"));
-      }
-      location[name] = file.get<std::string>();
-    }
+    KVTIER_ASSIGN_OR_RETURN(location, ReadWeightMap(index_path));
+  }
+  const ModelConfig& c = ckpt->config_;
+  if (c.num_nextn_predict_layers > 0) {
+    Log(LogLevel::kInfo, "checkpoint",
+        absl::StrCat(dir, ": skipping its ", c.num_nextn_predict_layers, " multi-token prediction layer(s) (model.layers.",
+                     c.num_hidden_layers, ".* on): they serve speculative decoding, which kvtier does not run"));
   }
   std::map<std::string, SafetensorsFile*> opened;
   auto file_for = [&](const std::string& name) -> absl::StatusOr<SafetensorsFile*> {
@@ -72,7 +105,8 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
     return opened[name] = ckpt->files_.back().get();
   };
 
-  KVTIER_RETURN_IF_ERROR(ForEachExpectedTensor(ckpt->config_, [&](const TensorSpec& spec) -> absl::Status {
+  // A tensor of `spec`'s name and shape, from the file the index names.
+  auto find = [&](const TensorSpec& spec) -> absl::StatusOr<TensorView> {
     const auto listed = location.find(spec.name);
     const std::string file_name = location.empty()           ? "model.safetensors"
                                   : listed == location.end() ? ""
@@ -90,7 +124,30 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
       return absl::InvalidArgumentError(absl::StrCat("tensor ", spec.name, " has shape ", ShapeText(view->shape),
                                                      ", config.json implies ", ShapeText(spec.shape)));
     }
-    ckpt->tensors_.emplace(spec.name, *view);
+    return view;
+  };
+  KVTIER_RETURN_IF_ERROR(ForEachExpectedTensor(c, [&](const TensorSpec& spec) -> absl::Status {
+    KVTIER_ASSIGN_OR_RETURN(const TensorView view, find(spec));
+    ckpt->tensors_.emplace(spec.name, view);
+    if (view.dtype != DType::kF8E4m3) return absl::OkStatus();
+    // FP8: a projection, with the block scales config.json's quantization
+    // implies (a bf16 cast of an FP8 checkpoint has neither).
+    if (!spec.projection) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", spec.name, " is F8_E4M3, but only projections may be stored in FP8"));
+    }
+    if (!c.fp8.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", spec.name,
+                                                     " is F8_E4M3, but config.json has no quantization_config to "
+                                                     "give its block size"));
+    }
+    const TensorSpec scale_spec = ScaleSpec(spec, *c.fp8);
+    KVTIER_ASSIGN_OR_RETURN(const TensorView scale, find(scale_spec));
+    if (scale.dtype != DType::kF32) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("block scale tensor ", scale_spec.name, " is ", DTypeName(scale.dtype), ", not F32"));
+    }
+    ckpt->tensors_.emplace(scale_spec.name, scale);
     return absl::OkStatus();
   }));
   return ckpt;

@@ -16,6 +16,7 @@
 #include "services/common/status.h"
 #include "services/runtime/device_block_pool.h"
 #include "services/runtime/matmul.h"
+#include "services/runtime/model_weights.h"
 
 namespace kvtier::runtime {
 namespace {
@@ -89,6 +90,7 @@ struct DeviceLayer {
   bool moe = false;
   DeviceMlp mlp;  // dense layers
   DeviceArray<uint16_t> router;
+  std::vector<float> correction_bias;  // noaux_tc's: the gate chooses on the host
   std::vector<DeviceMlp> experts;
   DeviceMlp shared;               // inter 0: none
   kc::MoeDeviceWeights moe_view;  // points into router, experts and shared
@@ -100,7 +102,7 @@ std::vector<uint16_t> ToBf16(std::span<const float> x) {
   return out;
 }
 
-class CudaForward final : public DeviceForward {
+class CudaForward final : public ForwardBackend {
  public:
   CudaForward(const ModelConfig& config, const kernels::RopeTable& rope, const CudaOptions& options)
       : config_(config), rope_(rope), options_(options) {}
@@ -115,8 +117,8 @@ class CudaForward final : public DeviceForward {
   // waits for the rest, whatever this returned.
   absl::Status QueuePass(std::span<const SequenceTokens> batch, const std::function<void(size_t layer)>& on_layer);
   absl::Status LoadLayer(const Checkpoint& checkpoint, int64_t index, DeviceLayer& l);
-  absl::Status UploadBf16(const Checkpoint& checkpoint, const std::string& name, DeviceArray<uint16_t>& out);
-  absl::Status UploadFloat(const Checkpoint& checkpoint, const std::string& name, DeviceArray<float>& out);
+  absl::Status UploadBf16(const Checkpoint& checkpoint, const TensorSpec& spec, DeviceArray<uint16_t>& out);
+  absl::Status UploadFloat(const Checkpoint& checkpoint, const TensorSpec& spec, DeviceArray<float>& out);
   // Queues a copy of `host` into `to` on the pass's stream, keeping `host`
   // until the pass has waited for it.
   template <typename T>
@@ -170,16 +172,14 @@ absl::Status CudaForward::WaitForPass(const char* what) {
   return Check(waited);
 }
 
-absl::Status CudaForward::UploadBf16(const Checkpoint& checkpoint, const std::string& name,
-                                     DeviceArray<uint16_t>& out) {
-  KVTIER_ASSIGN_OR_RETURN(TensorView t, checkpoint.Tensor(name));
-  const std::vector<uint16_t> bf16 = ToBf16(t.ToFloat());
-  return out.Assign(bf16);
+// FP8 projections dequantized here, at load: the GPU multiplies in bf16.
+absl::Status CudaForward::UploadBf16(const Checkpoint& checkpoint, const TensorSpec& spec, DeviceArray<uint16_t>& out) {
+  KVTIER_ASSIGN_OR_RETURN(const std::vector<float> values, LoadFloats(checkpoint, spec));
+  return out.Assign(ToBf16(values));
 }
 
-absl::Status CudaForward::UploadFloat(const Checkpoint& checkpoint, const std::string& name, DeviceArray<float>& out) {
-  KVTIER_ASSIGN_OR_RETURN(TensorView t, checkpoint.Tensor(name));
-  const std::vector<float> values = t.ToFloat();
+absl::Status CudaForward::UploadFloat(const Checkpoint& checkpoint, const TensorSpec& spec, DeviceArray<float>& out) {
+  KVTIER_ASSIGN_OR_RETURN(const std::vector<float> values, LoadFloats(checkpoint, spec));
   return out.Assign(values);
 }
 
@@ -190,10 +190,10 @@ absl::Status CudaForward::Load(const Checkpoint& checkpoint) {
   KVTIER_RETURN_IF_ERROR(Check(kc::DeviceStream::Create(stream_owner_)));
   stream_ = stream_owner_->handle();
   KVTIER_RETURN_IF_ERROR(Check(kc::Blas::Create(stream_, blas_)));
-  KVTIER_ASSIGN_OR_RETURN(TensorView embed, checkpoint.Tensor("model.embed_tokens.weight"));
-  embed_ = ToWeightMatrix(embed);
-  KVTIER_RETURN_IF_ERROR(UploadFloat(checkpoint, "model.norm.weight", final_norm_));
-  KVTIER_RETURN_IF_ERROR(UploadBf16(checkpoint, "lm_head.weight", lm_head_));
+  const GlobalTensors global = GlobalTensorsOf(config_);
+  KVTIER_ASSIGN_OR_RETURN(embed_, LoadMatrix(checkpoint, global.embed));
+  KVTIER_RETURN_IF_ERROR(UploadFloat(checkpoint, global.final_norm, final_norm_));
+  KVTIER_RETURN_IF_ERROR(UploadBf16(checkpoint, global.lm_head, lm_head_));
   layers_.resize(static_cast<size_t>(config_.num_hidden_layers));
   for (size_t i = 0; i < layers_.size(); ++i) {
     KVTIER_RETURN_IF_ERROR(LoadLayer(checkpoint, static_cast<int64_t>(i), layers_[i]));
@@ -203,22 +203,22 @@ absl::Status CudaForward::Load(const Checkpoint& checkpoint) {
 
 absl::Status CudaForward::LoadLayer(const Checkpoint& ckpt, int64_t index, DeviceLayer& l) {
   const ModelConfig& c = config_;
-  const std::string p = absl::StrCat("model.layers.", index, ".");
-  KVTIER_RETURN_IF_ERROR(UploadFloat(ckpt, p + "input_layernorm.weight", l.input_norm));
-  KVTIER_RETURN_IF_ERROR(UploadFloat(ckpt, p + "post_attention_layernorm.weight", l.post_norm));
-  if (c.q_lora_rank.has_value()) {
-    KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, p + "self_attn.q_a_proj.weight", l.q_a));
-    KVTIER_RETURN_IF_ERROR(UploadFloat(ckpt, p + "self_attn.q_a_layernorm.weight", l.q_a_norm));
-    KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, p + "self_attn.q_b_proj.weight", l.q_b));
+  const LayerTensors t = LayerTensorsOf(c, index);
+  KVTIER_RETURN_IF_ERROR(UploadFloat(ckpt, t.input_norm, l.input_norm));
+  KVTIER_RETURN_IF_ERROR(UploadFloat(ckpt, t.post_norm, l.post_norm));
+  if (t.q_a.has_value()) {
+    KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, *t.q_a, l.q_a));
+    KVTIER_RETURN_IF_ERROR(UploadFloat(ckpt, *t.q_a_norm, l.q_a_norm));
+    KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, *t.q_b, l.q_b));
   } else {
-    KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, p + "self_attn.q_proj.weight", l.q_proj));
+    KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, *t.q_proj, l.q_proj));
   }
-  KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, p + "self_attn.kv_a_proj_with_mqa.weight", l.kv_a));
-  KVTIER_RETURN_IF_ERROR(UploadFloat(ckpt, p + "self_attn.kv_a_layernorm.weight", l.kv_a_norm));
+  KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, t.kv_a, l.kv_a));
+  KVTIER_RETURN_IF_ERROR(UploadFloat(ckpt, t.kv_a_norm, l.kv_a_norm));
   // The GPU multiplies by W_UK^T per head: each head's [nope][kv] transposed.
   const size_t heads = c.num_attention_heads, nope = c.qk_nope_head_dim, kv = c.kv_lora_rank;
-  KVTIER_ASSIGN_OR_RETURN(TensorView kv_b, ckpt.Tensor(p + "self_attn.kv_b_proj.weight"));
-  const KvBWeights split = SplitKvB(kv_b.ToFloat(), c);
+  KVTIER_ASSIGN_OR_RETURN(const std::vector<float> kv_b, LoadFloats(ckpt, t.kv_b));
+  const KvBWeights split = SplitKvB(kv_b, c);
   std::vector<float> w_uk_t(heads * kv * nope);
   for (size_t h = 0; h < heads; ++h) {
     for (size_t i = 0; i < nope; ++i) {
@@ -227,27 +227,29 @@ absl::Status CudaForward::LoadLayer(const Checkpoint& ckpt, int64_t index, Devic
   }
   KVTIER_RETURN_IF_ERROR(l.w_uk_t.Assign(ToBf16(w_uk_t)));
   KVTIER_RETURN_IF_ERROR(l.w_uv.Assign(ToBf16(split.w_uv)));
-  KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, p + "self_attn.o_proj.weight", l.o_proj));
-  auto load_mlp = [&](const std::string& prefix, int64_t inter, DeviceMlp& m) -> absl::Status {
-    m.inter = static_cast<uint32_t>(inter);
-    KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, prefix + "gate_proj.weight", m.gate));
-    KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, prefix + "up_proj.weight", m.up));
-    return UploadBf16(ckpt, prefix + "down_proj.weight", m.down);
+  KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, t.o_proj, l.o_proj));
+  auto load_mlp = [&](const MlpTensors& mlp, DeviceMlp& m) -> absl::Status {
+    m.inter = static_cast<uint32_t>(mlp.inter);
+    KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, mlp.gate, m.gate));
+    KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, mlp.up, m.up));
+    return UploadBf16(ckpt, mlp.down, m.down);
   };
-  l.moe = c.IsMoeLayer(index);
-  if (!l.moe) return load_mlp(p + "mlp.", c.intermediate_size, l.mlp);
-  KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, p + "mlp.gate.weight", l.router));
+  l.moe = t.moe;
+  if (!l.moe) return load_mlp(*t.mlp, l.mlp);
+  KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, *t.router, l.router));
+  if (t.correction_bias.has_value()) {
+    KVTIER_ASSIGN_OR_RETURN(l.correction_bias, LoadFloats(ckpt, *t.correction_bias));
+  }
   l.experts.resize(static_cast<size_t>(c.n_routed_experts));
   for (size_t e = 0; e < l.experts.size(); ++e) {
-    KVTIER_RETURN_IF_ERROR(load_mlp(absl::StrCat(p, "mlp.experts.", e, "."), c.moe_intermediate_size, l.experts[e]));
+    KVTIER_RETURN_IF_ERROR(load_mlp(ExpertTensors(c, index, static_cast<int64_t>(e)), l.experts[e]));
   }
-  if (c.n_shared_experts > 0) {
-    KVTIER_RETURN_IF_ERROR(load_mlp(p + "mlp.shared_experts.", c.moe_intermediate_size * c.n_shared_experts, l.shared));
-  }
+  if (t.shared.has_value()) KVTIER_RETURN_IF_ERROR(load_mlp(*t.shared, l.shared));
   l.moe_view.router = l.router.data();
   for (const DeviceMlp& e : l.experts) l.moe_view.experts.push_back(e.View());
   l.moe_view.shared = l.shared.View();
   l.moe_view.gate = c.Gate();
+  l.moe_view.gate.correction_bias = l.correction_bias;
   return absl::OkStatus();
 }
 
@@ -505,7 +507,7 @@ absl::Status CudaForward::QueuePass(std::span<const SequenceTokens> batch,
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<DeviceForward>> LoadCudaForward(const Checkpoint& checkpoint,
+absl::StatusOr<std::unique_ptr<ForwardBackend>> LoadCudaForward(const Checkpoint& checkpoint,
                                                                const kernels::RopeTable& rope,
                                                                const CudaOptions& options) {
   auto forward = std::make_unique<CudaForward>(checkpoint.config(), rope, options);

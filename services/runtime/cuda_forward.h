@@ -1,5 +1,7 @@
-// Model's forward pass on a GPU (--device cuda): the layers of model.cc
-// with bf16 weights in device memory and cuBLAS products (kernels/cuda),
+// Model's forward pass on a GPU (--device cuda): the layers of
+// cpu_forward.cc with bf16 weights in device memory (an FP8 checkpoint's
+// dequantized at load, until an FP8 GEMM can be measured on a GPU) and
+// cuBLAS products (kernels/cuda),
 // and every row's attention absorbed over its sequence's quantized blocks
 // and float tail by the paged MLA kernel, prefill rows and decode steps
 // alike. Sequence caches stay in host memory, where the serving layer reads
@@ -22,7 +24,7 @@ namespace kvtier::runtime {
 // Uploads the checkpoint's weights to the current GPU. FAILED_PRECONDITION
 // when there is no usable GPU (and why); RESOURCE_EXHAUSTED when the
 // weights do not fit.
-absl::StatusOr<std::unique_ptr<DeviceForward>> LoadCudaForward(const Checkpoint& checkpoint,
+absl::StatusOr<std::unique_ptr<ForwardBackend>> LoadCudaForward(const Checkpoint& checkpoint,
                                                                const kernels::RopeTable& rope,
                                                                const CudaOptions& options);
 

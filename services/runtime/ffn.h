@@ -1,4 +1,4 @@
-// The feed-forward half of a DeepSeek-V2 layer over a batch of rows: a
+// The feed-forward half of a DeepSeek-V2/V3 layer over a batch of rows: a
 // SwiGLU MLP (dense layers, each expert, the shared experts) and the MoE
 // that routes each row to its top-k experts. Weights row-major, bf16 or
 // float32 (WeightMatrix), activations float32.
@@ -28,7 +28,8 @@ void SwiGluForward(const SwiGluWeights& w, size_t hidden, const float* x, size_t
                    const uint32_t* out_rows, float* out);
 
 struct MoeWeights {
-  std::vector<float> router;  // [experts][hidden]
+  std::vector<float> router;           // [experts][hidden]
+  std::vector<float> correction_bias;  // noaux_tc's, [experts]; gate.correction_bias points here
   std::vector<SwiGluWeights> experts;
   SwiGluWeights shared;  // inter 0: no shared experts
   kernels::GateParams gate;

@@ -1,5 +1,6 @@
 #include "services/runtime/make_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -9,7 +10,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kvtier/kernels/float_formats.h"
 #include "services/common/status.h"
+#include "services/runtime/model_tensors.h"
 #include "services/runtime/safetensors.h"
 
 namespace kvtier::runtime {
@@ -58,14 +61,126 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& preset) {
     c.rope_scaling = kernels::YarnParams{40.0, 4096, 32.0, 1.0, 0.707, 0.707};  // as V2-Lite
     return c;
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown preset '", preset, "' (tiny, lite-attn)"));
+  if (preset == "v3-tiny") {
+    // DeepSeek-V3's shape, small: q_lora, the noaux_tc router over groups,
+    // one shared expert, two dense layers first, YaRN as V3's, FP8
+    // projections in 128 x 128 blocks with partial ones at every edge
+    // (hidden 200, q_lora 136, experts' 144), an MTP layer.
+    c.model_type = ModelType::kDeepseekV3;
+    c.vocab_size = 256;
+    c.hidden_size = 200;
+    c.intermediate_size = 272;
+    c.moe_intermediate_size = 144;
+    c.num_hidden_layers = 4;
+    c.num_attention_heads = 4;
+    c.q_lora_rank = 136;
+    c.kv_lora_rank = 32;
+    c.qk_nope_head_dim = 16;
+    c.qk_rope_head_dim = 8;
+    c.v_head_dim = 16;
+    c.n_routed_experts = 16;
+    c.n_shared_experts = 1;
+    c.num_experts_per_tok = 4;
+    c.topk_method = TopkMethod::kNoauxTc;
+    c.n_group = 4;
+    c.topk_group = 2;
+    c.norm_topk_prob = true;
+    c.routed_scaling_factor = 2.5;
+    c.first_k_dense_replace = 2;
+    c.max_position_embeddings = 163840;
+    c.rope_scaling = kernels::YarnParams{40.0, 4096, 32.0, 1.0, 1.0, 1.0};  // as V3
+    c.fp8 = Fp8Quantization{128, 128};
+    c.num_nextn_predict_layers = 1;
+    return c;
+  }
+  if (preset == "kimi-k2-tiny") {
+    // Kimi-K2's: model_type kimi_k2 on V3's architecture, no group limit
+    // (n_group 1), one dense layer, its own scaling factor and RoPE base,
+    // FP8 with partial blocks (hidden 160), no MTP layer.
+    c.model_type = ModelType::kKimiK2;
+    c.vocab_size = 320;
+    c.hidden_size = 160;
+    c.intermediate_size = 288;
+    c.moe_intermediate_size = 136;
+    c.num_hidden_layers = 3;
+    c.num_attention_heads = 2;
+    c.q_lora_rank = 144;
+    c.kv_lora_rank = 32;
+    c.qk_nope_head_dim = 16;
+    c.qk_rope_head_dim = 8;
+    c.v_head_dim = 16;
+    c.n_routed_experts = 24;
+    c.n_shared_experts = 1;
+    c.num_experts_per_tok = 4;
+    c.topk_method = TopkMethod::kNoauxTc;
+    c.n_group = 1;
+    c.topk_group = 1;
+    c.norm_topk_prob = true;
+    c.routed_scaling_factor = 2.827;
+    c.first_k_dense_replace = 1;
+    c.rope_theta = 50000.0;
+    c.max_position_embeddings = 131072;
+    c.rope_scaling = kernels::YarnParams{32.0, 4096, 1.0, 1.0, 1.0, 1.0};
+    c.fp8 = Fp8Quantization{128, 128};
+    return c;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown preset '", preset, "' (tiny, lite-attn, v3-tiny, kimi-k2-tiny)"));
 }
+
+int PublishedShards(const ModelConfig& config) { return config.model_type == ModelType::kDeepseekV2 ? 1 : 3; }
 
 namespace {
 
 // Hugging Face's shard file names: model-00001-of-00003.safetensors.
 std::string ShardName(size_t index, int shards) {
   return absl::StrFormat("model-%05d-of-%05d.safetensors", index + 1, shards);
+}
+
+// Random values for `spec`: norms near 1, projections N(0, 1/fan_in), a
+// wider lm_head so greedy choices have clear margins, correction biases
+// wide enough to change which experts and groups win.
+std::vector<float> RandomValues(const TensorSpec& spec, std::mt19937_64& rng,
+                                std::normal_distribution<float>& normal) {
+  int64_t n = 1;
+  for (int64_t d : spec.shape) n *= d;
+  float stddev = 1.0f, mean = 0.0f;
+  if (absl::EndsWith(spec.name, "norm.weight")) {
+    mean = 1.0f;
+    stddev = 0.1f;
+  } else if (absl::EndsWith(spec.name, "e_score_correction_bias")) {
+    mean = -0.2f;
+    stddev = 0.5f;
+  } else if (spec.shape.size() == 2 && !absl::EndsWith(spec.name, "embed_tokens.weight")) {
+    stddev = 1.0f / std::sqrt(static_cast<float>(spec.shape[1]));
+    if (absl::EndsWith(spec.name, "head.weight")) stddev *= 4.0f;
+  }
+  std::vector<float> values(static_cast<size_t>(n));
+  for (float& v : values) v = mean + stddev * normal(rng);
+  return values;
+}
+
+// `values` ([rows][cols]) in FP8 as DeepSeek quantizes its weights: per
+// block, scale = amax / 448 and codes = values / scale rounded to E4M3.
+// Returns the codes' values (exact in F8_E4M3) and fills `scales`.
+std::vector<float> QuantizeFp8Blocks(const std::vector<float>& values, const TensorSpec& spec,
+                                     const TensorSpec& scale_spec, const Fp8Quantization& fp8,
+                                     std::vector<float>& scales) {
+  const int64_t rows = spec.shape[0], cols = spec.shape[1], scale_cols = scale_spec.shape[1];
+  scales.assign(static_cast<size_t>(scale_spec.shape[0] * scale_cols), 0.0f);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      float& amax = scales[(r / fp8.block_rows) * scale_cols + c / fp8.block_cols];
+      amax = std::max(amax, std::fabs(values[r * cols + c]));
+    }
+  for (float& s : scales) s = s > 0 ? s / kernels::kFp8E4m3Max : 1.0f;
+  std::vector<float> codes(values.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const float scale = scales[(r / fp8.block_rows) * scale_cols + c / fp8.block_cols];
+      codes[r * cols + c] = kernels::Fp8E4m3ToFloat(kernels::FloatToFp8E4m3(values[r * cols + c] / scale));
+    }
+  return codes;
 }
 
 }  // namespace
@@ -83,27 +198,33 @@ absl::Status MakeModel(const ModelConfig& config, const std::string& out_dir, ui
   }
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  const std::vector<TensorSpec> specs = ExpectedTensors(config);
+  std::vector<TensorSpec> specs = ExpectedTensors(config);
+  (void)ForEachMtpTensor(config, [&](const TensorSpec& spec) {
+    specs.push_back(spec);
+    return absl::OkStatus();
+  });
+  // Each tensor as published, an FP8 projection followed by its scales.
+  std::vector<TensorToWrite> tensors;
+  for (const TensorSpec& s : specs) {
+    std::vector<float> values = RandomValues(s, rng, normal);
+    if (s.dtype != DType::kF8E4m3) {
+      tensors.push_back({s.name, s.dtype, s.shape, std::move(values)});
+      continue;
+    }
+    const TensorSpec scale_spec = ScaleSpec(s, *config.fp8);
+    std::vector<float> scales;
+    std::vector<float> codes = QuantizeFp8Blocks(values, s, scale_spec, *config.fp8, scales);
+    tensors.push_back({s.name, s.dtype, s.shape, std::move(codes)});
+    tensors.push_back({scale_spec.name, DType::kF32, scale_spec.shape, std::move(scales)});
+  }
   std::vector<std::vector<TensorToWrite>> files(shards);
   nlohmann::json weight_map = nlohmann::json::object();
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const TensorSpec& s = specs[i];
-    TensorToWrite t{s.name, DType::kBf16, s.shape, {}};
-    int64_t n = 1;
-    for (int64_t d : s.shape) n *= d;
-    t.values.resize(static_cast<size_t>(n));
-    float stddev = 1.0f, mean = 0.0f;
-    if (absl::EndsWith(s.name, "norm.weight")) {
-      mean = 1.0f;
-      stddev = 0.1f;
-    } else if (s.shape.size() == 2 && s.name != "model.embed_tokens.weight") {
-      stddev = 1.0f / std::sqrt(static_cast<float>(s.shape[1]));
-      if (s.name == "lm_head.weight") stddev *= 4.0f;
-    }
-    for (float& v : t.values) v = mean + stddev * normal(rng);
-    const size_t shard = i * shards / specs.size();
-    weight_map[s.name] = ShardName(shard, shards);
-    files[shard].push_back(std::move(t));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    // A projection and its scales share a shard, as DeepSeek's do.
+    const bool scales = absl::EndsWith(tensors[i].name, "_scale_inv");
+    const size_t shard = (scales ? i - 1 : i) * shards / tensors.size();
+    weight_map[tensors[i].name] = ShardName(shard, shards);
+    files[shard].push_back(std::move(tensors[i]));
   }
   if (shards == 1) return WriteSafetensors((fs::path(out_dir) / "model.safetensors").string(), files[0]);
   for (int k = 0; k < shards; ++k) {

@@ -14,18 +14,26 @@
 
 namespace kvtier::runtime {
 
-// A projection's weights [rows][cols]: a bf16 checkpoint's stay bf16 (half
-// the memory, and half the bytes a decode step reads), other dtypes become
-// float32. One of the two is filled. Products are the same bits either way:
-// a bf16 widens to float exactly.
+// A projection's weights [rows][cols] as the checkpoint stores them: bf16
+// stays bf16 (half the memory, and half the bytes a decode step reads),
+// block-scaled FP8 stays FP8 with its scales (a quarter), other dtypes
+// become float32. One of the three is filled. Products are the same bits
+// as over the weights widened to float32 first.
 struct WeightMatrix {
   std::vector<float> f32;
   std::vector<uint16_t> bf16;
+  std::vector<uint8_t> fp8;       // E4M3 codes
+  std::vector<float> fp8_scales;  // [ceil(rows / block_rows)][ceil(cols / block_cols)]
+  size_t fp8_block_rows = 0, fp8_block_cols = 0;
 
-  size_t bytes() const { return f32.size() * sizeof(float) + bf16.size() * sizeof(uint16_t); }
+  size_t bytes() const {
+    return f32.size() * sizeof(float) + bf16.size() * sizeof(uint16_t) + fp8.size() + fp8_scales.size() * sizeof(float);
+  }
+  kernels::Fp8BlockScaled Fp8() const { return {fp8.data(), fp8_scales.data(), fp8_block_rows, fp8_block_cols}; }
 };
 
-// A checkpoint tensor as a WeightMatrix (its bf16 copied as it is).
+// A bf16, f16 or f32 checkpoint tensor as a WeightMatrix (its bf16 copied
+// as it is); model_weights.h loads FP8 ones with their scales.
 inline WeightMatrix ToWeightMatrix(const TensorView& t) {
   WeightMatrix w;
   if (t.dtype == DType::kBf16) {
@@ -42,6 +50,8 @@ inline WeightMatrix ToWeightMatrix(const TensorView& t) {
 inline void MatMul(const WeightMatrix& w, size_t rows, size_t cols, const float* x, size_t n, float* y) {
   if (!w.bf16.empty()) {
     kernels::GemmBf16(w.bf16.data(), rows, cols, x, n, cols, y, rows);
+  } else if (!w.fp8.empty()) {
+    kernels::GemmFp8(w.Fp8(), rows, cols, x, n, cols, y, rows);
   } else {
     kernels::Gemm(w.f32.data(), rows, cols, x, n, cols, y, rows);
   }
@@ -51,6 +61,8 @@ inline void MatMul(const WeightMatrix& w, size_t rows, size_t cols, const float*
 inline void EmbeddingRow(const WeightMatrix& w, size_t row, size_t cols, float* out) {
   if (!w.bf16.empty()) {
     for (size_t c = 0; c < cols; ++c) out[c] = kernels::Bf16ToFloat(w.bf16[row * cols + c]);
+  } else if (!w.fp8.empty()) {
+    kernels::DequantizeFp8Rows(w.Fp8(), cols, row, row + 1, out);
   } else {
     std::copy_n(w.f32.begin() + row * cols, cols, out);
   }

@@ -1,9 +1,10 @@
-// DeepSeek-V2 forward pass over a batch of sequences, attending over each
-// sequence's stored latents: full blocks kept in a codec (bf16/fp8/int8/
-// int4, as the cache stores them), the partial tail in float. On the CPU,
-// decode steps use absorbed MLA directly on the stored codes and prefill
-// passes the expanded form when it costs fewer multiply-adds; on a GPU
-// (cuda_forward.h) every row takes the absorbed form.
+// The forward pass of a DeepSeek-V2 or V3-family model over a batch of
+// sequences, attending over each sequence's stored latents: full blocks
+// kept in a codec (bf16/fp8/int8/int4, as the cache stores them), the
+// partial tail in float. It runs on a backend: the CPU (cpu_forward.h:
+// decode steps use absorbed MLA directly on the stored codes, prefill
+// passes the expanded form when it costs fewer multiply-adds) or a GPU
+// (cuda_forward.h: every row takes the absorbed form).
 #ifndef KVTIER_SERVICES_RUNTIME_MODEL_H_
 #define KVTIER_SERVICES_RUNTIME_MODEL_H_
 
@@ -18,7 +19,6 @@
 #include "kvtier/kernels/codec.h"
 #include "kvtier/kernels/rope.h"
 #include "services/runtime/checkpoint.h"
-#include "services/runtime/ffn.h"
 #include "services/runtime/sealed_block.h"
 
 namespace kvtier::runtime {
@@ -55,16 +55,20 @@ struct KvBWeights {
 KvBWeights SplitKvB(std::span<const float> kv_b, const ModelConfig& config);
 
 // `--device`'s help, for every program that takes it.
-inline constexpr char kDeviceFlagHelp[] = "cpu|cuda: where the model runs (cuda: bf16 weights on the first GPU)";
+inline constexpr char kDeviceFlagHelp[] =
+    "cpu|cuda: where the model runs (cpu: weights as the checkpoint stores them, FP8 read as FP8; cuda: bf16 "
+    "weights on the first GPU, FP8 ones dequantized at load)";
 
 // Quantizes the full blocks at the front of `layer`'s tail into blocks.
 absl::Status SealFullBlocks(SequenceCache& cache, size_t layer, uint32_t kv_lora_rank, uint32_t rope_dim);
 
-// Runs Model's layers on a device other than the CPU (cuda_forward.h).
-class DeviceForward {
+// Runs Model's layers with the weights it loaded: cpu_forward.h,
+// cuda_forward.h. Each loads from model_tensors.h's description.
+class ForwardBackend {
  public:
-  virtual ~DeviceForward() = default;
-  // Model::Forward, on a batch Model has checked.
+  virtual ~ForwardBackend() = default;
+  // Model::Forward, on a batch Model has checked; advances each cache's
+  // length once the pass is done.
   virtual absl::Status Forward(std::span<const SequenceTokens> batch,
                                const std::function<void(size_t layer)>& on_layer) = 0;
 };
@@ -83,9 +87,9 @@ struct CudaOptions {
 };
 
 // The weights, loaded once: in host memory for the CPU (projections as the
-// checkpoint stores them, bf16 or float32; norms and the rest float32);
-// bf16 in GPU memory for CUDA. Immutable after Load; thread-safe (passes on a GPU
-// take turns).
+// checkpoint stores them, bf16, FP8 with block scales or float32; norms and
+// the rest float32); bf16 in GPU memory for CUDA. Immutable after Load;
+// thread-safe (passes on a GPU take turns).
 class Model {
  public:
   // FAILED_PRECONDITION for kCuda in a build without CUDA or on a machine
@@ -124,27 +128,13 @@ class Model {
   absl::Status Step(uint32_t token, SequenceCache& cache, std::span<float> logits) const;
 
  private:
-  struct Layer {
-    std::vector<float> input_norm, post_norm, q_a_norm, kv_a_norm;
-    WeightMatrix q_proj;    // [heads*q_head, hidden] (no q_lora)
-    WeightMatrix q_a, q_b;  // q_lora form
-    WeightMatrix kv_a;
-    std::vector<float> w_uk, w_uv;  // [heads][nope][kv], [heads][v][kv]
-    WeightMatrix o_proj;
-    bool moe = false;
-    SwiGluWeights mlp;  // dense layers
-    MoeWeights experts;
-  };
   Model() = default;
   absl::Status CheckBatch(std::span<const SequenceTokens> batch) const;
 
   ModelConfig config_;
   std::string tokenizer_class_;
   kernels::RopeTable rope_;
-  std::vector<float> final_norm_;
-  WeightMatrix embed_, lm_head_;
-  std::vector<Layer> layers_;
-  std::unique_ptr<DeviceForward> device_;  // set: every pass runs there (no CPU weights)
+  std::unique_ptr<ForwardBackend> backend_;
 };
 
 }  // namespace kvtier::runtime

@@ -65,6 +65,18 @@ double YarnMscale(double scale, double mscale) { return scale <= 1.0 ? 1.0 : 0.1
 
 }  // namespace
 
+const char* ModelTypeName(ModelType type) {
+  switch (type) {
+    case ModelType::kDeepseekV2:
+      return "deepseek_v2";
+    case ModelType::kDeepseekV3:
+      return "deepseek_v3";
+    case ModelType::kKimiK2:
+      return "kimi_k2";
+  }
+  return "?";
+}
+
 bool ModelConfig::IsMoeLayer(int64_t layer) const {
   return n_routed_experts > 0 && layer >= first_k_dense_replace && layer % moe_layer_freq == 0;
 }
@@ -72,7 +84,8 @@ bool ModelConfig::IsMoeLayer(int64_t layer) const {
 kernels::GateParams ModelConfig::Gate() const {
   kernels::GateParams gate;
   gate.top_k = static_cast<uint32_t>(num_experts_per_tok);
-  gate.group_limited = topk_method == TopkMethod::kGroupLimitedGreedy;
+  gate.noaux_tc = topk_method == TopkMethod::kNoauxTc;
+  gate.group_limited = topk_method == TopkMethod::kGroupLimitedGreedy || (gate.noaux_tc && n_group > 1);
   gate.n_group = static_cast<uint32_t>(n_group);
   gate.topk_group = static_cast<uint32_t>(topk_group);
   gate.norm_topk_prob = norm_topk_prob;
@@ -89,20 +102,76 @@ double ModelConfig::SoftmaxScale() const {
   return scale;
 }
 
+namespace {
+
+// model_type and architectures as published: V2's, or the V3 family's.
+absl::StatusOr<ModelType> ParseModelType(const json& j) {
+  const std::string type = j.contains("model_type") && j["model_type"].is_string() ? j["model_type"].get<std::string>()
+                                                                                    : std::string();
+  ModelType model_type;
+  if (type == "deepseek_v2") {
+    model_type = ModelType::kDeepseekV2;
+  } else if (type == "deepseek_v3") {
+    model_type = ModelType::kDeepseekV3;
+  } else if (type == "kimi_k2") {
+    model_type = ModelType::kKimiK2;
+  } else {
+    return absl::UnimplementedError(absl::StrCat("config.json: model_type ",
+                                                 j.contains("model_type") ? j["model_type"].dump() : "(missing)",
+                                                 " is not supported (deepseek_v2, deepseek_v3, kimi_k2)"));
+  }
+  const std::string architecture =
+      model_type == ModelType::kDeepseekV2 ? "DeepseekV2ForCausalLM" : "DeepseekV3ForCausalLM";
+  if (j.contains("architectures") && !j["architectures"].is_null()) {
+    const json& a = j["architectures"];
+    if (!a.is_array() || a.size() != 1 || a[0] != architecture) {
+      return absl::UnimplementedError(absl::StrCat("config.json: architectures ", a.dump(), " is not supported for ",
+                                                   type, " (only [\"", architecture, "\"])"));
+    }
+  }
+  return model_type;
+}
+
+// quantization_config: absent, or DeepSeek-V3's block-scaled FP8.
+absl::StatusOr<std::optional<Fp8Quantization>> ParseQuantization(const json& j) {
+  if (!j.contains("quantization_config") || j["quantization_config"].is_null()) return std::nullopt;
+  const json& q = j["quantization_config"];
+  if (!q.is_object()) return Missing("quantization_config", "an object or null");
+  const std::string method = q.contains("quant_method") ? q["quant_method"].dump() : "(missing)";
+  if (method != "\"fp8\"") {
+    return absl::UnimplementedError(
+        absl::StrCat("config.json: quantization_config.quant_method ", method, " is not supported (only \"fp8\")"));
+  }
+  KVTIER_RETURN_IF_ERROR(Expect(q, "fmt", "e4m3"));
+  // Activations are quantized by DeepSeek's own FP8 GEMMs only (dynamic
+  // per-token scales, ue8m0 in V3.1); kvtier's products take float inputs.
+  KVTIER_RETURN_IF_ERROR(Expect(q, "activation_scheme", "dynamic"));
+  Fp8Quantization fp8;
+  if (q.contains("weight_block_size") && !q["weight_block_size"].is_null()) {
+    const json& b = q["weight_block_size"];
+    if (!b.is_array() || b.size() != 2) return Missing("quantization_config.weight_block_size", "[rows, cols]");
+    KVTIER_ASSIGN_OR_RETURN(fp8.block_rows, Int(json{{"rows", b[0]}}, "rows"));
+    KVTIER_ASSIGN_OR_RETURN(fp8.block_cols, Int(json{{"cols", b[1]}}, "cols"));
+  }
+  return fp8;
+}
+
+}  // namespace
+
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text) {
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return absl::InvalidArgumentError("config.json is not a JSON object");
-  if (!j.contains("model_type") || j["model_type"] != "deepseek_v2") {
-    return absl::UnimplementedError(absl::StrCat("config.json: model_type ",
-                                                 j.contains("model_type") ? j["model_type"].dump() : "(missing)",
-                                                 " is not supported (only \"deepseek_v2\")"));
-  }
+  KVTIER_ASSIGN_OR_RETURN(const ModelType model_type, ParseModelType(j));
+  const bool v3 = model_type != ModelType::kDeepseekV2;
   KVTIER_RETURN_IF_ERROR(Expect(j, "hidden_act", "silu"));
-  KVTIER_RETURN_IF_ERROR(Expect(j, "scoring_func", "softmax"));
+  KVTIER_RETURN_IF_ERROR(Expect(j, "scoring_func", v3 ? "sigmoid" : "softmax"));
   KVTIER_ASSIGN_OR_RETURN(bool attention_bias, Bool(j, "attention_bias", false));
   if (attention_bias) return absl::UnimplementedError("config.json: attention_bias true is not supported");
 
   ModelConfig c;
+  c.model_type = model_type;
+  KVTIER_ASSIGN_OR_RETURN(c.fp8, ParseQuantization(j));
+  KVTIER_ASSIGN_OR_RETURN(c.num_nextn_predict_layers, Int(j, "num_nextn_predict_layers", 0, 0));
   KVTIER_ASSIGN_OR_RETURN(c.vocab_size, Int(j, "vocab_size"));
   KVTIER_ASSIGN_OR_RETURN(c.hidden_size, Int(j, "hidden_size"));
   KVTIER_ASSIGN_OR_RETURN(c.intermediate_size, Int(j, "intermediate_size"));
@@ -131,21 +200,36 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text) {
     if (c.num_experts_per_tok > c.n_routed_experts) {
       return Missing("num_experts_per_tok", "at most n_routed_experts");
     }
-    const std::string method = j.value("topk_method", std::string("greedy"));
-    if (method == "greedy") {
+    if (j.contains("topk_method") && !j["topk_method"].is_null() && !j["topk_method"].is_string()) {
+      return Missing("topk_method", "a string");
+    }
+    // V2 defaults to greedy; the V3 family knows only noaux_tc.
+    const std::string method = j.contains("topk_method") && j["topk_method"].is_string()
+                                   ? j["topk_method"].get<std::string>()
+                                   : std::string(v3 ? "noaux_tc" : "greedy");
+    if (!v3 && method == "greedy") {
       c.topk_method = TopkMethod::kGreedy;
-    } else if (method == "group_limited_greedy") {
+    } else if (!v3 && method == "group_limited_greedy") {
       c.topk_method = TopkMethod::kGroupLimitedGreedy;
-      KVTIER_ASSIGN_OR_RETURN(c.n_group, Int(j, "n_group"));
-      KVTIER_ASSIGN_OR_RETURN(c.topk_group, Int(j, "topk_group"));
+    } else if (v3 && method == "noaux_tc") {
+      c.topk_method = TopkMethod::kNoauxTc;
+    } else {
+      return absl::UnimplementedError(absl::StrCat("config.json: topk_method \"", method, "\" is not supported for ",
+                                                   ModelTypeName(model_type), " (",
+                                                   v3 ? "noaux_tc" : "greedy, group_limited_greedy", ")"));
+    }
+    if (c.topk_method != TopkMethod::kGreedy) {
+      KVTIER_ASSIGN_OR_RETURN(c.n_group, Int(j, "n_group", v3 ? std::optional<int64_t>(1) : std::nullopt));
+      KVTIER_ASSIGN_OR_RETURN(c.topk_group, Int(j, "topk_group", v3 ? std::optional<int64_t>(1) : std::nullopt));
       if (c.n_routed_experts % c.n_group != 0) return Missing("n_group", "a divisor of n_routed_experts");
       if (c.topk_group > c.n_group) return Missing("topk_group", "at most n_group");
       if (c.num_experts_per_tok > c.topk_group * (c.n_routed_experts / c.n_group)) {
         return Missing("num_experts_per_tok", "at most topk_group x experts per group");
       }
-    } else {
-      return absl::UnimplementedError(
-          absl::StrCat("config.json: topk_method \"", method, "\" is not supported (greedy, group_limited_greedy)"));
+      // noaux_tc ranks a group by its two best experts.
+      if (v3 && c.n_group > 1 && c.n_routed_experts / c.n_group < 2) {
+        return Missing("n_group", "at most n_routed_experts / 2 (noaux_tc ranks groups by their two best experts)");
+      }
     }
   }
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
@@ -170,9 +254,13 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text) {
 }
 
 std::string ModelConfig::ToJson() const {
+  const bool v3 = model_type != ModelType::kDeepseekV2;
+  const char* method = topk_method == TopkMethod::kGreedy               ? "greedy"
+                       : topk_method == TopkMethod::kGroupLimitedGreedy ? "group_limited_greedy"
+                                                                        : "noaux_tc";
   json j = {
-      {"model_type", "deepseek_v2"},
-      {"architectures", {"DeepseekV2ForCausalLM"}},
+      {"model_type", ModelTypeName(model_type)},
+      {"architectures", {v3 ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM"}},
       {"vocab_size", vocab_size},
       {"hidden_size", hidden_size},
       {"intermediate_size", intermediate_size},
@@ -188,7 +276,7 @@ std::string ModelConfig::ToJson() const {
       {"n_routed_experts", n_routed_experts},
       {"n_shared_experts", n_shared_experts},
       {"num_experts_per_tok", num_experts_per_tok},
-      {"topk_method", topk_method == TopkMethod::kGreedy ? "greedy" : "group_limited_greedy"},
+      {"topk_method", method},
       {"n_group", n_group},
       {"topk_group", topk_group},
       {"norm_topk_prob", norm_topk_prob},
@@ -199,7 +287,7 @@ std::string ModelConfig::ToJson() const {
       {"rope_theta", rope_theta},
       {"max_position_embeddings", max_position_embeddings},
       {"hidden_act", "silu"},
-      {"scoring_func", "softmax"},
+      {"scoring_func", v3 ? "sigmoid" : "softmax"},
       {"attention_bias", false},
       {"tie_word_embeddings", false},
       {"torch_dtype", "bfloat16"},
@@ -215,58 +303,14 @@ std::string ModelConfig::ToJson() const {
   } else {
     j["rope_scaling"] = nullptr;
   }
-  return j.dump(2);
-}
-
-absl::Status ForEachExpectedTensor(const ModelConfig& c, const std::function<absl::Status(const TensorSpec&)>& visit) {
-  const int64_t h = c.hidden_size, heads = c.num_attention_heads;
-  KVTIER_RETURN_IF_ERROR(visit({"model.embed_tokens.weight", {c.vocab_size, h}}));
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const std::string p = absl::StrCat("model.layers.", i, ".");
-    KVTIER_RETURN_IF_ERROR(visit({p + "input_layernorm.weight", {h}}));
-    KVTIER_RETURN_IF_ERROR(visit({p + "post_attention_layernorm.weight", {h}}));
-    const std::string a = p + "self_attn.";
-    if (c.q_lora_rank.has_value()) {
-      KVTIER_RETURN_IF_ERROR(visit({a + "q_a_proj.weight", {*c.q_lora_rank, h}}));
-      KVTIER_RETURN_IF_ERROR(visit({a + "q_a_layernorm.weight", {*c.q_lora_rank}}));
-      KVTIER_RETURN_IF_ERROR(visit({a + "q_b_proj.weight", {heads * c.q_head_dim(), *c.q_lora_rank}}));
-    } else {
-      KVTIER_RETURN_IF_ERROR(visit({a + "q_proj.weight", {heads * c.q_head_dim(), h}}));
-    }
-    KVTIER_RETURN_IF_ERROR(visit({a + "kv_a_proj_with_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, h}}));
-    KVTIER_RETURN_IF_ERROR(visit({a + "kv_a_layernorm.weight", {c.kv_lora_rank}}));
-    KVTIER_RETURN_IF_ERROR(
-        visit({a + "kv_b_proj.weight", {heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}}));
-    KVTIER_RETURN_IF_ERROR(visit({a + "o_proj.weight", {h, heads * c.v_head_dim}}));
-    const std::string m = p + "mlp.";
-    auto ffn = [&](const std::string& prefix, int64_t inter) -> absl::Status {
-      KVTIER_RETURN_IF_ERROR(visit({prefix + "gate_proj.weight", {inter, h}}));
-      KVTIER_RETURN_IF_ERROR(visit({prefix + "up_proj.weight", {inter, h}}));
-      return visit({prefix + "down_proj.weight", {h, inter}});
-    };
-    if (!c.IsMoeLayer(i)) {
-      KVTIER_RETURN_IF_ERROR(ffn(m, c.intermediate_size));
-      continue;
-    }
-    KVTIER_RETURN_IF_ERROR(visit({m + "gate.weight", {c.n_routed_experts, h}}));
-    for (int64_t e = 0; e < c.n_routed_experts; ++e) {
-      KVTIER_RETURN_IF_ERROR(ffn(absl::StrCat(m, "experts.", e, "."), c.moe_intermediate_size));
-    }
-    if (c.n_shared_experts > 0) {
-      KVTIER_RETURN_IF_ERROR(ffn(m + "shared_experts.", c.moe_intermediate_size * c.n_shared_experts));
-    }
+  if (v3) j["num_nextn_predict_layers"] = num_nextn_predict_layers;
+  if (fp8.has_value()) {
+    j["quantization_config"] = {{"activation_scheme", "dynamic"},
+                                {"fmt", "e4m3"},
+                                {"quant_method", "fp8"},
+                                {"weight_block_size", {fp8->block_rows, fp8->block_cols}}};
   }
-  KVTIER_RETURN_IF_ERROR(visit({"model.norm.weight", {h}}));
-  return visit({"lm_head.weight", {c.vocab_size, h}});
-}
-
-std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c) {
-  std::vector<TensorSpec> t;
-  (void)ForEachExpectedTensor(c, [&](const TensorSpec& spec) {
-    t.push_back(spec);
-    return absl::OkStatus();
-  });
-  return t;
+  return j.dump(2);
 }
 
 }  // namespace kvtier::runtime

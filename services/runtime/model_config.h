@@ -1,13 +1,13 @@
-// DeepSeek-V2 model configuration, read from a Hugging Face config.json
-// (model_type "deepseek_v2"), and the tensors such a checkpoint must hold.
+// The configuration of a DeepSeek-style MLA model, read from a Hugging Face
+// config.json: DeepSeek-V2 (model_type "deepseek_v2") and the V3 family
+// (DeepSeek-V3, R1, V3.1: "deepseek_v3"; Kimi-K2: "kimi_k2"). The tensors
+// such a checkpoint holds are model_tensors.h's.
 #ifndef KVTIER_SERVICES_RUNTIME_MODEL_CONFIG_H_
 #define KVTIER_SERVICES_RUNTIME_MODEL_CONFIG_H_
 
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <string>
-#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kvtier/kernels/layers.h"
@@ -15,10 +15,27 @@
 
 namespace kvtier::runtime {
 
-enum class TopkMethod { kGreedy, kGroupLimitedGreedy };
+// config.json's model_type. The V3 family shares one architecture
+// (DeepseekV3ForCausalLM): V2's attention and cache, a sigmoid router.
+enum class ModelType { kDeepseekV2, kDeepseekV3, kKimiK2 };
+const char* ModelTypeName(ModelType type);  // as config.json spells it
+
+// greedy and group_limited_greedy: V2's softmax router; noaux_tc: V3's
+// sigmoid router with a score correction bias (kernels::GateParams).
+enum class TopkMethod { kGreedy, kGroupLimitedGreedy, kNoauxTc };
+
+// quantization_config {"quant_method": "fp8", "fmt": "e4m3",
+// "weight_block_size": [rows, cols]}: every projection stored as FP8 E4M3
+// with a float32 scale per block of rows x cols (dequantized by
+// multiplying), as DeepSeek-V3 publishes its weights.
+struct Fp8Quantization {
+  int64_t block_rows = 128;
+  int64_t block_cols = 128;
+};
 
 // Plain value type.
 struct ModelConfig {
+  ModelType model_type = ModelType::kDeepseekV2;
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;      // dense MLP layers
@@ -44,11 +61,16 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   int64_t max_position_embeddings = 4096;
   std::optional<kernels::YarnParams> rope_scaling;
+  std::optional<Fp8Quantization> fp8;  // absent: projections in bf16 (or f16/f32)
+  // Multi-token prediction layers stored after the last layer (V3: 1); a
+  // server that does not decode speculatively skips them.
+  int64_t num_nextn_predict_layers = 0;
 
   int64_t q_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   // Layers from first_k_dense_replace on, every moe_layer_freq-th, are MoE.
   bool IsMoeLayer(int64_t layer) const;
-  // How the MoE layers' gate picks and weighs experts.
+  // How the MoE layers' gate picks and weighs experts (a noaux_tc layer's
+  // correction bias is its own: the caller sets it).
   kernels::GateParams Gate() const;
   // q_head_dim^-0.5, times mscale(factor, mscale_all_dim)^2 under YaRN, as
   // DeepSeek-V2's modeling code computes it.
@@ -60,23 +82,10 @@ struct ModelConfig {
 
 // Parses and checks config.json text. INVALID_ARGUMENT naming the field for a
 // missing or malformed value; UNIMPLEMENTED naming it for a setting this
-// runtime does not support (another model_type, activation, scoring
-// function, rope scaling type, attention bias).
+// runtime does not support (another model_type or architecture,
+// activation, scoring function or top-k method for the model type, rope
+// scaling type, attention bias, a quantization other than fp8 e4m3).
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text);
-
-struct TensorSpec {
-  std::string name;
-  std::vector<int64_t> shape;
-};
-
-// Every tensor a checkpoint of `config` holds, with Hugging Face names.
-std::vector<TensorSpec> ExpectedTensors(const ModelConfig& config);
-// The same tensors one at a time, stopping at the first error `visit`
-// returns: a loader checks each against the files without building the
-// list, which a corrupt config (a billion layers) could make too large to
-// hold.
-absl::Status ForEachExpectedTensor(const ModelConfig& config,
-                                   const std::function<absl::Status(const TensorSpec&)>& visit);
 
 }  // namespace kvtier::runtime
 

@@ -24,7 +24,8 @@ absl::StatusOr<DType> ParseDType(const std::string& name) {
   if (name == "BF16") return DType::kBf16;
   if (name == "F16") return DType::kF16;
   if (name == "F32") return DType::kF32;
-  return absl::InvalidArgumentError(absl::StrCat("dtype ", name, " is not supported (BF16, F16, F32)"));
+  if (name == "F8_E4M3") return DType::kF8E4m3;
+  return absl::InvalidArgumentError(absl::StrCat("dtype ", name, " is not supported (BF16, F16, F32, F8_E4M3)"));
 }
 
 }  // namespace
@@ -37,11 +38,22 @@ const char* DTypeName(DType dtype) {
       return "F16";
     case DType::kF32:
       return "F32";
+    case DType::kF8E4m3:
+      return "F8_E4M3";
   }
   return "?";
 }
 
-size_t DTypeBytes(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
+size_t DTypeBytes(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return 4;
+    case DType::kF8E4m3:
+      return 1;
+    default:
+      return 2;
+  }
+}
 
 float HalfToFloat(uint16_t h) {
   const uint32_t sign = uint32_t{h & 0x8000u} << 16;
@@ -79,6 +91,8 @@ std::vector<float> TensorView::ToFloat() const {
   for (size_t i = 0; i < out.size(); ++i) {
     if (dtype == DType::kF32) {
       std::memcpy(&out[i], bytes.data() + 4 * i, 4);
+    } else if (dtype == DType::kF8E4m3) {
+      out[i] = kernels::Fp8E4m3ToFloat(bytes[i]);
     } else {
       uint16_t h;
       std::memcpy(&h, bytes.data() + 2 * i, 2);
@@ -199,6 +213,8 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorT
     for (size_t i = 0; i < t.values.size(); ++i) {
       if (t.dtype == DType::kF32) {
         std::memcpy(buffer.data() + 4 * i, &t.values[i], 4);
+      } else if (t.dtype == DType::kF8E4m3) {
+        buffer[i] = kernels::FloatToFp8E4m3(t.values[i]);
       } else {
         const uint16_t h = t.dtype == DType::kBf16 ? kernels::FloatToBf16(t.values[i]) : FloatToHalf(t.values[i]);
         std::memcpy(buffer.data() + 2 * i, &h, 2);

@@ -17,9 +17,11 @@
 
 namespace kvtier::runtime {
 
-enum class DType { kBf16, kF16, kF32 };
+// F8_E4M3 is OCP FP8 E4M3FN, as DeepSeek-V3 publishes its projections (with
+// a block scale tensor beside each: model_weights.h).
+enum class DType { kBf16, kF16, kF32, kF8E4m3 };
 
-const char* DTypeName(DType dtype);  // "BF16", "F16", "F32", as in the files
+const char* DTypeName(DType dtype);  // "BF16", "F16", "F32", "F8_E4M3", as in the files
 size_t DTypeBytes(DType dtype);
 
 // A tensor inside a mapped file; valid while its SafetensorsFile lives.
@@ -30,7 +32,8 @@ struct TensorView {
   std::span<const uint8_t> bytes;
 
   int64_t elements() const;
-  // The values as float32 (bf16 and f16 widened exactly).
+  // The values as float32 (bf16, f16 and fp8 widened exactly; an fp8
+  // tensor's codes without their block scales).
   std::vector<float> ToFloat() const;
 };
 
@@ -63,7 +66,7 @@ class SafetensorsFile {
 };
 
 // A tensor to write: float32 values stored as `dtype` (rounded to nearest
-// even for bf16 and f16).
+// even for bf16, f16 and fp8, fp8 saturating at 448).
 struct TensorToWrite {
   std::string name;
   DType dtype = DType::kBf16;

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "services/runtime/make_model.h"
+#include "services/runtime/model_tensors.h"
 #include "tests/test_random.h"
 
 namespace kvtier::runtime {

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "services/runtime/make_model.h"
+#include "services/runtime/model_tensors.h"
 #include "services/runtime/safetensors.h"
 #if KVTIER_RUNTIME_CUDA
 #include "kvtier/kernels/cuda_codec.h"
