@@ -290,5 +290,172 @@ TEST(MoeGate, RandomCasesMatchTheReference) {
             StatusCode::kInvalidArgument);
 }
 
+// DeepSeek-V3's noaux_tc router on a hand-worked case: 4 groups of 2,
+// sigmoid scores s = sigmoid(logits) =
+//   0.8808 0.8176 | 0.7311 0.6225 | 0.2689 0.2689 | 0.1192 0.1192.
+TEST(NoauxGate, BiasesChooseGroupsAndExpertsButNotWeights) {
+  const std::vector<float> logits = {2.0f, 1.5f, 1.0f, 0.5f, -1.0f, -1.0f, -2.0f, -2.0f};
+  auto sigmoid = [](double x) { return 1.0 / (1.0 + std::exp(-x)); };
+  std::vector<float> bias(8, 0.0f);
+  GateParams p{.top_k = 2,
+               .group_limited = true,
+               .n_group = 4,
+               .topk_group = 1,
+               .norm_topk_prob = true,
+               .routed_scaling_factor = 2.5f,
+               .noaux_tc = true,
+               .correction_bias = bias};
+  std::vector<ExpertChoice> out;
+  // No bias: group 0 (0.8808 + 0.8176) wins; weights s / (s0 + s1) x 2.5.
+  ASSERT_TRUE(SelectExperts(logits, p, out).ok());
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].expert, 0u);
+  EXPECT_EQ(out[1].expert, 1u);
+  const double g0 = sigmoid(2.0) + sigmoid(1.5);
+  EXPECT_NEAR(out[0].weight, sigmoid(2.0) / g0 * 2.5, 1e-6);
+  EXPECT_NEAR(out[1].weight, sigmoid(1.5) / g0 * 2.5, 1e-6);
+  EXPECT_NEAR(out[0].weight + out[1].weight, 2.5, 1e-6) << "normalised, then scaled";
+  // +0.5 on group 1's experts: its two best sum to 2.3536 > 1.6984, so it
+  // wins; the weights stay the unbiased scores.
+  bias[2] = bias[3] = 0.5f;
+  ASSERT_TRUE(SelectExperts(logits, p, out).ok());
+  EXPECT_EQ(out[0].expert, 2u);
+  EXPECT_EQ(out[1].expert, 3u);
+  const double g1 = sigmoid(1.0) + sigmoid(0.5);
+  EXPECT_NEAR(out[0].weight, sigmoid(1.0) / g1 * 2.5, 1e-6);
+  EXPECT_NEAR(out[1].weight, sigmoid(0.5) / g1 * 2.5, 1e-6);
+  // Normalisation off: the unbiased scores times the factor.
+  p.norm_topk_prob = false;
+  ASSERT_TRUE(SelectExperts(logits, p, out).ok());
+  EXPECT_NEAR(out[0].weight, sigmoid(1.0) * 2.5, 1e-6);
+  EXPECT_NEAR(out[1].weight, sigmoid(0.5) * 2.5, 1e-6);
+  // No group limit (Kimi-K2's n_group 1): the bias alone reorders experts,
+  // 3 (0.6225 + 0.5) above 0 (0.8808) but below 2 (1.2311).
+  p.group_limited = false;
+  p.n_group = 1;
+  p.topk_group = 1;
+  p.top_k = 3;
+  ASSERT_TRUE(SelectExperts(logits, p, out).ok());
+  EXPECT_EQ(out[0].expert, 2u);
+  EXPECT_EQ(out[1].expert, 3u);
+  EXPECT_EQ(out[2].expert, 0u);
+}
+
+// Every biased score negative: the losing groups' experts are excluded
+// outright. Filled with 0.0 instead of -inf (as some ports do), they would
+// outrank every kept expert and be chosen.
+TEST(NoauxGate, LosingGroupsAreExcludedEvenAboveNegativeScores) {
+  const std::vector<float> logits = {2.0f, 1.5f, 1.0f, 0.5f, -1.0f, -1.0f, -2.0f, -2.0f};
+  const std::vector<float> bias(8, -1.0f);
+  GateParams p{.top_k = 4,
+               .group_limited = true,
+               .n_group = 4,
+               .topk_group = 2,
+               .norm_topk_prob = true,
+               .routed_scaling_factor = 1.0f,
+               .noaux_tc = true,
+               .correction_bias = bias};
+  std::vector<ExpertChoice> out;
+  ASSERT_TRUE(SelectExperts(logits, p, out).ok());
+  std::vector<uint32_t> chosen;
+  for (const ExpertChoice& c : out) chosen.push_back(c.expert);
+  EXPECT_EQ(chosen, (std::vector<uint32_t>{0, 1, 2, 3}));
+}
+
+TEST(NoauxGate, RandomCasesMatchTheReference) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  std::normal_distribution<float> normal(0.0f, 2.0f), bias_normal(0.0f, 0.5f);
+  std::uniform_int_distribution<int> coin(0, 1);
+  for (int trial = 0; trial < 500; ++trial) {
+    std::vector<float> logits(64), bias(64);
+    for (float& v : logits) v = normal(rng.engine());
+    for (float& v : bias) v = bias_normal(rng.engine());
+    const bool grouped = coin(rng.engine()) == 1;
+    GateParams p{.top_k = 8,
+                 .group_limited = grouped,
+                 .n_group = grouped ? 8u : 1u,
+                 .topk_group = grouped ? 4u : 1u,
+                 .norm_topk_prob = coin(rng.engine()) == 1,
+                 .routed_scaling_factor = 2.5f,
+                 .noaux_tc = true,
+                 .correction_bias = bias};
+    std::vector<ExpertChoice> out;
+    ASSERT_TRUE(SelectExperts(logits, p, out).ok());
+    const auto want = ReferenceGate(logits, p);
+    ASSERT_EQ(out.size(), want.size());
+    for (size_t k = 0; k < out.size(); ++k) {
+      ASSERT_EQ(out[k].expert, want[k].first) << trial;
+      ASSERT_NEAR(out[k].weight, want[k].second, 1e-5 * (1 + want[k].second)) << trial;
+    }
+  }
+  std::vector<ExpertChoice> out;
+  const std::vector<float> short_bias(7, 0.0f), bias(8, 0.0f);
+  EXPECT_EQ(SelectExperts(std::vector<float>(8, 0.0f), GateParams{.top_k = 2, .noaux_tc = true, .correction_bias = short_bias},
+                          out)
+                .code(),
+            StatusCode::kInvalidArgument)
+      << "a bias for each expert";
+  EXPECT_EQ(SelectExperts(std::vector<float>(8, 0.0f),
+                          GateParams{.top_k = 2,
+                                     .group_limited = true,
+                                     .n_group = 8,
+                                     .topk_group = 2,
+                                     .noaux_tc = true,
+                                     .correction_bias = bias},
+                          out)
+                .code(),
+            StatusCode::kInvalidArgument)
+      << "groups of one expert have no two best";
+}
+
+// Block-scaled FP8 weights read as FP8: the bits of Gemm over the weights
+// dequantized here (each code's value from its fields, times its block's
+// scale, rounded once to float), for DeepSeek's 128 x 128 blocks and odd
+// ones, with partial blocks at the edges, on one thread and several.
+TEST(GemmFp8, SameBitsAsGemmOverTheDequantizedWeights) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale(1e-4f, 1e-2f);
+  auto value = [](uint8_t code) {
+    const int e = (code >> 3) & 0xf, m = code & 7;
+    const double magnitude = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
+    return (code & 0x80) ? -magnitude : magnitude;
+  };
+  for (auto [rows, cols, n, block_rows, block_cols] : {std::tuple<size_t, size_t, size_t, size_t, size_t>{1, 1, 1, 128, 128},
+                                                       {200, 136, 1, 128, 128},
+                                                       {130, 300, 5, 128, 128},
+                                                       {37, 70, 9, 3, 5},
+                                                       {600, 333, 37, 128, 128}}) {
+    const size_t scale_cols = (cols + block_cols - 1) / block_cols;
+    std::vector<uint8_t> codes(rows * cols);
+    std::vector<float> scales((rows + block_rows - 1) / block_rows * scale_cols), widened(rows * cols), x(n * cols);
+    for (uint8_t& c : codes) {
+      do c = static_cast<uint8_t>(byte(rng.engine()));
+      while ((c & 0x7f) == 0x7f);  // no NaN codes
+    }
+    for (float& s : scales) s = scale(rng.engine());
+    for (size_t r = 0; r < rows; ++r)
+      for (size_t c = 0; c < cols; ++c)
+        widened[r * cols + c] =
+            static_cast<float>(value(codes[r * cols + c]) * scales[r / block_rows * scale_cols + c / block_cols]);
+    for (float& v : x) v = normal(rng.engine());
+    const Fp8BlockScaled w{codes.data(), scales.data(), block_rows, block_cols};
+    std::vector<float> rows_out(rows * cols);
+    DequantizeFp8Rows(w, cols, 0, rows, rows_out.data());
+    ASSERT_EQ(rows_out, widened) << rows << "x" << cols;
+    for (size_t threads : {1, 3}) {
+      SetKernelThreads(threads);
+      std::vector<float> want(n * rows), got(n * rows);
+      Gemm(widened.data(), rows, cols, x.data(), n, cols, want.data(), rows);
+      GemmFp8(w, rows, cols, x.data(), n, cols, got.data(), rows);
+      SetKernelThreads(1);
+      ASSERT_EQ(got, want) << rows << "x" << cols << " n " << n << ", " << threads << " threads";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvtier::kernels

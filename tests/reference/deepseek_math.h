@@ -1,4 +1,4 @@
-// DeepSeek-V2's math written plainly in double, following its modeling code
+// DeepSeek-V2's and V3's math written plainly in double, following its modeling code
 // line by line: the independent references the kernels and the runtime are
 // checked against. Test-only.
 #ifndef KVTIER_TESTS_REFERENCE_DEEPSEEK_MATH_H_
@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numbers>
 #include <numeric>
 #include <utility>
@@ -54,8 +55,12 @@ inline std::vector<double> ReferenceRope(const std::vector<double>& x, int64_t p
 }
 
 // DeepseekV2MoEGate in double: softmax, (group mask), top-k, then
-// renormalise if top_k > 1 and norm_topk_prob, else scale.
+// renormalise if top_k > 1 and norm_topk_prob, else scale. With noaux_tc,
+// DeepseekV3's MoEGate instead: ReferenceNoauxGate.
+inline std::vector<std::pair<uint32_t, double>> ReferenceNoauxGate(const std::vector<float>& logits,
+                                                                   const GateParams& p);
 inline std::vector<std::pair<uint32_t, double>> ReferenceGate(const std::vector<float>& logits, const GateParams& p) {
+  if (p.noaux_tc) return ReferenceNoauxGate(logits, p);
   const size_t n = logits.size();
   std::vector<double> s(n);
   double max = *std::max_element(logits.begin(), logits.end()), sum = 0;
@@ -80,6 +85,48 @@ inline std::vector<std::pair<uint32_t, double>> ReferenceGate(const std::vector<
   double total = 0;
   for (uint32_t k = 0; k < p.top_k; ++k) out.push_back({idx[k], s[idx[k]]}), total += s[idx[k]];
   for (auto& [e, w] : out) w = (p.top_k > 1 && p.norm_topk_prob) ? w / (total + 1e-20) : w * p.routed_scaling_factor;
+  return out;
+}
+
+// DeepseekV3's MoEGate (topk_method noaux_tc) in double, as its modeling
+// code writes it: scores = sigmoid(logits); scores_for_choice = scores +
+// e_score_correction_bias; group_scores = the sum of each group's top 2
+// of those; the topk_group best groups kept, the rest masked to -inf;
+// top_k of scores_for_choice; weights gathered from the unbiased scores,
+// divided by their sum (+1e-20) if top_k > 1 and norm_topk_prob, then
+// times routed_scaling_factor.
+inline std::vector<std::pair<uint32_t, double>> ReferenceNoauxGate(const std::vector<float>& logits,
+                                                                   const GateParams& p) {
+  const size_t n = logits.size();
+  std::vector<double> scores(n), choice(n);
+  for (size_t i = 0; i < n; ++i) {
+    scores[i] = 1.0 / (1.0 + std::exp(-static_cast<double>(logits[i])));
+    choice[i] = scores[i] + p.correction_bias[i];
+  }
+  if (p.n_group > 1) {
+    const size_t per = n / p.n_group;
+    std::vector<std::pair<double, uint32_t>> groups;
+    for (uint32_t g = 0; g < p.n_group; ++g) {
+      std::vector<double> members(choice.begin() + g * per, choice.begin() + (g + 1) * per);
+      std::sort(members.begin(), members.end(), std::greater<double>());
+      groups.push_back({members[0] + members[1], g});
+    }
+    std::stable_sort(groups.begin(), groups.end(), [](auto& a, auto& b) { return a.first > b.first; });
+    std::vector<bool> keep(p.n_group, false);
+    for (uint32_t k = 0; k < p.topk_group; ++k) keep[groups[k].second] = true;
+    for (size_t e = 0; e < n; ++e)
+      if (!keep[e / per]) choice[e] = -INFINITY;
+  }
+  std::vector<uint32_t> idx(n);
+  std::iota(idx.begin(), idx.end(), 0u);
+  std::stable_sort(idx.begin(), idx.end(), [&](uint32_t a, uint32_t b) { return choice[a] > choice[b]; });
+  std::vector<std::pair<uint32_t, double>> out;
+  double total = 0;
+  for (uint32_t k = 0; k < p.top_k; ++k) out.push_back({idx[k], scores[idx[k]]}), total += scores[idx[k]];
+  for (auto& [e, w] : out) {
+    if (p.top_k > 1 && p.norm_topk_prob) w /= total + 1e-20;
+    w *= p.routed_scaling_factor;
+  }
   return out;
 }
 

@@ -12,16 +12,38 @@ namespace {
 
 using Vec = std::vector<double>;
 
-// The checkpoint's tensors widened to double, each once per NaiveLogits call.
+// An FP8 E4M3FN code's value, from its fields: (-1)^s 2^(e-7) (1 + m/8),
+// or 2^-6 (m/8) when e is 0.
+double Fp8Value(uint8_t code) {
+  const int sign = code >> 7, e = (code >> 3) & 0xf, m = code & 7;
+  const double magnitude = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
+  return sign ? -magnitude : magnitude;
+}
+
+// The checkpoint's tensors widened to double, each once per NaiveLogits call;
+// an F8_E4M3 tensor times its "<name>_scale_inv" block scales, as DeepSeek's
+// weight_dequant does (block size from the config).
 class Weights {
  public:
   explicit Weights(const runtime::Checkpoint& ckpt) : ckpt_(ckpt) {}
   const Vec& operator()(const std::string& name) {
     auto [it, inserted] = cache_.try_emplace(name);
-    if (inserted) {
-      const std::vector<float> f = ckpt_.Tensor(name)->ToFloat();
+    if (!inserted) return it->second;
+    const runtime::TensorView t = *ckpt_.Tensor(name);
+    if (t.dtype != runtime::DType::kF8E4m3) {
+      const std::vector<float> f = t.ToFloat();
       it->second.assign(f.begin(), f.end());
+      return it->second;
     }
+    const std::vector<float> scale = ckpt_.Tensor(name + "_scale_inv")->ToFloat();
+    const size_t rows = t.shape[0], cols = t.shape[1];
+    const size_t block_rows = ckpt_.config().fp8->block_rows, block_cols = ckpt_.config().fp8->block_cols;
+    const size_t scale_cols = (cols + block_cols - 1) / block_cols;
+    it->second.resize(rows * cols);
+    for (size_t r = 0; r < rows; ++r)
+      for (size_t c = 0; c < cols; ++c)
+        it->second[r * cols + c] =
+            Fp8Value(t.bytes[r * cols + c]) * scale[(r / block_rows) * scale_cols + c / block_cols];
     return it->second;
   }
 
@@ -140,10 +162,17 @@ std::vector<std::vector<double>> NaiveLogits(const runtime::Checkpoint& ckpt, co
         kernels::GateParams g;
         g.top_k = static_cast<uint32_t>(c.num_experts_per_tok);
         g.group_limited = c.topk_method == runtime::TopkMethod::kGroupLimitedGreedy;
+        g.noaux_tc = c.topk_method == runtime::TopkMethod::kNoauxTc;
         g.n_group = static_cast<uint32_t>(c.n_group);
         g.topk_group = static_cast<uint32_t>(c.topk_group);
         g.norm_topk_prob = c.norm_topk_prob;
         g.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
+        std::vector<float> bias;
+        if (g.noaux_tc) {
+          const Vec& b = Load(pre + "mlp.gate.e_score_correction_bias");
+          bias.assign(b.begin(), b.end());
+          g.correction_bias = bias;
+        }
         for (const auto& [e, w] : kernels::ReferenceGate(std::vector<float>(router.begin(), router.end()), g)) {
           const Vec y = Mlp(Load, absl::StrCat(pre, "mlp.experts.", e, "."), h2);
           for (size_t i = 0; i < H; ++i) ffn[i] += w * y[i];

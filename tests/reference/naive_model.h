@@ -1,6 +1,8 @@
-// DeepSeek-V2 as its Hugging Face modeling code computes it, plainly, in
-// double: per-head K and V expanded from the latents through kv_b_proj,
-// no absorption, no quantization except where asked. Test-only and slow.
+// DeepSeek-V2 and the V3 family as their Hugging Face modeling code
+// computes them, plainly, in double: per-head K and V expanded from the
+// latents through kv_b_proj, no absorption, no quantization except where
+// asked; V3's router and FP8 dequantization written here, apart from the
+// engine's. Test-only and slow.
 #ifndef KVTIER_TESTS_REFERENCE_NAIVE_MODEL_H_
 #define KVTIER_TESTS_REFERENCE_NAIVE_MODEL_H_
 

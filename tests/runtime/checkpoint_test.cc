@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "services/runtime/make_model.h"
+#include "services/runtime/model.h"
 #include "services/runtime/model_tensors.h"
 #include "tests/test_random.h"
 
@@ -149,6 +150,154 @@ TEST_F(CheckpointTest, EveryDefectIsNamed) {
   EXPECT_NE(ckpt.status().message().find("model-00002-of-00002.safetensors"), std::string::npos);
 }
 
+// Replaces the first `from` in `path` with `to` (in a safetensors header,
+// of the same length, so that the header keeps its size).
+void ReplaceInFile(const fs::path& path, const std::string& from, const std::string& to) {
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t at = bytes.find(from);
+  ASSERT_NE(at, std::string::npos) << from << " in " << path;
+  bytes.replace(at, from.size(), to);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// The V3 family's checkpoints: sharded, FP8 projections with block scales.
+TEST_F(CheckpointTest, EveryV3DefectIsNamed) {
+  const ModelConfig preset = *PresetConfig("v3-tiny");
+  const std::string shard2 = "model-00002-of-00003.safetensors";
+  struct Case {
+    std::string name;
+    std::function<void(const std::string& dir)> damage;
+    absl::StatusCode code;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"unknown_dtype",
+       [&](const std::string& d) { ReplaceInFile(fs::path(d) / shard2, "\"F8_E4M3\"", "\"F8_E5M2\""); },
+       absl::StatusCode::kInvalidArgument, "dtype F8_E5M2 is not supported"},
+      // Blocks of 64 rows imply twice the scale rows the files hold.
+      {"scale_shape",
+       [&](const std::string& d) {
+         EditConfig(d, [](auto& j) { j["quantization_config"]["weight_block_size"] = {64, 128}; });
+       },
+       absl::StatusCode::kInvalidArgument, "q_a_proj.weight_scale_inv has shape [2, 2], config.json implies [3, 2]"},
+      {"missing_shard", [&](const std::string& d) { fs::remove(fs::path(d) / shard2); }, absl::StatusCode::kNotFound,
+       shard2},
+      {"listed_twice",
+       [&](const std::string& d) {
+         ReplaceInFile(fs::path(d) / "model.safetensors.index.json", "\"weight_map\": {",
+                       "\"weight_map\":{\"lm_head.weight\":\"x\",");
+       },
+       absl::StatusCode::kInvalidArgument, "lists tensor lm_head.weight twice"},
+      {"quant_method",
+       [&](const std::string& d) { EditConfig(d, [](auto& j) { j["quantization_config"]["quant_method"] = "gptq"; }); },
+       absl::StatusCode::kUnimplemented, "quant_method \"gptq\""},
+      {"fmt", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["quantization_config"]["fmt"] = "e5m2"; }); },
+       absl::StatusCode::kUnimplemented, "fmt \"e5m2\""},
+      {"no_quantization_config",
+       [&](const std::string& d) { EditConfig(d, [](auto& j) { j.erase("quantization_config"); }); },
+       absl::StatusCode::kInvalidArgument, "is F8_E4M3, but config.json has no quantization_config"},
+      {"architectures",
+       [&](const std::string& d) { EditConfig(d, [](auto& j) { j["architectures"] = {"DeepseekV2ForCausalLM"}; }); },
+       absl::StatusCode::kUnimplemented, "architectures [\"DeepseekV2ForCausalLM\"]"},
+      {"scoring", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["scoring_func"] = "softmax"; }); },
+       absl::StatusCode::kUnimplemented, "scoring_func \"softmax\""},
+      {"topk", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["topk_method"] = "greedy"; }); },
+       absl::StatusCode::kUnimplemented, "topk_method \"greedy\" is not supported for deepseek_v3"},
+      {"groups_of_one",
+       [&](const std::string& d) {
+         EditConfig(d, [](auto& j) {
+           j["n_group"] = 16;
+           j["topk_group"] = 8;
+         });
+       },
+       absl::StatusCode::kInvalidArgument, "n_group must be at most n_routed_experts / 2"},
+  };
+  for (const Case& c : cases) {
+    const std::string dir = Dir(c.name);
+    ASSERT_TRUE(MakeModel(preset, dir, 1, 3).ok());
+    c.damage(dir);
+    auto ckpt = Checkpoint::Open(dir);
+    ASSERT_FALSE(ckpt.ok()) << c.name;
+    EXPECT_EQ(ckpt.status().code(), c.code) << c.name << ": " << ckpt.status();
+    EXPECT_NE(ckpt.status().message().find(c.message), std::string::npos) << c.name << ": " << ckpt.status();
+  }
+}
+
+// An FP8 NaN code in a projection would make every output NaN: the load
+// refuses it, naming the tensor.
+TEST_F(CheckpointTest, Fp8NanCodeIsRefusedAtLoad) {
+  const ModelConfig preset = *PresetConfig("v3-tiny");
+  const std::string dir = Dir("nan");
+  ASSERT_TRUE(MakeModel(preset, dir, 1, 1).ok());
+  const fs::path file = fs::path(dir) / "model.safetensors";
+  const std::string victim = LayerTensorsOf(preset, 1).o_proj.name;
+  {
+    std::ifstream in(file, std::ios::binary);
+    uint64_t header_length = 0;
+    in.read(reinterpret_cast<char*>(&header_length), 8);
+    std::string header(header_length, '\0');
+    in.read(header.data(), static_cast<std::streamsize>(header_length));
+    const uint64_t offset = nlohmann::json::parse(header)[victim]["data_offsets"][0].get<uint64_t>() + 8 + header_length;
+    std::fstream out(file, std::ios::binary | std::ios::in | std::ios::out);
+    out.seekp(static_cast<std::streamoff>(offset + 5));
+    out.put(static_cast<char>(0xff));
+  }
+  auto ckpt = Checkpoint::Open(dir);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  auto model = Model::Load(**ckpt);
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(model.status().message().find(victim + " holds an FP8 NaN"), std::string::npos) << model.status();
+}
+
+TEST(ModelConfig, V3FamilyConfigsAsPublished) {
+  // DeepSeek-V3's config.json fields that decide the math.
+  const std::string v3 = R"({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+      "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+      "num_hidden_layers": 61, "num_nextn_predict_layers": 1, "num_attention_heads": 128,
+      "num_key_value_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256, "ep_size": 1,
+      "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
+      "v_head_dim": 128, "qk_nope_head_dim": 128, "topk_method": "noaux_tc", "n_group": 8, "topk_group": 4,
+      "num_experts_per_tok": 8, "moe_layer_freq": 1, "first_k_dense_replace": 3, "norm_topk_prob": true,
+      "scoring_func": "sigmoid", "hidden_act": "silu", "max_position_embeddings": 163840, "rms_norm_eps": 1e-06,
+      "rope_theta": 10000, "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+      "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "type": "yarn"},
+      "attention_bias": false, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+      "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+      "weight_block_size": [128, 128]}})";
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(v3);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type, ModelType::kDeepseekV3);
+  EXPECT_EQ(c->topk_method, TopkMethod::kNoauxTc);
+  EXPECT_EQ(c->num_nextn_predict_layers, 1);
+  ASSERT_TRUE(c->fp8.has_value());
+  EXPECT_EQ(c->fp8->block_rows, 128);
+  const kernels::GateParams gate = c->Gate();
+  EXPECT_TRUE(gate.noaux_tc && gate.group_limited && gate.norm_topk_prob);
+  EXPECT_EQ(gate.n_group, 8u);
+  EXPECT_EQ(gate.topk_group, 4u);
+  EXPECT_FLOAT_EQ(gate.routed_scaling_factor, 2.5f);
+  // YaRN's softmax scale from mscale_all_dim 1.0: (0.1 ln 40 + 1)^2, about
+  // 1.874, not V2's 1.590.
+  const double m = 0.1 * std::log(40.0) + 1.0;
+  EXPECT_NEAR(c->SoftmaxScale() * std::sqrt(192.0), m * m, 1e-12);
+  EXPECT_NEAR(m * m, 1.874, 1e-3);
+  // A 128 x 128-block scale of kv_a_proj_with_mqa: [576, 7168] -> [5, 56].
+  EXPECT_EQ(ScaleSpec(LayerTensorsOf(*c, 0).kv_a, *c->fp8).shape, (std::vector<int64_t>{5, 56}));
+  // Kimi-K2: its own model_type on V3's architecture, no group limit.
+  nlohmann::json kimi = nlohmann::json::parse(v3);
+  kimi["model_type"] = "kimi_k2";
+  kimi["n_group"] = 1;
+  kimi["topk_group"] = 1;
+  kimi["n_routed_experts"] = 384;
+  c = ParseModelConfig(kimi.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type, ModelType::kKimiK2);
+  EXPECT_FALSE(c->Gate().group_limited);
+  EXPECT_TRUE(c->Gate().noaux_tc);
+}
+
 TEST(ModelConfig, SoftmaxScaleIncludesYarnMscaleSquared) {
   ModelConfig c = *PresetConfig("lite-attn");
   const double mscale = 0.1 * 0.707 * std::log(40.0) + 1.0;  // DeepSeek's yarn_get_mscale
@@ -170,7 +319,7 @@ TEST(ModelConfig, MoeLayersFollowFirstKDenseAndFrequency) {
 }
 
 TEST(ModelConfig, JsonRoundTrip) {
-  for (const char* preset : {"tiny", "lite-attn"}) {
+  for (const char* preset : {"tiny", "lite-attn", "v3-tiny", "kimi-k2-tiny"}) {
     const ModelConfig c = *PresetConfig(preset);
     absl::StatusOr<ModelConfig> back = ParseModelConfig(c.ToJson());
     ASSERT_TRUE(back.ok()) << back.status();

@@ -137,6 +137,11 @@ INSTANTIATE_TEST_SUITE_P(Presets, CudaForwardTest,
                          ::testing::Values(Variant{"tiny", "tiny", false}, Variant{"tiny_dense", "tiny", true},
                                            Variant{"lite_attn", "lite-attn", false},
                                            Variant{"lite_attn_dense", "lite-attn", true},
+                                           // The V3 family: FP8 weights dequantized at load,
+                                           // the noaux_tc router.
+                                           Variant{"v3_tiny", "v3-tiny", false},
+                                           Variant{"v3_tiny_dense", "v3-tiny", true},
+                                           Variant{"kimi_k2_tiny", "kimi-k2-tiny", false},
                                            // Every pass copies its blocks up.
                                            Variant{"lite_attn_dense_no_pool", "lite-attn", true, 0},
                                            // The int8 sequence's 2 blocks of a layer fit; each

@@ -43,6 +43,28 @@ class SafetensorsTest : public ::testing::Test {
   std::filesystem::path dir_ = std::filesystem::temp_directory_path() / ("kvtier_st_" + std::to_string(rng_.seed()));
 };
 
+// F8_E4M3, as DeepSeek-V3 publishes its projections: one byte a value,
+// rounded to nearest even, read back as the codes' values.
+TEST_F(SafetensorsTest, Fp8E4m3RoundTrips) {
+  SCOPED_TRACE(rng_.Trace());
+  std::vector<float> values = Random(9 * 5);
+  for (float& v : values) v *= 10.0f;  // N(0, 30): inside +-448
+  const std::string path = Path("fp8.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, {{"w.weight", DType::kF8E4m3, {9, 5}, values}}).ok());
+  auto file = SafetensorsFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto t = (*file)->Tensor("w.weight");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->dtype, DType::kF8E4m3);
+  EXPECT_STREQ(DTypeName(t->dtype), "F8_E4M3");
+  EXPECT_EQ(t->bytes.size(), values.size());
+  const std::vector<float> back = t->ToFloat();
+  for (size_t i = 0; i < values.size(); ++i) {
+    EXPECT_EQ(back[i], kernels::Fp8E4m3ToFloat(kernels::FloatToFp8E4m3(values[i])));
+    EXPECT_NEAR(back[i], values[i], std::fabs(values[i]) * 0x1p-4 + 0x1p-10) << "within half an fp8 step";
+  }
+}
+
 TEST_F(SafetensorsTest, RoundTripsEveryDtype) {
   SCOPED_TRACE(rng_.Trace());
   const std::vector<float> a = Random(6 * 7), b = Random(5), c = Random(3 * 2 * 4);
