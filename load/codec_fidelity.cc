@@ -16,6 +16,7 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -38,6 +39,7 @@ struct Flags {
   std::string model = KVTIER_MODELS_DIR "/jargon-mla";
   std::string text;     // default: the model's heldout.txt
   uint64_t tokens = 0;  // 0: the whole text
+  uint64_t random_tokens = 0;  // > 0: score this many seeded random ids instead of text
   uint64_t window = 512;
   uint64_t tokens_per_block = 64;
   uint64_t served_positions = 1024;
@@ -90,17 +92,27 @@ int Main(const Flags& f) {
   absl::StatusOr<std::unique_ptr<runtime::Checkpoint>> ckpt = runtime::Checkpoint::Open(f.model);
   if (!ckpt.ok()) Fail(ckpt.status().ToString());
   const runtime::ModelConfig config = (*ckpt)->config();
-  absl::StatusOr<runtime::ByteTokenizer> tokenizer =
-      runtime::ByteTokenizer::ForClass((*ckpt)->tokenizer_class(), config.vocab_size);
-  if (!tokenizer.ok()) Fail(tokenizer.status().ToString());
   absl::StatusOr<std::unique_ptr<runtime::Model>> model = runtime::Model::Load(**ckpt);
   if (!model.ok()) Fail(model.status().ToString());
-  const std::string text_path = f.text.empty() ? f.model + "/heldout.txt" : f.text;
-  std::ifstream in(text_path, std::ios::binary);
-  if (!in) Fail("cannot read " + text_path);
-  std::stringstream bytes;
-  bytes << in.rdbuf();
-  std::vector<uint32_t> ids = tokenizer->Encode(bytes.str());
+  std::string text_path = f.text.empty() ? f.model + "/heldout.txt" : f.text;
+  std::vector<uint32_t> ids;
+  if (f.random_tokens > 0) {
+    // A checkpoint without a tokenizer (make-model's): random ids, on which
+    // perplexity means nothing but KL and top-1 still measure the codecs.
+    text_path = absl::StrCat(f.random_tokens, " random ids");
+    std::mt19937_64 rng(1);
+    std::uniform_int_distribution<uint32_t> id(0, static_cast<uint32_t>(config.vocab_size - 1));
+    for (uint64_t i = 0; i < f.random_tokens; ++i) ids.push_back(id(rng));
+  } else {
+    absl::StatusOr<runtime::ByteTokenizer> tokenizer =
+        runtime::ByteTokenizer::ForClass((*ckpt)->tokenizer_class(), config.vocab_size);
+    if (!tokenizer.ok()) Fail(tokenizer.status().ToString() + " (--random-tokens scores random ids instead)");
+    std::ifstream in(text_path, std::ios::binary);
+    if (!in) Fail("cannot read " + text_path);
+    std::stringstream bytes;
+    bytes << in.rdbuf();
+    ids = tokenizer->Encode(bytes.str());
+  }
   if (f.tokens > 0 && ids.size() > f.tokens) ids.resize(f.tokens);
   if (f.window < 2 || f.window > static_cast<uint64_t>(config.max_position_embeddings)) {
     Fail(absl::StrCat("--window must be in 2..", config.max_position_embeddings, " (the model's positions)"));
@@ -186,9 +198,13 @@ int main(int argc, char** argv) {
   kvtier::FlagParser flags("codec_fidelity [--model DIR] [--text FILE] [flags]",
                            "Perplexity, KL from the float model and top-1 agreement per latent codec, on\n"
                            "held-out text, in process and through the services (see load/README.md).");
-  flags.AddString("model", &f.model, "checkpoint with a byte tokenizer (default: the trained model)");
+  flags.AddString("model", &f.model,
+                  "checkpoint, with a byte tokenizer unless --random-tokens is given (default: the trained model)");
   flags.AddString("text", &f.text, "UTF-8 text to score (default: the model's heldout.txt)");
   flags.AddUint("tokens", &f.tokens, "score the text's first N tokens (0: all)");
+  flags.AddUint("random-tokens", &f.random_tokens,
+                "score N seeded random ids instead of text (a checkpoint without a tokenizer, such as make-model's "
+                "presets: perplexity means nothing there, KL and top-1 still measure the codecs)");
   flags.AddUint("window", &f.window, "tokens per teacher-forced sequence (the model's training context)");
   flags.AddUint("tokens-per-block", &f.tokens_per_block, "latent block size");
   flags.AddUint("served-positions", &f.served_positions,

@@ -4,13 +4,14 @@
 // the token-weighted prefix hit rate beside the trace's ceiling.
 //
 //   trace_replay --trace T.jsonl --layouts expanded,bf16,int8,int4
-//                --budgets 64MiB,256MiB,1GiB [--layers 27] [--json]
+//                --budgets 64MiB,256MiB,1GiB [--model v3] [--layers 27] [--json]
 //
 // Each (eviction, layout, budget) gets a fresh cache whose device tier (in
 // host memory) is the budget; its host tier is one page, so what does not
-// fit is evicted. Layouts are V2-Lite's attention (512 + 64 latents a token and
-// layer, 16 heads of 128 + 64 K and 128 V expanded), with --layers of its
-// 27 layers: fewer scale a run down, and the budgets with it.
+// fit is evicted. Layouts are the attention of --model (V2-Lite's 27
+// layers, V3's or Kimi-K2's 61: 512 + 64 latents a token and layer; 16,
+// 128 or 64 heads of 128 + 64 K and 128 V expanded), with --layers of its
+// layers: fewer scale a run down, and the budgets with it.
 #include <signal.h>
 
 #include <cstdio>
@@ -25,22 +26,42 @@
 #include "services/common/byte_size.h"
 #include "services/common/child_process.h"
 #include "services/common/flags.h"
+#include "kvtier/kernels/codec.h"
 #include "services/kvblock/block_format.h"
 
 namespace kvtier::load {
 namespace {
 
-// V2-Lite's layer as `name` stores it: latents in a codec, or the per-head
-// K and V an expanded cache keeps (bf16, 16 x (128 + 64 + 128) values a
-// token, written as one latent row of that width).
-absl::StatusOr<kvblock::LatentLayout> LayoutNamed(const std::string& name, uint32_t layers, uint32_t tokens_per_block) {
-  kvblock::LatentLayout layout{.model_id = "trace-replay-" + name,
+// The attention shapes a trace is replayed for: each layer caches 512 + 64
+// latent values a token, or, expanded, 128 + 64 K and 128 V values a head.
+struct ModelShape {
+  std::string name;
+  uint32_t layers;
+  uint32_t heads;
+};
+const std::vector<ModelShape>& ModelShapes() {
+  static const auto* shapes = new std::vector<ModelShape>{{"v2-lite", 27, 16}, {"v3", 61, 128}, {"kimi-k2", 61, 64}};
+  return *shapes;
+}
+
+// A layer of `model` as `name` stores it: latents in a codec, or the
+// per-head K and V an expanded cache keeps (bf16, heads x (128 + 64 + 128)
+// values a token). A block holds at most kMaxLatentDim values a token and
+// layer, so an expanded layer wider than that is stored as several equal
+// parts, each a layer of the layout: the record's bytes are the same.
+absl::StatusOr<kvblock::LatentLayout> LayoutNamed(const std::string& name, const ModelShape& model, uint32_t layers,
+                                                  uint32_t tokens_per_block) {
+  kvblock::LatentLayout layout{.model_id = "trace-replay-" + model.name + "-" + name,
                                .num_layers = layers,
                                .kv_lora_rank = 512,
                                .rope_dim = 64,
                                .tokens_per_block = tokens_per_block};
   if (name == "expanded") {
-    layout.kv_lora_rank = 16 * (128 + 128) + 16 * 64 - 64;  // + rope_dim: 5,120 values
+    const uint32_t values = model.heads * (128 + 64 + 128);
+    uint32_t parts = (values + kernels::kMaxLatentDim - 1) / kernels::kMaxLatentDim;
+    while (values % parts != 0) ++parts;
+    layout.num_layers = layers * parts;
+    layout.kv_lora_rank = values / parts - layout.rope_dim;
     layout.codec = kernels::Codec::kBf16;
   } else if (std::optional<kernels::Codec> codec = kernels::ParseCodec(name)) {
     layout.codec = *codec;
@@ -57,7 +78,8 @@ struct Options {
   std::string layouts = "expanded,bf16,fp8,int8,int4";
   std::string budgets = "256MiB,1GiB";
   uint64_t page_size = 16384;
-  uint64_t layers = 27;
+  std::string model = "v2-lite";
+  uint64_t layers = 0;  // 0: all of the model's
   uint64_t tokens_per_block = 64;
   uint64_t limit = 0;
   double time_scale = 0;
@@ -102,11 +124,12 @@ void PrintJson(const Options& o, const std::vector<Row>& rows) {
     const Row& r = rows[i];
     std::cout << (i ? ",\n " : "")
               << absl::StrFormat(
-                     "{\"eviction\": \"%s\", \"layout\": \"%s\", \"layers\": %d, \"budget_bytes\": %d, "
+                     "{\"eviction\": \"%s\", \"model\": \"%s\", \"layout\": \"%s\", \"layers\": %d, "
+                     "\"budget_bytes\": %d, "
                      "\"block_bytes\": %d, \"requests\": %d, \"prompt_tokens\": %d, \"hit_tokens\": %d, "
                      "\"hit_rate\": %.4f, \"ceiling_rate\": %.4f, \"bytes_put\": %d, \"bytes_got\": %d, "
                      "\"written_back\": %d, \"demotions\": %d, \"evictions\": %d}",
-                     r.eviction, r.layout, o.layers, r.budget, r.block_bytes, r.result.requests, r.result.prompt_tokens,
+                     r.eviction, o.model, r.layout, o.layers, r.budget, r.block_bytes, r.result.requests, r.result.prompt_tokens,
                      r.result.hit_tokens, r.result.HitRate(), r.result.CeilingRate(), r.result.bytes_put,
                      r.result.bytes_got, r.result.written_back, TierCounter(r.result.stats, &v1::TierStats::demotions),
                      TierCounter(r.result.stats, &v1::TierStats::evictions));
@@ -115,8 +138,8 @@ void PrintJson(const Options& o, const std::vector<Row>& rows) {
 }
 
 void PrintTable(const Options& o, size_t requests, const std::vector<Row>& rows) {
-  std::printf("%zu requests, %d layers, blocks of %d tokens\n", requests, static_cast<int>(o.layers),
-              static_cast<int>(o.tokens_per_block));
+  std::printf("%zu requests, %s, %d layers, blocks of %d tokens\n", requests, o.model.c_str(),
+              static_cast<int>(o.layers), static_cast<int>(o.tokens_per_block));
   std::printf("%-11s %-9s %10s %12s %9s %9s %12s %12s %10s\n", "eviction", "layout", "budget", "block bytes",
               "hit rate", "ceiling", "tokens saved", "evicted", "GiB put");
   for (const Row& r : rows) {
@@ -134,13 +157,24 @@ int Fail(const absl::Status& status, int code) {
   return code;
 }
 
-int Run(const Options& o) {
+int Run(Options o) {
   // Every flag's value is checked before the first replay, which may take
   // minutes.
+  const ModelShape* model = nullptr;
+  for (const ModelShape& m : ModelShapes()) {
+    if (m.name == o.model) model = &m;
+  }
+  if (model == nullptr) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--model ", o.model, " is not v2-lite, v3 or kimi-k2")), 2);
+  }
+  if (o.layers == 0) o.layers = model->layers;
+  if (o.layers > model->layers) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--layers: ", o.model, " has ", model->layers)), 2);
+  }
   std::vector<std::pair<std::string, kvblock::LatentLayout>> layouts;
   for (const std::string& name : std::vector<std::string>(absl::StrSplit(o.layouts, ',', absl::SkipEmpty()))) {
     absl::StatusOr<kvblock::LatentLayout> layout =
-        LayoutNamed(name, static_cast<uint32_t>(o.layers), static_cast<uint32_t>(o.tokens_per_block));
+        LayoutNamed(name, *model, static_cast<uint32_t>(o.layers), static_cast<uint32_t>(o.tokens_per_block));
     if (!layout.ok()) return Fail(layout.status(), 2);
     layouts.emplace_back(name, *layout);
   }
@@ -194,10 +228,11 @@ int main(int argc, char** argv) {
   flags.AddString("evictions", &o.evictions, "comma-separated kvtier-cache --eviction policies: lru, leaf-first");
   flags.AddString("layouts", &o.layouts, "comma-separated: expanded (per-head K/V, bf16), bf16, fp8, int8, int4");
   flags.AddString("budgets", &o.budgets, "comma-separated cache memory budgets, e.g. 256MiB,1GiB");
-  flags.AddUint("layers", &o.layers, "layers of V2-Lite's 27 to store (fewer scale a run down)");
+  flags.AddString("model", &o.model, "whose attention to store: v2-lite (27 layers), v3 or kimi-k2 (61 layers)");
+  flags.AddUint("layers", &o.layers, "layers of the model's to store (0: all; fewer scale a run down)");
   flags.AddUint("page-size", &o.page_size,
                 "the cache's --page-size: with fewer layers, a smaller page keeps a block's rounding up to whole "
-                "pages near what 27 layers see");
+                "pages near what all the model's layers see");
   flags.AddUint("tokens-per-block", &o.tokens_per_block, "kvtier block size; divides 512");
   flags.AddUint("limit", &o.limit, "replay at most this many requests (0: all)");
   flags.AddString("time-scale", &time_scale, "replay at this multiple of the trace's speed (0: as fast as possible)");
@@ -208,11 +243,9 @@ int main(int argc, char** argv) {
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "trace_replay")) {
     return *exit;
   }
-  if (o.trace.empty() || o.layers < 1 || o.layers > 27 || o.tokens_per_block < 1 || 512 % o.tokens_per_block != 0 ||
+  if (o.trace.empty() || o.tokens_per_block < 1 || 512 % o.tokens_per_block != 0 ||
       !absl::SimpleAtod(time_scale, &o.time_scale) || o.time_scale < 0) {
-    std::fprintf(stderr,
-                 "trace_replay: --trace is required; --layers 1..27, --tokens-per-block divides 512, "
-                 "--time-scale >= 0\n");
+    std::fprintf(stderr, "trace_replay: --trace is required; --tokens-per-block divides 512, --time-scale >= 0\n");
     return 2;
   }
   return kvtier::load::Run(o);

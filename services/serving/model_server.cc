@@ -114,7 +114,7 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
   std::cerr << program << ": loading " << f.model << " on " << f.device << std::endl;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Checkpoint> checkpoint, runtime::Checkpoint::Open(f.model));
   KVTIER_ASSIGN_OR_RETURN(s.model, runtime::Model::Load(*checkpoint, device, cuda));
-  KVTIER_ASSIGN_OR_RETURN(s.model_id, ModelId(f.model));
+  KVTIER_ASSIGN_OR_RETURN(s.model_id, ModelId(f.model, checkpoint->config().model_type));
   s.registry = std::make_shared<prometheus::Registry>();
   s.shard_metrics = std::make_shared<ShardSetMetrics>(absl::StrReplaceAll(program, {{"-", "_"}}), s.shards.get());
   KVTIER_ASSIGN_OR_RETURN(s.metrics, StartMetricsExposer(program, f.metrics_listen, {s.registry, s.shard_metrics}));

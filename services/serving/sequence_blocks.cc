@@ -27,7 +27,7 @@ kvblock::LatentLayout ModelLayout(const runtime::ModelConfig& config, const std:
   return layout;
 }
 
-absl::StatusOr<std::string> ModelId(const std::string& checkpoint_dir) {
+absl::StatusOr<std::string> ModelId(const std::string& checkpoint_dir, runtime::ModelType model_type) {
   std::vector<fs::path> files = {fs::path(checkpoint_dir) / "config.json"};
   std::error_code error;
   for (const fs::directory_entry& e : fs::directory_iterator(checkpoint_dir, error)) {
@@ -55,7 +55,7 @@ absl::StatusOr<std::string> ModelId(const std::string& checkpoint_dir) {
   }
   const kvblock::Sha256Digest digest = kvblock::Sha256({material});
   static constexpr char kHex[] = "0123456789abcdef";
-  std::string id = "deepseek_v2-";
+  std::string id = absl::StrCat(runtime::ModelTypeName(model_type), "-");
   for (int i = 0; i < 8; ++i) id += {kHex[digest[i] >> 4], kHex[digest[i] & 15]};
   return id;
 }

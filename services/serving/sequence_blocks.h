@@ -23,9 +23,10 @@ kvblock::LatentLayout ModelLayout(const runtime::ModelConfig& config, const std:
                                   uint32_t tokens_per_block);
 
 // Names a checkpoint's weights, so blocks of different models never share
-// keys: "deepseek_v2-" + 16 hex digits of SHA-256 over config.json and each
-// weights file's name, size, first and last MiB. Reads at most 2 MiB a file.
-absl::StatusOr<std::string> ModelId(const std::string& checkpoint_dir);
+// keys: its model_type ("deepseek_v2", "deepseek_v3", "kimi_k2"), "-", and
+// 16 hex digits of SHA-256 over config.json and each weights file's name,
+// size, first and last MiB. Reads at most 2 MiB a file.
+absl::StatusOr<std::string> ModelId(const std::string& checkpoint_dir, runtime::ModelType model_type);
 
 // Layers [layer_begin, layer_begin + layer_count) of sealed block `block`
 // of `cache` as one record.

@@ -187,6 +187,54 @@ TEST_F(ServingTest, GenerationsEqualTheInProcessRuntime) {
   }
 }
 
+// The V3 family (FP8 weights, the noaux_tc router, sharded checkpoints)
+// through the real services: `kvtier generate` prints what `kvtier run`
+// prints, and a second turn that hits the cache's blocks generates what the
+// runtime computes over the same stored prefix.
+TEST_F(ServingTest, TheV3FamilyServesWhatTheRuntimeComputes) {
+  SCOPED_TRACE(rng_.Trace());
+  for (const char* preset : {"v3-tiny", "kimi-k2-tiny"}) {
+    SCOPED_TRACE(preset);
+    testing::TempDir temp("kvtier_serving_v3");
+    const std::string dir = temp.path().string();
+    const runtime::ModelConfig config = *runtime::PresetConfig(preset);
+    ASSERT_TRUE(runtime::MakeModel(config, dir, rng_.seed(), runtime::PublishedShards(config)).ok());
+    Cluster cluster(dir, 1, 1);
+    ASSERT_TRUE(cluster.ok());
+    const std::vector<uint32_t> prompt = RandomIds(2 * kBlock + 5, rng_.engine());
+    std::string ids;
+    for (uint32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+    const std::string common = " --prompt-ids " + ids + " --max-new-tokens 12 --json";
+    const CommandResult run = RunCommand(std::string(KVTIER_BINARY) + " run --model " + dir + common);
+    const CommandResult generate =
+        RunCommand(std::string(KVTIER_BINARY) + " generate --target " + cluster.prefill_target + common);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    ASSERT_EQ(generate.exit_code, 0) << generate.output;
+    auto last_line = [](const std::string& s) { return s.substr(s.rfind('\n', s.size() - 2) + 1); };
+    EXPECT_EQ(last_line(generate.output), last_line(run.output));
+
+    absl::StatusOr<RemoteGeneration> hit = cluster.Generate(Request(prompt, 12));
+    ASSERT_TRUE(hit.ok()) << hit.status();
+    EXPECT_EQ(hit->usage.cached_tokens(), 2 * kBlock);
+    auto checkpoint = runtime::Checkpoint::Open(dir);
+    ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+    auto model = runtime::Model::Load(**checkpoint);
+    ASSERT_TRUE(model.ok()) << model.status();
+    runtime::SequenceCache cache = (*model)->NewCache(kernels::Codec::kBf16, kBlock);
+    std::vector<float> logits(static_cast<size_t>(config.vocab_size));
+    ASSERT_TRUE((*model)->Prefill(std::span(prompt).first(2 * kBlock), cache, logits).ok());
+    ASSERT_TRUE((*model)->Prefill(std::span(prompt).subspan(2 * kBlock), cache, logits).ok());
+    std::vector<runtime::Sampled> want;
+    for (uint32_t i = 0; i < 12; ++i) {
+      want.push_back(runtime::Sample(logits, {}, i, 5));
+      if (i + 1 < 12) {
+        ASSERT_TRUE((*model)->Step(want.back().token, cache, logits).ok());
+      }
+    }
+    ExpectSameGeneration(hit->tokens, want, 1e-4);
+  }
+}
+
 // The same-host fast path changes how cached blocks travel, not what is
 // computed: a turn that hits the cache generates exactly the same with it
 // (the default: the shards are local) and with --no-fast-path, and only the
@@ -491,7 +539,7 @@ TEST_F(ServingTest, AShardKilledMidRunLosesNoRequest) {
   auto shards = serving::ShardSet::Create(cluster.cache_targets[0] + "," + cluster.cache_targets[1], absl::Seconds(1));
   ASSERT_TRUE(shards.ok());
   const kvblock::LatentLayout layout =
-      serving::ModelLayout(Tiny().model->config(), *serving::ModelId(Tiny().dir), kernels::Codec::kBf16, kBlock);
+      serving::ModelLayout(Tiny().model->config(), *serving::ModelId(Tiny().dir, runtime::ModelType::kDeepseekV2), kernels::Codec::kBf16, kBlock);
   std::vector<std::vector<uint32_t>> prompts;
   for (int i = 0; i < 6; ++i) prompts.push_back(RandomIds(200 + 10 * i, rng_.engine()));
   for (int round = 0; round < 2; ++round) {
@@ -615,7 +663,7 @@ TEST_F(ServingTest, CancellationFreesTheDecodeSequence) {
 TEST_F(ServingTest, RecordPoolKeepsFetchedBlocksUpToItsFlag) {
   SCOPED_TRACE(rng_.Trace());
   const kvblock::LatentLayout layout =
-      serving::ModelLayout(Tiny().model->config(), *serving::ModelId(Tiny().dir), kernels::Codec::kBf16, kBlock);
+      serving::ModelLayout(Tiny().model->config(), *serving::ModelId(Tiny().dir, runtime::ModelType::kDeepseekV2), kernels::Codec::kBf16, kBlock);
   const double record_bytes = static_cast<double>(kvblock::HeaderFor(layout, 0, layout.num_layers).RecordBytes());
   const std::vector<uint32_t> prompt = RandomIds(3 * kBlock + 10, rng_.engine());
   for (const bool keep : {true, false}) {
@@ -735,7 +783,7 @@ TEST_F(ServingTest, BadRequestsGetClearStatuses) {
   // The decode worker checks what it is handed, too.
   auto decode = v1::Decode::NewStub(cache::CacheClient::Connect(cluster.decode_targets[0]));
   const kvblock::LatentLayout layout =
-      serving::ModelLayout(Tiny().model->config(), *serving::ModelId(Tiny().dir), kernels::Codec::kBf16, kBlock);
+      serving::ModelLayout(Tiny().model->config(), *serving::ModelId(Tiny().dir, runtime::ModelType::kDeepseekV2), kernels::Codec::kBf16, kBlock);
   auto decode_code = [&](const std::function<void(v1::DecodeRequest&)>& change) {
     v1::DecodeRequest r;
     r.set_kv_namespace("default");

@@ -8,8 +8,11 @@
 
 #include "load/fidelity/teacher_forced.h"
 #include "services/runtime/checkpoint.h"
+#include "services/runtime/make_model.h"
 #include "services/runtime/tokenizer.h"
 #include "tests/integration/cluster.h"
+#include "tests/temp_dir.h"
+#include "tests/test_random.h"
 
 namespace kvtier::fidelity {
 namespace {
@@ -110,6 +113,43 @@ TEST_F(FidelityTest, ServedScoresEqualTheInProcessOnes) {
   ASSERT_TRUE(plain.ok());
   EXPECT_EQ(ScoreServed(plain.prefill_target, text, 1, 259, kept[0], {}).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// A V3-family checkpoint (make-model's v3-tiny: FP8 weights, the noaux_tc
+// router, no tokenizer) on random ids, as `codec_fidelity --random-tokens`
+// scores it: every codec through the services gives the in-process
+// logprobs over blocks from the cache.
+TEST(FidelityV3, ServedScoresEqualTheInProcessOnes) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  testing::TempDir dir("kvtier_fidelity_v3");
+  const runtime::ModelConfig config = *runtime::PresetConfig("v3-tiny");
+  ASSERT_TRUE(runtime::MakeModel(config, dir.path().string(), rng.seed(), 3).ok());
+  auto ckpt = runtime::Checkpoint::Open(dir.path().string());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  auto model = runtime::Model::Load(**ckpt);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const uint32_t vocab = static_cast<uint32_t>(config.vocab_size);
+  std::vector<uint32_t> ids(100);
+  for (uint32_t& t : ids) t = static_cast<uint32_t>(rng.engine()() % vocab);
+  const Windows text{ids, 100};
+  std::vector<std::vector<float>> kept;
+  absl::StatusOr<std::vector<Scores>> local = ScoreInProcess(**model, text, 16, kCodecs, 99, &kept);
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_GE((*local)[1].Top1Agreement(), 0.9) << "bf16 latents keep the float model's choices";
+  for (size_t c = 0; c < std::size(kCodecs); ++c) {
+    SCOPED_TRACE(kernels::CodecName(kCodecs[c]));
+    Cluster cluster(dir.path().string(), 1, 1, {}, "2000", {},
+                    {"--kv-codec", kernels::CodecName(kCodecs[c]), "--tokens-per-block", "16", "--max-top-logprobs",
+                     std::to_string(vocab)});
+    ASSERT_TRUE(cluster.ok());
+    uint64_t cached = 0;
+    absl::StatusOr<Scores> served =
+        ScoreServed(cluster.prefill_target, text, 99, vocab, kept[0], kept[c + 1], &cached);
+    ASSERT_TRUE(served.ok()) << served.status();
+    EXPECT_LT(served->max_logprob_difference, 1e-3);
+    EXPECT_GT(cached, 0u);
+  }
 }
 
 }  // namespace

@@ -78,3 +78,25 @@ def test_replay_of_a_generated_trace_reaches_the_ceiling_only_with_room(tmp_path
         assert runs[(layout, 8 << 20)]["evictions"] > 0
     # Smaller blocks, more of them kept in the same memory.
     assert runs[("int8", 8 << 20)]["hit_rate"] > runs[("bf16", 8 << 20)]["hit_rate"]
+
+
+@pytest.mark.skipif("KVTIER_TRACE_REPLAY" not in os.environ, reason="needs the built trace_replay")
+def test_replay_stores_v3_layouts_expanded_ones_in_parts(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in generate("--conversations", "10", "--seed", "3")))
+    out = subprocess.run([os.environ["KVTIER_TRACE_REPLAY"], "--cache-binary", os.environ["KVTIER_CACHE_BINARY"],
+                          "--trace", str(trace), "--model", "v3", "--layers", "1", "--layouts", "int8,expanded",
+                          "--budgets", "512MiB", "--json"], capture_output=True, text=True, check=True).stdout
+    runs = {r["layout"]: r for r in json.loads(out)}
+    assert all(r["model"] == "v3" for r in runs.values())
+    # V3's expanded layer is 128 heads x (128 + 64 + 128) bf16 values a token
+    # (stored as 4 parts of 10,240); its latent one 512 + 64 in int8.
+    assert runs["expanded"]["block_bytes"] > 64 * 128 * 320 * 2
+    assert runs["expanded"]["block_bytes"] < 1.01 * 64 * 128 * 320 * 2
+    assert runs["int8"]["block_bytes"] < runs["expanded"]["block_bytes"] / 100
+    # 512 MiB holds every int8 block, and a hundred expanded ones.
+    assert runs["int8"]["hit_rate"] == runs["int8"]["ceiling_rate"] > 0.3
+    assert 0 < runs["expanded"]["hit_rate"] < runs["int8"]["hit_rate"]
+    bad = subprocess.run([os.environ["KVTIER_TRACE_REPLAY"], "--trace", str(trace), "--model", "v4"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "--model v4 is not v2-lite, v3 or kimi-k2" in bad.stderr

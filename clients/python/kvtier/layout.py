@@ -7,6 +7,7 @@ u32 block_format_version (docs/protocol.md, "Layout id").
 """
 import dataclasses
 import hashlib
+import json
 import pathlib
 import struct
 
@@ -76,10 +77,12 @@ class LatentLayout:
 
 def model_id_of(checkpoint_dir):
     """The model_id kvtier's servers derive from a checkpoint directory:
-    "deepseek_v2-" + 16 hex digits of SHA-256 over, for config.json and then
-    each *.safetensors file by name: "NAME:SIZE:", its first MiB, and its
-    last MiB (what follows the first, for files under 2 MiB)."""
+    config.json's model_type ("deepseek_v2", "deepseek_v3", "kimi_k2"), "-",
+    and 16 hex digits of SHA-256 over, for config.json and then each
+    *.safetensors file by name: "NAME:SIZE:", its first MiB, and its last
+    MiB (what follows the first, for files under 2 MiB)."""
     d = pathlib.Path(checkpoint_dir)
+    model_type = json.loads((d / "config.json").read_text())["model_type"]
     files = [d / "config.json"] + sorted(d.glob("*.safetensors"), key=lambda p: p.name.encode())
     edge = 1 << 20
     digest = hashlib.sha256()
@@ -92,4 +95,4 @@ def model_id_of(checkpoint_dir):
                 tail = min(size - edge, edge)
                 f.seek(size - tail)
                 digest.update(f.read(tail))
-    return "deepseek_v2-" + digest.hexdigest()[:16]
+    return model_type + "-" + digest.hexdigest()[:16]

@@ -85,6 +85,16 @@ def model_dir(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="session")
+def v3_model_dir(tmp_path_factory):
+    """A generated DeepSeek-V3-family checkpoint (the v3-tiny preset: FP8
+    weights, the noaux_tc router, 3 shards, an MTP layer)."""
+    out = tmp_path_factory.mktemp("v3_model")
+    subprocess.run([binary("KVTIER_BINARY"), "make-model", "--preset", "v3-tiny", "--out", str(out), "--seed", "31"],
+                   check=True, capture_output=True)
+    return out
+
+
 def sh(*args, cwd):
     subprocess.run(args, cwd=cwd, check=True, capture_output=True)
 

@@ -46,6 +46,22 @@ def test_info_says_what_each_server_serves(start_server, model_dir):
     assert {(p.tokens_per_block, p.layout_id) for p in worker.layouts} == {(0, 0)}
 
 
+def test_a_v3_model_is_served_and_named_as_python_computes(start_server, v3_model_dir):
+    _, _, prefill = model_servers(start_server, v3_model_dir)
+    client = PrefillClient(prefill.target)
+    info = client.info()
+    assert info.model_id == model_id_of(v3_model_dir) and info.model_id.startswith("deepseek_v3-")
+    layout = LatentLayout.from_proto(info.layouts[0])
+    assert layout.num_layers == 4 and layout.layout_id == info.layouts[0].layout_id
+    prompt = [int(t) for t in np.random.default_rng().integers(0, info.vocab_size, size=TOKENS_PER_BLOCK + 3)]
+    events = list(client.generate(prompt, max_new_tokens=6))
+    run = subprocess.run([binary("KVTIER_BINARY"), "run", "--model", v3_model_dir, "--prompt-ids",
+                          ",".join(map(str, prompt)), "--max-new-tokens", "6", "--kv-codec", "int8",
+                          "--tokens-per-block", str(TOKENS_PER_BLOCK), "--json"],
+                         check=True, capture_output=True, text=True)
+    assert [t.token_id for t in events[:-1]] == json.loads(run.stdout.strip().splitlines()[-1])["ids"]
+
+
 def test_text_in_and_out_on_the_trained_model(start_server, model_dir):
     trained = str(pathlib.Path(__file__).resolve().parents[3] / "models" / "jargon-mla")
     _, _, prefill = model_servers(start_server, trained)
