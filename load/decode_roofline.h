@@ -24,9 +24,10 @@ struct StepBytes {
 };
 
 // For `sequences` sequences of `context` tokens each, one new token each.
-// Weights count at 2 bytes (bf16, as the checkpoint holds them and the GPU
-// keeps them: the least any device reads them in); the embeddings only the
-// batch's rows; of each MoE layer's routed experts as many as the batch
+// Weights count in the dtype the checkpoint publishes them in (bf16; an
+// FP8 checkpoint's projections at 1 byte plus their block scales, as the
+// CPU reads them: the least any device reads them in); the embeddings only
+// the batch's rows; of each MoE layer's routed experts as many as the batch
 // can choose (top-k per sequence, at most all of them). Latents: each
 // layer's whole blocks as `codec` stores them and the partial block's
 // tokens as float32, as a sequence's cache holds them.
@@ -48,7 +49,11 @@ inline StepBytes DecodeStepBytes(const runtime::ModelConfig& c, size_t sequences
         return absl::OkStatus();
       }
     }
-    bytes.weights += 2 * elements;
+    bytes.weights += static_cast<double>(runtime::DTypeBytes(t.dtype)) * elements;
+    if (t.dtype == runtime::DType::kF8E4m3) {
+      const runtime::TensorSpec scales = runtime::ScaleSpec(t, *c.fp8);
+      bytes.weights += sizeof(float) * static_cast<double>(scales.shape[0] * scales.shape[1]);
+    }
     return absl::OkStatus();
   });
   const auto latent = static_cast<uint32_t>(c.kv_lora_rank), rope = static_cast<uint32_t>(c.qk_rope_head_dim);

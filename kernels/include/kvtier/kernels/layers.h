@@ -41,7 +41,9 @@ struct Fp8BlockScaled {
 
 // Gemm over block-scaled FP8 weights, read as FP8 (a quarter of float32's
 // bytes) and widened in registers: the same bits as Gemm over the weights
-// dequantized to float32 (each weight fp8 x scale, rounded to float).
+// dequantized to float32 (each weight fp8 x scale, rounded to float). The
+// codes must not be E4M3FN's NaN (0x7f, 0xff): a checkpoint's loader
+// refuses them.
 void GemmFp8(const Fp8BlockScaled& w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride, float* y,
              size_t y_stride);
 
