@@ -37,8 +37,8 @@ constexpr kernels::Codec kCodecs[] = {kernels::Codec::kBf16, kernels::Codec::kFp
 
 struct Flags {
   std::string model = KVTIER_MODELS_DIR "/jargon-mla";
-  std::string text;     // default: the model's heldout.txt
-  uint64_t tokens = 0;  // 0: the whole text
+  std::string text;            // default: the model's heldout.txt
+  uint64_t tokens = 0;         // 0: the whole text
   uint64_t random_tokens = 0;  // > 0: score this many seeded random ids instead of text
   uint64_t window = 512;
   uint64_t tokens_per_block = 64;

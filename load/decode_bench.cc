@@ -115,10 +115,11 @@ int Main(int argc, char** argv) {
   std::string sequence_counts = "8", weight_formats = "bf16,fp8";
   uint64_t context = 2048, steps = 10;
   bool cuda_only = false;
-  FlagParser flags("decode_bench [--sequences N[,N...]] [--context TOKENS] [--steps N] [--weights bf16,fp8] "
-                   "[--cuda-only]",
-                   "Batched decode steps over long int8 contexts, 1 thread against every core and the GPU,\n"
-                   "with bf16 and FP8 weights, each against its memory roofline.");
+  FlagParser flags(
+      "decode_bench [--sequences N[,N...]] [--context TOKENS] [--steps N] [--weights bf16,fp8] "
+      "[--cuda-only]",
+      "Batched decode steps over long int8 contexts, 1 thread against every core and the GPU,\n"
+      "with bf16 and FP8 weights, each against its memory roofline.");
   flags.AddString("sequences", &sequence_counts, "sequence counts stepped together, a set of rows each (1..1024)");
   flags.AddUint("context", &context, "tokens each sequence holds before the timed steps");
   flags.AddUint("steps", &steps, "timed decode steps after the first");

@@ -22,11 +22,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "kvtier/kernels/codec.h"
 #include "load/trace/replay.h"
 #include "services/common/byte_size.h"
 #include "services/common/child_process.h"
 #include "services/common/flags.h"
-#include "kvtier/kernels/codec.h"
 #include "services/kvblock/block_format.h"
 
 namespace kvtier::load {
@@ -129,9 +129,10 @@ void PrintJson(const Options& o, const std::vector<Row>& rows) {
                      "\"block_bytes\": %d, \"requests\": %d, \"prompt_tokens\": %d, \"hit_tokens\": %d, "
                      "\"hit_rate\": %.4f, \"ceiling_rate\": %.4f, \"bytes_put\": %d, \"bytes_got\": %d, "
                      "\"written_back\": %d, \"demotions\": %d, \"evictions\": %d}",
-                     r.eviction, o.model, r.layout, o.layers, r.budget, r.block_bytes, r.result.requests, r.result.prompt_tokens,
-                     r.result.hit_tokens, r.result.HitRate(), r.result.CeilingRate(), r.result.bytes_put,
-                     r.result.bytes_got, r.result.written_back, TierCounter(r.result.stats, &v1::TierStats::demotions),
+                     r.eviction, o.model, r.layout, o.layers, r.budget, r.block_bytes, r.result.requests,
+                     r.result.prompt_tokens, r.result.hit_tokens, r.result.HitRate(), r.result.CeilingRate(),
+                     r.result.bytes_put, r.result.bytes_got, r.result.written_back,
+                     TierCounter(r.result.stats, &v1::TierStats::demotions),
                      TierCounter(r.result.stats, &v1::TierStats::evictions));
   }
   std::cout << "]\n";

@@ -292,8 +292,8 @@ KVTIER_AVX2 inline __m256i Fp8AsHalves(const uint8_t* codes) {
 
 // The end of DotTile for the FP8 tiles below: the 16 lane sums in lane
 // order, then the columns past the last lane group.
-inline float FinishFp8Dot(const float* lanes, const uint8_t* codes, const float* scales, size_t block_cols,
-                          size_t full, size_t cols, const float* x) {
+inline float FinishFp8Dot(const float* lanes, const uint8_t* codes, const float* scales, size_t block_cols, size_t full,
+                          size_t cols, const float* x) {
   float s = 0.0f;
   for (size_t j = 0; j < 16; ++j) s += lanes[j];
   for (size_t c = full; c < cols; ++c) s = std::fma(Fp8E4m3ToFloat(codes[c]) * scales[c / block_cols], x[c], s);
@@ -377,16 +377,15 @@ KVTIER_AVX512 void DequantizeFp8RowsAvx512(const Fp8BlockScaled& w, size_t cols,
 // GemmRows over FP8 rows [row_begin, row_end) (few inputs: decode steps),
 // each weight byte read once from memory and widened in registers.
 template <bool kAvx512>
-void GemmRowRangeFp8(const Fp8BlockScaled& w, size_t row_begin, size_t row_end, size_t cols, const float* x,
-                     size_t n, size_t x_stride, float* y, size_t y_stride) {
+void GemmRowRangeFp8(const Fp8BlockScaled& w, size_t row_begin, size_t row_end, size_t cols, const float* x, size_t n,
+                     size_t x_stride, float* y, size_t y_stride) {
   const auto tile = [&](auto m, const uint8_t* codes, const float* scales, size_t i, size_t r) {
     constexpr size_t kM = decltype(m)::value;
     if constexpr (kAvx512) {
       DotTileFp8Avx512<kM>(codes, scales, w.block_cols, cols, x + i * x_stride, x_stride, y + i * y_stride + r,
                            y_stride);
     } else {
-      DotTileFp8Avx2<kM>(codes, scales, w.block_cols, cols, x + i * x_stride, x_stride, y + i * y_stride + r,
-                         y_stride);
+      DotTileFp8Avx2<kM>(codes, scales, w.block_cols, cols, x + i * x_stride, x_stride, y + i * y_stride + r, y_stride);
     }
   };
   const size_t scale_cols = (cols + w.block_cols - 1) / w.block_cols;

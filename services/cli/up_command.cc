@@ -129,7 +129,7 @@ int Up(const UpFlags& f) {
     model_dir = absl::StrCat(f.dir, "/model-", f.preset, "-seed", f.seed);
     if (!fs::exists(model_dir + "/config.json")) {
       progress.Step(absl::StrCat("generating the random ", f.preset, " model in ", model_dir));
-      if (absl::Status s = runtime::MakeModel(*config, model_dir, f.seed); !s.ok()) {
+      if (absl::Status s = runtime::MakeModel(*config, model_dir, f.seed, runtime::PublishedShards(*config)); !s.ok()) {
         return fail(std::string(s.message()));
       }
     }
@@ -270,7 +270,8 @@ int RunUp(const std::vector<std::string>& args) {
                    "text), the time to first token and the cache's stats, then stops them all.");
   flags.AddString("dir", &f.dir, "where a --preset model and --tls files go (a model is reused when present)");
   flags.AddString("model", &f.model, "checkpoint directory (the default is the trained model in models/)");
-  flags.AddString("preset", &f.preset, "instead of --model, a generated random model: tiny or lite-attn");
+  flags.AddString("preset", &f.preset,
+                  "instead of --model, a generated random model: tiny, lite-attn, v3-tiny or kimi-k2-tiny");
   flags.AddString("prompt", &f.prompt, "the first turn's text (a model with a tokenizer)");
   flags.AddString("kv-codec", &f.kv_codec, "bf16|fp8|int8|int4: how latent blocks are stored");
   flags.AddUint("prompt-tokens", &f.prompt_tokens, "length of the first turn's random prompt (no tokenizer)");

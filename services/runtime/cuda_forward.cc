@@ -508,8 +508,8 @@ absl::Status CudaForward::QueuePass(std::span<const SequenceTokens> batch,
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ForwardBackend>> LoadCudaForward(const Checkpoint& checkpoint,
-                                                               const kernels::RopeTable& rope,
-                                                               const CudaOptions& options) {
+                                                                const kernels::RopeTable& rope,
+                                                                const CudaOptions& options) {
   auto forward = std::make_unique<CudaForward>(checkpoint.config(), rope, options);
   KVTIER_RETURN_IF_ERROR(forward->Load(checkpoint));
   return forward;

@@ -25,8 +25,8 @@ namespace kvtier::runtime {
 // when there is no usable GPU (and why); RESOURCE_EXHAUSTED when the
 // weights do not fit.
 absl::StatusOr<std::unique_ptr<ForwardBackend>> LoadCudaForward(const Checkpoint& checkpoint,
-                                                               const kernels::RopeTable& rope,
-                                                               const CudaOptions& options);
+                                                                const kernels::RopeTable& rope,
+                                                                const CudaOptions& options);
 
 }  // namespace kvtier::runtime
 

@@ -140,8 +140,7 @@ std::string ShardName(size_t index, int shards) {
 // Random values for `spec`: norms near 1, projections N(0, 1/fan_in), a
 // wider lm_head so greedy choices have clear margins, correction biases
 // wide enough to change which experts and groups win.
-std::vector<float> RandomValues(const TensorSpec& spec, std::mt19937_64& rng,
-                                std::normal_distribution<float>& normal) {
+std::vector<float> RandomValues(const TensorSpec& spec, std::mt19937_64& rng, std::normal_distribution<float>& normal) {
   int64_t n = 1;
   for (int64_t d : spec.shape) n *= d;
   float stddev = 1.0f, mean = 0.0f;

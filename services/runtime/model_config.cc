@@ -106,8 +106,8 @@ namespace {
 
 // model_type and architectures as published: V2's, or the V3 family's.
 absl::StatusOr<ModelType> ParseModelType(const json& j) {
-  const std::string type = j.contains("model_type") && j["model_type"].is_string() ? j["model_type"].get<std::string>()
-                                                                                    : std::string();
+  const std::string type =
+      j.contains("model_type") && j["model_type"].is_string() ? j["model_type"].get<std::string>() : std::string();
   ModelType model_type;
   if (type == "deepseek_v2") {
     model_type = ModelType::kDeepseekV2;

@@ -67,7 +67,8 @@ LayerTensors LayerTensorsOf(const ModelConfig& c, int64_t layer) {
   if (c.topk_method == TopkMethod::kNoauxTc) {
     t.correction_bias = TensorSpec{p + "mlp.gate.e_score_correction_bias", {c.n_routed_experts}, DType::kF32, false};
   }
-  if (c.n_shared_experts > 0) t.shared = Mlp(c, p + "mlp.shared_experts.", c.moe_intermediate_size * c.n_shared_experts);
+  if (c.n_shared_experts > 0)
+    t.shared = Mlp(c, p + "mlp.shared_experts.", c.moe_intermediate_size * c.n_shared_experts);
   return t;
 }
 

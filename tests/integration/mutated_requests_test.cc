@@ -279,7 +279,8 @@ class ModelServersTest : public ::testing::Test {
 
   // The layout the cluster's prefill node stores (bf16, kClusterBlock).
   kvblock::LatentLayout Layout() const {
-    return serving::ModelLayout(config_, *serving::ModelId(dir_, config_.model_type), kernels::Codec::kBf16, kClusterBlock);
+    return serving::ModelLayout(config_, *serving::ModelId(dir_, config_.model_type), kernels::Codec::kBf16,
+                                kClusterBlock);
   }
 
   // A Decode request for tokens 1, 2, 3 held as a tail of random latents

@@ -162,6 +162,24 @@ v1::GenerateRequest Request(const std::vector<uint32_t>& prompt, uint32_t max_ne
   return r;
 }
 
+// `kvtier run --json` on `model_dir` and `kvtier generate --json` through
+// the prefill node at `target`, for `prompt`: both print the same JSON
+// (their last line; stderr comes first), with 9 significant digits, so
+// equal text means equal to ~1e-8. Returns it.
+std::string ExpectGenerateAsRun(const std::string& model_dir, const std::string& target,
+                                const std::vector<uint32_t>& prompt, uint32_t max_new) {
+  std::string ids;
+  for (uint32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  const std::string common = " --prompt-ids " + ids + " --max-new-tokens " + std::to_string(max_new) + " --json";
+  const CommandResult run = RunCommand(std::string(KVTIER_BINARY) + " run --model " + model_dir + common);
+  const CommandResult generate = RunCommand(std::string(KVTIER_BINARY) + " generate --target " + target + common);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(generate.exit_code, 0) << generate.output;
+  auto last_line = [](const std::string& s) { return s.substr(s.rfind('\n', s.size() - 2) + 1); };
+  EXPECT_EQ(last_line(generate.output), last_line(run.output));
+  return last_line(run.output);
+}
+
 class ServingTest : public ::testing::Test {
  protected:
   testing::SeededRng rng_;
@@ -202,16 +220,7 @@ TEST_F(ServingTest, TheV3FamilyServesWhatTheRuntimeComputes) {
     Cluster cluster(dir, 1, 1);
     ASSERT_TRUE(cluster.ok());
     const std::vector<uint32_t> prompt = RandomIds(2 * kBlock + 5, rng_.engine());
-    std::string ids;
-    for (uint32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
-    const std::string common = " --prompt-ids " + ids + " --max-new-tokens 12 --json";
-    const CommandResult run = RunCommand(std::string(KVTIER_BINARY) + " run --model " + dir + common);
-    const CommandResult generate =
-        RunCommand(std::string(KVTIER_BINARY) + " generate --target " + cluster.prefill_target + common);
-    ASSERT_EQ(run.exit_code, 0) << run.output;
-    ASSERT_EQ(generate.exit_code, 0) << generate.output;
-    auto last_line = [](const std::string& s) { return s.substr(s.rfind('\n', s.size() - 2) + 1); };
-    EXPECT_EQ(last_line(generate.output), last_line(run.output));
+    ExpectGenerateAsRun(dir, cluster.prefill_target, prompt, 12);
 
     absl::StatusOr<RemoteGeneration> hit = cluster.Generate(Request(prompt, 12));
     ASSERT_TRUE(hit.ok()) << hit.status();
@@ -294,19 +303,8 @@ TEST_F(ServingTest, KvtierGeneratePrintsWhatKvtierRunPrints) {
   SCOPED_TRACE(rng_.Trace());
   Cluster cluster(Tiny().dir, 1, 1);
   ASSERT_TRUE(cluster.ok());
-  std::string ids;
-  for (uint32_t t : RandomIds(130, rng_.engine())) ids += (ids.empty() ? "" : ",") + std::to_string(t);
-  const std::string common = " --prompt-ids " + ids + " --max-new-tokens 20 --json";
-  const CommandResult run = RunCommand(std::string(KVTIER_BINARY) + " run --model " + Tiny().dir + common);
-  const CommandResult generate =
-      RunCommand(std::string(KVTIER_BINARY) + " generate --target " + cluster.prefill_target + common);
-  ASSERT_EQ(run.exit_code, 0) << run.output;
-  ASSERT_EQ(generate.exit_code, 0) << generate.output;
-  // The JSON is the last line (stderr comes first); printed with 9
-  // significant digits, so equal text means equal to ~1e-8.
-  auto last_line = [](const std::string& s) { return s.substr(s.rfind('\n', s.size() - 2) + 1); };
-  EXPECT_EQ(last_line(generate.output), last_line(run.output));
-  EXPECT_NE(last_line(run.output).find("\"cached_tokens\": 0}"), std::string::npos) << run.output;
+  const std::string json = ExpectGenerateAsRun(Tiny().dir, cluster.prefill_target, RandomIds(130, rng_.engine()), 20);
+  EXPECT_NE(json.find("\"cached_tokens\": 0}"), std::string::npos) << json;
 }
 
 // Text in and out on the trained model: Info names its byte tokenizer,
@@ -539,7 +537,8 @@ TEST_F(ServingTest, AShardKilledMidRunLosesNoRequest) {
   auto shards = serving::ShardSet::Create(cluster.cache_targets[0] + "," + cluster.cache_targets[1], absl::Seconds(1));
   ASSERT_TRUE(shards.ok());
   const kvblock::LatentLayout layout =
-      serving::ModelLayout(Tiny().model->config(), *serving::ModelId(Tiny().dir, runtime::ModelType::kDeepseekV2), kernels::Codec::kBf16, kBlock);
+      serving::ModelLayout(Tiny().model->config(), *serving::ModelId(Tiny().dir, runtime::ModelType::kDeepseekV2),
+                           kernels::Codec::kBf16, kBlock);
   std::vector<std::vector<uint32_t>> prompts;
   for (int i = 0; i < 6; ++i) prompts.push_back(RandomIds(200 + 10 * i, rng_.engine()));
   for (int round = 0; round < 2; ++round) {
@@ -663,7 +662,8 @@ TEST_F(ServingTest, CancellationFreesTheDecodeSequence) {
 TEST_F(ServingTest, RecordPoolKeepsFetchedBlocksUpToItsFlag) {
   SCOPED_TRACE(rng_.Trace());
   const kvblock::LatentLayout layout =
-      serving::ModelLayout(Tiny().model->config(), *serving::ModelId(Tiny().dir, runtime::ModelType::kDeepseekV2), kernels::Codec::kBf16, kBlock);
+      serving::ModelLayout(Tiny().model->config(), *serving::ModelId(Tiny().dir, runtime::ModelType::kDeepseekV2),
+                           kernels::Codec::kBf16, kBlock);
   const double record_bytes = static_cast<double>(kvblock::HeaderFor(layout, 0, layout.num_layers).RecordBytes());
   const std::vector<uint32_t> prompt = RandomIds(3 * kBlock + 10, rng_.engine());
   for (const bool keep : {true, false}) {
@@ -783,7 +783,8 @@ TEST_F(ServingTest, BadRequestsGetClearStatuses) {
   // The decode worker checks what it is handed, too.
   auto decode = v1::Decode::NewStub(cache::CacheClient::Connect(cluster.decode_targets[0]));
   const kvblock::LatentLayout layout =
-      serving::ModelLayout(Tiny().model->config(), *serving::ModelId(Tiny().dir, runtime::ModelType::kDeepseekV2), kernels::Codec::kBf16, kBlock);
+      serving::ModelLayout(Tiny().model->config(), *serving::ModelId(Tiny().dir, runtime::ModelType::kDeepseekV2),
+                           kernels::Codec::kBf16, kBlock);
   auto decode_code = [&](const std::function<void(v1::DecodeRequest&)>& change) {
     v1::DecodeRequest r;
     r.set_kv_namespace("default");

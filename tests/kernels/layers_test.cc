@@ -391,8 +391,8 @@ TEST(NoauxGate, RandomCasesMatchTheReference) {
   }
   std::vector<ExpertChoice> out;
   const std::vector<float> short_bias(7, 0.0f), bias(8, 0.0f);
-  EXPECT_EQ(SelectExperts(std::vector<float>(8, 0.0f), GateParams{.top_k = 2, .noaux_tc = true, .correction_bias = short_bias},
-                          out)
+  EXPECT_EQ(SelectExperts(std::vector<float>(8, 0.0f),
+                          GateParams{.top_k = 2, .noaux_tc = true, .correction_bias = short_bias}, out)
                 .code(),
             StatusCode::kInvalidArgument)
       << "a bias for each expert";
@@ -424,11 +424,12 @@ TEST(GemmFp8, SameBitsAsGemmOverTheDequantizedWeights) {
     const double magnitude = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
     return (code & 0x80) ? -magnitude : magnitude;
   };
-  for (auto [rows, cols, n, block_rows, block_cols] : {std::tuple<size_t, size_t, size_t, size_t, size_t>{1, 1, 1, 128, 128},
-                                                       {200, 136, 1, 128, 128},
-                                                       {130, 300, 5, 128, 128},
-                                                       {37, 70, 9, 3, 5},
-                                                       {600, 333, 37, 128, 128}}) {
+  for (auto [rows, cols, n, block_rows, block_cols] :
+       {std::tuple<size_t, size_t, size_t, size_t, size_t>{1, 1, 1, 128, 128},
+        {200, 136, 1, 128, 128},
+        {130, 300, 5, 128, 128},
+        {37, 70, 9, 3, 5},
+        {600, 333, 37, 128, 128}}) {
     const size_t scale_cols = (cols + block_cols - 1) / block_cols;
     std::vector<uint8_t> codes(rows * cols);
     std::vector<float> scales((rows + block_rows - 1) / block_rows * scale_cols), widened(rows * cols), x(n * cols);

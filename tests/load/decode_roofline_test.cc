@@ -53,7 +53,8 @@ TEST(DecodeRooflineTest, Fp8ProjectionsCountOneByteAndTheirScales) {
   const double projections = 16.0 * 192 * 2048 + 576.0 * 2048 + 16.0 * 256 * 512 + 2048.0 * 16 * 128;
   const double norms = 2048.0 + 512 + 2048;
   const double attention_scales = 24 * 16 + 5 * 16 + 32 * 4 + 16 * 16;
-  const double dense_scales = 8 * 16 * 2 + 16 * 8, expert_scales = 2 * 16 * 2 + 16 * 2, shared_scales = 4 * 16 * 2 + 16 * 4;
+  const double dense_scales = 8 * 16 * 2 + 16 * 8, expert_scales = 2 * 16 * 2 + 16 * 2,
+               shared_scales = 4 * 16 * 2 + 16 * 4;
   const auto want = [&](size_t sequences, int experts) {
     return 2 * (projections + 2 * norms + 4 * attention_scales) + kDenseMlp + 4 * dense_scales + 2 * kRouter +
            experts * (kExpert + 4 * expert_scales) + kShared + 4 * shared_scales + 2 * (kEnd + sequences * 2048.0);

@@ -144,8 +144,7 @@ TEST(FidelityV3, ServedScoresEqualTheInProcessOnes) {
                      std::to_string(vocab)});
     ASSERT_TRUE(cluster.ok());
     uint64_t cached = 0;
-    absl::StatusOr<Scores> served =
-        ScoreServed(cluster.prefill_target, text, 99, vocab, kept[0], kept[c + 1], &cached);
+    absl::StatusOr<Scores> served = ScoreServed(cluster.prefill_target, text, 99, vocab, kept[0], kept[c + 1], &cached);
     ASSERT_TRUE(served.ok()) << served.status();
     EXPECT_LT(served->max_logprob_difference, 1e-3);
     EXPECT_GT(cached, 0u);

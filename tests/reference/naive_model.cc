@@ -189,4 +189,13 @@ std::vector<std::vector<double>> NaiveLogits(const runtime::Checkpoint& ckpt, co
   return all_logits;
 }
 
+double RelativeError(const std::vector<float>& got, const std::vector<double>& want) {
+  double diff = 0, mag = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff = std::max(diff, std::fabs(got[i] - want[i]));
+    mag = std::max(mag, std::fabs(want[i]));
+  }
+  return diff / mag;
+}
+
 }  // namespace kvtier::testing

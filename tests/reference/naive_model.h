@@ -27,6 +27,9 @@ namespace kvtier::testing {
 std::vector<std::vector<double>> NaiveLogits(const runtime::Checkpoint& ckpt, const std::vector<uint32_t>& tokens,
                                              const runtime::SequenceCache* stored = nullptr, size_t stored_from = 0);
 
+// max |got - want| / max |want| over a row of logits.
+double RelativeError(const std::vector<float>& got, const std::vector<double>& want);
+
 }  // namespace kvtier::testing
 
 #endif  // KVTIER_TESTS_REFERENCE_NAIVE_MODEL_H_

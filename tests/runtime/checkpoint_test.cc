@@ -32,6 +32,27 @@ class CheckpointTest : public ::testing::Test {
     std::ofstream(fs::path(dir) / "config.json") << j.dump();
   }
 
+  // One way a checkpoint can be wrong, and what Open must say.
+  struct Defect {
+    std::string name;
+    std::function<void(const std::string& dir)> damage;
+    absl::StatusCode code;
+    std::string message;
+  };
+  // Each defect on a fresh checkpoint of `preset` in `shards` files: Open
+  // fails with its code and a message that holds its text.
+  void ExpectEachRefused(const ModelConfig& preset, int shards, const std::vector<Defect>& defects) {
+    for (const Defect& d : defects) {
+      const std::string dir = Dir(d.name);
+      ASSERT_TRUE(MakeModel(preset, dir, 1, shards).ok());
+      d.damage(dir);
+      auto ckpt = Checkpoint::Open(dir);
+      ASSERT_FALSE(ckpt.ok()) << d.name;
+      EXPECT_EQ(ckpt.status().code(), d.code) << d.name << ": " << ckpt.status();
+      EXPECT_NE(ckpt.status().message().find(d.message), std::string::npos) << d.name << ": " << ckpt.status();
+    }
+  }
+
   testing::SeededRng rng_;
   fs::path root_ = fs::temp_directory_path() / ("kvtier_ckpt_" + std::to_string(rng_.seed()));
 };
@@ -82,66 +103,54 @@ TEST_F(CheckpointTest, SeedDecidesTheWeightsAndShardsDoNot) {
 
 TEST_F(CheckpointTest, EveryDefectIsNamed) {
   const ModelConfig preset = *PresetConfig("tiny");
-  struct Case {
-    std::string name;
-    std::function<void(const std::string& dir)> damage;
-    absl::StatusCode code;
-    std::string message;
-  };
-  const std::vector<Case> cases = {
-      {"no_config", [](const std::string& d) { fs::remove(fs::path(d) / "config.json"); }, absl::StatusCode::kNotFound,
-       "config.json"},
-      {"no_weights", [](const std::string& d) { fs::remove(fs::path(d) / "model.safetensors"); },
-       absl::StatusCode::kNotFound, "model.safetensors"},
-      {"model_type", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["model_type"] = "llama"; }); },
-       absl::StatusCode::kUnimplemented, "model_type \"llama\""},
-      {"rope", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["rope_scaling"]["type"] = "linear"; }); },
-       absl::StatusCode::kUnimplemented, "rope_scaling type \"linear\""},
-      {"act", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["hidden_act"] = "gelu"; }); },
-       absl::StatusCode::kUnimplemented, "hidden_act"},
-      {"field", [&](const std::string& d) { EditConfig(d, [](auto& j) { j.erase("kv_lora_rank"); }); },
-       absl::StatusCode::kInvalidArgument, "kv_lora_rank"},
-      {"field_type", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["hidden_size"] = "big"; }); },
-       absl::StatusCode::kInvalidArgument, "hidden_size"},
-      {"groups", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["n_group"] = 3; }); },
-       absl::StatusCode::kInvalidArgument, "n_group"},
-      {"topk", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["topk_method"] = "noaux_tc"; }); },
-       absl::StatusCode::kUnimplemented, "topk_method"},
-      // A config that implies more layers than the weights hold.
-      {"missing_tensor", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["num_hidden_layers"] = 4; }); },
-       absl::StatusCode::kInvalidArgument, "lacks tensor model.layers.3."},
-      // Counts far beyond the files: refused at the first tensor that is not
-      // there, without listing the millions the config implies first.
-      {"ten_million_layers",
-       [&](const std::string& d) { EditConfig(d, [](auto& j) { j["num_hidden_layers"] = 10000000; }); },
-       absl::StatusCode::kInvalidArgument, "lacks tensor model.layers.3."},
-      {"experts", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["n_routed_experts"] = 10000000; }); },
-       absl::StatusCode::kInvalidArgument, "config.json implies [10000000, 64]"},
-      // Sizes whose products would overflow 64 bits in the tensor shapes.
-      {"huge_heads",
-       [&](const std::string& d) { EditConfig(d, [](auto& j) { j["num_attention_heads"] = 1LL << 62; }); },
-       absl::StatusCode::kInvalidArgument, "num_attention_heads must be an integer from 1 to 16777216"},
-      {"huge_shared", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["n_shared_experts"] = 1LL << 62; }); },
-       absl::StatusCode::kInvalidArgument, "n_shared_experts must be an integer from 0 to 16777216"},
-      {"shape", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["vocab_size"] = 300; }); },
-       absl::StatusCode::kInvalidArgument,
-       "tensor model.embed_tokens.weight has shape [256, 64], config.json implies [300, 64]"},
-      {"truncated",
-       [](const std::string& d) {
-         const fs::path f = fs::path(d) / "model.safetensors";
-         fs::resize_file(f, fs::file_size(f) - 100);
-       },
-       absl::StatusCode::kInvalidArgument, "lm_head.weight"},
-  };
-  for (const Case& c : cases) {
-    const std::string dir = Dir(c.name);
-    ASSERT_TRUE(MakeModel(preset, dir, 1).ok());
-    c.damage(dir);
-    auto ckpt = Checkpoint::Open(dir);
-    ASSERT_FALSE(ckpt.ok()) << c.name;
-    EXPECT_EQ(ckpt.status().code(), c.code) << c.name << ": " << ckpt.status();
-    EXPECT_NE(ckpt.status().message().find(c.message), std::string::npos) << c.name << ": " << ckpt.status();
-  }
+  ExpectEachRefused(
+      preset, 1,
+      {
+          {"no_config", [](const std::string& d) { fs::remove(fs::path(d) / "config.json"); },
+           absl::StatusCode::kNotFound, "config.json"},
+          {"no_weights", [](const std::string& d) { fs::remove(fs::path(d) / "model.safetensors"); },
+           absl::StatusCode::kNotFound, "model.safetensors"},
+          {"model_type", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["model_type"] = "llama"; }); },
+           absl::StatusCode::kUnimplemented, "model_type \"llama\""},
+          {"rope", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["rope_scaling"]["type"] = "linear"; }); },
+           absl::StatusCode::kUnimplemented, "rope_scaling type \"linear\""},
+          {"act", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["hidden_act"] = "gelu"; }); },
+           absl::StatusCode::kUnimplemented, "hidden_act"},
+          {"field", [&](const std::string& d) { EditConfig(d, [](auto& j) { j.erase("kv_lora_rank"); }); },
+           absl::StatusCode::kInvalidArgument, "kv_lora_rank"},
+          {"field_type", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["hidden_size"] = "big"; }); },
+           absl::StatusCode::kInvalidArgument, "hidden_size"},
+          {"groups", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["n_group"] = 3; }); },
+           absl::StatusCode::kInvalidArgument, "n_group"},
+          {"topk", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["topk_method"] = "noaux_tc"; }); },
+           absl::StatusCode::kUnimplemented, "topk_method"},
+          // A config that implies more layers than the weights hold.
+          {"missing_tensor", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["num_hidden_layers"] = 4; }); },
+           absl::StatusCode::kInvalidArgument, "lacks tensor model.layers.3."},
+          // Counts far beyond the files: refused at the first tensor that is not
+          // there, without listing the millions the config implies first.
+          {"ten_million_layers",
+           [&](const std::string& d) { EditConfig(d, [](auto& j) { j["num_hidden_layers"] = 10000000; }); },
+           absl::StatusCode::kInvalidArgument, "lacks tensor model.layers.3."},
+          {"experts", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["n_routed_experts"] = 10000000; }); },
+           absl::StatusCode::kInvalidArgument, "config.json implies [10000000, 64]"},
+          // Sizes whose products would overflow 64 bits in the tensor shapes.
+          {"huge_heads",
+           [&](const std::string& d) { EditConfig(d, [](auto& j) { j["num_attention_heads"] = 1LL << 62; }); },
+           absl::StatusCode::kInvalidArgument, "num_attention_heads must be an integer from 1 to 16777216"},
+          {"huge_shared",
+           [&](const std::string& d) { EditConfig(d, [](auto& j) { j["n_shared_experts"] = 1LL << 62; }); },
+           absl::StatusCode::kInvalidArgument, "n_shared_experts must be an integer from 0 to 16777216"},
+          {"shape", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["vocab_size"] = 300; }); },
+           absl::StatusCode::kInvalidArgument,
+           "tensor model.embed_tokens.weight has shape [256, 64], config.json implies [300, 64]"},
+          {"truncated",
+           [](const std::string& d) {
+             const fs::path f = fs::path(d) / "model.safetensors";
+             fs::resize_file(f, fs::file_size(f) - 100);
+           },
+           absl::StatusCode::kInvalidArgument, "lm_head.weight"},
+      });
   // Sharded: the index names a shard that is gone.
   ASSERT_TRUE(MakeModel(preset, Dir("sharded"), 1, 2).ok());
   fs::remove(fs::path(Dir("sharded")) / "model-00002-of-00002.safetensors");
@@ -165,63 +174,56 @@ void ReplaceInFile(const fs::path& path, const std::string& from, const std::str
 TEST_F(CheckpointTest, EveryV3DefectIsNamed) {
   const ModelConfig preset = *PresetConfig("v3-tiny");
   const std::string shard2 = "model-00002-of-00003.safetensors";
-  struct Case {
-    std::string name;
-    std::function<void(const std::string& dir)> damage;
-    absl::StatusCode code;
-    std::string message;
-  };
-  const std::vector<Case> cases = {
-      {"unknown_dtype",
-       [&](const std::string& d) { ReplaceInFile(fs::path(d) / shard2, "\"F8_E4M3\"", "\"F8_E5M2\""); },
-       absl::StatusCode::kInvalidArgument, "dtype F8_E5M2 is not supported"},
-      // Blocks of 64 rows imply twice the scale rows the files hold.
-      {"scale_shape",
-       [&](const std::string& d) {
-         EditConfig(d, [](auto& j) { j["quantization_config"]["weight_block_size"] = {64, 128}; });
-       },
-       absl::StatusCode::kInvalidArgument, "q_a_proj.weight_scale_inv has shape [2, 2], config.json implies [3, 2]"},
-      {"missing_shard", [&](const std::string& d) { fs::remove(fs::path(d) / shard2); }, absl::StatusCode::kNotFound,
-       shard2},
-      {"listed_twice",
-       [&](const std::string& d) {
-         ReplaceInFile(fs::path(d) / "model.safetensors.index.json", "\"weight_map\": {",
-                       "\"weight_map\":{\"lm_head.weight\":\"x\",");
-       },
-       absl::StatusCode::kInvalidArgument, "lists tensor lm_head.weight twice"},
-      {"quant_method",
-       [&](const std::string& d) { EditConfig(d, [](auto& j) { j["quantization_config"]["quant_method"] = "gptq"; }); },
-       absl::StatusCode::kUnimplemented, "quant_method \"gptq\""},
-      {"fmt", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["quantization_config"]["fmt"] = "e5m2"; }); },
-       absl::StatusCode::kUnimplemented, "fmt \"e5m2\""},
-      {"no_quantization_config",
-       [&](const std::string& d) { EditConfig(d, [](auto& j) { j.erase("quantization_config"); }); },
-       absl::StatusCode::kInvalidArgument, "is F8_E4M3, but config.json has no quantization_config"},
-      {"architectures",
-       [&](const std::string& d) { EditConfig(d, [](auto& j) { j["architectures"] = {"DeepseekV2ForCausalLM"}; }); },
-       absl::StatusCode::kUnimplemented, "architectures [\"DeepseekV2ForCausalLM\"]"},
-      {"scoring", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["scoring_func"] = "softmax"; }); },
-       absl::StatusCode::kUnimplemented, "scoring_func \"softmax\""},
-      {"topk", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["topk_method"] = "greedy"; }); },
-       absl::StatusCode::kUnimplemented, "topk_method \"greedy\" is not supported for deepseek_v3"},
-      {"groups_of_one",
-       [&](const std::string& d) {
-         EditConfig(d, [](auto& j) {
-           j["n_group"] = 16;
-           j["topk_group"] = 8;
-         });
-       },
-       absl::StatusCode::kInvalidArgument, "n_group must be at most n_routed_experts / 2"},
-  };
-  for (const Case& c : cases) {
-    const std::string dir = Dir(c.name);
-    ASSERT_TRUE(MakeModel(preset, dir, 1, 3).ok());
-    c.damage(dir);
-    auto ckpt = Checkpoint::Open(dir);
-    ASSERT_FALSE(ckpt.ok()) << c.name;
-    EXPECT_EQ(ckpt.status().code(), c.code) << c.name << ": " << ckpt.status();
-    EXPECT_NE(ckpt.status().message().find(c.message), std::string::npos) << c.name << ": " << ckpt.status();
-  }
+  ExpectEachRefused(
+      preset, 3,
+      {
+          {"unknown_dtype",
+           [&](const std::string& d) { ReplaceInFile(fs::path(d) / shard2, "\"F8_E4M3\"", "\"F8_E5M2\""); },
+           absl::StatusCode::kInvalidArgument, "dtype F8_E5M2 is not supported"},
+          // Blocks of 64 rows imply twice the scale rows the files hold.
+          {"scale_shape",
+           [&](const std::string& d) {
+             EditConfig(d, [](auto& j) { j["quantization_config"]["weight_block_size"] = {64, 128}; });
+           },
+           absl::StatusCode::kInvalidArgument,
+           "q_a_proj.weight_scale_inv has shape [2, 2], config.json implies [3, 2]"},
+          {"missing_shard", [&](const std::string& d) { fs::remove(fs::path(d) / shard2); },
+           absl::StatusCode::kNotFound, shard2},
+          {"listed_twice",
+           [&](const std::string& d) {
+             ReplaceInFile(fs::path(d) / "model.safetensors.index.json", "\"weight_map\": {",
+                           "\"weight_map\":{\"lm_head.weight\":\"x\",");
+           },
+           absl::StatusCode::kInvalidArgument, "lists tensor lm_head.weight twice"},
+          {"quant_method",
+           [&](const std::string& d) {
+             EditConfig(d, [](auto& j) { j["quantization_config"]["quant_method"] = "gptq"; });
+           },
+           absl::StatusCode::kUnimplemented, "quant_method \"gptq\""},
+          {"fmt",
+           [&](const std::string& d) { EditConfig(d, [](auto& j) { j["quantization_config"]["fmt"] = "e5m2"; }); },
+           absl::StatusCode::kUnimplemented, "fmt \"e5m2\""},
+          {"no_quantization_config",
+           [&](const std::string& d) { EditConfig(d, [](auto& j) { j.erase("quantization_config"); }); },
+           absl::StatusCode::kInvalidArgument, "is F8_E4M3, but config.json has no quantization_config"},
+          {"architectures",
+           [&](const std::string& d) {
+             EditConfig(d, [](auto& j) { j["architectures"] = {"DeepseekV2ForCausalLM"}; });
+           },
+           absl::StatusCode::kUnimplemented, "architectures [\"DeepseekV2ForCausalLM\"]"},
+          {"scoring", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["scoring_func"] = "softmax"; }); },
+           absl::StatusCode::kUnimplemented, "scoring_func \"softmax\""},
+          {"topk", [&](const std::string& d) { EditConfig(d, [](auto& j) { j["topk_method"] = "greedy"; }); },
+           absl::StatusCode::kUnimplemented, "topk_method \"greedy\" is not supported for deepseek_v3"},
+          {"groups_of_one",
+           [&](const std::string& d) {
+             EditConfig(d, [](auto& j) {
+               j["n_group"] = 16;
+               j["topk_group"] = 8;
+             });
+           },
+           absl::StatusCode::kInvalidArgument, "n_group must be at most n_routed_experts / 2"},
+      });
 }
 
 // An FP8 NaN code in a projection would make every output NaN: the load
@@ -238,7 +240,8 @@ TEST_F(CheckpointTest, Fp8NanCodeIsRefusedAtLoad) {
     in.read(reinterpret_cast<char*>(&header_length), 8);
     std::string header(header_length, '\0');
     in.read(header.data(), static_cast<std::streamsize>(header_length));
-    const uint64_t offset = nlohmann::json::parse(header)[victim]["data_offsets"][0].get<uint64_t>() + 8 + header_length;
+    const uint64_t offset =
+        nlohmann::json::parse(header)[victim]["data_offsets"][0].get<uint64_t>() + 8 + header_length;
     std::fstream out(file, std::ios::binary | std::ios::in | std::ios::out);
     out.seekp(static_cast<std::streamoff>(offset + 5));
     out.put(static_cast<char>(0xff));

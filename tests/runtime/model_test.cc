@@ -22,15 +22,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// max |a - b| / max |b| over the row.
-double RelativeError(const std::vector<float>& a, const std::vector<double>& b) {
-  double diff = 0, mag = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    diff = std::max(diff, std::fabs(a[i] - b[i]));
-    mag = std::max(mag, std::fabs(b[i]));
-  }
-  return diff / mag;
-}
+using testing::RelativeError;
 
 struct Variant {
   std::string name;

@@ -25,15 +25,7 @@ namespace fs = std::filesystem;
 
 constexpr double kLogitTolerance = 1e-4;
 
-// max |a - b| / max |b| over the row.
-double RelativeError(const std::vector<float>& a, const std::vector<double>& b) {
-  double diff = 0, mag = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    diff = std::max(diff, std::fabs(a[i] - b[i]));
-    mag = std::max(mag, std::fabs(b[i]));
-  }
-  return diff / mag;
-}
+using testing::RelativeError;
 
 template <typename T>
 size_t ArgMax(const std::vector<T>& v) {
@@ -176,12 +168,11 @@ TEST_P(ModelV3Test, Bf16CastOfTheCheckpointLoads) {
   EXPECT_LE(RelativeError(logits, testing::NaiveLogits(**ckpt, prompt).back()), kLogitTolerance);
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, ModelV3Test, ::testing::Values("v3-tiny", "kimi-k2-tiny"),
-                         [](const auto& info) {
-                           std::string name = info.param;
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(Presets, ModelV3Test, ::testing::Values("v3-tiny", "kimi-k2-tiny"), [](const auto& info) {
+  std::string name = info.param;
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name;
+});
 
 }  // namespace
 }  // namespace kvtier::runtime
