@@ -96,10 +96,11 @@ elif [ -d device-bundle ]; then
   step "decode_bench" 90 device-bundle/decode_bench
   # The same GPU steps with every kernel launch waited for (CUDA's own
   # switch): what the decode step cost when each op waited for its stream.
-  step "decode_bench, launches waited" 60 env CUDA_LAUNCH_BLOCKING=1 device-bundle/decode_bench --cuda-only
+  # bf16 weights only: the GPU dequantizes FP8 ones to bf16 at load.
+  step "decode_bench, launches waited" 60 env CUDA_LAUNCH_BLOCKING=1 device-bundle/decode_bench --cuda-only --weights bf16
   # 1 to 64 sequences: how the step grows with the batch, each against its
   # roofline (every layer uploads each sequence's float tail).
-  step "decode_bench, 1-64 sequences" 90 device-bundle/decode_bench --cuda-only --sequences 1,8,16,32,64
+  step "decode_bench, 1-64 sequences" 90 device-bundle/decode_bench --cuda-only --weights bf16 --sequences 1,8,16,32,64
   step "tier_move_bench" 60 device-bundle/tier_move_bench --rounds 5
   # The cache service over loopback TCP and the fast path with its device
   # tier in the GPU, beside Redis and memcpy (issue 3's table).

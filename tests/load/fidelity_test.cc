@@ -118,7 +118,7 @@ TEST_F(FidelityTest, ServedScoresEqualTheInProcessOnes) {
 // A V3-family checkpoint (make-model's v3-tiny: FP8 weights, the noaux_tc
 // router, no tokenizer) on random ids, as `codec_fidelity --random-tokens`
 // scores it: every codec through the services gives the in-process
-// logprobs over blocks from the cache.
+// scores over blocks from the cache.
 TEST(FidelityV3, ServedScoresEqualTheInProcessOnes) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
@@ -146,7 +146,13 @@ TEST(FidelityV3, ServedScoresEqualTheInProcessOnes) {
     uint64_t cached = 0;
     absl::StatusOr<Scores> served = ScoreServed(cluster.prefill_target, text, 99, vocab, kept[0], kept[c + 1], &cached);
     ASSERT_TRUE(served.ok()) << served.status();
-    EXPECT_LT(served->max_logprob_difference, 1e-3);
+    // Most runs differ by float rounding alone (about 1e-5); a prefill node
+    // runs a prompt's uncached tokens as one pass (the expanded attention
+    // form, other roundings), and where a token's router scores nearly tie
+    // that can pick another expert than the one-token steps in process did
+    // (seen: up to 1e-2 in one logprob, in 2 runs of 8).
+    EXPECT_LT(served->max_logprob_difference, 5e-2);
+    EXPECT_NEAR(served->Perplexity(), (*local)[c + 1].Perplexity(), 1e-3 * (*local)[c + 1].Perplexity());
     EXPECT_GT(cached, 0u);
   }
 }
