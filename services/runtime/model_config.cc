@@ -63,47 +63,6 @@ absl::Status Expect(const json& j, const std::string& field, const std::string& 
 
 double YarnMscale(double scale, double mscale) { return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
 
-}  // namespace
-
-const char* ModelTypeName(ModelType type) {
-  switch (type) {
-    case ModelType::kDeepseekV2:
-      return "deepseek_v2";
-    case ModelType::kDeepseekV3:
-      return "deepseek_v3";
-    case ModelType::kKimiK2:
-      return "kimi_k2";
-  }
-  return "?";
-}
-
-bool ModelConfig::IsMoeLayer(int64_t layer) const {
-  return n_routed_experts > 0 && layer >= first_k_dense_replace && layer % moe_layer_freq == 0;
-}
-
-kernels::GateParams ModelConfig::Gate() const {
-  kernels::GateParams gate;
-  gate.top_k = static_cast<uint32_t>(num_experts_per_tok);
-  gate.noaux_tc = topk_method == TopkMethod::kNoauxTc;
-  gate.group_limited = topk_method == TopkMethod::kGroupLimitedGreedy || (gate.noaux_tc && n_group > 1);
-  gate.n_group = static_cast<uint32_t>(n_group);
-  gate.topk_group = static_cast<uint32_t>(topk_group);
-  gate.norm_topk_prob = norm_topk_prob;
-  gate.routed_scaling_factor = static_cast<float>(routed_scaling_factor);
-  return gate;
-}
-
-double ModelConfig::SoftmaxScale() const {
-  double scale = 1.0 / std::sqrt(static_cast<double>(q_head_dim()));
-  if (rope_scaling.has_value() && rope_scaling->mscale_all_dim != 0.0) {
-    const double m = YarnMscale(rope_scaling->factor, rope_scaling->mscale_all_dim);
-    scale *= m * m;
-  }
-  return scale;
-}
-
-namespace {
-
 // model_type and architectures as published: V2's, or the V3 family's.
 absl::StatusOr<ModelType> ParseModelType(const json& j) {
   const std::string type =
@@ -150,13 +109,55 @@ absl::StatusOr<std::optional<Fp8Quantization>> ParseQuantization(const json& j) 
   if (q.contains("weight_block_size") && !q["weight_block_size"].is_null()) {
     const json& b = q["weight_block_size"];
     if (!b.is_array() || b.size() != 2) return Missing("quantization_config.weight_block_size", "[rows, cols]");
-    KVTIER_ASSIGN_OR_RETURN(fp8.block_rows, Int(json{{"rows", b[0]}}, "rows"));
-    KVTIER_ASSIGN_OR_RETURN(fp8.block_cols, Int(json{{"cols", b[1]}}, "cols"));
+    for (const json& n : b) {
+      if (!n.is_number_integer() || n.get<int64_t>() < 1 || n.get<int64_t>() > kMaxConfigInt) {
+        return Missing("quantization_config.weight_block_size", "two positive integers");
+      }
+    }
+    fp8.block_rows = b[0].get<int64_t>();
+    fp8.block_cols = b[1].get<int64_t>();
   }
   return fp8;
 }
 
 }  // namespace
+
+const char* ModelTypeName(ModelType type) {
+  switch (type) {
+    case ModelType::kDeepseekV2:
+      return "deepseek_v2";
+    case ModelType::kDeepseekV3:
+      return "deepseek_v3";
+    case ModelType::kKimiK2:
+      return "kimi_k2";
+  }
+  return "?";
+}
+
+bool ModelConfig::IsMoeLayer(int64_t layer) const {
+  return n_routed_experts > 0 && layer >= first_k_dense_replace && layer % moe_layer_freq == 0;
+}
+
+kernels::GateParams ModelConfig::Gate() const {
+  kernels::GateParams gate;
+  gate.top_k = static_cast<uint32_t>(num_experts_per_tok);
+  gate.noaux_tc = topk_method == TopkMethod::kNoauxTc;
+  gate.group_limited = topk_method == TopkMethod::kGroupLimitedGreedy || (gate.noaux_tc && n_group > 1);
+  gate.n_group = static_cast<uint32_t>(n_group);
+  gate.topk_group = static_cast<uint32_t>(topk_group);
+  gate.norm_topk_prob = norm_topk_prob;
+  gate.routed_scaling_factor = static_cast<float>(routed_scaling_factor);
+  return gate;
+}
+
+double ModelConfig::SoftmaxScale() const {
+  double scale = 1.0 / std::sqrt(static_cast<double>(q_head_dim()));
+  if (rope_scaling.has_value() && rope_scaling->mscale_all_dim != 0.0) {
+    const double m = YarnMscale(rope_scaling->factor, rope_scaling->mscale_all_dim);
+    scale *= m * m;
+  }
+  return scale;
+}
 
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text) {
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);

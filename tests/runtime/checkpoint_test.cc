@@ -288,6 +288,13 @@ TEST(ModelConfig, V3FamilyConfigsAsPublished) {
   EXPECT_NEAR(m * m, 1.874, 1e-3);
   // A 128 x 128-block scale of kv_a_proj_with_mqa: [576, 7168] -> [5, 56].
   EXPECT_EQ(ScaleSpec(LayerTensorsOf(*c, 0).kv_a, *c->fp8).shape, (std::vector<int64_t>{5, 56}));
+  // V3.1's scale_fmt changes how DeepSeek's FP8 GEMMs round activation
+  // scales, not the weights: accepted.
+  nlohmann::json v31 = nlohmann::json::parse(v3);
+  v31["quantization_config"]["scale_fmt"] = "ue8m0";
+  EXPECT_TRUE(ParseModelConfig(v31.dump()).ok());
+  v31["quantization_config"]["weight_block_size"] = {128, 0};
+  EXPECT_EQ(ParseModelConfig(v31.dump()).status().code(), absl::StatusCode::kInvalidArgument);
   // Kimi-K2: its own model_type on V3's architecture, no group limit.
   nlohmann::json kimi = nlohmann::json::parse(v3);
   kimi["model_type"] = "kimi_k2";
