@@ -269,7 +269,14 @@ void GemmOf(const Weight* w, size_t rows, size_t cols, const float* x, size_t n,
 constexpr size_t kFp8PanelRows = 6;
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// A file built for AVX2 already (ThreadSanitizer's builds target the
+// building CPU's level) takes no attribute: its intrinsics, made for the
+// whole file's level, would not inline into a function made for less.
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#define KVTIER_AVX2
+#else
 #define KVTIER_AVX2 __attribute__((target("arch=x86-64-v3")))
+#endif
 
 // True when this CPU runs x86-64-v3 (AVX2, FMA, F16C).
 bool HasAvx2() {
