@@ -33,6 +33,7 @@
 #include "load/decode_roofline.h"
 #include "load/decode_steps.h"
 #include "services/common/flags.h"
+#include "services/common/status.h"
 #include "services/runtime/checkpoint.h"
 #include "services/runtime/make_model.h"
 #include "services/runtime/model.h"
@@ -88,6 +89,15 @@ struct Loaded {
   absl::StatusOr<std::unique_ptr<Model>> gpu;
 };
 
+// Loads l's models from a checkpoint of l.config written to `dir`.
+absl::Status MakeAndLoad(Loaded& l, const std::string& dir) {
+  KVTIER_RETURN_IF_ERROR(MakeModel(l.config, dir, 3));
+  KVTIER_ASSIGN_OR_RETURN(const std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(dir));
+  KVTIER_ASSIGN_OR_RETURN(l.cpu, Model::Load(*checkpoint));
+  l.gpu = Model::Load(*checkpoint, Device::kCuda);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Loaded> LoadLiteAttn(const std::string& weights) {
   Loaded l{weights, *PresetConfig("lite-attn"), nullptr, nullptr};
   if (weights == "fp8") {
@@ -97,17 +107,9 @@ absl::StatusOr<Loaded> LoadLiteAttn(const std::string& weights) {
   }
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("kvtier_decode_bench_" + std::to_string(getpid()) + "_" + weights);
-  absl::Status made = MakeModel(l.config, dir.string(), 3);
-  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint =
-      made.ok() ? Checkpoint::Open(dir.string()) : absl::StatusOr<std::unique_ptr<Checkpoint>>(made);
-  if (checkpoint.ok()) {
-    absl::StatusOr<std::unique_ptr<Model>> cpu = Model::Load(**checkpoint);
-    if (cpu.ok()) l.cpu = *std::move(cpu);
-    l.gpu = Model::Load(**checkpoint, Device::kCuda);
-    if (!cpu.ok()) checkpoint = cpu.status();
-  }
+  const absl::Status loaded = MakeAndLoad(l, dir.string());
   std::filesystem::remove_all(dir);
-  if (!checkpoint.ok()) return checkpoint.status();
+  if (!loaded.ok()) return loaded;
   return l;
 }
 
