@@ -4,11 +4,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <type_traits>
-#include <vector>
 
 #include "avx512.h"
 #include "codec_internal.h"
+#include "gemm_rows.h"
 #include "kvtier/kernels/float_formats.h"
 #include "kvtier/kernels/layers.h"
 #include "kvtier/kernels/parallel.h"
@@ -23,6 +22,9 @@ namespace {
 // tile that calls it runs at a fraction of its rate.
 #define KVTIER_INLINE __attribute__((always_inline)) inline
 
+using cpu::GemmRowRange;
+using cpu::GemmRowRangeWide;
+using cpu::kWideFrom;
 using cpu::Lanes16;
 using cpu::Lanes8;
 using cpu::Load16;
@@ -109,10 +111,6 @@ KVTIER_INLINE void GemmRows(const Weight* w, size_t rows, size_t cols, const flo
 // 16-64 inputs (docs/notes/2026-12-01-benchmark-history.md, "The peaks,
 // measured again").
 constexpr size_t kInputBlock = 32;
-// Below 4 inputs a tile would be all tail, and one weight row at a time
-// (GemmRows) keeps the weights one stream from memory (two rows a pass
-// were slower in decode, load/README.md).
-constexpr size_t kWideFrom = 4;
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 // sums[k] = (((0 + v[k][0]) + v[k][1]) + ...) + v[k][15] for k < 16,
@@ -215,10 +213,6 @@ KVTIER_INLINE void GemmRowRangeOf(const Weight* w, size_t row_begin, size_t row_
     }
   }
 }
-KVTIER_VECTOR_CLONES void GemmRowRange(const float* w, size_t row_begin, size_t row_end, size_t cols, const float* x,
-                                       size_t n, size_t x_stride, float* y, size_t y_stride) {
-  GemmRowRangeOf<false>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
-}
 KVTIER_VECTOR_CLONES void GemmRowRange(const uint16_t* w, size_t row_begin, size_t row_end, size_t cols, const float* x,
                                        size_t n, size_t x_stride, float* y, size_t y_stride) {
   GemmRowRangeOf<false>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
@@ -228,17 +222,12 @@ KVTIER_VECTOR_CLONES void GemmRowRange(const uint16_t* w, size_t row_begin, size
 // sums would spill), so they have their own x86-64-v4 build, taken when
 // the CPU has it; elsewhere every n goes through GemmRows.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-KVTIER_AVX512 void GemmRowRangeWide(const float* w, size_t row_begin, size_t row_end, size_t cols, const float* x,
-                                    size_t n, size_t x_stride, float* y, size_t y_stride) {
-  GemmRowRangeOf<true>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
-}
 KVTIER_AVX512 void GemmRowRangeWide(const uint16_t* w, size_t row_begin, size_t row_end, size_t cols, const float* x,
                                     size_t n, size_t x_stride, float* y, size_t y_stride) {
   GemmRowRangeOf<true>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
 }
 #else
-template <typename Weight>
-void GemmRowRangeWide(const Weight* w, size_t row_begin, size_t row_end, size_t cols, const float* x, size_t n,
+void GemmRowRangeWide(const uint16_t* w, size_t row_begin, size_t row_end, size_t cols, const float* x, size_t n,
                       size_t x_stride, float* y, size_t y_stride) {
   GemmRowRange(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
 }
@@ -263,207 +252,28 @@ void GemmOf(const Weight* w, size_t rows, size_t cols, const float* x, size_t n,
   });
 }
 
-// Rows of FP8 weights GemmFp8 widens at a time: one wide tile, whose
-// floats (a row of DeepSeek-V3's widest projection is 72 KiB) stay in L2
-// while every input of the call passes over them.
-constexpr size_t kFp8PanelRows = 6;
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-// A file built for AVX2 already (ThreadSanitizer's builds target the
-// building CPU's level) takes no attribute: its intrinsics, made for the
-// whole file's level, would not inline into a function made for less.
-#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
-#define KVTIER_AVX2
-#else
-#define KVTIER_AVX2 __attribute__((target("arch=x86-64-v3")))
-#endif
-
-// True when this CPU runs x86-64-v3 (AVX2, FMA, F16C).
-bool HasAvx2() {
-  static const bool has = __builtin_cpu_supports("x86-64-v3");
-  return has;
-}
-
-// 16 FP8 E4M3FN codes (no NaN among them) as the fp16 numbers with their
-// sign, exponent and mantissa bits: code << 7 puts exponent and mantissa
-// at fp16's bits 7..14 and the sign at bit 14 too, and adding the sign bit
-// once more carries it to bit 15. Such an fp16 is the code's value times
-// 2^-8 (fp16's exponent bias is 15, E4M3's 7; the subnormals line up too),
-// and F16C widens it exactly: times 256 x scale, each weight is fp8 x scale
-// rounded once, as Fp8E4m3ToFloat(code) x scale.
-KVTIER_AVX2 inline __m256i Fp8AsHalves(const uint8_t* codes) {
-  const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
-  const __m256i shifted = _mm256_slli_epi16(bytes, 7);
-  return _mm256_add_epi16(shifted, _mm256_and_si256(shifted, _mm256_set1_epi16(0x4000)));
-}
-
-// The end of DotTile for the FP8 tiles below: the 16 lane sums in lane
-// order, then the columns past the last lane group.
-inline float FinishFp8Dot(const float* lanes, const uint8_t* codes, const float* scales, size_t block_cols, size_t full,
-                          size_t cols, const float* x) {
-  float s = 0.0f;
-  for (size_t j = 0; j < 16; ++j) s += lanes[j];
-  for (size_t c = full; c < cols; ++c) s = std::fma(Fp8E4m3ToFloat(codes[c]) * scales[c / block_cols], x[c], s);
-  return s;
-}
-
-// DotTile for one row of block-scaled FP8 weights, widened in registers as
-// it is read: the same lane-wise multiply-adds over the same weights (each
-// fp8 x scale rounded to float) in the same order as DotTile over the
-// dequantized row, so the same bits. Blocks must be whole lane groups
-// (block_cols a multiple of 16) so that each group has one scale. With
-// AVX2, DotTile's two halves of 8 lanes; with AVX-512, side by side in one
-// register.
-template <size_t M>
-KVTIER_AVX2 void DotTileFp8Avx2(const uint8_t* codes, const float* scales, size_t block_cols, size_t cols,
-                                const float* x, size_t x_stride, float* y, size_t y_stride) {
-  const size_t full = cols / 16 * 16;
-  __m256 low[M], high[M];
-  for (size_t i = 0; i < M; ++i) low[i] = high[i] = _mm256_setzero_ps();
-  for (size_t c0 = 0, b = 0; c0 < full; c0 += block_cols, ++b) {
-    const __m256 scale256 = _mm256_set1_ps(scales[b] * 256.0f);
-    const size_t end = std::min(full, c0 + block_cols);
-    for (size_t c = c0; c < end; c += 16) {
-      const __m256i half = Fp8AsHalves(codes + c);
-      const __m256 w_low = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(half)), scale256);
-      const __m256 w_high = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(half, 1)), scale256);
-      for (size_t i = 0; i < M; ++i) {
-        low[i] = _mm256_fmadd_ps(w_low, _mm256_loadu_ps(x + i * x_stride + c), low[i]);
-        high[i] = _mm256_fmadd_ps(w_high, _mm256_loadu_ps(x + i * x_stride + c + 8), high[i]);
-      }
-    }
-  }
-  for (size_t i = 0; i < M; ++i) {
-    alignas(32) float lanes[16];
-    _mm256_store_ps(lanes, low[i]);
-    _mm256_store_ps(lanes + 8, high[i]);
-    y[i * y_stride] = FinishFp8Dot(lanes, codes, scales, block_cols, full, cols, x + i * x_stride);
-  }
-}
-template <size_t M>
-KVTIER_AVX512 void DotTileFp8Avx512(const uint8_t* codes, const float* scales, size_t block_cols, size_t cols,
-                                    const float* x, size_t x_stride, float* y, size_t y_stride) {
-  const size_t full = cols / 16 * 16;
-  __m512 acc[M];
-  for (size_t i = 0; i < M; ++i) acc[i] = _mm512_setzero_ps();
-  for (size_t c0 = 0, b = 0; c0 < full; c0 += block_cols, ++b) {
-    const __m512 scale256 = _mm512_set1_ps(scales[b] * 256.0f);
-    const size_t end = std::min(full, c0 + block_cols);
-    for (size_t c = c0; c < end; c += 16) {
-      const __m512 w = _mm512_mul_ps(_mm512_cvtph_ps(Fp8AsHalves(codes + c)), scale256);
-      for (size_t i = 0; i < M; ++i) acc[i] = _mm512_fmadd_ps(w, _mm512_loadu_ps(x + i * x_stride + c), acc[i]);
-    }
-  }
-  for (size_t i = 0; i < M; ++i) {
-    alignas(64) float lanes[16];
-    _mm512_store_ps(lanes, acc[i]);
-    y[i * y_stride] = FinishFp8Dot(lanes, codes, scales, block_cols, full, cols, x + i * x_stride);
-  }
-}
-
-// Rows [row_begin, row_end) dequantized into out, 16 weights a step (as
-// DequantizeFp8Rows, whose blocks must here be whole lane groups).
-KVTIER_AVX512 void DequantizeFp8RowsAvx512(const Fp8BlockScaled& w, size_t cols, size_t row_begin, size_t row_end,
-                                           float* out) {
-  const size_t scale_cols = (cols + w.block_cols - 1) / w.block_cols, full = cols / 16 * 16;
-  for (size_t r = row_begin; r < row_end; ++r) {
-    const float* scales = w.scales + r / w.block_rows * scale_cols;
-    const uint8_t* codes = w.codes + r * cols;
-    float* row = out + (r - row_begin) * cols;
-    for (size_t c0 = 0, b = 0; c0 < full; c0 += w.block_cols, ++b) {
-      const __m512 scale256 = _mm512_set1_ps(scales[b] * 256.0f);
-      const size_t end = std::min(full, c0 + w.block_cols);
-      for (size_t c = c0; c < end; c += 16) {
-        _mm512_storeu_ps(row + c, _mm512_mul_ps(_mm512_cvtph_ps(Fp8AsHalves(codes + c)), scale256));
-      }
-    }
-    for (size_t c = full; c < cols; ++c) row[c] = Fp8E4m3ToFloat(codes[c]) * scales[c / w.block_cols];
-  }
-}
-
-// GemmRows over FP8 rows [row_begin, row_end) (few inputs: decode steps),
-// each weight byte read once from memory and widened in registers.
-template <bool kAvx512>
-void GemmRowRangeFp8(const Fp8BlockScaled& w, size_t row_begin, size_t row_end, size_t cols, const float* x, size_t n,
-                     size_t x_stride, float* y, size_t y_stride) {
-  const auto tile = [&](auto m, const uint8_t* codes, const float* scales, size_t i, size_t r) {
-    constexpr size_t kM = decltype(m)::value;
-    if constexpr (kAvx512) {
-      DotTileFp8Avx512<kM>(codes, scales, w.block_cols, cols, x + i * x_stride, x_stride, y + i * y_stride + r,
-                           y_stride);
-    } else {
-      DotTileFp8Avx2<kM>(codes, scales, w.block_cols, cols, x + i * x_stride, x_stride, y + i * y_stride + r, y_stride);
-    }
-  };
-  const size_t scale_cols = (cols + w.block_cols - 1) / w.block_cols;
-  for (size_t r = row_begin; r < row_end; ++r) {
-    const uint8_t* codes = w.codes + r * cols;
-    const float* scales = w.scales + r / w.block_rows * scale_cols;
-    size_t i = 0;
-    for (; i + 4 <= n; i += 4) tile(std::integral_constant<size_t, 4>(), codes, scales, i, r);
-    for (; i < n; ++i) tile(std::integral_constant<size_t, 1>(), codes, scales, i, r);
-  }
-}
-#else
-bool HasAvx2() { return false; }
-void DequantizeFp8RowsAvx512(const Fp8BlockScaled&, size_t, size_t, size_t, float*) {}
-template <bool kAvx512>
-void GemmRowRangeFp8(const Fp8BlockScaled&, size_t, size_t, size_t, const float*, size_t, size_t, float*, size_t) {}
-#endif
-
 }  // namespace
 
-KVTIER_VECTOR_CLONES void DequantizeFp8Rows(const Fp8BlockScaled& w, size_t cols, size_t row_begin, size_t row_end,
-                                            float* out) {
-  const size_t scale_cols = (cols + w.block_cols - 1) / w.block_cols;
-  for (size_t r = row_begin; r < row_end; ++r) {
-    const float* scales = w.scales + r / w.block_rows * scale_cols;
-    const uint8_t* codes = w.codes + r * cols;
-    float* row = out + (r - row_begin) * cols;
-    for (size_t c0 = 0, b = 0; c0 < cols; c0 += w.block_cols, ++b) {
-      const float scale = scales[b];
-      const size_t end = std::min(cols, c0 + w.block_cols);
-      for (size_t c = c0; c < end; ++c) row[c] = Fp8E4m3ToFloat(codes[c]) * scale;
-    }
-  }
+namespace cpu {
+
+KVTIER_VECTOR_CLONES void GemmRowRange(const float* w, size_t row_begin, size_t row_end, size_t cols, const float* x,
+                                       size_t n, size_t x_stride, float* y, size_t y_stride) {
+  GemmRowRangeOf<false>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
 }
 
-// Few inputs with whole-lane-group blocks (DeepSeek's 128 x 128), on a CPU
-// with AVX2 and F16C: each row widened in registers as the dot products
-// read it. Otherwise a panel of rows is widened into floats first and goes
-// through Gemm's own tiles, which share it among the inputs. The weights
-// must hold no NaN code (Checkpoint loading refuses them).
-void GemmFp8(const Fp8BlockScaled& w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride, float* y,
-             size_t y_stride) {
-  const size_t per_row = std::max<size_t>(cols * n, 1);
-  const bool wide = n >= kWideFrom && cpu::HasAvx512();
-  const bool in_registers = !wide && w.block_cols % 16 == 0 && HasAvx2();
-  ParallelFor(rows, std::max<size_t>((size_t{1} << 20) / per_row, 8), [&](size_t begin, size_t end) {
-    if (in_registers) {
-      if (cpu::HasAvx512()) {
-        GemmRowRangeFp8<true>(w, begin, end, cols, x, n, x_stride, y, y_stride);
-      } else {
-        GemmRowRangeFp8<false>(w, begin, end, cols, x, n, x_stride, y, y_stride);
-      }
-      return;
-    }
-    thread_local std::vector<float> panel;
-    panel.resize(kFp8PanelRows * cols);
-    for (size_t r = begin; r < end; r += kFp8PanelRows) {
-      const size_t count = std::min(kFp8PanelRows, end - r);
-      if (wide && w.block_cols % 16 == 0) {
-        DequantizeFp8RowsAvx512(w, cols, r, r + count, panel.data());
-      } else {
-        DequantizeFp8Rows(w, cols, r, r + count, panel.data());
-      }
-      if (wide) {
-        GemmRowRangeWide(panel.data(), 0, count, cols, x, n, x_stride, y + r, y_stride);
-      } else {
-        GemmRowRange(panel.data(), 0, count, cols, x, n, x_stride, y + r, y_stride);
-      }
-    }
-  });
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+KVTIER_AVX512 void GemmRowRangeWide(const float* w, size_t row_begin, size_t row_end, size_t cols, const float* x,
+                                    size_t n, size_t x_stride, float* y, size_t y_stride) {
+  GemmRowRangeOf<true>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
 }
+#else
+void GemmRowRangeWide(const float* w, size_t row_begin, size_t row_end, size_t cols, const float* x, size_t n,
+                      size_t x_stride, float* y, size_t y_stride) {
+  GemmRowRange(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
+}
+#endif
+
+}  // namespace cpu
 
 void Gemm(const float* w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride, float* y,
           size_t y_stride) {

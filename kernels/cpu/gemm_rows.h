@@ -1,0 +1,28 @@
+// Gemm's work on a range of weight rows (gemm.cc), for the products that
+// widen their weights into float rows first (gemm_fp8.cc). Private to
+// kernels/cpu.
+#ifndef KVTIER_KERNELS_CPU_GEMM_ROWS_H_
+#define KVTIER_KERNELS_CPU_GEMM_ROWS_H_
+
+#include <cstddef>
+
+namespace kvtier::kernels::cpu {
+
+// Below 4 inputs a tile would be all tail, and one weight row at a time
+// keeps the weights one stream from memory (two rows a pass were slower
+// in decode, load/README.md); from 4, with AVX-512, Gemm takes the wide
+// tiles.
+inline constexpr size_t kWideFrom = 4;
+
+// Float weight rows [row_begin, row_end) of w ([rows][cols]) against all n
+// inputs, into y's columns row_begin..row_end: with the tiles built for
+// every x86-64 level, or (GemmRowRangeWide, only where HasAvx512()) with
+// AVX-512's wide ones. The same bits either way, as Gemm's.
+void GemmRowRange(const float* w, size_t row_begin, size_t row_end, size_t cols, const float* x, size_t n,
+                  size_t x_stride, float* y, size_t y_stride);
+void GemmRowRangeWide(const float* w, size_t row_begin, size_t row_end, size_t cols, const float* x, size_t n,
+                      size_t x_stride, float* y, size_t y_stride);
+
+}  // namespace kvtier::kernels::cpu
+
+#endif  // KVTIER_KERNELS_CPU_GEMM_ROWS_H_
