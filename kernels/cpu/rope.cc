@@ -62,12 +62,19 @@ void RopeTable::Apply(int64_t position, std::span<float> x) const {
     d[i] = x[2 * i];
     d[half + i] = x[2 * i + 1];
   }
+  std::copy_n(d, dim_, x.begin());
+  ApplyHalves(position, x);
+}
+
+void RopeTable::ApplyHalves(int64_t position, std::span<float> x) const {
+  const uint32_t half = dim_ / 2;
   for (uint32_t i = 0; i < half; ++i) {
+    const float first = x[i], second = x[half + i];
     const double angle = static_cast<double>(position) * inv_freq_[i];
     const float c = static_cast<float>(std::cos(angle) * mscale_);
     const float s = static_cast<float>(std::sin(angle) * mscale_);
-    x[i] = d[i] * c - d[half + i] * s;         // rotate_half: -x2 in the first half
-    x[half + i] = d[half + i] * c + d[i] * s;  // x1 in the second
+    x[i] = first * c - second * s;         // rotate_half: -x2 in the first half
+    x[half + i] = second * c + first * s;  // x1 in the second
   }
 }
 

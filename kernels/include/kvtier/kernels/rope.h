@@ -40,6 +40,10 @@ class RopeTable {
 
   // Rotates `x` (dim values, interleaved pairs) in place for `position`.
   void Apply(int64_t position, std::span<float> x) const;
+  // Rotates `x` (dim values already in halves: [x_0..x_{d/2-1} | the rest],
+  // as DeepSeek-V3.2's indexer lays out its rope part) in place with
+  // rotate_half, no de-interleaving first.
+  void ApplyHalves(int64_t position, std::span<float> x) const;
 
  private:
   uint32_t dim_ = 0;

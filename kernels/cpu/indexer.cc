@@ -1,0 +1,86 @@
+#include "kvtier/kernels/indexer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+
+#include "kvtier/kernels/float_formats.h"
+
+namespace kvtier::kernels {
+
+Status HadamardRotate(std::span<float> x) {
+  const size_t n = x.size();
+  if (n == 0 || (n & (n - 1)) != 0) {
+    return InvalidArgument("HadamardRotate: " + std::to_string(n) + " values, not a power of two");
+  }
+  for (size_t span = 1; span < n; span *= 2) {
+    for (size_t start = 0; start < n; start += 2 * span) {
+      for (size_t i = start; i < start + span; ++i) {
+        const float a = x[i], b = x[i + span];
+        x[i] = a + b;
+        x[i + span] = a - b;
+      }
+    }
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(n));
+  for (float& v : x) v *= scale;
+  return OkStatus();
+}
+
+Status QuantizeIndexerFp8(std::span<const float> x, size_t group, std::span<uint8_t> codes, std::span<float> scales) {
+  if (group == 0 || x.size() % group != 0 || codes.size() != x.size() || scales.size() != x.size() / group) {
+    return InvalidArgument("QuantizeIndexerFp8: values, codes and scales do not fit groups of " +
+                           std::to_string(group));
+  }
+  for (size_t g = 0; g < scales.size(); ++g) {
+    const std::span<const float> values = x.subspan(g * group, group);
+    float amax = 1e-4f;
+    for (float v : values) {
+      if (!std::isfinite(v)) return InvalidArgument("QuantizeIndexerFp8: a value is not finite");
+      amax = std::max(amax, std::fabs(v));
+    }
+    // The next power of two at or above amax / 448: on the float's bits.
+    uint32_t bits = FloatBits(amax / kFp8E4m3Max);
+    if ((bits & 0x7fffffu) != 0) bits = (bits & 0x7f800000u) + 0x800000u;
+    const float scale = BitsToFloat(bits);
+    scales[g] = scale;
+    for (size_t i = 0; i < group; ++i) codes[g * group + i] = FloatToFp8E4m3(values[i] / scale);
+  }
+  return OkStatus();
+}
+
+Status IndexerScores(uint32_t heads, uint32_t head_dim, std::span<const uint8_t> q_codes,
+                     std::span<const float> weights, std::span<const uint8_t> key_codes,
+                     std::span<const float> key_scales, std::span<float> scores) {
+  const size_t tokens = scores.size();
+  if (q_codes.size() != size_t{heads} * head_dim || weights.size() != heads || key_codes.size() != tokens * head_dim ||
+      key_scales.size() != tokens) {
+    return InvalidArgument("IndexerScores: query, weights, keys and scores do not fit " + std::to_string(heads) +
+                           " heads of " + std::to_string(head_dim));
+  }
+  std::vector<float> q(q_codes.size()), k(head_dim);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = Fp8E4m3ToFloat(q_codes[i]);
+  for (size_t s = 0; s < tokens; ++s) {
+    for (uint32_t d = 0; d < head_dim; ++d) k[d] = Fp8E4m3ToFloat(key_codes[s * head_dim + d]);
+    float sum = 0.0f;
+    for (uint32_t h = 0; h < heads; ++h) {
+      float dot = 0.0f;
+      for (uint32_t d = 0; d < head_dim; ++d) dot += q[size_t{h} * head_dim + d] * k[d];
+      sum += weights[h] * std::max(dot, 0.0f);
+    }
+    scores[s] = key_scales[s] * sum;
+  }
+  return OkStatus();
+}
+
+void SelectTopTokens(std::span<const float> scores, size_t k, std::vector<uint32_t>& out) {
+  out.resize(scores.size());
+  std::iota(out.begin(), out.end(), 0u);
+  const size_t keep = std::min(k, scores.size());
+  std::partial_sort(out.begin(), out.begin() + static_cast<ptrdiff_t>(keep), out.end(),
+                    [&](uint32_t a, uint32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); });
+  out.resize(keep);
+}
+
+}  // namespace kvtier::kernels
