@@ -1,6 +1,8 @@
 #include "services/runtime/cpu_forward.h"
 
 #include <algorithm>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "kvtier/kernels/expanded_attention.h"
@@ -11,6 +13,7 @@
 #include "services/runtime/ffn.h"
 #include "services/runtime/matmul.h"
 #include "services/runtime/model_weights.h"
+#include "services/runtime/sparse_attention.h"
 
 namespace kvtier::runtime {
 namespace {
@@ -33,6 +36,7 @@ class CpuForward final : public ForwardBackend {
     WeightMatrix kv_a;
     std::vector<float> w_uk, w_uv;  // [heads][nope][kv], [heads][v][kv]
     WeightMatrix o_proj;
+    std::optional<IndexerWeights> indexer;  // V3.2
     bool moe = false;
     SwiGluWeights mlp;  // dense layers
     MoeWeights experts;
@@ -78,6 +82,14 @@ absl::Status CpuForward::Load(const Checkpoint& ckpt) {
     l.w_uk = std::move(split.w_uk);
     l.w_uv = std::move(split.w_uv);
     KVTIER_ASSIGN_OR_RETURN(l.o_proj, LoadMatrix(ckpt, t.o_proj));
+    if (t.indexer.has_value()) {
+      IndexerWeights& ix = l.indexer.emplace();
+      KVTIER_ASSIGN_OR_RETURN(ix.wq_b, LoadMatrix(ckpt, t.indexer->wq_b));
+      KVTIER_ASSIGN_OR_RETURN(ix.wk, LoadMatrix(ckpt, t.indexer->wk));
+      KVTIER_ASSIGN_OR_RETURN(ix.k_norm, LoadFloats(ckpt, t.indexer->k_norm));
+      KVTIER_ASSIGN_OR_RETURN(ix.k_norm_bias, LoadFloats(ckpt, t.indexer->k_norm_bias));
+      KVTIER_ASSIGN_OR_RETURN(ix.weights_proj, LoadFloats(ckpt, t.indexer->weights_proj));
+    }
     l.moe = t.moe;
     if (!l.moe) {
       KVTIER_ASSIGN_OR_RETURN(l.mlp, load_swiglu(*t.mlp));
@@ -122,6 +134,8 @@ absl::Status CpuForward::Forward(std::span<const SequenceTokens> batch,
   // Each sequence's rows take the cheaper attention form: the absorbed one
   // (decode steps, short passes over long cached prefixes) or the expanded
   // one (prefill passes). The choice depends only on the sequence itself.
+  // Under V3.2's sparse attention a sequence that reaches past index_topk
+  // tokens takes the absorbed form, over the tokens its indexer chose.
   const kernels::MlaDims dims{heads, nope, rope, v, kv};
   struct Segment {
     size_t begin, end;
@@ -136,7 +150,8 @@ absl::Status CpuForward::Forward(std::span<const SequenceTokens> batch,
     const size_t before = static_cast<size_t>(s.cache->length);
     const kernels::MlaCosts cost =
         kernels::MlaFormCosts(dims, count, before + count, count * before + count * (count + 1) / 2);
-    segments.push_back({begin, begin + count, cost.expanded < cost.absorbed});
+    const bool sparse = c.indexer.has_value() && before + count > static_cast<size_t>(c.indexer->topk);
+    segments.push_back({begin, begin + count, cost.expanded < cost.absorbed && !sparse});
     if (!segments.back().expanded) {
       for (size_t r = begin; r < begin + count; ++r) absorbed_rows.push_back(r);
     }
@@ -180,6 +195,12 @@ absl::Status CpuForward::Forward(std::span<const SequenceTokens> batch,
         rope_.Apply(rows[r].pos, pe);
       }
     }
+    std::vector<std::vector<uint32_t>> selected(n);  // V3.2: the tokens a row attends to (empty: all)
+    if (l.indexer.has_value()) {
+      std::vector<IndexedRow> indexed;
+      for (const Row& r : rows) indexed.push_back({r.cache, r.pos});
+      KVTIER_RETURN_IF_ERROR(IndexRows(c, rope_, *l.indexer, li, indexed, h.data(), qa.data(), selected));
+    }
     // Absorbed rows: W_UK folded into the query (each weight row read once
     // for all of them), attention over the stored latents, W_UV after.
     kernels::AbsorbQueries(dims, l.w_uk.data(), q.data(), absorbed_rows, q_latent.data());
@@ -190,14 +211,26 @@ absl::Status CpuForward::Forward(std::span<const SequenceTokens> batch,
       for (size_t k = begin; k < end; ++k) {
         const size_t r = absorbed_rows[k];
         const SequenceCache& cache = *rows[r].cache;
+        const kernels::MlaShape shape{static_cast<uint32_t>(heads), static_cast<uint32_t>(kv),
+                                      static_cast<uint32_t>(rope)};
+        if (!selected[r].empty()) {  // the chosen tokens' latents, as float rows
+          std::vector<float> chosen;
+          const absl::Status gathered = GatherLatents(cache, li, selected[r], static_cast<uint32_t>(kv),
+                                                      static_cast<uint32_t>(rope), chosen);
+          row_status[k] = gathered.ok() ? kernels::AbsorbedMlaDecode(shape, row(q_latent, r, heads * kv),
+                                                                     row(q_pe, r, heads * rope),
+                                                                     static_cast<float>(c.SoftmaxScale()), {}, chosen,
+                                                                     row(attn_latent, r, heads * kv))
+                                        : kernels::InvalidArgument(std::string(gathered.message()));
+          continue;
+        }
         std::vector<kernels::LatentBlock> blocks;
         for (const auto& payload : cache.blocks[li]) blocks.push_back({cache.codec, cache.tokens_per_block, payload});
         // Causal: this row sees the tail up to and including its own token.
         const int64_t sealed = static_cast<int64_t>(blocks.size()) * cache.tokens_per_block;
         const size_t visible = static_cast<size_t>(rows[r].pos - sealed + 1) * (kv + rope);
         row_status[k] = kernels::AbsorbedMlaDecode(
-            {static_cast<uint32_t>(heads), static_cast<uint32_t>(kv), static_cast<uint32_t>(rope)},
-            row(q_latent, r, heads * kv), row(q_pe, r, heads * rope), static_cast<float>(c.SoftmaxScale()), blocks,
+            shape, row(q_latent, r, heads * kv), row(q_pe, r, heads * rope), static_cast<float>(c.SoftmaxScale()), blocks,
             std::span(cache.tail[li]).first(visible), row(attn_latent, r, heads * kv));
       }
     });

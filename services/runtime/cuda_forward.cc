@@ -184,6 +184,9 @@ absl::Status CudaForward::UploadFloat(const Checkpoint& checkpoint, const Tensor
 }
 
 absl::Status CudaForward::Load(const Checkpoint& checkpoint) {
+  if (config_.indexer.has_value()) {
+    return absl::UnimplementedError("--device cuda: DeepSeek-V3.2's sparse attention runs on the CPU only so far");
+  }
   std::string why;
   if (!kc::DevicePresent(&why))
     return absl::FailedPreconditionError(absl::StrCat("--device cuda: no usable GPU: ", why));

@@ -124,8 +124,16 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& preset) {
     c.fp8 = Fp8Quantization{128, 128};
     return c;
   }
+  if (preset == "v32-tiny") {
+    // DeepSeek-V3.2's: v3-tiny with a lightning indexer in every layer, its
+    // top-k small (8) so that short prompts attend sparsely.
+    ModelConfig v32 = *PresetConfig("v3-tiny");
+    v32.model_type = ModelType::kDeepseekV32;
+    v32.indexer = IndexerConfig{4, 16, 8};
+    return v32;
+  }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown preset '", preset, "' (tiny, lite-attn, v3-tiny, kimi-k2-tiny)"));
+      absl::StrCat("unknown preset '", preset, "' (tiny, lite-attn, v3-tiny, kimi-k2-tiny, v32-tiny)"));
 }
 
 int PublishedShards(const ModelConfig& config) { return config.model_type == ModelType::kDeepseekV2 ? 1 : 3; }
@@ -146,6 +154,8 @@ std::vector<float> RandomValues(const TensorSpec& spec, std::mt19937_64& rng, st
   float stddev = 1.0f, mean = 0.0f;
   if (absl::EndsWith(spec.name, "norm.weight")) {
     mean = 1.0f;
+    stddev = 0.1f;
+  } else if (absl::EndsWith(spec.name, "norm.bias")) {
     stddev = 0.1f;
   } else if (absl::EndsWith(spec.name, "e_score_correction_bias")) {
     mean = -0.2f;

@@ -50,6 +50,10 @@ SequenceCache Model::NewCache(kernels::Codec codec, uint32_t tokens_per_block) c
   cache.tokens_per_block = tokens_per_block;
   cache.blocks.resize(static_cast<size_t>(config_.num_hidden_layers));
   cache.tail.resize(static_cast<size_t>(config_.num_hidden_layers));
+  if (config_.indexer.has_value()) {
+    cache.index_keys.resize(static_cast<size_t>(config_.num_hidden_layers));
+    cache.index_scales.resize(static_cast<size_t>(config_.num_hidden_layers));
+  }
   return cache;
 }
 
@@ -77,6 +81,18 @@ absl::Status Model::CheckBatch(std::span<const SequenceTokens> batch) const {
         s.cache->tail.size() != static_cast<size_t>(c.num_hidden_layers) ||
         s.cache->blocks.size() != static_cast<size_t>(c.num_hidden_layers)) {
       return absl::InvalidArgumentError(absl::StrCat("sequence ", b, ": logits or cache do not fit this model"));
+    }
+    if (c.indexer.has_value()) {
+      bool keyed = s.cache->index_scales.size() == static_cast<size_t>(c.num_hidden_layers) &&
+                   s.cache->index_keys.size() == s.cache->index_scales.size();
+      for (size_t l = 0; keyed && l < s.cache->index_scales.size(); ++l) {
+        keyed = s.cache->index_scales[l].size() == static_cast<size_t>(s.cache->length) &&
+                s.cache->index_keys[l].size() == s.cache->index_scales[l].size() * c.indexer->head_dim;
+      }
+      if (!keyed) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequence ", b, ": the cache lacks its tokens' indexer keys (DeepSeek-V3.2)"));
+      }
     }
     for (size_t other = 0; other < b; ++other) {
       if (batch[other].cache == s.cache) {

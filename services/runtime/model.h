@@ -32,6 +32,10 @@ struct SequenceCache {
   int64_t length = 0;                            // tokens whose latents are held
   std::vector<std::vector<SealedBlock>> blocks;  // [layer][block]
   std::vector<std::vector<float>> tail;          // [layer] rows
+  // DeepSeek-V3.2: every held token's indexer key, [layer] index_head_dim
+  // FP8 codes a token and [layer] one scale a token (sparse_attention.h).
+  std::vector<std::vector<uint8_t>> index_keys = {};
+  std::vector<std::vector<float>> index_scales = {};
   // When set, [layer] gets the float rows of each block as it is sealed
   // (to check another implementation's codecs against the same latents).
   std::vector<std::vector<float>>* sealed_rows = nullptr;

@@ -63,6 +63,18 @@ absl::Status Expect(const json& j, const std::string& field, const std::string& 
 
 double YarnMscale(double scale, double mscale) { return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
 
+// config.json's architectures entry for a model type.
+std::string ArchitectureOf(ModelType type) {
+  switch (type) {
+    case ModelType::kDeepseekV2:
+      return "DeepseekV2ForCausalLM";
+    case ModelType::kDeepseekV32:
+      return "DeepseekV32ForCausalLM";
+    default:
+      return "DeepseekV3ForCausalLM";
+  }
+}
+
 // model_type and architectures as published: V2's, or the V3 family's.
 absl::StatusOr<ModelType> ParseModelType(const json& j) {
   const std::string type =
@@ -74,13 +86,14 @@ absl::StatusOr<ModelType> ParseModelType(const json& j) {
     model_type = ModelType::kDeepseekV3;
   } else if (type == "kimi_k2") {
     model_type = ModelType::kKimiK2;
+  } else if (type == "deepseek_v32") {
+    model_type = ModelType::kDeepseekV32;
   } else {
     return absl::UnimplementedError(absl::StrCat("config.json: model_type ",
                                                  j.contains("model_type") ? j["model_type"].dump() : "(missing)",
-                                                 " is not supported (deepseek_v2, deepseek_v3, kimi_k2)"));
+                                                 " is not supported (deepseek_v2, deepseek_v3, kimi_k2, deepseek_v32)"));
   }
-  const std::string architecture =
-      model_type == ModelType::kDeepseekV2 ? "DeepseekV2ForCausalLM" : "DeepseekV3ForCausalLM";
+  const std::string architecture = ArchitectureOf(model_type);
   if (j.contains("architectures") && !j["architectures"].is_null()) {
     const json& a = j["architectures"];
     if (!a.is_array() || a.size() != 1 || a[0] != architecture) {
@@ -130,6 +143,8 @@ const char* ModelTypeName(ModelType type) {
       return "deepseek_v3";
     case ModelType::kKimiK2:
       return "kimi_k2";
+    case ModelType::kDeepseekV32:
+      return "deepseek_v32";
   }
   return "?";
 }
@@ -251,6 +266,17 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text) {
     if (y.factor <= 0) return Missing("rope_scaling.factor", "positive");
     c.rope_scaling = y;
   }
+  if (model_type == ModelType::kDeepseekV32) {
+    IndexerConfig indexer;
+    KVTIER_ASSIGN_OR_RETURN(indexer.heads, Int(j, "index_n_heads"));
+    KVTIER_ASSIGN_OR_RETURN(indexer.head_dim, Int(j, "index_head_dim"));
+    KVTIER_ASSIGN_OR_RETURN(indexer.topk, Int(j, "index_topk"));
+    if ((indexer.head_dim & (indexer.head_dim - 1)) != 0 || indexer.head_dim < c.qk_rope_head_dim) {
+      return Missing("index_head_dim", "a power of two, at least qk_rope_head_dim");
+    }
+    if (!c.q_lora_rank.has_value()) return Missing("q_lora_rank", "present (the indexer's queries start from it)");
+    c.indexer = indexer;
+  }
   return c;
 }
 
@@ -261,7 +287,7 @@ std::string ModelConfig::ToJson() const {
                                                                         : "noaux_tc";
   json j = {
       {"model_type", ModelTypeName(model_type)},
-      {"architectures", {v3 ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM"}},
+      {"architectures", {ArchitectureOf(model_type)}},
       {"vocab_size", vocab_size},
       {"hidden_size", hidden_size},
       {"intermediate_size", intermediate_size},
@@ -305,6 +331,11 @@ std::string ModelConfig::ToJson() const {
     j["rope_scaling"] = nullptr;
   }
   if (v3) j["num_nextn_predict_layers"] = num_nextn_predict_layers;
+  if (indexer.has_value()) {
+    j["index_n_heads"] = indexer->heads;
+    j["index_head_dim"] = indexer->head_dim;
+    j["index_topk"] = indexer->topk;
+  }
   if (fp8.has_value()) {
     j["quantization_config"] = {{"activation_scheme", "dynamic"},
                                 {"fmt", "e4m3"},

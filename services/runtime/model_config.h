@@ -1,6 +1,7 @@
 // The configuration of a DeepSeek-style MLA model, read from a Hugging Face
 // config.json: DeepSeek-V2 (model_type "deepseek_v2") and the V3 family
-// (DeepSeek-V3, R1, V3.1: "deepseek_v3"; Kimi-K2: "kimi_k2"). The tensors
+// (DeepSeek-V3, R1, V3.1: "deepseek_v3"; Kimi-K2: "kimi_k2"; DeepSeek-V3.2
+// with its sparse attention: "deepseek_v32"). The tensors
 // such a checkpoint holds are model_tensors.h's.
 #ifndef KVTIER_SERVICES_RUNTIME_MODEL_CONFIG_H_
 #define KVTIER_SERVICES_RUNTIME_MODEL_CONFIG_H_
@@ -15,9 +16,10 @@
 
 namespace kvtier::runtime {
 
-// config.json's model_type. The V3 family shares one architecture
-// (DeepseekV3ForCausalLM): V2's attention and cache, a sigmoid router.
-enum class ModelType { kDeepseekV2, kDeepseekV3, kKimiK2 };
+// config.json's model_type. The V3 family shares V3's architecture: V2's
+// attention and cache, a sigmoid router; V3.2 adds a lightning indexer
+// that picks the tokens each query attends to (IndexerConfig).
+enum class ModelType { kDeepseekV2, kDeepseekV3, kKimiK2, kDeepseekV32 };
 const char* ModelTypeName(ModelType type);  // as config.json spells it
 
 // greedy and group_limited_greedy: V2's softmax router; noaux_tc: V3's
@@ -31,6 +33,15 @@ enum class TopkMethod { kGreedy, kGroupLimitedGreedy, kNoauxTc };
 struct Fp8Quantization {
   int64_t block_rows = 128;
   int64_t block_cols = 128;
+};
+
+// DeepSeek-V3.2's lightning indexer (kernels/indexer.h): `heads` heads of
+// `head_dim` (a power of two, one FP8 scale a head and a key) score every
+// earlier token; MLA attends to the `topk` best.
+struct IndexerConfig {
+  int64_t heads = 64;
+  int64_t head_dim = 128;
+  int64_t topk = 2048;
 };
 
 // Plain value type.
@@ -62,6 +73,7 @@ struct ModelConfig {
   int64_t max_position_embeddings = 4096;
   std::optional<kernels::YarnParams> rope_scaling;
   std::optional<Fp8Quantization> fp8;  // absent: projections in bf16 (or f16/f32)
+  std::optional<IndexerConfig> indexer;  // V3.2's sparse attention
   // Multi-token prediction layers stored after the last layer (V3: 1); a
   // server that does not decode speculatively skips them.
   int64_t num_nextn_predict_layers = 0;

@@ -58,6 +58,13 @@ LayerTensors LayerTensorsOf(const ModelConfig& c, int64_t layer) {
   t.kv_a_norm = Float(a + "kv_a_layernorm.weight", {c.kv_lora_rank});
   t.kv_b = Projection(c, a + "kv_b_proj.weight", heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank);
   t.o_proj = Projection(c, a + "o_proj.weight", h, heads * c.v_head_dim);
+  if (c.indexer.has_value()) {
+    const std::string i = a + "indexer.";
+    const int64_t dim = c.indexer->head_dim;
+    t.indexer = IndexerTensors{Projection(c, i + "wq_b.weight", c.indexer->heads * dim, *c.q_lora_rank),
+                               Projection(c, i + "wk.weight", dim, h), Float(i + "k_norm.weight", {dim}),
+                               Float(i + "k_norm.bias", {dim}), Float(i + "weights_proj.weight", {c.indexer->heads, h})};
+  }
   t.moe = c.IsMoeLayer(layer);
   if (!t.moe) {
     t.mlp = Mlp(c, p + "mlp.", c.intermediate_size);
@@ -85,6 +92,12 @@ absl::Status VisitLayer(const ModelConfig& c, int64_t i, const std::function<abs
        {std::optional(t.input_norm), std::optional(t.post_norm), t.q_a, t.q_a_norm, t.q_b, t.q_proj,
         std::optional(t.kv_a), std::optional(t.kv_a_norm), std::optional(t.kv_b), std::optional(t.o_proj)}) {
     if (spec.has_value()) KVTIER_RETURN_IF_ERROR(visit(*spec));
+  }
+  if (t.indexer.has_value()) {
+    for (const TensorSpec* spec : {&t.indexer->wq_b, &t.indexer->wk, &t.indexer->k_norm, &t.indexer->k_norm_bias,
+                                   &t.indexer->weights_proj}) {
+      KVTIER_RETURN_IF_ERROR(visit(*spec));
+    }
   }
   if (t.mlp.has_value()) return VisitMlp(*t.mlp, visit);
   KVTIER_RETURN_IF_ERROR(visit(*t.router));

@@ -39,11 +39,19 @@ struct MlpTensors {
   int64_t inter = 0;
 };
 
+// V3.2's lightning indexer of a layer: queries from the MLA query latent
+// (wq_b), one key a token (wk, then a LayerNorm with weight and bias), and
+// each head's weight (weights_proj).
+struct IndexerTensors {
+  TensorSpec wq_b, wk, k_norm, k_norm_bias, weights_proj;
+};
+
 struct LayerTensors {
   TensorSpec input_norm, post_norm;
   std::optional<TensorSpec> q_proj;              // without q_lora
   std::optional<TensorSpec> q_a, q_a_norm, q_b;  // with q_lora
   TensorSpec kv_a, kv_a_norm, kv_b, o_proj;
+  std::optional<IndexerTensors> indexer;  // V3.2
   bool moe = false;
   std::optional<MlpTensors> mlp;  // dense layers
   // MoE layers: the router, its noaux_tc correction bias, the shared

@@ -113,6 +113,13 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
   s.shards->StartHealthChecks(absl::Milliseconds(f.watch_interval_ms));
   std::cerr << program << ": loading " << f.model << " on " << f.device << std::endl;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Checkpoint> checkpoint, runtime::Checkpoint::Open(f.model));
+  if (checkpoint->config().indexer.has_value()) {
+    // A block restored without its tokens' indexer keys would attend to
+    // the wrong tokens: refused until the block format carries them.
+    return absl::UnimplementedError(absl::StrCat(
+        f.model, ": DeepSeek-V3.2 (deepseek_v32) is not served yet: kvtier's blocks do not carry its indexer keys "
+                 "yet (`kvtier run` runs it in process)"));
+  }
   KVTIER_ASSIGN_OR_RETURN(s.model, runtime::Model::Load(*checkpoint, device, cuda));
   KVTIER_ASSIGN_OR_RETURN(s.model_id, ModelId(f.model, checkpoint->config().model_type));
   s.registry = std::make_shared<prometheus::Registry>();

@@ -1,0 +1,118 @@
+#include "services/runtime/sparse_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "kvtier/kernels/codec.h"
+#include "kvtier/kernels/indexer.h"
+#include "services/common/status.h"
+
+namespace kvtier::runtime {
+namespace {
+
+absl::Status Check(const kernels::Status& s) { return FromKernelStatus(s); }
+
+// The indexer's k_norm: a LayerNorm with weight and bias, eps 1e-6, in
+// float (biased variance, as torch's).
+void LayerNorm(std::span<float> x, std::span<const float> weight, std::span<const float> bias) {
+  float mean = 0.0f;
+  for (float v : x) mean += v;
+  mean /= static_cast<float>(x.size());
+  float var = 0.0f;
+  for (float v : x) var += (v - mean) * (v - mean);
+  var /= static_cast<float>(x.size());
+  const float inv = 1.0f / std::sqrt(var + 1e-6f);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = (x[i] - mean) * inv * weight[i] + bias[i];
+}
+
+// A query head or key as the indexer rounds it: RoPE on halves over its
+// first rope dims, the Hadamard rotation, FP8 with one scale.
+absl::Status RotateAndRound(const kernels::RopeTable& rope, int64_t pos, std::span<float> v, std::span<uint8_t> codes,
+                            float& scale) {
+  rope.ApplyHalves(pos, v.first(rope.dim()));
+  KVTIER_RETURN_IF_ERROR(Check(kernels::HadamardRotate(v)));
+  return Check(kernels::QuantizeIndexerFp8(v, v.size(), codes, std::span(&scale, 1)));
+}
+
+}  // namespace
+
+absl::Status IndexRows(const ModelConfig& c, const kernels::RopeTable& rope, const IndexerWeights& w, size_t layer,
+                       std::span<const IndexedRow> rows, const float* h, const float* qa,
+                       std::vector<std::vector<uint32_t>>& selected) {
+  const IndexerConfig& ix = *c.indexer;
+  const size_t n = rows.size(), hidden = c.hidden_size, q_lora = *c.q_lora_rank, heads = ix.heads,
+               dim = ix.head_dim;
+  std::vector<float> keys(n * dim), queries(n * heads * dim), head_weights(n * heads);
+  MatMul(w.wk, dim, hidden, h, n, keys.data());
+  MatMul(w.wq_b, heads * dim, q_lora, qa, n, queries.data());
+  MatMul(w.weights_proj, heads, hidden, h, n, head_weights.data());
+  // Every row's key first: a row scores its own and earlier ones.
+  for (size_t r = 0; r < n; ++r) {
+    std::span<float> k = std::span(keys).subspan(r * dim, dim);
+    LayerNorm(k, w.k_norm, w.k_norm_bias);
+    std::vector<uint8_t>& codes = rows[r].cache->index_keys[layer];
+    codes.resize(codes.size() + dim);
+    float scale = 0.0f;
+    KVTIER_RETURN_IF_ERROR(RotateAndRound(rope, rows[r].pos, k, std::span(codes).last(dim), scale));
+    rows[r].cache->index_scales[layer].push_back(scale);
+  }
+  selected.assign(n, {});
+  std::vector<uint8_t> q_codes(heads * dim);
+  std::vector<float> weights(heads), scores;
+  const float factor = 1.0f / std::sqrt(static_cast<float>(heads)) / std::sqrt(static_cast<float>(dim));
+  for (size_t r = 0; r < n; ++r) {
+    const size_t visible = static_cast<size_t>(rows[r].pos) + 1;
+    if (visible <= static_cast<size_t>(ix.topk)) continue;
+    for (size_t hd = 0; hd < heads; ++hd) {
+      float q_scale = 0.0f;
+      KVTIER_RETURN_IF_ERROR(RotateAndRound(rope, rows[r].pos, std::span(queries).subspan((r * heads + hd) * dim, dim),
+                                            std::span(q_codes).subspan(hd * dim, dim), q_scale));
+      weights[hd] = head_weights[r * heads + hd] * factor * q_scale;
+    }
+    const SequenceCache& cache = *rows[r].cache;
+    if (cache.index_scales[layer].size() < visible) {
+      return absl::InvalidArgumentError(absl::StrCat("a sequence cache holds ", cache.index_scales[layer].size(),
+                                                     " indexer keys at layer ", layer, ", not ", visible));
+    }
+    scores.resize(visible);
+    KVTIER_RETURN_IF_ERROR(Check(kernels::IndexerScores(
+        static_cast<uint32_t>(heads), static_cast<uint32_t>(dim), q_codes, weights,
+        std::span(cache.index_keys[layer]).first(visible * dim), std::span(cache.index_scales[layer]).first(visible),
+        scores)));
+    kernels::SelectTopTokens(scores, static_cast<size_t>(ix.topk), selected[r]);
+    std::sort(selected[r].begin(), selected[r].end());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GatherLatents(const SequenceCache& cache, size_t layer, std::span<const uint32_t> tokens,
+                           uint32_t kv_lora_rank, uint32_t rope_dim, std::vector<float>& out) {
+  const size_t dim = size_t{kv_lora_rank} + rope_dim, sealed = cache.blocks[layer].size() * cache.tokens_per_block;
+  const kernels::BlockShape shape{cache.tokens_per_block, kv_lora_rank, rope_dim};
+  std::map<size_t, std::vector<float>> decoded;  // block -> its rows
+  out.resize(tokens.size() * dim);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const size_t t = tokens[i];
+    const float* from;
+    if (t < sealed) {
+      const size_t b = t / cache.tokens_per_block;
+      auto [it, fresh] = decoded.try_emplace(b);
+      if (fresh) {
+        it->second.resize(shape.values());
+        KVTIER_RETURN_IF_ERROR(Check(kernels::Dequantize(cache.codec, shape, cache.blocks[layer][b], it->second)));
+      }
+      from = it->second.data() + (t % cache.tokens_per_block) * dim;
+    } else {
+      if ((t - sealed + 1) * dim > cache.tail[layer].size()) {
+        return absl::InvalidArgumentError(absl::StrCat("token ", t, " is past the sequence's latents"));
+      }
+      from = cache.tail[layer].data() + (t - sealed) * dim;
+    }
+    std::copy_n(from, dim, out.data() + i * dim);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvtier::runtime
