@@ -15,14 +15,15 @@ namespace kvtier::cli {
 int RunMakeModel(const std::vector<std::string>& args) {
   std::string preset, out;
   uint64_t seed = 1, shards = 0;
-  FlagParser flags("kvtier make-model --preset tiny|lite-attn|v3-tiny|kimi-k2-tiny --out DIR [--seed N]",
+  FlagParser flags("kvtier make-model --preset tiny|lite-attn|v3-tiny|kimi-k2-tiny|v32-tiny --out DIR [--seed N]",
                    "Writes a random checkpoint in Hugging Face format, as the model's authors\n"
                    "publish it. DeepSeek-V2 (config.json + bf16 safetensors): tiny, small in\n"
                    "every dimension; lite-attn, DeepSeek-V2-Lite's attention dims with 2 layers\n"
                    "and a small MoE. The V3 family (FP8 projections with 128 x 128 block scales,\n"
                    "the noaux_tc sigmoid router, 3 shards): v3-tiny, DeepSeek-V3's config at\n"
-                   "small dims with an MTP layer; kimi-k2-tiny, Kimi-K2's.");
-  flags.AddString("preset", &preset, "tiny, lite-attn, v3-tiny or kimi-k2-tiny");
+                   "small dims with an MTP layer; kimi-k2-tiny, Kimi-K2's; v32-tiny, DeepSeek-V3.2's\n"
+                   "(v3-tiny with a lightning indexer, index_topk 8; `kvtier run` only so far).");
+  flags.AddString("preset", &preset, "tiny, lite-attn, v3-tiny, kimi-k2-tiny or v32-tiny");
   flags.AddString("out", &out, "directory to write (created if needed)");
   flags.AddUint("seed", &seed, "random seed; equal seeds give equal files");
   flags.AddUint("shards", &shards,

@@ -244,6 +244,21 @@ TEST_F(ServingTest, TheV3FamilyServesWhatTheRuntimeComputes) {
   }
 }
 
+// DeepSeek-V3.2 runs in process only until blocks carry its indexer keys:
+// both model servers refuse it at start, saying why.
+TEST_F(ServingTest, ModelServersRefuseV32UntilBlocksCarryIndexerKeys) {
+  testing::TempDir temp("kvtier_serving_v32");
+  ASSERT_TRUE(runtime::MakeModel(*runtime::PresetConfig("v32-tiny"), temp.path().string(), 3, 1).ok());
+  for (const std::string& start :
+       {std::string(KVTIER_DECODE_BINARY) + " ", std::string(KVTIER_PREFILL_BINARY) + " --decode 127.0.0.1:1 "}) {
+    const CommandResult refused = RunCommand(start + "--listen 127.0.0.1:0 --model " + temp.path().string() +
+                                             " --cache 127.0.0.1:1 --metrics-listen ''");
+    EXPECT_EQ(refused.exit_code, 1) << refused.output;
+    EXPECT_NE(refused.output.find("DeepSeek-V3.2 (deepseek_v32) is not served yet"), std::string::npos)
+        << refused.output;
+  }
+}
+
 // The same-host fast path changes how cached blocks travel, not what is
 // computed: a turn that hits the cache generates exactly the same with it
 // (the default: the shards are local) and with --no-fast-path, and only the

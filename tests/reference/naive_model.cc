@@ -1,7 +1,9 @@
 #include "tests/reference/naive_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <numeric>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -69,6 +71,46 @@ Vec RmsNorm(const Vec& x, const Vec& w, double eps) {
   return y;
 }
 
+// The E4M3FN value nearest to v (|v| <= 448), ties to the even code.
+double NearestE4m3(double v) {
+  double best = 0;
+  int best_code = 0;
+  for (int code = 0; code < 0x7f; ++code) {  // the non-negative finite codes
+    const double value = Fp8Value(static_cast<uint8_t>(code)), d = std::fabs(value - std::fabs(v));
+    const double b = std::fabs(best - std::fabs(v));
+    if (d < b || (d == b && code % 2 == 0 && best_code % 2 == 1)) best = value, best_code = code;
+  }
+  return v < 0 ? -best : best;
+}
+
+// DeepSeek-V3.2's indexer rounding of a head or key: one power-of-two
+// scale, 2^ceil(log2(max(amax, 1e-4) / 448)); the values' FP8 codes. Returns
+// the codes' values and sets `scale`.
+Vec IndexerFp8(const Vec& v, double& scale) {
+  double amax = 1e-4;
+  for (double x : v) amax = std::max(amax, std::fabs(x));
+  scale = std::exp2(std::ceil(std::log2(amax / 448.0)));
+  Vec codes(v.size());
+  for (size_t i = 0; i < v.size(); ++i) codes[i] = NearestE4m3(v[i] / scale);
+  return codes;
+}
+
+// The indexer's rotation: RoPE on the first `rope` values, laid out in
+// halves (not interleaved), then H v / sqrt(n) with H the Sylvester
+// Hadamard matrix, entry by entry.
+Vec IndexerRotate(const Vec& v, size_t rope, int64_t pos, double base, const kernels::YarnParams* yarn) {
+  Vec pairs(rope);  // ReferenceRope takes interleaved pairs
+  for (size_t i = 0; i < rope / 2; ++i) pairs[2 * i] = v[i], pairs[2 * i + 1] = v[rope / 2 + i];
+  const Vec rotated = kernels::ReferenceRope(pairs, pos, base, yarn);
+  Vec u = v;
+  std::copy(rotated.begin(), rotated.end(), u.begin());
+  Vec out(u.size(), 0.0);
+  for (size_t i = 0; i < u.size(); ++i)
+    for (size_t j = 0; j < u.size(); ++j) out[i] += (__builtin_popcountll(i & j) % 2 ? -u[j] : u[j]);
+  for (double& x : out) x /= std::sqrt(static_cast<double>(u.size()));
+  return out;
+}
+
 Vec Mlp(Weights& Load, const std::string& prefix, const Vec& x) {
   const Vec g = Linear(Load(prefix + "gate_proj.weight"), x);
   const Vec u = Linear(Load(prefix + "up_proj.weight"), x);
@@ -93,8 +135,10 @@ std::vector<std::vector<double>> NaiveLogits(const runtime::Checkpoint& ckpt, co
     scale *= m * m;
   }
   const Vec& embed = Load("model.embed_tokens.weight");
-  std::vector<std::vector<Vec>> latents(c.num_hidden_layers);  // [layer][token] c ‖ k_pe
-  std::vector<size_t> replaced(c.num_hidden_layers, 0);        // stored blocks applied
+  std::vector<std::vector<Vec>> latents(c.num_hidden_layers);     // [layer][token] c ‖ k_pe
+  std::vector<size_t> replaced(c.num_hidden_layers, 0);           // stored blocks applied
+  std::vector<std::vector<Vec>> index_keys(c.num_hidden_layers);  // [layer][token] V3.2's FP8 key values
+  std::vector<std::vector<double>> index_scales(c.num_hidden_layers);
   std::vector<std::vector<double>> all_logits;
   for (size_t p = 0; p < tokens.size(); ++p) {
     Vec x(embed.begin() + tokens[p] * H, embed.begin() + (tokens[p] + 1) * H);
@@ -102,10 +146,11 @@ std::vector<std::vector<double>> NaiveLogits(const runtime::Checkpoint& ckpt, co
       const std::string pre = absl::StrCat("model.layers.", l, ".");
       const std::string a = pre + "self_attn.";
       const Vec h = RmsNorm(x, Load(pre + "input_layernorm.weight"), c.rms_norm_eps);
-      const Vec q = c.q_lora_rank.has_value()
-                        ? Linear(Load(a + "q_b_proj.weight"), RmsNorm(Linear(Load(a + "q_a_proj.weight"), h),
-                                                                      Load(a + "q_a_layernorm.weight"), c.rms_norm_eps))
-                        : Linear(Load(a + "q_proj.weight"), h);
+      const Vec qr = c.q_lora_rank.has_value() ? RmsNorm(Linear(Load(a + "q_a_proj.weight"), h),
+                                                         Load(a + "q_a_layernorm.weight"), c.rms_norm_eps)
+                                               : Vec();
+      const Vec q =
+          c.q_lora_rank.has_value() ? Linear(Load(a + "q_b_proj.weight"), qr) : Linear(Load(a + "q_proj.weight"), h);
       Vec ckv = Linear(Load(a + "kv_a_proj_with_mqa.weight"), h);
       Vec compressed(ckv.begin(), ckv.begin() + kv), k_pe(ckv.begin() + kv, ckv.end());
       compressed = RmsNorm(compressed, Load(a + "kv_a_layernorm.weight"), c.rms_norm_eps);
@@ -125,7 +170,49 @@ std::vector<std::vector<double>> NaiveLogits(const runtime::Checkpoint& ckpt, co
           for (size_t i = 0; i < kv + rope; ++i) latents[l][t][i] = block[(t - b * tpb) * (kv + rope) + i];
         }
       }
-      // Expanded attention: k = [W_UK c ; k_pe], v = W_UV c, per head.
+      // DeepSeek-V3.2: the indexer keys this token, and its query picks the
+      // index_topk tokens of highest score (all of them up to that many).
+      std::vector<bool> attend(p + 1, true);
+      if (c.indexer.has_value()) {
+        const size_t ih = c.indexer->heads, dim = c.indexer->head_dim;
+        Vec k = Linear(Load(a + "indexer.wk.weight"), h);
+        double mean = 0, var = 0;
+        for (double v : k) mean += v / dim;
+        for (double v : k) var += (v - mean) * (v - mean) / dim;
+        const Vec& kw = Load(a + "indexer.k_norm.weight");
+        const Vec& kb = Load(a + "indexer.k_norm.bias");
+        for (size_t i = 0; i < dim; ++i) k[i] = (k[i] - mean) / std::sqrt(var + 1e-6) * kw[i] + kb[i];
+        double k_scale = 0;
+        index_keys[l].push_back(
+            IndexerFp8(IndexerRotate(k, rope, static_cast<int64_t>(p), c.rope_theta, yarn), k_scale));
+        index_scales[l].push_back(k_scale);
+        if (p + 1 > static_cast<size_t>(c.indexer->topk)) {
+          const Vec iq = Linear(Load(a + "indexer.wq_b.weight"), qr);
+          const Vec w = Linear(Load(a + "indexer.weights_proj.weight"), h);
+          std::vector<double> index_score(p + 1, 0.0);
+          for (size_t hd = 0; hd < ih; ++hd) {
+            double q_scale = 0;
+            const Vec qh = IndexerFp8(IndexerRotate(Vec(iq.begin() + hd * dim, iq.begin() + (hd + 1) * dim), rope,
+                                                    static_cast<int64_t>(p), c.rope_theta, yarn),
+                                      q_scale);
+            const double weight = w[hd] / std::sqrt(double(ih)) * q_scale / std::sqrt(double(dim));
+            for (size_t t = 0; t <= p; ++t) {
+              double dot = 0;
+              for (size_t i = 0; i < dim; ++i) dot += qh[i] * index_keys[l][t][i];
+              index_score[t] += weight * std::max(dot, 0.0);
+            }
+          }
+          for (size_t t = 0; t <= p; ++t) index_score[t] *= index_scales[l][t];
+          std::vector<size_t> order(p + 1);
+          std::iota(order.begin(), order.end(), size_t{0});
+          std::stable_sort(order.begin(), order.end(),
+                           [&](size_t x, size_t y) { return index_score[x] > index_score[y]; });
+          attend.assign(p + 1, false);
+          for (size_t i = 0; i < static_cast<size_t>(c.indexer->topk); ++i) attend[order[i]] = true;
+        }
+      }
+      // Expanded attention: k = [W_UK c ; k_pe], v = W_UV c, per head, over
+      // the tokens this one attends to.
       const Vec& kv_b = Load(a + "kv_b_proj.weight");
       Vec attn(heads * vd, 0.0);
       for (size_t hd = 0; hd < heads; ++hd) {
@@ -136,6 +223,10 @@ std::vector<std::vector<double>> NaiveLogits(const runtime::Checkpoint& ckpt, co
         std::vector<Vec> values(p + 1);
         double max = -INFINITY;
         for (size_t t = 0; t <= p; ++t) {
+          if (!attend[t]) {
+            score[t] = -INFINITY, values[t] = Vec(vd, 0.0);
+            continue;
+          }
           const Vec& lt = latents[l][t];
           Vec expanded(nope + vd, 0.0);  // kv_b_proj(compressed), this head's rows
           for (size_t r = 0; r < nope + vd; ++r)

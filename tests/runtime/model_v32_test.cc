@@ -1,0 +1,154 @@
+// DeepSeek-V3.2's sparse attention in process, against the naive float64
+// model (its own indexer: LayerNorm, RoPE on halves, the Hadamard matrix
+// entry by entry, FP8 by searching every E4M3 value, the top-k) and against
+// dense V3 over the same weights. make-model's v32-tiny keeps index_topk at
+// 8, so a prompt of 37 tokens attends sparsely from its 9th token on.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "services/runtime/make_model.h"
+#include "services/runtime/model.h"
+#include "tests/reference/naive_model.h"
+#include "tests/test_random.h"
+
+namespace kvtier::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::RelativeError;
+
+constexpr double kLogitTolerance = 1e-4;
+
+template <typename T>
+size_t ArgMax(const std::vector<T>& v) {
+  return static_cast<size_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+class ModelV32Test : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_ = *PresetConfig("v32-tiny");
+    ASSERT_TRUE(MakeModel(config_, dir_.string(), rng_.seed(), 1).ok());
+    auto ckpt = Checkpoint::Open(dir_.string());
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+    ckpt_ = *std::move(ckpt);
+    auto model = Model::Load(*ckpt_);
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = *std::move(model);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::vector<uint32_t> RandomTokens(size_t n) {
+    std::uniform_int_distribution<uint32_t> id(0, static_cast<uint32_t>(config_.vocab_size - 1));
+    std::vector<uint32_t> tokens(n);
+    for (uint32_t& t : tokens) t = id(rng_.engine());
+    return tokens;
+  }
+
+  testing::SeededRng rng_;
+  fs::path dir_ = fs::temp_directory_path() / ("kvtier_model_v32_" + std::to_string(rng_.seed()));
+  ModelConfig config_;
+  std::unique_ptr<Checkpoint> ckpt_;
+  std::unique_ptr<Model> model_;
+};
+
+// Token by token through bf16 blocks of 16, then greedy decoding: logits
+// within 1e-4 of the naive model's over the same stored latents, and the
+// engine's ids its argmax.
+TEST_F(ModelV32Test, SparseStepsAndGreedyIdsMatchTheNaiveModel) {
+  SCOPED_TRACE(rng_.Trace());
+  const size_t vocab = static_cast<size_t>(config_.vocab_size);
+  std::vector<uint32_t> tokens = RandomTokens(37);
+  SequenceCache cache = model_->NewCache(kernels::Codec::kBf16, 16);
+  std::vector<std::vector<float>> got;
+  for (size_t p = 0; p < 45; ++p) {
+    got.emplace_back(vocab);
+    ASSERT_TRUE(model_->Step(tokens[p], cache, got.back()).ok());
+    if (p + 1 == tokens.size() && tokens.size() < 45) tokens.push_back(static_cast<uint32_t>(ArgMax(got.back())));
+  }
+  EXPECT_EQ(cache.index_scales[0].size(), 45u) << "a key for every token";
+  EXPECT_EQ(cache.index_keys[0].size(), 45u * config_.indexer->head_dim);
+  const auto want = testing::NaiveLogits(*ckpt_, tokens, &cache);
+  for (size_t p = 0; p < tokens.size(); ++p) {
+    ASSERT_LE(RelativeError(got[p], want[p]), kLogitTolerance) << "position " << p;
+    if (p >= 36 && p + 1 < tokens.size()) {
+      EXPECT_EQ(tokens[p + 1], ArgMax(want[p])) << "greedy id after position " << p;
+    }
+  }
+}
+
+// A prompt in one pass (every row choosing its own tokens), then decode
+// steps over int8 blocks.
+TEST_F(ModelV32Test, SparsePrefillThenDecodeMatchTheNaiveModel) {
+  SCOPED_TRACE(rng_.Trace());
+  const size_t vocab = static_cast<size_t>(config_.vocab_size);
+  const std::vector<uint32_t> tokens = RandomTokens(45);
+  const std::vector<uint32_t> prompt(tokens.begin(), tokens.begin() + 37);
+  SequenceCache cache = model_->NewCache(kernels::Codec::kInt8, 16);
+  std::vector<float> logits(vocab);
+  ASSERT_TRUE(model_->Prefill(prompt, cache, logits).ok());
+  EXPECT_LE(RelativeError(logits, testing::NaiveLogits(*ckpt_, prompt).back()), kLogitTolerance);
+  std::vector<std::vector<float>> decoded;
+  for (size_t p = 37; p < tokens.size(); ++p) {
+    decoded.emplace_back(vocab);
+    ASSERT_TRUE(model_->Step(tokens[p], cache, decoded.back()).ok());
+  }
+  const auto stored = testing::NaiveLogits(*ckpt_, tokens, &cache, /*stored_from=*/37);
+  for (size_t p = 37; p < tokens.size(); ++p) {
+    ASSERT_LE(RelativeError(decoded[p - 37], stored[p]), kLogitTolerance) << "position " << p;
+  }
+  // A cache without its keys is refused, not run over empty ones.
+  SequenceCache keyless = cache;
+  keyless.index_scales[1].pop_back();
+  EXPECT_EQ(model_->Step(tokens[0], keyless, logits).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The oracle: with a context of at most index_topk tokens every token is
+// chosen, and V3.2 is dense V3 over the same weights, bit for bit, in
+// every codec.
+TEST_F(ModelV32Test, WithinIndexTopkItIsDenseV3) {
+  SCOPED_TRACE(rng_.Trace());
+  const fs::path dense = dir_ / "as_v3", wide = dir_ / "wide_topk";
+  for (const fs::path& d : {dense, wide}) {
+    fs::create_directories(d);
+    fs::copy_file(dir_ / "model.safetensors", d / "model.safetensors");
+    std::ifstream in(dir_ / "config.json");
+    nlohmann::json j = nlohmann::json::parse(in);
+    if (d == dense) {
+      j["model_type"] = "deepseek_v3";
+      j["architectures"] = {"DeepseekV3ForCausalLM"};
+    } else {
+      j["index_topk"] = 64;
+    }
+    std::ofstream(d / "config.json") << j.dump();
+  }
+  auto v3 = Checkpoint::Open(dense.string());
+  auto v32 = Checkpoint::Open(wide.string());
+  ASSERT_TRUE(v3.ok() && v32.ok()) << v3.status() << " " << v32.status();
+  auto dense_model = Model::Load(**v3);
+  auto sparse_model = Model::Load(**v32);
+  ASSERT_TRUE(dense_model.ok() && sparse_model.ok());
+  const std::vector<uint32_t> prompt = RandomTokens(37);
+  const size_t vocab = static_cast<size_t>(config_.vocab_size);
+  for (kernels::Codec codec :
+       {kernels::Codec::kBf16, kernels::Codec::kFp8, kernels::Codec::kInt8, kernels::Codec::kInt4}) {
+    SCOPED_TRACE(kernels::CodecName(codec));
+    SequenceCache a = (*dense_model)->NewCache(codec, 16), b = (*sparse_model)->NewCache(codec, 16);
+    std::vector<float> la(vocab), lb(vocab);
+    ASSERT_TRUE((*dense_model)->Prefill(std::span(prompt).first(20), a, la).ok());
+    ASSERT_TRUE((*sparse_model)->Prefill(std::span(prompt).first(20), b, lb).ok());
+    EXPECT_EQ(la, lb);
+    for (size_t p = 20; p < prompt.size(); ++p) {
+      ASSERT_TRUE((*dense_model)->Step(prompt[p], a, la).ok());
+      ASSERT_TRUE((*sparse_model)->Step(prompt[p], b, lb).ok());
+      ASSERT_EQ(la, lb) << "position " << p;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvtier::runtime
