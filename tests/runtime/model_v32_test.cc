@@ -1,8 +1,8 @@
-// DeepSeek-V3.2's sparse attention in process, against the naive float64
-// model (its own indexer: LayerNorm, RoPE on halves, the Hadamard matrix
-// entry by entry, FP8 by searching every E4M3 value, the top-k) and against
-// dense V3 over the same weights. make-model's v32-tiny keeps index_topk at
-// 8, so a prompt of 37 tokens attends sparsely from its 9th token on.
+// DeepSeek-V3.2's sparse attention in process: the indexer keys each
+// sequence keeps, and the oracle, dense V3 over the same weights. (Against
+// the naive float64 model, with its own indexer: model_v3_test's v32-tiny
+// runs, where index_topk 8 makes prompts of 37 tokens attend sparsely from
+// their 9th token on.)
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,22 +12,12 @@
 
 #include "services/runtime/make_model.h"
 #include "services/runtime/model.h"
-#include "tests/reference/naive_model.h"
 #include "tests/test_random.h"
 
 namespace kvtier::runtime {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::RelativeError;
-
-constexpr double kLogitTolerance = 1e-4;
-
-template <typename T>
-size_t ArgMax(const std::vector<T>& v) {
-  return static_cast<size_t>(std::max_element(v.begin(), v.end()) - v.begin());
-}
-
 class ModelV32Test : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -56,55 +46,23 @@ class ModelV32Test : public ::testing::Test {
   std::unique_ptr<Model> model_;
 };
 
-// Token by token through bf16 blocks of 16, then greedy decoding: logits
-// within 1e-4 of the naive model's over the same stored latents, and the
-// engine's ids its argmax.
-TEST_F(ModelV32Test, SparseStepsAndGreedyIdsMatchTheNaiveModel) {
+// The keys a sequence's cache holds: one a token and layer, and a cache
+// that lacks some is refused, not run over empty ones. (The sparse steps
+// against the naive model: model_v3_test, whose presets include v32-tiny.)
+TEST_F(ModelV32Test, CachesHoldAKeyForEveryToken) {
   SCOPED_TRACE(rng_.Trace());
-  const size_t vocab = static_cast<size_t>(config_.vocab_size);
-  std::vector<uint32_t> tokens = RandomTokens(37);
-  SequenceCache cache = model_->NewCache(kernels::Codec::kBf16, 16);
-  std::vector<std::vector<float>> got;
-  for (size_t p = 0; p < 45; ++p) {
-    got.emplace_back(vocab);
-    ASSERT_TRUE(model_->Step(tokens[p], cache, got.back()).ok());
-    if (p + 1 == tokens.size() && tokens.size() < 45) tokens.push_back(static_cast<uint32_t>(ArgMax(got.back())));
-  }
-  EXPECT_EQ(cache.index_scales[0].size(), 45u) << "a key for every token";
-  EXPECT_EQ(cache.index_keys[0].size(), 45u * config_.indexer->head_dim);
-  const auto want = testing::NaiveLogits(*ckpt_, tokens, &cache);
-  for (size_t p = 0; p < tokens.size(); ++p) {
-    ASSERT_LE(RelativeError(got[p], want[p]), kLogitTolerance) << "position " << p;
-    if (p >= 36 && p + 1 < tokens.size()) {
-      EXPECT_EQ(tokens[p + 1], ArgMax(want[p])) << "greedy id after position " << p;
-    }
-  }
-}
-
-// A prompt in one pass (every row choosing its own tokens), then decode
-// steps over int8 blocks.
-TEST_F(ModelV32Test, SparsePrefillThenDecodeMatchTheNaiveModel) {
-  SCOPED_TRACE(rng_.Trace());
-  const size_t vocab = static_cast<size_t>(config_.vocab_size);
-  const std::vector<uint32_t> tokens = RandomTokens(45);
-  const std::vector<uint32_t> prompt(tokens.begin(), tokens.begin() + 37);
+  const std::vector<uint32_t> prompt = RandomTokens(21);
   SequenceCache cache = model_->NewCache(kernels::Codec::kInt8, 16);
-  std::vector<float> logits(vocab);
+  std::vector<float> logits(static_cast<size_t>(config_.vocab_size));
   ASSERT_TRUE(model_->Prefill(prompt, cache, logits).ok());
-  EXPECT_LE(RelativeError(logits, testing::NaiveLogits(*ckpt_, prompt).back()), kLogitTolerance);
-  std::vector<std::vector<float>> decoded;
-  for (size_t p = 37; p < tokens.size(); ++p) {
-    decoded.emplace_back(vocab);
-    ASSERT_TRUE(model_->Step(tokens[p], cache, decoded.back()).ok());
+  ASSERT_TRUE(model_->Step(prompt[0], cache, logits).ok());
+  for (size_t l = 0; l < cache.index_scales.size(); ++l) {
+    EXPECT_EQ(cache.index_scales[l].size(), 22u) << "layer " << l;
+    EXPECT_EQ(cache.index_keys[l].size(), 22u * config_.indexer->head_dim) << "layer " << l;
   }
-  const auto stored = testing::NaiveLogits(*ckpt_, tokens, &cache, /*stored_from=*/37);
-  for (size_t p = 37; p < tokens.size(); ++p) {
-    ASSERT_LE(RelativeError(decoded[p - 37], stored[p]), kLogitTolerance) << "position " << p;
-  }
-  // A cache without its keys is refused, not run over empty ones.
   SequenceCache keyless = cache;
   keyless.index_scales[1].pop_back();
-  EXPECT_EQ(model_->Step(tokens[0], keyless, logits).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(model_->Step(prompt[0], keyless, logits).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // The oracle: with a context of at most index_topk tokens every token is

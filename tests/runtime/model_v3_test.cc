@@ -1,8 +1,9 @@
-// The V3 family (DeepSeek-V3's and Kimi-K2's configs, FP8 block-scaled
-// projections as published, the noaux_tc router) against the naive float64
-// model, whose FP8 dequantization and router are written apart from the
-// engine's: logits within 1e-4 of the largest at every position and greedy
-// ids equal, through stored blocks and a prefill then decode steps. Fresh
+// The V3 family (DeepSeek-V3's, Kimi-K2's and V3.2's configs, FP8
+// block-scaled projections as published, the noaux_tc router, V3.2's
+// sparse attention) against the naive float64 model, whose FP8
+// dequantization, router and indexer are written apart from the engine's:
+// logits within 1e-4 of the largest at every position and greedy ids
+// equal, through stored blocks and a prefill then decode steps. Fresh
 // weights and prompts every run.
 #include <gtest/gtest.h>
 
@@ -168,11 +169,12 @@ TEST_P(ModelV3Test, Bf16CastOfTheCheckpointLoads) {
   EXPECT_LE(RelativeError(logits, testing::NaiveLogits(**ckpt, prompt).back()), kLogitTolerance);
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, ModelV3Test, ::testing::Values("v3-tiny", "kimi-k2-tiny"), [](const auto& info) {
-  std::string name = info.param;
-  std::replace(name.begin(), name.end(), '-', '_');
-  return name;
-});
+INSTANTIATE_TEST_SUITE_P(Presets, ModelV3Test, ::testing::Values("v3-tiny", "kimi-k2-tiny", "v32-tiny"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace kvtier::runtime
