@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "codec_internal.h"
 #include "kvtier/kernels/float_formats.h"
@@ -120,6 +121,30 @@ Status Dequantize(Codec codec, BlockShape shape, std::span<const uint8_t> in, st
       break;
   }
   return OkStatus();
+}
+
+Status DequantizeToken(Codec codec, BlockShape shape, std::span<const uint8_t> in, uint32_t token,
+                       std::span<float> out) {
+  if (Status s = CheckSizes(codec, shape, shape.values(), in.size()); !s.ok()) return s;
+  if (token >= shape.tokens || out.size() != shape.dim()) {
+    return InvalidArgument("DequantizeToken: token " + std::to_string(token) + " of " + std::to_string(shape.tokens) +
+                           ", or an output that is not one token's");
+  }
+  // A one-token block of the same header and that token's row decodes as
+  // the row does in the whole block: each codec decodes token by token.
+  const BlockShape one{1, shape.latent_dim, shape.rope_dim};
+  const size_t row = EncodedBytes(codec, {2, shape.latent_dim, shape.rope_dim}) - EncodedBytes(codec, one);
+  const size_t header = EncodedBytes(codec, one) - row;
+  uint8_t small[4096];
+  std::vector<uint8_t> large;
+  uint8_t* block = small;
+  if (header + row > sizeof small) {
+    large.resize(header + row);
+    block = large.data();
+  }
+  std::copy_n(in.data(), header, block);
+  std::copy_n(in.data() + header + size_t{token} * row, row, block + header);
+  return Dequantize(codec, one, std::span<const uint8_t>(block, header + row), out);
 }
 
 namespace cpu {

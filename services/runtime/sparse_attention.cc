@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "kvtier/kernels/codec.h"
@@ -42,8 +41,7 @@ absl::Status IndexRows(const ModelConfig& c, const kernels::RopeTable& rope, con
                        std::span<const IndexedRow> rows, const float* h, const float* qa,
                        std::vector<std::vector<uint32_t>>& selected) {
   const IndexerConfig& ix = *c.indexer;
-  const size_t n = rows.size(), hidden = c.hidden_size, q_lora = *c.q_lora_rank, heads = ix.heads,
-               dim = ix.head_dim;
+  const size_t n = rows.size(), hidden = c.hidden_size, q_lora = *c.q_lora_rank, heads = ix.heads, dim = ix.head_dim;
   std::vector<float> keys(n * dim), queries(n * heads * dim), head_weights(n * heads);
   MatMul(w.wk, dim, hidden, h, n, keys.data());
   MatMul(w.wq_b, heads * dim, q_lora, qa, n, queries.data());
@@ -77,10 +75,10 @@ absl::Status IndexRows(const ModelConfig& c, const kernels::RopeTable& rope, con
                                                      " indexer keys at layer ", layer, ", not ", visible));
     }
     scores.resize(visible);
-    KVTIER_RETURN_IF_ERROR(Check(kernels::IndexerScores(
-        static_cast<uint32_t>(heads), static_cast<uint32_t>(dim), q_codes, weights,
-        std::span(cache.index_keys[layer]).first(visible * dim), std::span(cache.index_scales[layer]).first(visible),
-        scores)));
+    KVTIER_RETURN_IF_ERROR(
+        Check(kernels::IndexerScores(static_cast<uint32_t>(heads), static_cast<uint32_t>(dim), q_codes, weights,
+                                     std::span(cache.index_keys[layer]).first(visible * dim),
+                                     std::span(cache.index_scales[layer]).first(visible), scores)));
     kernels::SelectTopTokens(scores, static_cast<size_t>(ix.topk), selected[r]);
     std::sort(selected[r].begin(), selected[r].end());
   }
@@ -91,26 +89,19 @@ absl::Status GatherLatents(const SequenceCache& cache, size_t layer, std::span<c
                            uint32_t kv_lora_rank, uint32_t rope_dim, std::vector<float>& out) {
   const size_t dim = size_t{kv_lora_rank} + rope_dim, sealed = cache.blocks[layer].size() * cache.tokens_per_block;
   const kernels::BlockShape shape{cache.tokens_per_block, kv_lora_rank, rope_dim};
-  std::map<size_t, std::vector<float>> decoded;  // block -> its rows
   out.resize(tokens.size() * dim);
   for (size_t i = 0; i < tokens.size(); ++i) {
     const size_t t = tokens[i];
-    const float* from;
-    if (t < sealed) {
-      const size_t b = t / cache.tokens_per_block;
-      auto [it, fresh] = decoded.try_emplace(b);
-      if (fresh) {
-        it->second.resize(shape.values());
-        KVTIER_RETURN_IF_ERROR(Check(kernels::Dequantize(cache.codec, shape, cache.blocks[layer][b], it->second)));
-      }
-      from = it->second.data() + (t % cache.tokens_per_block) * dim;
-    } else {
-      if ((t - sealed + 1) * dim > cache.tail[layer].size()) {
-        return absl::InvalidArgumentError(absl::StrCat("token ", t, " is past the sequence's latents"));
-      }
-      from = cache.tail[layer].data() + (t - sealed) * dim;
+    const std::span<float> to = std::span(out).subspan(i * dim, dim);
+    if (t < sealed) {  // only this token's bytes of its block
+      KVTIER_RETURN_IF_ERROR(Check(kernels::DequantizeToken(cache.codec, shape, cache.blocks[layer][t / shape.tokens],
+                                                            static_cast<uint32_t>(t % shape.tokens), to)));
+      continue;
     }
-    std::copy_n(from, dim, out.data() + i * dim);
+    if ((t - sealed + 1) * dim > cache.tail[layer].size()) {
+      return absl::InvalidArgumentError(absl::StrCat("token ", t, " is past the sequence's latents"));
+    }
+    std::copy_n(cache.tail[layer].data() + (t - sealed) * dim, dim, to.begin());
   }
   return absl::OkStatus();
 }

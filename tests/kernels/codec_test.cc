@@ -146,6 +146,25 @@ TEST_P(CodecTest, EveryElementWithinHalfItsStep) {
   }
 }
 
+// One token decoded alone (what sparse attention reads of a block) is that
+// token's row of the whole block, bit for bit, for every shape.
+TEST_P(CodecTest, ATokenAloneDecodesAsItsRowOfTheBlock) {
+  const Codec codec = GetParam();
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  for (const BlockShape& shape : kShapes) {
+    SCOPED_TRACE(::testing::Message() << shape.tokens << "x(" << shape.latent_dim << "+" << shape.rope_dim << ")");
+    const std::vector<uint8_t> block = Encode(codec, shape, RandomLatents(shape, rng.engine()));
+    const std::vector<float> all = Decode(codec, shape, block);
+    std::vector<float> one(shape.dim());
+    for (uint32_t t = 0; t < shape.tokens; ++t) {
+      ASSERT_TRUE(DequantizeToken(codec, shape, block, t, one).ok());
+      ASSERT_TRUE(std::equal(one.begin(), one.end(), all.begin() + size_t{t} * shape.dim())) << "token " << t;
+    }
+    EXPECT_EQ(DequantizeToken(codec, shape, block, shape.tokens, one).code(), StatusCode::kInvalidArgument);
+  }
+}
+
 TEST_P(CodecTest, ZerosRoundTripExactly) {
   const Codec codec = GetParam();
   for (const BlockShape& shape : kShapes) {
