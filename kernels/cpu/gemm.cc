@@ -213,6 +213,16 @@ KVTIER_INLINE void GemmRowRangeOf(const Weight* w, size_t row_begin, size_t row_
     }
   }
 }
+}  // namespace
+
+// The row ranges Gemm splits its work into, for float and bf16 weights;
+// gemm_fp8.cc calls the float ones on the rows it widens.
+namespace cpu {
+
+KVTIER_VECTOR_CLONES void GemmRowRange(const float* w, size_t row_begin, size_t row_end, size_t cols, const float* x,
+                                       size_t n, size_t x_stride, float* y, size_t y_stride) {
+  GemmRowRangeOf<false>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
+}
 KVTIER_VECTOR_CLONES void GemmRowRange(const uint16_t* w, size_t row_begin, size_t row_end, size_t cols, const float* x,
                                        size_t n, size_t x_stride, float* y, size_t y_stride) {
   GemmRowRangeOf<false>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
@@ -222,16 +232,24 @@ KVTIER_VECTOR_CLONES void GemmRowRange(const uint16_t* w, size_t row_begin, size
 // sums would spill), so they have their own x86-64-v4 build, taken when
 // the CPU has it; elsewhere every n goes through GemmRows.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-KVTIER_AVX512 void GemmRowRangeWide(const uint16_t* w, size_t row_begin, size_t row_end, size_t cols, const float* x,
-                                    size_t n, size_t x_stride, float* y, size_t y_stride) {
-  GemmRowRangeOf<true>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
-}
+#define KVTIER_WIDE_TARGET KVTIER_AVX512
+constexpr bool kWideTiles = true;
 #else
-void GemmRowRangeWide(const uint16_t* w, size_t row_begin, size_t row_end, size_t cols, const float* x, size_t n,
-                      size_t x_stride, float* y, size_t y_stride) {
-  GemmRowRange(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
-}
+#define KVTIER_WIDE_TARGET
+constexpr bool kWideTiles = false;
 #endif
+KVTIER_WIDE_TARGET void GemmRowRangeWide(const float* w, size_t row_begin, size_t row_end, size_t cols, const float* x,
+                                         size_t n, size_t x_stride, float* y, size_t y_stride) {
+  GemmRowRangeOf<kWideTiles>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
+}
+KVTIER_WIDE_TARGET void GemmRowRangeWide(const uint16_t* w, size_t row_begin, size_t row_end, size_t cols,
+                                         const float* x, size_t n, size_t x_stride, float* y, size_t y_stride) {
+  GemmRowRangeOf<kWideTiles>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
+}
+
+}  // namespace cpu
+
+namespace {
 
 // Gemm's split of the weight rows among the kernel threads: about 1 M
 // multiply-adds a chunk (with one input row, as in a single sequence's
@@ -253,27 +271,6 @@ void GemmOf(const Weight* w, size_t rows, size_t cols, const float* x, size_t n,
 }
 
 }  // namespace
-
-namespace cpu {
-
-KVTIER_VECTOR_CLONES void GemmRowRange(const float* w, size_t row_begin, size_t row_end, size_t cols, const float* x,
-                                       size_t n, size_t x_stride, float* y, size_t y_stride) {
-  GemmRowRangeOf<false>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
-}
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-KVTIER_AVX512 void GemmRowRangeWide(const float* w, size_t row_begin, size_t row_end, size_t cols, const float* x,
-                                    size_t n, size_t x_stride, float* y, size_t y_stride) {
-  GemmRowRangeOf<true>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
-}
-#else
-void GemmRowRangeWide(const float* w, size_t row_begin, size_t row_end, size_t cols, const float* x, size_t n,
-                      size_t x_stride, float* y, size_t y_stride) {
-  GemmRowRange(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
-}
-#endif
-
-}  // namespace cpu
 
 void Gemm(const float* w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride, float* y,
           size_t y_stride) {

@@ -1,10 +1,11 @@
-// Gemm's work on a range of weight rows (gemm.cc), for the products that
-// widen their weights into float rows first (gemm_fp8.cc). Private to
-// kernels/cpu.
+// Gemm's work on a range of weight rows (gemm.cc), shared with the
+// products that widen their weights into float rows first (gemm_fp8.cc).
+// Private to kernels/cpu.
 #ifndef KVTIER_KERNELS_CPU_GEMM_ROWS_H_
 #define KVTIER_KERNELS_CPU_GEMM_ROWS_H_
 
 #include <cstddef>
+#include <cstdint>
 
 namespace kvtier::kernels::cpu {
 
@@ -14,13 +15,18 @@ namespace kvtier::kernels::cpu {
 // tiles.
 inline constexpr size_t kWideFrom = 4;
 
-// Float weight rows [row_begin, row_end) of w ([rows][cols]) against all n
-// inputs, into y's columns row_begin..row_end: with the tiles built for
-// every x86-64 level, or (GemmRowRangeWide, only where HasAvx512()) with
-// AVX-512's wide ones. The same bits either way, as Gemm's.
+// Weight rows [row_begin, row_end) of w ([rows][cols], float or bf16)
+// against all n inputs, into y's columns row_begin..row_end: with the
+// tiles built for every x86-64 level, or (GemmRowRangeWide, only where
+// HasAvx512()) with AVX-512's wide ones. The same bits either way, as
+// Gemm's.
 void GemmRowRange(const float* w, size_t row_begin, size_t row_end, size_t cols, const float* x, size_t n,
                   size_t x_stride, float* y, size_t y_stride);
+void GemmRowRange(const uint16_t* w, size_t row_begin, size_t row_end, size_t cols, const float* x, size_t n,
+                  size_t x_stride, float* y, size_t y_stride);
 void GemmRowRangeWide(const float* w, size_t row_begin, size_t row_end, size_t cols, const float* x, size_t n,
+                      size_t x_stride, float* y, size_t y_stride);
+void GemmRowRangeWide(const uint16_t* w, size_t row_begin, size_t row_end, size_t cols, const float* x, size_t n,
                       size_t x_stride, float* y, size_t y_stride);
 
 }  // namespace kvtier::kernels::cpu
