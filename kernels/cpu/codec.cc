@@ -123,28 +123,29 @@ Status Dequantize(Codec codec, BlockShape shape, std::span<const uint8_t> in, st
   return OkStatus();
 }
 
-Status DequantizeToken(Codec codec, BlockShape shape, std::span<const uint8_t> in, uint32_t token,
-                       std::span<float> out) {
+Status DequantizeTokens(Codec codec, BlockShape shape, std::span<const uint8_t> in, std::span<const uint32_t> tokens,
+                        std::span<float> out) {
   if (Status s = CheckSizes(codec, shape, shape.values(), in.size()); !s.ok()) return s;
-  if (token >= shape.tokens || out.size() != shape.dim()) {
-    return InvalidArgument("DequantizeToken: token " + std::to_string(token) + " of " + std::to_string(shape.tokens) +
-                           ", or an output that is not one token's");
+  if (tokens.empty() || tokens.size() > shape.tokens || out.size() != tokens.size() * shape.dim()) {
+    return InvalidArgument("DequantizeTokens: " + std::to_string(tokens.size()) + " tokens of " +
+                           std::to_string(shape.tokens) + ", or an output that is not one row each");
   }
-  // A one-token block of the same header and that token's row decodes as
-  // the row does in the whole block: each codec decodes token by token.
+  // A block of the same header and those tokens' rows decodes as the rows
+  // do in the whole block: each codec decodes token by token.
+  const BlockShape part{static_cast<uint32_t>(tokens.size()), shape.latent_dim, shape.rope_dim};
   const BlockShape one{1, shape.latent_dim, shape.rope_dim};
   const size_t row = EncodedBytes(codec, {2, shape.latent_dim, shape.rope_dim}) - EncodedBytes(codec, one);
   const size_t header = EncodedBytes(codec, one) - row;
-  uint8_t small[4096];
-  std::vector<uint8_t> large;
-  uint8_t* block = small;
-  if (header + row > sizeof small) {
-    large.resize(header + row);
-    block = large.data();
+  std::vector<uint8_t> block(EncodedBytes(codec, part));
+  std::copy_n(in.data(), header, block.data());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] >= shape.tokens) {
+      return InvalidArgument("DequantizeTokens: token " + std::to_string(tokens[i]) + " of " +
+                             std::to_string(shape.tokens));
+    }
+    std::copy_n(in.data() + header + size_t{tokens[i]} * row, row, block.data() + header + i * row);
   }
-  std::copy_n(in.data(), header, block);
-  std::copy_n(in.data() + header + size_t{token} * row, row, block + header);
-  return Dequantize(codec, one, std::span<const uint8_t>(block, header + row), out);
+  return Dequantize(codec, part, block, out);
 }
 
 namespace cpu {

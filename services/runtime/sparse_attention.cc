@@ -90,18 +90,27 @@ absl::Status GatherLatents(const SequenceCache& cache, size_t layer, std::span<c
   const size_t dim = size_t{kv_lora_rank} + rope_dim, sealed = cache.blocks[layer].size() * cache.tokens_per_block;
   const kernels::BlockShape shape{cache.tokens_per_block, kv_lora_rank, rope_dim};
   out.resize(tokens.size() * dim);
-  for (size_t i = 0; i < tokens.size(); ++i) {
+  std::vector<uint32_t> in_block;
+  for (size_t i = 0; i < tokens.size();) {
     const size_t t = tokens[i];
-    const std::span<float> to = std::span(out).subspan(i * dim, dim);
-    if (t < sealed) {  // only this token's bytes of its block
-      KVTIER_RETURN_IF_ERROR(Check(kernels::DequantizeToken(cache.codec, shape, cache.blocks[layer][t / shape.tokens],
-                                                            static_cast<uint32_t>(t % shape.tokens), to)));
+    if (t >= sealed) {  // the tail, in float
+      if ((t - sealed + 1) * dim > cache.tail[layer].size()) {
+        return absl::InvalidArgumentError(absl::StrCat("token ", t, " is past the sequence's latents"));
+      }
+      std::copy_n(cache.tail[layer].data() + (t - sealed) * dim, dim, out.data() + i * dim);
+      ++i;
       continue;
     }
-    if ((t - sealed + 1) * dim > cache.tail[layer].size()) {
-      return absl::InvalidArgumentError(absl::StrCat("token ", t, " is past the sequence's latents"));
+    // The run of tokens (ascending) in t's block, decoded together: the
+    // block's scales read once, and only those tokens' bytes.
+    const size_t b = t / shape.tokens, first = i;
+    in_block.clear();
+    for (; i < tokens.size() && tokens[i] / shape.tokens == b && tokens[i] < sealed; ++i) {
+      in_block.push_back(static_cast<uint32_t>(tokens[i] % shape.tokens));
     }
-    std::copy_n(cache.tail[layer].data() + (t - sealed) * dim, dim, to.begin());
+    KVTIER_RETURN_IF_ERROR(
+        Check(kernels::DequantizeTokens(cache.codec, shape, cache.blocks[layer][b], in_block,
+                                        std::span(out).subspan(first * dim, in_block.size() * dim))));
   }
   return absl::OkStatus();
 }

@@ -40,8 +40,8 @@ absl::Status IndexRows(const ModelConfig& config, const kernels::RopeTable& rope
                        std::vector<std::vector<uint32_t>>& selected);
 
 // The latents (kv_lora_rank + rope values a token, as float) of `tokens`
-// of `cache`'s layer `layer`: a sealed token decoded alone from its block
-// (its bytes and the block's scales), tail rows copied.
+// (ascending) of `cache`'s layer `layer`: each block's chosen tokens
+// decoded from their bytes and the block's scales alone, tail rows copied.
 absl::Status GatherLatents(const SequenceCache& cache, size_t layer, std::span<const uint32_t> tokens,
                            uint32_t kv_lora_rank, uint32_t rope_dim, std::vector<float>& out);
 

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
+#include <random>
 #include <vector>
 
 #include "kvtier/kernels/float_formats.h"
@@ -146,9 +148,10 @@ TEST_P(CodecTest, EveryElementWithinHalfItsStep) {
   }
 }
 
-// One token decoded alone (what sparse attention reads of a block) is that
-// token's row of the whole block, bit for bit, for every shape.
-TEST_P(CodecTest, ATokenAloneDecodesAsItsRowOfTheBlock) {
+// Some tokens of a block decoded alone (what sparse attention reads of a
+// block) are their rows of the whole block, bit for bit, for every shape:
+// each token alone, and a random subset in a random order.
+TEST_P(CodecTest, TokensAloneDecodeAsTheirRowsOfTheBlock) {
   const Codec codec = GetParam();
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
@@ -158,10 +161,22 @@ TEST_P(CodecTest, ATokenAloneDecodesAsItsRowOfTheBlock) {
     const std::vector<float> all = Decode(codec, shape, block);
     std::vector<float> one(shape.dim());
     for (uint32_t t = 0; t < shape.tokens; ++t) {
-      ASSERT_TRUE(DequantizeToken(codec, shape, block, t, one).ok());
+      ASSERT_TRUE(DequantizeTokens(codec, shape, block, std::span(&t, 1), one).ok());
       ASSERT_TRUE(std::equal(one.begin(), one.end(), all.begin() + size_t{t} * shape.dim())) << "token " << t;
     }
-    EXPECT_EQ(DequantizeToken(codec, shape, block, shape.tokens, one).code(), StatusCode::kInvalidArgument);
+    std::vector<uint32_t> some(shape.tokens);
+    std::iota(some.begin(), some.end(), 0u);
+    std::shuffle(some.begin(), some.end(), rng.engine());
+    some.resize((shape.tokens + 1) / 2);
+    std::vector<float> rows(some.size() * shape.dim());
+    ASSERT_TRUE(DequantizeTokens(codec, shape, block, some, rows).ok());
+    for (size_t i = 0; i < some.size(); ++i) {
+      ASSERT_TRUE(std::equal(rows.begin() + i * shape.dim(), rows.begin() + (i + 1) * shape.dim(),
+                             all.begin() + size_t{some[i]} * shape.dim()))
+          << "token " << some[i];
+    }
+    const uint32_t past = shape.tokens;
+    EXPECT_EQ(DequantizeTokens(codec, shape, block, std::span(&past, 1), one).code(), StatusCode::kInvalidArgument);
   }
 }
 

@@ -76,13 +76,14 @@ Status Quantize(Codec codec, BlockShape shape, std::span<const float> in, std::s
 // (the block format's CRC32C is what vouches for them).
 Status Dequantize(Codec codec, BlockShape shape, std::span<const uint8_t> in, std::span<float> out);
 
-// Decodes token `token` of the block `in` alone into `out` (shape.dim()
-// floats), the same bits as its row of Dequantize, reading only the
-// block's scales and that token's bytes (every layout above is a header,
-// empty for bf16 and fp8, then one row of bytes a token): what sparse
-// attention reads of a block it takes a few tokens from.
-Status DequantizeToken(Codec codec, BlockShape shape, std::span<const uint8_t> in, uint32_t token,
-                       std::span<float> out);
+// Decodes the tokens `tokens` of the block `in` into `out` (one row of
+// shape.dim() floats each, in that order), the same bits as their rows of
+// Dequantize, reading only the block's scales (once) and those tokens'
+// bytes (every layout above is a header, empty for bf16 and fp8, then one
+// row of bytes a token): what sparse attention reads of a block it takes a
+// few tokens from.
+Status DequantizeTokens(Codec codec, BlockShape shape, std::span<const uint8_t> in, std::span<const uint32_t> tokens,
+                        std::span<float> out);
 
 }  // namespace kvtier::kernels
 
