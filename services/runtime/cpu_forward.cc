@@ -103,15 +103,14 @@ absl::Status CpuForward::Load(const Checkpoint& ckpt) {
       if (t.shared.has_value()) {
         KVTIER_ASSIGN_OR_RETURN(moe.shared, load_swiglu(*t.shared));
       }
+      moe.gate = c.Gate();
       if (t.correction_bias.has_value()) {
         KVTIER_ASSIGN_OR_RETURN(moe.correction_bias, LoadFloats(ckpt, *t.correction_bias));
+        moe.gate.correction_bias = moe.correction_bias;  // its buffer moves with the layer
       }
-      moe.gate = c.Gate();
     }
     layers_.push_back(std::move(l));
   }
-  // The gates point at their layers' biases once no layer moves.
-  for (Layer& l : layers_) l.experts.gate.correction_bias = l.experts.correction_bias;
   return absl::OkStatus();
 }
 
@@ -122,11 +121,7 @@ absl::Status CpuForward::Forward(std::span<const SequenceTokens> batch,
                rope = c.qk_rope_head_dim, qdim = c.q_head_dim(), kv = c.kv_lora_rank, v = c.v_head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
   // One row per token, sequences one after another.
-  struct Row {
-    SequenceCache* cache;
-    int64_t pos;
-  };
-  std::vector<Row> rows;
+  std::vector<PassRow> rows;
   for (const SequenceTokens& s : batch) {
     for (size_t i = 0; i < s.tokens.size(); ++i) rows.push_back({s.cache, s.cache->length + static_cast<int64_t>(i)});
   }
@@ -197,9 +192,7 @@ absl::Status CpuForward::Forward(std::span<const SequenceTokens> batch,
     }
     std::vector<std::vector<uint32_t>> selected(n);  // V3.2: the tokens a row attends to (empty: all)
     if (l.indexer.has_value()) {
-      std::vector<IndexedRow> indexed;
-      for (const Row& r : rows) indexed.push_back({r.cache, r.pos});
-      KVTIER_RETURN_IF_ERROR(IndexRows(c, rope_, *l.indexer, li, indexed, h.data(), qa.data(), selected));
+      KVTIER_RETURN_IF_ERROR(IndexRows(c, rope_, *l.indexer, li, rows, h.data(), qa.data(), selected));
     }
     // Absorbed rows: W_UK folded into the query (each weight row read once
     // for all of them), attention over the stored latents, W_UV after.
@@ -215,13 +208,13 @@ absl::Status CpuForward::Forward(std::span<const SequenceTokens> batch,
                                       static_cast<uint32_t>(rope)};
         if (!selected[r].empty()) {  // the chosen tokens' latents, as float rows
           std::vector<float> chosen;
-          const absl::Status gathered = GatherLatents(cache, li, selected[r], static_cast<uint32_t>(kv),
-                                                      static_cast<uint32_t>(rope), chosen);
-          row_status[k] = gathered.ok() ? kernels::AbsorbedMlaDecode(shape, row(q_latent, r, heads * kv),
-                                                                     row(q_pe, r, heads * rope),
-                                                                     static_cast<float>(c.SoftmaxScale()), {}, chosen,
-                                                                     row(attn_latent, r, heads * kv))
-                                        : kernels::InvalidArgument(std::string(gathered.message()));
+          const absl::Status gathered =
+              GatherLatents(cache, li, selected[r], static_cast<uint32_t>(kv), static_cast<uint32_t>(rope), chosen);
+          row_status[k] = gathered.ok()
+                              ? kernels::AbsorbedMlaDecode(
+                                    shape, row(q_latent, r, heads * kv), row(q_pe, r, heads * rope),
+                                    static_cast<float>(c.SoftmaxScale()), {}, chosen, row(attn_latent, r, heads * kv))
+                              : kernels::InvalidArgument(std::string(gathered.message()));
           continue;
         }
         std::vector<kernels::LatentBlock> blocks;
@@ -230,8 +223,8 @@ absl::Status CpuForward::Forward(std::span<const SequenceTokens> batch,
         const int64_t sealed = static_cast<int64_t>(blocks.size()) * cache.tokens_per_block;
         const size_t visible = static_cast<size_t>(rows[r].pos - sealed + 1) * (kv + rope);
         row_status[k] = kernels::AbsorbedMlaDecode(
-            shape, row(q_latent, r, heads * kv), row(q_pe, r, heads * rope), static_cast<float>(c.SoftmaxScale()), blocks,
-            std::span(cache.tail[li]).first(visible), row(attn_latent, r, heads * kv));
+            shape, row(q_latent, r, heads * kv), row(q_pe, r, heads * rope), static_cast<float>(c.SoftmaxScale()),
+            blocks, std::span(cache.tail[li]).first(visible), row(attn_latent, r, heads * kv));
       }
     });
     for (const kernels::Status& st : row_status) KVTIER_RETURN_IF_ERROR(Check(st));

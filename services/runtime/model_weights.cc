@@ -1,7 +1,6 @@
 #include "services/runtime/model_weights.h"
 
 #include <cmath>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "services/common/status.h"

@@ -38,14 +38,12 @@ absl::Status RotateAndRound(const kernels::RopeTable& rope, int64_t pos, std::sp
 }  // namespace
 
 absl::Status IndexRows(const ModelConfig& c, const kernels::RopeTable& rope, const IndexerWeights& w, size_t layer,
-                       std::span<const IndexedRow> rows, const float* h, const float* qa,
+                       std::span<const PassRow> rows, const float* h, const float* qa,
                        std::vector<std::vector<uint32_t>>& selected) {
   const IndexerConfig& ix = *c.indexer;
   const size_t n = rows.size(), hidden = c.hidden_size, q_lora = *c.q_lora_rank, heads = ix.heads, dim = ix.head_dim;
-  std::vector<float> keys(n * dim), queries(n * heads * dim), head_weights(n * heads);
+  std::vector<float> keys(n * dim);
   MatMul(w.wk, dim, hidden, h, n, keys.data());
-  MatMul(w.wq_b, heads * dim, q_lora, qa, n, queries.data());
-  MatMul(w.weights_proj, heads, hidden, h, n, head_weights.data());
   // Every row's key first: a row scores its own and earlier ones.
   for (size_t r = 0; r < n; ++r) {
     std::span<float> k = std::span(keys).subspan(r * dim, dim);
@@ -57,6 +55,12 @@ absl::Status IndexRows(const ModelConfig& c, const kernels::RopeTable& rope, con
     rows[r].cache->index_scales[layer].push_back(scale);
   }
   selected.assign(n, {});
+  // Queries only where some row sees more tokens than it may attend to.
+  const bool sparse = std::any_of(rows.begin(), rows.end(), [&](const PassRow& r) { return r.pos + 1 > ix.topk; });
+  if (!sparse) return absl::OkStatus();
+  std::vector<float> queries(n * heads * dim), head_weights(n * heads);
+  MatMul(w.wq_b, heads * dim, q_lora, qa, n, queries.data());
+  MatMul(w.weights_proj, heads, hidden, h, n, head_weights.data());
   std::vector<uint8_t> q_codes(heads * dim);
   std::vector<float> weights(heads), scores;
   const float factor = 1.0f / std::sqrt(static_cast<float>(heads)) / std::sqrt(static_cast<float>(dim));

@@ -23,8 +23,8 @@ struct IndexerWeights {
   std::vector<float> weights_proj;  // [heads][hidden]
 };
 
-// One row of a pass: its sequence and position.
-struct IndexedRow {
+// One row of a forward pass: its sequence and position.
+struct PassRow {
   SequenceCache* cache;
   int64_t pos;
 };
@@ -36,7 +36,7 @@ struct IndexedRow {
 // included; empty: it sees all of them). Rows of one sequence come in
 // position order.
 absl::Status IndexRows(const ModelConfig& config, const kernels::RopeTable& rope, const IndexerWeights& w, size_t layer,
-                       std::span<const IndexedRow> rows, const float* h, const float* qa,
+                       std::span<const PassRow> rows, const float* h, const float* qa,
                        std::vector<std::vector<uint32_t>>& selected);
 
 // The latents (kv_lora_rank + rope values a token, as float) of `tokens`
