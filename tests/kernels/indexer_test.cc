@@ -1,5 +1,5 @@
 // DeepSeek-V3.2's lightning indexer pieces against references written
-// plainly here, in double, from the definitions: the Hadamard matrix entry
+// plainly, in double, from the definitions (deepseek_math.h for FP8): the Hadamard matrix entry
 // by entry, the FP8 rounding by searching every E4M3 value, the scores as
 // the formula reads. Fresh random inputs every run.
 #include "kvtier/kernels/indexer.h"
@@ -11,30 +11,11 @@
 #include <random>
 
 #include "kvtier/kernels/rope.h"
+#include "tests/reference/deepseek_math.h"
 #include "tests/test_random.h"
 
 namespace kvtier::kernels {
 namespace {
-
-// An E4M3FN code's value from its fields.
-double E4m3Value(uint8_t code) {
-  const int e = (code >> 3) & 0xf, m = code & 7;
-  const double magnitude = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
-  return (code & 0x80) ? -magnitude : magnitude;
-}
-
-// The E4M3 code nearest to v (|v| <= 448), ties to the even mantissa.
-uint8_t NearestE4m3(double v) {
-  uint8_t best = 0;
-  for (int c = 0; c < 256; ++c) {
-    if ((c & 0x7f) == 0x7f) continue;  // NaN
-    const double d = std::fabs(E4m3Value(static_cast<uint8_t>(c)) - v), b = std::fabs(E4m3Value(best) - v);
-    if (d < b || (d == b && (c & 1) == 0 && (best & 1) == 1)) best = static_cast<uint8_t>(c);
-  }
-  // +0 and -0 are the same value; keep the sign of v as the cast does.
-  if (E4m3Value(best) == 0.0) best = std::signbit(v) ? 0x80 : 0x00;
-  return best;
-}
 
 TEST(Indexer, HadamardRotateIsTheScaledSylvesterMatrix) {
   testing::SeededRng rng;
@@ -76,7 +57,8 @@ TEST(Indexer, Fp8RoundingHasPowerOfTwoScalesAndNearestCodes) {
     const double want_scale = std::exp2(std::ceil(std::log2(double(float(amax)) / 448.0)));
     ASSERT_EQ(scales[g], want_scale) << "group " << g;
     for (size_t i = 0; i < kGroup; ++i) {
-      ASSERT_EQ(codes[g * kGroup + i], NearestE4m3(x[g * kGroup + i] / want_scale)) << "group " << g << " value " << i;
+      ASSERT_EQ(codes[g * kGroup + i], ReferenceNearestE4m3(x[g * kGroup + i] / want_scale))
+          << "group " << g << " value " << i;
     }
   }
   EXPECT_EQ(scales[5], 4.0f);
@@ -109,7 +91,8 @@ TEST(Indexer, ScoresAreWeightedReluDotsTimesTheKeyScale) {
     double want = 0;
     for (uint32_t h = 0; h < kHeads; ++h) {
       double dot = 0;
-      for (uint32_t d = 0; d < kDim; ++d) dot += E4m3Value(q[h * kDim + d]) * E4m3Value(keys[s * kDim + d]);
+      for (uint32_t d = 0; d < kDim; ++d)
+        dot += ReferenceE4m3Value(q[h * kDim + d]) * ReferenceE4m3Value(keys[s * kDim + d]);
       want += weights[h] * std::max(dot, 0.0);
     }
     want *= key_scales[s];

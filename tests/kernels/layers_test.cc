@@ -419,11 +419,6 @@ TEST(GemmFp8, SameBitsAsGemmOverTheDequantizedWeights) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_int_distribution<int> byte(0, 255);
   std::uniform_real_distribution<float> scale(1e-4f, 1e-2f);
-  auto value = [](uint8_t code) {
-    const int e = (code >> 3) & 0xf, m = code & 7;
-    const double magnitude = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
-    return (code & 0x80) ? -magnitude : magnitude;
-  };
   for (auto [rows, cols, n, block_rows, block_cols] :
        {std::tuple<size_t, size_t, size_t, size_t, size_t>{1, 1, 1, 128, 128},
         {200, 136, 1, 128, 128},
@@ -440,8 +435,8 @@ TEST(GemmFp8, SameBitsAsGemmOverTheDequantizedWeights) {
     for (float& s : scales) s = scale(rng.engine());
     for (size_t r = 0; r < rows; ++r)
       for (size_t c = 0; c < cols; ++c)
-        widened[r * cols + c] =
-            static_cast<float>(value(codes[r * cols + c]) * scales[r / block_rows * scale_cols + c / block_cols]);
+        widened[r * cols + c] = static_cast<float>(ReferenceE4m3Value(codes[r * cols + c]) *
+                                                   scales[r / block_rows * scale_cols + c / block_cols]);
     for (float& v : x) v = normal(rng.engine());
     const Fp8BlockScaled w{codes.data(), scales.data(), block_rows, block_cols};
     std::vector<float> rows_out(rows * cols);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <numbers>
 #include <numeric>
@@ -52,6 +53,27 @@ inline std::vector<double> ReferenceRope(const std::vector<double>& x, int64_t p
   for (size_t j = 0; j < half; ++j) rot[j] = -y[half + j], rot[half + j] = y[j];  // rotate_half
   for (size_t j = 0; j < d; ++j) out[j] = y[j] * cos[j] + rot[j] * sin[j];
   return out;
+}
+
+// An FP8 E4M3FN code's value from its fields: (-1)^s 2^(e-7) (1 + m/8),
+// or (-1)^s 2^-6 (m/8) when e is 0. (NaN codes are not asked for.)
+inline double ReferenceE4m3Value(uint8_t code) {
+  const int e = (code >> 3) & 0xf, m = code & 7;
+  const double magnitude = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
+  return (code & 0x80) ? -magnitude : magnitude;
+}
+
+// The E4M3FN code nearest to v (|v| <= 448), by trying every finite code,
+// ties to the even code; the sign is v's (a value that rounds to zero
+// keeps it, as the cast does).
+inline uint8_t ReferenceNearestE4m3(double v) {
+  int best = 0;
+  for (int code = 1; code < 0x7f; ++code) {  // the non-negative finite codes
+    const double d = std::fabs(ReferenceE4m3Value(static_cast<uint8_t>(code)) - std::fabs(v));
+    const double b = std::fabs(ReferenceE4m3Value(static_cast<uint8_t>(best)) - std::fabs(v));
+    if (d < b || (d == b && code % 2 == 0 && best % 2 == 1)) best = code;
+  }
+  return static_cast<uint8_t>(best | (std::signbit(v) ? 0x80 : 0));
 }
 
 // DeepseekV2MoEGate in double: softmax, (group mask), top-k, then

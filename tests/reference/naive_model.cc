@@ -14,14 +14,6 @@ namespace {
 
 using Vec = std::vector<double>;
 
-// An FP8 E4M3FN code's value, from its fields: (-1)^s 2^(e-7) (1 + m/8),
-// or 2^-6 (m/8) when e is 0.
-double Fp8Value(uint8_t code) {
-  const int sign = code >> 7, e = (code >> 3) & 0xf, m = code & 7;
-  const double magnitude = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
-  return sign ? -magnitude : magnitude;
-}
-
 // The checkpoint's tensors widened to double, each once per NaiveLogits call;
 // an F8_E4M3 tensor times its "<name>_scale_inv" block scales, as DeepSeek's
 // weight_dequant does (block size from the config).
@@ -45,7 +37,7 @@ class Weights {
     for (size_t r = 0; r < rows; ++r)
       for (size_t c = 0; c < cols; ++c)
         it->second[r * cols + c] =
-            Fp8Value(t.bytes[r * cols + c]) * scale[(r / block_rows) * scale_cols + c / block_cols];
+            kernels::ReferenceE4m3Value(t.bytes[r * cols + c]) * scale[(r / block_rows) * scale_cols + c / block_cols];
     return it->second;
   }
 
@@ -71,18 +63,6 @@ Vec RmsNorm(const Vec& x, const Vec& w, double eps) {
   return y;
 }
 
-// The E4M3FN value nearest to v (|v| <= 448), ties to the even code.
-double NearestE4m3(double v) {
-  double best = 0;
-  int best_code = 0;
-  for (int code = 0; code < 0x7f; ++code) {  // the non-negative finite codes
-    const double value = Fp8Value(static_cast<uint8_t>(code)), d = std::fabs(value - std::fabs(v));
-    const double b = std::fabs(best - std::fabs(v));
-    if (d < b || (d == b && code % 2 == 0 && best_code % 2 == 1)) best = value, best_code = code;
-  }
-  return v < 0 ? -best : best;
-}
-
 // DeepSeek-V3.2's indexer rounding of a head or key: one power-of-two
 // scale, 2^ceil(log2(max(amax, 1e-4) / 448)); the values' FP8 codes. Returns
 // the codes' values and sets `scale`.
@@ -91,7 +71,8 @@ Vec IndexerFp8(const Vec& v, double& scale) {
   for (double x : v) amax = std::max(amax, std::fabs(x));
   scale = std::exp2(std::ceil(std::log2(amax / 448.0)));
   Vec codes(v.size());
-  for (size_t i = 0; i < v.size(); ++i) codes[i] = NearestE4m3(v[i] / scale);
+  for (size_t i = 0; i < v.size(); ++i)
+    codes[i] = kernels::ReferenceE4m3Value(kernels::ReferenceNearestE4m3(v[i] / scale));
   return codes;
 }
 

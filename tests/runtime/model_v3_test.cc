@@ -3,13 +3,15 @@
 // sparse attention) against the naive float64 model, whose FP8
 // dequantization, router and indexer are written apart from the engine's:
 // logits within 1e-4 of the largest at every position and greedy ids
-// equal, through stored blocks and a prefill then decode steps. Fresh
-// weights and prompts every run.
+// equal, through stored blocks and a prefill then decode steps (v32-tiny's
+// index_topk 8 makes 37-token prompts attend sparsely from their 9th
+// token on). Fresh weights and prompts every run.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "services/runtime/make_model.h"
 #include "services/runtime/model.h"
@@ -33,11 +35,12 @@ size_t ArgMax(const std::vector<T>& v) {
   return static_cast<size_t>(std::max_element(v.begin(), v.end()) - v.begin());
 }
 
-class ModelV3Test : public ::testing::TestWithParam<std::string> {
+// A preset's checkpoint, generated with fresh weights and loaded.
+class PresetModelTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    config_ = *PresetConfig(GetParam());
-    ASSERT_TRUE(MakeModel(config_, dir_.string(), rng_.seed(), PublishedShards(config_)).ok());
+  void Load(const std::string& preset, int shards) {
+    config_ = *PresetConfig(preset);
+    ASSERT_TRUE(MakeModel(config_, dir_.string(), rng_.seed(), shards).ok());
     auto ckpt = Checkpoint::Open(dir_.string());
     ASSERT_TRUE(ckpt.ok()) << ckpt.status();
     ckpt_ = *std::move(ckpt);
@@ -59,6 +62,12 @@ class ModelV3Test : public ::testing::TestWithParam<std::string> {
   ModelConfig config_;
   std::unique_ptr<Checkpoint> ckpt_;
   std::unique_ptr<Model> model_;
+};
+
+// Every preset of the family, sharded as published.
+class ModelV3Test : public PresetModelTest, public ::testing::WithParamInterface<std::string> {
+ protected:
+  void SetUp() override { Load(GetParam(), PublishedShards(*PresetConfig(GetParam()))); }
 };
 
 // The preset is what it claims: FP8 projections with block scales of
@@ -175,6 +184,75 @@ INSTANTIATE_TEST_SUITE_P(Presets, ModelV3Test, ::testing::Values("v3-tiny", "kim
                            std::replace(name.begin(), name.end(), '-', '_');
                            return name;
                          });
+
+// DeepSeek-V3.2's own: the indexer keys a sequence keeps, and the oracle,
+// dense V3 over the same weights (one file, to copy beside an edited
+// config).
+class ModelV32Test : public PresetModelTest {
+ protected:
+  void SetUp() override { Load("v32-tiny", 1); }
+};
+
+// The keys a sequence's cache holds: one a token and layer, and a cache
+// that lacks some is refused, not run over empty ones.
+TEST_F(ModelV32Test, CachesHoldAKeyForEveryToken) {
+  SCOPED_TRACE(rng_.Trace());
+  const std::vector<uint32_t> prompt = RandomTokens(21);
+  SequenceCache cache = model_->NewCache(kernels::Codec::kInt8, 16);
+  std::vector<float> logits(static_cast<size_t>(config_.vocab_size));
+  ASSERT_TRUE(model_->Prefill(prompt, cache, logits).ok());
+  ASSERT_TRUE(model_->Step(prompt[0], cache, logits).ok());
+  for (size_t l = 0; l < cache.index_scales.size(); ++l) {
+    EXPECT_EQ(cache.index_scales[l].size(), 22u) << "layer " << l;
+    EXPECT_EQ(cache.index_keys[l].size(), 22u * config_.indexer->head_dim) << "layer " << l;
+  }
+  SequenceCache keyless = cache;
+  keyless.index_scales[1].pop_back();
+  EXPECT_EQ(model_->Step(prompt[0], keyless, logits).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The oracle: with a context of at most index_topk tokens every token is
+// chosen, and V3.2 is dense V3 over the same weights, bit for bit, in
+// every codec.
+TEST_F(ModelV32Test, WithinIndexTopkItIsDenseV3) {
+  SCOPED_TRACE(rng_.Trace());
+  const fs::path dense = dir_ / "as_v3", wide = dir_ / "wide_topk";
+  for (const fs::path& d : {dense, wide}) {
+    fs::create_directories(d);
+    fs::copy_file(dir_ / "model.safetensors", d / "model.safetensors");
+    std::ifstream in(dir_ / "config.json");
+    nlohmann::json j = nlohmann::json::parse(in);
+    if (d == dense) {
+      j["model_type"] = "deepseek_v3";
+      j["architectures"] = {"DeepseekV3ForCausalLM"};
+    } else {
+      j["index_topk"] = 64;
+    }
+    std::ofstream(d / "config.json") << j.dump();
+  }
+  auto v3 = Checkpoint::Open(dense.string());
+  auto v32 = Checkpoint::Open(wide.string());
+  ASSERT_TRUE(v3.ok() && v32.ok()) << v3.status() << " " << v32.status();
+  auto dense_model = Model::Load(**v3);
+  auto sparse_model = Model::Load(**v32);
+  ASSERT_TRUE(dense_model.ok() && sparse_model.ok());
+  const std::vector<uint32_t> prompt = RandomTokens(37);
+  const size_t vocab = static_cast<size_t>(config_.vocab_size);
+  for (kernels::Codec codec :
+       {kernels::Codec::kBf16, kernels::Codec::kFp8, kernels::Codec::kInt8, kernels::Codec::kInt4}) {
+    SCOPED_TRACE(kernels::CodecName(codec));
+    SequenceCache a = (*dense_model)->NewCache(codec, 16), b = (*sparse_model)->NewCache(codec, 16);
+    std::vector<float> la(vocab), lb(vocab);
+    ASSERT_TRUE((*dense_model)->Prefill(std::span(prompt).first(20), a, la).ok());
+    ASSERT_TRUE((*sparse_model)->Prefill(std::span(prompt).first(20), b, lb).ok());
+    EXPECT_EQ(la, lb);
+    for (size_t p = 20; p < prompt.size(); ++p) {
+      ASSERT_TRUE((*dense_model)->Step(prompt[p], a, la).ok());
+      ASSERT_TRUE((*sparse_model)->Step(prompt[p], b, lb).ok());
+      ASSERT_EQ(la, lb) << "position " << p;
+    }
+  }
+}
 
 }  // namespace
 }  // namespace kvtier::runtime
