@@ -149,7 +149,8 @@ absl::StatusOr<std::shared_ptr<DecodeSequence>> DecodeService::Prepare(const v1:
       if (again.ok()) last_write = writer_.Enqueue(r.kv_namespace(), layout, chain[i], std::move(*again));
     }
   }
-  KVTIER_RETURN_IF_ERROR(serving::SetTail(r.tail().latents(), r.tail().token_count(), layout, s->cache));
+  KVTIER_RETURN_IF_ERROR(
+      serving::SetTail(r.tail().latents(), r.tail().indexer_keys(), r.tail().token_count(), layout, s->cache));
   if (recomputed > 0) {
     std::cerr << "kvtier-decode: request '" << r.request_id() << "': recomputed " << recomputed << " of " << full
               << " blocks the cache could not supply" << std::endl;

@@ -30,11 +30,27 @@ absl::Status CheckHeaderFields(const BlockHeader& h) {
     return absl::InvalidArgumentError(absl::StrCat("block header: layers [", h.layer_begin, ", ",
                                                    h.layer_begin + h.layer_count, ") empty or beyond ", kMaxLayers));
   }
-  const size_t want = kernels::EncodedBytes(h.codec, h.LayerShape());
-  if (h.layer_payload_bytes != want) {
-    return absl::InvalidArgumentError(absl::StrCat("block header: ", h.layer_payload_bytes, " bytes per layer, but ",
-                                                   kernels::CodecName(h.codec), " at ", h.token_count, " tokens x (",
-                                                   h.latent_dim, " + ", h.rope_dim, ") takes ", want));
+  const bool indexed = h.format_version == kIndexedBlockFormatVersion;
+  if (indexed && (h.indexer_encoding != IndexerEncoding::kFp8 || h.indexer_dim < 1 || h.indexer_dim > kMaxIndexerDim)) {
+    return absl::InvalidArgumentError(absl::StrCat("block header: indexer encoding ",
+                                                   static_cast<int>(h.indexer_encoding), " of dim ", h.indexer_dim,
+                                                   " (format 2 takes encoding 1, dim 1..", kMaxIndexerDim, ")"));
+  }
+  if (!indexed && (h.indexer_encoding != IndexerEncoding::kNone || h.indexer_dim != 0)) {
+    return absl::InvalidArgumentError("block header: format 1 has no indexer part");
+  }
+  const size_t indexer = IndexerPartBytes(h.indexer_encoding, h.token_count, h.indexer_dim);
+  if (h.indexer_part_bytes != indexer) {
+    return absl::InvalidArgumentError(absl::StrCat("block header: ", h.indexer_part_bytes,
+                                                   " indexer bytes per layer, but ", h.token_count, " keys of dim ",
+                                                   h.indexer_dim, " take ", indexer));
+  }
+  const size_t latent = kernels::EncodedBytes(h.codec, h.LayerShape());
+  if (h.layer_payload_bytes != latent + indexer) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block header: ", h.layer_payload_bytes, " bytes per layer, but ", kernels::CodecName(h.codec),
+                     " at ", h.token_count, " tokens x (", h.latent_dim, " + ", h.rope_dim, ") takes ", latent,
+                     indexer > 0 ? absl::StrCat(" + ", indexer, " of indexer keys") : ""));
   }
   return absl::OkStatus();
 }
@@ -52,6 +68,10 @@ absl::Status CheckAgainstLayout(const BlockHeader& h, const LatentLayout& l) {
         absl::StrCat("block is ", kernels::CodecName(h.codec), " ", h.token_count, " tokens x (", h.latent_dim, " + ",
                      h.rope_dim, "), layout wants ", kernels::CodecName(l.codec), " ", l.tokens_per_block, " x (",
                      l.kv_lora_rank, " + ", l.rope_dim, ")"));
+  }
+  if (h.indexer_dim != l.indexer_dim || h.indexer_encoding != l.indexer_encoding) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("block has indexer keys of dim ", h.indexer_dim, ", layout wants dim ", l.indexer_dim));
   }
   if (h.layer_begin + h.layer_count > l.num_layers) {
     return absl::FailedPreconditionError(absl::StrCat("block holds layers [", h.layer_begin, ", ",
@@ -73,6 +93,9 @@ BlockHeader HeaderFor(const LatentLayout& layout, uint32_t layer_begin, uint32_t
   h.latent_dim = layout.kv_lora_rank;
   h.rope_dim = layout.rope_dim;
   h.layer_payload_bytes = static_cast<uint32_t>(layout.LayerPayloadBytes());
+  h.indexer_dim = layout.indexer_dim;
+  h.indexer_encoding = layout.indexer_encoding;
+  h.indexer_part_bytes = static_cast<uint32_t>(layout.IndexerPartBytes());
   return h;
 }
 
@@ -86,9 +109,15 @@ absl::StatusOr<BlockView> ParseBlock(std::string_view record, const LatentLayout
   }
   BlockHeader h;
   h.format_version = Load<uint16_t>(record, 4);
-  if (h.format_version != kBlockFormatVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "block format version ", h.format_version, " is not supported (this build reads ", kBlockFormatVersion, ")"));
+  if (h.format_version != kBlockFormatVersion && h.format_version != kIndexedBlockFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrCat("block format version ", h.format_version,
+                                                      " is not supported (this build reads ", kBlockFormatVersion,
+                                                      " and ", kIndexedBlockFormatVersion, ")"));
+  }
+  if (record.size() < h.HeaderBytes() + kBlockTrailerBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("block record truncated: ", record.size(),
+                                                   " bytes, smaller than a format ", h.format_version,
+                                                   " header and checksum"));
   }
   const uint8_t codec = Load<uint8_t>(record, 6);
   if (!kernels::IsKnownCodec(codec)) {
@@ -105,6 +134,14 @@ absl::StatusOr<BlockView> ParseBlock(std::string_view record, const LatentLayout
   h.latent_dim = Load<uint16_t>(record, 24);
   h.rope_dim = Load<uint16_t>(record, 26);
   h.layer_payload_bytes = Load<uint32_t>(record, 28);
+  if (h.format_version == kIndexedBlockFormatVersion) {
+    h.indexer_dim = Load<uint16_t>(record, 32);
+    h.indexer_encoding = static_cast<IndexerEncoding>(Load<uint8_t>(record, 34));
+    if (const uint8_t reserved = Load<uint8_t>(record, 35); reserved != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("block header: reserved byte 35 is ", reserved, ", not 0"));
+    }
+    h.indexer_part_bytes = Load<uint32_t>(record, 36);
+  }
   KVTIER_RETURN_IF_ERROR(CheckHeaderFields(h));
   const size_t want = h.RecordBytes();
   if (record.size() < want) {
@@ -122,11 +159,11 @@ absl::StatusOr<BlockView> ParseBlock(std::string_view record, const LatentLayout
                                             ", computed ", absl::Hex(crc, absl::kZeroPad8)));
   }
   if (expected != nullptr) KVTIER_RETURN_IF_ERROR(CheckAgainstLayout(h, *expected));
-  return BlockView{h, record.substr(kBlockHeaderBytes, want - kBlockHeaderBytes - kBlockTrailerBytes)};
+  return BlockView{h, record.substr(h.HeaderBytes(), want - h.HeaderBytes() - kBlockTrailerBytes)};
 }
 
-std::array<char, kBlockHeaderBytes> EncodeBlockHeader(const BlockHeader& h) {
-  std::array<char, kBlockHeaderBytes> b{};
+std::string EncodeBlockHeader(const BlockHeader& h) {
+  std::string b(h.HeaderBytes(), '\0');
   std::memcpy(b.data(), kBlockMagic, sizeof kBlockMagic);
   Store<uint16_t>(b.data(), 4, static_cast<uint16_t>(h.format_version));
   Store<uint8_t>(b.data(), 6, static_cast<uint8_t>(h.codec));
@@ -138,11 +175,16 @@ std::array<char, kBlockHeaderBytes> EncodeBlockHeader(const BlockHeader& h) {
   Store<uint16_t>(b.data(), 24, static_cast<uint16_t>(h.latent_dim));
   Store<uint16_t>(b.data(), 26, static_cast<uint16_t>(h.rope_dim));
   Store<uint32_t>(b.data(), 28, h.layer_payload_bytes);
+  if (h.format_version == kIndexedBlockFormatVersion) {
+    Store<uint16_t>(b.data(), 32, static_cast<uint16_t>(h.indexer_dim));
+    Store<uint8_t>(b.data(), 34, static_cast<uint8_t>(h.indexer_encoding));
+    Store<uint32_t>(b.data(), 36, h.indexer_part_bytes);
+  }
   return b;
 }
 
 absl::StatusOr<std::string> SerializeBlock(const BlockHeader& h, std::string_view payloads) {
-  if (h.format_version != kBlockFormatVersion) {
+  if (h.format_version != kBlockFormatVersion && h.format_version != kIndexedBlockFormatVersion) {
     return absl::InvalidArgumentError(absl::StrCat("cannot write block format version ", h.format_version));
   }
   KVTIER_RETURN_IF_ERROR(CheckHeaderFields(h));
@@ -151,17 +193,17 @@ absl::StatusOr<std::string> SerializeBlock(const BlockHeader& h, std::string_vie
     return absl::InvalidArgumentError(
         absl::StrCat("block payloads are ", payloads.size(), " bytes, header needs ", want));
   }
-  std::string record(h.RecordBytes(), '\0');
-  const std::array<char, kBlockHeaderBytes> header = EncodeBlockHeader(h);
-  std::memcpy(record.data(), header.data(), header.size());
-  std::memcpy(record.data() + kBlockHeaderBytes, payloads.data(), payloads.size());
+  std::string record = EncodeBlockHeader(h);
+  record.reserve(h.RecordBytes());
+  record.append(payloads);
+  record.resize(h.RecordBytes());
   const size_t crc_at = record.size() - kBlockTrailerBytes;
   Store<uint32_t>(record.data(), crc_at, Crc32c(record.data(), crc_at));
   return record;
 }
 
 absl::StatusOr<std::string> EncodeBlock(const LatentLayout& layout, uint32_t layer_begin, uint32_t layer_count,
-                                        std::span<const float> latents) {
+                                        std::span<const float> latents, std::span<const uint8_t> indexer_parts) {
   KVTIER_RETURN_IF_ERROR(ValidateLayout(layout));
   if (layer_count < 1 || layer_begin + layer_count > layout.num_layers) {
     return absl::InvalidArgumentError(absl::StrCat("layers [", layer_begin, ", ", layer_begin + layer_count,
@@ -172,15 +214,21 @@ absl::StatusOr<std::string> EncodeBlock(const LatentLayout& layout, uint32_t lay
     return absl::InvalidArgumentError(
         absl::StrCat("expected ", layer_count * shape.values(), " latent values, got ", latents.size()));
   }
-  const size_t layer_bytes = layout.LayerPayloadBytes();
+  const size_t indexer_bytes = layout.IndexerPartBytes();
+  if (indexer_parts.size() != size_t{layer_count} * indexer_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("expected ", size_t{layer_count} * indexer_bytes,
+                                                   " bytes of indexer keys, got ", indexer_parts.size()));
+  }
+  const size_t latent_bytes = layout.LatentPartBytes(), layer_bytes = layout.LayerPayloadBytes();
   std::string payloads(size_t{layer_count} * layer_bytes, '\0');
   for (uint32_t i = 0; i < layer_count; ++i) {
-    std::span<uint8_t> out(reinterpret_cast<uint8_t*>(payloads.data()) + i * layer_bytes, layer_bytes);
-    kernels::Status s =
-        kernels::Quantize(layout.codec, shape, latents.subspan(i * shape.values(), shape.values()), out);
+    uint8_t* layer = reinterpret_cast<uint8_t*>(payloads.data()) + i * layer_bytes;
+    kernels::Status s = kernels::Quantize(layout.codec, shape, latents.subspan(i * shape.values(), shape.values()),
+                                          std::span(layer, latent_bytes));
     if (!s.ok()) {
       return absl::Status(FromKernelStatus(s).code(), absl::StrCat("layer ", layer_begin + i, ": ", s.message()));
     }
+    std::copy_n(indexer_parts.data() + i * indexer_bytes, indexer_bytes, layer + latent_bytes);
   }
   return SerializeBlock(HeaderFor(layout, layer_begin, layer_count), payloads);
 }
@@ -192,7 +240,7 @@ absl::Status DecodeBlock(const BlockView& block, std::span<float> out) {
                                                    size_t{block.header.layer_count} * shape.values()));
   }
   for (uint32_t i = 0; i < block.header.layer_count; ++i) {
-    const std::string_view layer = block.Layer(i);
+    const std::string_view layer = block.LatentPart(i);
     KVTIER_RETURN_IF_ERROR(FromKernelStatus(
         kernels::Dequantize(block.header.codec, shape,
                             std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(layer.data()), layer.size()),

@@ -4,7 +4,7 @@
 //
 //   offset size  field (little-endian)
 //   0      4     magic "KVTB"
-//   4      2     format version (1)
+//   4      2     format version (1, or 2 with indexer keys)
 //   6      1     codec (kernels::Codec)
 //   7      1     flags, 0
 //   8      8     layout_id (services/kvblock/layout.h)
@@ -13,8 +13,14 @@
 //   22     2     layer count
 //   24     2     latent dim (kv_lora_rank)
 //   26     2     rope dim
-//   28     4     bytes per layer payload (= kernels::EncodedBytes)
-//   32     ...   layer count payloads, first layer first
+//   28     4     bytes per layer payload (latent part + indexer part)
+//   format 2 only:
+//   32     2     indexer dim
+//   34     1     indexer encoding (IndexerEncoding)
+//   35     1     reserved, 0
+//   36     4     bytes per layer of the indexer part
+//   32|40  ...   layer count payloads, first layer first; each the latent
+//                part (kernels::EncodedBytes) then the indexer part
 //   end-4  4     CRC32C of every byte before it
 #ifndef KVTIER_SERVICES_KVBLOCK_BLOCK_FORMAT_H_
 #define KVTIER_SERVICES_KVBLOCK_BLOCK_FORMAT_H_
@@ -33,7 +39,8 @@
 namespace kvtier::kvblock {
 
 inline constexpr char kBlockMagic[4] = {'K', 'V', 'T', 'B'};
-inline constexpr size_t kBlockHeaderBytes = 32;
+inline constexpr size_t kBlockHeaderBytes = 32;         // format 1
+inline constexpr size_t kIndexedBlockHeaderBytes = 40;  // format 2
 inline constexpr size_t kBlockTrailerBytes = 4;
 
 struct BlockHeader {
@@ -45,13 +52,18 @@ struct BlockHeader {
   uint32_t layer_count = 0;
   uint32_t latent_dim = 0;
   uint32_t rope_dim = 0;
-  uint32_t layer_payload_bytes = 0;
+  uint32_t layer_payload_bytes = 0;  // latent part + indexer part
+  uint32_t indexer_dim = 0;
+  IndexerEncoding indexer_encoding = IndexerEncoding::kNone;
+  uint32_t indexer_part_bytes = 0;
 
   kernels::BlockShape LayerShape() const { return {token_count, latent_dim, rope_dim}; }
-  // Size of the whole record.
-  size_t RecordBytes() const {
-    return kBlockHeaderBytes + size_t{layer_count} * layer_payload_bytes + kBlockTrailerBytes;
+  size_t HeaderBytes() const {
+    return format_version == kIndexedBlockFormatVersion ? kIndexedBlockHeaderBytes : kBlockHeaderBytes;
   }
+  size_t LatentPartBytes() const { return layer_payload_bytes - indexer_part_bytes; }
+  // Size of the whole record.
+  size_t RecordBytes() const { return HeaderBytes() + size_t{layer_count} * layer_payload_bytes + kBlockTrailerBytes; }
 };
 
 // Header for layers [layer_begin, layer_begin + layer_count) of a full block
@@ -63,9 +75,13 @@ struct BlockView {
   BlockHeader header;
   std::string_view payloads;  // layer_count * layer_payload_bytes bytes
 
+  // Layer i's whole payload, its latents (the codec's bytes) and its
+  // indexer keys (empty in format 1).
   std::string_view Layer(uint32_t i) const {
     return payloads.substr(size_t{i} * header.layer_payload_bytes, header.layer_payload_bytes);
   }
+  std::string_view LatentPart(uint32_t i) const { return Layer(i).substr(0, header.LatentPartBytes()); }
+  std::string_view IndexerPart(uint32_t i) const { return Layer(i).substr(header.LatentPartBytes()); }
 };
 
 // Whether ParseBlock reads the record for its CRC32C. kCheckedBefore only
@@ -82,20 +98,24 @@ enum class CrcCheck { kCheck, kCheckedBefore };
 absl::StatusOr<BlockView> ParseBlock(std::string_view record, const LatentLayout* expected = nullptr,
                                      CrcCheck crc_check = CrcCheck::kCheck);
 
-// The 32 header bytes of a record; the caller has checked the fields.
-std::array<char, kBlockHeaderBytes> EncodeBlockHeader(const BlockHeader& header);
+// The header bytes of a record (HeaderBytes() of them); the caller has
+// checked the fields.
+std::string EncodeBlockHeader(const BlockHeader& header);
 
 // Serializes `header` and `payloads` (exactly layer_count * layer_payload_bytes
 // bytes) into a record with its CRC32C.
 absl::StatusOr<std::string> SerializeBlock(const BlockHeader& header, std::string_view payloads);
 
 // Quantizes float latents [layer_count][tokens_per_block][kv_lora_rank +
-// rope_dim] with the layout's codec and serializes them as one record.
+// rope_dim] with the layout's codec and serializes them as one record;
+// for a layout with indexer keys, each layer's with its indexer part from
+// `indexer_parts` ([layer_count][IndexerPartBytes()], already encoded: the
+// model rounds its keys itself).
 absl::StatusOr<std::string> EncodeBlock(const LatentLayout& layout, uint32_t layer_begin, uint32_t layer_count,
-                                        std::span<const float> latents);
+                                        std::span<const float> latents, std::span<const uint8_t> indexer_parts = {});
 
-// Dequantizes every layer of a parsed record into `out` (same shape as
-// EncodeBlock's input).
+// Dequantizes the latents of every layer of a parsed record into `out`
+// (same shape as EncodeBlock's input).
 absl::Status DecodeBlock(const BlockView& block, std::span<float> out);
 
 // A record held in pieces of memory, in order (a tier's pages, say): copies

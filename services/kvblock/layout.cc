@@ -17,6 +17,20 @@ void AppendU32(std::string& out, uint32_t v) {
 
 }  // namespace
 
+size_t IndexerPartBytes(IndexerEncoding encoding, uint32_t tokens, uint32_t dim) {
+  switch (encoding) {
+    case IndexerEncoding::kFp8:
+      return size_t{tokens} * (size_t{dim} + sizeof(float));
+    case IndexerEncoding::kNone:
+      break;
+  }
+  return 0;
+}
+
+uint32_t FormatVersionFor(IndexerEncoding encoding) {
+  return encoding == IndexerEncoding::kNone ? kBlockFormatVersion : kIndexedBlockFormatVersion;
+}
+
 absl::Status ValidateLayout(const LatentLayout& l) {
   if (l.model_id.empty() || l.model_id.size() > kMaxModelIdBytes) {
     return absl::InvalidArgumentError(
@@ -29,9 +43,20 @@ absl::Status ValidateLayout(const LatentLayout& l) {
     return absl::InvalidArgumentError(
         absl::StrCat("layout.codec ", static_cast<int>(l.codec), " is not a known codec"));
   }
-  if (l.block_format_version != kBlockFormatVersion) {
-    return absl::InvalidArgumentError(absl::StrCat("layout.block_format_version ", l.block_format_version,
-                                                   " is not supported (this build reads ", kBlockFormatVersion, ")"));
+  if (l.indexer_encoding != IndexerEncoding::kNone && l.indexer_encoding != IndexerEncoding::kFp8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout.indexer_encoding ", static_cast<int>(l.indexer_encoding), " is not a known encoding"));
+  }
+  if ((l.indexer_encoding == IndexerEncoding::kNone) != (l.indexer_dim == 0) || l.indexer_dim > kMaxIndexerDim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layout.indexer_dim ", l.indexer_dim, " with indexer_encoding ", static_cast<int>(l.indexer_encoding),
+        ": both unset (no indexer keys) or both set, the dim at most ", kMaxIndexerDim));
+  }
+  if (l.block_format_version != FormatVersionFor(l.indexer_encoding)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layout.block_format_version ", l.block_format_version, " is not supported for this layout: blocks ",
+        l.indexer_dim == 0 ? "without" : "with", " indexer keys are format ", FormatVersionFor(l.indexer_encoding),
+        " (this build reads ", kBlockFormatVersion, " and ", kIndexedBlockFormatVersion, ")"));
   }
   if (kernels::Status s = kernels::ValidateShape(l.LayerShape()); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("layout tokens_per_block/kv_lora_rank/rope_dim: ", s.message()));
@@ -52,6 +77,10 @@ uint64_t LayoutId(const LatentLayout& l) {
   AppendU32(canonical, l.tokens_per_block);
   AppendU32(canonical, static_cast<uint32_t>(l.codec));
   AppendU32(canonical, l.block_format_version);
+  if (l.indexer_encoding != IndexerEncoding::kNone) {  // format 1 layouts keep their ids
+    AppendU32(canonical, l.indexer_dim);
+    AppendU32(canonical, static_cast<uint32_t>(l.indexer_encoding));
+  }
   const Sha256Digest digest = Sha256({canonical});
   uint64_t id;
   std::memcpy(&id, digest.data(), sizeof id);
@@ -65,6 +94,9 @@ absl::StatusOr<LatentLayout> LayoutFromProto(const v1::LatentLayout& p) {
   if (p.codec() < 0 || p.codec() > 0xff) {
     return absl::InvalidArgumentError(absl::StrCat("layout.codec ", p.codec(), " is unknown"));
   }
+  if (p.indexer_encoding() < 0 || p.indexer_encoding() > 0xff) {
+    return absl::InvalidArgumentError(absl::StrCat("layout.indexer_encoding ", p.indexer_encoding(), " is unknown"));
+  }
   LatentLayout l;
   l.model_id = p.model_id();
   l.num_layers = p.num_layers();
@@ -73,6 +105,8 @@ absl::StatusOr<LatentLayout> LayoutFromProto(const v1::LatentLayout& p) {
   l.tokens_per_block = p.tokens_per_block();
   l.codec = static_cast<kernels::Codec>(p.codec());
   l.block_format_version = p.block_format_version();
+  l.indexer_dim = p.indexer_dim();
+  l.indexer_encoding = static_cast<IndexerEncoding>(p.indexer_encoding());
   if (absl::Status s = ValidateLayout(l); !s.ok()) return s;
   if (p.layout_id() != 0 && p.layout_id() != LayoutId(l)) {
     return absl::InvalidArgumentError(absl::StrCat("layout.layout_id ", absl::Hex(p.layout_id()),
@@ -104,6 +138,8 @@ v1::LatentLayout LayoutToProto(const LatentLayout& l) {
   p.set_tokens_per_block(l.tokens_per_block);
   p.set_codec(static_cast<v1::KvCodec>(l.codec));
   p.set_block_format_version(l.block_format_version);
+  p.set_indexer_dim(l.indexer_dim);
+  p.set_indexer_encoding(static_cast<v1::IndexerEncoding>(l.indexer_encoding));
   p.set_layout_id(LayoutId(l));
   return p;
 }

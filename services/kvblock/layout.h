@@ -14,9 +14,24 @@
 
 namespace kvtier::kvblock {
 
+// Block format versions (block_format.md): 1, latents alone; 2, each
+// layer's latents then its tokens' indexer keys (DeepSeek-V3.2).
 inline constexpr uint32_t kBlockFormatVersion = 1;
+inline constexpr uint32_t kIndexedBlockFormatVersion = 2;
 inline constexpr uint32_t kMaxLayers = 1024;
 inline constexpr size_t kMaxModelIdBytes = 256;
+inline constexpr uint32_t kMaxIndexerDim = 4096;
+
+// How a block carries its tokens' indexer keys (kvtier.v1.IndexerEncoding;
+// the byte in a format 2 header).
+enum class IndexerEncoding : uint8_t {
+  kNone = 0,  // no indexer part: DeepSeek-V2 and V3 layouts
+  // Per layer [tokens][dim] e4m3fn codes, then [tokens] f32 scales: the
+  // keys exactly as the model rounds them (kernels/indexer.h).
+  kFp8 = 1,
+};
+// Bytes of one layer's indexer part of `tokens` tokens; 0 for kNone.
+size_t IndexerPartBytes(IndexerEncoding encoding, uint32_t tokens, uint32_t dim);
 
 // Plain value type.
 struct LatentLayout {
@@ -27,17 +42,30 @@ struct LatentLayout {
   uint32_t tokens_per_block = 64;
   kernels::Codec codec = kernels::Codec::kInt8;
   uint32_t block_format_version = kBlockFormatVersion;
+  // DeepSeek-V3.2: each token's indexer key beside its latent (format 2);
+  // 0 and kNone for every other model.
+  uint32_t indexer_dim = 0;
+  IndexerEncoding indexer_encoding = IndexerEncoding::kNone;
 
   // Shape of one layer of one full block.
   kernels::BlockShape LayerShape() const { return {tokens_per_block, kv_lora_rank, rope_dim}; }
-  // Codec payload bytes of one layer of one full block.
-  size_t LayerPayloadBytes() const { return kernels::EncodedBytes(codec, LayerShape()); }
+  // Codec payload bytes of one layer's latents in one full block.
+  size_t LatentPartBytes() const { return kernels::EncodedBytes(codec, LayerShape()); }
+  // Bytes of one layer's indexer keys in one full block (0 without them).
+  size_t IndexerPartBytes() const { return kvblock::IndexerPartBytes(indexer_encoding, tokens_per_block, indexer_dim); }
+  // Payload bytes of one layer of one full block: latents, indexer keys.
+  size_t LayerPayloadBytes() const { return LatentPartBytes() + IndexerPartBytes(); }
 
   bool operator==(const LatentLayout&) const = default;
 };
 
-// INVALID_ARGUMENT naming the field when a value is out of range, or when the
-// block format version is not one this build reads.
+// The block format version of a layout's blocks: 2 with an indexer part,
+// else 1.
+uint32_t FormatVersionFor(IndexerEncoding encoding);
+
+// INVALID_ARGUMENT naming the field when a value is out of range, when the
+// indexer fields disagree (a dim without an encoding, or the reverse), or
+// when the block format version is not the one the layout's blocks have.
 absl::Status ValidateLayout(const LatentLayout& layout);
 
 // First 8 bytes (little-endian) of SHA-256 over the canonical encoding of

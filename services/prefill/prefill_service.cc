@@ -141,6 +141,7 @@ absl::StatusOr<PrefillService::Prefilled> PrefillService::Prefill(const v1::Gene
   }
   d.mutable_tail()->set_token_count(static_cast<uint32_t>(prompt.size() % tpb));
   d.mutable_tail()->set_latents(serving::TailBytes(cache));
+  d.mutable_tail()->set_indexer_keys(serving::TailIndexerKeys(cache, layout_));
   *d.mutable_first_token() = serving::ToGeneratedToken(
       0, runtime::Sample(logits, serving::ToSampling(r.sampling()), 0, r.limits().top_logprobs()));
   *d.mutable_sampling() = r.sampling();

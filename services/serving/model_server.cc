@@ -113,13 +113,6 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
   s.shards->StartHealthChecks(absl::Milliseconds(f.watch_interval_ms));
   std::cerr << program << ": loading " << f.model << " on " << f.device << std::endl;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Checkpoint> checkpoint, runtime::Checkpoint::Open(f.model));
-  if (checkpoint->config().indexer.has_value()) {
-    // A block restored without its tokens' indexer keys would attend to
-    // the wrong tokens: refused until the block format carries them.
-    return absl::UnimplementedError(absl::StrCat(
-        f.model, ": DeepSeek-V3.2 (deepseek_v32) is not served yet: kvtier's blocks do not carry its indexer keys "
-                 "yet (`kvtier run` runs it in process)"));
-  }
   KVTIER_ASSIGN_OR_RETURN(s.model, runtime::Model::Load(*checkpoint, device, cuda));
   KVTIER_ASSIGN_OR_RETURN(s.model_id, ModelId(f.model, checkpoint->config().model_type));
   s.registry = std::make_shared<prometheus::Registry>();
@@ -155,7 +148,7 @@ v1::ServerInfo ServerInfoFor(const std::string& program, const runtime::Model& m
   const runtime::ModelConfig& c = model.config();
   info.set_vocab_size(static_cast<uint32_t>(c.vocab_size));
   info.set_max_context_tokens(static_cast<uint32_t>(c.max_position_embeddings));
-  info.add_block_format_versions(kvblock::kBlockFormatVersion);
+  if (!layouts.empty()) info.add_block_format_versions(layouts.front().block_format_version);  // the model's
   info.set_default_namespace(default_namespace);
   info.set_tokenizer(model.tokenizer_class());
   return info;

@@ -24,6 +24,11 @@ kvblock::LatentLayout ModelLayout(const runtime::ModelConfig& config, const std:
   layout.rope_dim = static_cast<uint32_t>(config.qk_rope_head_dim);
   layout.tokens_per_block = tokens_per_block;
   layout.codec = codec;
+  if (config.indexer.has_value()) {
+    layout.indexer_dim = static_cast<uint32_t>(config.indexer->head_dim);
+    layout.indexer_encoding = kvblock::IndexerEncoding::kFp8;
+  }
+  layout.block_format_version = kvblock::FormatVersionFor(layout.indexer_encoding);
   return layout;
 }
 
@@ -60,6 +65,45 @@ absl::StatusOr<std::string> ModelId(const std::string& checkpoint_dir, runtime::
   return id;
 }
 
+namespace {
+
+// Appends layer `layer`'s indexer keys of tokens [first, first + count) in
+// the record's encoding: their codes, then their scales.
+void AppendIndexerKeys(const runtime::SequenceCache& cache, size_t layer, size_t first, size_t count, size_t dim,
+                       std::string& out) {
+  out.append(reinterpret_cast<const char*>(cache.index_keys[layer].data() + first * dim), count * dim);
+  out.append(reinterpret_cast<const char*>(cache.index_scales[layer].data() + first), count * sizeof(float));
+}
+
+// Appends `count` indexer keys in the record's encoding to the end of layer
+// `layer`'s. INVALID_ARGUMENT for a NaN code or a scale that is not finite
+// and positive: the model never makes them, and scoring over them would
+// choose tokens at random.
+absl::Status TakeIndexerKeys(std::string_view bytes, size_t count, size_t dim, runtime::SequenceCache& cache,
+                             size_t layer) {
+  const auto* codes = reinterpret_cast<const uint8_t*>(bytes.data());
+  for (size_t i = 0; i < count * dim; ++i) {
+    if ((codes[i] & 0x7f) == 0x7f) {
+      return absl::InvalidArgumentError(absl::StrCat("layer ", layer, ": indexer key ", i / dim, " has a NaN code"));
+    }
+  }
+  std::vector<float>& scales = cache.index_scales[layer];
+  const size_t had = scales.size();
+  scales.resize(had + count);
+  std::memcpy(scales.data() + had, bytes.data() + count * dim, count * sizeof(float));
+  for (size_t i = had; i < scales.size(); ++i) {
+    if (!std::isfinite(scales[i]) || scales[i] <= 0.0f) {
+      scales.resize(had);
+      return absl::InvalidArgumentError(absl::StrCat("layer ", layer, ": indexer key ", i - had, " has scale ",
+                                                     scales[i], ", not finite and positive"));
+    }
+  }
+  cache.index_keys[layer].insert(cache.index_keys[layer].end(), codes, codes + count * dim);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> BlockRecord(const kvblock::LatentLayout& layout, const runtime::SequenceCache& cache,
                                         size_t block, uint32_t layer_begin, uint32_t layer_count) {
   if (layer_begin + layer_count > cache.blocks.size() || layer_count == 0) {
@@ -71,15 +115,27 @@ absl::StatusOr<std::string> BlockRecord(const kvblock::LatentLayout& layout, con
       return absl::InvalidArgumentError(absl::StrCat("block ", block, " is not sealed"));
     const runtime::SealedBlock& p = cache.blocks[l][block];
     payloads.append(reinterpret_cast<const char*>(p.data()), p.size());
+    if (layout.indexer_dim > 0) {
+      const size_t first = block * layout.tokens_per_block;
+      if (cache.index_scales[l].size() < first + layout.tokens_per_block) {
+        return absl::InvalidArgumentError(absl::StrCat("block ", block, " lacks its indexer keys"));
+      }
+      AppendIndexerKeys(cache, l, first, layout.tokens_per_block, layout.indexer_dim, payloads);
+    }
   }
   return kvblock::SerializeBlock(kvblock::HeaderFor(layout, layer_begin, layer_count), payloads);
 }
 
 runtime::SequenceCache EmptyCache(const kvblock::LatentLayout& layout) {
-  return {.codec = layout.codec,
-          .tokens_per_block = layout.tokens_per_block,
-          .blocks = std::vector<std::vector<runtime::SealedBlock>>(layout.num_layers),
-          .tail = std::vector<std::vector<float>>(layout.num_layers)};
+  runtime::SequenceCache cache{.codec = layout.codec,
+                               .tokens_per_block = layout.tokens_per_block,
+                               .blocks = std::vector<std::vector<runtime::SealedBlock>>(layout.num_layers),
+                               .tail = std::vector<std::vector<float>>(layout.num_layers)};
+  if (layout.indexer_dim > 0) {
+    cache.index_keys.resize(layout.num_layers);
+    cache.index_scales.resize(layout.num_layers);
+  }
+  return cache;
 }
 
 absl::Status AppendBlockRecord(SharedRecord record, const kvblock::LatentLayout& layout, runtime::SequenceCache& cache,
@@ -94,8 +150,29 @@ absl::Status AppendBlockRecord(SharedRecord record, const kvblock::LatentLayout&
   if (view.header.layer_begin != 0 || view.header.layer_count != layout.num_layers) {
     return absl::InvalidArgumentError("the record does not hold every layer");
   }
+  const size_t sealed = cache.length;
+  if (layout.indexer_dim > 0) {
+    if (cache.index_scales.size() != layout.num_layers || cache.index_keys.size() != layout.num_layers) {
+      return absl::FailedPreconditionError("the sequence cache has no room for indexer keys");
+    }
+    for (uint32_t l = 0; l < layout.num_layers; ++l) {
+      if (cache.index_scales[l].size() != sealed || cache.index_keys[l].size() != sealed * layout.indexer_dim) {
+        return absl::FailedPreconditionError("the sequence cache's indexer keys are not those of its blocks");
+      }
+    }
+    for (uint32_t l = 0; l < layout.num_layers; ++l) {
+      if (absl::Status s = TakeIndexerKeys(view.IndexerPart(l), layout.tokens_per_block, layout.indexer_dim, cache, l);
+          !s.ok()) {
+        for (uint32_t k = 0; k < l; ++k) {  // the cache as it was
+          cache.index_scales[k].resize(sealed);
+          cache.index_keys[k].resize(sealed * layout.indexer_dim);
+        }
+        return s;
+      }
+    }
+  }
   for (uint32_t l = 0; l < layout.num_layers; ++l) {
-    const std::string_view payload = view.Layer(l);
+    const std::string_view payload = view.LatentPart(l);
     cache.blocks[l].emplace_back(record, std::span(reinterpret_cast<const uint8_t*>(payload.data()), payload.size()));
   }
   cache.length += layout.tokens_per_block;
@@ -110,8 +187,18 @@ std::string TailBytes(const runtime::SequenceCache& cache) {
   return bytes;
 }
 
-absl::Status SetTail(std::string_view bytes, uint32_t token_count, const kvblock::LatentLayout& layout,
-                     runtime::SequenceCache& cache) {
+std::string TailIndexerKeys(const runtime::SequenceCache& cache, const kvblock::LatentLayout& layout) {
+  std::string bytes;
+  if (layout.indexer_dim == 0) return bytes;
+  const size_t sealed = cache.blocks.empty() ? 0 : cache.blocks[0].size() * size_t{layout.tokens_per_block};
+  for (size_t l = 0; l < cache.index_scales.size(); ++l) {
+    AppendIndexerKeys(cache, l, sealed, static_cast<size_t>(cache.length) - sealed, layout.indexer_dim, bytes);
+  }
+  return bytes;
+}
+
+absl::Status SetTail(std::string_view bytes, std::string_view indexer_keys, uint32_t token_count,
+                     const kvblock::LatentLayout& layout, runtime::SequenceCache& cache) {
   const size_t row = size_t{layout.kv_lora_rank} + layout.rope_dim;
   const size_t per_layer = size_t{token_count} * row;
   if (token_count >= layout.tokens_per_block || bytes.size() != per_layer * layout.num_layers * sizeof(float) ||
@@ -132,8 +219,20 @@ absl::Status SetTail(std::string_view bytes, uint32_t token_count, const kvblock
       }
     }
   }
-  cache.length =
-      static_cast<int64_t>(cache.blocks.empty() ? 0 : cache.blocks[0].size()) * layout.tokens_per_block + token_count;
+  const size_t sealed = cache.blocks.empty() ? 0 : cache.blocks[0].size() * size_t{layout.tokens_per_block};
+  const size_t keys_per_layer = kvblock::IndexerPartBytes(layout.indexer_encoding, token_count, layout.indexer_dim);
+  if (indexer_keys.size() != keys_per_layer * layout.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the tail's indexer keys must be ", keys_per_layer * layout.num_layers, " bytes, got ", indexer_keys.size()));
+  }
+  for (uint32_t l = 0; keys_per_layer > 0 && l < layout.num_layers; ++l) {
+    if (cache.index_scales[l].size() != sealed) {
+      return absl::FailedPreconditionError("the sequence cache's indexer keys are not those of its blocks");
+    }
+    KVTIER_RETURN_IF_ERROR(TakeIndexerKeys(indexer_keys.substr(l * keys_per_layer, keys_per_layer), token_count,
+                                           layout.indexer_dim, cache, l));
+  }
+  cache.length = static_cast<int64_t>(sealed + token_count);
   return absl::OkStatus();
 }
 

@@ -205,6 +205,39 @@ TEST_F(ServingTest, GenerationsEqualTheInProcessRuntime) {
   }
 }
 
+// What `model` generates greedily (with top-5 logprobs) after `prompt` when
+// the cache supplied its first `cached` tokens' blocks: those tokens in one
+// pass, the rest in another, then decode steps.
+std::vector<runtime::Sampled> GreedyAfter(const runtime::Model& model, const std::vector<uint32_t>& prompt,
+                                          size_t cached, uint32_t max_new) {
+  runtime::SequenceCache cache = model.NewCache(kernels::Codec::kBf16, kBlock);
+  std::vector<float> logits(static_cast<size_t>(model.config().vocab_size));
+  if (cached > 0 && !model.Prefill(std::span(prompt).first(cached), cache, logits).ok()) std::abort();
+  if (!model.Prefill(std::span(prompt).subspan(cached), cache, logits).ok()) std::abort();
+  std::vector<runtime::Sampled> out;
+  for (uint32_t i = 0; i < max_new; ++i) {
+    out.push_back(runtime::Sample(logits, {}, i, 5));
+    if (i + 1 < max_new && !model.Step(out.back().token, cache, logits).ok()) std::abort();
+  }
+  return out;
+}
+
+// A checkpoint of `preset` in a fresh directory, and its model loaded.
+struct PresetModel {
+  explicit PresetModel(const std::string& preset, uint64_t seed) : temp("kvtier_serving_" + preset) {
+    config = *runtime::PresetConfig(preset);
+    if (!runtime::MakeModel(config, dir(), seed, runtime::PublishedShards(config)).ok()) std::abort();
+    checkpoint = std::move(*runtime::Checkpoint::Open(dir()));
+    model = std::move(*runtime::Model::Load(*checkpoint));
+  }
+  std::string dir() const { return temp.path().string(); }
+
+  testing::TempDir temp;
+  runtime::ModelConfig config;
+  std::unique_ptr<runtime::Checkpoint> checkpoint;
+  std::unique_ptr<runtime::Model> model;
+};
+
 // The V3 family (FP8 weights, the noaux_tc router, sharded checkpoints)
 // through the real services: `kvtier generate` prints what `kvtier run`
 // prints, and a second turn that hits the cache's blocks generates what the
@@ -213,50 +246,69 @@ TEST_F(ServingTest, TheV3FamilyServesWhatTheRuntimeComputes) {
   SCOPED_TRACE(rng_.Trace());
   for (const char* preset : {"v3-tiny", "kimi-k2-tiny"}) {
     SCOPED_TRACE(preset);
-    testing::TempDir temp("kvtier_serving_v3");
-    const std::string dir = temp.path().string();
-    const runtime::ModelConfig config = *runtime::PresetConfig(preset);
-    ASSERT_TRUE(runtime::MakeModel(config, dir, rng_.seed(), runtime::PublishedShards(config)).ok());
-    Cluster cluster(dir, 1, 1);
+    const PresetModel m(preset, rng_.seed());
+    Cluster cluster(m.dir(), 1, 1);
     ASSERT_TRUE(cluster.ok());
     const std::vector<uint32_t> prompt = RandomIds(2 * kBlock + 5, rng_.engine());
-    ExpectGenerateAsRun(dir, cluster.prefill_target, prompt, 12);
+    ExpectGenerateAsRun(m.dir(), cluster.prefill_target, prompt, 12);
 
     absl::StatusOr<RemoteGeneration> hit = cluster.Generate(Request(prompt, 12));
     ASSERT_TRUE(hit.ok()) << hit.status();
     EXPECT_EQ(hit->usage.cached_tokens(), 2 * kBlock);
-    auto checkpoint = runtime::Checkpoint::Open(dir);
-    ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
-    auto model = runtime::Model::Load(**checkpoint);
-    ASSERT_TRUE(model.ok()) << model.status();
-    runtime::SequenceCache cache = (*model)->NewCache(kernels::Codec::kBf16, kBlock);
-    std::vector<float> logits(static_cast<size_t>(config.vocab_size));
-    ASSERT_TRUE((*model)->Prefill(std::span(prompt).first(2 * kBlock), cache, logits).ok());
-    ASSERT_TRUE((*model)->Prefill(std::span(prompt).subspan(2 * kBlock), cache, logits).ok());
-    std::vector<runtime::Sampled> want;
-    for (uint32_t i = 0; i < 12; ++i) {
-      want.push_back(runtime::Sample(logits, {}, i, 5));
-      if (i + 1 < 12) {
-        ASSERT_TRUE((*model)->Step(want.back().token, cache, logits).ok());
-      }
-    }
-    ExpectSameGeneration(hit->tokens, want, 1e-4);
+    ExpectSameGeneration(hit->tokens, GreedyAfter(*m.model, prompt, 2 * kBlock, 12), 1e-4);
   }
 }
 
-// DeepSeek-V3.2 runs in process only until blocks carry its indexer keys:
-// both model servers refuse it at start, saying why.
-TEST_F(ServingTest, ModelServersRefuseV32UntilBlocksCarryIndexerKeys) {
-  testing::TempDir temp("kvtier_serving_v32");
-  ASSERT_TRUE(runtime::MakeModel(*runtime::PresetConfig("v32-tiny"), temp.path().string(), 3, 1).ok());
-  for (const std::string& start :
-       {std::string(KVTIER_DECODE_BINARY) + " ", std::string(KVTIER_PREFILL_BINARY) + " --decode 127.0.0.1:1 "}) {
-    const CommandResult refused = RunCommand(start + "--listen 127.0.0.1:0 --model " + temp.path().string() +
-                                             " --cache 127.0.0.1:1 --metrics-listen ''");
-    EXPECT_EQ(refused.exit_code, 1) << refused.output;
-    EXPECT_NE(refused.output.find("DeepSeek-V3.2 (deepseek_v32) is not served yet"), std::string::npos)
-        << refused.output;
+// DeepSeek-V3.2 (top-k 8: every prompt here attends sparsely) through the
+// services: its blocks carry the indexer keys, so a turn that hits the
+// cache chooses the same tokens and generates what the runtime computes
+// over the same stored prefix; a block whose indexer part is damaged on
+// disk is a miss (DATA_LOSS counted) and recomputed, never decoded over.
+TEST_F(ServingTest, DeepSeekV32ServesWhatTheRuntimeComputesWithItsIndexerKeysCached) {
+  SCOPED_TRACE(rng_.Trace());
+  const PresetModel m("v32-tiny", rng_.seed());
+  const fs::path disk = fs::temp_directory_path() / ("kvtier_serving_v32_disk_" + std::to_string(rng_.seed()));
+  fs::remove_all(disk);
+  // Blocks of 25 KiB: the device tier holds 9, the host tier 1, so a
+  // second prompt pushes the first one's blocks to disk.
+  Cluster cluster(m.dir(), 1, 1,
+                  {"--device-capacity", "256KiB", "--host-capacity", "32KiB", "--page-size", "4096", "--disk-dir",
+                   disk.string(), "--disk-capacity", "64MiB"});
+  ASSERT_TRUE(cluster.ok());
+  const std::vector<uint32_t> prompt = RandomIds(2 * kBlock + 5, rng_.engine());
+  ExpectGenerateAsRun(m.dir(), cluster.prefill_target, prompt, 12);
+  absl::StatusOr<RemoteGeneration> hit = cluster.Generate(Request(prompt, 12));
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  EXPECT_EQ(hit->usage.cached_tokens(), 2 * kBlock);
+  ExpectSameGeneration(hit->tokens, GreedyAfter(*m.model, prompt, 2 * kBlock, 12), 1e-4);
+
+  const std::vector<uint32_t> first = RandomIds(400, rng_.engine()), second = RandomIds(400, rng_.engine());
+  ASSERT_TRUE(cluster.Generate(Request(first, 4)).ok());
+  ASSERT_TRUE(cluster.Generate(Request(second, 4)).ok());
+  const kvblock::LatentLayout layout = serving::ModelLayout(m.config, "any", kernels::Codec::kBf16, kBlock);
+  const size_t record = kvblock::HeaderFor(layout, 0, layout.num_layers).RecordBytes();
+  size_t corrupted = 0;
+  for (const auto& e : fs::recursive_directory_iterator(disk)) {
+    if (e.path().extension() != ".kvb") continue;
+    // One byte of one layer's indexer keys (the record ends the file).
+    const uint32_t layer = static_cast<uint32_t>(rng_.engine()() % layout.num_layers);
+    const auto at = static_cast<std::streamoff>(fs::file_size(e.path()) - record + kvblock::kIndexedBlockHeaderBytes +
+                                                layer * layout.LayerPayloadBytes() + layout.LatentPartBytes() +
+                                                rng_.engine()() % layout.IndexerPartBytes());
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(at);
+    const char was = static_cast<char>(f.get());
+    f.seekp(at);
+    f.put(static_cast<char>(was ^ 0x5a));
+    ++corrupted;
   }
+  ASSERT_GT(corrupted, 0u) << "no block reached the disk tier";
+  absl::StatusOr<RemoteGeneration> got = cluster.Generate(Request(first, 4));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_LT(got->usage.cached_tokens(), 384u);
+  ExpectSameGeneration(got->tokens, GreedyAfter(*m.model, first, got->usage.cached_tokens(), 4), 1e-4);
+  EXPECT_GT(cluster.CacheStats(0).checksum_failures(), 0u);
+  fs::remove_all(disk);
 }
 
 // The same-host fast path changes how cached blocks travel, not what is

@@ -5,9 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "services/kvblock/crc32c.h"
@@ -27,6 +30,15 @@ LatentLayout SmallLayout(kernels::Codec codec) {
   return l;
 }
 
+// DeepSeek-V3.2's: the same with indexer keys of dim 16 (format 2).
+LatentLayout IndexedLayout(kernels::Codec codec) {
+  LatentLayout l = SmallLayout(codec);
+  l.indexer_dim = 16;
+  l.indexer_encoding = IndexerEncoding::kFp8;
+  l.block_format_version = kIndexedBlockFormatVersion;
+  return l;
+}
+
 std::vector<float> RandomLatents(size_t n, std::mt19937_64& rng) {
   std::normal_distribution<float> normal(0.0f, 2.0f);
   std::vector<float> x(n);
@@ -34,9 +46,26 @@ std::vector<float> RandomLatents(size_t n, std::mt19937_64& rng) {
   return x;
 }
 
+// `count` layers' indexer parts of `l` as the model makes them: any code
+// but NaN's, power-of-two scales.
+std::vector<uint8_t> RandomIndexerParts(const LatentLayout& l, uint32_t count, std::mt19937_64& rng) {
+  std::vector<uint8_t> parts(size_t{count} * l.IndexerPartBytes());
+  if (parts.empty()) return parts;
+  const size_t codes = size_t{l.tokens_per_block} * l.indexer_dim;
+  for (uint32_t layer = 0; layer < count; ++layer) {
+    uint8_t* part = parts.data() + layer * l.IndexerPartBytes();
+    for (size_t i = 0; i < codes; ++i) part[i] = static_cast<uint8_t>(rng() % 0x7f) | (rng() % 2 ? 0x80 : 0);
+    for (uint32_t t = 0; t < l.tokens_per_block; ++t) {
+      const float scale = std::ldexp(1.0f, static_cast<int>(rng() % 20) - 16);
+      std::memcpy(part + codes + t * sizeof(float), &scale, sizeof scale);
+    }
+  }
+  return parts;
+}
+
 std::string Encode(const LatentLayout& l, uint32_t begin, uint32_t count, std::mt19937_64& rng) {
   const auto x = RandomLatents(size_t{count} * l.LayerShape().values(), rng);
-  absl::StatusOr<std::string> r = EncodeBlock(l, begin, count, x);
+  absl::StatusOr<std::string> r = EncodeBlock(l, begin, count, x, RandomIndexerParts(l, count, rng));
   EXPECT_TRUE(r.ok()) << r.status();
   return r.ok() ? *r : std::string();
 }
@@ -47,52 +76,76 @@ void Reseal(std::string& record) {
   std::memcpy(record.data() + record.size() - 4, &crc, 4);
 }
 
-class BlockFormatTest : public ::testing::TestWithParam<kernels::Codec> {
+// Both formats: latents alone (1) and with indexer keys (2).
+std::string FormatName(bool indexed) { return indexed ? "Format2" : "Format1"; }
+
+class BlockFormatTest : public ::testing::TestWithParam<std::tuple<kernels::Codec, bool>> {
  protected:
+  LatentLayout Layout() const {
+    const auto [codec, indexed] = GetParam();
+    return indexed ? IndexedLayout(codec) : SmallLayout(codec);
+  }
   testing::SeededRng rng_;
 };
 
 TEST_P(BlockFormatTest, RoundTripsEveryCodec) {
   SCOPED_TRACE(rng_.Trace());
-  const LatentLayout l = SmallLayout(GetParam());
+  const LatentLayout l = Layout();
   const auto x = RandomLatents(3 * l.LayerShape().values(), rng_.engine());
-  absl::StatusOr<std::string> record = EncodeBlock(l, 0, 3, x);
+  const std::vector<uint8_t> keys = RandomIndexerParts(l, 3, rng_.engine());
+  absl::StatusOr<std::string> record = EncodeBlock(l, 0, 3, x, keys);
   ASSERT_TRUE(record.ok()) << record.status();
-  EXPECT_EQ(record->size(), kBlockHeaderBytes + 3 * l.LayerPayloadBytes() + kBlockTrailerBytes);
+  const size_t header = l.indexer_dim > 0 ? kIndexedBlockHeaderBytes : kBlockHeaderBytes;
+  EXPECT_EQ(record->size(), header + 3 * l.LayerPayloadBytes() + kBlockTrailerBytes);
 
   absl::StatusOr<BlockView> view = ParseBlock(*record, &l);
   ASSERT_TRUE(view.ok()) << view.status();
   EXPECT_EQ(view->header.codec, l.codec);
   EXPECT_EQ(view->header.layout_id, LayoutId(l));
   EXPECT_EQ(view->header.layer_count, 3u);
+  EXPECT_EQ(view->header.format_version, l.block_format_version);
+  EXPECT_EQ(view->payloads.data(), record->data() + header);
   std::vector<float> y(x.size());
   ASSERT_TRUE(DecodeBlock(*view, y).ok());
-  // Each layer decodes to what the codec alone gives for it.
+  // Each layer: its latent part is the codec's bytes and decodes to what the
+  // codec alone gives; its indexer part is the keys as given.
   const auto shape = l.LayerShape();
   for (uint32_t layer = 0; layer < 3; ++layer) {
-    std::vector<uint8_t> enc(l.LayerPayloadBytes());
+    std::vector<uint8_t> enc(l.LatentPartBytes());
     std::vector<float> want(shape.values());
     ASSERT_TRUE(
         kernels::Quantize(l.codec, shape, std::span(x).subspan(layer * shape.values(), shape.values()), enc).ok());
     ASSERT_TRUE(kernels::Dequantize(l.codec, shape, enc, want).ok());
     EXPECT_TRUE(std::equal(want.begin(), want.end(), y.begin() + layer * shape.values()));
+    EXPECT_EQ(view->LatentPart(layer), std::string_view(reinterpret_cast<const char*>(enc.data()), enc.size()));
+    const std::string_view part = view->IndexerPart(layer);
+    ASSERT_EQ(part.size(), l.IndexerPartBytes());
+    EXPECT_EQ(std::memcmp(part.data(), keys.data() + layer * l.IndexerPartBytes(), part.size()), 0);
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllCodecs, BlockFormatTest, ::testing::ValuesIn(kernels::kAllCodecs),
-                         [](const auto& info) { return std::string(kernels::CodecName(info.param)); });
+INSTANTIATE_TEST_SUITE_P(AllCodecs, BlockFormatTest,
+                         ::testing::Combine(::testing::ValuesIn(kernels::kAllCodecs), ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(kernels::CodecName(std::get<0>(info.param))) +
+                                  FormatName(std::get<1>(info.param));
+                         });
 
-class BlockParserTest : public ::testing::Test {
+class BlockParserTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override { record_ = Encode(layout_, 1, 2, rng_.engine()); }
   absl::Status Parse(const std::string& r) { return ParseBlock(r, &layout_).status(); }
+  size_t HeaderBytes() const { return GetParam() ? kIndexedBlockHeaderBytes : kBlockHeaderBytes; }
 
   testing::SeededRng rng_;
-  LatentLayout layout_ = SmallLayout(kernels::Codec::kInt8);
+  LatentLayout layout_ = GetParam() ? IndexedLayout(kernels::Codec::kInt8) : SmallLayout(kernels::Codec::kInt8);
   std::string record_;
 };
 
-TEST_F(BlockParserTest, HeaderFieldsAtTheDocumentedOffsets) {
+INSTANTIATE_TEST_SUITE_P(BothFormats, BlockParserTest, ::testing::Bool(),
+                         [](const auto& info) { return FormatName(info.param); });
+
+TEST_P(BlockParserTest, HeaderFieldsAtTheDocumentedOffsets) {
   EXPECT_EQ(record_.substr(0, 4), "KVTB");
   uint16_t version, layer_begin, layer_count, latent, rope;
   uint64_t layout_id;
@@ -105,7 +158,7 @@ TEST_F(BlockParserTest, HeaderFieldsAtTheDocumentedOffsets) {
   std::memcpy(&latent, &record_[24], 2);
   std::memcpy(&rope, &record_[26], 2);
   std::memcpy(&layer_bytes, &record_[28], 4);
-  EXPECT_EQ(version, 1);
+  EXPECT_EQ(version, GetParam() ? 2 : 1);
   EXPECT_EQ(record_[6], static_cast<char>(kernels::Codec::kInt8));
   EXPECT_EQ(record_[7], 0);
   EXPECT_EQ(layout_id, LayoutId(layout_));
@@ -115,12 +168,23 @@ TEST_F(BlockParserTest, HeaderFieldsAtTheDocumentedOffsets) {
   EXPECT_EQ(latent, 24);
   EXPECT_EQ(rope, 8);
   EXPECT_EQ(layer_bytes, layout_.LayerPayloadBytes());
+  if (GetParam()) {
+    uint16_t indexer_dim;
+    uint32_t indexer_bytes;
+    std::memcpy(&indexer_dim, &record_[32], 2);
+    std::memcpy(&indexer_bytes, &record_[36], 4);
+    EXPECT_EQ(indexer_dim, 16);
+    EXPECT_EQ(record_[34], 1);  // FP8 codes and their scales
+    EXPECT_EQ(record_[35], 0);
+    EXPECT_EQ(indexer_bytes, 5u * (16 + 4));
+    EXPECT_EQ(layer_bytes, kernels::EncodedBytes(kernels::Codec::kInt8, layout_.LayerShape()) + indexer_bytes);
+  }
   uint32_t crc;
   std::memcpy(&crc, record_.data() + record_.size() - 4, 4);
   EXPECT_EQ(crc, Crc32c(record_.data(), record_.size() - 4));
 }
 
-TEST_F(BlockParserTest, EveryTruncationIsInvalidArgument) {
+TEST_P(BlockParserTest, EveryTruncationIsInvalidArgument) {
   for (size_t n = 0; n < record_.size(); ++n) {
     // A fresh heap copy of exactly n bytes, so ASan catches any over-read.
     std::string cut(record_.data(), n);
@@ -130,13 +194,13 @@ TEST_F(BlockParserTest, EveryTruncationIsInvalidArgument) {
   }
 }
 
-TEST_F(BlockParserTest, OversizedIsInvalidArgument) {
+TEST_P(BlockParserTest, OversizedIsInvalidArgument) {
   absl::Status s = Parse(record_ + "x");
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("oversized"), std::string::npos) << s;
 }
 
-TEST_F(BlockParserTest, BadMagicIsInvalidArgument) {
+TEST_P(BlockParserTest, BadMagicIsInvalidArgument) {
   std::string r = record_;
   r[0] = 'X';
   Reseal(r);
@@ -145,16 +209,16 @@ TEST_F(BlockParserTest, BadMagicIsInvalidArgument) {
   EXPECT_NE(s.message().find("magic"), std::string::npos) << s;
 }
 
-TEST_F(BlockParserTest, WrongVersionIsFailedPrecondition) {
+TEST_P(BlockParserTest, WrongVersionIsFailedPrecondition) {
   std::string r = record_;
-  r[4] = 2;
+  r[4] = 3;
   Reseal(r);
   absl::Status s = Parse(r);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(s.message().find("version 2"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("version 3"), std::string::npos) << s;
 }
 
-TEST_F(BlockParserTest, WrongLayoutIsFailedPrecondition) {
+TEST_P(BlockParserTest, WrongLayoutIsFailedPrecondition) {
   for (auto change : std::vector<std::function<void(LatentLayout&)>>{
            [](LatentLayout& l) { l.model_id = "other-model"; },
            [](LatentLayout& l) { l.num_layers = 2; },  // record holds layers 1..2
@@ -164,21 +228,36 @@ TEST_F(BlockParserTest, WrongLayoutIsFailedPrecondition) {
     absl::Status s = ParseBlock(record_, &other).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   }
-  // A record of another codec, checked against this layout.
-  const std::string int4 = Encode(SmallLayout(kernels::Codec::kInt4), 0, 1, rng_.engine());
-  EXPECT_EQ(Parse(int4).code(), absl::StatusCode::kFailedPrecondition);
-  // With no expected layout, any well-formed record parses.
-  EXPECT_TRUE(ParseBlock(int4).ok());
+  // A record of another codec, or of the other format, checked against
+  // this layout.
+  for (const LatentLayout& other :
+       {SmallLayout(kernels::Codec::kInt4), IndexedLayout(kernels::Codec::kInt4),
+        GetParam() ? SmallLayout(kernels::Codec::kInt8) : IndexedLayout(kernels::Codec::kInt8)}) {
+    const std::string record = Encode(other, 0, 1, rng_.engine());
+    EXPECT_EQ(Parse(record).code(), absl::StatusCode::kFailedPrecondition);
+    // With no expected layout, any well-formed record parses.
+    EXPECT_TRUE(ParseBlock(record).ok());
+  }
 }
 
-TEST_F(BlockParserTest, InconsistentHeaderIsInvalidArgument) {
-  const std::vector<std::pair<size_t, uint8_t>> edits = {
+TEST_P(BlockParserTest, InconsistentHeaderIsInvalidArgument) {
+  std::vector<std::pair<size_t, uint8_t>> edits = {
       {6, 9},   // unknown codec
       {7, 1},   // unknown flag
       {28, 1},  // payload size no longer matches the codec
       {16, 0},  // token count 0 (low byte; record has 5)
       {22, 0},  // layer count 0
   };
+  if (GetParam()) {
+    edits.insert(edits.end(), {
+                                  {32, 17},  // indexer dim no longer matches its bytes
+                                  {32, 0},   // indexer dim 0
+                                  {34, 0},   // no encoding
+                                  {34, 2},   // unknown encoding
+                                  {35, 1},   // reserved byte
+                                  {36, 1},   // indexer bytes no longer match the dim
+                              });
+  }
   for (auto [offset, value] : edits) {
     std::string r = record_;
     r[offset] = static_cast<char>(value);
@@ -187,9 +266,9 @@ TEST_F(BlockParserTest, InconsistentHeaderIsInvalidArgument) {
   }
 }
 
-TEST_F(BlockParserTest, AnyFlippedPayloadOrChecksumBitIsDataLoss) {
+TEST_P(BlockParserTest, AnyFlippedPayloadOrChecksumBitIsDataLoss) {
   SCOPED_TRACE(rng_.Trace());
-  for (size_t at = kBlockHeaderBytes; at < record_.size(); ++at) {
+  for (size_t at = HeaderBytes(); at < record_.size(); ++at) {
     std::string r = record_;
     r[at] ^= static_cast<char>(1u << (rng_.engine()() % 8));
     absl::Status s = Parse(r);
@@ -199,13 +278,13 @@ TEST_F(BlockParserTest, AnyFlippedPayloadOrChecksumBitIsDataLoss) {
 
 // kCheckedBefore skips only the CRC pass: a flipped payload bit goes unseen,
 // a bad header, a truncation or another layout does not.
-TEST_F(BlockParserTest, CheckedBeforeSkipsTheCrcAndNothingElse) {
+TEST_P(BlockParserTest, CheckedBeforeSkipsTheCrcAndNothingElse) {
   SCOPED_TRACE(rng_.Trace());
   const auto parse = [&](const std::string& r) { return ParseBlock(r, &layout_, CrcCheck::kCheckedBefore); };
   std::string flipped = record_;
-  flipped[kBlockHeaderBytes + rng_.engine()() % (record_.size() - kBlockHeaderBytes)] ^= 0x04;
+  flipped[HeaderBytes() + rng_.engine()() % (record_.size() - HeaderBytes())] ^= 0x04;
   ASSERT_TRUE(parse(flipped).ok());
-  EXPECT_EQ(parse(flipped)->payloads.data(), flipped.data() + kBlockHeaderBytes);
+  EXPECT_EQ(parse(flipped)->payloads.data(), flipped.data() + HeaderBytes());
   EXPECT_EQ(parse(record_.substr(0, record_.size() - 1)).status().code(), absl::StatusCode::kInvalidArgument);
   std::string bad_magic = record_;
   bad_magic[0] = 'X';
@@ -216,7 +295,7 @@ TEST_F(BlockParserTest, CheckedBeforeSkipsTheCrcAndNothingElse) {
             absl::StatusCode::kFailedPrecondition);
 }
 
-TEST_F(BlockParserTest, RandomCorruptionNeverCrashesAndNeverParses) {
+TEST_P(BlockParserTest, RandomCorruptionNeverCrashesAndNeverParses) {
   SCOPED_TRACE(rng_.Trace());
   auto& rng = rng_.engine();
   for (int i = 0; i < 20000; ++i) {
@@ -232,7 +311,9 @@ TEST_F(BlockParserTest, RandomCorruptionNeverCrashesAndNeverParses) {
   for (int i = 0; i < 2000; ++i) {
     std::string garbage(rng() % 200, '\0');
     for (char& c : garbage) c = static_cast<char>(rng());
-    if (garbage.size() >= 4 && rng() % 2) std::memcpy(garbage.data(), "KVTB\1\0", std::min<size_t>(6, garbage.size()));
+    if (garbage.size() >= 4 && rng() % 2) {
+      std::memcpy(garbage.data(), GetParam() ? "KVTB\2\0" : "KVTB\1\0", std::min<size_t>(6, garbage.size()));
+    }
     ASSERT_FALSE(ParseBlock(garbage, &layout_).ok());
   }
 }
@@ -248,6 +329,14 @@ TEST(BlockWriter, RejectsBadArguments) {
   EXPECT_NE(s.message().find("layer 1"), std::string::npos) << s;
   BlockHeader h = HeaderFor(l, 0, 1);
   EXPECT_EQ(SerializeBlock(h, "short").status().code(), absl::StatusCode::kInvalidArgument);
+  // Indexer keys exactly when the layout has them, as many as its layers.
+  x[3] = 1.0f;
+  EXPECT_EQ(EncodeBlock(l, 0, 1, x, std::vector<uint8_t>(4)).status().code(), absl::StatusCode::kInvalidArgument);
+  const LatentLayout indexed = IndexedLayout(kernels::Codec::kBf16);
+  EXPECT_EQ(EncodeBlock(indexed, 0, 1, x).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(EncodeBlock(indexed, 0, 1, x, std::vector<uint8_t>(indexed.IndexerPartBytes() + 1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(EncodeBlock(indexed, 0, 1, x, std::vector<uint8_t>(indexed.IndexerPartBytes())).ok());
 }
 
 // A record cut into pieces anywhere reads back byte for byte, from any

@@ -73,11 +73,78 @@ TEST(Layout, FromProtoRejectsBadFieldsByName) {
   }
 }
 
+LatentLayout V32() {
+  LatentLayout l = V2Lite();
+  l.model_id = "deepseek-v3.2";
+  l.num_layers = 61;
+  l.indexer_dim = 128;
+  l.indexer_encoding = IndexerEncoding::kFp8;
+  l.block_format_version = kIndexedBlockFormatVersion;
+  return l;
+}
+
+// DeepSeek-V3.2's layouts: 132 bytes of indexer key a token a layer beside
+// the latent, format 2, ids that change with the indexer fields (format 1
+// layouts keep theirs: the documented vector above).
+TEST(Layout, IndexerKeysMakeFormatTwo) {
+  const LatentLayout l = V32();
+  ASSERT_TRUE(ValidateLayout(l).ok()) << ValidateLayout(l);
+  EXPECT_EQ(l.IndexerPartBytes(), 64u * 132);
+  EXPECT_EQ(l.LayerPayloadBytes(), l.LatentPartBytes() + 64u * 132);
+  EXPECT_EQ(V2Lite().IndexerPartBytes(), 0u);
+  EXPECT_EQ(FormatVersionFor(IndexerEncoding::kFp8), 2u);
+  EXPECT_EQ(FormatVersionFor(IndexerEncoding::kNone), 1u);
+  std::set<uint64_t> ids = {LayoutId(l)};
+  LatentLayout wider = l;
+  wider.indexer_dim = 64;
+  EXPECT_TRUE(ids.insert(LayoutId(wider)).second);
+  LatentLayout keyless = l;
+  keyless.indexer_dim = 0;
+  keyless.indexer_encoding = IndexerEncoding::kNone;
+  keyless.block_format_version = kBlockFormatVersion;
+  EXPECT_TRUE(ids.insert(LayoutId(keyless)).second);
+
+  absl::StatusOr<LatentLayout> back = LayoutFromProto(LayoutToProto(l));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, l);
+  EXPECT_EQ(LayoutToProto(l).indexer_encoding(), v1::INDEXER_ENCODING_FP8);
+}
+
+// docs/protocol.md's format 2 vector; the Python client's tests check the same.
+TEST(Layout, IndexedIdIsTheDocumentedVector) {
+  LatentLayout l = V32();
+  l.model_id = "deepseek-ai/DeepSeek-V3.2";
+  l.codec = kernels::Codec::kFp8;
+  EXPECT_EQ(LayoutId(l), 0xa0310fb54efa66ffull);
+}
+
+TEST(Layout, IndexerFieldsMustAgree) {
+  const std::vector<std::pair<std::function<void(LatentLayout&)>, std::string>> cases = {
+      {[](LatentLayout& l) { l.indexer_dim = 0; }, "indexer_dim"},
+      {[](LatentLayout& l) { l.indexer_encoding = IndexerEncoding::kNone; }, "indexer_dim"},
+      {[](LatentLayout& l) { l.indexer_dim = kMaxIndexerDim + 1; }, "indexer_dim"},
+      {[](LatentLayout& l) { l.indexer_encoding = static_cast<IndexerEncoding>(7); }, "indexer_encoding"},
+      {[](LatentLayout& l) { l.block_format_version = kBlockFormatVersion; }, "block_format_version"},
+  };
+  for (const auto& [change, field] : cases) {
+    LatentLayout l = V32();
+    change(l);
+    const absl::Status s = ValidateLayout(l);
+    ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_NE(s.message().find(field), std::string::npos) << s;
+  }
+  v1::LatentLayout p = LayoutToProto(V32());
+  p.set_indexer_encoding(static_cast<v1::IndexerEncoding>(300));
+  EXPECT_EQ(LayoutFromProto(p).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(Layout, ProtoCodecNumbersMatchKernels) {
   EXPECT_EQ(static_cast<int>(kernels::Codec::kBf16), v1::KV_CODEC_BF16);
   EXPECT_EQ(static_cast<int>(kernels::Codec::kFp8), v1::KV_CODEC_FP8);
   EXPECT_EQ(static_cast<int>(kernels::Codec::kInt8), v1::KV_CODEC_INT8);
   EXPECT_EQ(static_cast<int>(kernels::Codec::kInt4), v1::KV_CODEC_INT4);
+  EXPECT_EQ(static_cast<int>(IndexerEncoding::kNone), v1::INDEXER_ENCODING_NONE);
+  EXPECT_EQ(static_cast<int>(IndexerEncoding::kFp8), v1::INDEXER_ENCODING_FP8);
 }
 
 }  // namespace

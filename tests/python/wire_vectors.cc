@@ -4,19 +4,23 @@
 //   wire_vectors make SEED OUT.json   layouts with their ids, hash chains of
 //                                     random token ids, and records of random
 //                                     latents (outlier channels included) in
-//                                     every codec, as the C++ code makes them
+//                                     every codec, with random indexer keys
+//                                     for format 2, as the C++ code makes them
 //   wire_vectors check IN.json        recomputes every id, hash and record of
 //                                     a file of the same shape with the C++
 //                                     code; exits 1 naming the first that
 //                                     differs, 0 when all agree
 //
-// Bytes travel as base64; latents as float32 little-endian.
+// Bytes travel as base64; latents as float32 little-endian; indexer keys
+// ("indexer_parts", format 2 only) as every layer's part, in order.
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -38,7 +42,9 @@ json LayoutJson(const LatentLayout& l) {
           {"rope_dim", l.rope_dim},
           {"tokens_per_block", l.tokens_per_block},
           {"codec", static_cast<int>(l.codec)},
-          {"block_format_version", l.block_format_version}};
+          {"block_format_version", l.block_format_version},
+          {"indexer_dim", l.indexer_dim},
+          {"indexer_encoding", static_cast<int>(l.indexer_encoding)}};
 }
 
 LatentLayout LayoutFrom(const json& j) {
@@ -50,6 +56,8 @@ LatentLayout LayoutFrom(const json& j) {
   l.tokens_per_block = j.at("tokens_per_block");
   l.codec = static_cast<kernels::Codec>(j.at("codec").get<int>());
   l.block_format_version = j.at("block_format_version");
+  l.indexer_dim = j.value("indexer_dim", 0u);
+  l.indexer_encoding = static_cast<IndexerEncoding>(j.value("indexer_encoding", 0));
   return l;
 }
 
@@ -80,6 +88,25 @@ std::vector<float> Latents(std::mt19937_64& rng, size_t tokens, size_t dim, size
   return x;
 }
 
+// Indexer parts of `layers` layers as the model makes them: any code but
+// NaN's, power-of-two scales.
+std::string IndexerParts(std::mt19937_64& rng, const LatentLayout& l, size_t layers) {
+  std::string parts;
+  const size_t codes = size_t{l.tokens_per_block} * l.indexer_dim;
+  for (size_t layer = 0; layer < layers && l.indexer_dim > 0; ++layer) {
+    for (size_t i = 0; i < codes; ++i) parts += static_cast<char>((rng() % 0x7f) | (rng() % 2 ? 0x80 : 0));
+    for (uint32_t t = 0; t < l.tokens_per_block; ++t) {
+      const float scale = std::ldexp(1.0f, static_cast<int>(rng() % 24) - 20);
+      parts.append(reinterpret_cast<const char*>(&scale), sizeof scale);
+    }
+  }
+  return parts;
+}
+
+std::span<const uint8_t> Bytes(const std::string& s) {
+  return std::span(reinterpret_cast<const uint8_t*>(s.data()), s.size());
+}
+
 json Make(uint64_t seed) {
   std::mt19937_64 rng(seed);
   const std::vector<LatentLayout> shapes = {
@@ -90,6 +117,14 @@ json Make(uint64_t seed) {
        .tokens_per_block = 16},
       {.model_id = "odd", .num_layers = 3, .kv_lora_rank = 129, .rope_dim = 7, .tokens_per_block = 5},
       {.model_id = "no-rope", .num_layers = 1, .kv_lora_rank = 200, .rope_dim = 0, .tokens_per_block = 3},
+      {.model_id = "deepseek-ai/DeepSeek-V3.2@vectors",
+       .num_layers = 2,
+       .kv_lora_rank = 512,
+       .rope_dim = 64,
+       .tokens_per_block = 8,
+       .block_format_version = kIndexedBlockFormatVersion,
+       .indexer_dim = 128,
+       .indexer_encoding = IndexerEncoding::kFp8},
   };
   json out = {{"seed", seed}, {"cases", json::array()}};
   std::uniform_int_distribution<uint32_t> token_id(0, 102399);
@@ -110,7 +145,9 @@ json Make(uint64_t seed) {
       c["block_hashes"] = hashes;
       const std::vector<float> x = Latents(rng, l.tokens_per_block, l.LayerShape().dim(), l.num_layers);
       c["latents"] = Base64(std::string_view(reinterpret_cast<const char*>(x.data()), x.size() * sizeof(float)));
-      absl::StatusOr<std::string> record = EncodeBlock(l, 0, l.num_layers, x);
+      const std::string keys = IndexerParts(rng, l, l.num_layers);
+      if (!keys.empty()) c["indexer_parts"] = Base64(keys);
+      absl::StatusOr<std::string> record = EncodeBlock(l, 0, l.num_layers, x, Bytes(keys));
       if (!record.ok()) throw std::runtime_error(std::string(record.status().message()));
       c["record"] = Base64(*record);
       out["cases"].push_back(c);
@@ -135,7 +172,8 @@ std::string Check(const json& c) {
   const std::string raw = Unbase64(c.at("latents"));
   std::vector<float> x(raw.size() / sizeof(float));
   std::memcpy(x.data(), raw.data(), x.size() * sizeof(float));
-  absl::StatusOr<std::string> record = EncodeBlock(l, 0, l.num_layers, x);
+  const std::string keys = c.contains("indexer_parts") ? Unbase64(c.at("indexer_parts")) : "";
+  absl::StatusOr<std::string> record = EncodeBlock(l, 0, l.num_layers, x, Bytes(keys));
   if (!record.ok()) return absl::StrCat("C++ cannot encode the latents: ", record.status().message());
   const std::string theirs = Unbase64(c.at("record"));
   if (*record != theirs) {

@@ -6,9 +6,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <random>
 
 #include "services/kvblock/block_format.h"
+#include "services/kvblock/crc32c.h"
 #include "tests/test_random.h"
 
 namespace kvtier::serving {
@@ -23,18 +26,43 @@ kvblock::LatentLayout Layout() {
           .codec = kernels::Codec::kInt8};
 }
 
-// `blocks` sealed blocks of fresh random latents in every layer.
-runtime::SequenceCache RandomCache(const kvblock::LatentLayout& layout, size_t blocks, std::mt19937_64& rng) {
+// DeepSeek-V3.2's: the same with an indexer key of 32 a token.
+kvblock::LatentLayout IndexedLayout() {
+  kvblock::LatentLayout l = Layout();
+  l.indexer_dim = 32;
+  l.indexer_encoding = kvblock::IndexerEncoding::kFp8;
+  l.block_format_version = kvblock::kIndexedBlockFormatVersion;
+  return l;
+}
+
+// `blocks` sealed blocks of fresh random latents in every layer, then
+// `tail` tokens in float; indexer keys as the model makes them (any code
+// but NaN's, power-of-two scales) for every token when the layout has them.
+runtime::SequenceCache RandomCache(const kvblock::LatentLayout& layout, size_t blocks, std::mt19937_64& rng,
+                                   size_t tail = 0) {
   runtime::SequenceCache cache = EmptyCache(layout);
   std::normal_distribution<float> value(0.0f, 1.5f);
   const size_t row = size_t{layout.kv_lora_rank} + layout.rope_dim;
+  const size_t tokens = blocks * layout.tokens_per_block + tail;
   for (uint32_t l = 0; l < layout.num_layers; ++l) {
-    cache.tail[l].resize(blocks * layout.tokens_per_block * row);
+    cache.tail[l].resize(tokens * row);
     for (float& v : cache.tail[l]) v = value(rng);
     EXPECT_TRUE(runtime::SealFullBlocks(cache, l, layout.kv_lora_rank, layout.rope_dim).ok());
+    if (layout.indexer_dim == 0) continue;
+    for (size_t i = 0; i < tokens * layout.indexer_dim; ++i) {
+      cache.index_keys[l].push_back(static_cast<uint8_t>(rng() % 0x7f) | (rng() % 2 ? 0x80 : 0));
+    }
+    for (size_t t = 0; t < tokens; ++t)
+      cache.index_scales[l].push_back(std::ldexp(1.0f, static_cast<int>(rng() % 16) - 12));
   }
-  cache.length = static_cast<int64_t>(blocks * layout.tokens_per_block);
+  cache.length = static_cast<int64_t>(tokens);
   return cache;
+}
+
+// Rewrites a record's CRC so that only the intended defect remains.
+void Reseal(std::string& record) {
+  const uint32_t crc = kvblock::Crc32c(record.data(), record.size() - 4);
+  std::memcpy(record.data() + record.size() - 4, &crc, 4);
 }
 
 TEST(SequenceBlocks, RecordsRoundTripAndTheBlocksViewTheirRecord) {
@@ -111,6 +139,91 @@ TEST(SequenceBlocks, ARecordCheckedOnTheWayInIsNotCheckedAgain) {
   const auto partial = std::make_shared<const std::string>(*BlockRecord(layout, source, 0, 0, 2));
   EXPECT_EQ(AppendBlockRecord(partial, layout, cache, kvblock::CrcCheck::kCheckedBefore).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// DeepSeek-V3.2: a block's record carries its tokens' indexer keys beside
+// the latents, and a restored cache holds the very keys the source held.
+TEST(SequenceBlocks, IndexerKeysTravelWithTheirBlock) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  const kvblock::LatentLayout layout = IndexedLayout();
+  const runtime::SequenceCache source = RandomCache(layout, 3, rng.engine(), 5);
+  runtime::SequenceCache copy = EmptyCache(layout);
+  for (size_t b = 0; b < 3; ++b) {
+    absl::StatusOr<std::string> record = BlockRecord(layout, source, b, 0, layout.num_layers);
+    ASSERT_TRUE(record.ok()) << record.status();
+    EXPECT_EQ(record->size(), kvblock::HeaderFor(layout, 0, layout.num_layers).RecordBytes());
+    ASSERT_TRUE(AppendBlockRecord(std::make_shared<const std::string>(*record), layout, copy).ok());
+  }
+  ASSERT_TRUE(SetTail(TailBytes(source), TailIndexerKeys(source, layout), 5, layout, copy).ok());
+  EXPECT_EQ(copy.length, source.length);
+  for (uint32_t l = 0; l < layout.num_layers; ++l) {
+    EXPECT_EQ(copy.blocks[l], source.blocks[l]) << "layer " << l;
+    EXPECT_EQ(copy.index_keys[l], source.index_keys[l]) << "layer " << l;
+    EXPECT_EQ(copy.index_scales[l], source.index_scales[l]) << "layer " << l;
+    EXPECT_EQ(copy.tail[l], source.tail[l]) << "layer " << l;
+  }
+  // A layer slice (what a prefill node streams) carries its layer's keys.
+  const std::string slice = *BlockRecord(layout, source, 1, 2, 1);
+  absl::StatusOr<kvblock::BlockView> view = kvblock::ParseBlock(slice, &layout);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(std::memcmp(view->IndexerPart(0).data(), source.index_keys[2].data() + 16 * 32, 16 * 32), 0);
+  EXPECT_EQ(std::memcmp(view->IndexerPart(0).data() + 16 * 32, source.index_scales[2].data() + 16, 16 * 4), 0);
+}
+
+// A block whose indexer part was damaged is never restored: a changed byte
+// is DATA_LOSS, and keys the model could not have made (a NaN code, a
+// scale that is zero, negative or not finite) under a valid CRC are
+// INVALID_ARGUMENT; either way the cache keeps what it had.
+TEST(SequenceBlocks, DamagedIndexerKeysAreRefusedAndChangeNothing) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  const kvblock::LatentLayout layout = IndexedLayout();
+  const runtime::SequenceCache source = RandomCache(layout, 2, rng.engine());
+  runtime::SequenceCache cache = EmptyCache(layout);
+  ASSERT_TRUE(
+      AppendBlockRecord(std::make_shared<const std::string>(*BlockRecord(layout, source, 0, 0, 3)), layout, cache)
+          .ok());
+  const std::string record = *BlockRecord(layout, source, 1, 0, 3);
+  const size_t header = kvblock::kIndexedBlockHeaderBytes, latent = layout.LatentPartBytes(),
+               keys = size_t{layout.tokens_per_block} * layout.indexer_dim;
+  const auto layer_at = [&](uint32_t l) { return header + l * layout.LayerPayloadBytes(); };
+  const uint32_t l = static_cast<uint32_t>(rng.engine()() % layout.num_layers);
+  const size_t token = rng.engine()() % layout.tokens_per_block;
+  std::vector<std::pair<std::string, absl::StatusCode>> damaged;
+  std::string flipped = record;
+  flipped[layer_at(l) + latent + rng.engine()() % layout.IndexerPartBytes()] ^= 0x20;
+  damaged.push_back({flipped, absl::StatusCode::kDataLoss});
+  for (uint8_t nan : {0x7f, 0xff}) {
+    std::string r = record;
+    r[layer_at(l) + latent + token * layout.indexer_dim + rng.engine()() % layout.indexer_dim] = static_cast<char>(nan);
+    Reseal(r);
+    damaged.push_back({r, absl::StatusCode::kInvalidArgument});
+  }
+  for (float scale : {0.0f, -1.0f, INFINITY, NAN}) {
+    std::string r = record;
+    std::memcpy(r.data() + layer_at(l) + latent + keys + token * sizeof(float), &scale, sizeof scale);
+    Reseal(r);
+    damaged.push_back({r, absl::StatusCode::kInvalidArgument});
+  }
+  for (const auto& [bytes, want] : damaged) {
+    EXPECT_EQ(AppendBlockRecord(std::make_shared<const std::string>(bytes), layout, cache).code(), want);
+    EXPECT_EQ(cache.length, 16);
+    for (uint32_t k = 0; k < layout.num_layers; ++k) {
+      EXPECT_EQ(cache.blocks[k].size(), 1u);
+      EXPECT_EQ(cache.index_scales[k].size(), 16u) << "layer " << k;
+      EXPECT_EQ(cache.index_keys[k].size(), 16u * layout.indexer_dim) << "layer " << k;
+    }
+  }
+  // A tail whose keys are missing, short or damaged is refused too.
+  const runtime::SequenceCache with_tail = RandomCache(layout, 0, rng.engine(), 3);
+  std::string tail_keys = TailIndexerKeys(with_tail, layout);
+  runtime::SequenceCache fresh = EmptyCache(layout);
+  EXPECT_EQ(SetTail(TailBytes(with_tail), "", 3, layout, fresh).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetTail(TailBytes(with_tail), tail_keys.substr(1), 3, layout, fresh).code(),
+            absl::StatusCode::kInvalidArgument);
+  tail_keys[0] = 0x7f;
+  EXPECT_EQ(SetTail(TailBytes(with_tail), tail_keys, 3, layout, fresh).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -3,7 +3,9 @@
 The id is the first 8 bytes (little-endian) of SHA-256 over
 "kvtier.layout.v1" || u32 len(model_id) || model_id || u32 num_layers ||
 u32 kv_lora_rank || u32 rope_dim || u32 tokens_per_block || u32 codec ||
-u32 block_format_version (docs/protocol.md, "Layout id").
+u32 block_format_version, then, for a layout with indexer keys
+(DeepSeek-V3.2), u32 indexer_dim || u32 indexer_encoding (docs/protocol.md,
+"Layouts and the layout id").
 """
 import dataclasses
 import hashlib
@@ -13,7 +15,17 @@ import struct
 
 from kvtier.v1 import layout_pb2
 
-BLOCK_FORMAT_VERSION = 1
+# Block format 1 holds latents alone; 2 adds each layer's indexer keys.
+BLOCK_FORMAT_VERSION, INDEXED_BLOCK_FORMAT_VERSION = 1, 2
+# How a block carries indexer keys (kvtier.v1.IndexerEncoding): none, or
+# per layer [tokens][dim] e4m3fn codes then [tokens] f32 scales.
+INDEXER_NONE, INDEXER_FP8 = 0, 1
+MAX_INDEXER_DIM = 4096
+
+
+def indexer_part_bytes(encoding, tokens, dim):
+    """Bytes of one layer's indexer keys for `tokens` tokens (0 without)."""
+    return tokens * (dim + 4) if encoding == INDEXER_FP8 else 0
 
 # Codec numbers: the codec byte of a record and kvtier.v1.KvCodec.
 BF16, FP8, INT8, INT4 = 1, 2, 3, 4
@@ -41,7 +53,12 @@ class LatentLayout:
     rope_dim: int = 64
     tokens_per_block: int = 64
     codec: int = INT8
-    block_format_version: int = BLOCK_FORMAT_VERSION
+    # None: the version the layout's blocks have (2 with indexer keys, else 1).
+    block_format_version: int = None
+    # DeepSeek-V3.2: each token's indexer key (dim and INDEXER_FP8) beside
+    # its latent in every layer.
+    indexer_dim: int = 0
+    indexer_encoding: int = INDEXER_NONE
 
     def __post_init__(self):
         object.__setattr__(self, "codec", codec_number(self.codec))
@@ -50,10 +67,27 @@ class LatentLayout:
         for name in ("num_layers", "kv_lora_rank", "tokens_per_block"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
+        if self.indexer_encoding not in (INDEXER_NONE, INDEXER_FP8):
+            raise ValueError(f"unknown indexer_encoding {self.indexer_encoding}")
+        if (self.indexer_encoding == INDEXER_NONE) != (self.indexer_dim == 0) or not \
+                0 <= self.indexer_dim <= MAX_INDEXER_DIM:
+            raise ValueError("indexer_dim and indexer_encoding: both unset or both set, the dim at most "
+                             f"{MAX_INDEXER_DIM}")
+        version = INDEXED_BLOCK_FORMAT_VERSION if self.indexer_dim else BLOCK_FORMAT_VERSION
+        if self.block_format_version is None:
+            object.__setattr__(self, "block_format_version", version)
+        elif self.block_format_version != version:
+            raise ValueError(f"block_format_version {self.block_format_version}: blocks "
+                             f"{'with' if self.indexer_dim else 'without'} indexer keys are format {version}")
 
     @property
     def dim(self):
         return self.kv_lora_rank + self.rope_dim
+
+    @property
+    def indexer_part_bytes(self):
+        """Bytes of one layer's indexer keys in one block (0 without them)."""
+        return indexer_part_bytes(self.indexer_encoding, self.tokens_per_block, self.indexer_dim)
 
     @property
     def layout_id(self):
@@ -61,23 +95,28 @@ class LatentLayout:
         canonical = b"kvtier.layout.v1" + struct.pack("<I", len(model)) + model + struct.pack(
             "<IIIIII", self.num_layers, self.kv_lora_rank, self.rope_dim, self.tokens_per_block, self.codec,
             self.block_format_version)
+        if self.indexer_encoding != INDEXER_NONE:  # format 1 layouts keep their ids
+            canonical += struct.pack("<II", self.indexer_dim, self.indexer_encoding)
         return struct.unpack("<Q", hashlib.sha256(canonical).digest()[:8])[0]
 
     def to_proto(self):
         return layout_pb2.LatentLayout(model_id=self.model_id, num_layers=self.num_layers,
                                        kv_lora_rank=self.kv_lora_rank, rope_dim=self.rope_dim,
                                        tokens_per_block=self.tokens_per_block, codec=self.codec,
-                                       block_format_version=self.block_format_version, layout_id=self.layout_id)
+                                       block_format_version=self.block_format_version, layout_id=self.layout_id,
+                                       indexer_dim=self.indexer_dim, indexer_encoding=self.indexer_encoding)
 
     @classmethod
     def from_proto(cls, p):
         return cls(model_id=p.model_id, num_layers=p.num_layers, kv_lora_rank=p.kv_lora_rank, rope_dim=p.rope_dim,
-                   tokens_per_block=p.tokens_per_block, codec=p.codec, block_format_version=p.block_format_version)
+                   tokens_per_block=p.tokens_per_block, codec=p.codec, block_format_version=p.block_format_version,
+                   indexer_dim=p.indexer_dim, indexer_encoding=p.indexer_encoding)
 
 
 def model_id_of(checkpoint_dir):
     """The model_id kvtier's servers derive from a checkpoint directory:
-    config.json's model_type ("deepseek_v2", "deepseek_v3", "kimi_k2"), "-",
+    config.json's model_type ("deepseek_v2", "deepseek_v3", "kimi_k2",
+    "deepseek_v32"), "-",
     and 16 hex digits of SHA-256 over, for config.json and then each
     *.safetensors file by name: "NAME:SIZE:", its first MiB, and its last
     MiB (what follows the first, for files under 2 MiB)."""

@@ -1,9 +1,11 @@
 """Block records (docs/protocol.md, "Records"; services/kvblock/block_format.md).
 
-A record holds consecutive layers of one block: a 32-byte header, the
-layers' codec payloads, and the CRC32C (Castagnoli) of everything before it.
-parse_record checks what the C++ ParseBlock checks, in the same order, and
-raises KvtierError with the status code the server would answer.
+A record holds consecutive layers of one block: a header (32 bytes in
+format 1; 40 in format 2, whose layers carry DeepSeek-V3.2's indexer keys
+after their latents), the layers' payloads, and the CRC32C (Castagnoli) of
+everything before it. parse_record checks what the C++ ParseBlock checks,
+in the same order, and raises KvtierError with the status code the server
+would answer.
 """
 import dataclasses
 import struct
@@ -14,18 +16,20 @@ import numpy as np
 
 from kvtier.codecs import dequantize, encoded_bytes, quantize
 from kvtier.errors import KvtierError, invalid
-from kvtier.layout import BLOCK_FORMAT_VERSION, CODEC_NAMES
+from kvtier.layout import (BLOCK_FORMAT_VERSION, CODEC_NAMES, INDEXED_BLOCK_FORMAT_VERSION, INDEXER_FP8,
+                           INDEXER_NONE, MAX_INDEXER_DIM, indexer_part_bytes)
 
 MAGIC = b"KVTB"
 HEADER = struct.Struct("<4sHBBQIHHHHI")
-HEADER_BYTES, TRAILER_BYTES = 32, 4
+INDEXER_HEADER = struct.Struct("<HBBI")  # format 2: dim, encoding, reserved, bytes per layer
+HEADER_BYTES, INDEXED_HEADER_BYTES, TRAILER_BYTES = 32, 40, 4
 MAX_LAYERS = 1024
 MAX_TOKENS, MAX_LATENT_DIM = 4096, 16384
 
 
 @dataclasses.dataclass(frozen=True)
 class Record:
-    """A parsed record: its header fields and its layers' payloads."""
+    """A parsed record: its header fields and its layers' parts."""
     codec: int
     layout_id: int
     tokens: int
@@ -33,16 +37,29 @@ class Record:
     layer_count: int
     latent_dim: int
     rope_dim: int
-    payloads: tuple  # one memoryview (or bytes) a layer
+    payloads: tuple  # each layer's latents in the codec: one memoryview (or bytes) a layer
+    indexer_dim: int = 0
+    indexer_parts: tuple = ()  # format 2: each layer's indexer keys, codes then f32 scales
 
     def latents(self):
         """The float32 latents, [layer_count][tokens][latent_dim + rope_dim]."""
         return np.stack([dequantize(self.codec, p, self.tokens, self.latent_dim, self.rope_dim)
                          for p in self.payloads])
 
+    def indexer_keys(self):
+        """Format 2: the indexer keys' e4m3fn codes, uint8 [layer_count][tokens][indexer_dim], and their
+        scales, float32 [layer_count][tokens]."""
+        codes = self.tokens * self.indexer_dim
+        return (np.stack([np.frombuffer(p, np.uint8, codes).reshape(self.tokens, self.indexer_dim)
+                          for p in self.indexer_parts]),
+                np.stack([np.frombuffer(p, "<f4", self.tokens, codes) for p in self.indexer_parts]))
 
-def encode_payloads(layout, first_layer, payloads):
-    """A record of already-encoded layer payloads, from `first_layer` on."""
+
+def encode_payloads(layout, first_layer, payloads, indexer_parts=None):
+    """A record of already-encoded layer payloads, from `first_layer` on; for
+    a layout with indexer keys, each layer's keys from `indexer_parts`
+    (layout.indexer_part_bytes each: codes, then scales, as the model rounds
+    them)."""
     payloads = [bytes(p) for p in payloads]
     per = encoded_bytes(layout.codec, layout.tokens_per_block, layout.kv_lora_rank, layout.rope_dim)
     if not payloads or first_layer < 0 or first_layer + len(payloads) > layout.num_layers:
@@ -51,13 +68,25 @@ def encode_payloads(layout, first_layer, payloads):
     for i, p in enumerate(payloads):
         if len(p) != per:
             raise invalid(f"layer {first_layer + i}: payload is {len(p)} bytes, the layout's is {per}")
-    body = HEADER.pack(MAGIC, layout.block_format_version, layout.codec, 0, layout.layout_id, layout.tokens_per_block,
-                       first_layer, len(payloads), layout.kv_lora_rank, layout.rope_dim, per) + b"".join(payloads)
+    keys = layout.indexer_part_bytes
+    indexer_parts = [bytes(p) for p in indexer_parts or []]
+    if len(indexer_parts) != (len(payloads) if keys else 0) or any(len(p) != keys for p in indexer_parts):
+        raise invalid(f"a layout {'with' if keys else 'without'} indexer keys takes "
+                      f"{len(payloads) if keys else 0} indexer parts of {keys} bytes")
+    header = HEADER.pack(MAGIC, layout.block_format_version, layout.codec, 0, layout.layout_id,
+                         layout.tokens_per_block, first_layer, len(payloads), layout.kv_lora_rank, layout.rope_dim,
+                         per + keys)
+    if keys:
+        header += INDEXER_HEADER.pack(layout.indexer_dim, layout.indexer_encoding, 0, keys)
+        payloads = [p + k for p, k in zip(payloads, indexer_parts)]
+    body = header + b"".join(payloads)
     return body + struct.pack("<I", crc32c.crc32c(body))
 
 
-def encode_record(layout, first_layer, latents):
-    """A record of float32 latents, [layers][tokens][dim], quantized with the layout's codec."""
+def encode_record(layout, first_layer, latents, indexer_parts=None):
+    """A record of float32 latents, [layers][tokens][dim], quantized with the
+    layout's codec (and, for a layout with indexer keys, `indexer_parts` as
+    encode_payloads takes them)."""
     latents = np.asarray(latents, dtype=np.float32)
     if latents.ndim == 2:
         latents = latents[None]
@@ -67,32 +96,46 @@ def encode_record(layout, first_layer, latents):
         payloads = [quantize(layout.codec, layer, layout.kv_lora_rank, layout.rope_dim) for layer in latents]
     except ValueError as e:
         raise invalid(str(e)) from None
-    return encode_payloads(layout, first_layer, payloads)
+    return encode_payloads(layout, first_layer, payloads, indexer_parts)
 
 
 def parse_record(record, layout=None):
     """Checks and splits a record; with `layout`, also that it belongs to it.
-    The payloads are memoryviews into `record` (no copy)."""
+    The parts are memoryviews into `record` (no copy)."""
     record = memoryview(record).cast("B")
     if len(record) < HEADER_BYTES + TRAILER_BYTES:
         raise invalid(f"block record truncated: {len(record)} bytes, smaller than header and checksum")
     magic, version, codec, flags, layout_id, tokens, first, count, latent, rope, per = HEADER.unpack_from(record)
     if bytes(magic) != MAGIC:
         raise invalid("block record has bad magic (not a KVTB record)")
-    if version != BLOCK_FORMAT_VERSION:
+    if version not in (BLOCK_FORMAT_VERSION, INDEXED_BLOCK_FORMAT_VERSION):
         raise KvtierError(grpc.StatusCode.FAILED_PRECONDITION, f"block format version {version} is not supported")
+    header_bytes = INDEXED_HEADER_BYTES if version == INDEXED_BLOCK_FORMAT_VERSION else HEADER_BYTES
+    if len(record) < header_bytes + TRAILER_BYTES:
+        raise invalid(f"block record truncated: {len(record)} bytes, smaller than a format {version} header and "
+                      "checksum")
+    indexer_dim, encoding, reserved, keys = (INDEXER_HEADER.unpack_from(record, HEADER_BYTES)
+                                             if version == INDEXED_BLOCK_FORMAT_VERSION else (0, INDEXER_NONE, 0, 0))
     if codec not in CODEC_NAMES:
         raise invalid(f"block header: unknown codec {codec}")
     if flags != 0:
         raise invalid(f"block header: unknown flags {flags}")
+    if reserved != 0:
+        raise invalid(f"block header: reserved byte 35 is {reserved}, not 0")
     if not (1 <= tokens <= MAX_TOKENS and 1 <= latent <= MAX_LATENT_DIM and rope <= MAX_LATENT_DIM):
         raise invalid(f"block header: shape {tokens} tokens x ({latent} + {rope}) out of range")
     if count < 1 or first + count > MAX_LAYERS:
         raise invalid(f"block header: layers [{first}, {first + count}) empty or beyond {MAX_LAYERS}")
-    if per != encoded_bytes(codec, tokens, latent, rope):
-        raise invalid(f"block header: {per} bytes per layer, but {CODEC_NAMES[codec]} takes "
-                      f"{encoded_bytes(codec, tokens, latent, rope)}")
-    want = HEADER_BYTES + count * per + TRAILER_BYTES
+    if version == INDEXED_BLOCK_FORMAT_VERSION and (encoding != INDEXER_FP8 or not 1 <= indexer_dim <= MAX_INDEXER_DIM):
+        raise invalid(f"block header: indexer encoding {encoding} of dim {indexer_dim}")
+    if keys != indexer_part_bytes(encoding, tokens, indexer_dim):
+        raise invalid(f"block header: {keys} indexer bytes per layer, but {tokens} keys of dim {indexer_dim} take "
+                      f"{indexer_part_bytes(encoding, tokens, indexer_dim)}")
+    latent_bytes = encoded_bytes(codec, tokens, latent, rope)
+    if per != latent_bytes + keys:
+        raise invalid(f"block header: {per} bytes per layer, but {CODEC_NAMES[codec]} takes {latent_bytes}"
+                      + (f" + {keys} of indexer keys" if keys else ""))
+    want = header_bytes + count * per + TRAILER_BYTES
     if len(record) != want:
         raise invalid(f"block record {'truncated' if len(record) < want else 'oversized'}: {len(record)} bytes, "
                       f"header says {want}")
@@ -105,12 +148,13 @@ def parse_record(record, layout=None):
         mismatch = None
         if layout_id != layout.layout_id:
             mismatch = f"block has layout id {layout_id:016x}, expected {layout.layout_id:016x}"
-        elif (codec, tokens, latent, rope) != (layout.codec, layout.tokens_per_block, layout.kv_lora_rank,
-                                               layout.rope_dim):
+        elif (codec, tokens, latent, rope, indexer_dim) != (layout.codec, layout.tokens_per_block, layout.kv_lora_rank,
+                                                            layout.rope_dim, layout.indexer_dim):
             mismatch = "block's codec or shape differs from the layout's"
         elif first + count > layout.num_layers:
             mismatch = f"block holds layers [{first}, {first + count}), layout has {layout.num_layers}"
         if mismatch:
             raise KvtierError(grpc.StatusCode.FAILED_PRECONDITION, mismatch)
-    payloads = tuple(record[HEADER_BYTES + i * per:HEADER_BYTES + (i + 1) * per] for i in range(count))
-    return Record(codec, layout_id, tokens, first, count, latent, rope, payloads)
+    layers = [record[header_bytes + i * per:header_bytes + (i + 1) * per] for i in range(count)]
+    return Record(codec, layout_id, tokens, first, count, latent, rope, tuple(p[:latent_bytes] for p in layers),
+                  indexer_dim, tuple(p[latent_bytes:] for p in layers) if keys else ())

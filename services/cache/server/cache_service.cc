@@ -502,6 +502,7 @@ void FillStats(const StoreStats& s, const FastPathCounters& f, v1::StatsResponse
   r.set_fast_path_device_staging_bytes(f.device_staging_bytes);
   r.set_server_version(kCacheServerVersion);
   r.add_block_format_versions(kvblock::kBlockFormatVersion);
+  r.add_block_format_versions(kvblock::kIndexedBlockFormatVersion);
 }
 
 void FillTenantStats(const StoreStats& s, const Caller& caller, v1::StatsResponse& r) {
@@ -515,6 +516,7 @@ void FillTenantStats(const StoreStats& s, const Caller& caller, v1::StatsRespons
   }
   r.set_server_version(kCacheServerVersion);
   r.add_block_format_versions(kvblock::kBlockFormatVersion);
+  r.add_block_format_versions(kvblock::kIndexedBlockFormatVersion);
 }
 
 CacheService::CacheService(BlockStore* store, Executor* executor, RpcMetrics* metrics,

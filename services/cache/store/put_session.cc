@@ -91,14 +91,14 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_vi
   const TierStorage& first = *store_->tiers_[0]->storage;
   const RecordRoom room{ns_, hash, p.pages, record_bytes_};
   KVTIER_RETURN_IF_ERROR(
-      first.WriteAt(room, kvblock::kBlockHeaderBytes + size_t{h.layer_begin} * h.layer_payload_bytes, slice->payloads));
+      first.WriteAt(room, h.HeaderBytes() + size_t{h.layer_begin} * h.layer_payload_bytes, slice->payloads));
   for (uint32_t l = h.layer_begin; l < h.layer_begin + h.layer_count; ++l) p.layers[l] = true;
   p.layers_left -= h.layer_count;
   // ParseBlock verified crc(header || payloads), the slice's last 4 bytes;
   // the payloads' own CRC follows from it and the header's.
   uint32_t slice_crc;
   std::memcpy(&slice_crc, record.data() + record.size() - sizeof slice_crc, sizeof slice_crc);
-  const uint32_t header_crc = kvblock::Crc32c(record.data(), kvblock::kBlockHeaderBytes);
+  const uint32_t header_crc = kvblock::Crc32c(record.data(), h.HeaderBytes());
   p.slices[h.layer_begin] = {h.layer_count, kvblock::Crc32cCombine(header_crc, slice_crc, slice->payloads.size())};
   {
     absl::MutexLock lock(&store_->mu_);
@@ -107,8 +107,8 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_vi
   if (p.layers_left > 0) return absl::OkStatus();
 
   // Complete: header and checksum, then visible all at once.
-  const auto header = kvblock::EncodeBlockHeader(kvblock::HeaderFor(layout_, 0, layout_.num_layers));
-  KVTIER_RETURN_IF_ERROR(first.WriteAt(room, 0, std::string_view(header.data(), header.size())));
+  const std::string header = kvblock::EncodeBlockHeader(kvblock::HeaderFor(layout_, 0, layout_.num_layers));
+  KVTIER_RETURN_IF_ERROR(first.WriteAt(room, 0, header));
   uint32_t crc = kvblock::Crc32c(header.data(), header.size());
   for (uint32_t l = 0; l < layout_.num_layers; l += p.slices[l].layers) {
     crc = kvblock::Crc32cCombine(crc, p.slices[l].payload_crc, size_t{p.slices[l].layers} * h.layer_payload_bytes);
