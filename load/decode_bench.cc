@@ -16,9 +16,7 @@
 //   decode_bench [--sequences 8[,64...]] [--context 2048] [--steps 10] [--weights bf16,fp8]
 //                [--cuda-only]
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <random>
@@ -32,6 +30,7 @@
 #include "kvtier/kernels/parallel.h"
 #include "load/decode_roofline.h"
 #include "load/decode_steps.h"
+#include "load/host_copy_rate.h"
 #include "services/common/flags.h"
 #include "services/common/status.h"
 #include "services/runtime/checkpoint.h"
@@ -46,30 +45,6 @@ namespace {
 
 constexpr kernels::Codec kCodec = kernels::Codec::kInt8;
 constexpr uint32_t kTokensPerBlock = 64;
-
-template <typename Op>
-double Seconds(Op op) {
-  const auto start = std::chrono::steady_clock::now();
-  op();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-// memcpy split over the kernel threads, the best of 5 after a first, in
-// GB/s of bytes read plus written (as kernels::cuda::DeviceCopyGBs counts).
-// The best: the rate the machine can give, which a shared machine's noise
-// only lowers.
-double HostCopyGBs() {
-  constexpr size_t kBytes = size_t{256} << 20;
-  std::vector<char> from(kBytes, 1), to(kBytes);  // both touched: no page faults in the timing
-  auto copy = [&] {
-    kernels::ParallelFor(kBytes, size_t{1} << 20,
-                         [&](size_t begin, size_t end) { std::memcpy(&to[begin], &from[begin], end - begin); });
-  };
-  copy();
-  double best = 0;
-  for (int i = 0; i < 5; ++i) best = std::max(best, 2.0 * kBytes / Seconds(copy) / 1e9);
-  return best;
-}
 
 // The GPU's, over 1 GiB; 0 without one.
 double DeviceCopyGBs() {
@@ -185,7 +160,7 @@ int Main(int argc, char** argv) {
   for (size_t threads : {size_t{1}, cores}) {
     if (cuda_only) break;
     kernels::SetKernelThreads(threads);
-    host_copy_gbs.push_back(HostCopyGBs());
+    host_copy_gbs.push_back(load::HostCopyGBs());
   }
   const double device_copy_gbs = on_gpu.ok() ? DeviceCopyGBs() : 0;
   for (const Loaded& l : models) {

@@ -64,6 +64,29 @@ inline StepBytes DecodeStepBytes(const runtime::ModelConfig& c, size_t sequences
   return bytes;
 }
 
+// What DeepSeek-V3.2's sparse step reads of the sequences' attention state
+// in place of StepBytes::latents, past index_topk tokens: every held
+// token's indexer key (codes and scale), and of the latents only the
+// index_topk chosen tokens' rows plus the block-wide part (per-channel
+// scales) of at most that many blocks. Within index_topk tokens it
+// attends densely: the latents and the keys. Contexts of whole blocks.
+inline double SparseStepStateBytes(const runtime::ModelConfig& c, size_t sequences, size_t context,
+                                   kernels::Codec codec, uint32_t tokens_per_block) {
+  const runtime::IndexerConfig& ix = *c.indexer;
+  const double keys = double(context) * double(ix.head_dim + sizeof(float));
+  const auto topk = static_cast<size_t>(ix.topk);
+  if (context <= topk) {
+    return DecodeStepBytes(c, sequences, context, codec, tokens_per_block).latents +
+           double(sequences) * c.num_hidden_layers * keys;
+  }
+  const auto latent = static_cast<uint32_t>(c.kv_lora_rank), rope = static_cast<uint32_t>(c.qk_rope_head_dim);
+  const double one = static_cast<double>(kernels::EncodedBytes(codec, {1, latent, rope}));
+  const double two = static_cast<double>(kernels::EncodedBytes(codec, {2, latent, rope}));
+  const double per_token = two - one, per_block = 2 * one - two;
+  const double chosen = double(topk) * per_token + double(std::min(context / tokens_per_block, topk)) * per_block;
+  return double(sequences) * c.num_hidden_layers * (keys + chosen);
+}
+
 }  // namespace kvtier::load
 
 #endif  // KVTIER_LOAD_DECODE_ROOFLINE_H_

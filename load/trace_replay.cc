@@ -4,14 +4,15 @@
 // the token-weighted prefix hit rate beside the trace's ceiling.
 //
 //   trace_replay --trace T.jsonl --layouts expanded,bf16,int8,int4
-//                --budgets 64MiB,256MiB,1GiB [--model v3] [--layers 27] [--json]
+//                --budgets 64MiB,256MiB,1GiB [--model v3.2] [--layers 27] [--json]
 //
 // Each (eviction, layout, budget) gets a fresh cache whose device tier (in
 // host memory) is the budget; its host tier is one page, so what does not
 // fit is evicted. Layouts are the attention of --model (V2-Lite's 27
-// layers, V3's or Kimi-K2's 61: 512 + 64 latents a token and layer; 16,
-// 128 or 64 heads of 128 + 64 K and 128 V expanded), with --layers of its
-// layers: fewer scale a run down, and the budgets with it.
+// layers, V3's, V3.2's or Kimi-K2's 61: 512 + 64 latents a token and
+// layer; 16, 128 or 64 heads of 128 + 64 K and 128 V expanded; V3.2 adds
+// its indexer's key, 128 FP8 codes and a scale, to every layout), with
+// --layers of its layers: fewer scale a run down, and the budgets with it.
 #include <signal.h>
 
 #include <cstdio>
@@ -33,14 +34,17 @@ namespace kvtier::load {
 namespace {
 
 // The attention shapes a trace is replayed for: each layer caches 512 + 64
-// latent values a token, or, expanded, 128 + 64 K and 128 V values a head.
+// latent values a token, or, expanded, 128 + 64 K and 128 V values a head;
+// and, for DeepSeek-V3.2, its indexer's key of indexer_dim values.
 struct ModelShape {
   std::string name;
   uint32_t layers;
   uint32_t heads;
+  uint32_t indexer_dim = 0;
 };
 const std::vector<ModelShape>& ModelShapes() {
-  static const auto* shapes = new std::vector<ModelShape>{{"v2-lite", 27, 16}, {"v3", 61, 128}, {"kimi-k2", 61, 64}};
+  static const auto* shapes = new std::vector<ModelShape>{
+      {"v2-lite", 27, 16}, {"v3", 61, 128}, {"v3.2", 61, 128, 128}, {"kimi-k2", 61, 64}};
   return *shapes;
 }
 
@@ -48,7 +52,9 @@ const std::vector<ModelShape>& ModelShapes() {
 // per-head K and V an expanded cache keeps (bf16, heads x (128 + 64 + 128)
 // values a token). A block holds at most kMaxLatentDim values a token and
 // layer, so an expanded layer wider than that is stored as several equal
-// parts, each a layer of the layout: the record's bytes are the same.
+// parts, each a layer of the layout: the record's bytes are the same (with
+// an indexer, each part takes an equal share of its key and a scale of its
+// own, a few bytes more a token than one key).
 absl::StatusOr<kvblock::LatentLayout> LayoutNamed(const std::string& name, const ModelShape& model, uint32_t layers,
                                                   uint32_t tokens_per_block) {
   kvblock::LatentLayout layout{.model_id = "trace-replay-" + model.name + "-" + name,
@@ -59,14 +65,20 @@ absl::StatusOr<kvblock::LatentLayout> LayoutNamed(const std::string& name, const
   if (name == "expanded") {
     const uint32_t values = model.heads * (128 + 64 + 128);
     uint32_t parts = (values + kernels::kMaxLatentDim - 1) / kernels::kMaxLatentDim;
-    while (values % parts != 0) ++parts;
+    while (values % parts != 0 || model.indexer_dim % parts != 0) ++parts;
     layout.num_layers = layers * parts;
     layout.kv_lora_rank = values / parts - layout.rope_dim;
     layout.codec = kernels::Codec::kBf16;
+    layout.indexer_dim = model.indexer_dim / parts;
   } else if (std::optional<kernels::Codec> codec = kernels::ParseCodec(name)) {
     layout.codec = *codec;
   } else {
     return absl::InvalidArgumentError(absl::StrCat("layout '", name, "' is not expanded, bf16, fp8, int8 or int4"));
+  }
+  if (model.indexer_dim > 0) {
+    if (name != "expanded") layout.indexer_dim = model.indexer_dim;
+    layout.indexer_encoding = kvblock::IndexerEncoding::kFp8;
+    layout.block_format_version = kvblock::kIndexedBlockFormatVersion;
   }
   return layout;
 }
@@ -166,7 +178,7 @@ int Run(Options o) {
     if (m.name == o.model) model = &m;
   }
   if (model == nullptr) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat("--model ", o.model, " is not v2-lite, v3 or kimi-k2")), 2);
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--model ", o.model, " is not v2-lite, v3, v3.2 or kimi-k2")), 2);
   }
   if (o.layers == 0) o.layers = model->layers;
   if (o.layers > model->layers) {
@@ -229,7 +241,7 @@ int main(int argc, char** argv) {
   flags.AddString("evictions", &o.evictions, "comma-separated kvtier-cache --eviction policies: lru, leaf-first");
   flags.AddString("layouts", &o.layouts, "comma-separated: expanded (per-head K/V, bf16), bf16, fp8, int8, int4");
   flags.AddString("budgets", &o.budgets, "comma-separated cache memory budgets, e.g. 256MiB,1GiB");
-  flags.AddString("model", &o.model, "whose attention to store: v2-lite (27 layers), v3 or kimi-k2 (61 layers)");
+  flags.AddString("model", &o.model, "whose attention to store: v2-lite (27 layers), v3, v3.2 (with indexer keys) or kimi-k2 (61 layers)");
   flags.AddUint("layers", &o.layers, "layers of the model's to store (0: all; fewer scale a run down)");
   flags.AddUint("page-size", &o.page_size,
                 "the cache's --page-size: with fewer layers, a smaller page keeps a block's rounding up to whole "

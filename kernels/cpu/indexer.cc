@@ -1,11 +1,14 @@
 #include "kvtier/kernels/indexer.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numeric>
 #include <string>
 
 #include "kvtier/kernels/float_formats.h"
+#include "kvtier/kernels/layers.h"
+#include "kvtier/kernels/parallel.h"
 
 namespace kvtier::kernels {
 
@@ -59,18 +62,30 @@ Status IndexerScores(uint32_t heads, uint32_t head_dim, std::span<const uint8_t>
     return InvalidArgument("IndexerScores: query, weights, keys and scores do not fit " + std::to_string(heads) +
                            " heads of " + std::to_string(head_dim));
   }
-  std::vector<float> q(q_codes.size()), k(head_dim);
-  for (size_t i = 0; i < q.size(); ++i) q[i] = Fp8E4m3ToFloat(q_codes[i]);
-  for (size_t s = 0; s < tokens; ++s) {
-    for (uint32_t d = 0; d < head_dim; ++d) k[d] = Fp8E4m3ToFloat(key_codes[s * head_dim + d]);
-    float sum = 0.0f;
-    for (uint32_t h = 0; h < heads; ++h) {
-      float dot = 0.0f;
-      for (uint32_t d = 0; d < head_dim; ++d) dot += q[size_t{h} * head_dim + d] * k[d];
-      sum += weights[h] * std::max(dot, 0.0f);
+  static const std::array<float, 256> kE4m3 = [] {
+    std::array<float, 256> values{};
+    for (int c = 0; c < 256; ++c) values[c] = Fp8E4m3ToFloat(static_cast<uint8_t>(c));
+    return values;
+  }();
+  std::vector<float> q(q_codes.size());
+  for (size_t i = 0; i < q.size(); ++i) q[i] = kE4m3[q_codes[i]];
+  // Keys a tile at a time, widened to float, then every head's dot products
+  // for the tile as one Gemm (its wide kernels, not a serial sum).
+  constexpr size_t kTile = 32;
+  ParallelFor(tokens, 8 * kTile, [&](size_t begin, size_t end) {
+    std::vector<float> keys(kTile * head_dim), dots(kTile * heads);
+    for (size_t first = begin; first < end; first += kTile) {
+      const size_t n = std::min(kTile, end - first);
+      const uint8_t* codes = key_codes.data() + first * head_dim;
+      for (size_t i = 0; i < n * head_dim; ++i) keys[i] = kE4m3[codes[i]];
+      Gemm(q.data(), heads, head_dim, keys.data(), n, head_dim, dots.data(), heads);
+      for (size_t t = 0; t < n; ++t) {
+        float sum = 0.0f;
+        for (uint32_t h = 0; h < heads; ++h) sum += weights[h] * std::max(dots[t * heads + h], 0.0f);
+        scores[first + t] = key_scales[first + t] * sum;
+      }
     }
-    scores[s] = key_scales[s] * sum;
-  }
+  });
   return OkStatus();
 }
 

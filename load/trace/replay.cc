@@ -17,7 +17,8 @@ absl::StatusOr<ReplayResult> Replay(const std::vector<TraceRequest>& requests, c
   // Every block's record: the cache keeps bytes, not meaning, so one
   // record of the layout's size serves them all.
   std::vector<float> latents(size_t{layout.num_layers} * layout.LayerShape().values(), 0.5f);
-  absl::StatusOr<std::string> record = kvblock::EncodeBlock(layout, 0, layout.num_layers, latents);
+  const std::vector<uint8_t> indexer_keys(size_t{layout.num_layers} * layout.IndexerPartBytes());
+  absl::StatusOr<std::string> record = kvblock::EncodeBlock(layout, 0, layout.num_layers, latents, indexer_keys);
   if (!record.ok()) return record.status();
 
   ReplayResult result;

@@ -99,4 +99,21 @@ def test_replay_stores_v3_layouts_expanded_ones_in_parts(tmp_path):
     assert 0 < runs["expanded"]["hit_rate"] < runs["int8"]["hit_rate"]
     bad = subprocess.run([os.environ["KVTIER_TRACE_REPLAY"], "--trace", str(trace), "--model", "v4"],
                          capture_output=True, text=True)
-    assert bad.returncode == 2 and "--model v4 is not v2-lite, v3 or kimi-k2" in bad.stderr
+    assert bad.returncode == 2 and "--model v4 is not v2-lite, v3, v3.2 or kimi-k2" in bad.stderr
+
+
+@pytest.mark.skipif("KVTIER_TRACE_REPLAY" not in os.environ, reason="needs the built trace_replay")
+def test_replay_of_v32_layouts_carries_the_indexer_keys(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in generate("--conversations", "10", "--seed", "4")))
+    runs = {}
+    for model in ("v3", "v3.2"):
+        out = subprocess.run([os.environ["KVTIER_TRACE_REPLAY"], "--cache-binary", os.environ["KVTIER_CACHE_BINARY"],
+                              "--trace", str(trace), "--model", model, "--layers", "2", "--layouts", "int8,int4",
+                              "--budgets", "512MiB", "--json"], capture_output=True, text=True, check=True).stdout
+        runs.update({(model, r["layout"]): r for r in json.loads(out)})
+    # V3.2's blocks: V3's latents, plus 64 tokens' keys (128 FP8 codes and a
+    # scale) in each of the 2 layers, and format 2's 8 more header bytes.
+    for layout in ("int8", "int4"):
+        assert runs[("v3.2", layout)]["block_bytes"] == runs[("v3", layout)]["block_bytes"] + 2 * 64 * 132 + 8
+        assert runs[("v3.2", layout)]["hit_rate"] == runs[("v3.2", layout)]["ceiling_rate"] > 0.3

@@ -33,7 +33,8 @@ Status QuantizeIndexerFp8(std::span<const float> x, size_t group, std::span<uint
 // over the FP8 codes' values (q_codes [heads][head_dim], key_codes
 // [tokens][head_dim], one scale a key). `weights` carry the rest of the
 // formula: weights_proj(x)_h * heads^-0.5 * q's scale of head h *
-// head_dim^-0.5.
+// head_dim^-0.5. The dot products go through Gemm, over the kernel threads;
+// a token's score does not depend on the thread count.
 Status IndexerScores(uint32_t heads, uint32_t head_dim, std::span<const uint8_t> q_codes,
                      std::span<const float> weights, std::span<const uint8_t> key_codes,
                      std::span<const float> key_scales, std::span<float> scores);
