@@ -137,28 +137,9 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
     }
     t0 += b.tokens;
   }
-  // The tail's rows (floats already; V3.2's chosen tokens are thousands)
-  // take the tiles a block's worth at a time, read in place while the
-  // floats after a chunk cover the tiles' padding, else from a copy.
-  const size_t tail_tokens = tail.size() / dim;
-  constexpr size_t kTailChunk = 64;
-  auto tail_rows = [&](size_t t, size_t n) -> const float* {
-    if (tail.size() - (t + n) * dim >= cpu::kFloatTilePadding) return tail.data() + t * dim;
-    rows.assign(n * dim + cpu::kFloatTilePadding, 0.0f);
-    std::copy_n(tail.data() + t * dim, n * dim, rows.data());
-    return rows.data();
-  };
-  for (size_t t = 0; t < tail_tokens;) {
-    if (tiles) {
-      const size_t n = std::min(kTailChunk, tail_tokens - t);
-      cpu::FloatBlockScores(tail_rows(t, n), static_cast<uint32_t>(n), dim, heads, q.data(), scores.data() + t0 + t,
-                            total);
-      t += n;
-      continue;
-    }
+  for (size_t t = 0; t < tail.size() / dim; ++t) {
     Gemv(q.data(), heads, dim, tail.data() + t * dim, dots.data());
     for (uint32_t h = 0; h < heads; ++h) scores[size_t{h} * total + t0 + t] = dots[h];
-    ++t;
   }
   // Softmax per head (scores become probabilities).
   for (uint32_t h = 0; h < heads; ++h) Softmax(scores.data() + size_t{h} * total, total, softmax_scale);
@@ -199,19 +180,11 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
     }
     t0 += b.tokens;
   }
-  for (size_t t = 0; t < tail_tokens;) {
-    if (tiles) {
-      const size_t n = std::min(kTailChunk, tail_tokens - t);
-      cpu::FloatBlockWeightedSum(tail_rows(t, n), static_cast<uint32_t>(n), dim, kv, heads, scores.data() + t0 + t,
-                                 total, out.data());
-      t += n;
-      continue;
-    }
+  for (size_t t = 0; t < tail.size() / dim; ++t) {
     for (uint32_t h = 0; h < heads; ++h) {
       const float p = scores[size_t{h} * total + t0 + t];
       for (uint32_t c = 0; c < kv; ++c) out[size_t{h} * kv + c] += p * tail[t * dim + c];
     }
-    ++t;
   }
 }
 
