@@ -53,10 +53,52 @@ std::string Bearer(const grpc::ServerContextBase& context) {
   return std::string(it->second.data(), it->second.size());
 }
 
+// Refused calls, said at most once a minute each way (no secret in them).
+RateLimitedLog& Denials() {
+  static auto* denials = new RateLimitedLog(LogLevel::kWarning, "auth");
+  return *denials;
+}
+
+// The end tenant `name` as `service` calls for it: its role and quota, the
+// namespaces both may use. PERMISSION_DENIED for a caller that is no
+// service, an unknown tenant, or one that is a service or admin itself
+// (acting for it would lend the service rights it lacks).
+absl::StatusOr<std::shared_ptr<const Caller>> ActingFor(const std::shared_ptr<const Caller>& service,
+                                                        const absl::flat_hash_map<std::string, size_t>& names,
+                                                        const std::vector<std::shared_ptr<const Caller>>& callers,
+                                                        const std::string& name) {
+  if (!service->IsService()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(service->Describe(), " may not act for another tenant: only a SERVICE or ADMIN may"));
+  }
+  auto it = names.find(name);
+  if (it == names.end()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(service->Describe(), " acts for tenant '", name, "', which the tenants file does not list"));
+  }
+  const Caller& tenant = *callers[it->second];
+  if (tenant.IsService()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(service->Describe(), " may not act for ", tenant.Describe(), ", a service or admin itself"));
+  }
+  auto acting = std::make_shared<Caller>(tenant);
+  acting->service = service->tenant;
+  if (service->role != v1::ADMIN) {
+    absl::flat_hash_set<std::string> both;
+    for (const std::string& ns : tenant.namespaces) {
+      if (service->namespaces.contains(ns)) both.insert(ns);
+    }
+    acting->namespaces = std::move(both);
+  }
+  return acting;
+}
+
 }  // namespace
 
 std::string Caller::Describe() const {
-  return tenant.empty() ? std::string("the one trust domain") : absl::StrCat("tenant ", tenant);
+  if (tenant.empty()) return "the one trust domain";
+  return service.empty() ? absl::StrCat("tenant ", tenant)
+                         : absl::StrCat("tenant ", tenant, " (through ", service, ")");
 }
 
 absl::Status CheckNamespace(const Caller& caller, const std::string& ns) {
@@ -108,6 +150,7 @@ struct TenantRegistry::Loaded {
   std::vector<std::shared_ptr<const Caller>> callers;  // as the file lists them
   std::vector<std::pair<Digest, size_t>> tokens;       // digest, caller
   absl::flat_hash_map<std::string, size_t> identities;
+  absl::flat_hash_map<std::string, size_t> names;
 
   static std::shared_ptr<const Loaded> From(const v1::TenantsFile& file) {
     auto loaded = std::make_shared<Loaded>();
@@ -126,6 +169,7 @@ struct TenantRegistry::Loaded {
         loaded->tokens.emplace_back(d, index);
       }
       for (const std::string& id : t.certificate_identities()) loaded->identities.emplace(id, index);
+      loaded->names.emplace(t.name(), index);
       loaded->callers.push_back(std::move(caller));
     }
     return loaded;
@@ -211,9 +255,23 @@ absl::StatusOr<std::shared_ptr<const Caller>> TenantRegistry::Authenticate(const
                                                                            const char* method) {
   std::shared_ptr<const Loaded> loaded = Current();
   if (!enforced()) return loaded->callers[0];
-  static RateLimitedLog denials(LogLevel::kWarning, "auth");
+  absl::StatusOr<std::shared_ptr<const Caller>> proven = Prove(*loaded, context, method);
+  if (!proven.ok()) return proven;
+  const auto& metadata = context.client_metadata();
+  auto acting = metadata.find(kActingForMetadata);
+  if (acting == metadata.end()) return proven;
+  absl::StatusOr<std::shared_ptr<const Caller>> tenant =
+      ActingFor(*proven, loaded->names, loaded->callers, std::string(acting->second.data(), acting->second.size()));
+  if (!tenant.ok())
+    Denials()(absl::StrCat("refused ", method, " from ", context.peer(), ": ", tenant.status().message()));
+  return tenant;
+}
+
+absl::StatusOr<std::shared_ptr<const Caller>> TenantRegistry::Prove(const Loaded& loaded,
+                                                                    const grpc::ServerContextBase& context,
+                                                                    const char* method) {
   const auto refuse = [&](std::string why) {
-    denials(absl::StrCat("refused ", method, " from ", context.peer(), ": ", why));
+    Denials()(absl::StrCat("refused ", method, " from ", context.peer(), ": ", why));
     return absl::UnauthenticatedError(why);
   };
   const std::string bearer = Bearer(context);
@@ -223,18 +281,18 @@ absl::StatusOr<std::shared_ptr<const Caller>> TenantRegistry::Authenticate(const
     const Digest presented = Sha256({std::string_view(bearer).substr(kScheme.size())});
     // Every stored digest is compared, each in constant time.
     std::optional<size_t> match;
-    for (const auto& [digest, index] : loaded->tokens) {
+    for (const auto& [digest, index] : loaded.tokens) {
       if (CRYPTO_memcmp(digest.data(), presented.data(), digest.size()) == 0) match = index;
     }
     if (!match) return refuse("unknown bearer token");
-    return loaded->callers[*match];
+    return loaded.callers[*match];
   }
   std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
   if (auth != nullptr && auth->IsPeerAuthenticated()) {
     for (const char* property : {GRPC_X509_SAN_PROPERTY_NAME, GRPC_X509_CN_PROPERTY_NAME}) {
       for (const grpc::string_ref& value : auth->FindPropertyValues(property)) {
-        auto it = loaded->identities.find(std::string(value.data(), value.size()));
-        if (it != loaded->identities.end()) return loaded->callers[it->second];
+        auto it = loaded.identities.find(std::string(value.data(), value.size()));
+        if (it != loaded.identities.end()) return loaded.callers[it->second];
       }
     }
     return refuse("its client certificate names no tenant");

@@ -5,7 +5,11 @@
 // holds, in constant time) or with its mTLS client certificate (a subject
 // alternative name or common name the file lists). Without a tenants file
 // every caller is trusted as an admin (one trust domain), as before.
-// Thread-safe.
+//
+// A kvtier service (role SERVICE or ADMIN) calling for one of its end
+// tenants names it in the call's kActingForMetadata: the call is then that
+// tenant's, charged to it and held to its quota and role, in the
+// namespaces both it and the service may use. Thread-safe.
 #ifndef KVTIER_SERVICES_COMMON_TENANTS_H_
 #define KVTIER_SERVICES_COMMON_TENANTS_H_
 
@@ -24,6 +28,9 @@
 
 namespace kvtier {
 
+// The metadata in which a service names the end tenant it calls for.
+inline constexpr char kActingForMetadata[] = "kvtier-acting-for";
+
 // The tenant a call comes from.
 struct Caller {
   std::string tenant;  // empty without a tenants file
@@ -31,6 +38,7 @@ struct Caller {
   absl::flat_hash_set<std::string> namespaces;  // unused for an admin
   std::string default_namespace = "default";    // the first listed, with a file
   v1::TenantQuota quota;
+  std::string service;  // the service calling for it; empty when it calls itself
 
   bool MayUse(const std::string& ns) const { return role == v1::ADMIN || namespaces.contains(ns); }
   bool MayWrite() const { return role != v1::READER; }
@@ -62,7 +70,11 @@ class TenantRegistry {
   std::vector<std::string> TenantNames();
 
   // The caller of a call; UNAUTHENTICATED when it brings no proof or a bad
-  // one (logged, rate-limited, with the peer and `method`; no secret).
+  // one (logged, rate-limited, with the peer and `method`; no secret). A
+  // call naming a tenant in kActingForMetadata is that tenant's when its
+  // proven caller is a service; PERMISSION_DENIED when it is not, or the
+  // tenant is unknown or a service or admin itself. Without a tenants
+  // file the metadata is ignored.
   absl::StatusOr<std::shared_ptr<const Caller>> Authenticate(const grpc::ServerContextBase& context,
                                                              const char* method);
 
@@ -74,6 +86,10 @@ class TenantRegistry {
   TenantRegistry(std::string path, absl::Duration reload, std::shared_ptr<const Loaded> loaded, std::string signature);
   void Watch();
   std::shared_ptr<const Loaded> Current();
+  // The tenant whose proof the call brings, as Authenticate says.
+  static absl::StatusOr<std::shared_ptr<const Caller>> Prove(const Loaded& loaded,
+                                                             const grpc::ServerContextBase& context,
+                                                             const char* method);
 
   const std::string path_;
   const absl::Duration reload_;

@@ -353,5 +353,68 @@ TEST_F(SecurityTest, ATenantWritingTenTimesItsQuotaEvictsOnlyItsOwn) {
   EXPECT_EQ(MetricValue(page, R"(kvtier_cache_tenant_denied_total{reason="PERMISSION_DENIED",tenant="acme"})"), 1.0);
 }
 
+// A service (a prefill node) acting for its end tenants: what it stores
+// for each is charged to that tenant and held to its quota, so one writing
+// ten times its quota through the service evicts only its own blocks; a
+// READER's call stores nothing; and only a service may act, only for an
+// end tenant, only in namespaces both may use.
+TEST_F(SecurityTest, AServiceActsForItsEndTenantsWithinTheirQuotasAndRoles) {
+  const std::string quota = R"({"deviceBytes": 2097152, "hostBytes": 2097152})";  // 6 blocks each
+  TestTenant acme = kAcme, globex = kGlobex;
+  acme.quota = globex.quota = quota;
+  const TestTenant service{"kvtier-services", "SERVICE", "acme,globex", "services-token-5e21"};
+  const TestTenant initech{"initech", "WRITER", "initech", "initech-token-a9d3"};
+  const fs::path tenants = Dir("tenants-acting.json");
+  std::ofstream(tenants) << TenantsJson({kAdmin, acme, globex, kAuditor, service, initech});
+  std::string metrics;
+  const std::string target = StartCache({"--tenants", tenants.string()}, &metrics);
+  ASSERT_FALSE(target.empty());
+  ASSERT_FALSE(metrics.empty());
+  const auto acting_for = [&](const std::string& tenant) {
+    CacheClient client = Client(target, "", service.token);
+    client.ActFor(tenant);
+    return client;
+  };
+  CacheClient for_acme = acting_for("acme"), for_globex = acting_for("globex");
+  const std::vector<TestBlock> theirs = StoreBlocks(for_globex, TestLayout(), "globex", 1, 5);
+  for (int round = 0; round < 12; ++round) StoreBlocks(for_acme, TestLayout(), "acme", 100 + 5 * round, 5);
+  auto matched = for_globex.Match("globex", TestLayout(), Hashes(theirs));
+  ASSERT_TRUE(matched.ok()) << matched.status();
+  EXPECT_EQ(matched->matched_blocks(), 5u);
+  for (int t : matched->tiers()) EXPECT_EQ(t, v1::TIER_DEVICE) << "globex's block left the device tier";
+  const std::string page = ScrapeMetrics(metrics);
+  EXPECT_EQ(MetricValue(page, R"(kvtier_cache_tenant_used_bytes{tenant="globex",tier="device"})"),
+            5.0 * TestBlockBytesTaken())
+      << page;
+  EXPECT_LE(MetricValue(page, R"(kvtier_cache_tenant_used_bytes{tenant="acme",tier="device"})").value_or(1e18),
+            2097152.0);
+  EXPECT_GT(MetricValue(page, R"(kvtier_cache_tenant_evictions_total{tenant="acme"})").value_or(0), 0) << page;
+  EXPECT_FALSE(
+      MetricValue(page, R"(kvtier_cache_tenant_used_bytes{tenant="kvtier-services",tier="device"})").value_or(0) > 0)
+      << "the service was charged: " << page;
+
+  // A READER's generation reads and stores nothing.
+  CacheClient for_auditor = acting_for("auditor");
+  EXPECT_TRUE(for_auditor.Match("acme", TestLayout(), {}).ok());
+  const TestBlock block = MakeBlock(TestLayout(), "acme", 999);
+  EXPECT_EQ(for_auditor.Put("acme", TestLayout(), {block.slices}).status().code(), absl::StatusCode::kPermissionDenied);
+  // Acting needs a service, an end tenant the file lists, and a namespace
+  // both may use.
+  struct Attempt {
+    std::string token, acting_for, ns;
+  };
+  for (const Attempt& a : std::vector<Attempt>{{acme.token, "globex", "globex"},  // not a service
+                                               {service.token, "ops", "acme"},    // an admin
+                                               {service.token, "nobody", "acme"},
+                                               {service.token, "initech", "initech"},  // not the service's
+                                               {service.token, "acme", "globex"}}) {   // not acme's
+    CacheClient client = Client(target, "", a.token);
+    client.ActFor(a.acting_for);
+    EXPECT_EQ(client.Match(a.ns, TestLayout(), {}).status().code(), absl::StatusCode::kPermissionDenied)
+        << a.acting_for << " in " << a.ns;
+  }
+  EXPECT_TRUE(for_acme.Match("acme", TestLayout(), {}).ok());
+}
+
 }  // namespace
 }  // namespace kvtier::cache

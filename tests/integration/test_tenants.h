@@ -11,12 +11,15 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "services/kvblock/sha256.h"
 
 namespace kvtier::testing {
 
 struct TestTenant {
-  std::string name, role, ns, token;
+  std::string name, role;
+  std::string ns;  // its namespaces, comma-separated
+  std::string token;
   std::string cert_identity = "";  // empty: none
   std::string quota = "";          // a TenantQuota as JSON; empty: none
 };
@@ -32,7 +35,9 @@ inline std::string TenantsJson(const std::vector<TestTenant>& tenants) {
   for (size_t i = 0; i < tenants.size(); ++i) {
     const TestTenant& t = tenants[i];
     absl::StrAppend(&json, i ? "," : "", "{\"name\": \"", t.name, "\", \"role\": \"", t.role, "\"");
-    if (!t.ns.empty()) absl::StrAppend(&json, ", \"namespaces\": [\"", t.ns, "\"]");
+    if (!t.ns.empty()) {
+      absl::StrAppend(&json, ", \"namespaces\": [\"", absl::StrReplaceAll(t.ns, {{",", "\", \""}}), "\"]");
+    }
     absl::StrAppend(&json, ", \"tokenSha256\": [\"", TokenSha256Hex(t.token), "\"]");
     if (!t.cert_identity.empty()) absl::StrAppend(&json, ", \"certificateIdentities\": [\"", t.cert_identity, "\"]");
     if (!t.quota.empty()) absl::StrAppend(&json, ", \"quota\": ", t.quota);

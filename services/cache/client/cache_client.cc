@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/common/client_identity.h"
+#include "services/common/tenants.h"
 
 namespace kvtier::cache {
 
@@ -30,6 +31,7 @@ CacheClient::CacheClient(std::shared_ptr<grpc::Channel> channel, absl::Duration 
 
 void CacheClient::SetDeadline(grpc::ClientContext& context) const {
   context.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
+  if (!acting_for_.empty()) context.AddMetadata(kActingForMetadata, acting_for_);
 }
 
 absl::StatusOr<v1::MatchResponse> CacheClient::Match(const std::string& ns, const kvblock::LatentLayout& layout,

@@ -52,12 +52,20 @@ class CacheClient {
   absl::Status ReleaseLease(uint64_t lease_id);
   absl::StatusOr<v1::StatsResponse> Stats();
 
+  // Every later call is for end tenant `tenant` (kActingForMetadata): the
+  // cache charges it, and holds it to its quota, role and namespaces, when
+  // this client's own identity is a service's. Empty: calls for itself.
+  void ActFor(std::string tenant) { acting_for_ = std::move(tenant); }
+
   v1::KvCache::Stub& stub() { return *stub_; }
+  // What every call's context carries: the deadline, and the end tenant
+  // the client acts for.
   void SetDeadline(grpc::ClientContext& context) const;
 
  private:
   std::unique_ptr<v1::KvCache::Stub> stub_;
   absl::Duration deadline_;
+  std::string acting_for_;
 };
 
 absl::Status FromGrpcStatus(const grpc::Status& status);
