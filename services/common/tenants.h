@@ -43,6 +43,9 @@ struct Caller {
   bool MayUse(const std::string& ns) const { return role == v1::ADMIN || namespaces.contains(ns); }
   bool MayWrite() const { return role != v1::READER; }
   bool IsService() const { return role == v1::SERVICE || role == v1::ADMIN; }
+  // Who holds the call's connections, fast path sessions and leases: the
+  // service when it acts for the tenant.
+  const std::string& SessionOwner() const { return service.empty() ? tenant : service; }
   // Who it is, for logs ("tenant acme" or "the one trust domain").
   std::string Describe() const;
 };

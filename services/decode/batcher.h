@@ -38,6 +38,7 @@ struct DecodeSequence {
   // sealed block), under the request's namespace and layout.
   bool write_back = true;
   std::string ns;
+  std::string acting_for;  // the end tenant its cache calls are for (empty: the worker's own)
   kvblock::LatentLayout layout;
   std::vector<kvblock::BlockHash> chain;
   uint64_t last_write = 0;  // BlockWriter ticket of its latest write-back

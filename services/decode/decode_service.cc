@@ -63,7 +63,12 @@ DecodeService::DecodeService(const runtime::Model* model, std::string model_id, 
 
 DecodeService::~DecodeService() { batcher_.reset(); }
 
-absl::StatusOr<std::shared_ptr<DecodeSequence>> DecodeService::Prepare(const v1::DecodeRequest& r) {
+absl::StatusOr<std::shared_ptr<DecodeSequence>> DecodeService::Prepare(const v1::DecodeRequest& r,
+                                                                       const Caller& caller) {
+  // An end tenant's blocks are fetched and written back as its; a reader's
+  // generation stores nothing.
+  const std::string acting_for = caller.service.empty() ? "" : caller.tenant;
+  const bool write_back = !r.skip_write_back() && caller.MayWrite();
   const runtime::ModelConfig& c = model_.config();
   if (r.request_id().size() > serving::kMaxRequestIdBytes) {
     return absl::InvalidArgumentError("request_id is longer than 128 bytes");
@@ -113,7 +118,8 @@ absl::StatusOr<std::shared_ptr<DecodeSequence>> DecodeService::Prepare(const v1:
   for (size_t i = 0; i < full; ++i) {
     if (inline_records[i] == nullptr) wanted.push_back(chain[i]), wanted_index.push_back(i);
   }
-  std::vector<absl::StatusOr<serving::SharedRecord>> fetched = shards_.Fetch(r.kv_namespace(), layout, wanted);
+  std::vector<absl::StatusOr<serving::SharedRecord>> fetched =
+      shards_.Fetch(r.kv_namespace(), layout, wanted, acting_for);
   std::vector<const absl::StatusOr<serving::SharedRecord>*> from_cache(full, nullptr);  // by block index
   for (size_t k = 0; k < wanted.size(); ++k) from_cache[wanted_index[k]] = &fetched[k];
 
@@ -144,9 +150,9 @@ absl::StatusOr<std::shared_ptr<DecodeSequence>> DecodeService::Prepare(const v1:
     KVTIER_RETURN_IF_ERROR(model_.Prefill(std::span(tokens).subspan(i * tpb, tpb), s->cache, scratch));
     ++recomputed;
     blocks_recomputed_.Increment();
-    if (!r.skip_write_back()) {
+    if (write_back) {
       absl::StatusOr<std::string> again = serving::BlockRecord(layout, s->cache, i, 0, layout.num_layers);
-      if (again.ok()) last_write = writer_.Enqueue(r.kv_namespace(), layout, chain[i], std::move(*again));
+      if (again.ok()) last_write = writer_.Enqueue(r.kv_namespace(), layout, chain[i], std::move(*again), acting_for);
     }
   }
   KVTIER_RETURN_IF_ERROR(
@@ -159,7 +165,8 @@ absl::StatusOr<std::shared_ptr<DecodeSequence>> DecodeService::Prepare(const v1:
   s->next_index = 1;
   s->sampling = serving::ToSampling(r.sampling());
   s->limits = r.limits();
-  s->write_back = !r.skip_write_back();
+  s->write_back = write_back;
+  s->acting_for = acting_for;
   s->ns = r.kv_namespace();
   s->layout = layout;
   s->chain = std::move(chain);
@@ -174,7 +181,8 @@ void DecodeService::OnSealed(DecodeSequence& s, size_t block) {
                                        kvblock::LayoutId(s.layout), std::span(s.tokens).subspan(block * tpb, tpb)));
   absl::StatusOr<std::string> record = serving::BlockRecord(s.layout, s.cache, block, 0, s.layout.num_layers);
   if (!record.ok()) return;
-  if (const uint64_t ticket = writer_.Enqueue(s.ns, s.layout, s.chain.back(), std::move(*record)); ticket != 0) {
+  if (const uint64_t ticket = writer_.Enqueue(s.ns, s.layout, s.chain.back(), std::move(*record), s.acting_for);
+      ticket != 0) {
     s.last_write = ticket;
     blocks_written_back_.Increment();
   }
@@ -184,7 +192,7 @@ absl::StatusOr<std::shared_ptr<const Caller>> DecodeService::AuthenticateService
                                                                                  const char* method) const {
   absl::StatusOr<std::shared_ptr<const Caller>> caller = Authenticate(tenants_, context, method);
   if (!caller.ok()) return caller.status();
-  if (!(*caller)->IsService()) {
+  if (!(*caller)->IsService() && (*caller)->service.empty()) {  // neither a service nor one acting
     return absl::PermissionDeniedError(absl::StrCat((*caller)->Describe(),
                                                     " is not a kvtier service: decode workers serve only prefill "
                                                     "nodes (send requests to a prefill node)"));
@@ -216,7 +224,7 @@ grpc::Status DecodeService::Serve(grpc::ServerContext* context, const v1::Decode
   absl::StatusOr<std::shared_ptr<const Caller>> caller = AuthenticateService(*context, "Decode");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   if (absl::Status s = CheckNamespace(**caller, request->kv_namespace()); !s.ok()) return ToGrpcStatus(s);
-  absl::StatusOr<std::shared_ptr<DecodeSequence>> prepared = Prepare(*request);
+  absl::StatusOr<std::shared_ptr<DecodeSequence>> prepared = Prepare(*request, **caller);
   if (!prepared.ok()) return ToGrpcStatus(prepared.status());
   DecodeSequence& s = **prepared;
   // Token 0 (sampled by the prefill node) may already end the generation.

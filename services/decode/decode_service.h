@@ -38,7 +38,9 @@ class DecodeService final : public v1::Decode::Service {
  private:
   // Checks the request and builds its sequence, fetching or recomputing the
   // blocks; the caller submits it.
-  absl::StatusOr<std::shared_ptr<DecodeSequence>> Prepare(const v1::DecodeRequest& request);
+  // The sequence a request continues, its blocks fetched for `caller` (an
+  // end tenant a service acts for, or the service itself).
+  absl::StatusOr<std::shared_ptr<DecodeSequence>> Prepare(const v1::DecodeRequest& request, const Caller& caller);
   void OnSealed(DecodeSequence& sequence, size_t block);
   // Decode's work; Decode counts its status.
   grpc::Status Serve(grpc::ServerContext* context, const v1::DecodeRequest* request,

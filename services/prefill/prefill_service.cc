@@ -73,7 +73,17 @@ grpc::Status PrefillService::Count(grpc::Status status) {
   return status;
 }
 
-absl::StatusOr<PrefillService::Prefilled> PrefillService::Prefill(const v1::GenerateRequest& r, const std::string& ns) {
+namespace {
+
+// The end tenant a call acts for at the cache and the decode workers: the
+// caller, unless it is a service itself (or there are no tenants).
+std::string ActingFor(const Caller& caller) { return caller.IsService() ? "" : caller.tenant; }
+
+}  // namespace
+
+absl::StatusOr<PrefillService::Prefilled> PrefillService::Prefill(const v1::GenerateRequest& r, const std::string& ns,
+                                                                  const Caller& caller) {
+  const std::string acting_for = ActingFor(caller);
   const std::vector<uint32_t> prompt(r.prompt_token_ids().begin(), r.prompt_token_ids().end());
   const uint32_t tpb = layout_.tokens_per_block;
   const std::vector<kvblock::BlockHash> chain = kvblock::ComputeBlockChain(ns, kvblock::LayoutId(layout_), tpb, prompt);
@@ -84,11 +94,11 @@ absl::StatusOr<PrefillService::Prefilled> PrefillService::Prefill(const v1::Gene
   size_t cached_blocks = 0;
   if (reusable > 0) {
     const std::vector<kvblock::BlockHash> prefix(chain.begin(), chain.begin() + reusable);
-    const size_t matched = shards_.MatchPrefix(ns, layout_, prefix);
+    const size_t matched = shards_.MatchPrefix(ns, layout_, prefix, acting_for);
     const std::vector<kvblock::BlockHash> wanted(prefix.begin(), prefix.begin() + matched);
     // A block gone since Match, corrupt, or on a shard that stopped
     // answering ends the reuse there: the rest is prefilled.
-    for (absl::StatusOr<serving::SharedRecord>& record : shards_.Fetch(ns, layout_, wanted)) {
+    for (absl::StatusOr<serving::SharedRecord>& record : shards_.Fetch(ns, layout_, wanted, acting_for)) {
       // Fetch checked each record's CRC as it landed.
       absl::Status appended =
           record.ok() ? serving::AppendBlockRecord(*record, layout_, cache, kvblock::CrcCheck::kCheckedBefore)
@@ -102,8 +112,10 @@ absl::StatusOr<PrefillService::Prefilled> PrefillService::Prefill(const v1::Gene
     }
   }
   // Prefill the rest; each layer's newly filled blocks go to their shards
-  // as soon as that layer is done.
-  serving::ShardedPut put(shards_, ns, layout_, options_.cache_deadline);
+  // as soon as that layer is done (a reader's go to the decode worker
+  // inline, and it writes none back).
+  serving::ShardedPut put(shards_, ns, layout_, options_.cache_deadline, acting_for);
+  const bool store = caller.MayWrite();
   std::vector<float> logits(model_.config().vocab_size);
   const std::span<const uint32_t> suffix = std::span(prompt).subspan(cached_blocks * tpb);
   const runtime::SequenceTokens pass{suffix, &cache, logits};
@@ -111,7 +123,7 @@ absl::StatusOr<PrefillService::Prefilled> PrefillService::Prefill(const v1::Gene
   KVTIER_RETURN_IF_ERROR(model_.Forward(std::span(&pass, 1), [&](size_t layer) {
     for (size_t b = cached_blocks; b < cache.blocks[layer].size(); ++b) {
       absl::StatusOr<std::string> slice = serving::BlockRecord(layout_, cache, b, static_cast<uint32_t>(layer), 1);
-      if (slice.ok()) put.Write(chain[b], *slice);
+      if (slice.ok() && store) put.Write(chain[b], *slice);
     }
     put.Flush();  // this layer's slices go now, not with the last layer's
   }));
@@ -139,6 +151,7 @@ absl::StatusOr<PrefillService::Prefilled> PrefillService::Prefill(const v1::Gene
               << d.inline_blocks_size() << " of " << chain.size() - cached_blocks
               << " new blocks; they go to the decode worker inline" << std::endl;
   }
+  d.set_skip_write_back(!store);
   d.mutable_tail()->set_token_count(static_cast<uint32_t>(prompt.size() % tpb));
   d.mutable_tail()->set_latents(serving::TailBytes(cache));
   d.mutable_tail()->set_indexer_keys(serving::TailIndexerKeys(cache, layout_));
@@ -174,7 +187,7 @@ grpc::Status PrefillService::Generate(grpc::ServerContext* context, const v1::Ge
         serving::CheckGeneration(c, r->prompt_token_ids_size(), r->sampling(), r->limits(), options_.max_top_logprobs);
   if (!valid.ok()) return Count(ToGrpcStatus(valid));
 
-  absl::StatusOr<Prefilled> p = Prefill(*r, ns);
+  absl::StatusOr<Prefilled> p = Prefill(*r, ns, **caller);
   if (!p.ok()) return Count(ToGrpcStatus(p.status()));
   prompt_tokens_.Increment(r->prompt_token_ids_size());
   cached_tokens_.Increment(p->cached_tokens);
@@ -197,11 +210,11 @@ grpc::Status PrefillService::Generate(grpc::ServerContext* context, const v1::Ge
     writer->Write(done);
     return Count(grpc::Status::OK);
   }
-  return Count(Relay(context, p->decode, usage, writer));
+  return Count(Relay(context, p->decode, **caller, usage, writer));
 }
 
-grpc::Status PrefillService::Relay(grpc::ServerContext* context, const v1::DecodeRequest& request, v1::Usage usage,
-                                   grpc::ServerWriter<v1::GenerateResponse>* writer) {
+grpc::Status PrefillService::Relay(grpc::ServerContext* context, const v1::DecodeRequest& request, const Caller& caller,
+                                   v1::Usage usage, grpc::ServerWriter<v1::GenerateResponse>* writer) {
   uint32_t next_index = 1;  // the next token the client has not seen
   std::string failures;
   std::shared_ptr<const Decoders> decoders;
@@ -215,6 +228,9 @@ grpc::Status PrefillService::Relay(grpc::ServerContext* context, const v1::Decod
     const auto& [target, stub] = (*decoders)[(first + attempt) % decoders->size()];
     // Cancellation and the deadline of the client's call carry over.
     std::unique_ptr<grpc::ClientContext> call = grpc::ClientContext::FromServerContext(*context);
+    if (const std::string acting_for = ActingFor(caller); !acting_for.empty()) {
+      call->AddMetadata(kActingForMetadata, acting_for);
+    }
     std::unique_ptr<grpc::ClientReader<v1::DecodeResponse>> reader = stub->Decode(call.get(), request);
     ProgressWatchdog watchdog(call.get(), options_.decode_idle);
     v1::DecodeResponse event;

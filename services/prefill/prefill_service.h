@@ -60,10 +60,12 @@ class PrefillService final : public v1::Prefill::Service {
   struct Prefilled;
   // Everything up to the first token: cached prefix, prefill, blocks to the
   // cache, the DecodeRequest for the rest.
-  absl::StatusOr<Prefilled> Prefill(const v1::GenerateRequest& request, const std::string& ns);
+  // The prompt's blocks read from the cache, the rest computed and stored
+  // for `caller` (a reader's are not stored).
+  absl::StatusOr<Prefilled> Prefill(const v1::GenerateRequest& request, const std::string& ns, const Caller& caller);
   // Streams the decode worker's tokens after index 0 to the client.
-  grpc::Status Relay(grpc::ServerContext* context, const v1::DecodeRequest& request, v1::Usage usage,
-                     grpc::ServerWriter<v1::GenerateResponse>* writer);
+  grpc::Status Relay(grpc::ServerContext* context, const v1::DecodeRequest& request, const Caller& caller,
+                     v1::Usage usage, grpc::ServerWriter<v1::GenerateResponse>* writer);
   grpc::Status Count(grpc::Status status);
 
   const runtime::Model& model_;

@@ -14,10 +14,10 @@ BlockWriter::~BlockWriter() {
 }
 
 uint64_t BlockWriter::Enqueue(const std::string& ns, const kvblock::LatentLayout& layout,
-                              const kvblock::BlockHash& hash, std::string record) {
+                              const kvblock::BlockHash& hash, std::string record, const std::string& acting_for) {
   absl::MutexLock lock(&mu_);
   if (queue_.size() >= max_queued_) return 0;
-  queue_.push_back({ns, layout, hash, std::move(record)});
+  queue_.push_back({ns, layout, hash, std::move(record), acting_for});
   return ++queued_;
 }
 
@@ -38,7 +38,7 @@ void BlockWriter::Loop() {
       item = std::move(queue_.front());
       queue_.pop_front();
     }
-    shards_.Store(item.ns, item.layout, {{item.hash, {std::move(item.record)}}});
+    shards_.Store(item.ns, item.layout, {{item.hash, {std::move(item.record)}}}, item.acting_for);
     absl::MutexLock lock(&mu_);
     ++attempted_;
   }

@@ -20,10 +20,11 @@ class BlockWriter {
   BlockWriter(ShardSet& shards, size_t max_queued);
   ~BlockWriter();  // writes what is queued, then stops
 
-  // Queues one all-layer record; returns its ticket, or 0 when the queue is
-  // full and the record was dropped.
+  // Queues one all-layer record, stored for end tenant `acting_for` (empty:
+  // this process's own); returns its ticket, or 0 when the queue is full
+  // and the record was dropped.
   uint64_t Enqueue(const std::string& ns, const kvblock::LatentLayout& layout, const kvblock::BlockHash& hash,
-                   std::string record);
+                   std::string record, const std::string& acting_for = {});
   // Waits until the record of `ticket`, and every one queued before it,
   // was attempted (writes go in queue order).
   void WaitFor(uint64_t ticket);
@@ -34,6 +35,7 @@ class BlockWriter {
     kvblock::LatentLayout layout;
     kvblock::BlockHash hash;
     std::string record;
+    std::string acting_for;
   };
   void Loop();
 

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/cache/client/cache_client.h"
+#include "services/common/tenants.h"
 
 namespace kvtier::serving {
 
@@ -61,7 +62,8 @@ std::shared_ptr<cache::FastPathClient> FastPathRoute::Session() {
 }
 
 std::vector<uint32_t> FastPathRoute::Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
-                                           const std::vector<kvblock::BlockHash>& hashes, RecordLanding& landing) {
+                                           const std::vector<kvblock::BlockHash>& hashes, RecordLanding& landing,
+                                           const std::string& /*acting_for: the session is this process's*/) {
   std::shared_ptr<cache::FastPathClient> session = Session();
   absl::StatusOr<std::vector<uint32_t>> left = absl::UnavailableError("no fast path session");
   if (session != nullptr) {
@@ -89,9 +91,11 @@ void FastPathRoute::SessionFailed(const std::shared_ptr<cache::FastPathClient>& 
 }
 
 std::vector<uint32_t> GrpcRoute::Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
-                                       const std::vector<kvblock::BlockHash>& hashes, RecordLanding& landing) {
+                                       const std::vector<kvblock::BlockHash>& hashes, RecordLanding& landing,
+                                       const std::string& acting_for) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
+  if (!acting_for.empty()) context.AddMetadata(kActingForMetadata, acting_for);
   const StreamConnections::Lease connection = connections_->Take();
   const grpc::Status status =
       cache::RawGet(connection.channel(), &context, cache::MakeGetRequest(ns, layout, hashes), landing.AsDestination(),

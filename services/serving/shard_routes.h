@@ -65,9 +65,11 @@ class ShardRoute {
  public:
   virtual ~ShardRoute() = default;
   // Reads `hashes` of `ns` into `landing` (block i is hashes[i]) and returns
-  // the indices it did not answer, for the next route.
+  // the indices it did not answer, for the next route; for end tenant
+  // `acting_for` where the route calls the cache (not empty).
   virtual std::vector<uint32_t> Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
-                                      const std::vector<kvblock::BlockHash>& hashes, RecordLanding& landing) = 0;
+                                      const std::vector<kvblock::BlockHash>& hashes, RecordLanding& landing,
+                                      const std::string& acting_for) = 0;
   // A same-host session through whose staging region a Put stream's records
   // can travel, or null (they go inline). A call that failed through it as
   // if the session were gone reports it with SessionFailed: the next use
@@ -88,7 +90,8 @@ class FastPathRoute : public ShardRoute {
       : channel_(std::move(channel)), deadline_(deadline) {}
 
   std::vector<uint32_t> Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
-                              const std::vector<kvblock::BlockHash>& hashes, RecordLanding& landing) override;
+                              const std::vector<kvblock::BlockHash>& hashes, RecordLanding& landing,
+                              const std::string& acting_for) override;
   std::shared_ptr<cache::FastPathClient> PutStaging() override;
   void SessionFailed(const std::shared_ptr<cache::FastPathClient>& session) override;
   static constexpr uint64_t kStagingBytes = 32 << 20;
@@ -114,7 +117,8 @@ class GrpcRoute : public ShardRoute {
       : target_(std::move(target)), connections_(connections), deadline_(deadline) {}
 
   std::vector<uint32_t> Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
-                              const std::vector<kvblock::BlockHash>& hashes, RecordLanding& landing) override;
+                              const std::vector<kvblock::BlockHash>& hashes, RecordLanding& landing,
+                              const std::string& acting_for) override;
 
  private:
   const std::string target_;

@@ -10,6 +10,7 @@
 #include "services/common/log.h"
 #include "services/common/peer_discovery.h"
 #include "services/common/status.h"
+#include "services/common/tenants.h"
 #include "services/kvblock/block_format.h"
 #include "services/kvblock/sha256.h"
 
@@ -146,7 +147,7 @@ std::vector<std::pair<std::string, ShardSet::Health>> ShardSet::HealthOfShards()
 }
 
 size_t ShardSet::MatchPrefix(const std::string& ns, const kvblock::LatentLayout& layout,
-                             const std::vector<kvblock::BlockHash>& chain) {
+                             const std::vector<kvblock::BlockHash>& chain, const std::string& acting_for) {
   const std::shared_ptr<const ShardList> shards = Members();
   if (shards->empty()) return 0;
   // Each shard is asked about its own blocks, in chain order; the prefix
@@ -164,7 +165,9 @@ size_t ShardSet::MatchPrefix(const std::string& ns, const kvblock::LatentLayout&
     answers.push_back(std::async(std::launch::async, [&, s]() -> size_t {
       std::vector<kvblock::BlockHash> mine;
       for (size_t i : positions[s]) mine.push_back(chain[i]);
-      absl::StatusOr<v1::MatchResponse> r = shard.client.Match(ns, layout, mine);
+      cache::CacheClient client(shard.channel, deadline_);
+      client.ActFor(acting_for);
+      absl::StatusOr<v1::MatchResponse> r = client.Match(ns, layout, mine);
       const size_t matched = r.ok() ? std::min<size_t>(r->matched_blocks(), mine.size()) : 0;
       return matched == mine.size() ? chain.size() : positions[s][matched];
     }));
@@ -174,7 +177,8 @@ size_t ShardSet::MatchPrefix(const std::string& ns, const kvblock::LatentLayout&
 }
 
 std::vector<absl::StatusOr<SharedRecord>> ShardSet::Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
-                                                          const std::vector<kvblock::BlockHash>& hashes) {
+                                                          const std::vector<kvblock::BlockHash>& hashes,
+                                                          const std::string& acting_for) {
   const std::shared_ptr<const ShardList> shards = Members();
   std::vector<absl::StatusOr<SharedRecord>> out(hashes.size(), absl::UnavailableError("no cache shard"));
   const std::vector<std::vector<size_t>> positions = ByShard(*shards, hashes);
@@ -188,8 +192,9 @@ std::vector<absl::StatusOr<SharedRecord>> ShardSet::Fetch(const std::string& ns,
       }
       continue;
     }
-    done.push_back(std::async(std::launch::async,
-                              [&, s] { FetchFromShard(*(*shards)[s], ns, layout, hashes, positions[s], out); }));
+    done.push_back(std::async(std::launch::async, [&, s] {
+      FetchFromShard(*(*shards)[s], ns, layout, hashes, positions[s], out, acting_for);
+    }));
   }
   for (auto& d : done) d.get();
   return out;
@@ -197,7 +202,7 @@ std::vector<absl::StatusOr<SharedRecord>> ShardSet::Fetch(const std::string& ns,
 
 void ShardSet::FetchFromShard(Shard& shard, const std::string& ns, const kvblock::LatentLayout& layout,
                               const std::vector<kvblock::BlockHash>& hashes, std::vector<size_t> indices,
-                              std::vector<absl::StatusOr<SharedRecord>>& out) {
+                              std::vector<absl::StatusOr<SharedRecord>>& out, const std::string& acting_for) {
   for (const std::unique_ptr<ShardRoute>& route : shard.routes) {
     if (indices.empty()) return;
     std::vector<kvblock::BlockHash> mine;
@@ -208,7 +213,7 @@ void ShardSet::FetchFromShard(Shard& shard, const std::string& ns, const kvblock
     }
     RecordLanding landing(layout, *records_, std::move(slots));
     std::vector<size_t> left;
-    for (uint32_t i : route->Fetch(ns, layout, mine, landing)) {
+    for (uint32_t i : route->Fetch(ns, layout, mine, landing, acting_for)) {
       if (i < indices.size()) left.push_back(indices[i]);
     }
     indices = std::move(left);
@@ -216,8 +221,9 @@ void ShardSet::FetchFromShard(Shard& shard, const std::string& ns, const kvblock
 }
 
 std::set<kvblock::BlockHash> ShardSet::Store(const std::string& ns, const kvblock::LatentLayout& layout,
-                                             const std::vector<cache::BlockSlices>& blocks) {
-  ShardedPut put(*this, ns, layout, deadline_);
+                                             const std::vector<cache::BlockSlices>& blocks,
+                                             const std::string& acting_for) {
+  ShardedPut put(*this, ns, layout, deadline_, acting_for);
   for (const cache::BlockSlices& b : blocks) {
     for (const std::string& record : b.records) put.Write(b.hash, record);
   }
@@ -258,11 +264,12 @@ struct ShardedPut::Stream {
 };
 
 ShardedPut::ShardedPut(ShardSet& shards, std::string ns, const kvblock::LatentLayout& layout,
-                       absl::Duration finish_deadline)
+                       absl::Duration finish_deadline, std::string acting_for)
     : members_(shards.Members()),
       ns_(std::move(ns)),
       layout_(layout),
       finish_deadline_(finish_deadline),
+      acting_for_(std::move(acting_for)),
       streams_(members_->size()) {}
 
 ShardedPut::~ShardedPut() {
@@ -292,6 +299,7 @@ void ShardedPut::Write(const kvblock::BlockHash& hash, const std::string& record
       header.mutable_header()->set_fast_path_session_id(s->fast->session_id());
     }
     s->connection.emplace(shard.streams.Take());
+    if (!acting_for_.empty()) s->context.AddMetadata(kActingForMetadata, acting_for_);
     s->writer = s->connection->stub().Put(&s->context, &s->response);
     header.mutable_header()->set_kv_namespace(ns_);
     *header.mutable_header()->mutable_layout() = kvblock::LayoutToProto(layout_);

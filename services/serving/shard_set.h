@@ -62,10 +62,15 @@ class ShardSet {
   enum class Health { kUnknown, kUp, kDown };  // kUnknown: not checked yet
   std::vector<std::pair<std::string, Health>> HealthOfShards() const;
 
+  // Each call below is for end tenant `acting_for` when it is not empty
+  // (kActingForMetadata: the cache holds it to that tenant's quota, role and
+  // namespaces); else for this process's own identity. Reads through the
+  // fast path go through this process's session either way.
+
   // How many leading blocks of `chain` are stored, asking each shard about
   // its own blocks at once; a shard that fails holds none.
   size_t MatchPrefix(const std::string& ns, const kvblock::LatentLayout& layout,
-                     const std::vector<kvblock::BlockHash>& chain);
+                     const std::vector<kvblock::BlockHash>& chain, const std::string& acting_for = {});
 
   // Reads `hashes` (all shards at once), each record landing straight in its
   // string: each shard's routes are tried in turn, each asked for what the
@@ -74,7 +79,8 @@ class ShardSet {
   // CRC checked (as it was copied or as it landed); the strings come from a
   // pool and go back to it when their last holder lets go.
   std::vector<absl::StatusOr<SharedRecord>> Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
-                                                  const std::vector<kvblock::BlockHash>& hashes);
+                                                  const std::vector<kvblock::BlockHash>& hashes,
+                                                  const std::string& acting_for = {});
   // The default of the most bytes of fetched records that stay in the
   // pool unheld.
   static constexpr size_t kIdleRecordBytes = size_t{512} << 20;
@@ -84,7 +90,7 @@ class ShardSet {
   // Stores whole-block records, one Put per shard (a ShardedPut); the
   // hashes stored (or already there).
   std::set<kvblock::BlockHash> Store(const std::string& ns, const kvblock::LatentLayout& layout,
-                                     const std::vector<cache::BlockSlices>& blocks);
+                                     const std::vector<cache::BlockSlices>& blocks, const std::string& acting_for = {});
 
  private:
   friend class ShardedPut;
@@ -100,7 +106,7 @@ class ShardSet {
   // Fetch's part for one shard: `indices` of `hashes` into `out`.
   void FetchFromShard(Shard& shard, const std::string& ns, const kvblock::LatentLayout& layout,
                       const std::vector<kvblock::BlockHash>& hashes, std::vector<size_t> indices,
-                      std::vector<absl::StatusOr<SharedRecord>>& out);
+                      std::vector<absl::StatusOr<SharedRecord>>& out, const std::string& acting_for);
 
   const absl::Duration deadline_;
   const bool fast_path_;
@@ -120,7 +126,9 @@ class ShardSet {
 // thread-safe.
 class ShardedPut {
  public:
-  ShardedPut(ShardSet& shards, std::string ns, const kvblock::LatentLayout& layout, absl::Duration finish_deadline);
+  // For end tenant `acting_for` when not empty (ShardSet's calls).
+  ShardedPut(ShardSet& shards, std::string ns, const kvblock::LatentLayout& layout, absl::Duration finish_deadline,
+             std::string acting_for = {});
   ~ShardedPut();
 
   // Slices are sent many to a message (staged in a local shard's fast path
@@ -142,6 +150,7 @@ class ShardedPut {
   std::string ns_;
   kvblock::LatentLayout layout_;
   absl::Duration finish_deadline_;
+  std::string acting_for_;
   std::vector<std::unique_ptr<Stream>> streams_;  // by shard
 };
 

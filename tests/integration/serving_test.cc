@@ -780,7 +780,7 @@ TEST_F(ServingTest, TenantsReachOnlyTheirNamespacesThroughThePrefillNode) {
   absl::StatusOr<RemoteGeneration> mine = cluster.Generate(Request(prompt, 4));  // acme's namespace by default
   EXPECT_TRUE(mine.ok()) << mine.status();
   EXPECT_EQ(cluster.Generate(Request(prompt, 4, "globex")).status().code(), absl::StatusCode::kPermissionDenied);
-  // The prefill node stored acme's blocks as the service: a second turn hits.
+  // The prefill node stored acme's blocks for acme: a second turn hits.
   absl::StatusOr<RemoteGeneration> again = cluster.Generate(Request(prompt, 4, "acme"));
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->usage.cached_tokens(), 2 * kBlock);
@@ -795,6 +795,64 @@ TEST_F(ServingTest, TenantsReachOnlyTheirNamespacesThroughThePrefillNode) {
   while (reader->Read(&event)) {
   }
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  ASSERT_TRUE(SetClientIdentity({}).ok());
+}
+
+// End tenants all the way down: the prefill node and the decode worker
+// call the cache acting for the end tenant (kvtier-acting-for), so the
+// blocks it stores are charged to it and held to its quota. Two tenants
+// behind one prefill node: one writing ten times its quota never evicts
+// the other's prefix; a reader's generations read the cache and store
+// nothing.
+TEST_F(ServingTest, EndTenantsQuotasBindThroughThePrefillNode) {
+  SCOPED_TRACE(rng_.Trace());
+  const testing::TempDir dir("kvtier_serving_end_tenants_");
+  const std::string quota = R"({"deviceBytes": 262144, "hostBytes": 262144})";
+  const testing::TestTenant service{"kvtier", "SERVICE", "acme,globex", "service-token-77c1"};
+  const testing::TestTenant acme{"acme", "WRITER", "acme", "acme-token-3b8e", "", quota};
+  const testing::TestTenant globex{"globex", "WRITER", "globex", "globex-token-d410", "", quota};
+  const testing::TestTenant auditor{"auditor", "READER", "acme", "auditor-token-90fa"};
+  const std::string tenants = (dir / "tenants.json").string();
+  std::ofstream(tenants) << testing::TenantsJson({service, acme, globex, auditor});
+  const std::string service_token = testing::WriteTokenFile(dir.path(), service.token);
+  Cluster cluster(Tiny().dir, 1, 1, {"--tenants", tenants}, "2000",
+                  {"--tenants", tenants, "--token-file", service_token});
+  ASSERT_TRUE(cluster.ok());
+  const auto as = [&](const testing::TestTenant& t) {
+    return SetClientIdentity({.tls = {}, .token_file = testing::WriteTokenFile(dir.path(), t.token)});
+  };
+  // globex's prefix, then acme writing ten times its quota.
+  ASSERT_TRUE(as(globex).ok());
+  const std::vector<uint32_t> theirs = RandomIds(4 * kBlock + 1, rng_.engine());
+  ASSERT_TRUE(cluster.Generate(Request(theirs, 2)).ok());
+  ASSERT_TRUE(as(acme).ok());
+  const double block =
+      Scrape(cluster.cache_metrics[0], R"(kvtier_cache_tenant_used_bytes{tenant="globex",tier="device"})") / 4;
+  ASSERT_GT(block, 0) << "globex's blocks were not charged to globex";
+  const int prompts = static_cast<int>(10 * 2 * 262144 / (8 * block)) + 1;
+  for (int i = 0; i < prompts; ++i) {
+    ASSERT_TRUE(cluster.Generate(Request(RandomIds(8 * kBlock + 1, rng_.engine()), 1)).ok()) << i;
+  }
+  const std::string page = ScrapeMetrics(cluster.cache_metrics[0]);
+  EXPECT_GT(MetricValue(page, R"(kvtier_cache_tenant_evictions_total{tenant="acme"})").value_or(0), 0) << page;
+  EXPECT_LE(MetricValue(page, R"(kvtier_cache_tenant_used_bytes{tenant="acme",tier="device"})").value_or(1e18),
+            262144.0);
+  EXPECT_FALSE(MetricValue(page, R"(kvtier_cache_tenant_evictions_total{tenant="globex"})").has_value()) << page;
+  EXPECT_LE(MetricValue(page, R"(kvtier_cache_tenant_used_bytes{tenant="kvtier",tier="device"})").value_or(0), 0)
+      << "the service was charged: " << page;
+  ASSERT_TRUE(as(globex).ok());
+  absl::StatusOr<RemoteGeneration> again = cluster.Generate(Request(theirs, 2));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->usage.cached_tokens(), 4 * kBlock) << "acme's writes evicted globex's prefix";
+
+  // A reader's generation: the same tokens as a writer's, nothing stored.
+  ASSERT_TRUE(as(auditor).ok());
+  const std::vector<uint32_t> prompt = RandomIds(3 * kBlock + 5, rng_.engine());
+  const double stored = Scrape(cluster.cache_metrics[0], "kvtier_cache_blocks_stored_total");
+  absl::StatusOr<RemoteGeneration> read = cluster.Generate(Request(prompt, 70));
+  ASSERT_TRUE(read.ok()) << read.status();
+  ExpectSameGeneration(read->tokens, InProcess(prompt, 70), 1e-4);
+  EXPECT_EQ(Scrape(cluster.cache_metrics[0], "kvtier_cache_blocks_stored_total"), stored);
   ASSERT_TRUE(SetClientIdentity({}).ok());
 }
 

@@ -113,7 +113,7 @@ absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(const v1::OpenFast
   }
   const size_t tenant_limit =
       caller.quota.max_sessions() > 0 ? caller.quota.max_sessions() : options_.max_sessions_per_tenant;
-  size_t& held = sessions_by_tenant_[caller.tenant];
+  size_t& held = sessions_by_tenant_[caller.SessionOwner()];
   if (held >= tenant_limit) {
     return absl::ResourceExhaustedError(
         absl::StrCat(caller.Describe(), " holds ", held, " fast path sessions, the most it may"));
@@ -122,7 +122,7 @@ absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(const v1::OpenFast
   uint64_t id = 0;
   while (id == 0 || sessions_.contains(id)) RandomBytes(&id, sizeof id);
   Session& session = sessions_[id];
-  session.tenant = caller.tenant;
+  session.tenant = caller.SessionOwner();
   RandomBytes(session.secret.data(), session.secret.size());
   session.open_until = clock_->Now() + options_.prove_within;
   // Whole pages within this session's share, granted once it is proven (an

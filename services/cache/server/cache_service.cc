@@ -615,7 +615,7 @@ grpc::ServerUnaryReactor* CacheService::ReleaseLease(grpc::CallbackServerContext
   if (!caller.ok()) return FinishUnary(context, std::move(timer), caller.status());
   const uint64_t id = request->lease_id();
   absl::Status status = fast_path_ != nullptr && (id & kFastPathLeaseBit) != 0
-                            ? fast_path_->Release(id, (*caller)->tenant)
+                            ? fast_path_->Release(id, (*caller)->SessionOwner())
                             : store_->ReleaseLease(id, (*caller)->tenant);
   return FinishUnary(context, std::move(timer), status);
 }
@@ -659,8 +659,9 @@ grpc::ServerUnaryReactor* CacheService::LeaseBlocks(grpc::CallbackServerContext*
   // Pinning may promote blocks (a copy between tiers): not on a gRPC thread.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   auto work = [this, reactor, request, response, plan = *std::move(plan), timer]() mutable {
-    const absl::Status status = fast_path_->Lease(request->session_id(), plan.scope.ns, plan.scope.layout_id,
-                                                  plan.hashes, *plan.lease_ttl, *response, plan.scope.caller->tenant);
+    const absl::Status status =
+        fast_path_->Lease(request->session_id(), plan.scope.ns, plan.scope.layout_id, plan.hashes, *plan.lease_ttl,
+                          *response, plan.scope.caller->SessionOwner());
     const grpc::Status g = ToGrpcStatus(status);
     timer.Done(g.error_code());
     reactor->Finish(g);

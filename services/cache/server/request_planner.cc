@@ -94,7 +94,7 @@ absl::StatusOr<PutPlan> RequestPlanner::PlanPut(std::shared_ptr<const Caller> ca
   KVTIER_ASSIGN_OR_RETURN(plan.scope, PlanScope(std::move(caller), header.kv_namespace(), header.layout()));
   if (const uint64_t id = header.fast_path_session_id(); id != 0) {
     if (fast_path_ == nullptr) return NoFastPath();
-    KVTIER_ASSIGN_OR_RETURN(plan.staging, fast_path_->Staging(id, plan.scope.caller->tenant));
+    KVTIER_ASSIGN_OR_RETURN(plan.staging, fast_path_->Staging(id, plan.scope.caller->SessionOwner()));
   }
   return plan;
 }
