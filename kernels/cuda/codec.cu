@@ -238,8 +238,8 @@ __global__ void DequantizeBf16x8Kernel(const uint16_t* in, float* out, size_t n8
 // threads: thread (quad q, group j) holds its quad's columns of a group of
 // tokens in registers, so each value is read once; the groups' maxima meet
 // in shared memory. Small CUDA blocks keep several on a multiprocessor, one's
-// loads overlapping another's arithmetic (44% of the copy rate on an H200,
-// against 40% with one CUDA block a latent block).
+// loads overlapping another's arithmetic (faster than one CUDA block a
+// latent block on an H200: docs/notes/2026-12-01-benchmark-history.md).
 constexpr uint32_t kChunkQuads = 32;
 constexpr uint32_t kGroupTokens = 16;      // int8
 constexpr uint32_t kInt4GroupTokens = 8;   // int4: two quads (low and high nibbles) a thread
@@ -291,9 +291,9 @@ __global__ void QuantizeInt8QuadsKernel(const float* in, uint8_t* out, uint32_t 
   }
 }
 
-// int4: the same over byte columns, one CUDA block a latent block (26% of
-// the copy rate on an H200; 18% in 32-quad CUDA blocks, whose last quarter
-// of V2's 72 quads left most threads idle): thread (quad q, group j) holds
+// int4: the same over byte columns, one CUDA block a latent block (32-quad
+// CUDA blocks were slower: the last quarter of V2's 72 quads left most
+// threads idle): thread (quad q, group j) holds
 // byte columns 4q..4q+3, channels 4q.. (low nibbles) and half + 4q.. (high),
 // of 8 tokens.
 __global__ void __launch_bounds__(kMaxInt4Threads)

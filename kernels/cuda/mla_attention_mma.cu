@@ -45,10 +45,9 @@ constexpr uint32_t kWarpRope = kRope / kWarps;           // 16: one k-step
 constexpr uint32_t kSteps = (kWarpKv + kWarpRope) / 16;  // 9
 constexpr float kLog2e = 1.4426950408889634f;
 // The pool is read in stages of 16 tokens (a block's per-channel constants
-// come with its first), a ring of 4 in shared memory, 3 in flight. Measured
-// on an H200 at 128 x 64k tokens, % of the copy rate (bf16, fp8, int8,
-// int4): 83, 59, 48, 25 this way; 57, 52, 54, 30 with two whole blocks in
-// flight; 83, 49, 47, 25 with 8 stages for all but bf16.
+// come with its first), a ring of 4 in shared memory, 3 in flight: on an
+// H200 the best for bf16 and fp8 of the layouts tried (two whole blocks in
+// flight, 8 stages; docs/notes/2026-12-01-benchmark-history.md).
 constexpr uint32_t kStages = 4;
 constexpr uint32_t kStagesPerBlock = kTokens / kSub;
 

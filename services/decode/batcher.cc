@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/log.h"
 #include "services/runtime/cache_mark.h"
 #include "services/serving/generated_tokens.h"
 
@@ -103,8 +103,8 @@ void Batcher::Advance(const std::vector<std::shared_ptr<DecodeSequence>>& batch)
                                                                      : "")));
       return;
     }
-    std::cerr << "kvtier-decode: a step of " << batch.size() << " sequences failed (" << s.message()
-              << "); running them one at a time" << std::endl;
+    Log(LogLevel::kWarning, "batch",
+        absl::StrCat("a step of ", batch.size(), " sequences failed (", s.message(), "); running them one at a time"));
     for (size_t i = 0; i < batch.size(); ++i) runtime::UndoToMark(batch[i]->cache, std::move(marks[i]));
     for (const auto& sequence : batch) Advance({sequence});
     return;

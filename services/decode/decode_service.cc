@@ -1,8 +1,8 @@
 #include "services/decode/decode_service.h"
 
-#include <iostream>
-
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "services/common/log.h"
 #include "services/common/status.h"
 #include "services/serving/generated_tokens.h"
 #include "services/serving/model_server.h"
@@ -158,8 +158,9 @@ absl::StatusOr<std::shared_ptr<DecodeSequence>> DecodeService::Prepare(const v1:
   KVTIER_RETURN_IF_ERROR(
       serving::SetTail(r.tail().latents(), r.tail().indexer_keys(), r.tail().token_count(), layout, s->cache));
   if (recomputed > 0) {
-    std::cerr << "kvtier-decode: request '" << r.request_id() << "': recomputed " << recomputed << " of " << full
-              << " blocks the cache could not supply" << std::endl;
+    Log(LogLevel::kWarning, "request",
+        absl::StrCat("'", absl::CEscape(r.request_id()), "': recomputed ", recomputed, " of ", full,
+                     " blocks the cache could not supply"));
   }
   s->next_input = r.first_token().token_id();
   s->next_index = 1;

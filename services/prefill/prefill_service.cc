@@ -1,10 +1,11 @@
 #include "services/prefill/prefill_service.h"
 
 #include <algorithm>
-#include <iostream>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "services/cache/client/cache_client.h"
+#include "services/common/log.h"
 #include "services/common/status.h"
 #include "services/prefill/progress_watchdog.h"
 #include "services/serving/generated_tokens.h"
@@ -104,8 +105,9 @@ absl::StatusOr<PrefillService::Prefilled> PrefillService::Prefill(const v1::Gene
           record.ok() ? serving::AppendBlockRecord(*record, layout_, cache, kvblock::CrcCheck::kCheckedBefore)
                       : record.status();
       if (!appended.ok()) {
-        std::cerr << "kvtier-prefill: request '" << r.request_id() << "': cached block " << cached_blocks << " of "
-                  << matched << " unusable (" << appended.message() << "); prefilling from there" << std::endl;
+        Log(LogLevel::kWarning, "request",
+            absl::StrCat("'", absl::CEscape(r.request_id()), "': cached block ", cached_blocks, " of ", matched,
+                         " unusable (", appended.message(), "); prefilling from there"));
         break;
       }
       ++cached_blocks;
@@ -147,9 +149,9 @@ absl::StatusOr<PrefillService::Prefilled> PrefillService::Prefill(const v1::Gene
     blocks_inline_.Increment();
   }
   if (d.inline_blocks_size() > 0) {
-    std::cerr << "kvtier-prefill: request '" << r.request_id() << "': the cache did not store "
-              << d.inline_blocks_size() << " of " << chain.size() - cached_blocks
-              << " new blocks; they go to the decode worker inline" << std::endl;
+    Log(LogLevel::kWarning, "request",
+        absl::StrCat("'", absl::CEscape(r.request_id()), "': the cache did not store ", d.inline_blocks_size(), " of ",
+                     chain.size() - cached_blocks, " new blocks; they go to the decode worker inline"));
   }
   d.set_skip_write_back(!store);
   d.mutable_tail()->set_token_count(static_cast<uint32_t>(prompt.size() % tpb));
@@ -275,9 +277,9 @@ grpc::Status PrefillService::Relay(grpc::ServerContext* context, const v1::Decod
                                           : status.error_message();
     absl::StrAppend(&failures, failures.empty() ? "" : "; ", target, ": ", why);
     if (!retryable) return grpc::Status(status.error_code(), absl::StrCat("decode worker ", target, ": ", why));
-    std::cerr << "kvtier-prefill: request '" << request.request_id() << "': decode worker " << target
-              << " failed after token " << next_index - 1 << " (" << why << ")"
-              << (attempt + 1 < decoders->size() ? "; trying the next" : "") << std::endl;
+    Log(LogLevel::kWarning, "request",
+        absl::StrCat("'", absl::CEscape(request.request_id()), "': decode worker ", target, " failed after token ",
+                     next_index - 1, " (", why, ")", attempt + 1 < decoders->size() ? "; trying the next" : ""));
   }
   return grpc::Status(
       grpc::StatusCode::UNAVAILABLE,

@@ -66,9 +66,9 @@ struct PagedLatents {
 // Blocks of 64 tokens of 512 + 64 (DeepSeek-V2/V3), any codec, run on
 // tensor cores: dequantized to fp16, with the query and the softmax weights
 // rounded to fp16 (each output channel within a few 1e-3 of
-// sum_t p_t |c_t|, the scale of its weighted sum: 1e-3 to 4.6e-3 measured
-// on an H200 with a 20x outlier channel); tails, and every other shape,
-// run in float32 on CUDA cores.
+// sum_t p_t |c_t|, the scale of its weighted sum, as
+// kernels/cuda/check_mla_attention.cc checks); tails, and every other
+// shape, run in float32 on CUDA cores.
 struct PagedMlaOptions {
   bool tensor_cores = true;  // false: CUDA cores only
   // Null: PagedMlaDecode waits and reports what the device found. Else a
