@@ -1,0 +1,277 @@
+#include "services/cache/server/put_reactor.h"
+
+#include <grpcpp/support/proto_buffer_reader.h>
+
+#include <deque>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "services/cache/server/reactor_support.h"
+#include "services/common/log.h"
+#include "services/common/status.h"
+#include "services/kvblock/block_format.h"
+
+namespace kvtier::cache {
+namespace {
+
+// Applies a Put stream's messages in order on the executor, while reads run
+// ahead by up to kReadAhead messages so that the network and the store work
+// overlap. Memory per stream stays bounded by that window. Messages arrive
+// raw and are parsed here: a message that does not parse is answered
+// INVALID_ARGUMENT (typed, gRPC would end the stream there as if the client
+// had closed it, and the Put would answer OK).
+class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, public IdleStream {
+ public:
+  static constexpr size_t kReadAhead = 8;
+
+  PutReactor(CacheService* service, absl::StatusOr<std::shared_ptr<const Caller>> caller, grpc::ByteBuffer* response)
+      : service_(service), response_(response), timer_(service->metrics(), "Put") {
+    Step step;
+    {
+      absl::MutexLock lock(&mu_);
+      if (caller.ok()) {
+        caller_ = *std::move(caller);
+        reading_ = true;
+        step.start_read = true;
+        waiting_since_ = absl::Now();
+        if (service->idle_puts() != nullptr) {
+          service->idle_puts()->Add(this);
+          watched_ = true;
+        }
+      } else {
+        error_ = ToGrpcStatus(caller.status());
+        step = PlanLocked();
+      }
+    }
+    Run(step);
+  }
+
+  void OnReadDone(bool ok) override {
+    Step step;
+    {
+      absl::MutexLock lock(&mu_);
+      reading_ = false;
+      waiting_since_ = absl::Now();
+      if (ok) {
+        queue_.emplace_back().Swap(&request_);
+      } else {
+        closed_ = true;  // the client closed its side, or the call ended
+      }
+      step = PlanLocked();
+    }
+    Run(step);
+  }
+
+  void OnDone() override {
+    if (watched_) service_->idle_puts()->Remove(this);
+    DeleteWhenDone(this, mu_);
+  }
+
+  // Ends the stream when it has waited for the client's next message since
+  // before `cutoff` (not when the store is behind: then it reads ahead).
+  void ExpireIfIdleSince(absl::Time cutoff) override {
+    Step step;
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_ || error_.has_value() || processing_ || !queue_.empty() || !reading_ || waiting_since_ >= cutoff) {
+        return;
+      }
+      const std::string why = absl::StrCat("no Put message for ", absl::FormatDuration(service_->idle_puts()->limit()),
+                                           ": stream ended, its incomplete blocks dropped");
+      static RateLimitedLog log(LogLevel::kWarning, "put");
+      log(absl::StrCat(caller_->Describe(), ": ", why));
+      error_ = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, why);
+      step = PlanLocked();
+    }
+    Run(step);  // may delete this
+  }
+
+ private:
+  // What to do next, decided under the lock, done outside it (Finish may
+  // run OnDone, which deletes this, inline).
+  struct Step {
+    bool start_read = false;
+    bool submit = false;
+    std::optional<grpc::Status> finish;  // set: build the answer and finish
+  };
+
+  Step PlanLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Step step;
+    if (finished_) return step;
+    const bool drained = closed_ && queue_.empty();
+    if (error_.has_value() || drained) {
+      // A read may still be outstanding after an error; gRPC completes it
+      // (not ok) before OnDone. The executor task must be gone, though.
+      if (!processing_) {
+        finished_ = true;
+        step.finish = error_.value_or(grpc::Status::OK);
+      }
+      return step;
+    }
+    if (!processing_ && !queue_.empty()) {
+      processing_ = true;
+      step.submit = true;
+    }
+    if (!reading_ && !closed_ && queue_.size() < kReadAhead) {
+      reading_ = true;
+      step.start_read = true;
+    }
+    return step;
+  }
+
+  void Run(const Step& step) {
+    if (step.finish.has_value()) {
+      grpc::Status status = *step.finish;
+      if (status.ok()) status = Answer();
+      timer_.Done(status.error_code());
+      Finish(status);  // may delete this
+      return;
+    }
+    // While processing_ is set the stream cannot finish, so this stays alive.
+    if (step.start_read) StartRead(&request_);
+    if (!step.submit) return;
+    if (service_->executor()->TrySubmit([this] { Drain(); })) return;
+    Step next;
+    {
+      absl::MutexLock lock(&mu_);
+      processing_ = false;
+      error_ = kBusy;
+      next = PlanLocked();
+    }
+    Run(next);
+  }
+
+  // Applies queued messages until the queue is empty (on the executor).
+  void Drain() {
+    while (true) {
+      grpc::ByteBuffer raw;
+      {
+        absl::ReleasableMutexLock lock(&mu_);
+        if (queue_.empty() || error_.has_value()) {
+          // Decided in the same critical section that ends processing: once
+          // it is clear, another thread may finish the stream and free this.
+          processing_ = false;
+          waiting_since_ = absl::Now();
+          const Step last = PlanLocked();
+          lock.Release();
+          Run(last);
+          return;
+        }
+        raw.Swap(&queue_.front());
+        queue_.pop_front();
+      }
+      ++messages_;
+      v1::PutRequest request;
+      absl::Status status =
+          grpc::SerializationTraits<v1::PutRequest>::Deserialize(&raw, &request).ok()
+              ? Apply(request)
+              : absl::InvalidArgumentError(absl::StrCat("Put message ", messages_, " does not parse as a PutRequest"));
+      Step step;
+      {
+        absl::MutexLock lock(&mu_);
+        if (!status.ok()) {
+          error_ = ToGrpcStatus(service_->Count(caller_->tenant, status));
+          queue_.clear();
+        }
+        step = PlanLocked();  // processing_ is still set: at most a read
+      }
+      Run(step);
+    }
+  }
+
+  absl::Status Apply(const v1::PutRequest& request) {
+    switch (request.kind_case()) {
+      case v1::PutRequest::kHeader: {
+        if (session_ != nullptr) return absl::InvalidArgumentError("second Put header in one stream");
+        KVTIER_ASSIGN_OR_RETURN(PutPlan plan, service_->planner().PlanPut(caller_, request.header()));
+        staging_ = std::move(plan.staging);
+        const v1::TenantQuota& quota = plan.scope.caller->quota;
+        session_ = service_->store()->BeginPut(
+            plan.scope.ns, plan.scope.layout, plan.scope.caller->tenant,
+            OwnerQuota{{quota.device_bytes(), quota.host_bytes(), quota.disk_bytes()}, quota.put_bytes_in_flight()});
+        return absl::OkStatus();
+      }
+      case v1::PutRequest::kSlice:
+        return ApplySlice(request.slice());
+      case v1::PutRequest::kBatch: {
+        if (request.batch().slices_size() > kMaxSlicesPerBatch) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(request.batch().slices_size(), " slices in one batch, at most ", kMaxSlicesPerBatch));
+        }
+        for (const v1::LayerSlice& slice : request.batch().slices()) KVTIER_RETURN_IF_ERROR(ApplySlice(slice));
+        return absl::OkStatus();
+      }
+      case v1::PutRequest::KIND_NOT_SET:
+        break;
+    }
+    return absl::InvalidArgumentError("Put message with neither header nor slice");
+  }
+
+  absl::Status ApplySlice(const v1::LayerSlice& slice) {
+    if (session_ == nullptr) return absl::InvalidArgumentError("the first Put message must be a header");
+    KVTIER_ASSIGN_OR_RETURN(kvblock::BlockHash hash, kvblock::HashFromBytes(slice.block_hash()));
+    if (!slice.has_staged()) return session_->AddSlice(hash, slice.data());
+    if (staging_ == nullptr) {
+      return absl::InvalidArgumentError(
+          "a staged slice needs a header naming a fast path session with a staging region");
+    }
+    KVTIER_ASSIGN_OR_RETURN(std::string_view staged, staging_->Range(slice.staged().offset(), slice.staged().length()));
+    // Copied out first: the client can write its region at any time, and
+    // what is checked must be what is stored.
+    staged_copy_.assign(staged.data(), staged.size());
+    service_->fast_path()->CountStaged(staged.size());
+    return session_->AddSlice(hash, staged_copy_);
+  }
+
+  // The successful end: what this stream stored.
+  grpc::Status Answer() {
+    if (session_ == nullptr) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Put stream carried no header");
+    }
+    PutSummary summary = session_->Finish();
+    v1::PutResponse response;
+    response.set_blocks_stored(summary.blocks_stored);
+    response.set_blocks_deduplicated(summary.blocks_deduplicated);
+    for (const auto& h : summary.incomplete) {
+      response.add_incomplete_block_hashes(std::string(kvblock::HashAsBytes(h)));
+    }
+    bool own = false;
+    return grpc::SerializationTraits<v1::PutResponse>::Serialize(response, response_, &own);
+  }
+
+  CacheService* service_;
+  grpc::ByteBuffer* response_;
+  RpcTimer timer_;
+  std::shared_ptr<const Caller> caller_;  // set before the first read
+  bool watched_ = false;                  // in idle_puts, from before the first read
+  grpc::ByteBuffer request_;              // the one read in flight; owned by whoever set reading_
+  int messages_ = 0;                      // parsed so far, by Drain
+  // Used by one Drain task at a time (processing_), then by Answer; freed in
+  // OnDone, taking incomplete blocks with it.
+  std::unique_ptr<PutSession> session_;
+  std::shared_ptr<const StagingRegion> staging_;  // with a fast path session
+  std::string staged_copy_;
+
+  absl::Mutex mu_;
+  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;
+  bool processing_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<grpc::Status> error_ ABSL_GUARDED_BY(mu_);
+  // Since when the stream has had nothing to do but wait for the client.
+  absl::Time waiting_since_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+grpc::ServerReadReactor<grpc::ByteBuffer>* NewPutReactor(CacheService* service,
+                                                         absl::StatusOr<std::shared_ptr<const Caller>> caller,
+                                                         grpc::ByteBuffer* response) {
+  return new PutReactor(service, std::move(caller), response);
+}
+
+}  // namespace kvtier::cache
