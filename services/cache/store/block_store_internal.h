@@ -7,6 +7,8 @@
 #include <list>
 #include <map>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -46,6 +48,16 @@ inline size_t EntryMetadataBytes(const Entry& e) {
   constexpr size_t kMapNode = 64;
   return sizeof(Entry) + kMapNode + e.pages.capacity() * sizeof(uint32_t) + e.ns.capacity();
 }
+
+// Whether a record copied out of its tier is intact (block_store.cc): by
+// its slab's CRC (a GPU's) when that agrees with the landed trailer, else
+// by checking the copy.
+bool Intact(const std::vector<std::span<const uint8_t>>& landed, size_t size, std::optional<uint32_t> slab_crc,
+            const kvblock::BlockHash& hash);
+// DATA_LOSS naming the block.
+absl::Status ChecksumFailed(const kvblock::BlockHash& hash);
+// Where an entry's record lies.
+RecordRoom RoomOf(const Entry& e);
 
 }  // namespace kvtier::cache
 

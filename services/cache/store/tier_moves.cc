@@ -1,0 +1,180 @@
+// The store's tier moves: blocks copied to another tier without the lock
+// (demotion as room is made, promotion on a read), each copy's CRC checked
+// where it lands before the index points at it.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "services/cache/store/block_store.h"
+#include "services/cache/store/block_store_internal.h"
+#include "services/common/log.h"
+#include "services/kvblock/block_format.h"
+
+namespace kvtier::cache {
+namespace {
+
+// A tier move whose copy failed (not a checksum: the copying itself, a
+// GPU's error say): the block stays where it was, or is dropped when its
+// room is needed.
+void WarnMoveFailed(const absl::Status& copied) {
+  static RateLimitedLog log(LogLevel::kWarning, "store");
+  log(absl::StrCat("a tier move failed (", copied.ToString(),
+                   "); such blocks stay in their tier, or are evicted when their room is needed"));
+}
+
+}  // namespace
+
+struct BlockStore::Move {
+  size_t index;  // in MoveLocked's entries
+  Entry* entry;
+  size_t from;
+  std::vector<uint32_t> source;  // its pages where it is
+  std::vector<uint32_t> pages;   // its room in the destination
+};
+
+std::vector<bool> BlockStore::MoveLocked(std::span<Entry* const> entries, size_t to) {
+  // The caller holds the entries pinned: nothing frees their storage or
+  // evicts them, and `moving` keeps a second mover away, so their bytes
+  // stay put while the copies below run without the lock. Only a block no
+  // one else reads moves (another reader's pieces point into its storage);
+  // the same is checked again before a move commits.
+  std::vector<bool> moved(entries.size(), false);
+  Tier& dst = *tiers_[to];
+  std::vector<size_t> wanted(entries.size());
+  for (size_t i = 0; i < wanted.size(); ++i) wanted[i] = i;
+  // A second round for the blocks a full file system refused, once the
+  // disk tier has evicted to make room there.
+  for (int round = 0; round < 2 && !wanted.empty(); ++round) {
+    std::vector<Move> moves;
+    for (size_t i : wanted) {
+      Entry* e = entries[i];
+      if (e->moving || e->pins > 1 || e->zombie) continue;
+      if (!dst.storage->Fits(e->size) || !MakeRoomLocked(to, e->size, e->ns, e->owner).ok()) continue;
+      std::vector<uint32_t> pages;  // the room, reserved
+      if (!dst.storage->Take(e->size, e->ns, pages)) continue;
+      ChargeLocked(to, e->owner, dst.storage->BytesTaken(e->size), +1);
+      e->moving = true;
+      moves.push_back({i, e, e->tier, e->pages, std::move(pages)});
+    }
+    if (moves.empty()) break;
+    // Copying (and checking) blocks takes long enough that other calls
+    // should not wait for it.
+    mu_.Unlock();
+    const std::vector<absl::Status> copied = CopyRecords(moves, to);
+    mu_.Lock();
+    wanted.clear();
+    for (size_t k = 0; k < moves.size(); ++k) {
+      moved[moves[k].index] = FinishMoveLocked(moves[k], to, copied[k]);
+      if (!moved[moves[k].index] && copied[k].code() == absl::StatusCode::kResourceExhausted &&
+          EvictForFullStorageLocked(to, moves[k].entry->size)) {
+        wanted.push_back(moves[k].index);
+      }
+    }
+  }
+  return moved;
+}
+
+bool BlockStore::EvictForFullStorageLocked(size_t tier, size_t bytes) {
+  static RateLimitedLog log(LogLevel::kWarning, "store");
+  Tier& t = *tiers_[tier];
+  std::vector<Entry*> victims;  // least recently used first
+  size_t freed = 0;
+  for (auto it = t.lru.rbegin(); it != t.lru.rend() && freed < bytes; ++it) {
+    if ((*it)->pins > 0 || (*it)->moving) continue;
+    victims.push_back(*it);
+    freed += (*it)->size;
+  }
+  for (Entry* victim : victims) EvictLocked(victim);
+  log(absl::StrCat("the storage under a tier is full before its capacity (", t.counters.used_bytes, " of ",
+                   t.counters.capacity_bytes, " bytes in use); evicted ", victims.size(), " blocks to make room"));
+  return !victims.empty();
+}
+
+bool BlockStore::FinishMoveLocked(Move& move, size_t to, const absl::Status& copied) {
+  Entry* e = move.entry;
+  const size_t from = move.from;
+  Tier& dst = *tiers_[to];
+  std::vector<uint32_t>& pages = move.pages;
+  e->moving = false;
+  // A reader that pinned the block meanwhile reads its old storage: it stays.
+  if (!copied.ok() || e->zombie || e->pins > 1) {
+    // What was written is ours to remove, unless a newer block of that key
+    // took its place (a file under its name).
+    const bool ours = copied.ok() && !(e->zombie && index_.count(Key(e->ns, e->hash)) > 0);
+    GiveRoomLocked(to, {e->ns, e->hash, pages, e->size}, e->owner, ours);
+    if (copied.code() == absl::StatusCode::kDataLoss) {  // a corrupt record never reaches another tier
+      ++counters_.checksum_failures;
+      if (!e->zombie) DropLocked(e);
+    } else if (!copied.ok()) {
+      ++dst.counters.write_errors;
+      WarnMoveFailed(copied);
+    }
+    return false;
+  }
+  Tier& src = *tiers_[from];
+  src.lru.erase(e->lru);
+  --src.counters.blocks;
+  ReleaseStorageLocked(*e);
+  e->pages = std::move(pages);
+  e->tier = to;
+  dst.lru.push_front(e);
+  e->lru = dst.lru.begin();
+  ++dst.counters.blocks;
+  if (to < from) {
+    ++dst.counters.promotions;
+  } else {
+    ++src.counters.demotions;
+  }
+  return true;
+}
+
+std::vector<absl::Status> BlockStore::CopyRecords(std::span<const Move> moves, size_t to) const {
+  const TierStorage& src = *tiers_[moves[0].from]->storage;  // the same for all
+  const TierStorage& dst = *tiers_[to]->storage;
+  std::vector<RecordRoom> sources, rooms;
+  std::vector<std::vector<std::span<uint8_t>>> outs;
+  for (const Move& m : moves) {
+    dst.Prepare(m.pages);
+    const Entry& e = *m.entry;
+    sources.push_back({e.ns, e.hash, m.source, e.size});
+    rooms.push_back({e.ns, e.hash, m.pages, e.size});
+    outs.push_back(dst.Memory(rooms.back()));
+  }
+  // A source's read failing for its own bytes (a file gone or altered)
+  // loses the block; any other leaves it where it was.
+  const auto read_failed = [](const absl::Status& s, const kvblock::BlockHash& hash) {
+    const bool lost = s.code() == absl::StatusCode::kDataLoss || s.code() == absl::StatusCode::kNotFound;
+    return lost ? ChecksumFailed(hash) : s;
+  };
+  std::vector<absl::Status> copied;
+  if (!outs[0].empty()) {
+    // Into memory: out of the source all at once (one wait for a GPU),
+    // each checked where it landed (or by the CRC a GPU computed where it
+    // lay, when that agrees).
+    std::vector<std::optional<uint32_t>> crcs(moves.size());
+    const std::vector<absl::Status> read = src.ReadInto(sources, outs, crcs);
+    for (size_t k = 0; k < moves.size(); ++k) {
+      const kvblock::BlockHash& hash = moves[k].entry->hash;
+      const std::vector<std::span<const uint8_t>> landed(outs[k].begin(), outs[k].end());
+      if (!read[k].ok()) {
+        copied.push_back(read_failed(read[k], hash));
+      } else {
+        copied.push_back(Intact(landed, moves[k].entry->size, crcs[k], hash) ? absl::OkStatus() : ChecksumFailed(hash));
+      }
+    }
+    return copied;
+  }
+  for (size_t k = 0; k < moves.size(); ++k) {
+    const kvblock::BlockHash& hash = moves[k].entry->hash;
+    absl::StatusOr<RecordBytes> bytes = src.Read(sources[k]);
+    if (!bytes.ok()) {
+      copied.push_back(read_failed(bytes.status(), hash));
+    } else if (!Intact(bytes->pieces, moves[k].entry->size, bytes->crc, hash)) {
+      copied.push_back(ChecksumFailed(hash));
+    } else {
+      copied.push_back(dst.Write(rooms[k], bytes->pieces));  // a full or failing disk: it stays
+    }
+  }
+  return copied;
+}
+
+}  // namespace kvtier::cache
