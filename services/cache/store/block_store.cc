@@ -533,6 +533,34 @@ void BlockStore::EndPendingLocked(const std::string& owner, size_t bytes) {
   ForgetIfEmptyLocked(owner);
 }
 
+bool BlockStore::PublishPending(const std::string& ns, const kvblock::BlockHash& hash, uint64_t layout_id,
+                                const std::string& owner, size_t bytes, std::vector<uint32_t> pages) {
+  absl::MutexLock lock(&mu_);
+  EndPendingLocked(owner, bytes);
+  Key key(ns, hash);
+  if (index_.count(key) > 0) {  // another stream finished it first
+    GiveRoomLocked(0, {ns, hash, pages, bytes}, owner, /*written=*/false);
+    ++counters_.blocks_deduplicated;
+    return false;
+  }
+  auto entry = std::make_unique<Entry>();
+  entry->ns = ns;
+  entry->owner = owner;
+  entry->hash = hash;
+  entry->layout_id = layout_id;
+  entry->size = bytes;
+  entry->tier = 0;
+  entry->pages = std::move(pages);
+  Tier& first = *tiers_[0];
+  first.lru.push_front(entry.get());
+  entry->lru = first.lru.begin();
+  ++first.counters.blocks;
+  ++counters_.blocks_stored;
+  counters_.metadata_bytes += EntryMetadataBytes(*entry);
+  index_.emplace(std::move(key), std::move(entry));
+  return true;
+}
+
 std::unique_ptr<PutSession> BlockStore::BeginPut(std::string ns, kvblock::LatentLayout layout, std::string owner,
                                                  OwnerQuota quota) {
   {

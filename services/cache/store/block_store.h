@@ -360,6 +360,11 @@ class BlockStore {
   absl::StatusOr<std::vector<uint32_t>> AllocatePendingLocked(size_t bytes, const PutSession& session)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndPendingLocked(const std::string& owner, size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes a block that `owner`'s Put has written whole into first-tier
+  // `pages` visible, all at once; false (its room given back, counted as
+  // deduplicated) when another stream stored the same block first.
+  bool PublishPending(const std::string& ns, const kvblock::BlockHash& hash, uint64_t layout_id,
+                      const std::string& owner, size_t bytes, std::vector<uint32_t> pages) ABSL_LOCKS_EXCLUDED(mu_);
 
   const StoreOptions options_;
   Clock* const clock_;

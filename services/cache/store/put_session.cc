@@ -118,31 +118,11 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_vi
 
   std::unique_ptr<Pending> done = std::move(it->second);
   pending_.erase(it);
-  absl::MutexLock lock(&store_->mu_);
-  store_->EndPendingLocked(owner_, record_bytes_);
-  BlockStore::Key index_key(ns_, hash);
-  if (store_->index_.count(index_key) > 0) {  // another stream finished it first
-    store_->GiveRoomLocked(0, {ns_, hash, done->pages, record_bytes_}, owner_, /*written=*/false);
+  if (store_->PublishPending(ns_, hash, layout_id_, owner_, record_bytes_, std::move(done->pages))) {
+    ++summary_.blocks_stored;
+  } else {
     ++summary_.blocks_deduplicated;
-    ++store_->counters_.blocks_deduplicated;
-    return absl::OkStatus();
   }
-  auto entry = std::make_unique<Entry>();
-  entry->ns = ns_;
-  entry->owner = owner_;
-  entry->hash = hash;
-  entry->layout_id = layout_id_;
-  entry->size = record_bytes_;
-  entry->tier = 0;
-  entry->pages = std::move(done->pages);
-  BlockStore::Tier& first_tier = *store_->tiers_[0];
-  first_tier.lru.push_front(entry.get());
-  entry->lru = first_tier.lru.begin();
-  ++first_tier.counters.blocks;
-  ++store_->counters_.blocks_stored;
-  store_->counters_.metadata_bytes += EntryMetadataBytes(*entry);
-  store_->index_.emplace(std::move(index_key), std::move(entry));
-  ++summary_.blocks_stored;
   return absl::OkStatus();
 }
 
