@@ -75,31 +75,34 @@ void AppendIndexerKeys(const runtime::SequenceCache& cache, size_t layer, size_t
   out.append(reinterpret_cast<const char*>(cache.index_scales[layer].data() + first), count * sizeof(float));
 }
 
-// Appends `count` indexer keys in the record's encoding to the end of layer
-// `layer`'s. INVALID_ARGUMENT for a NaN code or a scale that is not finite
-// and positive: the model never makes them, and scoring over them would
-// choose tokens at random.
-absl::Status TakeIndexerKeys(std::string_view bytes, size_t count, size_t dim, runtime::SequenceCache& cache,
-                             size_t layer) {
-  const auto* codes = reinterpret_cast<const uint8_t*>(bytes.data());
+// OK when `part` (`count` keys in the record's encoding) holds keys the
+// model can make; INVALID_ARGUMENT for a NaN code or a scale that is not
+// finite and positive: scoring over them would choose tokens at random.
+absl::Status CheckIndexerKeys(std::string_view part, size_t count, size_t dim, size_t layer) {
+  const auto* codes = reinterpret_cast<const uint8_t*>(part.data());
   for (size_t i = 0; i < count * dim; ++i) {
     if ((codes[i] & 0x7f) == 0x7f) {
       return absl::InvalidArgumentError(absl::StrCat("layer ", layer, ": indexer key ", i / dim, " has a NaN code"));
     }
   }
-  std::vector<float>& scales = cache.index_scales[layer];
-  const size_t had = scales.size();
-  scales.resize(had + count);
-  std::memcpy(scales.data() + had, bytes.data() + count * dim, count * sizeof(float));
-  for (size_t i = had; i < scales.size(); ++i) {
-    if (!std::isfinite(scales[i]) || scales[i] <= 0.0f) {
-      scales.resize(had);
-      return absl::InvalidArgumentError(absl::StrCat("layer ", layer, ": indexer key ", i - had, " has scale ",
-                                                     scales[i], ", not finite and positive"));
+  for (size_t t = 0; t < count; ++t) {
+    float scale;
+    std::memcpy(&scale, part.data() + count * dim + t * sizeof scale, sizeof scale);
+    if (!std::isfinite(scale) || scale <= 0.0f) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer ", layer, ": indexer key ", t, " has scale ", scale, ", not finite and positive"));
     }
   }
-  cache.index_keys[layer].insert(cache.index_keys[layer].end(), codes, codes + count * dim);
   return absl::OkStatus();
+}
+
+// Appends the `count` keys of a checked `part` to layer `layer`'s.
+void AddIndexerKeys(std::string_view part, size_t count, size_t dim, runtime::SequenceCache& cache, size_t layer) {
+  const auto* codes = reinterpret_cast<const uint8_t*>(part.data());
+  cache.index_keys[layer].insert(cache.index_keys[layer].end(), codes, codes + count * dim);
+  std::vector<float>& scales = cache.index_scales[layer];
+  scales.resize(scales.size() + count);
+  std::memcpy(scales.data() + scales.size() - count, part.data() + count * dim, count * sizeof(float));
 }
 
 }  // namespace
@@ -161,14 +164,10 @@ absl::Status AppendBlockRecord(SharedRecord record, const kvblock::LatentLayout&
       }
     }
     for (uint32_t l = 0; l < layout.num_layers; ++l) {
-      if (absl::Status s = TakeIndexerKeys(view.IndexerPart(l), layout.tokens_per_block, layout.indexer_dim, cache, l);
-          !s.ok()) {
-        for (uint32_t k = 0; k < l; ++k) {  // the cache as it was
-          cache.index_scales[k].resize(sealed);
-          cache.index_keys[k].resize(sealed * layout.indexer_dim);
-        }
-        return s;
-      }
+      KVTIER_RETURN_IF_ERROR(CheckIndexerKeys(view.IndexerPart(l), layout.tokens_per_block, layout.indexer_dim, l));
+    }
+    for (uint32_t l = 0; l < layout.num_layers; ++l) {
+      AddIndexerKeys(view.IndexerPart(l), layout.tokens_per_block, layout.indexer_dim, cache, l);
     }
   }
   for (uint32_t l = 0; l < layout.num_layers; ++l) {
@@ -229,8 +228,9 @@ absl::Status SetTail(std::string_view bytes, std::string_view indexer_keys, uint
     if (cache.index_scales[l].size() != sealed) {
       return absl::FailedPreconditionError("the sequence cache's indexer keys are not those of its blocks");
     }
-    KVTIER_RETURN_IF_ERROR(TakeIndexerKeys(indexer_keys.substr(l * keys_per_layer, keys_per_layer), token_count,
-                                           layout.indexer_dim, cache, l));
+    const std::string_view part = indexer_keys.substr(l * keys_per_layer, keys_per_layer);
+    KVTIER_RETURN_IF_ERROR(CheckIndexerKeys(part, token_count, layout.indexer_dim, l));
+    AddIndexerKeys(part, token_count, layout.indexer_dim, cache, l);
   }
   cache.length = static_cast<int64_t>(sealed + token_count);
   return absl::OkStatus();

@@ -165,9 +165,12 @@ size_t ShardSet::MatchPrefix(const std::string& ns, const kvblock::LatentLayout&
     answers.push_back(std::async(std::launch::async, [&, s]() -> size_t {
       std::vector<kvblock::BlockHash> mine;
       for (size_t i : positions[s]) mine.push_back(chain[i]);
-      cache::CacheClient client(shard.channel, deadline_);
-      client.ActFor(acting_for);
-      absl::StatusOr<v1::MatchResponse> r = client.Match(ns, layout, mine);
+      std::optional<cache::CacheClient> acting;  // a client of its own names the end tenant
+      if (!acting_for.empty()) {
+        acting.emplace(shard.channel, deadline_);
+        acting->ActFor(acting_for);
+      }
+      absl::StatusOr<v1::MatchResponse> r = (acting ? *acting : shard.client).Match(ns, layout, mine);
       const size_t matched = r.ok() ? std::min<size_t>(r->matched_blocks(), mine.size()) : 0;
       return matched == mine.size() ? chain.size() : positions[s][matched];
     }));

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <random>
 #include <regex>
@@ -180,6 +181,24 @@ std::string ExpectGenerateAsRun(const std::string& model_dir, const std::string&
   return last_line(run.output);
 }
 
+// Changes one byte (whatever it was: a fixed value could be the same) of
+// every block file under the disk tier `disk`, at the offset `at` picks for
+// the file's size; how many files it changed.
+size_t CorruptDiskBlocks(const fs::path& disk, const std::function<std::streamoff(uintmax_t size)>& at) {
+  size_t corrupted = 0;
+  for (const auto& e : fs::recursive_directory_iterator(disk)) {
+    if (e.path().extension() != ".kvb") continue;
+    const std::streamoff offset = at(fs::file_size(e.path()));
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(offset);
+    const char was = static_cast<char>(f.get());
+    f.seekp(offset);
+    f.put(static_cast<char>(was ^ 0x5a));
+    ++corrupted;
+  }
+  return corrupted;
+}
+
 class ServingTest : public ::testing::Test {
  protected:
   testing::SeededRng rng_;
@@ -287,21 +306,13 @@ TEST_F(ServingTest, DeepSeekV32ServesWhatTheRuntimeComputesWithItsIndexerKeysCac
   ASSERT_TRUE(cluster.Generate(Request(second, 4)).ok());
   const kvblock::LatentLayout layout = serving::ModelLayout(m.config, "any", kernels::Codec::kBf16, kBlock);
   const size_t record = kvblock::HeaderFor(layout, 0, layout.num_layers).RecordBytes();
-  size_t corrupted = 0;
-  for (const auto& e : fs::recursive_directory_iterator(disk)) {
-    if (e.path().extension() != ".kvb") continue;
-    // One byte of one layer's indexer keys (the record ends the file).
+  // One byte of one layer's indexer keys in each (the record ends the file).
+  const size_t corrupted = CorruptDiskBlocks(disk, [&](uintmax_t size) {
     const uint32_t layer = static_cast<uint32_t>(rng_.engine()() % layout.num_layers);
-    const auto at = static_cast<std::streamoff>(fs::file_size(e.path()) - record + kvblock::kIndexedBlockHeaderBytes +
-                                                layer * layout.LayerPayloadBytes() + layout.LatentPartBytes() +
-                                                rng_.engine()() % layout.IndexerPartBytes());
-    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(at);
-    const char was = static_cast<char>(f.get());
-    f.seekp(at);
-    f.put(static_cast<char>(was ^ 0x5a));
-    ++corrupted;
-  }
+    return static_cast<std::streamoff>(size - record + kvblock::kIndexedBlockHeaderBytes +
+                                       layer * layout.LayerPayloadBytes() + layout.LatentPartBytes() +
+                                       rng_.engine()() % layout.IndexerPartBytes());
+  });
   ASSERT_GT(corrupted, 0u) << "no block reached the disk tier";
   absl::StatusOr<RemoteGeneration> got = cluster.Generate(Request(first, 4));
   ASSERT_TRUE(got.ok()) << got.status();
@@ -648,18 +659,8 @@ TEST_F(ServingTest, ACorruptedBlockIsDetectedAndRecomputed) {
   const std::vector<uint32_t> first = RandomIds(400, rng_.engine()), second = RandomIds(400, rng_.engine());
   ASSERT_TRUE(cluster.Generate(Request(first, 4)).ok());
   ASSERT_TRUE(cluster.Generate(Request(second, 4)).ok());
-  size_t corrupted = 0;
-  for (const auto& e : fs::recursive_directory_iterator(disk)) {
-    if (e.path().extension() != ".kvb") continue;
-    // A changed byte, whatever it was (a fixed value could be the same).
-    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
-    const auto middle = static_cast<std::streamoff>(fs::file_size(e.path()) / 2);
-    f.seekg(middle);
-    const char was = static_cast<char>(f.get());
-    f.seekp(middle);
-    f.put(static_cast<char>(was ^ 0x5a));
-    ++corrupted;
-  }
+  const size_t corrupted =
+      CorruptDiskBlocks(disk, [](uintmax_t size) { return static_cast<std::streamoff>(size / 2); });
   ASSERT_GT(corrupted, 0u) << "no block reached the disk tier";
   absl::StatusOr<RemoteGeneration> got = cluster.Generate(Request(first, 4));
   ASSERT_TRUE(got.ok()) << got.status();
