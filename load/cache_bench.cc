@@ -48,14 +48,16 @@
 #include "absl/strings/str_split.h"
 #include "load/bench_layout.h"
 #include "load/median.h"
+#include "services/base/child_process.h"
+#include "services/base/flags.h"
 #include "services/cache/client/cache_client.h"
 #include "services/cache/client/raw_get.h"
+#include "services/cache/client/shard_set.h"
 #include "services/cache/fast_path/fast_path_client.h"
-#include "services/common/child_process.h"
-#include "services/common/flags.h"
 #include "services/kvblock/block_format.h"
+#include "services/rpc/client_identity.h"
+#include "services/rpc/grpc_status.h"
 #include "services/serving/sequence_blocks.h"
-#include "services/serving/shard_set.h"
 
 namespace kvtier::cache {
 namespace {
@@ -266,12 +268,12 @@ Sample KvtierFastGet(FastPathClient& fast, const kvblock::LatentLayout& layout, 
 // ShardSet::Fetch (through the fast path, or by Get when `shards` has it
 // off), then each record appended to the sequence's cache. `cache`
 // is left holding the prefix, so that it is freed outside the timing.
-Sample WorkerLoad(serving::ShardSet& shards, const kvblock::LatentLayout& layout, const std::string& ns,
-                  const Prefix& p, runtime::SequenceCache& cache) {
+Sample WorkerLoad(cache::ShardSet& shards, const kvblock::LatentLayout& layout, const std::string& ns, const Prefix& p,
+                  runtime::SequenceCache& cache) {
   cache = serving::EmptyCache(layout);
   Sample sample;
   size_t appended = 0;
-  for (const absl::StatusOr<serving::SharedRecord>& record : shards.Fetch(ns, layout, p.hashes)) {
+  for (const absl::StatusOr<cache::SharedRecord>& record : shards.Fetch(ns, layout, p.hashes)) {
     if (!record.ok() || !serving::AppendBlockRecord(*record, layout, cache, kvblock::CrcCheck::kCheckedBefore).ok()) {
       break;
     }
@@ -283,7 +285,7 @@ Sample WorkerLoad(serving::ShardSet& shards, const kvblock::LatentLayout& layout
 
 // What a prefill node does with a prefix it computed: ShardSet::Store, the
 // layer slices batched into one Put stream (a ShardedPut), over TCP here.
-Sample PrefillStore(serving::ShardSet& shards, const kvblock::LatentLayout& layout, const std::string& ns,
+Sample PrefillStore(cache::ShardSet& shards, const kvblock::LatentLayout& layout, const std::string& ns,
                     const Prefix& p) {
   Sample sample;
   const size_t stored = shards.Store(ns, layout, p.slices).size();
@@ -456,8 +458,7 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   std::vector<std::unique_ptr<CacheClient>> clients;
   for (int c = 0; c < kMaxClients; ++c) {
-    channels.push_back(CacheClient::Connect("127.0.0.1:" + std::to_string(cache_port),
-                                            /*own_connection=*/true));
+    channels.push_back(MakeChannel("127.0.0.1:" + std::to_string(cache_port), Connection::kOwn));
     clients.push_back(std::make_unique<CacheClient>(channels.back(), absl::Seconds(60)));
   }
   absl::StatusOr<v1::StatsResponse> stats = clients[0]->Stats();
@@ -480,11 +481,11 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
   }
   // Each client also reads as a worker does: a ShardSet of the one cache,
   // with the fast path and without.
-  std::vector<std::array<std::unique_ptr<serving::ShardSet>, 2>> worker_shards(kMaxClients);
+  std::vector<std::array<std::unique_ptr<cache::ShardSet>, 2>> worker_shards(kMaxClients);
   for (auto& pair : worker_shards) {
     for (int tcp = 0; tcp < 2; ++tcp) {
-      absl::StatusOr<std::unique_ptr<serving::ShardSet>> shards = serving::ShardSet::Create(
-          "127.0.0.1:" + std::to_string(cache_port), absl::Seconds(60), /*fast_path=*/tcp == 0);
+      absl::StatusOr<std::unique_ptr<cache::ShardSet>> shards =
+          cache::ShardSet::Create("127.0.0.1:" + std::to_string(cache_port), absl::Seconds(60), /*fast_path=*/tcp == 0);
       if (!shards.ok()) {
         std::fprintf(stderr, "shard set: %s\n", std::string(shards.status().message()).c_str());
         return 1;

@@ -24,8 +24,8 @@
 #include "kvtier/kernels/parallel.h"
 #include "load/fidelity/teacher_forced.h"
 #include "load/serve_target.h"
-#include "services/common/child_process.h"
-#include "services/common/flags.h"
+#include "services/base/child_process.h"
+#include "services/base/flags.h"
 #include "services/runtime/checkpoint.h"
 #include "services/runtime/tokenizer.h"
 

@@ -21,7 +21,7 @@
 #include "kvtier/kernels/float_formats.h"
 #include "kvtier/kernels/parallel.h"
 #include "load/median.h"
-#include "services/common/flags.h"
+#include "services/base/flags.h"
 #include "services/runtime/ffn.h"
 
 namespace kvtier::runtime {

@@ -21,8 +21,8 @@
 #include "absl/strings/str_cat.h"
 #include "load/bench_layout.h"
 #include "load/median.h"
+#include "services/base/flags.h"
 #include "services/cache/store/block_store.h"
-#include "services/common/flags.h"
 
 namespace kvtier::cache {
 namespace {

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "services/common/child_process.h"
+#include "services/base/child_process.h"
 
 namespace kvtier::load {
 

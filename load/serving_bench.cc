@@ -26,10 +26,11 @@
 #include "load/decode_steps.h"
 #include "load/median.h"
 #include "load/serve_target.h"
+#include "services/base/child_process.h"
+#include "services/base/flags.h"
+#include "services/base/metrics_page.h"
 #include "services/cache/client/cache_client.h"
-#include "services/common/child_process.h"
-#include "services/common/flags.h"
-#include "services/common/metrics_page.h"
+#include "services/rpc/client_identity.h"
 #include "services/runtime/checkpoint.h"
 #include "services/runtime/make_model.h"
 #include "services/runtime/model.h"
@@ -144,13 +145,13 @@ int Main(int argc, char** argv) {
   ChildProcess prefill({bin + "/kvtier-prefill", "--listen", "127.0.0.1:0", "--model", model_dir.string(), "--cache",
                         cache_target, "--decode", decode_target, "--kv-codec", "int8"});
   const std::string prefill_target = load::ServeTarget(prefill, "kvtier-prefill");
-  auto stub = v1::Prefill::NewStub(cache::CacheClient::Connect(prefill_target));
+  auto stub = v1::Prefill::NewStub(MakeChannel(prefill_target));
   // A second prefill node on the same cache and decode worker, reading the
   // cached prefix over TCP: the full-hit rows compare the two.
   ChildProcess tcp_prefill({bin + "/kvtier-prefill", "--listen", "127.0.0.1:0", "--model", model_dir.string(),
                             "--cache", cache_target, "--decode", decode_target, "--kv-codec", "int8",
                             "--no-fast-path"});
-  auto tcp_stub = v1::Prefill::NewStub(cache::CacheClient::Connect(load::ServeTarget(tcp_prefill, "kvtier-prefill")));
+  auto tcp_stub = v1::Prefill::NewStub(MakeChannel(load::ServeTarget(tcp_prefill, "kvtier-prefill")));
   std::mt19937_64 rng(9);
 
   std::vector<double> miss, hit, tcp_hit, miss_server, hit_server, tcp_hit_server;

@@ -31,8 +31,8 @@
 #include "load/decode_roofline.h"
 #include "load/decode_steps.h"
 #include "load/host_copy_rate.h"
-#include "services/common/flags.h"
-#include "services/common/status.h"
+#include "services/base/flags.h"
+#include "services/base/status.h"
 #include "services/runtime/checkpoint.h"
 #include "services/runtime/make_model.h"
 #include "services/runtime/model.h"
@@ -82,8 +82,8 @@ absl::StatusOr<SequenceCache> RandomCache(const Model& model, kernels::Codec cod
   for (size_t l = 0; l < static_cast<size_t>(c.num_hidden_layers); ++l) {
     cache.tail[l].resize(context * row);
     for (float& v : cache.tail[l]) v = normal(rng);
-    KVTIER_RETURN_IF_ERROR(SealFullBlocks(cache, l, static_cast<uint32_t>(c.kv_lora_rank),
-                                          static_cast<uint32_t>(c.qk_rope_head_dim)));
+    KVTIER_RETURN_IF_ERROR(
+        SealFullBlocks(cache, l, static_cast<uint32_t>(c.kv_lora_rank), static_cast<uint32_t>(c.qk_rope_head_dim)));
     if (!keys) continue;
     cache.index_keys[l].resize(context * c.indexer->head_dim);
     for (uint8_t& code : cache.index_keys[l]) code = static_cast<uint8_t>(rng() % 0x7f) | (rng() % 2 ? 0x80 : 0);
@@ -104,8 +104,8 @@ int Main(int argc, char** argv) {
   flags.AddString("codecs", &codec_names, "latent codecs, a set of rows each: bf16, fp8, int8, int4");
   flags.AddUint("sequences", &sequences, "sequences stepped together (1..64)");
   flags.AddUint("steps", &steps, "timed decode steps after the first");
-  if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc),
-                                                  "sparse_decode_bench")) {
+  if (std::optional<int> exit =
+          flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "sparse_decode_bench")) {
     return *exit;
   }
   std::vector<kernels::Codec> codecs;
@@ -148,11 +148,11 @@ int Main(int argc, char** argv) {
   }
   const ModelConfig& v32 = attentions[1].model->config();
   std::printf("%zu sequence(s) of %zu tokens, V3.2's attention (index_topk %lld), %zu steps; copy rate (GB/s):",
-              static_cast<size_t>(sequences), static_cast<size_t>(context),
-              static_cast<long long>(v32.indexer->topk), static_cast<size_t>(steps));
+              static_cast<size_t>(sequences), static_cast<size_t>(context), static_cast<long long>(v32.indexer->topk),
+              static_cast<size_t>(steps));
   for (size_t i = 0; i < thread_counts.size(); ++i) std::printf(" %zu thread(s) %.1f;", thread_counts[i], copy_gbs[i]);
-  std::printf("\n%-6s %-12s %7s %14s %10s %11s %9s %12s %10s %12s\n", "codec", "attention", "threads",
-              "first step ms", "ms/step", "weights MB", "state MB", "roofline ms", "x roofline", "dense/sparse");
+  std::printf("\n%-6s %-12s %7s %14s %10s %11s %9s %12s %10s %12s\n", "codec", "attention", "threads", "first step ms",
+              "ms/step", "weights MB", "state MB", "roofline ms", "x roofline", "dense/sparse");
   std::mt19937 rng(1);
   for (kernels::Codec codec : codecs) {
     // The same latents for both: the sparse caches add the keys.
@@ -180,8 +180,8 @@ int Main(int argc, char** argv) {
         }
         const ModelConfig& c = a.model->config();
         const load::StepBytes bytes = load::DecodeStepBytes(c, sequences, context, codec, kTokensPerBlock);
-        const double state = a.sparse ? load::SparseStepStateBytes(c, sequences, context, codec, kTokensPerBlock)
-                                      : bytes.latents;
+        const double state =
+            a.sparse ? load::SparseStepStateBytes(c, sequences, context, codec, kTokensPerBlock) : bytes.latents;
         const double step_ms = *seconds / static_cast<double>(steps) * 1e3;
         const double roofline_ms = (bytes.weights + state) / (copy_gbs[i] * 1e9) * 1e3;
         if (!a.sparse) dense_ms = step_ms;

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "load/bench_layout.h"
+#include "services/base/flags.h"
 #include "services/cache/store/block_store.h"
-#include "services/common/flags.h"
 #include "services/kvblock/block_format.h"
 
 namespace kvtier::cache {

@@ -24,7 +24,7 @@
 #if KVTIER_HAVE_CUDA
 #include "services/cache/store/cuda_slab.h"
 #endif
-#include "services/common/flags.h"
+#include "services/base/flags.h"
 #include "services/kvblock/block_format.h"
 
 namespace kvtier::cache {

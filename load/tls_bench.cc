@@ -30,12 +30,12 @@
 #include "absl/strings/str_format.h"
 #include "load/bench_layout.h"
 #include "load/median.h"
+#include "services/base/child_process.h"
+#include "services/base/flags.h"
 #include "services/cache/client/cache_client.h"
 #include "services/cache/client/raw_get.h"
 #include "services/cli/throwaway_tls.h"
-#include "services/common/child_process.h"
-#include "services/common/client_identity.h"
-#include "services/common/flags.h"
+#include "services/rpc/client_identity.h"
 
 namespace kvtier::load {
 namespace {
@@ -229,10 +229,9 @@ int Run(const std::string& cache_binary, const std::string& redis_binary, int ro
       for (const std::string& s : b.records) whole += s;  // Redis's value: the bytes, whatever their shape
       records[c].push_back(whole.substr(0, prefixes.back().record_bytes));
     }
-    grpc::ChannelArguments own;
-    own.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    plain.push_back(*MakeChannelAs({}, absl::StrCat("127.0.0.1:", plain_port), own));
-    tls.push_back(*MakeChannelAs({.tls = {.dir = dir}, .token_file = ""}, absl::StrCat("127.0.0.1:", tls_port), own));
+    plain.push_back(*MakeChannelAs({}, absl::StrCat("127.0.0.1:", plain_port), Connection::kOwn));
+    tls.push_back(*MakeChannelAs({.tls = {.dir = dir}, .token_file = ""}, absl::StrCat("127.0.0.1:", tls_port),
+                                 Connection::kOwn));
     redis_clients.push_back(RedisTls::Connect(redis_port, dir + "/ca.crt"));
     if (redis_clients.back() == nullptr) {
       std::fprintf(stderr, "cannot reach redis-server over TLS on port %d\n", redis_port);

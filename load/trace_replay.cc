@@ -25,10 +25,11 @@
 #include "absl/strings/str_split.h"
 #include "kvtier/kernels/codec.h"
 #include "load/trace/replay.h"
-#include "services/common/byte_size.h"
-#include "services/common/child_process.h"
-#include "services/common/flags.h"
+#include "services/base/byte_size.h"
+#include "services/base/child_process.h"
+#include "services/base/flags.h"
 #include "services/kvblock/block_format.h"
+#include "services/rpc/client_identity.h"
 
 namespace kvtier::load {
 namespace {
@@ -43,8 +44,8 @@ struct ModelShape {
   uint32_t indexer_dim = 0;
 };
 const std::vector<ModelShape>& ModelShapes() {
-  static const auto* shapes = new std::vector<ModelShape>{
-      {"v2-lite", 27, 16}, {"v3", 61, 128}, {"v3.2", 61, 128, 128}, {"kimi-k2", 61, 64}};
+  static const auto* shapes =
+      new std::vector<ModelShape>{{"v2-lite", 27, 16}, {"v3", 61, 128}, {"v3.2", 61, 128, 128}, {"kimi-k2", 61, 64}};
   return *shapes;
 }
 
@@ -122,7 +123,7 @@ absl::StatusOr<ReplayResult> ReplayOnFreshCache(const Options& o, const std::vec
                       "--eviction", eviction, "--page-size", std::to_string(o.page_size)});
   const int port = cache.WaitForListeningPort();
   if (port <= 0) return absl::UnavailableError(absl::StrCat(o.cache_binary, " did not start"));
-  cache::CacheClient client(cache::CacheClient::Connect("127.0.0.1:" + std::to_string(port)), absl::Minutes(5));
+  cache::CacheClient client(MakeChannel("127.0.0.1:" + std::to_string(port)), absl::Minutes(5));
   const BlockMapping mapping{.tokens_per_block = static_cast<uint32_t>(o.tokens_per_block),
                              .layout_id = kvblock::LayoutId(layout)};
   absl::StatusOr<ReplayResult> result = Replay(requests, client, layout, mapping, o.time_scale, o.write_back);
@@ -178,7 +179,8 @@ int Run(Options o) {
     if (m.name == o.model) model = &m;
   }
   if (model == nullptr) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat("--model ", o.model, " is not v2-lite, v3, v3.2 or kimi-k2")), 2);
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--model ", o.model, " is not v2-lite, v3, v3.2 or kimi-k2")),
+                2);
   }
   if (o.layers == 0) o.layers = model->layers;
   if (o.layers > model->layers) {
@@ -241,7 +243,8 @@ int main(int argc, char** argv) {
   flags.AddString("evictions", &o.evictions, "comma-separated kvtier-cache --eviction policies: lru, leaf-first");
   flags.AddString("layouts", &o.layouts, "comma-separated: expanded (per-head K/V, bf16), bf16, fp8, int8, int4");
   flags.AddString("budgets", &o.budgets, "comma-separated cache memory budgets, e.g. 256MiB,1GiB");
-  flags.AddString("model", &o.model, "whose attention to store: v2-lite (27 layers), v3, v3.2 (with indexer keys) or kimi-k2 (61 layers)");
+  flags.AddString("model", &o.model,
+                  "whose attention to store: v2-lite (27 layers), v3, v3.2 (with indexer keys) or kimi-k2 (61 layers)");
   flags.AddUint("layers", &o.layers, "layers of the model's to store (0: all; fewer scale a run down)");
   flags.AddUint("page-size", &o.page_size,
                 "the cache's --page-size: with fewer layers, a smaller page keeps a block's rounding up to whole "

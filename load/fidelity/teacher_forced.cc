@@ -4,8 +4,8 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "services/base/status.h"
 #include "services/cli/remote_generate.h"
-#include "services/common/status.h"
 #include "services/runtime/sampler.h"
 
 namespace kvtier::fidelity {

@@ -5,11 +5,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "services/base/flags.h"
 #include "services/cli/commands.h"
 #include "services/cli/generation_io.h"
 #include "services/cli/remote_generate.h"
-#include "services/common/flags.h"
-#include "services/common/security_flags.h"
+#include "services/rpc/security_flags.h"
 
 namespace kvtier::cli {
 

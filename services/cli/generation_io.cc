@@ -7,7 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "services/common/status.h"
+#include "services/base/status.h"
 #include "services/runtime/tokenizer.h"
 
 namespace kvtier::cli {

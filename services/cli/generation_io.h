@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "services/common/flags.h"
+#include "services/base/flags.h"
 #include "services/runtime/sampler.h"
 
 namespace kvtier::cli {

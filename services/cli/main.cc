@@ -3,8 +3,8 @@
 #include <string>
 #include <vector>
 
+#include "services/base/version.h"
 #include "services/cli/commands.h"
-#include "services/common/version.h"
 
 namespace {
 

@@ -4,8 +4,8 @@
 #include <chrono>
 #include <iostream>
 
+#include "services/base/flags.h"
 #include "services/cli/commands.h"
-#include "services/common/flags.h"
 #include "services/runtime/checkpoint.h"
 #include "services/runtime/make_model.h"
 #include "services/runtime/model_tensors.h"

@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kvtier/kernels/float_formats.h"
-#include "services/common/status.h"
+#include "services/base/status.h"
 
 namespace kvtier::cli {
 namespace {

@@ -7,10 +7,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "services/base/flags.h"
+#include "services/base/status.h"
 #include "services/cli/commands.h"
 #include "services/cli/quant_eval.h"
-#include "services/common/flags.h"
-#include "services/common/status.h"
 
 namespace kvtier::cli {
 namespace {

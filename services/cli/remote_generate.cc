@@ -5,12 +5,14 @@
 #include "absl/strings/str_cat.h"
 #include "kvtier/v1/prefill.grpc.pb.h"
 #include "services/cache/client/cache_client.h"
+#include "services/rpc/client_identity.h"
+#include "services/rpc/grpc_status.h"
 
 namespace kvtier::cli {
 
 absl::StatusOr<RemoteGeneration> GenerateRemotely(const std::string& target, const v1::GenerateRequest& request,
                                                   absl::Duration deadline) {
-  auto stub = v1::Prefill::NewStub(cache::CacheClient::Connect(target));
+  auto stub = v1::Prefill::NewStub(MakeChannel(target));
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
   auto reader = stub->Generate(&context, request);
@@ -28,7 +30,7 @@ absl::StatusOr<RemoteGeneration> GenerateRemotely(const std::string& target, con
       out.usage = event.finished().usage();
     }
   }
-  if (grpc::Status s = reader->Finish(); !s.ok()) return cache::FromGrpcStatus(s);
+  if (grpc::Status s = reader->Finish(); !s.ok()) return FromGrpcStatus(s);
   if (out.reason == v1::FINISH_REASON_UNSPECIFIED) {
     return absl::UnavailableError(absl::StrCat("the prefill node at ", target, " ended the stream without finishing"));
   }
@@ -36,11 +38,11 @@ absl::StatusOr<RemoteGeneration> GenerateRemotely(const std::string& target, con
 }
 
 absl::StatusOr<v1::ServerInfo> PrefillInfo(const std::string& target, absl::Duration deadline) {
-  auto stub = v1::Prefill::NewStub(cache::CacheClient::Connect(target));
+  auto stub = v1::Prefill::NewStub(MakeChannel(target));
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
   v1::ServerInfo info;
-  if (grpc::Status s = stub->Info(&context, v1::InfoRequest(), &info); !s.ok()) return cache::FromGrpcStatus(s);
+  if (grpc::Status s = stub->Info(&context, v1::InfoRequest(), &info); !s.ok()) return FromGrpcStatus(s);
   return info;
 }
 

@@ -8,10 +8,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "kvtier/kernels/parallel.h"
+#include "services/base/flags.h"
+#include "services/base/status.h"
 #include "services/cli/commands.h"
 #include "services/cli/generation_io.h"
-#include "services/common/flags.h"
-#include "services/common/status.h"
 #include "services/runtime/checkpoint.h"
 #include "services/runtime/generate.h"
 

@@ -4,11 +4,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "services/base/flags.h"
 #include "services/cache/client/cache_client.h"
 #include "services/cli/commands.h"
 #include "services/cli/stats_table.h"
-#include "services/common/flags.h"
-#include "services/common/security_flags.h"
+#include "services/rpc/client_identity.h"
+#include "services/rpc/security_flags.h"
 
 namespace kvtier::cli {
 namespace {
@@ -90,7 +91,7 @@ int RunStats(const std::vector<std::string>& args) {
     std::cerr << "kvtier stats: --target is required\n";
     return 2;
   }
-  cache::CacheClient client(cache::CacheClient::Connect(target), absl::Milliseconds(static_cast<int64_t>(timeout_ms)));
+  cache::CacheClient client(MakeChannel(target), absl::Milliseconds(static_cast<int64_t>(timeout_ms)));
   absl::StatusOr<v1::StatsResponse> stats = client.Stats();
   if (!stats.ok()) {
     std::cerr << "kvtier stats: " << target << ": " << stats.status() << "\n";

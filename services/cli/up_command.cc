@@ -17,19 +17,19 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "services/base/child_process.h"
+#include "services/base/flags.h"
 #include "services/cache/client/cache_client.h"
 #include "services/cli/commands.h"
 #include "services/cli/generation_io.h"
 #include "services/cli/remote_generate.h"
 #include "services/cli/stats_table.h"
 #include "services/cli/throwaway_tls.h"
-#include "services/common/child_process.h"
-#include "services/common/client_identity.h"
-#include "services/common/flags.h"
-#include "services/common/server_runner.h"
+#include "services/rpc/client_identity.h"
 #include "services/runtime/checkpoint.h"
 #include "services/runtime/make_model.h"
 #include "services/runtime/tokenizer.h"
+#include "services/server/server_runner.h"
 
 namespace kvtier::cli {
 namespace {
@@ -237,8 +237,7 @@ int Up(const UpFlags& f) {
     prompt.insert(prompt.end(), second_turn.begin(), second_turn.end());  // the user's next question
     turn_text = second_turn;
   }
-  absl::StatusOr<v1::StatsResponse> stats =
-      cache::CacheClient(cache::CacheClient::Connect(*cache_address), absl::Seconds(5)).Stats();
+  absl::StatusOr<v1::StatsResponse> stats = cache::CacheClient(MakeChannel(*cache_address), absl::Seconds(5)).Stats();
   if (!stats.ok()) return fail(absl::StrCat("cache stats: ", stats.status().ToString()));
   std::cout << "\n" << StatsTable(*cache_address, *stats) << std::flush;
 

@@ -4,7 +4,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
-#include "services/common/log.h"
+#include "services/base/log.h"
 #include "services/runtime/cache_mark.h"
 #include "services/serving/generated_tokens.h"
 

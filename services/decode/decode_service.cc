@@ -2,8 +2,10 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "services/common/log.h"
-#include "services/common/status.h"
+#include "services/base/log.h"
+#include "services/base/status.h"
+#include "services/rpc/caller.h"
+#include "services/rpc/grpc_status.h"
 #include "services/serving/generated_tokens.h"
 #include "services/serving/model_server.h"
 #include "services/serving/request_checks.h"
@@ -18,11 +20,10 @@ prometheus::Counter& MakeCounter(prometheus::Registry& r, const std::string& nam
 
 }  // namespace
 
-DecodeService::DecodeService(const runtime::Model* model, std::string model_id, serving::ShardSet* shards,
-                             prometheus::Registry* registry, Batcher::Options options, TenantRegistry* tenants)
+DecodeService::DecodeService(const runtime::Model* model, std::string model_id, cache::ShardSet* shards,
+                             prometheus::Registry* registry, Batcher::Options options)
     : model_(*model),
       model_id_(std::move(model_id)),
-      tenants_(tenants),
       shards_(*shards),
       writer_(*shards, /*max_queued=*/4096),
       requests_(prometheus::BuildCounter()
@@ -118,9 +119,9 @@ absl::StatusOr<std::shared_ptr<DecodeSequence>> DecodeService::Prepare(const v1:
   for (size_t i = 0; i < full; ++i) {
     if (inline_records[i] == nullptr) wanted.push_back(chain[i]), wanted_index.push_back(i);
   }
-  std::vector<absl::StatusOr<serving::SharedRecord>> fetched =
+  std::vector<absl::StatusOr<cache::SharedRecord>> fetched =
       shards_.Fetch(r.kv_namespace(), layout, wanted, acting_for);
-  std::vector<const absl::StatusOr<serving::SharedRecord>*> from_cache(full, nullptr);  // by block index
+  std::vector<const absl::StatusOr<cache::SharedRecord>*> from_cache(full, nullptr);  // by block index
   for (size_t k = 0; k < wanted.size(); ++k) from_cache[wanted_index[k]] = &fetched[k];
 
   auto s = std::make_shared<DecodeSequence>();
@@ -139,7 +140,7 @@ absl::StatusOr<std::shared_ptr<DecodeSequence>> DecodeService::Prepare(const v1:
       blocks_inline_.Increment();
       continue;
     }
-    const absl::StatusOr<serving::SharedRecord>& record = *from_cache[i];
+    const absl::StatusOr<cache::SharedRecord>& record = *from_cache[i];
     // Fetch checked each record's CRC as it landed.
     if (record.ok() && serving::AppendBlockRecord(*record, layout, s->cache, kvblock::CrcCheck::kCheckedBefore).ok()) {
       blocks_fetched_.Increment();
@@ -189,9 +190,8 @@ void DecodeService::OnSealed(DecodeSequence& s, size_t block) {
   }
 }
 
-absl::StatusOr<std::shared_ptr<const Caller>> DecodeService::AuthenticateService(const grpc::ServerContext& context,
-                                                                                 const char* method) const {
-  absl::StatusOr<std::shared_ptr<const Caller>> caller = Authenticate(tenants_, context, method);
+absl::StatusOr<std::shared_ptr<const Caller>> DecodeService::ServiceCaller(const grpc::ServerContext& context) const {
+  absl::StatusOr<std::shared_ptr<const Caller>> caller = CallerOf(context);
   if (!caller.ok()) return caller.status();
   if (!(*caller)->IsService() && (*caller)->service.empty()) {  // neither a service nor one acting
     return absl::PermissionDeniedError(absl::StrCat((*caller)->Describe(),
@@ -203,7 +203,7 @@ absl::StatusOr<std::shared_ptr<const Caller>> DecodeService::AuthenticateService
 
 grpc::Status DecodeService::Info(grpc::ServerContext* context, const v1::InfoRequest* /*request*/,
                                  v1::ServerInfo* response) {
-  absl::StatusOr<std::shared_ptr<const Caller>> caller = AuthenticateService(*context, "Info");
+  absl::StatusOr<std::shared_ptr<const Caller>> caller = ServiceCaller(*context);
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   std::vector<kvblock::LatentLayout> layouts;
   for (kernels::Codec codec : kernels::kAllCodecs) {
@@ -222,7 +222,7 @@ grpc::Status DecodeService::Decode(grpc::ServerContext* context, const v1::Decod
 
 grpc::Status DecodeService::Serve(grpc::ServerContext* context, const v1::DecodeRequest* request,
                                   grpc::ServerWriter<v1::DecodeResponse>* writer) {
-  absl::StatusOr<std::shared_ptr<const Caller>> caller = AuthenticateService(*context, "Decode");
+  absl::StatusOr<std::shared_ptr<const Caller>> caller = ServiceCaller(*context);
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   if (absl::Status s = CheckNamespace(**caller, request->kv_namespace()); !s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<std::shared_ptr<DecodeSequence>> prepared = Prepare(*request, **caller);

@@ -14,19 +14,19 @@
 #include <string>
 
 #include "kvtier/v1/decode.grpc.pb.h"
-#include "services/common/tenants.h"
+#include "services/cache/client/block_writer.h"
+#include "services/cache/client/shard_set.h"
 #include "services/decode/batcher.h"
-#include "services/serving/block_writer.h"
-#include "services/serving/shard_set.h"
+#include "services/rpc/tenants.h"
 
 namespace kvtier::decode {
 
 class DecodeService final : public v1::Decode::Service {
  public:
-  // None owned; all must outlive the service. `tenants`: who may call
-  // (kvtier services only; null: every caller, one trust domain).
-  DecodeService(const runtime::Model* model, std::string model_id, serving::ShardSet* shards,
-                prometheus::Registry* registry, Batcher::Options options, TenantRegistry* tenants = nullptr);
+  // None owned; all must outlive the service. Only kvtier services (and
+  // services acting for their end tenants) may call.
+  DecodeService(const runtime::Model* model, std::string model_id, cache::ShardSet* shards,
+                prometheus::Registry* registry, Batcher::Options options);
   ~DecodeService() override;
 
   grpc::Status Decode(grpc::ServerContext* context, const v1::DecodeRequest* request,
@@ -45,15 +45,13 @@ class DecodeService final : public v1::Decode::Service {
   // Decode's work; Decode counts its status.
   grpc::Status Serve(grpc::ServerContext* context, const v1::DecodeRequest* request,
                      grpc::ServerWriter<v1::DecodeResponse>* writer);
-  // UNAUTHENTICATED or PERMISSION_DENIED unless the caller is a service.
-  absl::StatusOr<std::shared_ptr<const Caller>> AuthenticateService(const grpc::ServerContext& context,
-                                                                    const char* method) const;
+  // The call's caller; PERMISSION_DENIED unless it is a service.
+  absl::StatusOr<std::shared_ptr<const Caller>> ServiceCaller(const grpc::ServerContext& context) const;
 
   const runtime::Model& model_;
   const std::string model_id_;
-  TenantRegistry* const tenants_;
-  serving::ShardSet& shards_;
-  serving::BlockWriter writer_;
+  cache::ShardSet& shards_;
+  cache::BlockWriter writer_;
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Counter& tokens_;
   prometheus::Counter& blocks_fetched_;

@@ -2,9 +2,9 @@
 // cache shards and decodes them with absorbed MLA on the quantized latents,
 // batching the steps of all its sequences.
 #include "absl/strings/str_cat.h"
-#include "services/common/flags.h"
-#include "services/common/server_runner.h"
+#include "services/base/flags.h"
 #include "services/decode/decode_service.h"
+#include "services/server/server_runner.h"
 #include "services/serving/model_server.h"
 
 namespace kvtier::decode {
@@ -24,9 +24,9 @@ int Run(const Flags& f) {
   absl::StatusOr<serving::ModelServer> s = serving::StartModelServer(program, f.server);
   if (!s.ok()) return serving::ExitWith(program, s.status());
   DecodeService service(s->model.get(), s->model_id, s->shards.get(), s->registry.get(),
-                        {.max_batch = f.max_batch, .max_sequences = f.max_sequences}, s->tenants.get());
+                        {.max_batch = f.max_batch, .max_sequences = f.max_sequences});
   return serving::ServeUntilSignal(
-      program, f.server, &service,
+      program, f.server, &service, s->tenants.get(),
       absl::StrCat("model ", s->model_id, ", ", s->shards->size(), " cache shard(s), batches of up to ", f.max_batch));
 }
 

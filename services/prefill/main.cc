@@ -5,10 +5,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "services/common/flags.h"
-#include "services/common/peer_discovery.h"
-#include "services/common/server_runner.h"
+#include "services/base/flags.h"
+#include "services/base/peer_discovery.h"
 #include "services/prefill/prefill_service.h"
+#include "services/server/server_runner.h"
 #include "services/serving/model_server.h"
 
 namespace kvtier::prefill {
@@ -51,7 +51,7 @@ int Run(const Flags& f) {
     return usage(absl::StrCat("--max-top-logprobs ", f.max_top_logprobs, " exceeds the model's vocabulary of ", vocab));
   }
   options.max_top_logprobs = static_cast<uint32_t>(f.max_top_logprobs);
-  PrefillService service(s->model.get(), s->model_id, s->shards.get(), s->registry.get(), options, s->tenants.get());
+  PrefillService service(s->model.get(), s->model_id, s->shards.get(), s->registry.get(), options);
   std::atomic<size_t> decoders = 0;  // the discovery's thread updates it
   absl::StatusOr<std::unique_ptr<PeerDiscovery>> discovery = PeerDiscovery::Start(
       "decode workers", f.decode, f.server.Discovery(), [&service, &decoders](const std::vector<std::string>& targets) {
@@ -60,7 +60,7 @@ int Run(const Flags& f) {
       });
   if (!discovery.ok()) return usage(absl::StrCat("--decode: ", discovery.status().message()));
   return serving::ServeUntilSignal(
-      program, f.server, &service,
+      program, f.server, &service, s->tenants.get(),
       absl::StrCat("model ", s->model_id, ", latents in ", f.kv_codec, ", blocks of ", f.tokens_per_block, ", ",
                    s->shards->size(), " cache shard(s), ", decoders.load(), " decode worker(s)"));
 }

@@ -4,10 +4,13 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "services/base/log.h"
+#include "services/base/status.h"
 #include "services/cache/client/cache_client.h"
-#include "services/common/log.h"
-#include "services/common/status.h"
 #include "services/prefill/progress_watchdog.h"
+#include "services/rpc/caller.h"
+#include "services/rpc/client_identity.h"
+#include "services/rpc/grpc_status.h"
 #include "services/serving/generated_tokens.h"
 #include "services/serving/model_server.h"
 #include "services/serving/request_checks.h"
@@ -21,11 +24,10 @@ struct PrefillService::Prefilled {
   v1::DecodeRequest decode;
 };
 
-PrefillService::PrefillService(const runtime::Model* model, std::string model_id, serving::ShardSet* shards,
-                               prometheus::Registry* registry, PrefillOptions options, TenantRegistry* tenants)
+PrefillService::PrefillService(const runtime::Model* model, std::string model_id, cache::ShardSet* shards,
+                               prometheus::Registry* registry, PrefillOptions options)
     : model_(*model),
       model_id_(std::move(model_id)),
-      tenants_(tenants),
       shards_(*shards),
       options_(options),
       layout_(serving::ModelLayout(model->config(), model_id_, options.codec, options.tokens_per_block)),
@@ -61,10 +63,9 @@ void PrefillService::SetDecoders(const std::vector<std::string>& targets) {
   auto next = std::make_shared<Decoders>();
   for (const std::string& target : targets) {
     auto kept = std::find_if(decoders_->begin(), decoders_->end(), [&](const auto& d) { return d.first == target; });
-    next->emplace_back(
-        target, kept != decoders_->end()
-                    ? kept->second
-                    : std::shared_ptr<v1::Decode::Stub>(v1::Decode::NewStub(cache::CacheClient::Connect(target))));
+    next->emplace_back(target, kept != decoders_->end()
+                                   ? kept->second
+                                   : std::shared_ptr<v1::Decode::Stub>(v1::Decode::NewStub(MakeChannel(target))));
   }
   decoders_ = std::move(next);
 }
@@ -99,7 +100,7 @@ absl::StatusOr<PrefillService::Prefilled> PrefillService::Prefill(const v1::Gene
     const std::vector<kvblock::BlockHash> wanted(prefix.begin(), prefix.begin() + matched);
     // A block gone since Match, corrupt, or on a shard that stopped
     // answering ends the reuse there: the rest is prefilled.
-    for (absl::StatusOr<serving::SharedRecord>& record : shards_.Fetch(ns, layout_, wanted, acting_for)) {
+    for (absl::StatusOr<cache::SharedRecord>& record : shards_.Fetch(ns, layout_, wanted, acting_for)) {
       // Fetch checked each record's CRC as it landed.
       absl::Status appended =
           record.ok() ? serving::AppendBlockRecord(*record, layout_, cache, kvblock::CrcCheck::kCheckedBefore)
@@ -116,7 +117,7 @@ absl::StatusOr<PrefillService::Prefilled> PrefillService::Prefill(const v1::Gene
   // Prefill the rest; each layer's newly filled blocks go to their shards
   // as soon as that layer is done (a reader's go to the decode worker
   // inline, and it writes none back).
-  serving::ShardedPut put(shards_, ns, layout_, options_.cache_deadline, acting_for);
+  cache::ShardedPut put(shards_, ns, layout_, options_.cache_deadline, acting_for);
   const bool store = caller.MayWrite();
   std::vector<float> logits(model_.config().vocab_size);
   const std::span<const uint32_t> suffix = std::span(prompt).subspan(cached_blocks * tpb);
@@ -166,7 +167,7 @@ absl::StatusOr<PrefillService::Prefilled> PrefillService::Prefill(const v1::Gene
 
 grpc::Status PrefillService::Info(grpc::ServerContext* context, const v1::InfoRequest* /*request*/,
                                   v1::ServerInfo* response) {
-  absl::StatusOr<std::shared_ptr<const Caller>> caller = Authenticate(tenants_, *context, "Info");
+  absl::StatusOr<std::shared_ptr<const Caller>> caller = CallerOf(*context);
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   *response = serving::ServerInfoFor("kvtier-prefill", model_, model_id_, {layout_}, (*caller)->default_namespace);
   return grpc::Status::OK;
@@ -176,7 +177,7 @@ grpc::Status PrefillService::Generate(grpc::ServerContext* context, const v1::Ge
                                       grpc::ServerWriter<v1::GenerateResponse>* writer) {
   const absl::Time start = absl::Now();
   const runtime::ModelConfig& c = model_.config();
-  absl::StatusOr<std::shared_ptr<const Caller>> caller = Authenticate(tenants_, *context, "Generate");
+  absl::StatusOr<std::shared_ptr<const Caller>> caller = CallerOf(*context);
   if (!caller.ok()) return Count(ToGrpcStatus(caller.status()));
   const std::string ns = r->kv_namespace().empty() ? (*caller)->default_namespace : r->kv_namespace();
   absl::Status valid = r->request_id().size() > serving::kMaxRequestIdBytes

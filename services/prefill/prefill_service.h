@@ -18,11 +18,11 @@
 #include "absl/synchronization/mutex.h"
 #include "kvtier/v1/decode.grpc.pb.h"
 #include "kvtier/v1/prefill.grpc.pb.h"
-#include "services/common/tenants.h"
+#include "services/cache/client/shard_set.h"
+#include "services/rpc/tenants.h"
 #include "services/runtime/model.h"
 #include "services/runtime/sampler.h"
 #include "services/serving/request_checks.h"
-#include "services/serving/shard_set.h"
 
 namespace kvtier::prefill {
 
@@ -40,10 +40,9 @@ struct PrefillOptions {
 class PrefillService final : public v1::Prefill::Service {
  public:
   // None owned; all must outlive the service. No decode worker until
-  // SetDecoders. `tenants`: who may call (null: every caller, one trust
-  // domain); a request without a namespace uses its tenant's first.
-  PrefillService(const runtime::Model* model, std::string model_id, serving::ShardSet* shards,
-                 prometheus::Registry* registry, PrefillOptions options, TenantRegistry* tenants = nullptr);
+  // SetDecoders. A request without a namespace uses its caller's first.
+  PrefillService(const runtime::Model* model, std::string model_id, cache::ShardSet* shards,
+                 prometheus::Registry* registry, PrefillOptions options);
 
   // The decode workers ("host:port" each) that new requests go to; a
   // worker in both lists keeps its connection. Requests under way finish
@@ -70,8 +69,7 @@ class PrefillService final : public v1::Prefill::Service {
 
   const runtime::Model& model_;
   const std::string model_id_;
-  TenantRegistry* const tenants_;
-  serving::ShardSet& shards_;
+  cache::ShardSet& shards_;
   const PrefillOptions options_;
   const kvblock::LatentLayout layout_;
   using Decoders = std::vector<std::pair<std::string, std::shared_ptr<v1::Decode::Stub>>>;

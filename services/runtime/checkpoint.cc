@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "services/common/log.h"
-#include "services/common/status.h"
+#include "services/base/log.h"
+#include "services/base/status.h"
 #include "services/runtime/model_tensors.h"
 #include "services/runtime/tokenizer.h"
 

@@ -9,7 +9,7 @@
 #include "kvtier/kernels/layers.h"
 #include "kvtier/kernels/mla_attention.h"
 #include "kvtier/kernels/parallel.h"
-#include "services/common/status.h"
+#include "services/base/status.h"
 #include "services/runtime/ffn.h"
 #include "services/runtime/matmul.h"
 #include "services/runtime/model_weights.h"

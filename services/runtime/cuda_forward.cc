@@ -13,7 +13,7 @@
 #include "kvtier/kernels/cuda_matmul.h"
 #include "kvtier/kernels/cuda_mla_attention.h"
 #include "kvtier/kernels/float_formats.h"
-#include "services/common/status.h"
+#include "services/base/status.h"
 #include "services/runtime/device_block_pool.h"
 #include "services/runtime/matmul.h"
 #include "services/runtime/model_weights.h"

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kvtier/kernels/cuda_device.h"
-#include "services/common/status.h"
+#include "services/base/status.h"
 
 namespace kvtier::runtime {
 

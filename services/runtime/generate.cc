@@ -1,7 +1,7 @@
 #include "services/runtime/generate.h"
 
 #include "absl/strings/str_cat.h"
-#include "services/common/status.h"
+#include "services/base/status.h"
 
 namespace kvtier::runtime {
 

@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kvtier/kernels/float_formats.h"
-#include "services/common/status.h"
+#include "services/base/status.h"
 #include "services/runtime/model_tensors.h"
 #include "services/runtime/safetensors.h"
 

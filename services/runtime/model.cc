@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "services/common/status.h"
+#include "services/base/status.h"
 #include "services/runtime/cpu_forward.h"
 #if KVTIER_RUNTIME_CUDA
 #include "services/runtime/cuda_forward.h"

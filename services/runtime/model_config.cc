@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "services/common/status.h"
+#include "services/base/status.h"
 
 namespace kvtier::runtime {
 namespace {
@@ -89,9 +89,9 @@ absl::StatusOr<ModelType> ParseModelType(const json& j) {
   } else if (type == "deepseek_v32") {
     model_type = ModelType::kDeepseekV32;
   } else {
-    return absl::UnimplementedError(absl::StrCat("config.json: model_type ",
-                                                 j.contains("model_type") ? j["model_type"].dump() : "(missing)",
-                                                 " is not supported (deepseek_v2, deepseek_v3, kimi_k2, deepseek_v32)"));
+    return absl::UnimplementedError(
+        absl::StrCat("config.json: model_type ", j.contains("model_type") ? j["model_type"].dump() : "(missing)",
+                     " is not supported (deepseek_v2, deepseek_v3, kimi_k2, deepseek_v32)"));
   }
   const std::string architecture = ArchitectureOf(model_type);
   if (j.contains("architectures") && !j["architectures"].is_null()) {

@@ -1,7 +1,7 @@
 #include "services/runtime/model_tensors.h"
 
 #include "absl/strings/str_cat.h"
-#include "services/common/status.h"
+#include "services/base/status.h"
 
 namespace kvtier::runtime {
 namespace {
@@ -61,9 +61,10 @@ LayerTensors LayerTensorsOf(const ModelConfig& c, int64_t layer) {
   if (c.indexer.has_value()) {
     const std::string i = a + "indexer.";
     const int64_t dim = c.indexer->head_dim;
-    t.indexer = IndexerTensors{Projection(c, i + "wq_b.weight", c.indexer->heads * dim, *c.q_lora_rank),
-                               Projection(c, i + "wk.weight", dim, h), Float(i + "k_norm.weight", {dim}),
-                               Float(i + "k_norm.bias", {dim}), Float(i + "weights_proj.weight", {c.indexer->heads, h})};
+    t.indexer =
+        IndexerTensors{Projection(c, i + "wq_b.weight", c.indexer->heads * dim, *c.q_lora_rank),
+                       Projection(c, i + "wk.weight", dim, h), Float(i + "k_norm.weight", {dim}),
+                       Float(i + "k_norm.bias", {dim}), Float(i + "weights_proj.weight", {c.indexer->heads, h})};
   }
   t.moe = c.IsMoeLayer(layer);
   if (!t.moe) {
@@ -94,8 +95,8 @@ absl::Status VisitLayer(const ModelConfig& c, int64_t i, const std::function<abs
     if (spec.has_value()) KVTIER_RETURN_IF_ERROR(visit(*spec));
   }
   if (t.indexer.has_value()) {
-    for (const TensorSpec* spec : {&t.indexer->wq_b, &t.indexer->wk, &t.indexer->k_norm, &t.indexer->k_norm_bias,
-                                   &t.indexer->weights_proj}) {
+    for (const TensorSpec* spec :
+         {&t.indexer->wq_b, &t.indexer->wk, &t.indexer->k_norm, &t.indexer->k_norm_bias, &t.indexer->weights_proj}) {
       KVTIER_RETURN_IF_ERROR(visit(*spec));
     }
   }

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "services/common/status.h"
+#include "services/base/status.h"
 
 namespace kvtier::runtime {
 

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "kvtier/kernels/codec.h"
 #include "kvtier/kernels/indexer.h"
-#include "services/common/status.h"
+#include "services/base/status.h"
 
 namespace kvtier::runtime {
 namespace {

@@ -7,13 +7,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "kvtier/kernels/parallel.h"
-#include "services/common/byte_size.h"
-#include "services/common/log.h"
-#include "services/common/metric_family.h"
-#include "services/common/metrics_exposer.h"
-#include "services/common/server_runner.h"
-#include "services/common/status.h"
+#include "services/base/byte_size.h"
+#include "services/base/log.h"
+#include "services/base/status.h"
 #include "services/runtime/checkpoint.h"
+#include "services/server/metric_family.h"
+#include "services/server/metrics_exposer.h"
+#include "services/server/server_runner.h"
 #include "services/serving/sequence_blocks.h"
 
 namespace kvtier::serving {
@@ -22,7 +22,7 @@ namespace {
 // The shards' health and their record pool, read at scrape time.
 class ShardSetMetrics : public prometheus::Collectable {
  public:
-  ShardSetMetrics(std::string prefix, const ShardSet* shards) : prefix_(std::move(prefix)), shards_(shards) {}
+  ShardSetMetrics(std::string prefix, const cache::ShardSet* shards) : prefix_(std::move(prefix)), shards_(shards) {}
 
   std::vector<prometheus::MetricFamily> Collect() const override {
     prometheus::MetricFamily up =
@@ -34,8 +34,10 @@ class ShardSetMetrics : public prometheus::Collectable {
                prometheus::MetricType::Gauge);
     std::map<std::string, double> states{{"up", 0}, {"down", 0}, {"unknown", 0}};
     for (const auto& [target, health] : shards_->HealthOfShards()) {
-      AddSample(up, health == ShardSet::Health::kUp ? 1 : 0, {{"shard", target}});
-      ++states[health == ShardSet::Health::kUp ? "up" : health == ShardSet::Health::kDown ? "down" : "unknown"];
+      AddSample(up, health == cache::ShardSet::Health::kUp ? 1 : 0, {{"shard", target}});
+      ++states[health == cache::ShardSet::Health::kUp     ? "up"
+               : health == cache::ShardSet::Health::kDown ? "down"
+                                                          : "unknown"];
     }
     for (const auto& [state, count] : states) AddSample(shards, count, {{"state", state}});
     prometheus::MetricFamily pool =
@@ -49,7 +51,7 @@ class ShardSetMetrics : public prometheus::Collectable {
 
  private:
   const std::string prefix_;
-  const ShardSet* const shards_;
+  const cache::ShardSet* const shards_;
 };
 
 }  // namespace
@@ -101,8 +103,8 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
   // carry this process's identity.
   KVTIER_RETURN_IF_ERROR(f.security.ApplyToClients());
   KVTIER_ASSIGN_OR_RETURN(s.tenants, f.security.OpenTenants());
-  s.shards = std::make_unique<ShardSet>(absl::Milliseconds(f.cache_deadline_ms), !f.no_fast_path, record_pool);
-  ShardSet* shards = s.shards.get();
+  s.shards = std::make_unique<cache::ShardSet>(absl::Milliseconds(f.cache_deadline_ms), !f.no_fast_path, record_pool);
+  cache::ShardSet* shards = s.shards.get();
   absl::StatusOr<std::unique_ptr<PeerDiscovery>> discovery =
       PeerDiscovery::Start("cache shards", f.cache, f.Discovery(), [shards](const std::vector<std::string>& targets) {
         if (absl::Status set = shards->SetTargets(targets); !set.ok())
@@ -122,11 +124,12 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
 }
 
 int ServeUntilSignal(const std::string& program, const ModelServerFlags& flags, grpc::Service* service,
-                     const std::string& ready) {
+                     TenantRegistry* tenants, const std::string& ready) {
   ServerOptions options;
   options.listen = flags.listen;
   options.tls = flags.security.Tls();
   options.health_listen = flags.security.health_listen;
+  options.tenants = tenants;
   absl::StatusOr<std::unique_ptr<ServerRunner>> server = ServerRunner::Start(options, {service});
   if (!server.ok()) return ExitWith(program, server.status());
   std::cerr << program << ": " << ready << std::endl;

@@ -13,15 +13,15 @@
 
 #include "absl/status/statusor.h"
 #include "kvtier/v1/info.pb.h"
-#include "services/common/flags.h"
-#include "services/common/metrics_exposer.h"
-#include "services/common/peer_discovery.h"
-#include "services/common/security_flags.h"
-#include "services/common/tenants.h"
-#include "services/common/version.h"
+#include "services/base/flags.h"
+#include "services/base/peer_discovery.h"
+#include "services/base/version.h"
+#include "services/cache/client/shard_set.h"
 #include "services/kvblock/layout.h"
+#include "services/rpc/security_flags.h"
+#include "services/rpc/tenants.h"
 #include "services/runtime/model.h"
-#include "services/serving/shard_set.h"
+#include "services/server/metrics_exposer.h"
 
 namespace kvtier::serving {
 
@@ -37,7 +37,7 @@ struct ModelServerFlags {
   bool no_fast_path = false;
   std::string device = "cpu";
   std::string device_block_pool;  // empty: CudaOptions' default
-  std::string record_pool = std::to_string(ShardSet::kIdleRecordBytes >> 20) + "MiB";
+  std::string record_pool = std::to_string(cache::ShardSet::kIdleRecordBytes >> 20) + "MiB";
   SecurityFlags security;
 
   // --listen --model --cache --metrics-listen --cache-deadline-ms
@@ -51,7 +51,7 @@ struct ModelServerFlags {
 };
 
 struct ModelServer {
-  std::unique_ptr<ShardSet> shards;
+  std::unique_ptr<cache::ShardSet> shards;
   std::unique_ptr<PeerDiscovery> cache_discovery;  // keeps `shards` current
   std::unique_ptr<runtime::Model> model;           // the weights are copied: no checkpoint mapping kept
   std::string model_id;                            // ModelId(checkpoint dir)
@@ -70,11 +70,11 @@ struct ModelServer {
 // <prefix>_cache_shards{state} and <prefix>_record_pool_bytes{state}.
 absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const ModelServerFlags& flags);
 
-// Serves `service` on the flags' --listen (over --tls-dir's TLS) until
-// SIGTERM: logs `ready` once listening and "<program>: stopped" at the
-// end; the exit code for main.
+// Serves `service` on the flags' --listen (over --tls-dir's TLS) to the
+// callers `tenants` admits (null: all) until SIGTERM: logs `ready` once
+// listening and "<program>: stopped" at the end; the exit code for main.
 int ServeUntilSignal(const std::string& program, const ModelServerFlags& flags, grpc::Service* service,
-                     const std::string& ready);
+                     TenantRegistry* tenants, const std::string& ready);
 
 // What a decode worker or prefill node answers to Info (info.proto):
 // "<program> <version>", the model, `layouts` (layout ids set where their

@@ -7,7 +7,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "services/common/status.h"
+#include "services/base/status.h"
 #include "services/kvblock/block_format.h"
 #include "services/kvblock/sha256.h"
 
@@ -141,8 +141,8 @@ runtime::SequenceCache EmptyCache(const kvblock::LatentLayout& layout) {
   return cache;
 }
 
-absl::Status AppendBlockRecord(SharedRecord record, const kvblock::LatentLayout& layout, runtime::SequenceCache& cache,
-                               kvblock::CrcCheck crc_check) {
+absl::Status AppendBlockRecord(cache::SharedRecord record, const kvblock::LatentLayout& layout,
+                               runtime::SequenceCache& cache, kvblock::CrcCheck crc_check) {
   if (!std::all_of(cache.tail.begin(), cache.tail.end(), [](const auto& t) { return t.empty(); }) ||
       cache.blocks.size() != layout.num_layers || cache.codec != layout.codec ||
       cache.tokens_per_block != layout.tokens_per_block) {

@@ -9,11 +9,11 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "services/cache/client/shared_record.h"
 #include "services/kvblock/block_format.h"
 #include "services/kvblock/layout.h"
 #include "services/runtime/checkpoint.h"
 #include "services/runtime/model.h"
-#include "services/serving/shared_record.h"
 
 namespace kvtier::serving {
 
@@ -43,12 +43,12 @@ runtime::SequenceCache EmptyCache(const kvblock::LatentLayout& layout);
 // `cache`, which must hold whole blocks only (an empty tail). The record is
 // parsed without trust: its layout and sizes are checked, and its CRC
 // unless `crc_check` says that was done where the bytes landed (as
-// ShardSet::Fetch does); indexer keys the model could not have made are
+// cache::ShardSet::Fetch does); indexer keys the model could not have made are
 // refused (INVALID_ARGUMENT). The block's latents are views into the
 // record, which they keep alive; its indexer keys are copied beside the
 // cache's others.
-absl::Status AppendBlockRecord(SharedRecord record, const kvblock::LatentLayout& layout, runtime::SequenceCache& cache,
-                               kvblock::CrcCheck crc_check = kvblock::CrcCheck::kCheck);
+absl::Status AppendBlockRecord(cache::SharedRecord record, const kvblock::LatentLayout& layout,
+                               runtime::SequenceCache& cache, kvblock::CrcCheck crc_check = kvblock::CrcCheck::kCheck);
 
 // The tail (tokens after the last sealed block) as TailLatents.latents:
 // float32 [layers][tokens][kv_lora_rank + rope_dim].

@@ -4,7 +4,7 @@
 
 #include <filesystem>
 
-#include "services/common/child_process.h"
+#include "services/base/child_process.h"
 #include "services/runtime/checkpoint.h"
 
 namespace kvtier::cli {

@@ -8,8 +8,8 @@
 #include <regex>
 #include <string>
 
+#include "services/base/child_process.h"
 #include "services/cli/quant_eval.h"
-#include "services/common/child_process.h"
 #include "tests/test_random.h"
 
 namespace kvtier::cli {

@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <regex>
 
-#include "services/common/child_process.h"
+#include "services/base/child_process.h"
 #include "services/runtime/generate.h"
 #include "services/runtime/make_model.h"
 

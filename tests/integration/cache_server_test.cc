@@ -18,12 +18,13 @@
 #include <random>
 #include <thread>
 
+#include "services/base/child_process.h"
+#include "services/base/metrics_page.h"
 #include "services/cache/client/cache_client.h"
 #include "services/cache/client/health_check.h"
 #include "services/cache/client/raw_get.h"
-#include "services/common/child_process.h"
-#include "services/common/metrics_page.h"
 #include "services/kvblock/block_format.h"
+#include "services/rpc/client_identity.h"
 #include "tests/integration/cache_test_blocks.h"
 #include "tests/test_random.h"
 
@@ -54,7 +55,7 @@ class CacheServerTest : public ::testing::Test {
     const int port = server_->WaitForListeningPort();
     ASSERT_GT(port, 0);
     target_ = "127.0.0.1:" + std::to_string(port);
-    channel_ = CacheClient::Connect(target_);
+    channel_ = MakeChannel(target_);
     client_ = std::make_unique<CacheClient>(channel_);
   }
   void SetUp() override { Start("64MiB", "128MiB"); }
@@ -75,7 +76,7 @@ TEST_F(CacheServerTest, SixteenClientsReadBackEveryByteTheyWrote) {
   const uint64_t base = rng_.seed();
   for (int c = 0; c < kClients; ++c) {
     threads.emplace_back([&, c] {
-      CacheClient client(CacheClient::Connect(target_));
+      CacheClient client(MakeChannel(target_));
       const std::string ns = "tenant-" + std::to_string(c % 4);
       std::vector<TestBlock> blocks;
       std::vector<BlockSlices> slices;
@@ -655,7 +656,7 @@ TEST_F(CacheServerTest, RawGetCancelsAtAnAnswerWithNoRoomAndReturns) {
 TEST(RawGetWithoutServer, AnswersTheCallsErrorAndLandsNothing) {
   const int port = FreeLoopbackPort();  // nothing listens there
   ASSERT_GT(port, 0) << "no free loopback port";
-  std::shared_ptr<grpc::Channel> channel = CacheClient::Connect("127.0.0.1:" + std::to_string(port));
+  std::shared_ptr<grpc::Channel> channel = MakeChannel("127.0.0.1:" + std::to_string(port));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   const kvblock::LatentLayout layout = TestLayout();

@@ -12,9 +12,10 @@
 #include <vector>
 
 #include "kvtier/v1/prefill.grpc.pb.h"
+#include "services/base/child_process.h"
 #include "services/cache/client/cache_client.h"
 #include "services/cli/remote_generate.h"
-#include "services/common/child_process.h"
+#include "services/rpc/client_identity.h"
 
 namespace kvtier {
 
@@ -90,7 +91,7 @@ class Cluster {
     return cli::GenerateRemotely(prefill_target, r, absl::Minutes(5));
   }
   v1::StatsResponse CacheStats(size_t shard) {
-    return *cache::CacheClient(cache::CacheClient::Connect(cache_targets[shard]), absl::Seconds(5)).Stats();
+    return *cache::CacheClient(MakeChannel(cache_targets[shard]), absl::Seconds(5)).Stats();
   }
 
   // Starts a server; its metrics and gRPC addresses ("" where it printed

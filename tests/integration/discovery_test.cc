@@ -8,7 +8,8 @@
 #include <filesystem>
 #include <random>
 
-#include "services/common/metrics_page.h"
+#include "services/base/metrics_page.h"
+#include "services/rpc/client_identity.h"
 #include "services/runtime/make_model.h"
 #include "services/runtime/model_config.h"
 #include "tests/eventually.h"
@@ -137,8 +138,7 @@ TEST_F(DiscoveryTest, ShardsComeAndGoWithTheirDnsRecords) {
   got = generate();
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_LT(got->usage.cached_tokens(), kCached) << "no block moved to the new shard (a 2^-16 chance)";
-  absl::StatusOr<v1::StatsResponse> b_stats =
-      cache::CacheClient(cache::CacheClient::Connect(b), absl::Seconds(5)).Stats();
+  absl::StatusOr<v1::StatsResponse> b_stats = cache::CacheClient(MakeChannel(b), absl::Seconds(5)).Stats();
   ASSERT_TRUE(b_stats.ok()) << b_stats.status();
   EXPECT_GT(b_stats->blocks_stored(), 0u);
   got = generate();

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "services/common/child_process.h"
-#include "services/common/dns_srv.h"
+#include "services/base/child_process.h"
+#include "services/base/dns_srv.h"
 #include "tests/eventually.h"
 
 namespace kvtier::testing {

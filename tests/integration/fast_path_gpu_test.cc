@@ -11,9 +11,10 @@
 #include <vector>
 
 #include "kvtier/kernels/cuda_codec.h"
+#include "services/base/child_process.h"
+#include "services/cache/client/shard_set.h"
 #include "services/cache/fast_path/fast_path_client.h"
-#include "services/common/child_process.h"
-#include "services/serving/shard_set.h"
+#include "services/rpc/client_identity.h"
 #include "tests/binary_path.h"
 #include "tests/integration/cache_test_blocks.h"
 #include "tests/test_random.h"
@@ -46,7 +47,7 @@ TEST_F(FastPathGpuTest, GpuTierBlocksReachAGpuClientThroughIpc) {
   SCOPED_TRACE(rng.Trace());
   ASSERT_NO_FATAL_FAILURE(StartCache("256MiB", "256MiB"));
   const kvblock::LatentLayout layout = TestLayout();
-  CacheClient client(CacheClient::Connect(target_));
+  CacheClient client(MakeChannel(target_));
   std::vector<TestBlock> blocks;
   std::vector<BlockSlices> slices;
   std::vector<kvblock::BlockHash> hashes;
@@ -57,7 +58,7 @@ TEST_F(FastPathGpuTest, GpuTierBlocksReachAGpuClientThroughIpc) {
   }
   ASSERT_TRUE(client.Put("tenant-a", layout, slices).ok());
 
-  auto fast = FastPathClient::Connect(CacheClient::Connect(target_), absl::Seconds(10), 0, 64 << 20);
+  auto fast = FastPathClient::Connect(MakeChannel(target_), absl::Seconds(10), 0, 64 << 20);
   ASSERT_TRUE(fast.ok()) << fast.status();
   ASSERT_TRUE((*fast)->has_device_staging()) << "granted on proof, its handle over the socket";
   EXPECT_EQ(client.Stats()->fast_path_device_staging_bytes(), uint64_t{64} << 20);
@@ -76,7 +77,7 @@ TEST_F(FastPathGpuTest, GpuTierBlocksReachAGpuClientThroughIpc) {
   for (size_t i = 0; i < blocks.size(); ++i) EXPECT_EQ(records[i], blocks[i].record) << i;
   EXPECT_EQ(client.Stats()->fast_path_blocks_out(), blocks.size());
   // The shard set (decode and prefill) takes the same way.
-  auto shards = serving::ShardSet::Create(target_, absl::Seconds(10), /*fast_path=*/true);
+  auto shards = cache::ShardSet::Create(target_, absl::Seconds(10), /*fast_path=*/true);
   ASSERT_TRUE(shards.ok());
   const auto fetched = (*shards)->Fetch("tenant-a", layout, hashes);
   for (size_t i = 0; i < blocks.size(); ++i) {
@@ -92,7 +93,7 @@ TEST_F(FastPathGpuTest, BlocksSpilledToTheHostTierComeBackUpIntact) {
   SCOPED_TRACE(rng.Trace());
   ASSERT_NO_FATAL_FAILURE(StartCache("4MiB", "64MiB"));
   const kvblock::LatentLayout layout = TestLayout();  // 13 blocks hold 4 MiB
-  CacheClient client(CacheClient::Connect(target_));
+  CacheClient client(MakeChannel(target_));
   std::vector<TestBlock> blocks;
   std::vector<kvblock::BlockHash> hashes;
   for (int i = 0; i < 48; ++i) {

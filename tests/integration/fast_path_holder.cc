@@ -8,6 +8,7 @@
 #include <string>
 
 #include "services/cache/fast_path/fast_path_client.h"
+#include "services/rpc/client_identity.h"
 #include "tests/integration/cache_test_blocks.h"
 
 int main(int argc, char** argv) {
@@ -21,7 +22,7 @@ int main(int argc, char** argv) {
   const kvtier::kvblock::LatentLayout layout = TestLayout();
   std::vector<kvtier::kvblock::BlockHash> hashes;
   for (uint64_t i = 0; i < count; ++i) hashes.push_back(MakeBlock(layout, ns, first + i).slices.hash);
-  auto client = FastPathClient::Connect(CacheClient::Connect(argv[1]), absl::Seconds(10));
+  auto client = FastPathClient::Connect(kvtier::MakeChannel(argv[1]), absl::Seconds(10));
   if (!client.ok()) {
     std::fprintf(stderr, "fast_path_holder: %s\n", std::string(client.status().message()).c_str());
     return 1;

@@ -22,11 +22,11 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "services/base/child_process.h"
+#include "services/cache/client/shard_set.h"
 #include "services/cache/fast_path/fast_path_client.h"
 #include "services/cache/fast_path/fast_path_socket.h"
-#include "services/common/child_process.h"
-#include "services/common/client_identity.h"
-#include "services/serving/shard_set.h"
+#include "services/rpc/client_identity.h"
 #include "tests/eventually.h"
 #include "tests/integration/cache_test_blocks.h"
 #include "tests/integration/test_tenants.h"
@@ -39,7 +39,7 @@ namespace {
 using kvblock::BlockHash;
 
 const std::string& Bytes(const std::string& record) { return record; }
-const std::string& Bytes(const serving::SharedRecord& record) { return *record; }
+const std::string& Bytes(const cache::SharedRecord& record) { return *record; }
 
 // Every record of `expected` arrived, byte for byte (`Record`: as the fast
 // path client or the shard set gives it).
@@ -75,7 +75,7 @@ class FastPathTest : public ::testing::Test {
     target_ = "127.0.0.1:" + std::to_string(port_);
     // Its own connection: after a restart on the same port, a shared one
     // could still be in reconnect backoff.
-    channel_ = CacheClient::Connect(target_, /*own_connection=*/true);
+    channel_ = MakeChannel(target_, Connection::kOwn);
     client_ = std::make_unique<CacheClient>(channel_);
   }
   void SetUp() override { StartCache(); }
@@ -572,7 +572,7 @@ TEST_F(FastPathTest, AClientKilledHoldingLeasesLeavesNothingPinned) {
 TEST_F(FastPathTest, CacheRestartUnderAClientsMappingsNeverGivesOldBytes) {
   SCOPED_TRACE(rng_.Trace());
   const std::vector<TestBlock> before = PutBlocks("tenant-a", rng_.seed(), 6);
-  auto shards = serving::ShardSet::Create(target_, absl::Seconds(5), /*fast_path=*/true);
+  auto shards = cache::ShardSet::Create(target_, absl::Seconds(5), /*fast_path=*/true);
   ASSERT_TRUE(shards.ok());
   auto check = [&](const std::vector<TestBlock>& expected) {
     return SameRecords((*shards)->Fetch("tenant-a", layout_, Hashes(before)), expected);
@@ -656,7 +656,7 @@ TEST_F(FastPathTest, ACorruptRecordIsNeverDeliveredAndIsCountedOverTcp) {
   EXPECT_EQ(*got[2], blocks[2].record);
   // The shard set reads it over TCP, where the cache finds it, drops it and
   // counts it.
-  auto shards = serving::ShardSet::Create(target_, absl::Seconds(5), /*fast_path=*/true);
+  auto shards = cache::ShardSet::Create(target_, absl::Seconds(5), /*fast_path=*/true);
   ASSERT_TRUE(shards.ok());
   const auto fetched = (*shards)->Fetch("tenant-a", layout_, Hashes(blocks));
   EXPECT_EQ(fetched[1].status().code(), absl::StatusCode::kDataLoss);
@@ -833,7 +833,7 @@ TEST_F(FastPathTest, DeviceTierOutsideSharedMemoryFallsBackToTcp) {
   EXPECT_EQ(stats.fast_path_blocks_out(), blocks.size() - fallback.size());
   EXPECT_EQ(stats.tiers(0).promotions(), 0u) << "fast path reads do not promote into the slab";
   // The shard set reads the rest over TCP: every block, right.
-  auto shards = serving::ShardSet::Create(target_, absl::Seconds(10), /*fast_path=*/true);
+  auto shards = cache::ShardSet::Create(target_, absl::Seconds(10), /*fast_path=*/true);
   ASSERT_TRUE(shards.ok());
   std::set<const char*> first_memory;
   {
@@ -863,11 +863,11 @@ TEST_F(FastPathTest, ShardedPutSendsInlineSlicesManyToAMessage) {
   StartCache({"--no-fast-path"});
   std::vector<TestBlock> blocks;
   for (uint64_t i = 0; i < 40; ++i) blocks.push_back(MakeBlock(layout_, "tenant-a", rng_.seed() + i));
-  auto shards = serving::ShardSet::Create(target_, absl::Seconds(10), /*fast_path=*/true);
+  auto shards = cache::ShardSet::Create(target_, absl::Seconds(10), /*fast_path=*/true);
   ASSERT_TRUE(shards.ok());
   std::set<kvblock::BlockHash> stored;
   {
-    serving::ShardedPut put(**shards, "tenant-a", layout_, absl::Seconds(10));
+    cache::ShardedPut put(**shards, "tenant-a", layout_, absl::Seconds(10));
     for (uint32_t l = 0; l < layout_.num_layers; ++l) {
       for (const TestBlock& b : blocks) put.Write(b.slices.hash, b.slices.records[l]);
     }
@@ -882,7 +882,7 @@ TEST_F(FastPathTest, CacheWithoutFastPathIsReadOverTcp) {
   StartCache({"--no-fast-path"});
   const std::vector<TestBlock> blocks = PutBlocks("tenant-a", rng_.seed(), 3);
   EXPECT_EQ(FastPathClient::Connect(channel_, absl::Seconds(5)).status().code(), absl::StatusCode::kFailedPrecondition);
-  auto shards = serving::ShardSet::Create(target_, absl::Seconds(5), /*fast_path=*/true);
+  auto shards = cache::ShardSet::Create(target_, absl::Seconds(5), /*fast_path=*/true);
   ASSERT_TRUE(shards.ok());
   EXPECT_TRUE(SameRecords((*shards)->Fetch("tenant-a", layout_, Hashes(blocks)), blocks));
   EXPECT_EQ(Stats().fast_path_blocks_out(), 0u);

@@ -20,10 +20,11 @@
 
 #include "kvtier/v1/decode.grpc.pb.h"
 #include "kvtier/v1/prefill.grpc.pb.h"
+#include "services/base/child_process.h"
+#include "services/base/metrics_page.h"
 #include "services/cache/client/cache_client.h"
-#include "services/common/child_process.h"
-#include "services/common/metrics_page.h"
 #include "services/kvblock/block_key.h"
+#include "services/rpc/client_identity.h"
 #include "services/runtime/checkpoint.h"
 #include "services/runtime/make_model.h"
 #include "services/runtime/model_config.h"
@@ -138,7 +139,7 @@ TEST(MutatedRequestsTest, CacheAnswersEveryMangledRequestAndKeepsItsBlocks) {
                        "--device-capacity", "16MiB", "--host-capacity", "32MiB"});
   const int port = server.WaitForListeningPort();
   ASSERT_GT(port, 0);
-  auto channel = cache::CacheClient::Connect("127.0.0.1:" + std::to_string(port));
+  auto channel = MakeChannel("127.0.0.1:" + std::to_string(port));
   cache::CacheClient client(channel);
   const kvblock::LatentLayout layout = cache::TestLayout();
 
@@ -199,7 +200,7 @@ TEST(MutatedRequestsTest, CacheAnswersEveryMangledRequestAndKeepsItsBlocks) {
   std::atomic<bool> mangling{true};
   std::atomic<int> round_trips{0};
   std::thread valid_traffic([&, seed = rng.engine()()] {
-    cache::CacheClient own(cache::CacheClient::Connect("127.0.0.1:" + std::to_string(port), /*own_connection=*/true));
+    cache::CacheClient own(MakeChannel("127.0.0.1:" + std::to_string(port), Connection::kOwn));
     for (uint64_t k = 0; mangling.load() || k < 5; ++k) {
       const cache::TestBlock b = cache::MakeBlock(layout, "valid", seed + k);
       ASSERT_TRUE(own.Put("valid", layout, {b.slices}).ok());
@@ -269,8 +270,8 @@ class ModelServersTest : public ::testing::Test {
     ASSERT_TRUE(runtime::MakeModel(config_, dir_, 5).ok());
     cluster_ = std::make_unique<Cluster>(dir_, 1, 1);
     ASSERT_TRUE(cluster_->ok());
-    decode_channel_ = cache::CacheClient::Connect(cluster_->decode_targets[0]);
-    prefill_channel_ = cache::CacheClient::Connect(cluster_->prefill_target);
+    decode_channel_ = MakeChannel(cluster_->decode_targets[0]);
+    prefill_channel_ = MakeChannel(cluster_->prefill_target);
   }
   void TearDown() override {
     cluster_.reset();

@@ -2,9 +2,10 @@
 // /metrics; what it stored must equal what the Stats RPC reports.
 #include <gtest/gtest.h>
 
+#include "services/base/child_process.h"
 #include "services/cache/client/cache_client.h"
-#include "services/common/child_process.h"
 #include "services/kvblock/block_format.h"
+#include "services/rpc/client_identity.h"
 #include "tests/integration/prometheus_server.h"
 
 namespace kvtier::cache {
@@ -26,7 +27,7 @@ TEST(PrometheusScrape, ScrapedValuesMatchStats) {
   layout.kv_lora_rank = 512;
   layout.rope_dim = 64;
   layout.codec = kernels::Codec::kInt4;
-  CacheClient client(CacheClient::Connect("127.0.0.1:" + std::to_string(port)));
+  CacheClient client(MakeChannel("127.0.0.1:" + std::to_string(port)));
   std::vector<BlockSlices> blocks;
   std::vector<kvblock::BlockHash> hashes;
   for (uint32_t i = 0; i < 100; ++i) {

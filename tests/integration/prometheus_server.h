@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "nlohmann/json.hpp"
-#include "services/common/child_process.h"
+#include "services/base/child_process.h"
 #include "tests/eventually.h"
 
 namespace kvtier::testing {

@@ -22,17 +22,17 @@
 #if KVTIER_RUNTIME_CUDA
 #include "kvtier/kernels/cuda_codec.h"
 #endif
+#include "services/base/child_process.h"
+#include "services/base/metrics_page.h"
 #include "services/cache/client/cache_client.h"
+#include "services/cache/client/shard_set.h"
 #include "services/cli/remote_generate.h"
-#include "services/common/child_process.h"
-#include "services/common/client_identity.h"
-#include "services/common/metrics_page.h"
+#include "services/rpc/client_identity.h"
 #include "services/runtime/checkpoint.h"
 #include "services/runtime/generate.h"
 #include "services/runtime/make_model.h"
 #include "services/serving/request_checks.h"
 #include "services/serving/sequence_blocks.h"
-#include "services/serving/shard_set.h"
 #include "tests/eventually.h"
 #include "tests/integration/cluster.h"
 #include "tests/integration/prometheus_server.h"
@@ -612,7 +612,7 @@ TEST_F(ServingTest, AShardKilledMidRunLosesNoRequest) {
   Cluster cluster(Tiny().dir, 2, 1);
   ASSERT_TRUE(cluster.ok());
   // Which shard each block lives on, as the services choose it.
-  auto shards = serving::ShardSet::Create(cluster.cache_targets[0] + "," + cluster.cache_targets[1], absl::Seconds(1));
+  auto shards = cache::ShardSet::Create(cluster.cache_targets[0] + "," + cluster.cache_targets[1], absl::Seconds(1));
   ASSERT_TRUE(shards.ok());
   const kvblock::LatentLayout layout =
       serving::ModelLayout(Tiny().model->config(), *serving::ModelId(Tiny().dir, runtime::ModelType::kDeepseekV2),
@@ -680,7 +680,7 @@ TEST_F(ServingTest, ADecodeWorkerDyingMidStream) {
     SCOPED_TRACE(std::to_string(workers) + " decode workers");
     Cluster cluster(Tiny().dir, 1, workers);
     ASSERT_TRUE(cluster.ok());
-    auto stub = v1::Prefill::NewStub(cache::CacheClient::Connect(cluster.prefill_target));
+    auto stub = v1::Prefill::NewStub(MakeChannel(cluster.prefill_target));
     grpc::ClientContext context;
     auto reader = stub->Generate(&context, Request(prompt, 400));
     std::vector<uint32_t> ids;
@@ -709,7 +709,7 @@ TEST_F(ServingTest, CancellationFreesTheDecodeSequence) {
   SCOPED_TRACE(rng_.Trace());
   Cluster cluster(Tiny().dir, 1, 1);
   ASSERT_TRUE(cluster.ok());
-  auto stub = v1::Prefill::NewStub(cache::CacheClient::Connect(cluster.prefill_target));
+  auto stub = v1::Prefill::NewStub(MakeChannel(cluster.prefill_target));
   grpc::ClientContext context;
   auto reader = stub->Generate(&context, Request(RandomIds(50, rng_.engine()), 1500));
   v1::GenerateResponse event;
@@ -907,7 +907,7 @@ TEST_F(ServingTest, BadRequestsGetClearStatuses) {
     EXPECT_NE(got.status().message().find(c.message), std::string::npos) << c.name << ": " << got.status();
   }
   // The decode worker checks what it is handed, too.
-  auto decode = v1::Decode::NewStub(cache::CacheClient::Connect(cluster.decode_targets[0]));
+  auto decode = v1::Decode::NewStub(MakeChannel(cluster.decode_targets[0]));
   const kvblock::LatentLayout layout =
       serving::ModelLayout(Tiny().model->config(), *serving::ModelId(Tiny().dir, runtime::ModelType::kDeepseekV2),
                            kernels::Codec::kBf16, kBlock);
@@ -1112,7 +1112,7 @@ TEST_F(ServingTest, ClientsSpreadRequestsOverEveryPrefillNode) {
       second_metrics, second_target);
   ASSERT_FALSE(second_target.empty());
   // One long-lived channel, as a client keeps.
-  auto stub = v1::Prefill::NewStub(cache::CacheClient::Connect("ipv4:" + cluster.prefill_target + "," + second_target));
+  auto stub = v1::Prefill::NewStub(MakeChannel("ipv4:" + cluster.prefill_target + "," + second_target));
   constexpr int kRequests = 10;
   for (int i = 0; i < kRequests; ++i) {
     grpc::ClientContext context;

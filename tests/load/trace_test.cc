@@ -8,8 +8,9 @@
 #include <sstream>
 
 #include "load/trace/replay.h"
-#include "services/common/child_process.h"
+#include "services/base/child_process.h"
 #include "services/kvblock/block_format.h"
+#include "services/rpc/client_identity.h"
 
 namespace kvtier::load {
 namespace {
@@ -85,7 +86,7 @@ ReplayResult ReplayWithBudget(const std::string& budget, bool write_back = false
                       "--device-capacity", budget, "--host-capacity", "16KiB"});
   const int port = cache.WaitForListeningPort();
   EXPECT_GT(port, 0);
-  cache::CacheClient client(cache::CacheClient::Connect("127.0.0.1:" + std::to_string(port)), absl::Seconds(30));
+  cache::CacheClient client(MakeChannel("127.0.0.1:" + std::to_string(port)), absl::Seconds(30));
   const kvblock::LatentLayout layout = SmallLayout();
   absl::StatusOr<ReplayResult> r = Replay(
       Parse(kTrace), client, layout, {.tokens_per_block = 64, .layout_id = kvblock::LayoutId(layout)}, 0, write_back);

@@ -23,7 +23,7 @@
 
 #include "kvtier/kernels/cuda_codec.h"
 #include "kvtier/kernels/cuda_device.h"
-#include "services/common/child_process.h"
+#include "services/base/child_process.h"
 #include "services/runtime/device_block_pool.h"
 #include "services/runtime/make_model.h"
 #include "services/runtime/model.h"

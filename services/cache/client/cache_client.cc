@@ -1,30 +1,11 @@
 #include "services/cache/client/cache_client.h"
 
 #include "absl/strings/str_cat.h"
-#include "services/common/client_identity.h"
-#include "services/common/tenants.h"
+#include "services/rpc/client_identity.h"
+#include "services/rpc/grpc_status.h"
+#include "services/rpc/tenants.h"
 
 namespace kvtier::cache {
-
-absl::Status FromGrpcStatus(const grpc::Status& status) {
-  if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
-}
-
-std::shared_ptr<grpc::Channel> CacheClient::Connect(const std::string& target, bool own_connection) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
-  args.SetMaxSendMessageSize(64 << 20);
-  // A fixed 16 MiB stream window instead of gRPC's probing one: megabyte
-  // blocks then flow without waiting for window updates (load/README.md).
-  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16 << 20);
-  if (own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  // Calls spread over every address the target resolves to (a headless
-  // Service's pods) instead of all riding the first one's connection.
-  args.SetLoadBalancingPolicyName("round_robin");
-  return MakeChannel(target, args);
-}
 
 CacheClient::CacheClient(std::shared_ptr<grpc::Channel> channel, absl::Duration deadline)
     : stub_(v1::KvCache::NewStub(channel)), deadline_(deadline) {}

@@ -32,11 +32,7 @@ struct FetchedBlock {
 
 class CacheClient {
  public:
-  // Channel to `target` (host:port, or any gRPC target URI) with kvtier's
-  // message-size limit and flow-control window, balancing calls round-robin
-  // over every address the target resolves to; `own_connection` keeps it
-  // off other channels' TCP connections to the same target.
-  static std::shared_ptr<grpc::Channel> Connect(const std::string& target, bool own_connection = false);
+  // `channel`: MakeChannel's (services/rpc/client_identity.h).
   explicit CacheClient(std::shared_ptr<grpc::Channel> channel, absl::Duration deadline = absl::Seconds(30));
 
   absl::StatusOr<v1::MatchResponse> Match(const std::string& ns, const kvblock::LatentLayout& layout,
@@ -67,8 +63,6 @@ class CacheClient {
   absl::Duration deadline_;
   std::string acting_for_;
 };
-
-absl::Status FromGrpcStatus(const grpc::Status& status);
 
 // The GetRequest for `hashes` (all layers), as CacheClient::Get sends it.
 v1::GetRequest MakeGetRequest(const std::string& ns, const kvblock::LatentLayout& layout,

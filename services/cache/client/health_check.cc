@@ -7,6 +7,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "services/cache/client/cache_client.h"
+#include "services/rpc/grpc_status.h"
 
 namespace kvtier::cache {
 

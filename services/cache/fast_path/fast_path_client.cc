@@ -11,6 +11,7 @@
 #include "services/cache/fast_path/fast_path_socket.h"
 #include "services/kvblock/block_format.h"
 #include "services/kvblock/crc32c.h"
+#include "services/rpc/grpc_status.h"
 #if KVTIER_HAVE_CUDA
 #include "kvtier/kernels/cuda_codec.h"
 #include "kvtier/kernels/cuda_ipc.h"

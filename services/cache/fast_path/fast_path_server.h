@@ -25,9 +25,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kvtier/v1/cache.pb.h"
+#include "services/base/clock.h"
 #include "services/cache/store/block_store.h"
-#include "services/common/clock.h"
-#include "services/common/tenants.h"
+#include "services/rpc/tenants.h"
 
 namespace kvtier::cache {
 

@@ -2,11 +2,13 @@
 
 #include <memory>
 
+#include "services/base/status.h"
 #include "services/cache/server/get_reactor.h"
 #include "services/cache/server/put_reactor.h"
 #include "services/cache/server/reactor_support.h"
-#include "services/common/status.h"
 #include "services/kvblock/block_format.h"
+#include "services/rpc/caller.h"
+#include "services/rpc/grpc_status.h"
 
 namespace kvtier::cache {
 namespace {
@@ -82,9 +84,8 @@ CacheService::CacheService(BlockStore* store, Executor* executor, RpcMetrics* me
       idle_puts_(idle_puts),
       planner_(std::move(namespaces), fast_path) {}
 
-absl::StatusOr<std::shared_ptr<const Caller>> CacheService::Authenticate(const grpc::CallbackServerContext& context,
-                                                                         const char* method) const {
-  absl::StatusOr<std::shared_ptr<const Caller>> caller = kvtier::Authenticate(tenants_, context, method);
+absl::StatusOr<std::shared_ptr<const Caller>> CacheService::CallerOf(const grpc::CallbackServerContext& context) const {
+  absl::StatusOr<std::shared_ptr<const Caller>> caller = kvtier::CallerOf(context);
   if (!caller.ok()) (void)Count("", caller.status());
   return caller;
 }
@@ -131,7 +132,7 @@ GetAnswer CacheService::ReadForGet(const GetPlan& plan, size_t index) const {
 grpc::ServerUnaryReactor* CacheService::Match(grpc::CallbackServerContext* context, const v1::MatchRequest* request,
                                               v1::MatchResponse* response) {
   RpcTimer timer(metrics_, "Match");
-  absl::StatusOr<std::shared_ptr<const Caller>> caller = Authenticate(*context, "Match");
+  absl::StatusOr<std::shared_ptr<const Caller>> caller = CallerOf(*context);
   if (!caller.ok()) return FinishUnary(context, std::move(timer), caller.status());
   const std::string tenant = (*caller)->tenant;
   absl::StatusOr<BlocksPlan> plan = planner_.PlanMatch(*std::move(caller), *request);
@@ -151,19 +152,19 @@ grpc::ServerUnaryReactor* CacheService::Match(grpc::CallbackServerContext* conte
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* CacheService::Put(grpc::CallbackServerContext* context,
                                                              grpc::ByteBuffer* response) {
-  return NewPutReactor(this, Authenticate(*context, "Put"), response);
+  return NewPutReactor(this, CallerOf(*context), response);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* CacheService::Get(grpc::CallbackServerContext* context,
                                                               const grpc::ByteBuffer* request) {
-  return NewGetReactor(this, Authenticate(*context, "Get"), request);
+  return NewGetReactor(this, CallerOf(*context), request);
 }
 
 grpc::ServerUnaryReactor* CacheService::ReleaseLease(grpc::CallbackServerContext* context,
                                                      const v1::ReleaseLeaseRequest* request,
                                                      v1::ReleaseLeaseResponse*) {
   RpcTimer timer(metrics_, "ReleaseLease");
-  absl::StatusOr<std::shared_ptr<const Caller>> caller = Authenticate(*context, "ReleaseLease");
+  absl::StatusOr<std::shared_ptr<const Caller>> caller = CallerOf(*context);
   if (!caller.ok()) return FinishUnary(context, std::move(timer), caller.status());
   const uint64_t id = request->lease_id();
   absl::Status status = fast_path_ != nullptr && (id & kFastPathLeaseBit) != 0
@@ -175,7 +176,7 @@ grpc::ServerUnaryReactor* CacheService::ReleaseLease(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* CacheService::Stats(grpc::CallbackServerContext* context, const v1::StatsRequest*,
                                               v1::StatsResponse* response) {
   RpcTimer timer(metrics_, "Stats");
-  absl::StatusOr<std::shared_ptr<const Caller>> caller = Authenticate(*context, "Stats");
+  absl::StatusOr<std::shared_ptr<const Caller>> caller = CallerOf(*context);
   if (!caller.ok()) return FinishUnary(context, std::move(timer), caller.status());
   const StoreStats stats = store_->Stats();
   if ((*caller)->role != v1::ADMIN && tenants_ != nullptr) {
@@ -191,7 +192,7 @@ grpc::ServerUnaryReactor* CacheService::OpenFastPath(grpc::CallbackServerContext
                                                      v1::OpenFastPathResponse* response) {
   RpcTimer timer(metrics_, "OpenFastPath");
   if (fast_path_ == nullptr) return FinishUnary(context, std::move(timer), NoFastPath());
-  absl::StatusOr<std::shared_ptr<const Caller>> caller = Authenticate(*context, "OpenFastPath");
+  absl::StatusOr<std::shared_ptr<const Caller>> caller = CallerOf(*context);
   if (!caller.ok()) return FinishUnary(context, std::move(timer), caller.status());
   absl::StatusOr<v1::OpenFastPathResponse> opened = fast_path_->Open(*request, **caller);
   if (!opened.ok()) return FinishUnary(context, std::move(timer), Count((*caller)->tenant, opened.status()));
@@ -203,7 +204,7 @@ grpc::ServerUnaryReactor* CacheService::LeaseBlocks(grpc::CallbackServerContext*
                                                     const v1::LeaseBlocksRequest* request,
                                                     v1::LeaseBlocksResponse* response) {
   RpcTimer timer(metrics_, "LeaseBlocks");
-  absl::StatusOr<std::shared_ptr<const Caller>> caller = Authenticate(*context, "LeaseBlocks");
+  absl::StatusOr<std::shared_ptr<const Caller>> caller = CallerOf(*context);
   if (!caller.ok()) return FinishUnary(context, std::move(timer), caller.status());
   const std::string tenant = (*caller)->tenant;
   absl::StatusOr<BlocksPlan> plan = planner_.PlanLease(*std::move(caller), *request);

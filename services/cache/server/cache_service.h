@@ -9,13 +9,13 @@
 #include <vector>
 
 #include "kvtier/v1/cache.grpc.pb.h"
+#include "services/base/executor.h"
+#include "services/base/version.h"
 #include "services/cache/fast_path/fast_path_server.h"
 #include "services/cache/server/idle_streams.h"
 #include "services/cache/server/request_planner.h"
 #include "services/cache/server/rpc_metrics.h"
 #include "services/cache/store/block_store.h"
-#include "services/common/executor.h"
-#include "services/common/version.h"
 
 namespace kvtier::cache {
 
@@ -51,9 +51,8 @@ class CacheService final : public KvCacheBase {
                FastPathServer* fast_path = nullptr, TenantRegistry* tenants = nullptr,
                IdleStreams* idle_puts = nullptr);
 
-  // Who a call is from; UNAUTHENTICATED without a valid proof.
-  absl::StatusOr<std::shared_ptr<const Caller>> Authenticate(const grpc::CallbackServerContext& context,
-                                                             const char* method) const;
+  // Who a call is from (services/rpc/caller.h), a refusal counted.
+  absl::StatusOr<std::shared_ptr<const Caller>> CallerOf(const grpc::CallbackServerContext& context) const;
   // Counts `status` against `tenant` when it is a refusal; returns it.
   absl::Status Count(const std::string& tenant, absl::Status status) const;
 

@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "services/cache/server/cache_service.h"
-#include "services/common/tenants.h"
+#include "services/rpc/tenants.h"
 
 namespace kvtier::cache {
 

@@ -18,15 +18,15 @@
 #if KVTIER_HAVE_CUDA
 #include "services/cache/store/cuda_slab.h"
 #endif
+#include "services/base/address.h"
+#include "services/base/byte_size.h"
+#include "services/base/flags.h"
+#include "services/base/log.h"
+#include "services/base/status.h"
 #include "services/cache/server/store_metrics.h"
-#include "services/common/address.h"
-#include "services/common/byte_size.h"
-#include "services/common/flags.h"
-#include "services/common/log.h"
-#include "services/common/metrics_exposer.h"
-#include "services/common/security_flags.h"
-#include "services/common/server_runner.h"
-#include "services/common/status.h"
+#include "services/rpc/security_flags.h"
+#include "services/server/metrics_exposer.h"
+#include "services/server/server_runner.h"
 
 namespace kvtier::cache {
 namespace {
@@ -199,6 +199,7 @@ int Run(const Flags& f) {
   server_options.listen = f.listen;
   server_options.tls = f.security.Tls();
   server_options.health_listen = f.security.health_listen;
+  server_options.tenants = tenants->get();
   absl::StatusOr<std::unique_ptr<ServerRunner>> server = ServerRunner::Start(server_options, {&service});
   if (!server.ok()) {
     std::cerr << "kvtier-cache: " << server.status().message() << "\n";

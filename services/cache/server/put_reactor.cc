@@ -9,10 +9,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "services/base/log.h"
+#include "services/base/status.h"
 #include "services/cache/server/reactor_support.h"
-#include "services/common/log.h"
-#include "services/common/status.h"
 #include "services/kvblock/block_format.h"
+#include "services/rpc/grpc_status.h"
 
 namespace kvtier::cache {
 namespace {

@@ -1,7 +1,7 @@
 #include "services/cache/server/request_planner.h"
 
 #include "absl/strings/str_cat.h"
-#include "services/common/status.h"
+#include "services/base/status.h"
 
 namespace kvtier::cache {
 namespace {

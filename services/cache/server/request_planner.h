@@ -19,9 +19,9 @@
 #include "absl/time/time.h"
 #include "kvtier/v1/cache.pb.h"
 #include "services/cache/fast_path/fast_path_server.h"
-#include "services/common/tenants.h"
 #include "services/kvblock/block_key.h"
 #include "services/kvblock/layout.h"
+#include "services/rpc/tenants.h"
 
 namespace kvtier::cache {
 

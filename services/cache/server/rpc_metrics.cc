@@ -1,7 +1,8 @@
 #include "services/cache/server/rpc_metrics.h"
 
 #include "absl/status/status.h"
-#include "services/common/status.h"
+#include "services/base/status.h"
+#include "services/rpc/grpc_status.h"
 
 namespace kvtier::cache {
 namespace {

@@ -1,6 +1,6 @@
 #include "services/cache/server/store_metrics.h"
 
-#include "services/common/metric_family.h"
+#include "services/server/metric_family.h"
 
 namespace kvtier::cache {
 

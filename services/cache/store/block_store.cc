@@ -14,9 +14,9 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "services/base/log.h"
+#include "services/base/status.h"
 #include "services/cache/store/block_store_internal.h"
-#include "services/common/log.h"
-#include "services/common/status.h"
 #include "services/kvblock/block_format.h"
 #include "services/kvblock/crc32c.h"
 

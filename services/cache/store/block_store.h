@@ -41,8 +41,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "services/base/clock.h"
 #include "services/cache/store/tier_storage.h"
-#include "services/common/clock.h"
 #include "services/kvblock/block_key.h"
 #include "services/kvblock/layout.h"
 

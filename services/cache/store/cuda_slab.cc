@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "kvtier/kernels/cuda_codec.h"
 #include "kvtier/kernels/cuda_ipc.h"
-#include "services/common/status.h"
+#include "services/base/status.h"
 
 namespace kvtier::cache {
 namespace {

@@ -11,7 +11,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "services/common/log.h"
+#include "services/base/log.h"
 #include "services/kvblock/block_format.h"
 #include "services/kvblock/crc32c.h"
 

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "services/base/log.h"
+#include "services/base/status.h"
 #include "services/cache/store/segment_spares.h"
-#include "services/common/log.h"
-#include "services/common/status.h"
 
 namespace kvtier::cache {
 namespace {

@@ -3,9 +3,9 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "services/base/status.h"
 #include "services/cache/store/block_store.h"
 #include "services/cache/store/block_store_internal.h"
-#include "services/common/status.h"
 #include "services/kvblock/block_format.h"
 #include "services/kvblock/crc32c.h"
 

@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "services/common/log.h"
+#include "services/base/log.h"
 
 namespace kvtier::cache {
 

@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "services/common/status.h"
+#include "services/base/status.h"
 #include "services/kvblock/crc32c.h"
 
 namespace kvtier::cache {

@@ -4,9 +4,9 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "services/base/log.h"
 #include "services/cache/store/block_store.h"
 #include "services/cache/store/block_store_internal.h"
-#include "services/common/log.h"
 #include "services/kvblock/block_format.h"
 
 namespace kvtier::cache {

@@ -8,8 +8,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "services/base/status.h"
 #include "services/cache/store/record_slots.h"
-#include "services/common/status.h"
 #include "services/kvblock/block_format.h"
 
 namespace kvtier::cache {

@@ -2,7 +2,7 @@
 //
 // kernels/ must build where only a compiler (and nvcc) exist, so it cannot
 // depend on Abseil. The codes use absl::StatusCode's numbering, and
-// services/common/status_util.h converts to absl::Status in one place.
+// services/base/status.h converts to absl::Status in one place.
 #ifndef KVTIER_KERNELS_STATUS_H_
 #define KVTIER_KERNELS_STATUS_H_
 

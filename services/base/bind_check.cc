@@ -1,0 +1,38 @@
+#include "services/base/bind_check.h"
+
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace kvtier {
+
+std::string WhyCannotBind(const std::string& address) {
+  std::string host = address.substr(0, address.rfind(':'));
+  const std::string port = address.substr(address.rfind(':') + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (const int e = getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found); e != 0) {
+    return gai_strerror(e);
+  }
+  std::string why = "gRPC refused it";
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // as gRPC does
+    const bool bound = bind(fd, a->ai_addr, a->ai_addrlen) == 0;
+    if (!bound) why = std::strerror(errno);
+    close(fd);
+    if (!bound) break;
+  }
+  freeaddrinfo(found);
+  return why;
+}
+
+}  // namespace kvtier

@@ -1,0 +1,370 @@
+#include "services/cache/client/shard_set.h"
+
+#include <algorithm>
+#include <atomic>
+#include <future>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "services/base/log.h"
+#include "services/base/peer_discovery.h"
+#include "services/base/status.h"
+#include "services/cache/client/health_check.h"
+#include "services/kvblock/block_format.h"
+#include "services/kvblock/sha256.h"
+#include "services/rpc/client_identity.h"
+#include "services/rpc/tenants.h"
+
+namespace kvtier::cache {
+namespace {
+
+uint64_t First8(const std::array<uint8_t, 32>& bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v = v << 8 | bytes[i];
+  return v;
+}
+
+// SplitMix64's finalizer: a shard's seed mixed with the key's own (already
+// uniform) bits gives independent scores per shard.
+uint64_t Mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+struct ShardSet::Shard {
+  Shard(const std::string& target, absl::Duration deadline, bool fast_path)
+      : target(target),
+        seed(First8(kvblock::Sha256({target}))),
+        channel(MakeChannel(target)),
+        streams(target),
+        client(channel, deadline) {
+    if (fast_path) routes.push_back(std::make_unique<FastPathRoute>(channel, deadline));
+    routes.push_back(std::make_unique<GrpcRoute>(target, &streams, deadline));
+  }
+  bool Down() const { return health.load(std::memory_order_relaxed) == Health::kDown; }
+
+  const std::string target;
+  const uint64_t seed;  // from the target: a shard's scores do not depend on the others
+  const std::shared_ptr<grpc::Channel> channel;
+  StreamConnections streams;  // Fetch's Gets, ShardedPut's Puts
+  CacheClient client;
+  std::vector<std::unique_ptr<ShardRoute>> routes;  // tried in order; gRPC last
+  std::atomic<Health> health{Health::kUnknown};
+};
+
+ShardSet::ShardSet(absl::Duration deadline, bool fast_path, size_t idle_record_bytes)
+    : deadline_(deadline),
+      fast_path_(fast_path),
+      records_(RecordPool::Create(idle_record_bytes)),
+      members_(std::make_shared<ShardList>()) {}
+
+ShardSet::~ShardSet() {
+  stop_health_checks_.Notify();
+  if (health_checks_.joinable()) health_checks_.join();
+}
+
+absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(const std::string& targets, absl::Duration deadline,
+                                                           bool fast_path, size_t idle_record_bytes) {
+  absl::StatusOr<std::vector<std::string>> list = ParseTargetList(targets);
+  if (!list.ok()) return absl::InvalidArgumentError(absl::StrCat("cache shards: ", list.status().message()));
+  auto set = std::make_unique<ShardSet>(deadline, fast_path, idle_record_bytes);
+  KVTIER_RETURN_IF_ERROR(set->SetTargets(*list));
+  return set;
+}
+
+absl::Status ShardSet::SetTargets(const std::vector<std::string>& targets) {
+  if (absl::Status valid = ValidateTargets(targets); !valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("cache shards: ", valid.message()));
+  }
+  absl::MutexLock lock(&mu_);
+  auto next = std::make_shared<ShardList>();
+  for (const std::string& target : targets) {
+    auto kept = std::find_if(members_->begin(), members_->end(),
+                             [&](const std::shared_ptr<Shard>& s) { return s->target == target; });
+    next->push_back(kept != members_->end() ? *kept : std::make_shared<Shard>(target, deadline_, fast_path_));
+  }
+  members_ = std::move(next);
+  return absl::OkStatus();
+}
+
+std::shared_ptr<const ShardSet::ShardList> ShardSet::Members() const {
+  absl::MutexLock lock(&mu_);
+  return members_;
+}
+
+size_t ShardSet::IndexOf(const ShardList& shards, const kvblock::BlockHash& hash) {
+  const uint64_t key = First8(hash);
+  size_t best = 0;
+  uint64_t best_score = 0;
+  for (size_t s = 0; s < shards.size(); ++s) {
+    const uint64_t score = Mix(shards[s]->seed ^ key);
+    if (s == 0 || score > best_score) best = s, best_score = score;
+  }
+  return best;
+}
+
+std::string ShardSet::ShardOf(const kvblock::BlockHash& hash) const {
+  const std::shared_ptr<const ShardList> shards = Members();
+  return shards->empty() ? "" : (*shards)[IndexOf(*shards, hash)]->target;
+}
+
+void ShardSet::CheckHealth() {
+  const std::shared_ptr<const ShardList> shards = Members();
+  std::vector<std::future<void>> done;
+  for (const std::shared_ptr<Shard>& shard : *shards) {
+    done.push_back(std::async(std::launch::async, [this, &shard] {
+      const absl::Status checked = cache::CheckHealth(shard->channel, deadline_);
+      const Health now = checked.ok() ? Health::kUp : Health::kDown;
+      const Health before = shard->health.exchange(now);
+      if (now == before) return;
+      if (now == Health::kUp) {
+        Log(LogLevel::kInfo, "cache", absl::StrCat("shard ", shard->target, " is reachable"));
+      } else {
+        Log(LogLevel::kWarning, "cache",
+            absl::StrCat("shard ", shard->target,
+                         " is unreachable (its blocks are recomputed until it is back): ", checked.message()));
+      }
+    }));
+  }
+  for (auto& d : done) d.get();
+}
+
+void ShardSet::StartHealthChecks(absl::Duration interval) {
+  health_checks_ = std::thread([this, interval] {
+    do {
+      CheckHealth();
+    } while (!stop_health_checks_.WaitForNotificationWithTimeout(interval));
+  });
+}
+
+std::vector<std::pair<std::string, ShardSet::Health>> ShardSet::HealthOfShards() const {
+  const std::shared_ptr<const ShardList> shards = Members();  // held while the loop reads it
+  std::vector<std::pair<std::string, Health>> out;
+  for (const std::shared_ptr<Shard>& shard : *shards) out.emplace_back(shard->target, shard->health.load());
+  return out;
+}
+
+size_t ShardSet::MatchPrefix(const std::string& ns, const kvblock::LatentLayout& layout,
+                             const std::vector<kvblock::BlockHash>& chain, const std::string& acting_for) {
+  const std::shared_ptr<const ShardList> shards = Members();
+  if (shards->empty()) return 0;
+  // Each shard is asked about its own blocks, in chain order; the prefix
+  // ends at the first block some shard does not hold.
+  const std::vector<std::vector<size_t>> positions = ByShard(*shards, chain);
+  size_t prefix = chain.size();
+  std::vector<std::future<size_t>> answers;
+  for (size_t s = 0; s < shards->size(); ++s) {
+    if (positions[s].empty()) continue;
+    Shard& shard = *(*shards)[s];
+    if (shard.Down()) {  // holds none: the prefix ends at its first block at the latest
+      prefix = std::min(prefix, positions[s][0]);
+      continue;
+    }
+    answers.push_back(std::async(std::launch::async, [&, s]() -> size_t {
+      std::vector<kvblock::BlockHash> mine;
+      for (size_t i : positions[s]) mine.push_back(chain[i]);
+      std::optional<CacheClient> acting;  // a client of its own names the end tenant
+      if (!acting_for.empty()) {
+        acting.emplace(shard.channel, deadline_);
+        acting->ActFor(acting_for);
+      }
+      absl::StatusOr<v1::MatchResponse> r = (acting ? *acting : shard.client).Match(ns, layout, mine);
+      const size_t matched = r.ok() ? std::min<size_t>(r->matched_blocks(), mine.size()) : 0;
+      return matched == mine.size() ? chain.size() : positions[s][matched];
+    }));
+  }
+  for (auto& a : answers) prefix = std::min(prefix, a.get());
+  return prefix;
+}
+
+std::vector<absl::StatusOr<SharedRecord>> ShardSet::Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
+                                                          const std::vector<kvblock::BlockHash>& hashes,
+                                                          const std::string& acting_for) {
+  const std::shared_ptr<const ShardList> shards = Members();
+  std::vector<absl::StatusOr<SharedRecord>> out(hashes.size(), absl::UnavailableError("no cache shard"));
+  const std::vector<std::vector<size_t>> positions = ByShard(*shards, hashes);
+  std::vector<std::future<void>> done;
+  for (size_t s = 0; s < shards->size(); ++s) {
+    if (positions[s].empty()) continue;
+    Shard& shard = *(*shards)[s];
+    if (shard.Down()) {
+      for (size_t i : positions[s]) {
+        out[i] = absl::UnavailableError(absl::StrCat("cache ", shard.target, " failed its last health check"));
+      }
+      continue;
+    }
+    done.push_back(std::async(std::launch::async, [&, s] {
+      FetchFromShard(*(*shards)[s], ns, layout, hashes, positions[s], out, acting_for);
+    }));
+  }
+  for (auto& d : done) d.get();
+  return out;
+}
+
+void ShardSet::FetchFromShard(Shard& shard, const std::string& ns, const kvblock::LatentLayout& layout,
+                              const std::vector<kvblock::BlockHash>& hashes, std::vector<size_t> indices,
+                              std::vector<absl::StatusOr<SharedRecord>>& out, const std::string& acting_for) {
+  for (const std::unique_ptr<ShardRoute>& route : shard.routes) {
+    if (indices.empty()) return;
+    std::vector<kvblock::BlockHash> mine;
+    std::vector<absl::StatusOr<SharedRecord>*> slots;
+    for (size_t i : indices) {
+      mine.push_back(hashes[i]);
+      slots.push_back(&out[i]);
+    }
+    RecordLanding landing(layout, *records_, std::move(slots));
+    std::vector<size_t> left;
+    for (uint32_t i : route->Fetch(ns, layout, mine, landing, acting_for)) {
+      if (i < indices.size()) left.push_back(indices[i]);
+    }
+    indices = std::move(left);
+  }
+}
+
+std::set<kvblock::BlockHash> ShardSet::Store(const std::string& ns, const kvblock::LatentLayout& layout,
+                                             const std::vector<BlockSlices>& blocks, const std::string& acting_for) {
+  ShardedPut put(*this, ns, layout, deadline_, acting_for);
+  for (const BlockSlices& b : blocks) {
+    for (const std::string& record : b.records) put.Write(b.hash, record);
+  }
+  return put.Finish();
+}
+
+std::vector<std::vector<size_t>> ShardSet::ByShard(const ShardList& shards,
+                                                   const std::vector<kvblock::BlockHash>& hashes) {
+  std::vector<std::vector<size_t>> positions(shards.size());
+  if (shards.empty()) return positions;
+  for (size_t i = 0; i < hashes.size(); ++i) positions[IndexOf(shards, hashes[i])].push_back(i);
+  return positions;
+}
+
+struct ShardedPut::Stream {
+  // A local shard's session, from `staging_route`: slices go through its
+  // staging region. Declared first so that `staged` (whose chunks go back
+  // once the stream is over) is destroyed before it.
+  ShardRoute* staging_route = nullptr;
+  std::shared_ptr<FastPathClient> fast;
+  std::unique_ptr<FastPathClient::StagedStream> staged;
+  std::optional<StreamConnections::Lease> connection;
+  grpc::ClientContext context;
+  v1::PutResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::PutRequest>> writer;
+  bool open = false;
+  std::set<kvblock::BlockHash> written;
+  // Slices not sent yet, and the inline bytes among them.
+  v1::PutRequest batch;
+  size_t inline_bytes = 0;
+
+  void FlushBatch() {
+    if (!open || batch.batch().slices_size() == 0) return;
+    open = writer->Write(batch);
+    batch.mutable_batch()->clear_slices();
+    inline_bytes = 0;
+  }
+};
+
+ShardedPut::ShardedPut(ShardSet& shards, std::string ns, const kvblock::LatentLayout& layout,
+                       absl::Duration finish_deadline, std::string acting_for)
+    : members_(shards.Members()),
+      ns_(std::move(ns)),
+      layout_(layout),
+      finish_deadline_(finish_deadline),
+      acting_for_(std::move(acting_for)),
+      streams_(members_->size()) {}
+
+ShardedPut::~ShardedPut() {
+  for (auto& s : streams_) {
+    if (s != nullptr && s->open) s->context.TryCancel();
+  }
+  Finish();
+}
+
+void ShardedPut::Write(const kvblock::BlockHash& hash, const std::string& record) {
+  if (members_->empty()) return;
+  const size_t index = ShardSet::IndexOf(*members_, hash);
+  ShardSet::Shard& shard = *(*members_)[index];
+  std::unique_ptr<Stream>& s = streams_[index];
+  if (s == nullptr) {
+    if (shard.Down()) return;
+    s = std::make_unique<Stream>();
+    v1::PutRequest header;
+    for (const std::unique_ptr<ShardRoute>& route : shard.routes) {
+      if ((s->fast = route->PutStaging()) != nullptr) {
+        s->staging_route = route.get();
+        break;
+      }
+    }
+    if (s->fast != nullptr) {
+      s->staged = std::make_unique<FastPathClient::StagedStream>(s->fast.get());
+      header.mutable_header()->set_fast_path_session_id(s->fast->session_id());
+    }
+    s->connection.emplace(shard.streams.Take());
+    if (!acting_for_.empty()) s->context.AddMetadata(kActingForMetadata, acting_for_);
+    s->writer = s->connection->stub().Put(&s->context, &s->response);
+    header.mutable_header()->set_kv_namespace(ns_);
+    *header.mutable_header()->mutable_layout() = kvblock::LayoutToProto(layout_);
+    s->open = s->writer->Write(header);
+  }
+  if (!s->open) return;
+  s->written.insert(hash);
+  // Through the staging region when there is room in it, else inline.
+  v1::LayerSlice* batched = s->batch.mutable_batch()->add_slices();
+  batched->set_block_hash(std::string(kvblock::HashAsBytes(hash)));
+  if (std::optional<v1::StagedRange> staged = s->staged != nullptr ? s->staged->Stage(record) : std::nullopt) {
+    *batched->mutable_staged() = *staged;
+  } else {
+    batched->set_data(record);
+    s->inline_bytes += record.size();
+  }
+  if (s->batch.batch().slices_size() >= kSlicesPerMessage || s->inline_bytes >= kInlineBytesPerMessage) {
+    s->FlushBatch();
+  }
+}
+
+void ShardedPut::Flush() {
+  for (auto& s : streams_) {
+    if (s != nullptr) s->FlushBatch();
+  }
+}
+
+std::set<kvblock::BlockHash> ShardedPut::Finish() {
+  // Every shard confirms at once; one that does not answer in time is
+  // cancelled.
+  std::vector<std::future<grpc::Status>> answers;
+  for (std::unique_ptr<Stream>& s : streams_) {
+    if (s == nullptr) continue;
+    Stream* stream = s.get();
+    answers.push_back(std::async(std::launch::async, [stream] {
+      stream->FlushBatch();
+      if (stream->open) stream->writer->WritesDone();
+      return stream->writer->Finish();
+    }));
+  }
+  const auto deadline = absl::ToChronoTime(absl::Now() + finish_deadline_);
+  std::set<kvblock::BlockHash> stored;
+  size_t next = 0;
+  for (size_t shard = 0; shard < streams_.size(); ++shard) {
+    std::unique_ptr<Stream>& s = streams_[shard];
+    if (s == nullptr) continue;
+    std::future<grpc::Status>& answer = answers[next++];
+    if (answer.wait_until(deadline) != std::future_status::ready) s->context.TryCancel();
+    const grpc::Status status = answer.get();
+    if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION && s->fast != nullptr) {
+      s->staging_route->SessionFailed(s->fast);  // e.g. the cache restarted
+    }
+    if (status.ok()) {
+      std::set<std::string> incomplete(s->response.incomplete_block_hashes().begin(),
+                                       s->response.incomplete_block_hashes().end());
+      for (const kvblock::BlockHash& h : s->written) {
+        if (!incomplete.count(std::string(kvblock::HashAsBytes(h)))) stored.insert(h);
+      }
+    }
+    s.reset();
+  }
+  return stored;
+}
+
+}  // namespace kvtier::cache

@@ -1,0 +1,98 @@
+#include "services/rpc/caller.h"
+
+#include <array>
+#include <cstdint>
+#include <string_view>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+
+namespace kvtier {
+namespace {
+
+using grpc::experimental::InterceptionHookPoints;
+using grpc::experimental::ServerRpcInfo;
+
+// Each call's caller, by its context, from the interceptor's finding until
+// the call's end. gRPC gives an interceptor no slot of its own in the
+// context, hence this table; sharded so that calls on many threads seldom
+// wait for each other.
+class CallerTable {
+ public:
+  struct Entry {
+    const void* owner;  // the interceptor that found it
+    absl::StatusOr<std::shared_ptr<const Caller>> caller;
+  };
+
+  void Set(const grpc::ServerContextBase* context, Entry entry) {
+    Shard& s = ShardOf(context);
+    absl::MutexLock lock(&s.mu);
+    s.entries.insert_or_assign(context, std::move(entry));
+  }
+  // Only `owner`'s entry: a context freed and reused for a later call
+  // while this interceptor lived carries that call's entry.
+  void Erase(const grpc::ServerContextBase* context, const void* owner) {
+    Shard& s = ShardOf(context);
+    absl::MutexLock lock(&s.mu);
+    auto it = s.entries.find(context);
+    if (it != s.entries.end() && it->second.owner == owner) s.entries.erase(it);
+  }
+  absl::StatusOr<std::shared_ptr<const Caller>> Get(const grpc::ServerContextBase* context) {
+    Shard& s = ShardOf(context);
+    absl::MutexLock lock(&s.mu);
+    auto it = s.entries.find(context);
+    if (it == s.entries.end()) {
+      return absl::InternalError("this call was not authenticated (the server has no caller interceptor)");
+    }
+    return it->second.caller;
+  }
+
+ private:
+  struct Shard {
+    absl::Mutex mu;
+    absl::flat_hash_map<const grpc::ServerContextBase*, Entry> entries ABSL_GUARDED_BY(mu);
+  };
+  Shard& ShardOf(const grpc::ServerContextBase* context) {
+    const auto bits = reinterpret_cast<uintptr_t>(context);
+    return shards_[(bits >> 6 ^ bits >> 12) % shards_.size()];
+  }
+  std::array<Shard, 16> shards_;
+};
+
+CallerTable& Table() {
+  static auto* table = new CallerTable();
+  return *table;
+}
+
+class CallerInterceptor : public grpc::experimental::Interceptor {
+ public:
+  CallerInterceptor(ServerRpcInfo* info, TenantRegistry* tenants) : info_(info), tenants_(tenants) {}
+  ~CallerInterceptor() override { Table().Erase(info_->server_context(), this); }
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    // The headers are in, and the handler has not run yet.
+    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_INITIAL_METADATA)) {
+      Table().Set(info_->server_context(), {this, Authenticate(tenants_, *info_->server_context(), info_->method())});
+    }
+    methods->Proceed();
+  }
+
+ private:
+  ServerRpcInfo* const info_;
+  TenantRegistry* const tenants_;
+};
+
+}  // namespace
+
+grpc::experimental::Interceptor* CallerInterceptorFactory::CreateServerInterceptor(ServerRpcInfo* info) {
+  // kvtier's own services only ("/kvtier.v1.KvCache/Get"): health and
+  // reflection answer anyone.
+  if (!std::string_view(info->method()).starts_with("/kvtier.")) return nullptr;
+  return new CallerInterceptor(info, tenants_);
+}
+
+absl::StatusOr<std::shared_ptr<const Caller>> CallerOf(const grpc::ServerContextBase& context) {
+  return Table().Get(&context);
+}
+
+}  // namespace kvtier

@@ -1,0 +1,38 @@
+// The caller of each call a kvtier server serves, found once per call: the
+// server runner installs a CallerInterceptorFactory, which authenticates
+// every call to a kvtier.v1 service as its headers arrive
+// (TenantRegistry::Authenticate) and keeps the answer with the call until
+// it ends; handlers read it with CallerOf. Health checks and reflection
+// need no credentials. Thread-safe.
+#ifndef KVTIER_SERVICES_RPC_CALLER_H_
+#define KVTIER_SERVICES_RPC_CALLER_H_
+
+#include <grpcpp/support/server_interceptor.h>
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "services/rpc/tenants.h"
+
+namespace kvtier {
+
+class CallerInterceptorFactory : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  // `tenants` (not owned) says who may call; null: every caller, one trust
+  // domain.
+  explicit CallerInterceptorFactory(TenantRegistry* tenants) : tenants_(tenants) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override;
+
+ private:
+  TenantRegistry* const tenants_;
+};
+
+// The caller of the call `context` serves, or why it may not call
+// (UNAUTHENTICATED, PERMISSION_DENIED, as Authenticate says). INTERNAL when
+// no CallerInterceptorFactory saw the call (a server not built by the
+// runner): a handler never serves a call nobody authenticated.
+absl::StatusOr<std::shared_ptr<const Caller>> CallerOf(const grpc::ServerContextBase& context);
+
+}  // namespace kvtier
+
+#endif  // KVTIER_SERVICES_RPC_CALLER_H_

@@ -1,0 +1,118 @@
+#include "services/rpc/client_identity.h"
+
+#include <grpcpp/support/client_interceptor.h>
+
+#include <fstream>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+
+namespace kvtier {
+namespace {
+
+// Adds the bearer token to every call's initial metadata.
+class TokenInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit TokenInterceptor(std::shared_ptr<const std::string> header) : header_(std::move(header)) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->emplace("authorization", *header_);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  std::shared_ptr<const std::string> header_;
+};
+
+class TokenInterceptorFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit TokenInterceptorFactory(std::shared_ptr<const std::string> header) : header_(std::move(header)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(grpc::experimental::ClientRpcInfo* /*info*/) override {
+    return new TokenInterceptor(header_);
+  }
+
+ private:
+  std::shared_ptr<const std::string> header_;
+};
+
+struct Identity {
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  std::shared_ptr<const std::string> authorization;  // null: no token
+};
+
+absl::Mutex identity_mu;
+Identity& CurrentIdentity() ABSL_EXCLUSIVE_LOCKS_REQUIRED(identity_mu) {
+  static Identity* identity = new Identity;
+  return *identity;
+}
+
+absl::StatusOr<Identity> LoadIdentity(const ClientIdentityOptions& options) {
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = ChannelCredentials(options.tls);
+  if (!credentials.ok()) return credentials.status();
+  Identity identity;
+  identity.credentials = *std::move(credentials);
+  if (!options.token_file.empty()) {
+    std::ifstream in(options.token_file);
+    std::string token;
+    if (!in || !std::getline(in, token)) {
+      return absl::InvalidArgumentError(absl::StrCat("--token-file: cannot read ", options.token_file));
+    }
+    token = std::string(absl::StripAsciiWhitespace(token));
+    if (token.empty())
+      return absl::InvalidArgumentError(absl::StrCat("--token-file: ", options.token_file, " is empty"));
+    identity.authorization = std::make_shared<const std::string>(absl::StrCat("Bearer ", token));
+  }
+  return identity;
+}
+
+grpc::ChannelArguments Settings(Connection connection) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  args.SetMaxSendMessageSize(64 << 20);
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16 << 20);
+  if (connection == Connection::kOwn) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetLoadBalancingPolicyName("round_robin");
+  return args;
+}
+
+std::shared_ptr<grpc::Channel> ChannelWith(const Identity& identity, const std::string& target, Connection connection) {
+  const grpc::ChannelArguments args = Settings(connection);
+  if (identity.authorization == nullptr) return grpc::CreateCustomChannel(target, identity.credentials, args);
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<TokenInterceptorFactory>(identity.authorization));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(target, identity.credentials, args,
+                                                                 std::move(interceptors));
+}
+
+}  // namespace
+
+absl::Status SetClientIdentity(const ClientIdentityOptions& options) {
+  absl::StatusOr<Identity> identity = LoadIdentity(options);
+  if (!identity.ok()) return identity.status();
+  absl::MutexLock lock(&identity_mu);
+  CurrentIdentity() = *std::move(identity);
+  return absl::OkStatus();
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, Connection connection) {
+  Identity identity;
+  {
+    absl::MutexLock lock(&identity_mu);
+    identity = CurrentIdentity();
+  }
+  return ChannelWith(identity, target, connection);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannelAs(const ClientIdentityOptions& options,
+                                                             const std::string& target, Connection connection) {
+  absl::StatusOr<Identity> identity = LoadIdentity(options);
+  if (!identity.ok()) return identity.status();
+  return ChannelWith(*identity, target, connection);
+}
+
+}  // namespace kvtier

@@ -1,0 +1,43 @@
+#include "services/rpc/security_flags.h"
+
+#include "services/rpc/client_identity.h"
+
+namespace kvtier {
+
+void SecurityFlags::Register(FlagParser& flags, bool serves, bool calls) {
+  flags.AddString("tls-dir", &tls_dir,
+                  "TLS for every gRPC call: a directory with ca.crt, tls.crt and tls.key (a Kubernetes TLS "
+                  "Secret; a client needs only ca.crt, and presents tls.crt when it has one); reloaded when they "
+                  "change. Empty: plaintext");
+  flags.AddUint("reload-seconds", &reload_seconds, "how often the TLS files and the tenants file are checked");
+  if (calls) {
+    flags.AddString("token-file", &token_file,
+                    "a file whose first line is the bearer token this process's calls carry (to servers run "
+                    "with --tenants)");
+  }
+  if (!serves) return;
+  flags.AddString("health-listen", &health_listen,
+                  "HOST:PORT of a plaintext server of grpc.health.v1 only, for probes that speak no TLS "
+                  "(kubelet's gRPC probes); empty: none");
+  flags.AddBool("tls-require-client-cert", &tls_require_client_cert,
+                "mutual TLS: refuse clients without a certificate signed by ca.crt");
+  flags.AddString("tenants", &tenants,
+                  "the tenants file (JSON, proto/kvtier/v1/tenants.proto): who may call, in which namespaces, "
+                  "with which role; reloaded when it changes. Empty: every caller is trusted");
+}
+
+TlsOptions SecurityFlags::Tls() const {
+  return {.dir = tls_dir,
+          .require_client_certificate = tls_require_client_cert,
+          .reload_seconds = static_cast<unsigned>(reload_seconds)};
+}
+
+absl::Status SecurityFlags::ApplyToClients() const {
+  return SetClientIdentity({.tls = Tls(), .token_file = token_file});
+}
+
+absl::StatusOr<std::unique_ptr<TenantRegistry>> SecurityFlags::OpenTenants() const {
+  return TenantRegistry::Open(tenants, absl::Seconds(static_cast<int64_t>(reload_seconds)));
+}
+
+}  // namespace kvtier

@@ -1,0 +1,41 @@
+// The security flags every kvtier binary takes, with the same names and
+// meaning everywhere: --tls-dir (a Kubernetes TLS Secret's files),
+// --tls-require-client-cert (servers: mutual TLS), --token-file (the
+// bearer token this process's calls carry), --tenants (servers: who may
+// call), --reload-seconds (how often those files are checked) and
+// --health-listen (servers: plaintext health for kubelet's probes).
+#ifndef KVTIER_SERVICES_RPC_SECURITY_FLAGS_H_
+#define KVTIER_SERVICES_RPC_SECURITY_FLAGS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "services/base/flags.h"
+#include "services/rpc/tenants.h"
+#include "services/rpc/tls.h"
+
+namespace kvtier {
+
+struct SecurityFlags {
+  std::string tls_dir;
+  bool tls_require_client_cert = false;
+  std::string token_file;
+  std::string tenants;
+  uint64_t reload_seconds = 10;
+  std::string health_listen;
+
+  // Registers the flags of a process that `serves` gRPC, `calls` servers,
+  // or both.
+  void Register(FlagParser& flags, bool serves, bool calls);
+  TlsOptions Tls() const;
+  // Sets this process's client identity (client_identity.h) from them.
+  absl::Status ApplyToClients() const;
+  // The tenant registry of a server.
+  absl::StatusOr<std::unique_ptr<TenantRegistry>> OpenTenants() const;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_SERVICES_RPC_SECURITY_FLAGS_H_

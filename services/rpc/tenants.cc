@@ -1,0 +1,310 @@
+#include "services/rpc/tenants.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <grpc/grpc_security_constants.h>
+#include <openssl/crypto.h>
+#include <sys/stat.h>
+
+#include <array>
+#include <fstream>
+#include <optional>
+#include <sstream>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "services/base/log.h"
+#include "services/kvblock/sha256.h"
+
+namespace kvtier {
+namespace {
+
+using kvblock::Sha256;
+using Digest = kvblock::Sha256Digest;
+
+bool IsLowerHex(const std::string& s) {
+  for (char c : s) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+// The file's inode, size and modification time: what changes when it is
+// rewritten or (as Kubernetes does for a mounted Secret) replaced.
+std::string Signature(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return "";
+  return absl::StrCat(st.st_ino, ":", st.st_size, ":", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("--tenants: cannot read ", path));
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
+}
+
+std::string Bearer(const grpc::ServerContextBase& context) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) return "";
+  return std::string(it->second.data(), it->second.size());
+}
+
+// Refused calls, said at most once a minute each way (no secret in them).
+RateLimitedLog& Denials() {
+  static auto* denials = new RateLimitedLog(LogLevel::kWarning, "auth");
+  return *denials;
+}
+
+// The end tenant `name` as `service` calls for it: its role and quota, the
+// namespaces both may use. PERMISSION_DENIED for a caller that is no
+// service, an unknown tenant, or one that is a service or admin itself
+// (acting for it would lend the service rights it lacks).
+absl::StatusOr<std::shared_ptr<const Caller>> ActingFor(const std::shared_ptr<const Caller>& service,
+                                                        const absl::flat_hash_map<std::string, size_t>& names,
+                                                        const std::vector<std::shared_ptr<const Caller>>& callers,
+                                                        const std::string& name) {
+  if (!service->IsService()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(service->Describe(), " may not act for another tenant: only a SERVICE or ADMIN may"));
+  }
+  auto it = names.find(name);
+  if (it == names.end()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(service->Describe(), " acts for tenant '", name, "', which the tenants file does not list"));
+  }
+  const Caller& tenant = *callers[it->second];
+  if (tenant.IsService()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(service->Describe(), " may not act for ", tenant.Describe(), ", a service or admin itself"));
+  }
+  auto acting = std::make_shared<Caller>(tenant);
+  acting->service = service->tenant;
+  if (service->role != v1::ADMIN) {
+    absl::flat_hash_set<std::string> both;
+    for (const std::string& ns : tenant.namespaces) {
+      if (service->namespaces.contains(ns)) both.insert(ns);
+    }
+    acting->namespaces = std::move(both);
+  }
+  return acting;
+}
+
+}  // namespace
+
+std::string Caller::Describe() const {
+  if (tenant.empty()) return "the one trust domain";
+  return service.empty() ? absl::StrCat("tenant ", tenant)
+                         : absl::StrCat("tenant ", tenant, " (through ", service, ")");
+}
+
+absl::Status CheckNamespace(const Caller& caller, const std::string& ns) {
+  if (caller.MayUse(ns)) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(caller.Describe(), " may not use namespace '", ns, "'"));
+}
+
+absl::StatusOr<v1::TenantsFile> ParseTenantsFile(const std::string& json) {
+  v1::TenantsFile file;
+  const auto parsed = google::protobuf::util::JsonStringToMessage(json, &file);
+  if (!parsed.ok()) {
+    // One line: the parser's message points at the place on a line of its own.
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a tenants file: ", absl::StrReplaceAll(parsed.ToString(), {{"\n", " "}})));
+  }
+  absl::flat_hash_set<std::string> names, tokens, identities;
+  for (int i = 0; i < file.tenants_size(); ++i) {
+    const v1::Tenant& t = file.tenants(i);
+    const std::string where = absl::StrCat("tenants[", i, "] (", t.name(), ")");
+    if (t.name().empty()) return absl::InvalidArgumentError(absl::StrCat("tenants[", i, "] has no name"));
+    if (!names.insert(t.name()).second) return absl::InvalidArgumentError(absl::StrCat(where, ": name listed twice"));
+    if (t.role() == v1::TENANT_ROLE_UNSPECIFIED) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": no role (READER, WRITER, SERVICE or ADMIN)"));
+    }
+    if (t.role() != v1::ADMIN && t.namespaces().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": no namespaces"));
+    }
+    if (t.token_sha256().empty() && t.certificate_identities().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": no tokenSha256 and no certificateIdentities"));
+    }
+    for (const std::string& h : t.token_sha256()) {
+      if (h.size() != 64 || !IsLowerHex(h)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": a tokenSha256 is not 64 lowercase hex digits (sha256sum of the token)"));
+      }
+      if (!tokens.insert(h).second) return absl::InvalidArgumentError(absl::StrCat(where, ": a token listed twice"));
+    }
+    for (const std::string& id : t.certificate_identities()) {
+      if (!identities.insert(id).second) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": certificate identity '", id, "' listed twice"));
+      }
+    }
+  }
+  return file;
+}
+
+// One version of the file, ready to check calls against.
+struct TenantRegistry::Loaded {
+  std::vector<std::shared_ptr<const Caller>> callers;  // as the file lists them
+  std::vector<std::pair<Digest, size_t>> tokens;       // digest, caller
+  absl::flat_hash_map<std::string, size_t> identities;
+  absl::flat_hash_map<std::string, size_t> names;
+
+  static std::shared_ptr<const Loaded> From(const v1::TenantsFile& file) {
+    auto loaded = std::make_shared<Loaded>();
+    for (const v1::Tenant& t : file.tenants()) {
+      auto caller = std::make_shared<Caller>();
+      caller->tenant = t.name();
+      caller->role = t.role();
+      caller->namespaces.insert(t.namespaces().begin(), t.namespaces().end());
+      if (!t.namespaces().empty()) caller->default_namespace = t.namespaces(0);
+      caller->quota = t.quota();
+      const size_t index = loaded->callers.size();
+      for (const std::string& hex : t.token_sha256()) {
+        Digest d{};
+        const std::string bytes = absl::HexStringToBytes(hex);
+        std::copy(bytes.begin(), bytes.end(), d.begin());
+        loaded->tokens.emplace_back(d, index);
+      }
+      for (const std::string& id : t.certificate_identities()) loaded->identities.emplace(id, index);
+      loaded->names.emplace(t.name(), index);
+      loaded->callers.push_back(std::move(caller));
+    }
+    return loaded;
+  }
+};
+
+absl::StatusOr<std::unique_ptr<TenantRegistry>> TenantRegistry::Open(const std::string& path, absl::Duration reload) {
+  if (path.empty()) {
+    Log(LogLevel::kWarning, "auth",
+        "no --tenants file: every caller is trusted with every namespace (one trust domain)");
+    auto everyone = std::make_shared<Loaded>();
+    everyone->callers.push_back(std::make_shared<Caller>());
+    return std::unique_ptr<TenantRegistry>(new TenantRegistry("", reload, everyone, ""));
+  }
+  const std::string signature = Signature(path);
+  absl::StatusOr<std::string> json = ReadFile(path);
+  if (!json.ok()) return json.status();
+  absl::StatusOr<v1::TenantsFile> file = ParseTenantsFile(*json);
+  if (!file.ok()) return absl::InvalidArgumentError(absl::StrCat("--tenants ", path, ": ", file.status().message()));
+  Log(LogLevel::kInfo, "auth", absl::StrCat(file->tenants_size(), " tenants from ", path));
+  return std::unique_ptr<TenantRegistry>(new TenantRegistry(path, reload, Loaded::From(*file), signature));
+}
+
+TenantRegistry::TenantRegistry(std::string path, absl::Duration reload, std::shared_ptr<const Loaded> loaded,
+                               std::string signature)
+    : path_(std::move(path)), reload_(reload), loaded_(std::move(loaded)), signature_(std::move(signature)) {
+  if (!path_.empty()) watcher_ = std::thread([this] { Watch(); });
+}
+
+TenantRegistry::~TenantRegistry() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (watcher_.joinable()) watcher_.join();
+}
+
+void TenantRegistry::Watch() {
+  absl::MutexLock lock(&mu_);
+  while (!mu_.AwaitWithTimeout(absl::Condition(&stop_), reload_)) {
+    mu_.Unlock();
+    ReloadIfChanged();
+    mu_.Lock();
+  }
+}
+
+void TenantRegistry::ReloadIfChanged() {
+  if (path_.empty()) return;
+  const std::string signature = Signature(path_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (signature == signature_) return;
+    signature_ = signature;  // a bad file is said once, not every check
+  }
+  absl::StatusOr<std::string> json = ReadFile(path_);
+  absl::StatusOr<v1::TenantsFile> file = json.ok() ? ParseTenantsFile(*json) : json.status();
+  if (!file.ok()) {
+    Log(LogLevel::kError, "auth",
+        absl::StrCat("--tenants ", path_,
+                     " changed but is refused (the last good one stays): ", file.status().message()));
+    return;
+  }
+  std::shared_ptr<const Loaded> loaded = Loaded::From(*file);
+  absl::MutexLock lock(&mu_);
+  loaded_ = std::move(loaded);
+  Log(LogLevel::kInfo, "auth", absl::StrCat("reloaded ", file->tenants_size(), " tenants from ", path_));
+}
+
+std::shared_ptr<const TenantRegistry::Loaded> TenantRegistry::Current() {
+  absl::MutexLock lock(&mu_);
+  return loaded_;
+}
+
+std::vector<std::string> TenantRegistry::TenantNames() {
+  std::vector<std::string> names;
+  for (const auto& caller : Current()->callers) {
+    if (!caller->tenant.empty()) names.push_back(caller->tenant);
+  }
+  return names;
+}
+
+absl::StatusOr<std::shared_ptr<const Caller>> TenantRegistry::Authenticate(const grpc::ServerContextBase& context,
+                                                                           const char* method) {
+  std::shared_ptr<const Loaded> loaded = Current();
+  if (!enforced()) return loaded->callers[0];
+  absl::StatusOr<std::shared_ptr<const Caller>> proven = Prove(*loaded, context, method);
+  if (!proven.ok()) return proven;
+  const auto& metadata = context.client_metadata();
+  auto acting = metadata.find(kActingForMetadata);
+  if (acting == metadata.end()) return proven;
+  absl::StatusOr<std::shared_ptr<const Caller>> tenant =
+      ActingFor(*proven, loaded->names, loaded->callers, std::string(acting->second.data(), acting->second.size()));
+  if (!tenant.ok())
+    Denials()(absl::StrCat("refused ", method, " from ", context.peer(), ": ", tenant.status().message()));
+  return tenant;
+}
+
+absl::StatusOr<std::shared_ptr<const Caller>> TenantRegistry::Prove(const Loaded& loaded,
+                                                                    const grpc::ServerContextBase& context,
+                                                                    const char* method) {
+  const auto refuse = [&](std::string why) {
+    Denials()(absl::StrCat("refused ", method, " from ", context.peer(), ": ", why));
+    return absl::UnauthenticatedError(why);
+  };
+  const std::string bearer = Bearer(context);
+  if (!bearer.empty()) {
+    constexpr std::string_view kScheme = "Bearer ";
+    if (bearer.compare(0, kScheme.size(), kScheme) != 0) return refuse("authorization is not 'Bearer TOKEN'");
+    const Digest presented = Sha256({std::string_view(bearer).substr(kScheme.size())});
+    // Every stored digest is compared, each in constant time.
+    std::optional<size_t> match;
+    for (const auto& [digest, index] : loaded.tokens) {
+      if (CRYPTO_memcmp(digest.data(), presented.data(), digest.size()) == 0) match = index;
+    }
+    if (!match) return refuse("unknown bearer token");
+    return loaded.callers[*match];
+  }
+  std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth != nullptr && auth->IsPeerAuthenticated()) {
+    for (const char* property : {GRPC_X509_SAN_PROPERTY_NAME, GRPC_X509_CN_PROPERTY_NAME}) {
+      for (const grpc::string_ref& value : auth->FindPropertyValues(property)) {
+        auto it = loaded.identities.find(std::string(value.data(), value.size()));
+        if (it != loaded.identities.end()) return loaded.callers[it->second];
+      }
+    }
+    return refuse("its client certificate names no tenant");
+  }
+  return refuse("no credentials: send 'authorization: Bearer TOKEN' or a client certificate");
+}
+
+absl::StatusOr<std::shared_ptr<const Caller>> Authenticate(TenantRegistry* registry,
+                                                           const grpc::ServerContextBase& context, const char* method) {
+  if (registry != nullptr) return registry->Authenticate(context, method);
+  static const auto* everyone = new std::shared_ptr<const Caller>(std::make_shared<Caller>());
+  return *everyone;
+}
+
+}  // namespace kvtier

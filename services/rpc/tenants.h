@@ -1,0 +1,113 @@
+// Who may call a kvtier server, read from the tenants file (--tenants FILE,
+// the schema and an example in proto/kvtier/v1/tenants.proto) and read
+// again when it changes. A call proves its tenant with a bearer token
+// (`authorization: Bearer TOKEN`, checked against the SHA-256 the file
+// holds, in constant time) or with its mTLS client certificate (a subject
+// alternative name or common name the file lists). Without a tenants file
+// every caller is trusted as an admin (one trust domain), as before.
+//
+// A kvtier service (role SERVICE or ADMIN) calling for one of its end
+// tenants names it in the call's kActingForMetadata: the call is then that
+// tenant's, charged to it and held to its quota and role, in the
+// namespaces both it and the service may use. Thread-safe.
+#ifndef KVTIER_SERVICES_RPC_TENANTS_H_
+#define KVTIER_SERVICES_RPC_TENANTS_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "kvtier/v1/tenants.pb.h"
+
+namespace kvtier {
+
+// The metadata in which a service names the end tenant it calls for.
+inline constexpr char kActingForMetadata[] = "kvtier-acting-for";
+
+// The tenant a call comes from.
+struct Caller {
+  std::string tenant;  // empty without a tenants file
+  v1::TenantRole role = v1::ADMIN;
+  absl::flat_hash_set<std::string> namespaces;  // unused for an admin
+  std::string default_namespace = "default";    // the first listed, with a file
+  v1::TenantQuota quota;
+  std::string service;  // the service calling for it; empty when it calls itself
+
+  bool MayUse(const std::string& ns) const { return role == v1::ADMIN || namespaces.contains(ns); }
+  bool MayWrite() const { return role != v1::READER; }
+  bool IsService() const { return role == v1::SERVICE || role == v1::ADMIN; }
+  // Who holds the call's connections, fast path sessions and leases: the
+  // service when it acts for the tenant.
+  const std::string& SessionOwner() const { return service.empty() ? tenant : service; }
+  // Who it is, for logs ("tenant acme" or "the one trust domain").
+  std::string Describe() const;
+};
+
+// PERMISSION_DENIED naming the tenant and namespace unless it may use it.
+absl::Status CheckNamespace(const Caller& caller, const std::string& ns);
+
+// The tenants in `json` (a TenantsFile), checked: names unique and set, a
+// role, a proof each, tokens as 64 lowercase hex digits, namespaces for
+// all but admins. INVALID_ARGUMENT saying what is wrong.
+absl::StatusOr<v1::TenantsFile> ParseTenantsFile(const std::string& json);
+
+class TenantRegistry {
+ public:
+  // Reads `path`, then checks it for changes every `reload` on a thread
+  // of its own; empty `path`: no tenants file (one trust domain, said once
+  // in the log). INVALID_ARGUMENT when the file cannot be read or parsed.
+  static absl::StatusOr<std::unique_ptr<TenantRegistry>> Open(const std::string& path, absl::Duration reload);
+  ~TenantRegistry();
+  TenantRegistry(const TenantRegistry&) = delete;
+  TenantRegistry& operator=(const TenantRegistry&) = delete;
+
+  bool enforced() const { return !path_.empty(); }
+  // The tenants' names, as the file lists them now.
+  std::vector<std::string> TenantNames();
+
+  // The caller of a call; UNAUTHENTICATED when it brings no proof or a bad
+  // one (logged, rate-limited, with the peer and `method`; no secret). A
+  // call naming a tenant in kActingForMetadata is that tenant's when its
+  // proven caller is a service; PERMISSION_DENIED when it is not, or the
+  // tenant is unknown or a service or admin itself. Without a tenants
+  // file the metadata is ignored.
+  absl::StatusOr<std::shared_ptr<const Caller>> Authenticate(const grpc::ServerContextBase& context,
+                                                             const char* method);
+
+  // Reads the file again now if it changed (the thread's job; for tests).
+  void ReloadIfChanged();
+
+ private:
+  struct Loaded;
+  TenantRegistry(std::string path, absl::Duration reload, std::shared_ptr<const Loaded> loaded, std::string signature);
+  void Watch();
+  std::shared_ptr<const Loaded> Current();
+  // The tenant whose proof the call brings, as Authenticate says.
+  static absl::StatusOr<std::shared_ptr<const Caller>> Prove(const Loaded& loaded,
+                                                             const grpc::ServerContextBase& context,
+                                                             const char* method);
+
+  const std::string path_;
+  const absl::Duration reload_;
+  absl::Mutex mu_;
+  std::shared_ptr<const Loaded> loaded_ ABSL_GUARDED_BY(mu_);
+  std::string signature_ ABSL_GUARDED_BY(mu_);  // the file's inode, size and mtime when read
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread watcher_;
+};
+
+// registry->Authenticate, or with no registry the caller of one trust
+// domain.
+absl::StatusOr<std::shared_ptr<const Caller>> Authenticate(TenantRegistry* registry,
+                                                           const grpc::ServerContextBase& context, const char* method);
+
+}  // namespace kvtier
+
+#endif  // KVTIER_SERVICES_RPC_TENANTS_H_

@@ -1,0 +1,39 @@
+// TLS for kvtier's gRPC servers and channels, from a directory laid out as
+// a Kubernetes TLS Secret (what cert-manager writes): ca.crt, the CA that
+// signs peers' certificates; tls.crt, this process's certificate chain;
+// tls.key, its private key. gRPC's own TLS (its file-watcher certificate
+// provider) reads them, and reads them again when they change, so a
+// rotated certificate is used by new connections without a restart.
+#ifndef KVTIER_SERVICES_RPC_TLS_H_
+#define KVTIER_SERVICES_RPC_TLS_H_
+
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/security/server_credentials.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace kvtier {
+
+struct TlsOptions {
+  std::string dir;  // empty: plaintext
+  // Server: refuse a client without a certificate signed by ca.crt (one
+  // that presents a certificate is verified either way).
+  bool require_client_certificate = false;
+  // How often the files are checked for changes.
+  unsigned reload_seconds = 10;
+};
+
+// Credentials for a server: plaintext when options.dir is empty.
+// INVALID_ARGUMENT naming the file when one is missing or unreadable.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const TlsOptions& options);
+
+// Credentials for a channel: trusts ca.crt and presents tls.crt when the
+// directory has it (mutual TLS); plaintext when options.dir is empty.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const TlsOptions& options);
+
+}  // namespace kvtier
+
+#endif  // KVTIER_SERVICES_RPC_TLS_H_

@@ -1,0 +1,123 @@
+#include "services/server/server_runner.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+
+#include <iostream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "services/base/address.h"
+#include "services/base/bind_check.h"
+#include "services/base/log.h"
+#include "services/rpc/caller.h"
+#include "services/server/unparsed_request_interceptor.h"
+
+namespace kvtier {
+
+void BlockShutdownSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(const ServerOptions& options,
+                                                                  std::vector<grpc::Service*> services) {
+  if (absl::Status s = ValidateListenAddress(options.listen); !s.ok()) return s;
+  if (!options.health_listen.empty()) {
+    if (absl::Status s = ValidateListenAddress(options.health_listen); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--health-listen: ", s.message()));
+    }
+  }
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = ServerCredentials(options.tls);
+  if (!credentials.ok()) return credentials.status();
+  builder.AddListeningPort(options.listen, *credentials, &port);
+  // gRPC sets SO_REUSEPORT by default: a second server on a port in use
+  // would then share it with the first, each taking some connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Fixed per-stream receive window, as CacheClient sets (see there): large
+  // streamed payloads flow without waiting for window updates. The resource
+  // quota still bounds what all streams together may buffer.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16 << 20);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<CallerInterceptorFactory>(options.tenants));
+  interceptors.push_back(std::make_unique<UnparsedRequestInterceptorFactory>());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  grpc::ResourceQuota quota("kvtier");
+  quota.Resize(static_cast<size_t>(options.memory_quota_bytes));
+  builder.SetResourceQuota(quota);
+  for (grpc::Service* service : services) builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.listen, ": ", WhyCannotBind(options.listen)));
+  }
+  server->GetHealthCheckService()->SetServingStatus(true);
+  std::unique_ptr<grpc::Server> health;
+  if (!options.health_listen.empty()) {
+    // No service registered: the default health service is all it serves.
+    grpc::ServerBuilder health_builder;
+    int health_port = 0;
+    health_builder.AddListeningPort(options.health_listen, grpc::InsecureServerCredentials(), &health_port);
+    health_builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    health = health_builder.BuildAndStart();
+    if (health == nullptr || health_port == 0) {
+      server->Shutdown();
+      return absl::UnavailableError(
+          absl::StrCat("cannot serve health on ", options.health_listen, ": ", WhyCannotBind(options.health_listen)));
+    }
+    health->GetHealthCheckService()->SetServingStatus(true);
+    std::cout << "health on " << options.health_listen.substr(0, options.health_listen.rfind(':')) << ":" << health_port
+              << std::endl;
+  }
+  const std::string host = options.listen.substr(0, options.listen.rfind(':'));
+  std::cout << "listening on " << host << ":" << port << std::endl;
+  if (!options.tls.dir.empty()) {
+    Log(LogLevel::kInfo, "server",
+        absl::StrCat("TLS from ", options.tls.dir,
+                     options.tls.require_client_certificate ? ", client certificates required" : ""));
+  }
+  return std::unique_ptr<ServerRunner>(
+      new ServerRunner(std::move(server), std::move(health), port, options.shutdown_grace));
+}
+
+ServerRunner::~ServerRunner() { Shutdown(); }
+
+int WaitForStopSignal() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  int signal = 0;
+  sigwait(&set, &signal);
+  return signal;
+}
+
+void ServerRunner::WaitForShutdownSignal() {
+  const int signal = WaitForStopSignal();
+  Log(LogLevel::kInfo, "",
+      absl::StrCat("received ", signal == SIGTERM ? "SIGTERM" : "SIGINT", ": draining in-flight RPCs"));
+  Shutdown();
+}
+
+void ServerRunner::Shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  if (health_ != nullptr) health_->GetHealthCheckService()->SetServingStatus(false);
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + grace_));
+  server_->Wait();
+  if (health_ != nullptr) health_->Shutdown();
+}
+
+}  // namespace kvtier

@@ -1,0 +1,76 @@
+// Runs a gRPC server the way every kvtier service runs: each call's caller
+// authenticated once, before its handler (services/rpc/caller.h); health and
+// reflection, deliberate message-size and memory limits, `listening on
+// HOST:PORT` on stdout once bound, and a graceful stop on SIGTERM or SIGINT
+// (health NOT_SERVING, in-flight RPCs finish within a grace period, exit).
+#ifndef KVTIER_SERVICES_SERVER_SERVER_RUNNER_H_
+#define KVTIER_SERVICES_SERVER_SERVER_RUNNER_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "services/rpc/tenants.h"
+#include "services/rpc/tls.h"
+
+namespace kvtier {
+
+struct ServerOptions {
+  std::string listen;  // host:port; port 0 picks a free one
+  int max_message_bytes = 64 << 20;
+  // gRPC's own buffers (resource quota); requests beyond it are refused.
+  int64_t memory_quota_bytes = 1LL << 30;
+  absl::Duration shutdown_grace = absl::Seconds(30);
+  TlsOptions tls;  // dir empty: plaintext
+  // Who may call (not owned; it must outlive the server); null: every
+  // caller, one trust domain.
+  TenantRegistry* tenants = nullptr;
+  // A plaintext port serving only grpc.health.v1 (kubelet's gRPC probes
+  // speak no TLS); empty: none.
+  std::string health_listen;
+};
+
+// Blocks SIGTERM and SIGINT in this thread and every thread it creates, so
+// that WaitForShutdownSignal receives them. Call first thing in main.
+void BlockShutdownSignals();
+
+// Waits for SIGTERM or SIGINT (blocked by BlockShutdownSignals); returns it.
+int WaitForStopSignal();
+
+class ServerRunner {
+ public:
+  // Builds and starts the server with `services` (not owned; they must
+  // outlive it). Prints "health on HOST:PORT" (with health_listen), then
+  // "listening on HOST:PORT".
+  static absl::StatusOr<std::unique_ptr<ServerRunner>> Start(const ServerOptions& options,
+                                                             std::vector<grpc::Service*> services);
+  ~ServerRunner();
+
+  int port() const { return port_; }
+  // Waits for SIGTERM or SIGINT, then stops gracefully.
+  void WaitForShutdownSignal();
+  // Health to NOT_SERVING, then waits up to the grace period for in-flight
+  // RPCs and cancels what is left.
+  void Shutdown();
+
+ private:
+  ServerRunner(std::unique_ptr<grpc::Server> server, std::unique_ptr<grpc::Server> health, int port,
+               absl::Duration grace)
+      : server_(std::move(server)), health_(std::move(health)), port_(port), grace_(grace) {}
+
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> health_;  // null without health_listen
+  int port_;
+  absl::Duration grace_;
+  bool shut_down_ = false;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_SERVICES_SERVER_SERVER_RUNNER_H_

@@ -1,0 +1,244 @@
+// ShardSet's streams over TCP, against stand-in KvCache servers. Fetch
+// checks each record as it lands: a real kvtier-cache never sends a record
+// that fails its CRC (it checks on every read), so bytes damaged on the way
+// can only come from a stand-in that answers Get with chosen records, one
+// of them with a flipped byte, one of another layout. Concurrent streams
+// (Gets, Puts) go over connections of their own.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "kvtier/v1/cache.grpc.pb.h"
+#include "services/cache/client/shard_set.h"
+#include "services/kvblock/block_format.h"
+#include "services/kvblock/block_key.h"
+#include "tests/test_random.h"
+
+namespace kvtier::cache {
+namespace {
+
+kvblock::LatentLayout Layout() {
+  return {.model_id = "fetch-test",
+          .num_layers = 3,
+          .kv_lora_rank = 32,
+          .rope_dim = 8,
+          .tokens_per_block = 16,
+          .codec = kernels::Codec::kInt8};
+}
+
+std::string RandomRecord(const kvblock::LatentLayout& layout, std::mt19937_64& rng) {
+  std::normal_distribution<float> value(0.0f, 1.0f);
+  std::vector<float> x(layout.LayerShape().values() * layout.num_layers);
+  for (float& v : x) v = value(rng);
+  return *kvblock::EncodeBlock(layout, 0, layout.num_layers, x);
+}
+
+// Answers every Get with `records`, in order, whatever was asked.
+class StandInCache final : public v1::KvCache::Service {
+ public:
+  explicit StandInCache(std::vector<std::string> records) : records_(std::move(records)) {}
+  grpc::Status Get(grpc::ServerContext*, const v1::GetRequest* request,
+                   grpc::ServerWriter<v1::GetResponse>* writer) override {
+    for (size_t i = 0; i < records_.size() && i < static_cast<size_t>(request->block_hashes_size()); ++i) {
+      v1::GetResponse answer;
+      answer.set_index(static_cast<uint32_t>(i));
+      answer.set_block_hash(request->block_hashes(static_cast<int>(i)));
+      answer.set_data(records_[i]);
+      writer->Write(answer);
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  std::vector<std::string> records_;
+};
+
+// `service` on a free loopback port; null if it did not start.
+std::unique_ptr<grpc::Server> Serve(grpc::Service& service, int& port) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  return port > 0 ? std::move(server) : nullptr;
+}
+
+TEST(ShardSetFetch, RecordsOverTcpAreCheckedAsTheyLand) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  const kvblock::LatentLayout layout = Layout();
+  std::vector<std::string> records;
+  for (int i = 0; i < 4; ++i) records.push_back(RandomRecord(layout, rng.engine()));
+  std::vector<std::string> sent = records;
+  sent[1][kvblock::kBlockHeaderBytes + rng.engine()() % (sent[1].size() - kvblock::kBlockHeaderBytes)] ^= 0x08;
+  kvblock::LatentLayout other = layout;
+  other.kv_lora_rank = 24;
+  sent[3] = RandomRecord(other, rng.engine());
+  sent[3].resize(records[3].size(), '\0');  // the size asked for, the wrong layout inside
+
+  StandInCache service(sent);
+  int port = 0;
+  std::unique_ptr<grpc::Server> server = Serve(service, port);
+  ASSERT_NE(server, nullptr);
+
+  auto shards = ShardSet::Create("127.0.0.1:" + std::to_string(port), absl::Seconds(10), /*fast_path=*/false);
+  ASSERT_TRUE(shards.ok()) << shards.status();
+  std::vector<std::uint32_t> tokens(layout.tokens_per_block * records.size());
+  for (size_t t = 0; t < tokens.size(); ++t) tokens[t] = static_cast<uint32_t>(t);
+  const std::vector<kvblock::BlockHash> hashes =
+      kvblock::ComputeBlockChain("tenant", kvblock::LayoutId(layout), layout.tokens_per_block, tokens);
+  const std::vector<absl::StatusOr<SharedRecord>> got = (*shards)->Fetch("tenant", layout, hashes);
+  ASSERT_EQ(got.size(), records.size());
+  for (size_t i : {0, 2}) {
+    ASSERT_TRUE(got[i].ok()) << i << ": " << got[i].status();
+    EXPECT_EQ(**got[i], records[i]);
+    EXPECT_TRUE(kvblock::ParseBlock(**got[i], &layout).ok());
+  }
+  EXPECT_EQ(got[1].status().code(), absl::StatusCode::kDataLoss) << got[1].status();
+  EXPECT_FALSE(got[3].ok());
+  server->Shutdown();
+}
+
+// Answers Get with `record` for every hash asked, and takes every Put
+// (storing nothing), noting each caller's address (its connection). The
+// first `together` calls wait until all of them have arrived (or 10 s), so
+// that they are in flight at once.
+class PeerNotingCache final : public v1::KvCache::Service {
+ public:
+  PeerNotingCache(std::string record, size_t together) : record_(std::move(record)), together_(together) {}
+  grpc::Status Get(grpc::ServerContext* context, const v1::GetRequest* request,
+                   grpc::ServerWriter<v1::GetResponse>* writer) override {
+    Arrive(context->peer());
+    for (int i = 0; i < request->block_hashes_size(); ++i) {
+      v1::GetResponse answer;
+      answer.set_index(static_cast<uint32_t>(i));
+      answer.set_block_hash(request->block_hashes(i));
+      answer.set_data(record_);
+      writer->Write(answer);
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status Put(grpc::ServerContext* context, grpc::ServerReader<v1::PutRequest>* reader,
+                   v1::PutResponse*) override {
+    Arrive(context->peer());
+    v1::PutRequest request;
+    while (reader->Read(&request)) {
+    }
+    return grpc::Status::OK;
+  }
+  std::vector<std::string> peers() {
+    absl::MutexLock lock(&mu_);
+    return peers_;
+  }
+
+ private:
+  void Arrive(const std::string& peer) {
+    absl::MutexLock lock(&mu_);
+    peers_.push_back(peer);
+    mu_.AwaitWithTimeout(absl::Condition(this, &PeerNotingCache::AllArrived), absl::Seconds(10));
+  }
+  bool AllArrived() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return peers_.size() >= together_; }
+  const std::string record_;
+  const size_t together_;
+  absl::Mutex mu_;
+  std::vector<std::string> peers_ ABSL_GUARDED_BY(mu_);
+};
+
+// Runs `call` from `together` threads at once, then twice alone, and
+// checks the connections `service` saw them on: the calls in flight at once
+// on connections of their own, the lone ones on one.
+void ExpectConnectionsOfTheirOwn(PeerNotingCache& service, size_t together, const std::function<void(uint32_t)>& call) {
+  std::vector<std::thread> threads;
+  for (size_t k = 0; k < together; ++k) threads.emplace_back(call, static_cast<uint32_t>(k));
+  for (std::thread& t : threads) t.join();
+  call(100);  // then one at a time
+  call(101);
+  const std::vector<std::string> peers = service.peers();
+  ASSERT_EQ(peers.size(), together + 2);
+  EXPECT_EQ(std::set<std::string>(peers.begin(), peers.begin() + together).size(), together)
+      << "calls in flight at once shared a connection";
+  EXPECT_EQ(peers[together], peers[together + 1]) << "a lone call changed connections";
+}
+
+// Fetches in flight at once from one ShardSet go over connections of their
+// own (one HTTP/2 connection carries about one stream's rate), and a lone
+// reader keeps to one connection.
+TEST(ShardSetFetch, ConcurrentFetchesUseConnectionsOfTheirOwn) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  const kvblock::LatentLayout layout = Layout();
+  constexpr size_t kTogether = 3;
+  PeerNotingCache service(RandomRecord(layout, rng.engine()), kTogether);
+  int port = 0;
+  std::unique_ptr<grpc::Server> server = Serve(service, port);
+  ASSERT_NE(server, nullptr);
+  auto shards = ShardSet::Create("127.0.0.1:" + std::to_string(port), absl::Seconds(20), /*fast_path=*/false);
+  ASSERT_TRUE(shards.ok()) << shards.status();
+  std::vector<std::uint32_t> tokens(layout.tokens_per_block * 2);
+  for (size_t t = 0; t < tokens.size(); ++t) tokens[t] = static_cast<uint32_t>(rng.engine()() % 1000);
+  const std::vector<kvblock::BlockHash> hashes =
+      kvblock::ComputeBlockChain("tenant", kvblock::LayoutId(layout), layout.tokens_per_block, tokens);
+  ExpectConnectionsOfTheirOwn(service, kTogether, [&](uint32_t) {
+    for (const absl::StatusOr<SharedRecord>& r : (*shards)->Fetch("tenant", layout, hashes)) {
+      EXPECT_TRUE(r.ok()) << r.status();
+    }
+  });
+  server->Shutdown();
+}
+
+// So do a prefill node's concurrent stores (ShardedPut's Put streams).
+TEST(ShardSetStore, ConcurrentStoresUseConnectionsOfTheirOwn) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  const kvblock::LatentLayout layout = Layout();
+  constexpr size_t kTogether = 3;
+  PeerNotingCache service(/*record=*/"", kTogether);
+  int port = 0;
+  std::unique_ptr<grpc::Server> server = Serve(service, port);
+  ASSERT_NE(server, nullptr);
+  auto shards = ShardSet::Create("127.0.0.1:" + std::to_string(port), absl::Seconds(20), /*fast_path=*/false);
+  ASSERT_TRUE(shards.ok()) << shards.status();
+  const std::string record = RandomRecord(layout, rng.engine());
+  ExpectConnectionsOfTheirOwn(service, kTogether, [&](uint32_t seed) {
+    const std::vector<uint32_t> tokens(layout.tokens_per_block, seed);
+    const kvblock::BlockHash hash =
+        kvblock::ComputeBlockChain("tenant", kvblock::LayoutId(layout), layout.tokens_per_block, tokens)[0];
+    ShardedPut put(**shards, "tenant", layout, absl::Seconds(20));
+    put.Write(hash, record);
+    EXPECT_EQ(put.Finish(), std::set<kvblock::BlockHash>{hash});
+  });
+  server->Shutdown();
+}
+
+// A shard that failed its health check holds none of its blocks, but the
+// prefix still ends at the first block any shard lacks: here the first
+// block, on a live shard that does not hold it, not the down shard's.
+TEST(ShardSetMatch, ADownShardBoundsThePrefixWithoutHidingAnEarlierMiss) {
+  grpc::EnableDefaultHealthCheckService(true);
+  StandInCache live_cache({});  // answers Match UNIMPLEMENTED: holds nothing
+  int port = 0;
+  std::unique_ptr<grpc::Server> server = Serve(live_cache, port);
+  ASSERT_NE(server, nullptr);
+  const std::string live = "127.0.0.1:" + std::to_string(port), down = "127.0.0.1:1";
+  auto shards = ShardSet::Create(live + "," + down, absl::Seconds(5), /*fast_path=*/false);
+  ASSERT_TRUE(shards.ok()) << shards.status();
+  (*shards)->CheckHealth();
+  ASSERT_EQ((*shards)->HealthOfShards()[1], std::pair(down, ShardSet::Health::kDown));
+  // The live shard's block first, the down shard's after it.
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  std::vector<kvblock::BlockHash> chain;
+  while (chain.size() < 2) {
+    kvblock::BlockHash h;
+    for (auto& b : h) b = static_cast<uint8_t>(rng.engine()());
+    if ((*shards)->ShardOf(h) == (chain.empty() ? live : down)) chain.push_back(h);
+  }
+  EXPECT_EQ((*shards)->MatchPrefix("ns", Layout(), chain), 0u);
+}
+
+}  // namespace
+}  // namespace kvtier::cache

@@ -1,0 +1,73 @@
+// The tenants file: what it refuses, with a message naming the tenant, and
+// a registry that keeps the last good file when a bad one replaces it.
+#include "services/rpc/tenants.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "tests/temp_dir.h"
+
+namespace kvtier {
+namespace {
+
+const std::string kHash(64, 'a');
+
+std::string OneTenant(const std::string& fields) { return "{\"tenants\": [{\"name\": \"acme\", " + fields + "}]}"; }
+
+TEST(TenantsFile, RefusesWhatCannotBeEnforced) {
+  struct Case {
+    std::string json, message;
+  };
+  const std::string proof = "\"tokenSha256\": [\"" + kHash + "\"]";
+  const std::vector<Case> bad = {
+      {"not json", "not a tenants file"},
+      {"{\"tenants\": [{\"role\": \"READER\"}]}", "has no name"},
+      {OneTenant("\"namespaces\": [\"a\"], " + proof), "no role"},
+      {OneTenant("\"role\": \"WRITER\", " + proof), "no namespaces"},
+      {OneTenant("\"role\": \"WRITER\", \"namespaces\": [\"a\"]"), "no tokenSha256"},
+      {OneTenant("\"role\": \"WRITER\", \"namespaces\": [\"a\"], \"tokenSha256\": [\"ABC\"]"), "64 lowercase hex"},
+      {OneTenant("\"role\": \"OWNER\", \"namespaces\": [\"a\"], " + proof), "not a tenants file"},
+      {"{\"tenants\": [{\"name\": \"a\", \"role\": \"ADMIN\", " + proof + "}, {\"name\": \"a\", \"role\": \"ADMIN\"}]}",
+       "listed twice"},
+  };
+  for (const Case& c : bad) {
+    absl::StatusOr<v1::TenantsFile> parsed = ParseTenantsFile(c.json);
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << c.json;
+    EXPECT_NE(parsed.status().message().find(c.message), std::string::npos) << c.json << ": " << parsed.status();
+  }
+  absl::StatusOr<v1::TenantsFile> good =
+      ParseTenantsFile(OneTenant("\"role\": \"SERVICE\", \"namespaces\": [\"a\", \"b\"], " + proof));
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ(good->tenants(0).role(), v1::SERVICE);
+  EXPECT_EQ(good->tenants(0).namespaces_size(), 2);
+}
+
+TEST(TenantRegistry, KeepsTheLastGoodFileWhenABadOneReplacesIt) {
+  const testing::TempDir dir("kvtier-tenants-");
+  const std::filesystem::path path = dir / "tenants.json";
+  const auto write = [&](const std::string& json) {
+    std::ofstream(dir / "new") << json;
+    std::filesystem::rename(dir / "new", path);
+  };
+  write("{\"tenants\": [{\"name\": \"acme\", \"role\": \"READER\", \"namespaces\": [\"a\"], \"tokenSha256\": [\"" +
+        kHash + "\"]}]}");
+  absl::StatusOr<std::unique_ptr<TenantRegistry>> registry = TenantRegistry::Open(path.string(), absl::Hours(1));
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  EXPECT_EQ((*registry)->TenantNames(), std::vector<std::string>{"acme"});
+  write("{\"tenants\": [");  // a bad edit: logged, the last good one stays
+  (*registry)->ReloadIfChanged();
+  EXPECT_EQ((*registry)->TenantNames(), std::vector<std::string>{"acme"});
+  write("{\"tenants\": [{\"name\": \"globex\", \"role\": \"ADMIN\", \"tokenSha256\": [\"" + kHash + "\"]}]}");
+  (*registry)->ReloadIfChanged();
+  EXPECT_EQ((*registry)->TenantNames(), std::vector<std::string>{"globex"});
+  EXPECT_EQ(TenantRegistry::Open((dir / "missing").string(), absl::Hours(1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvtier
