@@ -40,7 +40,8 @@ struct ShardSet::Shard {
         seed(First8(kvblock::Sha256({target}))),
         channel(MakeChannel(target)),
         streams(target),
-        client(channel, deadline) {
+        client(channel, deadline),
+        put(&streams, &routes, [this] { return Down(); }) {
     if (fast_path) routes.push_back(std::make_unique<FastPathRoute>(channel, deadline));
     routes.push_back(std::make_unique<GrpcRoute>(target, &streams, deadline));
   }
@@ -52,6 +53,7 @@ struct ShardSet::Shard {
   StreamConnections streams;  // Fetch's Gets, ShardedPut's Puts
   CacheClient client;
   std::vector<std::unique_ptr<ShardRoute>> routes;  // tried in order; gRPC last
+  PutRoute put;
   std::atomic<Health> health{Health::kUnknown};
 };
 
@@ -241,129 +243,60 @@ std::vector<std::vector<size_t>> ShardSet::ByShard(const ShardList& shards,
   return positions;
 }
 
-struct ShardedPut::Stream {
-  // A local shard's session, from `staging_route`: slices go through its
-  // staging region. Declared first so that `staged` (whose chunks go back
-  // once the stream is over) is destroyed before it.
-  ShardRoute* staging_route = nullptr;
-  std::shared_ptr<FastPathClient> fast;
-  std::unique_ptr<FastPathClient::StagedStream> staged;
-  std::optional<StreamConnections::Lease> connection;
-  grpc::ClientContext context;
-  v1::PutResponse response;
-  std::unique_ptr<grpc::ClientWriter<v1::PutRequest>> writer;
-  bool open = false;
-  std::set<kvblock::BlockHash> written;
-  // Slices not sent yet, and the inline bytes among them.
-  v1::PutRequest batch;
-  size_t inline_bytes = 0;
-
-  void FlushBatch() {
-    if (!open || batch.batch().slices_size() == 0) return;
-    open = writer->Write(batch);
-    batch.mutable_batch()->clear_slices();
-    inline_bytes = 0;
-  }
-};
+ShardSet::PutTargets ShardSet::ForPut() const {
+  const std::shared_ptr<const ShardList> shards = Members();
+  PutTargets targets;
+  // Each route keeps the whole list (and so its shard) alive.
+  for (const std::shared_ptr<Shard>& shard : *shards) targets.shards.emplace_back(shards, &shard->put);
+  targets.shard_of = [shards](const kvblock::BlockHash& hash) { return IndexOf(*shards, hash); };
+  return targets;
+}
 
 ShardedPut::ShardedPut(ShardSet& shards, std::string ns, const kvblock::LatentLayout& layout,
                        absl::Duration finish_deadline, std::string acting_for)
-    : members_(shards.Members()),
+    : targets_(shards.ForPut()),
       ns_(std::move(ns)),
       layout_(layout),
       finish_deadline_(finish_deadline),
       acting_for_(std::move(acting_for)),
-      streams_(members_->size()) {}
+      streams_(targets_.shards.size()) {}
 
 ShardedPut::~ShardedPut() {
   for (auto& s : streams_) {
-    if (s != nullptr && s->open) s->context.TryCancel();
+    if (s != nullptr) s->Cancel();
   }
   Finish();
 }
 
 void ShardedPut::Write(const kvblock::BlockHash& hash, const std::string& record) {
-  if (members_->empty()) return;
-  const size_t index = ShardSet::IndexOf(*members_, hash);
-  ShardSet::Shard& shard = *(*members_)[index];
-  std::unique_ptr<Stream>& s = streams_[index];
-  if (s == nullptr) {
-    if (shard.Down()) return;
-    s = std::make_unique<Stream>();
-    v1::PutRequest header;
-    for (const std::unique_ptr<ShardRoute>& route : shard.routes) {
-      if ((s->fast = route->PutStaging()) != nullptr) {
-        s->staging_route = route.get();
-        break;
-      }
-    }
-    if (s->fast != nullptr) {
-      s->staged = std::make_unique<FastPathClient::StagedStream>(s->fast.get());
-      header.mutable_header()->set_fast_path_session_id(s->fast->session_id());
-    }
-    s->connection.emplace(shard.streams.Take());
-    if (!acting_for_.empty()) s->context.AddMetadata(kActingForMetadata, acting_for_);
-    s->writer = s->connection->stub().Put(&s->context, &s->response);
-    header.mutable_header()->set_kv_namespace(ns_);
-    *header.mutable_header()->mutable_layout() = kvblock::LayoutToProto(layout_);
-    s->open = s->writer->Write(header);
-  }
-  if (!s->open) return;
-  s->written.insert(hash);
-  // Through the staging region when there is room in it, else inline.
-  v1::LayerSlice* batched = s->batch.mutable_batch()->add_slices();
-  batched->set_block_hash(std::string(kvblock::HashAsBytes(hash)));
-  if (std::optional<v1::StagedRange> staged = s->staged != nullptr ? s->staged->Stage(record) : std::nullopt) {
-    *batched->mutable_staged() = *staged;
-  } else {
-    batched->set_data(record);
-    s->inline_bytes += record.size();
-  }
-  if (s->batch.batch().slices_size() >= kSlicesPerMessage || s->inline_bytes >= kInlineBytesPerMessage) {
-    s->FlushBatch();
-  }
+  if (targets_.shards.empty()) return;
+  const size_t index = targets_.shard_of(hash);
+  std::unique_ptr<PutStream>& s = streams_[index];
+  if (s == nullptr && (s = targets_.shards[index]->Open(ns_, layout_, acting_for_)) == nullptr) return;
+  s->Write(hash, record);
 }
 
 void ShardedPut::Flush() {
   for (auto& s : streams_) {
-    if (s != nullptr) s->FlushBatch();
+    if (s != nullptr) s->Flush();
   }
 }
 
 std::set<kvblock::BlockHash> ShardedPut::Finish() {
   // Every shard confirms at once; one that does not answer in time is
   // cancelled.
-  std::vector<std::future<grpc::Status>> answers;
-  for (std::unique_ptr<Stream>& s : streams_) {
+  std::vector<std::pair<PutStream*, std::future<std::set<kvblock::BlockHash>>>> answers;
+  for (std::unique_ptr<PutStream>& s : streams_) {
     if (s == nullptr) continue;
-    Stream* stream = s.get();
-    answers.push_back(std::async(std::launch::async, [stream] {
-      stream->FlushBatch();
-      if (stream->open) stream->writer->WritesDone();
-      return stream->writer->Finish();
-    }));
+    answers.emplace_back(s.get(), std::async(std::launch::async, [stream = s.get()] { return stream->Finish(); }));
   }
   const auto deadline = absl::ToChronoTime(absl::Now() + finish_deadline_);
   std::set<kvblock::BlockHash> stored;
-  size_t next = 0;
-  for (size_t shard = 0; shard < streams_.size(); ++shard) {
-    std::unique_ptr<Stream>& s = streams_[shard];
-    if (s == nullptr) continue;
-    std::future<grpc::Status>& answer = answers[next++];
-    if (answer.wait_until(deadline) != std::future_status::ready) s->context.TryCancel();
-    const grpc::Status status = answer.get();
-    if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION && s->fast != nullptr) {
-      s->staging_route->SessionFailed(s->fast);  // e.g. the cache restarted
-    }
-    if (status.ok()) {
-      std::set<std::string> incomplete(s->response.incomplete_block_hashes().begin(),
-                                       s->response.incomplete_block_hashes().end());
-      for (const kvblock::BlockHash& h : s->written) {
-        if (!incomplete.count(std::string(kvblock::HashAsBytes(h)))) stored.insert(h);
-      }
-    }
-    s.reset();
+  for (auto& [stream, answer] : answers) {
+    if (answer.wait_until(deadline) != std::future_status::ready) stream->Cancel();
+    stored.merge(answer.get());
   }
+  for (auto& s : streams_) s.reset();
   return stored;
 }
 

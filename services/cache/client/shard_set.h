@@ -8,6 +8,7 @@
 #ifndef KVTIER_SERVICES_CACHE_CLIENT_SHARD_SET_H_
 #define KVTIER_SERVICES_CACHE_CLIENT_SHARD_SET_H_
 
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -20,6 +21,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "services/cache/client/cache_client.h"
+#include "services/cache/client/put_route.h"
 #include "services/cache/client/record_pool.h"
 #include "services/cache/client/shard_routes.h"
 #include "services/cache/client/shared_record.h"
@@ -92,8 +94,15 @@ class ShardSet {
   std::set<kvblock::BlockHash> Store(const std::string& ns, const kvblock::LatentLayout& layout,
                                      const std::vector<BlockSlices>& blocks, const std::string& acting_for = {});
 
+  // What a ShardedPut writes through: each shard's Put route as the put
+  // begins, and which of them holds a hash.
+  struct PutTargets {
+    std::vector<std::shared_ptr<PutRoute>> shards;
+    std::function<size_t(const kvblock::BlockHash&)> shard_of;
+  };
+  PutTargets ForPut() const;
+
  private:
-  friend class ShardedPut;
   struct Shard;
   // The shards at one moment: a call works on one such list throughout,
   // whatever SetTargets does meanwhile.
@@ -118,12 +127,10 @@ class ShardSet {
 };
 
 // Layer slices streamed to the blocks' shards as they are computed: one Put
-// stream per shard, opened on its first slice. A stream lives as long as
-// the computation feeding it, so it has no deadline of its own; instead
-// each shard gets `finish_deadline` to confirm after the last slice, and is
-// cancelled (its blocks not stored) if it does not. A shard whose stream
-// fails takes no more writes; its blocks are reported as not stored. Not
-// thread-safe.
+// stream per shard (put_route.h), opened on its first slice. Each shard
+// gets `finish_deadline` to confirm after the last slice, and is cancelled
+// (its blocks not stored) if it does not. A shard whose stream fails takes
+// no more writes; its blocks are reported as not stored. Not thread-safe.
 class ShardedPut {
  public:
   // For end tenant `acting_for` when not empty (ShardSet's calls).
@@ -131,27 +138,19 @@ class ShardedPut {
              std::string acting_for = {});
   ~ShardedPut();
 
-  // Slices are sent many to a message (staged in a local shard's fast path
-  // region, else inline): on Flush, Finish, or once a message holds
-  // kSlicesPerMessage slices or kInlineBytesPerMessage inline bytes. One
-  // message per slice cost the cache a hand-off each; inline, about a block
-  // a message beat larger ones: the cache applies one message while the
-  // next arrives (cache_bench, load/README.md).
+  // PutStream::Write to the shard of `hash`.
   void Write(const kvblock::BlockHash& hash, const std::string& record);
   void Flush();
-  static constexpr int kSlicesPerMessage = 256;
-  static constexpr size_t kInlineBytesPerMessage = 1 << 20;
   // Ends every stream; the hashes now stored (or that were already there).
   std::set<kvblock::BlockHash> Finish();
 
  private:
-  struct Stream;
-  const std::shared_ptr<const ShardSet::ShardList> members_;  // the shards when the put began
+  const ShardSet::PutTargets targets_;  // the shards when the put began
   std::string ns_;
   kvblock::LatentLayout layout_;
   absl::Duration finish_deadline_;
   std::string acting_for_;
-  std::vector<std::unique_ptr<Stream>> streams_;  // by shard
+  std::vector<std::unique_ptr<PutStream>> streams_;  // by shard
 };
 
 }  // namespace kvtier::cache

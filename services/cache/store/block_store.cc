@@ -1,7 +1,7 @@
 // The store's policy over its tiers: Match and Read, making room (LRU
 // demotion and eviction), leases, pins. Tier moves are in tier_moves.cc,
-// PutSession, which assembles blocks, in put_session.cc; all share
-// block_store_internal.h.
+// Put (PutSession, which assembles blocks, and the store's side of it) in
+// put_session.cc; all share block_store_internal.h.
 #include "services/cache/store/block_store.h"
 
 #include <fcntl.h>
@@ -479,96 +479,6 @@ bool BlockStore::FreeWhileLocked(size_t tier, size_t bytes, const std::function<
     }
   }
   return true;
-}
-
-absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t bytes, const PutSession& session) {
-  const std::string& ns = session.ns_;
-  if (session.pending_.size() >= options_.max_pending_per_stream) {
-    return absl::ResourceExhaustedError(absl::StrCat("this Put stream holds ", session.pending_.size(),
-                                                     " incomplete blocks, the most one stream may; complete some"));
-  }
-  // Looked up, not held: making room below may let go of the lock.
-  if (auto owned = owners_.find(session.owner_);
-      owned != owners_.end() && owned->second.pending_blocks >= options_.max_pending_per_owner) {
-    return absl::ResourceExhaustedError(absl::StrCat(owned->second.pending_blocks,
-                                                     " incomplete blocks of this tenant's Put streams, the most one "
-                                                     "tenant may; retry later"));
-  }
-  if (pending_blocks_ >= options_.max_pending_blocks) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(pending_blocks_, " blocks are being assembled, the limit; retry later"));
-  }
-  Tier& first = *tiers_[0];
-  if (auto book = owners_.find(session.owner_);
-      book != owners_.end() && book->second.quota.pending_bytes > 0 &&
-      book->second.pending_bytes + first.storage->BytesTaken(bytes) > book->second.quota.pending_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "tenant ", session.owner_, "'s Put streams hold ", book->second.pending_bytes,
-        " bytes of incomplete blocks, its quota of ", book->second.quota.pending_bytes, "; complete some"));
-  }
-  if (!first.storage->Fits(bytes)) {
-    return absl::ResourceExhaustedError(absl::StrCat("a block of ", bytes, " bytes does not fit the device tier (",
-                                                     first.counters.capacity_bytes, " bytes)"));
-  }
-  if (absl::Status room = MakeRoomLocked(0, bytes, ns, session.owner_); !room.ok()) {
-    return absl::ResourceExhaustedError(absl::StrCat(room.message(), "; retry later"));
-  }
-  std::vector<uint32_t> pages;
-  if (!first.storage->Take(bytes, ns, pages)) {
-    return absl::ResourceExhaustedError("device tier is full of blocks in use; retry later");
-  }
-  ChargeLocked(0, session.owner_, first.storage->BytesTaken(bytes), +1);
-  ++pending_blocks_;
-  OwnerBook& book = owners_[session.owner_];
-  ++book.pending_blocks;
-  book.pending_bytes += first.storage->BytesTaken(bytes);
-  return pages;
-}
-
-void BlockStore::EndPendingLocked(const std::string& owner, size_t bytes) {
-  --pending_blocks_;
-  OwnerBook& book = owners_[owner];
-  --book.pending_blocks;
-  book.pending_bytes -= tiers_[0]->storage->BytesTaken(bytes);
-  ForgetIfEmptyLocked(owner);
-}
-
-bool BlockStore::PublishPending(const std::string& ns, const kvblock::BlockHash& hash, uint64_t layout_id,
-                                const std::string& owner, size_t bytes, std::vector<uint32_t> pages) {
-  absl::MutexLock lock(&mu_);
-  EndPendingLocked(owner, bytes);
-  Key key(ns, hash);
-  if (index_.count(key) > 0) {  // another stream finished it first
-    GiveRoomLocked(0, {ns, hash, pages, bytes}, owner, /*written=*/false);
-    ++counters_.blocks_deduplicated;
-    return false;
-  }
-  auto entry = std::make_unique<Entry>();
-  entry->ns = ns;
-  entry->owner = owner;
-  entry->hash = hash;
-  entry->layout_id = layout_id;
-  entry->size = bytes;
-  entry->tier = 0;
-  entry->pages = std::move(pages);
-  Tier& first = *tiers_[0];
-  first.lru.push_front(entry.get());
-  entry->lru = first.lru.begin();
-  ++first.counters.blocks;
-  ++counters_.blocks_stored;
-  counters_.metadata_bytes += EntryMetadataBytes(*entry);
-  index_.emplace(std::move(key), std::move(entry));
-  return true;
-}
-
-std::unique_ptr<PutSession> BlockStore::BeginPut(std::string ns, kvblock::LatentLayout layout, std::string owner,
-                                                 OwnerQuota quota) {
-  {
-    absl::MutexLock lock(&mu_);
-    const bool limited = quota.tier_bytes != std::array<uint64_t, 3>{} || quota.pending_bytes > 0;
-    if (limited || owners_.contains(owner)) owners_[owner].quota = quota;
-  }
-  return std::unique_ptr<PutSession>(new PutSession(this, std::move(ns), std::move(layout), std::move(owner)));
 }
 
 TierStorage& BlockStore::storage(size_t tier) const { return *tiers_[tier]->storage; }

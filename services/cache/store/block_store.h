@@ -354,12 +354,31 @@ class BlockStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Restores the blocks the last tier still holds from before (a disk's).
   void RecoverLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes room in the first tier for a block being assembled by `session`
+  // Takes room in the first tier for a block of `ns` being assembled by a
+  // Put stream of `owner` that holds `stream_pending` incomplete blocks
   // (RESOURCE_EXHAUSTED past the bounds on incomplete blocks);
   // EndPendingLocked when it is stored or dropped.
-  absl::StatusOr<std::vector<uint32_t>> AllocatePendingLocked(size_t bytes, const PutSession& session)
+  absl::StatusOr<std::vector<uint32_t>> AllocatePendingLocked(size_t bytes, const std::string& ns,
+                                                              const std::string& owner, size_t stream_pending)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndPendingLocked(const std::string& owner, size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // What a PutSession asks of the store; it touches nothing else of it.
+  // The room for block `hash` of `ns` (AllocatePendingLocked), or nullopt
+  // when the block is stored already.
+  absl::StatusOr<std::optional<std::vector<uint32_t>>> BeginPending(const std::string& ns,
+                                                                    const kvblock::BlockHash& hash,
+                                                                    const std::string& owner, size_t stream_pending,
+                                                                    size_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // Gives back the room of a block `owner`'s stream did not complete.
+  void AbandonPending(const RecordRoom& room, const std::string& owner) ABSL_LOCKS_EXCLUDED(mu_);
+  // Counts a slice that arrived: its bytes, or a failed checksum; a block
+  // found stored already.
+  void CountArrival(size_t bytes, bool checksum_failed) ABSL_LOCKS_EXCLUDED(mu_);
+  void CountDeduplicated() ABSL_LOCKS_EXCLUDED(mu_);
+  // Where blocks are assembled; its room taken by BeginPending is the
+  // session's alone until published or abandoned.
+  TierStorage& FirstTier() const;
   // Makes a block that `owner`'s Put has written whole into first-tier
   // `pages` visible, all at once; false (its room given back, counted as
   // deduplicated) when another stream stored the same block first.

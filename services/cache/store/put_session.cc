@@ -1,5 +1,6 @@
-// PutSession: a Put stream's blocks, assembled layer by layer in the first
-// tier and made visible at once when whole.
+// Put: a PutSession assembles a stream's blocks layer by layer in the first
+// tier; the store's side below takes their room, bounded, and makes each
+// visible at once when whole.
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -38,47 +39,38 @@ PutSession::~PutSession() {
   for (auto& [hash, pending] : pending_) Abandon(*pending);
 }
 
-void PutSession::Abandon(Pending& p) {
-  absl::MutexLock lock(&store_->mu_);
-  store_->GiveRoomLocked(0, {ns_, p.hash, p.pages, record_bytes_}, owner_, /*written=*/false);
-  store_->EndPendingLocked(owner_, record_bytes_);
-}
+void PutSession::Abandon(Pending& p) { store_->AbandonPending({ns_, p.hash, p.pages, record_bytes_}, owner_); }
 
 absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_view record) {
   absl::StatusOr<kvblock::BlockView> slice = kvblock::ParseBlock(record, &layout_);
   if (!slice.ok()) {
-    if (slice.status().code() == absl::StatusCode::kDataLoss) {
-      absl::MutexLock lock(&store_->mu_);
-      ++store_->counters_.arrival_checksum_failures;
-    }
+    if (slice.status().code() == absl::StatusCode::kDataLoss) store_->CountArrival(0, /*checksum_failed=*/true);
     return absl::Status(slice.status().code(),
                         absl::StrCat("slice of block ", kvblock::HashToHex(hash), ": ", slice.status().message()));
   }
   const std::string key(kvblock::HashAsBytes(hash));
   auto it = pending_.find(key);
   if (it == pending_.end()) {
-    {
-      absl::MutexLock lock(&store_->mu_);
-      if (store_->index_.count(BlockStore::Key(ns_, hash)) > 0) {
-        // Already stored: this slice and the block's others cost nothing.
-        if (deduplicated_.insert(key).second) {
-          ++summary_.blocks_deduplicated;
-          ++store_->counters_.blocks_deduplicated;
-        }
-        return absl::OkStatus();
+    absl::StatusOr<std::optional<std::vector<uint32_t>>> pages =
+        store_->BeginPending(ns_, hash, owner_, pending_.size(), record_bytes_);
+    if (!pages.ok()) return pages.status();
+    if (!pages->has_value()) {
+      // Already stored: this slice and the block's others cost nothing.
+      if (deduplicated_.insert(key).second) {
+        ++summary_.blocks_deduplicated;
+        store_->CountDeduplicated();
       }
-      absl::StatusOr<std::vector<uint32_t>> pages = store_->AllocatePendingLocked(record_bytes_, *this);
-      if (!pages.ok()) return pages.status();
-      auto pending = std::make_unique<Pending>();
-      pending->hash = hash;
-      pending->pages = std::move(*pages);
-      pending->layers.assign(layout_.num_layers, false);
-      pending->layers_left = layout_.num_layers;
-      pending->slices.resize(layout_.num_layers);
-      it = pending_.emplace(key, std::move(pending)).first;
+      return absl::OkStatus();
     }
+    auto pending = std::make_unique<Pending>();
+    pending->hash = hash;
+    pending->pages = std::move(**pages);
+    pending->layers.assign(layout_.num_layers, false);
+    pending->layers_left = layout_.num_layers;
+    pending->slices.resize(layout_.num_layers);
+    it = pending_.emplace(key, std::move(pending)).first;
     // Its room is ours alone now: made ready without the lock.
-    store_->tiers_[0]->storage->Prepare(it->second->pages);
+    store_->FirstTier().Prepare(it->second->pages);
   }
   Pending& p = *it->second;
   const kvblock::BlockHeader& h = slice->header;
@@ -88,7 +80,7 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_vi
           absl::StrCat("layer ", l, " of block ", kvblock::HashToHex(hash), " sent twice"));
     }
   }
-  const TierStorage& first = *store_->tiers_[0]->storage;
+  const TierStorage& first = store_->FirstTier();
   const RecordRoom room{ns_, hash, p.pages, record_bytes_};
   KVTIER_RETURN_IF_ERROR(
       first.WriteAt(room, h.HeaderBytes() + size_t{h.layer_begin} * h.layer_payload_bytes, slice->payloads));
@@ -100,10 +92,7 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_vi
   std::memcpy(&slice_crc, record.data() + record.size() - sizeof slice_crc, sizeof slice_crc);
   const uint32_t header_crc = kvblock::Crc32c(record.data(), h.HeaderBytes());
   p.slices[h.layer_begin] = {h.layer_count, kvblock::Crc32cCombine(header_crc, slice_crc, slice->payloads.size())};
-  {
-    absl::MutexLock lock(&store_->mu_);
-    store_->counters_.bytes_in += record.size();
-  }
+  store_->CountArrival(record.size(), /*checksum_failed=*/false);
   if (p.layers_left > 0) return absl::OkStatus();
 
   // Complete: header and checksum, then visible all at once.
@@ -136,6 +125,127 @@ PutSummary PutSession::Finish() {
   pending_.clear();
   deduplicated_.clear();
   return summary_;
+}
+
+// The store's side.
+
+absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t bytes, const std::string& ns,
+                                                                        const std::string& owner,
+                                                                        size_t stream_pending) {
+  if (stream_pending >= options_.max_pending_per_stream) {
+    return absl::ResourceExhaustedError(absl::StrCat("this Put stream holds ", stream_pending,
+                                                     " incomplete blocks, the most one stream may; complete some"));
+  }
+  // Looked up, not held: making room below may let go of the lock.
+  if (auto owned = owners_.find(owner);
+      owned != owners_.end() && owned->second.pending_blocks >= options_.max_pending_per_owner) {
+    return absl::ResourceExhaustedError(absl::StrCat(owned->second.pending_blocks,
+                                                     " incomplete blocks of this tenant's Put streams, the most one "
+                                                     "tenant may; retry later"));
+  }
+  if (pending_blocks_ >= options_.max_pending_blocks) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(pending_blocks_, " blocks are being assembled, the limit; retry later"));
+  }
+  Tier& first = *tiers_[0];
+  if (auto book = owners_.find(owner);
+      book != owners_.end() && book->second.quota.pending_bytes > 0 &&
+      book->second.pending_bytes + first.storage->BytesTaken(bytes) > book->second.quota.pending_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "tenant ", owner, "'s Put streams hold ", book->second.pending_bytes,
+        " bytes of incomplete blocks, its quota of ", book->second.quota.pending_bytes, "; complete some"));
+  }
+  if (!first.storage->Fits(bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat("a block of ", bytes, " bytes does not fit the device tier (",
+                                                     first.counters.capacity_bytes, " bytes)"));
+  }
+  if (absl::Status room = MakeRoomLocked(0, bytes, ns, owner); !room.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat(room.message(), "; retry later"));
+  }
+  std::vector<uint32_t> pages;
+  if (!first.storage->Take(bytes, ns, pages)) {
+    return absl::ResourceExhaustedError("device tier is full of blocks in use; retry later");
+  }
+  ChargeLocked(0, owner, first.storage->BytesTaken(bytes), +1);
+  ++pending_blocks_;
+  OwnerBook& book = owners_[owner];
+  ++book.pending_blocks;
+  book.pending_bytes += first.storage->BytesTaken(bytes);
+  return pages;
+}
+
+void BlockStore::EndPendingLocked(const std::string& owner, size_t bytes) {
+  --pending_blocks_;
+  OwnerBook& book = owners_[owner];
+  --book.pending_blocks;
+  book.pending_bytes -= tiers_[0]->storage->BytesTaken(bytes);
+  ForgetIfEmptyLocked(owner);
+}
+
+absl::StatusOr<std::optional<std::vector<uint32_t>>> BlockStore::BeginPending(const std::string& ns,
+                                                                              const kvblock::BlockHash& hash,
+                                                                              const std::string& owner,
+                                                                              size_t stream_pending, size_t bytes) {
+  absl::MutexLock lock(&mu_);
+  if (index_.count(Key(ns, hash)) > 0) return std::nullopt;
+  return AllocatePendingLocked(bytes, ns, owner, stream_pending);
+}
+
+void BlockStore::AbandonPending(const RecordRoom& room, const std::string& owner) {
+  absl::MutexLock lock(&mu_);
+  GiveRoomLocked(0, room, owner, /*written=*/false);
+  EndPendingLocked(owner, room.size);
+}
+
+void BlockStore::CountArrival(size_t bytes, bool checksum_failed) {
+  absl::MutexLock lock(&mu_);
+  counters_.bytes_in += bytes;
+  if (checksum_failed) ++counters_.arrival_checksum_failures;
+}
+
+void BlockStore::CountDeduplicated() {
+  absl::MutexLock lock(&mu_);
+  ++counters_.blocks_deduplicated;
+}
+
+TierStorage& BlockStore::FirstTier() const { return *tiers_[0]->storage; }
+
+bool BlockStore::PublishPending(const std::string& ns, const kvblock::BlockHash& hash, uint64_t layout_id,
+                                const std::string& owner, size_t bytes, std::vector<uint32_t> pages) {
+  absl::MutexLock lock(&mu_);
+  EndPendingLocked(owner, bytes);
+  Key key(ns, hash);
+  if (index_.count(key) > 0) {  // another stream finished it first
+    GiveRoomLocked(0, {ns, hash, pages, bytes}, owner, /*written=*/false);
+    ++counters_.blocks_deduplicated;
+    return false;
+  }
+  auto entry = std::make_unique<Entry>();
+  entry->ns = ns;
+  entry->owner = owner;
+  entry->hash = hash;
+  entry->layout_id = layout_id;
+  entry->size = bytes;
+  entry->tier = 0;
+  entry->pages = std::move(pages);
+  Tier& first = *tiers_[0];
+  first.lru.push_front(entry.get());
+  entry->lru = first.lru.begin();
+  ++first.counters.blocks;
+  ++counters_.blocks_stored;
+  counters_.metadata_bytes += EntryMetadataBytes(*entry);
+  index_.emplace(std::move(key), std::move(entry));
+  return true;
+}
+
+std::unique_ptr<PutSession> BlockStore::BeginPut(std::string ns, kvblock::LatentLayout layout, std::string owner,
+                                                 OwnerQuota quota) {
+  {
+    absl::MutexLock lock(&mu_);
+    const bool limited = quota.tier_bytes != std::array<uint64_t, 3>{} || quota.pending_bytes > 0;
+    if (limited || owners_.contains(owner)) owners_[owner].quota = quota;
+  }
+  return std::unique_ptr<PutSession>(new PutSession(this, std::move(ns), std::move(layout), std::move(owner)));
 }
 
 }  // namespace kvtier::cache
