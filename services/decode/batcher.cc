@@ -11,15 +11,25 @@
 namespace kvtier::decode {
 
 void Post(DecodeSequence& s, v1::DecodeResponse event, bool last) {
-  absl::MutexLock lock(&s.mu);
-  s.events.push_back(std::move(event));
-  s.done = s.done || last;
+  std::function<void()> wake;
+  {
+    absl::MutexLock lock(&s.mu);
+    s.events.push_back(std::move(event));
+    s.done = s.done || last;
+    wake = s.on_event;
+  }
+  if (wake) wake();
 }
 
 void Fail(DecodeSequence& s, absl::Status error) {
-  absl::MutexLock lock(&s.mu);
-  s.error = std::move(error);
-  s.done = true;
+  std::function<void()> wake;
+  {
+    absl::MutexLock lock(&s.mu);
+    s.error = std::move(error);
+    s.done = true;
+    wake = s.on_event;
+  }
+  if (wake) wake();
 }
 
 Batcher::Batcher(const runtime::Model& model, Options options, BlockSealed on_sealed, StepDone on_step)

@@ -26,7 +26,7 @@ namespace kvtier::decode {
 
 // One sequence being decoded. The service fills the first group, then hands
 // it to the batcher, whose thread alone touches `cache` and `tokens` from
-// then on; the RPC thread reads what the batcher posts under `mu`.
+// then on; the stream reads what the batcher posts under `mu`.
 struct DecodeSequence {
   runtime::SequenceCache cache;
   std::vector<uint32_t> tokens;  // ids whose latents `cache` holds
@@ -45,9 +45,12 @@ struct DecodeSequence {
 
   absl::Mutex mu;
   std::deque<v1::DecodeResponse> events ABSL_GUARDED_BY(mu);  // to stream, in order
-  bool done ABSL_GUARDED_BY(mu) = false;                      // no more events
+  // Called (outside mu) after each event or the end is posted: the stream
+  // writes it.
+  std::function<void()> on_event ABSL_GUARDED_BY(mu);
+  bool done ABSL_GUARDED_BY(mu) = false;  // no more events
   absl::Status error ABSL_GUARDED_BY(mu);
-  bool cancelled ABSL_GUARDED_BY(mu) = false;  // set by the RPC thread
+  bool cancelled ABSL_GUARDED_BY(mu) = false;  // set by the stream
 };
 
 class Batcher {
@@ -88,7 +91,7 @@ class Batcher {
   std::thread thread_;
 };
 
-// Posts an event (or the end) to the sequence's RPC thread.
+// Posts an event (or the end) to the sequence's stream.
 void Post(DecodeSequence& sequence, v1::DecodeResponse event, bool last);
 void Fail(DecodeSequence& sequence, absl::Status error);
 

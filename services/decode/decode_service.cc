@@ -60,9 +60,13 @@ DecodeService::DecodeService(const runtime::Model* model, std::string model_id, 
           [this](size_t batch, double seconds) {
             batch_size_.Observe(static_cast<double>(batch));
             step_seconds_.Observe(seconds);
-          })) {}
+          })),
+      preparing_(std::make_unique<Executor>(kPreparingThreads, options.max_sequences)) {}
 
-DecodeService::~DecodeService() { batcher_.reset(); }
+DecodeService::~DecodeService() {
+  preparing_.reset();
+  batcher_.reset();
+}
 
 absl::StatusOr<std::shared_ptr<DecodeSequence>> DecodeService::Prepare(const v1::DecodeRequest& r,
                                                                        const Caller& caller) {
@@ -71,10 +75,6 @@ absl::StatusOr<std::shared_ptr<DecodeSequence>> DecodeService::Prepare(const v1:
   const std::string acting_for = caller.service.empty() ? "" : caller.tenant;
   const bool write_back = !r.skip_write_back() && caller.MayWrite();
   const runtime::ModelConfig& c = model_.config();
-  if (r.request_id().size() > serving::kMaxRequestIdBytes) {
-    return absl::InvalidArgumentError("request_id is longer than 128 bytes");
-  }
-  KVTIER_RETURN_IF_ERROR(kvblock::ValidateNamespace(r.kv_namespace()));
   KVTIER_ASSIGN_OR_RETURN(kvblock::LatentLayout layout, kvblock::LayoutFromProto(r.layout()));
   if (!(layout == serving::ModelLayout(c, model_id_, layout.codec, layout.tokens_per_block))) {
     return absl::FailedPreconditionError(
@@ -190,7 +190,8 @@ void DecodeService::OnSealed(DecodeSequence& s, size_t block) {
   }
 }
 
-absl::StatusOr<std::shared_ptr<const Caller>> DecodeService::ServiceCaller(const grpc::ServerContext& context) const {
+absl::StatusOr<std::shared_ptr<const Caller>> DecodeService::ServiceCaller(
+    const grpc::ServerContextBase& context) const {
   absl::StatusOr<std::shared_ptr<const Caller>> caller = CallerOf(context);
   if (!caller.ok()) return caller.status();
   if (!(*caller)->IsService() && (*caller)->service.empty()) {  // neither a service nor one acting
@@ -201,81 +202,199 @@ absl::StatusOr<std::shared_ptr<const Caller>> DecodeService::ServiceCaller(const
   return caller;
 }
 
-grpc::Status DecodeService::Info(grpc::ServerContext* context, const v1::InfoRequest* /*request*/,
-                                 v1::ServerInfo* response) {
+grpc::ServerUnaryReactor* DecodeService::Info(grpc::CallbackServerContext* context, const v1::InfoRequest* /*request*/,
+                                              v1::ServerInfo* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::StatusOr<std::shared_ptr<const Caller>> caller = ServiceCaller(*context);
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (!caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
+    return reactor;
+  }
   std::vector<kvblock::LatentLayout> layouts;
   for (kernels::Codec codec : kernels::kAllCodecs) {
     layouts.push_back(serving::ModelLayout(model_.config(), model_id_, codec, /*tokens_per_block=*/0));
   }
   *response = serving::ServerInfoFor("kvtier-decode", model_, model_id_, layouts, "");
-  return grpc::Status::OK;
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
 }
 
-grpc::Status DecodeService::Decode(grpc::ServerContext* context, const v1::DecodeRequest* request,
-                                   grpc::ServerWriter<v1::DecodeResponse>* writer) {
-  const grpc::Status status = Serve(context, request, writer);
-  requests_.Add({{"code", StatusCodeName(status.error_code())}}).Increment();
-  return status;
-}
-
-grpc::Status DecodeService::Serve(grpc::ServerContext* context, const v1::DecodeRequest* request,
-                                  grpc::ServerWriter<v1::DecodeResponse>* writer) {
-  absl::StatusOr<std::shared_ptr<const Caller>> caller = ServiceCaller(*context);
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
-  if (absl::Status s = CheckNamespace(**caller, request->kv_namespace()); !s.ok()) return ToGrpcStatus(s);
-  absl::StatusOr<std::shared_ptr<DecodeSequence>> prepared = Prepare(*request, **caller);
-  if (!prepared.ok()) return ToGrpcStatus(prepared.status());
-  DecodeSequence& s = **prepared;
-  // Token 0 (sampled by the prefill node) may already end the generation.
-  if (const v1::FinishReason reason = serving::FinishAfter(0, s.next_input, s.limits);
-      reason != v1::FINISH_REASON_UNSPECIFIED) {
-    v1::DecodeResponse finished;
-    finished.mutable_finished()->set_reason(reason);
-    finished.mutable_finished()->mutable_usage()->set_generated_tokens(1);
-    writer->Write(finished);
-    return grpc::Status::OK;
+// One Decode call. Its sequence is prepared on the executor (blocks fetched
+// or recomputed), then decoded by the batcher, which wakes the stream after
+// each event it posts; the stream writes the events one at a time as they
+// come. It owns itself (self_) from its start to OnDone, and each wake-up
+// or task holds it too, so that one arriving late finds it still there.
+// What to do next is decided under mu_ and done outside it: Finish and
+// StartWrite may run reactions inline.
+class DecodeService::Stream final : public grpc::ServerWriteReactor<v1::DecodeResponse>,
+                                    public std::enable_shared_from_this<Stream> {
+ public:
+  static Stream* Start(DecodeService* service, grpc::CallbackServerContext* context, const v1::DecodeRequest* request) {
+    std::shared_ptr<Stream> stream(new Stream(service, request));
+    stream->self_ = stream;
+    stream->Begin(*context);
+    return stream.get();
   }
-  if (absl::Status st = batcher_->Submit(*prepared); !st.ok()) return ToGrpcStatus(st);
-  sequences_.Increment();
-  struct Leave {
-    prometheus::Gauge& gauge;
-    ~Leave() { gauge.Decrement(); }
-  } leave{sequences_};
-  auto cancel = [&s] {
-    absl::MutexLock lock(&s.mu);
-    s.cancelled = true;
-  };
-  for (;;) {
-    std::deque<v1::DecodeResponse> events;
-    bool done;
-    absl::Status error;
+
+  void OnWriteDone(bool ok) override {
     {
-      absl::MutexLock lock(&s.mu);
-      auto ready = [&s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) { return !s.events.empty() || s.done; };
-      s.mu.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(100));
-      events.swap(s.events);
-      done = s.done;
-      error = s.error;
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (ok && current_.has_token()) service_->tokens_.Increment();
     }
-    for (const v1::DecodeResponse& e : events) {
-      // Blocks this sequence filled are stored before it reports the end,
-      // so the conversation's next turn, sent after it, finds them. (The
-      // batcher has posted its last event: last_write is final.)
-      if (e.has_finished()) writer_.WaitFor(s.last_write);
-      if (!writer->Write(e)) {
-        cancel();
-        return grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading");
+    if (!ok) return Stop(grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading"));
+    Pump();
+  }
+
+  void OnCancel() override { Stop(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled")); }
+
+  void OnDone() override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (submitted_) service_->sequences_.Decrement();
+      if (sequence_ != nullptr) {
+        absl::MutexLock sequence_lock(&sequence_->mu);
+        sequence_->on_event = nullptr;
       }
-      if (e.has_token()) tokens_.Increment();
     }
-    if (done) return error.ok() ? grpc::Status::OK : ToGrpcStatus(error);
-    if (context->IsCancelled()) {
-      cancel();
-      return grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled");
+    self_.reset();  // may delete this
+  }
+
+ private:
+  Stream(DecodeService* service, const v1::DecodeRequest* request) : service_(service), request_(request) {}
+
+  void Begin(const grpc::CallbackServerContext& context) {
+    absl::StatusOr<std::shared_ptr<const Caller>> caller = service_->ServiceCaller(context);
+    if (!caller.ok()) return Conclude(ToGrpcStatus(caller.status()));
+    if (absl::Status valid = serving::CheckRequestScope(request_->request_id(), request_->kv_namespace(), **caller);
+        !valid.ok()) {
+      return Conclude(ToGrpcStatus(valid));
+    }
+    caller_ = *std::move(caller);
+    {
+      absl::MutexLock lock(&mu_);
+      preparing_ = true;
+    }
+    if (!service_->preparing_->TrySubmit([self = shared_from_this()] { self->Prepare(); })) {
+      Conclude(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                            "the decode worker has as many sequences waiting to start as it may hold"));
     }
   }
+
+  // On the executor.
+  void Prepare() {
+    absl::StatusOr<std::shared_ptr<DecodeSequence>> prepared = service_->Prepare(*request_, *caller_);
+    if (!prepared.ok()) return Conclude(ToGrpcStatus(prepared.status()));
+    std::shared_ptr<DecodeSequence> s = *std::move(prepared);
+    {
+      absl::MutexLock lock(&s->mu);
+      s->on_event = [weak = weak_from_this()] {
+        if (std::shared_ptr<Stream> self = weak.lock()) self->Pump();
+      };
+    }
+    bool stopped;
+    {
+      absl::MutexLock lock(&mu_);
+      sequence_ = s;
+      preparing_ = false;
+      stopped = stop_.has_value();
+    }
+    if (stopped) return Pump();  // stopped meanwhile: never submitted, finished now
+    // Token 0 (sampled by the prefill node) may already end the generation.
+    if (const v1::FinishReason reason = serving::FinishAfter(0, s->next_input, s->limits);
+        reason != v1::FINISH_REASON_UNSPECIFIED) {
+      v1::DecodeResponse finished;
+      finished.mutable_finished()->set_reason(reason);
+      finished.mutable_finished()->mutable_usage()->set_generated_tokens(1);
+      return Post(*s, std::move(finished), /*last=*/true);  // wakes the stream
+    }
+    if (absl::Status submitted = service_->batcher_->Submit(s); !submitted.ok()) {
+      return Conclude(ToGrpcStatus(submitted));
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      submitted_ = true;
+      service_->sequences_.Increment();
+    }
+    Pump();
+  }
+
+  // Writes the next event, or finishes when there is no more (or the
+  // stream was stopped); nothing while a write or the preparation is under
+  // way (their ends pump again).
+  void Pump() {
+    std::optional<grpc::Status> finish;
+    bool write = false;
+    std::optional<uint64_t> after_write_back;
+    {
+      absl::MutexLock lock(&mu_);
+      if (concluded_ || writing_ || preparing_) return;
+      if (stop_.has_value()) {
+        finish = *stop_;
+      } else if (sequence_ != nullptr) {
+        absl::MutexLock sequence_lock(&sequence_->mu);
+        if (!sequence_->events.empty()) {
+          current_ = std::move(sequence_->events.front());
+          sequence_->events.pop_front();
+          writing_ = write = true;
+          // Blocks this sequence filled are stored before it reports the
+          // end, so the conversation's next turn, sent after it, finds
+          // them. (The batcher has posted its last event: last_write is
+          // final.)
+          if (current_.has_finished()) after_write_back = sequence_->last_write;
+        } else if (sequence_->done) {
+          finish = ToGrpcStatus(sequence_->error);
+        }
+      }
+    }
+    if (finish.has_value()) return Conclude(*finish);
+    if (!write) return;
+    if (!after_write_back.has_value()) return StartWrite(&current_);
+    service_->writer_.WhenAttempted(*after_write_back,
+                                    [self = shared_from_this()] { self->StartWrite(&self->current_); });
+  }
+
+  // Cancels the sequence (the batcher drops it) and finishes with `why` (or
+  // the first reason given) once no write or preparation is under way.
+  void Stop(grpc::Status why) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!stop_.has_value()) stop_ = std::move(why);
+      if (sequence_ != nullptr) {
+        absl::MutexLock sequence_lock(&sequence_->mu);
+        sequence_->cancelled = true;
+      }
+    }
+    Pump();
+  }
+
+  void Conclude(const grpc::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (concluded_) return;
+      concluded_ = true;
+    }
+    service_->requests_.Add({{"code", StatusCodeName(status.error_code())}}).Increment();
+    Finish(status);
+  }
+
+  DecodeService* const service_;
+  const v1::DecodeRequest* const request_;  // gRPC's, until Finish
+  std::shared_ptr<Stream> self_;            // from Start to OnDone
+  std::shared_ptr<const Caller> caller_;    // set before the preparation
+  absl::Mutex mu_;
+  bool submitted_ ABSL_GUARDED_BY(mu_) = false;  // to the batcher, by Prepare
+  std::shared_ptr<DecodeSequence> sequence_ ABSL_GUARDED_BY(mu_);
+  bool preparing_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  v1::DecodeResponse current_;  // the event being written; only while writing_
+  std::optional<grpc::Status> stop_ ABSL_GUARDED_BY(mu_);
+  bool concluded_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+grpc::ServerWriteReactor<v1::DecodeResponse>* DecodeService::Decode(grpc::CallbackServerContext* context,
+                                                                    const v1::DecodeRequest* request) {
+  return Stream::Start(this, context, request);
 }
 
 }  // namespace kvtier::decode

@@ -1,7 +1,9 @@
 // kvtier.v1.Decode: assembles a sequence's latents (inline blocks, blocks
 // from the cache shards, blocks it recomputes when neither has them, the
 // float tail), hands the sequence to the continuous batcher and streams its
-// tokens; blocks that fill during decode are written back to the cache.
+// tokens; blocks that fill during decode are written back to the cache. On
+// gRPC's callback API: a stream holds no thread while it waits for tokens
+// (the batcher wakes it), and its preparation runs on an executor.
 #ifndef KVTIER_SERVICES_DECODE_DECODE_SERVICE_H_
 #define KVTIER_SERVICES_DECODE_DECODE_SERVICE_H_
 
@@ -14,6 +16,7 @@
 #include <string>
 
 #include "kvtier/v1/decode.grpc.pb.h"
+#include "services/base/executor.h"
 #include "services/cache/client/block_writer.h"
 #include "services/cache/client/shard_set.h"
 #include "services/decode/batcher.h"
@@ -21,7 +24,7 @@
 
 namespace kvtier::decode {
 
-class DecodeService final : public v1::Decode::Service {
+class DecodeService final : public v1::Decode::CallbackService {
  public:
   // None owned; all must outlive the service. Only kvtier services (and
   // services acting for their end tenants) may call.
@@ -29,24 +32,24 @@ class DecodeService final : public v1::Decode::Service {
                 prometheus::Registry* registry, Batcher::Options options);
   ~DecodeService() override;
 
-  grpc::Status Decode(grpc::ServerContext* context, const v1::DecodeRequest* request,
-                      grpc::ServerWriter<v1::DecodeResponse>* writer) override;
+  grpc::ServerWriteReactor<v1::DecodeResponse>* Decode(grpc::CallbackServerContext* context,
+                                                       const v1::DecodeRequest* request) override;
   // The model and the layouts it reads and writes (one a codec, any block
   // size); for kvtier services, as Decode is.
-  grpc::Status Info(grpc::ServerContext* context, const v1::InfoRequest* request, v1::ServerInfo* response) override;
+  grpc::ServerUnaryReactor* Info(grpc::CallbackServerContext* context, const v1::InfoRequest* request,
+                                 v1::ServerInfo* response) override;
 
  private:
+  class Stream;  // one Decode call
+  static constexpr size_t kPreparingThreads = 8;
   // Checks the request and builds its sequence, fetching or recomputing the
   // blocks; the caller submits it.
   // The sequence a request continues, its blocks fetched for `caller` (an
   // end tenant a service acts for, or the service itself).
   absl::StatusOr<std::shared_ptr<DecodeSequence>> Prepare(const v1::DecodeRequest& request, const Caller& caller);
   void OnSealed(DecodeSequence& sequence, size_t block);
-  // Decode's work; Decode counts its status.
-  grpc::Status Serve(grpc::ServerContext* context, const v1::DecodeRequest* request,
-                     grpc::ServerWriter<v1::DecodeResponse>* writer);
   // The call's caller; PERMISSION_DENIED unless it is a service.
-  absl::StatusOr<std::shared_ptr<const Caller>> ServiceCaller(const grpc::ServerContext& context) const;
+  absl::StatusOr<std::shared_ptr<const Caller>> ServiceCaller(const grpc::ServerContextBase& context) const;
 
   const runtime::Model& model_;
   const std::string model_id_;
@@ -61,7 +64,10 @@ class DecodeService final : public v1::Decode::Service {
   prometheus::Histogram& batch_size_;
   prometheus::Histogram& step_seconds_;
   prometheus::Gauge& sequences_;
-  std::unique_ptr<Batcher> batcher_;  // last: its thread uses the members above
+  std::unique_ptr<Batcher> batcher_;  // its thread uses the members above
+  // Where streams prepare their sequences (Prepare blocks on the cache and
+  // the model); stopped first.
+  std::unique_ptr<Executor> preparing_;
 };
 
 }  // namespace kvtier::decode

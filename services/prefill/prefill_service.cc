@@ -180,10 +180,7 @@ grpc::Status PrefillService::Generate(grpc::ServerContext* context, const v1::Ge
   absl::StatusOr<std::shared_ptr<const Caller>> caller = CallerOf(*context);
   if (!caller.ok()) return Count(ToGrpcStatus(caller.status()));
   const std::string ns = r->kv_namespace().empty() ? (*caller)->default_namespace : r->kv_namespace();
-  absl::Status valid = r->request_id().size() > serving::kMaxRequestIdBytes
-                           ? absl::InvalidArgumentError("request_id is longer than 128 bytes")
-                           : kvblock::ValidateNamespace(ns);
-  if (valid.ok()) valid = CheckNamespace(**caller, ns);
+  absl::Status valid = serving::CheckRequestScope(r->request_id(), ns, **caller);
   if (valid.ok()) valid = serving::CheckTokenIds(r->prompt_token_ids(), c.vocab_size, "prompt_token_ids");
   if (valid.ok())
     valid =

@@ -2,8 +2,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/base/status.h"
+#include "services/kvblock/block_key.h"
 
 namespace kvtier::serving {
+
+absl::Status CheckRequestScope(const std::string& request_id, const std::string& ns, const Caller& caller) {
+  if (request_id.size() > kMaxRequestIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("request_id is longer than ", kMaxRequestIdBytes, " bytes"));
+  }
+  KVTIER_RETURN_IF_ERROR(kvblock::ValidateNamespace(ns));
+  return CheckNamespace(caller, ns);
+}
 
 absl::Status CheckTokenIds(const google::protobuf::RepeatedField<uint32_t>& ids, int64_t vocab_size,
                            const std::string& field) {

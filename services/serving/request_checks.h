@@ -1,6 +1,7 @@
 // Checks of generation requests that the prefill node and the decode worker
-// share: token ids, sampling, limits. Each error is INVALID_ARGUMENT naming
-// the field.
+// share: request id and namespace, token ids, sampling, limits. Each error
+// is INVALID_ARGUMENT naming the field, but for a namespace the caller may
+// not use (PERMISSION_DENIED).
 #ifndef KVTIER_SERVICES_SERVING_REQUEST_CHECKS_H_
 #define KVTIER_SERVICES_SERVING_REQUEST_CHECKS_H_
 
@@ -10,6 +11,7 @@
 #include "absl/status/status.h"
 #include "google/protobuf/repeated_field.h"
 #include "kvtier/v1/generation.pb.h"
+#include "services/rpc/tenants.h"
 #include "services/runtime/model_config.h"
 #include "services/runtime/sampler.h"
 
@@ -18,6 +20,10 @@ namespace kvtier::serving {
 // The prefill node's default --max-top-logprobs.
 inline constexpr uint32_t kMaxTopLogprobs = 20;
 inline constexpr size_t kMaxRequestIdBytes = 128;
+
+// `request_id` at most kMaxRequestIdBytes; `ns` well-formed and one
+// `caller` may use.
+absl::Status CheckRequestScope(const std::string& request_id, const std::string& ns, const Caller& caller);
 
 // `field` non-empty, each id below the vocabulary.
 absl::Status CheckTokenIds(const google::protobuf::RepeatedField<uint32_t>& ids, int64_t vocab_size,

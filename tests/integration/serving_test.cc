@@ -719,8 +719,51 @@ TEST_F(ServingTest, CancellationFreesTheDecodeSequence) {
   EXPECT_EQ(sequences(), 1.0);
   context.TryCancel();
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
-  // The worker notices within its 100 ms poll; allow generous time.
+  // The worker's stream hears of it at once (OnCancel); allow generous time.
   EXPECT_TRUE(testing::Eventually([&] { return sequences() == 0.0; }, std::chrono::seconds(20)));
+}
+
+// The threads of a process, from /proc.
+int ThreadsOf(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+// A decode stream holds no thread while it waits for its tokens (gRPC's
+// callback API; the batcher wakes it): many generations at once leave the
+// worker's thread count where it was, where one handler thread each would
+// add as many threads as streams.
+TEST_F(ServingTest, DecodeStreamsHoldNoThreadEach) {
+  SCOPED_TRACE(rng_.Trace());
+  Cluster cluster(Tiny().dir, 1, 1);
+  ASSERT_TRUE(cluster.ok());
+  const pid_t decode = cluster.decoders[0]->pid();
+  // Warmed up: one generation has run, so its pools have their threads.
+  ASSERT_TRUE(cluster.Generate(Request(RandomIds(20, rng_.engine()), 4)).ok());
+  const int before = ThreadsOf(decode);
+  ASSERT_GT(before, 0);
+  constexpr int kStreams = 48;
+  auto stub = v1::Prefill::NewStub(MakeChannel(cluster.prefill_target));
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>>> readers;
+  for (int i = 0; i < kStreams; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    readers.push_back(stub->Generate(contexts.back().get(), Request(RandomIds(30, rng_.engine()), 1500)));
+  }
+  // Every stream has reached the worker once its second token arrives.
+  for (auto& reader : readers) {
+    v1::GenerateResponse event;
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE(reader->Read(&event));
+  }
+  const double open = Scrape(cluster.decode_metrics[0], "kvtier_decode_sequences");
+  const int during = ThreadsOf(decode);
+  EXPECT_GE(open, kStreams / 2) << "the generations ended before the count";
+  EXPECT_LT(during, before + kStreams / 4) << open << " streams open";
+  for (auto& context : contexts) context->TryCancel();
+  for (auto& reader : readers) reader->Finish();
 }
 
 // Fetched records go back to the model servers' pools once their sequences

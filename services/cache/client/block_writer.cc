@@ -27,6 +27,17 @@ void BlockWriter::WaitFor(uint64_t ticket) {
   mu_.Await(absl::Condition(&attempted));
 }
 
+void BlockWriter::WhenAttempted(uint64_t ticket, std::function<void()> then) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (attempted_ < ticket) {
+      waiting_.emplace(ticket, std::move(then));
+      return;
+    }
+  }
+  then();
+}
+
 void BlockWriter::Loop() {
   for (;;) {
     Item item;
@@ -39,8 +50,15 @@ void BlockWriter::Loop() {
       queue_.pop_front();
     }
     shards_.Store(item.ns, item.layout, {{item.hash, {std::move(item.record)}}}, item.acting_for);
-    absl::MutexLock lock(&mu_);
-    ++attempted_;
+    std::vector<std::function<void()>> due;
+    {
+      absl::MutexLock lock(&mu_);
+      ++attempted_;
+      const auto end = waiting_.upper_bound(attempted_);
+      for (auto it = waiting_.begin(); it != end; ++it) due.push_back(std::move(it->second));
+      waiting_.erase(waiting_.begin(), end);
+    }
+    for (std::function<void()>& then : due) then();
   }
 }
 

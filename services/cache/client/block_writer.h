@@ -7,6 +7,8 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <map>
 #include <string>
 #include <thread>
 
@@ -28,6 +30,9 @@ class BlockWriter {
   // Waits until the record of `ticket`, and every one queued before it,
   // was attempted (writes go in queue order).
   void WaitFor(uint64_t ticket);
+  // Runs `then` once that is so: at once on this thread if it is already,
+  // else on the writer's thread right after.
+  void WhenAttempted(uint64_t ticket, std::function<void()> then);
 
  private:
   struct Item {
@@ -44,8 +49,9 @@ class BlockWriter {
   mutable absl::Mutex mu_;
   std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t queued_ ABSL_GUARDED_BY(mu_) = 0;     // tickets handed out
-  uint64_t attempted_ ABSL_GUARDED_BY(mu_) = 0;  // records written or failed
+  uint64_t queued_ ABSL_GUARDED_BY(mu_) = 0;                                     // tickets handed out
+  uint64_t attempted_ ABSL_GUARDED_BY(mu_) = 0;                                  // records written or failed
+  std::multimap<uint64_t, std::function<void()>> waiting_ ABSL_GUARDED_BY(mu_);  // by ticket
   std::thread thread_;
 };
 
