@@ -2,7 +2,9 @@
 // cached prefix, prefills the rest while streaming each layer's new blocks
 // to the cache shards, samples the first token, then hands the sequence to
 // a decode worker and relays its tokens (retrying another worker if one
-// becomes unavailable).
+// becomes unavailable). On gRPC's callback API: the prefill runs on an
+// executor, and a generation holds no thread while tokens stream from the
+// decode worker to the client.
 #ifndef KVTIER_SERVICES_PREFILL_PREFILL_SERVICE_H_
 #define KVTIER_SERVICES_PREFILL_PREFILL_SERVICE_H_
 
@@ -18,13 +20,17 @@
 #include "absl/synchronization/mutex.h"
 #include "kvtier/v1/decode.grpc.pb.h"
 #include "kvtier/v1/prefill.grpc.pb.h"
+#include "services/base/executor.h"
 #include "services/cache/client/shard_set.h"
+#include "services/prefill/stall_watch.h"
 #include "services/rpc/tenants.h"
 #include "services/runtime/model.h"
 #include "services/runtime/sampler.h"
 #include "services/serving/request_checks.h"
 
 namespace kvtier::prefill {
+
+using Decoders = std::vector<std::pair<std::string, std::shared_ptr<v1::Decode::Stub>>>;
 
 struct PrefillOptions {
   kernels::Codec codec = kernels::Codec::kInt8;
@@ -37,42 +43,45 @@ struct PrefillOptions {
   uint32_t max_top_logprobs = serving::kMaxTopLogprobs;
 };
 
-class PrefillService final : public v1::Prefill::Service {
+class PrefillService final : public v1::Prefill::CallbackService {
  public:
   // None owned; all must outlive the service. No decode worker until
   // SetDecoders. A request without a namespace uses its caller's first.
   PrefillService(const runtime::Model* model, std::string model_id, cache::ShardSet* shards,
                  prometheus::Registry* registry, PrefillOptions options);
+  ~PrefillService() override;
 
   // The decode workers ("host:port" each) that new requests go to; a
   // worker in both lists keeps its connection. Requests under way finish
   // on the workers they had.
   void SetDecoders(const std::vector<std::string>& targets);
 
-  grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
-                        grpc::ServerWriter<v1::GenerateResponse>* writer) override;
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* context,
+                                                           const v1::GenerateRequest* request) override;
   // The model, the layout this node writes, and the caller's default
   // namespace; any authenticated caller may ask.
-  grpc::Status Info(grpc::ServerContext* context, const v1::InfoRequest* request, v1::ServerInfo* response) override;
+  grpc::ServerUnaryReactor* Info(grpc::CallbackServerContext* context, const v1::InfoRequest* request,
+                                 v1::ServerInfo* response) override;
 
  private:
   struct Prefilled;
+  class Stream;      // one Generate call
+  class DecodeCall;  // a Stream's call to one decode worker
+  static constexpr size_t kPrefillThreads = 4;
+  static constexpr size_t kMaxQueuedPrefills = 1024;
   // Everything up to the first token: cached prefix, prefill, blocks to the
   // cache, the DecodeRequest for the rest.
   // The prompt's blocks read from the cache, the rest computed and stored
   // for `caller` (a reader's are not stored).
   absl::StatusOr<Prefilled> Prefill(const v1::GenerateRequest& request, const std::string& ns, const Caller& caller);
-  // Streams the decode worker's tokens after index 0 to the client.
-  grpc::Status Relay(grpc::ServerContext* context, const v1::DecodeRequest& request, const Caller& caller,
-                     v1::Usage usage, grpc::ServerWriter<v1::GenerateResponse>* writer);
-  grpc::Status Count(grpc::Status status);
+  // The decode workers now, and where the next request starts among them.
+  std::pair<std::shared_ptr<const Decoders>, size_t> PickDecoders();
 
   const runtime::Model& model_;
   const std::string model_id_;
   cache::ShardSet& shards_;
   const PrefillOptions options_;
   const kvblock::LatentLayout layout_;
-  using Decoders = std::vector<std::pair<std::string, std::shared_ptr<v1::Decode::Stub>>>;
   absl::Mutex decoders_mu_;
   std::shared_ptr<const Decoders> decoders_ ABSL_GUARDED_BY(decoders_mu_);
   std::atomic<size_t> next_decoder_{0};
@@ -81,6 +90,10 @@ class PrefillService final : public v1::Prefill::Service {
   prometheus::Counter& cached_tokens_;
   prometheus::Counter& blocks_inline_;
   prometheus::Histogram& time_to_first_token_;
+  StallWatch stalls_;  // over every decode worker's stream
+  // Where Generate calls prefill (Prefill blocks on the model and the
+  // cache); stopped first.
+  std::unique_ptr<Executor> prefilling_;
 };
 
 }  // namespace kvtier::prefill

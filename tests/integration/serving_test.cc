@@ -732,19 +732,21 @@ int ThreadsOf(pid_t pid) {
   return -1;
 }
 
-// A decode stream holds no thread while it waits for its tokens (gRPC's
-// callback API; the batcher wakes it): many generations at once leave the
-// worker's thread count where it was, where one handler thread each would
-// add as many threads as streams.
-TEST_F(ServingTest, DecodeStreamsHoldNoThreadEach) {
+// A generation holds no thread while its tokens stream (gRPC's callback
+// API: the decode worker's batcher wakes its stream, the prefill node relays
+// each token as it comes): many generations at once leave both servers'
+// thread counts where they were, where one handler thread each would add as
+// many threads as streams.
+TEST_F(ServingTest, GenerationsHoldNoThreadEach) {
   SCOPED_TRACE(rng_.Trace());
   Cluster cluster(Tiny().dir, 1, 1);
   ASSERT_TRUE(cluster.ok());
-  const pid_t decode = cluster.decoders[0]->pid();
+  const pid_t decode = cluster.decoders[0]->pid(), prefill = cluster.prefill->pid();
   // Warmed up: one generation has run, so its pools have their threads.
   ASSERT_TRUE(cluster.Generate(Request(RandomIds(20, rng_.engine()), 4)).ok());
-  const int before = ThreadsOf(decode);
-  ASSERT_GT(before, 0);
+  const int decode_before = ThreadsOf(decode), prefill_before = ThreadsOf(prefill);
+  ASSERT_GT(decode_before, 0);
+  ASSERT_GT(prefill_before, 0);
   constexpr int kStreams = 48;
   auto stub = v1::Prefill::NewStub(MakeChannel(cluster.prefill_target));
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
@@ -759,9 +761,10 @@ TEST_F(ServingTest, DecodeStreamsHoldNoThreadEach) {
     for (int i = 0; i < 2; ++i) ASSERT_TRUE(reader->Read(&event));
   }
   const double open = Scrape(cluster.decode_metrics[0], "kvtier_decode_sequences");
-  const int during = ThreadsOf(decode);
+  const int decode_during = ThreadsOf(decode), prefill_during = ThreadsOf(prefill);
   EXPECT_GE(open, kStreams / 2) << "the generations ended before the count";
-  EXPECT_LT(during, before + kStreams / 4) << open << " streams open";
+  EXPECT_LT(decode_during, decode_before + kStreams / 4) << open << " streams open";
+  EXPECT_LT(prefill_during, prefill_before + kStreams / 4) << open << " streams open";
   for (auto& context : contexts) context->TryCancel();
   for (auto& reader : readers) reader->Finish();
 }
