@@ -219,7 +219,8 @@ class PrefillService::Stream final : public grpc::ServerWriteReactor<v1::Generat
 
   void Begin();
   void Prefill();  // on the executor
-  // Opens a stream on the next decode worker, or concludes if none is left.
+  // Opens a stream on the next decode worker, or ends the call if none is
+  // left; starting_ is set, and holds off the call's end meanwhile.
   void NextAttempt();
   // Asks the decode call for its next event, or advances if it was let go.
   void ReadNext();
@@ -246,11 +247,12 @@ class PrefillService::Stream final : public grpc::ServerWriteReactor<v1::Generat
   std::shared_ptr<const Decoders> decoders_;
   size_t first_decoder_ = 0;
   size_t attempts_ = 0;
-  std::string failures_;  // of the workers tried, for the final error
 
   absl::Mutex mu_;
-  v1::GenerateResponse out_;  // the message being written; only while writing_
+  std::string failures_ ABSL_GUARDED_BY(mu_);  // of the workers tried, for the final error
+  v1::GenerateResponse out_;                   // the message being written; only while writing_
   bool preparing_ ABSL_GUARDED_BY(mu_) = false;
+  bool starting_ ABSL_GUARDED_BY(mu_) = false;  // a decode call is being opened
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   AfterWrite after_ ABSL_GUARDED_BY(mu_) = AfterWrite::kFirstToken;
   std::shared_ptr<DecodeCall> call_ ABSL_GUARDED_BY(mu_);  // the worker streaming now
@@ -268,19 +270,22 @@ class PrefillService::Stream final : public grpc::ServerWriteReactor<v1::Generat
 // itself from Start to OnDone.
 class PrefillService::DecodeCall final : public grpc::ClientReadReactor<v1::DecodeResponse> {
  public:
-  static std::shared_ptr<DecodeCall> Start(std::shared_ptr<Stream> stream, std::string target, v1::Decode::Stub& stub,
-                                           const grpc::CallbackServerContext& server_context,
-                                           const v1::DecodeRequest& request, const std::string& acting_for,
-                                           StallWatch& stalls) {
+  // A call of `stream`'s; it starts on Go.
+  static std::shared_ptr<DecodeCall> Create(std::shared_ptr<Stream> stream, std::string target, v1::Decode::Stub& stub,
+                                            const grpc::CallbackServerContext& server_context,
+                                            const v1::DecodeRequest& request, const std::string& acting_for,
+                                            StallWatch& stalls) {
     std::shared_ptr<DecodeCall> call(new DecodeCall(std::move(stream), std::move(target)));
     call->self_ = call;
     call->context_ = grpc::ClientContext::FromCallbackServerContext(server_context);
     if (!acting_for.empty()) call->context_->AddMetadata(kActingForMetadata, acting_for);
     call->watched_ = stalls.Watch(call->context_.get());
     stub.async()->Decode(call->context_.get(), &request, call.get());
-    call->StartRead(&call->event_);
-    call->StartCall();
     return call;
+  }
+  void Go() {
+    StartRead(&event_);
+    StartCall();
   }
 
   const std::string& target() const { return target_; }
@@ -300,12 +305,13 @@ class PrefillService::DecodeCall final : public grpc::ClientReadReactor<v1::Deco
   void OnReadDone(bool ok) override {
     if (!ok) return;  // the stream's end: OnDone follows
     watched_->Progress();
-    if (event_.has_finished()) {
-      StartRead(&event_);  // to its end, for OnDone
-    } else {
+    if (!event_.has_finished()) {
       AddHold();
+      return stream_->OnDecodeEvent(*this, event_);
     }
-    stream_->OnDecodeEvent(*this, event_);
+    const v1::DecodeResponse finished = std::move(event_);
+    StartRead(&event_);  // to its end, for OnDone
+    stream_->OnDecodeEvent(*this, finished);
   }
   void OnDone(const grpc::Status& status) override {
     watched_->Stop();
@@ -402,6 +408,10 @@ void PrefillService::Stream::OnWriteDone(bool ok) {
         return Write(std::move(done), AfterWrite::kFinished);
       }
       std::tie(decoders_, first_decoder_) = service_->PickDecoders();
+      {
+        absl::MutexLock lock(&mu_);
+        starting_ = true;
+      }
       return NextAttempt();
     }
     case AfterWrite::kRelayed:
@@ -428,29 +438,35 @@ void PrefillService::Stream::ReadNext() {
 }
 
 void PrefillService::Stream::NextAttempt() {
-  if (decoders_ == nullptr || decoders_->empty()) {
-    return Conclude(grpc::Status(grpc::StatusCode::UNAVAILABLE, "no decode worker is known"));
-  }
-  if (attempts_ >= decoders_->size()) {
-    uint32_t last;
+  std::optional<grpc::Status> end;
+  if (context_->IsCancelled()) {  // valid: starting_ holds off the call's end
+    end = grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled");
+  } else if (decoders_ == nullptr || decoders_->empty()) {
+    end = grpc::Status(grpc::StatusCode::UNAVAILABLE, "no decode worker is known");
+  } else if (attempts_ >= decoders_->size()) {
+    absl::MutexLock lock(&mu_);
+    end = grpc::Status(
+        grpc::StatusCode::UNAVAILABLE,
+        absl::StrCat("no decode worker could continue the request after token ", next_index_ - 1, ": ", failures_));
+  } else {
+    const auto& [target, stub] = (*decoders_)[(first_decoder_ + attempts_++) % decoders_->size()];
+    std::shared_ptr<DecodeCall> call = DecodeCall::Create(shared_from_this(), target, *stub, *context_, decode_,
+                                                          ActingFor(*caller_), service_->stalls_);
+    bool stopped;
     {
       absl::MutexLock lock(&mu_);
-      last = next_index_ - 1;
+      call_ = call;  // before it starts: its reactions may run at once
+      stopped = stop_.has_value();
     }
-    return Conclude(
-        grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                     absl::StrCat("no decode worker could continue the request after token ", last, ": ", failures_)));
+    call->Go();
+    if (stopped) call->Cancel();
   }
-  const auto& [target, stub] = (*decoders_)[(first_decoder_ + attempts_++) % decoders_->size()];
-  std::shared_ptr<DecodeCall> call =
-      DecodeCall::Start(shared_from_this(), target, *stub, *context_, decode_, ActingFor(*caller_), service_->stalls_);
-  bool stopped;
   {
     absl::MutexLock lock(&mu_);
-    call_ = call;
-    stopped = stop_.has_value();
+    starting_ = false;
+    if (end.has_value() && !end_.has_value()) end_ = std::move(end);
   }
-  if (stopped) call->Cancel();
+  Advance();
 }
 
 void PrefillService::Stream::OnDecodeEvent(DecodeCall& call, const v1::DecodeResponse& event) {
@@ -502,13 +518,6 @@ void PrefillService::Stream::OnDecodeEvent(DecodeCall& call, const v1::DecodeRes
 }
 
 void PrefillService::Stream::OnDecodeDone(DecodeCall& call, const grpc::Status& status, bool stalled) {
-  bool over;
-  {
-    absl::MutexLock lock(&mu_);
-    over = &call != call_.get() || concluded_ || finished_ || end_.has_value() || stop_.has_value();
-  }
-  if (over) return Advance();
-  if (context_->IsCancelled()) return Stop(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled"));
   // Another worker can take over from where this one stopped only for
   // faults of the worker itself, not for a request it rejected.
   const bool retryable = stalled || status.ok() || status.error_code() == grpc::StatusCode::UNAVAILABLE ||
@@ -517,15 +526,21 @@ void PrefillService::Stream::OnDecodeDone(DecodeCall& call, const grpc::Status& 
                               ? absl::StrCat("no progress for ", absl::FormatDuration(service_->options_.decode_idle))
                           : status.ok() ? "stream ended without a finish"
                                         : status.error_message();
-  absl::StrAppend(&failures_, failures_.empty() ? "" : "; ", call.target(), ": ", why);
-  if (!retryable) {
-    return Conclude(grpc::Status(status.error_code(), absl::StrCat("decode worker ", call.target(), ": ", why)));
-  }
-  uint32_t last;
+  bool retry = false;
+  uint32_t last = 0;
   {
     absl::MutexLock lock(&mu_);
-    last = next_index_ - 1;
+    if (&call == call_.get() && !concluded_ && !finished_ && !end_.has_value() && !stop_.has_value()) {
+      absl::StrAppend(&failures_, failures_.empty() ? "" : "; ", call.target(), ": ", why);
+      if (retryable) {
+        retry = starting_ = true;
+        last = next_index_ - 1;
+      } else {
+        end_ = grpc::Status(status.error_code(), absl::StrCat("decode worker ", call.target(), ": ", why));
+      }
+    }
   }
+  if (!retry) return Advance();
   Log(LogLevel::kWarning, "request",
       absl::StrCat("'", absl::CEscape(decode_.request_id()), "': decode worker ", call.target(), " failed after token ",
                    last, " (", why, ")", attempts_ < decoders_->size() ? "; trying the next" : ""));
@@ -561,7 +576,7 @@ void PrefillService::Stream::Advance() {
   std::optional<grpc::Status> finish;
   {
     absl::MutexLock lock(&mu_);
-    if (concluded_ || writing_ || preparing_) return;
+    if (concluded_ || writing_ || preparing_ || starting_) return;
     if (stop_.has_value()) {
       finish = *stop_;
     } else if (end_.has_value()) {
