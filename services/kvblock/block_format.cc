@@ -1,6 +1,7 @@
 #include "services/kvblock/block_format.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -99,10 +100,10 @@ BlockHeader HeaderFor(const LatentLayout& layout, uint32_t layer_begin, uint32_t
   return h;
 }
 
-absl::StatusOr<BlockView> ParseBlock(std::string_view record, const LatentLayout* expected, CrcCheck crc_check) {
-  if (record.size() < kBlockHeaderBytes + kBlockTrailerBytes) {
+absl::StatusOr<BlockHeader> ParseBlockHeader(std::string_view record, size_t size) {
+  if (size < kBlockHeaderBytes + kBlockTrailerBytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat("block record truncated: ", record.size(), " bytes, smaller than header and checksum"));
+        absl::StrCat("block record truncated: ", size, " bytes, smaller than header and checksum"));
   }
   if (std::memcmp(record.data(), kBlockMagic, sizeof kBlockMagic) != 0) {
     return absl::InvalidArgumentError("block record has bad magic (not a KVTB record)");
@@ -114,10 +115,9 @@ absl::StatusOr<BlockView> ParseBlock(std::string_view record, const LatentLayout
                                                       " is not supported (this build reads ", kBlockFormatVersion,
                                                       " and ", kIndexedBlockFormatVersion, ")"));
   }
-  if (record.size() < h.HeaderBytes() + kBlockTrailerBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("block record truncated: ", record.size(),
-                                                   " bytes, smaller than a format ", h.format_version,
-                                                   " header and checksum"));
+  if (size < h.HeaderBytes() + kBlockTrailerBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("block record truncated: ", size, " bytes, smaller than a format ",
+                                                   h.format_version, " header and checksum"));
   }
   const uint8_t codec = Load<uint8_t>(record, 6);
   if (!kernels::IsKnownCodec(codec)) {
@@ -144,14 +144,18 @@ absl::StatusOr<BlockView> ParseBlock(std::string_view record, const LatentLayout
   }
   KVTIER_RETURN_IF_ERROR(CheckHeaderFields(h));
   const size_t want = h.RecordBytes();
-  if (record.size() < want) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("block record truncated: ", record.size(), " bytes, header says ", want));
+  if (size < want) {
+    return absl::InvalidArgumentError(absl::StrCat("block record truncated: ", size, " bytes, header says ", want));
   }
-  if (record.size() > want) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("block record oversized: ", record.size(), " bytes, header says ", want));
+  if (size > want) {
+    return absl::InvalidArgumentError(absl::StrCat("block record oversized: ", size, " bytes, header says ", want));
   }
+  return h;
+}
+
+absl::StatusOr<BlockView> ParseBlock(std::string_view record, const LatentLayout* expected, CrcCheck crc_check) {
+  KVTIER_ASSIGN_OR_RETURN(const BlockHeader h, ParseBlockHeader(record, record.size()));
+  const size_t want = h.RecordBytes();
   const uint32_t stored_crc = Load<uint32_t>(record, want - kBlockTrailerBytes);
   const uint32_t crc = crc_check == CrcCheck::kCheck ? Crc32c(record.data(), want - kBlockTrailerBytes) : stored_crc;
   if (crc != stored_crc) {
@@ -261,6 +265,31 @@ void CopyFromPieces(std::span<const std::span<const uint8_t>> pieces, size_t off
     out = out.subspan(n);
     offset = 0;
   }
+}
+
+absl::StatusOr<BlockHeader> ParseScatteredBlock(std::span<const std::span<const uint8_t>> pieces,
+                                                const LatentLayout* expected) {
+  size_t size = 0;
+  for (const auto& piece : pieces) size += piece.size();
+  std::array<uint8_t, kIndexedBlockHeaderBytes> head{};
+  const size_t head_bytes = std::min(head.size(), size);
+  CopyFromPieces(pieces, 0, std::span(head).first(head_bytes));
+  KVTIER_ASSIGN_OR_RETURN(
+      const BlockHeader h,
+      ParseBlockHeader(std::string_view(reinterpret_cast<const char*>(head.data()), head_bytes), size));
+  uint32_t crc = 0;
+  size_t left = size - kBlockTrailerBytes;
+  for (const auto& piece : pieces) {
+    const size_t n = std::min(left, piece.size());
+    crc = Crc32cExtend(crc, piece.data(), n);
+    left -= n;
+  }
+  if (const uint32_t stored_crc = TrailerCrc(pieces, size); crc != stored_crc) {
+    return absl::DataLossError(absl::StrCat("block checksum mismatch: stored ", absl::Hex(stored_crc, absl::kZeroPad8),
+                                            ", computed ", absl::Hex(crc, absl::kZeroPad8)));
+  }
+  if (expected != nullptr) KVTIER_RETURN_IF_ERROR(CheckAgainstLayout(h, *expected));
+  return h;
 }
 
 uint32_t TrailerCrc(std::span<const std::span<const uint8_t>> pieces, size_t size) {

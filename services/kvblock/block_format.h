@@ -98,6 +98,11 @@ enum class CrcCheck { kCheck, kCheckedBefore };
 absl::StatusOr<BlockView> ParseBlock(std::string_view record, const LatentLayout* expected = nullptr,
                                      CrcCheck crc_check = CrcCheck::kCheck);
 
+// The header of a `size`-byte record whose first bytes are `head` (all of
+// its header, or all of the record when shorter), checked as ParseBlock
+// checks it but for the CRC and the layout.
+absl::StatusOr<BlockHeader> ParseBlockHeader(std::string_view head, size_t size);
+
 // The header bytes of a record (HeaderBytes() of them); the caller has
 // checked the fields.
 std::string EncodeBlockHeader(const BlockHeader& header);
@@ -121,6 +126,10 @@ absl::Status DecodeBlock(const BlockView& block, std::span<float> out);
 // A record held in pieces of memory, in order (a tier's pages, say): copies
 // its bytes [offset, offset + out.size()) into `out`.
 void CopyFromPieces(std::span<const std::span<const uint8_t>> pieces, size_t offset, std::span<uint8_t> out);
+// Checks a record held in `pieces` as ParseBlock does (CRC included) and
+// returns its header; the record is not copied.
+absl::StatusOr<BlockHeader> ParseScatteredBlock(std::span<const std::span<const uint8_t>> pieces,
+                                                const LatentLayout* expected);
 // The CRC32C in the trailer of a `size`-byte record held in `pieces`.
 uint32_t TrailerCrc(std::span<const std::span<const uint8_t>> pieces, size_t size);
 

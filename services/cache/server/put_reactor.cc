@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "services/base/log.h"
 #include "services/base/status.h"
+#include "services/cache/server/put_message.h"
 #include "services/cache/server/reactor_support.h"
 #include "services/kvblock/block_format.h"
 #include "services/rpc/grpc_status.h"
@@ -165,11 +166,7 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
         queue_.pop_front();
       }
       ++messages_;
-      v1::PutRequest request;
-      absl::Status status =
-          grpc::SerializationTraits<v1::PutRequest>::Deserialize(&raw, &request).ok()
-              ? Apply(request)
-              : absl::InvalidArgumentError(absl::StrCat("Put message ", messages_, " does not parse as a PutRequest"));
+      absl::Status status = Apply(raw);
       Step step;
       {
         absl::MutexLock lock(&mu_);
@@ -181,6 +178,31 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
       }
       Run(step);
     }
+  }
+
+  // A slice or a batch is read where it lies in gRPC's buffers, its
+  // records copied only into the store; anything else through protobuf.
+  absl::Status Apply(grpc::ByteBuffer& raw) {
+    std::vector<grpc::Slice> pieces;
+    if (raw.Dump(&pieces).ok()) {
+      if (std::optional<std::vector<PutSliceView>> slices = ParsePutSlices(pieces, kMaxSlicesPerBatch)) {
+        KVTIER_RETURN_IF_ERROR(CheckBatchSize(slices->size()));
+        for (const PutSliceView& slice : *slices) {
+          KVTIER_RETURN_IF_ERROR(ApplySlice(slice.block_hash, slice.data, slice.staged ? &*slice.staged : nullptr));
+        }
+        return absl::OkStatus();
+      }
+    }
+    v1::PutRequest request;
+    if (!grpc::SerializationTraits<v1::PutRequest>::Deserialize(&raw, &request).ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("Put message ", messages_, " does not parse as a PutRequest"));
+    }
+    return Apply(request);
+  }
+
+  static absl::Status CheckBatchSize(size_t slices) {
+    if (slices <= kMaxSlicesPerBatch) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(slices, " slices in one batch, at most ", kMaxSlicesPerBatch));
   }
 
   absl::Status Apply(const v1::PutRequest& request) {
@@ -198,10 +220,7 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
       case v1::PutRequest::kSlice:
         return ApplySlice(request.slice());
       case v1::PutRequest::kBatch: {
-        if (request.batch().slices_size() > kMaxSlicesPerBatch) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(request.batch().slices_size(), " slices in one batch, at most ", kMaxSlicesPerBatch));
-        }
+        KVTIER_RETURN_IF_ERROR(CheckBatchSize(request.batch().slices_size()));
         for (const v1::LayerSlice& slice : request.batch().slices()) KVTIER_RETURN_IF_ERROR(ApplySlice(slice));
         return absl::OkStatus();
       }
@@ -212,18 +231,25 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
   }
 
   absl::Status ApplySlice(const v1::LayerSlice& slice) {
+    const std::span<const uint8_t> data(reinterpret_cast<const uint8_t*>(slice.data().data()), slice.data().size());
+    return ApplySlice(slice.block_hash(), std::span(&data, 1), slice.has_staged() ? &slice.staged() : nullptr);
+  }
+
+  // A slice's record, in pieces (`data`) or `staged`.
+  absl::Status ApplySlice(const std::string& block_hash, std::span<const std::span<const uint8_t>> data,
+                          const v1::StagedRange* staged) {
     if (session_ == nullptr) return absl::InvalidArgumentError("the first Put message must be a header");
-    KVTIER_ASSIGN_OR_RETURN(kvblock::BlockHash hash, kvblock::HashFromBytes(slice.block_hash()));
-    if (!slice.has_staged()) return session_->AddSlice(hash, slice.data());
+    KVTIER_ASSIGN_OR_RETURN(kvblock::BlockHash hash, kvblock::HashFromBytes(block_hash));
+    if (staged == nullptr) return session_->AddSlice(hash, data);
     if (staging_ == nullptr) {
       return absl::InvalidArgumentError(
           "a staged slice needs a header naming a fast path session with a staging region");
     }
-    KVTIER_ASSIGN_OR_RETURN(std::string_view staged, staging_->Range(slice.staged().offset(), slice.staged().length()));
+    KVTIER_ASSIGN_OR_RETURN(std::string_view range, staging_->Range(staged->offset(), staged->length()));
     // Copied out first: the client can write its region at any time, and
     // what is checked must be what is stored.
-    staged_copy_.assign(staged.data(), staged.size());
-    service_->fast_path()->CountStaged(staged.size());
+    staged_copy_.assign(range.data(), range.size());
+    service_->fast_path()->CountStaged(range.size());
     return session_->AddSlice(hash, staged_copy_);
   }
 

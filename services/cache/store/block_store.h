@@ -198,6 +198,9 @@ class PutSession {
   // INVALID_ARGUMENT for a layer sent twice, RESOURCE_EXHAUSTED when no room
   // can be made. A failed slice leaves the session usable.
   absl::Status AddSlice(const kvblock::BlockHash& hash, std::string_view record);
+  // The same for a record that lies in pieces (gRPC's receive buffers),
+  // written to the block's room without being gathered first.
+  absl::Status AddSlice(const kvblock::BlockHash& hash, std::span<const std::span<const uint8_t>> record);
   // Frees the blocks still incomplete and reports what this session did.
   PutSummary Finish();
 

@@ -1,7 +1,10 @@
 // Put: a PutSession assembles a stream's blocks layer by layer in the first
 // tier; the store's side below takes their room, bounded, and makes each
 // visible at once when whole.
+#include <algorithm>
+#include <array>
 #include <cstring>
+#include <span>
 
 #include "absl/strings/str_cat.h"
 #include "services/base/status.h"
@@ -42,7 +45,12 @@ PutSession::~PutSession() {
 void PutSession::Abandon(Pending& p) { store_->AbandonPending({ns_, p.hash, p.pages, record_bytes_}, owner_); }
 
 absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_view record) {
-  absl::StatusOr<kvblock::BlockView> slice = kvblock::ParseBlock(record, &layout_);
+  const std::span<const uint8_t> whole(reinterpret_cast<const uint8_t*>(record.data()), record.size());
+  return AddSlice(hash, std::span(&whole, 1));
+}
+
+absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::span<const std::span<const uint8_t>> record) {
+  absl::StatusOr<kvblock::BlockHeader> slice = kvblock::ParseScatteredBlock(record, &layout_);
   if (!slice.ok()) {
     if (slice.status().code() == absl::StatusCode::kDataLoss) store_->CountArrival(0, /*checksum_failed=*/true);
     return absl::Status(slice.status().code(),
@@ -73,7 +81,7 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_vi
     store_->FirstTier().Prepare(it->second->pages);
   }
   Pending& p = *it->second;
-  const kvblock::BlockHeader& h = slice->header;
+  const kvblock::BlockHeader& h = *slice;
   for (uint32_t l = h.layer_begin; l < h.layer_begin + h.layer_count; ++l) {
     if (p.layers[l]) {
       return absl::InvalidArgumentError(
@@ -82,17 +90,29 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_vi
   }
   const TierStorage& first = store_->FirstTier();
   const RecordRoom room{ns_, hash, p.pages, record_bytes_};
-  KVTIER_RETURN_IF_ERROR(
-      first.WriteAt(room, h.HeaderBytes() + size_t{h.layer_begin} * h.layer_payload_bytes, slice->payloads));
+  // The payloads, piece by piece, to where their layers go in the block.
+  const size_t size = h.RecordBytes(), payloads = size - h.HeaderBytes() - kvblock::kBlockTrailerBytes;
+  const size_t destination = h.HeaderBytes() + size_t{h.layer_begin} * h.layer_payload_bytes;
+  size_t at = 0;  // of the piece in the slice
+  for (const std::span<const uint8_t> piece : record) {
+    const size_t from = std::max(at, h.HeaderBytes()), to = std::min(at + piece.size(), h.HeaderBytes() + payloads);
+    if (from < to) {
+      KVTIER_RETURN_IF_ERROR(
+          first.WriteAt(room, destination + (from - h.HeaderBytes()),
+                        std::string_view(reinterpret_cast<const char*>(piece.data()) + (from - at), to - from)));
+    }
+    at += piece.size();
+  }
   for (uint32_t l = h.layer_begin; l < h.layer_begin + h.layer_count; ++l) p.layers[l] = true;
   p.layers_left -= h.layer_count;
-  // ParseBlock verified crc(header || payloads), the slice's last 4 bytes;
+  // Parsing verified crc(header || payloads), the slice's last 4 bytes;
   // the payloads' own CRC follows from it and the header's.
-  uint32_t slice_crc;
-  std::memcpy(&slice_crc, record.data() + record.size() - sizeof slice_crc, sizeof slice_crc);
-  const uint32_t header_crc = kvblock::Crc32c(record.data(), h.HeaderBytes());
-  p.slices[h.layer_begin] = {h.layer_count, kvblock::Crc32cCombine(header_crc, slice_crc, slice->payloads.size())};
-  store_->CountArrival(record.size(), /*checksum_failed=*/false);
+  std::array<uint8_t, kvblock::kIndexedBlockHeaderBytes> head;
+  kvblock::CopyFromPieces(record, 0, std::span(head).first(h.HeaderBytes()));
+  const uint32_t header_crc = kvblock::Crc32c(head.data(), h.HeaderBytes());
+  const uint32_t slice_crc = kvblock::TrailerCrc(record, size);
+  p.slices[h.layer_begin] = {h.layer_count, kvblock::Crc32cCombine(header_crc, slice_crc, payloads)};
+  store_->CountArrival(size, /*checksum_failed=*/false);
   if (p.layers_left > 0) return absl::OkStatus();
 
   // Complete: header and checksum, then visible all at once.

@@ -182,6 +182,46 @@ TEST_P(BlockStoreTest, ReadsBackTheRecordAssembledFromSlices) {
   EXPECT_EQ((*block)->tier(), TierKind::kDevice);
 }
 
+// Cuts `record` at random places into pieces (some empty), as a message
+// lies in gRPC's receive buffers.
+std::vector<std::span<const uint8_t>> RandomPieces(const std::string& record, std::mt19937_64& rng) {
+  std::vector<std::span<const uint8_t>> pieces;
+  const auto* bytes = reinterpret_cast<const uint8_t*>(record.data());
+  size_t at = 0;
+  while (at < record.size()) {
+    const size_t n = std::uniform_int_distribution<size_t>(0, std::min<size_t>(record.size() - at, 97))(rng);
+    pieces.emplace_back(bytes + at, n);
+    at += n;
+  }
+  return pieces;
+}
+
+// A slice whose record lies in pieces is stored as the same slice whole
+// would be; a flipped payload byte in any piece is DATA_LOSS.
+TEST_P(BlockStoreTest, SlicesInPiecesAssembleTheSameBlock) {
+  SCOPED_TRACE(rng_.Trace());
+  const BlockHash whole = Hash(1), pieced = Hash(2);
+  auto a = store_->BeginPut("ns", layout_);
+  auto b = store_->BeginPut("ns", layout_);
+  for (uint32_t l = 0; l < layout_.num_layers; ++l) {
+    const std::string slice = Slice(l, 1);
+    ASSERT_TRUE(a->AddSlice(whole, slice).ok());
+    std::string damaged = slice;
+    const size_t header = kvblock::HeaderFor(layout_, l, 1).HeaderBytes();
+    damaged[std::uniform_int_distribution<size_t>(header, slice.size() - 5)(rng_.engine())] ^= 0x04;
+    EXPECT_EQ(b->AddSlice(pieced, RandomPieces(damaged, rng_.engine())).code(), absl::StatusCode::kDataLoss);
+    ASSERT_TRUE(b->AddSlice(pieced, RandomPieces(slice, rng_.engine())).ok());
+  }
+  EXPECT_TRUE(a->Finish().incomplete.empty());
+  EXPECT_TRUE(b->Finish().incomplete.empty());
+  auto x = store_->Read("ns", layout_id_, whole);
+  auto y = store_->Read("ns", layout_id_, pieced);
+  ASSERT_TRUE(x.ok() && y.ok());
+  const std::string record = (*y)->CopyToString();
+  EXPECT_EQ(record, (*x)->CopyToString());
+  EXPECT_TRUE(kvblock::ParseBlock(record, &layout_).ok());
+}
+
 TEST_P(BlockStoreTest, BlockIsInvisibleUntilItsLastLayerArrivesInAnyOrder) {
   const BlockHash h = Hash(2);
   auto session = store_->BeginPut("ns", layout_);
