@@ -51,6 +51,7 @@
 #include "services/base/child_process.h"
 #include "services/base/flags.h"
 #include "services/cache/client/cache_client.h"
+#include "services/cache/client/put_wire.h"
 #include "services/cache/client/raw_get.h"
 #include "services/cache/client/shard_set.h"
 #include "services/cache/fast_path/fast_path_client.h"
@@ -173,39 +174,36 @@ Round Concurrently(const CpuClocks& cpu, int clients, Op op) {
 }
 
 // One Put stream of the prefix's layer slices, a block's slices to a
-// message (as ShardedPut batches a prefill node's); with `fast`, each slice
-// is written into the session's staging region and the message names it
+// message (as ShardedPut batches a prefill node's), each message in wire
+// form over the records' own bytes (put_wire.h); with `fast`, each slice is
+// written into the session's staging region and the message names it
 // (inline when the region is full).
-Sample KvtierPut(CacheClient& client, const kvblock::LatentLayout& layout, const std::string& ns, const Prefix& p,
+Sample KvtierPut(grpc::Channel* channel, const kvblock::LatentLayout& layout, const std::string& ns, const Prefix& p,
                  FastPathClient* fast = nullptr) {
   grpc::ClientContext context;
-  client.SetDeadline(context);
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   v1::PutResponse response;
   Sample sample;
   std::optional<FastPathClient::StagedStream> staged;
-  auto writer = client.stub().Put(&context, &response);
-  v1::PutRequest header;
-  header.mutable_header()->set_kv_namespace(ns);
-  *header.mutable_header()->mutable_layout() = kvblock::LayoutToProto(layout);
+  auto writer = OpenRawPut(channel, &context, &response);
+  v1::PutHeader header;
+  header.set_kv_namespace(ns);
+  *header.mutable_layout() = kvblock::LayoutToProto(layout);
   if (fast != nullptr) {
     staged.emplace(fast);
-    header.mutable_header()->set_fast_path_session_id(fast->session_id());
+    header.set_fast_path_session_id(fast->session_id());
   }
-  writer->Write(header);
-  v1::PutRequest batch;
+  writer->Write(PutHeaderMessage(header));
+  PutBatchWire batch;
   for (const BlockSlices& b : p.slices) {
-    const std::string hash(kvblock::HashAsBytes(b.hash));
     for (const std::string& r : b.records) {
-      v1::LayerSlice* s = batch.mutable_batch()->add_slices();
-      s->set_block_hash(hash);
       if (std::optional<v1::StagedRange> range = staged.has_value() ? staged->Stage(r) : std::nullopt) {
-        *s->mutable_staged() = *range;
+        batch.AddStaged(b.hash, *range);
       } else {
-        s->set_data(r);
+        batch.AddInline(b.hash, Borrowed(r));  // the prefix outlives the stream
       }
     }
-    writer->Write(batch);
-    batch.mutable_batch()->clear_slices();
+    writer->Write(batch.Take());
     sample.Block();
   }
   writer->WritesDone();
@@ -283,12 +281,17 @@ Sample WorkerLoad(cache::ShardSet& shards, const kvblock::LatentLayout& layout, 
   return sample;
 }
 
-// What a prefill node does with a prefix it computed: ShardSet::Store, the
-// layer slices batched into one Put stream (a ShardedPut), over TCP here.
+// What a prefill node does with a prefix it computed: the layer slices
+// handed to a ShardedPut, batched into one Put stream, over TCP here.
 Sample PrefillStore(cache::ShardSet& shards, const kvblock::LatentLayout& layout, const std::string& ns,
                     const Prefix& p) {
   Sample sample;
-  const size_t stored = shards.Store(ns, layout, p.slices).size();
+  cache::ShardedPut put(shards, ns, layout, absl::Seconds(60));
+  for (const BlockSlices& b : p.slices) {
+    // The prefix outlives the streams; a prefill node hands over its own.
+    for (const std::string& r : b.records) put.Write(b.hash, Borrowed(r));
+  }
+  const size_t stored = put.Finish().size();
   if (stored != p.slices.size()) std::fprintf(stderr, "prefill store: %zu of %zu blocks\n", stored, p.slices.size());
   return sample;
 }
@@ -505,11 +508,13 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
     for (int round = 0; round < rounds; ++round) {
       // Fresh namespaces each round so Put stores instead of deduplicating.
       const std::string tag = absl::StrFormat("r%d-n%d-", round, n);
-      put.push_back(Concurrently(
-          cpu_clocks, n, [&](int c) { return KvtierPut(*clients[c], layout, tag + std::to_string(c), prefixes[c]); }));
+      put.push_back(Concurrently(cpu_clocks, n, [&](int c) {
+        return KvtierPut(channels[c].get(), layout, tag + std::to_string(c), prefixes[c]);
+      }));
       // The same blocks again under other names, through the staging region.
       staged_put.push_back(Concurrently(cpu_clocks, n, [&](int c) {
-        return KvtierPut(*clients[c], layout, "staged-" + tag + std::to_string(c), prefixes[c], fast_clients[c].get());
+        return KvtierPut(channels[c].get(), layout, "staged-" + tag + std::to_string(c), prefixes[c],
+                         fast_clients[c].get());
       }));
       const auto kvtier_get = [&] {
         return Concurrently(cpu_clocks, n, [&](int c) {

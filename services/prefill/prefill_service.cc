@@ -132,7 +132,7 @@ absl::StatusOr<PrefillService::Prefilled> PrefillService::Prefill(const v1::Gene
   KVTIER_RETURN_IF_ERROR(model_.Forward(std::span(&pass, 1), [&](size_t layer) {
     for (size_t b = cached_blocks; b < cache.blocks[layer].size(); ++b) {
       absl::StatusOr<std::string> slice = serving::BlockRecord(layout_, cache, b, static_cast<uint32_t>(layer), 1);
-      if (slice.ok() && store) put.Write(chain[b], *slice);
+      if (slice.ok() && store) put.Write(chain[b], std::move(*slice));
     }
     put.Flush();  // this layer's slices go now, not with the last layer's
   }));

@@ -1,6 +1,7 @@
 #include "services/cache/client/cache_client.h"
 
 #include "absl/strings/str_cat.h"
+#include "services/cache/client/put_wire.h"
 #include "services/rpc/client_identity.h"
 #include "services/rpc/grpc_status.h"
 #include "services/rpc/tenants.h"
@@ -8,7 +9,7 @@
 namespace kvtier::cache {
 
 CacheClient::CacheClient(std::shared_ptr<grpc::Channel> channel, absl::Duration deadline)
-    : stub_(v1::KvCache::NewStub(channel)), deadline_(deadline) {}
+    : channel_(channel), stub_(v1::KvCache::NewStub(channel)), deadline_(deadline) {}
 
 void CacheClient::SetDeadline(grpc::ClientContext& context) const {
   context.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
@@ -36,19 +37,17 @@ absl::StatusOr<v1::PutResponse> CacheClient::Put(const std::string& ns, const kv
   grpc::ClientContext context;
   SetDeadline(context);
   v1::PutResponse response;
-  std::unique_ptr<grpc::ClientWriter<v1::PutRequest>> writer = stub_->Put(&context, &response);
-  v1::PutRequest header;
-  header.mutable_header()->set_kv_namespace(ns);
-  *header.mutable_header()->mutable_layout() = kvblock::LayoutToProto(layout);
-  bool open = writer->Write(header);
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer = OpenRawPut(channel_.get(), &context, &response);
+  v1::PutHeader header;
+  header.set_kv_namespace(ns);
+  *header.mutable_layout() = kvblock::LayoutToProto(layout);
+  bool open = writer->Write(PutHeaderMessage(header));
+  PutBatchWire batch;
   for (const BlockSlices& block : blocks) {
-    for (const std::string& record : block.records) {
-      if (!open) break;
-      v1::PutRequest slice;
-      slice.mutable_slice()->set_block_hash(std::string(kvblock::HashAsBytes(block.hash)));
-      slice.mutable_slice()->set_data(record);
-      open = writer->Write(slice);
-    }
+    if (!open) break;
+    // `blocks` outlives the stream: this call returns after its end.
+    for (const std::string& record : block.records) batch.AddInline(block.hash, Borrowed(record));
+    open = writer->Write(batch.Take());
   }
   writer->WritesDone();
   if (grpc::Status s = writer->Finish(); !s.ok()) return FromGrpcStatus(s);

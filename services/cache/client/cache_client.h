@@ -38,7 +38,8 @@ class CacheClient {
   absl::StatusOr<v1::MatchResponse> Match(const std::string& ns, const kvblock::LatentLayout& layout,
                                           const std::vector<kvblock::BlockHash>& hashes, bool acquire_lease = false,
                                           uint32_t lease_ttl_ms = 0);
-  // One Put stream: the header, then every slice in order.
+  // One Put stream: the header, then each block's slices in a message
+  // (in wire form over the records themselves: put_wire.h).
   absl::StatusOr<v1::PutResponse> Put(const std::string& ns, const kvblock::LatentLayout& layout,
                                       const std::vector<BlockSlices>& blocks);
   // One Get stream; answers in request order. Errors of the stream itself
@@ -59,6 +60,7 @@ class CacheClient {
   void SetDeadline(grpc::ClientContext& context) const;
 
  private:
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::KvCache::Stub> stub_;
   absl::Duration deadline_;
   std::string acting_for_;

@@ -8,7 +8,7 @@ std::unique_ptr<PutStream> PutRoute::Open(const std::string& ns, const kvblock::
                                           const std::string& acting_for) {
   if (down_()) return nullptr;
   std::unique_ptr<PutStream> s(new PutStream());
-  v1::PutRequest header;
+  v1::PutHeader header;
   for (const std::unique_ptr<ShardRoute>& route : *read_routes_) {
     if ((s->fast_ = route->PutStaging()) != nullptr) {
       s->staging_route_ = route.get();
@@ -17,14 +17,14 @@ std::unique_ptr<PutStream> PutRoute::Open(const std::string& ns, const kvblock::
   }
   if (s->fast_ != nullptr) {
     s->staged_ = std::make_unique<FastPathClient::StagedStream>(s->fast_.get());
-    header.mutable_header()->set_fast_path_session_id(s->fast_->session_id());
+    header.set_fast_path_session_id(s->fast_->session_id());
   }
   s->connection_.emplace(connections_->Take());
   if (!acting_for.empty()) s->context_.AddMetadata(kActingForMetadata, acting_for);
-  s->writer_ = s->connection_->stub().Put(&s->context_, &s->response_);
-  header.mutable_header()->set_kv_namespace(ns);
-  *header.mutable_header()->mutable_layout() = kvblock::LayoutToProto(layout);
-  s->open_ = s->writer_->Write(header);
+  s->writer_ = OpenRawPut(s->connection_->channel(), &s->context_, &s->response_);
+  header.set_kv_namespace(ns);
+  *header.mutable_layout() = kvblock::LayoutToProto(layout);
+  s->open_ = s->writer_->Write(PutHeaderMessage(header));
   return s;
 }
 
@@ -34,27 +34,22 @@ PutStream::~PutStream() {
   Finish();
 }
 
-void PutStream::Write(const kvblock::BlockHash& hash, const std::string& record) {
+void PutStream::Write(const kvblock::BlockHash& hash, std::shared_ptr<const std::string> record) {
   if (!open_) return;
   written_.insert(hash);
-  v1::LayerSlice* batched = batch_.mutable_batch()->add_slices();
-  batched->set_block_hash(std::string(kvblock::HashAsBytes(hash)));
-  if (std::optional<v1::StagedRange> staged = staged_ != nullptr ? staged_->Stage(record) : std::nullopt) {
-    *batched->mutable_staged() = *staged;
+  if (std::optional<v1::StagedRange> staged = staged_ != nullptr ? staged_->Stage(*record) : std::nullopt) {
+    batch_.AddStaged(hash, *staged);
   } else {
-    batched->set_data(record);
-    inline_bytes_ += record.size();
+    batch_.AddInline(hash, std::move(record));
   }
-  if (batch_.batch().slices_size() >= kSlicesPerMessage || inline_bytes_ >= kInlineBytesPerMessage) FlushBatch();
+  if (batch_.slices() >= kSlicesPerMessage || batch_.inline_bytes() >= kInlineBytesPerMessage) FlushBatch();
 }
 
 void PutStream::Flush() { FlushBatch(); }
 
 void PutStream::FlushBatch() {
-  if (!open_ || batch_.batch().slices_size() == 0) return;
-  open_ = writer_->Write(batch_);
-  batch_.mutable_batch()->clear_slices();
-  inline_bytes_ = 0;
+  if (!open_ || batch_.slices() == 0) return;
+  open_ = writer_->Write(batch_.Take());
 }
 
 std::set<kvblock::BlockHash> PutStream::Finish() {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kvtier/v1/cache.grpc.pb.h"
+#include "services/cache/client/put_wire.h"
 #include "services/cache/client/shard_routes.h"
 #include "services/cache/client/stream_connections.h"
 #include "services/cache/fast_path/fast_path_client.h"
@@ -55,13 +56,14 @@ class PutStream {
   ~PutStream();
 
   // Sends `record` of block `hash`: through the staging region when there
-  // is room in it, else inline; batched, on Flush, Finish, or once a message
+  // is room in it, else inline, as a slice over the string itself (no copy:
+  // put_wire.h); batched, on Flush, Finish, or once a message
   // holds kSlicesPerMessage slices or kInlineBytesPerMessage inline bytes.
   // One message per slice cost the cache a hand-off each; inline, about a
   // block a message beat larger ones: the cache applies one message while
   // the next arrives (cache_bench, load/README.md). Nothing once the stream
   // has failed.
-  void Write(const kvblock::BlockHash& hash, const std::string& record);
+  void Write(const kvblock::BlockHash& hash, std::shared_ptr<const std::string> record);
   void Flush();
   static constexpr int kSlicesPerMessage = 256;
   static constexpr size_t kInlineBytesPerMessage = 1 << 20;
@@ -85,13 +87,11 @@ class PutStream {
   std::optional<StreamConnections::Lease> connection_;
   grpc::ClientContext context_;
   v1::PutResponse response_;
-  std::unique_ptr<grpc::ClientWriter<v1::PutRequest>> writer_;
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer_;
   bool open_ = false;
   bool finished_ = false;
   std::set<kvblock::BlockHash> written_;
-  // Slices not sent yet, and the inline bytes among them.
-  v1::PutRequest batch_;
-  size_t inline_bytes_ = 0;
+  PutBatchWire batch_;  // slices not sent yet
 };
 
 }  // namespace kvtier::cache

@@ -268,12 +268,12 @@ ShardedPut::~ShardedPut() {
   Finish();
 }
 
-void ShardedPut::Write(const kvblock::BlockHash& hash, const std::string& record) {
+void ShardedPut::Write(const kvblock::BlockHash& hash, std::shared_ptr<const std::string> record) {
   if (targets_.shards.empty()) return;
   const size_t index = targets_.shard_of(hash);
   std::unique_ptr<PutStream>& s = streams_[index];
   if (s == nullptr && (s = targets_.shards[index]->Open(ns_, layout_, acting_for_)) == nullptr) return;
-  s->Write(hash, record);
+  s->Write(hash, std::move(record));
 }
 
 void ShardedPut::Flush() {

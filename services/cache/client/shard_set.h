@@ -138,8 +138,11 @@ class ShardedPut {
              std::string acting_for = {});
   ~ShardedPut();
 
-  // PutStream::Write to the shard of `hash`.
-  void Write(const kvblock::BlockHash& hash, const std::string& record);
+  // PutStream::Write to the shard of `hash`; the record is not copied.
+  void Write(const kvblock::BlockHash& hash, std::shared_ptr<const std::string> record);
+  void Write(const kvblock::BlockHash& hash, std::string record) {
+    Write(hash, std::make_shared<const std::string>(std::move(record)));
+  }
   void Flush();
   // Ends every stream; the hashes now stored (or that were already there).
   std::set<kvblock::BlockHash> Finish();
