@@ -2,7 +2,8 @@
 kustomization rendered with and without its components, each object valid
 against the Kubernetes schemas (npm's kubernetes-models), each workload
 keeping the security policy (policy.py), each container's flags known to
-its binary, and the image built as the manifests expect. Every check is
+its binary, the image built as the manifests expect, and its build context
+(.dockerignore). Every check is
 also shown failing on a manifest with the fault it looks for.
 KVTIER_BIN_DIR: where the built servers are."""
 import copy
@@ -168,3 +169,59 @@ def test_runtime_stage_installs_every_library_the_binaries_load():
         needed[package.split(":")[0]] = names[path]
     missing = {p: lib for p, lib in needed.items() if p not in installed | base_image}
     assert not missing, f"the runtime stage lacks {missing}"
+
+
+def docker_ignored(path, patterns):
+    """Whether Docker's (and podman's) .dockerignore `patterns` leave `path`
+    out of the build context: a pattern matches the path or one of its
+    parent directories; `**` spans directories, `*` and `?` stay within one."""
+    def regex(pattern):
+        out = ""
+        i = 0
+        while i < len(pattern):
+            if pattern.startswith("**/", i):
+                out += "(.*/)?"
+                i += 3
+            elif pattern.startswith("**", i):
+                out += ".*"
+                i += 2
+            elif pattern[i] == "*":
+                out += "[^/]*"
+                i += 1
+            elif pattern[i] == "?":
+                out += "[^/]"
+                i += 1
+            else:
+                out += re.escape(pattern[i])
+                i += 1
+        return re.compile(out)
+    compiled = [regex(p) for p in patterns]
+    parts = path.split("/")
+    prefixes = ["/".join(parts[:n]) for n in range(1, len(parts) + 1)]
+    return any(r.fullmatch(prefix) for r in compiled for prefix in prefixes)
+
+
+def dockerignore_patterns():
+    lines = (HERE.parents[1] / ".dockerignore").read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def test_image_context_leaves_out_build_outputs_and_keeps_every_tracked_file():
+    patterns = dockerignore_patterns()
+    for built in ["build/CMakeCache.txt", "build-asan/services/kvtier-cache", ".git/HEAD",
+                  "tests/deploy/node_modules/kubernetes-models/package.json",
+                  "clients/python/kvtier/__pycache__/client.cpython-311.pyc"]:
+        assert docker_ignored(built, patterns), built
+    tracked = subprocess.run(["git", "ls-files"], cwd=HERE.parents[1], capture_output=True, text=True, check=True)
+    left_out = [f for f in tracked.stdout.splitlines() if docker_ignored(f, patterns)]
+    assert not left_out, f"tracked files the image would not get: {left_out[:10]}"
+
+
+def test_dockerignore_matching_is_dockers():
+    # The matcher above, on patterns whose meaning Docker documents.
+    assert docker_ignored("build/x", ["build"])
+    assert not docker_ignored("services/build_info.h", ["build"])
+    assert docker_ignored("a/b/__pycache__/c.pyc", ["**/__pycache__"])
+    assert docker_ignored("__pycache__/c.pyc", ["**/__pycache__"])
+    assert not docker_ignored("a/build-x", ["build-*"])
+    assert docker_ignored("build-tsan/y", ["build-*"])
