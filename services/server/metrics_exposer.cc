@@ -22,7 +22,8 @@ absl::StatusOr<MetricsEndpoint> StartMetricsExposer(
   } catch (const std::exception& e) {
     // civetweb's own words ("null context when constructing CivetServer")
     // do not say why; bind(2) does.
-    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address, ": ", WhyCannotBind(address)));
+    return absl::UnavailableError(
+        absl::StrCat("--metrics-listen: cannot serve metrics on ", address, ": ", WhyCannotBind(address)));
   }
   for (const auto& c : collectables) exposer->RegisterCollectable(c);
   endpoint.process = std::make_shared<ProcessMetrics>(program);

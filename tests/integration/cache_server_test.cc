@@ -68,6 +68,17 @@ class CacheServerTest : public ::testing::Test {
   testing::SeededRng rng_;
 };
 
+// Without --metrics-listen the cache serves metrics on --listen's host,
+// never on every interface when gRPC is on one.
+TEST(CacheServerMetrics, FollowListensHostByDefault) {
+  ChildProcess cache(
+      {KVTIER_CACHE_BINARY, "--listen", "127.0.0.2:0", "--device-capacity", "16MiB", "--host-capacity", "16MiB"});
+  const std::optional<std::string> metrics = cache.WaitForLine("metrics on ");
+  ASSERT_TRUE(metrics.has_value());
+  EXPECT_EQ(metrics->substr(0, metrics->find('/')), "127.0.0.2:9464");
+  EXPECT_NE(ScrapeMetrics("127.0.0.2:9464").find("kvtier_cache_"), std::string::npos);
+}
+
 TEST_F(CacheServerTest, SixteenClientsReadBackEveryByteTheyWrote) {
   SCOPED_TRACE(rng_.Trace());
   constexpr int kClients = 16, kBlocksEach = 6;

@@ -1222,7 +1222,7 @@ TEST_F(ServingTest, EveryServerRefusesAPortAlreadyInUse) {
            " --kv-codec bf16",
        "cannot listen on " + taken + ": Address already in use"},
       {cache + " --listen 127.0.0.1:0 --metrics-listen " + cluster.cache_metrics[0],
-       "cannot serve metrics on " + cluster.cache_metrics[0] + ": Address already in use"},
+       "--metrics-listen: cannot serve metrics on " + cluster.cache_metrics[0] + ": Address already in use"},
   };
   for (const Case& c : cases) {
     // `timeout`: a server that took the port would otherwise serve on.

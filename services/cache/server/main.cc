@@ -31,9 +31,13 @@
 namespace kvtier::cache {
 namespace {
 
+// --metrics-listen's default: --listen's host, port 9464, so that metrics
+// are on every interface only where gRPC is.
+constexpr char kMetricsOnListenHost[] = "LISTEN-HOST:9464";
+
 struct Flags {
   std::string listen = "0.0.0.0:7070";
-  std::string metrics_listen = "0.0.0.0:9464";
+  std::string metrics_listen = kMetricsOnListenHost;
   std::string device_capacity;
   std::string host_capacity;
   std::string disk_dir;
@@ -134,7 +138,8 @@ absl::StatusOr<StoreOptions> ToStoreOptions(const Flags& f) {
   return o;
 }
 
-int Run(const Flags& f) {
+int Run(Flags f) {
+  if (f.metrics_listen == kMetricsOnListenHost) f.metrics_listen = f.listen.substr(0, f.listen.rfind(':')) + ":9464";
   for (const auto& [flag, address] : {std::pair{"--listen", f.listen}, {"--metrics-listen", f.metrics_listen}}) {
     if (address.empty() && std::string(flag) != "--listen") continue;
     if (absl::Status s = ValidateListenAddress(address); !s.ok()) {
@@ -243,7 +248,8 @@ int main(int argc, char** argv) {
                            "is host memory. SIZE: bytes or 512MiB, 4GiB, 4Gi, 1.5GiB.\n"
                            "Stops gracefully on SIGTERM.");
   flags.AddString("listen", &f.listen, "gRPC address HOST:PORT (port 0: any free port)");
-  flags.AddString("metrics-listen", &f.metrics_listen, "Prometheus /metrics address HOST:PORT; empty to disable");
+  flags.AddString("metrics-listen", &f.metrics_listen,
+                  "Prometheus /metrics address HOST:PORT (default: --listen's host, port 9464); empty to disable");
   flags.AddString("device-capacity", &f.device_capacity, "bytes of the device tier");
   flags.AddString("host-capacity", &f.host_capacity, "bytes of the host (CPU spill) tier");
   flags.AddString("disk-dir", &f.disk_dir, "directory of the disk tier; a restart finds its blocks again");
