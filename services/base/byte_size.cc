@@ -43,20 +43,27 @@ absl::StatusOr<uint64_t> ParseByteSize(const std::string& text) {
   }
   uint64_t value = 0;
   if (whole.empty() || !absl::SimpleAtoi(whole, &value)) return not_a_size;
-  // "", "B", or one of K, M, G, T followed by nothing, "I", "B" or "IB".
+  // "", "B", or one of K, M, G, T followed by "I" or "IB" (binary) or by
+  // nothing or "B" (decimal).
   const std::string unit = absl::AsciiStrToUpper(text.substr(at));
   const size_t letter = unit.empty() ? std::string::npos : std::string("KMGT").find(unit[0]);
   const std::string rest = letter == std::string::npos ? unit : unit.substr(1);
   if (rest != "" && rest != "B" && (letter == std::string::npos || (rest != "I" && rest != "IB"))) {
     return absl::InvalidArgumentError(
-        absl::StrCat("'", text, "' has an unknown unit (bytes, or K, M, G, T with or without i, iB, B)"));
+        absl::StrCat("'", text,
+                     "' has an unknown unit (bytes; KiB, MiB, GiB, TiB or Ki, Mi, Gi, Ti for powers of 1024; "
+                     "KB, MB, GB, TB or K, M, G, T for powers of 1000)"));
   }
-  const int shift = letter == std::string::npos ? 0 : 10 * static_cast<int>(letter + 1);
+  const bool binary = rest == "I" || rest == "IB";
+  absl::uint128 multiple = 1;
+  if (letter != std::string::npos) {
+    for (size_t i = 0; i <= letter; ++i) multiple *= binary ? 1024 : 1000;
+  }
   uint64_t scale = 1;
   for (size_t i = 0; i < fraction.size(); ++i) scale *= 10;
   uint64_t numerator = 0;
   if (!fraction.empty()) (void)absl::SimpleAtoi(fraction, &numerator);
-  const absl::uint128 bytes = (absl::uint128(value) << shift) + (absl::uint128(numerator) << shift) / scale;
+  const absl::uint128 bytes = absl::uint128(value) * multiple + absl::uint128(numerator) * multiple / scale;
   if (bytes > absl::uint128(UINT64_MAX)) return absl::InvalidArgumentError(absl::StrCat("'", text, "' is too large"));
   return static_cast<uint64_t>(bytes);
 }

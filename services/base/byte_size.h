@@ -10,9 +10,10 @@
 
 namespace kvtier {
 
-// "1073741824", "512MiB", "4GiB", "4Gi" (as Kubernetes writes it), "64K",
-// "1.5GiB": K, M, G and T are binary multiples, with or without "i", "iB"
-// or "B"; a fraction is rounded down to whole bytes.
+// "1073741824", "512MiB", "4GiB", "4Gi" (as Kubernetes writes it),
+// "1.5GiB", "4GB", "4G": with "i" or "iB", K, M, G and T are powers of 1024;
+// bare or with "B", powers of 1000 (as Kubernetes and disk makers mean
+// them). A fraction is rounded down to whole bytes.
 absl::StatusOr<uint64_t> ParseByteSize(const std::string& text);
 // ParseByteSize for the value of --`flag`, whose error names the flag.
 absl::StatusOr<uint64_t> ParseByteSizeFlag(const char* flag, const std::string& value);

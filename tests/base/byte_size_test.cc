@@ -12,9 +12,21 @@ namespace {
 
 TEST(ParseByteSize, TakesWhatOperatorsWrite) {
   const std::pair<std::string, uint64_t> cases[] = {
-      {"1073741824", 1073741824}, {"512MiB", 512ull << 20}, {"4GiB", 4ull << 30},  {"4Gi", 4ull << 30},
-      {"4G", 4ull << 30},         {"64K", 64ull << 10},     {"64kb", 64ull << 10}, {"1.5GiB", 3ull << 29},
-      {"0.5Mi", 512ull << 10},    {"2TiB", 2ull << 40},     {"10B", 10},           {"0.1KiB", 102},
+      {"1073741824", 1073741824},
+      {"512MiB", 512ull << 20},
+      {"4GiB", 4ull << 30},
+      {"4Gi", 4ull << 30},
+      {"4G", 4'000'000'000ull},
+      {"64K", 64'000},
+      {"64kb", 64'000},
+      {"1.5GiB", 3ull << 29},
+      {"1GB", 1'000'000'000},
+      {"1.5TB", 1'500'000'000'000ull},
+      {"2ki", 2048},
+      {"0.5Mi", 512ull << 10},
+      {"2TiB", 2ull << 40},
+      {"10B", 10},
+      {"0.1KiB", 102},
   };
   for (const auto& [text, bytes] : cases) {
     absl::StatusOr<uint64_t> parsed = ParseByteSize(text);
@@ -30,6 +42,7 @@ TEST(ParseByteSize, RefusesWhatIsNotASizeAndSaysWhy) {
       {"4PiB", "unknown unit"},     {"4iB", "unknown unit"},
       {"4 GiB", "unknown unit"},    {"-4GiB", "not a size"},
       {"16777216TiB", "too large"}, {"99999999999999999999", "not a size"},
+      {"4GIBB", "powers of 1024"},  {"4Gb2", "powers of 1000"},
   };
   for (const auto& [text, why] : cases) {
     absl::StatusOr<uint64_t> parsed = ParseByteSize(text);
