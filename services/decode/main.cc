@@ -26,7 +26,7 @@ int Run(const Flags& f) {
   DecodeService service(s->model.get(), s->model_id, s->shards.get(), s->registry.get(),
                         {.max_batch = f.max_batch, .max_sequences = f.max_sequences});
   return serving::ServeUntilSignal(
-      program, f.server, &service, s->tenants.get(),
+      program, f.server, &service, v1::Decode::service_full_name(), s->tenants.get(),
       absl::StrCat("model ", s->model_id, ", ", s->shards->size(), " cache shard(s), batches of up to ", f.max_batch));
 }
 

@@ -60,7 +60,7 @@ int Run(const Flags& f) {
       });
   if (!discovery.ok()) return usage(absl::StrCat("--decode: ", discovery.status().message()));
   return serving::ServeUntilSignal(
-      program, f.server, &service, s->tenants.get(),
+      program, f.server, &service, v1::Prefill::service_full_name(), s->tenants.get(),
       absl::StrCat("model ", s->model_id, ", latents in ", f.kv_codec, ", blocks of ", f.tokens_per_block, ", ",
                    s->shards->size(), " cache shard(s), ", decoders.load(), " decode worker(s)"));
 }

@@ -15,6 +15,30 @@
 #include "services/server/unparsed_request_interceptor.h"
 
 namespace kvtier {
+namespace {
+
+// A call to a method this server does not have gets UNIMPLEMENTED saying
+// which server it reached, where gRPC's own answer has no message: a client
+// pointed at the wrong port learns what answered.
+class UnknownMethods final : public grpc::CallbackGenericService {
+ public:
+  explicit UnknownMethods(std::string what) : what_(std::move(what)) {}
+
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* context) override {
+    class Refusal final : public grpc::ServerGenericBidiReactor {
+     public:
+      explicit Refusal(const grpc::Status& status) { Finish(status); }
+      void OnDone() override { delete this; }
+    };
+    return new Refusal(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                    absl::StrCat(context->method(), " is not served here: this is ", what_)));
+  }
+
+ private:
+  const std::string what_;
+};
+
+}  // namespace
 
 void BlockShutdownSignals() {
   sigset_t set;
@@ -57,6 +81,8 @@ absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(const ServerOp
   quota.Resize(static_cast<size_t>(options.memory_quota_bytes));
   builder.SetResourceQuota(quota);
   for (grpc::Service* service : services) builder.RegisterService(service);
+  auto unknown = std::make_unique<UnknownMethods>(options.what);
+  builder.RegisterCallbackGenericService(unknown.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(
@@ -88,7 +114,7 @@ absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(const ServerOp
                      options.tls.require_client_certificate ? ", client certificates required" : ""));
   }
   return std::unique_ptr<ServerRunner>(
-      new ServerRunner(std::move(server), std::move(health), port, options.shutdown_grace));
+      new ServerRunner(std::move(unknown), std::move(server), std::move(health), port, options.shutdown_grace));
 }
 
 ServerRunner::~ServerRunner() { Shutdown(); }

@@ -6,6 +6,7 @@
 #ifndef KVTIER_SERVICES_SERVER_SERVER_RUNNER_H_
 #define KVTIER_SERVICES_SERVER_SERVER_RUNNER_H_
 
+#include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
 
 #include <cstdint>
@@ -34,6 +35,9 @@ struct ServerOptions {
   // A plaintext port serving only grpc.health.v1 (kubelet's gRPC probes
   // speak no TLS); empty: none.
   std::string health_listen;
+  // What this server is, for a call to a method it does not serve
+  // ("kvtier-cache, which serves kvtier.v1.KvCache").
+  std::string what = "this kvtier server";
 };
 
 // Blocks SIGTERM and SIGINT in this thread and every thread it creates, so
@@ -60,10 +64,16 @@ class ServerRunner {
   void Shutdown();
 
  private:
-  ServerRunner(std::unique_ptr<grpc::Server> server, std::unique_ptr<grpc::Server> health, int port,
-               absl::Duration grace)
-      : server_(std::move(server)), health_(std::move(health)), port_(port), grace_(grace) {}
+  ServerRunner(std::unique_ptr<grpc::CallbackGenericService> unknown, std::unique_ptr<grpc::Server> server,
+               std::unique_ptr<grpc::Server> health, int port, absl::Duration grace)
+      : unknown_(std::move(unknown)),
+        server_(std::move(server)),
+        health_(std::move(health)),
+        port_(port),
+        grace_(grace) {}
 
+  // Answers calls to methods the server does not have (server_runner.cc).
+  std::unique_ptr<grpc::CallbackGenericService> unknown_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<grpc::Server> health_;  // null without health_listen
   int port_;

@@ -124,12 +124,13 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
 }
 
 int ServeUntilSignal(const std::string& program, const ModelServerFlags& flags, grpc::Service* service,
-                     TenantRegistry* tenants, const std::string& ready) {
+                     const char* service_name, TenantRegistry* tenants, const std::string& ready) {
   ServerOptions options;
   options.listen = flags.listen;
   options.tls = flags.security.Tls();
   options.health_listen = flags.security.health_listen;
   options.tenants = tenants;
+  options.what = absl::StrCat(program, ", which serves ", service_name);
   absl::StatusOr<std::unique_ptr<ServerRunner>> server = ServerRunner::Start(options, {service});
   if (!server.ok()) return ExitWith(program, server.status());
   std::cerr << program << ": " << ready << std::endl;

@@ -70,11 +70,12 @@ struct ModelServer {
 // <prefix>_cache_shards{state} and <prefix>_record_pool_bytes{state}.
 absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const ModelServerFlags& flags);
 
-// Serves `service` on the flags' --listen (over --tls-dir's TLS) to the
-// callers `tenants` admits (null: all) until SIGTERM: logs `ready` once
-// listening and "<program>: stopped" at the end; the exit code for main.
+// Serves `service` (`service_name`, e.g. kvtier.v1.Prefill) on the flags'
+// --listen (over --tls-dir's TLS) to the callers `tenants` admits (null:
+// all) until SIGTERM: logs `ready` once listening and "<program>: stopped"
+// at the end; the exit code for main.
 int ServeUntilSignal(const std::string& program, const ModelServerFlags& flags, grpc::Service* service,
-                     TenantRegistry* tenants, const std::string& ready);
+                     const char* service_name, TenantRegistry* tenants, const std::string& ready);
 
 // What a decode worker or prefill node answers to Info (info.proto):
 // "<program> <version>", the model, `layouts` (layout ids set where their

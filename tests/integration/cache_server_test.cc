@@ -18,6 +18,7 @@
 #include <random>
 #include <thread>
 
+#include "kvtier/v1/prefill.grpc.pb.h"
 #include "services/base/child_process.h"
 #include "services/base/metrics_page.h"
 #include "services/cache/client/cache_client.h"
@@ -77,6 +78,23 @@ TEST(CacheServerMetrics, FollowListensHostByDefault) {
   ASSERT_TRUE(metrics.has_value());
   EXPECT_EQ(metrics->substr(0, metrics->find('/')), "127.0.0.2:9464");
   EXPECT_NE(ScrapeMetrics("127.0.0.2:9464").find("kvtier_cache_"), std::string::npos);
+}
+
+// A call meant for another service says which server answered, where
+// gRPC's own UNIMPLEMENTED has no message.
+TEST_F(CacheServerTest, ACallToAnotherServiceSaysWhatAnswered) {
+  auto prefill = v1::Prefill::NewStub(channel_);
+  grpc::ClientContext context;
+  v1::GenerateRequest request;
+  request.add_prompt_token_ids(1);
+  auto reader = prefill->Generate(&context, request);
+  v1::GenerateResponse ignored;
+  while (reader->Read(&ignored)) {
+  }
+  const grpc::Status status = reader->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_EQ(status.error_message(),
+            "/kvtier.v1.Prefill/Generate is not served here: this is kvtier-cache, which serves kvtier.v1.KvCache");
 }
 
 TEST_F(CacheServerTest, SixteenClientsReadBackEveryByteTheyWrote) {

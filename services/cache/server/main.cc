@@ -205,6 +205,7 @@ int Run(Flags f) {
   server_options.tls = f.security.Tls();
   server_options.health_listen = f.security.health_listen;
   server_options.tenants = tenants->get();
+  server_options.what = "kvtier-cache, which serves kvtier.v1.KvCache";
   absl::StatusOr<std::unique_ptr<ServerRunner>> server = ServerRunner::Start(server_options, {&service});
   if (!server.ok()) {
     std::cerr << "kvtier-cache: " << server.status().message() << "\n";
