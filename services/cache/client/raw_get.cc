@@ -5,76 +5,18 @@
 #include <grpcpp/support/async_stream.h>
 #include <grpcpp/support/byte_buffer.h>
 
-#include <cstring>
 #include <deque>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "services/base/wire_reader.h"
 
 namespace kvtier::cache {
 namespace {
 
 constexpr char kGetMethod[] = "/kvtier.v1.KvCache/Get";
-
-// Reads bytes across a message's slices in order.
-class SliceCursor {
- public:
-  explicit SliceCursor(const std::vector<grpc::Slice>& slices) : slices_(slices) {
-    for (const grpc::Slice& slice : slices) left_ += slice.size();
-  }
-
-  // Bytes not read yet.
-  size_t remaining() const { return left_; }
-
-  bool done() {
-    Skip();
-    return slice_ == slices_.size();
-  }
-  bool ReadByte(uint8_t& b) {
-    Skip();
-    if (slice_ == slices_.size()) return false;
-    b = slices_[slice_].begin()[offset_++];
-    --left_;
-    return true;
-  }
-  bool ReadVarint(uint64_t& v) {
-    v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
-      uint8_t b;
-      if (!ReadByte(b)) return false;
-      v |= uint64_t{b & 0x7fu} << shift;
-      if ((b & 0x80) == 0) return true;
-    }
-    return false;
-  }
-  // Copies `n` bytes to `out` (or skips them when out is null).
-  bool Read(size_t n, uint8_t* out) {
-    while (n > 0) {
-      Skip();
-      if (slice_ == slices_.size()) return false;
-      const size_t take = std::min(n, slices_[slice_].size() - offset_);
-      if (out != nullptr) {
-        std::memcpy(out, slices_[slice_].begin() + offset_, take);
-        out += take;
-      }
-      offset_ += take;
-      left_ -= take;
-      n -= take;
-    }
-    return true;
-  }
-
- private:
-  void Skip() {
-    while (slice_ < slices_.size() && offset_ == slices_[slice_].size()) ++slice_, offset_ = 0;
-  }
-  const std::vector<grpc::Slice>& slices_;
-  size_t slice_ = 0;
-  size_t offset_ = 0;
-  size_t left_ = 0;
-};
 
 // Answers received but not landed yet. The receiving thread waits while
 // kAhead are waiting, so a slow caller pauses the stream (and with it the
@@ -193,7 +135,9 @@ absl::Status ParseRawGetResponse(grpc::ByteBuffer& buffer, const RecordDestinati
   std::vector<grpc::Slice> slices;
   if (!buffer.Dump(&slices).ok()) return absl::InternalError("cannot read a Get answer");
   block = RawBlock();
-  SliceCursor in(slices);
+  std::vector<std::span<const uint8_t>> pieces;
+  for (const grpc::Slice& slice : slices) pieces.emplace_back(slice.begin(), slice.size());
+  WireReader in(pieces);
   // Fields come in number order (protobuf's own order; proto3 leaves out an
   // index of 0), so the index, if any, comes before the record and says
   // where it lands. An index after the record, or a second index or
@@ -202,11 +146,11 @@ absl::Status ParseRawGetResponse(grpc::ByteBuffer& buffer, const RecordDestinati
   bool have_index = false, have_data = false;
   while (!in.done()) {
     uint64_t tag, length;
-    if (!in.ReadVarint(tag)) return absl::InternalError("truncated Get answer");
+    if (!in.Varint(tag)) return absl::InternalError("truncated Get answer");
     const int field = static_cast<int>(tag >> 3), type = static_cast<int>(tag & 7);
     if (type == 0) {
       uint64_t v;
-      if (!in.ReadVarint(v)) return absl::InternalError("truncated Get answer");
+      if (!in.Varint(v)) return absl::InternalError("truncated Get answer");
       if (field == v1::GetResponse::kIndexFieldNumber) {
         if (have_index || have_data) return absl::InternalError("Get answer with its index twice or after its record");
         block.index = static_cast<uint32_t>(v);
@@ -215,7 +159,7 @@ absl::Status ParseRawGetResponse(grpc::ByteBuffer& buffer, const RecordDestinati
       if (field == v1::GetResponse::kTierFieldNumber) block.tier = static_cast<v1::Tier>(v);
       continue;
     }
-    if (type != 2 || !in.ReadVarint(length)) return absl::InternalError("malformed Get answer");
+    if (type != 2 || !in.Varint(length)) return absl::InternalError("malformed Get answer");
     if (length > in.remaining()) return absl::InternalError("truncated Get answer");
     if (field == v1::GetResponse::kDataFieldNumber) {
       if (have_data) return absl::InternalError("Get answer with two records");
