@@ -279,7 +279,7 @@ class PrefillService::DecodeCall final : public grpc::ClientReadReactor<v1::Deco
     call->self_ = call;
     call->context_ = grpc::ClientContext::FromCallbackServerContext(server_context);
     if (!acting_for.empty()) call->context_->AddMetadata(kActingForMetadata, acting_for);
-    call->watched_ = stalls.Watch(call->context_.get());
+    call->watched_ = stalls.Watch(call, call->context_.get());
     stub.async()->Decode(call->context_.get(), &request, call.get());
     return call;
   }

@@ -1,6 +1,7 @@
 #include "services/prefill/stall_watch.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/time/clock.h"
 
@@ -18,17 +19,21 @@ bool StallWatch::Watched::fired() {
 
 void StallWatch::Watched::Stop() {
   absl::MutexLock lock(&mu_);
-  call_ = nullptr;
+  stopped_ = true;
 }
 
-bool StallWatch::Watched::CancelIfIdleSince(absl::Time cutoff) {
+bool StallWatch::Watched::over() {
   absl::MutexLock lock(&mu_);
-  if (call_ == nullptr) return false;
-  if (last_ >= cutoff) return true;
-  fired_ = true;
-  call_->TryCancel();
-  call_ = nullptr;
-  return false;
+  return stopped_ || fired_;
+}
+
+void StallWatch::Watched::CancelIfIdleSince(absl::Time cutoff) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_ || fired_ || last_ >= cutoff) return;
+    fired_ = true;
+  }
+  if (std::shared_ptr<void> alive = owner_.lock()) call_->TryCancel();
 }
 
 StallWatch::StallWatch(absl::Duration idle) : idle_(idle), thread_([this] { Loop(); }) {}
@@ -38,8 +43,8 @@ StallWatch::~StallWatch() {
   thread_.join();
 }
 
-std::shared_ptr<StallWatch::Watched> StallWatch::Watch(grpc::ClientContext* call) {
-  std::shared_ptr<Watched> watched(new Watched(call, absl::Now()));
+std::shared_ptr<StallWatch::Watched> StallWatch::Watch(std::weak_ptr<void> owner, grpc::ClientContext* call) {
+  std::shared_ptr<Watched> watched(new Watched(std::move(owner), call, absl::Now()));
   absl::MutexLock lock(&mu_);
   watched_.push_back(watched);
   return watched;
@@ -54,15 +59,12 @@ void StallWatch::Loop() {
       absl::MutexLock lock(&mu_);
       watched = watched_;
     }
+    // Without mu_: a cancelled call may end inline, and its stream open
+    // the next, watched here.
     const absl::Time cutoff = absl::Now() - idle_;
-    std::vector<Watched*> done;
-    for (const std::shared_ptr<Watched>& w : watched) {
-      if (!w->CancelIfIdleSince(cutoff)) done.push_back(w.get());
-    }
+    for (const std::shared_ptr<Watched>& w : watched) w->CancelIfIdleSince(cutoff);
     absl::MutexLock lock(&mu_);
-    std::erase_if(watched_, [&](const std::shared_ptr<Watched>& w) {
-      return std::find(done.begin(), done.end(), w.get()) != done.end();
-    });
+    std::erase_if(watched_, [](const std::shared_ptr<Watched>& w) { return w->over(); });
   }
 }
 

@@ -20,8 +20,8 @@ namespace kvtier::prefill {
 
 class StallWatch {
  public:
-  // One call's watch: Progress() as it makes some; Stop() before its
-  // context goes. Thread-safe.
+  // One call's watch: Progress() as it makes some; Stop() when it ends.
+  // Thread-safe.
   class Watched {
    public:
     void Progress();
@@ -31,15 +31,20 @@ class StallWatch {
 
    private:
     friend class StallWatch;
-    Watched(grpc::ClientContext* call, absl::Time now) : call_(call), last_(now) {}
-    // Cancels the call if it has been idle since before `cutoff`; false
-    // once it is stopped or fired (nothing more to watch).
-    bool CancelIfIdleSince(absl::Time cutoff);
+    Watched(std::weak_ptr<void> owner, grpc::ClientContext* call, absl::Time now)
+        : owner_(std::move(owner)), call_(call), last_(now) {}
+    // Cancels the call if it has been idle since before `cutoff`. Outside
+    // mu_, its owner held: cancelling may end the call at once, inline.
+    void CancelIfIdleSince(absl::Time cutoff);
+    // Stopped or fired: nothing more to watch.
+    bool over();
 
+    const std::weak_ptr<void> owner_;  // keeps call_ alive while it is cancelled
+    grpc::ClientContext* const call_;
     absl::Mutex mu_;
-    grpc::ClientContext* call_ ABSL_GUARDED_BY(mu_);  // null once stopped
     absl::Time last_ ABSL_GUARDED_BY(mu_);
     bool fired_ ABSL_GUARDED_BY(mu_) = false;
+    bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   };
 
   explicit StallWatch(absl::Duration idle);
@@ -47,8 +52,9 @@ class StallWatch {
   StallWatch(const StallWatch&) = delete;
   StallWatch& operator=(const StallWatch&) = delete;
 
-  // Watches `call` from now until the Watched is stopped.
-  std::shared_ptr<Watched> Watch(grpc::ClientContext* call);
+  // Watches `call`, which `owner` keeps alive, from now until the Watched
+  // is stopped.
+  std::shared_ptr<Watched> Watch(std::weak_ptr<void> owner, grpc::ClientContext* call);
 
  private:
   void Loop();
