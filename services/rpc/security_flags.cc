@@ -1,5 +1,7 @@
 #include "services/rpc/security_flags.h"
 
+#include "absl/strings/str_cat.h"
+#include "services/base/status.h"
 #include "services/rpc/client_identity.h"
 
 namespace kvtier {
@@ -9,7 +11,7 @@ void SecurityFlags::Register(FlagParser& flags, bool serves, bool calls) {
                   "TLS for every gRPC call: a directory with ca.crt, tls.crt and tls.key (a Kubernetes TLS "
                   "Secret; a client needs only ca.crt, and presents tls.crt when it has one); reloaded when they "
                   "change. Empty: plaintext");
-  flags.AddUint("reload-seconds", &reload_seconds, "how often the TLS files and the tenants file are checked");
+  flags.AddUint("reload-seconds", &reload_seconds, "how often the TLS files and the tenants file are checked (1 to 86400)");
   if (calls) {
     flags.AddString("token-file", &token_file,
                     "a file whose first line is the bearer token this process's calls carry (to servers run "
@@ -32,11 +34,21 @@ TlsOptions SecurityFlags::Tls() const {
           .reload_seconds = static_cast<unsigned>(reload_seconds)};
 }
 
+absl::Status SecurityFlags::CheckReload() const {
+  if (reload_seconds < 1 || reload_seconds > kMostReloadSeconds) {
+    return absl::InvalidArgumentError(absl::StrCat("--reload-seconds ", reload_seconds, ": must be 1 to ",
+                                                   kMostReloadSeconds, " (a day)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SecurityFlags::ApplyToClients() const {
+  KVTIER_RETURN_IF_ERROR(CheckReload());
   return SetClientIdentity({.tls = Tls(), .token_file = token_file});
 }
 
 absl::StatusOr<std::unique_ptr<TenantRegistry>> SecurityFlags::OpenTenants() const {
+  KVTIER_RETURN_IF_ERROR(CheckReload());
   return TenantRegistry::Open(tenants, absl::Seconds(static_cast<int64_t>(reload_seconds)));
 }
 

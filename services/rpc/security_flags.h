@@ -34,6 +34,12 @@ struct SecurityFlags {
   absl::Status ApplyToClients() const;
   // The tenant registry of a server.
   absl::StatusOr<std::unique_ptr<TenantRegistry>> OpenTenants() const;
+
+ private:
+  static constexpr uint64_t kMostReloadSeconds = 86400;
+  // INVALID_ARGUMENT unless --reload-seconds is in range (0 would check
+  // the files in a busy loop).
+  absl::Status CheckReload() const;
 };
 
 }  // namespace kvtier

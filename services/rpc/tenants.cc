@@ -3,18 +3,16 @@
 #include <google/protobuf/util/json_util.h>
 #include <grpc/grpc_security_constants.h>
 #include <openssl/crypto.h>
-#include <sys/stat.h>
 
 #include <array>
-#include <fstream>
 #include <optional>
-#include <sstream>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "services/base/log.h"
+#include "services/base/watched_file.h"
 #include "services/kvblock/sha256.h"
 
 namespace kvtier {
@@ -28,22 +26,6 @@ bool IsLowerHex(const std::string& s) {
     if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
   }
   return true;
-}
-
-// The file's inode, size and modification time: what changes when it is
-// rewritten or (as Kubernetes does for a mounted Secret) replaced.
-std::string Signature(const std::string& path) {
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0) return "";
-  return absl::StrCat(st.st_ino, ":", st.st_size, ":", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
-}
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat("--tenants: cannot read ", path));
-  std::stringstream bytes;
-  bytes << in.rdbuf();
-  return bytes.str();
 }
 
 std::string Bearer(const grpc::ServerContextBase& context) {
@@ -184,9 +166,9 @@ absl::StatusOr<std::unique_ptr<TenantRegistry>> TenantRegistry::Open(const std::
     everyone->callers.push_back(std::make_shared<Caller>());
     return std::unique_ptr<TenantRegistry>(new TenantRegistry("", reload, everyone, ""));
   }
-  const std::string signature = Signature(path);
-  absl::StatusOr<std::string> json = ReadFile(path);
-  if (!json.ok()) return json.status();
+  const std::string signature = FileSignature(path);
+  absl::StatusOr<std::string> json = ReadWholeFile(path);
+  if (!json.ok()) return absl::InvalidArgumentError(absl::StrCat("--tenants: ", json.status().message()));
   absl::StatusOr<v1::TenantsFile> file = ParseTenantsFile(*json);
   if (!file.ok()) return absl::InvalidArgumentError(absl::StrCat("--tenants ", path, ": ", file.status().message()));
   Log(LogLevel::kInfo, "auth", absl::StrCat(file->tenants_size(), " tenants from ", path));
@@ -218,13 +200,13 @@ void TenantRegistry::Watch() {
 
 void TenantRegistry::ReloadIfChanged() {
   if (path_.empty()) return;
-  const std::string signature = Signature(path_);
+  const std::string signature = FileSignature(path_);
   {
     absl::MutexLock lock(&mu_);
     if (signature == signature_) return;
     signature_ = signature;  // a bad file is said once, not every check
   }
-  absl::StatusOr<std::string> json = ReadFile(path_);
+  absl::StatusOr<std::string> json = ReadWholeFile(path_);
   absl::StatusOr<v1::TenantsFile> file = json.ok() ? ParseTenantsFile(*json) : json.status();
   if (!file.ok()) {
     Log(LogLevel::kError, "auth",

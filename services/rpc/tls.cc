@@ -2,36 +2,26 @@
 
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
-#include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
-
-#include "absl/strings/str_cat.h"
+#include "services/base/status.h"
+#include "services/rpc/tls_files.h"
 
 namespace kvtier {
 namespace {
 
-std::string InDir(const std::string& dir, const char* name) { return absl::StrCat(dir, "/", name); }
+// gRPC reads the checked copies (tls_files.h) often: they are in memory,
+// and only change when a whole new set has been checked.
+constexpr unsigned kCopiesReadSeconds = 1;
 
-absl::Status Readable(const std::string& path) {
-  if (access(path.c_str(), R_OK) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--tls-dir: cannot read ", path, ": ", std::strerror(errno)));
-  }
-  return absl::OkStatus();
-}
+absl::Duration Reload(const TlsOptions& options) { return absl::Seconds(options.reload_seconds); }
 
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const TlsOptions& options) {
   if (options.dir.empty()) return grpc::InsecureServerCredentials();
-  const std::string ca = InDir(options.dir, "ca.crt"), cert = InDir(options.dir, "tls.crt"),
-                    key = InDir(options.dir, "tls.key");
-  for (const std::string& path : {ca, cert, key}) {
-    if (absl::Status s = Readable(path); !s.ok()) return s;
-  }
-  auto provider =
-      std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(key, cert, ca, options.reload_seconds);
+  KVTIER_ASSIGN_OR_RETURN(TlsFiles * files, TlsFiles::Shared(options.dir, /*need_identity=*/true, Reload(options)));
+  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      files->identity_path(), files->identity_path(), files->ca_path(), kCopiesReadSeconds);
   grpc::experimental::TlsServerCredentialsOptions tls(provider);
   tls.watch_root_certs();
   tls.watch_identity_key_cert_pairs();
@@ -43,18 +33,16 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const
 
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const TlsOptions& options) {
   if (options.dir.empty()) return grpc::InsecureChannelCredentials();
-  const std::string ca = InDir(options.dir, "ca.crt"), cert = InDir(options.dir, "tls.crt"),
-                    key = InDir(options.dir, "tls.key");
-  if (absl::Status s = Readable(ca); !s.ok()) return s;
-  const bool identity = access(cert.c_str(), R_OK) == 0 && access(key.c_str(), R_OK) == 0;
-  auto provider =
-      identity
-          ? std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(key, cert, ca, options.reload_seconds)
-          : std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(ca, options.reload_seconds);
+  KVTIER_ASSIGN_OR_RETURN(TlsFiles * files, TlsFiles::Shared(options.dir, /*need_identity=*/false, Reload(options)));
+  auto provider = files->has_identity()
+                      ? std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+                            files->identity_path(), files->identity_path(), files->ca_path(), kCopiesReadSeconds)
+                      : std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(files->ca_path(),
+                                                                                            kCopiesReadSeconds);
   grpc::experimental::TlsChannelCredentialsOptions tls;
   tls.set_certificate_provider(provider);
   tls.watch_root_certs();
-  if (identity) tls.watch_identity_key_cert_pairs();
+  if (files->has_identity()) tls.watch_identity_key_cert_pairs();
   return grpc::experimental::TlsCredentials(tls);
 }
 

@@ -1,9 +1,10 @@
 // TLS for kvtier's gRPC servers and channels, from a directory laid out as
 // a Kubernetes TLS Secret (what cert-manager writes): ca.crt, the CA that
 // signs peers' certificates; tls.crt, this process's certificate chain;
-// tls.key, its private key. gRPC's own TLS (its file-watcher certificate
-// provider) reads them, and reads them again when they change, so a
-// rotated certificate is used by new connections without a restart.
+// tls.key, its private key. They are read again when they change, so a
+// rotated certificate is used by new connections without a restart; a
+// version that is not whole is refused and the last good one kept
+// (tls_files.h). gRPC's own TLS serves them.
 #ifndef KVTIER_SERVICES_RPC_TLS_H_
 #define KVTIER_SERVICES_RPC_TLS_H_
 
@@ -27,7 +28,8 @@ struct TlsOptions {
 };
 
 // Credentials for a server: plaintext when options.dir is empty.
-// INVALID_ARGUMENT naming the file when one is missing or unreadable.
+// INVALID_ARGUMENT naming the file when one is missing, unreadable or not
+// whole (a key that is not the certificate's included).
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const TlsOptions& options);
 
 // Credentials for a channel: trusts ca.crt and presents tls.crt when the

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "services/base/version.h"
+#include "services/rpc/tls_files.h"
 #include "services/server/metric_family.h"
 
 namespace kvtier {
@@ -57,7 +58,33 @@ std::vector<prometheus::MetricFamily> ProcessMetrics::Collect() const {
       out.push_back(std::move(cpu));
     }
   }
+  AddTlsFiles(out);
   return out;
+}
+
+void AddTlsFiles(std::vector<prometheus::MetricFamily>& out) {
+  const std::vector<TlsFiles::Health> all = TlsFiles::SharedHealth();
+  if (all.empty()) return;
+  prometheus::MetricFamily rejected =
+      Family("kvtier_tls_files_rejected_total",
+             "Versions of --tls-dir's files refused (not whole: no key, no certificate, or a certificate that is not "
+             "the key's); the last good ones stayed in force.",
+             prometheus::MetricType::Counter);
+  prometheus::MetricFamily in_force =
+      Family("kvtier_tls_files_in_force",
+             "1 when what --tls-dir's files hold now is served; 0 while they are refused and the last good ones are.",
+             prometheus::MetricType::Gauge);
+  prometheus::MetricFamily expiry = Family("kvtier_tls_certificate_expiry_timestamp_seconds",
+                                           "When the served certificate expires, Unix seconds.",
+                                           prometheus::MetricType::Gauge);
+  for (const TlsFiles::Health& h : all) {
+    AddSample(rejected, static_cast<double>(h.rejected), {{"dir", h.dir}});
+    AddSample(in_force, h.in_force ? 1 : 0, {{"dir", h.dir}});
+    if (h.not_after != 0) AddSample(expiry, static_cast<double>(h.not_after), {{"dir", h.dir}});
+  }
+  out.push_back(std::move(rejected));
+  out.push_back(std::move(in_force));
+  if (!expiry.metric.empty()) out.push_back(std::move(expiry));
 }
 
 }  // namespace kvtier

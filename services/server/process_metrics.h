@@ -2,7 +2,8 @@
 // scrape time: kvtier_build_info{program,version} (always 1), and the
 // process's resident memory, open descriptors and CPU seconds under the
 // names Prometheus's own clients use (process_resident_memory_bytes,
-// process_open_fds, process_cpu_seconds_total).
+// process_open_fds, process_cpu_seconds_total); with --tls-dir, the TLS
+// files' health (AddTlsFiles).
 #ifndef KVTIER_SERVICES_SERVER_PROCESS_METRICS_H_
 #define KVTIER_SERVICES_SERVER_PROCESS_METRICS_H_
 
@@ -25,6 +26,11 @@ class ProcessMetrics final : public prometheus::Collectable {
   const std::string program_;
   const std::string proc_;
 };
+
+// kvtier_tls_files_rejected_total, kvtier_tls_files_in_force and
+// kvtier_tls_certificate_expiry_timestamp_seconds for each --tls-dir in use
+// (TlsFiles::SharedHealth); nothing when there is none.
+void AddTlsFiles(std::vector<prometheus::MetricFamily>& out);
 
 }  // namespace kvtier
 

@@ -6,11 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <iterator>
 #include <memory>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -109,15 +112,16 @@ const TestTenant kAcme{"acme", "WRITER", "acme", "acme-token-91c2", "acme.client
 const TestTenant kGlobex{"globex", "WRITER", "globex", "globex-token-44d0"};
 const TestTenant kAuditor{"auditor", "READER", "acme", "auditor-token-0b17"};
 
-// A TLS directory or tenants file that cannot be used stops the server at
-// once, exit 2, saying which file and why.
+// A TLS directory or tenants file that cannot be used, or a reload period
+// that would spin, stops the server at once, exit 2, saying which and why.
 TEST_F(SecurityTest, UnusableTlsOrTenantsFilesAreUsageErrors) {
   const fs::path bad = Dir("bad-tenants.json");
   std::ofstream(bad) << R"({"tenants": [{"name": "x", "namespaces": ["x"], "tokenSha256": ["00"]}]})";
   for (const auto& [flags, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--tls-dir", Dir("missing").string()}, "cannot read " + (Dir("missing") / "ca.crt").string()},
            {{"--tenants", bad.string()}, "no role"},
-           {{"--tenants", Dir("missing.json").string()}, "cannot read"}}) {
+           {{"--tenants", Dir("missing.json").string()}, "cannot read"},
+           {{"--reload-seconds", "0"}, "--reload-seconds 0: must be 1 to 86400"}}) {
     std::string command = std::string(KVTIER_CACHE_BINARY) +
                           " --listen 127.0.0.1:0 --metrics-listen '' --device-capacity 16MiB --host-capacity 16MiB";
     for (const std::string& f : flags) command += " " + f;
@@ -264,6 +268,71 @@ TEST_F(SecurityTest, RotatedCertificatesServeNewConnectionsWhileOpenStreamsFinis
   while (reader->Read(&response)) ++read;
   EXPECT_TRUE(reader->Finish().ok());
   EXPECT_EQ(read, blocks.size()) << "the stream open across the rotation lost blocks";
+}
+
+// Files under a running cache that are not a whole certificate and key
+// (an empty key, an empty certificate renamed in, a garbage certificate, the
+// new certificate beside the old key) are refused, counted and logged; the
+// cache keeps serving new connections with the last good pair, and takes
+// the new pair once it is whole.
+TEST_F(SecurityTest, TlsFilesThatAreNotWholeKeepTheLastGoodPairServing) {
+  const fs::path live = Dir("rotating-badly");
+  fs::create_directories(live);
+  for (const char* f : {"ca.crt", "tls.crt", "tls.key"}) {
+    fs::copy_file(Dir("server") / f, live / f, fs::copy_options::overwrite_existing);
+  }
+  std::string metrics;
+  const std::string target = StartCache({"--tls-dir", live.string()}, &metrics);
+  ASSERT_FALSE(target.empty());
+  const std::string rejected = absl::StrCat("kvtier_tls_files_rejected_total{dir=\"", live.string(), "\"}");
+  const std::string in_force = absl::StrCat("kvtier_tls_files_in_force{dir=\"", live.string(), "\"}");
+  EXPECT_EQ(MetricValue(ScrapeMetrics(metrics), in_force), 1);
+  auto contents = [](const fs::path& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string old_key = contents(Dir("server") / "tls.key");
+  const std::vector<std::pair<std::string, std::function<void()>>> bad = {
+      {"tls.key truncated in place", [&] { std::ofstream(live / "tls.key", std::ios::trunc); }},
+      {"an empty tls.crt renamed in",
+       [&] {
+         WriteAtomically(live / "tls.key", old_key);
+         WriteAtomically(live / "tls.crt", "");
+       }},
+      {"a garbage tls.crt", [&] { WriteAtomically(live / "tls.crt", "-----BEGIN CERTIFICATE-----\nnot one\n"); }},
+      {"the new tls.crt beside the old tls.key", [&] { WriteAtomically(live / "tls.crt", contents(Dir("server-2") / "tls.crt")); }},
+  };
+  double refused = 0;
+  for (const auto& [what, change] : bad) {
+    change();
+    ++refused;
+    EXPECT_TRUE(testing::Eventually([&] { return MetricValue(ScrapeMetrics(metrics), rejected) >= refused; },
+                                    std::chrono::seconds(10)))
+        << what << ": not refused";
+    const std::string page = ScrapeMetrics(metrics);
+    EXPECT_EQ(MetricValue(page, in_force), 0) << what;
+    EXPECT_EQ(ServedCommonName(target, Dir("trust")), "cache-1") << what << ": new connections lost the last good pair";
+  }
+  // The rotation completed: the new key beside the new certificate.
+  WriteAtomically(live / "tls.key", contents(Dir("server-2") / "tls.key"));
+  EXPECT_TRUE(testing::Eventually([&] { return ServedCommonName(target, Dir("trust")) == "cache-2"; },
+                                  std::chrono::seconds(20)))
+      << "the whole new pair was not taken";
+  const std::string page = ScrapeMetrics(metrics);
+  EXPECT_EQ(MetricValue(page, in_force), 1);
+  EXPECT_EQ(MetricValue(page, rejected), refused);
+  EXPECT_GT(MetricValue(page, absl::StrCat("kvtier_tls_certificate_expiry_timestamp_seconds{dir=\"", live.string(), "\"}"))
+                .value_or(0),
+            static_cast<double>(std::time(nullptr)));
+  // The alerting rules name only TLS metrics a TLS server exports.
+  std::ifstream rules(std::string(KVTIER_DEPLOY_DIR) + "/prometheus/rules.yml");
+  const std::string text((std::istreambuf_iterator<char>(rules)), std::istreambuf_iterator<char>());
+  const std::regex metric("kvtier_tls_[a-z_]+");
+  size_t names = 0;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), metric); it != std::sregex_iterator(); ++it, ++names) {
+    EXPECT_NE(page.find("\n" + it->str() + "{"), std::string::npos) << "rules.yml uses " << it->str();
+  }
+  EXPECT_GE(names, 2u);
 }
 
 // Tenants cannot reach each other's blocks by any RPC, even knowing the

@@ -1,0 +1,269 @@
+#include "services/rpc/tls_files.h"
+
+#include <fcntl.h>
+#include <openssl/bio.h>
+#include <openssl/crypto.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "services/base/log.h"
+#include "services/base/status.h"
+#include "services/base/watched_file.h"
+
+namespace kvtier {
+namespace {
+
+// An encrypted key is refused, never prompted for on a terminal.
+int NoPassphrase(char* /*buf*/, int /*size*/, int /*rwflag*/, void* /*u*/) { return 0; }
+
+struct OpenSslFree {
+  void operator()(BIO* bio) const { BIO_free(bio); }
+  void operator()(X509* cert) const { X509_free(cert); }
+  void operator()(EVP_PKEY* key) const { EVP_PKEY_free(key); }
+};
+using Bio = std::unique_ptr<BIO, OpenSslFree>;
+using Certificate = std::unique_ptr<X509, OpenSslFree>;
+using PrivateKey = std::unique_ptr<EVP_PKEY, OpenSslFree>;
+
+Bio Reading(const std::string& bytes) { return Bio(BIO_new_mem_buf(bytes.data(), static_cast<int>(bytes.size()))); }
+
+std::string Contents(BIO* bio) {
+  char* data = nullptr;
+  const long n = BIO_get_mem_data(bio, &data);
+  return n > 0 ? std::string(data, static_cast<size_t>(n)) : std::string();
+}
+
+// Every PEM certificate in `pem`, in order; other blocks are skipped.
+std::vector<Certificate> Certificates(const std::string& pem) {
+  std::vector<Certificate> certificates;
+  Bio bio = Reading(pem);
+  while (X509* c = PEM_read_bio_X509(bio.get(), nullptr, NoPassphrase, nullptr)) certificates.emplace_back(c);
+  ERR_clear_error();  // the end of the input reads as an error
+  return certificates;
+}
+
+int64_t NotAfter(X509* certificate) {
+  struct tm when = {};
+  if (ASN1_TIME_to_tm(X509_get0_notAfter(certificate), &when) != 1) return 0;
+  return timegm(&when);
+}
+
+absl::StatusOr<std::string> Read(const std::string& path) {
+  absl::StatusOr<std::string> bytes = ReadWholeFile(path);
+  if (!bytes.ok()) return absl::InvalidArgumentError(absl::StrCat("--tls-dir: ", bytes.status().message()));
+  return bytes;
+}
+
+// What gRPC is given, re-encoded from what was checked.
+struct Checked {
+  ~Checked() { OPENSSL_cleanse(identity.data(), identity.size()); }
+  std::string ca;
+  std::string identity;  // the key, then the chain; empty without identity
+  int64_t not_after = 0;
+};
+
+absl::StatusOr<Checked> Check(const std::string& dir, bool identity) {
+  Checked checked;
+  const std::string ca_path = absl::StrCat(dir, "/ca.crt");
+  KVTIER_ASSIGN_OR_RETURN(const std::string ca, Read(ca_path));
+  const std::vector<Certificate> roots = Certificates(ca);
+  if (roots.empty()) return absl::InvalidArgumentError(absl::StrCat(ca_path, ": no certificate in it (empty or not PEM)"));
+  Bio out(BIO_new(BIO_s_mem()));
+  for (const Certificate& c : roots) PEM_write_bio_X509(out.get(), c.get());
+  checked.ca = Contents(out.get());
+  if (!identity) return checked;
+
+  const std::string crt_path = absl::StrCat(dir, "/tls.crt"), key_path = absl::StrCat(dir, "/tls.key");
+  KVTIER_ASSIGN_OR_RETURN(const std::string crt, Read(crt_path));
+  const std::vector<Certificate> chain = Certificates(crt);
+  if (chain.empty()) return absl::InvalidArgumentError(absl::StrCat(crt_path, ": no certificate in it (empty or not PEM)"));
+  KVTIER_ASSIGN_OR_RETURN(std::string key_pem, Read(key_path));
+  Bio key_in = Reading(key_pem);
+  PrivateKey key(PEM_read_bio_PrivateKey(key_in.get(), nullptr, NoPassphrase, nullptr));
+  ERR_clear_error();
+  OPENSSL_cleanse(key_pem.data(), key_pem.size());
+  if (key == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(key_path, ": no private key in it (empty, encrypted or not PEM)"));
+  }
+  if (X509_check_private_key(chain.front().get(), key.get()) != 1) {
+    ERR_clear_error();
+    return absl::InvalidArgumentError(
+        absl::StrCat(crt_path, " is not the certificate of ", key_path, " (a rotation half done?)"));
+  }
+  // Secure memory: cleansed when freed, as the key's copy in it must be.
+  Bio identity_out(BIO_new(BIO_s_secmem()));
+  PEM_write_bio_PrivateKey(identity_out.get(), key.get(), nullptr, nullptr, 0, nullptr, nullptr);
+  for (const Certificate& c : chain) PEM_write_bio_X509(identity_out.get(), c.get());
+  checked.identity = Contents(identity_out.get());
+  checked.not_after = NotAfter(chain.front().get());
+  return checked;
+}
+
+// A new memfd holding `bytes`, readable by this user only, modified at
+// `version` seconds (gRPC reads a version's modification time before and
+// after reading it); -1 when one cannot be made.
+int Memfd(const std::string& bytes, uint64_t version) {
+  const int fd = memfd_create("kvtier-tls", MFD_CLOEXEC);
+  if (fd < 0) return -1;
+  const timespec times[2] = {{static_cast<time_t>(version), 0}, {static_cast<time_t>(version), 0}};
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  if (done != bytes.size() || fchmod(fd, 0400) != 0 || futimens(fd, times) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Puts `bytes` behind `fd` (a new one when `fd` is -1) at once: whoever
+// opens /proc/self/fd/`fd` gets the old version or the new, never a mix.
+absl::Status Replace(int& fd, const std::string& bytes, uint64_t version) {
+  const int fresh = Memfd(bytes, version);
+  if (fresh < 0) return absl::InternalError(absl::StrCat("cannot make an in-memory copy: ", std::strerror(errno)));
+  if (fd < 0) {
+    fd = fresh;
+    return absl::OkStatus();
+  }
+  const bool swapped = dup2(fresh, fd) == fd;
+  close(fresh);
+  if (!swapped) return absl::InternalError(absl::StrCat("cannot swap the in-memory copy: ", std::strerror(errno)));
+  return absl::OkStatus();
+}
+
+std::string FdPath(int fd) { return absl::StrCat("/proc/self/fd/", fd); }
+
+absl::Mutex shared_mu;
+std::map<std::string, std::unique_ptr<TlsFiles>>& SharedFiles() ABSL_EXCLUSIVE_LOCKS_REQUIRED(shared_mu) {
+  static auto* files = new std::map<std::string, std::unique_ptr<TlsFiles>>;  // for the process's life
+  return *files;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TlsFiles>> TlsFiles::Open(const std::string& dir, bool need_identity,
+                                                         absl::Duration reload) {
+  const bool identity = need_identity || (access(absl::StrCat(dir, "/tls.crt").c_str(), R_OK) == 0 &&
+                                          access(absl::StrCat(dir, "/tls.key").c_str(), R_OK) == 0);
+  std::unique_ptr<TlsFiles> files(new TlsFiles(dir, identity, reload));
+  KVTIER_RETURN_IF_ERROR(files->Load(/*at_start=*/true));
+  if (reload != absl::InfiniteDuration()) files->watcher_ = std::thread([f = files.get()] { f->Watch(); });
+  return files;
+}
+
+absl::StatusOr<TlsFiles*> TlsFiles::Shared(const std::string& dir, bool need_identity, absl::Duration reload) {
+  absl::MutexLock lock(&shared_mu);
+  std::unique_ptr<TlsFiles>& files = SharedFiles()[dir];
+  if (files == nullptr) {
+    absl::StatusOr<std::unique_ptr<TlsFiles>> opened = Open(dir, need_identity, reload);
+    if (!opened.ok()) {
+      SharedFiles().erase(dir);
+      return opened.status();
+    }
+    files = *std::move(opened);
+  }
+  if (need_identity && !files->has_identity()) {
+    return absl::InvalidArgumentError(absl::StrCat("--tls-dir: ", dir, " had no tls.crt and tls.key when first read"));
+  }
+  return files.get();
+}
+
+std::vector<TlsFiles::Health> TlsFiles::SharedHealth() {
+  absl::MutexLock lock(&shared_mu);
+  std::vector<Health> all;
+  for (auto& [dir, files] : SharedFiles()) all.push_back(files->health());
+  return all;
+}
+
+TlsFiles::TlsFiles(std::string dir, bool identity, absl::Duration reload)
+    : dir_(std::move(dir)), identity_(identity), reload_(reload) {
+  health_.dir = dir_;
+}
+
+TlsFiles::~TlsFiles() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (watcher_.joinable()) watcher_.join();
+  if (identity_fd_ >= 0) close(identity_fd_);
+  if (ca_fd_ >= 0) close(ca_fd_);
+}
+
+std::string TlsFiles::identity_path() const { return FdPath(identity_fd_); }
+std::string TlsFiles::ca_path() const { return FdPath(ca_fd_); }
+
+TlsFiles::Health TlsFiles::health() {
+  absl::MutexLock lock(&mu_);
+  return health_;
+}
+
+std::string TlsFiles::Signature() const {
+  std::string signature = FileSignature(absl::StrCat(dir_, "/ca.crt"));
+  if (identity_) {
+    absl::StrAppend(&signature, "|", FileSignature(absl::StrCat(dir_, "/tls.crt")), "|",
+                    FileSignature(absl::StrCat(dir_, "/tls.key")));
+  }
+  return signature;
+}
+
+absl::Status TlsFiles::Load(bool at_start) {
+  const std::string signature = Signature();
+  absl::StatusOr<Checked> checked = Check(dir_, identity_);
+  absl::MutexLock lock(&mu_);
+  signature_ = signature;  // a refused version is said once, not every check
+  const absl::Status published = checked.ok() ? Publish(checked->identity, checked->ca) : checked.status();
+  if (!published.ok()) {
+    if (at_start) return published;
+    ++health_.rejected;
+    health_.in_force = false;
+    Log(LogLevel::kError, "tls",
+        absl::StrCat("--tls-dir ", dir_, " changed but is refused (the last good certificate and key stay in force): ",
+                     published.message()));
+    return published;
+  }
+  if (!at_start) Log(LogLevel::kInfo, "tls", absl::StrCat("--tls-dir ", dir_, ": the new files are in force"));
+  health_.in_force = true;
+  health_.not_after = checked->not_after;
+  return absl::OkStatus();
+}
+
+absl::Status TlsFiles::Publish(const std::string& identity, const std::string& ca) {
+  ++version_;
+  if (identity_) KVTIER_RETURN_IF_ERROR(Replace(identity_fd_, identity, version_));
+  return Replace(ca_fd_, ca, version_);
+}
+
+void TlsFiles::Watch() {
+  absl::MutexLock lock(&mu_);
+  while (!mu_.AwaitWithTimeout(absl::Condition(&stop_), reload_)) {
+    mu_.Unlock();
+    ReloadIfChanged();
+    mu_.Lock();
+  }
+}
+
+void TlsFiles::ReloadIfChanged() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (Signature() == signature_) return;
+  }
+  Load(/*at_start=*/false).IgnoreError();
+}
+
+}  // namespace kvtier

@@ -1,0 +1,94 @@
+// The files of a --tls-dir, checked before gRPC sees them.
+//
+// gRPC's file watcher takes whatever the files hold: an empty key aborts
+// the process (an assertion inside gRPC), and a garbage certificate, or a
+// certificate beside the key of another (a rotation half done), fails every
+// new connection. So gRPC reads in-memory copies instead (memfds, through
+// their /proc/self/fd paths), and a thread of ours replaces them only with
+// a set that is whole: a private key, a certificate chain whose first
+// certificate is that key's, and a CA bundle of at least one certificate.
+// A set that is not is logged and counted, and the last good one stays in
+// force until the files are whole again.
+//
+// The key and the chain go to gRPC in one file: gRPC reads the key and the
+// chain one after the other and checks that neither file's modification
+// time moved meanwhile, so with one file, whose every version gets a new
+// modification time, it can never pair a key with another version's chain.
+#ifndef KVTIER_SERVICES_RPC_TLS_FILES_H_
+#define KVTIER_SERVICES_RPC_TLS_FILES_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace kvtier {
+
+class TlsFiles {
+ public:
+  // Reads ca.crt, and tls.crt and tls.key (required with `need_identity`,
+  // a server's; else used when both are there, a client's mutual TLS),
+  // then checks them for changes every `reload` on a thread of its own
+  // (none with an infinite `reload`). INVALID_ARGUMENT naming the file and
+  // what is wrong with it.
+  static absl::StatusOr<std::unique_ptr<TlsFiles>> Open(const std::string& dir, bool need_identity,
+                                                        absl::Duration reload);
+  // The process's one TlsFiles for `dir`, made on first use and kept for
+  // the process's life (gRPC reads its copies as long as it serves).
+  static absl::StatusOr<TlsFiles*> Shared(const std::string& dir, bool need_identity, absl::Duration reload);
+  ~TlsFiles();
+  TlsFiles(const TlsFiles&) = delete;
+  TlsFiles& operator=(const TlsFiles&) = delete;
+
+  const std::string& dir() const { return dir_; }
+  bool has_identity() const { return identity_; }
+  // For gRPC's file watcher: the private key followed by the chain (pass
+  // it as both the key's and the certificate's path), and the CA bundle.
+  std::string identity_path() const;
+  std::string ca_path() const;
+
+  struct Health {
+    std::string dir;
+    uint64_t rejected = 0;   // versions of the files refused since start
+    bool in_force = true;    // what the files hold now is what is served
+    int64_t not_after = 0;   // the served certificate's expiry, Unix seconds (0: no identity)
+  };
+  Health health();
+  // The health of every Shared TlsFiles, for /metrics.
+  static std::vector<Health> SharedHealth();
+
+  // Reads the files again now if they changed (the thread's job; for tests).
+  void ReloadIfChanged();
+
+ private:
+  TlsFiles(std::string dir, bool identity, absl::Duration reload);
+  // Reads and checks the files; gives gRPC the copies if they are whole.
+  absl::Status Load(bool at_start);
+  // Swaps in copies of a checked version.
+  absl::Status Publish(const std::string& identity, const std::string& ca) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string Signature() const;
+  void Watch();
+
+  const std::string dir_;
+  const bool identity_;
+  const absl::Duration reload_;
+  // What gRPC reads, through /proc/self/fd: made by the first Load, and
+  // each later version swapped in under the same numbers.
+  int identity_fd_ = -1;
+  int ca_fd_ = -1;
+  absl::Mutex mu_;
+  std::string signature_ ABSL_GUARDED_BY(mu_);  // of the files last read
+  uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;   // of the copies, their mtime
+  Health health_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread watcher_;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_SERVICES_RPC_TLS_FILES_H_
