@@ -9,6 +9,7 @@
 #include "services/cli/commands.h"
 #include "services/cli/generation_io.h"
 #include "services/cli/remote_generate.h"
+#include "services/rpc/client_identity.h"
 #include "services/rpc/security_flags.h"
 
 namespace kvtier::cli {
@@ -37,7 +38,8 @@ int RunGenerate(const std::vector<std::string>& args) {
   security.Register(flags, /*serves=*/false, /*calls=*/true);
   if (std::optional<int> exit = flags.ParseOrExit(args, "kvtier generate")) return *exit;
   auto fail = [](const absl::Status& s) {
-    std::cerr << "kvtier generate: " << absl::StatusCodeToString(s.code()) << ": " << s.message() << "\n";
+    std::cerr << "kvtier generate: " << absl::StatusCodeToString(s.code()) << ": " << s.message() << ConnectionHint(s)
+              << "\n";
     return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   };
   if (target.empty()) return fail(absl::InvalidArgumentError("--target is required"));

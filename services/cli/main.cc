@@ -5,6 +5,7 @@
 
 #include "services/base/version.h"
 #include "services/cli/commands.h"
+#include "services/rpc/library_logs.h"
 
 namespace {
 
@@ -25,6 +26,7 @@ constexpr char kUsage[] =
 }  // namespace
 
 int main(int argc, char** argv) {
+  kvtier::RouteLibraryLogs();
   if (argc < 2) {
     std::cerr << kUsage;
     return 2;

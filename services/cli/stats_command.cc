@@ -94,7 +94,7 @@ int RunStats(const std::vector<std::string>& args) {
   cache::CacheClient client(MakeChannel(target), absl::Milliseconds(static_cast<int64_t>(timeout_ms)));
   absl::StatusOr<v1::StatsResponse> stats = client.Stats();
   if (!stats.ok()) {
-    std::cerr << "kvtier stats: " << target << ": " << stats.status() << "\n";
+    std::cerr << "kvtier stats: " << target << ": " << stats.status() << ConnectionHint(stats.status()) << "\n";
     return 1;
   }
   if (json) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 
@@ -42,6 +43,8 @@ class TokenInterceptorFactory final : public grpc::experimental::ClientIntercept
 struct Identity {
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   std::shared_ptr<const std::string> authorization;  // null: no token
+  bool tls = false;
+  bool certificate = false;  // presents tls.crt
 };
 
 absl::Mutex identity_mu;
@@ -55,6 +58,8 @@ absl::StatusOr<Identity> LoadIdentity(const ClientIdentityOptions& options) {
   if (!credentials.ok()) return credentials.status();
   Identity identity;
   identity.credentials = *std::move(credentials);
+  identity.tls = !options.tls.dir.empty();
+  identity.certificate = identity.tls && ChannelPresentsCertificate(options.tls);
   if (!options.token_file.empty()) {
     std::ifstream in(options.token_file);
     std::string token;
@@ -113,6 +118,24 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannelAs(const ClientIdentit
   absl::StatusOr<Identity> identity = LoadIdentity(options);
   if (!identity.ok()) return identity.status();
   return ChannelWith(*identity, target, connection);
+}
+
+std::string ConnectionHint(const absl::Status& status) {
+  // What a client sees when the server dropped the connection in its TLS
+  // handshake: the reason is only in the server's log.
+  if (status.code() != absl::StatusCode::kUnavailable || !absl::StrContains(status.message(), "Socket closed")) {
+    return "";
+  }
+  Identity identity;
+  {
+    absl::MutexLock lock(&identity_mu);
+    identity = CurrentIdentity();
+  }
+  if (!identity.tls) return " (if the server uses TLS, give --tls-dir with its ca.crt)";
+  if (!identity.certificate) {
+    return " (if the server requires client certificates, put tls.crt and tls.key beside ca.crt in --tls-dir)";
+  }
+  return "";
 }
 
 }  // namespace kvtier

@@ -46,6 +46,11 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannelAs(const ClientIdentit
                                                              const std::string& target,
                                                              Connection connection = Connection::kShared);
 
+// For a failed call's message: a hint when the server closed the connection
+// in a way that, given this process's identity, likely means TLS was
+// expected (no --tls-dir) or a client certificate was (none in it); else "".
+std::string ConnectionHint(const absl::Status& status);
+
 }  // namespace kvtier
 
 #endif  // KVTIER_SERVICES_RPC_CLIENT_IDENTITY_H_

@@ -46,4 +46,10 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(con
   return grpc::experimental::TlsCredentials(tls);
 }
 
+bool ChannelPresentsCertificate(const TlsOptions& options) {
+  if (options.dir.empty()) return false;
+  absl::StatusOr<TlsFiles*> files = TlsFiles::Shared(options.dir, /*need_identity=*/false, Reload(options));
+  return files.ok() && (*files)->has_identity();
+}
+
 }  // namespace kvtier

@@ -36,6 +36,10 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const
 // directory has it (mutual TLS); plaintext when options.dir is empty.
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const TlsOptions& options);
 
+// Whether ChannelCredentials(options) presents a certificate (tls.crt and
+// tls.key were there when the directory was first read).
+bool ChannelPresentsCertificate(const TlsOptions& options);
+
 }  // namespace kvtier
 
 #endif  // KVTIER_SERVICES_RPC_TLS_H_

@@ -10,6 +10,7 @@
 #include "services/base/byte_size.h"
 #include "services/base/log.h"
 #include "services/base/status.h"
+#include "services/rpc/library_logs.h"
 #include "services/runtime/checkpoint.h"
 #include "services/server/metric_family.h"
 #include "services/server/metrics_exposer.h"
@@ -87,6 +88,7 @@ PeerDiscovery::Options ModelServerFlags::Discovery() const {
 
 absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const ModelServerFlags& f) {
   SetLogProgram(program);
+  RouteLibraryLogs();
   if (f.model.empty() || f.cache.empty()) return absl::InvalidArgumentError("--model and --cache are required");
   if (f.threads > 1024) return absl::InvalidArgumentError("--threads must be at most 1024");
   if (f.watch_interval_ms == 0) return absl::InvalidArgumentError("--watch-interval-ms must be positive");

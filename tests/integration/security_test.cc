@@ -3,8 +3,10 @@
 // TLS. Each attempt that must fail is followed by a good request on the
 // same server, so a refusal is the attempt's, not a dead server's.
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/codegen/client_unary_call.h>
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -333,6 +335,59 @@ TEST_F(SecurityTest, TlsFilesThatAreNotWholeKeepTheLastGoodPairServing) {
     EXPECT_NE(page.find("\n" + it->str() + "{"), std::string::npos) << "rules.yml uses " << it->str();
   }
   EXPECT_GE(names, 2u);
+}
+
+// What gRPC core and protobuf log goes through kvtier's log, rate-limited:
+// a flood of requests that protobuf complains about (a string field that
+// is not UTF-8), sent without a token, makes a line or two, not one each;
+// a plaintext client at the TLS port gets a line that says so, and the CLI
+// in its place a hint.
+TEST_F(SecurityTest, LibraryLogLinesAreExplainedAndRateLimited) {
+  const fs::path tenants = Dir("tenants-flood.json");
+  std::ofstream(tenants) << TenantsJson({kAdmin, kAcme});
+  const fs::path log = Dir("flood.log");
+  ChildProcess cache({"/bin/sh", "-c",
+                      absl::StrCat("exec ", KVTIER_CACHE_BINARY,
+                                   " --listen 127.0.0.1:0 --metrics-listen '' --device-capacity 16MiB"
+                                   " --host-capacity 16MiB --tls-dir ",
+                                   Dir("server").string(), " --tenants ", tenants.string(), " 2>", log.string())});
+  const int port = cache.WaitForListeningPort();
+  ASSERT_GT(port, 0);
+  const std::string target = absl::StrCat("127.0.0.1:", port);
+  ClientIdentityOptions identity;
+  identity.tls.dir = Dir("trust").string();
+  std::shared_ptr<grpc::Channel> channel = *MakeChannelAs(identity, target);
+  constexpr int kRequests = 300;
+  const std::string not_utf8("\x0a\x02\xff\xfe", 4);  // MatchRequest.kv_namespace = ff fe
+  for (int i = 0; i < kRequests; ++i) {
+    grpc::ClientContext context;
+    grpc::Slice slice(not_utf8);
+    grpc::ByteBuffer response;
+    const grpc::Status status = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+        channel.get(), grpc::internal::RpcMethod("/kvtier.v1.KvCache/Match", grpc::internal::RpcMethod::NORMAL_RPC),
+        &context, grpc::ByteBuffer(&slice, 1), &response);
+    ASSERT_FALSE(status.ok());
+  }
+  // A plaintext client, twice.
+  EXPECT_EQ(StatsCode(Client(target, "")), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(StatsCode(Client(target, "")), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(StatsCode(Client(target, "trust", kAdmin.token)), absl::StatusCode::kOk);
+  // The CLI, plaintext at the TLS port, says what it likely lacks.
+  const CommandResult cli = RunCommand(absl::StrCat(KVTIER_BINARY, " stats --target ", target));
+  EXPECT_EQ(cli.exit_code, 1) << cli.output;
+  EXPECT_NE(cli.output.find("if the server uses TLS, give --tls-dir"), std::string::npos) << cli.output;
+  cache.Stop(SIGTERM);
+  std::ifstream in(log);
+  size_t utf8_lines = 0, plaintext_lines = 0, raw_lines = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("UTF-8") != std::string::npos) ++utf8_lines;
+    if (line.find("spoke plaintext to the other's TLS") != std::string::npos) ++plaintext_lines;
+    if (!line.starts_with("kvtier-cache: ")) ++raw_lines;
+  }
+  EXPECT_GE(utf8_lines, 1u);
+  EXPECT_LE(utf8_lines, 3u) << kRequests << " bad requests";
+  EXPECT_EQ(plaintext_lines, 1u);
+  EXPECT_EQ(raw_lines, 0u) << "a line not in kvtier's format";
 }
 
 // Tenants cannot reach each other's blocks by any RPC, even knowing the

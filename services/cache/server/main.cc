@@ -24,6 +24,7 @@
 #include "services/base/log.h"
 #include "services/base/status.h"
 #include "services/cache/server/store_metrics.h"
+#include "services/rpc/library_logs.h"
 #include "services/rpc/security_flags.h"
 #include "services/server/metrics_exposer.h"
 #include "services/server/server_runner.h"
@@ -240,6 +241,7 @@ int Run(Flags f) {
 
 int main(int argc, char** argv) {
   kvtier::SetLogProgram("kvtier-cache");
+  kvtier::RouteLibraryLogs();
   kvtier::BlockShutdownSignals();
   kvtier::cache::Flags f;
   kvtier::FlagParser flags("kvtier-cache --device-capacity SIZE --host-capacity SIZE [flags]",
