@@ -114,8 +114,9 @@ const TestTenant kAcme{"acme", "WRITER", "acme", "acme-token-91c2", "acme.client
 const TestTenant kGlobex{"globex", "WRITER", "globex", "globex-token-44d0"};
 const TestTenant kAuditor{"auditor", "READER", "acme", "auditor-token-0b17"};
 
-// A TLS directory or tenants file that cannot be used, or a reload period
-// that would spin, stops the server at once, exit 2, saying which and why.
+// A TLS directory or tenants file that cannot be used, a reload period
+// that would spin or more threads than a process can start stops the
+// server at once, exit 2, saying which and why.
 TEST_F(SecurityTest, UnusableTlsOrTenantsFilesAreUsageErrors) {
   const fs::path bad = Dir("bad-tenants.json");
   std::ofstream(bad) << R"({"tenants": [{"name": "x", "namespaces": ["x"], "tokenSha256": ["00"]}]})";
@@ -123,7 +124,8 @@ TEST_F(SecurityTest, UnusableTlsOrTenantsFilesAreUsageErrors) {
            {{"--tls-dir", Dir("missing").string()}, "cannot read " + (Dir("missing") / "ca.crt").string()},
            {{"--tenants", bad.string()}, "no role"},
            {{"--tenants", Dir("missing.json").string()}, "cannot read"},
-           {{"--reload-seconds", "0"}, "--reload-seconds 0: must be 1 to 86400"}}) {
+           {{"--reload-seconds", "0"}, "--reload-seconds 0: must be 1 to 86400"},
+           {{"--threads", "100000"}, "--threads 100000: must be 1 to 1024"}}) {
     std::string command = std::string(KVTIER_CACHE_BINARY) +
                           " --listen 127.0.0.1:0 --metrics-listen '' --device-capacity 16MiB --host-capacity 16MiB";
     for (const std::string& f : flags) command += " " + f;

@@ -35,6 +35,9 @@ namespace {
 // --metrics-listen's default: --listen's host, port 9464, so that metrics
 // are on every interface only where gRPC is.
 constexpr char kMetricsOnListenHost[] = "LISTEN-HOST:9464";
+// As the model servers cap theirs: more threads than this would only
+// exhaust the process's stacks.
+constexpr uint64_t kMostThreads = 1024;
 
 struct Flags {
   std::string listen = "0.0.0.0:7070";
@@ -185,6 +188,10 @@ int Run(Flags f) {
     std::cerr << "kvtier-cache: --put-idle-ms must be positive\n";
     return 2;
   }
+  if (f.threads < 1 || f.threads > kMostThreads) {
+    std::cerr << "kvtier-cache: --threads " << f.threads << ": must be 1 to " << kMostThreads << "\n";
+    return 2;
+  }
   absl::StatusOr<std::unique_ptr<TenantRegistry>> tenants = f.security.OpenTenants();
   if (!tenants.ok()) {
     std::cerr << "kvtier-cache: " << tenants.status().message() << "\n";
@@ -257,7 +264,7 @@ int main(int argc, char** argv) {
   flags.AddString("host-capacity", &f.host_capacity, "bytes of the host (CPU spill) tier");
   flags.AddString("disk-dir", &f.disk_dir, "directory of the disk tier; a restart finds its blocks again");
   flags.AddString("disk-capacity", &f.disk_capacity, "bytes of block records under --disk-dir");
-  flags.AddUint("threads", &f.threads, "worker threads for Put and Get");
+  flags.AddUint("threads", &f.threads, "worker threads for Put and Get (1 to 1024)");
   flags.AddString("namespaces", &f.namespaces, "comma-separated tenants to serve (others get NOT_FOUND); empty: any");
   flags.AddUint("page-size", &f.page_size, "tier page size in bytes");
   flags.AddString("device-memory", &f.device_memory,
