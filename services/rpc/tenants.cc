@@ -2,8 +2,9 @@
 
 #include <google/protobuf/util/json_util.h>
 #include <grpc/grpc_security_constants.h>
-#include <openssl/crypto.h>
+#include <malloc.h>
 
+#include <algorithm>
 #include <array>
 #include <optional>
 
@@ -96,6 +97,10 @@ absl::StatusOr<v1::TenantsFile> ParseTenantsFile(const std::string& json) {
     return absl::InvalidArgumentError(
         absl::StrCat("not a tenants file: ", absl::StrReplaceAll(parsed.ToString(), {{"\n", " "}})));
   }
+  if (file.tenants_size() == 0) {
+    return absl::InvalidArgumentError("no tenants in it: every call would be refused (to trust every caller, run "
+                                      "without --tenants)");
+  }
   absl::flat_hash_set<std::string> names, tokens, identities;
   for (int i = 0; i < file.tenants_size(); ++i) {
     const v1::Tenant& t = file.tenants(i);
@@ -130,9 +135,14 @@ absl::StatusOr<v1::TenantsFile> ParseTenantsFile(const std::string& json) {
 // One version of the file, ready to check calls against.
 struct TenantRegistry::Loaded {
   std::vector<std::shared_ptr<const Caller>> callers;  // as the file lists them
-  std::vector<std::pair<Digest, size_t>> tokens;       // digest, caller
+  // By the token's SHA-256: a lookup, not a scan, however many tenants.
+  // The digest of a secret leaks nothing through the lookup's timing.
+  absl::flat_hash_map<std::string, size_t> tokens;  // digest bytes, caller
   absl::flat_hash_map<std::string, size_t> identities;
   absl::flat_hash_map<std::string, size_t> names;
+  // ReaderClass's answers for this version of the file, per namespace.
+  mutable absl::Mutex classes_mu;
+  mutable absl::flat_hash_map<std::string, std::string> classes ABSL_GUARDED_BY(classes_mu);
 
   static std::shared_ptr<const Loaded> From(const v1::TenantsFile& file) {
     auto loaded = std::make_shared<Loaded>();
@@ -144,12 +154,7 @@ struct TenantRegistry::Loaded {
       if (!t.namespaces().empty()) caller->default_namespace = t.namespaces(0);
       caller->quota = t.quota();
       const size_t index = loaded->callers.size();
-      for (const std::string& hex : t.token_sha256()) {
-        Digest d{};
-        const std::string bytes = absl::HexStringToBytes(hex);
-        std::copy(bytes.begin(), bytes.end(), d.begin());
-        loaded->tokens.emplace_back(d, index);
-      }
+      for (const std::string& hex : t.token_sha256()) loaded->tokens.emplace(absl::HexStringToBytes(hex), index);
       for (const std::string& id : t.certificate_identities()) loaded->identities.emplace(id, index);
       loaded->names.emplace(t.name(), index);
       loaded->callers.push_back(std::move(caller));
@@ -215,14 +220,37 @@ void TenantRegistry::ReloadIfChanged() {
     return;
   }
   std::shared_ptr<const Loaded> loaded = Loaded::From(*file);
-  absl::MutexLock lock(&mu_);
-  loaded_ = std::move(loaded);
+  {
+    absl::MutexLock lock(&mu_);
+    std::swap(loaded_, loaded);
+  }
+  loaded.reset();  // the old version, unless a call still reads it
+  // A much smaller file frees much memory; give it back to the system.
+  malloc_trim(0);
   Log(LogLevel::kInfo, "auth", absl::StrCat("reloaded ", file->tenants_size(), " tenants from ", path_));
 }
 
 std::shared_ptr<const TenantRegistry::Loaded> TenantRegistry::Current() {
   absl::MutexLock lock(&mu_);
   return loaded_;
+}
+
+std::string TenantRegistry::ReaderClass(const std::string& ns) {
+  if (path_.empty()) return "";  // one trust domain: everyone reads everything
+  std::shared_ptr<const Loaded> loaded = Current();
+  absl::MutexLock lock(&loaded->classes_mu);
+  if (auto it = loaded->classes.find(ns); it != loaded->classes.end()) return it->second;
+  std::vector<std::string> readers;
+  for (const auto& caller : loaded->callers) {
+    if (caller->role != v1::ADMIN && caller->namespaces.contains(ns)) readers.push_back(caller->tenant);
+  }
+  std::sort(readers.begin(), readers.end());
+  std::string key = "readers:";
+  for (const std::string& name : readers) absl::StrAppend(&key, name.size(), ":", name, ";");  // unambiguous
+  // Namespaces are the callers' to name: the memo stays bounded.
+  if (loaded->classes.size() >= kMostRememberedClasses) loaded->classes.clear();
+  loaded->classes.emplace(ns, key);
+  return key;
 }
 
 std::vector<std::string> TenantRegistry::TenantNames() {
@@ -261,13 +289,9 @@ absl::StatusOr<std::shared_ptr<const Caller>> TenantRegistry::Prove(const Loaded
     constexpr std::string_view kScheme = "Bearer ";
     if (bearer.compare(0, kScheme.size(), kScheme) != 0) return refuse("authorization is not 'Bearer TOKEN'");
     const Digest presented = Sha256({std::string_view(bearer).substr(kScheme.size())});
-    // Every stored digest is compared, each in constant time.
-    std::optional<size_t> match;
-    for (const auto& [digest, index] : loaded.tokens) {
-      if (CRYPTO_memcmp(digest.data(), presented.data(), digest.size()) == 0) match = index;
-    }
-    if (!match) return refuse("unknown bearer token");
-    return loaded.callers[*match];
+    auto match = loaded.tokens.find(std::string(presented.begin(), presented.end()));
+    if (match == loaded.tokens.end()) return refuse("unknown bearer token");
+    return loaded.callers[match->second];
   }
   std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
   if (auth != nullptr && auth->IsPeerAuthenticated()) {

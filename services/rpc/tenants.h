@@ -72,6 +72,13 @@ class TenantRegistry {
   // The tenants' names, as the file lists them now.
   std::vector<std::string> TenantNames();
 
+  // Who may read `ns`, as a key: the tenants (admins aside, who read every
+  // namespace) whose namespaces include it, as the file says now; one key
+  // for all without a tenants file. Namespaces with one key may share
+  // shared-memory segments (the cache's fast path): whoever may map one of
+  // them may read them all.
+  std::string ReaderClass(const std::string& ns);
+
   // The caller of a call; UNAUTHENTICATED when it brings no proof or a bad
   // one (logged, rate-limited, with the peer and `method`; no secret). A
   // call naming a tenant in kActingForMetadata is that tenant's when its
@@ -93,6 +100,8 @@ class TenantRegistry {
   static absl::StatusOr<std::shared_ptr<const Caller>> Prove(const Loaded& loaded,
                                                              const grpc::ServerContextBase& context,
                                                              const char* method);
+
+  static constexpr size_t kMostRememberedClasses = 1 << 16;
 
   const std::string path_;
   const absl::Duration reload_;

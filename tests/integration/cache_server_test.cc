@@ -515,10 +515,30 @@ TEST_F(CacheServerTest, PutThatGoesSilentIsEndedAndItsBlocksFreed) {
   // No WritesDone: the client just stops sending, and the server ends it.
   const grpc::Status status = writer->Finish();
   EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << status.error_message();
-  EXPECT_NE(status.error_message().find("no Put message for 500ms"), std::string::npos) << status.error_message();
+  EXPECT_NE(status.error_message().find("no slice stored for 500ms"), std::string::npos) << status.error_message();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));  // the server's limit, not ours
   EXPECT_TRUE(StatsEventually(*client_, [](const auto& s) { return s.pending_blocks() == 0; }));
   EXPECT_EQ(client_->Match("ns", layout_, {b.slices.hash})->matched_blocks(), 0u);
+  // Messages that carry no slice (an empty batch every 150 ms) keep
+  // neither the stream nor its incomplete block alive.
+  {
+    grpc::ClientContext chatty_context;
+    chatty_context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::PutResponse chatty_response;
+    const auto chatty_start = std::chrono::steady_clock::now();
+    auto chatty = StartPartialPut(*client_, chatty_context, layout_, b, chatty_response);
+    v1::PutRequest empty;
+    empty.mutable_batch();
+    while (std::chrono::steady_clock::now() - chatty_start < std::chrono::seconds(10) && chatty->Write(empty)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    }
+    const grpc::Status chatty_status = chatty->Finish();
+    EXPECT_EQ(chatty_status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << chatty_status.error_message();
+    EXPECT_NE(chatty_status.error_message().find("no slice stored"), std::string::npos)
+        << chatty_status.error_message();
+    EXPECT_LT(std::chrono::steady_clock::now() - chatty_start, std::chrono::seconds(10));
+    EXPECT_TRUE(StatsEventually(*client_, [](const auto& s) { return s.pending_blocks() == 0; }));
+  }
   // A writer whose stream lasts longer than the limit, but that is never
   // silent for as long, stores its block.
   grpc::ClientContext steady_context;

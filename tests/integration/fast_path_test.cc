@@ -80,6 +80,21 @@ class FastPathTest : public ::testing::Test {
   }
   void SetUp() override { StartCache(); }
 
+  // Restarts the cache with tenants "tenant-a" and "tenant-b", each alone
+  // in its namespace of that name, so their blocks never share a segment;
+  // this fixture's client is then an admin, who may read both.
+  void StartCacheWithTwoTenants() {
+    tenants_dir_ = std::make_unique<testing::TempDir>("kvtier_fast_path_two_");
+    const testing::TestTenant a{"tenant-a", "WRITER", "tenant-a", "a-token"};
+    const testing::TestTenant b{"tenant-b", "WRITER", "tenant-b", "b-token"};
+    const testing::TestTenant admin{"ops", "ADMIN", "", "admin-token"};
+    std::ofstream(*tenants_dir_ / "tenants.json") << testing::TenantsJson({a, b, admin});
+    StartCache({"--tenants", (*tenants_dir_ / "tenants.json").string()});
+    channel_ = *MakeChannelAs({.tls = {}, .token_file = testing::WriteTokenFile(tenants_dir_->path(), admin.token)},
+                              target_, Connection::kOwn);
+    client_ = std::make_unique<CacheClient>(channel_);
+  }
+
   // Stores blocks made from seeds first..first+count-1 in `ns`.
   std::vector<TestBlock> PutBlocks(const std::string& ns, uint64_t first, int count) {
     return StoreBlocks(*client_, layout_, ns, first, count);
@@ -169,6 +184,7 @@ class FastPathTest : public ::testing::Test {
   std::string target_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<CacheClient> client_;
+  std::unique_ptr<testing::TempDir> tenants_dir_;  // StartCacheWithTwoTenants's
   testing::SeededRng rng_;
 };
 
@@ -327,7 +343,11 @@ TEST_F(FastPathTest, TenantsChurningThroughSmallTiersOnlyEverReadTheirOwnRecords
   EXPECT_GT(stats.fast_path_blocks_out(), 0u);
 }
 
+// The socket protocol refuses an unproven session, a wrong secret, another
+// tenant's segment (for an admin's session too: it maps only what it read)
+// and a stale generation.
 TEST_F(FastPathTest, SocketProtocolRefusesWhatASessionHasNoRightTo) {
+  StartCacheWithTwoTenants();
   const std::vector<TestBlock> a = PutBlocks("tenant-a", rng_.seed(), 4);
   const std::vector<TestBlock> b = PutBlocks("tenant-b", rng_.seed() + 100, 4);
 
@@ -474,12 +494,14 @@ TEST_F(FastPathTest, AReaderCanNeverWriteTheSegmentsItIsGiven) {
 // Random requests on a proven session's socket: any kind (valid or not),
 // tier and segment indexes in and far out of range, generations right, off
 // by one or random. The cache answers or hangs up; it never hands out a
-// segment of a namespace the session has not read, and after each request
+// segment of a namespace the session has not read (of two tenants', which
+// never share one), and after each request
 // the session (or a new one, if it was hung up on) still reads its own
 // segment. Afterwards the bytes read back as stored and, every socket
 // closed, nothing stays pinned.
 TEST_F(FastPathTest, RandomSocketRequestsNeverCrossNamespaces) {
   SCOPED_TRACE(rng_.Trace());
+  StartCacheWithTwoTenants();
   std::mt19937_64& rng = rng_.engine();
   const std::vector<TestBlock> a = PutBlocks("tenant-a", rng_.seed(), 4);
   const std::vector<TestBlock> b = PutBlocks("tenant-b", rng_.seed() + 100, 4);

@@ -479,6 +479,40 @@ TEST_F(SecurityTest, ATenantWritingTenTimesItsQuotaEvictsOnlyItsOwn) {
   EXPECT_EQ(MetricValue(page, R"(kvtier_cache_tenant_denied_total{reason="PERMISSION_DENIED",tenant="acme"})"), 1.0);
 }
 
+// A tenant that spreads tiny blocks over many namespaces takes no more
+// shared memory than one namespace would: namespaces the same tenants may
+// read share segments, so its 48 one-block namespaces evict none of
+// another tenant's blocks (each in a segment of its own, they did: 48
+// segments of 4 MiB in a 16 + 16 MiB cache).
+TEST_F(SecurityTest, ManyTinyNamespacesOfOneTenantEvictNoOneElse) {
+  std::string namespaces;
+  for (int i = 0; i < 48; ++i) absl::StrAppend(&namespaces, i ? "," : "", "spread-", i);
+  TestTenant spreader{"spreader", "WRITER", namespaces, "spreader-token-5e1d"};
+  spreader.quota = R"({"deviceBytes": 1048576, "hostBytes": 1048576})";
+  const fs::path tenants = Dir("tenants-spread.json");
+  std::ofstream(tenants) << TenantsJson({kAdmin, kGlobex, spreader});
+  const std::string target = StartCache({"--tenants", tenants.string()});
+  ASSERT_FALSE(target.empty());
+  CacheClient globex = Client(target, "", kGlobex.token), spread = Client(target, "", spreader.token);
+  const std::vector<TestBlock> theirs = StoreBlocks(globex, TestLayout(), "globex", 1, 24);
+  const kvblock::LatentLayout tiny = {.model_id = "tiny",
+                                      .num_layers = 2,
+                                      .kv_lora_rank = 8,
+                                      .rope_dim = 0,
+                                      .tokens_per_block = 4,
+                                      .codec = kernels::Codec::kInt8};
+  std::vector<std::vector<TestBlock>> spread_blocks;
+  for (int i = 0; i < 48; ++i) spread_blocks.push_back(StoreBlocks(spread, tiny, absl::StrCat("spread-", i), 1000 + i, 1));
+  auto matched = globex.Match("globex", TestLayout(), Hashes(theirs));
+  ASSERT_TRUE(matched.ok()) << matched.status();
+  EXPECT_EQ(matched->matched_blocks(), theirs.size()) << "the spreader's namespaces evicted globex's blocks";
+  for (int i = 0; i < 48; ++i) {
+    auto own = spread.Match(absl::StrCat("spread-", i), tiny, Hashes(spread_blocks[i]));
+    ASSERT_TRUE(own.ok()) << own.status();
+    EXPECT_EQ(own->matched_blocks(), 1u) << "spread-" << i;
+  }
+}
+
 // A service (a prefill node) acting for its end tenants: what it stores
 // for each is charged to that tenant and held to its quota, so one writing
 // ten times its quota through the service evicts only its own blocks; a

@@ -34,6 +34,8 @@ TEST(TenantsFile, RefusesWhatCannotBeEnforced) {
       {OneTenant("\"role\": \"OWNER\", \"namespaces\": [\"a\"], " + proof), "not a tenants file"},
       {"{\"tenants\": [{\"name\": \"a\", \"role\": \"ADMIN\", " + proof + "}, {\"name\": \"a\", \"role\": \"ADMIN\"}]}",
        "listed twice"},
+      {"{}", "no tenants in it"},
+      {"{\"tenants\": []}", "no tenants in it"},
   };
   for (const Case& c : bad) {
     absl::StatusOr<v1::TenantsFile> parsed = ParseTenantsFile(c.json);
@@ -67,6 +69,43 @@ TEST(TenantRegistry, KeepsTheLastGoodFileWhenABadOneReplacesIt) {
   EXPECT_EQ((*registry)->TenantNames(), std::vector<std::string>{"globex"});
   EXPECT_EQ(TenantRegistry::Open((dir / "missing").string(), absl::Hours(1)).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Namespaces the same tenants may read share a reader class (and so may
+// share shared-memory segments); any other tenant among their readers
+// tells them apart, admins (who read everything) do not. Without a file,
+// one class for all.
+TEST(TenantRegistry, NamespacesReadByTheSameTenantsShareAReaderClass) {
+  auto trusted = TenantRegistry::Open("", absl::Hours(1));
+  ASSERT_TRUE(trusted.ok());
+  EXPECT_EQ((*trusted)->ReaderClass("a"), (*trusted)->ReaderClass("b"));
+
+  const testing::TempDir dir("kvtier-tenants-classes-");
+  const std::filesystem::path path = dir / "tenants.json";
+  const auto tenant = [](const std::string& name, const std::string& role, const std::string& namespaces, char hash) {
+    return "{\"name\": \"" + name + "\", \"role\": \"" + role + "\", \"namespaces\": [" + namespaces +
+           "], \"tokenSha256\": [\"" + std::string(64, hash) + "\"]}";
+  };
+  std::ofstream(path) << "{\"tenants\": [" << tenant("acme", "WRITER", "\"a1\", \"a2\", \"shared\"", 'a') << ", "
+                      << tenant("globex", "WRITER", "\"g1\", \"shared\"", 'b') << ", "
+                      << tenant("auditor", "READER", "\"a2\"", 'c') << ", " << tenant("ops", "ADMIN", "", 'd')
+                      << "]}";
+  auto registry = TenantRegistry::Open(path.string(), absl::Hours(1));
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  TenantRegistry& r = **registry;
+  EXPECT_NE(r.ReaderClass("a1"), r.ReaderClass("a2"));  // the auditor reads a2 only
+  EXPECT_NE(r.ReaderClass("a1"), r.ReaderClass("g1"));
+  EXPECT_NE(r.ReaderClass("a1"), r.ReaderClass("shared"));
+  EXPECT_EQ(r.ReaderClass("g1"), r.ReaderClass("g1"));
+  EXPECT_EQ(r.ReaderClass("nobody-1"), r.ReaderClass("nobody-2"));  // admins alone
+  EXPECT_NE(r.ReaderClass("nobody-1"), r.ReaderClass("a1"));
+
+  // The auditor drops a2: a1 and a2 are read by acme alone now.
+  std::ofstream(dir / "new") << "{\"tenants\": [" << tenant("acme", "WRITER", "\"a1\", \"a2\"", 'a') << ", "
+                             << tenant("auditor", "READER", "\"a3\"", 'c') << "]}";
+  std::filesystem::rename(dir / "new", path);
+  r.ReloadIfChanged();
+  EXPECT_EQ(r.ReaderClass("a1"), r.ReaderClass("a2"));
 }
 
 }  // namespace

@@ -159,11 +159,19 @@ int Run(Flags f) {
     }
     namespaces.emplace_back(ns);
   }
+  absl::StatusOr<std::unique_ptr<TenantRegistry>> tenants = f.security.OpenTenants();
+  if (!tenants.ok()) {
+    std::cerr << "kvtier-cache: " << tenants.status().message() << "\n";
+    return 2;
+  }
   absl::StatusOr<StoreOptions> options = ToStoreOptions(f);
   if (!options.ok()) {
     std::cerr << "kvtier-cache: " << options.status().message() << "\n";
     return 2;
   }
+  // A same-host reader maps whole segments: their blocks must be of
+  // namespaces the same tenants may read.
+  options->segment_group = [registry = tenants->get()](const std::string& ns) { return registry->ReaderClass(ns); };
   absl::StatusOr<std::unique_ptr<BlockStore>> store = BlockStore::Create(*options, SystemClock::Get());
   if (!store.ok()) {
     std::cerr << "kvtier-cache: " << store.status().message() << "\n";
@@ -190,11 +198,6 @@ int Run(Flags f) {
   }
   if (f.threads < 1 || f.threads > kMostThreads) {
     std::cerr << "kvtier-cache: --threads " << f.threads << ": must be 1 to " << kMostThreads << "\n";
-    return 2;
-  }
-  absl::StatusOr<std::unique_ptr<TenantRegistry>> tenants = f.security.OpenTenants();
-  if (!tenants.ok()) {
-    std::cerr << "kvtier-cache: " << tenants.status().message() << "\n";
     return 2;
   }
   auto registry = std::make_shared<prometheus::Registry>();

@@ -38,7 +38,7 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
         caller_ = *std::move(caller);
         reading_ = true;
         step.start_read = true;
-        waiting_since_ = absl::Now();
+        progress_since_ = absl::Now();
         if (service->idle_puts() != nullptr) {
           service->idle_puts()->Add(this);
           watched_ = true;
@@ -56,7 +56,6 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
     {
       absl::MutexLock lock(&mu_);
       reading_ = false;
-      waiting_since_ = absl::Now();
       if (ok) {
         queue_.emplace_back().Swap(&request_);
       } else {
@@ -72,16 +71,19 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
     DeleteWhenDone(this, mu_);
   }
 
-  // Ends the stream when it has waited for the client's next message since
-  // before `cutoff` (not when the store is behind: then it reads ahead).
+  // Ends the stream when its client has sent no slice since before
+  // `cutoff`: messages that carry none (an empty batch) do not keep it, and
+  // its incomplete blocks, alive. Not while the store is behind (then it
+  // reads ahead).
   void ExpireIfIdleSince(absl::Time cutoff) override {
     Step step;
     {
       absl::MutexLock lock(&mu_);
-      if (finished_ || error_.has_value() || processing_ || !queue_.empty() || !reading_ || waiting_since_ >= cutoff) {
+      if (finished_ || error_.has_value() || processing_ || !queue_.empty() || !reading_ ||
+          progress_since_ >= cutoff) {
         return;
       }
-      const std::string why = absl::StrCat("no Put message for ", absl::FormatDuration(service_->idle_puts()->limit()),
+      const std::string why = absl::StrCat("no slice stored for ", absl::FormatDuration(service_->idle_puts()->limit()),
                                            ": stream ended, its incomplete blocks dropped");
       static RateLimitedLog log(LogLevel::kWarning, "put");
       log(absl::StrCat(caller_->Describe(), ": ", why));
@@ -156,7 +158,6 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
           // Decided in the same critical section that ends processing: once
           // it is clear, another thread may finish the stream and free this.
           processing_ = false;
-          waiting_since_ = absl::Now();
           const Step last = PlanLocked();
           lock.Release();
           Run(last);
@@ -166,10 +167,12 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
         queue_.pop_front();
       }
       ++messages_;
+      const uint64_t slices_before = slices_stored_;
       absl::Status status = Apply(raw);
       Step step;
       {
         absl::MutexLock lock(&mu_);
+        if (slices_stored_ > slices_before) progress_since_ = absl::Now();
         if (!status.ok()) {
           error_ = ToGrpcStatus(service_->Count(caller_->tenant, status));
           queue_.clear();
@@ -240,7 +243,7 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
                           const v1::StagedRange* staged) {
     if (session_ == nullptr) return absl::InvalidArgumentError("the first Put message must be a header");
     KVTIER_ASSIGN_OR_RETURN(kvblock::BlockHash hash, kvblock::HashFromBytes(block_hash));
-    if (staged == nullptr) return session_->AddSlice(hash, data);
+    if (staged == nullptr) return Counted(session_->AddSlice(hash, data));
     if (staging_ == nullptr) {
       return absl::InvalidArgumentError(
           "a staged slice needs a header naming a fast path session with a staging region");
@@ -250,7 +253,12 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
     // what is checked must be what is stored.
     staged_copy_.assign(range.data(), range.size());
     service_->fast_path()->CountStaged(range.size());
-    return session_->AddSlice(hash, staged_copy_);
+    return Counted(session_->AddSlice(hash, staged_copy_));
+  }
+
+  absl::Status Counted(absl::Status added) {
+    if (added.ok()) ++slices_stored_;
+    return added;
   }
 
   // The successful end: what this stream stored.
@@ -276,6 +284,7 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
   bool watched_ = false;                  // in idle_puts, from before the first read
   grpc::ByteBuffer request_;              // the one read in flight; owned by whoever set reading_
   int messages_ = 0;                      // parsed so far, by Drain
+  uint64_t slices_stored_ = 0;            // by Drain: its progress
   // Used by one Drain task at a time (processing_), then by Answer; freed in
   // OnDone, taking incomplete blocks with it.
   std::unique_ptr<PutSession> session_;
@@ -289,8 +298,9 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<grpc::Status> error_ ABSL_GUARDED_BY(mu_);
-  // Since when the stream has had nothing to do but wait for the client.
-  absl::Time waiting_since_ ABSL_GUARDED_BY(mu_);
+  // When a slice was last stored (or the stream opened): a stream without
+  // progress for --put-idle-ms ends, however many messages it sends.
+  absl::Time progress_since_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -387,9 +387,13 @@ bool BlockStore::WithinQuotaLocked(const std::string& owner, size_t tier) const 
 
 void BlockStore::ReleaseStorageLocked(const Entry& e) { GiveRoomLocked(e.tier, RoomOf(e), e.owner, /*written=*/true); }
 
-bool BlockStore::HasRoomLocked(size_t tier, size_t bytes, const std::string& ns) const {
+bool BlockStore::HasRoomLocked(size_t tier, size_t bytes, const std::string& group) const {
   const Tier& t = *tiers_[tier];
-  return t.storage->HasRoom(bytes, ns, t.counters.capacity_bytes - t.counters.used_bytes);
+  return t.storage->HasRoom(bytes, group, t.counters.capacity_bytes - t.counters.used_bytes);
+}
+
+std::string BlockStore::SegmentGroup(const std::string& ns) const {
+  return options_.segment_group ? options_.segment_group(ns) : ns;
 }
 
 void BlockStore::EvictLocked(Entry* e) {
@@ -414,7 +418,7 @@ void BlockStore::DropLocked(Entry* e) {
   counters_.metadata_bytes -= EntryMetadataBytes(*e);
 }
 
-absl::Status BlockStore::MakeRoomLocked(size_t tier, size_t bytes, const std::string& ns, const std::string& owner) {
+absl::Status BlockStore::MakeRoomLocked(size_t tier, size_t bytes, const std::string& group, const std::string& owner) {
   const auto tier_name = [&] { return kvblock::TierName(static_cast<v1::Tier>(tiers_[tier]->counters.tier)); };
   const uint64_t taken = tiers_[tier]->storage->BytesTaken(bytes);
   auto book = owners_.find(owner);
@@ -429,7 +433,7 @@ absl::Status BlockStore::MakeRoomLocked(size_t tier, size_t bytes, const std::st
                                                        tier_name(), " tier is all pinned or incomplete blocks"));
     }
   }
-  const auto short_of_room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !HasRoomLocked(tier, bytes, ns); };
+  const auto short_of_room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !HasRoomLocked(tier, bytes, group); };
   // The asker's own blocks, and those of owners over their quota or with
   // none, go first; an owner within its quota loses blocks only when the
   // quotas add up to more than the tier holds.
@@ -496,7 +500,7 @@ absl::StatusOr<int> BlockStore::OpenSegmentReadOnly(uint32_t tier, uint32_t segm
   if (tier >= tiers_.size() || !tiers_[tier]->storage->shareable()) {
     return absl::InvalidArgumentError(absl::StrCat("no shared segment ", segment, " in tier ", tier));
   }
-  return tiers_[tier]->storage->OpenShared(segment, generation, ns);
+  return tiers_[tier]->storage->OpenShared(segment, generation, SegmentGroup(ns));
 }
 
 StoreStats BlockStore::Stats() {

@@ -70,10 +70,15 @@ struct StoreOptions {
   std::string disk_dir;        // empty: no disk tier
   uint64_t disk_capacity = 0;  // bytes of records under disk_dir
   uint32_t page_size = 16 * 1024;
-  // Page tiers in memfd segments of this many bytes, one namespace per
-  // segment, so same-host readers can map them (the fast path).
+  // Page tiers in memfd segments of this many bytes, so same-host readers
+  // can map them (the fast path). A segment holds the blocks of one group
+  // of namespaces: those segment_group gives one key (the cache: those the
+  // same tenants may read, TenantRegistry::ReaderClass), so that a reader
+  // allowed one of them may map them all; unset, each namespace is its
+  // own group. Called under the store's lock.
   bool shared_memory = false;
   uint64_t segment_bytes = 4 << 20;
+  std::function<std::string(const std::string& ns)> segment_group;
   // New memfds for segments readers had, made ahead (ArenaOptions).
   bool make_segments_ahead = true;
   // The device tier in this slab (a GPU's memory) instead of host memory.
@@ -87,6 +92,10 @@ struct StoreOptions {
   uint32_t max_pending_blocks = 1024;
   uint32_t max_pending_per_stream = 256;
   uint32_t max_pending_per_owner = 512;
+  // Memory the incomplete blocks of one owner (a tenant: not the one trust
+  // domain's "") without a pending_bytes quota may take at once; 0: half
+  // the device tier.
+  uint64_t max_pending_bytes_per_owner = 0;
   Eviction eviction = Eviction::kLeafFirst;
 };
 
@@ -313,10 +322,13 @@ class BlockStore {
   // Makes room in `tier` for a record of `bytes` of `owner`'s, demoting or
   // dropping LRU unpinned blocks: first the owner's own while it would be
   // over its quota, then as BeginPut says; RESOURCE_EXHAUSTED, naming the
-  // quota or the tier, when pinned blocks leave too little room. `ns` is the record's: in a shared arena only its
-  // segments, or empty ones, can take it.
-  absl::Status MakeRoomLocked(size_t tier, size_t bytes, const std::string& ns, const std::string& owner)
+  // quota or the tier, when pinned blocks leave too little room. `group`
+  // is the record's segment group (SegmentGroup): in a shared arena only
+  // its segments, or empty ones, can take it.
+  absl::Status MakeRoomLocked(size_t tier, size_t bytes, const std::string& group, const std::string& owner)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The segment group of `ns`'s blocks (StoreOptions::segment_group).
+  std::string SegmentGroup(const std::string& ns) const;
   // Demotes or drops LRU unpinned blocks of `tier` that `eligible` allows
   // while `short_of_room` holds; false when none is left to go.
   bool FreeWhileLocked(size_t tier, size_t bytes, const std::function<bool()>& short_of_room,
@@ -328,7 +340,7 @@ class BlockStore {
   // Drops an owner's book once it holds nothing (its quota comes again
   // with its next Put).
   void ForgetIfEmptyLocked(const std::string& owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool HasRoomLocked(size_t tier, size_t bytes, const std::string& ns) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool HasRoomLocked(size_t tier, size_t bytes, const std::string& group) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The storage under `tier` filled before its capacity (a file system
   // under a disk tier): evicts its LRU unpinned blocks until `bytes` of
   // them are gone; false when none could go.

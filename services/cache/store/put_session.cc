@@ -168,22 +168,33 @@ absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t b
         absl::StrCat(pending_blocks_, " blocks are being assembled, the limit; retry later"));
   }
   Tier& first = *tiers_[0];
-  if (auto book = owners_.find(owner);
-      book != owners_.end() && book->second.quota.pending_bytes > 0 &&
-      book->second.pending_bytes + first.storage->BytesTaken(bytes) > book->second.quota.pending_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "tenant ", owner, "'s Put streams hold ", book->second.pending_bytes,
-        " bytes of incomplete blocks, its quota of ", book->second.quota.pending_bytes, "; complete some"));
+  // Bytes too, not only blocks: a few streams of one tenant's big
+  // half-sent blocks would otherwise hold the whole device tier against the
+  // others. One block alone may always begin. (Without tenants there are
+  // no others: idle streams are ended instead, PutReactor.)
+  const auto in_flight = owners_.find(owner);
+  const uint64_t held = in_flight == owners_.end() ? 0 : in_flight->second.pending_bytes;
+  const uint64_t quota = in_flight == owners_.end() ? 0 : in_flight->second.quota.pending_bytes;
+  const uint64_t limit =
+      quota > 0 ? quota
+                : (options_.max_pending_bytes_per_owner > 0 ? options_.max_pending_bytes_per_owner
+                                                             : first.counters.capacity_bytes / 2);
+  if (held > 0 && (quota > 0 || !owner.empty()) && held + first.storage->BytesTaken(bytes) > limit) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("tenant ", owner, "'s Put streams hold ", held, " bytes of incomplete blocks, ",
+                     quota > 0 ? "its quota of " : "the most without a putBytesInFlight quota, ", limit,
+                     "; complete some"));
   }
   if (!first.storage->Fits(bytes)) {
     return absl::ResourceExhaustedError(absl::StrCat("a block of ", bytes, " bytes does not fit the device tier (",
                                                      first.counters.capacity_bytes, " bytes)"));
   }
-  if (absl::Status room = MakeRoomLocked(0, bytes, ns, owner); !room.ok()) {
+  const std::string group = SegmentGroup(ns);
+  if (absl::Status room = MakeRoomLocked(0, bytes, group, owner); !room.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat(room.message(), "; retry later"));
   }
   std::vector<uint32_t> pages;
-  if (!first.storage->Take(bytes, ns, pages)) {
+  if (!first.storage->Take(bytes, group, pages)) {
     return absl::ResourceExhaustedError("device tier is full of blocks in use; retry later");
   }
   ChargeLocked(0, owner, first.storage->BytesTaken(bytes), +1);

@@ -48,9 +48,10 @@ std::vector<bool> BlockStore::MoveLocked(std::span<Entry* const> entries, size_t
     for (size_t i : wanted) {
       Entry* e = entries[i];
       if (e->moving || e->pins > 1 || e->zombie) continue;
-      if (!dst.storage->Fits(e->size) || !MakeRoomLocked(to, e->size, e->ns, e->owner).ok()) continue;
+      const std::string group = SegmentGroup(e->ns);
+      if (!dst.storage->Fits(e->size) || !MakeRoomLocked(to, e->size, group, e->owner).ok()) continue;
       std::vector<uint32_t> pages;  // the room, reserved
-      if (!dst.storage->Take(e->size, e->ns, pages)) continue;
+      if (!dst.storage->Take(e->size, group, pages)) continue;
       ChargeLocked(to, e->owner, dst.storage->BytesTaken(e->size), +1);
       e->moving = true;
       moves.push_back({i, e, e->tier, e->pages, std::move(pages)});

@@ -39,7 +39,7 @@ absl::Status TierStorage::WriteAt(const RecordRoom& /*room*/, size_t /*offset*/,
   return absl::UnimplementedError("this tier cannot assemble records");
 }
 
-absl::StatusOr<int> TierStorage::OpenShared(uint32_t segment, uint64_t /*generation*/, const std::string& /*ns*/) {
+absl::StatusOr<int> TierStorage::OpenShared(uint32_t segment, uint64_t /*generation*/, const std::string& /*group*/) {
   return absl::InvalidArgumentError(absl::StrCat("no shared segment ", segment, " in this tier"));
 }
 
@@ -60,13 +60,13 @@ class PrivatePages : public TierStorage {
     const uint32_t slot = slots_.SlotBytes(bytes);
     return slot > 0 ? slot : uint64_t{PagesFor(bytes)} * arena_->page_size();
   }
-  bool HasRoom(size_t bytes, const std::string& ns, uint64_t /*free_bytes*/) const override {
+  bool HasRoom(size_t bytes, const std::string& group, uint64_t /*free_bytes*/) const override {
     const uint32_t slot = slots_.SlotBytes(bytes);
-    return slot > 0 ? slots_.HasRoom(slot, ns) : arena_->FreePagesFor(ns) >= PagesFor(bytes);
+    return slot > 0 ? slots_.HasRoom(slot, group) : arena_->FreePagesFor(group) >= PagesFor(bytes);
   }
-  bool Take(size_t bytes, const std::string& ns, std::vector<uint32_t>& pages) override {
+  bool Take(size_t bytes, const std::string& group, std::vector<uint32_t>& pages) override {
     const uint32_t slot = slots_.SlotBytes(bytes);
-    return slot > 0 ? slots_.Take(slot, ns, pages) : arena_->Allocate(PagesFor(bytes), ns, pages);
+    return slot > 0 ? slots_.Take(slot, group, pages) : arena_->Allocate(PagesFor(bytes), group, pages);
   }
   void Give(const RecordRoom& room, bool /*written*/) override {
     if (RecordSlots::IsSlot(room.pages)) {
@@ -140,15 +140,16 @@ class SharedSegments final : public PrivatePages {
     return pieces;
   }
 
-  absl::StatusOr<int> OpenShared(uint32_t segment, uint64_t generation, const std::string& ns) override {
+  absl::StatusOr<int> OpenShared(uint32_t segment, uint64_t generation, const std::string& group) override {
     if (segment >= arena_->segment_count()) {
       return absl::InvalidArgumentError(absl::StrCat("no shared segment ", segment));
     }
     if (arena_->Generation(segment) != generation || !arena_->Ready(segment) || arena_->SegmentFd(segment) < 0) {
       return absl::FailedPreconditionError(absl::StrCat("segment ", segment, " is no longer generation ", generation));
     }
-    if (arena_->Owner(segment) != ns) {
-      return absl::PermissionDeniedError(absl::StrCat("segment ", segment, " holds another namespace's blocks"));
+    if (arena_->Owner(segment) != group) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("segment ", segment, " holds blocks of namespaces this reader may not read"));
     }
     // Reopening through /proc gives a descriptor of the same memory that can
     // only be mapped read-only.
@@ -220,10 +221,10 @@ class DiskFiles final : public TierStorage {
   DiskFiles(std::unique_ptr<DiskDir> disk, uint64_t capacity) : disk_(std::move(disk)), capacity_(capacity) {}
 
   bool Fits(size_t bytes) const override { return bytes <= capacity_; }
-  bool HasRoom(size_t bytes, const std::string& /*ns*/, uint64_t free_bytes) const override {
+  bool HasRoom(size_t bytes, const std::string& /*group*/, uint64_t free_bytes) const override {
     return free_bytes >= bytes;
   }
-  bool Take(size_t /*bytes*/, const std::string& /*ns*/, std::vector<uint32_t>& /*pages*/) override { return true; }
+  bool Take(size_t /*bytes*/, const std::string& /*group*/, std::vector<uint32_t>& /*pages*/) override { return true; }
   void Give(const RecordRoom& room, bool written) override {
     if (written) disk_->Remove(room.ns, room.hash);
   }

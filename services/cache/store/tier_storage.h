@@ -4,7 +4,8 @@
 // each kind of storage is one implementation:
 //
 //   PrivatePages    pages in this process's own memory
-//   SharedSegments  pages in memfd segments, one namespace each, that
+//   SharedSegments  pages in memfd segments, one segment group each (the
+//                   namespaces that may share them, StoreOptions), that
 //                   same-host readers map read-only (the fast path)
 //   SlabPages       pages in a slab reached only by copies (a GPU's memory)
 //   DiskFiles       one file per record (disk_dir.h)
@@ -72,13 +73,13 @@ class TierStorage {
   // The memory a record of `bytes` takes here (whole pages in a page
   // tier): what the tier's use and an owner's quota count.
   virtual uint64_t BytesTaken(size_t bytes) const { return bytes; }
-  // Whether a record of `bytes` of `ns` fits now; `free_bytes`: the tier's
-  // capacity less what it holds.
-  virtual bool HasRoom(size_t bytes, const std::string& ns, uint64_t free_bytes) const = 0;
-  // Takes room for a record of `bytes` of `ns`: its pages (none for a
-  // file). False, and nothing taken, when there is none. The taker runs
-  // Prepare on the pages, without the lock, before anything else.
-  virtual bool Take(size_t bytes, const std::string& ns, std::vector<uint32_t>& pages) = 0;
+  // Whether a record of `bytes` of segment group `group` fits now;
+  // `free_bytes`: the tier's capacity less what it holds.
+  virtual bool HasRoom(size_t bytes, const std::string& group, uint64_t free_bytes) const = 0;
+  // Takes room for a record of `bytes` of segment group `group`: its pages
+  // (none for a file). False, and nothing taken, when there is none. The
+  // taker runs Prepare on the pages, without the lock, before anything else.
+  virtual bool Take(size_t bytes, const std::string& group, std::vector<uint32_t>& pages) = 0;
   // Gives back a record's room; `written` says whether its bytes were
   // stored there (a file then goes too).
   virtual void Give(const RecordRoom& room, bool written) = 0;
@@ -125,8 +126,9 @@ class TierStorage {
   // Where the record lies in shared segments, in order, pages that follow
   // each other merged; empty when it is not all in shared memory.
   virtual std::vector<SharedPiece> SharedPieces(uint32_t /*tier*/, const RecordRoom& /*room*/) const { return {}; }
-  // A new read-only descriptor of a segment for a reader of `ns`.
-  virtual absl::StatusOr<int> OpenShared(uint32_t segment, uint64_t generation, const std::string& ns);
+  // A new read-only descriptor of a segment for a reader of segment group
+  // `group`.
+  virtual absl::StatusOr<int> OpenShared(uint32_t segment, uint64_t generation, const std::string& group);
   // Copies the record device to device into `to` at `at` (CUDA IPC).
   virtual absl::Status CopyToExported(const RecordRoom& room, ExportedBuffer& to, uint64_t at) const;
 };

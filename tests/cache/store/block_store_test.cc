@@ -287,6 +287,28 @@ TEST_P(BlockStoreTest, IncompleteBlocksAreBoundedPerStreamAndPerOwner) {
   EXPECT_EQ(store_->Stats().pending_blocks, 0u);
 }
 
+// Without a quota of bytes in flight, one owner's incomplete blocks take at
+// most half the device tier however few and big they are (here a page
+// each, four streams of one): the rest stays for others, and for its own
+// blocks once it completes some.
+TEST_P(BlockStoreTest, IncompleteBlocksOfAnOwnerWithoutAQuotaTakeHalfTheDeviceTierAtMost) {
+  Open(8, 8);  // one block a page
+  std::vector<std::unique_ptr<PutSession>> streams;
+  for (int i = 0; i < 4; ++i) {
+    streams.push_back(store_->BeginPut("ns", layout_, "mallory"));
+    ASSERT_TRUE(streams.back()->AddSlice(Hash(10 + i), Slice(0, 1)).ok()) << i;
+  }
+  auto fifth = store_->BeginPut("ns", layout_, "mallory");
+  const absl::Status refused = fifth->AddSlice(Hash(14), Slice(0, 1));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.message().find("without a putBytesInFlight quota"), std::string::npos) << refused;
+  auto honest = store_->BeginPut("ns", layout_, "alice");
+  for (uint32_t l = 0; l < layout_.num_layers; ++l) ASSERT_TRUE(honest->AddSlice(Hash(30), Slice(l, 1)).ok());
+  EXPECT_EQ(honest->Finish().blocks_stored, 1u);
+  for (uint32_t l = 1; l < layout_.num_layers; ++l) ASSERT_TRUE(streams[0]->AddSlice(Hash(10), Slice(l, 1)).ok());
+  EXPECT_TRUE(fifth->AddSlice(Hash(14), Slice(0, 1)).ok());
+}
+
 // Quotas: a tenant writing ten times its quota demotes and drops its own
 // blocks, never another's within its quota; use counts whole pages; a Put
 // that cannot fit because the tenant's quota is all pinned says so.
@@ -1345,6 +1367,39 @@ TEST_P(SharedSegmentsTest, SmallRecordsOfTwoNamespacesNeverShareASegment) {
     close(*fd);
     EXPECT_EQ(seen, (*block)->CopyToString());
   }
+}
+
+// With a segment group per set of namespaces (the cache's: those the same
+// tenants may read), the group's namespaces fill segments together, a
+// reader of any of them may map them, and other groups never share one.
+// Twelve one-record namespaces of one group fit a store that holds few
+// segments (each namespace its own would not).
+TEST_P(SharedSegmentsTest, NamespacesOfOneGroupShareSegmentsAndOtherGroupsNever) {
+  layout_ = TinyLayout();
+  layout_id_ = kvblock::LayoutId(layout_);
+  Open(4, 4, 0, [](StoreOptions& o) {  // two segments a tier
+    o.segment_group = [](const std::string& ns) { return ns.starts_with("acme") ? std::string("acme") : ns; };
+  });
+  for (int i = 0; i < 12; ++i) Put(Hash(i), "acme-" + std::to_string(i));
+  std::set<std::pair<uint32_t, uint32_t>> acme_segments;
+  for (int i = 0; i < 12; ++i) {
+    auto block = store_->Read("acme-" + std::to_string(i), layout_id_, Hash(i));
+    ASSERT_TRUE(block.ok()) << "acme-" << i << ": " << block.status();
+    const SharedPiece piece = store_->SharedPieces(**block)[0];
+    acme_segments.insert({piece.tier, piece.segment});
+    // A reader of another namespace of the group maps it.
+    absl::StatusOr<int> fd = store_->OpenSegmentReadOnly(piece.tier, piece.segment, piece.generation, "acme-0");
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    close(*fd);
+  }
+  EXPECT_EQ(acme_segments.size(), 1u) << "twelve small records of one group in several segments";
+  Put(Hash(100), "globex");
+  auto theirs = store_->Read("globex", layout_id_, Hash(100));
+  ASSERT_TRUE(theirs.ok()) << theirs.status();
+  const SharedPiece piece = store_->SharedPieces(**theirs)[0];
+  EXPECT_FALSE(acme_segments.contains({piece.tier, piece.segment})) << "two groups in one segment";
+  EXPECT_EQ(store_->OpenSegmentReadOnly(piece.tier, piece.segment, piece.generation, "acme-0").status().code(),
+            absl::StatusCode::kPermissionDenied);
 }
 
 std::string MemoryName(const ::testing::TestParamInfo<Memory>& info) {
