@@ -288,8 +288,8 @@ int main(int argc, char** argv) {
                   "refreshes a prefix last block first, so its first blocks, which every longer prefix needs, go "
                   "last), or lru (each block by its own last use)");
   flags.AddUint("put-idle-ms", &f.put_idle_ms,
-                "a Put stream that sends nothing for this long is ended (DEADLINE_EXCEEDED) and its incomplete "
-                "blocks dropped");
+                "a Put stream that stores no slice for this long (messages without one do not count) is ended "
+                "(DEADLINE_EXCEEDED) and its incomplete blocks dropped");
   f.security.Register(flags, /*serves=*/true, /*calls=*/false);
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "kvtier-cache"))
     return *exit;
