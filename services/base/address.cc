@@ -33,4 +33,13 @@ absl::Status ValidateTargetAddress(const std::string& address) {
   return absl::OkStatus();
 }
 
+std::string PeerHost(const std::string& peer) {
+  if (peer.starts_with("ipv4:")) return peer.substr(5, peer.rfind(':') - 5);
+  if (peer.starts_with("ipv6:[")) {
+    const size_t close = peer.find(']');
+    if (close != std::string::npos) return peer.substr(6, close - 6);
+  }
+  return peer;
+}
+
 }  // namespace kvtier

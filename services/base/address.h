@@ -14,6 +14,11 @@ absl::Status ValidateListenAddress(const std::string& address);
 // "host:port" to call: a host, and a port 1-65535.
 absl::Status ValidateTargetAddress(const std::string& address);
 
+// The host of a gRPC peer string, without its port: "ipv4:10.0.0.7:5123"
+// gives "10.0.0.7", "ipv6:[::1]:5123" gives "::1"; anything else (a unix
+// socket's peer) as it is.
+std::string PeerHost(const std::string& peer);
+
 }  // namespace kvtier
 
 #endif  // KVTIER_SERVICES_BASE_ADDRESS_H_

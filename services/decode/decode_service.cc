@@ -21,7 +21,8 @@ prometheus::Counter& MakeCounter(prometheus::Registry& r, const std::string& nam
 }  // namespace
 
 DecodeService::DecodeService(const runtime::Model* model, std::string model_id, cache::ShardSet* shards,
-                             prometheus::Registry* registry, Batcher::Options options)
+                             prometheus::Registry* registry, Batcher::Options options,
+                             uint64_t max_sequences_per_tenant)
     : model_(*model),
       model_id_(std::move(model_id)),
       shards_(*shards),
@@ -61,7 +62,9 @@ DecodeService::DecodeService(const runtime::Model* model, std::string model_id, 
             batch_size_.Observe(static_cast<double>(batch));
             step_seconds_.Observe(seconds);
           })),
-      preparing_(std::make_unique<Executor>(kPreparingThreads, options.max_sequences)) {}
+      preparing_(std::make_unique<Executor>(kPreparingThreads, options.max_sequences)),
+      per_tenant_(max_sequences_per_tenant > 0 ? max_sequences_per_tenant : std::max<uint64_t>(options.max_sequences / 2, 1),
+                  "sequences of tenant", "--max-sequences-per-tenant") {}
 
 DecodeService::~DecodeService() {
   preparing_.reset();
@@ -249,6 +252,7 @@ class DecodeService::Stream final : public grpc::ServerWriteReactor<v1::DecodeRe
   void OnCancel() override { Stop(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled")); }
 
   void OnDone() override {
+    tenant_hold_.reset();
     {
       absl::MutexLock lock(&mu_);
       if (submitted_) service_->sequences_.Decrement();
@@ -271,6 +275,12 @@ class DecodeService::Stream final : public grpc::ServerWriteReactor<v1::DecodeRe
       return Conclude(ToGrpcStatus(valid));
     }
     caller_ = *std::move(caller);
+    // An end tenant (whom a service acts for) cannot take every sequence.
+    if (!caller_->service.empty()) {
+      absl::StatusOr<std::shared_ptr<void>> held = service_->per_tenant_.Hold(caller_->tenant);
+      if (!held.ok()) return Conclude(ToGrpcStatus(held.status()));
+      tenant_hold_ = *std::move(held);
+    }
     {
       absl::MutexLock lock(&mu_);
       preparing_ = true;
@@ -381,6 +391,7 @@ class DecodeService::Stream final : public grpc::ServerWriteReactor<v1::DecodeRe
   DecodeService* const service_;
   const v1::DecodeRequest* const request_;  // gRPC's, until Finish
   std::shared_ptr<Stream> self_;            // from Start to OnDone
+  std::shared_ptr<void> tenant_hold_;       // a place in the service's per-tenant bound, until OnDone
   std::shared_ptr<const Caller> caller_;    // set before the preparation
   absl::Mutex mu_;
   bool submitted_ ABSL_GUARDED_BY(mu_) = false;  // to the batcher, by Prepare

@@ -21,15 +21,18 @@
 #include "services/cache/client/shard_set.h"
 #include "services/decode/batcher.h"
 #include "services/rpc/tenants.h"
+#include "services/serving/concurrency_bound.h"
 
 namespace kvtier::decode {
 
 class DecodeService final : public v1::Decode::CallbackService {
  public:
   // None owned; all must outlive the service. Only kvtier services (and
-  // services acting for their end tenants) may call.
+  // services acting for their end tenants) may call. One end tenant holds
+  // at most `max_sequences_per_tenant` sequences at once (0: half of
+  // options.max_sequences).
   DecodeService(const runtime::Model* model, std::string model_id, cache::ShardSet* shards,
-                prometheus::Registry* registry, Batcher::Options options);
+                prometheus::Registry* registry, Batcher::Options options, uint64_t max_sequences_per_tenant = 0);
   ~DecodeService() override;
 
   grpc::ServerWriteReactor<v1::DecodeResponse>* Decode(grpc::CallbackServerContext* context,
@@ -68,6 +71,7 @@ class DecodeService final : public v1::Decode::CallbackService {
   // Where streams prepare their sequences (Prepare blocks on the cache and
   // the model); stopped first.
   std::unique_ptr<Executor> preparing_;
+  serving::ConcurrencyBound per_tenant_;
 };
 
 }  // namespace kvtier::decode

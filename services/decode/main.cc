@@ -14,6 +14,7 @@ struct Flags {
   serving::ModelServerFlags server;
   uint64_t max_batch = 32;
   uint64_t max_sequences = 256;
+  uint64_t max_sequences_per_tenant = 0;
 };
 
 int Run(const Flags& f) {
@@ -24,7 +25,7 @@ int Run(const Flags& f) {
   absl::StatusOr<serving::ModelServer> s = serving::StartModelServer(program, f.server);
   if (!s.ok()) return serving::ExitWith(program, s.status());
   DecodeService service(s->model.get(), s->model_id, s->shards.get(), s->registry.get(),
-                        {.max_batch = f.max_batch, .max_sequences = f.max_sequences});
+                        {.max_batch = f.max_batch, .max_sequences = f.max_sequences}, f.max_sequences_per_tenant);
   return serving::ServeUntilSignal(
       program, f.server, &service, v1::Decode::service_full_name(), s->tenants.get(),
       absl::StrCat("model ", s->model_id, ", ", s->shards->size(), " cache shard(s), batches of up to ", f.max_batch));
@@ -45,6 +46,9 @@ int main(int argc, char** argv) {
   f.server.Register(flags);
   flags.AddUint("max-batch", &f.max_batch, "sequences per decode step");
   flags.AddUint("max-sequences", &f.max_sequences, "sequences held at once; more get RESOURCE_EXHAUSTED");
+  flags.AddUint("max-sequences-per-tenant", &f.max_sequences_per_tenant,
+                "sequences one end tenant (a prefill node acting for it) may hold at once; more get "
+                "RESOURCE_EXHAUSTED (0: half of --max-sequences)");
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "kvtier-decode")) {
     return *exit;
   }

@@ -21,6 +21,8 @@ struct Flags {
   uint64_t tokens_per_block = 64;
   uint64_t decode_idle_ms = 30000;
   uint64_t max_top_logprobs = serving::kMaxTopLogprobs;
+  uint64_t max_generations_per_tenant = PrefillOptions{}.max_generations_per_tenant;
+  uint64_t max_generations_per_client = PrefillOptions{}.max_generations_per_client;
 };
 
 int Run(const Flags& f) {
@@ -30,6 +32,9 @@ int Run(const Flags& f) {
   };
   if (f.decode.empty()) return usage("--decode is required");
   if (f.decode_idle_ms == 0) return usage("--decode-idle-ms must be positive");
+  if (f.max_generations_per_tenant == 0 || f.max_generations_per_client == 0) {
+    return usage("--max-generations-per-tenant and --max-generations-per-client must be positive");
+  }
   const std::optional<kernels::Codec> codec = kernels::ParseCodec(f.kv_codec);
   if (!codec) return usage(absl::StrCat("--kv-codec ", f.kv_codec, " is not one of bf16, fp8, int8, int4"));
   if (f.tokens_per_block < 1 || f.tokens_per_block > kernels::kMaxBlockTokens) {
@@ -51,6 +56,8 @@ int Run(const Flags& f) {
     return usage(absl::StrCat("--max-top-logprobs ", f.max_top_logprobs, " exceeds the model's vocabulary of ", vocab));
   }
   options.max_top_logprobs = static_cast<uint32_t>(f.max_top_logprobs);
+  options.max_generations_per_tenant = f.max_generations_per_tenant;
+  options.max_generations_per_client = f.max_generations_per_client;
   PrefillService service(s->model.get(), s->model_id, s->shards.get(), s->registry.get(), options);
   std::atomic<size_t> decoders = 0;  // the discovery's thread updates it
   absl::StatusOr<std::unique_ptr<PeerDiscovery>> discovery = PeerDiscovery::Start(
@@ -87,6 +94,11 @@ int main(int argc, char** argv) {
   flags.AddUint("max-top-logprobs", &f.max_top_logprobs,
                 "most alternatives a request may ask for with each token (limits.top_logprobs), up to the "
                 "vocabulary: set it to the vocabulary to score text through the servers");
+  flags.AddUint("max-generations-per-tenant", &f.max_generations_per_tenant,
+                "Generate calls one tenant (with --tenants) may have under way at once; more get "
+                "RESOURCE_EXHAUSTED");
+  flags.AddUint("max-generations-per-client", &f.max_generations_per_client,
+                "Generate calls from one client address under way at once; more get RESOURCE_EXHAUSTED");
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "kvtier-prefill")) {
     return *exit;
   }

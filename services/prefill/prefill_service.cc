@@ -7,6 +7,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "services/base/address.h"
 #include "services/base/log.h"
 #include "services/base/status.h"
 #include "services/cache/client/cache_client.h"
@@ -60,7 +61,9 @@ PrefillService::PrefillService(const runtime::Model* model, std::string model_id
                                .Add({}, prometheus::Histogram::BucketBoundaries{0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                                                                 0.5, 1, 2.5, 5, 10, 30})),
       stalls_(options.decode_idle),
-      prefilling_(std::make_unique<Executor>(kPrefillThreads, kMaxQueuedPrefills)) {}
+      prefilling_(std::make_unique<Executor>(kPrefillThreads, kMaxQueuedPrefills)),
+      per_tenant_(options.max_generations_per_tenant, "generations of tenant", "--max-generations-per-tenant"),
+      per_client_(options.max_generations_per_client, "generations from", "--max-generations-per-client") {}
 
 PrefillService::~PrefillService() { prefilling_.reset(); }
 
@@ -240,6 +243,7 @@ class PrefillService::Stream final : public grpc::ServerWriteReactor<v1::Generat
   std::shared_ptr<Stream> self_;  // from Start to OnDone
   // Set before the prefill, read after it.
   std::shared_ptr<const Caller> caller_;
+  std::vector<std::shared_ptr<void>> holds_;  // places in the service's bounds, until OnDone
   std::string ns_;
   v1::DecodeRequest decode_;
   v1::Usage usage_;
@@ -345,6 +349,19 @@ void PrefillService::Stream::Begin() {
   }
   if (!valid.ok()) return Conclude(ToGrpcStatus(valid));
   caller_ = *std::move(caller);
+  // Places held until OnDone, so that one tenant or client cannot take
+  // every generation (and decode worker sequence) there is.
+  absl::StatusOr<std::shared_ptr<void>> client = service_->per_client_.Hold(PeerHost(context_->peer()));
+  if (!client.ok()) return Conclude(ToGrpcStatus(client.status()));
+  holds_.push_back(*std::move(client));
+  if (!caller_->tenant.empty()) {
+    absl::StatusOr<std::shared_ptr<void>> tenant = service_->per_tenant_.Hold(caller_->tenant);
+    if (!tenant.ok()) {
+      holds_.clear();  // now: the client may call again before OnDone
+      return Conclude(ToGrpcStatus(tenant.status()));
+    }
+    holds_.push_back(*std::move(tenant));
+  }
   {
     absl::MutexLock lock(&mu_);
     preparing_ = true;
@@ -598,6 +615,7 @@ void PrefillService::Stream::Conclude(const grpc::Status& status) {
 }
 
 void PrefillService::Stream::OnDone() {
+  holds_.clear();
   {
     absl::MutexLock lock(&mu_);
     call_.reset();  // a call still ending holds this object, not the RPC

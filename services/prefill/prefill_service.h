@@ -26,6 +26,7 @@
 #include "services/rpc/tenants.h"
 #include "services/runtime/model.h"
 #include "services/runtime/sampler.h"
+#include "services/serving/concurrency_bound.h"
 #include "services/serving/request_checks.h"
 
 namespace kvtier::prefill {
@@ -41,6 +42,10 @@ struct PrefillOptions {
   absl::Duration decode_idle = absl::Seconds(30);
   // Most alternatives a request may ask for with each token.
   uint32_t max_top_logprobs = serving::kMaxTopLogprobs;
+  // Generations under way at once for one tenant (with a tenants file)
+  // and from one client address.
+  uint64_t max_generations_per_tenant = 64;
+  uint64_t max_generations_per_client = 64;
 };
 
 class PrefillService final : public v1::Prefill::CallbackService {
@@ -94,6 +99,8 @@ class PrefillService final : public v1::Prefill::CallbackService {
   // Where Generate calls prefill (Prefill blocks on the model and the
   // cache); stopped first.
   std::unique_ptr<Executor> prefilling_;
+  serving::ConcurrencyBound per_tenant_;
+  serving::ConcurrencyBound per_client_;
 };
 
 }  // namespace kvtier::prefill

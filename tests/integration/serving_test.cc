@@ -723,6 +723,73 @@ TEST_F(ServingTest, CancellationFreesTheDecodeSequence) {
   EXPECT_TRUE(testing::Eventually([&] { return sequences() == 0.0; }, std::chrono::seconds(20)));
 }
 
+// One tenant, or one client address, cannot hold every generation the
+// prefill node (and behind it the decode worker) has room for: past its
+// bound a Generate is RESOURCE_EXHAUSTED at once, naming the flag, while
+// others are served; a generation that ends gives its place back.
+TEST_F(ServingTest, OneTenantOrClientCannotHoldEveryGeneration) {
+  SCOPED_TRACE(rng_.Trace());
+  const testing::TempDir dir("kvtier_serving_bounds_");
+  const testing::TestTenant service{"kvtier", "SERVICE", "acme,globex", "service-token-51aa"};
+  const testing::TestTenant acme{"acme", "WRITER", "acme", "acme-token-62bb"};
+  const testing::TestTenant globex{"globex", "WRITER", "globex", "globex-token-73cc"};
+  const std::string tenants = (dir / "tenants.json").string();
+  std::ofstream(tenants) << testing::TenantsJson({service, acme, globex});
+  Cluster cluster(Tiny().dir, 1, 1, {"--tenants", tenants}, "2000",
+                  {"--tenants", tenants, "--token-file", testing::WriteTokenFile(dir.path(), service.token)},
+                  {"--max-generations-per-tenant", "2", "--max-generations-per-client", "3"});
+  ASSERT_TRUE(cluster.ok());
+  // A small receive window: a generation the client stops reading stalls
+  // (and stays under way) instead of streaming to its end into buffers.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 1024);
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  auto stub = v1::Prefill::NewStub(grpc::CreateCustomChannel(cluster.prefill_target,
+                                                             grpc::InsecureChannelCredentials(), args));
+  const auto as = [](grpc::ClientContext& context, const testing::TestTenant& t) {
+    context.AddMetadata("authorization", "Bearer " + t.token);
+  };
+  struct Held {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader;
+  };
+  // A long generation with every alternative, read until it streams: held
+  // open.
+  const auto open = [&](const testing::TestTenant& t) {
+    auto held = std::make_unique<Held>();
+    as(held->context, t);
+    v1::GenerateRequest request = Request(RandomIds(20, rng_.engine()), 1500, t.ns);
+    request.mutable_limits()->set_top_logprobs(serving::kMaxTopLogprobs);
+    held->reader = stub->Generate(&held->context, request);
+    v1::GenerateResponse event;
+    EXPECT_TRUE(held->reader->Read(&event)) << t.ns;
+    return held;
+  };
+  const auto refused = [&](const testing::TestTenant& t) {
+    grpc::ClientContext context;
+    as(context, t);
+    auto reader = stub->Generate(&context, Request(RandomIds(20, rng_.engine()), 2, t.ns));
+    v1::GenerateResponse event;
+    while (reader->Read(&event)) {
+    }
+    return reader->Finish();
+  };
+  auto a1 = open(acme), a2 = open(acme);
+  const grpc::Status third = refused(acme);
+  EXPECT_EQ(third.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << third.error_message();
+  EXPECT_NE(third.error_message().find("--max-generations-per-tenant"), std::string::npos) << third.error_message();
+  auto g1 = open(globex);  // another tenant is served
+  const grpc::Status fourth = refused(globex);
+  EXPECT_EQ(fourth.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << fourth.error_message();
+  EXPECT_NE(fourth.error_message().find("--max-generations-per-client"), std::string::npos) << fourth.error_message();
+  a1->context.TryCancel();
+  EXPECT_EQ(a1->reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(testing::Eventually([&] { return refused(globex).ok(); }, std::chrono::seconds(20)))
+      << "the cancelled generation's place did not come back";
+  for (Held* h : {a2.get(), g1.get()}) h->context.TryCancel();
+  for (Held* h : {a2.get(), g1.get()}) h->reader->Finish().IgnoreError();
+}
+
 // The threads of a process, from /proc.
 int ThreadsOf(pid_t pid) {
   std::ifstream status("/proc/" + std::to_string(pid) + "/status");
