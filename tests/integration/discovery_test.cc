@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <chrono>
+#include <iostream>
+#include <thread>
 #include <random>
 
 #include "services/base/metrics_page.h"
@@ -167,6 +170,36 @@ TEST_F(DiscoveryTest, ShardsComeAndGoWithTheirDnsRecords) {
   got = generate();
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->usage.cached_tokens(), 0u);
+}
+
+// A shard that restarts (a cache pod replaced) after a long absence is
+// used again within the watch interval, not once gRPC's reconnect backoff
+// (grown to seconds by then) runs out.
+TEST_F(DiscoveryTest, ARestartedShardIsUsedAgainWithinAnInterval) {
+  std::string target, prefill_target, prefill_metrics;
+  std::unique_ptr<ChildProcess> cache = StartCache(target);
+  ASSERT_FALSE(target.empty());
+  std::string decode_target, decode_metrics;
+  std::unique_ptr<ChildProcess> decode = Cluster::Start(
+      {KVTIER_DECODE_BINARY, "--watch-interval-ms", "200", "--metrics-listen", "127.0.0.1:0", "--listen",
+       "127.0.0.1:0", "--model", *model_dir_, "--cache", target},
+      decode_metrics, decode_target);
+  ASSERT_FALSE(decode_target.empty());
+  const std::string up = "kvtier_decode_cache_shard_up{shard=\"" + target + "\"}";
+  ASSERT_TRUE(Eventually([&] { return Scrape(decode_metrics, up) == 1; }));
+  cache->Stop(SIGKILL);
+  ASSERT_TRUE(Eventually([&] { return Scrape(decode_metrics, up) == 0; }));
+  // Away long enough for the backoff to reach several seconds.
+  std::this_thread::sleep_for(std::chrono::seconds(12));
+  cache = std::make_unique<ChildProcess>(std::vector<std::string>{KVTIER_CACHE_BINARY, "--listen", target,
+                                                                   "--device-capacity", "16MiB", "--host-capacity",
+                                                                   "16MiB", "--metrics-listen", ""});
+  ASSERT_EQ(absl::StrCat("127.0.0.1:", cache->WaitForListeningPort()), target) << "not back on its port";
+  const auto back = std::chrono::steady_clock::now();
+  ASSERT_TRUE(Eventually([&] { return Scrape(decode_metrics, up) == 1; }, std::chrono::seconds(30)));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - back).count();
+  std::cout << "the restarted shard was up again after " << seconds << " s" << std::endl;
+  EXPECT_LT(seconds, 2.0) << "a 200 ms watch interval, with margin for a loaded machine";
 }
 
 TEST_F(DiscoveryTest, BadNamesAndServersAreUsageErrors) {

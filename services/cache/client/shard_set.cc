@@ -118,6 +118,12 @@ void ShardSet::CheckHealth() {
   std::vector<std::future<void>> done;
   for (const std::shared_ptr<Shard>& shard : *shards) {
     done.push_back(std::async(std::launch::async, [this, &shard] {
+      if (shard->health.load() == Health::kDown) {
+        // A shard that is back (a restarted pod) is used within this
+        // interval, not once gRPC's reconnect backoff runs out.
+        grpc::experimental::ChannelResetConnectionBackoff(shard->channel.get());
+        shard->streams.ResetBackoff();
+      }
       const absl::Status checked = cache::CheckHealth(shard->channel, deadline_);
       const Health now = checked.ok() ? Health::kUp : Health::kDown;
       const Health before = shard->health.exchange(now);

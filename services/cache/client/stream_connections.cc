@@ -27,4 +27,10 @@ StreamConnections::Lease::~Lease() {
   --owner_->streams_[index_];
 }
 
+void StreamConnections::ResetBackoff() {
+  for (const std::shared_ptr<grpc::Channel>& channel : channels_) {
+    grpc::experimental::ChannelResetConnectionBackoff(channel.get());
+  }
+}
+
 }  // namespace kvtier::cache

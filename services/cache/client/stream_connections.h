@@ -45,6 +45,10 @@ class StreamConnections {
   };
   Lease Take();
 
+  // Lets every connection try again now, not after gRPC's reconnect
+  // backoff (which grows to minutes while a shard is away).
+  void ResetBackoff();
+
  private:
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::vector<std::unique_ptr<v1::KvCache::Stub>> stubs_;
