@@ -26,4 +26,22 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   return bytes.str();
 }
 
+PeriodicTask::PeriodicTask(absl::Duration every, std::function<void()> task)
+    : every_(every), task_(std::move(task)), thread_([this] {
+        absl::MutexLock lock(&mu_);
+        while (!mu_.AwaitWithTimeout(absl::Condition(&stop_), every_)) {
+          mu_.Unlock();
+          task_();
+          mu_.Lock();
+        }
+      }) {}
+
+PeriodicTask::~PeriodicTask() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
 }  // namespace kvtier

@@ -182,26 +182,11 @@ absl::StatusOr<std::unique_ptr<TenantRegistry>> TenantRegistry::Open(const std::
 
 TenantRegistry::TenantRegistry(std::string path, absl::Duration reload, std::shared_ptr<const Loaded> loaded,
                                std::string signature)
-    : path_(std::move(path)), reload_(reload), loaded_(std::move(loaded)), signature_(std::move(signature)) {
-  if (!path_.empty()) watcher_ = std::thread([this] { Watch(); });
+    : path_(std::move(path)), loaded_(std::move(loaded)), signature_(std::move(signature)) {
+  if (!path_.empty()) watcher_ = std::make_unique<PeriodicTask>(reload, [this] { ReloadIfChanged(); });
 }
 
-TenantRegistry::~TenantRegistry() {
-  {
-    absl::MutexLock lock(&mu_);
-    stop_ = true;
-  }
-  if (watcher_.joinable()) watcher_.join();
-}
-
-void TenantRegistry::Watch() {
-  absl::MutexLock lock(&mu_);
-  while (!mu_.AwaitWithTimeout(absl::Condition(&stop_), reload_)) {
-    mu_.Unlock();
-    ReloadIfChanged();
-    mu_.Lock();
-  }
-}
+TenantRegistry::~TenantRegistry() = default;
 
 void TenantRegistry::ReloadIfChanged() {
   if (path_.empty()) return;

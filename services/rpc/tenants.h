@@ -17,7 +17,6 @@
 
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -25,6 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kvtier/v1/tenants.pb.h"
+#include "services/base/watched_file.h"
 
 namespace kvtier {
 
@@ -94,7 +94,6 @@ class TenantRegistry {
  private:
   struct Loaded;
   TenantRegistry(std::string path, absl::Duration reload, std::shared_ptr<const Loaded> loaded, std::string signature);
-  void Watch();
   std::shared_ptr<const Loaded> Current();
   // The tenant whose proof the call brings, as Authenticate says.
   static absl::StatusOr<std::shared_ptr<const Caller>> Prove(const Loaded& loaded,
@@ -104,12 +103,10 @@ class TenantRegistry {
   static constexpr size_t kMostRememberedClasses = 1 << 16;
 
   const std::string path_;
-  const absl::Duration reload_;
   absl::Mutex mu_;
   std::shared_ptr<const Loaded> loaded_ ABSL_GUARDED_BY(mu_);
   std::string signature_ ABSL_GUARDED_BY(mu_);  // the file's inode, size and mtime when read
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread watcher_;
+  std::unique_ptr<PeriodicTask> watcher_;       // last: stops first
 };
 
 // registry->Authenticate, or with no registry the caller of one trust

@@ -15,14 +15,22 @@ constexpr unsigned kCopiesReadSeconds = 1;
 
 absl::Duration Reload(const TlsOptions& options) { return absl::Seconds(options.reload_seconds); }
 
+// gRPC's watcher of the checked copies: the key and chain (in one file)
+// when there is an identity, and the CA bundle.
+std::shared_ptr<grpc::experimental::FileWatcherCertificateProvider> CopiesProvider(const TlsFiles& files) {
+  if (!files.has_identity()) {
+    return std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(files.ca_path(), kCopiesReadSeconds);
+  }
+  return std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      files.identity_path(), files.identity_path(), files.ca_path(), kCopiesReadSeconds);
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const TlsOptions& options) {
   if (options.dir.empty()) return grpc::InsecureServerCredentials();
   KVTIER_ASSIGN_OR_RETURN(TlsFiles * files, TlsFiles::Shared(options.dir, /*need_identity=*/true, Reload(options)));
-  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-      files->identity_path(), files->identity_path(), files->ca_path(), kCopiesReadSeconds);
-  grpc::experimental::TlsServerCredentialsOptions tls(provider);
+  grpc::experimental::TlsServerCredentialsOptions tls(CopiesProvider(*files));
   tls.watch_root_certs();
   tls.watch_identity_key_cert_pairs();
   tls.set_cert_request_type(options.require_client_certificate
@@ -34,13 +42,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const TlsOptions& options) {
   if (options.dir.empty()) return grpc::InsecureChannelCredentials();
   KVTIER_ASSIGN_OR_RETURN(TlsFiles * files, TlsFiles::Shared(options.dir, /*need_identity=*/false, Reload(options)));
-  auto provider = files->has_identity()
-                      ? std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-                            files->identity_path(), files->identity_path(), files->ca_path(), kCopiesReadSeconds)
-                      : std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(files->ca_path(),
-                                                                                            kCopiesReadSeconds);
   grpc::experimental::TlsChannelCredentialsOptions tls;
-  tls.set_certificate_provider(provider);
+  tls.set_certificate_provider(CopiesProvider(*files));
   tls.watch_root_certs();
   if (files->has_identity()) tls.watch_identity_key_cert_pairs();
   return grpc::experimental::TlsCredentials(tls);

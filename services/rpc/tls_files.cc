@@ -66,6 +66,14 @@ absl::StatusOr<std::string> Read(const std::string& path) {
   return bytes;
 }
 
+// The certificates of the file at `path`, at least one.
+absl::StatusOr<std::vector<Certificate>> CertificatesIn(const std::string& path) {
+  KVTIER_ASSIGN_OR_RETURN(const std::string pem, Read(path));
+  std::vector<Certificate> certificates = Certificates(pem);
+  if (certificates.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no certificate in it (empty or not PEM)"));
+  return certificates;
+}
+
 // What gRPC is given, re-encoded from what was checked.
 struct Checked {
   ~Checked() { OPENSSL_cleanse(identity.data(), identity.size()); }
@@ -76,19 +84,14 @@ struct Checked {
 
 absl::StatusOr<Checked> Check(const std::string& dir, bool identity) {
   Checked checked;
-  const std::string ca_path = absl::StrCat(dir, "/ca.crt");
-  KVTIER_ASSIGN_OR_RETURN(const std::string ca, Read(ca_path));
-  const std::vector<Certificate> roots = Certificates(ca);
-  if (roots.empty()) return absl::InvalidArgumentError(absl::StrCat(ca_path, ": no certificate in it (empty or not PEM)"));
+  KVTIER_ASSIGN_OR_RETURN(const std::vector<Certificate> roots, CertificatesIn(absl::StrCat(dir, "/ca.crt")));
   Bio out(BIO_new(BIO_s_mem()));
   for (const Certificate& c : roots) PEM_write_bio_X509(out.get(), c.get());
   checked.ca = Contents(out.get());
   if (!identity) return checked;
 
   const std::string crt_path = absl::StrCat(dir, "/tls.crt"), key_path = absl::StrCat(dir, "/tls.key");
-  KVTIER_ASSIGN_OR_RETURN(const std::string crt, Read(crt_path));
-  const std::vector<Certificate> chain = Certificates(crt);
-  if (chain.empty()) return absl::InvalidArgumentError(absl::StrCat(crt_path, ": no certificate in it (empty or not PEM)"));
+  KVTIER_ASSIGN_OR_RETURN(const std::vector<Certificate> chain, CertificatesIn(crt_path));
   KVTIER_ASSIGN_OR_RETURN(std::string key_pem, Read(key_path));
   Bio key_in = Reading(key_pem);
   PrivateKey key(PEM_read_bio_PrivateKey(key_in.get(), nullptr, NoPassphrase, nullptr));
@@ -160,9 +163,11 @@ absl::StatusOr<std::unique_ptr<TlsFiles>> TlsFiles::Open(const std::string& dir,
                                                          absl::Duration reload) {
   const bool identity = need_identity || (access(absl::StrCat(dir, "/tls.crt").c_str(), R_OK) == 0 &&
                                           access(absl::StrCat(dir, "/tls.key").c_str(), R_OK) == 0);
-  std::unique_ptr<TlsFiles> files(new TlsFiles(dir, identity, reload));
-  KVTIER_RETURN_IF_ERROR(files->Load(/*at_start=*/true));
-  if (reload != absl::InfiniteDuration()) files->watcher_ = std::thread([f = files.get()] { f->Watch(); });
+  std::unique_ptr<TlsFiles> files(new TlsFiles(dir, identity));
+  KVTIER_RETURN_IF_ERROR(files->Load(files->Signature(), /*at_start=*/true));
+  if (reload != absl::InfiniteDuration()) {
+    files->watcher_ = std::make_unique<PeriodicTask>(reload, [f = files.get()] { f->ReloadIfChanged(); });
+  }
   return files;
 }
 
@@ -190,17 +195,10 @@ std::vector<TlsFiles::Health> TlsFiles::SharedHealth() {
   return all;
 }
 
-TlsFiles::TlsFiles(std::string dir, bool identity, absl::Duration reload)
-    : dir_(std::move(dir)), identity_(identity), reload_(reload) {
-  health_.dir = dir_;
-}
+TlsFiles::TlsFiles(std::string dir, bool identity) : dir_(std::move(dir)), identity_(identity) { health_.dir = dir_; }
 
 TlsFiles::~TlsFiles() {
-  {
-    absl::MutexLock lock(&mu_);
-    stop_ = true;
-  }
-  if (watcher_.joinable()) watcher_.join();
+  watcher_.reset();  // before the copies it swaps go
   if (identity_fd_ >= 0) close(identity_fd_);
   if (ca_fd_ >= 0) close(ca_fd_);
 }
@@ -222,8 +220,7 @@ std::string TlsFiles::Signature() const {
   return signature;
 }
 
-absl::Status TlsFiles::Load(bool at_start) {
-  const std::string signature = Signature();
+absl::Status TlsFiles::Load(const std::string& signature, bool at_start) {
   absl::StatusOr<Checked> checked = Check(dir_, identity_);
   absl::MutexLock lock(&mu_);
   signature_ = signature;  // a refused version is said once, not every check
@@ -249,21 +246,13 @@ absl::Status TlsFiles::Publish(const std::string& identity, const std::string& c
   return Replace(ca_fd_, ca, version_);
 }
 
-void TlsFiles::Watch() {
-  absl::MutexLock lock(&mu_);
-  while (!mu_.AwaitWithTimeout(absl::Condition(&stop_), reload_)) {
-    mu_.Unlock();
-    ReloadIfChanged();
-    mu_.Lock();
-  }
-}
-
 void TlsFiles::ReloadIfChanged() {
+  const std::string signature = Signature();
   {
     absl::MutexLock lock(&mu_);
-    if (Signature() == signature_) return;
+    if (signature == signature_) return;
   }
-  Load(/*at_start=*/false).IgnoreError();
+  Load(signature, /*at_start=*/false).IgnoreError();
 }
 
 }  // namespace kvtier

@@ -20,12 +20,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "services/base/watched_file.h"
 
 namespace kvtier {
 
@@ -66,17 +66,16 @@ class TlsFiles {
   void ReloadIfChanged();
 
  private:
-  TlsFiles(std::string dir, bool identity, absl::Duration reload);
-  // Reads and checks the files; gives gRPC the copies if they are whole.
-  absl::Status Load(bool at_start);
+  TlsFiles(std::string dir, bool identity);
+  // Reads and checks the files (whose Signature is `signature`); gives
+  // gRPC the copies if they are whole.
+  absl::Status Load(const std::string& signature, bool at_start);
   // Swaps in copies of a checked version.
   absl::Status Publish(const std::string& identity, const std::string& ca) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string Signature() const;
-  void Watch();
 
   const std::string dir_;
   const bool identity_;
-  const absl::Duration reload_;
   // What gRPC reads, through /proc/self/fd: made by the first Load, and
   // each later version swapped in under the same numbers.
   int identity_fd_ = -1;
@@ -85,8 +84,7 @@ class TlsFiles {
   std::string signature_ ABSL_GUARDED_BY(mu_);  // of the files last read
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;   // of the copies, their mtime
   Health health_ ABSL_GUARDED_BY(mu_);
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread watcher_;
+  std::unique_ptr<PeriodicTask> watcher_;  // calls ReloadIfChanged
 };
 
 }  // namespace kvtier

@@ -221,6 +221,7 @@ class PutSession {
 
   BlockStore* store_;
   std::string ns_;
+  std::string group_;  // ns_'s segment group, asked once
   std::string owner_;
   kvblock::LatentLayout layout_;
   uint64_t layout_id_;
@@ -369,19 +370,19 @@ class BlockStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Restores the blocks the last tier still holds from before (a disk's).
   void RecoverLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes room in the first tier for a block of `ns` being assembled by a
-  // Put stream of `owner` that holds `stream_pending` incomplete blocks
+  // Takes room in the first tier for a block of segment group `group`
+  // being assembled by a Put stream of `owner` that holds `stream_pending` incomplete blocks
   // (RESOURCE_EXHAUSTED past the bounds on incomplete blocks);
   // EndPendingLocked when it is stored or dropped.
-  absl::StatusOr<std::vector<uint32_t>> AllocatePendingLocked(size_t bytes, const std::string& ns,
+  absl::StatusOr<std::vector<uint32_t>> AllocatePendingLocked(size_t bytes, const std::string& group,
                                                               const std::string& owner, size_t stream_pending)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndPendingLocked(const std::string& owner, size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // What a PutSession asks of the store; it touches nothing else of it.
-  // The room for block `hash` of `ns` (AllocatePendingLocked), or nullopt
-  // when the block is stored already.
-  absl::StatusOr<std::optional<std::vector<uint32_t>>> BeginPending(const std::string& ns,
+  // The room for block `hash` of `ns`, in segment group `group`
+  // (AllocatePendingLocked), or nullopt when the block is stored already.
+  absl::StatusOr<std::optional<std::vector<uint32_t>>> BeginPending(const std::string& ns, const std::string& group,
                                                                     const kvblock::BlockHash& hash,
                                                                     const std::string& owner, size_t stream_pending,
                                                                     size_t bytes) ABSL_LOCKS_EXCLUDED(mu_);

@@ -33,6 +33,7 @@ struct PutSession::Pending {
 PutSession::PutSession(BlockStore* store, std::string ns, kvblock::LatentLayout layout, std::string owner)
     : store_(store),
       ns_(std::move(ns)),
+      group_(store->SegmentGroup(ns_)),
       owner_(std::move(owner)),
       layout_(std::move(layout)),
       layout_id_(kvblock::LayoutId(layout_)),
@@ -60,7 +61,7 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::span<cons
   auto it = pending_.find(key);
   if (it == pending_.end()) {
     absl::StatusOr<std::optional<std::vector<uint32_t>>> pages =
-        store_->BeginPending(ns_, hash, owner_, pending_.size(), record_bytes_);
+        store_->BeginPending(ns_, group_, hash, owner_, pending_.size(), record_bytes_);
     if (!pages.ok()) return pages.status();
     if (!pages->has_value()) {
       // Already stored: this slice and the block's others cost nothing.
@@ -149,7 +150,7 @@ PutSummary PutSession::Finish() {
 
 // The store's side.
 
-absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t bytes, const std::string& ns,
+absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t bytes, const std::string& group,
                                                                         const std::string& owner,
                                                                         size_t stream_pending) {
   if (stream_pending >= options_.max_pending_per_stream) {
@@ -175,11 +176,12 @@ absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t b
   const auto in_flight = owners_.find(owner);
   const uint64_t held = in_flight == owners_.end() ? 0 : in_flight->second.pending_bytes;
   const uint64_t quota = in_flight == owners_.end() ? 0 : in_flight->second.quota.pending_bytes;
-  const uint64_t limit =
-      quota > 0 ? quota
-                : (options_.max_pending_bytes_per_owner > 0 ? options_.max_pending_bytes_per_owner
-                                                             : first.counters.capacity_bytes / 2);
-  if (held > 0 && (quota > 0 || !owner.empty()) && held + first.storage->BytesTaken(bytes) > limit) {
+  uint64_t limit = quota;  // 0: none
+  if (limit == 0 && !owner.empty()) {
+    limit = options_.max_pending_bytes_per_owner > 0 ? options_.max_pending_bytes_per_owner
+                                                     : first.counters.capacity_bytes / 2;
+  }
+  if (limit > 0 && held > 0 && held + first.storage->BytesTaken(bytes) > limit) {
     return absl::ResourceExhaustedError(
         absl::StrCat("tenant ", owner, "'s Put streams hold ", held, " bytes of incomplete blocks, ",
                      quota > 0 ? "its quota of " : "the most without a putBytesInFlight quota, ", limit,
@@ -189,7 +191,6 @@ absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t b
     return absl::ResourceExhaustedError(absl::StrCat("a block of ", bytes, " bytes does not fit the device tier (",
                                                      first.counters.capacity_bytes, " bytes)"));
   }
-  const std::string group = SegmentGroup(ns);
   if (absl::Status room = MakeRoomLocked(0, bytes, group, owner); !room.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat(room.message(), "; retry later"));
   }
@@ -214,12 +215,13 @@ void BlockStore::EndPendingLocked(const std::string& owner, size_t bytes) {
 }
 
 absl::StatusOr<std::optional<std::vector<uint32_t>>> BlockStore::BeginPending(const std::string& ns,
+                                                                              const std::string& group,
                                                                               const kvblock::BlockHash& hash,
                                                                               const std::string& owner,
                                                                               size_t stream_pending, size_t bytes) {
   absl::MutexLock lock(&mu_);
   if (index_.count(Key(ns, hash)) > 0) return std::nullopt;
-  return AllocatePendingLocked(bytes, ns, owner, stream_pending);
+  return AllocatePendingLocked(bytes, group, owner, stream_pending);
 }
 
 void BlockStore::AbandonPending(const RecordRoom& room, const std::string& owner) {
