@@ -1,8 +1,8 @@
 // cuBLAS, opened with dlopen the first time a Blas is made instead of being
 // linked: its libraries carry about 110 KB of static thread-local storage,
 // which glibc carves out of every thread's stack in a program that links
-// them, so threads made with small stacks (civetweb's, behind the metrics
-// endpoint of every kvtier server) fail to start. Opened at run time, the
+// them, so threads made with small stacks (gRPC's and other libraries')
+// fail to start. Opened at run time, the
 // storage is allocated apart, and only programs that run GEMMs load it.
 // For the .cu/.cc files of this directory.
 #ifndef KVTIER_KERNELS_CUDA_CUBLAS_LOADER_H_

@@ -1,5 +1,5 @@
-// Says why a listening address cannot be had: gRPC and civetweb only say
-// that it cannot.
+// Says why a listening address cannot be had: gRPC only says that it
+// cannot.
 #ifndef KVTIER_SERVICES_BASE_BIND_CHECK_H_
 #define KVTIER_SERVICES_BASE_BIND_CHECK_H_
 

@@ -6,21 +6,20 @@
 #define KVTIER_SERVICES_SERVER_METRICS_EXPOSER_H_
 
 #include <prometheus/collectable.h>
-#include <prometheus/exposer.h>
 
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "services/server/metrics_http_server.h"
 #include "services/server/process_metrics.h"
 
 namespace kvtier {
 
-// A running endpoint, and the process metrics it serves (an exposer holds
-// what it serves weakly: this holds them for it).
+// A running endpoint, and the process metrics it serves.
 struct MetricsEndpoint {
-  std::unique_ptr<prometheus::Exposer> exposer;  // null: metrics off
+  std::unique_ptr<MetricsHttpServer> server;  // null: metrics off
   std::shared_ptr<ProcessMetrics> process;
 };
 

@@ -1,6 +1,5 @@
 // kvtier-cache: the tiered latent block store, served over gRPC with
 // Prometheus metrics.
-#include <prometheus/exposer.h>
 #include <prometheus/registry.h>
 #include <sys/random.h>
 #include <unistd.h>
