@@ -433,19 +433,47 @@ void FastPathServer::Loop() {
     if (poll(fds.data(), fds.size(), 100) < 0) continue;
     if (fds[0].revents != 0) return;
     absl::MutexLock lock(&mu_);
-    if (fds[1].revents & POLLIN) {
-      const int socket = accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (socket >= 0 && connections_.size() >= 2 * options_.max_sessions) {
-        close(socket);
-      } else if (socket >= 0) {
-        connections_[socket] = Connection{0, clock_->Now()};
-      }
-    }
+    // Connections already here are served before new ones make room.
     for (size_t i = 2; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
       if (!Serve(fds[i].fd)) CloseConnectionLocked(fds[i].fd);
     }
+    if (fds[1].revents & POLLIN) AcceptLocked();
   }
+}
+
+void FastPathServer::AcceptLocked() {
+  const int socket = accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  if (socket < 0) return;
+  ucred peer{};
+  socklen_t length = sizeof peer;
+  if (getsockopt(socket, SOL_SOCKET, SO_PEERCRED, &peer, &length) != 0) {
+    close(socket);
+    return;
+  }
+  size_t unproven = 0;
+  for (const auto& [s, c] : connections_) unproven += c.session == 0 && c.uid == peer.uid;
+  if (unproven >= options_.max_unproven_per_uid) {
+    if (const int oldest = OldestUnprovenLocked(peer.uid); oldest >= 0) CloseConnectionLocked(oldest);
+  }
+  if (connections_.size() >= 2 * options_.max_sessions) {
+    if (const int oldest = OldestUnprovenLocked(std::nullopt); oldest >= 0) CloseConnectionLocked(oldest);
+  }
+  if (connections_.size() >= 2 * options_.max_sessions) {
+    close(socket);
+    return;
+  }
+  connections_[socket] = Connection{.session = 0, .accepted = clock_->Now(), .order = ++accepted_, .uid = peer.uid};
+}
+
+int FastPathServer::OldestUnprovenLocked(std::optional<uid_t> uid) {
+  int oldest = -1;
+  uint64_t order = 0;
+  for (const auto& [socket, c] : connections_) {
+    if (c.session != 0 || (uid.has_value() && c.uid != *uid)) continue;
+    if (oldest < 0 || c.order < order) oldest = socket, order = c.order;
+  }
+  return oldest;
 }
 
 }  // namespace kvtier::cache

@@ -10,6 +10,8 @@
 #ifndef KVTIER_SERVICES_CACHE_FAST_PATH_FAST_PATH_SERVER_H_
 #define KVTIER_SERVICES_CACHE_FAST_PATH_FAST_PATH_SERVER_H_
 
+#include <sys/types.h>
+
 #include <array>
 #include <cstdint>
 #include <map>
@@ -36,6 +38,10 @@ struct FastPathOptions {
   absl::Duration prove_within = absl::Seconds(10);
   size_t max_sessions = 256;
   size_t max_sessions_per_tenant = 32;  // unless its quota says otherwise
+  // Connections that have not proven a session yet, per peer uid. Past it,
+  // or past twice max_sessions connections in all, the oldest unproven
+  // connection (of that uid, else anyone's) is closed to make room.
+  size_t max_unproven_per_uid = 32;
   size_t max_leases_per_session = 1024;
   absl::Duration default_lease_ttl = absl::Seconds(30);
   absl::Duration max_lease_ttl = absl::Minutes(1);
@@ -179,8 +185,17 @@ class FastPathServer {
   struct Connection {
     uint64_t session = 0;  // the session it proved; 0: not yet
     absl::Time accepted;   // closed if not proven within prove_within
+    uint64_t order = 0;    // of acceptance: the oldest goes first
+    uid_t uid = 0;         // the peer's, from SO_PEERCRED
   };
+  // Accepts one connection, closing the oldest unproven one(s) its room
+  // needs; refuses it when every connection is proven.
+  void AcceptLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The unproven connection accepted first, of `uid` (any uid: nullopt);
+  // -1 when there is none.
+  int OldestUnprovenLocked(std::optional<uid_t> uid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::flat_hash_map<int, Connection> connections_ ABSL_GUARDED_BY(mu_);
+  uint64_t accepted_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, FastLease> leases_ ABSL_GUARDED_BY(mu_);
   // The leases by deadline, soonest first: expiry looks only at those due.
   std::multimap<absl::Time, uint64_t> lease_deadlines_ ABSL_GUARDED_BY(mu_);

@@ -4,6 +4,8 @@
 #include "services/cache/fast_path/fast_path_server.h"
 
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -208,6 +210,36 @@ TEST_F(FastPathServerTest, UnprovenSessionsAndSilentConnectionsAreDropped) {
   // period; the receive times out after 5 s otherwise).
   EXPECT_NE(fastpath::ReceiveReply(silent, fd).message().find("closed"), std::string::npos);
   close(silent), close(late), close(proven);
+}
+
+// A local process holding many idle connections (of its uid, as here)
+// keeps no one out: the oldest unproven connections make room, proven
+// ones stay.
+TEST_F(FastPathServerTest, IdleConnectionsMakeRoomAndNeverKeepAProofOut) {
+  FastPathOptions f;
+  f.max_sessions = 16;  // 32 connections in all
+  f.max_unproven_per_uid = 8;
+  Start(nullptr, f);
+  int first;
+  Proven(first);
+  std::vector<int> idle;
+  for (int i = 0; i < 100; ++i) idle.push_back(*fastpath::Connect(server_->socket_path()));
+  for (int i = 0; i < 3; ++i) {
+    int socket;
+    Proven(socket);
+    close(socket);
+  }
+  EXPECT_TRUE(server_->AwaitSessions(1, absl::Seconds(5))) << "the first proven session was closed";
+  // The server closed all but the newest unproven ones of this uid.
+  int closed = 0;
+  for (int fd : idle) {
+    pollfd p{fd, POLLIN, 0};
+    char byte;
+    closed += poll(&p, 1, 100) == 1 && recv(fd, &byte, 1, 0) == 0;
+    close(fd);
+  }
+  EXPECT_GE(closed, 100 - 8);
+  close(first);
 }
 
 TEST_F(FastPathServerTest, ClientsOnAnotherHostAreRefusedBeforeAnySession) {
