@@ -197,7 +197,11 @@ absl::StatusOr<std::shared_ptr<const Caller>> DecodeService::ServiceCaller(
     const grpc::ServerContextBase& context) const {
   absl::StatusOr<std::shared_ptr<const Caller>> caller = CallerOf(context);
   if (!caller.ok()) return caller.status();
-  if (!(*caller)->IsService() && (*caller)->service.empty()) {  // neither a service nor one acting
+  // A SERVICE, or one acting for a tenant; everyone without a tenants file
+  // (one trust domain). Not an ADMIN calling for itself: decode workers
+  // serve prefill nodes only.
+  const Caller& c = **caller;
+  if (c.role != v1::SERVICE && c.service.empty() && !c.tenant.empty()) {
     return absl::PermissionDeniedError(absl::StrCat((*caller)->Describe(),
                                                     " is not a kvtier service: decode workers serve only prefill "
                                                     "nodes (send requests to a prefill node)"));

@@ -21,6 +21,9 @@ void SecurityFlags::Register(FlagParser& flags, bool serves, bool calls) {
   flags.AddString("health-listen", &health_listen,
                   "HOST:PORT of a plaintext server of grpc.health.v1 only, for probes that speak no TLS "
                   "(kubelet's gRPC probes); empty: none");
+  flags.AddUint("drain-ms", &drain_ms,
+                "after SIGTERM, how long health says NOT_SERVING while calls are still served, so that probes "
+                "and load balancers see it before the port closes (0 to 600000)");
   flags.AddBool("tls-require-client-cert", &tls_require_client_cert,
                 "mutual TLS: refuse clients without a certificate signed by ca.crt");
   flags.AddString("tenants", &tenants,

@@ -2,8 +2,9 @@
 // meaning everywhere: --tls-dir (a Kubernetes TLS Secret's files),
 // --tls-require-client-cert (servers: mutual TLS), --token-file (the
 // bearer token this process's calls carry), --tenants (servers: who may
-// call), --reload-seconds (how often those files are checked) and
-// --health-listen (servers: plaintext health for kubelet's probes).
+// call), --reload-seconds (how often those files are checked), and what
+// kubelet's probes read: --health-listen (servers: plaintext health) and
+// --drain-ms (servers: NOT_SERVING for a while before the port closes).
 #ifndef KVTIER_SERVICES_RPC_SECURITY_FLAGS_H_
 #define KVTIER_SERVICES_RPC_SECURITY_FLAGS_H_
 
@@ -25,6 +26,7 @@ struct SecurityFlags {
   std::string tenants;
   uint64_t reload_seconds = 10;
   std::string health_listen;
+  uint64_t drain_ms = 1000;
 
   // Registers the flags of a process that `serves` gRPC, `calls` servers,
   // or both.

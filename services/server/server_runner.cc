@@ -2,9 +2,12 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/impl/server_builder_option.h>
+#include <grpcpp/impl/server_builder_plugin.h>
 #include <signal.h>
 
 #include <iostream>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -38,6 +41,18 @@ class UnknownMethods final : public grpc::CallbackGenericService {
   const std::string what_;
 };
 
+constexpr absl::Duration kMostDrain = absl::Minutes(10);
+
+// Reflection's plugin, once initialized, joins every server built in the
+// process; the plaintext health port must serve health only.
+class WithoutReflection final : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    std::erase_if(*plugins, [](const auto& plugin) { return plugin->name().find("reflection") != std::string::npos; });
+  }
+};
+
 }  // namespace
 
 void BlockShutdownSignals() {
@@ -55,6 +70,10 @@ absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(const ServerOp
     if (absl::Status s = ValidateListenAddress(options.health_listen); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("--health-listen: ", s.message()));
     }
+  }
+  if (options.drain < absl::ZeroDuration() || options.drain > kMostDrain) {
+    return absl::InvalidArgumentError(absl::StrCat("--drain-ms ", absl::ToInt64Milliseconds(options.drain),
+                                                   ": must be 0 to ", absl::ToInt64Milliseconds(kMostDrain)));
   }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -81,8 +100,9 @@ absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(const ServerOp
   quota.Resize(static_cast<size_t>(options.memory_quota_bytes));
   builder.SetResourceQuota(quota);
   for (grpc::Service* service : services) builder.RegisterService(service);
-  auto unknown = std::make_unique<UnknownMethods>(options.what);
-  builder.RegisterCallbackGenericService(unknown.get());
+  std::vector<std::unique_ptr<grpc::CallbackGenericService>> unknown;
+  unknown.push_back(std::make_unique<UnknownMethods>(options.what));
+  builder.RegisterCallbackGenericService(unknown.back().get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(
@@ -91,11 +111,17 @@ absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(const ServerOp
   server->GetHealthCheckService()->SetServingStatus(true);
   std::unique_ptr<grpc::Server> health;
   if (!options.health_listen.empty()) {
-    // No service registered: the default health service is all it serves.
+    // No service registered and no reflection: the default health service
+    // is all it serves, and other methods are refused saying so.
     grpc::ServerBuilder health_builder;
     int health_port = 0;
     health_builder.AddListeningPort(options.health_listen, grpc::InsecureServerCredentials(), &health_port);
     health_builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    health_builder.SetOption(std::make_unique<WithoutReflection>());
+    unknown.push_back(std::make_unique<UnknownMethods>(
+        absl::StrCat("the plaintext health port of ", options.what.substr(0, options.what.find(',')),
+                     ", which serves grpc.health.v1.Health only")));
+    health_builder.RegisterCallbackGenericService(unknown.back().get());
     health = health_builder.BuildAndStart();
     if (health == nullptr || health_port == 0) {
       server->Shutdown();
@@ -114,7 +140,8 @@ absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(const ServerOp
                      options.tls.require_client_certificate ? ", client certificates required" : ""));
   }
   return std::unique_ptr<ServerRunner>(
-      new ServerRunner(std::move(unknown), std::move(server), std::move(health), port, options.shutdown_grace));
+      new ServerRunner(std::move(unknown), std::move(server), std::move(health), port,
+                                                  options.shutdown_grace, options.drain));
 }
 
 ServerRunner::~ServerRunner() { Shutdown(); }
@@ -133,14 +160,20 @@ void ServerRunner::WaitForShutdownSignal() {
   const int signal = WaitForStopSignal();
   Log(LogLevel::kInfo, "",
       absl::StrCat("received ", signal == SIGTERM ? "SIGTERM" : "SIGINT", ": draining in-flight RPCs"));
+  SetServing(false);
+  absl::SleepFor(drain_);
   Shutdown();
+}
+
+void ServerRunner::SetServing(bool serving) {
+  server_->GetHealthCheckService()->SetServingStatus(serving);
+  if (health_ != nullptr) health_->GetHealthCheckService()->SetServingStatus(serving);
 }
 
 void ServerRunner::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
-  server_->GetHealthCheckService()->SetServingStatus(false);
-  if (health_ != nullptr) health_->GetHealthCheckService()->SetServingStatus(false);
+  SetServing(false);
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace_));
   server_->Wait();
   if (health_ != nullptr) health_->Shutdown();

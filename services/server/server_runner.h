@@ -28,6 +28,10 @@ struct ServerOptions {
   // gRPC's own buffers (resource quota); requests beyond it are refused.
   int64_t memory_quota_bytes = 1LL << 30;
   absl::Duration shutdown_grace = absl::Seconds(30);
+  // After a stop signal, how long health says NOT_SERVING while calls are
+  // still taken, so that probes and load balancers see it before the port
+  // closes.
+  absl::Duration drain = absl::Seconds(1);
   TlsOptions tls;  // dir empty: plaintext
   // Who may call (not owned; it must outlive the server); null: every
   // caller, one trust domain.
@@ -57,27 +61,31 @@ class ServerRunner {
   ~ServerRunner();
 
   int port() const { return port_; }
-  // Waits for SIGTERM or SIGINT, then stops gracefully.
+  // Waits for SIGTERM or SIGINT, drains (health NOT_SERVING, calls still
+  // taken), then stops gracefully.
   void WaitForShutdownSignal();
   // Health to NOT_SERVING, then waits up to the grace period for in-flight
   // RPCs and cancels what is left.
   void Shutdown();
 
  private:
-  ServerRunner(std::unique_ptr<grpc::CallbackGenericService> unknown, std::unique_ptr<grpc::Server> server,
-               std::unique_ptr<grpc::Server> health, int port, absl::Duration grace)
+  ServerRunner(std::vector<std::unique_ptr<grpc::CallbackGenericService>> unknown, std::unique_ptr<grpc::Server> server,
+               std::unique_ptr<grpc::Server> health, int port, absl::Duration grace, absl::Duration drain)
       : unknown_(std::move(unknown)),
         server_(std::move(server)),
         health_(std::move(health)),
         port_(port),
-        grace_(grace) {}
+        grace_(grace),
+        drain_(drain) {}
+  void SetServing(bool serving);
 
-  // Answers calls to methods the server does not have (server_runner.cc).
-  std::unique_ptr<grpc::CallbackGenericService> unknown_;
+  // Answer calls to methods the servers do not have (server_runner.cc).
+  std::vector<std::unique_ptr<grpc::CallbackGenericService>> unknown_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<grpc::Server> health_;  // null without health_listen
   int port_;
   absl::Duration grace_;
+  absl::Duration drain_;
   bool shut_down_ = false;
 };
 

@@ -28,6 +28,7 @@
 #include "services/kvblock/block_format.h"
 #include "services/rpc/client_identity.h"
 #include "tests/integration/cache_test_blocks.h"
+#include "tests/integration/list_services.h"
 #include "tests/test_random.h"
 
 namespace kvtier::cache {
@@ -320,54 +321,23 @@ TEST_F(CacheServerTest, LeasedBlocksSurvivePressure) {
   EXPECT_EQ(client_->Stats()->active_leases(), 0u) << "the Get naming the lease ended it";
 }
 
+// After SIGTERM, health says NOT_SERVING while calls are still served (for
+// --drain-ms), then the server drains and exits 0.
 TEST_F(CacheServerTest, HealthServesAndSigtermDrainsThenExitsZero) {
   const absl::Status health = CheckHealth(channel_, absl::Seconds(5));
   EXPECT_TRUE(health.ok()) << health << " (SERVING expected)";
 
+  ASSERT_EQ(kill(server_->pid(), SIGTERM), 0);
+  absl::Status draining = absl::OkStatus();
+  for (int i = 0; i < 100 && draining.ok(); ++i) {
+    draining = CheckHealth(channel_, absl::Seconds(1));
+    if (draining.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(draining.code(), absl::StatusCode::kUnavailable) << draining;
+  EXPECT_NE(draining.message().find("not serving"), std::string::npos) << draining;
+  EXPECT_TRUE(client_->Stats().ok()) << "calls are still served while draining";
   EXPECT_EQ(server_->Stop(SIGTERM), 0);
 }
-
-// Asks server reflection to list services, through a raw bidi stream
-// (reflection's protos are not installed for C++ clients on Debian).
-class ListServices : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
- public:
-  explicit ListServices(grpc::GenericStub& stub) {
-    context_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    stub.PrepareBidiStreamingCall(&context_, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
-                                  grpc::StubOptions(), this);
-    grpc::Slice list(std::string("\x3a\x00", 2));  // field 7 list_services = ""
-    request_ = grpc::ByteBuffer(&list, 1);
-    StartWriteLast(&request_, grpc::WriteOptions());
-    StartRead(&response_);
-    StartCall();
-  }
-  void OnReadDone(bool ok) override {
-    if (!ok) return;
-    std::vector<grpc::Slice> slices;
-    (void)response_.Dump(&slices);
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& s : slices) text_.append(reinterpret_cast<const char*>(s.begin()), s.size());
-    StartRead(&response_);
-  }
-  void OnDone(const grpc::Status&) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    done_ = true;
-    cv_.notify_all();
-  }
-  std::string Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return done_; });
-    return text_;
-  }
-
- private:
-  grpc::ClientContext context_;
-  grpc::ByteBuffer request_, response_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::string text_;
-};
 
 TEST_F(CacheServerTest, ReflectionListsTheServices) {
   grpc::GenericStub generic(channel_);

@@ -27,6 +27,7 @@
 #include "services/base/metrics_page.h"
 #include "services/cache/client/cache_client.h"
 #include "services/cache/client/health_check.h"
+#include "tests/integration/list_services.h"
 #include "services/rpc/client_identity.h"
 #include "tests/eventually.h"
 #include "tests/integration/cache_test_blocks.h"
@@ -216,6 +217,11 @@ TEST_F(SecurityTest, PlaintextHealthPortServesOnlyHealth) {
   EXPECT_TRUE(checked.ok()) << checked << " (SERVING expected)";
   EXPECT_EQ(StatsCode(CacheClient(channel, absl::Seconds(5))), absl::StatusCode::kUnimplemented)
       << "the plaintext port serves more than health";
+  grpc::GenericStub generic(channel);
+  ListServices reflection(generic);
+  const std::string listing = reflection.Wait();
+  EXPECT_EQ(reflection.status().error_code(), grpc::StatusCode::UNIMPLEMENTED)
+      << "the plaintext port serves reflection: " << listing;
 }
 
 // The common name of the certificate a new connection to `target` is

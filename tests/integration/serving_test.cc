@@ -874,15 +874,17 @@ TEST_F(ServingTest, RecordPoolKeepsFetchedBlocksUpToItsFlag) {
 // With a tenants file on every server: an end client reaches its tenant's
 // namespace through the prefill node and no other; the prefill node and
 // decode worker reach the cache as a service; a decode worker refuses an
-// end client.
+// end client and an admin.
 TEST_F(ServingTest, TenantsReachOnlyTheirNamespacesThroughThePrefillNode) {
   const testing::TempDir dir("kvtier_serving_tenants_");
   const testing::TestTenant service{"kvtier", "SERVICE", "acme", "service-token-1e9b"};
   const testing::TestTenant acme{"acme", "WRITER", "acme", "acme-token-5c2d"};
+  const testing::TestTenant ops{"ops", "ADMIN", "", "ops-token-a71c"};
   const std::string tenants = (dir / "tenants.json").string();
-  std::ofstream(tenants) << testing::TenantsJson({service, acme});
+  std::ofstream(tenants) << testing::TenantsJson({service, acme, ops});
   const std::string service_token = testing::WriteTokenFile(dir.path(), service.token);
   const std::string acme_token = testing::WriteTokenFile(dir.path(), acme.token);
+  const std::string ops_token = testing::WriteTokenFile(dir.path(), ops.token);
   Cluster cluster(Tiny().dir, 1, 1, {"--tenants", tenants}, "2000",
                   {"--tenants", tenants, "--token-file", service_token});
   ASSERT_TRUE(cluster.ok());
@@ -898,17 +900,20 @@ TEST_F(ServingTest, TenantsReachOnlyTheirNamespacesThroughThePrefillNode) {
   absl::StatusOr<RemoteGeneration> again = cluster.Generate(Request(prompt, 4, "acme"));
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->usage.cached_tokens(), 2 * kBlock);
-  // A decode worker serves services, not end clients.
-  auto channel = MakeChannelAs({.tls = {}, .token_file = acme_token}, cluster.decode_targets[0]);
-  ASSERT_TRUE(channel.ok());
-  grpc::ClientContext context;
-  v1::DecodeRequest direct;
-  direct.set_kv_namespace("acme");
-  auto reader = v1::Decode::NewStub(*channel)->Decode(&context, direct);
-  v1::DecodeResponse event;
-  while (reader->Read(&event)) {
+  // A decode worker serves services, not end clients or admins.
+  for (const std::string& token : {acme_token, ops_token}) {
+    auto channel = MakeChannelAs({.tls = {}, .token_file = token}, cluster.decode_targets[0]);
+    ASSERT_TRUE(channel.ok());
+    grpc::ClientContext context;
+    v1::DecodeRequest direct;
+    direct.set_kv_namespace("acme");
+    auto reader = v1::Decode::NewStub(*channel)->Decode(&context, direct);
+    v1::DecodeResponse event;
+    while (reader->Read(&event)) {
+    }
+    const grpc::Status refused = reader->Finish();
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED) << token << ": " << refused.error_message();
   }
-  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED);
   ASSERT_TRUE(SetClientIdentity({}).ok());
 }
 
