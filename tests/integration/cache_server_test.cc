@@ -740,6 +740,9 @@ TEST(CacheServerFlags, RefusesBadCapacitiesWithAMessage) {
       {{"--device-capacity", "0", "--host-capacity", "1GiB"}, "below one page"},
       {{"--device-capacity", "1PiB", "--host-capacity", "1GiB"}, "unknown unit"},
       {{"--device-capacity", "1000TiB", "--host-capacity", "1GiB"}, "exceeds the memory this process may use"},
+      // A sum past 2^64 is said as it is, not wrapped.
+      {{"--device-capacity", "18446744073709551615", "--host-capacity", "1GiB"},
+       "--host-capacity = 18446744074783293439 bytes exceeds"},
       {{"--device-capacity", "1.5.5GiB", "--host-capacity", "1GiB"}, "unknown unit"},
       {{"--device-capacity", "abc", "--host-capacity", "1GiB"}, "not a size"},
       {{"--device-capacity", "1GiB", "--host-capacity", "1GiB", "--listen", "nowhere"}, "HOST:PORT"},

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/numeric/int128.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "services/cache/fast_path/fast_path_server.h"
@@ -132,9 +133,13 @@ absl::StatusOr<StoreOptions> ToStoreOptions(const Flags& f) {
   const MemoryLimit memory = ProcessMemoryLimit();
   const bool on_gpu = o.device_slab != nullptr && f.device_memory != "staged-host";
   const uint64_t ram = memory.bytes;
-  if (host > ram || (!on_gpu && (device > ram || device + host > ram))) {
+  // In 128 bits: two sizes near 2^64 must not wrap to a small one.
+  const absl::uint128 wanted = absl::uint128(host) + (on_gpu ? 0 : device);
+  if (wanted > ram) {
+    std::ostringstream figure;
+    figure << wanted;
     return absl::InvalidArgumentError(absl::StrCat(
-        on_gpu ? "--host-capacity = " : "--device-capacity + --host-capacity = ", host + (on_gpu ? 0 : device),
+        on_gpu ? "--host-capacity = " : "--device-capacity + --host-capacity = ", figure.str(),
         " bytes exceeds the memory this process may use (", ram, " bytes: ",
         memory.from_cgroup ? "its cgroup's limit, a container's memory limit" : "this machine's memory", ")"));
   }
