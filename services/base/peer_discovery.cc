@@ -4,6 +4,7 @@
 #include <set>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -95,10 +96,13 @@ void PeerDiscovery::Refresh() {
     first_ = false;
     return;
   }
-  std::vector<std::string> targets;
-  for (const SrvRecord& r : *records) targets.push_back(absl::StrCat(r.host, ":", r.port));
-  std::sort(targets.begin(), targets.end());
-  targets.erase(std::unique(targets.begin(), targets.end()), targets.end());
+  std::vector<std::string> targets = Choose(*records);
+  if (targets.empty() && !current_.empty() && ++empty_answers_ < options_.empty_answers_to_believe) {
+    failures_(absl::StrCat("srv:", name_, " has no records (", empty_answers_, " look-up(s) in a row); keeping the ",
+                           current_.size(), " ", what_, " known"));
+    return;
+  }
+  empty_answers_ = 0;
   if (!first_ && targets == current_) return;
   const std::string change = Difference(current_, targets);
   Log(targets.empty() ? LogLevel::kWarning : LogLevel::kInfo, "discovery",
@@ -107,6 +111,36 @@ void PeerDiscovery::Refresh() {
   current_ = std::move(targets);
   first_ = false;
   on_change_(current_);
+}
+
+std::vector<std::string> PeerDiscovery::Choose(const std::vector<SrvRecord>& records) {
+  std::vector<std::string> valid;
+  std::vector<std::string> refused;
+  for (const SrvRecord& r : records) {
+    std::string target = absl::StrCat(r.host, ":", r.port);
+    (ValidateTargetAddress(target).ok() && r.host != "." && !r.host.empty() ? valid : refused)
+        .push_back(std::move(target));
+  }
+  if (!refused.empty()) {
+    failures_(absl::StrCat("srv:", name_, ": skipped ", refused.size(), " record(s) that name no HOST:PORT, e.g. '",
+                           absl::CEscape(refused[0]), "'"));
+  }
+  std::sort(valid.begin(), valid.end());
+  valid.erase(std::unique(valid.begin(), valid.end()), valid.end());
+  if (valid.size() <= options_.max_targets) return valid;
+  // Too many: the known ones stay (a flood of new records cannot push out
+  // the peers in use), then the rest in order.
+  std::vector<std::string> chosen;
+  std::set_intersection(valid.begin(), valid.end(), current_.begin(), current_.end(), std::back_inserter(chosen));
+  if (chosen.size() > options_.max_targets) chosen.resize(options_.max_targets);
+  for (const std::string& t : valid) {
+    if (chosen.size() >= options_.max_targets) break;
+    if (!std::binary_search(current_.begin(), current_.end(), t)) chosen.push_back(t);
+  }
+  std::sort(chosen.begin(), chosen.end());
+  failures_(absl::StrCat("srv:", name_, " lists ", valid.size(), " ", what_, "; using ", chosen.size(),
+                         " (at most ", options_.max_targets, ")"));
+  return chosen;
 }
 
 }  // namespace kvtier

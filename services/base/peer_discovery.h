@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "services/base/dns_srv.h"
 #include "services/base/log.h"
 
 namespace kvtier {
@@ -33,6 +34,13 @@ class PeerDiscovery {
   struct Options {
     absl::Duration interval = absl::Seconds(10);
     std::string dns_server;  // "IPv4:PORT"; empty: the system's resolvers
+    // The most targets a name may give; past it, those already known are
+    // kept first, then the rest in sorted order.
+    size_t max_targets = 256;
+    // How many look-ups in a row must find no records before a name that
+    // had targets is believed to have none: a name that flaps (NXDOMAIN
+    // now and then) keeps its targets.
+    int empty_answers_to_believe = 3;
   };
   // Called with the whole list of "HOST:PORT" targets, sorted.
   using OnChange = std::function<void(const std::vector<std::string>& targets)>;
@@ -42,7 +50,10 @@ class PeerDiscovery {
   // Calls `on_change` once before returning; with a name, then again from
   // a thread of its own whenever the answer changes. A name that does not
   // resolve yet starts with no targets (logged), since its pods may not be
-  // ready; a failed look-up keeps the last targets. `what` names the peers
+  // ready; a failed look-up keeps the last targets, and so do fewer than
+  // empty_answers_to_believe empty answers in a row. Records whose target
+  // is no valid HOST:PORT (port 0, a "." target) are skipped, and at most
+  // max_targets are used; both logged. `what` names the peers
   // in logs ("cache shards"). INVALID_ARGUMENT for a bad spec, interval or
   // DNS server.
   static absl::StatusOr<std::unique_ptr<PeerDiscovery>> Start(std::string what, const std::string& spec,
@@ -62,8 +73,13 @@ class PeerDiscovery {
   const std::string name_;  // empty for a fixed list
   const Options options_;
   const OnChange on_change_;
+  // The answer's valid targets, sorted; at most max_targets, the known
+  // ones first.
+  std::vector<std::string> Choose(const std::vector<SrvRecord>& records);
+
   std::vector<std::string> current_;  // Refresh's alone: Start's, then the thread's
   bool first_ = true;
+  int empty_answers_ = 0;  // in a row, while there were targets
   RateLimitedLog failures_{LogLevel::kWarning, "discovery"};  // a DNS outage says so once a minute
   absl::Notification stop_;
   std::thread thread_;

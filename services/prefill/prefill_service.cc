@@ -536,9 +536,12 @@ void PrefillService::Stream::OnDecodeEvent(DecodeCall& call, const v1::DecodeRes
 
 void PrefillService::Stream::OnDecodeDone(DecodeCall& call, const grpc::Status& status, bool stalled) {
   // Another worker can take over from where this one stopped only for
-  // faults of the worker itself, not for a request it rejected.
+  // faults of the worker itself, not for a request it rejected: one that
+  // is not a decode worker at all (UNIMPLEMENTED: discovery named some
+  // other server) is such a fault.
   const bool retryable = stalled || status.ok() || status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                         status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+                         status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+                         status.error_code() == grpc::StatusCode::UNIMPLEMENTED;
   const std::string why = stalled
                               ? absl::StrCat("no progress for ", absl::FormatDuration(service_->options_.decode_idle))
                           : status.ok() ? "stream ended without a finish"

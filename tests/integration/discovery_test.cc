@@ -9,9 +9,12 @@
 #include <chrono>
 #include <iostream>
 #include <thread>
+#include <map>
+#include <mutex>
 #include <random>
 
 #include "services/base/metrics_page.h"
+#include "services/base/peer_discovery.h"
 #include "services/rpc/client_identity.h"
 #include "services/runtime/make_model.h"
 #include "services/runtime/model_config.h"
@@ -48,6 +51,90 @@ TEST(DnsSrv, AnswersWhatTheServerHoldsAndNothingForAnUnknownName) {
   const std::string nobody = "127.0.0.1:" + std::to_string(FreeLoopbackPort());
   EXPECT_EQ(LookUpSrv("_grpc._tcp.cache.kvtier.test.", nobody).status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(LookUpSrv("x.kvtier.test", "localhost:53").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// What a PeerDiscovery has told its owner, as it tells it (from its
+// thread).
+class Seen {
+ public:
+  PeerDiscovery::OnChange Record() {
+    return [this](const std::vector<std::string>& targets) {
+      std::lock_guard<std::mutex> lock(mu_);
+      calls_.push_back(targets);
+    };
+  }
+  std::vector<std::vector<std::string>> calls() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return calls_;
+  }
+  std::vector<std::string> last() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return calls_.empty() ? std::vector<std::string>{} : calls_.back();
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::vector<std::string>> calls_;
+};
+
+// A name that answers NXDOMAIN now and then (for fewer look-ups in a row
+// than it takes to be believed) keeps its targets; one gone for good
+// loses them.
+TEST(PeerDiscoveryTest, AFlappingNameKeepsItsTargets) {
+  const std::string name = "_grpc._tcp.flapping.kvtier.test.";
+  const std::map<std::string, std::vector<SrvRecord>> there = {
+      {name, {{"peer-0.kvtier.test", 7070}, {"peer-1.kvtier.test", 7071}}}};
+  // Another name only: the server is up, and `name` is NXDOMAIN.
+  const std::map<std::string, std::vector<SrvRecord>> gone = {
+      {"_grpc._tcp.other.kvtier.test.", {{"other.kvtier.test", 7070}}}};
+  DnsServer dns;
+  ASSERT_TRUE(dns.Serve(there));
+  Seen seen;
+  PeerDiscovery::Options options;
+  options.interval = absl::Milliseconds(300);
+  options.dns_server = dns.address();
+  absl::StatusOr<std::unique_ptr<PeerDiscovery>> discovery =
+      PeerDiscovery::Start("peers", "srv:" + name, options, seen.Record());
+  ASSERT_TRUE(discovery.ok()) << discovery.status();
+  for (int flap = 0; flap < 4; ++flap) {
+    ASSERT_TRUE(dns.Serve(gone));
+    std::this_thread::sleep_for(std::chrono::milliseconds(350));  // one or two look-ups
+    ASSERT_TRUE(dns.Serve(there));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  const std::vector<std::vector<std::string>> calls = seen.calls();
+  ASSERT_EQ(calls.size(), 1u) << "the targets changed while the name flapped";
+  EXPECT_EQ(calls[0], (std::vector<std::string>{"peer-0.kvtier.test:7070", "peer-1.kvtier.test:7071"}));
+  ASSERT_TRUE(dns.Serve(gone));
+  EXPECT_TRUE(Eventually([&] { return seen.calls().size() == 2 && seen.last().empty(); }))
+      << "a name gone for good kept its targets";
+}
+
+// Records that name no HOST:PORT are skipped; a flood of records is
+// bounded, and cannot push out the targets in use.
+TEST(PeerDiscoveryTest, SkipsBadRecordsAndBoundsTheTargetsKnownFirst) {
+  const std::string name = "_grpc._tcp.flooded.kvtier.test.";
+  const SrvRecord in_use = {"peer-z.kvtier.test", 7070};  // sorts after the flood
+  DnsServer dns;
+  ASSERT_TRUE(dns.Serve({{name, {in_use}}}));
+  Seen seen;
+  PeerDiscovery::Options options;
+  options.interval = absl::Milliseconds(200);
+  options.dns_server = dns.address();
+  options.max_targets = 8;
+  absl::StatusOr<std::unique_ptr<PeerDiscovery>> discovery =
+      PeerDiscovery::Start("peers", "srv:" + name, options, seen.Record());
+  ASSERT_TRUE(discovery.ok()) << discovery.status();
+  ASSERT_EQ(seen.last(), std::vector<std::string>{"peer-z.kvtier.test:7070"});
+  std::vector<SrvRecord> flood = {in_use, {"peer-bad.kvtier.test", 0}};
+  for (int i = 0; i < 40; ++i) flood.push_back({absl::StrCat("peer-", 100 + i, ".kvtier.test"), 7070});
+  ASSERT_TRUE(dns.Serve({{name, flood}}));
+  ASSERT_TRUE(Eventually([&] { return seen.calls().size() >= 2; }));
+  const std::vector<std::string> chosen = seen.last();
+  EXPECT_EQ(chosen.size(), 8u);
+  EXPECT_TRUE(std::find(chosen.begin(), chosen.end(), "peer-z.kvtier.test:7070") != chosen.end())
+      << "the target in use was pushed out";
+  for (const std::string& t : chosen) EXPECT_FALSE(t.ends_with(":0")) << t;
 }
 
 class DiscoveryTest : public ::testing::Test {
@@ -200,6 +287,34 @@ TEST_F(DiscoveryTest, ARestartedShardIsUsedAgainWithinAnInterval) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - back).count();
   std::cout << "the restarted shard was up again after " << seconds << " s" << std::endl;
   EXPECT_LT(seconds, 2.0) << "a 200 ms watch interval, with margin for a loaded machine";
+}
+
+// A target that is not a decode worker (here a cache, which answers
+// UNIMPLEMENTED) is failed over from, as a worker that is down would be.
+TEST_F(DiscoveryTest, ATargetThatIsNoDecodeWorkerIsFailedOver) {
+  std::string cache_target, decode_target, decode_metrics, prefill_target, prefill_metrics;
+  std::unique_ptr<ChildProcess> cache = StartCache(cache_target);
+  ASSERT_FALSE(cache_target.empty());
+  std::unique_ptr<ChildProcess> decode =
+      Cluster::Start({KVTIER_DECODE_BINARY, "--metrics-listen", "127.0.0.1:0", "--listen", "127.0.0.1:0", "--model",
+                      *model_dir_, "--cache", cache_target},
+                     decode_metrics, decode_target);
+  ASSERT_FALSE(decode_target.empty());
+  std::unique_ptr<ChildProcess> prefill = Cluster::Start(
+      {KVTIER_PREFILL_BINARY, "--metrics-listen", "127.0.0.1:0", "--listen", "127.0.0.1:0", "--model", *model_dir_,
+       "--cache", cache_target, "--decode", cache_target + "," + decode_target, "--kv-codec", "bf16",
+       "--tokens-per-block", std::to_string(kClusterBlock)},
+      prefill_metrics, prefill_target);
+  ASSERT_FALSE(prefill_target.empty());
+  v1::GenerateRequest request;
+  for (uint32_t i = 0; i < kClusterBlock + 3; ++i) request.add_prompt_token_ids(i % 200);
+  request.mutable_limits()->set_max_new_tokens(2);
+  // Each generation starts at the next worker in turn: half start at the
+  // cache.
+  for (int i = 0; i < 4; ++i) {
+    absl::StatusOr<cli::RemoteGeneration> got = cli::GenerateRemotely(prefill_target, request, absl::Minutes(2));
+    EXPECT_TRUE(got.ok()) << i << ": " << got.status();
+  }
 }
 
 TEST_F(DiscoveryTest, BadNamesAndServersAreUsageErrors) {
