@@ -1,10 +1,14 @@
 """A client of kvtier-cache (kvtier.v1.KvCache): match, put, get, stats.
 
 Every call takes a deadline (seconds; the client's default otherwise), and
-every failure is a KvtierError carrying the gRPC status code.
+every failure is a KvtierError carrying the gRPC status code; an answer
+that does not fit its request (an index out of range or twice, a block
+left out, layers not asked for) is INTERNAL.
 """
+import grpc
 
 from kvtier.channel import ServiceClient
+from kvtier.errors import KvtierError
 from kvtier.keys import check_namespace
 from kvtier.records import parse_record
 from kvtier.v1 import cache_pb2, cache_pb2_grpc
@@ -27,15 +31,28 @@ class CacheClient(ServiceClient):
     def put(self, ns, layout, blocks, *, timeout=None):
         """Stores blocks: `blocks` is an iterable of (hash, record) or (hash,
         [records]) where records are whole blocks or layer slices
-        (records.encode_record). Returns the PutResponse."""
+        (records.encode_record). Returns the PutResponse. If `blocks` raises,
+        the Put is cancelled (its incomplete blocks dropped) and that
+        exception is raised here."""
+        raised = []
+
         def messages():
             yield cache_pb2.PutRequest(header=cache_pb2.PutHeader(kv_namespace=ns, layout=layout.to_proto()))
-            for block_hash, records in blocks:
-                for record in [records] if isinstance(records, (bytes, bytearray)) else records:
-                    yield cache_pb2.PutRequest(slice=cache_pb2.LayerSlice(block_hash=bytes(block_hash),
-                                                                          data=bytes(record)))
+            try:
+                for block_hash, records in blocks:
+                    for record in [records] if isinstance(records, (bytes, bytearray)) else records:
+                        yield cache_pb2.PutRequest(slice=cache_pb2.LayerSlice(block_hash=bytes(block_hash),
+                                                                              data=bytes(record)))
+            except Exception as e:  # gRPC would only say UNKNOWN: keep the caller's own error
+                raised.append(e)
+                raise
         check_namespace(ns)
-        return self._unary(self._stub.Put, messages(), timeout)
+        try:
+            return self._unary(self._stub.Put, messages(), timeout)
+        except KvtierError:
+            if raised:
+                raise raised[0] from None
+            raise
 
     def get(self, ns, layout, hashes, *, layers=None, lease_id=0, verify=True, timeout=None):
         """The records of `hashes`, in order: a list of bytes, None where a
@@ -45,12 +62,26 @@ class CacheClient(ServiceClient):
         request = cache_pb2.GetRequest(kv_namespace=check_namespace(ns), layout=layout.to_proto(),
                                        block_hashes=list(hashes), layer_begin=begin, layer_count=count,
                                        lease_id=lease_id)
+        asked = (begin, begin + count if count else layout.num_layers)
         out = [None] * len(request.block_hashes)
+        answered = [False] * len(out)
         for answer in self._stream(self._stub.Get, request, timeout):
+            i = answer.index
+            if i >= len(out) or answered[i] or answer.block_hash != request.block_hashes[i]:
+                raise _bad_answer(f"block {i} " + ("twice" if i < len(out) and answered[i] else
+                                                   f"of a {len(out)}-block request" if i >= len(out) else
+                                                   "under another block's hash"))
+            answered[i] = True
             if answer.WhichOneof("result") == "data":
                 if verify:
-                    parse_record(answer.data, layout)
-                out[answer.index] = answer.data
+                    record = parse_record(answer.data, layout)
+                    got = (record.first_layer, record.first_layer + record.layer_count)
+                    if got != asked:
+                        raise _bad_answer(f"block {i} with layers [{got[0]}, {got[1]}), "
+                                          f"asked for [{asked[0]}, {asked[1]})")
+                out[i] = answer.data
+        if not all(answered):
+            raise _bad_answer(f"{answered.count(True)} of {len(out)} blocks, then ended")
         return out
 
     def release_lease(self, lease_id, *, timeout=None):
@@ -59,3 +90,7 @@ class CacheClient(ServiceClient):
     def stats(self, *, timeout=None):
         """The StatsResponse: per tier capacity, use and counters."""
         return self._unary(self._stub.Stats, cache_pb2.StatsRequest(), timeout)
+
+
+def _bad_answer(what):
+    return KvtierError(grpc.StatusCode.INTERNAL, f"the cache's Get answered {what}")

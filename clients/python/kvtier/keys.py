@@ -10,13 +10,15 @@ import struct
 
 import numpy as np
 
+from kvtier.errors import invalid
+
 NO_PARENT = bytes(32)
 _NAMESPACE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
 def check_namespace(ns):
-    if not _NAMESPACE.fullmatch(ns):
-        raise ValueError(f"namespace {ns!r}: 1-128 characters of [A-Za-z0-9._-]")
+    if not isinstance(ns, str) or not _NAMESPACE.fullmatch(ns):
+        raise invalid(f"namespace {ns!r}: 1-128 characters of [A-Za-z0-9._-]")
     return ns
 
 
