@@ -1,15 +1,26 @@
 #!/usr/bin/env bash
-# Installs every Debian package kvtier needs to build, test and benchmark.
+# Installs every Debian package kvtier needs to build, test and benchmark;
+# with --build-only, only what compiling the binaries needs (the image's
+# build stage: cmake -DKVTIER_BUILD_TESTS=OFF -DKVTIER_BUILD_BENCHMARKS=OFF).
 # Idempotent: when everything is already installed it changes nothing and
 # does not touch the network.
 set -euo pipefail
 
+build_only=false
+case "${1:-}" in
+  "") ;;
+  --build-only) build_only=true ;;
+  *) echo "usage: scripts/setup.sh [--build-only]" >&2; exit 2 ;;
+esac
+
 packages=(
-  build-essential cmake ninja-build ccache pkg-config git
+  build-essential cmake ninja-build pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev prometheus-cpp-dev
+  libabsl-dev prometheus-cpp-dev libssl-dev nlohmann-json3-dev
+)
+if ! $build_only; then packages+=(
+  ccache git
   libgtest-dev libgmock-dev libbenchmark-dev
-  libssl-dev nlohmann-json3-dev
   # integration tests and benchmarks: a real Prometheus scrapes the cache,
   # Redis is the peer the cache is measured against
   prometheus redis-server libhiredis-dev curl
@@ -25,12 +36,12 @@ packages=(
   openssl
   # a real DNS server for the discovery tests (SRV records, as Kubernetes)
   dnsmasq-base
-)
+); fi
 
 # Node.js and npm (the manifests' schema test, tests/deploy) come from
 # Debian unless the machine has a Node.js already: another distribution's
 # package of it conflicts with Debian's npm.
-if ! command -v npm >/dev/null; then
+if ! $build_only && ! command -v npm >/dev/null; then
   packages+=(nodejs npm)
 fi
 
@@ -53,6 +64,7 @@ else
   apt-get update
   apt-get install -y --no-install-recommends "${packages[@]}"
 fi
+$build_only && exit 0
 
 # The Kubernetes schemas, as pinned by tests/deploy/package-lock.json.
 deploy_tests="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/deploy"
