@@ -34,7 +34,7 @@
 #include "services/base/flags.h"
 #include "services/cache/client/cache_client.h"
 #include "services/cache/client/raw_get.h"
-#include "services/cli/throwaway_tls.h"
+#include "services/cli/certificates.h"
 #include "services/rpc/client_identity.h"
 
 namespace kvtier::load {
@@ -178,8 +178,10 @@ bool RedisGet(RedisTls& redis, const std::string& ns, const Prefix& p, std::vect
 int Run(const std::string& cache_binary, const std::string& redis_binary, int rounds, int blocks) {
   const kvblock::LatentLayout layout = V2LiteInt8();
   constexpr int kMaxClients = 4;
-  const std::string dir = absl::StrCat("/tmp/kvtier-tls-bench-", getpid());
-  if (absl::Status s = cli::MakeThrowawayTls(dir); !s.ok()) {
+  const std::string root = absl::StrCat("/tmp/kvtier-tls-bench-", getpid()), dir = root + "/server";
+  if (absl::Status s = cli::MakeCertificates(
+          {.dir = root, .server_names = {"localhost", "127.0.0.1"}, .clients = {}, .days = 1, .keep_ca_key = false});
+      !s.ok()) {
     std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
     return 1;
   }
@@ -290,7 +292,7 @@ int Run(const std::string& cache_binary, const std::string& redis_binary, int ro
   }
   std::printf("\nmedian of per-round ratios:\n");
   for (const std::string& line : summary) std::printf("  %s\n", line.c_str());
-  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(root);
   return 0;
 }
 

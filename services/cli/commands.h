@@ -14,6 +14,7 @@ int RunMakeModel(const std::vector<std::string>& args);
 int RunRun(const std::vector<std::string>& args);
 int RunGenerate(const std::vector<std::string>& args);
 int RunUp(const std::vector<std::string>& args);
+int RunMakeCerts(const std::vector<std::string>& args);
 
 }  // namespace kvtier::cli
 

@@ -21,7 +21,8 @@ constexpr char kUsage[] =
     "  generate     generate through a prefill node (kvtier-prefill)\n"
     "  up           start cache + decode + prefill locally on the small trained model\n"
     "               (models/), run a two-turn conversation, print its text and the\n"
-    "               cache's stats\n";
+    "               cache's stats\n"
+    "  make-certs   a CA and the certificates of the three services and of end clients\n";
 
 }  // namespace
 
@@ -47,6 +48,7 @@ int main(int argc, char** argv) {
   if (command == "run") return kvtier::cli::RunRun(args);
   if (command == "generate") return kvtier::cli::RunGenerate(args);
   if (command == "up") return kvtier::cli::RunUp(args);
+  if (command == "make-certs") return kvtier::cli::RunMakeCerts(args);
   std::cerr << "kvtier: unknown command '" << command << "'\n\n" << kUsage;
   return 2;
 }

@@ -24,7 +24,7 @@
 #include "services/cli/generation_io.h"
 #include "services/cli/remote_generate.h"
 #include "services/cli/stats_table.h"
-#include "services/cli/throwaway_tls.h"
+#include "services/cli/certificates.h"
 #include "services/rpc/client_identity.h"
 #include "services/runtime/checkpoint.h"
 #include "services/runtime/make_model.h"
@@ -58,6 +58,7 @@ struct UpFlags {
   bool keep = false;
   std::string device = "cpu";
   bool tls = false;
+  std::string tls_keep;  // keep the CA and certificates here (implies tls)
 };
 
 class Progress {
@@ -166,22 +167,35 @@ int Up(const UpFlags& f) {
                              tokenizer ? " (text through its byte tokenizer)" : " (no tokenizer: random ids)"));
 
   // With --tls every call is over TLS, the cache and the decode worker
-  // take only callers with a certificate from the throwaway CA.
+  // take only callers with a certificate from the CA made here.
   std::vector<std::string> tls, mtls;
-  const std::string tls_dir = f.tls ? absl::StrCat(f.dir, "/tls-", getpid()) : "";
-  // Gone with this process: the CA's key is already deleted.
-  const std::unique_ptr<const std::string, void (*)(const std::string*)> remove_tls(&tls_dir, [](const std::string* d) {
+  const bool keep_tls = !f.tls_keep.empty();
+  const std::string certificates =
+      keep_tls ? f.tls_keep : f.tls ? absl::StrCat(f.dir, "/tls-", getpid()) : "";
+  const std::string tls_dir = certificates.empty() ? "" : certificates + "/server";
+  // A throwaway CA goes with this process (its key is already deleted).
+  const std::string throwaway = keep_tls ? "" : certificates;
+  const std::unique_ptr<const std::string, void (*)(const std::string*)> remove_tls(&throwaway, [](const std::string* d) {
     std::error_code ignored;
     if (!d->empty()) fs::remove_all(*d, ignored);
   });
-  if (f.tls) {
-    if (absl::Status s = MakeThrowawayTls(tls_dir); !s.ok()) return fail(std::string(s.message()));
+  if (!tls_dir.empty()) {
+    if (keep_tls && fs::exists(fs::path(certificates) / "ca.crt")) {
+      return fail(absl::StrCat("--tls-keep ", certificates, " already holds a CA; choose another directory"));
+    }
+    if (absl::Status s = MakeCertificates({.dir = certificates, .server_names = {"localhost", "127.0.0.1"},
+                                           .clients = {}, .days = keep_tls ? 365 : 1, .keep_ca_key = keep_tls});
+        !s.ok()) {
+      return fail(std::string(s.message()));
+    }
     if (absl::Status s = SetClientIdentity({.tls = {.dir = tls_dir}, .token_file = ""}); !s.ok()) {
       return fail(std::string(s.message()));
     }
     tls = {"--tls-dir", tls_dir};
     mtls = {"--tls-dir", tls_dir, "--tls-require-client-cert"};
-    progress.Step(absl::StrCat("a throwaway CA and certificate in ", tls_dir, "; every call over TLS"));
+    progress.Step(keep_tls ? absl::StrCat("a CA kept in ", certificates, " (its key: ca.key); every call over TLS with ",
+                                          tls_dir, " (give it to --tls-dir to call these servers)")
+                           : absl::StrCat("a throwaway CA and certificate in ", tls_dir, "; every call over TLS"));
   }
   const auto with = [](std::vector<std::string> argv, const std::vector<std::string>& extra) {
     argv.insert(argv.end(), extra.begin(), extra.end());
@@ -284,6 +298,9 @@ int RunUp(const std::vector<std::string>& args) {
   flags.AddBool("tls", &f.tls,
                 "run every call over TLS, with a throwaway CA made under --dir (mutual TLS to the cache and the "
                 "decode worker)");
+  flags.AddString("tls-keep", &f.tls_keep,
+                  "--tls, with the CA and certificates made in this directory and kept (as kvtier make-certs lays "
+                  "them out: DIR/server is the --tls-dir to call the servers with)");
   if (std::optional<int> exit = flags.ParseOrExit(args, "kvtier up")) return *exit;
   SamplingFlags sampling{temperature, top_p, f.seed};
   absl::StatusOr<runtime::Sampling> parsed = sampling.Parse();

@@ -459,9 +459,11 @@ TEST_F(ServingTest, KvtierUpOnTheTrainedModelWritesText) {
 // The README's first command on the tiny preset: a two-turn conversation
 // whose second turn hits, the cache's stats, a clean stop.
 // In plaintext and, with --tls, over TLS from a throwaway CA (mutual TLS
-// to the cache and the decode worker) that is gone afterwards.
+// to the cache and the decode worker) that is gone afterwards; with
+// --tls-keep, from a CA kept for later calls.
 TEST_F(ServingTest, KvtierUpRunsAConversationAndStopsCleanly) {
-  for (const std::string tls : {"", " --tls"}) {
+  const fs::path kept = fs::temp_directory_path() / ("kvtier_up_kept_" + std::to_string(rng_.seed()));
+  for (const std::string tls : {std::string(), std::string(" --tls"), " --tls-keep " + kept.string()}) {
     SCOPED_TRACE(tls);
     const fs::path dir = fs::temp_directory_path() / ("kvtier_up_" + std::to_string(rng_.seed()));
     const CommandResult up =
@@ -471,6 +473,15 @@ TEST_F(ServingTest, KvtierUpRunsAConversationAndStopsCleanly) {
     for (const auto& entry : fs::directory_iterator(dir))
       left += entry.path().filename().string().rfind("tls-", 0) == 0;
     fs::remove_all(dir);
+    if (tls.starts_with(" --tls-keep")) {
+      // The CA and the certificate the servers used, kept: it verifies.
+      EXPECT_TRUE(fs::exists(kept / "ca.key")) << up.output;
+      const CommandResult verify =
+          RunCommand("openssl verify -CAfile " + (kept / "ca.crt").string() + " " + (kept / "server/tls.crt").string());
+      EXPECT_EQ(verify.exit_code, 0) << verify.output;
+      EXPECT_NE(up.output.find("--tls-dir"), std::string::npos) << "says how to call the servers: " << up.output;
+      fs::remove_all(kept);
+    }
     ASSERT_EQ(up.exit_code, 0) << up.output;
     EXPECT_NE(up.output.find("turn 1: 150 prompt tokens, 0 from the cache"), std::string::npos) << up.output;
     EXPECT_NE(up.output.find("turn 2: 190 prompt tokens, 128 from the cache"), std::string::npos) << up.output;

@@ -49,6 +49,24 @@ TEST(TenantsFile, RefusesWhatCannotBeEnforced) {
   EXPECT_EQ(good->tenants(0).namespaces_size(), 2);
 }
 
+// docs/operations.md's quick start gives a whole tenants file: it loads,
+// as written there.
+TEST(OperationsDoc, QuickStartTenantsFileParses) {
+  std::ifstream in(std::string(KVTIER_DOCS_DIR) + "/operations.md");
+  const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t start = doc.find("```json\n", doc.find("### Quick start"));
+  ASSERT_NE(start, std::string::npos) << "no JSON block in the quick start";
+  const size_t body = start + 8;
+  const std::string json = doc.substr(body, doc.find("```", body) - body);
+  absl::StatusOr<v1::TenantsFile> file = ParseTenantsFile(json);
+  ASSERT_TRUE(file.ok()) << file.status() << "\n" << json;
+  ASSERT_EQ(file->tenants_size(), 4);
+  EXPECT_EQ(file->tenants(0).role(), v1::SERVICE);
+  EXPECT_EQ(file->tenants(1).quota().device_bytes(), uint64_t{1} << 30);
+  EXPECT_EQ(file->tenants(2).certificate_identities(0), "globex");
+  EXPECT_EQ(file->tenants(3).role(), v1::ADMIN);
+}
+
 TEST(TenantRegistry, KeepsTheLastGoodFileWhenABadOneReplacesIt) {
   const testing::TempDir dir("kvtier-tenants-");
   const std::filesystem::path path = dir / "tenants.json";
