@@ -1,6 +1,31 @@
 """kvtier's Python client: the wire contract (layout ids, block keys, block
 records, the latent codecs in numpy) and clients of the three services.
 See clients/python/README.md and docs/protocol.md."""
+import importlib
+import sys
+
+
+def _require_packages():
+    """Says which packages are missing, and how to get them, before any
+    module fails on one."""
+    needed = {"numpy": "python3-numpy", "grpc": "python3-grpcio", "google.protobuf": "python3-protobuf",
+              "crc32c": "python3-crc32c"}
+    missing = []
+    for module, package in needed.items():
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append((module, package))
+    if missing:
+        raise ImportError(
+            f"kvtier needs {', '.join(m for m, _ in missing)}, which {sys.executable} cannot import. On Debian: "
+            f"apt-get install {' '.join(p for _, p in missing)}, then run Debian's /usr/bin/python3 (a python3 "
+            "from pyenv or a virtualenv first on PATH does not see Debian's packages)")
+
+
+_require_packages()
+
+# After the check: these import those packages.
 from kvtier.cache import CacheClient
 from kvtier.codecs import dequantize, encoded_bytes, quantize
 from kvtier.decode import DecodeClient

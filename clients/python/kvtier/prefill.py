@@ -22,6 +22,12 @@ class Finished:
     reason: int
     usage: object
 
+    def __repr__(self):
+        u = self.usage
+        return (f"Finished(reason={generation_pb2.FinishReason.Name(self.reason)}, prompt_tokens={u.prompt_tokens}, "
+                f"cached_tokens={u.cached_tokens}, generated_tokens={u.generated_tokens}, "
+                f"time_to_first_token_us={u.time_to_first_token_us})")
+
 
 class PrefillClient(ServiceClient):
     """PrefillClient("127.0.0.1:7071", tls_dir=..., token=..., timeout=60)."""

@@ -41,6 +41,12 @@ class Record:
     indexer_dim: int = 0
     indexer_parts: tuple = ()  # format 2: each layer's indexer keys, codes then f32 scales
 
+    def __repr__(self):
+        indexer = f", indexer keys of dim {self.indexer_dim}" if self.indexer_dim else ""
+        return (f"Record({CODEC_NAMES[self.codec]}, layout {self.layout_id:016x}, {self.tokens} tokens x "
+                f"({self.latent_dim} + {self.rope_dim}), layers [{self.first_layer}, "
+                f"{self.first_layer + self.layer_count}){indexer})")
+
     def latents(self):
         """The float32 latents, [layer_count][tokens][latent_dim + rope_dim]."""
         return np.stack([dequantize(self.codec, p, self.tokens, self.latent_dim, self.rope_dim)

@@ -63,3 +63,23 @@ def test_bad_input_is_refused():
         quantize("int3", np.ones((4, 10), dtype=np.float32), 8, 2)
     with pytest.raises(ValueError, match="bytes"):
         dequantize("int8", b"\0" * 7, 4, 8, 2)
+
+
+def test_a_missing_package_is_named_with_how_to_get_it():
+    """A python3 that lacks numpy (a pyenv one first on PATH) is told which
+    package and which interpreter, not a bare ModuleNotFoundError."""
+    import subprocess
+    import sys
+    blocked = subprocess.run([sys.executable, "-c", "import sys; sys.modules['numpy'] = None; import kvtier"],
+                             capture_output=True, text=True)
+    assert blocked.returncode != 0
+    assert "kvtier needs numpy" in blocked.stderr, blocked.stderr
+    assert "apt-get install python3-numpy" in blocked.stderr, blocked.stderr
+    assert "/usr/bin/python3" in blocked.stderr, blocked.stderr
+
+
+def test_records_print_what_they_hold():
+    from kvtier import LatentLayout, encode_record, parse_record
+    layout = LatentLayout("repr", num_layers=3, kv_lora_rank=64, rope_dim=16, tokens_per_block=8, codec="int8")
+    record = parse_record(encode_record(layout, first_layer=1, latents=np.zeros((2, 8, 80), np.float32)), layout)
+    assert repr(record) == f"Record(int8, layout {layout.layout_id:016x}, 8 tokens x (64 + 16), layers [1, 3))"

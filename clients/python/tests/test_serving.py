@@ -103,7 +103,11 @@ def test_a_prefix_stored_from_python_is_used_by_decode(start_server, model_dir, 
     def generate(ns):
         events = list(client.generate(prompt, max_new_tokens=8, namespace=ns, top_logprobs=5))
         assert all(isinstance(t, Token) for t in events[:-1]) and isinstance(events[-1], Finished)
-        return events[:-1], events[-1].usage
+        u = events[-1].usage
+        assert repr(events[-1]) == (f"Finished(reason=FINISH_REASON_LENGTH, prompt_tokens={len(prompt)}, "
+                                    f"cached_tokens={u.cached_tokens}, generated_tokens=8, "
+                                    f"time_to_first_token_us={u.time_to_first_token_us})")
+        return events[:-1], u
 
     # The C++ prefill node computes and stores the same prompt's blocks in
     # another namespace: its records are the bytes Python made.
