@@ -225,3 +225,27 @@ def test_dockerignore_matching_is_dockers():
     assert docker_ignored("__pycache__/c.pyc", ["**/__pycache__"])
     assert not docker_ignored("a/build-x", ["build-*"])
     assert docker_ignored("build-tsan/y", ["build-*"])
+
+
+def dashboard_panel(title):
+    dashboard = json.loads((DEPLOY / "grafana" / "kvtier-dashboard.json").read_text())
+    return next(p for p in dashboard["panels"] if p["title"] == title)
+
+
+def test_dashboard_colors_fit_a_cache():
+    # A full upper tier is normal: the use bars scale to 0-100% and never
+    # turn red; the last tier evicting is what turns a stat red.
+    use = dashboard_panel("Use of each tier")["fieldConfig"]["defaults"]
+    assert (use["min"], use["max"]) == (0, 1)
+    assert [s["color"] for s in use["thresholds"]["steps"]] == ["blue"], use["thresholds"]
+    evicting = dashboard_panel("Last tier: evictions per second")
+    assert "kvtier_cache_evictions_total" in evicting["targets"][0]["expr"]
+    assert evicting["fieldConfig"]["defaults"]["thresholds"]["steps"][-1]["color"] == "red"
+    capacity = [t["expr"] for t in dashboard_panel("Effective capacity")["targets"]]
+    assert any("kvtier_cache_blocks" in e for e in capacity) and any("capacity_bytes" in e for e in capacity)
+
+
+def test_pod_monitor_names_series_by_pod():
+    objects = render(KUSTOMIZE, ["components/pod-monitor"])
+    endpoint = find(objects, "PodMonitor", "kvtier")["spec"]["podMetricsEndpoints"][0]
+    assert {"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "instance"} in endpoint["relabelings"]
