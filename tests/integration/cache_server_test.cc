@@ -411,15 +411,20 @@ TEST_F(CacheServerTest, StatsCommandAndMetricsReportTheSameFigures) {
 
 // Connections to /metrics that never send a request (a port scanner, a
 // stuck client), hundreds of them reopened as fast as they are closed, do
-// not blind the scrape behind them.
+// not blind the scrape behind them. They come from another address than
+// the scraper's (127.0.0.2), as a scanner's would.
 TEST_F(CacheServerTest, SilentMetricsConnectionsDoNotBlindTheScrape) {
   const size_t colon = metrics_address_.rfind(':');
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(std::stoi(metrics_address_.substr(colon + 1))));
   inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  sockaddr_in scanner{};
+  scanner.sin_family = AF_INET;
+  inet_pton(AF_INET, "127.0.0.2", &scanner.sin_addr);
   auto open_silent = [&] {
     const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&scanner), sizeof scanner), 0);
     EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
     return fd;
   };

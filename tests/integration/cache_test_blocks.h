@@ -38,6 +38,10 @@ inline uint64_t TestBlockBytesTaken() {
   return (record + page - 1) / page * page;
 }
 
+// What a tenant is charged for a TestLayout block it holds in a tier: its
+// pages and its bookkeeping.
+inline uint64_t TestBlockCharged() { return TestBlockBytesTaken() + kBookkeepingBytesPerBlock; }
+
 // Latents from a fast generator: the bytes only need to differ per block.
 inline std::vector<float> Latents(size_t n, uint64_t seed) {
   std::vector<float> x(n);

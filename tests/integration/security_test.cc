@@ -443,8 +443,8 @@ TEST_F(SecurityTest, TenantsCannotReachEachOthersBlocks) {
   EXPECT_TRUE(globex.ReleaseLease(matched->lease_id()).ok());
   absl::StatusOr<v1::StatsResponse> theirs_stats = globex.Stats(), all = admin.Stats();
   ASSERT_TRUE(theirs_stats.ok() && all.ok());
-  EXPECT_EQ(theirs_stats->tiers(0).used_bytes(), 3 * TestBlockBytesTaken())
-      << "globex's own three blocks, in whole pages";
+  EXPECT_EQ(theirs_stats->tiers(0).used_bytes(), 3 * TestBlockCharged())
+      << "globex's own three blocks, in whole pages, with their bookkeeping";
   EXPECT_EQ(all->blocks_stored(), 4u) << "the admin sees everyone's";
 }
 
@@ -478,7 +478,7 @@ TEST_F(SecurityTest, ATenantWritingTenTimesItsQuotaEvictsOnlyItsOwn) {
   EXPECT_GT(MetricValue(page, R"(kvtier_cache_tenant_evictions_total{tenant="acme"})").value_or(0), 0) << page;
   EXPECT_FALSE(MetricValue(page, R"(kvtier_cache_tenant_evictions_total{tenant="globex"})").has_value());
   EXPECT_EQ(MetricValue(page, R"(kvtier_cache_tenant_used_bytes{tenant="globex",tier="device"})"),
-            5.0 * TestBlockBytesTaken());
+            5.0 * TestBlockCharged());
   EXPECT_LE(MetricValue(page, R"(kvtier_cache_tenant_used_bytes{tenant="acme",tier="device"})").value_or(1e18),
             2097152.0);
   EXPECT_EQ(MetricValue(page, R"(kvtier_cache_tenant_hits_total{tenant="globex"})"), 5.0);
@@ -550,7 +550,7 @@ TEST_F(SecurityTest, AServiceActsForItsEndTenantsWithinTheirQuotasAndRoles) {
   for (int t : matched->tiers()) EXPECT_EQ(t, v1::TIER_DEVICE) << "globex's block left the device tier";
   const std::string page = ScrapeMetrics(metrics);
   EXPECT_EQ(MetricValue(page, R"(kvtier_cache_tenant_used_bytes{tenant="globex",tier="device"})"),
-            5.0 * TestBlockBytesTaken())
+            5.0 * TestBlockCharged())
       << page;
   EXPECT_LE(MetricValue(page, R"(kvtier_cache_tenant_used_bytes{tenant="acme",tier="device"})").value_or(1e18),
             2097152.0);

@@ -463,7 +463,7 @@ TEST_F(ServingTest, KvtierUpOnTheTrainedModelWritesText) {
 // --tls-keep, from a CA kept for later calls.
 TEST_F(ServingTest, KvtierUpRunsAConversationAndStopsCleanly) {
   const fs::path kept = fs::temp_directory_path() / ("kvtier_up_kept_" + std::to_string(rng_.seed()));
-  for (const std::string tls : {std::string(), std::string(" --tls"), " --tls-keep " + kept.string()}) {
+  for (const std::string& tls : {std::string(), std::string(" --tls"), " --tls-keep " + kept.string()}) {
     SCOPED_TRACE(tls);
     const fs::path dir = fs::temp_directory_path() / ("kvtier_up_" + std::to_string(rng_.seed()));
     const CommandResult up =

@@ -365,11 +365,11 @@ void BlockStore::ChargeLocked(size_t tier, const std::string& owner, uint64_t by
   OwnerBook& book = owners_[owner];
   if (sign > 0) {
     tiers_[tier]->counters.used_bytes += bytes;
-    book.used[tier] += bytes;
+    book.used[tier] += bytes + kBookkeepingBytesPerBlock;
     return;
   }
   tiers_[tier]->counters.used_bytes -= bytes;
-  book.used[tier] -= bytes;
+  book.used[tier] -= bytes + kBookkeepingBytesPerBlock;
   ForgetIfEmptyLocked(owner);
 }
 
@@ -420,15 +420,15 @@ void BlockStore::DropLocked(Entry* e) {
 
 absl::Status BlockStore::MakeRoomLocked(size_t tier, size_t bytes, const std::string& group, const std::string& owner) {
   const auto tier_name = [&] { return kvblock::TierName(static_cast<v1::Tier>(tiers_[tier]->counters.tier)); };
-  const uint64_t taken = tiers_[tier]->storage->BytesTaken(bytes);
+  const uint64_t charged = tiers_[tier]->storage->BytesTaken(bytes) + kBookkeepingBytesPerBlock;
   auto book = owners_.find(owner);
   if (const uint64_t limit = book == owners_.end() ? 0 : book->second.quota.tier_bytes[tier]; limit > 0) {
     // Over its quota, an owner makes room out of its own blocks only.
     const auto over_quota = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       auto b = owners_.find(owner);  // looked up again: moves let go of the lock
-      return b != owners_.end() && b->second.used[tier] + taken > limit;
+      return b != owners_.end() && b->second.used[tier] + charged > limit;
     };
-    if (taken > limit || !FreeWhileLocked(tier, bytes, over_quota, [&](const Entry& e) { return e.owner == owner; })) {
+    if (charged > limit || !FreeWhileLocked(tier, bytes, over_quota, [&](const Entry& e) { return e.owner == owner; })) {
       return absl::ResourceExhaustedError(absl::StrCat("tenant ", owner, "'s quota of ", limit, " bytes in the ",
                                                        tier_name(), " tier is all pinned or incomplete blocks"));
     }

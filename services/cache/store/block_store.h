@@ -99,6 +99,12 @@ struct StoreOptions {
   Eviction eviction = Eviction::kLeafFirst;
 };
 
+// What an owner (a tenant) is charged for each block's bookkeeping (its
+// index entry, in host memory, outside every tier's capacity) beside the
+// pages or slot its record takes in a tier: its used bytes and its quota
+// count both, so many tiny blocks cannot hold more than the quota says.
+inline constexpr uint64_t kBookkeepingBytesPerBlock = 256;
+
 // What one owner (a tenant) may hold: bytes per tier, fastest first (as
 // the memory its blocks take: whole pages), 0 for no limit.
 struct OwnerQuota {
@@ -133,7 +139,8 @@ struct StoreStats {
   uint64_t active_leases = 0;
   uint64_t pending_blocks = 0;
   uint64_t pinned_blocks = 0;  // by leases and readers
-  // Bytes each owner's blocks take, per tier (owners that hold some).
+  // Bytes each owner's blocks take, per tier (owners that hold some): their
+  // pages or slots, and kBookkeepingBytesPerBlock a block.
   std::map<std::string, std::array<uint64_t, 3>> used_by_owner;
   // Blocks of each owner's evicted, ever (owners that lost some).
   std::map<std::string, uint64_t> evictions_by_owner;

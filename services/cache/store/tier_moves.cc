@@ -115,7 +115,11 @@ bool BlockStore::FinishMoveLocked(Move& move, size_t to, const absl::Status& cop
   src.lru.erase(e->lru);
   --src.counters.blocks;
   ReleaseStorageLocked(*e);
+  // The page list's size differs between tiers (none on disk): the
+  // bookkeeping counted for the entry follows it.
+  counters_.metadata_bytes -= EntryMetadataBytes(*e);
   e->pages = std::move(pages);
+  counters_.metadata_bytes += EntryMetadataBytes(*e);
   e->tier = to;
   dst.lru.push_front(e);
   e->lru = dst.lru.begin();
