@@ -36,6 +36,7 @@ void FillStats(const StoreStats& s, const FastPathCounters& f, v1::StatsResponse
     ts->set_demotions(t.demotions);
     ts->set_evictions(t.evictions);
     ts->set_write_errors(t.write_errors);
+    ts->set_segment_slack_bytes(t.segment_slack_bytes);
   }
   r.set_metadata_bytes(s.metadata_bytes);
   r.set_misses(s.misses);

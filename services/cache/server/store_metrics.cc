@@ -32,6 +32,9 @@ std::vector<MetricFamily> StoreMetrics::Collect() const {
       {"kvtier_cache_write_errors_total",
        "Records the tier could not store: its storage full before its capacity (a disk's), or failing",
        MetricType::Counter, &TierCounters::write_errors},
+      {"kvtier_cache_segment_slack_bytes",
+       "Free bytes in shared segments a group of namespaces holds: only that group's blocks can use them",
+       MetricType::Gauge, &TierCounters::segment_slack_bytes},
   };
   std::vector<MetricFamily> families;
   for (const PerTier& p : per_tier) {

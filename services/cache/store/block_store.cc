@@ -509,6 +509,7 @@ StoreStats BlockStore::Stats() {
   StoreStats s = counters_;
   for (const auto& t : tiers_) {
     s.tiers.push_back(t->counters);
+    s.tiers.back().segment_slack_bytes = t->storage->SlackBytes();
     s.metadata_bytes += t->storage->MetadataBytes();
   }
   s.metadata_bytes += leases_.size() * sizeof(Lease);

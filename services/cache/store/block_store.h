@@ -124,6 +124,9 @@ struct TierCounters {
   uint64_t demotions = 0;
   uint64_t evictions = 0;
   uint64_t write_errors = 0;  // records it could not store (a full or failing disk)
+  // Free pages in segments a segment group holds (the fast path's shared
+  // tiers): only that group's blocks can use them.
+  uint64_t segment_slack_bytes = 0;
 };
 
 struct StoreStats {

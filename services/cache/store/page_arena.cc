@@ -227,6 +227,13 @@ uint32_t PageArena::FreePagesFor(const std::string& owner) const {
   return it->second.free + (empty_pages_ - it->second.empty_pages);
 }
 
+uint64_t PageArena::SlackPages() const {
+  if (!shared_) return 0;
+  uint64_t slack = 0;
+  for (const auto& [owner, o] : owners_) slack += o.free - o.empty_pages;
+  return slack;
+}
+
 bool PageArena::Allocate(uint32_t n, const std::string& owner, std::vector<uint32_t>& pages) {
   const std::string& key = Key(owner);
   if (FreePagesFor(key) < n) return false;

@@ -81,6 +81,9 @@ class PageArena {
   // Pages `owner` could take now: free pages of its segments plus those of
   // empty segments it does not own.
   uint32_t FreePagesFor(const std::string& owner) const;
+  // Free pages in segments their owners hold and have not emptied: free,
+  // but only to that owner (0 unless shared).
+  uint64_t SlackPages() const;
   // Takes `n` pages for `owner`, or returns false (and takes none). The
   // pages may not be usable yet: the caller runs Prepare on them before it
   // writes them or frees them.

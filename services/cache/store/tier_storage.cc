@@ -97,6 +97,7 @@ class PrivatePages : public TierStorage {
   uint64_t MetadataBytes() const override {
     return uint64_t{arena_->total_pages()} * sizeof(uint32_t) + arena_->SegmentsAheadBytes() + slots_.MetadataBytes();
   }
+  uint64_t SlackBytes() const override { return arena_->SlackPages() * arena_->page_size(); }
 
  protected:
   uint32_t PagesFor(size_t bytes) const {

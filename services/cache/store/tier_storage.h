@@ -114,6 +114,8 @@ class TierStorage {
   virtual uint64_t MoveBatchBytes(uint64_t /*capacity*/) const { return 0; }
   // Its bookkeeping beyond the records' bytes.
   virtual uint64_t MetadataBytes() const { return 0; }
+  // Free bytes that only one segment group can use (PageArena::SlackPages).
+  virtual uint64_t SlackBytes() const { return 0; }
   // Records it still holds from before a restart (a disk's files); those
   // that do not verify are dropped and counted in `corrupt`.
   virtual std::vector<DiskRecord> Recover(uint64_t& /*corrupt*/) { return {}; }

@@ -1346,6 +1346,22 @@ TEST_P(BlockStoreTest, MixedSizesUnderChurnReadBackExactly) {
   EXPECT_EQ(store_->Stats().pending_blocks, 0u);
 }
 
+// A group's segment that it has not filled holds free pages no other
+// group can use: counted as the tier's segment slack, and no more once
+// the group fills or empties it.
+TEST_P(SharedSegmentsTest, FreePagesOnlyOneGroupCanUseAreCountedAsSlack) {
+  Open(4, 4);  // two two-page segments a tier
+  const auto device_slack = [&] { return store_->Stats().tiers[0].segment_slack_bytes; };
+  EXPECT_EQ(device_slack(), 0u);
+  Put(Hash(0), "tenant-a");
+  EXPECT_EQ(device_slack(), kPage) << "tenant-a's segment: one page used, one only it can use";
+  Put(Hash(1), "tenant-b");
+  EXPECT_EQ(device_slack(), 2 * kPage);
+  Put(Hash(2), "tenant-a");
+  EXPECT_EQ(device_slack(), kPage) << "tenant-a's segment is full";
+  EXPECT_EQ(store_->Stats().tiers[1].segment_slack_bytes, 0u) << "nothing demoted yet";
+}
+
 TEST_P(SharedSegmentsTest, SmallRecordsOfTwoNamespacesNeverShareASegment) {
   layout_ = TinyLayout();
   layout_id_ = kvblock::LayoutId(layout_);
