@@ -1,6 +1,5 @@
 #include "services/base/bind_check.h"
 
-#include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -9,7 +8,7 @@
 
 namespace kvtier {
 
-std::string WhyCannotBind(const std::string& address) {
+absl::StatusOr<AddressList> ListenAddresses(const std::string& address) {
   std::string host = address.substr(0, address.rfind(':'));
   const std::string port = address.substr(address.rfind(':') + 1);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
@@ -18,10 +17,16 @@ std::string WhyCannotBind(const std::string& address) {
   hints.ai_flags = AI_PASSIVE;
   addrinfo* found = nullptr;
   if (const int e = getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found); e != 0) {
-    return gai_strerror(e);
+    return absl::UnavailableError(gai_strerror(e));
   }
+  return AddressList(found, freeaddrinfo);
+}
+
+std::string WhyCannotBind(const std::string& address) {
+  absl::StatusOr<AddressList> found = ListenAddresses(address);
+  if (!found.ok()) return std::string(found.status().message());
   std::string why = "gRPC refused it";
-  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+  for (const addrinfo* a = found->get(); a != nullptr; a = a->ai_next) {
     const int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
     if (fd < 0) continue;
     const int one = 1;
@@ -31,7 +36,6 @@ std::string WhyCannotBind(const std::string& address) {
     close(fd);
     if (!bound) break;
   }
-  freeaddrinfo(found);
   return why;
 }
 

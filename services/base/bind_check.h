@@ -1,14 +1,26 @@
-// Says why a listening address cannot be had: gRPC only says that it
-// cannot.
+// Listening addresses resolved, and why one cannot be had: gRPC only says
+// that it cannot.
 #ifndef KVTIER_SERVICES_BASE_BIND_CHECK_H_
 #define KVTIER_SERVICES_BASE_BIND_CHECK_H_
 
+#include <netdb.h>
+
+#include <memory>
 #include <string>
+
+#include "absl/status/statusor.h"
 
 namespace kvtier {
 
-// Why `address` (host:port, IPv6 as [::1]:port) cannot be bound now, as
-// getaddrinfo(3) or bind(2) says it (e.g. "Address already in use").
+using AddressList = std::unique_ptr<addrinfo, void (*)(addrinfo*)>;
+
+// What `address` (host:port, IPv6 as [::1]:port, no host: every interface)
+// names to listen on, as getaddrinfo(3) resolves it; UNAVAILABLE with its
+// reason when it does not.
+absl::StatusOr<AddressList> ListenAddresses(const std::string& address);
+
+// Why `address` cannot be bound now, as getaddrinfo(3) or bind(2) says it
+// (e.g. "Address already in use").
 std::string WhyCannotBind(const std::string& address);
 
 }  // namespace kvtier

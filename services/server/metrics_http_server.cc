@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -28,18 +29,10 @@ using SteadyTime = std::chrono::steady_clock::time_point;
 constexpr size_t kMaxRequestHead = 8 << 10;
 
 absl::StatusOr<int> Listen(const std::string& address) {
-  std::string host = address.substr(0, address.rfind(':'));
-  const std::string port = address.substr(address.rfind(':') + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* found = nullptr;
-  if (getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found) != 0) {
-    return absl::UnavailableError(WhyCannotBind(address));
-  }
+  absl::StatusOr<AddressList> found = ListenAddresses(address);
+  if (!found.ok()) return found.status();
   int listener = -1;
-  for (const addrinfo* a = found; a != nullptr && listener < 0; a = a->ai_next) {
+  for (const addrinfo* a = found->get(); a != nullptr && listener < 0; a = a->ai_next) {
     const int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) continue;
     const int one = 1;
@@ -50,7 +43,6 @@ absl::StatusOr<int> Listen(const std::string& address) {
       close(fd);
     }
   }
-  freeaddrinfo(found);
   if (listener < 0) return absl::UnavailableError(WhyCannotBind(address));
   return listener;
 }
@@ -79,6 +71,28 @@ std::string Response(std::string_view status, std::string_view body, bool with_b
                      std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n";
   if (with_body) head += body;
   return head;
+}
+
+// The whole answer to a request head: the metrics for GET (or HEAD)
+// /metrics, 404 or 405 for anything else.
+std::string Answer(std::string_view head, const std::vector<std::shared_ptr<prometheus::Collectable>>& collectables) {
+  const std::string_view line = head.substr(0, head.find('\n'));
+  const size_t first_space = line.find(' ');
+  const std::string_view method = line.substr(0, first_space);
+  std::string_view path;
+  if (first_space != std::string_view::npos) {
+    path = line.substr(first_space + 1);
+    path = path.substr(0, std::min(path.find(' '), path.find('?')));
+  }
+  if (method != "GET" && method != "HEAD") return Response("405 Method Not Allowed", "GET /metrics\n", true);
+  if (path != "/metrics") return Response("404 Not Found", "metrics are at /metrics\n", method == "GET");
+  std::vector<prometheus::MetricFamily> families;
+  for (const auto& collectable : collectables) {
+    std::vector<prometheus::MetricFamily> collected = collectable->Collect();
+    families.insert(families.end(), std::make_move_iterator(collected.begin()),
+                    std::make_move_iterator(collected.end()));
+  }
+  return Response("200 OK", prometheus::TextSerializer().Serialize(families), method == "GET");
 }
 
 }  // namespace
@@ -148,31 +162,6 @@ void MetricsHttpServer::Loop() {
     }
     return oldest;
   };
-  auto answer = [&](Connection& c) {
-    const size_t line_end = c.in.find("\r\n");
-    const std::string_view line = std::string_view(c.in).substr(0, line_end);
-    const size_t first_space = line.find(' ');
-    const size_t second_space = line.find(' ', first_space + 1);
-    const std::string_view method = line.substr(0, first_space);
-    std::string_view path = first_space == std::string_view::npos
-                                ? std::string_view()
-                                : line.substr(first_space + 1, second_space - first_space - 1);
-    path = path.substr(0, path.find('?'));
-    c.answered = true;
-    if (method != "GET" && method != "HEAD") {
-      c.out = Response("405 Method Not Allowed", "GET /metrics\n", true);
-    } else if (path != "/metrics") {
-      c.out = Response("404 Not Found", "metrics are at /metrics\n", method == "GET");
-    } else {
-      std::vector<prometheus::MetricFamily> families;
-      for (const auto& collectable : collectables_) {
-        std::vector<prometheus::MetricFamily> collected = collectable->Collect();
-        families.insert(families.end(), std::make_move_iterator(collected.begin()),
-                        std::make_move_iterator(collected.end()));
-      }
-      c.out = Response("200 OK", prometheus::TextSerializer().Serialize(families), method == "GET");
-    }
-  };
   // Sends what it can; false when the connection is done (all sent, or the
   // peer is gone).
   auto send_some = [&](int fd, Connection& c) {
@@ -200,7 +189,10 @@ void MetricsHttpServer::Loop() {
         break;
       }
     }
-    if (!c.answered) answer(c);
+    if (!c.answered) {
+      c.answered = true;
+      c.out = Answer(c.in, collectables_);
+    }
     if (send_some(fd, c)) {
       watch(fd, EPOLLOUT, EPOLL_CTL_MOD);
       return true;
