@@ -20,7 +20,12 @@ The shape it draws, so that tests and benchmarks need no outside data:
   prefix; after an answer the user thinks (--think-seconds, exponential)
   before the next turn;
 - message and answer lengths log-normal around --user-tokens and
-  --output-tokens.
+  --output-tokens;
+- and, the shape that hurts LRU, one-off long prompts (a document pasted
+  once, a batch job) arriving as their own Poisson process (--one-off-rate
+  a second, 0 by default), log-normal around --one-off-tokens, whose
+  blocks no later request reuses: each pushes the hot working set out of
+  an LRU cache once, for nothing.
 
 Usage: trace_gen.py --conversations 200 --seed 1 > trace.jsonl
 """
@@ -96,7 +101,23 @@ def generate(args):
         answer_ms = output * args.ms_per_output_token
         think_ms = rng.expovariate(1 / args.think_seconds) * 1000
         heapq.heappush(pending, (now + answer_ms + think_ms, c, conversation))
+    requests += one_offs(rng, ids, args, end_ms=requests[-1]["timestamp"] if requests else 0)
+    requests.sort(key=lambda r: r["timestamp"])  # stable: conversations keep their order
     return requests
+
+
+def one_offs(rng, ids, args, end_ms):
+    """One-off long prompts until `end_ms`: fresh ids, never seen again."""
+    out = []
+    now = 0.0
+    while args.one_off_rate > 0:
+        now += rng.expovariate(args.one_off_rate) * 1000
+        if now > end_ms:
+            break
+        prompt = lognormal(rng, args.one_off_tokens, 0.5)
+        out.append({"timestamp": int(now), "input_length": prompt, "output_length": lognormal(rng, args.output_tokens),
+                    "hash_ids": ids.fresh(-(-prompt // BLOCK))})
+    return out
 
 
 def main(argv):
@@ -112,10 +133,15 @@ def main(argv):
     parser.add_argument("--rate", type=float, default=2.0, help="conversations starting a second")
     parser.add_argument("--think-seconds", type=float, default=30.0, help="mean pause between an answer and the next turn")
     parser.add_argument("--ms-per-output-token", type=float, default=20.0)
+    parser.add_argument("--one-off-rate", type=float, default=0.0,
+                        help="one-off long prompts a second, beside the conversations (0: none)")
+    parser.add_argument("--one-off-tokens", type=int, default=8000, help="mean one-off prompt length")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
-    if args.conversations < 0 or args.system_prompts < 1 or args.rate <= 0 or args.turns < 1:
-        parser.error("--conversations >= 0, --system-prompts >= 1, --rate > 0 and --turns >= 1")
+    if (args.conversations < 0 or args.system_prompts < 1 or args.rate <= 0 or args.turns < 1
+            or args.one_off_rate < 0 or args.one_off_tokens < 1):
+        parser.error("--conversations >= 0, --system-prompts >= 1, --rate > 0, --turns >= 1, --one-off-rate >= 0 "
+                     "and --one-off-tokens >= 1")
     for request in generate(args):
         sys.stdout.write(json.dumps(request) + "\n")
 

@@ -116,3 +116,18 @@ def test_replay_of_v32_layouts_carries_the_indexer_keys(tmp_path):
     # scale) in each of the 2 layers, and format 2's 8 more header bytes.
     assert runs[("v3.2", "int4")]["block_bytes"] == runs[("v3", "int4")]["block_bytes"] + 2 * 64 * 132 + 8
     assert runs[("v3.2", "int4")]["hit_rate"] == runs[("v3.2", "int4")]["ceiling_rate"] > 0.3
+
+
+def test_one_off_prompts_are_long_and_never_reused():
+    plain = generate("--conversations", "60", "--seed", "11")
+    mixed = generate("--conversations", "60", "--seed", "11", "--one-off-rate", "0.5", "--one-off-tokens", "6000")
+    assert [r["timestamp"] for r in mixed] == sorted(r["timestamp"] for r in mixed)
+    conversations = {i for r in plain for i in r["hash_ids"]}
+    one_offs = [r for r in mixed if not set(r["hash_ids"]) & conversations]
+    assert [r for r in mixed if r not in one_offs] == plain, "the conversations changed"
+    seen = collections.Counter(i for r in mixed for i in r["hash_ids"])
+    assert all(seen[i] == 1 for r in one_offs for i in r["hash_ids"]), "a one-off block was used again"
+    # About 0.5 a second over the trace, around 6000 tokens each.
+    expected = 0.5 * plain[-1]["timestamp"] / 1000
+    assert 0.6 * expected < len(one_offs) < 1.4 * expected, (len(one_offs), expected)
+    assert 4000 < sum(r["input_length"] for r in one_offs) / len(one_offs) < 8000
