@@ -12,8 +12,11 @@ chain order. Policies: lru (a hit refreshes the prefix first block first,
 as kvtier-cache's --eviction lru), leaf-first (last block first, as
 --eviction leaf-first), radix (the least recently used block with no cached
 child goes first), s3fifo (new blocks in a small FIFO, 10% of the room,
-moved on to the main one when used again, else to a ghost list), arc
-(Megiddo and Modha's adaptive replacement cache).
+moved on to the main one when used again, else to a ghost list), 2q (an
+LRU whose new blocks wait in a probation FIFO, 10% of the room, until used
+again), adaptive (2q's probation on or off as two shadow caches of keys,
+an LRU and a 2q, score recent hits), arc (Megiddo and Modha's adaptive
+replacement cache).
 
     python3 load/trace_gen.py --conversations 500 --seed 1 > /tmp/t500.jsonl
     python3 load/eviction_sim.py /tmp/t500.jsonl --fractions 0.01,0.02,0.05,0.1,0.2,0.4
@@ -123,6 +126,72 @@ class S3Fifo:
                     self.main[b] = True
 
 
+class TwoQueue:
+    """An LRU whose new blocks wait in a probation FIFO (`probation` of the
+    room) and join the LRU only when used again; those the FIFO lets go
+    unused are remembered (ghosts) and join the LRU at once if they come
+    back. probation 0: plain LRU."""
+
+    def __init__(self, capacity, probation=0.1):
+        self.capacity, self.probation = capacity, probation
+        self.fifo, self.lru, self.ghost = (collections.OrderedDict() for _ in range(3))
+
+    def __contains__(self, block):
+        return block in self.fifo or block in self.lru
+
+    def used(self, prefix):
+        for b in prefix:
+            self.fifo.pop(b, None)
+            self.lru[b] = True
+            self.lru.move_to_end(b)
+
+    def insert(self, block, parent):
+        if self.probation == 0 or block in self.ghost:
+            self.ghost.pop(block, None)
+            self.lru[block] = True
+        else:
+            self.fifo[block] = True
+        while len(self.fifo) + len(self.lru) > self.capacity:
+            if self.lru and len(self.fifo) <= self.capacity * self.probation:
+                self.lru.popitem(last=False)
+            else:
+                b, _ = self.fifo.popitem(last=False)
+                self.ghost[b] = True
+                if len(self.ghost) > self.capacity:
+                    self.ghost.popitem(last=False)
+
+
+class Adaptive(TwoQueue):
+    """TwoQueue whose probation is on (a tenth of the room) or off (LRU) as
+    two shadow caches of keys alone, an LRU and a TwoQueue of the same room
+    seeing the same blocks, say: the one with more hits over about a room's
+    worth of recent blocks decides."""
+
+    def __init__(self, capacity):
+        super().__init__(capacity, probation=0.0)
+        self.shadows = (TwoQueue(capacity, 0.0), TwoQueue(capacity, 0.1))
+        self.score, self.decay = 0.0, 1 - 1 / max(1, capacity)
+
+    def _shadow(self, block, parent):
+        lru, probation = self.shadows
+        self.score = self.score * self.decay + (block in probation) - (block in lru)
+        for shadow in self.shadows:
+            if block in shadow:
+                shadow.used([block])
+            else:
+                shadow.insert(block, parent)
+        self.probation = 0.1 if self.score > 0 else 0.0
+
+    def used(self, prefix):
+        for b in prefix:
+            self._shadow(b, None)
+        super().used(prefix)
+
+    def insert(self, block, parent):
+        self._shadow(block, parent)
+        super().insert(block, parent)
+
+
 class Arc:
     def __init__(self, capacity):
         self.c, self.p = capacity, 0
@@ -176,7 +245,8 @@ class Arc:
         self.t1[block] = True
 
 
-POLICIES = {"lru": Lru, "leaf-first": LeafFirst, "radix": Radix, "s3fifo": S3Fifo, "arc": Arc}
+POLICIES = {"lru": Lru, "leaf-first": LeafFirst, "radix": Radix, "s3fifo": S3Fifo, "2q": TwoQueue, "adaptive": Adaptive,
+            "arc": Arc}
 
 
 def read_trace(path):

@@ -43,4 +43,42 @@ def test_the_command_prints_a_row_per_room(tmp_path):
     ceiling = float(out[0].rsplit(" ", 1)[1])
     assert out[1].split()[:2] == ["room", "blocks"] and len(out) == 4
     # With room for the whole working set, every policy is at the ceiling.
-    assert [float(v) for v in out[3].split()[2:]] == pytest.approx([ceiling] * 5, abs=1e-3)
+    assert [float(v) for v in out[3].split()[2:]] == pytest.approx([ceiling] * len(eviction_sim.POLICIES), abs=1e-3)
+
+
+def test_two_queue_lets_blocks_used_once_go_first():
+    q = eviction_sim.TwoQueue(4, probation=0.25)
+    q.insert("a", None)
+    q.used(["a"])  # used again: in the LRU
+    for b in "bcd":
+        q.insert(b, None)  # first use: on probation
+    q.insert("e", None)  # full: the oldest on probation goes, not "a", older but used twice
+    assert "a" in q and "b" not in q
+    q.insert("b", None)  # back from its ghost: straight into the LRU
+    for b in "fg":
+        q.insert(b, None)
+    assert "a" in q and "b" in q
+    assert not any(b in q for b in "cde")
+
+
+def feed(policy, blocks):
+    for b in blocks:
+        if b in policy:
+            policy.used([b])
+        else:
+            policy.insert(b, None)
+
+
+def test_adaptive_puts_new_blocks_on_probation_only_where_that_pays():
+    # A hot set that one-off blocks would push out of an LRU: probation on.
+    pushed = eviction_sim.Adaptive(10)
+    fresh = iter(range(10**6))
+    for _ in range(200):
+        feed(pushed, [f"hot-{i}" for i in range(6)] + [next(fresh) for _ in range(8)])
+    assert pushed.probation > 0
+    # Blocks used again a few blocks later, all of which fit: LRU keeps
+    # them, probation would not: it stays off.
+    reused = eviction_sim.Adaptive(10)
+    for i in range(2000):
+        feed(reused, [i, i - 5] if i >= 5 else [i])
+    assert reused.probation == 0
