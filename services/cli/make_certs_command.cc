@@ -21,8 +21,8 @@ int RunMakeCerts(const std::vector<std::string>& args) {
                    "(--namespace) and localhost; DIR/clients/NAME for each --client, whose common\n"
                    "name a tenant's certificateIdentities lists. Each directory holds ca.crt,\n"
                    "tls.crt and tls.key: give it to --tls-dir, or make it the kvtier-tls Secret.\n"
-                   "Keep ca.key private (it signs more: run again with another --out, or use\n"
-                   "openssl); kvtier's servers never read it.");
+                   "Keep ca.key private: openssl signs more certificates with it (openssl x509\n"
+                   "-req -CA ca.crt -CAkey ca.key ...); kvtier's servers never read it.");
   flags.AddString("out", &out, "directory to write; refused if it already holds a CA");
   flags.AddString("namespace", &ns, "the Kubernetes namespace the services' names are in");
   flags.AddString("name", &names,

@@ -759,6 +759,8 @@ TEST(CacheServerFlags, RefusesBadCapacitiesWithAMessage) {
        "--disk-dir /proc/no"},
       {{"--device-capacity", "1GiB", "--host-capacity", "1GiB", "--eviction", "fifo"},
        "--eviction fifo is not lru or leaf-first"},
+      {{"--device-capacity", "1MiB", "--host-capacity", "1MiB", "--listen", "127.0.0.1:0", "--drain-ms", "600001"},
+       "--drain-ms 600001: must be 0 to 600000"},
   };
   for (const Case& c : cases) {
     std::string cmd = KVTIER_CACHE_BINARY;
