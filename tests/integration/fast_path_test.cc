@@ -647,10 +647,20 @@ int CorruptInCache(pid_t cache, const std::string& record) {
   std::ifstream maps(proc + "/maps");
   const int mem = open((proc + "/mem").c_str(), O_RDWR);
   if (mem < 0) return 0;
+  // Segments' mappings, those next to each other joined: a record may
+  // span two segments, which lie side by side in the arena's addresses.
+  std::vector<std::pair<uint64_t, uint64_t>> runs;
   for (std::string line; std::getline(maps, line);) {
     if (line.find("kvtier-cache-segment") == std::string::npos) continue;
     uint64_t begin = 0, end = 0;
     if (std::sscanf(line.c_str(), "%" SCNx64 "-%" SCNx64, &begin, &end) != 2) continue;
+    if (!runs.empty() && runs.back().second == begin) {
+      runs.back().second = end;
+    } else {
+      runs.push_back({begin, end});
+    }
+  }
+  for (const auto& [begin, end] : runs) {
     std::string bytes(end - begin, '\0');
     if (pread(mem, bytes.data(), bytes.size(), static_cast<off_t>(begin)) != static_cast<ssize_t>(bytes.size())) {
       continue;

@@ -122,7 +122,7 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const StoreOption
     arena_options.capacity = capacity;
     arena_options.page_size = options.page_size;
     arena_options.segment_pages =
-        static_cast<uint32_t>(std::max<uint64_t>(1, options.segment_bytes / options.page_size));
+        static_cast<uint32_t>(std::max<uint64_t>(1, options.SegmentBytes(capacity) / options.page_size));
     arena_options.shared = options.shared_memory;
     arena_options.make_segments_ahead = options.make_segments_ahead;
     if (kind == TierKind::kDevice) arena_options.slab = options.device_slab;
@@ -501,6 +501,11 @@ absl::StatusOr<int> BlockStore::OpenSegmentReadOnly(uint32_t tier, uint32_t segm
     return absl::InvalidArgumentError(absl::StrCat("no shared segment ", segment, " in tier ", tier));
   }
   return tiers_[tier]->storage->OpenShared(segment, generation, SegmentGroup(ns));
+}
+
+uint64_t StoreOptions::SegmentBytes(uint64_t capacity) const {
+  constexpr uint64_t kSegmentsPerTier = 256, kSmallestSegment = 1 << 20;
+  return std::min(segment_bytes, std::max(kSmallestSegment, capacity / kSegmentsPerTier));
 }
 
 StoreStats BlockStore::Stats() {

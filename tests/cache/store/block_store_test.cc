@@ -1362,6 +1362,26 @@ TEST_P(SharedSegmentsTest, FreePagesOnlyOneGroupCanUseAreCountedAsSlack) {
   EXPECT_EQ(store_->Stats().tiers[1].segment_slack_bytes, 0u) << "nothing demoted yet";
 }
 
+// Segments follow the tier's size: a 256th of it, 1 MiB to 4 MiB. In a
+// 16 + 16 MiB store (segments of 1 MiB, not 4 MiB) twelve one-block
+// groups all keep their blocks; with 4 MiB segments only eight could.
+TEST_P(SharedSegmentsTest, SmallGroupsInASmallTierReserveLittle) {
+  EXPECT_EQ(StoreOptions{}.SegmentBytes(16 << 20), 1u << 20);
+  EXPECT_EQ(StoreOptions{}.SegmentBytes(512 << 20), 2u << 20);
+  EXPECT_EQ(StoreOptions{}.SegmentBytes(uint64_t{1} << 30), 4u << 20);
+  EXPECT_EQ(StoreOptions{}.SegmentBytes(uint64_t{64} << 30), 4u << 20);
+  Open(1, 1, 0, [](StoreOptions& o) {
+    o.device_capacity = o.host_capacity = 16 << 20;
+    o.segment_bytes = StoreOptions{}.segment_bytes;
+  });
+  for (int i = 0; i < 12; ++i) Put(Hash(i), "group-" + std::to_string(i));
+  for (int i = 0; i < 12; ++i) {
+    EXPECT_EQ(store_->Match("group-" + std::to_string(i), layout_id_, std::vector<BlockHash>{Hash(i)}).matched_blocks,
+              1u)
+        << "group-" << i << "'s block was pushed out by others' segments";
+  }
+}
+
 TEST_P(SharedSegmentsTest, SmallRecordsOfTwoNamespacesNeverShareASegment) {
   layout_ = TinyLayout();
   layout_id_ = kvblock::LayoutId(layout_);
