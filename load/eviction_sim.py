@@ -16,7 +16,8 @@ moved on to the main one when used again, else to a ghost list), 2q (an
 LRU whose new blocks wait in a probation FIFO, 10% of the room, until used
 again), adaptive (2q's probation on or off as two shadow caches of keys,
 an LRU and a 2q, score recent hits), arc (Megiddo and Modha's adaptive
-replacement cache).
+replacement cache), and belady (offline: the block used again farthest
+ahead goes first), the reference the others are measured against.
 
     python3 load/trace_gen.py --conversations 500 --seed 1 > /tmp/t500.jsonl
     python3 load/eviction_sim.py /tmp/t500.jsonl --fractions 0.01,0.02,0.05,0.1,0.2,0.4
@@ -25,6 +26,7 @@ import argparse
 import collections
 import heapq
 import json
+import math
 
 from trace_gen import BLOCK as TRACE_BLOCK
 
@@ -245,6 +247,41 @@ class Arc:
         self.t1[block] = True
 
 
+class Belady:
+    """Offline, knowing the whole trace: the block whose next use is
+    farthest goes first (one never used again, before any). Per block the
+    best any policy can do; with hits counted by prefix, a reference
+    rather than a proven bound."""
+
+    def __init__(self, capacity, requests):
+        accesses = [b for r in requests for b in full_blocks(r)]  # in the order hit_rate shows them
+        self.next_use, last = [0] * len(accesses), {}
+        for i in range(len(accesses) - 1, -1, -1):
+            self.next_use[i] = last.get(accesses[i], math.inf)
+            last[accesses[i]] = i
+        self.capacity, self.at, self.resident, self.heap = capacity, 0, {}, []
+
+    def __contains__(self, block):
+        return block in self.resident
+
+    def _access(self, block):
+        n = self.next_use[self.at]
+        self.at += 1
+        self.resident[block] = n
+        heapq.heappush(self.heap, (-n, self.at, block))
+
+    def used(self, prefix):
+        for b in prefix:
+            self._access(b)
+
+    def insert(self, block, parent):
+        self._access(block)
+        while len(self.resident) > self.capacity:
+            n, _, b = heapq.heappop(self.heap)
+            if self.resident.get(b) == -n:
+                del self.resident[b]
+
+
 POLICIES = {"lru": Lru, "leaf-first": LeafFirst, "radix": Radix, "s3fifo": S3Fifo, "2q": TwoQueue, "adaptive": Adaptive,
             "arc": Arc}
 
@@ -283,7 +320,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trace", help="JSON lines: timestamp, input_length, output_length, hash_ids")
     p.add_argument("--fractions", default="0.02,0.05,0.1,0.2,0.4", help="capacities, as shares of the working set")
-    p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--policies", default=",".join(POLICIES) + ",belady",
+                   help="of " + ", ".join(POLICIES) + ", and belady (offline: the next use farthest goes first)")
     args = p.parse_args()
     requests = read_trace(args.trace)
     size = working_set(requests)
@@ -293,7 +331,7 @@ def main():
     print(f"{'room':>6} {'blocks':>7} " + " ".join(f"{n:>10}" for n in names))
     for fraction in (float(f) for f in args.fractions.split(",")):
         room = max(1, int(size * fraction))
-        rates = [hit_rate(requests, POLICIES[n](room)) for n in names]
+        rates = [hit_rate(requests, Belady(room, requests) if n == "belady" else POLICIES[n](room)) for n in names]
         print(f"{fraction:>6.0%} {room:>7} " + " ".join(f"{r:>10.3f}" for r in rates))
 
 

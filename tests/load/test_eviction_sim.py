@@ -43,7 +43,8 @@ def test_the_command_prints_a_row_per_room(tmp_path):
     ceiling = float(out[0].rsplit(" ", 1)[1])
     assert out[1].split()[:2] == ["room", "blocks"] and len(out) == 4
     # With room for the whole working set, every policy is at the ceiling.
-    assert [float(v) for v in out[3].split()[2:]] == pytest.approx([ceiling] * len(eviction_sim.POLICIES), abs=1e-3)
+    assert [float(v) for v in out[3].split()[2:]] == pytest.approx([ceiling] * (len(eviction_sim.POLICIES) + 1),
+                                                                   abs=1e-3)
 
 
 def test_two_queue_lets_blocks_used_once_go_first():
@@ -82,3 +83,10 @@ def test_adaptive_puts_new_blocks_on_probation_only_where_that_pays():
     for i in range(2000):
         feed(reused, [i, i - 5] if i >= 5 else [i])
     assert reused.probation == 0
+
+
+def test_belady_lets_the_block_never_used_again_go():
+    # Room for three: block 4 is never used again, so it goes at once and
+    # the last request hits all of 1, 2 and 3: the ceiling with less room.
+    assert eviction_sim.hit_rate(TRACE, eviction_sim.Belady(3, TRACE)) == pytest.approx(2560 / 4608)
+    assert eviction_sim.hit_rate(TRACE, eviction_sim.Belady(2, TRACE)) < 2560 / 4608
