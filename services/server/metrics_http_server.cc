@@ -66,9 +66,10 @@ std::string PeerAddress(const sockaddr_storage& peer) {
 }
 
 std::string Response(std::string_view status, std::string_view body, bool with_body) {
-  std::string head = "HTTP/1.1 " + std::string(status) +
-                     "\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: " +
-                     std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n";
+  std::string head =
+      "HTTP/1.1 " + std::string(status) +
+      "\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: " + std::to_string(body.size()) +
+      "\r\nConnection: close\r\n\r\n";
   if (with_body) head += body;
   return head;
 }
@@ -101,10 +102,10 @@ struct MetricsHttpServer::Connection {
   std::string peer;
   SteadyTime accepted;
   SteadyTime last_progress;
-  std::string in;    // the request head so far
-  std::string out;   // the answer, once there is one
-  size_t sent = 0;   // of `out`
-  bool answered = false;
+  std::string in;   // the request head so far
+  std::string out;  // the answer, once there is one (never empty then)
+  size_t sent = 0;  // of `out`
+  bool answered() const { return !out.empty(); }
 };
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
@@ -156,9 +157,11 @@ void MetricsHttpServer::Loop() {
   // `peer` (or of anyone, for an empty one); -1 when none waits.
   auto oldest_waiting = [&](const std::string& peer) {
     int oldest = -1;
+    SteadyTime since = SteadyTime::max();
     for (const auto& [fd, c] : connections) {
-      if (c.answered || (!peer.empty() && c.peer != peer)) continue;
-      if (oldest < 0 || c.accepted < connections.at(oldest).accepted) oldest = fd;
+      if (c.answered() || (!peer.empty() && c.peer != peer) || c.accepted >= since) continue;
+      oldest = fd;
+      since = c.accepted;
     }
     return oldest;
   };
@@ -184,15 +187,11 @@ void MetricsHttpServer::Loop() {
       c.last_progress = std::chrono::steady_clock::now();
       if (c.in.find("\r\n\r\n") != std::string::npos || c.in.find("\n\n") != std::string::npos) break;
       if (c.in.size() > kMaxRequestHead) {
-        c.answered = true;
         c.out = Response("431 Request Header Fields Too Large", "", false);
         break;
       }
     }
-    if (!c.answered) {
-      c.answered = true;
-      c.out = Answer(c.in, collectables_);
-    }
+    if (!c.answered()) c.out = Answer(c.in, collectables_);
     if (send_some(fd, c)) {
       watch(fd, EPOLLOUT, EPOLL_CTL_MOD);
       return true;
@@ -215,8 +214,7 @@ void MetricsHttpServer::Loop() {
         const int oldest = oldest_waiting("");
         if (oldest >= 0) drop(oldest);
       }
-      if (per_peer[address] >= options_.max_connections_per_peer ||
-          connections.size() >= options_.max_connections) {
+      if (per_peer[address] >= options_.max_connections_per_peer || connections.size() >= options_.max_connections) {
         if (per_peer[address] == 0) per_peer.erase(address);
         close(fd);  // every connection there is being answered
         continue;
@@ -236,9 +234,11 @@ void MetricsHttpServer::Loop() {
   watch(wake_, EPOLLIN, EPOLL_CTL_ADD);
   watch(listener_, EPOLLIN, EPOLL_CTL_ADD);
   const auto idle_timeout = absl::ToChronoMilliseconds(options_.idle_timeout);
+  constexpr auto kSweepEvery = std::chrono::milliseconds(100);
+  SteadyTime next_sweep = std::chrono::steady_clock::now() + kSweepEvery;
   std::vector<epoll_event> events(64);
   for (;;) {
-    const int n = epoll_wait(poller, events.data(), static_cast<int>(events.size()), 100);
+    const int n = epoll_wait(poller, events.data(), static_cast<int>(events.size()), kSweepEvery.count());
     bool stop = false, incoming = false;
     for (int i = 0; i < n; ++i) {
       const int fd = events[i].data.fd;
@@ -248,13 +248,17 @@ void MetricsHttpServer::Loop() {
         incoming = true;
       } else if (auto it = connections.find(fd); it != connections.end()) {
         Connection& c = it->second;
-        const bool open = c.answered ? send_some(fd, c) : receive(fd, c);
+        const bool open = c.answered() ? send_some(fd, c) : receive(fd, c);
         if (!open) drop(fd);
       }
     }
     if (stop) break;
     if (incoming) accept_all();
+    // Idle connections, looked for at most every kSweepEvery, not at every
+    // event.
     const SteadyTime now = std::chrono::steady_clock::now();
+    if (now < next_sweep) continue;
+    next_sweep = now + kSweepEvery;
     std::vector<int> idle;
     for (const auto& [fd, c] : connections) {
       if (now - c.last_progress >= idle_timeout) idle.push_back(fd);

@@ -45,7 +45,8 @@ class MetricsHttpServer {
 
  private:
   struct Connection;
-  MetricsHttpServer(int listener, int port, int wake, std::vector<std::shared_ptr<prometheus::Collectable>> collectables,
+  MetricsHttpServer(int listener, int port, int wake,
+                    std::vector<std::shared_ptr<prometheus::Collectable>> collectables,
                     const MetricsHttpOptions& options);
   void Loop();
 

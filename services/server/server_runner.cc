@@ -118,9 +118,9 @@ absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(const ServerOp
     health_builder.AddListeningPort(options.health_listen, grpc::InsecureServerCredentials(), &health_port);
     health_builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
     health_builder.SetOption(std::make_unique<WithoutReflection>());
-    unknown.push_back(std::make_unique<UnknownMethods>(
-        absl::StrCat("the plaintext health port of ", options.what.substr(0, options.what.find(',')),
-                     ", which serves grpc.health.v1.Health only")));
+    unknown.push_back(std::make_unique<UnknownMethods>(absl::StrCat("the plaintext health port of ",
+                                                                    options.what.substr(0, options.what.find(',')),
+                                                                    ", which serves grpc.health.v1.Health only")));
     health_builder.RegisterCallbackGenericService(unknown.back().get());
     health = health_builder.BuildAndStart();
     if (health == nullptr || health_port == 0) {
@@ -139,9 +139,8 @@ absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(const ServerOp
         absl::StrCat("TLS from ", options.tls.dir,
                      options.tls.require_client_certificate ? ", client certificates required" : ""));
   }
-  return std::unique_ptr<ServerRunner>(
-      new ServerRunner(std::move(unknown), std::move(server), std::move(health), port,
-                                                  options.shutdown_grace, options.drain));
+  return std::unique_ptr<ServerRunner>(new ServerRunner(std::move(unknown), std::move(server), std::move(health), port,
+                                                        options.shutdown_grace, options.drain));
 }
 
 ServerRunner::~ServerRunner() { Shutdown(); }

@@ -451,29 +451,28 @@ void FastPathServer::AcceptLocked() {
     close(socket);
     return;
   }
+  // One look over the connections: this uid's unproven ones, and the
+  // oldest unproven of this uid and of anyone's.
   size_t unproven = 0;
-  for (const auto& [s, c] : connections_) unproven += c.session == 0 && c.uid == peer.uid;
-  if (unproven >= options_.max_unproven_per_uid) {
-    if (const int oldest = OldestUnprovenLocked(peer.uid); oldest >= 0) CloseConnectionLocked(oldest);
+  int oldest_of_uid = -1, oldest = -1;
+  uint64_t order_of_uid = UINT64_MAX, order = UINT64_MAX;
+  for (const auto& [s, c] : connections_) {
+    if (c.session != 0) continue;
+    if (c.order < order) oldest = s, order = c.order;
+    if (c.uid != peer.uid) continue;
+    ++unproven;
+    if (c.order < order_of_uid) oldest_of_uid = s, order_of_uid = c.order;
   }
-  if (connections_.size() >= 2 * options_.max_sessions) {
-    if (const int oldest = OldestUnprovenLocked(std::nullopt); oldest >= 0) CloseConnectionLocked(oldest);
+  if (unproven >= options_.max_unproven_per_uid && oldest_of_uid >= 0) {
+    if (oldest == oldest_of_uid) oldest = -1;  // about to go
+    CloseConnectionLocked(oldest_of_uid);
   }
+  if (connections_.size() >= 2 * options_.max_sessions && oldest >= 0) CloseConnectionLocked(oldest);
   if (connections_.size() >= 2 * options_.max_sessions) {
     close(socket);
     return;
   }
   connections_[socket] = Connection{.session = 0, .accepted = clock_->Now(), .order = ++accepted_, .uid = peer.uid};
-}
-
-int FastPathServer::OldestUnprovenLocked(std::optional<uid_t> uid) {
-  int oldest = -1;
-  uint64_t order = 0;
-  for (const auto& [socket, c] : connections_) {
-    if (c.session != 0 || (uid.has_value() && c.uid != *uid)) continue;
-    if (oldest < 0 || c.order < order) oldest = socket, order = c.order;
-  }
-  return oldest;
 }
 
 }  // namespace kvtier::cache

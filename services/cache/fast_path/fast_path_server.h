@@ -191,9 +191,6 @@ class FastPathServer {
   // Accepts one connection, closing the oldest unproven one(s) its room
   // needs; refuses it when every connection is proven.
   void AcceptLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The unproven connection accepted first, of `uid` (any uid: nullopt);
-  // -1 when there is none.
-  int OldestUnprovenLocked(std::optional<uid_t> uid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::flat_hash_map<int, Connection> connections_ ABSL_GUARDED_BY(mu_);
   uint64_t accepted_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, FastLease> leases_ ABSL_GUARDED_BY(mu_);
