@@ -48,7 +48,8 @@ bool IsIpAddress(const std::string& name) {
 
 // "DNS:a,IP:b,...", or INVALID_ARGUMENT naming the first bad name.
 absl::StatusOr<std::string> SubjectAltNames(const std::vector<std::string>& names) {
-  static const std::regex kDnsName(R"((\*\.)?[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*)");
+  static const std::regex kDnsName(
+      R"((\*\.)?[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*)");
   std::vector<std::string> out;
   for (const std::string& name : names) {
     if (IsIpAddress(name)) {
@@ -71,14 +72,15 @@ absl::Status MakeLeaf(const fs::path& ca_dir, const fs::path& dir, const std::st
   fs::create_directories(dir, error);
   if (error) return absl::UnavailableError(absl::StrCat("cannot make ", dir.string(), ": ", error.message()));
   const std::string key = dir / "tls.key", csr = dir / "tls.csr";
-  std::vector<std::string> request = {"req",     "-newkey", "ec",  "-pkeyopt", "ec_paramgen_curve:P-256",
-                                      "-nodes",  "-subj",   "/CN=" + common_name, "-keyout", key, "-out", csr};
+  std::vector<std::string> request = {
+      "req",     "-newkey", "ec",   "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", "/CN=" + common_name,
+      "-keyout", key,       "-out", csr};
   if (!alt_names.empty()) request.insert(request.end(), {"-addext", "subjectAltName=" + alt_names});
   absl::Status made = Openssl(request);
   if (made.ok()) {
-    made = Openssl({"x509", "-req", "-in", csr, "-CA", ca_dir / "ca.crt", "-CAkey", ca_dir / "ca.key",
-                    "-CAcreateserial", "-days", std::to_string(days), "-copy_extensions", "copy", "-out",
-                    dir / "tls.crt"});
+    made =
+        Openssl({"x509", "-req", "-in", csr, "-CA", ca_dir / "ca.crt", "-CAkey", ca_dir / "ca.key", "-CAcreateserial",
+                 "-days", std::to_string(days), "-copy_extensions", "copy", "-out", dir / "tls.crt"});
   }
   fs::remove(csr, error);
   if (made.ok()) {
@@ -113,13 +115,17 @@ absl::Status MakeCertificates(const CertificateOptions& options) {
   if (options.days < 1) return absl::InvalidArgumentError("a certificate must be valid at least a day");
   KVTIER_ASSIGN_OR_RETURN(const std::string alt_names, SubjectAltNames(options.server_names));
   const fs::path dir = options.dir;
+  if (fs::exists(dir / "ca.crt")) {
+    return absl::AlreadyExistsError(
+        absl::StrCat(options.dir, " already holds a CA (ca.crt); choose another directory"));
+  }
   std::error_code error;
   fs::create_directories(dir, error);
   if (error) return absl::UnavailableError(absl::StrCat("cannot make ", options.dir, ": ", error.message()));
   const std::string ca_key = dir / "ca.key";
-  absl::Status made = Openssl({"req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-                               "-days", std::to_string(options.days), "-subj", "/CN=kvtier CA", "-keyout", ca_key,
-                               "-out", dir / "ca.crt"});
+  absl::Status made =
+      Openssl({"req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days",
+               std::to_string(options.days), "-subj", "/CN=kvtier CA", "-keyout", ca_key, "-out", dir / "ca.crt"});
   if (made.ok()) fs::permissions(ca_key, fs::perms::owner_read | fs::perms::owner_write, error);
   if (made.ok()) made = MakeLeaf(dir, dir / "server", "kvtier", alt_names, options.days);
   for (const std::string& client : options.clients) {

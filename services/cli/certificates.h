@@ -38,8 +38,9 @@ std::vector<std::string> KubernetesServiceNames(const std::string& ns);
 
 // Writes what CertificateOptions says (directories made if missing).
 // INVALID_ARGUMENT for a name that is neither a DNS name nor an IP address
-// or a client name that is not a plain word; UNAVAILABLE when openssl
-// cannot be run or fails.
+// or a client name that is not a plain word; ALREADY_EXISTS when the
+// directory holds a CA already (never written over); UNAVAILABLE when
+// openssl cannot be run or fails.
 absl::Status MakeCertificates(const CertificateOptions& options);
 
 }  // namespace kvtier::cli

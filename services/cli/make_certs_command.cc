@@ -1,7 +1,6 @@
 // `kvtier make-certs --out DIR [--namespace NS] [--name NAME,...]
 // [--client NAME,...] [--days N]`: a CA and the certificates of the three
 // services and of end clients, as certificates.h lays them out.
-#include <filesystem>
 #include <iostream>
 
 #include "absl/strings/str_split.h"
@@ -34,17 +33,16 @@ int RunMakeCerts(const std::vector<std::string>& args) {
     std::cerr << "kvtier make-certs: --out is required and --days must be 1 to 3650\n";
     return 2;
   }
-  if (std::filesystem::exists(std::filesystem::path(out) / "ca.crt")) {
-    std::cerr << "kvtier make-certs: " << out << " already holds a CA (ca.crt); choose another --out\n";
-    return 2;
-  }
-  CertificateOptions options{.dir = out, .server_names = KubernetesServiceNames(ns), .clients = {},
-                             .days = static_cast<int>(days), .keep_ca_key = true};
+  CertificateOptions options{.dir = out,
+                             .server_names = KubernetesServiceNames(ns),
+                             .clients = {},
+                             .days = static_cast<int>(days),
+                             .keep_ca_key = true};
   for (absl::string_view n : absl::StrSplit(names, ',', absl::SkipEmpty())) options.server_names.emplace_back(n);
   for (absl::string_view c : absl::StrSplit(clients, ',', absl::SkipEmpty())) options.clients.emplace_back(c);
   if (absl::Status s = MakeCertificates(options); !s.ok()) {
     std::cerr << "kvtier make-certs: " << s.message() << "\n";
-    return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    return s.code() == absl::StatusCode::kInvalidArgument || s.code() == absl::StatusCode::kAlreadyExists ? 2 : 1;
   }
   std::cout << "wrote a CA to " << out << "/ca.crt (its key: " << out << "/ca.key, keep it private)\n"
             << "the services' certificate: --tls-dir " << out << "/server\n";

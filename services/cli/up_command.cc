@@ -20,11 +20,11 @@
 #include "services/base/child_process.h"
 #include "services/base/flags.h"
 #include "services/cache/client/cache_client.h"
+#include "services/cli/certificates.h"
 #include "services/cli/commands.h"
 #include "services/cli/generation_io.h"
 #include "services/cli/remote_generate.h"
 #include "services/cli/stats_table.h"
-#include "services/cli/certificates.h"
 #include "services/rpc/client_identity.h"
 #include "services/runtime/checkpoint.h"
 #include "services/runtime/make_model.h"
@@ -170,21 +170,22 @@ int Up(const UpFlags& f) {
   // take only callers with a certificate from the CA made here.
   std::vector<std::string> tls, mtls;
   const bool keep_tls = !f.tls_keep.empty();
-  const std::string certificates =
-      keep_tls ? f.tls_keep : f.tls ? absl::StrCat(f.dir, "/tls-", getpid()) : "";
+  const std::string certificates = keep_tls ? f.tls_keep : f.tls ? absl::StrCat(f.dir, "/tls-", getpid()) : "";
   const std::string tls_dir = certificates.empty() ? "" : certificates + "/server";
   // A throwaway CA goes with this process (its key is already deleted).
   const std::string throwaway = keep_tls ? "" : certificates;
-  const std::unique_ptr<const std::string, void (*)(const std::string*)> remove_tls(&throwaway, [](const std::string* d) {
-    std::error_code ignored;
-    if (!d->empty()) fs::remove_all(*d, ignored);
-  });
+  const std::unique_ptr<const std::string, void (*)(const std::string*)> remove_tls(&throwaway,
+                                                                                    [](const std::string* d) {
+                                                                                      std::error_code ignored;
+                                                                                      if (!d->empty())
+                                                                                        fs::remove_all(*d, ignored);
+                                                                                    });
   if (!tls_dir.empty()) {
-    if (keep_tls && fs::exists(fs::path(certificates) / "ca.crt")) {
-      return fail(absl::StrCat("--tls-keep ", certificates, " already holds a CA; choose another directory"));
-    }
-    if (absl::Status s = MakeCertificates({.dir = certificates, .server_names = {"localhost", "127.0.0.1"},
-                                           .clients = {}, .days = keep_tls ? 365 : 1, .keep_ca_key = keep_tls});
+    if (absl::Status s = MakeCertificates({.dir = certificates,
+                                           .server_names = {"localhost", "127.0.0.1"},
+                                           .clients = {},
+                                           .days = keep_tls ? 365 : 1,
+                                           .keep_ca_key = keep_tls});
         !s.ok()) {
       return fail(std::string(s.message()));
     }
@@ -193,9 +194,10 @@ int Up(const UpFlags& f) {
     }
     tls = {"--tls-dir", tls_dir};
     mtls = {"--tls-dir", tls_dir, "--tls-require-client-cert"};
-    progress.Step(keep_tls ? absl::StrCat("a CA kept in ", certificates, " (its key: ca.key); every call over TLS with ",
-                                          tls_dir, " (give it to --tls-dir to call these servers)")
-                           : absl::StrCat("a throwaway CA and certificate in ", tls_dir, "; every call over TLS"));
+    progress.Step(keep_tls
+                      ? absl::StrCat("a CA kept in ", certificates, " (its key: ca.key); every call over TLS with ",
+                                     tls_dir, " (give it to --tls-dir to call these servers)")
+                      : absl::StrCat("a throwaway CA and certificate in ", tls_dir, "; every call over TLS"));
   }
   const auto with = [](std::vector<std::string> argv, const std::vector<std::string>& extra) {
     argv.insert(argv.end(), extra.begin(), extra.end());

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "services/base/flags.h"
 #include "services/rpc/tenants.h"
 #include "services/rpc/tls.h"
@@ -32,6 +33,7 @@ struct SecurityFlags {
   // or both.
   void Register(FlagParser& flags, bool serves, bool calls);
   TlsOptions Tls() const;
+  absl::Duration Drain() const { return absl::Milliseconds(static_cast<int64_t>(drain_ms)); }
   // Sets this process's client identity (client_identity.h) from them.
   absl::Status ApplyToClients() const;
   // The tenant registry of a server.

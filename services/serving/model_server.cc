@@ -131,7 +131,7 @@ int ServeUntilSignal(const std::string& program, const ModelServerFlags& flags, 
   options.listen = flags.listen;
   options.tls = flags.security.Tls();
   options.health_listen = flags.security.health_listen;
-  options.drain = absl::Milliseconds(static_cast<int64_t>(flags.security.drain_ms));
+  options.drain = flags.security.Drain();
   options.tenants = tenants;
   options.what = absl::StrCat(program, ", which serves ", service_name);
   absl::StatusOr<std::unique_ptr<ServerRunner>> server = ServerRunner::Start(options, {service});

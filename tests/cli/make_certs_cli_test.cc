@@ -17,24 +17,26 @@ TEST(MakeCertsCli, MakesACaAndCertificatesAMutualTlsCacheAccepts) {
   const fs::path dir = fs::temp_directory_path() / ("kvtier_make_certs_" + std::to_string(getpid()));
   fs::remove_all(dir);
   const std::string make = std::string(KVTIER_BINARY) + " make-certs --out " + dir.string();
-  const CommandResult made = RunCommand(make + " --namespace inference --name cache.example.com,10.1.2.3 --client acme");
+  const CommandResult made =
+      RunCommand(make + " --namespace inference --name cache.example.com,10.1.2.3 --client acme");
   ASSERT_EQ(made.exit_code, 0) << made.output;
   struct stat key {};
   ASSERT_EQ(stat((dir / "ca.key").c_str(), &key), 0);
   EXPECT_EQ(key.st_mode & 0777, 0600u) << "the CA's key is readable by others";
   for (const fs::path& leaf : {dir / "server", dir / "clients/acme"}) {
-    const CommandResult verify = RunCommand("openssl verify -CAfile " + (leaf / "ca.crt").string() + " " +
-                                            (leaf / "tls.crt").string());
+    const CommandResult verify =
+        RunCommand("openssl verify -CAfile " + (leaf / "ca.crt").string() + " " + (leaf / "tls.crt").string());
     EXPECT_EQ(verify.exit_code, 0) << leaf << ": " << verify.output;
   }
   const CommandResult names =
       RunCommand("openssl x509 -noout -ext subjectAltName -in " + (dir / "server/tls.crt").string());
-  for (const std::string name : {"DNS:*.kvtier-cache.inference.svc.cluster.local", "DNS:kvtier-prefill.inference.svc",
-                                 "DNS:localhost", "IP Address:127.0.0.1", "DNS:cache.example.com",
-                                 "IP Address:10.1.2.3"}) {
+  for (const std::string name :
+       {"DNS:*.kvtier-cache.inference.svc.cluster.local", "DNS:kvtier-prefill.inference.svc", "DNS:localhost",
+        "IP Address:127.0.0.1", "DNS:cache.example.com", "IP Address:10.1.2.3"}) {
     EXPECT_NE(names.output.find(name), std::string::npos) << name << " in " << names.output;
   }
-  const CommandResult subject = RunCommand("openssl x509 -noout -subject -in " + (dir / "clients/acme/tls.crt").string());
+  const CommandResult subject =
+      RunCommand("openssl x509 -noout -subject -in " + (dir / "clients/acme/tls.crt").string());
   EXPECT_NE(subject.output.find("CN = acme"), std::string::npos) << subject.output;
 
   // A cache requiring client certificates takes the client's.
@@ -43,8 +45,8 @@ TEST(MakeCertsCli, MakesACaAndCertificatesAMutualTlsCacheAccepts) {
                       "--tls-require-client-cert"});
   const int port = cache.WaitForListeningPort();
   ASSERT_GT(port, 0);
-  const std::string stats = std::string(KVTIER_BINARY) + " stats --timeout-ms 5000 --target localhost:" +
-                            std::to_string(port) + " --tls-dir ";
+  const std::string stats = std::string(KVTIER_BINARY) +
+                            " stats --timeout-ms 5000 --target localhost:" + std::to_string(port) + " --tls-dir ";
   const CommandResult as_acme = RunCommand(stats + (dir / "clients/acme").string());
   EXPECT_EQ(as_acme.exit_code, 0) << as_acme.output;
 

@@ -219,7 +219,7 @@ int Run(Flags f) {
   server_options.listen = f.listen;
   server_options.tls = f.security.Tls();
   server_options.health_listen = f.security.health_listen;
-  server_options.drain = absl::Milliseconds(static_cast<int64_t>(f.security.drain_ms));
+  server_options.drain = f.security.Drain();
   server_options.tenants = tenants->get();
   server_options.what = "kvtier-cache, which serves kvtier.v1.KvCache";
   absl::StatusOr<std::unique_ptr<ServerRunner>> server = ServerRunner::Start(server_options, {&service});
