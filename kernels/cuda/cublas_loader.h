@@ -2,8 +2,8 @@
 // linked: its libraries carry about 110 KB of static thread-local storage,
 // which glibc carves out of every thread's stack in a program that links
 // them, so threads made with small stacks (gRPC's and other libraries')
-// fail to start. Opened at run time, the
-// storage is allocated apart, and only programs that run GEMMs load it.
+// fail to start. Opened at run time, the storage is allocated apart, and
+// only programs that run GEMMs load it.
 // For the .cu/.cc files of this directory.
 #ifndef KVTIER_KERNELS_CUDA_CUBLAS_LOADER_H_
 #define KVTIER_KERNELS_CUDA_CUBLAS_LOADER_H_

@@ -138,8 +138,8 @@ std::vector<std::string> PeerDiscovery::Choose(const std::vector<SrvRecord>& rec
     if (!std::binary_search(current_.begin(), current_.end(), t)) chosen.push_back(t);
   }
   std::sort(chosen.begin(), chosen.end());
-  failures_(absl::StrCat("srv:", name_, " lists ", valid.size(), " ", what_, "; using ", chosen.size(),
-                         " (at most ", options_.max_targets, ")"));
+  failures_(absl::StrCat("srv:", name_, " lists ", valid.size(), " ", what_, "; using ", chosen.size(), " (at most ",
+                         options_.max_targets, ")"));
   return chosen;
 }
 

@@ -79,7 +79,7 @@ class PeerDiscovery {
 
   std::vector<std::string> current_;  // Refresh's alone: Start's, then the thread's
   bool first_ = true;
-  int empty_answers_ = 0;  // in a row, while there were targets
+  int empty_answers_ = 0;                                     // in a row, while there were targets
   RateLimitedLog failures_{LogLevel::kWarning, "discovery"};  // a DNS outage says so once a minute
   absl::Notification stop_;
   std::thread thread_;

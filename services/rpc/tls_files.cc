@@ -70,7 +70,9 @@ absl::StatusOr<std::string> Read(const std::string& path) {
 absl::StatusOr<std::vector<Certificate>> CertificatesIn(const std::string& path) {
   KVTIER_ASSIGN_OR_RETURN(const std::string pem, Read(path));
   std::vector<Certificate> certificates = Certificates(pem);
-  if (certificates.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no certificate in it (empty or not PEM)"));
+  if (certificates.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": no certificate in it (empty or not PEM)"));
+  }
   return certificates;
 }
 

@@ -5,13 +5,13 @@
 // test host's search domains play no part.
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <chrono>
+#include <filesystem>
 #include <iostream>
-#include <thread>
 #include <map>
 #include <mutex>
 #include <random>
+#include <thread>
 
 #include "services/base/metrics_page.h"
 #include "services/base/peer_discovery.h"
@@ -267,10 +267,10 @@ TEST_F(DiscoveryTest, ARestartedShardIsUsedAgainWithinAnInterval) {
   std::unique_ptr<ChildProcess> cache = StartCache(target);
   ASSERT_FALSE(target.empty());
   std::string decode_target, decode_metrics;
-  std::unique_ptr<ChildProcess> decode = Cluster::Start(
-      {KVTIER_DECODE_BINARY, "--watch-interval-ms", "200", "--metrics-listen", "127.0.0.1:0", "--listen",
-       "127.0.0.1:0", "--model", *model_dir_, "--cache", target},
-      decode_metrics, decode_target);
+  std::unique_ptr<ChildProcess> decode =
+      Cluster::Start({KVTIER_DECODE_BINARY, "--watch-interval-ms", "200", "--metrics-listen", "127.0.0.1:0", "--listen",
+                      "127.0.0.1:0", "--model", *model_dir_, "--cache", target},
+                     decode_metrics, decode_target);
   ASSERT_FALSE(decode_target.empty());
   const std::string up = "kvtier_decode_cache_shard_up{shard=\"" + target + "\"}";
   ASSERT_TRUE(Eventually([&] { return Scrape(decode_metrics, up) == 1; }));
@@ -279,8 +279,8 @@ TEST_F(DiscoveryTest, ARestartedShardIsUsedAgainWithinAnInterval) {
   // Away long enough for the backoff to reach several seconds.
   std::this_thread::sleep_for(std::chrono::seconds(12));
   cache = std::make_unique<ChildProcess>(std::vector<std::string>{KVTIER_CACHE_BINARY, "--listen", target,
-                                                                   "--device-capacity", "16MiB", "--host-capacity",
-                                                                   "16MiB", "--metrics-listen", ""});
+                                                                  "--device-capacity", "16MiB", "--host-capacity",
+                                                                  "16MiB", "--metrics-listen", ""});
   ASSERT_EQ(absl::StrCat("127.0.0.1:", cache->WaitForListeningPort()), target) << "not back on its port";
   const auto back = std::chrono::steady_clock::now();
   ASSERT_TRUE(Eventually([&] { return Scrape(decode_metrics, up) == 1; }, std::chrono::seconds(30)));
@@ -300,11 +300,11 @@ TEST_F(DiscoveryTest, ATargetThatIsNoDecodeWorkerIsFailedOver) {
                       *model_dir_, "--cache", cache_target},
                      decode_metrics, decode_target);
   ASSERT_FALSE(decode_target.empty());
-  std::unique_ptr<ChildProcess> prefill = Cluster::Start(
-      {KVTIER_PREFILL_BINARY, "--metrics-listen", "127.0.0.1:0", "--listen", "127.0.0.1:0", "--model", *model_dir_,
-       "--cache", cache_target, "--decode", cache_target + "," + decode_target, "--kv-codec", "bf16",
-       "--tokens-per-block", std::to_string(kClusterBlock)},
-      prefill_metrics, prefill_target);
+  std::unique_ptr<ChildProcess> prefill =
+      Cluster::Start({KVTIER_PREFILL_BINARY, "--metrics-listen", "127.0.0.1:0", "--listen", "127.0.0.1:0", "--model",
+                      *model_dir_, "--cache", cache_target, "--decode", cache_target + "," + decode_target,
+                      "--kv-codec", "bf16", "--tokens-per-block", std::to_string(kClusterBlock)},
+                     prefill_metrics, prefill_target);
   ASSERT_FALSE(prefill_target.empty());
   v1::GenerateRequest request;
   for (uint32_t i = 0; i < kClusterBlock + 3; ++i) request.add_prompt_token_ids(i % 200);

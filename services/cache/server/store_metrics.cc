@@ -91,7 +91,9 @@ std::vector<MetricFamily> StoreMetrics::Collect() const {
   families.push_back(std::move(checksums));
   // Per tenant (the tenants file's names; nothing without one).
   MetricFamily used =
-      Family("kvtier_cache_tenant_used_bytes", "Memory a tenant's blocks take in the tier: pages or slots, and 256 bytes a block of bookkeeping", MetricType::Gauge);
+      Family("kvtier_cache_tenant_used_bytes",
+             "Memory a tenant's blocks take in the tier: pages or slots, and 256 bytes a block of bookkeeping",
+             MetricType::Gauge);
   for (const auto& [tenant, bytes] : s.used_by_owner) {
     if (tenant.empty()) continue;
     for (size_t i = 0; i < s.tiers.size(); ++i) {

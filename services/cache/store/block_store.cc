@@ -105,6 +105,11 @@ std::string PinnedBlock::CopyToString() const {
 
 // ---- BlockStore ----
 
+uint64_t StoreOptions::SegmentBytes(uint64_t capacity) const {
+  constexpr uint64_t kSegmentsPerTier = 256, kSmallestSegment = 1 << 20;
+  return std::min(segment_bytes, std::max(kSmallestSegment, capacity / kSegmentsPerTier));
+}
+
 absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const StoreOptions& options, Clock* clock) {
   if (options.page_size < 4096) {
     return absl::InvalidArgumentError("page size must be at least 4096 bytes");
@@ -428,7 +433,8 @@ absl::Status BlockStore::MakeRoomLocked(size_t tier, size_t bytes, const std::st
       auto b = owners_.find(owner);  // looked up again: moves let go of the lock
       return b != owners_.end() && b->second.used[tier] + charged > limit;
     };
-    if (charged > limit || !FreeWhileLocked(tier, bytes, over_quota, [&](const Entry& e) { return e.owner == owner; })) {
+    if (charged > limit ||
+        !FreeWhileLocked(tier, bytes, over_quota, [&](const Entry& e) { return e.owner == owner; })) {
       return absl::ResourceExhaustedError(absl::StrCat("tenant ", owner, "'s quota of ", limit, " bytes in the ",
                                                        tier_name(), " tier is all pinned or incomplete blocks"));
     }
@@ -501,11 +507,6 @@ absl::StatusOr<int> BlockStore::OpenSegmentReadOnly(uint32_t tier, uint32_t segm
     return absl::InvalidArgumentError(absl::StrCat("no shared segment ", segment, " in tier ", tier));
   }
   return tiers_[tier]->storage->OpenShared(segment, generation, SegmentGroup(ns));
-}
-
-uint64_t StoreOptions::SegmentBytes(uint64_t capacity) const {
-  constexpr uint64_t kSegmentsPerTier = 256, kSmallestSegment = 1 << 20;
-  return std::min(segment_bytes, std::max(kSmallestSegment, capacity / kSegmentsPerTier));
 }
 
 StoreStats BlockStore::Stats() {

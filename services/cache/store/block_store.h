@@ -389,9 +389,9 @@ class BlockStore {
   // Restores the blocks the last tier still holds from before (a disk's).
   void RecoverLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes room in the first tier for a block of segment group `group`
-  // being assembled by a Put stream of `owner` that holds `stream_pending` incomplete blocks
-  // (RESOURCE_EXHAUSTED past the bounds on incomplete blocks);
-  // EndPendingLocked when it is stored or dropped.
+  // being assembled by a Put stream of `owner` that holds `stream_pending`
+  // incomplete blocks (RESOURCE_EXHAUSTED past the bounds on incomplete
+  // blocks); EndPendingLocked when it is stored or dropped.
   absl::StatusOr<std::vector<uint32_t>> AllocatePendingLocked(size_t bytes, const std::string& group,
                                                               const std::string& owner, size_t stream_pending)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

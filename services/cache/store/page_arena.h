@@ -9,8 +9,9 @@
 // holds pages: an owner's pages come from its own segments, and only an
 // empty segment changes owner. In a shared arena each segment is its own
 // sealed memfd, so the cache can hand a same-host reader the segments of
-// one group, read-only, without exposing any other group's bytes. A segment that changes owner starts
-// a new generation with only zeros in it: if its memfd was ever handed out
+// one group, read-only, without exposing any other group's bytes. A
+// segment that changes owner starts a new generation with only zeros in
+// it: if its memfd was ever handed out
 // (MarkExported), a fresh memfd, so a stale mapping keeps reading the old
 // owner's bytes (the memfd's write seal keeps them from being punched out;
 // they are freed when the last reader unmaps), never the new owner's; if
