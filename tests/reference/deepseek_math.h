@@ -76,13 +76,21 @@ inline uint8_t ReferenceNearestE4m3(double v) {
   return static_cast<uint8_t>(best | (std::signbit(v) ? 0x80 : 0));
 }
 
+// What a reference gate ranked: per expert the value top_k was taken by
+// (a losing group's masked), and per group its score (none ungrouped).
+struct GateRanking {
+  std::vector<double> experts, groups;
+};
+
 // DeepseekV2MoEGate in double: softmax, (group mask), top-k, then
 // renormalise if top_k > 1 and norm_topk_prob, else scale. With noaux_tc,
-// DeepseekV3's MoEGate instead: ReferenceNoauxGate.
+// DeepseekV3's MoEGate instead: ReferenceNoauxGate. With `ranking`, also
+// what it ranked.
 inline std::vector<std::pair<uint32_t, double>> ReferenceNoauxGate(const std::vector<float>& logits,
-                                                                   const GateParams& p);
-inline std::vector<std::pair<uint32_t, double>> ReferenceGate(const std::vector<float>& logits, const GateParams& p) {
-  if (p.noaux_tc) return ReferenceNoauxGate(logits, p);
+                                                                   const GateParams& p, GateRanking* ranking);
+inline std::vector<std::pair<uint32_t, double>> ReferenceGate(const std::vector<float>& logits, const GateParams& p,
+                                                              GateRanking* ranking = nullptr) {
+  if (p.noaux_tc) return ReferenceNoauxGate(logits, p, ranking);
   const size_t n = logits.size();
   std::vector<double> s(n);
   double max = *std::max_element(logits.begin(), logits.end()), sum = 0;
@@ -94,12 +102,16 @@ inline std::vector<std::pair<uint32_t, double>> ReferenceGate(const std::vector<
     for (uint32_t k = 0; k < p.n_group; ++k) {
       g.push_back({*std::max_element(s.begin() + k * per, s.begin() + (k + 1) * per), k});
     }
+    if (ranking != nullptr) {
+      for (const auto& [score, group] : g) ranking->groups.push_back(score);
+    }
     std::stable_sort(g.begin(), g.end(), [](auto& a, auto& b) { return a.first > b.first; });
     std::vector<bool> keep(p.n_group);
     for (uint32_t k = 0; k < p.topk_group; ++k) keep[g[k].second] = true;
     for (size_t e = 0; e < n; ++e)
       if (!keep[e / per]) s[e] = 0;
   }
+  if (ranking != nullptr) ranking->experts = s;
   std::vector<uint32_t> idx(n);
   std::iota(idx.begin(), idx.end(), 0u);
   std::stable_sort(idx.begin(), idx.end(), [&](uint32_t a, uint32_t b) { return s[a] > s[b]; });
@@ -118,7 +130,7 @@ inline std::vector<std::pair<uint32_t, double>> ReferenceGate(const std::vector<
 // divided by their sum (+1e-20) if top_k > 1 and norm_topk_prob, then
 // times routed_scaling_factor.
 inline std::vector<std::pair<uint32_t, double>> ReferenceNoauxGate(const std::vector<float>& logits,
-                                                                   const GateParams& p) {
+                                                                   const GateParams& p, GateRanking* ranking) {
   const size_t n = logits.size();
   std::vector<double> scores(n), choice(n);
   for (size_t i = 0; i < n; ++i) {
@@ -132,6 +144,7 @@ inline std::vector<std::pair<uint32_t, double>> ReferenceNoauxGate(const std::ve
       std::vector<double> members(choice.begin() + g * per, choice.begin() + (g + 1) * per);
       std::sort(members.begin(), members.end(), std::greater<double>());
       groups.push_back({members[0] + members[1], g});
+      if (ranking != nullptr) ranking->groups.push_back(members[0] + members[1]);
     }
     std::stable_sort(groups.begin(), groups.end(), [](auto& a, auto& b) { return a.first > b.first; });
     std::vector<bool> keep(p.n_group, false);
@@ -139,6 +152,7 @@ inline std::vector<std::pair<uint32_t, double>> ReferenceNoauxGate(const std::ve
     for (size_t e = 0; e < n; ++e)
       if (!keep[e / per]) choice[e] = -INFINITY;
   }
+  if (ranking != nullptr) ranking->experts = choice;
   std::vector<uint32_t> idx(n);
   std::iota(idx.begin(), idx.end(), 0u);
   std::stable_sort(idx.begin(), idx.end(), [&](uint32_t a, uint32_t b) { return choice[a] > choice[b]; });
