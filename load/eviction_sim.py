@@ -171,7 +171,7 @@ class Adaptive(TwoQueue):
 
     def __init__(self, capacity):
         super().__init__(capacity, probation=0.0)
-        self.shadows = (TwoQueue(capacity, 0.0), TwoQueue(capacity, 0.1))
+        self.shadows = (Lru(capacity), TwoQueue(capacity, 0.1))
         self.score, self.decay = 0.0, 1 - 1 / max(1, capacity)
 
     def _shadow(self, block, parent):
@@ -247,19 +247,26 @@ class Arc:
         self.t1[block] = True
 
 
-class Belady:
-    """Offline, knowing the whole trace: the block whose next use is
-    farthest goes first (one never used again, before any). Per block the
-    best any policy can do; with hits counted by prefix, a reference
-    rather than a proven bound."""
+def next_uses(requests):
+    """For each block access, in the order hit_rate makes them, when that
+    block is accessed next (inf: never); what Belady needs, once a trace."""
+    accesses = [b for r in requests for b in full_blocks(r)]
+    out, last = [0] * len(accesses), {}
+    for i in range(len(accesses) - 1, -1, -1):
+        out[i] = last.get(accesses[i], math.inf)
+        last[accesses[i]] = i
+    return out
 
-    def __init__(self, capacity, requests):
-        accesses = [b for r in requests for b in full_blocks(r)]  # in the order hit_rate shows them
-        self.next_use, last = [0] * len(accesses), {}
-        for i in range(len(accesses) - 1, -1, -1):
-            self.next_use[i] = last.get(accesses[i], math.inf)
-            last[accesses[i]] = i
-        self.capacity, self.at, self.resident, self.heap = capacity, 0, {}, []
+
+class Belady:
+    """Offline, knowing the whole trace (next_uses): the block whose next
+    use is farthest goes first (one never used again, before any). Per
+    block the best any policy can do; with hits counted by prefix, a
+    reference rather than a proven bound."""
+
+    def __init__(self, capacity, next_use):
+        self.capacity, self.next_use = capacity, next_use
+        self.at, self.resident, self.heap = 0, {}, []
 
     def __contains__(self, block):
         return block in self.resident
@@ -325,13 +332,14 @@ def main():
     args = p.parse_args()
     requests = read_trace(args.trace)
     size = working_set(requests)
+    future = next_uses(requests) if "belady" in args.policies.split(",") else None
     names = args.policies.split(",")
     print(f"{len(requests)} requests, working set {size} blocks of {TRACE_BLOCK} tokens, "
           f"ceiling {hit_rate(requests, Lru(size)):.3f}")
     print(f"{'room':>6} {'blocks':>7} " + " ".join(f"{n:>10}" for n in names))
     for fraction in (float(f) for f in args.fractions.split(",")):
         room = max(1, int(size * fraction))
-        rates = [hit_rate(requests, Belady(room, requests) if n == "belady" else POLICIES[n](room)) for n in names]
+        rates = [hit_rate(requests, Belady(room, future) if n == "belady" else POLICIES[n](room)) for n in names]
         print(f"{fraction:>6.0%} {room:>7} " + " ".join(f"{r:>10.3f}" for r in rates))
 
 

@@ -88,5 +88,6 @@ def test_adaptive_puts_new_blocks_on_probation_only_where_that_pays():
 def test_belady_lets_the_block_never_used_again_go():
     # Room for three: block 4 is never used again, so it goes at once and
     # the last request hits all of 1, 2 and 3: the ceiling with less room.
-    assert eviction_sim.hit_rate(TRACE, eviction_sim.Belady(3, TRACE)) == pytest.approx(2560 / 4608)
-    assert eviction_sim.hit_rate(TRACE, eviction_sim.Belady(2, TRACE)) < 2560 / 4608
+    future = eviction_sim.next_uses(TRACE)
+    assert eviction_sim.hit_rate(TRACE, eviction_sim.Belady(3, future)) == pytest.approx(2560 / 4608)
+    assert eviction_sim.hit_rate(TRACE, eviction_sim.Belady(2, future)) < 2560 / 4608

@@ -67,10 +67,12 @@ class CacheClient(ServiceClient):
         answered = [False] * len(out)
         for answer in self._stream(self._stub.Get, request, timeout):
             i = answer.index
-            if i >= len(out) or answered[i] or answer.block_hash != request.block_hashes[i]:
-                raise _bad_answer(f"block {i} " + ("twice" if i < len(out) and answered[i] else
-                                                   f"of a {len(out)}-block request" if i >= len(out) else
-                                                   "under another block's hash"))
+            if i >= len(out):
+                raise _bad_answer(f"block {i} of a {len(out)}-block request")
+            if answered[i]:
+                raise _bad_answer(f"block {i} twice")
+            if answer.block_hash != request.block_hashes[i]:
+                raise _bad_answer(f"block {i} under another block's hash")
             answered[i] = True
             if answer.WhichOneof("result") == "data":
                 if verify:
