@@ -141,8 +141,8 @@ for pod in kvtier-cache kvtier-decode kvtier-prefill; do
     sleep 1
   done
   [ "$answer" = SERVING ] || { podman pod logs "$pod" 2>&1 | tail -20; fail "$pod health: $answer"; }
-  container="$pod-$(podman pod inspect "$pod" --format '{{range .Containers}}{{.Name}} {{end}}' \
-    | tr ' ' '\n' | grep -v infra | head -1 | sed "s/^$pod-//")"
+  container=$(podman pod inspect "$pod" --format '{{range .Containers}}{{.Name}} {{end}}' | tr ' ' '\n' \
+    | grep -v -e '-infra$' -e '^$' | head -1)
   uid=$(podman exec "$container" id -u)
   [ "$uid" = 10001 ] || fail "$pod runs as uid $uid"
   if podman exec "$container" sh -c 'echo x > /written' 2>/dev/null; then fail "$pod's root file system is writable"; fi
