@@ -120,11 +120,18 @@ def test_a_prefix_stored_from_python_is_used_by_decode(start_server, model_dir, 
     from_cxx, usage = generate("cxx")
     assert usage.cached_tokens == 3 * TOKENS_PER_BLOCK
     # A turn that hits the cache attends to the quantized prefix, where the
-    # in-process run (one prefill) attended to its float latents: the same
-    # ids, logprobs a little apart; and exactly those of the turn that hit
-    # the C++ node's blocks.
-    assert [t.token_id for t in from_python] == [t.token_id for t in cold] == want["ids"]
+    # in-process run (one prefill) attended to its float latents: logprobs
+    # a little apart (a few thousandths here), so the same ids until a
+    # greedy step whose two best were closer than that could tell; and
+    # exactly those of the turn that hit the C++ node's blocks.
+    assert [t.token_id for t in cold] == want["ids"]
     np.testing.assert_allclose([t.logprob for t in cold], want["logprobs"], atol=1e-4)
+    for got, reference in zip(from_python, cold):
+        if got.token_id != reference.token_id:
+            best, second = sorted((lp for _, lp in reference.top_logprobs), reverse=True)[:2]
+            assert best - second < 0.05, f"token {reference.index}: a clear choice ({best} over {second}) changed"
+            break
+        assert abs(got.logprob - reference.logprob) < 0.05, reference.index
     for got, expected in zip(from_python, from_cxx):
         assert (got.token_id, got.logprob) == (expected.token_id, expected.logprob)
         assert got.top_logprobs == expected.top_logprobs
