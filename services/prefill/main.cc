@@ -23,6 +23,7 @@ struct Flags {
   uint64_t max_top_logprobs = serving::kMaxTopLogprobs;
   uint64_t max_generations_per_tenant = PrefillOptions{}.max_generations_per_tenant;
   uint64_t max_generations_per_client = PrefillOptions{}.max_generations_per_client;
+  uint64_t max_concurrent_prefills = PrefillOptions{}.max_concurrent_prefills;
 };
 
 int Run(const Flags& f) {
@@ -34,6 +35,9 @@ int Run(const Flags& f) {
   if (f.decode_idle_ms == 0) return usage("--decode-idle-ms must be positive");
   if (f.max_generations_per_tenant == 0 || f.max_generations_per_client == 0) {
     return usage("--max-generations-per-tenant and --max-generations-per-client must be positive");
+  }
+  if (f.max_concurrent_prefills == 0 || f.max_concurrent_prefills > 1024) {
+    return usage("--max-concurrent-prefills must be in 1..1024");
   }
   const std::optional<kernels::Codec> codec = kernels::ParseCodec(f.kv_codec);
   if (!codec) return usage(absl::StrCat("--kv-codec ", f.kv_codec, " is not one of bf16, fp8, int8, int4"));
@@ -58,6 +62,7 @@ int Run(const Flags& f) {
   options.max_top_logprobs = static_cast<uint32_t>(f.max_top_logprobs);
   options.max_generations_per_tenant = f.max_generations_per_tenant;
   options.max_generations_per_client = f.max_generations_per_client;
+  options.max_concurrent_prefills = f.max_concurrent_prefills;
   PrefillService service(s->model.get(), s->model_id, s->shards.get(), s->registry.get(), options);
   std::atomic<size_t> decoders = 0;  // the discovery's thread updates it
   absl::StatusOr<std::unique_ptr<PeerDiscovery>> discovery = PeerDiscovery::Start(
@@ -99,6 +104,9 @@ int main(int argc, char** argv) {
                 "RESOURCE_EXHAUSTED");
   flags.AddUint("max-generations-per-client", &f.max_generations_per_client,
                 "Generate calls from one client address under way at once; more get RESOURCE_EXHAUSTED");
+  flags.AddUint("max-concurrent-prefills", &f.max_concurrent_prefills,
+                "prompts prefilled at once (each a thread); more wait their turn. A burst prefilled together "
+                "reaches the decode workers together, in full batches");
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "kvtier-prefill")) {
     return *exit;
   }

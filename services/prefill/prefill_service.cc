@@ -61,7 +61,7 @@ PrefillService::PrefillService(const runtime::Model* model, std::string model_id
                                .Add({}, prometheus::Histogram::BucketBoundaries{0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                                                                 0.5, 1, 2.5, 5, 10, 30})),
       stalls_(options.decode_idle),
-      prefilling_(std::make_unique<Executor>(kPrefillThreads, kMaxQueuedPrefills)),
+      prefilling_(std::make_unique<Executor>(options.max_concurrent_prefills, kMaxQueuedPrefills)),
       per_tenant_(options.max_generations_per_tenant, "generations of tenant", "--max-generations-per-tenant"),
       per_client_(options.max_generations_per_client, "generations from", "--max-generations-per-client") {}
 

@@ -46,6 +46,10 @@ struct PrefillOptions {
   // and from one client address.
   uint64_t max_generations_per_tenant = 64;
   uint64_t max_generations_per_client = 64;
+  // Prompts prefilled at once; more wait their turn. A burst's prompts
+  // prefilled together reach the decode workers together, so their first
+  // steps carry full batches; the default matches a decode worker's batch.
+  uint64_t max_concurrent_prefills = 32;
 };
 
 class PrefillService final : public v1::Prefill::CallbackService {
@@ -72,7 +76,6 @@ class PrefillService final : public v1::Prefill::CallbackService {
   struct Prefilled;
   class Stream;      // one Generate call
   class DecodeCall;  // a Stream's call to one decode worker
-  static constexpr size_t kPrefillThreads = 4;
   static constexpr size_t kMaxQueuedPrefills = 1024;
   // Everything up to the first token: cached prefix, prefill, blocks to the
   // cache, the DecodeRequest for the rest.

@@ -1079,12 +1079,17 @@ TEST_F(ServingTest, BadRequestsGetClearStatuses) {
 // at start-up with a message (2: a usage error; 1: cannot run here).
 // Addresses that nothing can be called at are refused at start, not
 // served around: a port out of range for a cache shard or a decode worker.
+// So is a prefill concurrency of none, or of more threads than it may start.
 TEST_F(ServingTest, ModelServersRefuseAddressesNobodyCouldListenOn) {
   const std::string common = " --listen 127.0.0.1:0 --metrics-listen '' --model " + Tiny().dir;
   const std::pair<std::string, std::string> cases[] = {
       {KVTIER_DECODE_BINARY + common + " --cache 127.0.0.1:99999", "--cache: address '127.0.0.1:99999'"},
       {KVTIER_DECODE_BINARY + common + " --cache 127.0.0.1:0", "port 1-65535"},
       {KVTIER_PREFILL_BINARY + common + " --cache 127.0.0.1:1 --decode :7072", "--decode: address ':7072'"},
+      {KVTIER_PREFILL_BINARY + common + " --cache 127.0.0.1:1 --decode 127.0.0.1:2 --max-concurrent-prefills 0",
+       "--max-concurrent-prefills must be in 1..1024"},
+      {KVTIER_PREFILL_BINARY + common + " --cache 127.0.0.1:1 --decode 127.0.0.1:2 --max-concurrent-prefills 1025",
+       "--max-concurrent-prefills must be in 1..1024"},
   };
   for (const auto& [command, why] : cases) {
     const CommandResult r = RunCommand(command);
