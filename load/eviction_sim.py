@@ -8,14 +8,16 @@ to build, not a measurement: load/trace_replay measures kvtier-cache itself
 
 Per request: the longest cached prefix of its full blocks is a hit (tokens
 weighted), the policy sees that prefix used, then the rest are inserted in
-chain order. Policies: lru (a hit refreshes the prefix first block first,
-as kvtier-cache's --eviction lru), leaf-first (last block first, as
---eviction leaf-first), radix (the least recently used block with no cached
+chain order (last to first for the policies that order a Put stream's
+blocks so, as kvtier-cache's leaf-first and adaptive do). Policies: lru (a
+hit refreshes the prefix first block first, as kvtier-cache's --eviction
+lru), leaf-first (last block first, as --eviction leaf-first), radix (the least recently used block with no cached
 child goes first), s3fifo (new blocks in a small FIFO, 10% of the room,
 moved on to the main one when used again, else to a ghost list), 2q (an
 LRU whose new blocks wait in a probation FIFO, 10% of the room, until used
-again), adaptive (2q's probation on or off as two shadow caches of keys,
-an LRU and a 2q, score recent hits), arc (Megiddo and Modha's adaptive
+again), adaptive (kvtier-cache's default: leaf-first, but blocks not used
+since they were stored go first while they hold more than a share of the
+room that ghost hits move, as ARC's target), arc (Megiddo and Modha's adaptive
 replacement cache), and belady (offline: the block used again farthest
 ahead goes first), the reference the others are measured against.
 
@@ -27,6 +29,7 @@ import collections
 import heapq
 import json
 import math
+import subprocess
 
 from trace_gen import BLOCK as TRACE_BLOCK
 
@@ -49,6 +52,8 @@ class Lru:
 
 
 class LeafFirst(Lru):
+    stores_leaf_first = True  # a Put stream's blocks ordered behind the one before
+
     def __init__(self, capacity):
         super().__init__(capacity, leaf_first=True)
 
@@ -163,35 +168,58 @@ class TwoQueue:
                     self.ghost.popitem(last=False)
 
 
-class Adaptive(TwoQueue):
-    """TwoQueue whose probation is on (a tenth of the room) or off (LRU) as
-    two shadow caches of keys alone, an LRU and a TwoQueue of the same room
-    seeing the same blocks, say: the one with more hits over about a room's
-    worth of recent blocks decides."""
+class Adaptive:
+    """kvtier-cache's --eviction adaptive: one leaf-first recency order
+    over every block, and a FIFO of the blocks stored and not used since
+    (probation). While probation holds more than its share of the room its
+    oldest goes first, else the least recently used of all. The share
+    starts at the whole room (leaf-first alone) and moves as ARC's target
+    does: a block stored again after probation let it go grows it, one
+    stored again after recency let it go shrinks it (each step the other
+    kind's remembered count over this one's), down to `floor`."""
+    stores_leaf_first = True
 
-    def __init__(self, capacity):
-        super().__init__(capacity, probation=0.0)
-        self.shadows = (Lru(capacity), TwoQueue(capacity, 0.1))
-        self.score, self.decay = 0.0, 1 - 1 / max(1, capacity)
+    def __init__(self, capacity, floor=0.1):
+        self.c, self.floor, self.share = capacity, floor, 1.0
+        self.order, self.probation = collections.OrderedDict(), collections.OrderedDict()
+        self.gone_on_probation, self.gone_used = collections.OrderedDict(), collections.OrderedDict()
 
-    def _shadow(self, block, parent):
-        lru, probation = self.shadows
-        self.score = self.score * self.decay + (block in probation) - (block in lru)
-        for shadow in self.shadows:
-            if block in shadow:
-                shadow.used([block])
-            else:
-                shadow.insert(block, parent)
-        self.probation = 0.1 if self.score > 0 else 0.0
+    def __contains__(self, block):
+        return block in self.order
 
     def used(self, prefix):
-        for b in prefix:
-            self._shadow(b, None)
-        super().used(prefix)
+        for b in reversed(prefix):
+            self.probation.pop(b, None)
+            self.order[b] = True
+            self.order.move_to_end(b)
+
+    def _remember(self, ghosts, block):
+        ghosts[block] = True
+        if len(ghosts) > self.c:
+            ghosts.popitem(last=False)
 
     def insert(self, block, parent):
-        self._shadow(block, parent)
-        super().insert(block, parent)
+        unit = 1 / max(1, self.c)
+        if block in self.gone_on_probation:
+            step = max(1, len(self.gone_used) // len(self.gone_on_probation))
+            self.share = min(1.0, self.share + step * unit)
+            del self.gone_on_probation[block]
+        elif block in self.gone_used:
+            step = max(1, len(self.gone_on_probation) // len(self.gone_used))
+            self.share = max(self.floor, self.share - step * unit)
+            del self.gone_used[block]
+        else:
+            self.probation[block] = True
+        self.order[block] = True
+        while len(self.order) > self.c:
+            if len(self.probation) > self.share * self.c:
+                victim, _ = self.probation.popitem(last=False)
+                del self.order[victim]
+                self._remember(self.gone_on_probation, victim)
+            else:
+                victim, _ = self.order.popitem(last=False)
+                on_probation = self.probation.pop(victim, None) is not None
+                self._remember(self.gone_on_probation if on_probation else self.gone_used, victim)
 
 
 class Arc:
@@ -314,7 +342,8 @@ def hit_rate(requests, policy):
         hits += matched * TRACE_BLOCK
         total += r["input_length"]
         policy.used(blocks[:matched])
-        for i in range(matched, len(blocks)):
+        rest = range(matched, len(blocks))
+        for i in reversed(rest) if getattr(policy, "stores_leaf_first", False) else rest:
             policy.insert(blocks[i], blocks[i - 1] if i > 0 else None)
     return hits / total if total else 0.0
 
@@ -323,21 +352,70 @@ def working_set(requests):
     return len({b for r in requests for b in full_blocks(r)})
 
 
+# The policies kvtier-cache has (--eviction), which --against-cache runs.
+CACHE_POLICIES = ("lru", "leaf-first", "adaptive")
+
+# What --against-cache stores: one layer of V2-Lite's int8 latents for each
+# 512-token trace block, in 4 KiB pages, so that one kvtier block is one
+# trace block and a budget of n blocks' pages holds n of them.
+REPLAY_FLAGS = ["--layers", "1", "--layouts", "int8", "--page-size", "4096", "--tokens-per-block", str(TRACE_BLOCK)]
+PAGE = 4096
+
+
+def replay(binary, trace, policies, budgets, limit=0):
+    """Hit rates of a real kvtier-cache (load/trace_replay) per (policy, budget in bytes)."""
+    out = subprocess.run([binary, "--trace", trace, *REPLAY_FLAGS, "--evictions", ",".join(policies), "--budgets",
+                          ",".join(str(b) for b in budgets), "--limit", str(limit), "--json"],
+                         check=True, capture_output=True, text=True).stdout
+    return {(r["eviction"], r["budget_bytes"]): r for r in json.loads(out)}
+
+
+def against_cache(binary, trace, requests, size, fractions, policies):
+    """The model's hit rates beside the real cache's on the same trace and
+    rooms (in blocks), and the largest difference."""
+    block = replay(binary, trace, policies[:1], [1 << 20], limit=1)
+    pages = -(-next(iter(block.values()))["block_bytes"] // PAGE)
+    rooms = [max(1, int(size * f)) for f in fractions]
+    cache = replay(binary, trace, policies, [room * pages * PAGE for room in rooms])
+    print(f"{'room':>6} {'blocks':>7} " + " ".join(f"{n + ' model/cache':>24}" for n in policies))
+    worst = 0.0
+    for fraction, room in zip(fractions, rooms):
+        cells = []
+        for n in policies:
+            model = hit_rate(requests, POLICIES[n](room))
+            real = cache[(n, room * pages * PAGE)]["hit_rate"]
+            worst = max(worst, abs(model - real))
+            cells.append(f"{model:>11.3f} /{real:>11.3f}")
+        print(f"{fraction:>6.0%} {room:>7} " + " ".join(cells), flush=True)
+    print(f"largest difference, model against cache: {worst * 100:.2f} points")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trace", help="JSON lines: timestamp, input_length, output_length, hash_ids")
     p.add_argument("--fractions", default="0.02,0.05,0.1,0.2,0.4", help="capacities, as shares of the working set")
-    p.add_argument("--policies", default=",".join(POLICIES) + ",belady",
-                   help="of " + ", ".join(POLICIES) + ", and belady (offline: the next use farthest goes first)")
+    p.add_argument("--policies", help="of " + ", ".join(POLICIES) + ", and belady (offline: the next use farthest "
+                                      "goes first); default all (with --against-cache, the cache's)")
+    p.add_argument("--against-cache", metavar="TRACE_REPLAY",
+                   help="also replay the trace through a real kvtier-cache with load/trace_replay (this binary) "
+                        "at the same rooms, for " + ", ".join(CACHE_POLICIES) + " (the policies it has)")
     args = p.parse_args()
     requests = read_trace(args.trace)
     size = working_set(requests)
-    future = next_uses(requests) if "belady" in args.policies.split(",") else None
-    names = args.policies.split(",")
+    fractions = [float(f) for f in args.fractions.split(",")]
+    if args.against_cache:
+        print(f"{len(requests)} requests, working set {size} blocks of {TRACE_BLOCK} tokens")
+        policies = args.policies.split(",") if args.policies else list(CACHE_POLICIES)
+        if not set(policies) <= set(CACHE_POLICIES):
+            p.error("--against-cache runs only " + ", ".join(CACHE_POLICIES))
+        against_cache(args.against_cache, args.trace, requests, size, fractions, policies)
+        return
+    names = args.policies.split(",") if args.policies else [*POLICIES, "belady"]
+    future = next_uses(requests) if "belady" in names else None
     print(f"{len(requests)} requests, working set {size} blocks of {TRACE_BLOCK} tokens, "
           f"ceiling {hit_rate(requests, Lru(size)):.3f}")
     print(f"{'room':>6} {'blocks':>7} " + " ".join(f"{n:>10}" for n in names))
-    for fraction in (float(f) for f in args.fractions.split(",")):
+    for fraction in fractions:
         room = max(1, int(size * fraction))
         rates = [hit_rate(requests, Belady(room, future) if n == "belady" else POLICIES[n](room)) for n in names]
         print(f"{fraction:>6.0%} {room:>7} " + " ".join(f"{r:>10.3f}" for r in rates))

@@ -240,7 +240,8 @@ int main(int argc, char** argv) {
                            "prefix hit rate against the trace's ceiling (an unbounded cache).");
   flags.AddString("cache-binary", &o.cache_binary, "the kvtier-cache to run");
   flags.AddString("trace", &o.trace, "JSON lines: timestamp, input_length, output_length, hash_ids (512-token blocks)");
-  flags.AddString("evictions", &o.evictions, "comma-separated kvtier-cache --eviction policies: lru, leaf-first");
+  flags.AddString("evictions", &o.evictions,
+                  "comma-separated kvtier-cache --eviction policies: adaptive, leaf-first, lru");
   flags.AddString("layouts", &o.layouts, "comma-separated: expanded (per-head K/V, bf16), bf16, fp8, int8, int4");
   flags.AddString("budgets", &o.budgets, "comma-separated cache memory budgets, e.g. 256MiB,1GiB");
   flags.AddString("model", &o.model,

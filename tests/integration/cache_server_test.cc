@@ -758,7 +758,7 @@ TEST(CacheServerFlags, RefusesBadCapacitiesWithAMessage) {
       {{"--device-capacity", "1GiB", "--host-capacity", "1GiB", "--disk-dir", "/proc/no", "--disk-capacity", "1GiB"},
        "--disk-dir /proc/no"},
       {{"--device-capacity", "1GiB", "--host-capacity", "1GiB", "--eviction", "fifo"},
-       "--eviction fifo is not lru or leaf-first"},
+       "--eviction fifo is not adaptive, leaf-first or lru"},
       {{"--device-capacity", "1MiB", "--host-capacity", "1MiB", "--listen", "127.0.0.1:0", "--drain-ms", "600001"},
        "--drain-ms 600001: must be 0 to 600000"},
   };

@@ -55,7 +55,7 @@ struct Flags {
   std::string fast_path_device_staging = "1GiB";
   bool no_fast_path = false;
   uint64_t put_idle_ms = 30000;
-  std::string eviction = "leaf-first";
+  std::string eviction = "adaptive";
   SecurityFlags security;
 };
 
@@ -122,8 +122,10 @@ absl::StatusOr<StoreOptions> ToStoreOptions(const Flags& f) {
     o.eviction = Eviction::kLru;
   } else if (f.eviction == "leaf-first") {
     o.eviction = Eviction::kLeafFirst;
+  } else if (f.eviction == "adaptive") {
+    o.eviction = Eviction::kAdaptive;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("--eviction ", f.eviction, " is not lru or leaf-first"));
+    return absl::InvalidArgumentError(absl::StrCat("--eviction ", f.eviction, " is not adaptive, leaf-first or lru"));
   }
   KVTIER_ASSIGN_OR_RETURN(o.device_slab, DeviceTierSlab(f.device_memory, device));
   o.device_capacity = device;
@@ -289,9 +291,11 @@ int main(int argc, char** argv) {
   flags.AddBool("no-fast-path", &f.no_fast_path,
                 "serve blocks over gRPC only: tiers in private memory, no unix socket");
   flags.AddString("eviction", &f.eviction,
-                  "which blocks a full tier gives up first: leaf-first (the least recently used, but a Match or Get "
-                  "refreshes a prefix last block first, so its first blocks, which every longer prefix needs, go "
-                  "last), or lru (each block by its own last use)");
+                  "which blocks a full tier gives up first: adaptive (leaf-first, but blocks stored and not used "
+                  "since go first while they hold more than a share of the tier that follows what comes back "
+                  "after eviction: one-off prompts do not push out what is reused), leaf-first (the least "
+                  "recently used, but a Match or Get refreshes a prefix last block first, so its first blocks, "
+                  "which every longer prefix needs, go last), or lru (each block by its own last use)");
   flags.AddUint("put-idle-ms", &f.put_idle_ms,
                 "a Put stream that stores no slice for this long (messages without one do not count) is ended "
                 "(DEADLINE_EXCEEDED) and its incomplete blocks dropped");

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "services/base/log.h"
 #include "services/base/status.h"
@@ -204,7 +205,7 @@ MatchResult BlockStore::Match(const std::string& ns, uint64_t layout_id, std::sp
     matched.push_back(e);
     result.tiers.push_back(tiers_[e->tier]->counters.tier);
   }
-  if (options_.eviction == Eviction::kLeafFirst) {
+  if (options_.eviction != Eviction::kLru) {  // leaf-first
     for (auto e = matched.rbegin(); e != matched.rend(); ++e) TouchLocked(*e);
   } else {
     for (Entry* e : matched) TouchLocked(e);
@@ -343,7 +344,7 @@ void BlockStore::UnpinLocked(Entry* e) {
 }
 
 void BlockStore::Refresh(const std::string& ns, uint64_t layout_id, std::span<const kvblock::BlockHash> hashes) {
-  if (options_.eviction != Eviction::kLeafFirst) return;
+  if (options_.eviction == Eviction::kLru) return;
   absl::MutexLock lock(&mu_);
   for (auto h = hashes.rbegin(); h != hashes.rend(); ++h) {
     auto it = index_.find(Key(ns, *h));
@@ -356,8 +357,60 @@ void BlockStore::PinLocked(Entry* e) {
 }
 
 void BlockStore::TouchLocked(Entry* e) {
-  auto& lru = tiers_[e->tier]->lru;
-  lru.splice(lru.begin(), lru, e->lru);
+  Tier& t = *tiers_[e->tier];
+  if (e->on_probation) {  // used again: off probation
+    t.probation.erase(e->probation);
+    t.probation_bytes -= t.storage->BytesTaken(e->size);
+    e->on_probation = false;
+  }
+  t.lru.splice(t.lru.begin(), t.lru, e->lru);
+}
+
+void BlockStore::LinkLocked(Entry* e, Entry* after) {
+  Tier& t = *tiers_[e->tier];
+  e->lru = after != nullptr ? t.lru.insert(std::next(after->lru), e) : t.lru.insert(t.lru.begin(), e);
+  if (!e->on_probation) return;
+  e->probation = after != nullptr && after->on_probation ? t.probation.insert(std::next(after->probation), e)
+                                                         : t.probation.insert(t.probation.begin(), e);
+  t.probation_bytes += t.storage->BytesTaken(e->size);
+}
+
+void BlockStore::UnlinkLocked(Entry* e) {
+  Tier& t = *tiers_[e->tier];
+  t.lru.erase(e->lru);
+  if (!e->on_probation) return;
+  t.probation.erase(e->probation);
+  t.probation_bytes -= t.storage->BytesTaken(e->size);
+}
+
+std::vector<Entry*> BlockStore::VictimsLocked(size_t tier, uint64_t bytes,
+                                              const std::function<bool(const Entry&)>& eligible) {
+  Tier& t = *tiers_[tier];
+  const bool adaptive = options_.eviction == Eviction::kAdaptive;
+  const double probation_room = probation_share_.share() * static_cast<double>(t.counters.capacity_bytes);
+  uint64_t on_probation = t.probation_bytes;  // after the victims so far go
+  std::vector<Entry*> victims;
+  absl::flat_hash_set<const Entry*> chosen;  // a block on probation is in both lists
+  const auto usable = [&](const Entry* e) { return e->pins == 0 && !chosen.contains(e) && eligible(*e); };
+  auto oldest_on_probation = t.probation.rbegin();
+  auto least_recent = t.lru.rbegin();
+  for (uint64_t taken = 0; taken < bytes;) {
+    Entry* next = nullptr;
+    if (adaptive && static_cast<double>(on_probation) > probation_room) {
+      while (oldest_on_probation != t.probation.rend() && !usable(*oldest_on_probation)) ++oldest_on_probation;
+      if (oldest_on_probation != t.probation.rend()) next = *oldest_on_probation++;
+    }
+    if (next == nullptr) {
+      while (least_recent != t.lru.rend() && !usable(*least_recent)) ++least_recent;
+      if (least_recent == t.lru.rend()) break;
+      next = *least_recent++;
+    }
+    chosen.insert(next);
+    victims.push_back(next);
+    taken += next->size;
+    if (next->on_probation) on_probation -= t.storage->BytesTaken(next->size);
+  }
+  return victims;
 }
 
 void BlockStore::GiveRoomLocked(size_t tier, const RecordRoom& room, const std::string& owner, bool written) {
@@ -387,21 +440,40 @@ bool BlockStore::WithinQuotaLocked(const std::string& owner, size_t tier) const 
   auto it = owners_.find(owner);
   if (it == owners_.end()) return true;  // holds nothing here
   const uint64_t limit = it->second.quota.tier_bytes[tier];
-  return limit > 0 && it->second.used[tier] <= limit;
+  return limit > 0 && ChargedLocked(it->second, tier) <= limit;
+}
+
+uint64_t BlockStore::ChargedLocked(const OwnerBook& book, size_t tier, const std::string& filling,
+                                   uint64_t fill) const {
+  const TierStorage& storage = *tiers_[tier]->storage;
+  uint64_t slack = 0;
+  for (const std::string& segment_owner : book.segment_owners) {
+    uint64_t held = storage.SlackBytesOf(segment_owner);
+    if (segment_owner == filling) held -= std::min(held, fill);
+    slack += held - std::min(held, storage.SegmentBytes());  // a segment being filled is free
+  }
+  return book.used[tier] + slack;
 }
 
 void BlockStore::ReleaseStorageLocked(const Entry& e) { GiveRoomLocked(e.tier, RoomOf(e), e.owner, /*written=*/true); }
 
-bool BlockStore::HasRoomLocked(size_t tier, size_t bytes, const std::string& group) const {
+bool BlockStore::HasRoomLocked(size_t tier, size_t bytes, const std::string& segment_owner) const {
   const Tier& t = *tiers_[tier];
-  return t.storage->HasRoom(bytes, group, t.counters.capacity_bytes - t.counters.used_bytes);
+  return t.storage->HasRoom(bytes, segment_owner, t.counters.capacity_bytes - t.counters.used_bytes);
 }
 
 std::string BlockStore::SegmentGroup(const std::string& ns) const {
   return options_.segment_group ? options_.segment_group(ns) : ns;
 }
 
+std::string BlockStore::SegmentOwnerOf(const std::string& ns, const std::string& owner) const {
+  return SegmentOwner(SegmentGroup(ns), owner);
+}
+
 void BlockStore::EvictLocked(Entry* e) {
+  if (options_.eviction == Eviction::kAdaptive) {
+    probation_share_.Evicted(KeyHash()(Key(e->ns, e->hash)), e->on_probation, index_.size());
+  }
   ++tiers_[e->tier]->counters.evictions;
   ++evictions_by_owner_[e->owner];
   DropLocked(e);
@@ -409,7 +481,7 @@ void BlockStore::EvictLocked(Entry* e) {
 
 void BlockStore::DropLocked(Entry* e) {
   Tier& t = *tiers_[e->tier];
-  t.lru.erase(e->lru);
+  UnlinkLocked(e);
   --t.counters.blocks;
   auto it = index_.find(Key(e->ns, e->hash));
   std::unique_ptr<Entry> owned = std::move(it->second);
@@ -423,7 +495,8 @@ void BlockStore::DropLocked(Entry* e) {
   counters_.metadata_bytes -= EntryMetadataBytes(*e);
 }
 
-absl::Status BlockStore::MakeRoomLocked(size_t tier, size_t bytes, const std::string& group, const std::string& owner) {
+absl::Status BlockStore::MakeRoomLocked(size_t tier, size_t bytes, const std::string& segment_owner,
+                                        const std::string& owner) {
   const auto tier_name = [&] { return kvblock::TierName(static_cast<v1::Tier>(tiers_[tier]->counters.tier)); };
   const uint64_t charged = tiers_[tier]->storage->BytesTaken(bytes) + kBookkeepingBytesPerBlock;
   auto book = owners_.find(owner);
@@ -431,7 +504,8 @@ absl::Status BlockStore::MakeRoomLocked(size_t tier, size_t bytes, const std::st
     // Over its quota, an owner makes room out of its own blocks only.
     const auto over_quota = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       auto b = owners_.find(owner);  // looked up again: moves let go of the lock
-      return b != owners_.end() && b->second.used[tier] + charged > limit;
+      return b != owners_.end() &&
+             ChargedLocked(b->second, tier, segment_owner, tiers_[tier]->storage->BytesTaken(bytes)) + charged > limit;
     };
     if (charged > limit ||
         !FreeWhileLocked(tier, bytes, over_quota, [&](const Entry& e) { return e.owner == owner; })) {
@@ -439,7 +513,9 @@ absl::Status BlockStore::MakeRoomLocked(size_t tier, size_t bytes, const std::st
                                                        tier_name(), " tier is all pinned or incomplete blocks"));
     }
   }
-  const auto short_of_room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !HasRoomLocked(tier, bytes, group); };
+  const auto short_of_room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !HasRoomLocked(tier, bytes, segment_owner);
+  };
   // The asker's own blocks, and those of owners over their quota or with
   // none, go first; an owner within its quota loses blocks only when the
   // quotas add up to more than the tier holds.
@@ -460,17 +536,11 @@ bool BlockStore::FreeWhileLocked(size_t tier, size_t bytes, const std::function<
   // Victims taken at a time: a batch to demote, or the one to evict.
   const uint64_t victims_bytes =
       demotes ? std::max<uint64_t>(bytes, t.storage->MoveBatchBytes(t.counters.capacity_bytes)) : 1;
-  // Plain LRU among the eligible: in a shared arena another namespace's
-  // victim makes room only once its segment empties, so this may move more
-  // than `bytes`.
+  // In the policy's order among the eligible: in a shared arena another
+  // segment owner's victim makes room only once its segment empties, so
+  // this may move more than `bytes`.
   while (short_of_room()) {
-    std::vector<Entry*> victims;  // least recently used first
-    uint64_t victim_bytes = 0;
-    for (auto it = t.lru.rbegin(); it != t.lru.rend() && victim_bytes < victims_bytes; ++it) {
-      if ((*it)->pins > 0 || !eligible(**it)) continue;
-      victims.push_back(*it);
-      victim_bytes += (*it)->size;
-    }
+    const std::vector<Entry*> victims = VictimsLocked(tier, victims_bytes, eligible);
     if (victims.empty()) return false;
     if (!demotes) {
       EvictLocked(victims[0]);
@@ -518,12 +588,15 @@ StoreStats BlockStore::Stats() {
     s.tiers.back().segment_slack_bytes = t->storage->SlackBytes();
     s.metadata_bytes += t->storage->MetadataBytes();
   }
+  s.metadata_bytes += probation_share_.MemoryBytes();
   s.metadata_bytes += leases_.size() * sizeof(Lease);
   for (const auto& [id, lease] : leases_) s.metadata_bytes += lease.entries.capacity() * sizeof(Entry*);
   s.active_leases = leases_.size();
   s.pending_blocks = pending_blocks_;
   for (const auto& [owner, book] : owners_) {
-    if (book.used != std::array<uint64_t, 3>{}) s.used_by_owner[owner] = book.used;
+    if (book.used == std::array<uint64_t, 3>{}) continue;
+    std::array<uint64_t, 3>& charged = s.used_by_owner[owner];
+    for (size_t tier = 0; tier < tiers_.size(); ++tier) charged[tier] = ChargedLocked(book, tier);
   }
   s.evictions_by_owner.insert(evictions_by_owner_.begin(), evictions_by_owner_.end());
   return s;

@@ -31,6 +31,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -42,6 +43,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "services/base/clock.h"
+#include "services/cache/store/probation_share.h"
 #include "services/cache/store/tier_storage.h"
 #include "services/kvblock/block_key.h"
 #include "services/kvblock/layout.h"
@@ -58,10 +60,18 @@ enum class Eviction {
   // block back to its first: within a prefix the last blocks go first, and
   // what stays is still a prefix someone can match. A Read does not
   // refresh (in chain order it would undo that); a Get refreshes its
-  // blocks as a Match does once it has read them all (Refresh). The
-  // default: load/trace_replay finds it at least as good as kLru at every
-  // budget measured.
+  // blocks as a Match does once it has read them all (Refresh). A Put
+  // stream's new blocks are ordered so too: each behind the one the stream
+  // stored before it.
   kLeafFirst,
+  // kLeafFirst's order, but blocks stored and not used since are on
+  // probation: while they take more than a share of a tier they go first,
+  // oldest first, so that prompts seen once do not push out what is used
+  // again. The share adapts to what comes back after eviction
+  // (ProbationShare): where the room holds what is reused it stays at the
+  // whole tier, which is kLeafFirst. The default: load/README.md's eviction
+  // tables.
+  kAdaptive,
 };
 
 struct StoreOptions {
@@ -75,8 +85,10 @@ struct StoreOptions {
   // those segment_group gives one key (the cache: those the same tenants
   // may read, TenantRegistry::ReaderClass), so that a reader allowed one
   // of them may map them all; unset, each namespace is its own group.
-  // Called under the store's lock. A group's last segment may be part
-  // empty, free to it alone: SegmentBytes keeps that small.
+  // Called under the store's lock. A segment also holds one tenant's
+  // blocks alone (SegmentOwner), so the room a part empty one keeps from
+  // others is charged to that tenant (beyond one segment a group, which
+  // SegmentBytes keeps small).
   bool shared_memory = false;
   uint64_t segment_bytes = 4 << 20;  // the most a segment takes
   // The segments of a tier of `capacity`: a 256th of it, at least 1 MiB
@@ -104,7 +116,7 @@ struct StoreOptions {
   // domain's "") without a pending_bytes quota may take at once; 0: half
   // the device tier.
   uint64_t max_pending_bytes_per_owner = 0;
-  Eviction eviction = Eviction::kLeafFirst;
+  Eviction eviction = Eviction::kAdaptive;
 };
 
 // What an owner (a tenant) is charged for each block's bookkeeping (its
@@ -132,8 +144,8 @@ struct TierCounters {
   uint64_t demotions = 0;
   uint64_t evictions = 0;
   uint64_t write_errors = 0;  // records it could not store (a full or failing disk)
-  // Free pages in segments a segment group holds (the fast path's shared
-  // tiers): only that group's blocks can use them.
+  // Free pages in segments a segment owner holds (the fast path's shared
+  // tiers): only that owner's blocks can use them.
   uint64_t segment_slack_bytes = 0;
 };
 
@@ -150,8 +162,9 @@ struct StoreStats {
   uint64_t active_leases = 0;
   uint64_t pending_blocks = 0;
   uint64_t pinned_blocks = 0;  // by leases and readers
-  // Bytes each owner's blocks take, per tier (owners that hold some): their
-  // pages or slots, and kBookkeepingBytesPerBlock a block.
+  // Bytes each owner is charged, per tier (owners that hold some): its
+  // blocks' pages or slots, kBookkeepingBytesPerBlock a block, and the free
+  // room of its segments beyond one segment each (BlockStore::ChargedLocked).
   std::map<std::string, std::array<uint64_t, 3>> used_by_owner;
   // Blocks of each owner's evicted, ever (owners that lost some).
   std::map<std::string, uint64_t> evictions_by_owner;
@@ -239,13 +252,14 @@ class PutSession {
 
   BlockStore* store_;
   std::string ns_;
-  std::string group_;  // ns_'s segment group, asked once
+  std::string segment_owner_;  // of its blocks, asked once
   std::string owner_;
   kvblock::LatentLayout layout_;
   uint64_t layout_id_;
   size_t record_bytes_;
   std::unordered_map<std::string, std::unique_ptr<Pending>> pending_;  // by hash bytes
   std::unordered_set<std::string> deduplicated_;                       // blocks found already stored
+  std::optional<kvblock::BlockHash> last_stored_;                      // the latest block it made visible
   PutSummary summary_;
 };
 
@@ -338,28 +352,47 @@ class BlockStore {
   void Unpin(Entry* entry);
   void UnpinLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TouchLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts an entry (its tier set) in its tier's lists: as the newest, or
+  // just behind `after` (a block of the same tier that should outlive it).
+  void LinkLocked(Entry* entry, Entry* after = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes it out of them.
+  void UnlinkLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unpinned blocks of `tier` that `eligible` allows, about `bytes` of them
+  // (at least one if any), in the order the eviction policy gives them up.
+  std::vector<Entry*> VictimsLocked(size_t tier, uint64_t bytes, const std::function<bool(const Entry&)>& eligible)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes room in `tier` for a record of `bytes` of `owner`'s, demoting or
   // dropping LRU unpinned blocks: first the owner's own while it would be
   // over its quota, then as BeginPut says; RESOURCE_EXHAUSTED, naming the
-  // quota or the tier, when pinned blocks leave too little room. `group`
-  // is the record's segment group (SegmentGroup): in a shared arena only
+  // quota or the tier, when pinned blocks leave too little room.
+  // `segment_owner` is the record's (SegmentOwnerOf): in a shared arena only
   // its segments, or empty ones, can take it.
-  absl::Status MakeRoomLocked(size_t tier, size_t bytes, const std::string& group, const std::string& owner)
+  absl::Status MakeRoomLocked(size_t tier, size_t bytes, const std::string& segment_owner, const std::string& owner)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The segment group of `ns`'s blocks (StoreOptions::segment_group).
   std::string SegmentGroup(const std::string& ns) const;
+  // The segment owner of `owner`'s blocks of `ns` (SegmentOwner).
+  std::string SegmentOwnerOf(const std::string& ns, const std::string& owner) const;
   // Demotes or drops LRU unpinned blocks of `tier` that `eligible` allows
   // while `short_of_room` holds; false when none is left to go.
   bool FreeWhileLocked(size_t tier, size_t bytes, const std::function<bool()>& short_of_room,
                        const std::function<bool(const Entry&)>& eligible) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `owner` has a quota in `tier` and is within it.
   bool WithinQuotaLocked(const std::string& owner, size_t tier) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct OwnerBook;
+  // What an owner is charged in `tier`: its blocks' room and bookkeeping,
+  // and the free room its segments hold beyond one segment each (room
+  // only it can use, kept by blocks its segments still hold); with `fill`
+  // bytes of segment owner `filling` about to be taken out of that room.
+  uint64_t ChargedLocked(const OwnerBook& book, size_t tier, const std::string& filling = {}, uint64_t fill = 0) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds (or with a negative sign takes away) room an owner's record took.
   void ChargeLocked(size_t tier, const std::string& owner, uint64_t bytes, int sign) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops an owner's book once it holds nothing (its quota comes again
   // with its next Put).
   void ForgetIfEmptyLocked(const std::string& owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool HasRoomLocked(size_t tier, size_t bytes, const std::string& group) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool HasRoomLocked(size_t tier, size_t bytes, const std::string& segment_owner) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The storage under `tier` filled before its capacity (a file system
   // under a disk tier): evicts its LRU unpinned blocks until `bytes` of
   // them are gone; false when none could go.
@@ -388,19 +421,20 @@ class BlockStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Restores the blocks the last tier still holds from before (a disk's).
   void RecoverLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes room in the first tier for a block of segment group `group`
-  // being assembled by a Put stream of `owner` that holds `stream_pending`
-  // incomplete blocks (RESOURCE_EXHAUSTED past the bounds on incomplete
-  // blocks); EndPendingLocked when it is stored or dropped.
-  absl::StatusOr<std::vector<uint32_t>> AllocatePendingLocked(size_t bytes, const std::string& group,
+  // Takes room in the first tier for a block of segment owner
+  // `segment_owner` being assembled by a Put stream of `owner` that holds
+  // `stream_pending` incomplete blocks (RESOURCE_EXHAUSTED past the bounds
+  // on incomplete blocks); EndPendingLocked when it is stored or dropped.
+  absl::StatusOr<std::vector<uint32_t>> AllocatePendingLocked(size_t bytes, const std::string& segment_owner,
                                                               const std::string& owner, size_t stream_pending)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndPendingLocked(const std::string& owner, size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // What a PutSession asks of the store; it touches nothing else of it.
-  // The room for block `hash` of `ns`, in segment group `group`
+  // The room for block `hash` of `ns`, of segment owner `segment_owner`
   // (AllocatePendingLocked), or nullopt when the block is stored already.
-  absl::StatusOr<std::optional<std::vector<uint32_t>>> BeginPending(const std::string& ns, const std::string& group,
+  absl::StatusOr<std::optional<std::vector<uint32_t>>> BeginPending(const std::string& ns,
+                                                                    const std::string& segment_owner,
                                                                     const kvblock::BlockHash& hash,
                                                                     const std::string& owner, size_t stream_pending,
                                                                     size_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
@@ -415,9 +449,12 @@ class BlockStore {
   TierStorage& FirstTier() const;
   // Makes a block that `owner`'s Put has written whole into first-tier
   // `pages` visible, all at once; false (its room given back, counted as
-  // deduplicated) when another stream stored the same block first.
+  // deduplicated) when another stream stored the same block first. It is
+  // ordered behind block `after` of `ns` (the stream's previous one, if
+  // still in the first tier) for eviction.
   bool PublishPending(const std::string& ns, const kvblock::BlockHash& hash, uint64_t layout_id,
-                      const std::string& owner, size_t bytes, std::vector<uint32_t> pages) ABSL_LOCKS_EXCLUDED(mu_);
+                      const std::string& owner, size_t bytes, std::vector<uint32_t> pages,
+                      const std::optional<kvblock::BlockHash>& after) ABSL_LOCKS_EXCLUDED(mu_);
 
   const StoreOptions options_;
   Clock* const clock_;
@@ -439,11 +476,13 @@ class BlockStore {
     std::array<uint64_t, 3> used{};
     uint32_t pending_blocks = 0;
     uint64_t pending_bytes = 0;  // taken by them in the first tier
+    std::set<std::string> segment_owners;  // its blocks' (SegmentOwnerOf), since it last held none
   };
   absl::flat_hash_map<std::string, OwnerBook> owners_ ABSL_GUARDED_BY(mu_);
   // Kept when an owner's book goes: a counter never falls.
   absl::flat_hash_map<std::string, uint64_t> evictions_by_owner_ ABSL_GUARDED_BY(mu_);
   StoreStats counters_ ABSL_GUARDED_BY(mu_);  // the non-tier counters
+  ProbationShare probation_share_ ABSL_GUARDED_BY(mu_);  // kAdaptive's
 };
 
 }  // namespace kvtier::cache

@@ -27,12 +27,17 @@ struct Entry {
   uint32_t pins = 0;
   bool zombie = false;  // dropped while pinned; pages freed at the last unpin
   bool moving = false;  // being copied to another tier (without the lock)
+  // kAdaptive: stored and not used since, in its tier's probation list too.
+  bool on_probation = false;
   std::list<Entry*>::iterator lru;
+  std::list<Entry*>::iterator probation;  // while on_probation
 };
 
 struct BlockStore::Tier {
   std::unique_ptr<TierStorage> storage;  // fixed after Create
-  std::list<Entry*> lru;                 // most recently used first
+  std::list<Entry*> lru;                 // every block, most recently used first
+  std::list<Entry*> probation;           // kAdaptive: blocks on probation, newest first
+  uint64_t probation_bytes = 0;          // the room they take
   TierCounters counters;
 };
 

@@ -234,6 +234,12 @@ uint64_t PageArena::SlackPages() const {
   return slack;
 }
 
+uint64_t PageArena::SlackPagesOf(const std::string& owner) const {
+  if (!shared_) return 0;
+  auto it = owners_.find(owner);
+  return it == owners_.end() ? 0 : it->second.free - it->second.empty_pages;
+}
+
 bool PageArena::Allocate(uint32_t n, const std::string& owner, std::vector<uint32_t>& pages) {
   const std::string& key = Key(owner);
   if (FreePagesFor(key) < n) return false;

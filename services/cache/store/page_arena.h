@@ -5,7 +5,8 @@
 // written.
 //
 // The pages are grouped in segments, and every segment belongs to one owner
-// (the cache passes the namespace's segment group, StoreOptions) while it
+// (the cache passes a segment owner: a group of namespaces and a tenant,
+// SegmentOwner) while it
 // holds pages: an owner's pages come from its own segments, and only an
 // empty segment changes owner. In a shared arena each segment is its own
 // sealed memfd, so the cache can hand a same-host reader the segments of
@@ -85,6 +86,8 @@ class PageArena {
   // Free pages in segments their owners hold and have not emptied: free,
   // but only to that owner (0 unless shared).
   uint64_t SlackPages() const;
+  // Those of `owner`'s segments.
+  uint64_t SlackPagesOf(const std::string& owner) const;
   // Takes `n` pages for `owner`, or returns false (and takes none). The
   // pages may not be usable yet: the caller runs Prepare on them before it
   // writes them or frees them.

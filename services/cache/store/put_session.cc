@@ -33,7 +33,7 @@ struct PutSession::Pending {
 PutSession::PutSession(BlockStore* store, std::string ns, kvblock::LatentLayout layout, std::string owner)
     : store_(store),
       ns_(std::move(ns)),
-      group_(store->SegmentGroup(ns_)),
+      segment_owner_(store->SegmentOwnerOf(ns_, owner)),  // before owner is moved from
       owner_(std::move(owner)),
       layout_(std::move(layout)),
       layout_id_(kvblock::LayoutId(layout_)),
@@ -61,7 +61,7 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::span<cons
   auto it = pending_.find(key);
   if (it == pending_.end()) {
     absl::StatusOr<std::optional<std::vector<uint32_t>>> pages =
-        store_->BeginPending(ns_, group_, hash, owner_, pending_.size(), record_bytes_);
+        store_->BeginPending(ns_, segment_owner_, hash, owner_, pending_.size(), record_bytes_);
     if (!pages.ok()) return pages.status();
     if (!pages->has_value()) {
       // Already stored: this slice and the block's others cost nothing.
@@ -128,8 +128,9 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::span<cons
 
   std::unique_ptr<Pending> done = std::move(it->second);
   pending_.erase(it);
-  if (store_->PublishPending(ns_, hash, layout_id_, owner_, record_bytes_, std::move(done->pages))) {
+  if (store_->PublishPending(ns_, hash, layout_id_, owner_, record_bytes_, std::move(done->pages), last_stored_)) {
     ++summary_.blocks_stored;
+    last_stored_ = hash;
   } else {
     ++summary_.blocks_deduplicated;
   }
@@ -150,7 +151,7 @@ PutSummary PutSession::Finish() {
 
 // The store's side.
 
-absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t bytes, const std::string& group,
+absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t bytes, const std::string& segment_owner,
                                                                         const std::string& owner,
                                                                         size_t stream_pending) {
   if (stream_pending >= options_.max_pending_per_stream) {
@@ -191,16 +192,17 @@ absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t b
     return absl::ResourceExhaustedError(absl::StrCat("a block of ", bytes, " bytes does not fit the device tier (",
                                                      first.counters.capacity_bytes, " bytes)"));
   }
-  if (absl::Status room = MakeRoomLocked(0, bytes, group, owner); !room.ok()) {
+  if (absl::Status room = MakeRoomLocked(0, bytes, segment_owner, owner); !room.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat(room.message(), "; retry later"));
   }
   std::vector<uint32_t> pages;
-  if (!first.storage->Take(bytes, group, pages)) {
+  if (!first.storage->Take(bytes, segment_owner, pages)) {
     return absl::ResourceExhaustedError("device tier is full of blocks in use; retry later");
   }
   ChargeLocked(0, owner, first.storage->BytesTaken(bytes), +1);
   ++pending_blocks_;
   OwnerBook& book = owners_[owner];
+  book.segment_owners.insert(segment_owner);
   ++book.pending_blocks;
   book.pending_bytes += first.storage->BytesTaken(bytes);
   return pages;
@@ -215,13 +217,13 @@ void BlockStore::EndPendingLocked(const std::string& owner, size_t bytes) {
 }
 
 absl::StatusOr<std::optional<std::vector<uint32_t>>> BlockStore::BeginPending(const std::string& ns,
-                                                                              const std::string& group,
+                                                                              const std::string& segment_owner,
                                                                               const kvblock::BlockHash& hash,
                                                                               const std::string& owner,
                                                                               size_t stream_pending, size_t bytes) {
   absl::MutexLock lock(&mu_);
   if (index_.count(Key(ns, hash)) > 0) return std::nullopt;
-  return AllocatePendingLocked(bytes, group, owner, stream_pending);
+  return AllocatePendingLocked(bytes, segment_owner, owner, stream_pending);
 }
 
 void BlockStore::AbandonPending(const RecordRoom& room, const std::string& owner) {
@@ -244,7 +246,8 @@ void BlockStore::CountDeduplicated() {
 TierStorage& BlockStore::FirstTier() const { return *tiers_[0]->storage; }
 
 bool BlockStore::PublishPending(const std::string& ns, const kvblock::BlockHash& hash, uint64_t layout_id,
-                                const std::string& owner, size_t bytes, std::vector<uint32_t> pages) {
+                                const std::string& owner, size_t bytes, std::vector<uint32_t> pages,
+                                const std::optional<kvblock::BlockHash>& after) {
   absl::MutexLock lock(&mu_);
   EndPendingLocked(owner, bytes);
   Key key(ns, hash);
@@ -261,9 +264,17 @@ bool BlockStore::PublishPending(const std::string& ns, const kvblock::BlockHash&
   entry->size = bytes;
   entry->tier = 0;
   entry->pages = std::move(pages);
+  // Leaf-first: the stream's blocks of a prefix go last to first, so the
+  // new one goes just behind the one before it.
+  Entry* behind = nullptr;
+  if (after.has_value() && options_.eviction != Eviction::kLru) {
+    auto it = index_.find(Key(ns, *after));
+    if (it != index_.end() && it->second->tier == 0) behind = it->second.get();
+  }
+  entry->on_probation =
+      options_.eviction == Eviction::kAdaptive && !probation_share_.Returning(KeyHash()(key), index_.size());
+  LinkLocked(entry.get(), behind);
   Tier& first = *tiers_[0];
-  first.lru.push_front(entry.get());
-  entry->lru = first.lru.begin();
   ++first.counters.blocks;
   ++counters_.blocks_stored;
   counters_.metadata_bytes += EntryMetadataBytes(*entry);

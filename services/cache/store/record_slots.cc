@@ -34,10 +34,12 @@ bool RecordSlots::Take(uint32_t slot_bytes, const std::string& owner, std::vecto
     pages_[page] = {owner, slot_bytes, AllFree(arena_->page_size() / slot_bytes)};
     free_pages = with_free_.try_emplace({owner, slot_bytes}).first;
     free_pages->second.insert(page);
+    free_bytes_[owner] += arena_->page_size() / slot_bytes * slot_bytes;
   }
   SlottedPage& p = pages_[page];
   const int slot = std::countr_zero(p.free);
   p.free &= ~(uint64_t{1} << slot);
+  CountFree(owner, -int64_t{slot_bytes});
   if (p.free == 0) DropFromFree(free_pages, page);
   room = {page, kTag | static_cast<uint32_t>(slot) * slot_bytes};
   return true;
@@ -50,8 +52,10 @@ void RecordSlots::Give(const std::vector<uint32_t>& room) {
   const Class c{p.owner, p.slot_bytes};
   if (p.free == 0) with_free_[c].insert(page);
   p.free |= uint64_t{1} << (Offset(room) / p.slot_bytes);
+  CountFree(p.owner, p.slot_bytes);
   if (p.free != AllFree(arena_->page_size() / p.slot_bytes)) return;
   // Its last slot: the page goes back to the arena.
+  CountFree(p.owner, -int64_t{arena_->page_size() / p.slot_bytes * p.slot_bytes});
   DropFromFree(with_free_.find(c), page);
   pages_.erase(it);
   arena_->Free(std::span(&page, 1));
@@ -60,6 +64,17 @@ void RecordSlots::Give(const std::vector<uint32_t>& room) {
 void RecordSlots::DropFromFree(std::map<Class, std::set<uint32_t>>::iterator free_pages, uint32_t page) {
   free_pages->second.erase(page);
   if (free_pages->second.empty()) with_free_.erase(free_pages);
+}
+
+void RecordSlots::CountFree(const std::string& owner, int64_t bytes) {
+  uint64_t& free = free_bytes_[owner];
+  free += bytes;  // modulo 2^64: never below 0 in the end
+  if (free == 0) free_bytes_.erase(owner);
+}
+
+uint64_t RecordSlots::FreeBytesOf(const std::string& owner) const {
+  auto it = free_bytes_.find(owner);
+  return it == free_bytes_.end() ? 0 : it->second;
 }
 
 uint64_t RecordSlots::MetadataBytes() const {

@@ -1,8 +1,8 @@
 // Slots for small records, so that a record of a few hundred bytes does not
 // take a whole page. A record of at most half a page takes a slot: a page
 // of the arena split into equal slots of one size class (powers of two from
-// min_slot up to half a page), owned, as every page, by one owner (the
-// namespace: a shared segment still holds only its namespace's bytes). A
+// min_slot up to half a page), owned, as every page, by one owner (a
+// segment owner: a shared segment still holds only its owner's bytes). A
 // record takes the smallest class it fits; a page goes back to the arena
 // when its last slot is freed.
 //
@@ -51,6 +51,9 @@ class RecordSlots {
   static uint32_t Offset(const std::vector<uint32_t>& room) { return IsSlot(room) ? room[1] & ~kTag : 0; }
 
   uint64_t MetadataBytes() const;
+  // Bytes of free slots in `owner`'s slotted pages: held for it, usable by
+  // no one else.
+  uint64_t FreeBytesOf(const std::string& owner) const;
 
  private:
   struct SlottedPage {
@@ -60,6 +63,8 @@ class RecordSlots {
   };
   using Class = std::pair<std::string, uint32_t>;  // owner, slot size
 
+  // Adds `bytes` (or takes them away) from `owner`'s free slot bytes.
+  void CountFree(const std::string& owner, int64_t bytes);
   // `page` has no free slot left (or leaves): off its class's list.
   void DropFromFree(std::map<Class, std::set<uint32_t>>::iterator free_pages, uint32_t page);
 
@@ -67,6 +72,7 @@ class RecordSlots {
   const uint32_t min_slot_;
   std::unordered_map<uint32_t, SlottedPage> pages_;
   std::map<Class, std::set<uint32_t>> with_free_;  // pages of a class with a free slot
+  std::unordered_map<std::string, uint64_t> free_bytes_;  // FreeBytesOf, owners with some
 };
 
 }  // namespace kvtier::cache

@@ -48,11 +48,12 @@ std::vector<bool> BlockStore::MoveLocked(std::span<Entry* const> entries, size_t
     for (size_t i : wanted) {
       Entry* e = entries[i];
       if (e->moving || e->pins > 1 || e->zombie) continue;
-      const std::string group = SegmentGroup(e->ns);
-      if (!dst.storage->Fits(e->size) || !MakeRoomLocked(to, e->size, group, e->owner).ok()) continue;
+      const std::string segment_owner = SegmentOwnerOf(e->ns, e->owner);
+      if (!dst.storage->Fits(e->size) || !MakeRoomLocked(to, e->size, segment_owner, e->owner).ok()) continue;
       std::vector<uint32_t> pages;  // the room, reserved
-      if (!dst.storage->Take(e->size, group, pages)) continue;
+      if (!dst.storage->Take(e->size, segment_owner, pages)) continue;
       ChargeLocked(to, e->owner, dst.storage->BytesTaken(e->size), +1);
+      owners_[e->owner].segment_owners.insert(segment_owner);
       e->moving = true;
       moves.push_back({i, e, e->tier, e->pages, std::move(pages)});
     }
@@ -77,13 +78,7 @@ std::vector<bool> BlockStore::MoveLocked(std::span<Entry* const> entries, size_t
 bool BlockStore::EvictForFullStorageLocked(size_t tier, size_t bytes) {
   static RateLimitedLog log(LogLevel::kWarning, "store");
   Tier& t = *tiers_[tier];
-  std::vector<Entry*> victims;  // least recently used first
-  size_t freed = 0;
-  for (auto it = t.lru.rbegin(); it != t.lru.rend() && freed < bytes; ++it) {
-    if ((*it)->pins > 0 || (*it)->moving) continue;
-    victims.push_back(*it);
-    freed += (*it)->size;
-  }
+  const std::vector<Entry*> victims = VictimsLocked(tier, bytes, [](const Entry& e) { return !e.moving; });
   for (Entry* victim : victims) EvictLocked(victim);
   log(absl::StrCat("the storage under a tier is full before its capacity (", t.counters.used_bytes, " of ",
                    t.counters.capacity_bytes, " bytes in use); evicted ", victims.size(), " blocks to make room"));
@@ -112,7 +107,7 @@ bool BlockStore::FinishMoveLocked(Move& move, size_t to, const absl::Status& cop
     return false;
   }
   Tier& src = *tiers_[from];
-  src.lru.erase(e->lru);
+  UnlinkLocked(e);
   --src.counters.blocks;
   ReleaseStorageLocked(*e);
   // The page list's size differs between tiers (none on disk): the
@@ -121,8 +116,7 @@ bool BlockStore::FinishMoveLocked(Move& move, size_t to, const absl::Status& cop
   e->pages = std::move(pages);
   counters_.metadata_bytes += EntryMetadataBytes(*e);
   e->tier = to;
-  dst.lru.push_front(e);
-  e->lru = dst.lru.begin();
+  LinkLocked(e);
   ++dst.counters.blocks;
   if (to < from) {
     ++dst.counters.promotions;

@@ -35,6 +35,15 @@ std::vector<absl::Status> TierStorage::ReadInto(std::span<const RecordRoom> room
   return read;
 }
 
+std::string SegmentOwner(std::string_view group, std::string_view tenant) {
+  std::string owner(group);
+  owner += '\0';  // in no group's or tenant's name
+  owner += tenant;
+  return owner;
+}
+
+std::string_view SegmentOwnerGroup(std::string_view owner) { return owner.substr(0, owner.find('\0')); }
+
 absl::Status TierStorage::WriteAt(const RecordRoom& /*room*/, size_t /*offset*/, std::string_view /*bytes*/) const {
   return absl::UnimplementedError("this tier cannot assemble records");
 }
@@ -60,13 +69,13 @@ class PrivatePages : public TierStorage {
     const uint32_t slot = slots_.SlotBytes(bytes);
     return slot > 0 ? slot : uint64_t{PagesFor(bytes)} * arena_->page_size();
   }
-  bool HasRoom(size_t bytes, const std::string& group, uint64_t /*free_bytes*/) const override {
+  bool HasRoom(size_t bytes, const std::string& owner, uint64_t /*free_bytes*/) const override {
     const uint32_t slot = slots_.SlotBytes(bytes);
-    return slot > 0 ? slots_.HasRoom(slot, group) : arena_->FreePagesFor(group) >= PagesFor(bytes);
+    return slot > 0 ? slots_.HasRoom(slot, owner) : arena_->FreePagesFor(owner) >= PagesFor(bytes);
   }
-  bool Take(size_t bytes, const std::string& group, std::vector<uint32_t>& pages) override {
+  bool Take(size_t bytes, const std::string& owner, std::vector<uint32_t>& pages) override {
     const uint32_t slot = slots_.SlotBytes(bytes);
-    return slot > 0 ? slots_.Take(slot, group, pages) : arena_->Allocate(PagesFor(bytes), group, pages);
+    return slot > 0 ? slots_.Take(slot, owner, pages) : arena_->Allocate(PagesFor(bytes), owner, pages);
   }
   void Give(const RecordRoom& room, bool /*written*/) override {
     if (RecordSlots::IsSlot(room.pages)) {
@@ -98,6 +107,10 @@ class PrivatePages : public TierStorage {
     return uint64_t{arena_->total_pages()} * sizeof(uint32_t) + arena_->SegmentsAheadBytes() + slots_.MetadataBytes();
   }
   uint64_t SlackBytes() const override { return arena_->SlackPages() * arena_->page_size(); }
+  uint64_t SlackBytesOf(const std::string& owner) const override {
+    return arena_->SlackPagesOf(owner) * arena_->page_size() + slots_.FreeBytesOf(owner);
+  }
+  uint64_t SegmentBytes() const override { return uint64_t{arena_->segment_pages()} * arena_->page_size(); }
 
  protected:
   uint32_t PagesFor(size_t bytes) const {
@@ -112,8 +125,8 @@ class PrivatePages : public TierStorage {
   RecordSlots slots_;
 };
 
-// Pages in memfd segments, one namespace each, mapped read-only by
-// same-host readers.
+// Pages in memfd segments, each of one segment owner (a group of
+// namespaces and a tenant), mapped read-only by same-host readers.
 class SharedSegments final : public PrivatePages {
  public:
   using PrivatePages::PrivatePages;
@@ -148,7 +161,7 @@ class SharedSegments final : public PrivatePages {
     if (arena_->Generation(segment) != generation || !arena_->Ready(segment) || arena_->SegmentFd(segment) < 0) {
       return absl::FailedPreconditionError(absl::StrCat("segment ", segment, " is no longer generation ", generation));
     }
-    if (arena_->Owner(segment) != group) {
+    if (SegmentOwnerGroup(arena_->Owner(segment)) != group) {
       return absl::PermissionDeniedError(
           absl::StrCat("segment ", segment, " holds blocks of namespaces this reader may not read"));
     }
@@ -222,10 +235,10 @@ class DiskFiles final : public TierStorage {
   DiskFiles(std::unique_ptr<DiskDir> disk, uint64_t capacity) : disk_(std::move(disk)), capacity_(capacity) {}
 
   bool Fits(size_t bytes) const override { return bytes <= capacity_; }
-  bool HasRoom(size_t bytes, const std::string& /*group*/, uint64_t free_bytes) const override {
+  bool HasRoom(size_t bytes, const std::string& /*owner*/, uint64_t free_bytes) const override {
     return free_bytes >= bytes;
   }
-  bool Take(size_t /*bytes*/, const std::string& /*group*/, std::vector<uint32_t>& /*pages*/) override { return true; }
+  bool Take(size_t /*bytes*/, const std::string& /*owner*/, std::vector<uint32_t>& /*pages*/) override { return true; }
   void Give(const RecordRoom& room, bool written) override {
     if (written) disk_->Remove(room.ns, room.hash);
   }

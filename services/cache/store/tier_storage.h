@@ -4,9 +4,10 @@
 // each kind of storage is one implementation:
 //
 //   PrivatePages    pages in this process's own memory
-//   SharedSegments  pages in memfd segments, one segment group each (the
-//                   namespaces that may share them, StoreOptions), that
-//                   same-host readers map read-only (the fast path)
+//   SharedSegments  pages in memfd segments, one segment owner each (a
+//                   tenant's blocks of the namespaces that may share them,
+//                   SegmentOwner), that same-host readers map read-only
+//                   (the fast path)
 //   SlabPages       pages in a slab reached only by copies (a GPU's memory)
 //   DiskFiles       one file per record (disk_dir.h)
 //
@@ -63,6 +64,14 @@ struct SharedPiece {
   uint64_t length = 0;
 };
 
+// What owns a shared tier's segments: a segment group (namespaces the same
+// readers may read: a reader of one may map them all) and the tenant whose
+// blocks they hold, so that the free pages a segment keeps from others are
+// that tenant's to pay for (BlockStore charges them).
+std::string SegmentOwner(std::string_view group, std::string_view tenant);
+// The group of a segment owner: what a reader is checked against.
+std::string_view SegmentOwnerGroup(std::string_view owner);
+
 class TierStorage {
  public:
   virtual ~TierStorage() = default;
@@ -73,13 +82,13 @@ class TierStorage {
   // The memory a record of `bytes` takes here (whole pages in a page
   // tier): what the tier's use and an owner's quota count.
   virtual uint64_t BytesTaken(size_t bytes) const { return bytes; }
-  // Whether a record of `bytes` of segment group `group` fits now;
-  // `free_bytes`: the tier's capacity less what it holds.
-  virtual bool HasRoom(size_t bytes, const std::string& group, uint64_t free_bytes) const = 0;
-  // Takes room for a record of `bytes` of segment group `group`: its pages
+  // Whether a record of `bytes` of segment owner `owner` (SegmentOwner)
+  // fits now; `free_bytes`: the tier's capacity less what it holds.
+  virtual bool HasRoom(size_t bytes, const std::string& owner, uint64_t free_bytes) const = 0;
+  // Takes room for a record of `bytes` of segment owner `owner`: its pages
   // (none for a file). False, and nothing taken, when there is none. The
   // taker runs Prepare on the pages, without the lock, before anything else.
-  virtual bool Take(size_t bytes, const std::string& group, std::vector<uint32_t>& pages) = 0;
+  virtual bool Take(size_t bytes, const std::string& owner, std::vector<uint32_t>& pages) = 0;
   // Gives back a record's room; `written` says whether its bytes were
   // stored there (a file then goes too).
   virtual void Give(const RecordRoom& room, bool written) = 0;
@@ -114,8 +123,12 @@ class TierStorage {
   virtual uint64_t MoveBatchBytes(uint64_t /*capacity*/) const { return 0; }
   // Its bookkeeping beyond the records' bytes.
   virtual uint64_t MetadataBytes() const { return 0; }
-  // Free bytes that only one segment group can use (PageArena::SlackPages).
+  // Free bytes that only one segment owner can use (PageArena::SlackPages):
+  // in all, and of `owner`'s segments.
   virtual uint64_t SlackBytes() const { return 0; }
+  virtual uint64_t SlackBytesOf(const std::string& /*owner*/) const { return 0; }
+  // The most one segment takes (0: no segments).
+  virtual uint64_t SegmentBytes() const { return 0; }
   // Records it still holds from before a restart (a disk's files); those
   // that do not verify are dropped and counted in `corrupt`.
   virtual std::vector<DiskRecord> Recover(uint64_t& /*corrupt*/) { return {}; }
@@ -129,7 +142,7 @@ class TierStorage {
   // each other merged; empty when it is not all in shared memory.
   virtual std::vector<SharedPiece> SharedPieces(uint32_t /*tier*/, const RecordRoom& /*room*/) const { return {}; }
   // A new read-only descriptor of a segment for a reader of segment group
-  // `group`.
+  // `group` (its owner's group).
   virtual absl::StatusOr<int> OpenShared(uint32_t segment, uint64_t generation, const std::string& group);
   // Copies the record device to device into `to` at `at` (CUDA IPC).
   virtual absl::Status CopyToExported(const RecordRoom& room, ExportedBuffer& to, uint64_t at) const;

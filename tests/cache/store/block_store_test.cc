@@ -110,6 +110,49 @@ class BlockStoreTest : public ::testing::TestWithParam<Memory> {
     return slices;
   }
 
+  // Puts whole blocks through one session, in order (as a prefill node's
+  // stream stores a prompt's new blocks).
+  void PutChain(const std::vector<BlockHash>& hashes) {
+    auto session = store_->BeginPut("ns", layout_);
+    for (const BlockHash& hash : hashes) {
+      for (uint32_t l = 0; l < layout_.num_layers; ++l) {
+        absl::Status s = session->AddSlice(hash, Slice(l, 1));
+        EXPECT_TRUE(s.ok()) << s;
+      }
+    }
+    EXPECT_TRUE(session->Finish().incomplete.empty());
+  }
+
+  // Puts block Hash(i) as `owner` under `quota`: the first slice's error.
+  absl::Status PutAs(const std::string& owner, const OwnerQuota& quota, int i) {
+    auto session = store_->BeginPut("ns", layout_, owner, quota);
+    absl::Status status;
+    for (uint32_t l = 0; l < layout_.num_layers && status.ok(); ++l) status = session->AddSlice(Hash(i), Slice(l, 1));
+    session->Finish();
+    return status;
+  }
+
+  bool Held(const BlockHash& hash) { return store_->Match("ns", layout_id_, std::span(&hash, 1)).matched_blocks == 1; }
+
+  // Rounds of a hot block H used again, then `one_offs` new blocks never
+  // used again, in a store with room for five (four in the device tier,
+  // one in the host tier): whether H was still there at each round's start.
+  std::vector<bool> HotBlockAmongOneOffs(int rounds, int one_offs) {
+    const BlockHash hot = Hash(1000);
+    std::vector<bool> found;
+    for (int round = 0; round < rounds; ++round) {
+      found.push_back(Held(hot));
+      if (!found.back()) {
+        Put(hot);
+        EXPECT_TRUE(Held(hot));  // used once stored
+      }
+      std::vector<BlockHash> fresh;
+      for (int i = 0; i < one_offs; ++i) fresh.push_back(Hash(2000 + round * one_offs + i));
+      PutChain(fresh);
+    }
+    return found;
+  }
+
   absl::StatusCode ReadCode(const BlockHash& hash, const std::string& ns = "ns") {
     return store_->Read(ns, layout_id_, hash).status().code();
   }
@@ -318,13 +361,7 @@ TEST_P(BlockStoreTest, ATenantOverItsQuotaEvictsOnlyItsOwnBlocks) {
   constexpr uint64_t kCharged = kPage + kBookkeepingBytesPerBlock;
   // alice's quota: two pages, which two blocks' bookkeeping overflows.
   const OwnerQuota small{{2 * kPage, 2 * kPage, 0}}, fair{{3 * kCharged, 3 * kCharged, 0}};
-  const auto put = [&](const std::string& owner, const OwnerQuota& quota, int i) {
-    auto session = store_->BeginPut("ns", layout_, owner, quota);
-    absl::Status status;
-    for (uint32_t l = 0; l < layout_.num_layers && status.ok(); ++l) status = session->AddSlice(Hash(i), Slice(l, 1));
-    session->Finish();
-    return status;
-  };
+  const auto put = [&](const std::string& owner, const OwnerQuota& quota, int i) { return PutAs(owner, quota, i); };
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(put("bob", fair, 100 + i).ok());
   for (int i = 0; i < 20; ++i) ASSERT_TRUE(put("alice", small, i).ok()) << i;
   StoreStats stats = store_->Stats();
@@ -359,6 +396,46 @@ TEST_P(BlockStoreTest, ATenantOverItsQuotaEvictsOnlyItsOwnBlocks) {
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(refused.message().find("alice's quota"), std::string::npos) << refused;
   EXPECT_TRUE(put("bob", fair, 103).ok()) << "bob's own room is not alice's";
+}
+
+// Free room a tenant's segments keep (its blocks evicted around those it
+// holds) is room only it can use: in shared segments it is charged to it
+// beyond one segment, which can put it over its quota, and then its blocks
+// go before another tenant's own. Private pages have no such room.
+TEST_P(BlockStoreTest, ATenantPaysForTheRoomItsSegmentsKeepFromOthers) {
+  Open(8, 1);  // a block a page, segments of two pages
+  const bool shared = GetParam() == Memory::kSharedSegments;
+  constexpr uint64_t kCharged = kPage + kBookkeepingBytesPerBlock;
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(PutAs("alice", {}, i).ok());  // three segments, full
+  std::vector<std::shared_ptr<const PinnedBlock>> read;                 // one block in each, held
+  for (int i : {0, 2, 4}) read.push_back(*store_->Read("ns", layout_id_, Hash(i)));
+  for (int i = 100; i < 105; ++i) ASSERT_TRUE(PutAs("bob", {}, i).ok());  // pushes out alice's others
+  read.clear();
+  StoreStats stats = store_->Stats();
+  EXPECT_EQ(stats.tiers[0].segment_slack_bytes, shared ? 3 * kPage : 0);
+  // Three pages free in her three segments, one segment's worth free of charge.
+  EXPECT_EQ(stats.used_by_owner["alice"][0], 3 * kCharged + (shared ? kPage : 0));
+  for (int i : {0, 2, 4}) ASSERT_EQ(TierOf(Hash(i)), TierKind::kDevice) << i;
+  for (int i : {1, 3, 5}) ASSERT_NE(TierOf(Hash(i)), TierKind::kDevice) << i;
+  std::vector<int> bobs;  // in the device tier, used after alice's
+  for (int i = 100; i < 105; ++i) {
+    if (TierOf(Hash(i)) == TierKind::kDevice) bobs.push_back(i);
+  }
+
+  // A quota her blocks fit, but not with that room: over it, her blocks
+  // are the first to go when bob needs a page (within it, only his own
+  // would go).
+  const OwnerQuota quota{{3 * kCharged + kPage / 2, 0, 0}};
+  store_->BeginPut("ns", layout_, "alice", quota)->Finish();
+  ASSERT_TRUE(PutAs("bob", {}, 105).ok());
+  if (shared) {
+    EXPECT_NE(TierOf(Hash(0)), TierKind::kDevice) << "alice's oldest block stayed";
+    for (int i : bobs) EXPECT_EQ(TierOf(Hash(i)), TierKind::kDevice) << "bob's block " << i << " left before hers";
+  } else {  // no such room: she is within her quota, and his oldest goes
+    for (int i : {0, 2, 4}) EXPECT_EQ(TierOf(Hash(i)), TierKind::kDevice) << i;
+    EXPECT_NE(TierOf(Hash(bobs.front())), TierKind::kDevice);
+  }
+  ExpectWithinCapacity();
 }
 
 // A tenant's leases are bounded (its quota's number, or the store's):
@@ -472,6 +549,102 @@ TEST_P(BlockStoreTest, RefreshKeepsAReadOnlyPrefixUnderLeafFirst) {
     EXPECT_EQ(store_->Match("ns", layout_id_, prefix).matched_blocks, refresh ? 4u : 0u)
         << (refresh ? "refreshed" : "read only");
   }
+}
+
+// A Put stream's new blocks of a prefix are ordered as a Match orders
+// them: pushed out by two new blocks (room for four in the device tier,
+// one in the host tier), leaf-first and adaptive give up the stream's last
+// blocks and three of four still match; plain LRU gives up its first.
+TEST_P(BlockStoreTest, AStreamsNewBlocksGoLastFirst) {
+  for (const auto& [eviction, still_matched] :
+       {std::pair{Eviction::kLru, 0u}, {Eviction::kLeafFirst, 3u}, {Eviction::kAdaptive, 3u}}) {
+    Open(4, 1, 0, [&](StoreOptions& o) { o.eviction = eviction; });
+    const std::vector<BlockHash> prefix = {Hash(0), Hash(1), Hash(2), Hash(3)};
+    PutChain(prefix);
+    Put(Hash(10));
+    Put(Hash(11));
+    EXPECT_EQ(store_->Stats().tiers[1].evictions, 1u);
+    EXPECT_EQ(store_->Match("ns", layout_id_, prefix).matched_blocks, still_matched) << static_cast<int>(eviction);
+  }
+}
+
+// A hot block used every round among six one-off blocks a round, with room
+// for five: recency alone (lru, leaf-first) pushes it out every round.
+// Adaptive starts as leaf-first, but the hot block stored again after
+// recency evicted it shrinks the share blocks on probation may take, until
+// the one-offs go first and the hot block stays.
+TEST_P(BlockStoreTest, AdaptiveKeepsAReusedBlockThatLruDrops) {
+  constexpr int kRounds = 8;
+  for (const Eviction eviction : {Eviction::kLru, Eviction::kLeafFirst, Eviction::kAdaptive}) {
+    Open(4, 1, 0, [&](StoreOptions& o) { o.eviction = eviction; });
+    const std::vector<bool> found = HotBlockAmongOneOffs(kRounds, 6);
+    for (int round = 1; round < kRounds; ++round) {
+      if (eviction != Eviction::kAdaptive) {
+        EXPECT_FALSE(found[round]) << static_cast<int>(eviction) << " round " << round;
+      } else if (round >= kRounds / 2) {
+        EXPECT_TRUE(found[round]) << "adaptive, round " << round;
+      }
+    }
+    ExpectWithinCapacity();
+  }
+}
+
+// A block on probation that a reader holds is passed over, however far
+// over its share probation is; the next oldest goes instead.
+TEST_P(BlockStoreTest, AdaptiveLeavesAPinnedBlockOnProbationWhereItIs) {
+  Open(4, 1, 0, [](StoreOptions& o) { o.eviction = Eviction::kAdaptive; });
+  ASSERT_TRUE(HotBlockAmongOneOffs(8, 6).back()) << "the share did not move";
+  const BlockHash kept = Hash(9000);
+  Put(kept);                                            // new: on probation
+  auto reading = store_->Read("ns", layout_id_, kept);  // a Read pins, and does not use it again
+  ASSERT_TRUE(reading.ok());
+  std::vector<BlockHash> fresh;
+  for (int i = 0; i < 12; ++i) fresh.push_back(Hash(9100 + i));
+  PutChain(fresh);
+  EXPECT_EQ((*reading)->tier(), TierKind::kDevice);
+  reading->reset();
+  EXPECT_TRUE(Held(kept));
+  EXPECT_TRUE(Held(Hash(1000))) << "the hot block";
+  ExpectWithinCapacity();
+}
+
+// Once everything stored is used again, adaptive gives up what leaf-first
+// would: after the rounds above moved its share, blocks each used right
+// after they are stored, and some used again later, are found or missed
+// exactly as in a leaf-first store given the same requests, and the same
+// are held at the end.
+TEST_P(BlockStoreTest, AdaptiveFallsBackToLruWhenEverythingIsReused) {
+  std::vector<bool> found[2];
+  std::vector<BlockHash> held[2];
+  for (const Eviction eviction : {Eviction::kLeafFirst, Eviction::kAdaptive}) {
+    const bool adaptive = eviction == Eviction::kAdaptive;
+    Open(4, 1, 0, [&](StoreOptions& o) { o.eviction = eviction; });
+    if (adaptive) {
+      ASSERT_TRUE(HotBlockAmongOneOffs(8, 6).back()) << "the share did not move";
+    }
+    std::mt19937_64 rng(rng_.seed());  // the same requests for both
+    for (int i = 0; i < 40; ++i) {
+      const BlockHash h = Hash(5000 + i);
+      Put(h);
+      ASSERT_TRUE(Held(h));
+      if (i % 2 == 1) {  // one of the six before it, used again (or stored again)
+        const BlockHash again = Hash(5000 + i - 1 - static_cast<int>(rng() % std::min(6, i)));
+        found[adaptive].push_back(Held(again));
+        if (!found[adaptive].back()) {  // stored again, and used at once as every block here
+          Put(again);
+          ASSERT_TRUE(Held(again));
+        }
+      }
+    }
+    for (int i = 0; i < 40; ++i) {
+      if (Held(Hash(5000 + i))) held[adaptive].push_back(Hash(5000 + i));
+    }
+    EXPECT_EQ(held[adaptive].size(), 5u);
+  }
+  EXPECT_EQ(found[0], found[1]);
+  EXPECT_EQ(held[0], held[1]);
+  EXPECT_GT(std::count(found[0].begin(), found[0].end(), true), 0);
+  EXPECT_GT(std::count(found[0].begin(), found[0].end(), false), 0);
 }
 
 TEST_P(BlockStoreTest, ReadPromotesADemotedBlock) {
