@@ -73,6 +73,13 @@ TEST(PrometheusScrape, ScrapedValuesMatchStats) {
     ASSERT_TRUE(scraped.has_value()) << e.query << " never scraped";
     EXPECT_EQ(*scraped, static_cast<double>(e.value)) << e.query;
   }
+  // Adaptive eviction: 100 new blocks, none stored again: the share has not
+  // moved, and the device tier's unread blocks are on probation.
+  EXPECT_EQ(prometheus.ValueOf("kvtier_cache_probation_share"), std::optional<double>(1.0));
+  std::optional<double> on_probation = prometheus.ValueOf("kvtier_cache_probation_bytes{tier=\"device\"}");
+  ASSERT_TRUE(on_probation.has_value());
+  EXPECT_GT(*on_probation, 0.0);
+  EXPECT_LE(*on_probation, static_cast<double>(stats->tiers(0).used_bytes()));
   std::optional<double> puts =
       prometheus.ValueOf("kvtier_cache_rpc_duration_seconds_count{method=\"Put\",code=\"OK\"}");
   ASSERT_TRUE(puts.has_value());

@@ -33,8 +33,13 @@ std::vector<MetricFamily> StoreMetrics::Collect() const {
        "Records the tier could not store: its storage full before its capacity (a disk's), or failing",
        MetricType::Counter, &TierCounters::write_errors},
       {"kvtier_cache_segment_slack_bytes",
-       "Free bytes in shared segments a group of namespaces holds: only that group's blocks can use them",
+       "Free bytes in shared segments that hold a tenant's blocks of a group of namespaces: only those can use "
+       "them",
        MetricType::Gauge, &TierCounters::segment_slack_bytes},
+      {"kvtier_cache_probation_bytes",
+       "Memory the tier's blocks stored and not used since take (adaptive eviction gives them up first past "
+       "their share)",
+       MetricType::Gauge, &TierCounters::probation_bytes},
   };
   std::vector<MetricFamily> families;
   for (const PerTier& p : per_tier) {
@@ -80,6 +85,12 @@ std::vector<MetricFamily> StoreMetrics::Collect() const {
     AddSample(f, static_cast<double>(single.value));
     families.push_back(std::move(f));
   }
+  MetricFamily share = Family("kvtier_cache_probation_share",
+                              "Adaptive eviction: of each tier, what blocks stored and not used since may take "
+                              "before they go first (1: leaf-first LRU)",
+                              MetricType::Gauge);
+  AddSample(share, s.probation_share);
+  families.push_back(std::move(share));
   // Stored records going bad point at memory or disk; slices arriving bad,
   // at the sender.
   MetricFamily checksums = Family("kvtier_cache_checksum_failures_total",

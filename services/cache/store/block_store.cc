@@ -586,9 +586,11 @@ StoreStats BlockStore::Stats() {
   for (const auto& t : tiers_) {
     s.tiers.push_back(t->counters);
     s.tiers.back().segment_slack_bytes = t->storage->SlackBytes();
+    s.tiers.back().probation_bytes = t->probation_bytes;
     s.metadata_bytes += t->storage->MetadataBytes();
   }
   s.metadata_bytes += probation_share_.MemoryBytes();
+  s.probation_share = probation_share_.share();
   s.metadata_bytes += leases_.size() * sizeof(Lease);
   for (const auto& [id, lease] : leases_) s.metadata_bytes += lease.entries.capacity() * sizeof(Entry*);
   s.active_leases = leases_.size();

@@ -147,11 +147,16 @@ struct TierCounters {
   // Free pages in segments a segment owner holds (the fast path's shared
   // tiers): only that owner's blocks can use them.
   uint64_t segment_slack_bytes = 0;
+  // Eviction::kAdaptive: memory its blocks stored and not used since take.
+  uint64_t probation_bytes = 0;
 };
 
 struct StoreStats {
   std::vector<TierCounters> tiers;
   uint64_t metadata_bytes = 0;  // and memfds made ahead (see cache.proto)
+  // Eviction::kAdaptive: of each tier, what blocks on probation may take
+  // before they go first (1: plain leaf-first).
+  double probation_share = 1.0;
   uint64_t misses = 0;
   uint64_t blocks_stored = 0;
   uint64_t blocks_deduplicated = 0;

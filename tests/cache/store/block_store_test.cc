@@ -578,6 +578,14 @@ TEST_P(BlockStoreTest, AdaptiveKeepsAReusedBlockThatLruDrops) {
   for (const Eviction eviction : {Eviction::kLru, Eviction::kLeafFirst, Eviction::kAdaptive}) {
     Open(4, 1, 0, [&](StoreOptions& o) { o.eviction = eviction; });
     const std::vector<bool> found = HotBlockAmongOneOffs(kRounds, 6);
+    const StoreStats stats = store_->Stats();
+    if (eviction == Eviction::kAdaptive) {
+      EXPECT_LT(stats.probation_share, 1.0) << "the hot block's returns moved it";
+      EXPECT_GT(stats.tiers[0].probation_bytes, 0u) << "the last round's one-offs";
+    } else {
+      EXPECT_EQ(stats.probation_share, 1.0);
+      EXPECT_EQ(stats.tiers[0].probation_bytes, 0u);
+    }
     for (int round = 1; round < kRounds; ++round) {
       if (eviction != Eviction::kAdaptive) {
         EXPECT_FALSE(found[round]) << static_cast<int>(eviction) << " round " << round;
