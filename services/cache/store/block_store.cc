@@ -509,8 +509,9 @@ absl::Status BlockStore::MakeRoomLocked(size_t tier, size_t bytes, const std::st
     };
     if (charged > limit ||
         !FreeWhileLocked(tier, bytes, over_quota, [&](const Entry& e) { return e.owner == owner; })) {
-      return absl::ResourceExhaustedError(absl::StrCat("tenant ", owner, "'s quota of ", limit, " bytes in the ",
-                                                       tier_name(), " tier is all pinned or incomplete blocks"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("tenant ", owner, "'s quota of ", limit, " bytes in the ", tier_name(),
+                       " tier is all pinned or incomplete blocks, and the free room of the segments they keep"));
     }
   }
   const auto short_of_room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
