@@ -34,6 +34,14 @@ import subprocess
 from trace_gen import BLOCK as TRACE_BLOCK
 
 
+def remember(ghosts, block, bound):
+    """Adds an evicted block to a bounded FIFO of keys (ghosts), the oldest
+    forgotten first."""
+    ghosts[block] = True
+    if len(ghosts) > bound:
+        ghosts.popitem(last=False)
+
+
 class Lru:
     def __init__(self, capacity, leaf_first=False):
         self.capacity, self.leaf_first, self.blocks = capacity, leaf_first, collections.OrderedDict()
@@ -121,9 +129,7 @@ class S3Fifo:
                 if self.freq.get(b, 0) > 0:
                     self.main[b] = True
                 else:
-                    self.ghost[b] = True
-                    if len(self.ghost) > self.capacity:
-                        self.ghost.popitem(last=False)
+                    remember(self.ghost, b, self.capacity)
             else:
                 while True:
                     b, _ = self.main.popitem(last=False)
@@ -137,7 +143,7 @@ class TwoQueue:
     """An LRU whose new blocks wait in a probation FIFO (`probation` of the
     room) and join the LRU only when used again; those the FIFO lets go
     unused are remembered (ghosts) and join the LRU at once if they come
-    back. probation 0: plain LRU."""
+    back."""
 
     def __init__(self, capacity, probation=0.1):
         self.capacity, self.probation = capacity, probation
@@ -153,8 +159,8 @@ class TwoQueue:
             self.lru.move_to_end(b)
 
     def insert(self, block, parent):
-        if self.probation == 0 or block in self.ghost:
-            self.ghost.pop(block, None)
+        if block in self.ghost:
+            del self.ghost[block]
             self.lru[block] = True
         else:
             self.fifo[block] = True
@@ -163,9 +169,7 @@ class TwoQueue:
                 self.lru.popitem(last=False)
             else:
                 b, _ = self.fifo.popitem(last=False)
-                self.ghost[b] = True
-                if len(self.ghost) > self.capacity:
-                    self.ghost.popitem(last=False)
+                remember(self.ghost, b, self.capacity)
 
 
 class Adaptive:
@@ -193,11 +197,6 @@ class Adaptive:
             self.order[b] = True
             self.order.move_to_end(b)
 
-    def _remember(self, ghosts, block):
-        ghosts[block] = True
-        if len(ghosts) > self.c:
-            ghosts.popitem(last=False)
-
     def insert(self, block, parent):
         unit = 1 / max(1, self.c)
         if block in self.gone_on_probation:
@@ -215,11 +214,11 @@ class Adaptive:
             if len(self.probation) > self.share * self.c:
                 victim, _ = self.probation.popitem(last=False)
                 del self.order[victim]
-                self._remember(self.gone_on_probation, victim)
+                remember(self.gone_on_probation, victim, self.c)
             else:
                 victim, _ = self.order.popitem(last=False)
                 on_probation = self.probation.pop(victim, None) is not None
-                self._remember(self.gone_on_probation if on_probation else self.gone_used, victim)
+                remember(self.gone_on_probation if on_probation else self.gone_used, victim, self.c)
 
 
 class Arc:
