@@ -359,8 +359,7 @@ void BlockStore::PinLocked(Entry* e) {
 void BlockStore::TouchLocked(Entry* e) {
   Tier& t = *tiers_[e->tier];
   if (e->on_probation) {  // used again: off probation
-    t.probation.erase(e->probation);
-    t.probation_bytes -= t.storage->BytesTaken(e->size);
+    OffProbationListLocked(e);
     e->on_probation = false;
   }
   t.lru.splice(t.lru.begin(), t.lru, e->lru);
@@ -376,9 +375,12 @@ void BlockStore::LinkLocked(Entry* e, Entry* after) {
 }
 
 void BlockStore::UnlinkLocked(Entry* e) {
+  tiers_[e->tier]->lru.erase(e->lru);
+  if (e->on_probation) OffProbationListLocked(e);
+}
+
+void BlockStore::OffProbationListLocked(Entry* e) {
   Tier& t = *tiers_[e->tier];
-  t.lru.erase(e->lru);
-  if (!e->on_probation) return;
   t.probation.erase(e->probation);
   t.probation_bytes -= t.storage->BytesTaken(e->size);
 }
@@ -429,6 +431,15 @@ void BlockStore::ChargeLocked(size_t tier, const std::string& owner, uint64_t by
   tiers_[tier]->counters.used_bytes -= bytes;
   book.used[tier] -= bytes + kBookkeepingBytesPerBlock;
   ForgetIfEmptyLocked(owner);
+}
+
+bool BlockStore::TakeRoomLocked(size_t tier, size_t bytes, const std::string& segment_owner, const std::string& owner,
+                                std::vector<uint32_t>& pages) {
+  TierStorage& storage = *tiers_[tier]->storage;
+  if (!storage.Take(bytes, segment_owner, pages)) return false;
+  ChargeLocked(tier, owner, storage.BytesTaken(bytes), +1);
+  owners_[owner].segment_owners.insert(segment_owner);
+  return true;
 }
 
 void BlockStore::ForgetIfEmptyLocked(const std::string& owner) {
@@ -498,14 +509,14 @@ void BlockStore::DropLocked(Entry* e) {
 absl::Status BlockStore::MakeRoomLocked(size_t tier, size_t bytes, const std::string& segment_owner,
                                         const std::string& owner) {
   const auto tier_name = [&] { return kvblock::TierName(static_cast<v1::Tier>(tiers_[tier]->counters.tier)); };
-  const uint64_t charged = tiers_[tier]->storage->BytesTaken(bytes) + kBookkeepingBytesPerBlock;
+  const uint64_t taken = tiers_[tier]->storage->BytesTaken(bytes);
+  const uint64_t charged = taken + kBookkeepingBytesPerBlock;
   auto book = owners_.find(owner);
   if (const uint64_t limit = book == owners_.end() ? 0 : book->second.quota.tier_bytes[tier]; limit > 0) {
     // Over its quota, an owner makes room out of its own blocks only.
     const auto over_quota = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       auto b = owners_.find(owner);  // looked up again: moves let go of the lock
-      return b != owners_.end() &&
-             ChargedLocked(b->second, tier, segment_owner, tiers_[tier]->storage->BytesTaken(bytes)) + charged > limit;
+      return b != owners_.end() && ChargedLocked(b->second, tier, segment_owner, taken) + charged > limit;
     };
     if (charged > limit ||
         !FreeWhileLocked(tier, bytes, over_quota, [&](const Entry& e) { return e.owner == owner; })) {

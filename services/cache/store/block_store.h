@@ -362,6 +362,8 @@ class BlockStore {
   void LinkLocked(Entry* entry, Entry* after = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes it out of them.
   void UnlinkLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes an entry on probation out of its tier's probation list.
+  void OffProbationListLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Unpinned blocks of `tier` that `eligible` allows, about `bytes` of them
   // (at least one if any), in the order the eviction policy gives them up.
   std::vector<Entry*> VictimsLocked(size_t tier, uint64_t bytes, const std::function<bool(const Entry&)>& eligible)
@@ -393,6 +395,11 @@ class BlockStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds (or with a negative sign takes away) room an owner's record took.
   void ChargeLocked(size_t tier, const std::string& owner, uint64_t bytes, int sign) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes room in `tier` for a record of `bytes` of `owner`'s, in
+  // `segment_owner`'s segments, and charges it; false (nothing taken) when
+  // there is none.
+  bool TakeRoomLocked(size_t tier, size_t bytes, const std::string& segment_owner, const std::string& owner,
+                      std::vector<uint32_t>& pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops an owner's book once it holds nothing (its quota comes again
   // with its next Put).
   void ForgetIfEmptyLocked(const std::string& owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

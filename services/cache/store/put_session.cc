@@ -196,13 +196,11 @@ absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t b
     return absl::ResourceExhaustedError(absl::StrCat(room.message(), "; retry later"));
   }
   std::vector<uint32_t> pages;
-  if (!first.storage->Take(bytes, segment_owner, pages)) {
+  if (!TakeRoomLocked(0, bytes, segment_owner, owner, pages)) {
     return absl::ResourceExhaustedError("device tier is full of blocks in use; retry later");
   }
-  ChargeLocked(0, owner, first.storage->BytesTaken(bytes), +1);
   ++pending_blocks_;
   OwnerBook& book = owners_[owner];
-  book.segment_owners.insert(segment_owner);
   ++book.pending_blocks;
   book.pending_bytes += first.storage->BytesTaken(bytes);
   return pages;

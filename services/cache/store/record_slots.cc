@@ -31,10 +31,10 @@ bool RecordSlots::Take(uint32_t slot_bytes, const std::string& owner, std::vecto
     std::vector<uint32_t> taken;
     if (!arena_->Allocate(1, owner, taken)) return false;
     page = taken[0];
-    pages_[page] = {owner, slot_bytes, AllFree(arena_->page_size() / slot_bytes)};
+    pages_[page] = {owner, slot_bytes, AllFree(SlotsPerPage(slot_bytes))};
     free_pages = with_free_.try_emplace({owner, slot_bytes}).first;
     free_pages->second.insert(page);
-    free_bytes_[owner] += arena_->page_size() / slot_bytes * slot_bytes;
+    CountFree(owner, int64_t{SlotsPerPage(slot_bytes)} * slot_bytes);
   }
   SlottedPage& p = pages_[page];
   const int slot = std::countr_zero(p.free);
@@ -53,9 +53,9 @@ void RecordSlots::Give(const std::vector<uint32_t>& room) {
   if (p.free == 0) with_free_[c].insert(page);
   p.free |= uint64_t{1} << (Offset(room) / p.slot_bytes);
   CountFree(p.owner, p.slot_bytes);
-  if (p.free != AllFree(arena_->page_size() / p.slot_bytes)) return;
+  if (p.free != AllFree(SlotsPerPage(p.slot_bytes))) return;
   // Its last slot: the page goes back to the arena.
-  CountFree(p.owner, -int64_t{arena_->page_size() / p.slot_bytes * p.slot_bytes});
+  CountFree(p.owner, -int64_t{SlotsPerPage(p.slot_bytes)} * p.slot_bytes);
   DropFromFree(with_free_.find(c), page);
   pages_.erase(it);
   arena_->Free(std::span(&page, 1));

@@ -63,6 +63,7 @@ class RecordSlots {
   };
   using Class = std::pair<std::string, uint32_t>;  // owner, slot size
 
+  uint32_t SlotsPerPage(uint32_t slot_bytes) const { return arena_->page_size() / slot_bytes; }
   // Adds `bytes` (or takes them away) from `owner`'s free slot bytes.
   void CountFree(const std::string& owner, int64_t bytes);
   // `page` has no free slot left (or leaves): off its class's list.

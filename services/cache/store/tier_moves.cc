@@ -51,9 +51,7 @@ std::vector<bool> BlockStore::MoveLocked(std::span<Entry* const> entries, size_t
       const std::string segment_owner = SegmentOwnerOf(e->ns, e->owner);
       if (!dst.storage->Fits(e->size) || !MakeRoomLocked(to, e->size, segment_owner, e->owner).ok()) continue;
       std::vector<uint32_t> pages;  // the room, reserved
-      if (!dst.storage->Take(e->size, segment_owner, pages)) continue;
-      ChargeLocked(to, e->owner, dst.storage->BytesTaken(e->size), +1);
-      owners_[e->owner].segment_owners.insert(segment_owner);
+      if (!TakeRoomLocked(to, e->size, segment_owner, e->owner, pages)) continue;
       e->moving = true;
       moves.push_back({i, e, e->tier, e->pages, std::move(pages)});
     }
