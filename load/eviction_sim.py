@@ -42,6 +42,15 @@ def remember(ghosts, block, bound):
         ghosts.popitem(last=False)
 
 
+def use_again(blocks, fresh, used):
+    """Moves `blocks` out of `fresh` (where they are) to the most recently
+    used end of `used`, in order."""
+    for b in blocks:
+        fresh.pop(b, None)
+        used[b] = True
+        used.move_to_end(b)
+
+
 class Lru:
     def __init__(self, capacity, leaf_first=False):
         self.capacity, self.leaf_first, self.blocks = capacity, leaf_first, collections.OrderedDict()
@@ -153,10 +162,7 @@ class TwoQueue:
         return block in self.fifo or block in self.lru
 
     def used(self, prefix):
-        for b in prefix:
-            self.fifo.pop(b, None)
-            self.lru[b] = True
-            self.lru.move_to_end(b)
+        use_again(prefix, self.fifo, self.lru)
 
     def insert(self, block, parent):
         if block in self.ghost:
@@ -192,10 +198,7 @@ class Adaptive:
         return block in self.order
 
     def used(self, prefix):
-        for b in reversed(prefix):
-            self.probation.pop(b, None)
-            self.order[b] = True
-            self.order.move_to_end(b)
+        use_again(reversed(prefix), self.probation, self.order)
 
     def insert(self, block, parent):
         unit = 1 / max(1, self.c)
@@ -230,10 +233,7 @@ class Arc:
         return block in self.t1 or block in self.t2
 
     def used(self, prefix):
-        for b in prefix:
-            self.t1.pop(b, None)
-            self.t2[b] = True
-            self.t2.move_to_end(b)
+        use_again(prefix, self.t1, self.t2)
 
     def _replace(self, block):
         if self.t1 and (len(self.t1) > self.p or (block in self.b2 and len(self.t1) == self.p)):
