@@ -78,4 +78,15 @@ void RopeTable::ApplyHalves(int64_t position, std::span<float> x) const {
   }
 }
 
+void RopeTable::ApplyPairs(int64_t position, std::span<float> x, bool inverse) const {
+  for (uint32_t i = 0; i < dim_ / 2; ++i) {
+    const double angle = static_cast<double>(position) * inv_freq_[i];
+    const float c = static_cast<float>(std::cos(angle) * mscale_);
+    const float s = static_cast<float>((inverse ? -std::sin(angle) : std::sin(angle)) * mscale_);
+    const float re = x[2 * i], im = x[2 * i + 1];
+    x[2 * i] = re * c - im * s;
+    x[2 * i + 1] = re * s + im * c;
+  }
+}
+
 }  // namespace kvtier::kernels

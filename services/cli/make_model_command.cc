@@ -1,6 +1,6 @@
-// `kvtier make-model --preset tiny|lite-attn|v3-tiny|kimi-k2-tiny --out DIR
-// [--seed N]`: writes a random, seeded DeepSeek-V2 or V3-family checkpoint
-// in Hugging Face format, as the model's authors publish it.
+// `kvtier make-model --preset tiny|lite-attn|v3-tiny|kimi-k2-tiny|v32-tiny|v4-tiny
+// --out DIR [--seed N]`: writes a random, seeded DeepSeek-V2, V3-family or
+// V4 checkpoint, as the model's authors publish it.
 #include <chrono>
 #include <iostream>
 
@@ -15,19 +15,23 @@ namespace kvtier::cli {
 int RunMakeModel(const std::vector<std::string>& args) {
   std::string preset, out;
   uint64_t seed = 1, shards = 0;
-  FlagParser flags("kvtier make-model --preset tiny|lite-attn|v3-tiny|kimi-k2-tiny|v32-tiny --out DIR [--seed N]",
-                   "Writes a random checkpoint in Hugging Face format, as the model's authors\n"
-                   "publish it. DeepSeek-V2 (config.json + bf16 safetensors): tiny, small in\n"
-                   "every dimension; lite-attn, DeepSeek-V2-Lite's attention dims with 2 layers\n"
-                   "and a small MoE. The V3 family (FP8 projections with 128 x 128 block scales,\n"
-                   "the noaux_tc sigmoid router, 3 shards): v3-tiny, DeepSeek-V3's config at\n"
-                   "small dims with an MTP layer; kimi-k2-tiny, Kimi-K2's; v32-tiny, DeepSeek-V3.2's\n"
-                   "(v3-tiny with a lightning indexer, index_topk 8; `kvtier run` only so far).");
-  flags.AddString("preset", &preset, "tiny, lite-attn, v3-tiny, kimi-k2-tiny or v32-tiny");
+  FlagParser flags(
+      "kvtier make-model --preset tiny|lite-attn|v3-tiny|kimi-k2-tiny|v32-tiny|v4-tiny --out DIR "
+      "[--seed N]",
+      "Writes a random checkpoint in Hugging Face format, as the model's authors\n"
+      "publish it. DeepSeek-V2 (config.json + bf16 safetensors): tiny, small in\n"
+      "every dimension; lite-attn, DeepSeek-V2-Lite's attention dims with 2 layers\n"
+      "and a small MoE. The V3 family (FP8 projections with 128 x 128 block scales,\n"
+      "the noaux_tc sigmoid router, 3 shards): v3-tiny, DeepSeek-V3's config at\n"
+      "small dims with an MTP layer; kimi-k2-tiny, Kimi-K2's; v32-tiny, DeepSeek-V3.2's\n"
+      "(v3-tiny with a lightning indexer, index_topk 8).\n"
+      "DeepSeek-V4 (DeepSeek's own tensor names, bf16, 1 file): v4-tiny, window-only,\n"
+      "CSA and HCA layers with a 16-token window and HCA ratio 8 (`kvtier run` only so far).");
+  flags.AddString("preset", &preset, "tiny, lite-attn, v3-tiny, kimi-k2-tiny, v32-tiny or v4-tiny");
   flags.AddString("out", &out, "directory to write (created if needed)");
   flags.AddUint("seed", &seed, "random seed; equal seeds give equal files");
   flags.AddUint("shards", &shards,
-                "safetensors files, with an index when more than 1 (default: as published, 1 for V2, 3 for V3)");
+                "safetensors files, with an index when more than 1 (default: as published, 1 for V2 and V4, 3 for V3)");
   if (std::optional<int> exit = flags.ParseOrExit(args, "kvtier make-model")) return *exit;
   absl::StatusOr<runtime::ModelConfig> config = runtime::PresetConfig(preset);
   if (!config.ok()) {

@@ -57,6 +57,10 @@ absl::Status Run(const std::string& model_dir, const PromptFlags& prompt_flags, 
   KVTIER_RETURN_IF_ERROR(prompt_flags.Check());
   auto ckpt = runtime::Checkpoint::Open(model_dir);
   if (!ckpt.ok()) return ckpt.status();
+  if ((*ckpt)->config().v4.has_value() && !latents_out.empty()) {
+    return absl::InvalidArgumentError(
+        "--latents-out: a DeepSeek-V4 model keeps window and compressed entries, not MLA latents");
+  }
   auto prompt = prompt_flags.Ids((*ckpt)->tokenizer_class(), (*ckpt)->config().vocab_size);
   if (!prompt.ok()) return prompt.status();
   auto model = runtime::Model::Load(**ckpt, *device);

@@ -92,9 +92,10 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
   const ModelConfig& c = ckpt->config_;
   if (c.num_nextn_predict_layers > 0) {
     Log(LogLevel::kInfo, "checkpoint",
-        absl::StrCat(dir, ": skipping its ", c.num_nextn_predict_layers,
-                     " multi-token prediction layer(s) (model.layers.", c.num_hidden_layers,
-                     ".* on): they serve speculative decoding, which kvtier does not run"));
+        absl::StrCat(
+            dir, ": skipping its ", c.num_nextn_predict_layers, " multi-token prediction layer(s) (",
+            c.v4.has_value() ? std::string("mtp.*") : absl::StrCat("model.layers.", c.num_hidden_layers, ".* on"),
+            "): they serve speculative decoding, which kvtier does not run"));
   }
   std::map<std::string, SafetensorsFile*> opened;
   auto file_for = [&](const std::string& name) -> absl::StatusOr<SafetensorsFile*> {

@@ -16,6 +16,12 @@ void SwiGluRows(const SwiGluWeights& w, size_t hidden, const float* x, size_t n,
   std::vector<float> g(n * w.inter), u(n * w.inter);
   MatMul(w.gate, w.inter, hidden, x, n, g.data());
   MatMul(w.up, w.inter, hidden, x, n, u.data());
+  if (w.limit > 0) {
+    for (size_t i = 0; i < g.size(); ++i) {
+      g[i] = std::min(g[i], w.limit);
+      u[i] = std::clamp(u[i], -w.limit, w.limit);
+    }
+  }
   for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
   MatMul(w.down, hidden, w.inter, g.data(), n, y);
 }
@@ -40,15 +46,23 @@ void SwiGluForward(const SwiGluWeights& w, size_t hidden, const float* x, size_t
 
 void MoeForward(const MoeWeights& w, size_t hidden, const float* x, size_t n, float* out) {
   const size_t experts = w.experts.size();
-  std::fill(out, out + n * hidden, 0.0f);
   std::vector<float> router_logits(n * experts);
   MatMul(w.router, experts, hidden, x, n, router_logits.data());
+  std::vector<std::vector<kernels::ExpertChoice>> chosen(n);
+  for (size_t i = 0; i < n; ++i) {
+    (void)kernels::SelectExperts(std::span(router_logits).subspan(i * experts, experts), w.gate, chosen[i]);
+  }
+  MoeForwardRouted(w, hidden, x, n, chosen, out);
+}
+
+void MoeForwardRouted(const MoeWeights& w, size_t hidden, const float* x, size_t n,
+                      const std::vector<std::vector<kernels::ExpertChoice>>& chosen, float* out) {
+  const size_t experts = w.experts.size();
+  std::fill(out, out + n * hidden, 0.0f);
   std::vector<std::vector<uint32_t>> rows_of(experts);
   std::vector<std::vector<float>> weights_of(experts);
-  std::vector<kernels::ExpertChoice> chosen;
   for (size_t i = 0; i < n; ++i) {
-    (void)kernels::SelectExperts(std::span(router_logits).subspan(i * experts, experts), w.gate, chosen);
-    for (const kernels::ExpertChoice& e : chosen) {
+    for (const kernels::ExpertChoice& e : chosen[i]) {
       rows_of[e.expert].push_back(static_cast<uint32_t>(i));
       weights_of[e.expert].push_back(e.weight);
     }

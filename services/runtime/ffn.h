@@ -15,10 +15,12 @@
 namespace kvtier::runtime {
 
 // down(silu(gate x) * up x); gate and up are [inter][hidden], down
-// [hidden][inter].
+// [hidden][inter]. With a limit (DeepSeek-V4's swiglu_limit) gate x is
+// clamped to at most it and up x to [-limit, limit] first.
 struct SwiGluWeights {
   size_t inter = 0;
   WeightMatrix gate, up, down;
+  float limit = 0.0f;  // 0: no clamp
 };
 
 // For each of the n rows of x ([n][hidden]):
@@ -39,6 +41,11 @@ struct MoeWeights {
 // Rows are grouped by expert so each chosen expert's weights are read once
 // per batch. `gate` must have been validated against the expert count.
 void MoeForward(const MoeWeights& w, size_t hidden, const float* x, size_t n, float* out);
+
+// The same with the routing already done: chosen[i] are row i's experts
+// and weights (w.router and w.gate unused).
+void MoeForwardRouted(const MoeWeights& w, size_t hidden, const float* x, size_t n,
+                      const std::vector<std::vector<kernels::ExpertChoice>>& chosen, float* out);
 
 // Weight bytes MoeForward reads for rows choosing `experts_touched`
 // distinct experts: router, those experts and the shared experts.

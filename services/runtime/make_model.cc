@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
 
 #include "absl/strings/match.h"
@@ -127,16 +128,49 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& preset) {
   if (preset == "v32-tiny") {
     // DeepSeek-V3.2's: v3-tiny with a lightning indexer in every layer, its
     // top-k small (8) so that short prompts attend sparsely.
-    ModelConfig v32 = *PresetConfig("v3-tiny");
-    v32.model_type = ModelType::kDeepseekV32;
-    v32.indexer = IndexerConfig{4, 16, 8};
+    absl::StatusOr<ModelConfig> v32 = PresetConfig("v3-tiny");
+    v32->model_type = ModelType::kDeepseekV32;
+    v32->indexer = IndexerConfig{4, 16, 8};
     return v32;
   }
+  if (preset == "v4-tiny") {
+    // DeepSeek-V4's shape, small: window-only layers first, then CSA (ratio
+    // 4, with the indexer) and HCA layers alternating, the HCA ratio (8)
+    // and the window (16) small so that short prompts cross the window and
+    // close groups of both; hash-routed first layers, YaRN on compressed
+    // layers, hyper-connections of 4 copies, the grouped output.
+    c.model_type = ModelType::kDeepseekV4;
+    c.vocab_size = 256;
+    c.hidden_size = 64;
+    c.num_hidden_layers = 5;
+    c.num_attention_heads = 4;
+    c.q_lora_rank = 48;
+    c.qk_rope_head_dim = 16;
+    c.n_routed_experts = 8;
+    c.n_shared_experts = 1;
+    c.num_experts_per_tok = 2;
+    c.moe_intermediate_size = 32;
+    c.routed_scaling_factor = 1.5;
+    c.max_position_embeddings = 4096;
+    c.rope_scaling = kernels::YarnParams{4.0, 64, 32.0, 1.0, 1.0, 1.0};
+    c.indexer = IndexerConfig{4, 32, 4};
+    V4Config& v4 = c.v4.emplace();
+    v4.head_dim = 80;
+    v4.sliding_window = 16;
+    v4.compress_ratios = {0, 4, 8, 4, 8};
+    v4.o_groups = 2;
+    v4.o_lora_rank = 32;
+    v4.num_hash_layers = 2;
+    v4.swiglu_limit = 10.0;
+    return c;
+  }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown preset '", preset, "' (tiny, lite-attn, v3-tiny, kimi-k2-tiny, v32-tiny)"));
+      absl::StrCat("unknown preset '", preset, "' (tiny, lite-attn, v3-tiny, kimi-k2-tiny, v32-tiny, v4-tiny)"));
 }
 
-int PublishedShards(const ModelConfig& config) { return config.model_type == ModelType::kDeepseekV2 ? 1 : 3; }
+int PublishedShards(const ModelConfig& config) {
+  return config.model_type == ModelType::kDeepseekV2 || config.v4.has_value() ? 1 : 3;
+}
 
 namespace {
 
@@ -147,10 +181,22 @@ std::string ShardName(size_t index, int shards) {
 
 // Random values for `spec`: norms near 1, projections N(0, 1/fan_in), a
 // wider lm_head so greedy choices have clear margins, correction biases
-// wide enough to change which experts and groups win.
-std::vector<float> RandomValues(const TensorSpec& spec, std::mt19937_64& rng, std::normal_distribution<float>& normal) {
+// wide enough to change which experts and groups win; a hash router's
+// table (integers) gives each token distinct experts.
+std::vector<float> RandomValues(const TensorSpec& spec, std::mt19937_64& rng, std::normal_distribution<float>& normal,
+                                const ModelConfig& config) {
   int64_t n = 1;
   for (int64_t d : spec.shape) n *= d;
+  if (spec.dtype == DType::kI32) {
+    std::vector<float> ids;
+    std::vector<float> experts(static_cast<size_t>(config.n_routed_experts));
+    for (int64_t token = 0; token < spec.shape[0]; ++token) {
+      std::iota(experts.begin(), experts.end(), 0.0f);
+      std::shuffle(experts.begin(), experts.end(), rng);
+      ids.insert(ids.end(), experts.begin(), experts.begin() + spec.shape[1]);
+    }
+    return ids;
+  }
   float stddev = 1.0f, mean = 0.0f;
   if (absl::EndsWith(spec.name, "norm.weight")) {
     mean = 1.0f;
@@ -160,7 +206,8 @@ std::vector<float> RandomValues(const TensorSpec& spec, std::mt19937_64& rng, st
   } else if (absl::EndsWith(spec.name, "e_score_correction_bias")) {
     mean = -0.2f;
     stddev = 0.5f;
-  } else if (spec.shape.size() == 2 && !absl::EndsWith(spec.name, "embed_tokens.weight")) {
+  } else if (spec.shape.size() == 2 && !absl::EndsWith(spec.name, "embed_tokens.weight") &&
+             spec.name != "embed.weight") {
     stddev = 1.0f / std::sqrt(static_cast<float>(spec.shape[1]));
     if (absl::EndsWith(spec.name, "head.weight")) stddev *= 4.0f;
   }
@@ -215,7 +262,7 @@ absl::Status MakeModel(const ModelConfig& config, const std::string& out_dir, ui
   // Each tensor as published, an FP8 projection followed by its scales.
   std::vector<TensorToWrite> tensors;
   for (const TensorSpec& s : specs) {
-    std::vector<float> values = RandomValues(s, rng, normal);
+    std::vector<float> values = RandomValues(s, rng, normal, config);
     if (s.dtype != DType::kF8E4m3) {
       tensors.push_back({s.name, s.dtype, s.shape, std::move(values)});
       continue;

@@ -1,4 +1,4 @@
-// Generated DeepSeek-V2 and V3-family checkpoints for tests and demos
+// Generated DeepSeek-V2, V3-family and V4 checkpoints for tests and demos
 // (`kvtier make-model`): the same files a Hugging Face checkpoint has, as
 // the model's authors publish them, random weights from a seed.
 #ifndef KVTIER_SERVICES_RUNTIME_MAKE_MODEL_H_
@@ -19,11 +19,14 @@ namespace kvtier::runtime {
 // and a small vocabulary. "v3-tiny" and "kimi-k2-tiny": DeepSeek-V3's and
 // Kimi-K2's configs (model_type, noaux_tc router, FP8 block-scaled
 // projections) at small dims, several not multiples of 128 so that scale
-// blocks are partial; v3-tiny has an MTP layer.
+// blocks are partial; v3-tiny has an MTP layer. "v4-tiny": DeepSeek-V4's
+// architecture (window-only, CSA and HCA layers, hyper-connections, hash
+// routing) at small dims, in bf16, one file.
 absl::StatusOr<ModelConfig> PresetConfig(const std::string& preset);
 
 // How many shards a checkpoint of this kind is published in, as make-model
-// writes it by default: 1 for V2, 3 for the V3 family (always sharded).
+// writes it by default: 1 for V2 (and kvtier's small V4), 3 for the V3
+// family (always sharded).
 int PublishedShards(const ModelConfig& config);
 
 // Writes config.json and the weights into `out_dir` (created if needed):

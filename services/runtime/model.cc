@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/base/status.h"
 #include "services/runtime/cpu_forward.h"
+#include "services/runtime/v4_forward.h"
 #if KVTIER_RUNTIME_CUDA
 #include "services/runtime/cuda_forward.h"
 #endif
@@ -28,6 +29,13 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const Checkpoint& ckpt, Devic
   m->config_ = ckpt.config();
   m->tokenizer_class_ = ckpt.tokenizer_class();
   const ModelConfig& c = m->config_;
+  if (c.v4.has_value()) {
+    if (device != Device::kCpu) {
+      return absl::FailedPreconditionError("DeepSeek-V4 runs on the CPU only so far (--device cpu)");
+    }
+    KVTIER_ASSIGN_OR_RETURN(m->backend_, LoadV4Forward(ckpt));
+    return m;
+  }
   const kernels::YarnParams* yarn = c.rope_scaling.has_value() ? &*c.rope_scaling : nullptr;
   KVTIER_RETURN_IF_ERROR(
       Check(kernels::RopeTable::Create(static_cast<uint32_t>(c.qk_rope_head_dim), c.rope_theta, yarn, m->rope_)));
@@ -48,6 +56,10 @@ SequenceCache Model::NewCache(kernels::Codec codec, uint32_t tokens_per_block) c
   SequenceCache cache;
   cache.codec = codec;
   cache.tokens_per_block = tokens_per_block;
+  if (config_.v4.has_value()) {
+    cache.v4 = NewV4State(config_);
+    return cache;
+  }
   cache.blocks.resize(static_cast<size_t>(config_.num_hidden_layers));
   cache.tail.resize(static_cast<size_t>(config_.num_hidden_layers));
   if (config_.indexer.has_value()) {
@@ -77,12 +89,13 @@ absl::Status Model::CheckBatch(std::span<const SequenceTokens> batch) const {
         return absl::InvalidArgumentError(absl::StrCat("token ", token, " outside the vocabulary of ", c.vocab_size));
       }
     }
+    const size_t layers = static_cast<size_t>(c.num_hidden_layers);
     if (s.cache == nullptr || s.logits.size() != static_cast<size_t>(c.vocab_size) ||
-        s.cache->tail.size() != static_cast<size_t>(c.num_hidden_layers) ||
-        s.cache->blocks.size() != static_cast<size_t>(c.num_hidden_layers)) {
+        (c.v4.has_value() ? s.cache->v4.size() != layers
+                          : s.cache->tail.size() != layers || s.cache->blocks.size() != layers)) {
       return absl::InvalidArgumentError(absl::StrCat("sequence ", b, ": logits or cache do not fit this model"));
     }
-    if (c.indexer.has_value()) {
+    if (c.indexer.has_value() && !c.v4.has_value()) {  // V3.2: keys beside the latents
       bool keyed = s.cache->index_scales.size() == static_cast<size_t>(c.num_hidden_layers) &&
                    s.cache->index_keys.size() == s.cache->index_scales.size();
       for (size_t l = 0; keyed && l < s.cache->index_scales.size(); ++l) {

@@ -20,6 +20,7 @@
 #include "kvtier/kernels/rope.h"
 #include "services/runtime/checkpoint.h"
 #include "services/runtime/sealed_block.h"
+#include "services/runtime/v4_state.h"
 
 namespace kvtier::runtime {
 
@@ -36,6 +37,11 @@ struct SequenceCache {
   // FP8 codes a token and [layer] one scale a token (sparse_attention.h).
   std::vector<std::vector<uint8_t>> index_keys = {};
   std::vector<std::vector<float>> index_scales = {};
+  // DeepSeek-V4: [layer] the window, compressed entries and open groups
+  // (then blocks and tail stay empty).
+  std::vector<V4LayerState> v4 = {};
+  // When set, V4 passes record their window entries and choices in it.
+  V4Trace* v4_trace = nullptr;
   // When set, [layer] gets the float rows of each block as it is sealed
   // (to check another implementation's codecs against the same latents).
   std::vector<std::vector<float>>* sealed_rows = nullptr;

@@ -1,5 +1,6 @@
 #include "services/runtime/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -70,6 +71,8 @@ std::string ArchitectureOf(ModelType type) {
       return "DeepseekV2ForCausalLM";
     case ModelType::kDeepseekV32:
       return "DeepseekV32ForCausalLM";
+    case ModelType::kDeepseekV4:
+      return "DeepseekV4ForCausalLM";
     default:
       return "DeepseekV3ForCausalLM";
   }
@@ -88,10 +91,12 @@ absl::StatusOr<ModelType> ParseModelType(const json& j) {
     model_type = ModelType::kKimiK2;
   } else if (type == "deepseek_v32") {
     model_type = ModelType::kDeepseekV32;
+  } else if (type == "deepseek_v4") {
+    model_type = ModelType::kDeepseekV4;
   } else {
     return absl::UnimplementedError(
         absl::StrCat("config.json: model_type ", j.contains("model_type") ? j["model_type"].dump() : "(missing)",
-                     " is not supported (deepseek_v2, deepseek_v3, kimi_k2, deepseek_v32)"));
+                     " is not supported (deepseek_v2, deepseek_v3, kimi_k2, deepseek_v32, deepseek_v4)"));
   }
   const std::string architecture = ArchitectureOf(model_type);
   if (j.contains("architectures") && !j["architectures"].is_null()) {
@@ -133,7 +138,117 @@ absl::StatusOr<std::optional<Fp8Quantization>> ParseQuantization(const json& j) 
   return fp8;
 }
 
+// rope_scaling: absent, or YaRN.
+absl::StatusOr<std::optional<kernels::YarnParams>> ParseRopeScaling(const json& j) {
+  if (!j.contains("rope_scaling") || j["rope_scaling"].is_null()) return std::nullopt;
+  const json& r = j["rope_scaling"];
+  if (!r.is_object()) return Missing("rope_scaling", "an object or null");
+  const std::string type = r.value("type", r.value("rope_type", std::string()));
+  if (type != "yarn") {
+    return absl::UnimplementedError(
+        absl::StrCat("config.json: rope_scaling type \"", type, "\" is not supported (only \"yarn\")"));
+  }
+  kernels::YarnParams y;
+  KVTIER_ASSIGN_OR_RETURN(y.factor, Real(r, "factor", std::nullopt));
+  KVTIER_ASSIGN_OR_RETURN(y.original_max_position_embeddings, Int(r, "original_max_position_embeddings", 4096));
+  KVTIER_ASSIGN_OR_RETURN(y.beta_fast, Real(r, "beta_fast", 32.0));
+  KVTIER_ASSIGN_OR_RETURN(y.beta_slow, Real(r, "beta_slow", 1.0));
+  KVTIER_ASSIGN_OR_RETURN(y.mscale, Real(r, "mscale", 1.0));
+  KVTIER_ASSIGN_OR_RETURN(y.mscale_all_dim, Real(r, "mscale_all_dim", 0.0));
+  if (y.factor <= 0) return Missing("rope_scaling.factor", "positive");
+  return y;
+}
+
+// The index_* fields of V3.2's and V4's lightning indexer.
+absl::StatusOr<IndexerConfig> ParseIndexer(const json& j, int64_t rope_dim) {
+  IndexerConfig indexer;
+  KVTIER_ASSIGN_OR_RETURN(indexer.heads, Int(j, "index_n_heads"));
+  KVTIER_ASSIGN_OR_RETURN(indexer.head_dim, Int(j, "index_head_dim"));
+  KVTIER_ASSIGN_OR_RETURN(indexer.topk, Int(j, "index_topk"));
+  if ((indexer.head_dim & (indexer.head_dim - 1)) != 0 || indexer.head_dim < rope_dim) {
+    return Missing("index_head_dim", "a power of two, at least qk_rope_head_dim");
+  }
+  return indexer;
+}
+
+// DeepSeek-V4's config.json as released (V4-Flash, V4-Pro).
+absl::StatusOr<ModelConfig> ParseV4Config(const json& j) {
+  KVTIER_RETURN_IF_ERROR(Expect(j, "hidden_act", "silu"));
+  KVTIER_RETURN_IF_ERROR(Expect(j, "scoring_func", "sqrtsoftplus"));
+  if (j.contains("quantization_config") && !j["quantization_config"].is_null()) {
+    return absl::UnimplementedError(
+        "config.json: DeepSeek-V4 with quantization_config (FP8 projections, FP4 experts) is not supported yet; "
+        "a bf16 cast of the checkpoint is");
+  }
+  ModelConfig c;
+  c.model_type = ModelType::kDeepseekV4;
+  V4Config& v4 = c.v4.emplace();
+  KVTIER_ASSIGN_OR_RETURN(c.num_nextn_predict_layers, Int(j, "num_nextn_predict_layers", 0, 0));
+  KVTIER_ASSIGN_OR_RETURN(c.vocab_size, Int(j, "vocab_size"));
+  KVTIER_ASSIGN_OR_RETURN(c.hidden_size, Int(j, "hidden_size"));
+  KVTIER_ASSIGN_OR_RETURN(c.num_hidden_layers, Int(j, "num_hidden_layers"));
+  KVTIER_ASSIGN_OR_RETURN(c.num_attention_heads, Int(j, "num_attention_heads"));
+  KVTIER_ASSIGN_OR_RETURN(const int64_t kv_heads, Int(j, "num_key_value_heads", 1));
+  if (kv_heads != 1) return Missing("num_key_value_heads", "1 (DeepSeek-V4 shares one key-value head)");
+  KVTIER_ASSIGN_OR_RETURN(c.q_lora_rank, Int(j, "q_lora_rank"));
+  KVTIER_ASSIGN_OR_RETURN(v4.head_dim, Int(j, "head_dim"));
+  KVTIER_ASSIGN_OR_RETURN(c.qk_rope_head_dim, Int(j, "qk_rope_head_dim"));
+  if (c.qk_rope_head_dim % 2 != 0 || c.qk_rope_head_dim >= v4.head_dim || (v4.head_dim - c.qk_rope_head_dim) % 64) {
+    return Missing("qk_rope_head_dim", "even, with head_dim - qk_rope_head_dim a positive multiple of 64");
+  }
+  KVTIER_ASSIGN_OR_RETURN(v4.o_groups, Int(j, "o_groups"));
+  KVTIER_ASSIGN_OR_RETURN(v4.o_lora_rank, Int(j, "o_lora_rank"));
+  if (c.num_attention_heads % v4.o_groups != 0) return Missing("o_groups", "a divisor of num_attention_heads");
+  KVTIER_ASSIGN_OR_RETURN(c.n_routed_experts, Int(j, "n_routed_experts"));
+  KVTIER_ASSIGN_OR_RETURN(c.n_shared_experts, Int(j, "n_shared_experts", 1));
+  if (c.n_shared_experts != 1) return Missing("n_shared_experts", "1 (as DeepSeek-V4's MoE has)");
+  KVTIER_ASSIGN_OR_RETURN(c.num_experts_per_tok, Int(j, "num_experts_per_tok"));
+  if (c.num_experts_per_tok > c.n_routed_experts) return Missing("num_experts_per_tok", "at most n_routed_experts");
+  KVTIER_ASSIGN_OR_RETURN(c.moe_intermediate_size, Int(j, "moe_intermediate_size"));
+  KVTIER_ASSIGN_OR_RETURN(c.routed_scaling_factor, Real(j, "routed_scaling_factor", 1.0));
+  KVTIER_ASSIGN_OR_RETURN(v4.swiglu_limit, Real(j, "swiglu_limit", 0.0));
+  if (v4.swiglu_limit < 0) return Missing("swiglu_limit", "0 (none) or positive");
+  KVTIER_ASSIGN_OR_RETURN(v4.num_hash_layers, Int(j, "num_hash_layers", 0, 0));
+  if (v4.num_hash_layers > c.num_hidden_layers) return Missing("num_hash_layers", "at most num_hidden_layers");
+  KVTIER_ASSIGN_OR_RETURN(c.rms_norm_eps, Real(j, "rms_norm_eps", 1e-6));
+  KVTIER_ASSIGN_OR_RETURN(c.rope_theta, Real(j, "rope_theta", 10000.0));
+  KVTIER_ASSIGN_OR_RETURN(v4.compress_rope_theta, Real(j, "compress_rope_theta", 160000.0));
+  KVTIER_ASSIGN_OR_RETURN(c.max_position_embeddings, Int(j, "max_position_embeddings", 4096));
+  KVTIER_ASSIGN_OR_RETURN(c.rope_scaling, ParseRopeScaling(j));
+  KVTIER_ASSIGN_OR_RETURN(v4.sliding_window, Int(j, "sliding_window"));
+  KVTIER_ASSIGN_OR_RETURN(v4.hc_mult, Int(j, "hc_mult", 4));
+  KVTIER_ASSIGN_OR_RETURN(v4.hc_sinkhorn_iters, Int(j, "hc_sinkhorn_iters", 20));
+  KVTIER_ASSIGN_OR_RETURN(v4.hc_eps, Real(j, "hc_eps", 1e-6));
+  if (v4.hc_eps < 0) return Missing("hc_eps", "at least 0");
+  // One ratio a layer, then the MTP layers' (which kvtier does not run).
+  const int64_t layers = c.num_hidden_layers;
+  if (!j.contains("compress_ratios") || !j["compress_ratios"].is_array() ||
+      static_cast<int64_t>(j["compress_ratios"].size()) < layers) {
+    return Missing("compress_ratios", "a list with one entry per layer (0, 4, or another ratio of at least 2)");
+  }
+  bool csa = false;
+  for (int64_t i = 0; i < layers; ++i) {
+    const json& r = j["compress_ratios"][static_cast<size_t>(i)];
+    if (!r.is_number_integer() || r.get<int64_t>() < 0 || r.get<int64_t>() == 1 || r.get<int64_t>() > kMaxConfigInt) {
+      return Missing(absl::StrCat("compress_ratios[", i, "]"), "0 or a ratio of at least 2");
+    }
+    v4.compress_ratios.push_back(r.get<int64_t>());
+    csa |= r.get<int64_t>() == 4;
+  }
+  if (csa) {
+    KVTIER_ASSIGN_OR_RETURN(c.indexer, ParseIndexer(j, c.qk_rope_head_dim));
+    if (c.indexer->head_dim % 32 != 0) return Missing("index_head_dim", "a multiple of 32 (its FP4 blocks)");
+  }
+  return c;
+}
+
 }  // namespace
+
+int64_t V4Config::max_ratio() const {
+  int64_t most = 1;
+  for (int64_t r : compress_ratios) most = std::max(most, r);
+  return most;
+}
 
 const char* ModelTypeName(ModelType type) {
   switch (type) {
@@ -145,6 +260,8 @@ const char* ModelTypeName(ModelType type) {
       return "kimi_k2";
     case ModelType::kDeepseekV32:
       return "deepseek_v32";
+    case ModelType::kDeepseekV4:
+      return "deepseek_v4";
   }
   return "?";
 }
@@ -178,6 +295,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text) {
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return absl::InvalidArgumentError("config.json is not a JSON object");
   KVTIER_ASSIGN_OR_RETURN(const ModelType model_type, ParseModelType(j));
+  if (model_type == ModelType::kDeepseekV4) return ParseV4Config(j);
   const bool v3 = model_type != ModelType::kDeepseekV2;
   KVTIER_RETURN_IF_ERROR(Expect(j, "hidden_act", "silu"));
   KVTIER_RETURN_IF_ERROR(Expect(j, "scoring_func", v3 ? "sigmoid" : "softmax"));
@@ -248,39 +366,80 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& text) {
       }
     }
   }
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-    const json& r = j["rope_scaling"];
-    if (!r.is_object()) return Missing("rope_scaling", "an object or null");
-    const std::string type = r.value("type", r.value("rope_type", std::string()));
-    if (type != "yarn") {
-      return absl::UnimplementedError(
-          absl::StrCat("config.json: rope_scaling type \"", type, "\" is not supported (only \"yarn\")"));
-    }
-    kernels::YarnParams y;
-    KVTIER_ASSIGN_OR_RETURN(y.factor, Real(r, "factor", std::nullopt));
-    KVTIER_ASSIGN_OR_RETURN(y.original_max_position_embeddings, Int(r, "original_max_position_embeddings", 4096));
-    KVTIER_ASSIGN_OR_RETURN(y.beta_fast, Real(r, "beta_fast", 32.0));
-    KVTIER_ASSIGN_OR_RETURN(y.beta_slow, Real(r, "beta_slow", 1.0));
-    KVTIER_ASSIGN_OR_RETURN(y.mscale, Real(r, "mscale", 1.0));
-    KVTIER_ASSIGN_OR_RETURN(y.mscale_all_dim, Real(r, "mscale_all_dim", 0.0));
-    if (y.factor <= 0) return Missing("rope_scaling.factor", "positive");
-    c.rope_scaling = y;
-  }
+  KVTIER_ASSIGN_OR_RETURN(c.rope_scaling, ParseRopeScaling(j));
   if (model_type == ModelType::kDeepseekV32) {
-    IndexerConfig indexer;
-    KVTIER_ASSIGN_OR_RETURN(indexer.heads, Int(j, "index_n_heads"));
-    KVTIER_ASSIGN_OR_RETURN(indexer.head_dim, Int(j, "index_head_dim"));
-    KVTIER_ASSIGN_OR_RETURN(indexer.topk, Int(j, "index_topk"));
-    if ((indexer.head_dim & (indexer.head_dim - 1)) != 0 || indexer.head_dim < c.qk_rope_head_dim) {
-      return Missing("index_head_dim", "a power of two, at least qk_rope_head_dim");
-    }
+    KVTIER_ASSIGN_OR_RETURN(c.indexer, ParseIndexer(j, c.qk_rope_head_dim));
     if (!c.q_lora_rank.has_value()) return Missing("q_lora_rank", "present (the indexer's queries start from it)");
-    c.indexer = indexer;
   }
   return c;
 }
 
+namespace {
+
+// rope_scaling as config.json spells it.
+json YarnJson(const kernels::YarnParams& y) {
+  return {{"type", "yarn"},
+          {"factor", y.factor},
+          {"original_max_position_embeddings", y.original_max_position_embeddings},
+          {"beta_fast", y.beta_fast},
+          {"beta_slow", y.beta_slow},
+          {"mscale", y.mscale},
+          {"mscale_all_dim", y.mscale_all_dim}};
+}
+
+// DeepSeek-V4's fields, as its released config.json names them.
+json V4Json(const ModelConfig& c) {
+  const V4Config& v4 = *c.v4;
+  json j = {
+      {"model_type", ModelTypeName(c.model_type)},
+      {"architectures", {ArchitectureOf(c.model_type)}},
+      {"vocab_size", c.vocab_size},
+      {"hidden_size", c.hidden_size},
+      {"num_hidden_layers", c.num_hidden_layers},
+      {"num_attention_heads", c.num_attention_heads},
+      {"num_key_value_heads", 1},
+      {"head_dim", v4.head_dim},
+      {"qk_rope_head_dim", c.qk_rope_head_dim},
+      {"q_lora_rank", *c.q_lora_rank},
+      {"o_groups", v4.o_groups},
+      {"o_lora_rank", v4.o_lora_rank},
+      {"n_routed_experts", c.n_routed_experts},
+      {"n_shared_experts", c.n_shared_experts},
+      {"num_experts_per_tok", c.num_experts_per_tok},
+      {"moe_intermediate_size", c.moe_intermediate_size},
+      {"scoring_func", "sqrtsoftplus"},
+      {"routed_scaling_factor", c.routed_scaling_factor},
+      {"swiglu_limit", v4.swiglu_limit},
+      {"num_hash_layers", v4.num_hash_layers},
+      {"sliding_window", v4.sliding_window},
+      {"compress_ratios", v4.compress_ratios},
+      {"compress_rope_theta", v4.compress_rope_theta},
+      {"rope_theta", c.rope_theta},
+      {"rope_scaling", c.rope_scaling.has_value() ? YarnJson(*c.rope_scaling) : json(nullptr)},
+      {"hc_mult", v4.hc_mult},
+      {"hc_sinkhorn_iters", v4.hc_sinkhorn_iters},
+      {"hc_eps", v4.hc_eps},
+      {"rms_norm_eps", c.rms_norm_eps},
+      {"max_position_embeddings", c.max_position_embeddings},
+      {"num_nextn_predict_layers", c.num_nextn_predict_layers},
+      {"hidden_act", "silu"},
+      {"tie_word_embeddings", false},
+      {"torch_dtype", "bfloat16"},
+  };
+  // The MTP layers' entries follow the layers' (as released: a CSA layer).
+  for (int64_t i = 0; i < c.num_nextn_predict_layers; ++i) j["compress_ratios"].push_back(4);
+  if (c.indexer.has_value()) {
+    j["index_n_heads"] = c.indexer->heads;
+    j["index_head_dim"] = c.indexer->head_dim;
+    j["index_topk"] = c.indexer->topk;
+  }
+  return j;
+}
+
+}  // namespace
+
 std::string ModelConfig::ToJson() const {
+  if (v4.has_value()) return V4Json(*this).dump(2);
   const bool v3 = model_type != ModelType::kDeepseekV2;
   const char* method = topk_method == TopkMethod::kGreedy               ? "greedy"
                        : topk_method == TopkMethod::kGroupLimitedGreedy ? "group_limited_greedy"
@@ -319,17 +478,7 @@ std::string ModelConfig::ToJson() const {
       {"tie_word_embeddings", false},
       {"torch_dtype", "bfloat16"},
   };
-  if (rope_scaling.has_value()) {
-    j["rope_scaling"] = {{"type", "yarn"},
-                         {"factor", rope_scaling->factor},
-                         {"original_max_position_embeddings", rope_scaling->original_max_position_embeddings},
-                         {"beta_fast", rope_scaling->beta_fast},
-                         {"beta_slow", rope_scaling->beta_slow},
-                         {"mscale", rope_scaling->mscale},
-                         {"mscale_all_dim", rope_scaling->mscale_all_dim}};
-  } else {
-    j["rope_scaling"] = nullptr;
-  }
+  j["rope_scaling"] = rope_scaling.has_value() ? YarnJson(*rope_scaling) : json(nullptr);
   if (v3) j["num_nextn_predict_layers"] = num_nextn_predict_layers;
   if (indexer.has_value()) {
     j["index_n_heads"] = indexer->heads;

@@ -1,14 +1,16 @@
 // The configuration of a DeepSeek-style MLA model, read from a Hugging Face
 // config.json: DeepSeek-V2 (model_type "deepseek_v2") and the V3 family
 // (DeepSeek-V3, R1, V3.1: "deepseek_v3"; Kimi-K2: "kimi_k2"; DeepSeek-V3.2
-// with its sparse attention: "deepseek_v32"). The tensors
-// such a checkpoint holds are model_tensors.h's.
+// with its sparse attention: "deepseek_v32") and DeepSeek-V4
+// ("deepseek_v4": windowed and compressed attention, V4Config). The tensors
+// such a checkpoint holds are model_tensors.h's (V4's: v4_tensors.h).
 #ifndef KVTIER_SERVICES_RUNTIME_MODEL_CONFIG_H_
 #define KVTIER_SERVICES_RUNTIME_MODEL_CONFIG_H_
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kvtier/kernels/layers.h"
@@ -18,8 +20,9 @@ namespace kvtier::runtime {
 
 // config.json's model_type. The V3 family shares V3's architecture: V2's
 // attention and cache, a sigmoid router; V3.2 adds a lightning indexer
-// that picks the tokens each query attends to (IndexerConfig).
-enum class ModelType { kDeepseekV2, kDeepseekV3, kKimiK2, kDeepseekV32 };
+// that picks the tokens each query attends to (IndexerConfig). V4 is a
+// different architecture (V4Config).
+enum class ModelType { kDeepseekV2, kDeepseekV3, kKimiK2, kDeepseekV32, kDeepseekV4 };
 const char* ModelTypeName(ModelType type);  // as config.json spells it
 
 // greedy and group_limited_greedy: V2's softmax router; noaux_tc: V3's
@@ -42,6 +45,33 @@ struct IndexerConfig {
   int64_t heads = 64;
   int64_t head_dim = 128;
   int64_t topk = 2048;
+};
+
+// DeepSeek-V4 (DeepSeek's V4-Flash inference/model.py): one shared
+// key-value head of head_dim (K = V, the last qk_rope_head_dim dims
+// rotated), attending over a sliding window of the last `sliding_window`
+// tokens' entries plus, per layer by compress_ratios, compressed entries
+// (0: none; 4: one per 4 tokens from overlapping groups, chosen by the
+// indexer, IndexerConfig; other ratios: one per `ratio` tokens, all
+// attended). Compressed layers rotate with compress_rope_theta and YaRN,
+// window-only layers with rope_theta and none. A per-head attention sink,
+// a grouped output projection, hc_mult residual copies mixed by Sinkhorn
+// (hyper-connections), MoE with sqrt(softplus) scores (num_hash_layers
+// first layers route by token id) and a clamped SwiGLU (swiglu_limit).
+struct V4Config {
+  int64_t head_dim = 512;
+  int64_t sliding_window = 128;
+  std::vector<int64_t> compress_ratios;  // one per layer (MTP layers' entries dropped)
+  double compress_rope_theta = 160000.0;
+  int64_t o_groups = 8;
+  int64_t o_lora_rank = 1024;
+  int64_t hc_mult = 4;
+  int64_t hc_sinkhorn_iters = 20;
+  double hc_eps = 1e-6;
+  int64_t num_hash_layers = 0;
+  double swiglu_limit = 0.0;  // 0: no clamp
+
+  int64_t max_ratio() const;
 };
 
 // Plain value type.
@@ -73,7 +103,8 @@ struct ModelConfig {
   int64_t max_position_embeddings = 4096;
   std::optional<kernels::YarnParams> rope_scaling;
   std::optional<Fp8Quantization> fp8;  // absent: projections in bf16 (or f16/f32)
-  std::optional<IndexerConfig> indexer;  // V3.2's sparse attention
+  std::optional<IndexerConfig> indexer;  // V3.2's sparse attention; V4's CSA layers
+  std::optional<V4Config> v4;            // set exactly for kDeepseekV4
   // Multi-token prediction layers stored after the last layer (V3: 1); a
   // server that does not decode speculatively skips them.
   int64_t num_nextn_predict_layers = 0;

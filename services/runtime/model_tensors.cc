@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/base/status.h"
+#include "services/runtime/v4_tensors.h"
 
 namespace kvtier::runtime {
 namespace {
@@ -111,6 +112,7 @@ absl::Status VisitLayer(const ModelConfig& c, int64_t i, const std::function<abs
 }  // namespace
 
 absl::Status ForEachExpectedTensor(const ModelConfig& c, const std::function<absl::Status(const TensorSpec&)>& visit) {
+  if (c.v4.has_value()) return ForEachV4Tensor(c, visit);
   const GlobalTensors global = GlobalTensorsOf(c);
   KVTIER_RETURN_IF_ERROR(visit(global.embed));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) KVTIER_RETURN_IF_ERROR(VisitLayer(c, i, visit));
@@ -119,6 +121,7 @@ absl::Status ForEachExpectedTensor(const ModelConfig& c, const std::function<abs
 }
 
 absl::Status ForEachMtpTensor(const ModelConfig& c, const std::function<absl::Status(const TensorSpec&)>& visit) {
+  if (c.v4.has_value()) return absl::OkStatus();  // V4's mtp.* are not described (make-model writes none)
   const int64_t h = c.hidden_size;
   for (int64_t i = c.num_hidden_layers; i < c.num_hidden_layers + c.num_nextn_predict_layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");

@@ -25,7 +25,10 @@ absl::StatusOr<DType> ParseDType(const std::string& name) {
   if (name == "F16") return DType::kF16;
   if (name == "F32") return DType::kF32;
   if (name == "F8_E4M3") return DType::kF8E4m3;
-  return absl::InvalidArgumentError(absl::StrCat("dtype ", name, " is not supported (BF16, F16, F32, F8_E4M3)"));
+  if (name == "I32") return DType::kI32;
+  if (name == "I64") return DType::kI64;
+  return absl::InvalidArgumentError(
+      absl::StrCat("dtype ", name, " is not supported (BF16, F16, F32, F8_E4M3, I32, I64)"));
 }
 
 }  // namespace
@@ -40,6 +43,10 @@ const char* DTypeName(DType dtype) {
       return "F32";
     case DType::kF8E4m3:
       return "F8_E4M3";
+    case DType::kI32:
+      return "I32";
+    case DType::kI64:
+      return "I64";
   }
   return "?";
 }
@@ -47,7 +54,10 @@ const char* DTypeName(DType dtype) {
 size_t DTypeBytes(DType dtype) {
   switch (dtype) {
     case DType::kF32:
+    case DType::kI32:
       return 4;
+    case DType::kI64:
+      return 8;
     case DType::kF8E4m3:
       return 1;
     default:
@@ -93,6 +103,14 @@ std::vector<float> TensorView::ToFloat() const {
       std::memcpy(&out[i], bytes.data() + 4 * i, 4);
     } else if (dtype == DType::kF8E4m3) {
       out[i] = kernels::Fp8E4m3ToFloat(bytes[i]);
+    } else if (dtype == DType::kI32) {
+      int32_t v;
+      std::memcpy(&v, bytes.data() + 4 * i, 4);
+      out[i] = static_cast<float>(v);
+    } else if (dtype == DType::kI64) {
+      int64_t v;
+      std::memcpy(&v, bytes.data() + 8 * i, 8);
+      out[i] = static_cast<float>(v);
     } else {
       uint16_t h;
       std::memcpy(&h, bytes.data() + 2 * i, 2);
@@ -215,6 +233,12 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorT
         std::memcpy(buffer.data() + 4 * i, &t.values[i], 4);
       } else if (t.dtype == DType::kF8E4m3) {
         buffer[i] = kernels::FloatToFp8E4m3(t.values[i]);
+      } else if (t.dtype == DType::kI32) {
+        const auto v = static_cast<int32_t>(t.values[i]);
+        std::memcpy(buffer.data() + 4 * i, &v, 4);
+      } else if (t.dtype == DType::kI64) {
+        const auto v = static_cast<int64_t>(t.values[i]);
+        std::memcpy(buffer.data() + 8 * i, &v, 8);
       } else {
         const uint16_t h = t.dtype == DType::kBf16 ? kernels::FloatToBf16(t.values[i]) : FloatToHalf(t.values[i]);
         std::memcpy(buffer.data() + 2 * i, &h, 2);

@@ -1098,6 +1098,22 @@ TEST_F(ServingTest, ModelServersRefuseAddressesNobodyCouldListenOn) {
   }
 }
 
+// A DeepSeek-V4 checkpoint runs in `kvtier run` only: both model servers
+// refuse it at start-up, saying why, rather than serve it wrong.
+TEST_F(ServingTest, ModelServersRefuseDeepSeekV4UntilItsCacheLayoutExists) {
+  const PresetModel v4("v4-tiny", rng_.seed());
+  const std::string common = " --listen 127.0.0.1:0 --metrics-listen '' --model " + v4.dir() + " --cache 127.0.0.1:1";
+  for (const std::string& command :
+       {KVTIER_DECODE_BINARY + common, KVTIER_PREFILL_BINARY + common + " --decode 127.0.0.1:2"}) {
+    const CommandResult r = RunCommand(command);
+    EXPECT_EQ(r.exit_code, 1) << command << "\n" << r.output;
+    EXPECT_NE(r.output.find("is a DeepSeek-V4 checkpoint"), std::string::npos) << command << "\n" << r.output;
+  }
+  const CommandResult run = RunCommand(std::string(KVTIER_BINARY) + " run --model " + v4.dir() +
+                                       " --prompt-ids 5,6,7 --max-new-tokens 3 --json");
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+}
+
 // Every binary says its version; a stopped model server says who it is.
 TEST_F(ServingTest, BinariesSayTheirVersionAndTheirNameWhenStopped) {
   for (const auto& [binary, name] : {std::pair{std::string(KVTIER_CACHE_BINARY), "kvtier-cache"},

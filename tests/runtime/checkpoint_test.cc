@@ -329,7 +329,7 @@ TEST(ModelConfig, MoeLayersFollowFirstKDenseAndFrequency) {
 }
 
 TEST(ModelConfig, JsonRoundTrip) {
-  for (const char* preset : {"tiny", "lite-attn", "v3-tiny", "kimi-k2-tiny"}) {
+  for (const char* preset : {"tiny", "lite-attn", "v3-tiny", "kimi-k2-tiny", "v32-tiny", "v4-tiny"}) {
     const ModelConfig c = *PresetConfig(preset);
     absl::StatusOr<ModelConfig> back = ParseModelConfig(c.ToJson());
     ASSERT_TRUE(back.ok()) << back.status();

@@ -92,6 +92,29 @@ TEST_F(SafetensorsTest, RoundTripsEveryDtype) {
   EXPECT_EQ(header_len % 8, 0u);
 }
 
+// I32 and I64, as DeepSeek-V4's releases store a hash router's table
+// (one or the other): whole numbers, read back exactly, negatives too.
+TEST_F(SafetensorsTest, IntegersRoundTrip) {
+  SCOPED_TRACE(rng_.Trace());
+  std::uniform_int_distribution<int> id(-300, 300);
+  std::vector<float> values(12);
+  for (float& v : values) v = static_cast<float>(id(rng_.engine()));
+  const std::string path = Path("ints.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, {{"i32", DType::kI32, {3, 4}, values}, {"i64", DType::kI64, {12}, values}}).ok());
+  auto file = SafetensorsFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  for (const char* name : {"i32", "i64"}) {
+    auto t = (*file)->Tensor(name);
+    ASSERT_TRUE(t.ok());
+    EXPECT_STREQ(DTypeName(t->dtype), name[1] == '3' ? "I32" : "I64");
+    EXPECT_EQ(t->bytes.size(), values.size() * (name[1] == '3' ? 4 : 8));
+    EXPECT_EQ(t->ToFloat(), values) << name;
+  }
+  int64_t first;
+  std::memcpy(&first, (*file)->Tensor("i64")->bytes.data(), 8);
+  EXPECT_EQ(first, static_cast<int64_t>(values[0]));
+}
+
 TEST(Half, EveryFiniteCodeRoundTripsAndRoundingIsNearestEven) {
   for (uint32_t h = 0; h < 0x10000; ++h) {
     const float f = HalfToFloat(static_cast<uint16_t>(h));

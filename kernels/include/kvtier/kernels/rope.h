@@ -44,6 +44,10 @@ class RopeTable {
   // as DeepSeek-V3.2's indexer lays out its rope part) in place with
   // rotate_half, no de-interleaving first.
   void ApplyHalves(int64_t position, std::span<float> x) const;
+  // Rotates `x` (dim values) in place as DeepSeek-V4 does: each adjacent
+  // pair (x_2i, x_2i+1) as a complex number times e^(i angle), kept in
+  // place; `inverse` rotates by -angle (V4 un-rotates attention outputs).
+  void ApplyPairs(int64_t position, std::span<float> x, bool inverse = false) const;
 
  private:
   uint32_t dim_ = 0;

@@ -1,0 +1,524 @@
+#include "services/runtime/v4_forward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kvtier/kernels/indexer.h"
+#include "kvtier/kernels/layers.h"
+#include "kvtier/kernels/parallel.h"
+#include "kvtier/kernels/qat_rounding.h"
+#include "kvtier/kernels/rope.h"
+#include "services/base/status.h"
+#include "services/runtime/ffn.h"
+#include "services/runtime/hyper_connections.h"
+#include "services/runtime/matmul.h"
+#include "services/runtime/model_weights.h"
+#include "services/runtime/v4_tensors.h"
+
+namespace kvtier::runtime {
+namespace {
+
+absl::Status Check(const kernels::Status& s) { return FromKernelStatus(s); }
+
+// The model's FP8 rounding of an entry's non-rotated dims: blocks of 64.
+constexpr size_t kEntryFp8Block = 64;
+// Its FP4 rounding of indexer queries and keys: blocks of 32.
+constexpr size_t kIndexFp4Block = 32;
+
+// A compressor: each group of `ratio` tokens becomes one entry of `dim`
+// values, a softmax-weighted sum of the tokens' kv rows per dim (scores
+// from wgate plus a position embedding). At ratio 4 groups overlap: an
+// entry pools the previous group's first halves and its own second halves.
+struct Compressor {
+  size_t ratio = 0, dim = 0;
+  bool overlap = false;
+  std::vector<float> ape;  // [ratio][width]
+  WeightMatrix wkv, wgate;
+  std::vector<float> norm;
+  size_t width() const { return (overlap ? 2 : 1) * dim; }
+};
+
+struct Indexer {
+  WeightMatrix wq_b, weights_proj;
+  Compressor compressor;
+};
+
+struct Layer {
+  HcParams hc_attn, hc_ffn;
+  std::vector<float> attn_norm, ffn_norm, attn_sink, q_norm, kv_norm;
+  WeightMatrix wq_a, wq_b, wkv, wo_a, wo_b;
+  const kernels::RopeTable* rope = nullptr;  // window-only or compressed layers' table
+  std::optional<Compressor> compressor;
+  std::optional<Indexer> indexer;
+  std::vector<float> gate, gate_bias;  // router [experts][hidden]; bias of score-routed layers
+  std::vector<uint32_t> tid2eid;       // hash-routed layers: [vocab][experts_per_tok]
+  MoeWeights moe;                      // experts and the shared expert (router unused)
+};
+
+class V4Forward final : public ForwardBackend {
+ public:
+  explicit V4Forward(const ModelConfig& config) : c_(config), v4_(*config.v4) {}
+
+  absl::Status Load(const Checkpoint& checkpoint);
+  absl::Status Forward(std::span<const SequenceTokens> batch,
+                       const std::function<void(size_t layer)>& on_layer) override;
+
+ private:
+  struct Row {
+    SequenceCache* cache;
+    V4LayerState* state;  // this layer's
+    int64_t pos;
+    uint32_t token;
+  };
+  absl::StatusOr<Compressor> LoadCompressor(const Checkpoint& ckpt, const V4CompressorTensors& t, size_t ratio,
+                                            size_t dim) const;
+  // Attention of rows (sequences one after another, positions in order)
+  // from their inputs h [n][hidden] into out [n][hidden].
+  absl::Status Attention(size_t li, std::span<const Row> rows, std::span<const size_t> sequence_starts, const float* h,
+                         float* out) const;
+  // The MoE half: out[n][hidden].
+  void Ffn(const Layer& l, std::span<const Row> rows, const float* h, float* out) const;
+  HcShape Hc() const {
+    return {static_cast<size_t>(v4_.hc_mult), static_cast<size_t>(c_.hidden_size), static_cast<float>(c_.rms_norm_eps),
+            static_cast<float>(v4_.hc_eps), static_cast<int>(v4_.hc_sinkhorn_iters)};
+  }
+
+  const ModelConfig c_;
+  const V4Config v4_;
+  kernels::RopeTable window_rope_, compressed_rope_;
+  WeightMatrix embed_, head_;
+  std::vector<float> norm_;
+  HcParams hc_head_;
+  std::vector<Layer> layers_;
+};
+
+absl::StatusOr<HcParams> LoadHc(const Checkpoint& ckpt, const V4HcTensors& t) {
+  HcParams p;
+  KVTIER_ASSIGN_OR_RETURN(p.fn, LoadFloats(ckpt, t.fn));
+  KVTIER_ASSIGN_OR_RETURN(p.base, LoadFloats(ckpt, t.base));
+  KVTIER_ASSIGN_OR_RETURN(p.scale, LoadFloats(ckpt, t.scale));
+  return p;
+}
+
+absl::StatusOr<Compressor> V4Forward::LoadCompressor(const Checkpoint& ckpt, const V4CompressorTensors& t, size_t ratio,
+                                                     size_t dim) const {
+  Compressor k;
+  k.ratio = ratio;
+  k.dim = dim;
+  k.overlap = ratio == 4;
+  KVTIER_ASSIGN_OR_RETURN(k.ape, LoadFloats(ckpt, t.ape));
+  KVTIER_ASSIGN_OR_RETURN(k.wkv, LoadMatrix(ckpt, t.wkv));
+  KVTIER_ASSIGN_OR_RETURN(k.wgate, LoadMatrix(ckpt, t.wgate));
+  KVTIER_ASSIGN_OR_RETURN(k.norm, LoadFloats(ckpt, t.norm));
+  return k;
+}
+
+absl::Status V4Forward::Load(const Checkpoint& ckpt) {
+  const uint32_t rope_dim = static_cast<uint32_t>(c_.qk_rope_head_dim);
+  KVTIER_RETURN_IF_ERROR(Check(kernels::RopeTable::Create(rope_dim, c_.rope_theta, nullptr, window_rope_)));
+  // Compressed layers: YaRN's frequencies without its magnitude scaling
+  // (model.py's precompute_freqs_cis has none; equal mscales cancel).
+  std::optional<kernels::YarnParams> yarn = c_.rope_scaling;
+  if (yarn.has_value()) yarn->mscale = yarn->mscale_all_dim = 1.0;
+  KVTIER_RETURN_IF_ERROR(Check(kernels::RopeTable::Create(rope_dim, v4_.compress_rope_theta,
+                                                          yarn.has_value() ? &*yarn : nullptr, compressed_rope_)));
+  const V4GlobalTensors g = V4GlobalTensorsOf(c_);
+  KVTIER_ASSIGN_OR_RETURN(embed_, LoadMatrix(ckpt, g.embed));
+  KVTIER_ASSIGN_OR_RETURN(head_, LoadMatrix(ckpt, g.head));
+  KVTIER_ASSIGN_OR_RETURN(norm_, LoadFloats(ckpt, g.norm));
+  KVTIER_ASSIGN_OR_RETURN(hc_head_, LoadHc(ckpt, g.hc_head));
+  auto load_swiglu = [&](const MlpTensors& t) -> absl::StatusOr<SwiGluWeights> {
+    SwiGluWeights w;
+    w.inter = static_cast<size_t>(t.inter);
+    w.limit = static_cast<float>(v4_.swiglu_limit);
+    KVTIER_ASSIGN_OR_RETURN(w.gate, LoadMatrix(ckpt, t.gate));
+    KVTIER_ASSIGN_OR_RETURN(w.up, LoadMatrix(ckpt, t.up));
+    KVTIER_ASSIGN_OR_RETURN(w.down, LoadMatrix(ckpt, t.down));
+    return w;
+  };
+  for (int64_t i = 0; i < c_.num_hidden_layers; ++i) {
+    const V4LayerTensors t = V4LayerTensorsOf(c_, i);
+    Layer l;
+    KVTIER_ASSIGN_OR_RETURN(l.hc_attn, LoadHc(ckpt, t.hc_attn));
+    KVTIER_ASSIGN_OR_RETURN(l.hc_ffn, LoadHc(ckpt, t.hc_ffn));
+    KVTIER_ASSIGN_OR_RETURN(l.attn_norm, LoadFloats(ckpt, t.attn_norm));
+    KVTIER_ASSIGN_OR_RETURN(l.ffn_norm, LoadFloats(ckpt, t.ffn_norm));
+    KVTIER_ASSIGN_OR_RETURN(l.attn_sink, LoadFloats(ckpt, t.attn_sink));
+    KVTIER_ASSIGN_OR_RETURN(l.q_norm, LoadFloats(ckpt, t.q_norm));
+    KVTIER_ASSIGN_OR_RETURN(l.kv_norm, LoadFloats(ckpt, t.kv_norm));
+    KVTIER_ASSIGN_OR_RETURN(l.wq_a, LoadMatrix(ckpt, t.wq_a));
+    KVTIER_ASSIGN_OR_RETURN(l.wq_b, LoadMatrix(ckpt, t.wq_b));
+    KVTIER_ASSIGN_OR_RETURN(l.wkv, LoadMatrix(ckpt, t.wkv));
+    KVTIER_ASSIGN_OR_RETURN(l.wo_a, LoadMatrix(ckpt, t.wo_a));
+    KVTIER_ASSIGN_OR_RETURN(l.wo_b, LoadMatrix(ckpt, t.wo_b));
+    const size_t ratio = static_cast<size_t>(v4_.compress_ratios[static_cast<size_t>(i)]);
+    l.rope = ratio > 0 ? &compressed_rope_ : &window_rope_;
+    if (t.compressor.has_value()) {
+      KVTIER_ASSIGN_OR_RETURN(l.compressor, LoadCompressor(ckpt, *t.compressor, ratio, v4_.head_dim));
+    }
+    if (t.indexer.has_value()) {
+      Indexer& ix = l.indexer.emplace();
+      KVTIER_ASSIGN_OR_RETURN(ix.wq_b, LoadMatrix(ckpt, t.indexer->wq_b));
+      KVTIER_ASSIGN_OR_RETURN(ix.weights_proj, LoadMatrix(ckpt, t.indexer->weights_proj));
+      KVTIER_ASSIGN_OR_RETURN(ix.compressor, LoadCompressor(ckpt, t.indexer->compressor, ratio, c_.indexer->head_dim));
+    }
+    KVTIER_ASSIGN_OR_RETURN(l.gate, LoadFloats(ckpt, t.gate));
+    if (t.gate_bias.has_value()) {
+      KVTIER_ASSIGN_OR_RETURN(l.gate_bias, LoadFloats(ckpt, *t.gate_bias));
+    }
+    if (t.tid2eid.has_value()) {
+      KVTIER_ASSIGN_OR_RETURN(const std::vector<float> ids, LoadFloats(ckpt, *t.tid2eid));
+      for (float id : ids) {
+        if (!(id >= 0 && id < static_cast<float>(c_.n_routed_experts)) || id != std::floor(id)) {
+          return absl::InvalidArgumentError(absl::StrCat("tensor ", t.tid2eid->name, " holds ", id,
+                                                         ", not an expert id below ", c_.n_routed_experts));
+        }
+        l.tid2eid.push_back(static_cast<uint32_t>(id));
+      }
+    }
+    for (int64_t e = 0; e < c_.n_routed_experts; ++e) {
+      KVTIER_ASSIGN_OR_RETURN(SwiGluWeights expert, load_swiglu(V4ExpertTensors(c_, i, e)));
+      l.moe.experts.push_back(std::move(expert));
+    }
+    KVTIER_ASSIGN_OR_RETURN(l.moe.shared, load_swiglu(t.shared));
+    layers_.push_back(std::move(l));
+  }
+  return absl::OkStatus();
+}
+
+// y[n][rows] = x W^T over rows [row_begin, row_begin + rows) of w ([*][cols]),
+// x's rows `x_stride` apart and y's `y_stride` apart.
+void MatMulBlock(const WeightMatrix& w, size_t row_begin, size_t rows, size_t cols, const float* x, size_t n,
+                 size_t x_stride, float* y, size_t y_stride) {
+  if (!w.bf16.empty()) {
+    kernels::GemmBf16(w.bf16.data() + row_begin * cols, rows, cols, x, n, x_stride, y, y_stride);
+  } else {
+    kernels::Gemm(w.f32.data() + row_begin * cols, rows, cols, x, n, x_stride, y, y_stride);
+  }
+}
+
+absl::Status RmsNormRows(float* x, size_t n, size_t width, std::span<const float> weight, float eps) {
+  for (size_t r = 0; r < n; ++r) {
+    const std::span<float> row(x + r * width, width);
+    KVTIER_RETURN_IF_ERROR(Check(kernels::RmsNorm(row, weight, eps, row)));
+  }
+  return absl::OkStatus();
+}
+
+// Appends one token's compressor rows (kv, score without the position
+// embedding) at position `pos`; when that closes a group, appends the
+// group's entry to `entries`: pooled, normed, rotated at the group's first
+// position, then rounded as the model rounds it (`index`: Hadamard and FP4;
+// else FP8 on the non-rotated dims).
+absl::Status CompressStep(const Compressor& k, V4CompressorState& s, const float* kv, const float* score, int64_t pos,
+                          const kernels::RopeTable& rope, float eps, bool index, std::vector<float>& entries) {
+  const size_t width = k.width(), d = k.dim, ratio = k.ratio;
+  const float* ape = k.ape.data() + static_cast<size_t>(pos % static_cast<int64_t>(ratio)) * width;
+  s.kv.insert(s.kv.end(), kv, kv + width);
+  for (size_t i = 0; i < width; ++i) s.score.push_back(score[i] + ape[i]);
+  if ((pos + 1) % static_cast<int64_t>(ratio) != 0) return absl::OkStatus();
+  if (s.kv.size() != ratio * width) {
+    return absl::InternalError("a compressor's open group does not hold its tokens (state restored at a wrong place)");
+  }
+  std::vector<float> entry(d), weights;
+  for (size_t i = 0; i < d; ++i) {
+    // The rows pooled at dim i: the previous group's first halves (when
+    // groups overlap and one closed before), then this group's (second
+    // halves when overlapping).
+    weights.clear();
+    std::vector<const float*> values;
+    const size_t own = k.overlap ? d + i : i;
+    if (k.overlap && !s.previous_kv.empty()) {
+      for (size_t r = 0; r < ratio; ++r) {
+        weights.push_back(s.previous_score[r * width + i]);
+        values.push_back(&s.previous_kv[r * width + i]);
+      }
+    }
+    for (size_t r = 0; r < ratio; ++r) {
+      weights.push_back(s.score[r * width + own]);
+      values.push_back(&s.kv[r * width + own]);
+    }
+    kernels::Softmax(weights.data(), weights.size());
+    float sum = 0;
+    for (size_t r = 0; r < weights.size(); ++r) sum += weights[r] * *values[r];
+    entry[i] = sum;
+  }
+  KVTIER_RETURN_IF_ERROR(Check(kernels::RmsNorm(entry, k.norm, eps, entry)));
+  const size_t rope_dim = rope.dim();
+  rope.ApplyPairs(pos + 1 - static_cast<int64_t>(ratio), std::span(entry).last(rope_dim));
+  if (index) {
+    KVTIER_RETURN_IF_ERROR(Check(kernels::HadamardRotate(entry)));
+    kernels::RoundThroughFp4(entry, kIndexFp4Block);
+  } else {
+    kernels::RoundThroughFp8(std::span(entry).first(d - rope_dim), kEntryFp8Block);
+  }
+  entries.insert(entries.end(), entry.begin(), entry.end());
+  if (k.overlap) {
+    s.previous_kv = std::move(s.kv);
+    s.previous_score = std::move(s.score);
+  }
+  s.kv.clear();
+  s.score.clear();
+  return absl::OkStatus();
+}
+
+// Notes position `pos`'s window entry, indexer query and chosen entries at
+// layer li.
+void Record(size_t li, int64_t pos, std::span<const float> entry, std::span<const float> query,
+            const std::vector<uint32_t>& chosen, V4Trace& trace) {
+  const size_t p = static_cast<size_t>(pos);
+  const auto slot = [&](auto& part) -> auto& {
+    if (part.size() <= li) part.resize(li + 1);
+    if (part[li].size() <= p) part[li].resize(p + 1);
+    return part[li][p];
+  };
+  slot(trace.window).assign(entry.begin(), entry.end());
+  slot(trace.index_query).assign(query.begin(), query.end());
+  auto& attended = slot(trace.chosen);
+  attended = chosen;
+  std::sort(attended.begin(), attended.end());
+}
+
+// Attention of one row's heads q [heads][dim] over `entries` rows of dim
+// values (K = V), with each head's sink in the softmax's denominator:
+// out[heads][dim].
+void SinkAttention(const float* q, size_t heads, size_t dim, const std::vector<float>& entries, const float* sinks,
+                   float scale, float* out) {
+  const size_t m = entries.size() / dim;
+  std::vector<float> scores(heads * m), transposed(dim * m);
+  kernels::Gemm(entries.data(), m, dim, q, heads, dim, scores.data(), m);
+  for (size_t e = 0; e < m; ++e) {
+    for (size_t i = 0; i < dim; ++i) transposed[i * m + e] = entries[e * dim + i];
+  }
+  for (size_t h = 0; h < heads; ++h) {
+    float* s = scores.data() + h * m;
+    float top = -INFINITY;
+    for (size_t e = 0; e < m; ++e) top = std::max(top, s[e] * scale);
+    float sum = 0;
+    for (size_t e = 0; e < m; ++e) sum += s[e] = std::exp(s[e] * scale - top);
+    const float denominator = sum + std::exp(sinks[h] - top);
+    for (size_t e = 0; e < m; ++e) s[e] /= denominator;
+  }
+  kernels::Gemm(transposed.data(), dim, m, scores.data(), heads, m, out, dim);
+}
+
+absl::Status V4Forward::Attention(size_t li, std::span<const Row> rows, std::span<const size_t> starts, const float* h,
+                                  float* out) const {
+  const Layer& l = layers_[li];
+  const size_t n = rows.size(), hidden = c_.hidden_size, heads = c_.num_attention_heads, hd = v4_.head_dim;
+  const size_t q_lora = *c_.q_lora_rank, rope_dim = c_.qk_rope_head_dim, window = v4_.sliding_window;
+  const float eps = static_cast<float>(c_.rms_norm_eps);
+  std::vector<float> qr(n * q_lora), q(n * heads * hd), kv(n * hd);
+  MatMul(l.wq_a, q_lora, hidden, h, n, qr.data());
+  KVTIER_RETURN_IF_ERROR(RmsNormRows(qr.data(), n, q_lora, l.q_norm, eps));
+  MatMul(l.wq_b, heads * hd, q_lora, qr.data(), n, q.data());
+  const std::vector<float> ones(hd, 1.0f);  // each head's RMS norm has no weight
+  KVTIER_RETURN_IF_ERROR(RmsNormRows(q.data(), n * heads, hd, ones, eps));
+  MatMul(l.wkv, hd, hidden, h, n, kv.data());
+  KVTIER_RETURN_IF_ERROR(RmsNormRows(kv.data(), n, hd, l.kv_norm, eps));
+  for (size_t r = 0; r < n; ++r) {
+    for (size_t hh = 0; hh < heads; ++hh) {
+      l.rope->ApplyPairs(rows[r].pos, std::span(q).subspan((r * heads + hh) * hd + hd - rope_dim, rope_dim));
+    }
+    const std::span<float> entry = std::span(kv).subspan(r * hd, hd);
+    l.rope->ApplyPairs(rows[r].pos, entry.last(rope_dim));
+    kernels::RoundThroughFp8(entry.first(hd - rope_dim), kEntryFp8Block);
+  }
+  // The compressors' and the indexer's projections, for all rows at once.
+  std::vector<float> ckv, cscore, ikv, iscore, iq, iw;
+  const size_t ih = c_.indexer.has_value() ? c_.indexer->heads : 0;
+  const size_t ihd = c_.indexer.has_value() ? c_.indexer->head_dim : 0;
+  if (l.compressor.has_value()) {
+    const size_t width = l.compressor->width();
+    ckv.resize(n * width);
+    cscore.resize(n * width);
+    MatMul(l.compressor->wkv, width, hidden, h, n, ckv.data());
+    MatMul(l.compressor->wgate, width, hidden, h, n, cscore.data());
+  }
+  if (l.indexer.has_value()) {
+    const Compressor& k = l.indexer->compressor;
+    ikv.resize(n * k.width());
+    iscore.resize(n * k.width());
+    MatMul(k.wkv, k.width(), hidden, h, n, ikv.data());
+    MatMul(k.wgate, k.width(), hidden, h, n, iscore.data());
+    iq.resize(n * ih * ihd);
+    iw.resize(n * ih);
+    MatMul(l.indexer->wq_b, ih * ihd, q_lora, qr.data(), n, iq.data());
+    MatMul(l.indexer->weights_proj, ih, hidden, h, n, iw.data());
+    const float weight_scale = 1.0f / std::sqrt(static_cast<float>(ihd)) / std::sqrt(static_cast<float>(ih));
+    for (size_t r = 0; r < n; ++r) {
+      for (size_t hh = 0; hh < ih; ++hh) {
+        const std::span<float> head = std::span(iq).subspan((r * ih + hh) * ihd, ihd);
+        l.rope->ApplyPairs(rows[r].pos, head.last(rope_dim));
+        KVTIER_RETURN_IF_ERROR(Check(kernels::HadamardRotate(head)));
+        kernels::RoundThroughFp4(head, kIndexFp4Block);
+        iw[r * ih + hh] *= weight_scale;
+      }
+    }
+  }
+  // Each sequence's rows in order: its window, compressors and choice of
+  // entries advance one position at a time. Sequences run in parallel.
+  std::vector<float> attended(n * heads * hd);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<absl::Status> status(starts.size() - 1);
+  kernels::ParallelFor(starts.size() - 1, 1, [&](size_t begin, size_t end) {
+    for (size_t b = begin; b < end; ++b) {
+      for (size_t r = starts[b]; r < starts[b + 1] && status[b].ok(); ++r) {
+        V4LayerState& st = *rows[r].state;
+        const int64_t pos = rows[r].pos;
+        std::copy_n(kv.data() + r * hd, hd, st.window.data() + static_cast<size_t>(pos % v4_.sliding_window) * hd);
+        if (l.compressor.has_value()) {
+          const size_t w = l.compressor->width();
+          status[b] = CompressStep(*l.compressor, st.compressor, ckv.data() + r * w, cscore.data() + r * w, pos,
+                                   *l.rope, eps, /*index=*/false, st.compressed);
+        }
+        std::vector<uint32_t> chosen;  // compressed entries attended
+        const size_t visible = st.compressed.size() / hd;
+        if (l.indexer.has_value() && status[b].ok()) {
+          const size_t w = l.indexer->compressor.width();
+          status[b] = CompressStep(l.indexer->compressor, st.index_compressor, ikv.data() + r * w,
+                                   iscore.data() + r * w, pos, *l.rope, eps, /*index=*/true, st.index_keys);
+          const size_t keys = st.index_keys.size() / ihd;
+          std::vector<float> dots(ih * keys), scores(keys, 0.0f);
+          kernels::Gemm(st.index_keys.data(), keys, ihd, iq.data() + r * ih * ihd, ih, ihd, dots.data(), keys);
+          for (size_t hh = 0; hh < ih; ++hh) {
+            for (size_t g = 0; g < keys; ++g) scores[g] += std::max(dots[hh * keys + g], 0.0f) * iw[r * ih + hh];
+          }
+          kernels::SelectTopTokens(scores, static_cast<size_t>(c_.indexer->topk), chosen);
+        } else {
+          for (uint32_t g = 0; g < visible; ++g) chosen.push_back(g);
+        }
+        if (!status[b].ok()) break;
+        if (V4Trace* trace = rows[r].cache->v4_trace; trace != nullptr) {
+          Record(li, pos, std::span(kv).subspan(r * hd, hd),
+                 std::span(iq).subspan(r * ih * ihd, l.indexer.has_value() ? ih * ihd : 0), chosen, *trace);
+        }
+        // The window's entries, oldest first, then the chosen compressed ones.
+        std::vector<float> entries;
+        for (int64_t p = std::max<int64_t>(0, pos - static_cast<int64_t>(window) + 1); p <= pos; ++p) {
+          const float* e = st.window.data() + static_cast<size_t>(p % v4_.sliding_window) * hd;
+          entries.insert(entries.end(), e, e + hd);
+        }
+        for (uint32_t g : chosen) entries.insert(entries.end(), &st.compressed[g * hd], &st.compressed[g * hd] + hd);
+        float* o = attended.data() + r * heads * hd;
+        SinkAttention(q.data() + r * heads * hd, heads, hd, entries, l.attn_sink.data(), scale, o);
+        for (size_t hh = 0; hh < heads; ++hh) {
+          l.rope->ApplyPairs(pos, std::span(o + hh * hd + hd - rope_dim, rope_dim), /*inverse=*/true);
+        }
+      }
+    }
+  });
+  for (const absl::Status& s : status) KVTIER_RETURN_IF_ERROR(s);
+  // Grouped output projection: each group of heads through its own block
+  // of wo_a, then wo_b over all groups.
+  const size_t groups = v4_.o_groups, o_lora = v4_.o_lora_rank, group_width = heads * hd / groups;
+  std::vector<float> low(n * groups * o_lora);
+  for (size_t g = 0; g < groups; ++g) {
+    MatMulBlock(l.wo_a, g * o_lora, o_lora, group_width, attended.data() + g * group_width, n, heads * hd,
+                low.data() + g * o_lora, groups * o_lora);
+  }
+  MatMul(l.wo_b, hidden, groups * o_lora, low.data(), n, out);
+  return absl::OkStatus();
+}
+
+void V4Forward::Ffn(const Layer& l, std::span<const Row> rows, const float* h, float* out) const {
+  const size_t n = rows.size(), experts = c_.n_routed_experts, hidden = c_.hidden_size;
+  const size_t k = c_.num_experts_per_tok;
+  std::vector<float> logits(n * experts);
+  MatMul(l.gate, experts, hidden, h, n, logits.data());
+  std::vector<std::vector<kernels::ExpertChoice>> chosen(n);
+  std::vector<uint32_t> order(experts);
+  std::vector<float> biased(experts);
+  for (size_t r = 0; r < n; ++r) {
+    float* scores = logits.data() + r * experts;
+    for (size_t e = 0; e < experts; ++e) {
+      const float x = scores[e];  // softplus as torch computes it (linear above 20)
+      scores[e] = std::sqrt(x > 20.0f ? x : std::log1p(std::exp(x)));
+    }
+    if (!l.tid2eid.empty()) {
+      order.assign(l.tid2eid.begin() + rows[r].token * k, l.tid2eid.begin() + (rows[r].token + 1) * k);
+    } else {
+      for (size_t e = 0; e < experts; ++e) biased[e] = scores[e] + l.gate_bias[e];
+      kernels::SelectTopTokens(biased, k, order);
+    }
+    float sum = 0;
+    for (size_t i = 0; i < k; ++i) sum += scores[order[i]];
+    for (size_t i = 0; i < k; ++i) {
+      chosen[r].push_back({order[i], scores[order[i]] / sum * static_cast<float>(c_.routed_scaling_factor)});
+    }
+  }
+  MoeForwardRouted(l.moe, hidden, h, n, chosen, out);
+}
+
+absl::Status V4Forward::Forward(std::span<const SequenceTokens> batch,
+                                const std::function<void(size_t layer)>& on_layer) {
+  const size_t hidden = c_.hidden_size, hc = v4_.hc_mult;
+  const float eps = static_cast<float>(c_.rms_norm_eps);
+  std::vector<Row> rows;
+  std::vector<size_t> starts = {0};
+  for (const SequenceTokens& s : batch) {
+    for (size_t i = 0; i < s.tokens.size(); ++i) {
+      rows.push_back({s.cache, nullptr, s.cache->length + static_cast<int64_t>(i), s.tokens[i]});
+    }
+    starts.push_back(rows.size());
+  }
+  const size_t n = rows.size();
+  // The residual stream: hc copies of each row's hidden state.
+  std::vector<float> x(n * hc * hidden), h(n * hidden), delta(n * hidden);
+  for (size_t r = 0; r < n; ++r) {
+    EmbeddingRow(embed_, rows[r].token, hidden, h.data() + r * hidden);
+    for (size_t j = 0; j < hc; ++j) std::copy_n(h.data() + r * hidden, hidden, x.data() + (r * hc + j) * hidden);
+  }
+  const HcShape shape = Hc();
+  std::vector<HcWeights> mix;
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    const Layer& l = layers_[li];
+    for (size_t b = 0, r = 0; b < batch.size(); ++b) {
+      for (; r < starts[b + 1]; ++r) rows[r].state = &batch[b].cache->v4[li];
+    }
+    HcPre(l.hc_attn, shape, x.data(), n, mix, h.data());
+    KVTIER_RETURN_IF_ERROR(RmsNormRows(h.data(), n, hidden, l.attn_norm, eps));
+    KVTIER_RETURN_IF_ERROR(Attention(li, rows, starts, h.data(), delta.data()));
+    HcPost(shape, mix, delta.data(), n, x.data());
+    HcPre(l.hc_ffn, shape, x.data(), n, mix, h.data());
+    KVTIER_RETURN_IF_ERROR(RmsNormRows(h.data(), n, hidden, l.ffn_norm, eps));
+    Ffn(l, rows, h.data(), delta.data());
+    HcPost(shape, mix, delta.data(), n, x.data());
+    if (on_layer) on_layer(li);
+  }
+  // Logits after each sequence's last token.
+  std::vector<float> last(batch.size() * hc * hidden), reduced(batch.size() * hidden);
+  for (size_t b = 0; b < batch.size(); ++b) {
+    std::copy_n(x.data() + (starts[b + 1] - 1) * hc * hidden, hc * hidden, last.data() + b * hc * hidden);
+  }
+  HcHead(hc_head_, shape, last.data(), batch.size(), reduced.data());
+  KVTIER_RETURN_IF_ERROR(RmsNormRows(reduced.data(), batch.size(), hidden, norm_, eps));
+  const size_t vocab = c_.vocab_size;
+  std::vector<float> logits(batch.size() * vocab);
+  MatMul(head_, vocab, hidden, reduced.data(), batch.size(), logits.data());
+  for (size_t b = 0; b < batch.size(); ++b) {
+    std::copy_n(logits.data() + b * vocab, vocab, batch[b].logits.begin());
+    batch[b].cache->length += static_cast<int64_t>(batch[b].tokens.size());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ForwardBackend>> LoadV4Forward(const Checkpoint& checkpoint) {
+  auto forward = std::make_unique<V4Forward>(checkpoint.config());
+  KVTIER_RETURN_IF_ERROR(forward->Load(checkpoint));
+  return forward;
+}
+
+std::vector<V4LayerState> NewV4State(const ModelConfig& c) {
+  std::vector<V4LayerState> state(static_cast<size_t>(c.num_hidden_layers));
+  for (V4LayerState& layer : state) layer.window.assign(static_cast<size_t>(c.v4->sliding_window * c.v4->head_dim), 0);
+  return state;
+}
+
+}  // namespace kvtier::runtime

@@ -1,0 +1,336 @@
+// DeepSeek-V4 (v4-tiny: window-only, CSA and HCA layers, a 16-token window,
+// HCA ratio 8, hash-routed first layers, hyper-connections) against the
+// naive float64 model, which computes a prompt in one pass as model.py's
+// prefill does while the engine goes position by position: logits within
+// 1e-4 of the largest at every position checked, greedy ids equal, the
+// indexer's choices equal where not tied. Prompts cross the window, close
+// groups in prefill and in decode, and leave groups open. The naive
+// model's mutations (no FP8 rounding, no sinks, no inverse RoPE, every
+// compressed entry attended on CSA layers, YaRN on window-only layers)
+// must each be caught. Fresh weights and prompts every run.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "kvtier/kernels/float_formats.h"
+#include "kvtier/kernels/qat_rounding.h"
+#include "services/runtime/make_model.h"
+#include "services/runtime/model.h"
+#include "services/runtime/v4_tensors.h"
+#include "tests/reference/deepseek_math.h"
+#include "tests/reference/naive_model.h"
+#include "tests/reference/naive_v4.h"
+#include "tests/temp_dir.h"
+#include "tests/test_random.h"
+
+namespace kvtier::runtime {
+namespace {
+
+constexpr double kLogitTolerance = 1e-4;
+
+using testing::RelativeError;
+
+template <typename T>
+size_t ArgMax(const std::vector<T>& v) {
+  return static_cast<size_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+class ModelV4Test : public ::testing::Test {
+ protected:
+  // v4-tiny with fresh weights; its SwiGLU limit lowered so that the clamp
+  // binds on these weights.
+  void SetUp() override {
+    config_ = *PresetConfig("v4-tiny");
+    config_.v4->swiglu_limit = 1.0;
+    ASSERT_TRUE(MakeModel(config_, dir_.path().string(), rng_.seed()).ok());
+    auto ckpt = Checkpoint::Open(dir_.path().string());
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+    ckpt_ = *std::move(ckpt);
+    auto model = Model::Load(*ckpt_);
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = *std::move(model);
+  }
+
+  // The naive model over `tokens`, taking the engine's rounding where the
+  // two may round either way (at most a few values in a run).
+  testing::NaiveV4Result Naive(const std::vector<uint32_t>& tokens, const SequenceCache& cache, const V4Trace& trace) {
+    testing::NaiveV4Options options;
+    options.engine_trace = &trace;
+    options.engine_state = &cache.v4;
+    testing::NaiveV4Result naive = testing::NaiveV4Forward(*ckpt_, tokens, options);
+    EXPECT_LE(naive.adopted, 8u);
+    return naive;
+  }
+
+  std::vector<uint32_t> RandomTokens(size_t n) {
+    std::uniform_int_distribution<uint32_t> id(0, static_cast<uint32_t>(config_.vocab_size - 1));
+    std::vector<uint32_t> tokens(n);
+    for (uint32_t& t : tokens) t = id(rng_.engine());
+    return tokens;
+  }
+
+  testing::SeededRng rng_;
+  testing::TempDir dir_{"kvtier_model_v4_"};
+  ModelConfig config_;
+  std::unique_ptr<Checkpoint> ckpt_;
+  std::unique_ptr<Model> model_;
+};
+
+// A prompt in one prefill, then greedy decode steps: each step's logits
+// against the naive model's at the same position, the indexer's choices
+// at every position.
+TEST_F(ModelV4Test, PrefillThenDecodeMatchesTheNaiveModel) {
+  SCOPED_TRACE(rng_.Trace());
+  const std::vector<uint32_t> prompt = RandomTokens(43);  // past the window; groups left open
+  constexpr size_t kSteps = 7;                            // closes groups of both ratios in decode
+  SequenceCache cache = model_->NewCache(kernels::Codec::kBf16, 64);
+  V4Trace trace;
+  cache.v4_trace = &trace;
+  std::vector<float> logits(config_.vocab_size);
+  ASSERT_TRUE(model_->Prefill(prompt, cache, logits).ok());
+  std::vector<uint32_t> tokens = prompt;
+  std::vector<std::vector<float>> engine = {logits};
+  for (size_t i = 0; i < kSteps; ++i) {
+    tokens.push_back(static_cast<uint32_t>(ArgMax(logits)));
+    ASSERT_TRUE(model_->Step(tokens.back(), cache, logits).ok());
+    engine.push_back(logits);
+  }
+  const testing::NaiveV4Result naive = Naive(tokens, cache, trace);
+  for (size_t i = 0; i < engine.size(); ++i) {
+    const size_t pos = prompt.size() - 1 + i;
+    EXPECT_LT(RelativeError(engine[i], naive.logits[pos]), kLogitTolerance) << "position " << pos;
+    EXPECT_EQ(ArgMax(engine[i]), ArgMax(naive.logits[pos])) << "position " << pos;
+  }
+  size_t compared = 0;
+  for (size_t li = 0; li < naive.chosen.size(); ++li) {
+    if (naive.chosen[li].empty()) continue;
+    for (size_t pos = 0; pos + 1 < tokens.size(); ++pos) {
+      if (naive.tied[li][pos]) continue;
+      EXPECT_EQ(trace.chosen[li][pos], naive.chosen[li][pos]) << "layer " << li << " position " << pos;
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, tokens.size());  // at least both CSA layers' positions, nearly all
+}
+
+// The same tokens through passes of several sizes (one token, a few, more
+// than the window) and beside another sequence in one batch: the same
+// logits as the naive model's at the end of each pass.
+TEST_F(ModelV4Test, PassesOfAnySizeAndBatchesMatch) {
+  SCOPED_TRACE(rng_.Trace());
+  const std::vector<uint32_t> tokens = RandomTokens(60), other = RandomTokens(23);
+  SequenceCache a = model_->NewCache(kernels::Codec::kBf16, 64), b = model_->NewCache(kernels::Codec::kBf16, 64);
+  V4Trace trace_a, trace_b;
+  a.v4_trace = &trace_a;
+  b.v4_trace = &trace_b;
+  std::vector<float> la(config_.vocab_size), lb(config_.vocab_size);
+  std::vector<std::vector<float>> pass_logits;
+  // b's first pass rides in a's batch.
+  const std::vector<size_t> cuts = {1, 3, 9, 26, 27, 60};  // pass ends
+  size_t begin = 0;
+  for (size_t cut : cuts) {
+    const std::span<const uint32_t> pass(tokens.data() + begin, cut - begin);
+    if (begin == 3) {
+      const SequenceTokens batch[] = {{pass, &a, la}, {other, &b, lb}};
+      ASSERT_TRUE(model_->Forward(batch).ok());
+    } else {
+      ASSERT_TRUE(model_->Prefill(pass, a, la).ok());
+    }
+    pass_logits.push_back(la);
+    begin = cut;
+  }
+  const testing::NaiveV4Result naive = Naive(tokens, a, trace_a);
+  for (size_t i = 0; i < cuts.size(); ++i) {
+    EXPECT_LT(RelativeError(pass_logits[i], naive.logits[cuts[i] - 1]), kLogitTolerance)
+        << "pass ending at " << cuts[i];
+  }
+  EXPECT_LT(RelativeError(lb, Naive(other, b, trace_b).logits.back()), kLogitTolerance);
+}
+
+// Each mutation of the naive model moves its logits away from the engine's
+// by far more than the tolerance: the comparisons above would catch an
+// engine that made the same mistake.
+TEST_F(ModelV4Test, EveryMutationIsCaught) {
+  SCOPED_TRACE(rng_.Trace());
+  const std::vector<uint32_t> tokens = RandomTokens(40);
+  SequenceCache cache = model_->NewCache(kernels::Codec::kBf16, 64);
+  V4Trace trace;
+  cache.v4_trace = &trace;
+  std::vector<float> logits(config_.vocab_size);
+  ASSERT_TRUE(model_->Prefill(tokens, cache, logits).ok());
+  ASSERT_LT(RelativeError(logits, Naive(tokens, cache, trace).logits.back()), kLogitTolerance);
+  const std::vector<std::pair<std::string, testing::NaiveV4Options>> mutations = {
+      {"no FP8 rounding", {.fp8_rounding = false}},
+      {"no sinks", {.sinks = false}},
+      {"no inverse RoPE", {.inverse_rope = false}},
+      {"every compressed entry on CSA layers", {.indexer = false}},
+      {"YaRN on window-only layers", {.yarn_on_window = true}},
+  };
+  for (const auto& [name, options] : mutations) {
+    EXPECT_GT(RelativeError(logits, testing::NaiveV4Forward(*ckpt_, tokens, options).logits.back()),
+              10 * kLogitTolerance)
+        << name;
+  }
+}
+
+// The checkpoint holds DeepSeek's own names and dtypes, and config.json the
+// released fields.
+TEST_F(ModelV4Test, CheckpointIsAsPublished) {
+  EXPECT_EQ(ckpt_->Tensor("layers.0.ffn.gate.tid2eid")->dtype, DType::kI32);
+  EXPECT_FALSE(ckpt_->Tensor("layers.2.ffn.gate.tid2eid").ok());
+  EXPECT_EQ(ckpt_->Tensor("layers.2.ffn.gate.bias")->dtype, DType::kF32);
+  EXPECT_EQ(ckpt_->Tensor("layers.1.attn.indexer.compressor.ape")->shape, (std::vector<int64_t>{4, 64}));
+  EXPECT_EQ(ckpt_->Tensor("layers.2.attn.compressor.ape")->shape, (std::vector<int64_t>{8, 80}));
+  EXPECT_FALSE(ckpt_->Tensor("layers.0.attn.compressor.ape").ok());
+  EXPECT_EQ(ckpt_->Tensor("layers.3.hc_attn_fn")->shape, (std::vector<int64_t>{24, 256}));
+  EXPECT_EQ(ckpt_->Tensor("hc_head_scale")->shape, (std::vector<int64_t>{1}));
+  std::ifstream in(dir_ / "config.json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["model_type"], "deepseek_v4");
+  EXPECT_EQ(j["compress_ratios"], nlohmann::json({0, 4, 8, 4, 8}));
+  EXPECT_EQ(j["scoring_func"], "sqrtsoftplus");
+}
+
+// V4-Flash's config.json as released parses; its MTP layer's ratio is
+// dropped; settings kvtier cannot run are refused by name.
+TEST(ModelV4ConfigTest, ReleasedConfigParsesAndBadOnesAreRefused) {
+  nlohmann::json j = {
+      {"architectures", {"DeepseekV4ForCausalLM"}},
+      {"model_type", "deepseek_v4"},
+      {"vocab_size", 129280},
+      {"hidden_size", 4096},
+      {"num_hidden_layers", 43},
+      {"num_attention_heads", 64},
+      {"num_key_value_heads", 1},
+      {"head_dim", 512},
+      {"qk_rope_head_dim", 64},
+      {"q_lora_rank", 1024},
+      {"o_groups", 8},
+      {"o_lora_rank", 1024},
+      {"n_routed_experts", 256},
+      {"n_shared_experts", 1},
+      {"num_experts_per_tok", 6},
+      {"moe_intermediate_size", 2048},
+      {"scoring_func", "sqrtsoftplus"},
+      {"routed_scaling_factor", 1.5},
+      {"swiglu_limit", 10.0},
+      {"num_hash_layers", 3},
+      {"sliding_window", 128},
+      {"compress_rope_theta", 160000},
+      {"rope_theta", 10000},
+      {"rope_scaling",
+       {{"type", "yarn"},
+        {"factor", 16},
+        {"original_max_position_embeddings", 65536},
+        {"beta_fast", 32},
+        {"beta_slow", 1}}},
+      {"hc_mult", 4},
+      {"hc_sinkhorn_iters", 20},
+      {"hc_eps", 1e-6},
+      {"index_n_heads", 64},
+      {"index_head_dim", 128},
+      {"index_topk", 512},
+      {"num_nextn_predict_layers", 1},
+      {"max_position_embeddings", 1048576},
+  };
+  std::vector<int> ratios = {0, 0};
+  for (int i = 0; i < 20; ++i) ratios.insert(ratios.end(), {4, 128});
+  ratios.insert(ratios.end(), {4, 4});  // the last layer, then the MTP layer
+  j["compress_ratios"] = ratios;
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(j.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(c->v4.has_value());
+  EXPECT_EQ(c->v4->compress_ratios.size(), 43u);
+  EXPECT_EQ(c->v4->max_ratio(), 128);
+  EXPECT_EQ(c->indexer->topk, 512);
+  EXPECT_EQ(c->v4->num_hash_layers, 3);
+  EXPECT_EQ(ParseModelConfig(c->ToJson())->ToJson(), c->ToJson());
+
+  const auto refused = [&](const std::string& field, const nlohmann::json& value, absl::StatusCode code) {
+    nlohmann::json bad = j;
+    bad[field] = value;
+    const absl::Status s = ParseModelConfig(bad.dump()).status();
+    EXPECT_EQ(s.code(), code) << field << ": " << s;
+    EXPECT_NE(s.message().find(field), std::string::npos) << s;
+  };
+  refused("num_key_value_heads", 2, absl::StatusCode::kInvalidArgument);
+  refused("compress_ratios", nlohmann::json({0, 4}), absl::StatusCode::kInvalidArgument);
+  refused("scoring_func", "sigmoid", absl::StatusCode::kUnimplemented);
+  refused("quantization_config", {{"quant_method", "fp8"}}, absl::StatusCode::kUnimplemented);
+  refused("o_groups", 7, absl::StatusCode::kInvalidArgument);
+  refused("head_dim", 500, absl::StatusCode::kInvalidArgument);
+  nlohmann::json one = j;
+  one["compress_ratios"][5] = 1;
+  EXPECT_NE(ParseModelConfig(one.dump()).status().message().find("compress_ratios[5]"), std::string::npos);
+}
+
+// A cache built for an MLA model does not fit a V4 one.
+TEST_F(ModelV4Test, ACacheOfAnotherModelIsRefused) {
+  SequenceCache mla;
+  mla.blocks.resize(config_.num_hidden_layers);
+  mla.tail.resize(config_.num_hidden_layers);
+  std::vector<float> logits(config_.vocab_size);
+  const uint32_t token = 1;
+  EXPECT_EQ(model_->Prefill(std::span(&token, 1), mla, logits).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The model's FP8 and FP4 rounding against values found by trying every
+// code, on fresh random blocks at random magnitudes.
+TEST(QatRoundingTest, MatchesTheNearestCodeTimesAPowerOfTwoScale) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  std::normal_distribution<float> normal;
+  std::uniform_int_distribution<int> exponent(-30, 30);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<float> x(64);
+    const float magnitude = std::ldexp(1.0f, exponent(rng.engine()));
+    for (float& v : x) v = normal(rng.engine()) * magnitude;
+    std::vector<float> fp8 = x, fp4 = x;
+    kernels::RoundThroughFp8(fp8, 64);
+    kernels::RoundThroughFp4(fp4, 32);
+    float amax = 1e-4f;
+    for (float v : x) amax = std::max(amax, std::fabs(v));
+    const double scale8 = std::exp2(std::ceil(std::log2(amax * (1.0f / 448.0f))));
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double code = kernels::ReferenceE4m3Value(kernels::ReferenceNearestE4m3(x[i] / scale8));
+      EXPECT_EQ(fp8[i], static_cast<float>(code * scale8)) << i;
+    }
+    for (size_t block = 0; block < 2; ++block) {
+      float amax4 = 6.0f * std::ldexp(1.0f, -126);
+      for (size_t i = 0; i < 32; ++i) amax4 = std::max(amax4, std::fabs(x[block * 32 + i]));
+      const double scale4 = std::exp2(std::ceil(std::log2(amax4 * (1.0f / 6.0f))));
+      for (size_t i = block * 32; i < block * 32 + 32; ++i) {
+        // The grid's codes in order; a tie goes to the even one.
+        static constexpr double kGrid[] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+        const double target = std::fabs(x[i] / scale4);
+        int code = 0;
+        for (int c = 1; c < 8; ++c) {
+          const double d = std::fabs(kGrid[c] - target), b = std::fabs(kGrid[code] - target);
+          if (d < b || (d == b && c % 2 == 0)) code = c;
+        }
+        const double best = kGrid[code];
+        EXPECT_EQ(fp4[i], static_cast<float>(std::copysign(best, x[i]) * scale4)) << i;
+      }
+    }
+  }
+  // Ties go to the even code (scale 1 where amax is 448).
+  std::vector<float> ties(64, 0.0f);
+  ties[0] = 448.0f;
+  ties[1] = 8.5f;
+  ties[2] = -9.5f;
+  kernels::RoundThroughFp8(ties, 64);
+  EXPECT_EQ(ties[1], 8.0f);
+  EXPECT_EQ(ties[2], -10.0f);
+  EXPECT_EQ(kernels::RoundToE2m1(0.25f), 0.0f);
+  EXPECT_EQ(kernels::RoundToE2m1(0.75f), 1.0f);
+  EXPECT_EQ(kernels::RoundToE2m1(1.25f), 1.0f);
+  EXPECT_EQ(kernels::RoundToE2m1(2.5f), 2.0f);
+  EXPECT_EQ(kernels::RoundToE2m1(3.5f), 4.0f);
+  EXPECT_EQ(kernels::RoundToE2m1(-5.0f), -4.0f);
+}
+
+}  // namespace
+}  // namespace kvtier::runtime
