@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kvtier/kernels/float_formats.h"
 #include "kvtier/kernels/indexer.h"
 #include "kvtier/kernels/layers.h"
 #include "kvtier/kernels/parallel.h"
@@ -28,6 +29,14 @@ absl::Status Check(const kernels::Status& s) { return FromKernelStatus(s); }
 constexpr size_t kEntryFp8Block = 64;
 // Its FP4 rounding of indexer queries and keys: blocks of 32.
 constexpr size_t kIndexFp4Block = 32;
+
+// An attention entry as the model keeps it: FP8 on the non-rotated dims,
+// bf16 on the rotated ones (its cache is bf16; FlashMLA's entry format
+// stores them so).
+void RoundEntry(std::span<float> entry, size_t rope_dim) {
+  kernels::RoundThroughFp8(entry.first(entry.size() - rope_dim), kEntryFp8Block);
+  for (float& v : entry.last(rope_dim)) v = kernels::Bf16ToFloat(kernels::FloatToBf16(v));
+}
 
 // A compressor: each group of `ratio` tokens becomes one entry of `dim`
 // values, a softmax-weighted sum of the tokens' kv rows per dim (scores
@@ -234,8 +243,8 @@ absl::Status CompressStep(const Compressor& k, V4CompressorState& s, const float
     const size_t own = k.overlap ? d + i : i;
     if (k.overlap && !s.previous_kv.empty()) {
       for (size_t r = 0; r < ratio; ++r) {
-        weights.push_back(s.previous_score[r * width + i]);
-        values.push_back(&s.previous_kv[r * width + i]);
+        weights.push_back(s.previous_score[r * d + i]);
+        values.push_back(&s.previous_kv[r * d + i]);
       }
     }
     for (size_t r = 0; r < ratio; ++r) {
@@ -254,12 +263,16 @@ absl::Status CompressStep(const Compressor& k, V4CompressorState& s, const float
     KVTIER_RETURN_IF_ERROR(Check(kernels::HadamardRotate(entry)));
     kernels::RoundThroughFp4(entry, kIndexFp4Block);
   } else {
-    kernels::RoundThroughFp8(std::span(entry).first(d - rope_dim), kEntryFp8Block);
+    RoundEntry(entry, rope_dim);
   }
   entries.insert(entries.end(), entry.begin(), entry.end());
-  if (k.overlap) {
-    s.previous_kv = std::move(s.kv);
-    s.previous_score = std::move(s.score);
+  if (k.overlap) {  // the next entry pools these rows' first halves
+    s.previous_kv.resize(ratio * d);
+    s.previous_score.resize(ratio * d);
+    for (size_t r = 0; r < ratio; ++r) {
+      std::copy_n(s.kv.begin() + r * width, d, s.previous_kv.begin() + r * d);
+      std::copy_n(s.score.begin() + r * width, d, s.previous_score.begin() + r * d);
+    }
   }
   s.kv.clear();
   s.score.clear();
@@ -326,7 +339,7 @@ absl::Status V4Forward::Attention(size_t li, std::span<const Row> rows, std::spa
     }
     const std::span<float> entry = std::span(kv).subspan(r * hd, hd);
     l.rope->ApplyPairs(rows[r].pos, entry.last(rope_dim));
-    kernels::RoundThroughFp8(entry.first(hd - rope_dim), kEntryFp8Block);
+    RoundEntry(entry, rope_dim);
   }
   // The compressors' and the indexer's projections, for all rows at once.
   std::vector<float> ckv, cscore, ikv, iscore, iq, iw;

@@ -1,8 +1,9 @@
 // What a DeepSeek-V4 sequence keeps per layer to continue: the sliding
 // window's entries, the compressed entries (and on CSA layers their
 // indexer keys), and each compressor's rows of the group still open. All
-// values as the model rounds them (its FP8 and FP4 steps applied), so a
-// continuation from this state equals an uninterrupted run.
+// values as the model rounds them (its FP8 and FP4 steps applied, entries'
+// rotated dims in bf16), so a continuation from this state equals an
+// uninterrupted run, and v4_cache_parts.h can store it without loss.
 #ifndef KVTIER_SERVICES_RUNTIME_V4_STATE_H_
 #define KVTIER_SERVICES_RUNTIME_V4_STATE_H_
 
@@ -13,8 +14,9 @@ namespace kvtier::runtime {
 
 // A compressor's rows since its last emitted entry: kv and score
 // ([rows][coff * dim], score with the position embedding added); with
-// overlapping groups (ratio 4) also the last closed group's rows, whose
-// first halves the next entry pools with the open group's second halves.
+// overlapping groups (ratio 4) also the first halves of the last closed
+// group's rows ([ratio][dim]), which the next entry pools with the open
+// group's second halves.
 struct V4CompressorState {
   std::vector<float> kv, score;
   std::vector<float> previous_kv, previous_score;  // empty before the first group closes

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "kvtier/kernels/float_formats.h"
 #include "tests/reference/deepseek_math.h"
 
 namespace kvtier::testing {
@@ -79,6 +80,12 @@ void Rotate(Vec& x, size_t begin, const Vec& freq, int64_t pos, bool inverse = f
     x[begin + 2 * i] = re * std::cos(angle) - im * std::sin(angle);
     x[begin + 2 * i + 1] = re * std::sin(angle) + im * std::cos(angle);
   }
+}
+
+// x[begin, begin + n) as the bf16 values the model's cache holds.
+void RoundBf16(Vec& x, size_t begin, size_t n) {
+  for (size_t i = begin; i < begin + n; ++i)
+    x[i] = kernels::Bf16ToFloat(kernels::FloatToBf16(static_cast<float>(x[i])));
 }
 
 // 2^ceil(log2(v)).
@@ -257,9 +264,10 @@ std::vector<Vec> Reference::Compress(const std::string& p, const std::vector<Vec
       RoundFp4(entry, 0, dim, 32);
     } else if (o_.fp8_rounding) {
       RoundFp8(entry, 0, dim - rd, 64);
+      RoundBf16(entry, dim - rd, rd);
     }
     if (engine != nullptr && engine->size() >= (g + 1) * dim) {
-      adopted_ += Reconcile(entry, before, engine->data() + g * dim, 0, index ? dim : dim - rd);
+      adopted_ += Reconcile(entry, before, engine->data() + g * dim, 0, dim);
     }
     entries.push_back(std::move(entry));
   }
@@ -289,9 +297,12 @@ std::vector<Vec> Reference::Attention(size_t li, const std::vector<Vec>& x, Naiv
     RmsNorm(kv[t], 0, hd, &w_(p + "kv_norm.weight"), eps);
     Rotate(kv[t], hd - rd, freq, static_cast<int64_t>(t));
     const Vec before = kv[t];
-    if (o_.fp8_rounding) RoundFp8(kv[t], 0, hd - rd, 64);
+    if (o_.fp8_rounding) {
+      RoundFp8(kv[t], 0, hd - rd, 64);
+      RoundBf16(kv[t], hd - rd, rd);
+    }
     if (o_.engine_trace != nullptr && li < o_.engine_trace->window.size() && t < o_.engine_trace->window[li].size()) {
-      adopted_ += Reconcile(kv[t], before, o_.engine_trace->window[li][t].data(), 0, hd - rd);
+      adopted_ += Reconcile(kv[t], before, o_.engine_trace->window[li][t].data(), 0, hd);
     }
   }
   result.window[li] = kv;

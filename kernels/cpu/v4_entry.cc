@@ -1,0 +1,147 @@
+#include "kvtier/kernels/v4_entry.h"
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "kvtier/kernels/float_formats.h"
+
+namespace kvtier::kernels {
+namespace {
+
+constexpr size_t kFp8Block = 64, kFp4Block = 32;
+constexpr float kE2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+
+// The exponent k of the smallest 2^k with amax <= limit * 2^k (k in
+// [-127, 127], the E8M0 range); amax 0 gives 0.
+int ScaleExponent(float amax, float limit) {
+  if (amax == 0.0f) return 0;
+  int k = std::ilogb(amax / limit) - 1;
+  while (k < 127 && amax > std::ldexp(limit, k)) ++k;
+  return k < -127 ? -127 : k;
+}
+
+float E8m0(uint8_t byte) { return std::ldexp(1.0f, int{byte} - 127); }
+
+// The E2M1 code (sign << 3 | magnitude index) of q, or -1 when q is not one.
+int E2m1Code(float q) {
+  for (int i = 0; i < 8; ++i) {
+    if (std::fabs(q) == kE2m1[i]) return (std::signbit(q) ? 8 : 0) | i;
+  }
+  return -1;
+}
+
+Status Lossy(const std::string& what) { return InvalidArgument("V4 entry: " + what + " cannot be stored without loss"); }
+
+}  // namespace
+
+size_t V4EntryBytes(size_t dim, size_t rope_dim) {
+  const size_t fp8 = dim - rope_dim;
+  return fp8 + fp8 / kFp8Block + 2 * rope_dim + 1;
+}
+
+size_t V4IndexKeyBytes(size_t dim) { return dim / 2 + dim / kFp4Block; }
+
+Status EncodeV4Entry(std::span<const float> values, size_t rope_dim, std::span<uint8_t> out) {
+  const size_t dim = values.size(), fp8 = dim - rope_dim;
+  if (rope_dim >= dim || fp8 % kFp8Block != 0 || out.size() != V4EntryBytes(dim, rope_dim)) {
+    return InvalidArgument("V4 entry: sizes do not fit (" + std::to_string(dim) + " values, " +
+                           std::to_string(out.size()) + " bytes)");
+  }
+  uint8_t* scales = out.data() + fp8;
+  for (size_t b = 0; b < fp8 / kFp8Block; ++b) {
+    const std::span<const float> block = values.subspan(b * kFp8Block, kFp8Block);
+    float amax = 0.0f;
+    for (float v : block) {
+      if (!std::isfinite(v)) return Lossy("a value that is not finite");
+      amax = std::max(amax, std::fabs(v));
+    }
+    const int k = ScaleExponent(amax, kFp8E4m3Max);
+    scales[b] = static_cast<uint8_t>(k + 127);
+    for (size_t i = 0; i < kFp8Block; ++i) {
+      const float q = std::ldexp(block[i], -k);
+      const uint8_t code = FloatToFp8E4m3(q);
+      if (Fp8E4m3ToFloat(code) != q) return Lossy("a value off the FP8 grid of its block");
+      out[b * kFp8Block + i] = code;
+    }
+  }
+  uint8_t* rotated = scales + fp8 / kFp8Block;
+  for (size_t i = 0; i < rope_dim; ++i) {
+    const float v = values[fp8 + i];
+    const uint16_t h = FloatToBf16(v);
+    if (!std::isfinite(v) || Bf16ToFloat(h) != v) return Lossy("a rotated value that is not a bf16");
+    std::memcpy(rotated + 2 * i, &h, 2);
+  }
+  out.back() = 0;
+  return OkStatus();
+}
+
+Status DecodeV4Entry(std::span<const uint8_t> bytes, size_t rope_dim, std::span<float> values) {
+  const size_t dim = values.size(), fp8 = dim - rope_dim;
+  if (rope_dim >= dim || fp8 % kFp8Block != 0 || bytes.size() != V4EntryBytes(dim, rope_dim)) {
+    return InvalidArgument("V4 entry: sizes do not fit");
+  }
+  const uint8_t* scales = bytes.data() + fp8;
+  for (size_t b = 0; b < fp8 / kFp8Block; ++b) {
+    if (scales[b] == 0xff) return InvalidArgument("V4 entry: an E8M0 scale is NaN");
+    const float scale = E8m0(scales[b]);
+    for (size_t i = b * kFp8Block; i < (b + 1) * kFp8Block; ++i) {
+      if ((bytes[i] & 0x7f) == 0x7f) return InvalidArgument("V4 entry: an FP8 code is NaN");
+      values[i] = Fp8E4m3ToFloat(bytes[i]) * scale;
+    }
+  }
+  const uint8_t* rotated = scales + fp8 / kFp8Block;
+  for (size_t i = 0; i < rope_dim; ++i) {
+    uint16_t h;
+    std::memcpy(&h, rotated + 2 * i, 2);
+    values[fp8 + i] = Bf16ToFloat(h);
+    if (!std::isfinite(values[fp8 + i])) return InvalidArgument("V4 entry: a rotated value is not finite");
+  }
+  return OkStatus();
+}
+
+Status EncodeV4IndexKey(std::span<const float> values, std::span<uint8_t> out) {
+  const size_t dim = values.size();
+  if (dim % kFp4Block != 0 || out.size() != V4IndexKeyBytes(dim)) {
+    return InvalidArgument("V4 index key: sizes do not fit");
+  }
+  uint8_t* scales = out.data() + dim / 2;
+  for (size_t b = 0; b < dim / kFp4Block; ++b) {
+    float amax = 0.0f;
+    for (size_t i = b * kFp4Block; i < (b + 1) * kFp4Block; ++i) {
+      if (!std::isfinite(values[i])) return Lossy("a key value that is not finite");
+      amax = std::max(amax, std::fabs(values[i]));
+    }
+    const int k = ScaleExponent(amax, 6.0f);
+    scales[b] = static_cast<uint8_t>(k + 127);
+    for (size_t i = b * kFp4Block; i < (b + 1) * kFp4Block; ++i) {
+      const int code = E2m1Code(std::ldexp(values[i], -k));
+      if (code < 0) return Lossy("a key value off the FP4 grid of its block");
+      if (i % 2 == 0) {
+        out[i / 2] = static_cast<uint8_t>(code);
+      } else {
+        out[i / 2] = static_cast<uint8_t>(out[i / 2] | code << 4);
+      }
+    }
+  }
+  return OkStatus();
+}
+
+Status DecodeV4IndexKey(std::span<const uint8_t> bytes, std::span<float> values) {
+  const size_t dim = values.size();
+  if (dim % kFp4Block != 0 || bytes.size() != V4IndexKeyBytes(dim)) {
+    return InvalidArgument("V4 index key: sizes do not fit");
+  }
+  const uint8_t* scales = bytes.data() + dim / 2;
+  for (size_t b = 0; b < dim / kFp4Block; ++b) {
+    if (scales[b] == 0xff) return InvalidArgument("V4 index key: an E8M0 scale is NaN");
+    const float scale = E8m0(scales[b]);
+    for (size_t i = b * kFp4Block; i < (b + 1) * kFp4Block; ++i) {
+      const int code = (bytes[i / 2] >> (i % 2 == 0 ? 0 : 4)) & 0xf;
+      values[i] = std::copysign(kE2m1[code & 7], (code & 8) ? -1.0f : 1.0f) * scale;
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace kvtier::kernels
