@@ -16,7 +16,7 @@ int RunMakeModel(const std::vector<std::string>& args) {
   std::string preset, out;
   uint64_t seed = 1, shards = 0;
   FlagParser flags(
-      "kvtier make-model --preset tiny|lite-attn|v3-tiny|kimi-k2-tiny|v32-tiny|v4-tiny --out DIR "
+      "kvtier make-model --preset tiny|lite-attn|v3-tiny|kimi-k2-tiny|v32-tiny|v4-tiny|v4-tiny-fp8 --out DIR "
       "[--seed N]",
       "Writes a random checkpoint in Hugging Face format, as the model's authors\n"
       "publish it. DeepSeek-V2 (config.json + bf16 safetensors): tiny, small in\n"
@@ -26,8 +26,9 @@ int RunMakeModel(const std::vector<std::string>& args) {
       "small dims with an MTP layer; kimi-k2-tiny, Kimi-K2's; v32-tiny, DeepSeek-V3.2's\n"
       "(v3-tiny with a lightning indexer, index_topk 8).\n"
       "DeepSeek-V4 (DeepSeek's own tensor names, bf16, 1 file): v4-tiny, window-only,\n"
-      "CSA and HCA layers with a 16-token window and HCA ratio 8 (`kvtier run` only so far).");
-  flags.AddString("preset", &preset, "tiny, lite-attn, v3-tiny, kimi-k2-tiny, v32-tiny or v4-tiny");
+      "CSA and HCA layers with a 16-token window and HCA ratio 8 (`kvtier run` only so far);\n"
+      "v4-tiny-fp8, the same as V4 is released: FP8 projections, MXFP4 experts.");
+  flags.AddString("preset", &preset, "tiny, lite-attn, v3-tiny, kimi-k2-tiny, v32-tiny, v4-tiny or v4-tiny-fp8");
   flags.AddString("out", &out, "directory to write (created if needed)");
   flags.AddUint("seed", &seed, "random seed; equal seeds give equal files");
   flags.AddUint("shards", &shards,

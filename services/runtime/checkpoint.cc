@@ -12,6 +12,7 @@
 #include "services/base/status.h"
 #include "services/runtime/model_tensors.h"
 #include "services/runtime/tokenizer.h"
+#include "services/runtime/v4_tensors.h"
 
 namespace kvtier::runtime {
 namespace fs = std::filesystem;
@@ -131,23 +132,27 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
   KVTIER_RETURN_IF_ERROR(ForEachExpectedTensor(c, [&](const TensorSpec& spec) -> absl::Status {
     KVTIER_ASSIGN_OR_RETURN(const TensorView view, find(spec));
     ckpt->tensors_.emplace(spec.name, view);
-    if (view.dtype != DType::kF8E4m3) return absl::OkStatus();
-    // FP8: a projection, with the block scales config.json's quantization
-    // implies (a bf16 cast of an FP8 checkpoint has neither).
-    if (!spec.projection) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor ", spec.name, " is F8_E4M3, but only projections may be stored in FP8"));
+    if (view.dtype != DType::kF8E4m3 && view.dtype != DType::kI8) return absl::OkStatus();
+    // FP8 (or DeepSeek-V4's FP4 experts, I8 bytes): a projection, with the
+    // block scales config.json's quantization implies (a bf16 cast of an
+    // FP8 checkpoint has neither).
+    if (!spec.projection || (view.dtype == DType::kI8) != (spec.dtype == DType::kI8)) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", spec.name, " is ", DTypeName(view.dtype),
+                                                     ", but only projections may be stored in FP8 (and DeepSeek-V4's "
+                                                     "routed experts in FP4, as I8)"));
     }
     if (!c.fp8.has_value()) {
       return absl::InvalidArgumentError(absl::StrCat("tensor ", spec.name,
                                                      " is F8_E4M3, but config.json has no quantization_config to "
                                                      "give its block size"));
     }
-    const TensorSpec scale_spec = ScaleSpec(spec, *c.fp8);
+    const TensorSpec scale_spec = c.v4.has_value() ? V4ScaleSpec(spec, c) : ScaleSpec(spec, *c.fp8);
     KVTIER_ASSIGN_OR_RETURN(const TensorView scale, find(scale_spec));
-    if (scale.dtype != DType::kF32) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("block scale tensor ", scale_spec.name, " is ", DTypeName(scale.dtype), ", not F32"));
+    // DeepSeek-V4 publishes its scales as E8M0 (or F32); the V3 family as F32.
+    if (scale.dtype != DType::kF32 && !(c.v4.has_value() && scale.dtype == DType::kF8E8m0)) {
+      return absl::InvalidArgumentError(absl::StrCat("block scale tensor ", scale_spec.name, " is ",
+                                                     DTypeName(scale.dtype),
+                                                     c.v4.has_value() ? ", not F8_E8M0 or F32" : ", not F32"));
     }
     ckpt->tensors_.emplace(scale_spec.name, scale);
     return absl::OkStatus();

@@ -11,11 +11,19 @@ namespace kvtier::runtime {
 
 namespace {
 
-// y[n][hidden] = SwiGLU(x) for the n rows of x.
-void SwiGluRows(const SwiGluWeights& w, size_t hidden, const float* x, size_t n, float* y) {
+// y = x W^T, as DeepSeek-V4 rounds the inputs when w says so.
+void Product(const SwiGluWeights& w, const WeightMatrix& m, size_t rows, size_t cols, const float* x, size_t n,
+             float* y) {
+  if (w.round_inputs) return MatMulRoundingInputs(m, rows, cols, x, n, y);
+  MatMul(m, rows, cols, x, n, y);
+}
+
+// y[n][hidden] = SwiGLU(x) for the n rows of x, row i weighted by
+// weights[i] when w.weight_before_down (else the caller weighs y).
+void SwiGluRows(const SwiGluWeights& w, size_t hidden, const float* x, size_t n, const float* weights, float* y) {
   std::vector<float> g(n * w.inter), u(n * w.inter);
-  MatMul(w.gate, w.inter, hidden, x, n, g.data());
-  MatMul(w.up, w.inter, hidden, x, n, u.data());
+  Product(w, w.gate, w.inter, hidden, x, n, g.data());
+  Product(w, w.up, w.inter, hidden, x, n, u.data());
   if (w.limit > 0) {
     for (size_t i = 0; i < g.size(); ++i) {
       g[i] = std::min(g[i], w.limit);
@@ -23,7 +31,10 @@ void SwiGluRows(const SwiGluWeights& w, size_t hidden, const float* x, size_t n,
     }
   }
   for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-  MatMul(w.down, hidden, w.inter, g.data(), n, y);
+  if (w.weight_before_down && weights != nullptr) {
+    for (size_t i = 0; i < g.size(); ++i) g[i] *= weights[i / w.inter];
+  }
+  Product(w, w.down, hidden, w.inter, g.data(), n, y);
 }
 
 // out[out_rows[i]] += weights[i] * y[i] (defaults as SwiGluForward's).
@@ -40,8 +51,8 @@ void AddRows(const float* y, size_t hidden, size_t n, const float* weights, cons
 void SwiGluForward(const SwiGluWeights& w, size_t hidden, const float* x, size_t n, const float* weights,
                    const uint32_t* out_rows, float* out) {
   std::vector<float> y(n * hidden);
-  SwiGluRows(w, hidden, x, n, y.data());
-  AddRows(y.data(), hidden, n, weights, out_rows, out);
+  SwiGluRows(w, hidden, x, n, weights, y.data());
+  AddRows(y.data(), hidden, n, w.weight_before_down ? nullptr : weights, out_rows, out);
 }
 
 void MoeForward(const MoeWeights& w, size_t hidden, const float* x, size_t n, float* out) {
@@ -88,7 +99,8 @@ void MoeForwardRouted(const MoeWeights& w, size_t hidden, const float* x, size_t
       const std::vector<uint32_t>& rows = rows_of[chosen_experts[k]];
       gathered.resize(rows.size() * hidden);
       for (size_t i = 0; i < rows.size(); ++i) std::copy_n(x + rows[i] * hidden, hidden, gathered.data() + i * hidden);
-      SwiGluRows(w.experts[chosen_experts[k]], hidden, gathered.data(), rows.size(), y.data() + y_row[k] * hidden);
+      SwiGluRows(w.experts[chosen_experts[k]], hidden, gathered.data(), rows.size(),
+                 weights_of[chosen_experts[k]].data(), y.data() + y_row[k] * hidden);
     }
   };
   constexpr size_t kRowsForSplitExperts = 32;  // an expert's rows, on average
@@ -99,7 +111,8 @@ void MoeForwardRouted(const MoeWeights& w, size_t hidden, const float* x, size_t
   }
   for (size_t k = 0; k < chosen_experts.size(); ++k) {
     const size_t e = chosen_experts[k];
-    AddRows(y.data() + y_row[k] * hidden, hidden, rows_of[e].size(), weights_of[e].data(), rows_of[e].data(), out);
+    const float* weights = w.experts[e].weight_before_down ? nullptr : weights_of[e].data();
+    AddRows(y.data() + y_row[k] * hidden, hidden, rows_of[e].size(), weights, rows_of[e].data(), out);
   }
   if (w.shared.inter > 0) SwiGluForward(w.shared, hidden, x, n, nullptr, nullptr, out);
 }

@@ -15,12 +15,18 @@
 namespace kvtier::runtime {
 
 // down(silu(gate x) * up x); gate and up are [inter][hidden], down
-// [hidden][inter]. With a limit (DeepSeek-V4's swiglu_limit) gate x is
-// clamped to at most it and up x to [-limit, limit] first.
+// [hidden][inter]. DeepSeek-V4's experts differ in three ways, each set
+// here: with a limit (swiglu_limit) gate x is clamped to at most it and
+// up x to [-limit, limit]; a routed expert's weight scales its
+// intermediate, before down, not its output; and products over FP8 or
+// FP4 weights round their inputs to FP8 first (blocks of 128, power-of-two
+// scales), as its quantized GEMMs do.
 struct SwiGluWeights {
   size_t inter = 0;
   WeightMatrix gate, up, down;
   float limit = 0.0f;  // 0: no clamp
+  bool weight_before_down = false;
+  bool round_inputs = false;
 };
 
 // For each of the n rows of x ([n][hidden]):

@@ -12,9 +12,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kvtier/kernels/float_formats.h"
+#include "kvtier/kernels/qat_rounding.h"
 #include "services/base/status.h"
 #include "services/runtime/model_tensors.h"
 #include "services/runtime/safetensors.h"
+#include "services/runtime/v4_tensors.h"
 
 namespace kvtier::runtime {
 
@@ -164,8 +166,22 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& preset) {
     v4.swiglu_limit = 10.0;
     return c;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown preset '", preset, "' (tiny, lite-attn, v3-tiny, kimi-k2-tiny, v32-tiny, v4-tiny)"));
+  if (preset == "v4-tiny-fp8") {
+    // v4-tiny as DeepSeek-V4 is released: FP8 projections with E8M0 block
+    // scales, MXFP4 routed experts; the inputs of those products are whole
+    // blocks of 128 (hidden, q_lora, the experts' and wo_b's widths), as
+    // the model's GEMMs need.
+    absl::StatusOr<ModelConfig> fp8 = PresetConfig("v4-tiny");
+    fp8->hidden_size = 128;
+    fp8->q_lora_rank = 128;
+    fp8->moe_intermediate_size = 128;
+    fp8->v4->o_lora_rank = 64;
+    fp8->fp8 = Fp8Quantization{128, 128};
+    fp8->v4->fp4_experts = true;
+    return fp8;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown preset '", preset, "' (tiny, lite-attn, v3-tiny, kimi-k2-tiny, v32-tiny, v4-tiny, v4-tiny-fp8)"));
 }
 
 int PublishedShards(const ModelConfig& config) {
@@ -239,6 +255,63 @@ std::vector<float> QuantizeFp8Blocks(const std::vector<float>& values, const Ten
   return codes;
 }
 
+// 2^ceil(log2(v / limit)): the power-of-two scale DeepSeek-V4's E8M0
+// block scales are (1 for a block of zeros).
+float PowerOfTwoScale(float amax, float limit) {
+  return amax > 0 ? std::exp2(std::ceil(std::log2(amax / limit))) : 1.0f;
+}
+
+// DeepSeek-V4's FP8 projection: codes' values (written as F8_E4M3) and
+// E8M0 block scales.
+std::vector<float> QuantizeV4Fp8(const std::vector<float>& values, const TensorSpec& spec, const TensorSpec& scale_spec,
+                                 const Fp8Quantization& fp8, std::vector<float>& scales) {
+  const int64_t rows = spec.shape[0], cols = spec.shape[1], scale_cols = scale_spec.shape[1];
+  std::vector<float> amax(static_cast<size_t>(scale_spec.shape[0] * scale_cols), 0.0f);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      float& a = amax[(r / fp8.block_rows) * scale_cols + c / fp8.block_cols];
+      a = std::max(a, std::fabs(values[r * cols + c]));
+    }
+  scales.resize(amax.size());
+  for (size_t i = 0; i < amax.size(); ++i) scales[i] = PowerOfTwoScale(amax[i], kernels::kFp8E4m3Max);
+  std::vector<float> codes(values.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const float scale = scales[(r / fp8.block_rows) * scale_cols + c / fp8.block_cols];
+      codes[r * cols + c] = kernels::Fp8E4m3ToFloat(kernels::FloatToFp8E4m3(values[r * cols + c] / scale));
+    }
+  return codes;
+}
+
+// DeepSeek-V4's MXFP4 expert from its values [rows][cols]: the packed
+// bytes (two E2M1 codes each, the lower column low; written as I8) and
+// E8M0 scales per 32.
+std::vector<float> QuantizeV4Fp4(const std::vector<float>& values, int64_t rows, int64_t cols,
+                                 std::vector<float>& scales) {
+  scales.clear();
+  std::vector<float> bytes(static_cast<size_t>(rows * cols / 2));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < cols / 32; ++b) {
+      const float* block = values.data() + r * cols + b * 32;
+      float amax = 0;
+      for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(block[i]));
+      const float scale = PowerOfTwoScale(amax, 6.0f);
+      scales.push_back(scale);
+      for (int i = 0; i < 32; i += 2) {
+        const auto code = [&](float v) {
+          const float q = kernels::RoundToE2m1(std::clamp(v / scale, -6.0f, 6.0f));
+          static constexpr float kGrid[] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+          const int index = static_cast<int>(std::find(kGrid, kGrid + 8, std::fabs(q)) - kGrid);
+          return (std::signbit(q) ? 8 : 0) | index;
+        };
+        const int packed = code(block[i]) | code(block[i + 1]) << 4;
+        bytes[static_cast<size_t>((r * cols + b * 32 + i) / 2)] = static_cast<float>(static_cast<int8_t>(packed));
+      }
+    }
+  }
+  return bytes;
+}
+
 }  // namespace
 
 absl::Status MakeModel(const ModelConfig& config, const std::string& out_dir, uint64_t seed, int shards) {
@@ -262,9 +335,28 @@ absl::Status MakeModel(const ModelConfig& config, const std::string& out_dir, ui
   // Each tensor as published, an FP8 projection followed by its scales.
   std::vector<TensorToWrite> tensors;
   for (const TensorSpec& s : specs) {
+    if (s.dtype == DType::kI8) {  // V4's MXFP4 expert: values of its logical [out][in]
+      TensorSpec logical = s;
+      logical.shape[1] *= 2;
+      std::vector<float> scales;
+      std::vector<float> bytes =
+          QuantizeV4Fp4(RandomValues(logical, rng, normal, config), logical.shape[0], logical.shape[1], scales);
+      const TensorSpec scale_spec = V4ScaleSpec(s, config);
+      tensors.push_back({s.name, s.dtype, s.shape, std::move(bytes)});
+      tensors.push_back({scale_spec.name, scale_spec.dtype, scale_spec.shape, std::move(scales)});
+      continue;
+    }
     std::vector<float> values = RandomValues(s, rng, normal, config);
     if (s.dtype != DType::kF8E4m3) {
       tensors.push_back({s.name, s.dtype, s.shape, std::move(values)});
+      continue;
+    }
+    if (config.v4.has_value()) {
+      const TensorSpec scale_spec = V4ScaleSpec(s, config);
+      std::vector<float> scales;
+      std::vector<float> codes = QuantizeV4Fp8(values, s, scale_spec, *config.fp8, scales);
+      tensors.push_back({s.name, s.dtype, s.shape, std::move(codes)});
+      tensors.push_back({scale_spec.name, scale_spec.dtype, scale_spec.shape, std::move(scales)});
       continue;
     }
     const TensorSpec scale_spec = ScaleSpec(s, *config.fp8);
@@ -277,7 +369,7 @@ absl::Status MakeModel(const ModelConfig& config, const std::string& out_dir, ui
   nlohmann::json weight_map = nlohmann::json::object();
   for (size_t i = 0; i < tensors.size(); ++i) {
     // A projection and its scales share a shard, as DeepSeek's do.
-    const bool scales = absl::EndsWith(tensors[i].name, "_scale_inv");
+    const bool scales = absl::EndsWith(tensors[i].name, "_scale_inv") || absl::EndsWith(tensors[i].name, ".scale");
     const size_t shard = (scales ? i - 1 : i) * shards / tensors.size();
     weight_map[tensors[i].name] = ShardName(shard, shards);
     files[shard].push_back(std::move(tensors[i]));

@@ -21,7 +21,9 @@ namespace kvtier::runtime {
 // projections) at small dims, several not multiples of 128 so that scale
 // blocks are partial; v3-tiny has an MTP layer. "v4-tiny": DeepSeek-V4's
 // architecture (window-only, CSA and HCA layers, hyper-connections, hash
-// routing) at small dims, in bf16, one file.
+// routing) at small dims, in bf16, one file; "v4-tiny-fp8": the same as
+// V4 is released (FP8 projections with E8M0 scales, MXFP4 experts), the
+// products' inputs whole blocks of 128.
 absl::StatusOr<ModelConfig> PresetConfig(const std::string& preset);
 
 // How many shards a checkpoint of this kind is published in, as make-model

@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "kvtier/kernels/float_formats.h"
 #include "kvtier/kernels/layers.h"
+#include "kvtier/kernels/qat_rounding.h"
 #include "services/runtime/safetensors.h"
 
 namespace kvtier::runtime {
@@ -17,19 +19,26 @@ namespace kvtier::runtime {
 // A projection's weights [rows][cols] as the checkpoint stores them: bf16
 // stays bf16 (half the memory, and half the bytes a decode step reads),
 // block-scaled FP8 stays FP8 with its scales (a quarter), other dtypes
-// become float32. One of the three is filled. Products are the same bits
-// as over the weights widened to float32 first.
+// become float32; DeepSeek-V4's MXFP4 experts stay MXFP4 (an eighth). One
+// of the four is filled. Products are the same bits as over the weights
+// widened to float32 first.
 struct WeightMatrix {
   std::vector<float> f32;
   std::vector<uint16_t> bf16;
   std::vector<uint8_t> fp8;       // E4M3 codes
   std::vector<float> fp8_scales;  // [ceil(rows / block_rows)][ceil(cols / block_cols)]
   size_t fp8_block_rows = 0, fp8_block_cols = 0;
+  std::vector<uint8_t> fp4;       // E2M1 codes, two a byte
+  std::vector<float> fp4_scales;  // [rows][cols / 32]
 
   size_t bytes() const {
-    return f32.size() * sizeof(float) + bf16.size() * sizeof(uint16_t) + fp8.size() + fp8_scales.size() * sizeof(float);
+    return f32.size() * sizeof(float) + bf16.size() * sizeof(uint16_t) + fp8.size() +
+           fp8_scales.size() * sizeof(float) + fp4.size() + fp4_scales.size() * sizeof(float);
   }
+  // Stored in FP8 or FP4 (DeepSeek-V4 rounds the inputs of these products).
+  bool quantized() const { return !fp8.empty() || !fp4.empty(); }
   kernels::Fp8BlockScaled Fp8() const { return {fp8.data(), fp8_scales.data(), fp8_block_rows, fp8_block_cols}; }
+  kernels::Fp4Scaled Fp4() const { return {fp4.data(), fp4_scales.data()}; }
 };
 
 // A bf16, f16 or f32 checkpoint tensor as a WeightMatrix (its bf16 copied
@@ -52,9 +61,22 @@ inline void MatMul(const WeightMatrix& w, size_t rows, size_t cols, const float*
     kernels::GemmBf16(w.bf16.data(), rows, cols, x, n, cols, y, rows);
   } else if (!w.fp8.empty()) {
     kernels::GemmFp8(w.Fp8(), rows, cols, x, n, cols, y, rows);
+  } else if (!w.fp4.empty()) {
+    kernels::GemmFp4(w.Fp4(), rows, cols, x, n, cols, y, rows);
   } else {
     kernels::Gemm(w.f32.data(), rows, cols, x, n, cols, y, rows);
   }
+}
+
+// MatMul as DeepSeek-V4's linear layers compute it: over FP8 or FP4
+// weights their GEMMs first round each input row to FP8 (blocks of 128,
+// power-of-two scales; cols a multiple of 128), so this does too; over
+// other weights it is MatMul.
+inline void MatMulRoundingInputs(const WeightMatrix& w, size_t rows, size_t cols, const float* x, size_t n, float* y) {
+  if (!w.quantized()) return MatMul(w, rows, cols, x, n, y);
+  std::vector<float> rounded(x, x + n * cols);
+  for (size_t r = 0; r < n; ++r) kernels::RoundThroughFp8(std::span(rounded).subspan(r * cols, cols), 128);
+  MatMul(w, rows, cols, rounded.data(), n, y);
 }
 
 // Row `row` of `w` ([rows][cols]) as floats into out[cols].
@@ -63,6 +85,8 @@ inline void EmbeddingRow(const WeightMatrix& w, size_t row, size_t cols, float* 
     for (size_t c = 0; c < cols; ++c) out[c] = kernels::Bf16ToFloat(w.bf16[row * cols + c]);
   } else if (!w.fp8.empty()) {
     kernels::DequantizeFp8Rows(w.Fp8(), cols, row, row + 1, out);
+  } else if (!w.fp4.empty()) {
+    kernels::DequantizeFp4Rows(w.Fp4(), cols, row, row + 1, out);
   } else {
     std::copy_n(w.f32.begin() + row * cols, cols, out);
   }

@@ -175,14 +175,28 @@ absl::StatusOr<IndexerConfig> ParseIndexer(const json& j, int64_t rope_dim) {
 absl::StatusOr<ModelConfig> ParseV4Config(const json& j) {
   KVTIER_RETURN_IF_ERROR(Expect(j, "hidden_act", "silu"));
   KVTIER_RETURN_IF_ERROR(Expect(j, "scoring_func", "sqrtsoftplus"));
-  if (j.contains("quantization_config") && !j["quantization_config"].is_null()) {
-    return absl::UnimplementedError(
-        "config.json: DeepSeek-V4 with quantization_config (FP8 projections, FP4 experts) is not supported yet; "
-        "a bf16 cast of the checkpoint is");
-  }
   ModelConfig c;
   c.model_type = ModelType::kDeepseekV4;
   V4Config& v4 = c.v4.emplace();
+  // As released: FP8 projections with E8M0 block scales whose products
+  // round their inputs to FP8 with power-of-two scales ("ue8m0"), and
+  // MXFP4 routed experts (expert_dtype, at the top or in the quantization).
+  KVTIER_ASSIGN_OR_RETURN(c.fp8, ParseQuantization(j));
+  if (c.fp8.has_value()) {
+    const json& q = j["quantization_config"];
+    if (!q.contains("scale_fmt") || q["scale_fmt"] != "ue8m0") {
+      return absl::UnimplementedError(absl::StrCat("config.json: quantization_config.scale_fmt ",
+                                                   q.contains("scale_fmt") ? q["scale_fmt"].dump() : "(missing)",
+                                                   " is not supported for deepseek_v4 (only \"ue8m0\")"));
+    }
+    KVTIER_RETURN_IF_ERROR(Expect(q, "expert_dtype", "fp4"));
+    v4.fp4_experts = q.contains("expert_dtype") && !q["expert_dtype"].is_null();
+  }
+  KVTIER_RETURN_IF_ERROR(Expect(j, "expert_dtype", "fp4"));
+  v4.fp4_experts |= j.contains("expert_dtype") && !j["expert_dtype"].is_null();
+  if (v4.fp4_experts && !c.fp8.has_value()) {
+    return Missing("expert_dtype", "absent without quantization_config (FP4 experts come with FP8 projections)");
+  }
   KVTIER_ASSIGN_OR_RETURN(c.num_nextn_predict_layers, Int(j, "num_nextn_predict_layers", 0, 0));
   KVTIER_ASSIGN_OR_RETURN(c.vocab_size, Int(j, "vocab_size"));
   KVTIER_ASSIGN_OR_RETURN(c.hidden_size, Int(j, "hidden_size"));
@@ -433,6 +447,14 @@ json V4Json(const ModelConfig& c) {
     j["index_head_dim"] = c.indexer->head_dim;
     j["index_topk"] = c.indexer->topk;
   }
+  if (c.fp8.has_value()) {
+    j["quantization_config"] = {{"activation_scheme", "dynamic"},
+                                {"fmt", "e4m3"},
+                                {"quant_method", "fp8"},
+                                {"scale_fmt", "ue8m0"},
+                                {"weight_block_size", {c.fp8->block_rows, c.fp8->block_cols}}};
+  }
+  if (v4.fp4_experts) j["expert_dtype"] = "fp4";
   return j;
 }
 

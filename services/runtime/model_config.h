@@ -70,6 +70,9 @@ struct V4Config {
   double hc_eps = 1e-6;
   int64_t num_hash_layers = 0;
   double swiglu_limit = 0.0;  // 0: no clamp
+  // expert_dtype "fp4": routed experts in MXFP4 (the projections in FP8
+  // with E8M0 block scales, ModelConfig::fp8, as V4 is released).
+  bool fp4_experts = false;
 
   int64_t max_ratio() const;
 };

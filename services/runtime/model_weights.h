@@ -13,8 +13,8 @@
 
 namespace kvtier::runtime {
 
-// The tensor as the CPU multiplies by it: bf16 and FP8 (with its scales)
-// kept as they are, f16 and f32 as float32. INVALID_ARGUMENT naming the
+// The tensor as the CPU multiplies by it: bf16, FP8 and DeepSeek-V4's
+// MXFP4 (with their scales) kept as they are, f16 and f32 as float32. INVALID_ARGUMENT naming the
 // tensor for an FP8 NaN code or a scale that is not finite: a checkpoint
 // whose weights would make every output NaN.
 absl::StatusOr<WeightMatrix> LoadMatrix(const Checkpoint& checkpoint, const TensorSpec& spec);

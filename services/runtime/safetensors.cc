@@ -25,10 +25,12 @@ absl::StatusOr<DType> ParseDType(const std::string& name) {
   if (name == "F16") return DType::kF16;
   if (name == "F32") return DType::kF32;
   if (name == "F8_E4M3") return DType::kF8E4m3;
+  if (name == "F8_E8M0") return DType::kF8E8m0;
+  if (name == "I8") return DType::kI8;
   if (name == "I32") return DType::kI32;
   if (name == "I64") return DType::kI64;
   return absl::InvalidArgumentError(
-      absl::StrCat("dtype ", name, " is not supported (BF16, F16, F32, F8_E4M3, I32, I64)"));
+      absl::StrCat("dtype ", name, " is not supported (BF16, F16, F32, F8_E4M3, F8_E8M0, I8, I32, I64)"));
 }
 
 }  // namespace
@@ -43,6 +45,10 @@ const char* DTypeName(DType dtype) {
       return "F32";
     case DType::kF8E4m3:
       return "F8_E4M3";
+    case DType::kF8E8m0:
+      return "F8_E8M0";
+    case DType::kI8:
+      return "I8";
     case DType::kI32:
       return "I32";
     case DType::kI64:
@@ -59,6 +65,8 @@ size_t DTypeBytes(DType dtype) {
     case DType::kI64:
       return 8;
     case DType::kF8E4m3:
+    case DType::kF8E8m0:
+    case DType::kI8:
       return 1;
     default:
       return 2;
@@ -103,6 +111,10 @@ std::vector<float> TensorView::ToFloat() const {
       std::memcpy(&out[i], bytes.data() + 4 * i, 4);
     } else if (dtype == DType::kF8E4m3) {
       out[i] = kernels::Fp8E4m3ToFloat(bytes[i]);
+    } else if (dtype == DType::kF8E8m0) {
+      out[i] = bytes[i] == 0xff ? std::nanf("") : std::ldexp(1.0f, int{bytes[i]} - 127);
+    } else if (dtype == DType::kI8) {
+      out[i] = static_cast<float>(static_cast<int8_t>(bytes[i]));
     } else if (dtype == DType::kI32) {
       int32_t v;
       std::memcpy(&v, bytes.data() + 4 * i, 4);
@@ -233,6 +245,10 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorT
         std::memcpy(buffer.data() + 4 * i, &t.values[i], 4);
       } else if (t.dtype == DType::kF8E4m3) {
         buffer[i] = kernels::FloatToFp8E4m3(t.values[i]);
+      } else if (t.dtype == DType::kF8E8m0) {
+        buffer[i] = static_cast<uint8_t>(std::ilogb(t.values[i]) + 127);
+      } else if (t.dtype == DType::kI8) {
+        buffer[i] = static_cast<uint8_t>(static_cast<int8_t>(t.values[i]));
       } else if (t.dtype == DType::kI32) {
         const auto v = static_cast<int32_t>(t.values[i]);
         std::memcpy(buffer.data() + 4 * i, &v, 4);

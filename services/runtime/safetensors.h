@@ -19,9 +19,11 @@ namespace kvtier::runtime {
 
 // F8_E4M3 is OCP FP8 E4M3FN, as DeepSeek-V3 publishes its projections (with
 // a block scale tensor beside each: model_weights.h).
-enum class DType { kBf16, kF16, kF32, kF8E4m3, kI32, kI64 };
+enum class DType { kBf16, kF16, kF32, kF8E4m3, kF8E8m0, kI8, kI32, kI64 };
 
-const char* DTypeName(DType dtype);  // "BF16", "F16", "F32", "F8_E4M3", "I32", "I64", as in the files
+// "BF16", "F16", "F32", "F8_E4M3", "F8_E8M0" (power-of-two scales), "I8"
+// (DeepSeek-V4's packed FP4 experts), "I32", "I64", as in the files.
+const char* DTypeName(DType dtype);
 size_t DTypeBytes(DType dtype);
 
 // A tensor inside a mapped file; valid while its SafetensorsFile lives.
@@ -33,8 +35,9 @@ struct TensorView {
 
   int64_t elements() const;
   // The values as float32 (bf16, f16 and fp8 widened exactly; an fp8
-  // tensor's codes without their block scales; integers exact up to 2^24,
-  // as the small index tables checkpoints hold them are).
+  // tensor's codes without their block scales; an E8M0 scale as 2^(byte -
+  // 127), NaN for 0xff; integers exact up to 2^24, as the small index
+  // tables checkpoints hold them are).
   std::vector<float> ToFloat() const;
 };
 
@@ -67,8 +70,8 @@ class SafetensorsFile {
 };
 
 // A tensor to write: float32 values stored as `dtype` (rounded to nearest
-// even for bf16, f16 and fp8, fp8 saturating at 448; whole numbers for
-// the integer types).
+// even for bf16, f16 and fp8, fp8 saturating at 448; powers of two for
+// E8M0; whole numbers for the integer types).
 struct TensorToWrite {
   std::string name;
   DType dtype = DType::kBf16;

@@ -105,6 +105,30 @@ class V4Forward final : public ForwardBackend {
   std::vector<Layer> layers_;
 };
 
+// A projection whose products round their inputs when it is FP8 or FP4
+// (MatMulRoundingInputs), which needs inputs of whole blocks of 128.
+absl::StatusOr<WeightMatrix> LoadRounding(const Checkpoint& ckpt, const TensorSpec& spec) {
+  KVTIER_ASSIGN_OR_RETURN(WeightMatrix w, LoadMatrix(ckpt, spec));
+  const int64_t cols = spec.shape[1] * (spec.dtype == DType::kI8 ? 2 : 1);
+  if (w.quantized() && cols % 128 != 0) {
+    return absl::UnimplementedError(absl::StrCat("tensor ", spec.name, ": an FP8/FP4 projection's input (", cols,
+                                                 ") must be whole blocks of 128, as DeepSeek-V4's GEMMs take them"));
+  }
+  return w;
+}
+
+// wo_a: published in FP8, but the model multiplies it in bf16, its inputs
+// not rounded (model.py's einsum over the dequantized weights, which bf16
+// holds exactly).
+absl::StatusOr<WeightMatrix> LoadWidened(const Checkpoint& ckpt, const TensorSpec& spec) {
+  KVTIER_ASSIGN_OR_RETURN(WeightMatrix w, LoadMatrix(ckpt, spec));
+  if (!w.quantized()) return w;
+  KVTIER_ASSIGN_OR_RETURN(const std::vector<float> values, LoadFloats(ckpt, spec));
+  WeightMatrix widened;
+  for (float v : values) widened.bf16.push_back(kernels::FloatToBf16(v));
+  return widened;
+}
+
 absl::StatusOr<HcParams> LoadHc(const Checkpoint& ckpt, const V4HcTensors& t) {
   HcParams p;
   KVTIER_ASSIGN_OR_RETURN(p.fn, LoadFloats(ckpt, t.fn));
@@ -144,9 +168,11 @@ absl::Status V4Forward::Load(const Checkpoint& ckpt) {
     SwiGluWeights w;
     w.inter = static_cast<size_t>(t.inter);
     w.limit = static_cast<float>(v4_.swiglu_limit);
-    KVTIER_ASSIGN_OR_RETURN(w.gate, LoadMatrix(ckpt, t.gate));
-    KVTIER_ASSIGN_OR_RETURN(w.up, LoadMatrix(ckpt, t.up));
-    KVTIER_ASSIGN_OR_RETURN(w.down, LoadMatrix(ckpt, t.down));
+    w.weight_before_down = true;
+    KVTIER_ASSIGN_OR_RETURN(w.gate, LoadRounding(ckpt, t.gate));
+    KVTIER_ASSIGN_OR_RETURN(w.up, LoadRounding(ckpt, t.up));
+    KVTIER_ASSIGN_OR_RETURN(w.down, LoadRounding(ckpt, t.down));
+    w.round_inputs = w.gate.quantized() || w.up.quantized() || w.down.quantized();
     return w;
   };
   for (int64_t i = 0; i < c_.num_hidden_layers; ++i) {
@@ -159,11 +185,11 @@ absl::Status V4Forward::Load(const Checkpoint& ckpt) {
     KVTIER_ASSIGN_OR_RETURN(l.attn_sink, LoadFloats(ckpt, t.attn_sink));
     KVTIER_ASSIGN_OR_RETURN(l.q_norm, LoadFloats(ckpt, t.q_norm));
     KVTIER_ASSIGN_OR_RETURN(l.kv_norm, LoadFloats(ckpt, t.kv_norm));
-    KVTIER_ASSIGN_OR_RETURN(l.wq_a, LoadMatrix(ckpt, t.wq_a));
-    KVTIER_ASSIGN_OR_RETURN(l.wq_b, LoadMatrix(ckpt, t.wq_b));
-    KVTIER_ASSIGN_OR_RETURN(l.wkv, LoadMatrix(ckpt, t.wkv));
-    KVTIER_ASSIGN_OR_RETURN(l.wo_a, LoadMatrix(ckpt, t.wo_a));
-    KVTIER_ASSIGN_OR_RETURN(l.wo_b, LoadMatrix(ckpt, t.wo_b));
+    KVTIER_ASSIGN_OR_RETURN(l.wq_a, LoadRounding(ckpt, t.wq_a));
+    KVTIER_ASSIGN_OR_RETURN(l.wq_b, LoadRounding(ckpt, t.wq_b));
+    KVTIER_ASSIGN_OR_RETURN(l.wkv, LoadRounding(ckpt, t.wkv));
+    KVTIER_ASSIGN_OR_RETURN(l.wo_a, LoadWidened(ckpt, t.wo_a));
+    KVTIER_ASSIGN_OR_RETURN(l.wo_b, LoadRounding(ckpt, t.wo_b));
     const size_t ratio = static_cast<size_t>(v4_.compress_ratios[static_cast<size_t>(i)]);
     l.rope = ratio > 0 ? &compressed_rope_ : &window_rope_;
     if (t.compressor.has_value()) {
@@ -171,7 +197,7 @@ absl::Status V4Forward::Load(const Checkpoint& ckpt) {
     }
     if (t.indexer.has_value()) {
       Indexer& ix = l.indexer.emplace();
-      KVTIER_ASSIGN_OR_RETURN(ix.wq_b, LoadMatrix(ckpt, t.indexer->wq_b));
+      KVTIER_ASSIGN_OR_RETURN(ix.wq_b, LoadRounding(ckpt, t.indexer->wq_b));
       KVTIER_ASSIGN_OR_RETURN(ix.weights_proj, LoadMatrix(ckpt, t.indexer->weights_proj));
       KVTIER_ASSIGN_OR_RETURN(ix.compressor, LoadCompressor(ckpt, t.indexer->compressor, ratio, c_.indexer->head_dim));
     }
@@ -326,12 +352,12 @@ absl::Status V4Forward::Attention(size_t li, std::span<const Row> rows, std::spa
   const size_t q_lora = *c_.q_lora_rank, rope_dim = c_.qk_rope_head_dim, window = v4_.sliding_window;
   const float eps = static_cast<float>(c_.rms_norm_eps);
   std::vector<float> qr(n * q_lora), q(n * heads * hd), kv(n * hd);
-  MatMul(l.wq_a, q_lora, hidden, h, n, qr.data());
+  MatMulRoundingInputs(l.wq_a, q_lora, hidden, h, n, qr.data());
   KVTIER_RETURN_IF_ERROR(RmsNormRows(qr.data(), n, q_lora, l.q_norm, eps));
-  MatMul(l.wq_b, heads * hd, q_lora, qr.data(), n, q.data());
+  MatMulRoundingInputs(l.wq_b, heads * hd, q_lora, qr.data(), n, q.data());
   const std::vector<float> ones(hd, 1.0f);  // each head's RMS norm has no weight
   KVTIER_RETURN_IF_ERROR(RmsNormRows(q.data(), n * heads, hd, ones, eps));
-  MatMul(l.wkv, hd, hidden, h, n, kv.data());
+  MatMulRoundingInputs(l.wkv, hd, hidden, h, n, kv.data());
   KVTIER_RETURN_IF_ERROR(RmsNormRows(kv.data(), n, hd, l.kv_norm, eps));
   for (size_t r = 0; r < n; ++r) {
     for (size_t hh = 0; hh < heads; ++hh) {
@@ -360,7 +386,7 @@ absl::Status V4Forward::Attention(size_t li, std::span<const Row> rows, std::spa
     MatMul(k.wgate, k.width(), hidden, h, n, iscore.data());
     iq.resize(n * ih * ihd);
     iw.resize(n * ih);
-    MatMul(l.indexer->wq_b, ih * ihd, q_lora, qr.data(), n, iq.data());
+    MatMulRoundingInputs(l.indexer->wq_b, ih * ihd, q_lora, qr.data(), n, iq.data());
     MatMul(l.indexer->weights_proj, ih, hidden, h, n, iw.data());
     const float weight_scale = 1.0f / std::sqrt(static_cast<float>(ihd)) / std::sqrt(static_cast<float>(ih));
     for (size_t r = 0; r < n; ++r) {
@@ -434,7 +460,7 @@ absl::Status V4Forward::Attention(size_t li, std::span<const Row> rows, std::spa
     MatMulBlock(l.wo_a, g * o_lora, o_lora, group_width, attended.data() + g * group_width, n, heads * hd,
                 low.data() + g * o_lora, groups * o_lora);
   }
-  MatMul(l.wo_b, hidden, groups * o_lora, low.data(), n, out);
+  MatMulRoundingInputs(l.wo_b, hidden, groups * o_lora, low.data(), n, out);
   return absl::OkStatus();
 }
 

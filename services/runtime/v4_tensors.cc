@@ -8,8 +8,9 @@
 namespace kvtier::runtime {
 namespace {
 
-TensorSpec Projection(std::string name, int64_t out, int64_t in) {
-  return {std::move(name), {out, in}, DType::kBf16, /*projection=*/true};
+// A projection as published: FP8 in a quantized checkpoint, else bf16.
+TensorSpec Projection(const ModelConfig& c, std::string name, int64_t out, int64_t in) {
+  return {std::move(name), {out, in}, c.fp8.has_value() ? DType::kF8E4m3 : DType::kBf16, /*projection=*/true};
 }
 TensorSpec Vector(std::string name, int64_t n, DType dtype = DType::kBf16) { return {std::move(name), {n}, dtype}; }
 
@@ -27,10 +28,15 @@ V4CompressorTensors Compressor(const std::string& prefix, int64_t ratio, int64_t
           Vector(prefix + ".norm.weight", dim)};
 }
 
-MlpTensors Expert(const std::string& prefix, const ModelConfig& c) {
+// An expert's SwiGLU; routed experts of an fp4 checkpoint as I8 bytes.
+MlpTensors Expert(const std::string& prefix, const ModelConfig& c, bool routed) {
   const int64_t hidden = c.hidden_size, inter = c.moe_intermediate_size;
-  return {Projection(prefix + ".w1.weight", inter, hidden), Projection(prefix + ".w3.weight", inter, hidden),
-          Projection(prefix + ".w2.weight", hidden, inter), inter};
+  const auto spec = [&](const std::string& name, int64_t out, int64_t in) {
+    if (routed && c.v4->fp4_experts) return TensorSpec{prefix + name, {out, in / 2}, DType::kI8, true};
+    return Projection(c, prefix + name, out, in);
+  };
+  return {spec(".w1.weight", inter, hidden), spec(".w3.weight", inter, hidden), spec(".w2.weight", hidden, inter),
+          inter};
 }
 
 }  // namespace
@@ -54,20 +60,20 @@ V4LayerTensors V4LayerTensorsOf(const ModelConfig& c, int64_t layer) {
       .attn_norm = Vector(p + "attn_norm.weight", hidden),
       .ffn_norm = Vector(p + "ffn_norm.weight", hidden),
       .attn_sink = Vector(p + "attn.attn_sink", heads, DType::kF32),
-      .wq_a = Projection(p + "attn.wq_a.weight", q_lora, hidden),
+      .wq_a = Projection(c, p + "attn.wq_a.weight", q_lora, hidden),
       .q_norm = Vector(p + "attn.q_norm.weight", q_lora),
-      .wq_b = Projection(p + "attn.wq_b.weight", heads * hd, q_lora),
-      .wkv = Projection(p + "attn.wkv.weight", hd, hidden),
+      .wq_b = Projection(c, p + "attn.wq_b.weight", heads * hd, q_lora),
+      .wkv = Projection(c, p + "attn.wkv.weight", hd, hidden),
       .kv_norm = Vector(p + "attn.kv_norm.weight", hd),
-      .wo_a = Projection(p + "attn.wo_a.weight", v4.o_groups * v4.o_lora_rank, heads * hd / v4.o_groups),
-      .wo_b = Projection(p + "attn.wo_b.weight", hidden, v4.o_groups * v4.o_lora_rank),
+      .wo_a = Projection(c, p + "attn.wo_a.weight", v4.o_groups * v4.o_lora_rank, heads * hd / v4.o_groups),
+      .wo_b = Projection(c, p + "attn.wo_b.weight", hidden, v4.o_groups * v4.o_lora_rank),
       .gate = {p + "ffn.gate.weight", {c.n_routed_experts, hidden}},
-      .shared = Expert(p + "ffn.shared_experts", c),
+      .shared = Expert(p + "ffn.shared_experts", c, /*routed=*/false),
   };
   if (ratio > 0) t.compressor = Compressor(p + "attn.compressor", ratio, hd, hidden);
   if (ratio == 4) {
     const int64_t ih = c.indexer->heads, ihd = c.indexer->head_dim;
-    t.indexer = V4IndexerTensors{Projection(p + "attn.indexer.wq_b.weight", ih * ihd, q_lora),
+    t.indexer = V4IndexerTensors{Projection(c, p + "attn.indexer.wq_b.weight", ih * ihd, q_lora),
                                  {p + "attn.indexer.weights_proj.weight", {ih, hidden}},
                                  Compressor(p + "attn.indexer.compressor", ratio, ihd, hidden)};
   }
@@ -80,7 +86,19 @@ V4LayerTensors V4LayerTensorsOf(const ModelConfig& c, int64_t layer) {
 }
 
 MlpTensors V4ExpertTensors(const ModelConfig& c, int64_t layer, int64_t expert) {
-  return Expert(absl::StrCat("layers.", layer, ".ffn.experts.", expert), c);
+  return Expert(absl::StrCat("layers.", layer, ".ffn.experts.", expert), c, /*routed=*/true);
+}
+
+TensorSpec V4ScaleSpec(const TensorSpec& projection, const ModelConfig& c) {
+  const std::string& name = projection.name;
+  const std::string base = name.substr(0, name.size() - std::string(".weight").size());
+  if (projection.dtype == DType::kI8) {  // [out][in / 2] bytes: a scale per 32 values
+    return {base + ".scale", {projection.shape[0], projection.shape[1] * 2 / 32}, DType::kF8E8m0};
+  }
+  const auto blocks = [](int64_t n, int64_t block) { return (n + block - 1) / block; };
+  return {base + ".scale",
+          {blocks(projection.shape[0], c.fp8->block_rows), blocks(projection.shape[1], c.fp8->block_cols)},
+          DType::kF8E8m0};
 }
 
 absl::Status ForEachV4Tensor(const ModelConfig& c, const std::function<absl::Status(const TensorSpec&)>& visit) {

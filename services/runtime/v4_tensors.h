@@ -3,7 +3,10 @@
 // layers.{i}.hc_*, head.weight, hc_head_*), shapes and dtypes. The
 // checkpoint loader checks the files against them, make-model writes them,
 // v4_forward.h loads from them. The MTP layers (mtp.*) are not among them:
-// nothing here runs them.
+// nothing here runs them. In a checkpoint as released (quantization_config)
+// the projections are F8_E4M3 and the routed experts, with expert_dtype
+// fp4, I8 bytes of two E2M1 codes each ([out][in / 2]); each has its
+// F8_E8M0 scales in "<name>.scale" (V4ScaleSpec).
 #ifndef KVTIER_SERVICES_RUNTIME_V4_TENSORS_H_
 #define KVTIER_SERVICES_RUNTIME_V4_TENSORS_H_
 
@@ -55,6 +58,10 @@ struct V4GlobalTensors {
 };
 
 V4GlobalTensors V4GlobalTensorsOf(const ModelConfig& config);
+// The scales of an FP8 projection ([ceil(out / rows)][ceil(in / cols)] of
+// the weight block) or an FP4 one ([out][in / 32]): "<name>.scale",
+// F8_E8M0 as released (F32 is accepted too).
+TensorSpec V4ScaleSpec(const TensorSpec& projection, const ModelConfig& config);
 V4LayerTensors V4LayerTensorsOf(const ModelConfig& config, int64_t layer);
 MlpTensors V4ExpertTensors(const ModelConfig& config, int64_t layer, int64_t expert);
 

@@ -17,19 +17,52 @@ namespace {
 
 using Vec = std::vector<double>;
 
+// The checkpoint's tensors widened to double, each once: an F8_E4M3
+// weight times its E8M0 (or F32) block scales "<name>.scale", an I8 one
+// (MXFP4: two E2M1 codes a byte, the first low) likewise per 32 values.
 class Tensors {
  public:
   explicit Tensors(const runtime::Checkpoint& ckpt) : ckpt_(ckpt) {}
   const Vec& operator()(const std::string& name) {
     auto [it, inserted] = cache_.try_emplace(name);
-    if (inserted) {
-      const std::vector<float> f = ckpt_.Tensor(name)->ToFloat();
-      it->second.assign(f.begin(), f.end());
-    }
+    if (inserted) it->second = Load(name);
     return it->second;
+  }
+  // Stored in FP8 or FP4: the model's products over it round their inputs.
+  bool Quantized(const std::string& name) const {
+    const runtime::DType d = ckpt_.Tensor(name)->dtype;
+    return d == runtime::DType::kF8E4m3 || d == runtime::DType::kI8;
   }
 
  private:
+  Vec Load(const std::string& name) const {
+    const runtime::TensorView t = *ckpt_.Tensor(name);
+    const std::vector<float> f = t.ToFloat();
+    if (!Quantized(name)) return Vec(f.begin(), f.end());
+    const std::string base = name.substr(0, name.size() - std::string(".weight").size());
+    const std::vector<float> scale = ckpt_.Tensor(base + ".scale")->ToFloat();
+    const size_t rows = t.shape[0];
+    Vec w;
+    if (t.dtype == runtime::DType::kI8) {
+      static constexpr double kGrid[] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+      const size_t cols = t.shape[1] * 2;
+      for (size_t r = 0; r < rows; ++r)
+        for (size_t c = 0; c < cols; ++c) {
+          const int code = (t.bytes[(r * cols + c) / 2] >> (c % 2 ? 4 : 0)) & 0xf;
+          w.push_back((code & 8 ? -1 : 1) * kGrid[code & 7] * scale[r * (cols / 32) + c / 32]);
+        }
+      return w;
+    }
+    const size_t cols = t.shape[1], block_rows = ckpt_.config().fp8->block_rows;
+    const size_t block_cols = ckpt_.config().fp8->block_cols, scale_cols = (cols + block_cols - 1) / block_cols;
+    for (size_t r = 0; r < rows; ++r)
+      for (size_t c = 0; c < cols; ++c) {
+        w.push_back(kernels::ReferenceE4m3Value(t.bytes[r * cols + c]) *
+                    scale[(r / block_rows) * scale_cols + c / block_cols]);
+      }
+    return w;
+  }
+
   const runtime::Checkpoint& ckpt_;
   std::map<std::string, Vec> cache_;
 };
@@ -103,6 +136,28 @@ void RoundFp8(Vec& x, size_t begin, size_t n, size_t block) {
       x[i] = kernels::ReferenceE4m3Value(kernels::ReferenceNearestE4m3(q)) * scale;
     }
   }
+}
+
+// How many of x's values (blocks of `block`) lie so near a rounding
+// boundary, within 3e-7 of their block's largest value, that float and
+// double arithmetic may round them to different FP8 codes; and blocks
+// whose scale may differ so.
+size_t AmbiguousFp8(const Vec& x, size_t block) {
+  size_t ambiguous = 0;
+  for (size_t b = 0; b < x.size(); b += block) {
+    double amax = 1e-4;
+    for (size_t i = b; i < b + block; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const double margin = 3e-7 * amax;
+    const auto scale = [](double a) { return PowerOfTwoCeil(static_cast<float>(a) * (1.0f / 448.0f)); };
+    if (scale(amax - margin) != scale(amax + margin)) ++ambiguous;
+    const double s = scale(amax);
+    for (size_t i = b; i < b + block; ++i) {
+      const double lo = std::clamp((x[i] - margin) / s, -448.0, 448.0),
+                   hi = std::clamp((x[i] + margin) / s, -448.0, 448.0);
+      if (kernels::ReferenceNearestE4m3(lo) != kernels::ReferenceNearestE4m3(hi)) ++ambiguous;
+    }
+  }
+  return ambiguous;
 }
 
 // The E2M1 value nearest to q (|q| <= 6), ties to the even code.
@@ -217,14 +272,23 @@ class Reference {
   std::vector<Vec> Compress(const std::string& p, const std::vector<Vec>& x, size_t ratio, size_t dim, const Vec& freq,
                             bool index, const std::vector<float>* engine);
   Vec Moe(size_t li, const Vec& x, uint32_t token);
-  Vec Expert(const std::string& p, const Vec& x);
+  Vec Expert(const std::string& p, const Vec& x, double weight);
+  // W x for the tensor `name`; over an FP8 or FP4 one the input is first
+  // rounded to FP8 in blocks of 128, as the model's GEMMs take it.
+  Vec Product(const std::string& name, Vec x) {
+    if (w_.Quantized(name)) {
+      ambiguous_ += AmbiguousFp8(x, 128);
+      RoundFp8(x, 0, x.size(), 128);
+    }
+    return Linear(w_(name), x);
+  }
 
   const runtime::ModelConfig& c_;
   const runtime::V4Config& v4_;
   Tensors w_;
   const std::vector<uint32_t>& tokens_;
   const NaiveV4Options o_;
-  size_t adopted_ = 0;
+  size_t adopted_ = 0, ambiguous_ = 0;
 };
 
 std::vector<Vec> Reference::Compress(const std::string& p, const std::vector<Vec>& x, size_t ratio, size_t dim,
@@ -286,14 +350,14 @@ std::vector<Vec> Reference::Attention(size_t li, const std::vector<Vec>& x, Naiv
   const Vec freq = Frequencies(rd, compressed ? v4_.compress_rope_theta : c_.rope_theta, with_yarn ? &yarn : nullptr);
   std::vector<Vec> q(T), kv(T), qr(T);
   for (size_t t = 0; t < T; ++t) {
-    qr[t] = Linear(w_(p + "wq_a.weight"), x[t]);
+    qr[t] = Product(p + "wq_a.weight", x[t]);
     RmsNorm(qr[t], 0, qr[t].size(), &w_(p + "q_norm.weight"), eps);
-    q[t] = Linear(w_(p + "wq_b.weight"), qr[t]);
+    q[t] = Product(p + "wq_b.weight", qr[t]);
     for (size_t h = 0; h < heads; ++h) {
       RmsNorm(q[t], h * hd, hd, nullptr, eps);
       Rotate(q[t], h * hd + hd - rd, freq, static_cast<int64_t>(t));
     }
-    kv[t] = Linear(w_(p + "wkv.weight"), x[t]);
+    kv[t] = Product(p + "wkv.weight", x[t]);
     RmsNorm(kv[t], 0, hd, &w_(p + "kv_norm.weight"), eps);
     Rotate(kv[t], hd - rd, freq, static_cast<int64_t>(t));
     const Vec before = kv[t];
@@ -319,7 +383,7 @@ std::vector<Vec> Reference::Attention(size_t li, const std::vector<Vec>& x, Naiv
     keys = Compress(p + "indexer.compressor", x, ratio, ihd, freq, true, engine ? &engine->index_keys : nullptr);
     for (const Vec& k : keys) result.index_keys[li].insert(result.index_keys[li].end(), k.begin(), k.end());
     for (size_t t = 0; t < T; ++t) {
-      iq[t] = Linear(w_(p + "indexer.wq_b.weight"), qr[t]);
+      iq[t] = Product(p + "indexer.wq_b.weight", qr[t]);
       for (size_t h = 0; h < ih; ++h) {
         Rotate(iq[t], h * ihd + ihd - rd, freq, static_cast<int64_t>(t));
         Hadamard(iq[t], h * ihd, ihd);
@@ -384,22 +448,24 @@ std::vector<Vec> Reference::Attention(size_t li, const std::vector<Vec>& x, Naiv
       for (size_t r = 0; r < o_lora; ++r)
         for (size_t i = 0; i < group_width; ++i)
           low[g * o_lora + r] += wo_a[(g * o_lora + r) * group_width + i] * o[g * group_width + i];
-    out[t] = Linear(w_(p + "wo_b.weight"), low);
+    out[t] = Product(p + "wo_b.weight", low);
   }
   return out;
 }
 
-Vec Reference::Expert(const std::string& p, const Vec& x) {
-  Vec gate = Linear(w_(p + ".w1.weight"), x), up = Linear(w_(p + ".w3.weight"), x);
+// An expert's SwiGLU, its routing weight applied before w2 (as model.py's
+// Expert does, which matters where w2 rounds its input).
+Vec Reference::Expert(const std::string& p, const Vec& x, double weight) {
+  Vec gate = Product(p + ".w1.weight", x), up = Product(p + ".w3.weight", x);
   const double limit = v4_.swiglu_limit;
   for (size_t i = 0; i < gate.size(); ++i) {
     if (limit > 0) {
       gate[i] = std::min(gate[i], limit);
       up[i] = std::clamp(up[i], -limit, limit);
     }
-    gate[i] = gate[i] * Sigmoid(gate[i]) * up[i];
+    gate[i] = weight * gate[i] * Sigmoid(gate[i]) * up[i];
   }
-  return Linear(w_(p + ".w2.weight"), gate);
+  return Product(p + ".w2.weight", gate);
 }
 
 Vec Reference::Moe(size_t li, const Vec& x, uint32_t token) {
@@ -420,10 +486,10 @@ Vec Reference::Moe(size_t li, const Vec& x, uint32_t token) {
   ids.resize(k);
   double sum = 0;
   for (uint32_t e : ids) sum += score[e];
-  Vec y = Expert(p + "shared_experts", x);
+  Vec y = Expert(p + "shared_experts", x, 1.0);
   for (uint32_t e : ids) {
-    const Vec ye = Expert(absl::StrCat(p, "experts.", e), x);
-    for (size_t i = 0; i < y.size(); ++i) y[i] += score[e] / sum * c_.routed_scaling_factor * ye[i];
+    const Vec ye = Expert(absl::StrCat(p, "experts.", e), x, score[e] / sum * c_.routed_scaling_factor);
+    for (size_t i = 0; i < y.size(); ++i) y[i] += ye[i];
   }
   return y;
 }
@@ -488,6 +554,7 @@ NaiveV4Result Reference::Run() {
     result.logits.push_back(Linear(w_("head.weight"), y));
   }
   result.adopted = adopted_;
+  result.ambiguous_inputs = ambiguous_;
   return result;
 }
 

@@ -29,6 +29,10 @@ struct NaiveV4Result {
   std::vector<std::vector<std::vector<double>>> window;
   // Rounded values taken from the engine (NaiveV4Options::engine_*).
   size_t adopted = 0;
+  // Inputs of FP8/FP4 products so near a rounding boundary that float and
+  // double arithmetic may round them apart (see AmbiguousFp8): where any
+  // is, a run may diverge from the engine's without either being wrong.
+  size_t ambiguous_inputs = 0;
 };
 
 // Mutations the tests use to show they would catch a wrong model; each

@@ -93,7 +93,8 @@ TEST_F(SafetensorsTest, RoundTripsEveryDtype) {
 }
 
 // I32 and I64, as DeepSeek-V4's releases store a hash router's table
-// (one or the other): whole numbers, read back exactly, negatives too.
+// (one or the other): whole numbers, read back exactly, negatives too;
+// I8 (its packed FP4 experts) and F8_E8M0 (their scales: 2^(byte - 127)).
 TEST_F(SafetensorsTest, IntegersRoundTrip) {
   SCOPED_TRACE(rng_.Trace());
   std::uniform_int_distribution<int> id(-300, 300);
@@ -113,6 +114,16 @@ TEST_F(SafetensorsTest, IntegersRoundTrip) {
   int64_t first;
   std::memcpy(&first, (*file)->Tensor("i64")->bytes.data(), 8);
   EXPECT_EQ(first, static_cast<int64_t>(values[0]));
+
+  const std::vector<float> bytes = {-128, -1, 0, 127}, scales = {0x1p-127f, 0x1p-3f, 1.0f, 0x1p127f};
+  ASSERT_TRUE(WriteSafetensors(path, {{"i8", DType::kI8, {4}, bytes}, {"e8m0", DType::kF8E8m0, {4}, scales}}).ok());
+  auto small = SafetensorsFile::Open(path);
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ((*small)->Tensor("i8")->ToFloat(), bytes);
+  EXPECT_EQ((*small)->Tensor("i8")->bytes[0], 0x80);
+  EXPECT_EQ((*small)->Tensor("e8m0")->ToFloat(), scales);
+  EXPECT_EQ((*small)->Tensor("e8m0")->bytes[2], 127);
+  EXPECT_STREQ(DTypeName((*small)->Tensor("e8m0")->dtype), "F8_E8M0");
 }
 
 TEST(Half, EveryFiniteCodeRoundTripsAndRoundingIsNearestEven) {
@@ -143,8 +154,8 @@ TEST_F(SafetensorsTest, MalformedFilesGetClearErrors) {
       {WriteRaw("short", "", 0, 0).substr(0), "header is not a JSON object"},
       {WriteRaw("len", "{}", 0, 1 << 20), "runs past the end"},
       {WriteRaw("json", "{not json", 0), "header is not a JSON object"},
-      {WriteRaw("dtype", R"({"w":{"dtype":"I8","shape":[2],"data_offsets":[0,2]}})", 2),
-       "tensor w: dtype I8 is not supported"},
+      {WriteRaw("dtype", R"({"w":{"dtype":"U16","shape":[2],"data_offsets":[0,4]}})", 4),
+       "tensor w: dtype U16 is not supported"},
       {WriteRaw("trunc", "{" + tensor + "}", 8), "tensor w: data_offsets [0, 16) outside the 8 data bytes"},
       {WriteRaw("size", R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8),
        "tensor w: 8 bytes, but shape and F32 need 12"},

@@ -51,6 +51,23 @@ void GemmFp8(const Fp8BlockScaled& w, size_t rows, size_t cols, const float* x, 
 // ([row_end - row_begin][cols]), exactly as GemmFp8 reads them.
 void DequantizeFp8Rows(const Fp8BlockScaled& w, size_t cols, size_t row_begin, size_t row_end, float* out);
 
+// Weights in MXFP4, as DeepSeek-V4 publishes its routed experts: codes
+// [rows][cols / 2] of E2M1, two a byte (the lower column in the low
+// nibble, a sign bit over the magnitude's index into 0, 0.5, 1, 1.5, 2, 3,
+// 4, 6), and one scale per 32 columns of a row: w[r][c] = e2m1(code) *
+// scales[r * (cols / 32) + c / 32]. cols must be a multiple of 32.
+struct Fp4Scaled {
+  const uint8_t* codes = nullptr;
+  const float* scales = nullptr;
+};
+
+// Gemm over MXFP4 weights, read as FP4 (an eighth of float32's bytes) and
+// widened a panel of rows at a time: the same bits as Gemm over the
+// dequantized weights.
+void GemmFp4(const Fp4Scaled& w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride, float* y,
+             size_t y_stride);
+void DequantizeFp4Rows(const Fp4Scaled& w, size_t cols, size_t row_begin, size_t row_end, float* out);
+
 // x[i] = e_i / sum_j e_j with e_i = exp(scale * (x[i] - max)), in place,
 // for n >= 1 finite scores and scale > 0: attention's softmax of scaled
 // scores. With AVX-512 sixteen at a time through a polynomial exp (within
