@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <vector>
 
 namespace kvtier::testing {
 
@@ -24,6 +25,13 @@ class SeededRng {
   uint64_t seed() const { return seed_; }
   std::mt19937_64& engine() { return engine_; }
   std::string Trace() const { return "KVTIER_TEST_SEED=" + std::to_string(seed_); }
+  // n token ids drawn uniformly below `vocab`.
+  std::vector<uint32_t> Tokens(size_t n, int64_t vocab) {
+    std::uniform_int_distribution<uint32_t> id(0, static_cast<uint32_t>(vocab - 1));
+    std::vector<uint32_t> tokens(n);
+    for (uint32_t& t : tokens) t = id(engine_);
+    return tokens;
+  }
 
  private:
   uint64_t seed_;

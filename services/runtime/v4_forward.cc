@@ -248,7 +248,7 @@ absl::Status RmsNormRows(float* x, size_t n, size_t width, std::span<const float
 // embedding) at position `pos`; when that closes a group, appends the
 // group's entry to `entries`: pooled, normed, rotated at the group's first
 // position, then rounded as the model rounds it (`index`: Hadamard and FP4;
-// else FP8 on the non-rotated dims).
+// else RoundEntry).
 absl::Status CompressStep(const Compressor& k, V4CompressorState& s, const float* kv, const float* score, int64_t pos,
                           const kernels::RopeTable& rope, float eps, bool index, std::vector<float>& entries) {
   const size_t width = k.width(), d = k.dim, ratio = k.ratio;
@@ -260,12 +260,13 @@ absl::Status CompressStep(const Compressor& k, V4CompressorState& s, const float
     return absl::InternalError("a compressor's open group does not hold its tokens (state restored at a wrong place)");
   }
   std::vector<float> entry(d), weights;
+  std::vector<const float*> values;
   for (size_t i = 0; i < d; ++i) {
     // The rows pooled at dim i: the previous group's first halves (when
     // groups overlap and one closed before), then this group's (second
     // halves when overlapping).
     weights.clear();
-    std::vector<const float*> values;
+    values.clear();
     const size_t own = k.overlap ? d + i : i;
     if (k.overlap && !s.previous_kv.empty()) {
       for (size_t r = 0; r < ratio; ++r) {

@@ -50,12 +50,7 @@ class PresetModelTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  std::vector<uint32_t> RandomTokens(size_t n) {
-    std::uniform_int_distribution<uint32_t> id(0, static_cast<uint32_t>(config_.vocab_size - 1));
-    std::vector<uint32_t> tokens(n);
-    for (uint32_t& t : tokens) t = id(rng_.engine());
-    return tokens;
-  }
+  std::vector<uint32_t> RandomTokens(size_t n) { return rng_.Tokens(n, config_.vocab_size); }
 
   testing::SeededRng rng_;
   fs::path dir_ = fs::temp_directory_path() / ("kvtier_model_v3_" + std::to_string(rng_.seed()));

@@ -75,12 +75,7 @@ class ModelV4Test : public ::testing::TestWithParam<std::string> {
     return naive;
   }
 
-  std::vector<uint32_t> RandomTokens(size_t n) {
-    std::uniform_int_distribution<uint32_t> id(0, static_cast<uint32_t>(config_.vocab_size - 1));
-    std::vector<uint32_t> tokens(n);
-    for (uint32_t& t : tokens) t = id(rng_.engine());
-    return tokens;
-  }
+  std::vector<uint32_t> RandomTokens(size_t n) { return rng_.Tokens(n, config_.vocab_size); }
 
   testing::SeededRng rng_;
   testing::TempDir dir_{"kvtier_model_v4_"};

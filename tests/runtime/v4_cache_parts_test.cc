@@ -95,12 +95,7 @@ class V4CachePartsTest : public ::testing::Test {
     ckpt_ = *Checkpoint::Open(dir_.path().string());
     model_ = *Model::Load(*ckpt_);
   }
-  std::vector<uint32_t> RandomTokens(size_t n) {
-    std::uniform_int_distribution<uint32_t> id(0, static_cast<uint32_t>(config_.vocab_size - 1));
-    std::vector<uint32_t> tokens(n);
-    for (uint32_t& t : tokens) t = id(rng_.engine());
-    return tokens;
-  }
+  std::vector<uint32_t> RandomTokens(size_t n) { return rng_.Tokens(n, config_.vocab_size); }
   // Logits after each of `tokens` from position `from` on, one pass for
   // the first `first_pass` of them, then a step each.
   std::vector<std::vector<float>> Continue(SequenceCache& cache, const std::vector<uint32_t>& tokens, size_t from,
