@@ -91,8 +91,10 @@ int RunRun(const std::vector<std::string>& args) {
   SamplingFlags sampling_flags;
   bool json = false;
   FlagParser flags("kvtier run --model DIR (--prompt-ids 1,2,3 | --prompt TEXT) --max-new-tokens N [flags]",
-                   "Generates in process on a DeepSeek-V2 checkpoint (no servers), with absorbed\n"
-                   "MLA over latents stored in --kv-codec. Greedy unless --temperature is given.");
+                   "Generates in process (no servers) on a DeepSeek-V2, V3-family or V4 checkpoint:\n"
+                   "MLA models attend (absorbed) over latents stored in --kv-codec; V4 keeps its\n"
+                   "window and compressed entries in its own FP8 rounding (--kv-codec and\n"
+                   "--tokens-per-block do not apply). Greedy unless --temperature is given.");
   flags.AddString("model", &model, "checkpoint directory (config.json + safetensors)");
   prompt.Register(flags);
   flags.AddUint("max-new-tokens", &max_new, "tokens to generate");

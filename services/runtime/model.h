@@ -1,7 +1,7 @@
 // The forward pass of a DeepSeek-V2 or V3-family model over a batch of
 // sequences, attending over each sequence's stored latents: full blocks
 // kept in a codec (bf16/fp8/int8/int4, as the cache stores them), the
-// partial tail in float. It runs on a backend: the CPU (cpu_forward.h:
+// partial tail in float. (A DeepSeek-V4 model runs v4_forward.h instead.) It runs on a backend: the CPU (cpu_forward.h:
 // decode steps use absorbed MLA directly on the stored codes, prefill
 // passes the expanded form when it costs fewer multiply-adds) or a GPU
 // (cuda_forward.h: every row takes the absorbed form).
@@ -110,6 +110,8 @@ class Model {
   const ModelConfig& config() const { return config_; }
   // The checkpoint's tokenizer_class (tokenizer.h); empty when it has none.
   const std::string& tokenizer_class() const { return tokenizer_class_; }
+  // An empty sequence's cache (a V4 model's: its v4 state; codec and
+  // tokens_per_block do not apply to it).
   SequenceCache NewCache(kernels::Codec codec, uint32_t tokens_per_block) const;
 
   // Runs every sequence's tokens as one causal pass: each projection reads
