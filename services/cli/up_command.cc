@@ -138,6 +138,12 @@ int Up(const UpFlags& f) {
   absl::StatusOr<std::unique_ptr<runtime::Checkpoint>> checkpoint = runtime::Checkpoint::Open(model_dir);
   if (!checkpoint.ok()) return fail(std::string(checkpoint.status().message()));
   const runtime::ModelConfig config = (*checkpoint)->config();
+  if (config.v4.has_value()) {
+    return fail(absl::StrCat(model_dir,
+                             " is a DeepSeek-V4 checkpoint, which the services do not serve yet (its "
+                             "cache layout is not built); `kvtier run --model ",
+                             model_dir, "` runs it in process"));
+  }
   // With a tokenizer the turns are text; without, random ids.
   std::optional<runtime::ByteTokenizer> tokenizer;
   if (!(*checkpoint)->tokenizer_class().empty()) {

@@ -1099,7 +1099,8 @@ TEST_F(ServingTest, ModelServersRefuseAddressesNobodyCouldListenOn) {
 }
 
 // A DeepSeek-V4 checkpoint runs in `kvtier run` only: both model servers
-// refuse it at start-up, saying why, rather than serve it wrong.
+// and `kvtier up` refuse it at start-up, saying why, rather than serve it
+// wrong.
 TEST_F(ServingTest, ModelServersRefuseDeepSeekV4UntilItsCacheLayoutExists) {
   const PresetModel v4("v4-tiny", rng_.seed());
   const std::string common = " --listen 127.0.0.1:0 --metrics-listen '' --model " + v4.dir() + " --cache 127.0.0.1:1";
@@ -1109,6 +1110,12 @@ TEST_F(ServingTest, ModelServersRefuseDeepSeekV4UntilItsCacheLayoutExists) {
     EXPECT_EQ(r.exit_code, 1) << command << "\n" << r.output;
     EXPECT_NE(r.output.find("is a DeepSeek-V4 checkpoint"), std::string::npos) << command << "\n" << r.output;
   }
+  // `kvtier up` says so before it starts anything.
+  const CommandResult up = RunCommand(std::string(KVTIER_BINARY) + " up --model " + v4.dir());
+  EXPECT_EQ(up.exit_code, 1) << up.output;
+  EXPECT_NE(up.output.find("is a DeepSeek-V4 checkpoint, which the services do not serve yet"), std::string::npos)
+      << up.output;
+  EXPECT_EQ(up.output.find("kvtier-cache"), std::string::npos) << up.output;
   const CommandResult run = RunCommand(std::string(KVTIER_BINARY) + " run --model " + v4.dir() +
                                        " --prompt-ids 5,6,7 --max-new-tokens 3 --json");
   EXPECT_EQ(run.exit_code, 0) << run.output;
