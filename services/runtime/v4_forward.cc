@@ -89,6 +89,16 @@ class V4Forward final : public ForwardBackend {
   // from their inputs h [n][hidden] into out [n][hidden].
   absl::Status Attention(size_t li, std::span<const Row> rows, std::span<const size_t> sequence_starts, const float* h,
                          float* out) const;
+  // A layer's products of a pass's rows: query latents and queries, window
+  // entries (rotated and rounded), the compressors' rows, the indexer's
+  // queries and head weights.
+  struct Projected {
+    std::vector<float> qr, q, kv, ckv, cscore, ikv, iscore, iq, iw;
+  };
+  absl::StatusOr<Projected> Project(const Layer& l, std::span<const Row> rows, const float* h) const;
+  // Advances row r's sequence by its position at layer li (window,
+  // compressors, the indexer's choice) and attends: o[heads][head_dim].
+  absl::Status AttendRow(size_t li, const Projected& p, size_t r, const Row& row, float* o) const;
   // The MoE half: out[n][hidden].
   void Ffn(const Layer& l, std::span<const Row> rows, const float* h, float* out) const;
   HcShape Hc() const {
@@ -346,109 +356,120 @@ void SinkAttention(const float* q, size_t heads, size_t dim, const std::vector<f
   kernels::Gemm(transposed.data(), dim, m, scores.data(), heads, m, out, dim);
 }
 
+absl::StatusOr<V4Forward::Projected> V4Forward::Project(const Layer& l, std::span<const Row> rows,
+                                                        const float* h) const {
+  const size_t n = rows.size(), hidden = c_.hidden_size, heads = c_.num_attention_heads, hd = v4_.head_dim;
+  const size_t q_lora = *c_.q_lora_rank, rope_dim = c_.qk_rope_head_dim;
+  const float eps = static_cast<float>(c_.rms_norm_eps);
+  Projected p;
+  p.qr.resize(n * q_lora);
+  p.q.resize(n * heads * hd);
+  p.kv.resize(n * hd);
+  MatMulRoundingInputs(l.wq_a, q_lora, hidden, h, n, p.qr.data());
+  KVTIER_RETURN_IF_ERROR(RmsNormRows(p.qr.data(), n, q_lora, l.q_norm, eps));
+  MatMulRoundingInputs(l.wq_b, heads * hd, q_lora, p.qr.data(), n, p.q.data());
+  const std::vector<float> ones(hd, 1.0f);  // each head's RMS norm has no weight
+  KVTIER_RETURN_IF_ERROR(RmsNormRows(p.q.data(), n * heads, hd, ones, eps));
+  MatMulRoundingInputs(l.wkv, hd, hidden, h, n, p.kv.data());
+  KVTIER_RETURN_IF_ERROR(RmsNormRows(p.kv.data(), n, hd, l.kv_norm, eps));
+  for (size_t r = 0; r < n; ++r) {
+    for (size_t hh = 0; hh < heads; ++hh) {
+      l.rope->ApplyPairs(rows[r].pos, std::span(p.q).subspan((r * heads + hh) * hd + hd - rope_dim, rope_dim));
+    }
+    const std::span<float> entry = std::span(p.kv).subspan(r * hd, hd);
+    l.rope->ApplyPairs(rows[r].pos, entry.last(rope_dim));
+    RoundEntry(entry, rope_dim);
+  }
+  const auto compressor_rows = [&](const Compressor& k, std::vector<float>& kv, std::vector<float>& score) {
+    kv.resize(n * k.width());
+    score.resize(n * k.width());
+    MatMul(k.wkv, k.width(), hidden, h, n, kv.data());
+    MatMul(k.wgate, k.width(), hidden, h, n, score.data());
+  };
+  if (l.compressor.has_value()) compressor_rows(*l.compressor, p.ckv, p.cscore);
+  if (!l.indexer.has_value()) return p;
+  compressor_rows(l.indexer->compressor, p.ikv, p.iscore);
+  const size_t ih = c_.indexer->heads, ihd = c_.indexer->head_dim;
+  p.iq.resize(n * ih * ihd);
+  p.iw.resize(n * ih);
+  MatMulRoundingInputs(l.indexer->wq_b, ih * ihd, q_lora, p.qr.data(), n, p.iq.data());
+  MatMul(l.indexer->weights_proj, ih, hidden, h, n, p.iw.data());
+  const float weight_scale = 1.0f / std::sqrt(static_cast<float>(ihd)) / std::sqrt(static_cast<float>(ih));
+  for (size_t r = 0; r < n; ++r) {
+    for (size_t hh = 0; hh < ih; ++hh) {
+      const std::span<float> head = std::span(p.iq).subspan((r * ih + hh) * ihd, ihd);
+      l.rope->ApplyPairs(rows[r].pos, head.last(rope_dim));
+      KVTIER_RETURN_IF_ERROR(Check(kernels::HadamardRotate(head)));
+      kernels::RoundThroughFp4(head, kIndexFp4Block);
+      p.iw[r * ih + hh] *= weight_scale;
+    }
+  }
+  return p;
+}
+
+absl::Status V4Forward::AttendRow(size_t li, const Projected& p, size_t r, const Row& row, float* o) const {
+  const Layer& l = layers_[li];
+  const size_t heads = c_.num_attention_heads, hd = v4_.head_dim, rope_dim = c_.qk_rope_head_dim;
+  const float eps = static_cast<float>(c_.rms_norm_eps);
+  V4LayerState& st = *row.state;
+  const int64_t pos = row.pos, window = v4_.sliding_window;
+  std::copy_n(p.kv.data() + r * hd, hd, st.window.data() + static_cast<size_t>(pos % window) * hd);
+  if (l.compressor.has_value()) {
+    const size_t w = l.compressor->width();
+    KVTIER_RETURN_IF_ERROR(CompressStep(*l.compressor, st.compressor, p.ckv.data() + r * w, p.cscore.data() + r * w,
+                                        pos, *l.rope, eps, /*index=*/false, st.compressed));
+  }
+  // The compressed entries attended: on CSA layers the indexer's top-k of
+  // those closed so far, on HCA layers all of them.
+  std::vector<uint32_t> chosen;
+  const size_t ih = c_.indexer.has_value() ? c_.indexer->heads : 0;
+  const size_t ihd = c_.indexer.has_value() ? c_.indexer->head_dim : 0;
+  if (l.indexer.has_value()) {
+    const size_t w = l.indexer->compressor.width();
+    KVTIER_RETURN_IF_ERROR(CompressStep(l.indexer->compressor, st.index_compressor, p.ikv.data() + r * w,
+                                        p.iscore.data() + r * w, pos, *l.rope, eps, /*index=*/true, st.index_keys));
+    const size_t keys = st.index_keys.size() / ihd;
+    std::vector<float> dots(ih * keys), scores(keys, 0.0f);
+    kernels::Gemm(st.index_keys.data(), keys, ihd, p.iq.data() + r * ih * ihd, ih, ihd, dots.data(), keys);
+    for (size_t hh = 0; hh < ih; ++hh) {
+      for (size_t g = 0; g < keys; ++g) scores[g] += std::max(dots[hh * keys + g], 0.0f) * p.iw[r * ih + hh];
+    }
+    kernels::SelectTopTokens(scores, static_cast<size_t>(c_.indexer->topk), chosen);
+  } else {
+    for (uint32_t g = 0; g < st.compressed.size() / hd; ++g) chosen.push_back(g);
+  }
+  if (V4Trace* trace = row.cache->v4_trace; trace != nullptr) {
+    Record(li, pos, std::span(p.kv).subspan(r * hd, hd),
+           std::span(p.iq).subspan(r * ih * ihd, l.indexer.has_value() ? ih * ihd : 0), chosen, *trace);
+  }
+  // The window's entries, oldest first, then the chosen compressed ones.
+  std::vector<float> entries;
+  for (int64_t q = std::max<int64_t>(0, pos - window + 1); q <= pos; ++q) {
+    const float* e = st.window.data() + static_cast<size_t>(q % window) * hd;
+    entries.insert(entries.end(), e, e + hd);
+  }
+  for (uint32_t g : chosen) entries.insert(entries.end(), &st.compressed[g * hd], &st.compressed[g * hd] + hd);
+  SinkAttention(p.q.data() + r * heads * hd, heads, hd, entries, l.attn_sink.data(),
+                1.0f / std::sqrt(static_cast<float>(hd)), o);
+  for (size_t hh = 0; hh < heads; ++hh) {
+    l.rope->ApplyPairs(pos, std::span(o + hh * hd + hd - rope_dim, rope_dim), /*inverse=*/true);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status V4Forward::Attention(size_t li, std::span<const Row> rows, std::span<const size_t> starts, const float* h,
                                   float* out) const {
   const Layer& l = layers_[li];
   const size_t n = rows.size(), hidden = c_.hidden_size, heads = c_.num_attention_heads, hd = v4_.head_dim;
-  const size_t q_lora = *c_.q_lora_rank, rope_dim = c_.qk_rope_head_dim, window = v4_.sliding_window;
-  const float eps = static_cast<float>(c_.rms_norm_eps);
-  std::vector<float> qr(n * q_lora), q(n * heads * hd), kv(n * hd);
-  MatMulRoundingInputs(l.wq_a, q_lora, hidden, h, n, qr.data());
-  KVTIER_RETURN_IF_ERROR(RmsNormRows(qr.data(), n, q_lora, l.q_norm, eps));
-  MatMulRoundingInputs(l.wq_b, heads * hd, q_lora, qr.data(), n, q.data());
-  const std::vector<float> ones(hd, 1.0f);  // each head's RMS norm has no weight
-  KVTIER_RETURN_IF_ERROR(RmsNormRows(q.data(), n * heads, hd, ones, eps));
-  MatMulRoundingInputs(l.wkv, hd, hidden, h, n, kv.data());
-  KVTIER_RETURN_IF_ERROR(RmsNormRows(kv.data(), n, hd, l.kv_norm, eps));
-  for (size_t r = 0; r < n; ++r) {
-    for (size_t hh = 0; hh < heads; ++hh) {
-      l.rope->ApplyPairs(rows[r].pos, std::span(q).subspan((r * heads + hh) * hd + hd - rope_dim, rope_dim));
-    }
-    const std::span<float> entry = std::span(kv).subspan(r * hd, hd);
-    l.rope->ApplyPairs(rows[r].pos, entry.last(rope_dim));
-    RoundEntry(entry, rope_dim);
-  }
-  // The compressors' and the indexer's projections, for all rows at once.
-  std::vector<float> ckv, cscore, ikv, iscore, iq, iw;
-  const size_t ih = c_.indexer.has_value() ? c_.indexer->heads : 0;
-  const size_t ihd = c_.indexer.has_value() ? c_.indexer->head_dim : 0;
-  if (l.compressor.has_value()) {
-    const size_t width = l.compressor->width();
-    ckv.resize(n * width);
-    cscore.resize(n * width);
-    MatMul(l.compressor->wkv, width, hidden, h, n, ckv.data());
-    MatMul(l.compressor->wgate, width, hidden, h, n, cscore.data());
-  }
-  if (l.indexer.has_value()) {
-    const Compressor& k = l.indexer->compressor;
-    ikv.resize(n * k.width());
-    iscore.resize(n * k.width());
-    MatMul(k.wkv, k.width(), hidden, h, n, ikv.data());
-    MatMul(k.wgate, k.width(), hidden, h, n, iscore.data());
-    iq.resize(n * ih * ihd);
-    iw.resize(n * ih);
-    MatMulRoundingInputs(l.indexer->wq_b, ih * ihd, q_lora, qr.data(), n, iq.data());
-    MatMul(l.indexer->weights_proj, ih, hidden, h, n, iw.data());
-    const float weight_scale = 1.0f / std::sqrt(static_cast<float>(ihd)) / std::sqrt(static_cast<float>(ih));
-    for (size_t r = 0; r < n; ++r) {
-      for (size_t hh = 0; hh < ih; ++hh) {
-        const std::span<float> head = std::span(iq).subspan((r * ih + hh) * ihd, ihd);
-        l.rope->ApplyPairs(rows[r].pos, head.last(rope_dim));
-        KVTIER_RETURN_IF_ERROR(Check(kernels::HadamardRotate(head)));
-        kernels::RoundThroughFp4(head, kIndexFp4Block);
-        iw[r * ih + hh] *= weight_scale;
-      }
-    }
-  }
+  KVTIER_ASSIGN_OR_RETURN(const Projected p, Project(l, rows, h));
   // Each sequence's rows in order: its window, compressors and choice of
   // entries advance one position at a time. Sequences run in parallel.
   std::vector<float> attended(n * heads * hd);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   std::vector<absl::Status> status(starts.size() - 1);
   kernels::ParallelFor(starts.size() - 1, 1, [&](size_t begin, size_t end) {
     for (size_t b = begin; b < end; ++b) {
       for (size_t r = starts[b]; r < starts[b + 1] && status[b].ok(); ++r) {
-        V4LayerState& st = *rows[r].state;
-        const int64_t pos = rows[r].pos;
-        std::copy_n(kv.data() + r * hd, hd, st.window.data() + static_cast<size_t>(pos % v4_.sliding_window) * hd);
-        if (l.compressor.has_value()) {
-          const size_t w = l.compressor->width();
-          status[b] = CompressStep(*l.compressor, st.compressor, ckv.data() + r * w, cscore.data() + r * w, pos,
-                                   *l.rope, eps, /*index=*/false, st.compressed);
-        }
-        std::vector<uint32_t> chosen;  // compressed entries attended
-        const size_t visible = st.compressed.size() / hd;
-        if (l.indexer.has_value() && status[b].ok()) {
-          const size_t w = l.indexer->compressor.width();
-          status[b] = CompressStep(l.indexer->compressor, st.index_compressor, ikv.data() + r * w,
-                                   iscore.data() + r * w, pos, *l.rope, eps, /*index=*/true, st.index_keys);
-          const size_t keys = st.index_keys.size() / ihd;
-          std::vector<float> dots(ih * keys), scores(keys, 0.0f);
-          kernels::Gemm(st.index_keys.data(), keys, ihd, iq.data() + r * ih * ihd, ih, ihd, dots.data(), keys);
-          for (size_t hh = 0; hh < ih; ++hh) {
-            for (size_t g = 0; g < keys; ++g) scores[g] += std::max(dots[hh * keys + g], 0.0f) * iw[r * ih + hh];
-          }
-          kernels::SelectTopTokens(scores, static_cast<size_t>(c_.indexer->topk), chosen);
-        } else {
-          for (uint32_t g = 0; g < visible; ++g) chosen.push_back(g);
-        }
-        if (!status[b].ok()) break;
-        if (V4Trace* trace = rows[r].cache->v4_trace; trace != nullptr) {
-          Record(li, pos, std::span(kv).subspan(r * hd, hd),
-                 std::span(iq).subspan(r * ih * ihd, l.indexer.has_value() ? ih * ihd : 0), chosen, *trace);
-        }
-        // The window's entries, oldest first, then the chosen compressed ones.
-        std::vector<float> entries;
-        for (int64_t p = std::max<int64_t>(0, pos - static_cast<int64_t>(window) + 1); p <= pos; ++p) {
-          const float* e = st.window.data() + static_cast<size_t>(p % v4_.sliding_window) * hd;
-          entries.insert(entries.end(), e, e + hd);
-        }
-        for (uint32_t g : chosen) entries.insert(entries.end(), &st.compressed[g * hd], &st.compressed[g * hd] + hd);
-        float* o = attended.data() + r * heads * hd;
-        SinkAttention(q.data() + r * heads * hd, heads, hd, entries, l.attn_sink.data(), scale, o);
-        for (size_t hh = 0; hh < heads; ++hh) {
-          l.rope->ApplyPairs(pos, std::span(o + hh * hd + hd - rope_dim, rope_dim), /*inverse=*/true);
-        }
+        status[b] = AttendRow(li, p, r, rows[r], attended.data() + r * heads * hd);
       }
     }
   });
