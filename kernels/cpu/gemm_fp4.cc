@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "kvtier/kernels/float_formats.h"
 #include "kvtier/kernels/layers.h"
 
 namespace kvtier::kernels {
@@ -12,8 +13,6 @@ constexpr size_t kFp4Block = 32;
 // Rows widened at a time: enough for Gemm's register tiles, few enough
 // that the panel stays in L2 while every input passes over it.
 constexpr size_t kFp4PanelRows = 16;
-constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
 }  // namespace
 
@@ -24,8 +23,8 @@ void DequantizeFp4Rows(const Fp4Scaled& w, size_t cols, size_t row_begin, size_t
     float* row = out + (r - row_begin) * cols;
     for (size_t c = 0; c < cols; c += 2) {
       const float scale = scales[c / kFp4Block];
-      row[c] = kE2m1[codes[c / 2] & 0xf] * scale;
-      row[c + 1] = kE2m1[codes[c / 2] >> 4] * scale;
+      row[c] = E2m1ToFloat(codes[c / 2]) * scale;
+      row[c + 1] = E2m1ToFloat(static_cast<uint8_t>(codes[c / 2] >> 4)) * scale;
     }
   }
 }

@@ -43,10 +43,7 @@ Status QuantizeIndexerFp8(std::span<const float> x, size_t group, std::span<uint
       if (!std::isfinite(v)) return InvalidArgument("QuantizeIndexerFp8: a value is not finite");
       amax = std::max(amax, std::fabs(v));
     }
-    // The next power of two at or above amax / 448: on the float's bits.
-    uint32_t bits = FloatBits(amax / kFp8E4m3Max);
-    if ((bits & 0x7fffffu) != 0) bits = (bits & 0x7f800000u) + 0x800000u;
-    const float scale = BitsToFloat(bits);
+    const float scale = PowerOfTwoAtLeast(amax / kFp8E4m3Max);
     scales[g] = scale;
     for (size_t i = 0; i < group; ++i) codes[g * group + i] = FloatToFp8E4m3(values[i] / scale);
   }

@@ -8,13 +8,6 @@
 namespace kvtier::kernels {
 namespace {
 
-// The power of two at or above v (a positive normal float), on its bits.
-float PowerOfTwoAtLeast(float v) {
-  uint32_t bits = FloatBits(v);
-  if ((bits & 0x7fffffu) != 0) bits = (bits & 0x7f800000u) + 0x800000u;
-  return BitsToFloat(bits);
-}
-
 float BlockAmax(std::span<const float> values, float floor) {
   float amax = floor;
   for (float v : values) amax = std::max(amax, std::fabs(v));
@@ -36,13 +29,18 @@ void RoundThroughFp8(std::span<float> x, size_t block) {
   }
 }
 
-float RoundToE2m1(float v) {
+uint8_t NearestE2m1Code(float v) {
   const float a = std::fabs(v);
-  // The grid's step is 0.5 below 2, 1 below 4, 2 up to 6; nearbyint rounds
-  // half to even, and an even multiple of the step is an even code.
-  const float step = a < 2.0f ? 0.5f : (a < 4.0f ? 1.0f : 2.0f);
-  return std::copysign(std::nearbyint(a / step) * step, v);
+  // The grid's step is 0.5 below 2 (codes 0-4), 1 below 4 (4-6), 2 up to
+  // 6 (6-7); nearbyint rounds half to even, and an even multiple of the
+  // step is an even code.
+  const int index = a < 2.0f   ? static_cast<int>(std::nearbyint(a * 2.0f))
+                    : a < 4.0f ? 2 + static_cast<int>(std::nearbyint(a))
+                               : 4 + static_cast<int>(std::nearbyint(a / 2.0f));
+  return static_cast<uint8_t>((std::signbit(v) ? 8 : 0) | index);
 }
+
+float RoundToE2m1(float v) { return E2m1ToFloat(NearestE2m1Code(v)); }
 
 void RoundThroughFp4(std::span<float> x, size_t block) {
   constexpr float kInverseMax = 1.0f / 6.0f;

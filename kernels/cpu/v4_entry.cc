@@ -1,34 +1,25 @@
 #include "kvtier/kernels/v4_entry.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
 
 #include "kvtier/kernels/float_formats.h"
+#include "kvtier/kernels/qat_rounding.h"
 
 namespace kvtier::kernels {
 namespace {
 
 constexpr size_t kFp8Block = 64, kFp4Block = 32;
-constexpr float kE2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
 
 // The exponent k of the smallest 2^k with amax <= limit * 2^k (k in
 // [-127, 127], the E8M0 range); amax 0 gives 0.
 int ScaleExponent(float amax, float limit) {
   if (amax == 0.0f) return 0;
-  int k = std::ilogb(amax / limit) - 1;
-  while (k < 127 && amax > std::ldexp(limit, k)) ++k;
+  int k = std::ilogb(PowerOfTwoAtLeast(amax / limit));
+  if (k < 127 && amax > std::ldexp(limit, k)) ++k;  // the division rounded down to a power of two
   return k < -127 ? -127 : k;
-}
-
-float E8m0(uint8_t byte) { return std::ldexp(1.0f, int{byte} - 127); }
-
-// The E2M1 code (sign << 3 | magnitude index) of q, or -1 when q is not one.
-int E2m1Code(float q) {
-  for (int i = 0; i < 8; ++i) {
-    if (std::fabs(q) == kE2m1[i]) return (std::signbit(q) ? 8 : 0) | i;
-  }
-  return -1;
 }
 
 Status Lossy(const std::string& what) { return InvalidArgument("V4 entry: " + what + " cannot be stored without loss"); }
@@ -84,7 +75,7 @@ Status DecodeV4Entry(std::span<const uint8_t> bytes, size_t rope_dim, std::span<
   const uint8_t* scales = bytes.data() + fp8;
   for (size_t b = 0; b < fp8 / kFp8Block; ++b) {
     if (scales[b] == 0xff) return InvalidArgument("V4 entry: an E8M0 scale is NaN");
-    const float scale = E8m0(scales[b]);
+    const float scale = E8m0ToFloat(scales[b]);
     for (size_t i = b * kFp8Block; i < (b + 1) * kFp8Block; ++i) {
       if ((bytes[i] & 0x7f) == 0x7f) return InvalidArgument("V4 entry: an FP8 code is NaN");
       values[i] = Fp8E4m3ToFloat(bytes[i]) * scale;
@@ -115,8 +106,9 @@ Status EncodeV4IndexKey(std::span<const float> values, std::span<uint8_t> out) {
     const int k = ScaleExponent(amax, 6.0f);
     scales[b] = static_cast<uint8_t>(k + 127);
     for (size_t i = b * kFp4Block; i < (b + 1) * kFp4Block; ++i) {
-      const int code = E2m1Code(std::ldexp(values[i], -k));
-      if (code < 0) return Lossy("a key value off the FP4 grid of its block");
+      const float q = std::ldexp(values[i], -k);
+      const uint8_t code = NearestE2m1Code(std::clamp(q, -6.0f, 6.0f));
+      if (E2m1ToFloat(code) != q) return Lossy("a key value off the FP4 grid of its block");
       if (i % 2 == 0) {
         out[i / 2] = static_cast<uint8_t>(code);
       } else {
@@ -135,10 +127,9 @@ Status DecodeV4IndexKey(std::span<const uint8_t> bytes, std::span<float> values)
   const uint8_t* scales = bytes.data() + dim / 2;
   for (size_t b = 0; b < dim / kFp4Block; ++b) {
     if (scales[b] == 0xff) return InvalidArgument("V4 index key: an E8M0 scale is NaN");
-    const float scale = E8m0(scales[b]);
+    const float scale = E8m0ToFloat(scales[b]);
     for (size_t i = b * kFp4Block; i < (b + 1) * kFp4Block; ++i) {
-      const int code = (bytes[i / 2] >> (i % 2 == 0 ? 0 : 4)) & 0xf;
-      values[i] = std::copysign(kE2m1[code & 7], (code & 8) ? -1.0f : 1.0f) * scale;
+      values[i] = E2m1ToFloat(static_cast<uint8_t>(bytes[i / 2] >> (i % 2 == 0 ? 0 : 4))) * scale;
     }
   }
   return OkStatus();

@@ -233,10 +233,11 @@ std::vector<float> RandomValues(const TensorSpec& spec, std::mt19937_64& rng, st
 }
 
 // `values` ([rows][cols]) in FP8 as DeepSeek quantizes its weights: per
-// block, scale = amax / 448 and codes = values / scale rounded to E4M3.
+// block, scale = amax / 448 (V3's F32 scales) or the power of two at or
+// above it (V4's E8M0 ones), and codes = values / scale rounded to E4M3.
 // Returns the codes' values (exact in F8_E4M3) and fills `scales`.
 std::vector<float> QuantizeFp8Blocks(const std::vector<float>& values, const TensorSpec& spec,
-                                     const TensorSpec& scale_spec, const Fp8Quantization& fp8,
+                                     const TensorSpec& scale_spec, const Fp8Quantization& fp8, bool power_of_two_scales,
                                      std::vector<float>& scales) {
   const int64_t rows = spec.shape[0], cols = spec.shape[1], scale_cols = scale_spec.shape[1];
   scales.assign(static_cast<size_t>(scale_spec.shape[0] * scale_cols), 0.0f);
@@ -245,35 +246,13 @@ std::vector<float> QuantizeFp8Blocks(const std::vector<float>& values, const Ten
       float& amax = scales[(r / fp8.block_rows) * scale_cols + c / fp8.block_cols];
       amax = std::max(amax, std::fabs(values[r * cols + c]));
     }
-  for (float& s : scales) s = s > 0 ? s / kernels::kFp8E4m3Max : 1.0f;
-  std::vector<float> codes(values.size());
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
-      const float scale = scales[(r / fp8.block_rows) * scale_cols + c / fp8.block_cols];
-      codes[r * cols + c] = kernels::Fp8E4m3ToFloat(kernels::FloatToFp8E4m3(values[r * cols + c] / scale));
+  for (float& s : scales) {
+    if (s == 0) {
+      s = 1.0f;
+    } else {
+      s = power_of_two_scales ? kernels::PowerOfTwoAtLeast(s / kernels::kFp8E4m3Max) : s / kernels::kFp8E4m3Max;
     }
-  return codes;
-}
-
-// 2^ceil(log2(v / limit)): the power-of-two scale DeepSeek-V4's E8M0
-// block scales are (1 for a block of zeros).
-float PowerOfTwoScale(float amax, float limit) {
-  return amax > 0 ? std::exp2(std::ceil(std::log2(amax / limit))) : 1.0f;
-}
-
-// DeepSeek-V4's FP8 projection: codes' values (written as F8_E4M3) and
-// E8M0 block scales.
-std::vector<float> QuantizeV4Fp8(const std::vector<float>& values, const TensorSpec& spec, const TensorSpec& scale_spec,
-                                 const Fp8Quantization& fp8, std::vector<float>& scales) {
-  const int64_t rows = spec.shape[0], cols = spec.shape[1], scale_cols = scale_spec.shape[1];
-  std::vector<float> amax(static_cast<size_t>(scale_spec.shape[0] * scale_cols), 0.0f);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
-      float& a = amax[(r / fp8.block_rows) * scale_cols + c / fp8.block_cols];
-      a = std::max(a, std::fabs(values[r * cols + c]));
-    }
-  scales.resize(amax.size());
-  for (size_t i = 0; i < amax.size(); ++i) scales[i] = PowerOfTwoScale(amax[i], kernels::kFp8E4m3Max);
+  }
   std::vector<float> codes(values.size());
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) {
@@ -295,15 +274,10 @@ std::vector<float> QuantizeV4Fp4(const std::vector<float>& values, int64_t rows,
       const float* block = values.data() + r * cols + b * 32;
       float amax = 0;
       for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(block[i]));
-      const float scale = PowerOfTwoScale(amax, 6.0f);
+      const float scale = amax > 0 ? kernels::PowerOfTwoAtLeast(amax / 6.0f) : 1.0f;
       scales.push_back(scale);
       for (int i = 0; i < 32; i += 2) {
-        const auto code = [&](float v) {
-          const float q = kernels::RoundToE2m1(std::clamp(v / scale, -6.0f, 6.0f));
-          static constexpr float kGrid[] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
-          const int index = static_cast<int>(std::find(kGrid, kGrid + 8, std::fabs(q)) - kGrid);
-          return (std::signbit(q) ? 8 : 0) | index;
-        };
+        const auto code = [&](float v) { return kernels::NearestE2m1Code(std::clamp(v / scale, -6.0f, 6.0f)); };
         const int packed = code(block[i]) | code(block[i + 1]) << 4;
         bytes[static_cast<size_t>((r * cols + b * 32 + i) / 2)] = static_cast<float>(static_cast<int8_t>(packed));
       }
@@ -351,19 +325,13 @@ absl::Status MakeModel(const ModelConfig& config, const std::string& out_dir, ui
       tensors.push_back({s.name, s.dtype, s.shape, std::move(values)});
       continue;
     }
-    if (config.v4.has_value()) {
-      const TensorSpec scale_spec = V4ScaleSpec(s, config);
-      std::vector<float> scales;
-      std::vector<float> codes = QuantizeV4Fp8(values, s, scale_spec, *config.fp8, scales);
-      tensors.push_back({s.name, s.dtype, s.shape, std::move(codes)});
-      tensors.push_back({scale_spec.name, scale_spec.dtype, scale_spec.shape, std::move(scales)});
-      continue;
-    }
-    const TensorSpec scale_spec = ScaleSpec(s, *config.fp8);
+    // V4's scales are E8M0 powers of two in "<name>.scale"; V3's F32.
+    const bool v4 = config.v4.has_value();
+    const TensorSpec scale_spec = v4 ? V4ScaleSpec(s, config) : ScaleSpec(s, *config.fp8);
     std::vector<float> scales;
-    std::vector<float> codes = QuantizeFp8Blocks(values, s, scale_spec, *config.fp8, scales);
+    std::vector<float> codes = QuantizeFp8Blocks(values, s, scale_spec, *config.fp8, v4, scales);
     tensors.push_back({s.name, s.dtype, s.shape, std::move(codes)});
-    tensors.push_back({scale_spec.name, DType::kF32, scale_spec.shape, std::move(scales)});
+    tensors.push_back({scale_spec.name, scale_spec.dtype, scale_spec.shape, std::move(scales)});
   }
   std::vector<std::vector<TensorToWrite>> files(shards);
   nlohmann::json weight_map = nlohmann::json::object();

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "kvtier/kernels/float_formats.h"
 
 namespace kvtier::runtime {
@@ -20,17 +21,17 @@ using nlohmann::json;
 
 constexpr int64_t kMaxElements = int64_t{1} << 40;
 
+constexpr DType kDTypes[] = {DType::kBf16,   DType::kF16, DType::kF32, DType::kF8E4m3,
+                             DType::kF8E8m0, DType::kI8,  DType::kI32, DType::kI64};
+
 absl::StatusOr<DType> ParseDType(const std::string& name) {
-  if (name == "BF16") return DType::kBf16;
-  if (name == "F16") return DType::kF16;
-  if (name == "F32") return DType::kF32;
-  if (name == "F8_E4M3") return DType::kF8E4m3;
-  if (name == "F8_E8M0") return DType::kF8E8m0;
-  if (name == "I8") return DType::kI8;
-  if (name == "I32") return DType::kI32;
-  if (name == "I64") return DType::kI64;
+  std::vector<std::string> names;
+  for (DType d : kDTypes) {
+    if (name == DTypeName(d)) return d;
+    names.push_back(DTypeName(d));
+  }
   return absl::InvalidArgumentError(
-      absl::StrCat("dtype ", name, " is not supported (BF16, F16, F32, F8_E4M3, F8_E8M0, I8, I32, I64)"));
+      absl::StrCat("dtype ", name, " is not supported (", absl::StrJoin(names, ", "), ")"));
 }
 
 }  // namespace
@@ -112,7 +113,7 @@ std::vector<float> TensorView::ToFloat() const {
     } else if (dtype == DType::kF8E4m3) {
       out[i] = kernels::Fp8E4m3ToFloat(bytes[i]);
     } else if (dtype == DType::kF8E8m0) {
-      out[i] = bytes[i] == 0xff ? std::nanf("") : std::ldexp(1.0f, int{bytes[i]} - 127);
+      out[i] = kernels::E8m0ToFloat(bytes[i]);
     } else if (dtype == DType::kI8) {
       out[i] = static_cast<float>(static_cast<int8_t>(bytes[i]));
     } else if (dtype == DType::kI32) {

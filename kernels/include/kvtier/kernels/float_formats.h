@@ -1,6 +1,7 @@
 // Bit-exact conversions between float32 and the narrow formats the codecs
 // store: bfloat16 and OCP FP8 E4M3FN (the "fn" variant: no infinities, one
-// NaN pattern per sign, max 448). Header-only so the CUDA backend can share
+// NaN pattern per sign, max 448); and the MX formats' E8M0 scales and E2M1
+// codes DeepSeek-V4 publishes. Header-only so the CUDA backend can share
 // the exact same rounding rules.
 #ifndef KVTIER_KERNELS_FLOAT_FORMATS_H_
 #define KVTIER_KERNELS_FLOAT_FORMATS_H_
@@ -95,19 +96,24 @@ KVTIER_HD inline uint8_t FloatToFp8E4m3(float f) {
   return static_cast<uint8_t>(code);
 }
 
-// Branch-free as well: a normal code's 7 exponent-and-mantissa bits placed at
-// float bit 20 give its value once the exponent is rebiased (+120); a
-// subnormal code is its mantissa times 2^-9.
-// FlashMLA's FP8 tile scale, 2^ceil(log2(max(amax / 448, 1e-4))), computed
-// exactly on the float's bits.
-KVTIER_HD inline float Fp8TileScale(float amax) {
-  const float ratio = amax / kFp8E4m3Max;
-  const float v = ratio > 1e-4f ? ratio : 1e-4f;
+// The power of two at or above v (a positive normal float), exactly, on
+// its bits: the "ue8m0" scales DeepSeek's FP8 and FP4 roundings use.
+KVTIER_HD inline float PowerOfTwoAtLeast(float v) {
   uint32_t u = FloatBits(v);
   if ((u & 0x7fffffu) != 0) u = (u & 0x7f800000u) + 0x800000u;
   return BitsToFloat(u);
 }
 
+// FlashMLA's FP8 tile scale, 2^ceil(log2(max(amax / 448, 1e-4))), computed
+// exactly on the float's bits.
+KVTIER_HD inline float Fp8TileScale(float amax) {
+  const float ratio = amax / kFp8E4m3Max;
+  return PowerOfTwoAtLeast(ratio > 1e-4f ? ratio : 1e-4f);
+}
+
+// Branch-free as well: a normal code's 7 exponent-and-mantissa bits placed at
+// float bit 20 give its value once the exponent is rebiased (+120); a
+// subnormal code is its mantissa times 2^-9.
 KVTIER_HD inline float Fp8E4m3ToFloat(uint8_t c) {
   const uint32_t magnitude = c & 0x7fu;
   const uint32_t normal = (magnitude << 20) + (120u << 23);
@@ -115,6 +121,19 @@ KVTIER_HD inline float Fp8E4m3ToFloat(uint8_t c) {
   uint32_t bits = SelectBits(magnitude < 0x08u, subnormal, normal);
   bits = SelectBits(magnitude == 0x7fu, 0x7fc00000u, bits);
   return BitsToFloat(bits | (uint32_t{c & 0x80u} << 24));
+}
+
+// An E8M0 scale byte (MX formats): 2^(byte - 127); 0xff is NaN.
+inline float E8m0ToFloat(uint8_t byte) {
+  return byte == 0xff ? BitsToFloat(0x7fc00000u) : (byte == 0 ? 0x1p-127f : BitsToFloat(uint32_t{byte} << 23));
+}
+
+// An E2M1 (FP4) code's value: a sign bit over the index of its magnitude
+// in 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+inline float E2m1ToFloat(uint8_t code) {
+  static constexpr float kValues[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                        -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+  return kValues[code & 0xf];
 }
 
 }  // namespace kvtier::kernels

@@ -8,6 +8,7 @@
 #define KVTIER_KERNELS_QAT_ROUNDING_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 
 namespace kvtier::kernels {
@@ -24,7 +25,9 @@ void RoundThroughFp8(std::span<float> x, size_t block);
 // of block.
 void RoundThroughFp4(std::span<float> x, size_t block);
 
-// The E2M1 value nearest to v (|v| <= 6), ties to the even code.
+// The E2M1 code (float_formats.h's E2m1ToFloat) nearest to v (|v| <= 6),
+// ties to the even code; and its value.
+uint8_t NearestE2m1Code(float v);
 float RoundToE2m1(float v);
 
 }  // namespace kvtier::kernels
