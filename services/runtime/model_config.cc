@@ -401,6 +401,23 @@ json YarnJson(const kernels::YarnParams& y) {
           {"mscale_all_dim", y.mscale_all_dim}};
 }
 
+// The indexer's fields and quantization_config, when the config has them
+// (V4's FP8 says its power-of-two activation scales: scale_fmt ue8m0).
+void AddIndexerAndQuantization(const ModelConfig& c, json& j) {
+  if (c.indexer.has_value()) {
+    j["index_n_heads"] = c.indexer->heads;
+    j["index_head_dim"] = c.indexer->head_dim;
+    j["index_topk"] = c.indexer->topk;
+  }
+  if (c.fp8.has_value()) {
+    j["quantization_config"] = {{"activation_scheme", "dynamic"},
+                                {"fmt", "e4m3"},
+                                {"quant_method", "fp8"},
+                                {"weight_block_size", {c.fp8->block_rows, c.fp8->block_cols}}};
+    if (c.v4.has_value()) j["quantization_config"]["scale_fmt"] = "ue8m0";
+  }
+}
+
 // DeepSeek-V4's fields, as its released config.json names them.
 json V4Json(const ModelConfig& c) {
   const V4Config& v4 = *c.v4;
@@ -442,18 +459,7 @@ json V4Json(const ModelConfig& c) {
   };
   // The MTP layers' entries follow the layers' (as released: a CSA layer).
   for (int64_t i = 0; i < c.num_nextn_predict_layers; ++i) j["compress_ratios"].push_back(4);
-  if (c.indexer.has_value()) {
-    j["index_n_heads"] = c.indexer->heads;
-    j["index_head_dim"] = c.indexer->head_dim;
-    j["index_topk"] = c.indexer->topk;
-  }
-  if (c.fp8.has_value()) {
-    j["quantization_config"] = {{"activation_scheme", "dynamic"},
-                                {"fmt", "e4m3"},
-                                {"quant_method", "fp8"},
-                                {"scale_fmt", "ue8m0"},
-                                {"weight_block_size", {c.fp8->block_rows, c.fp8->block_cols}}};
-  }
+  AddIndexerAndQuantization(c, j);
   if (v4.fp4_experts) j["expert_dtype"] = "fp4";
   return j;
 }
@@ -502,17 +508,7 @@ std::string ModelConfig::ToJson() const {
   };
   j["rope_scaling"] = rope_scaling.has_value() ? YarnJson(*rope_scaling) : json(nullptr);
   if (v3) j["num_nextn_predict_layers"] = num_nextn_predict_layers;
-  if (indexer.has_value()) {
-    j["index_n_heads"] = indexer->heads;
-    j["index_head_dim"] = indexer->head_dim;
-    j["index_topk"] = indexer->topk;
-  }
-  if (fp8.has_value()) {
-    j["quantization_config"] = {{"activation_scheme", "dynamic"},
-                                {"fmt", "e4m3"},
-                                {"quant_method", "fp8"},
-                                {"weight_block_size", {fp8->block_rows, fp8->block_cols}}};
-  }
+  AddIndexerAndQuantization(*this, j);
   return j.dump(2);
 }
 
