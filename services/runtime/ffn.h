@@ -26,7 +26,7 @@ struct SwiGluWeights {
   WeightMatrix gate, up, down;
   float limit = 0.0f;  // 0: no clamp
   bool weight_before_down = false;
-  bool round_inputs = false;
+  bool round_inputs = false;  // over FP8 or FP4 weights (MatMulRoundingInputs)
 };
 
 // For each of the n rows of x ([n][hidden]):

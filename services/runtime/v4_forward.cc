@@ -44,11 +44,11 @@ void RoundEntry(std::span<float> entry, size_t rope_dim) {
 // entry pools the previous group's first halves and its own second halves.
 struct Compressor {
   size_t ratio = 0, dim = 0;
-  bool overlap = false;
   std::vector<float> ape;  // [ratio][width]
   WeightMatrix wkv, wgate;
   std::vector<float> norm;
-  size_t width() const { return (overlap ? 2 : 1) * dim; }
+  bool overlap() const { return ratio == 4; }
+  size_t width() const { return (overlap() ? 2 : 1) * dim; }
 };
 
 struct Indexer {
@@ -79,7 +79,6 @@ class V4Forward final : public ForwardBackend {
  private:
   struct Row {
     SequenceCache* cache;
-    V4LayerState* state;  // this layer's
     int64_t pos;
     uint32_t token;
   };
@@ -131,8 +130,8 @@ absl::StatusOr<WeightMatrix> LoadRounding(const Checkpoint& ckpt, const TensorSp
 // not rounded (model.py's einsum over the dequantized weights, which bf16
 // holds exactly).
 absl::StatusOr<WeightMatrix> LoadWidened(const Checkpoint& ckpt, const TensorSpec& spec) {
-  KVTIER_ASSIGN_OR_RETURN(WeightMatrix w, LoadMatrix(ckpt, spec));
-  if (!w.quantized()) return w;
+  KVTIER_ASSIGN_OR_RETURN(const TensorView t, ckpt.Tensor(spec.name));
+  if (t.dtype != DType::kF8E4m3) return LoadMatrix(ckpt, spec);
   KVTIER_ASSIGN_OR_RETURN(const std::vector<float> values, LoadFloats(ckpt, spec));
   WeightMatrix widened;
   for (float v : values) widened.bf16.push_back(kernels::FloatToBf16(v));
@@ -152,7 +151,6 @@ absl::StatusOr<Compressor> V4Forward::LoadCompressor(const Checkpoint& ckpt, con
   Compressor k;
   k.ratio = ratio;
   k.dim = dim;
-  k.overlap = ratio == 4;
   KVTIER_ASSIGN_OR_RETURN(k.ape, LoadFloats(ckpt, t.ape));
   KVTIER_ASSIGN_OR_RETURN(k.wkv, LoadMatrix(ckpt, t.wkv));
   KVTIER_ASSIGN_OR_RETURN(k.wgate, LoadMatrix(ckpt, t.wgate));
@@ -179,10 +177,10 @@ absl::Status V4Forward::Load(const Checkpoint& ckpt) {
     w.inter = static_cast<size_t>(t.inter);
     w.limit = static_cast<float>(v4_.swiglu_limit);
     w.weight_before_down = true;
+    w.round_inputs = true;  // over FP8 or FP4 weights only (MatMulRoundingInputs)
     KVTIER_ASSIGN_OR_RETURN(w.gate, LoadRounding(ckpt, t.gate));
     KVTIER_ASSIGN_OR_RETURN(w.up, LoadRounding(ckpt, t.up));
     KVTIER_ASSIGN_OR_RETURN(w.down, LoadRounding(ckpt, t.down));
-    w.round_inputs = w.gate.quantized() || w.up.quantized() || w.down.quantized();
     return w;
   };
   for (int64_t i = 0; i < c_.num_hidden_layers; ++i) {
@@ -277,8 +275,8 @@ absl::Status CompressStep(const Compressor& k, V4CompressorState& s, const float
     // halves when overlapping).
     weights.clear();
     values.clear();
-    const size_t own = k.overlap ? d + i : i;
-    if (k.overlap && !s.previous_kv.empty()) {
+    const size_t own = k.overlap() ? d + i : i;
+    if (k.overlap() && !s.previous_kv.empty()) {
       for (size_t r = 0; r < ratio; ++r) {
         weights.push_back(s.previous_score[r * d + i]);
         values.push_back(&s.previous_kv[r * d + i]);
@@ -303,7 +301,7 @@ absl::Status CompressStep(const Compressor& k, V4CompressorState& s, const float
     RoundEntry(entry, rope_dim);
   }
   entries.insert(entries.end(), entry.begin(), entry.end());
-  if (k.overlap) {  // the next entry pools these rows' first halves
+  if (k.overlap()) {  // the next entry pools these rows' first halves
     s.previous_kv.resize(ratio * d);
     s.previous_score.resize(ratio * d);
     for (size_t r = 0; r < ratio; ++r) {
@@ -411,7 +409,7 @@ absl::Status V4Forward::AttendRow(size_t li, const Projected& p, size_t r, const
   const Layer& l = layers_[li];
   const size_t heads = c_.num_attention_heads, hd = v4_.head_dim, rope_dim = c_.qk_rope_head_dim;
   const float eps = static_cast<float>(c_.rms_norm_eps);
-  V4LayerState& st = *row.state;
+  V4LayerState& st = row.cache->v4[li];
   const int64_t pos = row.pos, window = v4_.sliding_window;
   std::copy_n(p.kv.data() + r * hd, hd, st.window.data() + static_cast<size_t>(pos % window) * hd);
   if (l.compressor.has_value()) {
@@ -523,7 +521,7 @@ absl::Status V4Forward::Forward(std::span<const SequenceTokens> batch,
   std::vector<size_t> starts = {0};
   for (const SequenceTokens& s : batch) {
     for (size_t i = 0; i < s.tokens.size(); ++i) {
-      rows.push_back({s.cache, nullptr, s.cache->length + static_cast<int64_t>(i), s.tokens[i]});
+      rows.push_back({s.cache, s.cache->length + static_cast<int64_t>(i), s.tokens[i]});
     }
     starts.push_back(rows.size());
   }
@@ -538,9 +536,6 @@ absl::Status V4Forward::Forward(std::span<const SequenceTokens> batch,
   std::vector<HcWeights> mix;
   for (size_t li = 0; li < layers_.size(); ++li) {
     const Layer& l = layers_[li];
-    for (size_t b = 0, r = 0; b < batch.size(); ++b) {
-      for (; r < starts[b + 1]; ++r) rows[r].state = &batch[b].cache->v4[li];
-    }
     HcPre(l.hc_attn, shape, x.data(), n, mix, h.data());
     KVTIER_RETURN_IF_ERROR(RmsNormRows(h.data(), n, hidden, l.attn_norm, eps));
     KVTIER_RETURN_IF_ERROR(Attention(li, rows, starts, h.data(), delta.data()));
