@@ -3,8 +3,10 @@
 # protobuf or gtest): the CUDA codec check (bytes equal to the CPU codecs')
 # and its GB/s table; the paged MLA decode attention check (against float64
 # and the CPU) and its table of GB/s against the device-to-device copy
-# bandwidth; RMSNorm/RoPE and the cuBLAS projections and MoE against the
-# CPU; the device tier slab with its spill and promotion rates against
+# bandwidth; V3.2's indexer scores, top-k choice and latent gather against
+# the CPU, and its sparse decode step against the dense one at 64k tokens;
+# RMSNorm/RoPE and the cuBLAS projections and MoE against the CPU; the
+# device tier slab with its spill and promotion rates against
 # pinned cudaMemcpy. Then, when a device-bundle/ made by
 # scripts/device_bundle.sh came along (carried), the services' GPU tests
 # from it: --device cuda against the CPU (cuda_forward_test, `kvtier run
@@ -56,7 +58,7 @@ step() {
 }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
-read -r -a checks <<<"${CHECKS:-codecs mla_attention layers matmul slab}"
+read -r -a checks <<<"${CHECKS:-codecs mla_attention sparse_mla layers matmul slab}"
 
 bin=device-bundle/checks
 probe=127

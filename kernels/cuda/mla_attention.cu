@@ -109,11 +109,17 @@ __global__ void __launch_bounds__(kThreads) PartialKernel(Params p) {
   if (threadIdx.x < heads) run_max[threadIdx.x] = -INFINITY, run_sum[threadIdx.x] = 0.0f;
   __syncthreads();
 
-  // This split's tokens: its blocks, and (the launch's first split) the tail.
+  // This split's tokens: its blocks, and the tail (the launch's first
+  // split's, or a range of it in a tail-only launch).
   const uint32_t first = blockIdx.x * p.blocks_per_split;
   const uint32_t last = min(first + p.blocks_per_split, static_cast<uint32_t>(nblocks));
   const uint32_t block_tokens = first < last ? (last - first) * L.tokens_per_block : 0;
-  const uint32_t tokens = block_tokens + (blockIdx.x == 0 && p.with_tail ? static_cast<uint32_t>(ntail) : 0);
+  uint32_t tail_first = 0, tail_count = blockIdx.x == 0 && p.with_tail ? static_cast<uint32_t>(ntail) : 0;
+  if (p.tail_per_split > 0) {
+    tail_first = blockIdx.x * p.tail_per_split;
+    tail_count = static_cast<uint32_t>(ntail) > tail_first ? min(p.tail_per_split, ntail - tail_first) : 0;
+  }
+  const uint32_t tokens = block_tokens + tail_count;
   for (uint32_t t0 = 0; t0 < tokens; t0 += kChunk) {
     const uint32_t n = min(kChunk, tokens - t0);
     // Widen n tokens to floats.
@@ -130,7 +136,7 @@ __global__ void __launch_bounds__(kThreads) PartialKernel(Params p) {
           v = StoredValue(L.codec, L.pool + size_t(index) * p.block_bytes, t % L.tokens_per_block, c, kv, dim, rope);
         }
       } else {
-        v = L.tail[(static_cast<size_t>(tail_base) + (t - block_tokens)) * dim + c];
+        v = L.tail[(static_cast<size_t>(tail_base) + tail_first + (t - block_tokens)) * dim + c];
       }
       rows[(i / dim) * stride + c] = v;
     }
@@ -242,7 +248,9 @@ Status PagedMlaDecode(const MlaShape& shape, const PagedLatents& latents, uint32
   // Blocks of V2/V3's shape take the tensor cores; their tails, and
   // everything else, the CUDA-core kernel. With tensor cores the tails are
   // a split of their own.
-  const bool tensor_cores = options.tensor_cores && internal::TensorCoreShape(shape, latents, block_bytes);
+  const bool tail_only = latents.max_blocks_per_sequence == 0;
+  const bool tensor_cores =
+      options.tensor_cores && !tail_only && internal::TensorCoreShape(shape, latents, block_bytes);
   // One wave of CUDA blocks over the device (as many as fit at once),
   // splitting long sequences into ranges of whole blocks.
   int per_sm = 2;
@@ -256,7 +264,12 @@ Status PagedMlaDecode(const MlaShape& shape, const PagedLatents& latents, uint32
   const uint32_t wave = static_cast<uint32_t>(std::max(per_sm, 1) * sms);
   const uint32_t wanted = std::max<uint32_t>(1, wave / (batch * groups));  // no partial second wave
   const uint32_t blocks_per_split = (max_blocks + std::min(wanted, max_blocks) - 1) / std::min(wanted, max_blocks);
-  const uint32_t splits = (max_blocks + blocks_per_split - 1) / blocks_per_split;
+  uint32_t splits = (max_blocks + blocks_per_split - 1) / blocks_per_split, tail_per_split = 0;
+  if (tail_only && latents.max_tail > 0) {  // ranges of whole chunks of the tail
+    const uint32_t chunks = (latents.max_tail + kChunk - 1) / kChunk;
+    tail_per_split = (chunks + std::min(wanted, chunks) - 1) / std::min(wanted, chunks) * kChunk;
+    splits = (latents.max_tail + tail_per_split - 1) / tail_per_split;
+  }
   const uint32_t total_splits = splits + (tensor_cores ? 1 : 0);
   const size_t partial_bytes = sizeof(float) * size_t{batch} * total_splits * shape.heads * (size_t{kv} + 2);
   // The partial results, and the fault word unless the caller keeps one.
@@ -276,7 +289,8 @@ Status PagedMlaDecode(const MlaShape& shape, const PagedLatents& latents, uint32
            blocks_per_split,
            !tensor_cores,
            static_cast<float*>(workspace),
-           wait ? reinterpret_cast<unsigned long long*>(static_cast<char*>(workspace) + partial_bytes) : options.fault};
+           wait ? reinterpret_cast<unsigned long long*>(static_cast<char*>(workspace) + partial_bytes) : options.fault,
+           tail_per_split};
   if (wait) cudaMemsetAsync(p.bad, 0xff, sizeof(unsigned long long), stream);
   if (tensor_cores) {
     if (const cudaError_t e = internal::LaunchTensorCorePartials(p, splits, batch, stream); e != cudaSuccess) {

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -12,11 +14,13 @@
 #include "kvtier/kernels/cuda_layers.h"
 #include "kvtier/kernels/cuda_matmul.h"
 #include "kvtier/kernels/cuda_mla_attention.h"
+#include "kvtier/kernels/cuda_sparse_mla.h"
 #include "kvtier/kernels/float_formats.h"
 #include "services/base/status.h"
 #include "services/runtime/device_block_pool.h"
 #include "services/runtime/matmul.h"
 #include "services/runtime/model_weights.h"
+#include "services/runtime/sparse_attention.h"
 
 namespace kvtier::runtime {
 namespace {
@@ -80,6 +84,13 @@ struct DeviceMlp {
   kc::SwiGluDeviceWeights View() const { return {gate.data(), up.data(), down.data(), inter}; }
 };
 
+// V3.2's indexer of a layer: its projections on the device; its key norm
+// on the host, which rounds keys and queries as the CPU does.
+struct DeviceIndexer {
+  DeviceArray<uint16_t> wq_b, wk, weights_proj;
+  std::vector<float> k_norm, k_norm_bias;
+};
+
 // A layer's weights on the device: matrices bf16 (row-major [out][in], as
 // checkpoints store them), norms float.
 struct DeviceLayer {
@@ -94,6 +105,7 @@ struct DeviceLayer {
   std::vector<DeviceMlp> experts;
   DeviceMlp shared;               // inter 0: none
   kc::MoeDeviceWeights moe_view;  // points into router, experts and shared
+  std::optional<DeviceIndexer> indexer;
 };
 
 std::vector<uint16_t> ToBf16(std::span<const float> x) {
@@ -134,6 +146,13 @@ class CudaForward final : public ForwardBackend {
   // `first_row` of the pass on), each over its sequence's blocks of layer
   // li and the tail up to its own token: q_full -> attn_latent.
   absl::Status Attend(std::span<const SequenceTokens> seqs, size_t li, size_t first_row);
+  // V3.2: keys the pass's rows into their caches (ix_host_: the indexer's
+  // projections, downloaded) and chooses each row's tokens on the device
+  // (ix_selected_, ix_counts_), every key of its sequence scored.
+  absl::Status ChooseTokens(std::span<const SequenceTokens> batch, size_t li);
+  // Attention of `rows` rows from `row` over their chosen tokens (latents:
+  // as Attend places them, from that row on), gathered as float rows.
+  absl::Status AttendChosen(const kc::PagedLatents& latents, size_t rows, size_t row);
   // The device block pool for blocks of `block_bytes`: made at first use
   // for that size (options_.block_pool_bytes); null for blocks of other
   // sizes, or when there is none (passes copy their blocks up).
@@ -159,6 +178,13 @@ class CudaForward final : public ForwardBackend {
   std::unique_ptr<DeviceBlockPool> block_pool_;
   bool block_pool_tried_ = false;
   DeviceArray<int32_t> table_, table_rows_, block_counts_, tail_tokens_;
+  // V3.2's indexer: its projections ([rows][...]), the rows' queries and
+  // their sequences' keys, scores, and the tokens chosen ([rows][topk]).
+  DeviceArray<float> ix_keys_, ix_queries_, ix_head_weights_, ix_weights_, ix_key_scales_, ix_scores_, gathered_;
+  DeviceArray<uint8_t> ix_q_codes_, ix_key_codes_;
+  DeviceArray<int64_t> ix_key_offsets_;
+  DeviceArray<int32_t> ix_visible_, ix_selected_, ix_counts_, no_blocks_;
+  std::vector<float> ix_host_;  // keys, then queries, then head weights
   // The lowest bad input the attention kernels found in a pass (they do not
   // wait; the pass reads it back at its end).
   DeviceArray<unsigned long long> attention_fault_;
@@ -184,9 +210,6 @@ absl::Status CudaForward::UploadFloat(const Checkpoint& checkpoint, const Tensor
 }
 
 absl::Status CudaForward::Load(const Checkpoint& checkpoint) {
-  if (config_.indexer.has_value()) {
-    return absl::UnimplementedError("--device cuda: DeepSeek-V3.2's sparse attention runs on the CPU only so far");
-  }
   std::string why;
   if (!kc::DevicePresent(&why))
     return absl::FailedPreconditionError(absl::StrCat("--device cuda: no usable GPU: ", why));
@@ -231,6 +254,14 @@ absl::Status CudaForward::LoadLayer(const Checkpoint& ckpt, int64_t index, Devic
   KVTIER_RETURN_IF_ERROR(l.w_uk_t.Assign(ToBf16(w_uk_t)));
   KVTIER_RETURN_IF_ERROR(l.w_uv.Assign(ToBf16(split.w_uv)));
   KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, t.o_proj, l.o_proj));
+  if (t.indexer.has_value()) {
+    DeviceIndexer& ix = l.indexer.emplace();
+    KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, t.indexer->wq_b, ix.wq_b));
+    KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, t.indexer->wk, ix.wk));
+    KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, t.indexer->weights_proj, ix.weights_proj));
+    KVTIER_ASSIGN_OR_RETURN(ix.k_norm, LoadFloats(ckpt, t.indexer->k_norm));
+    KVTIER_ASSIGN_OR_RETURN(ix.k_norm_bias, LoadFloats(ckpt, t.indexer->k_norm_bias));
+  }
   auto load_mlp = [&](const MlpTensors& mlp, DeviceMlp& m) -> absl::Status {
     m.inter = static_cast<uint32_t>(mlp.inter);
     KVTIER_RETURN_IF_ERROR(UploadBf16(ckpt, mlp.gate, m.gate));
@@ -358,6 +389,7 @@ absl::Status CudaForward::Attend(std::span<const SequenceTokens> seqs, size_t li
   latents.tail_capacity = tail_capacity;
   latents.block_table_rows = table_rows_.data();
   latents.block_table_height = static_cast<uint32_t>(seqs.size());
+  if (layers_[li].indexer.has_value()) return AttendChosen(latents, rows, first_row);
   // Rows in chunks: the kernel's grid holds at most 65535 rows and its
   // workspace a partial result per row and split (kept near 256 MiB).
   const size_t chunk = std::clamp<size_t>((size_t{1} << 28) / (size_t{8} * heads * (kv + 2)), 1, 32768);
@@ -373,6 +405,110 @@ absl::Status CudaForward::Attend(std::span<const SequenceTokens> seqs, size_t li
     KVTIER_RETURN_IF_ERROR(Check(kc::PagedMlaDecode(
         {heads, kv, rope}, part, static_cast<uint32_t>(std::min(chunk, rows - r)), q_full_.data() + row * heads * dim,
         static_cast<float>(c.SoftmaxScale()), attn_latent_.data() + row * heads * kv, nullptr, stream_, options)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaForward::ChooseTokens(std::span<const SequenceTokens> batch, size_t li) {
+  const IndexerConfig& ix = *config_.indexer;
+  const DeviceIndexer& w = *layers_[li].indexer;
+  const size_t heads = ix.heads, dim = ix.head_dim, topk = ix.topk;
+  std::vector<PassRow> rows;
+  for (const SequenceTokens& s : batch) {
+    for (size_t i = 0; i < s.tokens.size(); ++i) rows.push_back({s.cache, s.cache->length + static_cast<int64_t>(i)});
+  }
+  const size_t n = rows.size();
+  std::span<float> keys = std::span(ix_host_).first(n * dim),
+                   queries = std::span(ix_host_).subspan(n * dim, n * heads * dim),
+                   head_weights = std::span(ix_host_).subspan(n * (dim + heads * dim), n * heads);
+  KVTIER_RETURN_IF_ERROR(AppendIndexKeys(rope_, w.k_norm, w.k_norm_bias, li, rows, keys));
+  std::vector<uint8_t> q_codes(n * heads * dim);
+  std::vector<float> weights(n * heads);
+  for (size_t r = 0; r < n; ++r) {
+    KVTIER_RETURN_IF_ERROR(IndexQuery(
+        ix, rope_, rows[r].pos, queries.subspan(r * heads * dim, heads * dim), head_weights.subspan(r * heads, heads),
+        std::span(q_codes).subspan(r * heads * dim, heads * dim), std::span(weights).subspan(r * heads, heads)));
+  }
+  // Each sequence's keys once; its rows see a prefix of them.
+  std::vector<uint8_t> key_codes;
+  std::vector<float> key_scales;
+  std::vector<int64_t> offsets;
+  std::vector<int32_t> visible;
+  for (const SequenceTokens& s : batch) {
+    const int64_t first = static_cast<int64_t>(key_scales.size());
+    const std::vector<float>& scales = s.cache->index_scales[li];
+    key_codes.insert(key_codes.end(), s.cache->index_keys[li].begin(), s.cache->index_keys[li].end());
+    key_scales.insert(key_scales.end(), scales.begin(), scales.end());
+    for (size_t i = 0; i < s.tokens.size(); ++i) {
+      const int64_t sees = s.cache->length + static_cast<int64_t>(i) + 1;
+      if (sees > static_cast<int64_t>(scales.size())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("a sequence cache holds ", scales.size(), " indexer keys at layer ", li, ", not ", sees));
+      }
+      offsets.push_back(first);
+      visible.push_back(static_cast<int32_t>(sees));
+    }
+  }
+  const uint32_t max_visible = static_cast<uint32_t>(*std::max_element(visible.begin(), visible.end()));
+  KVTIER_RETURN_IF_ERROR(Upload(std::move(q_codes), ix_q_codes_));
+  KVTIER_RETURN_IF_ERROR(Upload(std::move(weights), ix_weights_));
+  KVTIER_RETURN_IF_ERROR(Upload(std::move(key_codes), ix_key_codes_));
+  KVTIER_RETURN_IF_ERROR(Upload(std::move(key_scales), ix_key_scales_));
+  KVTIER_RETURN_IF_ERROR(Upload(std::move(offsets), ix_key_offsets_));
+  KVTIER_RETURN_IF_ERROR(Upload(std::move(visible), ix_visible_));
+  KVTIER_RETURN_IF_ERROR(ix_selected_.Reserve(n * topk));
+  KVTIER_RETURN_IF_ERROR(ix_counts_.Reserve(n));
+  // Rows in chunks whose scores stay near 256 MiB.
+  const size_t chunk = std::clamp<size_t>((size_t{1} << 26) / max_visible, 1, 65535);
+  KVTIER_RETURN_IF_ERROR(ix_scores_.Reserve(std::min(chunk, n) * max_visible));
+  for (size_t r = 0; r < n; r += chunk) {
+    const uint32_t count = static_cast<uint32_t>(std::min(chunk, n - r));
+    const kc::IndexerKeys keys_of_rows{ix_key_codes_.data(), ix_key_scales_.data(), ix_key_offsets_.data() + r,
+                                       ix_visible_.data() + r, max_visible};
+    KVTIER_RETURN_IF_ERROR(Check(kc::IndexerScores(static_cast<uint32_t>(heads), static_cast<uint32_t>(dim), count,
+                                                   ix_q_codes_.data() + r * heads * dim, ix_weights_.data() + r * heads,
+                                                   keys_of_rows, ix_scores_.data(), stream_)));
+    KVTIER_RETURN_IF_ERROR(Check(kc::SelectTopTokens(count, ix_scores_.data(), max_visible, ix_visible_.data() + r,
+                                                     static_cast<uint32_t>(topk), ix_selected_.data() + r * topk,
+                                                     ix_counts_.data() + r, stream_)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaForward::AttendChosen(const kc::PagedLatents& latents, size_t rows, size_t row) {
+  const ModelConfig& c = config_;
+  const uint32_t heads = static_cast<uint32_t>(c.num_attention_heads), kv = static_cast<uint32_t>(c.kv_lora_rank),
+                 dim = kv + static_cast<uint32_t>(c.qk_rope_head_dim), topk = static_cast<uint32_t>(c.indexer->topk);
+  const kernels::MlaShape shape{heads, kv, dim - kv};
+  // Rows in chunks whose gathered latents stay near 256 MiB.
+  const size_t chunk = std::clamp<size_t>((size_t{1} << 26) / (size_t{topk} * dim), 1, 32768);
+  KVTIER_RETURN_IF_ERROR(gathered_.Reserve(std::min(chunk, rows) * topk * dim));
+  KVTIER_RETURN_IF_ERROR(no_blocks_.Reserve(std::min(chunk, rows)));
+  KVTIER_RETURN_IF_ERROR(Check(kc::FillQueued(no_blocks_.data(), 0, std::min(chunk, rows) * sizeof(int32_t), stream_,
+                                              "block counts of gathered rows")));
+  kc::PagedMlaOptions options;
+  options.fault = attention_fault_.data();
+  for (size_t r = 0; r < rows; r += chunk) {
+    const uint32_t count = static_cast<uint32_t>(std::min(chunk, rows - r));
+    kc::PagedLatents part = latents;
+    part.block_table_rows += r;
+    part.blocks_per_sequence += r;
+    part.tail_tokens += r;
+    part.tail_offsets += r;
+    const size_t at = row + r;
+    KVTIER_RETURN_IF_ERROR(
+        Check(kc::GatherLatents(shape, part, count, ix_selected_.data() + at * topk, topk, ix_counts_.data() + at,
+                                gathered_.data(), attention_fault_.data(), stream_)));
+    kc::PagedLatents chosen;
+    chosen.codec = latents.codec;
+    chosen.tokens_per_block = latents.tokens_per_block;
+    chosen.blocks_per_sequence = no_blocks_.data();
+    chosen.tail = gathered_.data();
+    chosen.tail_tokens = ix_counts_.data() + at;
+    chosen.max_tail = topk;
+    KVTIER_RETURN_IF_ERROR(Check(kc::PagedMlaDecode(shape, chosen, count, q_full_.data() + at * heads * dim,
+                                                    static_cast<float>(c.SoftmaxScale()),
+                                                    attn_latent_.data() + at * heads * kv, nullptr, stream_, options)));
   }
   return absl::OkStatus();
 }
@@ -447,6 +583,26 @@ absl::Status CudaForward::QueuePass(std::span<const SequenceTokens> batch,
         Check(kc::ApplyRope(rope_, positions_.data(), latent_.data() + kv, n, 1, dim, dim, stream_)));
     KVTIER_RETURN_IF_ERROR(Check(kc::CopyQueued(latents.data(), latent_.data(), latents.size() * 4,
                                                 kc::Copy::kDeviceToHost, stream_, "latent download")));
+    if (l.indexer.has_value()) {  // its projections, rounded on the host
+      const uint32_t ix_heads = static_cast<uint32_t>(c.indexer->heads),
+                     ix_dim = static_cast<uint32_t>(c.indexer->head_dim);
+      const size_t keys = size_t{n} * ix_dim, queries = size_t{n} * ix_heads * ix_dim, weights = size_t{n} * ix_heads;
+      KVTIER_RETURN_IF_ERROR(ix_keys_.Reserve(keys));
+      KVTIER_RETURN_IF_ERROR(ix_queries_.Reserve(queries));
+      KVTIER_RETURN_IF_ERROR(ix_head_weights_.Reserve(weights));
+      KVTIER_RETURN_IF_ERROR(Check(blas_->Gemm(l.indexer->wk.data(), ix_dim, hidden, h_.data(), n, ix_keys_.data())));
+      KVTIER_RETURN_IF_ERROR(
+          Check(blas_->Gemm(l.indexer->wq_b.data(), ix_heads * ix_dim, q_lora, qa_.data(), n, ix_queries_.data())));
+      KVTIER_RETURN_IF_ERROR(
+          Check(blas_->Gemm(l.indexer->weights_proj.data(), ix_heads, hidden, h_.data(), n, ix_head_weights_.data())));
+      ix_host_.resize(keys + queries + weights);
+      for (auto [from, at, size] :
+           {std::tuple(ix_keys_.data(), size_t{0}, keys), std::tuple(ix_queries_.data(), keys, queries),
+            std::tuple(ix_head_weights_.data(), keys + queries, weights)}) {
+        KVTIER_RETURN_IF_ERROR(Check(kc::CopyQueued(ix_host_.data() + at, from, size * 4, kc::Copy::kDeviceToHost,
+                                                    stream_, "indexer projections download")));
+      }
+    }
     KVTIER_RETURN_IF_ERROR(Check(stream_owner_->Synchronize("latent download (or work queued before it)")));
     {
       size_t r = 0;
@@ -456,6 +612,7 @@ absl::Status CudaForward::QueuePass(std::span<const SequenceTokens> batch,
         r += s.tokens.size();
       }
     }
+    if (l.indexer.has_value()) KVTIER_RETURN_IF_ERROR(ChooseTokens(batch, li));
     // Queries in the latent space, [n][heads][kv | rope]: W_UK folded in
     // per head, the rope part rotated.
     KVTIER_RETURN_IF_ERROR(Check(blas_->GroupedGemm(l.w_uk_t.data(), kv, nope, heads, q_.data(), size_t{heads} * qdim,

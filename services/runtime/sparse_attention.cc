@@ -37,6 +37,36 @@ absl::Status RotateAndRound(const kernels::RopeTable& rope, int64_t pos, std::sp
 
 }  // namespace
 
+absl::Status AppendIndexKeys(const kernels::RopeTable& rope, std::span<const float> k_norm,
+                             std::span<const float> k_norm_bias, size_t layer, std::span<const PassRow> rows,
+                             std::span<float> keys) {
+  const size_t dim = k_norm.size();
+  if (keys.size() != rows.size() * dim) return absl::InvalidArgumentError("indexer keys do not fit the pass's rows");
+  for (size_t r = 0; r < rows.size(); ++r) {
+    std::span<float> k = keys.subspan(r * dim, dim);
+    LayerNorm(k, k_norm, k_norm_bias);
+    std::vector<uint8_t>& codes = rows[r].cache->index_keys[layer];
+    codes.resize(codes.size() + dim);
+    float scale = 0.0f;
+    KVTIER_RETURN_IF_ERROR(RotateAndRound(rope, rows[r].pos, k, std::span(codes).last(dim), scale));
+    rows[r].cache->index_scales[layer].push_back(scale);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status IndexQuery(const IndexerConfig& ix, const kernels::RopeTable& rope, int64_t pos, std::span<float> queries,
+                        std::span<const float> head_weights, std::span<uint8_t> q_codes, std::span<float> weights) {
+  const size_t heads = ix.heads, dim = ix.head_dim;
+  const float factor = 1.0f / std::sqrt(static_cast<float>(heads)) / std::sqrt(static_cast<float>(dim));
+  for (size_t hd = 0; hd < heads; ++hd) {
+    float q_scale = 0.0f;
+    KVTIER_RETURN_IF_ERROR(
+        RotateAndRound(rope, pos, queries.subspan(hd * dim, dim), q_codes.subspan(hd * dim, dim), q_scale));
+    weights[hd] = head_weights[hd] * factor * q_scale;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status IndexRows(const ModelConfig& c, const kernels::RopeTable& rope, const IndexerWeights& w, size_t layer,
                        std::span<const PassRow> rows, const float* h, const float* qa,
                        std::vector<std::vector<uint32_t>>& selected) {
@@ -45,15 +75,7 @@ absl::Status IndexRows(const ModelConfig& c, const kernels::RopeTable& rope, con
   std::vector<float> keys(n * dim);
   MatMul(w.wk, dim, hidden, h, n, keys.data());
   // Every row's key first: a row scores its own and earlier ones.
-  for (size_t r = 0; r < n; ++r) {
-    std::span<float> k = std::span(keys).subspan(r * dim, dim);
-    LayerNorm(k, w.k_norm, w.k_norm_bias);
-    std::vector<uint8_t>& codes = rows[r].cache->index_keys[layer];
-    codes.resize(codes.size() + dim);
-    float scale = 0.0f;
-    KVTIER_RETURN_IF_ERROR(RotateAndRound(rope, rows[r].pos, k, std::span(codes).last(dim), scale));
-    rows[r].cache->index_scales[layer].push_back(scale);
-  }
+  KVTIER_RETURN_IF_ERROR(AppendIndexKeys(rope, w.k_norm, w.k_norm_bias, layer, rows, keys));
   selected.assign(n, {});
   // Queries only where some row sees more tokens than it may attend to.
   const bool sparse = std::any_of(rows.begin(), rows.end(), [&](const PassRow& r) { return r.pos + 1 > ix.topk; });
@@ -63,16 +85,11 @@ absl::Status IndexRows(const ModelConfig& c, const kernels::RopeTable& rope, con
   MatMul(w.weights_proj, heads, hidden, h, n, head_weights.data());
   std::vector<uint8_t> q_codes(heads * dim);
   std::vector<float> weights(heads), scores;
-  const float factor = 1.0f / std::sqrt(static_cast<float>(heads)) / std::sqrt(static_cast<float>(dim));
   for (size_t r = 0; r < n; ++r) {
     const size_t visible = static_cast<size_t>(rows[r].pos) + 1;
     if (visible <= static_cast<size_t>(ix.topk)) continue;
-    for (size_t hd = 0; hd < heads; ++hd) {
-      float q_scale = 0.0f;
-      KVTIER_RETURN_IF_ERROR(RotateAndRound(rope, rows[r].pos, std::span(queries).subspan((r * heads + hd) * dim, dim),
-                                            std::span(q_codes).subspan(hd * dim, dim), q_scale));
-      weights[hd] = head_weights[r * heads + hd] * factor * q_scale;
-    }
+    KVTIER_RETURN_IF_ERROR(IndexQuery(ix, rope, rows[r].pos, std::span(queries).subspan(r * heads * dim, heads * dim),
+                                      std::span(head_weights).subspan(r * heads, heads), q_codes, weights));
     const SequenceCache& cache = *rows[r].cache;
     if (cache.index_scales[layer].size() < visible) {
       return absl::InvalidArgumentError(absl::StrCat("a sequence cache holds ", cache.index_scales[layer].size(),

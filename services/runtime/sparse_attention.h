@@ -29,6 +29,20 @@ struct PassRow {
   int64_t pos;
 };
 
+// The pass's raw key projections (keys: [rows][head_dim], wk's output),
+// normalised (k_norm, k_norm_bias), rotated and rounded here, appended to
+// each row's cache's layer `layer` in row order.
+absl::Status AppendIndexKeys(const kernels::RopeTable& rope, std::span<const float> k_norm,
+                             std::span<const float> k_norm_bias, size_t layer, std::span<const PassRow> rows,
+                             std::span<float> keys);
+
+// One row's indexer query at `pos` (queries: wq_b's output, [heads]
+// [head_dim], rotated and rounded here; head_weights: weights_proj's
+// output, [heads]) as IndexerScores takes it: q_codes [heads][head_dim],
+// weights [heads] (each head's weight with its scales folded in).
+absl::Status IndexQuery(const IndexerConfig& ix, const kernels::RopeTable& rope, int64_t pos, std::span<float> queries,
+                        std::span<const float> head_weights, std::span<uint8_t> q_codes, std::span<float> weights);
+
 // For the pass's rows (h: their attention inputs [n][hidden]; qa: their
 // MLA query latents [n][q_lora]): appends each row's key to its cache's
 // layer `layer`, then fills selected[r] with the tokens row r attends to,

@@ -7,6 +7,10 @@
 // layers, for the median row (a token whose gate logits nearly tie may pick
 // another expert on the GPU: that moves its row by more, and is not a bug;
 // the MoE itself is checked against float64 in kernels/cuda/check_matmul).
+// V3.2's sparse attention likewise: a row whose indexer scores nearly tie at
+// the k-th place may choose another token on the GPU (the kernels against
+// the CPU's are in kernels/cuda/check_sparse_mla); with every token chosen
+// (index_topk over the longest context), every row within the bound.
 // The blocks each backend seals: equal in number. The GPU keeps sealed
 // blocks in its block pool between passes: by default, with none (every pass
 // copies them up), with one too small for a layer's blocks, and with one
@@ -50,6 +54,7 @@ struct Variant {
   std::string name, preset;
   bool dense_only;       // every layer a dense MLP: no gate to tip over
   int pool_blocks = -1;  // room in the device block pool, in int8 blocks of 16; -1: the default
+  int64_t index_topk = 0;  // V3.2: tokens the indexer chooses; 0: the preset's
 };
 void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
 
@@ -71,6 +76,7 @@ TEST_P(CudaForwardTest, LogitsMatchTheCpuThroughPrefillAndDecode) {
   SCOPED_TRACE(rng_.Trace());
   ModelConfig config = *PresetConfig(GetParam().preset);
   if (GetParam().dense_only) config.first_k_dense_replace = config.num_hidden_layers;
+  if (GetParam().index_topk > 0) config.indexer->topk = GetParam().index_topk;
   ASSERT_TRUE(MakeModel(config, dir_.string(), rng_.seed()).ok());
   auto ckpt = Checkpoint::Open(dir_.string());
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
@@ -142,6 +148,9 @@ INSTANTIATE_TEST_SUITE_P(Presets, CudaForwardTest,
                                            Variant{"v3_tiny", "v3-tiny", false},
                                            Variant{"v3_tiny_dense", "v3-tiny", true},
                                            Variant{"kimi_k2_tiny", "kimi-k2-tiny", false},
+                                           // V3.2: the indexer chooses 8 tokens; or every one.
+                                           Variant{"v32_tiny", "v32-tiny", false},
+                                           Variant{"v32_tiny_dense_all_chosen", "v32-tiny", true, -1, 1000},
                                            // Every pass copies its blocks up.
                                            Variant{"lite_attn_dense_no_pool", "lite-attn", true, 0},
                                            // The int8 sequence's 2 blocks of a layer fit; each

@@ -1,0 +1,285 @@
+// DeepSeek-V3.2's indexer scores, top-k choice and latent gather on the
+// GPU. FMA contraction is off for this file (as for codec.cu and the CPU's
+// codecs and indexer), so a gathered latent is the bits the CPU decodes and
+// a score is added up in the stated order.
+#include <cuda_runtime.h>
+
+#include <cub/block/block_scan.cuh>
+#include <string>
+
+#include "cuda_status.h"
+#include "kvtier/kernels/cuda_sparse_mla.h"
+#include "kvtier/kernels/float_formats.h"
+#include "mla_attention_internal.h"
+
+namespace kvtier::kernels::cuda {
+namespace {
+
+using internal::NoteBadInput;
+
+constexpr uint32_t kScoreThreads = 128;  // tokens a CUDA block scores
+constexpr int kSelectThreads = 1024;
+constexpr uint32_t kGatherThreads = 128;
+
+// One thread per token: its key widened into registers, then every head's
+// dot product with the row's query (shared, read four values at a time).
+template <uint32_t kDim>
+__global__ void __launch_bounds__(kScoreThreads)
+    ScoresKernel(uint32_t heads, const uint8_t* q_codes, const float* weights, IndexerKeys keys, float* scores) {
+  extern __shared__ float4 shared4[];
+  float* q = reinterpret_cast<float*>(shared4);  // [heads][kDim]
+  float* w = q + size_t{heads} * kDim;           // [heads]
+  const uint32_t r = blockIdx.y, t = blockIdx.x * kScoreThreads + threadIdx.x;
+  for (uint32_t i = threadIdx.x; i < heads * kDim; i += kScoreThreads) {
+    q[i] = Fp8E4m3ToFloat(q_codes[size_t{r} * heads * kDim + i]);
+  }
+  for (uint32_t h = threadIdx.x; h < heads; h += kScoreThreads) w[h] = weights[size_t{r} * heads + h];
+  __syncthreads();
+  if (t >= static_cast<uint32_t>(keys.visible[r])) return;
+  const size_t key = static_cast<size_t>(keys.key_offsets[r]) + t;
+  float k[kDim];
+  const uint4* packed = reinterpret_cast<const uint4*>(keys.codes + key * kDim);
+#pragma unroll
+  for (uint32_t j = 0; j < kDim / 16; ++j) {
+    const uint4 v = packed[j];
+    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (uint32_t b = 0; b < 16; ++b) k[16 * j + b] = Fp8E4m3ToFloat(static_cast<uint8_t>(words[b / 4] >> (8 * (b % 4))));
+  }
+  float sum = 0.0f;
+  for (uint32_t h = 0; h < heads; ++h) {
+    const float4* qh = reinterpret_cast<const float4*>(q + size_t{h} * kDim);
+    float dot = 0.0f;
+#pragma unroll
+    for (uint32_t d = 0; d < kDim / 4; ++d) {
+      const float4 a = qh[d];
+      dot = dot + a.x * k[4 * d];
+      dot = dot + a.y * k[4 * d + 1];
+      dot = dot + a.z * k[4 * d + 2];
+      dot = dot + a.w * k[4 * d + 3];
+    }
+    sum = sum + w[h] * fmaxf(dot, 0.0f);
+  }
+  scores[size_t{r} * keys.max_visible + t] = keys.scales[key] * sum;
+}
+
+// Scores as unsigned keys in the same order (-0 as +0).
+__device__ inline uint32_t OrderedBits(float score) {
+  const uint32_t u = __float_as_uint(score + 0.0f);
+  return (u & 0x80000000u) != 0 ? ~u : (u | 0x80000000u);
+}
+
+// One CUDA block per row: the k-th largest key found a byte at a time
+// (radix select), then the tokens above it and the first ones equal to it
+// written out in token order.
+__global__ void __launch_bounds__(kSelectThreads) SelectKernel(const float* scores, uint32_t max_visible,
+                                                               const int32_t* visible, uint32_t k, int32_t* selected,
+                                                               int32_t* counts) {
+  using Scan = cub::BlockScan<int, kSelectThreads>;
+  __shared__ typename Scan::TempStorage scan;
+  __shared__ uint32_t histogram[256];
+  __shared__ uint32_t chosen_prefix, chosen_wanted;
+  const uint32_t r = blockIdx.x;
+  const float* s = scores + size_t{r} * max_visible;
+  const uint32_t n = min(static_cast<uint32_t>(max(visible[r], 0)), max_visible);
+  int32_t* out = selected + size_t{r} * k;
+  if (n <= k) {
+    for (uint32_t i = threadIdx.x; i < n; i += kSelectThreads) out[i] = static_cast<int32_t>(i);
+    if (threadIdx.x == 0) counts[r] = static_cast<int32_t>(n);
+    return;
+  }
+  // prefix: the high bytes of the k-th largest key found so far; wanted:
+  // how many keys with that prefix still belong to the top k.
+  uint32_t prefix = 0, mask = 0, wanted = k;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (uint32_t d = threadIdx.x; d < 256; d += kSelectThreads) histogram[d] = 0;
+    __syncthreads();
+    for (uint32_t i = threadIdx.x; i < n; i += kSelectThreads) {
+      const uint32_t u = OrderedBits(s[i]);
+      if ((u & mask) == prefix) atomicAdd(&histogram[(u >> shift) & 0xffu], 1u);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      uint32_t above = 0;
+      for (int d = 255; d >= 0; --d) {
+        if (above + histogram[d] >= wanted) {
+          chosen_prefix = prefix | (static_cast<uint32_t>(d) << shift);
+          chosen_wanted = wanted - above;
+          break;
+        }
+        above += histogram[d];
+      }
+    }
+    __syncthreads();
+    prefix = chosen_prefix, wanted = chosen_wanted;
+    mask |= 0xffu << shift;
+  }
+  // Every key above `prefix` (the k-th largest) and the first `wanted`
+  // equal to it, in token order.
+  int written = 0, equal_seen = 0;
+  for (uint32_t base = 0; base < n; base += kSelectThreads) {
+    const uint32_t i = base + threadIdx.x;
+    const uint32_t u = i < n ? OrderedBits(s[i]) : 0;
+    const bool equal = i < n && u == prefix;
+    int equal_rank = 0, equal_count = 0;
+    Scan(scan).ExclusiveSum(equal ? 1 : 0, equal_rank, equal_count);
+    __syncthreads();
+    const bool take = (i < n && u > prefix) || (equal && equal_seen + equal_rank < static_cast<int>(wanted));
+    int position = 0, taken = 0;
+    Scan(scan).ExclusiveSum(take ? 1 : 0, position, taken);
+    __syncthreads();
+    if (take) out[written + position] = static_cast<int32_t>(i);
+    written += taken, equal_seen += equal_count;
+  }
+  if (threadIdx.x == 0) counts[r] = static_cast<int32_t>(k);
+}
+
+// Channel c of token t of a block, as the CPU codecs decode it.
+__device__ inline float DecodedValue(Codec codec, const uint8_t* block, uint32_t t, uint32_t c, uint32_t kv,
+                                     uint32_t rope) {
+  const uint32_t dim = kv + rope;
+  uint16_t bits;
+  switch (codec) {
+    case Codec::kBf16:
+      memcpy(&bits, block + 2 * (size_t{t} * dim + c), 2);
+      return Bf16ToFloat(bits);
+    case Codec::kInt8: {
+      memcpy(&bits, block + 2 * size_t{c}, 2);
+      const int8_t code = static_cast<int8_t>(block[2 * size_t{dim} + size_t{t} * dim + c]);
+      return __fmul_rn(static_cast<float>(code), Bf16ToFloat(bits));
+    }
+    case Codec::kInt4: {
+      const uint32_t half = (dim + 1) / 2;
+      uint16_t zero_bits;
+      memcpy(&bits, block + 2 * size_t{c}, 2);
+      memcpy(&zero_bits, block + 2 * (size_t{dim} + c), 2);
+      const uint8_t byte = block[4 * size_t{dim} + size_t{t} * half + (c < half ? c : c - half)];
+      const float code = static_cast<float>(c < half ? (byte & 0xf) : (byte >> 4));
+      return __fadd_rn(Bf16ToFloat(zero_bits), __fmul_rn(code, Bf16ToFloat(bits)));
+    }
+    case Codec::kFp8: {
+      const uint32_t tiles = (kv + kFp8TileSize - 1) / kFp8TileSize;
+      const uint8_t* token = block + size_t{t} * (kv + 4 * tiles + 2 * rope);
+      if (c >= kv) {
+        memcpy(&bits, token + kv + 4 * size_t{tiles} + 2 * size_t{c - kv}, 2);
+        return Bf16ToFloat(bits);
+      }
+      float scale;
+      memcpy(&scale, token + kv + 4 * size_t{c / kFp8TileSize}, 4);
+      return __fmul_rn(Fp8E4m3ToFloat(token[c]), scale);
+    }
+  }
+  return 0.0f;
+}
+
+// One CUDA block per chosen token: its row of the output.
+__global__ void __launch_bounds__(kGatherThreads)
+    GatherKernel(MlaShape shape, PagedLatents L, size_t block_bytes, const int32_t* selected, uint32_t k,
+                 const int32_t* counts, float* out, unsigned long long* fault) {
+  const uint32_t i = blockIdx.x, r = blockIdx.y;
+  const uint32_t kv = shape.kv_lora_rank, rope = shape.rope_dim, dim = kv + rope;
+  if (i >= static_cast<uint32_t>(counts[r])) return;
+  float* row = out + (size_t{r} * k + i) * dim;
+  const int32_t t = selected[size_t{r} * k + i];
+  const int32_t nblocks = L.blocks_per_sequence[r];
+  const int64_t table_row = internal::TableRow(L, r);
+  const int64_t sealed = int64_t{nblocks} * L.tokens_per_block;
+  const uint8_t* block = nullptr;
+  const float* tail = nullptr;
+  bool bad = t < 0 || nblocks < 0 || static_cast<uint32_t>(nblocks) > L.max_blocks_per_sequence || table_row < 0;
+  if (!bad && t < sealed) {
+    const int32_t index = L.block_table[static_cast<size_t>(table_row) * L.max_blocks_per_sequence +
+                                        static_cast<uint32_t>(t) / L.tokens_per_block];
+    bad = index < 0 || static_cast<uint32_t>(index) >= L.pool_blocks;
+    if (bad && threadIdx.x == 0) NoteBadInput(fault, r, internal::kBadBlockIndex);
+    if (!bad) block = L.pool + static_cast<size_t>(index) * block_bytes;
+  } else if (!bad) {
+    const int64_t j = t - sealed;
+    const int64_t base = L.tail_offsets != nullptr ? L.tail_offsets[r] : int64_t{r} * L.max_tail;
+    bad = L.max_tail == 0 || j >= L.tail_tokens[r] || base < 0 ||
+          (L.tail_offsets != nullptr && static_cast<uint64_t>(base + j) >= L.tail_capacity);
+    if (bad && threadIdx.x == 0) NoteBadInput(fault, r, internal::kBadTail);
+    if (!bad) tail = L.tail + static_cast<size_t>(base + j) * dim;
+  } else if (threadIdx.x == 0) {
+    NoteBadInput(fault, r, internal::kBadBlockCount);
+  }
+  const uint32_t in_block = static_cast<uint32_t>(t) % max(L.tokens_per_block, 1u);
+  for (uint32_t c = threadIdx.x; c < dim; c += kGatherThreads) {
+    row[c] = bad ? 0.0f
+                 : tail != nullptr ? tail[c]
+                                   : DecodedValue(L.codec, block, in_block, c, kv, rope);
+  }
+}
+
+template <uint32_t kDim>
+cudaError_t LaunchScores(uint32_t heads, uint32_t rows, const uint8_t* q_codes, const float* weights,
+                         const IndexerKeys& keys, float* scores, cudaStream_t stream) {
+  const size_t smem = sizeof(float) * size_t{heads} * (kDim + 1);
+  if (const cudaError_t e =
+          cudaFuncSetAttribute(ScoresKernel<kDim>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+      e != cudaSuccess) {
+    return e;
+  }
+  const dim3 grid((keys.max_visible + kScoreThreads - 1) / kScoreThreads, rows);
+  ScoresKernel<kDim><<<grid, kScoreThreads, smem, stream>>>(heads, q_codes, weights, keys, scores);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+Status IndexerScores(uint32_t heads, uint32_t head_dim, uint32_t rows, const uint8_t* q_codes, const float* weights,
+                     const IndexerKeys& keys, float* scores, void* stream_ptr) {
+  if (rows == 0 || keys.max_visible == 0) return Status();
+  if (heads == 0 || heads > 1024 || rows > 65535) {
+    return InvalidArgument("cuda::IndexerScores: " + std::to_string(heads) + " heads and " + std::to_string(rows) +
+                           " rows (1..1024 heads, at most 65535 rows)");
+  }
+  if (q_codes == nullptr || weights == nullptr || keys.codes == nullptr || keys.scales == nullptr ||
+      keys.key_offsets == nullptr || keys.visible == nullptr || scores == nullptr) {
+    return InvalidArgument("cuda::IndexerScores: a pointer is missing");
+  }
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  cudaError_t e;
+  switch (head_dim) {
+    case 16: e = LaunchScores<16>(heads, rows, q_codes, weights, keys, scores, stream); break;
+    case 32: e = LaunchScores<32>(heads, rows, q_codes, weights, keys, scores, stream); break;
+    case 64: e = LaunchScores<64>(heads, rows, q_codes, weights, keys, scores, stream); break;
+    case 128: e = LaunchScores<128>(heads, rows, q_codes, weights, keys, scores, stream); break;
+    default:
+      return InvalidArgument("cuda::IndexerScores: head_dim " + std::to_string(head_dim) +
+                             " (the kernel takes 16, 32, 64 or 128)");
+  }
+  return e == cudaSuccess ? Status() : CudaError(e, "cuda::IndexerScores launch");
+}
+
+Status SelectTopTokens(uint32_t rows, const float* scores, uint32_t max_visible, const int32_t* visible, uint32_t k,
+                       int32_t* selected, int32_t* counts, void* stream_ptr) {
+  if (rows == 0) return Status();
+  if (k == 0 || scores == nullptr || visible == nullptr || selected == nullptr || counts == nullptr) {
+    return InvalidArgument("cuda::SelectTopTokens: k is 0 or a pointer is missing");
+  }
+  SelectKernel<<<rows, kSelectThreads, 0, static_cast<cudaStream_t>(stream_ptr)>>>(scores, max_visible, visible, k,
+                                                                                   selected, counts);
+  return Launched("cuda::SelectTopTokens launch");
+}
+
+Status GatherLatents(const MlaShape& shape, const PagedLatents& latents, uint32_t rows, const int32_t* selected,
+                     uint32_t k, const int32_t* counts, float* out, unsigned long long* fault, void* stream_ptr) {
+  if (rows == 0 || k == 0) return Status();
+  const size_t block_bytes =
+      EncodedBytes(latents.codec, {latents.tokens_per_block, shape.kv_lora_rank, shape.rope_dim});
+  if (block_bytes == 0 || rows > 65535) {
+    return InvalidArgument("cuda::GatherLatents: a block shape the codec refuses, or over 65535 rows");
+  }
+  if (selected == nullptr || counts == nullptr || out == nullptr || fault == nullptr ||
+      latents.blocks_per_sequence == nullptr ||
+      (latents.max_blocks_per_sequence > 0 && (latents.pool == nullptr || latents.block_table == nullptr)) ||
+      (latents.max_tail > 0 && (latents.tail == nullptr || latents.tail_tokens == nullptr))) {
+    return InvalidArgument("cuda::GatherLatents: a pointer is missing for the sizes given");
+  }
+  GatherKernel<<<dim3(k, rows), kGatherThreads, 0, static_cast<cudaStream_t>(stream_ptr)>>>(
+      shape, latents, block_bytes, selected, k, counts, out, fault);
+  return Launched("cuda::GatherLatents launch");
+}
+
+}  // namespace kvtier::kernels::cuda
