@@ -8,20 +8,23 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 
 namespace kvtier::kernels::cpu {
 
 // True when this CPU runs x86-64-v4 (AVX-512 F, BW, CD, DQ, VL), the
-// target of KVTIER_AVX512 functions.
+// target of KVTIER_AVX512 functions, and KVTIER_NO_AVX512 is not set (so
+// that tests can run the other paths on a machine that has it).
 #if defined(__x86_64__) && defined(__GNUC__)
 inline bool HasAvx512() {
 #if defined(__clang__)  // clang 14 knows the features, not the level
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+  static const bool cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq") &&
                           __builtin_cpu_supports("avx512vl");
 #else
-  static const bool has = __builtin_cpu_supports("x86-64-v4");
+  static const bool cpu = __builtin_cpu_supports("x86-64-v4");
 #endif
+  static const bool has = cpu && std::getenv("KVTIER_NO_AVX512") == nullptr;
   return has;
 }
 #else

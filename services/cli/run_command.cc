@@ -43,7 +43,7 @@ absl::Status WriteNpy(const std::string& path, const std::vector<std::vector<flo
 
 absl::Status Run(const std::string& model_dir, const PromptFlags& prompt_flags, uint64_t max_new,
                  const std::string& codec_name, uint64_t tokens_per_block, bool json, const runtime::Sampling& sampling,
-                 const std::string& device_name, const std::string& latents_out) {
+                 const std::string& device_name, const std::string& latents_out, uint64_t cached_prefix) {
   if (model_dir.empty()) return absl::InvalidArgumentError("--model is required");
   const absl::StatusOr<runtime::Device> device = runtime::ParseDevice(device_name);
   if (!device.ok()) return device.status();
@@ -70,6 +70,7 @@ absl::Status Run(const std::string& model_dir, const PromptFlags& prompt_flags, 
   options.codec = *codec;
   options.tokens_per_block = static_cast<uint32_t>(tokens_per_block);
   options.sampling = sampling;
+  options.cached_prefix = static_cast<uint32_t>(std::min<uint64_t>(cached_prefix, UINT32_MAX));
   std::vector<std::vector<float>> sealed;
   if (!latents_out.empty()) options.sealed_latents = &sealed;
   auto out = runtime::Generate(**model, *prompt, options);
@@ -78,7 +79,7 @@ absl::Status Run(const std::string& model_dir, const PromptFlags& prompt_flags, 
     const runtime::ModelConfig& c = (*model)->config();
     KVTIER_RETURN_IF_ERROR(WriteNpy(latents_out, sealed, static_cast<size_t>(c.kv_lora_rank + c.qk_rope_head_dim)));
   }
-  std::cout << GenerationOutput(*out, prompt->size(), 0, prompt_flags, json) << "\n";
+  std::cout << GenerationOutput(*out, prompt->size(), options.cached_prefix, prompt_flags, json) << "\n";
   return absl::OkStatus();
 }
 
@@ -87,7 +88,8 @@ absl::Status Run(const std::string& model_dir, const PromptFlags& prompt_flags, 
 int RunRun(const std::vector<std::string>& args) {
   std::string model, codec = "bf16", device = "cpu", latents_out;
   PromptFlags prompt;
-  uint64_t max_new = 16, tokens_per_block = 64, threads = std::max(1u, std::thread::hardware_concurrency());
+  uint64_t max_new = 16, tokens_per_block = 64, threads = std::max(1u, std::thread::hardware_concurrency()),
+           cached_prefix = 0;
   SamplingFlags sampling_flags;
   bool json = false;
   FlagParser flags("kvtier run --model DIR (--prompt-ids 1,2,3 | --prompt TEXT) --max-new-tokens N [flags]",
@@ -106,12 +108,18 @@ int RunRun(const std::vector<std::string>& args) {
   flags.AddString("latents-out", &latents_out,
                   "write the float latents of every block sealed (the prompt's full blocks first) to this .npy "
                   "file, float32 [layers][tokens][kv_lora_rank + rope]: to check another codec implementation");
+  flags.AddUint("cached-prefix-tokens", &cached_prefix,
+                "prefill these first prompt tokens (whole blocks) on their own and seal their blocks in --kv-codec "
+                "before the rest, which then attends to their codes: what a served turn whose prefix came from the "
+                "cache computes (0: one prefill)");
   sampling_flags.Register(flags);
   if (std::optional<int> exit = flags.ParseOrExit(args, "kvtier run")) return *exit;
   kernels::SetKernelThreads(std::clamp<uint64_t>(threads, 1, 1024));
   absl::StatusOr<runtime::Sampling> sampling = sampling_flags.Parse();
   absl::Status s = sampling.status();
-  if (s.ok()) s = Run(model, prompt, max_new, codec, tokens_per_block, json, *sampling, device, latents_out);
+  if (s.ok()) {
+    s = Run(model, prompt, max_new, codec, tokens_per_block, json, *sampling, device, latents_out, cached_prefix);
+  }
   if (!s.ok()) {
     std::cerr << "kvtier run: " << s.message() << "\n";
     return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;

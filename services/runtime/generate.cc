@@ -20,10 +20,18 @@ absl::StatusOr<std::vector<Sampled>> Generate(const Model& model, const std::vec
                                                    ") exceeds max_position_embeddings ", c.max_position_embeddings));
   }
   KVTIER_RETURN_IF_ERROR(ValidateSampling(o.sampling));
+  if (o.cached_prefix > 0 &&
+      (o.cached_prefix % o.tokens_per_block != 0 || o.cached_prefix >= prompt.size() || c.v4.has_value())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a cached prefix of ", o.cached_prefix, " tokens: it must be whole blocks of ", o.tokens_per_block,
+        " tokens, fewer than the prompt's ", prompt.size(), ", of an MLA model (DeepSeek-V2 or the V3 family)"));
+  }
   SequenceCache cache = model.NewCache(o.codec, o.tokens_per_block);
   cache.sealed_rows = o.sealed_latents;
   std::vector<float> logits(c.vocab_size);
-  KVTIER_RETURN_IF_ERROR(model.Prefill(prompt, cache, logits));
+  const std::span<const uint32_t> ids(prompt);
+  if (o.cached_prefix > 0) KVTIER_RETURN_IF_ERROR(model.Prefill(ids.first(o.cached_prefix), cache, logits));
+  KVTIER_RETURN_IF_ERROR(model.Prefill(ids.subspan(o.cached_prefix), cache, logits));
   std::vector<Sampled> out;
   for (uint32_t i = 0; i < o.max_new_tokens; ++i) {
     out.push_back(Sample(logits, o.sampling, i, o.top_logprobs));
