@@ -33,6 +33,26 @@ size_t V4EntryBytes(size_t dim, size_t rope_dim) {
 
 size_t V4IndexKeyBytes(size_t dim) { return dim / 2 + dim / kFp4Block; }
 
+size_t V4BlockBytes(const V4PartShape& s, size_t tokens) {
+  const size_t entry = V4EntryBytes(s.head_dim, s.rope_dim), key = V4IndexKeyBytes(s.index_dim);
+  size_t bytes = 0;
+  for (uint32_t r : s.compress_ratios) {
+    if (r > 0) bytes += tokens / r * entry;
+    if (r == 4) bytes += tokens / r * key;
+  }
+  return bytes;
+}
+
+size_t V4RestorePointBytes(const V4PartShape& s, uint64_t boundary) {
+  const size_t window = static_cast<size_t>(std::min<uint64_t>(s.window, boundary));
+  size_t bytes = kV4BoundaryBytes;
+  for (uint32_t r : s.compress_ratios) {
+    bytes += window * V4EntryBytes(s.head_dim, s.rope_dim);
+    if (r == 4) bytes += V4OverlapRowBytes(s.head_dim) + V4OverlapRowBytes(s.index_dim);
+  }
+  return bytes;
+}
+
 Status EncodeV4Entry(std::span<const float> values, size_t rope_dim, std::span<uint8_t> out) {
   const size_t dim = values.size(), fp8 = dim - rope_dim;
   if (rope_dim >= dim || fp8 % kFp8Block != 0 || out.size() != V4EntryBytes(dim, rope_dim)) {

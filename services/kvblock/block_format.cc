@@ -23,6 +23,23 @@ void Store(char* bytes, size_t offset, T v) {
   std::memcpy(bytes + offset, &v, sizeof v);
 }
 
+// A format 3 header's own fields: a V4 record holds every layer.
+absl::Status CheckV4HeaderFields(const BlockHeader& h) {
+  if (h.kind != RecordKind::kBlock && h.kind != RecordKind::kRestorePoint) {
+    return absl::InvalidArgumentError(absl::StrCat("block header: record kind ", static_cast<int>(h.kind),
+                                                   " (format 3 takes 0, a block, or 1, a restore point)"));
+  }
+  if (h.codec != kernels::Codec::kFp8 || h.layer_begin != 0) {
+    return absl::InvalidArgumentError("block header: a format 3 record is FP8 entries of every layer from layer 0");
+  }
+  const size_t least = h.kind == RecordKind::kRestorePoint ? kernels::kV4BoundaryBytes : 0;
+  if (h.payload_bytes < least) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block header: a restore point of ", h.payload_bytes, " bytes has no boundary"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckHeaderFields(const BlockHeader& h) {
   if (kernels::Status s = kernels::ValidateShape(h.LayerShape()); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("block header: ", s.message()));
@@ -31,6 +48,7 @@ absl::Status CheckHeaderFields(const BlockHeader& h) {
     return absl::InvalidArgumentError(absl::StrCat("block header: layers [", h.layer_begin, ", ",
                                                    h.layer_begin + h.layer_count, ") empty or beyond ", kMaxLayers));
   }
+  if (h.format_version == kV4BlockFormatVersion) return CheckV4HeaderFields(h);
   const bool indexed = h.format_version == kIndexedBlockFormatVersion;
   if (indexed && (h.indexer_encoding != IndexerEncoding::kFp8 || h.indexer_dim < 1 || h.indexer_dim > kMaxIndexerDim)) {
     return absl::InvalidArgumentError(absl::StrCat("block header: indexer encoding ",
@@ -56,7 +74,32 @@ absl::Status CheckHeaderFields(const BlockHeader& h) {
   return absl::OkStatus();
 }
 
-absl::Status CheckAgainstLayout(const BlockHeader& h, const LatentLayout& l) {
+// A format 3 record's size against its layout's; `boundary`: a restore
+// point's first 8 bytes.
+absl::Status CheckV4Size(const BlockHeader& h, const LatentLayout& l, uint64_t boundary) {
+  if (h.layer_count != l.num_layers) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("a DeepSeek-V4 record holds ", h.layer_count, " layers, layout has ", l.num_layers));
+  }
+  size_t want = 0;
+  if (h.kind == RecordKind::kBlock) {
+    want = kernels::V4BlockBytes(l.V4Parts(), l.tokens_per_block);
+  } else {
+    if (boundary == 0 || boundary % l.tokens_per_block != 0 || boundary > (uint64_t{1} << 40)) {
+      return absl::InvalidArgumentError(absl::StrCat("restore point at token ", boundary, ", not a block boundary of ",
+                                                     l.tokens_per_block, " tokens"));
+    }
+    want = kernels::V4RestorePointBytes(l.V4Parts(), boundary);
+  }
+  if (h.payload_bytes != want) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        h.kind == RecordKind::kBlock ? "block" : "restore point", " payload of ", h.payload_bytes,
+        " bytes, the layout's ", h.kind == RecordKind::kBlock ? "blocks take " : "points there take ", want));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckAgainstLayout(const BlockHeader& h, const LatentLayout& l, uint64_t boundary) {
   const uint64_t id = LayoutId(l);
   if (h.layout_id != id) {
     return absl::FailedPreconditionError(absl::StrCat("block has layout id ", absl::Hex(h.layout_id, absl::kZeroPad16),
@@ -70,7 +113,9 @@ absl::Status CheckAgainstLayout(const BlockHeader& h, const LatentLayout& l) {
                      h.rope_dim, "), layout wants ", kernels::CodecName(l.codec), " ", l.tokens_per_block, " x (",
                      l.kv_lora_rank, " + ", l.rope_dim, ")"));
   }
-  if (h.indexer_dim != l.indexer_dim || h.indexer_encoding != l.indexer_encoding) {
+  // Format 3 headers carry no indexer fields: the layout id vouches for them.
+  if (h.format_version != kV4BlockFormatVersion &&
+      (h.indexer_dim != l.indexer_dim || h.indexer_encoding != l.indexer_encoding)) {
     return absl::FailedPreconditionError(
         absl::StrCat("block has indexer keys of dim ", h.indexer_dim, ", layout wants dim ", l.indexer_dim));
   }
@@ -78,7 +123,17 @@ absl::Status CheckAgainstLayout(const BlockHeader& h, const LatentLayout& l) {
     return absl::FailedPreconditionError(absl::StrCat("block holds layers [", h.layer_begin, ", ",
                                                       h.layer_begin + h.layer_count, "), layout has ", l.num_layers));
   }
-  return absl::OkStatus();
+  return h.format_version == kV4BlockFormatVersion ? CheckV4Size(h, l, boundary) : absl::OkStatus();
+}
+
+// A restore point's boundary: its payload's first 8 bytes (0 for anything
+// else).
+uint64_t Boundary(const BlockHeader& h, std::string_view payload) {
+  if (h.format_version != kV4BlockFormatVersion || h.kind != RecordKind::kRestorePoint ||
+      payload.size() < kernels::kV4BoundaryBytes) {
+    return 0;
+  }
+  return Load<uint64_t>(payload, 0);
 }
 
 }  // namespace
@@ -110,10 +165,10 @@ absl::StatusOr<BlockHeader> ParseBlockHeader(std::string_view record, size_t siz
   }
   BlockHeader h;
   h.format_version = Load<uint16_t>(record, 4);
-  if (h.format_version != kBlockFormatVersion && h.format_version != kIndexedBlockFormatVersion) {
+  if (h.format_version < kBlockFormatVersion || h.format_version > kV4BlockFormatVersion) {
     return absl::FailedPreconditionError(absl::StrCat("block format version ", h.format_version,
                                                       " is not supported (this build reads ", kBlockFormatVersion,
-                                                      " and ", kIndexedBlockFormatVersion, ")"));
+                                                      " to ", kV4BlockFormatVersion, ")"));
   }
   if (size < h.HeaderBytes() + kBlockTrailerBytes) {
     return absl::InvalidArgumentError(absl::StrCat("block record truncated: ", size, " bytes, smaller than a format ",
@@ -124,7 +179,10 @@ absl::StatusOr<BlockHeader> ParseBlockHeader(std::string_view record, size_t siz
     return absl::InvalidArgumentError(absl::StrCat("block header: unknown codec ", codec));
   }
   h.codec = static_cast<kernels::Codec>(codec);
-  if (const uint8_t flags = Load<uint8_t>(record, 7); flags != 0) {
+  const uint8_t flags = Load<uint8_t>(record, 7);
+  if (h.format_version == kV4BlockFormatVersion) {
+    h.kind = static_cast<RecordKind>(flags);
+  } else if (flags != 0) {
     return absl::InvalidArgumentError(absl::StrCat("block header: unknown flags ", flags));
   }
   h.layout_id = Load<uint64_t>(record, 8);
@@ -133,7 +191,11 @@ absl::StatusOr<BlockHeader> ParseBlockHeader(std::string_view record, size_t siz
   h.layer_count = Load<uint16_t>(record, 22);
   h.latent_dim = Load<uint16_t>(record, 24);
   h.rope_dim = Load<uint16_t>(record, 26);
-  h.layer_payload_bytes = Load<uint32_t>(record, 28);
+  if (h.format_version == kV4BlockFormatVersion) {
+    h.payload_bytes = Load<uint32_t>(record, 28);
+  } else {
+    h.layer_payload_bytes = Load<uint32_t>(record, 28);
+  }
   if (h.format_version == kIndexedBlockFormatVersion) {
     h.indexer_dim = Load<uint16_t>(record, 32);
     h.indexer_encoding = static_cast<IndexerEncoding>(Load<uint8_t>(record, 34));
@@ -162,8 +224,9 @@ absl::StatusOr<BlockView> ParseBlock(std::string_view record, const LatentLayout
     return absl::DataLossError(absl::StrCat("block checksum mismatch: stored ", absl::Hex(stored_crc, absl::kZeroPad8),
                                             ", computed ", absl::Hex(crc, absl::kZeroPad8)));
   }
-  if (expected != nullptr) KVTIER_RETURN_IF_ERROR(CheckAgainstLayout(h, *expected));
-  return BlockView{h, record.substr(h.HeaderBytes(), want - h.HeaderBytes() - kBlockTrailerBytes)};
+  const std::string_view payloads = record.substr(h.HeaderBytes(), h.PayloadBytes());
+  if (expected != nullptr) KVTIER_RETURN_IF_ERROR(CheckAgainstLayout(h, *expected, Boundary(h, payloads)));
+  return BlockView{h, payloads};
 }
 
 std::string EncodeBlockHeader(const BlockHeader& h) {
@@ -171,14 +234,14 @@ std::string EncodeBlockHeader(const BlockHeader& h) {
   std::memcpy(b.data(), kBlockMagic, sizeof kBlockMagic);
   Store<uint16_t>(b.data(), 4, static_cast<uint16_t>(h.format_version));
   Store<uint8_t>(b.data(), 6, static_cast<uint8_t>(h.codec));
-  Store<uint8_t>(b.data(), 7, 0);
+  Store<uint8_t>(b.data(), 7, h.format_version == kV4BlockFormatVersion ? static_cast<uint8_t>(h.kind) : 0);
   Store<uint64_t>(b.data(), 8, h.layout_id);
   Store<uint32_t>(b.data(), 16, h.token_count);
   Store<uint16_t>(b.data(), 20, static_cast<uint16_t>(h.layer_begin));
   Store<uint16_t>(b.data(), 22, static_cast<uint16_t>(h.layer_count));
   Store<uint16_t>(b.data(), 24, static_cast<uint16_t>(h.latent_dim));
   Store<uint16_t>(b.data(), 26, static_cast<uint16_t>(h.rope_dim));
-  Store<uint32_t>(b.data(), 28, h.layer_payload_bytes);
+  Store<uint32_t>(b.data(), 28, h.format_version == kV4BlockFormatVersion ? h.payload_bytes : h.layer_payload_bytes);
   if (h.format_version == kIndexedBlockFormatVersion) {
     Store<uint16_t>(b.data(), 32, static_cast<uint16_t>(h.indexer_dim));
     Store<uint8_t>(b.data(), 34, static_cast<uint8_t>(h.indexer_encoding));
@@ -188,11 +251,11 @@ std::string EncodeBlockHeader(const BlockHeader& h) {
 }
 
 absl::StatusOr<std::string> SerializeBlock(const BlockHeader& h, std::string_view payloads) {
-  if (h.format_version != kBlockFormatVersion && h.format_version != kIndexedBlockFormatVersion) {
+  if (h.format_version < kBlockFormatVersion || h.format_version > kV4BlockFormatVersion) {
     return absl::InvalidArgumentError(absl::StrCat("cannot write block format version ", h.format_version));
   }
   KVTIER_RETURN_IF_ERROR(CheckHeaderFields(h));
-  const size_t want = size_t{h.layer_count} * h.layer_payload_bytes;
+  const size_t want = h.PayloadBytes();
   if (payloads.size() != want) {
     return absl::InvalidArgumentError(
         absl::StrCat("block payloads are ", payloads.size(), " bytes, header needs ", want));
@@ -235,6 +298,27 @@ absl::StatusOr<std::string> EncodeBlock(const LatentLayout& layout, uint32_t lay
     std::copy_n(indexer_parts.data() + i * indexer_bytes, indexer_bytes, layer + latent_bytes);
   }
   return SerializeBlock(HeaderFor(layout, layer_begin, layer_count), payloads);
+}
+
+absl::StatusOr<std::string> EncodeV4Record(const LatentLayout& layout, RecordKind kind, std::string_view payload) {
+  KVTIER_RETURN_IF_ERROR(ValidateLayout(layout));
+  if (!layout.IsV4()) return absl::InvalidArgumentError("a DeepSeek-V4 record needs a V4 layout");
+  if (payload.size() > UINT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("a ", payload.size(), "-byte payload does not fit a record"));
+  }
+  BlockHeader h;
+  h.format_version = kV4BlockFormatVersion;
+  h.codec = layout.codec;
+  h.layout_id = LayoutId(layout);
+  h.token_count = layout.tokens_per_block;
+  h.layer_count = layout.num_layers;
+  h.latent_dim = layout.kv_lora_rank;
+  h.rope_dim = layout.rope_dim;
+  h.kind = kind;
+  h.payload_bytes = static_cast<uint32_t>(payload.size());
+  KVTIER_RETURN_IF_ERROR(CheckHeaderFields(h));
+  KVTIER_RETURN_IF_ERROR(CheckAgainstLayout(h, layout, Boundary(h, payload)));
+  return SerializeBlock(h, payload);
 }
 
 absl::Status DecodeBlock(const BlockView& block, std::span<float> out) {
@@ -288,7 +372,13 @@ absl::StatusOr<BlockHeader> ParseScatteredBlock(std::span<const std::span<const 
     return absl::DataLossError(absl::StrCat("block checksum mismatch: stored ", absl::Hex(stored_crc, absl::kZeroPad8),
                                             ", computed ", absl::Hex(crc, absl::kZeroPad8)));
   }
-  if (expected != nullptr) KVTIER_RETURN_IF_ERROR(CheckAgainstLayout(h, *expected));
+  if (expected != nullptr) {
+    uint64_t boundary = 0;
+    if (h.format_version == kV4BlockFormatVersion && h.kind == RecordKind::kRestorePoint) {
+      CopyFromPieces(pieces, h.HeaderBytes(), std::span(reinterpret_cast<uint8_t*>(&boundary), sizeof boundary));
+    }
+    KVTIER_RETURN_IF_ERROR(CheckAgainstLayout(h, *expected, boundary));
+  }
   return h;
 }
 

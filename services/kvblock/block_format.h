@@ -22,6 +22,12 @@
 //   32|40  ...   layer count payloads, first layer first; each the latent
 //                part (kernels::EncodedBytes) then the indexer part
 //   end-4  4     CRC32C of every byte before it
+//
+// Format 3 (DeepSeek-V4) keeps format 1's 32 bytes of header, with byte 7
+// the record's kind (0 a block, 1 a restore point), every layer in one
+// record (first layer 0), head_dim and its rotated dims at 24 and 26, and
+// at 28 the whole payload's bytes (per-layer parts differ in size); its
+// payloads are services/runtime/v4_cache_parts.h's.
 #ifndef KVTIER_SERVICES_KVBLOCK_BLOCK_FORMAT_H_
 #define KVTIER_SERVICES_KVBLOCK_BLOCK_FORMAT_H_
 
@@ -43,6 +49,9 @@ inline constexpr size_t kBlockHeaderBytes = 32;         // format 1
 inline constexpr size_t kIndexedBlockHeaderBytes = 40;  // format 2
 inline constexpr size_t kBlockTrailerBytes = 4;
 
+// What a format 3 record holds (its byte 7).
+enum class RecordKind : uint8_t { kBlock = 0, kRestorePoint = 1 };
+
 struct BlockHeader {
   uint32_t format_version = kBlockFormatVersion;
   kernels::Codec codec = kernels::Codec::kInt8;
@@ -56,14 +65,19 @@ struct BlockHeader {
   uint32_t indexer_dim = 0;
   IndexerEncoding indexer_encoding = IndexerEncoding::kNone;
   uint32_t indexer_part_bytes = 0;
+  RecordKind kind = RecordKind::kBlock;  // format 3
+  uint32_t payload_bytes = 0;            // format 3: every layer's parts together
 
   kernels::BlockShape LayerShape() const { return {token_count, latent_dim, rope_dim}; }
   size_t HeaderBytes() const {
     return format_version == kIndexedBlockFormatVersion ? kIndexedBlockHeaderBytes : kBlockHeaderBytes;
   }
   size_t LatentPartBytes() const { return layer_payload_bytes - indexer_part_bytes; }
+  size_t PayloadBytes() const {
+    return format_version == kV4BlockFormatVersion ? payload_bytes : size_t{layer_count} * layer_payload_bytes;
+  }
   // Size of the whole record.
-  size_t RecordBytes() const { return HeaderBytes() + size_t{layer_count} * layer_payload_bytes + kBlockTrailerBytes; }
+  size_t RecordBytes() const { return HeaderBytes() + PayloadBytes() + kBlockTrailerBytes; }
 };
 
 // Header for layers [layer_begin, layer_begin + layer_count) of a full block
@@ -73,7 +87,7 @@ BlockHeader HeaderFor(const LatentLayout& layout, uint32_t layer_begin, uint32_t
 // A parsed record; points into the parsed bytes, which must outlive it.
 struct BlockView {
   BlockHeader header;
-  std::string_view payloads;  // layer_count * layer_payload_bytes bytes
+  std::string_view payloads;  // PayloadBytes() bytes; Layer() and the parts below for formats 1 and 2
 
   // Layer i's whole payload, its latents (the codec's bytes) and its
   // indexer keys (empty in format 1).
@@ -89,7 +103,10 @@ struct BlockView {
 // written there (ShardSet::Fetch's records): it saves a pass over them.
 enum class CrcCheck { kCheck, kCheckedBefore };
 
-// Parses a record without trusting it. Errors, each naming what is wrong:
+// Parses a record without trusting it (for format 3 against a layout, its
+// payload's size: a block's, or a restore point's at the boundary its
+// first 8 bytes name, a positive multiple of tokens_per_block). Errors,
+// each naming what is wrong:
 //   INVALID_ARGUMENT     bad magic, bad header fields, truncated or oversized
 //   FAILED_PRECONDITION  unsupported format version; record not of `expected`
 //                        (layout id, codec, dims, token count, layer range)
@@ -118,6 +135,11 @@ absl::StatusOr<std::string> SerializeBlock(const BlockHeader& header, std::strin
 // model rounds its keys itself).
 absl::StatusOr<std::string> EncodeBlock(const LatentLayout& layout, uint32_t layer_begin, uint32_t layer_count,
                                         std::span<const float> latents, std::span<const uint8_t> indexer_parts = {});
+
+// A DeepSeek-V4 record (format 3) of `layout` holding `payload`, a block
+// or a restore point (services/runtime/v4_cache_parts.h's bytes), checked
+// for its size as ParseBlock checks it.
+absl::StatusOr<std::string> EncodeV4Record(const LatentLayout& layout, RecordKind kind, std::string_view payload);
 
 // Dequantizes the latents of every layer of a parsed record into `out`
 // (same shape as EncodeBlock's input).

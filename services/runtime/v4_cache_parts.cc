@@ -24,10 +24,14 @@ struct Dims {
         window(c.v4->sliding_window),
         entry(kernels::V4EntryBytes(hd, rd)),
         key(ihd > 0 ? kernels::V4IndexKeyBytes(ihd) : 0) {}
-  // Bytes of the float rows (kv, then score) an overlapping compressor of
-  // `dim` keeps at a boundary.
-  static size_t OverlapRows(size_t dim) { return 4 * dim * 2 * sizeof(float); }
 };
+
+// The config's part shape, over `ratios` (its compress ratios).
+kernels::V4PartShape PartShape(const ModelConfig& c, std::vector<uint32_t>& ratios) {
+  const Dims d(c);
+  ratios.assign(c.v4->compress_ratios.begin(), c.v4->compress_ratios.end());
+  return {ratios, d.hd, d.rd, d.ihd, d.window};
+}
 
 size_t Ratio(const ModelConfig& c, size_t layer) { return static_cast<size_t>(c.v4->compress_ratios[layer]); }
 
@@ -73,28 +77,17 @@ absl::Status CheckV4BlockTokens(const ModelConfig& c, uint32_t tokens_per_block)
 }
 
 size_t V4BlockBytes(const ModelConfig& c, uint32_t tokens_per_block) {
-  const Dims d(c);
-  size_t bytes = 0;
-  for (size_t l = 0; l < c.v4->compress_ratios.size(); ++l) {
-    const size_t r = Ratio(c, l);
-    if (r > 0) bytes += tokens_per_block / r * d.entry;
-    if (r == 4) bytes += tokens_per_block / r * d.key;
-  }
-  return bytes;
+  std::vector<uint32_t> ratios;
+  return kernels::V4BlockBytes(PartShape(c, ratios), tokens_per_block);
 }
 
 // The restore point's header: the tokens before it.
-constexpr size_t kBoundaryBytes = sizeof(int64_t);
+constexpr size_t kBoundaryBytes = kernels::kV4BoundaryBytes;
+static_assert(kBoundaryBytes == sizeof(int64_t));
 
 size_t V4RestorePointBytes(const ModelConfig& c, int64_t boundary) {
-  const Dims d(c);
-  const size_t window = std::min(d.window, static_cast<size_t>(boundary));
-  size_t bytes = kBoundaryBytes;
-  for (size_t l = 0; l < c.v4->compress_ratios.size(); ++l) {
-    bytes += window * d.entry;
-    if (Ratio(c, l) == 4) bytes += Dims::OverlapRows(d.hd) + Dims::OverlapRows(d.ihd);
-  }
-  return bytes;
+  std::vector<uint32_t> ratios;
+  return kernels::V4RestorePointBytes(PartShape(c, ratios), static_cast<uint64_t>(std::max<int64_t>(boundary, 0)));
 }
 
 absl::StatusOr<std::vector<uint8_t>> EncodeV4Block(const ModelConfig& c, const SequenceCache& cache, size_t block,

@@ -212,11 +212,11 @@ TEST_P(BlockParserTest, BadMagicIsInvalidArgument) {
 
 TEST_P(BlockParserTest, WrongVersionIsFailedPrecondition) {
   std::string r = record_;
-  r[4] = 3;
+  r[4] = 4;
   Reseal(r);
   absl::Status s = Parse(r);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(s.message().find("version 3"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("version 4"), std::string::npos) << s;
 }
 
 TEST_P(BlockParserTest, WrongLayoutIsFailedPrecondition) {
@@ -363,6 +363,118 @@ TEST(RecordPieces, CopyFromPiecesAndTrailerCrcReadAcrossAnyCuts) {
     std::memcpy(&trailer, record.data() + record.size() - 4, 4);
     EXPECT_EQ(TrailerCrc(pieces, record.size()), trailer);
   }
+}
+
+// DeepSeek-V4's records (format 3) at V4-Flash's schedule: 2 window-only
+// layers, 21 of ratio 4, 20 of ratio 128; blocks of 128 tokens.
+LatentLayout V4FlashLayout() {
+  LatentLayout l;
+  l.model_id = "deepseek-v4-flash";
+  l.num_layers = 43;
+  l.kv_lora_rank = 512;
+  l.rope_dim = 64;
+  l.tokens_per_block = 128;
+  l.codec = kernels::Codec::kFp8;
+  l.block_format_version = kV4BlockFormatVersion;
+  l.indexer_dim = 128;
+  l.indexer_encoding = IndexerEncoding::kMxfp4;
+  l.compress_ratios = {0, 0};
+  for (int i = 0; i < 20; ++i) l.compress_ratios.insert(l.compress_ratios.end(), {4, 128});
+  l.compress_ratios.push_back(4);
+  l.sliding_window = 128;
+  return l;
+}
+
+std::string RandomBytes(size_t n, std::mt19937_64& rng) {
+  std::string s(n, '\0');
+  for (char& c : s) c = static_cast<char>(rng());
+  return s;
+}
+
+// A restore point's payload: its boundary, then any bytes.
+std::string RestorePayload(const LatentLayout& l, uint64_t boundary, std::mt19937_64& rng) {
+  std::string p = RandomBytes(kernels::V4RestorePointBytes(l.V4Parts(), boundary), rng);
+  std::memcpy(p.data(), &boundary, sizeof boundary);
+  return p;
+}
+
+TEST(V4Record, BlocksAndRestorePointsRoundTripWithTheirKind) {
+  testing::SeededRng seeded;
+  SCOPED_TRACE(seeded.Trace());
+  std::mt19937_64& rng = seeded.engine();
+  const LatentLayout l = V4FlashLayout();
+  ASSERT_TRUE(ValidateLayout(l).ok()) << ValidateLayout(l);
+  const std::string block = RandomBytes(kernels::V4BlockBytes(l.V4Parts(), 128), rng);
+  EXPECT_EQ(block.size(), 449'824u);  // block_format.md's V4-Flash figures
+  const std::string point = RestorePayload(l, 384, rng);
+  EXPECT_EQ(point.size(), 3'644'424u);
+  for (const auto& [kind, payload] :
+       {std::pair(RecordKind::kBlock, block), std::pair(RecordKind::kRestorePoint, point)}) {
+    absl::StatusOr<std::string> record = EncodeV4Record(l, kind, payload);
+    ASSERT_TRUE(record.ok()) << record.status();
+    EXPECT_EQ(record->size(), kBlockHeaderBytes + payload.size() + kBlockTrailerBytes);
+    EXPECT_EQ(static_cast<uint8_t>((*record)[7]), static_cast<uint8_t>(kind));
+    absl::StatusOr<BlockView> view = ParseBlock(*record, &l);
+    ASSERT_TRUE(view.ok()) << view.status();
+    EXPECT_EQ(view->header.format_version, kV4BlockFormatVersion);
+    EXPECT_EQ(view->header.kind, kind);
+    EXPECT_EQ(view->header.layer_count, 43u);
+    EXPECT_EQ(view->payloads, payload);
+    // Held in pieces (a tier's pages), the same checks.
+    const auto* bytes = reinterpret_cast<const uint8_t*>(record->data());
+    const std::span<const uint8_t> pieces[] = {{bytes, 20}, {bytes + 20, 7}, {bytes + 27, record->size() - 27}};
+    absl::StatusOr<BlockHeader> scattered = ParseScatteredBlock(pieces, &l);
+    ASSERT_TRUE(scattered.ok()) << scattered.status();
+    EXPECT_EQ(scattered->kind, kind);
+    // Any flipped payload bit is DATA_LOSS.
+    std::string flipped = *record;
+    flipped[kBlockHeaderBytes + rng() % payload.size()] ^= 1;
+    EXPECT_EQ(ParseBlock(flipped, &l).status().code(), absl::StatusCode::kDataLoss);
+  }
+}
+
+TEST(V4Record, SizesKindsAndLayoutsThatDoNotFitAreRefused) {
+  testing::SeededRng seeded;
+  SCOPED_TRACE(seeded.Trace());
+  std::mt19937_64& rng = seeded.engine();
+  const LatentLayout l = V4FlashLayout();
+  const std::string block = RandomBytes(kernels::V4BlockBytes(l.V4Parts(), 128), rng);
+  struct Case {
+    RecordKind kind;
+    std::string payload;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {RecordKind::kBlock, block.substr(1), "the layout's blocks take 449824"},
+           {RecordKind::kRestorePoint, RestorePayload(l, 100, rng), "not a block boundary"},
+           {RecordKind::kRestorePoint, RestorePayload(l, 0, rng), "not a block boundary"},
+           {RecordKind::kRestorePoint, RestorePayload(l, 256, rng) + "x", "points there take"},
+           {RecordKind::kRestorePoint, "1234567", "has no boundary"},
+           {static_cast<RecordKind>(2), block, "record kind 2"},
+       }) {
+    absl::StatusOr<std::string> record = EncodeV4Record(l, c.kind, c.payload);
+    ASSERT_EQ(record.status().code(), absl::StatusCode::kInvalidArgument) << c.message;
+    EXPECT_NE(record.status().message().find(c.message), std::string::npos) << record.status();
+  }
+  // The parser refuses the same with the CRC resealed over the defect.
+  std::string record = *EncodeV4Record(l, RecordKind::kBlock, block);
+  record[7] = 1;  // a block's bytes called a restore point
+  Reseal(record);
+  EXPECT_EQ(ParseBlock(record, &l).status().code(), absl::StatusCode::kInvalidArgument);
+  record[7] = 5;
+  Reseal(record);
+  EXPECT_EQ(ParseBlock(record).status().code(), absl::StatusCode::kInvalidArgument);
+  // Not a V4 layout's record, and not V3.2's.
+  EXPECT_EQ(EncodeV4Record(IndexedLayout(kernels::Codec::kFp8), RecordKind::kBlock, block).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const LatentLayout v32 = IndexedLayout(kernels::Codec::kFp8);
+  EXPECT_EQ(ParseBlock(*EncodeV4Record(l, RecordKind::kBlock, block), &v32).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // A format 1 record never carries a kind.
+  std::string v1 = Encode(SmallLayout(kernels::Codec::kInt8), 0, 3, rng);
+  v1[7] = 1;
+  Reseal(v1);
+  EXPECT_EQ(ParseBlock(v1).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <set>
 
@@ -145,6 +146,85 @@ TEST(Layout, ProtoCodecNumbersMatchKernels) {
   EXPECT_EQ(static_cast<int>(kernels::Codec::kInt4), v1::KV_CODEC_INT4);
   EXPECT_EQ(static_cast<int>(IndexerEncoding::kNone), v1::INDEXER_ENCODING_NONE);
   EXPECT_EQ(static_cast<int>(IndexerEncoding::kFp8), v1::INDEXER_ENCODING_FP8);
+}
+
+// DeepSeek-V4-Flash's layout (format 3): 2 window-only layers, then ratios
+// 4 and 128 alternating, and a last 4.
+LatentLayout V4Flash() {
+  LatentLayout l{.model_id = "deepseek-ai/DeepSeek-V4-Flash",
+                 .num_layers = 43,
+                 .kv_lora_rank = 512,
+                 .rope_dim = 64,
+                 .tokens_per_block = 128,
+                 .codec = kernels::Codec::kFp8,
+                 .block_format_version = kV4BlockFormatVersion,
+                 .indexer_dim = 128,
+                 .indexer_encoding = IndexerEncoding::kMxfp4};
+  l.compress_ratios = {0, 0};
+  for (int i = 0; i < 20; ++i) l.compress_ratios.insert(l.compress_ratios.end(), {4, 128});
+  l.compress_ratios.push_back(4);
+  l.sliding_window = 128;
+  return l;
+}
+
+// docs/protocol.md's format 3 vector; the Python client's tests check the same.
+TEST(Layout, V4IdIsTheDocumentedVector) {
+  ASSERT_TRUE(ValidateLayout(V4Flash()).ok()) << ValidateLayout(V4Flash());
+  EXPECT_EQ(LayoutId(V4Flash()), 0x92fc17c89146260dull);
+}
+
+TEST(Layout, V4IdChangesWithItsFieldsAndRoundTrips) {
+  std::set<uint64_t> ids = {LayoutId(V4Flash())};
+  for (const auto& change : std::vector<std::function<void(LatentLayout&)>>{
+           [](LatentLayout& l) { std::swap(l.compress_ratios[2], l.compress_ratios[3]); },
+           [](LatentLayout& l) { l.compress_ratios[0] = 128; },
+           [](LatentLayout& l) { l.sliding_window = 64; },
+           [](LatentLayout& l) { l.indexer_dim = 64; },
+       }) {
+    LatentLayout l = V4Flash();
+    change(l);
+    ASSERT_TRUE(ValidateLayout(l).ok()) << ValidateLayout(l);
+    EXPECT_TRUE(ids.insert(LayoutId(l)).second) << "a field change left the id unchanged";
+  }
+  const v1::LatentLayout p = LayoutToProto(V4Flash());
+  EXPECT_EQ(p.compress_ratios_size(), 43);
+  EXPECT_EQ(p.indexer_encoding(), v1::INDEXER_ENCODING_MXFP4);
+  absl::StatusOr<LatentLayout> back = LayoutFromProto(p);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, V4Flash());
+}
+
+TEST(Layout, V4FieldsMustFitTogether) {
+  const std::vector<std::pair<std::function<void(LatentLayout&)>, std::string>> cases = {
+      {[](LatentLayout& l) { l.compress_ratios.pop_back(); }, "42 entries for 43 layers"},
+      {[](LatentLayout& l) { l.compress_ratios[3] = 256; }, "does not divide tokens_per_block"},
+      {[](LatentLayout& l) { l.compress_ratios[3] = 3; }, "does not divide tokens_per_block"},
+      {[](LatentLayout& l) { l.sliding_window = 0; }, "sliding_window"},
+      {[](LatentLayout& l) { l.codec = kernels::Codec::kInt8; }, "codec fp8"},
+      {[](LatentLayout& l) { l.rope_dim = 32; }, "whole blocks of 64"},
+      {[](LatentLayout& l) { l.block_format_version = kIndexedBlockFormatVersion; }, "block_format_version"},
+      {[](LatentLayout& l) { l.indexer_encoding = IndexerEncoding::kFp8; }, "MXFP4"},
+      {[](LatentLayout& l) { l.indexer_dim = 48; }, "multiple of 32"},
+      {[](LatentLayout& l) { std::replace(l.compress_ratios.begin(), l.compress_ratios.end(), 4u, 128u); },
+       "one without them none"},
+      // Not a V4 layout: no window, no MXFP4 keys.
+      {[](LatentLayout& l) { l = V2Lite(), l.sliding_window = 128; }, "sliding_window"},
+      {[](LatentLayout& l) {
+         l = V32();
+         l.indexer_encoding = IndexerEncoding::kMxfp4;
+       },
+       "MXFP4"},
+  };
+  for (const auto& [change, message] : cases) {
+    LatentLayout l = V4Flash();
+    change(l);
+    const absl::Status s = ValidateLayout(l);
+    ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << message;
+    EXPECT_NE(s.message().find(message), std::string::npos) << s;
+  }
+  v1::LatentLayout p = LayoutToProto(V4Flash());
+  for (int i = 0; i < 1000; ++i) p.add_compress_ratios(4);
+  EXPECT_EQ(LayoutFromProto(p).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -44,7 +44,9 @@ json LayoutJson(const LatentLayout& l) {
           {"codec", static_cast<int>(l.codec)},
           {"block_format_version", l.block_format_version},
           {"indexer_dim", l.indexer_dim},
-          {"indexer_encoding", static_cast<int>(l.indexer_encoding)}};
+          {"indexer_encoding", static_cast<int>(l.indexer_encoding)},
+          {"compress_ratios", l.compress_ratios},
+          {"sliding_window", l.sliding_window}};
 }
 
 LatentLayout LayoutFrom(const json& j) {
@@ -58,6 +60,8 @@ LatentLayout LayoutFrom(const json& j) {
   l.block_format_version = j.at("block_format_version");
   l.indexer_dim = j.value("indexer_dim", 0u);
   l.indexer_encoding = static_cast<IndexerEncoding>(j.value("indexer_encoding", 0));
+  l.compress_ratios = j.value("compress_ratios", std::vector<uint32_t>{});
+  l.sliding_window = j.value("sliding_window", 0u);
   return l;
 }
 
@@ -107,6 +111,56 @@ std::span<const uint8_t> Bytes(const std::string& s) {
   return std::span(reinterpret_cast<const uint8_t*>(s.data()), s.size());
 }
 
+// A small DeepSeek-V4 layout's block and a restore point (format 3), of
+// random payload bytes (the record does not read them, but a restore
+// point's boundary).
+json V4Cases(std::mt19937_64& rng) {
+  const LatentLayout l{.model_id = "deepseek-ai/DeepSeek-V4@vectors",
+                       .num_layers = 4,
+                       .kv_lora_rank = 128,
+                       .rope_dim = 64,
+                       .tokens_per_block = 16,
+                       .codec = kernels::Codec::kFp8,
+                       .block_format_version = kV4BlockFormatVersion,
+                       .indexer_dim = 32,
+                       .indexer_encoding = IndexerEncoding::kMxfp4,
+                       .compress_ratios = {0, 4, 16, 4},
+                       .sliding_window = 16};
+  json cases = json::array();
+  for (const RecordKind kind : {RecordKind::kBlock, RecordKind::kRestorePoint}) {
+    const uint64_t boundary = 16 * (1 + rng() % 4);
+    std::string payload(kind == RecordKind::kBlock ? kernels::V4BlockBytes(l.V4Parts(), l.tokens_per_block)
+                                                   : kernels::V4RestorePointBytes(l.V4Parts(), boundary),
+                        '\0');
+    for (char& b : payload) b = static_cast<char>(rng());
+    if (kind == RecordKind::kRestorePoint) std::memcpy(payload.data(), &boundary, sizeof boundary);
+    absl::StatusOr<std::string> record = EncodeV4Record(l, kind, payload);
+    if (!record.ok()) throw std::runtime_error(std::string(record.status().message()));
+    cases.push_back({{"layout", LayoutJson(l)},
+                     {"layout_id", absl::StrCat(absl::Hex(LayoutId(l), absl::kZeroPad16))},
+                     {"kind", static_cast<int>(kind)},
+                     {"payload", Base64(payload)},
+                     {"record", Base64(*record)}});
+  }
+  return cases;
+}
+
+// Empty when V4 case `c` agrees with the C++ code, else what differs.
+std::string CheckV4(const json& c) {
+  const LatentLayout l = LayoutFrom(c.at("layout"));
+  if (absl::Status s = ValidateLayout(l); !s.ok()) return std::string(s.message());
+  const std::string id = absl::StrCat(absl::Hex(LayoutId(l), absl::kZeroPad16));
+  if (c.at("layout_id") != id) return absl::StrCat("layout id ", c.at("layout_id").dump(), ", C++ computes ", id);
+  absl::StatusOr<std::string> record =
+      EncodeV4Record(l, static_cast<RecordKind>(c.at("kind").get<int>()), Unbase64(c.at("payload")));
+  if (!record.ok()) return absl::StrCat("C++ cannot encode the payload: ", record.status().message());
+  if (*record != Unbase64(c.at("record"))) return "the V4 record differs";
+  if (absl::StatusOr<BlockView> parsed = ParseBlock(*record, &l); !parsed.ok()) {
+    return absl::StrCat("V4 record does not parse: ", parsed.status().message());
+  }
+  return "";
+}
+
 json Make(uint64_t seed) {
   std::mt19937_64 rng(seed);
   const std::vector<LatentLayout> shapes = {
@@ -153,6 +207,7 @@ json Make(uint64_t seed) {
       out["cases"].push_back(c);
     }
   }
+  out["v4_cases"] = V4Cases(rng);
   return out;
 }
 
@@ -198,6 +253,13 @@ int Main(int argc, char** argv) {
     size_t n = 0;
     for (const json& c : in.at("cases")) {
       if (const std::string why = Check(c); !why.empty()) {
+        std::cerr << "case " << n << " (" << c.at("layout").dump() << "): " << why << "\n";
+        return 1;
+      }
+      ++n;
+    }
+    for (const json& c : in.value("v4_cases", json::array())) {
+      if (const std::string why = CheckV4(c); !why.empty()) {
         std::cerr << "case " << n << " (" << c.at("layout").dump() << "): " << why << "\n";
         return 1;
       }

@@ -33,10 +33,10 @@ from kvtier.errors import KvtierError
 from kvtier.keys import block_hashes, chain_hash
 from kvtier.layout import LatentLayout, model_id_of
 from kvtier.prefill import PrefillClient
-from kvtier.records import Record, encode_payloads, encode_record, parse_record
+from kvtier.records import Record, V4Part, encode_payloads, encode_record, encode_v4_record, parse_record
 from kvtier.tokenizer import ByteTokenizer, tokenizer_for
 
 __version__ = "0.1.0"
 __all__ = ["ByteTokenizer", "CacheClient", "DecodeClient", "KvtierError", "LatentLayout", "PrefillClient", "Record",
-           "block_hashes", "chain_hash", "dequantize", "encode_payloads", "encode_record", "encoded_bytes",
-           "model_id_of", "parse_record", "quantize", "tokenizer_for"]
+           "V4Part", "block_hashes", "chain_hash", "dequantize", "encode_payloads", "encode_record",
+           "encode_v4_record", "encoded_bytes", "model_id_of", "parse_record", "quantize", "tokenizer_for"]

@@ -3,7 +3,9 @@
 A record holds consecutive layers of one block: a header (32 bytes in
 format 1; 40 in format 2, whose layers carry DeepSeek-V3.2's indexer keys
 after their latents), the layers' payloads, and the CRC32C (Castagnoli) of
-everything before it. parse_record checks what the C++ ParseBlock checks,
+everything before it. Format 3 holds a DeepSeek-V4 block or restore point,
+every layer, behind format 1's 32 bytes (byte 7 its kind, bytes 28-31 the
+whole payload's size). parse_record checks what the C++ ParseBlock checks,
 in the same order, and raises KvtierError with the status code the server
 would answer.
 """
@@ -16,8 +18,8 @@ import numpy as np
 
 from kvtier.codecs import dequantize, encoded_bytes, quantize
 from kvtier.errors import KvtierError, invalid
-from kvtier.layout import (BLOCK_FORMAT_VERSION, CODEC_NAMES, INDEXED_BLOCK_FORMAT_VERSION, INDEXER_FP8,
-                           INDEXER_NONE, MAX_INDEXER_DIM, indexer_part_bytes)
+from kvtier.layout import (BLOCK_FORMAT_VERSION, CODEC_NAMES, FP8, INDEXED_BLOCK_FORMAT_VERSION, INDEXER_FP8,
+                           INDEXER_NONE, MAX_INDEXER_DIM, V4_BLOCK_FORMAT_VERSION, indexer_part_bytes)
 
 MAGIC = b"KVTB"
 HEADER = struct.Struct("<4sHBBQIHHHHI")
@@ -25,6 +27,8 @@ INDEXER_HEADER = struct.Struct("<HBBI")  # format 2: dim, encoding, reserved, by
 HEADER_BYTES, INDEXED_HEADER_BYTES, TRAILER_BYTES = 32, 40, 4
 MAX_LAYERS = 1024
 MAX_TOKENS, MAX_LATENT_DIM = 4096, 16384
+# A format 3 record's kind (its byte 7).
+V4_BLOCK, V4_RESTORE_POINT = 0, 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +63,94 @@ class Record:
         return (np.stack([np.frombuffer(p, np.uint8, codes).reshape(self.tokens, self.indexer_dim)
                           for p in self.indexer_parts]),
                 np.stack([np.frombuffer(p, "<f4", self.tokens, codes) for p in self.indexer_parts]))
+
+
+@dataclasses.dataclass(frozen=True)
+class V4Part:
+    """A parsed format 3 record: a DeepSeek-V4 block or restore point
+    (services/runtime/v4_cache_parts.h's bytes, every layer)."""
+    kind: int  # V4_BLOCK or V4_RESTORE_POINT
+    layout_id: int
+    tokens: int
+    layer_count: int
+    head_dim: int
+    rope_dim: int
+    payload: memoryview
+
+    @property
+    def boundary(self):
+        """A restore point's boundary: the tokens before it."""
+        return struct.unpack_from("<Q", self.payload)[0] if self.kind == V4_RESTORE_POINT else None
+
+
+def _v4_size_problem(kind, layout, payload):
+    """Why `payload` is not a `kind` of `layout` (None when it is)."""
+    if kind == V4_BLOCK:
+        want = layout.v4_block_bytes()
+        return None if len(payload) == want else (f"block payload of {len(payload)} bytes, the layout's blocks take "
+                                                  f"{want}")
+    boundary, = struct.unpack_from("<Q", payload)
+    if boundary == 0 or boundary % layout.tokens_per_block or boundary > 1 << 40:
+        return f"restore point at token {boundary}, not a block boundary of {layout.tokens_per_block} tokens"
+    want = layout.v4_restore_point_bytes(boundary)
+    return None if len(payload) == want else (f"restore point payload of {len(payload)} bytes, the layout's points "
+                                              f"there take {want}")
+
+
+def encode_v4_record(layout, kind, payload):
+    """A format 3 record of a DeepSeek-V4 `layout` holding `payload`, a block
+    or a restore point, checked for its size as parse_record checks it."""
+    payload = bytes(payload)
+    if not layout.is_v4:
+        raise invalid("a DeepSeek-V4 record needs a V4 layout")
+    if kind not in (V4_BLOCK, V4_RESTORE_POINT):
+        raise invalid(f"block header: record kind {kind} (format 3 takes 0, a block, or 1, a restore point)")
+    if kind == V4_RESTORE_POINT and len(payload) < 8:
+        raise invalid(f"block header: a restore point of {len(payload)} bytes has no boundary")
+    if problem := _v4_size_problem(kind, layout, payload):
+        raise invalid(problem)
+    body = HEADER.pack(MAGIC, V4_BLOCK_FORMAT_VERSION, layout.codec, kind, layout.layout_id, layout.tokens_per_block,
+                       0, layout.num_layers, layout.kv_lora_rank, layout.rope_dim, len(payload)) + payload
+    return body + struct.pack("<I", crc32c.crc32c(body))
+
+
+def _parse_v4(record, layout, fields):
+    """parse_record's format 3: the checks of the C++ ParseBlock, in order."""
+    _, _, codec, kind, layout_id, tokens, first, count, head, rope, size = fields
+    if codec not in CODEC_NAMES:
+        raise invalid(f"block header: unknown codec {codec}")
+    if not (1 <= tokens <= MAX_TOKENS and 1 <= head <= MAX_LATENT_DIM and rope <= MAX_LATENT_DIM):
+        raise invalid(f"block header: shape {tokens} tokens x ({head} + {rope}) out of range")
+    if count < 1 or first + count > MAX_LAYERS:
+        raise invalid(f"block header: layers [{first}, {first + count}) empty or beyond {MAX_LAYERS}")
+    if kind not in (V4_BLOCK, V4_RESTORE_POINT):
+        raise invalid(f"block header: record kind {kind} (format 3 takes 0, a block, or 1, a restore point)")
+    if codec != FP8 or first != 0:
+        raise invalid("block header: a format 3 record is FP8 entries of every layer from layer 0")
+    if kind == V4_RESTORE_POINT and size < 8:
+        raise invalid(f"block header: a restore point of {size} bytes has no boundary")
+    want = HEADER_BYTES + size + TRAILER_BYTES
+    if len(record) != want:
+        raise invalid(f"block record {'truncated' if len(record) < want else 'oversized'}: {len(record)} bytes, "
+                      f"header says {want}")
+    stored, = struct.unpack_from("<I", record, want - TRAILER_BYTES)
+    computed = crc32c.crc32c(record[:want - TRAILER_BYTES])
+    if stored != computed:
+        raise KvtierError(grpc.StatusCode.DATA_LOSS,
+                          f"block checksum mismatch: stored {stored:08x}, computed {computed:08x}")
+    payload = record[HEADER_BYTES:HEADER_BYTES + size]
+    if layout is not None:
+        if layout_id != layout.layout_id:
+            raise KvtierError(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"block has layout id {layout_id:016x}, expected {layout.layout_id:016x}")
+        if (codec, tokens, head, rope) != (layout.codec, layout.tokens_per_block, layout.kv_lora_rank, layout.rope_dim):
+            raise KvtierError(grpc.StatusCode.FAILED_PRECONDITION, "block's codec or shape differs from the layout's")
+        if count != layout.num_layers:
+            raise KvtierError(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"a DeepSeek-V4 record holds {count} layers, layout has {layout.num_layers}")
+        if problem := _v4_size_problem(kind, layout, payload):
+            raise invalid(problem)
+    return V4Part(kind, layout_id, tokens, count, head, rope, payload)
 
 
 def encode_payloads(layout, first_layer, payloads, indexer_parts=None):
@@ -107,15 +199,18 @@ def encode_record(layout, first_layer, latents, indexer_parts=None):
 
 def parse_record(record, layout=None):
     """Checks and splits a record; with `layout`, also that it belongs to it.
-    The parts are memoryviews into `record` (no copy)."""
+    The parts are memoryviews into `record` (no copy). A format 1 or 2
+    record gives a Record; format 3 (DeepSeek-V4) a V4Part."""
     record = memoryview(record).cast("B")
     if len(record) < HEADER_BYTES + TRAILER_BYTES:
         raise invalid(f"block record truncated: {len(record)} bytes, smaller than header and checksum")
     magic, version, codec, flags, layout_id, tokens, first, count, latent, rope, per = HEADER.unpack_from(record)
     if bytes(magic) != MAGIC:
         raise invalid("block record has bad magic (not a KVTB record)")
-    if version not in (BLOCK_FORMAT_VERSION, INDEXED_BLOCK_FORMAT_VERSION):
+    if version not in (BLOCK_FORMAT_VERSION, INDEXED_BLOCK_FORMAT_VERSION, V4_BLOCK_FORMAT_VERSION):
         raise KvtierError(grpc.StatusCode.FAILED_PRECONDITION, f"block format version {version} is not supported")
+    if version == V4_BLOCK_FORMAT_VERSION:
+        return _parse_v4(record, layout, HEADER.unpack_from(record))
     header_bytes = INDEXED_HEADER_BYTES if version == INDEXED_BLOCK_FORMAT_VERSION else HEADER_BYTES
     if len(record) < header_bytes + TRAILER_BYTES:
         raise invalid(f"block record truncated: {len(record)} bytes, smaller than a format {version} header and "

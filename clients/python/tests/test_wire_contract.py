@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from conftest import binary
-from kvtier import KvtierError, LatentLayout, block_hashes, encode_record, parse_record
-from kvtier.layout import CODECS, INDEXER_FP8
+from kvtier import KvtierError, LatentLayout, V4Part, block_hashes, encode_record, encode_v4_record, parse_record
+from kvtier.layout import CODECS, INDEXER_FP8, INDEXER_MXFP4
+from kvtier.records import V4_BLOCK, V4_RESTORE_POINT
 
 
 def fresh_seed():
@@ -32,6 +33,17 @@ def test_documented_vectors():
                        indexer_encoding=INDEXER_FP8)
     assert v32.block_format_version == 2 and v32.indexer_part_bytes == 64 * 132
     assert f"{v32.layout_id:016x}" == V32_LAYOUT_ID
+    v4 = v4_flash()
+    assert v4.block_format_version == 3 and f"{v4.layout_id:016x}" == "92fc17c89146260d"
+    # block_format.md's V4-Flash figures
+    assert v4.v4_block_bytes() == 449_824 and v4.v4_restore_point_bytes(1024) == 3_644_424
+
+
+def v4_flash():
+    """DeepSeek-V4-Flash's layout: 2 window-only layers, ratios 4 and 128 alternating, a last 4."""
+    return LatentLayout("deepseek-ai/DeepSeek-V4-Flash", 43, 512, 64, 128, "fp8", indexer_dim=128,
+                        indexer_encoding=INDEXER_MXFP4, compress_ratios=(0, 0) + (4, 128) * 20 + (4,),
+                        sliding_window=128)
 
 
 # docs/protocol.md, "Test vectors"; tests/kvblock/layout_test.cc checks the same.
@@ -62,6 +74,15 @@ def test_cxx_vectors_hold_in_python(tmp_path):
         parsed = parse_record(record, layout)
         assert parsed.layer_count == layout.num_layers
         assert [bytes(p) for p in parsed.indexer_parts] == (keys or [])
+    v4_cases = json.loads(out.read_text())["v4_cases"]
+    assert [c["kind"] for c in v4_cases] == [V4_BLOCK, V4_RESTORE_POINT]
+    for case in v4_cases:
+        layout = LatentLayout(**case["layout"])
+        assert f"{layout.layout_id:016x}" == case["layout_id"], case["layout"]
+        payload, record = base64.b64decode(case["payload"]), base64.b64decode(case["record"])
+        assert encode_v4_record(layout, case["kind"], payload) == record
+        parsed = parse_record(record, layout)
+        assert isinstance(parsed, V4Part) and parsed.kind == case["kind"] and bytes(parsed.payload) == payload
 
 
 def random_indexer_parts(rng, layout):
@@ -105,14 +126,66 @@ def random_case(rng, codec, indexed=False):
     return case
 
 
+def random_v4_case(rng, kind):
+    """A random DeepSeek-V4 layout's block or restore point of random bytes."""
+    tokens = 4 * int(rng.integers(1, 9))
+    ratios = tuple(int(r) for r in rng.choice([0, 4, tokens], size=int(rng.integers(1, 6))))
+    csa = 4 in ratios
+    layout = LatentLayout(f"python-v4-{rng.integers(1 << 30)}", len(ratios), 64 * int(rng.integers(1, 4)) + 64, 64,
+                          tokens, "fp8", indexer_dim=32 * int(rng.integers(1, 5)) if csa else 0,
+                          indexer_encoding=INDEXER_MXFP4 if csa else 0, compress_ratios=ratios,
+                          sliding_window=int(rng.integers(1, 200)))
+    boundary = tokens * int(rng.integers(1, 60))
+    size = layout.v4_block_bytes() if kind == V4_BLOCK else layout.v4_restore_point_bytes(boundary)
+    payload = bytearray(rng.integers(0, 256, size=size, dtype=np.uint8).tobytes())
+    if kind == V4_RESTORE_POINT:
+        payload[:8] = boundary.to_bytes(8, "little")
+    fields = {"model_id": layout.model_id, "num_layers": layout.num_layers, "kv_lora_rank": layout.kv_lora_rank,
+              "rope_dim": layout.rope_dim, "tokens_per_block": layout.tokens_per_block, "codec": layout.codec,
+              "block_format_version": layout.block_format_version, "indexer_dim": layout.indexer_dim,
+              "indexer_encoding": layout.indexer_encoding, "compress_ratios": list(ratios),
+              "sliding_window": layout.sliding_window}
+    return {"layout": fields, "layout_id": f"{layout.layout_id:016x}", "kind": kind,
+            "payload": base64.b64encode(bytes(payload)).decode(),
+            "record": base64.b64encode(encode_v4_record(layout, kind, payload)).decode()}
+
+
 def test_python_vectors_hold_in_cxx(tmp_path):
     rng = np.random.default_rng(fresh_seed())
     cases = [random_case(rng, codec, indexed) for codec in CODECS for indexed in (False, True) for _ in range(2)]
+    v4_cases = [random_v4_case(rng, kind) for kind in (V4_BLOCK, V4_RESTORE_POINT) for _ in range(4)]
     path = tmp_path / "python.json"
-    path.write_text(json.dumps({"cases": cases}))
+    path.write_text(json.dumps({"cases": cases, "v4_cases": v4_cases}))
     checked = subprocess.run([binary("KVTIER_WIRE_VECTORS"), "check", str(path)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stderr
-    assert checked.stdout.strip() == f"{len(cases)} cases agree"
+    assert checked.stdout.strip() == f"{len(cases) + len(v4_cases)} cases agree"
+
+
+def test_v4_records_are_checked_like_the_servers_do():
+    """Format 3 in Python: sizes, kinds and boundaries refused as the C++
+    parser refuses them, a flipped byte is DATA_LOSS, another layout's
+    record FAILED_PRECONDITION."""
+    rng = np.random.default_rng(fresh_seed())
+    case = random_v4_case(rng, V4_RESTORE_POINT)
+    layout = LatentLayout(**case["layout"])
+    payload, record = base64.b64decode(case["payload"]), bytearray(base64.b64decode(case["record"]))
+    assert parse_record(bytes(record), layout).boundary == int.from_bytes(payload[:8], "little")
+    for kind, bad, message in [(V4_BLOCK, payload, "the layout's blocks take"),
+                               (V4_RESTORE_POINT, payload + b"x", "points there take"),
+                               (V4_RESTORE_POINT, (layout.tokens_per_block + 1).to_bytes(8, "little") + payload[8:],
+                                "not a block boundary"),
+                               (V4_RESTORE_POINT, payload[:7], "has no boundary"),
+                               (2, payload, "record kind 2")]:
+        with pytest.raises(KvtierError) as e:
+            encode_v4_record(layout, kind, bad)
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and message in e.value.details, message
+    record[32 + len(payload) // 2] ^= 2
+    with pytest.raises(KvtierError) as e:
+        parse_record(bytes(record), layout)
+    assert e.value.code == grpc.StatusCode.DATA_LOSS
+    with pytest.raises(KvtierError) as e:
+        parse_record(base64.b64decode(case["record"]), v4_flash())
+    assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
 
 
 def test_checker_catches_a_wrong_byte(tmp_path):
@@ -125,6 +198,13 @@ def test_checker_catches_a_wrong_byte(tmp_path):
     path.write_text(json.dumps({"cases": [case]}))
     checked = subprocess.run([binary("KVTIER_WIRE_VECTORS"), "check", str(path)], capture_output=True, text=True)
     assert checked.returncode == 1 and "record differs from byte 40" in checked.stderr, checked.stderr
+    v4 = random_v4_case(np.random.default_rng(7), V4_BLOCK)
+    record = bytearray(base64.b64decode(v4["record"]))
+    record[-5] ^= 1  # the payload's last byte
+    v4["record"] = base64.b64encode(bytes(record)).decode()
+    path.write_text(json.dumps({"cases": [], "v4_cases": [v4]}))
+    checked = subprocess.run([binary("KVTIER_WIRE_VECTORS"), "check", str(path)], capture_output=True, text=True)
+    assert checked.returncode == 1 and "the V4 record differs" in checked.stderr, checked.stderr
 
 
 def test_indexer_keys_are_checked_like_latents():

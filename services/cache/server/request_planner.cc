@@ -39,6 +39,13 @@ absl::StatusOr<RequestScope> RequestPlanner::PlanScope(std::shared_ptr<const Cal
   scope.caller = std::move(caller);
   scope.ns = ns;
   KVTIER_ASSIGN_OR_RETURN(scope.layout, kvblock::LayoutFromProto(layout));
+  if (scope.layout.IsV4()) {
+    // Its records hold every layer, of parts of different sizes, and a
+    // prefix ends at a restore point: the store's slices and Match do not
+    // take them yet.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "DeepSeek-V4 layouts (block format ", kvblock::kV4BlockFormatVersion, ") are not served by this cache yet"));
+  }
   scope.layout_id = kvblock::LayoutId(scope.layout);
   return scope;
 }

@@ -22,6 +22,19 @@ kvblock::LatentLayout Layout() {
   return l;
 }
 
+// DeepSeek-V4's (block format 3), which the cache does not serve yet.
+v1::LatentLayout V4Layout() {
+  kvblock::LatentLayout l = Layout();
+  l.num_layers = 2;
+  l.kv_lora_rank = 128;
+  l.rope_dim = 64;
+  l.codec = kernels::Codec::kFp8;
+  l.block_format_version = kvblock::kV4BlockFormatVersion;
+  l.compress_ratios = {0, 16};
+  l.sliding_window = 16;
+  return kvblock::LayoutToProto(l);
+}
+
 std::string AHash(char c) { return std::string(32, c); }
 
 // A caller of one trust domain (no tenants file): may do anything.
@@ -93,6 +106,16 @@ TEST(RequestPlanner, EveryPlanRefusesWhatItChecks) {
   EXPECT_EQ(planner.PlanPut(kAnyone, header).status().code(), absl::StatusCode::kNotFound);
   header.set_kv_namespace("tenant-a");
   EXPECT_TRUE(planner.PlanPut(kAnyone, header).ok());
+  // DeepSeek-V4's layouts are not served yet: refused by name.
+  v1::PutHeader v4 = header;
+  *v4.mutable_layout() = V4Layout();
+  const absl::Status refused = planner.PlanPut(kAnyone, v4).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("DeepSeek-V4"), std::string::npos) << refused;
+  EXPECT_EQ(planner.PlanMatch(kAnyone, Named<v1::MatchRequest>("tenant-a", V4Layout(), {AHash('a')})).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(planner.PlanGet(kAnyone, Named<v1::GetRequest>("tenant-a", V4Layout(), {AHash('a')})).status().code(),
+            absl::StatusCode::kFailedPrecondition);
   header.set_fast_path_session_id(7);
   EXPECT_EQ(planner.PlanPut(kAnyone, header).status().code(), absl::StatusCode::kFailedPrecondition);
   v1::LeaseBlocksRequest lease;
