@@ -108,6 +108,15 @@ struct DeviceLayer {
   std::optional<DeviceIndexer> indexer;
 };
 
+// `latents` from row r on: its per-row arrays advanced.
+kc::PagedLatents FromRow(kc::PagedLatents latents, size_t r) {
+  latents.block_table_rows += r;
+  latents.blocks_per_sequence += r;
+  latents.tail_tokens += r;
+  latents.tail_offsets += r;
+  return latents;
+}
+
 std::vector<uint16_t> ToBf16(std::span<const float> x) {
   std::vector<uint16_t> out(x.size());
   for (size_t i = 0; i < x.size(); ++i) out[i] = kernels::FloatToBf16(x[i]);
@@ -396,15 +405,11 @@ absl::Status CudaForward::Attend(std::span<const SequenceTokens> seqs, size_t li
   kc::PagedMlaOptions options;
   options.fault = attention_fault_.data();
   for (size_t r = 0; r < rows; r += chunk) {
-    kc::PagedLatents part = latents;
-    part.block_table_rows = table_rows_.data() + r;
-    part.blocks_per_sequence = block_counts_.data() + r;
-    part.tail_tokens = tail_tokens_.data() + r;
-    part.tail_offsets = tail_offsets_.data() + r;
     const size_t row = first_row + r;
-    KVTIER_RETURN_IF_ERROR(Check(kc::PagedMlaDecode(
-        {heads, kv, rope}, part, static_cast<uint32_t>(std::min(chunk, rows - r)), q_full_.data() + row * heads * dim,
-        static_cast<float>(c.SoftmaxScale()), attn_latent_.data() + row * heads * kv, nullptr, stream_, options)));
+    KVTIER_RETURN_IF_ERROR(Check(
+        kc::PagedMlaDecode({heads, kv, rope}, FromRow(latents, r), static_cast<uint32_t>(std::min(chunk, rows - r)),
+                           q_full_.data() + row * heads * dim, static_cast<float>(c.SoftmaxScale()),
+                           attn_latent_.data() + row * heads * kv, nullptr, stream_, options)));
   }
   return absl::OkStatus();
 }
@@ -490,15 +495,10 @@ absl::Status CudaForward::AttendChosen(const kc::PagedLatents& latents, size_t r
   options.fault = attention_fault_.data();
   for (size_t r = 0; r < rows; r += chunk) {
     const uint32_t count = static_cast<uint32_t>(std::min(chunk, rows - r));
-    kc::PagedLatents part = latents;
-    part.block_table_rows += r;
-    part.blocks_per_sequence += r;
-    part.tail_tokens += r;
-    part.tail_offsets += r;
     const size_t at = row + r;
     KVTIER_RETURN_IF_ERROR(
-        Check(kc::GatherLatents(shape, part, count, ix_selected_.data() + at * topk, topk, ix_counts_.data() + at,
-                                gathered_.data(), attention_fault_.data(), stream_)));
+        Check(kc::GatherLatents(shape, FromRow(latents, r), count, ix_selected_.data() + at * topk, topk,
+                                ix_counts_.data() + at, gathered_.data(), attention_fault_.data(), stream_)));
     kc::PagedLatents chosen;
     chosen.codec = latents.codec;
     chosen.tokens_per_block = latents.tokens_per_block;
