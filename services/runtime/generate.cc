@@ -20,8 +20,8 @@ absl::StatusOr<std::vector<Sampled>> Generate(const Model& model, const std::vec
                                                    ") exceeds max_position_embeddings ", c.max_position_embeddings));
   }
   KVTIER_RETURN_IF_ERROR(ValidateSampling(o.sampling));
-  if (o.cached_prefix > 0 &&
-      (o.cached_prefix % o.tokens_per_block != 0 || o.cached_prefix >= prompt.size() || c.v4.has_value())) {
+  if (o.cached_prefix > 0 && (o.tokens_per_block == 0 || o.cached_prefix % o.tokens_per_block != 0 ||
+                              o.cached_prefix >= prompt.size() || c.v4.has_value())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "a cached prefix of ", o.cached_prefix, " tokens: it must be whole blocks of ", o.tokens_per_block,
         " tokens, fewer than the prompt's ", prompt.size(), ", of an MLA model (DeepSeek-V2 or the V3 family)"));
