@@ -52,6 +52,8 @@ std::string_view HashAsBytes(const BlockHash& hash) {
   return std::string_view(reinterpret_cast<const char*>(hash.data()), hash.size());
 }
 
+BlockHash RestorePointKey(const BlockHash& block) { return Sha256({"kvtier.v4.restore", HashAsBytes(block)}); }
+
 std::string HashToHex(const BlockHash& hash) {
   const std::string_view bytes = HashAsBytes(hash);
   return absl::BytesToHexString(absl::string_view(bytes.data(), bytes.size()));

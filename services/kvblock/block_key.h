@@ -37,6 +37,11 @@ BlockHash ChainHash(std::string_view namespace_salt, const BlockHash& parent, ui
 std::vector<BlockHash> ComputeBlockChain(std::string_view namespace_salt, uint64_t layout_id, uint32_t tokens_per_block,
                                          std::span<const uint32_t> token_ids);
 
+// DeepSeek-V4 (block format 3): the key of the restore point after the
+// block whose key is `block`, SHA-256("kvtier.v4.restore" ‖ block): a
+// client finds it from the chain it already has.
+BlockHash RestorePointKey(const BlockHash& block);
+
 std::string HashToHex(const BlockHash& hash);
 std::string_view HashAsBytes(const BlockHash& hash);
 // INVALID_ARGUMENT unless `bytes` is exactly 32 bytes.

@@ -62,6 +62,8 @@ TEST(BlockKey, ChainIsTheDocumentedVector) {
   const std::vector<BlockHash> chain = ComputeBlockChain("default", LayoutId(tiny), 2, tokens);
   ASSERT_EQ(chain.size(), 2u);
   EXPECT_EQ(HashToHex(chain[1]), "6ed84cc4bce8f5454dd594e32bdfe6d93b5ea70ffb88d71fd39904b9713f018d");
+  // The restore point after it (DeepSeek-V4), also documented.
+  EXPECT_EQ(HashToHex(RestorePointKey(chain[1])), "99e9168de34035fa207dcd1e8faaec0e8138f932e38859c84c3e11f422ea9142");
 }
 
 TEST(BlockKey, EqualInputsGiveEqualKeysAndAnyChangeChangesThem) {

@@ -32,6 +32,14 @@ def chain_hash(ns, parent, layout_id, token_ids):
                           struct.pack("<QI", layout_id, len(token_ids)) + tokens).digest()
 
 
+def restore_point_key(block_hash):
+    """DeepSeek-V4: the key of the restore point after the block whose key
+    is `block_hash`, SHA-256("kvtier.v4.restore" || block_hash)."""
+    if len(block_hash) != 32:
+        raise ValueError("a block hash is 32 bytes")
+    return hashlib.sha256(b"kvtier.v4.restore" + bytes(block_hash)).digest()
+
+
 def block_hashes(ns, layout, token_ids):
     """Keys of the full blocks of a prompt, first block first."""
     check_namespace(ns)

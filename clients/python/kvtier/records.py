@@ -78,6 +78,10 @@ class V4Part:
     payload: memoryview
 
     @property
+    def first_layer(self):
+        return 0  # a V4 record holds every layer
+
+    @property
     def boundary(self):
         """A restore point's boundary: the tokens before it."""
         return struct.unpack_from("<Q", self.payload)[0] if self.kind == V4_RESTORE_POINT else None

@@ -15,7 +15,10 @@ import numpy as np
 import pytest
 
 from conftest import cache_argv, write_tenants
-from kvtier import CacheClient, KvtierError, LatentLayout, block_hashes, encode_record, parse_record
+from kvtier import (CacheClient, KvtierError, LatentLayout, block_hashes, encode_record, encode_v4_record, parse_record,
+                    restore_point_key)
+from kvtier.layout import INDEXER_MXFP4
+from kvtier.records import V4_BLOCK, V4_RESTORE_POINT
 from kvtier.records import encode_payloads
 from kvtier.v1 import cache_pb2
 
@@ -54,6 +57,46 @@ def test_put_match_get_are_byte_exact(cache):
         assert client.match("other", LAYOUT, hashes).matched_blocks == 0  # namespaces never share
         stats = client.stats()
         assert stats.blocks_stored == 5 and stats.server_version.startswith("kvtier-cache ")
+
+
+# DeepSeek-V4 (block format 3): a window-only layer, one of ratio 4 with
+# an indexer, one of ratio 16.
+V4_LAYOUT = LatentLayout("python-client-v4", num_layers=3, kv_lora_rank=128, rope_dim=64, tokens_per_block=16,
+                         codec="fp8", indexer_dim=32, indexer_encoding=INDEXER_MXFP4, compress_ratios=(0, 4, 16),
+                         sliding_window=16)
+
+
+def v4_record(rng, kind, boundary=16):
+    """A V4 block's record, or a restore point's, of random bytes."""
+    layout = V4_LAYOUT
+    size = layout.v4_block_bytes() if kind == V4_BLOCK else layout.v4_restore_point_bytes(boundary)
+    payload = bytearray(rng.integers(0, 256, size=size, dtype=np.uint8).tobytes())
+    if kind == V4_RESTORE_POINT:
+        payload[:8] = boundary.to_bytes(8, "little")
+    return encode_v4_record(layout, kind, payload)
+
+
+def test_v4_prefixes_match_to_their_last_restore_point(cache):
+    """DeepSeek-V4's blocks and restore points through a real cache: Match
+    ends at the last block with a point, Get gives the records back as
+    they were put, and a layer range is refused (a V4 record holds every
+    layer)."""
+    rng = np.random.default_rng()
+    tokens = [int(t) for t in rng.integers(0, 50000, size=3 * V4_LAYOUT.tokens_per_block)]
+    hashes = block_hashes("acme", V4_LAYOUT, tokens)
+    records = {h: v4_record(rng, V4_BLOCK) for h in hashes}
+    points = {restore_point_key(hashes[0]): v4_record(rng, V4_RESTORE_POINT, 16)}
+    with CacheClient(cache.target) as client:
+        assert client.put("acme", V4_LAYOUT, list(records.items()) + list(points.items())).blocks_stored == 4
+        assert client.match("acme", V4_LAYOUT, hashes).matched_blocks == 1
+        points[restore_point_key(hashes[2])] = v4_record(rng, V4_RESTORE_POINT, 48)
+        client.put("acme", V4_LAYOUT, [(restore_point_key(hashes[2]), points[restore_point_key(hashes[2])])])
+        assert client.match("acme", V4_LAYOUT, hashes).matched_blocks == 3
+        wanted = hashes + [restore_point_key(hashes[2])]
+        assert client.get("acme", V4_LAYOUT, wanted) == [records[h] for h in hashes] + [
+            points[restore_point_key(hashes[2])]]
+        expect_status(grpc.StatusCode.INVALID_ARGUMENT,
+                      lambda: client.get("acme", V4_LAYOUT, hashes[:1], layers=(0, 1)), "every layer")
 
 
 def expect_status(code, call, match=""):

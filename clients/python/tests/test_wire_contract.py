@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from conftest import binary
-from kvtier import KvtierError, LatentLayout, V4Part, block_hashes, encode_record, encode_v4_record, parse_record
+from kvtier import (KvtierError, LatentLayout, V4Part, block_hashes, encode_record, encode_v4_record, parse_record,
+                    restore_point_key)
 from kvtier.layout import CODECS, INDEXER_FP8, INDEXER_MXFP4
 from kvtier.records import V4_BLOCK, V4_RESTORE_POINT
 
@@ -29,6 +30,8 @@ def test_documented_vectors():
     assert f"{lite.layout_id:016x}" == "f7031e4b3c2f58fe"
     tiny = LatentLayout("m", 1, 4, 2, 2, "bf16")
     assert block_hashes("default", tiny, [1, 2, 3, 4, 5])[1].hex() == "6ed84cc4bce8f5454dd594e32bdfe6d93b5ea70ffb88d71fd39904b9713f018d"
+    restore = restore_point_key(block_hashes("default", tiny, [1, 2, 3, 4, 5])[1])
+    assert restore.hex() == "99e9168de34035fa207dcd1e8faaec0e8138f932e38859c84c3e11f422ea9142"
     v32 = LatentLayout("deepseek-ai/DeepSeek-V3.2", 61, 512, 64, 64, "fp8", indexer_dim=128,
                        indexer_encoding=INDEXER_FP8)
     assert v32.block_format_version == 2 and v32.indexer_part_bytes == 64 * 132

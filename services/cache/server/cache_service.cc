@@ -138,8 +138,9 @@ grpc::ServerUnaryReactor* CacheService::Match(grpc::CallbackServerContext* conte
   const std::string tenant = (*caller)->tenant;
   absl::StatusOr<BlocksPlan> plan = planner_.PlanMatch(*std::move(caller), *request);
   if (!plan.ok()) return FinishUnary(context, std::move(timer), Count(tenant, plan.status()));
+  // A DeepSeek-V4 prefix can only be restored where a restore point is.
   MatchResult m = store_->Match(plan->scope.ns, plan->scope.layout_id, plan->hashes, plan->lease_ttl, tenant,
-                                plan->scope.caller->quota.max_leases());
+                                plan->scope.caller->quota.max_leases(), plan->scope.layout.IsV4());
   if (!m.lease_status.ok()) return FinishUnary(context, std::move(timer), Count(tenant, m.lease_status));
   if (metrics_ != nullptr) metrics_->CountMatch(tenant, m.matched_blocks, plan->hashes.size());
   response->set_matched_blocks(m.matched_blocks);

@@ -39,13 +39,6 @@ absl::StatusOr<RequestScope> RequestPlanner::PlanScope(std::shared_ptr<const Cal
   scope.caller = std::move(caller);
   scope.ns = ns;
   KVTIER_ASSIGN_OR_RETURN(scope.layout, kvblock::LayoutFromProto(layout));
-  if (scope.layout.IsV4()) {
-    // Its records hold every layer, of parts of different sizes, and a
-    // prefix ends at a restore point: the store's slices and Match do not
-    // take them yet.
-    return absl::FailedPreconditionError(absl::StrCat(
-        "DeepSeek-V4 layouts (block format ", kvblock::kV4BlockFormatVersion, ") are not served by this cache yet"));
-  }
   scope.layout_id = kvblock::LayoutId(scope.layout);
   return scope;
 }
@@ -87,6 +80,9 @@ absl::StatusOr<GetPlan> RequestPlanner::PlanGet(std::shared_ptr<const Caller> ca
   if (plan.layer_begin >= layers || plan.layer_count > layers - plan.layer_begin) {
     return absl::InvalidArgumentError(absl::StrCat("layers [", plan.layer_begin, ", +", request.layer_count(),
                                                    ") outside the ", layers, " of the layout"));
+  }
+  if (plan.scope.layout.IsV4() && plan.layer_count != layers) {
+    return absl::InvalidArgumentError("a DeepSeek-V4 record holds every layer: Get takes no layer range for it");
   }
   plan.lease_id = request.lease_id();
   return plan;

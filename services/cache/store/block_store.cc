@@ -193,7 +193,8 @@ BlockStore::BlockStore(const StoreOptions& options, Clock* clock, std::vector<st
 BlockStore::~BlockStore() = default;
 
 MatchResult BlockStore::Match(const std::string& ns, uint64_t layout_id, std::span<const kvblock::BlockHash> hashes,
-                              std::optional<absl::Duration> lease_ttl, const std::string& owner, uint32_t max_leases) {
+                              std::optional<absl::Duration> lease_ttl, const std::string& owner, uint32_t max_leases,
+                              bool to_restore_point) {
   absl::MutexLock lock(&mu_);
   ExpireLeasesLocked();
   MatchResult result;
@@ -205,12 +206,25 @@ MatchResult BlockStore::Match(const std::string& ns, uint64_t layout_id, std::sp
     matched.push_back(e);
     result.tiers.push_back(tiers_[e->tier]->counters.tier);
   }
+  Entry* point = nullptr;  // the restore point the prefix is cut back to
+  for (; to_restore_point && !matched.empty(); matched.pop_back(), result.tiers.pop_back()) {
+    auto it = index_.find(Key(ns, kvblock::RestorePointKey(hashes[matched.size() - 1])));
+    if (it != index_.end() && it->second->layout_id == layout_id) {
+      point = it->second.get();
+      break;
+    }
+  }
   if (options_.eviction != Eviction::kLru) {  // leaf-first
     for (auto e = matched.rbegin(); e != matched.rend(); ++e) TouchLocked(*e);
   } else {
     for (Entry* e : matched) TouchLocked(e);
   }
   result.matched_blocks = static_cast<uint32_t>(matched.size());
+  // The point last: its block's eviction takes it, nothing else first.
+  if (point != nullptr) {
+    TouchLocked(point);
+    matched.push_back(point);
+  }
   if (!lease_ttl.has_value() || matched.empty()) return result;
   uint32_t& held = leases_by_owner_[owner];
   if (held >= (max_leases > 0 ? max_leases : options_.max_leases_per_owner)) {
@@ -487,7 +501,16 @@ void BlockStore::EvictLocked(Entry* e) {
   }
   ++tiers_[e->tier]->counters.evictions;
   ++evictions_by_owner_[e->owner];
-  DropLocked(e);
+  std::optional<Key> point;
+  if (e->v4_block) point.emplace(e->ns, kvblock::RestorePointKey(e->hash));
+  DropLocked(e);  // e may be gone
+  // A V4 block's restore point goes with it, unless it is being read or
+  // moved (then it goes by the policy's own order: with its block gone no
+  // Match can end at it).
+  if (point.has_value()) {
+    auto it = index_.find(*point);
+    if (it != index_.end() && it->second->pins == 0 && !it->second->moving) EvictLocked(it->second.get());
+  }
 }
 
 void BlockStore::DropLocked(Entry* e) {

@@ -45,6 +45,7 @@
 #include "services/base/clock.h"
 #include "services/cache/store/probation_share.h"
 #include "services/cache/store/tier_storage.h"
+#include "services/kvblock/block_format.h"
 #include "services/kvblock/block_key.h"
 #include "services/kvblock/layout.h"
 
@@ -254,6 +255,10 @@ class PutSession {
   struct Pending;
   PutSession(BlockStore* store, std::string ns, kvblock::LatentLayout layout, std::string owner);
   void Abandon(Pending& pending);
+  // A DeepSeek-V4 record (format 3), parsed as `header`: it arrives whole,
+  // takes room of its own size and is stored as it came.
+  absl::Status AddWholeRecord(const kvblock::BlockHash& hash, std::span<const std::span<const uint8_t>> record,
+                              const kvblock::BlockHeader& header);
 
   BlockStore* store_;
   std::string ns_;
@@ -277,10 +282,13 @@ class BlockStore {
   // lease_ttl the matched blocks are pinned until ReleaseLease or the
   // deadline (ttl 0 = the default; capped at max_lease_ttl), by a lease of
   // `owner`'s, under an id no one can guess; the owner holds at most
-  // `max_leases` at once (0: max_leases_per_owner).
+  // `max_leases` at once (0: max_leases_per_owner). With
+  // `to_restore_point` (DeepSeek-V4) the prefix is cut back to its last
+  // block whose restore point (kvblock::RestorePointKey) is stored, and
+  // that point is refreshed and leased with it.
   MatchResult Match(const std::string& ns, uint64_t layout_id, std::span<const kvblock::BlockHash> hashes,
                     std::optional<absl::Duration> lease_ttl = std::nullopt, const std::string& owner = "",
-                    uint32_t max_leases = 0);
+                    uint32_t max_leases = 0, bool to_restore_point = false);
   // NOT_FOUND for an unknown or expired lease, or one of another owner's.
   absl::Status ReleaseLease(uint64_t lease_id, const std::string& owner = "");
 
@@ -464,9 +472,11 @@ class BlockStore {
   // deduplicated) when another stream stored the same block first. It is
   // ordered behind block `after` of `ns` (the stream's previous one, if
   // still in the first tier) for eviction.
+  // A DeepSeek-V4 block (`v4_block`) takes its restore point with it when
+  // it is evicted.
   bool PublishPending(const std::string& ns, const kvblock::BlockHash& hash, uint64_t layout_id,
                       const std::string& owner, size_t bytes, std::vector<uint32_t> pages,
-                      const std::optional<kvblock::BlockHash>& after) ABSL_LOCKS_EXCLUDED(mu_);
+                      const std::optional<kvblock::BlockHash>& after, bool v4_block = false) ABSL_LOCKS_EXCLUDED(mu_);
 
   const StoreOptions options_;
   Clock* const clock_;

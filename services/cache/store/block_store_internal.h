@@ -29,6 +29,9 @@ struct Entry {
   bool moving = false;  // being copied to another tier (without the lock)
   // kAdaptive: stored and not used since, in its tier's probation list too.
   bool on_probation = false;
+  // A DeepSeek-V4 block: its restore point (kvblock::RestorePointKey) is
+  // evicted with it, since a prefix can only be restored where one is.
+  bool v4_block = false;
   std::list<Entry*>::iterator lru;
   std::list<Entry*>::iterator probation;  // while on_probation
 };

@@ -57,6 +57,7 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::span<cons
     return absl::Status(slice.status().code(),
                         absl::StrCat("slice of block ", kvblock::HashToHex(hash), ": ", slice.status().message()));
   }
+  if (slice->format_version == kvblock::kV4BlockFormatVersion) return AddWholeRecord(hash, record, *slice);
   const std::string key(kvblock::HashAsBytes(hash));
   auto it = pending_.find(key);
   if (it == pending_.end()) {
@@ -129,6 +130,44 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::span<cons
   std::unique_ptr<Pending> done = std::move(it->second);
   pending_.erase(it);
   if (store_->PublishPending(ns_, hash, layout_id_, owner_, record_bytes_, std::move(done->pages), last_stored_)) {
+    ++summary_.blocks_stored;
+    last_stored_ = hash;
+  } else {
+    ++summary_.blocks_deduplicated;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PutSession::AddWholeRecord(const kvblock::BlockHash& hash,
+                                        std::span<const std::span<const uint8_t>> record,
+                                        const kvblock::BlockHeader& header) {
+  const size_t size = header.RecordBytes();
+  absl::StatusOr<std::optional<std::vector<uint32_t>>> pages =
+      store_->BeginPending(ns_, segment_owner_, hash, owner_, pending_.size(), size);
+  if (!pages.ok()) return pages.status();
+  if (!pages->has_value()) {
+    if (deduplicated_.insert(std::string(kvblock::HashAsBytes(hash))).second) {
+      ++summary_.blocks_deduplicated;
+      store_->CountDeduplicated();
+    }
+    return absl::OkStatus();
+  }
+  const TierStorage& first = store_->FirstTier();
+  first.Prepare(**pages);
+  const RecordRoom room{ns_, hash, **pages, size};
+  size_t at = 0;
+  for (const std::span<const uint8_t> piece : record) {
+    if (absl::Status s =
+            first.WriteAt(room, at, std::string_view(reinterpret_cast<const char*>(piece.data()), piece.size()));
+        !s.ok()) {
+      store_->AbandonPending(room, owner_);
+      return s;
+    }
+    at += piece.size();
+  }
+  store_->CountArrival(size, /*checksum_failed=*/false);
+  if (store_->PublishPending(ns_, hash, layout_id_, owner_, size, std::move(**pages), last_stored_,
+                             header.kind == kvblock::RecordKind::kBlock)) {
     ++summary_.blocks_stored;
     last_stored_ = hash;
   } else {
@@ -245,7 +284,7 @@ TierStorage& BlockStore::FirstTier() const { return *tiers_[0]->storage; }
 
 bool BlockStore::PublishPending(const std::string& ns, const kvblock::BlockHash& hash, uint64_t layout_id,
                                 const std::string& owner, size_t bytes, std::vector<uint32_t> pages,
-                                const std::optional<kvblock::BlockHash>& after) {
+                                const std::optional<kvblock::BlockHash>& after, bool v4_block) {
   absl::MutexLock lock(&mu_);
   EndPendingLocked(owner, bytes);
   Key key(ns, hash);
@@ -262,6 +301,7 @@ bool BlockStore::PublishPending(const std::string& ns, const kvblock::BlockHash&
   entry->size = bytes;
   entry->tier = 0;
   entry->pages = std::move(pages);
+  entry->v4_block = v4_block;
   // Leaf-first: the stream's blocks of a prefix go last to first, so the
   // new one goes just behind the one before it.
   Entry* behind = nullptr;

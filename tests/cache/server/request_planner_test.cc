@@ -22,7 +22,7 @@ kvblock::LatentLayout Layout() {
   return l;
 }
 
-// DeepSeek-V4's (block format 3), which the cache does not serve yet.
+// DeepSeek-V4's (block format 3).
 v1::LatentLayout V4Layout() {
   kvblock::LatentLayout l = Layout();
   l.num_layers = 2;
@@ -106,16 +106,16 @@ TEST(RequestPlanner, EveryPlanRefusesWhatItChecks) {
   EXPECT_EQ(planner.PlanPut(kAnyone, header).status().code(), absl::StatusCode::kNotFound);
   header.set_kv_namespace("tenant-a");
   EXPECT_TRUE(planner.PlanPut(kAnyone, header).ok());
-  // DeepSeek-V4's layouts are not served yet: refused by name.
+  // DeepSeek-V4's records hold every layer: a Get of some is refused.
   v1::PutHeader v4 = header;
   *v4.mutable_layout() = V4Layout();
-  const absl::Status refused = planner.PlanPut(kAnyone, v4).status();
-  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(planner.PlanPut(kAnyone, v4).ok());
+  v1::GetRequest get = Named<v1::GetRequest>("tenant-a", V4Layout(), {AHash('a')});
+  EXPECT_TRUE(planner.PlanGet(kAnyone, get).ok());
+  get.set_layer_count(1);
+  const absl::Status refused = planner.PlanGet(kAnyone, get).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(refused.message().find("DeepSeek-V4"), std::string::npos) << refused;
-  EXPECT_EQ(planner.PlanMatch(kAnyone, Named<v1::MatchRequest>("tenant-a", V4Layout(), {AHash('a')})).status().code(),
-            absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(planner.PlanGet(kAnyone, Named<v1::GetRequest>("tenant-a", V4Layout(), {AHash('a')})).status().code(),
-            absl::StatusCode::kFailedPrecondition);
   header.set_fast_path_session_id(7);
   EXPECT_EQ(planner.PlanPut(kAnyone, header).status().code(), absl::StatusCode::kFailedPrecondition);
   v1::LeaseBlocksRequest lease;

@@ -1405,6 +1405,140 @@ TEST_P(BlockStoreTest, SharedSegmentsHoldOneNamespaceAndReadBackTheRecord) {
 }
 
 // Shared segments only.
+// DeepSeek-V4's records (format 3) at a small shape whose block and
+// restore point each take one page: one layer of ratio 16, entries of 64
+// values (none rotated), a window of 16.
+kvblock::LatentLayout SmallV4Layout() {
+  kvblock::LatentLayout l{.model_id = "store-test-v4",
+                          .num_layers = 1,
+                          .kv_lora_rank = 64,
+                          .rope_dim = 0,
+                          .tokens_per_block = 16,
+                          .codec = kernels::Codec::kFp8,
+                          .block_format_version = kvblock::kV4BlockFormatVersion};
+  l.compress_ratios = {16};
+  l.sliding_window = 16;
+  return l;
+}
+
+class V4StoreTest : public BlockStoreTest {
+ protected:
+  // A block's record, or the restore point's after `boundary` tokens, of
+  // random bytes.
+  std::string V4Record(kvblock::RecordKind kind, uint64_t boundary = 16) {
+    const kvblock::LatentLayout l = SmallV4Layout();
+    std::string payload(kind == kvblock::RecordKind::kBlock ? kernels::V4BlockBytes(l.V4Parts(), 16)
+                                                            : kernels::V4RestorePointBytes(l.V4Parts(), boundary),
+                        '\0');
+    for (char& c : payload) c = static_cast<char>(rng_.engine()());
+    if (kind == kvblock::RecordKind::kRestorePoint) std::memcpy(payload.data(), &boundary, sizeof boundary);
+    absl::StatusOr<std::string> record = kvblock::EncodeV4Record(l, kind, payload);
+    EXPECT_TRUE(record.ok()) << record.status();
+    return record.ok() ? *record : std::string();
+  }
+
+  // Puts records under their keys through one session.
+  void PutV4(const std::vector<std::pair<BlockHash, std::string>>& records) {
+    auto session = store_->BeginPut("ns", SmallV4Layout());
+    for (const auto& [hash, record] : records) {
+      const absl::Status s = session->AddSlice(hash, record);
+      EXPECT_TRUE(s.ok()) << s;
+    }
+    EXPECT_TRUE(session->Finish().incomplete.empty());
+  }
+
+  const uint64_t v4_id_ = kvblock::LayoutId(SmallV4Layout());
+};
+
+// A V4 record arrives whole and is stored as it came: its block's and its
+// restore point's sizes differ under one layout.
+TEST_P(V4StoreTest, RecordsAreStoredWholeAndReadBackAsTheyCame) {
+  const BlockHash block = Hash(1), point = kvblock::RestorePointKey(block);
+  const std::string block_record = V4Record(kvblock::RecordKind::kBlock);
+  const std::string point_record = V4Record(kvblock::RecordKind::kRestorePoint, 32);
+  ASSERT_NE(block_record.size(), point_record.size());
+  PutV4({{block, block_record}, {point, point_record}});
+  for (const auto& [hash, record] : {std::pair(block, block_record), std::pair(point, point_record)}) {
+    absl::StatusOr<std::shared_ptr<const PinnedBlock>> read = store_->Read("ns", v4_id_, hash);
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_EQ((*read)->CopyToString(), record);
+  }
+  EXPECT_EQ(store_->Stats().blocks_stored, 2u);
+  // The same record again costs nothing; a damaged one is DATA_LOSS.
+  PutV4({{block, block_record}});
+  EXPECT_EQ(store_->Stats().blocks_deduplicated, 1u);
+  std::string damaged = V4Record(kvblock::RecordKind::kBlock);
+  damaged[40] ^= 1;
+  auto session = store_->BeginPut("ns", SmallV4Layout());
+  EXPECT_EQ(session->AddSlice(Hash(2), damaged).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store_->Read("ns", v4_id_, Hash(2)).status().code(), absl::StatusCode::kNotFound);
+}
+
+// Match on V4 ends at the last block of the prefix with a restore point,
+// and without the flag it is the plain longest prefix.
+TEST_P(V4StoreTest, MatchEndsAtTheLastRestorePoint) {
+  Open(16, 16);
+  const std::vector<BlockHash> chain = {Hash(0), Hash(1), Hash(2), Hash(3)};
+  std::vector<std::pair<BlockHash, std::string>> records;
+  for (const BlockHash& h : chain) records.emplace_back(h, V4Record(kvblock::RecordKind::kBlock));
+  records.emplace_back(kvblock::RestorePointKey(chain[1]), V4Record(kvblock::RecordKind::kRestorePoint, 32));
+  PutV4(records);
+  const auto match = [&](bool to_point) {
+    return store_->Match("ns", v4_id_, chain, std::nullopt, "", 0, to_point).matched_blocks;
+  };
+  EXPECT_EQ(match(false), 4u);
+  EXPECT_EQ(match(true), 2u);
+  PutV4({{kvblock::RestorePointKey(chain[3]), V4Record(kvblock::RecordKind::kRestorePoint, 64)}});
+  EXPECT_EQ(match(true), 4u);
+  // A point of another prefix, or none before the first block, matches nothing.
+  const std::vector<BlockHash> other = {Hash(7), Hash(8)};
+  PutV4({{Hash(7), V4Record(kvblock::RecordKind::kBlock)}, {Hash(8), V4Record(kvblock::RecordKind::kBlock)}});
+  EXPECT_EQ(store_->Match("ns", v4_id_, other, std::nullopt, "", 0, true).matched_blocks, 0u);
+  // A lease holds the point with the blocks.
+  MatchResult leased = store_->Match("ns", v4_id_, std::span(chain).first(2), absl::Seconds(5), "", 0, true);
+  ASSERT_EQ(leased.matched_blocks, 2u);
+  EXPECT_TRUE(leased.lease_status.ok());
+  EXPECT_TRUE(store_->ReleaseLease(leased.lease_id).ok());
+}
+
+// Evicting a V4 block takes its restore point, which could restore
+// nothing without it, even when the point was used more recently.
+TEST_P(V4StoreTest, EvictingABlockTakesItsRestorePoint) {
+  // Two-page records: a layer of ratio 1 over 64 tokens, a window of 64.
+  kvblock::LatentLayout wide = SmallV4Layout();
+  wide.tokens_per_block = 64;
+  wide.compress_ratios = {1};
+  wide.sliding_window = 64;
+  const uint64_t wide_id = kvblock::LayoutId(wide);
+  const auto record = [&](kvblock::RecordKind kind) {
+    std::string payload(kind == kvblock::RecordKind::kBlock ? kernels::V4BlockBytes(wide.V4Parts(), 64)
+                                                            : kernels::V4RestorePointBytes(wide.V4Parts(), 64),
+                        '\1');
+    const uint64_t boundary = 64;
+    if (kind == kvblock::RecordKind::kRestorePoint) std::memcpy(payload.data(), &boundary, sizeof boundary);
+    return *kvblock::EncodeV4Record(wide, kind, payload);
+  };
+  Open(4, 4, 0, [](StoreOptions& o) { o.eviction = Eviction::kLru; });
+  const BlockHash block = Hash(1), point = kvblock::RestorePointKey(block);
+  auto session = store_->BeginPut("ns", wide);
+  ASSERT_TRUE(session->AddSlice(block, record(kvblock::RecordKind::kBlock)).ok());
+  ASSERT_TRUE(session->AddSlice(point, record(kvblock::RecordKind::kRestorePoint)).ok());
+  session->Finish();
+  const auto stored = [&](const BlockHash& h) { return store_->Match("ns", wide_id, std::span(&h, 1)).matched_blocks; };
+  Put(Hash(10));  // the block goes down to the host tier
+  Put(Hash(11));
+  Put(Hash(12));  // then the point: the host tier is full, the device's has a page left
+  ASSERT_EQ(stored(block), 1u);
+  ASSERT_EQ(stored(point), 1u);  // and used after the block
+  ASSERT_EQ(store_->Stats().tiers[1].evictions, 0u);
+  Put(Hash(13));  // the device tier's last page
+  Put(Hash(14));  // block 10 goes down: the host tier evicts the block, and its point with it
+  EXPECT_EQ(store_->Stats().tiers[1].evictions, 2u);
+  EXPECT_EQ(stored(block), 0u);
+  EXPECT_EQ(stored(point), 0u);
+  ExpectWithinCapacity();
+}
+
 class SharedSegmentsTest : public BlockStoreTest {};
 
 TEST_P(SharedSegmentsTest, ASegmentChangingNamespaceLeavesOldMappingsWithoutTheNewBytes) {
@@ -1639,6 +1773,9 @@ INSTANTIATE_TEST_SUITE_P(Memory, BlockStoreTest,
                          ::testing::Values(Memory::kPrivate, Memory::kSharedSegments, Memory::kStagedDevice),
                          MemoryName);
 INSTANTIATE_TEST_SUITE_P(Memory, SharedSegmentsTest, ::testing::Values(Memory::kSharedSegments), MemoryName);
+INSTANTIATE_TEST_SUITE_P(Memory, V4StoreTest,
+                         ::testing::Values(Memory::kPrivate, Memory::kSharedSegments, Memory::kStagedDevice),
+                         MemoryName);
 
 TEST(BlockStoreOptions, RefusesCapacitiesBelowOnePage) {
   StoreOptions o;
