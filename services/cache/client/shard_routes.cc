@@ -6,18 +6,32 @@
 #include "services/rpc/tenants.h"
 
 namespace kvtier::cache {
+namespace {
+
+// The most a record of `layout` takes: MLA's one size; for DeepSeek-V4 the
+// larger of a block and a restore point past the window (ParseBlock then
+// checks which it is, and its exact size).
+size_t LargestRecord(const kvblock::LatentLayout& layout) {
+  if (!layout.IsV4()) return kvblock::HeaderFor(layout, 0, layout.num_layers).RecordBytes();
+  return kvblock::kBlockHeaderBytes + kvblock::kBlockTrailerBytes +
+         std::max(kernels::V4BlockBytes(layout.V4Parts(), layout.tokens_per_block),
+                  kernels::V4RestorePointBytes(layout.V4Parts(), layout.sliding_window));
+}
+
+}  // namespace
 
 RecordLanding::RecordLanding(const kvblock::LatentLayout& layout, RecordPool& pool,
                              std::vector<absl::StatusOr<SharedRecord>*> slots)
     : layout_(layout),
       pool_(pool),
-      record_bytes_(kvblock::HeaderFor(layout, 0, layout.num_layers).RecordBytes()),
+      record_bytes_(LargestRecord(layout)),
       slots_(std::move(slots)),
       landed_(slots_.size()),
       answered_(slots_.size(), false) {}
 
 std::span<uint8_t> RecordLanding::Destination(uint32_t index, size_t size) {
-  if (index >= landed_.size() || size != record_bytes_ || answered_[index]) return {};
+  const bool fits = layout_.IsV4() ? size <= record_bytes_ : size == record_bytes_;
+  if (index >= landed_.size() || !fits || answered_[index]) return {};
   if (landed_[index] == nullptr) landed_[index] = pool_.Take(size);
   return std::span(reinterpret_cast<uint8_t*>(landed_[index]->data()), size);
 }

@@ -54,7 +54,7 @@ class RecordLanding {
  private:
   const kvblock::LatentLayout& layout_;
   RecordPool& pool_;
-  const size_t record_bytes_;
+  const size_t record_bytes_;  // a record's size; for DeepSeek-V4 the most one takes
   std::vector<absl::StatusOr<SharedRecord>*> slots_;
   std::vector<std::shared_ptr<std::string>> landed_;
   std::vector<bool> answered_;

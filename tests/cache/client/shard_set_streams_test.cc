@@ -7,6 +7,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <functional>
 #include <random>
 #include <set>
@@ -100,6 +101,56 @@ TEST(ShardSetFetch, RecordsOverTcpAreCheckedAsTheyLand) {
   }
   EXPECT_EQ(got[1].status().code(), absl::StatusCode::kDataLoss) << got[1].status();
   EXPECT_FALSE(got[3].ok());
+  server->Shutdown();
+}
+
+// DeepSeek-V4's records (a block, a restore point: sizes of their own)
+// land and are checked; one damaged is DATA_LOSS, and one larger than any
+// of the layout's gets no room.
+TEST(ShardSetFetch, V4RecordsOfEachKindLandAndAreChecked) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  kvblock::LatentLayout layout{.model_id = "fetch-test-v4",
+                               .num_layers = 2,
+                               .kv_lora_rank = 128,
+                               .rope_dim = 64,
+                               .tokens_per_block = 16,
+                               .codec = kernels::Codec::kFp8,
+                               .block_format_version = kvblock::kV4BlockFormatVersion};
+  layout.compress_ratios = {0, 16};
+  layout.sliding_window = 16;
+  const auto record = [&](kvblock::RecordKind kind, uint64_t boundary) {
+    std::string payload(kind == kvblock::RecordKind::kBlock ? kernels::V4BlockBytes(layout.V4Parts(), 16)
+                                                            : kernels::V4RestorePointBytes(layout.V4Parts(), boundary),
+                        '\0');
+    for (char& c : payload) c = static_cast<char>(rng.engine()());
+    if (kind == kvblock::RecordKind::kRestorePoint) std::memcpy(payload.data(), &boundary, sizeof boundary);
+    return *kvblock::EncodeV4Record(layout, kind, payload);
+  };
+  const std::vector<std::string> records = {record(kvblock::RecordKind::kBlock, 0),
+                                            record(kvblock::RecordKind::kRestorePoint, 48)};
+  std::vector<std::string> sent = records;
+  sent.push_back(records[0]);
+  sent.back()[40] ^= 0x20;
+  sent.push_back(records[1] + std::string(4096, 'x'));  // larger than any of the layout's: it ends the stream
+
+  StandInCache service(sent);
+  int port = 0;
+  std::unique_ptr<grpc::Server> server = Serve(service, port);
+  ASSERT_NE(server, nullptr);
+  auto shards = ShardSet::Create("127.0.0.1:" + std::to_string(port), absl::Seconds(10), /*fast_path=*/false);
+  ASSERT_TRUE(shards.ok()) << shards.status();
+  std::vector<kvblock::BlockHash> hashes;
+  for (uint8_t i = 0; i < sent.size(); ++i) hashes.push_back(kvblock::BlockHash{i});
+  const std::vector<absl::StatusOr<SharedRecord>> got = (*shards)->Fetch("tenant", layout, hashes);
+  ASSERT_EQ(got.size(), sent.size());
+  for (size_t i : {0, 1}) {
+    ASSERT_TRUE(got[i].ok()) << i << ": " << got[i].status();
+    EXPECT_EQ(**got[i], records[i]);
+  }
+  EXPECT_EQ(got[2].status().code(), absl::StatusCode::kDataLoss) << got[2].status();
+  EXPECT_FALSE(got[3].ok());
+  EXPECT_NE(got[3].status().message().find("no room"), std::string::npos) << got[3].status();
   server->Shutdown();
 }
 
