@@ -15,6 +15,7 @@
 
 #include "services/kvblock/crc32c.h"
 #include "tests/test_random.h"
+#include "tests/v4_records.h"
 
 namespace kvtier::kvblock {
 namespace {
@@ -365,38 +366,9 @@ TEST(RecordPieces, CopyFromPiecesAndTrailerCrcReadAcrossAnyCuts) {
   }
 }
 
-// DeepSeek-V4's records (format 3) at V4-Flash's schedule: 2 window-only
-// layers, 21 of ratio 4, 20 of ratio 128; blocks of 128 tokens.
-LatentLayout V4FlashLayout() {
-  LatentLayout l;
-  l.model_id = "deepseek-v4-flash";
-  l.num_layers = 43;
-  l.kv_lora_rank = 512;
-  l.rope_dim = 64;
-  l.tokens_per_block = 128;
-  l.codec = kernels::Codec::kFp8;
-  l.block_format_version = kV4BlockFormatVersion;
-  l.indexer_dim = 128;
-  l.indexer_encoding = IndexerEncoding::kMxfp4;
-  l.compress_ratios = {0, 0};
-  for (int i = 0; i < 20; ++i) l.compress_ratios.insert(l.compress_ratios.end(), {4, 128});
-  l.compress_ratios.push_back(4);
-  l.sliding_window = 128;
-  return l;
-}
-
-std::string RandomBytes(size_t n, std::mt19937_64& rng) {
-  std::string s(n, '\0');
-  for (char& c : s) c = static_cast<char>(rng());
-  return s;
-}
-
-// A restore point's payload: its boundary, then any bytes.
-std::string RestorePayload(const LatentLayout& l, uint64_t boundary, std::mt19937_64& rng) {
-  std::string p = RandomBytes(kernels::V4RestorePointBytes(l.V4Parts(), boundary), rng);
-  std::memcpy(p.data(), &boundary, sizeof boundary);
-  return p;
-}
+// DeepSeek-V4's records (format 3) at V4-Flash's schedule.
+using testing::RandomV4Payload;
+using testing::V4FlashLayout;
 
 TEST(V4Record, BlocksAndRestorePointsRoundTripWithTheirKind) {
   testing::SeededRng seeded;
@@ -404,9 +376,9 @@ TEST(V4Record, BlocksAndRestorePointsRoundTripWithTheirKind) {
   std::mt19937_64& rng = seeded.engine();
   const LatentLayout l = V4FlashLayout();
   ASSERT_TRUE(ValidateLayout(l).ok()) << ValidateLayout(l);
-  const std::string block = RandomBytes(kernels::V4BlockBytes(l.V4Parts(), 128), rng);
+  const std::string block = RandomV4Payload(l, RecordKind::kBlock, 0, rng);
   EXPECT_EQ(block.size(), 449'824u);  // block_format.md's V4-Flash figures
-  const std::string point = RestorePayload(l, 384, rng);
+  const std::string point = RandomV4Payload(l, RecordKind::kRestorePoint, 384, rng);
   EXPECT_EQ(point.size(), 3'644'424u);
   for (const auto& [kind, payload] :
        {std::pair(RecordKind::kBlock, block), std::pair(RecordKind::kRestorePoint, point)}) {
@@ -438,7 +410,8 @@ TEST(V4Record, SizesKindsAndLayoutsThatDoNotFitAreRefused) {
   SCOPED_TRACE(seeded.Trace());
   std::mt19937_64& rng = seeded.engine();
   const LatentLayout l = V4FlashLayout();
-  const std::string block = RandomBytes(kernels::V4BlockBytes(l.V4Parts(), 128), rng);
+  const std::string block = RandomV4Payload(l, RecordKind::kBlock, 0, rng);
+  const auto point = [&](uint64_t boundary) { return RandomV4Payload(l, RecordKind::kRestorePoint, boundary, rng); };
   struct Case {
     RecordKind kind;
     std::string payload;
@@ -446,9 +419,9 @@ TEST(V4Record, SizesKindsAndLayoutsThatDoNotFitAreRefused) {
   };
   for (const Case& c : std::vector<Case>{
            {RecordKind::kBlock, block.substr(1), "the layout's blocks take 449824"},
-           {RecordKind::kRestorePoint, RestorePayload(l, 100, rng), "not a block boundary"},
-           {RecordKind::kRestorePoint, RestorePayload(l, 0, rng), "not a block boundary"},
-           {RecordKind::kRestorePoint, RestorePayload(l, 256, rng) + "x", "points there take"},
+           {RecordKind::kRestorePoint, point(100), "not a block boundary"},
+           {RecordKind::kRestorePoint, point(0), "not a block boundary"},
+           {RecordKind::kRestorePoint, point(256) + "x", "points there take"},
            {RecordKind::kRestorePoint, "1234567", "has no boundary"},
            {static_cast<RecordKind>(2), block, "record kind 2"},
        }) {

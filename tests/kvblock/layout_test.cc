@@ -6,6 +6,8 @@
 #include <functional>
 #include <set>
 
+#include "tests/v4_records.h"
+
 namespace kvtier::kvblock {
 namespace {
 
@@ -148,24 +150,7 @@ TEST(Layout, ProtoCodecNumbersMatchKernels) {
   EXPECT_EQ(static_cast<int>(IndexerEncoding::kFp8), v1::INDEXER_ENCODING_FP8);
 }
 
-// DeepSeek-V4-Flash's layout (format 3): 2 window-only layers, then ratios
-// 4 and 128 alternating, and a last 4.
-LatentLayout V4Flash() {
-  LatentLayout l{.model_id = "deepseek-ai/DeepSeek-V4-Flash",
-                 .num_layers = 43,
-                 .kv_lora_rank = 512,
-                 .rope_dim = 64,
-                 .tokens_per_block = 128,
-                 .codec = kernels::Codec::kFp8,
-                 .block_format_version = kV4BlockFormatVersion,
-                 .indexer_dim = 128,
-                 .indexer_encoding = IndexerEncoding::kMxfp4};
-  l.compress_ratios = {0, 0};
-  for (int i = 0; i < 20; ++i) l.compress_ratios.insert(l.compress_ratios.end(), {4, 128});
-  l.compress_ratios.push_back(4);
-  l.sliding_window = 128;
-  return l;
-}
+LatentLayout V4Flash() { return testing::V4FlashLayout(); }
 
 // docs/protocol.md's format 3 vector; the Python client's tests check the same.
 TEST(Layout, V4IdIsTheDocumentedVector) {

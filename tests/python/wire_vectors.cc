@@ -29,6 +29,7 @@
 #include "services/kvblock/block_format.h"
 #include "services/kvblock/block_key.h"
 #include "services/kvblock/layout.h"
+#include "tests/v4_records.h"
 
 namespace kvtier::kvblock {
 namespace {
@@ -128,12 +129,7 @@ json V4Cases(std::mt19937_64& rng) {
                        .sliding_window = 16};
   json cases = json::array();
   for (const RecordKind kind : {RecordKind::kBlock, RecordKind::kRestorePoint}) {
-    const uint64_t boundary = 16 * (1 + rng() % 4);
-    std::string payload(kind == RecordKind::kBlock ? kernels::V4BlockBytes(l.V4Parts(), l.tokens_per_block)
-                                                   : kernels::V4RestorePointBytes(l.V4Parts(), boundary),
-                        '\0');
-    for (char& b : payload) b = static_cast<char>(rng());
-    if (kind == RecordKind::kRestorePoint) std::memcpy(payload.data(), &boundary, sizeof boundary);
+    const std::string payload = testing::RandomV4Payload(l, kind, 16 * (1 + rng() % 4), rng);
     absl::StatusOr<std::string> record = EncodeV4Record(l, kind, payload);
     if (!record.ok()) throw std::runtime_error(std::string(record.status().message()));
     cases.push_back({{"layout", LayoutJson(l)},
@@ -145,12 +141,19 @@ json V4Cases(std::mt19937_64& rng) {
   return cases;
 }
 
-// Empty when V4 case `c` agrees with the C++ code, else what differs.
-std::string CheckV4(const json& c) {
-  const LatentLayout l = LayoutFrom(c.at("layout"));
+// Empty when case `c`'s layout is valid and its id the one C++ computes,
+// else what differs.
+std::string CheckLayout(const json& c, const LatentLayout& l) {
   if (absl::Status s = ValidateLayout(l); !s.ok()) return std::string(s.message());
   const std::string id = absl::StrCat(absl::Hex(LayoutId(l), absl::kZeroPad16));
   if (c.at("layout_id") != id) return absl::StrCat("layout id ", c.at("layout_id").dump(), ", C++ computes ", id);
+  return "";
+}
+
+// Empty when V4 case `c` agrees with the C++ code, else what differs.
+std::string CheckV4(const json& c) {
+  const LatentLayout l = LayoutFrom(c.at("layout"));
+  if (std::string why = CheckLayout(c, l); !why.empty()) return why;
   absl::StatusOr<std::string> record =
       EncodeV4Record(l, static_cast<RecordKind>(c.at("kind").get<int>()), Unbase64(c.at("payload")));
   if (!record.ok()) return absl::StrCat("C++ cannot encode the payload: ", record.status().message());
@@ -214,9 +217,7 @@ json Make(uint64_t seed) {
 // Empty when case `c` agrees with the C++ code, else what differs.
 std::string Check(const json& c) {
   const LatentLayout l = LayoutFrom(c.at("layout"));
-  if (absl::Status s = ValidateLayout(l); !s.ok()) return std::string(s.message());
-  const std::string id = absl::StrCat(absl::Hex(LayoutId(l), absl::kZeroPad16));
-  if (c.at("layout_id") != id) return absl::StrCat("layout id ", c.at("layout_id").dump(), ", C++ computes ", id);
+  if (std::string why = CheckLayout(c, l); !why.empty()) return why;
   const std::vector<uint32_t> tokens = c.at("token_ids").get<std::vector<uint32_t>>();
   const std::vector<BlockHash> chain =
       ComputeBlockChain(c.at("namespace").get<std::string>(), LayoutId(l), l.tokens_per_block, tokens);

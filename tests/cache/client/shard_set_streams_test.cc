@@ -19,6 +19,7 @@
 #include "services/kvblock/block_format.h"
 #include "services/kvblock/block_key.h"
 #include "tests/test_random.h"
+#include "tests/v4_records.h"
 
 namespace kvtier::cache {
 namespace {
@@ -68,6 +69,27 @@ std::unique_ptr<grpc::Server> Serve(grpc::Service& service, int& port) {
   return port > 0 ? std::move(server) : nullptr;
 }
 
+// Fetches `hashes` of `layout` over TCP from a StandInCache answering `sent`.
+std::vector<absl::StatusOr<SharedRecord>> FetchFromStandIn(std::vector<std::string> sent,
+                                                           const kvblock::LatentLayout& layout,
+                                                           const std::vector<kvblock::BlockHash>& hashes) {
+  StandInCache service(std::move(sent));
+  int port = 0;
+  std::unique_ptr<grpc::Server> server = Serve(service, port);
+  if (server == nullptr) {
+    ADD_FAILURE() << "the stand-in cache did not start";
+    return {};
+  }
+  auto shards = ShardSet::Create("127.0.0.1:" + std::to_string(port), absl::Seconds(10), /*fast_path=*/false);
+  if (!shards.ok()) {
+    ADD_FAILURE() << shards.status();
+    return {};
+  }
+  std::vector<absl::StatusOr<SharedRecord>> got = (*shards)->Fetch("tenant", layout, hashes);
+  server->Shutdown();
+  return got;
+}
+
 TEST(ShardSetFetch, RecordsOverTcpAreCheckedAsTheyLand) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
@@ -81,18 +103,11 @@ TEST(ShardSetFetch, RecordsOverTcpAreCheckedAsTheyLand) {
   sent[3] = RandomRecord(other, rng.engine());
   sent[3].resize(records[3].size(), '\0');  // the size asked for, the wrong layout inside
 
-  StandInCache service(sent);
-  int port = 0;
-  std::unique_ptr<grpc::Server> server = Serve(service, port);
-  ASSERT_NE(server, nullptr);
-
-  auto shards = ShardSet::Create("127.0.0.1:" + std::to_string(port), absl::Seconds(10), /*fast_path=*/false);
-  ASSERT_TRUE(shards.ok()) << shards.status();
   std::vector<std::uint32_t> tokens(layout.tokens_per_block * records.size());
   for (size_t t = 0; t < tokens.size(); ++t) tokens[t] = static_cast<uint32_t>(t);
   const std::vector<kvblock::BlockHash> hashes =
       kvblock::ComputeBlockChain("tenant", kvblock::LayoutId(layout), layout.tokens_per_block, tokens);
-  const std::vector<absl::StatusOr<SharedRecord>> got = (*shards)->Fetch("tenant", layout, hashes);
+  const std::vector<absl::StatusOr<SharedRecord>> got = FetchFromStandIn(sent, layout, hashes);
   ASSERT_EQ(got.size(), records.size());
   for (size_t i : {0, 2}) {
     ASSERT_TRUE(got[i].ok()) << i << ": " << got[i].status();
@@ -101,7 +116,6 @@ TEST(ShardSetFetch, RecordsOverTcpAreCheckedAsTheyLand) {
   }
   EXPECT_EQ(got[1].status().code(), absl::StatusCode::kDataLoss) << got[1].status();
   EXPECT_FALSE(got[3].ok());
-  server->Shutdown();
 }
 
 // DeepSeek-V4's records (a block, a restore point: sizes of their own)
@@ -110,22 +124,9 @@ TEST(ShardSetFetch, RecordsOverTcpAreCheckedAsTheyLand) {
 TEST(ShardSetFetch, V4RecordsOfEachKindLandAndAreChecked) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
-  kvblock::LatentLayout layout{.model_id = "fetch-test-v4",
-                               .num_layers = 2,
-                               .kv_lora_rank = 128,
-                               .rope_dim = 64,
-                               .tokens_per_block = 16,
-                               .codec = kernels::Codec::kFp8,
-                               .block_format_version = kvblock::kV4BlockFormatVersion};
-  layout.compress_ratios = {0, 16};
-  layout.sliding_window = 16;
+  const kvblock::LatentLayout layout = testing::SmallV4Layout();
   const auto record = [&](kvblock::RecordKind kind, uint64_t boundary) {
-    std::string payload(kind == kvblock::RecordKind::kBlock ? kernels::V4BlockBytes(layout.V4Parts(), 16)
-                                                            : kernels::V4RestorePointBytes(layout.V4Parts(), boundary),
-                        '\0');
-    for (char& c : payload) c = static_cast<char>(rng.engine()());
-    if (kind == kvblock::RecordKind::kRestorePoint) std::memcpy(payload.data(), &boundary, sizeof boundary);
-    return *kvblock::EncodeV4Record(layout, kind, payload);
+    return testing::RandomV4Record(layout, kind, boundary, rng.engine());
   };
   const std::vector<std::string> records = {record(kvblock::RecordKind::kBlock, 0),
                                             record(kvblock::RecordKind::kRestorePoint, 48)};
@@ -134,15 +135,9 @@ TEST(ShardSetFetch, V4RecordsOfEachKindLandAndAreChecked) {
   sent.back()[40] ^= 0x20;
   sent.push_back(records[1] + std::string(4096, 'x'));  // larger than any of the layout's: it ends the stream
 
-  StandInCache service(sent);
-  int port = 0;
-  std::unique_ptr<grpc::Server> server = Serve(service, port);
-  ASSERT_NE(server, nullptr);
-  auto shards = ShardSet::Create("127.0.0.1:" + std::to_string(port), absl::Seconds(10), /*fast_path=*/false);
-  ASSERT_TRUE(shards.ok()) << shards.status();
   std::vector<kvblock::BlockHash> hashes;
   for (uint8_t i = 0; i < sent.size(); ++i) hashes.push_back(kvblock::BlockHash{i});
-  const std::vector<absl::StatusOr<SharedRecord>> got = (*shards)->Fetch("tenant", layout, hashes);
+  const std::vector<absl::StatusOr<SharedRecord>> got = FetchFromStandIn(sent, layout, hashes);
   ASSERT_EQ(got.size(), sent.size());
   for (size_t i : {0, 1}) {
     ASSERT_TRUE(got[i].ok()) << i << ": " << got[i].status();
@@ -151,7 +146,6 @@ TEST(ShardSetFetch, V4RecordsOfEachKindLandAndAreChecked) {
   EXPECT_EQ(got[2].status().code(), absl::StatusCode::kDataLoss) << got[2].status();
   EXPECT_FALSE(got[3].ok());
   EXPECT_NE(got[3].status().message().find("no room"), std::string::npos) << got[3].status();
-  server->Shutdown();
 }
 
 // Answers Get with `record` for every hash asked, and takes every Put

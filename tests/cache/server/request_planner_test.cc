@@ -7,6 +7,7 @@
 #include <functional>
 
 #include "services/kvblock/layout.h"
+#include "tests/v4_records.h"
 
 namespace kvtier::cache {
 namespace {
@@ -23,17 +24,7 @@ kvblock::LatentLayout Layout() {
 }
 
 // DeepSeek-V4's (block format 3).
-v1::LatentLayout V4Layout() {
-  kvblock::LatentLayout l = Layout();
-  l.num_layers = 2;
-  l.kv_lora_rank = 128;
-  l.rope_dim = 64;
-  l.codec = kernels::Codec::kFp8;
-  l.block_format_version = kvblock::kV4BlockFormatVersion;
-  l.compress_ratios = {0, 16};
-  l.sliding_window = 16;
-  return kvblock::LayoutToProto(l);
-}
+v1::LatentLayout V4Layout() { return kvblock::LayoutToProto(testing::SmallV4Layout()); }
 
 std::string AHash(char c) { return std::string(32, c); }
 

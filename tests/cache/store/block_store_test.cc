@@ -26,6 +26,7 @@
 #include "tests/cache/store/gated_pin_slab.h"
 #include "tests/cache/store/recording_slab.h"
 #include "tests/test_random.h"
+#include "tests/v4_records.h"
 
 namespace kvtier::cache {
 namespace {
@@ -1405,41 +1406,17 @@ TEST_P(BlockStoreTest, SharedSegmentsHoldOneNamespaceAndReadBackTheRecord) {
 }
 
 // Shared segments only.
-// DeepSeek-V4's records (format 3) at a small shape whose block and
-// restore point each take one page: one layer of ratio 16, entries of 64
-// values (none rotated), a window of 16.
-kvblock::LatentLayout SmallV4Layout() {
-  kvblock::LatentLayout l{.model_id = "store-test-v4",
-                          .num_layers = 1,
-                          .kv_lora_rank = 64,
-                          .rope_dim = 0,
-                          .tokens_per_block = 16,
-                          .codec = kernels::Codec::kFp8,
-                          .block_format_version = kvblock::kV4BlockFormatVersion};
-  l.compress_ratios = {16};
-  l.sliding_window = 16;
-  return l;
-}
-
+// DeepSeek-V4's records (format 3), of tests/v4_records.h's layout.
 class V4StoreTest : public BlockStoreTest {
  protected:
-  // A block's record, or the restore point's after `boundary` tokens, of
-  // random bytes.
+  // A block's record, or the restore point's after `boundary` tokens.
   std::string V4Record(kvblock::RecordKind kind, uint64_t boundary = 16) {
-    const kvblock::LatentLayout l = SmallV4Layout();
-    std::string payload(kind == kvblock::RecordKind::kBlock ? kernels::V4BlockBytes(l.V4Parts(), 16)
-                                                            : kernels::V4RestorePointBytes(l.V4Parts(), boundary),
-                        '\0');
-    for (char& c : payload) c = static_cast<char>(rng_.engine()());
-    if (kind == kvblock::RecordKind::kRestorePoint) std::memcpy(payload.data(), &boundary, sizeof boundary);
-    absl::StatusOr<std::string> record = kvblock::EncodeV4Record(l, kind, payload);
-    EXPECT_TRUE(record.ok()) << record.status();
-    return record.ok() ? *record : std::string();
+    return testing::RandomV4Record(testing::SmallV4Layout(), kind, boundary, rng_.engine());
   }
 
   // Puts records under their keys through one session.
   void PutV4(const std::vector<std::pair<BlockHash, std::string>>& records) {
-    auto session = store_->BeginPut("ns", SmallV4Layout());
+    auto session = store_->BeginPut("ns", testing::SmallV4Layout());
     for (const auto& [hash, record] : records) {
       const absl::Status s = session->AddSlice(hash, record);
       EXPECT_TRUE(s.ok()) << s;
@@ -1447,7 +1424,7 @@ class V4StoreTest : public BlockStoreTest {
     EXPECT_TRUE(session->Finish().incomplete.empty());
   }
 
-  const uint64_t v4_id_ = kvblock::LayoutId(SmallV4Layout());
+  const uint64_t v4_id_ = kvblock::LayoutId(testing::SmallV4Layout());
 };
 
 // A V4 record arrives whole and is stored as it came: its block's and its
@@ -1469,7 +1446,7 @@ TEST_P(V4StoreTest, RecordsAreStoredWholeAndReadBackAsTheyCame) {
   EXPECT_EQ(store_->Stats().blocks_deduplicated, 1u);
   std::string damaged = V4Record(kvblock::RecordKind::kBlock);
   damaged[40] ^= 1;
-  auto session = store_->BeginPut("ns", SmallV4Layout());
+  auto session = store_->BeginPut("ns", testing::SmallV4Layout());
   EXPECT_EQ(session->AddSlice(Hash(2), damaged).code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(store_->Read("ns", v4_id_, Hash(2)).status().code(), absl::StatusCode::kNotFound);
 }
@@ -1504,20 +1481,19 @@ TEST_P(V4StoreTest, MatchEndsAtTheLastRestorePoint) {
 // Evicting a V4 block takes its restore point, which could restore
 // nothing without it, even when the point was used more recently.
 TEST_P(V4StoreTest, EvictingABlockTakesItsRestorePoint) {
-  // Two-page records: a layer of ratio 1 over 64 tokens, a window of 64.
-  kvblock::LatentLayout wide = SmallV4Layout();
-  wide.tokens_per_block = 64;
+  // Two-page records: a layer of ratio 1 over 64 tokens of 64 values, a
+  // window of 64.
+  kvblock::LatentLayout wide{.model_id = "store-test-v4",
+                             .num_layers = 1,
+                             .kv_lora_rank = 64,
+                             .rope_dim = 0,
+                             .tokens_per_block = 64,
+                             .codec = kernels::Codec::kFp8,
+                             .block_format_version = kvblock::kV4BlockFormatVersion};
   wide.compress_ratios = {1};
   wide.sliding_window = 64;
   const uint64_t wide_id = kvblock::LayoutId(wide);
-  const auto record = [&](kvblock::RecordKind kind) {
-    std::string payload(kind == kvblock::RecordKind::kBlock ? kernels::V4BlockBytes(wide.V4Parts(), 64)
-                                                            : kernels::V4RestorePointBytes(wide.V4Parts(), 64),
-                        '\1');
-    const uint64_t boundary = 64;
-    if (kind == kvblock::RecordKind::kRestorePoint) std::memcpy(payload.data(), &boundary, sizeof boundary);
-    return *kvblock::EncodeV4Record(wide, kind, payload);
-  };
+  const auto record = [&](kvblock::RecordKind kind) { return testing::RandomV4Record(wide, kind, 64, rng_.engine()); };
   Open(4, 4, 0, [](StoreOptions& o) { o.eviction = Eviction::kLru; });
   const BlockHash block = Hash(1), point = kvblock::RestorePointKey(block);
   auto session = store_->BeginPut("ns", wide);
