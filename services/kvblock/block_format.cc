@@ -148,6 +148,10 @@ BlockHeader HeaderFor(const LatentLayout& layout, uint32_t layer_begin, uint32_t
   h.layer_count = layer_count;
   h.latent_dim = layout.kv_lora_rank;
   h.rope_dim = layout.rope_dim;
+  if (layout.IsV4()) {  // a block's, every layer's parts together
+    h.payload_bytes = static_cast<uint32_t>(kernels::V4BlockBytes(layout.V4Parts(), layout.tokens_per_block));
+    return h;
+  }
   h.layer_payload_bytes = static_cast<uint32_t>(layout.LayerPayloadBytes());
   h.indexer_dim = layout.indexer_dim;
   h.indexer_encoding = layout.indexer_encoding;
@@ -306,19 +310,12 @@ absl::StatusOr<std::string> EncodeV4Record(const LatentLayout& layout, RecordKin
   if (payload.size() > UINT32_MAX) {
     return absl::InvalidArgumentError(absl::StrCat("a ", payload.size(), "-byte payload does not fit a record"));
   }
-  BlockHeader h;
-  h.format_version = kV4BlockFormatVersion;
-  h.codec = layout.codec;
-  h.layout_id = LayoutId(layout);
-  h.token_count = layout.tokens_per_block;
-  h.layer_count = layout.num_layers;
-  h.latent_dim = layout.kv_lora_rank;
-  h.rope_dim = layout.rope_dim;
+  BlockHeader h = HeaderFor(layout, 0, layout.num_layers);
   h.kind = kind;
   h.payload_bytes = static_cast<uint32_t>(payload.size());
-  KVTIER_RETURN_IF_ERROR(CheckHeaderFields(h));
+  KVTIER_ASSIGN_OR_RETURN(std::string record, SerializeBlock(h, payload));  // its header's own checks
   KVTIER_RETURN_IF_ERROR(CheckAgainstLayout(h, layout, Boundary(h, payload)));
-  return SerializeBlock(h, payload);
+  return record;
 }
 
 absl::Status DecodeBlock(const BlockView& block, std::span<float> out) {

@@ -81,7 +81,7 @@ struct BlockHeader {
 };
 
 // Header for layers [layer_begin, layer_begin + layer_count) of a full block
-// of `layout`.
+// of `layout` (a V4 layout's: a block of every layer).
 BlockHeader HeaderFor(const LatentLayout& layout, uint32_t layer_begin, uint32_t layer_count);
 
 // A parsed record; points into the parsed bytes, which must outlive it.

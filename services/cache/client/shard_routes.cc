@@ -12,10 +12,12 @@ namespace {
 // larger of a block and a restore point past the window (ParseBlock then
 // checks which it is, and its exact size).
 size_t LargestRecord(const kvblock::LatentLayout& layout) {
-  if (!layout.IsV4()) return kvblock::HeaderFor(layout, 0, layout.num_layers).RecordBytes();
-  return kvblock::kBlockHeaderBytes + kvblock::kBlockTrailerBytes +
-         std::max(kernels::V4BlockBytes(layout.V4Parts(), layout.tokens_per_block),
-                  kernels::V4RestorePointBytes(layout.V4Parts(), layout.sliding_window));
+  kvblock::BlockHeader h = kvblock::HeaderFor(layout, 0, layout.num_layers);
+  if (layout.IsV4()) {
+    h.payload_bytes = std::max<uint32_t>(
+        h.payload_bytes, static_cast<uint32_t>(kernels::V4RestorePointBytes(layout.V4Parts(), layout.sliding_window)));
+  }
+  return h.RecordBytes();
 }
 
 }  // namespace

@@ -259,6 +259,10 @@ class PutSession {
   // takes room of its own size and is stored as it came.
   absl::Status AddWholeRecord(const kvblock::BlockHash& hash, std::span<const std::span<const uint8_t>> record,
                               const kvblock::BlockHeader& header);
+  // A block found stored already (`key`: its hash's bytes), counted once.
+  void NoteDeduplicated(const std::string& key);
+  // Makes a block written whole into `pages` visible (PublishPending).
+  void Publish(const kvblock::BlockHash& hash, size_t bytes, std::vector<uint32_t> pages, bool v4_block);
 
   BlockStore* store_;
   std::string ns_;
@@ -476,7 +480,7 @@ class BlockStore {
   // it is evicted.
   bool PublishPending(const std::string& ns, const kvblock::BlockHash& hash, uint64_t layout_id,
                       const std::string& owner, size_t bytes, std::vector<uint32_t> pages,
-                      const std::optional<kvblock::BlockHash>& after, bool v4_block = false) ABSL_LOCKS_EXCLUDED(mu_);
+                      const std::optional<kvblock::BlockHash>& after, bool v4_block) ABSL_LOCKS_EXCLUDED(mu_);
 
   const StoreOptions options_;
   Clock* const clock_;

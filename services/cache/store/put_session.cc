@@ -64,12 +64,8 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::span<cons
     absl::StatusOr<std::optional<std::vector<uint32_t>>> pages =
         store_->BeginPending(ns_, segment_owner_, hash, owner_, pending_.size(), record_bytes_);
     if (!pages.ok()) return pages.status();
-    if (!pages->has_value()) {
-      // Already stored: this slice and the block's others cost nothing.
-      if (deduplicated_.insert(key).second) {
-        ++summary_.blocks_deduplicated;
-        store_->CountDeduplicated();
-      }
+    if (!pages->has_value()) {  // this slice and the block's others cost nothing
+      NoteDeduplicated(key);
       return absl::OkStatus();
     }
     auto pending = std::make_unique<Pending>();
@@ -129,13 +125,24 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::span<cons
 
   std::unique_ptr<Pending> done = std::move(it->second);
   pending_.erase(it);
-  if (store_->PublishPending(ns_, hash, layout_id_, owner_, record_bytes_, std::move(done->pages), last_stored_)) {
+  Publish(hash, record_bytes_, std::move(done->pages), /*v4_block=*/false);
+  return absl::OkStatus();
+}
+
+void PutSession::NoteDeduplicated(const std::string& key) {
+  if (deduplicated_.insert(key).second) {
+    ++summary_.blocks_deduplicated;
+    store_->CountDeduplicated();
+  }
+}
+
+void PutSession::Publish(const kvblock::BlockHash& hash, size_t bytes, std::vector<uint32_t> pages, bool v4_block) {
+  if (store_->PublishPending(ns_, hash, layout_id_, owner_, bytes, std::move(pages), last_stored_, v4_block)) {
     ++summary_.blocks_stored;
     last_stored_ = hash;
   } else {
     ++summary_.blocks_deduplicated;
   }
-  return absl::OkStatus();
 }
 
 absl::Status PutSession::AddWholeRecord(const kvblock::BlockHash& hash,
@@ -146,10 +153,7 @@ absl::Status PutSession::AddWholeRecord(const kvblock::BlockHash& hash,
       store_->BeginPending(ns_, segment_owner_, hash, owner_, pending_.size(), size);
   if (!pages.ok()) return pages.status();
   if (!pages->has_value()) {
-    if (deduplicated_.insert(std::string(kvblock::HashAsBytes(hash))).second) {
-      ++summary_.blocks_deduplicated;
-      store_->CountDeduplicated();
-    }
+    NoteDeduplicated(std::string(kvblock::HashAsBytes(hash)));
     return absl::OkStatus();
   }
   const TierStorage& first = store_->FirstTier();
@@ -166,13 +170,7 @@ absl::Status PutSession::AddWholeRecord(const kvblock::BlockHash& hash,
     at += piece.size();
   }
   store_->CountArrival(size, /*checksum_failed=*/false);
-  if (store_->PublishPending(ns_, hash, layout_id_, owner_, size, std::move(**pages), last_stored_,
-                             header.kind == kvblock::RecordKind::kBlock)) {
-    ++summary_.blocks_stored;
-    last_stored_ = hash;
-  } else {
-    ++summary_.blocks_deduplicated;
-  }
+  Publish(hash, size, std::move(**pages), header.kind == kvblock::RecordKind::kBlock);
   return absl::OkStatus();
 }
 
