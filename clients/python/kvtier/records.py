@@ -118,40 +118,54 @@ def encode_v4_record(layout, kind, payload):
     return body + struct.pack("<I", crc32c.crc32c(body))
 
 
+def _check_shape(tokens, latent, rope, first, count):
+    """A header's shape and layer range within what any reader takes."""
+    if not (1 <= tokens <= MAX_TOKENS and 1 <= latent <= MAX_LATENT_DIM and rope <= MAX_LATENT_DIM):
+        raise invalid(f"block header: shape {tokens} tokens x ({latent} + {rope}) out of range")
+    if count < 1 or first + count > MAX_LAYERS:
+        raise invalid(f"block header: layers [{first}, {first + count}) empty or beyond {MAX_LAYERS}")
+
+
+def _check_length_and_crc(record, want):
+    """The record is `want` bytes and its CRC32C holds."""
+    if len(record) != want:
+        raise invalid(f"block record {'truncated' if len(record) < want else 'oversized'}: {len(record)} bytes, "
+                      f"header says {want}")
+    stored, = struct.unpack_from("<I", record, want - TRAILER_BYTES)
+    computed = crc32c.crc32c(record[:want - TRAILER_BYTES])  # a view: no copy
+    if stored != computed:
+        raise KvtierError(grpc.StatusCode.DATA_LOSS,
+                          f"block checksum mismatch: stored {stored:08x}, computed {computed:08x}")
+
+
+def _layout_mismatch(layout, layout_id, shape, layouts_shape):
+    """Why a record of `layout_id` and `shape` is not `layout`'s (None when it is)."""
+    if layout_id != layout.layout_id:
+        return f"block has layout id {layout_id:016x}, expected {layout.layout_id:016x}"
+    return None if shape == layouts_shape else "block's codec or shape differs from the layout's"
+
+
 def _parse_v4(record, layout, fields):
     """parse_record's format 3: the checks of the C++ ParseBlock, in order."""
     _, _, codec, kind, layout_id, tokens, first, count, head, rope, size = fields
     if codec not in CODEC_NAMES:
         raise invalid(f"block header: unknown codec {codec}")
-    if not (1 <= tokens <= MAX_TOKENS and 1 <= head <= MAX_LATENT_DIM and rope <= MAX_LATENT_DIM):
-        raise invalid(f"block header: shape {tokens} tokens x ({head} + {rope}) out of range")
-    if count < 1 or first + count > MAX_LAYERS:
-        raise invalid(f"block header: layers [{first}, {first + count}) empty or beyond {MAX_LAYERS}")
+    _check_shape(tokens, head, rope, first, count)
     if kind not in (V4_BLOCK, V4_RESTORE_POINT):
         raise invalid(f"block header: record kind {kind} (format 3 takes 0, a block, or 1, a restore point)")
     if codec != FP8 or first != 0:
         raise invalid("block header: a format 3 record is FP8 entries of every layer from layer 0")
     if kind == V4_RESTORE_POINT and size < 8:
         raise invalid(f"block header: a restore point of {size} bytes has no boundary")
-    want = HEADER_BYTES + size + TRAILER_BYTES
-    if len(record) != want:
-        raise invalid(f"block record {'truncated' if len(record) < want else 'oversized'}: {len(record)} bytes, "
-                      f"header says {want}")
-    stored, = struct.unpack_from("<I", record, want - TRAILER_BYTES)
-    computed = crc32c.crc32c(record[:want - TRAILER_BYTES])
-    if stored != computed:
-        raise KvtierError(grpc.StatusCode.DATA_LOSS,
-                          f"block checksum mismatch: stored {stored:08x}, computed {computed:08x}")
+    _check_length_and_crc(record, HEADER_BYTES + size + TRAILER_BYTES)
     payload = record[HEADER_BYTES:HEADER_BYTES + size]
     if layout is not None:
-        if layout_id != layout.layout_id:
-            raise KvtierError(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"block has layout id {layout_id:016x}, expected {layout.layout_id:016x}")
-        if (codec, tokens, head, rope) != (layout.codec, layout.tokens_per_block, layout.kv_lora_rank, layout.rope_dim):
-            raise KvtierError(grpc.StatusCode.FAILED_PRECONDITION, "block's codec or shape differs from the layout's")
-        if count != layout.num_layers:
-            raise KvtierError(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"a DeepSeek-V4 record holds {count} layers, layout has {layout.num_layers}")
+        mismatch = _layout_mismatch(layout, layout_id, (codec, tokens, head, rope),
+                                    (layout.codec, layout.tokens_per_block, layout.kv_lora_rank, layout.rope_dim))
+        if mismatch is None and count != layout.num_layers:
+            mismatch = f"a DeepSeek-V4 record holds {count} layers, layout has {layout.num_layers}"
+        if mismatch:
+            raise KvtierError(grpc.StatusCode.FAILED_PRECONDITION, mismatch)
         if problem := _v4_size_problem(kind, layout, payload):
             raise invalid(problem)
     return V4Part(kind, layout_id, tokens, count, head, rope, payload)
@@ -208,13 +222,14 @@ def parse_record(record, layout=None):
     record = memoryview(record).cast("B")
     if len(record) < HEADER_BYTES + TRAILER_BYTES:
         raise invalid(f"block record truncated: {len(record)} bytes, smaller than header and checksum")
-    magic, version, codec, flags, layout_id, tokens, first, count, latent, rope, per = HEADER.unpack_from(record)
+    fields = HEADER.unpack_from(record)
+    magic, version, codec, flags, layout_id, tokens, first, count, latent, rope, per = fields
     if bytes(magic) != MAGIC:
         raise invalid("block record has bad magic (not a KVTB record)")
     if version not in (BLOCK_FORMAT_VERSION, INDEXED_BLOCK_FORMAT_VERSION, V4_BLOCK_FORMAT_VERSION):
         raise KvtierError(grpc.StatusCode.FAILED_PRECONDITION, f"block format version {version} is not supported")
     if version == V4_BLOCK_FORMAT_VERSION:
-        return _parse_v4(record, layout, HEADER.unpack_from(record))
+        return _parse_v4(record, layout, fields)
     header_bytes = INDEXED_HEADER_BYTES if version == INDEXED_BLOCK_FORMAT_VERSION else HEADER_BYTES
     if len(record) < header_bytes + TRAILER_BYTES:
         raise invalid(f"block record truncated: {len(record)} bytes, smaller than a format {version} header and "
@@ -227,10 +242,7 @@ def parse_record(record, layout=None):
         raise invalid(f"block header: unknown flags {flags}")
     if reserved != 0:
         raise invalid(f"block header: reserved byte 35 is {reserved}, not 0")
-    if not (1 <= tokens <= MAX_TOKENS and 1 <= latent <= MAX_LATENT_DIM and rope <= MAX_LATENT_DIM):
-        raise invalid(f"block header: shape {tokens} tokens x ({latent} + {rope}) out of range")
-    if count < 1 or first + count > MAX_LAYERS:
-        raise invalid(f"block header: layers [{first}, {first + count}) empty or beyond {MAX_LAYERS}")
+    _check_shape(tokens, latent, rope, first, count)
     if version == INDEXED_BLOCK_FORMAT_VERSION and (encoding != INDEXER_FP8 or not 1 <= indexer_dim <= MAX_INDEXER_DIM):
         raise invalid(f"block header: indexer encoding {encoding} of dim {indexer_dim}")
     if keys != indexer_part_bytes(encoding, tokens, indexer_dim):
@@ -240,23 +252,12 @@ def parse_record(record, layout=None):
     if per != latent_bytes + keys:
         raise invalid(f"block header: {per} bytes per layer, but {CODEC_NAMES[codec]} takes {latent_bytes}"
                       + (f" + {keys} of indexer keys" if keys else ""))
-    want = header_bytes + count * per + TRAILER_BYTES
-    if len(record) != want:
-        raise invalid(f"block record {'truncated' if len(record) < want else 'oversized'}: {len(record)} bytes, "
-                      f"header says {want}")
-    stored, = struct.unpack_from("<I", record, want - TRAILER_BYTES)
-    computed = crc32c.crc32c(record[:want - TRAILER_BYTES])  # a view: no copy
-    if stored != computed:
-        raise KvtierError(grpc.StatusCode.DATA_LOSS,
-                          f"block checksum mismatch: stored {stored:08x}, computed {computed:08x}")
+    _check_length_and_crc(record, header_bytes + count * per + TRAILER_BYTES)
     if layout is not None:
-        mismatch = None
-        if layout_id != layout.layout_id:
-            mismatch = f"block has layout id {layout_id:016x}, expected {layout.layout_id:016x}"
-        elif (codec, tokens, latent, rope, indexer_dim) != (layout.codec, layout.tokens_per_block, layout.kv_lora_rank,
-                                                            layout.rope_dim, layout.indexer_dim):
-            mismatch = "block's codec or shape differs from the layout's"
-        elif first + count > layout.num_layers:
+        mismatch = _layout_mismatch(layout, layout_id, (codec, tokens, latent, rope, indexer_dim),
+                                    (layout.codec, layout.tokens_per_block, layout.kv_lora_rank, layout.rope_dim,
+                                     layout.indexer_dim))
+        if mismatch is None and first + count > layout.num_layers:
             mismatch = f"block holds layers [{first}, {first + count}), layout has {layout.num_layers}"
         if mismatch:
             raise KvtierError(grpc.StatusCode.FAILED_PRECONDITION, mismatch)
