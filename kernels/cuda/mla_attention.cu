@@ -38,39 +38,7 @@ using internal::kBadTail;
 using internal::Params;
 using internal::TableRow;
 
-__device__ float LoadBf16(const uint8_t* p) {
-  uint16_t h;
-  memcpy(&h, p, 2);
-  return Bf16ToFloat(h);
-}
-
-// Channel c of token t of a stored block, as a float.
-__device__ float StoredValue(Codec codec, const uint8_t* block, uint32_t t, uint32_t c, uint32_t kv, uint32_t dim,
-                             uint32_t rope) {
-  switch (codec) {
-    case Codec::kBf16:
-      return LoadBf16(block + 2 * (size_t{t} * dim + c));
-    case Codec::kInt8: {
-      const int8_t code = static_cast<int8_t>(block[2 * size_t{dim} + size_t{t} * dim + c]);
-      return static_cast<float>(code) * LoadBf16(block + 2 * size_t{c});
-    }
-    case Codec::kInt4: {
-      const uint32_t half = (dim + 1) / 2;
-      const uint8_t byte = block[4 * size_t{dim} + size_t{t} * half + (c < half ? c : c - half)];
-      const float code = static_cast<float>(c < half ? (byte & 0xf) : (byte >> 4));
-      return LoadBf16(block + 2 * (size_t{dim} + c)) + code * LoadBf16(block + 2 * size_t{c});
-    }
-    case Codec::kFp8: {
-      const uint32_t tiles = (kv + kFp8TileSize - 1) / kFp8TileSize;
-      const uint8_t* token = block + size_t{t} * (kv + 4 * tiles + 2 * rope);
-      if (c >= kv) return LoadBf16(token + kv + 4 * tiles + 2 * (c - kv));
-      float scale;
-      memcpy(&scale, token + kv + 4 * (c / kFp8TileSize), 4);
-      return Fp8E4m3ToFloat(token[c]) * scale;
-    }
-  }
-  return 0.0f;
-}
+using internal::StoredValue;
 
 __global__ void __launch_bounds__(kThreads) PartialKernel(Params p) {
   const uint32_t split = p.split_base + blockIdx.x, group = blockIdx.y, b = blockIdx.z;

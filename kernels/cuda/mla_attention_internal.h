@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "kvtier/kernels/cuda_mla_attention.h"
+#include "kvtier/kernels/float_formats.h"
 
 namespace kvtier::kernels::cuda::internal {
 
@@ -20,6 +21,41 @@ enum BadInput : uint32_t { kBadBlockCount = 1, kBadBlockIndex = 2, kBadTail = 3 
 // Notes that `sequence` has `reason` (any thread may call it).
 __device__ inline void NoteBadInput(unsigned long long* bad, uint32_t sequence, BadInput reason) {
   atomicMin(bad, (static_cast<unsigned long long>(sequence) << 2) | reason);
+}
+
+// Channel c of token t of a stored block, as a float: the CPU codecs'
+// decoded value, each product and sum rounded alone (no FMA) whatever the
+// file's contraction flag.
+__device__ inline float StoredValue(Codec codec, const uint8_t* block, uint32_t t, uint32_t c, uint32_t kv,
+                                    uint32_t dim, uint32_t rope) {
+  const auto bf16 = [](const uint8_t* p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return Bf16ToFloat(h);
+  };
+  switch (codec) {
+    case Codec::kBf16:
+      return bf16(block + 2 * (size_t{t} * dim + c));
+    case Codec::kInt8: {
+      const int8_t code = static_cast<int8_t>(block[2 * size_t{dim} + size_t{t} * dim + c]);
+      return __fmul_rn(static_cast<float>(code), bf16(block + 2 * size_t{c}));
+    }
+    case Codec::kInt4: {
+      const uint32_t half = (dim + 1) / 2;
+      const uint8_t byte = block[4 * size_t{dim} + size_t{t} * half + (c < half ? c : c - half)];
+      const float code = static_cast<float>(c < half ? (byte & 0xf) : (byte >> 4));
+      return __fadd_rn(bf16(block + 2 * (size_t{dim} + c)), __fmul_rn(code, bf16(block + 2 * size_t{c})));
+    }
+    case Codec::kFp8: {
+      const uint32_t tiles = (kv + kFp8TileSize - 1) / kFp8TileSize;
+      const uint8_t* token = block + size_t{t} * (kv + 4 * tiles + 2 * rope);
+      if (c >= kv) return bf16(token + kv + 4 * tiles + 2 * (c - kv));
+      float scale;
+      memcpy(&scale, token + kv + 4 * (c / kFp8TileSize), 4);
+      return __fmul_rn(Fp8E4m3ToFloat(token[c]), scale);
+    }
+  }
+  return 0.0f;
 }
 
 // The block-table row sequence b reads (block_table_rows[b], or b itself);

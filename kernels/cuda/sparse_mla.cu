@@ -1,7 +1,7 @@
 // DeepSeek-V3.2's indexer scores, top-k choice and latent gather on the
-// GPU. FMA contraction is off for this file (as for codec.cu and the CPU's
-// codecs and indexer), so a gathered latent is the bits the CPU decodes and
-// a score is added up in the stated order.
+// GPU. FMA contraction is off for this file, so a score is added up in the
+// stated order; a gathered latent is StoredValue's, the bits the CPU
+// decodes.
 #include <cuda_runtime.h>
 
 #include <cub/block/block_scan.cuh>
@@ -134,44 +134,6 @@ __global__ void __launch_bounds__(kSelectThreads) SelectKernel(const float* scor
   if (threadIdx.x == 0) counts[r] = static_cast<int32_t>(k);
 }
 
-// Channel c of token t of a block, as the CPU codecs decode it.
-__device__ inline float DecodedValue(Codec codec, const uint8_t* block, uint32_t t, uint32_t c, uint32_t kv,
-                                     uint32_t rope) {
-  const uint32_t dim = kv + rope;
-  uint16_t bits;
-  switch (codec) {
-    case Codec::kBf16:
-      memcpy(&bits, block + 2 * (size_t{t} * dim + c), 2);
-      return Bf16ToFloat(bits);
-    case Codec::kInt8: {
-      memcpy(&bits, block + 2 * size_t{c}, 2);
-      const int8_t code = static_cast<int8_t>(block[2 * size_t{dim} + size_t{t} * dim + c]);
-      return __fmul_rn(static_cast<float>(code), Bf16ToFloat(bits));
-    }
-    case Codec::kInt4: {
-      const uint32_t half = (dim + 1) / 2;
-      uint16_t zero_bits;
-      memcpy(&bits, block + 2 * size_t{c}, 2);
-      memcpy(&zero_bits, block + 2 * (size_t{dim} + c), 2);
-      const uint8_t byte = block[4 * size_t{dim} + size_t{t} * half + (c < half ? c : c - half)];
-      const float code = static_cast<float>(c < half ? (byte & 0xf) : (byte >> 4));
-      return __fadd_rn(Bf16ToFloat(zero_bits), __fmul_rn(code, Bf16ToFloat(bits)));
-    }
-    case Codec::kFp8: {
-      const uint32_t tiles = (kv + kFp8TileSize - 1) / kFp8TileSize;
-      const uint8_t* token = block + size_t{t} * (kv + 4 * tiles + 2 * rope);
-      if (c >= kv) {
-        memcpy(&bits, token + kv + 4 * size_t{tiles} + 2 * size_t{c - kv}, 2);
-        return Bf16ToFloat(bits);
-      }
-      float scale;
-      memcpy(&scale, token + kv + 4 * size_t{c / kFp8TileSize}, 4);
-      return __fmul_rn(Fp8E4m3ToFloat(token[c]), scale);
-    }
-  }
-  return 0.0f;
-}
-
 // One CUDA block per chosen token: its row of the output.
 __global__ void __launch_bounds__(kGatherThreads)
     GatherKernel(MlaShape shape, PagedLatents L, size_t block_bytes, const int32_t* selected, uint32_t k,
@@ -205,9 +167,7 @@ __global__ void __launch_bounds__(kGatherThreads)
   }
   const uint32_t in_block = static_cast<uint32_t>(t) % max(L.tokens_per_block, 1u);
   for (uint32_t c = threadIdx.x; c < dim; c += kGatherThreads) {
-    row[c] = bad ? 0.0f
-                 : tail != nullptr ? tail[c]
-                                   : DecodedValue(L.codec, block, in_block, c, kv, rope);
+    row[c] = bad ? 0.0f : tail != nullptr ? tail[c] : internal::StoredValue(L.codec, block, in_block, c, kv, dim, rope);
   }
 }
 
