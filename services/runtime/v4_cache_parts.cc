@@ -81,9 +81,8 @@ size_t V4BlockBytes(const ModelConfig& c, uint32_t tokens_per_block) {
   return kernels::V4BlockBytes(PartShape(c, ratios), tokens_per_block);
 }
 
-// The restore point's header: the tokens before it.
-constexpr size_t kBoundaryBytes = kernels::kV4BoundaryBytes;
-static_assert(kBoundaryBytes == sizeof(int64_t));
+// A restore point begins with its boundary, the int64 count of tokens before it.
+static_assert(kernels::kV4BoundaryBytes == sizeof(int64_t));
 
 size_t V4RestorePointBytes(const ModelConfig& c, int64_t boundary) {
   std::vector<uint32_t> ratios;
@@ -126,9 +125,9 @@ absl::StatusOr<std::vector<uint8_t>> EncodeV4RestorePoint(const ModelConfig& c, 
                                                    boundary, " tokens"));
   }
   const Dims d(c);
-  std::vector<uint8_t> out(kBoundaryBytes);
+  std::vector<uint8_t> out(kernels::kV4BoundaryBytes);
   out.reserve(V4RestorePointBytes(c, boundary));
-  std::memcpy(out.data(), &boundary, kBoundaryBytes);
+  std::memcpy(out.data(), &boundary, kernels::kV4BoundaryBytes);
   std::vector<uint8_t> entry(d.entry);
   for (size_t l = 0; l < cache.v4.size(); ++l) {
     const V4LayerState& st = cache.v4[l];
@@ -161,7 +160,7 @@ absl::Status RestoreV4(const ModelConfig& c, std::span<const std::vector<uint8_t
   }
   Reader point(restore_point);
   int64_t stored_boundary;
-  std::memcpy(&stored_boundary, point.Take(kBoundaryBytes).data(), kBoundaryBytes);
+  std::memcpy(&stored_boundary, point.Take(kernels::kV4BoundaryBytes).data(), kernels::kV4BoundaryBytes);
   if (stored_boundary != boundary) {
     return absl::InvalidArgumentError(absl::StrCat("the restore point follows ", stored_boundary, " tokens, the ",
                                                    blocks.size(), " blocks hold ", boundary));
