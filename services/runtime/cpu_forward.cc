@@ -120,11 +120,7 @@ absl::Status CpuForward::Forward(std::span<const SequenceTokens> batch,
   const size_t hidden = c.hidden_size, heads = c.num_attention_heads, nope = c.qk_nope_head_dim,
                rope = c.qk_rope_head_dim, qdim = c.q_head_dim(), kv = c.kv_lora_rank, v = c.v_head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  // One row per token, sequences one after another.
-  std::vector<PassRow> rows;
-  for (const SequenceTokens& s : batch) {
-    for (size_t i = 0; i < s.tokens.size(); ++i) rows.push_back({s.cache, s.cache->length + static_cast<int64_t>(i)});
-  }
+  const std::vector<PassRow> rows = PassRows(batch);
   const size_t n = rows.size();
   // Each sequence's rows take the cheaper attention form: the absorbed one
   // (decode steps, short passes over long cached prefixes) or the expanded

@@ -418,10 +418,7 @@ absl::Status CudaForward::ChooseTokens(std::span<const SequenceTokens> batch, si
   const IndexerConfig& ix = *config_.indexer;
   const DeviceIndexer& w = *layers_[li].indexer;
   const size_t heads = ix.heads, dim = ix.head_dim, topk = ix.topk;
-  std::vector<PassRow> rows;
-  for (const SequenceTokens& s : batch) {
-    for (size_t i = 0; i < s.tokens.size(); ++i) rows.push_back({s.cache, s.cache->length + static_cast<int64_t>(i)});
-  }
+  const std::vector<PassRow> rows = PassRows(batch);
   const size_t n = rows.size();
   std::span<float> keys = std::span(ix_host_).first(n * dim),
                    queries = std::span(ix_host_).subspan(n * dim, n * heads * dim),

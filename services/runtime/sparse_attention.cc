@@ -37,6 +37,14 @@ absl::Status RotateAndRound(const kernels::RopeTable& rope, int64_t pos, std::sp
 
 }  // namespace
 
+std::vector<PassRow> PassRows(std::span<const SequenceTokens> batch) {
+  std::vector<PassRow> rows;
+  for (const SequenceTokens& s : batch) {
+    for (size_t i = 0; i < s.tokens.size(); ++i) rows.push_back({s.cache, s.cache->length + static_cast<int64_t>(i)});
+  }
+  return rows;
+}
+
 absl::Status AppendIndexKeys(const kernels::RopeTable& rope, std::span<const float> k_norm,
                              std::span<const float> k_norm_bias, size_t layer, std::span<const PassRow> rows,
                              std::span<float> keys) {

@@ -29,6 +29,9 @@ struct PassRow {
   int64_t pos;
 };
 
+// A pass's rows: one a token, sequences one after another.
+std::vector<PassRow> PassRows(std::span<const SequenceTokens> batch);
+
 // The pass's raw key projections (keys: [rows][head_dim], wk's output),
 // normalised (k_norm, k_norm_bias), rotated and rounded here, appended to
 // each row's cache's layer `layer` in row order.
