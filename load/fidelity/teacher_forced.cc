@@ -96,6 +96,28 @@ absl::StatusOr<std::vector<Scores>> ScoreInProcess(const runtime::Model& model, 
   return scores;
 }
 
+absl::StatusOr<std::vector<float>> LogprobsAsServed(const runtime::Model& model, const Windows& text,
+                                                    uint32_t tokens_per_block, kernels::Codec codec, size_t positions) {
+  if (tokens_per_block == 0) return absl::InvalidArgumentError("need blocks of 1 or more tokens");
+  positions = std::min(positions, text.positions());
+  const size_t vocab = static_cast<size_t>(model.config().vocab_size);
+  std::vector<float> logits(vocab), out(positions * vocab);
+  size_t position = 0;
+  for (size_t w = 0; w < text.count() && position < positions; ++w) {
+    const std::span<const uint32_t> ids = text[w];
+    for (size_t t = 0; t + 1 < ids.size() && position < positions; ++t, ++position) {
+      runtime::SequenceCache cache = model.NewCache(codec, tokens_per_block);
+      const size_t cached = t / tokens_per_block * tokens_per_block;
+      for (size_t b = 0; b < cached; b += tokens_per_block) {
+        KVTIER_RETURN_IF_ERROR(model.Prefill(ids.subspan(b, tokens_per_block), cache, logits));
+      }
+      KVTIER_RETURN_IF_ERROR(model.Prefill(ids.subspan(cached, t + 1 - cached), cache, logits));
+      LogSoftmax(logits, std::span(out).subspan(position * vocab, vocab));
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<Scores> ScoreServed(const std::string& prefill_target, const Windows& text, size_t positions,
                                    uint32_t vocab_size, std::span<const float> reference,
                                    std::span<const float> compare_to, uint64_t* cached_tokens,

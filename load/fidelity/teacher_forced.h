@@ -62,6 +62,17 @@ absl::StatusOr<std::vector<Scores>> ScoreInProcess(const runtime::Model& model, 
                                                    size_t keep_positions = 0,
                                                    std::vector<std::vector<float>>* kept = nullptr);
 
+// What a prefill node computes at each of the first `positions` positions
+// when the cache holds what the positions before stored: the prompt's whole
+// blocks before its last token come from the cache (each block computed as
+// the one pass that first completed it, over the blocks before it in
+// `codec`), the rest runs as one pass over them. [position][vocab]
+// log-probabilities, to compare ScoreServed's with exactly: the one-token
+// steps of ScoreInProcess round differently, and where a router's scores
+// nearly tie that can choose other experts.
+absl::StatusOr<std::vector<float>> LogprobsAsServed(const runtime::Model& model, const Windows& text,
+                                                    uint32_t tokens_per_block, kernels::Codec codec, size_t positions);
+
 // The same through a prefill node: for each position a Generate of its
 // window so far, one token, every token's logprob (the node runs with
 // --max-top-logprobs at the vocabulary), so every full block of the window
