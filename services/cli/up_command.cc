@@ -49,7 +49,7 @@ struct UpFlags {
   std::string model = kTrainedModel;
   std::string preset;
   std::string prompt = kFirstTurn;
-  std::string kv_codec = "int8";
+  std::string kv_codec;  // empty: the prefill node's default
   uint64_t prompt_tokens = 300;
   uint64_t max_new_tokens = 80;
   // A small model's greedy text soon repeats itself; sampled, it reads.
@@ -121,8 +121,9 @@ int Up(const UpFlags& f) {
       return fail(absl::StrCat(bin, "/", name, " is missing: build everything first (cmake --build build)"));
     }
   }
-  const std::optional<kernels::Codec> codec = kernels::ParseCodec(f.kv_codec);
-  if (!codec) return fail("--kv-codec must be one of bf16, fp8, int8, int4");
+  if (!f.kv_codec.empty() && !kernels::ParseCodec(f.kv_codec)) {
+    return fail("--kv-codec must be one of bf16, fp8, int8, int4");
+  }
   std::string model_dir = f.model;
   if (!f.preset.empty()) {
     absl::StatusOr<runtime::ModelConfig> config = runtime::PresetConfig(f.preset);
@@ -138,11 +139,12 @@ int Up(const UpFlags& f) {
   absl::StatusOr<std::unique_ptr<runtime::Checkpoint>> checkpoint = runtime::Checkpoint::Open(model_dir);
   if (!checkpoint.ok()) return fail(std::string(checkpoint.status().message()));
   const runtime::ModelConfig config = (*checkpoint)->config();
-  if (config.v4.has_value()) {
-    return fail(absl::StrCat(model_dir,
-                             " is a DeepSeek-V4 checkpoint, which the services do not serve yet (its "
-                             "cache layout is not built); `kvtier run --model ",
-                             model_dir, "` runs it in process"));
+  // The prefill node's blocks: its default, or for DeepSeek-V4 a multiple
+  // of every compress ratio.
+  std::vector<std::string> prefill_flags;
+  if (!f.kv_codec.empty()) prefill_flags = {"--kv-codec", f.kv_codec};
+  if (config.v4.has_value() && config.v4->max_ratio() > 64) {
+    prefill_flags.insert(prefill_flags.end(), {"--tokens-per-block", std::to_string(config.v4->max_ratio())});
   }
   // With a tokenizer the turns are text; without, random ids.
   std::optional<runtime::ByteTokenizer> tokenizer;
@@ -223,10 +225,9 @@ int Up(const UpFlags& f) {
   const std::optional<std::string> decode_address = WaitUntilServing(decode, "kvtier-decode to load the model");
   if (!decode_address) return fail("kvtier-decode did not start (its error is above)");
   progress.Step(absl::StrCat("kvtier-decode serving on ", *decode_address));
-  ChildProcess prefill(
-      with({bin + "/kvtier-prefill", "--listen", "127.0.0.1:0", "--model", model_dir, "--cache", *cache_address,
-            "--decode", *decode_address, "--kv-codec", f.kv_codec, "--device", f.device},
-           tls));
+  ChildProcess prefill(with({bin + "/kvtier-prefill", "--listen", "127.0.0.1:0", "--model", model_dir, "--cache",
+                             *cache_address, "--decode", *decode_address, "--device", f.device},
+                            with(tls, prefill_flags)));
   const std::optional<std::string> prefill_address = WaitUntilServing(prefill, "kvtier-prefill to load the model");
   if (!prefill_address) return fail("kvtier-prefill did not start (its error is above)");
   progress.Step(absl::StrCat("kvtier-prefill serving on ", *prefill_address));
@@ -292,9 +293,12 @@ int RunUp(const std::vector<std::string>& args) {
   flags.AddString("dir", &f.dir, "where a --preset model and --tls files go (a model is reused when present)");
   flags.AddString("model", &f.model, "checkpoint directory (the default is the trained model in models/)");
   flags.AddString("preset", &f.preset,
-                  "instead of --model, a generated random model: tiny, lite-attn, v3-tiny or kimi-k2-tiny");
+                  "instead of --model, a generated random model: tiny, lite-attn, v3-tiny, kimi-k2-tiny, v32-tiny, "
+                  "v4-tiny or v4-tiny-fp8");
   flags.AddString("prompt", &f.prompt, "the first turn's text (a model with a tokenizer)");
-  flags.AddString("kv-codec", &f.kv_codec, "bf16|fp8|int8|int4: how latent blocks are stored");
+  flags.AddString("kv-codec", &f.kv_codec,
+                  "bf16|fp8|int8|int4: how latent blocks are stored (default: the prefill node's, int8; a "
+                  "DeepSeek-V4 model's entries are its own FP8)");
   flags.AddUint("prompt-tokens", &f.prompt_tokens, "length of the first turn's random prompt (no tokenizer)");
   flags.AddUint("max-new-tokens", &f.max_new_tokens, "most tokens generated per turn (a turn ends at end of text)");
   flags.AddUint("seed", &f.seed, "a --preset model's seed and its prompts', and the text turns' sampling seed");

@@ -32,10 +32,14 @@ void Fail(DecodeSequence& s, absl::Status error) {
   if (wake) wake();
 }
 
-Batcher::Batcher(const runtime::Model& model, Options options, BlockSealed on_sealed, StepDone on_step)
-    : model_(model), options_(options), on_sealed_(std::move(on_sealed)), on_step_(std::move(on_step)), thread_([this] {
-        Loop();
-      }) {}
+Batcher::Batcher(const runtime::Model& model, Options options, BlockSealed on_sealed, Ending on_ending,
+                 StepDone on_step)
+    : model_(model),
+      options_(options),
+      on_sealed_(std::move(on_sealed)),
+      on_ending_(std::move(on_ending)),
+      on_step_(std::move(on_step)),
+      thread_([this] { Loop(); }) {}
 
 Batcher::~Batcher() {
   {
@@ -96,8 +100,8 @@ void Batcher::Advance(const std::vector<std::shared_ptr<DecodeSequence>>& batch)
   std::vector<runtime::CacheMark> marks;
   for (size_t i = 0; i < batch.size(); ++i) {
     rows.push_back({std::span(&batch[i]->next_input, 1), &batch[i]->cache, logits(i)});
-    sealed_before.push_back(batch[i]->cache.blocks[0].size());
-    if (batch.size() > 1) marks.push_back(runtime::MarkCache(batch[i]->cache, 1));
+    sealed_before.push_back(runtime::FullBlocks(batch[i]->cache));
+    if (batch.size() > 1) marks.push_back(runtime::MarkCache(batch[i]->cache, 1, model_.config()));
   }
   if (absl::Status s = model_.Forward(rows); !s.ok()) {
     // Rows do not mix: a sequence whose own latents break the pass (values
@@ -115,7 +119,8 @@ void Batcher::Advance(const std::vector<std::shared_ptr<DecodeSequence>>& batch)
     }
     Log(LogLevel::kWarning, "batch",
         absl::StrCat("a step of ", batch.size(), " sequences failed (", s.message(), "); running them one at a time"));
-    for (size_t i = 0; i < batch.size(); ++i) runtime::UndoToMark(batch[i]->cache, std::move(marks[i]));
+    for (size_t i = 0; i < batch.size(); ++i)
+      runtime::UndoToMark(batch[i]->cache, std::move(marks[i]), model_.config());
     for (const auto& sequence : batch) Advance({sequence});
     return;
   }
@@ -130,7 +135,7 @@ void Batcher::Advance(const std::vector<std::shared_ptr<DecodeSequence>>& batch)
   for (size_t i = 0; i < batch.size(); ++i) {
     DecodeSequence& s = *batch[i];
     s.tokens.push_back(s.next_input);
-    for (size_t b = sealed_before[i]; b < s.cache.blocks[0].size(); ++b) on_sealed_(s, b);
+    for (size_t b = sealed_before[i]; b < runtime::FullBlocks(s.cache); ++b) on_sealed_(s, b);
     const runtime::Sampled& sampled = tokens[i];
     v1::DecodeResponse event;
     *event.mutable_token() = serving::ToGeneratedToken(s.next_index, sampled);
@@ -139,6 +144,7 @@ void Batcher::Advance(const std::vector<std::shared_ptr<DecodeSequence>>& batch)
     s.next_input = sampled.token;
     Post(s, std::move(event), false);
     if (reason != v1::FINISH_REASON_UNSPECIFIED) {
+      on_ending_(s);
       v1::DecodeResponse finished;
       finished.mutable_finished()->set_reason(reason);
       finished.mutable_finished()->mutable_usage()->set_generated_tokens(s.next_index);

@@ -10,8 +10,10 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -42,6 +44,9 @@ struct DecodeSequence {
   kvblock::LatentLayout layout;
   std::vector<kvblock::BlockHash> chain;
   uint64_t last_write = 0;  // BlockWriter ticket of its latest write-back
+  // DeepSeek-V4: the restore point at the last boundary decoded past (its
+  // record, and the key of the block before it), stored as it ends.
+  std::optional<std::pair<kvblock::BlockHash, std::string>> restore_point;
 
   absl::Mutex mu;
   std::deque<v1::DecodeResponse> events ABSL_GUARDED_BY(mu);  // to stream, in order
@@ -58,13 +63,16 @@ class Batcher {
   // Called on the batcher thread after a step sealed block `block` of a
   // sequence (for write-back to the cache).
   using BlockSealed = std::function<void(DecodeSequence& sequence, size_t block)>;
+  // Called on the batcher thread before the event that ends a finished
+  // generation is posted.
+  using Ending = std::function<void(DecodeSequence& sequence)>;
   struct Options {
     size_t max_batch = 32;       // sequences per step; more wait their turn
     size_t max_sequences = 256;  // active + waiting; beyond: RESOURCE_EXHAUSTED
   };
   // Called on the batcher thread after each step (for metrics).
   using StepDone = std::function<void(size_t batch, double seconds)>;
-  Batcher(const runtime::Model& model, Options options, BlockSealed on_sealed, StepDone on_step);
+  Batcher(const runtime::Model& model, Options options, BlockSealed on_sealed, Ending on_ending, StepDone on_step);
   ~Batcher();  // finishes the current step, fails what is left with UNAVAILABLE
 
   absl::Status Submit(std::shared_ptr<DecodeSequence> sequence);
@@ -80,6 +88,7 @@ class Batcher {
   const runtime::Model& model_;
   const Options options_;
   BlockSealed on_sealed_;
+  Ending on_ending_;
   StepDone on_step_;
   mutable absl::Mutex mu_;
   std::vector<std::shared_ptr<DecodeSequence>> sequences_ ABSL_GUARDED_BY(mu_);

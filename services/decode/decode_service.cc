@@ -10,6 +10,7 @@
 #include "services/serving/model_server.h"
 #include "services/serving/request_checks.h"
 #include "services/serving/sequence_blocks.h"
+#include "services/serving/v4_records.h"
 
 namespace kvtier::decode {
 namespace {
@@ -58,13 +59,15 @@ DecodeService::DecodeService(const runtime::Model* model, std::string model_id, 
                      .Add({})),
       batcher_(std::make_unique<Batcher>(
           model_, options, [this](DecodeSequence& s, size_t block) { OnSealed(s, block); },
+          [this](DecodeSequence& s) { OnEnding(s); },
           [this](size_t batch, double seconds) {
             batch_size_.Observe(static_cast<double>(batch));
             step_seconds_.Observe(seconds);
           })),
       preparing_(std::make_unique<Executor>(kPreparingThreads, options.max_sequences)),
-      per_tenant_(max_sequences_per_tenant > 0 ? max_sequences_per_tenant : std::max<uint64_t>(options.max_sequences / 2, 1),
-                  "sequences of tenant", "--max-sequences-per-tenant") {}
+      per_tenant_(
+          max_sequences_per_tenant > 0 ? max_sequences_per_tenant : std::max<uint64_t>(options.max_sequences / 2, 1),
+          "sequences of tenant", "--max-sequences-per-tenant") {}
 
 DecodeService::~DecodeService() {
   preparing_.reset();
@@ -106,9 +109,6 @@ absl::StatusOr<std::shared_ptr<DecodeSequence>> DecodeService::Prepare(const v1:
           absl::StrCat("block_hashes[", i, "] is not the chain hash of its tokens in this namespace and layout"));
     }
   }
-  if (r.tail().token_count() != tokens.size() % tpb) {
-    return absl::InvalidArgumentError(absl::StrCat("tail.token_count must be ", tokens.size() % tpb));
-  }
   std::vector<const std::string*> inline_records(full, nullptr);  // by block index
   for (const v1::InlineBlock& b : r.inline_blocks()) {
     if (b.block_index() >= full || inline_records[b.block_index()] != nullptr) {
@@ -117,66 +117,147 @@ absl::StatusOr<std::shared_ptr<DecodeSequence>> DecodeService::Prepare(const v1:
     }
     inline_records[b.block_index()] = &b.data();
   }
-  std::vector<kvblock::BlockHash> wanted;
-  std::vector<size_t> wanted_index;
-  for (size_t i = 0; i < full; ++i) {
-    if (inline_records[i] == nullptr) wanted.push_back(chain[i]), wanted_index.push_back(i);
-  }
-  std::vector<absl::StatusOr<cache::SharedRecord>> fetched =
-      shards_.Fetch(r.kv_namespace(), layout, wanted, acting_for);
-  std::vector<const absl::StatusOr<cache::SharedRecord>*> from_cache(full, nullptr);  // by block index
-  for (size_t k = 0; k < wanted.size(); ++k) from_cache[wanted_index[k]] = &fetched[k];
-
   auto s = std::make_shared<DecodeSequence>();
   s->cache = model_.NewCache(layout.codec, layout.tokens_per_block);
   s->tokens = tokens;
+  s->write_back = write_back;
+  s->acting_for = acting_for;
+  s->ns = r.kv_namespace();
+  s->layout = layout;
+  s->chain = std::move(chain);
+  KVTIER_RETURN_IF_ERROR(layout.IsV4() ? LoadV4(r, inline_records, *s) : LoadMla(r, inline_records, *s));
+  s->next_input = r.first_token().token_id();
+  s->next_index = 1;
+  s->sampling = serving::ToSampling(r.sampling());
+  s->limits = r.limits();
+  return s;
+}
+
+std::vector<absl::StatusOr<cache::SharedRecord>> DecodeService::FetchBlocks(
+    const DecodeSequence& s, size_t count, std::span<const std::string* const> inline_records) {
+  std::vector<kvblock::BlockHash> wanted;
+  std::vector<size_t> wanted_index;
+  for (size_t i = 0; i < count; ++i) {
+    if (inline_records[i] == nullptr) wanted.push_back(s.chain[i]), wanted_index.push_back(i);
+  }
+  std::vector<absl::StatusOr<cache::SharedRecord>> fetched = shards_.Fetch(s.ns, s.layout, wanted, s.acting_for);
+  std::vector<absl::StatusOr<cache::SharedRecord>> out(count, absl::NotFoundError("inline"));
+  for (size_t k = 0; k < wanted.size(); ++k) out[wanted_index[k]] = std::move(fetched[k]);
+  return out;
+}
+
+void DecodeService::WriteBack(DecodeSequence& s, const kvblock::BlockHash& key, absl::StatusOr<std::string> record) {
+  if (!s.write_back || !record.ok()) return;
+  if (const uint64_t ticket = writer_.Enqueue(s.ns, s.layout, key, *std::move(record), s.acting_for); ticket != 0) {
+    s.last_write = ticket;
+  }
+}
+
+absl::Status DecodeService::LoadMla(const v1::DecodeRequest& r, std::span<const std::string* const> inline_records,
+                                    DecodeSequence& s) {
+  const size_t tpb = s.layout.tokens_per_block, full = inline_records.size();
+  if (r.tail().token_count() != s.tokens.size() % tpb) {
+    return absl::InvalidArgumentError(absl::StrCat("tail.token_count must be ", s.tokens.size() % tpb));
+  }
+  if (!r.restore_point().empty()) return absl::InvalidArgumentError("restore_point is for DeepSeek-V4 layouts only");
+  std::vector<absl::StatusOr<cache::SharedRecord>> fetched = FetchBlocks(s, full, inline_records);
   size_t recomputed = 0;
-  uint64_t last_write = 0;
-  std::vector<float> scratch(c.vocab_size);
+  std::vector<float> scratch(model_.config().vocab_size);
   for (size_t i = 0; i < full; ++i) {
     if (inline_records[i] != nullptr) {
       if (absl::Status st =
-              serving::AppendBlockRecord(std::make_shared<const std::string>(*inline_records[i]), layout, s->cache);
+              serving::AppendBlockRecord(std::make_shared<const std::string>(*inline_records[i]), s.layout, s.cache);
           !st.ok()) {
         return absl::InvalidArgumentError(absl::StrCat("inline block ", i, ": ", st.message()));
       }
       blocks_inline_.Increment();
       continue;
     }
-    const absl::StatusOr<cache::SharedRecord>& record = *from_cache[i];
     // Fetch checked each record's CRC as it landed.
-    if (record.ok() && serving::AppendBlockRecord(*record, layout, s->cache, kvblock::CrcCheck::kCheckedBefore).ok()) {
+    if (fetched[i].ok() &&
+        serving::AppendBlockRecord(*fetched[i], s.layout, s.cache, kvblock::CrcCheck::kCheckedBefore).ok()) {
       blocks_fetched_.Increment();
       continue;
     }
     // Missing, corrupt or its shard unreachable: the tokens and the blocks
     // before it are here, so compute it again (and offer it back).
-    KVTIER_RETURN_IF_ERROR(model_.Prefill(std::span(tokens).subspan(i * tpb, tpb), s->cache, scratch));
+    KVTIER_RETURN_IF_ERROR(model_.Prefill(std::span(s.tokens).subspan(i * tpb, tpb), s.cache, scratch));
     ++recomputed;
     blocks_recomputed_.Increment();
-    if (write_back) {
-      absl::StatusOr<std::string> again = serving::BlockRecord(layout, s->cache, i, 0, layout.num_layers);
-      if (again.ok()) last_write = writer_.Enqueue(r.kv_namespace(), layout, chain[i], std::move(*again), acting_for);
-    }
+    WriteBack(s, s.chain[i], serving::BlockRecord(s.layout, s.cache, i, 0, s.layout.num_layers));
   }
   KVTIER_RETURN_IF_ERROR(
-      serving::SetTail(r.tail().latents(), r.tail().indexer_keys(), r.tail().token_count(), layout, s->cache));
+      serving::SetTail(r.tail().latents(), r.tail().indexer_keys(), r.tail().token_count(), s.layout, s.cache));
   if (recomputed > 0) {
     Log(LogLevel::kWarning, "request",
         absl::StrCat("'", absl::CEscape(r.request_id()), "': recomputed ", recomputed, " of ", full,
                      " blocks the cache could not supply"));
   }
-  s->next_input = r.first_token().token_id();
-  s->next_index = 1;
-  s->sampling = serving::ToSampling(r.sampling());
-  s->limits = r.limits();
-  s->write_back = write_back;
-  s->acting_for = acting_for;
-  s->ns = r.kv_namespace();
-  s->layout = layout;
-  s->chain = std::move(chain);
-  s->last_write = last_write;
-  return s;
+  return absl::OkStatus();
+}
+
+absl::Status DecodeService::LoadV4(const v1::DecodeRequest& r, std::span<const std::string* const> inline_records,
+                                   DecodeSequence& s) {
+  const runtime::ModelConfig& c = model_.config();
+  const size_t tpb = s.layout.tokens_per_block, restore_blocks = (s.tokens.size() - 1) / tpb;
+  if (r.tail().token_count() != 0 || !r.tail().latents().empty() || !r.tail().indexer_keys().empty()) {
+    return absl::InvalidArgumentError(
+        "a DeepSeek-V4 request carries no tail (the worker runs the tokens after its restore point)");
+  }
+  if (r.restore_point().empty() != (restore_blocks == 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("restore_point must be the record after the first ", restore_blocks,
+                                                   " blocks", restore_blocks == 0 ? " (none)" : ""));
+  }
+  // What came with the request must be whole records of the right kind.
+  const auto point = std::make_shared<const std::string>(r.restore_point());
+  if (restore_blocks > 0) {
+    if (absl::Status st = serving::CheckV4Record(*point, s.layout, kvblock::RecordKind::kRestorePoint); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("restore_point: ", st.message()));
+    }
+  }
+  for (size_t i = 0; i < inline_records.size(); ++i) {
+    if (inline_records[i] == nullptr) continue;
+    if (absl::Status st = serving::CheckV4Record(*inline_records[i], s.layout, kvblock::RecordKind::kBlock); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("inline block ", i, ": ", st.message()));
+    }
+  }
+  std::vector<absl::StatusOr<cache::SharedRecord>> fetched = FetchBlocks(s, restore_blocks, inline_records);
+  std::vector<cache::SharedRecord> records;
+  absl::Status restored;
+  for (size_t i = 0; i < restore_blocks && restored.ok(); ++i) {
+    if (inline_records[i] != nullptr) {
+      records.push_back(std::make_shared<const std::string>(*inline_records[i]));
+    } else if (fetched[i].ok()) {
+      records.push_back(*fetched[i]);
+    } else {
+      restored =
+          absl::Status(fetched[i].status().code(), absl::StrCat("block ", i, ": ", fetched[i].status().message()));
+    }
+  }
+  if (restored.ok() && restore_blocks > 0) {
+    restored = serving::RestoreV4Records(c, s.layout, records, point, kvblock::CrcCheck::kCheck, s.cache);
+  }
+  std::vector<float> scratch(c.vocab_size);
+  if (restored.ok()) {
+    for (size_t i = 0; i < restore_blocks; ++i)
+      (inline_records[i] != nullptr ? blocks_inline_ : blocks_fetched_).Increment();
+  } else {
+    // A block the cache could not supply (or one whose values cannot be
+    // the model's): the tokens are here, so run the prefix again and offer
+    // the cache's missing blocks back.
+    Log(LogLevel::kWarning, "request",
+        absl::StrCat("'", absl::CEscape(r.request_id()), "': cannot restore (", restored.message(),
+                     "); recomputing the ", restore_blocks, " blocks before the restore point"));
+    s.cache = model_.NewCache(s.layout.codec, s.layout.tokens_per_block);
+    KVTIER_RETURN_IF_ERROR(model_.Prefill(std::span(s.tokens).first(restore_blocks * tpb), s.cache, scratch));
+    blocks_recomputed_.Increment(static_cast<double>(restore_blocks));
+    for (size_t i = 0; i < restore_blocks; ++i) {
+      if (inline_records[i] == nullptr && !fetched[i].ok()) {
+        WriteBack(s, s.chain[i], serving::V4BlockRecord(c, s.layout, s.cache, i));
+      }
+    }
+  }
+  return model_.Prefill(std::span(s.tokens).subspan(restore_blocks * tpb), s.cache, scratch);
 }
 
 void DecodeService::OnSealed(DecodeSequence& s, size_t block) {
@@ -184,13 +265,23 @@ void DecodeService::OnSealed(DecodeSequence& s, size_t block) {
   const uint32_t tpb = s.layout.tokens_per_block;
   s.chain.push_back(kvblock::ChainHash(s.ns, block == 0 ? kvblock::kNoParent : s.chain[block - 1],
                                        kvblock::LayoutId(s.layout), std::span(s.tokens).subspan(block * tpb, tpb)));
-  absl::StatusOr<std::string> record = serving::BlockRecord(s.layout, s.cache, block, 0, s.layout.num_layers);
-  if (!record.ok()) return;
-  if (const uint64_t ticket = writer_.Enqueue(s.ns, s.layout, s.chain.back(), std::move(*record), s.acting_for);
-      ticket != 0) {
-    s.last_write = ticket;
-    blocks_written_back_.Increment();
+  const uint64_t before = s.last_write;
+  if (!s.layout.IsV4()) {
+    WriteBack(s, s.chain.back(), serving::BlockRecord(s.layout, s.cache, block, 0, s.layout.num_layers));
+  } else {
+    WriteBack(s, s.chain.back(), serving::V4BlockRecord(model_.config(), s.layout, s.cache, block));
+    // A step ends at each boundary: the point there is kept until the
+    // generation ends (OnEnding), so only the last one is stored.
+    absl::StatusOr<std::string> point = serving::V4RestorePointRecord(model_.config(), s.layout, s.cache);
+    if (point.ok()) s.restore_point = {s.chain.back(), *std::move(point)};
   }
+  if (s.last_write != before) blocks_written_back_.Increment();
+}
+
+void DecodeService::OnEnding(DecodeSequence& s) {
+  if (!s.restore_point.has_value()) return;
+  WriteBack(s, kvblock::RestorePointKey(s.restore_point->first), std::move(s.restore_point->second));
+  s.restore_point.reset();
 }
 
 absl::StatusOr<std::shared_ptr<const Caller>> DecodeService::ServiceCaller(
@@ -220,6 +311,7 @@ grpc::ServerUnaryReactor* DecodeService::Info(grpc::CallbackServerContext* conte
   std::vector<kvblock::LatentLayout> layouts;
   for (kernels::Codec codec : kernels::kAllCodecs) {
     layouts.push_back(serving::ModelLayout(model_.config(), model_id_, codec, /*tokens_per_block=*/0));
+    if (layouts.back().IsV4()) break;  // the model's own FP8, whatever the codec
   }
   *response = serving::ServerInfoFor("kvtier-decode", model_, model_id_, layouts, "");
   reactor->Finish(grpc::Status::OK);

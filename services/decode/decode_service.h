@@ -50,7 +50,24 @@ class DecodeService final : public v1::Decode::CallbackService {
   // The sequence a request continues, its blocks fetched for `caller` (an
   // end tenant a service acts for, or the service itself).
   absl::StatusOr<std::shared_ptr<DecodeSequence>> Prepare(const v1::DecodeRequest& request, const Caller& caller);
+  // The blocks a sequence starts from, by model: MLA's sealed blocks
+  // (inline, fetched, or recomputed where the cache fails) and the
+  // request's tail; a DeepSeek-V4 sequence restored from its blocks and
+  // restore point (or recomputed), then the tokens after the point run.
+  absl::Status LoadMla(const v1::DecodeRequest& request, std::span<const std::string* const> inline_records,
+                       DecodeSequence& sequence);
+  absl::Status LoadV4(const v1::DecodeRequest& request, std::span<const std::string* const> inline_records,
+                      DecodeSequence& sequence);
+  // The first `count` blocks of the sequence's chain from the cache, but
+  // for those that came inline (left as an error).
+  std::vector<absl::StatusOr<cache::SharedRecord>> FetchBlocks(const DecodeSequence& sequence, size_t count,
+                                                               std::span<const std::string* const> inline_records);
+  // Queues `record` under `key` for the cache when the sequence writes back.
+  void WriteBack(DecodeSequence& sequence, const kvblock::BlockHash& key, absl::StatusOr<std::string> record);
+  // On the batcher's thread: write-back as blocks fill, and a V4
+  // sequence's last restore point as it ends.
   void OnSealed(DecodeSequence& sequence, size_t block);
+  void OnEnding(DecodeSequence& sequence);
   // The call's caller; PERMISSION_DENIED unless it is a service.
   absl::StatusOr<std::shared_ptr<const Caller>> ServiceCaller(const grpc::ServerContextBase& context) const;
 

@@ -8,6 +8,7 @@
 #include "services/base/flags.h"
 #include "services/base/peer_discovery.h"
 #include "services/prefill/prefill_service.h"
+#include "services/runtime/v4_cache_parts.h"
 #include "services/server/server_runner.h"
 #include "services/serving/model_server.h"
 
@@ -17,7 +18,7 @@ namespace {
 struct Flags {
   serving::ModelServerFlags server;
   std::string decode;
-  std::string kv_codec = "int8";
+  std::string kv_codec;  // empty: int8, or a DeepSeek-V4 model's own fp8
   uint64_t tokens_per_block = 64;
   uint64_t decode_idle_ms = 30000;
   uint64_t max_top_logprobs = serving::kMaxTopLogprobs;
@@ -39,7 +40,7 @@ int Run(const Flags& f) {
   if (f.max_concurrent_prefills == 0 || f.max_concurrent_prefills > 1024) {
     return usage("--max-concurrent-prefills must be in 1..1024");
   }
-  const std::optional<kernels::Codec> codec = kernels::ParseCodec(f.kv_codec);
+  const std::optional<kernels::Codec> codec = kernels::ParseCodec(f.kv_codec.empty() ? "int8" : f.kv_codec);
   if (!codec) return usage(absl::StrCat("--kv-codec ", f.kv_codec, " is not one of bf16, fp8, int8, int4"));
   if (f.tokens_per_block < 1 || f.tokens_per_block > kernels::kMaxBlockTokens) {
     return usage("--tokens-per-block must be in 1..4096");
@@ -52,6 +53,19 @@ int Run(const Flags& f) {
   if (!s.ok()) return serving::ExitWith(program, s.status());
   PrefillOptions options;
   options.codec = *codec;
+  if (const runtime::ModelConfig& config = s->model->config(); config.v4.has_value()) {
+    // Its window and compressed entries are stored as the model rounds
+    // them (FP8, lossless); no other codec is built for them.
+    if (!f.kv_codec.empty() && *codec != kernels::Codec::kFp8) {
+      return usage(absl::StrCat("--kv-codec ", f.kv_codec,
+                                ": a DeepSeek-V4 model's entries are stored in its own FP8 (--kv-codec fp8, or "
+                                "leave it unset)"));
+    }
+    options.codec = kernels::Codec::kFp8;
+    if (absl::Status st = runtime::CheckV4BlockTokens(config, static_cast<uint32_t>(f.tokens_per_block)); !st.ok()) {
+      return usage(absl::StrCat("--tokens-per-block: ", st.message()));
+    }
+  }
   options.tokens_per_block = static_cast<uint32_t>(f.tokens_per_block);
   options.cache_deadline = absl::Milliseconds(f.server.cache_deadline_ms);
   options.decode_idle = absl::Milliseconds(static_cast<int64_t>(f.decode_idle_ms));
@@ -73,8 +87,9 @@ int Run(const Flags& f) {
   if (!discovery.ok()) return usage(absl::StrCat("--decode: ", discovery.status().message()));
   return serving::ServeUntilSignal(
       program, f.server, &service, v1::Prefill::service_full_name(), s->tenants.get(),
-      absl::StrCat("model ", s->model_id, ", latents in ", f.kv_codec, ", blocks of ", f.tokens_per_block, ", ",
-                   s->shards->size(), " cache shard(s), ", decoders.load(), " decode worker(s)"));
+      absl::StrCat("model ", s->model_id, ", latents in ", kernels::CodecName(options.codec), ", blocks of ",
+                   f.tokens_per_block, ", ", s->shards->size(), " cache shard(s), ", decoders.load(),
+                   " decode worker(s)"));
 }
 
 }  // namespace
@@ -92,7 +107,9 @@ int main(int argc, char** argv) {
   f.server.Register(flags);
   flags.AddString("decode", &f.decode,
                   "kvtier-decode workers: HOST:PORT[,HOST:PORT...], or srv:NAME (DNS SRV records, as --cache)");
-  flags.AddString("kv-codec", &f.kv_codec, "bf16|fp8|int8|int4: how latent blocks are stored");
+  flags.AddString("kv-codec", &f.kv_codec,
+                  "bf16|fp8|int8|int4: how latent blocks are stored (default int8; a DeepSeek-V4 model's entries "
+                  "are stored in its own FP8, fp8 only)");
   flags.AddUint("tokens-per-block", &f.tokens_per_block, "tokens per latent block");
   flags.AddUint("decode-idle-ms", &f.decode_idle_ms,
                 "a decode worker that sends nothing this long is given up and the next one tried");

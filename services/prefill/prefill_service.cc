@@ -18,6 +18,7 @@
 #include "services/serving/model_server.h"
 #include "services/serving/request_checks.h"
 #include "services/serving/sequence_blocks.h"
+#include "services/serving/v4_records.h"
 
 namespace kvtier::prefill {
 
@@ -92,17 +93,16 @@ std::string ActingFor(const Caller& caller) { return caller.IsService() ? "" : c
 
 }  // namespace
 
-absl::StatusOr<PrefillService::Prefilled> PrefillService::Prefill(const v1::GenerateRequest& r, const std::string& ns,
-                                                                  const Caller& caller) {
+absl::StatusOr<PrefillService::Pass> PrefillService::PrefillMla(const v1::GenerateRequest& r,
+                                                                std::span<const uint32_t> prompt,
+                                                                const std::vector<kvblock::BlockHash>& chain,
+                                                                const std::string& ns, const Caller& caller) {
   const std::string acting_for = ActingFor(caller);
-  const std::vector<uint32_t> prompt(r.prompt_token_ids().begin(), r.prompt_token_ids().end());
   const uint32_t tpb = layout_.tokens_per_block;
-  const std::vector<kvblock::BlockHash> chain = kvblock::ComputeBlockChain(ns, kvblock::LayoutId(layout_), tpb, prompt);
   // The logits after the last prompt token must be computed here, so the
   // block holding it is never taken from the cache.
   const size_t reusable = std::min(chain.size(), (prompt.size() - 1) / tpb);
-  runtime::SequenceCache cache = model_.NewCache(layout_.codec, tpb);
-  size_t cached_blocks = 0;
+  Pass p{.cache = model_.NewCache(layout_.codec, tpb), .logits = std::vector<float>(model_.config().vocab_size)};
   if (reusable > 0) {
     const std::vector<kvblock::BlockHash> prefix(chain.begin(), chain.begin() + reusable);
     const size_t matched = shards_.MatchPrefix(ns, layout_, prefix, acting_for);
@@ -112,15 +112,15 @@ absl::StatusOr<PrefillService::Prefilled> PrefillService::Prefill(const v1::Gene
     for (absl::StatusOr<cache::SharedRecord>& record : shards_.Fetch(ns, layout_, wanted, acting_for)) {
       // Fetch checked each record's CRC as it landed.
       absl::Status appended =
-          record.ok() ? serving::AppendBlockRecord(*record, layout_, cache, kvblock::CrcCheck::kCheckedBefore)
+          record.ok() ? serving::AppendBlockRecord(*record, layout_, p.cache, kvblock::CrcCheck::kCheckedBefore)
                       : record.status();
       if (!appended.ok()) {
         Log(LogLevel::kWarning, "request",
-            absl::StrCat("'", absl::CEscape(r.request_id()), "': cached block ", cached_blocks, " of ", matched,
+            absl::StrCat("'", absl::CEscape(r.request_id()), "': cached block ", p.cached_blocks, " of ", matched,
                          " unusable (", appended.message(), "); prefilling from there"));
         break;
       }
-      ++cached_blocks;
+      ++p.cached_blocks;
     }
   }
   // Prefill the rest; each layer's newly filled blocks go to their shards
@@ -128,47 +128,127 @@ absl::StatusOr<PrefillService::Prefilled> PrefillService::Prefill(const v1::Gene
   // inline, and it writes none back).
   cache::ShardedPut put(shards_, ns, layout_, options_.cache_deadline, acting_for);
   const bool store = caller.MayWrite();
-  std::vector<float> logits(model_.config().vocab_size);
-  const std::span<const uint32_t> suffix = std::span(prompt).subspan(cached_blocks * tpb);
-  const runtime::SequenceTokens pass{suffix, &cache, logits};
-  absl::Status put_error;
+  const runtime::SequenceTokens pass{prompt.subspan(p.cached_blocks * tpb), &p.cache, p.logits};
   KVTIER_RETURN_IF_ERROR(model_.Forward(std::span(&pass, 1), [&](size_t layer) {
-    for (size_t b = cached_blocks; b < cache.blocks[layer].size(); ++b) {
-      absl::StatusOr<std::string> slice = serving::BlockRecord(layout_, cache, b, static_cast<uint32_t>(layer), 1);
+    for (size_t b = p.cached_blocks; b < p.cache.blocks[layer].size(); ++b) {
+      absl::StatusOr<std::string> slice = serving::BlockRecord(layout_, p.cache, b, static_cast<uint32_t>(layer), 1);
       if (slice.ok() && store) put.Write(chain[b], std::move(*slice));
     }
     put.Flush();  // this layer's slices go now, not with the last layer's
   }));
-  const std::set<kvblock::BlockHash> stored = put.Finish();
+  p.stored = put.Finish();
+  p.decode_needs = chain.size();
+  return p;
+}
 
+absl::StatusOr<PrefillService::Pass> PrefillService::PrefillV4(const v1::GenerateRequest& r,
+                                                               std::span<const uint32_t> prompt,
+                                                               const std::vector<kvblock::BlockHash>& chain,
+                                                               const std::string& ns, const Caller& caller) {
+  const std::string acting_for = ActingFor(caller);
+  const runtime::ModelConfig& c = model_.config();
+  const uint32_t tpb = layout_.tokens_per_block;
+  // The decode worker continues from the restore point at the last
+  // boundary before the prompt's last token, and so may the next request.
+  const size_t restore_blocks = (prompt.size() - 1) / tpb;
+  Pass p{.cache = model_.NewCache(layout_.codec, tpb), .logits = std::vector<float>(c.vocab_size)};
+  if (restore_blocks > 0) {
+    // The cache cuts the match back to the last block with a restore point.
+    const std::vector<kvblock::BlockHash> prefix(chain.begin(), chain.begin() + restore_blocks);
+    const size_t matched = shards_.MatchPrefix(ns, layout_, prefix, acting_for);
+    if (matched > 0) {
+      std::vector<kvblock::BlockHash> wanted(prefix.begin(), prefix.begin() + matched);
+      wanted.push_back(kvblock::RestorePointKey(wanted.back()));
+      std::vector<cache::SharedRecord> records;
+      absl::Status restored;
+      for (absl::StatusOr<cache::SharedRecord>& record : shards_.Fetch(ns, layout_, wanted, acting_for)) {
+        if (!record.ok()) {
+          restored = record.status();
+          break;
+        }
+        records.push_back(*std::move(record));
+      }
+      // Fetch checked each record's CRC as it landed.
+      if (restored.ok()) {
+        restored = serving::RestoreV4Records(c, layout_, std::span(records).first(matched), records.back(),
+                                             kvblock::CrcCheck::kCheckedBefore, p.cache);
+      }
+      if (restored.ok()) {
+        p.cached_blocks = matched;
+      } else {
+        Log(LogLevel::kWarning, "request",
+            absl::StrCat("'", absl::CEscape(r.request_id()), "': the cached prefix of ", matched,
+                         " blocks is unusable (", restored.message(), "); prefilling it"));
+      }
+    }
+  }
+  // Up to the boundary, where the restore point is taken, then the rest.
+  const size_t boundary = restore_blocks * tpb, cached = p.cached_blocks * tpb;
+  if (boundary > cached) {
+    KVTIER_RETURN_IF_ERROR(model_.Prefill(prompt.subspan(cached, boundary - cached), p.cache, p.logits));
+  }
+  if (restore_blocks > 0) {
+    KVTIER_ASSIGN_OR_RETURN(p.restore_point, serving::V4RestorePointRecord(c, layout_, p.cache));
+  }
+  KVTIER_RETURN_IF_ERROR(model_.Prefill(prompt.subspan(boundary), p.cache, p.logits));
+  // The new blocks, and the point when it is new, go to their shards (a
+  // reader's blocks go to the decode worker inline).
+  cache::ShardedPut put(shards_, ns, layout_, options_.cache_deadline, acting_for);
+  if (caller.MayWrite()) {
+    for (size_t b = p.cached_blocks; b < chain.size(); ++b) {
+      absl::StatusOr<std::string> record = serving::V4BlockRecord(c, layout_, p.cache, b);
+      if (record.ok()) put.Write(chain[b], *std::move(record));
+    }
+    if (restore_blocks > p.cached_blocks)
+      put.Write(kvblock::RestorePointKey(chain[restore_blocks - 1]), p.restore_point);
+  }
+  p.stored = put.Finish();
+  p.decode_needs = restore_blocks;
+  return p;
+}
+
+absl::StatusOr<PrefillService::Prefilled> PrefillService::Prefill(const v1::GenerateRequest& r, const std::string& ns,
+                                                                  const Caller& caller) {
+  const std::vector<uint32_t> prompt(r.prompt_token_ids().begin(), r.prompt_token_ids().end());
+  const uint32_t tpb = layout_.tokens_per_block;
+  const std::vector<kvblock::BlockHash> chain = kvblock::ComputeBlockChain(ns, kvblock::LayoutId(layout_), tpb, prompt);
+  KVTIER_ASSIGN_OR_RETURN(
+      Pass p, layout_.IsV4() ? PrefillV4(r, prompt, chain, ns, caller) : PrefillMla(r, prompt, chain, ns, caller));
   Prefilled out;
-  out.cached_tokens = static_cast<uint32_t>(cached_blocks * tpb);
+  out.cached_tokens = static_cast<uint32_t>(p.cached_blocks * tpb);
   v1::DecodeRequest& d = out.decode;
   d.set_request_id(r.request_id());
   d.set_kv_namespace(ns);
   *d.mutable_layout() = kvblock::LayoutToProto(layout_);
   *d.mutable_token_ids() = r.prompt_token_ids();
   for (const kvblock::BlockHash& h : chain) d.add_block_hashes(std::string(kvblock::HashAsBytes(h)));
-  // Blocks the cache did not take travel inline (a shard down or slow).
-  for (size_t b = cached_blocks; b < chain.size(); ++b) {
-    if (stored.contains(chain[b])) continue;
-    KVTIER_ASSIGN_OR_RETURN(std::string record, serving::BlockRecord(layout_, cache, b, 0, layout_.num_layers));
+  // Blocks the cache did not take travel inline (a shard down or slow, or
+  // a reader's).
+  for (size_t b = p.cached_blocks; b < p.decode_needs; ++b) {
+    if (p.stored.contains(chain[b])) continue;
+    KVTIER_ASSIGN_OR_RETURN(std::string record, layout_.IsV4()
+                                                    ? serving::V4BlockRecord(model_.config(), layout_, p.cache, b)
+                                                    : serving::BlockRecord(layout_, p.cache, b, 0, layout_.num_layers));
     v1::InlineBlock& block = *d.add_inline_blocks();
     block.set_block_index(static_cast<uint32_t>(b));
     block.set_data(std::move(record));
     blocks_inline_.Increment();
   }
-  if (d.inline_blocks_size() > 0) {
+  if (d.inline_blocks_size() > 0 && caller.MayWrite()) {
     Log(LogLevel::kWarning, "request",
         absl::StrCat("'", absl::CEscape(r.request_id()), "': the cache did not store ", d.inline_blocks_size(), " of ",
-                     chain.size() - cached_blocks, " new blocks; they go to the decode worker inline"));
+                     p.decode_needs - p.cached_blocks, " new blocks; they go to the decode worker inline"));
   }
-  d.set_skip_write_back(!store);
-  d.mutable_tail()->set_token_count(static_cast<uint32_t>(prompt.size() % tpb));
-  d.mutable_tail()->set_latents(serving::TailBytes(cache));
-  d.mutable_tail()->set_indexer_keys(serving::TailIndexerKeys(cache, layout_));
+  d.set_skip_write_back(!caller.MayWrite());
+  if (layout_.IsV4()) {
+    d.set_restore_point(std::move(p.restore_point));
+  } else {
+    d.mutable_tail()->set_token_count(static_cast<uint32_t>(prompt.size() % tpb));
+    d.mutable_tail()->set_latents(serving::TailBytes(p.cache));
+    d.mutable_tail()->set_indexer_keys(serving::TailIndexerKeys(p.cache, layout_));
+  }
   *d.mutable_first_token() = serving::ToGeneratedToken(
-      0, runtime::Sample(logits, serving::ToSampling(r.sampling()), 0, r.limits().top_logprobs()));
+      0, runtime::Sample(p.logits, serving::ToSampling(r.sampling()), 0, r.limits().top_logprobs()));
   *d.mutable_sampling() = r.sampling();
   *d.mutable_limits() = r.limits();
   return out;

@@ -14,6 +14,8 @@
 
 #include <atomic>
 #include <memory>
+#include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -74,6 +76,16 @@ class PrefillService final : public v1::Prefill::CallbackService {
 
  private:
   struct Prefilled;
+  // A prompt's pass: the sequence after it, the logits after its last
+  // token, and what the rest of Prefill needs to hand it on.
+  struct Pass {
+    runtime::SequenceCache cache;
+    std::vector<float> logits;
+    size_t cached_blocks = 0;
+    std::set<kvblock::BlockHash> stored = {};  // blocks the cache took
+    size_t decode_needs = 0;                   // blocks a decode worker reads before it continues
+    std::string restore_point = {};            // DeepSeek-V4: the record the worker continues from
+  };
   class Stream;      // one Generate call
   class DecodeCall;  // a Stream's call to one decode worker
   static constexpr size_t kMaxQueuedPrefills = 1024;
@@ -82,6 +94,19 @@ class PrefillService final : public v1::Prefill::CallbackService {
   // The prompt's blocks read from the cache, the rest computed and stored
   // for `caller` (a reader's are not stored).
   absl::StatusOr<Prefilled> Prefill(const v1::GenerateRequest& request, const std::string& ns, const Caller& caller);
+  // MLA models: the latents of the cached prefix's blocks, the rest
+  // prefilled, each layer's new blocks streamed to the shards.
+  absl::StatusOr<Pass> PrefillMla(const v1::GenerateRequest& request, std::span<const uint32_t> prompt,
+                                  const std::vector<kvblock::BlockHash>& chain, const std::string& ns,
+                                  const Caller& caller);
+  // DeepSeek-V4: restored from the longest cached prefix that ends at a
+  // restore point, the rest prefilled in two passes around the last
+  // boundary before the prompt's last token, where the restore point the
+  // decode worker continues from is taken (and stored, with the new
+  // blocks).
+  absl::StatusOr<Pass> PrefillV4(const v1::GenerateRequest& request, std::span<const uint32_t> prompt,
+                                 const std::vector<kvblock::BlockHash>& chain, const std::string& ns,
+                                 const Caller& caller);
   // The decode workers now, and where the next request starts among them.
   std::pair<std::shared_ptr<const Decoders>, size_t> PickDecoders();
 

@@ -13,19 +13,32 @@
 
 namespace kvtier::runtime {
 
+// A DeepSeek-V4 layer's state before the pass: the window slots the pass
+// overwrites (from slot `first_slot` on, wrapping), how many compressed
+// entries and keys it held, and its compressors' open rows.
+struct V4LayerMark {
+  size_t first_slot = 0;
+  std::vector<float> slots;
+  size_t compressed = 0, index_keys = 0;
+  V4CompressorState compressor, index_compressor;
+};
+
 struct CacheMark {
   int64_t length = 0;
   std::vector<size_t> blocks, tail_floats;  // [layer]
   std::vector<std::vector<float>> tails;    // [layer]; only when a block may seal
+  std::vector<V4LayerMark> v4;              // [layer] of a V4 sequence
 };
 
-// Marks `cache` before a pass of `tokens` more tokens. The tails are copied
+// Marks `cache`, a sequence of `config`'s model, before a pass of `tokens`
+// more tokens. The tails are copied
 // only when the pass can fill a block (sealing moves tail rows into it);
-// otherwise the mark is a few counts.
-CacheMark MarkCache(const SequenceCache& cache, size_t tokens);
+// otherwise the mark is a few counts. A V4 sequence's mark copies the
+// window slots the pass overwrites and the compressors' open rows.
+CacheMark MarkCache(const SequenceCache& cache, size_t tokens, const ModelConfig& config);
 
-// Puts `cache` back as it was when marked.
-void UndoToMark(SequenceCache& cache, CacheMark mark);
+// Puts `cache` back as it was when marked (`config`: the model's).
+void UndoToMark(SequenceCache& cache, CacheMark mark, const ModelConfig& config);
 
 }  // namespace kvtier::runtime
 

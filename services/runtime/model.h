@@ -47,6 +47,13 @@ struct SequenceCache {
   std::vector<std::vector<float>>* sealed_rows = nullptr;
 };
 
+// The whole blocks `cache` holds: its sealed ones, or the blocks a V4
+// sequence has completed (v4_cache_parts.h cuts them).
+inline size_t FullBlocks(const SequenceCache& cache) {
+  if (!cache.v4.empty()) return static_cast<size_t>(cache.length) / cache.tokens_per_block;
+  return cache.blocks.empty() ? 0 : cache.blocks[0].size();
+}
+
 // One sequence's part of a forward pass: `tokens` run at positions
 // cache->length, cache->length + 1, ...; `logits` (vocab_size floats) gets
 // the next-token logits after the last of them.

@@ -117,12 +117,6 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
   s.shards->StartHealthChecks(absl::Milliseconds(f.watch_interval_ms));
   std::cerr << program << ": loading " << f.model << " on " << f.device << std::endl;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Checkpoint> checkpoint, runtime::Checkpoint::Open(f.model));
-  if (checkpoint->config().v4.has_value()) {
-    return absl::UnimplementedError(
-        absl::StrCat(f.model,
-                     " is a DeepSeek-V4 checkpoint: its cache layout (window, compressed entries, compressor state) "
-                     "is not built yet, so it runs only in-process (kvtier run), not through the cache services"));
-  }
   KVTIER_ASSIGN_OR_RETURN(s.model, runtime::Model::Load(*checkpoint, device, cuda));
   KVTIER_ASSIGN_OR_RETURN(s.model_id, ModelId(f.model, checkpoint->config().model_type));
   s.registry = std::make_shared<prometheus::Registry>();

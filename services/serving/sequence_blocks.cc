@@ -20,9 +20,22 @@ kvblock::LatentLayout ModelLayout(const runtime::ModelConfig& config, const std:
   kvblock::LatentLayout layout;
   layout.model_id = model_id;
   layout.num_layers = static_cast<uint32_t>(config.num_hidden_layers);
+  layout.tokens_per_block = tokens_per_block;
+  if (config.v4.has_value()) {  // entries in the model's own FP8, whatever `codec`
+    layout.kv_lora_rank = static_cast<uint32_t>(config.v4->head_dim);
+    layout.rope_dim = static_cast<uint32_t>(config.qk_rope_head_dim);
+    layout.codec = kernels::Codec::kFp8;
+    layout.compress_ratios.assign(config.v4->compress_ratios.begin(), config.v4->compress_ratios.end());
+    layout.sliding_window = static_cast<uint32_t>(config.v4->sliding_window);
+    if (config.indexer.has_value() && std::ranges::find(layout.compress_ratios, 4u) != layout.compress_ratios.end()) {
+      layout.indexer_dim = static_cast<uint32_t>(config.indexer->head_dim);
+      layout.indexer_encoding = kvblock::IndexerEncoding::kMxfp4;
+    }
+    layout.block_format_version = kvblock::kV4BlockFormatVersion;
+    return layout;
+  }
   layout.kv_lora_rank = static_cast<uint32_t>(config.kv_lora_rank);
   layout.rope_dim = static_cast<uint32_t>(config.qk_rope_head_dim);
-  layout.tokens_per_block = tokens_per_block;
   layout.codec = codec;
   if (config.indexer.has_value()) {
     layout.indexer_dim = static_cast<uint32_t>(config.indexer->head_dim);

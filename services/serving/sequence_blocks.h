@@ -18,7 +18,9 @@
 namespace kvtier::serving {
 
 // The layout of `config`'s latents stored in `codec`, blocks of
-// `tokens_per_block`, for the model `model_id` (see ModelId).
+// `tokens_per_block`, for the model `model_id` (see ModelId). A DeepSeek-V4
+// config's is its format 3 layout (v4_records.h), whose entries are the
+// model's own FP8 whatever `codec` says.
 kvblock::LatentLayout ModelLayout(const runtime::ModelConfig& config, const std::string& model_id, kernels::Codec codec,
                                   uint32_t tokens_per_block);
 

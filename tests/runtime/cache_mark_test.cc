@@ -52,7 +52,7 @@ TEST(CacheMark, UndoingAPassRestoresTheCacheExactly) {
       ASSERT_TRUE((*model)->Prefill(prompt, cache, logits).ok());
       const SequenceCache before = cache;
 
-      CacheMark mark = MarkCache(cache, 1);
+      CacheMark mark = MarkCache(cache, 1, (*model)->config());
       if (part_way) {
         const auto& c = (*model)->config();
         cache.tail[0].insert(cache.tail[0].end(), c.kv_lora_rank + c.qk_rope_head_dim, 1.0f);
@@ -62,9 +62,68 @@ TEST(CacheMark, UndoingAPassRestoresTheCacheExactly) {
           ASSERT_EQ(cache.blocks[0].size(), before.blocks[0].size() + 1) << "the pass sealed a block";
         }
       }
-      UndoToMark(cache, std::move(mark));
+      UndoToMark(cache, std::move(mark), (*model)->config());
       ExpectSameCache(cache, before);
 
+      SequenceCache untouched = before;
+      std::vector<float> want(vocab);
+      const uint32_t next = token(rng.engine());
+      ASSERT_TRUE((*model)->Step(next, untouched, want).ok());
+      ASSERT_TRUE((*model)->Step(next, cache, logits).ok());
+      EXPECT_EQ(logits, want);
+    }
+  }
+  fs::remove_all(dir);
+}
+
+void ExpectSameCompressor(const V4CompressorState& got, const V4CompressorState& want) {
+  EXPECT_EQ(got.kv, want.kv);
+  EXPECT_EQ(got.score, want.score);
+  EXPECT_EQ(got.previous_kv, want.previous_kv);
+  EXPECT_EQ(got.previous_score, want.previous_score);
+}
+
+// A DeepSeek-V4 sequence likewise: passes of 1 and 3 tokens, from lengths
+// where the window has wrapped and groups close (ratios 4 and 8) or stay
+// open, undone, leave every layer's window, compressed entries, keys and
+// open rows as they were, and the next step's logits as a fresh copy's.
+TEST(CacheMark, UndoingAV4PassRestoresItsStateExactly) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  const fs::path dir = fs::temp_directory_path() / ("kvtier_cache_mark_v4_" + std::to_string(getpid()));
+  ASSERT_TRUE(MakeModel(*PresetConfig("v4-tiny"), dir.string(), rng.seed()).ok());
+  auto checkpoint = Checkpoint::Open(dir.string());
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  auto model = Model::Load(**checkpoint);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig& config = (*model)->config();
+  const size_t vocab = static_cast<size_t>(config.vocab_size);
+  std::uniform_int_distribution<uint32_t> token(0, static_cast<uint32_t>(vocab - 1));
+  for (const uint32_t prompt_length : {7u, 19u, 31u}) {
+    for (const size_t pass : {size_t{1}, size_t{3}}) {
+      SCOPED_TRACE(::testing::Message() << "prompt " << prompt_length << ", pass of " << pass);
+      SequenceCache cache = (*model)->NewCache(kernels::Codec::kFp8, 16);
+      std::vector<uint32_t> prompt(prompt_length);
+      for (uint32_t& t : prompt) t = token(rng.engine());
+      std::vector<float> logits(vocab);
+      ASSERT_TRUE((*model)->Prefill(prompt, cache, logits).ok());
+      const SequenceCache before = cache;
+
+      CacheMark mark = MarkCache(cache, pass, config);
+      std::vector<uint32_t> more(pass);
+      for (uint32_t& t : more) t = token(rng.engine());
+      ASSERT_TRUE((*model)->Prefill(more, cache, logits).ok());
+      UndoToMark(cache, std::move(mark), config);
+      EXPECT_EQ(cache.length, before.length);
+      ASSERT_EQ(cache.v4.size(), before.v4.size());
+      for (size_t l = 0; l < before.v4.size(); ++l) {
+        SCOPED_TRACE(::testing::Message() << "layer " << l);
+        EXPECT_EQ(cache.v4[l].window, before.v4[l].window);
+        EXPECT_EQ(cache.v4[l].compressed, before.v4[l].compressed);
+        EXPECT_EQ(cache.v4[l].index_keys, before.v4[l].index_keys);
+        ExpectSameCompressor(cache.v4[l].compressor, before.v4[l].compressor);
+        ExpectSameCompressor(cache.v4[l].index_compressor, before.v4[l].index_compressor);
+      }
       SequenceCache untouched = before;
       std::vector<float> want(vocab);
       const uint32_t next = token(rng.engine());
