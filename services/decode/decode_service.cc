@@ -146,9 +146,11 @@ std::vector<absl::StatusOr<cache::SharedRecord>> DecodeService::FetchBlocks(
   return out;
 }
 
-void DecodeService::WriteBack(DecodeSequence& s, const kvblock::BlockHash& key, absl::StatusOr<std::string> record) {
+void DecodeService::WriteBack(DecodeSequence& s, const kvblock::BlockHash& key, absl::StatusOr<std::string> record,
+                              const std::optional<kvblock::BlockHash>& shard_key) {
   if (!s.write_back || !record.ok()) return;
-  if (const uint64_t ticket = writer_.Enqueue(s.ns, s.layout, key, *std::move(record), s.acting_for); ticket != 0) {
+  if (const uint64_t ticket = writer_.Enqueue(s.ns, s.layout, key, *std::move(record), s.acting_for, shard_key);
+      ticket != 0) {
     s.last_write = ticket;
   }
 }
@@ -280,7 +282,8 @@ void DecodeService::OnSealed(DecodeSequence& s, size_t block) {
 
 void DecodeService::OnEnding(DecodeSequence& s) {
   if (!s.restore_point.has_value()) return;
-  WriteBack(s, kvblock::RestorePointKey(s.restore_point->first), std::move(s.restore_point->second));
+  const kvblock::BlockHash block = s.restore_point->first;  // the point lives on its block's shard
+  WriteBack(s, kvblock::RestorePointKey(block), std::move(s.restore_point->second), block);
   s.restore_point.reset();
 }
 

@@ -157,11 +157,13 @@ absl::StatusOr<PrefillService::Pass> PrefillService::PrefillV4(const v1::Generat
     const std::vector<kvblock::BlockHash> prefix(chain.begin(), chain.begin() + restore_blocks);
     const size_t matched = shards_.MatchPrefix(ns, layout_, prefix, acting_for);
     if (matched > 0) {
-      std::vector<kvblock::BlockHash> wanted(prefix.begin(), prefix.begin() + matched);
+      // The blocks, then the point, which lives beside the last of them.
+      std::vector<kvblock::BlockHash> wanted(prefix.begin(), prefix.begin() + matched), shard_keys = wanted;
       wanted.push_back(kvblock::RestorePointKey(wanted.back()));
+      shard_keys.push_back(shard_keys.back());
       std::vector<cache::SharedRecord> records;
       absl::Status restored;
-      for (absl::StatusOr<cache::SharedRecord>& record : shards_.Fetch(ns, layout_, wanted, acting_for)) {
+      for (absl::StatusOr<cache::SharedRecord>& record : shards_.Fetch(ns, layout_, wanted, acting_for, shard_keys)) {
         if (!record.ok()) {
           restored = record.status();
           break;
@@ -199,8 +201,10 @@ absl::StatusOr<PrefillService::Pass> PrefillService::PrefillV4(const v1::Generat
       absl::StatusOr<std::string> record = serving::V4BlockRecord(c, layout_, p.cache, b);
       if (record.ok()) put.Write(chain[b], *std::move(record));
     }
-    if (restore_blocks > p.cached_blocks)
-      put.Write(kvblock::RestorePointKey(chain[restore_blocks - 1]), p.restore_point);
+    if (restore_blocks > p.cached_blocks) {
+      const kvblock::BlockHash& block = chain[restore_blocks - 1];
+      put.Write(kvblock::RestorePointKey(block), p.restore_point, block);  // the point lives on its block's shard
+    }
   }
   p.stored = put.Finish();
   p.decode_needs = restore_blocks;

@@ -25,11 +25,13 @@
 #include "services/cache/client/cache_client.h"
 #include "services/cache/client/health_check.h"
 #include "services/cache/client/raw_get.h"
+#include "services/cache/client/shard_set.h"
 #include "services/kvblock/block_format.h"
 #include "services/rpc/client_identity.h"
 #include "tests/integration/cache_test_blocks.h"
 #include "tests/integration/list_services.h"
 #include "tests/test_random.h"
+#include "tests/v4_records.h"
 
 namespace kvtier::cache {
 namespace {
@@ -769,6 +771,66 @@ TEST(CacheServerFlags, RefusesBadCapacitiesWithAMessage) {
     EXPECT_NE(r.exit_code, 0) << cmd;
     EXPECT_NE(r.output.find(c.message), std::string::npos) << cmd << "\n" << r.output;
   }
+}
+
+// DeepSeek-V4 over two real shards: a restore point is written beside its
+// block (the shard of the block's key, not its own), and MatchPrefix
+// combines both shards' answers into the longest stored prefix that ends
+// at a point, wherever the blocks before it lie; Fetch finds the point
+// where it was written.
+TEST(ShardedV4, PointsLieBesideTheirBlocksAndThePrefixSpansShards) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  std::vector<std::unique_ptr<ChildProcess>> servers;
+  std::string targets;
+  for (int i = 0; i < 2; ++i) {
+    servers.push_back(std::make_unique<ChildProcess>(
+        std::vector<std::string>{KVTIER_CACHE_BINARY, "--listen", "127.0.0.1:0", "--metrics-listen", "",
+                                 "--device-capacity", "4MiB", "--host-capacity", "4MiB"}));
+    const int port = servers.back()->WaitForListeningPort();
+    ASSERT_GT(port, 0);
+    targets += (i ? ",127.0.0.1:" : "127.0.0.1:") + std::to_string(port);
+  }
+  auto shards = ShardSet::Create(targets, absl::Seconds(5), /*fast_path=*/false);
+  ASSERT_TRUE(shards.ok()) << shards.status();
+  const kvblock::LatentLayout layout = testing::SmallV4Layout();
+  // Eight blocks, the first five on both shards.
+  std::vector<BlockHash> chain;
+  std::set<std::string> first_five;
+  while (chain.size() < 8 || first_five.size() < 2) {
+    if (chain.size() == 8) chain.clear(), first_five.clear();
+    BlockHash h;
+    for (uint8_t& b : h) b = static_cast<uint8_t>(rng.engine()());
+    chain.push_back(h);
+    if (chain.size() <= 5) first_five.insert((*shards)->ShardOf(h));
+  }
+  const auto point = [&](size_t block) {
+    return testing::RandomV4Record(layout, kvblock::RecordKind::kRestorePoint, (block + 1) * layout.tokens_per_block,
+                                   rng.engine());
+  };
+  const auto store = [&](const std::vector<size_t>& blocks, const std::vector<size_t>& points) {
+    ShardedPut put(**shards, "ns", layout, absl::Seconds(5));
+    for (size_t b : blocks)
+      put.Write(chain[b], testing::RandomV4Record(layout, kvblock::RecordKind::kBlock, 0, rng.engine()));
+    for (size_t b : points) put.Write(kvblock::RestorePointKey(chain[b]), point(b), chain[b]);
+    return put.Finish().size();
+  };
+  ASSERT_EQ(store({0, 1, 2, 3, 4, 5}, {1, 4}), 8u);
+  EXPECT_EQ((*shards)->MatchPrefix("ns", layout, chain), 5u) << "the point after block 4";
+  EXPECT_EQ((*shards)->MatchPrefix("ns", layout, std::vector<BlockHash>(chain.begin(), chain.begin() + 4)), 2u);
+  // Each point is on its block's shard, and Fetch finds it there.
+  const BlockHash key = kvblock::RestorePointKey(chain[4]);
+  const auto fetched = (*shards)->Fetch("ns", layout, {key}, "", {chain[4]});
+  ASSERT_TRUE(fetched[0].ok()) << fetched[0].status();
+  EXPECT_TRUE(kvblock::ParseBlock(**fetched[0], &layout).ok());
+  CacheClient holder(MakeChannel((*shards)->ShardOf(chain[4])), absl::Seconds(5));
+  EXPECT_EQ(holder.Match("ns", layout, {chain[4]})->stored_blocks(), 1u);
+  EXPECT_EQ(holder.Match("ns", layout, {chain[4]})->restore_points_size(), 1);
+  // With no point stored after a later block, the prefix ends at the last one.
+  ASSERT_EQ(store({6, 7}, {}), 2u);
+  EXPECT_EQ((*shards)->MatchPrefix("ns", layout, chain), 5u);
+  ASSERT_EQ(store({}, {7}), 1u);
+  EXPECT_EQ((*shards)->MatchPrefix("ns", layout, chain), 8u);
 }
 
 }  // namespace

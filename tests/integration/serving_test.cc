@@ -1105,43 +1105,51 @@ TEST_F(ServingTest, ModelServersRefuseAddressesNobodyCouldListenOn) {
 // results however a sequence is cut, so every turn equals `kvtier run` of
 // the whole sequence exactly. A second turn restores from the prefill's
 // point; the conversation's next turn from the point the decode worker
-// stored as its generation ended; with the shard gone the blocks travel
-// inline.
+// stored as its generation ended; the same over two shards (each point
+// beside its block, the prefix combined from both); with the shard gone the
+// blocks travel inline.
 TEST_F(ServingTest, DeepSeekV4ContinuesFromRestorePointsExactly) {
   SCOPED_TRACE(rng_.Trace());
   const PresetModel m("v4-tiny", rng_.seed());
   constexpr uint32_t kV4Block = 16;
-  Cluster cluster(m.dir(), 1, 1, {}, "2000", {}, {"--kv-codec", "fp8", "--tokens-per-block", std::to_string(kV4Block)});
-  ASSERT_TRUE(cluster.ok());
-  const std::vector<uint32_t> prompt = RandomIds(2 * kV4Block + 5, rng_.engine());
-  ExpectGenerateAsRun(m.dir(), cluster.prefill_target, prompt, 20);
+  for (const int shards : {2, 1}) {
+    SCOPED_TRACE(::testing::Message() << shards << " shard(s)");
+    Cluster cluster(m.dir(), shards, 1, {}, "2000", {},
+                    {"--kv-codec", "fp8", "--tokens-per-block", std::to_string(kV4Block)});
+    ASSERT_TRUE(cluster.ok());
+    // Six blocks before the prompt's last boundary: over two shards, both
+    // hold some (but for 1 seed in 32).
+    const std::vector<uint32_t> prompt = RandomIds(6 * kV4Block + 5, rng_.engine());
+    ExpectGenerateAsRun(m.dir(), cluster.prefill_target, prompt, 20);
 
-  absl::StatusOr<RemoteGeneration> hit = cluster.Generate(Request(prompt, 20));
-  ASSERT_TRUE(hit.ok()) << hit.status();
-  EXPECT_EQ(hit->usage.cached_tokens(), 2 * kV4Block);
-  const std::vector<runtime::Sampled> want = GreedyAfter(*m.model, prompt, 0, 20);
-  ExpectSameGeneration(hit->tokens, want, 1e-6);
+    absl::StatusOr<RemoteGeneration> hit = cluster.Generate(Request(prompt, 20));
+    ASSERT_TRUE(hit.ok()) << hit.status();
+    EXPECT_EQ(hit->usage.cached_tokens(), 6 * kV4Block);
+    const std::vector<runtime::Sampled> want = GreedyAfter(*m.model, prompt, 0, 20);
+    ExpectSameGeneration(hit->tokens, want, 1e-6);
 
-  // The next turn: the prompt, what was generated, new ids. The worker ran
-  // the sequence past 48 tokens, so it stored block 2 and the point after
-  // it.
-  std::vector<uint32_t> next = prompt;
-  for (const runtime::Sampled& t : want) next.push_back(t.token);
-  for (uint32_t t : RandomIds(10, rng_.engine())) next.push_back(t);
-  absl::StatusOr<RemoteGeneration> turn = cluster.Generate(Request(next, 6));
-  ASSERT_TRUE(turn.ok()) << turn.status();
-  EXPECT_EQ(turn->usage.cached_tokens(), 3 * kV4Block);
-  ExpectSameGeneration(turn->tokens, GreedyAfter(*m.model, next, 0, 6), 1e-6);
-  EXPECT_GE(Scrape(cluster.decode_metrics[0], "kvtier_decode_blocks_written_back_total"), 1.0);
-  EXPECT_EQ(Scrape(cluster.decode_metrics[0], "kvtier_decode_blocks_recomputed_total"), 0.0);
+    // The next turn: the prompt, what was generated, new ids. The worker
+    // ran the sequence past 112 tokens, so it stored block 6 and the point
+    // after it.
+    std::vector<uint32_t> next = prompt;
+    for (const runtime::Sampled& t : want) next.push_back(t.token);
+    for (uint32_t t : RandomIds(10, rng_.engine())) next.push_back(t);
+    absl::StatusOr<RemoteGeneration> turn = cluster.Generate(Request(next, 6));
+    ASSERT_TRUE(turn.ok()) << turn.status();
+    EXPECT_EQ(turn->usage.cached_tokens(), 7 * kV4Block);
+    ExpectSameGeneration(turn->tokens, GreedyAfter(*m.model, next, 0, 6), 1e-6);
+    EXPECT_GE(Scrape(cluster.decode_metrics[0], "kvtier_decode_blocks_written_back_total"), 1.0);
+    EXPECT_EQ(Scrape(cluster.decode_metrics[0], "kvtier_decode_blocks_recomputed_total"), 0.0);
+    if (shards > 1) continue;
 
-  cluster.caches[0].reset();  // the shard is gone: blocks and point travel with the request
-  const std::vector<uint32_t> fresh = RandomIds(3 * kV4Block + 1, rng_.engine());
-  absl::StatusOr<RemoteGeneration> alone = cluster.Generate(Request(fresh, 5));
-  ASSERT_TRUE(alone.ok()) << alone.status();
-  EXPECT_EQ(alone->usage.cached_tokens(), 0u);
-  ExpectSameGeneration(alone->tokens, GreedyAfter(*m.model, fresh, 0, 5), 1e-6);
-  EXPECT_GE(Scrape(cluster.decode_metrics[0], "kvtier_decode_blocks_inline_total"), 3.0);
+    cluster.caches[0].reset();  // the shard is gone: blocks and point travel with the request
+    const std::vector<uint32_t> fresh = RandomIds(3 * kV4Block + 1, rng_.engine());
+    absl::StatusOr<RemoteGeneration> alone = cluster.Generate(Request(fresh, 5));
+    ASSERT_TRUE(alone.ok()) << alone.status();
+    EXPECT_EQ(alone->usage.cached_tokens(), 0u);
+    ExpectSameGeneration(alone->tokens, GreedyAfter(*m.model, fresh, 0, 5), 1e-6);
+    EXPECT_GE(Scrape(cluster.decode_metrics[0], "kvtier_decode_blocks_inline_total"), 3.0);
+  }
 
   // `kvtier up` runs its conversation on it; the second turn restores.
   const CommandResult up =

@@ -14,10 +14,11 @@ BlockWriter::~BlockWriter() {
 }
 
 uint64_t BlockWriter::Enqueue(const std::string& ns, const kvblock::LatentLayout& layout,
-                              const kvblock::BlockHash& hash, std::string record, const std::string& acting_for) {
+                              const kvblock::BlockHash& hash, std::string record, const std::string& acting_for,
+                              const std::optional<kvblock::BlockHash>& shard_key) {
   absl::MutexLock lock(&mu_);
   if (queue_.size() >= max_queued_) return 0;
-  queue_.push_back({ns, layout, hash, std::move(record), acting_for});
+  queue_.push_back({ns, layout, hash, std::move(record), acting_for, shard_key});
   return ++queued_;
 }
 
@@ -49,7 +50,7 @@ void BlockWriter::Loop() {
       item = std::move(queue_.front());
       queue_.pop_front();
     }
-    shards_.Store(item.ns, item.layout, {{item.hash, {std::move(item.record)}}}, item.acting_for);
+    shards_.Store(item.ns, item.layout, {{item.hash, {std::move(item.record)}, item.shard_key}}, item.acting_for);
     std::vector<std::function<void()>> due;
     {
       absl::MutexLock lock(&mu_);

@@ -9,6 +9,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -25,8 +26,11 @@ class BlockWriter {
   // Queues one all-layer record, stored for end tenant `acting_for` (empty:
   // this process's own); returns its ticket, or 0 when the queue is full
   // and the record was dropped.
+  // `shard_key`, when set, places the record on that key's shard (a V4
+  // restore point beside its block).
   uint64_t Enqueue(const std::string& ns, const kvblock::LatentLayout& layout, const kvblock::BlockHash& hash,
-                   std::string record, const std::string& acting_for = {});
+                   std::string record, const std::string& acting_for = {},
+                   const std::optional<kvblock::BlockHash>& shard_key = std::nullopt);
   // Waits until the record of `ticket`, and every one queued before it,
   // was attempted (writes go in queue order).
   void WaitFor(uint64_t ticket);
@@ -41,6 +45,7 @@ class BlockWriter {
     kvblock::BlockHash hash;
     std::string record;
     std::string acting_for;
+    std::optional<kvblock::BlockHash> shard_key;
   };
   void Loop();
 

@@ -7,6 +7,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,9 @@ namespace kvtier::cache {
 struct BlockSlices {
   kvblock::BlockHash hash;
   std::vector<std::string> records;  // block-format slice records
+  // Stored on the shard of this key instead of `hash`'s (a DeepSeek-V4
+  // restore point beside its block).
+  std::optional<kvblock::BlockHash> shard_key = std::nullopt;
 };
 
 // One Get answer: the record, or why there is none.

@@ -163,6 +163,8 @@ size_t ShardSet::MatchPrefix(const std::string& ns, const kvblock::LatentLayout&
   // ends at the first block some shard does not hold.
   const std::vector<std::vector<size_t>> positions = ByShard(*shards, chain);
   size_t prefix = chain.size();
+  absl::Mutex points_mu;
+  std::vector<size_t> points;  // V4: chain positions whose restore point is stored
   std::vector<std::future<size_t>> answers;
   for (size_t s = 0; s < shards->size(); ++s) {
     if (positions[s].empty()) continue;
@@ -180,20 +182,36 @@ size_t ShardSet::MatchPrefix(const std::string& ns, const kvblock::LatentLayout&
         acting->ActFor(acting_for);
       }
       absl::StatusOr<v1::MatchResponse> r = (acting ? *acting : shard.client).Match(ns, layout, mine);
-      const size_t matched = r.ok() ? std::min<size_t>(r->matched_blocks(), mine.size()) : 0;
+      // A V4 shard's answer is cut back to its own last restore point; the
+      // stored prefix and where its points are say more.
+      const size_t matched =
+          !r.ok() ? 0 : std::min<size_t>(layout.IsV4() ? r->stored_blocks() : r->matched_blocks(), mine.size());
+      if (r.ok() && layout.IsV4()) {
+        absl::MutexLock lock(&points_mu);
+        for (uint32_t i : r->restore_points()) {
+          if (i < matched) points.push_back(positions[s][i]);
+        }
+      }
       return matched == mine.size() ? chain.size() : positions[s][matched];
     }));
   }
   for (auto& a : answers) prefix = std::min(prefix, a.get());
-  return prefix;
+  if (!layout.IsV4()) return prefix;
+  // The longest prefix every shard holds that ends at a restore point.
+  size_t restorable = 0;
+  for (size_t i : points) {
+    if (i < prefix) restorable = std::max(restorable, i + 1);
+  }
+  return restorable;
 }
 
 std::vector<absl::StatusOr<SharedRecord>> ShardSet::Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
                                                           const std::vector<kvblock::BlockHash>& hashes,
-                                                          const std::string& acting_for) {
+                                                          const std::string& acting_for,
+                                                          const std::vector<kvblock::BlockHash>& shard_keys) {
   const std::shared_ptr<const ShardList> shards = Members();
   std::vector<absl::StatusOr<SharedRecord>> out(hashes.size(), absl::UnavailableError("no cache shard"));
-  const std::vector<std::vector<size_t>> positions = ByShard(*shards, hashes);
+  const std::vector<std::vector<size_t>> positions = ByShard(*shards, shard_keys.empty() ? hashes : shard_keys);
   std::vector<std::future<void>> done;
   for (size_t s = 0; s < shards->size(); ++s) {
     if (positions[s].empty()) continue;
@@ -236,7 +254,7 @@ std::set<kvblock::BlockHash> ShardSet::Store(const std::string& ns, const kvbloc
                                              const std::vector<BlockSlices>& blocks, const std::string& acting_for) {
   ShardedPut put(*this, ns, layout, deadline_, acting_for);
   for (const BlockSlices& b : blocks) {
-    for (const std::string& record : b.records) put.Write(b.hash, record);
+    for (const std::string& record : b.records) put.Write(b.hash, record, b.shard_key);
   }
   return put.Finish();
 }
@@ -274,9 +292,10 @@ ShardedPut::~ShardedPut() {
   Finish();
 }
 
-void ShardedPut::Write(const kvblock::BlockHash& hash, std::shared_ptr<const std::string> record) {
+void ShardedPut::Write(const kvblock::BlockHash& hash, std::shared_ptr<const std::string> record,
+                       const std::optional<kvblock::BlockHash>& shard_key) {
   if (targets_.shards.empty()) return;
-  const size_t index = targets_.shard_of(hash);
+  const size_t index = targets_.shard_of(shard_key.value_or(hash));
   std::unique_ptr<PutStream>& s = streams_[index];
   if (s == nullptr && (s = targets_.shards[index]->Open(ns_, layout_, acting_for_)) == nullptr) return;
   s->Write(hash, std::move(record));

@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -70,7 +71,9 @@ class ShardSet {
   // fast path go through this process's session either way.
 
   // How many leading blocks of `chain` are stored, asking each shard about
-  // its own blocks at once; a shard that fails holds none.
+  // its own blocks at once; a shard that fails holds none. For a DeepSeek-
+  // V4 layout, the longest such prefix that ends at a block whose restore
+  // point is stored (a point is written to its block's shard: shard_key).
   size_t MatchPrefix(const std::string& ns, const kvblock::LatentLayout& layout,
                      const std::vector<kvblock::BlockHash>& chain, const std::string& acting_for = {});
 
@@ -79,10 +82,13 @@ class ShardSet {
   // one before left. Each answer is the record, or why there is none (a
   // miss, DATA_LOSS, or the shard's error). Every record given has had its
   // CRC checked (as it was copied or as it landed); the strings come from a
-  // pool and go back to it when their last holder lets go.
+  // pool and go back to it when their last holder lets go. `shard_keys`,
+  // when not empty, says where each record is: hashes[i] on the shard of
+  // shard_keys[i].
   std::vector<absl::StatusOr<SharedRecord>> Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
                                                   const std::vector<kvblock::BlockHash>& hashes,
-                                                  const std::string& acting_for = {});
+                                                  const std::string& acting_for = {},
+                                                  const std::vector<kvblock::BlockHash>& shard_keys = {});
   // The default of the most bytes of fetched records that stay in the
   // pool unheld.
   static constexpr size_t kIdleRecordBytes = size_t{512} << 20;
@@ -138,10 +144,13 @@ class ShardedPut {
              std::string acting_for = {});
   ~ShardedPut();
 
-  // PutStream::Write to the shard of `hash`; the record is not copied.
-  void Write(const kvblock::BlockHash& hash, std::shared_ptr<const std::string> record);
-  void Write(const kvblock::BlockHash& hash, std::string record) {
-    Write(hash, std::make_shared<const std::string>(std::move(record)));
+  // PutStream::Write to the shard of `hash` (or of `shard_key` when set);
+  // the record is not copied.
+  void Write(const kvblock::BlockHash& hash, std::shared_ptr<const std::string> record,
+             const std::optional<kvblock::BlockHash>& shard_key = std::nullopt);
+  void Write(const kvblock::BlockHash& hash, std::string record,
+             const std::optional<kvblock::BlockHash>& shard_key = std::nullopt) {
+    Write(hash, std::make_shared<const std::string>(std::move(record)), shard_key);
   }
   void Flush();
   // Ends every stream; the hashes now stored (or that were already there).

@@ -144,6 +144,8 @@ grpc::ServerUnaryReactor* CacheService::Match(grpc::CallbackServerContext* conte
   if (!m.lease_status.ok()) return FinishUnary(context, std::move(timer), Count(tenant, m.lease_status));
   if (metrics_ != nullptr) metrics_->CountMatch(tenant, m.matched_blocks, plan->hashes.size());
   response->set_matched_blocks(m.matched_blocks);
+  response->set_stored_blocks(m.stored_blocks);
+  for (uint32_t i : m.restore_points) response->add_restore_points(i);
   for (TierKind t : m.tiers) response->add_tiers(static_cast<v1::Tier>(t));
   if (m.lease_id != 0) {
     response->set_lease_id(m.lease_id);

@@ -207,12 +207,18 @@ MatchResult BlockStore::Match(const std::string& ns, uint64_t layout_id, std::sp
     result.tiers.push_back(tiers_[e->tier]->counters.tier);
   }
   Entry* point = nullptr;  // the restore point the prefix is cut back to
-  for (; to_restore_point && !matched.empty(); matched.pop_back(), result.tiers.pop_back()) {
-    auto it = index_.find(Key(ns, kvblock::RestorePointKey(hashes[matched.size() - 1])));
-    if (it != index_.end() && it->second->layout_id == layout_id) {
-      point = it->second.get();
-      break;
+  if (to_restore_point) {
+    result.stored_blocks = static_cast<uint32_t>(matched.size());
+    for (uint32_t i = 0; i < matched.size(); ++i) {
+      auto it = index_.find(Key(ns, kvblock::RestorePointKey(hashes[i])));
+      if (it != index_.end() && it->second->layout_id == layout_id) {
+        result.restore_points.push_back(i);
+        point = it->second.get();
+      }
     }
+    const size_t restorable = result.restore_points.empty() ? 0 : result.restore_points.back() + 1;
+    matched.resize(restorable);
+    result.tiers.resize(restorable);
   }
   if (options_.eviction != Eviction::kLru) {  // leaf-first
     for (auto e = matched.rbegin(); e != matched.rend(); ++e) TouchLocked(*e);

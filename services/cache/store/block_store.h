@@ -178,6 +178,10 @@ struct StoreStats {
 
 struct MatchResult {
   uint32_t matched_blocks = 0;
+  // With to_restore_point: the stored prefix before it was cut back, and
+  // the positions in it whose restore point is stored (ascending).
+  uint32_t stored_blocks = 0;
+  std::vector<uint32_t> restore_points;
   std::vector<TierKind> tiers;
   uint64_t lease_id = 0;  // 0 = none taken
   absl::Time lease_deadline;
@@ -289,7 +293,9 @@ class BlockStore {
   // `max_leases` at once (0: max_leases_per_owner). With
   // `to_restore_point` (DeepSeek-V4) the prefix is cut back to its last
   // block whose restore point (kvblock::RestorePointKey) is stored, and
-  // that point is refreshed and leased with it.
+  // that point is refreshed and leased with it; the result also says where
+  // in the whole stored prefix points are (a client with several shards
+  // finds the longest restorable prefix over all of them).
   MatchResult Match(const std::string& ns, uint64_t layout_id, std::span<const kvblock::BlockHash> hashes,
                     std::optional<absl::Duration> lease_ttl = std::nullopt, const std::string& owner = "",
                     uint32_t max_leases = 0, bool to_restore_point = false);

@@ -1465,8 +1465,15 @@ TEST_P(V4StoreTest, MatchEndsAtTheLastRestorePoint) {
   };
   EXPECT_EQ(match(false), 4u);
   EXPECT_EQ(match(true), 2u);
+  // Where the points are in the whole stored prefix, for clients of several shards.
+  MatchResult whole = store_->Match("ns", v4_id_, chain, std::nullopt, "", 0, true);
+  EXPECT_EQ(whole.stored_blocks, 4u);
+  EXPECT_EQ(whole.restore_points, std::vector<uint32_t>{1});
+  EXPECT_EQ(whole.tiers.size(), 2u);
   PutV4({{kvblock::RestorePointKey(chain[3]), V4Record(kvblock::RecordKind::kRestorePoint, 64)}});
   EXPECT_EQ(match(true), 4u);
+  EXPECT_EQ(store_->Match("ns", v4_id_, chain, std::nullopt, "", 0, true).restore_points,
+            (std::vector<uint32_t>{1, 3}));
   // A point of another prefix, or none before the first block, matches nothing.
   const std::vector<BlockHash> other = {Hash(7), Hash(8)};
   PutV4({{Hash(7), V4Record(kvblock::RecordKind::kBlock)}, {Hash(8), V4Record(kvblock::RecordKind::kBlock)}});
