@@ -33,6 +33,7 @@
 #include "services/runtime/make_model.h"
 #include "services/serving/request_checks.h"
 #include "services/serving/sequence_blocks.h"
+#include "services/serving/v4_records.h"
 #include "tests/eventually.h"
 #include "tests/integration/cluster.h"
 #include "tests/integration/prometheus_server.h"
@@ -1098,6 +1099,64 @@ TEST_F(ServingTest, ModelServersRefuseAddressesNobodyCouldListenOn) {
   }
 }
 
+// A decode worker handed a V4 sequence directly: one whose blocks the
+// cache never had is recomputed from its tokens (and generates what the
+// runtime does); a request without its point, with a damaged point, a
+// block record where the point should be, or a tail is INVALID_ARGUMENT.
+void ExpectV4DecodeRequestsChecked(const PresetModel& m, Cluster& cluster, std::mt19937_64& rng) {
+  constexpr uint32_t kV4Block = 16;
+  const runtime::Model& model = *m.model;
+  const kvblock::LatentLayout layout = serving::ModelLayout(
+      m.config, *serving::ModelId(m.dir(), runtime::ModelType::kDeepseekV4), kernels::Codec::kFp8, kV4Block);
+  const std::vector<uint32_t> tokens = RandomIds(3 * kV4Block + 3, rng);
+  runtime::SequenceCache cache = model.NewCache(kernels::Codec::kFp8, kV4Block);
+  std::vector<float> logits(static_cast<size_t>(m.config.vocab_size));
+  ASSERT_TRUE(model.Prefill(std::span(tokens).first(3 * kV4Block), cache, logits).ok());
+  absl::StatusOr<std::string> point = serving::V4RestorePointRecord(m.config, layout, cache);
+  ASSERT_TRUE(point.ok()) << point.status();
+  absl::StatusOr<std::string> block = serving::V4BlockRecord(m.config, layout, cache, 0);
+  ASSERT_TRUE(block.ok()) << block.status();
+  const std::vector<runtime::Sampled> want = GreedyAfter(model, tokens, 0, 5);
+  v1::DecodeRequest good;
+  good.set_kv_namespace("direct-v4");
+  *good.mutable_layout() = kvblock::LayoutToProto(layout);
+  for (uint32_t t : tokens) good.add_token_ids(t);
+  for (const kvblock::BlockHash& h : kvblock::ComputeBlockChain("direct-v4", kvblock::LayoutId(layout), kV4Block, tokens))
+    good.add_block_hashes(std::string(kvblock::HashAsBytes(h)));
+  good.set_restore_point(*point);
+  good.mutable_first_token()->set_token_id(want[0].token);
+  good.mutable_limits()->set_max_new_tokens(5);
+  auto decode = v1::Decode::NewStub(MakeChannel(cluster.decode_targets[0]));
+  std::vector<uint32_t> got;
+  const auto run = [&](const v1::DecodeRequest& r) {
+    got.clear();
+    grpc::ClientContext context;
+    auto reader = decode->Decode(&context, r);
+    v1::DecodeResponse e;
+    while (reader->Read(&e)) {
+      if (e.has_token()) got.push_back(e.token().token_id());
+    }
+    return reader->Finish();
+  };
+  const double recomputed = Scrape(cluster.decode_metrics[0], "kvtier_decode_blocks_recomputed_total");
+  const grpc::Status ok = run(good);
+  ASSERT_TRUE(ok.ok()) << ok.error_message();
+  ASSERT_EQ(got.size(), 4u);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], want[i + 1].token) << "token " << i + 1;
+  EXPECT_EQ(Scrape(cluster.decode_metrics[0], "kvtier_decode_blocks_recomputed_total"), recomputed + 3);
+
+  const auto code = [&](const std::function<void(v1::DecodeRequest&)>& change) {
+    v1::DecodeRequest r = good;
+    change(r);
+    return run(r).error_code();
+  };
+  EXPECT_EQ(code([](auto& r) { r.clear_restore_point(); }), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(code([&](auto& r) { (*r.mutable_restore_point())[point->size() / 2] ^= 0x10; }),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(code([&](auto& r) { r.set_restore_point(*block); }), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(code([](auto& r) { r.mutable_tail()->set_token_count(3); }), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
 // DeepSeek-V4 (v4-tiny: a window of 16, ratios 4 and 8) through the
 // services, blocks of 16: the prefill node restores the longest cached
 // prefix that ends at a restore point, and the decode worker continues from
@@ -1141,6 +1200,7 @@ TEST_F(ServingTest, DeepSeekV4ContinuesFromRestorePointsExactly) {
     EXPECT_GE(Scrape(cluster.decode_metrics[0], "kvtier_decode_blocks_written_back_total"), 1.0);
     EXPECT_EQ(Scrape(cluster.decode_metrics[0], "kvtier_decode_blocks_recomputed_total"), 0.0);
     if (shards > 1) continue;
+    ExpectV4DecodeRequestsChecked(m, cluster, rng_.engine());
 
     cluster.caches[0].reset();  // the shard is gone: blocks and point travel with the request
     const std::vector<uint32_t> fresh = RandomIds(3 * kV4Block + 1, rng_.engine());
