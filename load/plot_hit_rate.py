@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 # Each --model's layers (trace_replay's ModelShapes).
-MODEL_LAYERS = {"v2-lite": 27, "v3": 61, "v3.2": 61, "kimi-k2": 61}
+MODEL_LAYERS = {"v2-lite": 27, "v3": 61, "v3.2": 61, "kimi-k2": 61, "v4-flash": 43}
 
 
 def main(png_path, *runs_paths):
@@ -30,9 +30,15 @@ def main(png_path, *runs_paths):
                       key=lambda r: r["budget_bytes"])
         whole = MODEL_LAYERS[line[0]] / mine[0]["layers"]  # the model's layers over the run's
         name = ", ".join(part for part, shown in zip(line, (len(models) > 1, True, len(policies) > 1)) if shown)
+        per_token = mine[0]["block_bytes"] * whole / mine[0].get("tokens_per_block", 64)
         ax.plot([r["budget_bytes"] * whole / 2**30 for r in mine], [100 * r["hit_rate"] for r in mine],
-                marker="o", label=f"{name} ({int(mine[0]['block_bytes'] * whole) // 1024} KiB a block)")
-    ax.axhline(100 * runs[0]["ceiling_rate"], color="gray", linestyle="--", label="ceiling (unbounded cache)")
+                marker="o", label=f"{name} ({per_token / 1024:.1f} KiB a token{' + points' if line[0] == 'v4-flash' else ''})")
+    # One ceiling per kind of cache: a V4 prefix restores only where a
+    # restore point was stored, so its ceiling is lower.
+    ceilings = dict.fromkeys((r["model"] == "v4-flash", r["ceiling_rate"]) for r in runs)
+    for (v4, rate), style in zip(ceilings, ("--", ":")):
+        ax.axhline(100 * rate, color="gray", linestyle=style,
+                   label="ceiling, restore points (unbounded cache)" if v4 else "ceiling (unbounded cache)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel(f"cache memory for all of {' / '.join(models)}'s layers (GiB)")
     ax.set_ylabel("prompt tokens served from the cache (%)")

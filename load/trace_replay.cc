@@ -5,6 +5,7 @@
 //
 //   trace_replay --trace T.jsonl --layouts expanded,bf16,int8,int4
 //                --budgets 64MiB,256MiB,1GiB [--model v3.2] [--layers 27] [--json]
+//   trace_replay --trace T.jsonl --model v4-flash --layouts fp8 --budgets ...
 //
 // Each (eviction, layout, budget) gets a fresh cache whose device tier (in
 // host memory) is the budget; its host tier is one page, so what does not
@@ -13,6 +14,9 @@
 // layer; 16, 128 or 64 heads of 128 + 64 K and 128 V expanded; V3.2 adds
 // its indexer's key, 128 FP8 codes and a scale, to every layout), with
 // --layers of its layers: fewer scale a run down, and the budgets with it.
+// DeepSeek-V4-Flash (v4-flash) has one layout, its own: blocks of
+// compressed entries and indexer keys, and restore points (block format
+// 3), at 43 layers or the first --layers of its schedule.
 #include <signal.h>
 
 #include <cstdio>
@@ -28,6 +32,7 @@
 #include "services/base/byte_size.h"
 #include "services/base/child_process.h"
 #include "services/base/flags.h"
+#include "services/base/status.h"
 #include "services/kvblock/block_format.h"
 #include "services/rpc/client_identity.h"
 
@@ -42,11 +47,41 @@ struct ModelShape {
   uint32_t layers;
   uint32_t heads;
   uint32_t indexer_dim = 0;
+  bool v4 = false;
 };
 const std::vector<ModelShape>& ModelShapes() {
-  static const auto* shapes =
-      new std::vector<ModelShape>{{"v2-lite", 27, 16}, {"v3", 61, 128}, {"v3.2", 61, 128, 128}, {"kimi-k2", 61, 64}};
+  static const auto* shapes = new std::vector<ModelShape>{{"v2-lite", 27, 16},
+                                                          {"v3", 61, 128},
+                                                          {"v3.2", 61, 128, 128},
+                                                          {"kimi-k2", 61, 64},
+                                                          {"v4-flash", 43, 64, 128, true}};
   return *shapes;
+}
+
+// DeepSeek-V4-Flash's first `layers` layers as it is released: two
+// window-only layers, ratios 4 and 128 alternating, a last 4; entries of
+// 512 (64 rotated) in its FP8, MXFP4 indexer keys of 128, a window of 128.
+absl::StatusOr<kvblock::LatentLayout> V4FlashLayout(const std::string& name, uint32_t layers,
+                                                    uint32_t tokens_per_block) {
+  if (name != "fp8") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout '", name, "': v4-flash stores its entries in its own FP8 (--layouts fp8)"));
+  }
+  kvblock::LatentLayout layout{.model_id = "trace-replay-v4-flash",
+                               .num_layers = layers,
+                               .kv_lora_rank = 512,
+                               .rope_dim = 64,
+                               .tokens_per_block = tokens_per_block,
+                               .codec = kernels::Codec::kFp8,
+                               .block_format_version = kvblock::kV4BlockFormatVersion,
+                               .indexer_dim = 128,
+                               .indexer_encoding = kvblock::IndexerEncoding::kMxfp4};
+  for (uint32_t l = 0; l < layers; ++l) {
+    layout.compress_ratios.push_back(l < 2 ? 0 : l % 2 == 0 ? 4 : 128);
+  }
+  layout.sliding_window = 128;
+  KVTIER_RETURN_IF_ERROR(kvblock::ValidateLayout(layout));
+  return layout;
 }
 
 // A layer of `model` as `name` stores it: latents in a codec, or the
@@ -58,6 +93,7 @@ const std::vector<ModelShape>& ModelShapes() {
 // own, a few bytes more a token than one key).
 absl::StatusOr<kvblock::LatentLayout> LayoutNamed(const std::string& name, const ModelShape& model, uint32_t layers,
                                                   uint32_t tokens_per_block) {
+  if (model.v4) return V4FlashLayout(name, layers, tokens_per_block);
   kvblock::LatentLayout layout{.model_id = "trace-replay-" + model.name + "-" + name,
                                .num_layers = layers,
                                .kv_lora_rank = 512,
@@ -93,7 +129,8 @@ struct Options {
   uint64_t page_size = 16384;
   std::string model = "v2-lite";
   uint64_t layers = 0;  // 0: all of the model's
-  uint64_t tokens_per_block = 64;
+  uint64_t tokens_per_block = 0;  // 0: 64, or v4-flash's largest ratio, 128
+  uint64_t restore_every = 0;
   uint64_t limit = 0;
   double time_scale = 0;
   bool write_back = false;
@@ -125,7 +162,8 @@ absl::StatusOr<ReplayResult> ReplayOnFreshCache(const Options& o, const std::vec
   if (port <= 0) return absl::UnavailableError(absl::StrCat(o.cache_binary, " did not start"));
   cache::CacheClient client(MakeChannel("127.0.0.1:" + std::to_string(port)), absl::Minutes(5));
   const BlockMapping mapping{.tokens_per_block = static_cast<uint32_t>(o.tokens_per_block),
-                             .layout_id = kvblock::LayoutId(layout)};
+                             .layout_id = kvblock::LayoutId(layout),
+                             .restore_every = static_cast<uint32_t>(o.restore_every)};
   absl::StatusOr<ReplayResult> result = Replay(requests, client, layout, mapping, o.time_scale, o.write_back);
   cache.Stop(SIGTERM);
   return result;
@@ -138,13 +176,13 @@ void PrintJson(const Options& o, const std::vector<Row>& rows) {
     std::cout << (i ? ",\n " : "")
               << absl::StrFormat(
                      "{\"eviction\": \"%s\", \"model\": \"%s\", \"layout\": \"%s\", \"layers\": %d, "
-                     "\"budget_bytes\": %d, "
+                     "\"tokens_per_block\": %d, \"restore_every\": %d, \"budget_bytes\": %d, "
                      "\"block_bytes\": %d, \"requests\": %d, \"prompt_tokens\": %d, \"hit_tokens\": %d, "
                      "\"hit_rate\": %.4f, \"ceiling_rate\": %.4f, \"bytes_put\": %d, \"bytes_got\": %d, "
                      "\"written_back\": %d, \"demotions\": %d, \"evictions\": %d}",
-                     r.eviction, o.model, r.layout, o.layers, r.budget, r.block_bytes, r.result.requests,
-                     r.result.prompt_tokens, r.result.hit_tokens, r.result.HitRate(), r.result.CeilingRate(),
-                     r.result.bytes_put, r.result.bytes_got, r.result.written_back,
+                     r.eviction, o.model, r.layout, o.layers, o.tokens_per_block, o.restore_every, r.budget,
+                     r.block_bytes, r.result.requests, r.result.prompt_tokens, r.result.hit_tokens, r.result.HitRate(),
+                     r.result.CeilingRate(), r.result.bytes_put, r.result.bytes_got, r.result.written_back,
                      TierCounter(r.result.stats, &v1::TierStats::demotions),
                      TierCounter(r.result.stats, &v1::TierStats::evictions));
   }
@@ -152,8 +190,9 @@ void PrintJson(const Options& o, const std::vector<Row>& rows) {
 }
 
 void PrintTable(const Options& o, size_t requests, const std::vector<Row>& rows) {
-  std::printf("%zu requests, %s, %d layers, blocks of %d tokens\n", requests, o.model.c_str(),
-              static_cast<int>(o.layers), static_cast<int>(o.tokens_per_block));
+  std::printf("%zu requests, %s, %d layers, blocks of %d tokens%s\n", requests, o.model.c_str(),
+              static_cast<int>(o.layers), static_cast<int>(o.tokens_per_block),
+              o.restore_every > 0 ? absl::StrCat(", a restore point every ", o.restore_every, " blocks").c_str() : "");
   std::printf("%-11s %-9s %10s %12s %9s %9s %12s %12s %10s\n", "eviction", "layout", "budget", "block bytes",
               "hit rate", "ceiling", "tokens saved", "evicted", "GiB put");
   for (const Row& r : rows) {
@@ -179,8 +218,16 @@ int Run(Options o) {
     if (m.name == o.model) model = &m;
   }
   if (model == nullptr) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat("--model ", o.model, " is not v2-lite, v3, v3.2 or kimi-k2")),
-                2);
+    return Fail(
+        absl::InvalidArgumentError(absl::StrCat("--model ", o.model, " is not v2-lite, v3, v3.2, kimi-k2 or v4-flash")),
+        2);
+  }
+  if (o.tokens_per_block == 0) o.tokens_per_block = model->v4 ? 128 : 64;
+  if (512 % o.tokens_per_block != 0) {
+    return Fail(absl::InvalidArgumentError("--tokens-per-block must divide 512 (the trace's blocks)"), 2);
+  }
+  if (model->v4 && o.write_back) {
+    return Fail(absl::InvalidArgumentError("--write-back is not modelled for v4-flash"), 2);
   }
   if (o.layers == 0) o.layers = model->layers;
   if (o.layers > model->layers) {
@@ -242,15 +289,21 @@ int main(int argc, char** argv) {
   flags.AddString("trace", &o.trace, "JSON lines: timestamp, input_length, output_length, hash_ids (512-token blocks)");
   flags.AddString("evictions", &o.evictions,
                   "comma-separated kvtier-cache --eviction policies: adaptive, leaf-first, lru");
-  flags.AddString("layouts", &o.layouts, "comma-separated: expanded (per-head K/V, bf16), bf16, fp8, int8, int4");
+  flags.AddString("layouts", &o.layouts,
+                  "comma-separated: expanded (per-head K/V, bf16), bf16, fp8, int8, int4 (v4-flash: fp8)");
   flags.AddString("budgets", &o.budgets, "comma-separated cache memory budgets, e.g. 256MiB,1GiB");
   flags.AddString("model", &o.model,
-                  "whose attention to store: v2-lite (27 layers), v3, v3.2 (with indexer keys) or kimi-k2 (61 layers)");
+                  "whose attention to store: v2-lite (27 layers), v3, v3.2 (with indexer keys), kimi-k2 (61 layers) "
+                  "or v4-flash (43 layers: compressed entries, indexer keys and restore points)");
   flags.AddUint("layers", &o.layers, "layers of the model's to store (0: all; fewer scale a run down)");
   flags.AddUint("page-size", &o.page_size,
                 "the cache's --page-size: with fewer layers, a smaller page keeps a block's rounding up to whole "
                 "pages near what all the model's layers see");
-  flags.AddUint("tokens-per-block", &o.tokens_per_block, "kvtier block size; divides 512");
+  flags.AddUint("tokens-per-block", &o.tokens_per_block,
+                "kvtier block size; divides 512 (default 64; v4-flash: a multiple of 128, default 128)");
+  flags.AddUint("restore-every", &o.restore_every,
+                "v4-flash: also store a restore point after every multiple of this many blocks, as kvtier-prefill "
+                "--restore-every does (0: only at each prompt's last boundary)");
   flags.AddUint("limit", &o.limit, "replay at most this many requests (0: all)");
   flags.AddString("time-scale", &time_scale, "replay at this multiple of the trace's speed (0: as fast as possible)");
   flags.AddBool("write-back", &o.write_back,
@@ -260,9 +313,8 @@ int main(int argc, char** argv) {
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "trace_replay")) {
     return *exit;
   }
-  if (o.trace.empty() || o.tokens_per_block < 1 || 512 % o.tokens_per_block != 0 ||
-      !absl::SimpleAtod(time_scale, &o.time_scale) || o.time_scale < 0) {
-    std::fprintf(stderr, "trace_replay: --trace is required; --tokens-per-block divides 512, --time-scale >= 0\n");
+  if (o.trace.empty() || !absl::SimpleAtod(time_scale, &o.time_scale) || o.time_scale < 0) {
+    std::fprintf(stderr, "trace_replay: --trace is required; --time-scale >= 0\n");
     return 2;
   }
   return kvtier::load::Run(o);

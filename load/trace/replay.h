@@ -38,7 +38,11 @@ struct ReplayResult {
 // `write_back`, the blocks a request's answer fills (whole blocks of prompt
 // and output past the prompt's) are stored after it, as a decode worker
 // writes them back: new content, which the trace's later ids never name,
-// so they only take room.
+// so they only take room. A DeepSeek-V4 layout's requests are served as
+// kvtier-prefill serves them: the prefix restorable from a stored point
+// (docs/protocol.md, "Block keys"), the new blocks and the points at the
+// prompt's last boundary (and every mapping.restore_every blocks) stored;
+// no write-back.
 absl::StatusOr<ReplayResult> Replay(const std::vector<TraceRequest>& requests, cache::CacheClient& cache,
                                     const kvblock::LatentLayout& layout, const BlockMapping& mapping,
                                     double time_scale = 0, bool write_back = false);

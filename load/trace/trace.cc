@@ -66,4 +66,26 @@ std::vector<uint64_t> UnboundedHitTokens(const std::vector<TraceRequest>& reques
   return hits;
 }
 
+size_t RestoreBlocks(const TraceRequest& request, const BlockMapping& mapping, size_t chain_size) {
+  if (request.input_length == 0) return 0;
+  return std::min<size_t>(chain_size, (request.input_length - 1) / mapping.tokens_per_block);
+}
+
+std::vector<uint64_t> UnboundedRestorableTokens(const std::vector<TraceRequest>& requests,
+                                                const BlockMapping& mapping) {
+  std::set<kvblock::BlockHash> stored, points;  // points by the block before them
+  std::vector<uint64_t> hits;
+  for (const TraceRequest& r : requests) {
+    const std::vector<kvblock::BlockHash> chain = RequestBlocks(r, mapping);
+    const size_t restore = RestoreBlocks(r, mapping, chain.size());
+    size_t prefix = 0;
+    while (prefix < restore && stored.contains(chain[prefix])) ++prefix;
+    while (prefix > 0 && !points.contains(chain[prefix - 1])) --prefix;
+    hits.push_back(prefix * mapping.tokens_per_block);
+    stored.insert(chain.begin(), chain.end());
+    for (size_t m : kvblock::NewRestorePoints(0, restore, mapping.restore_every)) points.insert(chain[m - 1]);
+  }
+  return hits;
+}
+
 }  // namespace kvtier::load

@@ -35,6 +35,10 @@ struct BlockMapping {
   uint32_t tokens_per_block = 64;     // kvtier's block; divides trace_block_tokens
   uint64_t layout_id = 0;
   std::string ns = "trace";
+  // DeepSeek-V4: besides the one at a prompt's last boundary, a restore
+  // point after every block count that is a multiple of this (0: none),
+  // as kvtier-prefill --restore-every stores them.
+  uint32_t restore_every = 0;
 };
 
 // The keys of the whole kvtier blocks of `request`'s prompt, in order: each
@@ -48,6 +52,17 @@ std::vector<kvblock::BlockHash> RequestBlocks(const TraceRequest& request, const
 // request in turn: the trace's ceiling (every request's blocks are stored
 // after it is served).
 std::vector<uint64_t> UnboundedHitTokens(const std::vector<TraceRequest>& requests, const BlockMapping& mapping);
+
+// A DeepSeek-V4 request's blocks that a continuation restores from: those
+// before the last block boundary ahead of its prompt's last token, where a
+// prefill node stores the restore point.
+size_t RestoreBlocks(const TraceRequest& request, const BlockMapping& mapping, size_t chain_size);
+
+// The ceiling for DeepSeek-V4, whose prefix is restored only where a
+// restore point is stored: each request stores its blocks and its
+// kvblock::NewRestorePoints, and is served the longest prefix of its RestoreBlocks
+// ending at a stored point.
+std::vector<uint64_t> UnboundedRestorableTokens(const std::vector<TraceRequest>& requests, const BlockMapping& mapping);
 
 }  // namespace kvtier::load
 

@@ -54,6 +54,15 @@ std::string_view HashAsBytes(const BlockHash& hash) {
 
 BlockHash RestorePointKey(const BlockHash& block) { return Sha256({"kvtier.v4.restore", HashAsBytes(block)}); }
 
+std::vector<size_t> NewRestorePoints(size_t cached_blocks, size_t restore_blocks, uint32_t every) {
+  std::vector<size_t> points;
+  for (size_t m = every > 0 ? (cached_blocks / every + 1) * every : restore_blocks; m < restore_blocks; m += every) {
+    points.push_back(m);
+  }
+  if (restore_blocks > cached_blocks) points.push_back(restore_blocks);
+  return points;
+}
+
 std::string HashToHex(const BlockHash& hash) {
   const std::string_view bytes = HashAsBytes(hash);
   return absl::BytesToHexString(absl::string_view(bytes.data(), bytes.size()));

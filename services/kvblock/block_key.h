@@ -42,6 +42,12 @@ std::vector<BlockHash> ComputeBlockChain(std::string_view namespace_salt, uint64
 // client finds it from the chain it already has.
 BlockHash RestorePointKey(const BlockHash& block);
 
+// Where a writer of a V4 sequence whose first `cached_blocks` came from
+// the cache stores new restore points (as block counts, ascending): after
+// each multiple of `every` blocks (0: none) up to `restore_blocks`, and
+// after `restore_blocks` itself, where a continuation starts.
+std::vector<size_t> NewRestorePoints(size_t cached_blocks, size_t restore_blocks, uint32_t every);
+
 std::string HashToHex(const BlockHash& hash);
 std::string_view HashAsBytes(const BlockHash& hash);
 // INVALID_ARGUMENT unless `bytes` is exactly 32 bytes.

@@ -25,6 +25,7 @@ struct Flags {
   uint64_t max_generations_per_tenant = PrefillOptions{}.max_generations_per_tenant;
   uint64_t max_generations_per_client = PrefillOptions{}.max_generations_per_client;
   uint64_t max_concurrent_prefills = PrefillOptions{}.max_concurrent_prefills;
+  uint64_t restore_every = PrefillOptions{}.restore_every;
 };
 
 int Run(const Flags& f) {
@@ -77,6 +78,7 @@ int Run(const Flags& f) {
   options.max_generations_per_tenant = f.max_generations_per_tenant;
   options.max_generations_per_client = f.max_generations_per_client;
   options.max_concurrent_prefills = f.max_concurrent_prefills;
+  options.restore_every = static_cast<uint32_t>(std::min<uint64_t>(f.restore_every, UINT32_MAX));
   PrefillService service(s->model.get(), s->model_id, s->shards.get(), s->registry.get(), options);
   std::atomic<size_t> decoders = 0;  // the discovery's thread updates it
   absl::StatusOr<std::unique_ptr<PeerDiscovery>> discovery = PeerDiscovery::Start(
@@ -124,6 +126,10 @@ int main(int argc, char** argv) {
   flags.AddUint("max-concurrent-prefills", &f.max_concurrent_prefills,
                 "prompts prefilled at once (each a thread); more wait their turn. A burst prefilled together "
                 "reaches the decode workers together, in full batches");
+  flags.AddUint("restore-every", &f.restore_every,
+                "DeepSeek-V4: besides the restore point at each prompt's last block boundary, store one after every "
+                "multiple of this many blocks (each costs the window's entries in every layer), so prompts that "
+                "share a prefix no prompt ended at restore near its end; 0: only at prompts' ends");
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "kvtier-prefill")) {
     return *exit;
   }

@@ -184,26 +184,35 @@ absl::StatusOr<PrefillService::Pass> PrefillService::PrefillV4(const v1::Generat
       }
     }
   }
-  // Up to the boundary, where the restore point is taken, then the rest.
-  const size_t boundary = restore_blocks * tpb, cached = p.cached_blocks * tpb;
-  if (boundary > cached) {
-    KVTIER_RETURN_IF_ERROR(model_.Prefill(prompt.subspan(cached, boundary - cached), p.cache, p.logits));
+  // In passes that stop where new restore points are taken (the last at
+  // the boundary the decode worker continues from), then the rest.
+  std::vector<std::pair<size_t, std::string>> points;  // after this many blocks, the record
+  for (size_t at = p.cached_blocks;
+       size_t m : kvblock::NewRestorePoints(p.cached_blocks, restore_blocks, options_.restore_every)) {
+    KVTIER_RETURN_IF_ERROR(model_.Prefill(prompt.subspan(at * tpb, (m - at) * tpb), p.cache, p.logits));
+    KVTIER_ASSIGN_OR_RETURN(std::string point, serving::V4RestorePointRecord(c, layout_, p.cache));
+    points.emplace_back(m, std::move(point));
+    at = m;
   }
-  if (restore_blocks > 0) {
+  // The decode worker's point: the last new one, or where the cached
+  // prefix ended.
+  if (!points.empty()) {
+    p.restore_point = points.back().second;
+  } else if (restore_blocks > 0) {
     KVTIER_ASSIGN_OR_RETURN(p.restore_point, serving::V4RestorePointRecord(c, layout_, p.cache));
   }
-  KVTIER_RETURN_IF_ERROR(model_.Prefill(prompt.subspan(boundary), p.cache, p.logits));
-  // The new blocks, and the point when it is new, go to their shards (a
-  // reader's blocks go to the decode worker inline).
+  KVTIER_RETURN_IF_ERROR(model_.Prefill(prompt.subspan(restore_blocks * tpb), p.cache, p.logits));
+  // The new blocks and points go to their shards (a reader's blocks go to
+  // the decode worker inline).
   cache::ShardedPut put(shards_, ns, layout_, options_.cache_deadline, acting_for);
   if (caller.MayWrite()) {
     for (size_t b = p.cached_blocks; b < chain.size(); ++b) {
       absl::StatusOr<std::string> record = serving::V4BlockRecord(c, layout_, p.cache, b);
       if (record.ok()) put.Write(chain[b], *std::move(record));
     }
-    if (restore_blocks > p.cached_blocks) {
-      const kvblock::BlockHash& block = chain[restore_blocks - 1];
-      put.Write(kvblock::RestorePointKey(block), p.restore_point, block);  // the point lives on its block's shard
+    for (auto& [m, point] : points) {
+      const kvblock::BlockHash& block = chain[m - 1];
+      put.Write(kvblock::RestorePointKey(block), std::move(point), block);  // the point lives on its block's shard
     }
   }
   p.stored = put.Finish();

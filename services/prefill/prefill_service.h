@@ -52,6 +52,11 @@ struct PrefillOptions {
   // prefilled together reach the decode workers together, so their first
   // steps carry full batches; the default matches a decode worker's batch.
   uint64_t max_concurrent_prefills = 32;
+  // DeepSeek-V4: besides the restore point at each prompt's last boundary,
+  // one after every multiple of this many blocks (0: none), so that
+  // prompts sharing a prefix that no prompt ended at can restore near its
+  // end.
+  uint32_t restore_every = 8;
 };
 
 class PrefillService final : public v1::Prefill::CallbackService {
@@ -100,10 +105,10 @@ class PrefillService final : public v1::Prefill::CallbackService {
                                   const std::vector<kvblock::BlockHash>& chain, const std::string& ns,
                                   const Caller& caller);
   // DeepSeek-V4: restored from the longest cached prefix that ends at a
-  // restore point, the rest prefilled in two passes around the last
-  // boundary before the prompt's last token, where the restore point the
-  // decode worker continues from is taken (and stored, with the new
-  // blocks).
+  // restore point, the rest prefilled in passes that stop where new
+  // restore points are taken (kvblock::NewRestorePoints): the last at the
+  // last boundary before the prompt's last token, where the decode worker
+  // continues. The points are stored with the new blocks.
   absl::StatusOr<Pass> PrefillV4(const v1::GenerateRequest& request, std::span<const uint32_t> prompt,
                                  const std::vector<kvblock::BlockHash>& chain, const std::string& ns,
                                  const Caller& caller);

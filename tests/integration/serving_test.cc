@@ -1202,6 +1202,19 @@ TEST_F(ServingTest, DeepSeekV4ContinuesFromRestorePointsExactly) {
     if (shards > 1) continue;
     ExpectV4DecodeRequestsChecked(m, cluster, rng_.engine());
 
+    // Two prompts that share 9 blocks, which neither ends at: the first
+    // stored a point after block 8 as well (--restore-every's default), so
+    // the second restores 8 blocks.
+    const std::vector<uint32_t> shared = RandomIds(9 * kV4Block, rng_.engine());
+    std::vector<uint32_t> a = shared, b = shared;
+    for (uint32_t t : RandomIds(20, rng_.engine())) a.push_back(t);
+    for (uint32_t t : RandomIds(30, rng_.engine())) b.push_back(t);
+    ASSERT_TRUE(cluster.Generate(Request(a, 2)).ok());
+    absl::StatusOr<RemoteGeneration> sharing = cluster.Generate(Request(b, 4));
+    ASSERT_TRUE(sharing.ok()) << sharing.status();
+    EXPECT_EQ(sharing->usage.cached_tokens(), 8 * kV4Block);
+    ExpectSameGeneration(sharing->tokens, GreedyAfter(*m.model, b, 0, 4), 1e-6);
+
     cluster.caches[0].reset();  // the shard is gone: blocks and point travel with the request
     const std::vector<uint32_t> fresh = RandomIds(3 * kV4Block + 1, rng_.engine());
     absl::StatusOr<RemoteGeneration> alone = cluster.Generate(Request(fresh, 5));

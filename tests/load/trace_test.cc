@@ -11,6 +11,7 @@
 #include "services/base/child_process.h"
 #include "services/kvblock/block_format.h"
 #include "services/rpc/client_identity.h"
+#include "tests/v4_records.h"
 
 namespace kvtier::load {
 namespace {
@@ -76,6 +77,29 @@ TEST(Trace, CeilingIsWhatAnUnboundedCacheServes) {
   EXPECT_EQ(UnboundedHitTokens(Parse(kTrace), {.tokens_per_block = 64}), (std::vector<uint64_t>{0, 1024, 1280, 0}));
 }
 
+// DeepSeek-V4, blocks of 128: a prefix restores only where a point was
+// stored (after a request's last block before its last token):
+//   1: 10 blocks, none stored: 0; stores the point after block 9
+//   2: ids 1 2 shared (8 blocks) but no point after block 7: 0
+//   3: the 10 blocks of request 1 and its point: 1280 tokens
+//   4: no whole block: 0
+TEST(Trace, V4CeilingRestoresOnlyWherePointsWereStored) {
+  const std::vector<TraceRequest> requests = Parse(kTrace);
+  const BlockMapping mapping{.tokens_per_block = 128};
+  EXPECT_EQ(RestoreBlocks(requests[0], mapping, 10), 10u);
+  EXPECT_EQ(RestoreBlocks(requests[1], mapping, 12), 11u) << "1535 / 128";
+  EXPECT_EQ(UnboundedRestorableTokens(requests, mapping), (std::vector<uint64_t>{0, 0, 1280, 0}));
+  // A point every 4 blocks as well: request 1 stores them after 4, 8 and
+  // 10, so request 2 restores its 8 shared blocks.
+  const BlockMapping every_4{.tokens_per_block = 128, .restore_every = 4};
+  EXPECT_EQ(kvblock::NewRestorePoints(0, 10, 4), (std::vector<size_t>{4, 8, 10}));
+  EXPECT_EQ(kvblock::NewRestorePoints(8, 10, 4), (std::vector<size_t>{10}));
+  EXPECT_EQ(kvblock::NewRestorePoints(3, 8, 4), (std::vector<size_t>{4, 8}));
+  EXPECT_EQ(kvblock::NewRestorePoints(8, 8, 4), (std::vector<size_t>{}));
+  EXPECT_EQ(kvblock::NewRestorePoints(2, 7, 0), (std::vector<size_t>{7}));
+  EXPECT_EQ(UnboundedRestorableTokens(requests, every_4), (std::vector<uint64_t>{0, 1024, 1280, 0}));
+}
+
 kvblock::LatentLayout SmallLayout() {
   return {
       .model_id = "trace-test", .num_layers = 2, .kv_lora_rank = 512, .rope_dim = 64, .codec = kernels::Codec::kInt8};
@@ -128,6 +152,34 @@ TEST(Replay, WriteBackStoresTheBlocksAnswersFill) {
   EXPECT_EQ(written.bytes_put, plain.bytes_put + record);
   EXPECT_EQ(written.hit_tokens, plain.hit_tokens);
   EXPECT_EQ(written.stats.blocks_stored(), plain.stats.blocks_stored() + 1);
+}
+
+// The same trace over a real cache in a small V4 layout: with room it
+// serves the ceiling, reading request 1's blocks and point for request 3,
+// and puts each request's blocks with the point at its last boundary.
+TEST(Replay, V4ThroughARealCacheRestoresFromItsPoints) {
+  ChildProcess cache({KVTIER_CACHE_BINARY, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--device-memory", "host",
+                      "--device-capacity", "64MiB", "--host-capacity", "16KiB"});
+  const int port = cache.WaitForListeningPort();
+  ASSERT_GT(port, 0);
+  cache::CacheClient client(MakeChannel("127.0.0.1:" + std::to_string(port)), absl::Seconds(30));
+  kvblock::LatentLayout layout = testing::SmallV4Layout();
+  layout.tokens_per_block = 128;
+  absl::StatusOr<ReplayResult> r =
+      Replay(Parse(kTrace), client, layout, {.tokens_per_block = 128, .layout_id = kvblock::LayoutId(layout)});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->ceiling_tokens, 1280u);
+  EXPECT_EQ(r->hit_tokens, 1280u);
+  const size_t block = kvblock::HeaderFor(layout, 0, layout.num_layers).RecordBytes();
+  const size_t point =
+      kernels::V4RestorePointBytes(layout.V4Parts(), 1280) + kvblock::kBlockHeaderBytes + kvblock::kBlockTrailerBytes;
+  EXPECT_EQ(r->bytes_got, 10 * block + point);
+  EXPECT_EQ(r->bytes_put, (10 + 12) * block + 2 * point) << "request 1's and 2's blocks and points";
+  EXPECT_EQ(Replay(Parse(kTrace), client, layout, {.tokens_per_block = 128, .layout_id = kvblock::LayoutId(layout)}, 0,
+                   /*write_back=*/true)
+                .status()
+                .code(),
+            absl::StatusCode::kUnimplemented);
 }
 
 }  // namespace
