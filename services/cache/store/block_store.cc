@@ -176,6 +176,7 @@ void BlockStore::RecoverLocked() {
     entry->hash = r.hash;
     entry->layout_id = r.layout_id;
     entry->size = r.size;
+    entry->v4_block = r.v4_block;
     entry->tier = tiers_.size() - 1;
     t.lru.push_back(entry.get());
     entry->lru = std::prev(t.lru.end());

@@ -195,7 +195,9 @@ std::vector<DiskRecord> DiskDir::Scan(uint64_t& corrupt) const {
         continue;
       }
       records.push_back({ns, *hash, view->header.layout_id, record->size(),
-                         int64_t{file.st.st_mtim.tv_sec} * 1000000000 + file.st.st_mtim.tv_nsec});
+                         int64_t{file.st.st_mtim.tv_sec} * 1000000000 + file.st.st_mtim.tv_nsec,
+                         view->header.format_version == kvblock::kV4BlockFormatVersion &&
+                             view->header.kind == kvblock::RecordKind::kBlock});
     }
     close(ns_fd);
   }

@@ -1522,6 +1522,40 @@ TEST_P(V4StoreTest, EvictingABlockTakesItsRestorePoint) {
   ExpectWithinCapacity();
 }
 
+// A V4 block found on disk at a restart still takes its restore point
+// when it is evicted: the block, its file older than its point's, goes
+// first (LRU by the files' times), and the point with it.
+TEST_P(V4StoreTest, ABlockRecoveredFromDiskStillTakesItsPoint) {
+  const auto lru = [](StoreOptions& o) { o.eviction = Eviction::kLru; };
+  Open(2, 2, 8, lru);  // a V4 block takes two pages
+  const BlockHash block = Hash(1), point = kvblock::RestorePointKey(block);
+  PutV4({{block, V4Record(kvblock::RecordKind::kBlock)}});
+  PutV4({{point, V4Record(kvblock::RecordKind::kRestorePoint, 16)}});
+  const auto tier = [&](const BlockHash& h) {
+    const MatchResult m = store_->Match("ns", v4_id_, std::span(&h, 1));
+    return m.matched_blocks == 1 ? std::optional<TierKind>(m.tiers[0]) : std::nullopt;
+  };
+  for (int i = 10; tier(point) != TierKind::kDisk && i < 20; ++i) Put(Hash(i));
+  ASSERT_EQ(tier(block), TierKind::kDisk);
+  ASSERT_EQ(tier(point), TierKind::kDisk);
+  // A restart finds them, the block's file the oldest (recovery orders by
+  // the files' times).
+  store_.reset();
+  const auto file = [&](const BlockHash& h) { return disk_dir_ / "ns-ns" / (kvblock::HashToHex(h) + ".kvb"); };
+  std::filesystem::last_write_time(file(block), std::filesystem::file_time_type::clock::now() - std::chrono::hours(2));
+  std::filesystem::last_write_time(file(point), std::filesystem::file_time_type::clock::now() - std::chrono::hours(1));
+  Open(2, 2, 8, lru);
+  // Its file, which eviction removes (a Match would refresh it).
+  const auto stored = [&](const BlockHash& h) { return std::filesystem::exists(file(h)); };
+  ASSERT_TRUE(stored(block));
+  ASSERT_TRUE(stored(point));
+  // Other V4 blocks, small, push it out: evicting it alone makes room.
+  for (int i = 20; stored(block) && i < 200; ++i) PutV4({{Hash(i), V4Record(kvblock::RecordKind::kBlock)}});
+  ASSERT_FALSE(stored(block)) << "the disk tier never evicted the block";
+  EXPECT_FALSE(stored(point)) << "its restore point outlived it";
+  ExpectWithinCapacity();
+}
+
 class SharedSegmentsTest : public BlockStoreTest {};
 
 TEST_P(SharedSegmentsTest, ASegmentChangingNamespaceLeavesOldMappingsWithoutTheNewBytes) {
