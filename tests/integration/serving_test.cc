@@ -1224,6 +1224,20 @@ TEST_F(ServingTest, DeepSeekV4ContinuesFromRestorePointsExactly) {
     EXPECT_GE(Scrape(cluster.decode_metrics[0], "kvtier_decode_blocks_inline_total"), 3.0);
   }
 
+  // A prefill node refuses what it cannot store V4 in.
+  const std::string prefill = std::string(KVTIER_PREFILL_BINARY) +
+                              " --decode 127.0.0.1:1 --listen 127.0.0.1:0 --model " + m.dir() +
+                              " --cache 127.0.0.1:1 --metrics-listen '' ";
+  const CommandResult int8 = RunCommand(prefill + "--kv-codec int8");
+  EXPECT_EQ(int8.exit_code, 2) << int8.output;
+  EXPECT_NE(int8.output.find("--kv-codec int8: a DeepSeek-V4 model's entries are stored in its own FP8"),
+            std::string::npos)
+      << int8.output;
+  const CommandResult blocks = RunCommand(prefill + "--tokens-per-block 12");
+  EXPECT_EQ(blocks.exit_code, 2) << blocks.output;
+  EXPECT_NE(blocks.output.find("is not a multiple of every compress ratio (up to 8)"), std::string::npos)
+      << blocks.output;
+
   // `kvtier up` runs its conversation on it; the second turn restores.
   const CommandResult up =
       RunCommand(std::string(KVTIER_BINARY) + " up --preset v4-tiny --max-new-tokens 8 --dir " + m.dir() + "/up");
