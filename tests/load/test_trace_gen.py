@@ -99,7 +99,15 @@ def test_replay_stores_v3_layouts_expanded_ones_in_parts(tmp_path):
     assert 0 < runs["expanded"]["hit_rate"] < runs["int8"]["hit_rate"]
     bad = subprocess.run([os.environ["KVTIER_TRACE_REPLAY"], "--trace", str(trace), "--model", "v4"],
                          capture_output=True, text=True)
-    assert bad.returncode == 2 and "--model v4 is not v2-lite, v3, v3.2 or kimi-k2" in bad.stderr
+    assert bad.returncode == 2 and "--model v4 is not v2-lite, v3, v3.2, kimi-k2 or v4-flash" in bad.stderr
+    # V4-Flash stores its entries in its own FP8 only, in blocks of whole
+    # 128-token groups.
+    for flags, says in ((["--layouts", "int8"], "v4-flash stores its entries in its own FP8"),
+                        (["--layouts", "fp8", "--tokens-per-block", "64"], "does not divide tokens_per_block 64"),
+                        (["--layouts", "fp8", "--write-back"], "--write-back is not modelled for v4-flash")):
+        bad = subprocess.run([os.environ["KVTIER_TRACE_REPLAY"], "--trace", str(trace), "--model", "v4-flash"] + flags,
+                             capture_output=True, text=True)
+        assert bad.returncode == 2 and says in bad.stderr, (flags, bad.stderr)
 
 
 @pytest.mark.skipif("KVTIER_TRACE_REPLAY" not in os.environ, reason="needs the built trace_replay")
