@@ -17,13 +17,29 @@ struct Ring {
   ptrdiff_t Offset(size_t i) const { return static_cast<ptrdiff_t>(i % slots * width); }
 };
 
+V4CompressorMark MarkCompressor(const V4CompressorState& s, bool may_close) {
+  V4CompressorMark m{.kv = s.kv.size(), .score = s.score.size()};
+  if (may_close) m.whole = s;
+  return m;
+}
+
+void UndoCompressor(V4CompressorState& s, V4CompressorMark& m) {
+  if (m.whole.has_value()) {
+    s = std::move(*m.whole);
+  } else {
+    s.kv.resize(m.kv);
+    s.score.resize(m.score);
+  }
+}
+
 }  // namespace
 
 CacheMark MarkCache(const SequenceCache& cache, size_t tokens, const ModelConfig& config) {
   CacheMark mark;
   mark.length = cache.length;
   const Ring ring(config);
-  for (const V4LayerState& layer : cache.v4) {
+  for (size_t l = 0; l < cache.v4.size(); ++l) {
+    const V4LayerState& layer = cache.v4[l];
     V4LayerMark& m = mark.v4.emplace_back();
     m.first_slot = static_cast<size_t>(cache.length) % ring.slots;
     for (size_t i = 0; i < std::min(tokens, ring.slots); ++i) {
@@ -32,8 +48,10 @@ CacheMark MarkCache(const SequenceCache& cache, size_t tokens, const ModelConfig
     }
     m.compressed = layer.compressed.size();
     m.index_keys = layer.index_keys.size();
-    m.compressor = layer.compressor;
-    m.index_compressor = layer.index_compressor;
+    const int64_t ratio = config.v4->compress_ratios[l];
+    const bool may_close = ratio > 0 && cache.length % ratio + static_cast<int64_t>(tokens) >= ratio;
+    m.compressor = MarkCompressor(layer.compressor, may_close);
+    m.index_compressor = MarkCompressor(layer.index_compressor, may_close);
   }
   // The tail holds the tokens past the last full block.
   const bool may_seal = static_cast<size_t>(cache.length % cache.tokens_per_block) + tokens >= cache.tokens_per_block;
@@ -57,8 +75,8 @@ void UndoToMark(SequenceCache& cache, CacheMark mark, const ModelConfig& config)
     }
     layer.compressed.resize(m.compressed);
     layer.index_keys.resize(m.index_keys);
-    layer.compressor = std::move(m.compressor);
-    layer.index_compressor = std::move(m.index_compressor);
+    UndoCompressor(layer.compressor, m.compressor);
+    UndoCompressor(layer.index_compressor, m.index_compressor);
   }
   for (size_t l = 0; l < cache.tail.size(); ++l) {
     std::vector<SealedBlock>& blocks = cache.blocks[l];

@@ -7,20 +7,29 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "services/runtime/model.h"
 
 namespace kvtier::runtime {
 
+// A V4 compressor before the pass: how many open rows it held (a pass that
+// closes no group only appends to them), or, when the pass may close a
+// group (which clears them and replaces the last group's), all of it.
+struct V4CompressorMark {
+  size_t kv = 0, score = 0;
+  std::optional<V4CompressorState> whole = std::nullopt;
+};
+
 // A DeepSeek-V4 layer's state before the pass: the window slots the pass
 // overwrites (from slot `first_slot` on, wrapping), how many compressed
-// entries and keys it held, and its compressors' open rows.
+// entries and keys it held, and its compressors.
 struct V4LayerMark {
   size_t first_slot = 0;
   std::vector<float> slots;
   size_t compressed = 0, index_keys = 0;
-  V4CompressorState compressor, index_compressor;
+  V4CompressorMark compressor, index_compressor;
 };
 
 struct CacheMark {
@@ -34,7 +43,8 @@ struct CacheMark {
 // more tokens. The tails are copied
 // only when the pass can fill a block (sealing moves tail rows into it);
 // otherwise the mark is a few counts. A V4 sequence's mark copies the
-// window slots the pass overwrites and the compressors' open rows.
+// window slots the pass overwrites, and its compressors only where the
+// pass may close a group.
 CacheMark MarkCache(const SequenceCache& cache, size_t tokens, const ModelConfig& config);
 
 // Puts `cache` back as it was when marked (`config`: the model's).
