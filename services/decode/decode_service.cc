@@ -146,13 +146,13 @@ std::vector<absl::StatusOr<cache::SharedRecord>> DecodeService::FetchBlocks(
   return out;
 }
 
-void DecodeService::WriteBack(DecodeSequence& s, const kvblock::BlockHash& key, absl::StatusOr<std::string> record,
+bool DecodeService::WriteBack(DecodeSequence& s, const kvblock::BlockHash& key, absl::StatusOr<std::string> record,
                               const std::optional<kvblock::BlockHash>& shard_key) {
-  if (!s.write_back || !record.ok()) return;
-  if (const uint64_t ticket = writer_.Enqueue(s.ns, s.layout, key, *std::move(record), s.acting_for, shard_key);
-      ticket != 0) {
-    s.last_write = ticket;
-  }
+  if (!s.write_back || !record.ok()) return false;
+  const uint64_t ticket = writer_.Enqueue(s.ns, s.layout, key, *std::move(record), s.acting_for, shard_key);
+  if (ticket == 0) return false;
+  s.last_write = ticket;
+  return true;
 }
 
 absl::Status DecodeService::LoadMla(const v1::DecodeRequest& r, std::span<const std::string* const> inline_records,
@@ -210,7 +210,8 @@ absl::Status DecodeService::LoadV4(const v1::DecodeRequest& r, std::span<const s
     return absl::InvalidArgumentError(absl::StrCat("restore_point must be the record after the first ", restore_blocks,
                                                    " blocks", restore_blocks == 0 ? " (none)" : ""));
   }
-  // What came with the request must be whole records of the right kind.
+  // What came with the request must be whole records of the right kind
+  // (their CRC checked here; a fetched record's was as it landed).
   const auto point = std::make_shared<const std::string>(r.restore_point());
   if (restore_blocks > 0) {
     if (absl::Status st = serving::CheckV4Record(*point, s.layout, kvblock::RecordKind::kRestorePoint); !st.ok()) {
@@ -237,7 +238,7 @@ absl::Status DecodeService::LoadV4(const v1::DecodeRequest& r, std::span<const s
     }
   }
   if (restored.ok() && restore_blocks > 0) {
-    restored = serving::RestoreV4Records(c, s.layout, records, point, kvblock::CrcCheck::kCheck, s.cache);
+    restored = serving::RestoreV4Records(c, s.layout, records, point, kvblock::CrcCheck::kCheckedBefore, s.cache);
   }
   std::vector<float> scratch(c.vocab_size);
   if (restored.ok()) {
@@ -267,17 +268,17 @@ void DecodeService::OnSealed(DecodeSequence& s, size_t block) {
   const uint32_t tpb = s.layout.tokens_per_block;
   s.chain.push_back(kvblock::ChainHash(s.ns, block == 0 ? kvblock::kNoParent : s.chain[block - 1],
                                        kvblock::LayoutId(s.layout), std::span(s.tokens).subspan(block * tpb, tpb)));
-  const uint64_t before = s.last_write;
-  if (!s.layout.IsV4()) {
-    WriteBack(s, s.chain.back(), serving::BlockRecord(s.layout, s.cache, block, 0, s.layout.num_layers));
-  } else {
-    WriteBack(s, s.chain.back(), serving::V4BlockRecord(model_.config(), s.layout, s.cache, block));
+  if (WriteBack(s, s.chain.back(),
+                s.layout.IsV4() ? serving::V4BlockRecord(model_.config(), s.layout, s.cache, block)
+                                : serving::BlockRecord(s.layout, s.cache, block, 0, s.layout.num_layers))) {
+    blocks_written_back_.Increment();
+  }
+  if (s.layout.IsV4()) {
     // A step ends at each boundary: the point there is kept until the
     // generation ends (OnEnding), so only the last one is stored.
     absl::StatusOr<std::string> point = serving::V4RestorePointRecord(model_.config(), s.layout, s.cache);
     if (point.ok()) s.restore_point = {s.chain.back(), *std::move(point)};
   }
-  if (s.last_write != before) blocks_written_back_.Increment();
 }
 
 void DecodeService::OnEnding(DecodeSequence& s) {

@@ -63,8 +63,8 @@ class DecodeService final : public v1::Decode::CallbackService {
   std::vector<absl::StatusOr<cache::SharedRecord>> FetchBlocks(const DecodeSequence& sequence, size_t count,
                                                                std::span<const std::string* const> inline_records);
   // Queues `record` under `key` (on the shard of `shard_key` when set) for
-  // the cache when the sequence writes back.
-  void WriteBack(DecodeSequence& sequence, const kvblock::BlockHash& key, absl::StatusOr<std::string> record,
+  // the cache when the sequence writes back; whether it was queued.
+  bool WriteBack(DecodeSequence& sequence, const kvblock::BlockHash& key, absl::StatusOr<std::string> record,
                  const std::optional<kvblock::BlockHash>& shard_key = std::nullopt);
   // On the batcher's thread: write-back as blocks fill, and a V4
   // sequence's last restore point as it ends.

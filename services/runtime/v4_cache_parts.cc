@@ -149,7 +149,7 @@ absl::StatusOr<std::vector<uint8_t>> EncodeV4RestorePoint(const ModelConfig& c, 
   return out;
 }
 
-absl::Status RestoreV4(const ModelConfig& c, std::span<const std::vector<uint8_t>> blocks,
+absl::Status RestoreV4(const ModelConfig& c, std::span<const std::span<const uint8_t>> blocks,
                        std::span<const uint8_t> restore_point, uint32_t tokens_per_block, SequenceCache& cache) {
   KVTIER_RETURN_IF_ERROR(CheckV4BlockTokens(c, tokens_per_block));
   const int64_t boundary = static_cast<int64_t>(blocks.size()) * tokens_per_block;

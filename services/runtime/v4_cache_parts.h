@@ -50,7 +50,7 @@ absl::StatusOr<std::vector<uint8_t>> EncodeV4RestorePoint(const ModelConfig& con
 // (its first blocks, in order) and the restore point after the last of
 // them describe. INVALID_ARGUMENT, leaving the cache as it was, for parts
 // of the wrong size or with values the formats cannot hold (NaN codes).
-absl::Status RestoreV4(const ModelConfig& config, std::span<const std::vector<uint8_t>> blocks,
+absl::Status RestoreV4(const ModelConfig& config, std::span<const std::span<const uint8_t>> blocks,
                        std::span<const uint8_t> restore_point, uint32_t tokens_per_block, SequenceCache& cache);
 
 }  // namespace kvtier::runtime

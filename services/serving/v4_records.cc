@@ -27,15 +27,15 @@ absl::StatusOr<kvblock::BlockView> Parse(std::string_view record, const kvblock:
   return view;
 }
 
-// The payload of `record`, a record of `layout` holding `kind`; `what`
-// names it in errors.
-absl::StatusOr<std::vector<uint8_t>> PayloadOf(const cache::SharedRecord& record, const kvblock::LatentLayout& layout,
-                                               kvblock::RecordKind kind, kvblock::CrcCheck crc_check,
-                                               const std::string& what) {
+// The payload of `record`, a record of `layout` holding `kind` (a view
+// into it); `what` names it in errors.
+absl::StatusOr<std::span<const uint8_t>> PayloadOf(const cache::SharedRecord& record,
+                                                   const kvblock::LatentLayout& layout, kvblock::RecordKind kind,
+                                                   kvblock::CrcCheck crc_check, const std::string& what) {
   if (record == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, ": no record"));
   absl::StatusOr<kvblock::BlockView> view = Parse(*record, layout, kind, crc_check);
   if (!view.ok()) return absl::Status(view.status().code(), absl::StrCat(what, ": ", view.status().message()));
-  return std::vector<uint8_t>(view->payloads.begin(), view->payloads.end());
+  return std::span(reinterpret_cast<const uint8_t*>(view->payloads.data()), view->payloads.size());
 }
 
 }  // namespace
@@ -62,14 +62,13 @@ absl::StatusOr<std::string> V4RestorePointRecord(const runtime::ModelConfig& con
 absl::Status RestoreV4Records(const runtime::ModelConfig& config, const kvblock::LatentLayout& layout,
                               std::span<const cache::SharedRecord> blocks, const cache::SharedRecord& restore_point,
                               kvblock::CrcCheck crc_check, runtime::SequenceCache& cache) {
-  std::vector<std::vector<uint8_t>> payloads;
+  std::vector<std::span<const uint8_t>> payloads;
   for (size_t b = 0; b < blocks.size(); ++b) {
-    KVTIER_ASSIGN_OR_RETURN(std::vector<uint8_t> payload, PayloadOf(blocks[b], layout, kvblock::RecordKind::kBlock,
-                                                                    crc_check, absl::StrCat("block ", b)));
-    payloads.push_back(std::move(payload));
+    KVTIER_ASSIGN_OR_RETURN(payloads.emplace_back(), PayloadOf(blocks[b], layout, kvblock::RecordKind::kBlock,
+                                                               crc_check, absl::StrCat("block ", b)));
   }
   KVTIER_ASSIGN_OR_RETURN(
-      const std::vector<uint8_t> point,
+      const std::span<const uint8_t> point,
       PayloadOf(restore_point, layout, kvblock::RecordKind::kRestorePoint, crc_check, "the restore point"));
   return runtime::RestoreV4(config, payloads, point, layout.tokens_per_block, cache);
 }

@@ -21,6 +21,11 @@
 namespace kvtier::runtime {
 namespace {
 
+// The first `count` parts' bytes (all by default), as RestoreV4 takes them.
+std::vector<std::span<const uint8_t>> Views(const std::vector<std::vector<uint8_t>>& parts, size_t count = SIZE_MAX) {
+  return {parts.begin(), parts.begin() + static_cast<ptrdiff_t>(std::min(count, parts.size()))};
+}
+
 // Values as the model leaves an entry: FP8-rounded non-rotated dims (blocks
 // of 64), bf16 rotated ones, at a random magnitude.
 std::vector<float> ModelEntry(std::mt19937_64& rng, size_t dim, size_t rope_dim) {
@@ -146,7 +151,7 @@ TEST_F(V4CachePartsTest, ARestoreAtEveryBoundaryContinuesExactly) {
   ASSERT_EQ(blocks.size(), 3u);
   for (size_t n = 1; n <= blocks.size(); ++n) {
     SequenceCache restored = model_->NewCache(kernels::Codec::kBf16, kBlock);
-    ASSERT_TRUE(RestoreV4(config_, std::span(blocks).first(n), restore_points[n - 1], kBlock, restored).ok());
+    ASSERT_TRUE(RestoreV4(config_, Views(blocks, n), restore_points[n - 1], kBlock, restored).ok());
     EXPECT_EQ(restored.length, static_cast<int64_t>(n * kBlock));
     const std::vector<std::vector<float>> continued = Continue(restored, tokens, n * kBlock, kPrompt - n * kBlock);
     ASSERT_EQ(continued.size(), uninterrupted.size());
@@ -161,7 +166,7 @@ TEST_F(V4CachePartsTest, ARestoreAtEveryBoundaryContinuesExactly) {
   std::vector<uint8_t> no_rows = restore_points[1];
   std::fill_n(no_rows.begin() + 8 + 2 * kBlock * entry, rows, 0);
   SequenceCache restored = model_->NewCache(kernels::Codec::kBf16, kBlock);
-  ASSERT_TRUE(RestoreV4(config_, std::span(blocks).first(2), no_rows, kBlock, restored).ok());
+  ASSERT_TRUE(RestoreV4(config_, Views(blocks, 2), no_rows, kBlock, restored).ok());
   EXPECT_NE(Continue(restored, tokens, 2 * kBlock, kPrompt - 2 * kBlock).back(), uninterrupted.back());
 }
 
@@ -179,16 +184,16 @@ TEST_F(V4CachePartsTest, PartsThatDoNotFitAreRefusedAndTheCacheIsUntouched) {
   EXPECT_FALSE(EncodeV4RestorePoint(config_, cache, kBlock).ok()) << "not at a boundary";
 
   SequenceCache fresh = model_->NewCache(kernels::Codec::kBf16, kBlock);
-  EXPECT_FALSE(RestoreV4(config_, std::span(blocks).first(1), point, kBlock, fresh).ok()) << "point after 2 blocks";
+  EXPECT_FALSE(RestoreV4(config_, Views(blocks, 1), point, kBlock, fresh).ok()) << "point after 2 blocks";
   std::vector<std::vector<uint8_t>> short_block = blocks;
   short_block[1].pop_back();
-  EXPECT_FALSE(RestoreV4(config_, short_block, point, kBlock, fresh).ok());
+  EXPECT_FALSE(RestoreV4(config_, Views(short_block), point, kBlock, fresh).ok());
   std::vector<std::vector<uint8_t>> nan_code = blocks;
   nan_code[1][0] = 0x7f;  // layer 1's first compressed entry: a NaN FP8 code
-  EXPECT_FALSE(RestoreV4(config_, nan_code, point, kBlock, fresh).ok());
+  EXPECT_FALSE(RestoreV4(config_, Views(nan_code), point, kBlock, fresh).ok());
   EXPECT_EQ(fresh.length, 0);
   EXPECT_TRUE(fresh.v4[1].compressed.empty());
-  ASSERT_TRUE(RestoreV4(config_, blocks, point, kBlock, fresh).ok());
+  ASSERT_TRUE(RestoreV4(config_, Views(blocks), point, kBlock, fresh).ok());
   EXPECT_EQ(fresh.length, static_cast<int64_t>(2 * kBlock));
 }
 
