@@ -28,6 +28,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "kvtier/kernels/codec.h"
+#include "load/bench_layout.h"
 #include "load/trace/replay.h"
 #include "services/base/byte_size.h"
 #include "services/base/child_process.h"
@@ -58,28 +59,14 @@ const std::vector<ModelShape>& ModelShapes() {
   return *shapes;
 }
 
-// DeepSeek-V4-Flash's first `layers` layers as it is released: two
-// window-only layers, ratios 4 and 128 alternating, a last 4; entries of
-// 512 (64 rotated) in its FP8, MXFP4 indexer keys of 128, a window of 128.
+// DeepSeek-V4-Flash's first `layers` layers (bench_layout.h), in its own FP8 only.
 absl::StatusOr<kvblock::LatentLayout> V4FlashLayout(const std::string& name, uint32_t layers,
                                                     uint32_t tokens_per_block) {
   if (name != "fp8") {
     return absl::InvalidArgumentError(
         absl::StrCat("layout '", name, "': v4-flash stores its entries in its own FP8 (--layouts fp8)"));
   }
-  kvblock::LatentLayout layout{.model_id = "trace-replay-v4-flash",
-                               .num_layers = layers,
-                               .kv_lora_rank = 512,
-                               .rope_dim = 64,
-                               .tokens_per_block = tokens_per_block,
-                               .codec = kernels::Codec::kFp8,
-                               .block_format_version = kvblock::kV4BlockFormatVersion,
-                               .indexer_dim = 128,
-                               .indexer_encoding = kvblock::IndexerEncoding::kMxfp4};
-  for (uint32_t l = 0; l < layers; ++l) {
-    layout.compress_ratios.push_back(l < 2 ? 0 : l % 2 == 0 ? 4 : 128);
-  }
-  layout.sliding_window = 128;
+  const kvblock::LatentLayout layout = V4Flash("trace-replay-v4-flash", layers, tokens_per_block);
   KVTIER_RETURN_IF_ERROR(kvblock::ValidateLayout(layout));
   return layout;
 }

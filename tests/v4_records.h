@@ -11,6 +11,7 @@
 #include <string>
 
 #include "kvtier/kernels/v4_entry.h"
+#include "load/bench_layout.h"
 #include "services/kvblock/block_format.h"
 #include "services/kvblock/layout.h"
 
@@ -31,26 +32,9 @@ inline kvblock::LatentLayout SmallV4Layout() {
   return l;
 }
 
-// DeepSeek-V4-Flash's released schedule (docs/protocol.md's format 3
-// layout vector): 43 layers, 2 window-only, then ratios 4 and 128
-// alternating, and a last 4; 512-value entries (64 rotated), MXFP4 keys of
-// 128, blocks of 128 tokens, a window of 128.
-inline kvblock::LatentLayout V4FlashLayout() {
-  kvblock::LatentLayout l{.model_id = "deepseek-ai/DeepSeek-V4-Flash",
-                          .num_layers = 43,
-                          .kv_lora_rank = 512,
-                          .rope_dim = 64,
-                          .tokens_per_block = 128,
-                          .codec = kernels::Codec::kFp8,
-                          .block_format_version = kvblock::kV4BlockFormatVersion,
-                          .indexer_dim = 128,
-                          .indexer_encoding = kvblock::IndexerEncoding::kMxfp4};
-  l.compress_ratios = {0, 0};
-  for (int i = 0; i < 20; ++i) l.compress_ratios.insert(l.compress_ratios.end(), {4, 128});
-  l.compress_ratios.push_back(4);
-  l.sliding_window = 128;
-  return l;
-}
+// DeepSeek-V4-Flash's released layout (docs/protocol.md's format 3
+// layout vector): 43 layers, blocks of 128 tokens.
+inline kvblock::LatentLayout V4FlashLayout() { return load::V4Flash("deepseek-ai/DeepSeek-V4-Flash"); }
 
 // A block's payload, or the restore point's after `boundary` tokens (its
 // first 8 bytes), of `layout`'s size.
