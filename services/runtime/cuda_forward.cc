@@ -17,6 +17,7 @@
 #include "kvtier/kernels/cuda_sparse_mla.h"
 #include "kvtier/kernels/float_formats.h"
 #include "services/base/status.h"
+#include "services/runtime/device_array.h"
 #include "services/runtime/device_block_pool.h"
 #include "services/runtime/matmul.h"
 #include "services/runtime/model_weights.h"
@@ -28,54 +29,6 @@ namespace {
 namespace kc = kernels::cuda;
 
 absl::Status Check(const kernels::Status& s) { return FromKernelStatus(s); }
-
-// Device memory for n values of T that only grows, freed with its owner.
-template <typename T>
-class DeviceArray {
- public:
-  DeviceArray() = default;
-  DeviceArray(DeviceArray&& other) noexcept
-      : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
-  DeviceArray& operator=(DeviceArray&&) = delete;
-  ~DeviceArray() { kc::DeviceFree(data_); }
-
-  T* data() const { return data_; }
-
-  // Room for n values; what was there is lost when it grows.
-  absl::Status Reserve(size_t n) {
-    if (n <= size_) return absl::OkStatus();
-    if (data_ != nullptr) {
-      // Queued work may still use it (freeing only "may" wait for that).
-      KVTIER_RETURN_IF_ERROR(Check(kc::DeviceSynchronize("growing a device array")));
-      kc::DeviceFree(data_);
-    }
-    data_ = nullptr, size_ = 0;
-    void* allocated = nullptr;
-    KVTIER_RETURN_IF_ERROR(Check(kc::DeviceAllocate(n * sizeof(T), allocated, "device array")));
-    data_ = static_cast<T*>(allocated);
-    size_ = n;
-    return absl::OkStatus();
-  }
-
-  // Reserve, then copy `host` in and return once it is staged (weights, at
-  // load time): `host` may go.
-  absl::Status Assign(std::span<const T> host) {
-    KVTIER_RETURN_IF_ERROR(Reserve(std::max<size_t>(host.size(), 1)));
-    return Check(kc::CopyNow(data_, host.data(), host.size_bytes(), kc::Copy::kHostToDevice, "upload"));
-  }
-
-  // Reserve, then queue a copy of `host` on `stream` (ordered before what
-  // reads it there). `host` must stay until the stream has been waited for:
-  // from pageable memory CUDA may stage it when the copy runs.
-  absl::Status Upload(std::span<const T> host, kc::StreamHandle stream) {
-    KVTIER_RETURN_IF_ERROR(Reserve(std::max<size_t>(host.size(), 1)));
-    return Check(kc::CopyQueued(data_, host.data(), host.size_bytes(), kc::Copy::kHostToDevice, stream, "upload"));
-  }
-
- private:
-  T* data_ = nullptr;
-  size_t size_ = 0;
-};
 
 // One SwiGLU MLP's weights on the device.
 struct DeviceMlp {
@@ -115,12 +68,6 @@ kc::PagedLatents FromRow(kc::PagedLatents latents, size_t r) {
   latents.tail_tokens += r;
   latents.tail_offsets += r;
   return latents;
-}
-
-std::vector<uint16_t> ToBf16(std::span<const float> x) {
-  std::vector<uint16_t> out(x.size());
-  for (size_t i = 0; i < x.size(); ++i) out[i] = kernels::FloatToBf16(x[i]);
-  return out;
 }
 
 class CudaForward final : public ForwardBackend {

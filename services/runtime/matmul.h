@@ -1,20 +1,39 @@
 // Weights kept as the checkpoint stores them, and the two ways the CPU
-// runtime reads them: row-major products and single rows (embeddings).
+// runtime reads them: row-major products and single rows (embeddings). A
+// matrix placed on an accelerator (ProductDevice) has its products run
+// there instead.
 #ifndef KVTIER_SERVICES_RUNTIME_MATMUL_H_
 #define KVTIER_SERVICES_RUNTIME_MATMUL_H_
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "kvtier/kernels/float_formats.h"
 #include "kvtier/kernels/layers.h"
 #include "kvtier/kernels/qat_rounding.h"
 #include "services/runtime/safetensors.h"
 
 namespace kvtier::runtime {
+
+// A weight matrix's copy on an accelerator, which computes its products
+// there (ProductDevice::Place makes one).
+class DeviceMatrix {
+ public:
+  virtual ~DeviceMatrix() = default;
+  // y[i][0, rows) = rows [row_begin, row_begin + rows) of W ([*][cols])
+  // times x[i], for n inputs `x_stride` floats apart, outputs `y_stride`
+  // apart. It returns nothing, as MatMul does: a failure is kept by the
+  // device (ProductDevice::TakeError) and its outputs are NaN.
+  virtual void Multiply(size_t row_begin, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride, float* y,
+                        size_t y_stride) const = 0;
+  // Whether the checkpoint stored it in FP8 or FP4 (WeightMatrix::quantized).
+  virtual bool quantized() const = 0;
+};
 
 // A projection's weights [rows][cols] as the checkpoint stores them: bf16
 // stays bf16 (half the memory, and half the bytes a decode step reads),
@@ -30,13 +49,16 @@ struct WeightMatrix {
   size_t fp8_block_rows = 0, fp8_block_cols = 0;
   std::vector<uint8_t> fp4;       // E2M1 codes, two a byte
   std::vector<float> fp4_scales;  // [rows][cols / 32]
+  // Set when the matrix lives on an accelerator: the four above are empty
+  // then, and products run there.
+  std::shared_ptr<const DeviceMatrix> device;
 
   size_t bytes() const {
     return f32.size() * sizeof(float) + bf16.size() * sizeof(uint16_t) + fp8.size() +
            fp8_scales.size() * sizeof(float) + fp4.size() + fp4_scales.size() * sizeof(float);
   }
   // Stored in FP8 or FP4 (DeepSeek-V4 rounds the inputs of these products).
-  bool quantized() const { return !fp8.empty() || !fp4.empty(); }
+  bool quantized() const { return !fp8.empty() || !fp4.empty() || (device != nullptr && device->quantized()); }
   kernels::Fp8BlockScaled Fp8() const { return {fp8.data(), fp8_scales.data(), fp8_block_rows, fp8_block_cols}; }
   kernels::Fp4Scaled Fp4() const { return {fp4.data(), fp4_scales.data()}; }
 };
@@ -57,7 +79,9 @@ inline WeightMatrix ToWeightMatrix(const TensorView& t) {
 // y[n][rows] = x[n][cols] W^T for W [rows][cols]: each weight row read once
 // for all n inputs.
 inline void MatMul(const WeightMatrix& w, size_t rows, size_t cols, const float* x, size_t n, float* y) {
-  if (!w.bf16.empty()) {
+  if (w.device != nullptr) {
+    w.device->Multiply(0, rows, cols, x, n, cols, y, rows);
+  } else if (!w.bf16.empty()) {
     kernels::GemmBf16(w.bf16.data(), rows, cols, x, n, cols, y, rows);
   } else if (!w.fp8.empty()) {
     kernels::GemmFp8(w.Fp8(), rows, cols, x, n, cols, y, rows);
@@ -91,6 +115,33 @@ inline void EmbeddingRow(const WeightMatrix& w, size_t row, size_t cols, float* 
     std::copy_n(w.f32.begin() + row * cols, cols, out);
   }
 }
+
+// MatMul over rows [row_begin, row_begin + rows) of w ([*][cols]), x's rows
+// `x_stride` apart and y's `y_stride` apart; w bf16, float32 or placed on
+// an accelerator.
+inline void MatMulRows(const WeightMatrix& w, size_t row_begin, size_t rows, size_t cols, const float* x, size_t n,
+                       size_t x_stride, float* y, size_t y_stride) {
+  if (w.device != nullptr) {
+    w.device->Multiply(row_begin, rows, cols, x, n, x_stride, y, y_stride);
+  } else if (!w.bf16.empty()) {
+    kernels::GemmBf16(w.bf16.data() + row_begin * cols, rows, cols, x, n, x_stride, y, y_stride);
+  } else {
+    kernels::Gemm(w.f32.data() + row_begin * cols, rows, cols, x, n, x_stride, y, y_stride);
+  }
+}
+
+// An accelerator that holds weight matrices and runs their products
+// (cuda_products.h), for a backend whose other steps run on the CPU.
+class ProductDevice {
+ public:
+  virtual ~ProductDevice() = default;
+  // Copies w ([elements / cols][cols]) to the device and sets w.device,
+  // releasing w's host arrays.
+  virtual absl::Status Place(WeightMatrix& w, size_t cols) = 0;
+  // The first failure among the products since the last call, which
+  // clears it (products return none).
+  virtual absl::Status TakeError() = 0;
+};
 
 // MatMul over float32 weights held as such (the MoE router).
 inline void MatMul(const std::vector<float>& w, size_t rows, size_t cols, const float* x, size_t n, float* y) {

@@ -8,12 +8,18 @@
 #include "services/runtime/v4_forward.h"
 #if KVTIER_RUNTIME_CUDA
 #include "services/runtime/cuda_forward.h"
+#include "services/runtime/cuda_products.h"
 #endif
 
 namespace kvtier::runtime {
 namespace {
 
 absl::Status Check(const kernels::Status& s) { return FromKernelStatus(s); }
+
+[[maybe_unused]] absl::Status NoCudaBackend() {
+  return absl::FailedPreconditionError(
+      "--device cuda: this build has no CUDA backend (nvcc was not found when it was configured)");
+}
 
 }  // namespace
 
@@ -30,10 +36,15 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const Checkpoint& ckpt, Devic
   m->tokenizer_class_ = ckpt.tokenizer_class();
   const ModelConfig& c = m->config_;
   if (c.v4.has_value()) {
-    if (device != Device::kCpu) {
-      return absl::FailedPreconditionError("DeepSeek-V4 runs on the CPU only so far (--device cpu)");
+    std::unique_ptr<ProductDevice> products;
+    if (device == Device::kCuda) {
+#if KVTIER_RUNTIME_CUDA
+      KVTIER_ASSIGN_OR_RETURN(products, NewCudaProductDevice());
+#else
+      return NoCudaBackend();
+#endif
     }
-    KVTIER_ASSIGN_OR_RETURN(m->backend_, LoadV4Forward(ckpt));
+    KVTIER_ASSIGN_OR_RETURN(m->backend_, LoadV4Forward(ckpt, std::move(products)));
     return m;
   }
   const kernels::YarnParams* yarn = c.rope_scaling.has_value() ? &*c.rope_scaling : nullptr;
@@ -44,8 +55,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const Checkpoint& ckpt, Devic
     KVTIER_ASSIGN_OR_RETURN(m->backend_, LoadCudaForward(ckpt, m->rope_, cuda));
     return m;
 #else
-    return absl::FailedPreconditionError(
-        "--device cuda: this build has no CUDA backend (nvcc was not found when it was configured)");
+    return NoCudaBackend();
 #endif
   }
   KVTIER_ASSIGN_OR_RETURN(m->backend_, LoadCpuForward(ckpt, m->rope_));

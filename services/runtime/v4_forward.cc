@@ -70,7 +70,8 @@ struct Layer {
 
 class V4Forward final : public ForwardBackend {
  public:
-  explicit V4Forward(const ModelConfig& config) : c_(config), v4_(*config.v4) {}
+  V4Forward(const ModelConfig& config, std::unique_ptr<ProductDevice> device)
+      : device_(std::move(device)), c_(config), v4_(*config.v4) {}
 
   absl::Status Load(const Checkpoint& checkpoint);
   absl::Status Forward(std::span<const SequenceTokens> batch,
@@ -100,11 +101,19 @@ class V4Forward final : public ForwardBackend {
   absl::Status AttendRow(size_t li, const Projected& p, size_t r, const Row& row, float* o) const;
   // The MoE half: out[n][hidden].
   void Ffn(const Layer& l, std::span<const Row> rows, const float* h, float* out) const;
+  // Moves the projections, experts and head to device_ (the embedding,
+  // router and norms stay: they are read a row at a time or are small).
+  absl::Status PlaceOnDevice();
+  // The first failure of a product on device_ since the last call.
+  absl::Status DeviceError() const { return device_ != nullptr ? device_->TakeError() : absl::OkStatus(); }
   HcShape Hc() const {
     return {static_cast<size_t>(v4_.hc_mult), static_cast<size_t>(c_.hidden_size), static_cast<float>(c_.rms_norm_eps),
             static_cast<float>(v4_.hc_eps), static_cast<int>(v4_.hc_sinkhorn_iters)};
   }
 
+  // Where the products run when not on the CPU; declared first, so that the
+  // matrices placed there go before it.
+  const std::unique_ptr<ProductDevice> device_;
   const ModelConfig c_;
   const V4Config v4_;
   kernels::RopeTable window_rope_, compressed_rope_;
@@ -230,18 +239,39 @@ absl::Status V4Forward::Load(const Checkpoint& ckpt) {
     KVTIER_ASSIGN_OR_RETURN(l.moe.shared, load_swiglu(t.shared));
     layers_.push_back(std::move(l));
   }
-  return absl::OkStatus();
+  return device_ != nullptr ? PlaceOnDevice() : absl::OkStatus();
 }
 
-// y[n][rows] = x W^T over rows [row_begin, row_begin + rows) of w ([*][cols]),
-// x's rows `x_stride` apart and y's `y_stride` apart.
-void MatMulBlock(const WeightMatrix& w, size_t row_begin, size_t rows, size_t cols, const float* x, size_t n,
-                 size_t x_stride, float* y, size_t y_stride) {
-  if (!w.bf16.empty()) {
-    kernels::GemmBf16(w.bf16.data() + row_begin * cols, rows, cols, x, n, x_stride, y, y_stride);
-  } else {
-    kernels::Gemm(w.f32.data() + row_begin * cols, rows, cols, x, n, x_stride, y, y_stride);
+absl::Status V4Forward::PlaceOnDevice() {
+  const size_t hidden = c_.hidden_size, q_lora = *c_.q_lora_rank;
+  const size_t group_width = c_.num_attention_heads * v4_.head_dim / v4_.o_groups;
+  const auto place_mlp = [&](SwiGluWeights& w) -> absl::Status {
+    if (w.inter == 0) return absl::OkStatus();
+    KVTIER_RETURN_IF_ERROR(device_->Place(w.gate, hidden));
+    KVTIER_RETURN_IF_ERROR(device_->Place(w.up, hidden));
+    return device_->Place(w.down, w.inter);
+  };
+  const auto place_compressor = [&](Compressor& k) -> absl::Status {
+    KVTIER_RETURN_IF_ERROR(device_->Place(k.wkv, hidden));
+    return device_->Place(k.wgate, hidden);
+  };
+  KVTIER_RETURN_IF_ERROR(device_->Place(head_, hidden));
+  for (Layer& l : layers_) {
+    KVTIER_RETURN_IF_ERROR(device_->Place(l.wq_a, hidden));
+    KVTIER_RETURN_IF_ERROR(device_->Place(l.wq_b, q_lora));
+    KVTIER_RETURN_IF_ERROR(device_->Place(l.wkv, hidden));
+    KVTIER_RETURN_IF_ERROR(device_->Place(l.wo_a, group_width));
+    KVTIER_RETURN_IF_ERROR(device_->Place(l.wo_b, v4_.o_groups * v4_.o_lora_rank));
+    if (l.compressor.has_value()) KVTIER_RETURN_IF_ERROR(place_compressor(*l.compressor));
+    if (l.indexer.has_value()) {
+      KVTIER_RETURN_IF_ERROR(device_->Place(l.indexer->wq_b, q_lora));
+      KVTIER_RETURN_IF_ERROR(device_->Place(l.indexer->weights_proj, hidden));
+      KVTIER_RETURN_IF_ERROR(place_compressor(l.indexer->compressor));
+    }
+    for (SwiGluWeights& expert : l.moe.experts) KVTIER_RETURN_IF_ERROR(place_mlp(expert));
+    KVTIER_RETURN_IF_ERROR(place_mlp(l.moe.shared));
   }
+  return absl::OkStatus();
 }
 
 absl::Status RmsNormRows(float* x, size_t n, size_t width, std::span<const float> weight, float eps) {
@@ -477,8 +507,8 @@ absl::Status V4Forward::Attention(size_t li, std::span<const Row> rows, std::spa
   const size_t groups = v4_.o_groups, o_lora = v4_.o_lora_rank, group_width = heads * hd / groups;
   std::vector<float> low(n * groups * o_lora);
   for (size_t g = 0; g < groups; ++g) {
-    MatMulBlock(l.wo_a, g * o_lora, o_lora, group_width, attended.data() + g * group_width, n, heads * hd,
-                low.data() + g * o_lora, groups * o_lora);
+    MatMulRows(l.wo_a, g * o_lora, o_lora, group_width, attended.data() + g * group_width, n, heads * hd,
+               low.data() + g * o_lora, groups * o_lora);
   }
   MatMulRoundingInputs(l.wo_b, hidden, groups * o_lora, low.data(), n, out);
   return absl::OkStatus();
@@ -517,6 +547,7 @@ absl::Status V4Forward::Forward(std::span<const SequenceTokens> batch,
                                 const std::function<void(size_t layer)>& on_layer) {
   const size_t hidden = c_.hidden_size, hc = v4_.hc_mult;
   const float eps = static_cast<float>(c_.rms_norm_eps);
+  (void)DeviceError();  // an earlier pass's, had it returned for another reason first
   std::vector<Row> rows;
   std::vector<size_t> starts = {0};
   for (const SequenceTokens& s : batch) {
@@ -544,6 +575,7 @@ absl::Status V4Forward::Forward(std::span<const SequenceTokens> batch,
     KVTIER_RETURN_IF_ERROR(RmsNormRows(h.data(), n, hidden, l.ffn_norm, eps));
     Ffn(l, rows, h.data(), delta.data());
     HcPost(shape, mix, delta.data(), n, x.data());
+    KVTIER_RETURN_IF_ERROR(DeviceError());
     if (on_layer) on_layer(li);
   }
   // Logits after each sequence's last token.
@@ -556,6 +588,7 @@ absl::Status V4Forward::Forward(std::span<const SequenceTokens> batch,
   const size_t vocab = c_.vocab_size;
   std::vector<float> logits(batch.size() * vocab);
   MatMul(head_, vocab, hidden, reduced.data(), batch.size(), logits.data());
+  KVTIER_RETURN_IF_ERROR(DeviceError());
   for (size_t b = 0; b < batch.size(); ++b) {
     std::copy_n(logits.data() + b * vocab, vocab, batch[b].logits.begin());
     batch[b].cache->length += static_cast<int64_t>(batch[b].tokens.size());
@@ -565,8 +598,9 @@ absl::Status V4Forward::Forward(std::span<const SequenceTokens> batch,
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ForwardBackend>> LoadV4Forward(const Checkpoint& checkpoint) {
-  auto forward = std::make_unique<V4Forward>(checkpoint.config());
+absl::StatusOr<std::unique_ptr<ForwardBackend>> LoadV4Forward(const Checkpoint& checkpoint,
+                                                              std::unique_ptr<ProductDevice> device) {
+  auto forward = std::make_unique<V4Forward>(checkpoint.config(), std::move(device));
   KVTIER_RETURN_IF_ERROR(forward->Load(checkpoint));
   return forward;
 }

@@ -160,6 +160,72 @@ INSTANTIATE_TEST_SUITE_P(Presets, CudaForwardTest,
                                            Variant{"lite_attn_dense_pool_of_1", "lite-attn", true, 1}),
                          [](const auto& info) { return info.param.name; });
 
+// DeepSeek-V4 with --device cuda: its products on the GPU (cuda_products.h),
+// the rest on the CPU (the wiring itself is checked bit for bit on the
+// CPU, ModelV4Test.ProductsOnADevice*). Three prompts prefilled as one
+// batch (past the 16-token window, closing groups of both ratios and
+// leaving some open), then eight batched decode steps fed the CPU's
+// greedy tokens: logits within the bound for the median row (the router
+// and the indexer's top-k may tip, and the model's FP8 rounding of entries
+// may round a value either way), the compressed entries as many as the
+// CPU's; bf16 weights, and FP8 with MXFP4 experts as V4 is released.
+class CudaV4ForwardTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!kernels::cuda::DevicePresent(&why)) GTEST_SKIP() << "no GPU (" << why << "): V4 --device cuda not run";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  testing::SeededRng rng_;
+  fs::path dir_ = fs::temp_directory_path() / ("kvtier_cuda_v4_" + std::to_string(rng_.seed()));
+};
+
+TEST_P(CudaV4ForwardTest, LogitsMatchTheCpuThroughPrefillAndDecode) {
+  SCOPED_TRACE(rng_.Trace());
+  const ModelConfig config = *PresetConfig(GetParam());
+  ASSERT_TRUE(MakeModel(config, dir_.string(), rng_.seed()).ok());
+  auto ckpt = Checkpoint::Open(dir_.string());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  auto cpu = Model::Load(**ckpt, Device::kCpu);
+  auto gpu = Model::Load(**ckpt, Device::kCuda);
+  ASSERT_TRUE(cpu.ok() && gpu.ok()) << cpu.status() << " " << gpu.status();
+  const size_t vocab = static_cast<size_t>(config.vocab_size);
+  std::vector<std::vector<uint32_t>> tokens = {rng_.Tokens(37, vocab), rng_.Tokens(21, vocab), rng_.Tokens(3, vocab)};
+  std::vector<SequenceCache> cpu_caches, gpu_caches;
+  for (size_t s = 0; s < tokens.size(); ++s) {
+    cpu_caches.push_back((*cpu)->NewCache(kernels::Codec::kFp8, 128));
+    gpu_caches.push_back((*gpu)->NewCache(kernels::Codec::kFp8, 128));
+  }
+  std::vector<std::vector<float>> cpu_logits(tokens.size(), std::vector<float>(vocab)), gpu_logits = cpu_logits;
+  auto run = [&](const Model& model, std::vector<SequenceCache>& caches, std::vector<std::vector<float>>& logits) {
+    std::vector<SequenceTokens> batch;
+    for (size_t s = 0; s < caches.size(); ++s) batch.push_back({tokens[s], &caches[s], logits[s]});
+    return model.Forward(batch);
+  };
+  std::vector<double> errors;
+  for (int step = 0; step <= 8; ++step) {
+    ASSERT_TRUE(run(**cpu, cpu_caches, cpu_logits).ok());
+    const absl::Status on_gpu = run(**gpu, gpu_caches, gpu_logits);
+    ASSERT_TRUE(on_gpu.ok()) << on_gpu;
+    for (size_t s = 0; s < tokens.size(); ++s) {
+      SCOPED_TRACE("step " + std::to_string(step) + ", sequence " + std::to_string(s));
+      errors.push_back(RelativeError(gpu_logits[s], cpu_logits[s]));
+      EXPECT_EQ(gpu_caches[s].length, cpu_caches[s].length);
+      for (size_t l = 0; l < cpu_caches[s].v4.size(); ++l) {
+        EXPECT_EQ(gpu_caches[s].v4[l].compressed.size(), cpu_caches[s].v4[l].compressed.size()) << "layer " << l;
+        EXPECT_EQ(gpu_caches[s].v4[l].index_keys.size(), cpu_caches[s].v4[l].index_keys.size()) << "layer " << l;
+      }
+      const std::vector<float>& l = cpu_logits[s];
+      tokens[s] = {static_cast<uint32_t>(std::max_element(l.begin(), l.end()) - l.begin())};
+    }
+  }
+  std::nth_element(errors.begin(), errors.begin() + errors.size() / 2, errors.end());
+  EXPECT_LE(errors[errors.size() / 2], kLogitTolerance) << "median row";
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, CudaV4ForwardTest, ::testing::Values("v4-tiny", "v4-tiny-fp8"),
+                         [](const auto& info) { return info.param == "v4-tiny" ? "Bf16" : "Fp8"; });
+
 // The device block pool keeps what it holds under the blocks' ids, reuses
 // the least recently used slot, and refuses more blocks than slots and
 // blocks of another size.

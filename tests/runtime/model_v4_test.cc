@@ -11,14 +11,18 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "kvtier/kernels/float_formats.h"
 #include "kvtier/kernels/qat_rounding.h"
 #include "services/runtime/make_model.h"
 #include "services/runtime/model.h"
+#include "services/runtime/v4_forward.h"
 #include "services/runtime/v4_tensors.h"
 #include "tests/reference/deepseek_math.h"
 #include "tests/reference/naive_model.h"
@@ -329,6 +333,116 @@ TEST_P(ModelV4Test, ACacheOfAnotherModelIsRefused) {
   std::vector<float> logits(config_.vocab_size);
   const uint32_t token = 1;
   EXPECT_EQ(model_->Prefill(std::span(&token, 1), mla, logits).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A ProductDevice on the host, for the wiring that --device cuda uses
+// (cuda_products.h) where no GPU is: each placed matrix is kept as it was
+// and multiplied by the CPU's own products, so a pass must give the CPU
+// backend's bits exactly. It counts what was placed, and fails every
+// product from the `fail_from`th on.
+class HostProducts final : public ProductDevice {
+ public:
+  class Matrix final : public DeviceMatrix {
+   public:
+    Matrix(HostProducts* device, WeightMatrix w) : device_(device), w_(std::move(w)) {}
+    void Multiply(size_t row_begin, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride, float* y,
+                  size_t y_stride) const override {
+      if (device_->products_.fetch_add(1) >= device_->fail_from) {
+        for (size_t i = 0; i < n; ++i) std::fill_n(y + i * y_stride, rows, NAN);
+        std::lock_guard lock(device_->mu_);
+        if (device_->error_.ok()) device_->error_ = absl::DataLossError("the test's device failed a product");
+        return;
+      }
+      if (row_begin == 0 && x_stride == cols && y_stride == rows) return MatMul(w_, rows, cols, x, n, y);
+      MatMulRows(w_, row_begin, rows, cols, x, n, x_stride, y, y_stride);
+    }
+    bool quantized() const override { return w_.quantized(); }
+
+   private:
+    HostProducts* const device_;
+    const WeightMatrix w_;
+  };
+
+  absl::Status Place(WeightMatrix& w, size_t cols) override {
+    const size_t elements = w.bf16.size() + w.f32.size() + w.fp8.size() + 2 * w.fp4.size();
+    if (cols == 0 || elements % cols != 0) return absl::InternalError("not whole rows");
+    auto placed = std::make_shared<Matrix>(this, std::move(w));
+    w = WeightMatrix{};
+    w.device = std::move(placed);
+    ++placed_;
+    return absl::OkStatus();
+  }
+  absl::Status TakeError() override {
+    std::lock_guard lock(mu_);
+    return std::exchange(error_, absl::OkStatus());
+  }
+
+  size_t placed_ = 0;
+  std::atomic<size_t> products_ = 0;
+  size_t fail_from = SIZE_MAX;
+
+ private:
+  std::mutex mu_;
+  absl::Status error_;
+};
+
+// The products moved to a device: every matrix but the embedding goes
+// there, a batched prefill and decode steps give the CPU's logits and
+// state bit for bit (so each product took its rows, strides and rounding
+// of inputs as on the CPU), and a product that fails fails the pass with
+// the device's error, never logits.
+TEST_P(ModelV4Test, ProductsOnADeviceGiveTheCpuBitsAndFailLoudly) {
+  SCOPED_TRACE(rng_.Trace());
+  auto device = std::make_unique<HostProducts>();
+  HostProducts& products = *device;
+  auto backend = LoadV4Forward(*ckpt_, std::move(device));
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  size_t matrices = 1;  // the head
+  for (int64_t ratio : config_.v4->compress_ratios) {
+    matrices += 5 + (ratio > 0 ? 2 : 0) + (ratio == 4 ? 4 : 0);  // attention, compressor, indexer
+    matrices += 3 * static_cast<size_t>(config_.n_routed_experts + (config_.n_shared_experts > 0 ? 1 : 0));
+  }
+  EXPECT_EQ(products.placed_, matrices);
+
+  const size_t vocab = config_.vocab_size;
+  const std::vector<std::vector<uint32_t>> prompts = {RandomTokens(37), RandomTokens(5)};
+  std::vector<SequenceCache> on_cpu, on_device;
+  std::vector<std::vector<float>> cpu_logits(prompts.size(), std::vector<float>(vocab)), device_logits = cpu_logits;
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    on_cpu.push_back(model_->NewCache(kernels::Codec::kBf16, 64));
+    on_device.push_back(model_->NewCache(kernels::Codec::kBf16, 64));
+  }
+  const auto pass = [&](const std::vector<std::vector<uint32_t>>& tokens) {
+    std::vector<SequenceTokens> cpu_batch, device_batch;
+    for (size_t s = 0; s < tokens.size(); ++s) {
+      cpu_batch.push_back({tokens[s], &on_cpu[s], cpu_logits[s]});
+      device_batch.push_back({tokens[s], &on_device[s], device_logits[s]});
+    }
+    const absl::Status cpu = model_->Forward(cpu_batch);
+    EXPECT_TRUE(cpu.ok()) << cpu;
+    return (*backend)->Forward(device_batch, nullptr);
+  };
+  std::vector<std::vector<uint32_t>> tokens = prompts;
+  for (int step = 0; step < 4; ++step) {
+    const absl::Status done = pass(tokens);
+    ASSERT_TRUE(done.ok()) << done;
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      SCOPED_TRACE("pass " + std::to_string(step) + ", sequence " + std::to_string(s));
+      EXPECT_EQ(device_logits[s], cpu_logits[s]);
+      EXPECT_EQ(on_device[s].length, on_cpu[s].length);
+      for (size_t li = 0; li < on_cpu[s].v4.size(); ++li) {
+        EXPECT_EQ(on_device[s].v4[li].window, on_cpu[s].v4[li].window) << "layer " << li;
+        EXPECT_EQ(on_device[s].v4[li].compressed, on_cpu[s].v4[li].compressed) << "layer " << li;
+        EXPECT_EQ(on_device[s].v4[li].index_keys, on_cpu[s].v4[li].index_keys) << "layer " << li;
+      }
+      tokens[s] = {static_cast<uint32_t>(ArgMax(cpu_logits[s]))};
+    }
+  }
+  EXPECT_GT(products.products_.load(), 0u);
+  products.fail_from = products.products_.load() + 7;
+  const absl::Status failed = pass(tokens);
+  EXPECT_EQ(failed.code(), absl::StatusCode::kDataLoss) << failed;
+  EXPECT_TRUE(products.TakeError().ok()) << "the pass took the error";
 }
 
 // The model's FP8 and FP4 rounding against values found by trying every
