@@ -5,12 +5,13 @@
 # and the CPU) and its table of GB/s against the device-to-device copy
 # bandwidth; V3.2's indexer scores, top-k choice and latent gather against
 # the CPU, and its sparse decode step against the dense one at 64k tokens;
-# RMSNorm/RoPE and the cuBLAS projections and MoE against the CPU; the
+# V4's attention with sinks against float64 and the CPU, and its decode
+# step at V4-Flash's shape; RMSNorm/RoPE and the cuBLAS projections and MoE against the CPU; the
 # device tier slab with its spill and promotion rates against
 # pinned cudaMemcpy. Then, when a device-bundle/ made by
 # scripts/device_bundle.sh came along (carried), the services' GPU tests
 # from it: --device cuda against the CPU (cuda_forward_test, `kvtier run
-# --device cuda` included), the fast path to GPU clients and spills from
+# --device cuda` and V4's presets included), the fast path to GPU clients and spills from
 # a GPU tier (fast_path_gpu_test); the CPU kernels on its CPU
 # (kernels_test); batched decode steps on the CPU and the
 # GPU against their roofline (decode_bench; the GPU's again with every
@@ -58,7 +59,7 @@ step() {
 }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
-read -r -a checks <<<"${CHECKS:-codecs mla_attention sparse_mla layers matmul slab}"
+read -r -a checks <<<"${CHECKS:-codecs mla_attention sparse_mla sink_attention layers matmul slab}"
 
 bin=device-bundle/checks
 probe=127

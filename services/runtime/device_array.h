@@ -1,4 +1,4 @@
-// Device memory for the CUDA backends (cuda_forward.h, cuda_products.h):
+// Device memory for the CUDA backends (cuda_forward.h, cuda_accelerator.h):
 // an array that only grows and is freed with its owner, and bf16 weights
 // as the GPU's products take them. Built only with CUDA.
 #ifndef KVTIER_SERVICES_RUNTIME_DEVICE_ARRAY_H_

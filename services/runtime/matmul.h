@@ -1,6 +1,6 @@
 // Weights kept as the checkpoint stores them, and the two ways the CPU
 // runtime reads them: row-major products and single rows (embeddings). A
-// matrix placed on an accelerator (ProductDevice) has its products run
+// matrix placed on an accelerator (accelerator.h) has its products run
 // there instead.
 #ifndef KVTIER_SERVICES_RUNTIME_MATMUL_H_
 #define KVTIER_SERVICES_RUNTIME_MATMUL_H_
@@ -12,7 +12,6 @@
 #include <span>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "kvtier/kernels/float_formats.h"
 #include "kvtier/kernels/layers.h"
 #include "kvtier/kernels/qat_rounding.h"
@@ -21,14 +20,14 @@
 namespace kvtier::runtime {
 
 // A weight matrix's copy on an accelerator, which computes its products
-// there (ProductDevice::Place makes one).
+// there (Accelerator::Place makes one).
 class DeviceMatrix {
  public:
   virtual ~DeviceMatrix() = default;
   // y[i][0, rows) = rows [row_begin, row_begin + rows) of W ([*][cols])
   // times x[i], for n inputs `x_stride` floats apart, outputs `y_stride`
   // apart. It returns nothing, as MatMul does: a failure is kept by the
-  // device (ProductDevice::TakeError) and its outputs are NaN.
+  // accelerator (Accelerator::TakeError) and its outputs are NaN.
   virtual void Multiply(size_t row_begin, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride, float* y,
                         size_t y_stride) const = 0;
   // Whether the checkpoint stored it in FP8 or FP4 (WeightMatrix::quantized).
@@ -129,19 +128,6 @@ inline void MatMulRows(const WeightMatrix& w, size_t row_begin, size_t rows, siz
     kernels::Gemm(w.f32.data() + row_begin * cols, rows, cols, x, n, x_stride, y, y_stride);
   }
 }
-
-// An accelerator that holds weight matrices and runs their products
-// (cuda_products.h), for a backend whose other steps run on the CPU.
-class ProductDevice {
- public:
-  virtual ~ProductDevice() = default;
-  // Copies w ([elements / cols][cols]) to the device and sets w.device,
-  // releasing w's host arrays.
-  virtual absl::Status Place(WeightMatrix& w, size_t cols) = 0;
-  // The first failure among the products since the last call, which
-  // clears it (products return none).
-  virtual absl::Status TakeError() = 0;
-};
 
 // MatMul over float32 weights held as such (the MoE router).
 inline void MatMul(const std::vector<float>& w, size_t rows, size_t cols, const float* x, size_t n, float* y) {

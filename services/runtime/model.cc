@@ -7,8 +7,8 @@
 #include "services/runtime/cpu_forward.h"
 #include "services/runtime/v4_forward.h"
 #if KVTIER_RUNTIME_CUDA
+#include "services/runtime/cuda_accelerator.h"
 #include "services/runtime/cuda_forward.h"
-#include "services/runtime/cuda_products.h"
 #endif
 
 namespace kvtier::runtime {
@@ -36,10 +36,10 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const Checkpoint& ckpt, Devic
   m->tokenizer_class_ = ckpt.tokenizer_class();
   const ModelConfig& c = m->config_;
   if (c.v4.has_value()) {
-    std::unique_ptr<ProductDevice> products;
+    std::unique_ptr<Accelerator> products;
     if (device == Device::kCuda) {
 #if KVTIER_RUNTIME_CUDA
-      KVTIER_ASSIGN_OR_RETURN(products, NewCudaProductDevice());
+      KVTIER_ASSIGN_OR_RETURN(products, NewCudaAccelerator());
 #else
       return NoCudaBackend();
 #endif

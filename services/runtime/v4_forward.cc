@@ -13,7 +13,9 @@
 #include "kvtier/kernels/parallel.h"
 #include "kvtier/kernels/qat_rounding.h"
 #include "kvtier/kernels/rope.h"
+#include "kvtier/kernels/sink_attention.h"
 #include "services/base/status.h"
+#include "services/runtime/accelerator.h"
 #include "services/runtime/ffn.h"
 #include "services/runtime/hyper_connections.h"
 #include "services/runtime/matmul.h"
@@ -70,7 +72,7 @@ struct Layer {
 
 class V4Forward final : public ForwardBackend {
  public:
-  V4Forward(const ModelConfig& config, std::unique_ptr<ProductDevice> device)
+  V4Forward(const ModelConfig& config, std::unique_ptr<Accelerator> device)
       : device_(std::move(device)), c_(config), v4_(*config.v4) {}
 
   absl::Status Load(const Checkpoint& checkpoint);
@@ -97,8 +99,9 @@ class V4Forward final : public ForwardBackend {
   };
   absl::StatusOr<Projected> Project(const Layer& l, std::span<const Row> rows, const float* h) const;
   // Advances row r's sequence by its position at layer li (window,
-  // compressors, the indexer's choice) and attends: o[heads][head_dim].
-  absl::Status AttendRow(size_t li, const Projected& p, size_t r, const Row& row, float* o) const;
+  // compressors, the indexer's choice) and gathers what the row attends:
+  // its window's entries, oldest first, then the compressed ones chosen.
+  absl::Status AdvanceRow(size_t li, const Projected& p, size_t r, const Row& row, std::vector<float>& entries) const;
   // The MoE half: out[n][hidden].
   void Ffn(const Layer& l, std::span<const Row> rows, const float* h, float* out) const;
   // Moves the projections, experts and head to device_ (the embedding,
@@ -113,7 +116,7 @@ class V4Forward final : public ForwardBackend {
 
   // Where the products run when not on the CPU; declared first, so that the
   // matrices placed there go before it.
-  const std::unique_ptr<ProductDevice> device_;
+  const std::unique_ptr<Accelerator> device_;
   const ModelConfig c_;
   const V4Config v4_;
   kernels::RopeTable window_rope_, compressed_rope_;
@@ -361,29 +364,6 @@ void Record(size_t li, int64_t pos, std::span<const float> entry, std::span<cons
   std::sort(attended.begin(), attended.end());
 }
 
-// Attention of one row's heads q [heads][dim] over `entries` rows of dim
-// values (K = V), with each head's sink in the softmax's denominator:
-// out[heads][dim].
-void SinkAttention(const float* q, size_t heads, size_t dim, const std::vector<float>& entries, const float* sinks,
-                   float scale, float* out) {
-  const size_t m = entries.size() / dim;
-  std::vector<float> scores(heads * m), transposed(dim * m);
-  kernels::Gemm(entries.data(), m, dim, q, heads, dim, scores.data(), m);
-  for (size_t e = 0; e < m; ++e) {
-    for (size_t i = 0; i < dim; ++i) transposed[i * m + e] = entries[e * dim + i];
-  }
-  for (size_t h = 0; h < heads; ++h) {
-    float* s = scores.data() + h * m;
-    float top = -INFINITY;
-    for (size_t e = 0; e < m; ++e) top = std::max(top, s[e] * scale);
-    float sum = 0;
-    for (size_t e = 0; e < m; ++e) sum += s[e] = std::exp(s[e] * scale - top);
-    const float denominator = sum + std::exp(sinks[h] - top);
-    for (size_t e = 0; e < m; ++e) s[e] /= denominator;
-  }
-  kernels::Gemm(transposed.data(), dim, m, scores.data(), heads, m, out, dim);
-}
-
 absl::StatusOr<V4Forward::Projected> V4Forward::Project(const Layer& l, std::span<const Row> rows,
                                                         const float* h) const {
   const size_t n = rows.size(), hidden = c_.hidden_size, heads = c_.num_attention_heads, hd = v4_.head_dim;
@@ -435,9 +415,10 @@ absl::StatusOr<V4Forward::Projected> V4Forward::Project(const Layer& l, std::spa
   return p;
 }
 
-absl::Status V4Forward::AttendRow(size_t li, const Projected& p, size_t r, const Row& row, float* o) const {
+absl::Status V4Forward::AdvanceRow(size_t li, const Projected& p, size_t r, const Row& row,
+                                   std::vector<float>& entries) const {
   const Layer& l = layers_[li];
-  const size_t heads = c_.num_attention_heads, hd = v4_.head_dim, rope_dim = c_.qk_rope_head_dim;
+  const size_t hd = v4_.head_dim;
   const float eps = static_cast<float>(c_.rms_norm_eps);
   V4LayerState& st = row.cache->v4[li];
   const int64_t pos = row.pos, window = v4_.sliding_window;
@@ -470,18 +451,12 @@ absl::Status V4Forward::AttendRow(size_t li, const Projected& p, size_t r, const
     Record(li, pos, std::span(p.kv).subspan(r * hd, hd),
            std::span(p.iq).subspan(r * ih * ihd, l.indexer.has_value() ? ih * ihd : 0), chosen, *trace);
   }
-  // The window's entries, oldest first, then the chosen compressed ones.
-  std::vector<float> entries;
+  entries.clear();
   for (int64_t q = std::max<int64_t>(0, pos - window + 1); q <= pos; ++q) {
     const float* e = st.window.data() + static_cast<size_t>(q % window) * hd;
     entries.insert(entries.end(), e, e + hd);
   }
   for (uint32_t g : chosen) entries.insert(entries.end(), &st.compressed[g * hd], &st.compressed[g * hd] + hd);
-  SinkAttention(p.q.data() + r * heads * hd, heads, hd, entries, l.attn_sink.data(),
-                1.0f / std::sqrt(static_cast<float>(hd)), o);
-  for (size_t hh = 0; hh < heads; ++hh) {
-    l.rope->ApplyPairs(pos, std::span(o + hh * hd + hd - rope_dim, rope_dim), /*inverse=*/true);
-  }
   return absl::OkStatus();
 }
 
@@ -492,16 +467,37 @@ absl::Status V4Forward::Attention(size_t li, std::span<const Row> rows, std::spa
   KVTIER_ASSIGN_OR_RETURN(const Projected p, Project(l, rows, h));
   // Each sequence's rows in order: its window, compressors and choice of
   // entries advance one position at a time. Sequences run in parallel.
-  std::vector<float> attended(n * heads * hd);
+  std::vector<std::vector<float>> entries(n);
   std::vector<absl::Status> status(starts.size() - 1);
   kernels::ParallelFor(starts.size() - 1, 1, [&](size_t begin, size_t end) {
     for (size_t b = begin; b < end; ++b) {
       for (size_t r = starts[b]; r < starts[b + 1] && status[b].ok(); ++r) {
-        status[b] = AttendRow(li, p, r, rows[r], attended.data() + r * heads * hd);
+        status[b] = AdvanceRow(li, p, r, rows[r], entries[r]);
       }
     }
   });
   for (const absl::Status& s : status) KVTIER_RETURN_IF_ERROR(s);
+  // Then every row attends at once, and its outputs are rotated back.
+  std::vector<float> attended(n * heads * hd);
+  const kernels::SinkAttentionShape shape{static_cast<uint32_t>(heads), static_cast<uint32_t>(hd),
+                                          1.0f / std::sqrt(static_cast<float>(hd))};
+  if (device_ != nullptr) {
+    KVTIER_RETURN_IF_ERROR(device_->SinkAttention(shape, entries, p.q.data(), l.attn_sink.data(), attended.data()));
+  } else {
+    kernels::ParallelFor(n, 1, [&](size_t begin, size_t end) {
+      for (size_t r = begin; r < end; ++r) {
+        kernels::SinkAttention(shape, p.q.data() + r * heads * hd, entries[r].data(), entries[r].size() / hd,
+                               l.attn_sink.data(), attended.data() + r * heads * hd);
+      }
+    });
+  }
+  const size_t rope_dim = c_.qk_rope_head_dim;
+  for (size_t r = 0; r < n; ++r) {
+    for (size_t hh = 0; hh < heads; ++hh) {
+      float* o = attended.data() + (r * heads + hh) * hd;
+      l.rope->ApplyPairs(rows[r].pos, std::span(o + hd - rope_dim, rope_dim), /*inverse=*/true);
+    }
+  }
   // Grouped output projection: each group of heads through its own block
   // of wo_a, then wo_b over all groups.
   const size_t groups = v4_.o_groups, o_lora = v4_.o_lora_rank, group_width = heads * hd / groups;
@@ -599,7 +595,7 @@ absl::Status V4Forward::Forward(std::span<const SequenceTokens> batch,
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ForwardBackend>> LoadV4Forward(const Checkpoint& checkpoint,
-                                                              std::unique_ptr<ProductDevice> device) {
+                                                              std::unique_ptr<Accelerator> device) {
   auto forward = std::make_unique<V4Forward>(checkpoint.config(), std::move(device));
   KVTIER_RETURN_IF_ERROR(forward->Load(checkpoint));
   return forward;

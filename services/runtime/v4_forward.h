@@ -9,23 +9,24 @@
 // indexer values (kernels/qat_rounding.h) are applied where it applies
 // them. Each sequence's state is its cache's v4 part (v4_state.h). Weights
 // bf16 or float32; a sequence's results do not depend on the batch.
-// With a ProductDevice (--device cuda: cuda_products.h) the projections,
-// experts and head run there, the rest as here; a sequence's results then
-// depend on the batch as much as the device's products do.
+// With an Accelerator (--device cuda: cuda_accelerator.h) the
+// projections, experts, head and attention run there, the rest as here; a
+// sequence's results then depend on the batch as much as the
+// accelerator's sums do.
 #ifndef KVTIER_SERVICES_RUNTIME_V4_FORWARD_H_
 #define KVTIER_SERVICES_RUNTIME_V4_FORWARD_H_
 
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "services/runtime/accelerator.h"
 #include "services/runtime/checkpoint.h"
-#include "services/runtime/matmul.h"
 #include "services/runtime/model.h"
 
 namespace kvtier::runtime {
 
 absl::StatusOr<std::unique_ptr<ForwardBackend>> LoadV4Forward(const Checkpoint& checkpoint,
-                                                              std::unique_ptr<ProductDevice> device = nullptr);
+                                                              std::unique_ptr<Accelerator> device = nullptr);
 
 // A fresh sequence's per-layer state for `config` (a V4 one).
 std::vector<V4LayerState> NewV4State(const ModelConfig& config);

@@ -160,15 +160,16 @@ INSTANTIATE_TEST_SUITE_P(Presets, CudaForwardTest,
                                            Variant{"lite_attn_dense_pool_of_1", "lite-attn", true, 1}),
                          [](const auto& info) { return info.param.name; });
 
-// DeepSeek-V4 with --device cuda: its products on the GPU (cuda_products.h),
-// the rest on the CPU (the wiring itself is checked bit for bit on the
-// CPU, ModelV4Test.ProductsOnADevice*). Three prompts prefilled as one
-// batch (past the 16-token window, closing groups of both ratios and
-// leaving some open), then eight batched decode steps fed the CPU's
-// greedy tokens: logits within the bound for the median row (the router
-// and the indexer's top-k may tip, and the model's FP8 rounding of entries
-// may round a value either way), the compressed entries as many as the
-// CPU's; bf16 weights, and FP8 with MXFP4 experts as V4 is released.
+// DeepSeek-V4 with --device cuda: its products and attention on the GPU
+// (cuda_accelerator.h), the rest on the CPU (the wiring itself is checked
+// bit for bit on the CPU: ModelV4Test.AnAcceleratorGivesTheCpuBits*).
+// Three prompts prefilled as one batch (past the 16-token window, closing
+// groups of both ratios and leaving some open), then eight batched decode
+// steps fed the CPU's greedy tokens: logits within the bound for the
+// median row (the router and the indexer's top-k may tip, and the model's
+// FP8 rounding of entries may round a value either way), the compressed
+// entries as many as the CPU's; bf16 weights, and FP8 with MXFP4 experts
+// as V4 is released.
 class CudaV4ForwardTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {

@@ -20,6 +20,7 @@
 
 #include "kvtier/kernels/float_formats.h"
 #include "kvtier/kernels/qat_rounding.h"
+#include "kvtier/kernels/sink_attention.h"
 #include "services/runtime/make_model.h"
 #include "services/runtime/model.h"
 #include "services/runtime/v4_forward.h"
@@ -335,16 +336,16 @@ TEST_P(ModelV4Test, ACacheOfAnotherModelIsRefused) {
   EXPECT_EQ(model_->Prefill(std::span(&token, 1), mla, logits).code(), absl::StatusCode::kInvalidArgument);
 }
 
-// A ProductDevice on the host, for the wiring that --device cuda uses
-// (cuda_products.h) where no GPU is: each placed matrix is kept as it was
+// An Accelerator on the host, for the wiring that --device cuda uses
+// (cuda_accelerator.h) where no GPU is: each placed matrix is kept as it was
 // and multiplied by the CPU's own products, so a pass must give the CPU
 // backend's bits exactly. It counts what was placed, and fails every
 // product from the `fail_from`th on.
-class HostProducts final : public ProductDevice {
+class HostAccelerator final : public Accelerator {
  public:
   class Matrix final : public DeviceMatrix {
    public:
-    Matrix(HostProducts* device, WeightMatrix w) : device_(device), w_(std::move(w)) {}
+    Matrix(HostAccelerator* device, WeightMatrix w) : device_(device), w_(std::move(w)) {}
     void Multiply(size_t row_begin, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride, float* y,
                   size_t y_stride) const override {
       if (device_->products_.fetch_add(1) >= device_->fail_from) {
@@ -359,7 +360,7 @@ class HostProducts final : public ProductDevice {
     bool quantized() const override { return w_.quantized(); }
 
    private:
-    HostProducts* const device_;
+    HostAccelerator* const device_;
     const WeightMatrix w_;
   };
 
@@ -376,8 +377,18 @@ class HostProducts final : public ProductDevice {
     std::lock_guard lock(mu_);
     return std::exchange(error_, absl::OkStatus());
   }
+  absl::Status SinkAttention(const kernels::SinkAttentionShape& shape, std::span<const std::vector<float>> entries,
+                             const float* q, const float* sinks, float* out) override {
+    ++attentions_;
+    const size_t row = size_t{shape.heads} * shape.dim;
+    for (size_t r = 0; r < entries.size(); ++r) {
+      kernels::SinkAttention(shape, q + r * row, entries[r].data(), entries[r].size() / shape.dim, sinks,
+                             out + r * row);
+    }
+    return absl::OkStatus();
+  }
 
-  size_t placed_ = 0;
+  size_t placed_ = 0, attentions_ = 0;
   std::atomic<size_t> products_ = 0;
   size_t fail_from = SIZE_MAX;
 
@@ -386,15 +397,16 @@ class HostProducts final : public ProductDevice {
   absl::Status error_;
 };
 
-// The products moved to a device: every matrix but the embedding goes
-// there, a batched prefill and decode steps give the CPU's logits and
-// state bit for bit (so each product took its rows, strides and rounding
-// of inputs as on the CPU), and a product that fails fails the pass with
-// the device's error, never logits.
-TEST_P(ModelV4Test, ProductsOnADeviceGiveTheCpuBitsAndFailLoudly) {
+// The products and attention moved to an accelerator: every matrix but
+// the embedding goes there, a batched prefill and decode steps give the
+// CPU's logits and state bit for bit (so each product took its rows,
+// strides and rounding of inputs as on the CPU, and attention its rows'
+// entries), and a product that fails fails the pass with the
+// accelerator's error, never logits.
+TEST_P(ModelV4Test, AnAcceleratorGivesTheCpuBitsAndFailsLoudly) {
   SCOPED_TRACE(rng_.Trace());
-  auto device = std::make_unique<HostProducts>();
-  HostProducts& products = *device;
+  auto device = std::make_unique<HostAccelerator>();
+  HostAccelerator& products = *device;
   auto backend = LoadV4Forward(*ckpt_, std::move(device));
   ASSERT_TRUE(backend.ok()) << backend.status();
   size_t matrices = 1;  // the head
@@ -439,6 +451,7 @@ TEST_P(ModelV4Test, ProductsOnADeviceGiveTheCpuBitsAndFailLoudly) {
     }
   }
   EXPECT_GT(products.products_.load(), 0u);
+  EXPECT_EQ(products.attentions_, 4 * config_.v4->compress_ratios.size());  // a call a layer a pass
   products.fail_from = products.products_.load() + 7;
   const absl::Status failed = pass(tokens);
   EXPECT_EQ(failed.code(), absl::StatusCode::kDataLoss) << failed;

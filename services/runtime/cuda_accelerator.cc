@@ -1,4 +1,4 @@
-#include "services/runtime/cuda_products.h"
+#include "services/runtime/cuda_accelerator.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,6 +12,7 @@
 #include "kvtier/kernels/cuda_codec.h"
 #include "kvtier/kernels/cuda_device.h"
 #include "kvtier/kernels/cuda_matmul.h"
+#include "kvtier/kernels/cuda_sink_attention.h"
 #include "services/base/status.h"
 #include "services/runtime/device_array.h"
 
@@ -22,31 +23,38 @@ namespace kc = kernels::cuda;
 
 absl::Status Check(const kernels::Status& s) { return FromKernelStatus(s); }
 
-class CudaProducts final : public ProductDevice {
+class CudaAccelerator final : public Accelerator {
  public:
   absl::Status Open();
   absl::Status Place(WeightMatrix& w, size_t cols) override;
   absl::Status TakeError() override;
+  absl::Status SinkAttention(const kernels::SinkAttentionShape& shape, std::span<const std::vector<float>> entries,
+                             const float* q, const float* sinks, float* out) override;
   // DeviceMatrix::Multiply over `weights` (bf16 [*][cols] on the device).
   void Multiply(const uint16_t* weights, size_t row_begin, size_t rows, size_t cols, const float* x, size_t n,
                 size_t x_stride, float* y, size_t y_stride);
 
  private:
   absl::Status MultiplyLocked(const uint16_t* weights, size_t row_begin, size_t rows, size_t cols, const float* x,
-                              size_t n, size_t x_stride, float* y, size_t y_stride)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                              size_t n, size_t x_stride, float* y, size_t y_stride) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::unique_ptr<kc::DeviceStream> stream_;
   std::unique_ptr<kc::Blas> blas_;  // on stream_
   absl::Mutex mu_;
   DeviceArray<float> x_ ABSL_GUARDED_BY(mu_), y_ ABSL_GUARDED_BY(mu_);
   std::vector<float> packed_x_ ABSL_GUARDED_BY(mu_), packed_y_ ABSL_GUARDED_BY(mu_);
+  // Attention's inputs and scratch.
+  DeviceArray<float> q_ ABSL_GUARDED_BY(mu_), entries_ ABSL_GUARDED_BY(mu_), sinks_ ABSL_GUARDED_BY(mu_),
+      scores_ ABSL_GUARDED_BY(mu_), attended_ ABSL_GUARDED_BY(mu_);
+  DeviceArray<int64_t> offsets_ ABSL_GUARDED_BY(mu_);
+  DeviceArray<int32_t> counts_ ABSL_GUARDED_BY(mu_);
+  std::vector<float> packed_entries_ ABSL_GUARDED_BY(mu_);
   absl::Status error_ ABSL_GUARDED_BY(mu_);
 };
 
 class CudaMatrix final : public DeviceMatrix {
  public:
-  CudaMatrix(CudaProducts* device, DeviceArray<uint16_t> weights, bool quantized)
+  CudaMatrix(CudaAccelerator* device, DeviceArray<uint16_t> weights, bool quantized)
       : device_(device), weights_(std::move(weights)), quantized_(quantized) {}
 
   void Multiply(size_t row_begin, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride, float* y,
@@ -56,19 +64,20 @@ class CudaMatrix final : public DeviceMatrix {
   bool quantized() const override { return quantized_; }
 
  private:
-  CudaProducts* const device_;  // outlives the matrices placed on it
+  CudaAccelerator* const device_;  // outlives the matrices placed on it
   const DeviceArray<uint16_t> weights_;
   const bool quantized_;
 };
 
-absl::Status CudaProducts::Open() {
+absl::Status CudaAccelerator::Open() {
   std::string why;
-  if (!kc::DevicePresent(&why)) return absl::FailedPreconditionError(absl::StrCat("--device cuda: no usable GPU: ", why));
+  if (!kc::DevicePresent(&why))
+    return absl::FailedPreconditionError(absl::StrCat("--device cuda: no usable GPU: ", why));
   KVTIER_RETURN_IF_ERROR(Check(kc::DeviceStream::Create(stream_)));
   return Check(kc::Blas::Create(stream_->handle(), blas_));
 }
 
-absl::Status CudaProducts::Place(WeightMatrix& w, size_t cols) {
+absl::Status CudaAccelerator::Place(WeightMatrix& w, size_t cols) {
   const size_t elements = w.bf16.size() + w.f32.size() + w.fp8.size() + 2 * w.fp4.size();
   if (cols == 0 || elements % cols != 0) {
     return absl::InternalError(absl::StrCat("a weight matrix of ", elements, " values is not rows of ", cols));
@@ -94,13 +103,48 @@ absl::Status CudaProducts::Place(WeightMatrix& w, size_t cols) {
   return absl::OkStatus();
 }
 
-absl::Status CudaProducts::TakeError() {
+absl::Status CudaAccelerator::TakeError() {
   absl::MutexLock lock(&mu_);
   return std::exchange(error_, absl::OkStatus());
 }
 
-void CudaProducts::Multiply(const uint16_t* weights, size_t row_begin, size_t rows, size_t cols, const float* x,
-                            size_t n, size_t x_stride, float* y, size_t y_stride) {
+absl::Status CudaAccelerator::SinkAttention(const kernels::SinkAttentionShape& shape,
+                                            std::span<const std::vector<float>> entries, const float* q,
+                                            const float* sinks, float* out) {
+  const size_t rows = entries.size(), dim = shape.dim, outputs = rows * shape.heads * dim;
+  if (rows == 0) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  // Every row's entries one after another.
+  std::vector<int64_t> offsets(rows);
+  std::vector<int32_t> counts(rows);
+  size_t total = 0, most = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    offsets[r] = static_cast<int64_t>(total);
+    counts[r] = static_cast<int32_t>(entries[r].size() / dim);
+    total += entries[r].size() / dim;
+    most = std::max(most, entries[r].size() / dim);
+  }
+  packed_entries_.resize(std::max<size_t>(total, 1) * dim);
+  for (size_t r = 0; r < rows; ++r)
+    std::copy(entries[r].begin(), entries[r].end(), packed_entries_.begin() + offsets[r] * dim);
+  const kc::StreamHandle stream = stream_->handle();
+  KVTIER_RETURN_IF_ERROR(q_.Upload(std::span(q, outputs), stream));
+  KVTIER_RETURN_IF_ERROR(entries_.Upload(std::span<const float>(packed_entries_), stream));
+  KVTIER_RETURN_IF_ERROR(sinks_.Upload(std::span(sinks, shape.heads), stream));
+  KVTIER_RETURN_IF_ERROR(offsets_.Upload(std::span<const int64_t>(offsets), stream));
+  KVTIER_RETURN_IF_ERROR(counts_.Upload(std::span<const int32_t>(counts), stream));
+  KVTIER_RETURN_IF_ERROR(scores_.Reserve(std::max<size_t>(rows * shape.heads * most, 1)));
+  KVTIER_RETURN_IF_ERROR(attended_.Reserve(outputs));
+  KVTIER_RETURN_IF_ERROR(Check(kc::SinkAttention(shape, static_cast<uint32_t>(rows), q_.data(), entries_.data(),
+                                                 offsets_.data(), counts_.data(), static_cast<uint32_t>(most),
+                                                 sinks_.data(), scores_.data(), attended_.data(), stream)));
+  KVTIER_RETURN_IF_ERROR(Check(
+      kc::CopyQueued(out, attended_.data(), outputs * sizeof(float), kc::Copy::kDeviceToHost, stream, "attention")));
+  return Check(stream_->Synchronize("attention's download (or work queued before it)"));
+}
+
+void CudaAccelerator::Multiply(const uint16_t* weights, size_t row_begin, size_t rows, size_t cols, const float* x,
+                               size_t n, size_t x_stride, float* y, size_t y_stride) {
   absl::MutexLock lock(&mu_);
   const absl::Status done = MultiplyLocked(weights, row_begin, rows, cols, x, n, x_stride, y, y_stride);
   if (done.ok()) return;
@@ -108,8 +152,8 @@ void CudaProducts::Multiply(const uint16_t* weights, size_t row_begin, size_t ro
   if (error_.ok()) error_ = done;
 }
 
-absl::Status CudaProducts::MultiplyLocked(const uint16_t* weights, size_t row_begin, size_t rows, size_t cols,
-                                          const float* x, size_t n, size_t x_stride, float* y, size_t y_stride) {
+absl::Status CudaAccelerator::MultiplyLocked(const uint16_t* weights, size_t row_begin, size_t rows, size_t cols,
+                                             const float* x, size_t n, size_t x_stride, float* y, size_t y_stride) {
   if (n == 0) return absl::OkStatus();
   // cuBLAS takes whole rows: strided inputs and outputs go through packed
   // host copies.
@@ -126,8 +170,9 @@ absl::Status CudaProducts::MultiplyLocked(const uint16_t* weights, size_t row_be
   }
   KVTIER_RETURN_IF_ERROR(y_.Reserve(n * rows));
   KVTIER_RETURN_IF_ERROR(x_.Upload(std::span(in, n * cols), stream_->handle()));
-  KVTIER_RETURN_IF_ERROR(Check(blas_->Gemm(weights + row_begin * cols, static_cast<uint32_t>(rows),
-                                           static_cast<uint32_t>(cols), x_.data(), static_cast<uint32_t>(n), y_.data())));
+  KVTIER_RETURN_IF_ERROR(
+      Check(blas_->Gemm(weights + row_begin * cols, static_cast<uint32_t>(rows), static_cast<uint32_t>(cols), x_.data(),
+                        static_cast<uint32_t>(n), y_.data())));
   KVTIER_RETURN_IF_ERROR(Check(
       kc::CopyQueued(out, y_.data(), n * rows * sizeof(float), kc::Copy::kDeviceToHost, stream_->handle(), "product")));
   KVTIER_RETURN_IF_ERROR(Check(stream_->Synchronize("a product's download (or work queued before it)")));
@@ -139,8 +184,8 @@ absl::Status CudaProducts::MultiplyLocked(const uint16_t* weights, size_t row_be
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ProductDevice>> NewCudaProductDevice() {
-  auto device = std::make_unique<CudaProducts>();
+absl::StatusOr<std::unique_ptr<Accelerator>> NewCudaAccelerator() {
+  auto device = std::make_unique<CudaAccelerator>();
   KVTIER_RETURN_IF_ERROR(device->Open());
   return device;
 }

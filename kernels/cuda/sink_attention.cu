@@ -1,0 +1,89 @@
+// DeepSeek-V4's attention with sinks (cuda_sink_attention.h).
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "cuda_status.h"
+#include "kvtier/kernels/cuda_sink_attention.h"
+
+namespace kvtier::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+
+// The block's maximum or sum of one value a thread; every thread gets it.
+template <bool kMax>
+__device__ float BlockReduce(float v, float* shared) {
+  for (int o = 16; o > 0; o /= 2) {
+    const float other = __shfl_xor_sync(0xffffffffu, v, o);
+    v = kMax ? fmaxf(v, other) : v + other;
+  }
+  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = shared[0];
+  for (int w = 1; w < kWarps; ++w) v = kMax ? fmaxf(v, shared[w]) : v + shared[w];
+  __syncthreads();  // shared is reused by the next reduction
+  return v;
+}
+
+// One CUDA block per (row, head): a warp per entry for the scores (lanes
+// over the dims, reads coalesced), then the softmax with the sink, then a
+// thread per output dim summing over the entries.
+__global__ void __launch_bounds__(kThreads)
+    SinkAttentionKernel(SinkAttentionShape shape, const float* q, const float* entries, const int64_t* offsets,
+                        const int32_t* counts, uint32_t max_count, const float* sinks, float* scratch, float* out) {
+  __shared__ float reduced[kWarps];
+  const uint32_t heads = shape.heads, dim = shape.dim;
+  const uint32_t r = blockIdx.x / heads, h = blockIdx.x % heads;
+  const size_t row_head = size_t{r} * heads + h;
+  const float* qh = q + row_head * dim;
+  const float* kv = entries + static_cast<size_t>(offsets[r]) * dim;
+  const int32_t m = counts[r];
+  float* s = scratch + row_head * max_count;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float top = -INFINITY;
+  for (int32_t e = warp; e < m; e += kWarps) {
+    float dot = 0.0f;
+    for (uint32_t d = lane; d < dim; d += 32) dot += qh[d] * kv[size_t(e) * dim + d];
+    for (int o = 16; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    dot *= shape.scale;
+    if (lane == 0) s[e] = dot;
+    top = fmaxf(top, dot);
+  }
+  top = BlockReduce<true>(top, reduced);  // its __syncthreads also publishes s
+  float sum = 0.0f;
+  for (int32_t e = threadIdx.x; e < m; e += kThreads) {
+    const float p = expf(s[e] - top);
+    s[e] = p;
+    sum += p;
+  }
+  sum = BlockReduce<false>(sum, reduced);
+  // With no entries top is -inf and the sink's term infinite: out is 0.
+  const float denominator = sum + expf(sinks[h] - top);
+  float* o = out + row_head * dim;
+  for (uint32_t d = threadIdx.x; d < dim; d += kThreads) {
+    float acc = 0.0f;
+    for (int32_t e = 0; e < m; ++e) acc += s[e] * kv[size_t(e) * dim + d];
+    o[d] = acc / denominator;
+  }
+}
+
+}  // namespace
+
+Status SinkAttention(const SinkAttentionShape& shape, uint32_t rows, const float* q, const float* entries,
+                     const int64_t* offsets, const int32_t* counts, uint32_t max_count, const float* sinks,
+                     float* scratch, float* out, void* stream) {
+  if (q == nullptr || entries == nullptr || offsets == nullptr || counts == nullptr || sinks == nullptr ||
+      scratch == nullptr || out == nullptr || shape.heads == 0 || shape.dim == 0) {
+    return InvalidArgument("cuda::SinkAttention: missing pointer, or no heads or dims");
+  }
+  if (rows == 0) return OkStatus();
+  const size_t blocks = size_t{rows} * shape.heads;
+  if (blocks > 0x7fffffffu) return InvalidArgument("cuda::SinkAttention: more rows x heads than one launch takes");
+  SinkAttentionKernel<<<static_cast<unsigned>(blocks), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      shape, q, entries, offsets, counts, max_count, sinks, scratch, out);
+  return Launched("cuda::SinkAttention");
+}
+
+}  // namespace kvtier::kernels::cuda

@@ -1,0 +1,35 @@
+// An accelerator that a CPU backend hands its heavy steps to: the
+// products of its weight matrices, and DeepSeek-V4's attention with sinks
+// (cuda_accelerator.h on a GPU). V4's backend (v4_forward.h) uses one for
+// --device cuda, until its whole pass has kernels of its own.
+#ifndef KVTIER_SERVICES_RUNTIME_ACCELERATOR_H_
+#define KVTIER_SERVICES_RUNTIME_ACCELERATOR_H_
+
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kvtier/kernels/sink_attention.h"
+#include "services/runtime/matmul.h"
+
+namespace kvtier::runtime {
+
+class Accelerator {
+ public:
+  virtual ~Accelerator() = default;
+  // Copies w ([elements / cols][cols]) to the accelerator and sets
+  // w.device, releasing w's host arrays.
+  virtual absl::Status Place(WeightMatrix& w, size_t cols) = 0;
+  // The first failure among the products since the last call, which
+  // clears it (products return none).
+  virtual absl::Status TakeError() = 0;
+  // kernels::SinkAttention for every row at once: q [rows][heads][dim],
+  // row r's entries entries[r] ([*][dim]), out [rows][heads][dim].
+  virtual absl::Status SinkAttention(const kernels::SinkAttentionShape& shape,
+                                     std::span<const std::vector<float>> entries, const float* q, const float* sinks,
+                                     float* out) = 0;
+};
+
+}  // namespace kvtier::runtime
+
+#endif  // KVTIER_SERVICES_RUNTIME_ACCELERATOR_H_
