@@ -19,7 +19,7 @@ out=device-bundle
 programs=(services/kvtier services/kvtier-cache services/kvtier-decode services/kvtier-prefill
           tests/cuda_forward_test tests/fast_path_gpu_test tests/kernels_test
           load/decode_bench load/tier_move_bench load/cache_bench load/segment_reuse_bench)
-checks=(codecs layers matmul mla_attention sink_attention slab sparse_mla)
+checks=(codecs layers matmul mla_attention slab sparse_mla v4_attention)
 cmake --build build -j2 --target $(for p in "${programs[@]}"; do basename "$p"; done) \
   $(printf 'kvtier_cuda_check_%s ' "${checks[@]}")
 rm -rf "$out"

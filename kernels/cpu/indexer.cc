@@ -86,6 +86,16 @@ Status IndexerScores(uint32_t heads, uint32_t head_dim, std::span<const uint8_t>
   return OkStatus();
 }
 
+void V4IndexerScores(uint32_t heads, uint32_t dim, const float* q, const float* weights, const float* keys,
+                     size_t count, float* scores) {
+  std::vector<float> dots(size_t{heads} * count);
+  Gemm(keys, count, dim, q, heads, dim, dots.data(), count);
+  std::fill_n(scores, count, 0.0f);
+  for (uint32_t h = 0; h < heads; ++h) {
+    for (size_t g = 0; g < count; ++g) scores[g] += std::max(dots[h * count + g], 0.0f) * weights[h];
+  }
+}
+
 void SelectTopTokens(std::span<const float> scores, size_t k, std::vector<uint32_t>& out) {
   out.resize(scores.size());
   std::iota(out.begin(), out.end(), 0u);

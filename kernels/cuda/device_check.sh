@@ -59,7 +59,7 @@ step() {
 }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
-read -r -a checks <<<"${CHECKS:-codecs mla_attention sparse_mla sink_attention layers matmul slab}"
+read -r -a checks <<<"${CHECKS:-codecs mla_attention sparse_mla v4_attention layers matmul slab}"
 
 bin=device-bundle/checks
 probe=127

@@ -1,6 +1,6 @@
 // An accelerator that a CPU backend hands its heavy steps to: the
-// products of its weight matrices, and DeepSeek-V4's attention with sinks
-// (cuda_accelerator.h on a GPU). V4's backend (v4_forward.h) uses one for
+// products of its weight matrices, and DeepSeek-V4's indexer and
+// attention with sinks (cuda_accelerator.h on a GPU). V4's backend (v4_forward.h) uses one for
 // --device cuda, until its whole pass has kernels of its own.
 #ifndef KVTIER_SERVICES_RUNTIME_ACCELERATOR_H_
 #define KVTIER_SERVICES_RUNTIME_ACCELERATOR_H_
@@ -14,6 +14,18 @@
 
 namespace kvtier::runtime {
 
+// DeepSeek-V4's indexer queries of a pass: row r's query (q + r * heads *
+// dim) and head weights (weights + r * heads) score the first visible[r]
+// keys of keys[r] ([*][dim]; the rows of one sequence share its keys).
+struct IndexerQueries {
+  uint32_t heads = 0, dim = 0;
+  size_t k = 0;  // entries each row chooses
+  const float* q = nullptr;
+  const float* weights = nullptr;
+  std::vector<std::span<const float>> keys;
+  std::vector<uint32_t> visible;
+};
+
 class Accelerator {
  public:
   virtual ~Accelerator() = default;
@@ -23,6 +35,9 @@ class Accelerator {
   // The first failure among the products since the last call, which
   // clears it (products return none).
   virtual absl::Status TakeError() = 0;
+  // chosen[r] = the min(k, visible[r]) keys of highest score for each row
+  // (kernels::V4IndexerScores, then SelectTopTokens), in any order.
+  virtual absl::Status ChooseKeys(const IndexerQueries& queries, std::vector<std::vector<uint32_t>>& chosen) = 0;
   // kernels::SinkAttention for every row at once: q [rows][heads][dim],
   // row r's entries entries[r] ([*][dim]), out [rows][heads][dim].
   virtual absl::Status SinkAttention(const kernels::SinkAttentionShape& shape,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -12,7 +13,8 @@
 #include "kvtier/kernels/cuda_codec.h"
 #include "kvtier/kernels/cuda_device.h"
 #include "kvtier/kernels/cuda_matmul.h"
-#include "kvtier/kernels/cuda_sink_attention.h"
+#include "kvtier/kernels/cuda_sparse_mla.h"
+#include "kvtier/kernels/cuda_v4_attention.h"
 #include "services/base/status.h"
 #include "services/runtime/device_array.h"
 
@@ -28,6 +30,7 @@ class CudaAccelerator final : public Accelerator {
   absl::Status Open();
   absl::Status Place(WeightMatrix& w, size_t cols) override;
   absl::Status TakeError() override;
+  absl::Status ChooseKeys(const IndexerQueries& queries, std::vector<std::vector<uint32_t>>& chosen) override;
   absl::Status SinkAttention(const kernels::SinkAttentionShape& shape, std::span<const std::vector<float>> entries,
                              const float* q, const float* sinks, float* out) override;
   // DeviceMatrix::Multiply over `weights` (bf16 [*][cols] on the device).
@@ -43,7 +46,13 @@ class CudaAccelerator final : public Accelerator {
   absl::Mutex mu_;
   DeviceArray<float> x_ ABSL_GUARDED_BY(mu_), y_ ABSL_GUARDED_BY(mu_);
   std::vector<float> packed_x_ ABSL_GUARDED_BY(mu_), packed_y_ ABSL_GUARDED_BY(mu_);
-  // Attention's inputs and scratch.
+  // The indexer's and attention's inputs and scratch.
+  DeviceArray<float> index_q_ ABSL_GUARDED_BY(mu_), index_weights_ ABSL_GUARDED_BY(mu_), keys_ ABSL_GUARDED_BY(mu_),
+      index_scores_ ABSL_GUARDED_BY(mu_);
+  DeviceArray<int64_t> key_offsets_ ABSL_GUARDED_BY(mu_);
+  DeviceArray<int32_t> visible_ ABSL_GUARDED_BY(mu_), selected_ ABSL_GUARDED_BY(mu_),
+      selected_counts_ ABSL_GUARDED_BY(mu_);
+  std::vector<float> packed_keys_ ABSL_GUARDED_BY(mu_);
   DeviceArray<float> q_ ABSL_GUARDED_BY(mu_), entries_ ABSL_GUARDED_BY(mu_), sinks_ ABSL_GUARDED_BY(mu_),
       scores_ ABSL_GUARDED_BY(mu_), attended_ ABSL_GUARDED_BY(mu_);
   DeviceArray<int64_t> offsets_ ABSL_GUARDED_BY(mu_);
@@ -106,6 +115,54 @@ absl::Status CudaAccelerator::Place(WeightMatrix& w, size_t cols) {
 absl::Status CudaAccelerator::TakeError() {
   absl::MutexLock lock(&mu_);
   return std::exchange(error_, absl::OkStatus());
+}
+
+absl::Status CudaAccelerator::ChooseKeys(const IndexerQueries& queries, std::vector<std::vector<uint32_t>>& chosen) {
+  const size_t rows = queries.visible.size(), dim = queries.dim, k = queries.k;
+  chosen.assign(rows, {});
+  const uint32_t most = rows == 0 ? 0 : *std::max_element(queries.visible.begin(), queries.visible.end());
+  if (most == 0 || k == 0) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  // Each sequence's keys once: the rows of a sequence share them.
+  std::vector<int64_t> offsets(rows);
+  std::vector<int32_t> visible(rows);
+  std::unordered_map<const float*, int64_t> placed;
+  packed_keys_.clear();
+  for (size_t r = 0; r < rows; ++r) {
+    const auto [at, fresh] =
+        placed.try_emplace(queries.keys[r].data(), static_cast<int64_t>(packed_keys_.size() / dim));
+    if (fresh) packed_keys_.insert(packed_keys_.end(), queries.keys[r].begin(), queries.keys[r].end());
+    offsets[r] = at->second;
+    visible[r] = static_cast<int32_t>(queries.visible[r]);
+  }
+  const kc::StreamHandle stream = stream_->handle();
+  KVTIER_RETURN_IF_ERROR(index_q_.Upload(std::span(queries.q, rows * queries.heads * dim), stream));
+  KVTIER_RETURN_IF_ERROR(index_weights_.Upload(std::span(queries.weights, rows * queries.heads), stream));
+  KVTIER_RETURN_IF_ERROR(keys_.Upload(std::span<const float>(packed_keys_), stream));
+  KVTIER_RETURN_IF_ERROR(key_offsets_.Upload(std::span<const int64_t>(offsets), stream));
+  KVTIER_RETURN_IF_ERROR(visible_.Upload(std::span<const int32_t>(visible), stream));
+  KVTIER_RETURN_IF_ERROR(index_scores_.Reserve(rows * most));
+  KVTIER_RETURN_IF_ERROR(selected_.Reserve(rows * k));
+  KVTIER_RETURN_IF_ERROR(selected_counts_.Reserve(rows));
+  KVTIER_RETURN_IF_ERROR(Check(kc::V4IndexerScores(
+      queries.heads, queries.dim, static_cast<uint32_t>(rows), index_q_.data(), index_weights_.data(), keys_.data(),
+      key_offsets_.data(), visible_.data(), most, index_scores_.data(), stream)));
+  KVTIER_RETURN_IF_ERROR(
+      Check(kc::SelectTopTokens(static_cast<uint32_t>(rows), index_scores_.data(), most, visible_.data(),
+                                static_cast<uint32_t>(k), selected_.data(), selected_counts_.data(), stream)));
+  std::vector<int32_t> selected(rows * k), counts(rows);
+  KVTIER_RETURN_IF_ERROR(Check(kc::CopyQueued(selected.data(), selected_.data(), selected.size() * sizeof(int32_t),
+                                              kc::Copy::kDeviceToHost, stream, "chosen keys")));
+  KVTIER_RETURN_IF_ERROR(Check(kc::CopyQueued(counts.data(), selected_counts_.data(), counts.size() * sizeof(int32_t),
+                                              kc::Copy::kDeviceToHost, stream, "chosen key counts")));
+  KVTIER_RETURN_IF_ERROR(Check(stream_->Synchronize("the indexer's choice (or work queued before it)")));
+  for (size_t r = 0; r < rows; ++r) {
+    if (counts[r] < 0 || static_cast<size_t>(counts[r]) > std::min<size_t>(k, queries.visible[r])) {
+      return absl::InternalError(absl::StrCat("the GPU's indexer chose ", counts[r], " keys of ", queries.visible[r]));
+    }
+    chosen[r].assign(selected.begin() + r * k, selected.begin() + r * k + counts[r]);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaAccelerator::SinkAttention(const kernels::SinkAttentionShape& shape,

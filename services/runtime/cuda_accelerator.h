@@ -5,7 +5,7 @@
 // power-of-two scales, are exact in bf16); each product uploads its
 // inputs, runs cuBLAS (inputs rounded to bf16, sums in float32:
 // cuda_matmul.h) and waits for its outputs; attention uploads every row's
-// entries and runs cuda_sink_attention.h. Calls from several threads (the
+// entries and runs cuda_v4_attention.h. Calls from several threads (the
 // MoE's experts) take turns. Built only with CUDA (KVTIER_RUNTIME_CUDA).
 #ifndef KVTIER_SERVICES_RUNTIME_CUDA_ACCELERATOR_H_
 #define KVTIER_SERVICES_RUNTIME_CUDA_ACCELERATOR_H_

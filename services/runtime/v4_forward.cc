@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -98,10 +99,20 @@ class V4Forward final : public ForwardBackend {
     std::vector<float> qr, q, kv, ckv, cscore, ikv, iscore, iq, iw;
   };
   absl::StatusOr<Projected> Project(const Layer& l, std::span<const Row> rows, const float* h) const;
+  // What a row attends, gathered in steps: its window's entries (oldest
+  // first) as it advanced, how many compressed entries and indexer keys
+  // its sequence had then, and the compressed entries it chose.
+  struct Attended {
+    std::vector<float> entries;
+    size_t compressed = 0, keys = 0;
+    std::vector<uint32_t> chosen;
+  };
   // Advances row r's sequence by its position at layer li (window,
-  // compressors, the indexer's choice) and gathers what the row attends:
-  // its window's entries, oldest first, then the compressed ones chosen.
-  absl::Status AdvanceRow(size_t li, const Projected& p, size_t r, const Row& row, std::vector<float>& entries) const;
+  // compressors) and notes what the row sees.
+  absl::Status AdvanceRow(size_t li, const Projected& p, size_t r, const Row& row, Attended& a) const;
+  // The compressed entries each row attends: on CSA layers the indexer's
+  // top-k of those closed so far, on HCA layers all of them.
+  absl::Status Choose(size_t li, const Projected& p, std::span<const Row> rows, std::vector<Attended>& attended) const;
   // The MoE half: out[n][hidden].
   void Ffn(const Layer& l, std::span<const Row> rows, const float* h, float* out) const;
   // Moves the projections, experts and head to device_ (the embedding,
@@ -415,8 +426,7 @@ absl::StatusOr<V4Forward::Projected> V4Forward::Project(const Layer& l, std::spa
   return p;
 }
 
-absl::Status V4Forward::AdvanceRow(size_t li, const Projected& p, size_t r, const Row& row,
-                                   std::vector<float>& entries) const {
+absl::Status V4Forward::AdvanceRow(size_t li, const Projected& p, size_t r, const Row& row, Attended& a) const {
   const Layer& l = layers_[li];
   const size_t hd = v4_.head_dim;
   const float eps = static_cast<float>(c_.rms_norm_eps);
@@ -428,35 +438,60 @@ absl::Status V4Forward::AdvanceRow(size_t li, const Projected& p, size_t r, cons
     KVTIER_RETURN_IF_ERROR(CompressStep(*l.compressor, st.compressor, p.ckv.data() + r * w, p.cscore.data() + r * w,
                                         pos, *l.rope, eps, /*index=*/false, st.compressed));
   }
-  // The compressed entries attended: on CSA layers the indexer's top-k of
-  // those closed so far, on HCA layers all of them.
-  std::vector<uint32_t> chosen;
-  const size_t ih = c_.indexer.has_value() ? c_.indexer->heads : 0;
-  const size_t ihd = c_.indexer.has_value() ? c_.indexer->head_dim : 0;
   if (l.indexer.has_value()) {
     const size_t w = l.indexer->compressor.width();
     KVTIER_RETURN_IF_ERROR(CompressStep(l.indexer->compressor, st.index_compressor, p.ikv.data() + r * w,
                                         p.iscore.data() + r * w, pos, *l.rope, eps, /*index=*/true, st.index_keys));
-    const size_t keys = st.index_keys.size() / ihd;
-    std::vector<float> dots(ih * keys), scores(keys, 0.0f);
-    kernels::Gemm(st.index_keys.data(), keys, ihd, p.iq.data() + r * ih * ihd, ih, ihd, dots.data(), keys);
-    for (size_t hh = 0; hh < ih; ++hh) {
-      for (size_t g = 0; g < keys; ++g) scores[g] += std::max(dots[hh * keys + g], 0.0f) * p.iw[r * ih + hh];
-    }
-    kernels::SelectTopTokens(scores, static_cast<size_t>(c_.indexer->topk), chosen);
-  } else {
-    for (uint32_t g = 0; g < st.compressed.size() / hd; ++g) chosen.push_back(g);
+    a.keys = st.index_keys.size() / c_.indexer->head_dim;
   }
-  if (V4Trace* trace = row.cache->v4_trace; trace != nullptr) {
-    Record(li, pos, std::span(p.kv).subspan(r * hd, hd),
-           std::span(p.iq).subspan(r * ih * ihd, l.indexer.has_value() ? ih * ihd : 0), chosen, *trace);
-  }
-  entries.clear();
+  a.compressed = st.compressed.size() / hd;
+  // The window now: later rows of the pass overwrite its slots.
+  a.entries.clear();
   for (int64_t q = std::max<int64_t>(0, pos - window + 1); q <= pos; ++q) {
     const float* e = st.window.data() + static_cast<size_t>(q % window) * hd;
-    entries.insert(entries.end(), e, e + hd);
+    a.entries.insert(a.entries.end(), e, e + hd);
   }
-  for (uint32_t g : chosen) entries.insert(entries.end(), &st.compressed[g * hd], &st.compressed[g * hd] + hd);
+  return absl::OkStatus();
+}
+
+absl::Status V4Forward::Choose(size_t li, const Projected& p, std::span<const Row> rows,
+                               std::vector<Attended>& attended) const {
+  const size_t n = rows.size();
+  if (!layers_[li].indexer.has_value()) {
+    for (Attended& a : attended) {
+      a.chosen.resize(a.compressed);
+      std::iota(a.chosen.begin(), a.chosen.end(), 0u);
+    }
+    return absl::OkStatus();
+  }
+  // Rows see their sequence's keys up to their own position; the keys
+  // only grow, so each row reads the first a.keys of the pass's last.
+  IndexerQueries queries;
+  queries.heads = static_cast<uint32_t>(c_.indexer->heads);
+  queries.dim = static_cast<uint32_t>(c_.indexer->head_dim);
+  queries.k = static_cast<size_t>(c_.indexer->topk);
+  queries.q = p.iq.data();
+  queries.weights = p.iw.data();
+  for (size_t r = 0; r < n; ++r) {
+    queries.keys.push_back(rows[r].cache->v4[li].index_keys);
+    queries.visible.push_back(static_cast<uint32_t>(attended[r].keys));
+  }
+  std::vector<std::vector<uint32_t>> chosen(n);
+  if (device_ != nullptr) {
+    KVTIER_RETURN_IF_ERROR(device_->ChooseKeys(queries, chosen));
+  } else {
+    const size_t width = size_t{queries.heads} * queries.dim;
+    kernels::ParallelFor(n, 1, [&](size_t begin, size_t end) {
+      std::vector<float> scores;
+      for (size_t r = begin; r < end; ++r) {
+        scores.resize(queries.visible[r]);
+        kernels::V4IndexerScores(queries.heads, queries.dim, queries.q + r * width, queries.weights + r * queries.heads,
+                                 queries.keys[r].data(), scores.size(), scores.data());
+        kernels::SelectTopTokens(scores, queries.k, chosen[r]);
+      }
+    });
+  }
+  for (size_t r = 0; r < n; ++r) attended[r].chosen = std::move(chosen[r]);
   return absl::OkStatus();
 }
 
@@ -465,18 +500,32 @@ absl::Status V4Forward::Attention(size_t li, std::span<const Row> rows, std::spa
   const Layer& l = layers_[li];
   const size_t n = rows.size(), hidden = c_.hidden_size, heads = c_.num_attention_heads, hd = v4_.head_dim;
   KVTIER_ASSIGN_OR_RETURN(const Projected p, Project(l, rows, h));
-  // Each sequence's rows in order: its window, compressors and choice of
-  // entries advance one position at a time. Sequences run in parallel.
-  std::vector<std::vector<float>> entries(n);
+  // Each sequence's rows in order: its window and compressors advance one
+  // position at a time. Sequences run in parallel.
+  std::vector<Attended> seen(n);
   std::vector<absl::Status> status(starts.size() - 1);
   kernels::ParallelFor(starts.size() - 1, 1, [&](size_t begin, size_t end) {
     for (size_t b = begin; b < end; ++b) {
       for (size_t r = starts[b]; r < starts[b + 1] && status[b].ok(); ++r) {
-        status[b] = AdvanceRow(li, p, r, rows[r], entries[r]);
+        status[b] = AdvanceRow(li, p, r, rows[r], seen[r]);
       }
     }
   });
   for (const absl::Status& s : status) KVTIER_RETURN_IF_ERROR(s);
+  KVTIER_RETURN_IF_ERROR(Choose(li, p, rows, seen));
+  std::vector<std::vector<float>> entries(n);
+  const size_t ih = l.indexer.has_value() ? c_.indexer->heads * c_.indexer->head_dim : 0;
+  for (size_t r = 0; r < n; ++r) {
+    const std::vector<float>& compressed = rows[r].cache->v4[li].compressed;
+    for (uint32_t g : seen[r].chosen) {
+      seen[r].entries.insert(seen[r].entries.end(), compressed.begin() + g * hd, compressed.begin() + (g + 1) * hd);
+    }
+    entries[r] = std::move(seen[r].entries);
+    if (V4Trace* trace = rows[r].cache->v4_trace; trace != nullptr) {
+      Record(li, rows[r].pos, std::span(p.kv).subspan(r * hd, hd), std::span(p.iq).subspan(r * ih, ih), seen[r].chosen,
+             *trace);
+    }
+  }
   // Then every row attends at once, and its outputs are rotated back.
   std::vector<float> attended(n * heads * hd);
   const kernels::SinkAttentionShape shape{static_cast<uint32_t>(heads), static_cast<uint32_t>(hd),

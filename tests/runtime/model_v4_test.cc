@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "kvtier/kernels/float_formats.h"
+#include "kvtier/kernels/indexer.h"
 #include "kvtier/kernels/qat_rounding.h"
 #include "kvtier/kernels/sink_attention.h"
 #include "services/runtime/make_model.h"
@@ -377,6 +378,18 @@ class HostAccelerator final : public Accelerator {
     std::lock_guard lock(mu_);
     return std::exchange(error_, absl::OkStatus());
   }
+  absl::Status ChooseKeys(const IndexerQueries& queries, std::vector<std::vector<uint32_t>>& chosen) override {
+    ++choices_;
+    chosen.assign(queries.visible.size(), {});
+    const size_t width = size_t{queries.heads} * queries.dim;
+    for (size_t r = 0; r < chosen.size(); ++r) {
+      std::vector<float> scores(queries.visible[r]);
+      kernels::V4IndexerScores(queries.heads, queries.dim, queries.q + r * width, queries.weights + r * queries.heads,
+                               queries.keys[r].data(), scores.size(), scores.data());
+      kernels::SelectTopTokens(scores, queries.k, chosen[r]);
+    }
+    return absl::OkStatus();
+  }
   absl::Status SinkAttention(const kernels::SinkAttentionShape& shape, std::span<const std::vector<float>> entries,
                              const float* q, const float* sinks, float* out) override {
     ++attentions_;
@@ -388,7 +401,7 @@ class HostAccelerator final : public Accelerator {
     return absl::OkStatus();
   }
 
-  size_t placed_ = 0, attentions_ = 0;
+  size_t placed_ = 0, choices_ = 0, attentions_ = 0;
   std::atomic<size_t> products_ = 0;
   size_t fail_from = SIZE_MAX;
 
@@ -397,12 +410,12 @@ class HostAccelerator final : public Accelerator {
   absl::Status error_;
 };
 
-// The products and attention moved to an accelerator: every matrix but
+// The products, indexer and attention moved to an accelerator: every matrix but
 // the embedding goes there, a batched prefill and decode steps give the
 // CPU's logits and state bit for bit (so each product took its rows,
-// strides and rounding of inputs as on the CPU, and attention its rows'
-// entries), and a product that fails fails the pass with the
-// accelerator's error, never logits.
+// strides and rounding of inputs as on the CPU, the indexer each row's
+// query and visible keys, and attention its rows' entries), and a product
+// that fails fails the pass with the accelerator's error, never logits.
 TEST_P(ModelV4Test, AnAcceleratorGivesTheCpuBitsAndFailsLoudly) {
   SCOPED_TRACE(rng_.Trace());
   auto device = std::make_unique<HostAccelerator>();
@@ -452,6 +465,8 @@ TEST_P(ModelV4Test, AnAcceleratorGivesTheCpuBitsAndFailsLoudly) {
   }
   EXPECT_GT(products.products_.load(), 0u);
   EXPECT_EQ(products.attentions_, 4 * config_.v4->compress_ratios.size());  // a call a layer a pass
+  const size_t csa_layers = std::count(config_.v4->compress_ratios.begin(), config_.v4->compress_ratios.end(), 4);
+  EXPECT_EQ(products.choices_, 4 * csa_layers);
   products.fail_from = products.products_.load() + 7;
   const absl::Status failed = pass(tokens);
   EXPECT_EQ(failed.code(), absl::StatusCode::kDataLoss) << failed;

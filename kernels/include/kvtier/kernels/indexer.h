@@ -39,6 +39,13 @@ Status IndexerScores(uint32_t heads, uint32_t head_dim, std::span<const uint8_t>
                      std::span<const float> weights, std::span<const uint8_t> key_codes,
                      std::span<const float> key_scales, std::span<float> scores);
 
+// DeepSeek-V4's indexer: the score one query gives each of `count`
+// compressed keys (keys [count][dim], rounded by the model to FP4 and held
+// as floats): score[g] = sum_h weights[h] * ReLU(q_h . k_g), heads added in
+// order; q [heads][dim], weights [heads] (carrying the scales).
+void V4IndexerScores(uint32_t heads, uint32_t dim, const float* q, const float* weights, const float* keys,
+                     size_t count, float* scores);
+
 // The min(k, scores.size()) tokens of highest score, highest first, ties
 // to the lower index.
 void SelectTopTokens(std::span<const float> scores, size_t k, std::vector<uint32_t>& out);

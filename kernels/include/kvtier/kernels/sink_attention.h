@@ -3,7 +3,7 @@
 // softmax's denominator, which takes weight and gives no value:
 //   out_h = sum_e exp(s_he - m) k_e / (sum_e exp(s_he - m) + exp(sink_h - m)),
 //   s_he = scale * (q_h . k_e), m = max_e s_he.
-// The CPU's here; the GPU's in cuda_sink_attention.h.
+// The CPU's here; the GPU's in cuda_v4_attention.h.
 #ifndef KVTIER_KERNELS_SINK_ATTENTION_H_
 #define KVTIER_KERNELS_SINK_ATTENTION_H_
 

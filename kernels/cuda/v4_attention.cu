@@ -1,10 +1,11 @@
-// DeepSeek-V4's attention with sinks (cuda_sink_attention.h).
+// DeepSeek-V4's indexer scores and attention with sinks (cuda_v4_attention.h).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "cuda_status.h"
-#include "kvtier/kernels/cuda_sink_attention.h"
+#include "kvtier/kernels/cuda_v4_attention.h"
 
 namespace kvtier::kernels::cuda {
 namespace {
@@ -69,7 +70,66 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The indexer's query of a row in shared memory, at most this many floats
+// (heads * dim, then the heads' weights).
+constexpr uint32_t kMaxQuery = 12288;
+constexpr uint32_t kMaxKeyDim = 512;
+
+// Rows on the grid's y axis; a warp per key, its lanes holding the key's
+// values (dim / 32 each) while every head's dot product is summed across
+// them.
+__global__ void __launch_bounds__(kThreads)
+    V4IndexerScoresKernel(uint32_t heads, uint32_t dim, const float* q, const float* weights, const float* keys,
+                          const int64_t* key_offsets, const int32_t* visible, uint32_t max_visible, float* scores) {
+  extern __shared__ float query[];  // [heads][dim], then [heads] weights
+  const uint32_t r = blockIdx.y;
+  const uint32_t width = heads * dim;
+  for (uint32_t i = threadIdx.x; i < width; i += kThreads) query[i] = q[size_t{r} * width + i];
+  for (uint32_t h = threadIdx.x; h < heads; h += kThreads) query[width + h] = weights[size_t{r} * heads + h];
+  __syncthreads();
+  const int32_t n = visible[r];
+  const float* row_keys = keys + static_cast<size_t>(key_offsets[r]) * dim;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const uint32_t per_lane = dim / 32;
+  for (int32_t g = blockIdx.x * kWarps + warp; g < n; g += gridDim.x * kWarps) {
+    float key[kMaxKeyDim / 32];
+    for (uint32_t j = 0; j < per_lane; ++j) key[j] = row_keys[size_t(g) * dim + lane + 32 * j];
+    float score = 0.0f;
+    for (uint32_t h = 0; h < heads; ++h) {
+      float dot = 0.0f;
+      for (uint32_t j = 0; j < per_lane; ++j) dot += query[h * dim + lane + 32 * j] * key[j];
+      for (int o = 16; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+      score += fmaxf(dot, 0.0f) * query[width + h];
+    }
+    if (lane == 0) scores[size_t{r} * max_visible + g] = score;
+  }
+}
+
 }  // namespace
+
+Status V4IndexerScores(uint32_t heads, uint32_t dim, uint32_t rows, const float* q, const float* weights,
+                       const float* keys, const int64_t* key_offsets, const int32_t* visible, uint32_t max_visible,
+                       float* scores, void* stream) {
+  if (q == nullptr || weights == nullptr || keys == nullptr || key_offsets == nullptr || visible == nullptr ||
+      scores == nullptr || heads == 0 || dim == 0 || dim % 32 != 0 || dim > kMaxKeyDim ||
+      size_t{heads} * dim + heads > kMaxQuery) {
+    return InvalidArgument(
+        "cuda::V4IndexerScores: missing pointer, or dim not a multiple of 32 up to 512, or a "
+        "query of more than 12288 values");
+  }
+  if (rows == 0 || max_visible == 0) return OkStatus();
+  const unsigned tiles = static_cast<unsigned>(std::min<uint32_t>((max_visible + kWarps - 1) / kWarps, 4096));
+  const size_t shared = (size_t{heads} * dim + heads) * sizeof(float);
+  // Rows on the grid's y axis, at most 65535 a launch (a long prefill has more).
+  constexpr uint32_t kMaxRows = 65535;
+  for (uint32_t first = 0; first < rows; first += kMaxRows) {
+    V4IndexerScoresKernel<<<dim3(tiles, std::min(kMaxRows, rows - first)), kThreads, shared,
+                            static_cast<cudaStream_t>(stream)>>>(
+        heads, dim, q + size_t{first} * heads * dim, weights + size_t{first} * heads, keys, key_offsets + first,
+        visible + first, max_visible, scores + size_t{first} * max_visible);
+  }
+  return Launched("cuda::V4IndexerScores");
+}
 
 Status SinkAttention(const SinkAttentionShape& shape, uint32_t rows, const float* q, const float* entries,
                      const int64_t* offsets, const int32_t* counts, uint32_t max_count, const float* sinks,
