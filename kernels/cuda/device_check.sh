@@ -20,7 +20,8 @@
 # the cache service's Get and Put against Redis with its device tier in
 # the GPU (cache_bench); stores into segments fast path readers had, with
 # their memfds made ahead on a spare core (segment_reuse_bench: no GPU,
-# but the 16 cores this machine lacks); and `kvtier up --device cuda`.
+# but the 16 cores this machine lacks); and `kvtier up --device cuda`, on
+# the trained model and on a V4 preset.
 #
 # The check programs come prebuilt in device-bundle/checks/ when they run
 # there, and are built here otherwise. Each step has a time limit inside
@@ -114,6 +115,10 @@ elif [ -d device-bundle ]; then
   # command runs it on the CPU.
   step "kvtier up --device cuda" 60 device-bundle/kvtier up --device cuda --model "$PWD/models/jargon-mla" \
     --dir /tmp/kvtier-up-cuda
+  # DeepSeek-V4 through the services with its products, indexer and
+  # attention on the GPU (its second turn restores from the cache).
+  step "kvtier up v4-tiny --device cuda" 60 device-bundle/kvtier up --device cuda --preset v4-tiny \
+    --dir /tmp/kvtier-up-v4-cuda
 else
   echo "no device-bundle/: the services' GPU tests (scripts/device_bundle.sh) not run"
 fi
