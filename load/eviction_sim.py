@@ -186,19 +186,28 @@ class Adaptive:
     starts at the whole room (leaf-first alone) and moves as ARC's target
     does: a block stored again after probation let it go grows it, one
     stored again after recency let it go shrinks it (each step the other
-    kind's remembered count over this one's), down to `floor`."""
+    kind's remembered count over this one's), down to `floor`. Of the
+    blocks on probation, those of a request that found none of its prefix
+    cached (a cold start: a one-off, or a prefix long gone) go before
+    those that continue a cached prefix, oldest first in each."""
     stores_leaf_first = True
 
     def __init__(self, capacity, floor=0.1):
         self.c, self.floor, self.share = capacity, floor, 1.0
         self.order, self.probation = collections.OrderedDict(), collections.OrderedDict()
+        self.cold, self.cold_start = collections.OrderedDict(), False
         self.gone_on_probation, self.gone_used = collections.OrderedDict(), collections.OrderedDict()
 
     def __contains__(self, block):
         return block in self.order
 
     def used(self, prefix):
+        """A request's cached prefix (empty: a cold start); the blocks it
+        then inserts are its own."""
         use_again(reversed(prefix), self.probation, self.order)
+        for b in prefix:
+            self.cold.pop(b, None)
+        self.cold_start = not prefix
 
     def insert(self, block, parent):
         unit = 1 / max(1, self.c)
@@ -212,15 +221,20 @@ class Adaptive:
             del self.gone_used[block]
         else:
             self.probation[block] = True
+            if self.cold_start:
+                self.cold[block] = True
         self.order[block] = True
         while len(self.order) > self.c:
             if len(self.probation) > self.share * self.c:
-                victim, _ = self.probation.popitem(last=False)
+                victim, _ = (self.cold or self.probation).popitem(last=False)
+                self.probation.pop(victim, None)
+                self.cold.pop(victim, None)
                 del self.order[victim]
                 remember(self.gone_on_probation, victim, self.c)
             else:
                 victim, _ = self.order.popitem(last=False)
                 on_probation = self.probation.pop(victim, None) is not None
+                self.cold.pop(victim, None)
                 remember(self.gone_on_probation if on_probation else self.gone_used, victim, self.c)
 
 

@@ -98,7 +98,7 @@ absl::StatusOr<ReplayResult> Replay(const std::vector<TraceRequest>& requests, c
       result.written_back += filled;
     }
     if (!rest.empty()) {
-      absl::StatusOr<v1::PutResponse> put = cache.Put(mapping.ns, layout, rest);
+      absl::StatusOr<v1::PutResponse> put = cache.Put(mapping.ns, layout, rest, /*cold_start=*/hit == 0);
       if (!put.ok()) return put.status();
       for (const cache::BlockSlices& b : rest) result.bytes_put += b.records[0].size();
     }

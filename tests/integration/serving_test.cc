@@ -506,6 +506,9 @@ TEST_F(ServingTest, SharedPrefixesAndNextTurnsHitTheCache) {
   for (uint32_t t : RandomIds(20, rng_.engine())) a.push_back(t);
   for (uint32_t t : RandomIds(30, rng_.engine())) b.push_back(t);
   ASSERT_TRUE(cluster.Generate(Request(a, 8)).ok());
+  // The prefill node marks a prompt of which nothing was cached a cold
+  // start (its 3 blocks), and not one that continues a cached prefix.
+  EXPECT_EQ(cluster.CacheStats(0).blocks_stored_cold_start(), 3u);
   absl::StatusOr<RemoteGeneration> second = cluster.Generate(Request(b, 8));
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(second->usage.cached_tokens(), 192u);
@@ -519,6 +522,7 @@ TEST_F(ServingTest, SharedPrefixesAndNextTurnsHitTheCache) {
   std::vector<uint32_t> conversation = RandomIds(100, rng_.engine());
   absl::StatusOr<RemoteGeneration> turn1 = cluster.Generate(Request(conversation, 100, "chat"));
   ASSERT_TRUE(turn1.ok()) << turn1.status();
+  EXPECT_EQ(cluster.CacheStats(0).blocks_stored_cold_start(), 4u) << "turn 1's prompt block, not decode's";
   // In process: turn 1's prompt and its decode steps, whose first 3 blocks
   // are what decode wrote back.
   const runtime::Model& model = *Tiny().model;
@@ -536,11 +540,13 @@ TEST_F(ServingTest, SharedPrefixesAndNextTurnsHitTheCache) {
   absl::StatusOr<RemoteGeneration> turn2 = cluster.Generate(Request(conversation, 8, "chat"));
   ASSERT_TRUE(turn2.ok()) << turn2.status();
   EXPECT_EQ(turn2->usage.cached_tokens(), 192u) << "blocks 1 and 2 come from decode's write-back";
+  EXPECT_EQ(cluster.CacheStats(0).blocks_stored_cold_start(), 4u) << "turn 2 continued a cached prefix";
   ExpectSameGeneration(turn2->tokens, Continue(turn1_cache, conversation, 8), 1e-4);
   // Namespaces are part of the key: another tenant's identical turn misses.
   absl::StatusOr<RemoteGeneration> other = cluster.Generate(Request(conversation, 8, "other"));
   ASSERT_TRUE(other.ok());
   EXPECT_EQ(other->usage.cached_tokens(), 0u);
+  EXPECT_EQ(cluster.CacheStats(0).blocks_stored_cold_start(), 7u) << "the other tenant's 3 blocks";
 }
 
 // The cache deadline bounds each call to a shard, not the prefill that

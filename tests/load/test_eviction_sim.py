@@ -102,6 +102,24 @@ def test_adaptive_gives_up_what_leaf_first_does_when_everything_is_reused():
                 policy.used([b])
 
 
+def test_adaptive_lets_a_cold_start_go_before_a_continued_prefix():
+    a = eviction_sim.Adaptive(4)
+    a.share = 0.5  # probation may hold two blocks
+    a.used([])
+    a.insert("p", None)
+    a.used(["p"])
+    a.insert("w1", "p")  # continues a cached prefix
+    a.used([])  # a cold start: none of its prefix cached
+    a.insert("c1", None)
+    a.insert("c2", "c1")
+    a.used(["p"])
+    a.insert("w2", "p")  # full, and probation over its share: a cold block goes, though w1 is older
+    assert "w1" in a and "w2" in a and "c1" not in a and "c2" in a
+    a.used(["p"])
+    a.insert("w3", "p")  # then the other
+    assert "w1" in a and "c2" not in a
+
+
 def test_belady_lets_the_block_never_used_again_go():
     # Room for three: block 4 is never used again, so it goes at once and
     # the last request hits all of 1, 2 and 3: the ceiling with less room.

@@ -28,16 +28,19 @@ class CacheClient(ServiceClient):
                                          lease_ttl_ms=lease_ms or 0)
         return self._unary(self._stub.Match, request, timeout)
 
-    def put(self, ns, layout, blocks, *, timeout=None):
+    def put(self, ns, layout, blocks, *, cold_start=False, timeout=None):
         """Stores blocks: `blocks` is an iterable of (hash, record) or (hash,
         [records]) where records are whole blocks or layer slices
-        (records.encode_record). Returns the PutResponse. If `blocks` raises,
-        the Put is cancelled (its incomplete blocks dropped) and that
-        exception is raised here."""
+        (records.encode_record). `cold_start`: a Match found none of the
+        sequence's prefix cached (the cache's adaptive eviction lets such
+        blocks go first while nobody uses them again). Returns the
+        PutResponse. If `blocks` raises, the Put is cancelled (its
+        incomplete blocks dropped) and that exception is raised here."""
         raised = []
 
         def messages():
-            yield cache_pb2.PutRequest(header=cache_pb2.PutHeader(kv_namespace=ns, layout=layout.to_proto()))
+            yield cache_pb2.PutRequest(header=cache_pb2.PutHeader(kv_namespace=ns, layout=layout.to_proto(),
+                                                                  cold_start=cold_start))
             try:
                 for block_hash, records in blocks:
                     for record in [records] if isinstance(records, (bytes, bytearray)) else records:

@@ -55,8 +55,12 @@ def test_put_match_get_are_byte_exact(cache):
         assert client.put("acme", LAYOUT, [(h, record) for h, record, _ in stored]).blocks_deduplicated == 5
         assert client.get("acme", LAYOUT, [bytes(32)]) == [None]
         assert client.match("other", LAYOUT, hashes).matched_blocks == 0  # namespaces never share
+        # A cold start's blocks (none of their prefix was cached) are stored alike.
+        cold = blocks(rng, LAYOUT, "acme", 2)
+        assert client.put("acme", LAYOUT, [(h, record) for h, record, _ in cold], cold_start=True).blocks_stored == 2
+        assert client.get("acme", LAYOUT, [h for h, _, _ in cold]) == [record for _, record, _ in cold]
         stats = client.stats()
-        assert stats.blocks_stored == 5 and stats.server_version.startswith("kvtier-cache ")
+        assert stats.blocks_stored == 7 and stats.server_version.startswith("kvtier-cache ")
 
 
 # DeepSeek-V4 (block format 3): a window-only layer, one of ratio 4 with

@@ -33,7 +33,7 @@ absl::StatusOr<v1::MatchResponse> CacheClient::Match(const std::string& ns, cons
 }
 
 absl::StatusOr<v1::PutResponse> CacheClient::Put(const std::string& ns, const kvblock::LatentLayout& layout,
-                                                 const std::vector<BlockSlices>& blocks) {
+                                                 const std::vector<BlockSlices>& blocks, bool cold_start) {
   grpc::ClientContext context;
   SetDeadline(context);
   v1::PutResponse response;
@@ -41,6 +41,7 @@ absl::StatusOr<v1::PutResponse> CacheClient::Put(const std::string& ns, const kv
   v1::PutHeader header;
   header.set_kv_namespace(ns);
   *header.mutable_layout() = kvblock::LayoutToProto(layout);
+  header.set_cold_start(cold_start);
   bool open = writer->Write(PutHeaderMessage(header));
   PutBatchWire batch;
   for (const BlockSlices& block : blocks) {

@@ -43,9 +43,10 @@ class CacheClient {
                                           const std::vector<kvblock::BlockHash>& hashes, bool acquire_lease = false,
                                           uint32_t lease_ttl_ms = 0);
   // One Put stream: the header, then each block's slices in a message
-  // (in wire form over the records themselves: put_wire.h).
+  // (in wire form over the records themselves: put_wire.h). `cold_start`:
+  // PutHeader's (none of the sequence's prefix was found cached).
   absl::StatusOr<v1::PutResponse> Put(const std::string& ns, const kvblock::LatentLayout& layout,
-                                      const std::vector<BlockSlices>& blocks);
+                                      const std::vector<BlockSlices>& blocks, bool cold_start = false);
   // One Get stream; answers in request order. Errors of the stream itself
   // (bad request, cancelled) are the returned status.
   absl::StatusOr<std::vector<FetchedBlock>> Get(const std::string& ns, const kvblock::LatentLayout& layout,

@@ -5,7 +5,7 @@
 namespace kvtier::cache {
 
 std::unique_ptr<PutStream> PutRoute::Open(const std::string& ns, const kvblock::LatentLayout& layout,
-                                          const std::string& acting_for) {
+                                          const std::string& acting_for, bool cold_start) {
   if (down_()) return nullptr;
   std::unique_ptr<PutStream> s(new PutStream());
   v1::PutHeader header;
@@ -24,6 +24,7 @@ std::unique_ptr<PutStream> PutRoute::Open(const std::string& ns, const kvblock::
   s->writer_ = OpenRawPut(s->connection_->channel(), &s->context_, &s->response_);
   header.set_kv_namespace(ns);
   *header.mutable_layout() = kvblock::LayoutToProto(layout);
+  header.set_cold_start(cold_start);
   s->open_ = s->writer_->Write(PutHeaderMessage(header));
   return s;
 }

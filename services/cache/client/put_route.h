@@ -37,9 +37,10 @@ class PutRoute {
       : connections_(connections), read_routes_(read_routes), down_(std::move(down)) {}
 
   // A Put stream of blocks of `ns` in `layout`, for end tenant `acting_for`
-  // when not empty, its header sent at once; null while the shard is down.
+  // when not empty, its header (with `cold_start`) sent at once; null while
+  // the shard is down.
   std::unique_ptr<PutStream> Open(const std::string& ns, const kvblock::LatentLayout& layout,
-                                  const std::string& acting_for);
+                                  const std::string& acting_for, bool cold_start);
 
  private:
   StreamConnections* const connections_;

@@ -277,12 +277,13 @@ ShardSet::PutTargets ShardSet::ForPut() const {
 }
 
 ShardedPut::ShardedPut(ShardSet& shards, std::string ns, const kvblock::LatentLayout& layout,
-                       absl::Duration finish_deadline, std::string acting_for)
+                       absl::Duration finish_deadline, std::string acting_for, bool cold_start)
     : targets_(shards.ForPut()),
       ns_(std::move(ns)),
       layout_(layout),
       finish_deadline_(finish_deadline),
       acting_for_(std::move(acting_for)),
+      cold_start_(cold_start),
       streams_(targets_.shards.size()) {}
 
 ShardedPut::~ShardedPut() {
@@ -297,7 +298,7 @@ void ShardedPut::Write(const kvblock::BlockHash& hash, std::shared_ptr<const std
   if (targets_.shards.empty()) return;
   const size_t index = targets_.shard_of(shard_key.value_or(hash));
   std::unique_ptr<PutStream>& s = streams_[index];
-  if (s == nullptr && (s = targets_.shards[index]->Open(ns_, layout_, acting_for_)) == nullptr) return;
+  if (s == nullptr && (s = targets_.shards[index]->Open(ns_, layout_, acting_for_, cold_start_)) == nullptr) return;
   s->Write(hash, std::move(record));
 }
 

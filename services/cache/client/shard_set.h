@@ -139,9 +139,11 @@ class ShardSet {
 // no more writes; its blocks are reported as not stored. Not thread-safe.
 class ShardedPut {
  public:
-  // For end tenant `acting_for` when not empty (ShardSet's calls).
+  // For end tenant `acting_for` when not empty (ShardSet's calls);
+  // `cold_start`: PutHeader's (none of the sequence's prefix was found
+  // cached).
   ShardedPut(ShardSet& shards, std::string ns, const kvblock::LatentLayout& layout, absl::Duration finish_deadline,
-             std::string acting_for = {});
+             std::string acting_for = {}, bool cold_start = false);
   ~ShardedPut();
 
   // PutStream::Write to the shard of `hash` (or of `shard_key` when set);
@@ -162,6 +164,7 @@ class ShardedPut {
   kvblock::LatentLayout layout_;
   absl::Duration finish_deadline_;
   std::string acting_for_;
+  bool cold_start_;
   std::vector<std::unique_ptr<PutStream>> streams_;  // by shard
 };
 

@@ -41,6 +41,7 @@ void FillStats(const StoreStats& s, const FastPathCounters& f, v1::StatsResponse
   r.set_metadata_bytes(s.metadata_bytes);
   r.set_misses(s.misses);
   r.set_blocks_stored(s.blocks_stored);
+  r.set_blocks_stored_cold_start(s.blocks_stored_cold_start);
   r.set_blocks_deduplicated(s.blocks_deduplicated);
   r.set_bytes_in(s.bytes_in);
   r.set_bytes_out(s.bytes_out);

@@ -217,7 +217,8 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
         const v1::TenantQuota& quota = plan.scope.caller->quota;
         session_ = service_->store()->BeginPut(
             plan.scope.ns, plan.scope.layout, plan.scope.caller->tenant,
-            OwnerQuota{{quota.device_bytes(), quota.host_bytes(), quota.disk_bytes()}, quota.put_bytes_in_flight()});
+            OwnerQuota{{quota.device_bytes(), quota.host_bytes(), quota.disk_bytes()}, quota.put_bytes_in_flight()},
+            request.header().cold_start());
         return absl::OkStatus();
       }
       case v1::PutRequest::kSlice:

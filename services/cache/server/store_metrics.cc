@@ -58,6 +58,9 @@ std::vector<MetricFamily> StoreMetrics::Collect() const {
   const Single singles[] = {
       {"kvtier_cache_misses_total", "Block reads that found nothing", MetricType::Counter, s.misses},
       {"kvtier_cache_blocks_stored_total", "Blocks that became visible", MetricType::Counter, s.blocks_stored},
+      {"kvtier_cache_blocks_stored_cold_start_total",
+       "Blocks that became visible from Puts whose client found none of the prefix cached", MetricType::Counter,
+       s.blocks_stored_cold_start},
       {"kvtier_cache_blocks_deduplicated_total", "Puts of blocks already stored", MetricType::Counter,
        s.blocks_deduplicated},
       {"kvtier_cache_received_bytes_total", "Slice record bytes accepted by Put", MetricType::Counter, s.bytes_in},

@@ -381,7 +381,7 @@ void BlockStore::TouchLocked(Entry* e) {
   Tier& t = *tiers_[e->tier];
   if (e->on_probation) {  // used again: off probation
     OffProbationListLocked(e);
-    e->on_probation = false;
+    e->on_probation = e->cold_start = false;
   }
   t.lru.splice(t.lru.begin(), t.lru, e->lru);
 }
@@ -393,6 +393,9 @@ void BlockStore::LinkLocked(Entry* e, Entry* after) {
   e->probation = after != nullptr && after->on_probation ? t.probation.insert(std::next(after->probation), e)
                                                          : t.probation.insert(t.probation.begin(), e);
   t.probation_bytes += t.storage->BytesTaken(e->size);
+  if (!e->cold_start) return;
+  e->cold = after != nullptr && after->cold_start ? t.cold.insert(std::next(after->cold), e)
+                                                  : t.cold.insert(t.cold.begin(), e);
 }
 
 void BlockStore::UnlinkLocked(Entry* e) {
@@ -404,6 +407,7 @@ void BlockStore::OffProbationListLocked(Entry* e) {
   Tier& t = *tiers_[e->tier];
   t.probation.erase(e->probation);
   t.probation_bytes -= t.storage->BytesTaken(e->size);
+  if (e->cold_start) t.cold.erase(e->cold);
 }
 
 std::vector<Entry*> BlockStore::VictimsLocked(size_t tier, uint64_t bytes,
@@ -415,13 +419,19 @@ std::vector<Entry*> BlockStore::VictimsLocked(size_t tier, uint64_t bytes,
   std::vector<Entry*> victims;
   absl::flat_hash_set<const Entry*> chosen;  // a block on probation is in both lists
   const auto usable = [&](const Entry* e) { return e->pins == 0 && !chosen.contains(e) && eligible(*e); };
+  auto oldest_cold = t.cold.rbegin();
   auto oldest_on_probation = t.probation.rbegin();
   auto least_recent = t.lru.rbegin();
   for (uint64_t taken = 0; taken < bytes;) {
     Entry* next = nullptr;
     if (adaptive && static_cast<double>(on_probation) > probation_room) {
-      while (oldest_on_probation != t.probation.rend() && !usable(*oldest_on_probation)) ++oldest_on_probation;
-      if (oldest_on_probation != t.probation.rend()) next = *oldest_on_probation++;
+      // A cold start's blocks first, then the rest on probation.
+      while (oldest_cold != t.cold.rend() && !usable(*oldest_cold)) ++oldest_cold;
+      if (oldest_cold != t.cold.rend()) next = *oldest_cold++;
+      while (next == nullptr && oldest_on_probation != t.probation.rend() && !usable(*oldest_on_probation)) {
+        ++oldest_on_probation;
+      }
+      if (next == nullptr && oldest_on_probation != t.probation.rend()) next = *oldest_on_probation++;
     }
     if (next == nullptr) {
       while (least_recent != t.lru.rend() && !usable(*least_recent)) ++least_recent;

@@ -68,7 +68,9 @@ enum class Eviction {
   // kLeafFirst's order, but blocks stored and not used since are on
   // probation: while they take more than a share of a tier they go first,
   // oldest first, so that prompts seen once do not push out what is used
-  // again. The share adapts to what comes back after eviction
+  // again; of them, blocks a cold start stored (a Put whose client found
+  // none of the sequence's prefix cached: a one-off, or a prefix long gone)
+  // go before those that continue a cached prefix. The share adapts to what comes back after eviction
   // (ProbationShare): where the room holds what is reused it stays at the
   // whole tier, which is kLeafFirst. The default: load/README.md's eviction
   // tables.
@@ -160,6 +162,7 @@ struct StoreStats {
   double probation_share = 1.0;
   uint64_t misses = 0;
   uint64_t blocks_stored = 0;
+  uint64_t blocks_stored_cold_start = 0;  // of them, by Puts marked cold_start
   uint64_t blocks_deduplicated = 0;
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;
@@ -257,7 +260,7 @@ class PutSession {
  private:
   friend class BlockStore;
   struct Pending;
-  PutSession(BlockStore* store, std::string ns, kvblock::LatentLayout layout, std::string owner);
+  PutSession(BlockStore* store, std::string ns, kvblock::LatentLayout layout, std::string owner, bool cold_start);
   void Abandon(Pending& pending);
   // A DeepSeek-V4 record (format 3), parsed as `header`: it arrives whole,
   // takes room of its own size and is stored as it came.
@@ -278,6 +281,7 @@ class PutSession {
   std::unordered_map<std::string, std::unique_ptr<Pending>> pending_;  // by hash bytes
   std::unordered_set<std::string> deduplicated_;                       // blocks found already stored
   std::optional<kvblock::BlockHash> last_stored_;                      // the latest block it made visible
+  const bool cold_start_;                                              // BeginPut's
   PutSummary summary_;
 };
 
@@ -340,8 +344,10 @@ class BlockStore {
   // a tier demotes or drops its own least recently used blocks; room made
   // for anyone is taken from owners over their quotas or without one
   // first, never from one within its quota while there is another choice.
+  // `cold_start`: the client found none of the sequence's prefix cached
+  // (kAdaptive lets such blocks go first while they are on probation).
   std::unique_ptr<PutSession> BeginPut(std::string ns, kvblock::LatentLayout layout, std::string owner = "",
-                                       OwnerQuota quota = {});
+                                       OwnerQuota quota = {}, bool cold_start = false);
 
   // Where a pinned block's record lies in shared segments
   // (TierStorage::SharedPieces); empty when some of it is not in one (a
@@ -483,10 +489,11 @@ class BlockStore {
   // ordered behind block `after` of `ns` (the stream's previous one, if
   // still in the first tier) for eviction.
   // A DeepSeek-V4 block (`v4_block`) takes its restore point with it when
-  // it is evicted.
+  // it is evicted; `cold_start` is BeginPut's.
   bool PublishPending(const std::string& ns, const kvblock::BlockHash& hash, uint64_t layout_id,
                       const std::string& owner, size_t bytes, std::vector<uint32_t> pages,
-                      const std::optional<kvblock::BlockHash>& after, bool v4_block) ABSL_LOCKS_EXCLUDED(mu_);
+                      const std::optional<kvblock::BlockHash>& after, bool v4_block, bool cold_start)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   const StoreOptions options_;
   Clock* const clock_;

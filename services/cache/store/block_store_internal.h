@@ -27,19 +27,23 @@ struct Entry {
   uint32_t pins = 0;
   bool zombie = false;  // dropped while pinned; pages freed at the last unpin
   bool moving = false;  // being copied to another tier (without the lock)
-  // kAdaptive: stored and not used since, in its tier's probation list too.
+  // kAdaptive: stored and not used since, in its tier's probation list too;
+  // and stored by a cold start, in its tier's cold list as well.
   bool on_probation = false;
+  bool cold_start = false;
   // A DeepSeek-V4 block: its restore point (kvblock::RestorePointKey) is
   // evicted with it, since a prefix can only be restored where one is.
   bool v4_block = false;
   std::list<Entry*>::iterator lru;
   std::list<Entry*>::iterator probation;  // while on_probation
+  std::list<Entry*>::iterator cold;       // while on_probation and cold_start
 };
 
 struct BlockStore::Tier {
   std::unique_ptr<TierStorage> storage;  // fixed after Create
   std::list<Entry*> lru;                 // every block, most recently used first
   std::list<Entry*> probation;           // kAdaptive: blocks on probation, newest first
+  std::list<Entry*> cold;                // those of them a cold start stored, newest first
   uint64_t probation_bytes = 0;          // the room they take
   TierCounters counters;
 };

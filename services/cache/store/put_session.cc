@@ -30,14 +30,16 @@ struct PutSession::Pending {
   std::vector<Slice> slices;
 };
 
-PutSession::PutSession(BlockStore* store, std::string ns, kvblock::LatentLayout layout, std::string owner)
+PutSession::PutSession(BlockStore* store, std::string ns, kvblock::LatentLayout layout, std::string owner,
+                       bool cold_start)
     : store_(store),
       ns_(std::move(ns)),
       segment_owner_(store->SegmentOwnerOf(ns_, owner)),  // before owner is moved from
       owner_(std::move(owner)),
       layout_(std::move(layout)),
       layout_id_(kvblock::LayoutId(layout_)),
-      record_bytes_(kvblock::HeaderFor(layout_, 0, layout_.num_layers).RecordBytes()) {}
+      record_bytes_(kvblock::HeaderFor(layout_, 0, layout_.num_layers).RecordBytes()),
+      cold_start_(cold_start) {}
 
 PutSession::~PutSession() {
   for (auto& [hash, pending] : pending_) Abandon(*pending);
@@ -137,7 +139,8 @@ void PutSession::NoteDeduplicated(const std::string& key) {
 }
 
 void PutSession::Publish(const kvblock::BlockHash& hash, size_t bytes, std::vector<uint32_t> pages, bool v4_block) {
-  if (store_->PublishPending(ns_, hash, layout_id_, owner_, bytes, std::move(pages), last_stored_, v4_block)) {
+  if (store_->PublishPending(ns_, hash, layout_id_, owner_, bytes, std::move(pages), last_stored_, v4_block,
+                             cold_start_)) {
     ++summary_.blocks_stored;
     last_stored_ = hash;
   } else {
@@ -282,7 +285,7 @@ TierStorage& BlockStore::FirstTier() const { return *tiers_[0]->storage; }
 
 bool BlockStore::PublishPending(const std::string& ns, const kvblock::BlockHash& hash, uint64_t layout_id,
                                 const std::string& owner, size_t bytes, std::vector<uint32_t> pages,
-                                const std::optional<kvblock::BlockHash>& after, bool v4_block) {
+                                const std::optional<kvblock::BlockHash>& after, bool v4_block, bool cold_start) {
   absl::MutexLock lock(&mu_);
   EndPendingLocked(owner, bytes);
   Key key(ns, hash);
@@ -309,23 +312,26 @@ bool BlockStore::PublishPending(const std::string& ns, const kvblock::BlockHash&
   }
   entry->on_probation =
       options_.eviction == Eviction::kAdaptive && !probation_share_.Returning(KeyHash()(key), index_.size());
+  entry->cold_start = entry->on_probation && cold_start;
   LinkLocked(entry.get(), behind);
   Tier& first = *tiers_[0];
   ++first.counters.blocks;
   ++counters_.blocks_stored;
+  if (cold_start) ++counters_.blocks_stored_cold_start;
   counters_.metadata_bytes += EntryMetadataBytes(*entry);
   index_.emplace(std::move(key), std::move(entry));
   return true;
 }
 
 std::unique_ptr<PutSession> BlockStore::BeginPut(std::string ns, kvblock::LatentLayout layout, std::string owner,
-                                                 OwnerQuota quota) {
+                                                 OwnerQuota quota, bool cold_start) {
   {
     absl::MutexLock lock(&mu_);
     const bool limited = quota.tier_bytes != std::array<uint64_t, 3>{} || quota.pending_bytes > 0;
     if (limited || owners_.contains(owner)) owners_[owner].quota = quota;
   }
-  return std::unique_ptr<PutSession>(new PutSession(this, std::move(ns), std::move(layout), std::move(owner)));
+  return std::unique_ptr<PutSession>(
+      new PutSession(this, std::move(ns), std::move(layout), std::move(owner), cold_start));
 }
 
 }  // namespace kvtier::cache

@@ -113,8 +113,8 @@ class BlockStoreTest : public ::testing::TestWithParam<Memory> {
 
   // Puts whole blocks through one session, in order (as a prefill node's
   // stream stores a prompt's new blocks).
-  void PutChain(const std::vector<BlockHash>& hashes) {
-    auto session = store_->BeginPut("ns", layout_);
+  void PutChain(const std::vector<BlockHash>& hashes, bool cold_start = false) {
+    auto session = store_->BeginPut("ns", layout_, "", {}, cold_start);
     for (const BlockHash& hash : hashes) {
       for (uint32_t l = 0; l < layout_.num_layers; ++l) {
         absl::Status s = session->AddSlice(hash, Slice(l, 1));
@@ -615,6 +615,33 @@ TEST_P(BlockStoreTest, AdaptiveLeavesAPinnedBlockOnProbationWhereItIs) {
   EXPECT_TRUE(Held(kept));
   EXPECT_TRUE(Held(Hash(1000))) << "the hot block";
   ExpectWithinCapacity();
+}
+
+// Of the blocks on probation, a cold start's (a Put whose client found
+// none of the sequence's prefix cached) go first: after the share moved
+// (the hot block among one-offs, room for five), a block W continuing a
+// prefix, then a one-off prompt of six blocks. Marked cold, the one-off's
+// blocks go and W stays; not marked, W, older, goes before them. Under
+// leaf-first the mark changes nothing: W goes.
+TEST_P(BlockStoreTest, AdaptiveLetsAColdStartGoFirst) {
+  for (const Eviction eviction : {Eviction::kLeafFirst, Eviction::kAdaptive}) {
+    for (const bool cold : {false, true}) {
+      SCOPED_TRACE(std::string(eviction == Eviction::kAdaptive ? "adaptive" : "leaf-first") +
+                   (cold ? ", cold start" : ", not marked"));
+      Open(4, 1, 0, [&](StoreOptions& o) { o.eviction = eviction; });
+      ASSERT_EQ(HotBlockAmongOneOffs(8, 6).back(), eviction == Eviction::kAdaptive);
+      const BlockHash w = Hash(7000);
+      PutChain({w});
+      std::vector<BlockHash> one_off;
+      for (int i = 0; i < 6; ++i) one_off.push_back(Hash(7100 + i));
+      PutChain(one_off, cold);
+      EXPECT_EQ(Held(w), eviction == Eviction::kAdaptive && cold);
+      if (eviction == Eviction::kAdaptive) {
+        EXPECT_TRUE(Held(Hash(1000))) << "the hot block";
+      }
+      ExpectWithinCapacity();
+    }
+  }
 }
 
 // Once everything stored is used again, adaptive gives up what leaf-first
