@@ -25,7 +25,9 @@ The shape it draws, so that tests and benchmarks need no outside data:
   once, a batch job) arriving as their own Poisson process (--one-off-rate
   a second, 0 by default), log-normal around --one-off-tokens, whose
   blocks no later request reuses: each pushes the hot working set out of
-  an LRU cache once, for nothing.
+  an LRU cache once, for nothing; with --one-off-system each begins with
+  a system prompt (so a cache finds its first blocks), as a document
+  pasted into a new chat would.
 
 Usage: trace_gen.py --conversations 200 --seed 1 > trace.jsonl
 """
@@ -101,13 +103,15 @@ def generate(args):
         answer_ms = output * args.ms_per_output_token
         think_ms = rng.expovariate(1 / args.think_seconds) * 1000
         heapq.heappush(pending, (now + answer_ms + think_ms, c, conversation))
-    requests += one_offs(rng, ids, args, end_ms=requests[-1]["timestamp"] if requests else 0)
+    requests += one_offs(rng, ids, args, end_ms=requests[-1]["timestamp"] if requests else 0,
+                         systems=systems if args.one_off_system else [], weights=weights)
     requests.sort(key=lambda r: r["timestamp"])  # stable: conversations keep their order
     return requests
 
 
-def one_offs(rng, ids, args, end_ms):
-    """One-off long prompts until `end_ms`: fresh ids, never seen again."""
+def one_offs(rng, ids, args, end_ms, systems, weights):
+    """One-off long prompts until `end_ms`: fresh ids, never seen again,
+    after one of `systems` (chosen by `weights`) when any are given."""
     out = []
     now = 0.0
     while args.one_off_rate > 0:
@@ -115,8 +119,12 @@ def one_offs(rng, ids, args, end_ms):
         if now > end_ms:
             break
         prompt = lognormal(rng, args.one_off_tokens, 0.5)
+        head = []
+        if systems:
+            length, head = systems[rng.choices(range(len(systems)), weights)[0]]
+            prompt += length - length % BLOCK  # the system prompt's whole blocks, then the document
         out.append({"timestamp": int(now), "input_length": prompt, "output_length": lognormal(rng, args.output_tokens),
-                    "hash_ids": ids.fresh(-(-prompt // BLOCK))})
+                    "hash_ids": list(head) + ids.fresh(-(-prompt // BLOCK) - len(head))})
     return out
 
 
@@ -136,6 +144,9 @@ def main(argv):
     parser.add_argument("--one-off-rate", type=float, default=0.0,
                         help="one-off long prompts a second, beside the conversations (0: none)")
     parser.add_argument("--one-off-tokens", type=int, default=8000, help="mean one-off prompt length")
+    parser.add_argument("--one-off-system", action="store_true",
+                        help="one-off prompts begin with a system prompt (Zipf-chosen, as conversations do), so a "
+                             "cache finds their first blocks")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     if (args.conversations < 0 or args.system_prompts < 1 or args.rate <= 0 or args.turns < 1

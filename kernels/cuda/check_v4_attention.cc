@@ -66,26 +66,63 @@ Rows MakeRows(uint32_t heads, uint32_t dim, const std::vector<int32_t>& counts, 
   return r;
 }
 
+// Device memory a check allocates, freed with it.
+class DeviceBuffers {
+ public:
+  DeviceBuffers() = default;
+  DeviceBuffers(const DeviceBuffers&) = delete;
+  DeviceBuffers& operator=(const DeviceBuffers&) = delete;
+  ~DeviceBuffers() {
+    for (void* p : owned_) cudaFree(p);
+  }
+  template <typename T>
+  T* Copy(const std::vector<T>& host) {
+    return Own(ToDevice(host));
+  }
+  template <typename T>
+  T* Room(size_t n) {
+    T* p = nullptr;
+    cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T));
+    return Own(p);
+  }
+
+ private:
+  template <typename T>
+  T* Own(T* p) {
+    owned_.push_back(p);
+    return p;
+  }
+  std::vector<void*> owned_;
+};
+
+// Attention's inputs on the device, and room for its scores and outputs.
+struct AttentionOnDevice {
+  explicit AttentionOnDevice(const Rows& r)
+      : q(d.Copy(r.q)),
+        entries(d.Copy(r.entries)),
+        sinks(d.Copy(r.sinks)),
+        offsets(d.Copy(r.offsets)),
+        counts(d.Copy(r.counts)),
+        scratch(d.Room<float>(r.counts.size() * r.shape.heads * r.max_count)),
+        out(d.Room<float>(r.q.size())) {}
+  Status Run(const Rows& r) const {
+    return cuda::SinkAttention(r.shape, static_cast<uint32_t>(r.counts.size()), q, entries, offsets, counts,
+                               r.max_count, sinks, scratch, out, nullptr);
+  }
+  DeviceBuffers d;
+  float *q, *entries, *sinks;
+  int64_t* offsets;
+  int32_t* counts;
+  float *scratch, *out;
+};
+
 // The GPU's outputs for `rows`, or empty after a CUDA error.
 std::vector<float> OnGpu(const Rows& r) {
-  const uint32_t n = static_cast<uint32_t>(r.counts.size());
-  float *q = ToDevice(r.q), *entries = ToDevice(r.entries), *sinks = ToDevice(r.sinks);
-  int64_t* offsets = ToDevice(r.offsets);
-  int32_t* counts = ToDevice(r.counts);
-  float *scratch = nullptr, *out = nullptr;
-  cudaMalloc(&scratch, std::max<size_t>(1, size_t{n} * r.shape.heads * r.max_count) * 4);
-  cudaMalloc(&out, r.q.size() * 4);
-  const Status s =
-      cuda::SinkAttention(r.shape, n, q, entries, offsets, counts, r.max_count, sinks, scratch, out, nullptr);
-  std::vector<float> got = ToHost(out, r.q.size());
-  const bool ran = s.ok() && cudaDeviceSynchronize() == cudaSuccess;
+  const AttentionOnDevice on(r);
+  const Status s = on.Run(r);
   if (!s.ok()) std::printf("  cuda::SinkAttention: %s\n", s.message().c_str());
-  for (void* p :
-       {static_cast<void*>(q), static_cast<void*>(entries), static_cast<void*>(sinks), static_cast<void*>(offsets),
-        static_cast<void*>(counts), static_cast<void*>(scratch), static_cast<void*>(out)}) {
-    cudaFree(p);
-  }
-  return ran ? got : std::vector<float>{};
+  std::vector<float> got = ToHost(on.out, r.q.size());
+  return s.ok() && cudaDeviceSynchronize() == cudaSuccess ? got : std::vector<float>{};
 }
 
 // Row i, head h in float64.
@@ -171,32 +208,44 @@ IndexerRows MakeIndexerRows(uint32_t heads, uint32_t dim, const std::vector<int3
   return r;
 }
 
-// Scores and the top-k over them on the GPU; empty after a CUDA error.
+// The indexer's inputs on the device, and room for its scores and choice.
+struct IndexerOnDevice {
+  IndexerOnDevice(const IndexerRows& r, uint32_t top)
+      : k(top),
+        q(d.Copy(r.q)),
+        weights(d.Copy(r.weights)),
+        keys(d.Copy(r.keys)),
+        offsets(d.Copy(r.key_offsets)),
+        visible(d.Copy(r.visible)),
+        scores(d.Room<float>(r.visible.size() * r.max_visible)),
+        selected(d.Room<int32_t>(r.visible.size() * top)),
+        counts(d.Room<int32_t>(r.visible.size())) {}
+  // Scores, then the top k of them.
+  Status Run(const IndexerRows& r) const {
+    const uint32_t rows = static_cast<uint32_t>(r.visible.size());
+    const Status s =
+        cuda::V4IndexerScores(r.heads, r.dim, rows, q, weights, keys, offsets, visible, r.max_visible, scores, nullptr);
+    return s.ok() ? cuda::SelectTopTokens(rows, scores, r.max_visible, visible, k, selected, counts, nullptr) : s;
+  }
+  DeviceBuffers d;
+  uint32_t k;
+  float *q, *weights, *keys;
+  int64_t* offsets;
+  int32_t* visible;
+  float* scores;
+  int32_t *selected, *counts;
+};
+
+// Scores and the top-k over them on the GPU; false after a CUDA error.
 bool IndexerOnGpu(const IndexerRows& r, uint32_t k, std::vector<float>& scores, std::vector<int32_t>& selected,
                   std::vector<int32_t>& counts) {
-  const uint32_t rows = static_cast<uint32_t>(r.visible.size());
-  float *q = ToDevice(r.q), *weights = ToDevice(r.weights), *keys = ToDevice(r.keys);
-  int64_t* offsets = ToDevice(r.key_offsets);
-  int32_t* visible = ToDevice(r.visible);
-  float* d_scores = nullptr;
-  int32_t *d_selected = nullptr, *d_counts = nullptr;
-  cudaMalloc(&d_scores, size_t{rows} * r.max_visible * 4);
-  cudaMalloc(&d_selected, size_t{rows} * k * 4);
-  cudaMalloc(&d_counts, size_t{rows} * 4);
-  Status s =
-      cuda::V4IndexerScores(r.heads, r.dim, rows, q, weights, keys, offsets, visible, r.max_visible, d_scores, nullptr);
-  if (s.ok()) s = cuda::SelectTopTokens(rows, d_scores, r.max_visible, visible, k, d_selected, d_counts, nullptr);
+  const IndexerOnDevice on(r, k);
+  const Status s = on.Run(r);
   if (!s.ok()) std::printf("  indexer: %s\n", s.message().c_str());
-  scores = ToHost(d_scores, size_t{rows} * r.max_visible);
-  selected = ToHost(d_selected, size_t{rows} * k);
-  counts = ToHost(d_counts, rows);
-  const bool ran = s.ok() && cudaDeviceSynchronize() == cudaSuccess;
-  for (void* p : {static_cast<void*>(q), static_cast<void*>(weights), static_cast<void*>(keys),
-                  static_cast<void*>(offsets), static_cast<void*>(visible), static_cast<void*>(d_scores),
-                  static_cast<void*>(d_selected), static_cast<void*>(d_counts)}) {
-    cudaFree(p);
-  }
-  return ran;
+  scores = ToHost(on.scores, r.visible.size() * r.max_visible);
+  selected = ToHost(on.selected, r.visible.size() * k);
+  counts = ToHost(on.counts, r.visible.size());
+  return s.ok() && cudaDeviceSynchronize() == cudaSuccess;
 }
 
 bool CheckIndexer(const IndexerRows& r, uint32_t k) {
@@ -253,28 +302,10 @@ void IndexerBenchmark(std::mt19937_64& rng) {
   for (uint32_t batch : {1u, 8u, 64u}) {
     IndexerRows r = MakeIndexerRows(64, 128, std::vector<int32_t>(batch, 16384), rng);
     for (int64_t& o : r.key_offsets) o = 0;  // one sequence's keys: each row reads them
-    float *q = ToDevice(r.q), *weights = ToDevice(r.weights), *keys = ToDevice(r.keys);
-    int64_t* offsets = ToDevice(r.key_offsets);
-    int32_t* visible = ToDevice(r.visible);
-    float* scores = nullptr;
-    int32_t *selected = nullptr, *counts = nullptr;
-    cudaMalloc(&scores, size_t{batch} * r.max_visible * 4);
-    cudaMalloc(&selected, size_t{batch} * 512 * 4);
-    cudaMalloc(&counts, size_t{batch} * 4);
-    const double ms = check::Milliseconds(
-        [&] {
-          (void)cuda::V4IndexerScores(64, 128, batch, q, weights, keys, offsets, visible, r.max_visible, scores,
-                                      nullptr);
-          (void)cuda::SelectTopTokens(batch, scores, r.max_visible, visible, 512, selected, counts, nullptr);
-        },
-        20);
+    const IndexerOnDevice on(r, 512);
+    const double ms = check::Milliseconds([&] { (void)on.Run(r); }, 20);
     const double gbs = static_cast<double>(batch) * 16384 * 128 * 4 / (ms * 1e6);
     std::printf("%6u %12.1f %12.1f %13.0f%%\n", batch, ms * 1e3, gbs, 100.0 * gbs / copy);
-    for (void* p : {static_cast<void*>(q), static_cast<void*>(weights), static_cast<void*>(keys),
-                    static_cast<void*>(offsets), static_cast<void*>(visible), static_cast<void*>(scores),
-                    static_cast<void*>(selected), static_cast<void*>(counts)}) {
-      cudaFree(p);
-    }
   }
 }
 
@@ -285,25 +316,10 @@ void Benchmark(std::mt19937_64& rng) {
   const double copy = cuda::DeviceCopyGBs(size_t{256} << 20);
   for (uint32_t batch : {1u, 8u, 64u}) {
     const Rows r = MakeRows(64, 512, std::vector<int32_t>(batch, 640), rng);
-    float *q = ToDevice(r.q), *entries = ToDevice(r.entries), *sinks = ToDevice(r.sinks);
-    int64_t* offsets = ToDevice(r.offsets);
-    int32_t* counts = ToDevice(r.counts);
-    float *scratch = nullptr, *out = nullptr;
-    cudaMalloc(&scratch, size_t{batch} * 64 * r.max_count * 4);
-    cudaMalloc(&out, r.q.size() * 4);
-    const double ms = check::Milliseconds(
-        [&] {
-          (void)cuda::SinkAttention(r.shape, batch, q, entries, offsets, counts, r.max_count, sinks, scratch, out,
-                                    nullptr);
-        },
-        20);
+    const AttentionOnDevice on(r);
+    const double ms = check::Milliseconds([&] { (void)on.Run(r); }, 20);
     const double gbs = r.entries.size() * 4.0 / (ms * 1e6);
     std::printf("%6u %12.1f %12.1f %13.0f%%\n", batch, ms * 1e3, gbs, 100.0 * gbs / copy);
-    for (void* p :
-         {static_cast<void*>(q), static_cast<void*>(entries), static_cast<void*>(sinks), static_cast<void*>(offsets),
-          static_cast<void*>(counts), static_cast<void*>(scratch), static_cast<void*>(out)}) {
-      cudaFree(p);
-    }
   }
 }
 

@@ -139,3 +139,19 @@ def test_one_off_prompts_are_long_and_never_reused():
     expected = 0.5 * plain[-1]["timestamp"] / 1000
     assert 0.6 * expected < len(one_offs) < 1.4 * expected, (len(one_offs), expected)
     assert 4000 < sum(r["input_length"] for r in one_offs) / len(one_offs) < 8000
+
+
+def test_one_off_prompts_may_begin_with_a_system_prompt():
+    # Enough conversations that each of the 20 system prompts begins one.
+    plain = generate("--conversations", "400", "--seed", "11")
+    mixed = generate("--conversations", "400", "--seed", "11", "--one-off-rate", "0.5", "--one-off-system")
+    one_offs = [r for r in mixed if r not in plain]
+    assert [r for r in mixed if r in plain] == plain, "the conversations changed"
+    assert len(one_offs) > 5
+    firsts = {r["hash_ids"][0] for r in plain}  # where conversations (their system prompts) begin
+    seen = collections.Counter(i for r in mixed for i in r["hash_ids"])
+    for r in one_offs:
+        assert r["hash_ids"][0] in firsts, "a one-off that does not begin with a system prompt"
+        shared = [i for i in r["hash_ids"] if seen[i] > 1]
+        assert shared == r["hash_ids"][:len(shared)], "what it shares is its head"
+        assert len(r["hash_ids"]) - len(shared) >= 4, "then a document of its own"
