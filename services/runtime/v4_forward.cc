@@ -99,20 +99,20 @@ class V4Forward final : public ForwardBackend {
     std::vector<float> qr, q, kv, ckv, cscore, ikv, iscore, iq, iw;
   };
   absl::StatusOr<Projected> Project(const Layer& l, std::span<const Row> rows, const float* h) const;
-  // What a row attends, gathered in steps: its window's entries (oldest
+  // What a row sees, gathered in steps: its window's entries (oldest
   // first) as it advanced, how many compressed entries and indexer keys
   // its sequence had then, and the compressed entries it chose.
-  struct Attended {
+  struct Seen {
     std::vector<float> entries;
     size_t compressed = 0, keys = 0;
     std::vector<uint32_t> chosen;
   };
   // Advances row r's sequence by its position at layer li (window,
   // compressors) and notes what the row sees.
-  absl::Status AdvanceRow(size_t li, const Projected& p, size_t r, const Row& row, Attended& a) const;
+  absl::Status AdvanceRow(size_t li, const Projected& p, size_t r, const Row& row, Seen& a) const;
   // The compressed entries each row attends: on CSA layers the indexer's
   // top-k of those closed so far, on HCA layers all of them.
-  absl::Status Choose(size_t li, const Projected& p, std::span<const Row> rows, std::vector<Attended>& attended) const;
+  absl::Status Choose(size_t li, const Projected& p, std::span<const Row> rows, std::vector<Seen>& seen) const;
   // The MoE half: out[n][hidden].
   void Ffn(const Layer& l, std::span<const Row> rows, const float* h, float* out) const;
   // Moves the projections, experts and head to device_ (the embedding,
@@ -125,8 +125,8 @@ class V4Forward final : public ForwardBackend {
             static_cast<float>(v4_.hc_eps), static_cast<int>(v4_.hc_sinkhorn_iters)};
   }
 
-  // Where the products run when not on the CPU; declared first, so that the
-  // matrices placed there go before it.
+  // The accelerator its products, indexer and attention run on (null: the
+  // CPU); declared first, so that the matrices placed there go before it.
   const std::unique_ptr<Accelerator> device_;
   const ModelConfig c_;
   const V4Config v4_;
@@ -426,7 +426,7 @@ absl::StatusOr<V4Forward::Projected> V4Forward::Project(const Layer& l, std::spa
   return p;
 }
 
-absl::Status V4Forward::AdvanceRow(size_t li, const Projected& p, size_t r, const Row& row, Attended& a) const {
+absl::Status V4Forward::AdvanceRow(size_t li, const Projected& p, size_t r, const Row& row, Seen& a) const {
   const Layer& l = layers_[li];
   const size_t hd = v4_.head_dim;
   const float eps = static_cast<float>(c_.rms_norm_eps);
@@ -455,10 +455,10 @@ absl::Status V4Forward::AdvanceRow(size_t li, const Projected& p, size_t r, cons
 }
 
 absl::Status V4Forward::Choose(size_t li, const Projected& p, std::span<const Row> rows,
-                               std::vector<Attended>& attended) const {
+                               std::vector<Seen>& seen) const {
   const size_t n = rows.size();
   if (!layers_[li].indexer.has_value()) {
-    for (Attended& a : attended) {
+    for (Seen& a : seen) {
       a.chosen.resize(a.compressed);
       std::iota(a.chosen.begin(), a.chosen.end(), 0u);
     }
@@ -474,7 +474,7 @@ absl::Status V4Forward::Choose(size_t li, const Projected& p, std::span<const Ro
   queries.weights = p.iw.data();
   for (size_t r = 0; r < n; ++r) {
     queries.keys.push_back(rows[r].cache->v4[li].index_keys);
-    queries.visible.push_back(static_cast<uint32_t>(attended[r].keys));
+    queries.visible.push_back(static_cast<uint32_t>(seen[r].keys));
   }
   std::vector<std::vector<uint32_t>> chosen(n);
   if (device_ != nullptr) {
@@ -491,7 +491,7 @@ absl::Status V4Forward::Choose(size_t li, const Projected& p, std::span<const Ro
       }
     });
   }
-  for (size_t r = 0; r < n; ++r) attended[r].chosen = std::move(chosen[r]);
+  for (size_t r = 0; r < n; ++r) seen[r].chosen = std::move(chosen[r]);
   return absl::OkStatus();
 }
 
@@ -502,7 +502,7 @@ absl::Status V4Forward::Attention(size_t li, std::span<const Row> rows, std::spa
   KVTIER_ASSIGN_OR_RETURN(const Projected p, Project(l, rows, h));
   // Each sequence's rows in order: its window and compressors advance one
   // position at a time. Sequences run in parallel.
-  std::vector<Attended> seen(n);
+  std::vector<Seen> seen(n);
   std::vector<absl::Status> status(starts.size() - 1);
   kernels::ParallelFor(starts.size() - 1, 1, [&](size_t begin, size_t end) {
     for (size_t b = begin; b < end; ++b) {

@@ -417,27 +417,23 @@ std::vector<Entry*> BlockStore::VictimsLocked(size_t tier, uint64_t bytes,
   const double probation_room = probation_share_.share() * static_cast<double>(t.counters.capacity_bytes);
   uint64_t on_probation = t.probation_bytes;  // after the victims so far go
   std::vector<Entry*> victims;
-  absl::flat_hash_set<const Entry*> chosen;  // a block on probation is in both lists
-  const auto usable = [&](const Entry* e) { return e->pins == 0 && !chosen.contains(e) && eligible(*e); };
-  auto oldest_cold = t.cold.rbegin();
-  auto oldest_on_probation = t.probation.rbegin();
-  auto least_recent = t.lru.rbegin();
+  absl::flat_hash_set<const Entry*> chosen;  // a block on probation is in two or three lists
+  // The oldest usable block of a list (newest first) from `at` on, which
+  // then moves past it; null when none is left.
+  const auto oldest = [&](std::list<Entry*>& list, std::list<Entry*>::reverse_iterator& at) -> Entry* {
+    while (at != list.rend() && ((*at)->pins != 0 || chosen.contains(*at) || !eligible(**at))) ++at;
+    return at == list.rend() ? nullptr : *at++;
+  };
+  auto oldest_cold = t.cold.rbegin(), oldest_on_probation = t.probation.rbegin(), least_recent = t.lru.rbegin();
   for (uint64_t taken = 0; taken < bytes;) {
     Entry* next = nullptr;
     if (adaptive && static_cast<double>(on_probation) > probation_room) {
       // A cold start's blocks first, then the rest on probation.
-      while (oldest_cold != t.cold.rend() && !usable(*oldest_cold)) ++oldest_cold;
-      if (oldest_cold != t.cold.rend()) next = *oldest_cold++;
-      while (next == nullptr && oldest_on_probation != t.probation.rend() && !usable(*oldest_on_probation)) {
-        ++oldest_on_probation;
-      }
-      if (next == nullptr && oldest_on_probation != t.probation.rend()) next = *oldest_on_probation++;
+      next = oldest(t.cold, oldest_cold);
+      if (next == nullptr) next = oldest(t.probation, oldest_on_probation);
     }
-    if (next == nullptr) {
-      while (least_recent != t.lru.rend() && !usable(*least_recent)) ++least_recent;
-      if (least_recent == t.lru.rend()) break;
-      next = *least_recent++;
-    }
+    if (next == nullptr) next = oldest(t.lru, least_recent);
+    if (next == nullptr) break;
     chosen.insert(next);
     victims.push_back(next);
     taken += next->size;
