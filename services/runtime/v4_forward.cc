@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -128,6 +129,9 @@ class V4Forward final : public ForwardBackend {
   // The accelerator its products, indexer and attention run on (null: the
   // CPU); declared first, so that the matrices placed there go before it.
   const std::unique_ptr<Accelerator> device_;
+  // With an accelerator, one pass at a time (as CudaForward's), so that
+  // the failure TakeError reports is the pass's own.
+  std::mutex device_pass_;
   const ModelConfig c_;
   const V4Config v4_;
   kernels::RopeTable window_rope_, compressed_rope_;
@@ -592,6 +596,8 @@ absl::Status V4Forward::Forward(std::span<const SequenceTokens> batch,
                                 const std::function<void(size_t layer)>& on_layer) {
   const size_t hidden = c_.hidden_size, hc = v4_.hc_mult;
   const float eps = static_cast<float>(c_.rms_norm_eps);
+  std::unique_lock<std::mutex> one_pass;
+  if (device_ != nullptr) one_pass = std::unique_lock(device_pass_);
   (void)DeviceError();  // an earlier pass's, had it returned for another reason first
   std::vector<Row> rows;
   std::vector<size_t> starts = {0};
