@@ -187,9 +187,10 @@ class Adaptive:
     does: a block stored again after probation let it go grows it, one
     stored again after recency let it go shrinks it (each step the other
     kind's remembered count over this one's), down to `floor`. Of the
-    blocks on probation, those of a request that found none of its prefix
-    cached (a cold start: a one-off, or a prefix long gone) go before
-    those that continue a cached prefix, oldest first in each."""
+    blocks on probation, those of a cold start (a request that found under
+    a quarter of its blocks cached: a one-off, perhaps after a shared
+    system prompt, or a prefix long gone) go before those that continue a
+    cached prefix, oldest first in each."""
     stores_leaf_first = True
 
     def __init__(self, capacity, floor=0.1):
@@ -201,13 +202,16 @@ class Adaptive:
     def __contains__(self, block):
         return block in self.order
 
+    def starts(self, matched, blocks):
+        """A request of `blocks` full blocks whose first `matched` were
+        cached: the blocks it then inserts are a cold start's or not, as a
+        kvtier client marks its Put (cold_start)."""
+        self.cold_start = is_cold_start(matched, blocks)
+
     def used(self, prefix):
-        """A request's cached prefix (empty: a cold start); the blocks it
-        then inserts are its own."""
         use_again(reversed(prefix), self.probation, self.order)
         for b in prefix:
             self.cold.pop(b, None)
-        self.cold_start = not prefix
 
     def insert(self, block, parent):
         unit = 1 / max(1, self.c)
@@ -344,6 +348,12 @@ def full_blocks(request):
     return request["hash_ids"][:request["input_length"] // TRACE_BLOCK]
 
 
+def is_cold_start(matched, blocks):
+    """A request that found under a quarter of its blocks cached, as
+    kvtier's clients decide (cache::IsColdStart)."""
+    return 4 * matched < blocks
+
+
 def hit_rate(requests, policy):
     """Token-weighted share of prompt tokens found cached."""
     hits = total = 0
@@ -354,6 +364,8 @@ def hit_rate(requests, policy):
             matched += 1
         hits += matched * TRACE_BLOCK
         total += r["input_length"]
+        if hasattr(policy, "starts"):
+            policy.starts(matched, len(blocks))
         policy.used(blocks[:matched])
         rest = range(matched, len(blocks))
         for i in reversed(rest) if getattr(policy, "stores_leaf_first", False) else rest:

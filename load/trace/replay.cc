@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "kvtier/kernels/v4_entry.h"
+#include "services/cache/client/put_wire.h"
 #include "services/kvblock/block_format.h"
 #include "services/kvblock/block_key.h"
 
@@ -98,7 +99,8 @@ absl::StatusOr<ReplayResult> Replay(const std::vector<TraceRequest>& requests, c
       result.written_back += filled;
     }
     if (!rest.empty()) {
-      absl::StatusOr<v1::PutResponse> put = cache.Put(mapping.ns, layout, rest, /*cold_start=*/hit == 0);
+      absl::StatusOr<v1::PutResponse> put =
+          cache.Put(mapping.ns, layout, rest, kvtier::cache::IsColdStart(hit, chain.size()));
       if (!put.ok()) return put.status();
       for (const cache::BlockSlices& b : rest) result.bytes_put += b.records[0].size();
     }

@@ -127,7 +127,7 @@ absl::StatusOr<PrefillService::Pass> PrefillService::PrefillMla(const v1::Genera
   // as soon as that layer is done (a reader's go to the decode worker
   // inline, and it writes none back).
   cache::ShardedPut put(shards_, ns, layout_, options_.cache_deadline, acting_for,
-                        /*cold_start=*/p.cached_blocks == 0);
+                        cache::IsColdStart(p.cached_blocks, chain.size()));
   const bool store = caller.MayWrite();
   const runtime::SequenceTokens pass{prompt.subspan(p.cached_blocks * tpb), &p.cache, p.logits};
   KVTIER_RETURN_IF_ERROR(model_.Forward(std::span(&pass, 1), [&](size_t layer) {
@@ -206,7 +206,7 @@ absl::StatusOr<PrefillService::Pass> PrefillService::PrefillV4(const v1::Generat
   // The new blocks and points go to their shards (a reader's blocks go to
   // the decode worker inline).
   cache::ShardedPut put(shards_, ns, layout_, options_.cache_deadline, acting_for,
-                        /*cold_start=*/p.cached_blocks == 0);
+                        cache::IsColdStart(p.cached_blocks, chain.size()));
   if (caller.MayWrite()) {
     for (size_t b = p.cached_blocks; b < chain.size(); ++b) {
       absl::StatusOr<std::string> record = serving::V4BlockRecord(c, layout_, p.cache, b);

@@ -547,6 +547,16 @@ TEST_F(ServingTest, SharedPrefixesAndNextTurnsHitTheCache) {
   ASSERT_TRUE(other.ok());
   EXPECT_EQ(other->usage.cached_tokens(), 0u);
   EXPECT_EQ(cluster.CacheStats(0).blocks_stored_cold_start(), 7u) << "the other tenant's 3 blocks";
+  // Under a quarter of a prompt's blocks found is a cold start too (1 of
+  // 5: its 4 new blocks), a quarter or more is not (2 of 5).
+  for (const size_t shared : {1, 2}) {
+    std::vector<uint32_t> prompt(prefix.begin(), prefix.begin() + shared * kBlock);
+    for (uint32_t t : RandomIds(5 * kBlock - prompt.size(), rng_.engine())) prompt.push_back(t);
+    absl::StatusOr<RemoteGeneration> partly = cluster.Generate(Request(prompt, 2));
+    ASSERT_TRUE(partly.ok()) << partly.status();
+    EXPECT_EQ(partly->usage.cached_tokens(), shared * kBlock);
+    EXPECT_EQ(cluster.CacheStats(0).blocks_stored_cold_start(), 11u) << shared << " of 5 blocks found";
+  }
 }
 
 // The cache deadline bounds each call to a shard, not the prefill that

@@ -105,19 +105,24 @@ def test_adaptive_gives_up_what_leaf_first_does_when_everything_is_reused():
 def test_adaptive_lets_a_cold_start_go_before_a_continued_prefix():
     a = eviction_sim.Adaptive(4)
     a.share = 0.5  # probation may hold two blocks
-    a.used([])
-    a.insert("p", None)
-    a.used(["p"])
-    a.insert("w1", "p")  # continues a cached prefix
-    a.used([])  # a cold start: none of its prefix cached
-    a.insert("c1", None)
-    a.insert("c2", "c1")
-    a.used(["p"])
-    a.insert("w2", "p")  # full, and probation over its share: a cold block goes, though w1 is older
+
+    def request(prefix, new, blocks):
+        a.starts(len(prefix), blocks)
+        a.used(prefix)
+        for b in new:
+            a.insert(b, None)
+    request([], ["p"], 1)
+    request(["p"], ["w1"], 2)  # continues a cached prefix
+    request([], ["c1", "c2"], 2)  # a cold start: none of its prefix cached
+    request(["p"], ["w2"], 2)  # full, and probation over its share: a cold block goes, though w1 is older
     assert "w1" in a and "w2" in a and "c1" not in a and "c2" in a
-    a.used(["p"])
-    a.insert("w3", "p")  # then the other
-    assert "w1" in a and "c2" not in a
+    request(["p"], ["w3", "c3", "c4", "c5"], 5)  # one block of five found: a cold start too
+    assert "w1" in a and "c2" not in a and "w3" not in a
+
+
+def test_a_cold_start_is_under_a_quarter_of_the_blocks_found():
+    assert eviction_sim.is_cold_start(0, 1) and eviction_sim.is_cold_start(1, 5)
+    assert not eviction_sim.is_cold_start(1, 4) and not eviction_sim.is_cold_start(2, 2)
 
 
 def test_belady_lets_the_block_never_used_again_go():

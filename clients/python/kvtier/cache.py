@@ -31,9 +31,10 @@ class CacheClient(ServiceClient):
     def put(self, ns, layout, blocks, *, cold_start=False, timeout=None):
         """Stores blocks: `blocks` is an iterable of (hash, record) or (hash,
         [records]) where records are whole blocks or layer slices
-        (records.encode_record). `cold_start`: a Match found none of the
-        sequence's prefix cached (the cache's adaptive eviction lets such
-        blocks go first while nobody uses them again). Returns the
+        (records.encode_record). `cold_start`: a Match found little of the
+        sequence cached, as kvtier's own clients say under a quarter of its
+        blocks (the cache's adaptive eviction lets such blocks go first
+        while nobody uses them again). Returns the
         PutResponse. If `blocks` raises, the Put is cancelled (its
         incomplete blocks dropped) and that exception is raised here."""
         raised = []

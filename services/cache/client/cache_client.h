@@ -44,7 +44,7 @@ class CacheClient {
                                           uint32_t lease_ttl_ms = 0);
   // One Put stream: the header, then each block's slices in a message
   // (in wire form over the records themselves: put_wire.h). `cold_start`:
-  // PutHeader's (none of the sequence's prefix was found cached).
+  // PutHeader's (IsColdStart, put_wire.h).
   absl::StatusOr<v1::PutResponse> Put(const std::string& ns, const kvblock::LatentLayout& layout,
                                       const std::vector<BlockSlices>& blocks, bool cold_start = false);
   // One Get stream; answers in request order. Errors of the stream itself

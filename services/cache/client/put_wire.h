@@ -49,6 +49,11 @@ inline std::shared_ptr<const std::string> Borrowed(const std::string& record) {
 // The PutRequest carrying `header`, in wire form.
 grpc::ByteBuffer PutHeaderMessage(const v1::PutHeader& header);
 
+// PutHeader.cold_start for the blocks of a sequence of `blocks` full blocks
+// of which the first `found` were cached: under a quarter found (a one-off,
+// perhaps after a shared system prompt, or a prefix long gone).
+inline bool IsColdStart(size_t found, size_t blocks) { return 4 * found < blocks; }
+
 // A Put stream on `channel` whose messages are given in wire form
 // (PutHeaderMessage, then PutBatchWire's); the cache's answer lands in
 // `response`.

@@ -140,8 +140,7 @@ class ShardSet {
 class ShardedPut {
  public:
   // For end tenant `acting_for` when not empty (ShardSet's calls);
-  // `cold_start`: PutHeader's (none of the sequence's prefix was found
-  // cached).
+  // `cold_start`: PutHeader's (IsColdStart, put_wire.h).
   ShardedPut(ShardSet& shards, std::string ns, const kvblock::LatentLayout& layout, absl::Duration finish_deadline,
              std::string acting_for = {}, bool cold_start = false);
   ~ShardedPut();

@@ -69,7 +69,7 @@ enum class Eviction {
   // probation: while they take more than a share of a tier they go first,
   // oldest first, so that prompts seen once do not push out what is used
   // again; of them, blocks a cold start stored (a Put whose client found
-  // none of the sequence's prefix cached: a one-off, or a prefix long gone)
+  // little of the sequence cached: PutHeader.cold_start)
   // go before those that continue a cached prefix. The share adapts to what comes back after eviction
   // (ProbationShare): where the room holds what is reused it stays at the
   // whole tier, which is kLeafFirst. The default: load/README.md's eviction
@@ -344,7 +344,7 @@ class BlockStore {
   // a tier demotes or drops its own least recently used blocks; room made
   // for anyone is taken from owners over their quotas or without one
   // first, never from one within its quota while there is another choice.
-  // `cold_start`: the client found none of the sequence's prefix cached
+  // `cold_start`: the client found little of the sequence cached
   // (kAdaptive lets such blocks go first while they are on probation).
   std::unique_ptr<PutSession> BeginPut(std::string ns, kvblock::LatentLayout layout, std::string owner = "",
                                        OwnerQuota quota = {}, bool cold_start = false);
