@@ -45,6 +45,13 @@ class Accelerator {
                                      float* out) = 0;
 };
 
+// The CPU's ChooseKeys and SinkAttention (what a backend without an
+// accelerator runs), rows split over the kernel threads; a row's result
+// does not depend on how.
+void ChooseKeysOnCpu(const IndexerQueries& queries, std::vector<std::vector<uint32_t>>& chosen);
+void SinkAttentionOnCpu(const kernels::SinkAttentionShape& shape, std::span<const std::vector<float>> entries,
+                        const float* q, const float* sinks, float* out);
+
 }  // namespace kvtier::runtime
 
 #endif  // KVTIER_SERVICES_RUNTIME_ACCELERATOR_H_

@@ -45,7 +45,6 @@ class CudaAccelerator final : public Accelerator {
   std::unique_ptr<kc::Blas> blas_;  // on stream_
   absl::Mutex mu_;
   DeviceArray<float> x_ ABSL_GUARDED_BY(mu_), y_ ABSL_GUARDED_BY(mu_);
-  std::vector<float> packed_x_ ABSL_GUARDED_BY(mu_), packed_y_ ABSL_GUARDED_BY(mu_);
   // The indexer's and attention's inputs and scratch.
   DeviceArray<float> index_q_ ABSL_GUARDED_BY(mu_), index_weights_ ABSL_GUARDED_BY(mu_), keys_ ABSL_GUARDED_BY(mu_),
       index_scores_ ABSL_GUARDED_BY(mu_);
@@ -91,21 +90,10 @@ absl::Status CudaAccelerator::Place(WeightMatrix& w, size_t cols) {
   if (cols == 0 || elements % cols != 0) {
     return absl::InternalError(absl::StrCat("a weight matrix of ", elements, " values is not rows of ", cols));
   }
-  const size_t rows = elements / cols;
-  std::vector<uint16_t> bf16 = std::move(w.bf16);
-  if (bf16.empty()) {
-    std::vector<float> values = std::move(w.f32);
-    if (!w.fp8.empty()) {
-      values.resize(elements);
-      kernels::DequantizeFp8Rows(w.Fp8(), cols, 0, rows, values.data());
-    } else if (!w.fp4.empty()) {
-      values.resize(elements);
-      kernels::DequantizeFp4Rows(w.Fp4(), cols, 0, rows, values.data());
-    }
-    bf16 = ToBf16(values);
-  }
+  std::vector<float> values(elements);
+  WidenRows(w, cols, 0, elements / cols, values.data());
   DeviceArray<uint16_t> on_device;
-  KVTIER_RETURN_IF_ERROR(on_device.Assign(bf16));
+  KVTIER_RETURN_IF_ERROR(on_device.Assign(ToBf16(values)));
   const bool quantized = w.quantized();
   w = WeightMatrix{};
   w.device = std::make_shared<CudaMatrix>(this, std::move(on_device), quantized);
@@ -212,31 +200,20 @@ void CudaAccelerator::Multiply(const uint16_t* weights, size_t row_begin, size_t
 absl::Status CudaAccelerator::MultiplyLocked(const uint16_t* weights, size_t row_begin, size_t rows, size_t cols,
                                              const float* x, size_t n, size_t x_stride, float* y, size_t y_stride) {
   if (n == 0) return absl::OkStatus();
-  // cuBLAS takes whole rows: strided inputs and outputs go through packed
-  // host copies.
-  const float* in = x;
-  if (x_stride != cols) {
-    packed_x_.resize(n * cols);
-    for (size_t i = 0; i < n; ++i) std::copy_n(x + i * x_stride, cols, packed_x_.data() + i * cols);
-    in = packed_x_.data();
-  }
-  float* out = y;
-  if (y_stride != rows) {
-    packed_y_.resize(n * rows);
-    out = packed_y_.data();
-  }
+  // Strided rows in and out as 2D copies: cuBLAS gets them whole on the device.
+  const kc::StreamHandle stream = stream_->handle();
+  KVTIER_RETURN_IF_ERROR(x_.Reserve(n * cols));
   KVTIER_RETURN_IF_ERROR(y_.Reserve(n * rows));
-  KVTIER_RETURN_IF_ERROR(x_.Upload(std::span(in, n * cols), stream_->handle()));
+  KVTIER_RETURN_IF_ERROR(
+      Check(kc::Copy2DQueued(x_.data(), cols * sizeof(float), x, x_stride * sizeof(float), cols * sizeof(float), n,
+                             kc::Copy::kHostToDevice, stream, "product inputs")));
   KVTIER_RETURN_IF_ERROR(
       Check(blas_->Gemm(weights + row_begin * cols, static_cast<uint32_t>(rows), static_cast<uint32_t>(cols), x_.data(),
                         static_cast<uint32_t>(n), y_.data())));
-  KVTIER_RETURN_IF_ERROR(Check(
-      kc::CopyQueued(out, y_.data(), n * rows * sizeof(float), kc::Copy::kDeviceToHost, stream_->handle(), "product")));
-  KVTIER_RETURN_IF_ERROR(Check(stream_->Synchronize("a product's download (or work queued before it)")));
-  if (out != y) {
-    for (size_t i = 0; i < n; ++i) std::copy_n(out + i * rows, rows, y + i * y_stride);
-  }
-  return absl::OkStatus();
+  KVTIER_RETURN_IF_ERROR(
+      Check(kc::Copy2DQueued(y, y_stride * sizeof(float), y_.data(), rows * sizeof(float), rows * sizeof(float), n,
+                             kc::Copy::kDeviceToHost, stream, "product outputs")));
+  return Check(stream_->Synchronize("a product's download (or work queued before it)"));
 }
 
 }  // namespace

@@ -102,17 +102,23 @@ inline void MatMulRoundingInputs(const WeightMatrix& w, size_t rows, size_t cols
   MatMul(w, rows, cols, rounded.data(), n, y);
 }
 
+// Rows [row_begin, row_end) of `w` ([rows][cols], held on the host) as
+// floats into out[row_end - row_begin][cols].
+inline void WidenRows(const WeightMatrix& w, size_t cols, size_t row_begin, size_t row_end, float* out) {
+  if (!w.bf16.empty()) {
+    for (size_t i = row_begin * cols; i < row_end * cols; ++i) *out++ = kernels::Bf16ToFloat(w.bf16[i]);
+  } else if (!w.fp8.empty()) {
+    kernels::DequantizeFp8Rows(w.Fp8(), cols, row_begin, row_end, out);
+  } else if (!w.fp4.empty()) {
+    kernels::DequantizeFp4Rows(w.Fp4(), cols, row_begin, row_end, out);
+  } else {
+    std::copy(w.f32.begin() + row_begin * cols, w.f32.begin() + row_end * cols, out);
+  }
+}
+
 // Row `row` of `w` ([rows][cols]) as floats into out[cols].
 inline void EmbeddingRow(const WeightMatrix& w, size_t row, size_t cols, float* out) {
-  if (!w.bf16.empty()) {
-    for (size_t c = 0; c < cols; ++c) out[c] = kernels::Bf16ToFloat(w.bf16[row * cols + c]);
-  } else if (!w.fp8.empty()) {
-    kernels::DequantizeFp8Rows(w.Fp8(), cols, row, row + 1, out);
-  } else if (!w.fp4.empty()) {
-    kernels::DequantizeFp4Rows(w.Fp4(), cols, row, row + 1, out);
-  } else {
-    std::copy_n(w.f32.begin() + row * cols, cols, out);
-  }
+  WidenRows(w, cols, row, row + 1, out);
 }
 
 // MatMul over rows [row_begin, row_begin + rows) of w ([*][cols]), x's rows

@@ -48,11 +48,7 @@ absl::StatusOr<std::vector<float>> LoadFloats(const Checkpoint& checkpoint, cons
   const size_t rows = static_cast<size_t>(spec.shape[0]);
   const size_t cols = static_cast<size_t>(spec.shape[1]) * (t.dtype == DType::kI8 ? 2 : 1);
   std::vector<float> values(rows * cols);
-  if (t.dtype == DType::kI8) {
-    kernels::DequantizeFp4Rows(w.Fp4(), cols, 0, rows, values.data());
-  } else {
-    kernels::DequantizeFp8Rows(w.Fp8(), cols, 0, rows, values.data());
-  }
+  WidenRows(w, cols, 0, rows, values.data());
   return values;
 }
 

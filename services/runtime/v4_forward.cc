@@ -15,7 +15,6 @@
 #include "kvtier/kernels/parallel.h"
 #include "kvtier/kernels/qat_rounding.h"
 #include "kvtier/kernels/rope.h"
-#include "kvtier/kernels/sink_attention.h"
 #include "services/base/status.h"
 #include "services/runtime/accelerator.h"
 #include "services/runtime/ffn.h"
@@ -480,20 +479,11 @@ absl::Status V4Forward::Choose(size_t li, const Projected& p, std::span<const Ro
     queries.keys.push_back(rows[r].cache->v4[li].index_keys);
     queries.visible.push_back(static_cast<uint32_t>(seen[r].keys));
   }
-  std::vector<std::vector<uint32_t>> chosen(n);
+  std::vector<std::vector<uint32_t>> chosen;
   if (device_ != nullptr) {
     KVTIER_RETURN_IF_ERROR(device_->ChooseKeys(queries, chosen));
   } else {
-    const size_t width = size_t{queries.heads} * queries.dim;
-    kernels::ParallelFor(n, 1, [&](size_t begin, size_t end) {
-      std::vector<float> scores;
-      for (size_t r = begin; r < end; ++r) {
-        scores.resize(queries.visible[r]);
-        kernels::V4IndexerScores(queries.heads, queries.dim, queries.q + r * width, queries.weights + r * queries.heads,
-                                 queries.keys[r].data(), scores.size(), scores.data());
-        kernels::SelectTopTokens(scores, queries.k, chosen[r]);
-      }
-    });
+    ChooseKeysOnCpu(queries, chosen);
   }
   for (size_t r = 0; r < n; ++r) seen[r].chosen = std::move(chosen[r]);
   return absl::OkStatus();
@@ -537,12 +527,7 @@ absl::Status V4Forward::Attention(size_t li, std::span<const Row> rows, std::spa
   if (device_ != nullptr) {
     KVTIER_RETURN_IF_ERROR(device_->SinkAttention(shape, entries, p.q.data(), l.attn_sink.data(), attended.data()));
   } else {
-    kernels::ParallelFor(n, 1, [&](size_t begin, size_t end) {
-      for (size_t r = begin; r < end; ++r) {
-        kernels::SinkAttention(shape, p.q.data() + r * heads * hd, entries[r].data(), entries[r].size() / hd,
-                               l.attn_sink.data(), attended.data() + r * heads * hd);
-      }
-    });
+    SinkAttentionOnCpu(shape, entries, p.q.data(), l.attn_sink.data(), attended.data());
   }
   const size_t rope_dim = c_.qk_rope_head_dim;
   for (size_t r = 0; r < n; ++r) {

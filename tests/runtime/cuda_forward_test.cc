@@ -58,7 +58,10 @@ struct Variant {
 };
 void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
 
-class CudaForwardTest : public ::testing::TestWithParam<Variant> {
+// A GPU test over parameters P: skipped, saying so, without a GPU; a fresh
+// seed, and a model directory removed at the end.
+template <typename P>
+class GpuModelTest : public ::testing::TestWithParam<P> {
  protected:
   void SetUp() override {
     std::string why;
@@ -68,6 +71,8 @@ class CudaForwardTest : public ::testing::TestWithParam<Variant> {
   testing::SeededRng rng_;
   fs::path dir_ = fs::temp_directory_path() / ("kvtier_cuda_forward_" + std::to_string(rng_.seed()));
 };
+
+class CudaForwardTest : public GpuModelTest<Variant> {};
 
 // Three sequences stored in three codecs, prefilled as one batch (prompts
 // crossing block boundaries), then eight decode steps as one batch, each
@@ -170,16 +175,7 @@ INSTANTIATE_TEST_SUITE_P(Presets, CudaForwardTest,
 // FP8 rounding of entries may round a value either way), the compressed
 // entries as many as the CPU's; bf16 weights, and FP8 with MXFP4 experts
 // as V4 is released.
-class CudaV4ForwardTest : public ::testing::TestWithParam<std::string> {
- protected:
-  void SetUp() override {
-    std::string why;
-    if (!kernels::cuda::DevicePresent(&why)) GTEST_SKIP() << "no GPU (" << why << "): V4 --device cuda not run";
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  testing::SeededRng rng_;
-  fs::path dir_ = fs::temp_directory_path() / ("kvtier_cuda_v4_" + std::to_string(rng_.seed()));
-};
+class CudaV4ForwardTest : public GpuModelTest<std::string> {};
 
 TEST_P(CudaV4ForwardTest, LogitsMatchTheCpuThroughPrefillAndDecode) {
   SCOPED_TRACE(rng_.Trace());

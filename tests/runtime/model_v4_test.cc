@@ -19,9 +19,7 @@
 #include <utility>
 
 #include "kvtier/kernels/float_formats.h"
-#include "kvtier/kernels/indexer.h"
 #include "kvtier/kernels/qat_rounding.h"
-#include "kvtier/kernels/sink_attention.h"
 #include "services/runtime/make_model.h"
 #include "services/runtime/model.h"
 #include "services/runtime/v4_forward.h"
@@ -380,24 +378,13 @@ class HostAccelerator final : public Accelerator {
   }
   absl::Status ChooseKeys(const IndexerQueries& queries, std::vector<std::vector<uint32_t>>& chosen) override {
     ++choices_;
-    chosen.assign(queries.visible.size(), {});
-    const size_t width = size_t{queries.heads} * queries.dim;
-    for (size_t r = 0; r < chosen.size(); ++r) {
-      std::vector<float> scores(queries.visible[r]);
-      kernels::V4IndexerScores(queries.heads, queries.dim, queries.q + r * width, queries.weights + r * queries.heads,
-                               queries.keys[r].data(), scores.size(), scores.data());
-      kernels::SelectTopTokens(scores, queries.k, chosen[r]);
-    }
+    ChooseKeysOnCpu(queries, chosen);
     return absl::OkStatus();
   }
   absl::Status SinkAttention(const kernels::SinkAttentionShape& shape, std::span<const std::vector<float>> entries,
                              const float* q, const float* sinks, float* out) override {
     ++attentions_;
-    const size_t row = size_t{shape.heads} * shape.dim;
-    for (size_t r = 0; r < entries.size(); ++r) {
-      kernels::SinkAttention(shape, q + r * row, entries[r].data(), entries[r].size() / shape.dim, sinks,
-                             out + r * row);
-    }
+    SinkAttentionOnCpu(shape, entries, q, sinks, out);
     return absl::OkStatus();
   }
 
