@@ -344,11 +344,15 @@ bool IpcRoundTrip(cuda::DeviceSlab& slab, std::mt19937_64& rng, const Reader& re
   std::mt19937_64 bytes(seed);
   std::vector<uint8_t> block(kBlock);
   for (auto& b : block) b = static_cast<uint8_t>(bytes());
+  // Its halves lie apart in the slab, as a record's pages may: two runs.
+  const size_t half = kBlock / 2;
   std::unique_ptr<cuda::DeviceBuffer> buffer;
-  if (!slab.CopyIn(4096, block.data(), block.size()).ok() || !cuda::DeviceBuffer::Create(kBlock, buffer).ok() ||
-      !slab.CopyToDevice(4096, buffer->data(), kBlock).ok()) {
+  if (!slab.CopyIn(4096, block.data(), half).ok() || !slab.CopyIn(4096 + 3 * kBlock, block.data() + half, half).ok() ||
+      !cuda::DeviceBuffer::Create(kBlock, buffer).ok()) {
     return false;
   }
+  const cuda::SlabRun runs[] = {{4096, half, buffer->data()}, {4096 + 3 * kBlock, half, buffer->data() + half}};
+  if (!slab.CopyToDeviceRuns(runs).ok()) return false;
   if (write(reader.to, buffer->handle().data(), 64) != 64 || write(reader.to, &seed, 8) != 8) return false;
   int status = 0;
   waitpid(reader.pid, &status, 0);

@@ -102,12 +102,6 @@ Status WaitFor(cudaStream_t stream, cudaError_t queued, const char* what) {
 
 }  // namespace
 
-Status DeviceSlab::Copy(void* to, const void* from, size_t n, int kind, const char* what) {
-  std::lock_guard<std::mutex> lock(mu_);
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
-  return WaitFor(stream, cudaMemcpyAsync(to, from, n, static_cast<cudaMemcpyKind>(kind), stream), what);
-}
-
 Status DeviceSlab::CopyIn(uint64_t offset, const void* from, size_t n) {
   const SlabRun run{offset, n, const_cast<void*>(from)};  // read only: a copy in
   return CopyRuns({&run, 1}, true);
@@ -404,9 +398,16 @@ Status DeviceSlab::CopyInRunsNoWait(std::span<const SlabRun> runs) {
 
 Status DeviceSlab::CopyOutRuns(std::span<const SlabRun> runs) { return CopyRuns(runs, false); }
 
-Status DeviceSlab::CopyToDevice(uint64_t offset, void* device_to, size_t n) {
-  if (Status s = CheckRange(offset, n, size_); !s.ok()) return s;
-  return Copy(device_to, base_ + offset, n, cudaMemcpyDeviceToDevice, "slab copy to device");
+Status DeviceSlab::CopyToDeviceRuns(std::span<const SlabRun> runs) {
+  if (Status s = CheckRuns(runs, size_); !s.ok()) return s;
+  std::lock_guard<std::mutex> lock(mu_);
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  cudaError_t queued = cudaSuccess;
+  for (const SlabRun& r : runs) {
+    queued = cudaMemcpyAsync(r.host, base_ + r.offset, r.n, cudaMemcpyDeviceToDevice, stream);
+    if (queued != cudaSuccess) break;
+  }
+  return WaitFor(stream, queued, "slab copy to device");
 }
 
 }  // namespace kvtier::kernels::cuda

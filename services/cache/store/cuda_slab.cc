@@ -69,12 +69,17 @@ absl::StatusOr<std::unique_ptr<ExportedBuffer>> CudaSlab::Export(uint64_t bytes)
   return std::unique_ptr<ExportedBuffer>(new CudaExportedBuffer(std::move(buffer)));
 }
 
-absl::Status CudaSlab::CopyToExported(uint64_t offset, ExportedBuffer& to, uint64_t to_offset, size_t n) {
+absl::Status CudaSlab::CopyToExported(std::span<const ExportRun> runs, ExportedBuffer& to) {
   auto& buffer = static_cast<CudaExportedBuffer&>(to);  // only this class makes them
-  if (to_offset > buffer.size() || n > buffer.size() - to_offset) {
-    return absl::InternalError("copy outside the exported buffer");
+  std::vector<SlabRun> device_runs;
+  device_runs.reserve(runs.size());
+  for (const ExportRun& r : runs) {
+    if (r.to_offset > buffer.size() || r.n > buffer.size() - r.to_offset) {
+      return absl::InternalError("copy outside the exported buffer");
+    }
+    device_runs.push_back({r.offset, r.n, buffer.data() + r.to_offset});
   }
-  return FromKernelStatus(slab_->CopyToDevice(offset, buffer.data() + to_offset, n));
+  return FromKernelStatus(slab_->CopyToDeviceRuns(device_runs));
 }
 
 std::shared_ptr<uint8_t> CudaSlab::AllocateHost(size_t n) const { return kernels::cuda::DeviceSlab::AllocatePinned(n); }

@@ -30,7 +30,7 @@ class CudaSlab final : public SlabMemory {
   void UnpinHost(void* p) override;
   // A cuda::DeviceBuffer, its IPC handle for a same-host GPU client.
   absl::StatusOr<std::unique_ptr<ExportedBuffer>> Export(uint64_t bytes) override;
-  absl::Status CopyToExported(uint64_t offset, ExportedBuffer& to, uint64_t to_offset, size_t n) override;
+  absl::Status CopyToExported(std::span<const ExportRun> runs, ExportedBuffer& to) override;
 
  private:
   explicit CudaSlab(std::unique_ptr<kernels::cuda::DeviceSlab> slab) : slab_(std::move(slab)) {}

@@ -31,6 +31,13 @@ class ExportedBuffer {
 // GPU slab's own type (plain C++), so runs go to it as they are.
 using SlabRun = kernels::cuda::SlabRun;
 
+// One piece of a copy from a slab into an ExportedBuffer (a page's run).
+struct ExportRun {
+  uint64_t offset;     // in the slab
+  uint64_t to_offset;  // in the buffer
+  size_t n;
+};
+
 // A record lying in a slab's pages, for SlabMemory::CopyOutRunsWithCrc.
 struct SlabRecord {
   std::vector<uint64_t> page_offsets;  // its pages' offsets in the slab, in order
@@ -74,13 +81,13 @@ class SlabMemory {
   virtual absl::Status PinHost(void* /*p*/, size_t /*n*/) { return absl::UnimplementedError("nothing to pin"); }
   virtual void UnpinHost(void* /*p*/) {}
   // A buffer of exactly `bytes` other processes can open, and
-  // device-to-device copies into it; UNIMPLEMENTED where there is no such
-  // thing (host memory).
+  // device-to-device copies of runs into it (a record's pages: a GPU waits
+  // once for them all); UNIMPLEMENTED where there is no such thing (host
+  // memory).
   virtual absl::StatusOr<std::unique_ptr<ExportedBuffer>> Export(uint64_t /*bytes*/) {
     return absl::UnimplementedError("this memory cannot be exported");
   }
-  virtual absl::Status CopyToExported(uint64_t /*offset*/, ExportedBuffer& /*to*/, uint64_t /*to_offset*/,
-                                      size_t /*n*/) {
+  virtual absl::Status CopyToExported(std::span<const ExportRun> /*runs*/, ExportedBuffer& /*to*/) {
     return absl::UnimplementedError("this memory cannot be exported");
   }
 };

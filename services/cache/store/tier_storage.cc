@@ -215,14 +215,24 @@ class SlabPages final : public PrivatePages {
   }
   SlabMemory* slab() const override { return slab_; }
 
+  // One batch of runs, adjacent pages as one run: a GPU waits once a
+  // record, not once a page.
   absl::Status CopyToExported(const RecordRoom& room, ExportedBuffer& to, uint64_t at) const override {
-    if (RecordSlots::IsSlot(room.pages)) return slab_->CopyToExported(Start(room.pages), to, at, room.size);
-    const size_t page = arena_->page_size();
-    for (size_t k = 0; k < room.pages.size() && k * page < room.size; ++k) {
-      const size_t n = std::min(page, room.size - k * page);
-      KVTIER_RETURN_IF_ERROR(slab_->CopyToExported(size_t{room.pages[k]} * page, to, at + k * page, n));
+    std::vector<ExportRun> runs;
+    if (RecordSlots::IsSlot(room.pages)) {
+      runs.push_back({Start(room.pages), at, room.size});
+    } else {
+      const size_t page = arena_->page_size();
+      for (size_t k = 0; k < room.pages.size() && k * page < room.size; ++k) {
+        const ExportRun run{uint64_t{room.pages[k]} * page, at + k * page, std::min(page, room.size - k * page)};
+        if (!runs.empty() && runs.back().offset + runs.back().n == run.offset) {
+          runs.back().n += run.n;  // the buffer's side is contiguous already
+        } else {
+          runs.push_back(run);
+        }
+      }
     }
-    return absl::OkStatus();
+    return slab_->CopyToExported(runs, to);
   }
 
  private:

@@ -195,6 +195,45 @@ TEST_F(FastPathServerTest, DeviceStagingGoesOnlyToProvenSessions) {
   close(second), close(third);
 }
 
+// A GPU tier block of several pages reaches a session's device staging in
+// one batch of copies (a GPU waits once a block, not once a page), pages
+// that follow each other as one run, and lands whole.
+TEST_F(FastPathServerTest, AGpuTierBlockGoesToStagingInOneBatch) {
+  auto slab = std::make_shared<RecordingSlab>(64 * 4096);
+  Start(slab, FastPathOptions());
+  layout_.kv_lora_rank = 512;  // records of several 4 KiB pages
+  layout_.rope_dim = 64;
+  const std::vector<kvblock::BlockHash> hashes = {PutBlock(1), PutBlock(2), PutBlock(3)};
+  v1::OpenFastPathRequest wants;
+  wants.set_device_staging_bytes(1 << 20);
+  const v1::OpenFastPathResponse opened = *server_->Open(wants);
+  int socket, fd;
+  fastpath::DeviceGrant grant;
+  ASSERT_TRUE(Prove(opened, socket, fd, &grant).ok());
+  ASSERT_EQ(slab->exported.size(), 1u);
+  v1::LeaseBlocksResponse leased;
+  ASSERT_TRUE(
+      server_->Lease(opened.session_id(), "ns", kvblock::LayoutId(layout_), hashes, absl::Seconds(5), leased).ok());
+  ASSERT_EQ(slab->export_batches.size(), hashes.size()) << "one batch of copies a block";
+  for (size_t k = 0; k < hashes.size(); ++k) {
+    ASSERT_TRUE(leased.blocks(k).has_device()) << leased.blocks(k).DebugString();
+    const std::string record = (*store_->Read("ns", kvblock::LayoutId(layout_), hashes[k]))->CopyToString();
+    ASSERT_GT(record.size(), 2 * 4096u);
+    EXPECT_EQ(slab->exported[0]->bytes().substr(leased.blocks(k).device().offset(), leased.blocks(k).device().size()),
+              record);
+    const std::vector<ExportRun>& batch = slab->export_batches[k];
+    size_t bytes = 0;
+    for (size_t r = 0; r < batch.size(); ++r) {
+      bytes += batch[r].n;
+      if (r > 0) {
+        EXPECT_NE(batch[r - 1].offset + batch[r - 1].n, batch[r].offset) << "adjacent pages not merged";
+      }
+    }
+    EXPECT_EQ(bytes, record.size());
+  }
+  close(socket);
+}
+
 TEST_F(FastPathServerTest, UnprovenSessionsAndSilentConnectionsAreDropped) {
   v1::OpenFastPathResponse opened = *server_->Open(v1::OpenFastPathRequest());
   const int silent = *fastpath::Connect(opened.socket_path());

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "services/base/status.h"
 #include "services/cache/store/slab_memory.h"
 
 namespace kvtier::cache {
@@ -89,10 +90,15 @@ class RecordingSlab final : public SlabMemory {
     exported.push_back(buffer.get());
     return std::unique_ptr<ExportedBuffer>(std::move(buffer));
   }
-  absl::Status CopyToExported(uint64_t offset, ExportedBuffer& to, uint64_t to_offset, size_t n) override {
+  absl::Status CopyToExported(std::span<const ExportRun> runs, ExportedBuffer& to) override {
+    export_batches.emplace_back(runs.begin(), runs.end());
     std::string& bytes = static_cast<HostExport&>(to).bytes();
-    if (to_offset > bytes.size() || n > bytes.size() - to_offset) return absl::InternalError("outside the buffer");
-    return slab_->CopyOut(offset, bytes.data() + to_offset, n);
+    for (const ExportRun& r : runs) {
+      if (r.to_offset > bytes.size() || r.n > bytes.size() - r.to_offset)
+        return absl::InternalError("outside the buffer");
+      KVTIER_RETURN_IF_ERROR(slab_->CopyOut(r.offset, bytes.data() + r.to_offset, r.n));
+    }
+    return absl::OkStatus();
   }
 
   // Whether [p, p + n) lies in pinned memory.
@@ -128,6 +134,8 @@ class RecordingSlab final : public SlabMemory {
   bool refuse_pins = false;
   // Every buffer exported, in order (each valid until its owner frees it).
   std::vector<HostExport*> exported;
+  // The runs of each CopyToExported call (a GPU waits once a call).
+  std::vector<std::vector<ExportRun>> export_batches;
   // Buffers not yet freed (by whichever thread lets the last go).
   std::shared_ptr<std::atomic<int>> live_exports = std::make_shared<std::atomic<int>>(0);
 

@@ -71,9 +71,10 @@ class DeviceSlab {
   }
   Status CopyOutRunsWithCrc(std::span<const SlabRun> runs, std::span<const Record> records, uint32_t page_size,
                             uint32_t* crcs);
-  // Copies [offset, offset + n) of the slab to other device memory (a
-  // DeviceBuffer) on the slab's stream, and waits.
-  Status CopyToDevice(uint64_t offset, void* device_to, size_t n);
+  // Copies runs of the slab to other device memory (a DeviceBuffer's):
+  // here each run's `host` is that device memory. Queued together on the
+  // slab's stream, waited for once (a record's pages are many runs).
+  Status CopyToDeviceRuns(std::span<const SlabRun> runs);
   // Page-locked host memory, given back when the last owner lets go (kept,
   // up to 256 MB, for the next buffer of its size).
   static std::shared_ptr<uint8_t> AllocatePinned(size_t n);
@@ -86,9 +87,6 @@ class DeviceSlab {
 
  private:
   DeviceSlab() = default;
-  // One cudaMemcpyAsync (a cudaMemcpyKind) on the slab's stream, waited for
-  // (device to device: CopyToDevice).
-  Status Copy(void* to, const void* from, size_t n, int kind, const char* what);
   // A cudaMemcpyAsync per run (slab to host, or host to slab), one wait.
   Status CopyRuns(std::span<const SlabRun> runs, bool in);
   // A staging chunk for CopyInRunsNoWait with room for `bytes`: the next
