@@ -17,6 +17,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "cuda_status.h"
@@ -180,6 +182,40 @@ __global__ void __launch_bounds__(kThreads)
   if (lse != nullptr && threadIdx.x == 0) lse[size_t{b} * heads + h] = m + logf(total);
 }
 
+// What a call needs to know of the current device, asked once a device so
+// that a call makes no device queries: its multiprocessors, and the
+// dynamic shared memory PartialKernel may use (all the device allows a
+// block, set once).
+struct DeviceLimits {
+  int sms = 0;
+  int partial_smem = 0;
+};
+
+cudaError_t LimitsOfCurrentDevice(DeviceLimits* out) {
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  static std::mutex mu;
+  static std::map<int, DeviceLimits> known;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = known.find(device);
+  if (it == known.end()) {
+    DeviceLimits limits;
+    int optin = 0;
+    cudaFuncAttributes partial;
+    cudaError_t e = cudaDeviceGetAttribute(&limits.sms, cudaDevAttrMultiProcessorCount, device);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (e == cudaSuccess) e = cudaFuncGetAttributes(&partial, PartialKernel);
+    if (e == cudaSuccess) {
+      limits.partial_smem = optin - static_cast<int>(partial.sharedSizeBytes);
+      e = cudaFuncSetAttribute(PartialKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limits.partial_smem);
+    }
+    if (e != cudaSuccess) return e;
+    it = known.emplace(device, limits).first;
+  }
+  *out = it->second;
+  return cudaSuccess;
+}
+
 }  // namespace
 
 Status PagedMlaDecode(const MlaShape& shape, const PagedLatents& latents, uint32_t batch, const float* q,
@@ -198,20 +234,15 @@ Status PagedMlaDecode(const MlaShape& shape, const PagedLatents& latents, uint32
     return InvalidArgument("cuda::PagedMlaDecode: a pointer is missing for the sizes given");
   }
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  int device = 0, sms = 0, max_smem = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  DeviceLimits limits;
+  if (const cudaError_t e = LimitsOfCurrentDevice(&limits); e != cudaSuccess) {
+    return CudaError(e, "cuda::PagedMlaDecode");
+  }
   const size_t smem = sizeof(float) * ((kGroupHeads + kChunk) * size_t{dim + 1} + kGroupHeads * kChunk +
                                        3 * kGroupHeads + size_t{kGroupHeads} * kv);
-  if (smem > static_cast<size_t>(max_smem)) {
+  if (smem > static_cast<size_t>(limits.partial_smem)) {
     return InvalidArgument("cuda::PagedMlaDecode: kv_lora_rank + rope_dim " + std::to_string(dim) +
                            " needs more shared memory than the device has");
-  }
-  if (const cudaError_t e =
-          cudaFuncSetAttribute(PartialKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-      e != cudaSuccess) {
-    return CudaError(e, "cuda::PagedMlaDecode");
   }
   // Blocks of V2/V3's shape take the tensor cores; their tails, and
   // everything else, the CUDA-core kernel. With tensor cores the tails are
@@ -229,7 +260,7 @@ Status PagedMlaDecode(const MlaShape& shape, const PagedLatents& latents, uint32
   }
   const uint32_t groups = (shape.heads + kGroupHeads - 1) / kGroupHeads;
   const uint32_t max_blocks = std::max(latents.max_blocks_per_sequence, 1u);
-  const uint32_t wave = static_cast<uint32_t>(std::max(per_sm, 1) * sms);
+  const uint32_t wave = static_cast<uint32_t>(std::max(per_sm, 1) * limits.sms);
   const uint32_t wanted = std::max<uint32_t>(1, wave / (batch * groups));  // no partial second wave
   const uint32_t blocks_per_split = (max_blocks + std::min(wanted, max_blocks) - 1) / std::min(wanted, max_blocks);
   uint32_t splits = (max_blocks + blocks_per_split - 1) / blocks_per_split, tail_per_split = 0;
