@@ -175,9 +175,11 @@ bool ChooseExperts(const std::vector<uint16_t>& router, uint32_t experts, uint32
   return SelectExperts(logits, gate, choices).ok();
 }
 
-// The MoE layer against float64.
-bool CheckMoe(cuda::Blas& blas, std::mt19937_64& rng) {
-  constexpr uint32_t kHidden = 256, kInter = 128, kExperts = 16, kTokens = 33;
+// The MoE layer against float64, at `tokens` tokens: 33 puts some
+// experts' groups over SmallGemmKernel's rows (cuBLAS) and some under; 3
+// puts every group under, the shared expert's too.
+bool CheckMoe(cuda::Blas& blas, std::mt19937_64& rng, uint32_t tokens) {
+  constexpr uint32_t kHidden = 256, kInter = 128, kExperts = 16;
   GateParams gate;
   gate.top_k = 4, gate.group_limited = true, gate.n_group = 4, gate.topk_group = 2;
   gate.routed_scaling_factor = 1.5f;
@@ -198,11 +200,11 @@ bool CheckMoe(cuda::Blas& blas, std::mt19937_64& rng) {
   dw.shared = shared_device;
   const std::vector<uint16_t> router = RandomBf16(size_t{kExperts} * kHidden, 0.1f, rng);
   dw.router = check::ToDevice(router);
-  const std::vector<float> x = RandomFloats(size_t{kTokens} * kHidden, rng);
+  const std::vector<float> x = RandomFloats(size_t{tokens} * kHidden, rng);
   float* dx = check::ToDevice(x);
-  float* dout = check::ToDevice(std::vector<float>(size_t{kTokens} * kHidden, NAN));
-  const Status s = blas.MoeForward(dw, kHidden, dx, kTokens, dout);
-  const std::vector<float> out = check::ToHost(dout, size_t{kTokens} * kHidden);
+  float* dout = check::ToDevice(std::vector<float>(size_t{tokens} * kHidden, NAN));
+  const Status s = blas.MoeForward(dw, kHidden, dx, tokens, dout);
+  const std::vector<float> out = check::ToHost(dout, size_t{tokens} * kHidden);
   const auto free_mlp = [](const cuda::SwiGluDeviceWeights& d) {
     for (const uint16_t* p : {d.gate, d.up, d.down}) cudaFree(const_cast<uint16_t*>(p));
   };
@@ -213,8 +215,8 @@ bool CheckMoe(cuda::Blas& blas, std::mt19937_64& rng) {
     std::fprintf(stderr, "MoeForward: %s\n", s.message().c_str());
     return false;
   }
-  std::vector<double> want(size_t{kTokens} * kHidden, 0.0);
-  for (uint32_t i = 0; i < kTokens; ++i) {
+  std::vector<double> want(size_t{tokens} * kHidden, 0.0);
+  for (uint32_t i = 0; i < tokens; ++i) {
     const float* xi = x.data() + size_t{i} * kHidden;
     std::vector<ExpertChoice> choices;
     if (!ChooseExperts(router, kExperts, kHidden, xi, gate, choices)) return false;
@@ -323,8 +325,8 @@ int Main(bool benchmark) {
     return 1;
   }
   std::mt19937_64 rng(std::random_device{}());
-  const bool gemm = CheckGemm(*blas, rng), grouped = CheckGroupedGemm(*blas, rng), moe = CheckMoe(*blas, rng),
-             dense = CheckDenseMlp(*blas, rng);
+  const bool gemm = CheckGemm(*blas, rng), grouped = CheckGroupedGemm(*blas, rng),
+             moe = CheckMoe(*blas, rng, 33) && CheckMoe(*blas, rng, 3), dense = CheckDenseMlp(*blas, rng);
   auto verdict = [](bool ok) { return ok ? "matches float64" : "MISMATCH"; };
   std::printf(
       "bf16 GEMM: %s\ngrouped (per-head) GEMM: %s\nMoE (group-limited top-4 of 16 + shared): %s\n"

@@ -56,6 +56,60 @@ __global__ void CombineKernel(const float* d, const int32_t* first, const int32_
   }
 }
 
+// One group's product for SmallGemmKernel: out[r][i] = sum over c of
+// x[r][c] * w[i][c], for its rows of x (at most kSmallRows).
+struct SmallProduct {
+  const uint16_t* w;  // [n][k], bf16
+  const uint16_t* x;  // [rows][k], bf16
+  float* out;         // [rows][n]
+  uint32_t rows, n, k;
+};
+
+// Groups of a few rows (a decode step's tokens of one expert) are products
+// that only read their weights: one launch for all of them, instead of a
+// cuBLAS call each, whose fixed cost is larger than reading an expert.
+constexpr uint32_t kSmallRows = 8, kSmallWarps = 8;
+
+// Whether SmallGemmKernel takes it: 16-byte loads along whole rows.
+bool SmallFits(const SmallProduct& p) {
+  const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  return p.rows <= kSmallRows && p.k % 8 == 0 && aligned(p.w) && aligned(p.x);
+}
+
+__device__ inline void WidenBf16x8(const uint4 v, float* f) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  for (uint32_t e = 0; e < 4; ++e) f[2 * e] = Bf16ToFloat(w[e] & 0xffffu), f[2 * e + 1] = Bf16ToFloat(w[e] >> 16);
+}
+
+// Grid (tiles of kSmallWarps outputs, products): a warp an output i, each
+// lane 8 weights of its row at a time against every row of x, the sums
+// joined by shuffles. Float32 sums, as cuBLAS's (in another order).
+__global__ void __launch_bounds__(32 * kSmallWarps) SmallGemmKernel(const SmallProduct* products) {
+  const SmallProduct p = products[blockIdx.y];
+  const uint32_t lane = threadIdx.x % 32, i = blockIdx.x * kSmallWarps + threadIdx.x / 32;
+  if (i >= p.n) return;  // the whole warp
+  const uint4* w = reinterpret_cast<const uint4*>(p.w + size_t{i} * p.k);
+  float acc[kSmallRows] = {};
+  for (uint32_t c = lane; c < p.k / 8; c += 32) {
+    float wf[8];
+    WidenBf16x8(__ldg(w + c), wf);
+#pragma unroll
+    for (uint32_t r = 0; r < kSmallRows; ++r) {
+      if (r < p.rows) {
+        float xf[8];
+        WidenBf16x8(__ldg(reinterpret_cast<const uint4*>(p.x + size_t{r} * p.k) + c), xf);
+        for (uint32_t e = 0; e < 8; ++e) acc[r] = fmaf(wf[e], xf[e], acc[r]);
+      }
+    }
+  }
+#pragma unroll
+  for (uint32_t r = 0; r < kSmallRows; ++r) {
+    float sum = acc[r];
+    for (uint32_t d = 16; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+    if (lane == 0 && r < p.rows) p.out[size_t{r} * p.n + i] = sum;
+  }
+}
+
 // Appends `values` to `blob` at a multiple of alignof(T); where they start.
 template <typename T>
 size_t Append(std::vector<uint8_t>& blob, std::span<const T> values) {
@@ -238,37 +292,63 @@ Status Blas::SwiGluGroups(const std::vector<const SwiGluDeviceWeights*>& mlps,
   KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kUp, std::max<size_t>(plan.inner_values, 1) * 4, &u));
   KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kHidden, std::max<size_t>(plan.inner_values, 1) * 2, &h));
   KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kDown, std::max<size_t>(pairs, 1) * hidden * 4, &d));
-  // One copy up: the pairs' tokens, and each token's pairs and weights.
-  std::vector<uint8_t> blob;
-  const size_t at_pair_token = Append(blob, std::span<const int32_t>(plan.pair_token));
-  const size_t at_first = Append(blob, std::span<const int32_t>(plan.token_first));
-  const size_t at_pairs = Append(blob, std::span<const int32_t>(plan.token_pairs));
-  const size_t at_weights = Append(blob, std::span<const float>(plan.token_weights));
-  void* d_blob;
-  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kRouting, std::max<size_t>(blob.size(), 1), &d_blob));
-  KVTIER_KERNELS_RETURN_IF_ERROR(Upload(blob.data(), blob.size(), d_blob));
-  auto in_blob = [&](size_t at) { return static_cast<uint8_t*>(d_blob) + at; };
   // Group k's pairs: its inputs, gate and up values, SwiGLU and outputs.
   auto x_of = [&](size_t k) { return static_cast<const uint16_t*>(xs) + plan.first_pair[k] * hidden; };
   auto g_of = [&](size_t k) { return static_cast<float*>(g) + plan.first_inner[k]; };
   auto u_of = [&](size_t k) { return static_cast<float*>(u) + plan.first_inner[k]; };
   auto h_of = [&](size_t k) { return static_cast<const uint16_t*>(h) + plan.first_inner[k]; };
   auto d_of = [&](size_t k) { return static_cast<float*>(d) + plan.first_pair[k] * hidden; };
+  // Groups of a few rows go to SmallGemmKernel, one launch a projection
+  // for all; the others to cuBLAS, one GEMM a group and projection (its
+  // grouped GEMM refuses bf16 inputs with float32 outputs: NOT_SUPPORTED,
+  // seen on an H200).
+  std::vector<SmallProduct> small_gate_up, small_down;
+  std::vector<size_t> large;
+  for (size_t k = 0; k < mlps.size(); ++k) {
+    if (plan.count[k] == 0) continue;
+    const SwiGluDeviceWeights& w = *mlps[k];
+    const SmallProduct gate{w.gate, x_of(k), g_of(k), plan.count[k], w.inter, hidden},
+        up{w.up, x_of(k), u_of(k), plan.count[k], w.inter, hidden},
+        down{w.down, h_of(k), d_of(k), plan.count[k], hidden, w.inter};
+    if (SmallFits(gate) && SmallFits(up) && SmallFits(down)) {
+      small_gate_up.push_back(gate), small_gate_up.push_back(up), small_down.push_back(down);
+    } else {
+      large.push_back(k);
+    }
+  }
+  // One copy up: the pairs' tokens, each token's pairs and weights, and the
+  // small products.
+  std::vector<uint8_t> blob;
+  const size_t at_pair_token = Append(blob, std::span<const int32_t>(plan.pair_token));
+  const size_t at_first = Append(blob, std::span<const int32_t>(plan.token_first));
+  const size_t at_pairs = Append(blob, std::span<const int32_t>(plan.token_pairs));
+  const size_t at_weights = Append(blob, std::span<const float>(plan.token_weights));
+  const size_t at_gate_up = Append(blob, std::span<const SmallProduct>(small_gate_up));
+  const size_t at_down = Append(blob, std::span<const SmallProduct>(small_down));
+  void* d_blob;
+  KVTIER_KERNELS_RETURN_IF_ERROR(Scratch(kRouting, std::max<size_t>(blob.size(), 1), &d_blob));
+  KVTIER_KERNELS_RETURN_IF_ERROR(Upload(blob.data(), blob.size(), d_blob));
+  auto in_blob = [&](size_t at) { return static_cast<uint8_t*>(d_blob) + at; };
+  const auto launch_small = [&](const std::vector<SmallProduct>& products, size_t at) {
+    if (products.empty()) return;
+    uint32_t tiles = 0;
+    for (const SmallProduct& p : products) tiles = std::max(tiles, (p.n + kSmallWarps - 1) / kSmallWarps);
+    SmallGemmKernel<<<dim3(tiles, static_cast<unsigned>(products.size())), 32 * kSmallWarps, 0, stream>>>(
+        reinterpret_cast<const SmallProduct*>(in_blob(at)));
+  };
   if (pairs > 0) {
     GatherBf16Kernel<<<static_cast<unsigned>(pairs), kThreads, 0, stream>>>(
         x, reinterpret_cast<const int32_t*>(in_blob(at_pair_token)), hidden, static_cast<uint16_t*>(xs));
-    // One GEMM an expert and projection: cuBLAS 13's grouped GEMM refuses
-    // bf16 inputs with float32 outputs (NOT_SUPPORTED, seen on an H200).
-    for (size_t k = 0; k < mlps.size(); ++k) {
-      if (plan.count[k] == 0) continue;
+    launch_small(small_gate_up, at_gate_up);
+    for (size_t k : large) {
       const SwiGluDeviceWeights& w = *mlps[k];
       KVTIER_KERNELS_RETURN_IF_ERROR(GemmBf16(w.gate, w.inter, hidden, x_of(k), plan.count[k], g_of(k)));
       KVTIER_KERNELS_RETURN_IF_ERROR(GemmBf16(w.up, w.inter, hidden, x_of(k), plan.count[k], u_of(k)));
     }
     SwiGluKernel<<<Blocks(plan.inner_values), kThreads, 0, stream>>>(static_cast<float*>(g), static_cast<float*>(u),
                                                                      static_cast<uint16_t*>(h), plan.inner_values);
-    for (size_t k = 0; k < mlps.size(); ++k) {
-      if (plan.count[k] == 0) continue;
+    launch_small(small_down, at_down);
+    for (size_t k : large) {
       const SwiGluDeviceWeights& w = *mlps[k];
       KVTIER_KERNELS_RETURN_IF_ERROR(GemmBf16(w.down, hidden, w.inter, h_of(k), plan.count[k], d_of(k)));
     }

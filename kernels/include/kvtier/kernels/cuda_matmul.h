@@ -4,8 +4,9 @@
 // summed in float32 (CUBLAS_COMPUTE_32F), results in float32. The MoE gate
 // picks experts exactly as the CPU does (SelectExperts, on the gate's
 // logits); each chosen expert then runs once over all of its tokens, its
-// (token, expert) pairs laid out together (expert_groups.h), and each token
-// sums its experts' outputs in one pass.
+// (token, expert) pairs laid out together (expert_groups.h), experts with a
+// few tokens (a decode step's) all in one launch a projection, and each
+// token sums its experts' outputs in one pass.
 // Built only with CUDA; callable from plain C++. Not thread-safe (one
 // stream, reused scratch memory).
 //
