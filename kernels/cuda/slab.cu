@@ -100,6 +100,29 @@ Status WaitFor(cudaStream_t stream, cudaError_t queued, const char* what) {
   return OkStatus();
 }
 
+// Lets go of the slab's lock, then waits for what was queued on `stream`
+// before it (an event recorded behind it), so that other threads queue
+// their copies (and fill staging) while this one waits; then tells the
+// first error as WaitFor does. Without an event, waits holding the lock.
+Status UnlockThenWait(std::unique_lock<std::mutex>& lock, cudaStream_t stream, cudaError_t queued, const char* what) {
+  cudaEvent_t done = nullptr;
+  if (cudaEventCreateWithFlags(&done, cudaEventDisableTiming) != cudaSuccess ||
+      cudaEventRecord(done, stream) != cudaSuccess) {
+    if (done != nullptr) cudaEventDestroy(done);
+    cudaGetLastError();  // the event's error, not the copies'
+    return WaitFor(stream, queued, what);
+  }
+  lock.unlock();
+  const cudaError_t waited = cudaEventSynchronize(done);
+  cudaEventDestroy(done);
+  if (queued != cudaSuccess) {
+    cudaGetLastError();
+    return CudaError(queued, what);
+  }
+  if (waited != cudaSuccess) return CudaError(waited, what);
+  return OkStatus();
+}
+
 }  // namespace
 
 Status DeviceSlab::CopyIn(uint64_t offset, const void* from, size_t n) {
@@ -186,9 +209,9 @@ void DeviceSlab::UnpinHost(void* p) {
 
 Status DeviceSlab::CopyRuns(std::span<const SlabRun> runs, bool in) {
   if (Status s = CheckRuns(runs, size_); !s.ok()) return s;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_);
-  return WaitFor(stream, QueueRuns(base_, runs, in, stream), in ? "slab copy in" : "slab copy out");
+  return UnlockThenWait(lock, stream, QueueRuns(base_, runs, in, stream), in ? "slab copy in" : "slab copy out");
 }
 
 namespace {
@@ -312,7 +335,7 @@ Status DeviceSlab::CopyOutRunsWithCrc(std::span<const SlabRun> runs, std::span<c
   }
   const uint32_t page_shift = static_cast<uint32_t>(__builtin_ctz(page_size));
   const auto count = static_cast<uint32_t>(records.size());
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_);
   // On the device: [descriptors][page offsets][CRCs][parts].
   void* scratch = nullptr;
@@ -337,7 +360,7 @@ Status DeviceSlab::CopyOutRunsWithCrc(std::span<const SlabRun> runs, std::span<c
   }
   if (first == cudaSuccess) first = QueueRuns(base_, runs, /*in=*/false, stream);
   cudaFreeAsync(scratch, stream);
-  KVTIER_KERNELS_RETURN_IF_ERROR(WaitFor(stream, first, "slab copy out with CRC"));
+  KVTIER_KERNELS_RETURN_IF_ERROR(UnlockThenWait(lock, stream, first, "slab copy out with CRC"));
   std::memcpy(crcs, host.get() + in_bytes, crc_bytes);
   return OkStatus();
 }
@@ -400,14 +423,14 @@ Status DeviceSlab::CopyOutRuns(std::span<const SlabRun> runs) { return CopyRuns(
 
 Status DeviceSlab::CopyToDeviceRuns(std::span<const SlabRun> runs) {
   if (Status s = CheckRuns(runs, size_); !s.ok()) return s;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_);
   cudaError_t queued = cudaSuccess;
   for (const SlabRun& r : runs) {
     queued = cudaMemcpyAsync(r.host, base_ + r.offset, r.n, cudaMemcpyDeviceToDevice, stream);
     if (queued != cudaSuccess) break;
   }
-  return WaitFor(stream, queued, "slab copy to device");
+  return UnlockThenWait(lock, stream, queued, "slab copy to device");
 }
 
 }  // namespace kvtier::kernels::cuda

@@ -103,7 +103,7 @@ class DeviceSlab {
   int device_ = 0;
   void* stream_ = nullptr;  // cudaStream_t
   std::string name_;
-  std::mutex mu_;  // one copy on the stream at a time
+  std::mutex mu_;  // one caller queuing on the stream at a time (waits are outside it)
 };
 
 }  // namespace kvtier::kernels::cuda
