@@ -9,12 +9,21 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <map>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "services/cache/fast_path/fast_path_socket.h"
 
 namespace kvtier::cache {
 namespace {
+
+// Where a leased block is not in shared memory nor copied to device
+// staging: the client reads it with Get.
+void NotInSharedMemory(v1::LeasedBlock& out) {
+  out.mutable_miss()->set_code(static_cast<int>(absl::StatusCode::kUnavailable));
+  out.mutable_miss()->set_message("block is not in shared memory; read it with Get");
+}
 
 void RandomBytes(void* out, size_t n) {
   auto* p = static_cast<uint8_t*>(out);
@@ -167,6 +176,7 @@ absl::Status FastPathServer::Lease(uint64_t session_id, const std::string& ns, u
     device = sessions_[session_id].device;
   }
   std::vector<uint64_t> device_ranges;
+  std::vector<ToDevice> to_device;
   // Pinning may promote (and so copy) blocks: done without the lock. The
   // reader verifies each record's checksum as it copies it, so the records
   // are not read here too.
@@ -190,27 +200,34 @@ absl::Status FastPathServer::Lease(uint64_t session_id, const std::string& ns, u
     out->set_tier(static_cast<v1::Tier>((*block)->tier()));
     const std::vector<SharedPiece> pieces = store_->SharedPieces(**block);
     if (pieces.empty()) {
-      // In a GPU tier: device to device, for a session with device staging.
-      if (device == nullptr || !CopyToDevice(*device, **block, *out, device_ranges)) {
-        out->mutable_miss()->set_code(static_cast<int>(absl::StatusCode::kUnavailable));
-        out->mutable_miss()->set_message("block is not in shared memory; read it with Get");
+      // In a GPU tier: device to device, for a session with device staging,
+      // all of the lease's such blocks at once below.
+      std::optional<uint64_t> at;
+      if (device != nullptr) {
+        absl::MutexLock lock(&mu_);
+        at = device->Allocate((*block)->size());
+      }
+      if (!at.has_value()) {  // no device staging, or it is full
+        NotInSharedMemory(*out);
         continue;
       }
-    } else {
-      v1::SharedRecord* record = out->mutable_shared();
-      record->set_size((*block)->size());
-      for (const SharedPiece& p : pieces) {
-        v1::SharedPiece* piece = record->add_pieces();
-        piece->set_tier_index(p.tier);
-        piece->set_segment(p.segment);
-        piece->set_generation(p.generation);
-        piece->set_offset(p.offset);
-        piece->set_length(p.length);
-      }
+      to_device.push_back({out, *std::move(block), *at});
+      continue;
+    }
+    v1::SharedRecord* record = out->mutable_shared();
+    record->set_size((*block)->size());
+    for (const SharedPiece& p : pieces) {
+      v1::SharedPiece* piece = record->add_pieces();
+      piece->set_tier_index(p.tier);
+      piece->set_segment(p.segment);
+      piece->set_generation(p.generation);
+      piece->set_offset(p.offset);
+      piece->set_length(p.length);
     }
     bytes += (*block)->size();
     pinned.push_back(*std::move(block));
   }
+  if (!to_device.empty()) CopyToDevice(*device, to_device, pinned, bytes, device_ranges);
   store_->Refresh(ns, layout_id, hashes);
   absl::MutexLock lock(&mu_);
   if (absl::Status s = check_session(); !s.ok()) return s;  // it died meanwhile (its staging with it)
@@ -259,23 +276,30 @@ void FastPathServer::EndLeaseLocked(uint64_t lease_id) {
   leases_.erase(it);  // unpins its blocks
 }
 
-bool FastPathServer::CopyToDevice(DeviceStaging& device, const PinnedBlock& block, v1::LeasedBlock& out,
+void FastPathServer::CopyToDevice(DeviceStaging& device, std::vector<ToDevice>& blocks,
+                                  std::vector<std::shared_ptr<const PinnedBlock>>& pinned, uint64_t& bytes,
                                   std::vector<uint64_t>& ranges) {
-  std::optional<uint64_t> at;
-  {
-    absl::MutexLock lock(&mu_);
-    at = device.Allocate(block.size());
+  // A batch a tier (there is one GPU tier).
+  std::map<size_t, std::vector<ToDevice*>> by_tier;
+  for (ToDevice& b : blocks) by_tier[b.block->tier_index()].push_back(&b);
+  for (const auto& [tier, batch] : by_tier) {
+    std::vector<TierStorage::ToExport> records;
+    for (const ToDevice* b : batch) records.push_back({b->block->room(), b->at});
+    const bool copied = store_->storage(tier).CopyToExported(records, *device.buffer).ok();
+    for (ToDevice* b : batch) {
+      if (!copied) {  // these blocks go over TCP
+        absl::MutexLock lock(&mu_);
+        device.used.erase(b->at);
+        NotInSharedMemory(*b->out);
+        continue;
+      }
+      b->out->mutable_device()->set_offset(b->at);
+      b->out->mutable_device()->set_size(b->block->size());
+      ranges.push_back(b->at);
+      bytes += b->block->size();
+      pinned.push_back(std::move(b->block));
+    }
   }
-  if (!at.has_value()) return false;  // full: this block goes over TCP
-  if (!store_->storage(block.tier_index()).CopyToExported(block.room(), *device.buffer, *at).ok()) {
-    absl::MutexLock lock(&mu_);
-    device.used.erase(*at);
-    return false;
-  }
-  out.mutable_device()->set_offset(*at);
-  out.mutable_device()->set_size(block.size());
-  ranges.push_back(*at);
-  return true;
 }
 
 FastPathCounters FastPathServer::Counters() {

@@ -168,10 +168,19 @@ class FastPathServer {
   // much of each as is wanted and left of its budget.
   void GrantStagingLocked(Session& session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void GrantDeviceStagingLocked(Session& session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Copies a block pinned in the GPU tier into a range of `device` (noted in
-  // `ranges`) and describes it in `out`; false when there is no room or the
-  // copy fails.
-  bool CopyToDevice(DeviceStaging& device, const PinnedBlock& block, v1::LeasedBlock& out,
+  // A block pinned in the GPU tier, the range of device staging it goes to,
+  // and its answer.
+  struct ToDevice {
+    v1::LeasedBlock* out;
+    std::shared_ptr<const PinnedBlock> block;
+    uint64_t at;
+  };
+  // Copies a lease's GPU-tier blocks into their ranges of `device`, one
+  // batch of copies; those copied are described in their answers, noted
+  // in `ranges`, counted in `bytes` and kept pinned in `pinned`; the others
+  // are answered UNAVAILABLE (read them with Get) and their ranges freed.
+  void CopyToDevice(DeviceStaging& device, std::vector<ToDevice>& blocks,
+                    std::vector<std::shared_ptr<const PinnedBlock>>& pinned, uint64_t& bytes,
                     std::vector<uint64_t>& ranges);
   void ExpireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -52,7 +52,7 @@ absl::StatusOr<int> TierStorage::OpenShared(uint32_t segment, uint64_t /*generat
   return absl::InvalidArgumentError(absl::StrCat("no shared segment ", segment, " in this tier"));
 }
 
-absl::Status TierStorage::CopyToExported(const RecordRoom& /*room*/, ExportedBuffer& /*to*/, uint64_t /*at*/) const {
+absl::Status TierStorage::CopyToExported(std::span<const ToExport> /*records*/, ExportedBuffer& /*to*/) const {
   return absl::FailedPreconditionError("block is not in a slab tier");
 }
 
@@ -215,21 +215,26 @@ class SlabPages final : public PrivatePages {
   }
   SlabMemory* slab() const override { return slab_; }
 
-  // One batch of runs, adjacent pages as one run: a GPU waits once a
-  // record, not once a page.
-  absl::Status CopyToExported(const RecordRoom& room, ExportedBuffer& to, uint64_t at) const override {
+  // One batch of runs for all the records, runs that follow each other on
+  // both sides as one: a GPU waits once, not once a page.
+  absl::Status CopyToExported(std::span<const ToExport> records, ExportedBuffer& to) const override {
     std::vector<ExportRun> runs;
-    if (RecordSlots::IsSlot(room.pages)) {
-      runs.push_back({Start(room.pages), at, room.size});
-    } else {
+    const auto add = [&runs](const ExportRun& run) {
+      if (!runs.empty() && runs.back().offset + runs.back().n == run.offset &&
+          runs.back().to_offset + runs.back().n == run.to_offset) {
+        runs.back().n += run.n;
+      } else {
+        runs.push_back(run);
+      }
+    };
+    for (const ToExport& r : records) {
+      if (RecordSlots::IsSlot(r.room.pages)) {
+        add({Start(r.room.pages), r.at, r.room.size});
+        continue;
+      }
       const size_t page = arena_->page_size();
-      for (size_t k = 0; k < room.pages.size() && k * page < room.size; ++k) {
-        const ExportRun run{uint64_t{room.pages[k]} * page, at + k * page, std::min(page, room.size - k * page)};
-        if (!runs.empty() && runs.back().offset + runs.back().n == run.offset) {
-          runs.back().n += run.n;  // the buffer's side is contiguous already
-        } else {
-          runs.push_back(run);
-        }
+      for (size_t k = 0; k < r.room.pages.size() && k * page < r.room.size; ++k) {
+        add({uint64_t{r.room.pages[k]} * page, r.at + k * page, std::min(page, r.room.size - k * page)});
       }
     }
     return slab_->CopyToExported(runs, to);

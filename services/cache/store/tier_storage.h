@@ -144,8 +144,14 @@ class TierStorage {
   // A new read-only descriptor of a segment for a reader of segment group
   // `group` (its owner's group).
   virtual absl::StatusOr<int> OpenShared(uint32_t segment, uint64_t generation, const std::string& group);
-  // Copies the record device to device into `to` at `at` (CUDA IPC).
-  virtual absl::Status CopyToExported(const RecordRoom& room, ExportedBuffer& to, uint64_t at) const;
+  // A record to copy into an exported buffer, and where it goes there.
+  struct ToExport {
+    RecordRoom room;
+    uint64_t at;
+  };
+  // Copies records device to device into `to` (CUDA IPC), all in one batch
+  // (a GPU waits once).
+  virtual absl::Status CopyToExported(std::span<const ToExport> records, ExportedBuffer& to) const;
 };
 
 // The storage for one tier of pages, by the arena's kind: private memory,

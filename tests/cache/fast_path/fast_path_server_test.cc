@@ -195,17 +195,19 @@ TEST_F(FastPathServerTest, DeviceStagingGoesOnlyToProvenSessions) {
   close(second), close(third);
 }
 
-// A GPU tier block of several pages reaches a session's device staging in
-// one batch of copies (a GPU waits once a block, not once a page), pages
-// that follow each other as one run, and lands whole.
-TEST_F(FastPathServerTest, AGpuTierBlockGoesToStagingInOneBatch) {
+// A lease's GPU tier blocks, of several pages each, reach the session's
+// device staging in one batch of copies (a GPU waits once a lease, not once
+// a page), runs that follow each other on both sides as one, and land
+// whole.
+TEST_F(FastPathServerTest, ALeaseCopiesItsGpuTierBlocksInOneBatch) {
   auto slab = std::make_shared<RecordingSlab>(64 * 4096);
   Start(slab, FastPathOptions());
   layout_.kv_lora_rank = 512;  // records of several 4 KiB pages
   layout_.rope_dim = 64;
   const std::vector<kvblock::BlockHash> hashes = {PutBlock(1), PutBlock(2), PutBlock(3)};
+  const size_t record_bytes = (*store_->Read("ns", kvblock::LayoutId(layout_), hashes[0]))->size();
   v1::OpenFastPathRequest wants;
-  wants.set_device_staging_bytes(1 << 20);
+  wants.set_device_staging_bytes(4 * record_bytes);  // room for one lease of the three
   const v1::OpenFastPathResponse opened = *server_->Open(wants);
   int socket, fd;
   fastpath::DeviceGrant grant;
@@ -214,23 +216,42 @@ TEST_F(FastPathServerTest, AGpuTierBlockGoesToStagingInOneBatch) {
   v1::LeaseBlocksResponse leased;
   ASSERT_TRUE(
       server_->Lease(opened.session_id(), "ns", kvblock::LayoutId(layout_), hashes, absl::Seconds(5), leased).ok());
-  ASSERT_EQ(slab->export_batches.size(), hashes.size()) << "one batch of copies a block";
+  ASSERT_EQ(slab->export_batches.size(), 1u) << "one batch of copies a lease";
+  const std::vector<ExportRun>& batch = slab->export_batches[0];
+  size_t records_bytes = 0, copied = 0;
   for (size_t k = 0; k < hashes.size(); ++k) {
     ASSERT_TRUE(leased.blocks(k).has_device()) << leased.blocks(k).DebugString();
     const std::string record = (*store_->Read("ns", kvblock::LayoutId(layout_), hashes[k]))->CopyToString();
     ASSERT_GT(record.size(), 2 * 4096u);
     EXPECT_EQ(slab->exported[0]->bytes().substr(leased.blocks(k).device().offset(), leased.blocks(k).device().size()),
               record);
-    const std::vector<ExportRun>& batch = slab->export_batches[k];
-    size_t bytes = 0;
-    for (size_t r = 0; r < batch.size(); ++r) {
-      bytes += batch[r].n;
-      if (r > 0) {
-        EXPECT_NE(batch[r - 1].offset + batch[r - 1].n, batch[r].offset) << "adjacent pages not merged";
-      }
-    }
-    EXPECT_EQ(bytes, record.size());
+    records_bytes += record.size();
   }
+  for (size_t r = 0; r < batch.size(); ++r) {
+    copied += batch[r].n;
+    if (r > 0) {
+      EXPECT_FALSE(batch[r - 1].offset + batch[r - 1].n == batch[r].offset &&
+                   batch[r - 1].to_offset + batch[r - 1].n == batch[r].to_offset)
+          << "runs that follow each other not merged";
+    }
+  }
+  EXPECT_EQ(copied, records_bytes);
+  // A batch that fails: its blocks are answered UNAVAILABLE (read with
+  // Get) and their staging is free again (the next lease finds room).
+  ASSERT_TRUE(server_->Release(leased.lease_id()).ok());
+  slab->refuse_exports = true;
+  v1::LeaseBlocksResponse refused;
+  ASSERT_TRUE(
+      server_->Lease(opened.session_id(), "ns", kvblock::LayoutId(layout_), hashes, absl::Seconds(5), refused).ok());
+  for (const v1::LeasedBlock& b : refused.blocks()) {
+    EXPECT_EQ(b.miss().code(), static_cast<int>(absl::StatusCode::kUnavailable)) << b.DebugString();
+  }
+  EXPECT_EQ(refused.lease_id(), 0u) << "a lease of nothing";
+  slab->refuse_exports = false;
+  v1::LeaseBlocksResponse again;
+  ASSERT_TRUE(
+      server_->Lease(opened.session_id(), "ns", kvblock::LayoutId(layout_), hashes, absl::Seconds(5), again).ok());
+  for (const v1::LeasedBlock& b : again.blocks()) EXPECT_TRUE(b.has_device()) << b.DebugString();
   close(socket);
 }
 

@@ -92,6 +92,7 @@ class RecordingSlab final : public SlabMemory {
   }
   absl::Status CopyToExported(std::span<const ExportRun> runs, ExportedBuffer& to) override {
     export_batches.emplace_back(runs.begin(), runs.end());
+    if (refuse_exports) return absl::InternalError("refused for the test");
     std::string& bytes = static_cast<HostExport&>(to).bytes();
     for (const ExportRun& r : runs) {
       if (r.to_offset > bytes.size() || r.n > bytes.size() - r.to_offset)
@@ -136,6 +137,7 @@ class RecordingSlab final : public SlabMemory {
   std::vector<HostExport*> exported;
   // The runs of each CopyToExported call (a GPU waits once a call).
   std::vector<std::vector<ExportRun>> export_batches;
+  bool refuse_exports = false;  // CopyToExported fails
   // Buffers not yet freed (by whichever thread lets the last go).
   std::shared_ptr<std::atomic<int>> live_exports = std::make_shared<std::atomic<int>>(0);
 
