@@ -297,9 +297,10 @@ void BenchmarkMoe(cuda::Blas& blas, std::mt19937_64& rng) {
   float* dout = check::ToDevice(std::vector<float>(x.size()));
   const double expert_bytes = 3.0 * kInter * kHidden * 2;
   std::printf(
-      "\nMoE layer, V2-Lite (64 experts of %u, top 6, 2 shared), weights GB/s against copy %.0f GB/s\n"
-      "%6s %8s %10s %10s %8s\n",
-      kInter, copy_gbs, "tokens", "experts", "ms", "GB/s", "% copy");
+      "\nMoE layer, V2-Lite (64 experts of %u, top 6, 2 shared), weights GB/s against copy %.0f GB/s;\n"
+      "last column: the same layer with every expert a cuBLAS GEMM a projection (SetSmallGroupTokens(0))\n"
+      "%6s %8s %10s %10s %8s %14s\n",
+      kInter, copy_gbs, "tokens", "experts", "ms", "GB/s", "% copy", "cuBLAS % copy");
   for (uint32_t n : {1u, 16u, 128u, 512u}) {
     // The experts the gate picks for these tokens (as MoeForward does).
     std::vector<bool> used(kExperts, false);
@@ -311,7 +312,11 @@ void BenchmarkMoe(cuda::Blas& blas, std::mt19937_64& rng) {
     const uint32_t touched = static_cast<uint32_t>(std::count(used.begin(), used.end(), true));
     const double bytes = (touched + 2) * expert_bytes;  // the shared pair is one MLP twice as wide
     const double ms = check::Milliseconds([&] { (void)blas.MoeForward(w, kHidden, dx, n, dout); }, 10);
-    std::printf("%6u %8u %10.3f %10.0f %7.0f%%\n", n, touched, ms, bytes / ms / 1e6, 100 * bytes / ms / 1e6 / copy_gbs);
+    blas.SetSmallGroupTokens(0);
+    const double cublas_ms = check::Milliseconds([&] { (void)blas.MoeForward(w, kHidden, dx, n, dout); }, 10);
+    blas.SetSmallGroupTokens(cuda::Blas::kMaxSmallGroupTokens);
+    std::printf("%6u %8u %10.3f %10.0f %7.0f%% %13.0f%%\n", n, touched, ms, bytes / ms / 1e6,
+                100 * bytes / ms / 1e6 / copy_gbs, 100 * bytes / cublas_ms / 1e6 / copy_gbs);
   }
   for (void* p : owned) cudaFree(p);
   cudaFree(const_cast<uint16_t*>(w.router)), cudaFree(dx), cudaFree(dout);

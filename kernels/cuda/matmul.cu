@@ -68,12 +68,13 @@ struct SmallProduct {
 // Groups of a few rows (a decode step's tokens of one expert) are products
 // that only read their weights: one launch for all of them, instead of a
 // cuBLAS call each, whose fixed cost is larger than reading an expert.
-constexpr uint32_t kSmallRows = 8, kSmallWarps = 8;
+constexpr uint32_t kSmallRows = Blas::kMaxSmallGroupTokens, kSmallWarps = 8;
 
-// Whether SmallGemmKernel takes it: 16-byte loads along whole rows.
-bool SmallFits(const SmallProduct& p) {
+// Whether SmallGemmKernel takes it, with groups of at most `most` rows:
+// 16-byte loads along whole rows.
+bool SmallFits(const SmallProduct& p, uint32_t most) {
   const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-  return p.rows <= kSmallRows && p.k % 8 == 0 && aligned(p.w) && aligned(p.x);
+  return p.rows <= most && p.k % 8 == 0 && aligned(p.w) && aligned(p.x);
 }
 
 __device__ inline void WidenBf16x8(const uint4 v, float* f) {
@@ -310,7 +311,8 @@ Status Blas::SwiGluGroups(const std::vector<const SwiGluDeviceWeights*>& mlps,
     const SmallProduct gate{w.gate, x_of(k), g_of(k), plan.count[k], w.inter, hidden},
         up{w.up, x_of(k), u_of(k), plan.count[k], w.inter, hidden},
         down{w.down, h_of(k), d_of(k), plan.count[k], hidden, w.inter};
-    if (SmallFits(gate) && SmallFits(up) && SmallFits(down)) {
+    if (SmallFits(gate, small_group_tokens_) && SmallFits(up, small_group_tokens_) &&
+        SmallFits(down, small_group_tokens_)) {
       small_gate_up.push_back(gate), small_gate_up.push_back(up), small_down.push_back(down);
     } else {
       large.push_back(k);

@@ -17,6 +17,7 @@
 #ifndef KVTIER_KERNELS_CUDA_MATMUL_H_
 #define KVTIER_KERNELS_CUDA_MATMUL_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -72,6 +73,13 @@ class Blas {
   // x and out device memory.
   Status MoeForward(const MoeDeviceWeights& w, uint32_t hidden, const float* x, uint32_t n, float* out);
 
+  // MoeForward's experts with at most this many tokens (a decode step's)
+  // run in one launch for all a projection, the others a cuBLAS GEMM each.
+  static constexpr uint32_t kMaxSmallGroupTokens = 8;
+  // Lowers that bound (0: every expert to cuBLAS), for benchmarks to
+  // compare the two.
+  void SetSmallGroupTokens(uint32_t tokens) { small_group_tokens_ = std::min(tokens, kMaxSmallGroupTokens); }
+
  private:
   Blas(const void* api, void* handle, void* stream) : api_(api), handle_(handle), stream_(stream) {}
   // y = x W^T on bf16 x already on the device (grouped: as GroupedGemm).
@@ -96,6 +104,7 @@ class Blas {
   void* staging_ = nullptr;  // pinned, for Upload
   size_t staging_bytes_ = 0;
   void* staged_ = nullptr;  // cudaEvent_t: the last Upload's copy has run
+  uint32_t small_group_tokens_ = kMaxSmallGroupTokens;
 };
 
 }  // namespace kvtier::kernels::cuda
