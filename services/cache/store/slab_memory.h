@@ -81,9 +81,9 @@ class SlabMemory {
   virtual absl::Status PinHost(void* /*p*/, size_t /*n*/) { return absl::UnimplementedError("nothing to pin"); }
   virtual void UnpinHost(void* /*p*/) {}
   // A buffer of exactly `bytes` other processes can open, and
-  // device-to-device copies of runs into it (a record's pages: a GPU waits
-  // once for them all); UNIMPLEMENTED where there is no such thing (host
-  // memory).
+  // device-to-device copies of runs into it (a lease's records' pages: a
+  // GPU waits once a call); UNIMPLEMENTED where there is no such thing
+  // (host memory).
   virtual absl::StatusOr<std::unique_ptr<ExportedBuffer>> Export(uint64_t /*bytes*/) {
     return absl::UnimplementedError("this memory cannot be exported");
   }
