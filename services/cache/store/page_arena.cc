@@ -114,19 +114,34 @@ void PageArena::ForEachRun(std::span<const uint32_t> pages, size_t offset, std::
 
 namespace {
 
-// Appends `run`, or extends the last run when `run` continues it in both
-// memories: a block's pages are often adjacent, and a GPU copies one long
-// run much faster than many 64 KB ones.
-void AddRun(std::vector<SlabRun>& runs, const SlabRun& run) {
-  if (!runs.empty()) {
-    SlabRun& last = runs.back();
-    if (last.offset + last.n == run.offset && static_cast<uint8_t*>(last.host) + last.n == run.host) {
-      last.n += run.n;
-      return;
-    }
-  }
-  runs.push_back(run);
+// Whether `run` continues `last` in both memories.
+bool Continues(const SlabRun& last, const SlabRun& run) {
+  return last.offset + last.n == run.offset && static_cast<uint8_t*>(last.host) + last.n == run.host;
 }
+bool Continues(const ExportRun& last, const ExportRun& run) {
+  return last.offset + last.n == run.offset && last.to_offset + last.n == run.to_offset;
+}
+
+// Appends `run`, or extends the last run when `run` continues it: a
+// block's pages are often adjacent, and a GPU copies one long run much
+// faster than many 64 KB ones.
+template <typename Run>
+void AddRun(std::vector<Run>& runs, const Run& run) {
+  if (!runs.empty() && Continues(runs.back(), run)) {
+    runs.back().n += run.n;
+  } else {
+    runs.push_back(run);
+  }
+}
+
+// A range of an exported buffer as ForEachRun's piece: its data is its
+// offset in the buffer.
+struct BufferRange {
+  uint64_t at;
+  size_t n;
+  uint64_t data() const { return at; }
+  size_t size() const { return n; }
+};
 
 }  // namespace
 
@@ -158,6 +173,18 @@ absl::Status PageArena::WriteRuns(std::span<const uint32_t> pages, size_t offset
   });
   if (runs.empty()) return absl::OkStatus();
   return wait ? slab_->CopyInRuns(runs) : slab_->CopyInRunsNoWait(runs);
+}
+
+absl::Status PageArena::CopyToExported(std::span<const RecordExport> records, ExportedBuffer& to) const {
+  if (slab_ == nullptr) return absl::FailedPreconditionError("this arena's memory cannot be exported");
+  std::vector<ExportRun> runs;
+  for (const RecordExport& r : records) {
+    const BufferRange range{r.at, r.size};
+    ForEachRun(r.pages, r.offset, std::span(&range, 1), [&](size_t at, uint64_t to_offset, size_t n) {
+      AddRun(runs, {at, to_offset, n});
+    });
+  }
+  return slab_->CopyToExported(runs, to);
 }
 
 absl::Status PageArena::ReadPieces(std::span<const uint32_t> pages, size_t offset,

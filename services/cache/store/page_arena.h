@@ -132,6 +132,16 @@ class PageArena {
     uint64_t crc_bytes = 0;  // with crcs: from the record's first byte
   };
   absl::Status ReadRecords(std::span<const RecordPieces> records, std::span<std::optional<uint32_t>> crcs = {}) const;
+  // Copies records of a slab arena device to device into `to` (CUDA IPC),
+  // all in one batch (a GPU waits once): record k's `size` bytes from
+  // `offset` in its first page land at `at` in the buffer.
+  struct RecordExport {
+    std::span<const uint32_t> pages;
+    size_t offset;
+    size_t size;
+    uint64_t at;
+  };
+  absl::Status CopyToExported(std::span<const RecordExport> records, ExportedBuffer& to) const;
   // The first `size` bytes of a record laid over `pages`, a piece a run of
   // adjacent pages: only when addressable().
   std::vector<std::span<uint8_t>> PagePieces(std::span<const uint32_t> pages, size_t size) const;

@@ -116,11 +116,6 @@ class PrivatePages : public TierStorage {
   uint32_t PagesFor(size_t bytes) const {
     return static_cast<uint32_t>((bytes + arena_->page_size() - 1) / arena_->page_size());
   }
-  // Where a record's bytes start: the byte offset of its first page in the
-  // arena, plus its slot's offset.
-  uint64_t Start(const std::vector<uint32_t>& room) const {
-    return uint64_t{room[0]} * arena_->page_size() + RecordSlots::Offset(room);
-  }
   const std::unique_ptr<PageArena> arena_;
   RecordSlots slots_;
 };
@@ -215,29 +210,12 @@ class SlabPages final : public PrivatePages {
   }
   SlabMemory* slab() const override { return slab_; }
 
-  // One batch of runs for all the records, runs that follow each other on
-  // both sides as one: a GPU waits once, not once a page.
   absl::Status CopyToExported(std::span<const ToExport> records, ExportedBuffer& to) const override {
-    std::vector<ExportRun> runs;
-    const auto add = [&runs](const ExportRun& run) {
-      if (!runs.empty() && runs.back().offset + runs.back().n == run.offset &&
-          runs.back().to_offset + runs.back().n == run.to_offset) {
-        runs.back().n += run.n;
-      } else {
-        runs.push_back(run);
-      }
-    };
+    std::vector<PageArena::RecordExport> exports;
     for (const ToExport& r : records) {
-      if (RecordSlots::IsSlot(r.room.pages)) {
-        add({Start(r.room.pages), r.at, r.room.size});
-        continue;
-      }
-      const size_t page = arena_->page_size();
-      for (size_t k = 0; k < r.room.pages.size() && k * page < r.room.size; ++k) {
-        add({uint64_t{r.room.pages[k]} * page, r.at + k * page, std::min(page, r.room.size - k * page)});
-      }
+      exports.push_back({RecordSlots::Pages(r.room.pages), RecordSlots::Offset(r.room.pages), r.room.size, r.at});
     }
-    return slab_->CopyToExported(runs, to);
+    return arena_->CopyToExported(exports, to);
   }
 
  private:
