@@ -69,11 +69,11 @@ enum class Eviction {
   // probation: while they take more than a share of a tier they go first,
   // oldest first, so that prompts seen once do not push out what is used
   // again; of them, blocks a cold start stored (a Put whose client found
-  // little of the sequence cached: PutHeader.cold_start)
-  // go before those that continue a cached prefix. The share adapts to what comes back after eviction
-  // (ProbationShare): where the room holds what is reused it stays at the
-  // whole tier, which is kLeafFirst. The default: load/README.md's eviction
-  // tables.
+  // little of the sequence cached: PutHeader.cold_start) go before those
+  // that continue a cached prefix. The share adapts to what comes back
+  // after eviction (ProbationShare): where the room holds what is reused it
+  // stays at the whole tier, which is kLeafFirst. The default:
+  // load/README.md's eviction tables.
   kAdaptive,
 };
 
