@@ -7,10 +7,16 @@
 // layers, for the median row (a token whose gate logits nearly tie may pick
 // another expert on the GPU: that moves its row by more, and is not a bug;
 // the MoE itself is checked against float64 in kernels/cuda/check_matmul).
-// V3.2's sparse attention likewise: a row whose indexer scores nearly tie at
-// the k-th place may choose another token on the GPU (the kernels against
-// the CPU's are in kernels/cuda/check_sparse_mla); with every token chosen
-// (index_topk over the longest context), every row within the bound.
+// V3.2's sparse attention: the model rounds the indexer's keys and queries
+// to FP8, and the GPU's bf16 inputs move some of them across an FP8 step,
+// enough to change a row's top-k: layer after layer, most rows' (on the
+// CPU, rounding only its products' inputs to bf16 moved the median row of
+// the four-layer v32-tiny by 0.10-0.37, the H200 by 0.26-0.32). So the
+// sparse choice is held to the CPU's on one layer (median row near 0.003
+// on the CPU; a row whose choice tipped moves more), and the whole stack
+// with every token chosen (index_topk over the longest context), every row
+// within the bound; the kernels against the CPU's on the same inputs are
+// in kernels/cuda/check_sparse_mla.
 // The blocks each backend seals: equal in number. The GPU keeps sealed
 // blocks in its block pool between passes: by default, with none (every pass
 // copies them up), with one too small for a layer's blocks, and with one
@@ -19,6 +25,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -31,7 +38,9 @@
 #include "services/runtime/device_block_pool.h"
 #include "services/runtime/make_model.h"
 #include "services/runtime/model.h"
+#include "services/runtime/v4_forward.h"
 #include "tests/binary_path.h"
+#include "tests/runtime/bf16_products_accelerator.h"
 #include "tests/test_random.h"
 
 namespace kvtier::runtime {
@@ -50,11 +59,23 @@ double RelativeError(const std::vector<float>& got, const std::vector<float>& wa
   return diff / mag;
 }
 
+// The median row's error within kLogitTolerance; the spread printed, for
+// the record of what the GPU gives.
+void ExpectMedianRowWithinTolerance(std::vector<double> errors) {
+  ASSERT_FALSE(errors.empty());
+  std::sort(errors.begin(), errors.end());
+  const auto at = [&](double q) { return errors[static_cast<size_t>(q * (errors.size() - 1))]; };
+  std::printf("rows' errors of the largest |logit|: quartiles %.4f %.4f %.4f, largest %.4f (%zu rows)\n", at(0.25),
+              at(0.5), at(0.75), errors.back(), errors.size());
+  EXPECT_LE(errors[errors.size() / 2], kLogitTolerance) << "median row";
+}
+
 struct Variant {
   std::string name, preset;
   bool dense_only;       // every layer a dense MLP: no gate to tip over
   int pool_blocks = -1;  // room in the device block pool, in int8 blocks of 16; -1: the default
   int64_t index_topk = 0;  // V3.2: tokens the indexer chooses; 0: the preset's
+  int64_t layers = 0;      // 0: the preset's
 };
 void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
 
@@ -81,6 +102,7 @@ TEST_P(CudaForwardTest, LogitsMatchTheCpuThroughPrefillAndDecode) {
   SCOPED_TRACE(rng_.Trace());
   ModelConfig config = *PresetConfig(GetParam().preset);
   if (GetParam().dense_only) config.first_k_dense_replace = config.num_hidden_layers;
+  if (GetParam().layers > 0) config.num_hidden_layers = GetParam().layers;
   if (GetParam().index_topk > 0) config.indexer->topk = GetParam().index_topk;
   ASSERT_TRUE(MakeModel(config, dir_.string(), rng_.seed()).ok());
   auto ckpt = Checkpoint::Open(dir_.string());
@@ -131,6 +153,10 @@ TEST_P(CudaForwardTest, LogitsMatchTheCpuThroughPrefillAndDecode) {
         EXPECT_EQ(gpu_caches[s].blocks[l].size(), cpu_caches[s].blocks[l].size());
         EXPECT_EQ(gpu_caches[s].tail[l].size(), cpu_caches[s].tail[l].size());
       }
+      ASSERT_EQ(gpu_caches[s].index_scales.size(), cpu_caches[s].index_scales.size());
+      for (size_t l = 0; l < cpu_caches[s].index_scales.size(); ++l) {
+        EXPECT_EQ(gpu_caches[s].index_scales[l].size(), cpu_caches[s].index_scales[l].size()) << "indexer keys";
+      }
     }
     if (step == 8 || HasFailure()) break;
     std::vector<std::vector<uint32_t>> next;
@@ -140,8 +166,7 @@ TEST_P(CudaForwardTest, LogitsMatchTheCpuThroughPrefillAndDecode) {
     ASSERT_TRUE(run(**cpu, cpu_caches, cpu_logits, next).ok());
     ASSERT_TRUE(run(**gpu, gpu_caches, gpu_logits, next).ok());
   }
-  std::nth_element(errors.begin(), errors.begin() + errors.size() / 2, errors.end());
-  EXPECT_LE(errors[errors.size() / 2], kLogitTolerance) << "median row";
+  ExpectMedianRowWithinTolerance(errors);
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, CudaForwardTest,
@@ -153,8 +178,9 @@ INSTANTIATE_TEST_SUITE_P(Presets, CudaForwardTest,
                                            Variant{"v3_tiny", "v3-tiny", false},
                                            Variant{"v3_tiny_dense", "v3-tiny", true},
                                            Variant{"kimi_k2_tiny", "kimi-k2-tiny", false},
-                                           // V3.2: the indexer chooses 8 tokens; or every one.
-                                           Variant{"v32_tiny", "v32-tiny", false},
+                                           // V3.2: the indexer chooses 8 tokens, one layer;
+                                           // or every token, through the whole stack.
+                                           Variant{"v32_tiny_one_layer", "v32-tiny", false, -1, 0, 1},
                                            Variant{"v32_tiny_dense_all_chosen", "v32-tiny", true, -1, 1000},
                                            // Every pass copies its blocks up.
                                            Variant{"lite_attn_dense_no_pool", "lite-attn", true, 0},
@@ -168,13 +194,17 @@ INSTANTIATE_TEST_SUITE_P(Presets, CudaForwardTest,
 // DeepSeek-V4 with --device cuda: its products and attention on the GPU
 // (cuda_accelerator.h), the rest on the CPU (the wiring itself is checked
 // bit for bit on the CPU: ModelV4Test.AnAcceleratorGivesTheCpuBits*).
+// The reference: the CPU backend with its products in the GPU's precision
+// (bf16_products_accelerator.h). Against the plain CPU, the FP8 model's
+// rounding of its products' inputs turns the GPU's bf16 inputs into a
+// median row 0.08-0.10 away (on the CPU, as on the H200).
 // Three prompts prefilled as one batch (past the 16-token window, closing
 // groups of both ratios and leaving some open), then eight batched decode
-// steps fed the CPU's greedy tokens: logits within the bound for the
+// steps fed the reference's greedy tokens: logits within the bound for the
 // median row (the router and the indexer's top-k may tip, and the model's
-// FP8 rounding of entries may round a value either way), the compressed
-// entries as many as the CPU's; bf16 weights, and FP8 with MXFP4 experts
-// as V4 is released.
+// FP8 rounding of entries may round a value either way, on float32 sums
+// taken in another order), the compressed entries as many as the
+// reference's; bf16 weights, and FP8 with MXFP4 experts as V4 is released.
 class CudaV4ForwardTest : public GpuModelTest<std::string> {};
 
 TEST_P(CudaV4ForwardTest, LogitsMatchTheCpuThroughPrefillAndDecode) {
@@ -183,26 +213,26 @@ TEST_P(CudaV4ForwardTest, LogitsMatchTheCpuThroughPrefillAndDecode) {
   ASSERT_TRUE(MakeModel(config, dir_.string(), rng_.seed()).ok());
   auto ckpt = Checkpoint::Open(dir_.string());
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
-  auto cpu = Model::Load(**ckpt, Device::kCpu);
   auto gpu = Model::Load(**ckpt, Device::kCuda);
+  auto cpu = LoadV4Forward(**ckpt, std::make_unique<Bf16ProductsAccelerator>());
   ASSERT_TRUE(cpu.ok() && gpu.ok()) << cpu.status() << " " << gpu.status();
   const size_t vocab = static_cast<size_t>(config.vocab_size);
   std::vector<std::vector<uint32_t>> tokens = {rng_.Tokens(37, vocab), rng_.Tokens(21, vocab), rng_.Tokens(3, vocab)};
   std::vector<SequenceCache> cpu_caches, gpu_caches;
   for (size_t s = 0; s < tokens.size(); ++s) {
-    cpu_caches.push_back((*cpu)->NewCache(kernels::Codec::kFp8, 128));
+    cpu_caches.push_back((*gpu)->NewCache(kernels::Codec::kFp8, 128));
     gpu_caches.push_back((*gpu)->NewCache(kernels::Codec::kFp8, 128));
   }
   std::vector<std::vector<float>> cpu_logits(tokens.size(), std::vector<float>(vocab)), gpu_logits = cpu_logits;
-  auto run = [&](const Model& model, std::vector<SequenceCache>& caches, std::vector<std::vector<float>>& logits) {
+  auto batch_of = [&](std::vector<SequenceCache>& caches, std::vector<std::vector<float>>& logits) {
     std::vector<SequenceTokens> batch;
     for (size_t s = 0; s < caches.size(); ++s) batch.push_back({tokens[s], &caches[s], logits[s]});
-    return model.Forward(batch);
+    return batch;
   };
   std::vector<double> errors;
   for (int step = 0; step <= 8; ++step) {
-    ASSERT_TRUE(run(**cpu, cpu_caches, cpu_logits).ok());
-    const absl::Status on_gpu = run(**gpu, gpu_caches, gpu_logits);
+    ASSERT_TRUE((*cpu)->Forward(batch_of(cpu_caches, cpu_logits), nullptr).ok());
+    const absl::Status on_gpu = (*gpu)->Forward(batch_of(gpu_caches, gpu_logits));
     ASSERT_TRUE(on_gpu.ok()) << on_gpu;
     for (size_t s = 0; s < tokens.size(); ++s) {
       SCOPED_TRACE("step " + std::to_string(step) + ", sequence " + std::to_string(s));
@@ -216,8 +246,7 @@ TEST_P(CudaV4ForwardTest, LogitsMatchTheCpuThroughPrefillAndDecode) {
       tokens[s] = {static_cast<uint32_t>(std::max_element(l.begin(), l.end()) - l.begin())};
     }
   }
-  std::nth_element(errors.begin(), errors.begin() + errors.size() / 2, errors.end());
-  EXPECT_LE(errors[errors.size() / 2], kLogitTolerance) << "median row";
+  ExpectMedianRowWithinTolerance(errors);
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, CudaV4ForwardTest, ::testing::Values("v4-tiny", "v4-tiny-fp8"),
