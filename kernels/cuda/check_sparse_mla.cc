@@ -12,11 +12,14 @@
 //   through a shuffled table, float tails, every codec), and attention over
 //   them (a tail-only PagedMlaDecode) within 1e-4 of the CPU's
 //   AbsorbedMlaDecode over the same rows; with every token chosen, within
-//   1e-4 of the dense CUDA-core attention over the blocks;
+//   1e-4 of the dense CUDA-core attention over the blocks; the same tokens
+//   gathered into bf16 blocks and a float tail (GatherLatentBlocks): their
+//   bits, and attention over them within 1e-2 of the float rows';
 // - a chosen token past its sequence comes back INVALID_ARGUMENT.
 // Then a table: one layer's decode attention at a 64k-token context, dense
 // (every latent, tensor cores) against the sparse step (every key scored,
-// 2,048 tokens chosen, gathered and attended), V3.2's shapes (128 heads,
+// 2,048 tokens chosen, gathered into bf16 blocks and attended on tensor
+// cores, as the runtime does), V3.2's shapes (128 heads,
 // 512 + 64 latents, a 64-head indexer of 128 dims), batch 1-128.
 // Exit codes: 0 pass, 1 mismatch or CUDA error, 77 no device (ctest: skip).
 #include <cuda_runtime.h>
@@ -24,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -174,6 +178,67 @@ constexpr BlockShape kShape{kTpb, kKv, kRope};
 // choosing some of its tokens (all of them when `all`), gathered on the GPU
 // and attended to; against the CPU's gather and attention, and (all) the
 // dense attention.
+// GatherLatentBlocks over the same choice as GatherLatents, which wrote
+// `gathered` ([rows][k][kDim]): its blocks hold those values rounded to
+// bf16, its tails the rest bit for bit, its table and counts say so, and
+// attention over them (tensor cores where a row has a full block) lies
+// within 1e-2 of `float_out`, the attention over the float rows (values
+// in [-1, 1]; the tensor cores round the query and weights to fp16).
+bool GatheredBlocksMatch(const MlaShape& shape, const cuda::PagedLatents& latents, uint32_t rows,
+                         const int32_t* d_selected, uint32_t k, const std::vector<int32_t>& counts,
+                         const int32_t* d_counts, const std::vector<float>& gathered, const float* d_q, float scale,
+                         const std::vector<float>& float_out, double& worst) {
+  constexpr uint32_t kPer = cuda::kGatheredBlockTokens;
+  const uint32_t max_blocks = k / kPer;
+  const size_t block_bytes = cuda::GatheredBlockBytes(shape), blocks = std::max<size_t>(size_t{rows} * max_blocks, 1);
+  cuda::GatheredLatents g;
+  g.pool = ToDevice(std::vector<uint8_t>(blocks * block_bytes, 0xff));
+  g.block_table = ToDevice(std::vector<int32_t>(blocks, -1));
+  g.blocks = ToDevice(std::vector<int32_t>(rows, -1));
+  g.tail = ToDevice(std::vector<float>(size_t{rows} * kPer * kDim, NAN));
+  g.tail_tokens = ToDevice(std::vector<int32_t>(rows, -1));
+  unsigned long long* d_fault = ToDevice(std::vector<unsigned long long>{cuda::kNoPagedMlaFault});
+  Status status = cuda::GatherLatentBlocks(shape, latents, rows, d_selected, k, d_counts, g, d_fault, nullptr);
+  const std::vector<uint8_t> pool = ToHost(g.pool, blocks * block_bytes);
+  const std::vector<int32_t> table = ToHost(g.block_table, blocks), nblocks = ToHost(g.blocks, rows),
+                             tail_tokens = ToHost(g.tail_tokens, rows);
+  const std::vector<float> tail = ToHost(g.tail, size_t{rows} * kPer * kDim);
+  bool ok = status.ok() && ToHost(d_fault, 1)[0] == cuda::kNoPagedMlaFault;
+  for (uint32_t r = 0; ok && r < rows; ++r) {
+    const uint32_t count = static_cast<uint32_t>(counts[r]), full = count / kPer;
+    ok = nblocks[r] == static_cast<int32_t>(full) && tail_tokens[r] == static_cast<int32_t>(count - full * kPer);
+    for (uint32_t j = 0; ok && j < max_blocks; ++j)
+      ok = table[r * max_blocks + j] == static_cast<int32_t>(r * max_blocks + j);
+    for (uint32_t i = 0; ok && i < count; ++i) {
+      const float* want = gathered.data() + (size_t{r} * k + i) * kDim;
+      for (uint32_t c = 0; ok && c < kDim; ++c) {
+        if (i < full * kPer) {
+          uint16_t got;
+          std::memcpy(
+              &got, pool.data() + (size_t{r} * max_blocks + i / kPer) * block_bytes + (size_t{i % kPer} * kDim + c) * 2,
+              2);
+          ok = got == FloatToBf16(want[c]);
+        } else {
+          ok = FloatBits(tail[(size_t{r} * kPer + i - full * kPer) * kDim + c]) == FloatBits(want[c]);
+        }
+      }
+    }
+  }
+  float* d_out = ToDevice(std::vector<float>(float_out.size(), NAN));
+  if (ok) {
+    status =
+        cuda::PagedMlaDecode(shape, cuda::GatheredPagedLatents(g, rows, k), rows, d_q, scale, d_out, nullptr, nullptr);
+    const std::vector<float> out = ToHost(d_out, float_out.size());
+    for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, double(std::fabs(out[i] - float_out[i])));
+    ok = status.ok() && worst <= 1e-2;
+  }
+  if (!status.ok()) std::printf("  %s\n", status.message().c_str());
+  for (void* p : std::initializer_list<void*>{g.pool, g.block_table, g.blocks, g.tail, g.tail_tokens, d_fault, d_out}) {
+    cudaFree(p);
+  }
+  return ok;
+}
+
 bool CheckGather(Codec codec, bool all, uint64_t seed) {
   std::mt19937_64 rng(seed);
   const std::vector<int32_t> blocks = {3, 0, 5, 1}, tails = {10, 7, 0, 63};
@@ -265,6 +330,12 @@ bool CheckGather(Codec codec, bool all, uint64_t seed) {
     }
   }
   ok = ok && worst <= 1e-4;
+  double worst_blocks = 0;
+  const bool blocks_ok = ok && GatheredBlocksMatch(shape, latents, rows, d_selected, k, counts, d_counts, gathered, d_q,
+                                                   kScale, out, worst_blocks);
+  std::printf("%-5s %s: bf16 blocks %s (attention %.1e from the float rows')\n", CodecName(codec),
+              all ? "every token chosen" : "some tokens chosen ", blocks_ok ? "hold them" : "MISMATCH", worst_blocks);
+  ok = ok && blocks_ok;
   if (all && ok) {  // every token chosen: the dense attention's result
     cuda::PagedMlaOptions cores;
     cores.tensor_cores = false;
@@ -330,12 +401,19 @@ void Benchmark() {
   int32_t* d_visible = ToDevice(std::vector<int32_t>(kMaxBatch, kContext));
   uint8_t* d_q_codes = ToDevice(q_codes);
   float* d_weights = ToDevice(Random(size_t{kMaxBatch} * kIxHeads, rng));
-  float *d_scores = nullptr, *d_gathered = nullptr;
+  float* d_scores = nullptr;
   int32_t *d_selected = nullptr, *d_counts = nullptr;
   cudaMalloc(&d_scores, size_t{kMaxBatch} * kContext * 4);
   cudaMalloc(&d_selected, size_t{kMaxBatch} * kTopK * 4);
   cudaMalloc(&d_counts, size_t{kMaxBatch} * 4);
-  cudaMalloc(&d_gathered, size_t{kMaxBatch} * kTopK * kDim * 4);
+  // The chosen tokens as the runtime gathers them: bf16 blocks, float tails.
+  constexpr uint32_t kGatheredBlocks = kTopK / cuda::kGatheredBlockTokens;
+  cuda::GatheredLatents g;
+  cudaMalloc(&g.pool, size_t{kMaxBatch} * kGatheredBlocks * cuda::GatheredBlockBytes(shape));
+  cudaMalloc(&g.block_table, size_t{kMaxBatch} * kGatheredBlocks * 4);
+  cudaMalloc(&g.blocks, size_t{kMaxBatch} * 4);
+  cudaMalloc(&g.tail, size_t{kMaxBatch} * cuda::kGatheredBlockTokens * kDim * 4);
+  cudaMalloc(&g.tail_tokens, size_t{kMaxBatch} * 4);
   float* d_q = ToDevice(Random(size_t{kMaxBatch} * kV32Heads * kDim, rng));
   float* d_out = nullptr;
   cudaMalloc(&d_out, size_t{kMaxBatch} * kV32Heads * kKv * 4);
@@ -362,10 +440,9 @@ void Benchmark() {
       std::iota(table.begin(), table.end(), 0);
       int32_t* d_table = ToDevice(table);
       int32_t* d_nblocks = ToDevice(std::vector<int32_t>(batch, kBlocks));
-      int32_t* d_zero = ToDevice(std::vector<int32_t>(batch, 0));
       const cuda::PagedLatents latents{codec, kTpb, d_pool, pool_blocks, d_table, kBlocks, d_nblocks, nullptr, nullptr,
                                        0};
-      const cuda::PagedLatents gathered{codec, kTpb, nullptr, 0, nullptr, 0, d_zero, d_gathered, d_counts, kTopK};
+      const cuda::PagedLatents gathered = cuda::GatheredPagedLatents(g, batch, kTopK);
       const cuda::IndexerKeys ik{d_keys, d_key_scales, d_offsets, d_visible, kContext};
       constexpr int kReps = 10;
       const double dense = check::Milliseconds(
@@ -380,23 +457,21 @@ void Benchmark() {
           kReps);
       const double gather = check::Milliseconds(
           [&] {
-            (void)cuda::GatherLatents(shape, latents, batch, d_selected, kTopK, d_counts, d_gathered, d_fault,
-                                      nullptr);
+            (void)cuda::GatherLatentBlocks(shape, latents, batch, d_selected, kTopK, d_counts, g, d_fault, nullptr);
           },
           kReps);
       const double attend = check::Milliseconds(
           [&] { (void)cuda::PagedMlaDecode(shape, gathered, batch, d_q, 0.04f, d_out, nullptr, nullptr); }, kReps);
       const double sparse = score + select + gather + attend;
       // Bytes a sparse step must move: every key and scale, the scores
-      // written and read back, the chosen tokens' stored bytes, their float
+      // written and read back, the chosen tokens' stored bytes, their bf16
       // rows written and read.
       const double token_bytes = double(block_bytes) / kTpb;
-      const double sparse_mb = batch *
-                               (double(kContext) * (kIxDim + 4 + 4 * 2) +
-                                kTopK * (token_bytes + 2.0 * 4 * kDim)) / 1e6;
+      const double sparse_mb =
+          batch * (double(kContext) * (kIxDim + 4 + 4 * 2) + kTopK * (token_bytes + 2.0 * 2 * kDim)) / 1e6;
       std::printf("%-5s %5u %10.3f %10.3f %10.3f %10.3f %10.3f %11.3f %11.1f %6.2fx\n", CodecName(codec), batch,
                   dense, score, select, gather, attend, sparse, sparse_mb, dense / sparse);
-      cudaFree(d_table), cudaFree(d_nblocks), cudaFree(d_zero);
+      cudaFree(d_table), cudaFree(d_nblocks);
     }
     std::printf("%-5s dense reads %.1f MB a sequence\n", CodecName(codec), double(kBlocks) * block_bytes / 1e6);
     cudaFree(d_pool);
@@ -405,7 +480,8 @@ void Benchmark() {
     std::printf("benchmark: %s\n", cudaGetErrorString(e));
   }
   for (void* p : std::initializer_list<void*>{d_keys, d_key_scales, d_offsets, d_visible, d_q_codes, d_weights,
-                                              d_scores, d_selected, d_counts, d_gathered, d_q, d_out, d_fault}) {
+                                              d_scores, d_selected, d_counts, g.pool, g.block_table, g.blocks, g.tail,
+                                              g.tail_tokens, d_q, d_out, d_fault}) {
     cudaFree(p);
   }
 }

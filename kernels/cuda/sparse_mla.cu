@@ -134,6 +134,51 @@ __global__ void __launch_bounds__(kSelectThreads) SelectKernel(const float* scor
   if (threadIdx.x == 0) counts[r] = static_cast<int32_t>(k);
 }
 
+// Where chosen token t of row r lies: its block (and its place in it) or
+// its tail row; `bad` (noted in `fault`) when it lies outside its
+// sequence or the pool.
+struct ChosenToken {
+  const uint8_t* block = nullptr;
+  const float* tail = nullptr;
+  uint32_t in_block = 0;
+  bool bad = false;
+};
+
+__device__ ChosenToken FindChosen(const PagedLatents& L, size_t block_bytes, uint32_t dim, uint32_t r, int32_t t,
+                                  unsigned long long* fault) {
+  ChosenToken c;
+  const int32_t nblocks = L.blocks_per_sequence[r];
+  const int64_t table_row = internal::TableRow(L, r);
+  const int64_t sealed = int64_t{nblocks} * L.tokens_per_block;
+  c.bad = t < 0 || nblocks < 0 || static_cast<uint32_t>(nblocks) > L.max_blocks_per_sequence || table_row < 0;
+  if (!c.bad && t < sealed) {
+    const int32_t index = L.block_table[static_cast<size_t>(table_row) * L.max_blocks_per_sequence +
+                                        static_cast<uint32_t>(t) / L.tokens_per_block];
+    c.bad = index < 0 || static_cast<uint32_t>(index) >= L.pool_blocks;
+    if (c.bad && threadIdx.x == 0) NoteBadInput(fault, r, internal::kBadBlockIndex);
+    if (!c.bad) c.block = L.pool + static_cast<size_t>(index) * block_bytes;
+  } else if (!c.bad) {
+    const int64_t j = t - sealed;
+    const int64_t base = L.tail_offsets != nullptr ? L.tail_offsets[r] : int64_t{r} * L.max_tail;
+    c.bad = L.max_tail == 0 || j >= L.tail_tokens[r] || base < 0 ||
+            (L.tail_offsets != nullptr && static_cast<uint64_t>(base + j) >= L.tail_capacity);
+    if (c.bad && threadIdx.x == 0) NoteBadInput(fault, r, internal::kBadTail);
+    if (!c.bad) c.tail = L.tail + static_cast<size_t>(base + j) * dim;
+  } else if (threadIdx.x == 0) {
+    NoteBadInput(fault, r, internal::kBadBlockCount);
+  }
+  c.in_block = static_cast<uint32_t>(t) % max(L.tokens_per_block, 1u);
+  return c;
+}
+
+// Value c of a chosen token: the bits the CPU decodes; 0 for a bad one.
+__device__ float ChosenValue(const ChosenToken& t, const PagedLatents& L, uint32_t c, uint32_t kv, uint32_t rope) {
+  const uint32_t dim = kv + rope;
+  return t.bad               ? 0.0f
+         : t.tail != nullptr ? t.tail[c]
+                             : internal::StoredValue(L.codec, t.block, t.in_block, c, kv, dim, rope);
+}
+
 // One CUDA block per chosen token: its row of the output.
 __global__ void __launch_bounds__(kGatherThreads)
     GatherKernel(MlaShape shape, PagedLatents L, size_t block_bytes, const int32_t* selected, uint32_t k,
@@ -142,32 +187,40 @@ __global__ void __launch_bounds__(kGatherThreads)
   const uint32_t kv = shape.kv_lora_rank, rope = shape.rope_dim, dim = kv + rope;
   if (i >= static_cast<uint32_t>(counts[r])) return;
   float* row = out + (size_t{r} * k + i) * dim;
-  const int32_t t = selected[size_t{r} * k + i];
-  const int32_t nblocks = L.blocks_per_sequence[r];
-  const int64_t table_row = internal::TableRow(L, r);
-  const int64_t sealed = int64_t{nblocks} * L.tokens_per_block;
-  const uint8_t* block = nullptr;
-  const float* tail = nullptr;
-  bool bad = t < 0 || nblocks < 0 || static_cast<uint32_t>(nblocks) > L.max_blocks_per_sequence || table_row < 0;
-  if (!bad && t < sealed) {
-    const int32_t index = L.block_table[static_cast<size_t>(table_row) * L.max_blocks_per_sequence +
-                                        static_cast<uint32_t>(t) / L.tokens_per_block];
-    bad = index < 0 || static_cast<uint32_t>(index) >= L.pool_blocks;
-    if (bad && threadIdx.x == 0) NoteBadInput(fault, r, internal::kBadBlockIndex);
-    if (!bad) block = L.pool + static_cast<size_t>(index) * block_bytes;
-  } else if (!bad) {
-    const int64_t j = t - sealed;
-    const int64_t base = L.tail_offsets != nullptr ? L.tail_offsets[r] : int64_t{r} * L.max_tail;
-    bad = L.max_tail == 0 || j >= L.tail_tokens[r] || base < 0 ||
-          (L.tail_offsets != nullptr && static_cast<uint64_t>(base + j) >= L.tail_capacity);
-    if (bad && threadIdx.x == 0) NoteBadInput(fault, r, internal::kBadTail);
-    if (!bad) tail = L.tail + static_cast<size_t>(base + j) * dim;
-  } else if (threadIdx.x == 0) {
-    NoteBadInput(fault, r, internal::kBadBlockCount);
+  const ChosenToken t = FindChosen(L, block_bytes, dim, r, selected[size_t{r} * k + i], fault);
+  for (uint32_t c = threadIdx.x; c < dim; c += kGatherThreads) row[c] = ChosenValue(t, L, c, kv, rope);
+}
+
+// GatherKernel's values laid out as GatherLatentBlocks says; the first
+// CUDA block of a row also writes the row's block table, block count and
+// tail count.
+__global__ void __launch_bounds__(kGatherThreads)
+    GatherBlocksKernel(MlaShape shape, PagedLatents L, size_t block_bytes, const int32_t* selected, uint32_t k,
+                       const int32_t* counts, GatheredLatents out, unsigned long long* fault) {
+  const uint32_t i = blockIdx.x, r = blockIdx.y;
+  const uint32_t kv = shape.kv_lora_rank, rope = shape.rope_dim, dim = kv + rope;
+  const uint32_t per_block = kGatheredBlockTokens, max_blocks = k / per_block;
+  const uint32_t count = static_cast<uint32_t>(max(counts[r], 0));
+  const uint32_t full = min(count / per_block, max_blocks);
+  if (i == 0) {
+    for (uint32_t j = threadIdx.x; j < max_blocks; j += kGatherThreads) {
+      out.block_table[size_t{r} * max_blocks + j] = static_cast<int32_t>(r * max_blocks + j);
+    }
+    if (threadIdx.x == 0) {
+      out.blocks[r] = static_cast<int32_t>(full);
+      out.tail_tokens[r] = static_cast<int32_t>(min(count, k) - full * per_block);
+    }
   }
-  const uint32_t in_block = static_cast<uint32_t>(t) % max(L.tokens_per_block, 1u);
-  for (uint32_t c = threadIdx.x; c < dim; c += kGatherThreads) {
-    row[c] = bad ? 0.0f : tail != nullptr ? tail[c] : internal::StoredValue(L.codec, block, in_block, c, kv, dim, rope);
+  if (i >= count) return;
+  const ChosenToken t = FindChosen(L, block_bytes, dim, r, selected[size_t{r} * k + i], fault);
+  if (i < full * per_block) {
+    uint16_t* row =
+        reinterpret_cast<uint16_t*>(out.pool + (size_t{r} * max_blocks + i / per_block) * GatheredBlockBytes(shape)) +
+        size_t{i % per_block} * dim;
+    for (uint32_t c = threadIdx.x; c < dim; c += kGatherThreads) row[c] = FloatToBf16(ChosenValue(t, L, c, kv, rope));
+  } else {
+    float* row = out.tail + (size_t{r} * per_block + (i - full * per_block)) * dim;
+    for (uint32_t c = threadIdx.x; c < dim; c += kGatherThreads) row[c] = ChosenValue(t, L, c, kv, rope);
   }
 }
 
@@ -240,6 +293,42 @@ Status GatherLatents(const MlaShape& shape, const PagedLatents& latents, uint32_
   GatherKernel<<<dim3(k, rows), kGatherThreads, 0, static_cast<cudaStream_t>(stream_ptr)>>>(
       shape, latents, block_bytes, selected, k, counts, out, fault);
   return Launched("cuda::GatherLatents launch");
+}
+
+Status GatherLatentBlocks(const MlaShape& shape, const PagedLatents& latents, uint32_t rows, const int32_t* selected,
+                          uint32_t k, const int32_t* counts, const GatheredLatents& out, unsigned long long* fault,
+                          void* stream_ptr) {
+  if (rows == 0 || k == 0) return Status();
+  const size_t block_bytes =
+      EncodedBytes(latents.codec, {latents.tokens_per_block, shape.kv_lora_rank, shape.rope_dim});
+  if (block_bytes == 0 || rows > 65535) {
+    return InvalidArgument("cuda::GatherLatentBlocks: a block shape the codec refuses, or over 65535 rows");
+  }
+  if (selected == nullptr || counts == nullptr || fault == nullptr || latents.blocks_per_sequence == nullptr ||
+      (latents.max_blocks_per_sequence > 0 && (latents.pool == nullptr || latents.block_table == nullptr)) ||
+      (latents.max_tail > 0 && (latents.tail == nullptr || latents.tail_tokens == nullptr)) ||
+      (k >= kGatheredBlockTokens && (out.pool == nullptr || out.block_table == nullptr)) || out.blocks == nullptr ||
+      out.tail == nullptr || out.tail_tokens == nullptr) {
+    return InvalidArgument("cuda::GatherLatentBlocks: a pointer is missing for the sizes given");
+  }
+  GatherBlocksKernel<<<dim3(k, rows), kGatherThreads, 0, static_cast<cudaStream_t>(stream_ptr)>>>(
+      shape, latents, block_bytes, selected, k, counts, out, fault);
+  return Launched("cuda::GatherLatentBlocks launch");
+}
+
+PagedLatents GatheredPagedLatents(const GatheredLatents& gathered, uint32_t rows, uint32_t k) {
+  PagedLatents chosen;
+  chosen.codec = Codec::kBf16;
+  chosen.tokens_per_block = kGatheredBlockTokens;
+  chosen.max_blocks_per_sequence = k / kGatheredBlockTokens;
+  chosen.pool = chosen.max_blocks_per_sequence > 0 ? gathered.pool : nullptr;
+  chosen.pool_blocks = rows * chosen.max_blocks_per_sequence;
+  chosen.block_table = chosen.max_blocks_per_sequence > 0 ? gathered.block_table : nullptr;
+  chosen.blocks_per_sequence = gathered.blocks;
+  chosen.tail = gathered.tail;
+  chosen.tail_tokens = gathered.tail_tokens;
+  chosen.max_tail = kGatheredBlockTokens;
+  return chosen;
 }
 
 }  // namespace kvtier::kernels::cuda

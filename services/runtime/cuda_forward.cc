@@ -136,10 +136,14 @@ class CudaForward final : public ForwardBackend {
   DeviceArray<int32_t> table_, table_rows_, block_counts_, tail_tokens_;
   // V3.2's indexer: its projections ([rows][...]), the rows' queries and
   // their sequences' keys, scores, and the tokens chosen ([rows][topk]).
-  DeviceArray<float> ix_keys_, ix_queries_, ix_head_weights_, ix_weights_, ix_key_scales_, ix_scores_, gathered_;
+  DeviceArray<float> ix_keys_, ix_queries_, ix_head_weights_, ix_weights_, ix_key_scales_, ix_scores_;
   DeviceArray<uint8_t> ix_q_codes_, ix_key_codes_;
   DeviceArray<int64_t> ix_key_offsets_;
-  DeviceArray<int32_t> ix_visible_, ix_selected_, ix_counts_, no_blocks_;
+  DeviceArray<int32_t> ix_visible_, ix_selected_, ix_counts_;
+  // The chosen tokens' latents as attention reads them (kc::GatheredLatents).
+  DeviceArray<uint8_t> chosen_pool_;
+  DeviceArray<int32_t> chosen_table_, chosen_blocks_, chosen_tail_tokens_;
+  DeviceArray<float> chosen_tail_;
   std::vector<float> ix_host_;  // keys, then queries, then head weights
   // The lowest bad input the attention kernels found in a pass (they do not
   // wait; the pass reads it back at its end).
@@ -429,30 +433,30 @@ absl::Status CudaForward::AttendChosen(const kc::PagedLatents& latents, size_t r
   const uint32_t heads = static_cast<uint32_t>(c.num_attention_heads), kv = static_cast<uint32_t>(c.kv_lora_rank),
                  dim = kv + static_cast<uint32_t>(c.qk_rope_head_dim), topk = static_cast<uint32_t>(c.indexer->topk);
   const kernels::MlaShape shape{heads, kv, dim - kv};
-  // Rows in chunks whose gathered latents stay near 256 MiB.
-  const size_t chunk = std::clamp<size_t>((size_t{1} << 26) / (size_t{topk} * dim), 1, 32768);
-  KVTIER_RETURN_IF_ERROR(gathered_.Reserve(std::min(chunk, rows) * topk * dim));
-  KVTIER_RETURN_IF_ERROR(no_blocks_.Reserve(std::min(chunk, rows)));
-  KVTIER_RETURN_IF_ERROR(Check(kc::FillQueued(no_blocks_.data(), 0, std::min(chunk, rows) * sizeof(int32_t), stream_,
-                                              "block counts of gathered rows")));
+  // The chosen tokens in bf16 blocks (so that V3.2's take the tensor
+  // cores) and float tails; rows in chunks whose copies stay near 256 MiB.
+  const size_t blocks_per_row = topk / kc::kGatheredBlockTokens;
+  const size_t row_bytes = blocks_per_row * kc::GatheredBlockBytes(shape) + size_t{kc::kGatheredBlockTokens} * dim * 4;
+  const size_t chunk = std::clamp<size_t>((size_t{1} << 28) / row_bytes, 1, 32768), most = std::min(chunk, rows);
+  KVTIER_RETURN_IF_ERROR(
+      chosen_pool_.Reserve(std::max<size_t>(most * blocks_per_row * kc::GatheredBlockBytes(shape), 1)));
+  KVTIER_RETURN_IF_ERROR(chosen_table_.Reserve(std::max<size_t>(most * blocks_per_row, 1)));
+  KVTIER_RETURN_IF_ERROR(chosen_blocks_.Reserve(most));
+  KVTIER_RETURN_IF_ERROR(chosen_tail_.Reserve(most * kc::kGatheredBlockTokens * dim));
+  KVTIER_RETURN_IF_ERROR(chosen_tail_tokens_.Reserve(most));
+  const kc::GatheredLatents gathered{chosen_pool_.data(), chosen_table_.data(), chosen_blocks_.data(),
+                                     chosen_tail_.data(), chosen_tail_tokens_.data()};
   kc::PagedMlaOptions options;
   options.fault = attention_fault_.data();
   for (size_t r = 0; r < rows; r += chunk) {
     const uint32_t count = static_cast<uint32_t>(std::min(chunk, rows - r));
     const size_t at = row + r;
     KVTIER_RETURN_IF_ERROR(
-        Check(kc::GatherLatents(shape, FromRow(latents, r), count, ix_selected_.data() + at * topk, topk,
-                                ix_counts_.data() + at, gathered_.data(), attention_fault_.data(), stream_)));
-    kc::PagedLatents chosen;
-    chosen.codec = latents.codec;
-    chosen.tokens_per_block = latents.tokens_per_block;
-    chosen.blocks_per_sequence = no_blocks_.data();
-    chosen.tail = gathered_.data();
-    chosen.tail_tokens = ix_counts_.data() + at;
-    chosen.max_tail = topk;
-    KVTIER_RETURN_IF_ERROR(Check(kc::PagedMlaDecode(shape, chosen, count, q_full_.data() + at * heads * dim,
-                                                    static_cast<float>(c.SoftmaxScale()),
-                                                    attn_latent_.data() + at * heads * kv, nullptr, stream_, options)));
+        Check(kc::GatherLatentBlocks(shape, FromRow(latents, r), count, ix_selected_.data() + at * topk, topk,
+                                     ix_counts_.data() + at, gathered, attention_fault_.data(), stream_)));
+    KVTIER_RETURN_IF_ERROR(Check(kc::PagedMlaDecode(
+        shape, kc::GatheredPagedLatents(gathered, count, topk), count, q_full_.data() + at * heads * dim,
+        static_cast<float>(c.SoftmaxScale()), attn_latent_.data() + at * heads * kv, nullptr, stream_, options)));
   }
   return absl::OkStatus();
 }
