@@ -13,8 +13,9 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 
-// The block's maximum or sum of one value a thread; every thread gets it.
-template <bool kMax>
+// The block's maximum or sum of one value a thread (kBlockWarps warps);
+// every thread gets it.
+template <bool kMax, int kBlockWarps = kWarps>
 __device__ float BlockReduce(float v, float* shared) {
   for (int o = 16; o > 0; o /= 2) {
     const float other = __shfl_xor_sync(0xffffffffu, v, o);
@@ -23,18 +24,26 @@ __device__ float BlockReduce(float v, float* shared) {
   if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = v;
   __syncthreads();
   v = shared[0];
-  for (int w = 1; w < kWarps; ++w) v = kMax ? fmaxf(v, shared[w]) : v + shared[w];
+  for (int w = 1; w < kBlockWarps; ++w) v = kMax ? fmaxf(v, shared[w]) : v + shared[w];
   __syncthreads();  // shared is reused by the next reduction
   return v;
 }
 
-// One CUDA block per (row, head): a warp per entry for the scores (lanes
-// over the dims, reads coalesced), then the softmax with the sink, then a
-// thread per output dim summing over the entries.
-__global__ void __launch_bounds__(kThreads)
+constexpr int kAttentionThreads = 256;
+constexpr int kAttentionWarps = kAttentionThreads / 32;
+constexpr uint32_t kMaxAttentionDim = 512;
+constexpr uint32_t kPerLane = kMaxAttentionDim / 32;
+
+// One CUDA block per (row, head), a warp per entry at a time, each lane
+// holding dims lane + 32 j: the scores (the query in registers), then the
+// softmax with the sink, then each warp sums its entries' weighted values
+// and the warps' sums are added. Entries go four at a time, so a lane has
+// many loads in flight rather than waiting on one an entry.
+__global__ void __launch_bounds__(kAttentionThreads)
     SinkAttentionKernel(SinkAttentionShape shape, const float* q, const float* entries, const int64_t* offsets,
                         const int32_t* counts, uint32_t max_count, const float* sinks, float* scratch, float* out) {
-  __shared__ float reduced[kWarps];
+  __shared__ float reduced[kAttentionWarps];
+  __shared__ float partial[kAttentionWarps][kMaxAttentionDim];
   const uint32_t heads = shape.heads, dim = shape.dim;
   const uint32_t r = blockIdx.x / heads, h = blockIdx.x % heads;
   const size_t row_head = size_t{r} * heads + h;
@@ -43,30 +52,53 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t m = counts[r];
   float* s = scratch + row_head * max_count;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float query[kPerLane];
+#pragma unroll
+  for (uint32_t j = 0; j < kPerLane; ++j) query[j] = lane + 32 * j < dim ? qh[lane + 32 * j] : 0.0f;
   float top = -INFINITY;
-  for (int32_t e = warp; e < m; e += kWarps) {
+#pragma unroll 4
+  for (int32_t e = warp; e < m; e += kAttentionWarps) {
+    const float* entry = kv + size_t(e) * dim;
     float dot = 0.0f;
-    for (uint32_t d = lane; d < dim; d += 32) dot += qh[d] * kv[size_t(e) * dim + d];
+#pragma unroll
+    for (uint32_t j = 0; j < kPerLane; ++j) {
+      if (lane + 32 * j < dim) dot += query[j] * entry[lane + 32 * j];
+    }
     for (int o = 16; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
     dot *= shape.scale;
     if (lane == 0) s[e] = dot;
     top = fmaxf(top, dot);
   }
-  top = BlockReduce<true>(top, reduced);  // its __syncthreads also publishes s
+  top = BlockReduce<true, kAttentionWarps>(top, reduced);  // its __syncthreads also publishes s
   float sum = 0.0f;
-  for (int32_t e = threadIdx.x; e < m; e += kThreads) {
+  for (int32_t e = threadIdx.x; e < m; e += kAttentionThreads) {
     const float p = expf(s[e] - top);
     s[e] = p;
     sum += p;
   }
-  sum = BlockReduce<false>(sum, reduced);
+  sum = BlockReduce<false, kAttentionWarps>(sum, reduced);
   // With no entries top is -inf and the sink's term infinite: out is 0.
   const float denominator = sum + expf(sinks[h] - top);
+  float acc[kPerLane] = {};
+#pragma unroll 4
+  for (int32_t e = warp; e < m; e += kAttentionWarps) {
+    const float p = s[e];
+    const float* entry = kv + size_t(e) * dim;
+#pragma unroll
+    for (uint32_t j = 0; j < kPerLane; ++j) {
+      if (lane + 32 * j < dim) acc[j] += p * entry[lane + 32 * j];
+    }
+  }
+#pragma unroll
+  for (uint32_t j = 0; j < kPerLane; ++j) {
+    if (lane + 32 * j < dim) partial[warp][lane + 32 * j] = acc[j];
+  }
+  __syncthreads();
   float* o = out + row_head * dim;
-  for (uint32_t d = threadIdx.x; d < dim; d += kThreads) {
-    float acc = 0.0f;
-    for (int32_t e = 0; e < m; ++e) acc += s[e] * kv[size_t(e) * dim + d];
-    o[d] = acc / denominator;
+  for (uint32_t d = threadIdx.x; d < dim; d += kAttentionThreads) {
+    float v = 0.0f;
+    for (int w = 0; w < kAttentionWarps; ++w) v += partial[w][d];
+    o[d] = v / denominator;
   }
 }
 
@@ -92,12 +124,18 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const uint32_t per_lane = dim / 32;
   for (int32_t g = blockIdx.x * kWarps + warp; g < n; g += gridDim.x * kWarps) {
-    float key[kMaxKeyDim / 32];
-    for (uint32_t j = 0; j < per_lane; ++j) key[j] = row_keys[size_t(g) * dim + lane + 32 * j];
+    float key[kMaxKeyDim / 32];  // unrolled, so that it stays in registers
+#pragma unroll
+    for (uint32_t j = 0; j < kMaxKeyDim / 32; ++j) {
+      key[j] = j < per_lane ? row_keys[size_t(g) * dim + lane + 32 * j] : 0.0f;
+    }
     float score = 0.0f;
     for (uint32_t h = 0; h < heads; ++h) {
       float dot = 0.0f;
-      for (uint32_t j = 0; j < per_lane; ++j) dot += query[h * dim + lane + 32 * j] * key[j];
+#pragma unroll
+      for (uint32_t j = 0; j < kMaxKeyDim / 32; ++j) {
+        if (j < per_lane) dot += query[h * dim + lane + 32 * j] * key[j];
+      }
       for (int o = 16; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
       score += fmaxf(dot, 0.0f) * query[width + h];
     }
@@ -118,7 +156,16 @@ Status V4IndexerScores(uint32_t heads, uint32_t dim, uint32_t rows, const float*
         "query of more than 12288 values");
   }
   if (rows == 0 || max_visible == 0) return OkStatus();
-  const unsigned tiles = static_cast<unsigned>(std::min<uint32_t>((max_visible + kWarps - 1) / kWarps, 4096));
+  // Each block loads a row's whole query (heads * dim floats), so it
+  // scores a run of up to 64 keys rather than one a warp; but a small
+  // batch keeps at least about 1,024 blocks, enough warps to hide the
+  // latency of each key's shuffles.
+  constexpr uint32_t kKeysPerBlock = 64, kEnoughBlocks = 1024;
+  const uint32_t by_keys = (max_visible + kKeysPerBlock - 1) / kKeysPerBlock;
+  const uint32_t at_most = (max_visible + kWarps - 1) / kWarps;  // one key a warp
+  const uint32_t for_occupancy = (kEnoughBlocks + rows - 1) / rows;
+  const unsigned tiles =
+      static_cast<unsigned>(std::min<uint32_t>(std::max(by_keys, std::min(at_most, for_occupancy)), 4096));
   const size_t shared = (size_t{heads} * dim + heads) * sizeof(float);
   // Rows on the grid's y axis, at most 65535 a launch (a long prefill has more).
   constexpr uint32_t kMaxRows = 65535;
@@ -135,13 +182,13 @@ Status SinkAttention(const SinkAttentionShape& shape, uint32_t rows, const float
                      const int64_t* offsets, const int32_t* counts, uint32_t max_count, const float* sinks,
                      float* scratch, float* out, void* stream) {
   if (q == nullptr || entries == nullptr || offsets == nullptr || counts == nullptr || sinks == nullptr ||
-      scratch == nullptr || out == nullptr || shape.heads == 0 || shape.dim == 0) {
-    return InvalidArgument("cuda::SinkAttention: missing pointer, or no heads or dims");
+      scratch == nullptr || out == nullptr || shape.heads == 0 || shape.dim == 0 || shape.dim > kMaxAttentionDim) {
+    return InvalidArgument("cuda::SinkAttention: missing pointer, or no heads, or dims not 1 to 512");
   }
   if (rows == 0) return OkStatus();
   const size_t blocks = size_t{rows} * shape.heads;
   if (blocks > 0x7fffffffu) return InvalidArgument("cuda::SinkAttention: more rows x heads than one launch takes");
-  SinkAttentionKernel<<<static_cast<unsigned>(blocks), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+  SinkAttentionKernel<<<static_cast<unsigned>(blocks), kAttentionThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       shape, q, entries, offsets, counts, max_count, sinks, scratch, out);
   return Launched("cuda::SinkAttention");
 }

@@ -30,7 +30,8 @@ Status V4IndexerScores(uint32_t heads, uint32_t dim, uint32_t rows, const float*
 // counts at most max_count. q and out [rows][heads][dim]; sinks [heads];
 // scratch [rows][heads][max_count] floats (the scores). A row's sums run
 // in another order than the CPU's: within float32 rounding of it.
-// INVALID_ARGUMENT for a missing pointer or a zero head count or dim.
+// INVALID_ARGUMENT for a missing pointer, a zero head count, or a dim of
+// 0 or over 512.
 Status SinkAttention(const SinkAttentionShape& shape, uint32_t rows, const float* q, const float* entries,
                      const int64_t* offsets, const int32_t* counts, uint32_t max_count, const float* sinks,
                      float* scratch, float* out, void* stream);
