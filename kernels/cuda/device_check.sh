@@ -18,7 +18,7 @@
 # launch waited for, and at 1-64 sequences); the store's tier moves with
 # the device tier in the GPU against pinned cudaMemcpy (tier_move_bench);
 # the cache service's Get and Put against Redis with its device tier in
-# the GPU (cache_bench); TLS against plaintext and Redis over TLS
+# the GPU and in host memory (cache_bench); TLS against plaintext and Redis over TLS
 # (tls_bench); stores into segments fast path readers had, with
 # their memfds made ahead on a spare core (segment_reuse_bench: no GPU,
 # but the 16 cores this machine lacks); and `kvtier up --device cuda`, on
@@ -111,6 +111,11 @@ elif [ -d device-bundle ]; then
   # tier in the GPU, beside Redis and memcpy (issue 3's table).
   step "cache_bench, device tier in the GPU" 150 device-bundle/cache_bench --cache-binary \
     device-bundle/kvtier-cache --redis-binary device-bundle/redis-server --rounds 11 --clients 1,4
+  # The same with the device tier in host memory: issue 44's Put against
+  # Get on 16 cores, without the GPU slab's staging in the way.
+  step "cache_bench, device tier in host memory" 90 device-bundle/cache_bench --cache-binary \
+    device-bundle/kvtier-cache --redis-binary device-bundle/redis-server --rounds 7 --clients 1,4 \
+    --device-memory host
   # TLS against plaintext and Redis over TLS on 16 cores; the bundle's
   # openssl only where the machine has none.
   step "tls_bench" 60 env PATH="$PATH:$PWD/device-bundle" device-bundle/tls_bench \

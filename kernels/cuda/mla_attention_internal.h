@@ -78,9 +78,9 @@ struct Params {
   bool with_tail;             // blockIdx.x 0 also takes the sequence's tail
   float* partial;             // [batch][splits][heads][kv + 2]: max, sum, then the sum of p * c
   unsigned long long* bad;
-  // A tail-only launch (no blocks: sparse attention's gathered rows) spreads
-  // each sequence's tail over its splits, this many tokens a split; 0: the
-  // tail is blockIdx.x 0's, whole.
+  // A tail-only launch (no blocks: e.g. the chosen tokens of an index_topk
+  // under 64) spreads each sequence's tail over its splits, this many
+  // tokens a split; 0: the tail is blockIdx.x 0's, whole.
   uint32_t tail_per_split = 0;
 };
 

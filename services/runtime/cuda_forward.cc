@@ -107,7 +107,8 @@ class CudaForward final : public ForwardBackend {
   // (ix_selected_, ix_counts_), every key of its sequence scored.
   absl::Status ChooseTokens(std::span<const SequenceTokens> batch, size_t li);
   // Attention of `rows` rows from `row` over their chosen tokens (latents:
-  // as Attend places them, from that row on), gathered as float rows.
+  // as Attend places them, from that row on), gathered into bf16 blocks
+  // and a float tail (kc::GatherLatentBlocks).
   absl::Status AttendChosen(const kc::PagedLatents& latents, size_t rows, size_t row);
   // The device block pool for blocks of `block_bytes`: made at first use
   // for that size (options_.block_pool_bytes); null for blocks of other
