@@ -12,10 +12,12 @@
 // CPU's own bound (5e-3 for int8, whose queries are rounded to int16,
 // 5e-4 otherwise). Each line prints the largest errors seen. A block index outside the
 // pool must come back INVALID_ARGUMENT; rows sharing blocks and a tail must
-// match copies. Then a table: latent bytes read per second at 16 heads,
+// match copies, and so must a call in a workspace of the caller's (one a
+// byte short refused). Then a table: latent bytes read per second at 16 heads,
 // contexts 4k-64k, batch 1-128, each codec on tensor cores (and int8 on
 // CUDA cores), against a device-to-device cudaMemcpy measured in the same
-// run.
+// run, and a call's fixed cost with its scratch from the stream's pool and
+// in the caller's workspace.
 // Exit codes: 0 pass, 1 mismatch or CUDA error, 77 no device (ctest: skip).
 #include <cuda_runtime.h>
 
@@ -263,7 +265,7 @@ void Benchmark() {
   struct FixedCost {
     std::string name;
     double waited_us;
-    CallCost cost;
+    CallCost cost, in_workspace;  // scratch from the stream's pool, or the caller's
   };
   std::vector<FixedCost> fixed;
   for (const Variant v : {Variant{Codec::kBf16, true}, Variant{Codec::kFp8, true}, Variant{Codec::kInt8, true},
@@ -317,17 +319,27 @@ void Benchmark() {
             return cuda::PagedMlaDecode({kHeads, kKv, kRope}, latents, batch, q.data, 0.07f, out.data, nullptr, nullptr,
                                         unwaited);
           });
-          fixed.push_back({name, 1000 * ms, cost});
+          unwaited.workspace_bytes = cuda::PagedMlaWorkspaceBytes({kHeads, kKv, kRope}, latents, batch, unwaited);
+          DeviceArray<uint8_t> workspace(std::max<size_t>(unwaited.workspace_bytes, 1));
+          unwaited.workspace = workspace.data;
+          const CallCost in_workspace = UnwaitedCallCost([&] {
+            return cuda::PagedMlaDecode({kHeads, kKv, kRope}, latents, batch, q.data, 0.07f, out.data, nullptr, nullptr,
+                                        unwaited);
+          });
+          fixed.push_back({name, 1000 * ms, cost, in_workspace});
         }
       }
     }
   }
   std::printf(
       "\na call's fixed cost, 4k tokens x 1 sequence (us): waited (the rows above), and with a fault word "
-      "of the caller's (not waited, as the decode worker calls it): host time a call, a call back to back\n");
-  std::printf("%-9s %10s %10s %12s\n", "codec", "waited", "host", "back to back");
+      "of the caller's (not waited): host time a call and a call back to back, its scratch taken from the "
+      "stream's pool, then in a workspace of the caller's (as the decode worker calls it)\n");
+  std::printf("%-9s %10s %10s %12s %16s %20s\n", "codec", "waited", "host", "back to back", "host, workspace",
+              "back to back, wksp");
   for (const FixedCost& f : fixed) {
-    std::printf("%-9s %10.1f %10.1f %12.1f\n", f.name.c_str(), f.waited_us, f.cost.host_us, f.cost.stream_us);
+    std::printf("%-9s %10.1f %10.1f %12.1f %16.1f %20.1f\n", f.name.c_str(), f.waited_us, f.cost.host_us,
+                f.cost.stream_us, f.in_workspace.host_us, f.in_workspace.stream_us);
   }
 }
 
@@ -380,6 +392,25 @@ bool SharedRowsMatchCopies() {
   ok = ok && out_unwaited.Read(size_t{rows} * heads * kKv) == out_copies.Read(size_t{rows} * heads * kKv);
   ok = ok && fault.Read(1)[0] == cuda::kNoPagedMlaFault;
   if (!ok) std::printf("FAIL shared rows, or the same with a fault word (not waited for)\n");
+  // And in a workspace of the caller's, as the decode worker calls it: the
+  // same bits; a workspace a byte short is refused.
+  cuda::PagedMlaOptions in_workspace = unwaited;
+  in_workspace.workspace_bytes = cuda::PagedMlaWorkspaceBytes(shape, latents, rows, in_workspace);
+  DeviceArray<uint8_t> workspace(std::max<size_t>(in_workspace.workspace_bytes, 1));
+  in_workspace.workspace = workspace.data;
+  DeviceArray<float> out_workspace(size_t{rows} * heads * kKv);
+  bool workspace_ok =
+      in_workspace.workspace_bytes > 0 &&
+      cuda::PagedMlaDecode(shape, latents, rows, d_q.data, 0.1f, out_workspace.data, nullptr, nullptr, in_workspace)
+          .ok() &&
+      out_workspace.Read(size_t{rows} * heads * kKv) == out_copies.Read(size_t{rows} * heads * kKv);
+  --in_workspace.workspace_bytes;
+  const Status too_small =
+      cuda::PagedMlaDecode(shape, latents, rows, d_q.data, 0.1f, out_workspace.data, nullptr, nullptr, in_workspace);
+  workspace_ok = workspace_ok && too_small.code() == StatusCode::kInvalidArgument &&
+                 too_small.message().find("workspace") != std::string::npos;
+  if (!workspace_ok) std::printf("FAIL a caller's workspace: other bits, or one too small not refused\n");
+  ok = ok && workspace_ok;
   auto refused = [&](const cuda::PagedLatents& bad) {
     const Status s = cuda::PagedMlaDecode(shape, bad, rows, d_q.data, 0.1f, out_shared.data, nullptr, nullptr);
     cudaMemcpy(fault.data, &cuda::kNoPagedMlaFault, sizeof cuda::kNoPagedMlaFault, cudaMemcpyHostToDevice);

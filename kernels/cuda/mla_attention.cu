@@ -216,24 +216,22 @@ cudaError_t LimitsOfCurrentDevice(DeviceLimits* out) {
   return cudaSuccess;
 }
 
-}  // namespace
+// How a call splits its work, and the scratch it needs.
+struct Plan {
+  bool tensor_cores = false;
+  uint32_t groups = 0, splits = 0, blocks_per_split = 0, tail_per_split = 0, total_splits = 0;
+  size_t smem = 0, block_bytes = 0;
+  size_t partial_bytes = 0;    // the partial results
+  size_t workspace_bytes = 0;  // and the fault word, unless the caller keeps one
+};
 
-Status PagedMlaDecode(const MlaShape& shape, const PagedLatents& latents, uint32_t batch, const float* q,
-                      float softmax_scale, float* out, float* lse, void* stream_ptr, const PagedMlaOptions& options) {
+Status MakePlan(const MlaShape& shape, const PagedLatents& latents, uint32_t batch, const PagedMlaOptions& options,
+                Plan* plan) {
   const uint32_t kv = shape.kv_lora_rank, dim = kv + shape.rope_dim;
   const size_t block_bytes = EncodedBytes(latents.codec, {latents.tokens_per_block, kv, shape.rope_dim});
   if (shape.heads == 0 || kv == 0 || batch == 0 || block_bytes == 0) {
     return InvalidArgument("cuda::PagedMlaDecode: empty shape or batch, or a block shape the codec refuses");
   }
-  if (q == nullptr || out == nullptr || latents.blocks_per_sequence == nullptr ||
-      (latents.max_blocks_per_sequence > 0 && (latents.pool == nullptr || latents.block_table == nullptr)) ||
-      (latents.max_tail > 0 && (latents.tail == nullptr || latents.tail_tokens == nullptr)) ||
-      (latents.tail_offsets != nullptr && latents.tail_capacity == 0) ||
-      (latents.block_table_rows != nullptr && latents.block_table_height == 0) ||
-      latents.max_blocks_per_sequence + latents.max_tail == 0) {
-    return InvalidArgument("cuda::PagedMlaDecode: a pointer is missing for the sizes given");
-  }
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   DeviceLimits limits;
   if (const cudaError_t e = LimitsOfCurrentDevice(&limits); e != cudaSuccess) {
     return CudaError(e, "cuda::PagedMlaDecode");
@@ -269,45 +267,89 @@ Status PagedMlaDecode(const MlaShape& shape, const PagedLatents& latents, uint32
     tail_per_split = (chunks + std::min(wanted, chunks) - 1) / std::min(wanted, chunks) * kChunk;
     splits = (latents.max_tail + tail_per_split - 1) / tail_per_split;
   }
-  const uint32_t total_splits = splits + (tensor_cores ? 1 : 0);
-  const size_t partial_bytes = sizeof(float) * size_t{batch} * total_splits * shape.heads * (size_t{kv} + 2);
-  // The partial results, and the fault word unless the caller keeps one.
-  const bool wait = options.fault == nullptr;
-  void* workspace = nullptr;
-  if (const cudaError_t e = MallocAsync(&workspace, partial_bytes + (wait ? sizeof(unsigned long long) : 0), stream);
-      e != cudaSuccess) {
-    return CudaError(e, "cuda::PagedMlaDecode workspace");
+  plan->tensor_cores = tensor_cores;
+  plan->groups = groups;
+  plan->splits = splits;
+  plan->blocks_per_split = blocks_per_split;
+  plan->tail_per_split = tail_per_split;
+  plan->total_splits = splits + (tensor_cores ? 1 : 0);
+  plan->smem = smem;
+  plan->block_bytes = block_bytes;
+  plan->partial_bytes = sizeof(float) * size_t{batch} * plan->total_splits * shape.heads * (size_t{kv} + 2);
+  plan->workspace_bytes = plan->partial_bytes + (options.fault == nullptr ? sizeof(unsigned long long) : 0);
+  return OkStatus();
+}
+
+}  // namespace
+
+size_t PagedMlaWorkspaceBytes(const MlaShape& shape, const PagedLatents& latents, uint32_t batch,
+                              const PagedMlaOptions& options) {
+  Plan plan;
+  return MakePlan(shape, latents, batch, options, &plan).ok() ? plan.workspace_bytes : 0;
+}
+
+Status PagedMlaDecode(const MlaShape& shape, const PagedLatents& latents, uint32_t batch, const float* q,
+                      float softmax_scale, float* out, float* lse, void* stream_ptr, const PagedMlaOptions& options) {
+  if (q == nullptr || out == nullptr || latents.blocks_per_sequence == nullptr ||
+      (latents.max_blocks_per_sequence > 0 && (latents.pool == nullptr || latents.block_table == nullptr)) ||
+      (latents.max_tail > 0 && (latents.tail == nullptr || latents.tail_tokens == nullptr)) ||
+      (latents.tail_offsets != nullptr && latents.tail_capacity == 0) ||
+      (latents.block_table_rows != nullptr && latents.block_table_height == 0) ||
+      latents.max_blocks_per_sequence + latents.max_tail == 0) {
+    return InvalidArgument("cuda::PagedMlaDecode: a pointer is missing for the sizes given");
   }
-  Params p{shape,
-           latents,
-           block_bytes,
-           q,
-           softmax_scale,
-           total_splits,
-           0,
-           blocks_per_split,
-           !tensor_cores,
-           static_cast<float*>(workspace),
-           wait ? reinterpret_cast<unsigned long long*>(static_cast<char*>(workspace) + partial_bytes) : options.fault,
-           tail_per_split};
+  Plan plan;
+  KVTIER_KERNELS_RETURN_IF_ERROR(MakePlan(shape, latents, batch, options, &plan));
+  const uint32_t kv = shape.kv_lora_rank;
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  // The partial results, and the fault word unless the caller keeps one:
+  // in the caller's workspace, or taken from the stream's pool for the call.
+  const bool wait = options.fault == nullptr, own = options.workspace == nullptr;
+  void* workspace = options.workspace;
+  if (!own && options.workspace_bytes < plan.workspace_bytes) {
+    return InvalidArgument("cuda::PagedMlaDecode: a workspace of " + std::to_string(options.workspace_bytes) +
+                           " bytes, where the call needs " + std::to_string(plan.workspace_bytes));
+  }
+  if (own) {
+    if (const cudaError_t e = MallocAsync(&workspace, plan.workspace_bytes, stream); e != cudaSuccess) {
+      return CudaError(e, "cuda::PagedMlaDecode workspace");
+    }
+  }
+  const auto give_back = [&] {
+    if (own) cudaFreeAsync(workspace, stream);
+  };
+  Params p{
+      shape,
+      latents,
+      plan.block_bytes,
+      q,
+      softmax_scale,
+      plan.total_splits,
+      0,
+      plan.blocks_per_split,
+      !plan.tensor_cores,
+      static_cast<float*>(workspace),
+      wait ? reinterpret_cast<unsigned long long*>(static_cast<char*>(workspace) + plan.partial_bytes) : options.fault,
+      plan.tail_per_split};
   if (wait) cudaMemsetAsync(p.bad, 0xff, sizeof(unsigned long long), stream);
-  if (tensor_cores) {
-    if (const cudaError_t e = internal::LaunchTensorCorePartials(p, splits, batch, stream); e != cudaSuccess) {
-      cudaFreeAsync(workspace, stream);
+  if (plan.tensor_cores) {
+    if (const cudaError_t e = internal::LaunchTensorCorePartials(p, plan.splits, batch, stream); e != cudaSuccess) {
+      give_back();
       return CudaError(e, "cuda::PagedMlaDecode tensor-core launch");
     }
     Params tail = p;  // the tails: one split after the blocks' ones
-    tail.split_base = splits;
+    tail.split_base = plan.splits;
     tail.blocks_per_split = 0;
     tail.with_tail = true;
-    PartialKernel<<<dim3(1, groups, batch), kThreads, smem, stream>>>(tail);
+    PartialKernel<<<dim3(1, plan.groups, batch), kThreads, plan.smem, stream>>>(tail);
   } else {
-    PartialKernel<<<dim3(splits, groups, batch), kThreads, smem, stream>>>(p);
+    PartialKernel<<<dim3(plan.splits, plan.groups, batch), kThreads, plan.smem, stream>>>(p);
   }
-  CombineKernel<<<dim3(shape.heads, batch), kThreads, 0, stream>>>(p.partial, total_splits, shape.heads, kv, out, lse);
+  CombineKernel<<<dim3(shape.heads, batch), kThreads, 0, stream>>>(p.partial, plan.total_splits, shape.heads, kv, out,
+                                                                   lse);
   unsigned long long bad = kNoPagedMlaFault;
   if (wait) cudaMemcpyAsync(&bad, p.bad, sizeof bad, cudaMemcpyDeviceToHost, stream);
-  cudaFreeAsync(workspace, stream);
+  give_back();
   if (wait) {
     if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) {
       return CudaError(e, "cuda::PagedMlaDecode");

@@ -110,6 +110,10 @@ class CudaForward final : public ForwardBackend {
   // as Attend places them, from that row on), gathered into bf16 blocks
   // and a float tail (kc::GatherLatentBlocks).
   absl::Status AttendChosen(const kc::PagedLatents& latents, size_t rows, size_t row);
+  // One attention call for `rows` rows from `first_row` of the pass
+  // (q_full -> attn_latent) over `latents`, in the pass's workspace.
+  absl::Status AttendRows(const kernels::MlaShape& shape, const kc::PagedLatents& latents, uint32_t rows,
+                          size_t first_row);
   // The device block pool for blocks of `block_bytes`: made at first use
   // for that size (options_.block_pool_bytes); null for blocks of other
   // sizes, or when there is none (passes copy their blocks up).
@@ -149,6 +153,8 @@ class CudaForward final : public ForwardBackend {
   // The lowest bad input the attention kernels found in a pass (they do not
   // wait; the pass reads it back at its end).
   DeviceArray<unsigned long long> attention_fault_;
+  // Attention's scratch, kept so that a call allocates nothing.
+  DeviceArray<uint8_t> attention_workspace_;
   unsigned long long attention_fault_seen_ = 0;    // its value, read back
   std::vector<std::shared_ptr<const void>> kept_;  // host sources of queued copies
 };
@@ -354,16 +360,24 @@ absl::Status CudaForward::Attend(std::span<const SequenceTokens> seqs, size_t li
   // Rows in chunks: the kernel's grid holds at most 65535 rows and its
   // workspace a partial result per row and split (kept near 256 MiB).
   const size_t chunk = std::clamp<size_t>((size_t{1} << 28) / (size_t{8} * heads * (kv + 2)), 1, 32768);
-  kc::PagedMlaOptions options;
-  options.fault = attention_fault_.data();
   for (size_t r = 0; r < rows; r += chunk) {
-    const size_t row = first_row + r;
-    KVTIER_RETURN_IF_ERROR(Check(
-        kc::PagedMlaDecode({heads, kv, rope}, FromRow(latents, r), static_cast<uint32_t>(std::min(chunk, rows - r)),
-                           q_full_.data() + row * heads * dim, static_cast<float>(c.SoftmaxScale()),
-                           attn_latent_.data() + row * heads * kv, nullptr, stream_, options)));
+    KVTIER_RETURN_IF_ERROR(AttendRows({heads, kv, rope}, FromRow(latents, r),
+                                      static_cast<uint32_t>(std::min(chunk, rows - r)), first_row + r));
   }
   return absl::OkStatus();
+}
+
+absl::Status CudaForward::AttendRows(const kernels::MlaShape& shape, const kc::PagedLatents& latents, uint32_t rows,
+                                     size_t first_row) {
+  const size_t dim = size_t{shape.kv_lora_rank} + shape.rope_dim;
+  kc::PagedMlaOptions options;
+  options.fault = attention_fault_.data();
+  options.workspace_bytes = kc::PagedMlaWorkspaceBytes(shape, latents, rows, options);
+  KVTIER_RETURN_IF_ERROR(attention_workspace_.Reserve(std::max<size_t>(options.workspace_bytes, 1)));
+  options.workspace = attention_workspace_.data();
+  return Check(kc::PagedMlaDecode(
+      shape, latents, rows, q_full_.data() + first_row * shape.heads * dim, static_cast<float>(config_.SoftmaxScale()),
+      attn_latent_.data() + first_row * shape.heads * shape.kv_lora_rank, nullptr, stream_, options));
 }
 
 absl::Status CudaForward::ChooseTokens(std::span<const SequenceTokens> batch, size_t li) {
@@ -447,17 +461,13 @@ absl::Status CudaForward::AttendChosen(const kc::PagedLatents& latents, size_t r
   KVTIER_RETURN_IF_ERROR(chosen_tail_tokens_.Reserve(most));
   const kc::GatheredLatents gathered{chosen_pool_.data(), chosen_table_.data(), chosen_blocks_.data(),
                                      chosen_tail_.data(), chosen_tail_tokens_.data()};
-  kc::PagedMlaOptions options;
-  options.fault = attention_fault_.data();
   for (size_t r = 0; r < rows; r += chunk) {
     const uint32_t count = static_cast<uint32_t>(std::min(chunk, rows - r));
     const size_t at = row + r;
     KVTIER_RETURN_IF_ERROR(
         Check(kc::GatherLatentBlocks(shape, FromRow(latents, r), count, ix_selected_.data() + at * topk, topk,
                                      ix_counts_.data() + at, gathered, attention_fault_.data(), stream_)));
-    KVTIER_RETURN_IF_ERROR(Check(kc::PagedMlaDecode(
-        shape, kc::GatheredPagedLatents(gathered, count, topk), count, q_full_.data() + at * heads * dim,
-        static_cast<float>(c.SoftmaxScale()), attn_latent_.data() + at * heads * kv, nullptr, stream_, options)));
+    KVTIER_RETURN_IF_ERROR(AttendRows(shape, kc::GatheredPagedLatents(gathered, count, topk), count, at));
   }
   return absl::OkStatus();
 }

@@ -78,11 +78,24 @@ struct PagedMlaOptions {
   // and read the word back, hands it to PagedMlaFault. One word may serve
   // many calls (it keeps the lowest sequence's fault).
   unsigned long long* fault = nullptr;
+  // Null: a call takes its scratch (partial results, and the fault word
+  // when it waits) from the stream's memory pool and gives it back. Else
+  // device memory of workspace_bytes, at least PagedMlaWorkspaceBytes for
+  // the call's arguments (less: INVALID_ARGUMENT), used instead, so that a
+  // call allocates nothing; calls queued on one stream may share it.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 inline constexpr unsigned long long kNoPagedMlaFault = ~0ull;
 // OK for kNoPagedMlaFault, else INVALID_ARGUMENT saying what the kernels
 // found.
 Status PagedMlaFault(unsigned long long fault);
+
+// The workspace PagedMlaDecode needs for these arguments (options'
+// tensor_cores and fault count; its workspace does not); 0 for arguments
+// it refuses.
+size_t PagedMlaWorkspaceBytes(const MlaShape& shape, const PagedLatents& latents, uint32_t batch,
+                              const PagedMlaOptions& options = PagedMlaOptions());
 
 Status PagedMlaDecode(const MlaShape& shape, const PagedLatents& latents, uint32_t batch, const float* q,
                       float softmax_scale, float* out, float* lse, void* stream,
