@@ -276,20 +276,34 @@ Status SelectTopTokens(uint32_t rows, const float* scores, uint32_t max_visible,
   return Launched("cuda::SelectTopTokens launch");
 }
 
-Status GatherLatents(const MlaShape& shape, const PagedLatents& latents, uint32_t rows, const int32_t* selected,
-                     uint32_t k, const int32_t* counts, float* out, unsigned long long* fault, void* stream_ptr) {
-  if (rows == 0 || k == 0) return Status();
-  const size_t block_bytes =
-      EncodedBytes(latents.codec, {latents.tokens_per_block, shape.kv_lora_rank, shape.rope_dim});
-  if (block_bytes == 0 || rows > 65535) {
-    return InvalidArgument("cuda::GatherLatents: a block shape the codec refuses, or over 65535 rows");
+namespace {
+
+// What GatherLatents and GatherLatentBlocks both check (`outputs`: their
+// own pointers are there); block_bytes: the source blocks'.
+Status CheckGather(const char* what, const MlaShape& shape, const PagedLatents& latents, uint32_t rows,
+                   const int32_t* selected, const int32_t* counts, const unsigned long long* fault, bool outputs,
+                   size_t* block_bytes) {
+  *block_bytes = EncodedBytes(latents.codec, {latents.tokens_per_block, shape.kv_lora_rank, shape.rope_dim});
+  if (*block_bytes == 0 || rows > 65535) {
+    return InvalidArgument(std::string(what) + ": a block shape the codec refuses, or over 65535 rows");
   }
-  if (selected == nullptr || counts == nullptr || out == nullptr || fault == nullptr ||
+  if (!outputs || selected == nullptr || counts == nullptr || fault == nullptr ||
       latents.blocks_per_sequence == nullptr ||
       (latents.max_blocks_per_sequence > 0 && (latents.pool == nullptr || latents.block_table == nullptr)) ||
       (latents.max_tail > 0 && (latents.tail == nullptr || latents.tail_tokens == nullptr))) {
-    return InvalidArgument("cuda::GatherLatents: a pointer is missing for the sizes given");
+    return InvalidArgument(std::string(what) + ": a pointer is missing for the sizes given");
   }
+  return Status();
+}
+
+}  // namespace
+
+Status GatherLatents(const MlaShape& shape, const PagedLatents& latents, uint32_t rows, const int32_t* selected,
+                     uint32_t k, const int32_t* counts, float* out, unsigned long long* fault, void* stream_ptr) {
+  if (rows == 0 || k == 0) return Status();
+  size_t block_bytes = 0;
+  KVTIER_KERNELS_RETURN_IF_ERROR(
+      CheckGather("cuda::GatherLatents", shape, latents, rows, selected, counts, fault, out != nullptr, &block_bytes));
   GatherKernel<<<dim3(k, rows), kGatherThreads, 0, static_cast<cudaStream_t>(stream_ptr)>>>(
       shape, latents, block_bytes, selected, k, counts, out, fault);
   return Launched("cuda::GatherLatents launch");
@@ -299,18 +313,11 @@ Status GatherLatentBlocks(const MlaShape& shape, const PagedLatents& latents, ui
                           uint32_t k, const int32_t* counts, const GatheredLatents& out, unsigned long long* fault,
                           void* stream_ptr) {
   if (rows == 0 || k == 0) return Status();
-  const size_t block_bytes =
-      EncodedBytes(latents.codec, {latents.tokens_per_block, shape.kv_lora_rank, shape.rope_dim});
-  if (block_bytes == 0 || rows > 65535) {
-    return InvalidArgument("cuda::GatherLatentBlocks: a block shape the codec refuses, or over 65535 rows");
-  }
-  if (selected == nullptr || counts == nullptr || fault == nullptr || latents.blocks_per_sequence == nullptr ||
-      (latents.max_blocks_per_sequence > 0 && (latents.pool == nullptr || latents.block_table == nullptr)) ||
-      (latents.max_tail > 0 && (latents.tail == nullptr || latents.tail_tokens == nullptr)) ||
-      (k >= kGatheredBlockTokens && (out.pool == nullptr || out.block_table == nullptr)) || out.blocks == nullptr ||
-      out.tail == nullptr || out.tail_tokens == nullptr) {
-    return InvalidArgument("cuda::GatherLatentBlocks: a pointer is missing for the sizes given");
-  }
+  const bool outputs = (k < kGatheredBlockTokens || (out.pool != nullptr && out.block_table != nullptr)) &&
+                       out.blocks != nullptr && out.tail != nullptr && out.tail_tokens != nullptr;
+  size_t block_bytes = 0;
+  KVTIER_KERNELS_RETURN_IF_ERROR(
+      CheckGather("cuda::GatherLatentBlocks", shape, latents, rows, selected, counts, fault, outputs, &block_bytes));
   GatherBlocksKernel<<<dim3(k, rows), kGatherThreads, 0, static_cast<cudaStream_t>(stream_ptr)>>>(
       shape, latents, block_bytes, selected, k, counts, out, fault);
   return Launched("cuda::GatherLatentBlocks launch");
