@@ -86,14 +86,11 @@ absl::Status CudaAccelerator::Open() {
 }
 
 absl::Status CudaAccelerator::Place(WeightMatrix& w, size_t cols) {
-  const size_t elements = w.bf16.size() + w.f32.size() + w.fp8.size() + 2 * w.fp4.size();
-  if (cols == 0 || elements % cols != 0) {
-    return absl::InternalError(absl::StrCat("a weight matrix of ", elements, " values is not rows of ", cols));
+  if (cols == 0 || w.values() % cols != 0) {
+    return absl::InternalError(absl::StrCat("a weight matrix of ", w.values(), " values is not rows of ", cols));
   }
-  std::vector<float> values(elements);
-  WidenRows(w, cols, 0, elements / cols, values.data());
   DeviceArray<uint16_t> on_device;
-  KVTIER_RETURN_IF_ERROR(on_device.Assign(ToBf16(values)));
+  KVTIER_RETURN_IF_ERROR(on_device.Assign(WidenedBf16(w, cols)));
   const bool quantized = w.quantized();
   w = WeightMatrix{};
   w.device = std::make_shared<CudaMatrix>(this, std::move(on_device), quantized);

@@ -56,6 +56,8 @@ struct WeightMatrix {
     return f32.size() * sizeof(float) + bf16.size() * sizeof(uint16_t) + fp8.size() +
            fp8_scales.size() * sizeof(float) + fp4.size() + fp4_scales.size() * sizeof(float);
   }
+  // Values held on the host (an FP4 byte holds two).
+  size_t values() const { return bf16.size() + f32.size() + fp8.size() + 2 * fp4.size(); }
   // Stored in FP8 or FP4 (DeepSeek-V4 rounds the inputs of these products).
   bool quantized() const { return !fp8.empty() || !fp4.empty() || (device != nullptr && device->quantized()); }
   kernels::Fp8BlockScaled Fp8() const { return {fp8.data(), fp8_scales.data(), fp8_block_rows, fp8_block_cols}; }
@@ -114,6 +116,17 @@ inline void WidenRows(const WeightMatrix& w, size_t cols, size_t row_begin, size
   } else {
     std::copy(w.f32.begin() + row_begin * cols, w.f32.begin() + row_end * cols, out);
   }
+}
+
+// All of `w` ([*][cols], held on the host) as an accelerator holds it:
+// widened, then rounded to bf16 (exact for bf16, MXFP4 and FP8 with
+// power-of-two scales).
+inline std::vector<uint16_t> WidenedBf16(const WeightMatrix& w, size_t cols) {
+  std::vector<float> values(w.values());
+  WidenRows(w, cols, 0, values.size() / cols, values.data());
+  std::vector<uint16_t> bf16(values.size());
+  for (size_t i = 0; i < values.size(); ++i) bf16[i] = kernels::FloatToBf16(values[i]);
+  return bf16;
 }
 
 // Row `row` of `w` ([rows][cols]) as floats into out[cols].

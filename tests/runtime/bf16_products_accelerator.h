@@ -46,13 +46,9 @@ class Bf16ProductsAccelerator final : public Accelerator {
   };
 
   absl::Status Place(WeightMatrix& w, size_t cols) override {
-    const size_t elements = w.bf16.size() + w.f32.size() + w.fp8.size() + 2 * w.fp4.size();
-    if (cols == 0 || elements % cols != 0) return absl::InternalError("not whole rows");
-    std::vector<float> values(elements);
-    WidenRows(w, cols, 0, elements / cols, values.data());
+    if (cols == 0 || w.values() % cols != 0) return absl::InternalError("not whole rows");
     WeightMatrix bf16;
-    bf16.bf16.reserve(elements);
-    for (float v : values) bf16.bf16.push_back(kernels::FloatToBf16(v));
+    bf16.bf16 = WidenedBf16(w, cols);  // as CudaAccelerator::Place holds it
     const bool quantized = w.quantized();
     w = WeightMatrix{};
     w.device = std::make_shared<Matrix>(std::move(bf16), quantized);

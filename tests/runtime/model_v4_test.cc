@@ -364,8 +364,7 @@ class HostAccelerator final : public Accelerator {
   };
 
   absl::Status Place(WeightMatrix& w, size_t cols) override {
-    const size_t elements = w.bf16.size() + w.f32.size() + w.fp8.size() + 2 * w.fp4.size();
-    if (cols == 0 || elements % cols != 0) return absl::InternalError("not whole rows");
+    if (cols == 0 || w.values() % cols != 0) return absl::InternalError("not whole rows");
     auto placed = std::make_shared<Matrix>(this, std::move(w));
     w = WeightMatrix{};
     w.device = std::move(placed);
