@@ -426,8 +426,8 @@ Row Summarize(const std::string& what, int clients, size_t bytes_per_client, con
   return Row{what, clients, load::Median(rates), pct(0.5), pct(0.99), load::Median(cpu)};
 }
 
-int Run(const std::string& cache_binary, const std::string& device_memory, const std::string& redis_binary, int rounds,
-        const std::vector<int>& client_counts) {
+int Run(const std::string& cache_binary, const std::string& device_memory, const std::vector<std::string>& cache_flags,
+        const std::string& redis_binary, int rounds, const std::vector<int>& client_counts) {
   const kvblock::LatentLayout layout = load::V2LiteInt8();
   constexpr int kMaxClients = 4;
   std::vector<Prefix> prefixes;
@@ -435,8 +435,12 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
   const size_t bytes = prefixes[0].bytes;
 
   constexpr uint64_t kCacheBytes = (1ull << 30) + (64ull << 20);  // its two tiers, as started here
-  ChildProcess cache({cache_binary, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--device-capacity", "1GiB",
-                      "--host-capacity", "64MiB", "--fast-path-staging", "1GiB", "--device-memory", device_memory});
+  std::vector<std::string> cache_args = {
+      cache_binary, "--listen",        "127.0.0.1:0", "--metrics-listen",    "",     "--device-capacity",
+      "1GiB",       "--host-capacity", "64MiB",       "--fast-path-staging", "1GiB", "--device-memory",
+      device_memory};
+  cache_args.insert(cache_args.end(), cache_flags.begin(), cache_flags.end());
+  ChildProcess cache(cache_args);
   const int cache_port = cache.WaitForListeningPort();
   const int redis_port = FreeLoopbackPort();  // Redis cannot report port 0
   // Redis logs to a file nobody reads, not to a pipe that could fill.
@@ -670,11 +674,15 @@ int main(int argc, char** argv) {
   uint64_t rounds = 5;
   uint64_t window = 1;
   std::string clients = "1,4";
+  std::string cache_flags;
   kvtier::FlagParser flags("cache_bench [--cache-binary PATH] [--rounds N]",
                            "kvtier-cache Get/Put vs Redis pipelined GET/SET vs memcpy, one run.");
   flags.AddString("cache-binary", &cache_binary, "kvtier-cache to start");
   flags.AddString("device-memory", &device_memory,
                   "kvtier-cache's --device-memory: where its device tier lives (auto: a GPU when there is one)");
+  flags.AddString(
+      "cache-flags", &cache_flags,
+      "more flags for kvtier-cache, space-separated (--no-demote-ahead: Put as before room was kept ahead)");
   flags.AddString("redis-binary", &redis_binary, "redis-server to start");
   flags.AddUint("rounds", &rounds, "measurements per row (the median is shown)");
   flags.AddUint("redis-window", &window, "pipelined Redis GETs in flight per client");
@@ -692,6 +700,7 @@ int main(int argc, char** argv) {
     }
     counts.push_back(n);
   }
-  return kvtier::cache::Run(cache_binary, device_memory, redis_binary, static_cast<int>(std::max<uint64_t>(rounds, 1)),
-                            counts);
+  const std::vector<std::string> extra = absl::StrSplit(cache_flags, ' ', absl::SkipEmpty());
+  return kvtier::cache::Run(cache_binary, device_memory, extra, redis_binary,
+                            static_cast<int>(std::max<uint64_t>(rounds, 1)), counts);
 }

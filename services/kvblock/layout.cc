@@ -140,9 +140,16 @@ uint64_t LayoutId(const LatentLayout& l) {
     for (uint32_t r : l.compress_ratios) AppendU32(canonical, r);
     AppendU32(canonical, l.sliding_window);
   }
+  // Blocks of one layout arrive by the thousand, each checked against it:
+  // a thread keeps the last id it hashed.
+  thread_local std::string last_canonical;
+  thread_local uint64_t last_id = 0;
+  if (canonical == last_canonical) return last_id;
   const Sha256Digest digest = Sha256({canonical});
   uint64_t id;
   std::memcpy(&id, digest.data(), sizeof id);
+  last_canonical = std::move(canonical);
+  last_id = id;
   return id;
 }
 

@@ -54,6 +54,7 @@ struct Flags {
   std::string fast_path_staging = "512MiB";
   std::string fast_path_device_staging = "1GiB";
   bool no_fast_path = false;
+  bool no_demote_ahead = false;
   uint64_t put_idle_ms = 30000;
   std::string eviction = "adaptive";
   SecurityFlags security;
@@ -118,6 +119,7 @@ absl::StatusOr<StoreOptions> ToStoreOptions(const Flags& f) {
   }
   o.page_size = static_cast<uint32_t>(f.page_size);
   o.shared_memory = !f.no_fast_path;
+  o.demote_ahead = !f.no_demote_ahead;
   if (f.eviction == "lru") {
     o.eviction = Eviction::kLru;
   } else if (f.eviction == "leaf-first") {
@@ -290,6 +292,10 @@ int main(int argc, char** argv) {
                   "through, all sessions together (0: none; only with the device tier on a GPU)");
   flags.AddBool("no-fast-path", &f.no_fast_path,
                 "serve blocks over gRPC only: tiers in private memory, no unix socket");
+  flags.AddBool("no-demote-ahead", &f.no_demote_ahead,
+                "demote only when a tier is asked for room it lacks (by default a tier with one below keeps a "
+                "64th of itself, at most a quarter of the tier below, free by demoting on a thread of its own, "
+                "so a Put does not wait for a demotion's copy)");
   flags.AddString("eviction", &f.eviction,
                   "which blocks a full tier gives up first: adaptive (leaf-first, but blocks stored and not used "
                   "since go first while they hold more than a share of the tier that follows what comes back "

@@ -27,6 +27,10 @@ std::vector<MetricFamily> StoreMetrics::Collect() const {
        &TierCounters::promotions},
       {"kvtier_cache_demotions_total", "Blocks moved out of the tier to a slower one when full", MetricType::Counter,
        &TierCounters::demotions},
+      {"kvtier_cache_demotions_ahead_total",
+       "Of the demotions, those made on the store's own thread to keep room free ahead of Puts (the rest made a Put "
+       "wait)",
+       MetricType::Counter, &TierCounters::demotions_ahead},
       {"kvtier_cache_evictions_total", "Blocks dropped from the tier with no slower tier to take them",
        MetricType::Counter, &TierCounters::evictions},
       {"kvtier_cache_write_errors_total",

@@ -111,6 +111,10 @@ uint64_t StoreOptions::SegmentBytes(uint64_t capacity) const {
   return std::min(segment_bytes, std::max(kSmallestSegment, capacity / kSegmentsPerTier));
 }
 
+uint64_t StoreOptions::RoomAhead(uint64_t capacity, uint64_t capacity_below) {
+  return std::min(capacity / 64, capacity_below / 4);
+}
+
 absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const StoreOptions& options, Clock* clock) {
   if (options.page_size < 4096) {
     return absl::InvalidArgumentError("page size must be at least 4096 bytes");
@@ -154,8 +158,13 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const StoreOption
     tiers.push_back(std::move(tier));
   }
   std::unique_ptr<BlockStore> store(new BlockStore(options, clock, std::move(tiers)));
-  absl::MutexLock lock(&store->mu_);
-  store->RecoverLocked();
+  {
+    absl::MutexLock lock(&store->mu_);
+    store->RecoverLocked();
+  }
+  if (options.demote_ahead && store->tiers_.size() > 1) {
+    store->demoter_ = std::thread([s = store.get()] { s->DemoteAhead(); });
+  }
   return store;
 }
 
@@ -189,9 +198,23 @@ void BlockStore::RecoverLocked() {
 }
 
 BlockStore::BlockStore(const StoreOptions& options, Clock* clock, std::vector<std::unique_ptr<Tier>> tiers)
-    : options_(options), clock_(clock), tiers_(std::move(tiers)) {}
+    : options_(options), clock_(clock), tiers_(std::move(tiers)) {
+  for (size_t t = 0; t < tiers_.size(); ++t) {
+    const uint64_t room = t + 1 < tiers_.size() ? StoreOptions::RoomAhead(tiers_[t]->counters.capacity_bytes,
+                                                                          tiers_[t + 1]->counters.capacity_bytes)
+                                                : 0;
+    room_ahead_.push_back(room - room % options_.page_size);  // under a page: none
+  }
+}
 
-BlockStore::~BlockStore() = default;
+BlockStore::~BlockStore() {
+  if (!demoter_.joinable()) return;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  demoter_.join();
+}
 
 MatchResult BlockStore::Match(const std::string& ns, uint64_t layout_id, std::span<const kvblock::BlockHash> hashes,
                               std::optional<absl::Duration> lease_ttl, const std::string& owner, uint32_t max_leases,

@@ -34,6 +34,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -120,6 +121,15 @@ struct StoreOptions {
   // the device tier.
   uint64_t max_pending_bytes_per_owner = 0;
   Eviction eviction = Eviction::kAdaptive;
+  // Each tier with one below keeps room free ahead (RoomAhead) by demoting
+  // its coldest blocks on a thread of its own, so that a Put finds its room
+  // without waiting for a demotion's copy and check. The tiers then hold
+  // that much less; off, a tier demotes only when room is asked of it.
+  bool demote_ahead = false;
+  // The room kept free ahead in a tier of `capacity` above one of
+  // `capacity_below`: a 64th of it, at most a quarter of the tier below
+  // (in whole pages: none under one).
+  static uint64_t RoomAhead(uint64_t capacity, uint64_t capacity_below);
 };
 
 // What an owner (a tenant) is charged for each block's bookkeeping (its
@@ -145,6 +155,7 @@ struct TierCounters {
   uint64_t hits = 0;
   uint64_t promotions = 0;
   uint64_t demotions = 0;
+  uint64_t demotions_ahead = 0;  // of them, made to keep room free ahead (StoreOptions::demote_ahead)
   uint64_t evictions = 0;
   uint64_t write_errors = 0;  // records it could not store (a full or failing disk)
   // Free pages in segments a segment owner holds (the fast path's shared
@@ -362,6 +373,10 @@ class BlockStore {
   // Ends leases whose deadline has passed (also done by every call above).
   void ExpireLeases();
   StoreStats Stats();
+  // Waits until every tier has its room ahead free, or no more blocks can
+  // go down for now; at once without demote_ahead (for tests and
+  // benchmarks).
+  void WaitForRoomAhead();
 
  private:
   friend class PinnedBlock;
@@ -440,6 +455,16 @@ class BlockStore {
   // room, or it is moving or read by another; on a checksum failure it is
   // dropped.
   std::vector<bool> MoveLocked(std::span<Entry* const> entries, size_t to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The demoting thread (StoreOptions::demote_ahead).
+  void DemoteAhead();
+  // Demotes `tier`'s blocks in the policy's order while it has less than its
+  // room ahead free; false when none could go.
+  bool DemoteAheadLocked(size_t tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool ShortOfRoomAheadLocked(size_t tier) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The demoting thread has work (or is to stop).
+  bool DemotionDueLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // It waits with nothing it can do (WaitForRoomAhead).
+  bool DemoterRestingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Commits a move whose copy is done, or undoes it; true when it went.
   bool FinishMoveLocked(Move& move, size_t to, const absl::Status& copied) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Copies and checks each move's record into its room in tier `to`,
@@ -522,6 +547,12 @@ class BlockStore {
   absl::flat_hash_map<std::string, uint64_t> evictions_by_owner_ ABSL_GUARDED_BY(mu_);
   StoreStats counters_ ABSL_GUARDED_BY(mu_);  // the non-tier counters
   ProbationShare probation_share_ ABSL_GUARDED_BY(mu_);  // kAdaptive's
+  // With demote_ahead, by tier (0 for the last); fixed at construction.
+  std::vector<uint64_t> room_ahead_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool demoter_waiting_ ABSL_GUARDED_BY(mu_) = false;
+  bool demoter_stuck_ ABSL_GUARDED_BY(mu_) = false;  // its last pass moved nothing
+  std::thread demoter_;                              // last: started once the rest is built
 };
 
 }  // namespace kvtier::cache

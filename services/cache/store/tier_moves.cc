@@ -1,6 +1,7 @@
 // The store's tier moves: blocks copied to another tier without the lock
-// (demotion as room is made, promotion on a read), each copy's CRC checked
-// where it lands before the index points at it.
+// (demotion as room is made, or ahead of it on a thread of its own;
+// promotion on a read), each copy's CRC checked where it lands before the
+// index points at it.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -71,6 +72,74 @@ std::vector<bool> BlockStore::MoveLocked(std::span<Entry* const> entries, size_t
     }
   }
   return moved;
+}
+
+void BlockStore::DemoteAhead() {
+  // Pinned blocks, or a tier below that cannot take more, may leave nothing
+  // to move: then it looks again after this long instead of spinning.
+  constexpr absl::Duration kStuckRetry = absl::Milliseconds(100);
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    demoter_waiting_ = true;
+    mu_.Await(absl::Condition(this, &BlockStore::DemotionDueLocked));
+    demoter_waiting_ = false;
+    if (stopping_) return;
+    bool moved = false;
+    for (size_t tier = 0; tier + 1 < tiers_.size(); ++tier) moved = DemoteAheadLocked(tier) || moved;
+    demoter_stuck_ = !moved;
+    if (demoter_stuck_) {
+      demoter_waiting_ = true;
+      mu_.AwaitWithTimeout(absl::Condition(&stopping_), kStuckRetry);
+      demoter_waiting_ = false;
+      demoter_stuck_ = false;
+    }
+  }
+}
+
+bool BlockStore::ShortOfRoomAheadLocked(size_t tier) const {
+  const TierCounters& c = tiers_[tier]->counters;
+  return c.capacity_bytes - c.used_bytes < room_ahead_[tier];
+}
+
+bool BlockStore::DemotionDueLocked() const {
+  if (stopping_) return true;
+  for (size_t tier = 0; tier + 1 < tiers_.size(); ++tier) {
+    if (ShortOfRoomAheadLocked(tier)) return true;
+  }
+  return false;
+}
+
+bool BlockStore::DemoterRestingLocked() const { return demoter_waiting_ && (demoter_stuck_ || !DemotionDueLocked()); }
+
+void BlockStore::WaitForRoomAhead() {
+  if (!demoter_.joinable()) return;
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(this, &BlockStore::DemoterRestingLocked));
+}
+
+bool BlockStore::DemoteAheadLocked(size_t tier) {
+  Tier& t = *tiers_[tier];
+  // One block at a time (a slab's batch): its room is free as soon as it
+  // is down, for the Put that waits for it.
+  const uint64_t batch = std::max<uint64_t>(1, t.storage->MoveBatchBytes(t.counters.capacity_bytes));
+  bool moved_any = false;
+  while (!stopping_ && ShortOfRoomAheadLocked(tier)) {
+    // As MakeRoomLocked chooses: owners over their quota or without one
+    // first.
+    std::vector<Entry*> victims = VictimsLocked(tier, batch, [&](const Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !WithinQuotaLocked(e.owner, tier);
+    });
+    if (victims.empty()) victims = VictimsLocked(tier, batch, [](const Entry&) { return true; });
+    if (victims.empty()) break;
+    for (Entry* v : victims) PinLocked(v);  // as FreeWhileLocked: out of the next tier's own eviction
+    const std::vector<bool> moved = MoveLocked(victims, tier + 1);
+    for (Entry* v : victims) UnpinLocked(v);
+    const auto went = static_cast<uint64_t>(std::count(moved.begin(), moved.end(), true));
+    if (went == 0) break;
+    t.counters.demotions_ahead += went;
+    moved_any = true;
+  }
+  return moved_any;
 }
 
 bool BlockStore::EvictForFullStorageLocked(size_t tier, size_t bytes) {
