@@ -4,6 +4,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -21,6 +22,7 @@
 #include "services/base/address.h"
 #include "services/base/byte_size.h"
 #include "services/base/flags.h"
+#include "services/base/heap_reuse.h"
 #include "services/base/log.h"
 #include "services/base/status.h"
 #include "services/cache/server/store_metrics.h"
@@ -177,6 +179,11 @@ int Run(Flags f) {
     std::cerr << "kvtier-cache: " << options.status().message() << "\n";
     return 2;
   }
+  // Put streams' read buffers are freed and taken again by the megabyte:
+  // each arena keeps a 256th of the tiers in host memory, 1 to 64 MiB, for
+  // the next (docs/operations.md).
+  const uint64_t in_host = options->host_capacity + (options->device_slab ? 0 : options->device_capacity);
+  KeepFreedHeapForReuse(std::clamp<uint64_t>(in_host / 256, 1 << 20, 64 << 20));
   // A same-host reader maps whole segments: their blocks must be of
   // namespaces the same tenants may read.
   options->segment_group = [registry = tenants->get()](const std::string& ns) { return registry->ReaderClass(ns); };
