@@ -24,8 +24,8 @@ void TouchFreshBlock() {
 // The page faults writing a block costs right after one like it was freed,
 // in a child process (glibc's thresholds are a process's own): with
 // `keep`, after KeepFreedHeapForReuse; else under glibc's starting trim
-// threshold. -2 where the allocator does not take them (a sanitizer's),
-// -1 if the child failed.
+// threshold. -2 where the C library does not take them, -1 if the child
+// failed.
 long FaultsOfTheSecondBlock(bool keep) {
   int fds[2];
   if (pipe(fds) != 0) return -1;
@@ -53,9 +53,12 @@ long FaultsOfTheSecondBlock(bool keep) {
 }
 
 TEST(HeapReuse, AFreedBlockIsWrittenAgainWithoutFaults) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a sanitizer's allocator serves malloc here, not glibc's";
+#endif
   const long pages = kBlock / 4096;
   const long kept = FaultsOfTheSecondBlock(/*keep=*/true);
-  if (kept == -2) GTEST_SKIP() << "this allocator (a sanitizer's?) does not take glibc's thresholds";
+  if (kept == -2) GTEST_SKIP() << "this C library does not take glibc's thresholds";
   const long given_back = FaultsOfTheSecondBlock(/*keep=*/false);
   std::printf("faults writing a freed %zu MiB block again: %ld kept, %ld given back (of %ld pages)\n", kBlock >> 20,
               kept, given_back, pages);
