@@ -4,6 +4,7 @@
 // below has room, and pinned blocks stay where they are.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -42,13 +43,17 @@ TEST(RoomAhead, IsA64thOfTheTierAtMostAQuarterOfTheOneBelow) {
 // which demotes a batch at a time).
 class DemoteAheadTest : public ::testing::TestWithParam<bool> {
  protected:
-  void Open(bool demote_ahead, uint64_t host_pages) {
+  void Open(bool demote_ahead, uint64_t host_pages, uint64_t disk_records = 0) {
     StoreOptions o;
     o.page_size = kPage;
     o.device_capacity = kDevicePages * kPage;
     o.host_capacity = host_pages * kPage;
     o.eviction = Eviction::kLru;
     o.demote_ahead = demote_ahead;
+    if (disk_records > 0) {
+      o.disk_dir = disk_dir_.string();
+      o.disk_capacity = disk_records * kvblock::HeaderFor(layout_, 0, layout_.num_layers).RecordBytes();
+    }
     if (GetParam()) {
       slab_ = *StagedHostSlab::Create(o.device_capacity);
       o.device_slab = slab_;
@@ -89,8 +94,15 @@ class DemoteAheadTest : public ::testing::TestWithParam<bool> {
     return (device.capacity_bytes - device.used_bytes) / kPage;
   }
 
+  void TearDown() override {
+    store_.reset();
+    std::filesystem::remove_all(disk_dir_);
+  }
+
   ManualClock clock_;
   testing::SeededRng rng_;
+  std::filesystem::path disk_dir_ =
+      std::filesystem::temp_directory_path() / ("kvtier_demote_ahead_test_" + std::to_string(rng_.seed()));
   kvblock::LatentLayout layout_ = Layout();
   uint64_t layout_id_ = kvblock::LayoutId(Layout());
   std::shared_ptr<SlabMemory> slab_;
@@ -196,6 +208,27 @@ TEST_P(DemoteAheadTest, HoldsTheRoomAheadLessWhenEveryTierIsFull) {
   EXPECT_GE(held, most - (batch - 1));
   EXPECT_EQ(s.tiers[0].evictions + s.tiers[1].evictions, kBlocks - held) << "every block stored is held or evicted";
   EXPECT_EQ(TierOf(kBlocks - 1), TierKind::kDevice);
+}
+
+// With a disk tier the host tier keeps its room ahead too, its coldest
+// written to disk on the same thread; every block reads back intact.
+TEST_P(DemoteAheadTest, TheHostTierKeepsRoomAheadOfTheDisk) {
+  Open(/*demote_ahead=*/true, /*host_pages=*/64, /*disk_records=*/256);  // host room ahead: one page
+  constexpr int kBlocks = kDevicePages + 64;
+  std::vector<std::string> records;
+  for (int i = 0; i < kBlocks; ++i) records.push_back(Put(i));
+  store_->WaitForRoomAhead();
+  const StoreStats s = store_->Stats();
+  EXPECT_GE(DeviceFreePages(), 2u);
+  EXPECT_GE(s.tiers[1].capacity_bytes - s.tiers[1].used_bytes, uint64_t{kPage});
+  EXPECT_GE(s.tiers[1].demotions_ahead, 1u);
+  EXPECT_EQ(s.tiers[0].evictions + s.tiers[1].evictions + s.tiers[2].evictions, 0u);
+  EXPECT_EQ(TierOf(0), TierKind::kDisk) << "the coldest went furthest";
+  for (int i = 0; i < kBlocks; ++i) {
+    absl::StatusOr<std::shared_ptr<const PinnedBlock>> read = store_->Read("ns", layout_id_, Hash(i));
+    ASSERT_TRUE(read.ok()) << i << ": " << read.status();
+    EXPECT_EQ((*read)->CopyToString(), records[i]) << i;
+  }
 }
 
 // Above a tier of three pages the room ahead is under a page: none is kept,
