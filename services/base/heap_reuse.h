@@ -2,8 +2,8 @@
 // at a time) frees and allocates heap memory by the megabyte all the time.
 // glibc gives freed memory at an arena's top back to the kernel past a
 // threshold that moves with the largest block freed so far, and under such
-// traffic it may fall low enough that a quarter of every byte received
-// lands in pages the kernel must fault in and zero again, one by one.
+// traffic it may fall low enough that much of what arrives lands in pages
+// the kernel must fault in and zero again, one by one.
 #ifndef KVTIER_SERVICES_BASE_HEAP_REUSE_H_
 #define KVTIER_SERVICES_BASE_HEAP_REUSE_H_
 

@@ -180,8 +180,9 @@ int Run(Flags f) {
     return 2;
   }
   // Put streams' read buffers are freed and taken again by the megabyte:
-  // each arena keeps a 256th of the tiers in host memory, 1 to 64 MiB, for
-  // the next (docs/operations.md).
+  // each arena keeps some for the next, a share of the tiers in host memory
+  // so that a small cache's process stays close to its tiers' size
+  // (docs/operations.md).
   const uint64_t in_host = options->host_capacity + (options->device_slab ? 0 : options->device_capacity);
   KeepFreedHeapForReuse(std::clamp<uint64_t>(in_host / 256, 1 << 20, 64 << 20));
   // A same-host reader maps whole segments: their blocks must be of
