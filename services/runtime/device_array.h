@@ -1,6 +1,6 @@
 // Device memory for the CUDA backends (cuda_forward.h, cuda_accelerator.h):
-// an array that only grows and is freed with its owner, and bf16 weights
-// as the GPU's products take them. Built only with CUDA.
+// an array that only grows and is freed with its owner. Built only with
+// CUDA.
 #ifndef KVTIER_SERVICES_RUNTIME_DEVICE_ARRAY_H_
 #define KVTIER_SERVICES_RUNTIME_DEVICE_ARRAY_H_
 
@@ -12,7 +12,6 @@
 
 #include "absl/status/status.h"
 #include "kvtier/kernels/cuda_device.h"
-#include "kvtier/kernels/float_formats.h"
 #include "services/base/status.h"
 
 namespace kvtier::runtime {
@@ -64,12 +63,6 @@ class DeviceArray {
   T* data_ = nullptr;
   size_t size_ = 0;
 };
-
-inline std::vector<uint16_t> ToBf16(std::span<const float> x) {
-  std::vector<uint16_t> out(x.size());
-  for (size_t i = 0; i < x.size(); ++i) out[i] = kernels::FloatToBf16(x[i]);
-  return out;
-}
 
 }  // namespace kvtier::runtime
 

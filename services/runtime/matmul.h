@@ -118,15 +118,20 @@ inline void WidenRows(const WeightMatrix& w, size_t cols, size_t row_begin, size
   }
 }
 
+// Values rounded to bf16, as the GPU's products take their weights.
+inline std::vector<uint16_t> ToBf16(std::span<const float> x) {
+  std::vector<uint16_t> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = kernels::FloatToBf16(x[i]);
+  return out;
+}
+
 // All of `w` ([*][cols], held on the host) as an accelerator holds it:
 // widened, then rounded to bf16 (exact for bf16, MXFP4 and FP8 with
 // power-of-two scales).
 inline std::vector<uint16_t> WidenedBf16(const WeightMatrix& w, size_t cols) {
   std::vector<float> values(w.values());
   WidenRows(w, cols, 0, values.size() / cols, values.data());
-  std::vector<uint16_t> bf16(values.size());
-  for (size_t i = 0; i < values.size(); ++i) bf16[i] = kernels::FloatToBf16(values[i]);
-  return bf16;
+  return ToBf16(values);
 }
 
 // Row `row` of `w` ([rows][cols]) as floats into out[cols].
