@@ -162,8 +162,9 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const StoreOption
     absl::MutexLock lock(&store->mu_);
     store->RecoverLocked();
   }
-  if (options.demote_ahead && store->tiers_.size() > 1) {
-    store->demoter_ = std::thread([s = store.get()] { s->DemoteAhead(); });
+  const auto& ahead = store->room_ahead_;
+  if (std::any_of(ahead.begin(), ahead.end(), [](uint64_t room) { return room > 0; })) {
+    store->demoter_thread_ = std::thread([s = store.get()] { s->DemoteAhead(); });
   }
   return store;
 }
@@ -200,20 +201,21 @@ void BlockStore::RecoverLocked() {
 BlockStore::BlockStore(const StoreOptions& options, Clock* clock, std::vector<std::unique_ptr<Tier>> tiers)
     : options_(options), clock_(clock), tiers_(std::move(tiers)) {
   for (size_t t = 0; t < tiers_.size(); ++t) {
-    const uint64_t room = t + 1 < tiers_.size() ? StoreOptions::RoomAhead(tiers_[t]->counters.capacity_bytes,
-                                                                          tiers_[t + 1]->counters.capacity_bytes)
-                                                : 0;
+    const bool ahead = options_.demote_ahead && t + 1 < tiers_.size();
+    const uint64_t room =
+        ahead ? StoreOptions::RoomAhead(tiers_[t]->counters.capacity_bytes, tiers_[t + 1]->counters.capacity_bytes) : 0;
     room_ahead_.push_back(room - room % options_.page_size);  // under a page: none
   }
 }
 
 BlockStore::~BlockStore() {
-  if (!demoter_.joinable()) return;
+  if (!demoter_thread_.joinable()) return;
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
+    demotion_due_.Signal();
   }
-  demoter_.join();
+  demoter_thread_.join();
 }
 
 MatchResult BlockStore::Match(const std::string& ns, uint64_t layout_id, std::span<const kvblock::BlockHash> hashes,
@@ -489,6 +491,7 @@ bool BlockStore::TakeRoomLocked(size_t tier, size_t bytes, const std::string& se
   if (!storage.Take(bytes, segment_owner, pages)) return false;
   ChargeLocked(tier, owner, storage.BytesTaken(bytes), +1);
   owners_[owner].segment_owners.insert(segment_owner);
+  if (ShortOfRoomAheadLocked(tier)) demotion_due_.Signal();
   return true;
 }
 

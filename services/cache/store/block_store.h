@@ -128,7 +128,7 @@ struct StoreOptions {
   bool demote_ahead = false;
   // The room kept free ahead in a tier of `capacity` above one of
   // `capacity_below`: a 64th of it, at most a quarter of the tier below
-  // (in whole pages: none under one).
+  // (the store keeps it in whole pages: none under one).
   static uint64_t RoomAhead(uint64_t capacity, uint64_t capacity_below);
 };
 
@@ -461,7 +461,7 @@ class BlockStore {
   // room ahead free; false when none could go.
   bool DemoteAheadLocked(size_t tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool ShortOfRoomAheadLocked(size_t tier) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The demoting thread has work (or is to stop).
+  // A tier has less than its room ahead free.
   bool DemotionDueLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // It waits with nothing it can do (WaitForRoomAhead).
   bool DemoterRestingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -547,12 +547,16 @@ class BlockStore {
   absl::flat_hash_map<std::string, uint64_t> evictions_by_owner_ ABSL_GUARDED_BY(mu_);
   StoreStats counters_ ABSL_GUARDED_BY(mu_);  // the non-tier counters
   ProbationShare probation_share_ ABSL_GUARDED_BY(mu_);  // kAdaptive's
-  // With demote_ahead, by tier (0 for the last); fixed at construction.
+  // By tier (0 for the last, and without demote_ahead); fixed at
+  // construction.
   std::vector<uint64_t> room_ahead_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  bool demoter_waiting_ ABSL_GUARDED_BY(mu_) = false;
-  bool demoter_stuck_ ABSL_GUARDED_BY(mu_) = false;  // its last pass moved nothing
-  std::thread demoter_;                              // last: started once the rest is built
+  // The demoting thread: waiting for room to be taken, moving blocks, or
+  // waiting after a pass that moved none.
+  enum class Demoter { kIdle, kMoving, kStuck };
+  Demoter demoter_ ABSL_GUARDED_BY(mu_) = Demoter::kMoving;
+  absl::CondVar demotion_due_;  // room taken below a tier's room ahead, or stopping
+  std::thread demoter_thread_;  // last: started once the rest is built (when a tier keeps room ahead)
 };
 
 }  // namespace kvtier::cache

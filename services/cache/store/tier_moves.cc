@@ -76,22 +76,23 @@ std::vector<bool> BlockStore::MoveLocked(std::span<Entry* const> entries, size_t
 
 void BlockStore::DemoteAhead() {
   // Pinned blocks, or a tier below that cannot take more, may leave nothing
-  // to move: then it looks again after this long instead of spinning.
+  // to move: then it looks again after this long, whatever room is taken
+  // meanwhile, instead of scanning the tier at every Put.
   constexpr absl::Duration kStuckRetry = absl::Milliseconds(100);
   absl::MutexLock lock(&mu_);
   while (true) {
-    demoter_waiting_ = true;
-    mu_.Await(absl::Condition(this, &BlockStore::DemotionDueLocked));
-    demoter_waiting_ = false;
+    // A condition variable, not mu_.Await: a condition on the store's lock
+    // would be evaluated at every release of it.
+    demoter_ = Demoter::kIdle;
+    while (!stopping_ && !DemotionDueLocked()) demotion_due_.Wait(&mu_);
     if (stopping_) return;
+    demoter_ = Demoter::kMoving;
     bool moved = false;
     for (size_t tier = 0; tier + 1 < tiers_.size(); ++tier) moved = DemoteAheadLocked(tier) || moved;
-    demoter_stuck_ = !moved;
-    if (demoter_stuck_) {
-      demoter_waiting_ = true;
-      mu_.AwaitWithTimeout(absl::Condition(&stopping_), kStuckRetry);
-      demoter_waiting_ = false;
-      demoter_stuck_ = false;
+    if (!moved) {
+      demoter_ = Demoter::kStuck;
+      const absl::Time retry = absl::Now() + kStuckRetry;
+      while (!stopping_ && absl::Now() < retry) demotion_due_.WaitWithDeadline(&mu_, retry);
     }
   }
 }
@@ -102,17 +103,18 @@ bool BlockStore::ShortOfRoomAheadLocked(size_t tier) const {
 }
 
 bool BlockStore::DemotionDueLocked() const {
-  if (stopping_) return true;
   for (size_t tier = 0; tier + 1 < tiers_.size(); ++tier) {
     if (ShortOfRoomAheadLocked(tier)) return true;
   }
   return false;
 }
 
-bool BlockStore::DemoterRestingLocked() const { return demoter_waiting_ && (demoter_stuck_ || !DemotionDueLocked()); }
+bool BlockStore::DemoterRestingLocked() const {
+  return demoter_ == Demoter::kStuck || (demoter_ == Demoter::kIdle && !DemotionDueLocked());
+}
 
 void BlockStore::WaitForRoomAhead() {
-  if (!demoter_.joinable()) return;
+  if (!demoter_thread_.joinable()) return;
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(this, &BlockStore::DemoterRestingLocked));
 }
