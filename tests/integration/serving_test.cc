@@ -1448,7 +1448,11 @@ TEST_F(ServingTest, EveryServerExportsBuildAndProcessMetricsAndNamedCodes) {
     EXPECT_GT(Scrape(address, "process_open_fds"), 3.0);
     EXPECT_GE(Scrape(address, "process_cpu_seconds_total"), 0.0);
   }
-  EXPECT_EQ(Scrape(cluster.decode_metrics[0], "kvtier_decode_requests_total{code=\"OK\"}"), 1.0);
+  // The prefill node answers once the worker's finished event arrives; the
+  // worker counts its call when it sends the status after it, a moment on.
+  const std::string decode_ok = "kvtier_decode_requests_total{code=\"OK\"}";
+  EXPECT_TRUE(testing::Eventually([&] { return Scrape(cluster.decode_metrics[0], decode_ok) >= 1.0; }));
+  EXPECT_EQ(Scrape(cluster.decode_metrics[0], decode_ok), 1.0);
   EXPECT_EQ(Scrape(cluster.prefill_metrics, "kvtier_prefill_requests_total{code=\"OK\"}"), 1.0);
   EXPECT_EQ(Scrape(cluster.prefill_metrics, "kvtier_prefill_requests_total{code=\"INVALID_ARGUMENT\"}"), 1.0);
 }
