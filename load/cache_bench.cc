@@ -521,7 +521,7 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
   rows.push_back(Summarize("kvtier Put, fresh cache's fill", 1, bytes, first_fill));
   std::vector<double> get_over_redis, again_over_redis, get_over_raw, redis_over_raw, fast_over_redis,
       fast_mapped_over_redis, fast_over_memcpy, fast_mapped_over_memcpy, get_cpu_over_redis, put_over_get,
-      put_over_set, prefill_store_over_get;
+      put_over_get_again, put_over_set, prefill_store_over_get, prefill_store_over_get_again;
   for (int n : client_counts) {
     std::vector<Round> put, staged_put, get, get_again, fast, fast_mapped, set, rget, rget_again, copy, raw,
         worker_fast, worker_tcp, prefill_tcp;
@@ -609,8 +609,10 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
     fast_over_memcpy.push_back(median_ratio(copy, fast));
     fast_mapped_over_memcpy.push_back(median_ratio(copy, fast_mapped));
     put_over_get.push_back(median_ratio(get, put));
+    put_over_get_again.push_back(median_ratio(get_again, put));
     put_over_set.push_back(median_ratio(set, put));
     prefill_store_over_get.push_back(median_ratio(get, prefill_tcp));
+    prefill_store_over_get_again.push_back(median_ratio(get_again, prefill_tcp));
     rows.push_back(Summarize("kvtier fast path, new maps", n, bytes, fast));
     rows.push_back(Summarize("kvtier fast path, mapped", n, bytes, fast_mapped));
     rows.push_back(Summarize("worker load, fast path", n, bytes, worker_fast));
@@ -658,8 +660,10 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
   print_ratios("kvtier fast path, new maps / memcpy", fast_over_memcpy, "target >= 0.4");
   print_ratios("kvtier fast path, mapped / memcpy", fast_mapped_over_memcpy, "target >= 0.4");
   print_ratios("kvtier Put / kvtier Get (TCP)", put_over_get, "target >= 0.8");
+  print_ratios("kvtier Put / kvtier Get, read again", put_over_get_again, "target >= 0.8");
   print_ratios("kvtier Put / redis SET", put_over_set, "target >= 1");
   print_ratios("prefill store / kvtier Get (TCP)", prefill_store_over_get, "target >= 0.8");
+  print_ratios("prefill store / kvtier Get, read again", prefill_store_over_get_again, "target >= 0.8");
   for (redisContext* r : redis_clients) redisFree(r);
   return 0;
 }
