@@ -80,7 +80,11 @@ class PrefillService final : public v1::Prefill::CallbackService {
                                  v1::ServerInfo* response) override;
 
  private:
-  struct Prefilled;
+  // What Prefill leaves for the rest of the request.
+  struct Prefilled {
+    uint32_t cached_tokens = 0;
+    v1::DecodeRequest decode;
+  };
   // A prompt's pass: the sequence after it, the logits after its last
   // token, and what the rest of Prefill needs to hand it on.
   struct Pass {

@@ -46,6 +46,10 @@ struct Caller {
   // Who holds the call's connections, fast path sessions and leases: the
   // service when it acts for the tenant.
   const std::string& SessionOwner() const { return service.empty() ? tenant : service; }
+  // The end tenant a service names when it calls on this caller's behalf
+  // (kActingForMetadata): none when the caller is a service itself (or
+  // there are no tenants).
+  std::string ActingFor() const { return IsService() ? "" : tenant; }
   // Who it is, for logs ("tenant acme" or "the one trust domain").
   std::string Describe() const;
 };
