@@ -180,11 +180,14 @@ int Run(Flags f) {
     return 2;
   }
   // Put streams' read buffers are freed and taken again by the megabyte:
-  // each arena keeps some for the next, a share of the tiers in host memory
-  // so that a small cache's process stays close to its tiers' size
-  // (docs/operations.md).
+  // each arena keeps some for the next, a share of the tiers in host
+  // memory. Under 1 GiB of them glibc keeps its own thresholds: there what
+  // the arenas keep would be a large part of the process's room beyond its
+  // tiers (docs/operations.md).
   const uint64_t in_host = options->host_capacity + (options->device_slab ? 0 : options->device_capacity);
-  KeepFreedHeapForReuse(std::clamp<uint64_t>(in_host / 256, 1 << 20, 64 << 20));
+  if (const uint64_t kept = std::min<uint64_t>(in_host / 256, 64 << 20); kept >= (4 << 20)) {
+    KeepFreedHeapForReuse(kept);
+  }
   // A same-host reader maps whole segments: their blocks must be of
   // namespaces the same tenants may read.
   options->segment_group = [registry = tenants->get()](const std::string& ns) { return registry->ReaderClass(ns); };
