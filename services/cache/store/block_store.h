@@ -555,7 +555,7 @@ class BlockStore {
   // waiting after a pass that moved none.
   enum class Demoter { kIdle, kMoving, kStuck };
   Demoter demoter_ ABSL_GUARDED_BY(mu_) = Demoter::kMoving;
-  absl::CondVar demotion_due_;  // room taken below a tier's room ahead, or stopping
+  absl::CondVar demotion_due_;  // room taken below a tier's room ahead while idle, or stopping
   std::thread demoter_thread_;  // last: started once the rest is built (when a tier keeps room ahead)
 };
 

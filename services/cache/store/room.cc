@@ -36,7 +36,9 @@ bool BlockStore::TakeRoomLocked(size_t tier, size_t bytes, const std::string& se
   if (!storage.Take(bytes, segment_owner, pages)) return false;
   ChargeLocked(tier, owner, storage.BytesTaken(bytes), +1);
   owners_[owner].segment_owners.insert(segment_owner);
-  if (ShortOfRoomAheadLocked(tier)) demotion_due_.Signal();
+  // Only an idle demoter waits for this: a moving one looks again when its
+  // pass ends, a stuck one when its retry is due.
+  if (demoter_ == Demoter::kIdle && ShortOfRoomAheadLocked(tier)) demotion_due_.Signal();
   return true;
 }
 

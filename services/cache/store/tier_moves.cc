@@ -77,7 +77,8 @@ std::vector<bool> BlockStore::MoveLocked(std::span<Entry* const> entries, size_t
 void BlockStore::DemoteAhead() {
   // Pinned blocks, or a tier below that cannot take more, may leave nothing
   // to move: then it looks again after this long, whatever room is taken
-  // meanwhile, instead of scanning the tier at every Put.
+  // meanwhile (Puts signal only an idle demoter), instead of scanning the
+  // tier at every Put.
   constexpr absl::Duration kStuckRetry = absl::Milliseconds(100);
   absl::MutexLock lock(&mu_);
   while (true) {
