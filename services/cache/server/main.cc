@@ -185,8 +185,9 @@ int Run(Flags f) {
   // the arenas keep would be a large part of the process's room beyond its
   // tiers (docs/operations.md).
   const uint64_t in_host = options->host_capacity + (options->device_slab ? 0 : options->device_capacity);
-  if (const uint64_t kept = std::min<uint64_t>(in_host / 256, 64 << 20); kept >= (4 << 20)) {
-    KeepFreedHeapForReuse(kept);
+  if (const uint64_t kept = std::min<uint64_t>(in_host / 256, 64 << 20);
+      kept >= (4 << 20) && !KeepFreedHeapForReuse(kept)) {
+    Log(LogLevel::kWarning, "heap", "the C library refused its thresholds: freed heap goes back as it decides");
   }
   // A same-host reader maps whole segments: their blocks must be of
   // namespaces the same tenants may read.
