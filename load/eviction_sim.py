@@ -18,8 +18,10 @@ LRU whose new blocks wait in a probation FIFO, 10% of the room, until used
 again), adaptive (kvtier-cache's default: leaf-first, but blocks not used
 since they were stored go first while they hold more than a share of the
 room that ghost hits move, as ARC's target), arc (Megiddo and Modha's adaptive
-replacement cache), and belady (offline: the block used again farthest
-ahead goes first), the reference the others are measured against.
+replacement cache), and two offline references: dead-first (adaptive, but
+a block no later request uses goes first: reuse known, not its time) and
+belady (the block used again farthest ahead goes first), the one the
+others are measured against.
 
     python3 load/trace_gen.py --conversations 500 --seed 1 > /tmp/t500.jsonl
     python3 load/eviction_sim.py /tmp/t500.jsonl --fractions 0.01,0.02,0.05,0.1,0.2,0.4
@@ -229,17 +231,20 @@ class Adaptive:
                 self.cold[block] = True
         self.order[block] = True
         while len(self.order) > self.c:
-            if len(self.probation) > self.share * self.c:
-                victim, _ = (self.cold or self.probation).popitem(last=False)
-                self.probation.pop(victim, None)
-                self.cold.pop(victim, None)
-                del self.order[victim]
-                remember(self.gone_on_probation, victim, self.c)
-            else:
-                victim, _ = self.order.popitem(last=False)
-                on_probation = self.probation.pop(victim, None) is not None
-                self.cold.pop(victim, None)
-                remember(self.gone_on_probation if on_probation else self.gone_used, victim, self.c)
+            self.evict()
+
+    def evict(self):
+        if len(self.probation) > self.share * self.c:
+            victim, _ = (self.cold or self.probation).popitem(last=False)
+            self.probation.pop(victim, None)
+            self.cold.pop(victim, None)
+            del self.order[victim]
+            remember(self.gone_on_probation, victim, self.c)
+        else:
+            victim, _ = self.order.popitem(last=False)
+            on_probation = self.probation.pop(victim, None) is not None
+            self.cold.pop(victim, None)
+            remember(self.gone_on_probation if on_probation else self.gone_used, victim, self.c)
 
 
 class Arc:
@@ -334,6 +339,49 @@ class Belady:
                 del self.resident[b]
 
 
+def last_uses(requests):
+    """For each block, the number of the last request that uses it; what
+    DeadFirst needs, once a trace."""
+    return {b: i for i, r in enumerate(requests) for b in full_blocks(r)}
+
+
+class DeadFirst(Adaptive):
+    """Offline, knowing which blocks are used again but not when
+    (last_uses): adaptive, except that a block no later request uses goes
+    before any other, oldest first. What predicting reuse perfectly would
+    add to adaptive; Belady also knows when."""
+
+    def __init__(self, capacity, last_use):
+        super().__init__(capacity)
+        self.last_use, self.request, self.dead = last_use, -1, collections.OrderedDict()
+
+    def starts(self, matched, blocks):
+        super().starts(matched, blocks)
+        self.request += 1
+
+    def _note(self, block):
+        if self.last_use[block] == self.request:
+            self.dead[block] = True
+
+    def used(self, prefix):
+        super().used(prefix)
+        for b in prefix:
+            self._note(b)
+
+    def insert(self, block, parent):
+        self._note(block)
+        super().insert(block, parent)
+
+    def evict(self):
+        if not self.dead:
+            super().evict()
+            return
+        victim, _ = self.dead.popitem(last=False)
+        del self.order[victim]
+        self.probation.pop(victim, None)
+        self.cold.pop(victim, None)
+
+
 POLICIES = {"lru": Lru, "leaf-first": LeafFirst, "radix": Radix, "s3fifo": S3Fifo, "2q": TwoQueue, "adaptive": Adaptive,
             "arc": Arc}
 
@@ -419,8 +467,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trace", help="JSON lines: timestamp, input_length, output_length, hash_ids")
     p.add_argument("--fractions", default="0.02,0.05,0.1,0.2,0.4", help="capacities, as shares of the working set")
-    p.add_argument("--policies", help="of " + ", ".join(POLICIES) + ", and belady (offline: the next use farthest "
-                                      "goes first); default all (with --against-cache, the cache's)")
+    p.add_argument("--policies", help="of " + ", ".join(POLICIES) + ", and two offline references: dead-first "
+                                      "(adaptive, but blocks never used again go first) and belady (the next use "
+                                      "farthest goes first); default all (with --against-cache, the cache's)")
     p.add_argument("--against-cache", metavar="TRACE_REPLAY",
                    help="also replay the trace through a real kvtier-cache with load/trace_replay (this binary) "
                         "at the same rooms, for " + ", ".join(CACHE_POLICIES) + " (the policies it has)")
@@ -435,14 +484,23 @@ def main():
             p.error("--against-cache runs only " + ", ".join(CACHE_POLICIES))
         against_cache(args.against_cache, args.trace, requests, size, fractions, policies)
         return
-    names = args.policies.split(",") if args.policies else [*POLICIES, "belady"]
-    future = next_uses(requests) if "belady" in names else None
+    names = args.policies.split(",") if args.policies else [*POLICIES, "dead-first", "belady"]
+    unknown = set(names) - set(POLICIES) - {"dead-first", "belady"}
+    if unknown:
+        p.error("no policy " + ", ".join(sorted(unknown)))
+    offline = {}  # the references that read the whole trace first
+    if "belady" in names:
+        future = next_uses(requests)
+        offline["belady"] = lambda room: Belady(room, future)
+    if "dead-first" in names:
+        last = last_uses(requests)
+        offline["dead-first"] = lambda room: DeadFirst(room, last)
     print(f"{len(requests)} requests, working set {size} blocks of {TRACE_BLOCK} tokens, "
           f"ceiling {hit_rate(requests, Lru(size)):.3f}")
     print(f"{'room':>6} {'blocks':>7} " + " ".join(f"{n:>10}" for n in names))
     for fraction in fractions:
         room = max(1, int(size * fraction))
-        rates = [hit_rate(requests, Belady(room, future) if n == "belady" else POLICIES[n](room)) for n in names]
+        rates = [hit_rate(requests, (offline.get(n) or POLICIES[n])(room)) for n in names]
         print(f"{fraction:>6.0%} {room:>7} " + " ".join(f"{r:>10.3f}" for r in rates))
 
 

@@ -43,8 +43,20 @@ def test_the_command_prints_a_row_per_room(tmp_path):
     ceiling = float(out[0].rsplit(" ", 1)[1])
     assert out[1].split()[:2] == ["room", "blocks"] and len(out) == 4
     # With room for the whole working set, every policy is at the ceiling.
-    assert [float(v) for v in out[3].split()[2:]] == pytest.approx([ceiling] * (len(eviction_sim.POLICIES) + 1),
-                                                                   abs=1e-3)
+    references = 2  # dead-first and belady
+    assert [float(v) for v in out[3].split()[2:]] == pytest.approx(
+        [ceiling] * (len(eviction_sim.POLICIES) + references), abs=1e-3)
+
+
+def test_dead_first_lets_go_what_no_later_request_uses():
+    # a, b, c, then a again, room for two: a is the oldest and, for
+    # adaptive, a cold start's block like the others, so c pushes it out;
+    # knowing b and c are never used again, dead-first lets b go.
+    trace = [{"timestamp": t, "input_length": 512, "output_length": 1, "hash_ids": [b]} for t, b in enumerate("abca")]
+    assert eviction_sim.hit_rate(trace, eviction_sim.Adaptive(2)) == 0
+    dead_first = eviction_sim.DeadFirst(2, eviction_sim.last_uses(trace))
+    assert eviction_sim.hit_rate(trace, dead_first) == pytest.approx(512 / 2048)
+    assert "a" in dead_first and "b" not in dead_first
 
 
 def test_two_queue_lets_blocks_used_once_go_first():
