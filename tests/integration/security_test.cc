@@ -27,9 +27,11 @@
 #include "services/base/metrics_page.h"
 #include "services/cache/client/cache_client.h"
 #include "services/cache/client/health_check.h"
+#include "services/cache/client/shard_set.h"
 #include "services/rpc/client_identity.h"
 #include "tests/eventually.h"
 #include "tests/integration/cache_test_blocks.h"
+#include "tests/integration/delaying_proxy.h"
 #include "tests/integration/list_services.h"
 #include "tests/integration/test_certificates.h"
 #include "tests/integration/test_tenants.h"
@@ -222,6 +224,31 @@ TEST_F(SecurityTest, PlaintextHealthPortServesOnlyHealth) {
   const std::string listing = reflection.Wait();
   EXPECT_EQ(reflection.status().error_code(), grpc::StatusCode::UNIMPLEMENTED)
       << "the plaintext port serves reflection: " << listing;
+}
+
+// A shard whose TLS handshake outlasts the cache deadline is up: its
+// health check gives connecting time of its own (at least a second), and
+// the deadline to the check's call.
+TEST_F(SecurityTest, AShardWhoseHandshakeOutlastsTheCacheDeadlineIsUp) {
+  const std::string target = StartCache({"--tls-dir", Dir("server").string()});
+  ASSERT_FALSE(target.empty());
+  testing::DelayingProxy slow(std::stoi(target.substr(target.rfind(':') + 1)), absl::Milliseconds(400));
+  ASSERT_GT(slow.port(), 0);
+  ASSERT_TRUE(SetClientIdentity({.tls = {.dir = Dir("trust").string()}, .token_file = ""}).ok());
+  auto shards = ShardSet::Create(absl::StrCat("127.0.0.1:", slow.port()), absl::Milliseconds(100), false);
+  ASSERT_TRUE(shards.ok()) << shards.status();
+  const absl::Time start = absl::Now();
+  (*shards)->CheckHealth();
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(400)) << "the proxy held the handshake";
+  EXPECT_EQ((*shards)->HealthOfShards()[0].second, ShardSet::Health::kUp);
+  // Refused at once: down at once, not after the time to connect.
+  auto refused = ShardSet::Create("127.0.0.1:1", absl::Seconds(5), false);
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  const absl::Time refused_start = absl::Now();
+  (*refused)->CheckHealth();
+  EXPECT_EQ((*refused)->HealthOfShards()[0].second, ShardSet::Health::kDown);
+  EXPECT_LT(absl::Now() - refused_start, absl::Seconds(1));
+  ASSERT_TRUE(SetClientIdentity({}).ok());
 }
 
 // The common name of the certificate a new connection to `target` is

@@ -36,4 +36,12 @@ absl::Status CheckHealth(const std::shared_ptr<grpc::Channel>& channel, absl::Du
   return absl::OkStatus();
 }
 
+void WaitWhileConnecting(grpc::Channel& channel, absl::Duration budget) {
+  const auto until = absl::ToChronoTime(absl::Now() + budget);
+  for (grpc_connectivity_state state = channel.GetState(/*try_to_connect=*/true);
+       state == GRPC_CHANNEL_IDLE || state == GRPC_CHANNEL_CONNECTING; state = channel.GetState(true)) {
+    if (!channel.WaitForStateChange(state, until)) return;
+  }
+}
+
 }  // namespace kvtier::cache

@@ -18,6 +18,13 @@ namespace kvtier::cache {
 // server that is draining).
 absl::Status CheckHealth(const std::shared_ptr<grpc::Channel>& channel, absl::Duration deadline);
 
+// Starts `channel` connecting if it is idle, and waits while it connects,
+// at most `budget`: until it is connected or its attempt failed (refused,
+// a failed handshake), which a call then reports. A health check gives
+// connecting (TCP, TLS's handshake) this time of its own, which a tight
+// call deadline would not fit.
+void WaitWhileConnecting(grpc::Channel& channel, absl::Duration budget);
+
 }  // namespace kvtier::cache
 
 #endif  // KVTIER_SERVICES_CACHE_CLIENT_HEALTH_CHECK_H_

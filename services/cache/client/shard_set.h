@@ -56,7 +56,8 @@ class ShardSet {
   std::string ShardOf(const kvblock::BlockHash& hash) const;
 
   // Health-checks every shard at once (grpc.health.v1 over its channel,
-  // with the deadline) and logs each change with its reason. A shard found
+  // with the deadline, after up to a second or the deadline for a channel
+  // still connecting) and logs each change with its reason. A shard found
   // down is not called again until a check finds it up: its blocks are
   // misses at once instead of after a deadline. StartHealthChecks does this
   // every `interval` on a thread of its own, until the set is destroyed.
