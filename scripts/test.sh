@@ -31,6 +31,9 @@ case "${1:-}" in
 esac
 
 bash scripts/setup.sh
+if [ "$build_dir" = build-asan ]; then
+  export LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp"
+fi
 if [ "$build_dir" = build-tsan ]; then
   bash scripts/tsan_abseil.sh
   # The build runs test binaries to list their cases: they load it too.
