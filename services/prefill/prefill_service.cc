@@ -510,12 +510,16 @@ void PrefillService::Stream::Advance() {
 }
 
 void PrefillService::Stream::Conclude(const grpc::Status& status) {
+  bool finished;
   {
     absl::MutexLock lock(&mu_);
     if (concluded_) return;
     concluded_ = true;
+    finished = finished_;
   }
-  DropCall();
+  // A call whose finish arrived ends by itself, its OK on the way: cancelled
+  // now, the worker would count a whole generation as cancelled.
+  if (!finished) DropCall();
   service_->requests_.Add({{"code", StatusCodeName(status.error_code())}}).Increment();
   Finish(status);
 }
