@@ -11,7 +11,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <future>
 
 namespace kvtier {
@@ -95,19 +94,6 @@ int ChildProcess::Stop(int signal, int timeout_ms) {
   const int status = exited.get();
   pid_ = -1;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-size_t ChildProcess::RssBytes() const {
-  std::ifstream status("/proc/" + std::to_string(pid_) + "/status");
-  std::string key;
-  while (status >> key) {
-    if (key == "VmRSS:") {
-      size_t kib = 0;
-      status >> kib;
-      return kib * 1024;
-    }
-  }
-  return 0;
 }
 
 int FreeLoopbackPort() {

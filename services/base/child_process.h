@@ -32,8 +32,6 @@ class ChildProcess {
   // Sends `signal`, waits for exit; returns the exit code (128 + signal if
   // killed by one), or -1 if it did not exit within `timeout_ms`.
   int Stop(int signal, int timeout_ms = 30000);
-  // Resident set size now, from /proc; 0 if unreadable.
-  size_t RssBytes() const;
 
  private:
   pid_t pid_ = -1;
