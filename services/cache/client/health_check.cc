@@ -2,6 +2,8 @@
 
 #include <grpcpp/generic/generic_stub.h>
 
+#include <algorithm>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -10,8 +12,27 @@
 #include "services/rpc/grpc_status.h"
 
 namespace kvtier::cache {
+namespace {
+
+// The least time a check gives a channel to connect.
+constexpr absl::Duration kConnectTime = absl::Seconds(1);
+
+// Starts `channel` connecting if it is idle, and waits while it connects,
+// until `until`: connected, or its attempt failed (refused, a failed
+// handshake), which the call then reports.
+void WaitWhileConnecting(grpc::Channel& channel, std::chrono::system_clock::time_point until) {
+  for (grpc_connectivity_state state = channel.GetState(/*try_to_connect=*/true);
+       state == GRPC_CHANNEL_IDLE || state == GRPC_CHANNEL_CONNECTING; state = channel.GetState(true)) {
+    if (!channel.WaitForStateChange(state, until)) return;
+  }
+}
+
+}  // namespace
 
 absl::Status CheckHealth(const std::shared_ptr<grpc::Channel>& channel, absl::Duration deadline) {
+  // Connecting (TCP, TLS's handshake) is not the server's answer, and on a
+  // new or reset channel it can outlast a tight deadline.
+  WaitWhileConnecting(*channel, absl::ToChronoTime(absl::Now() + std::max(deadline, kConnectTime)));
   grpc::GenericStub generic(channel);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
@@ -34,14 +55,6 @@ absl::Status CheckHealth(const std::shared_ptr<grpc::Channel>& channel, absl::Du
   // HealthCheckResponse{status: SERVING} is field 1, varint 1.
   if (bytes != std::string("\x08\x01", 2)) return absl::UnavailableError("the server says it is not serving");
   return absl::OkStatus();
-}
-
-void WaitWhileConnecting(grpc::Channel& channel, absl::Duration budget) {
-  const auto until = absl::ToChronoTime(absl::Now() + budget);
-  for (grpc_connectivity_state state = channel.GetState(/*try_to_connect=*/true);
-       state == GRPC_CHANNEL_IDLE || state == GRPC_CHANNEL_CONNECTING; state = channel.GetState(true)) {
-    if (!channel.WaitForStateChange(state, until)) return;
-  }
 }
 
 }  // namespace kvtier::cache

@@ -13,17 +13,11 @@
 
 namespace kvtier::cache {
 
-// OK when the server behind `channel` answers SERVING within `deadline`;
+// OK when the server behind `channel` answers SERVING within `deadline`,
+// after up to a second (or `deadline`) for a channel still connecting;
 // else why not (the call's error, or UNAVAILABLE "not serving" from a
 // server that is draining).
 absl::Status CheckHealth(const std::shared_ptr<grpc::Channel>& channel, absl::Duration deadline);
-
-// Starts `channel` connecting if it is idle, and waits while it connects,
-// at most `budget`: until it is connected or its attempt failed (refused,
-// a failed handshake), which a call then reports. A health check gives
-// connecting (TCP, TLS's handshake) this time of its own, which a tight
-// call deadline would not fit.
-void WaitWhileConnecting(grpc::Channel& channel, absl::Duration budget);
 
 }  // namespace kvtier::cache
 

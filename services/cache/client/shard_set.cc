@@ -32,9 +32,6 @@ uint64_t Mix(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-// The least time a health check gives a channel to connect (WaitWhileConnecting).
-constexpr absl::Duration kConnectTime = absl::Seconds(1);
-
 }  // namespace
 
 struct ShardSet::Shard {
@@ -127,7 +124,6 @@ void ShardSet::CheckHealth() {
         grpc::experimental::ChannelResetConnectionBackoff(shard->channel.get());
         shard->streams.ResetBackoff();
       }
-      WaitWhileConnecting(*shard->channel, std::max(deadline_, kConnectTime));
       const absl::Status checked = cache::CheckHealth(shard->channel, deadline_);
       const Health now = checked.ok() ? Health::kUp : Health::kDown;
       const Health before = shard->health.exchange(now);
