@@ -1,6 +1,7 @@
 #include "services/prefill/prefill_service.h"
 
 #include <algorithm>
+#include <atomic>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -196,7 +197,12 @@ class PrefillService::DecodeCall final : public grpc::ClientReadReactor<v1::Deco
   }
 
   const std::string& target() const { return target_; }
-  void Cancel() { context_->TryCancel(); }
+  // Not once the worker's finish has arrived: the call ends by itself, its
+  // OK on the way, and cancelled the worker would count a whole generation
+  // as cancelled.
+  void Cancel() {
+    if (!finished_.load()) context_->TryCancel();
+  }
   // After an event other than the finish, the call holds (no OnDone) until
   // the stream answers with exactly one of these: read the next event, or
   // let go (cancelled).
@@ -216,6 +222,7 @@ class PrefillService::DecodeCall final : public grpc::ClientReadReactor<v1::Deco
       AddHold();
       return stream_->OnDecodeEvent(*this, event_);
     }
+    finished_.store(true);
     const v1::DecodeResponse finished = std::move(event_);
     StartRead(&event_);  // to its end, for OnDone
     stream_->OnDecodeEvent(*this, finished);
@@ -236,6 +243,7 @@ class PrefillService::DecodeCall final : public grpc::ClientReadReactor<v1::Deco
   std::unique_ptr<grpc::ClientContext> context_;
   std::shared_ptr<StallWatch::Watched> watched_;
   v1::DecodeResponse event_;
+  std::atomic<bool> finished_{false};  // the worker's finish arrived
 };
 
 void PrefillService::Stream::Begin() {
@@ -510,16 +518,12 @@ void PrefillService::Stream::Advance() {
 }
 
 void PrefillService::Stream::Conclude(const grpc::Status& status) {
-  bool finished;
   {
     absl::MutexLock lock(&mu_);
     if (concluded_) return;
     concluded_ = true;
-    finished = finished_;
   }
-  // A call whose finish arrived ends by itself, its OK on the way: cancelled
-  // now, the worker would count a whole generation as cancelled.
-  if (!finished) DropCall();
+  DropCall();
   service_->requests_.Add({{"code", StatusCodeName(status.error_code())}}).Increment();
   Finish(status);
 }
