@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <future>
 
 namespace kvtier {
@@ -94,6 +95,19 @@ int ChildProcess::Stop(int signal, int timeout_ms) {
   const int status = exited.get();
   pid_ = -1;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+size_t ChildProcess::OwnAndSharedRssBytes() const {
+  std::ifstream status("/proc/" + std::to_string(pid_) + "/status");
+  size_t total = 0;
+  for (std::string key; status >> key;) {
+    if (key == "RssAnon:" || key == "RssShmem:") {
+      size_t kib = 0;
+      status >> kib;
+      total += kib * 1024;
+    }
+  }
+  return total;
 }
 
 int FreeLoopbackPort() {

@@ -32,6 +32,10 @@ class ChildProcess {
   // Sends `signal`, waits for exit; returns the exit code (128 + signal if
   // killed by one), or -1 if it did not exit within `timeout_ms`.
   int Stop(int signal, int timeout_ms = 30000);
+  // Its resident memory of its own and in shared memory (RssAnon +
+  // RssShmem), without the library files it maps (shared with every
+  // process that loads them); 0 if unreadable.
+  size_t OwnAndSharedRssBytes() const;
 
  private:
   pid_t pid_ = -1;

@@ -13,7 +13,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <future>
 #include <mutex>
@@ -38,22 +37,6 @@ namespace kvtier::cache {
 namespace {
 
 using kvblock::BlockHash;
-
-// The memory process `pid` holds of its own and in shared memory (its
-// tiers), without the library files it maps (shared with every process
-// that loads them, and as large as the build makes them).
-uint64_t OwnAndSharedRssBytes(pid_t pid) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  uint64_t total = 0;
-  for (std::string key; status >> key;) {
-    if (key == "RssAnon:" || key == "RssShmem:") {
-      uint64_t kib = 0;
-      status >> kib;
-      total += kib * 1024;
-    }
-  }
-  return total;
-}
 
 class CacheServerTest : public ::testing::Test {
  protected:
@@ -317,7 +300,7 @@ TEST_F(CacheServerTest, FillingTenTimesOverStaysWithinCapacity) {
   // hold received, and 8 MiB for the rest. (ASan's and TSan's shadow
   // memory would dwarf it: the sanitizer builds skip this.)
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-  EXPECT_LE(OwnAndSharedRssBytes(server_->pid()), capacity + (24 << 20)) << "tier capacity " << capacity;
+  EXPECT_LE(server_->OwnAndSharedRssBytes(), capacity + (24 << 20)) << "tier capacity " << capacity;
 #endif
 }
 
