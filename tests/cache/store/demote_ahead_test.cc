@@ -82,6 +82,17 @@ class DemoteAheadTest : public ::testing::TestWithParam<bool> {
     return *record;
   }
 
+  // Put, then waits until the thread has kept the room ahead, so that every
+  // move is the thread's: a Put that found a tier full (the thread slow on
+  // a busy machine) would demote itself; a tier below then holds blocks in
+  // the order two demoters delivered them, and the thread, finding that
+  // Put's blocks pinned, rests a while short of its room (as when stuck).
+  std::string PutAfterRoomAhead(int i) {
+    std::string record = Put(i);
+    store_->WaitForRoomAhead();
+    return record;
+  }
+
   TierKind TierOf(int i) {
     const BlockHash hash = Hash(i);
     MatchResult m = store_->Match("ns", layout_id_, std::span(&hash, 1));
@@ -199,13 +210,7 @@ TEST_P(DemoteAheadTest, LeavesPinnedBlocksAndGoesOnWhenTheyAreReleased) {
 TEST_P(DemoteAheadTest, HoldsTheRoomAheadLessWhenEveryTierIsFull) {
   Open(/*demote_ahead=*/true, /*host_pages=*/8);  // room ahead: min(128 / 64, 8 / 4) = 2 pages
   constexpr int kBlocks = kDevicePages + 32;
-  // Each Put after the thread has kept the room ahead: a Put that found the
-  // tier full would demote itself, and the thread, finding that Put's
-  // blocks pinned, would rest a while short of the room (as when stuck).
-  for (int i = 0; i < kBlocks; ++i) {
-    Put(i);
-    store_->WaitForRoomAhead();
-  }
+  for (int i = 0; i < kBlocks; ++i) PutAfterRoomAhead(i);
   const StoreStats s = store_->Stats();
   const uint64_t held = s.tiers[0].blocks + s.tiers[1].blocks, most = kDevicePages + 8 - 2;
   const uint64_t batch = GetParam() ? 8 : 1;  // a slab of 128 pages moves a 16th at a time
@@ -221,14 +226,7 @@ TEST_P(DemoteAheadTest, TheHostTierKeepsRoomAheadOfTheDisk) {
   Open(/*demote_ahead=*/true, /*host_pages=*/64, /*disk_records=*/256);  // host room ahead: one page
   constexpr int kBlocks = kDevicePages + 64;
   std::vector<std::string> records;
-  // Each Put after the thread has kept the room ahead, so that every move
-  // is the thread's: a Put that found a tier full (the thread slow on a
-  // busy machine) would demote itself, and a tier below holds its blocks
-  // in the order they arrived, which two demoters at once can swap.
-  for (int i = 0; i < kBlocks; ++i) {
-    records.push_back(Put(i));
-    store_->WaitForRoomAhead();
-  }
+  for (int i = 0; i < kBlocks; ++i) records.push_back(PutAfterRoomAhead(i));
   const StoreStats s = store_->Stats();
   EXPECT_GE(DeviceFreePages(), 2u);
   EXPECT_GE(s.tiers[1].capacity_bytes - s.tiers[1].used_bytes, uint64_t{kPage});
