@@ -44,7 +44,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "services/base/clock.h"
-#include "services/cache/store/probation_share.h"
+#include "services/cache/store/arc_target.h"
 #include "services/cache/store/tier_storage.h"
 #include "services/kvblock/block_format.h"
 #include "services/kvblock/block_key.h"
@@ -72,7 +72,7 @@ enum class Eviction {
   // again; of them, blocks a cold start stored (a Put whose client found
   // little of the sequence cached: PutHeader.cold_start) go before those
   // that continue a cached prefix. The share adapts to what comes back
-  // after eviction (ProbationShare): where the room holds what is reused it
+  // after eviction (ArcTarget): where the room holds what is reused it
   // stays at the whole tier, which is kLeafFirst. The default:
   // load/README.md's eviction tables.
   kAdaptive,
@@ -546,7 +546,9 @@ class BlockStore {
   // Kept when an owner's book goes: a counter never falls.
   absl::flat_hash_map<std::string, uint64_t> evictions_by_owner_ ABSL_GUARDED_BY(mu_);
   StoreStats counters_ ABSL_GUARDED_BY(mu_);  // the non-tier counters
-  ProbationShare probation_share_ ABSL_GUARDED_BY(mu_);  // kAdaptive's
+  // kAdaptive's: what blocks on probation may take of a tier (a block
+  // evicted on probation coming back raises it).
+  ArcTarget probation_share_ ABSL_GUARDED_BY(mu_){/*start=*/1.0, /*floor=*/0.1};
   // By tier (0 for the last, and without demote_ahead); fixed at
   // construction.
   std::vector<uint64_t> room_ahead_;

@@ -140,7 +140,7 @@ std::vector<Entry*> BlockStore::VictimsLocked(size_t tier, uint64_t bytes,
 
 void BlockStore::EvictLocked(Entry* e) {
   if (options_.eviction == Eviction::kAdaptive) {
-    probation_share_.Evicted(KeyHash()(Key(e->ns, e->hash)), e->on_probation, index_.size());
+    probation_share_.Evicted(KeyHash()(Key(e->ns, e->hash)), /*raises=*/e->on_probation, index_.size());
   }
   ++tiers_[e->tier]->counters.evictions;
   ++evictions_by_owner_[e->owner];
