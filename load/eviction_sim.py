@@ -17,11 +17,12 @@ moved on to the main one when used again, else to a ghost list), 2q (an
 LRU whose new blocks wait in a probation FIFO, 10% of the room, until used
 again), adaptive (kvtier-cache's default: leaf-first, but blocks not used
 since they were stored go first while they hold more than a share of the
-room that ghost hits move, as ARC's target), arc (Megiddo and Modha's adaptive
-replacement cache), and two offline references: dead-first (adaptive, but
-a block no later request uses goes first: reuse known, not its time) and
-belady (the block used again farthest ahead goes first), the one the
-others are measured against.
+room that ghost hits move, as ARC's target; where room is scarce, blocks
+used far more often outlast more recent ones, as far as ghost hits say),
+arc (Megiddo and Modha's adaptive replacement cache), and two offline
+references: dead-first (adaptive, but a block no later request uses goes
+first: reuse known, not its time) and belady (the block used again
+farthest ahead goes first), the one the others are measured against.
 
     python3 load/trace_gen.py --conversations 500 --seed 1 > /tmp/t500.jsonl
     python3 load/eviction_sim.py /tmp/t500.jsonl --fractions 0.01,0.02,0.05,0.1,0.2,0.4
@@ -180,26 +181,63 @@ class TwoQueue:
                 remember(self.ghost, b, self.capacity)
 
 
+def arc_move(share, raising, lowering, block, unit, floor=0.0):
+    """ARC's target (Megiddo and Modha) as a block is stored: up if it was
+    remembered in `raising`, down if in `lowering`, each step `unit` times
+    the other's remembered count over this one's, between `floor` and 1;
+    the block is forgotten. The share, and whether it was remembered."""
+    for mine, other, sign in ((raising, lowering, 1), (lowering, raising, -1)):
+        if block in mine:
+            step = max(1, len(other) // len(mine)) * unit
+            del mine[block]
+            return min(1.0, max(floor, share + sign * step)), True
+    return share, False
+
+
+def add_use(score, now):
+    """A use score (log2 of the sum of 2**stamp over a block's uses) with
+    one more use stamped `now`: kept as a log so that it never overflows."""
+    high, low = max(score, now), min(score, now)
+    return high + math.log2(1 + 2 ** (low - high))
+
+
 class Adaptive:
     """kvtier-cache's --eviction adaptive: one leaf-first recency order
     over every block, and a FIFO of the blocks stored and not used since
     (probation). While probation holds more than its share of the room its
-    oldest goes first, else the least recently used of all. The share
-    starts at the whole room (leaf-first alone) and moves as ARC's target
-    does: a block stored again after probation let it go grows it, one
-    stored again after recency let it go shrinks it (each step the other
-    kind's remembered count over this one's), down to `floor`. Of the
-    blocks on probation, those of a cold start (a request that found under
-    a quarter of its blocks cached: a one-off, perhaps after a shared
-    system prompt, or a prefix long gone) go before those that continue a
-    cached prefix, oldest first in each."""
+    oldest goes first. The share starts at the whole room (leaf-first
+    alone) and moves as ARC's target does: a block stored again after
+    probation let it go grows it, one stored again after recency let it go
+    shrinks it (each step the other kind's remembered count over this
+    one's), down to `floor`. Of the blocks on probation, those of a cold
+    start (a request that found under a quarter of its blocks cached: a
+    one-off, perhaps after a shared system prompt, or a prefix long gone)
+    go before those that continue a cached prefix, oldest first in each.
+
+    Else the victim is recency's (the least recently used of all) or
+    frequency's (the lowest use score: each store or hit of a block counts
+    one, halved for every `half_life` fills of the room since, remembered
+    for evicted blocks; among equal scores a prompt's later block first).
+    Frequency may choose only where room is scarce (the share on probation
+    at most a half) and recency's victim was used at least twice as much;
+    then a weight picks, as many of frequency's victims as its share: it
+    starts at none (leaf-first) and moves as the hits say, one of recency's
+    victims stored again towards frequency, one of frequency's towards
+    recency, in ARC's steps."""
     stores_leaf_first = True
 
-    def __init__(self, capacity, floor=0.1):
+    def __init__(self, capacity, floor=0.1, half_life=8):
         self.c, self.floor, self.share = capacity, floor, 1.0
         self.order, self.probation = collections.OrderedDict(), collections.OrderedDict()
         self.cold, self.cold_start = collections.OrderedDict(), False
         self.gone_on_probation, self.gone_used = collections.OrderedDict(), collections.OrderedDict()
+        # Frequency: the clock counts blocks stored; a heap of (score,
+        # tie, block), stale entries skipped.
+        self.half_life, self.clock, self.now = half_life * max(1, capacity), 0, 0.0
+        self.score, self.key, self.heap, self.tie = {}, {}, [], 0
+        self.remembered = collections.OrderedDict()  # evicted blocks' scores
+        self.weight, self.due = 0.0, 0.0  # frequency's share of the victims, and what it is owed
+        self.gone_by_recency, self.gone_by_frequency = collections.OrderedDict(), collections.OrderedDict()
 
     def __contains__(self, block):
         return block in self.order
@@ -209,42 +247,74 @@ class Adaptive:
         cached: the blocks it then inserts are a cold start's or not, as a
         kvtier client marks its Put (cold_start)."""
         self.cold_start = is_cold_start(matched, blocks)
+        self.now = self.clock / self.half_life
+
+    def _use(self, block, score):
+        self.score[block] = score
+        self.tie += 1
+        self.key[block] = (score, self.tie)
+        heapq.heappush(self.heap, (score, self.tie, block))
 
     def used(self, prefix):
+        self.now = self.clock / self.half_life
         use_again(reversed(prefix), self.probation, self.order)
-        for b in prefix:
+        for b in reversed(prefix):  # the last first: among equal scores it goes first
             self.cold.pop(b, None)
+            self._use(b, add_use(self.score[b], self.now))
 
     def insert(self, block, parent):
+        while block not in self.order and len(self.order) >= self.c:  # room first, as the store makes it
+            self.evict()
         unit = 1 / max(1, self.c)
-        if block in self.gone_on_probation:
-            step = max(1, len(self.gone_used) // len(self.gone_on_probation))
-            self.share = min(1.0, self.share + step * unit)
-            del self.gone_on_probation[block]
-        elif block in self.gone_used:
-            step = max(1, len(self.gone_on_probation) // len(self.gone_used))
-            self.share = max(self.floor, self.share - step * unit)
-            del self.gone_used[block]
-        else:
+        self.share, returning = arc_move(self.share, self.gone_on_probation, self.gone_used, block, unit, self.floor)
+        if not returning:
             self.probation[block] = True
             if self.cold_start:
                 self.cold[block] = True
+        self.weight, _ = arc_move(self.weight, self.gone_by_recency, self.gone_by_frequency, block, unit)
+        before = self.remembered.pop(block, None)
+        self._use(block, self.now if before is None else add_use(before, self.now))
+        self.clock += 1
         self.order[block] = True
-        while len(self.order) > self.c:
-            self.evict()
+
+    def least_frequent(self):
+        while True:
+            score, tie, block = self.heap[0]
+            if self.key.get(block) == (score, tie):
+                return block
+            heapq.heappop(self.heap)
 
     def evict(self):
+        gone_by = None
         if len(self.probation) > self.share * self.c:
-            victim, _ = (self.cold or self.probation).popitem(last=False)
-            self.probation.pop(victim, None)
-            self.cold.pop(victim, None)
-            del self.order[victim]
-            remember(self.gone_on_probation, victim, self.c)
+            victim = next(iter(self.cold or self.probation))
         else:
-            victim, _ = self.order.popitem(last=False)
-            on_probation = self.probation.pop(victim, None) is not None
-            self.cold.pop(victim, None)
-            remember(self.gone_on_probation if on_probation else self.gone_used, victim, self.c)
+            victim, by_frequency = next(iter(self.order)), self.least_frequent()
+            if by_frequency != victim and self.frequency_may_choose(victim, by_frequency):
+                self.due += self.weight
+                gone_by = self.gone_by_recency
+                if self.due >= 1:
+                    self.due -= 1
+                    victim, gone_by = by_frequency, self.gone_by_frequency
+        self.drop(victim)
+        if gone_by is not None:
+            remember(gone_by, victim, self.c)
+
+    def frequency_may_choose(self, by_recency, by_frequency):
+        """Only where room is scarce (probation within half the room: used
+        blocks were lost to recency) and recency's victim was used at least
+        twice as much as frequency's."""
+        return self.share <= 0.5 and self.score[by_recency] - self.score[by_frequency] >= 1
+
+    def drop(self, victim):
+        del self.order[victim]
+        on_probation = self.probation.pop(victim, None) is not None
+        self.cold.pop(victim, None)
+        remember(self.gone_on_probation if on_probation else self.gone_used, victim, self.c)
+        del self.key[victim]
+        self.remembered[victim] = self.score.pop(victim)
+        if len(self.remembered) > 4 * self.c:
+            self.remembered.popitem(last=False)
 
 
 class Arc:
@@ -369,17 +439,15 @@ class DeadFirst(Adaptive):
             self._note(b)
 
     def insert(self, block, parent):
-        self._note(block)
         super().insert(block, parent)
+        self._note(block)
 
     def evict(self):
         if not self.dead:
             super().evict()
             return
         victim, _ = self.dead.popitem(last=False)
-        del self.order[victim]
-        self.probation.pop(victim, None)
-        self.cold.pop(victim, None)
+        self.drop(victim)
 
 
 POLICIES = {"lru": Lru, "leaf-first": LeafFirst, "radix": Radix, "s3fifo": S3Fifo, "2q": TwoQueue, "adaptive": Adaptive,

@@ -97,6 +97,26 @@ def test_adaptive_keeps_a_hot_block_that_one_offs_push_out_of_an_lru():
     assert adaptive.share < 1
 
 
+def test_adaptive_keeps_blocks_used_most_when_they_outnumber_the_room():
+    # Room for five; each round three hot blocks, then three new blocks
+    # each used once right after it is stored (off probation at once):
+    # recency loses a hot block every round, and the next before its turn.
+    def rounds(policy):
+        found, fresh = [], iter(range(10**6))
+        for _ in range(16):
+            found.append(0)
+            for b in ["h1", "h2", "h3"] + [next(fresh) for _ in range(3)]:
+                found[-1] += b in policy  # as each is wanted
+                feed(policy, [b])
+                policy.used([b])
+        return found
+    assert not any(rounds(eviction_sim.LeafFirst(5))[1:])
+    assert not any(rounds(eviction_sim.Lru(5))[1:])
+    adaptive = eviction_sim.Adaptive(5)
+    assert rounds(adaptive)[-4:] == [3] * 4
+    assert adaptive.weight > 0 and adaptive.share <= 0.5
+
+
 def test_adaptive_gives_up_what_leaf_first_does_when_everything_is_reused():
     # Each block used right after it is stored, and some again later,
     # more than fit: found or missed as under leaf-first, block by block,
