@@ -73,9 +73,10 @@ TEST(PrometheusScrape, ScrapedValuesMatchStats) {
     ASSERT_TRUE(scraped.has_value()) << e.query << " never scraped";
     EXPECT_EQ(*scraped, static_cast<double>(e.value)) << e.query;
   }
-  // Adaptive eviction: 100 new blocks, none stored again: the share has not
+  // Adaptive eviction: 100 new blocks, none stored again: neither share has
   // moved, and the device tier's unread blocks are on probation.
   EXPECT_EQ(prometheus.ValueOf("kvtier_cache_probation_share"), std::optional<double>(1.0));
+  EXPECT_EQ(prometheus.ValueOf("kvtier_cache_frequency_share"), std::optional<double>(0.0));
   std::optional<double> on_probation = prometheus.ValueOf("kvtier_cache_probation_bytes{tier=\"device\"}");
   ASSERT_TRUE(on_probation.has_value());
   EXPECT_GT(*on_probation, 0.0);

@@ -311,7 +311,9 @@ int main(int argc, char** argv) {
   flags.AddString("eviction", &f.eviction,
                   "which blocks a full tier gives up first: adaptive (leaf-first, but blocks stored and not used "
                   "since go first while they hold more than a share of the tier that follows what comes back "
-                  "after eviction: one-off prompts do not push out what is reused), leaf-first (the least "
+                  "after eviction: one-off prompts do not push out what is reused; and where memory is scarce, "
+                  "blocks used far more often, such as shared system prompts, stay ahead of more recent ones as "
+                  "far as what comes back says they should), leaf-first (the least "
                   "recently used, but a Match or Get refreshes a prefix last block first, so its first blocks, "
                   "which every longer prefix needs, go last), or lru (each block by its own last use)");
   flags.AddUint("put-idle-ms", &f.put_idle_ms,

@@ -92,12 +92,20 @@ std::vector<MetricFamily> StoreMetrics::Collect() const {
     AddSample(f, static_cast<double>(single.value));
     families.push_back(std::move(f));
   }
-  MetricFamily share = Family("kvtier_cache_probation_share",
-                              "Adaptive eviction: of each tier, what blocks stored and not used since may take "
-                              "before they go first (1: leaf-first LRU)",
-                              MetricType::Gauge);
-  AddSample(share, s.probation_share);
-  families.push_back(std::move(share));
+  // Adaptive eviction's shares, learned from what comes back.
+  const auto share = [&](const char* name, const char* help, double value) {
+    MetricFamily f = Family(name, help, MetricType::Gauge);
+    AddSample(f, value);
+    families.push_back(std::move(f));
+  };
+  share("kvtier_cache_probation_share",
+        "Adaptive eviction: of each tier, what blocks stored and not used since may take before they go first (1: "
+        "leaf-first LRU)",
+        s.probation_share);
+  share("kvtier_cache_frequency_share",
+        "Adaptive eviction: of the victims where recency's and frequency's differ, what share goes by frequency (0: "
+        "leaf-first LRU)",
+        s.frequency_share);
   // Stored records going bad point at memory or disk; slices arriving bad,
   // at the sender.
   MetricFamily checksums = Family("kvtier_cache_checksum_failures_total",

@@ -5,10 +5,11 @@
 // up, any other down, each step the other kind's remembered count over
 // this kind's, in blocks of the store; between `floor` and 1.
 //
-// Eviction::kAdaptive keeps one: the share of a tier that blocks on
+// Eviction::kAdaptive keeps two: the share of a tier that blocks on
 // probation (stored and not used since) may take before they go first
 // (starts at 1, the whole tier: plain recency; a block evicted on
-// probation raises it, one evicted after use lowers it).
+// probation raises it, one evicted after use lowers it); and the share of
+// victims frequency chooses rather than recency (RecencyOrFrequency).
 // Not thread-safe: the store calls it under its lock.
 #ifndef KVTIER_SERVICES_CACHE_STORE_ARC_TARGET_H_
 #define KVTIER_SERVICES_CACHE_STORE_ARC_TARGET_H_

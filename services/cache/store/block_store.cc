@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "services/base/log.h"
@@ -186,6 +187,10 @@ void BlockStore::RecoverLocked() {
     entry->tier = tiers_.size() - 1;
     t.lru.push_back(entry.get());
     entry->lru = std::prev(t.lru.end());
+    if (options_.eviction == Eviction::kAdaptive) {  // no uses yet: the oldest goes first
+      entry->use = {0, -++use_ties_};
+      entry->by_use = t.by_use.emplace(entry->use, entry.get()).first;
+    }
     ChargeLocked(tiers_.size() - 1, entry->owner, t.storage->BytesTaken(r.size), +1);
     ++t.counters.blocks;
     counters_.metadata_bytes += EntryMetadataBytes(*entry);
@@ -195,7 +200,15 @@ void BlockStore::RecoverLocked() {
 }
 
 BlockStore::BlockStore(const StoreOptions& options, Clock* clock, std::vector<std::unique_ptr<Tier>> tiers)
-    : options_(options), clock_(clock), tiers_(std::move(tiers)) {
+    : options_(options),
+      clock_(clock),
+      tiers_(std::move(tiers)),
+      // A use's weight halves over eight fills of the whole store: a block's
+      // uses over what the store can hold count, not its last alone.
+      recency_or_frequency_(8 * std::accumulate(tiers_.begin(), tiers_.end(), uint64_t{0},
+                                                [](uint64_t sum, const std::unique_ptr<Tier>& t) {
+                                                  return sum + t->counters.capacity_bytes;
+                                                })) {
   for (size_t t = 0; t < tiers_.size(); ++t) {
     const bool ahead = options_.demote_ahead && t + 1 < tiers_.size();
     const uint64_t room =
@@ -434,8 +447,9 @@ StoreStats BlockStore::Stats() {
     s.tiers.back().probation_bytes = t->probation_bytes;
     s.metadata_bytes += t->storage->MetadataBytes();
   }
-  s.metadata_bytes += probation_share_.MemoryBytes();
+  s.metadata_bytes += probation_share_.MemoryBytes() + recency_or_frequency_.MemoryBytes();
   s.probation_share = probation_share_.share();
+  s.frequency_share = recency_or_frequency_.frequency_share();
   s.metadata_bytes += leases_.size() * sizeof(Lease);
   for (const auto& [id, lease] : leases_) s.metadata_bytes += lease.entries.capacity() * sizeof(Entry*);
   s.active_leases = leases_.size();

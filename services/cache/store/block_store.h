@@ -45,6 +45,7 @@
 #include "absl/time/time.h"
 #include "services/base/clock.h"
 #include "services/cache/store/arc_target.h"
+#include "services/cache/store/recency_or_frequency.h"
 #include "services/cache/store/tier_storage.h"
 #include "services/kvblock/block_format.h"
 #include "services/kvblock/block_key.h"
@@ -73,8 +74,10 @@ enum class Eviction {
   // little of the sequence cached: PutHeader.cold_start) go before those
   // that continue a cached prefix. The share adapts to what comes back
   // after eviction (ArcTarget): where the room holds what is reused it
-  // stays at the whole tier, which is kLeafFirst. The default:
-  // load/README.md's eviction tables.
+  // stays at the whole tier, which is kLeafFirst. Else the victim is
+  // recency's or, in a share of the cases where they differ that also
+  // adapts, frequency's: the block used least, recent uses weighing most
+  // (RecencyOrFrequency). The default: load/README.md's eviction tables.
   kAdaptive,
 };
 
@@ -169,8 +172,11 @@ struct StoreStats {
   std::vector<TierCounters> tiers;
   uint64_t metadata_bytes = 0;  // and memfds made ahead (see cache.proto)
   // Eviction::kAdaptive: of each tier, what blocks on probation may take
-  // before they go first (1: plain leaf-first).
+  // before they go first (1: plain leaf-first); and of the victims where
+  // recency's and frequency's differ, what share frequency chooses (0:
+  // plain leaf-first).
   double probation_share = 1.0;
+  double frequency_share = 0.0;
   uint64_t misses = 0;
   uint64_t blocks_stored = 0;
   uint64_t blocks_stored_cold_start = 0;  // of them, by Puts marked cold_start
@@ -271,7 +277,8 @@ class PutSession {
  private:
   friend class BlockStore;
   struct Pending;
-  PutSession(BlockStore* store, std::string ns, kvblock::LatentLayout layout, std::string owner, bool cold_start);
+  PutSession(BlockStore* store, std::string ns, kvblock::LatentLayout layout, std::string owner, bool cold_start,
+             double use_stamp);
   void Abandon(Pending& pending);
   // A DeepSeek-V4 record (format 3), parsed as `header`: it arrives whole,
   // takes room of its own size and is stored as it came.
@@ -293,6 +300,7 @@ class PutSession {
   std::unordered_set<std::string> deduplicated_;                       // blocks found already stored
   std::optional<kvblock::BlockHash> last_stored_;                      // the latest block it made visible
   const bool cold_start_;                                              // BeginPut's
+  const double use_stamp_;  // of its blocks' store: the clock as it began (RecencyOrFrequency::Now)
   PutSummary summary_;
 };
 
@@ -514,10 +522,10 @@ class BlockStore {
   // ordered behind block `after` of `ns` (the stream's previous one, if
   // still in the first tier) for eviction.
   // A DeepSeek-V4 block (`v4_block`) takes its restore point with it when
-  // it is evicted; `cold_start` is BeginPut's.
+  // it is evicted; `cold_start` is BeginPut's, `use_stamp` the session's.
   bool PublishPending(const std::string& ns, const kvblock::BlockHash& hash, uint64_t layout_id,
                       const std::string& owner, size_t bytes, std::vector<uint32_t> pages,
-                      const std::optional<kvblock::BlockHash>& after, bool v4_block, bool cold_start)
+                      const std::optional<kvblock::BlockHash>& after, bool v4_block, bool cold_start, double use_stamp)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   const StoreOptions options_;
@@ -547,8 +555,11 @@ class BlockStore {
   absl::flat_hash_map<std::string, uint64_t> evictions_by_owner_ ABSL_GUARDED_BY(mu_);
   StoreStats counters_ ABSL_GUARDED_BY(mu_);  // the non-tier counters
   // kAdaptive's: what blocks on probation may take of a tier (a block
-  // evicted on probation coming back raises it).
+  // evicted on probation coming back raises it), and the choice between
+  // recency and frequency.
   ArcTarget probation_share_ ABSL_GUARDED_BY(mu_){/*start=*/1.0, /*floor=*/0.1};
+  RecencyOrFrequency recency_or_frequency_ ABSL_GUARDED_BY(mu_);
+  int64_t use_ties_ ABSL_GUARDED_BY(mu_) = 0;  // tie-breaks handed out
   // By tier (0 for the last, and without demote_ahead); fixed at
   // construction.
   std::vector<uint64_t> room_ahead_;

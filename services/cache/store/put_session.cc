@@ -31,7 +31,7 @@ struct PutSession::Pending {
 };
 
 PutSession::PutSession(BlockStore* store, std::string ns, kvblock::LatentLayout layout, std::string owner,
-                       bool cold_start)
+                       bool cold_start, double use_stamp)
     : store_(store),
       ns_(std::move(ns)),
       segment_owner_(store->SegmentOwnerOf(ns_, owner)),  // before owner is moved from
@@ -39,7 +39,8 @@ PutSession::PutSession(BlockStore* store, std::string ns, kvblock::LatentLayout 
       layout_(std::move(layout)),
       layout_id_(kvblock::LayoutId(layout_)),
       record_bytes_(kvblock::HeaderFor(layout_, 0, layout_.num_layers).RecordBytes()),
-      cold_start_(cold_start) {}
+      cold_start_(cold_start),
+      use_stamp_(use_stamp) {}
 
 PutSession::~PutSession() {
   for (auto& [hash, pending] : pending_) Abandon(*pending);
@@ -140,7 +141,7 @@ void PutSession::NoteDeduplicated(const std::string& key) {
 
 void PutSession::Publish(const kvblock::BlockHash& hash, size_t bytes, std::vector<uint32_t> pages, bool v4_block) {
   if (store_->PublishPending(ns_, hash, layout_id_, owner_, bytes, std::move(pages), last_stored_, v4_block,
-                             cold_start_)) {
+                             cold_start_, use_stamp_)) {
     ++summary_.blocks_stored;
     last_stored_ = hash;
   } else {
@@ -285,7 +286,8 @@ TierStorage& BlockStore::FirstTier() const { return *tiers_[0]->storage; }
 
 bool BlockStore::PublishPending(const std::string& ns, const kvblock::BlockHash& hash, uint64_t layout_id,
                                 const std::string& owner, size_t bytes, std::vector<uint32_t> pages,
-                                const std::optional<kvblock::BlockHash>& after, bool v4_block, bool cold_start) {
+                                const std::optional<kvblock::BlockHash>& after, bool v4_block, bool cold_start,
+                                double use_stamp) {
   absl::MutexLock lock(&mu_);
   EndPendingLocked(owner, bytes);
   Key key(ns, hash);
@@ -310,11 +312,17 @@ bool BlockStore::PublishPending(const std::string& ns, const kvblock::BlockHash&
     auto it = index_.find(Key(ns, *after));
     if (it != index_.end() && it->second->tier == 0) behind = it->second.get();
   }
-  entry->on_probation =
-      options_.eviction == Eviction::kAdaptive && !probation_share_.Returning(KeyHash()(key), index_.size());
+  Tier& first = *tiers_[0];
+  if (options_.eviction == Eviction::kAdaptive) {
+    const uint64_t fingerprint = KeyHash()(key);
+    entry->on_probation = !probation_share_.Returning(fingerprint, index_.size());
+    // A stream's blocks are stamped alike; of those with the same score the
+    // later goes first.
+    entry->use = {recency_or_frequency_.ScoreOfStored(fingerprint, use_stamp, index_.size()), -++use_ties_};
+    recency_or_frequency_.Advance(first.storage->BytesTaken(bytes));
+  }
   entry->cold_start = entry->on_probation && cold_start;
   LinkLocked(entry.get(), behind);
-  Tier& first = *tiers_[0];
   ++first.counters.blocks;
   ++counters_.blocks_stored;
   if (cold_start) ++counters_.blocks_stored_cold_start;
@@ -325,13 +333,15 @@ bool BlockStore::PublishPending(const std::string& ns, const kvblock::BlockHash&
 
 std::unique_ptr<PutSession> BlockStore::BeginPut(std::string ns, kvblock::LatentLayout layout, std::string owner,
                                                  OwnerQuota quota, bool cold_start) {
+  double use_stamp;
   {
     absl::MutexLock lock(&mu_);
     const bool limited = quota.tier_bytes != std::array<uint64_t, 3>{} || quota.pending_bytes > 0;
     if (limited || owners_.contains(owner)) owners_[owner].quota = quota;
+    use_stamp = recency_or_frequency_.Now();
   }
   return std::unique_ptr<PutSession>(
-      new PutSession(this, std::move(ns), std::move(layout), std::move(owner), cold_start));
+      new PutSession(this, std::move(ns), std::move(layout), std::move(owner), cold_start, use_stamp));
 }
 
 }  // namespace kvtier::cache

@@ -80,11 +80,19 @@ void BlockStore::TouchLocked(Entry* e) {
     e->on_probation = e->cold_start = false;
   }
   t.lru.splice(t.lru.begin(), t.lru, e->lru);
+  if (options_.eviction != Eviction::kAdaptive) return;
+  // A Match touches a prefix last block first: of those with the same
+  // score, the one touched first goes first.
+  t.by_use.erase(e->by_use);
+  e->use = {RecencyOrFrequency::AddUse(e->use.first, recency_or_frequency_.Now()), ++use_ties_};
+  e->by_use = t.by_use.emplace(e->use, e).first;
+  e->chosen_by = RecencyOrFrequency::Choice::kAgreed;
 }
 
 void BlockStore::LinkLocked(Entry* e, Entry* after) {
   Tier& t = *tiers_[e->tier];
   e->lru = after != nullptr ? t.lru.insert(std::next(after->lru), e) : t.lru.insert(t.lru.begin(), e);
+  if (options_.eviction == Eviction::kAdaptive) e->by_use = t.by_use.emplace(e->use, e).first;
   if (!e->on_probation) return;
   e->probation = after != nullptr && after->on_probation ? t.probation.insert(std::next(after->probation), e)
                                                          : t.probation.insert(t.probation.begin(), e);
@@ -95,7 +103,9 @@ void BlockStore::LinkLocked(Entry* e, Entry* after) {
 }
 
 void BlockStore::UnlinkLocked(Entry* e) {
-  tiers_[e->tier]->lru.erase(e->lru);
+  Tier& t = *tiers_[e->tier];
+  t.lru.erase(e->lru);
+  if (options_.eviction == Eviction::kAdaptive) t.by_use.erase(e->by_use);
   if (e->on_probation) OffProbationListLocked(e);
 }
 
@@ -113,14 +123,16 @@ std::vector<Entry*> BlockStore::VictimsLocked(size_t tier, uint64_t bytes,
   const double probation_room = probation_share_.share() * static_cast<double>(t.counters.capacity_bytes);
   uint64_t on_probation = t.probation_bytes;  // after the victims so far go
   std::vector<Entry*> victims;
-  absl::flat_hash_set<const Entry*> chosen;  // a block on probation is in two or three lists
-  // The oldest usable block of a list (newest first) from `at` on, which
-  // then moves past it; null when none is left.
+  absl::flat_hash_set<const Entry*> chosen;  // a block is in two to four orders
+  const auto usable = [&](const Entry* e) { return e->pins == 0 && !chosen.contains(e) && eligible(*e); };
+  // The oldest usable block of a list (newest first) from `at` on, where
+  // `at` is left; null when none is left.
   const auto oldest = [&](std::list<Entry*>& list, std::list<Entry*>::reverse_iterator& at) -> Entry* {
-    while (at != list.rend() && ((*at)->pins != 0 || chosen.contains(*at) || !eligible(**at))) ++at;
-    return at == list.rend() ? nullptr : *at++;
+    while (at != list.rend() && !usable(*at)) ++at;
+    return at == list.rend() ? nullptr : *at;
   };
   auto oldest_cold = t.cold.rbegin(), oldest_on_probation = t.probation.rbegin(), least_recent = t.lru.rbegin();
+  auto least_used = t.by_use.begin();
   for (uint64_t taken = 0; taken < bytes;) {
     Entry* next = nullptr;
     if (adaptive && static_cast<double>(on_probation) > probation_room) {
@@ -128,8 +140,21 @@ std::vector<Entry*> BlockStore::VictimsLocked(size_t tier, uint64_t bytes,
       next = oldest(t.cold, oldest_cold);
       if (next == nullptr) next = oldest(t.probation, oldest_on_probation);
     }
-    if (next == nullptr) next = oldest(t.lru, least_recent);
-    if (next == nullptr) break;
+    if (next == nullptr) {
+      next = oldest(t.lru, least_recent);
+      if (next == nullptr) break;
+      Entry* least_frequent = next;
+      if (adaptive) {  // next is in by_use too: one is found
+        while (!usable(least_used->second)) ++least_used;
+        least_frequent = least_used->second;
+      }
+      if (least_frequent != next) {
+        const RecencyOrFrequency::Choice choice =
+            recency_or_frequency_.Choose(next->use.first, least_frequent->use.first, probation_share_.share());
+        if (choice == RecencyOrFrequency::Choice::kFrequency) next = least_frequent;
+        if (choice != RecencyOrFrequency::Choice::kAgreed) next->chosen_by = choice;
+      }
+    }
     chosen.insert(next);
     victims.push_back(next);
     taken += next->size;
@@ -140,7 +165,9 @@ std::vector<Entry*> BlockStore::VictimsLocked(size_t tier, uint64_t bytes,
 
 void BlockStore::EvictLocked(Entry* e) {
   if (options_.eviction == Eviction::kAdaptive) {
-    probation_share_.Evicted(KeyHash()(Key(e->ns, e->hash)), /*raises=*/e->on_probation, index_.size());
+    const uint64_t fingerprint = KeyHash()(Key(e->ns, e->hash));
+    probation_share_.Evicted(fingerprint, /*raises=*/e->on_probation, index_.size());
+    recency_or_frequency_.Evicted(fingerprint, e->use.first, e->chosen_by, index_.size());
   }
   ++tiers_[e->tier]->counters.evictions;
   ++evictions_by_owner_[e->owner];

@@ -598,6 +598,49 @@ TEST_P(BlockStoreTest, AdaptiveKeepsAReusedBlockThatLruDrops) {
   }
 }
 
+// Three hot blocks used every round, and three new blocks a round, each
+// used once right after it is stored (so off probation at once), with
+// room for five: the newest are always the most recent, so recency gives
+// up a hot block every round, and the next hot one before its turn comes.
+// Adaptive learns from the hot blocks stored again after recency let them
+// go: the room is scarce (used blocks lost, probation's share falls) and
+// the hot ones are used far more often, so frequency's victims (the new
+// blocks) go, and the hot blocks stay.
+TEST_P(BlockStoreTest, AdaptiveKeepsBlocksUsedMostWhenTheyOutnumberTheRoom) {
+  constexpr int kRounds = 16;
+  for (const Eviction eviction : {Eviction::kLru, Eviction::kLeafFirst, Eviction::kAdaptive}) {
+    Open(4, 1, 0, [&](StoreOptions& o) { o.eviction = eviction; });
+    std::vector<int> hot_found;  // per round
+    for (int round = 0; round < kRounds; ++round) {
+      int found = 0;
+      for (int hot = 0; hot < 3; ++hot) {
+        if (Held(Hash(1000 + hot))) {  // a Match: used again
+          ++found;
+          continue;
+        }
+        Put(Hash(1000 + hot));
+        ASSERT_TRUE(Held(Hash(1000 + hot)));  // used once stored
+      }
+      hot_found.push_back(found);
+      for (int i = 0; i < 3; ++i) {
+        const BlockHash fresh = Hash(2000 + 3 * round + i);
+        Put(fresh);
+        ASSERT_TRUE(Held(fresh));
+      }
+    }
+    const StoreStats stats = store_->Stats();
+    SCOPED_TRACE(static_cast<int>(eviction));
+    if (eviction == Eviction::kAdaptive) {
+      EXPECT_GT(stats.frequency_share, 0.0) << "the hot blocks' returns moved it";
+      EXPECT_EQ(std::vector<int>(hot_found.end() - 4, hot_found.end()), std::vector<int>(4, 3)) << "all three kept";
+    } else {
+      EXPECT_EQ(stats.frequency_share, 0.0);
+      EXPECT_EQ(std::count(hot_found.begin() + 1, hot_found.end(), 0), kRounds - 1) << "none found after the first";
+    }
+    ExpectWithinCapacity();
+  }
+}
+
 // A block on probation that a reader holds is passed over, however far
 // over its share probation is; the next oldest goes instead.
 TEST_P(BlockStoreTest, AdaptiveLeavesAPinnedBlockOnProbationWhereItIs) {
