@@ -189,7 +189,7 @@ void BlockStore::RecoverLocked() {
     entry->lru = std::prev(t.lru.end());
     if (options_.eviction == Eviction::kAdaptive) {  // no uses yet: the oldest goes first
       entry->use = {0, -++use_ties_};
-      entry->by_use = t.by_use.emplace(entry->use, entry.get()).first;
+      t.by_use.Place(entry.get());
     }
     ChargeLocked(tiers_.size() - 1, entry->owner, t.storage->BytesTaken(r.size), +1);
     ++t.counters.blocks;

@@ -10,17 +10,12 @@
 #include <optional>
 #include <span>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "services/cache/store/block_store.h"
+#include "services/cache/store/use_order.h"
 
 namespace kvtier::cache {
-
-// A block's place in a tier's frequency order: its use score, then a
-// tie-break, so that of a prompt's blocks with the same score the last
-// goes first (as under leaf-first).
-using UseKey = std::pair<double, int64_t>;
 
 struct Entry {
   std::string ns;
@@ -43,9 +38,9 @@ struct Entry {
   std::list<Entry*>::iterator lru;
   std::list<Entry*>::iterator probation;  // while on_probation
   std::list<Entry*>::iterator cold;       // while on_probation and cold_start
-  // kAdaptive: its use score (RecencyOrFrequency) and a tie-break, its
-  // place in its tier's frequency order; which choice last pushed it out
-  // of a tier, if recency's and frequency's victims differed.
+  // kAdaptive: its use score (RecencyOrFrequency) and a tie-break, and its
+  // place in its tier's UseOrder; which choice last pushed it out of a
+  // tier, if recency's and frequency's victims differed.
   UseKey use{0, 0};
   std::map<UseKey, Entry*>::iterator by_use;
   RecencyOrFrequency::Choice chosen_by = RecencyOrFrequency::Choice::kAgreed;
@@ -56,7 +51,7 @@ struct BlockStore::Tier {
   std::list<Entry*> lru;                 // every block, most recently used first
   std::list<Entry*> probation;           // kAdaptive: blocks on probation, newest first
   std::list<Entry*> cold;                // those of them a cold start stored, newest first
-  std::map<UseKey, Entry*> by_use;       // kAdaptive: every block, the lowest use score first
+  UseOrder<Entry> by_use;                // kAdaptive: every block, the least used first
   uint64_t probation_bytes = 0;          // the room they take
   TierCounters counters;
 };

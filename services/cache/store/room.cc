@@ -82,17 +82,15 @@ void BlockStore::TouchLocked(Entry* e) {
   t.lru.splice(t.lru.begin(), t.lru, e->lru);
   if (options_.eviction != Eviction::kAdaptive) return;
   // A Match touches a prefix last block first: of those with the same
-  // score, the one touched first goes first.
-  t.by_use.erase(e->by_use);
+  // score, the one touched first goes first (UseOrder places it lazily).
   e->use = {RecencyOrFrequency::AddUse(e->use.first, recency_or_frequency_.Now()), ++use_ties_};
-  e->by_use = t.by_use.emplace(e->use, e).first;
   e->chosen_by = RecencyOrFrequency::Choice::kAgreed;
 }
 
 void BlockStore::LinkLocked(Entry* e, Entry* after) {
   Tier& t = *tiers_[e->tier];
   e->lru = after != nullptr ? t.lru.insert(std::next(after->lru), e) : t.lru.insert(t.lru.begin(), e);
-  if (options_.eviction == Eviction::kAdaptive) e->by_use = t.by_use.emplace(e->use, e).first;
+  if (options_.eviction == Eviction::kAdaptive) t.by_use.Place(e);
   if (!e->on_probation) return;
   e->probation = after != nullptr && after->on_probation ? t.probation.insert(std::next(after->probation), e)
                                                          : t.probation.insert(t.probation.begin(), e);
@@ -105,7 +103,7 @@ void BlockStore::LinkLocked(Entry* e, Entry* after) {
 void BlockStore::UnlinkLocked(Entry* e) {
   Tier& t = *tiers_[e->tier];
   t.lru.erase(e->lru);
-  if (options_.eviction == Eviction::kAdaptive) t.by_use.erase(e->by_use);
+  if (options_.eviction == Eviction::kAdaptive) t.by_use.Remove(e);
   if (e->on_probation) OffProbationListLocked(e);
 }
 
@@ -132,7 +130,7 @@ std::vector<Entry*> BlockStore::VictimsLocked(size_t tier, uint64_t bytes,
     return at == list.rend() ? nullptr : *at;
   };
   auto oldest_cold = t.cold.rbegin(), oldest_on_probation = t.probation.rbegin(), least_recent = t.lru.rbegin();
-  auto least_used = t.by_use.begin();
+  UseOrder<Entry>::Search least_used(t.by_use);
   for (uint64_t taken = 0; taken < bytes;) {
     Entry* next = nullptr;
     if (adaptive && static_cast<double>(on_probation) > probation_room) {
@@ -143,15 +141,11 @@ std::vector<Entry*> BlockStore::VictimsLocked(size_t tier, uint64_t bytes,
     if (next == nullptr) {
       next = oldest(t.lru, least_recent);
       if (next == nullptr) break;
-      Entry* least_frequent = next;
-      if (adaptive) {  // next is in by_use too: one is found
-        while (!usable(least_used->second)) ++least_used;
-        least_frequent = least_used->second;
-      }
-      if (least_frequent != next) {
+      Entry* by_frequency = adaptive ? least_used.Least(usable) : next;  // next is in it too: one is found
+      if (by_frequency != next) {
         const RecencyOrFrequency::Choice choice =
-            recency_or_frequency_.Choose(next->use.first, least_frequent->use.first, probation_share_.share());
-        if (choice == RecencyOrFrequency::Choice::kFrequency) next = least_frequent;
+            recency_or_frequency_.Choose(next->use.first, by_frequency->use.first, probation_share_.share());
+        if (choice == RecencyOrFrequency::Choice::kFrequency) next = by_frequency;
         if (choice != RecencyOrFrequency::Choice::kAgreed) next->chosen_by = choice;
       }
     }
