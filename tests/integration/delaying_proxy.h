@@ -1,6 +1,8 @@
 // A TCP proxy on 127.0.0.1 that holds each new connection for a while
 // before it reaches the server behind it, then passes bytes both ways: a
-// server whose connections (and TLS handshakes) are that slow to set up.
+// server whose connections (and TLS handshakes) are that slow to set up;
+// and, given `answer_delay`, holds each read of the server's bytes that
+// long too: a server slow to answer.
 #ifndef KVTIER_TESTS_INTEGRATION_DELAYING_PROXY_H_
 #define KVTIER_TESTS_INTEGRATION_DELAYING_PROXY_H_
 
@@ -21,7 +23,8 @@ namespace kvtier::testing {
 
 class DelayingProxy {
  public:
-  DelayingProxy(int upstream_port, absl::Duration delay) : upstream_port_(upstream_port), delay_(delay) {
+  DelayingProxy(int upstream_port, absl::Duration delay, absl::Duration answer_delay = absl::ZeroDuration())
+      : upstream_port_(upstream_port), delay_(delay), answer_delay_(answer_delay) {
     listener_ = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr = Loopback(0);
     socklen_t len = sizeof addr;
@@ -86,8 +89,8 @@ class DelayingProxy {
     }
   }
 
-  // Copies bytes each way until either side closes.
-  static void Pass(int a, int b) {
+  // Copies bytes each way until either side closes; `b` is the server.
+  void Pass(int a, int b) {
     pollfd fds[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
     char buffer[16384];
     while (poll(fds, 2, -1) > 0) {
@@ -95,6 +98,7 @@ class DelayingProxy {
         if (fds[i].revents == 0) continue;
         ssize_t n = read(fds[i].fd, buffer, sizeof buffer);
         if (n <= 0) return;
+        if (i == 1) absl::SleepFor(answer_delay_);
         for (ssize_t at = 0; at < n;) {
           const ssize_t written = write(fds[1 - i].fd, buffer + at, static_cast<size_t>(n - at));
           if (written <= 0) return;
@@ -106,6 +110,7 @@ class DelayingProxy {
 
   const int upstream_port_;
   const absl::Duration delay_;
+  const absl::Duration answer_delay_;
   int listener_ = -1;
   int port_ = 0;
   std::thread acceptor_;

@@ -251,6 +251,23 @@ TEST_F(SecurityTest, AShardWhoseHandshakeOutlastsTheCacheDeadlineIsUp) {
   ASSERT_TRUE(SetClientIdentity({}).ok());
 }
 
+// A shard that answers its health check later than the cache deadline is
+// up too: the deadline bounds each call the shard serves, and marking it
+// down would make every block on it a miss until the next check.
+TEST_F(SecurityTest, AShardThatAnswersLaterThanTheCacheDeadlineIsUp) {
+  const std::string target = StartCache({});
+  ASSERT_FALSE(target.empty());
+  testing::DelayingProxy slow(std::stoi(target.substr(target.rfind(':') + 1)), absl::ZeroDuration(),
+                              /*answer_delay=*/absl::Milliseconds(150));
+  ASSERT_GT(slow.port(), 0);
+  auto shards = ShardSet::Create(absl::StrCat("127.0.0.1:", slow.port()), absl::Milliseconds(50), false);
+  ASSERT_TRUE(shards.ok()) << shards.status();
+  const absl::Time start = absl::Now();
+  (*shards)->CheckHealth();
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(150)) << "the proxy held the answer";
+  EXPECT_EQ((*shards)->HealthOfShards()[0].second, ShardSet::Health::kUp);
+}
+
 // The common name of the certificate a new connection to `target` is
 // served with.
 std::string ServedCommonName(const std::string& target, const fs::path& trust) {

@@ -14,8 +14,9 @@
 namespace kvtier::cache {
 namespace {
 
-// The least time a check gives a channel to connect.
-constexpr absl::Duration kConnectTime = absl::Seconds(1);
+// The least time a check gives a channel to connect, and then the server
+// to answer.
+constexpr absl::Duration kLeastWait = absl::Seconds(1);
 
 // Starts `channel` connecting if it is idle, and waits while it connects,
 // until `until`: connected, or its attempt failed (refused, a failed
@@ -31,11 +32,15 @@ void WaitWhileConnecting(grpc::Channel& channel, std::chrono::system_clock::time
 
 absl::Status CheckHealth(const std::shared_ptr<grpc::Channel>& channel, absl::Duration deadline) {
   // Connecting (TCP, TLS's handshake) is not the server's answer, and on a
-  // new or reset channel it can outlast a tight deadline.
-  WaitWhileConnecting(*channel, absl::ToChronoTime(absl::Now() + std::max(deadline, kConnectTime)));
+  // new or reset channel it can outlast a tight deadline. Nor is the
+  // answer's speed: a shard that answers is there (each call it serves has
+  // the deadline of its own), and one marked down is skipped until the
+  // next check.
+  const absl::Duration wait = std::max(deadline, kLeastWait);
+  WaitWhileConnecting(*channel, absl::ToChronoTime(absl::Now() + wait));
   grpc::GenericStub generic(channel);
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  context.set_deadline(absl::ToChronoTime(absl::Now() + wait));
   grpc::Slice empty("");  // an empty HealthCheckRequest asks about the whole server
   grpc::ByteBuffer request(&empty, 1), response;
   grpc::Status status;

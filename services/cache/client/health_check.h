@@ -13,9 +13,9 @@
 
 namespace kvtier::cache {
 
-// OK when the server behind `channel` answers SERVING within `deadline`,
-// after up to a second (or `deadline`) for a channel still connecting;
-// else why not (the call's error, or UNAVAILABLE "not serving" from a
+// OK when the server behind `channel` answers SERVING within a second or
+// `deadline`, whichever is longer, after as long for a channel still
+// connecting; else why not (the call's error, or UNAVAILABLE "not serving" from a
 // server that is draining).
 absl::Status CheckHealth(const std::shared_ptr<grpc::Channel>& channel, absl::Duration deadline);
 
