@@ -231,10 +231,10 @@ class Adaptive:
         self.order, self.probation = collections.OrderedDict(), collections.OrderedDict()
         self.cold, self.cold_start = collections.OrderedDict(), False
         self.gone_on_probation, self.gone_used = collections.OrderedDict(), collections.OrderedDict()
-        # Frequency: the clock counts blocks stored; a heap of (score,
-        # tie, block), stale entries skipped.
+        # Frequency: the clock counts blocks stored; each block's key
+        # (score, tie), and a heap of keys, stale entries skipped.
         self.half_life, self.clock, self.now = half_life * max(1, capacity), 0, 0.0
-        self.score, self.key, self.heap, self.tie = {}, {}, [], 0
+        self.key, self.heap, self.tie = {}, [], 0
         self.remembered = collections.OrderedDict()  # evicted blocks' scores
         self.weight, self.due = 0.0, 0.0  # frequency's share of the victims, and what it is owed
         self.gone_by_recency, self.gone_by_frequency = collections.OrderedDict(), collections.OrderedDict()
@@ -247,20 +247,18 @@ class Adaptive:
         cached: the blocks it then inserts are a cold start's or not, as a
         kvtier client marks its Put (cold_start)."""
         self.cold_start = is_cold_start(matched, blocks)
-        self.now = self.clock / self.half_life
 
     def _use(self, block, score):
-        self.score[block] = score
         self.tie += 1
         self.key[block] = (score, self.tie)
         heapq.heappush(self.heap, (score, self.tie, block))
 
     def used(self, prefix):
-        self.now = self.clock / self.half_life
+        self.now = self.clock / self.half_life  # every request's, before it stores: its stores' stamp too
         use_again(reversed(prefix), self.probation, self.order)
         for b in reversed(prefix):  # the last first: among equal scores it goes first
             self.cold.pop(b, None)
-            self._use(b, add_use(self.score[b], self.now))
+            self._use(b, add_use(self.key[b][0], self.now))
 
     def insert(self, block, parent):
         while block not in self.order and len(self.order) >= self.c:  # room first, as the store makes it
@@ -304,15 +302,14 @@ class Adaptive:
         """Only where room is scarce (probation within half the room: used
         blocks were lost to recency) and recency's victim was used at least
         twice as much as frequency's."""
-        return self.share <= 0.5 and self.score[by_recency] - self.score[by_frequency] >= 1
+        return self.share <= 0.5 and self.key[by_recency][0] - self.key[by_frequency][0] >= 1
 
     def drop(self, victim):
         del self.order[victim]
         on_probation = self.probation.pop(victim, None) is not None
         self.cold.pop(victim, None)
         remember(self.gone_on_probation if on_probation else self.gone_used, victim, self.c)
-        del self.key[victim]
-        self.remembered[victim] = self.score.pop(victim)
+        self.remembered[victim] = self.key.pop(victim)[0]
         if len(self.remembered) > 4 * self.c:
             self.remembered.popitem(last=False)
 

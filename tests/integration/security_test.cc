@@ -18,6 +18,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -226,28 +227,35 @@ TEST_F(SecurityTest, PlaintextHealthPortServesOnlyHealth) {
       << "the plaintext port serves reflection: " << listing;
 }
 
+// The health a ShardSet with `deadline` finds of the one shard at
+// `target`, and how long the check took.
+std::pair<ShardSet::Health, absl::Duration> CheckOneShard(const std::string& target, absl::Duration deadline) {
+  auto shards = ShardSet::Create(target, deadline, false);
+  EXPECT_TRUE(shards.ok()) << shards.status();
+  if (!shards.ok()) return {ShardSet::Health::kDown, absl::ZeroDuration()};
+  const absl::Time start = absl::Now();
+  (*shards)->CheckHealth();
+  return {(*shards)->HealthOfShards()[0].second, absl::Now() - start};
+}
+
+int PortOf(const std::string& target) { return std::stoi(target.substr(target.rfind(':') + 1)); }
+
 // A shard whose TLS handshake outlasts the cache deadline is up: its
 // health check gives connecting time of its own (at least a second), and
 // the deadline to the check's call.
 TEST_F(SecurityTest, AShardWhoseHandshakeOutlastsTheCacheDeadlineIsUp) {
   const std::string target = StartCache({"--tls-dir", Dir("server").string()});
   ASSERT_FALSE(target.empty());
-  testing::DelayingProxy slow(std::stoi(target.substr(target.rfind(':') + 1)), absl::Milliseconds(400));
+  testing::DelayingProxy slow(PortOf(target), absl::Milliseconds(400));
   ASSERT_GT(slow.port(), 0);
   ASSERT_TRUE(SetClientIdentity({.tls = {.dir = Dir("trust").string()}, .token_file = ""}).ok());
-  auto shards = ShardSet::Create(absl::StrCat("127.0.0.1:", slow.port()), absl::Milliseconds(100), false);
-  ASSERT_TRUE(shards.ok()) << shards.status();
-  const absl::Time start = absl::Now();
-  (*shards)->CheckHealth();
-  EXPECT_GE(absl::Now() - start, absl::Milliseconds(400)) << "the proxy held the handshake";
-  EXPECT_EQ((*shards)->HealthOfShards()[0].second, ShardSet::Health::kUp);
+  const auto [health, took] = CheckOneShard(absl::StrCat("127.0.0.1:", slow.port()), absl::Milliseconds(100));
+  EXPECT_GE(took, absl::Milliseconds(400)) << "the proxy held the handshake";
+  EXPECT_EQ(health, ShardSet::Health::kUp);
   // Refused at once: down at once, not after the time to connect.
-  auto refused = ShardSet::Create("127.0.0.1:1", absl::Seconds(5), false);
-  ASSERT_TRUE(refused.ok()) << refused.status();
-  const absl::Time refused_start = absl::Now();
-  (*refused)->CheckHealth();
-  EXPECT_EQ((*refused)->HealthOfShards()[0].second, ShardSet::Health::kDown);
-  EXPECT_LT(absl::Now() - refused_start, absl::Seconds(1));
+  const auto [refused, refused_took] = CheckOneShard("127.0.0.1:1", absl::Seconds(5));
+  EXPECT_EQ(refused, ShardSet::Health::kDown);
+  EXPECT_LT(refused_took, absl::Seconds(1));
   ASSERT_TRUE(SetClientIdentity({}).ok());
 }
 
@@ -257,15 +265,11 @@ TEST_F(SecurityTest, AShardWhoseHandshakeOutlastsTheCacheDeadlineIsUp) {
 TEST_F(SecurityTest, AShardThatAnswersLaterThanTheCacheDeadlineIsUp) {
   const std::string target = StartCache({});
   ASSERT_FALSE(target.empty());
-  testing::DelayingProxy slow(std::stoi(target.substr(target.rfind(':') + 1)), absl::ZeroDuration(),
-                              /*answer_delay=*/absl::Milliseconds(150));
+  testing::DelayingProxy slow(PortOf(target), absl::ZeroDuration(), /*answer_delay=*/absl::Milliseconds(150));
   ASSERT_GT(slow.port(), 0);
-  auto shards = ShardSet::Create(absl::StrCat("127.0.0.1:", slow.port()), absl::Milliseconds(50), false);
-  ASSERT_TRUE(shards.ok()) << shards.status();
-  const absl::Time start = absl::Now();
-  (*shards)->CheckHealth();
-  EXPECT_GE(absl::Now() - start, absl::Milliseconds(150)) << "the proxy held the answer";
-  EXPECT_EQ((*shards)->HealthOfShards()[0].second, ShardSet::Health::kUp);
+  const auto [health, took] = CheckOneShard(absl::StrCat("127.0.0.1:", slow.port()), absl::Milliseconds(50));
+  EXPECT_GE(took, absl::Milliseconds(150)) << "the proxy held the answer";
+  EXPECT_EQ(health, ShardSet::Health::kUp);
 }
 
 // The common name of the certificate a new connection to `target` is

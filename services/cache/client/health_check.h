@@ -15,8 +15,8 @@ namespace kvtier::cache {
 
 // OK when the server behind `channel` answers SERVING within a second or
 // `deadline`, whichever is longer, after as long for a channel still
-// connecting; else why not (the call's error, or UNAVAILABLE "not serving" from a
-// server that is draining).
+// connecting; else why not (the call's error, or UNAVAILABLE "not
+// serving" from a server that is draining).
 absl::Status CheckHealth(const std::shared_ptr<grpc::Channel>& channel, absl::Duration deadline);
 
 }  // namespace kvtier::cache

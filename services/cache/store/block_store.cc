@@ -187,8 +187,9 @@ void BlockStore::RecoverLocked() {
     entry->tier = tiers_.size() - 1;
     t.lru.push_back(entry.get());
     entry->lru = std::prev(t.lru.end());
-    if (options_.eviction == Eviction::kAdaptive) {  // no uses yet: the oldest goes first
-      entry->use = {0, -++use_ties_};
+    if (options_.eviction == Eviction::kAdaptive) {  // as if stored now, newest first: the oldest goes first
+      entry->use = recency_or_frequency_.Stored(KeyHash()(Key(entry->ns, entry->hash)), recency_or_frequency_.Now(),
+                                                index_.size());
       t.by_use.Place(entry.get());
     }
     ChargeLocked(tiers_.size() - 1, entry->owner, t.storage->BytesTaken(r.size), +1);

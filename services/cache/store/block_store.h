@@ -559,7 +559,6 @@ class BlockStore {
   // recency and frequency.
   ArcTarget probation_share_ ABSL_GUARDED_BY(mu_){/*start=*/1.0, /*floor=*/0.1};
   RecencyOrFrequency recency_or_frequency_ ABSL_GUARDED_BY(mu_);
-  int64_t use_ties_ ABSL_GUARDED_BY(mu_) = 0;  // tie-breaks handed out
   // By tier (0 for the last, and without demote_ahead); fixed at
   // construction.
   std::vector<uint64_t> room_ahead_;

@@ -316,9 +316,7 @@ bool BlockStore::PublishPending(const std::string& ns, const kvblock::BlockHash&
   if (options_.eviction == Eviction::kAdaptive) {
     const uint64_t fingerprint = KeyHash()(key);
     entry->on_probation = !probation_share_.Returning(fingerprint, index_.size());
-    // A stream's blocks are stamped alike; of those with the same score the
-    // later goes first.
-    entry->use = {recency_or_frequency_.ScoreOfStored(fingerprint, use_stamp, index_.size()), -++use_ties_};
+    entry->use = recency_or_frequency_.Stored(fingerprint, use_stamp, index_.size());
     recency_or_frequency_.Advance(first.storage->BytesTaken(bytes));
   }
   entry->cold_start = entry->on_probation && cold_start;

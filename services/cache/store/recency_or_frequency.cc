@@ -15,11 +15,13 @@ double RecencyOrFrequency::AddUse(double score, double stamp) {
   return high + std::log2(1 + std::exp2(low - high));
 }
 
-double RecencyOrFrequency::ScoreOfStored(uint64_t fingerprint, double stamp, size_t held_blocks) {
+UseKey RecencyOrFrequency::Stored(uint64_t fingerprint, double stamp, size_t held_blocks) {
   frequency_share_.Returning(fingerprint, held_blocks);
   const std::optional<double> before = scores_.Take(fingerprint);
-  return before.has_value() ? AddUse(*before, stamp) : stamp;
+  return {before.has_value() ? AddUse(*before, stamp) : stamp, -++ties_};
 }
+
+UseKey RecencyOrFrequency::Used(const UseKey& before) { return {AddUse(before.first, Now()), ++ties_}; }
 
 RecencyOrFrequency::Choice RecencyOrFrequency::Choose(double recency_victim_score, double frequency_victim_score,
                                                       double probation_share) {

@@ -24,6 +24,7 @@
 
 #include "services/cache/store/arc_target.h"
 #include "services/cache/store/ghosts.h"
+#include "services/cache/store/use_order.h"
 
 namespace kvtier::cache {
 
@@ -40,10 +41,16 @@ class RecencyOrFrequency {
   void Advance(uint64_t bytes) { clock_bytes_ += bytes; }
   // A score with one more use stamped `stamp`.
   static double AddUse(double score, double stamp);
-  // The score of a block stored with `stamp` while the store holds
-  // `held_blocks`: that use, plus its remembered uses if it was evicted.
-  // Its return moves the share of frequency's choices.
-  double ScoreOfStored(uint64_t fingerprint, double stamp, size_t held_blocks);
+  // The key of a block stored with `stamp` while the store holds
+  // `held_blocks`: its score is that use plus its remembered uses if it was
+  // evicted (its return moves the share of frequency's choices). Of blocks
+  // with the same score the one stored later goes first: a stream stores a
+  // prompt first block first, and its blocks are stamped alike.
+  UseKey Stored(uint64_t fingerprint, double stamp, size_t held_blocks);
+  // The key of a block with `before` used again now. Of blocks with the
+  // same score the one used first goes first: a Match uses a prefix last
+  // block first.
+  UseKey Used(const UseKey& before);
   // Of recency's victim and frequency's, a different block, which goes:
   // recency's, learning nothing (kAgreed), unless room is scarce (the
   // share of a tier on probation at most a half: used blocks were lost to
@@ -65,6 +72,7 @@ class RecencyOrFrequency {
   ArcTarget frequency_share_{/*start=*/0.0, /*floor=*/0.0};
   double frequency_due_ = 0;  // its share of the choices made, less those it made
   Ghosts scores_;             // of evicted blocks
+  int64_t ties_ = 0;          // tie-breaks handed out
 };
 
 }  // namespace kvtier::cache

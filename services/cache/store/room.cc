@@ -81,9 +81,7 @@ void BlockStore::TouchLocked(Entry* e) {
   }
   t.lru.splice(t.lru.begin(), t.lru, e->lru);
   if (options_.eviction != Eviction::kAdaptive) return;
-  // A Match touches a prefix last block first: of those with the same
-  // score, the one touched first goes first (UseOrder places it lazily).
-  e->use = {RecencyOrFrequency::AddUse(e->use.first, recency_or_frequency_.Now()), ++use_ties_};
+  e->use = recency_or_frequency_.Used(e->use);  // UseOrder places it anew lazily
   e->chosen_by = RecencyOrFrequency::Choice::kAgreed;
 }
 

@@ -15,8 +15,9 @@
 
 namespace kvtier::cache {
 
-// A block's use score, then a tie-break: so that of a prompt's blocks with
-// the same score the last goes first (as under leaf-first).
+// A block's use score, then a tie-break (RecencyOrFrequency hands both
+// out): so that of a prompt's blocks with the same score the last goes
+// first, as under leaf-first.
 using UseKey = std::pair<double, int64_t>;
 
 // T has `UseKey use` (its key, raised in place) and

@@ -31,15 +31,21 @@ TEST(RecencyOrFrequency, ScoresCountUsesHalvedEachHalfLife) {
 // after eviction adds it to the uses remembered with it.
 TEST(RecencyOrFrequency, AStoredBlockKeepsTheUsesItWasEvictedWith) {
   RecencyOrFrequency r(1000);
-  EXPECT_EQ(r.ScoreOfStored(/*fingerprint=*/7, /*stamp=*/1.0, /*held_blocks=*/10), 1.0);
+  EXPECT_EQ(r.Stored(/*fingerprint=*/7, /*stamp=*/1.0, /*held_blocks=*/10).first, 1.0);
   r.Evicted(7, /*score=*/3.0, Choice::kAgreed, 10);
-  EXPECT_DOUBLE_EQ(r.ScoreOfStored(7, 3.0, 10), 4.0);
-  EXPECT_EQ(r.ScoreOfStored(7, 3.0, 10), 3.0) << "remembered once";
+  EXPECT_DOUBLE_EQ(r.Stored(7, 3.0, 10).first, 4.0);
+  EXPECT_EQ(r.Stored(7, 3.0, 10).first, 3.0) << "remembered once";
   // Four times the blocks held are remembered, the oldest forgotten first.
   for (uint64_t k = 100; k < 110; ++k) r.Evicted(k, 9.0, Choice::kAgreed, /*held_blocks=*/2);
-  EXPECT_EQ(r.ScoreOfStored(101, 1.0, 2), 1.0);
-  EXPECT_GT(r.ScoreOfStored(102, 1.0, 2), 9.0);
+  EXPECT_EQ(r.Stored(101, 1.0, 2).first, 1.0);
+  EXPECT_GT(r.Stored(102, 1.0, 2).first, 9.0);
   EXPECT_GT(r.MemoryBytes(), 0u);
+  // Equal scores: of blocks stored alike the later goes first (the lower
+  // key), of blocks used alike the earlier.
+  const UseKey stored_first = r.Stored(200, 5.0, 2);
+  EXPECT_GT(stored_first, r.Stored(201, 5.0, 2));
+  const UseKey used_first = r.Used({5.0, 0});
+  EXPECT_LT(used_first, r.Used({5.0, 0}));
 }
 
 // Frequency may choose only where room is scarce (probation at most half
@@ -57,7 +63,7 @@ TEST(RecencyOrFrequency, FrequencyChoosesInItsShareWhereRoomIsScarceAndTheGapLar
   // quarter each.
   for (uint64_t k = 1; k <= 2; ++k) {
     r.Evicted(k, 5.0, Choice::kRecency, /*held_blocks=*/4);
-    r.ScoreOfStored(k, 6.0, 4);
+    r.Stored(k, 6.0, 4);
   }
   EXPECT_DOUBLE_EQ(r.frequency_share(), 0.5);
   // At a half, every other choice is frequency's.
@@ -66,11 +72,11 @@ TEST(RecencyOrFrequency, FrequencyChoosesInItsShareWhereRoomIsScarceAndTheGapLar
   EXPECT_EQ(by_frequency, 5);
   // One of frequency's victims coming back: back a quarter.
   r.Evicted(3, 1.0, Choice::kFrequency, 4);
-  r.ScoreOfStored(3, 6.0, 4);
+  r.Stored(3, 6.0, 4);
   EXPECT_DOUBLE_EQ(r.frequency_share(), 0.25);
   // A block both chose alike teaches nothing.
   r.Evicted(4, 1.0, Choice::kAgreed, 4);
-  r.ScoreOfStored(4, 6.0, 4);
+  r.Stored(4, 6.0, 4);
   EXPECT_DOUBLE_EQ(r.frequency_share(), 0.25);
 }
 
