@@ -1,5 +1,6 @@
 #include "services/kvblock/layout.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -117,6 +118,17 @@ absl::Status ValidateLayout(const LatentLayout& l) {
   }
   if (l.kv_lora_rank > 0xffff || l.rope_dim > 0xffff) {
     return absl::InvalidArgumentError("layout dims must fit 16 bits");
+  }
+  if (l.IsV4()) {
+    // A record's header holds its payload's size in 32 bits; the largest
+    // restore point is the one whose window is full.
+    const size_t block = kernels::V4BlockBytes(l.V4Parts(), l.tokens_per_block);
+    const size_t point = kernels::V4RestorePointBytes(l.V4Parts(), l.sliding_window);
+    if (std::max(block, point) > UINT32_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat("layout: a DeepSeek-V4 block of ", block,
+                                                     " bytes or restore point of up to ", point,
+                                                     " bytes does not fit a record (at most 4 GiB - 1)"));
+    }
   }
   return absl::OkStatus();
 }

@@ -192,6 +192,26 @@ TEST(Layout, V4FieldsMustFitTogether) {
       {[](LatentLayout& l) { l.indexer_dim = 48; }, "multiple of 32"},
       {[](LatentLayout& l) { std::replace(l.compress_ratios.begin(), l.compress_ratios.end(), 4u, 128u); },
        "one without them none"},
+      // Every field within its own limit, but a block, or a restore point
+      // of a full window, over the 32 bits a record's header has for it.
+      {[](LatentLayout& l) {
+         l.num_layers = kMaxLayers;
+         l.kv_lora_rank = kernels::kMaxLatentDim;
+         l.tokens_per_block = kernels::kMaxBlockTokens;
+         l.compress_ratios.assign(kMaxLayers, 1);
+         l.indexer_dim = 0;
+         l.indexer_encoding = IndexerEncoding::kNone;
+       },
+       "does not fit a record"},
+      {[](LatentLayout& l) {
+         l.num_layers = kMaxLayers;
+         l.kv_lora_rank = kernels::kMaxLatentDim;
+         l.compress_ratios.assign(kMaxLayers, 0);
+         l.indexer_dim = 0;
+         l.indexer_encoding = IndexerEncoding::kNone;
+         l.sliding_window = kernels::kMaxBlockTokens;
+       },
+       "does not fit a record"},
       // Not a V4 layout: no window, no MXFP4 keys.
       {[](LatentLayout& l) { l = V2Lite(), l.sliding_window = 128; }, "sliding_window"},
       {[](LatentLayout& l) {

@@ -120,6 +120,9 @@ class LatentLayout:
         if csa != (self.indexer_encoding == INDEXER_MXFP4) or (csa and self.indexer_dim % 32):
             raise ValueError("a DeepSeek-V4 layout with ratio-4 layers keeps MXFP4 indexer keys (dim a multiple "
                              "of 32), one without them none")
+        if max(self.v4_block_bytes(), self.v4_restore_point_bytes(self.sliding_window)) > 0xFFFFFFFF:
+            raise ValueError("a DeepSeek-V4 block or restore point of this layout does not fit a record "
+                             "(at most 4 GiB - 1 bytes)")
 
     @property
     def dim(self):

@@ -49,6 +49,16 @@ def v4_flash():
                         sliding_window=128)
 
 
+def test_a_v4_layout_whose_records_would_pass_4_gib_is_refused():
+    # As the server refuses it (tests/kvblock/layout_test.cc): the header's
+    # payload size is 32 bits.
+    with pytest.raises(ValueError, match="does not fit a record"):
+        LatentLayout("big", 1024, 16384, 64, 4096, "fp8", compress_ratios=(1,) * 1024, sliding_window=128)
+    with pytest.raises(ValueError, match="does not fit a record"):
+        LatentLayout("big", 1024, 16384, 64, 128, "fp8", compress_ratios=(0,) * 1024, sliding_window=4096)
+    assert v4_flash().v4_block_bytes() < 1 << 32
+
+
 # docs/protocol.md, "Test vectors"; tests/kvblock/layout_test.cc checks the same.
 V32_LAYOUT_ID = "a0310fb54efa66ff"
 
