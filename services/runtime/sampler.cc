@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <ranges>
 #include <span>
 #include <vector>
 
@@ -42,6 +41,19 @@ double SumOver(size_t n, F f) {
 }
 
 // LogSumExp given the logits' maximum: float exps, summed in double.
+// 0, 1, ..., n - 1, kept per thread and grown as needed (what the sort
+// and the draws go over; views::iota would do, but clang 14, which
+// scripts/fuzz.sh builds with, cannot compile gcc 12's).
+std::span<const uint32_t> TokenIds(size_t n) {
+  thread_local std::vector<uint32_t> ids;
+  if (ids.size() < n) {
+    const size_t had = ids.size();
+    ids.resize(n);
+    std::iota(ids.begin() + static_cast<std::ptrdiff_t>(had), ids.end(), static_cast<uint32_t>(had));
+  }
+  return std::span(ids).first(n);
+}
+
 double LogSumExpWithMax(std::span<const float> logits, float max) {
   return std::log(SumOver(logits.size(), [&](uint32_t t) { return double{std::exp(logits[t] - max)}; })) + max;
 }
@@ -68,10 +80,10 @@ Sampled Sample(std::span<const float> logits, const Sampling& s, uint64_t step, 
   const auto before = [&](uint32_t a, uint32_t b) {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
   };
-  const auto ids = std::views::iota(uint32_t{0}, static_cast<uint32_t>(n));
+  const std::span<const uint32_t> ids = TokenIds(n);
   Sampled out;
   std::vector<uint32_t> top(std::min(top_n, n));
-  std::ranges::partial_sort_copy(ids, top, before);
+  std::partial_sort_copy(ids.begin(), ids.end(), top.begin(), top.end(), before);
   for (uint32_t t : top) out.top.push_back({t, static_cast<float>(logits[t] - log_sum)});
   out.token = static_cast<uint32_t>(std::find(logits.begin(), logits.end(), max) - logits.begin());  // first of ties
   if (out.token >= n) out.token = 0;  // a NaN maximum matches nothing; still a token of the vocabulary
