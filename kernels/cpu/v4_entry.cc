@@ -17,12 +17,17 @@ constexpr size_t kFp8Block = 64, kFp4Block = 32;
 // [-127, 127], the E8M0 range); amax 0 gives 0.
 int ScaleExponent(float amax, float limit) {
   if (amax == 0.0f) return 0;
-  int k = std::ilogb(PowerOfTwoAtLeast(amax / limit));
+  // A small amax is scaled up by 2^64 first, so that the ratio is a normal
+  // float (PowerOfTwoAtLeast's domain) even under a scale near 2^-127.
+  const int shift = amax < 1.0f ? 64 : 0;
+  int k = std::ilogb(PowerOfTwoAtLeast(std::ldexp(amax, shift) / limit)) - shift;
   if (k < 127 && amax > std::ldexp(limit, k)) ++k;  // the division rounded down to a power of two
   return k < -127 ? -127 : k;
 }
 
-Status Lossy(const std::string& what) { return InvalidArgument("V4 entry: " + what + " cannot be stored without loss"); }
+Status Lossy(const std::string& what) {
+  return InvalidArgument("V4 entry: " + what + " cannot be stored without loss");
+}
 
 }  // namespace
 
@@ -99,6 +104,8 @@ Status DecodeV4Entry(std::span<const uint8_t> bytes, size_t rope_dim, std::span<
     for (size_t i = b * kFp8Block; i < (b + 1) * kFp8Block; ++i) {
       if ((bytes[i] & 0x7f) == 0x7f) return InvalidArgument("V4 entry: an FP8 code is NaN");
       values[i] = Fp8E4m3ToFloat(bytes[i]) * scale;
+      // A large code times a scale near 2^127 is past float's range.
+      if (!std::isfinite(values[i])) return InvalidArgument("V4 entry: a value overflows float32");
     }
   }
   const uint8_t* rotated = scales + fp8 / kFp8Block;
@@ -150,6 +157,7 @@ Status DecodeV4IndexKey(std::span<const uint8_t> bytes, std::span<float> values)
     const float scale = E8m0ToFloat(scales[b]);
     for (size_t i = b * kFp4Block; i < (b + 1) * kFp4Block; ++i) {
       values[i] = E2m1ToFloat(static_cast<uint8_t>(bytes[i / 2] >> (i % 2 == 0 ? 0 : 4))) * scale;
+      if (!std::isfinite(values[i])) return InvalidArgument("V4 index key: a value overflows float32");
     }
   }
   return OkStatus();

@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "kvtier/kernels/float_formats.h"
@@ -90,6 +92,30 @@ TEST(V4EntryTest, ValuesTheFormatsCannotHoldAreRefused) {
   ASSERT_TRUE(kernels::EncodeV4Entry(entry, 64, bytes).ok());
   bytes[448] = 0xff;
   EXPECT_FALSE(kernels::DecodeV4Entry(bytes, 64, back).ok());
+  // Finite codes times the largest scale (2^127) are past float32's range:
+  // refused too, for entries and keys (what fuzz_v4_restore found).
+  ASSERT_TRUE(kernels::EncodeV4Entry(entry, 64, bytes).ok());
+  bytes[448] = 0xfe;
+  bytes[0] = 0x7e;  // 448 x 2^127
+  EXPECT_FALSE(kernels::DecodeV4Entry(bytes, 64, back).ok());
+  bytes[0] = 0x00;  // every code of the block 0 or 0.5 (0x30): 0.5 x 2^127 is finite
+  for (size_t i = 1; i < 64; ++i) bytes[i] = 0x30;
+  EXPECT_TRUE(kernels::DecodeV4Entry(bytes, 64, back).ok());
+  // Under the smallest scale (2^-127) the values are float32 subnormals
+  // or near them, and still encode, to the same bytes.
+  bytes[448] = 0x00;
+  for (size_t i = 0; i < 64; ++i) bytes[i] = static_cast<uint8_t>(i % 2 ? 0x05 : 0x83);  // subnormal codes
+  bytes[7] = 0x56;                                                                       // 1.25 x 2^3
+  ASSERT_TRUE(kernels::DecodeV4Entry(bytes, 64, back).ok());
+  std::vector<uint8_t> again(584);
+  ASSERT_TRUE(kernels::EncodeV4Entry(back, 64, again).ok());
+  EXPECT_EQ(again, bytes);
+  key.assign(128, 1.0f);
+  ASSERT_TRUE(kernels::EncodeV4IndexKey(key, key_bytes).ok());
+  std::vector<float> key_back(128);
+  key_bytes[0] = 0x07;   // 6.0
+  key_bytes[64] = 0xfe;  // times 2^127
+  EXPECT_FALSE(kernels::DecodeV4IndexKey(key_bytes, key_back).ok());
 }
 
 class V4CachePartsTest : public ::testing::Test {
@@ -191,6 +217,14 @@ TEST_F(V4CachePartsTest, PartsThatDoNotFitAreRefusedAndTheCacheIsUntouched) {
   std::vector<std::vector<uint8_t>> nan_code = blocks;
   nan_code[1][0] = 0x7f;  // layer 1's first compressed entry: a NaN FP8 code
   EXPECT_FALSE(RestoreV4(config_, Views(nan_code), point, kBlock, fresh).ok());
+  // Layer 1's overlap rows (after both layers' windows of 16 entries),
+  // float32 as stored: a NaN or an infinity is refused.
+  const size_t rows_at = 8 + 2 * kBlock * kernels::V4EntryBytes(80, 16);
+  for (const float bad : {std::nanf(""), -std::numeric_limits<float>::infinity()}) {
+    std::vector<uint8_t> bad_rows = point;
+    std::memcpy(bad_rows.data() + rows_at + 3 * sizeof(float), &bad, sizeof bad);
+    EXPECT_FALSE(RestoreV4(config_, Views(blocks), bad_rows, kBlock, fresh).ok()) << bad;
+  }
   EXPECT_EQ(fresh.length, 0);
   EXPECT_TRUE(fresh.v4[1].compressed.empty());
   ASSERT_TRUE(RestoreV4(config_, Views(blocks), point, kBlock, fresh).ok());
