@@ -25,9 +25,7 @@ int ScaleExponent(float amax, float limit) {
   return k < -127 ? -127 : k;
 }
 
-Status Lossy(const std::string& what) {
-  return InvalidArgument("V4 entry: " + what + " cannot be stored without loss");
-}
+Status Lossy(const std::string& what) { return InvalidArgument("V4 entry: " + what + " cannot be stored without loss"); }
 
 }  // namespace
 

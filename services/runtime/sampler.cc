@@ -40,7 +40,6 @@ double SumOver(size_t n, F f) {
   return (sums[0] + sums[1]) + (sums[2] + sums[3]);
 }
 
-// LogSumExp given the logits' maximum: float exps, summed in double.
 // 0, 1, ..., n - 1, kept per thread and grown as needed (what the sort
 // and the draws go over; views::iota would do, but clang 14, which
 // scripts/fuzz.sh builds with, cannot compile gcc 12's).
@@ -54,6 +53,7 @@ std::span<const uint32_t> TokenIds(size_t n) {
   return std::span(ids).first(n);
 }
 
+// LogSumExp given the logits' maximum: float exps, summed in double.
 double LogSumExpWithMax(std::span<const float> logits, float max) {
   return std::log(SumOver(logits.size(), [&](uint32_t t) { return double{std::exp(logits[t] - max)}; })) + max;
 }

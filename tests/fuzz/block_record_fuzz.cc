@@ -8,7 +8,6 @@
 // 2-4: the layout expected, none or one of Layouts()), the length of the
 // pieces a scattered copy is cut into (1-64 bytes), then the record.
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>

@@ -5,7 +5,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -13,6 +12,7 @@
 
 #include "services/runtime/safetensors.h"
 #include "tests/fuzz/fuzz_target.h"
+#include "tests/temp_dir.h"
 
 namespace kvtier::fuzz {
 
@@ -25,16 +25,13 @@ std::vector<std::string> Seeds() {
   }
   tensors.push_back({"scalar", DType::kF32, {}, {0.5f}});
   tensors.push_back({"empty", DType::kBf16, {0, 4}, {}});
-  char path[] = "/tmp/kvtier-fuzz-seed-XXXXXX";
-  const int fd = mkstemp(path);
-  if (fd < 0) return {};
-  close(fd);
+  const testing::TempDir dir("kvtier_fuzz_seed_");
+  const std::string path = (dir / "seed.safetensors").string();
   std::vector<std::string> seeds;
   if (runtime::WriteSafetensors(path, tensors).ok()) {
     std::ifstream in(path, std::ios::binary);
     seeds.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
-  std::remove(path);
   return seeds;
 }
 

@@ -7,7 +7,6 @@
 // them, each of its size.
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -18,6 +17,7 @@
 #include "services/runtime/model.h"
 #include "services/runtime/v4_cache_parts.h"
 #include "tests/fuzz/fuzz_target.h"
+#include "tests/temp_dir.h"
 
 namespace kvtier::fuzz {
 namespace {
@@ -27,11 +27,10 @@ constexpr uint32_t kBlock = 16;  // a multiple of v4-tiny's ratios (4, 8)
 const runtime::Model& TinyV4() {
   static const std::unique_ptr<runtime::Model> model = [] {
     const runtime::ModelConfig config = *runtime::PresetConfig("v4-tiny");
-    std::string dir = (std::filesystem::temp_directory_path() / "kvtier-fuzz-v4-XXXXXX").string();
-    if (mkdtemp(dir.data()) == nullptr || !runtime::MakeModel(config, dir, 1).ok()) std::abort();
-    const std::unique_ptr<runtime::Checkpoint> checkpoint = *runtime::Checkpoint::Open(dir);
+    const testing::TempDir dir("kvtier_fuzz_v4_");  // removed once the weights are loaded
+    if (!runtime::MakeModel(config, dir.path().string(), 1).ok()) std::abort();
+    const std::unique_ptr<runtime::Checkpoint> checkpoint = *runtime::Checkpoint::Open(dir.path().string());
     std::unique_ptr<runtime::Model> loaded = *runtime::Model::Load(*checkpoint);
-    std::filesystem::remove_all(dir);
     return loaded;
   }();
   return *model;
