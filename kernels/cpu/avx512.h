@@ -1,5 +1,5 @@
 // AVX-512 pieces the CPU kernels share: the build target and the check
-// that this CPU runs it, tail masks, and the attention kernels' register
+// that this CPU runs it (and the same two for AVX2), tail masks, and the attention kernels' register
 // tiles (4 x 4 accumulators as named variables a##h##k, h the tile's row,
 // k its column; one step of a tile; a 16-way horizontal sum). Private to
 // kernels/cpu.
@@ -27,8 +27,21 @@ inline bool HasAvx512() {
   static const bool has = cpu && std::getenv("KVTIER_NO_AVX512") == nullptr;
   return has;
 }
+
+// True when this CPU runs x86-64-v3 (AVX2, FMA, F16C), the target of
+// KVTIER_AVX2 functions.
+inline bool HasAvx2() {
+#if defined(__clang__)
+  static const bool has =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#else
+  static const bool has = __builtin_cpu_supports("x86-64-v3");
+#endif
+  return has;
+}
 #else
 inline bool HasAvx512() { return false; }
+inline bool HasAvx2() { return false; }
 #endif
 
 }  // namespace kvtier::kernels::cpu
@@ -43,6 +56,15 @@ inline bool HasAvx512() { return false; }
 #include <immintrin.h>
 
 #define KVTIER_AVX512 __attribute__((target("arch=x86-64-v4")))
+
+// A file built for AVX2 already (KVTIER_ARCH, ThreadSanitizer's builds)
+// takes no attribute: its intrinsics, made for the whole file's level,
+// would not inline into a function made for less.
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#define KVTIER_AVX2
+#else
+#define KVTIER_AVX2 __attribute__((target("arch=x86-64-v3")))
+#endif
 
 // The 16 accumulators are named variables: as an array GCC 12 copied most
 // of them between two sets of registers on every step (up to 32 moves for

@@ -67,26 +67,55 @@ KVTIER_INLINE void DotTile(const Weight* row, size_t cols, const float* x, size_
   }
 }
 
+// 16 floats (Lanes16) or 8 (Lanes8) of a weight row or an input: into a
+// reference, since a template returning the vector is instantiated where
+// the note on its ABI is no longer silenced.
+KVTIER_INLINE void LoadLanes(const float* p, Lanes16& v) { v = Load16(p); }
+KVTIER_INLINE void LoadLanes(const uint16_t* p, Lanes16& v) { v = Load16(p); }
+KVTIER_INLINE void LoadLanes(const float* p, Lanes8& v) { v = Load8(p); }
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// Load8's widening of bf16 is built by GCC 12 as two 128-bit widenings
+// and an insert, where AVX2 has one instruction (the AVX2 tiles' bf16
+// products ran at two thirds of their rate). Not always_inline: GCC
+// refuses that into AccumulateBlock's body, built for no target; it is
+// inlined once that body is in GemmRowRangeAvx2.
+KVTIER_AVX2 inline void LoadLanes(const uint16_t* p, Lanes8& v) {
+  const __m128i bf16 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  v = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bf16), 16));
+}
+#else
+KVTIER_INLINE void LoadLanes(const uint16_t* p, Lanes8& v) { v = Load8(p); }
+#endif
+
 // R weight rows against M inputs over columns [begin, end) (whole lane
-// groups), continuing the lane-wise sums in `acc` (R x M, row-major; from
-// zero when begin is 0): the steps of DotTile's loop, with each load of a
-// weight row shared by M inputs and each load of an input by R rows.
-template <size_t R, size_t M, typename Weight>
+// groups), continuing the lane-wise sums at entries e0.. of `acc` (R x M,
+// row-major; from zero when begin is 0): the steps of DotTile's loop, with
+// each load of a weight row shared by M inputs and each load of an input
+// by R rows. A lane group is one Lanes16 or two Lanes8 (acc[0] holding
+// lanes 0..7, acc[1] lanes 8..15), both halves in the same pass so that
+// every line read is read whole.
+template <size_t R, size_t M, typename Weight, typename Lanes, size_t kParts, size_t kEntries>
 KVTIER_INLINE void AccumulateBlock(const Weight* w, size_t cols, size_t begin, size_t end, const float* x,
-                                   size_t x_stride, Lanes16* acc) {
-  Lanes16 lanes[R][M];
-  for (size_t r = 0; r < R; ++r)
-    for (size_t i = 0; i < M; ++i) lanes[r][i] = begin == 0 ? Lanes16{} : acc[r * M + i];
+                                   size_t x_stride, Lanes (&acc)[kParts][kEntries], size_t e0) {
+  constexpr size_t kWidth = 16 / kParts;
+  Lanes lanes[kParts][R][M];
+  for (size_t p = 0; p < kParts; ++p)
+    for (size_t r = 0; r < R; ++r)
+      for (size_t i = 0; i < M; ++i) lanes[p][r][i] = begin == 0 ? Lanes{} : acc[p][e0 + r * M + i];
   for (size_t c = begin; c < end; c += 16) {
-    Lanes16 in[M];
-    for (size_t i = 0; i < M; ++i) in[i] = Load16(x + i * x_stride + c);
-    for (size_t r = 0; r < R; ++r) {
-      const Lanes16 wr = Load16(w + r * cols + c);
-      for (size_t i = 0; i < M; ++i) lanes[r][i] += wr * in[i];
+    for (size_t p = 0; p < kParts; ++p) {
+      Lanes in[M];
+      for (size_t i = 0; i < M; ++i) LoadLanes(x + i * x_stride + c + p * kWidth, in[i]);
+      for (size_t r = 0; r < R; ++r) {
+        Lanes wr;
+        LoadLanes(w + r * cols + c + p * kWidth, wr);
+        for (size_t i = 0; i < M; ++i) lanes[p][r][i] += wr * in[i];
+      }
     }
   }
-  for (size_t r = 0; r < R; ++r)
-    for (size_t i = 0; i < M; ++i) acc[r * M + i] = lanes[r][i];
+  for (size_t p = 0; p < kParts; ++p)
+    for (size_t r = 0; r < R; ++r)
+      for (size_t i = 0; i < M; ++i) acc[p][e0 + r * M + i] = lanes[p][r][i];
 }
 #pragma GCC diagnostic pop
 
@@ -103,13 +132,16 @@ KVTIER_INLINE void GemmRows(const Weight* w, size_t rows, size_t cols, const flo
   }
 }
 
-// Gemm's block of inputs in tiles of 6 weight rows x 4 inputs (24 sums in
-// registers: AVX-512's 32 registers hold them with the loads), the columns
-// in chunks of 1,024 so that a tile's weights stay in L1 while the block's
-// inputs pass. The rows past the last whole tile go through GemmRows.
-// Chosen against 4 x 4 tiles, chunks of 256-2,048 columns and blocks of
-// 16-64 inputs (docs/notes/2026-12-01-benchmark-history.md, "The peaks,
-// measured again").
+// Gemm's block of inputs in tiles of kRows weight rows x kInputs inputs,
+// the columns in chunks of 1,024 so that a tile's weights stay in L1 while
+// the block's inputs pass. The rows past the last whole tile go through
+// GemmRows. With AVX-512, 6 x 4 (24 sums in registers: AVX-512's 32 hold
+// them with the loads), chosen against 4 x 4 tiles, chunks of 256-2,048
+// columns and blocks of 16-64 inputs
+// (docs/notes/2026-12-01-benchmark-history.md, "The peaks, measured
+// again"). With AVX2's 16 registers, 3 x 2, each sum two halves of 8
+// lanes (12 registers), chosen against 2 x 2, 2 x 3, 4 x 2 and, in two
+// passes of one half each, 3 x 4 (docs/notes/2026-12-05-avx2-gemm.md).
 constexpr size_t kInputBlock = 32;
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -148,6 +180,36 @@ KVTIER_AVX512 void LaneSums(const Lanes16* v, float* sums) {
   for (int j = 0; j < 16; ++j) sum = _mm512_add_ps(sum, column[j]);
   _mm512_storeu_ps(sums, sum);
 }
+
+// The same for the AVX2 tiles, 8 entries whose lanes 0..7 are in low[k]
+// and 8..15 in high[k]: each 8 x 8 block transposed, then its columns
+// added in lane order.
+KVTIER_AVX2 KVTIER_INLINE void Transpose8(const Lanes8* v, __m256 column[8]) {
+  __m256 quads[8];  // per 128-bit lane: element m of vectors 4g..4g+3 in quads[4g + m]
+  for (int g = 0; g < 2; ++g) {
+    const __m256 lo01 = _mm256_unpacklo_ps(v[4 * g], v[4 * g + 1]), hi01 = _mm256_unpackhi_ps(v[4 * g], v[4 * g + 1]);
+    const __m256 lo23 = _mm256_unpacklo_ps(v[4 * g + 2], v[4 * g + 3]),
+                 hi23 = _mm256_unpackhi_ps(v[4 * g + 2], v[4 * g + 3]);
+    quads[4 * g + 0] = _mm256_shuffle_ps(lo01, lo23, 0x44);
+    quads[4 * g + 1] = _mm256_shuffle_ps(lo01, lo23, 0xee);
+    quads[4 * g + 2] = _mm256_shuffle_ps(hi01, hi23, 0x44);
+    quads[4 * g + 3] = _mm256_shuffle_ps(hi01, hi23, 0xee);
+  }
+  for (int m = 0; m < 4; ++m) {  // lane m from the low 128 bits, lane 4 + m from the high
+    column[m] = _mm256_permute2f128_ps(quads[m], quads[4 + m], 0x20);
+    column[4 + m] = _mm256_permute2f128_ps(quads[m], quads[4 + m], 0x31);
+  }
+}
+
+KVTIER_AVX2 void LaneSums(const Lanes8* low, const Lanes8* high, float* sums) {
+  __m256 column[8];
+  __m256 sum = _mm256_setzero_ps();
+  Transpose8(low, column);
+  for (int j = 0; j < 8; ++j) sum = _mm256_add_ps(sum, column[j]);
+  Transpose8(high, column);
+  for (int j = 0; j < 8; ++j) sum = _mm256_add_ps(sum, column[j]);
+  _mm256_storeu_ps(sums, sum);
+}
 #else
 inline void LaneSums(const Lanes16* v, float* sums) {
   for (int k = 0; k < 16; ++k) {
@@ -156,14 +218,37 @@ inline void LaneSums(const Lanes16* v, float* sums) {
     sums[k] = s;
   }
 }
+
+inline void LaneSums(const Lanes8* low, const Lanes8* high, float* sums) {
+  for (int k = 0; k < 8; ++k) {
+    float s = 0.0f;
+    for (int j = 0; j < 8; ++j) s += low[k][j];
+    for (int j = 0; j < 8; ++j) s += high[k][j];
+    sums[k] = s;
+  }
+}
 #endif
 
-template <typename Weight>
+// sums[k]: DotTile's lane sums of entry e0 + k, for k < 16, of the
+// accumulators of one part (16 lanes) or two (lanes 0..7, then 8..15).
+template <size_t kParts, size_t kEntries, typename Lanes>
+KVTIER_INLINE void LaneSumsOf(const Lanes (&acc)[kParts][kEntries], size_t e0, float* sums) {
+  if constexpr (kParts == 1) {
+    LaneSums(acc[0] + e0, sums);
+  } else {
+    LaneSums(acc[0] + e0, acc[1] + e0, sums);
+    LaneSums(acc[0] + e0 + 8, acc[1] + e0 + 8, sums + 8);
+  }
+}
+
+template <size_t kRows, size_t kInputs, typename Lanes, typename Weight>
 KVTIER_INLINE void GemmRowsWide(const Weight* w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride,
                                 float* y, size_t y_stride) {
-  constexpr size_t kRows = 6, kInputs = 4, kChunk = 1024;
+  constexpr size_t kChunk = 1024;
+  constexpr size_t kWidth = sizeof(Lanes) / sizeof(float), kParts = 16 / kWidth;
   const size_t full = cols / 16 * 16;
-  Lanes16 acc[kInputBlock * kRows] = {};  // each input tile's [row][input] sums, then each tail input's [row]
+  // Per part, each input tile's [row][input] sums, then each tail input's [row].
+  Lanes acc[kParts][kInputBlock * kRows] = {};
   const size_t tiled = n / kInputs * kInputs, entries = n * kRows;
   size_t r0 = 0;
   for (; r0 + kRows <= rows; r0 += kRows) {
@@ -173,15 +258,15 @@ KVTIER_INLINE void GemmRowsWide(const Weight* w, size_t rows, size_t cols, const
       const size_t c_end = std::min(full, c + kChunk);
       size_t i = 0;
       for (; i + kInputs <= n; i += kInputs)
-        AccumulateBlock<kRows, kInputs>(tile, cols, c, c_end, x + i * x_stride, x_stride, acc + i * kRows);
-      for (; i < n; ++i) AccumulateBlock<kRows, 1>(tile, cols, c, c_end, x + i * x_stride, x_stride, acc + i * kRows);
+        AccumulateBlock<kRows, kInputs>(tile, cols, c, c_end, x + i * x_stride, x_stride, acc, i * kRows);
+      for (; i < n; ++i) AccumulateBlock<kRows, 1>(tile, cols, c, c_end, x + i * x_stride, x_stride, acc, i * kRows);
       c += kChunk;
     } while (c < full);
     // The tile's dot products from their lane sums, then the columns past
     // the last lane group, as DotTile does for one.
     for (size_t e0 = 0; e0 < entries; e0 += 16) {
       alignas(64) float sums[16];
-      LaneSums(acc + e0, sums);
+      LaneSumsOf<kParts>(acc, e0, sums);
       for (size_t e = e0; e < std::min(entries, e0 + 16); ++e) {
         const bool in_tile = e < tiled * kRows;
         const size_t r = in_tile ? e % (kRows * kInputs) / kInputs : e % kRows;
@@ -200,17 +285,54 @@ KVTIER_INLINE void GemmRowsWide(const Weight* w, size_t rows, size_t cols, const
 // would otherwise be re-read from memory per row). A clones function of
 // its own: the parallel chunks call it from lambdas, which would otherwise
 // be compiled for the baseline target only.
-template <bool kWide, typename Weight>
+enum class Tiles { kAnyLevel, kAvx512, kAvx2 };
+
+template <Tiles kTiles, typename Weight>
 KVTIER_INLINE void GemmRowRangeOf(const Weight* w, size_t row_begin, size_t row_end, size_t cols, const float* x,
                                   size_t n, size_t x_stride, float* y, size_t y_stride) {
   for (size_t i0 = 0; i0 < n; i0 += kInputBlock) {
     const size_t block = std::min(kInputBlock, n - i0);
+    const Weight* rows = w + row_begin * cols;
+    const size_t count = row_end - row_begin;
     float* out = y + i0 * y_stride + row_begin;
-    if constexpr (kWide) {
-      GemmRowsWide(w + row_begin * cols, row_end - row_begin, cols, x + i0 * x_stride, block, x_stride, out, y_stride);
+    if constexpr (kTiles == Tiles::kAvx512) {
+      GemmRowsWide<6, 4, Lanes16>(rows, count, cols, x + i0 * x_stride, block, x_stride, out, y_stride);
+    } else if constexpr (kTiles == Tiles::kAvx2) {
+      GemmRowsWide<3, 2, Lanes8>(rows, count, cols, x + i0 * x_stride, block, x_stride, out, y_stride);
     } else {
-      GemmRows(w + row_begin * cols, row_end - row_begin, cols, x + i0 * x_stride, block, x_stride, out, y_stride);
+      GemmRows(rows, count, cols, x + i0 * x_stride, block, x_stride, out, y_stride);
     }
+  }
+}
+
+// The wide tiles' own builds, for the CPUs that run them.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+template <typename Weight>
+KVTIER_AVX512 void GemmRowRangeAvx512(const Weight* w, size_t row_begin, size_t row_end, size_t cols, const float* x,
+                                      size_t n, size_t x_stride, float* y, size_t y_stride) {
+  GemmRowRangeOf<Tiles::kAvx512>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
+}
+template <typename Weight>
+KVTIER_AVX2 void GemmRowRangeAvx2(const Weight* w, size_t row_begin, size_t row_end, size_t cols, const float* x,
+                                  size_t n, size_t x_stride, float* y, size_t y_stride) {
+  GemmRowRangeOf<Tiles::kAvx2>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
+}
+constexpr bool kWideTiles = true;
+#else
+template <typename Weight>
+void GemmRowRangeAvx512(const Weight*, size_t, size_t, size_t, const float*, size_t, size_t, float*, size_t) {}
+template <typename Weight>
+void GemmRowRangeAvx2(const Weight*, size_t, size_t, size_t, const float*, size_t, size_t, float*, size_t) {}
+constexpr bool kWideTiles = false;
+#endif
+
+template <typename Weight>
+void GemmRowRangeWideOf(const Weight* w, size_t row_begin, size_t row_end, size_t cols, const float* x, size_t n,
+                        size_t x_stride, float* y, size_t y_stride) {
+  if (cpu::HasAvx512()) {
+    GemmRowRangeAvx512(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
+  } else {
+    GemmRowRangeAvx2(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
   }
 }
 }  // namespace
@@ -219,32 +341,23 @@ KVTIER_INLINE void GemmRowRangeOf(const Weight* w, size_t row_begin, size_t row_
 // gemm_fp8.cc calls the float ones on the rows it widens.
 namespace cpu {
 
+bool WideTiles() { return kWideTiles && (HasAvx512() || HasAvx2()); }
+
 KVTIER_VECTOR_CLONES void GemmRowRange(const float* w, size_t row_begin, size_t row_end, size_t cols, const float* x,
                                        size_t n, size_t x_stride, float* y, size_t y_stride) {
-  GemmRowRangeOf<false>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
+  GemmRowRangeOf<Tiles::kAnyLevel>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
 }
 KVTIER_VECTOR_CLONES void GemmRowRange(const uint16_t* w, size_t row_begin, size_t row_end, size_t cols, const float* x,
                                        size_t n, size_t x_stride, float* y, size_t y_stride) {
-  GemmRowRangeOf<false>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
+  GemmRowRangeOf<Tiles::kAnyLevel>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
 }
-
-// The wide tiles need AVX-512's 32 vector registers (in AVX2's 16 their
-// sums would spill), so they have their own x86-64-v4 build, taken when
-// the CPU has it; elsewhere every n goes through GemmRows.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define KVTIER_WIDE_TARGET KVTIER_AVX512
-constexpr bool kWideTiles = true;
-#else
-#define KVTIER_WIDE_TARGET
-constexpr bool kWideTiles = false;
-#endif
-KVTIER_WIDE_TARGET void GemmRowRangeWide(const float* w, size_t row_begin, size_t row_end, size_t cols, const float* x,
-                                         size_t n, size_t x_stride, float* y, size_t y_stride) {
-  GemmRowRangeOf<kWideTiles>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
+void GemmRowRangeWide(const float* w, size_t row_begin, size_t row_end, size_t cols, const float* x, size_t n,
+                      size_t x_stride, float* y, size_t y_stride) {
+  GemmRowRangeWideOf(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
 }
-KVTIER_WIDE_TARGET void GemmRowRangeWide(const uint16_t* w, size_t row_begin, size_t row_end, size_t cols,
-                                         const float* x, size_t n, size_t x_stride, float* y, size_t y_stride) {
-  GemmRowRangeOf<kWideTiles>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
+void GemmRowRangeWide(const uint16_t* w, size_t row_begin, size_t row_end, size_t cols, const float* x, size_t n,
+                      size_t x_stride, float* y, size_t y_stride) {
+  GemmRowRangeWideOf(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
 }
 
 }  // namespace cpu
@@ -260,7 +373,7 @@ template <typename Weight>
 void GemmOf(const Weight* w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride, float* y,
             size_t y_stride) {
   const size_t per_row = std::max<size_t>(cols * n, 1);
-  const bool wide = n >= kWideFrom && cpu::HasAvx512();
+  const bool wide = n >= kWideFrom && cpu::WideTiles();
   ParallelFor(rows, std::max<size_t>((size_t{1} << 20) / per_row, 8), [&](size_t begin, size_t end) {
     if (wide) {
       GemmRowRangeWide(w, begin, end, cols, x, n, x_stride, y, y_stride);

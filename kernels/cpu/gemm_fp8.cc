@@ -28,21 +28,6 @@ using cpu::kWideFrom;
 constexpr size_t kFp8PanelRows = 6;
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-// A file built for AVX2 already (ThreadSanitizer's builds target the
-// building CPU's level) takes no attribute: its intrinsics, made for the
-// whole file's level, would not inline into a function made for less.
-#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
-#define KVTIER_AVX2
-#else
-#define KVTIER_AVX2 __attribute__((target("arch=x86-64-v3")))
-#endif
-
-// True when this CPU runs x86-64-v3 (AVX2, FMA, F16C).
-bool HasAvx2() {
-  static const bool has = __builtin_cpu_supports("x86-64-v3");
-  return has;
-}
-
 // 16 FP8 E4M3FN codes (no NaN among them) as the fp16 numbers with their
 // sign, exponent and mantissa bits: code << 7 puts exponent and mantissa
 // at fp16's bits 7..14 and the sign at bit 14 too, and adding the sign bit
@@ -163,8 +148,9 @@ void GemmRowRangeFp8(const Fp8BlockScaled& w, size_t row_begin, size_t row_end, 
     for (; i < n; ++i) tile(std::integral_constant<size_t, 1>(), codes, scales, i, r);
   }
 }
+constexpr bool kFp8Tiles = true;
 #else
-bool HasAvx2() { return false; }
+constexpr bool kFp8Tiles = false;
 void DequantizeFp8RowsAvx512(const Fp8BlockScaled&, size_t, size_t, size_t, float*) {}
 template <bool kAvx512>
 void GemmRowRangeFp8(const Fp8BlockScaled&, size_t, size_t, size_t, const float*, size_t, size_t, float*, size_t) {}
@@ -196,7 +182,7 @@ void GemmFp8(const Fp8BlockScaled& w, size_t rows, size_t cols, const float* x, 
              size_t y_stride) {
   const size_t per_row = std::max<size_t>(cols * n, 1);
   const bool wide = n >= kWideFrom && cpu::HasAvx512();
-  const bool in_registers = !wide && w.block_cols % 16 == 0 && HasAvx2();
+  const bool in_registers = !wide && w.block_cols % 16 == 0 && kFp8Tiles && cpu::HasAvx2();
   ParallelFor(rows, std::max<size_t>((size_t{1} << 20) / per_row, 8), [&](size_t begin, size_t end) {
     if (in_registers) {
       if (cpu::HasAvx512()) {

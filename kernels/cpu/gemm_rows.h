@@ -11,15 +11,19 @@ namespace kvtier::kernels::cpu {
 
 // Below 4 inputs a tile would be all tail, and one weight row at a time
 // keeps the weights one stream from memory (two rows a pass were slower
-// in decode, load/README.md); from 4, with AVX-512, Gemm takes the wide
-// tiles.
+// in decode, load/README.md); from 4, where WideTiles(), Gemm takes the
+// wide tiles.
 inline constexpr size_t kWideFrom = 4;
 
 // Weight rows [row_begin, row_end) of w ([rows][cols], float or bf16)
 // against all n inputs, into y's columns row_begin..row_end: with the
 // tiles built for every x86-64 level, or (GemmRowRangeWide, only where
-// HasAvx512()) with AVX-512's wide ones. The same bits either way, as
-// Gemm's.
+// WideTiles()) with the wide ones of AVX-512 or AVX2. The same bits either
+// way, as Gemm's.
+// True where this CPU runs the wide tiles: it has AVX-512 or AVX2, and
+// this is GCC's x86-64 build.
+bool WideTiles();
+
 void GemmRowRange(const float* w, size_t row_begin, size_t row_end, size_t cols, const float* x, size_t n,
                   size_t x_stride, float* y, size_t y_stride);
 void GemmRowRange(const uint16_t* w, size_t row_begin, size_t row_end, size_t cols, const float* x, size_t n,
