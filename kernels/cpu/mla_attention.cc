@@ -11,6 +11,7 @@
 #include "kvtier/kernels/float_formats.h"
 #include "kvtier/kernels/layers.h"
 #include "kvtier/kernels/parallel.h"
+#include "lanes16.h"
 #include "mla_attention_float.h"
 #include "mla_attention_int8.h"
 
@@ -24,7 +25,7 @@ KVTIER_VECTOR_CLONES void WidenRow(const LatentBlock& b, const MlaShape& s, uint
   const uint32_t dim = s.kv_lora_rank + s.rope_dim;
   if (b.codec == Codec::kBf16) {
     const uint8_t* src = b.payload.data() + size_t{t} * dim * 2;
-    for (uint32_t c = 0; c < dim; ++c) row[c] = Bf16ToFloat(cpu::LoadU16(src + 2 * c));
+    for (size_t c = 0; c < dim; ++c) row[c] = Bf16ToFloat(cpu::LoadU16(src + 2 * c));
     return;
   }
   const uint32_t tiles = (s.kv_lora_rank + kFp8TileSize - 1) / kFp8TileSize;
@@ -37,7 +38,7 @@ KVTIER_VECTOR_CLONES void WidenRow(const LatentBlock& b, const MlaShape& s, uint
     for (uint32_t c = tile * kFp8TileSize; c < end; ++c) row[c] = Fp8E4m3ToFloat(src[c]) * scale;
   }
   const uint8_t* rope = src + s.kv_lora_rank + 4 * size_t{tiles};
-  for (uint32_t c = 0; c < s.rope_dim; ++c) row[s.kv_lora_rank + c] = Bf16ToFloat(cpu::LoadU16(rope + 2 * c));
+  for (size_t c = 0; c < s.rope_dim; ++c) row[s.kv_lora_rank + c] = Bf16ToFloat(cpu::LoadU16(rope + 2 * c));
 }
 
 // Per-channel scale (and zero point, int4) of an int8/int4 block.
@@ -52,14 +53,48 @@ void ChannelParams(const LatentBlock& b, uint32_t dim, float* scale, float* zero
 KVTIER_VECTOR_CLONES void CodeRow(const LatentBlock& b, uint32_t dim, uint32_t t, float* codes) {
   if (b.codec == Codec::kInt8) {
     const auto* src = reinterpret_cast<const int8_t*>(b.payload.data() + 2 * size_t{dim}) + size_t{t} * dim;
-    for (uint32_t c = 0; c < dim; ++c) codes[c] = src[c];
+    for (size_t c = 0; c < dim; ++c) codes[c] = src[c];
     return;
   }
   const uint32_t half = (dim + 1) / 2;
   const uint8_t* src = b.payload.data() + 4 * size_t{dim} + size_t{t} * half;
-  for (uint32_t k = 0; k < half; ++k) codes[k] = static_cast<float>(src[k] & 0xf);
-  for (uint32_t k = 0; half + k < dim; ++k) codes[half + k] = static_cast<float>(src[k] >> 4);
+  for (size_t k = 0; k < half; ++k) codes[k] = static_cast<float>(src[k] & 0xf);
+  for (size_t k = 0; k < dim - half; ++k) codes[half + k] = static_cast<float>(src[k] >> 4);
 }
+
+// For each head h < heads: dst[h * kv + c] += sum over t < tokens of
+// p[h * p_stride + t] * rows[t * dim + c], for c < kv, summed in token
+// order: 64 channels of a head at a time held in registers over all the
+// tokens (`dst[c] += p * row[c]` token by token loaded and stored them on
+// every step), every head in turn over the same 64 channels of the rows
+// while they are in L1.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"  // the 32-byte vectors stay inside this function
+KVTIER_VECTOR_CLONES void AddWeightedRows(const float* p, size_t p_stride, uint32_t heads, const float* rows,
+                                          size_t tokens, uint32_t dim, uint32_t kv, float* dst) {
+  constexpr uint32_t kLanes = 8, kVectors = 8;
+  uint32_t c0 = 0;
+  for (; c0 + kLanes * kVectors <= kv; c0 += kLanes * kVectors) {
+    for (uint32_t h = 0; h < heads; ++h) {
+      const float* ph = p + h * p_stride;
+      float* out = dst + size_t{h} * kv + c0;
+      cpu::Lanes8 acc[kVectors];
+      for (uint32_t j = 0; j < kVectors; ++j) acc[j] = cpu::Load8(out + j * kLanes);
+      for (size_t t = 0; t < tokens; ++t) {
+        const float pt = ph[t];
+        const float* row = rows + t * dim + c0;
+        for (uint32_t j = 0; j < kVectors; ++j) acc[j] += pt * cpu::Load8(row + j * kLanes);
+      }
+      for (uint32_t j = 0; j < kVectors; ++j) std::memcpy(out + j * kLanes, &acc[j], sizeof acc[j]);
+    }
+  }
+  for (uint32_t h = 0; h < heads; ++h) {
+    for (size_t t = 0; t < tokens; ++t) {
+      for (size_t c = c0; c < kv; ++c) dst[size_t{h} * kv + c] += p[h * p_stride + t] * rows[t * dim + c];
+    }
+  }
+}
+#pragma GCC diagnostic pop
 
 // Token t of a block as floats: its values (bf16, fp8), or its integer
 // codes (int8, int4), the scales and zero points left to the caller.
@@ -84,7 +119,7 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
     std::copy_n(q_rope.data() + size_t{h} * rope, rope, q.data() + size_t{h} * dim + kv);
   }
   std::vector<float> scores(size_t{heads} * total);  // [heads][total]
-  std::vector<float> row(dim), scale(dim), zero(dim), qs(size_t{heads} * dim), bias(heads), dots(heads);
+  std::vector<float> scale(dim), zero(dim), qs(size_t{heads} * dim), bias(heads);
 
   // int8 blocks take integer dot products where the CPU has them; the other
   // blocks, widened to floats (codes, for int8 and int4), take float
@@ -123,12 +158,12 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
       widen_block(b);
       cpu::FloatBlockScores(rows.data(), b.tokens, dim, heads, query, scores.data() + t0, total);
     } else {
-      for (uint32_t t = 0; t < b.tokens; ++t) {
-        TokenRow(b, s, t, row.data());
-        // Every head's score at once: [heads][dim] queries times this row.
-        Gemv(query, heads, dim, row.data(), dots.data());
-        for (uint32_t h = 0; h < heads; ++h) scores[size_t{h} * total + t0 + t] = dots[h];
-      }
+      // Every head's score for every token of the block: the block's rows
+      // against the [heads][dim] queries in one Gemm (with AVX2, its
+      // register tiles), each score Gemv's bits.
+      rows.resize(size_t{b.tokens} * dim);
+      for (uint32_t t = 0; t < b.tokens; ++t) TokenRow(b, s, t, rows.data() + size_t{t} * dim);
+      Gemm(rows.data(), b.tokens, dim, query, heads, dim, scores.data() + t0, total);
     }
     if (integer) {
       for (uint32_t h = 0; h < heads; ++h) {
@@ -137,10 +172,7 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
     }
     t0 += b.tokens;
   }
-  for (size_t t = 0; t < tail.size() / dim; ++t) {
-    Gemv(q.data(), heads, dim, tail.data() + t * dim, dots.data());
-    for (uint32_t h = 0; h < heads; ++h) scores[size_t{h} * total + t0 + t] = dots[h];
-  }
+  Gemm(tail.data(), tail.size() / dim, dim, q.data(), heads, dim, scores.data() + t0, total);
   // Softmax per head (scores become probabilities).
   for (uint32_t h = 0; h < heads; ++h) Softmax(scores.data() + size_t{h} * total, total, softmax_scale);
   // Pass 2: weighted sums of the latents.
@@ -160,13 +192,9 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
       widen_block(b);
       cpu::FloatBlockWeightedSum(rows.data(), b.tokens, dim, kv, heads, scores.data() + t0, total, dst);
     } else {
-      for (uint32_t t = 0; t < b.tokens; ++t) {
-        TokenRow(b, s, t, row.data());
-        for (uint32_t h = 0; h < heads; ++h) {
-          const float p = scores[size_t{h} * total + t0 + t];
-          for (uint32_t c = 0; c < kv; ++c) dst[size_t{h} * kv + c] += p * row[c];
-        }
-      }
+      rows.resize(size_t{b.tokens} * dim);
+      for (uint32_t t = 0; t < b.tokens; ++t) TokenRow(b, s, t, rows.data() + size_t{t} * dim);
+      AddWeightedRows(scores.data() + t0, total, heads, rows.data(), b.tokens, dim, kv, dst);
     }
     if (integer) {  // sum_t p*(z + s*code) = z*sum_t p + s*sum_t p*code
       ChannelParams(b, dim, scale.data(), zero.data());
@@ -180,12 +208,7 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
     }
     t0 += b.tokens;
   }
-  for (size_t t = 0; t < tail.size() / dim; ++t) {
-    for (uint32_t h = 0; h < heads; ++h) {
-      const float p = scores[size_t{h} * total + t0 + t];
-      for (uint32_t c = 0; c < kv; ++c) out[size_t{h} * kv + c] += p * tail[t * dim + c];
-    }
-  }
+  AddWeightedRows(scores.data() + t0, total, heads, tail.data(), tail.size() / dim, dim, kv, out.data());
 }
 
 }  // namespace
