@@ -69,22 +69,23 @@ KVTIER_INLINE void DotTile(const Weight* row, size_t cols, const float* x, size_
 
 // 16 floats (Lanes16) or 8 (Lanes8) of a weight row or an input: into a
 // reference, since a template returning the vector is instantiated where
-// the note on its ABI is no longer silenced.
-KVTIER_INLINE void LoadLanes(const float* p, Lanes16& v) { v = Load16(p); }
-KVTIER_INLINE void LoadLanes(const uint16_t* p, Lanes16& v) { v = Load16(p); }
-KVTIER_INLINE void LoadLanes(const float* p, Lanes8& v) { v = Load8(p); }
+// the note on its ABI is no longer silenced. Unused where the build has no
+// wide tiles (WideTiles()), as LaneSums below.
+#define KVTIER_WIDE_ONLY [[maybe_unused]] KVTIER_INLINE
+KVTIER_WIDE_ONLY void LoadLanes(const float* p, Lanes16& v) { v = Load16(p); }
+KVTIER_WIDE_ONLY void LoadLanes(const uint16_t* p, Lanes16& v) { v = Load16(p); }
+KVTIER_WIDE_ONLY void LoadLanes(const float* p, Lanes8& v) { v = Load8(p); }
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 // Load8's widening of bf16 is built by GCC 12 as two 128-bit widenings
-// and an insert, where AVX2 has one instruction (the AVX2 tiles' bf16
-// products ran at two thirds of their rate). Not always_inline: GCC
-// refuses that into AccumulateBlock's body, built for no target; it is
-// inlined once that body is in GemmRowRangeAvx2.
+// and an insert, where AVX2 loads and widens in one instruction. Not
+// always_inline: GCC refuses that into AccumulateBlock's body, built for
+// no target; it is inlined once that body is in GemmRowRangeAvx2.
 KVTIER_AVX2 inline void LoadLanes(const uint16_t* p, Lanes8& v) {
   const __m128i bf16 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   v = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bf16), 16));
 }
 #else
-KVTIER_INLINE void LoadLanes(const uint16_t* p, Lanes8& v) { v = Load8(p); }
+KVTIER_WIDE_ONLY void LoadLanes(const uint16_t* p, Lanes8& v) { v = Load8(p); }
 #endif
 
 // R weight rows against M inputs over columns [begin, end) (whole lane
@@ -211,7 +212,7 @@ KVTIER_AVX2 void LaneSums(const Lanes8* low, const Lanes8* high, float* sums) {
   _mm256_storeu_ps(sums, sum);
 }
 #else
-inline void LaneSums(const Lanes16* v, float* sums) {
+[[maybe_unused]] inline void LaneSums(const Lanes16* v, float* sums) {
   for (int k = 0; k < 16; ++k) {
     float s = 0.0f;
     for (int j = 0; j < 16; ++j) s += v[k][j];
@@ -219,7 +220,7 @@ inline void LaneSums(const Lanes16* v, float* sums) {
   }
 }
 
-inline void LaneSums(const Lanes8* low, const Lanes8* high, float* sums) {
+[[maybe_unused]] inline void LaneSums(const Lanes8* low, const Lanes8* high, float* sums) {
   for (int k = 0; k < 8; ++k) {
     float s = 0.0f;
     for (int j = 0; j < 8; ++j) s += low[k][j];
@@ -280,13 +281,15 @@ KVTIER_INLINE void GemmRowsWide(const Weight* w, size_t rows, size_t cols, const
   GemmRows(w + r0 * cols, rows - r0, cols, x, n, x_stride, y + r0, y_stride);
 }
 
+// Which tiles a build of GemmRowRangeOf takes: GemmRows's (any x86-64
+// level), or GemmRowsWide's for AVX-512 or for AVX2.
+enum class Tiles { kAnyLevel, kAvx512, kAvx2 };
+
 // Weight rows [row_begin, row_end) against all inputs, the inputs in blocks
 // of 32 that stay in L2 while every row passes over them (2,048 inputs
 // would otherwise be re-read from memory per row). A clones function of
 // its own: the parallel chunks call it from lambdas, which would otherwise
 // be compiled for the baseline target only.
-enum class Tiles { kAnyLevel, kAvx512, kAvx2 };
-
 template <Tiles kTiles, typename Weight>
 KVTIER_INLINE void GemmRowRangeOf(const Weight* w, size_t row_begin, size_t row_end, size_t cols, const float* x,
                                   size_t n, size_t x_stride, float* y, size_t y_stride) {
@@ -305,26 +308,30 @@ KVTIER_INLINE void GemmRowRangeOf(const Weight* w, size_t row_begin, size_t row_
   }
 }
 
-// The wide tiles' own builds, for the CPUs that run them.
+// The wide tiles' own builds, for the CPUs that run them; in builds
+// without them (WideTiles() is false), GemmRows's, never a stub that leaves
+// y unwritten.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-template <typename Weight>
-KVTIER_AVX512 void GemmRowRangeAvx512(const Weight* w, size_t row_begin, size_t row_end, size_t cols, const float* x,
-                                      size_t n, size_t x_stride, float* y, size_t y_stride) {
-  GemmRowRangeOf<Tiles::kAvx512>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
-}
-template <typename Weight>
-KVTIER_AVX2 void GemmRowRangeAvx2(const Weight* w, size_t row_begin, size_t row_end, size_t cols, const float* x,
-                                  size_t n, size_t x_stride, float* y, size_t y_stride) {
-  GemmRowRangeOf<Tiles::kAvx2>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
-}
-constexpr bool kWideTiles = true;
+#define KVTIER_AVX512_TILES KVTIER_AVX512
+#define KVTIER_AVX2_TILES KVTIER_AVX2
+constexpr Tiles kAvx512Tiles = Tiles::kAvx512, kAvx2Tiles = Tiles::kAvx2;
 #else
-template <typename Weight>
-void GemmRowRangeAvx512(const Weight*, size_t, size_t, size_t, const float*, size_t, size_t, float*, size_t) {}
-template <typename Weight>
-void GemmRowRangeAvx2(const Weight*, size_t, size_t, size_t, const float*, size_t, size_t, float*, size_t) {}
-constexpr bool kWideTiles = false;
+#define KVTIER_AVX512_TILES
+#define KVTIER_AVX2_TILES
+constexpr Tiles kAvx512Tiles = Tiles::kAnyLevel, kAvx2Tiles = Tiles::kAnyLevel;
 #endif
+constexpr bool kWideTiles = kAvx512Tiles != Tiles::kAnyLevel;
+
+template <typename Weight>
+KVTIER_AVX512_TILES void GemmRowRangeAvx512(const Weight* w, size_t row_begin, size_t row_end, size_t cols,
+                                            const float* x, size_t n, size_t x_stride, float* y, size_t y_stride) {
+  GemmRowRangeOf<kAvx512Tiles>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
+}
+template <typename Weight>
+KVTIER_AVX2_TILES void GemmRowRangeAvx2(const Weight* w, size_t row_begin, size_t row_end, size_t cols, const float* x,
+                                        size_t n, size_t x_stride, float* y, size_t y_stride) {
+  GemmRowRangeOf<kAvx2Tiles>(w, row_begin, row_end, cols, x, n, x_stride, y, y_stride);
+}
 
 template <typename Weight>
 void GemmRowRangeWideOf(const Weight* w, size_t row_begin, size_t row_end, size_t cols, const float* x, size_t n,
