@@ -123,12 +123,17 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
 
   // int8 blocks take integer dot products where the CPU has them; the other
   // blocks, widened to floats (codes, for int8 and int4), take float
-  // register tiles where it has AVX-512, else a token at a time.
+  // register tiles where it has AVX-512, else Gemm for the scores (with
+  // AVX2, its own tiles) and AddWeightedRows for the sums.
   const bool vnni = cpu::AttentionTilesEnabled() && cpu::Int8VnniUsable(dim, kv);
   const bool tiles = cpu::AttentionTilesEnabled() && cpu::FloatTilesUsable(dim, kv);
   std::vector<float> rows;
   auto widen_block = [&](const LatentBlock& b) {
     rows.resize(size_t{b.tokens} * dim + cpu::kFloatTilePadding);
+    if (!tiles) {  // the widenings below are AVX-512 code
+      for (uint32_t t = 0; t < b.tokens; ++t) TokenRow(b, s, t, rows.data() + size_t{t} * dim);
+      return;
+    }
     if (b.codec == Codec::kBf16) return cpu::WidenBf16Block(b.payload.data(), b.tokens, dim, rows.data());
     if (b.codec == Codec::kInt4 && dim % 32 == 0)
       return cpu::WidenInt4Codes(b.payload.data(), b.tokens, dim, rows.data());
@@ -154,15 +159,10 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
       }
     }
     const float* query = integer ? qs.data() : q.data();
+    widen_block(b);
     if (tiles) {
-      widen_block(b);
       cpu::FloatBlockScores(rows.data(), b.tokens, dim, heads, query, scores.data() + t0, total);
-    } else {
-      // Every head's score for every token of the block: the block's rows
-      // against the [heads][dim] queries in one Gemm (with AVX2, its
-      // register tiles), each score Gemv's bits.
-      rows.resize(size_t{b.tokens} * dim);
-      for (uint32_t t = 0; t < b.tokens; ++t) TokenRow(b, s, t, rows.data() + size_t{t} * dim);
+    } else {  // the block's rows against the [heads][dim] queries, each score Gemv's bits
       Gemm(rows.data(), b.tokens, dim, query, heads, dim, scores.data() + t0, total);
     }
     if (integer) {
@@ -188,12 +188,10 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
     const bool integer = b.codec == Codec::kInt8 || b.codec == Codec::kInt4;
     float* dst = integer ? acc.data() : out.data();  // integer: sums of p * code
     if (integer) std::fill(acc.begin(), acc.end(), 0.0f);
+    widen_block(b);
     if (tiles) {
-      widen_block(b);
       cpu::FloatBlockWeightedSum(rows.data(), b.tokens, dim, kv, heads, scores.data() + t0, total, dst);
     } else {
-      rows.resize(size_t{b.tokens} * dim);
-      for (uint32_t t = 0; t < b.tokens; ++t) TokenRow(b, s, t, rows.data() + size_t{t} * dim);
       AddWeightedRows(scores.data() + t0, total, heads, rows.data(), b.tokens, dim, kv, dst);
     }
     if (integer) {  // sum_t p*(z + s*code) = z*sum_t p + s*sum_t p*code
