@@ -37,36 +37,6 @@ using cpu::Load8;
 KVTIER_INLINE float WeightAt(const float* row, size_t c) { return row[c]; }
 KVTIER_INLINE float WeightAt(const uint16_t* row, size_t c) { return Bf16ToFloat(row[c]); }
 
-// Dot products of one weight row with M inputs, M fixed at compile time.
-// The partial sums are vector values, not an array, so that they stay in
-// registers (as a float[M][16] array GCC kept them on the stack: a store
-// and reload on every step); 16 lanes as two halves, since this is built
-// for every x86-64 level (lanes16.h). The lanes are summed in a fixed
-// order (lane-wise, then lanes 0..15, then the columns past the last full
-// lane group), which Gemv repeats and the AVX-512 tiles match.
-template <size_t M, typename Weight>
-KVTIER_INLINE void DotTile(const Weight* row, size_t cols, const float* x, size_t x_stride, float* y, size_t y_stride) {
-  constexpr size_t kLanes = 16;
-  const size_t full = cols / kLanes * kLanes;
-  Lanes8 low[M] = {}, high[M] = {};  // lanes 0..7 and 8..15
-  for (size_t c = 0; c < full; c += kLanes) {
-    const Lanes8 w_low = Load8(row + c), w_high = Load8(row + c + 8);
-    for (size_t i = 0; i < M; ++i) {
-      low[i] += w_low * Load8(x + i * x_stride + c);
-      high[i] += w_high * Load8(x + i * x_stride + c + 8);
-    }
-  }
-  for (size_t i = 0; i < M; ++i) {
-    float s = 0.0f;
-    for (size_t j = 0; j < 8; ++j) s += low[i][j];
-    for (size_t j = 0; j < 8; ++j) s += high[i][j];
-    // An explicit fma: left to the compiler, the float and bf16 tails were
-    // contracted differently (measured: other last bits).
-    for (size_t c = full; c < cols; ++c) s = std::fma(WeightAt(row, c), x[i * x_stride + c], s);
-    y[i * y_stride] = s;
-  }
-}
-
 // 16 floats (Lanes16) or 8 (Lanes8) of a weight row or an input: into a
 // reference, since a template returning the vector is instantiated where
 // the note on its ABI is no longer silenced. Unused where the build has no
@@ -87,6 +57,55 @@ KVTIER_AVX2 inline void LoadLanes(const uint16_t* p, Lanes8& v) {
 #else
 KVTIER_WIDE_ONLY void LoadLanes(const uint16_t* p, Lanes8& v) { v = Load8(p); }
 #endif
+
+template <bool kWide, typename Weight>
+KVTIER_INLINE void LoadPart(const Weight* p, Lanes8& v) {
+  if constexpr (kWide) {
+    LoadLanes(p, v);
+  } else {
+    v = Load8(p);
+  }
+}
+
+// Dot products of R weight rows (the k-th at row + k * row_gap rows) with
+// M inputs, R and M fixed at compile time. The partial sums are vector
+// values, not an array, so that they stay in registers (as a float[M][16]
+// array GCC kept them on the stack: a store and reload on every step); 16
+// lanes as two halves, since this is built for every x86-64 level
+// (lanes16.h; kWide: only for the builds of the wide tiles, whose
+// LoadLanes widen bf16 in one instruction). The lanes are summed in a
+// fixed order (lane-wise, then lanes 0..15, then the columns past the last
+// full lane group), which Gemv repeats and the wide tiles match; several
+// rows only run their sums side by side.
+template <size_t M, size_t R = 1, bool kWide = false, typename Weight>
+KVTIER_INLINE void DotTile(const Weight* row, size_t row_gap, size_t cols, const float* x, size_t x_stride, float* y,
+                           size_t y_stride) {
+  const size_t full = cols / 16 * 16;
+  Lanes8 low[R][M] = {}, high[R][M] = {};  // lanes 0..7 and 8..15
+  for (size_t c = 0; c < full; c += 16) {
+    for (size_t k = 0; k < R; ++k) {
+      Lanes8 w_low, w_high;
+      LoadPart<kWide>(row + k * row_gap * cols + c, w_low);
+      LoadPart<kWide>(row + k * row_gap * cols + c + 8, w_high);
+      for (size_t i = 0; i < M; ++i) {
+        low[k][i] += w_low * Load8(x + i * x_stride + c);
+        high[k][i] += w_high * Load8(x + i * x_stride + c + 8);
+      }
+    }
+  }
+  for (size_t k = 0; k < R; ++k) {
+    const Weight* w = row + k * row_gap * cols;
+    for (size_t i = 0; i < M; ++i) {
+      float s = 0.0f;
+      for (size_t j = 0; j < 8; ++j) s += low[k][i][j];
+      for (size_t j = 0; j < 8; ++j) s += high[k][i][j];
+      // An explicit fma: left to the compiler, the float and bf16 tails were
+      // contracted differently (measured: other last bits).
+      for (size_t c = full; c < cols; ++c) s = std::fma(WeightAt(w, c), x[i * x_stride + c], s);
+      y[i * y_stride + k * row_gap] = s;
+    }
+  }
+}
 
 // R weight rows against M inputs over columns [begin, end) (whole lane
 // groups), continuing the lane-wise sums at entries e0.. of `acc` (R x M,
@@ -121,15 +140,34 @@ KVTIER_INLINE void AccumulateBlock(const Weight* w, size_t cols, size_t begin, s
 #pragma GCC diagnostic pop
 
 // All weight rows against inputs [0, n), four inputs sharing each load of
-// a weight row: Gemm's work for one block of inputs.
-template <typename Weight>
+// a weight row: Gemm's work for one block of inputs. Below four inputs (a
+// decode step's matrix-vector products) rows r and r + half run side by
+// side, each input in turn while the two rows are in L1: one row's sum is
+// a chain of dependent FMAs that leaves memory idle, and two rows far
+// apart are two streams the prefetcher follows, where adjacent rows (tried
+// before) defeat it.
+template <bool kWide = false, typename Weight>
 KVTIER_INLINE void GemmRows(const Weight* w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride,
                             float* y, size_t y_stride) {
+  if (n < 4) {
+    const size_t half = (rows + 1) / 2;
+    for (size_t r = 0; r < half; ++r) {
+      for (size_t i = 0; i < n; ++i) {
+        float* out = y + i * y_stride + r;
+        if (r + half < rows) {
+          DotTile<1, 2, kWide>(w + r * cols, half, cols, x + i * x_stride, x_stride, out, y_stride);
+        } else {
+          DotTile<1, 1, kWide>(w + r * cols, 0, cols, x + i * x_stride, x_stride, out, y_stride);
+        }
+      }
+    }
+    return;
+  }
   for (size_t r = 0; r < rows; ++r) {
     const Weight* row = w + r * cols;
     size_t i = 0;
-    for (; i + 4 <= n; i += 4) DotTile<4>(row, cols, x + i * x_stride, x_stride, y + i * y_stride + r, y_stride);
-    for (; i < n; ++i) DotTile<1>(row, cols, x + i * x_stride, x_stride, y + i * y_stride + r, y_stride);
+    for (; i + 4 <= n; i += 4) DotTile<4>(row, 0, cols, x + i * x_stride, x_stride, y + i * y_stride + r, y_stride);
+    for (; i < n; ++i) DotTile<1>(row, 0, cols, x + i * x_stride, x_stride, y + i * y_stride + r, y_stride);
   }
 }
 
@@ -298,12 +336,16 @@ KVTIER_INLINE void GemmRowRangeOf(const Weight* w, size_t row_begin, size_t row_
     const Weight* rows = w + row_begin * cols;
     const size_t count = row_end - row_begin;
     float* out = y + i0 * y_stride + row_begin;
-    if constexpr (kTiles == Tiles::kAvx512) {
-      GemmRowsWide<6, 4, Lanes16>(rows, count, cols, x + i0 * x_stride, block, x_stride, out, y_stride);
-    } else if constexpr (kTiles == Tiles::kAvx2) {
-      GemmRowsWide<3, 2, Lanes8>(rows, count, cols, x + i0 * x_stride, block, x_stride, out, y_stride);
-    } else {
+    if constexpr (kTiles == Tiles::kAnyLevel) {
       GemmRows(rows, count, cols, x + i0 * x_stride, block, x_stride, out, y_stride);
+    } else if (block < kWideFrom) {
+      // Matrix-vector products: AVX2's bf16 widening, 8 lanes a load (16
+      // with AVX-512 ran float weights slower).
+      GemmRows<true>(rows, count, cols, x + i0 * x_stride, block, x_stride, out, y_stride);
+    } else if constexpr (kTiles == Tiles::kAvx512) {
+      GemmRowsWide<6, 4, Lanes16>(rows, count, cols, x + i0 * x_stride, block, x_stride, out, y_stride);
+    } else {
+      GemmRowsWide<3, 2, Lanes8>(rows, count, cols, x + i0 * x_stride, block, x_stride, out, y_stride);
     }
   }
 }
@@ -380,7 +422,7 @@ template <typename Weight>
 void GemmOf(const Weight* w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride, float* y,
             size_t y_stride) {
   const size_t per_row = std::max<size_t>(cols * n, 1);
-  const bool wide = n >= kWideFrom && cpu::WideTiles();
+  const bool wide = cpu::WideTiles();
   ParallelFor(rows, std::max<size_t>((size_t{1} << 20) / per_row, 8), [&](size_t begin, size_t end) {
     if (wide) {
       GemmRowRangeWide(w, begin, end, cols, x, n, x_stride, y, y_stride);
@@ -404,7 +446,7 @@ void GemmBf16(const uint16_t* w, size_t rows, size_t cols, const float* x, size_
 
 // Absorbed attention calls this per token with one row: no tile loop.
 KVTIER_VECTOR_CLONES void Gemv(const float* w, size_t rows, size_t cols, const float* x, float* y) {
-  for (size_t r = 0; r < rows; ++r) DotTile<1>(w + r * cols, cols, x, cols, y + r, 1);
+  for (size_t r = 0; r < rows; ++r) DotTile<1>(w + r * cols, 0, cols, x, cols, y + r, 1);
 }
 
 }  // namespace kvtier::kernels

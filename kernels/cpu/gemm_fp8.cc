@@ -41,67 +41,85 @@ KVTIER_AVX2 inline __m256i Fp8AsHalves(const uint8_t* codes) {
   return _mm256_add_epi16(shifted, _mm256_and_si256(shifted, _mm256_set1_epi16(0x4000)));
 }
 
-// The end of DotTile for the FP8 tiles below: the 16 lane sums in lane
-// order, then the columns past the last lane group.
-inline float FinishFp8Dot(const float* lanes, const uint8_t* codes, const float* scales, size_t block_cols, size_t full,
-                          size_t cols, const float* x) {
+// The end of DotTile for the FP8 tiles below: the 16 lane sums of row r in
+// lane order, then the columns past the last lane group.
+inline float FinishFp8Dot(const float* lanes, const Fp8BlockScaled& w, size_t r, size_t full, size_t cols,
+                          const float* x) {
+  const uint8_t* codes = w.codes + r * cols;
+  const float* scales = w.scales + r / w.block_rows * ((cols + w.block_cols - 1) / w.block_cols);
   float s = 0.0f;
   for (size_t j = 0; j < 16; ++j) s += lanes[j];
-  for (size_t c = full; c < cols; ++c) s = std::fma(Fp8E4m3ToFloat(codes[c]) * scales[c / block_cols], x[c], s);
+  for (size_t c = full; c < cols; ++c) s = std::fma(Fp8E4m3ToFloat(codes[c]) * scales[c / w.block_cols], x[c], s);
   return s;
 }
 
-// DotTile for one row of block-scaled FP8 weights, widened in registers as
-// it is read: the same lane-wise multiply-adds over the same weights (each
-// fp8 x scale rounded to float) in the same order as DotTile over the
-// dequantized row, so the same bits. Blocks must be whole lane groups
-// (block_cols a multiple of 16) so that each group has one scale. With
-// AVX2, DotTile's two halves of 8 lanes; with AVX-512, side by side in one
-// register.
-template <size_t M>
-KVTIER_AVX2 void DotTileFp8Avx2(const uint8_t* codes, const float* scales, size_t block_cols, size_t cols,
-                                const float* x, size_t x_stride, float* y, size_t y_stride) {
-  const size_t full = cols / 16 * 16;
-  __m256 low[M], high[M];
-  for (size_t i = 0; i < M; ++i) low[i] = high[i] = _mm256_setzero_ps();
-  for (size_t c0 = 0, b = 0; c0 < full; c0 += block_cols, ++b) {
-    const __m256 scale256 = _mm256_set1_ps(scales[b] * 256.0f);
-    const size_t end = std::min(full, c0 + block_cols);
+// DotTile for R rows of block-scaled FP8 weights (rows r, r + row_gap,
+// ...), widened in registers as they are read: the same lane-wise
+// multiply-adds over the same weights (each fp8 x scale rounded to float)
+// in the same order as DotTile over the dequantized rows, so the same bits.
+// Blocks must be whole lane groups (block_cols a multiple of 16) so that
+// each group has one scale. With AVX2, DotTile's two halves of 8 lanes;
+// with AVX-512, side by side in one register.
+template <size_t M, size_t R>
+KVTIER_AVX2 void DotTileFp8Avx2(const Fp8BlockScaled& w, size_t r, size_t row_gap, size_t cols, const float* x,
+                                size_t x_stride, float* y, size_t y_stride) {
+  const size_t full = cols / 16 * 16, scale_cols = (cols + w.block_cols - 1) / w.block_cols;
+  __m256 low[R][M], high[R][M];
+  for (size_t k = 0; k < R; ++k)
+    for (size_t i = 0; i < M; ++i) low[k][i] = high[k][i] = _mm256_setzero_ps();
+  for (size_t c0 = 0, b = 0; c0 < full; c0 += w.block_cols, ++b) {
+    __m256 scale256[R];
+    for (size_t k = 0; k < R; ++k)
+      scale256[k] = _mm256_set1_ps(w.scales[(r + k * row_gap) / w.block_rows * scale_cols + b] * 256.0f);
+    const size_t end = std::min(full, c0 + w.block_cols);
     for (size_t c = c0; c < end; c += 16) {
-      const __m256i half = Fp8AsHalves(codes + c);
-      const __m256 w_low = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(half)), scale256);
-      const __m256 w_high = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(half, 1)), scale256);
-      for (size_t i = 0; i < M; ++i) {
-        low[i] = _mm256_fmadd_ps(w_low, _mm256_loadu_ps(x + i * x_stride + c), low[i]);
-        high[i] = _mm256_fmadd_ps(w_high, _mm256_loadu_ps(x + i * x_stride + c + 8), high[i]);
+      for (size_t k = 0; k < R; ++k) {
+        const __m256i half = Fp8AsHalves(w.codes + (r + k * row_gap) * cols + c);
+        const __m256 w_low = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(half)), scale256[k]);
+        const __m256 w_high = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(half, 1)), scale256[k]);
+        for (size_t i = 0; i < M; ++i) {
+          low[k][i] = _mm256_fmadd_ps(w_low, _mm256_loadu_ps(x + i * x_stride + c), low[k][i]);
+          high[k][i] = _mm256_fmadd_ps(w_high, _mm256_loadu_ps(x + i * x_stride + c + 8), high[k][i]);
+        }
       }
     }
   }
-  for (size_t i = 0; i < M; ++i) {
-    alignas(32) float lanes[16];
-    _mm256_store_ps(lanes, low[i]);
-    _mm256_store_ps(lanes + 8, high[i]);
-    y[i * y_stride] = FinishFp8Dot(lanes, codes, scales, block_cols, full, cols, x + i * x_stride);
-  }
-}
-template <size_t M>
-KVTIER_AVX512 void DotTileFp8Avx512(const uint8_t* codes, const float* scales, size_t block_cols, size_t cols,
-                                    const float* x, size_t x_stride, float* y, size_t y_stride) {
-  const size_t full = cols / 16 * 16;
-  __m512 acc[M];
-  for (size_t i = 0; i < M; ++i) acc[i] = _mm512_setzero_ps();
-  for (size_t c0 = 0, b = 0; c0 < full; c0 += block_cols, ++b) {
-    const __m512 scale256 = _mm512_set1_ps(scales[b] * 256.0f);
-    const size_t end = std::min(full, c0 + block_cols);
-    for (size_t c = c0; c < end; c += 16) {
-      const __m512 w = _mm512_mul_ps(_mm512_cvtph_ps(Fp8AsHalves(codes + c)), scale256);
-      for (size_t i = 0; i < M; ++i) acc[i] = _mm512_fmadd_ps(w, _mm512_loadu_ps(x + i * x_stride + c), acc[i]);
+  for (size_t k = 0; k < R; ++k) {
+    for (size_t i = 0; i < M; ++i) {
+      alignas(32) float lanes[16];
+      _mm256_store_ps(lanes, low[k][i]);
+      _mm256_store_ps(lanes + 8, high[k][i]);
+      y[i * y_stride + k * row_gap] = FinishFp8Dot(lanes, w, r + k * row_gap, full, cols, x + i * x_stride);
     }
   }
-  for (size_t i = 0; i < M; ++i) {
-    alignas(64) float lanes[16];
-    _mm512_store_ps(lanes, acc[i]);
-    y[i * y_stride] = FinishFp8Dot(lanes, codes, scales, block_cols, full, cols, x + i * x_stride);
+}
+template <size_t M, size_t R>
+KVTIER_AVX512 void DotTileFp8Avx512(const Fp8BlockScaled& w, size_t r, size_t row_gap, size_t cols, const float* x,
+                                    size_t x_stride, float* y, size_t y_stride) {
+  const size_t full = cols / 16 * 16, scale_cols = (cols + w.block_cols - 1) / w.block_cols;
+  __m512 acc[R][M];
+  for (size_t k = 0; k < R; ++k)
+    for (size_t i = 0; i < M; ++i) acc[k][i] = _mm512_setzero_ps();
+  for (size_t c0 = 0, b = 0; c0 < full; c0 += w.block_cols, ++b) {
+    __m512 scale256[R];
+    for (size_t k = 0; k < R; ++k)
+      scale256[k] = _mm512_set1_ps(w.scales[(r + k * row_gap) / w.block_rows * scale_cols + b] * 256.0f);
+    const size_t end = std::min(full, c0 + w.block_cols);
+    for (size_t c = c0; c < end; c += 16) {
+      for (size_t k = 0; k < R; ++k) {
+        const __m512 wk =
+            _mm512_mul_ps(_mm512_cvtph_ps(Fp8AsHalves(w.codes + (r + k * row_gap) * cols + c)), scale256[k]);
+        for (size_t i = 0; i < M; ++i)
+          acc[k][i] = _mm512_fmadd_ps(wk, _mm512_loadu_ps(x + i * x_stride + c), acc[k][i]);
+      }
+    }
+  }
+  for (size_t k = 0; k < R; ++k) {
+    for (size_t i = 0; i < M; ++i) {
+      alignas(64) float lanes[16];
+      _mm512_store_ps(lanes, acc[k][i]);
+      y[i * y_stride + k * row_gap] = FinishFp8Dot(lanes, w, r + k * row_gap, full, cols, x + i * x_stride);
+    }
   }
 }
 
@@ -126,26 +144,33 @@ KVTIER_AVX512 void DequantizeFp8RowsAvx512(const Fp8BlockScaled& w, size_t cols,
 }
 
 // GemmRows over FP8 rows [row_begin, row_end) (few inputs: decode steps),
-// each weight byte read once from memory and widened in registers.
+// each weight byte read once from memory and widened in registers. One
+// input at a time takes rows r and r + half together, as GemmRows does.
 template <bool kAvx512>
 void GemmRowRangeFp8(const Fp8BlockScaled& w, size_t row_begin, size_t row_end, size_t cols, const float* x, size_t n,
                      size_t x_stride, float* y, size_t y_stride) {
-  const auto tile = [&](auto m, const uint8_t* codes, const float* scales, size_t i, size_t r) {
-    constexpr size_t kM = decltype(m)::value;
+  const auto tile = [&](auto m, auto rows, size_t i, size_t r, size_t row_gap) {
+    constexpr size_t kM = decltype(m)::value, kR = decltype(rows)::value;
     if constexpr (kAvx512) {
-      DotTileFp8Avx512<kM>(codes, scales, w.block_cols, cols, x + i * x_stride, x_stride, y + i * y_stride + r,
-                           y_stride);
+      DotTileFp8Avx512<kM, kR>(w, r, row_gap, cols, x + i * x_stride, x_stride, y + i * y_stride + r, y_stride);
     } else {
-      DotTileFp8Avx2<kM>(codes, scales, w.block_cols, cols, x + i * x_stride, x_stride, y + i * y_stride + r, y_stride);
+      DotTileFp8Avx2<kM, kR>(w, r, row_gap, cols, x + i * x_stride, x_stride, y + i * y_stride + r, y_stride);
     }
   };
-  const size_t scale_cols = (cols + w.block_cols - 1) / w.block_cols;
-  for (size_t r = row_begin; r < row_end; ++r) {
-    const uint8_t* codes = w.codes + r * cols;
-    const float* scales = w.scales + r / w.block_rows * scale_cols;
-    size_t i = 0;
-    for (; i + 4 <= n; i += 4) tile(std::integral_constant<size_t, 4>(), codes, scales, i, r);
-    for (; i < n; ++i) tile(std::integral_constant<size_t, 1>(), codes, scales, i, r);
+  using One = std::integral_constant<size_t, 1>;
+  using Four = std::integral_constant<size_t, 4>;
+  const size_t tiled = n / 4 * 4, half = (row_end - row_begin + 1) / 2;
+  for (size_t r = row_begin; r < row_end; ++r)
+    for (size_t i = 0; i < tiled; i += 4) tile(Four(), One(), i, r, 0);
+  if (tiled == n) return;
+  for (size_t r = row_begin; r < row_begin + half; ++r) {
+    for (size_t i = tiled; i < n; ++i) {
+      if (r + half < row_end) {
+        tile(One(), std::integral_constant<size_t, 2>(), i, r, half);
+      } else {
+        tile(One(), One(), i, r, 0);
+      }
+    }
   }
 }
 constexpr bool kFp8Tiles = true;

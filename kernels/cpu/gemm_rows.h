@@ -9,10 +9,10 @@
 
 namespace kvtier::kernels::cpu {
 
-// Below 4 inputs a tile would be all tail, and one weight row at a time
-// keeps the weights one stream from memory (two rows a pass were slower
-// in decode, load/README.md); from 4, where WideTiles(), Gemm takes the
-// wide tiles.
+// Below 4 inputs a tile would be all tail: each input takes two weight
+// rows far apart at a time (adjacent rows, two streams 4 KB apart, defeat
+// the prefetcher: docs/notes/2026-12-01-benchmark-history.md); from 4,
+// where WideTiles(), Gemm takes the wide tiles.
 inline constexpr size_t kWideFrom = 4;
 
 // Weight rows [row_begin, row_end) of w ([rows][cols], float or bf16)

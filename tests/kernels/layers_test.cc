@@ -134,9 +134,10 @@ TEST(Gemv, MatchesFloat64AtOddSizes) {
 }
 
 // Strided inputs and outputs (with padding that must stay untouched) and
-// batch sizes around the tiles (4 inputs; from 4 inputs, 6 weight rows over
-// 1,024-column chunks, in blocks of 32 inputs); each output also equals
-// Gemv's bits.
+// batch sizes around the tiles (below 4 inputs, rows r and r + half side
+// by side, an odd row count leaving one alone; 4 inputs; from 4 inputs, 6
+// weight rows over 1,024-column chunks, in blocks of 32 inputs); each
+// output also equals Gemv's bits.
 TEST(Gemm, MatchesFloat64AndGemvWithStrides) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
@@ -147,7 +148,8 @@ TEST(Gemm, MatchesFloat64AndGemvWithStrides) {
                                {31, 2049, 9},
                                {6, 1024, 4},
                                {13, 3000, 38},
-                               {20, 15, 7}}) {
+                               {20, 15, 7},
+                               {40, 2049, 2}}) {
     const size_t xs = cols + 3, ys = rows + 2;
     std::vector<float> w(rows * cols), x(n * xs), y(n * ys, NAN), one(rows);
     for (float& v : w) v = normal(rng.engine());
@@ -181,6 +183,7 @@ TEST(GemmBf16, SameBitsAsGemmOverTheWidenedWeights) {
                                {9, 64, 4},
                                {31, 2049, 9},
                                {700, 1500, 1},
+                               {301, 1500, 2},
                                {600, 333, 37}}) {
     const size_t xs = cols + 3, ys = rows + 2;
     std::vector<uint16_t> w(rows * cols);
@@ -454,6 +457,7 @@ TEST(GemmFp8, SameBitsAsGemmOverTheDequantizedWeights) {
   for (auto [rows, cols, n, block_rows, block_cols] :
        {std::tuple<size_t, size_t, size_t, size_t, size_t>{1, 1, 1, 128, 128},
         {200, 136, 1, 128, 128},
+        {301, 160, 3, 128, 128},
         {130, 300, 5, 128, 128},
         {37, 70, 9, 3, 5},
         {600, 333, 37, 128, 128}}) {
