@@ -11,7 +11,7 @@ namespace kvtier::kernels::cpu {
 
 // Below 4 inputs a tile would be all tail: each input takes two weight
 // rows far apart at a time (adjacent rows, two streams 4 KB apart, defeat
-// the prefetcher: docs/notes/2026-12-01-benchmark-history.md); from 4,
+// the prefetcher: docs/notes/2026-12-05-matrix-vector-rows.md); from 4,
 // where WideTiles(), Gemm takes the wide tiles.
 inline constexpr size_t kWideFrom = 4;
 
