@@ -24,8 +24,11 @@ using cpu::kWideFrom;
 
 // Rows of FP8 weights GemmFp8 widens at a time: one wide tile, whose
 // floats (a row of DeepSeek-V3's widest projection is 72 KiB) stay in L2
-// while every input of the call passes over them.
-constexpr size_t kFp8PanelRows = 6;
+// while every input of the call passes over them. With AVX-512 it does so
+// from kFp8PanelFrom inputs, where widening once shares its cost among
+// enough inputs; below, widening in registers as each tile reads the codes
+// costs less than storing the floats and reading them back.
+constexpr size_t kFp8PanelRows = 6, kFp8PanelFrom = 16;
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 // 16 FP8 E4M3FN codes (no NaN among them) as the fp16 numbers with their
@@ -143,9 +146,11 @@ KVTIER_AVX512 void DequantizeFp8RowsAvx512(const Fp8BlockScaled& w, size_t cols,
   }
 }
 
-// GemmRows over FP8 rows [row_begin, row_end) (few inputs: decode steps),
-// each weight byte read once from memory and widened in registers. One
-// input at a time takes rows r and r + half together, as GemmRows does.
+// GemmRows over FP8 rows [row_begin, row_end) (inputs below the panel's
+// kFp8PanelFrom), each weight byte widened in registers as it is read: 4
+// inputs at a time against 4 rows with AVX-512 (16 sums in registers), 1
+// row with AVX2's 16 registers; one input at a time takes rows r and
+// r + half together, as GemmRows does.
 template <bool kAvx512>
 void GemmRowRangeFp8(const Fp8BlockScaled& w, size_t row_begin, size_t row_end, size_t cols, const float* x, size_t n,
                      size_t x_stride, float* y, size_t y_stride) {
@@ -159,11 +164,17 @@ void GemmRowRangeFp8(const Fp8BlockScaled& w, size_t row_begin, size_t row_end, 
   };
   using One = std::integral_constant<size_t, 1>;
   using Four = std::integral_constant<size_t, 4>;
+  using TileRows = std::conditional_t<kAvx512, Four, One>;
   const size_t tiled = n / 4 * 4, half = (row_end - row_begin + 1) / 2;
-  for (size_t r = row_begin; r < row_end; ++r)
-    for (size_t i = 0; i < tiled; i += 4) tile(Four(), One(), i, r, 0);
+  size_t r = row_begin;
+  if (tiled > 0) {
+    for (; r + TileRows::value <= row_end; r += TileRows::value)
+      for (size_t i = 0; i < tiled; i += 4) tile(Four(), TileRows(), i, r, 1);
+    for (; r < row_end; ++r)
+      for (size_t i = 0; i < tiled; i += 4) tile(Four(), One(), i, r, 0);
+  }
   if (tiled == n) return;
-  for (size_t r = row_begin; r < row_begin + half; ++r) {
+  for (r = row_begin; r < row_begin + half; ++r) {
     for (size_t i = tiled; i < n; ++i) {
       if (r + half < row_end) {
         tile(One(), std::integral_constant<size_t, 2>(), i, r, half);
@@ -198,16 +209,18 @@ KVTIER_VECTOR_CLONES void DequantizeFp8Rows(const Fp8BlockScaled& w, size_t cols
   }
 }
 
-// Few inputs with whole-lane-group blocks (DeepSeek's 128 x 128), on a CPU
-// with AVX2 and F16C: each row widened in registers as the dot products
-// read it. Otherwise a panel of rows is widened into floats first and goes
-// through Gemm's own tiles, which share it among the inputs. The weights
-// must hold no NaN code (Checkpoint loading refuses them).
+// Whole-lane-group blocks (DeepSeek's 128 x 128) on a CPU with AVX2 and
+// F16C, below kFp8PanelFrom inputs where it has AVX-512: each row widened
+// in registers as the dot products read it. Otherwise a panel of rows is
+// widened into floats first and goes through Gemm's own tiles, which share
+// it among the inputs. The weights must hold no NaN code (Checkpoint
+// loading refuses them).
 void GemmFp8(const Fp8BlockScaled& w, size_t rows, size_t cols, const float* x, size_t n, size_t x_stride, float* y,
              size_t y_stride) {
   const size_t per_row = std::max<size_t>(cols * n, 1);
-  const bool wide = n >= kWideFrom && cpu::HasAvx512();
-  const bool in_registers = !wide && w.block_cols % 16 == 0 && kFp8Tiles && cpu::HasAvx2();
+  const bool in_registers =
+      w.block_cols % 16 == 0 && kFp8Tiles && cpu::HasAvx2() && !(n >= kFp8PanelFrom && cpu::HasAvx512());
+  const bool wide = !in_registers && n >= kWideFrom && cpu::HasAvx512();
   ParallelFor(rows, std::max<size_t>((size_t{1} << 20) / per_row, 8), [&](size_t begin, size_t end) {
     if (in_registers) {
       if (cpu::HasAvx512()) {

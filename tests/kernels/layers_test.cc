@@ -458,6 +458,8 @@ TEST(GemmFp8, SameBitsAsGemmOverTheDequantizedWeights) {
        {std::tuple<size_t, size_t, size_t, size_t, size_t>{1, 1, 1, 128, 128},
         {200, 136, 1, 128, 128},
         {301, 160, 3, 128, 128},
+        {203, 2070, 8, 128, 128},
+        {45, 96, 6, 3, 16},
         {130, 300, 5, 128, 128},
         {37, 70, 9, 3, 5},
         {600, 333, 37, 128, 128}}) {
