@@ -30,6 +30,11 @@ using cpu::kWideFrom;
 // costs less than storing the floats and reading them back.
 constexpr size_t kFp8PanelRows = 6, kFp8PanelFrom = 16;
 
+// Row r's scales, one a block of block_cols columns.
+inline const float* ScaleRow(const Fp8BlockScaled& w, size_t r, size_t cols) {
+  return w.scales + r / w.block_rows * ((cols + w.block_cols - 1) / w.block_cols);
+}
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 // 16 FP8 E4M3FN codes (no NaN among them) as the fp16 numbers with their
 // sign, exponent and mantissa bits: code << 7 puts exponent and mantissa
@@ -49,7 +54,7 @@ KVTIER_AVX2 inline __m256i Fp8AsHalves(const uint8_t* codes) {
 inline float FinishFp8Dot(const float* lanes, const Fp8BlockScaled& w, size_t r, size_t full, size_t cols,
                           const float* x) {
   const uint8_t* codes = w.codes + r * cols;
-  const float* scales = w.scales + r / w.block_rows * ((cols + w.block_cols - 1) / w.block_cols);
+  const float* scales = ScaleRow(w, r, cols);
   float s = 0.0f;
   for (size_t j = 0; j < 16; ++j) s += lanes[j];
   for (size_t c = full; c < cols; ++c) s = std::fma(Fp8E4m3ToFloat(codes[c]) * scales[c / w.block_cols], x[c], s);
@@ -66,14 +71,15 @@ inline float FinishFp8Dot(const float* lanes, const Fp8BlockScaled& w, size_t r,
 template <size_t M, size_t R>
 KVTIER_AVX2 void DotTileFp8Avx2(const Fp8BlockScaled& w, size_t r, size_t row_gap, size_t cols, const float* x,
                                 size_t x_stride, float* y, size_t y_stride) {
-  const size_t full = cols / 16 * 16, scale_cols = (cols + w.block_cols - 1) / w.block_cols;
+  const size_t full = cols / 16 * 16;
+  const float* scales[R];
+  for (size_t k = 0; k < R; ++k) scales[k] = ScaleRow(w, r + k * row_gap, cols);
   __m256 low[R][M], high[R][M];
   for (size_t k = 0; k < R; ++k)
     for (size_t i = 0; i < M; ++i) low[k][i] = high[k][i] = _mm256_setzero_ps();
   for (size_t c0 = 0, b = 0; c0 < full; c0 += w.block_cols, ++b) {
     __m256 scale256[R];
-    for (size_t k = 0; k < R; ++k)
-      scale256[k] = _mm256_set1_ps(w.scales[(r + k * row_gap) / w.block_rows * scale_cols + b] * 256.0f);
+    for (size_t k = 0; k < R; ++k) scale256[k] = _mm256_set1_ps(scales[k][b] * 256.0f);
     const size_t end = std::min(full, c0 + w.block_cols);
     for (size_t c = c0; c < end; c += 16) {
       for (size_t k = 0; k < R; ++k) {
@@ -99,14 +105,15 @@ KVTIER_AVX2 void DotTileFp8Avx2(const Fp8BlockScaled& w, size_t r, size_t row_ga
 template <size_t M, size_t R>
 KVTIER_AVX512 void DotTileFp8Avx512(const Fp8BlockScaled& w, size_t r, size_t row_gap, size_t cols, const float* x,
                                     size_t x_stride, float* y, size_t y_stride) {
-  const size_t full = cols / 16 * 16, scale_cols = (cols + w.block_cols - 1) / w.block_cols;
+  const size_t full = cols / 16 * 16;
+  const float* scales[R];
+  for (size_t k = 0; k < R; ++k) scales[k] = ScaleRow(w, r + k * row_gap, cols);
   __m512 acc[R][M];
   for (size_t k = 0; k < R; ++k)
     for (size_t i = 0; i < M; ++i) acc[k][i] = _mm512_setzero_ps();
   for (size_t c0 = 0, b = 0; c0 < full; c0 += w.block_cols, ++b) {
     __m512 scale256[R];
-    for (size_t k = 0; k < R; ++k)
-      scale256[k] = _mm512_set1_ps(w.scales[(r + k * row_gap) / w.block_rows * scale_cols + b] * 256.0f);
+    for (size_t k = 0; k < R; ++k) scale256[k] = _mm512_set1_ps(scales[k][b] * 256.0f);
     const size_t end = std::min(full, c0 + w.block_cols);
     for (size_t c = c0; c < end; c += 16) {
       for (size_t k = 0; k < R; ++k) {
@@ -130,9 +137,9 @@ KVTIER_AVX512 void DotTileFp8Avx512(const Fp8BlockScaled& w, size_t r, size_t ro
 // DequantizeFp8Rows, whose blocks must here be whole lane groups).
 KVTIER_AVX512 void DequantizeFp8RowsAvx512(const Fp8BlockScaled& w, size_t cols, size_t row_begin, size_t row_end,
                                            float* out) {
-  const size_t scale_cols = (cols + w.block_cols - 1) / w.block_cols, full = cols / 16 * 16;
+  const size_t full = cols / 16 * 16;
   for (size_t r = row_begin; r < row_end; ++r) {
-    const float* scales = w.scales + r / w.block_rows * scale_cols;
+    const float* scales = ScaleRow(w, r, cols);
     const uint8_t* codes = w.codes + r * cols;
     float* row = out + (r - row_begin) * cols;
     for (size_t c0 = 0, b = 0; c0 < full; c0 += w.block_cols, ++b) {
@@ -196,9 +203,8 @@ void GemmRowRangeFp8(const Fp8BlockScaled&, size_t, size_t, size_t, const float*
 
 KVTIER_VECTOR_CLONES void DequantizeFp8Rows(const Fp8BlockScaled& w, size_t cols, size_t row_begin, size_t row_end,
                                             float* out) {
-  const size_t scale_cols = (cols + w.block_cols - 1) / w.block_cols;
   for (size_t r = row_begin; r < row_end; ++r) {
-    const float* scales = w.scales + r / w.block_rows * scale_cols;
+    const float* scales = ScaleRow(w, r, cols);
     const uint8_t* codes = w.codes + r * cols;
     float* row = out + (r - row_begin) * cols;
     for (size_t c0 = 0, b = 0; c0 < cols; c0 += w.block_cols, ++b) {
