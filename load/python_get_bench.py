@@ -9,10 +9,15 @@ started here, then read back by
   python get(), unverified the same without parsing
   python stub only         the generated stub's Get stream, answers
                            iterated and dropped: gRPC Python alone
+  ..., freed heap kept     get() again in a process that called
+                           kvtier.keep_freed_heap() and read the prefix
+                           once before: a child process each round
   worker load, TCP         cache_bench's row (its own cache, the same
                            prefix): ShardSet::Fetch over TCP, every record
                            appended to a sequence cache, as a decode
-                           worker does
+                           worker does; the median of its three rounds,
+                           since its first lands in memory the process
+                           never had
 
 interleaved round by round (cache_bench's rows between the Python ones).
 
@@ -28,10 +33,17 @@ import time
 
 import numpy as np
 
-from kvtier import CacheClient, LatentLayout, block_hashes, encode_record
+from kvtier import CacheClient, LatentLayout, block_hashes, encode_record, keep_freed_heap
 from kvtier.v1 import cache_pb2
 
 BLOCKS, TOKENS = 64, 64
+LAYOUT = LatentLayout("deepseek-v2-lite-bench", 27, 512, 64, TOKENS, "int8")
+
+
+def prefix_hashes():
+    rng = np.random.default_rng(1)
+    tokens = [int(t) for t in rng.integers(0, 100000, size=BLOCKS * TOKENS)]
+    return block_hashes("bench", LAYOUT, tokens)
 
 
 def start_cache(binary):
@@ -45,24 +57,42 @@ def start_cache(binary):
 
 
 def worker_load_gbps(cache_bench, cache_binary):
-    out = subprocess.run([cache_bench, "--cache-binary", cache_binary, "--rounds", "1", "--clients", "1"],
+    out = subprocess.run([cache_bench, "--cache-binary", cache_binary, "--rounds", "3", "--clients", "1"],
                          capture_output=True, text=True, check=True).stdout
     row = re.search(r"^worker load, TCP\s+1\s+([0-9.]+)", out, re.M)
     return float(row.group(1))
 
 
+def read_with_kept_heap(target):
+    """Prints get()'s rate verified and not, each after a read of the
+    prefix (untimed) in this process with the freed heap kept."""
+    assert keep_freed_heap(), "the C library refused the setting"
+    client = CacheClient(target, timeout=120)
+    hashes = prefix_hashes()
+    rates = []
+    for verify in (True, False):
+        total = sum(map(len, client.get("bench", LAYOUT, hashes, verify=verify)))
+        start = time.perf_counter()
+        client.get("bench", LAYOUT, hashes, verify=verify)
+        rates.append(total / (time.perf_counter() - start) / 1e9)
+    print(*rates)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cache-binary", required=True)
-    parser.add_argument("--cache-bench", required=True)
+    parser.add_argument("--cache-binary")
+    parser.add_argument("--cache-bench")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--read-with-kept-heap", metavar="TARGET", help=argparse.SUPPRESS)  # the child's part
     args = parser.parse_args()
 
-    layout = LatentLayout("deepseek-v2-lite-bench", 27, 512, 64, TOKENS, "int8")
-    rng = np.random.default_rng(1)
-    tokens = [int(t) for t in rng.integers(0, 100000, size=BLOCKS * TOKENS)]
-    hashes = block_hashes("bench", layout, tokens)
-    layer = rng.standard_normal((layout.num_layers, TOKENS, layout.dim)).astype(np.float32)
+    if args.read_with_kept_heap:
+        read_with_kept_heap(args.read_with_kept_heap)
+        return
+    if not args.cache_binary or not args.cache_bench:
+        parser.error("--cache-binary and --cache-bench are required")
+    layout, hashes = LAYOUT, prefix_hashes()
+    layer = np.random.default_rng(2).standard_normal((layout.num_layers, TOKENS, layout.dim)).astype(np.float32)
     records = []
     for b in range(BLOCKS):  # distinct blocks: one latent varies with the block
         layer[0, 0, 0] = b
@@ -82,12 +112,17 @@ def main():
         paths = {"python get(), verified": lambda: client.get("bench", layout, hashes),
                  "python get(), unverified": lambda: client.get("bench", layout, hashes, verify=False),
                  "python stub only": stub_only}
-        rates = {name: [] for name in [*paths, "worker load, TCP"]}
+        kept = [f"{name}, freed heap kept" for name in list(paths)[:2]]
+        rates = {name: [] for name in [*paths, *kept, "worker load, TCP"]}
         for _ in range(args.rounds):
             for name, fetch in paths.items():
                 start = time.perf_counter()
                 fetch()
                 rates[name].append(total / (time.perf_counter() - start) / 1e9)
+            child = subprocess.run([sys.executable, __file__, "--read-with-kept-heap", target], capture_output=True,
+                                   text=True, check=True)
+            for name, rate in zip(kept, child.stdout.split()):
+                rates[name].append(float(rate))
             rates["worker load, TCP"].append(worker_load_gbps(args.cache_bench, args.cache_binary))
     finally:
         cache.terminate()
@@ -95,11 +130,11 @@ def main():
 
     print(f"4,096-token prefix, DeepSeek-V2-Lite int8: {BLOCKS} blocks, {total / 1e6:.1f} MB; loopback TCP, "
           f"one client; {args.rounds} rounds, interleaved\n")
-    print(f"{'path':28s} {'GB/s median':>11s}   per round")
+    print(f"{'path':40s} {'GB/s median':>11s}   per round")
     for name, values in rates.items():
-        print(f"{name:28s} {statistics.median(values):11.2f}   {' '.join(f'{v:.2f}' for v in values)}")
+        print(f"{name:40s} {statistics.median(values):11.2f}   {' '.join(f'{v:.2f}' for v in values)}")
     worker = rates["worker load, TCP"]
-    for name in paths:
+    for name in [*paths, *kept]:
         ratio = statistics.median(p / w for p, w in zip(rates[name], worker))
         print(f"{name} / worker load, TCP, median of per-round ratios: {ratio:.2f}x")
 

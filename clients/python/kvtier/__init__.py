@@ -30,6 +30,7 @@ from kvtier.cache import CacheClient
 from kvtier.codecs import dequantize, encoded_bytes, quantize
 from kvtier.decode import DecodeClient
 from kvtier.errors import KvtierError
+from kvtier.heap import keep_freed_heap
 from kvtier.keys import block_hashes, chain_hash, restore_point_key
 from kvtier.layout import LatentLayout, model_id_of
 from kvtier.prefill import PrefillClient
@@ -39,5 +40,5 @@ from kvtier.tokenizer import ByteTokenizer, tokenizer_for
 __version__ = "0.1.0"
 __all__ = ["ByteTokenizer", "CacheClient", "DecodeClient", "KvtierError", "LatentLayout", "PrefillClient", "Record",
            "V4Part", "block_hashes", "chain_hash", "dequantize", "encode_payloads", "encode_record",
-           "encode_v4_record", "encoded_bytes", "model_id_of", "parse_record", "quantize", "restore_point_key",
-           "tokenizer_for"]
+           "encode_v4_record", "encoded_bytes", "keep_freed_heap", "model_id_of", "parse_record", "quantize",
+           "restore_point_key", "tokenizer_for"]

@@ -79,13 +79,14 @@ class CacheClient(ServiceClient):
                 raise _bad_answer(f"block {i} under another block's hash")
             answered[i] = True
             if answer.WhichOneof("result") == "data":
+                data = answer.data  # each read of the field is a copy
                 if verify:
-                    record = parse_record(answer.data, layout)
+                    record = parse_record(data, layout)
                     got = (record.first_layer, record.first_layer + record.layer_count)
                     if got != asked:
                         raise _bad_answer(f"block {i} with layers [{got[0]}, {got[1]}), "
                                           f"asked for [{asked[0]}, {asked[1]})")
-                out[i] = answer.data
+                out[i] = data
         if not all(answered):
             raise _bad_answer(f"{answered.count(True)} of {len(out)} blocks, then ended")
         return out
