@@ -427,7 +427,7 @@ Row Summarize(const std::string& what, int clients, size_t bytes_per_client, con
 }
 
 int Run(const std::string& cache_binary, const std::string& device_memory, const std::vector<std::string>& cache_flags,
-        const std::string& redis_binary, int rounds, const std::vector<int>& client_counts) {
+        const std::string& redis_binary, int rounds, const std::vector<int>& client_counts, size_t fetch_streams) {
   const kvblock::LatentLayout layout = load::V2LiteInt8();
   constexpr int kMaxClients = 4;
   std::vector<Prefix> prefixes;
@@ -495,7 +495,8 @@ int Run(const std::string& cache_binary, const std::string& device_memory, const
   for (auto& pair : worker_shards) {
     for (int tcp = 0; tcp < 2; ++tcp) {
       absl::StatusOr<std::unique_ptr<cache::ShardSet>> shards =
-          cache::ShardSet::Create("127.0.0.1:" + std::to_string(cache_port), absl::Seconds(60), /*fast_path=*/tcp == 0);
+          cache::ShardSet::Create("127.0.0.1:" + std::to_string(cache_port), absl::Seconds(60), /*fast_path=*/tcp == 0,
+                                  cache::ShardSet::kIdleRecordBytes, fetch_streams);
       if (!shards.ok()) {
         std::fprintf(stderr, "shard set: %s\n", std::string(shards.status().message()).c_str());
         return 1;
@@ -679,6 +680,7 @@ int main(int argc, char** argv) {
   uint64_t window = 1;
   std::string clients = "1,4";
   std::string cache_flags;
+  uint64_t fetch_streams = 0;
   kvtier::FlagParser flags("cache_bench [--cache-binary PATH] [--rounds N]",
                            "kvtier-cache Get/Put vs Redis pipelined GET/SET vs memcpy, one run.");
   flags.AddString("cache-binary", &cache_binary, "kvtier-cache to start");
@@ -691,8 +693,15 @@ int main(int argc, char** argv) {
   flags.AddUint("rounds", &rounds, "measurements per row (the median is shown)");
   flags.AddUint("redis-window", &window, "pipelined Redis GETs in flight per client");
   flags.AddString("clients", &clients, "concurrent client counts to run, each 1..4");
+  flags.AddUint("fetch-streams", &fetch_streams,
+                "streams at once a worker load reads its prefix over TCP in, 1..4 (0: a decode worker's "
+                "default, one for every four cores)");
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "cache_bench")) {
     return *exit;
+  }
+  if (fetch_streams > kvtier::cache::StreamConnections::kConnections) {
+    std::fprintf(stderr, "--fetch-streams: %lu is more than 4\n", static_cast<unsigned long>(fetch_streams));
+    return 2;
   }
   kvtier::cache::kRedisWindow = static_cast<int>(std::clamp<uint64_t>(window, 1, 64));
   std::vector<int> counts;
@@ -706,5 +715,5 @@ int main(int argc, char** argv) {
   }
   const std::vector<std::string> extra = absl::StrSplit(cache_flags, ' ', absl::SkipEmpty());
   return kvtier::cache::Run(cache_binary, device_memory, extra, redis_binary,
-                            static_cast<int>(std::max<uint64_t>(rounds, 1)), counts);
+                            static_cast<int>(std::max<uint64_t>(rounds, 1)), counts, fetch_streams);
 }

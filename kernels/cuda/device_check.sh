@@ -18,7 +18,8 @@
 # launch waited for, and at 1-64 sequences); the store's tier moves with
 # the device tier in the GPU against pinned cudaMemcpy (tier_move_bench);
 # the cache service's Get and Put against Redis with its device tier in
-# the GPU and in host memory (cache_bench); TLS against plaintext and Redis over TLS
+# the GPU and in host memory (cache_bench, a worker's load in four streams and in
+# one); TLS against plaintext and Redis over TLS
 # (tls_bench); stores into segments fast path readers had, with
 # their memfds made ahead on a spare core (segment_reuse_bench: no GPU,
 # but the 16 cores this machine lacks); and `kvtier up --device cuda`, on
@@ -116,6 +117,11 @@ elif [ -d device-bundle ]; then
   step "cache_bench, device tier in host memory" 90 device-bundle/cache_bench --cache-binary \
     device-bundle/kvtier-cache --redis-binary device-bundle/redis-server --rounds 7 --clients 1,4 \
     --device-memory host
+  # Its worker loads read each prefix in one stream for every four cores
+  # (4 here); the same with one stream, to set beside them.
+  step "cache_bench, device tier in host memory, one stream a load" 60 device-bundle/cache_bench --cache-binary \
+    device-bundle/kvtier-cache --redis-binary device-bundle/redis-server --rounds 7 --clients 1 \
+    --device-memory host --fetch-streams 1
   # And without room kept ahead (Puts demote for themselves): what keeping
   # it ahead buys on 16 cores.
   step "cache_bench, device tier in host memory, no room ahead" 90 device-bundle/cache_bench --cache-binary \

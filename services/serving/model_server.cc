@@ -66,6 +66,10 @@ void ModelServerFlags::Register(FlagParser& flags) {
                   "looked up again every --watch-interval-ms");
   flags.AddString("metrics-listen", &metrics_listen, "Prometheus /metrics address HOST:PORT; empty: none");
   flags.AddUint("cache-deadline-ms", &cache_deadline_ms, "deadline of each call to a cache shard");
+  flags.AddUint("cache-fetch-streams", &cache_fetch_streams,
+                "gRPC streams at once (1 to 4, each on a connection of its own) that read a prefix's blocks of "
+                "one cache shard, each 8 MiB or more: one connection carries about what one core receives and "
+                "decrypts; 0: one for every four cores");
   flags.AddUint("watch-interval-ms", &watch_interval_ms,
                 "how often srv: names are looked up again and each cache shard's health is checked");
   flags.AddString("dns-server", &dns_server, "DNS server IPv4:PORT for srv: names; empty: the system's resolvers");
@@ -92,6 +96,10 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
   if (f.model.empty() || f.cache.empty()) return absl::InvalidArgumentError("--model and --cache are required");
   if (f.threads > 1024) return absl::InvalidArgumentError("--threads must be at most 1024");
   if (f.watch_interval_ms == 0) return absl::InvalidArgumentError("--watch-interval-ms must be positive");
+  if (f.cache_fetch_streams > cache::StreamConnections::kConnections) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cache-fetch-streams must be 0 to ", cache::StreamConnections::kConnections));
+  }
   KVTIER_ASSIGN_OR_RETURN(const runtime::Device device, runtime::ParseDevice(f.device));
   runtime::CudaOptions cuda;
   if (!f.device_block_pool.empty()) {
@@ -105,7 +113,8 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
   // carry this process's identity.
   KVTIER_RETURN_IF_ERROR(f.security.ApplyToClients());
   KVTIER_ASSIGN_OR_RETURN(s.tenants, f.security.OpenTenants());
-  s.shards = std::make_unique<cache::ShardSet>(absl::Milliseconds(f.cache_deadline_ms), !f.no_fast_path, record_pool);
+  s.shards = std::make_unique<cache::ShardSet>(absl::Milliseconds(f.cache_deadline_ms), !f.no_fast_path, record_pool,
+                                               f.cache_fetch_streams);
   cache::ShardSet* shards = s.shards.get();
   absl::StatusOr<std::unique_ptr<PeerDiscovery>> discovery =
       PeerDiscovery::Start("cache shards", f.cache, f.Discovery(), [shards](const std::vector<std::string>& targets) {

@@ -31,6 +31,7 @@ struct ModelServerFlags {
   std::string cache;
   std::string metrics_listen;
   uint64_t cache_deadline_ms = 5000;
+  uint64_t cache_fetch_streams = 0;  // 0: one for every four cores
   uint64_t watch_interval_ms = 10000;
   std::string dns_server;
   uint64_t threads = 0;  // 0: every core
@@ -41,7 +42,7 @@ struct ModelServerFlags {
   SecurityFlags security;
 
   // --listen --model --cache --metrics-listen --cache-deadline-ms
-  // --watch-interval-ms --dns-server --threads --no-fast-path --device
+  // --cache-fetch-streams --watch-interval-ms --dns-server --threads --no-fast-path --device
   // --device-block-pool --record-pool, and the security flags
   // (security_flags.h)
   void Register(FlagParser& flags);

@@ -1305,6 +1305,10 @@ TEST_F(ServingTest, ModelServersRefuseFlagsTheyCannotHonour) {
     const CommandResult not_a_pool = RunCommand(command + "--record-pool 12XB");
     EXPECT_EQ(not_a_pool.exit_code, 2) << not_a_pool.output;
     EXPECT_NE(not_a_pool.output.find("--record-pool: '12XB'"), std::string::npos) << not_a_pool.output;
+    const CommandResult too_many_streams = RunCommand(command + "--cache-fetch-streams 5");
+    EXPECT_EQ(too_many_streams.exit_code, 2) << too_many_streams.output;
+    EXPECT_NE(too_many_streams.output.find("--cache-fetch-streams must be 0 to 4"), std::string::npos)
+        << too_many_streams.output;
 #if KVTIER_RUNTIME_CUDA
     std::string why;
     if (kernels::cuda::DevicePresent(&why)) continue;  // cuda_forward_test runs it

@@ -1,5 +1,8 @@
 #include "services/cache/client/shard_routes.h"
 
+#include <algorithm>
+#include <future>
+
 #include "absl/strings/str_cat.h"
 #include "services/cache/client/cache_client.h"
 #include "services/rpc/grpc_status.h"
@@ -56,6 +59,10 @@ void RecordLanding::Deliver(const cache::RawBlock& block, kvblock::CrcCheck crc)
   answered_[block.index] = true;
 }
 
+RecordLanding RecordLanding::Run(size_t begin, size_t end) const {
+  return RecordLanding(layout_, pool_, std::vector(slots_.begin() + begin, slots_.begin() + end));
+}
+
 void RecordLanding::FailUnanswered(const absl::Status& status) {
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (!answered_[i]) *slots_[i] = status;
@@ -110,6 +117,36 @@ void FastPathRoute::SessionFailed(const std::shared_ptr<FastPathClient>& session
 std::vector<uint32_t> GrpcRoute::Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
                                        const std::vector<kvblock::BlockHash>& hashes, RecordLanding& landing,
                                        const std::string& acting_for) {
+  // As many runs as connections are free: reads already under way keep
+  // theirs.
+  const size_t most = std::min({streams_, connections_->Unused(), hashes.size()});
+  const size_t runs =
+      std::clamp<size_t>(hashes.size() * LargestRecord(layout) / kStreamBytes, 1, std::max<size_t>(most, 1));
+  if (runs <= 1) {
+    FetchRun(ns, layout, hashes, landing, acting_for);
+    return {};
+  }
+  std::vector<std::vector<kvblock::BlockHash>> parts;
+  std::vector<RecordLanding> landings;
+  landings.reserve(runs);
+  for (size_t r = 0; r < runs; ++r) {
+    const size_t begin = hashes.size() * r / runs, end = hashes.size() * (r + 1) / runs;
+    parts.emplace_back(hashes.begin() + begin, hashes.begin() + end);
+    landings.push_back(landing.Run(begin, end));
+  }
+  std::vector<std::future<void>> others;
+  for (size_t r = 1; r < runs; ++r) {
+    others.push_back(
+        std::async(std::launch::async, [&, r] { FetchRun(ns, layout, parts[r], landings[r], acting_for); }));
+  }
+  FetchRun(ns, layout, parts[0], landings[0], acting_for);
+  for (std::future<void>& run : others) run.get();
+  return {};
+}
+
+void GrpcRoute::FetchRun(const std::string& ns, const kvblock::LatentLayout& layout,
+                         const std::vector<kvblock::BlockHash>& hashes, RecordLanding& landing,
+                         const std::string& acting_for) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
   if (!acting_for.empty()) context.AddMetadata(kActingForMetadata, acting_for);
@@ -121,7 +158,6 @@ std::vector<uint32_t> GrpcRoute::Fetch(const std::string& ns, const kvblock::Lat
     const absl::Status failed = FromGrpcStatus(status);
     landing.FailUnanswered(absl::Status(failed.code(), absl::StrCat("cache ", target_, ": ", failed.message())));
   }
-  return {};
 }
 
 }  // namespace kvtier::cache

@@ -46,6 +46,11 @@ class RecordLanding {
   void Deliver(const cache::RawBlock& block, kvblock::CrcCheck crc);
   // Every block not answered yet gets `status`.
   void FailUnanswered(const absl::Status& status);
+  // Blocks [begin, end) of this landing as a landing of their own, for a
+  // call that asks for only those (its block 0 is this one's `begin`).
+  // Landings of runs that do not overlap may be used by threads of their
+  // own; this one must have had nothing land and is not used again.
+  RecordLanding Run(size_t begin, size_t end) const;
 
   cache::RecordDestination AsDestination() {
     return [this](uint32_t index, size_t size) { return Destination(index, size); };
@@ -57,7 +62,7 @@ class RecordLanding {
   const size_t record_bytes_;  // a record's size; for DeepSeek-V4 the most one takes
   std::vector<absl::StatusOr<SharedRecord>*> slots_;
   std::vector<std::shared_ptr<std::string>> landed_;
-  std::vector<bool> answered_;
+  std::vector<char> answered_;  // not vector<bool>: runs of it are written by threads of their own
 };
 
 // One way to one shard. Thread-safe.
@@ -107,23 +112,35 @@ class FastPathRoute : public ShardRoute {
   absl::Time retry_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
-// gRPC Get, one stream a call on the least busy of the shard's connections,
-// each record landing straight from gRPC's buffers (RawGet). The last
-// route: it answers every block, with the shard's error where the call
-// failed (blocks that arrived before it stay usable).
+// gRPC Get, each record landing straight from gRPC's buffers (RawGet). A
+// read of a few blocks is one stream on the least busy of the shard's
+// connections; a larger one is cut into consecutive runs of at least
+// kStreamBytes, up to `streams` of them and no more than there are
+// connections carrying no stream, each a stream of its own read at once:
+// one connection carries about what one core receives (and, with TLS,
+// decrypts). The last route: it answers every block, with the shard's
+// error where a stream failed (blocks that arrived before it, and other
+// runs', stay usable).
 class GrpcRoute : public ShardRoute {
  public:
-  GrpcRoute(std::string target, StreamConnections* connections, absl::Duration deadline)
-      : target_(std::move(target)), connections_(connections), deadline_(deadline) {}
+  // `streams`: 1 to StreamConnections::kConnections.
+  GrpcRoute(std::string target, StreamConnections* connections, absl::Duration deadline, size_t streams)
+      : target_(std::move(target)), connections_(connections), deadline_(deadline), streams_(streams) {}
 
   std::vector<uint32_t> Fetch(const std::string& ns, const kvblock::LatentLayout& layout,
                               const std::vector<kvblock::BlockHash>& hashes, RecordLanding& landing,
                               const std::string& acting_for) override;
+  static constexpr size_t kStreamBytes = size_t{8} << 20;
 
  private:
+  // One stream for all of `hashes`.
+  void FetchRun(const std::string& ns, const kvblock::LatentLayout& layout,
+                const std::vector<kvblock::BlockHash>& hashes, RecordLanding& landing, const std::string& acting_for);
+
   const std::string target_;
   StreamConnections* const connections_;
   const absl::Duration deadline_;
+  const size_t streams_;
 };
 
 }  // namespace kvtier::cache

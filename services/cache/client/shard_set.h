@@ -34,15 +34,19 @@ class ShardSet {
  public:
   // No shards until SetTargets. Every call to a shard gets `deadline`.
   // With `fast_path`, blocks of a shard on this host are read through its
-  // shared memory (FastPathRoute); the rest come by Get (GrpcRoute). At
-  // most `idle_record_bytes` of fetched records are kept for reuse once let
-  // go.
-  explicit ShardSet(absl::Duration deadline, bool fast_path = true, size_t idle_record_bytes = kIdleRecordBytes);
+  // shared memory (FastPathRoute); the rest come by Get (GrpcRoute), a
+  // large read of one shard's blocks in up to `fetch_streams` streams at
+  // once (at most StreamConnections::kConnections; 0: one for every four
+  // cores). At most `idle_record_bytes` of fetched records are kept for
+  // reuse once let go.
+  explicit ShardSet(absl::Duration deadline, bool fast_path = true, size_t idle_record_bytes = kIdleRecordBytes,
+                    size_t fetch_streams = 0);
   ~ShardSet();
   // A fixed list: `targets` as ParseTargetList takes it.
   static absl::StatusOr<std::unique_ptr<ShardSet>> Create(const std::string& targets, absl::Duration deadline,
                                                           bool fast_path = true,
-                                                          size_t idle_record_bytes = kIdleRecordBytes);
+                                                          size_t idle_record_bytes = kIdleRecordBytes,
+                                                          size_t fetch_streams = 0);
 
   // Makes `targets` ("host:port" each, no repeats) the shards. A shard in
   // both the old and new lists keeps its connections and health; a new
@@ -126,6 +130,7 @@ class ShardSet {
 
   const absl::Duration deadline_;
   const bool fast_path_;
+  const size_t fetch_streams_;
   const std::shared_ptr<RecordPool> records_;
   mutable absl::Mutex mu_;
   std::shared_ptr<const ShardList> members_ ABSL_GUARDED_BY(mu_);

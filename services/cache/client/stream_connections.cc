@@ -21,6 +21,11 @@ StreamConnections::Lease StreamConnections::Take() {
   return Lease(this, k);
 }
 
+size_t StreamConnections::Unused() {
+  absl::MutexLock lock(&mu_);
+  return std::count(streams_.begin(), streams_.end(), 0);
+}
+
 StreamConnections::Lease::~Lease() {
   if (owner_ == nullptr) return;
   absl::MutexLock lock(&owner_->mu_);

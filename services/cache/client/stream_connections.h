@@ -44,6 +44,8 @@ class StreamConnections {
     size_t index_;
   };
   Lease Take();
+  // How many connections carry no stream now.
+  size_t Unused();
 
   // Lets every connection try again now, not after gRPC's reconnect
   // backoff (which grows to minutes while a shard is away).

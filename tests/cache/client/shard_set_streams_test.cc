@@ -3,18 +3,23 @@
 // that fails its CRC (it checks on every read), so bytes damaged on the way
 // can only come from a stand-in that answers Get with chosen records, one
 // of them with a flipped byte, one of another layout. Concurrent streams
-// (Gets, Puts) go over connections of their own.
+// (Gets, Puts) go over connections of their own, and so do the runs a
+// large read is cut into.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <random>
 #include <set>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "kvtier/v1/cache.grpc.pb.h"
+#include "services/cache/client/shard_routes.h"
 #include "services/cache/client/shard_set.h"
 #include "services/kvblock/block_format.h"
 #include "services/kvblock/block_key.h"
@@ -257,6 +262,198 @@ TEST(ShardSetStore, ConcurrentStoresUseConnectionsOfTheirOwn) {
     EXPECT_EQ(put.Finish(), std::set<kvblock::BlockHash>{hash});
   });
   server->Shutdown();
+}
+
+// Answers each Get with the records stored under the hashes it asks for,
+// index by index, once `together` calls have arrived (or 10 s passed),
+// noting each call's peer and the hashes it asked for. A call that asks
+// for `failing` fails, UNAVAILABLE, after its first answer.
+class RecordsByHash final : public v1::KvCache::Service {
+ public:
+  RecordsByHash(std::map<std::string, std::string> records, size_t together, std::string failing = {})
+      : records_(std::move(records)), together_(together), failing_(std::move(failing)) {}
+  grpc::Status Get(grpc::ServerContext* context, const v1::GetRequest* request,
+                   grpc::ServerWriter<v1::GetResponse>* writer) override {
+    const std::vector<std::string> asked(request->block_hashes().begin(), request->block_hashes().end());
+    {
+      absl::MutexLock lock(&mu_);
+      calls_.push_back({context->peer(), asked});
+      all_arrived_ = mu_.AwaitWithTimeout(absl::Condition(this, &RecordsByHash::AllArrived), absl::Seconds(10));
+    }
+    const bool fails = std::find(asked.begin(), asked.end(), failing_) != asked.end();
+    for (size_t i = 0; i < asked.size(); ++i) {
+      if (fails && i == 1) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the stand-in's stream failed");
+      v1::GetResponse answer;
+      answer.set_index(static_cast<uint32_t>(i));
+      answer.set_block_hash(asked[i]);
+      answer.set_data(records_.at(asked[i]));
+      writer->Write(answer);
+    }
+    return grpc::Status::OK;
+  }
+  struct Call {
+    std::string peer;
+    std::vector<std::string> hashes;
+  };
+  std::vector<Call> calls() {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
+  bool all_arrived() {
+    absl::MutexLock lock(&mu_);
+    return all_arrived_;
+  }
+
+ private:
+  bool AllArrived() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return calls_.size() >= together_; }
+  const std::map<std::string, std::string> records_;
+  const size_t together_;
+  const std::string failing_;
+  absl::Mutex mu_;
+  std::vector<Call> calls_ ABSL_GUARDED_BY(mu_);
+  bool all_arrived_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+std::string Bytes(const kvblock::BlockHash& hash) { return std::string(hash.begin(), hash.end()); }
+
+// A prefix of `blocks` records of about a megabyte each, under their chain
+// of hashes.
+struct LargePrefix {
+  kvblock::LatentLayout layout{.model_id = "split-fetch-test",
+                               .num_layers = 27,
+                               .kv_lora_rank = 512,
+                               .rope_dim = 64,
+                               .tokens_per_block = 64,
+                               .codec = kernels::Codec::kInt8};
+  std::vector<kvblock::BlockHash> hashes;
+  std::map<std::string, std::string> records;  // by hash
+
+  LargePrefix(size_t blocks, std::mt19937_64& rng) {
+    std::vector<std::uint32_t> tokens(layout.tokens_per_block * blocks);
+    for (std::uint32_t& t : tokens) t = static_cast<uint32_t>(rng() % 100000);
+    hashes = kvblock::ComputeBlockChain("tenant", kvblock::LayoutId(layout), layout.tokens_per_block, tokens);
+    for (const kvblock::BlockHash& h : hashes) records[Bytes(h)] = RandomRecord(layout, rng);
+  }
+};
+
+// `service` on a free loopback port, and a ShardSet of it alone over TCP
+// that reads in up to `streams` streams at once; null members if either
+// did not start.
+struct OneShard {
+  OneShard(grpc::Service& service, size_t streams) {
+    int port = 0;
+    server = Serve(service, port);
+    if (server == nullptr) return;
+    absl::StatusOr<std::unique_ptr<ShardSet>> made =
+        ShardSet::Create("127.0.0.1:" + std::to_string(port), absl::Seconds(30), /*fast_path=*/false,
+                         ShardSet::kIdleRecordBytes, streams);
+    if (made.ok()) shards = *std::move(made);
+  }
+  ~OneShard() {
+    if (server != nullptr) server->Shutdown();
+  }
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<ShardSet> shards;
+};
+
+// A read of more than GrpcRoute::kStreamBytes of one shard's blocks is cut
+// into consecutive runs read at once, each a stream on a connection of its
+// own, and every record lands at its own index.
+TEST(ShardSetFetch, ALargeReadIsCutIntoStreamsReadAtOnce) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  constexpr size_t kStreams = 4;
+  const LargePrefix prefix(33 + rng.engine()() % 31, rng.engine());
+  ASSERT_GE(prefix.records.begin()->second.size() * prefix.hashes.size(), kStreams * GrpcRoute::kStreamBytes);
+  RecordsByHash service(prefix.records, kStreams);
+  OneShard shard(service, kStreams);
+  ASSERT_NE(shard.shards, nullptr);
+  const std::vector<absl::StatusOr<SharedRecord>> got = shard.shards->Fetch("tenant", prefix.layout, prefix.hashes);
+  ASSERT_EQ(got.size(), prefix.hashes.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(got[i].ok()) << i << ": " << got[i].status();
+    EXPECT_EQ(**got[i], prefix.records.at(Bytes(prefix.hashes[i]))) << "block " << i;
+  }
+  std::vector<RecordsByHash::Call> calls = service.calls();
+  ASSERT_EQ(calls.size(), kStreams);
+  EXPECT_TRUE(service.all_arrived()) << "the streams were not read at once";
+  std::set<std::string> peers;
+  for (const RecordsByHash::Call& call : calls) peers.insert(call.peer);
+  EXPECT_EQ(peers.size(), kStreams) << "streams shared a connection";
+  std::sort(calls.begin(), calls.end(), [](const RecordsByHash::Call& a, const RecordsByHash::Call& b) {
+    return a.hashes.size() < b.hashes.size();
+  });
+  EXPECT_LE(calls.back().hashes.size(), calls.front().hashes.size() + 1) << "runs of unequal lengths";
+  std::map<std::string, size_t> position;
+  for (size_t i = 0; i < prefix.hashes.size(); ++i) position[Bytes(prefix.hashes[i])] = i;
+  std::sort(calls.begin(), calls.end(), [&](const RecordsByHash::Call& a, const RecordsByHash::Call& b) {
+    return position.at(a.hashes[0]) < position.at(b.hashes[0]);
+  });
+  std::vector<std::string> asked;
+  for (const RecordsByHash::Call& call : calls) asked.insert(asked.end(), call.hashes.begin(), call.hashes.end());
+  std::vector<std::string> all;
+  for (const kvblock::BlockHash& h : prefix.hashes) all.push_back(Bytes(h));
+  EXPECT_EQ(asked, all) << "the runs, in order, are not the prefix once over";
+}
+
+// With one stream asked for, or blocks under kStreamBytes, a read is one
+// stream; and where one run's stream fails, only its blocks not yet
+// arrived carry the shard's error.
+TEST(ShardSetFetch, ASmallReadIsOneStreamAndAFailedRunLosesOnlyItsOwn) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  const LargePrefix prefix(64, rng.engine());
+  const std::vector<kvblock::BlockHash> few(prefix.hashes.begin(), prefix.hashes.begin() + 4);
+  for (auto [hashes, streams] : {std::pair{prefix.hashes, size_t{1}}, std::pair{few, size_t{4}}}) {
+    RecordsByHash service(prefix.records, /*together=*/1);
+    OneShard shard(service, streams);
+    ASSERT_NE(shard.shards, nullptr);
+    for (const absl::StatusOr<SharedRecord>& r : shard.shards->Fetch("tenant", prefix.layout, hashes)) {
+      EXPECT_TRUE(r.ok()) << r.status();
+    }
+    EXPECT_EQ(service.calls().size(), 1u) << hashes.size() << " blocks, " << streams << " streams asked for";
+  }
+
+  // Four runs of 16; the third run's stream fails after its first block.
+  RecordsByHash service(prefix.records, /*together=*/4, Bytes(prefix.hashes[40]));
+  OneShard shard(service, 4);
+  ASSERT_NE(shard.shards, nullptr);
+  const std::vector<absl::StatusOr<SharedRecord>> got = shard.shards->Fetch("tenant", prefix.layout, prefix.hashes);
+  ASSERT_EQ(got.size(), 64u);
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (i > 32 && i < 48) {
+      EXPECT_EQ(got[i].status().code(), absl::StatusCode::kUnavailable) << i << ": " << got[i].status();
+      EXPECT_TRUE(absl::StrContains(got[i].status().message(), "127.0.0.1")) << got[i].status();
+    } else {
+      ASSERT_TRUE(got[i].ok()) << i << ": " << got[i].status();
+      EXPECT_EQ(**got[i], prefix.records.at(Bytes(prefix.hashes[i]))) << "block " << i;
+    }
+  }
+}
+
+// A large read that starts while another holds every connection is one
+// stream: cutting it would only queue more streams on the same
+// connections.
+TEST(ShardSetFetch, AReadWhileOthersHoldEveryConnectionIsOneStream) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  const LargePrefix prefix(40, rng.engine());
+  RecordsByHash service(prefix.records, /*together=*/5);  // the first read's 4 streams wait for the second's
+  OneShard shard(service, 4);
+  ASSERT_NE(shard.shards, nullptr);
+  auto read = [&] {
+    for (const absl::StatusOr<SharedRecord>& r : shard.shards->Fetch("tenant", prefix.layout, prefix.hashes)) {
+      EXPECT_TRUE(r.ok()) << r.status();
+    }
+  };
+  std::thread first(read);
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (service.calls().size() < 4 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(service.calls().size(), 4u) << "the first read was not cut into 4 streams";
+  read();
+  first.join();
+  EXPECT_TRUE(service.all_arrived());
+  EXPECT_EQ(service.calls().size(), 5u) << "the second read was cut while every connection was busy";
 }
 
 // A shard that failed its health check holds none of its blocks, but the
