@@ -6,7 +6,9 @@
 // are taken round by round). Redis is read as cache_bench reads it, one
 // GET in flight, each reply copied into the same kind of buffer; its TLS
 // is OpenSSL's, its replies parsed by hiredis's reader. Certificates: a
-// throwaway CA made with the openssl command line.
+// throwaway CA made with the openssl command line. "Worker load, TLS": the
+// same prefix over TLS as a decode worker reads it (ShardSet::Fetch, in
+// one stream for every four cores unless --fetch-streams says).
 //
 //   tls_bench --cache-binary build/services/kvtier-cache [--rounds 3] [--blocks 32]
 #include <arpa/inet.h>
@@ -34,6 +36,7 @@
 #include "services/base/flags.h"
 #include "services/cache/client/cache_client.h"
 #include "services/cache/client/raw_get.h"
+#include "services/cache/client/shard_set.h"
 #include "services/cli/certificates.h"
 #include "services/rpc/client_identity.h"
 
@@ -175,7 +178,8 @@ bool RedisGet(RedisTls& redis, const std::string& ns, const Prefix& p, std::vect
   return true;
 }
 
-int Run(const std::string& cache_binary, const std::string& redis_binary, int rounds, int blocks) {
+int Run(const std::string& cache_binary, const std::string& redis_binary, int rounds, int blocks,
+        size_t fetch_streams) {
   const kvblock::LatentLayout layout = V2LiteInt8();
   constexpr int kMaxClients = 4;
   const std::string root = absl::StrCat("/tmp/kvtier-tls-bench-", getpid()), dir = root + "/server";
@@ -250,6 +254,19 @@ int Run(const std::string& cache_binary, const std::string& redis_binary, int ro
       return 1;
     }
   }
+  // The workers' shard sets take the process's identity: TLS from here on.
+  if (absl::Status s = SetClientIdentity({.tls = {.dir = dir}, .token_file = ""}); !s.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  // Each reads its prefix once first, as a worker in service has its
+  // connections made and its record pool filled.
+  std::vector<std::unique_ptr<cache::ShardSet>> workers;
+  for (int c = 0; c < kMaxClients; ++c) {
+    workers.push_back(*cache::ShardSet::Create(absl::StrCat("127.0.0.1:", tls_port), absl::Seconds(60),
+                                               /*fast_path=*/false, cache::ShardSet::kIdleRecordBytes, fetch_streams));
+    workers.back()->Fetch(absl::StrCat("c", c), layout, prefixes[c].hashes);
+  }
   const size_t bytes = prefixes[0].record_bytes * blocks;
   std::vector<std::vector<uint8_t>> destinations(kMaxClients, std::vector<uint8_t>(bytes));
   std::printf(
@@ -259,7 +276,7 @@ int Run(const std::string& cache_binary, const std::string& redis_binary, int ro
   std::printf("%-28s %8s %18s\n", "path", "clients", "GB/s (per round)");
   std::vector<std::string> summary;
   for (int n : {1, kMaxClients}) {
-    std::vector<double> plain_s, tls_s, redis_s;
+    std::vector<double> plain_s, tls_s, worker_s, redis_s;
     bool ok = true;
     for (int round = 0; round < rounds; ++round) {
       const auto fetch = [&](std::vector<std::shared_ptr<grpc::Channel>>& channels) {
@@ -269,26 +286,36 @@ int Run(const std::string& cache_binary, const std::string& redis_binary, int ro
       };
       plain_s.push_back(fetch(plain));
       tls_s.push_back(fetch(tls));
+      worker_s.push_back(Concurrently(n, [&](int c) {
+        for (const absl::StatusOr<cache::SharedRecord>& r :
+             workers[c]->Fetch(absl::StrCat("c", c), layout, prefixes[c].hashes)) {
+          if (!r.ok()) ok = false;
+        }
+      }));
       redis_s.push_back(Concurrently(n, [&](int c) {
         if (!RedisGet(*redis_clients[c], absl::StrCat("c", c), prefixes[c], destinations[c])) ok = false;
       }));
     }
     if (!ok) std::fprintf(stderr, "a fetch did not land every block\n");
     const double gb = bytes * n / 1e9;
-    for (auto [what, seconds] :
-         {std::pair{"kvtier Get, plaintext", &plain_s}, {"kvtier Get, TLS", &tls_s}, {"redis GET, TLS", &redis_s}}) {
+    for (auto [what, seconds] : {std::pair{"kvtier Get, plaintext", &plain_s},
+                                 {"kvtier Get, TLS", &tls_s},
+                                 {"worker load, TLS", &worker_s},
+                                 {"redis GET, TLS", &redis_s}}) {
       std::string per_round;
       for (double s : *seconds) absl::StrAppend(&per_round, absl::StrFormat(" %.2f", gb / s));
       std::printf("%-28s %8d %8.2f  (%s )\n", what, n, gb / Median(*seconds), per_round.c_str());
     }
-    std::vector<double> tls_over_plain, tls_over_redis;
+    std::vector<double> tls_over_plain, tls_over_redis, worker_over_get;
     for (int r = 0; r < rounds; ++r) {
       tls_over_plain.push_back(plain_s[r] / tls_s[r]);
       tls_over_redis.push_back(redis_s[r] / tls_s[r]);
+      worker_over_get.push_back(tls_s[r] / worker_s[r]);
     }
     summary.push_back(absl::StrFormat(
-        "%d client%s: kvtier TLS / plaintext %.2fx (target >= 0.70), kvtier TLS / redis TLS %.2fx (target >= 1)", n,
-        n == 1 ? "" : "s", Median(tls_over_plain), Median(tls_over_redis)));
+        "%d client%s: kvtier TLS / plaintext %.2fx (target >= 0.70), kvtier TLS / redis TLS %.2fx (target >= 1), "
+        "worker load TLS / kvtier Get TLS %.2fx",
+        n, n == 1 ? "" : "s", Median(tls_over_plain), Median(tls_over_redis), Median(worker_over_get)));
   }
   std::printf("\nmedian of per-round ratios:\n");
   for (const std::string& line : summary) std::printf("  %s\n", line.c_str());
@@ -301,14 +328,22 @@ int Run(const std::string& cache_binary, const std::string& redis_binary, int ro
 
 int main(int argc, char** argv) {
   std::string cache_binary = "build/services/kvtier-cache", redis_binary = "/usr/bin/redis-server";
-  uint64_t rounds = 3, blocks = 32;
+  uint64_t rounds = 3, blocks = 32, fetch_streams = 0;
   kvtier::FlagParser flags("tls_bench [flags]", "kvtier Get in plaintext and over TLS against Redis GET over TLS.");
   flags.AddString("cache-binary", &cache_binary, "the kvtier-cache to run");
   flags.AddString("redis-binary", &redis_binary, "redis-server (7, built with TLS)");
   flags.AddUint("rounds", &rounds, "rounds, each fetching from all three");
   flags.AddUint("blocks", &blocks, "blocks a client");
+  flags.AddUint("fetch-streams", &fetch_streams,
+                "streams at once a worker load reads its prefix in, 1..4 (0: a decode worker's default, one for "
+                "every four cores)");
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "tls_bench")) {
     return *exit;
   }
-  return kvtier::load::Run(cache_binary, redis_binary, static_cast<int>(rounds), static_cast<int>(blocks));
+  if (fetch_streams > kvtier::cache::StreamConnections::kConnections) {
+    std::fprintf(stderr, "--fetch-streams: %lu is more than 4\n", static_cast<unsigned long>(fetch_streams));
+    return 2;
+  }
+  return kvtier::load::Run(cache_binary, redis_binary, static_cast<int>(rounds), static_cast<int>(blocks),
+                           fetch_streams);
 }

@@ -19,8 +19,8 @@
 # the device tier in the GPU against pinned cudaMemcpy (tier_move_bench);
 # the cache service's Get and Put against Redis with its device tier in
 # the GPU and in host memory (cache_bench, a worker's load in four streams and in
-# one); TLS against plaintext and Redis over TLS
-# (tls_bench); stores into segments fast path readers had, with
+# one); TLS against plaintext and Redis over TLS, and a worker's load over
+# TLS in four streams (tls_bench); stores into segments fast path readers had, with
 # their memfds made ahead on a spare core (segment_reuse_bench: no GPU,
 # but the 16 cores this machine lacks); and `kvtier up --device cuda`, on
 # the trained model and on a V4 preset.
@@ -127,10 +127,11 @@ elif [ -d device-bundle ]; then
   step "cache_bench, device tier in host memory, no room ahead" 90 device-bundle/cache_bench --cache-binary \
     device-bundle/kvtier-cache --redis-binary device-bundle/redis-server --rounds 7 --clients 1,4 \
     --device-memory host --cache-flags=--no-demote-ahead
-  # TLS against plaintext and Redis over TLS on 16 cores; the bundle's
-  # openssl only where the machine has none.
+  # TLS against plaintext and Redis over TLS on 16 cores, and a worker's
+  # load (64 blocks: four streams of 8 MiB or more); the bundle's openssl
+  # only where the machine has none.
   step "tls_bench" 60 env PATH="$PATH:$PWD/device-bundle" device-bundle/tls_bench \
-    --cache-binary device-bundle/kvtier-cache --redis-binary device-bundle/redis-server --rounds 5
+    --cache-binary device-bundle/kvtier-cache --redis-binary device-bundle/redis-server --rounds 5 --blocks 64
   step "segment_reuse_bench" 40 device-bundle/segment_reuse_bench --rounds 3
   # The whole system with the model on the GPU, as the README's first
   # command runs it on the CPU.
