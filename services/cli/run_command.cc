@@ -4,12 +4,12 @@
 #include <algorithm>
 #include <fstream>
 #include <iostream>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "kvtier/kernels/parallel.h"
 #include "services/base/flags.h"
 #include "services/base/status.h"
+#include "services/base/usable_cpus.h"
 #include "services/cli/commands.h"
 #include "services/cli/generation_io.h"
 #include "services/runtime/checkpoint.h"
@@ -88,8 +88,7 @@ absl::Status Run(const std::string& model_dir, const PromptFlags& prompt_flags, 
 int RunRun(const std::vector<std::string>& args) {
   std::string model, codec = "bf16", device = "cpu", latents_out;
   PromptFlags prompt;
-  uint64_t max_new = 16, tokens_per_block = 64, threads = std::max(1u, std::thread::hardware_concurrency()),
-           cached_prefix = 0;
+  uint64_t max_new = 16, tokens_per_block = 64, threads = UsableCpus(), cached_prefix = 0;
   SamplingFlags sampling_flags;
   bool json = false;
   FlagParser flags("kvtier run --model DIR (--prompt-ids 1,2,3 | --prompt TEXT) --max-new-tokens N [flags]",

@@ -10,6 +10,7 @@
 #include "services/base/byte_size.h"
 #include "services/base/log.h"
 #include "services/base/status.h"
+#include "services/base/usable_cpus.h"
 #include "services/rpc/library_logs.h"
 #include "services/runtime/checkpoint.h"
 #include "services/server/metric_family.h"
@@ -69,11 +70,13 @@ void ModelServerFlags::Register(FlagParser& flags) {
   flags.AddUint("cache-fetch-streams", &cache_fetch_streams,
                 "gRPC streams at once (1 to 4, each on a connection of its own) that read a prefix's blocks of "
                 "one cache shard, each 8 MiB or more: one connection carries about what one core receives and "
-                "decrypts; 0: one for every four cores");
+                "decrypts; 0: one for every four cores this process may use");
   flags.AddUint("watch-interval-ms", &watch_interval_ms,
                 "how often srv: names are looked up again and each cache shard's health is checked");
   flags.AddString("dns-server", &dns_server, "DNS server IPv4:PORT for srv: names; empty: the system's resolvers");
-  flags.AddUint("threads", &threads, "threads for the model's matrix products (0: every core)");
+  flags.AddUint("threads", &threads,
+                "threads for the model's matrix products (0: every core this process may use: its CPU affinity, "
+                "and its cgroup's CPU quota such as a Kubernetes CPU limit)");
   flags.AddBool("no-fast-path", &no_fast_path,
                 "read and write blocks over gRPC only, even with a cache shard on this host");
   flags.AddString("device", &device, runtime::kDeviceFlagHelp);
@@ -107,7 +110,11 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
     cuda.block_pool_bytes = static_cast<int64_t>(std::min<uint64_t>(bytes, INT64_MAX));
   }
   KVTIER_ASSIGN_OR_RETURN(const uint64_t record_pool, ParseByteSizeFlag("record-pool", f.record_pool));
-  kernels::SetKernelThreads(f.threads == 0 ? std::max(1u, std::thread::hardware_concurrency()) : f.threads);
+  const unsigned threads = f.threads == 0 ? UsableCpus() : static_cast<unsigned>(f.threads);
+  kernels::SetKernelThreads(threads);
+  Log(LogLevel::kInfo, "threads",
+      absl::StrCat(threads, " for the model's products", f.threads == 0 ? " (the CPUs this process may use)" : "",
+                   "; the machine has ", std::thread::hardware_concurrency(), " cores"));
   ModelServer s;
   // Before the first channel: the shards' (and decode workers') channels
   // carry this process's identity.

@@ -4,12 +4,12 @@
 #include <atomic>
 #include <future>
 #include <optional>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "services/base/log.h"
 #include "services/base/peer_discovery.h"
 #include "services/base/status.h"
+#include "services/base/usable_cpus.h"
 #include "services/cache/client/health_check.h"
 #include "services/kvblock/block_format.h"
 #include "services/kvblock/sha256.h"
@@ -37,7 +37,7 @@ uint64_t Mix(uint64_t z) {
 // (four took 2.5-3x the CPU a byte and read at under half the rate), while
 // on 16 cores four concurrent streams carried about 3x one's rate.
 size_t FetchStreams(size_t asked) {
-  if (asked == 0) asked = std::thread::hardware_concurrency() / 4;
+  if (asked == 0) asked = UsableCpus() / 4;
   return std::clamp<size_t>(asked, 1, StreamConnections::kConnections);
 }
 

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "services/base/usable_cpus.h"
 #include "services/cache/fast_path/fast_path_socket.h"
 #include "services/kvblock/block_format.h"
 #include "services/kvblock/crc32c.h"
@@ -298,7 +299,7 @@ absl::StatusOr<std::vector<uint32_t>> FastPathClient::Fetch(const std::string& n
   const int n = leased.blocks_size();
   // Large reads split in two: the page faults of a first read of fresh
   // mappings run in parallel.
-  if (shared_bytes >= kTwoThreadBytes && std::thread::hardware_concurrency() > 1) {
+  if (shared_bytes >= kTwoThreadBytes && UsableCpus() > 1) {
     std::thread helper([&] {
       for (int i = n / 2; i < n; ++i) deliver(leased.blocks(i));
     });

@@ -8,7 +8,6 @@
 #include <iostream>
 #include <memory>
 #include <sstream>
-#include <thread>
 
 #include "absl/numeric/int128.h"
 #include "absl/strings/str_cat.h"
@@ -25,6 +24,7 @@
 #include "services/base/heap_reuse.h"
 #include "services/base/log.h"
 #include "services/base/status.h"
+#include "services/base/usable_cpus.h"
 #include "services/cache/server/store_metrics.h"
 #include "services/rpc/library_logs.h"
 #include "services/rpc/security_flags.h"
@@ -48,7 +48,7 @@ struct Flags {
   std::string host_capacity;
   std::string disk_dir;
   std::string disk_capacity;
-  uint64_t threads = std::max(2u, std::thread::hardware_concurrency());
+  uint64_t threads = std::max(2u, UsableCpus());
   uint64_t page_size = StoreOptions{}.page_size;
   std::string namespaces;
   std::string device_memory = "auto";
