@@ -3,11 +3,11 @@
 #include <gtest/gtest.h>
 #include <malloc.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+
+#include "tests/in_child.h"
 
 namespace kvtier {
 namespace {
@@ -27,29 +27,17 @@ void TouchFreshBlock() {
 // threshold. -2 where the C library does not take them, -1 if the child
 // failed.
 long FaultsOfTheSecondBlock(bool keep) {
-  int fds[2];
-  if (pipe(fds) != 0) return -1;
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(fds[0]);
-    const bool set = keep ? KeepFreedHeapForReuse(kKept) : mallopt(M_TRIM_THRESHOLD, 128 * 1024) == 1;
-    if (!set) _exit(2);
-    TouchFreshBlock();
-    rusage before{}, after{};
-    getrusage(RUSAGE_SELF, &before);
-    TouchFreshBlock();
-    getrusage(RUSAGE_SELF, &after);
-    const long faults = after.ru_minflt - before.ru_minflt;
-    _exit(write(fds[1], &faults, sizeof faults) == sizeof faults ? 0 : 3);
-  }
-  close(fds[1]);
-  long faults = -1;
-  if (read(fds[0], &faults, sizeof faults) != sizeof faults) faults = -1;
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 2) return -2;
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? faults : -1;
+  return testing::InChild([keep]() -> long {
+           const bool set = keep ? KeepFreedHeapForReuse(kKept) : mallopt(M_TRIM_THRESHOLD, 128 * 1024) == 1;
+           if (!set) return -2;
+           TouchFreshBlock();
+           rusage before{}, after{};
+           getrusage(RUSAGE_SELF, &before);
+           TouchFreshBlock();
+           getrusage(RUSAGE_SELF, &after);
+           return after.ru_minflt - before.ru_minflt;
+         })
+      .value_or(-1);
 }
 
 TEST(HeapReuse, AFreedBlockIsWrittenAgainWithoutFaults) {

@@ -6,7 +6,6 @@
 
 #include <gtest/gtest.h>
 #include <sched.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -14,6 +13,8 @@
 #include <functional>
 #include <string>
 #include <thread>
+
+#include "tests/in_child.h"
 
 namespace kvtier {
 namespace {
@@ -36,21 +37,9 @@ TEST(UsableCpus, QuotasParseRoundedUp) {
 // UsableCpus() in a child process after `prepare` (which returns false to
 // give up: -2); -1 if the child failed.
 int UsableCpusOfAChild(const std::function<bool(pid_t)>& prepare) {
-  int fds[2];
-  if (pipe(fds) != 0) return -1;
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(fds[0]);
-    const int cpus = prepare(getpid()) ? static_cast<int>(UsableCpus()) : -2;
-    _exit(write(fds[1], &cpus, sizeof cpus) == sizeof cpus ? 0 : 3);
-  }
-  close(fds[1]);
-  int cpus = -1;
-  if (read(fds[0], &cpus, sizeof cpus) != sizeof cpus) cpus = -1;
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? cpus : -1;
+  return static_cast<int>(testing::InChild([&]() -> long {
+                            return prepare(getpid()) ? static_cast<long>(UsableCpus()) : -2;
+                          }).value_or(-1));
 }
 
 TEST(UsableCpus, AtMostTheMachineAndOneWhenPinnedToOne) {
