@@ -31,6 +31,10 @@ std::optional<unsigned> CpusOf(int64_t quota, int64_t period) {
   return static_cast<unsigned>(std::min<int64_t>((quota + period - 1) / period, 1 << 20));
 }
 
+void KeepSmaller(std::optional<unsigned>& smallest, std::optional<unsigned> cpus) {
+  if (cpus && (!smallest || *cpus < *smallest)) smallest = cpus;
+}
+
 unsigned AffinityCpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -51,7 +55,7 @@ std::optional<unsigned> SmallestQuotaUp(const fs::path& root, absl::string_view 
   if (!fs::is_directory(dir, error)) dir = root;
   std::optional<unsigned> smallest;
   for (;;) {
-    if (std::optional<unsigned> cpus = quota_at(dir); cpus && (!smallest || *cpus < *smallest)) smallest = cpus;
+    KeepSmaller(smallest, quota_at(dir));
     if (dir == root || !dir.has_parent_path() || dir.parent_path() == dir) break;
     dir = dir.parent_path();
   }
@@ -64,27 +68,25 @@ std::optional<unsigned> CgroupCpus() {
   const std::optional<std::string> membership = ReadFile("/proc/self/cgroup");
   if (!membership) return std::nullopt;
   std::optional<unsigned> smallest;
-  auto take = [&](std::optional<unsigned> cpus) {
-    if (cpus && (!smallest || *cpus < *smallest)) smallest = cpus;
-  };
   for (absl::string_view line : absl::StrSplit(*membership, '\n', absl::SkipEmpty())) {
     const std::vector<absl::string_view> parts = absl::StrSplit(line, absl::MaxSplits(':', 2));
     if (parts.size() != 3) continue;
     if (parts[0] == "0" && parts[1].empty()) {
-      take(SmallestQuotaUp("/sys/fs/cgroup", parts[2], [](const fs::path& dir) -> std::optional<unsigned> {
-        const std::optional<std::string> cpu_max = ReadFile(dir / "cpu.max");
-        return cpu_max ? CpusOfCpuMax(*cpu_max) : std::nullopt;
-      }));
+      KeepSmaller(smallest,
+                  SmallestQuotaUp("/sys/fs/cgroup", parts[2], [](const fs::path& dir) -> std::optional<unsigned> {
+                    const std::optional<std::string> cpu_max = ReadFile(dir / "cpu.max");
+                    return cpu_max ? CpusOfCpuMax(*cpu_max) : std::nullopt;
+                  }));
       continue;
     }
     const std::vector<absl::string_view> controllers = absl::StrSplit(parts[1], ',');
     if (std::find(controllers.begin(), controllers.end(), "cpu") == controllers.end()) continue;
     for (const char* mount : {"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"}) {
-      take(SmallestQuotaUp(mount, parts[2], [](const fs::path& dir) -> std::optional<unsigned> {
-        const std::optional<std::string> quota = ReadFile(dir / "cpu.cfs_quota_us");
-        const std::optional<std::string> period = ReadFile(dir / "cpu.cfs_period_us");
-        return quota && period ? CpusOfCfsQuota(*quota, *period) : std::nullopt;
-      }));
+      KeepSmaller(smallest, SmallestQuotaUp(mount, parts[2], [](const fs::path& dir) -> std::optional<unsigned> {
+                    const std::optional<std::string> quota = ReadFile(dir / "cpu.cfs_quota_us");
+                    const std::optional<std::string> period = ReadFile(dir / "cpu.cfs_period_us");
+                    return quota && period ? CpusOfCfsQuota(*quota, *period) : std::nullopt;
+                  }));
     }
   }
   return smallest;

@@ -13,7 +13,8 @@ namespace kvtier {
 
 // The CPUs this process's affinity allows, and no more than the CPU quota
 // of its cgroup or any cgroup above it (cgroup v2's cpu.max or v1's CFS
-// quota, rounded up) where one is set. At least 1.
+// quota, rounded up) where one is set. At least 1. Reads /proc and /sys
+// each call.
 unsigned UsableCpus();
 
 // A quota in CPUs, rounded up, from cgroup v2's cpu.max ("QUOTA PERIOD" in

@@ -298,8 +298,9 @@ absl::StatusOr<std::vector<uint32_t>> FastPathClient::Fetch(const std::string& n
   }
   const int n = leased.blocks_size();
   // Large reads split in two: the page faults of a first read of fresh
-  // mappings run in parallel.
-  if (shared_bytes >= kTwoThreadBytes && UsableCpus() > 1) {
+  // mappings run in parallel. (The CPUs counted once: it reads files.)
+  static const bool spare_cpu = UsableCpus() > 1;
+  if (shared_bytes >= kTwoThreadBytes && spare_cpu) {
     std::thread helper([&] {
       for (int i = n / 2; i < n; ++i) deliver(leased.blocks(i));
     });
