@@ -695,7 +695,7 @@ int main(int argc, char** argv) {
   flags.AddString("clients", &clients, "concurrent client counts to run, each 1..4");
   flags.AddUint("fetch-streams", &fetch_streams,
                 "streams at once a worker load reads its prefix over TCP in, 1..4 (0: a decode worker's "
-                "default, one for every four cores)");
+                "default, one for every four usable cores)");
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "cache_bench")) {
     return *exit;
   }

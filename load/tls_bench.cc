@@ -8,7 +8,7 @@
 // is OpenSSL's, its replies parsed by hiredis's reader. Certificates: a
 // throwaway CA made with the openssl command line. "Worker load, TLS": the
 // same prefix over TLS as a decode worker reads it (ShardSet::Fetch, in
-// one stream for every four cores unless --fetch-streams says).
+// one stream for every four usable cores unless --fetch-streams says).
 //
 //   tls_bench --cache-binary build/services/kvtier-cache [--rounds 3] [--blocks 32]
 #include <arpa/inet.h>
@@ -336,7 +336,7 @@ int main(int argc, char** argv) {
   flags.AddUint("blocks", &blocks, "blocks a client");
   flags.AddUint("fetch-streams", &fetch_streams,
                 "streams at once a worker load reads its prefix in, 1..4 (0: a decode worker's default, one for "
-                "every four cores)");
+                "every four usable cores)");
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "tls_bench")) {
     return *exit;
   }

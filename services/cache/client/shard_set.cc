@@ -33,7 +33,7 @@ uint64_t Mix(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-// A stream for every four cores: on two cores one stream keeps both busy
+// A stream for every four usable cores: on two cores one stream keeps both busy
 // (four took 2.5-3x the CPU a byte and read at under half the rate), while
 // on 16 cores four concurrent streams carried about 3x one's rate.
 size_t FetchStreams(size_t asked) {

@@ -37,8 +37,8 @@ class ShardSet {
   // shared memory (FastPathRoute); the rest come by Get (GrpcRoute), a
   // large read of one shard's blocks in up to `fetch_streams` streams at
   // once (at most StreamConnections::kConnections; 0: one for every four
-  // cores). At most `idle_record_bytes` of fetched records are kept for
-  // reuse once let go.
+  // cores this process may use, UsableCpus). At most `idle_record_bytes`
+  // of fetched records are kept for reuse once let go.
   explicit ShardSet(absl::Duration deadline, bool fast_path = true, size_t idle_record_bytes = kIdleRecordBytes,
                     size_t fetch_streams = 0);
   ~ShardSet();
