@@ -699,8 +699,8 @@ int main(int argc, char** argv) {
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "cache_bench")) {
     return *exit;
   }
-  if (fetch_streams > kvtier::cache::StreamConnections::kConnections) {
-    std::fprintf(stderr, "--fetch-streams: %lu is more than 4\n", static_cast<unsigned long>(fetch_streams));
+  if (absl::Status s = kvtier::cache::ShardSet::CheckFetchStreams(fetch_streams); !s.ok()) {
+    std::fprintf(stderr, "--fetch-streams %s\n", std::string(s.message()).c_str());
     return 2;
   }
   kvtier::cache::kRedisWindow = static_cast<int>(std::clamp<uint64_t>(window, 1, 64));

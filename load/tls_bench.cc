@@ -340,8 +340,8 @@ int main(int argc, char** argv) {
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "tls_bench")) {
     return *exit;
   }
-  if (fetch_streams > kvtier::cache::StreamConnections::kConnections) {
-    std::fprintf(stderr, "--fetch-streams: %lu is more than 4\n", static_cast<unsigned long>(fetch_streams));
+  if (absl::Status s = kvtier::cache::ShardSet::CheckFetchStreams(fetch_streams); !s.ok()) {
+    std::fprintf(stderr, "--fetch-streams %s\n", std::string(s.message()).c_str());
     return 2;
   }
   return kvtier::load::Run(cache_binary, redis_binary, static_cast<int>(rounds), static_cast<int>(blocks),

@@ -18,12 +18,13 @@
 # launch waited for, and at 1-64 sequences); the store's tier moves with
 # the device tier in the GPU against pinned cudaMemcpy (tier_move_bench);
 # the cache service's Get and Put against Redis with its device tier in
-# the GPU and in host memory (cache_bench, a worker's load in four streams and in
-# one); TLS against plaintext and Redis over TLS, and a worker's load over
-# TLS in four streams (tls_bench); stores into segments fast path readers had, with
-# their memfds made ahead on a spare core (segment_reuse_bench: no GPU,
-# but the 16 cores this machine lacks); and `kvtier up --device cuda`, on
-# the trained model and on a V4 preset.
+# the GPU and in host memory (cache_bench, a worker's load in four
+# streams and in one); TLS against plaintext and Redis over TLS, and a
+# worker's load over TLS in four streams (tls_bench); stores into
+# segments fast path readers had, with their memfds made ahead on a
+# spare core (segment_reuse_bench: no GPU, but the 16 cores this machine
+# lacks); and `kvtier up --device cuda`, on the trained model and on a V4
+# preset.
 #
 # The check programs come prebuilt in device-bundle/checks/ when they run
 # there, and are built here otherwise. Each step has a time limit inside

@@ -26,6 +26,11 @@ std::optional<std::string> ReadFile(const fs::path& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+// Debian's Abseil has a string_view of its own.
+absl::string_view Trimmed(std::string_view text) {
+  return absl::StripAsciiWhitespace(absl::string_view(text.data(), text.size()));
+}
+
 std::optional<unsigned> CpusOf(int64_t quota, int64_t period) {
   if (quota <= 0 || period <= 0) return std::nullopt;
   return static_cast<unsigned>(std::min<int64_t>((quota + period - 1) / period, 1 << 20));
@@ -56,7 +61,7 @@ std::optional<unsigned> SmallestQuotaUp(const fs::path& root, absl::string_view 
   std::optional<unsigned> smallest;
   for (;;) {
     KeepSmaller(smallest, quota_at(dir));
-    if (dir == root || !dir.has_parent_path() || dir.parent_path() == dir) break;
+    if (dir == root || dir.parent_path() == dir) break;  // the second: never past "/"
     dir = dir.parent_path();
   }
   return smallest;
@@ -95,8 +100,7 @@ std::optional<unsigned> CgroupCpus() {
 }  // namespace
 
 std::optional<unsigned> CpusOfCpuMax(std::string_view cpu_max) {
-  const std::vector<absl::string_view> fields = absl::StrSplit(
-      absl::StripAsciiWhitespace(absl::string_view(cpu_max.data(), cpu_max.size())), ' ', absl::SkipEmpty());
+  const std::vector<absl::string_view> fields = absl::StrSplit(Trimmed(cpu_max), ' ', absl::SkipEmpty());
   int64_t quota = 0, period = 0;
   if (fields.size() != 2 || fields[0] == "max" || !absl::SimpleAtoi(fields[0], &quota) ||
       !absl::SimpleAtoi(fields[1], &period)) {
@@ -107,8 +111,7 @@ std::optional<unsigned> CpusOfCpuMax(std::string_view cpu_max) {
 
 std::optional<unsigned> CpusOfCfsQuota(std::string_view quota_us, std::string_view period_us) {
   int64_t quota = 0, period = 0;
-  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(absl::string_view(quota_us.data(), quota_us.size())), &quota) ||
-      !absl::SimpleAtoi(absl::StripAsciiWhitespace(absl::string_view(period_us.data(), period_us.size())), &period)) {
+  if (!absl::SimpleAtoi(Trimmed(quota_us), &quota) || !absl::SimpleAtoi(Trimmed(period_us), &period)) {
     return std::nullopt;
   }
   return CpusOf(quota, period);

@@ -99,9 +99,8 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
   if (f.model.empty() || f.cache.empty()) return absl::InvalidArgumentError("--model and --cache are required");
   if (f.threads > 1024) return absl::InvalidArgumentError("--threads must be at most 1024");
   if (f.watch_interval_ms == 0) return absl::InvalidArgumentError("--watch-interval-ms must be positive");
-  if (f.cache_fetch_streams > cache::StreamConnections::kConnections) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--cache-fetch-streams must be 0 to ", cache::StreamConnections::kConnections));
+  if (absl::Status s = cache::ShardSet::CheckFetchStreams(f.cache_fetch_streams); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--cache-fetch-streams ", s.message()));
   }
   KVTIER_ASSIGN_OR_RETURN(const runtime::Device device, runtime::ParseDevice(f.device));
   runtime::CudaOptions cuda;

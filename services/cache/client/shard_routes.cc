@@ -27,9 +27,13 @@ size_t LargestRecord(const kvblock::LatentLayout& layout) {
 
 RecordLanding::RecordLanding(const kvblock::LatentLayout& layout, RecordPool& pool,
                              std::vector<absl::StatusOr<SharedRecord>*> slots)
+    : RecordLanding(layout, pool, LargestRecord(layout), std::move(slots)) {}
+
+RecordLanding::RecordLanding(const kvblock::LatentLayout& layout, RecordPool& pool, size_t record_bytes,
+                             std::vector<absl::StatusOr<SharedRecord>*> slots)
     : layout_(layout),
       pool_(pool),
-      record_bytes_(LargestRecord(layout)),
+      record_bytes_(record_bytes),
       slots_(std::move(slots)),
       landed_(slots_.size()),
       answered_(slots_.size(), false) {}
@@ -60,7 +64,7 @@ void RecordLanding::Deliver(const cache::RawBlock& block, kvblock::CrcCheck crc)
 }
 
 RecordLanding RecordLanding::Run(size_t begin, size_t end) const {
-  return RecordLanding(layout_, pool_, std::vector(slots_.begin() + begin, slots_.begin() + end));
+  return RecordLanding(layout_, pool_, record_bytes_, std::vector(slots_.begin() + begin, slots_.begin() + end));
 }
 
 void RecordLanding::FailUnanswered(const absl::Status& status) {
@@ -121,7 +125,7 @@ std::vector<uint32_t> GrpcRoute::Fetch(const std::string& ns, const kvblock::Lat
   // theirs.
   const size_t most = std::min({streams_, connections_->Unused(), hashes.size()});
   const size_t runs =
-      std::clamp<size_t>(hashes.size() * LargestRecord(layout) / kStreamBytes, 1, std::max<size_t>(most, 1));
+      std::clamp<size_t>(hashes.size() * landing.record_bytes() / kStreamBytes, 1, std::max<size_t>(most, 1));
   if (runs <= 1) {
     FetchRun(ns, layout, hashes, landing, acting_for);
     return {};

@@ -37,6 +37,8 @@ class RecordLanding {
                 std::vector<absl::StatusOr<SharedRecord>*> slots);
 
   size_t size() const { return slots_.size(); }
+  // The most bytes one record of the layout takes.
+  size_t record_bytes() const { return record_bytes_; }
   // Room for block `index`'s record of `size` bytes (empty: refused).
   std::span<uint8_t> Destination(uint32_t index, size_t size);
   // An answer for block `index`: its record, now in its Destination, or
@@ -57,6 +59,9 @@ class RecordLanding {
   }
 
  private:
+  RecordLanding(const kvblock::LatentLayout& layout, RecordPool& pool, size_t record_bytes,
+                std::vector<absl::StatusOr<SharedRecord>*> slots);
+
   const kvblock::LatentLayout& layout_;
   RecordPool& pool_;
   const size_t record_bytes_;  // a record's size; for DeepSeek-V4 the most one takes

@@ -78,6 +78,11 @@ ShardSet::~ShardSet() {
   if (health_checks_.joinable()) health_checks_.join();
 }
 
+absl::Status ShardSet::CheckFetchStreams(uint64_t fetch_streams) {
+  if (fetch_streams <= StreamConnections::kConnections) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("must be 0 to ", StreamConnections::kConnections));
+}
+
 absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(const std::string& targets, absl::Duration deadline,
                                                            bool fast_path, size_t idle_record_bytes,
                                                            size_t fetch_streams) {

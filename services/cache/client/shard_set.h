@@ -47,6 +47,9 @@ class ShardSet {
                                                           bool fast_path = true,
                                                           size_t idle_record_bytes = kIdleRecordBytes,
                                                           size_t fetch_streams = 0);
+  // INVALID_ARGUMENT unless `fetch_streams` is one the constructor takes
+  // as it is: 0 to StreamConnections::kConnections.
+  static absl::Status CheckFetchStreams(uint64_t fetch_streams);
 
   // Makes `targets` ("host:port" each, no repeats) the shards. A shard in
   // both the old and new lists keeps its connections and health; a new
