@@ -228,8 +228,11 @@ __device__ inline void CommitCopies() { asm volatile("cp.async.commit_group;\n" 
 // All but the latest kStages - 2 groups: the stage about to be read.
 __device__ inline void WaitForStage() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2)); }
 
+// At most 168 registers a thread, for three CUDA blocks a multiprocessor:
+// bf16 and fp8 need no more; int8 spills a little and gains more from the
+// third block than it loses; int4 would spill more, and keeps two.
 template <Codec kCodec>
-__global__ void __launch_bounds__(kThreads) TensorCoreKernel(Params p) {
+__global__ void __launch_bounds__(kThreads, kCodec == Codec::kInt4 ? 2 : 3) TensorCoreKernel(Params p) {
   constexpr uint32_t kPrefix = PrefixBytes(kCodec), kRow = RowBytes(kCodec), kStage = StageBytes(kCodec);
   extern __shared__ __align__(16) unsigned char smem[];
   Shared& s = *reinterpret_cast<Shared*>(smem + kStages * kStage);
