@@ -242,7 +242,7 @@ __global__ void DequantizeBf16x8Kernel(const uint16_t* in, float* out, size_t n8
 // several on a multiprocessor, one's loads overlapping another's
 // arithmetic (the layouts tried: docs/notes/2026-12-05-h100-device-check.md).
 constexpr uint32_t kGroupTokens = 8;
-constexpr uint32_t kMaxGroups = 16;      // a block of up to 128 tokens
+constexpr uint32_t kMaxGroups = 16;      // blocks of up to 128 tokens (longer: the one-column kernels)
 constexpr uint32_t kChunkQuads = 48;     // int8: V2's 144 quads in 3 chunks
 constexpr uint32_t kInt4ChunkQuads = 8;  // int4: byte quads (low and high nibbles), V2's 72 in 9 chunks
 constexpr uint32_t kInt4MinBlocks = 4;   // int4: registers held for 4 CUDA blocks a multiprocessor
