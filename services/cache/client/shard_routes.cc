@@ -126,25 +126,22 @@ std::vector<uint32_t> GrpcRoute::Fetch(const std::string& ns, const kvblock::Lat
   const size_t most = std::min({streams_, connections_->Unused(), hashes.size()});
   const size_t runs =
       std::clamp<size_t>(hashes.size() * landing.record_bytes() / kStreamBytes, 1, std::max<size_t>(most, 1));
-  if (runs <= 1) {
+  if (runs == 1) {
     FetchRun(ns, layout, hashes, landing, acting_for);
     return {};
   }
-  std::vector<std::vector<kvblock::BlockHash>> parts;
+  const auto first = [&](size_t r) { return hashes.size() * r / runs; };  // run r: [first(r), first(r + 1))
   std::vector<RecordLanding> landings;
   landings.reserve(runs);
-  for (size_t r = 0; r < runs; ++r) {
-    const size_t begin = hashes.size() * r / runs, end = hashes.size() * (r + 1) / runs;
-    parts.emplace_back(hashes.begin() + begin, hashes.begin() + end);
-    landings.push_back(landing.Run(begin, end));
-  }
+  for (size_t r = 0; r < runs; ++r) landings.push_back(landing.Run(first(r), first(r + 1)));
+  const auto run = [&](size_t r) {
+    const std::vector<kvblock::BlockHash> part(hashes.begin() + first(r), hashes.begin() + first(r + 1));
+    FetchRun(ns, layout, part, landings[r], acting_for);
+  };
   std::vector<std::future<void>> others;
-  for (size_t r = 1; r < runs; ++r) {
-    others.push_back(
-        std::async(std::launch::async, [&, r] { FetchRun(ns, layout, parts[r], landings[r], acting_for); }));
-  }
-  FetchRun(ns, layout, parts[0], landings[0], acting_for);
-  for (std::future<void>& run : others) run.get();
+  for (size_t r = 1; r < runs; ++r) others.push_back(std::async(std::launch::async, run, r));
+  run(0);
+  for (std::future<void>& other : others) other.get();
   return {};
 }
 

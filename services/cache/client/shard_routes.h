@@ -67,7 +67,7 @@ class RecordLanding {
   const size_t record_bytes_;  // a record's size; for DeepSeek-V4 the most one takes
   std::vector<absl::StatusOr<SharedRecord>*> slots_;
   std::vector<std::shared_ptr<std::string>> landed_;
-  std::vector<char> answered_;  // not vector<bool>: runs of it are written by threads of their own
+  std::vector<bool> answered_;
 };
 
 // One way to one shard. Thread-safe.
