@@ -4,8 +4,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -14,17 +12,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "services/base/watched_file.h"
 
 namespace kvtier {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::optional<std::string> ReadFile(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 // Debian's Abseil has a string_view of its own.
 absl::string_view Trimmed(std::string_view text) {
@@ -70,8 +63,8 @@ std::optional<unsigned> SmallestQuotaUp(const fs::path& root, absl::string_view 
 // The quota of this process's cgroups, from /proc/self/cgroup's lines
 // ("0::PATH" for v2, "ID:cpu,cpuacct:PATH" for v1).
 std::optional<unsigned> CgroupCpus() {
-  const std::optional<std::string> membership = ReadFile("/proc/self/cgroup");
-  if (!membership) return std::nullopt;
+  const absl::StatusOr<std::string> membership = ReadWholeFile("/proc/self/cgroup");
+  if (!membership.ok()) return std::nullopt;
   std::optional<unsigned> smallest;
   for (absl::string_view line : absl::StrSplit(*membership, '\n', absl::SkipEmpty())) {
     const std::vector<absl::string_view> parts = absl::StrSplit(line, absl::MaxSplits(':', 2));
@@ -79,8 +72,8 @@ std::optional<unsigned> CgroupCpus() {
     if (parts[0] == "0" && parts[1].empty()) {
       KeepSmaller(smallest,
                   SmallestQuotaUp("/sys/fs/cgroup", parts[2], [](const fs::path& dir) -> std::optional<unsigned> {
-                    const std::optional<std::string> cpu_max = ReadFile(dir / "cpu.max");
-                    return cpu_max ? CpusOfCpuMax(*cpu_max) : std::nullopt;
+                    const absl::StatusOr<std::string> cpu_max = ReadWholeFile(dir / "cpu.max");
+                    return cpu_max.ok() ? CpusOfCpuMax(*cpu_max) : std::nullopt;
                   }));
       continue;
     }
@@ -88,9 +81,9 @@ std::optional<unsigned> CgroupCpus() {
     if (std::find(controllers.begin(), controllers.end(), "cpu") == controllers.end()) continue;
     for (const char* mount : {"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"}) {
       KeepSmaller(smallest, SmallestQuotaUp(mount, parts[2], [](const fs::path& dir) -> std::optional<unsigned> {
-                    const std::optional<std::string> quota = ReadFile(dir / "cpu.cfs_quota_us");
-                    const std::optional<std::string> period = ReadFile(dir / "cpu.cfs_period_us");
-                    return quota && period ? CpusOfCfsQuota(*quota, *period) : std::nullopt;
+                    const absl::StatusOr<std::string> quota = ReadWholeFile(dir / "cpu.cfs_quota_us");
+                    const absl::StatusOr<std::string> period = ReadWholeFile(dir / "cpu.cfs_period_us");
+                    return quota.ok() && period.ok() ? CpusOfCfsQuota(*quota, *period) : std::nullopt;
                   }));
     }
   }
