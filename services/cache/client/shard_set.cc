@@ -33,9 +33,9 @@ uint64_t Mix(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-// A stream for every four usable cores: on two cores one stream keeps both busy
-// (four took 2.5-3x the CPU a byte and read at under half the rate), while
-// on 16 cores four concurrent streams carried about 3x one's rate.
+// A stream for every four usable cores: where one stream already keeps the
+// cores busy, more only add switching between their threads
+// (docs/notes/2026-12-05-fetch-streams.md).
 size_t FetchStreams(size_t asked) {
   if (asked == 0) asked = UsableCpus() / 4;
   return std::clamp<size_t>(asked, 1, StreamConnections::kConnections);
