@@ -494,20 +494,21 @@ struct LaunchShape {
   dim3 grid, block;
 };
 
-// int8 and int4: false when a block's tokens are more than the groups
-// their shared memory holds (the one-column kernels take those).
-inline bool Int8QuadsLaunch(BlockShape shape, size_t blocks, LaunchShape* out) {
+// int8 and int4: `quads` columns of 4 values (int8) or bytes (int4) a
+// token, in chunks of `chunk_quads`; false when a block's tokens are more
+// than the groups their shared memory holds (the one-column kernels take
+// those).
+inline bool QuadsLaunch(BlockShape shape, size_t blocks, uint32_t quads, uint32_t chunk_quads, LaunchShape* out) {
   const uint32_t groups = (shape.tokens + kGroupTokens - 1) / kGroupTokens,
-                 chunks = (shape.dim() / 4 + kChunkQuads - 1) / kChunkQuads;
-  *out = {dim3(static_cast<uint32_t>(blocks), chunks), dim3(kChunkQuads * groups)};
+                 chunks = (quads + chunk_quads - 1) / chunk_quads;
+  *out = {dim3(static_cast<uint32_t>(blocks), chunks), dim3(chunk_quads * groups)};
   return groups <= kMaxGroups;
 }
-
+inline bool Int8QuadsLaunch(BlockShape shape, size_t blocks, LaunchShape* out) {
+  return QuadsLaunch(shape, blocks, shape.dim() / 4, kChunkQuads, out);
+}
 inline bool Int4QuadsLaunch(BlockShape shape, size_t blocks, LaunchShape* out) {
-  const uint32_t groups = (shape.tokens + kGroupTokens - 1) / kGroupTokens,
-                 chunks = (shape.dim() / 8 + kInt4ChunkQuads - 1) / kInt4ChunkQuads;
-  *out = {dim3(static_cast<uint32_t>(blocks), chunks), dim3(kInt4ChunkQuads * groups)};
-  return groups <= kMaxGroups;
+  return QuadsLaunch(shape, blocks, shape.dim() / 8, kInt4ChunkQuads, out);
 }
 
 // fp8: a warp a token, 8 tokens a CUDA block.

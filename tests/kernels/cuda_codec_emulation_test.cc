@@ -51,12 +51,15 @@ unsigned long long RunQuantize(Codec codec, BlockShape shape, const std::vector<
       Launch(at.grid, at.block, QuantizeInt4QuadsKernel, x.data(), out.data(), shape.tokens, shape.dim(),
              EncodedBytes(codec, shape), &first_bad);
       break;
-    default: {
+    case Codec::kFp8: {
       const size_t tokens = size_t{shape.tokens} * blocks;
       at = Fp8WarpLaunch(tokens);
       Launch(at.grid, at.block, QuantizeFp8WarpKernel, x.data(), out.data(), tokens, shape.latent_dim, shape.rope_dim,
              EncodedBytes(codec, {1, shape.latent_dim, shape.rope_dim}), &first_bad);
+      break;
     }
+    default:
+      ADD_FAILURE() << "no 16-byte quantize kernel for " << CodecName(codec);
   }
   return first_bad;
 }
