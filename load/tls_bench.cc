@@ -263,8 +263,14 @@ int Run(const std::string& cache_binary, const std::string& redis_binary, int ro
   // connections made and its record pool filled.
   std::vector<std::unique_ptr<cache::ShardSet>> workers;
   for (int c = 0; c < kMaxClients; ++c) {
-    workers.push_back(*cache::ShardSet::Create(absl::StrCat("127.0.0.1:", tls_port), absl::Seconds(60),
-                                               /*fast_path=*/false, cache::ShardSet::kIdleRecordBytes, fetch_streams));
+    absl::StatusOr<std::unique_ptr<cache::ShardSet>> worker =
+        cache::ShardSet::Create(absl::StrCat("127.0.0.1:", tls_port), absl::Seconds(60), /*fast_path=*/false,
+                                cache::ShardSet::kIdleRecordBytes, fetch_streams);
+    if (!worker.ok()) {
+      std::fprintf(stderr, "shard set: %s\n", std::string(worker.status().message()).c_str());
+      return 1;
+    }
+    workers.push_back(*std::move(worker));
     workers.back()->Fetch(absl::StrCat("c", c), layout, prefixes[c].hashes);
   }
   const size_t bytes = prefixes[0].record_bytes * blocks;
