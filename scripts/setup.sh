@@ -27,7 +27,7 @@ if ! $build_only; then packages+=(
   # the Kubernetes manifests' check; the Python client (clients/python),
   # its tests and its pip install
   python3 python3-yaml python3-jsonpatch python3-grpcio python3-protobuf python3-crc32c python3-numpy python3-pytest
-  python3-setuptools python3-pip
+  python3-setuptools python3-pip python3-dev
   # load/plot_hit_rate.py's pictures
   python3-matplotlib
   # the thread-safety analysis (scripts/thread_safety_check.sh)

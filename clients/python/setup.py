@@ -1,20 +1,25 @@
 """pip install clients/python (no network needed: Debian's setuptools,
-protoc and grpc_python_plugin). The stubs are generated as it builds."""
+protoc and grpc_python_plugin). The stubs are generated as it builds, and
+kvtier._crc32c compiled where g++ and Python's headers are (python3-dev);
+without them the package checks records with python3-crc32c instead."""
 import os
 import pathlib
 import sys
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import generate_stubs  # noqa: E402
 
+# The checkout whose proto/ and services/kvblock/ (the CRC32C) the package
+# is built from; KVTIER_SOURCE_DIR where the folder was copied out of it.
+REPO = pathlib.Path(os.environ.get("KVTIER_SOURCE_DIR", generate_stubs.HERE.parent.parent))
+
 
 class BuildWithStubs(build_py):
     def run(self):
-        generate_stubs.build(self.build_lib, os.environ.get("KVTIER_PROTO_DIR", generate_stubs.HERE.parent.parent /
-                                                           "proto"))
+        generate_stubs.build(self.build_lib, REPO / "proto")
 
 
 setup(
@@ -23,6 +28,9 @@ setup(
     description="Python client of kvtier, the KV-cache tier for MLA models",
     packages=["kvtier"],  # kvtier.v1 is generated into the build by build_py
     python_requires=">=3.9",
-    install_requires=["grpcio", "protobuf", "numpy", "crc32c"],
+    install_requires=["grpcio", "protobuf", "numpy"],
+    ext_modules=[Extension("kvtier._crc32c", sources=["native/crc32c_module.cc"], language="c++",
+                           include_dirs=[str(REPO), str(REPO / "kernels" / "include")],
+                           extra_compile_args=["-std=c++20", "-O2"], optional=True)],
     cmdclass={"build_py": BuildWithStubs},
 )

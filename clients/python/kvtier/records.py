@@ -12,9 +12,17 @@ would answer.
 import dataclasses
 import struct
 
-import crc32c
 import grpc
 import numpy as np
+
+try:
+    # The services' CRC32C, in hardware where the CPU has it (built with
+    # the package; native/crc32c_module.cc).
+    from kvtier._crc32c import crc32c
+    NATIVE_CRC32C = True
+except ImportError:  # built without a C++ compiler or Python's headers
+    from crc32c import crc32c
+    NATIVE_CRC32C = False
 
 from kvtier.codecs import dequantize, encoded_bytes, quantize
 from kvtier.errors import KvtierError, invalid
@@ -115,7 +123,7 @@ def encode_v4_record(layout, kind, payload):
         raise invalid(problem)
     body = HEADER.pack(MAGIC, V4_BLOCK_FORMAT_VERSION, layout.codec, kind, layout.layout_id, layout.tokens_per_block,
                        0, layout.num_layers, layout.kv_lora_rank, layout.rope_dim, len(payload)) + payload
-    return body + struct.pack("<I", crc32c.crc32c(body))
+    return body + struct.pack("<I", crc32c(body))
 
 
 def _check_shape(tokens, latent, rope, first, count):
@@ -132,7 +140,7 @@ def _check_length_and_crc(record, want):
         raise invalid(f"block record {'truncated' if len(record) < want else 'oversized'}: {len(record)} bytes, "
                       f"header says {want}")
     stored, = struct.unpack_from("<I", record, want - TRAILER_BYTES)
-    computed = crc32c.crc32c(record[:want - TRAILER_BYTES])  # a view: no copy
+    computed = crc32c(record[:want - TRAILER_BYTES])  # a view: no copy
     if stored != computed:
         raise KvtierError(grpc.StatusCode.DATA_LOSS,
                           f"block checksum mismatch: stored {stored:08x}, computed {computed:08x}")
@@ -196,7 +204,7 @@ def encode_payloads(layout, first_layer, payloads, indexer_parts=None):
         header += INDEXER_HEADER.pack(layout.indexer_dim, layout.indexer_encoding, 0, keys)
         payloads = [p + k for p, k in zip(payloads, indexer_parts)]
     body = header + b"".join(payloads)
-    return body + struct.pack("<I", crc32c.crc32c(body))
+    return body + struct.pack("<I", crc32c(body))
 
 
 def encode_record(layout, first_layer, latents, indexer_parts=None):

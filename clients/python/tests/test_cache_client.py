@@ -179,17 +179,20 @@ def test_tls_and_tokens(start_server, tls_dir, tmp_path):
 
 def test_pip_installs_the_package_without_network(tmp_path, cache):
     """pip builds and installs it from a copy of the folder, the stubs
-    generated as it builds; the installed package works from anywhere."""
+    generated and the CRC32C module compiled as it builds; the installed
+    package works from anywhere."""
     source = pathlib.Path(__file__).resolve().parents[1]
     copy = tmp_path / "src"
     shutil.copytree(source, copy, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info", "tests"))
     target = tmp_path / "site"
-    env = dict(os.environ, KVTIER_PROTO_DIR=str(source.parents[1] / "proto"))
+    env = dict(os.environ, KVTIER_SOURCE_DIR=str(source.parents[1]))
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "--no-index",
                     "--target", str(target), str(copy)], check=True, capture_output=True, env=env)
-    script = ("import sys, kvtier; from kvtier.v1 import cache_pb2_grpc; "
-              f"print(kvtier.__file__, kvtier.CacheClient('{cache.target}').stats().server_version)")
+    script = ("import sys, kvtier, kvtier.records; from kvtier.v1 import cache_pb2_grpc; "
+              f"print(kvtier.__file__, kvtier.records.NATIVE_CRC32C, "
+              f"kvtier.CacheClient('{cache.target}').stats().server_version)")
     ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path,
                          env=dict(os.environ, PYTHONPATH=str(target)), check=True)
-    installed, version = ran.stdout.split(" ", 1)
+    installed, native, version = ran.stdout.split(" ", 2)
     assert installed.startswith(str(target)) and version.startswith("kvtier-cache ")
+    assert native == "True", "pip built the package without kvtier._crc32c"
