@@ -37,6 +37,14 @@ if compgen -G "/etc/apt/sources.list.d/*.sources" >/dev/null; then
   rm -f "$root/etc/apt/sources.list"
 fi
 cp /etc/resolv.conf "$root/etc/"
+# And its certificate authorities and npm settings, where it reaches the
+# registries through a proxy of its own (installed into the root's trust
+# store when setup installs ca-certificates).
+if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+  mkdir -p "$root/usr/local/share/ca-certificates"
+  cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
+fi
+[ -f /etc/npmrc ] && cp /etc/npmrc "$root/etc/"
 git clone -q "$repo" "$root/repo"
 if [ -e /usr/local/cuda ]; then
   mkdir -p "$root/usr/local/cuda"
