@@ -37,6 +37,8 @@ if compgen -G "/etc/apt/sources.list.d/*.sources" >/dev/null; then
   rm -f "$root/etc/apt/sources.list"
 fi
 cp /etc/resolv.conf "$root/etc/"
+# debootstrap writes no /etc/hosts; an installed Debian has localhost in it.
+printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' >"$root/etc/hosts"
 # And its certificate authorities and npm settings, where it reaches the
 # registries through a proxy of its own (installed into the root's trust
 # store when setup installs ca-certificates).
