@@ -26,7 +26,7 @@ int RunMakeModel(const std::vector<std::string>& args) {
       "small dims with an MTP layer; kimi-k2-tiny, Kimi-K2's; v32-tiny, DeepSeek-V3.2's\n"
       "(v3-tiny with a lightning indexer, index_topk 8).\n"
       "DeepSeek-V4 (DeepSeek's own tensor names, bf16, 1 file): v4-tiny, window-only,\n"
-      "CSA and HCA layers with a 16-token window and HCA ratio 8 (`kvtier run` only so far);\n"
+      "CSA and HCA layers with a 16-token window and HCA ratio 8;\n"
       "v4-tiny-fp8, the same as V4 is released: FP8 projections, MXFP4 experts.");
   flags.AddString("preset", &preset, "tiny, lite-attn, v3-tiny, kimi-k2-tiny, v32-tiny, v4-tiny or v4-tiny-fp8");
   flags.AddString("out", &out, "directory to write (created if needed)");

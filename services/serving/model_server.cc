@@ -60,7 +60,9 @@ class ShardSetMetrics : public prometheus::Collectable {
 
 void ModelServerFlags::Register(FlagParser& flags) {
   flags.AddString("listen", &listen, "gRPC address HOST:PORT (port 0: any free port)");
-  flags.AddString("model", &model, "DeepSeek-V2 checkpoint directory (config.json + safetensors)");
+  flags.AddString("model", &model,
+                  "checkpoint directory as its authors publish it (config.json + safetensors): DeepSeek-V2, "
+                  "the V3 family (V3, R1, V3.1, Kimi-K2), V3.2 or V4");
   flags.AddString("cache", &cache,
                   "kvtier-cache shards: HOST:PORT[,HOST:PORT...], or srv:NAME to find them as DNS SRV records "
                   "(a Kubernetes headless Service's _grpc._tcp.SERVICE.NAMESPACE.svc.cluster.local), "

@@ -277,7 +277,7 @@ int main(int argc, char** argv) {
   kvtier::cache::Flags f;
   kvtier::FlagParser flags("kvtier-cache --device-capacity SIZE --host-capacity SIZE [flags]",
                            "Serves kvtier.v1.KvCache: a tiered store of quantized MLA latent blocks.\n"
-                           "Full tiers demote least-recently-used blocks to the next tier; the last drops\n"
+                           "Full tiers demote blocks (the choice: --eviction) to the next tier; the last drops\n"
                            "them (the disk tier, when configured, is last). Without a GPU the device tier\n"
                            "is host memory. SIZE: bytes or 512MiB, 4GiB, 4Gi, 1.5GiB.\n"
                            "Stops gracefully on SIGTERM.");
