@@ -15,7 +15,7 @@ started here, then read back by
                            median of three reads of each kind, interleaved
   ... with python3-crc32c  the same, the records checked with Debian's
                            python3-crc32c (as a build without
-                           kvtier._crc32c checks them)
+                           kvtier._native checks them)
   worker load, TCP         cache_bench's row (its own cache, the same
                            prefix): ShardSet::Fetch over TCP, every record
                            appended to a sequence cache, as a decode
@@ -74,7 +74,7 @@ def read_with_kept_heap(target):
     unverified in this process with the freed heap kept, after one untimed
     read: the median of three reads of each, interleaved."""
     assert keep_freed_heap(), "the C library refused the setting"
-    assert kvtier_records.NATIVE_CRC32C, "built without kvtier._crc32c"
+    assert kvtier_records.NATIVE_CRC32C, "built without kvtier._native"
     client = CacheClient(target, timeout=120)
     hashes = prefix_hashes()
     total = sum(map(len, client.get("bench", LAYOUT, hashes)))
@@ -142,7 +142,7 @@ def main():
 
     print(f"4,096-token prefix, DeepSeek-V2-Lite int8: {BLOCKS} blocks, {total / 1e6:.1f} MB; loopback TCP, "
           f"one client; {args.rounds} rounds, interleaved; records checked with "
-          f"{'kvtier._crc32c' if kvtier_records.NATIVE_CRC32C else 'python3-crc32c'} unless named\n")
+          f"{'kvtier._native' if kvtier_records.NATIVE_CRC32C else 'python3-crc32c'} unless named\n")
     width = max(map(len, rates))
     print(f"{'path':{width}s} {'GB/s median':>11s}   per round")
     for name, values in rates.items():

@@ -1,5 +1,5 @@
 """kvtier's Python client: the wire contract (layout ids, block keys, block
-records, the latent codecs in numpy) and clients of the three services.
+records, the latent codecs) and clients of the three services.
 See clients/python/README.md and docs/protocol.md."""
 import importlib
 import importlib.util
@@ -10,7 +10,7 @@ def _require_packages():
     """Says which packages are missing, and how to get them, before any
     module fails on one."""
     needed = {"numpy": "python3-numpy", "grpc": "python3-grpcio", "google.protobuf": "python3-protobuf"}
-    if importlib.util.find_spec("kvtier._crc32c") is None:  # built without it: the package's CRC32C instead
+    if importlib.util.find_spec("kvtier._native") is None:  # built without it: the package's CRC32C instead
         needed["crc32c"] = "python3-crc32c"
     missing = []
     for module, package in needed.items():

@@ -1,14 +1,24 @@
-"""The latent codecs in numpy, byte for byte the C++ ones
-(kernels/include/kvtier/kernels/codec.h; docs/protocol.md, "Codecs").
+"""The latent codecs (kernels/include/kvtier/kernels/codec.h;
+docs/protocol.md, "Codecs").
 
 One layer of one block is `tokens` rows of `latent_dim + rope_dim` float32
 values. quantize() gives the codec's payload bytes, dequantize() the float32
-values back. Every step is float32 arithmetic in the C++ order (the C++
-codecs are built without FMA contraction), so the bytes are equal.
+values back: the C++ codecs themselves (kvtier._native) where the package
+was built with them, else numpy_quantize() and numpy_dequantize(). Those
+are the codecs in numpy, byte for byte the C++ ones, for readers of the
+contract as much as for use: every step is float32 arithmetic in the C++
+order (the C++ codecs are built without FMA contraction), so the bytes are
+equal.
 """
 import numpy as np
 
 from kvtier.layout import BF16, FP8, INT4, INT8, codec_number
+
+try:
+    from kvtier import _native
+except ImportError:  # built without a C++ compiler or Python's headers
+    _native = None
+NATIVE_CODECS = _native is not None
 
 FP8_TILE = 128
 MIN_INT_SCALE = np.float32(2.0 ** -120)
@@ -114,6 +124,19 @@ def _overflow(bits16, x, what):
 def quantize(codec, latents, latent_dim, rope_dim):
     """One layer of one block, [tokens][latent_dim + rope_dim], as payload bytes."""
     codec = codec_number(codec)
+    if _native is not None:
+        x = np.ascontiguousarray(latents, dtype=np.float32)
+        if x.ndim == 2 and x.shape[1] == latent_dim + rope_dim:
+            try:
+                return _native.quantize(codec, x, x.shape[0], latent_dim, rope_dim)
+            except (ValueError, OverflowError):
+                pass  # numpy's codec names what is wrong, as it always has
+    return numpy_quantize(codec, latents, latent_dim, rope_dim)
+
+
+def numpy_quantize(codec, latents, latent_dim, rope_dim):
+    """quantize() in numpy."""
+    codec = codec_number(codec)
     x = _check(latents, latent_dim, rope_dim)
     if codec == BF16:
         h = float_to_bf16(x)
@@ -176,6 +199,18 @@ def _quantize_fp8(x, latent_dim, rope_dim):
 
 def dequantize(codec, payload, tokens, latent_dim, rope_dim):
     """Payload bytes of one layer of one block back to [tokens][dim] float32."""
+    codec = codec_number(codec)
+    if _native is not None:
+        try:
+            values = _native.dequantize(codec, payload, tokens, latent_dim, rope_dim)
+            return np.frombuffer(values, dtype=np.float32).reshape(tokens, latent_dim + rope_dim)
+        except (ValueError, OverflowError):
+            pass  # numpy's codec names what is wrong, as it always has
+    return numpy_dequantize(codec, payload, tokens, latent_dim, rope_dim)
+
+
+def numpy_dequantize(codec, payload, tokens, latent_dim, rope_dim):
+    """dequantize() in numpy."""
     codec = codec_number(codec)
     dim = latent_dim + rope_dim
     need = encoded_bytes(codec, tokens, latent_dim, rope_dim)

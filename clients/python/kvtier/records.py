@@ -17,8 +17,8 @@ import numpy as np
 
 try:
     # The services' CRC32C, in hardware where the CPU has it (built with
-    # the package; native/crc32c_module.cc).
-    from kvtier._crc32c import crc32c
+    # the package; native/crc32c.cc).
+    from kvtier._native import crc32c
     NATIVE_CRC32C = True
 except ImportError:  # built without a C++ compiler or Python's headers
     from crc32c import crc32c

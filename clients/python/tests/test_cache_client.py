@@ -195,4 +195,4 @@ def test_pip_installs_the_package_without_network(tmp_path, cache):
                          env=dict(os.environ, PYTHONPATH=str(target)), check=True)
     installed, native, version = ran.stdout.split(" ", 2)
     assert installed.startswith(str(target)) and version.startswith("kvtier-cache ")
-    assert native == "True", "pip built the package without kvtier._crc32c"
+    assert native == "True", "pip built the package without kvtier._native"

@@ -1,11 +1,13 @@
-"""The numpy codecs on their own: every element within its codec's bound of
-the input, on fresh random latents with outlier channels; bad input refused.
-(Byte equality with the C++ codecs is test_wire_contract's.)"""
+"""The codecs on their own: every element within its codec's bound of the
+input, on fresh random latents with outlier channels; bad input refused;
+and kvtier._native's (the C++ codecs) against numpy's, byte for byte and
+bit for bit, on fresh random latents of many shapes. (Records against the
+C++ services': test_wire_contract.)"""
 import numpy as np
 import pytest
 
 from kvtier import dequantize, encoded_bytes, quantize
-from kvtier.codecs import FP8_TILE, bf16_to_float
+from kvtier.codecs import FP8_TILE, NATIVE_CODECS, bf16_to_float, numpy_dequantize, numpy_quantize
 
 
 def latents(rng, tokens, dim):
@@ -50,19 +52,43 @@ def test_bf16_is_round_to_nearest_and_fp8_within_its_step(rng):
         assert (np.abs(y[:, part] - x[:, part]) <= np.maximum(np.abs(x[:, part]) * 2.0 ** -3, amax * 2.0 ** -9)).all()
 
 
-def test_bad_input_is_refused():
+@pytest.mark.parametrize("quantize_with,dequantize_with", [(quantize, dequantize), (numpy_quantize, numpy_dequantize)])
+def test_bad_input_is_refused(quantize_with, dequantize_with):
     x = np.ones((4, 10), dtype=np.float32)
     x[2, 3] = np.nan
     with pytest.raises(ValueError, match="non-finite input nan at token 2, channel 3"):
-        quantize("int8", x, 8, 2)
+        quantize_with("int8", x, 8, 2)
     with pytest.raises(ValueError, match="overflows bf16"):
-        quantize("bf16", np.full((1, 2), 3.4e38, dtype=np.float32), 2, 0)
+        quantize_with("bf16", np.full((1, 2), 3.4e38, dtype=np.float32), 2, 0)
+    with pytest.raises(ValueError, match="too wide for the int4 codec"):
+        quantize_with("int4", np.array([[-3e38, 0], [3e38, 0]], dtype=np.float32), 1, 1)
     with pytest.raises(ValueError, match="shape"):
-        quantize("int4", np.ones((4, 9), dtype=np.float32), 8, 2)
+        quantize_with("int4", np.ones((4, 9), dtype=np.float32), 8, 2)
     with pytest.raises(ValueError, match="unknown codec"):
-        quantize("int3", np.ones((4, 10), dtype=np.float32), 8, 2)
+        quantize_with("int3", np.ones((4, 10), dtype=np.float32), 8, 2)
     with pytest.raises(ValueError, match="bytes"):
-        dequantize("int8", b"\0" * 7, 4, 8, 2)
+        dequantize_with("int8", b"\0" * 7, 4, 8, 2)
+
+
+def test_the_cpp_codecs_are_the_ones_used():
+    assert NATIVE_CODECS  # built by CMake into build/python, as by pip where g++ and python3-dev are
+
+
+@pytest.mark.parametrize("codec", ["bf16", "fp8", "int8", "int4"])
+def test_cpp_and_numpy_codecs_agree_bit_for_bit(rng, codec):
+    shapes = [(64, 512, 64), (1, 1, 0), (3, 129, 7), (17, 257, 1), (128, 300, 20), (5, 6, 1)]
+    shapes += [(int(rng.integers(1, 70)), int(rng.integers(1, 700)), int(rng.integers(0, 70))) for _ in range(6)]
+    for tokens, latent, rope in shapes:
+        x = latents(rng, tokens, latent + rope)
+        if rng.random() < 0.5:
+            x = np.asfortranarray(x)  # taken as any array numpy can make contiguous
+        payload = quantize(codec, x, latent, rope)
+        assert isinstance(payload, bytes) and payload == numpy_quantize(codec, x, latent, rope), (tokens, latent, rope)
+        y, y_numpy = dequantize(codec, payload, tokens, latent, rope), numpy_dequantize(codec, payload, tokens, latent,
+                                                                                      rope)
+        assert y.shape == y_numpy.shape == (tokens, latent + rope) and y.dtype == np.float32
+        assert np.array_equal(y.view(np.uint32), y_numpy.view(np.uint32)), (tokens, latent, rope)
+        y[0, 0] = 1  # writable, as numpy's are
 
 
 def test_a_missing_package_is_named_with_how_to_get_it():

@@ -1,9 +1,10 @@
-"""kvtier._crc32c, the CRC32C the records are checked with, against Debian's
-python3-crc32c (an independent implementation) on fresh random bytes: every
-length to 600 (the crc32 instruction's tail and the carry-less path from
-256), megabytes (checked with the GIL released), unaligned views and
-continued values; bad arguments refused. And the package without the
-module: the same records, checked with python3-crc32c."""
+"""kvtier._native's CRC32C, which records are checked with, against
+Debian's python3-crc32c (an independent implementation) on fresh random
+bytes: every length to 600 (the crc32 instruction's tail and the
+carry-less path from 256), megabytes (checked with the GIL released),
+unaligned views and continued values; bad arguments refused. (Its codecs
+against numpy's: test_codecs.) And the package without the module: the
+same records, checked with python3-crc32c and made by numpy's codecs."""
 import os
 import subprocess
 import sys
@@ -13,7 +14,8 @@ import numpy as np
 import pytest
 
 from kvtier import LatentLayout, encode_record, parse_record
-from kvtier._crc32c import crc32c
+from kvtier._native import crc32c
+from kvtier.codecs import NATIVE_CODECS
 from kvtier.records import NATIVE_CRC32C
 
 
@@ -23,7 +25,7 @@ def rng():
 
 
 def test_the_build_uses_the_module():
-    assert NATIVE_CRC32C
+    assert NATIVE_CRC32C and NATIVE_CODECS
 
 
 def test_the_standard_check_value():
@@ -71,19 +73,25 @@ def test_bad_arguments():
         crc32c(memoryview(bytes(8))[::2])  # not contiguous
 
 
-def test_the_package_without_the_module(rng, tmp_path):
-    """With kvtier._crc32c missing (a build without a compiler) records are
-    made and checked with python3-crc32c: the same bytes, the same errors."""
-    layout = LatentLayout("m", num_layers=2, kv_lora_rank=32, rope_dim=8, tokens_per_block=4, codec="int8")
-    record = encode_record(layout, 0, rng.standard_normal((2, 4, 40)).astype(np.float32))
+@pytest.mark.parametrize("codec", ["bf16", "fp8", "int8", "int4"])
+def test_the_package_without_the_module(rng, tmp_path, codec):
+    """With kvtier._native missing (a build without a compiler) records are
+    made with numpy's codecs and checked with python3-crc32c: the same
+    bytes, the same errors."""
+    layout = LatentLayout("m", num_layers=2, kv_lora_rank=160, rope_dim=8, tokens_per_block=5, codec=codec)
+    latents = rng.standard_normal((2, 5, 168)).astype(np.float32)
+    np.save(tmp_path / "latents.npy", latents)
+    record = encode_record(layout, 0, latents)
     (tmp_path / "record").write_bytes(record)
     script = f"""
 import sys
-sys.modules["kvtier._crc32c"] = None  # import fails, as in a build without it
-import grpc, kvtier, kvtier.records
-assert not kvtier.records.NATIVE_CRC32C
+sys.modules["kvtier._native"] = None  # import fails, as in a build without it
+import grpc, numpy as np, kvtier, kvtier.codecs, kvtier.records
+assert not kvtier.records.NATIVE_CRC32C and not kvtier.codecs.NATIVE_CODECS
 record = open({str(tmp_path / "record")!r}, "rb").read()
-layout = kvtier.LatentLayout("m", num_layers=2, kv_lora_rank=32, rope_dim=8, tokens_per_block=4, codec="int8")
+layout = kvtier.LatentLayout("m", num_layers=2, kv_lora_rank=160, rope_dim=8, tokens_per_block=5, codec={codec!r})
+latents = np.load({str(tmp_path / "latents.npy")!r})
+assert kvtier.encode_record(layout, 0, latents) == record, "numpy's bytes differ from the C++ codecs'"
 parsed = kvtier.parse_record(record, layout)
 assert kvtier.encode_payloads(layout, 0, parsed.payloads) == record
 broken = bytearray(record)
