@@ -41,7 +41,7 @@ def main():
     x = block()
     print(f"one DeepSeek-V2-Lite block: {LAYERS} layers x {TOKENS} tokens x ({LATENT} + {ROPE}) float32, "
           f"{x.nbytes / 1e6:.1f} MB; medians of {args.rounds} rounds, interleaved\n")
-    print(f"{'codec':6s} {'way':15s} {'quantize ms':>12s} {'dequantize ms':>14s}")
+    print("codec   quantize ms, C++ / numpy   dequantize ms, C++ / numpy   numpy / C++ (median of per-round ratios)")
     for codec in ("bf16", "fp8", "int8", "int4"):
         times = {way: ([], []) for way in WAYS}
         for _ in range(args.rounds):
@@ -50,14 +50,10 @@ def main():
                 times[way][0].append(seconds)
                 _, seconds = timed(lambda: [dequantize(codec, p, TOKENS, LATENT, ROPE) for p in payloads])
                 times[way][1].append(seconds)
-        for way, (quantize_s, dequantize_s) in times.items():
-            print(f"{codec:6s} {way:15s} {statistics.median(quantize_s) * 1e3:12.2f} "
-                  f"{statistics.median(dequantize_s) * 1e3:14.2f}")
         native, numpy = times["kvtier._native"], times["numpy"]
-        print(f"{codec:6s} numpy / kvtier._native, median of per-round ratios: quantize "
-              f"{statistics.median(n / c for n, c in zip(numpy[0], native[0])):.1f}x, dequantize "
-              f"{statistics.median(n / c for n, c in zip(numpy[1], native[1])):.1f}x")
-
+        ms = [f"{statistics.median(native[k]) * 1e3:.2f} / {statistics.median(numpy[k]) * 1e3:.2f}" for k in (0, 1)]
+        ratios = [statistics.median(n / c for n, c in zip(numpy[k], native[k])) for k in (0, 1)]
+        print(f"{codec:6s}  {ms[0]:>25s}   {ms[1]:>27s}   quantize {ratios[0]:.1f}x, dequantize {ratios[1]:.1f}x")
 
 if __name__ == "__main__":
     main()
