@@ -32,17 +32,21 @@ bool CodecAndShape(const char* function, PyObject* const* args, Py_ssize_t nargs
     PyErr_Format(PyExc_TypeError, "%s(codec, buffer, tokens, latent_dim, rope_dim) takes five arguments", function);
     return false;
   }
-  const std::optional<uint32_t> number = Uint32Arg(args, 0, "codec");
-  const std::optional<uint32_t> tokens = Uint32Arg(args, 2, "tokens");
-  const std::optional<uint32_t> latent = Uint32Arg(args, 3, "latent_dim");
-  const std::optional<uint32_t> rope = Uint32Arg(args, 4, "rope_dim");
-  if (!number || !tokens || !latent || !rope) return false;
-  if (*number > UINT8_MAX || !kernels::IsKnownCodec(static_cast<uint8_t>(*number))) {
-    PyErr_Format(PyExc_ValueError, "unknown codec %u", *number);
+  // One at a time: no call into Python's API once an error is set.
+  constexpr int kIndex[] = {0, 2, 3, 4};
+  constexpr const char* kName[] = {"codec", "tokens", "latent_dim", "rope_dim"};
+  uint32_t value[4];
+  for (int k = 0; k < 4; ++k) {
+    const std::optional<uint32_t> v = Uint32Arg(args, kIndex[k], kName[k]);
+    if (!v) return false;
+    value[k] = *v;
+  }
+  if (value[0] > UINT8_MAX || !kernels::IsKnownCodec(static_cast<uint8_t>(value[0]))) {
+    PyErr_Format(PyExc_ValueError, "unknown codec %u", value[0]);
     return false;
   }
-  *codec = static_cast<Codec>(*number);
-  *shape = BlockShape{*tokens, *latent, *rope};
+  *codec = static_cast<Codec>(value[0]);
+  *shape = BlockShape{value[1], value[2], value[3]};
   if (const kernels::Status valid = kernels::ValidateShape(*shape); !valid.ok()) {
     PyErr_SetString(PyExc_ValueError, valid.message().c_str());
     return false;

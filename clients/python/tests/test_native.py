@@ -2,10 +2,10 @@
 Debian's python3-crc32c (an independent implementation) on fresh random
 bytes: every length to 600 (the crc32 instruction's tail and the
 carry-less path from 256), megabytes (checked with the GIL released),
-unaligned views and continued values; bad arguments refused. (Its codecs
-against numpy's: test_codecs.) And the package without the module (hidden,
-or pip's build of it failing): the same records, checked with
-python3-crc32c and made by numpy's codecs."""
+unaligned views and continued values; bad arguments refused, to it and to
+its codecs (which test_codecs holds to numpy's). And the package without
+the module (hidden, or pip's build of it failing): the same records,
+checked with python3-crc32c and made by numpy's codecs."""
 import os
 import pathlib
 import shutil
@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from kvtier import LatentLayout, encode_record, parse_record
+from kvtier import _native
 from kvtier._native import crc32c
 from kvtier.codecs import NATIVE_CODECS
 from kvtier.records import NATIVE_CRC32C
@@ -74,6 +75,29 @@ def test_bad_arguments():
         crc32c(b"a", -1)
     with pytest.raises(BufferError):
         crc32c(memoryview(bytes(8))[::2])  # not contiguous
+
+
+def test_the_codecs_refuse_bad_arguments():
+    x = np.ones((4, 10), dtype=np.float32)
+    assert len(_native.quantize(3, x, 4, 8, 2)) == 10 * 2 + 4 * 10
+    with pytest.raises(TypeError):
+        _native.quantize(3, x, 4, 8)
+    with pytest.raises(TypeError):
+        _native.quantize("int8", x, 4, 8, 2)
+    with pytest.raises(ValueError, match="unknown codec 9"):
+        _native.quantize(9, x, 4, 8, 2)
+    with pytest.raises(OverflowError, match="tokens"):
+        _native.quantize(3, x, 2**40, 8, 2)
+    with pytest.raises(ValueError, match="token count 0"):
+        _native.quantize(3, x, 0, 8, 2)
+    with pytest.raises(ValueError, match="latents of 160 bytes"):
+        _native.quantize(3, x, 5, 8, 2)
+    with pytest.raises(ValueError, match="not aligned"):
+        _native.quantize(3, memoryview(bytearray(161))[1:], 4, 8, 2)
+    with pytest.raises(ValueError, match="non-finite input"):
+        _native.quantize(3, np.full((4, 10), np.inf, dtype=np.float32), 4, 8, 2)
+    with pytest.raises(ValueError, match="is 60 bytes, got 59"):
+        _native.dequantize(3, bytes(59), 4, 8, 2)
 
 
 @pytest.mark.parametrize("codec", ["bf16", "fp8", "int8", "int4"])
