@@ -41,6 +41,14 @@ __global__ void DequantizeBf16Kernel(const uint16_t* in, float* out, size_t n) {
   if (i < n) out[i] = Bf16ToFloat(in[i]);
 }
 
+// An int8 channel's bf16 scale for its largest magnitude (rounded up, so
+// that every code fits), and the reciprocal its codes are made with.
+__device__ inline uint16_t Int8Scale(float amax, float* inv) {
+  const uint16_t bits = FloatToBf16TowardPositive(fmaxf(__fdiv_rn(amax, 127.0f), kMinIntScale));
+  *inv = __fdiv_rn(1.0f, Bf16ToFloat(bits));
+  return bits;
+}
+
 // An int8 code's byte: the product rounded first, then to the nearest
 // integer (ties to even), within +-127.
 __device__ inline uint8_t Int8Code(float x, float inv) {
@@ -62,9 +70,9 @@ __global__ void QuantizeInt8Kernel(const float* in, uint8_t* out, uint32_t token
       if (!isfinite(v)) NoteBad((blockIdx.x * size_t{tokens} + t) * dim + c, first_bad);
       amax = fmaxf(amax, fabsf(v));
     }
-    const uint16_t bits = FloatToBf16TowardPositive(fmaxf(__fdiv_rn(amax, 127.0f), kMinIntScale));
+    float inv;
+    const uint16_t bits = Int8Scale(amax, &inv);
     std::memcpy(o + 2 * c, &bits, 2);
-    const float inv = __fdiv_rn(1.0f, Bf16ToFloat(bits));
     int8_t* codes = reinterpret_cast<int8_t*>(o + 2 * size_t{dim});
     for (uint32_t t = 0; t < tokens; ++t) {
       codes[size_t{t} * dim + c] = static_cast<int8_t>(Int8Code(x[size_t{t} * dim + c], inv));
@@ -84,10 +92,28 @@ __global__ void DequantizeInt8Kernel(const uint8_t* in, float* out, uint32_t tok
   }
 }
 
+// An int4 channel of values in [lo, hi]: its zero point (bf16 of the
+// minimum, rounded down) and scale (bf16 of range / 15, rounded up) stored
+// at channel c of the block `o` of `dim` channels, and the zero and
+// reciprocal its codes are made with; false when they are not finite (a
+// range too wide for a bf16 scale).
+__device__ inline bool Int4Params(float lo, float hi, uint8_t* o, uint32_t dim, uint32_t c, float* zero, float* inv) {
+  const uint16_t zero_bits = FloatToBf16TowardNegative(lo);
+  *zero = Bf16ToFloat(zero_bits);
+  const float range = __fsub_rn(hi, *zero);
+  const uint16_t scale_bits = FloatToBf16TowardPositive(fmaxf(__fdiv_rn(range, 15.0f), kMinIntScale));
+  const float scale = Bf16ToFloat(scale_bits);
+  if (o != nullptr) {
+    std::memcpy(o + 2 * c, &scale_bits, 2);
+    std::memcpy(o + 2 * (size_t{dim} + c), &zero_bits, 2);
+  }
+  *inv = __fdiv_rn(1.0f, scale);
+  return isfinite(*zero) && isfinite(range) && isfinite(scale);
+}
+
 // int4: one thread per packed byte column k, which owns channel k (low
-// nibble) and channel k + half (high nibble): their zero points (bf16 of the
-// minimum, rounded down) and scales (bf16 of range / 15, rounded up), then
-// every token's byte. No two threads write the same byte.
+// nibble) and channel k + half (high nibble): their zero points and scales,
+// then every token's byte. No two threads write the same byte.
 __device__ inline bool Int4Channel(const float* x, uint32_t tokens, uint32_t dim, uint32_t c, uint8_t* o, float* zero,
                                    float* inv, unsigned long long base, unsigned long long* first_bad) {
   float lo = x[c], hi = x[c];
@@ -96,15 +122,7 @@ __device__ inline bool Int4Channel(const float* x, uint32_t tokens, uint32_t dim
     if (!isfinite(v)) NoteBad(base + size_t{t} * dim + c, first_bad);
     lo = fminf(lo, v), hi = fmaxf(hi, v);
   }
-  const uint16_t zero_bits = FloatToBf16TowardNegative(lo);
-  *zero = Bf16ToFloat(zero_bits);
-  const float range = __fsub_rn(hi, *zero);
-  const uint16_t scale_bits = FloatToBf16TowardPositive(fmaxf(__fdiv_rn(range, 15.0f), kMinIntScale));
-  const float scale = Bf16ToFloat(scale_bits);
-  std::memcpy(o + 2 * c, &scale_bits, 2);
-  std::memcpy(o + 2 * (size_t{dim} + c), &zero_bits, 2);
-  *inv = __fdiv_rn(1.0f, scale);
-  return isfinite(*zero) && isfinite(range) && isfinite(scale);
+  return Int4Params(lo, hi, o, dim, c, zero, inv);
 }
 
 __device__ inline uint8_t Int4Code(float x, float zero, float inv) {
@@ -284,8 +302,7 @@ __global__ void QuantizeInt8QuadsKernel(const float* in, uint8_t* out, uint32_t 
   for (uint32_t e = 0; e < 4; ++e) {
     float a = 0.0f;
     for (uint32_t k = 0; k < groups; ++k) a = fmaxf(a, part[k][4 * local + e]);
-    bits[e] = FloatToBf16TowardPositive(fmaxf(__fdiv_rn(a, 127.0f), kMinIntScale));
-    inv[e] = __fdiv_rn(1.0f, Bf16ToFloat(bits[e]));
+    bits[e] = Int8Scale(a, &inv[e]);
   }
   if (j == 0) {
     reinterpret_cast<uint2*>(o)[q] = make_uint2(bits[0] | uint32_t{bits[1]} << 16, bits[2] | uint32_t{bits[3]} << 16);
@@ -343,17 +360,8 @@ __global__ void __launch_bounds__(kInt4ChunkQuads* kMaxGroups, kInt4MinBlocks)
     float l = part[0][8 * local + k], h = part[1][8 * local + k];
     for (uint32_t g = 1; g < groups; ++g)
       l = fminf(l, part[2 * g][8 * local + k]), h = fmaxf(h, part[2 * g + 1][8 * local + k]);
-    const uint16_t zero_bits = FloatToBf16TowardNegative(l);
-    zero[k] = Bf16ToFloat(zero_bits);
-    const float range = __fsub_rn(h, zero[k]);
-    const uint16_t scale_bits = FloatToBf16TowardPositive(fmaxf(__fdiv_rn(range, 15.0f), kMinIntScale));
-    const float scale = Bf16ToFloat(scale_bits);
-    if (j == 0) {
-      std::memcpy(o + 2 * c, &scale_bits, 2);
-      std::memcpy(o + 2 * (size_t{dim} + c), &zero_bits, 2);
-    }
-    inv[k] = __fdiv_rn(1.0f, scale);
-    ok[k % 4] = ok[k % 4] && isfinite(zero[k]) && isfinite(range) && isfinite(scale);
+    // Group 0's threads store the parameters; every group makes codes.
+    ok[k % 4] = Int4Params(l, h, j == 0 ? o : nullptr, dim, c, &zero[k], &inv[k]) && ok[k % 4];
   }
   if (j == 0) {
     for (uint32_t e = 0; e < 4; ++e) {
