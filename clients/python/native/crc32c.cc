@@ -5,6 +5,7 @@
 #include "services/kvblock/crc32c.h"
 
 #include <cstdint>
+#include <optional>
 
 #include "native/module.h"
 
@@ -17,23 +18,12 @@ PyObject* Crc32c(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "crc32c(data, crc=0) takes one or two arguments");
     return nullptr;
   }
-  uint32_t crc = 0;
-  if (nargs == 2) {
-    const unsigned long long value = PyLong_AsUnsignedLongLong(args[1]);
-    if (PyErr_Occurred()) return nullptr;
-    if (value > UINT32_MAX) {
-      PyErr_SetString(PyExc_OverflowError, "crc32c: crc is a 32-bit value");
-      return nullptr;
-    }
-    crc = static_cast<uint32_t>(value);
-  }
-  Py_buffer view;
-  if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) != 0) return nullptr;
-  PyThreadState* released = view.len >= kReleaseGilBytes ? PyEval_SaveThread() : nullptr;
-  crc = kvblock::Crc32cExtend(crc, view.buf, static_cast<size_t>(view.len));
-  if (released != nullptr) PyEval_RestoreThread(released);
-  PyBuffer_Release(&view);
-  return PyLong_FromUnsignedLong(crc);
+  const std::optional<uint32_t> crc = nargs == 2 ? Uint32Arg(args[1], "crc") : std::optional<uint32_t>(0);
+  if (!crc) return nullptr;
+  const Buffer data(args[0]);
+  if (!data.ok()) return nullptr;
+  return PyLong_FromUnsignedLong(
+      WithoutGilFor(data.size(), [&] { return kvblock::Crc32cExtend(*crc, data.data(), data.size()); }));
 }
 
 }  // namespace kvtier::python
