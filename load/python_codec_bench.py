@@ -37,7 +37,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args()
-    assert codecs.NATIVE_CODECS, "kvtier was built without kvtier._native"
+    assert codecs.NATIVE, "kvtier was built without kvtier._native"
     x = block()
     print(f"one DeepSeek-V2-Lite block: {LAYERS} layers x {TOKENS} tokens x ({LATENT} + {ROPE}) float32, "
           f"{x.nbytes / 1e6:.1f} MB; medians of {args.rounds} rounds, interleaved\n")
@@ -54,6 +54,7 @@ def main():
         ms = [f"{statistics.median(native[k]) * 1e3:.2f} / {statistics.median(numpy[k]) * 1e3:.2f}" for k in (0, 1)]
         ratios = [statistics.median(n / c for n, c in zip(numpy[k], native[k])) for k in (0, 1)]
         print(f"{codec:6s}  {ms[0]:>25s}   {ms[1]:>27s}   quantize {ratios[0]:.1f}x, dequantize {ratios[1]:.1f}x")
+
 
 if __name__ == "__main__":
     main()

@@ -40,6 +40,7 @@ import numpy as np
 
 from kvtier import CacheClient, LatentLayout, block_hashes, encode_record, keep_freed_heap
 from kvtier import records as kvtier_records
+from kvtier.codecs import NATIVE
 from kvtier.v1 import cache_pb2
 
 BLOCKS, TOKENS = 64, 64
@@ -74,7 +75,6 @@ def read_with_kept_heap(target):
     unverified in this process with the freed heap kept, after one untimed
     read: the median of three reads of each, interleaved."""
     assert keep_freed_heap(), "the C library refused the setting"
-    assert kvtier_records.NATIVE_CRC32C, "built without kvtier._native"
     client = CacheClient(target, timeout=120)
     hashes = prefix_hashes()
     total = sum(map(len, client.get("bench", LAYOUT, hashes)))
@@ -102,6 +102,7 @@ def main():
         return
     if not args.cache_binary or not args.cache_bench:
         parser.error("--cache-binary and --cache-bench are required")
+    assert NATIVE, "kvtier was built without kvtier._native"
     layout, hashes = LAYOUT, prefix_hashes()
     layer = np.random.default_rng(2).standard_normal((layout.num_layers, TOKENS, layout.dim)).astype(np.float32)
     records = []
@@ -141,8 +142,7 @@ def main():
         cache.wait()
 
     print(f"4,096-token prefix, DeepSeek-V2-Lite int8: {BLOCKS} blocks, {total / 1e6:.1f} MB; loopback TCP, "
-          f"one client; {args.rounds} rounds, interleaved; records checked with "
-          f"{'kvtier._native' if kvtier_records.NATIVE_CRC32C else 'python3-crc32c'} unless named\n")
+          f"one client; {args.rounds} rounds, interleaved; records checked with kvtier._native unless named\n")
     width = max(map(len, rates))
     print(f"{'path':{width}s} {'GB/s median':>11s}   per round")
     for name, values in rates.items():

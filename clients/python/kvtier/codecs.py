@@ -18,7 +18,9 @@ try:
     from kvtier import _native
 except ImportError:  # built without a C++ compiler or Python's headers
     _native = None
-NATIVE_CODECS = _native is not None
+# Whether the package has kvtier._native: its codecs here, its CRC32C in
+# kvtier.records.
+NATIVE = _native is not None
 
 FP8_TILE = 128
 MIN_INT_SCALE = np.float32(2.0 ** -120)

@@ -15,16 +15,12 @@ import struct
 import grpc
 import numpy as np
 
-try:
-    # The services' CRC32C, in hardware where the CPU has it (built with
-    # the package; native/crc32c.cc).
-    from kvtier._native import crc32c
-    NATIVE_CRC32C = True
-except ImportError:  # built without a C++ compiler or Python's headers
-    from crc32c import crc32c
-    NATIVE_CRC32C = False
+from kvtier.codecs import NATIVE, dequantize, encoded_bytes, quantize
 
-from kvtier.codecs import dequantize, encoded_bytes, quantize
+if NATIVE:  # the services' CRC32C, in hardware where the CPU has it (native/crc32c.cc)
+    from kvtier._native import crc32c
+else:
+    from crc32c import crc32c
 from kvtier.errors import KvtierError, invalid
 from kvtier.layout import (BLOCK_FORMAT_VERSION, CODEC_NAMES, FP8, INDEXED_BLOCK_FORMAT_VERSION, INDEXER_FP8,
                            INDEXER_NONE, MAX_INDEXER_DIM, V4_BLOCK_FORMAT_VERSION, indexer_part_bytes)

@@ -188,8 +188,8 @@ def test_pip_installs_the_package_without_network(tmp_path, cache):
     env = dict(os.environ, KVTIER_SOURCE_DIR=str(source.parents[1]))
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "--no-index",
                     "--target", str(target), str(copy)], check=True, capture_output=True, env=env)
-    script = ("import sys, kvtier, kvtier.records; from kvtier.v1 import cache_pb2_grpc; "
-              f"print(kvtier.__file__, kvtier.records.NATIVE_CRC32C, "
+    script = ("import sys, kvtier, kvtier.codecs; from kvtier.v1 import cache_pb2_grpc; "
+              f"print(kvtier.__file__, kvtier.codecs.NATIVE, "
               f"kvtier.CacheClient('{cache.target}').stats().server_version)")
     ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path,
                          env=dict(os.environ, PYTHONPATH=str(target)), check=True)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from kvtier import dequantize, encoded_bytes, quantize
-from kvtier.codecs import FP8_TILE, NATIVE_CODECS, bf16_to_float, numpy_dequantize, numpy_quantize
+from kvtier.codecs import FP8_TILE, NATIVE, bf16_to_float, numpy_dequantize, numpy_quantize
 
 
 def latents(rng, tokens, dim):
@@ -71,7 +71,7 @@ def test_bad_input_is_refused(quantize_with, dequantize_with):
 
 
 def test_the_cpp_codecs_are_the_ones_used():
-    assert NATIVE_CODECS  # built by CMake into build/python, as by pip where g++ and python3-dev are
+    assert NATIVE  # built by CMake into build/python, as by pip where g++ and python3-dev are
 
 
 @pytest.mark.parametrize("codec", ["bf16", "fp8", "int8", "int4"])
