@@ -17,11 +17,10 @@ HERE = generate_stubs.HERE
 # The checkout whose proto/ and C++ (the CRC32C and the codecs) the package
 # is built from; KVTIER_SOURCE_DIR where the folder was copied out of it.
 REPO = pathlib.Path(os.environ.get("KVTIER_SOURCE_DIR", HERE.parent.parent))
-# kvtier._native: as clients/python/CMakeLists.txt builds it. Absolute
-# paths for the checkout's files keep their objects in the build folder.
-NATIVE_SOURCES = ["native/module.cc", "native/crc32c.cc", "native/codecs.cc"]
-SERVICE_SOURCES = ["services/kvblock/crc32c.cc", "kernels/cpu/codec.cc", "kernels/cpu/codec_bf16.cc",
-                   "kernels/cpu/codec_fp8.cc", "kernels/cpu/codec_int8.cc", "kernels/cpu/codec_int4.cc"]
+# kvtier._native's sources, as CMake builds it: absolute paths keep their
+# objects in the build folder.
+NATIVE_SOURCES = [str(REPO / line) for line in (HERE / "native" / "sources.txt").read_text().splitlines()
+                  if line and not line.startswith("#")]
 
 
 class BuildWithStubs(build_py):
@@ -37,7 +36,7 @@ setup(
     python_requires=">=3.9",
     install_requires=["grpcio", "protobuf", "numpy"],
     ext_modules=[Extension("kvtier._native", language="c++", optional=True,
-                           sources=[*NATIVE_SOURCES, *(str(REPO / s) for s in SERVICE_SOURCES)],
+                           sources=NATIVE_SOURCES,
                            include_dirs=[str(HERE), str(REPO), str(REPO / "kernels" / "include")],
                            extra_compile_args=["-std=c++20", "-O3", "-ffp-contract=off"])],
     cmdclass={"build_py": BuildWithStubs},
