@@ -7,7 +7,10 @@ KVTIER_WIRE_VECTORS.
 import hashlib
 import json
 import os
+import pathlib
+import shutil
 import subprocess
+import sys
 import threading
 
 import pytest
@@ -49,6 +52,25 @@ class Server:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+
+def pip_install_copy(tmp_path, **env):
+    """pip installs a copy of clients/python made outside the checkout (as
+    from an sdist) into tmp_path/site, with `env` added to this process's;
+    returns that folder and run(script): the script's stdout, run from
+    tmp_path with only that install on the path."""
+    source = pathlib.Path(__file__).resolve().parents[1]
+    copy = tmp_path / "src"
+    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info", "tests"))
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "--no-index",
+                    "--target", str(target), str(copy)], check=True, capture_output=True,
+                   env=dict(os.environ, KVTIER_SOURCE_DIR=str(source.parents[1]), **env))
+
+    def run(script):
+        return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path,
+                              env=dict(os.environ, PYTHONPATH=str(target)), check=True).stdout
+    return target, run
 
 
 @pytest.fixture

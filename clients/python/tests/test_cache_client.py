@@ -1,12 +1,7 @@
 """CacheClient against a real kvtier-cache on port 0: byte-exact Put and
 Get of records built in Python, Match, Stats, the documented statuses for
 bad input, a dead server, and TLS with tokens."""
-import os
-import pathlib
-import shutil
 import socket
-import subprocess
-import sys
 import time
 
 import crc32c
@@ -14,7 +9,7 @@ import grpc
 import numpy as np
 import pytest
 
-from conftest import cache_argv, write_tenants
+from conftest import cache_argv, pip_install_copy, write_tenants
 from kvtier import (CacheClient, KvtierError, LatentLayout, block_hashes, encode_record, encode_v4_record, parse_record,
                     restore_point_key)
 from kvtier.layout import INDEXER_MXFP4
@@ -181,18 +176,9 @@ def test_pip_installs_the_package_without_network(tmp_path, cache):
     """pip builds and installs it from a copy of the folder, the stubs
     generated and the CRC32C module compiled as it builds; the installed
     package works from anywhere."""
-    source = pathlib.Path(__file__).resolve().parents[1]
-    copy = tmp_path / "src"
-    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info", "tests"))
-    target = tmp_path / "site"
-    env = dict(os.environ, KVTIER_SOURCE_DIR=str(source.parents[1]))
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "--no-index",
-                    "--target", str(target), str(copy)], check=True, capture_output=True, env=env)
-    script = ("import sys, kvtier, kvtier.codecs; from kvtier.v1 import cache_pb2_grpc; "
-              f"print(kvtier.__file__, kvtier.codecs.NATIVE, "
-              f"kvtier.CacheClient('{cache.target}').stats().server_version)")
-    ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path,
-                         env=dict(os.environ, PYTHONPATH=str(target)), check=True)
-    installed, native, version = ran.stdout.split(" ", 2)
+    target, run = pip_install_copy(tmp_path)
+    installed, native, version = run("import sys, kvtier, kvtier.codecs; from kvtier.v1 import cache_pb2_grpc; "
+                                     f"print(kvtier.__file__, kvtier.codecs.NATIVE, "
+                                     f"kvtier.CacheClient('{cache.target}').stats().server_version)").split(" ", 2)
     assert installed.startswith(str(target)) and version.startswith("kvtier-cache ")
     assert native == "True", "pip built the package without kvtier._native"

@@ -7,8 +7,6 @@ its codecs (which test_codecs holds to numpy's). And the package without
 the module (hidden, or pip's build of it failing): the same records,
 checked with python3-crc32c and made by numpy's codecs."""
 import os
-import pathlib
-import shutil
 import subprocess
 import sys
 
@@ -16,6 +14,7 @@ import crc32c as reference
 import numpy as np
 import pytest
 
+from conftest import pip_install_copy
 from kvtier import LatentLayout, encode_record, parse_record
 from kvtier import _native
 from kvtier._native import crc32c
@@ -136,20 +135,11 @@ def test_pip_installs_the_package_without_a_compiler(tmp_path):
     """Where kvtier._native cannot be compiled (no g++ or python3-dev: here
     a compiler that always fails) pip still installs the package, which
     then says it has no module and makes the same records without it."""
-    source = pathlib.Path(__file__).resolve().parents[1]
-    copy = tmp_path / "src"
-    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info", "tests"))
-    target = tmp_path / "site"
-    env = dict(os.environ, KVTIER_SOURCE_DIR=str(source.parents[1]), CC="/bin/false", CXX="/bin/false")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "--no-index",
-                    "--target", str(target), str(copy)], check=True, capture_output=True, env=env)
+    target, run = pip_install_copy(tmp_path, CC="/bin/false", CXX="/bin/false")
     assert not list((target / "kvtier").glob("_native*"))
-    script = ("import kvtier, kvtier.codecs, kvtier.records, numpy as np; "
-              "print(kvtier.codecs.NATIVE, "
-              "kvtier.encode_record(kvtier.LatentLayout('m', 1, 8, 2, 2, 'int4'), 0, "
-              "np.arange(20, dtype=np.float32).reshape(1, 2, 10)).hex())")
-    ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path,
-                         env=dict(os.environ, PYTHONPATH=str(target)), check=True)
+    made = run("import kvtier, kvtier.codecs, numpy as np; print(kvtier.codecs.NATIVE, "
+               "kvtier.encode_record(kvtier.LatentLayout('m', 1, 8, 2, 2, 'int4'), 0, "
+               "np.arange(20, dtype=np.float32).reshape(1, 2, 10)).hex())")
     layout = LatentLayout("m", 1, 8, 2, 2, "int4")
     expected = encode_record(layout, 0, np.arange(20, dtype=np.float32).reshape(1, 2, 10)).hex()
-    assert ran.stdout.split() == ["False", expected]
+    assert made.split() == ["False", expected]
