@@ -106,10 +106,16 @@ def encoded_bytes(codec, tokens, latent_dim, rope_dim):
     return dim * 4 + tokens * ((dim + 1) // 2)
 
 
-def _check(x, latent_dim, rope_dim):
-    x = np.ascontiguousarray(x, dtype=np.float32)
+def _shaped(x, latent_dim, rope_dim):
+    """x as contiguous, aligned float32 [tokens][latent_dim + rope_dim]."""
+    x = np.require(x, dtype=np.float32, requirements=["C_CONTIGUOUS", "ALIGNED"])
     if x.ndim != 2 or x.shape[1] != latent_dim + rope_dim or x.shape[0] < 1:
         raise ValueError(f"latents must be [tokens][{latent_dim + rope_dim}] float32, got shape {x.shape}")
+    return x
+
+
+def _check(x, latent_dim, rope_dim):
+    x = _shaped(x, latent_dim, rope_dim)
     if not np.isfinite(x).all():
         t, c = np.argwhere(~np.isfinite(x))[0]
         raise ValueError(f"non-finite input {x[t, c]} at token {t}, channel {c}")
@@ -125,15 +131,10 @@ def _overflow(bits16, x, what):
 
 def quantize(codec, latents, latent_dim, rope_dim):
     """One layer of one block, [tokens][latent_dim + rope_dim], as payload bytes."""
-    codec = codec_number(codec)
-    if _native is not None:
-        x = np.ascontiguousarray(latents, dtype=np.float32)
-        if x.ndim == 2 and x.shape[1] == latent_dim + rope_dim:
-            try:
-                return _native.quantize(codec, x, x.shape[0], latent_dim, rope_dim)
-            except (ValueError, OverflowError):
-                pass  # numpy's codec names what is wrong, as it always has
-    return numpy_quantize(codec, latents, latent_dim, rope_dim)
+    if _native is None:
+        return numpy_quantize(codec, latents, latent_dim, rope_dim)
+    x = _shaped(latents, latent_dim, rope_dim)
+    return _native.quantize(codec_number(codec), x, x.shape[0], latent_dim, rope_dim)
 
 
 def numpy_quantize(codec, latents, latent_dim, rope_dim):
@@ -201,14 +202,10 @@ def _quantize_fp8(x, latent_dim, rope_dim):
 
 def dequantize(codec, payload, tokens, latent_dim, rope_dim):
     """Payload bytes of one layer of one block back to [tokens][dim] float32."""
-    codec = codec_number(codec)
-    if _native is not None:
-        try:
-            values = _native.dequantize(codec, payload, tokens, latent_dim, rope_dim)
-            return np.frombuffer(values, dtype=np.float32).reshape(tokens, latent_dim + rope_dim)
-        except (ValueError, OverflowError):
-            pass  # numpy's codec names what is wrong, as it always has
-    return numpy_dequantize(codec, payload, tokens, latent_dim, rope_dim)
+    if _native is None:
+        return numpy_dequantize(codec, payload, tokens, latent_dim, rope_dim)
+    values = _native.dequantize(codec_number(codec), payload, tokens, latent_dim, rope_dim)
+    return np.frombuffer(values, dtype=np.float32).reshape(tokens, latent_dim + rope_dim)
 
 
 def numpy_dequantize(codec, payload, tokens, latent_dim, rope_dim):
