@@ -25,7 +25,9 @@ int ScaleExponent(float amax, float limit) {
   return k < -127 ? -127 : k;
 }
 
-Status Lossy(const std::string& what) { return InvalidArgument("V4 entry: " + what + " cannot be stored without loss"); }
+Status Lossy(const std::string& what) {
+  return InvalidArgument("V4 entry: " + what + " cannot be stored without loss");
+}
 
 }  // namespace
 
@@ -113,6 +115,8 @@ Status DecodeV4Entry(std::span<const uint8_t> bytes, size_t rope_dim, std::span<
     values[fp8 + i] = Bf16ToFloat(h);
     if (!std::isfinite(values[fp8 + i])) return InvalidArgument("V4 entry: a rotated value is not finite");
   }
+  // Bytes an encoder wrote always have it 0: anything else was not made here.
+  if (bytes.back() != 0) return InvalidArgument("V4 entry: the pad byte is not 0");
   return OkStatus();
 }
 

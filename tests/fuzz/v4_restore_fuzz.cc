@@ -109,8 +109,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   // Cut again: parts the formats hold (every value finite and on its
   // grid), which restore to a state that cuts to the same bytes. (Not
-  // always the bytes restored from: a block of zeros under any scale, or a
-  // nonzero pad byte, reads as the same values.)
+  // always the bytes restored from: a block of zeros under any scale reads
+  // as the same values.)
   const std::vector<std::vector<uint8_t>> again = Cut(config, cache, n);
   std::vector<std::span<const uint8_t>> again_blocks(again.begin(), again.end() - 1);
   SequenceCache second = model.NewCache(kvtier::kernels::Codec::kBf16, kBlock);

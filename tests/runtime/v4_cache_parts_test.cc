@@ -92,6 +92,11 @@ TEST(V4EntryTest, ValuesTheFormatsCannotHoldAreRefused) {
   ASSERT_TRUE(kernels::EncodeV4Entry(entry, 64, bytes).ok());
   bytes[448] = 0xff;
   EXPECT_FALSE(kernels::DecodeV4Entry(bytes, 64, back).ok());
+  // The pad byte is 0 in every entry an encoder wrote.
+  ASSERT_TRUE(kernels::EncodeV4Entry(entry, 64, bytes).ok());
+  EXPECT_EQ(bytes.back(), 0);
+  bytes.back() = 1;
+  EXPECT_FALSE(kernels::DecodeV4Entry(bytes, 64, back).ok());
   // Finite codes times the largest scale (2^127) are past float32's range:
   // refused too, for entries and keys (what fuzz_v4_restore found).
   ASSERT_TRUE(kernels::EncodeV4Entry(entry, 64, bytes).ok());
