@@ -115,7 +115,7 @@ struct Options {
   std::string budgets = "256MiB,1GiB";
   uint64_t page_size = 16384;
   std::string model = "v2-lite";
-  uint64_t layers = 0;  // 0: all of the model's
+  uint64_t layers = 0;            // 0: all of the model's
   uint64_t tokens_per_block = 0;  // 0: 64, or v4-flash's largest ratio, 128
   uint64_t restore_every = 0;
   uint64_t limit = 0;

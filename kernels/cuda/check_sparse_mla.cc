@@ -290,8 +290,8 @@ bool CheckGather(Codec codec, bool all, uint64_t seed) {
   int32_t *d_table = ToDevice(table), *d_blocks = ToDevice(blocks), *d_tails = ToDevice(tails);
   int32_t *d_selected = ToDevice(selected), *d_counts = ToDevice(counts);
   float* d_tail = ToDevice(tail);
-  const cuda::PagedLatents latents{codec, kTpb, d_pool, pool_blocks, d_table, max_blocks, d_blocks, d_tail, d_tails,
-                                   max_tail};
+  const cuda::PagedLatents latents{codec,      kTpb,     d_pool, pool_blocks, d_table,
+                                   max_blocks, d_blocks, d_tail, d_tails,     max_tail};
   float* d_gathered = ToDevice(std::vector<float>(want.size(), NAN));
   unsigned long long* d_fault = ToDevice(std::vector<unsigned long long>{cuda::kNoPagedMlaFault});
   const MlaShape shape{kHeads, kKv, kRope};
@@ -377,8 +377,8 @@ void Benchmark() {
   const double copy_gbs = cuda::DeviceCopyGBs(size_t{1} << 32);
   std::printf("\nV3.2 decode attention, one layer, %u-token contexts, top %u; copy %.0f GB/s (read + write)\n",
               kContext, kTopK, copy_gbs);
-  std::printf("%-5s %5s %10s %10s %10s %10s %10s %11s %11s %7s\n", "codec", "batch", "dense ms", "score ms",
-              "top-k ms", "gather ms", "attend ms", "sparse ms", "sparse MB", "x dense");
+  std::printf("%-5s %5s %10s %10s %10s %10s %10s %11s %11s %7s\n", "codec", "batch", "dense ms", "score ms", "top-k ms",
+              "gather ms", "attend ms", "sparse ms", "sparse MB", "x dense");
   std::mt19937_64 rng(5);
   const MlaShape shape{kV32Heads, kKv, kRope};
   // Keys and queries, shared by every codec's rows.
@@ -428,7 +428,8 @@ void Benchmark() {
     }
     std::vector<uint8_t> base(64 * block_bytes);
     for (int i = 0; i < 64; ++i) {
-      (void)Quantize(codec, kShape, Random(kShape.values(), rng), std::span(base).subspan(i * block_bytes, block_bytes));
+      (void)Quantize(codec, kShape, Random(kShape.values(), rng),
+                     std::span(base).subspan(i * block_bytes, block_bytes));
     }
     cudaMemcpy(d_pool, base.data(), base.size(), cudaMemcpyHostToDevice);
     for (size_t have = 64; have < pool_blocks; have *= 2) {
@@ -440,8 +441,8 @@ void Benchmark() {
       std::iota(table.begin(), table.end(), 0);
       int32_t* d_table = ToDevice(table);
       int32_t* d_nblocks = ToDevice(std::vector<int32_t>(batch, kBlocks));
-      const cuda::PagedLatents latents{codec, kTpb, d_pool, pool_blocks, d_table, kBlocks, d_nblocks, nullptr, nullptr,
-                                       0};
+      const cuda::PagedLatents latents{codec,   kTpb,      d_pool,  pool_blocks, d_table,
+                                       kBlocks, d_nblocks, nullptr, nullptr,     0};
       const cuda::PagedLatents gathered = cuda::GatheredPagedLatents(g, batch, kTopK);
       const cuda::IndexerKeys ik{d_keys, d_key_scales, d_offsets, d_visible, kContext};
       constexpr int kReps = 10;
@@ -469,8 +470,8 @@ void Benchmark() {
       const double token_bytes = double(block_bytes) / kTpb;
       const double sparse_mb =
           batch * (double(kContext) * (kIxDim + 4 + 4 * 2) + kTopK * (token_bytes + 2.0 * 2 * kDim)) / 1e6;
-      std::printf("%-5s %5u %10.3f %10.3f %10.3f %10.3f %10.3f %11.3f %11.1f %6.2fx\n", CodecName(codec), batch,
-                  dense, score, select, gather, attend, sparse, sparse_mb, dense / sparse);
+      std::printf("%-5s %5u %10.3f %10.3f %10.3f %10.3f %10.3f %11.3f %11.1f %6.2fx\n", CodecName(codec), batch, dense,
+                  score, select, gather, attend, sparse, sparse_mb, dense / sparse);
       cudaFree(d_table), cudaFree(d_nblocks);
     }
     std::printf("%-5s dense reads %.1f MB a sequence\n", CodecName(codec), double(kBlocks) * block_bytes / 1e6);

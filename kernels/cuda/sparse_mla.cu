@@ -44,7 +44,8 @@ __global__ void __launch_bounds__(kScoreThreads)
     const uint4 v = packed[j];
     const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (uint32_t b = 0; b < 16; ++b) k[16 * j + b] = Fp8E4m3ToFloat(static_cast<uint8_t>(words[b / 4] >> (8 * (b % 4))));
+    for (uint32_t b = 0; b < 16; ++b)
+      k[16 * j + b] = Fp8E4m3ToFloat(static_cast<uint8_t>(words[b / 4] >> (8 * (b % 4))));
   }
   float sum = 0.0f;
   for (uint32_t h = 0; h < heads; ++h) {
@@ -72,9 +73,9 @@ __device__ inline uint32_t OrderedBits(float score) {
 // One CUDA block per row: the k-th largest key found a byte at a time
 // (radix select), then the tokens above it and the first ones equal to it
 // written out in token order.
-__global__ void __launch_bounds__(kSelectThreads) SelectKernel(const float* scores, uint32_t max_visible,
-                                                               const int32_t* visible, uint32_t k, int32_t* selected,
-                                                               int32_t* counts) {
+__global__ void __launch_bounds__(kSelectThreads)
+    SelectKernel(const float* scores, uint32_t max_visible, const int32_t* visible, uint32_t k, int32_t* selected,
+                 int32_t* counts) {
   using Scan = cub::BlockScan<int, kSelectThreads>;
   __shared__ typename Scan::TempStorage scan;
   __shared__ uint32_t histogram[256];
@@ -254,10 +255,18 @@ Status IndexerScores(uint32_t heads, uint32_t head_dim, uint32_t rows, const uin
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   cudaError_t e;
   switch (head_dim) {
-    case 16: e = LaunchScores<16>(heads, rows, q_codes, weights, keys, scores, stream); break;
-    case 32: e = LaunchScores<32>(heads, rows, q_codes, weights, keys, scores, stream); break;
-    case 64: e = LaunchScores<64>(heads, rows, q_codes, weights, keys, scores, stream); break;
-    case 128: e = LaunchScores<128>(heads, rows, q_codes, weights, keys, scores, stream); break;
+    case 16:
+      e = LaunchScores<16>(heads, rows, q_codes, weights, keys, scores, stream);
+      break;
+    case 32:
+      e = LaunchScores<32>(heads, rows, q_codes, weights, keys, scores, stream);
+      break;
+    case 64:
+      e = LaunchScores<64>(heads, rows, q_codes, weights, keys, scores, stream);
+      break;
+    case 128:
+      e = LaunchScores<128>(heads, rows, q_codes, weights, keys, scores, stream);
+      break;
     default:
       return InvalidArgument("cuda::IndexerScores: head_dim " + std::to_string(head_dim) +
                              " (the kernel takes 16, 32, 64 or 128)");

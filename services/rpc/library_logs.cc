@@ -35,7 +35,8 @@ constexpr Hint kHandshakeHints[] = {
      "a client brought no certificate to a server that requires one (--tls-require-client-cert): give the "
      "client's --tls-dir a tls.crt and tls.key signed by the server's ca.crt"},
     {"certificate verify failed", "the peer's certificate is not signed by a CA in this side's ca.crt, or has expired"},
-    {"tlsv1 alert unknown ca", "the peer does not trust this side's certificate (its ca.crt lacks the CA that signed it)"},
+    {"tlsv1 alert unknown ca",
+     "the peer does not trust this side's certificate (its ca.crt lacks the CA that signed it)"},
 };
 
 absl::Mutex limits_mu(absl::kConstInit);
@@ -76,7 +77,7 @@ void GrpcLine(gpr_log_func_args* args) {
 void ProtobufLine(google::protobuf::LogLevel level, const char* file, int line, const std::string& message) {
   const LogLevel ours = level >= google::protobuf::LOGLEVEL_ERROR     ? LogLevel::kError
                         : level == google::protobuf::LOGLEVEL_WARNING ? LogLevel::kWarning
-                                                                       : LogLevel::kInfo;
+                                                                      : LogLevel::kInfo;
   if (level >= google::protobuf::LOGLEVEL_FATAL) {
     Log(ours, "protobuf", message);  // the process ends next: never held back
     return;

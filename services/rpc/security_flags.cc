@@ -11,7 +11,8 @@ void SecurityFlags::Register(FlagParser& flags, bool serves, bool calls) {
                   "TLS for every gRPC call: a directory with ca.crt, tls.crt and tls.key (a Kubernetes TLS "
                   "Secret; a client needs only ca.crt, and presents tls.crt when it has one); reloaded when they "
                   "change. Empty: plaintext");
-  flags.AddUint("reload-seconds", &reload_seconds, "how often the TLS files and the tenants file are checked (1 to 86400)");
+  flags.AddUint("reload-seconds", &reload_seconds,
+                "how often the TLS files and the tenants file are checked (1 to 86400)");
   if (calls) {
     flags.AddString("token-file", &token_file,
                     "a file whose first line is the bearer token this process's calls carry (to servers run "
@@ -39,8 +40,8 @@ TlsOptions SecurityFlags::Tls() const {
 
 absl::Status SecurityFlags::CheckReload() const {
   if (reload_seconds < 1 || reload_seconds > kMostReloadSeconds) {
-    return absl::InvalidArgumentError(absl::StrCat("--reload-seconds ", reload_seconds, ": must be 1 to ",
-                                                   kMostReloadSeconds, " (a day)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--reload-seconds ", reload_seconds, ": must be 1 to ", kMostReloadSeconds, " (a day)"));
   }
   return absl::OkStatus();
 }

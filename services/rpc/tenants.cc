@@ -98,8 +98,9 @@ absl::StatusOr<v1::TenantsFile> ParseTenantsFile(const std::string& json) {
         absl::StrCat("not a tenants file: ", absl::StrReplaceAll(parsed.ToString(), {{"\n", " "}})));
   }
   if (file.tenants_size() == 0) {
-    return absl::InvalidArgumentError("no tenants in it: every call would be refused (to trust every caller, run "
-                                      "without --tenants)");
+    return absl::InvalidArgumentError(
+        "no tenants in it: every call would be refused (to trust every caller, run "
+        "without --tenants)");
   }
   absl::flat_hash_set<std::string> names, tokens, identities;
   for (int i = 0; i < file.tenants_size(); ++i) {

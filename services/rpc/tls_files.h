@@ -54,9 +54,9 @@ class TlsFiles {
 
   struct Health {
     std::string dir;
-    uint64_t rejected = 0;   // versions of the files refused since start
-    bool in_force = true;    // what the files hold now is what is served
-    int64_t not_after = 0;   // the served certificate's expiry, Unix seconds (0: no identity)
+    uint64_t rejected = 0;  // versions of the files refused since start
+    bool in_force = true;   // what the files hold now is what is served
+    int64_t not_after = 0;  // the served certificate's expiry, Unix seconds (0: no identity)
   };
   Health health();
   // The health of every Shared TlsFiles, for /metrics.

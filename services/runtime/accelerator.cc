@@ -24,7 +24,8 @@ void SinkAttentionOnCpu(const kernels::SinkAttentionShape& shape, std::span<cons
   const size_t row = size_t{shape.heads} * shape.dim;
   kernels::ParallelFor(entries.size(), 1, [&](size_t begin, size_t end) {
     for (size_t r = begin; r < end; ++r) {
-      kernels::SinkAttention(shape, q + r * row, entries[r].data(), entries[r].size() / shape.dim, sinks, out + r * row);
+      kernels::SinkAttention(shape, q + r * row, entries[r].data(), entries[r].size() / shape.dim, sinks,
+                             out + r * row);
     }
   });
 }

@@ -48,7 +48,8 @@ class DeviceArray {
   // load time): `host` may go.
   absl::Status Assign(std::span<const T> host) {
     KVTIER_RETURN_IF_ERROR(Reserve(std::max<size_t>(host.size(), 1)));
-    return FromKernelStatus(kernels::cuda::CopyNow(data_, host.data(), host.size_bytes(), kernels::cuda::Copy::kHostToDevice, "upload"));
+    return FromKernelStatus(
+        kernels::cuda::CopyNow(data_, host.data(), host.size_bytes(), kernels::cuda::Copy::kHostToDevice, "upload"));
   }
 
   // Reserve, then queue a copy of `host` on `stream` (ordered before what
@@ -56,7 +57,8 @@ class DeviceArray {
   // from pageable memory CUDA may stage it when the copy runs.
   absl::Status Upload(std::span<const T> host, kernels::cuda::StreamHandle stream) {
     KVTIER_RETURN_IF_ERROR(Reserve(std::max<size_t>(host.size(), 1)));
-    return FromKernelStatus(kernels::cuda::CopyQueued(data_, host.data(), host.size_bytes(), kernels::cuda::Copy::kHostToDevice, stream, "upload"));
+    return FromKernelStatus(kernels::cuda::CopyQueued(data_, host.data(), host.size_bytes(),
+                                                      kernels::cuda::Copy::kHostToDevice, stream, "upload"));
   }
 
  private:

@@ -105,7 +105,7 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   int64_t max_position_embeddings = 4096;
   std::optional<kernels::YarnParams> rope_scaling;
-  std::optional<Fp8Quantization> fp8;  // absent: projections in bf16 (or f16/f32)
+  std::optional<Fp8Quantization> fp8;    // absent: projections in bf16 (or f16/f32)
   std::optional<IndexerConfig> indexer;  // V3.2's sparse attention; V4's CSA layers
   std::optional<V4Config> v4;            // set exactly for kDeepseekV4
   // Multi-token prediction layers stored after the last layer (V3: 1); a

@@ -94,7 +94,8 @@ absl::StatusOr<std::vector<uint8_t>> EncodeV4Block(const ModelConfig& c, const S
                                                    uint32_t tokens_per_block) {
   KVTIER_RETURN_IF_ERROR(CheckV4BlockTokens(c, tokens_per_block));
   if (cache.length < static_cast<int64_t>((block + 1) * tokens_per_block)) {
-    return absl::InvalidArgumentError(absl::StrCat("block ", block, " is not complete in a sequence of ", cache.length));
+    return absl::InvalidArgumentError(
+        absl::StrCat("block ", block, " is not complete in a sequence of ", cache.length));
   }
   const Dims d(c);
   std::vector<uint8_t> out(V4BlockBytes(c, tokens_per_block));
@@ -122,8 +123,8 @@ absl::StatusOr<std::vector<uint8_t>> EncodeV4RestorePoint(const ModelConfig& c, 
   KVTIER_RETURN_IF_ERROR(CheckV4BlockTokens(c, tokens_per_block));
   const int64_t boundary = cache.length;
   if (boundary <= 0 || boundary % tokens_per_block != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("a restore point needs a block boundary; the sequence holds ",
-                                                   boundary, " tokens"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a restore point needs a block boundary; the sequence holds ", boundary, " tokens"));
   }
   const Dims d(c);
   std::vector<uint8_t> out(kernels::kV4BoundaryBytes);
@@ -171,8 +172,8 @@ absl::Status RestoreV4(const ModelConfig& c, std::span<const std::span<const uin
   std::vector<float> values(d.hd);
   for (size_t b = 0; b < blocks.size(); ++b) {
     if (blocks[b].size() != V4BlockBytes(c, tokens_per_block)) {
-      return absl::InvalidArgumentError(absl::StrCat("block ", b, " has ", blocks[b].size(), " bytes, not ",
-                                                     V4BlockBytes(c, tokens_per_block)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("block ", b, " has ", blocks[b].size(), " bytes, not ", V4BlockBytes(c, tokens_per_block)));
     }
     Reader in(blocks[b]);
     for (size_t l = 0; l < state.size(); ++l) {

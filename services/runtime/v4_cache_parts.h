@@ -40,8 +40,8 @@ size_t V4BlockBytes(const ModelConfig& config, uint32_t tokens_per_block);
 size_t V4RestorePointBytes(const ModelConfig& config, int64_t boundary);
 
 // Block `block` of a sequence that holds at least its tokens.
-absl::StatusOr<std::vector<uint8_t>> EncodeV4Block(const ModelConfig& config, const SequenceCache& cache,
-                                                   size_t block, uint32_t tokens_per_block);
+absl::StatusOr<std::vector<uint8_t>> EncodeV4Block(const ModelConfig& config, const SequenceCache& cache, size_t block,
+                                                   uint32_t tokens_per_block);
 // The restore point at the cache's length, which must be a boundary.
 absl::StatusOr<std::vector<uint8_t>> EncodeV4RestorePoint(const ModelConfig& config, const SequenceCache& cache,
                                                           uint32_t tokens_per_block);

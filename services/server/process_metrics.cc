@@ -74,9 +74,9 @@ void AddTlsFiles(std::vector<prometheus::MetricFamily>& out) {
       Family("kvtier_tls_files_in_force",
              "1 when what --tls-dir's files hold now is served; 0 while they are refused and the last good ones are.",
              prometheus::MetricType::Gauge);
-  prometheus::MetricFamily expiry = Family("kvtier_tls_certificate_expiry_timestamp_seconds",
-                                           "When the served certificate expires, Unix seconds.",
-                                           prometheus::MetricType::Gauge);
+  prometheus::MetricFamily expiry =
+      Family("kvtier_tls_certificate_expiry_timestamp_seconds", "When the served certificate expires, Unix seconds.",
+             prometheus::MetricType::Gauge);
   for (const TlsFiles::Health& h : all) {
     AddSample(rejected, static_cast<double>(h.rejected), {{"dir", h.dir}});
     AddSample(in_force, h.in_force ? 1 : 0, {{"dir", h.dir}});

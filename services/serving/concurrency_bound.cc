@@ -9,8 +9,8 @@ absl::StatusOr<std::shared_ptr<void>> ConcurrencyBound::Hold(const std::string& 
     absl::MutexLock lock(&mu_);
     uint64_t& held = held_[key];
     if (held >= most_) {
-      return absl::ResourceExhaustedError(absl::StrCat(what_, " ", key, ": ", held,
-                                                       " under way, the most at once (", flag_, "); retry later"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat(what_, " ", key, ": ", held, " under way, the most at once (", flag_, "); retry later"));
     }
     ++held;
   }

@@ -358,7 +358,8 @@ TEST_F(SecurityTest, TlsFilesThatAreNotWholeKeepTheLastGoodPairServing) {
          WriteAtomically(live / "tls.crt", "");
        }},
       {"a garbage tls.crt", [&] { WriteAtomically(live / "tls.crt", "-----BEGIN CERTIFICATE-----\nnot one\n"); }},
-      {"the new tls.crt beside the old tls.key", [&] { WriteAtomically(live / "tls.crt", contents(Dir("server-2") / "tls.crt")); }},
+      {"the new tls.crt beside the old tls.key",
+       [&] { WriteAtomically(live / "tls.crt", contents(Dir("server-2") / "tls.crt")); }},
   };
   double refused = 0;
   for (const auto& [what, change] : bad) {
@@ -379,9 +380,10 @@ TEST_F(SecurityTest, TlsFilesThatAreNotWholeKeepTheLastGoodPairServing) {
   const std::string page = ScrapeMetrics(metrics);
   EXPECT_EQ(MetricValue(page, in_force), 1);
   EXPECT_EQ(MetricValue(page, rejected), refused);
-  EXPECT_GT(MetricValue(page, absl::StrCat("kvtier_tls_certificate_expiry_timestamp_seconds{dir=\"", live.string(), "\"}"))
-                .value_or(0),
-            static_cast<double>(std::time(nullptr)));
+  EXPECT_GT(
+      MetricValue(page, absl::StrCat("kvtier_tls_certificate_expiry_timestamp_seconds{dir=\"", live.string(), "\"}"))
+          .value_or(0),
+      static_cast<double>(std::time(nullptr)));
   // The alerting rules name only TLS metrics a TLS server exports.
   std::ifstream rules(std::string(KVTIER_DEPLOY_DIR) + "/prometheus/rules.yml");
   const std::string text((std::istreambuf_iterator<char>(rules)), std::istreambuf_iterator<char>());
@@ -556,7 +558,8 @@ TEST_F(SecurityTest, ManyTinyNamespacesOfOneTenantEvictNoOneElse) {
                                       .tokens_per_block = 4,
                                       .codec = kernels::Codec::kInt8};
   std::vector<std::vector<TestBlock>> spread_blocks;
-  for (int i = 0; i < 48; ++i) spread_blocks.push_back(StoreBlocks(spread, tiny, absl::StrCat("spread-", i), 1000 + i, 1));
+  for (int i = 0; i < 48; ++i)
+    spread_blocks.push_back(StoreBlocks(spread, tiny, absl::StrCat("spread-", i), 1000 + i, 1));
   auto matched = globex.Match("globex", TestLayout(), Hashes(theirs));
   ASSERT_TRUE(matched.ok()) << matched.status();
   EXPECT_EQ(matched->matched_blocks(), theirs.size()) << "the spreader's namespaces evicted globex's blocks";

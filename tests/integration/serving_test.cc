@@ -772,8 +772,8 @@ TEST_F(ServingTest, OneTenantOrClientCannotHoldEveryGeneration) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 1024);
   args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  auto stub = v1::Prefill::NewStub(grpc::CreateCustomChannel(cluster.prefill_target,
-                                                             grpc::InsecureChannelCredentials(), args));
+  auto stub =
+      v1::Prefill::NewStub(grpc::CreateCustomChannel(cluster.prefill_target, grpc::InsecureChannelCredentials(), args));
   const auto as = [](grpc::ClientContext& context, const testing::TestTenant& t) {
     context.AddMetadata("authorization", "Bearer " + t.token);
   };
@@ -1137,7 +1137,8 @@ void ExpectV4DecodeRequestsChecked(const PresetModel& m, Cluster& cluster, std::
   good.set_kv_namespace("direct-v4");
   *good.mutable_layout() = kvblock::LayoutToProto(layout);
   for (uint32_t t : tokens) good.add_token_ids(t);
-  for (const kvblock::BlockHash& h : kvblock::ComputeBlockChain("direct-v4", kvblock::LayoutId(layout), kV4Block, tokens))
+  for (const kvblock::BlockHash& h :
+       kvblock::ComputeBlockChain("direct-v4", kvblock::LayoutId(layout), kV4Block, tokens))
     good.add_block_hashes(std::string(kvblock::HashAsBytes(h)));
   good.set_restore_point(*point);
   good.mutable_first_token()->set_token_id(want[0].token);

@@ -121,8 +121,8 @@ TEST_P(BlockFormatTest, RoundTripsEveryCodec) {
     EXPECT_EQ(view->LatentPart(layer), std::string_view(reinterpret_cast<const char*>(enc.data()), enc.size()));
     const std::string_view part = view->IndexerPart(layer);
     ASSERT_EQ(part.size(), l.IndexerPartBytes());
-    EXPECT_EQ(part, std::string_view(reinterpret_cast<const char*>(keys.data()) + layer * l.IndexerPartBytes(),
-                                     part.size()));
+    EXPECT_EQ(part,
+              std::string_view(reinterpret_cast<const char*>(keys.data()) + layer * l.IndexerPartBytes(), part.size()));
   }
 }
 

@@ -106,8 +106,7 @@ TEST(TenantRegistry, NamespacesReadByTheSameTenantsShareAReaderClass) {
   };
   std::ofstream(path) << "{\"tenants\": [" << tenant("acme", "WRITER", "\"a1\", \"a2\", \"shared\"", 'a') << ", "
                       << tenant("globex", "WRITER", "\"g1\", \"shared\"", 'b') << ", "
-                      << tenant("auditor", "READER", "\"a2\"", 'c') << ", " << tenant("ops", "ADMIN", "", 'd')
-                      << "]}";
+                      << tenant("auditor", "READER", "\"a2\"", 'c') << ", " << tenant("ops", "ADMIN", "", 'd') << "]}";
   auto registry = TenantRegistry::Open(path.string(), absl::Hours(1));
   ASSERT_TRUE(registry.ok()) << registry.status();
   TenantRegistry& r = **registry;

@@ -6,12 +6,12 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <chrono>
-#include <thread>
 #include <string>
+#include <thread>
 
 #include "tests/integration/test_certificates.h"
 #include "tests/temp_dir.h"

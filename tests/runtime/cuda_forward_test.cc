@@ -72,8 +72,8 @@ void ExpectMedianRowWithinTolerance(std::vector<double> errors) {
 
 struct Variant {
   std::string name, preset;
-  bool dense_only;       // every layer a dense MLP: no gate to tip over
-  int pool_blocks = -1;  // room in the device block pool, in int8 blocks of 16; -1: the default
+  bool dense_only;         // every layer a dense MLP: no gate to tip over
+  int pool_blocks = -1;    // room in the device block pool, in int8 blocks of 16; -1: the default
   int64_t index_topk = 0;  // V3.2: tokens the indexer chooses; 0: the preset's
   int64_t layers = 0;      // 0: the preset's
 };

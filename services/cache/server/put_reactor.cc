@@ -79,8 +79,7 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
     Step step;
     {
       absl::MutexLock lock(&mu_);
-      if (finished_ || error_.has_value() || processing_ || !queue_.empty() || !reading_ ||
-          progress_since_ >= cutoff) {
+      if (finished_ || error_.has_value() || processing_ || !queue_.empty() || !reading_ || progress_since_ >= cutoff) {
         return;
       }
       const std::string why = absl::StrCat("no slice stored for ", absl::FormatDuration(service_->idle_puts()->limit()),

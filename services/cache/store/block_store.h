@@ -547,7 +547,7 @@ class BlockStore {
     OwnerQuota quota;
     std::array<uint64_t, 3> used{};
     uint32_t pending_blocks = 0;
-    uint64_t pending_bytes = 0;  // taken by them in the first tier
+    uint64_t pending_bytes = 0;            // taken by them in the first tier
     std::set<std::string> segment_owners;  // its blocks' (SegmentOwnerOf), since it last held none
   };
   absl::flat_hash_map<std::string, OwnerBook> owners_ ABSL_GUARDED_BY(mu_);

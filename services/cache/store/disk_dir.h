@@ -30,8 +30,8 @@ struct DiskRecord {
   std::string ns;
   kvblock::BlockHash hash;
   uint64_t layout_id = 0;
-  size_t size = 0;       // the record's bytes (the file's less its key header)
-  int64_t mtime_ns = 0;  // for restoring LRU order
+  size_t size = 0;        // the record's bytes (the file's less its key header)
+  int64_t mtime_ns = 0;   // for restoring LRU order
   bool v4_block = false;  // a DeepSeek-V4 block, whose restore point goes with it
 };
 

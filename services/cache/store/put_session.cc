@@ -224,10 +224,9 @@ absl::StatusOr<std::vector<uint32_t>> BlockStore::AllocatePendingLocked(size_t b
                                                      : first.counters.capacity_bytes / 2;
   }
   if (limit > 0 && held > 0 && held + first.storage->BytesTaken(bytes) > limit) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("tenant ", owner, "'s Put streams hold ", held, " bytes of incomplete blocks, ",
-                     quota > 0 ? "its quota of " : "the most without a putBytesInFlight quota, ", limit,
-                     "; complete some"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "tenant ", owner, "'s Put streams hold ", held, " bytes of incomplete blocks, ",
+        quota > 0 ? "its quota of " : "the most without a putBytesInFlight quota, ", limit, "; complete some"));
   }
   if (!first.storage->Fits(bytes)) {
     return absl::ResourceExhaustedError(absl::StrCat("a block of ", bytes, " bytes does not fit the device tier (",

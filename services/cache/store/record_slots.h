@@ -72,7 +72,7 @@ class RecordSlots {
   PageArena* const arena_;
   const uint32_t min_slot_;
   std::unordered_map<uint32_t, SlottedPage> pages_;
-  std::map<Class, std::set<uint32_t>> with_free_;  // pages of a class with a free slot
+  std::map<Class, std::set<uint32_t>> with_free_;         // pages of a class with a free slot
   std::unordered_map<std::string, uint64_t> free_bytes_;  // FreeBytesOf, owners with some
 };
 
