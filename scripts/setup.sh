@@ -30,8 +30,9 @@ if ! $build_only; then packages+=(
   python3-setuptools python3-pip python3-dev
   # load/plot_hit_rate.py's pictures
   python3-matplotlib
-  # the thread-safety analysis (scripts/thread_safety_check.sh)
-  clang
+  # the thread-safety analysis (scripts/thread_safety_check.sh) and the
+  # sources' checks (scripts/check_sources.sh)
+  clang clang-format python3-pyflakes
   # certificates for the TLS tests and `kvtier up --tls`
   openssl
   # a real DNS server for the discovery tests (SRV records, as Kubernetes)
