@@ -211,23 +211,29 @@ int Up(const UpFlags& f) {
     argv.insert(argv.end(), extra.begin(), extra.end());
     return argv;
   };
-  ChildProcess cache(with({bin + "/kvtier-cache", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
-                           "--device-capacity", "256MiB", "--host-capacity", "1GiB"},
-                          mtls));
+  // A server's command line. No load balancer or probe watches these, and
+  // every call has ended before each is stopped: nothing to drain (by
+  // default a server answers NOT_SERVING for a second before it closes).
+  const auto server = [&with](std::vector<std::string> argv, const std::vector<std::string>& extra) {
+    return with(with(std::move(argv), extra), {"--drain-ms", "0"});
+  };
+  ChildProcess cache(server({bin + "/kvtier-cache", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+                             "--device-capacity", "256MiB", "--host-capacity", "1GiB"},
+                            mtls));
   const std::optional<std::string> metrics = cache.WaitForLine("metrics on ", 30000);
   const std::optional<std::string> cache_address = WaitUntilServing(cache, "kvtier-cache");
   if (!cache_address) return fail("kvtier-cache did not start (its error is above)");
   progress.Step(absl::StrCat("kvtier-cache serving on ", *cache_address, ", metrics on ", metrics.value_or("?")));
 
-  ChildProcess decode(with({bin + "/kvtier-decode", "--listen", "127.0.0.1:0", "--model", model_dir, "--cache",
-                            *cache_address, "--device", f.device},
-                           mtls));
+  ChildProcess decode(server({bin + "/kvtier-decode", "--listen", "127.0.0.1:0", "--model", model_dir, "--cache",
+                              *cache_address, "--device", f.device},
+                             mtls));
   const std::optional<std::string> decode_address = WaitUntilServing(decode, "kvtier-decode to load the model");
   if (!decode_address) return fail("kvtier-decode did not start (its error is above)");
   progress.Step(absl::StrCat("kvtier-decode serving on ", *decode_address));
-  ChildProcess prefill(with({bin + "/kvtier-prefill", "--listen", "127.0.0.1:0", "--model", model_dir, "--cache",
-                             *cache_address, "--decode", *decode_address, "--device", f.device},
-                            with(tls, prefill_flags)));
+  ChildProcess prefill(server({bin + "/kvtier-prefill", "--listen", "127.0.0.1:0", "--model", model_dir, "--cache",
+                               *cache_address, "--decode", *decode_address, "--device", f.device},
+                              with(tls, prefill_flags)));
   const std::optional<std::string> prefill_address = WaitUntilServing(prefill, "kvtier-prefill to load the model");
   if (!prefill_address) return fail("kvtier-prefill did not start (its error is above)");
   progress.Step(absl::StrCat("kvtier-prefill serving on ", *prefill_address));
