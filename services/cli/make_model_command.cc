@@ -34,14 +34,18 @@ int RunMakeModel(const std::vector<std::string>& args) {
   flags.AddUint("shards", &shards,
                 "safetensors files, with an index when more than 1 (default: as published, 1 for V2 and V4, 3 for V3)");
   if (std::optional<int> exit = flags.ParseOrExit(args, "kvtier make-model")) return *exit;
+  if (preset.empty() || out.empty()) {
+    std::cerr << "kvtier make-model: --preset and --out are required (see --help)\n";
+    return 2;
+  }
   absl::StatusOr<runtime::ModelConfig> config = runtime::PresetConfig(preset);
   if (!config.ok()) {
     std::cerr << "kvtier make-model: --preset: " << config.status().message() << "\n";
     return 2;
   }
   if (shards == 0) shards = static_cast<uint64_t>(runtime::PublishedShards(*config));
-  if (out.empty() || shards > 64) {
-    std::cerr << "kvtier make-model: --out is required and --shards must be 1..64\n";
+  if (shards > 64) {
+    std::cerr << "kvtier make-model: --shards must be 1..64\n";
     return 2;
   }
   const auto start = std::chrono::steady_clock::now();

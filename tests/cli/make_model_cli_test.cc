@@ -25,7 +25,9 @@ TEST(MakeModelCli, WritesACheckpointThatLoads) {
     std::string message;
   };
   for (const Case& c : std::vector<Case>{{"--preset huge --out /tmp/x", "unknown preset 'huge'"},
-                                         {"--preset tiny", "--out is required"},
+                                         {"--preset tiny", "--preset and --out are required"},
+                                         {"--out /tmp/x", "--preset and --out are required"},
+                                         {"--preset tiny --out /tmp/x --shards 65", "--shards must be 1..64"},
                                          {"--preset tiny --out /proc/kvtier", "cannot create"}}) {
     auto bad = RunCommand(std::string(KVTIER_BINARY) + " make-model " + c.args);
     EXPECT_NE(bad.exit_code, 0) << c.args;
