@@ -121,11 +121,11 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
   std::vector<float> scores(size_t{heads} * total);  // [heads][total]
   std::vector<float> scale(dim), zero(dim), qs(size_t{heads} * dim), bias(heads);
 
-  // int8 blocks take integer dot products where the CPU has them; the other
-  // blocks, widened to floats (codes, for int8 and int4), take float
-  // register tiles where it has AVX-512, else Gemm for the scores (with
-  // AVX2, its own tiles) and AddWeightedRows for the sums.
-  const bool vnni = cpu::AttentionTilesEnabled() && cpu::Int8VnniUsable(dim, kv);
+  // int8 blocks take integer dot products where the CPU has them (AVX-512
+  // VNNI or AVX2); the other blocks, widened to floats (codes, for int8 and
+  // int4), take float register tiles where it has AVX-512, else Gemm for
+  // the scores (with AVX2, its own tiles) and AddWeightedRows for the sums.
+  const bool integer_int8 = cpu::AttentionTilesEnabled() && cpu::Int8IntegerUsable(dim, kv);
   const bool tiles = cpu::AttentionTilesEnabled() && cpu::FloatTilesUsable(dim, kv);
   std::vector<float> rows;
   auto widen_block = [&](const LatentBlock& b) {
@@ -144,7 +144,7 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
   // Pass 1: scores.
   size_t t0 = 0;
   for (const LatentBlock& b : blocks) {
-    if (vnni && b.codec == Codec::kInt8) {
+    if (integer_int8 && b.codec == Codec::kInt8) {
       cpu::Int8BlockScores(b.payload.data(), b.tokens, dim, heads, q.data(), scores.data() + t0, total);
       t0 += b.tokens;
       continue;
@@ -180,7 +180,7 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
   std::vector<float> acc(size_t{heads} * kv);
   t0 = 0;
   for (const LatentBlock& b : blocks) {
-    if (vnni && b.codec == Codec::kInt8) {
+    if (integer_int8 && b.codec == Codec::kInt8) {
       cpu::Int8BlockWeightedSum(b.payload.data(), b.tokens, dim, kv, heads, scores.data() + t0, total, out.data());
       t0 += b.tokens;
       continue;

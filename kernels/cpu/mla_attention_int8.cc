@@ -17,19 +17,19 @@ namespace kvtier::kernels::cpu {
 
 #ifdef KVTIER_VNNI
 
-bool Int8VnniUsable(uint32_t dim, uint32_t kv_lora_rank) {
-  static const bool cpu = HasAvx512() && __builtin_cpu_supports("avx512vnni");
-  return cpu && dim % 32 == 0 && kv_lora_rank % 16 == 0 && dim <= 8192;
-}
-
 namespace {
+
+bool HasVnni() {
+  static const bool cpu = HasAvx512() && __builtin_cpu_supports("avx512vnni");
+  return cpu;
+}
 
 constexpr float kInt16Max = 32767.0f;
 
 // Rounds x[i] for i < n to int16 with one scale (max |x| -> 32767) into
 // runs of 32 that lie `run_stride` apart in `out` (32: one after another);
 // returns the value of one int16 step.
-KVTIER_VNNI float ToInt16(const float* x, size_t n, int16_t* out, size_t run_stride = 32) {
+KVTIER_VNNI float ToInt16(const float* x, size_t n, int16_t* out, size_t run_stride) {
   __m512 max = _mm512_setzero_ps();
   for (size_t i = 0; i < n; i += 16) {
     max = _mm512_max_ps(max, _mm512_abs_ps(_mm512_maskz_loadu_ps(TailMask(n, i), x + i)));
@@ -77,14 +77,6 @@ Scratch& ThreadScratch() {
   return scratch;
 }
 
-// The block's per-channel scales (bf16, before the codes) as floats; dim
-// is a multiple of 32.
-KVTIER_VNNI const float* Scales(const uint8_t* payload, uint32_t dim, Scratch& s) {
-  float* scale = Sized(s.scale, dim);
-  for (uint32_t c = 0; c < dim; c += 16) _mm512_storeu_ps(scale + c, Bf16ToFloats(payload + 2 * c));
-  return scale;
-}
-
 // The kFloatChannels channels of largest |scale|, largest first (the
 // lower channel on ties).
 void WidestChannels(const float* scale, uint32_t dim, uint32_t* wide) {
@@ -97,6 +89,108 @@ void WidestChannels(const float* scale, uint32_t dim, uint32_t* wide) {
     for (; i > 0 && w > width[i - 1]; --i) width[i] = width[i - 1], wide[i] = wide[i - 1];
     width[i] = w, wide[i] = c;
     found = std::min(found + 1, kFloatChannels);
+  }
+}
+
+// The weighted sums take tokens in pairs (p_a*code_a + p_b*code_b per
+// channel and int32 lane): a span of at most 128 pairs keeps the sums
+// below 2^31 (each pair adds at most 2 * 32767 * 128); the weights are
+// rounded per span and head. Channels go 4 x 16 at a time.
+constexpr uint32_t kSpanPairs = 128, kChunk = 4;
+
+// A head's weights rounded to int16 by ToInt16 or ToInt16Avx2.
+using RoundToInt16 = float (*)(const float* x, size_t n, int16_t* out, size_t run_stride);
+
+// Each head's weights of tokens t0..t0 + span - 1 rounded by `round` into
+// p16 as [head][2 * npairs] (an odd span's last pair padded with 0), and
+// their steps; padding heads (h >= heads) all 0.
+void RoundWeights(RoundToInt16 round, const float* p, size_t stride, uint32_t t0, uint32_t span, uint32_t heads,
+                  uint32_t padded, int16_t* p16, float* step) {
+  const uint32_t npairs = (span + 1) / 2;
+  for (uint32_t h = 0; h < padded; ++h) {
+    int16_t* ph = p16 + size_t{h} * 2 * npairs;
+    ph[2 * npairs - 1] = 0;
+    if (h < heads) {
+      step[h] = round(p + size_t{h} * stride + t0, span, ph, 32);
+    } else {
+      std::fill(ph, ph + 2 * npairs, int16_t{0});
+      step[h] = 0.0f;
+    }
+  }
+}
+
+// One block's queries for its scores: each head's with the block's
+// scales folded in, its widest channels apart as floats (wide_q) and the
+// rest rounded by `round` to int16 with one step a head, laid out [head
+// group][dim / 32][4 heads][32]; padding heads all 0.
+struct RoundedQueries {
+  uint32_t wide[kFloatChannels];
+  const int16_t* q16;
+  const float* step;    // [padded heads]
+  const float* wide_q;  // [padded heads][kFloatChannels]
+};
+RoundedQueries RoundQueries(RoundToInt16 round, const float* q, const float* scale, uint32_t heads, uint32_t dim,
+                            Scratch& s) {
+  RoundedQueries r;
+  WidestChannels(scale, dim, r.wide);
+  const uint32_t padded = (heads + kGroup - 1) / kGroup * kGroup;
+  int16_t* q16 = Sized(s.q16, size_t{padded} * dim);
+  float* qs = Sized(s.qs, dim);
+  float* step = Sized(s.step, padded);
+  float* wide_q = Sized(s.wide_q, size_t{padded} * kFloatChannels);
+  for (uint32_t h = 0; h < padded; ++h) {
+    if (h < heads) {
+      for (uint32_t c = 0; c < dim; ++c) qs[c] = q[size_t{h} * dim + c] * scale[c];
+      for (uint32_t j = 0; j < kFloatChannels; ++j) {
+        wide_q[h * kFloatChannels + j] = qs[r.wide[j]];
+        qs[r.wide[j]] = 0.0f;
+      }
+    } else {
+      std::fill(qs, qs + dim, 0.0f);
+    }
+    step[h] = round(qs, dim, q16 + size_t{h / kGroup} * kGroup * dim + (h % kGroup) * 32, kGroup * 32);
+  }
+  r.q16 = q16, r.step = step, r.wide_q = wide_q;
+  return r;
+}
+
+// The block's per-channel scales (bf16, before the codes), `n` of them.
+float* ScalesOf(const uint8_t* payload, uint32_t n, Scratch& s) {
+  float* scale = Sized(s.scale, n);
+  for (uint32_t c = 0; c < n; ++c) scale[c] = Bf16ToFloat(LoadU16(payload + 2 * size_t{c}));
+  return scale;
+}
+
+// The codes of the widest channels as floats, [channel][token].
+float* WideCodes(const int8_t* codes, uint32_t tokens, uint32_t dim, const uint32_t wide[kFloatChannels], Scratch& s) {
+  float* wide_codes = Sized(s.wide_codes, size_t{kFloatChannels} * tokens);
+  for (uint32_t j = 0; j < kFloatChannels; ++j)
+    for (uint32_t t = 0; t < tokens; ++t) wide_codes[size_t{j} * tokens + t] = codes[size_t{t} * dim + wide[j]];
+  return wide_codes;
+}
+
+// The codes of `span` tokens' channels c0..c0 + 16 * chunk - 1 for the
+// weighted sums, shared by all heads: per token pair and 16 channels,
+// (code_a[c], code_b[c]) as int16 for channels 0..7 then 8..15 (an odd
+// span's last token paired with `zeros`), as [pair][kChunk][32], the
+// chunks past `chunk` 0. AVX2 code: the VNNI path takes it too.
+KVTIER_AVX2 void WidenPairs(const int8_t* codes, uint32_t span, uint32_t dim, uint32_t c0, uint32_t chunk,
+                            const int8_t* zeros, int16_t* widened) {
+  for (uint32_t k = 0; 2 * k < span; ++k) {
+    const int8_t* a = codes + size_t{2 * k} * dim;
+    const int8_t* b = 2 * k + 1 < span ? a + dim : zeros;
+    int16_t* w = widened + size_t{k} * kChunk * 32;
+    for (uint32_t j = 0; j < kChunk; ++j) {
+      __m256i low = _mm256_setzero_si256(), high = _mm256_setzero_si256();
+      if (j < chunk) {
+        const __m128i xa = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + c0 + 16 * j));
+        const __m128i xb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + c0 + 16 * j));
+        low = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(xa, xb));
+        high = _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(xa, xb));
+      }
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(w + 32 * j), low);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(w + 32 * j + 16), high);
+    }
   }
 }
 
@@ -148,35 +242,12 @@ KVTIER_VNNI __attribute__((noinline)) void WeightedTile(const int16_t* p16, cons
   std::copy_n(sums, 16, out);
 }
 
-}  // namespace
-
-KVTIER_VNNI void Int8BlockScores(const uint8_t* payload, uint32_t tokens, uint32_t dim, uint32_t heads, const float* q,
-                                 float* scores, size_t stride) {
+KVTIER_VNNI void ScoresVnni(const uint8_t* payload, uint32_t tokens, uint32_t dim, uint32_t heads, const float* q,
+                            float* scores, size_t stride) {
   Scratch& s = ThreadScratch();
-  const float* scale = Scales(payload, dim, s);
   const auto* codes = reinterpret_cast<const int8_t*>(payload + 2 * size_t{dim});
-  uint32_t wide[kFloatChannels];
-  WidestChannels(scale, dim, wide);
-  // Queries with the scales folded in, as int16 without the float channels
-  // (one step each), laid out [head group][dim / 32][4 heads][32].
-  const uint32_t groups = (heads + kGroup - 1) / kGroup, padded = groups * kGroup;
-  int16_t* q16 = Sized(s.q16, size_t{padded} * dim);
-  float* qs = Sized(s.qs, dim);
-  float* step = Sized(s.step, padded);
-  float* wide_q = Sized(s.wide_q, size_t{padded} * kFloatChannels);
-  for (uint32_t h = 0; h < padded; ++h) {
-    if (h < heads) {
-      for (uint32_t c = 0; c < dim; ++c) qs[c] = q[size_t{h} * dim + c] * scale[c];
-      for (uint32_t j = 0; j < kFloatChannels; ++j) {
-        wide_q[h * kFloatChannels + j] = qs[wide[j]];
-        qs[wide[j]] = 0.0f;
-      }
-    } else {
-      std::fill(qs, qs + dim, 0.0f);
-    }
-    int16_t* grouped = q16 + size_t{h / kGroup} * kGroup * dim + (h % kGroup) * 32;
-    step[h] = ToInt16(qs, dim, grouped, kGroup * 32);
-  }
+  const RoundedQueries r = RoundQueries(ToInt16, q, ScalesOf(payload, dim, s), heads, dim, s);
+  const uint32_t groups = (heads + kGroup - 1) / kGroup;
   // Integer sums, 4 tokens (rows past the block read zeros) by 4 heads.
   const int8_t* zeros = Sized(s.zeros, dim);
   for (uint32_t t0 = 0; t0 < tokens; t0 += kGroup) {
@@ -184,22 +255,20 @@ KVTIER_VNNI void Int8BlockScores(const uint8_t* payload, uint32_t tokens, uint32
     const int8_t* rows[kGroup];
     for (uint32_t k = 0; k < kGroup; ++k) rows[k] = k < n ? codes + size_t{t0 + k} * dim : zeros;
     for (uint32_t group = 0; group < groups; ++group) {
-      StoreTileRows(ScoreTile(rows, q16 + size_t{group} * kGroup * dim, dim), std::min(kGroup, heads - group * kGroup),
-                    n, scores + size_t{group * kGroup} * stride + t0, stride);
+      StoreTileRows(ScoreTile(rows, r.q16 + size_t{group} * kGroup * dim, dim),
+                    std::min(kGroup, heads - group * kGroup), n, scores + size_t{group * kGroup} * stride + t0, stride);
     }
   }
   // Scores: the sums times each head's step, plus the float channels.
-  float* wide_codes = Sized(s.wide_codes, size_t{kFloatChannels} * tokens);
-  for (uint32_t j = 0; j < kFloatChannels; ++j)
-    for (uint32_t t = 0; t < tokens; ++t) wide_codes[size_t{j} * tokens + t] = codes[size_t{t} * dim + wide[j]];
+  const float* wide_codes = WideCodes(codes, tokens, dim, r.wide, s);
   for (uint32_t h = 0; h < heads; ++h) {
     float* sh = scores + size_t{h} * stride;
-    const __m512 hs = _mm512_set1_ps(step[h]);
+    const __m512 hs = _mm512_set1_ps(r.step[h]);
     for (uint32_t t = 0; t < tokens; t += 16) {
       const __mmask16 m = TailMask(tokens, t);
       __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, sh + t), hs);
       for (uint32_t j = 0; j < kFloatChannels; ++j) {
-        v = _mm512_fmadd_ps(_mm512_set1_ps(wide_q[h * kFloatChannels + j]),
+        v = _mm512_fmadd_ps(_mm512_set1_ps(r.wide_q[h * kFloatChannels + j]),
                             _mm512_maskz_loadu_ps(m, wide_codes + size_t{j} * tokens + t), v);
       }
       _mm512_mask_storeu_ps(sh + t, m, v);
@@ -207,15 +276,11 @@ KVTIER_VNNI void Int8BlockScores(const uint8_t* payload, uint32_t tokens, uint32
   }
 }
 
-KVTIER_VNNI void Int8BlockWeightedSum(const uint8_t* payload, uint32_t tokens, uint32_t dim, uint32_t kv,
-                                      uint32_t heads, const float* p, size_t stride, float* out) {
+KVTIER_VNNI void WeightedSumVnni(const uint8_t* payload, uint32_t tokens, uint32_t dim, uint32_t kv, uint32_t heads,
+                                 const float* p, size_t stride, float* out) {
   Scratch& s = ThreadScratch();
-  const float* scale = Scales(payload, dim, s);
+  const float* scale = ScalesOf(payload, kv, s);
   const auto* codes = reinterpret_cast<const int8_t*>(payload + 2 * size_t{dim});
-  // Tokens go in pairs: vpdpwssd adds p_a*code_a + p_b*code_b per channel.
-  // A span of at most 128 pairs keeps int32 sums below 2^31 (each pair adds
-  // at most 2 * 32767 * 128); the weights are rounded per span and head.
-  constexpr uint32_t kSpanPairs = 128, kChunk = 4;  // 4 x 16 channels at a time
   const uint32_t groups = (heads + kGroup - 1) / kGroup, padded = groups * kGroup;
   const int8_t* zeros = Sized(s.zeros, dim);
   int16_t* widened = Sized(s.widened, size_t{kSpanPairs} * kChunk * 32);  // [pair][chunk] x 32 int16
@@ -223,32 +288,10 @@ KVTIER_VNNI void Int8BlockWeightedSum(const uint8_t* payload, uint32_t tokens, u
   float* step = Sized(s.step, padded);
   for (uint32_t t0 = 0; t0 < tokens; t0 += 2 * kSpanPairs) {
     const uint32_t span = std::min(2 * kSpanPairs, tokens - t0), npairs = (span + 1) / 2;
-    for (uint32_t h = 0; h < padded; ++h) {
-      int16_t* ph = p16 + size_t{h} * 2 * npairs;
-      ph[2 * npairs - 1] = 0;  // an odd span's last pair has one token
-      if (h < heads) {
-        step[h] = ToInt16(p + size_t{h} * stride + t0, span, ph);
-      } else {
-        std::fill(ph, ph + 2 * npairs, int16_t{0});
-        step[h] = 0.0f;
-      }
-    }
+    RoundWeights(ToInt16, p, stride, t0, span, heads, padded, p16, step);
     for (uint32_t c0 = 0; c0 < kv; c0 += 16 * kChunk) {
       const uint32_t chunk = std::min(kChunk, (kv - c0) / 16);
-      // Codes of token pairs, interleaved per channel and widened to int16:
-      // lanes (code_a[c], code_b[c]) for 16 channels; shared by all heads.
-      for (uint32_t k = 0; k < npairs; ++k) {
-        const int8_t* a = codes + size_t{t0 + 2 * k} * dim;
-        const int8_t* b = 2 * k + 1 < span ? a + dim : zeros;
-        int16_t* w = widened + size_t{k} * kChunk * 32;
-        for (uint32_t j = chunk; j < kChunk; ++j) _mm512_storeu_si512(w + 32 * j, _mm512_setzero_si512());
-        for (uint32_t j = 0; j < chunk; ++j) {
-          const __m128i xa = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + c0 + 16 * j));
-          const __m128i xb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + c0 + 16 * j));
-          const __m256i both = _mm256_set_m128i(_mm_unpackhi_epi8(xa, xb), _mm_unpacklo_epi8(xa, xb));
-          _mm512_storeu_si512(w + 32 * j, _mm512_cvtepi8_epi16(both));
-        }
-      }
+      WidenPairs(codes + size_t{t0} * dim, span, dim, c0, chunk, zeros, widened);
       for (uint32_t group = 0; group < groups; ++group) {
         __m512i acc[kGroup * kChunk];  // [head][chunk]
         WeightedTile(p16 + size_t{group} * kGroup * 2 * npairs, widened, npairs, acc);
@@ -266,9 +309,184 @@ KVTIER_VNNI void Int8BlockWeightedSum(const uint8_t* payload, uint32_t tokens, u
   }
 }
 
-#else  // no AVX-512 VNNI in this compiler's target: the float path only
+// Without VNNI, AVX2's vpmaddwd: 16 int16 multiply-adds in pairs into 8
+// int32 lanes, then an add. The same roundings as above (so the same
+// bound); tiles of 4 heads x 2 tokens and 4 heads x 16 channels, 8
+// accumulators of the 16 registers. A lane sums dim / 8 products, each
+// at most 32767 x 128: dim <= 4096 keeps it below 2^31.
 
-bool Int8VnniUsable(uint32_t, uint32_t) { return false; }
+// ToInt16's rounding, 8 lanes at a time (any n).
+KVTIER_AVX2 float ToInt16Avx2(const float* x, size_t n, int16_t* out, size_t run_stride) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 max = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) max = _mm256_max_ps(max, _mm256_and_ps(_mm256_loadu_ps(x + i), abs_mask));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, max);
+  float top = *std::max_element(lanes, lanes + 8);
+  for (; i < n; ++i) top = std::max(top, std::fabs(x[i]));
+  const float to_int = top == 0.0f ? 0.0f : kInt16Max / top;
+  const __m256 scale = _mm256_set1_ps(to_int);
+  for (i = 0; i + 16 <= n; i += 16) {
+    const __m256i low = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i), scale));
+    const __m256i high = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8), scale));
+    // packs works within 128-bit lanes: put the four quarters back in order.
+    const __m256i both = _mm256_permute4x64_epi64(_mm256_packs_epi32(low, high), _MM_SHUFFLE(3, 1, 2, 0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i / 32 * run_stride + i % 32), both);
+  }
+  for (; i < n; ++i) out[i / 32 * run_stride + i % 32] = static_cast<int16_t>(std::lrint(x[i] * to_int));
+  return top / kInt16Max;
+}
+
+// 16 int8 codes widened to int16.
+KVTIER_AVX2 inline __m256i WidenCodes(const int8_t* codes) {
+  return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
+}
+
+// Lane i of the result: the sum of v[i]'s 8 lanes.
+KVTIER_AVX2 inline __m256 SumEach8(const __m256 v[8]) {
+  const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+// Sums of one 4-head x 2-token tile, lane h * 2 + k: q16[h] . code[k], q16
+// as [dim / 32][4][32].
+KVTIER_AVX2 __attribute__((noinline)) __m256 ScoreTileAvx2(const int8_t* row0, const int8_t* row1, const int16_t* qg,
+                                                           uint32_t dim) {
+  __m256i acc[2 * kGroup];
+  for (__m256i& a : acc) a = _mm256_setzero_si256();
+  for (uint32_t g = 0; g < dim / 32; ++g) {
+    const __m256i c0 = WidenCodes(row0 + 32 * g), c1 = WidenCodes(row0 + 32 * g + 16);
+    const __m256i d0 = WidenCodes(row1 + 32 * g), d1 = WidenCodes(row1 + 32 * g + 16);
+    for (uint32_t h = 0; h < kGroup; ++h) {
+      const int16_t* qh = qg + (size_t{g} * kGroup + h) * 32;
+      const __m256i q0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
+      const __m256i q1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 16));
+      acc[2 * h] = _mm256_add_epi32(acc[2 * h], _mm256_add_epi32(_mm256_madd_epi16(c0, q0), _mm256_madd_epi16(c1, q1)));
+      acc[2 * h + 1] =
+          _mm256_add_epi32(acc[2 * h + 1], _mm256_add_epi32(_mm256_madd_epi16(d0, q0), _mm256_madd_epi16(d1, q1)));
+    }
+  }
+  __m256 sums[2 * kGroup];
+  for (uint32_t i = 0; i < 2 * kGroup; ++i) sums[i] = _mm256_cvtepi32_ps(acc[i]);
+  return SumEach8(sums);
+}
+
+KVTIER_AVX2 void ScoresAvx2(const uint8_t* payload, uint32_t tokens, uint32_t dim, uint32_t heads, const float* q,
+                            float* scores, size_t stride) {
+  Scratch& s = ThreadScratch();
+  const auto* codes = reinterpret_cast<const int8_t*>(payload + 2 * size_t{dim});
+  const RoundedQueries r = RoundQueries(ToInt16Avx2, q, ScalesOf(payload, dim, s), heads, dim, s);
+  const uint32_t groups = (heads + kGroup - 1) / kGroup;
+  const int8_t* zeros = Sized(s.zeros, dim);
+  for (uint32_t t0 = 0; t0 < tokens; t0 += 2) {
+    const int8_t* row0 = codes + size_t{t0} * dim;
+    const int8_t* row1 = t0 + 1 < tokens ? row0 + dim : zeros;
+    for (uint32_t group = 0; group < groups; ++group) {
+      alignas(32) float lanes[2 * kGroup];
+      _mm256_store_ps(lanes, ScoreTileAvx2(row0, row1, r.q16 + size_t{group} * kGroup * dim, dim));
+      for (uint32_t h = 0; h < kGroup && group * kGroup + h < heads; ++h) {
+        for (uint32_t k = 0; k < 2 && t0 + k < tokens; ++k) {
+          scores[size_t{group * kGroup + h} * stride + t0 + k] = lanes[2 * h + k];
+        }
+      }
+    }
+  }
+  // Scores: the sums times each head's step, plus the float channels.
+  const float* wide_codes = WideCodes(codes, tokens, dim, r.wide, s);
+  for (uint32_t h = 0; h < heads; ++h) {
+    float* sh = scores + size_t{h} * stride;
+    for (uint32_t t = 0; t < tokens; ++t) {
+      float v = sh[t] * r.step[h];
+      for (uint32_t j = 0; j < kFloatChannels; ++j) {
+        v = std::fma(r.wide_q[h * kFloatChannels + j], wide_codes[size_t{j} * tokens + t], v);
+      }
+      sh[t] = v;
+    }
+  }
+}
+
+// One 4-head x 16-channel tile over the span's token pairs: sums[h * 2 +
+// half] for the tile's channels 8 * half..8 * half + 7; `widened` is the
+// tile's 32 int16 of pair 0, the next pair's `pair_stride` further.
+KVTIER_AVX2 __attribute__((noinline)) void WeightedTileAvx2(const int16_t* p16, const int16_t* widened, uint32_t npairs,
+                                                            size_t pair_stride, __m256i sums[2 * kGroup]) {
+  __m256i acc[2 * kGroup];
+  for (__m256i& a : acc) a = _mm256_setzero_si256();
+  for (uint32_t k = 0; k < npairs; ++k) {
+    const int16_t* w = widened + k * pair_stride;
+    const __m256i low = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+    const __m256i high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16));
+    for (uint32_t h = 0; h < kGroup; ++h) {
+      int32_t pair;
+      std::memcpy(&pair, p16 + size_t{h} * 2 * npairs + 2 * size_t{k}, sizeof pair);
+      const __m256i weights = _mm256_set1_epi32(pair);
+      acc[2 * h] = _mm256_add_epi32(acc[2 * h], _mm256_madd_epi16(low, weights));
+      acc[2 * h + 1] = _mm256_add_epi32(acc[2 * h + 1], _mm256_madd_epi16(high, weights));
+    }
+  }
+  std::copy_n(acc, 2 * kGroup, sums);
+}
+
+KVTIER_AVX2 void WeightedSumAvx2(const uint8_t* payload, uint32_t tokens, uint32_t dim, uint32_t kv, uint32_t heads,
+                                 const float* p, size_t stride, float* out) {
+  Scratch& s = ThreadScratch();
+  const float* scale = ScalesOf(payload, kv, s);
+  const auto* codes = reinterpret_cast<const int8_t*>(payload + 2 * size_t{dim});
+  const uint32_t groups = (heads + kGroup - 1) / kGroup, padded = groups * kGroup;
+  const int8_t* zeros = Sized(s.zeros, dim);
+  int16_t* widened = Sized(s.widened, size_t{kSpanPairs} * kChunk * 32);
+  int16_t* p16 = Sized(s.p16, size_t{padded} * 2 * kSpanPairs);
+  float* step = Sized(s.step, padded);
+  for (uint32_t t0 = 0; t0 < tokens; t0 += 2 * kSpanPairs) {
+    const uint32_t span = std::min(2 * kSpanPairs, tokens - t0), npairs = (span + 1) / 2;
+    RoundWeights(ToInt16Avx2, p, stride, t0, span, heads, padded, p16, step);
+    for (uint32_t c0 = 0; c0 < kv; c0 += 16 * kChunk) {
+      const uint32_t chunk = std::min(kChunk, (kv - c0) / 16);
+      WidenPairs(codes + size_t{t0} * dim, span, dim, c0, chunk, zeros, widened);
+      // out += step * scale_c * sum
+      for (uint32_t group = 0; group < groups; ++group) {
+        for (uint32_t j = 0; j < chunk; ++j) {
+          __m256i sums[2 * kGroup];
+          WeightedTileAvx2(p16 + size_t{group} * kGroup * 2 * npairs, widened + 32 * j, npairs, kChunk * 32, sums);
+          for (uint32_t h = 0; h < kGroup && group * kGroup + h < heads; ++h) {
+            const __m256 hs = _mm256_set1_ps(step[group * kGroup + h]);
+            float* o = out + size_t{group * kGroup + h} * kv + c0 + 16 * j;
+            for (uint32_t half = 0; half < 2; ++half) {
+              const __m256 sc = _mm256_mul_ps(_mm256_loadu_ps(scale + c0 + 16 * j + 8 * half), hs);
+              _mm256_storeu_ps(o + 8 * half, _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[2 * h + half]), sc,
+                                                             _mm256_loadu_ps(o + 8 * half)));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool Int8IntegerUsable(uint32_t dim, uint32_t kv_lora_rank) {
+  if (dim % 32 != 0 || kv_lora_rank % 16 != 0) return false;
+  return HasVnni() ? dim <= 8192 : HasAvx2() && dim <= 4096;
+}
+
+void Int8BlockScores(const uint8_t* payload, uint32_t tokens, uint32_t dim, uint32_t heads, const float* q,
+                     float* scores, size_t stride) {
+  if (HasVnni()) return ScoresVnni(payload, tokens, dim, heads, q, scores, stride);
+  ScoresAvx2(payload, tokens, dim, heads, q, scores, stride);
+}
+
+void Int8BlockWeightedSum(const uint8_t* payload, uint32_t tokens, uint32_t dim, uint32_t kv, uint32_t heads,
+                          const float* p, size_t stride, float* out) {
+  if (HasVnni()) return WeightedSumVnni(payload, tokens, dim, kv, heads, p, stride, out);
+  WeightedSumAvx2(payload, tokens, dim, kv, heads, p, stride, out);
+}
+
+#else  // not x86-64 with GCC or clang: the float path only
+
+bool Int8IntegerUsable(uint32_t, uint32_t) { return false; }
 void Int8BlockScores(const uint8_t*, uint32_t, uint32_t, uint32_t, const float*, float*, size_t) {}
 void Int8BlockWeightedSum(const uint8_t*, uint32_t, uint32_t, uint32_t, uint32_t, const float*, size_t, float*) {}
 

@@ -1,12 +1,13 @@
-// The int8 blocks' part of absorbed MLA attention with AVX-512 VNNI integer
-// dot products (vpdpwssd: 32 multiply-adds an instruction, against 16 for
-// a float FMA). Codes stay int8, widened to int16; the query (with the
-// block's channel scales folded in) and the attention weights are rounded
-// to int16 with one float scale per head and block, so each product is
-// exact in int32 and only those two roundings (relative 2^-16 of the
-// largest value) differ from the float path. The block's 4 widest channels
-// are multiplied in float, so that an outlier channel does not coarsen the
-// query's rounding. Private to kernels/cpu.
+// The int8 blocks' part of absorbed MLA attention with integer dot
+// products: AVX-512 VNNI's vpdpwssd (32 multiply-adds an instruction,
+// against 16 for a float FMA) or, without it, AVX2's vpmaddwd (16, and an
+// add). Codes stay int8, widened to int16; the query (with the block's
+// channel scales folded in) and the attention weights are rounded to int16
+// with one float scale per head and block, so each product is exact in
+// int32 and only those two roundings (relative 2^-16 of the largest value)
+// differ from the float path. The block's 4 widest channels are multiplied
+// in float, so that an outlier channel does not coarsen the query's
+// rounding. Private to kernels/cpu.
 #ifndef KVTIER_KERNELS_CPU_MLA_ATTENTION_INT8_H_
 #define KVTIER_KERNELS_CPU_MLA_ATTENTION_INT8_H_
 
@@ -15,9 +16,10 @@
 
 namespace kvtier::kernels::cpu {
 
-// True when this CPU runs AVX-512 (x86-64-v4) with VNNI and the shape suits the kernels
-// (dim a multiple of 32, kv_lora_rank of 16, dim at most 8192).
-bool Int8VnniUsable(uint32_t dim, uint32_t kv_lora_rank);
+// True when this CPU runs AVX-512 (x86-64-v4) with VNNI or AVX2 (x86-64-v3)
+// and the shape suits the kernels: dim a multiple of 32, kv_lora_rank of
+// 16, dim at most 8192 (VNNI) or 4096 (AVX2: int32 sums of 8 lanes).
+bool Int8IntegerUsable(uint32_t dim, uint32_t kv_lora_rank);
 
 // scores[h * stride + t] = q[h] . (scale * code_t) for the block's tokens:
 // `q` is [heads][dim] floats, `payload` an int8 block of `tokens` tokens.

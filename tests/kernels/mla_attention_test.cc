@@ -92,8 +92,10 @@ TEST_P(AbsorbedMlaTest, EqualsFloat64AttentionOverTheDequantizedLatents) {
   // Head counts that fill 16, 8 and 4 lanes of the int8 kernels' passes
   // (20 = 16 + 4), V2-Lite's dims among them.
   for (const MlaShape& s : {MlaShape{4, 48, 16}, MlaShape{16, 512, 64}, MlaShape{8, 128, 32}, MlaShape{20, 64, 32}}) {
-    // Full blocks, a partial last block and a float tail.
-    Context ctx = MakeContext(GetParam(), s, {64, 64, 17}, 9, rng.engine());
+    // A full block, one longer than the int8 kernels' span of 256 tokens
+    // (odd: its last pair has one token), a partial last block and a float
+    // tail.
+    Context ctx = MakeContext(GetParam(), s, {64, 301, 17}, 9, rng.engine());
     const std::vector<float> q_latent = RandomVector(size_t{s.heads} * s.kv_lora_rank, rng.engine(), 0.3f);
     const std::vector<float> q_rope = RandomVector(size_t{s.heads} * s.rope_dim, rng.engine(), 0.3f);
     const float scale = 1.0f / std::sqrt(192.0f);
