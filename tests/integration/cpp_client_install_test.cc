@@ -1,9 +1,10 @@
-// The C++ client as a package: `cmake --install` of this build into a fresh
-// prefix, clients/cpp/example configured and built outside the tree against
-// it (find_package(kvtier)), and the program run against a real
-// kvtier-cache, plaintext and with mutual TLS.
+// `cmake --install` of this build into a fresh prefix: the servers' binaries
+// and the C++ client; clients/cpp/example configured and built outside the
+// tree against the prefix (find_package(kvtier)), and run against the
+// installed kvtier-cache, plaintext and with mutual TLS.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 
 #include "services/base/child_process.h"
@@ -12,11 +13,12 @@
 namespace kvtier {
 namespace {
 
-// A kvtier-cache on a free port; `target` is where it serves.
-std::unique_ptr<ChildProcess> StartCache(std::vector<std::string> extra, std::string& target) {
-  std::vector<std::string> argv = {
-      KVTIER_CACHE_BINARY, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--device-capacity", "16MiB",
-      "--host-capacity",   "16MiB"};
+// The kvtier-cache `binary` on a free port; `target` is where it serves.
+std::unique_ptr<ChildProcess> StartCache(const std::string& binary, std::vector<std::string> extra,
+                                         std::string& target) {
+  std::vector<std::string> argv = {binary, "--listen",          "127.0.0.1:0", "--metrics-listen",
+                                   "",     "--device-capacity", "16MiB",       "--host-capacity",
+                                   "16MiB"};
   argv.insert(argv.end(), extra.begin(), extra.end());
   auto cache = std::make_unique<ChildProcess>(std::move(argv));
   const int port = cache->WaitForListeningPort();
@@ -27,9 +29,19 @@ std::unique_ptr<ChildProcess> StartCache(std::vector<std::string> extra, std::st
 TEST(CppClientInstall, AProgramOutsideTheTreeBuildsAgainstTheInstallAndStoresAndFetches) {
   const testing::TempDir dir("kvtier_cpp_client_");
   const std::string prefix = (dir / "prefix").string(), build = (dir / "build").string();
-  const CommandResult installed =
-      RunCommand(std::string(KVTIER_CMAKE) + " --install " + KVTIER_BUILD_DIR + " --prefix " + prefix);
+  const std::string install = std::string(KVTIER_CMAKE) + " --install " + KVTIER_BUILD_DIR + " --prefix ";
+  const CommandResult installed = RunCommand(install + prefix);
   ASSERT_EQ(installed.exit_code, 0) << installed.output;
+  const std::string cache_binary = prefix + "/bin/kvtier-cache";
+  for (const char* binary : {"kvtier", "kvtier-cache", "kvtier-decode", "kvtier-prefill"}) {
+    EXPECT_TRUE(std::filesystem::exists(prefix + "/bin/" + binary)) << binary;
+  }
+  // The client's component alone: no binaries.
+  const std::string client_only = (dir / "client-only").string();
+  const CommandResult client_installed = RunCommand(install + client_only + " --component client");
+  ASSERT_EQ(client_installed.exit_code, 0) << client_installed.output;
+  EXPECT_TRUE(std::filesystem::exists(client_only + "/lib/cmake/kvtier/kvtierConfig.cmake"));
+  EXPECT_FALSE(std::filesystem::exists(client_only + "/bin"));
   const CommandResult configured = RunCommand(
       std::string(KVTIER_CMAKE) + " -S " + KVTIER_SOURCE_DIR + "/clients/cpp/example -B " + build + " -G '" +
       KVTIER_CMAKE_GENERATOR + "' -DCMAKE_CXX_COMPILER=" + KVTIER_CXX_COMPILER + " -DCMAKE_PREFIX_PATH=" + prefix);
@@ -40,7 +52,7 @@ TEST(CppClientInstall, AProgramOutsideTheTreeBuildsAgainstTheInstallAndStoresAnd
 
   std::string target;
   {
-    std::unique_ptr<ChildProcess> cache = StartCache({}, target);
+    std::unique_ptr<ChildProcess> cache = StartCache(cache_binary, {}, target);
     ASSERT_FALSE(target.empty());
     const CommandResult ran = RunCommand(program + target);
     EXPECT_EQ(ran.exit_code, 0) << ran.output;
@@ -51,10 +63,10 @@ TEST(CppClientInstall, AProgramOutsideTheTreeBuildsAgainstTheInstallAndStoresAnd
   // With mutual TLS: the client's certificate from `kvtier make-certs`,
   // given to the program's SetClientIdentity; without it, refused.
   const std::string certs = (dir / "certs").string();
-  const CommandResult made = RunCommand(std::string(KVTIER_BINARY) + " make-certs --out " + certs + " --client app");
+  const CommandResult made = RunCommand(prefix + "/bin/kvtier make-certs --out " + certs + " --client app");
   ASSERT_EQ(made.exit_code, 0) << made.output;
   std::unique_ptr<ChildProcess> cache =
-      StartCache({"--tls-dir", certs + "/server", "--tls-require-client-cert"}, target);
+      StartCache(cache_binary, {"--tls-dir", certs + "/server", "--tls-require-client-cert"}, target);
   ASSERT_FALSE(target.empty());
   const CommandResult over_tls = RunCommand(program + target + " " + certs + "/clients/app");
   EXPECT_EQ(over_tls.exit_code, 0) << over_tls.output;
