@@ -5,8 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <set>
 #include <string>
+#include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "services/base/child_process.h"
 #include "tests/temp_dir.h"
 
@@ -26,6 +30,24 @@ std::unique_ptr<ChildProcess> StartCache(const std::string& binary, std::vector<
   return cache;
 }
 
+// The directories of `binary`'s run path (readelf), but those in this build
+// tree.
+std::set<std::string> RunPathOutsideTheBuild(const std::string& binary) {
+  const CommandResult dynamic = RunCommand("readelf -d " + binary);
+  EXPECT_EQ(dynamic.exit_code, 0) << dynamic.output;
+  const std::string marker = "runpath: [";
+  const size_t at = dynamic.output.find(marker);
+  if (at == std::string::npos) return {};
+  const size_t begin = at + marker.size(), end = dynamic.output.find(']', begin);
+  std::set<std::string> dirs;
+  const std::vector<std::string> entries =
+      absl::StrSplit(dynamic.output.substr(begin, end - begin), ':', absl::SkipEmpty());
+  for (const std::string& dir : entries) {
+    if (!absl::StartsWith(dir, KVTIER_BUILD_DIR)) dirs.insert(dir);
+  }
+  return dirs;
+}
+
 TEST(CppClientInstall, AProgramOutsideTheTreeBuildsAgainstTheInstallAndStoresAndFetches) {
   const testing::TempDir dir("kvtier_cpp_client_");
   const std::string prefix = (dir / "prefix").string(), build = (dir / "build").string();
@@ -33,8 +55,14 @@ TEST(CppClientInstall, AProgramOutsideTheTreeBuildsAgainstTheInstallAndStoresAnd
   const CommandResult installed = RunCommand(install + prefix);
   ASSERT_EQ(installed.exit_code, 0) << installed.output;
   const std::string cache_binary = prefix + "/bin/kvtier-cache";
+  // Each binary installed, finding the libraries from outside the build
+  // (CUDA's runtime) where the build's copy does: a loader whose own paths
+  // do not name them (a fresh Debian's) would not.
   for (const char* binary : {"kvtier", "kvtier-cache", "kvtier-decode", "kvtier-prefill"}) {
-    EXPECT_TRUE(std::filesystem::exists(prefix + "/bin/" + binary)) << binary;
+    ASSERT_TRUE(std::filesystem::exists(prefix + "/bin/" + binary)) << binary;
+    EXPECT_EQ(RunPathOutsideTheBuild(prefix + "/bin/" + binary),
+              RunPathOutsideTheBuild(std::string(KVTIER_BUILD_DIR) + "/services/" + binary))
+        << binary;
   }
   // The client's component alone: no binaries.
   const std::string client_only = (dir / "client-only").string();
