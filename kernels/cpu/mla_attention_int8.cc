@@ -242,68 +242,37 @@ KVTIER_VNNI __attribute__((noinline)) void WeightedTile(const int16_t* p16, cons
   std::copy_n(sums, 16, out);
 }
 
-KVTIER_VNNI void ScoresVnni(const uint8_t* payload, uint32_t tokens, uint32_t dim, uint32_t heads, const float* q,
-                            float* scores, size_t stride) {
-  Scratch& s = ThreadScratch();
-  const auto* codes = reinterpret_cast<const int8_t*>(payload + 2 * size_t{dim});
-  const RoundedQueries r = RoundQueries(ToInt16, q, ScalesOf(payload, dim, s), heads, dim, s);
+// The VNNI path's score sums: 4 tokens (rows past the block read zeros)
+// by 4 heads a tile.
+KVTIER_VNNI void ScoreSumsVnni(const int8_t* codes, uint32_t tokens, uint32_t dim, uint32_t heads, const int16_t* q16,
+                               const int8_t* zeros, float* scores, size_t stride) {
   const uint32_t groups = (heads + kGroup - 1) / kGroup;
-  // Integer sums, 4 tokens (rows past the block read zeros) by 4 heads.
-  const int8_t* zeros = Sized(s.zeros, dim);
   for (uint32_t t0 = 0; t0 < tokens; t0 += kGroup) {
     const uint32_t n = std::min(kGroup, tokens - t0);
     const int8_t* rows[kGroup];
     for (uint32_t k = 0; k < kGroup; ++k) rows[k] = k < n ? codes + size_t{t0 + k} * dim : zeros;
     for (uint32_t group = 0; group < groups; ++group) {
-      StoreTileRows(ScoreTile(rows, r.q16 + size_t{group} * kGroup * dim, dim),
-                    std::min(kGroup, heads - group * kGroup), n, scores + size_t{group * kGroup} * stride + t0, stride);
-    }
-  }
-  // Scores: the sums times each head's step, plus the float channels.
-  const float* wide_codes = WideCodes(codes, tokens, dim, r.wide, s);
-  for (uint32_t h = 0; h < heads; ++h) {
-    float* sh = scores + size_t{h} * stride;
-    const __m512 hs = _mm512_set1_ps(r.step[h]);
-    for (uint32_t t = 0; t < tokens; t += 16) {
-      const __mmask16 m = TailMask(tokens, t);
-      __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, sh + t), hs);
-      for (uint32_t j = 0; j < kFloatChannels; ++j) {
-        v = _mm512_fmadd_ps(_mm512_set1_ps(r.wide_q[h * kFloatChannels + j]),
-                            _mm512_maskz_loadu_ps(m, wide_codes + size_t{j} * tokens + t), v);
-      }
-      _mm512_mask_storeu_ps(sh + t, m, v);
+      StoreTileRows(ScoreTile(rows, q16 + size_t{group} * kGroup * dim, dim), std::min(kGroup, heads - group * kGroup),
+                    n, scores + size_t{group * kGroup} * stride + t0, stride);
     }
   }
 }
 
-KVTIER_VNNI void WeightedSumVnni(const uint8_t* payload, uint32_t tokens, uint32_t dim, uint32_t kv, uint32_t heads,
-                                 const float* p, size_t stride, float* out) {
-  Scratch& s = ThreadScratch();
-  const float* scale = ScalesOf(payload, kv, s);
-  const auto* codes = reinterpret_cast<const int8_t*>(payload + 2 * size_t{dim});
-  const uint32_t groups = (heads + kGroup - 1) / kGroup, padded = groups * kGroup;
-  const int8_t* zeros = Sized(s.zeros, dim);
-  int16_t* widened = Sized(s.widened, size_t{kSpanPairs} * kChunk * 32);  // [pair][chunk] x 32 int16
-  int16_t* p16 = Sized(s.p16, size_t{padded} * 2 * kSpanPairs);           // [head][2 * npairs]
-  float* step = Sized(s.step, padded);
-  for (uint32_t t0 = 0; t0 < tokens; t0 += 2 * kSpanPairs) {
-    const uint32_t span = std::min(2 * kSpanPairs, tokens - t0), npairs = (span + 1) / 2;
-    RoundWeights(ToInt16, p, stride, t0, span, heads, padded, p16, step);
-    for (uint32_t c0 = 0; c0 < kv; c0 += 16 * kChunk) {
-      const uint32_t chunk = std::min(kChunk, (kv - c0) / 16);
-      WidenPairs(codes + size_t{t0} * dim, span, dim, c0, chunk, zeros, widened);
-      for (uint32_t group = 0; group < groups; ++group) {
-        __m512i acc[kGroup * kChunk];  // [head][chunk]
-        WeightedTile(p16 + size_t{group} * kGroup * 2 * npairs, widened, npairs, acc);
-        // out += step * scale_c * sum
-        for (uint32_t h = 0; h < kGroup && group * kGroup + h < heads; ++h) {
-          const __m512 hs = _mm512_set1_ps(step[group * kGroup + h]);
-          for (uint32_t j = 0; j < chunk; ++j) {
-            float* o = out + size_t{group * kGroup + h} * kv + c0 + 16 * j;
-            const __m512 sc = _mm512_mul_ps(_mm512_loadu_ps(scale + c0 + 16 * j), hs);
-            _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[h * kChunk + j]), sc, _mm512_loadu_ps(o)));
-          }
-        }
+// The VNNI path's weighted sums of one chunk of channels (c0 on) over one
+// span: 4 heads x 64 channels a tile.
+KVTIER_VNNI void AddWeightedVnni(const int16_t* p16, const int16_t* widened, uint32_t npairs, const float* step,
+                                 const float* scale, uint32_t heads, uint32_t kv, uint32_t c0, uint32_t chunk,
+                                 float* out) {
+  const uint32_t groups = (heads + kGroup - 1) / kGroup;
+  for (uint32_t group = 0; group < groups; ++group) {
+    __m512i acc[kGroup * kChunk];  // [head][chunk]
+    WeightedTile(p16 + size_t{group} * kGroup * 2 * npairs, widened, npairs, acc);
+    for (uint32_t h = 0; h < kGroup && group * kGroup + h < heads; ++h) {
+      const __m512 hs = _mm512_set1_ps(step[group * kGroup + h]);
+      for (uint32_t j = 0; j < chunk; ++j) {
+        float* o = out + size_t{group * kGroup + h} * kv + c0 + 16 * j;
+        const __m512 sc = _mm512_mul_ps(_mm512_loadu_ps(scale + c0 + 16 * j), hs);
+        _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[h * kChunk + j]), sc, _mm512_loadu_ps(o)));
       }
     }
   }
@@ -373,36 +342,22 @@ KVTIER_AVX2 __attribute__((noinline)) __m256 ScoreTileAvx2(const int8_t* row0, c
   return SumEach8(sums);
 }
 
-KVTIER_AVX2 void ScoresAvx2(const uint8_t* payload, uint32_t tokens, uint32_t dim, uint32_t heads, const float* q,
-                            float* scores, size_t stride) {
-  Scratch& s = ThreadScratch();
-  const auto* codes = reinterpret_cast<const int8_t*>(payload + 2 * size_t{dim});
-  const RoundedQueries r = RoundQueries(ToInt16Avx2, q, ScalesOf(payload, dim, s), heads, dim, s);
+// The AVX2 path's score sums: 2 tokens (a row past the block reads
+// zeros) by 4 heads a tile.
+KVTIER_AVX2 void ScoreSumsAvx2(const int8_t* codes, uint32_t tokens, uint32_t dim, uint32_t heads, const int16_t* q16,
+                               const int8_t* zeros, float* scores, size_t stride) {
   const uint32_t groups = (heads + kGroup - 1) / kGroup;
-  const int8_t* zeros = Sized(s.zeros, dim);
   for (uint32_t t0 = 0; t0 < tokens; t0 += 2) {
     const int8_t* row0 = codes + size_t{t0} * dim;
     const int8_t* row1 = t0 + 1 < tokens ? row0 + dim : zeros;
     for (uint32_t group = 0; group < groups; ++group) {
       alignas(32) float lanes[2 * kGroup];
-      _mm256_store_ps(lanes, ScoreTileAvx2(row0, row1, r.q16 + size_t{group} * kGroup * dim, dim));
+      _mm256_store_ps(lanes, ScoreTileAvx2(row0, row1, q16 + size_t{group} * kGroup * dim, dim));
       for (uint32_t h = 0; h < kGroup && group * kGroup + h < heads; ++h) {
         for (uint32_t k = 0; k < 2 && t0 + k < tokens; ++k) {
           scores[size_t{group * kGroup + h} * stride + t0 + k] = lanes[2 * h + k];
         }
       }
-    }
-  }
-  // Scores: the sums times each head's step, plus the float channels.
-  const float* wide_codes = WideCodes(codes, tokens, dim, r.wide, s);
-  for (uint32_t h = 0; h < heads; ++h) {
-    float* sh = scores + size_t{h} * stride;
-    for (uint32_t t = 0; t < tokens; ++t) {
-      float v = sh[t] * r.step[h];
-      for (uint32_t j = 0; j < kFloatChannels; ++j) {
-        v = std::fma(r.wide_q[h * kFloatChannels + j], wide_codes[size_t{j} * tokens + t], v);
-      }
-      sh[t] = v;
     }
   }
 }
@@ -429,40 +384,62 @@ KVTIER_AVX2 __attribute__((noinline)) void WeightedTileAvx2(const int16_t* p16, 
   std::copy_n(acc, 2 * kGroup, sums);
 }
 
-KVTIER_AVX2 void WeightedSumAvx2(const uint8_t* payload, uint32_t tokens, uint32_t dim, uint32_t kv, uint32_t heads,
-                                 const float* p, size_t stride, float* out) {
-  Scratch& s = ThreadScratch();
-  const float* scale = ScalesOf(payload, kv, s);
-  const auto* codes = reinterpret_cast<const int8_t*>(payload + 2 * size_t{dim});
-  const uint32_t groups = (heads + kGroup - 1) / kGroup, padded = groups * kGroup;
-  const int8_t* zeros = Sized(s.zeros, dim);
-  int16_t* widened = Sized(s.widened, size_t{kSpanPairs} * kChunk * 32);
-  int16_t* p16 = Sized(s.p16, size_t{padded} * 2 * kSpanPairs);
-  float* step = Sized(s.step, padded);
-  for (uint32_t t0 = 0; t0 < tokens; t0 += 2 * kSpanPairs) {
-    const uint32_t span = std::min(2 * kSpanPairs, tokens - t0), npairs = (span + 1) / 2;
-    RoundWeights(ToInt16Avx2, p, stride, t0, span, heads, padded, p16, step);
-    for (uint32_t c0 = 0; c0 < kv; c0 += 16 * kChunk) {
-      const uint32_t chunk = std::min(kChunk, (kv - c0) / 16);
-      WidenPairs(codes + size_t{t0} * dim, span, dim, c0, chunk, zeros, widened);
-      // out += step * scale_c * sum
-      for (uint32_t group = 0; group < groups; ++group) {
-        for (uint32_t j = 0; j < chunk; ++j) {
-          __m256i sums[2 * kGroup];
-          WeightedTileAvx2(p16 + size_t{group} * kGroup * 2 * npairs, widened + 32 * j, npairs, kChunk * 32, sums);
-          for (uint32_t h = 0; h < kGroup && group * kGroup + h < heads; ++h) {
-            const __m256 hs = _mm256_set1_ps(step[group * kGroup + h]);
-            float* o = out + size_t{group * kGroup + h} * kv + c0 + 16 * j;
-            for (uint32_t half = 0; half < 2; ++half) {
-              const __m256 sc = _mm256_mul_ps(_mm256_loadu_ps(scale + c0 + 16 * j + 8 * half), hs);
-              _mm256_storeu_ps(o + 8 * half, _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[2 * h + half]), sc,
-                                                             _mm256_loadu_ps(o + 8 * half)));
-            }
-          }
+// The AVX2 path's weighted sums of one chunk of channels (c0 on) over one
+// span: 4 heads x 16 channels a tile.
+KVTIER_AVX2 void AddWeightedAvx2(const int16_t* p16, const int16_t* widened, uint32_t npairs, const float* step,
+                                 const float* scale, uint32_t heads, uint32_t kv, uint32_t c0, uint32_t chunk,
+                                 float* out) {
+  const uint32_t groups = (heads + kGroup - 1) / kGroup;
+  for (uint32_t group = 0; group < groups; ++group) {
+    for (uint32_t j = 0; j < chunk; ++j) {
+      __m256i sums[2 * kGroup];
+      WeightedTileAvx2(p16 + size_t{group} * kGroup * 2 * npairs, widened + 32 * j, npairs, kChunk * 32, sums);
+      for (uint32_t h = 0; h < kGroup && group * kGroup + h < heads; ++h) {
+        const __m256 hs = _mm256_set1_ps(step[group * kGroup + h]);
+        float* o = out + size_t{group * kGroup + h} * kv + c0 + 16 * j;
+        for (uint32_t half = 0; half < 2; ++half) {
+          const __m256 sc = _mm256_mul_ps(_mm256_loadu_ps(scale + c0 + 16 * j + 8 * half), hs);
+          _mm256_storeu_ps(o + 8 * half,
+                           _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[2 * h + half]), sc, _mm256_loadu_ps(o + 8 * half)));
         }
       }
     }
   }
+}
+
+// Scores: each head's integer sums times its step, plus its float
+// channels' products (AVX2 code: the VNNI path takes it too).
+KVTIER_AVX2 void ApplySteps(const RoundedQueries& r, const float* wide_codes, uint32_t tokens, uint32_t heads,
+                            float* scores, size_t stride) {
+  for (uint32_t h = 0; h < heads; ++h) {
+    float* sh = scores + size_t{h} * stride;
+    for (uint32_t t = 0; t < tokens; ++t) {
+      float v = sh[t] * r.step[h];
+      for (uint32_t j = 0; j < kFloatChannels; ++j) {
+        v = std::fma(r.wide_q[h * kFloatChannels + j], wide_codes[size_t{j} * tokens + t], v);
+      }
+      sh[t] = v;
+    }
+  }
+}
+
+// What each instruction set does its own way; the passes below are the
+// same for both.
+struct IntegerPath {
+  RoundToInt16 round;
+  // Every head's integer sums q16[h] . code[t], unscaled, into scores.
+  void (*score_sums)(const int8_t* codes, uint32_t tokens, uint32_t dim, uint32_t heads, const int16_t* q16,
+                     const int8_t* zeros, float* scores, size_t stride);
+  // out += step * scale_c * sum over one span, for channels c0 to
+  // c0 + 16 * chunk of every head.
+  void (*add_weighted)(const int16_t* p16, const int16_t* widened, uint32_t npairs, const float* step,
+                       const float* scale, uint32_t heads, uint32_t kv, uint32_t c0, uint32_t chunk, float* out);
+};
+
+const IntegerPath& Path() {
+  static const IntegerPath vnni{ToInt16, ScoreSumsVnni, AddWeightedVnni};
+  static const IntegerPath avx2{ToInt16Avx2, ScoreSumsAvx2, AddWeightedAvx2};
+  return HasVnni() ? vnni : avx2;
 }
 
 }  // namespace
@@ -474,14 +451,34 @@ bool Int8IntegerUsable(uint32_t dim, uint32_t kv_lora_rank) {
 
 void Int8BlockScores(const uint8_t* payload, uint32_t tokens, uint32_t dim, uint32_t heads, const float* q,
                      float* scores, size_t stride) {
-  if (HasVnni()) return ScoresVnni(payload, tokens, dim, heads, q, scores, stride);
-  ScoresAvx2(payload, tokens, dim, heads, q, scores, stride);
+  const IntegerPath& path = Path();
+  Scratch& s = ThreadScratch();
+  const auto* codes = reinterpret_cast<const int8_t*>(payload + 2 * size_t{dim});
+  const RoundedQueries r = RoundQueries(path.round, q, ScalesOf(payload, dim, s), heads, dim, s);
+  path.score_sums(codes, tokens, dim, heads, r.q16, Sized(s.zeros, dim), scores, stride);
+  ApplySteps(r, WideCodes(codes, tokens, dim, r.wide, s), tokens, heads, scores, stride);
 }
 
 void Int8BlockWeightedSum(const uint8_t* payload, uint32_t tokens, uint32_t dim, uint32_t kv, uint32_t heads,
                           const float* p, size_t stride, float* out) {
-  if (HasVnni()) return WeightedSumVnni(payload, tokens, dim, kv, heads, p, stride, out);
-  WeightedSumAvx2(payload, tokens, dim, kv, heads, p, stride, out);
+  const IntegerPath& path = Path();
+  Scratch& s = ThreadScratch();
+  const float* scale = ScalesOf(payload, kv, s);
+  const auto* codes = reinterpret_cast<const int8_t*>(payload + 2 * size_t{dim});
+  const uint32_t padded = (heads + kGroup - 1) / kGroup * kGroup;
+  const int8_t* zeros = Sized(s.zeros, dim);
+  int16_t* widened = Sized(s.widened, size_t{kSpanPairs} * kChunk * 32);  // [pair][chunk] x 32 int16
+  int16_t* p16 = Sized(s.p16, size_t{padded} * 2 * kSpanPairs);           // [head][2 * npairs]
+  float* step = Sized(s.step, padded);
+  for (uint32_t t0 = 0; t0 < tokens; t0 += 2 * kSpanPairs) {
+    const uint32_t span = std::min(2 * kSpanPairs, tokens - t0), npairs = (span + 1) / 2;
+    RoundWeights(path.round, p, stride, t0, span, heads, padded, p16, step);
+    for (uint32_t c0 = 0; c0 < kv; c0 += 16 * kChunk) {
+      const uint32_t chunk = std::min(kChunk, (kv - c0) / 16);
+      WidenPairs(codes + size_t{t0} * dim, span, dim, c0, chunk, zeros, widened);
+      path.add_weighted(p16, widened, npairs, step, scale, heads, kv, c0, chunk, out);
+    }
+  }
 }
 
 #else  // not x86-64 with GCC or clang: the float path only
