@@ -21,8 +21,8 @@ constexpr char kUsage[] =
     "  run          generate in process on a checkpoint (no servers); ids or --prompt text\n"
     "  generate     generate through a prefill node (kvtier-prefill)\n"
     "  up           start cache + decode + prefill locally on the small trained model\n"
-    "               (models/), run a two-turn conversation, print its text and the\n"
-    "               cache's stats\n"
+    "               (models/, or PREFIX/share/kvtier installed), run a two-turn\n"
+    "               conversation, print its text and the cache's stats\n"
     "  make-certs   a CA and the certificates of the three services and of end clients\n";
 
 }  // namespace

@@ -37,8 +37,6 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-// The trained model in the source tree (models/train_jargon.py).
-constexpr char kTrainedModel[] = KVTIER_MODELS_DIR "/jargon-mla";
 // The conversation's two user turns, for a model with a tokenizer.
 constexpr char kFirstTurn[] =
     ":cache: /kash/, n.\n\n1. A small, fast memory that holds what the processor will want next. ";
@@ -46,7 +44,7 @@ constexpr char kSecondTurn[] = "\n\n2. [techspeak] ";
 
 struct UpFlags {
   std::string dir = "/tmp/kvtier-up";
-  std::string model = kTrainedModel;
+  std::string model;  // empty: TrainedModel()
   std::string preset;
   std::string prompt = kFirstTurn;
   std::string kv_codec;  // empty: the prefill node's default
@@ -92,6 +90,15 @@ std::string SelfDir() {
   return error ? "." : self.parent_path().string();
 }
 
+// The trained model (models/train_jargon.py): where `cmake --install` and
+// the image put it beside the binaries, else in the source tree this
+// binary was built from.
+std::string TrainedModel() {
+  const fs::path installed = (fs::path(SelfDir()) / KVTIER_INSTALLED_MODELS_DIR / "jargon-mla").lexically_normal();
+  if (fs::exists(installed / "config.json")) return installed.string();
+  return KVTIER_MODELS_DIR "/jargon-mla";
+}
+
 // Sampled with a seed (the same text every run) where the model has a
 // tokenizer; greedy on random ids.
 v1::GenerateRequest Request(const std::vector<uint32_t>& prompt, const UpFlags& f, const std::string& id, bool text) {
@@ -124,7 +131,7 @@ int Up(const UpFlags& f) {
   if (!f.kv_codec.empty() && !kernels::ParseCodec(f.kv_codec)) {
     return fail("--kv-codec must be one of bf16, fp8, int8, int4");
   }
-  std::string model_dir = f.model;
+  std::string model_dir = f.model.empty() ? TrainedModel() : f.model;
   if (!f.preset.empty()) {
     absl::StatusOr<runtime::ModelConfig> config = runtime::PresetConfig(f.preset);
     if (!config.ok()) return fail(std::string(config.status().message()));
@@ -297,7 +304,9 @@ int RunUp(const std::vector<std::string>& args) {
                    "in the cache), prints what the model wrote (in [brackets] after the user's\n"
                    "text), the time to first token and the cache's stats, then stops them all.");
   flags.AddString("dir", &f.dir, "where a --preset model and --tls files go (a model is reused when present)");
-  flags.AddString("model", &f.model, "checkpoint directory (the default is the trained model in models/)");
+  flags.AddString("model", &f.model,
+                  "checkpoint directory (default: the trained model, in PREFIX/share/kvtier when installed, "
+                  "else in the source tree's models/)");
   flags.AddString("preset", &f.preset,
                   "instead of --model, a generated random model: tiny, lite-attn, v3-tiny, kimi-k2-tiny, v32-tiny, "
                   "v4-tiny or v4-tiny-fp8");

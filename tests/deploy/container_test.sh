@@ -72,6 +72,13 @@ size=$(podman image inspect "$image" --format '{{.Size}}')
 binaries=$(podman run --rm --entrypoint sh "$image" -c 'cd /usr/local/bin && du -m kvtier*' | tr '\t\n' ' ')
 step "image built: $((size / 1048576)) MiB; binaries (MiB): $binaries"
 
+# An operator's first run: the whole stack in one container on the model
+# the image carries.
+up=$(podman run --rm "$image" up 2>&1) || { echo "$up" | tail -20; fail "podman run $image up"; }
+turn2=$(echo "$up" | grep '^turn 2:') || { echo "$up" | tail -20; fail "podman run $image up: no second turn"; }
+echo "$up" | grep -q 'the model in /usr/local/share/kvtier/jargon-mla' || fail "kvtier up in the image: not its model"
+step "podman run $image up: $turn2"
+
 cleanup() {
   podman pod rm -f -t 0 kvtier-cache kvtier-decode kvtier-prefill >/dev/null 2>&1 || true
   podman network rm -f "$network" >/dev/null 2>&1 || true

@@ -1,7 +1,9 @@
-// `cmake --install` of this build into a fresh prefix: the servers' binaries
-// and the C++ client; clients/cpp/example configured and built outside the
-// tree against the prefix (find_package(kvtier)), and run against the
-// installed kvtier-cache, plaintext and with mutual TLS.
+// `cmake --install` of this build into a fresh prefix. The servers'
+// component: the binaries, which find their libraries, and `kvtier up` on
+// the trained model installed beside them, run from outside the tree. The
+// C++ client: clients/cpp/example configured and built outside the tree
+// against the prefix (find_package(kvtier)), and run against the installed
+// kvtier-cache, plaintext and with mutual TLS.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -48,13 +50,14 @@ std::set<std::string> RunPathOutsideTheBuild(const std::string& binary) {
   return dirs;
 }
 
-TEST(CppClientInstall, AProgramOutsideTheTreeBuildsAgainstTheInstallAndStoresAndFetches) {
-  const testing::TempDir dir("kvtier_cpp_client_");
-  const std::string prefix = (dir / "prefix").string(), build = (dir / "build").string();
-  const std::string install = std::string(KVTIER_CMAKE) + " --install " + KVTIER_BUILD_DIR + " --prefix ";
-  const CommandResult installed = RunCommand(install + prefix);
+const std::string kInstall = std::string(KVTIER_CMAKE) + " --install " + KVTIER_BUILD_DIR + " --prefix ";
+
+TEST(ServersInstall, TheBinariesFindTheirLibrariesAndKvtierUpRunsOnTheInstalledModel) {
+  const testing::TempDir dir("kvtier_servers_");
+  const std::string prefix = (dir / "prefix").string();
+  const CommandResult installed = RunCommand(kInstall + prefix + " --component servers");
   ASSERT_EQ(installed.exit_code, 0) << installed.output;
-  const std::string cache_binary = prefix + "/bin/kvtier-cache";
+  EXPECT_FALSE(std::filesystem::exists(prefix + "/lib")) << "the client's libraries came with the servers";
   // Each binary installed, finding the libraries from outside the build
   // (CUDA's runtime) where the build's copy does: a loader whose own paths
   // do not name them (a fresh Debian's) would not.
@@ -64,9 +67,28 @@ TEST(CppClientInstall, AProgramOutsideTheTreeBuildsAgainstTheInstallAndStoresAnd
               RunPathOutsideTheBuild(std::string(KVTIER_BUILD_DIR) + "/services/" + binary))
         << binary;
   }
+  // `kvtier up` from elsewhere: the servers beside it, the model from the
+  // prefix, not from the source tree (whose path it also knows).
+  const std::string model = prefix + "/share/kvtier/jargon-mla";
+  ASSERT_TRUE(std::filesystem::exists(model + "/model.safetensors"));
+  const CommandResult up =
+      RunCommand("cd " + dir.path().string() + " && " + prefix + "/bin/kvtier up --dir " + (dir / "up").string());
+  EXPECT_EQ(up.exit_code, 0) << up.output;
+  EXPECT_NE(up.output.find("the model in " + model + " (text through its byte tokenizer)"), std::string::npos)
+      << up.output;
+  EXPECT_NE(up.output.find("128 from the cache"), std::string::npos) << up.output;
+  EXPECT_NE(up.output.find("all three stopped cleanly"), std::string::npos) << up.output;
+}
+
+TEST(CppClientInstall, AProgramOutsideTheTreeBuildsAgainstTheInstallAndStoresAndFetches) {
+  const testing::TempDir dir("kvtier_cpp_client_");
+  const std::string prefix = (dir / "prefix").string(), build = (dir / "build").string();
+  const CommandResult installed = RunCommand(kInstall + prefix);
+  ASSERT_EQ(installed.exit_code, 0) << installed.output;
+  const std::string cache_binary = prefix + "/bin/kvtier-cache";
   // The client's component alone: no binaries.
   const std::string client_only = (dir / "client-only").string();
-  const CommandResult client_installed = RunCommand(install + client_only + " --component client");
+  const CommandResult client_installed = RunCommand(kInstall + client_only + " --component client");
   ASSERT_EQ(client_installed.exit_code, 0) << client_installed.output;
   EXPECT_TRUE(std::filesystem::exists(client_only + "/lib/cmake/kvtier/kvtierConfig.cmake"));
   EXPECT_FALSE(std::filesystem::exists(client_only + "/bin"));
