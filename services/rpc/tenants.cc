@@ -166,8 +166,6 @@ struct TenantRegistry::Loaded {
 
 absl::StatusOr<std::unique_ptr<TenantRegistry>> TenantRegistry::Open(const std::string& path, absl::Duration reload) {
   if (path.empty()) {
-    Log(LogLevel::kWarning, "auth",
-        "no --tenants file: every caller is trusted with every namespace (one trust domain)");
     auto everyone = std::make_shared<Loaded>();
     everyone->callers.push_back(std::make_shared<Caller>());
     return std::unique_ptr<TenantRegistry>(new TenantRegistry("", reload, everyone, ""));

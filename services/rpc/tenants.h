@@ -65,8 +65,9 @@ absl::StatusOr<v1::TenantsFile> ParseTenantsFile(const std::string& json);
 class TenantRegistry {
  public:
   // Reads `path`, then checks it for changes every `reload` on a thread
-  // of its own; empty `path`: no tenants file (one trust domain, said once
-  // in the log). INVALID_ARGUMENT when the file cannot be read or parsed.
+  // of its own; empty `path`: no tenants file (one trust domain, which
+  // ServerRunner warns of once serving). INVALID_ARGUMENT when the file
+  // cannot be read or parsed.
   static absl::StatusOr<std::unique_ptr<TenantRegistry>> Open(const std::string& path, absl::Duration reload);
   ~TenantRegistry();
   TenantRegistry(const TenantRegistry&) = delete;

@@ -139,6 +139,11 @@ absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(const ServerOp
         absl::StrCat("TLS from ", options.tls.dir,
                      options.tls.require_client_certificate ? ", client certificates required" : ""));
   }
+  // Once serving, so that a flag's error is not preceded by it.
+  if (options.tenants == nullptr || !options.tenants->enforced()) {
+    Log(LogLevel::kWarning, "auth",
+        "no --tenants file: every caller is trusted with every namespace (one trust domain)");
+  }
   return std::unique_ptr<ServerRunner>(new ServerRunner(std::move(unknown), std::move(server), std::move(health), port,
                                                         options.shutdown_grace, options.drain));
 }

@@ -772,6 +772,8 @@ TEST(CacheServerFlags, RefusesBadCapacitiesWithAMessage) {
     auto r = RunCommand(cmd);
     EXPECT_NE(r.exit_code, 0) << cmd;
     EXPECT_NE(r.output.find(c.message), std::string::npos) << cmd << "\n" << r.output;
+    // The error alone, not after a warning about what was not asked.
+    EXPECT_EQ(r.output.find("--tenants"), std::string::npos) << cmd << "\n" << r.output;
   }
 }
 
