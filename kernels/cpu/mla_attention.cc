@@ -14,6 +14,7 @@
 #include "lanes16.h"
 #include "mla_attention_float.h"
 #include "mla_attention_int8.h"
+#include "scratch.h"
 
 namespace kvtier::kernels {
 namespace {
@@ -106,20 +107,38 @@ void TokenRow(const LatentBlock& b, const MlaShape& s, uint32_t t, float* row) {
   }
 }
 
+// AttendHeads' buffers, kept per thread between calls (it runs for every
+// layer of every sequence): the scores of every head and context token
+// would otherwise be allocated, zeroed and faulted in each time. A thread
+// keeps what its largest call needed (heads x tokens x 4 bytes of scores).
+struct AttendScratch {
+  std::vector<float> q, scores, scale, zero, qs, bias, rows, acc;
+};
+
+AttendScratch& ThreadAttendScratch() {
+  thread_local AttendScratch scratch;
+  return scratch;
+}
+
 // AbsorbedMlaDecode for s.heads heads, its arguments checked.
 KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> q_latent, std::span<const float> q_rope,
                                       float softmax_scale, std::span<const LatentBlock> blocks,
                                       std::span<const float> tail, size_t total, std::span<float> out) {
   const uint32_t kv = s.kv_lora_rank, rope = s.rope_dim, dim = kv + rope, heads = s.heads;
+  // Every buffer is written before it is read.
+  AttendScratch& scratch = ThreadAttendScratch();
 
   // Queries as one [heads][dim] array: latent part then rope part.
-  std::vector<float> q(size_t{heads} * dim);
+  float* q = cpu::Sized(scratch.q, size_t{heads} * dim);
   for (uint32_t h = 0; h < heads; ++h) {
-    std::copy_n(q_latent.data() + size_t{h} * kv, kv, q.data() + size_t{h} * dim);
-    std::copy_n(q_rope.data() + size_t{h} * rope, rope, q.data() + size_t{h} * dim + kv);
+    std::copy_n(q_latent.data() + size_t{h} * kv, kv, q + size_t{h} * dim);
+    std::copy_n(q_rope.data() + size_t{h} * rope, rope, q + size_t{h} * dim + kv);
   }
-  std::vector<float> scores(size_t{heads} * total);  // [heads][total]
-  std::vector<float> scale(dim), zero(dim), qs(size_t{heads} * dim), bias(heads);
+  float* scores = cpu::Sized(scratch.scores, size_t{heads} * total);  // [heads][total]
+  float* scale = cpu::Sized(scratch.scale, dim);
+  float* zero = cpu::Sized(scratch.zero, dim);
+  float* qs = cpu::Sized(scratch.qs, size_t{heads} * dim);
+  float* bias = cpu::Sized(scratch.bias, heads);
 
   // int8 blocks take integer dot products where the CPU has them (AVX-512
   // VNNI or AVX2); the other blocks, widened to floats (codes, for int8 and
@@ -127,43 +146,41 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
   // the scores (with AVX2, its own tiles) and AddWeightedRows for the sums.
   const bool integer_int8 = cpu::AttentionTilesEnabled() && cpu::Int8IntegerUsable(dim, kv);
   const bool tiles = cpu::AttentionTilesEnabled() && cpu::FloatTilesUsable(dim, kv);
-  std::vector<float> rows;
+  float* rows = nullptr;
   auto widen_block = [&](const LatentBlock& b) {
-    rows.resize(size_t{b.tokens} * dim + cpu::kFloatTilePadding);
+    rows = cpu::Sized(scratch.rows, size_t{b.tokens} * dim + cpu::kFloatTilePadding);
     if (!tiles) {  // the widenings below are AVX-512 code
-      for (uint32_t t = 0; t < b.tokens; ++t) TokenRow(b, s, t, rows.data() + size_t{t} * dim);
+      for (uint32_t t = 0; t < b.tokens; ++t) TokenRow(b, s, t, rows + size_t{t} * dim);
       return;
     }
-    if (b.codec == Codec::kBf16) return cpu::WidenBf16Block(b.payload.data(), b.tokens, dim, rows.data());
-    if (b.codec == Codec::kInt4 && dim % 32 == 0)
-      return cpu::WidenInt4Codes(b.payload.data(), b.tokens, dim, rows.data());
-    if (b.codec == Codec::kFp8 && rope % 16 == 0)
-      return cpu::WidenFp8Block(b.payload.data(), b.tokens, kv, rope, rows.data());
-    for (uint32_t t = 0; t < b.tokens; ++t) TokenRow(b, s, t, rows.data() + size_t{t} * dim);
+    if (b.codec == Codec::kBf16) return cpu::WidenBf16Block(b.payload.data(), b.tokens, dim, rows);
+    if (b.codec == Codec::kInt4 && dim % 32 == 0) return cpu::WidenInt4Codes(b.payload.data(), b.tokens, dim, rows);
+    if (b.codec == Codec::kFp8 && rope % 16 == 0) return cpu::WidenFp8Block(b.payload.data(), b.tokens, kv, rope, rows);
+    for (uint32_t t = 0; t < b.tokens; ++t) TokenRow(b, s, t, rows + size_t{t} * dim);
   };
   // Pass 1: scores.
   size_t t0 = 0;
   for (const LatentBlock& b : blocks) {
     if (integer_int8 && b.codec == Codec::kInt8) {
-      cpu::Int8BlockScores(b.payload.data(), b.tokens, dim, heads, q.data(), scores.data() + t0, total);
+      cpu::Int8BlockScores(b.payload.data(), b.tokens, dim, heads, q, scores + t0, total);
       t0 += b.tokens;
       continue;
     }
     const bool integer = b.codec == Codec::kInt8 || b.codec == Codec::kInt4;
     if (integer) {  // fold scales into the query: q.(z + s*code) = q.z + (q*s).code
-      ChannelParams(b, dim, scale.data(), zero.data());
+      ChannelParams(b, dim, scale, zero);
       for (uint32_t h = 0; h < heads; ++h) {
-        const float* qh = q.data() + size_t{h} * dim;
+        const float* qh = q + size_t{h} * dim;
         for (uint32_t c = 0; c < dim; ++c) qs[size_t{h} * dim + c] = qh[c] * scale[c];
-        Gemv(qh, 1, dim, zero.data(), &bias[h]);
+        Gemv(qh, 1, dim, zero, &bias[h]);
       }
     }
-    const float* query = integer ? qs.data() : q.data();
+    const float* query = integer ? qs : q;
     widen_block(b);
     if (tiles) {
-      cpu::FloatBlockScores(rows.data(), b.tokens, dim, heads, query, scores.data() + t0, total);
+      cpu::FloatBlockScores(rows, b.tokens, dim, heads, query, scores + t0, total);
     } else {  // the block's rows against the [heads][dim] queries, each score Gemv's bits
-      Gemm(rows.data(), b.tokens, dim, query, heads, dim, scores.data() + t0, total);
+      Gemm(rows, b.tokens, dim, query, heads, dim, scores + t0, total);
     }
     if (integer) {
       for (uint32_t h = 0; h < heads; ++h) {
@@ -172,30 +189,30 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
     }
     t0 += b.tokens;
   }
-  Gemm(tail.data(), tail.size() / dim, dim, q.data(), heads, dim, scores.data() + t0, total);
+  Gemm(tail.data(), tail.size() / dim, dim, q, heads, dim, scores + t0, total);
   // Softmax per head (scores become probabilities).
-  for (uint32_t h = 0; h < heads; ++h) Softmax(scores.data() + size_t{h} * total, total, softmax_scale);
+  for (uint32_t h = 0; h < heads; ++h) Softmax(scores + size_t{h} * total, total, softmax_scale);
   // Pass 2: weighted sums of the latents.
   std::fill(out.begin(), out.end(), 0.0f);
-  std::vector<float> acc(size_t{heads} * kv);
+  float* acc = cpu::Sized(scratch.acc, size_t{heads} * kv);
   t0 = 0;
   for (const LatentBlock& b : blocks) {
     if (integer_int8 && b.codec == Codec::kInt8) {
-      cpu::Int8BlockWeightedSum(b.payload.data(), b.tokens, dim, kv, heads, scores.data() + t0, total, out.data());
+      cpu::Int8BlockWeightedSum(b.payload.data(), b.tokens, dim, kv, heads, scores + t0, total, out.data());
       t0 += b.tokens;
       continue;
     }
     const bool integer = b.codec == Codec::kInt8 || b.codec == Codec::kInt4;
-    float* dst = integer ? acc.data() : out.data();  // integer: sums of p * code
-    if (integer) std::fill(acc.begin(), acc.end(), 0.0f);
+    float* dst = integer ? acc : out.data();  // integer: sums of p * code
+    if (integer) std::fill_n(acc, size_t{heads} * kv, 0.0f);
     widen_block(b);
     if (tiles) {
-      cpu::FloatBlockWeightedSum(rows.data(), b.tokens, dim, kv, heads, scores.data() + t0, total, dst);
+      cpu::FloatBlockWeightedSum(rows, b.tokens, dim, kv, heads, scores + t0, total, dst);
     } else {
-      AddWeightedRows(scores.data() + t0, total, heads, rows.data(), b.tokens, dim, kv, dst);
+      AddWeightedRows(scores + t0, total, heads, rows, b.tokens, dim, kv, dst);
     }
     if (integer) {  // sum_t p*(z + s*code) = z*sum_t p + s*sum_t p*code
-      ChannelParams(b, dim, scale.data(), zero.data());
+      ChannelParams(b, dim, scale, zero);
       for (uint32_t h = 0; h < heads; ++h) {
         float psum = 0.0f;
         for (uint32_t t = 0; t < b.tokens; ++t) psum += scores[size_t{h} * total + t0 + t];
@@ -206,7 +223,7 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
     }
     t0 += b.tokens;
   }
-  AddWeightedRows(scores.data() + t0, total, heads, tail.data(), tail.size() / dim, dim, kv, out.data());
+  AddWeightedRows(scores + t0, total, heads, tail.data(), tail.size() / dim, dim, kv, out.data());
 }
 
 }  // namespace

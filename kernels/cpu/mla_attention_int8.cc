@@ -8,6 +8,7 @@
 #include "avx512.h"
 #include "codec_internal.h"
 #include "kvtier/kernels/float_formats.h"
+#include "scratch.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define KVTIER_VNNI __attribute__((target("arch=x86-64-v4,avx512vnni")))
@@ -65,12 +66,6 @@ struct Scratch {
   std::vector<int16_t> q16, p16, widened;
   std::vector<int8_t> zeros;
 };
-
-template <typename T>
-T* Sized(std::vector<T>& v, size_t n) {
-  if (v.size() < n) v.resize(n);
-  return v.data();
-}
 
 Scratch& ThreadScratch() {
   thread_local Scratch scratch;
