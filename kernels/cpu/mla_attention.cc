@@ -125,7 +125,8 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
                                       float softmax_scale, std::span<const LatentBlock> blocks,
                                       std::span<const float> tail, size_t total, std::span<float> out) {
   const uint32_t kv = s.kv_lora_rank, rope = s.rope_dim, dim = kv + rope, heads = s.heads;
-  // Every buffer is written before it is read.
+  // Every buffer is written before its values are used (the tiles read
+  // the rows' padding past a block's last token into sums they drop).
   AttendScratch& scratch = ThreadAttendScratch();
 
   // Queries as one [heads][dim] array: latent part then rope part.

@@ -6,6 +6,7 @@
 
 #include "avx512.h"
 #include "kvtier/kernels/codec.h"
+#include "scratch.h"
 
 namespace kvtier::kernels::cpu {
 
@@ -64,8 +65,7 @@ KVTIER_AVX512 __attribute__((noinline)) void WeightedTile(const float* rows, uin
 // block's end, so that every tile is whole.
 const float* Zeros(size_t n) {
   thread_local std::vector<float> zeros;
-  if (zeros.size() < n) zeros.resize(n);
-  return zeros.data();
+  return Sized(zeros, n);
 }
 
 }  // namespace

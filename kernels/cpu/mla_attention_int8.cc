@@ -59,6 +59,9 @@ constexpr uint32_t kFloatChannels = 4;
 // results are not written.
 constexpr uint32_t kGroup = 4;
 
+// Groups of kGroup heads, the last one padded.
+constexpr uint32_t HeadGroups(uint32_t heads) { return (heads + kGroup - 1) / kGroup; }
+
 // Buffers kept per thread between blocks (a decode step calls these once
 // a block): grown, never shrunk or cleared.
 struct Scratch {
@@ -128,7 +131,7 @@ RoundedQueries RoundQueries(RoundToInt16 round, const float* q, const float* sca
                             Scratch& s) {
   RoundedQueries r;
   WidestChannels(scale, dim, r.wide);
-  const uint32_t padded = (heads + kGroup - 1) / kGroup * kGroup;
+  const uint32_t padded = HeadGroups(heads) * kGroup;
   int16_t* q16 = Sized(s.q16, size_t{padded} * dim);
   float* qs = Sized(s.qs, dim);
   float* step = Sized(s.step, padded);
@@ -241,7 +244,7 @@ KVTIER_VNNI __attribute__((noinline)) void WeightedTile(const int16_t* p16, cons
 // by 4 heads a tile.
 KVTIER_VNNI void ScoreSumsVnni(const int8_t* codes, uint32_t tokens, uint32_t dim, uint32_t heads, const int16_t* q16,
                                const int8_t* zeros, float* scores, size_t stride) {
-  const uint32_t groups = (heads + kGroup - 1) / kGroup;
+  const uint32_t groups = HeadGroups(heads);
   for (uint32_t t0 = 0; t0 < tokens; t0 += kGroup) {
     const uint32_t n = std::min(kGroup, tokens - t0);
     const int8_t* rows[kGroup];
@@ -258,7 +261,7 @@ KVTIER_VNNI void ScoreSumsVnni(const int8_t* codes, uint32_t tokens, uint32_t di
 KVTIER_VNNI void AddWeightedVnni(const int16_t* p16, const int16_t* widened, uint32_t npairs, const float* step,
                                  const float* scale, uint32_t heads, uint32_t kv, uint32_t c0, uint32_t chunk,
                                  float* out) {
-  const uint32_t groups = (heads + kGroup - 1) / kGroup;
+  const uint32_t groups = HeadGroups(heads);
   for (uint32_t group = 0; group < groups; ++group) {
     __m512i acc[kGroup * kChunk];  // [head][chunk]
     WeightedTile(p16 + size_t{group} * kGroup * 2 * npairs, widened, npairs, acc);
@@ -341,7 +344,7 @@ KVTIER_AVX2 __attribute__((noinline)) __m256 ScoreTileAvx2(const int8_t* row0, c
 // zeros) by 4 heads a tile.
 KVTIER_AVX2 void ScoreSumsAvx2(const int8_t* codes, uint32_t tokens, uint32_t dim, uint32_t heads, const int16_t* q16,
                                const int8_t* zeros, float* scores, size_t stride) {
-  const uint32_t groups = (heads + kGroup - 1) / kGroup;
+  const uint32_t groups = HeadGroups(heads);
   for (uint32_t t0 = 0; t0 < tokens; t0 += 2) {
     const int8_t* row0 = codes + size_t{t0} * dim;
     const int8_t* row1 = t0 + 1 < tokens ? row0 + dim : zeros;
@@ -384,7 +387,7 @@ KVTIER_AVX2 __attribute__((noinline)) void WeightedTileAvx2(const int16_t* p16, 
 KVTIER_AVX2 void AddWeightedAvx2(const int16_t* p16, const int16_t* widened, uint32_t npairs, const float* step,
                                  const float* scale, uint32_t heads, uint32_t kv, uint32_t c0, uint32_t chunk,
                                  float* out) {
-  const uint32_t groups = (heads + kGroup - 1) / kGroup;
+  const uint32_t groups = HeadGroups(heads);
   for (uint32_t group = 0; group < groups; ++group) {
     for (uint32_t j = 0; j < chunk; ++j) {
       __m256i sums[2 * kGroup];
@@ -460,7 +463,7 @@ void Int8BlockWeightedSum(const uint8_t* payload, uint32_t tokens, uint32_t dim,
   Scratch& s = ThreadScratch();
   const float* scale = ScalesOf(payload, kv, s);
   const auto* codes = reinterpret_cast<const int8_t*>(payload + 2 * size_t{dim});
-  const uint32_t padded = (heads + kGroup - 1) / kGroup * kGroup;
+  const uint32_t padded = HeadGroups(heads) * kGroup;
   const int8_t* zeros = Sized(s.zeros, dim);
   int16_t* widened = Sized(s.widened, size_t{kSpanPairs} * kChunk * 32);  // [pair][chunk] x 32 int16
   int16_t* p16 = Sized(s.p16, size_t{padded} * 2 * kSpanPairs);           // [head][2 * npairs]
