@@ -44,7 +44,7 @@ constexpr char kSecondTurn[] = "\n\n2. [techspeak] ";
 
 struct UpFlags {
   std::string dir = "/tmp/kvtier-up";
-  std::string model;  // empty: TrainedModel()
+  std::string model;  // empty: the trained model (TrainedModel)
   std::string preset;
   std::string prompt = kFirstTurn;
   std::string kv_codec;  // empty: the prefill node's default
@@ -91,10 +91,10 @@ std::string SelfDir() {
 }
 
 // The trained model (models/train_jargon.py): where `cmake --install` and
-// the image put it beside the binaries, else in the source tree this
-// binary was built from.
-std::string TrainedModel() {
-  const fs::path installed = (fs::path(SelfDir()) / KVTIER_INSTALLED_MODELS_DIR / "jargon-mla").lexically_normal();
+// the image put it beside the binaries in `bin`, else in the source tree
+// this binary was built from.
+std::string TrainedModel(const std::string& bin) {
+  const fs::path installed = (fs::path(bin) / KVTIER_INSTALLED_MODELS_DIR / "jargon-mla").lexically_normal();
   if (fs::exists(installed / "config.json")) return installed.string();
   return KVTIER_MODELS_DIR "/jargon-mla";
 }
@@ -131,7 +131,7 @@ int Up(const UpFlags& f) {
   if (!f.kv_codec.empty() && !kernels::ParseCodec(f.kv_codec)) {
     return fail("--kv-codec must be one of bf16, fp8, int8, int4");
   }
-  std::string model_dir = f.model.empty() ? TrainedModel() : f.model;
+  std::string model_dir = f.model.empty() ? TrainedModel(bin) : f.model;
   if (!f.preset.empty()) {
     absl::StatusOr<runtime::ModelConfig> config = runtime::PresetConfig(f.preset);
     if (!config.ok()) return fail(std::string(config.status().message()));
