@@ -108,11 +108,10 @@ void TokenRow(const LatentBlock& b, const MlaShape& s, uint32_t t, float* row) {
 }
 
 // AttendHeads' buffers, kept per thread between calls (it runs for every
-// layer of every sequence): the scores of every head and context token
-// would otherwise be allocated, zeroed and faulted in each time. A thread
-// keeps what its largest call needed (heads x tokens x 4 bytes of scores).
+// layer of every sequence), so that none is allocated, zeroed and faulted
+// in each time.
 struct AttendScratch {
-  std::vector<float> q, scores, scale, zero, qs, bias, rows, acc;
+  std::vector<float> q, scores, scale, zero, qs, bias, rows, acc, max, sum;
 };
 
 AttendScratch& ThreadAttendScratch() {
@@ -120,10 +119,18 @@ AttendScratch& ThreadAttendScratch() {
   return scratch;
 }
 
-// AbsorbedMlaDecode for s.heads heads, its arguments checked.
+// Float tail rows attended at a time: their scores, then their weighted
+// sums while the rows are still in cache.
+constexpr size_t kTailChunk = 128;
+
+// AbsorbedMlaDecode for s.heads heads, its arguments checked. Each block
+// (and each chunk of the tail) is read once: its scores, a step of an
+// online softmax (the sums so far rescaled when a head's largest score
+// grows), then its weighted sums; the sums are divided by the softmax's
+// denominators at the end.
 KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> q_latent, std::span<const float> q_rope,
                                       float softmax_scale, std::span<const LatentBlock> blocks,
-                                      std::span<const float> tail, size_t total, std::span<float> out) {
+                                      std::span<const float> tail, std::span<float> out) {
   const uint32_t kv = s.kv_lora_rank, rope = s.rope_dim, dim = kv + rope, heads = s.heads;
   // Every buffer is written before its values are used (the tiles read
   // the rows' padding past a block's last token into sums they drop).
@@ -135,11 +142,27 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
     std::copy_n(q_latent.data() + size_t{h} * kv, kv, q + size_t{h} * dim);
     std::copy_n(q_rope.data() + size_t{h} * rope, rope, q + size_t{h} * dim + kv);
   }
-  float* scores = cpu::Sized(scratch.scores, size_t{heads} * total);  // [heads][total]
   float* scale = cpu::Sized(scratch.scale, dim);
   float* zero = cpu::Sized(scratch.zero, dim);
   float* qs = cpu::Sized(scratch.qs, size_t{heads} * dim);
   float* bias = cpu::Sized(scratch.bias, heads);
+  float* acc = cpu::Sized(scratch.acc, size_t{heads} * kv);
+  float* max = cpu::Sized(scratch.max, heads);
+  float* sum = cpu::Sized(scratch.sum, heads);
+  std::fill_n(max, heads, -INFINITY);
+  std::fill_n(sum, heads, 0.0f);
+  std::fill(out.begin(), out.end(), 0.0f);
+
+  // A chunk's scores, [heads][tokens], become its softmax weights; the
+  // sums of earlier chunks are rescaled to the new largest scores.
+  auto weights = [&](float* p, size_t tokens) {
+    for (uint32_t h = 0; h < heads; ++h) {
+      const float factor = SoftmaxChunk(p + h * tokens, tokens, softmax_scale, max[h], sum[h]);
+      if (factor != 1.0f) {
+        for (float& v : out.subspan(size_t{h} * kv, kv)) v *= factor;
+      }
+    }
+  };
 
   // int8 blocks take integer dot products where the CPU has them (AVX-512
   // VNNI or AVX2); the other blocks, widened to floats (codes, for int8 and
@@ -147,24 +170,13 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
   // the scores (with AVX2, its own tiles) and AddWeightedRows for the sums.
   const bool integer_int8 = cpu::AttentionTilesEnabled() && cpu::Int8IntegerUsable(dim, kv);
   const bool tiles = cpu::AttentionTilesEnabled() && cpu::FloatTilesUsable(dim, kv);
-  float* rows = nullptr;
-  auto widen_block = [&](const LatentBlock& b) {
-    rows = cpu::Sized(scratch.rows, size_t{b.tokens} * dim + cpu::kFloatTilePadding);
-    if (!tiles) {  // the widenings below are AVX-512 code
-      for (uint32_t t = 0; t < b.tokens; ++t) TokenRow(b, s, t, rows + size_t{t} * dim);
-      return;
-    }
-    if (b.codec == Codec::kBf16) return cpu::WidenBf16Block(b.payload.data(), b.tokens, dim, rows);
-    if (b.codec == Codec::kInt4 && dim % 32 == 0) return cpu::WidenInt4Codes(b.payload.data(), b.tokens, dim, rows);
-    if (b.codec == Codec::kFp8 && rope % 16 == 0) return cpu::WidenFp8Block(b.payload.data(), b.tokens, kv, rope, rows);
-    for (uint32_t t = 0; t < b.tokens; ++t) TokenRow(b, s, t, rows + size_t{t} * dim);
-  };
-  // Pass 1: scores.
-  size_t t0 = 0;
   for (const LatentBlock& b : blocks) {
+    const uint32_t n = b.tokens;
+    float* p = cpu::Sized(scratch.scores, size_t{heads} * n);
     if (integer_int8 && b.codec == Codec::kInt8) {
-      cpu::Int8BlockScores(b.payload.data(), b.tokens, dim, heads, q, scores + t0, total);
-      t0 += b.tokens;
+      cpu::Int8BlockScores(b.payload.data(), n, dim, heads, q, p, n);
+      weights(p, n);
+      cpu::Int8BlockWeightedSum(b.payload.data(), n, dim, kv, heads, p, n, out.data());
       continue;
     }
     const bool integer = b.codec == Codec::kInt8 || b.codec == Codec::kInt4;
@@ -177,54 +189,56 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
       }
     }
     const float* query = integer ? qs : q;
-    widen_block(b);
+    float* rows = cpu::Sized(scratch.rows, size_t{n} * dim + cpu::kFloatTilePadding);
+    if (tiles && b.codec == Codec::kBf16) {
+      cpu::WidenBf16Block(b.payload.data(), n, dim, rows);
+    } else if (tiles && b.codec == Codec::kInt4 && dim % 32 == 0) {
+      cpu::WidenInt4Codes(b.payload.data(), n, dim, rows);
+    } else if (tiles && b.codec == Codec::kFp8 && rope % 16 == 0) {
+      cpu::WidenFp8Block(b.payload.data(), n, kv, rope, rows);
+    } else {  // the widenings above are AVX-512 code
+      for (uint32_t t = 0; t < n; ++t) TokenRow(b, s, t, rows + size_t{t} * dim);
+    }
     if (tiles) {
-      cpu::FloatBlockScores(rows, b.tokens, dim, heads, query, scores + t0, total);
+      cpu::FloatBlockScores(rows, n, dim, heads, query, p, n);
     } else {  // the block's rows against the [heads][dim] queries, each score Gemv's bits
-      Gemm(rows, b.tokens, dim, query, heads, dim, scores + t0, total);
+      Gemm(rows, n, dim, query, heads, dim, p, n);
     }
     if (integer) {
       for (uint32_t h = 0; h < heads; ++h) {
-        for (uint32_t t = 0; t < b.tokens; ++t) scores[size_t{h} * total + t0 + t] += bias[h];
+        for (uint32_t t = 0; t < n; ++t) p[size_t{h} * n + t] += bias[h];
       }
     }
-    t0 += b.tokens;
-  }
-  Gemm(tail.data(), tail.size() / dim, dim, q, heads, dim, scores + t0, total);
-  // Softmax per head (scores become probabilities).
-  for (uint32_t h = 0; h < heads; ++h) Softmax(scores + size_t{h} * total, total, softmax_scale);
-  // Pass 2: weighted sums of the latents.
-  std::fill(out.begin(), out.end(), 0.0f);
-  float* acc = cpu::Sized(scratch.acc, size_t{heads} * kv);
-  t0 = 0;
-  for (const LatentBlock& b : blocks) {
-    if (integer_int8 && b.codec == Codec::kInt8) {
-      cpu::Int8BlockWeightedSum(b.payload.data(), b.tokens, dim, kv, heads, scores + t0, total, out.data());
-      t0 += b.tokens;
-      continue;
-    }
-    const bool integer = b.codec == Codec::kInt8 || b.codec == Codec::kInt4;
+    weights(p, n);
     float* dst = integer ? acc : out.data();  // integer: sums of p * code
     if (integer) std::fill_n(acc, size_t{heads} * kv, 0.0f);
-    widen_block(b);
     if (tiles) {
-      cpu::FloatBlockWeightedSum(rows, b.tokens, dim, kv, heads, scores + t0, total, dst);
+      cpu::FloatBlockWeightedSum(rows, n, dim, kv, heads, p, n, dst);
     } else {
-      AddWeightedRows(scores + t0, total, heads, rows, b.tokens, dim, kv, dst);
+      AddWeightedRows(p, n, heads, rows, n, dim, kv, dst);
     }
     if (integer) {  // sum_t p*(z + s*code) = z*sum_t p + s*sum_t p*code
-      ChannelParams(b, dim, scale, zero);
       for (uint32_t h = 0; h < heads; ++h) {
         float psum = 0.0f;
-        for (uint32_t t = 0; t < b.tokens; ++t) psum += scores[size_t{h} * total + t0 + t];
+        for (uint32_t t = 0; t < n; ++t) psum += p[size_t{h} * n + t];
         for (uint32_t c = 0; c < kv; ++c) {
           out[size_t{h} * kv + c] += zero[c] * psum + scale[c] * acc[size_t{h} * kv + c];
         }
       }
     }
-    t0 += b.tokens;
   }
-  AddWeightedRows(scores + t0, total, heads, tail.data(), tail.size() / dim, dim, kv, out.data());
+  for (size_t t0 = 0; t0 < tail.size() / dim; t0 += kTailChunk) {
+    const size_t n = std::min(kTailChunk, tail.size() / dim - t0);
+    const float* rows = tail.data() + t0 * dim;
+    float* p = cpu::Sized(scratch.scores, size_t{heads} * n);
+    Gemm(rows, n, dim, q, heads, dim, p, n);
+    weights(p, n);
+    AddWeightedRows(p, n, heads, rows, n, dim, kv, out.data());
+  }
+  for (uint32_t h = 0; h < heads; ++h) {
+    const float inverse = 1.0f / sum[h];
+    for (float& v : out.subspan(size_t{h} * kv, kv)) v *= inverse;
+  }
 }
 
 }  // namespace
@@ -241,21 +255,21 @@ Status AbsorbedMlaDecode(const MlaShape& s, std::span<const float> q_latent, std
       out.size() != size_t{heads} * kv || tail.size() % dim != 0) {
     return InvalidArgument("AbsorbedMlaDecode: q, out or tail sizes disagree with the shape");
   }
-  size_t total = tail.size() / dim;
+  bool any_token = !tail.empty();
   for (const LatentBlock& b : blocks) {
     if (EncodedBytes(b.codec, {b.tokens, kv, rope}) != b.payload.size() || b.payload.empty()) {
       return InvalidArgument("AbsorbedMlaDecode: a block's payload does not match its codec and tokens");
     }
-    total += b.tokens;
+    any_token = any_token || b.tokens > 0;
   }
-  if (total == 0) return InvalidArgument("AbsorbedMlaDecode: no context tokens");
+  if (!any_token) return InvalidArgument("AbsorbedMlaDecode: no context tokens");
   // Heads attend independently: the kernel threads take them in groups of
   // at least 4 (the int8 tiles' width). Inside a batch the model already
   // spreads its sequences over the threads, and this runs inline.
   ParallelFor(heads, 4, [&](size_t begin, size_t end) {
     const MlaShape part{static_cast<uint32_t>(end - begin), kv, rope};
     AttendHeads(part, q_latent.subspan(begin * kv, (end - begin) * kv),
-                q_rope.subspan(begin * rope, (end - begin) * rope), softmax_scale, blocks, tail, total,
+                q_rope.subspan(begin * rope, (end - begin) * rope), softmax_scale, blocks, tail,
                 out.subspan(begin * kv, (end - begin) * kv));
   });
   return OkStatus();

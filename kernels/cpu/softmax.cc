@@ -55,9 +55,44 @@ KVTIER_AVX512 void SoftmaxAvx512(float* x, size_t n, float scale) {
   }
 }
 
+KVTIER_AVX512 float SoftmaxChunkAvx512(float* x, size_t n, float scale, float& max, float& sum) {
+  const __m512 factor = _mm512_set1_ps(scale);
+  __m512 top = _mm512_set1_ps(max);
+  for (size_t i = 0; i < n; i += 16) {
+    top = _mm512_max_ps(top, _mm512_mul_ps(_mm512_mask_loadu_ps(top, cpu::TailMask(n, i), x + i), factor));
+  }
+  const float new_max = _mm512_reduce_max_ps(top);
+  const __m512 shift = _mm512_set1_ps(new_max);
+  __m512 chunk = _mm512_setzero_ps();
+  for (size_t i = 0; i < n; i += 16) {
+    const __mmask16 m = cpu::TailMask(n, i);
+    const __m512 e = ExpNonPositive(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(m, x + i), factor, shift));
+    _mm512_mask_storeu_ps(x + i, m, e);
+    chunk = _mm512_mask_add_ps(chunk, m, chunk, e);
+  }
+  const float rescale = new_max == max ? 1.0f : std::exp(max - new_max);
+  sum = sum * rescale + _mm512_reduce_add_ps(chunk);
+  max = new_max;
+  return rescale;
+}
+
 #endif
 
 }  // namespace
+
+float SoftmaxChunk(float* x, size_t n, float scale, float& max, float& sum) {
+#ifdef KVTIER_AVX512
+  if (cpu::HasAvx512()) return SoftmaxChunkAvx512(x, n, scale, max, sum);
+#endif
+  float new_max = max;
+  for (size_t i = 0; i < n; ++i) new_max = std::max(new_max, x[i] * scale);
+  float chunk = 0.0f;
+  for (size_t i = 0; i < n; ++i) chunk += (x[i] = std::exp(std::fma(x[i], scale, -new_max)));
+  const float rescale = new_max == max ? 1.0f : std::exp(max - new_max);
+  sum = sum * rescale + chunk;
+  max = new_max;
+  return rescale;
+}
 
 void Softmax(float* x, size_t n, float scale) {
 #ifdef KVTIER_AVX512

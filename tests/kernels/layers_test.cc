@@ -115,6 +115,46 @@ TEST(Softmax, MatchesFloat64) {
   }
 }
 
+// A softmax taken chunk by chunk, the earlier chunks' weights multiplied
+// by each factor returned and all divided by the final sum at the end,
+// against float64: random scores, and scores rising and falling through
+// exp's range (rising, every chunk moves the largest score; without the
+// factors or the sum's rescaling the weights are off by up to e^90). Each
+// rescaling of a weight may add two roundings (the factor's and the
+// product's, 2^-24 each), so the bound grows by that per factor applied.
+TEST(SoftmaxChunk, ChunkByChunkMatchesFloat64) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  std::normal_distribution<float> normal(0.0f, 8.0f);
+  std::vector<std::vector<float>> cases(1, std::vector<float>(1000));
+  for (float& v : cases[0]) v = normal(rng.engine());
+  cases.emplace_back(3000);
+  for (size_t i = 0; i < cases.back().size(); ++i) cases.back()[i] = -0.03f * static_cast<float>(i);
+  cases.emplace_back(cases.back().rbegin(), cases.back().rend());
+  for (const float scale : {1.0f, 0.0721688f}) {
+    for (const std::vector<float>& x : cases) {
+      const double max = *std::max_element(x.begin(), x.end());
+      double sum = 0;
+      for (float v : x) sum += std::exp(scale * (double{v} - max));
+      for (const size_t chunk : {size_t{1}, size_t{7}, size_t{16}, size_t{100}}) {
+        std::vector<float> got = x;
+        std::vector<int> rescaled(x.size(), 0);
+        float running_max = -INFINITY, running_sum = 0.0f;
+        for (size_t begin = 0; begin < got.size(); begin += chunk) {
+          const size_t n = std::min(chunk, got.size() - begin);
+          const float factor = SoftmaxChunk(got.data() + begin, n, scale, running_max, running_sum);
+          for (size_t i = 0; i < begin && factor != 1.0f; ++i) got[i] *= factor, ++rescaled[i];
+        }
+        for (size_t i = 0; i < x.size(); ++i) {
+          const double want = std::exp(scale * (double{x[i]} - max)) / sum;
+          ASSERT_NEAR(got[i] / running_sum, want, (1e-5 + rescaled[i] * 0x1p-23) * want + 1e-38)
+              << "scale " << scale << ", n " << x.size() << ", chunks of " << chunk << " at " << i;
+        }
+      }
+    }
+  }
+}
+
 TEST(Gemv, MatchesFloat64AtOddSizes) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());

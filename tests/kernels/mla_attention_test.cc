@@ -94,8 +94,8 @@ TEST_P(AbsorbedMlaTest, EqualsFloat64AttentionOverTheDequantizedLatents) {
   for (const MlaShape& s : {MlaShape{4, 48, 16}, MlaShape{16, 512, 64}, MlaShape{8, 128, 32}, MlaShape{20, 64, 32}}) {
     // A full block, one longer than the int8 kernels' span of 256 tokens
     // (odd: its last pair has one token), a partial last block and a float
-    // tail.
-    Context ctx = MakeContext(GetParam(), s, {64, 301, 17}, 9, rng.engine());
+    // tail of more than two of the 128-token chunks it is read in.
+    Context ctx = MakeContext(GetParam(), s, {64, 301, 17}, 261, rng.engine());
     const std::vector<float> q_latent = RandomVector(size_t{s.heads} * s.kv_lora_rank, rng.engine(), 0.3f);
     const std::vector<float> q_rope = RandomVector(size_t{s.heads} * s.rope_dim, rng.engine(), 0.3f);
     const float scale = 1.0f / std::sqrt(192.0f);

@@ -74,6 +74,15 @@ void DequantizeFp4Rows(const Fp4Scaled& w, size_t cols, size_t row_begin, size_t
 // 2 ulp of expf), elsewhere expf.
 void Softmax(float* x, size_t n, float scale = 1.0f);
 
+// One chunk of a softmax taken chunk by chunk, so that attention reads its
+// context once: `max` holds the largest scaled score of the chunks so far
+// (-infinity before the first) and `sum` their exponentials' sum relative
+// to it. In place x[i] = exp(scale * x[i] - max'), max' the largest scaled
+// score now, and `max`, `sum` move to max'. Returns exp(max - max'), the
+// factor by which whatever earlier chunks' exponentials weighted must be
+// multiplied. The same conditions and exp as Softmax.
+float SoftmaxChunk(float* x, size_t n, float scale, float& max, float& sum);
+
 // out = x / sqrt(mean(x^2) + eps) * weight. `out` may alias `x`.
 Status RmsNorm(std::span<const float> x, std::span<const float> weight, float eps, std::span<float> out);
 

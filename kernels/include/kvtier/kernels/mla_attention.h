@@ -9,7 +9,9 @@
 // k_pe. q_latent[h] is q_nope[h] with W_UK folded in (W_UK[h]^T q_nope[h]);
 // the caller applies W_UV[h] to out[h]. Blocks are read as stored: int8/int4
 // per-channel scales fold into the query and into the output instead of
-// dequantizing K or V; bf16 and fp8 rows are widened one token at a time.
+// dequantizing K or V; bf16 and fp8 blocks are widened to floats. Each block
+// is read once, its weighted sums taken right after its scores, with the
+// softmax computed online (a running largest score and sum per head).
 #ifndef KVTIER_KERNELS_MLA_ATTENTION_H_
 #define KVTIER_KERNELS_MLA_ATTENTION_H_
 
