@@ -1,6 +1,7 @@
 // Absorbed MLA decode attention, one layer-step at DeepSeek-V2-Lite dims (16
 // heads, 512 + 64), against this machine's memory read bandwidth measured in
 // the same run over the same bytes: the roofline of a memory-bound kernel.
+// Beside it the runtime's products and DeepSeek-V4's attention and indexer.
 //
 //   attention_bench [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
@@ -19,9 +20,11 @@
 #include <vector>
 
 #include "kvtier/kernels/expanded_attention.h"
+#include "kvtier/kernels/indexer.h"
 #include "kvtier/kernels/layers.h"
 #include "kvtier/kernels/mla_attention.h"
 #include "kvtier/kernels/parallel.h"
+#include "kvtier/kernels/sink_attention.h"
 
 namespace {
 
@@ -349,6 +352,48 @@ void BM_ExpandedPrefill(benchmark::State& state) {
                                                kvtier::kernels::MlaFormCosts(d, tokens, tokens, visible).expanded));
 }
 BENCHMARK(BM_ExpandedPrefill)->Arg(512)->Arg(2048)->Unit(benchmark::kMillisecond);
+
+// DeepSeek-V4-Flash's attention for one decode row on the CPU (64 heads of
+// 512 over its window of 128 entries, and with the 512 compressed entries
+// its indexer picks), one thread; items are the multiply-adds (scores and
+// weighted sums), comparable with FmaPeak's.
+void BM_SinkAttention(benchmark::State& state) {
+  const kvtier::kernels::SinkAttentionShape shape{64, 512, 1.0f / std::sqrt(512.0f)};
+  const size_t count = static_cast<size_t>(state.range(0));
+  std::mt19937_64 rng(13);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> q(size_t{shape.heads} * shape.dim), entries(count * shape.dim), sinks(shape.heads);
+  for (float& x : q) x = normal(rng);
+  for (float& x : entries) x = normal(rng);
+  for (float& x : sinks) x = normal(rng);
+  std::vector<float> out(q.size());
+  for (auto _ : state) {
+    kvtier::kernels::SinkAttention(shape, q.data(), entries.data(), count, sinks.data(), out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * 2 * shape.heads * count * shape.dim));
+}
+BENCHMARK(BM_SinkAttention)->Arg(128)->Arg(640)->Unit(benchmark::kMillisecond);
+
+// V4-Flash's indexer scoring one decode row's compressed keys (64 heads of
+// 128; a key every 4 tokens: 4,096 keys at 16k tokens, 16,384 at 64k), one
+// thread; items are the multiply-adds.
+void BM_V4IndexerScores(benchmark::State& state) {
+  const uint32_t heads = 64, dim = 128;
+  const size_t count = static_cast<size_t>(state.range(0));
+  std::mt19937_64 rng(17);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> q(size_t{heads} * dim), weights(heads), keys(count * dim), scores(count);
+  for (float& x : q) x = normal(rng);
+  for (float& x : weights) x = normal(rng);
+  for (float& x : keys) x = normal(rng);
+  for (auto _ : state) {
+    kvtier::kernels::V4IndexerScores(heads, dim, q.data(), weights.data(), keys.data(), count, scores.data());
+    benchmark::DoNotOptimize(scores.data());
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * heads * count * dim));
+}
+BENCHMARK(BM_V4IndexerScores)->Arg(4096)->Arg(16384)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

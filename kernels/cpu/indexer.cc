@@ -5,10 +5,13 @@
 #include <cmath>
 #include <numeric>
 #include <string>
+#include <vector>
 
 #include "kvtier/kernels/float_formats.h"
 #include "kvtier/kernels/layers.h"
 #include "kvtier/kernels/parallel.h"
+#include "mla_attention_float.h"
+#include "scratch.h"
 
 namespace kvtier::kernels {
 
@@ -88,11 +91,24 @@ Status IndexerScores(uint32_t heads, uint32_t head_dim, std::span<const uint8_t>
 
 void V4IndexerScores(uint32_t heads, uint32_t dim, const float* q, const float* weights, const float* keys,
                      size_t count, float* scores) {
-  std::vector<float> dots(size_t{heads} * count);
-  Gemm(keys, count, dim, q, heads, dim, dots.data(), count);
-  std::fill_n(scores, count, 0.0f);
-  for (uint32_t h = 0; h < heads; ++h) {
-    for (size_t g = 0; g < count; ++g) scores[g] += std::max(dots[h * count + g], 0.0f) * weights[h];
+  // A chunk of keys at a time: its dots with every head stay in cache, and
+  // the buffer (kept per thread) does not grow with the context.
+  constexpr size_t kChunk = 256;
+  thread_local std::vector<float> chunk_dots;
+  float* dots = cpu::Sized(chunk_dots, size_t{heads} * std::min(kChunk, count));
+  const bool tiles = cpu::FloatTilesUsable(dim, dim);  // AVX-512 register tiles, else Gemm
+  for (size_t g0 = 0; g0 < count; g0 += kChunk) {
+    const size_t n = std::min(kChunk, count - g0);
+    if (tiles) {
+      cpu::FloatBlockScores(keys + g0 * dim, static_cast<uint32_t>(n), dim, heads, q, dots, n);
+    } else {
+      Gemm(keys + g0 * dim, n, dim, q, heads, dim, dots, n);
+    }
+    float* s = scores + g0;
+    std::fill_n(s, n, 0.0f);
+    for (uint32_t h = 0; h < heads; ++h) {
+      for (size_t g = 0; g < n; ++g) s[g] += std::max(dots[h * n + g], 0.0f) * weights[h];
+    }
   }
 }
 

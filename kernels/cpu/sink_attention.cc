@@ -5,8 +5,24 @@
 #include <vector>
 
 #include "kvtier/kernels/layers.h"
+#include "mla_attention_float.h"
+#include "scratch.h"
 
 namespace kvtier::kernels {
+namespace {
+
+// SinkAttention's buffers, kept per thread between calls (it runs for every
+// layer of every row).
+struct SinkScratch {
+  std::vector<float> scores, transposed;
+};
+
+SinkScratch& ThreadSinkScratch() {
+  thread_local SinkScratch scratch;
+  return scratch;
+}
+
+}  // namespace
 
 void SinkAttention(const SinkAttentionShape& shape, const float* q, const float* entries, size_t count,
                    const float* sinks, float* out) {
@@ -15,13 +31,19 @@ void SinkAttention(const SinkAttentionShape& shape, const float* q, const float*
     std::fill_n(out, heads * dim, 0.0f);
     return;
   }
-  std::vector<float> scores(heads * m), transposed(dim * m);
-  Gemm(entries, m, dim, q, heads, dim, scores.data(), m);
-  for (size_t e = 0; e < m; ++e) {
-    for (size_t i = 0; i < dim; ++i) transposed[i * m + e] = entries[e * dim + i];
+  SinkScratch& scratch = ThreadSinkScratch();
+  float* scores = cpu::Sized(scratch.scores, heads * m);
+  // AVX-512 register tiles read the entries as they lie (whole 64-channel
+  // chunks: dim a multiple of 64 keeps them inside each row); elsewhere
+  // Gemm, which takes the weighted sums over the entries transposed.
+  const bool tiles = cpu::FloatTilesUsable(shape.dim, shape.dim) && dim % 64 == 0 && m <= UINT32_MAX;
+  if (tiles) {
+    cpu::FloatBlockScores(entries, static_cast<uint32_t>(m), shape.dim, shape.heads, q, scores, m);
+  } else {
+    Gemm(entries, m, dim, q, heads, dim, scores, m);
   }
   for (size_t h = 0; h < heads; ++h) {
-    float* s = scores.data() + h * m;
+    float* s = scores + h * m;
     float top = -INFINITY;
     for (size_t e = 0; e < m; ++e) top = std::max(top, s[e] * shape.scale);
     float sum = 0;
@@ -29,7 +51,16 @@ void SinkAttention(const SinkAttentionShape& shape, const float* q, const float*
     const float denominator = sum + std::exp(sinks[h] - top);
     for (size_t e = 0; e < m; ++e) s[e] /= denominator;
   }
-  Gemm(transposed.data(), dim, m, scores.data(), heads, m, out, dim);
+  if (tiles) {
+    std::fill_n(out, heads * dim, 0.0f);
+    cpu::FloatBlockWeightedSum(entries, static_cast<uint32_t>(m), shape.dim, shape.dim, shape.heads, scores, m, out);
+    return;
+  }
+  float* transposed = cpu::Sized(scratch.transposed, dim * m);
+  for (size_t e = 0; e < m; ++e) {
+    for (size_t i = 0; i < dim; ++i) transposed[i * m + e] = entries[e * dim + i];
+  }
+  Gemm(transposed, dim, m, scores, heads, m, out, dim);
 }
 
 }  // namespace kvtier::kernels

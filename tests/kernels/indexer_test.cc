@@ -103,6 +103,32 @@ TEST(Indexer, ScoresAreWeightedReluDotsTimesTheKeyScale) {
             StatusCode::kInvalidArgument);
 }
 
+// V4's scores against the formula in float64, at key counts below, at and
+// past the 256 keys it scores at a time.
+TEST(Indexer, V4ScoresAreWeightedReluDots) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const uint32_t heads = 5, dim = 32;
+  for (const size_t count : {size_t{1}, size_t{256}, size_t{600}}) {
+    std::vector<float> q(heads * dim), weights(heads), keys(count * dim), scores(count, NAN);
+    for (float& v : q) v = normal(rng.engine());
+    for (float& v : weights) v = normal(rng.engine());
+    for (float& v : keys) v = normal(rng.engine());
+    V4IndexerScores(heads, dim, q.data(), weights.data(), keys.data(), count, scores.data());
+    for (size_t g = 0; g < count; ++g) {
+      double want = 0, magnitude = 0;
+      for (uint32_t h = 0; h < heads; ++h) {
+        double dot = 0;
+        for (uint32_t d = 0; d < dim; ++d) dot += double{q[h * dim + d]} * keys[g * dim + d];
+        want += std::max(dot, 0.0) * weights[h];
+        magnitude += std::fabs(dot * weights[h]);
+      }
+      ASSERT_NEAR(scores[g], want, 1e-5 * (1 + magnitude)) << count << " keys, at " << g;
+    }
+  }
+}
+
 TEST(Indexer, TopTokensHighestFirstTiesToTheLowerIndex) {
   const std::vector<float> scores = {0.5f, 2.0f, -1.0f, 2.0f, 0.5f, 3.0f};
   std::vector<uint32_t> top;
