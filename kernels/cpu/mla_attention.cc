@@ -227,13 +227,23 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
       }
     }
   }
+  // The tail's rows as they lie: the tiles where they stay inside them.
+  const bool tail_tiles = tiles && cpu::ChunksEndInsideRows(dim, kv);
   for (size_t t0 = 0; t0 < tail.size() / dim; t0 += kTailChunk) {
-    const size_t n = std::min(kTailChunk, tail.size() / dim - t0);
+    const auto n = static_cast<uint32_t>(std::min(kTailChunk, tail.size() / dim - t0));
     const float* rows = tail.data() + t0 * dim;
     float* p = cpu::Sized(scratch.scores, size_t{heads} * n);
-    Gemm(rows, n, dim, q, heads, dim, p, n);
+    if (tail_tiles) {
+      cpu::FloatBlockScores(rows, n, dim, heads, q, p, n);
+    } else {
+      Gemm(rows, n, dim, q, heads, dim, p, n);
+    }
     weights(p, n);
-    AddWeightedRows(p, n, heads, rows, n, dim, kv, out.data());
+    if (tail_tiles) {
+      cpu::FloatBlockWeightedSum(rows, n, dim, kv, heads, p, n, out.data());
+    } else {
+      AddWeightedRows(p, n, heads, rows, n, dim, kv, out.data());
+    }
   }
   for (uint32_t h = 0; h < heads; ++h) {
     const float inverse = 1.0f / sum[h];

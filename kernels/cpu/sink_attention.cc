@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "kvtier/kernels/layers.h"
@@ -33,10 +34,10 @@ void SinkAttention(const SinkAttentionShape& shape, const float* q, const float*
   }
   SinkScratch& scratch = ThreadSinkScratch();
   float* scores = cpu::Sized(scratch.scores, heads * m);
-  // AVX-512 register tiles read the entries as they lie (whole 64-channel
-  // chunks: dim a multiple of 64 keeps them inside each row); elsewhere
-  // Gemm, which takes the weighted sums over the entries transposed.
-  const bool tiles = cpu::FloatTilesUsable(shape.dim, shape.dim) && dim % 64 == 0 && m <= UINT32_MAX;
+  // AVX-512 register tiles read the entries as they lie; elsewhere Gemm,
+  // which takes the weighted sums over the entries transposed.
+  const bool tiles =
+      cpu::FloatTilesUsable(shape.dim, shape.dim) && cpu::ChunksEndInsideRows(shape.dim, shape.dim) && m <= UINT32_MAX;
   if (tiles) {
     cpu::FloatBlockScores(entries, static_cast<uint32_t>(m), shape.dim, shape.heads, q, scores, m);
   } else {

@@ -202,8 +202,10 @@ absl::Status CpuForward::Forward(std::span<const SequenceTokens> batch,
         const SequenceCache& cache = *rows[r].cache;
         const kernels::MlaShape shape{static_cast<uint32_t>(heads), static_cast<uint32_t>(kv),
                                       static_cast<uint32_t>(rope)};
-        if (!selected[r].empty()) {  // the chosen tokens' latents, as float rows
-          std::vector<float> chosen;
+        if (!selected[r].empty()) {
+          // The chosen tokens' latents as float rows, in a buffer kept per
+          // thread (index_topk rows, for every layer of every step).
+          thread_local std::vector<float> chosen;
           const absl::Status gathered =
               GatherLatents(cache, li, selected[r], static_cast<uint32_t>(kv), static_cast<uint32_t>(rope), chosen);
           row_status[k] = gathered.ok()
