@@ -11,8 +11,8 @@
 // load/decode_roofline.h's latents or SparseStepStateBytes) at the host's
 // copy rate measured in the same run. The caches are filled with random
 // latents and keys instead of a prefill (a 64k-token prefill takes hours
-// on a few cores; a step's time does not depend on the values). No GPU
-// rows: `--device cuda` does not run V3.2 yet.
+// on a few cores; a step's time does not depend on the values). The GPU's
+// sparse step is measured by kernels/cuda/check_sparse_mla.
 //
 //   sparse_decode_bench [--context 65536] [--codecs bf16,int8] [--sequences 1] [--steps 3]
 #include <algorithm>
