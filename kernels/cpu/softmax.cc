@@ -56,10 +56,10 @@ KVTIER_AVX512 void SoftmaxAvx512(float* x, size_t n, float scale) {
 }
 
 KVTIER_AVX512 float SoftmaxChunkAvx512(float* x, size_t n, float scale, float& max, float& sum) {
-  const __m512 factor = _mm512_set1_ps(scale);
+  const __m512 factor = _mm512_set1_ps(scale), none = _mm512_set1_ps(-INFINITY);
   __m512 top = _mm512_set1_ps(max);
-  for (size_t i = 0; i < n; i += 16) {
-    top = _mm512_max_ps(top, _mm512_mul_ps(_mm512_mask_loadu_ps(top, cpu::TailMask(n, i), x + i), factor));
+  for (size_t i = 0; i < n; i += 16) {  // lanes past n are -infinity, which scaling keeps
+    top = _mm512_max_ps(top, _mm512_mul_ps(_mm512_mask_loadu_ps(none, cpu::TailMask(n, i), x + i), factor));
   }
   const float new_max = _mm512_reduce_max_ps(top);
   const __m512 shift = _mm512_set1_ps(new_max);

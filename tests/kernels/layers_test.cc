@@ -131,6 +131,10 @@ TEST(SoftmaxChunk, ChunkByChunkMatchesFloat64) {
   cases.emplace_back(3000);
   for (size_t i = 0; i < cases.back().size(); ++i) cases.back()[i] = -0.03f * static_cast<float>(i);
   cases.emplace_back(cases.back().rbegin(), cases.back().rend());
+  // Far below zero: a chunk's largest must come from its own scores alone
+  // (a padding lane taken for one would shift every exp to 0).
+  cases.emplace_back(1000);
+  for (float& v : cases.back()) v = -2000.0f + normal(rng.engine());
   for (const float scale : {1.0f, 0.0721688f}) {
     for (const std::vector<float>& x : cases) {
       const double max = *std::max_element(x.begin(), x.end());
