@@ -107,6 +107,22 @@ void TokenRow(const LatentBlock& b, const MlaShape& s, uint32_t t, float* row) {
   }
 }
 
+// The scores of `tokens` float rows against the [heads][dim] queries, p
+// [heads][tokens]: the register tiles where the CPU has them, else Gemm
+// (each score Gemv's bits).
+void RowScores(bool tiles, const float* rows, uint32_t tokens, uint32_t dim, uint32_t heads, const float* q, float* p) {
+  if (tiles) return cpu::FloatBlockScores(rows, tokens, dim, heads, q, p, tokens);
+  Gemm(rows, tokens, dim, q, heads, dim, p, tokens);
+}
+
+// dst[h][c] += sum_t p[h][t] * rows[t][c] for c < kv, p [heads][tokens]:
+// the tiles, else AddWeightedRows.
+void AddRowSums(bool tiles, const float* p, uint32_t tokens, uint32_t heads, const float* rows, uint32_t dim,
+                uint32_t kv, float* dst) {
+  if (tiles) return cpu::FloatBlockWeightedSum(rows, tokens, dim, kv, heads, p, tokens, dst);
+  AddWeightedRows(p, tokens, heads, rows, tokens, dim, kv, dst);
+}
+
 // AttendHeads' buffers, kept per thread between calls (it runs for every
 // layer of every sequence), so that none is allocated, zeroed and faulted
 // in each time.
@@ -132,8 +148,7 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
                                       float softmax_scale, std::span<const LatentBlock> blocks,
                                       std::span<const float> tail, std::span<float> out) {
   const uint32_t kv = s.kv_lora_rank, rope = s.rope_dim, dim = kv + rope, heads = s.heads;
-  // Every buffer is written before its values are used (the tiles read
-  // the rows' padding past a block's last token into sums they drop).
+  // Every buffer is written before its values are used.
   AttendScratch& scratch = ThreadAttendScratch();
 
   // Queries as one [heads][dim] array: latent part then rope part.
@@ -189,7 +204,7 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
       }
     }
     const float* query = integer ? qs : q;
-    float* rows = cpu::Sized(scratch.rows, size_t{n} * dim + cpu::kFloatTilePadding);
+    float* rows = cpu::Sized(scratch.rows, size_t{n} * dim);
     if (tiles && b.codec == Codec::kBf16) {
       cpu::WidenBf16Block(b.payload.data(), n, dim, rows);
     } else if (tiles && b.codec == Codec::kInt4 && dim % 32 == 0) {
@@ -199,11 +214,7 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
     } else {  // the widenings above are AVX-512 code
       for (uint32_t t = 0; t < n; ++t) TokenRow(b, s, t, rows + size_t{t} * dim);
     }
-    if (tiles) {
-      cpu::FloatBlockScores(rows, n, dim, heads, query, p, n);
-    } else {  // the block's rows against the [heads][dim] queries, each score Gemv's bits
-      Gemm(rows, n, dim, query, heads, dim, p, n);
-    }
+    RowScores(tiles, rows, n, dim, heads, query, p);
     if (integer) {
       for (uint32_t h = 0; h < heads; ++h) {
         for (uint32_t t = 0; t < n; ++t) p[size_t{h} * n + t] += bias[h];
@@ -212,11 +223,7 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
     weights(p, n);
     float* dst = integer ? acc : out.data();  // integer: sums of p * code
     if (integer) std::fill_n(acc, size_t{heads} * kv, 0.0f);
-    if (tiles) {
-      cpu::FloatBlockWeightedSum(rows, n, dim, kv, heads, p, n, dst);
-    } else {
-      AddWeightedRows(p, n, heads, rows, n, dim, kv, dst);
-    }
+    AddRowSums(tiles, p, n, heads, rows, dim, kv, dst);
     if (integer) {  // sum_t p*(z + s*code) = z*sum_t p + s*sum_t p*code
       for (uint32_t h = 0; h < heads; ++h) {
         float psum = 0.0f;
@@ -227,23 +234,13 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
       }
     }
   }
-  // The tail's rows as they lie: the tiles where they stay inside them.
-  const bool tail_tiles = tiles && cpu::ChunksEndInsideRows(dim, kv);
   for (size_t t0 = 0; t0 < tail.size() / dim; t0 += kTailChunk) {
     const auto n = static_cast<uint32_t>(std::min(kTailChunk, tail.size() / dim - t0));
     const float* rows = tail.data() + t0 * dim;
     float* p = cpu::Sized(scratch.scores, size_t{heads} * n);
-    if (tail_tiles) {
-      cpu::FloatBlockScores(rows, n, dim, heads, q, p, n);
-    } else {
-      Gemm(rows, n, dim, q, heads, dim, p, n);
-    }
+    RowScores(tiles, rows, n, dim, heads, q, p);
     weights(p, n);
-    if (tail_tiles) {
-      cpu::FloatBlockWeightedSum(rows, n, dim, kv, heads, p, n, out.data());
-    } else {
-      AddWeightedRows(p, n, heads, rows, n, dim, kv, out.data());
-    }
+    AddRowSums(tiles, p, n, heads, rows, dim, kv, out.data());
   }
   for (uint32_t h = 0; h < heads; ++h) {
     const float inverse = 1.0f / sum[h];

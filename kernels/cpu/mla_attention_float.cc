@@ -41,12 +41,16 @@ KVTIER_AVX512 __attribute__((noinline)) __m512 ScoreTile(const float* const toke
 // One 4-head x 64-channel tile over the block's tokens: out[h][c] +=
 // sum_t p[h][t] * rows[t][c] for the first `chunks` 16-channel groups
 // (p[h]: head h's weights; out[h]: its 64 outputs, null for a padding head).
+// The groups past `chunks` are loaded masked off, so no row is read past
+// them.
 KVTIER_AVX512 __attribute__((noinline)) void WeightedTile(const float* rows, uint32_t tokens, uint32_t dim,
                                                           const float* const p[kGroup], float* const out[kGroup],
                                                           uint32_t chunks) {
+  __mmask16 live[kGroup];
+  for (uint32_t j = 0; j < kGroup; ++j) live[j] = j < chunks ? 0xffff : 0;
   KVTIER_TILE(KVTIER_TILE_ZERO)
   for (uint32_t t = 0; t < tokens; ++t) {
-#define KVTIER_CHANNELS(j) _mm512_loadu_ps(rows + size_t{t} * dim + 16 * j)
+#define KVTIER_CHANNELS(j) _mm512_maskz_loadu_ps(live[j], rows + size_t{t} * dim + 16 * j)
 #define KVTIER_WEIGHT(h) _mm512_set1_ps(p[h][t])
     KVTIER_TILE_STEP(__m512, KVTIER_CHANNELS, KVTIER_WEIGHT, KVTIER_TILE_FMA)
 #undef KVTIER_CHANNELS

@@ -19,15 +19,6 @@ bool AttentionTilesEnabled();
 // (dim and kv_lora_rank multiples of 16).
 bool FloatTilesUsable(uint32_t dim, uint32_t kv_lora_rank);
 
-// Extra floats a `rows` buffer needs past its tokens x dim: the weighted
-// sums read whole 64-channel chunks.
-constexpr size_t kFloatTilePadding = 64;
-
-// True when those whole chunks end inside every row (kv rounded up to 64
-// channels at most dim), so that rows laid out by a caller, without the
-// padding, can take the weighted sums' tiles.
-constexpr bool ChunksEndInsideRows(uint32_t dim, uint32_t kv) { return (kv + 63) / 64 * 64 <= dim; }
-
 // scores[h * stride + t] = q[h] . rows[t] for t < tokens, h < heads
 // (`rows` [tokens][dim], `q` [heads][dim]).
 void FloatBlockScores(const float* rows, uint32_t tokens, uint32_t dim, uint32_t heads, const float* q, float* scores,

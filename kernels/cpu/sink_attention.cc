@@ -36,8 +36,7 @@ void SinkAttention(const SinkAttentionShape& shape, const float* q, const float*
   float* scores = cpu::Sized(scratch.scores, heads * m);
   // AVX-512 register tiles read the entries as they lie; elsewhere Gemm,
   // which takes the weighted sums over the entries transposed.
-  const bool tiles =
-      cpu::FloatTilesUsable(shape.dim, shape.dim) && cpu::ChunksEndInsideRows(shape.dim, shape.dim) && m <= UINT32_MAX;
+  const bool tiles = cpu::FloatTilesUsable(shape.dim, shape.dim) && m <= UINT32_MAX;
   if (tiles) {
     cpu::FloatBlockScores(entries, static_cast<uint32_t>(m), shape.dim, shape.heads, q, scores, m);
   } else {

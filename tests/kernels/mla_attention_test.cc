@@ -90,8 +90,11 @@ TEST_P(AbsorbedMlaTest, EqualsFloat64AttentionOverTheDequantizedLatents) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
   // Head counts that fill 16, 8 and 4 lanes of the int8 kernels' passes
-  // (20 = 16 + 4), V2-Lite's dims among them.
-  for (const MlaShape& s : {MlaShape{4, 48, 16}, MlaShape{16, 512, 64}, MlaShape{8, 128, 32}, MlaShape{20, 64, 32}}) {
+  // (20 = 16 + 4), V2-Lite's dims among them, and a kv whose last 64-channel
+  // chunk of the float tiles reaches past a row's end (80 + 16: under ASan
+  // a read past the tail's last row fails).
+  for (const MlaShape& s :
+       {MlaShape{4, 48, 16}, MlaShape{16, 512, 64}, MlaShape{8, 128, 32}, MlaShape{20, 64, 32}, MlaShape{4, 80, 16}}) {
     // A full block, one longer than the int8 kernels' span of 256 tokens
     // (odd: its last pair has one token), a partial last block and a float
     // tail of more than two of the 128-token chunks it is read in.
@@ -234,7 +237,7 @@ TEST(FloatTiles, Fp8WideningGivesTheCodecsValueForEveryCode) {
       std::memcpy(src + kv + 4 * tiles + 2 * c, &v, 2);
     }
   }
-  std::vector<float> rows(tokens * dim + cpu::kFloatTilePadding, -1.0f);
+  std::vector<float> rows(tokens * dim, -1.0f);
   cpu::WidenFp8Block(payload.data(), tokens, kv, rope, rows.data());
   for (uint32_t t = 0; t < tokens; ++t) {
     const uint8_t* src = payload.data() + t * token_bytes;
