@@ -42,14 +42,12 @@ void SinkAttention(const SinkAttentionShape& shape, const float* q, const float*
   } else {
     Gemm(entries, m, dim, q, heads, dim, scores, m);
   }
-  for (size_t h = 0; h < heads; ++h) {
+  for (size_t h = 0; h < heads; ++h) {  // the softmax's one chunk, then the sink in its denominator
     float* s = scores + h * m;
-    float top = -INFINITY;
-    for (size_t e = 0; e < m; ++e) top = std::max(top, s[e] * shape.scale);
-    float sum = 0;
-    for (size_t e = 0; e < m; ++e) sum += s[e] = std::exp(s[e] * shape.scale - top);
-    const float denominator = sum + std::exp(sinks[h] - top);
-    for (size_t e = 0; e < m; ++e) s[e] /= denominator;
+    float top = -INFINITY, sum = 0.0f;
+    SoftmaxChunk(s, m, shape.scale, top, sum);
+    const float inverse = 1.0f / (sum + std::exp(sinks[h] - top));
+    for (size_t e = 0; e < m; ++e) s[e] *= inverse;
   }
   if (tiles) {
     std::fill_n(out, heads * dim, 0.0f);
