@@ -96,7 +96,7 @@ void V4IndexerScores(uint32_t heads, uint32_t dim, const float* q, const float* 
   constexpr size_t kChunk = 256;
   thread_local std::vector<float> chunk_dots;
   float* dots = cpu::Sized(chunk_dots, size_t{heads} * std::min(kChunk, count));
-  const bool tiles = cpu::FloatTilesUsable(dim, dim);  // AVX-512 register tiles, else Gemm
+  const bool tiles = cpu::FloatTilesUsable(dim, dim);  // AVX2 or AVX-512 register tiles, else Gemm
   for (size_t g0 = 0; g0 < count; g0 += kChunk) {
     const size_t n = std::min(kChunk, count - g0);
     if (tiles) {

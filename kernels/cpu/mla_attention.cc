@@ -181,8 +181,8 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
 
   // int8 blocks take integer dot products where the CPU has them (AVX-512
   // VNNI or AVX2); the other blocks, widened to floats (codes, for int8 and
-  // int4), take float register tiles where it has AVX-512, else Gemm for
-  // the scores (with AVX2, its own tiles) and AddWeightedRows for the sums.
+  // int4), take float register tiles where it has AVX2 or AVX-512, else
+  // Gemm for the scores and AddWeightedRows for the sums.
   const bool integer_int8 = cpu::AttentionTilesEnabled() && cpu::Int8IntegerUsable(dim, kv);
   const bool tiles = cpu::AttentionTilesEnabled() && cpu::FloatTilesUsable(dim, kv);
   for (const LatentBlock& b : blocks) {
@@ -211,7 +211,7 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
       cpu::WidenInt4Codes(b.payload.data(), n, dim, rows);
     } else if (tiles && b.codec == Codec::kFp8 && rope % 16 == 0) {
       cpu::WidenFp8Block(b.payload.data(), n, kv, rope, rows);
-    } else {  // the widenings above are AVX-512 code
+    } else {  // the widenings above are AVX2 or AVX-512 code
       for (uint32_t t = 0; t < n; ++t) TokenRow(b, s, t, rows + size_t{t} * dim);
     }
     RowScores(tiles, rows, n, dim, heads, query, p);

@@ -13,7 +13,7 @@ namespace kvtier::kernels::cpu {
 #if defined(__x86_64__) && defined(__GNUC__)
 
 bool FloatTilesUsable(uint32_t dim, uint32_t kv_lora_rank) {
-  return HasAvx512() && dim % 16 == 0 && kv_lora_rank % 16 == 0;
+  return (HasAvx512() || HasAvx2()) && dim % 16 == 0 && kv_lora_rank % 16 == 0;
 }
 
 namespace {
@@ -65,6 +65,80 @@ KVTIER_AVX512 __attribute__((noinline)) void WeightedTile(const float* rows, uin
   }
 }
 
+// The AVX2 tiles, in 16 registers of 8 floats: 4 heads x 3 tokens for the
+// scores (12 sums, a load of each token and of one head at a time), 4
+// heads x 16 channels for the weighted sums (8 sums, two row loads and one
+// weight at a time).
+constexpr uint32_t kAvx2Tokens = 3;
+
+#define KVTIER_AVX2_SCORE_SUMS(X) \
+  X(0, 0) X(0, 1) X(0, 2) X(1, 0) X(1, 1) X(1, 2) X(2, 0) X(2, 1) X(2, 2) X(3, 0) X(3, 1) X(3, 2)
+
+#define KVTIER_AVX2_CHANNEL_SUMS(X) X(0, 0) X(0, 1) X(1, 0) X(1, 1) X(2, 0) X(2, 1) X(3, 0) X(3, 1)
+#define KVTIER_AVX2_ZERO(h, k) __m256 a##h##k = _mm256_setzero_ps();
+#define KVTIER_AVX2_LIST(h, k) a##h##k,
+
+// Sums each of 8 vectors: lane i of the result is the sum of v[i]'s lanes.
+KVTIER_AVX2 __attribute__((always_inline)) inline __m256 SumEach8(const __m256 v[8]) {
+  // Per 128-bit half: lanes 0..3 of v[i] summed in lane i % 4 of quads[i / 4].
+  const __m256 quads[2] = {_mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3])),
+                           _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]))};
+  return _mm256_add_ps(_mm256_permute2f128_ps(quads[0], quads[1], 0x20),
+                       _mm256_permute2f128_ps(quads[0], quads[1], 0x31));
+}
+
+// Sums of one 4-head x 3-token tile, sums[h * 3 + k] = q[h] . token[k].
+// Each head's load is pinned to a register: GCC otherwise folds it into
+// each of its three FMAs, three loads where one does.
+KVTIER_AVX2 __attribute__((noinline)) void ScoreTileAvx2(const float* const tokens[kAvx2Tokens],
+                                                         const float* const q[kGroup], uint32_t dim, float sums[16]) {
+  KVTIER_AVX2_SCORE_SUMS(KVTIER_AVX2_ZERO)
+  for (uint32_t c = 0; c < dim; c += 8) {
+    const __m256 t0 = _mm256_loadu_ps(tokens[0] + c), t1 = _mm256_loadu_ps(tokens[1] + c),
+                 t2 = _mm256_loadu_ps(tokens[2] + c);
+#define KVTIER_AVX2_HEAD(h)                           \
+  {                                                   \
+    __m256 qh = _mm256_loadu_ps(q[h] + c);            \
+    asm("" : "+x"(qh)); /* one load, in a register */ \
+    a##h##0 = _mm256_fmadd_ps(qh, t0, a##h##0);       \
+    a##h##1 = _mm256_fmadd_ps(qh, t1, a##h##1);       \
+    a##h##2 = _mm256_fmadd_ps(qh, t2, a##h##2);       \
+  }
+    KVTIER_AVX2_HEAD(0) KVTIER_AVX2_HEAD(1) KVTIER_AVX2_HEAD(2) KVTIER_AVX2_HEAD(3)
+#undef KVTIER_AVX2_HEAD
+  }
+  const __m256 zero = _mm256_setzero_ps();
+  const __m256 first[8] = {a00, a01, a02, a10, a11, a12, a20, a21},
+               second[8] = {a22, a30, a31, a32, zero, zero, zero, zero};
+  _mm256_storeu_ps(sums, SumEach8(first));
+  _mm256_storeu_ps(sums + 8, SumEach8(second));
+}
+
+// One 4-head x 16-channel tile over the block's tokens: out[h][c] +=
+// sum_t p[h][t] * rows[t][c] for c < 16 (out[h] null for a padding head).
+KVTIER_AVX2 __attribute__((noinline)) void WeightedTileAvx2(const float* rows, uint32_t tokens, uint32_t dim,
+                                                            const float* const p[kGroup], float* const out[kGroup]) {
+  KVTIER_AVX2_CHANNEL_SUMS(KVTIER_AVX2_ZERO)
+  for (uint32_t t = 0; t < tokens; ++t) {
+    const __m256 r0 = _mm256_loadu_ps(rows + size_t{t} * dim), r1 = _mm256_loadu_ps(rows + size_t{t} * dim + 8);
+#define KVTIER_AVX2_HEAD(h)                         \
+  {                                                 \
+    const __m256 w = _mm256_broadcast_ss(p[h] + t); \
+    a##h##0 = _mm256_fmadd_ps(w, r0, a##h##0);      \
+    a##h##1 = _mm256_fmadd_ps(w, r1, a##h##1);      \
+  }
+    KVTIER_AVX2_HEAD(0) KVTIER_AVX2_HEAD(1) KVTIER_AVX2_HEAD(2) KVTIER_AVX2_HEAD(3)
+#undef KVTIER_AVX2_HEAD
+  }
+  const __m256 sums[8] = {KVTIER_AVX2_CHANNEL_SUMS(KVTIER_AVX2_LIST)};
+  for (uint32_t h = 0; h < kGroup; ++h) {
+    if (out[h] == nullptr) continue;
+    for (uint32_t j = 0; j < 2; ++j) {
+      _mm256_storeu_ps(out[h] + 8 * j, _mm256_add_ps(_mm256_loadu_ps(out[h] + 8 * j), sums[h * 2 + j]));
+    }
+  }
+}
+
 // Zeros standing in for the heads past the last and the tokens past the
 // block's end, so that every tile is whole.
 const float* Zeros(size_t n) {
@@ -72,10 +146,14 @@ const float* Zeros(size_t n) {
   return Sized(zeros, n);
 }
 
-}  // namespace
+// The heads h0..h0+3 of `q` [heads][dim] (zeros past the last).
+void HeadGroup(const float* q, uint32_t heads, uint32_t dim, uint32_t h0, const float* zeros,
+               const float* group[kGroup]) {
+  for (uint32_t h = 0; h < kGroup; ++h) group[h] = h0 + h < heads ? q + size_t{h0 + h} * dim : zeros;
+}
 
-KVTIER_AVX512 void FloatBlockScores(const float* rows, uint32_t tokens, uint32_t dim, uint32_t heads, const float* q,
-                                    float* scores, size_t stride) {
+KVTIER_AVX512 void FloatBlockScoresAvx512(const float* rows, uint32_t tokens, uint32_t dim, uint32_t heads,
+                                          const float* q, float* scores, size_t stride) {
   const float* zeros = Zeros(dim);
   for (uint32_t t0 = 0; t0 < tokens; t0 += kGroup) {
     const uint32_t n = std::min(kGroup, tokens - t0);
@@ -83,36 +161,91 @@ KVTIER_AVX512 void FloatBlockScores(const float* rows, uint32_t tokens, uint32_t
     for (uint32_t k = 0; k < kGroup; ++k) token[k] = k < n ? rows + size_t{t0 + k} * dim : zeros;
     for (uint32_t h0 = 0; h0 < heads; h0 += kGroup) {
       const float* qh[kGroup];
-      for (uint32_t h = 0; h < kGroup; ++h) qh[h] = h0 + h < heads ? q + size_t{h0 + h} * dim : zeros;
+      HeadGroup(q, heads, dim, h0, zeros, qh);
       StoreTileRows(ScoreTile(token, qh, dim), std::min(kGroup, heads - h0), n, scores + size_t{h0} * stride + t0,
                     stride);
     }
   }
 }
 
-KVTIER_AVX512 void FloatBlockWeightedSum(const float* rows, uint32_t tokens, uint32_t dim, uint32_t kv, uint32_t heads,
-                                         const float* p, size_t stride, float* out) {
+KVTIER_AVX2 void FloatBlockScoresAvx2(const float* rows, uint32_t tokens, uint32_t dim, uint32_t heads, const float* q,
+                                      float* scores, size_t stride) {
+  const float* zeros = Zeros(dim);
+  for (uint32_t t0 = 0; t0 < tokens; t0 += kAvx2Tokens) {
+    const uint32_t n = std::min(kAvx2Tokens, tokens - t0);
+    const float* token[kAvx2Tokens];
+    for (uint32_t k = 0; k < kAvx2Tokens; ++k) token[k] = k < n ? rows + size_t{t0 + k} * dim : zeros;
+    for (uint32_t h0 = 0; h0 < heads; h0 += kGroup) {
+      const float* qh[kGroup];
+      HeadGroup(q, heads, dim, h0, zeros, qh);
+      float lanes[16];
+      ScoreTileAvx2(token, qh, dim, lanes);
+      for (uint32_t h = 0; h < std::min(kGroup, heads - h0); ++h) {
+        std::copy_n(lanes + h * kAvx2Tokens, n, scores + size_t{h0 + h} * stride + t0);
+      }
+    }
+  }
+}
+
+// Heads h0..h0+3's weights and outputs at channel c0 (a padding head: zero
+// weights, no output).
+void WeightedGroup(const float* p, size_t stride, float* out, uint32_t kv, uint32_t heads, uint32_t h0, uint32_t c0,
+                   const float* zeros, const float* ph[kGroup], float* oh[kGroup]) {
+  for (uint32_t h = 0; h < kGroup; ++h) {
+    const bool real = h0 + h < heads;
+    ph[h] = real ? p + size_t{h0 + h} * stride : zeros;
+    oh[h] = real ? out + size_t{h0 + h} * kv + c0 : nullptr;
+  }
+}
+
+KVTIER_AVX512 void FloatBlockWeightedSumAvx512(const float* rows, uint32_t tokens, uint32_t dim, uint32_t kv,
+                                               uint32_t heads, const float* p, size_t stride, float* out) {
   const float* zeros = Zeros(tokens);
   for (uint32_t c0 = 0; c0 < kv; c0 += 16 * kGroup) {
     const uint32_t chunks = std::min(kGroup, (kv - c0) / 16);
     for (uint32_t h0 = 0; h0 < heads; h0 += kGroup) {
       const float* ph[kGroup];
       float* oh[kGroup];
-      for (uint32_t h = 0; h < kGroup; ++h) {
-        const bool real = h0 + h < heads;
-        ph[h] = real ? p + size_t{h0 + h} * stride : zeros;
-        oh[h] = real ? out + size_t{h0 + h} * kv + c0 : nullptr;
-      }
+      WeightedGroup(p, stride, out, kv, heads, h0, c0, zeros, ph, oh);
       WeightedTile(rows + c0, tokens, dim, ph, oh, chunks);
     }
   }
 }
 
-KVTIER_AVX512 void WidenBf16Block(const uint8_t* payload, uint32_t tokens, uint32_t dim, float* rows) {
+KVTIER_AVX2 void FloatBlockWeightedSumAvx2(const float* rows, uint32_t tokens, uint32_t dim, uint32_t kv,
+                                           uint32_t heads, const float* p, size_t stride, float* out) {
+  const float* zeros = Zeros(tokens);
+  for (uint32_t c0 = 0; c0 < kv; c0 += 16) {
+    for (uint32_t h0 = 0; h0 < heads; h0 += kGroup) {
+      const float* ph[kGroup];
+      float* oh[kGroup];
+      WeightedGroup(p, stride, out, kv, heads, h0, c0, zeros, ph, oh);
+      WeightedTileAvx2(rows + c0, tokens, dim, ph, oh);
+    }
+  }
+}
+
+}  // namespace
+
+void FloatBlockScores(const float* rows, uint32_t tokens, uint32_t dim, uint32_t heads, const float* q, float* scores,
+                      size_t stride) {
+  if (HasAvx512()) return FloatBlockScoresAvx512(rows, tokens, dim, heads, q, scores, stride);
+  FloatBlockScoresAvx2(rows, tokens, dim, heads, q, scores, stride);
+}
+
+void FloatBlockWeightedSum(const float* rows, uint32_t tokens, uint32_t dim, uint32_t kv, uint32_t heads,
+                           const float* p, size_t stride, float* out) {
+  if (HasAvx512()) return FloatBlockWeightedSumAvx512(rows, tokens, dim, kv, heads, p, stride, out);
+  FloatBlockWeightedSumAvx2(rows, tokens, dim, kv, heads, p, stride, out);
+}
+
+namespace {
+
+KVTIER_AVX512 void WidenBf16Avx512(const uint8_t* payload, uint32_t tokens, uint32_t dim, float* rows) {
   for (size_t i = 0; i < size_t{tokens} * dim; i += 16) _mm512_storeu_ps(rows + i, Bf16ToFloats(payload + 2 * i));
 }
 
-KVTIER_AVX512 void WidenFp8Block(const uint8_t* payload, uint32_t tokens, uint32_t kv, uint32_t rope, float* rows) {
+KVTIER_AVX512 void WidenFp8Avx512(const uint8_t* payload, uint32_t tokens, uint32_t kv, uint32_t rope, float* rows) {
   // A token: kv E4M3 codes, a float scale per tile of kFp8TileSize, rope bf16.
   const uint32_t tiles = (kv + kFp8TileSize - 1) / kFp8TileSize, dim = kv + rope;
   const size_t token_bytes = EncodedBytes(Codec::kFp8, {1, kv, rope});
@@ -141,7 +274,7 @@ KVTIER_AVX512 void WidenFp8Block(const uint8_t* payload, uint32_t tokens, uint32
   }
 }
 
-KVTIER_AVX512 void WidenInt4Codes(const uint8_t* payload, uint32_t tokens, uint32_t dim, float* rows) {
+KVTIER_AVX512 void WidenInt4Avx512(const uint8_t* payload, uint32_t tokens, uint32_t dim, float* rows) {
   // Each token's codes: byte k holds channel k (low nibble) and channel
   // dim / 2 + k (high), after the block's scales and zero points.
   const uint32_t half = dim / 2;
@@ -158,7 +291,82 @@ KVTIER_AVX512 void WidenInt4Codes(const uint8_t* payload, uint32_t tokens, uint3
   }
 }
 
-#else  // no AVX-512 in this compiler's target: the portable path only
+// 8 bf16 values (16 bytes at `bf16`) widened to floats, exactly.
+KVTIER_AVX2 __attribute__((always_inline)) inline __m256 Bf16ToFloats8(const uint8_t* bf16) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bf16));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// 8 bytes at `p` as 32-bit lanes.
+KVTIER_AVX2 __attribute__((always_inline)) inline __m256i Bytes8(const uint8_t* p) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+
+KVTIER_AVX2 void WidenBf16Avx2(const uint8_t* payload, uint32_t tokens, uint32_t dim, float* rows) {
+  for (size_t i = 0; i < size_t{tokens} * dim; i += 8) _mm256_storeu_ps(rows + i, Bf16ToFloats8(payload + 2 * i));
+}
+
+// WidenFp8Avx512's steps, 8 codes at a time, with blends for its masks.
+KVTIER_AVX2 void WidenFp8Avx2(const uint8_t* payload, uint32_t tokens, uint32_t kv, uint32_t rope, float* rows) {
+  const uint32_t tiles = (kv + kFp8TileSize - 1) / kFp8TileSize, dim = kv + rope;
+  const size_t token_bytes = EncodedBytes(Codec::kFp8, {1, kv, rope});
+  const __m256i seven = _mm256_set1_epi32(0x7), eight = _mm256_set1_epi32(0x8);
+  const __m256i magnitude_mask = _mm256_set1_epi32(0x7f);
+  const __m256i bias = _mm256_set1_epi32(120 << 23), nan = _mm256_set1_epi32(0x7fc00000);
+  for (uint32_t t = 0; t < tokens; ++t) {
+    const uint8_t* src = payload + t * token_bytes;
+    float* row = rows + size_t{t} * dim;
+    for (uint32_t c = 0; c < kv; c += 8) {
+      float scale;
+      std::memcpy(&scale, src + kv + 4 * (c / kFp8TileSize), sizeof scale);
+      const __m256i code = Bytes8(src + c);
+      const __m256i magnitude = _mm256_and_si256(code, magnitude_mask);
+      __m256i bits = _mm256_add_epi32(_mm256_slli_epi32(magnitude, 20), bias);
+      const __m256 subnormal =
+          _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(code, seven)), _mm256_set1_ps(1.0f / 512));
+      bits = _mm256_blendv_epi8(bits, _mm256_castps_si256(subnormal), _mm256_cmpgt_epi32(eight, magnitude));
+      bits = _mm256_blendv_epi8(bits, nan, _mm256_cmpeq_epi32(magnitude, magnitude_mask));
+      bits = _mm256_or_si256(bits, _mm256_slli_epi32(_mm256_andnot_si256(magnitude_mask, code), 24));
+      _mm256_storeu_ps(row + c, _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(scale)));
+    }
+    const uint8_t* rope_src = src + kv + 4 * size_t{tiles};
+    for (uint32_t c = 0; c < rope; c += 8) _mm256_storeu_ps(row + kv + c, Bf16ToFloats8(rope_src + 2 * c));
+  }
+}
+
+KVTIER_AVX2 void WidenInt4Avx2(const uint8_t* payload, uint32_t tokens, uint32_t dim, float* rows) {
+  const uint32_t half = dim / 2;
+  const uint8_t* codes = payload + 4 * size_t{dim};
+  const __m256i low = _mm256_set1_epi32(0xf);
+  for (uint32_t t = 0; t < tokens; ++t) {
+    const uint8_t* src = codes + size_t{t} * half;
+    float* row = rows + size_t{t} * dim;
+    for (uint32_t k = 0; k < half; k += 8) {
+      const __m256i bytes = Bytes8(src + k);
+      _mm256_storeu_ps(row + k, _mm256_cvtepi32_ps(_mm256_and_si256(bytes, low)));
+      _mm256_storeu_ps(row + half + k, _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4)));
+    }
+  }
+}
+
+}  // namespace
+
+void WidenBf16Block(const uint8_t* payload, uint32_t tokens, uint32_t dim, float* rows) {
+  if (HasAvx512()) return WidenBf16Avx512(payload, tokens, dim, rows);
+  WidenBf16Avx2(payload, tokens, dim, rows);
+}
+
+void WidenFp8Block(const uint8_t* payload, uint32_t tokens, uint32_t kv, uint32_t rope, float* rows) {
+  if (HasAvx512()) return WidenFp8Avx512(payload, tokens, kv, rope, rows);
+  WidenFp8Avx2(payload, tokens, kv, rope, rows);
+}
+
+void WidenInt4Codes(const uint8_t* payload, uint32_t tokens, uint32_t dim, float* rows) {
+  if (HasAvx512()) return WidenInt4Avx512(payload, tokens, dim, rows);
+  WidenInt4Avx2(payload, tokens, dim, rows);
+}
+
+#else  // not x86-64 with GCC or clang: the portable path only
 
 bool FloatTilesUsable(uint32_t, uint32_t) { return false; }
 void FloatBlockScores(const float*, uint32_t, uint32_t, uint32_t, const float*, float*, size_t) {}

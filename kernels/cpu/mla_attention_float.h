@@ -1,8 +1,9 @@
 // The float path of absorbed MLA attention (bf16, fp8 and int4 blocks, and
 // int8 where the CPU lacks VNNI) over a block already widened to floats,
-// in AVX-512 register tiles: 4 heads x 4 tokens for the scores, 4 heads x
-// 64 channels for the weighted sums, 16 sums in registers and each load
-// shared by 4 FMAs. Private to kernels/cpu.
+// in register tiles: with AVX-512 4 heads x 4 tokens for the scores, 4
+// heads x 64 channels for the weighted sums, 16 sums in registers and each
+// load shared by 4 FMAs; with AVX2 (16 registers of 8 floats) 4 heads x 3
+// tokens and 4 heads x 16 channels. Private to kernels/cpu.
 #ifndef KVTIER_KERNELS_CPU_MLA_ATTENTION_FLOAT_H_
 #define KVTIER_KERNELS_CPU_MLA_ATTENTION_FLOAT_H_
 
@@ -15,8 +16,8 @@ namespace kvtier::kernels::cpu {
 // (SetAttentionTilesForTesting), so that the portable paths run.
 bool AttentionTilesEnabled();
 
-// True when this CPU runs AVX-512 (x86-64-v4) and the shape suits the tiles
-// (dim and kv_lora_rank multiples of 16).
+// True when this CPU runs AVX-512 (x86-64-v4) or AVX2 (x86-64-v3) and the
+// shape suits the tiles (dim and kv_lora_rank multiples of 16).
 bool FloatTilesUsable(uint32_t dim, uint32_t kv_lora_rank);
 
 // scores[h * stride + t] = q[h] . rows[t] for t < tokens, h < heads

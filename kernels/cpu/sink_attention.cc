@@ -34,7 +34,7 @@ void SinkAttention(const SinkAttentionShape& shape, const float* q, const float*
   }
   SinkScratch& scratch = ThreadSinkScratch();
   float* scores = cpu::Sized(scratch.scores, heads * m);
-  // AVX-512 register tiles read the entries as they lie; elsewhere Gemm,
+  // AVX2 or AVX-512 register tiles read the entries as they lie; elsewhere Gemm,
   // which takes the weighted sums over the entries transposed.
   const bool tiles = cpu::FloatTilesUsable(shape.dim, shape.dim) && m <= UINT32_MAX;
   if (tiles) {

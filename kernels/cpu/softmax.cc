@@ -1,6 +1,6 @@
 // Attention's softmax: one exp per score, so at a 2,048-token prefill 33 M
 // a layer; libm's expf one at a time was a visible share of both attention
-// forms (perf), so AVX-512 CPUs take sixteen at a time.
+// forms (perf), so AVX-512 CPUs take sixteen at a time and AVX2 CPUs eight.
 #include <algorithm>
 #include <cmath>
 
@@ -76,6 +76,84 @@ KVTIER_AVX512 float SoftmaxChunkAvx512(float* x, size_t n, float scale, float& m
   return rescale;
 }
 
+// ExpNonPositive in 8 lanes. Without vscalefps, 2^k is two products,
+// 2^(k + 64) (a normal float for every k >= -150) then 2^-64, so that
+// results below the normal range round once, as vscalefps rounds them.
+KVTIER_AVX2 inline __m256 ExpNonPositive8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-104.0f));
+  const __m256 k =
+      _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693145752f), x);
+  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(1.42860677e-6f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 5040);
+  for (const float c : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) {
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+  }
+  const __m256i biased = _mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127 + 64));
+  return _mm256_mul_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(biased, 23))), _mm256_set1_ps(0x1p-64f));
+}
+
+// Lanes i..i+7 of n that exist, as a maskload's mask.
+KVTIER_AVX2 inline __m256i TailMask8(size_t n, size_t i) {
+  const auto live = static_cast<int>(std::min<size_t>(n - i, 8));
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(live), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+KVTIER_AVX2 inline float LaneMax(__m256 v) {
+  const __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 pairs = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(pairs, _mm_movehdup_ps(pairs)));
+}
+
+KVTIER_AVX2 inline float LaneSum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 pairs = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)));
+}
+
+// The largest of x[0..n) times `scale` and `floor`.
+KVTIER_AVX2 inline float ScaledMax(const float* x, size_t n, float scale, float floor) {
+  const __m256 factor = _mm256_set1_ps(scale), none = _mm256_set1_ps(-INFINITY);
+  __m256 top = _mm256_set1_ps(floor);
+  for (size_t i = 0; i < n; i += 8) {  // lanes past n are -infinity, which scaling keeps
+    const __m256i m = TailMask8(n, i);
+    const __m256 v = _mm256_blendv_ps(none, _mm256_maskload_ps(x + i, m), _mm256_castsi256_ps(m));
+    top = _mm256_max_ps(top, _mm256_mul_ps(v, factor));
+  }
+  return LaneMax(top);
+}
+
+// x[i] = exp(scale * x[i] - shift) in place; returns their sum.
+KVTIER_AVX2 inline float ExpInPlace(float* x, size_t n, float scale, float shift) {
+  const __m256 factor = _mm256_set1_ps(scale), offset = _mm256_set1_ps(shift);
+  __m256 sum = _mm256_setzero_ps();
+  for (size_t i = 0; i < n; i += 8) {
+    const __m256i m = TailMask8(n, i);
+    const __m256 e = _mm256_and_ps(ExpNonPositive8(_mm256_fmsub_ps(_mm256_maskload_ps(x + i, m), factor, offset)),
+                                   _mm256_castsi256_ps(m));
+    _mm256_maskstore_ps(x + i, m, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  return LaneSum(sum);
+}
+
+KVTIER_AVX2 void SoftmaxAvx2(float* x, size_t n, float scale) {
+  const float top = ScaledMax(x, n, 1.0f, -INFINITY);
+  const __m256 inv = _mm256_set1_ps(1.0f / ExpInPlace(x, n, scale, top * scale));
+  for (size_t i = 0; i < n; i += 8) {
+    const __m256i m = TailMask8(n, i);
+    _mm256_maskstore_ps(x + i, m, _mm256_mul_ps(_mm256_maskload_ps(x + i, m), inv));
+  }
+}
+
+KVTIER_AVX2 float SoftmaxChunkAvx2(float* x, size_t n, float scale, float& max, float& sum) {
+  const float new_max = ScaledMax(x, n, scale, max);
+  const float chunk = ExpInPlace(x, n, scale, new_max);
+  const float rescale = new_max == max ? 1.0f : std::exp(max - new_max);
+  sum = sum * rescale + chunk;
+  max = new_max;
+  return rescale;
+}
 #endif
 
 }  // namespace
@@ -83,6 +161,7 @@ KVTIER_AVX512 float SoftmaxChunkAvx512(float* x, size_t n, float scale, float& m
 float SoftmaxChunk(float* x, size_t n, float scale, float& max, float& sum) {
 #ifdef KVTIER_AVX512
   if (cpu::HasAvx512()) return SoftmaxChunkAvx512(x, n, scale, max, sum);
+  if (cpu::HasAvx2()) return SoftmaxChunkAvx2(x, n, scale, max, sum);
 #endif
   float new_max = max;
   for (size_t i = 0; i < n; ++i) new_max = std::max(new_max, x[i] * scale);
@@ -97,6 +176,7 @@ float SoftmaxChunk(float* x, size_t n, float scale, float& max, float& sum) {
 void Softmax(float* x, size_t n, float scale) {
 #ifdef KVTIER_AVX512
   if (cpu::HasAvx512()) return SoftmaxAvx512(x, n, scale);
+  if (cpu::HasAvx2()) return SoftmaxAvx2(x, n, scale);
 #endif
   SoftmaxScalar(x, n, scale);
 }

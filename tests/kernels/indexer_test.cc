@@ -9,6 +9,7 @@
 #include <bit>
 #include <cmath>
 #include <random>
+#include <utility>
 
 #include "kvtier/kernels/rope.h"
 #include "tests/reference/deepseek_math.h"
@@ -104,13 +105,14 @@ TEST(Indexer, ScoresAreWeightedReluDotsTimesTheKeyScale) {
 }
 
 // V4's scores against the formula in float64, at key counts below, at and
-// past the 256 keys it scores at a time.
+// past the 256 keys it scores at a time, with a head dim that takes the
+// register tiles (32) and one that takes Gemm (24).
 TEST(Indexer, V4ScoresAreWeightedReluDots) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  const uint32_t heads = 5, dim = 32;
-  for (const size_t count : {size_t{1}, size_t{256}, size_t{600}}) {
+  const uint32_t heads = 5;
+  for (const auto& [dim, count] : {std::pair<uint32_t, size_t>{32, 1}, {32, 256}, {32, 600}, {24, 600}}) {
     std::vector<float> q(heads * dim), weights(heads), keys(count * dim), scores(count, NAN);
     for (float& v : q) v = normal(rng.engine());
     for (float& v : weights) v = normal(rng.engine());
@@ -124,7 +126,7 @@ TEST(Indexer, V4ScoresAreWeightedReluDots) {
         want += std::max(dot, 0.0) * weights[h];
         magnitude += std::fabs(dot * weights[h]);
       }
-      ASSERT_NEAR(scores[g], want, 1e-5 * (1 + magnitude)) << count << " keys, at " << g;
+      ASSERT_NEAR(scores[g], want, 1e-5 * (1 + magnitude)) << "dim " << dim << ", " << count << " keys, at " << g;
     }
   }
 }

@@ -1,7 +1,7 @@
 // Absorbed MLA decode attention: (1) over every codec's stored blocks it
 // equals float64 attention over the dequantized latents, with the same bits
 // when its heads are split over threads, and so does its portable path (no
-// VNNI or AVX-512 tiles); (2) with W_UK and
+// VNNI, AVX2 or AVX-512 tiles); (2) with W_UK and
 // W_UV folded in it equals the naive expanded-K/V attention.
 #include "kvtier/kernels/mla_attention.h"
 
@@ -121,7 +121,7 @@ TEST_P(AbsorbedMlaTest, EqualsFloat64AttentionOverTheDequantizedLatents) {
     SetKernelThreads(1);
     ASSERT_TRUE(st.ok());
     for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(split[i], out[i]) << "heads " << s.heads << " i " << i;
-    // The portable path (CPUs without AVX-512) within the float paths' bound.
+    // The portable path (CPUs without AVX2) within the float paths' bound.
     std::vector<float> portable(out.size(), NAN);
     SetAttentionTilesForTesting(false);
     const Status pst = AbsorbedMlaDecode(s, q_latent, q_rope, scale, ctx.blocks, ctx.tail, portable);
@@ -217,7 +217,7 @@ TEST(AbsorbedMla, RejectsBadSizes) {
 // codec's Fp8E4m3ToFloat(code) * scale, NaN codes included.
 TEST(FloatTiles, Fp8WideningGivesTheCodecsValueForEveryCode) {
   constexpr uint32_t kv = 256 + 32, rope = 16, tokens = 2, dim = kv + rope, tiles = 3;
-  if (!cpu::FloatTilesUsable(dim, kv)) GTEST_SKIP() << "no AVX-512 on this CPU: the float tiles do not run";
+  if (!cpu::FloatTilesUsable(dim, kv)) GTEST_SKIP() << "no AVX2 or AVX-512 on this CPU: the float tiles do not run";
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
   std::normal_distribution<float> normal(0.0f, 1.0f);

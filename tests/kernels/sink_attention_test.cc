@@ -1,7 +1,8 @@
 // DeepSeek-V4's attention with sinks against the formula in float64
 // (sink_attention.h), on fresh random inputs: head dims that take the
-// AVX-512 tiles (multiples of 64) and Gemm (48), counts around the tiles'
-// groups of 4 entries, and a sink large enough to take most of the weight.
+// register tiles (multiples of 16, 48 ending inside an AVX-512 tile's 64
+// channels) and Gemm (40), counts around the tiles' groups of 3 (AVX2) and
+// 4 (AVX-512) entries, and a sink large enough to take most of the weight.
 #include "kvtier/kernels/sink_attention.h"
 
 #include <gtest/gtest.h>
@@ -40,7 +41,7 @@ TEST(SinkAttention, EqualsFloat64) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (const uint32_t dim : {64u, 48u, 512u}) {
+  for (const uint32_t dim : {64u, 48u, 40u, 512u}) {
     for (const uint32_t heads : {1u, 6u}) {
       for (const size_t count : {size_t{1}, size_t{7}, size_t{130}}) {
         const SinkAttentionShape shape{heads, dim, 1.0f / std::sqrt(static_cast<float>(dim))};

@@ -71,7 +71,7 @@ void DequantizeFp4Rows(const Fp4Scaled& w, size_t cols, size_t row_begin, size_t
 // x[i] = e_i / sum_j e_j with e_i = exp(scale * (x[i] - max)), in place,
 // for n >= 1 finite scores and scale > 0: attention's softmax of scaled
 // scores. With AVX-512 sixteen at a time through a polynomial exp (within
-// 2 ulp of expf), elsewhere expf.
+// 2 ulp of expf), with AVX2 eight, elsewhere expf.
 void Softmax(float* x, size_t n, float scale = 1.0f);
 
 // One chunk of a softmax taken chunk by chunk, so that attention reads its

@@ -45,7 +45,7 @@ Status AbsorbedMlaDecode(const MlaShape& shape, std::span<const float> q_latent,
                          std::span<float> out);
 
 // For tests: false sends AbsorbedMlaDecode and AbsorbQueries down their
-// portable paths (no VNNI or AVX-512 tiles), as on CPUs without them.
+// portable paths (no VNNI, AVX2 or AVX-512 tiles), as on CPUs without them.
 void SetAttentionTilesForTesting(bool enabled);
 
 }  // namespace kvtier::kernels
