@@ -279,8 +279,11 @@ KVTIER_VNNI void AddWeightedVnni(const int16_t* p16, const int16_t* widened, uin
 // Without VNNI, AVX2's vpmaddwd: 16 int16 multiply-adds in pairs into 8
 // int32 lanes, then an add. The same roundings as above (so the same
 // bound); tiles of 4 heads x 2 tokens and 4 heads x 16 channels, 8
-// accumulators of the 16 registers. A lane sums dim / 8 products, each
-// at most 32767 x 128: dim <= 4096 keeps it below 2^31.
+// accumulators of the 16 registers, named variables (as an array GCC
+// moved them between registers and the stack on every step), each load
+// pinned to a register (GCC otherwise folds it into each multiply-add
+// that uses it, a load each). A lane sums dim / 8 products, each at most
+// 32767 x 128: dim <= 4096 keeps it below 2^31.
 
 // ToInt16's rounding, 8 lanes at a time (any n).
 KVTIER_AVX2 float ToInt16Avx2(const float* x, size_t n, int16_t* out, size_t run_stride) {
@@ -317,27 +320,38 @@ KVTIER_AVX2 inline __m256 SumEach8(const __m256 v[8]) {
   return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
 }
 
-// Sums of one 4-head x 2-token tile, lane h * 2 + k: q16[h] . code[k], q16
-// as [dim / 32][4][32].
-KVTIER_AVX2 __attribute__((noinline)) __m256 ScoreTileAvx2(const int8_t* row0, const int8_t* row1, const int16_t* qg,
-                                                           uint32_t dim) {
-  __m256i acc[2 * kGroup];
-  for (__m256i& a : acc) a = _mm256_setzero_si256();
-  for (uint32_t g = 0; g < dim / 32; ++g) {
-    const __m256i c0 = WidenCodes(row0 + 32 * g), c1 = WidenCodes(row0 + 32 * g + 16);
-    const __m256i d0 = WidenCodes(row1 + 32 * g), d1 = WidenCodes(row1 + 32 * g + 16);
-    for (uint32_t h = 0; h < kGroup; ++h) {
-      const int16_t* qh = qg + (size_t{g} * kGroup + h) * 32;
-      const __m256i q0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
-      const __m256i q1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 16));
-      acc[2 * h] = _mm256_add_epi32(acc[2 * h], _mm256_add_epi32(_mm256_madd_epi16(c0, q0), _mm256_madd_epi16(c1, q1)));
-      acc[2 * h + 1] =
-          _mm256_add_epi32(acc[2 * h + 1], _mm256_add_epi32(_mm256_madd_epi16(d0, q0), _mm256_madd_epi16(d1, q1)));
+constexpr uint32_t kAvx2Tokens = 2;
+
+#define KVTIER_INT8_SUMS(X) X(0, 0) X(0, 1) X(1, 0) X(1, 1) X(2, 0) X(2, 1) X(3, 0) X(3, 1)
+#define KVTIER_INT8_ZERO(h, k) __m256i a##h##k = _mm256_setzero_si256();
+#define KVTIER_INT8_FLOATS(h, k) _mm256_cvtepi32_ps(a##h##k),
+#define KVTIER_INT8_LIST(h, k) a##h##k,
+
+// Sums of one 4-head x 2-token tile, sums[h * 2 + k] = q16[h] . code[k],
+// q16 as [dim / 32][4][32], 16 channels a step (GCC unrolling the two
+// steps of a group spilled sums to the stack).
+KVTIER_AVX2 __attribute__((noinline)) void ScoreTileAvx2(const int8_t* const rows[kAvx2Tokens], const int16_t* qg,
+                                                         uint32_t dim, float sums[8]) {
+  KVTIER_INT8_SUMS(KVTIER_INT8_ZERO)
+  for (uint32_t g = 0; g < dim; g += 32) {
+    const int16_t* qg32 = qg + size_t{g} * kGroup;  // the group's [4][32]
+#pragma GCC unroll 1
+    for (uint32_t c = g; c < g + 32; c += 16) {
+      const __m256i t0 = WidenCodes(rows[0] + c), t1 = WidenCodes(rows[1] + c);
+      const int16_t* q = qg32 + (c - g);
+#define KVTIER_INT8_HEAD(h)                                                          \
+  {                                                                                  \
+    __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * (h))); \
+    asm("" : "+x"(qh));                                                              \
+    a##h##0 = _mm256_add_epi32(a##h##0, _mm256_madd_epi16(t0, qh));                  \
+    a##h##1 = _mm256_add_epi32(a##h##1, _mm256_madd_epi16(t1, qh));                  \
+  }
+      KVTIER_INT8_HEAD(0) KVTIER_INT8_HEAD(1) KVTIER_INT8_HEAD(2) KVTIER_INT8_HEAD(3)
+#undef KVTIER_INT8_HEAD
     }
   }
-  __m256 sums[2 * kGroup];
-  for (uint32_t i = 0; i < 2 * kGroup; ++i) sums[i] = _mm256_cvtepi32_ps(acc[i]);
-  return SumEach8(sums);
+  const __m256 all[8] = {KVTIER_INT8_SUMS(KVTIER_INT8_FLOATS)};
+  _mm256_storeu_ps(sums, SumEach8(all));
 }
 
 // The AVX2 path's score sums: 2 tokens (a row past the block reads
@@ -345,16 +359,15 @@ KVTIER_AVX2 __attribute__((noinline)) __m256 ScoreTileAvx2(const int8_t* row0, c
 KVTIER_AVX2 void ScoreSumsAvx2(const int8_t* codes, uint32_t tokens, uint32_t dim, uint32_t heads, const int16_t* q16,
                                const int8_t* zeros, float* scores, size_t stride) {
   const uint32_t groups = HeadGroups(heads);
-  for (uint32_t t0 = 0; t0 < tokens; t0 += 2) {
-    const int8_t* row0 = codes + size_t{t0} * dim;
-    const int8_t* row1 = t0 + 1 < tokens ? row0 + dim : zeros;
+  for (uint32_t t0 = 0; t0 < tokens; t0 += kAvx2Tokens) {
+    const uint32_t n = std::min(kAvx2Tokens, tokens - t0);
+    const int8_t* rows[kAvx2Tokens];
+    for (uint32_t k = 0; k < kAvx2Tokens; ++k) rows[k] = k < n ? codes + size_t{t0 + k} * dim : zeros;
     for (uint32_t group = 0; group < groups; ++group) {
-      alignas(32) float lanes[2 * kGroup];
-      _mm256_store_ps(lanes, ScoreTileAvx2(row0, row1, q16 + size_t{group} * kGroup * dim, dim));
+      float lanes[2 * kGroup];
+      ScoreTileAvx2(rows, q16 + size_t{group} * kGroup * dim, dim, lanes);
       for (uint32_t h = 0; h < kGroup && group * kGroup + h < heads; ++h) {
-        for (uint32_t k = 0; k < 2 && t0 + k < tokens; ++k) {
-          scores[size_t{group * kGroup + h} * stride + t0 + k] = lanes[2 * h + k];
-        }
+        std::copy_n(lanes + kAvx2Tokens * h, n, scores + size_t{group * kGroup + h} * stride + t0);
       }
     }
   }
@@ -365,21 +378,25 @@ KVTIER_AVX2 void ScoreSumsAvx2(const int8_t* codes, uint32_t tokens, uint32_t di
 // tile's 32 int16 of pair 0, the next pair's `pair_stride` further.
 KVTIER_AVX2 __attribute__((noinline)) void WeightedTileAvx2(const int16_t* p16, const int16_t* widened, uint32_t npairs,
                                                             size_t pair_stride, __m256i sums[2 * kGroup]) {
-  __m256i acc[2 * kGroup];
-  for (__m256i& a : acc) a = _mm256_setzero_si256();
+  KVTIER_INT8_SUMS(KVTIER_INT8_ZERO)
   for (uint32_t k = 0; k < npairs; ++k) {
     const int16_t* w = widened + k * pair_stride;
-    const __m256i low = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
-    const __m256i high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16));
-    for (uint32_t h = 0; h < kGroup; ++h) {
-      int32_t pair;
-      std::memcpy(&pair, p16 + size_t{h} * 2 * npairs + 2 * size_t{k}, sizeof pair);
-      const __m256i weights = _mm256_set1_epi32(pair);
-      acc[2 * h] = _mm256_add_epi32(acc[2 * h], _mm256_madd_epi16(low, weights));
-      acc[2 * h + 1] = _mm256_add_epi32(acc[2 * h + 1], _mm256_madd_epi16(high, weights));
-    }
+    __m256i low = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+    __m256i high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16));
+    asm("" : "+x"(low), "+x"(high));
+#define KVTIER_INT8_HEAD(h)                                                        \
+  {                                                                                \
+    int32_t pair;                                                                  \
+    std::memcpy(&pair, p16 + size_t{h} * 2 * npairs + 2 * size_t{k}, sizeof pair); \
+    const __m256i weights = _mm256_set1_epi32(pair);                               \
+    a##h##0 = _mm256_add_epi32(a##h##0, _mm256_madd_epi16(low, weights));          \
+    a##h##1 = _mm256_add_epi32(a##h##1, _mm256_madd_epi16(high, weights));         \
   }
-  std::copy_n(acc, 2 * kGroup, sums);
+    KVTIER_INT8_HEAD(0) KVTIER_INT8_HEAD(1) KVTIER_INT8_HEAD(2) KVTIER_INT8_HEAD(3)
+#undef KVTIER_INT8_HEAD
+  }
+  const __m256i all[2 * kGroup] = {KVTIER_INT8_SUMS(KVTIER_INT8_LIST)};
+  std::copy_n(all, 2 * kGroup, sums);
 }
 
 // The AVX2 path's weighted sums of one chunk of channels (c0 on) over one
