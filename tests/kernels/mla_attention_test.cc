@@ -90,11 +90,13 @@ TEST_P(AbsorbedMlaTest, EqualsFloat64AttentionOverTheDequantizedLatents) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
   // Head counts that fill 16, 8 and 4 lanes of the int8 kernels' passes
-  // (20 = 16 + 4), V2-Lite's dims among them, and a kv whose last 64-channel
+  // (20 = 16 + 4), V2-Lite's dims among them, a kv whose last 64-channel
   // chunk of the float tiles reaches past a row's end (80 + 16: under ASan
-  // a read past the tail's last row fails).
-  for (const MlaShape& s :
-       {MlaShape{4, 48, 16}, MlaShape{16, 512, 64}, MlaShape{8, 128, 32}, MlaShape{20, 64, 32}, MlaShape{4, 80, 16}}) {
+  // a read past the tail's last row fails), and a dim the float tiles take
+  // but not the int8 integer path or the int4 widening (64 + 16, not a
+  // multiple of 32: int8 and int4 codes widened token by token).
+  for (const MlaShape& s : {MlaShape{4, 48, 16}, MlaShape{16, 512, 64}, MlaShape{8, 128, 32}, MlaShape{20, 64, 32},
+                            MlaShape{4, 80, 16}, MlaShape{4, 64, 16}}) {
     // A full block, one longer than the int8 kernels' span of 256 tokens
     // (odd: its last pair has one token), a partial last block and a float
     // tail of more than two of the 128-token chunks it is read in.
