@@ -10,6 +10,16 @@
 namespace kvtier::kernels {
 namespace {
 
+// SoftmaxChunk's last step: `max` and `sum` move to the chunk's new
+// largest scaled score, the chunk's exponentials' sum added; returns the
+// factor for what earlier chunks weighted.
+float MoveTo(float new_max, float chunk_sum, float& max, float& sum) {
+  const float rescale = new_max == max ? 1.0f : std::exp(max - new_max);
+  sum = sum * rescale + chunk_sum;
+  max = new_max;
+  return rescale;
+}
+
 void SoftmaxScalar(float* x, size_t n, float scale) {
   const float max = *std::max_element(x, x + n);
   float sum = 0.0f;
@@ -70,10 +80,7 @@ KVTIER_AVX512 float SoftmaxChunkAvx512(float* x, size_t n, float scale, float& m
     _mm512_mask_storeu_ps(x + i, m, e);
     chunk = _mm512_mask_add_ps(chunk, m, chunk, e);
   }
-  const float rescale = new_max == max ? 1.0f : std::exp(max - new_max);
-  sum = sum * rescale + _mm512_reduce_add_ps(chunk);
-  max = new_max;
-  return rescale;
+  return MoveTo(new_max, _mm512_reduce_add_ps(chunk), max, sum);
 }
 
 // ExpNonPositive in 8 lanes. Without vscalefps, 2^k is two products,
@@ -138,8 +145,7 @@ KVTIER_AVX2 inline float ExpInPlace(float* x, size_t n, float scale, float shift
 }
 
 KVTIER_AVX2 void SoftmaxAvx2(float* x, size_t n, float scale) {
-  const float top = ScaledMax(x, n, 1.0f, -INFINITY);
-  const __m256 inv = _mm256_set1_ps(1.0f / ExpInPlace(x, n, scale, top * scale));
+  const __m256 inv = _mm256_set1_ps(1.0f / ExpInPlace(x, n, scale, ScaledMax(x, n, scale, -INFINITY)));
   for (size_t i = 0; i < n; i += 8) {
     const __m256i m = TailMask8(n, i);
     _mm256_maskstore_ps(x + i, m, _mm256_mul_ps(_mm256_maskload_ps(x + i, m), inv));
@@ -148,11 +154,7 @@ KVTIER_AVX2 void SoftmaxAvx2(float* x, size_t n, float scale) {
 
 KVTIER_AVX2 float SoftmaxChunkAvx2(float* x, size_t n, float scale, float& max, float& sum) {
   const float new_max = ScaledMax(x, n, scale, max);
-  const float chunk = ExpInPlace(x, n, scale, new_max);
-  const float rescale = new_max == max ? 1.0f : std::exp(max - new_max);
-  sum = sum * rescale + chunk;
-  max = new_max;
-  return rescale;
+  return MoveTo(new_max, ExpInPlace(x, n, scale, new_max), max, sum);
 }
 #endif
 
@@ -167,10 +169,7 @@ float SoftmaxChunk(float* x, size_t n, float scale, float& max, float& sum) {
   for (size_t i = 0; i < n; ++i) new_max = std::max(new_max, x[i] * scale);
   float chunk = 0.0f;
   for (size_t i = 0; i < n; ++i) chunk += (x[i] = std::exp(std::fma(x[i], scale, -new_max)));
-  const float rescale = new_max == max ? 1.0f : std::exp(max - new_max);
-  sum = sum * rescale + chunk;
-  max = new_max;
-  return rescale;
+  return MoveTo(new_max, chunk, max, sum);
 }
 
 void Softmax(float* x, size_t n, float scale) {
