@@ -180,9 +180,10 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
   };
 
   // int8 blocks take integer dot products where the CPU has them (AVX-512
-  // VNNI or AVX2); the other blocks, widened to floats (codes, for int8 and
-  // int4), take float register tiles where it has AVX2 or AVX-512, else
-  // Gemm for the scores and AddWeightedRows for the sums.
+  // VNNI or AVX2); where it has AVX2 or AVX-512, bf16 blocks take the float
+  // register tiles as they lie and the others widened to floats (codes, for
+  // int8 and int4); elsewhere every block is widened and takes Gemm for the
+  // scores and AddWeightedRows for the sums.
   const bool integer_int8 = cpu::AttentionTilesEnabled() && cpu::Int8IntegerUsable(dim, kv);
   const bool tiles = cpu::AttentionTilesEnabled() && cpu::FloatTilesUsable(dim, kv);
   for (const LatentBlock& b : blocks) {
@@ -192,6 +193,13 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
       cpu::Int8BlockScores(b.payload.data(), n, dim, heads, q, p, n);
       weights(p, n);
       cpu::Int8BlockWeightedSum(b.payload.data(), n, dim, kv, heads, p, n, out.data());
+      continue;
+    }
+    if (tiles && b.codec == Codec::kBf16) {  // the tiles widen its values in registers
+      const auto* rows = reinterpret_cast<const uint16_t*>(b.payload.data());
+      cpu::FloatBlockScores(rows, n, dim, heads, q, p, n);
+      weights(p, n);
+      cpu::FloatBlockWeightedSum(rows, n, dim, kv, heads, p, n, out.data());
       continue;
     }
     const bool integer = b.codec == Codec::kInt8 || b.codec == Codec::kInt4;
@@ -205,9 +213,7 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
     }
     const float* query = integer ? qs : q;
     float* rows = cpu::Sized(scratch.rows, size_t{n} * dim);
-    if (tiles && b.codec == Codec::kBf16) {
-      cpu::WidenBf16Block(b.payload.data(), n, dim, rows);
-    } else if (tiles && b.codec == Codec::kInt4 && dim % 32 == 0) {
+    if (tiles && b.codec == Codec::kInt4 && dim % 32 == 0) {
       cpu::WidenInt4Codes(b.payload.data(), n, dim, rows);
     } else if (tiles && b.codec == Codec::kFp8 && rope % 16 == 0) {
       cpu::WidenFp8Block(b.payload.data(), n, kv, rope, rows);

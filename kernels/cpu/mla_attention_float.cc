@@ -23,12 +23,23 @@ constexpr uint32_t kGroup = 4;
 #define KVTIER_TILE_ZERO(h, k) __m512 a##h##k = _mm512_setzero_ps();
 #define KVTIER_TILE_FMA(h, k) a##h##k = _mm512_fmadd_ps(row, c##k, a##h##k);
 
+// 16 channels of a row as floats, lanes masked off 0: float rows as they
+// lie, bf16 rows (a block's payload) widened in the register, so that a
+// bf16 block is never written out as floats.
+KVTIER_AVX512 __attribute__((always_inline)) inline __m512 LoadRow(const float* p, __mmask16 live) {
+  return _mm512_maskz_loadu_ps(live, p);
+}
+KVTIER_AVX512 __attribute__((always_inline)) inline __m512 LoadRow(const uint16_t* p, __mmask16 live) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, p)), 16));
+}
+
 // Sums of one 4-head x 4-token tile, lane h * 4 + k: q[h] . token[k].
-KVTIER_AVX512 __attribute__((noinline)) __m512 ScoreTile(const float* const tokens[kGroup],
-                                                         const float* const q[kGroup], uint32_t dim) {
+template <typename Row>
+KVTIER_AVX512 __attribute__((noinline)) __m512 ScoreTile(const Row* const tokens[kGroup], const float* const q[kGroup],
+                                                         uint32_t dim) {
   KVTIER_TILE(KVTIER_TILE_ZERO)
   for (uint32_t c = 0; c < dim; c += 16) {
-#define KVTIER_TOKEN(k) _mm512_loadu_ps(tokens[k] + c)
+#define KVTIER_TOKEN(k) LoadRow(tokens[k] + c, 0xffff)
 #define KVTIER_QUERY(h) _mm512_loadu_ps(q[h] + c)
     KVTIER_TILE_STEP(__m512, KVTIER_TOKEN, KVTIER_QUERY, KVTIER_TILE_FMA)
 #undef KVTIER_TOKEN
@@ -43,14 +54,15 @@ KVTIER_AVX512 __attribute__((noinline)) __m512 ScoreTile(const float* const toke
 // (p[h]: head h's weights; out[h]: its 64 outputs, null for a padding head).
 // The groups past `chunks` are loaded masked off, so no row is read past
 // them.
-KVTIER_AVX512 __attribute__((noinline)) void WeightedTile(const float* rows, uint32_t tokens, uint32_t dim,
+template <typename Row>
+KVTIER_AVX512 __attribute__((noinline)) void WeightedTile(const Row* rows, uint32_t tokens, uint32_t dim,
                                                           const float* const p[kGroup], float* const out[kGroup],
                                                           uint32_t chunks) {
   __mmask16 live[kGroup];
   for (uint32_t j = 0; j < kGroup; ++j) live[j] = j < chunks ? 0xffff : 0;
   KVTIER_TILE(KVTIER_TILE_ZERO)
   for (uint32_t t = 0; t < tokens; ++t) {
-#define KVTIER_CHANNELS(j) _mm512_maskz_loadu_ps(live[j], rows + size_t{t} * dim + 16 * j)
+#define KVTIER_CHANNELS(j) LoadRow(rows + size_t{t} * dim + 16 * j, live[j])
 #define KVTIER_WEIGHT(h) _mm512_set1_ps(p[h][t])
     KVTIER_TILE_STEP(__m512, KVTIER_CHANNELS, KVTIER_WEIGHT, KVTIER_TILE_FMA)
 #undef KVTIER_CHANNELS
@@ -87,15 +99,22 @@ KVTIER_AVX2 __attribute__((always_inline)) inline __m256 SumEach8(const __m256 v
                        _mm256_permute2f128_ps(quads[0], quads[1], 0x31));
 }
 
+// LoadRow's 8 channels.
+KVTIER_AVX2 __attribute__((always_inline)) inline __m256 LoadRow8(const float* p) { return _mm256_loadu_ps(p); }
+KVTIER_AVX2 __attribute__((always_inline)) inline __m256 LoadRow8(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
 // Sums of one 4-head x 3-token tile, sums[h * 3 + k] = q[h] . token[k].
 // Each head's load is pinned to a register: GCC otherwise folds it into
 // each of its three FMAs, three loads where one does.
-KVTIER_AVX2 __attribute__((noinline)) void ScoreTileAvx2(const float* const tokens[kAvx2Tokens],
+template <typename Row>
+KVTIER_AVX2 __attribute__((noinline)) void ScoreTileAvx2(const Row* const tokens[kAvx2Tokens],
                                                          const float* const q[kGroup], uint32_t dim, float sums[16]) {
   KVTIER_AVX2_SCORE_SUMS(KVTIER_AVX2_ZERO)
   for (uint32_t c = 0; c < dim; c += 8) {
-    const __m256 t0 = _mm256_loadu_ps(tokens[0] + c), t1 = _mm256_loadu_ps(tokens[1] + c),
-                 t2 = _mm256_loadu_ps(tokens[2] + c);
+    const __m256 t0 = LoadRow8(tokens[0] + c), t1 = LoadRow8(tokens[1] + c), t2 = LoadRow8(tokens[2] + c);
 #define KVTIER_AVX2_HEAD(h)                           \
   {                                                   \
     __m256 qh = _mm256_loadu_ps(q[h] + c);            \
@@ -116,11 +135,12 @@ KVTIER_AVX2 __attribute__((noinline)) void ScoreTileAvx2(const float* const toke
 
 // One 4-head x 16-channel tile over the block's tokens: out[h][c] +=
 // sum_t p[h][t] * rows[t][c] for c < 16 (out[h] null for a padding head).
-KVTIER_AVX2 __attribute__((noinline)) void WeightedTileAvx2(const float* rows, uint32_t tokens, uint32_t dim,
+template <typename Row>
+KVTIER_AVX2 __attribute__((noinline)) void WeightedTileAvx2(const Row* rows, uint32_t tokens, uint32_t dim,
                                                             const float* const p[kGroup], float* const out[kGroup]) {
   KVTIER_AVX2_CHANNEL_SUMS(KVTIER_AVX2_ZERO)
   for (uint32_t t = 0; t < tokens; ++t) {
-    const __m256 r0 = _mm256_loadu_ps(rows + size_t{t} * dim), r1 = _mm256_loadu_ps(rows + size_t{t} * dim + 8);
+    const __m256 r0 = LoadRow8(rows + size_t{t} * dim), r1 = LoadRow8(rows + size_t{t} * dim + 8);
 #define KVTIER_AVX2_HEAD(h)                         \
   {                                                 \
     const __m256 w = _mm256_broadcast_ss(p[h] + t); \
@@ -140,10 +160,16 @@ KVTIER_AVX2 __attribute__((noinline)) void WeightedTileAvx2(const float* rows, u
 }
 
 // Zeros standing in for the heads past the last and the tokens past the
-// block's end, so that every tile is whole.
+// block's end, so that every tile is whole (all-zero bits: 0 as a float
+// and as a bf16).
 const float* Zeros(size_t n) {
   thread_local std::vector<float> zeros;
   return Sized(zeros, n);
+}
+
+template <typename Row>
+const Row* ZeroRow(uint32_t dim) {
+  return reinterpret_cast<const Row*>(Zeros(dim));
 }
 
 // The heads h0..h0+3 of `q` [heads][dim] (zeros past the last).
@@ -152,13 +178,14 @@ void HeadGroup(const float* q, uint32_t heads, uint32_t dim, uint32_t h0, const 
   for (uint32_t h = 0; h < kGroup; ++h) group[h] = h0 + h < heads ? q + size_t{h0 + h} * dim : zeros;
 }
 
-KVTIER_AVX512 void FloatBlockScoresAvx512(const float* rows, uint32_t tokens, uint32_t dim, uint32_t heads,
+template <typename Row>
+KVTIER_AVX512 void FloatBlockScoresAvx512(const Row* rows, uint32_t tokens, uint32_t dim, uint32_t heads,
                                           const float* q, float* scores, size_t stride) {
   const float* zeros = Zeros(dim);
   for (uint32_t t0 = 0; t0 < tokens; t0 += kGroup) {
     const uint32_t n = std::min(kGroup, tokens - t0);
-    const float* token[kGroup];
-    for (uint32_t k = 0; k < kGroup; ++k) token[k] = k < n ? rows + size_t{t0 + k} * dim : zeros;
+    const Row* token[kGroup];
+    for (uint32_t k = 0; k < kGroup; ++k) token[k] = k < n ? rows + size_t{t0 + k} * dim : ZeroRow<Row>(dim);
     for (uint32_t h0 = 0; h0 < heads; h0 += kGroup) {
       const float* qh[kGroup];
       HeadGroup(q, heads, dim, h0, zeros, qh);
@@ -168,13 +195,14 @@ KVTIER_AVX512 void FloatBlockScoresAvx512(const float* rows, uint32_t tokens, ui
   }
 }
 
-KVTIER_AVX2 void FloatBlockScoresAvx2(const float* rows, uint32_t tokens, uint32_t dim, uint32_t heads, const float* q,
+template <typename Row>
+KVTIER_AVX2 void FloatBlockScoresAvx2(const Row* rows, uint32_t tokens, uint32_t dim, uint32_t heads, const float* q,
                                       float* scores, size_t stride) {
   const float* zeros = Zeros(dim);
   for (uint32_t t0 = 0; t0 < tokens; t0 += kAvx2Tokens) {
     const uint32_t n = std::min(kAvx2Tokens, tokens - t0);
-    const float* token[kAvx2Tokens];
-    for (uint32_t k = 0; k < kAvx2Tokens; ++k) token[k] = k < n ? rows + size_t{t0 + k} * dim : zeros;
+    const Row* token[kAvx2Tokens];
+    for (uint32_t k = 0; k < kAvx2Tokens; ++k) token[k] = k < n ? rows + size_t{t0 + k} * dim : ZeroRow<Row>(dim);
     for (uint32_t h0 = 0; h0 < heads; h0 += kGroup) {
       const float* qh[kGroup];
       HeadGroup(q, heads, dim, h0, zeros, qh);
@@ -198,7 +226,8 @@ void WeightedGroup(const float* p, size_t stride, float* out, uint32_t kv, uint3
   }
 }
 
-KVTIER_AVX512 void FloatBlockWeightedSumAvx512(const float* rows, uint32_t tokens, uint32_t dim, uint32_t kv,
+template <typename Row>
+KVTIER_AVX512 void FloatBlockWeightedSumAvx512(const Row* rows, uint32_t tokens, uint32_t dim, uint32_t kv,
                                                uint32_t heads, const float* p, size_t stride, float* out) {
   const float* zeros = Zeros(tokens);
   for (uint32_t c0 = 0; c0 < kv; c0 += 16 * kGroup) {
@@ -212,8 +241,9 @@ KVTIER_AVX512 void FloatBlockWeightedSumAvx512(const float* rows, uint32_t token
   }
 }
 
-KVTIER_AVX2 void FloatBlockWeightedSumAvx2(const float* rows, uint32_t tokens, uint32_t dim, uint32_t kv,
-                                           uint32_t heads, const float* p, size_t stride, float* out) {
+template <typename Row>
+KVTIER_AVX2 void FloatBlockWeightedSumAvx2(const Row* rows, uint32_t tokens, uint32_t dim, uint32_t kv, uint32_t heads,
+                                           const float* p, size_t stride, float* out) {
   const float* zeros = Zeros(tokens);
   for (uint32_t c0 = 0; c0 < kv; c0 += 16) {
     for (uint32_t h0 = 0; h0 < heads; h0 += kGroup) {
@@ -225,25 +255,43 @@ KVTIER_AVX2 void FloatBlockWeightedSumAvx2(const float* rows, uint32_t tokens, u
   }
 }
 
-}  // namespace
-
-void FloatBlockScores(const float* rows, uint32_t tokens, uint32_t dim, uint32_t heads, const float* q, float* scores,
-                      size_t stride) {
+template <typename Row>
+void BlockScores(const Row* rows, uint32_t tokens, uint32_t dim, uint32_t heads, const float* q, float* scores,
+                 size_t stride) {
   if (HasAvx512()) return FloatBlockScoresAvx512(rows, tokens, dim, heads, q, scores, stride);
   FloatBlockScoresAvx2(rows, tokens, dim, heads, q, scores, stride);
 }
 
-void FloatBlockWeightedSum(const float* rows, uint32_t tokens, uint32_t dim, uint32_t kv, uint32_t heads,
-                           const float* p, size_t stride, float* out) {
+template <typename Row>
+void BlockWeightedSum(const Row* rows, uint32_t tokens, uint32_t dim, uint32_t kv, uint32_t heads, const float* p,
+                      size_t stride, float* out) {
   if (HasAvx512()) return FloatBlockWeightedSumAvx512(rows, tokens, dim, kv, heads, p, stride, out);
   FloatBlockWeightedSumAvx2(rows, tokens, dim, kv, heads, p, stride, out);
 }
 
-namespace {
+}  // namespace
 
-KVTIER_AVX512 void WidenBf16Avx512(const uint8_t* payload, uint32_t tokens, uint32_t dim, float* rows) {
-  for (size_t i = 0; i < size_t{tokens} * dim; i += 16) _mm512_storeu_ps(rows + i, Bf16ToFloats(payload + 2 * i));
+void FloatBlockScores(const float* rows, uint32_t tokens, uint32_t dim, uint32_t heads, const float* q, float* scores,
+                      size_t stride) {
+  BlockScores(rows, tokens, dim, heads, q, scores, stride);
 }
+
+void FloatBlockScores(const uint16_t* rows, uint32_t tokens, uint32_t dim, uint32_t heads, const float* q,
+                      float* scores, size_t stride) {
+  BlockScores(rows, tokens, dim, heads, q, scores, stride);
+}
+
+void FloatBlockWeightedSum(const float* rows, uint32_t tokens, uint32_t dim, uint32_t kv, uint32_t heads,
+                           const float* p, size_t stride, float* out) {
+  BlockWeightedSum(rows, tokens, dim, kv, heads, p, stride, out);
+}
+
+void FloatBlockWeightedSum(const uint16_t* rows, uint32_t tokens, uint32_t dim, uint32_t kv, uint32_t heads,
+                           const float* p, size_t stride, float* out) {
+  BlockWeightedSum(rows, tokens, dim, kv, heads, p, stride, out);
+}
+
+namespace {
 
 KVTIER_AVX512 void WidenFp8Avx512(const uint8_t* payload, uint32_t tokens, uint32_t kv, uint32_t rope, float* rows) {
   // A token: kv E4M3 codes, a float scale per tile of kFp8TileSize, rope bf16.
@@ -291,19 +339,9 @@ KVTIER_AVX512 void WidenInt4Avx512(const uint8_t* payload, uint32_t tokens, uint
   }
 }
 
-// 8 bf16 values (16 bytes at `bf16`) widened to floats, exactly.
-KVTIER_AVX2 __attribute__((always_inline)) inline __m256 Bf16ToFloats8(const uint8_t* bf16) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bf16));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
 // 8 bytes at `p` as 32-bit lanes.
 KVTIER_AVX2 __attribute__((always_inline)) inline __m256i Bytes8(const uint8_t* p) {
   return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-}
-
-KVTIER_AVX2 void WidenBf16Avx2(const uint8_t* payload, uint32_t tokens, uint32_t dim, float* rows) {
-  for (size_t i = 0; i < size_t{tokens} * dim; i += 8) _mm256_storeu_ps(rows + i, Bf16ToFloats8(payload + 2 * i));
 }
 
 // WidenFp8Avx512's steps, 8 codes at a time, with blends for its masks.
@@ -330,7 +368,8 @@ KVTIER_AVX2 void WidenFp8Avx2(const uint8_t* payload, uint32_t tokens, uint32_t 
       _mm256_storeu_ps(row + c, _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(scale)));
     }
     const uint8_t* rope_src = src + kv + 4 * size_t{tiles};
-    for (uint32_t c = 0; c < rope; c += 8) _mm256_storeu_ps(row + kv + c, Bf16ToFloats8(rope_src + 2 * c));
+    const auto* rope_bf16 = reinterpret_cast<const uint16_t*>(rope_src);
+    for (uint32_t c = 0; c < rope; c += 8) _mm256_storeu_ps(row + kv + c, LoadRow8(rope_bf16 + c));
   }
 }
 
@@ -351,11 +390,6 @@ KVTIER_AVX2 void WidenInt4Avx2(const uint8_t* payload, uint32_t tokens, uint32_t
 
 }  // namespace
 
-void WidenBf16Block(const uint8_t* payload, uint32_t tokens, uint32_t dim, float* rows) {
-  if (HasAvx512()) return WidenBf16Avx512(payload, tokens, dim, rows);
-  WidenBf16Avx2(payload, tokens, dim, rows);
-}
-
 void WidenFp8Block(const uint8_t* payload, uint32_t tokens, uint32_t kv, uint32_t rope, float* rows) {
   if (HasAvx512()) return WidenFp8Avx512(payload, tokens, kv, rope, rows);
   WidenFp8Avx2(payload, tokens, kv, rope, rows);
@@ -370,8 +404,9 @@ void WidenInt4Codes(const uint8_t* payload, uint32_t tokens, uint32_t dim, float
 
 bool FloatTilesUsable(uint32_t, uint32_t) { return false; }
 void FloatBlockScores(const float*, uint32_t, uint32_t, uint32_t, const float*, float*, size_t) {}
+void FloatBlockScores(const uint16_t*, uint32_t, uint32_t, uint32_t, const float*, float*, size_t) {}
 void FloatBlockWeightedSum(const float*, uint32_t, uint32_t, uint32_t, uint32_t, const float*, size_t, float*) {}
-void WidenBf16Block(const uint8_t*, uint32_t, uint32_t, float*) {}
+void FloatBlockWeightedSum(const uint16_t*, uint32_t, uint32_t, uint32_t, uint32_t, const float*, size_t, float*) {}
 void WidenFp8Block(const uint8_t*, uint32_t, uint32_t, uint32_t, float*) {}
 void WidenInt4Codes(const uint8_t*, uint32_t, uint32_t, float*) {}
 

@@ -21,17 +21,18 @@ bool AttentionTilesEnabled();
 bool FloatTilesUsable(uint32_t dim, uint32_t kv_lora_rank);
 
 // scores[h * stride + t] = q[h] . rows[t] for t < tokens, h < heads
-// (`rows` [tokens][dim], `q` [heads][dim]).
+// (`rows` [tokens][dim] floats, or bf16 values, a bf16 block's payload as
+// it lies; `q` [heads][dim]).
 void FloatBlockScores(const float* rows, uint32_t tokens, uint32_t dim, uint32_t heads, const float* q, float* scores,
                       size_t stride);
+void FloatBlockScores(const uint16_t* rows, uint32_t tokens, uint32_t dim, uint32_t heads, const float* q,
+                      float* scores, size_t stride);
 
 // out[h * kv + c] += sum_t p[h * stride + t] * rows[t][c] for c < kv.
 void FloatBlockWeightedSum(const float* rows, uint32_t tokens, uint32_t dim, uint32_t kv, uint32_t heads,
                            const float* p, size_t stride, float* out);
-
-// A bf16 block's tokens widened to floats, [tokens][dim] (dim a multiple
-// of 16).
-void WidenBf16Block(const uint8_t* payload, uint32_t tokens, uint32_t dim, float* rows);
+void FloatBlockWeightedSum(const uint16_t* rows, uint32_t tokens, uint32_t dim, uint32_t kv, uint32_t heads,
+                           const float* p, size_t stride, float* out);
 
 // An fp8 block's tokens widened to floats, [tokens][kv + rope] (kv and rope
 // multiples of 16): the same values as the codec's Fp8E4m3ToFloat times the
