@@ -1,8 +1,8 @@
 // AVX-512 pieces the CPU kernels share: the build target and the check
 // that this CPU runs it (and the same two for AVX2), tail masks, and the attention kernels' register
 // tiles (4 x 4 accumulators as named variables a##h##k, h the tile's row,
-// k its column; one step of a tile; a 16-way horizontal sum). Private to
-// kernels/cpu.
+// k its column; one step of a tile; a 16-way horizontal sum, and AVX2's
+// 8-way one). Private to kernels/cpu.
 #ifndef KVTIER_KERNELS_CPU_AVX512_H_
 #define KVTIER_KERNELS_CPU_AVX512_H_
 
@@ -118,6 +118,15 @@ KVTIER_AVX512 __attribute__((always_inline)) inline __m512 SumEach(const __m512 
                                    _mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(3, 1, 3, 1)));
   return _mm512_add_ps(_mm512_shuffle_f32x4(v01, v23, _MM_SHUFFLE(2, 0, 2, 0)),
                        _mm512_shuffle_f32x4(v01, v23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// SumEach for AVX2's 8 vectors of 8 lanes.
+KVTIER_AVX2 __attribute__((always_inline)) inline __m256 SumEach8(const __m256 v[8]) {
+  // Per 128-bit half: lanes 0..3 of v[i] summed in lane i % 4 of quads[i / 4].
+  const __m256 quads[2] = {_mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3])),
+                           _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]))};
+  return _mm256_add_ps(_mm256_permute2f128_ps(quads[0], quads[1], 0x20),
+                       _mm256_permute2f128_ps(quads[0], quads[1], 0x31));
 }
 
 // 16 bf16 values (32 bytes at `bf16`) widened to floats, exactly.

@@ -90,15 +90,6 @@ constexpr uint32_t kAvx2Tokens = 3;
 #define KVTIER_AVX2_ZERO(h, k) __m256 a##h##k = _mm256_setzero_ps();
 #define KVTIER_AVX2_LIST(h, k) a##h##k,
 
-// Sums each of 8 vectors: lane i of the result is the sum of v[i]'s lanes.
-KVTIER_AVX2 __attribute__((always_inline)) inline __m256 SumEach8(const __m256 v[8]) {
-  // Per 128-bit half: lanes 0..3 of v[i] summed in lane i % 4 of quads[i / 4].
-  const __m256 quads[2] = {_mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3])),
-                           _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]))};
-  return _mm256_add_ps(_mm256_permute2f128_ps(quads[0], quads[1], 0x20),
-                       _mm256_permute2f128_ps(quads[0], quads[1], 0x31));
-}
-
 // LoadRow's 8 channels.
 KVTIER_AVX2 __attribute__((always_inline)) inline __m256 LoadRow8(const float* p) { return _mm256_loadu_ps(p); }
 KVTIER_AVX2 __attribute__((always_inline)) inline __m256 LoadRow8(const uint16_t* p) {

@@ -313,13 +313,6 @@ KVTIER_AVX2 inline __m256i WidenCodes(const int8_t* codes) {
   return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
 }
 
-// Lane i of the result: the sum of v[i]'s 8 lanes.
-KVTIER_AVX2 inline __m256 SumEach8(const __m256 v[8]) {
-  const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
-  const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
-  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
-}
-
 constexpr uint32_t kAvx2Tokens = 2;
 
 #define KVTIER_INT8_SUMS(X) X(0, 0) X(0, 1) X(1, 0) X(1, 1) X(2, 0) X(2, 1) X(3, 0) X(3, 1)
