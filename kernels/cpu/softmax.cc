@@ -20,14 +20,6 @@ float MoveTo(float new_max, float chunk_sum, float& max, float& sum) {
   return rescale;
 }
 
-void SoftmaxScalar(float* x, size_t n, float scale) {
-  const float max = *std::max_element(x, x + n);
-  float sum = 0.0f;
-  for (size_t i = 0; i < n; ++i) sum += (x[i] = std::exp((x[i] - max) * scale));
-  const float inv = 1.0f / sum;
-  for (size_t i = 0; i < n; ++i) x[i] *= inv;
-}
-
 #ifdef KVTIER_AVX512
 
 // exp(x) for x <= 0: x = k ln2 + r with |r| <= ln2 / 2 (ln2 in two parts,
@@ -45,24 +37,6 @@ KVTIER_AVX512 inline __m512 ExpNonPositive(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
   }
   return _mm512_scalef_ps(p, k);
-}
-
-KVTIER_AVX512 void SoftmaxAvx512(float* x, size_t n, float scale) {
-  __m512 max = _mm512_set1_ps(-INFINITY);
-  for (size_t i = 0; i < n; i += 16) max = _mm512_max_ps(max, _mm512_mask_loadu_ps(max, cpu::TailMask(n, i), x + i));
-  const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(max)), factor = _mm512_set1_ps(scale);
-  __m512 sum = _mm512_setzero_ps();
-  for (size_t i = 0; i < n; i += 16) {
-    const __mmask16 m = cpu::TailMask(n, i);
-    const __m512 e = ExpNonPositive(_mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), top), factor));
-    _mm512_mask_storeu_ps(x + i, m, e);
-    sum = _mm512_mask_add_ps(sum, m, sum, e);
-  }
-  const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
-  for (size_t i = 0; i < n; i += 16) {
-    const __mmask16 m = cpu::TailMask(n, i);
-    _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv));
-  }
 }
 
 KVTIER_AVX512 float SoftmaxChunkAvx512(float* x, size_t n, float scale, float& max, float& sum) {
@@ -144,14 +118,6 @@ KVTIER_AVX2 inline float ExpInPlace(float* x, size_t n, float scale, float shift
   return LaneSum(sum);
 }
 
-KVTIER_AVX2 void SoftmaxAvx2(float* x, size_t n, float scale) {
-  const __m256 inv = _mm256_set1_ps(1.0f / ExpInPlace(x, n, scale, ScaledMax(x, n, scale, -INFINITY)));
-  for (size_t i = 0; i < n; i += 8) {
-    const __m256i m = TailMask8(n, i);
-    _mm256_maskstore_ps(x + i, m, _mm256_mul_ps(_mm256_maskload_ps(x + i, m), inv));
-  }
-}
-
 KVTIER_AVX2 float SoftmaxChunkAvx2(float* x, size_t n, float scale, float& max, float& sum) {
   const float new_max = ScaledMax(x, n, scale, max);
   return MoveTo(new_max, ExpInPlace(x, n, scale, new_max), max, sum);
@@ -172,12 +138,11 @@ float SoftmaxChunk(float* x, size_t n, float scale, float& max, float& sum) {
   return MoveTo(new_max, chunk, max, sum);
 }
 
-void Softmax(float* x, size_t n, float scale) {
-#ifdef KVTIER_AVX512
-  if (cpu::HasAvx512()) return SoftmaxAvx512(x, n, scale);
-  if (cpu::HasAvx2()) return SoftmaxAvx2(x, n, scale);
-#endif
-  SoftmaxScalar(x, n, scale);
+void Softmax(float* x, size_t n, float scale) {  // one chunk, then divided by its sum
+  float max = -INFINITY, sum = 0.0f;
+  SoftmaxChunk(x, n, scale, max, sum);
+  const float inverse = 1.0f / sum;
+  for (size_t i = 0; i < n; ++i) x[i] *= inverse;
 }
 
 }  // namespace kvtier::kernels

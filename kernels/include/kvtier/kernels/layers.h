@@ -68,10 +68,11 @@ void GemmFp4(const Fp4Scaled& w, size_t rows, size_t cols, const float* x, size_
              size_t y_stride);
 void DequantizeFp4Rows(const Fp4Scaled& w, size_t cols, size_t row_begin, size_t row_end, float* out);
 
-// x[i] = e_i / sum_j e_j with e_i = exp(scale * (x[i] - max)), in place,
-// for n >= 1 finite scores and scale > 0: attention's softmax of scaled
-// scores. With AVX-512 sixteen at a time through a polynomial exp (within
-// 2 ulp of expf), with AVX2 eight, elsewhere expf.
+// x[i] = e_i / sum_j e_j with e_i = exp(scale * x[i] - scale * max), in
+// place, for n >= 1 finite scores and scale > 0: attention's softmax of
+// scaled scores, SoftmaxChunk's one chunk divided by its sum. With AVX-512
+// sixteen at a time through a polynomial exp (within 2 ulp of expf), with
+// AVX2 eight, elsewhere expf.
 void Softmax(float* x, size_t n, float scale = 1.0f);
 
 // One chunk of a softmax taken chunk by chunk, so that attention reads its
