@@ -96,14 +96,9 @@ void V4IndexerScores(uint32_t heads, uint32_t dim, const float* q, const float* 
   constexpr size_t kChunk = 256;
   thread_local std::vector<float> chunk_dots;
   float* dots = cpu::Sized(chunk_dots, size_t{heads} * std::min(kChunk, count));
-  const bool tiles = cpu::FloatTilesUsable(dim, dim);  // AVX2 or AVX-512 register tiles, else Gemm
   for (size_t g0 = 0; g0 < count; g0 += kChunk) {
     const size_t n = std::min(kChunk, count - g0);
-    if (tiles) {
-      cpu::FloatBlockScores(keys + g0 * dim, static_cast<uint32_t>(n), dim, heads, q, dots, n);
-    } else {
-      Gemm(keys + g0 * dim, n, dim, q, heads, dim, dots, n);
-    }
+    cpu::RowScores(keys + g0 * dim, n, dim, heads, q, dots);
     float* s = scores + g0;
     std::fill_n(s, n, 0.0f);
     for (uint32_t h = 0; h < heads; ++h) {

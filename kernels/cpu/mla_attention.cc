@@ -11,7 +11,6 @@
 #include "kvtier/kernels/float_formats.h"
 #include "kvtier/kernels/layers.h"
 #include "kvtier/kernels/parallel.h"
-#include "lanes16.h"
 #include "mla_attention_float.h"
 #include "mla_attention_int8.h"
 #include "scratch.h"
@@ -63,40 +62,6 @@ KVTIER_VECTOR_CLONES void CodeRow(const LatentBlock& b, uint32_t dim, uint32_t t
   for (size_t k = 0; k < dim - half; ++k) codes[half + k] = static_cast<float>(src[k] >> 4);
 }
 
-// For each head h < heads: dst[h * kv + c] += sum over t < tokens of
-// p[h * p_stride + t] * rows[t * dim + c], for c < kv, summed in token
-// order: 64 channels of a head at a time held in registers over all the
-// tokens (`dst[c] += p * row[c]` token by token loaded and stored them on
-// every step), every head in turn over the same 64 channels of the rows
-// while they are in L1.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wpsabi"  // the 32-byte vectors stay inside this function
-KVTIER_VECTOR_CLONES void AddWeightedRows(const float* p, size_t p_stride, uint32_t heads, const float* rows,
-                                          size_t tokens, uint32_t dim, uint32_t kv, float* dst) {
-  constexpr uint32_t kLanes = 8, kVectors = 8;
-  uint32_t c0 = 0;
-  for (; c0 + kLanes * kVectors <= kv; c0 += kLanes * kVectors) {
-    for (uint32_t h = 0; h < heads; ++h) {
-      const float* ph = p + h * p_stride;
-      float* out = dst + size_t{h} * kv + c0;
-      cpu::Lanes8 acc[kVectors];
-      for (uint32_t j = 0; j < kVectors; ++j) acc[j] = cpu::Load8(out + j * kLanes);
-      for (size_t t = 0; t < tokens; ++t) {
-        const float pt = ph[t];
-        const float* row = rows + t * dim + c0;
-        for (uint32_t j = 0; j < kVectors; ++j) acc[j] += pt * cpu::Load8(row + j * kLanes);
-      }
-      for (uint32_t j = 0; j < kVectors; ++j) std::memcpy(out + j * kLanes, &acc[j], sizeof acc[j]);
-    }
-  }
-  for (uint32_t h = 0; h < heads; ++h) {
-    for (size_t t = 0; t < tokens; ++t) {
-      for (size_t c = c0; c < kv; ++c) dst[size_t{h} * kv + c] += p[h * p_stride + t] * rows[t * dim + c];
-    }
-  }
-}
-#pragma GCC diagnostic pop
-
 // Token t of a block as floats: its values (bf16, fp8), or its integer
 // codes (int8, int4), the scales and zero points left to the caller.
 void TokenRow(const LatentBlock& b, const MlaShape& s, uint32_t t, float* row) {
@@ -105,22 +70,6 @@ void TokenRow(const LatentBlock& b, const MlaShape& s, uint32_t t, float* row) {
   } else {
     WidenRow(b, s, t, row);
   }
-}
-
-// The scores of `tokens` float rows against the [heads][dim] queries, p
-// [heads][tokens]: the register tiles where the CPU has them, else Gemm
-// (each score Gemv's bits).
-void RowScores(bool tiles, const float* rows, uint32_t tokens, uint32_t dim, uint32_t heads, const float* q, float* p) {
-  if (tiles) return cpu::FloatBlockScores(rows, tokens, dim, heads, q, p, tokens);
-  Gemm(rows, tokens, dim, q, heads, dim, p, tokens);
-}
-
-// dst[h][c] += sum_t p[h][t] * rows[t][c] for c < kv, p [heads][tokens]:
-// the tiles, else AddWeightedRows.
-void AddRowSums(bool tiles, const float* p, uint32_t tokens, uint32_t heads, const float* rows, uint32_t dim,
-                uint32_t kv, float* dst) {
-  if (tiles) return cpu::FloatBlockWeightedSum(rows, tokens, dim, kv, heads, p, tokens, dst);
-  AddWeightedRows(p, tokens, heads, rows, tokens, dim, kv, dst);
 }
 
 // AttendHeads' buffers, kept per thread between calls (it runs for every
@@ -181,9 +130,9 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
 
   // int8 blocks take integer dot products where the CPU has them (AVX-512
   // VNNI or AVX2); where it has AVX2 or AVX-512, bf16 blocks take the float
-  // register tiles as they lie and the others widened to floats (codes, for
-  // int8 and int4); elsewhere every block is widened and takes Gemm for the
-  // scores and AddWeightedRows for the sums.
+  // register tiles as they lie; the others are widened to floats (codes,
+  // for int8 and int4) for RowScores and AddRowSums (the tiles, else Gemm
+  // and plain loops).
   const bool integer_int8 = cpu::AttentionTilesEnabled() && cpu::Int8IntegerUsable(dim, kv);
   const bool tiles = cpu::AttentionTilesEnabled() && cpu::FloatTilesUsable(dim, kv);
   for (const LatentBlock& b : blocks) {
@@ -220,7 +169,7 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
     } else {  // the widenings above are AVX2 or AVX-512 code
       for (uint32_t t = 0; t < n; ++t) TokenRow(b, s, t, rows + size_t{t} * dim);
     }
-    RowScores(tiles, rows, n, dim, heads, query, p);
+    cpu::RowScores(rows, n, dim, heads, query, p);
     if (integer) {
       for (uint32_t h = 0; h < heads; ++h) {
         for (uint32_t t = 0; t < n; ++t) p[size_t{h} * n + t] += bias[h];
@@ -229,7 +178,7 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
     weights(p, n);
     float* dst = integer ? acc : out.data();  // integer: sums of p * code
     if (integer) std::fill_n(acc, size_t{heads} * kv, 0.0f);
-    AddRowSums(tiles, p, n, heads, rows, dim, kv, dst);
+    cpu::AddRowSums(p, n, heads, rows, dim, kv, dst);
     if (integer) {  // sum_t p*(z + s*code) = z*sum_t p + s*sum_t p*code
       for (uint32_t h = 0; h < heads; ++h) {
         float psum = 0.0f;
@@ -244,9 +193,9 @@ KVTIER_VECTOR_CLONES void AttendHeads(const MlaShape& s, std::span<const float> 
     const auto n = static_cast<uint32_t>(std::min(kTailChunk, tail.size() / dim - t0));
     const float* rows = tail.data() + t0 * dim;
     float* p = cpu::Sized(scratch.scores, size_t{heads} * n);
-    RowScores(tiles, rows, n, dim, heads, q, p);
+    cpu::RowScores(rows, n, dim, heads, q, p);
     weights(p, n);
-    AddRowSums(tiles, p, n, heads, rows, dim, kv, out.data());
+    cpu::AddRowSums(p, n, heads, rows, dim, kv, out.data());
   }
   for (uint32_t h = 0; h < heads; ++h) {
     const float inverse = 1.0f / sum[h];

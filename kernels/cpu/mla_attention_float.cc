@@ -1,11 +1,15 @@
 #include "mla_attention_float.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
 #include "avx512.h"
+#include "codec_internal.h"
 #include "kvtier/kernels/codec.h"
+#include "kvtier/kernels/layers.h"
+#include "lanes16.h"
 #include "scratch.h"
 
 namespace kvtier::kernels::cpu {
@@ -402,5 +406,58 @@ void WidenFp8Block(const uint8_t*, uint32_t, uint32_t, uint32_t, float*) {}
 void WidenInt4Codes(const uint8_t*, uint32_t, uint32_t, float*) {}
 
 #endif
+
+namespace {
+
+// AddRowSums without tiles: for each head h < heads, dst[h * kv + c] +=
+// sum over t < tokens of p[h * tokens + t] * rows[t * dim + c], summed in token
+// order: 64 channels of a head at a time held in registers over all the
+// tokens (`dst[c] += p * row[c]` token by token loaded and stored them on
+// every step), every head in turn over the same 64 channels of the rows
+// while they are in L1.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"  // the 32-byte vectors stay inside this function
+KVTIER_VECTOR_CLONES void AddWeightedRows(const float* p, size_t tokens, uint32_t heads, const float* rows,
+                                          uint32_t dim, uint32_t kv, float* dst) {
+  constexpr uint32_t kLanes = 8, kVectors = 8;
+  uint32_t c0 = 0;
+  for (; c0 + kLanes * kVectors <= kv; c0 += kLanes * kVectors) {
+    for (uint32_t h = 0; h < heads; ++h) {
+      const float* ph = p + h * tokens;
+      float* out = dst + size_t{h} * kv + c0;
+      Lanes8 acc[kVectors];
+      for (uint32_t j = 0; j < kVectors; ++j) acc[j] = Load8(out + j * kLanes);
+      for (size_t t = 0; t < tokens; ++t) {
+        const float pt = ph[t];
+        const float* row = rows + t * dim + c0;
+        for (uint32_t j = 0; j < kVectors; ++j) acc[j] += pt * Load8(row + j * kLanes);
+      }
+      for (uint32_t j = 0; j < kVectors; ++j) std::memcpy(out + j * kLanes, &acc[j], sizeof acc[j]);
+    }
+  }
+  for (uint32_t h = 0; h < heads; ++h) {
+    for (size_t t = 0; t < tokens; ++t) {
+      for (size_t c = c0; c < kv; ++c) dst[size_t{h} * kv + c] += p[h * tokens + t] * rows[t * dim + c];
+    }
+  }
+}
+#pragma GCC diagnostic pop
+
+}  // namespace
+
+void RowScores(const float* rows, size_t tokens, uint32_t dim, uint32_t heads, const float* q, float* p) {
+  if (AttentionTilesEnabled() && FloatTilesUsable(dim, dim) && tokens <= UINT32_MAX) {
+    return FloatBlockScores(rows, static_cast<uint32_t>(tokens), dim, heads, q, p, tokens);
+  }
+  Gemm(rows, tokens, dim, q, heads, dim, p, tokens);
+}
+
+void AddRowSums(const float* p, size_t tokens, uint32_t heads, const float* rows, uint32_t dim, uint32_t kv,
+                float* dst) {
+  if (AttentionTilesEnabled() && FloatTilesUsable(dim, kv) && tokens <= UINT32_MAX) {
+    return FloatBlockWeightedSum(rows, static_cast<uint32_t>(tokens), dim, kv, heads, p, tokens, dst);
+  }
+  AddWeightedRows(p, tokens, heads, rows, dim, kv, dst);
+}
 
 }  // namespace kvtier::kernels::cpu

@@ -34,6 +34,16 @@ void FloatBlockWeightedSum(const float* rows, uint32_t tokens, uint32_t dim, uin
 void FloatBlockWeightedSum(const uint16_t* rows, uint32_t tokens, uint32_t dim, uint32_t kv, uint32_t heads,
                            const float* p, size_t stride, float* out);
 
+// p[h * tokens + t] = q[h] . rows[t] (`rows` [tokens][dim] floats, `q`
+// [heads][dim]): the register tiles where the CPU has them and the tests
+// have not turned them off, else Gemm (each score Gemv's bits).
+void RowScores(const float* rows, size_t tokens, uint32_t dim, uint32_t heads, const float* q, float* p);
+
+// dst[h * kv + c] += sum_t p[h * tokens + t] * rows[t][c] for c < kv: the
+// register tiles, else plain loops over 64 channels at a time.
+void AddRowSums(const float* p, size_t tokens, uint32_t heads, const float* rows, uint32_t dim, uint32_t kv,
+                float* dst);
+
 // An fp8 block's tokens widened to floats, [tokens][kv + rope] (kv and rope
 // multiples of 16): the same values as the codec's Fp8E4m3ToFloat times the
 // tile's scale, NaN codes included.

@@ -1,8 +1,9 @@
 // DeepSeek-V4's attention with sinks against the formula in float64
 // (sink_attention.h), on fresh random inputs: head dims that take the
 // register tiles (multiples of 16, 48 ending inside an AVX-512 tile's 64
-// channels) and Gemm (40), counts around the tiles' groups of 3 (AVX2) and
-// 4 (AVX-512) entries, and a sink large enough to take most of the weight.
+// channels) and the portable path (40), counts around the tiles' groups of
+// 3 (AVX2) and 4 (AVX-512) entries, and a sink large enough to take most
+// of the weight.
 #include "kvtier/kernels/sink_attention.h"
 
 #include <gtest/gtest.h>
