@@ -162,11 +162,6 @@ const float* Zeros(size_t n) {
   return Sized(zeros, n);
 }
 
-template <typename Row>
-const Row* ZeroRow(uint32_t dim) {
-  return reinterpret_cast<const Row*>(Zeros(dim));
-}
-
 // The heads h0..h0+3 of `q` [heads][dim] (zeros past the last).
 void HeadGroup(const float* q, uint32_t heads, uint32_t dim, uint32_t h0, const float* zeros,
                const float* group[kGroup]) {
@@ -180,7 +175,8 @@ KVTIER_AVX512 void FloatBlockScoresAvx512(const Row* rows, uint32_t tokens, uint
   for (uint32_t t0 = 0; t0 < tokens; t0 += kGroup) {
     const uint32_t n = std::min(kGroup, tokens - t0);
     const Row* token[kGroup];
-    for (uint32_t k = 0; k < kGroup; ++k) token[k] = k < n ? rows + size_t{t0 + k} * dim : ZeroRow<Row>(dim);
+    for (uint32_t k = 0; k < kGroup; ++k)
+      token[k] = k < n ? rows + size_t{t0 + k} * dim : reinterpret_cast<const Row*>(zeros);
     for (uint32_t h0 = 0; h0 < heads; h0 += kGroup) {
       const float* qh[kGroup];
       HeadGroup(q, heads, dim, h0, zeros, qh);
@@ -197,7 +193,8 @@ KVTIER_AVX2 void FloatBlockScoresAvx2(const Row* rows, uint32_t tokens, uint32_t
   for (uint32_t t0 = 0; t0 < tokens; t0 += kAvx2Tokens) {
     const uint32_t n = std::min(kAvx2Tokens, tokens - t0);
     const Row* token[kAvx2Tokens];
-    for (uint32_t k = 0; k < kAvx2Tokens; ++k) token[k] = k < n ? rows + size_t{t0 + k} * dim : ZeroRow<Row>(dim);
+    for (uint32_t k = 0; k < kAvx2Tokens; ++k)
+      token[k] = k < n ? rows + size_t{t0 + k} * dim : reinterpret_cast<const Row*>(zeros);
     for (uint32_t h0 = 0; h0 < heads; h0 += kGroup) {
       const float* qh[kGroup];
       HeadGroup(q, heads, dim, h0, zeros, qh);
