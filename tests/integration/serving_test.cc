@@ -1276,9 +1276,17 @@ TEST_F(ServingTest, BinariesSayTheirVersionAndTheirNameWhenStopped) {
   const std::string common = " --listen 127.0.0.1:0 --metrics-listen '' --model " + Tiny().dir + " --cache 127.0.0.1:1";
   for (const auto& [command, name] : {std::pair{KVTIER_DECODE_BINARY + common, "kvtier-decode"},
                                       {KVTIER_PREFILL_BINARY + common + " --decode 127.0.0.1:2", "kvtier-prefill"}}) {
-    // SIGTERM waits, blocked, until the server asks for it.
+    // SIGTERM waits, blocked, until the server asks for it. Sent once main
+    // has blocked it (0x4000 in SigBlk; at most 10 s on), still loading the
+    // model: a fixed sleep could land before main on a loaded machine,
+    // where the default action ends the process.
     const CommandResult r =
-        RunCommand("{ " + command + " > /dev/null & pid=$!; sleep 0.5; kill -TERM $pid; wait $pid; }");
+        RunCommand("{ " + command +
+                   " > /dev/null & pid=$!; n=0; "
+                   "while [ $n -lt 1000 ] && kill -0 $pid 2>/dev/null && "
+                   "! grep -Eq '^SigBlk:[[:space:]]*[0-9a-f]*[4567cdef][0-9a-f]{3}$' /proc/$pid/status 2>/dev/null; "
+                   "do n=$((n + 1)); sleep 0.01; done; "
+                   "kill -TERM $pid; wait $pid; }");
     EXPECT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find(std::string(name) + ": received SIGTERM: draining in-flight RPCs"), std::string::npos)
         << r.output;
