@@ -10,6 +10,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "services/base/log.h"
@@ -270,8 +271,9 @@ absl::StatusOr<std::shared_ptr<const Caller>> TenantRegistry::Prove(const Loaded
   };
   const std::string bearer = Bearer(context);
   if (!bearer.empty()) {
-    constexpr std::string_view kScheme = "Bearer ";
-    if (bearer.compare(0, kScheme.size(), kScheme) != 0) return refuse("authorization is not 'Bearer TOKEN'");
+    // The scheme's name is case-insensitive (RFC 7235); the token is not.
+    constexpr absl::string_view kScheme = "Bearer ";
+    if (!absl::StartsWithIgnoreCase(bearer, kScheme)) return refuse("authorization is not 'Bearer TOKEN'");
     const Digest presented = Sha256({std::string_view(bearer).substr(kScheme.size())});
     auto match = loaded.tokens.find(std::string(presented.begin(), presented.end()));
     if (match == loaded.tokens.end()) return refuse("unknown bearer token");

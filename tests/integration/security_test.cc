@@ -158,6 +158,19 @@ TEST_F(SecurityTest, BadConnectionAttemptsAreRefusedAndGoodOnesServed) {
   };
   const auto good_tls = [&] { return StatsCode(Client(tls, "trust", kAdmin.token)); };
   const auto good_mtls = [&] { return StatsCode(Client(mtls, "client", kAdmin.token)); };
+  // A Stats call over TLS whose authorization header is `authorization`.
+  const auto with_header = [&](const std::string& authorization) {
+    ClientIdentityOptions identity;
+    identity.tls.dir = Dir("trust").string();
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannelAs(identity, tls);
+    if (!channel.ok()) return channel.status().code();
+    const std::unique_ptr<v1::KvCache::Stub> stub = v1::KvCache::NewStub(*channel);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    context.AddMetadata("authorization", authorization);
+    v1::StatsResponse response;
+    return static_cast<absl::StatusCode>(stub->Stats(&context, v1::StatsRequest(), &response).error_code());
+  };
   std::vector<Attempt> attempts = {
       {"plaintext client to a TLS server", absl::StatusCode::kUnavailable,
        [&] { return StatsCode(Client(tls, "", kAdmin.token)); }, good_tls},
@@ -167,6 +180,12 @@ TEST_F(SecurityTest, BadConnectionAttemptsAreRefusedAndGoodOnesServed) {
        [&] { return StatsCode(Client(tls, "trust")); }, good_tls},
       {"a token no tenant has", absl::StatusCode::kUnauthenticated,
        [&] { return StatsCode(Client(tls, "trust", "not-a-token")); }, good_tls},
+      {"a tenant's token under another scheme", absl::StatusCode::kUnauthenticated,
+       [&] { return with_header("Token  " + kAdmin.token); }, good_tls},
+      {"a tenant's token alone", absl::StatusCode::kUnauthenticated, [&] { return with_header(kAdmin.token); },
+       good_tls},
+      {"a tenant's token, the scheme in lower case", absl::StatusCode::kOk,
+       [&] { return with_header("bearer " + kAdmin.token); }, good_tls},
       {"mutual TLS without a client certificate", absl::StatusCode::kUnavailable,
        [&] { return StatsCode(Client(mtls, "trust", kAdmin.token)); }, good_mtls},
       {"mutual TLS with an expired client certificate", absl::StatusCode::kUnavailable,
@@ -620,11 +639,15 @@ TEST_F(SecurityTest, AServiceActsForItsEndTenantsWithinTheirQuotasAndRoles) {
   struct Attempt {
     std::string token, acting_for, ns;
   };
-  for (const Attempt& a : std::vector<Attempt>{{acme.token, "globex", "globex"},  // not a service
-                                               {service.token, "ops", "acme"},    // an admin
-                                               {service.token, "nobody", "acme"},
-                                               {service.token, "initech", "initech"},  // not the service's
-                                               {service.token, "acme", "globex"}}) {   // not acme's
+  const std::vector<Attempt> refused = {
+      {acme.token, "globex", "globex"},       // not a service
+      {kAuditor.token, "acme", "acme"},       // not a service, though both use acme (a reader as a writer)
+      {service.token, "ops", "acme"},         // an admin
+      {service.token, "nobody", "acme"},      // not in the file
+      {service.token, "initech", "initech"},  // not the service's
+      {service.token, "acme", "globex"},      // not acme's
+  };
+  for (const Attempt& a : refused) {
     CacheClient client = Client(target, "", a.token);
     client.ActFor(a.acting_for);
     EXPECT_EQ(client.Match(a.ns, TestLayout(), {}).status().code(), absl::StatusCode::kPermissionDenied)
