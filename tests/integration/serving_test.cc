@@ -991,6 +991,16 @@ TEST_F(ServingTest, EndTenantsQuotasBindThroughThePrefillNode) {
   absl::StatusOr<RemoteGeneration> again = cluster.Generate(Request(theirs, 2));
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->usage.cached_tokens(), 4 * kBlock) << "acme's writes evicted globex's prefix";
+  // The decode worker writes back as the end tenant too: a generation that
+  // fills the prompt's fourth block as it decodes stores four blocks, and
+  // the service holds none of them.
+  const double stored_before = Scrape(cluster.cache_metrics[0], "kvtier_cache_blocks_stored_total");
+  ASSERT_TRUE(cluster.Generate(Request(RandomIds(3 * kBlock + 5, rng_.engine()), kBlock)).ok());
+  EXPECT_TRUE(testing::Eventually([&] {
+    return Scrape(cluster.cache_metrics[0], "kvtier_cache_blocks_stored_total") == stored_before + 4;
+  })) << "the decode worker wrote no block back";
+  EXPECT_LE(Scrape(cluster.cache_metrics[0], R"(kvtier_cache_tenant_used_bytes{tenant="kvtier",tier="device"})"), 0)
+      << "the decode worker's block was charged to the service";
 
   // A reader's generation: the same tokens as a writer's, nothing stored.
   ASSERT_TRUE(as(auditor).ok());
