@@ -372,6 +372,15 @@ TEST_F(FastPathTest, SocketProtocolRefusesWhatASessionHasNoRightTo) {
   v1::LeaseBlocksResponse leased_a, leased_b;
   ASSERT_TRUE(Lease(*reader_a, "tenant-a", Hashes(a), leased_a).ok());
   ASSERT_TRUE(Lease(*reader_b, "tenant-b", Hashes(b), leased_b).ok());
+  // A proven session is its one connection's: the same hello, secret and
+  // all, from a second connection is refused.
+  {
+    const int socket = *fastpath::Connect(reader_a->opened.socket_path());
+    int fd;
+    ASSERT_TRUE(fastpath::SendRequest(socket, Hello(reader_a->opened)).ok());
+    EXPECT_EQ(fastpath::ReceiveReply(socket, fd).code(), absl::StatusCode::kPermissionDenied);
+    close(socket);
+  }
   ASSERT_EQ(leased_a.blocks_size(), 4);
   ASSERT_TRUE(leased_a.blocks(0).has_shared());
   ASSERT_TRUE(leased_b.blocks(0).has_shared());
