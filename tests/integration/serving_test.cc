@@ -913,8 +913,9 @@ TEST_F(ServingTest, TenantsReachOnlyTheirNamespacesThroughThePrefillNode) {
   const std::string service_token = testing::WriteTokenFile(dir.path(), service.token);
   const std::string acme_token = testing::WriteTokenFile(dir.path(), acme.token);
   const std::string ops_token = testing::WriteTokenFile(dir.path(), ops.token);
+  // Without the fast path: the worker reads the cached prefix over gRPC.
   Cluster cluster(Tiny().dir, 1, 1, {"--tenants", tenants}, "2000",
-                  {"--tenants", tenants, "--token-file", service_token});
+                  {"--tenants", tenants, "--token-file", service_token, "--no-fast-path"});
   ASSERT_TRUE(cluster.ok());
   const std::vector<uint32_t> prompt = RandomIds(2 * kBlock + 3, rng_.engine());
 
@@ -928,6 +929,9 @@ TEST_F(ServingTest, TenantsReachOnlyTheirNamespacesThroughThePrefillNode) {
   absl::StatusOr<RemoteGeneration> again = cluster.Generate(Request(prompt, 4, "acme"));
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->usage.cached_tokens(), 2 * kBlock);
+  // Both read as acme: the prefill node's Match and the worker's Get.
+  EXPECT_GE(Scrape(cluster.cache_metrics[0], R"(kvtier_cache_tenant_hits_total{tenant="acme"})"), 4);
+  EXPECT_LE(Scrape(cluster.cache_metrics[0], R"(kvtier_cache_tenant_hits_total{tenant="kvtier"})"), 0);
   // A decode worker serves services, not end clients or admins.
   for (const std::string& token : {acme_token, ops_token}) {
     auto channel = MakeChannelAs({.tls = {}, .token_file = token}, cluster.decode_targets[0]);
@@ -1001,6 +1005,10 @@ TEST_F(ServingTest, EndTenantsQuotasBindThroughThePrefillNode) {
   })) << "the decode worker wrote no block back";
   EXPECT_LE(Scrape(cluster.cache_metrics[0], R"(kvtier_cache_tenant_used_bytes{tenant="kvtier",tier="device"})"), 0)
       << "the decode worker's block was charged to the service";
+  for (const char* series :
+       {R"(kvtier_cache_tenant_hits_total{tenant="kvtier"})", R"(kvtier_cache_tenant_misses_total{tenant="kvtier"})"}) {
+    EXPECT_LE(Scrape(cluster.cache_metrics[0], series), 0) << "the service read for itself: " << series;
+  }
 
   // A reader's generation: the same tokens as a writer's, nothing stored.
   ASSERT_TRUE(as(auditor).ok());
