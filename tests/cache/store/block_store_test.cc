@@ -1261,6 +1261,29 @@ TEST_P(BlockStoreTest, DiskTierTakesWhatHostDemotesAndDropsLast) {
   EXPECT_EQ(TierOf(Hash(1)), TierKind::kDevice);
 }
 
+// The move to disk checks what it writes: a record altered in host memory
+// is dropped, never written to a file.
+TEST_P(BlockStoreTest, CorruptionFoundOnDemotionToDiskDropsTheBlock) {
+  Open(1, 1, 3);
+  Put(Hash(0));
+  Put(Hash(1));  // block 0 to the host tier
+  ASSERT_EQ(TierOf(Hash(0)), TierKind::kHost);
+  {
+    BlockStore::ReadOptions in_place;
+    in_place.promote = false;
+    auto block = store_->Read("ns", layout_id_, Hash(0), in_place);
+    ASSERT_TRUE(block.ok()) << block.status();
+    ASSERT_EQ((*block)->tier(), TierKind::kHost);
+    *const_cast<uint8_t*>((*block)->pieces()[0].data() + 300) ^= 0x10;
+  }
+  Put(Hash(2));  // block 1 to the host tier, block 0 on to disk
+  EXPECT_EQ(TierOf(Hash(0)), std::nullopt);
+  const StoreStats s = store_->Stats();
+  EXPECT_EQ(s.checksum_failures, 1u);
+  EXPECT_EQ(s.tiers[2].blocks, 0u);
+  EXPECT_EQ(TierOf(Hash(1)), TierKind::kHost);
+}
+
 TEST_P(BlockStoreTest, RestartFindsTheDiskTiersBlocks) {
   Open(1, 1, 4);
   std::map<int, std::vector<std::string>> slices;
