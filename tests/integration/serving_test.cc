@@ -1280,6 +1280,39 @@ TEST_F(ServingTest, DeepSeekV4ContinuesFromRestorePointsExactly) {
   EXPECT_NE(up.output.find("turn 2: 324 prompt tokens, 256 from the cache"), std::string::npos) << up.output;
 }
 
+// DeepSeek-V4 behind tenants: the prefill node stores a prompt's blocks
+// and points, and reads them back, as the end tenant; none are the
+// service's.
+TEST_F(ServingTest, DeepSeekV4BlocksAreTheEndTenants) {
+  SCOPED_TRACE(rng_.Trace());
+  const PresetModel m("v4-tiny", rng_.seed());
+  constexpr uint32_t kV4Block = 16;
+  const testing::TempDir dir("kvtier_serving_v4_tenants_");
+  const testing::TestTenant service{"kvtier", "SERVICE", "acme", "service-token-4f0a"};
+  const testing::TestTenant acme{"acme", "WRITER", "acme", "acme-token-62be"};
+  const std::string tenants = (dir / "tenants.json").string();
+  std::ofstream(tenants) << testing::TenantsJson({service, acme});
+  Cluster cluster(m.dir(), 1, 1, {"--tenants", tenants}, "2000",
+                  {"--tenants", tenants, "--token-file", testing::WriteTokenFile(dir.path(), service.token)},
+                  {"--kv-codec", "fp8", "--tokens-per-block", std::to_string(kV4Block)});
+  ASSERT_TRUE(cluster.ok());
+  ASSERT_TRUE(SetClientIdentity({.tls = {}, .token_file = testing::WriteTokenFile(dir.path(), acme.token)}).ok());
+  const std::vector<uint32_t> prompt = RandomIds(3 * kV4Block + 5, rng_.engine());
+  ASSERT_TRUE(cluster.Generate(Request(prompt, 4)).ok());
+  absl::StatusOr<RemoteGeneration> again = cluster.Generate(Request(prompt, 4));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->usage.cached_tokens(), 3 * kV4Block);
+  const std::string page = ScrapeMetrics(cluster.cache_metrics[0]);
+  EXPECT_GT(MetricValue(page, R"(kvtier_cache_tenant_used_bytes{tenant="acme",tier="device"})").value_or(0), 0) << page;
+  EXPECT_GT(MetricValue(page, R"(kvtier_cache_tenant_hits_total{tenant="acme"})").value_or(0), 0) << page;
+  for (const char* series :
+       {R"(kvtier_cache_tenant_used_bytes{tenant="kvtier",tier="device"})",
+        R"(kvtier_cache_tenant_hits_total{tenant="kvtier"})", R"(kvtier_cache_tenant_misses_total{tenant="kvtier"})"}) {
+    EXPECT_LE(MetricValue(page, series).value_or(0), 0) << series << "\n" << page;
+  }
+  ASSERT_TRUE(SetClientIdentity({}).ok());
+}
+
 // Every binary says its version; a stopped model server says who it is.
 TEST_F(ServingTest, BinariesSayTheirVersionAndTheirNameWhenStopped) {
   for (const auto& [binary, name] : {std::pair{std::string(KVTIER_CACHE_BINARY), "kvtier-cache"},
