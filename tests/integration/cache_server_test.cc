@@ -187,25 +187,29 @@ TEST_F(CacheServerTest, BadInputsGetTheirStatusCodes) {
   EXPECT_EQ(match_code([](auto& r) { r.mutable_layout()->set_num_layers(0); }), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(match_code([](auto& r) { r.add_block_hashes("short"); }), grpc::StatusCode::INVALID_ARGUMENT);
 
-  auto put_code = [&](std::vector<std::string> records, bool header = true) {
+  v1::PutRequest header;
+  header.mutable_header()->set_kv_namespace("ns");
+  *header.mutable_header()->mutable_layout() = kvblock::LayoutToProto(layout_);
+  auto put_messages = [&](const std::vector<v1::PutRequest>& messages) {
     grpc::ClientContext context;
     client_->SetDeadline(context);
     v1::PutResponse response;
     auto writer = stub.Put(&context, &response);
-    if (header) {
-      v1::PutRequest h;
-      h.mutable_header()->set_kv_namespace("ns");
-      *h.mutable_header()->mutable_layout() = kvblock::LayoutToProto(layout_);
-      writer->Write(h);
-    }
-    for (const std::string& record : records) {
-      v1::PutRequest s;
-      s.mutable_slice()->set_block_hash(std::string(kvblock::HashAsBytes(good.slices.hash)));
-      s.mutable_slice()->set_data(record);
-      if (!writer->Write(s)) break;
+    for (const v1::PutRequest& m : messages) {
+      if (!writer->Write(m)) break;
     }
     writer->WritesDone();
-    return writer->Finish().error_code();
+    return writer->Finish();
+  };
+  auto put_code = [&](std::vector<std::string> records, bool with_header = true) {
+    std::vector<v1::PutRequest> messages;
+    if (with_header) messages.push_back(header);
+    for (const std::string& record : records) {
+      v1::PutRequest& s = messages.emplace_back();
+      s.mutable_slice()->set_block_hash(std::string(kvblock::HashAsBytes(good.slices.hash)));
+      s.mutable_slice()->set_data(record);
+    }
+    return put_messages(messages).error_code();
   };
   const std::string slice = good.slices.records[0];
   std::string corrupt = slice;
@@ -220,6 +224,20 @@ TEST_F(CacheServerTest, BadInputsGetTheirStatusCodes) {
   EXPECT_EQ(put_code({wrong_codec}), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(put_code({slice, slice}), grpc::StatusCode::INVALID_ARGUMENT);  // layer twice
   EXPECT_EQ(put_code({}), grpc::StatusCode::OK);
+  // A stream has one header; every message is a header or slices, at most
+  // 4,096 of them (cache.proto); each refusal says which rule it broke.
+  v1::PutRequest too_many;
+  for (int i = 0; i < 4097; ++i) {
+    too_many.mutable_batch()->add_slices()->set_block_hash(std::string(kvblock::HashAsBytes(good.slices.hash)));
+  }
+  for (const auto& [messages, why] : std::vector<std::pair<std::vector<v1::PutRequest>, std::string>>{
+           {{header, header}, "second Put header in one stream"},
+           {{header, v1::PutRequest()}, "neither header nor slice"},
+           {{header, too_many}, "4097 slices in one batch, at most 4096"}}) {
+    const grpc::Status refused = put_messages(messages);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << why;
+    EXPECT_NE(refused.error_message().find(why), std::string::npos) << refused.error_message();
+  }
 
   v1::GetRequest get = MakeGetRequest("ns", layout_, {good.slices.hash});
   get.set_layer_begin(layout_.num_layers);
