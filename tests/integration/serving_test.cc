@@ -1062,6 +1062,7 @@ TEST_F(ServingTest, BadRequestsGetClearStatuses) {
       {"stop id outside the vocabulary", [](auto& r) { r.mutable_limits()->add_stop_token_ids(999); },
        "stop_token_ids"},
       {"bad namespace", [](auto& r) { r.set_kv_namespace("a/b"); }, "kv_namespace"},
+      {"request_id too long", [](auto& r) { r.set_request_id(std::string(129, 'r')); }, "request_id"},
   };
   for (const Case& c : cases) {
     v1::GenerateRequest r = Request({1, 2, 3}, 4);
