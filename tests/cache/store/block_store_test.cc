@@ -21,6 +21,7 @@
 #include <set>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "services/kvblock/block_format.h"
 #include "tests/cache/store/gated_pin_slab.h"
@@ -329,6 +330,23 @@ TEST_P(BlockStoreTest, IncompleteBlocksAreBoundedPerStreamAndPerOwner) {
   hoarder.reset();
   second.reset();
   EXPECT_EQ(store_->Stats().pending_blocks, 0u);
+}
+
+// Tenants together are bounded too: the store assembles at most
+// max_pending_blocks at once, and a completed block frees its place.
+TEST_P(BlockStoreTest, IncompleteBlocksAreBoundedForTheWholeStore) {
+  Open(16, 16, 0, [](StoreOptions& o) { o.max_pending_blocks = 4; });
+  std::vector<std::unique_ptr<PutSession>> streams;
+  for (int i = 0; i < 4; ++i) {
+    streams.push_back(store_->BeginPut("ns", layout_, absl::StrCat("tenant-", i)));
+    ASSERT_TRUE(streams.back()->AddSlice(Hash(10 + i), Slice(0, 1)).ok()) << i;
+  }
+  auto late = store_->BeginPut("ns", layout_, "tenant-4");
+  const absl::Status refused = late->AddSlice(Hash(14), Slice(0, 1));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.message().find("the limit"), std::string::npos) << refused;
+  for (uint32_t l = 1; l < 4; ++l) ASSERT_TRUE(streams[0]->AddSlice(Hash(10), Slice(l, 1)).ok());
+  EXPECT_TRUE(late->AddSlice(Hash(14), Slice(0, 1)).ok());
 }
 
 // Without a quota of bytes in flight, one owner's incomplete blocks take at
