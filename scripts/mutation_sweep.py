@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Breaks each check that guards tenants, the fast path, stored bytes,
+quotas, eviction and request limits, one at a time, and shows that some
+test fails without it: a check no test misses is a check a later change
+can lose unseen.
+
+Each mutation replaces one snippet of a source (found exactly once), builds
+the binaries the tests start and the test binaries, runs those most likely
+to notice first and stops at the first that fails ("caught"), then puts the
+source back. Where every test passes the mutation is reported "MISSED" and
+the script exits 1; so it does where a snippet is no longer in its file
+(the code moved on: update the entry).
+
+It edits sources in place, so run it in a worktree of its own, with a
+build there (a build from scratch takes the better part of an hour on 2
+cores; each mutation then a minute or two):
+
+    git worktree add --detach /tmp/sweep HEAD && cd /tmp/sweep
+    cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVTIER_BUILD_BENCHMARKS=OFF
+    ninja -C build
+    python3 scripts/mutation_sweep.py            # every mutation
+    python3 scripts/mutation_sweep.py S1 F2      # those named
+
+Left out, as no test can tell them from the code they replace: admins in
+the fast path's reader classes (every class gains the same names, so the
+classes part the namespaces as before); identities read from a peer gRPC
+did not verify (the server verifies any certificate it is sent, so an
+unverified peer carries none); a session's second hello on its own
+connection (refused as a second connection's is).
+"""
+import argparse
+import pathlib
+import re
+import subprocess
+import sys
+import time
+
+# The binaries integration tests start, and every test binary a mutation
+# might fail.
+SERVERS = ["kvtier-cache", "kvtier-decode", "kvtier-prefill", "kvtier", "fast_path_holder"]
+TESTS = ["security_test", "fast_path_test", "cache_service_test", "common_test", "serving_test", "cache_server_test",
+         "serving_unit_test", "mutated_requests_test", "cache_client_test", "cache_store_test", "kvblock_test"]
+
+TENANTS = "services/rpc/tenants.cc"
+FAST_PATH = "services/cache/fast_path/fast_path_server.cc"
+PLANNER = "services/cache/server/request_planner.cc"
+STORE = "services/cache/store/block_store.cc"
+MOVES = "services/cache/store/tier_moves.cc"
+PUT = "services/cache/store/put_session.cc"
+CHECKS = "services/serving/request_checks.cc"
+CHOICE = "services/cache/store/recency_or_frequency.cc"
+
+# (id, what it breaks, file, snippet, replacement, tests to run first)
+MUTATIONS = [
+    ("S1", "a tenant that is no service acts for another", TENANTS,
+     "if (!service->IsService()) {", "if (false) {", ["security_test"]),
+    ("S2", "a service acts for a service or admin", TENANTS,
+     "if (tenant.IsService()) {", "if (false) {", ["security_test"]),
+    ("S3", "acting keeps the tenant's namespaces, not those both have", TENANTS,
+     "if (service->role != v1::ADMIN) {", "if (false) {", ["security_test"]),
+    ("S4", "any 7-character scheme before a token", TENANTS,
+     "if (!absl::StartsWithIgnoreCase(bearer, kScheme)) return refuse(\"authorization is not 'Bearer TOKEN'\");", "",
+     ["security_test"]),
+    ("S5", "readers may Put", PLANNER, "if (!caller->MayWrite()) {", "if (false) {", ["cache_service_test"]),
+    ("S6", "namespaces unchecked", PLANNER, "KVTIER_RETURN_IF_ERROR(CheckNamespace(*caller, ns));", "",
+     ["cache_service_test"]),
+    ("S7", "a segment handed to readers of other namespaces", "services/cache/store/tier_storage.cc",
+     "if (SegmentOwnerGroup(arena_->Owner(segment)) != group) {", "if (false) {", ["fast_path_test"]),
+    ("S8", "decode workers serve end tenants directly", "services/decode/decode_service.cc",
+     "if (c.role != v1::SERVICE && c.service.empty() && !c.tenant.empty()) {", "if (false) {", ["serving_test"]),
+    ("S9", "the request's namespace unchecked", CHECKS, "return CheckNamespace(caller, ns);",
+     "return absl::OkStatus();", ["serving_test"]),
+    ("F1", "a wrong secret proves a session", FAST_PATH, "|| it->second.secret != request.secret)", ")",
+     ["fast_path_test"]),
+    ("F2", "a second connection proves a session", FAST_PATH,
+     "it == sessions_.end() || it->second.socket >= 0 ||", "it == sessions_.end() ||", ["fast_path_test"]),
+    ("F3", "a session ends another's lease", FAST_PATH,
+     "if (sessions_[proven].leases.contains(request.generation)) EndLeaseLocked", "EndLeaseLocked",
+     ["fast_path_test"]),
+    ("T1", "the MLA prefill stores and reads as the service", "services/prefill/prefill_pass.cc",
+     "const std::string acting_for = caller.ActingFor();\n  const uint32_t tpb",
+     "const std::string acting_for;\n  const uint32_t tpb", ["serving_test"]),
+    ("T2", "the V4 prefill stores and reads as the service", "services/prefill/prefill_pass.cc",
+     "const std::string acting_for = caller.ActingFor();\n  const runtime::ModelConfig& c",
+     "const std::string acting_for;\n  const runtime::ModelConfig& c", ["serving_test"]),
+    ("T3", "the decode worker is called as the prefill node", "services/prefill/prefill_service.cc",
+     "if (!acting_for.empty()) call->context_->AddMetadata(kActingForMetadata, acting_for);", "",
+     ["serving_test"]),
+    ("T4", "Put streams as the service", "services/cache/client/put_route.cc",
+     "if (!acting_for.empty()) s->context_.AddMetadata(kActingForMetadata, acting_for);", "", ["serving_test"]),
+    ("T5", "Get streams as the service", "services/cache/client/shard_routes.cc",
+     "if (!acting_for.empty()) context.AddMetadata(kActingForMetadata, acting_for);", "", ["serving_test"]),
+    ("T6", "unary calls as the service", "services/cache/client/cache_client.cc",
+     "if (!acting_for_.empty()) context.AddMetadata(kActingForMetadata, acting_for_);", "", ["security_test"]),
+    ("I1", "records' CRC unchecked", "services/kvblock/block_format.cc", "if (crc != stored_crc) {",
+     "if (false) {", ["kvblock_test"]),
+    ("I2", "copies into memory unchecked", STORE, "const bool intact = ComputedCrc(landed, size) == stored;",
+     "const bool intact = true;", ["cache_store_test"]),
+    ("I3", "reads unchecked", STORE,
+     "(bytes.pieces.empty() || (options.verify_checksum && !Intact(bytes.pieces, e->size, bytes.crc, hash)))",
+     "(bytes.pieces.empty())", ["cache_store_test"]),
+    ("I4", "moves to disk unchecked", MOVES,
+     "} else if (!Intact(bytes->pieces, moves[k].entry->size, bytes->crc, hash)) {", "} else if (false) {",
+     ["cache_store_test"]),
+    ("I5", "moves into memory unchecked", MOVES,
+     "copied.push_back(Intact(landed, moves[k].entry->size, crcs[k], hash) ? absl::OkStatus() : "
+     "ChecksumFailed(hash));", "copied.push_back(absl::OkStatus());", ["cache_store_test"]),
+    ("I6", "a disk file's key unchecked", "services/cache/store/disk_dir.cc",
+     "if (header != DiskFileHeader(ns, hash, record_crc)) {", "if (false) {", ["cache_store_test"]),
+    ("I7", "a GPU's CRC trusted without its match", STORE,
+     "if (slab_crc.has_value() && *slab_crc == stored) return true;", "if (slab_crc.has_value()) return true;",
+     ["cache_store_test"]),
+    ("Q1", "a tenant over its quota evicts others", "services/cache/store/room.cc",
+     "!FreeWhileLocked(tier, bytes, over_quota, [&](const Entry& e) { return e.owner == owner; })) {",
+     "!FreeWhileLocked(tier, bytes, over_quota, [&](const Entry&) { return true; })) {", ["cache_store_test"]),
+    ("Q2", "every tenant counts as within its quota", "services/cache/store/room.cc",
+     "return limit > 0 && ChargedLocked(it->second, tier) <= limit;", "return true;", ["cache_store_test"]),
+    ("E1", "frequency chooses where room is not scarce", CHOICE,
+     "if (probation_share > 0.5 || recency_victim_score", "if (recency_victim_score", ["cache_store_test"]),
+    ("E2", "frequency chooses without its margin", CHOICE,
+     "recency_victim_score - frequency_victim_score < 1)", "recency_victim_score - frequency_victim_score < 0)",
+     ["cache_store_test"]),
+    ("E3", "frequency chooses beyond its share", CHOICE, "if (frequency_due_ < 1) return Choice::kRecency;",
+     "if (frequency_due_ < 0) return Choice::kRecency;", ["cache_store_test"]),
+    ("E4", "returning victims teach the wrong choice", CHOICE,
+     "frequency_share_.Evicted(fingerprint, chosen_by == Choice::kRecency, held_blocks);",
+     "frequency_share_.Evicted(fingerprint, chosen_by != Choice::kRecency, held_blocks);", ["cache_store_test"]),
+    ("R1", "Put batches of any size", "services/cache/server/put_reactor.cc",
+     "if (slices <= kMaxSlicesPerBatch) return absl::OkStatus();", "return absl::OkStatus();",
+     ["cache_server_test"]),
+    ("R2", "a second Put header in a stream", "services/cache/server/put_reactor.cc",
+     "if (session_ != nullptr) return absl::InvalidArgumentError(\"second Put header in one stream\");", "",
+     ["cache_server_test"]),
+    ("R3", "a Get's layers past the layout's", PLANNER,
+     "if (plan.layer_begin >= layers || plan.layer_count > layers - plan.layer_begin) {",
+     "if (plan.layer_begin >= layers) {", ["cache_service_test"]),
+    ("R4", "request ids of any length", CHECKS, "if (request_id.size() > kMaxRequestIdBytes) {", "if (false) {",
+     ["serving_test"]),
+    ("R5", "generations of no tokens", CHECKS, "if (limits.max_new_tokens() < 1)", "if (false)", ["serving_test"]),
+    ("R6", "any number of logprobs", CHECKS, "if (limits.top_logprobs() > max_top_logprobs) {", "if (false) {",
+     ["serving_test"]),
+    ("R7", "generations past the model's positions", CHECKS,
+     "if (context_tokens + limits.max_new_tokens() > static_cast<size_t>(config.max_position_embeddings)) {",
+     "if (false) {", ["serving_test"]),
+    ("R8", "stop ids outside the vocabulary", CHECKS,
+     "KVTIER_RETURN_IF_ERROR(CheckTokenIds(limits.stop_token_ids(), config.vocab_size, \"limits.stop_token_ids\"));",
+     "", ["serving_test"]),
+    ("R9", "a Put stream's incomplete blocks unbounded", PUT,
+     "if (stream_pending >= options_.max_pending_per_stream) {", "if (false) {", ["cache_store_test"]),
+    ("R10", "a tenant's incomplete blocks unbounded", PUT,
+     "owned != owners_.end() && owned->second.pending_blocks >= options_.max_pending_per_owner) {", "false) {",
+     ["cache_store_test"]),
+    ("R11", "the store's incomplete blocks unbounded", PUT, "if (pending_blocks_ >= options_.max_pending_blocks) {",
+     "if (false) {", ["cache_store_test"]),
+]
+
+
+def run(command, timeout):
+    return subprocess.run(command, shell=True, capture_output=True, text=True, timeout=timeout)
+
+
+def sweep_one(build, mutation):
+    """'caught by ...', 'MISSED', or why it could not be tried."""
+    _, _, path, snippet, replacement, first = mutation
+    source = pathlib.Path(path)
+    text = source.read_text()
+    if text.count(snippet) != 1:
+        return f"NOT TRIED: the snippet is in {path} {text.count(snippet)} times, not once"
+    source.write_text(text.replace(snippet, replacement))
+    try:
+        tests = first + [t for t in TESTS if t not in first]
+        built = run(f"ninja -C {build} {' '.join(SERVERS + tests)}", timeout=3600)
+        if built.returncode != 0:
+            return "NOT TRIED: does not build\n" + built.stdout[-2000:]
+        for test in tests:
+            ran = run(f"./{build}/tests/{test} --gtest_brief=1", timeout=1800)
+            if ran.returncode != 0:
+                failed = dict.fromkeys(re.findall(r"^\[  FAILED  \] (\S+) \(", ran.stdout, re.MULTILINE))
+                return f"caught by {test}: {', '.join(list(failed)[:2])}"
+        return "MISSED"
+    finally:
+        source.write_text(text)
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("ids", nargs="*", help="the mutations to try (default: all)")
+    parser.add_argument("--build", default="build", help="the build directory (default: build)")
+    args = parser.parse_args(argv)
+    known = {m[0] for m in MUTATIONS}
+    if unknown := set(args.ids) - known:
+        parser.error(f"no mutation {', '.join(sorted(unknown))} (there are {', '.join(m[0] for m in MUTATIONS)})")
+    changed = run("git status --porcelain --untracked-files=no", timeout=60).stdout.strip()
+    if changed:
+        sys.exit(f"mutation_sweep: uncommitted changes here; run it in a worktree of its own:\n{changed}")
+    missed = 0
+    for mutation in MUTATIONS:
+        if args.ids and mutation[0] not in args.ids:
+            continue
+        start = time.time()
+        verdict = sweep_one(args.build, mutation)
+        missed += not verdict.startswith("caught")
+        print(f"{mutation[0]:4} {mutation[1]}: {verdict} ({time.time() - start:.0f} s)", flush=True)
+    sys.exit(1 if missed else 0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
