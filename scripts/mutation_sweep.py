@@ -175,7 +175,7 @@ def sweep_one(build, mutation):
         for test in tests:
             ran = run(f"./{build}/tests/{test} --gtest_brief=1", timeout=1800)
             if ran.returncode != 0:
-                failed = dict.fromkeys(re.findall(r"^\[  FAILED  \] (\S+) \(", ran.stdout, re.MULTILINE))
+                failed = dict.fromkeys(re.findall(r"^\[  FAILED  \] ([^\s,]+).* \(\d+ ms\)$", ran.stdout, re.MULTILINE))
                 return f"caught by {test}: {', '.join(list(failed)[:2])}"
         return "MISSED"
     finally:
