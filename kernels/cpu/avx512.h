@@ -129,12 +129,6 @@ KVTIER_AVX2 __attribute__((always_inline)) inline __m256 SumEach8(const __m256 v
                        _mm256_permute2f128_ps(quads[0], quads[1], 0x31));
 }
 
-// 16 bf16 values (32 bytes at `bf16`) widened to floats, exactly.
-KVTIER_AVX512 __attribute__((always_inline)) inline __m512 Bf16ToFloats(const uint8_t* bf16) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bf16));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
 // Stores the 4 x 4 tile sums of SumEach (lane h * 4 + k) as rows: the
 // first n of row h at dst + h * stride, for the rows h < rows.
 KVTIER_AVX512 __attribute__((always_inline)) inline void StoreTileRows(__m512 sums, uint32_t rows, uint32_t n,

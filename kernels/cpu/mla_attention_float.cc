@@ -310,7 +310,8 @@ KVTIER_AVX512 void WidenFp8Avx512(const uint8_t* payload, uint32_t tokens, uint3
       _mm512_storeu_ps(row + c, _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(scale)));
     }
     const uint8_t* rope_src = src + kv + 4 * size_t{tiles};
-    for (uint32_t c = 0; c < rope; c += 16) _mm512_storeu_ps(row + kv + c, Bf16ToFloats(rope_src + 2 * c));
+    const auto* rope_bf16 = reinterpret_cast<const uint16_t*>(rope_src);
+    for (uint32_t c = 0; c < rope; c += 16) _mm512_storeu_ps(row + kv + c, LoadRow(rope_bf16 + c, 0xffff));
   }
 }
 
