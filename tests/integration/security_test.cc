@@ -160,16 +160,12 @@ TEST_F(SecurityTest, BadConnectionAttemptsAreRefusedAndGoodOnesServed) {
   const auto good_mtls = [&] { return StatsCode(Client(mtls, "client", kAdmin.token)); };
   // A Stats call over TLS whose authorization header is `authorization`.
   const auto with_header = [&](const std::string& authorization) {
-    ClientIdentityOptions identity;
-    identity.tls.dir = Dir("trust").string();
-    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannelAs(identity, tls);
-    if (!channel.ok()) return channel.status().code();
-    const std::unique_ptr<v1::KvCache::Stub> stub = v1::KvCache::NewStub(*channel);
+    CacheClient client = Client(tls, "trust");
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    client.SetDeadline(context);
     context.AddMetadata("authorization", authorization);
     v1::StatsResponse response;
-    return static_cast<absl::StatusCode>(stub->Stats(&context, v1::StatsRequest(), &response).error_code());
+    return static_cast<absl::StatusCode>(client.stub().Stats(&context, v1::StatsRequest(), &response).error_code());
   };
   std::vector<Attempt> attempts = {
       {"plaintext client to a TLS server", absl::StatusCode::kUnavailable,
