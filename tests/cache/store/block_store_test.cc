@@ -178,11 +178,14 @@ class BlockStoreTest : public ::testing::TestWithParam<Memory> {
   }
 
   // Simulates a memory fault under the store: flips one byte of the block's
-  // record where it is stored (in its pages, or in the device slab).
+  // record where it is stored (in its pages, or in the device slab), in the
+  // tier it is in (read without promoting it).
   void Corrupt(const BlockHash& hash, size_t at) {
-    auto block = store_->Read("ns", layout_id_, hash);
-    ASSERT_TRUE(block.ok());
-    if (slab_ == nullptr) {
+    BlockStore::ReadOptions in_place;
+    in_place.promote = false;
+    auto block = store_->Read("ns", layout_id_, hash, in_place);
+    ASSERT_TRUE(block.ok()) << block.status();
+    if (slab_ == nullptr || (*block)->tier() != TierKind::kDevice) {
       *const_cast<uint8_t*>((*block)->pieces()[0].data() + at) ^= 0x10;
       return;
     }
@@ -1286,14 +1289,8 @@ TEST_P(BlockStoreTest, CorruptionFoundOnDemotionToDiskDropsTheBlock) {
   Put(Hash(0));
   Put(Hash(1));  // block 0 to the host tier
   ASSERT_EQ(TierOf(Hash(0)), TierKind::kHost);
-  {
-    BlockStore::ReadOptions in_place;
-    in_place.promote = false;
-    auto block = store_->Read("ns", layout_id_, Hash(0), in_place);
-    ASSERT_TRUE(block.ok()) << block.status();
-    ASSERT_EQ((*block)->tier(), TierKind::kHost);
-    *const_cast<uint8_t*>((*block)->pieces()[0].data() + 300) ^= 0x10;
-  }
+  Corrupt(Hash(0), 300);
+  ASSERT_EQ(TierOf(Hash(0)), TierKind::kHost);
   Put(Hash(2));  // block 1 to the host tier, block 0 on to disk
   EXPECT_EQ(TierOf(Hash(0)), std::nullopt);
   const StoreStats s = store_->Stats();
