@@ -29,6 +29,7 @@ unverified peer carries none); a session's second hello on its own
 connection (refused as a second connection's is).
 """
 import argparse
+import os
 import pathlib
 import re
 import subprocess
@@ -186,8 +187,9 @@ def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("ids", nargs="*", help="the mutations to try (default: all)")
-    parser.add_argument("--build", default="build", help="the build directory (default: build)")
+    parser.add_argument("--build", default="build", help="the build directory, from the root (default: build)")
     args = parser.parse_args(argv)
+    os.chdir(pathlib.Path(__file__).resolve().parent.parent)  # the sources' paths are from the root
     known = {m[0] for m in MUTATIONS}
     if unknown := set(args.ids) - known:
         parser.error(f"no mutation {', '.join(sorted(unknown))} (there are {', '.join(m[0] for m in MUTATIONS)})")
