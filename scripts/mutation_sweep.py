@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Breaks each check that guards tenants, the fast path, stored bytes,
-quotas, eviction and request limits, one at a time, and shows that some
-test fails without it: a check no test misses is a check a later change
+quotas, eviction, request limits, what a decode worker is handed, the
+checkpoints a model server loads and the block records it reads, one at a
+time, and shows that some test fails without it: a check no test misses is a check a later change
 can lose unseen.
 
 Each mutation replaces one snippet of a source (found exactly once), builds
@@ -40,7 +41,8 @@ import time
 # might fail.
 SERVERS = ["kvtier-cache", "kvtier-decode", "kvtier-prefill", "kvtier", "fast_path_holder"]
 TESTS = ["security_test", "fast_path_test", "cache_service_test", "common_test", "serving_test", "cache_server_test",
-         "serving_unit_test", "mutated_requests_test", "cache_client_test", "cache_store_test", "kvblock_test"]
+         "serving_unit_test", "mutated_requests_test", "cache_client_test", "cache_store_test", "kvblock_test",
+         "runtime_test"]
 
 TENANTS = "services/rpc/tenants.cc"
 FAST_PATH = "services/cache/fast_path/fast_path_server.cc"
@@ -50,6 +52,12 @@ MOVES = "services/cache/store/tier_moves.cc"
 PUT = "services/cache/store/put_session.cc"
 CHECKS = "services/serving/request_checks.cc"
 CHOICE = "services/cache/store/recency_or_frequency.cc"
+DECODE = "services/decode/decode_service.cc"
+SEQUENCE = "services/serving/sequence_blocks.cc"
+CHECKPOINT = "services/runtime/checkpoint.cc"
+WEIGHTS = "services/runtime/model_weights.cc"
+SAFETENSORS = "services/runtime/safetensors.cc"
+BLOCK = "services/kvblock/block_format.cc"
 
 # (id, what it breaks, file, snippet, replacement, tests to run first)
 MUTATIONS = [
@@ -153,6 +161,119 @@ MUTATIONS = [
      ["cache_store_test"]),
     ("R11", "the store's incomplete blocks unbounded", PUT, "if (pending_blocks_ >= options_.max_pending_blocks) {",
      "if (false) {", ["cache_store_test"]),
+    ("D1", "a request of another model's layout", DECODE,
+     "if (!(layout == serving::ModelLayout(c, model_id_, layout.codec, layout.tokens_per_block))) {",
+     "if (false) {", ["serving_test"]),
+    ("D2", "any first token", DECODE,
+     "if (r.first_token().index() != 0 || r.first_token().token_id() >= c.vocab_size) {",
+     "if (false) {", ["serving_test"]),
+    ("D3", "any number of block hashes", DECODE,
+     "if (static_cast<size_t>(r.block_hashes_size()) != full) {",
+     "if (false) {", ["serving_test"]),
+    ("D4", "block hashes not the chain's", DECODE,
+     "if (r.block_hashes(static_cast<int>(i)) != kvblock::HashAsBytes(chain[i])) {",
+     "if (false) {", ["serving_test"]),
+    ("D5", "inline block index repeated or past the blocks", DECODE,
+     "if (b.block_index() >= full || inline_records[b.block_index()] != nullptr) {",
+     "if (inline_records[b.block_index()] != nullptr) {", ["serving_test"]),
+    ("D6", "a tail of any length", DECODE,
+     "if (r.tail().token_count() != s.tokens.size() % tpb) {",
+     "if (false) {", ["serving_test"]),
+    ("D7", "an MLA request with a restore point", DECODE,
+     "if (!r.restore_point().empty()) return absl::InvalidArgumentError(\"restore_point is for DeepSeek-V4 layouts "
+     "only\");",
+     "", ["serving_test"]),
+    ("D8", "a V4 request with a tail", DECODE,
+     "if (r.tail().token_count() != 0 || !r.tail().latents().empty() || !r.tail().indexer_keys().empty()) {",
+     "if (false) {", ["serving_test"]),
+    ("D9", "a V4 request without its restore point", DECODE,
+     "if (r.restore_point().empty() != (restore_blocks == 0)) {",
+     "if (false) {", ["serving_test"]),
+    ("D10", "a V4 restore point unchecked", DECODE,
+     "if (absl::Status st = serving::CheckV4Record(*point, s.layout, kvblock::RecordKind::kRestorePoint); !st.ok()) {",
+     "if (absl::Status st; !st.ok()) {", ["serving_test"]),
+    ("D11", "V4 inline blocks unchecked", DECODE,
+     "if (absl::Status st = serving::CheckV4Record(*inline_records[i], s.layout, kvblock::RecordKind::kBlock); "
+     "!st.ok()) {",
+     "if (absl::Status st; !st.ok()) {", ["serving_test"]),
+    ("D12", "a record of some layers taken as whole", SEQUENCE,
+     "if (view.header.layer_begin != 0 || view.header.layer_count != layout.num_layers) {",
+     "if (false) {", ["serving_unit_test", "serving_test"]),
+    ("D13", "indexer keys with NaN codes", SEQUENCE,
+     "if ((codes[i] & 0x7f) == 0x7f) {",
+     "if (false) {", ["serving_unit_test", "serving_test"]),
+    ("D14", "indexer keys with bad scales", SEQUENCE,
+     "if (!std::isfinite(scale) || scale <= 0.0f) {",
+     "if (false) {", ["serving_unit_test", "serving_test"]),
+    ("D15", "a tail of NaNs", SEQUENCE,
+     "if (!std::isfinite(t[i])) {",
+     "if (false) {", ["serving_unit_test", "serving_test"]),
+    ("D16", "a tail's indexer keys of any size", SEQUENCE,
+     "if (indexer_keys.size() != keys_per_layer * layout.num_layers) {",
+     "if (false) {", ["serving_unit_test", "serving_test"]),
+    ("D17", "a V4 record of the wrong kind", "services/serving/v4_records.cc",
+     "if (view.header.kind != kind) {",
+     "if (false) {", ["serving_unit_test", "serving_test"]),
+    ("L1", "weight_map entries with paths", CHECKPOINT,
+     "if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos) {",
+     "if (!file.is_string()) {", ["runtime_test"]),
+    ("L2", "a tensor listed twice", CHECKPOINT,
+     "if (!duplicate.empty()) {",
+     "if (false) {", ["runtime_test"]),
+    ("L3", "tensors of any shape", CHECKPOINT,
+     "if (view->shape != spec.shape) {",
+     "if (false) {", ["runtime_test"]),
+    ("L4", "FP8 tensors that are no projections", CHECKPOINT,
+     "if (!spec.projection || (view.dtype == DType::kI8) != (spec.dtype == DType::kI8)) {",
+     "if (false) {", ["runtime_test"]),
+    ("L5", "FP8 without quantization_config", CHECKPOINT,
+     "if (!c.fp8.has_value()) {",
+     "if (false) {", ["runtime_test"]),
+    ("L6", "block scales of any dtype", CHECKPOINT,
+     "if (scale.dtype != DType::kF32 && !(c.v4.has_value() && scale.dtype == DType::kF8E8m0)) {",
+     "if (false) {", ["runtime_test"]),
+    ("L7", "block scales not finite", WEIGHTS,
+     "if (!std::isfinite(scale_values[i])) {",
+     "if (false) {", ["runtime_test"]),
+    ("L8", "FP8 NaN codes in weights", WEIGHTS,
+     "if ((w.fp8[i] & 0x7fu) == 0x7fu) {",
+     "if (false) {", ["runtime_test"]),
+    ("P1", "a safetensors header past the file", SAFETENSORS,
+     "if (header_len > size - 8) {",
+     "if (false) {", ["runtime_test"]),
+    ("P2", "tensor data past the file", SAFETENSORS,
+     "if (begin > end || end > data_size) {",
+     "if (begin > end) {", ["runtime_test"]),
+    ("P3", "tensor bytes not its shape's", SAFETENSORS,
+     "if (end - begin != static_cast<uint64_t>(elements) * DTypeBytes(view.dtype)) {",
+     "if (false) {", ["runtime_test"]),
+    ("P4", "shapes that overflow", SAFETENSORS,
+     "if (view.shape.back() != 0 && elements > kMaxElements / view.shape.back()) return bad(\"shape is too large\");",
+     "", ["runtime_test"]),
+    ("B1", "a record of no layers or past the limit", BLOCK,
+     "if (h.layer_count < 1 || h.layer_begin + h.layer_count > kMaxLayers) {",
+     "if (false) {", ["kvblock_test"]),
+    ("B2", "indexer bytes not the keys'", BLOCK,
+     "if (h.indexer_part_bytes != indexer) {",
+     "if (false) {", ["kvblock_test"]),
+    ("B3", "layer bytes not the codec's", BLOCK,
+     "if (h.layer_payload_bytes != latent + indexer) {",
+     "if (false) {", ["kvblock_test"]),
+    ("B4", "a V4 record's payload of any size", BLOCK,
+     "if (h.payload_bytes != want) {",
+     "if (false) {", ["kvblock_test"]),
+    ("B5", "a restore point anywhere", BLOCK,
+     "if (boundary == 0 || boundary % l.tokens_per_block != 0 || boundary > (uint64_t{1} << 40)) {",
+     "if (false) {", ["kvblock_test"]),
+    ("B6", "a record's layers past the layout's", BLOCK,
+     "if (h.layer_begin + h.layer_count > l.num_layers) {",
+     "if (false) {", ["kvblock_test"]),
+    ("B7", "a record of another shape under the layout's id", BLOCK,
+     "if (h.codec != l.codec || h.token_count != l.tokens_per_block || h.latent_dim != l.kv_lora_rank ||",
+     "if (false ||", ["kvblock_test"]),
+    ("B8", "format 1 with indexer fields", BLOCK,
+     "if (!indexed && (h.indexer_encoding != IndexerEncoding::kNone || h.indexer_dim != 0)) {",
+     "if (false) {", ["kvblock_test"]),
 ]
 
 

@@ -1077,18 +1077,25 @@ TEST_F(ServingTest, BadRequestsGetClearStatuses) {
     EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << c.name << ": " << got.status();
     EXPECT_NE(got.status().message().find(c.message), std::string::npos) << c.name << ": " << got.status();
   }
-  // The decode worker checks what it is handed, too.
+  // The decode worker checks what it is handed, too, and says what is
+  // wrong (a later step would refuse some of these, but not say why).
   auto decode = v1::Decode::NewStub(MakeChannel(cluster.decode_targets[0]));
-  const kvblock::LatentLayout layout =
-      serving::ModelLayout(Tiny().model->config(), *serving::ModelId(Tiny().dir, runtime::ModelType::kDeepseekV2),
-                           kernels::Codec::kBf16, kBlock);
-  auto decode_code = [&](const std::function<void(v1::DecodeRequest&)>& change) {
+  const runtime::ModelConfig& config = Tiny().model->config();
+  const kvblock::LatentLayout layout = serving::ModelLayout(
+      config, *serving::ModelId(Tiny().dir, runtime::ModelType::kDeepseekV2), kernels::Codec::kBf16, kBlock);
+  const std::vector<uint32_t> tokens = RandomIds(kBlock + 3, rng_.engine());  // a block and a tail of 3
+  const kvblock::BlockHash first_block =
+      kvblock::ComputeBlockChain("default", kvblock::LayoutId(layout), kBlock, tokens)[0];
+  const size_t tail_bytes =
+      3 * static_cast<size_t>(config.num_hidden_layers * (config.kv_lora_rank + config.qk_rope_head_dim)) * 4;
+  auto decode_status = [&](const std::function<void(v1::DecodeRequest&)>& change) {
     v1::DecodeRequest r;
     r.set_kv_namespace("default");
     *r.mutable_layout() = kvblock::LayoutToProto(layout);
-    for (uint32_t t : {1, 2, 3}) r.add_token_ids(t);
+    for (uint32_t t : tokens) r.add_token_ids(t);
+    r.add_block_hashes(std::string(kvblock::HashAsBytes(first_block)));
     r.mutable_tail()->set_token_count(3);
-    r.mutable_tail()->set_latents(std::string(3 * 3 * 40 * sizeof(float), '\0'));
+    r.mutable_tail()->set_latents(std::string(tail_bytes, '\0'));
     r.mutable_limits()->set_max_new_tokens(4);
     change(r);
     grpc::ClientContext context;
@@ -1096,24 +1103,54 @@ TEST_F(ServingTest, BadRequestsGetClearStatuses) {
     v1::DecodeResponse e;
     while (reader->Read(&e)) {
     }
-    return reader->Finish().error_code();
+    return reader->Finish();
   };
-  EXPECT_EQ(decode_code([](auto&) {}), grpc::StatusCode::OK);
+  const grpc::Status good = decode_status([](auto&) {});
+  EXPECT_TRUE(good.ok()) << good.error_message();
   const kvblock::LatentLayout other_model =
-      serving::ModelLayout(Tiny().model->config(), "another-model", kernels::Codec::kBf16, kBlock);
-  EXPECT_EQ(decode_code([&](auto& r) { *r.mutable_layout() = kvblock::LayoutToProto(other_model); }),
-            grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_EQ(decode_code([](auto& r) { r.add_block_hashes(std::string(32, 'x')); }), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(decode_code([](auto& r) { r.mutable_tail()->set_latents("short"); }), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(decode_code([](auto& r) { r.mutable_tail()->set_token_count(2); }), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(decode_code([](auto& r) { r.mutable_first_token()->set_token_id(300); }),
-            grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(decode_code([](auto& r) {
-              auto* b = r.add_inline_blocks();
-              b->set_block_index(0);
-              b->set_data("not a block");
-            }),
-            grpc::StatusCode::INVALID_ARGUMENT);
+      serving::ModelLayout(config, "another-model", kernels::Codec::kBf16, kBlock);
+  const auto add_inline = [](v1::DecodeRequest& r, uint32_t index, const std::string& data) {
+    v1::InlineBlock* b = r.add_inline_blocks();
+    b->set_block_index(index);
+    b->set_data(data);
+  };
+  struct DecodeCase {
+    std::string name;
+    std::function<void(v1::DecodeRequest&)> change;
+    grpc::StatusCode code;
+    std::string message;
+  };
+  const std::vector<DecodeCase> decode_cases = {
+      {"another model's layout", [&](auto& r) { *r.mutable_layout() = kvblock::LayoutToProto(other_model); },
+       grpc::StatusCode::FAILED_PRECONDITION, "the request's latents are of model another-model"},
+      {"a hash too many", [](auto& r) { r.add_block_hashes(std::string(32, 'x')); }, grpc::StatusCode::INVALID_ARGUMENT,
+       "block_hashes has 2 hashes"},
+      {"a hash not the chain's", [](auto& r) { (*r.mutable_block_hashes(0))[7] ^= 0x01; },
+       grpc::StatusCode::INVALID_ARGUMENT, "block_hashes[0] is not the chain hash"},
+      {"a short tail", [](auto& r) { r.mutable_tail()->set_latents("short"); }, grpc::StatusCode::INVALID_ARGUMENT,
+       "tail of 3 tokens must be"},
+      {"a tail of the wrong count", [](auto& r) { r.mutable_tail()->set_token_count(2); },
+       grpc::StatusCode::INVALID_ARGUMENT, "tail.token_count must be 3"},
+      {"a first token outside the vocabulary", [](auto& r) { r.mutable_first_token()->set_token_id(300); },
+       grpc::StatusCode::INVALID_ARGUMENT, "first_token must be"},
+      {"an inline block past the blocks", [&](auto& r) { add_inline(r, 1, "x"); }, grpc::StatusCode::INVALID_ARGUMENT,
+       "inline block index 1 is repeated or not one of the 1 full blocks"},
+      {"an inline block twice",
+       [&](auto& r) {
+         add_inline(r, 0, "x");
+         add_inline(r, 0, "y");
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "inline block index 0 is repeated"},
+      {"an inline block that is none", [&](auto& r) { add_inline(r, 0, "not a block"); },
+       grpc::StatusCode::INVALID_ARGUMENT, "inline block 0: block record truncated"},
+      {"a restore point", [](auto& r) { r.set_restore_point("point"); }, grpc::StatusCode::INVALID_ARGUMENT,
+       "restore_point is for DeepSeek-V4 layouts only"},
+  };
+  for (const DecodeCase& c : decode_cases) {
+    const grpc::Status got = decode_status(c.change);
+    EXPECT_EQ(got.error_code(), c.code) << c.name << ": " << got.error_message();
+    EXPECT_NE(got.error_message().find(c.message), std::string::npos) << c.name << ": " << got.error_message();
+  }
 }
 
 // The model servers' memory and device flags: a device that is not one,
@@ -1143,7 +1180,8 @@ TEST_F(ServingTest, ModelServersRefuseAddressesNobodyCouldListenOn) {
 // A decode worker handed a V4 sequence directly: one whose blocks the
 // cache never had is recomputed from its tokens (and generates what the
 // runtime does); a request without its point, with a damaged point, a
-// block record where the point should be, or a tail is INVALID_ARGUMENT.
+// block record where the point should be, a tail, or an inline block
+// damaged or of the wrong kind is INVALID_ARGUMENT, saying which.
 void ExpectV4DecodeRequestsChecked(const PresetModel& m, Cluster& cluster, std::mt19937_64& rng) {
   constexpr uint32_t kV4Block = 16;
   const runtime::Model& model = *m.model;
@@ -1187,16 +1225,34 @@ void ExpectV4DecodeRequestsChecked(const PresetModel& m, Cluster& cluster, std::
   for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], want[i + 1].token) << "token " << i + 1;
   EXPECT_EQ(Scrape(cluster.decode_metrics[0], "kvtier_decode_blocks_recomputed_total"), recomputed + 3);
 
-  const auto code = [&](const std::function<void(v1::DecodeRequest&)>& change) {
+  std::string damaged_block = *block;
+  damaged_block[damaged_block.size() / 2] ^= 0x10;
+  const std::pair<std::function<void(v1::DecodeRequest&)>, std::string> bad[] = {
+      {[](auto& r) { r.clear_restore_point(); }, "restore_point must be the record after the first 3 blocks"},
+      {[&](auto& r) { (*r.mutable_restore_point())[point->size() / 2] ^= 0x10; },
+       "restore_point: block checksum mismatch"},
+      {[&](auto& r) { r.set_restore_point(*block); }, "restore_point: a block record where a restore point"},
+      {[](auto& r) { r.mutable_tail()->set_token_count(3); }, "a DeepSeek-V4 request carries no tail"},
+      {[&](auto& r) {
+         v1::InlineBlock* b = r.add_inline_blocks();
+         b->set_block_index(0);
+         b->set_data(damaged_block);
+       },
+       "inline block 0: block checksum mismatch"},
+      {[&](auto& r) {
+         v1::InlineBlock* b = r.add_inline_blocks();
+         b->set_block_index(1);
+         b->set_data(*point);
+       },
+       "inline block 1: a restore point record where a block"},
+  };
+  for (const auto& [change, message] : bad) {
     v1::DecodeRequest r = good;
     change(r);
-    return run(r).error_code();
-  };
-  EXPECT_EQ(code([](auto& r) { r.clear_restore_point(); }), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(code([&](auto& r) { (*r.mutable_restore_point())[point->size() / 2] ^= 0x10; }),
-            grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(code([&](auto& r) { r.set_restore_point(*block); }), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(code([](auto& r) { r.mutable_tail()->set_token_count(3); }), grpc::StatusCode::INVALID_ARGUMENT);
+    const grpc::Status got = run(r);
+    EXPECT_EQ(got.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << message << ": " << got.error_message();
+    EXPECT_NE(got.error_message().find(message), std::string::npos) << message << ": " << got.error_message();
+  }
 }
 
 // DeepSeek-V4 (v4-tiny: a window of 16, ratios 4 and 8) through the

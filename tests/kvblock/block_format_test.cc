@@ -242,30 +242,63 @@ TEST_P(BlockParserTest, WrongLayoutIsFailedPrecondition) {
   }
 }
 
+// Each field that disagrees with the others is named: a later check (the
+// record's size) would refuse most of them too, but not say why.
 TEST_P(BlockParserTest, InconsistentHeaderIsInvalidArgument) {
-  std::vector<std::pair<size_t, uint8_t>> edits = {
-      {6, 9},   // unknown codec
-      {7, 1},   // unknown flag
-      {28, 1},  // payload size no longer matches the codec
-      {16, 0},  // token count 0 (low byte; record has 5)
-      {22, 0},  // layer count 0
+  struct Edit {
+    size_t offset;
+    uint8_t value;
+    std::string message;
+  };
+  std::vector<Edit> edits = {
+      {6, 9, "unknown codec 9"},
+      {7, 1, "unknown flags 1"},
+      {28, 1, "bytes per layer, but int8"},        // payload size no longer matches the codec
+      {16, 0, "block token count 0 outside 1.."},  // low byte; the record has 5
+      {22, 0, "empty or beyond 1024"},             // layer count 0
+      {21, 4, "empty or beyond 1024"},             // layers from 1025 (layer_begin's high byte)
   };
   if (GetParam()) {
     edits.insert(edits.end(), {
-                                  {32, 17},  // indexer dim no longer matches its bytes
-                                  {32, 0},   // indexer dim 0
-                                  {34, 0},   // no encoding
-                                  {34, 2},   // unknown encoding
-                                  {35, 1},   // reserved byte
-                                  {36, 1},   // indexer bytes no longer match the dim
+                                  {32, 17, "indexer bytes per layer, but 5 keys of dim 17"},
+                                  {32, 0, "indexer encoding 1 of dim 0"},
+                                  {34, 0, "indexer encoding 0 of dim 16"},
+                                  {34, 2, "indexer encoding 2 of dim 16"},
+                                  {35, 1, "reserved byte 35 is 1"},
+                                  {36, 1, "indexer bytes per layer, but 5 keys of dim 16"},
                               });
   }
-  for (auto [offset, value] : edits) {
+  for (const Edit& e : edits) {
     std::string r = record_;
-    r[offset] = static_cast<char>(value);
+    r[e.offset] = static_cast<char>(e.value);
     Reseal(r);
-    EXPECT_EQ(Parse(r).code(), absl::StatusCode::kInvalidArgument) << "offset " << offset;
+    const absl::Status s = Parse(r);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << "offset " << e.offset << ": " << s;
+    EXPECT_NE(s.message().find(e.message), std::string::npos) << "offset " << e.offset << ": " << s;
   }
+}
+
+// A record whose header names the expected layout's id but another shape,
+// or layers the layout lacks (written by a peer that lies, or by a bug), is
+// refused: the id alone is not trusted to vouch for the fields.
+TEST_P(BlockParserTest, ARecordUnderTheLayoutsIdMustHaveItsShape) {
+  SCOPED_TRACE(rng_.Trace());
+  const auto claim = [](std::string record, const LatentLayout& as) {
+    const uint64_t id = LayoutId(as);
+    std::memcpy(record.data() + 8, &id, sizeof id);
+    Reseal(record);
+    return record;
+  };
+  LatentLayout other_codec = layout_;
+  other_codec.codec = kernels::Codec::kInt4;
+  absl::Status s = Parse(claim(Encode(other_codec, 0, 1, rng_.engine()), layout_));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("block is int4 5 tokens x (24 + 8), layout wants int8"), std::string::npos) << s;
+  LatentLayout two_layers = layout_;
+  two_layers.num_layers = 2;
+  s = ParseBlock(claim(record_, two_layers), &two_layers).status();  // record_ holds layers 1 and 2
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("block holds layers [1, 3), layout has 2"), std::string::npos) << s;
 }
 
 TEST_P(BlockParserTest, AnyFlippedPayloadOrChecksumBitIsDataLoss) {
@@ -331,6 +364,11 @@ TEST(BlockWriter, RejectsBadArguments) {
   EXPECT_NE(s.message().find("layer 1"), std::string::npos) << s;
   BlockHeader h = HeaderFor(l, 0, 1);
   EXPECT_EQ(SerializeBlock(h, "short").status().code(), absl::StatusCode::kInvalidArgument);
+  // Format 1 has no place for indexer fields: a header with them is not written.
+  h.indexer_dim = 16;
+  s = SerializeBlock(h, std::string(h.PayloadBytes(), '\0')).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("format 1 has no indexer part"), std::string::npos) << s;
   // Indexer keys exactly when the layout has them, as many as its layers.
   x[3] = 1.0f;
   EXPECT_EQ(EncodeBlock(l, 0, 1, x, std::vector<uint8_t>(4)).status().code(), absl::StatusCode::kInvalidArgument);

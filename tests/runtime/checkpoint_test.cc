@@ -12,6 +12,7 @@
 #include "services/runtime/make_model.h"
 #include "services/runtime/model.h"
 #include "services/runtime/model_tensors.h"
+#include "services/runtime/safetensors.h"
 #include "tests/test_random.h"
 
 namespace kvtier::runtime {
@@ -170,10 +171,37 @@ void ReplaceInFile(const fs::path& path, const std::string& from, const std::str
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
 }
 
+// The file of checkpoint `dir` that holds `tensor`: its index's, or the one file.
+fs::path FileHolding(const std::string& dir, const std::string& tensor) {
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  if (!fs::exists(index)) return fs::path(dir) / "model.safetensors";
+  std::ifstream in(index);
+  return fs::path(dir) / nlohmann::json::parse(in)["weight_map"][tensor].get<std::string>();
+}
+
+// Writes the file holding `tensor` again, with `tensor` stored as `dtype`
+// (its values converted) and every other tensor as it was.
+void StoreAs(const std::string& dir, const std::string& tensor, DType dtype) {
+  const fs::path file = FileHolding(dir, tensor);
+  std::vector<TensorToWrite> tensors;
+  {
+    absl::StatusOr<std::unique_ptr<SafetensorsFile>> opened = SafetensorsFile::Open(file.string());
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    ASSERT_TRUE((*opened)->tensors().contains(tensor)) << tensor << " in " << file;
+    for (const auto& [name, view] : (*opened)->tensors()) {
+      tensors.push_back(
+          {.name = name, .dtype = name == tensor ? dtype : view.dtype, .shape = view.shape, .values = view.ToFloat()});
+    }
+  }
+  ASSERT_TRUE(WriteSafetensors(file.string(), tensors).ok());
+}
+
 // The V3 family's checkpoints: sharded, FP8 projections with block scales.
 TEST_F(CheckpointTest, EveryV3DefectIsNamed) {
   const ModelConfig preset = *PresetConfig("v3-tiny");
   const std::string shard2 = "model-00002-of-00003.safetensors";
+  const TensorSpec o_proj = LayerTensorsOf(preset, 1).o_proj;
+  const std::string o_proj_scale = ScaleSpec(o_proj, *preset.fp8).name;
   ExpectEachRefused(
       preset, 3,
       {
@@ -223,35 +251,71 @@ TEST_F(CheckpointTest, EveryV3DefectIsNamed) {
              });
            },
            absl::StatusCode::kInvalidArgument, "n_group must be at most n_routed_experts / 2"},
+          // A file name that leads out of the checkpoint's directory.
+          {"path_in_weight_map",
+           [&](const std::string& d) {
+             ReplaceInFile(fs::path(d) / "model.safetensors.index.json", "\"" + shard2 + "\"", "\"../" + shard2 + "\"");
+           },
+           absl::StatusCode::kInvalidArgument, "is not a file name"},
+          // FP8 (and I8, V4's FP4) only where a projection's block scales go with it.
+          {"norm_in_fp8", [&](const std::string& d) { StoreAs(d, "model.norm.weight", DType::kF8E4m3); },
+           absl::StatusCode::kInvalidArgument,
+           "tensor model.norm.weight is F8_E4M3, but only projections may be stored in FP8"},
+          {"projection_in_i8", [&](const std::string& d) { StoreAs(d, o_proj.name, DType::kI8); },
+           absl::StatusCode::kInvalidArgument, "tensor " + o_proj.name + " is I8, but only projections"},
+          {"scale_dtype", [&](const std::string& d) { StoreAs(d, o_proj_scale, DType::kBf16); },
+           absl::StatusCode::kInvalidArgument, "block scale tensor " + o_proj_scale + " is BF16, not F32"},
       });
 }
 
-// An FP8 NaN code in a projection would make every output NaN: the load
-// refuses it, naming the tensor.
-TEST_F(CheckpointTest, Fp8NanCodeIsRefusedAtLoad) {
+// An FP8 NaN code in a projection, or a block scale that is not finite,
+// would make every output NaN: the load refuses either, naming the tensor.
+TEST_F(CheckpointTest, Fp8NanCodeOrScaleIsRefusedAtLoad) {
+  SCOPED_TRACE(rng_.Trace());
   const ModelConfig preset = *PresetConfig("v3-tiny");
-  const std::string dir = Dir("nan");
-  ASSERT_TRUE(MakeModel(preset, dir, 1, 1).ok());
-  const fs::path file = fs::path(dir) / "model.safetensors";
-  const std::string victim = LayerTensorsOf(preset, 1).o_proj.name;
-  {
-    std::ifstream in(file, std::ios::binary);
-    uint64_t header_length = 0;
-    in.read(reinterpret_cast<char*>(&header_length), 8);
-    std::string header(header_length, '\0');
-    in.read(header.data(), static_cast<std::streamsize>(header_length));
-    const uint64_t offset =
-        nlohmann::json::parse(header)[victim]["data_offsets"][0].get<uint64_t>() + 8 + header_length;
+  const TensorSpec victim = LayerTensorsOf(preset, 1).o_proj;
+  const std::string scale = ScaleSpec(victim, *preset.fp8).name;
+  struct Defect {
+    std::string tensor;
+    std::string bytes;  // written over one of its elements, chosen at random
+    std::string message;
+  };
+  const float inf = INFINITY, nan = NAN;
+  const std::vector<Defect> defects = {
+      {victim.name, "\xff", victim.name + " holds an FP8 NaN"},
+      {victim.name, "\x7f", victim.name + " holds an FP8 NaN"},
+      {scale, std::string(reinterpret_cast<const char*>(&inf), 4), "block scale tensor " + scale + " holds inf"},
+      {scale, std::string(reinterpret_cast<const char*>(&nan), 4), "block scale tensor " + scale + " holds nan"},
+  };
+  for (const Defect& d : defects) {
+    SCOPED_TRACE(d.message);
+    const std::string dir = Dir("nan");
+    fs::remove_all(dir);
+    ASSERT_TRUE(MakeModel(preset, dir, 1, 1).ok());
+    const fs::path file = fs::path(dir) / "model.safetensors";
+    uint64_t at = 0;  // where in the file
+    {
+      std::ifstream in(file, std::ios::binary);
+      uint64_t header_length = 0;
+      in.read(reinterpret_cast<char*>(&header_length), 8);
+      std::string header(header_length, '\0');
+      in.read(header.data(), static_cast<std::streamsize>(header_length));
+      const nlohmann::json parsed = nlohmann::json::parse(header);
+      const nlohmann::json& offsets = parsed[d.tensor]["data_offsets"];
+      const uint64_t begin = offsets[0].get<uint64_t>(), end = offsets[1].get<uint64_t>();
+      at = 8 + header_length + begin + rng_.engine()() % ((end - begin) / d.bytes.size()) * d.bytes.size();
+    }
     std::fstream out(file, std::ios::binary | std::ios::in | std::ios::out);
-    out.seekp(static_cast<std::streamoff>(offset + 5));
-    out.put(static_cast<char>(0xff));
+    out.seekp(static_cast<std::streamoff>(at));
+    out.write(d.bytes.data(), static_cast<std::streamsize>(d.bytes.size()));
+    out.close();
+    auto ckpt = Checkpoint::Open(dir);
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+    auto model = Model::Load(**ckpt);
+    ASSERT_FALSE(model.ok());
+    EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(model.status().message().find(d.message), std::string::npos) << model.status();
   }
-  auto ckpt = Checkpoint::Open(dir);
-  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
-  auto model = Model::Load(**ckpt);
-  ASSERT_FALSE(model.ok());
-  EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(model.status().message().find(victim + " holds an FP8 NaN"), std::string::npos) << model.status();
 }
 
 TEST(ModelConfig, V3FamilyConfigsAsPublished) {

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "services/kvblock/block_format.h"
 #include "services/kvblock/crc32c.h"
 #include "tests/test_random.h"
@@ -139,6 +140,29 @@ TEST(SequenceBlocks, ARecordCheckedOnTheWayInIsNotCheckedAgain) {
   const auto partial = std::make_shared<const std::string>(*BlockRecord(layout, source, 0, 0, 2));
   EXPECT_EQ(AppendBlockRecord(partial, layout, cache, kvblock::CrcCheck::kCheckedBefore).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// A tail's latents come from the request: one that is not finite (the
+// model never makes one) is refused, naming where it is.
+TEST(SequenceBlocks, ATailThatIsNotFiniteIsRefused) {
+  testing::SeededRng rng;
+  SCOPED_TRACE(rng.Trace());
+  const kvblock::LatentLayout layout = Layout();
+  const runtime::SequenceCache source = RandomCache(layout, 1, rng.engine(), 5);
+  const size_t row = size_t{layout.kv_lora_rank} + layout.rope_dim;
+  for (float bad : {NAN, INFINITY, -INFINITY}) {
+    std::string tail = TailBytes(source);
+    const size_t at = rng.engine()() % (tail.size() / sizeof(float));
+    std::memcpy(tail.data() + at * sizeof(float), &bad, sizeof bad);
+    runtime::SequenceCache cache = EmptyCache(layout);
+    const absl::Status s = SetTail(tail, "", 5, layout, cache);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    const size_t layer = at / (5 * row), token = at % (5 * row) / row;
+    EXPECT_NE(s.message().find(
+                  absl::StrCat("tail latent ", at % row, " of token ", token, " in layer ", layer, " is not finite")),
+              std::string::npos)
+        << s;
+  }
 }
 
 // DeepSeek-V3.2: a block's record carries its tokens' indexer keys beside
