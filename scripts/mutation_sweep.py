@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Breaks each check that guards tenants, the fast path, stored bytes,
 quotas, eviction, request limits, what a decode worker is handed, the
-checkpoints a model server loads and the block records it reads, one at a
-time, and shows that some test fails without it: a check no test misses is a check a later change
-can lose unseen.
+checkpoints a model server loads, the block records it reads and the
+tenants and TLS files a server starts from, one at a time, and shows
+that some test fails without it: a check no test misses is a check a
+later change can lose unseen.
 
 Each mutation replaces one snippet of a source (found exactly once), builds
 the binaries the tests start and the test binaries, runs those most likely
@@ -274,6 +275,26 @@ MUTATIONS = [
     ("B8", "format 1 with indexer fields", BLOCK,
      "if (!indexed && (h.indexer_encoding != IndexerEncoding::kNone || h.indexer_dim != 0)) {",
      "if (false) {", ["kvblock_test"]),
+    ("C1", "a tenants file of none", TENANTS, "if (file.tenants_size() == 0) {", "if (false) {", ["common_test"]),
+    ("C2", "a tenant without a name", TENANTS,
+     "if (t.name().empty()) return absl::InvalidArgumentError(absl::StrCat(\"tenants[\", i, \"] has no name\"));",
+     "", ["common_test"]),
+    ("C3", "a name listed twice", TENANTS, "if (!names.insert(t.name()).second) return", "if (false) return",
+     ["common_test"]),
+    ("C4", "a tenant without a role", TENANTS, "if (t.role() == v1::TENANT_ROLE_UNSPECIFIED) {", "if (false) {",
+     ["common_test"]),
+    ("C5", "a tenant without namespaces", TENANTS, "if (t.role() != v1::ADMIN && t.namespaces().empty()) {",
+     "if (false) {", ["common_test"]),
+    ("C6", "a tenant without a proof", TENANTS,
+     "if (t.token_sha256().empty() && t.certificate_identities().empty()) {", "if (false) {", ["common_test"]),
+    ("C7", "a token hash that is not one", TENANTS, "if (h.size() != 64 || !IsLowerHex(h)) {", "if (false) {",
+     ["common_test"]),
+    ("C8", "a token of two tenants", TENANTS, "if (!tokens.insert(h).second) return", "if (false) return",
+     ["common_test"]),
+    ("C9", "a certificate identity of two tenants", TENANTS, "if (!identities.insert(id).second) {", "if (false) {",
+     ["common_test"]),
+    ("C10", "a key that is not the certificate's", "services/rpc/tls_files.cc",
+     "if (X509_check_private_key(chain.front().get(), key.get()) != 1) {", "if (false) {", ["common_test"]),
 ]
 
 

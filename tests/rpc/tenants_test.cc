@@ -33,7 +33,15 @@ TEST(TenantsFile, RefusesWhatCannotBeEnforced) {
       {OneTenant("\"role\": \"WRITER\", \"namespaces\": [\"a\"], \"tokenSha256\": [\"ABC\"]"), "64 lowercase hex"},
       {OneTenant("\"role\": \"OWNER\", \"namespaces\": [\"a\"], " + proof), "not a tenants file"},
       {"{\"tenants\": [{\"name\": \"a\", \"role\": \"ADMIN\", " + proof + "}, {\"name\": \"a\", \"role\": \"ADMIN\"}]}",
-       "listed twice"},
+       "name listed twice"},
+      // A proof of two tenants: its caller would silently be the first.
+      {"{\"tenants\": [{\"name\": \"a\", \"role\": \"READER\", \"namespaces\": [\"x\"], " + proof +
+           "}, {\"name\": \"b\", \"role\": \"ADMIN\", " + proof + "}]}",
+       "tenants[1] (b): a token listed twice"},
+      {"{\"tenants\": [{\"name\": \"a\", \"role\": \"ADMIN\", \"certificateIdentities\": [\"spiffe://x/a\"]}, "
+       "{\"name\": \"b\", \"role\": \"READER\", \"namespaces\": [\"x\"], \"certificateIdentities\": "
+       "[\"spiffe://x/a\"]}]}",
+       "tenants[1] (b): certificate identity 'spiffe://x/a' listed twice"},
       {"{}", "no tenants in it"},
       {"{\"tenants\": []}", "no tenants in it"},
   };
