@@ -166,6 +166,13 @@ std::vector<uint32_t> RandomIds(size_t n, std::mt19937_64& rng) {
   return ids;
 }
 
+// Hands `data` to a decode request as block `index`'s record.
+void AddInlineBlock(v1::DecodeRequest& r, uint32_t index, const std::string& data) {
+  v1::InlineBlock* b = r.add_inline_blocks();
+  b->set_block_index(index);
+  b->set_data(data);
+}
+
 v1::GenerateRequest Request(const std::vector<uint32_t>& prompt, uint32_t max_new, const std::string& ns = "") {
   v1::GenerateRequest r;
   r.set_kv_namespace(ns);
@@ -1109,11 +1116,6 @@ TEST_F(ServingTest, BadRequestsGetClearStatuses) {
   EXPECT_TRUE(good.ok()) << good.error_message();
   const kvblock::LatentLayout other_model =
       serving::ModelLayout(config, "another-model", kernels::Codec::kBf16, kBlock);
-  const auto add_inline = [](v1::DecodeRequest& r, uint32_t index, const std::string& data) {
-    v1::InlineBlock* b = r.add_inline_blocks();
-    b->set_block_index(index);
-    b->set_data(data);
-  };
   struct DecodeCase {
     std::string name;
     std::function<void(v1::DecodeRequest&)> change;
@@ -1133,15 +1135,15 @@ TEST_F(ServingTest, BadRequestsGetClearStatuses) {
        grpc::StatusCode::INVALID_ARGUMENT, "tail.token_count must be 3"},
       {"a first token outside the vocabulary", [](auto& r) { r.mutable_first_token()->set_token_id(300); },
        grpc::StatusCode::INVALID_ARGUMENT, "first_token must be"},
-      {"an inline block past the blocks", [&](auto& r) { add_inline(r, 1, "x"); }, grpc::StatusCode::INVALID_ARGUMENT,
-       "inline block index 1 is repeated or not one of the 1 full blocks"},
+      {"an inline block past the blocks", [&](auto& r) { AddInlineBlock(r, 1, "x"); },
+       grpc::StatusCode::INVALID_ARGUMENT, "inline block index 1 is repeated or not one of the 1 full blocks"},
       {"an inline block twice",
        [&](auto& r) {
-         add_inline(r, 0, "x");
-         add_inline(r, 0, "y");
+         AddInlineBlock(r, 0, "x");
+         AddInlineBlock(r, 0, "y");
        },
        grpc::StatusCode::INVALID_ARGUMENT, "inline block index 0 is repeated"},
-      {"an inline block that is none", [&](auto& r) { add_inline(r, 0, "not a block"); },
+      {"an inline block that is none", [&](auto& r) { AddInlineBlock(r, 0, "not a block"); },
        grpc::StatusCode::INVALID_ARGUMENT, "inline block 0: block record truncated"},
       {"a restore point", [](auto& r) { r.set_restore_point("point"); }, grpc::StatusCode::INVALID_ARGUMENT,
        "restore_point is for DeepSeek-V4 layouts only"},
@@ -1233,18 +1235,8 @@ void ExpectV4DecodeRequestsChecked(const PresetModel& m, Cluster& cluster, std::
        "restore_point: block checksum mismatch"},
       {[&](auto& r) { r.set_restore_point(*block); }, "restore_point: a block record where a restore point"},
       {[](auto& r) { r.mutable_tail()->set_token_count(3); }, "a DeepSeek-V4 request carries no tail"},
-      {[&](auto& r) {
-         v1::InlineBlock* b = r.add_inline_blocks();
-         b->set_block_index(0);
-         b->set_data(damaged_block);
-       },
-       "inline block 0: block checksum mismatch"},
-      {[&](auto& r) {
-         v1::InlineBlock* b = r.add_inline_blocks();
-         b->set_block_index(1);
-         b->set_data(*point);
-       },
-       "inline block 1: a restore point record where a block"},
+      {[&](auto& r) { AddInlineBlock(r, 0, damaged_block); }, "inline block 0: block checksum mismatch"},
+      {[&](auto& r) { AddInlineBlock(r, 1, *point); }, "inline block 1: a restore point record where a block"},
   };
   for (const auto& [change, message] : bad) {
     v1::DecodeRequest r = good;

@@ -148,7 +148,7 @@ TEST(SequenceBlocks, ATailThatIsNotFiniteIsRefused) {
   testing::SeededRng rng;
   SCOPED_TRACE(rng.Trace());
   const kvblock::LatentLayout layout = Layout();
-  const runtime::SequenceCache source = RandomCache(layout, 1, rng.engine(), 5);
+  const runtime::SequenceCache source = RandomCache(layout, 0, rng.engine(), 5);
   const size_t row = size_t{layout.kv_lora_rank} + layout.rope_dim;
   for (float bad : {NAN, INFINITY, -INFINITY}) {
     std::string tail = TailBytes(source);
