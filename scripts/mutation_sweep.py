@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Breaks each check that guards tenants, the fast path, stored bytes,
 quotas, eviction, request limits, what a decode worker is handed, the
-checkpoints a model server loads, the block records it reads and the
-tenants and TLS files a server starts from, one at a time, and shows
-that some test fails without it: a check no test misses is a check a
-later change can lose unseen.
+checkpoints a model server loads and their config.json, the block records
+it reads and the tenants and TLS files a server starts from, one at a
+time, and shows that some test fails without it: a check no test misses
+is a check a later change can lose unseen.
 
 Each mutation replaces one snippet of a source (found exactly once), builds
 the binaries the tests start and the test binaries, runs those most likely
@@ -28,7 +28,8 @@ the fast path's reader classes (every class gains the same names, so the
 classes part the namespaces as before); identities read from a peer gRPC
 did not verify (the server verifies any certificate it is sent, so an
 unverified peer carries none); a session's second hello on its own
-connection (refused as a second connection's is).
+connection (refused as a second connection's is); a config.json number
+that is not finite (JSON cannot write one: the parser refuses 1e999).
 """
 import argparse
 import os
@@ -59,6 +60,7 @@ CHECKPOINT = "services/runtime/checkpoint.cc"
 WEIGHTS = "services/runtime/model_weights.cc"
 SAFETENSORS = "services/runtime/safetensors.cc"
 BLOCK = "services/kvblock/block_format.cc"
+CONFIG = "services/runtime/model_config.cc"
 
 # (id, what it breaks, file, snippet, replacement, tests to run first)
 MUTATIONS = [
@@ -295,6 +297,57 @@ MUTATIONS = [
      ["common_test"]),
     ("C10", "a key that is not the certificate's", "services/rpc/tls_files.cc",
      "if (X509_check_private_key(chain.front().get(), key.get()) != 1) {", "if (false) {", ["common_test"]),
+    ("M1", "an integer past 2^24", CONFIG, "|| j[field].get<int64_t>() > kMaxConfigInt) {", ") {", ["runtime_test"]),
+    ("M2", "an integer under its minimum", CONFIG, "j[field].get<int64_t>() < min || ", "", ["runtime_test"]),
+    ("M3", "a boolean field that is neither true nor false", CONFIG,
+     "if (!j[field].is_boolean()) return Missing(field, \"true or false\");", "", ["runtime_test"]),
+    ("M4", "architectures of two entries", CONFIG, "a.size() != 1 || ", "", ["runtime_test"]),
+    ("M5", "weight_block_size of 0", CONFIG, "n.get<int64_t>() < 1 || ", "", ["runtime_test"]),
+    ("M6", "a YaRN factor of 0 or less", CONFIG,
+     "if (y.factor <= 0) return Missing(\"rope_scaling.factor\", \"positive\");", "", ["runtime_test"]),
+    ("M7", "an indexer head dim not a power of two", CONFIG, "(indexer.head_dim & (indexer.head_dim - 1)) != 0 || ",
+     "", ["runtime_test"]),
+    ("M8", "an indexer head dim under the rope dim", CONFIG, " || indexer.head_dim < rope_dim", "", ["runtime_test"]),
+    ("M9", "V4 FP8 without ue8m0 scales", CONFIG,
+     "if (!q.contains(\"scale_fmt\") || q[\"scale_fmt\"] != \"ue8m0\") {", "if (false) {", ["runtime_test"]),
+    ("M10", "V4 expert_dtype in quantization_config unchecked", CONFIG,
+     "KVTIER_RETURN_IF_ERROR(Expect(q, \"expert_dtype\", \"fp4\"));", "", ["runtime_test"]),
+    ("M11", "V4 FP4 experts without FP8 projections", CONFIG, "if (v4.fp4_experts && !c.fp8.has_value()) {",
+     "if (false) {", ["runtime_test"]),
+    ("M12", "V4 rope dim as large as the head", CONFIG, " || c.qk_rope_head_dim >= v4.head_dim", "", ["runtime_test"]),
+    ("M13", "V4 head dim not the rope dim plus a multiple of 64", CONFIG,
+     " || (v4.head_dim - c.qk_rope_head_dim) % 64", "", ["runtime_test"]),
+    ("M14", "V4 odd rope dim", CONFIG, "if (c.qk_rope_head_dim % 2 != 0 || c.qk_rope_head_dim >= v4.head_dim",
+     "if (c.qk_rope_head_dim >= v4.head_dim", ["runtime_test"]),
+    ("M15", "V4 shared experts other than 1", CONFIG,
+     "if (c.n_shared_experts != 1) return", "if (false) return", ["runtime_test"]),
+    ("M16", "V4 more experts a token than routed", CONFIG,
+     "if (c.num_experts_per_tok > c.n_routed_experts) return", "if (false) return", ["runtime_test"]),
+    ("M17", "V4 negative swiglu_limit", CONFIG,
+     "if (v4.swiglu_limit < 0) return", "if (false) return", ["runtime_test"]),
+    ("M18", "V4 more hash layers than layers", CONFIG, "if (v4.num_hash_layers > c.num_hidden_layers) return",
+     "if (false) return", ["runtime_test"]),
+    ("M19", "V4 negative hc_eps", CONFIG, "if (v4.hc_eps < 0) return", "if (false) return", ["runtime_test"]),
+    ("M20", "V4 negative compress ratio", CONFIG, "r.get<int64_t>() < 0 || ", "", ["runtime_test"]),
+    ("M21", "V4 indexer head dim not a multiple of 32", CONFIG,
+     "if (c.indexer->head_dim % 32 != 0) return", "if (false) return", ["runtime_test"]),
+    ("M22", "attention_bias true", CONFIG, "if (attention_bias) return", "if (false) return", ["runtime_test"]),
+    ("M23", "V2/V3 odd rope dim", CONFIG,
+     "if (c.qk_rope_head_dim % 2 != 0) return", "if (false) return", ["runtime_test"]),
+    ("M24", "V2/V3 more experts a token than routed", CONFIG,
+     "if (c.num_experts_per_tok > c.n_routed_experts) {", "if (false) {", ["runtime_test"]),
+    ("M25", "topk_method not a string", CONFIG,
+     "if (j.contains(\"topk_method\") && !j[\"topk_method\"].is_null() && !j[\"topk_method\"].is_string()) {",
+     "if (false) {", ["runtime_test"]),
+    ("M26", "n_group not dividing the experts", CONFIG, "if (c.n_routed_experts % c.n_group != 0) return",
+     "if (false) return", ["runtime_test"]),
+    ("M27", "topk_group over n_group", CONFIG,
+     "if (c.topk_group > c.n_group) return", "if (false) return", ["runtime_test"]),
+    ("M28", "more experts a token than the groups hold", CONFIG,
+     "if (c.num_experts_per_tok > c.topk_group * (c.n_routed_experts / c.n_group)) {", "if (false) {",
+     ["runtime_test"]),
+    ("M29", "V3.2 without q_lora_rank", CONFIG,
+     "if (!c.q_lora_rank.has_value()) return", "if (false) return", ["runtime_test"]),
 ]
 
 
