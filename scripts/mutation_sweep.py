@@ -2,9 +2,10 @@
 """Breaks each check that guards tenants, the fast path, stored bytes,
 quotas, eviction, request limits, what a decode worker is handed, the
 checkpoints a model server loads and their config.json, the block records
-it reads and the tenants and TLS files a server starts from, one at a
-time, and shows that some test fails without it: a check no test misses
-is a check a later change can lose unseen.
+it reads, the tenants and TLS files a server starts from, its flags and
+addresses, and sampling settings, one at a time, and shows that some test
+fails without it: a check no test misses is a check a later change can
+lose unseen.
 
 Each mutation replaces one snippet of a source (found exactly once), builds
 the binaries the tests start and the test binaries, runs those most likely
@@ -61,6 +62,10 @@ WEIGHTS = "services/runtime/model_weights.cc"
 SAFETENSORS = "services/runtime/safetensors.cc"
 BLOCK = "services/kvblock/block_format.cc"
 CONFIG = "services/runtime/model_config.cc"
+FLAGS = "services/base/flags.cc"
+ADDRESS = "services/base/address.cc"
+BYTES = "services/base/byte_size.cc"
+SAMPLER = "services/runtime/sampler.cc"
 
 # (id, what it breaks, file, snippet, replacement, tests to run first)
 MUTATIONS = [
@@ -348,6 +353,37 @@ MUTATIONS = [
      ["runtime_test"]),
     ("M29", "V3.2 without q_lora_rank", CONFIG,
      "if (!c.q_lora_rank.has_value()) return", "if (false) return", ["runtime_test"]),
+    ("A1", "stray arguments taken as flags", FLAGS, "if (arg.size() < 3 || arg.compare(0, 2, \"--\") != 0) {",
+     "if (false) {", ["common_test"]),
+    ("A2", "a boolean flag alone not true", FLAGS, "if (std::holds_alternative<bool*>(it->second.target)) {",
+     "if (false) {", ["common_test"]),
+    ("A3", "any word as a count", FLAGS, "if (!absl::SimpleAtoi(value, *u)) {",
+     "if (!absl::SimpleAtoi(value, *u) && false) {", ["common_test"]),
+    ("A4", "any word as false", FLAGS, "} else if (value == \"false\" || value == \"0\") {", "} else if (true) {",
+     ["common_test"]),
+    ("A5", "a program goes on after a bad flag", FLAGS, "    return 2;\n", "", ["common_test"]),
+    ("A6", "listen ports past 65535", ADDRESS, "if (port < 0 || port > 65535) {", "if (port < 0) {", ["common_test"]),
+    ("A7", "a target on port 0", ADDRESS, "if (port < 1 || port > 65535) {", "if (port < 0 || port > 65535) {",
+     ["common_test"]),
+    ("A8", "an address without a host", ADDRESS, "colon == 0 || ", "", ["common_test"]),
+    ("A9", "an IPv4 peer's port part of its host", ADDRESS, "return peer.substr(5, peer.rfind(':') - 5);",
+     "return peer.substr(5);", ["common_test"]),
+    ("A10", "an IPv6 peer's port part of its host", ADDRESS, "return peer.substr(6, close - 6);",
+     "return peer.substr(5);", ["common_test"]),
+    ("A11", "a size's fraction of any length", BYTES, "if (fraction.empty() || fraction.size() > 9) return",
+     "if (fraction.empty()) return", ["common_test"]),
+    ("A12", "a size past 2^64 wraps", BYTES, "if (bytes > absl::uint128(UINT64_MAX)) return", "if (false) return",
+     ["common_test"]),
+    ("A13", "a size's unit unchecked", BYTES,
+     "if (rest != \"\" && rest != \"B\" && (letter == std::string::npos || (rest != \"I\" && rest != \"IB\"))) {",
+     "if (false) {", ["common_test"]),
+    ("A14", "a temperature that is not a number", SAMPLER, "if (!std::isfinite(s.temperature) || s.temperature < 0",
+     "if (s.temperature < 0", ["runtime_test"]),
+    ("A15", "a temperature over 100", SAMPLER, " || s.temperature > 100) {", ") {", ["runtime_test"]),
+    ("A16", "a top_p of 0 or not a number", SAMPLER, "if (!(s.top_p > 0) || s.top_p > 1) return",
+     "if (s.top_p > 1) return", ["runtime_test"]),
+    ("A17", "a top_p over 1", SAMPLER, "if (!(s.top_p > 0) || s.top_p > 1) return", "if (!(s.top_p > 0)) return",
+     ["runtime_test"]),
 ]
 
 

@@ -40,7 +40,6 @@ absl::Status FlagParser::Assign(const std::string& name, Flag& flag, const std::
       return absl::InvalidArgumentError(absl::StrCat("--", name, " wants true or false, got '", value, "'"));
     }
   }
-  set_.insert(name);
   return absl::OkStatus();
 }
 

@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <map>
 #include <optional>
-#include <set>
 #include <string>
 #include <variant>
 #include <vector>
@@ -32,12 +31,10 @@ class FlagParser {
   // for unknown flags, missing values, bad numbers or stray arguments.
   absl::Status Parse(const std::vector<std::string>& args);
 
-  bool help_requested() const { return help_requested_; }
   // Parse, for a program's main: the exit code to return now (2 after
-  // printing "program: error" to stderr; 0 after printing --help), or
-  // nullopt to go on.
+  // printing "program: error" to stderr; 0 after printing --help or
+  // --version), or nullopt to go on.
   std::optional<int> ParseOrExit(const std::vector<std::string>& args, const std::string& program);
-  bool WasSet(const std::string& name) const { return set_.count(name) > 0; }
   std::string Help() const;
 
  private:
@@ -51,7 +48,6 @@ class FlagParser {
   std::string description_;
   std::map<std::string, Flag> flags_;
   std::vector<std::string> order_;
-  std::set<std::string> set_;
   bool help_requested_ = false;
   bool version_requested_ = false;
 };

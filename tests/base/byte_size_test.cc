@@ -43,6 +43,7 @@ TEST(ParseByteSize, RefusesWhatIsNotASizeAndSaysWhy) {
       {"4 GiB", "unknown unit"},    {"-4GiB", "not a size"},
       {"16777216TiB", "too large"}, {"99999999999999999999", "not a size"},
       {"4GIBB", "powers of 1024"},  {"4Gb2", "powers of 1000"},
+      {"1..5GiB", "not a size"},    {"1.0000000001GiB", "not a size"},
   };
   for (const auto& [text, why] : cases) {
     absl::StatusOr<uint64_t> parsed = ParseByteSize(text);

@@ -172,11 +172,19 @@ TEST(Sampler, SampleEachGivesEachRowWhatSampleGives) {
 }
 
 TEST(Sampler, RejectsBadParameters) {
-  EXPECT_TRUE(ValidateSampling(Sampling{}).ok());
-  EXPECT_FALSE(ValidateSampling(Sampling{-1.0f, 1.0f, 0}).ok());
-  EXPECT_FALSE(ValidateSampling(Sampling{NAN, 1.0f, 0}).ok());
-  EXPECT_FALSE(ValidateSampling(Sampling{1.0f, 0.0f, 0}).ok());
-  EXPECT_FALSE(ValidateSampling(Sampling{1.0f, 1.5f, 0}).ok());
+  for (const Sampling ok : {Sampling{}, Sampling{0.0f, 1.0f, 0}, Sampling{100.0f, 1e-6f, 0}}) {
+    EXPECT_TRUE(ValidateSampling(ok).ok()) << ok.temperature << " " << ok.top_p;
+  }
+  for (const float temperature : {-1.0f, NAN, INFINITY, 100.5f}) {
+    const absl::Status s = ValidateSampling(Sampling{temperature, 1.0f, 0});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << temperature;
+    EXPECT_EQ(s.message(), "temperature must be in [0, 100]") << temperature;
+  }
+  for (const float top_p : {0.0f, -0.5f, NAN, 1.5f}) {
+    const absl::Status s = ValidateSampling(Sampling{1.0f, top_p, 0});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << top_p;
+    EXPECT_EQ(s.message(), "top_p must be in (0, 1]") << top_p;
+  }
 }
 
 }  // namespace
