@@ -10,7 +10,8 @@ lose unseen.
 Each mutation replaces one snippet of a source (found exactly once), builds
 the binaries the tests start and the test binaries, runs those most likely
 to notice first and stops at the first that fails ("caught"), then puts the
-source back. Where every test passes the mutation is reported "MISSED" and
+source back; after the last, it builds the binaries from the sources as
+they were. Where every test passes the mutation is reported "MISSED" and
 the script exits 1; so it does where a snippet is no longer in its file
 (the code moved on: update the entry).
 
@@ -435,6 +436,11 @@ def main(argv):
         verdict = sweep_one(args.build, mutation)
         missed += not verdict.startswith("caught")
         print(f"{mutation[0]:4} {mutation[1]}: {verdict} ({time.time() - start:.0f} s)", flush=True)
+    # The binaries still hold the last mutation: build them from the
+    # restored sources, so that the build directory is fit to use again.
+    rebuilt = run(f"ninja -C {args.build} {' '.join(SERVERS + TESTS)}", timeout=3600)
+    if rebuilt.returncode != 0:
+        sys.exit("mutation_sweep: the restored sources do not build\n" + rebuilt.stdout[-2000:])
     sys.exit(1 if missed else 0)
 
 
