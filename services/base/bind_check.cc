@@ -6,9 +6,13 @@
 #include <cerrno>
 #include <cstring>
 
+#include "services/base/address.h"
+
 namespace kvtier {
 
 absl::StatusOr<AddressList> ListenAddresses(const std::string& address) {
+  // getaddrinfo takes a port past 65535 and keeps its low 16 bits.
+  if (absl::Status s = ValidateListenAddress(address); !s.ok()) return s;
   std::string host = address.substr(0, address.rfind(':'));
   const std::string port = address.substr(address.rfind(':') + 1);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);

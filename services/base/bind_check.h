@@ -15,8 +15,9 @@ namespace kvtier {
 using AddressList = std::unique_ptr<addrinfo, void (*)(addrinfo*)>;
 
 // What `address` (host:port, IPv6 as [::1]:port, no host: every interface)
-// names to listen on, as getaddrinfo(3) resolves it; UNAVAILABLE with its
-// reason when it does not.
+// names to listen on, as getaddrinfo(3) resolves it; INVALID_ARGUMENT when
+// it is not HOST:PORT (port 0-65535), UNAVAILABLE with getaddrinfo's reason
+// when it does not resolve.
 absl::StatusOr<AddressList> ListenAddresses(const std::string& address);
 
 // Why `address` cannot be bound now, as getaddrinfo(3) or bind(2) says it

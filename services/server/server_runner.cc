@@ -63,9 +63,10 @@ void BlockShutdownSignals() {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
-absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(const ServerOptions& options,
-                                                                  std::vector<grpc::Service*> services) {
-  if (absl::Status s = ValidateListenAddress(options.listen); !s.ok()) return s;
+absl::Status ServerRunner::Check(const ServerOptions& options) {
+  if (absl::Status s = ValidateListenAddress(options.listen); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--listen: ", s.message()));
+  }
   if (!options.health_listen.empty()) {
     if (absl::Status s = ValidateListenAddress(options.health_listen); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("--health-listen: ", s.message()));
@@ -75,6 +76,14 @@ absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(const ServerOp
     return absl::InvalidArgumentError(absl::StrCat("--drain-ms ", absl::ToInt64Milliseconds(options.drain),
                                                    ": must be 0 to ", absl::ToInt64Milliseconds(kMostDrain)));
   }
+  // A process reads a --tls-dir once (TlsFiles::Shared): Start's
+  // credentials reuse what this read.
+  return ServerCredentials(options.tls).status();
+}
+
+absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(const ServerOptions& options,
+                                                                  std::vector<grpc::Service*> services) {
+  if (absl::Status s = Check(options); !s.ok()) return s;
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;

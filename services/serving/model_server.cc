@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "kvtier/kernels/parallel.h"
+#include "services/base/address.h"
 #include "services/base/byte_size.h"
 #include "services/base/log.h"
 #include "services/base/status.h"
@@ -95,6 +96,15 @@ PeerDiscovery::Options ModelServerFlags::Discovery() const {
   return {.interval = absl::Milliseconds(watch_interval_ms), .dns_server = dns_server};
 }
 
+ServerOptions ModelServerFlags::Server() const {
+  ServerOptions options;
+  options.listen = listen;
+  options.tls = security.Tls();
+  options.health_listen = security.health_listen;
+  options.drain = security.Drain();
+  return options;
+}
+
 absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const ModelServerFlags& f) {
   SetLogProgram(program);
   RouteLibraryLogs();
@@ -103,6 +113,12 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
   if (f.watch_interval_ms == 0) return absl::InvalidArgumentError("--watch-interval-ms must be positive");
   if (absl::Status s = cache::ShardSet::CheckFetchStreams(f.cache_fetch_streams); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--cache-fetch-streams ", s.message()));
+  }
+  // Before the model loads, which can take minutes: a mistake in how it
+  // will be served is said at once.
+  KVTIER_RETURN_IF_ERROR(ServerRunner::Check(f.Server()));
+  if (absl::Status s = ValidateListenAddress(f.metrics_listen); !f.metrics_listen.empty() && !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--metrics-listen: ", s.message()));
   }
   KVTIER_ASSIGN_OR_RETURN(const runtime::Device device, runtime::ParseDevice(f.device));
   runtime::CudaOptions cuda;
@@ -144,11 +160,7 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
 
 int ServeUntilSignal(const std::string& program, const ModelServerFlags& flags, grpc::Service* service,
                      const char* service_name, TenantRegistry* tenants, const std::string& ready) {
-  ServerOptions options;
-  options.listen = flags.listen;
-  options.tls = flags.security.Tls();
-  options.health_listen = flags.security.health_listen;
-  options.drain = flags.security.Drain();
+  ServerOptions options = flags.Server();
   options.tenants = tenants;
   options.what = absl::StrCat(program, ", which serves ", service_name);
   absl::StatusOr<std::unique_ptr<ServerRunner>> server = ServerRunner::Start(options, {service});

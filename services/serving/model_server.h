@@ -22,6 +22,7 @@
 #include "services/rpc/tenants.h"
 #include "services/runtime/model.h"
 #include "services/server/metrics_exposer.h"
+#include "services/server/server_runner.h"
 
 namespace kvtier::serving {
 
@@ -49,6 +50,9 @@ struct ModelServerFlags {
 
   // How --cache, and prefill's --decode, are looked up again.
   PeerDiscovery::Options Discovery() const;
+  // The gRPC server --listen, --tls-dir, --health-listen and --drain-ms
+  // describe; who may call it and what it serves are the caller's.
+  ServerOptions Server() const;
 };
 
 struct ModelServer {

@@ -120,7 +120,8 @@ const TestTenant kAuditor{"auditor", "READER", "acme", "auditor-token-0b17"};
 
 // A TLS directory or tenants file that cannot be used, a reload period
 // that would spin or more threads than a process can start stops the
-// server at once, exit 2, saying which and why.
+// server at once, exit 2, saying which and why: before its tiers are made
+// or its metrics served.
 TEST_F(SecurityTest, UnusableTlsOrTenantsFilesAreUsageErrors) {
   const fs::path bad = Dir("bad-tenants.json");
   std::ofstream(bad) << R"({"tenants": [{"name": "x", "namespaces": ["x"], "tokenSha256": ["00"]}]})";
@@ -130,13 +131,15 @@ TEST_F(SecurityTest, UnusableTlsOrTenantsFilesAreUsageErrors) {
            {{"--tenants", Dir("missing.json").string()}, "cannot read"},
            {{"--reload-seconds", "0"}, "--reload-seconds 0: must be 1 to 86400"},
            {{"--threads", "100000"}, "--threads 100000: must be 1 to 1024"}}) {
-    std::string command = std::string(KVTIER_CACHE_BINARY) +
-                          " --listen 127.0.0.1:0 --metrics-listen '' --device-capacity 16MiB --host-capacity 16MiB";
+    std::string command =
+        std::string(KVTIER_CACHE_BINARY) +
+        " --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --device-capacity 16MiB --host-capacity 16MiB";
     for (const std::string& f : flags) command += " " + f;
     const CommandResult r = RunCommand(command);
     EXPECT_EQ(r.exit_code, 2) << command << "\n" << r.output;
     EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
     EXPECT_EQ(r.output.find("listening on"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("metrics on"), std::string::npos) << r.output;
   }
 }
 

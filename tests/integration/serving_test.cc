@@ -1179,6 +1179,33 @@ TEST_F(ServingTest, ModelServersRefuseAddressesNobodyCouldListenOn) {
   }
 }
 
+// How a model server is to serve (--listen, --health-listen, --drain-ms,
+// --tls-dir's files, --metrics-listen) is checked before its model loads,
+// which for a published checkpoint takes minutes: a mistake there is said
+// at once, exit 2, with nothing loaded.
+TEST_F(ServingTest, ModelServersCheckHowTheyServeBeforeLoadingTheModel) {
+  const testing::TempDir dir("kvtier_serving_serve_flags_");
+  const std::string no_tls = (dir / "missing").string();
+  const std::pair<std::string, std::string> cases[] = {
+      {"--listen nowhere", "--listen: address 'nowhere' is not HOST:PORT"},
+      {"--health-listen 127.0.0.1:70000", "--health-listen: address '127.0.0.1:70000' is not HOST:PORT"},
+      {"--drain-ms 600001", "--drain-ms 600001: must be 0 to 600000"},
+      {"--tls-dir " + no_tls, "--tls-dir: cannot read " + no_tls + "/ca.crt"},
+      {"--metrics-listen 127.0.0.1:99999", "--metrics-listen: address '127.0.0.1:99999' is not HOST:PORT"},
+  };
+  for (const std::string& start :
+       {std::string(KVTIER_DECODE_BINARY) + " ", std::string(KVTIER_PREFILL_BINARY) + " --decode 127.0.0.1:1 "}) {
+    for (const auto& [flags, why] : cases) {
+      const std::string command =
+          start + "--listen 127.0.0.1:0 --metrics-listen '' --model " + Tiny().dir + " --cache 127.0.0.1:1 " + flags;
+      const CommandResult r = RunCommand(command);
+      EXPECT_EQ(r.exit_code, 2) << command << "\n" << r.output;
+      EXPECT_NE(r.output.find(why), std::string::npos) << command << "\n" << r.output;
+      EXPECT_EQ(r.output.find("loading"), std::string::npos) << command << "\n" << r.output;
+    }
+  }
+}
+
 // A decode worker handed a V4 sequence directly: one whose blocks the
 // cache never had is recomputed from its tokens (and generates what the
 // runtime does); a request without its point, with a damaged point, a

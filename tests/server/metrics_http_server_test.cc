@@ -127,5 +127,13 @@ TEST(MetricsHttpServerStartTest, ABusyAddressSaysWhy) {
   EXPECT_NE(second.status().message().find("in use"), std::string::npos) << second.status();
 }
 
+// A port past 65535 is refused, not bound to its low 16 bits.
+TEST(MetricsHttpServerStartTest, APortOutOfRangeIsRefused) {
+  auto started = MetricsHttpServer::Start("127.0.0.1:99999", {});
+  ASSERT_FALSE(started.ok());
+  EXPECT_EQ(started.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(started.status().message(), "address '127.0.0.1:99999' is not HOST:PORT (port 0-65535, 0 = any free)");
+}
+
 }  // namespace
 }  // namespace kvtier

@@ -154,12 +154,20 @@ absl::StatusOr<StoreOptions> ToStoreOptions(const Flags& f) {
 
 int Run(Flags f) {
   if (f.metrics_listen == kMetricsOnListenHost) f.metrics_listen = f.listen.substr(0, f.listen.rfind(':')) + ":9464";
-  for (const auto& [flag, address] : {std::pair{"--listen", f.listen}, {"--metrics-listen", f.metrics_listen}}) {
-    if (address.empty() && std::string(flag) != "--listen") continue;
-    if (absl::Status s = ValidateListenAddress(address); !s.ok()) {
-      std::cerr << "kvtier-cache: " << flag << ": " << s.message() << "\n";
-      return 2;
-    }
+  ServerOptions server_options;
+  server_options.listen = f.listen;
+  server_options.tls = f.security.Tls();
+  server_options.health_listen = f.security.health_listen;
+  server_options.drain = f.security.Drain();
+  server_options.what = "kvtier-cache, which serves kvtier.v1.KvCache";
+  // Before the tiers: opening a disk tier can take long.
+  if (absl::Status s = ServerRunner::Check(server_options); !s.ok()) {
+    std::cerr << "kvtier-cache: " << s.message() << "\n";
+    return 2;
+  }
+  if (absl::Status s = ValidateListenAddress(f.metrics_listen); !f.metrics_listen.empty() && !s.ok()) {
+    std::cerr << "kvtier-cache: --metrics-listen: " << s.message() << "\n";
+    return 2;
   }
   std::vector<std::string> namespaces;
   for (absl::string_view ns : absl::StrSplit(f.namespaces, ',', absl::SkipEmpty())) {
@@ -231,13 +239,7 @@ int Run(Flags f) {
     std::cerr << "kvtier-cache: " << exposer.status().message() << "\n";
     return 1;
   }
-  ServerOptions server_options;
-  server_options.listen = f.listen;
-  server_options.tls = f.security.Tls();
-  server_options.health_listen = f.security.health_listen;
-  server_options.drain = f.security.Drain();
   server_options.tenants = tenants->get();
-  server_options.what = "kvtier-cache, which serves kvtier.v1.KvCache";
   absl::StatusOr<std::unique_ptr<ServerRunner>> server = ServerRunner::Start(server_options, {&service});
   if (!server.ok()) {
     std::cerr << "kvtier-cache: " << server.status().message() << "\n";
