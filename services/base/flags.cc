@@ -43,7 +43,16 @@ absl::Status FlagParser::Assign(const std::string& name, Flag& flag, const std::
   return absl::OkStatus();
 }
 
+std::string FlagParser::ValueOf(const Flag& flag) {
+  if (auto* s = std::get_if<std::string*>(&flag.target)) return **s;
+  if (auto* u = std::get_if<uint64_t*>(&flag.target)) return absl::StrCat(**u);
+  return *std::get<bool*>(flag.target) ? "true" : "false";
+}
+
 absl::Status FlagParser::Parse(const std::vector<std::string>& args) {
+  for (auto& [name, flag] : flags_) {
+    if (!flag.default_value.has_value()) flag.default_value = ValueOf(flag);
+  }
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     if (arg == "--help" || arg == "-h") {
@@ -106,14 +115,7 @@ std::string FlagParser::Help() const {
   absl::StrAppend(&out, "\nflags:\n");
   for (const std::string& name : order_) {
     const Flag& f = flags_.at(name);
-    std::string default_value;
-    if (auto* s = std::get_if<std::string*>(&f.target)) {
-      default_value = **s;
-    } else if (auto* u = std::get_if<uint64_t*>(&f.target)) {
-      default_value = absl::StrCat(**u);
-    } else if (auto* b = std::get_if<bool*>(&f.target)) {
-      default_value = **b ? "true" : "false";
-    }
+    const std::string default_value = f.default_value.value_or(ValueOf(f));
     absl::StrAppend(&out, "  --", name, "\n      ", f.help);
     if (!default_value.empty()) absl::StrAppend(&out, " (default: ", default_value, ")");
     absl::StrAppend(&out, "\n");

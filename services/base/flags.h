@@ -41,8 +41,12 @@ class FlagParser {
   struct Flag {
     std::variant<std::string*, uint64_t*, bool*> target;
     std::string help;
+    // The target's value as the first Parse found it, for --help: after
+    // it the target holds what was given.
+    std::optional<std::string> default_value;
   };
   absl::Status Assign(const std::string& name, Flag& flag, const std::string& value);
+  static std::string ValueOf(const Flag& flag);
 
   std::string usage_;
   std::string description_;

@@ -116,6 +116,12 @@ TEST(FlagParser, ParseOrExitSaysWhatToDoNext) {
   EXPECT_EQ(help.parser.ParseOrExit({"-h"}, "tool"), 0);
   EXPECT_EQ(testing::internal::GetCapturedStdout(), text);
 
+  // The defaults, not what the same command line gave.
+  Flags after_flags;
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(after_flags.parser.ParseOrExit({"--count", "3", "--name=x", "--verbose", "--help"}, "tool"), 0);
+  EXPECT_EQ(testing::internal::GetCapturedStdout(), text);
+
   Flags version;
   testing::internal::CaptureStdout();
   EXPECT_EQ(version.parser.ParseOrExit({"--version"}, "kvtier run"), 0);
