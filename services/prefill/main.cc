@@ -50,30 +50,35 @@ int Run(const Flags& f) {
   if (absl::Status valid = PeerDiscovery::Validate(f.decode, f.server.Discovery()); !valid.ok()) {
     return usage(absl::StrCat("--decode: ", valid.message()));
   }
-  absl::StatusOr<serving::ModelServer> s = serving::StartModelServer(program, f.server);
-  if (!s.ok()) return serving::ExitWith(program, s.status());
   PrefillOptions options;
   options.codec = *codec;
-  if (const runtime::ModelConfig& config = s->model->config(); config.v4.has_value()) {
-    // Its window and compressed entries are stored as the model rounds
-    // them (FP8, lossless); no other codec is built for them.
-    if (!f.kv_codec.empty() && *codec != kernels::Codec::kFp8) {
-      return usage(absl::StrCat("--kv-codec ", f.kv_codec,
-                                ": a DeepSeek-V4 model's entries are stored in its own FP8 (--kv-codec fp8, or "
-                                "leave it unset)"));
+  // What only the model's config can tell, before its weights load.
+  auto check_config = [&](const runtime::ModelConfig& config) -> absl::Status {
+    if (config.v4.has_value()) {
+      // Its window and compressed entries are stored as the model rounds
+      // them (FP8, lossless); no other codec is built for them.
+      if (!f.kv_codec.empty() && *codec != kernels::Codec::kFp8) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--kv-codec ", f.kv_codec,
+                         ": a DeepSeek-V4 model's entries are stored in its own FP8 (--kv-codec fp8, or leave it "
+                         "unset)"));
+      }
+      options.codec = kernels::Codec::kFp8;
+      if (absl::Status st = runtime::CheckV4BlockTokens(config, static_cast<uint32_t>(f.tokens_per_block)); !st.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("--tokens-per-block: ", st.message()));
+      }
     }
-    options.codec = kernels::Codec::kFp8;
-    if (absl::Status st = runtime::CheckV4BlockTokens(config, static_cast<uint32_t>(f.tokens_per_block)); !st.ok()) {
-      return usage(absl::StrCat("--tokens-per-block: ", st.message()));
+    if (f.max_top_logprobs > static_cast<uint64_t>(config.vocab_size)) {
+      return absl::InvalidArgumentError(absl::StrCat("--max-top-logprobs ", f.max_top_logprobs,
+                                                     " exceeds the model's vocabulary of ", config.vocab_size));
     }
-  }
+    return absl::OkStatus();
+  };
+  absl::StatusOr<serving::ModelServer> s = serving::StartModelServer(program, f.server, check_config);
+  if (!s.ok()) return serving::ExitWith(program, s.status());
   options.tokens_per_block = static_cast<uint32_t>(f.tokens_per_block);
   options.cache_deadline = absl::Milliseconds(f.server.cache_deadline_ms);
   options.decode_idle = absl::Milliseconds(static_cast<int64_t>(f.decode_idle_ms));
-  const int64_t vocab = s->model->config().vocab_size;
-  if (f.max_top_logprobs > static_cast<uint64_t>(vocab)) {
-    return usage(absl::StrCat("--max-top-logprobs ", f.max_top_logprobs, " exceeds the model's vocabulary of ", vocab));
-  }
   options.max_top_logprobs = static_cast<uint32_t>(f.max_top_logprobs);
   options.max_generations_per_tenant = f.max_generations_per_tenant;
   options.max_generations_per_client = f.max_generations_per_client;

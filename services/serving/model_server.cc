@@ -105,7 +105,8 @@ ServerOptions ModelServerFlags::Server() const {
   return options;
 }
 
-absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const ModelServerFlags& f) {
+absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const ModelServerFlags& f,
+                                             const std::function<absl::Status(const runtime::ModelConfig&)>& check) {
   SetLogProgram(program);
   RouteLibraryLogs();
   if (f.model.empty() || f.cache.empty()) return absl::InvalidArgumentError("--model and --cache are required");
@@ -148,8 +149,9 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
   if (!discovery.ok()) return absl::InvalidArgumentError(absl::StrCat("--cache: ", discovery.status().message()));
   s.cache_discovery = std::move(*discovery);
   s.shards->StartHealthChecks(absl::Milliseconds(f.watch_interval_ms));
-  std::cerr << program << ": loading " << f.model << " on " << f.device << std::endl;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Checkpoint> checkpoint, runtime::Checkpoint::Open(f.model));
+  if (check) KVTIER_RETURN_IF_ERROR(check(checkpoint->config()));
+  std::cerr << program << ": loading " << f.model << " on " << f.device << std::endl;
   KVTIER_ASSIGN_OR_RETURN(s.model, runtime::Model::Load(*checkpoint, device, cuda));
   KVTIER_ASSIGN_OR_RETURN(s.model_id, ModelId(f.model, checkpoint->config().model_type));
   s.registry = std::make_shared<prometheus::Registry>();

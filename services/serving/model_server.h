@@ -8,6 +8,7 @@
 #include <prometheus/registry.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -68,12 +69,16 @@ struct ModelServer {
 
 // Checks the flags (INVALID_ARGUMENT: a usage error), sets the kernel
 // threads, finds the shards (and keeps finding them, with "srv:"), starts
-// their health checks, loads the model (saying so on stderr as
+// their health checks, opens the checkpoint and hands its config to
+// `check` (the program's own flags that depend on the model; its error is
+// returned as it is), loads the weights (saying so on stderr as
 // "<program>: loading DIR") and starts the metrics endpoint, which also
 // reports, with <program> as the prefix ("kvtier-decode" ->
 // kvtier_decode_...): <prefix>_cache_shard_up{shard},
 // <prefix>_cache_shards{state} and <prefix>_record_pool_bytes{state}.
-absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const ModelServerFlags& flags);
+absl::StatusOr<ModelServer> StartModelServer(
+    const std::string& program, const ModelServerFlags& flags,
+    const std::function<absl::Status(const runtime::ModelConfig&)>& check = nullptr);
 
 // Serves `service` (`service_name`, e.g. kvtier.v1.Prefill) on the flags'
 // --listen (over --tls-dir's TLS) to the callers `tenants` admits (null:

@@ -1354,6 +1354,9 @@ TEST_F(ServingTest, DeepSeekV4ContinuesFromRestorePointsExactly) {
   EXPECT_EQ(blocks.exit_code, 2) << blocks.output;
   EXPECT_NE(blocks.output.find("is not a multiple of every compress ratio (up to 8)"), std::string::npos)
       << blocks.output;
+  for (const CommandResult* r : {&int8, &blocks}) {
+    EXPECT_EQ(r->output.find("loading"), std::string::npos) << "said before the weights load: " << r->output;
+  }
 
   // `kvtier up` runs its conversation on it; the second turn restores.
   const CommandResult up =
@@ -1439,6 +1442,7 @@ TEST_F(ServingTest, ModelServersRefuseFlagsTheyCannotHonour) {
       EXPECT_EQ(too_many.exit_code, 2) << too_many.output;
       EXPECT_NE(too_many.output.find("--max-top-logprobs 257 exceeds the model's vocabulary of 256"), std::string::npos)
           << too_many.output;
+      EXPECT_EQ(too_many.output.find("loading"), std::string::npos) << "said before the weights load";
     }
     const CommandResult not_a_pool = RunCommand(command + "--record-pool 12XB");
     EXPECT_EQ(not_a_pool.exit_code, 2) << not_a_pool.output;
