@@ -795,6 +795,34 @@ TEST(CacheServerFlags, RefusesBadCapacitiesWithAMessage) {
   }
 }
 
+// A usage error stops the server before it makes its tiers: a disk tier's
+// directory is not even created, nor metrics served.
+TEST(CacheServerFlags, UsageErrorsStopItBeforeItsTiers) {
+  const std::filesystem::path parent =
+      std::filesystem::temp_directory_path() / ("kvtier_usage_" + std::to_string(getpid()));
+  std::filesystem::create_directories(parent);
+  const std::filesystem::path dir = parent / "tier", no_tls = parent / "no-tls";
+  const std::pair<std::string, std::string> cases[] = {
+      {"--threads 0", "--threads 0: must be 1 to 1024"},
+      {"--put-idle-ms 0", "--put-idle-ms must be positive"},
+      {"--drain-ms 600001", "--drain-ms 600001: must be 0 to 600000"},
+      {"--health-listen nowhere", "--health-listen: address 'nowhere' is not HOST:PORT"},
+      {"--tls-dir " + no_tls.string(), "--tls-dir: cannot read " + no_tls.string() + "/ca.crt"},
+  };
+  for (const auto& [flag, why] : cases) {
+    const std::string command = std::string(KVTIER_CACHE_BINARY) +
+                                " --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --device-capacity 1MiB "
+                                "--host-capacity 1MiB --disk-capacity 1MiB --disk-dir " +
+                                dir.string() + " " + flag;
+    const CommandResult r = RunCommand(command);
+    EXPECT_EQ(r.exit_code, 2) << command << "\n" << r.output;
+    EXPECT_NE(r.output.find(why), std::string::npos) << command << "\n" << r.output;
+    EXPECT_EQ(r.output.find("metrics on"), std::string::npos) << command << "\n" << r.output;
+    EXPECT_FALSE(std::filesystem::exists(dir)) << command;
+  }
+  std::filesystem::remove_all(parent);
+}
+
 // DeepSeek-V4 over two real shards: a restore point is written beside its
 // block (the shard of the block's key, not its own), and MatchPrefix
 // combines both shards' answers into the longest stored prefix that ends

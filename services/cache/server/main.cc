@@ -169,6 +169,14 @@ int Run(Flags f) {
     std::cerr << "kvtier-cache: --metrics-listen: " << s.message() << "\n";
     return 2;
   }
+  if (f.put_idle_ms == 0) {
+    std::cerr << "kvtier-cache: --put-idle-ms must be positive\n";
+    return 2;
+  }
+  if (f.threads < 1 || f.threads > kMostThreads) {
+    std::cerr << "kvtier-cache: --threads " << f.threads << ": must be 1 to " << kMostThreads << "\n";
+    return 2;
+  }
   std::vector<std::string> namespaces;
   for (absl::string_view ns : absl::StrSplit(f.namespaces, ',', absl::SkipEmpty())) {
     if (absl::Status s = kvblock::ValidateNamespace(std::string(ns)); !s.ok()) {
@@ -219,14 +227,6 @@ int Run(Flags f) {
       return 2;
     }
     fast_path = *std::move(started);
-  }
-  if (f.put_idle_ms == 0) {
-    std::cerr << "kvtier-cache: --put-idle-ms must be positive\n";
-    return 2;
-  }
-  if (f.threads < 1 || f.threads > kMostThreads) {
-    std::cerr << "kvtier-cache: --threads " << f.threads << ": must be 1 to " << kMostThreads << "\n";
-    return 2;
   }
   auto registry = std::make_shared<prometheus::Registry>();
   RpcMetrics rpc_metrics(*registry);
