@@ -128,6 +128,10 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
     cuda.block_pool_bytes = static_cast<int64_t>(std::min<uint64_t>(bytes, INT64_MAX));
   }
   KVTIER_ASSIGN_OR_RETURN(const uint64_t record_pool, ParseByteSizeFlag("record-pool", f.record_pool));
+  // Its config and tensor index, not yet its weights: before the shards,
+  // so that a wrong --model is said before their connections are.
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Checkpoint> checkpoint, runtime::Checkpoint::Open(f.model));
+  if (check) KVTIER_RETURN_IF_ERROR(check(checkpoint->config()));
   const unsigned threads = f.threads == 0 ? UsableCpus() : static_cast<unsigned>(f.threads);
   kernels::SetKernelThreads(threads);
   Log(LogLevel::kInfo, "threads",
@@ -149,8 +153,6 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
   if (!discovery.ok()) return absl::InvalidArgumentError(absl::StrCat("--cache: ", discovery.status().message()));
   s.cache_discovery = std::move(*discovery);
   s.shards->StartHealthChecks(absl::Milliseconds(f.watch_interval_ms));
-  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Checkpoint> checkpoint, runtime::Checkpoint::Open(f.model));
-  if (check) KVTIER_RETURN_IF_ERROR(check(checkpoint->config()));
   std::cerr << program << ": loading " << f.model << " on " << f.device << std::endl;
   KVTIER_ASSIGN_OR_RETURN(s.model, runtime::Model::Load(*checkpoint, device, cuda));
   KVTIER_ASSIGN_OR_RETURN(s.model_id, ModelId(f.model, checkpoint->config().model_type));

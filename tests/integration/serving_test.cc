@@ -1182,7 +1182,8 @@ TEST_F(ServingTest, ModelServersRefuseAddressesNobodyCouldListenOn) {
 // How a model server is to serve (--listen, --health-listen, --drain-ms,
 // --tls-dir's files, --metrics-listen) is checked before its model loads,
 // which for a published checkpoint takes minutes: a mistake there is said
-// at once, exit 2, with nothing loaded.
+// at once, exit 2, with nothing loaded. A --model that is not there is
+// said alone, before the shards are called (and found unreachable).
 TEST_F(ServingTest, ModelServersCheckHowTheyServeBeforeLoadingTheModel) {
   const testing::TempDir dir("kvtier_serving_serve_flags_");
   const std::string no_tls = (dir / "missing").string();
@@ -1193,8 +1194,10 @@ TEST_F(ServingTest, ModelServersCheckHowTheyServeBeforeLoadingTheModel) {
       {"--tls-dir " + no_tls, "--tls-dir: cannot read " + no_tls + "/ca.crt"},
       {"--metrics-listen 127.0.0.1:99999", "--metrics-listen: address '127.0.0.1:99999' is not HOST:PORT"},
   };
-  for (const std::string& start :
-       {std::string(KVTIER_DECODE_BINARY) + " ", std::string(KVTIER_PREFILL_BINARY) + " --decode 127.0.0.1:1 "}) {
+  const std::pair<std::string, std::string> programs[] = {
+      {"kvtier-decode", std::string(KVTIER_DECODE_BINARY) + " "},
+      {"kvtier-prefill", std::string(KVTIER_PREFILL_BINARY) + " --decode 127.0.0.1:1 "}};
+  for (const auto& [program, start] : programs) {
     for (const auto& [flags, why] : cases) {
       const std::string command =
           start + "--listen 127.0.0.1:0 --metrics-listen '' --model " + Tiny().dir + " --cache 127.0.0.1:1 " + flags;
@@ -1203,6 +1206,11 @@ TEST_F(ServingTest, ModelServersCheckHowTheyServeBeforeLoadingTheModel) {
       EXPECT_NE(r.output.find(why), std::string::npos) << command << "\n" << r.output;
       EXPECT_EQ(r.output.find("loading"), std::string::npos) << command << "\n" << r.output;
     }
+    const std::string no_model = (dir / "no-model").string();
+    const CommandResult r =
+        RunCommand(start + "--listen 127.0.0.1:0 --metrics-listen '' --cache 127.0.0.1:1 --model " + no_model);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_EQ(r.output, program + ": cannot read " + no_model + "/config.json\n");
   }
 }
 
