@@ -14,6 +14,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -1211,6 +1212,38 @@ TEST_F(ServingTest, ModelServersCheckHowTheyServeBeforeLoadingTheModel) {
         RunCommand(start + "--listen 127.0.0.1:0 --metrics-listen '' --cache 127.0.0.1:1 --model " + no_model);
     EXPECT_EQ(r.exit_code, 1) << r.output;
     EXPECT_EQ(r.output, program + ": cannot read " + no_model + "/config.json\n");
+  }
+}
+
+// Each usage mistake of a model server's own flags is said alone, exit 2,
+// before anything starts.
+TEST_F(ServingTest, ModelServersSayEachUsageMistakeAlone) {
+  const std::string decode = std::string(KVTIER_DECODE_BINARY) + " --listen 127.0.0.1:0 --metrics-listen '' ";
+  const std::string prefill = std::string(KVTIER_PREFILL_BINARY) + " --listen 127.0.0.1:0 --metrics-listen '' ";
+  const std::string model = "--model " + Tiny().dir + " --cache 127.0.0.1:1 ";
+  const std::string both = model + "--decode 127.0.0.1:2 ";
+  const std::tuple<std::string, std::string, std::string> cases[] = {
+      {"kvtier-decode", decode + "--model " + Tiny().dir, "--model and --cache are required"},
+      {"kvtier-decode", decode + "--cache 127.0.0.1:1", "--model and --cache are required"},
+      {"kvtier-decode", decode + model + "--max-batch 0", "--max-batch and --max-sequences must be positive"},
+      {"kvtier-decode", decode + model + "--max-sequences 0", "--max-batch and --max-sequences must be positive"},
+      {"kvtier-decode", decode + model + "--threads 1025", "--threads must be at most 1024"},
+      {"kvtier-decode", decode + model + "--watch-interval-ms 0", "--watch-interval-ms must be positive"},
+      {"kvtier-prefill", prefill + model, "--decode is required"},
+      {"kvtier-prefill", prefill + both + "--decode-idle-ms 0", "--decode-idle-ms must be positive"},
+      {"kvtier-prefill", prefill + both + "--max-generations-per-tenant 0",
+       "--max-generations-per-tenant and --max-generations-per-client must be positive"},
+      {"kvtier-prefill", prefill + both + "--max-generations-per-client 0",
+       "--max-generations-per-tenant and --max-generations-per-client must be positive"},
+      {"kvtier-prefill", prefill + both + "--kv-codec int3", "--kv-codec int3 is not one of bf16, fp8, int8, int4"},
+      {"kvtier-prefill", prefill + both + "--tokens-per-block 0", "--tokens-per-block must be in 1..4096"},
+      {"kvtier-prefill", prefill + both + "--tokens-per-block 4097", "--tokens-per-block must be in 1..4096"},
+      {"kvtier-prefill", prefill + both + "--threads 1025", "--threads must be at most 1024"},
+  };
+  for (const auto& [program, command, why] : cases) {
+    const CommandResult r = RunCommand(command);
+    EXPECT_EQ(r.exit_code, 2) << command << "\n" << r.output;
+    EXPECT_EQ(r.output, program + ": " + why + "\n") << command;
   }
 }
 
