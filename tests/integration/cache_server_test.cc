@@ -777,6 +777,10 @@ TEST(CacheServerFlags, RefusesBadCapacitiesWithAMessage) {
        "--namespaces: kv_namespace may hold only"},
       {{"--device-capacity", "1GiB", "--host-capacity", "1GiB", "--disk-dir", "/tmp/x"},
        "--disk-dir and --disk-capacity go together"},
+      {{"--device-capacity", "1GiB", "--host-capacity", "1GiB", "--disk-dir", "/tmp/x", "--disk-capacity", "0"},
+       "--disk-capacity: must be positive"},
+      {{"--device-capacity", "1GiB", "--host-capacity", "1GiB", "--page-size", "67108865"},
+       "--page-size must be within 4KiB..64MiB"},
       {{"--device-capacity", "1GiB", "--host-capacity", "1GiB", "--disk-dir", "/proc/no", "--disk-capacity", "1GiB"},
        "--disk-dir /proc/no"},
       {{"--device-capacity", "1GiB", "--host-capacity", "1GiB", "--eviction", "fifo"},
@@ -808,6 +812,9 @@ TEST(CacheServerFlags, UsageErrorsStopItBeforeItsTiers) {
       {"--drain-ms 600001", "--drain-ms 600001: must be 0 to 600000"},
       {"--health-listen nowhere", "--health-listen: address 'nowhere' is not HOST:PORT"},
       {"--tls-dir " + no_tls.string(), "--tls-dir: cannot read " + no_tls.string() + "/ca.crt"},
+      {"--fast-path-staging 12XB", "--fast-path-staging: '12XB'"},
+      {"--page-size 2048", "--page-size must be within 4KiB..64MiB"},
+      {"--device-memory gpu", "--device-memory must be auto, cuda, host or staged-host"},
   };
   for (const auto& [flag, why] : cases) {
     const std::string command = std::string(KVTIER_CACHE_BINARY) +

@@ -190,6 +190,11 @@ int Run(Flags f) {
     std::cerr << "kvtier-cache: " << tenants.status().message() << "\n";
     return 2;
   }
+  absl::StatusOr<FastPathOptions> fast_options = ToFastPathOptions(f);
+  if (!fast_options.ok()) {
+    std::cerr << "kvtier-cache: " << fast_options.status().message() << "\n";
+    return 2;
+  }
   absl::StatusOr<StoreOptions> options = ToStoreOptions(f);
   if (!options.ok()) {
     std::cerr << "kvtier-cache: " << options.status().message() << "\n";
@@ -215,11 +220,6 @@ int Run(Flags f) {
   }
   std::unique_ptr<FastPathServer> fast_path;
   if (!f.no_fast_path) {
-    absl::StatusOr<FastPathOptions> fast_options = ToFastPathOptions(f);
-    if (!fast_options.ok()) {
-      std::cerr << "kvtier-cache: " << fast_options.status().message() << "\n";
-      return 2;
-    }
     absl::StatusOr<std::unique_ptr<FastPathServer>> started =
         FastPathServer::Start(*fast_options, store->get(), SystemClock::Get());
     if (!started.ok()) {
