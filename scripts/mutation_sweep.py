@@ -3,9 +3,9 @@
 quotas, eviction, request limits, what a decode worker is handed, the
 checkpoints a model server loads and their config.json, the block records
 it reads, the tenants and TLS files a server starts from, its flags and
-addresses, and sampling settings, one at a time, and shows that some test
-fails without it: a check no test misses is a check a later change can
-lose unseen.
+addresses and when they are checked, and sampling settings, one at a
+time, and shows that some test fails without it: a check no test misses
+is a check a later change can lose unseen.
 
 Each mutation replaces one snippet of a source (found exactly once), builds
 the binaries the tests start and the test binaries, runs those most likely
@@ -31,7 +31,10 @@ classes part the namespaces as before); identities read from a peer gRPC
 did not verify (the server verifies any certificate it is sent, so an
 unverified peer carries none); a session's second hello on its own
 connection (refused as a second connection's is); a config.json number
-that is not finite (JSON cannot write one: the parser refuses 1e999).
+that is not finite (JSON cannot write one: the parser refuses 1e999);
+start-up checks whose loss leaves a server serving (a --threads,
+--put-idle-ms, --drain-ms or generation limit out of range, a model's
+flags checked after it loads): the test that runs it would wait for ever.
 """
 import argparse
 import os
@@ -67,6 +70,9 @@ FLAGS = "services/base/flags.cc"
 ADDRESS = "services/base/address.cc"
 BYTES = "services/base/byte_size.cc"
 SAMPLER = "services/runtime/sampler.cc"
+RUNNER = "services/server/server_runner.cc"
+BIND = "services/base/bind_check.cc"
+MODEL_SERVER = "services/serving/model_server.cc"
 
 # (id, what it breaks, file, snippet, replacement, tests to run first)
 MUTATIONS = [
@@ -385,6 +391,14 @@ MUTATIONS = [
      "if (s.top_p > 1) return", ["runtime_test"]),
     ("A17", "a top_p over 1", SAMPLER, "if (!(s.top_p > 0) || s.top_p > 1) return", "if (!(s.top_p > 0)) return",
      ["runtime_test"]),
+    ("U1", "a model server's serving flags checked only after its weights load", MODEL_SERVER,
+     "KVTIER_RETURN_IF_ERROR(ServerRunner::Check(f.Server()));", "", ["serving_test"]),
+    ("U2", "a server's TLS files read only once its tiers are made", RUNNER,
+     "return ServerCredentials(options.tls).status();", "return absl::OkStatus();", ["security_test"]),
+    ("U3", "a listener's port past 65535 bound to its low bits", BIND,
+     "if (absl::Status s = ValidateListenAddress(address); !s.ok()) return s;", "", ["common_test"]),
+    ("U4", "a model server's --metrics-listen checked only after its weights load", MODEL_SERVER,
+     "!f.metrics_listen.empty() && !s.ok()", "false", ["serving_test"]),
 ]
 
 
