@@ -398,7 +398,7 @@ MUTATIONS = [
     ("U3", "a listener's port past 65535 bound to its low bits", BIND,
      "if (absl::Status s = ValidateListenAddress(address); !s.ok()) return s;", "", ["common_test"]),
     ("U4", "a model server's --metrics-listen checked only after its weights load", MODEL_SERVER,
-     "!f.metrics_listen.empty() && !s.ok()", "false", ["serving_test"]),
+     "KVTIER_RETURN_IF_ERROR(CheckMetricsAddress(f.metrics_listen));", "", ["serving_test"]),
 ]
 
 

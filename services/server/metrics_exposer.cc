@@ -3,8 +3,17 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "services/base/address.h"
 
 namespace kvtier {
+
+absl::Status CheckMetricsAddress(const std::string& address) {
+  if (address.empty()) return absl::OkStatus();
+  if (absl::Status s = ValidateListenAddress(address); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--metrics-listen: ", s.message()));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<MetricsEndpoint> StartMetricsExposer(
     const std::string& program, const std::string& address,

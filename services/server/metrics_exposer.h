@@ -23,6 +23,10 @@ struct MetricsEndpoint {
   std::shared_ptr<ProcessMetrics> process;
 };
 
+// INVALID_ARGUMENT naming --metrics-listen unless `address` is empty
+// (metrics off) or HOST:PORT: checked at start, before slow work.
+absl::Status CheckMetricsAddress(const std::string& address);
+
 // No exposer for an empty address (metrics off); UNAVAILABLE when the
 // address cannot be bound.
 absl::StatusOr<MetricsEndpoint> StartMetricsExposer(

@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "kvtier/kernels/parallel.h"
-#include "services/base/address.h"
 #include "services/base/byte_size.h"
 #include "services/base/log.h"
 #include "services/base/status.h"
@@ -118,9 +117,7 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
   // Before the model loads, which can take minutes: a mistake in how it
   // will be served is said at once.
   KVTIER_RETURN_IF_ERROR(ServerRunner::Check(f.Server()));
-  if (absl::Status s = ValidateListenAddress(f.metrics_listen); !f.metrics_listen.empty() && !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--metrics-listen: ", s.message()));
-  }
+  KVTIER_RETURN_IF_ERROR(CheckMetricsAddress(f.metrics_listen));
   KVTIER_ASSIGN_OR_RETURN(const runtime::Device device, runtime::ParseDevice(f.device));
   runtime::CudaOptions cuda;
   if (!f.device_block_pool.empty()) {

@@ -811,6 +811,7 @@ TEST(CacheServerFlags, UsageErrorsStopItBeforeItsTiers) {
       {"--put-idle-ms 0", "--put-idle-ms must be positive"},
       {"--drain-ms 600001", "--drain-ms 600001: must be 0 to 600000"},
       {"--health-listen nowhere", "--health-listen: address 'nowhere' is not HOST:PORT"},
+      {"--metrics-listen 127.0.0.1:99999", "--metrics-listen: address '127.0.0.1:99999' is not HOST:PORT"},
       {"--tls-dir " + no_tls.string(), "--tls-dir: cannot read " + no_tls.string() + "/ca.crt"},
       {"--fast-path-staging 12XB", "--fast-path-staging: '12XB'"},
       {"--page-size 2048", "--page-size must be within 4KiB..64MiB"},

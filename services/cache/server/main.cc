@@ -18,7 +18,6 @@
 #if KVTIER_HAVE_CUDA
 #include "services/cache/store/cuda_slab.h"
 #endif
-#include "services/base/address.h"
 #include "services/base/byte_size.h"
 #include "services/base/flags.h"
 #include "services/base/heap_reuse.h"
@@ -165,8 +164,8 @@ int Run(Flags f) {
     std::cerr << "kvtier-cache: " << s.message() << "\n";
     return 2;
   }
-  if (absl::Status s = ValidateListenAddress(f.metrics_listen); !f.metrics_listen.empty() && !s.ok()) {
-    std::cerr << "kvtier-cache: --metrics-listen: " << s.message() << "\n";
+  if (absl::Status s = CheckMetricsAddress(f.metrics_listen); !s.ok()) {
+    std::cerr << "kvtier-cache: " << s.message() << "\n";
     return 2;
   }
   if (f.put_idle_ms == 0) {
