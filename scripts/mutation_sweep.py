@@ -392,7 +392,7 @@ MUTATIONS = [
     ("A17", "a top_p over 1", SAMPLER, "if (!(s.top_p > 0) || s.top_p > 1) return", "if (!(s.top_p > 0)) return",
      ["runtime_test"]),
     ("U1", "a model server's serving flags checked only after its weights load", MODEL_SERVER,
-     "KVTIER_RETURN_IF_ERROR(ServerRunner::Check(f.Server()));", "", ["serving_test"]),
+     "KVTIER_RETURN_IF_ERROR(ServerRunner::Check(ServerOptionsFor(f.listen, f.security)));", "", ["serving_test"]),
     ("U2", "a server's TLS files read only once its tiers are made", RUNNER,
      "return ServerCredentials(options.tls).status();", "return absl::OkStatus();", ["security_test"]),
     ("U3", "a listener's port past 65535 bound to its low bits", BIND,

@@ -63,6 +63,15 @@ void BlockShutdownSignals() {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
+ServerOptions ServerOptionsFor(const std::string& listen, const SecurityFlags& security) {
+  ServerOptions options;
+  options.listen = listen;
+  options.tls = security.Tls();
+  options.health_listen = security.health_listen;
+  options.drain = security.Drain();
+  return options;
+}
+
 absl::Status ServerRunner::Check(const ServerOptions& options) {
   if (absl::Status s = ValidateListenAddress(options.listen); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--listen: ", s.message()));

@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "services/rpc/security_flags.h"
 #include "services/rpc/tenants.h"
 #include "services/rpc/tls.h"
 
@@ -43,6 +44,11 @@ struct ServerOptions {
   // ("kvtier-cache, which serves kvtier.v1.KvCache").
   std::string what = "this kvtier server";
 };
+
+// The server --listen and the security flags describe: its address, TLS,
+// plaintext health port and drain. Who may call it and what it serves are
+// the caller's to set.
+ServerOptions ServerOptionsFor(const std::string& listen, const SecurityFlags& security);
 
 // Blocks SIGTERM and SIGINT in this thread and every thread it creates, so
 // that WaitForShutdownSignal receives them. Call first thing in main.

@@ -95,15 +95,6 @@ PeerDiscovery::Options ModelServerFlags::Discovery() const {
   return {.interval = absl::Milliseconds(watch_interval_ms), .dns_server = dns_server};
 }
 
-ServerOptions ModelServerFlags::Server() const {
-  ServerOptions options;
-  options.listen = listen;
-  options.tls = security.Tls();
-  options.health_listen = security.health_listen;
-  options.drain = security.Drain();
-  return options;
-}
-
 absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const ModelServerFlags& f,
                                              const std::function<absl::Status(const runtime::ModelConfig&)>& check) {
   SetLogProgram(program);
@@ -116,7 +107,7 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
   }
   // Before the model loads, which can take minutes: a mistake in how it
   // will be served is said at once.
-  KVTIER_RETURN_IF_ERROR(ServerRunner::Check(f.Server()));
+  KVTIER_RETURN_IF_ERROR(ServerRunner::Check(ServerOptionsFor(f.listen, f.security)));
   KVTIER_RETURN_IF_ERROR(CheckMetricsAddress(f.metrics_listen));
   KVTIER_ASSIGN_OR_RETURN(const runtime::Device device, runtime::ParseDevice(f.device));
   runtime::CudaOptions cuda;
@@ -161,7 +152,7 @@ absl::StatusOr<ModelServer> StartModelServer(const std::string& program, const M
 
 int ServeUntilSignal(const std::string& program, const ModelServerFlags& flags, grpc::Service* service,
                      const char* service_name, TenantRegistry* tenants, const std::string& ready) {
-  ServerOptions options = flags.Server();
+  ServerOptions options = ServerOptionsFor(flags.listen, flags.security);
   options.tenants = tenants;
   options.what = absl::StrCat(program, ", which serves ", service_name);
   absl::StatusOr<std::unique_ptr<ServerRunner>> server = ServerRunner::Start(options, {service});

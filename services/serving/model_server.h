@@ -23,7 +23,6 @@
 #include "services/rpc/tenants.h"
 #include "services/runtime/model.h"
 #include "services/server/metrics_exposer.h"
-#include "services/server/server_runner.h"
 
 namespace kvtier::serving {
 
@@ -51,9 +50,6 @@ struct ModelServerFlags {
 
   // How --cache, and prefill's --decode, are looked up again.
   PeerDiscovery::Options Discovery() const;
-  // The gRPC server --listen, --tls-dir, --health-listen and --drain-ms
-  // describe; who may call it and what it serves are the caller's.
-  ServerOptions Server() const;
 };
 
 struct ModelServer {

@@ -153,11 +153,7 @@ absl::StatusOr<StoreOptions> ToStoreOptions(const Flags& f) {
 
 int Run(Flags f) {
   if (f.metrics_listen == kMetricsOnListenHost) f.metrics_listen = f.listen.substr(0, f.listen.rfind(':')) + ":9464";
-  ServerOptions server_options;
-  server_options.listen = f.listen;
-  server_options.tls = f.security.Tls();
-  server_options.health_listen = f.security.health_listen;
-  server_options.drain = f.security.Drain();
+  ServerOptions server_options = ServerOptionsFor(f.listen, f.security);
   server_options.what = "kvtier-cache, which serves kvtier.v1.KvCache";
   // Before the tiers: opening a disk tier can take long.
   if (absl::Status s = ServerRunner::Check(server_options); !s.ok()) {
