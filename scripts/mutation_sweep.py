@@ -394,7 +394,7 @@ MUTATIONS = [
     ("U1", "a model server's serving flags checked only after its weights load", MODEL_SERVER,
      "KVTIER_RETURN_IF_ERROR(ServerRunner::Check(ServerOptionsFor(f.listen, f.security)));", "", ["serving_test"]),
     ("U2", "a server's TLS files read only once its tiers are made", RUNNER,
-     "return ServerCredentials(options.tls).status();", "return absl::OkStatus();", ["security_test"]),
+     "return CheckServerFiles(options.tls);", "return absl::OkStatus();", ["security_test"]),
     ("U3", "a listener's port past 65535 bound to its low bits", BIND,
      "if (absl::Status s = ValidateListenAddress(address); !s.ok()) return s;", "", ["common_test"]),
     ("U4", "a model server's --metrics-listen checked only after its weights load", MODEL_SERVER,

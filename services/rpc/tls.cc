@@ -27,6 +27,11 @@ std::shared_ptr<grpc::experimental::FileWatcherCertificateProvider> CopiesProvid
 
 }  // namespace
 
+absl::Status CheckServerFiles(const TlsOptions& options) {
+  if (options.dir.empty()) return absl::OkStatus();
+  return TlsFiles::Shared(options.dir, /*need_identity=*/true, Reload(options)).status();
+}
+
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const TlsOptions& options) {
   if (options.dir.empty()) return grpc::InsecureServerCredentials();
   KVTIER_ASSIGN_OR_RETURN(TlsFiles * files, TlsFiles::Shared(options.dir, /*need_identity=*/true, Reload(options)));

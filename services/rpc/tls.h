@@ -27,6 +27,11 @@ struct TlsOptions {
   unsigned reload_seconds = 10;
 };
 
+// The files ServerCredentials(options) would serve, read (once a process)
+// and checked without making credentials: OK for plaintext, else
+// INVALID_ARGUMENT as ServerCredentials says it.
+absl::Status CheckServerFiles(const TlsOptions& options);
+
 // Credentials for a server: plaintext when options.dir is empty.
 // INVALID_ARGUMENT naming the file when one is missing, unreadable or not
 // whole (a key that is not the certificate's included).

@@ -85,9 +85,7 @@ absl::Status ServerRunner::Check(const ServerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat("--drain-ms ", absl::ToInt64Milliseconds(options.drain),
                                                    ": must be 0 to ", absl::ToInt64Milliseconds(kMostDrain)));
   }
-  // A process reads a --tls-dir once (TlsFiles::Shared): Start's
-  // credentials reuse what this read.
-  return ServerCredentials(options.tls).status();
+  return CheckServerFiles(options.tls);
 }
 
 absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(const ServerOptions& options,
