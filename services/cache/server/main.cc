@@ -151,50 +151,40 @@ absl::StatusOr<StoreOptions> ToStoreOptions(const Flags& f) {
   return o;
 }
 
+// The flags that need nothing made to check: before the tiers, as opening
+// a disk tier can take long.
+absl::Status CheckServingFlags(const Flags& f, const ServerOptions& server) {
+  KVTIER_RETURN_IF_ERROR(ServerRunner::Check(server));
+  KVTIER_RETURN_IF_ERROR(CheckMetricsAddress(f.metrics_listen));
+  if (f.put_idle_ms == 0) return absl::InvalidArgumentError("--put-idle-ms must be positive");
+  if (f.threads < 1 || f.threads > kMostThreads) {
+    return absl::InvalidArgumentError(absl::StrCat("--threads ", f.threads, ": must be 1 to ", kMostThreads));
+  }
+  return absl::OkStatus();
+}
+
 int Run(Flags f) {
+  const auto usage = [](absl::string_view message) {
+    std::cerr << "kvtier-cache: " << message << "\n";
+    return 2;
+  };
   if (f.metrics_listen == kMetricsOnListenHost) f.metrics_listen = f.listen.substr(0, f.listen.rfind(':')) + ":9464";
   ServerOptions server_options = ServerOptionsFor(f.listen, f.security);
   server_options.what = "kvtier-cache, which serves kvtier.v1.KvCache";
-  // Before the tiers: opening a disk tier can take long.
-  if (absl::Status s = ServerRunner::Check(server_options); !s.ok()) {
-    std::cerr << "kvtier-cache: " << s.message() << "\n";
-    return 2;
-  }
-  if (absl::Status s = CheckMetricsAddress(f.metrics_listen); !s.ok()) {
-    std::cerr << "kvtier-cache: " << s.message() << "\n";
-    return 2;
-  }
-  if (f.put_idle_ms == 0) {
-    std::cerr << "kvtier-cache: --put-idle-ms must be positive\n";
-    return 2;
-  }
-  if (f.threads < 1 || f.threads > kMostThreads) {
-    std::cerr << "kvtier-cache: --threads " << f.threads << ": must be 1 to " << kMostThreads << "\n";
-    return 2;
-  }
+  if (absl::Status s = CheckServingFlags(f, server_options); !s.ok()) return usage(s.message());
   std::vector<std::string> namespaces;
   for (absl::string_view ns : absl::StrSplit(f.namespaces, ',', absl::SkipEmpty())) {
     if (absl::Status s = kvblock::ValidateNamespace(std::string(ns)); !s.ok()) {
-      std::cerr << "kvtier-cache: --namespaces: " << s.message() << "\n";
-      return 2;
+      return usage(absl::StrCat("--namespaces: ", s.message()));
     }
     namespaces.emplace_back(ns);
   }
   absl::StatusOr<std::unique_ptr<TenantRegistry>> tenants = f.security.OpenTenants();
-  if (!tenants.ok()) {
-    std::cerr << "kvtier-cache: " << tenants.status().message() << "\n";
-    return 2;
-  }
+  if (!tenants.ok()) return usage(tenants.status().message());
   absl::StatusOr<FastPathOptions> fast_options = ToFastPathOptions(f);
-  if (!fast_options.ok()) {
-    std::cerr << "kvtier-cache: " << fast_options.status().message() << "\n";
-    return 2;
-  }
+  if (!fast_options.ok()) return usage(fast_options.status().message());
   absl::StatusOr<StoreOptions> options = ToStoreOptions(f);
-  if (!options.ok()) {
-    std::cerr << "kvtier-cache: " << options.status().message() << "\n";
-    return 2;
-  }
+  if (!options.ok()) return usage(options.status().message());
   // Put streams' read buffers are freed and taken again by the megabyte:
   // each arena keeps some for the next, a share of the tiers in host
   // memory. Under 1 GiB of them glibc keeps its own thresholds: there what
@@ -209,18 +199,12 @@ int Run(Flags f) {
   // namespaces the same tenants may read.
   options->segment_group = [registry = tenants->get()](const std::string& ns) { return registry->ReaderClass(ns); };
   absl::StatusOr<std::unique_ptr<BlockStore>> store = BlockStore::Create(*options, SystemClock::Get());
-  if (!store.ok()) {
-    std::cerr << "kvtier-cache: " << store.status().message() << "\n";
-    return 2;
-  }
+  if (!store.ok()) return usage(store.status().message());
   std::unique_ptr<FastPathServer> fast_path;
   if (!f.no_fast_path) {
     absl::StatusOr<std::unique_ptr<FastPathServer>> started =
         FastPathServer::Start(*fast_options, store->get(), SystemClock::Get());
-    if (!started.ok()) {
-      std::cerr << "kvtier-cache: --fast-path-socket: " << started.status().message() << "\n";
-      return 2;
-    }
+    if (!started.ok()) return usage(absl::StrCat("--fast-path-socket: ", started.status().message()));
     fast_path = *std::move(started);
   }
   auto registry = std::make_shared<prometheus::Registry>();
