@@ -50,10 +50,8 @@ int Run(const Flags& f) {
   if (absl::Status valid = PeerDiscovery::Validate(f.decode, f.server.Discovery()); !valid.ok()) {
     return usage(absl::StrCat("--decode: ", valid.message()));
   }
-  PrefillOptions options;
-  options.codec = *codec;
   // What only the model's config can tell, before its weights load.
-  auto check_config = [&](const runtime::ModelConfig& config) -> absl::Status {
+  const auto check_config = [&f, &codec](const runtime::ModelConfig& config) -> absl::Status {
     if (config.v4.has_value()) {
       // Its window and compressed entries are stored as the model rounds
       // them (FP8, lossless); no other codec is built for them.
@@ -63,7 +61,6 @@ int Run(const Flags& f) {
                          ": a DeepSeek-V4 model's entries are stored in its own FP8 (--kv-codec fp8, or leave it "
                          "unset)"));
       }
-      options.codec = kernels::Codec::kFp8;
       if (absl::Status st = runtime::CheckV4BlockTokens(config, static_cast<uint32_t>(f.tokens_per_block)); !st.ok()) {
         return absl::InvalidArgumentError(absl::StrCat("--tokens-per-block: ", st.message()));
       }
@@ -76,6 +73,8 @@ int Run(const Flags& f) {
   };
   absl::StatusOr<serving::ModelServer> s = serving::StartModelServer(program, f.server, check_config);
   if (!s.ok()) return serving::ExitWith(program, s.status());
+  PrefillOptions options;
+  options.codec = s->model->config().v4.has_value() ? kernels::Codec::kFp8 : *codec;
   options.tokens_per_block = static_cast<uint32_t>(f.tokens_per_block);
   options.cache_deadline = absl::Milliseconds(f.server.cache_deadline_ms);
   options.decode_idle = absl::Milliseconds(static_cast<int64_t>(f.decode_idle_ms));
