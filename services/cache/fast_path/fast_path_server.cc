@@ -82,20 +82,23 @@ FastPathServer::FastPathServer(const FastPathOptions& options, BlockStore* store
   thread_ = std::thread([this] { Loop(); });
 }
 
-FastPathServer::~FastPathServer() {
+void FastPathServer::Stop() {
+  if (!thread_.joinable()) return;
   const uint64_t one = 1;
   (void)!write(wake_, &one, sizeof one);
   thread_.join();
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& [socket, c] : connections_) close(socket);
-    connections_.clear();
-    leases_.clear();  // unpins
-    sessions_.clear();
+    while (!connections_.empty()) CloseConnectionLocked(connections_.begin()->first);
+    while (!sessions_.empty()) EndSessionLocked(sessions_.begin()->first);  // opened, never proven
   }
   close(listener_);
-  close(wake_);
   if (options_.socket_path[0] != '@') unlink(options_.socket_path.c_str());
+}
+
+FastPathServer::~FastPathServer() {
+  Stop();
+  close(wake_);
 }
 
 std::optional<uint64_t> FastPathServer::DeviceStaging::Allocate(uint64_t size) {

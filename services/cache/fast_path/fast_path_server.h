@@ -93,7 +93,10 @@ class FastPathServer {
   // Listens on options.socket_path; `store` and `clock` must outlive it.
   static absl::StatusOr<std::unique_ptr<FastPathServer>> Start(const FastPathOptions& options, BlockStore* store,
                                                                Clock* clock);
-  // Closes every connection and ends every lease.
+  // Stops listening, closes every connection and ends every lease (their
+  // blocks unpinned); its counters stay readable. Once; the destructor
+  // stops it too.
+  void Stop();
   ~FastPathServer();
 
   const std::string& socket_path() const { return options_.socket_path; }

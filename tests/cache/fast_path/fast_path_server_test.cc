@@ -121,6 +121,25 @@ TEST_F(FastPathServerTest, ClosingTheSocketEndsTheSessionAndItsLeases) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// Stop (before a cache moves its memory tiers to disk at exit): leases
+// end, their blocks unpinned, the socket takes no connection, the counters
+// stay readable, and a second Stop (the destructor's) does nothing.
+TEST_F(FastPathServerTest, StopEndsLeasesAndListening) {
+  const kvblock::BlockHash hash = PutBlock(3);
+  int socket;
+  const uint64_t session = Proven(socket);
+  v1::LeaseBlocksResponse response;
+  ASSERT_TRUE(server_->Lease(session, "ns", kvblock::LayoutId(layout_), {hash}, absl::Minutes(5), response).ok());
+  ASSERT_EQ(store_->Stats().pinned_blocks, 1u);
+  server_->Stop();
+  EXPECT_EQ(store_->Stats().pinned_blocks, 0u);
+  EXPECT_EQ(server_->Counters().sessions, 0u);
+  EXPECT_EQ(server_->Counters().blocks_out, 1u);
+  EXPECT_FALSE(fastpath::Connect(server_->socket_path()).ok());
+  close(socket);
+  server_->Stop();
+}
+
 // Sessions that never prove themselves (opened from another host, say)
 // hold none of the staging budget: a proven session gets its region.
 TEST_F(FastPathServerTest, StagingGoesOnlyToProvenSessions) {
