@@ -218,15 +218,7 @@ BlockStore::BlockStore(const StoreOptions& options, Clock* clock, std::vector<st
   }
 }
 
-BlockStore::~BlockStore() {
-  if (!demoter_thread_.joinable()) return;
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-    demotion_due_.Signal();
-  }
-  demoter_thread_.join();
-}
+BlockStore::~BlockStore() { StopDemoter(); }
 
 MatchResult BlockStore::Match(const std::string& ns, uint64_t layout_id, std::span<const kvblock::BlockHash> hashes,
                               std::optional<absl::Duration> lease_ttl, const std::string& owner, uint32_t max_leases,

@@ -386,6 +386,20 @@ class BlockStore {
   // benchmarks).
   void WaitForRoomAhead();
 
+  // What SaveForRestart moved to the disk tier, and what it left where it was.
+  struct Saved {
+    uint64_t blocks = 0, bytes = 0;
+    uint64_t left_blocks = 0, left_bytes = 0;
+  };
+  // For a store about to stop whose next start opens the same disk tier:
+  // moves the memory tiers' blocks into it until `deadline`, the most
+  // recently used first (the first tier's, then the next's), the disk's
+  // own blocks giving way, never those moved before; and orders its files
+  // so that the next start finds those moved the newest, in the order they
+  // had. Every lease ends first (no caller is left to read), and the
+  // demoting thread stops. Nothing without a disk tier.
+  Saved SaveForRestart(absl::Time deadline);
+
  private:
   friend class PinnedBlock;
   friend class PutSession;
@@ -465,6 +479,8 @@ class BlockStore {
   std::vector<bool> MoveLocked(std::span<Entry* const> entries, size_t to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The demoting thread (StoreOptions::demote_ahead).
   void DemoteAhead();
+  // Stops it and waits for it (if there is one).
+  void StopDemoter();
   // Demotes `tier`'s blocks in the policy's order while it has less than its
   // room ahead free; false when none could go.
   bool DemoteAheadLocked(size_t tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

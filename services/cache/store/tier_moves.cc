@@ -98,6 +98,56 @@ void BlockStore::DemoteAhead() {
   }
 }
 
+void BlockStore::StopDemoter() {
+  if (!demoter_thread_.joinable()) return;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    demotion_due_.Signal();
+  }
+  demoter_thread_.join();
+}
+
+BlockStore::Saved BlockStore::SaveForRestart(absl::Time deadline) {
+  StopDemoter();
+  absl::MutexLock lock(&mu_);
+  Saved saved;
+  const size_t disk = tiers_.size() - 1;
+  if (tiers_[disk]->counters.tier != TierKind::kDisk) return saved;
+  while (!leases_.empty()) EndLeaseLocked(leases_.begin());
+  std::vector<Entry*> hottest_first;
+  for (size_t tier = 0; tier < disk; ++tier) {
+    for (Entry* e : tiers_[tier]->lru) hottest_first.push_back(e);
+  }
+  // All pinned: a block moved down is no victim when room is made on disk
+  // for the next (the disk's own blocks go first, then none), and none of
+  // them is evicted with another (a V4 block's restore point) meanwhile.
+  for (Entry* e : hottest_first) PinLocked(e);
+  std::vector<bool> went(hottest_first.size(), false);
+  Tier& to = *tiers_[disk];
+  uint64_t moved = 0;  // of the disk's room, what those moved take
+  for (size_t i = 0; i < hottest_first.size(); ++i) {
+    Entry* e = hottest_first[i];
+    const size_t size = e->size;
+    const uint64_t taken = to.storage->BytesTaken(size);
+    // One another reader holds, one the disk cannot take beside those moved
+    // (nor its owner's quota there, nor a failing disk) stays; the next may
+    // go.
+    went[i] = clock_->Now() < deadline && e->pins == 1 && moved + taken <= to.counters.capacity_bytes &&
+              MoveLocked(std::span(&e, 1), disk)[0];
+    if (went[i]) moved += taken;
+    (went[i] ? saved.blocks : saved.left_blocks) += 1;
+    (went[i] ? saved.bytes : saved.left_bytes) += size;
+  }
+  std::vector<RecordRoom> oldest_first;
+  for (size_t i = hottest_first.size(); i-- > 0;) {
+    if (went[i]) oldest_first.push_back(RoomOf(*hottest_first[i]));
+  }
+  to.storage->OrderForRestart(oldest_first);
+  for (Entry* e : hottest_first) UnpinLocked(e);
+  return saved;
+}
+
 bool BlockStore::ShortOfRoomAheadLocked(size_t tier) const {
   const TierCounters& c = tiers_[tier]->counters;
   return c.capacity_bytes - c.used_bytes < room_ahead_[tier];

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "services/base/status.h"
 #include "services/cache/store/record_slots.h"
 #include "services/kvblock/block_format.h"
@@ -249,6 +250,14 @@ class DiskFiles final : public TierStorage {
     return disk_->Write(room.ns, room.hash, pieces);
   }
   std::vector<DiskRecord> Recover(uint64_t& corrupt) override { return disk_->Scan(corrupt); }
+  void OrderForRestart(std::span<const RecordRoom> oldest_first) const override {
+    // Scan orders by modification time: a microsecond apart from now on,
+    // later than every file written before.
+    const absl::Time now = absl::Now();
+    for (size_t i = 0; i < oldest_first.size(); ++i) {
+      disk_->SetModified(oldest_first[i].ns, oldest_first[i].hash, now + absl::Microseconds(static_cast<int64_t>(i)));
+    }
+  }
 
  private:
   const std::unique_ptr<DiskDir> disk_;

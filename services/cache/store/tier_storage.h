@@ -132,6 +132,9 @@ class TierStorage {
   // Records it still holds from before a restart (a disk's files); those
   // that do not verify are dropped and counted in `corrupt`.
   virtual std::vector<DiskRecord> Recover(uint64_t& /*corrupt*/) { return {}; }
+  // Orders records for the next start's Recover: these after every other
+  // record, the last of them the newest.
+  virtual void OrderForRestart(std::span<const RecordRoom> /*oldest_first*/) const {}
   // The slab it lives in, if any (a GPU's memory).
   virtual SlabMemory* slab() const { return nullptr; }
 

@@ -155,6 +155,18 @@ class BlockStoreTest : public ::testing::TestWithParam<Memory> {
     return found;
   }
 
+  // That `hash` reads back (by `how`) as the layers Put stored as `slices`.
+  void ExpectStored(const BlockHash& hash, const std::vector<std::string>& slices, const BlockStore::ReadOptions& how) {
+    auto block = store_->Read("ns", layout_id_, hash, how);
+    ASSERT_TRUE(block.ok()) << kvblock::HashToHex(hash) << ": " << block.status();
+    const std::string record = (*block)->CopyToString();
+    auto view = kvblock::ParseBlock(record, &layout_);
+    ASSERT_TRUE(view.ok()) << view.status();
+    for (uint32_t l = 0; l < slices.size(); ++l) {
+      EXPECT_EQ(view->Layer(l), kvblock::ParseBlock(slices[l])->Layer(0)) << kvblock::HashToHex(hash) << "/" << l;
+    }
+  }
+
   absl::StatusCode ReadCode(const BlockHash& hash, const std::string& ns = "ns") {
     return store_->Read(ns, layout_id_, hash).status().code();
   }
@@ -1311,17 +1323,90 @@ TEST_P(BlockStoreTest, RestartFindsTheDiskTiersBlocks) {
   StoreStats s = store_->Stats();
   EXPECT_EQ(s.tiers[2].blocks, 3u);
   EXPECT_EQ(s.tiers[0].blocks + s.tiers[1].blocks, 0u);
-  for (int i = 0; i < 3; ++i) {
-    auto block = store_->Read("ns", layout_id_, Hash(i));
-    ASSERT_TRUE(block.ok()) << i << ": " << block.status();
-    const std::string record = (*block)->CopyToString();
-    auto view = kvblock::ParseBlock(record, &layout_);
-    ASSERT_TRUE(view.ok()) << view.status();
-    for (uint32_t l = 0; l < 4; ++l) {
-      EXPECT_EQ(view->Layer(l), kvblock::ParseBlock(slices[i][l])->Layer(0)) << i << "/" << l;
-    }
-  }
+  for (int i = 0; i < 3; ++i) ExpectStored(Hash(i), slices[i], BlockStore::ReadOptions());
   EXPECT_EQ(ReadCode(Hash(4)), absl::StatusCode::kNotFound) << "was in memory";
+}
+
+// A stop moves the memory tiers' blocks to the disk tier, the most
+// recently used first, and the next start finds every block in the order
+// they had: those from memory newest (the first tier's before the next's),
+// those on disk before the stop oldest. Which blocks new ones push out
+// shows that order.
+TEST_P(BlockStoreTest, SaveForRestartKeepsTheMemoryTiersBlocksInTheirOrder) {
+  const auto lru = [](StoreOptions& o) { o.eviction = Eviction::kLru; };
+  Open(2, 2, 6, lru);
+  std::map<int, std::vector<std::string>> slices;
+  for (int i = 0; i < 6; ++i) slices[i] = Put(Hash(i));
+  ASSERT_TRUE(Held(Hash(2)));  // newest first, device: 5, 4; host: 2, 3; disk: 1, 0
+  const StoreStats before = store_->Stats();
+  for (size_t tier = 0; tier < 3; ++tier) ASSERT_EQ(before.tiers[tier].blocks, 2u) << tier;
+  const size_t record = kvblock::HeaderFor(layout_, 0, 4).RecordBytes();
+
+  const BlockStore::Saved saved = store_->SaveForRestart(clock_.Now() + absl::Seconds(1));
+  EXPECT_EQ(saved.blocks, 4u);
+  EXPECT_EQ(saved.bytes, 4 * record);
+  EXPECT_EQ(saved.left_blocks, 0u);
+  Open(2, 2, 6, lru);
+  const StoreStats after = store_->Stats();
+  EXPECT_EQ(after.tiers[2].blocks, 6u);
+  EXPECT_EQ(after.tiers[0].blocks + after.tiers[1].blocks, 0u);
+  // Four new blocks fill the memory tiers; each after them pushes one to
+  // disk, and the oldest there goes: 0, 1, then 3 (2 was used after it).
+  for (int i = 0; i < 7; ++i) Put(Hash(100 + i));
+  for (int i : {0, 1, 3}) EXPECT_FALSE(Held(Hash(i))) << i;
+  BlockStore::ReadOptions where_it_is;
+  where_it_is.promote = false;
+  for (int i : {2, 4, 5}) ExpectStored(Hash(i), slices[i], where_it_is);
+}
+
+// A disk tier smaller than the memory tiers: the most recently used that
+// fit go down, the disk's own blocks giving way, never one moved before.
+TEST_P(BlockStoreTest, SaveForRestartKeepsTheNewestWhereTheDiskIsSmall) {
+  const auto lru = [](StoreOptions& o) { o.eviction = Eviction::kLru; };
+  Open(2, 2, 3, lru);
+  for (int i = 0; i < 6; ++i) Put(Hash(i));  // device: 5, 4; host: 3, 2; disk: 1, 0
+  const BlockStore::Saved saved = store_->SaveForRestart(clock_.Now() + absl::Seconds(1));
+  EXPECT_EQ(saved.blocks, 3u);
+  EXPECT_EQ(saved.left_blocks, 1u);
+  Open(2, 2, 3, lru);
+  EXPECT_EQ(store_->Stats().tiers[2].blocks, 3u);
+  for (int i : {3, 4, 5}) EXPECT_TRUE(Held(Hash(i))) << i;
+  for (int i : {0, 1, 2}) EXPECT_FALSE(Held(Hash(i))) << i;
+}
+
+// Leases end first (no caller is left to read), a leased block moves like
+// any other, one a reader holds stays (and the next still go), and nothing
+// moves past the deadline.
+TEST_P(BlockStoreTest, SaveForRestartEndsLeasesAndStopsAtItsDeadline) {
+  Open(2, 2, 8);
+  for (int i = 0; i < 4; ++i) Put(Hash(i));
+  const BlockHash leased = Hash(3);
+  ASSERT_NE(store_->Match("ns", layout_id_, std::span(&leased, 1), absl::Seconds(60)).lease_id, 0u);
+  const BlockStore::Saved late = store_->SaveForRestart(clock_.Now());
+  EXPECT_EQ(late.blocks, 0u);
+  EXPECT_EQ(late.left_blocks, 4u);
+  EXPECT_EQ(store_->Stats().active_leases, 0u);
+  EXPECT_EQ(store_->Stats().tiers[2].blocks, 0u);
+  BlockStore::ReadOptions where_it_is;
+  where_it_is.promote = false;
+  auto held = store_->Read("ns", layout_id_, Hash(2), where_it_is);
+  ASSERT_TRUE(held.ok()) << held.status();
+  const BlockStore::Saved saved = store_->SaveForRestart(clock_.Now() + absl::Seconds(1));
+  EXPECT_EQ(saved.blocks, 3u);
+  EXPECT_EQ(saved.left_blocks, 1u);
+  held->reset();
+  const StoreStats s = store_->Stats();
+  EXPECT_EQ(s.tiers[2].blocks, 3u);
+  EXPECT_EQ(s.pinned_blocks, 0u);
+  EXPECT_NE(TierOf(Hash(2)), TierKind::kDisk);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(ReadCode(Hash(i)), absl::StatusCode::kOk) << i;
+}
+
+TEST_P(BlockStoreTest, SaveForRestartWithoutADiskTierMovesNothing) {
+  for (int i = 0; i < 3; ++i) Put(Hash(i));
+  const BlockStore::Saved saved = store_->SaveForRestart(clock_.Now() + absl::Seconds(1));
+  EXPECT_EQ(saved.blocks + saved.left_blocks, 0u);
+  EXPECT_EQ(store_->Stats().tiers[0].blocks, 3u);
 }
 
 TEST_P(BlockStoreTest, CorruptDiskFilesAreDroppedAndCounted) {
