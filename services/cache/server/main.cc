@@ -12,6 +12,7 @@
 #include "absl/numeric/int128.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "services/cache/fast_path/fast_path_server.h"
 #include "services/cache/server/cache_service.h"
 #include "services/cache/store/slab_memory.h"
@@ -57,6 +58,7 @@ struct Flags {
   bool no_fast_path = false;
   bool no_demote_ahead = false;
   uint64_t put_idle_ms = 30000;
+  uint64_t save_on_stop_ms = 10000;
   std::string eviction = "adaptive";
   SecurityFlags security;
 };
@@ -151,12 +153,33 @@ absl::StatusOr<StoreOptions> ToStoreOptions(const Flags& f) {
   return o;
 }
 
+constexpr uint64_t kMostSaveOnStopMs = 600000;
+
+// After the last call: the memory tiers' blocks go down to the disk tier,
+// where the next start finds them (--save-on-stop-ms).
+void SaveForRestart(BlockStore& store, uint64_t ms) {
+  const absl::Time start = absl::Now();
+  const BlockStore::Saved saved = store.SaveForRestart(start + absl::Milliseconds(static_cast<int64_t>(ms)));
+  std::string line = absl::StrCat("saved ", saved.blocks, " blocks (", saved.bytes,
+                                  " bytes) of the memory tiers to the disk tier for the next start in ",
+                                  absl::ToInt64Milliseconds(absl::Now() - start), " ms");
+  if (saved.left_blocks > 0) {
+    absl::StrAppend(&line, "; ", saved.left_blocks, " blocks (", saved.left_bytes,
+                    " bytes) not saved: --save-on-stop-ms or the disk tier's room ran out");
+  }
+  Log(LogLevel::kInfo, "disk", line);
+}
+
 // The flags that need nothing made to check: before the tiers, as opening
 // a disk tier can take long.
 absl::Status CheckServingFlags(const Flags& f, const ServerOptions& server) {
   KVTIER_RETURN_IF_ERROR(ServerRunner::Check(server));
   KVTIER_RETURN_IF_ERROR(CheckMetricsAddress(f.metrics_listen));
   if (f.put_idle_ms == 0) return absl::InvalidArgumentError("--put-idle-ms must be positive");
+  if (f.save_on_stop_ms > kMostSaveOnStopMs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--save-on-stop-ms ", f.save_on_stop_ms, ": must be 0 to ", kMostSaveOnStopMs));
+  }
   if (f.threads < 1 || f.threads > kMostThreads) {
     return absl::InvalidArgumentError(absl::StrCat("--threads ", f.threads, ": must be 1 to ", kMostThreads));
   }
@@ -244,6 +267,8 @@ int Run(Flags f) {
   started << "\n";
   std::cerr << started.str() << std::flush;
   (*server)->WaitForShutdownSignal();
+  if (fast_path != nullptr) fast_path->Stop();
+  if (!options->disk_dir.empty() && f.save_on_stop_ms > 0) SaveForRestart(**store, f.save_on_stop_ms);
   std::cerr << "kvtier-cache: stopped" << std::endl;
   return 0;
 }
@@ -267,7 +292,9 @@ int main(int argc, char** argv) {
                   "Prometheus /metrics address HOST:PORT (default: --listen's host, port 9464); empty to disable");
   flags.AddString("device-capacity", &f.device_capacity, "bytes of the device tier");
   flags.AddString("host-capacity", &f.host_capacity, "bytes of the host (CPU spill) tier");
-  flags.AddString("disk-dir", &f.disk_dir, "directory of the disk tier; a restart finds its blocks again");
+  flags.AddString("disk-dir", &f.disk_dir,
+                  "directory of the disk tier; a restart finds its blocks again, and those of the memory tiers "
+                  "that --save-on-stop-ms moved there");
   flags.AddString("disk-capacity", &f.disk_capacity, "bytes of block records under --disk-dir");
   flags.AddUint("threads", &f.threads, "worker threads for Put and Get (1 to 1024)");
   flags.AddString("namespaces", &f.namespaces, "comma-separated tenants to serve (others get NOT_FOUND); empty: any");
@@ -300,6 +327,10 @@ int main(int argc, char** argv) {
   flags.AddUint("put-idle-ms", &f.put_idle_ms,
                 "a Put stream that stores no slice for this long (messages without one do not count) is ended "
                 "(DEADLINE_EXCEEDED) and its incomplete blocks dropped");
+  flags.AddUint("save-on-stop-ms", &f.save_on_stop_ms,
+                "with --disk-dir: after SIGTERM, once the last call has ended, the longest the cache spends moving "
+                "the memory tiers' blocks to the disk tier, the most recently used first, so that its next start "
+                "finds them (0 to 600000; 0: they are lost at stop)");
   f.security.Register(flags, /*serves=*/true, /*calls=*/false);
   if (std::optional<int> exit = flags.ParseOrExit(std::vector<std::string>(argv + 1, argv + argc), "kvtier-cache"))
     return *exit;
