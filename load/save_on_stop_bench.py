@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""What a kvtier-cache stop costs with --save-on-stop-ms: its memory tiers
+(512 MiB each by default) filled with DeepSeek-V2-Lite int8 blocks
+(1,026,468 B each, 27 layers of 64 tokens) through the Python client, the
+file system synced, then SIGTERM; the cache logs how many bytes it moved to
+its disk tier and in how long. Beside it in the same round, the physical
+limit: the same number of bytes written to one file in the same directory
+1 MiB at a time (as `dd bs=1M` does), from memory already touched. Rounds
+interleaved; the ratio is the save's rate over the plain write's.
+
+  PYTHONPATH=build/python python3 load/save_on_stop_bench.py \\
+      --cache-binary build/services/kvtier-cache --dir /var/tmp/kvtier-save --rounds 3
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import time
+
+import numpy as np
+
+from kvtier import CacheClient, LatentLayout, block_hashes, encode_record
+
+LAYOUT = LatentLayout("deepseek-v2-lite-bench", 27, 512, 64, 64, "int8")
+BATCH = 64  # blocks a Put
+
+
+def fill(target, blocks):
+    rng = np.random.default_rng(1)
+    latents = rng.standard_normal((LAYOUT.num_layers, 64, 576)).astype(np.float32)
+    with CacheClient(target) as cache:
+        for first in range(0, blocks, BATCH):
+            tokens = list(range(first * 64, (first + BATCH) * 64))
+            hashes = block_hashes("bench", LAYOUT, tokens)
+            records = [encode_record(LAYOUT, first_layer=0, latents=latents + i) for i in range(len(hashes))]
+            cache.put("bench", LAYOUT, zip(hashes, records))
+
+
+def save_round(args, disk):
+    """(bytes saved, seconds) of one stop."""
+    shutil.rmtree(disk, ignore_errors=True)
+    cache = subprocess.Popen([args.cache_binary, "--listen", "127.0.0.1:0", "--metrics-listen", "",
+                              "--device-capacity", args.memory, "--host-capacity", args.memory, "--disk-dir", disk,
+                              "--disk-capacity", "64GiB", "--save-on-stop-ms", "600000"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    port = None
+    for line in cache.stdout:
+        if line.startswith("listening on "):
+            port = line.rsplit(":", 1)[1].strip()
+            break
+    if port is None:
+        raise SystemExit("kvtier-cache did not start: " + cache.stderr.read())
+    memory_blocks = 2 * parse_size(args.memory) // 1026468
+    fill("127.0.0.1:" + port, memory_blocks + BATCH)  # a batch over: the memory tiers full
+    os.sync()
+    cache.terminate()
+    _, log = cache.communicate(timeout=700)
+    saved = re.search(r"saved \d+ blocks \((\d+) bytes\).* in (\d+) ms", log)
+    if saved is None:
+        raise SystemExit("no 'saved' line in the cache's log:\n" + log)
+    return int(saved.group(1)), int(saved.group(2)) / 1000
+
+
+def write_round(path, size):
+    """Seconds to write `size` bytes to a new file, 1 MiB at a time."""
+    chunk = os.urandom(1 << 20)
+    os.sync()
+    start = time.perf_counter()
+    with open(path, "wb") as out:
+        for _ in range(size // len(chunk)):
+            out.write(chunk)
+        out.write(chunk[:size % len(chunk)])
+    elapsed = time.perf_counter() - start
+    os.unlink(path)
+    return elapsed
+
+
+def parse_size(text):
+    units = {"MiB": 1 << 20, "GiB": 1 << 30}
+    return int(text[:-3]) * units[text[-3:]]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cache-binary", default="build/services/kvtier-cache")
+    parser.add_argument("--dir", default="/var/tmp/kvtier-save", help="where the disk tier and the plain file go")
+    parser.add_argument("--memory", default="512MiB", help="each memory tier's capacity (MiB or GiB)")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    os.makedirs(args.dir, exist_ok=True)
+    disk = os.path.join(args.dir, "disk")
+    print(f"{'round':>5} {'saved MB':>9} {'save MB/s':>10} {'write MB/s':>11} {'ratio':>6}")
+    for r in range(args.rounds):
+        size, save_s = save_round(args, disk)
+        write_s = write_round(os.path.join(args.dir, "plain.bin"), size)
+        save_rate, write_rate = size / save_s / 1e6, size / write_s / 1e6
+        print(f"{r + 1:>5} {size / 1e6:>9.0f} {save_rate:>10.0f} {write_rate:>11.0f} {save_rate / write_rate:>6.2f}")
+    shutil.rmtree(disk, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
