@@ -256,13 +256,12 @@ void DiskDir::Remove(const std::string& ns, const kvblock::BlockHash& hash) cons
   close(ns_fd);
 }
 
-bool DiskDir::SetModified(const std::string& ns, const kvblock::BlockHash& hash, absl::Time when) const {
+void DiskDir::SetModified(const std::string& ns, const kvblock::BlockHash& hash, absl::Time when) const {
   const int ns_fd = OpenNamespace(ns, /*create=*/false);
-  if (ns_fd < 0) return false;
+  if (ns_fd < 0) return;
   const timespec times[2] = {{.tv_sec = 0, .tv_nsec = UTIME_OMIT}, absl::ToTimespec(when)};
-  const bool set = utimensat(ns_fd, FileName(hash).c_str(), times, AT_SYMLINK_NOFOLLOW) == 0;
+  utimensat(ns_fd, FileName(hash).c_str(), times, AT_SYMLINK_NOFOLLOW);
   close(ns_fd);
-  return set;
 }
 
 }  // namespace kvtier::cache

@@ -58,9 +58,9 @@ class DiskDir {
   // DATA_LOSS when the file is not that block's (its key or length).
   absl::StatusOr<std::string> Read(const std::string& ns, const kvblock::BlockHash& hash, size_t size) const;
   void Remove(const std::string& ns, const kvblock::BlockHash& hash) const;
-  // Sets a record's file's modification time (Scan's DiskRecord::mtime_ns);
-  // false when it cannot.
-  bool SetModified(const std::string& ns, const kvblock::BlockHash& hash, absl::Time when) const;
+  // Sets a record's file's modification time (Scan's DiskRecord::mtime_ns),
+  // where it can: a file it cannot date is found in another order, no worse.
+  void SetModified(const std::string& ns, const kvblock::BlockHash& hash, absl::Time when) const;
 
  private:
   DiskDir(std::string dir, int fd) : dir_(std::move(dir)), fd_(fd) {}
