@@ -1,7 +1,7 @@
 // The store's tier moves: blocks copied to another tier without the lock
 // (demotion as room is made, or ahead of it on a thread of its own;
-// promotion on a read), each copy's CRC checked where it lands before the
-// index points at it.
+// promotion on a read; the memory tiers to disk before a stop), each
+// copy's CRC checked where it lands before the index points at it.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
