@@ -26,9 +26,11 @@ LAYOUT = LatentLayout("deepseek-v2-lite-bench", 27, 512, 64, 64, "int8")
 BATCH = 64  # blocks a Put
 
 
-def fill(target, blocks):
+def fill(target, memory_bytes):
+    """Stores a batch of blocks more than `memory_bytes` hold."""
     rng = np.random.default_rng(1)
     latents = rng.standard_normal((LAYOUT.num_layers, 64, 576)).astype(np.float32)
+    blocks = memory_bytes // len(encode_record(LAYOUT, first_layer=0, latents=latents)) + BATCH
     with CacheClient(target) as cache:
         for first in range(0, blocks, BATCH):
             tokens = list(range(first * 64, (first + BATCH) * 64))
@@ -51,8 +53,7 @@ def save_round(args, disk):
             break
     if port is None:
         raise SystemExit("kvtier-cache did not start: " + cache.stderr.read())
-    memory_blocks = 2 * parse_size(args.memory) // 1026468
-    fill("127.0.0.1:" + port, memory_blocks + BATCH)  # a batch over: the memory tiers full
+    fill("127.0.0.1:" + port, 2 * parse_size(args.memory))  # both memory tiers full
     os.sync()
     cache.terminate()
     _, log = cache.communicate(timeout=700)

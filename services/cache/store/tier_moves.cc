@@ -123,26 +123,26 @@ BlockStore::Saved BlockStore::SaveForRestart(absl::Time deadline) {
   // for the next (the disk's own blocks go first, then none), and none of
   // them is evicted with another (a V4 block's restore point) meanwhile.
   for (Entry* e : hottest_first) PinLocked(e);
-  std::vector<bool> went(hottest_first.size(), false);
   Tier& to = *tiers_[disk];
-  uint64_t moved = 0;  // of the disk's room, what those moved take
-  for (size_t i = 0; i < hottest_first.size(); ++i) {
-    Entry* e = hottest_first[i];
+  std::vector<Entry*> moved;  // hottest first
+  uint64_t moved_bytes = 0;   // of the disk's room, what they take
+  for (Entry* e : hottest_first) {
     const size_t size = e->size;
     const uint64_t taken = to.storage->BytesTaken(size);
     // One another reader holds, one the disk cannot take beside those moved
     // (nor its owner's quota there, nor a failing disk) stays; the next may
     // go.
-    went[i] = clock_->Now() < deadline && e->pins == 1 && moved + taken <= to.counters.capacity_bytes &&
-              MoveLocked(std::span(&e, 1), disk)[0];
-    if (went[i]) moved += taken;
-    (went[i] ? saved.blocks : saved.left_blocks) += 1;
-    (went[i] ? saved.bytes : saved.left_bytes) += size;
+    const bool went = clock_->Now() < deadline && e->pins == 1 && moved_bytes + taken <= to.counters.capacity_bytes &&
+                      MoveLocked(std::span(&e, 1), disk)[0];
+    if (went) {
+      moved_bytes += taken;
+      moved.push_back(e);
+    }
+    (went ? saved.blocks : saved.left_blocks) += 1;
+    (went ? saved.bytes : saved.left_bytes) += size;
   }
   std::vector<RecordRoom> oldest_first;
-  for (size_t i = hottest_first.size(); i-- > 0;) {
-    if (went[i]) oldest_first.push_back(RoomOf(*hottest_first[i]));
-  }
+  for (auto e = moved.rbegin(); e != moved.rend(); ++e) oldest_first.push_back(RoomOf(**e));
   to.storage->OrderForRestart(oldest_first);
   for (Entry* e : hottest_first) UnpinLocked(e);
   return saved;
