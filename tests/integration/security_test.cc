@@ -553,6 +553,39 @@ TEST_F(SecurityTest, ATenantWritingTenTimesItsQuotaEvictsOnlyItsOwn) {
   EXPECT_EQ(MetricValue(page, R"(kvtier_cache_tenant_denied_total{reason="PERMISSION_DENIED",tenant="acme"})"), 1.0);
 }
 
+// A restart finds each tenant's blocks charged to it again (the disk
+// files name it): its Stats and /metrics say what they said before the
+// stop, which moved everything to the disk tier.
+TEST_F(SecurityTest, ARestartKeepsEachTenantsBlocksChargedToIt) {
+  const fs::path tenants = Dir("tenants-restart.json");
+  std::ofstream(tenants) << TenantsJson({kAdmin, kAcme, kGlobex});
+  const std::vector<std::string> flags = {
+      "--tenants",       tenants.string(), "--disk-dir", Dir("restart-disk").string(),
+      "--disk-capacity", "64MiB",          "--drain-ms", "0"};
+  std::string target = StartCache(flags);
+  ASSERT_FALSE(target.empty());
+  CacheClient acme = Client(target, "", kAcme.token), globex = Client(target, "", kGlobex.token);
+  const std::vector<TestBlock> acmes = StoreBlocks(acme, TestLayout(), "acme", 1, 4);
+  StoreBlocks(globex, TestLayout(), "globex", 1, 2);
+  ASSERT_EQ(caches_.back()->Stop(SIGTERM), 0);
+
+  std::string metrics;
+  target = StartCache(flags, &metrics);
+  ASSERT_FALSE(target.empty());
+  acme = Client(target, "", kAcme.token);
+  globex = Client(target, "", kGlobex.token);
+  const uint64_t charged = acmes[0].record.size() + kBookkeepingBytesPerBlock;
+  const absl::StatusOr<v1::StatsResponse> acme_stats = acme.Stats(), globex_stats = globex.Stats();
+  ASSERT_TRUE(acme_stats.ok() && globex_stats.ok());
+  EXPECT_EQ(acme_stats->tiers(2).used_bytes(), 4 * charged);
+  EXPECT_EQ(globex_stats->tiers(2).used_bytes(), 2 * charged);
+  const std::string page = ScrapeMetrics(metrics);
+  EXPECT_EQ(MetricValue(page, R"(kvtier_cache_tenant_used_bytes{tenant="acme",tier="disk"})"), 4.0 * charged) << page;
+  auto got = acme.Get("acme", TestLayout(), Hashes(acmes));
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (size_t i = 0; i < acmes.size(); ++i) EXPECT_EQ((*got)[i].record, acmes[i].record) << i;
+}
+
 // A tenant that spreads tiny blocks over many namespaces takes no more
 // shared memory than one namespace would: namespaces the same tenants may
 // read share segments, so its 48 one-block namespaces evict none of

@@ -69,7 +69,7 @@ bool Intact(const std::vector<std::span<const uint8_t>>& landed, size_t size, st
   return intact;
 }
 
-RecordRoom RoomOf(const Entry& e) { return {e.ns, e.hash, e.pages, e.size}; }
+RecordRoom RoomOf(const Entry& e) { return {e.ns, e.hash, e.pages, e.size, e.owner}; }
 
 absl::Status ChecksumFailed(const kvblock::BlockHash& hash) {
   return absl::DataLossError(absl::StrCat("block ", kvblock::HashToHex(hash), " failed its checksum"));
@@ -174,12 +174,13 @@ void BlockStore::RecoverLocked() {
             [](const DiskRecord& a, const DiskRecord& b) { return a.mtime_ns > b.mtime_ns; });
   for (DiskRecord& r : records) {
     if (t.counters.used_bytes + t.storage->BytesTaken(r.size) > t.counters.capacity_bytes) {  // capacity shrank
-      t.storage->Give({r.ns, r.hash, {}, r.size}, /*written=*/true);
+      t.storage->Give({r.ns, r.hash, {}, r.size, r.owner}, /*written=*/true);
       ++t.counters.evictions;
       continue;
     }
     auto entry = std::make_unique<Entry>();
     entry->ns = std::move(r.ns);
+    entry->owner = std::move(r.owner);
     entry->hash = r.hash;
     entry->layout_id = r.layout_id;
     entry->size = r.size;
@@ -355,7 +356,7 @@ absl::StatusOr<std::shared_ptr<const PinnedBlock>> BlockStore::Read(const std::s
   const TierStorage& storage = *tiers_[tier]->storage;
   const bool in_place = !options.copy_out && !storage.in_memory();
   if (!in_place) {
-    absl::StatusOr<RecordBytes> read = storage.Read({ns, hash, pages, e->size});
+    absl::StatusOr<RecordBytes> read = storage.Read({ns, hash, pages, e->size, e->owner});
     if (read.ok()) bytes = *std::move(read);
   }
   if (!in_place &&

@@ -501,9 +501,8 @@ class BlockStore {
   void EvictLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives back the room holding a block's record.
   void ReleaseStorageLocked(const Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Gives back room of tier `tier` taken for `owner`'s record.
-  void GiveRoomLocked(size_t tier, const RecordRoom& room, const std::string& owner, bool written)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives back room of tier `tier` taken for a record (charged to its owner).
+  void GiveRoomLocked(size_t tier, const RecordRoom& room, bool written) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Restores the blocks the last tier still holds from before (a disk's).
   void RecoverLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes room in the first tier for a block of segment owner
@@ -523,8 +522,8 @@ class BlockStore {
                                                                     const kvblock::BlockHash& hash,
                                                                     const std::string& owner, size_t stream_pending,
                                                                     size_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
-  // Gives back the room of a block `owner`'s stream did not complete.
-  void AbandonPending(const RecordRoom& room, const std::string& owner) ABSL_LOCKS_EXCLUDED(mu_);
+  // Gives back the room of a block its owner's stream did not complete.
+  void AbandonPending(const RecordRoom& room) ABSL_LOCKS_EXCLUDED(mu_);
   // Counts a slice that arrived: its bytes, or a failed checksum; a block
   // found stored already.
   void CountArrival(size_t bytes, bool checksum_failed) ABSL_LOCKS_EXCLUDED(mu_);

@@ -19,7 +19,9 @@ namespace kvtier::cache {
 
 struct Entry {
   std::string ns;
-  std::string owner;  // who stored it (quotas); empty: nobody's (recovered from disk, no tenants)
+  // The tenant whose Put stored it (quotas); empty: nobody's (no tenants
+  // file, or a version 2 disk file).
+  std::string owner;
   kvblock::BlockHash hash;
   uint64_t layout_id = 0;
   size_t size = 0;  // record bytes

@@ -92,43 +92,70 @@ std::vector<Entry> Entries(int fd, bool dirs, const std::string& where) {
   return entries;
 }
 
-// The record in an open disk file that claims to be `ns`/`hash`:
-// NOT_FOUND / DATA_LOSS as Read says.
-absl::StatusOr<std::string> ReadRecord(int fd, const std::string& ns, const kvblock::BlockHash& hash,
-                                       std::optional<size_t> size, const std::string& path) {
+// What a disk file holds beyond its key.
+struct FileRecord {
+  std::string record;
+  std::string owner;
+};
+
+// The record in an open disk file that claims to be `ns`/`hash`, and its
+// owner: NOT_FOUND / DATA_LOSS as Read says.
+absl::StatusOr<FileRecord> ReadRecord(int fd, const std::string& ns, const kvblock::BlockHash& hash,
+                                      std::optional<size_t> size, const std::string& path) {
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return absl::DataLossError(absl::StrCat(path, " is no file"));
-  const size_t header_bytes = kFixedHeaderBytes + ns.size() + 4;
   const size_t file_bytes = static_cast<size_t>(st.st_size);
+  const auto not_this_block = [&] {
+    return absl::DataLossError(absl::StrCat(path, " does not hold block ", kvblock::HashToHex(hash), " of '", ns,
+                                            "' (an old format, or a file moved from another block's name)"));
+  };
+  const auto unreadable = [&] {
+    return absl::DataLossError(absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
+  };
+  // The header's length: version 3 gives the owner's after the namespace
+  // (in version 2 those bytes are the header's CRC).
+  const size_t owner_at = kFixedHeaderBytes + ns.size();
+  if (file_bytes < owner_at + 2) return not_this_block();
+  uint16_t version = 0, owner_bytes = 0;
+  if (!ReadAll(fd, &version, 2, 4)) return unreadable();
+  if (version == kDiskFileVersion) {
+    if (!ReadAll(fd, &owner_bytes, 2, static_cast<off_t>(owner_at))) return unreadable();
+  } else if (version != kUnownedDiskFileVersion) {
+    return not_this_block();
+  }
+  const size_t header_bytes = owner_at + (version == kDiskFileVersion ? 2 + owner_bytes : 0) + 4;
   if (file_bytes < header_bytes + kvblock::kBlockHeaderBytes + kvblock::kBlockTrailerBytes ||
       (size.has_value() && file_bytes != header_bytes + *size)) {
     return absl::DataLossError(absl::StrCat(path, " is ", file_bytes, " bytes, not a record of this block"));
   }
   std::string header(header_bytes, '\0');
-  std::string record(file_bytes - header_bytes, '\0');
+  FileRecord file{std::string(file_bytes - header_bytes, '\0'), {}};
   if (!ReadAll(fd, header.data(), header.size(), 0) ||
-      !ReadAll(fd, record.data(), record.size(), static_cast<off_t>(header_bytes))) {
-    return absl::DataLossError(absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
+      !ReadAll(fd, file.record.data(), file.record.size(), static_cast<off_t>(header_bytes))) {
+    return unreadable();
   }
+  if (version == kDiskFileVersion) file.owner = header.substr(owner_at + 2, owner_bytes);
   uint32_t record_crc;
-  std::memcpy(&record_crc, record.data() + record.size() - 4, 4);
-  if (header != DiskFileHeader(ns, hash, record_crc)) {
-    return absl::DataLossError(absl::StrCat(path, " does not hold block ", kvblock::HashToHex(hash), " of '", ns,
-                                            "' (an old format, or a file moved from another block's name)"));
-  }
-  return record;
+  std::memcpy(&record_crc, file.record.data() + file.record.size() - 4, 4);
+  if (header != DiskFileHeader(version, ns, hash, file.owner, record_crc)) return not_this_block();
+  return file;
 }
 
 }  // namespace
 
-std::string DiskFileHeader(const std::string& ns, const kvblock::BlockHash& hash, uint32_t record_crc) {
+std::string DiskFileHeader(uint16_t version, const std::string& ns, const kvblock::BlockHash& hash,
+                           const std::string& owner, uint32_t record_crc) {
   std::string header(kDiskFileMagic, sizeof kDiskFileMagic);
-  Append(header, kDiskFileVersion);
+  Append(header, version);
   Append(header, static_cast<uint16_t>(ns.size()));
   header.append(reinterpret_cast<const char*>(hash.data()), hash.size());
   header += ns;
-  // The key's bytes, then the record's own CRC: checks the key, and binds
-  // it to the record it heads.
+  if (version != kUnownedDiskFileVersion) {
+    Append(header, static_cast<uint16_t>(owner.size()));
+    header += owner;
+  }
+  // The key's and owner's bytes, then the record's own CRC: checks them,
+  // and binds them to the record they head.
   const uint32_t crc = kvblock::Crc32cExtend(kvblock::Crc32c(header.data(), header.size()), &record_crc, 4);
   Append(header, crc);
   return header;
@@ -172,8 +199,8 @@ std::vector<DiskRecord> DiskDir::Scan(uint64_t& corrupt) const {
     const int ns_fd = OpenNamespace(ns, /*create=*/false);
     if (ns_fd < 0) continue;
     const std::string where = dir_ + "/" + ns_dir.name;
-    for (const Entry& file : Entries(ns_fd, /*dirs=*/false, where)) {
-      const std::string& name = file.name;
+    for (const Entry& entry : Entries(ns_fd, /*dirs=*/false, where)) {
+      const std::string& name = entry.name;
       if (EndsWith(name, kTempSuffix)) {  // a write a crash cut short
         unlinkat(ns_fd, name.c_str(), 0);
         continue;
@@ -184,18 +211,18 @@ std::vector<DiskRecord> DiskDir::Scan(uint64_t& corrupt) const {
       absl::StatusOr<kvblock::BlockHash> hash =
           hex_ok ? kvblock::HashFromBytes(absl::HexStringToBytes(hex)) : absl::DataLossError("not a block's name");
       const int fd = hash.ok() ? openat(ns_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC) : -1;
-      absl::StatusOr<std::string> record =
+      absl::StatusOr<FileRecord> file =
           fd >= 0 ? ReadRecord(fd, ns, *hash, std::nullopt, where + "/" + name) : absl::DataLossError("unreadable");
       if (fd >= 0) close(fd);
       absl::StatusOr<kvblock::BlockView> view =
-          record.ok() ? kvblock::ParseBlock(*record) : absl::StatusOr<kvblock::BlockView>(record.status());
+          file.ok() ? kvblock::ParseBlock(file->record) : absl::StatusOr<kvblock::BlockView>(file.status());
       if (!view.ok()) {
         ++corrupt;
         unlinkat(ns_fd, name.c_str(), 0);  // the entry itself: a plain file in our directory
         continue;
       }
-      records.push_back({ns, *hash, view->header.layout_id, record->size(),
-                         int64_t{file.st.st_mtim.tv_sec} * 1000000000 + file.st.st_mtim.tv_nsec,
+      records.push_back({ns, *hash, std::move(file->owner), view->header.layout_id, file->record.size(),
+                         int64_t{entry.st.st_mtim.tv_sec} * 1000000000 + entry.st.st_mtim.tv_nsec,
                          view->header.format_version == kvblock::kV4BlockFormatVersion &&
                              view->header.kind == kvblock::RecordKind::kBlock});
     }
@@ -204,12 +231,13 @@ std::vector<DiskRecord> DiskDir::Scan(uint64_t& corrupt) const {
   return records;
 }
 
-absl::Status DiskDir::Write(const std::string& ns, const kvblock::BlockHash& hash,
+absl::Status DiskDir::Write(const std::string& ns, const kvblock::BlockHash& hash, const std::string& owner,
                             const std::vector<std::span<const uint8_t>>& pieces) const {
   size_t size = 0;
   for (const auto& piece : pieces) size += piece.size();
   if (size < kvblock::kBlockTrailerBytes) return absl::InvalidArgumentError("not a record");
-  const std::string header = DiskFileHeader(ns, hash, kvblock::TrailerCrc(pieces, size));
+  if (owner.size() > UINT16_MAX) return absl::InvalidArgumentError("an owner's name longer than a disk file holds");
+  const std::string header = DiskFileHeader(kDiskFileVersion, ns, hash, owner, kvblock::TrailerCrc(pieces, size));
   const auto failed = [&](const char* what) {
     const int error = errno;
     const std::string message =
@@ -244,9 +272,10 @@ absl::StatusOr<std::string> DiskDir::Read(const std::string& ns, const kvblock::
   const int fd = ns_fd < 0 ? -1 : openat(ns_fd, FileName(hash).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (ns_fd >= 0) close(ns_fd);
   if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
-  absl::StatusOr<std::string> record = ReadRecord(fd, ns, hash, size, path);
+  absl::StatusOr<FileRecord> file = ReadRecord(fd, ns, hash, size, path);
   close(fd);
-  return record;
+  if (!file.ok()) return file.status();
+  return std::move(file->record);
 }
 
 void DiskDir::Remove(const std::string& ns, const kvblock::BlockHash& hash) const {

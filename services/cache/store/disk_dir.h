@@ -1,9 +1,10 @@
 // The disk tier's files: one file per block record, at
 // DIR/ns-<namespace>/<hash hex>.kvb, written to a temporary name and renamed
 // so a file is either whole or absent. Each file starts with the block's
-// key, checked with the record's CRC (block_format.md, "Disk files"), so a
-// file moved or copied to another block's name is refused, never served as
-// that block. Everything under DIR is reached relative to the directory
+// key and the tenant that stored it, checked with the record's CRC
+// (block_format.md, "Disk files"), so a file moved or copied to another
+// block's name is refused, never served as that block, and a restart
+// charges each block to its tenant again. Everything under DIR is reached relative to the directory
 // with O_NOFOLLOW: a symlink planted there is skipped, never followed, and
 // nothing outside DIR is read or deleted. A restart finds the records again
 // by scanning, and keeps only those that verify. Thread-safe for different
@@ -25,11 +26,14 @@
 namespace kvtier::cache {
 
 inline constexpr char kDiskFileMagic[4] = {'K', 'V', 'T', 'D'};
-inline constexpr uint16_t kDiskFileVersion = 2;  // 1: the bare record, no key
+// 1: the bare record, no key; 2: the key, no owner (still read, as nobody's).
+inline constexpr uint16_t kDiskFileVersion = 3;
+inline constexpr uint16_t kUnownedDiskFileVersion = 2;
 
 struct DiskRecord {
   std::string ns;
   kvblock::BlockHash hash;
+  std::string owner;  // the tenant whose Put stored it ("": nobody's)
   uint64_t layout_id = 0;
   size_t size = 0;        // the record's bytes (the file's less its key header)
   int64_t mtime_ns = 0;   // for restoring LRU order
@@ -49,10 +53,10 @@ class DiskDir {
   // entries that are not plain files and directories are left alone.
   std::vector<DiskRecord> Scan(uint64_t& corrupt) const;
 
-  // Writes a block's record, given as pieces. RESOURCE_EXHAUSTED when the
-  // file system is full (ENOSPC, EDQUOT); UNAVAILABLE on other failures.
-  // Nothing is left behind on failure.
-  absl::Status Write(const std::string& ns, const kvblock::BlockHash& hash,
+  // Writes `owner`'s record of a block, given as pieces. RESOURCE_EXHAUSTED
+  // when the file system is full (ENOSPC, EDQUOT); UNAVAILABLE on other
+  // failures. Nothing is left behind on failure.
+  absl::Status Write(const std::string& ns, const kvblock::BlockHash& hash, const std::string& owner,
                      const std::vector<std::span<const uint8_t>>& pieces) const;
   // The record of `ns`/`hash`, `size` bytes. NOT_FOUND without a file;
   // DATA_LOSS when the file is not that block's (its key or length).
@@ -72,9 +76,11 @@ class DiskDir {
   const int fd_;  // DIR, opened once
 };
 
-// The key header a disk file starts with, for `record` (its last four
-// bytes are its CRC32C). Exposed for tests.
-std::string DiskFileHeader(const std::string& ns, const kvblock::BlockHash& hash, uint32_t record_crc);
+// The key header a disk file of `version` starts with, for a record whose
+// CRC32C (its last four bytes) is `record_crc`; version 2 names no owner.
+// Exposed for tests.
+std::string DiskFileHeader(uint16_t version, const std::string& ns, const kvblock::BlockHash& hash,
+                           const std::string& owner, uint32_t record_crc);
 
 }  // namespace kvtier::cache
 

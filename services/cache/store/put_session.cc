@@ -46,7 +46,7 @@ PutSession::~PutSession() {
   for (auto& [hash, pending] : pending_) Abandon(*pending);
 }
 
-void PutSession::Abandon(Pending& p) { store_->AbandonPending({ns_, p.hash, p.pages, record_bytes_}, owner_); }
+void PutSession::Abandon(Pending& p) { store_->AbandonPending({ns_, p.hash, p.pages, record_bytes_, owner_}); }
 
 absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::string_view record) {
   const std::span<const uint8_t> whole(reinterpret_cast<const uint8_t*>(record.data()), record.size());
@@ -90,7 +90,7 @@ absl::Status PutSession::AddSlice(const kvblock::BlockHash& hash, std::span<cons
     }
   }
   const TierStorage& first = store_->FirstTier();
-  const RecordRoom room{ns_, hash, p.pages, record_bytes_};
+  const RecordRoom room{ns_, hash, p.pages, record_bytes_, owner_};
   // The payloads, piece by piece, to where their layers go in the block.
   const size_t size = h.RecordBytes(), payloads = size - h.HeaderBytes() - kvblock::kBlockTrailerBytes;
   const size_t destination = h.HeaderBytes() + size_t{h.layer_begin} * h.layer_payload_bytes;
@@ -162,13 +162,13 @@ absl::Status PutSession::AddWholeRecord(const kvblock::BlockHash& hash,
   }
   const TierStorage& first = store_->FirstTier();
   first.Prepare(**pages);
-  const RecordRoom room{ns_, hash, **pages, size};
+  const RecordRoom room{ns_, hash, **pages, size, owner_};
   size_t at = 0;
   for (const std::span<const uint8_t> piece : record) {
     if (absl::Status s =
             first.WriteAt(room, at, std::string_view(reinterpret_cast<const char*>(piece.data()), piece.size()));
         !s.ok()) {
-      store_->AbandonPending(room, owner_);
+      store_->AbandonPending(room);
       return s;
     }
     at += piece.size();
@@ -264,10 +264,10 @@ absl::StatusOr<std::optional<std::vector<uint32_t>>> BlockStore::BeginPending(co
   return AllocatePendingLocked(bytes, segment_owner, owner, stream_pending);
 }
 
-void BlockStore::AbandonPending(const RecordRoom& room, const std::string& owner) {
+void BlockStore::AbandonPending(const RecordRoom& room) {
   absl::MutexLock lock(&mu_);
-  GiveRoomLocked(0, room, owner, /*written=*/false);
-  EndPendingLocked(owner, room.size);
+  GiveRoomLocked(0, room, /*written=*/false);
+  EndPendingLocked(room.owner, room.size);
 }
 
 void BlockStore::CountArrival(size_t bytes, bool checksum_failed) {
@@ -291,7 +291,7 @@ bool BlockStore::PublishPending(const std::string& ns, const kvblock::BlockHash&
   EndPendingLocked(owner, bytes);
   Key key(ns, hash);
   if (index_.count(key) > 0) {  // another stream finished it first
-    GiveRoomLocked(0, {ns, hash, pages, bytes}, owner, /*written=*/false);
+    GiveRoomLocked(0, {ns, hash, pages, bytes, owner}, /*written=*/false);
     ++counters_.blocks_deduplicated;
     return false;
   }

@@ -12,10 +12,10 @@
 
 namespace kvtier::cache {
 
-void BlockStore::GiveRoomLocked(size_t tier, const RecordRoom& room, const std::string& owner, bool written) {
+void BlockStore::GiveRoomLocked(size_t tier, const RecordRoom& room, bool written) {
   Tier& t = *tiers_[tier];
   t.storage->Give(room, written);
-  ChargeLocked(tier, owner, t.storage->BytesTaken(room.size), -1);
+  ChargeLocked(tier, room.owner, t.storage->BytesTaken(room.size), -1);
 }
 
 void BlockStore::ChargeLocked(size_t tier, const std::string& owner, uint64_t bytes, int sign) {
@@ -66,7 +66,7 @@ uint64_t BlockStore::ChargedLocked(const OwnerBook& book, size_t tier, const std
   return book.used[tier] + slack;
 }
 
-void BlockStore::ReleaseStorageLocked(const Entry& e) { GiveRoomLocked(e.tier, RoomOf(e), e.owner, /*written=*/true); }
+void BlockStore::ReleaseStorageLocked(const Entry& e) { GiveRoomLocked(e.tier, RoomOf(e), /*written=*/true); }
 
 bool BlockStore::HasRoomLocked(size_t tier, size_t bytes, const std::string& segment_owner) const {
   const Tier& t = *tiers_[tier];

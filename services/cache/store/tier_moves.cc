@@ -216,7 +216,7 @@ bool BlockStore::FinishMoveLocked(Move& move, size_t to, const absl::Status& cop
     // What was written is ours to remove, unless a newer block of that key
     // took its place (a file under its name).
     const bool ours = copied.ok() && !(e->zombie && index_.count(Key(e->ns, e->hash)) > 0);
-    GiveRoomLocked(to, {e->ns, e->hash, pages, e->size}, e->owner, ours);
+    GiveRoomLocked(to, {e->ns, e->hash, pages, e->size, e->owner}, ours);
     if (copied.code() == absl::StatusCode::kDataLoss) {  // a corrupt record never reaches another tier
       ++counters_.checksum_failures;
       if (!e->zombie) DropLocked(e);
@@ -254,8 +254,8 @@ std::vector<absl::Status> BlockStore::CopyRecords(std::span<const Move> moves, s
   for (const Move& m : moves) {
     dst.Prepare(m.pages);
     const Entry& e = *m.entry;
-    sources.push_back({e.ns, e.hash, m.source, e.size});
-    rooms.push_back({e.ns, e.hash, m.pages, e.size});
+    sources.push_back({e.ns, e.hash, m.source, e.size, e.owner});
+    rooms.push_back({e.ns, e.hash, m.pages, e.size, e.owner});
     outs.push_back(dst.Memory(rooms.back()));
   }
   // A source's read failing for its own bytes (a file gone or altered)

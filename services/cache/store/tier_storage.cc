@@ -247,7 +247,7 @@ class DiskFiles final : public TierStorage {
     return bytes;
   }
   absl::Status Write(const RecordRoom& room, const std::vector<std::span<const uint8_t>>& pieces) const override {
-    return disk_->Write(room.ns, room.hash, pieces);
+    return disk_->Write(room.ns, room.hash, room.owner, pieces);
   }
   std::vector<DiskRecord> Recover(uint64_t& corrupt) override { return disk_->Scan(corrupt); }
   void OrderForRestart(std::span<const RecordRoom> oldest_first) const override {

@@ -36,13 +36,14 @@ namespace kvtier::cache {
 // The tiers, fastest first; numbered as kvtier.v1.Tier.
 enum class TierKind : int { kDevice = 1, kHost = 2, kDisk = 3 };
 
-// One record in a tier: whose it is, its size, and its pages (none for a
-// file).
+// One record in a tier: which block it is, its pages (none for a file),
+// its size, and the tenant whose Put stored it (what its room is charged to).
 struct RecordRoom {
   const std::string& ns;
   const kvblock::BlockHash& hash;
   const std::vector<uint32_t>& pages;
   size_t size;
+  const std::string& owner;
 };
 
 // A record's bytes as read out of a tier.

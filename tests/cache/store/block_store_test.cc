@@ -23,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "services/cache/store/disk_dir.h"
 #include "services/kvblock/block_format.h"
 #include "tests/cache/store/gated_pin_slab.h"
 #include "tests/cache/store/recording_slab.h"
@@ -1474,6 +1475,90 @@ TEST_P(BlockStoreTest, SwappedDiskFilesAreNeverServedAsEachOther) {
   EXPECT_EQ(ReadCode(Hash(0)), absl::StatusCode::kNotFound);
   EXPECT_EQ(ReadCode(Hash(1)), absl::StatusCode::kNotFound);
   EXPECT_FALSE(std::filesystem::exists(DiskFile(disk_dir_, "ns", Hash(0))));
+}
+
+// Each disk file names the tenant whose Put stored it: after a restart the
+// tenant is charged for its blocks again, and its quota there makes room
+// out of its own blocks, not out of another tenant's within its quota.
+TEST_P(BlockStoreTest, ARestartChargesEachDiskBlockToItsTenant) {
+  Open(1, 1, 8);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(PutAs("bob", {}, 100 + i).ok());
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(PutAs("alice", {}, i).ok());
+  ASSERT_EQ(store_->SaveForRestart(clock_.Now() + absl::Seconds(1)).blocks, 2u);
+  std::map<std::string, std::array<uint64_t, 3>> before = store_->Stats().used_by_owner;
+  const uint64_t charged = kvblock::HeaderFor(layout_, 0, 4).RecordBytes() + kBookkeepingBytesPerBlock;
+  ASSERT_EQ(before["alice"][2], 4 * charged);
+  ASSERT_EQ(before["bob"][2], 4 * charged);
+  Open(1, 1, 8);
+  StoreStats after = store_->Stats();
+  EXPECT_EQ(after.tiers[2].blocks, 8u);
+  EXPECT_EQ(after.used_by_owner, before);
+
+  // bob within his quota (his next Put says it); alice over hers.
+  constexpr uint64_t kAmple = 64 * kPage;
+  store_->BeginPut("ns", layout_, "bob", OwnerQuota{{kAmple, kAmple, 8 * charged}})->Finish();
+  for (int i = 20; i < 23; ++i) ASSERT_TRUE(PutAs("alice", OwnerQuota{{kAmple, kAmple, 2 * charged}}, i).ok());
+  after = store_->Stats();
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(Held(Hash(100 + i))) << "bob's block " << i << " made room for alice's";
+  EXPECT_EQ(after.used_by_owner["alice"][2], 2 * charged);
+  EXPECT_EQ(after.evictions_by_owner["alice"], 3u);
+}
+
+// Files of version 2, written before files named their tenant, are read as
+// nobody's blocks; a file whose tenant was altered is refused.
+TEST_P(BlockStoreTest, DiskFilesWithoutATenantAreReadAndAlteredTenantsRefused) {
+  Open(1, 1, 4);
+  const std::vector<std::string> slices = Put(Hash(0));
+  Put(Hash(1));
+  ASSERT_TRUE(PutAs("alice", {}, 2).ok());
+  ASSERT_TRUE(PutAs("alice", {}, 3).ok());
+  ASSERT_TRUE(PutAs("alice", {}, 4).ok());
+  ASSERT_EQ(TierOf(Hash(0)), TierKind::kDisk);
+  ASSERT_EQ(TierOf(Hash(2)), TierKind::kDisk);
+  store_.reset();
+  const auto read_file = [](const std::filesystem::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  // Hash(0)'s file as version 2 wrote it: the same key, no owner.
+  const std::string v3 = read_file(DiskFile(disk_dir_, "ns", Hash(0)));
+  const std::string v3_header = DiskFileHeader(kDiskFileVersion, "ns", Hash(0), "", 0);
+  const std::string record = v3.substr(v3_header.size());
+  uint32_t record_crc;
+  std::memcpy(&record_crc, record.data() + record.size() - 4, 4);
+  ASSERT_EQ(v3.substr(0, v3_header.size()), DiskFileHeader(kDiskFileVersion, "ns", Hash(0), "", record_crc));
+  std::ofstream(DiskFile(disk_dir_, "ns", Hash(0)), std::ios::binary | std::ios::trunc)
+      << DiskFileHeader(kUnownedDiskFileVersion, "ns", Hash(0), "", record_crc) << record;
+  // Hash(2)'s names alice: another name of the same length in its place.
+  std::string altered = read_file(DiskFile(disk_dir_, "ns", Hash(2)));
+  const size_t at = altered.find("alice");
+  ASSERT_NE(at, std::string::npos);
+  altered.replace(at, 5, "mallo");
+  std::ofstream(DiskFile(disk_dir_, "ns", Hash(2)), std::ios::binary | std::ios::trunc) << altered;
+
+  Open(1, 1, 4);
+  StoreStats s = store_->Stats();
+  EXPECT_EQ(s.checksum_failures, 1u);
+  EXPECT_EQ(s.tiers[2].blocks, 2u);  // Hash(0)'s and Hash(1)'s, nobody's
+  EXPECT_EQ(ReadCode(Hash(2)), absl::StatusCode::kNotFound);
+  EXPECT_EQ(s.used_by_owner.count("mallo"), 0u);
+  EXPECT_EQ(s.used_by_owner[""][2], 2 * (kvblock::HeaderFor(layout_, 0, 4).RecordBytes() + kBookkeepingBytesPerBlock));
+  ExpectStored(Hash(0), slices, {});
+}
+
+// A name longer than a disk file can hold is refused, nothing written.
+TEST(DiskDir, RefusesAnOwnerLongerThanItsFilesHold) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / absl::StrCat("kvtier_disk_dir_", getpid());
+  auto disk = DiskDir::Open(dir.string());
+  ASSERT_TRUE(disk.ok()) << disk.status();
+  const std::vector<uint8_t> record(64, 7);
+  const std::vector<std::span<const uint8_t>> pieces = {record};
+  const kvblock::BlockHash hash{};
+  EXPECT_EQ((*disk)->Write("ns", hash, std::string(UINT16_MAX + 1, 'a'), pieces).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*disk)->Write("ns", hash, std::string(UINT16_MAX, 'a'), pieces).ok());
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir / "ns-ns"), {}), 1);
+  std::filesystem::remove_all(dir);
 }
 
 // Links planted in the disk directory are never followed: the scan neither
