@@ -691,6 +691,44 @@ TEST_F(CacheServerTest, RestartWithTheSameDiskDirFindsItsBlocks) {
   std::filesystem::remove_all(dir);
 }
 
+// A second cache started on a --disk-dir another uses is refused before
+// it touches it (its start would delete the first's temporary files, and
+// each would remove files the other holds); the first serves on.
+TEST_F(CacheServerTest, ASecondCacheOnTheSameDiskDirIsRefused) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("kvtier_shared_disk_" + std::to_string(rng_.seed()))).string();
+  server_.reset();
+  Start("1MiB", "1MiB", {"--disk-dir", dir, "--disk-capacity", "64MiB"});
+  std::vector<TestBlock> blocks;
+  std::vector<BlockSlices> slices;
+  for (int i = 0; i < 12; ++i) {
+    blocks.push_back(MakeBlock(layout_, "ns", 700 + i));
+    slices.push_back(blocks.back().slices);
+  }
+  ASSERT_TRUE(client_->Put("ns", layout_, slices).ok());
+  // Bounded: a second cache that starts serves until it is stopped.
+  const std::string command = "timeout 30 " + std::string(KVTIER_CACHE_BINARY) +
+                              " --listen 127.0.0.1:0 --metrics-listen '' --device-capacity 1MiB --host-capacity 1MiB "
+                              "--disk-capacity 64MiB --disk-dir " +
+                              dir;
+  const CommandResult second = RunCommand(command);
+  EXPECT_EQ(second.exit_code, 2) << second.output;
+  EXPECT_NE(second.output.find("--disk-dir " + dir + " is in use by another kvtier-cache (pid " +
+                               std::to_string(server_->pid()) + ")"),
+            std::string::npos)
+      << second.output;
+  std::vector<BlockHash> hashes;
+  for (const TestBlock& b : blocks) hashes.push_back(b.slices.hash);
+  auto got = client_->Get("ns", layout_, hashes);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    ASSERT_TRUE((*got)[i].status.ok()) << i << ": " << (*got)[i].status;
+    EXPECT_EQ((*got)[i].record, blocks[i].record) << i;
+  }
+  EXPECT_EQ(StopAfterTheClient(), 0);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_F(CacheServerTest, RawGetLandsRecordsInTheCallersBuffer) {
   std::vector<TestBlock> blocks = {MakeBlock(layout_, "ns", 41), MakeBlock(layout_, "ns", 42)};
   ASSERT_TRUE(client_->Put("ns", layout_, {blocks[0].slices, blocks[1].slices}).ok());

@@ -293,8 +293,8 @@ int main(int argc, char** argv) {
   flags.AddString("device-capacity", &f.device_capacity, "bytes of the device tier");
   flags.AddString("host-capacity", &f.host_capacity, "bytes of the host (CPU spill) tier");
   flags.AddString("disk-dir", &f.disk_dir,
-                  "directory of the disk tier; a restart finds its blocks again, and those of the memory tiers "
-                  "that --save-on-stop-ms moved there");
+                  "directory of the disk tier, one cache's at a time; a restart finds its blocks again, and those "
+                  "of the memory tiers that --save-on-stop-ms moved there");
   flags.AddString("disk-capacity", &f.disk_capacity, "bytes of block records under --disk-dir");
   flags.AddUint("threads", &f.threads, "worker threads for Put and Get (1 to 1024)");
   flags.AddString("namespaces", &f.namespaces, "comma-separated tenants to serve (others get NOT_FOUND); empty: any");

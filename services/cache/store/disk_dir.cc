@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "services/base/log.h"
@@ -169,17 +171,40 @@ absl::StatusOr<std::unique_ptr<DiskDir>> DiskDir::Open(const std::string& dir) {
   const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return absl::InvalidArgumentError(absl::StrCat("--disk-dir ", dir, ": ", std::strerror(errno)));
   std::unique_ptr<DiskDir> disk(new DiskDir(dir, fd));
+  const auto not_writable = [&] {
+    return absl::InvalidArgumentError(absl::StrCat("--disk-dir ", dir, " is not writable: ", std::strerror(errno)));
+  };
+  // One process a directory: another's start would delete this one's
+  // temporary files as a crash's, and each would remove files the other
+  // has indexed. flock's lock goes with the process, so it is never stale.
+  disk->lock_fd_ = openat(fd, ".kvtier-lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (disk->lock_fd_ < 0) return not_writable();
+  if (flock(disk->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot lock --disk-dir ", dir, ": ", std::strerror(errno)));
+    }
+    char holder[24];
+    const ssize_t n = pread(disk->lock_fd_, holder, sizeof holder, 0);
+    const absl::string_view pid = absl::StripAsciiWhitespace(absl::string_view(holder, n > 0 ? n : 0));
+    return absl::FailedPreconditionError(
+        absl::StrCat("--disk-dir ", dir, " is in use by another kvtier-cache", pid.empty() ? "" : " (pid ", pid,
+                     pid.empty() ? "" : ")", ": each would delete the other's files; give each its own directory"));
+  }
+  const std::string pid = absl::StrCat(getpid(), "\n");
+  // Only for another's refusal to name: the lock holds without it.
+  if (ftruncate(disk->lock_fd_, 0) == 0) (void)!pwrite(disk->lock_fd_, pid.data(), pid.size(), 0);
   constexpr char kProbe[] = ".kvtier-write-probe";
   const int probe = openat(fd, kProbe, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (probe < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--disk-dir ", dir, " is not writable: ", std::strerror(errno)));
-  }
+  if (probe < 0) return not_writable();
   close(probe);
   unlinkat(fd, kProbe, 0);
   return disk;
 }
 
-DiskDir::~DiskDir() { close(fd_); }
+DiskDir::~DiskDir() {
+  if (lock_fd_ >= 0) close(lock_fd_);  // and with it the lock
+  close(fd_);
+}
 
 int DiskDir::OpenNamespace(const std::string& ns, bool create) const {
   const std::string name = kNamespacePrefix + ns;

@@ -42,7 +42,8 @@ struct DiskRecord {
 
 class DiskDir {
  public:
-  // Creates `dir` if needed and removes temporary files a crash left.
+  // Creates `dir` if needed and locks it for this DiskDir's life:
+  // FAILED_PRECONDITION while another process (or DiskDir) holds it.
   static absl::StatusOr<std::unique_ptr<DiskDir>> Open(const std::string& dir);
   ~DiskDir();
   DiskDir(const DiskDir&) = delete;
@@ -73,7 +74,8 @@ class DiskDir {
   int OpenNamespace(const std::string& ns, bool create) const;
 
   const std::string dir_;
-  const int fd_;  // DIR, opened once
+  const int fd_;      // DIR, opened once
+  int lock_fd_ = -1;  // DIR/.kvtier-lock, locked while open
 };
 
 // The key header a disk file of `version` starts with, for a record whose

@@ -1546,6 +1546,22 @@ TEST_P(BlockStoreTest, DiskFilesWithoutATenantAreReadAndAlteredTenantsRefused) {
   ExpectStored(Hash(0), slices, {});
 }
 
+// One DiskDir a directory at a time, in this process as in any other; the
+// next opens it once the first is gone.
+TEST(DiskDir, OneAtATime) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / absl::StrCat("kvtier_lock_", getpid());
+  auto first = DiskDir::Open(dir.string());
+  ASSERT_TRUE(first.ok()) << first.status();
+  const auto second = DiskDir::Open(dir.string());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(second.status().message().find(absl::StrCat("is in use by another kvtier-cache (pid ", getpid(), ")")),
+            std::string::npos)
+      << second.status();
+  first->reset();
+  EXPECT_TRUE(DiskDir::Open(dir.string()).ok());
+  std::filesystem::remove_all(dir);
+}
+
 // A name longer than a disk file can hold is refused, nothing written.
 TEST(DiskDir, RefusesAnOwnerLongerThanItsFilesHold) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / absl::StrCat("kvtier_disk_dir_", getpid());
