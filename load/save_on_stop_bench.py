@@ -8,6 +8,11 @@ limit: the same number of bytes written to one file in the same directory
 1 MiB at a time (as `dd bs=1M` does), from memory already touched. Rounds
 interleaved; the ratio is the save's rate over the plain write's.
 
+Then the next start on that disk tier: seconds until it listens, with the
+page cache dropped first (cold; as root) and again warm, against reading
+every file of the tier whole with the page cache dropped (what a start
+that checked each record's bytes would read).
+
   PYTHONPATH=build/python python3 load/save_on_stop_bench.py \\
       --cache-binary build/services/kvtier-cache --dir /var/tmp/kvtier-save --rounds 3
 """
@@ -63,6 +68,44 @@ def save_round(args, disk):
     return int(saved.group(1)), int(saved.group(2)) / 1000
 
 
+def drop_page_cache():
+    """Whether the page cache could be dropped (root only)."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def start_seconds(args, disk):
+    """Seconds from starting a cache on `disk` to its listening."""
+    start = time.perf_counter()
+    cache = subprocess.Popen([args.cache_binary, "--listen", "127.0.0.1:0", "--metrics-listen", "",
+                              "--device-capacity", "64MiB", "--host-capacity", "64MiB", "--disk-dir", disk,
+                              "--disk-capacity", "64GiB", "--save-on-stop-ms", "0"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    listening = any(line.startswith("listening on ") for line in cache.stdout)
+    elapsed = time.perf_counter() - start
+    cache.terminate()
+    cache.wait(timeout=60)
+    if not listening:
+        raise SystemExit("kvtier-cache did not start on " + disk)
+    return elapsed
+
+
+def read_seconds(disk):
+    """Seconds to read every file under `disk` whole."""
+    start = time.perf_counter()
+    for root, _, files in os.walk(disk):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as f:
+                while f.read(1 << 20):
+                    pass
+    return time.perf_counter() - start
+
+
 def write_round(path, size):
     """Seconds to write `size` bytes to a new file, 1 MiB at a time."""
     chunk = os.urandom(1 << 20)
@@ -91,12 +134,18 @@ def main():
     args = parser.parse_args()
     os.makedirs(args.dir, exist_ok=True)
     disk = os.path.join(args.dir, "disk")
-    print(f"{'round':>5} {'saved MB':>9} {'save MB/s':>10} {'write MB/s':>11} {'ratio':>6}")
+    print(f"{'round':>5} {'saved MB':>9} {'save MB/s':>10} {'write MB/s':>11} {'ratio':>6} "
+          f"{'start cold s':>13} {'warm s':>7} {'read all cold s':>16}")
     for r in range(args.rounds):
         size, save_s = save_round(args, disk)
         write_s = write_round(os.path.join(args.dir, "plain.bin"), size)
+        cold = drop_page_cache()
+        start_cold = start_seconds(args, disk)
+        start_warm = start_seconds(args, disk)
+        read_all = read_seconds(disk) if drop_page_cache() and cold else float("nan")
         save_rate, write_rate = size / save_s / 1e6, size / write_s / 1e6
-        print(f"{r + 1:>5} {size / 1e6:>9.0f} {save_rate:>10.0f} {write_rate:>11.0f} {save_rate / write_rate:>6.2f}")
+        print(f"{r + 1:>5} {size / 1e6:>9.0f} {save_rate:>10.0f} {write_rate:>11.0f} {save_rate / write_rate:>6.2f} "
+              f"{start_cold if cold else float('nan'):>13.2f} {start_warm:>7.2f} {read_all:>16.2f}")
     shutil.rmtree(disk, ignore_errors=True)
 
 

@@ -221,8 +221,11 @@ int Run(Flags f) {
   // A same-host reader maps whole segments: their blocks must be of
   // namespaces the same tenants may read.
   options->segment_group = [registry = tenants->get()](const std::string& ns) { return registry->ReaderClass(ns); };
+  if (!options->disk_dir.empty()) Log(LogLevel::kInfo, "disk", "finding the blocks in " + options->disk_dir);
+  const absl::Time creating = absl::Now();
   absl::StatusOr<std::unique_ptr<BlockStore>> store = BlockStore::Create(*options, SystemClock::Get());
   if (!store.ok()) return usage(store.status().message());
+  const absl::Duration created = absl::Now() - creating;
   std::unique_ptr<FastPathServer> fast_path;
   if (!f.no_fast_path) {
     absl::StatusOr<std::unique_ptr<FastPathServer>> started =
@@ -256,7 +259,8 @@ int Run(Flags f) {
           << options->host_capacity << " bytes, pages of " << options->page_size << " bytes";
   if (!options->disk_dir.empty()) {
     started << ", disk tier " << options->disk_capacity << " bytes in " << options->disk_dir << " ("
-            << stats.tiers.back().blocks << " blocks found)";
+            << stats.tiers.back().blocks << " blocks found; tiers ready in " << absl::ToInt64Milliseconds(created)
+            << " ms)";
   }
   if (fast_path != nullptr) {
     started << "; same-host fast path on " << fast_path->socket_path()

@@ -94,16 +94,20 @@ std::vector<Entry> Entries(int fd, bool dirs, const std::string& where) {
   return entries;
 }
 
-// What a disk file holds beyond its key.
-struct FileRecord {
-  std::string record;
+std::string Unreadable(const std::string& path) {
+  return absl::StrCat("cannot read ", path, ": ", std::strerror(errno));
+}
+
+// An open disk file's key header, checked against `ns`/`hash` and the
+// record's CRC (the file's last four bytes): where the record starts, its
+// length, and whose block it is. DATA_LOSS when it is not that block's.
+struct FileKey {
+  size_t header_bytes = 0;
+  size_t record_bytes = 0;
   std::string owner;
 };
-
-// The record in an open disk file that claims to be `ns`/`hash`, and its
-// owner: NOT_FOUND / DATA_LOSS as Read says.
-absl::StatusOr<FileRecord> ReadRecord(int fd, const std::string& ns, const kvblock::BlockHash& hash,
-                                      std::optional<size_t> size, const std::string& path) {
+absl::StatusOr<FileKey> ReadKey(int fd, const std::string& ns, const kvblock::BlockHash& hash,
+                                const std::string& path) {
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return absl::DataLossError(absl::StrCat(path, " is no file"));
   const size_t file_bytes = static_cast<size_t>(st.st_size);
@@ -111,36 +115,41 @@ absl::StatusOr<FileRecord> ReadRecord(int fd, const std::string& ns, const kvblo
     return absl::DataLossError(absl::StrCat(path, " does not hold block ", kvblock::HashToHex(hash), " of '", ns,
                                             "' (an old format, or a file moved from another block's name)"));
   };
-  const auto unreadable = [&] {
-    return absl::DataLossError(absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
-  };
   // The header's length: version 3 gives the owner's after the namespace
   // (in version 2 those bytes are the header's CRC).
   const size_t owner_at = kFixedHeaderBytes + ns.size();
   if (file_bytes < owner_at + 2) return not_this_block();
   uint16_t version = 0, owner_bytes = 0;
-  if (!ReadAll(fd, &version, 2, 4)) return unreadable();
+  if (!ReadAll(fd, &version, 2, 4)) return absl::DataLossError(Unreadable(path));
   if (version == kDiskFileVersion) {
-    if (!ReadAll(fd, &owner_bytes, 2, static_cast<off_t>(owner_at))) return unreadable();
+    if (!ReadAll(fd, &owner_bytes, 2, static_cast<off_t>(owner_at))) return absl::DataLossError(Unreadable(path));
   } else if (version != kUnownedDiskFileVersion) {
     return not_this_block();
   }
-  const size_t header_bytes = owner_at + (version == kDiskFileVersion ? 2 + owner_bytes : 0) + 4;
-  if (file_bytes < header_bytes + kvblock::kBlockHeaderBytes + kvblock::kBlockTrailerBytes ||
-      (size.has_value() && file_bytes != header_bytes + *size)) {
-    return absl::DataLossError(absl::StrCat(path, " is ", file_bytes, " bytes, not a record of this block"));
+  FileKey key;
+  key.header_bytes = owner_at + (version == kDiskFileVersion ? 2 + owner_bytes : 0) + 4;
+  if (file_bytes < key.header_bytes + kvblock::kBlockHeaderBytes + kvblock::kBlockTrailerBytes) {
+    return absl::DataLossError(absl::StrCat(path, " is ", file_bytes, " bytes, too few for a record"));
   }
-  std::string header(header_bytes, '\0');
-  FileRecord file{std::string(file_bytes - header_bytes, '\0'), {}};
-  if (!ReadAll(fd, header.data(), header.size(), 0) ||
-      !ReadAll(fd, file.record.data(), file.record.size(), static_cast<off_t>(header_bytes))) {
-    return unreadable();
-  }
-  if (version == kDiskFileVersion) file.owner = header.substr(owner_at + 2, owner_bytes);
+  key.record_bytes = file_bytes - key.header_bytes;
+  std::string header(key.header_bytes, '\0');
   uint32_t record_crc;
-  std::memcpy(&record_crc, file.record.data() + file.record.size() - 4, 4);
-  if (header != DiskFileHeader(version, ns, hash, file.owner, record_crc)) return not_this_block();
-  return file;
+  if (!ReadAll(fd, header.data(), header.size(), 0) ||
+      !ReadAll(fd, &record_crc, sizeof record_crc, static_cast<off_t>(file_bytes - sizeof record_crc))) {
+    return absl::DataLossError(Unreadable(path));
+  }
+  if (version == kDiskFileVersion) key.owner = header.substr(owner_at + 2, owner_bytes);
+  if (header != DiskFileHeader(version, ns, hash, key.owner, record_crc)) return not_this_block();
+  return key;
+}
+
+// The header of the record after `key`, checked against the record's length.
+absl::StatusOr<kvblock::BlockHeader> ReadBlockHeader(int fd, const FileKey& key, const std::string& path) {
+  std::string head(std::min(kvblock::kIndexedBlockHeaderBytes, key.record_bytes), '\0');
+  if (!ReadAll(fd, head.data(), head.size(), static_cast<off_t>(key.header_bytes))) {
+    return absl::DataLossError(Unreadable(path));
+  }
+  return kvblock::ParseBlockHeader(head, key.record_bytes);
 }
 
 }  // namespace
@@ -236,20 +245,23 @@ std::vector<DiskRecord> DiskDir::Scan(uint64_t& corrupt) const {
       absl::StatusOr<kvblock::BlockHash> hash =
           hex_ok ? kvblock::HashFromBytes(absl::HexStringToBytes(hex)) : absl::DataLossError("not a block's name");
       const int fd = hash.ok() ? openat(ns_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC) : -1;
-      absl::StatusOr<FileRecord> file =
-          fd >= 0 ? ReadRecord(fd, ns, *hash, std::nullopt, where + "/" + name) : absl::DataLossError("unreadable");
+      const std::string path = where + "/" + name;
+      // The key and the record's header and length: its bytes are checked
+      // where every tier's are, at each read and move, so a start costs a
+      // few small reads a file, not a read of the whole tier.
+      absl::StatusOr<FileKey> key = fd >= 0 ? ReadKey(fd, ns, *hash, path) : absl::DataLossError("unreadable");
+      absl::StatusOr<kvblock::BlockHeader> header =
+          key.ok() ? ReadBlockHeader(fd, *key, path) : absl::StatusOr<kvblock::BlockHeader>(key.status());
       if (fd >= 0) close(fd);
-      absl::StatusOr<kvblock::BlockView> view =
-          file.ok() ? kvblock::ParseBlock(file->record) : absl::StatusOr<kvblock::BlockView>(file.status());
-      if (!view.ok()) {
+      if (!header.ok()) {
         ++corrupt;
         unlinkat(ns_fd, name.c_str(), 0);  // the entry itself: a plain file in our directory
         continue;
       }
-      records.push_back({ns, *hash, std::move(file->owner), view->header.layout_id, file->record.size(),
-                         int64_t{entry.st.st_mtim.tv_sec} * 1000000000 + entry.st.st_mtim.tv_nsec,
-                         view->header.format_version == kvblock::kV4BlockFormatVersion &&
-                             view->header.kind == kvblock::RecordKind::kBlock});
+      records.push_back(
+          {ns, *hash, std::move(key->owner), header->layout_id, key->record_bytes,
+           int64_t{entry.st.st_mtim.tv_sec} * 1000000000 + entry.st.st_mtim.tv_nsec,
+           header->format_version == kvblock::kV4BlockFormatVersion && header->kind == kvblock::RecordKind::kBlock});
     }
     close(ns_fd);
   }
@@ -297,10 +309,19 @@ absl::StatusOr<std::string> DiskDir::Read(const std::string& ns, const kvblock::
   const int fd = ns_fd < 0 ? -1 : openat(ns_fd, FileName(hash).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (ns_fd >= 0) close(ns_fd);
   if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
-  absl::StatusOr<FileRecord> file = ReadRecord(fd, ns, hash, size, path);
+  absl::StatusOr<FileKey> key = ReadKey(fd, ns, hash, path);
+  std::string record;
+  if (key.ok() && key->record_bytes != size) {
+    key = absl::DataLossError(absl::StrCat(path, " holds a record of ", key->record_bytes, " bytes, not ", size));
+  } else if (key.ok()) {
+    record.resize(size);
+    if (!ReadAll(fd, record.data(), size, static_cast<off_t>(key->header_bytes))) {
+      key = absl::DataLossError(Unreadable(path));
+    }
+  }
   close(fd);
-  if (!file.ok()) return file.status();
-  return std::move(file->record);
+  if (!key.ok()) return key.status();
+  return record;
 }
 
 void DiskDir::Remove(const std::string& ns, const kvblock::BlockHash& hash) const {

@@ -1410,38 +1410,50 @@ TEST_P(BlockStoreTest, SaveForRestartWithoutADiskTierMovesNothing) {
   EXPECT_EQ(store_->Stats().tiers[0].blocks, 3u);
 }
 
-TEST_P(BlockStoreTest, CorruptDiskFilesAreDroppedAndCounted) {
-  Open(1, 1, 4);
-  for (int i = 0; i < 4; ++i) Put(Hash(i));
-  ASSERT_EQ(TierOf(Hash(0)), TierKind::kDisk);
-  ASSERT_EQ(TierOf(Hash(1)), TierKind::kDisk);
-  store_.reset();
-  // Flip a byte in each file, and leave a torn temporary file behind.
-  int flipped = 0;
-  for (const auto& f : std::filesystem::recursive_directory_iterator(disk_dir_)) {
-    if (f.path().extension() != ".kvb") continue;
-    // A changed byte, whatever it was (writing a fixed value left the file
-    // intact, and the test failing, when the byte already had it: 1 run in
-    // about 40).
-    std::fstream file(f.path(), std::ios::in | std::ios::out | std::ios::binary);
-    file.seekg(500);
-    const char was = static_cast<char>(file.get());
-    file.seekp(500);
-    file.put(static_cast<char>(was ^ 0x5a));
-    ++flipped;
-  }
-  ASSERT_EQ(flipped, 2);
-  std::ofstream(disk_dir_ / "ns-ns" / "torn.kvb.tmp") << "partial";
-  Open(1, 1, 4);
-  const StoreStats s = store_->Stats();
-  EXPECT_EQ(s.tiers[2].blocks, 0u);
-  EXPECT_EQ(s.checksum_failures, 2u);
-  EXPECT_FALSE(std::filesystem::exists(disk_dir_ / "ns-ns" / "torn.kvb.tmp"));
-}
-
 // The disk file of `hash` in `ns`.
 std::filesystem::path DiskFile(const std::filesystem::path& dir, const std::string& ns, const BlockHash& hash) {
   return dir / ("ns-" + ns) / (kvblock::HashToHex(hash) + ".kvb");
+}
+
+// A start checks each disk file's key, owner and length, not its bytes
+// (which every read and move checks): a file whose key is altered or that
+// was cut short is dropped and counted then, one whose record is altered
+// at its first read, and neither is ever served.
+TEST_P(BlockStoreTest, CorruptDiskFilesAreDroppedAndCounted) {
+  Open(1, 1, 6);
+  std::vector<std::vector<std::string>> slices;
+  for (int i = 0; i < 6; ++i) slices.push_back(Put(Hash(i)));
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(TierOf(Hash(i)), TierKind::kDisk) << i;
+  store_.reset();
+  // A changed byte, whatever it was (writing a fixed value left the file
+  // intact, and the test failing, when the byte already had it: 1 run in
+  // about 40).
+  const auto flip = [](const std::filesystem::path& path, std::streamoff at) {
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(at);
+    const char was = static_cast<char>(file.get());
+    file.seekp(at);
+    file.put(static_cast<char>(was ^ 0x5a));
+  };
+  flip(DiskFile(disk_dir_, "ns", Hash(0)), 500);  // in the record's payload
+  flip(DiskFile(disk_dir_, "ns", Hash(1)), 10);   // in the key's hash
+  const std::filesystem::path cut = DiskFile(disk_dir_, "ns", Hash(2));
+  std::filesystem::resize_file(cut, std::filesystem::file_size(cut) - 1);
+  std::ofstream(disk_dir_ / "ns-ns" / "torn.kvb.tmp") << "partial";
+  Open(1, 1, 6);
+  StoreStats s = store_->Stats();
+  EXPECT_EQ(s.tiers[2].blocks, 2u);
+  EXPECT_EQ(s.checksum_failures, 2u);
+  EXPECT_FALSE(std::filesystem::exists(disk_dir_ / "ns-ns" / "torn.kvb.tmp"));
+  EXPECT_FALSE(std::filesystem::exists(DiskFile(disk_dir_, "ns", Hash(1))));
+  EXPECT_FALSE(std::filesystem::exists(cut));
+  EXPECT_EQ(ReadCode(Hash(1)), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ReadCode(Hash(2)), absl::StatusCode::kNotFound);
+  ExpectStored(Hash(3), slices[3], {});
+  EXPECT_EQ(ReadCode(Hash(0)), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store_->Stats().checksum_failures, 3u);
+  EXPECT_EQ(ReadCode(Hash(0)), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(std::filesystem::exists(DiskFile(disk_dir_, "ns", Hash(0))));
 }
 
 // Two valid files swapped on disk: each names the other's key, so neither
