@@ -146,6 +146,8 @@ MUTATIONS = [
      "return limit > 0 && ChargedLocked(it->second, tier) <= limit;", "return true;", ["cache_store_test"]),
     ("Q3", "a restart forgets whose blocks it found", STORE, "entry->owner = std::move(r.owner);", "",
      ["cache_store_test"]),
+    ("Q4", "a start gives no tenant its quota", "services/cache/server/main.cc", "(*store)->SetQuotas(quotas);", "",
+     ["security_test"]),
     ("E1", "frequency chooses where room is not scarce", CHOICE,
      "if (probation_share > 0.5 || recency_victim_score", "if (recency_victim_score", ["cache_store_test"]),
     ("E2", "frequency chooses without its margin", CHOICE,

@@ -246,6 +246,14 @@ std::vector<std::string> TenantRegistry::TenantNames() {
   return names;
 }
 
+std::vector<std::pair<std::string, v1::TenantQuota>> TenantRegistry::Quotas() {
+  std::vector<std::pair<std::string, v1::TenantQuota>> quotas;
+  for (const auto& caller : Current()->callers) {
+    if (!caller->tenant.empty()) quotas.emplace_back(caller->tenant, caller->quota);
+  }
+  return quotas;
+}
+
 absl::StatusOr<std::shared_ptr<const Caller>> TenantRegistry::Authenticate(const grpc::ServerContextBase& context,
                                                                            const char* method) {
   std::shared_ptr<const Loaded> loaded = Current();

@@ -17,6 +17,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -76,6 +77,8 @@ class TenantRegistry {
   bool enforced() const { return !path_.empty(); }
   // The tenants' names, as the file lists them now.
   std::vector<std::string> TenantNames();
+  // Each tenant's quota, by name, as the file says now.
+  std::vector<std::pair<std::string, v1::TenantQuota>> Quotas();
 
   // Who may read `ns`, as a key: the tenants (admins aside, who read every
   // namespace) whose namespaces include it, as the file says now; one key

@@ -588,6 +588,41 @@ TEST_F(SecurityTest, ARestartKeepsEachTenantsBlocksChargedToIt) {
   for (size_t i = 0; i < acmes.size(); ++i) EXPECT_EQ((*got)[i].record, acmes[i].record) << i;
 }
 
+// A tenant's quota in the tenants file holds the blocks a restart found
+// before the tenant's first Put: another tenant, without a quota, makes
+// room out of its own blocks, not out of the older ones within a quota.
+TEST_F(SecurityTest, QuotasHoldTheBlocksARestartFoundBeforeTheirTenantsPut) {
+  TestTenant acme = kAcme;
+  acme.quota = R"({"deviceBytes": 1048576, "hostBytes": 1048576, "diskBytes": 4194304})";
+  const fs::path tenants = Dir("tenants-restart-quota.json");
+  std::ofstream(tenants) << TenantsJson({kAdmin, acme, kGlobex});
+  // Three blocks a memory tier, eight on disk.
+  const std::vector<std::string> flags = {"--tenants",       tenants.string(), "--disk-dir",        Dir("quota-disk"),
+                                          "--disk-capacity", "2400KiB",        "--device-capacity", "1MiB",
+                                          "--host-capacity", "1MiB",           "--drain-ms",        "0"};
+  std::vector<TestBlock> acmes;
+  {
+    const std::string target = StartCache(flags);
+    ASSERT_FALSE(target.empty());
+    CacheClient acme_client = Client(target, "", acme.token), globex = Client(target, "", kGlobex.token);
+    acmes = StoreBlocks(acme_client, TestLayout(), "acme", 1, 4);
+    StoreBlocks(globex, TestLayout(), "globex", 1, 4);
+  }
+  ASSERT_EQ(caches_.back()->Stop(SIGTERM), 0);
+
+  std::string metrics;
+  const std::string target = StartCache(flags, &metrics);
+  ASSERT_FALSE(target.empty());
+  CacheClient globex = Client(target, "", kGlobex.token);
+  StoreBlocks(globex, TestLayout(), "globex", 100, 8);
+  auto matched = Client(target, "", acme.token).Match("acme", TestLayout(), Hashes(acmes));
+  ASSERT_TRUE(matched.ok()) << matched.status();
+  EXPECT_EQ(matched->matched_blocks(), 4u) << "acme's blocks made room for globex's";
+  const std::string page = ScrapeMetrics(metrics);
+  EXPECT_GT(MetricValue(page, R"(kvtier_cache_tenant_evictions_total{tenant="globex"})").value_or(0), 0) << page;
+  EXPECT_FALSE(MetricValue(page, R"(kvtier_cache_tenant_evictions_total{tenant="acme"})").has_value()) << page;
+}
+
 // A tenant that spreads tiny blocks over many namespaces takes no more
 // shared memory than one namespace would: namespaces the same tenants may
 // read share segments, so its 48 one-block namespaces evict none of

@@ -75,6 +75,10 @@ void FillTenantStats(const StoreStats& s, const Caller& caller, v1::StatsRespons
   r.add_block_format_versions(kvblock::kIndexedBlockFormatVersion);
 }
 
+OwnerQuota ToOwnerQuota(const v1::TenantQuota& quota) {
+  return {{quota.device_bytes(), quota.host_bytes(), quota.disk_bytes()}, quota.put_bytes_in_flight()};
+}
+
 CacheService::CacheService(BlockStore* store, Executor* executor, RpcMetrics* metrics,
                            std::vector<std::string> namespaces, FastPathServer* fast_path, TenantRegistry* tenants,
                            IdleStreams* idle_puts)

@@ -96,6 +96,8 @@ class CacheService final : public KvCacheBase {
 void FillStats(const StoreStats& stats, const FastPathCounters& fast_path, v1::StatsResponse& response);
 // A tenant's own figures (see cache.proto, Stats).
 void FillTenantStats(const StoreStats& stats, const Caller& caller, v1::StatsResponse& response);
+// What the store holds a tenant to, from its quota in the tenants file.
+OwnerQuota ToOwnerQuota(const v1::TenantQuota& quota);
 
 }  // namespace kvtier::cache
 

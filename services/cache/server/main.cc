@@ -226,6 +226,10 @@ int Run(Flags f) {
   absl::StatusOr<std::unique_ptr<BlockStore>> store = BlockStore::Create(*options, SystemClock::Get());
   if (!store.ok()) return usage(store.status().message());
   const absl::Duration created = absl::Now() - creating;
+  // The blocks it found are held to their tenants' quotas before their Puts.
+  std::vector<std::pair<std::string, OwnerQuota>> quotas;
+  for (const auto& [tenant, quota] : (*tenants)->Quotas()) quotas.emplace_back(tenant, ToOwnerQuota(quota));
+  (*store)->SetQuotas(quotas);
   std::unique_ptr<FastPathServer> fast_path;
   if (!f.no_fast_path) {
     absl::StatusOr<std::unique_ptr<FastPathServer>> started =

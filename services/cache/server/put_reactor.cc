@@ -213,11 +213,8 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
         if (session_ != nullptr) return absl::InvalidArgumentError("second Put header in one stream");
         KVTIER_ASSIGN_OR_RETURN(PutPlan plan, service_->planner().PlanPut(caller_, request.header()));
         staging_ = std::move(plan.staging);
-        const v1::TenantQuota& quota = plan.scope.caller->quota;
-        session_ = service_->store()->BeginPut(
-            plan.scope.ns, plan.scope.layout, plan.scope.caller->tenant,
-            OwnerQuota{{quota.device_bytes(), quota.host_bytes(), quota.disk_bytes()}, quota.put_bytes_in_flight()},
-            request.header().cold_start());
+        session_ = service_->store()->BeginPut(plan.scope.ns, plan.scope.layout, plan.scope.caller->tenant,
+                                               ToOwnerQuota(plan.scope.caller->quota), request.header().cold_start());
         return absl::OkStatus();
       }
       case v1::PutRequest::kSlice:

@@ -37,6 +37,7 @@
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -367,6 +368,12 @@ class BlockStore {
   // (kAdaptive lets such blocks go first while they are on probation).
   std::unique_ptr<PutSession> BeginPut(std::string ns, kvblock::LatentLayout layout, std::string owner = "",
                                        OwnerQuota quota = {}, bool cold_start = false);
+
+  // Gives the owners that hold blocks their quotas before their next Put
+  // brings them (a start's: the blocks it found on disk are held to their
+  // tenants' quotas at once); an owner that holds none gets its quota with
+  // its next Put, as before.
+  void SetQuotas(std::span<const std::pair<std::string, OwnerQuota>> quotas) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Where a pinned block's record lies in shared segments
   // (TierStorage::SharedPieces); empty when some of it is not in one (a

@@ -47,6 +47,13 @@ void BlockStore::ForgetIfEmptyLocked(const std::string& owner) {
   if (it->second.pending_blocks == 0 && it->second.used == std::array<uint64_t, 3>{}) owners_.erase(it);
 }
 
+void BlockStore::SetQuotas(std::span<const std::pair<std::string, OwnerQuota>> quotas) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [owner, quota] : quotas) {
+    if (auto it = owners_.find(owner); it != owners_.end()) it->second.quota = quota;
+  }
+}
+
 bool BlockStore::WithinQuotaLocked(const std::string& owner, size_t tier) const {
   auto it = owners_.find(owner);
   if (it == owners_.end()) return true;  // holds nothing here

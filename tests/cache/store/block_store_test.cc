@@ -1516,6 +1516,27 @@ TEST_P(BlockStoreTest, ARestartChargesEachDiskBlockToItsTenant) {
   EXPECT_EQ(after.evictions_by_owner["alice"], 3u);
 }
 
+// Quotas given at start (the tenants file's) hold the blocks a restart
+// found before their tenants' first Puts: a tenant within its quota keeps
+// them while another, without one, makes room out of its own.
+TEST_P(BlockStoreTest, QuotasGivenAtStartHoldTheBlocksARestartFound) {
+  Open(1, 1, 8);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(PutAs("alice", {}, i).ok());  // the oldest
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(PutAs("bob", {}, 100 + i).ok());
+  ASSERT_EQ(store_->SaveForRestart(clock_.Now() + absl::Seconds(1)).blocks, 2u);
+  Open(1, 1, 8);
+  const uint64_t charged = kvblock::HeaderFor(layout_, 0, 4).RecordBytes() + kBookkeepingBytesPerBlock;
+  const std::pair<std::string, OwnerQuota> quotas[] = {{"alice", OwnerQuota{{kPage, kPage, 8 * charged}}},
+                                                       {"carol", OwnerQuota{{kPage, kPage, charged}}}};
+  store_->SetQuotas(quotas);
+  for (int i = 20; i < 23; ++i) ASSERT_TRUE(PutAs("bob", {}, i).ok());  // the third pushes one to disk
+  const StoreStats s = store_->Stats();
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(Held(Hash(i))) << "alice's block " << i << " made room for bob's";
+  EXPECT_EQ(s.evictions_by_owner.count("alice"), 0u);
+  EXPECT_EQ(s.evictions_by_owner.at("bob"), 1u);
+  EXPECT_EQ(s.used_by_owner.count("carol"), 0u) << "a quota for a tenant that holds nothing";
+}
+
 // Files of version 2, written before files named their tenant, are read as
 // nobody's blocks; a file whose tenant was altered is refused.
 TEST_P(BlockStoreTest, DiskFilesWithoutATenantAreReadAndAlteredTenantsRefused) {
