@@ -109,6 +109,13 @@ class SecurityTest : public ::testing::Test {
 
   static absl::StatusCode StatsCode(CacheClient client) { return client.Stats().status().code(); }
 
+  // Starts a cache with `flags`, stores `acme_blocks` blocks as `acme` (the
+  // first, returned) and `globex_blocks` as globex, then stops it by
+  // SIGTERM with the clients closed (a stop waits for idle ones to read
+  // its GOAWAY).
+  std::vector<TestBlock> StoreThenStop(const std::vector<std::string>& flags, const TestTenant& acme, int acme_blocks,
+                                       int globex_blocks);
+
   static inline TempDir* dir_ = nullptr;
   std::vector<std::unique_ptr<ChildProcess>> caches_;
 };
@@ -553,6 +560,20 @@ TEST_F(SecurityTest, ATenantWritingTenTimesItsQuotaEvictsOnlyItsOwn) {
   EXPECT_EQ(MetricValue(page, R"(kvtier_cache_tenant_denied_total{reason="PERMISSION_DENIED",tenant="acme"})"), 1.0);
 }
 
+std::vector<TestBlock> SecurityTest::StoreThenStop(const std::vector<std::string>& flags, const TestTenant& acme,
+                                                   int acme_blocks, int globex_blocks) {
+  std::vector<TestBlock> stored;
+  {
+    const std::string target = StartCache(flags);
+    if (target.empty()) return {};
+    CacheClient acme_client = Client(target, "", acme.token), globex = Client(target, "", kGlobex.token);
+    stored = StoreBlocks(acme_client, TestLayout(), "acme", 1, acme_blocks);
+    StoreBlocks(globex, TestLayout(), "globex", 1, globex_blocks);
+  }
+  EXPECT_EQ(caches_.back()->Stop(SIGTERM), 0);
+  return stored;
+}
+
 // A restart finds each tenant's blocks charged to it again (the disk
 // files name it): its Stats and /metrics say what they said before the
 // stop, which moved everything to the disk tier.
@@ -562,15 +583,8 @@ TEST_F(SecurityTest, ARestartKeepsEachTenantsBlocksChargedToIt) {
   const std::vector<std::string> flags = {
       "--tenants",       tenants.string(), "--disk-dir", Dir("restart-disk").string(),
       "--disk-capacity", "64MiB",          "--drain-ms", "0"};
-  std::vector<TestBlock> acmes;
-  {  // the clients closed before the stop, which would wait for idle ones to read its GOAWAY
-    const std::string target = StartCache(flags);
-    ASSERT_FALSE(target.empty());
-    CacheClient acme = Client(target, "", kAcme.token), globex = Client(target, "", kGlobex.token);
-    acmes = StoreBlocks(acme, TestLayout(), "acme", 1, 4);
-    StoreBlocks(globex, TestLayout(), "globex", 1, 2);
-  }
-  ASSERT_EQ(caches_.back()->Stop(SIGTERM), 0);
+  const std::vector<TestBlock> acmes = StoreThenStop(flags, kAcme, 4, 2);
+  ASSERT_EQ(acmes.size(), 4u);
 
   std::string metrics;
   const std::string target = StartCache(flags, &metrics);
@@ -600,15 +614,8 @@ TEST_F(SecurityTest, QuotasHoldTheBlocksARestartFoundBeforeTheirTenantsPut) {
   const std::vector<std::string> flags = {"--tenants",       tenants.string(), "--disk-dir",        Dir("quota-disk"),
                                           "--disk-capacity", "2400KiB",        "--device-capacity", "1MiB",
                                           "--host-capacity", "1MiB",           "--drain-ms",        "0"};
-  std::vector<TestBlock> acmes;
-  {
-    const std::string target = StartCache(flags);
-    ASSERT_FALSE(target.empty());
-    CacheClient acme_client = Client(target, "", acme.token), globex = Client(target, "", kGlobex.token);
-    acmes = StoreBlocks(acme_client, TestLayout(), "acme", 1, 4);
-    StoreBlocks(globex, TestLayout(), "globex", 1, 4);
-  }
-  ASSERT_EQ(caches_.back()->Stop(SIGTERM), 0);
+  const std::vector<TestBlock> acmes = StoreThenStop(flags, acme, 4, 4);
+  ASSERT_EQ(acmes.size(), 4u);
 
   std::string metrics;
   const std::string target = StartCache(flags, &metrics);
