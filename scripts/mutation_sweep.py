@@ -135,7 +135,7 @@ MUTATIONS = [
     ("I8", "disk files of version 2 refused", "services/cache/store/disk_dir.cc",
      "} else if (version != kUnownedDiskFileVersion) {", "} else {", ["cache_store_test"]),
     ("I9", "two caches share a disk directory", "services/cache/store/disk_dir.cc",
-     "if (flock(disk->lock_fd_, LOCK_EX | LOCK_NB) != 0) {", "if (false) {", ["cache_store_test"]),
+     "if (lock_error == EWOULDBLOCK) {", "if (false) {", ["cache_store_test"]),
     ("I7", "a GPU's CRC trusted without its match", STORE,
      "if (slab_crc.has_value() && *slab_crc == stored) return true;", "if (slab_crc.has_value()) return true;",
      ["cache_store_test"]),

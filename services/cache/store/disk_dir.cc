@@ -188,16 +188,19 @@ absl::StatusOr<std::unique_ptr<DiskDir>> DiskDir::Open(const std::string& dir) {
   // has indexed. flock's lock goes with the process, so it is never stale.
   disk->lock_fd_ = openat(fd, ".kvtier-lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (disk->lock_fd_ < 0) return not_writable();
-  if (flock(disk->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-    if (errno != EWOULDBLOCK) {
-      return absl::InvalidArgumentError(absl::StrCat("cannot lock --disk-dir ", dir, ": ", std::strerror(errno)));
-    }
+  const int lock_error = flock(disk->lock_fd_, LOCK_EX | LOCK_NB) == 0 ? 0 : errno;
+  if (lock_error == EWOULDBLOCK) {
     char holder[24];
     const ssize_t n = pread(disk->lock_fd_, holder, sizeof holder, 0);
     const absl::string_view pid = absl::StripAsciiWhitespace(absl::string_view(holder, n > 0 ? n : 0));
     return absl::FailedPreconditionError(
         absl::StrCat("--disk-dir ", dir, " is in use by another kvtier-cache", pid.empty() ? "" : " (pid ", pid,
                      pid.empty() ? "" : ")", ": each would delete the other's files; give each its own directory"));
+  }
+  if (lock_error != 0) {  // a file system without locks (some network ones): served as before
+    Log(LogLevel::kWarning, "disk",
+        absl::StrCat("cannot lock --disk-dir ", dir, " (", std::strerror(lock_error),
+                     "): a second cache started on it would not be refused"));
   }
   const std::string pid = absl::StrCat(getpid(), "\n");
   // Only for another's refusal to name: the lock holds without it.
