@@ -14,6 +14,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "services/base/log.h"
+#include "services/base/status.h"
 #include "services/kvblock/block_format.h"
 #include "services/kvblock/crc32c.h"
 
@@ -98,58 +99,90 @@ std::string Unreadable(const std::string& path) {
   return absl::StrCat("cannot read ", path, ": ", std::strerror(errno));
 }
 
-// An open disk file's key header, checked against `ns`/`hash` and the
-// record's CRC (the file's last four bytes): where the record starts, its
-// length, and whose block it is. DATA_LOSS when it is not that block's.
-struct FileKey {
-  size_t header_bytes = 0;
+absl::Status NotThisBlock(const std::string& path, const std::string& ns, const kvblock::BlockHash& hash) {
+  return absl::DataLossError(absl::StrCat(path, " does not hold block ", kvblock::HashToHex(hash), " of '", ns,
+                                          "' (an old format, or a file moved from another block's name)"));
+}
+
+// The start of an open disk file that claims to be a block of `ns`: its
+// key header, not yet checked (CheckKey), and the record's header after
+// it, read at once (a first read of kFirstRead bytes holds both unless the
+// owner's name is long). DATA_LOSS when it cannot be a record's file.
+constexpr size_t kFirstRead = 512;
+struct FileHead {
+  uint16_t version = 0;
+  size_t header_bytes = 0;  // the key header's
   size_t record_bytes = 0;
   std::string owner;
+  std::string bytes;  // the key header, then at least the record's header (or all of the record)
 };
-absl::StatusOr<FileKey> ReadKey(int fd, const std::string& ns, const kvblock::BlockHash& hash,
-                                const std::string& path) {
+absl::StatusOr<FileHead> ReadHead(int fd, const std::string& ns, const kvblock::BlockHash& hash,
+                                  const std::string& path) {
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return absl::DataLossError(absl::StrCat(path, " is no file"));
   const size_t file_bytes = static_cast<size_t>(st.st_size);
-  const auto not_this_block = [&] {
-    return absl::DataLossError(absl::StrCat(path, " does not hold block ", kvblock::HashToHex(hash), " of '", ns,
-                                            "' (an old format, or a file moved from another block's name)"));
-  };
-  // The header's length: version 3 gives the owner's after the namespace
-  // (in version 2 those bytes are the header's CRC).
+  // Version 3 gives the owner's length after the namespace (in version 2
+  // those bytes are the header's CRC).
   const size_t owner_at = kFixedHeaderBytes + ns.size();
-  if (file_bytes < owner_at + 2) return not_this_block();
-  uint16_t version = 0, owner_bytes = 0;
-  if (!ReadAll(fd, &version, 2, 4)) return absl::DataLossError(Unreadable(path));
-  if (version == kDiskFileVersion) {
-    if (!ReadAll(fd, &owner_bytes, 2, static_cast<off_t>(owner_at))) return absl::DataLossError(Unreadable(path));
-  } else if (version != kUnownedDiskFileVersion) {
-    return not_this_block();
+  if (file_bytes < owner_at + 2) return NotThisBlock(path, ns, hash);
+  FileHead head;
+  head.bytes.resize(std::min(file_bytes, kFirstRead));
+  if (!ReadAll(fd, head.bytes.data(), head.bytes.size(), 0)) return absl::DataLossError(Unreadable(path));
+  uint16_t owner_bytes = 0;
+  std::memcpy(&head.version, head.bytes.data() + 4, 2);
+  if (head.version == kDiskFileVersion) {
+    std::memcpy(&owner_bytes, head.bytes.data() + owner_at, 2);
+  } else if (head.version != kUnownedDiskFileVersion) {
+    return NotThisBlock(path, ns, hash);
   }
-  FileKey key;
-  key.header_bytes = owner_at + (version == kDiskFileVersion ? 2 + owner_bytes : 0) + 4;
-  if (file_bytes < key.header_bytes + kvblock::kBlockHeaderBytes + kvblock::kBlockTrailerBytes) {
+  head.header_bytes = owner_at + (head.version == kDiskFileVersion ? 2 + owner_bytes : 0) + 4;
+  if (file_bytes < head.header_bytes + kvblock::kBlockHeaderBytes + kvblock::kBlockTrailerBytes) {
     return absl::DataLossError(absl::StrCat(path, " is ", file_bytes, " bytes, too few for a record"));
   }
-  key.record_bytes = file_bytes - key.header_bytes;
-  std::string header(key.header_bytes, '\0');
-  uint32_t record_crc;
-  if (!ReadAll(fd, header.data(), header.size(), 0) ||
-      !ReadAll(fd, &record_crc, sizeof record_crc, static_cast<off_t>(file_bytes - sizeof record_crc))) {
-    return absl::DataLossError(Unreadable(path));
+  head.record_bytes = file_bytes - head.header_bytes;
+  if (const size_t want = std::min(file_bytes, head.header_bytes + kvblock::kIndexedBlockHeaderBytes),
+      have = head.bytes.size();
+      have < want) {  // a long owner's name
+    head.bytes.resize(want);
+    if (!ReadAll(fd, head.bytes.data() + have, want - have, static_cast<off_t>(have))) {
+      return absl::DataLossError(Unreadable(path));
+    }
   }
-  if (version == kDiskFileVersion) key.owner = header.substr(owner_at + 2, owner_bytes);
-  if (header != DiskFileHeader(version, ns, hash, key.owner, record_crc)) return not_this_block();
-  return key;
+  if (head.version == kDiskFileVersion) head.owner = head.bytes.substr(owner_at + 2, owner_bytes);
+  return head;
 }
 
-// The header of the record after `key`, checked against the record's length.
-absl::StatusOr<kvblock::BlockHeader> ReadBlockHeader(int fd, const FileKey& key, const std::string& path) {
-  std::string head(std::min(kvblock::kIndexedBlockHeaderBytes, key.record_bytes), '\0');
-  if (!ReadAll(fd, head.data(), head.size(), static_cast<off_t>(key.header_bytes))) {
+// Whether `head`'s key header is the one `ns`/`hash`, its owner and the
+// record's CRC (its last four bytes) give: DATA_LOSS when it is not.
+absl::Status CheckKey(const FileHead& head, const std::string& ns, const kvblock::BlockHash& hash, uint32_t record_crc,
+                      const std::string& path) {
+  if (head.bytes.compare(0, head.header_bytes, DiskFileHeader(head.version, ns, hash, head.owner, record_crc)) != 0) {
+    return NotThisBlock(path, ns, hash);
+  }
+  return absl::OkStatus();
+}
+
+// What a start learns of an open disk file, its key checked against the
+// record's CRC and the record's header against its length; the record's
+// bytes are checked at each read, not here. Its mtime_ns is left unset.
+absl::StatusOr<DiskRecord> FoundRecord(int fd, const std::string& ns, const kvblock::BlockHash& hash,
+                                       const std::string& path) {
+  KVTIER_ASSIGN_OR_RETURN(FileHead head, ReadHead(fd, ns, hash, path));
+  uint32_t record_crc;
+  if (!ReadAll(fd, &record_crc, sizeof record_crc, static_cast<off_t>(head.header_bytes + head.record_bytes - 4))) {
     return absl::DataLossError(Unreadable(path));
   }
-  return kvblock::ParseBlockHeader(head, key.record_bytes);
+  KVTIER_RETURN_IF_ERROR(CheckKey(head, ns, hash, record_crc, path));
+  KVTIER_ASSIGN_OR_RETURN(
+      const kvblock::BlockHeader header,
+      kvblock::ParseBlockHeader(std::string_view(head.bytes).substr(head.header_bytes), head.record_bytes));
+  return DiskRecord{.ns = ns,
+                    .hash = hash,
+                    .owner = std::move(head.owner),
+                    .layout_id = header.layout_id,
+                    .size = head.record_bytes,
+                    .v4_block = header.format_version == kvblock::kV4BlockFormatVersion &&
+                                header.kind == kvblock::RecordKind::kBlock};
 }
 
 }  // namespace
@@ -252,19 +285,15 @@ std::vector<DiskRecord> DiskDir::Scan(uint64_t& corrupt) const {
       // The key and the record's header and length: its bytes are checked
       // where every tier's are, at each read and move, so a start costs a
       // few small reads a file, not a read of the whole tier.
-      absl::StatusOr<FileKey> key = fd >= 0 ? ReadKey(fd, ns, *hash, path) : absl::DataLossError("unreadable");
-      absl::StatusOr<kvblock::BlockHeader> header =
-          key.ok() ? ReadBlockHeader(fd, *key, path) : absl::StatusOr<kvblock::BlockHeader>(key.status());
+      absl::StatusOr<DiskRecord> found = fd >= 0 ? FoundRecord(fd, ns, *hash, path) : absl::DataLossError("unreadable");
       if (fd >= 0) close(fd);
-      if (!header.ok()) {
+      if (!found.ok()) {
         ++corrupt;
         unlinkat(ns_fd, name.c_str(), 0);  // the entry itself: a plain file in our directory
         continue;
       }
-      records.push_back(
-          {ns, *hash, std::move(key->owner), header->layout_id, key->record_bytes,
-           int64_t{entry.st.st_mtim.tv_sec} * 1000000000 + entry.st.st_mtim.tv_nsec,
-           header->format_version == kvblock::kV4BlockFormatVersion && header->kind == kvblock::RecordKind::kBlock});
+      found->mtime_ns = int64_t{entry.st.st_mtim.tv_sec} * 1000000000 + entry.st.st_mtim.tv_nsec;
+      records.push_back(*std::move(found));
     }
     close(ns_fd);
   }
@@ -312,18 +341,23 @@ absl::StatusOr<std::string> DiskDir::Read(const std::string& ns, const kvblock::
   const int fd = ns_fd < 0 ? -1 : openat(ns_fd, FileName(hash).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (ns_fd >= 0) close(ns_fd);
   if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
-  absl::StatusOr<FileKey> key = ReadKey(fd, ns, hash, path);
+  absl::StatusOr<FileHead> head = ReadHead(fd, ns, hash, path);
+  absl::Status status = head.status();
   std::string record;
-  if (key.ok() && key->record_bytes != size) {
-    key = absl::DataLossError(absl::StrCat(path, " holds a record of ", key->record_bytes, " bytes, not ", size));
-  } else if (key.ok()) {
+  if (head.ok() && head->record_bytes != size) {
+    status = absl::DataLossError(absl::StrCat(path, " holds a record of ", head->record_bytes, " bytes, not ", size));
+  } else if (head.ok()) {
     record.resize(size);
-    if (!ReadAll(fd, record.data(), size, static_cast<off_t>(key->header_bytes))) {
-      key = absl::DataLossError(Unreadable(path));
+    if (!ReadAll(fd, record.data(), size, static_cast<off_t>(head->header_bytes))) {
+      status = absl::DataLossError(Unreadable(path));
+    } else {
+      uint32_t record_crc;
+      std::memcpy(&record_crc, record.data() + size - 4, 4);
+      status = CheckKey(*head, ns, hash, record_crc, path);
     }
   }
   close(fd);
-  if (!key.ok()) return key.status();
+  if (!status.ok()) return status;
   return record;
 }
 
