@@ -238,14 +238,6 @@ std::string TenantRegistry::ReaderClass(const std::string& ns) {
   return key;
 }
 
-std::vector<std::string> TenantRegistry::TenantNames() {
-  std::vector<std::string> names;
-  for (const auto& caller : Current()->callers) {
-    if (!caller->tenant.empty()) names.push_back(caller->tenant);
-  }
-  return names;
-}
-
 std::vector<std::pair<std::string, v1::TenantQuota>> TenantRegistry::Quotas() {
   std::vector<std::pair<std::string, v1::TenantQuota>> quotas;
   for (const auto& caller : Current()->callers) {

@@ -75,8 +75,6 @@ class TenantRegistry {
   TenantRegistry& operator=(const TenantRegistry&) = delete;
 
   bool enforced() const { return !path_.empty(); }
-  // The tenants' names, as the file lists them now.
-  std::vector<std::string> TenantNames();
   // Each tenant's quota, by name, as the file says now.
   std::vector<std::pair<std::string, v1::TenantQuota>> Quotas();
 
