@@ -44,20 +44,23 @@ def fill(target, memory_bytes):
             cache.put("bench", LAYOUT, zip(hashes, records))
 
 
+def start_cache(args, disk, memory, save_on_stop_ms):
+    """A kvtier-cache on the disk tier `disk`, with memory tiers of
+    `memory` each, and its port once it listens."""
+    cache = subprocess.Popen([args.cache_binary, "--listen", "127.0.0.1:0", "--metrics-listen", "",
+                              "--device-capacity", memory, "--host-capacity", memory, "--disk-dir", disk,
+                              "--disk-capacity", "64GiB", "--save-on-stop-ms", str(save_on_stop_ms)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in cache.stdout:
+        if line.startswith("listening on "):
+            return cache, line.rsplit(":", 1)[1].strip()
+    raise SystemExit("kvtier-cache did not start: " + cache.stderr.read())
+
+
 def save_round(args, disk):
     """(bytes saved, seconds) of one stop."""
     shutil.rmtree(disk, ignore_errors=True)
-    cache = subprocess.Popen([args.cache_binary, "--listen", "127.0.0.1:0", "--metrics-listen", "",
-                              "--device-capacity", args.memory, "--host-capacity", args.memory, "--disk-dir", disk,
-                              "--disk-capacity", "64GiB", "--save-on-stop-ms", "600000"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    port = None
-    for line in cache.stdout:
-        if line.startswith("listening on "):
-            port = line.rsplit(":", 1)[1].strip()
-            break
-    if port is None:
-        raise SystemExit("kvtier-cache did not start: " + cache.stderr.read())
+    cache, port = start_cache(args, disk, args.memory, 600000)
     fill("127.0.0.1:" + port, 2 * parse_size(args.memory))  # both memory tiers full
     os.sync()
     cache.terminate()
@@ -82,16 +85,10 @@ def drop_page_cache():
 def start_seconds(args, disk):
     """Seconds from starting a cache on `disk` to its listening."""
     start = time.perf_counter()
-    cache = subprocess.Popen([args.cache_binary, "--listen", "127.0.0.1:0", "--metrics-listen", "",
-                              "--device-capacity", "64MiB", "--host-capacity", "64MiB", "--disk-dir", disk,
-                              "--disk-capacity", "64GiB", "--save-on-stop-ms", "0"],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    listening = any(line.startswith("listening on ") for line in cache.stdout)
+    cache, _ = start_cache(args, disk, "64MiB", 0)
     elapsed = time.perf_counter() - start
     cache.terminate()
-    cache.wait(timeout=60)
-    if not listening:
-        raise SystemExit("kvtier-cache did not start on " + disk)
+    cache.communicate(timeout=60)
     return elapsed
 
 
