@@ -163,6 +163,14 @@ struct TenantRegistry::Loaded {
     }
     return loaded;
   }
+
+  QuotaList Quotas() const {
+    QuotaList quotas;
+    for (const auto& caller : callers) {
+      if (!caller->tenant.empty()) quotas.emplace_back(caller->tenant, caller->quota);
+    }
+    return quotas;
+  }
 };
 
 absl::StatusOr<std::unique_ptr<TenantRegistry>> TenantRegistry::Open(const std::string& path, absl::Duration reload) {
@@ -206,6 +214,10 @@ void TenantRegistry::ReloadIfChanged() {
   }
   std::shared_ptr<const Loaded> loaded = Loaded::From(*file);
   {
+    absl::MutexLock lock(&hook_mu_);
+    if (on_reload_) on_reload_(loaded->Quotas());
+  }
+  {
     absl::MutexLock lock(&mu_);
     std::swap(loaded_, loaded);
   }
@@ -213,6 +225,11 @@ void TenantRegistry::ReloadIfChanged() {
   // A much smaller file frees much memory; give it back to the system.
   malloc_trim(0);
   Log(LogLevel::kInfo, "auth", absl::StrCat("reloaded ", file->tenants_size(), " tenants from ", path_));
+}
+
+void TenantRegistry::OnReload(std::function<void(const QuotaList&)> hook) {
+  absl::MutexLock lock(&hook_mu_);
+  on_reload_ = std::move(hook);
 }
 
 std::shared_ptr<const TenantRegistry::Loaded> TenantRegistry::Current() {
@@ -238,13 +255,7 @@ std::string TenantRegistry::ReaderClass(const std::string& ns) {
   return key;
 }
 
-std::vector<std::pair<std::string, v1::TenantQuota>> TenantRegistry::Quotas() {
-  std::vector<std::pair<std::string, v1::TenantQuota>> quotas;
-  for (const auto& caller : Current()->callers) {
-    if (!caller->tenant.empty()) quotas.emplace_back(caller->tenant, caller->quota);
-  }
-  return quotas;
-}
+TenantRegistry::QuotaList TenantRegistry::Quotas() { return Current()->Quotas(); }
 
 absl::StatusOr<std::shared_ptr<const Caller>> TenantRegistry::Authenticate(const grpc::ServerContextBase& context,
                                                                            const char* method) {

@@ -15,6 +15,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -76,7 +77,8 @@ class TenantRegistry {
 
   bool enforced() const { return !path_.empty(); }
   // Each tenant's quota, by name, as the file says now.
-  std::vector<std::pair<std::string, v1::TenantQuota>> Quotas();
+  using QuotaList = std::vector<std::pair<std::string, v1::TenantQuota>>;
+  QuotaList Quotas();
 
   // Who may read `ns`, as a key: the tenants (admins aside, who read every
   // namespace) whose namespaces include it, as the file says now; one key
@@ -93,6 +95,12 @@ class TenantRegistry {
   // file the metadata is ignored.
   absl::StatusOr<std::shared_ptr<const Caller>> Authenticate(const grpc::ServerContextBase& context,
                                                              const char* method);
+
+  // Calls `hook` with the quotas of each changed file a reload takes (on
+  // the watcher's thread), before calls see that file; nullptr stops it.
+  // Once this returns, the hook it replaces is not running and will not
+  // run again.
+  void OnReload(std::function<void(const QuotaList&)> hook);
 
   // Reads the file again now if it changed (the thread's job; for tests).
   void ReloadIfChanged();
@@ -112,7 +120,9 @@ class TenantRegistry {
   absl::Mutex mu_;
   std::shared_ptr<const Loaded> loaded_ ABSL_GUARDED_BY(mu_);
   std::string signature_ ABSL_GUARDED_BY(mu_);  // the file's inode, size and mtime when read
-  std::unique_ptr<PeriodicTask> watcher_;       // last: stops first
+  absl::Mutex hook_mu_;                         // held while the hook runs
+  std::function<void(const QuotaList&)> on_reload_ ABSL_GUARDED_BY(hook_mu_);
+  std::unique_ptr<PeriodicTask> watcher_;  // last: stops first
 };
 
 // registry->Authenticate, or with no registry the caller of one trust

@@ -630,6 +630,46 @@ TEST_F(SecurityTest, QuotasHoldTheBlocksARestartFoundBeforeTheirTenantsPut) {
   EXPECT_FALSE(MetricValue(page, R"(kvtier_cache_tenant_evictions_total{tenant="acme"})").has_value()) << page;
 }
 
+// A quota lowered in the tenants file holds once the cache reads the file
+// again, before its tenant's next Put: acme's older blocks, over its new
+// quota, make room for globex's (before, globex's own went: acme was
+// within the quota its Puts had brought).
+TEST_F(SecurityTest, AQuotaLoweredInTheTenantsFileHoldsAtTheReload) {
+  TestTenant acme = kAcme, globex = kGlobex;
+  acme.quota = globex.quota = R"({"deviceBytes": 2097152, "hostBytes": 2097152, "diskBytes": 4194304})";
+  const fs::path tenants = Dir("tenants-lowered.json");
+  std::ofstream(tenants) << TenantsJson({kAdmin, acme, globex});
+  std::string metrics;
+  // Three blocks a memory tier, eight on disk.
+  const std::string target =
+      StartCache({"--tenants", tenants.string(), "--device-capacity", "1MiB", "--host-capacity", "1MiB", "--disk-dir",
+                  Dir("lowered-disk"), "--disk-capacity", "2400KiB", "--no-demote-ahead"},
+                 &metrics);
+  ASSERT_FALSE(target.empty());
+  CacheClient acme_client = Client(target, "", acme.token), globex_client = Client(target, "", globex.token);
+  StoreBlocks(acme_client, TestLayout(), "acme", 1, 6);        // the oldest, all on disk
+  StoreBlocks(globex_client, TestLayout(), "globex", 100, 7);  // some on disk too
+  ASSERT_EQ(ScrapeMetrics(metrics).find("kvtier_cache_tenant_evictions_total{"), std::string::npos);
+
+  constexpr uint64_t kLowered = 921600;  // three blocks on disk
+  acme.quota = absl::StrCat(R"({"deviceBytes": 2097152, "hostBytes": 2097152, "diskBytes": )", kLowered, "}");
+  WriteAtomically(tenants, TenantsJson({kAdmin, acme, globex}));
+  const auto acme_disk_quota = [&]() -> uint64_t {
+    absl::StatusOr<v1::StatsResponse> stats = acme_client.Stats();
+    return stats.ok() && stats->tiers_size() == 3 ? stats->tiers(2).capacity_bytes() : 0;
+  };
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (acme_disk_quota() != kLowered && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_EQ(acme_disk_quota(), kLowered) << "the cache did not read the tenants file again";
+
+  StoreBlocks(globex_client, TestLayout(), "globex", 200, 3);
+  const std::string page = ScrapeMetrics(metrics);
+  EXPECT_GT(MetricValue(page, R"(kvtier_cache_tenant_evictions_total{tenant="acme"})").value_or(0), 0) << page;
+  EXPECT_FALSE(MetricValue(page, R"(kvtier_cache_tenant_evictions_total{tenant="globex"})").has_value())
+      << "globex's blocks made room, not acme's over its quota\n"
+      << page;
+}
+
 // A tenant that spreads tiny blocks over many namespaces takes no more
 // shared memory than one namespace would: namespaces the same tenants may
 // read share segments, so its 48 one-block namespaces evict none of

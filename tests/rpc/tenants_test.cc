@@ -82,26 +82,65 @@ std::vector<std::string> Names(TenantRegistry& registry) {
   return names;
 }
 
+// A tenants file of one tenant, `name`, of `role`.
+std::string OnlyTenant(const std::string& name, const std::string& role) {
+  return "{\"tenants\": [{\"name\": \"" + name + "\", \"role\": \"" + role + "\", \"namespaces\": [\"a\"], " +
+         "\"tokenSha256\": [\"" + kHash + "\"]}]}";
+}
+
+// Writes `json` to `path` by a rename, as Kubernetes swaps a Secret's files.
+void Replace(const std::filesystem::path& path, const std::string& json) {
+  const std::filesystem::path next = path.string() + ".new";
+  std::ofstream(next) << json;
+  std::filesystem::rename(next, path);
+}
+
 TEST(TenantRegistry, KeepsTheLastGoodFileWhenABadOneReplacesIt) {
   const testing::TempDir dir("kvtier-tenants-");
   const std::filesystem::path path = dir / "tenants.json";
-  const auto write = [&](const std::string& json) {
-    std::ofstream(dir / "new") << json;
-    std::filesystem::rename(dir / "new", path);
-  };
-  write("{\"tenants\": [{\"name\": \"acme\", \"role\": \"READER\", \"namespaces\": [\"a\"], \"tokenSha256\": [\"" +
-        kHash + "\"]}]}");
+  Replace(path, OnlyTenant("acme", "READER"));
   absl::StatusOr<std::unique_ptr<TenantRegistry>> registry = TenantRegistry::Open(path.string(), absl::Hours(1));
   ASSERT_TRUE(registry.ok()) << registry.status();
   EXPECT_EQ(Names(**registry), std::vector<std::string>{"acme"});
-  write("{\"tenants\": [");  // a bad edit: logged, the last good one stays
+  Replace(path, "{\"tenants\": [");  // a bad edit: logged, the last good one stays
   (*registry)->ReloadIfChanged();
   EXPECT_EQ(Names(**registry), std::vector<std::string>{"acme"});
-  write("{\"tenants\": [{\"name\": \"globex\", \"role\": \"ADMIN\", \"tokenSha256\": [\"" + kHash + "\"]}]}");
+  Replace(path, OnlyTenant("globex", "ADMIN"));
   (*registry)->ReloadIfChanged();
   EXPECT_EQ(Names(**registry), std::vector<std::string>{"globex"});
   EXPECT_EQ(TenantRegistry::Open((dir / "missing").string(), absl::Hours(1)).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The reload hook (kvtier-cache gives its store the quotas with it) runs
+// once for each changed file taken, with its quotas, before calls see it,
+// and for nothing else: not for an unchanged file or a refused one, not
+// once it is stopped.
+TEST(TenantRegistry, RunsItsHookAfterEachReloadThatTakesAFile) {
+  const testing::TempDir dir("kvtier-tenants-hook-");
+  const std::filesystem::path path = dir / "tenants.json";
+  Replace(path, OnlyTenant("acme", "READER"));
+  absl::StatusOr<std::unique_ptr<TenantRegistry>> registry = TenantRegistry::Open(path.string(), absl::Hours(1));
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  std::vector<std::vector<std::string>> seen;
+  (*registry)->OnReload([&](const TenantRegistry::QuotaList& quotas) {
+    EXPECT_EQ(Names(**registry), std::vector<std::string>{"acme"}) << "calls saw the file before the hook";
+    seen.emplace_back();
+    for (const auto& [name, quota] : quotas) seen.back().push_back(name);
+  });
+  (*registry)->ReloadIfChanged();  // unchanged
+  Replace(path, "{\"tenants\": []}");
+  (*registry)->ReloadIfChanged();
+  EXPECT_TRUE(seen.empty());
+  Replace(path, OnlyTenant("globex", "WRITER"));
+  (*registry)->ReloadIfChanged();
+  (*registry)->ReloadIfChanged();
+  EXPECT_EQ(seen, std::vector<std::vector<std::string>>{{"globex"}});
+  (*registry)->OnReload(nullptr);
+  Replace(path, OnlyTenant("initech", "WRITER"));
+  (*registry)->ReloadIfChanged();
+  EXPECT_EQ(seen.size(), 1u);
+  EXPECT_EQ(Names(**registry), std::vector<std::string>{"initech"});
 }
 
 // Namespaces the same tenants may read share a reader class (and so may

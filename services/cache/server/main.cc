@@ -9,6 +9,7 @@
 #include <memory>
 #include <sstream>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/numeric/int128.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -226,10 +227,16 @@ int Run(Flags f) {
   absl::StatusOr<std::unique_ptr<BlockStore>> store = BlockStore::Create(*options, SystemClock::Get());
   if (!store.ok()) return usage(store.status().message());
   const absl::Duration created = absl::Now() - creating;
-  // The blocks it found are held to their tenants' quotas before their Puts.
-  std::vector<std::pair<std::string, OwnerQuota>> quotas;
-  for (const auto& [tenant, quota] : (*tenants)->Quotas()) quotas.emplace_back(tenant, ToOwnerQuota(quota));
-  (*store)->SetQuotas(quotas);
+  // The blocks it found are held to their tenants' quotas before their
+  // Puts, and a quota changed in the tenants file holds once calls see it.
+  const auto give_quotas = [store = store->get()](const TenantRegistry::QuotaList& tenants_quotas) {
+    std::vector<std::pair<std::string, OwnerQuota>> quotas;
+    for (const auto& [tenant, quota] : tenants_quotas) quotas.emplace_back(tenant, ToOwnerQuota(quota));
+    store->SetQuotas(quotas);
+  };
+  give_quotas((*tenants)->Quotas());
+  (*tenants)->OnReload(give_quotas);
+  const absl::Cleanup stop_giving_quotas = [&tenants] { (*tenants)->OnReload(nullptr); };  // before the store goes
   std::unique_ptr<FastPathServer> fast_path;
   if (!f.no_fast_path) {
     absl::StatusOr<std::unique_ptr<FastPathServer>> started =

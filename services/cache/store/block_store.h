@@ -369,10 +369,11 @@ class BlockStore {
   std::unique_ptr<PutSession> BeginPut(std::string ns, kvblock::LatentLayout layout, std::string owner = "",
                                        OwnerQuota quota = {}, bool cold_start = false);
 
-  // Gives the owners that hold blocks their quotas before their next Put
-  // brings them (a start's: the blocks it found on disk are held to their
-  // tenants' quotas at once); an owner that holds none gets its quota with
-  // its next Put, as before.
+  // Gives the owners that hold blocks these quotas, and those it does not
+  // name none, before their next Put brings theirs: a start's blocks found
+  // on disk are held to their tenants' quotas at once, and a quota changed
+  // (or a tenant gone) in a tenants file read again holds from then on. An
+  // owner that holds nothing gets its quota with its next Put.
   void SetQuotas(std::span<const std::pair<std::string, OwnerQuota>> quotas) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Where a pinned block's record lies in shared segments

@@ -4,6 +4,7 @@
 // lists), the victims it gives, demoted to the tier below or evicted.
 #include <algorithm>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "services/cache/store/block_store.h"
@@ -48,9 +49,12 @@ void BlockStore::ForgetIfEmptyLocked(const std::string& owner) {
 }
 
 void BlockStore::SetQuotas(std::span<const std::pair<std::string, OwnerQuota>> quotas) {
+  absl::flat_hash_map<std::string_view, const OwnerQuota*> given;
+  for (const auto& [owner, quota] : quotas) given.emplace(owner, &quota);
   absl::MutexLock lock(&mu_);
-  for (const auto& [owner, quota] : quotas) {
-    if (auto it = owners_.find(owner); it != owners_.end()) it->second.quota = quota;
+  for (auto& [owner, book] : owners_) {
+    auto it = given.find(owner);
+    book.quota = it != given.end() ? *it->second : OwnerQuota{};
   }
 }
 

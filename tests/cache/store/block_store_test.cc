@@ -1527,7 +1527,7 @@ TEST_P(BlockStoreTest, QuotasGivenAtStartHoldTheBlocksARestartFound) {
   Open(1, 1, 8);
   const uint64_t charged = kvblock::HeaderFor(layout_, 0, 4).RecordBytes() + kBookkeepingBytesPerBlock;
   const std::pair<std::string, OwnerQuota> quotas[] = {{"alice", OwnerQuota{{kPage, kPage, 8 * charged}}},
-                                                       {"carol", OwnerQuota{{kPage, kPage, charged}}}};
+                                                       {"carol", OwnerQuota{{2 * kPage, 2 * kPage, charged}}}};
   store_->SetQuotas(quotas);
   for (int i = 20; i < 23; ++i) ASSERT_TRUE(PutAs("bob", {}, i).ok());  // the third pushes one to disk
   const StoreStats s = store_->Stats();
@@ -1535,6 +1535,40 @@ TEST_P(BlockStoreTest, QuotasGivenAtStartHoldTheBlocksARestartFound) {
   EXPECT_EQ(s.evictions_by_owner.count("alice"), 0u);
   EXPECT_EQ(s.evictions_by_owner.at("bob"), 1u);
   EXPECT_EQ(s.used_by_owner.count("carol"), 0u) << "a quota for a tenant that holds nothing";
+}
+
+// Quotas given later (a tenants file read again) replace what the owners'
+// Puts said: an owner whose quota was lowered under what it holds, or
+// whose tenant is gone from the file, gives room for another's Puts
+// before that one's older blocks within its quota.
+TEST_P(BlockStoreTest, QuotasGivenLaterReplaceWhatEachOwnersPutsSaid) {
+  Open(1, 1, 8);
+  const uint64_t charged = kvblock::HeaderFor(layout_, 0, 4).RecordBytes() + kBookkeepingBytesPerBlock;
+  const OwnerQuota roomy{{2 * kPage, 2 * kPage, 8 * charged}};
+  // Oldest first, each older than the blocks of bob, whose Puts make room
+  // from his own blocks too.
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(PutAs("alice", roomy, 100 + i).ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(PutAs("carol", roomy, 200 + i).ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(PutAs("bob", roomy, i).ok());
+  ASSERT_TRUE(store_->Stats().evictions_by_owner.empty());
+
+  const std::pair<std::string, OwnerQuota> carol_lowered[] = {
+      {"bob", roomy}, {"alice", roomy}, {"carol", OwnerQuota{{2 * kPage, 2 * kPage, charged}}}};
+  store_->SetQuotas(carol_lowered);                                      // carol holds more than one on disk
+  for (int i = 3; i < 5; ++i) ASSERT_TRUE(PutAs("bob", roomy, i).ok());  // the second evicts one
+  StoreStats s = store_->Stats();
+  ASSERT_EQ(s.tiers[2].evictions, 1u);
+  EXPECT_EQ(s.evictions_by_owner.count("bob"), 0u) << "bob's oldest went, not carol's over her quota";
+  EXPECT_EQ(s.evictions_by_owner.count("carol"), 1u);
+
+  const std::pair<std::string, OwnerQuota> alice_gone[] = {{"bob", roomy}, {"carol", roomy}};
+  store_->SetQuotas(alice_gone);
+  ASSERT_TRUE(PutAs("bob", roomy, 5).ok());
+  s = store_->Stats();
+  ASSERT_EQ(s.tiers[2].evictions, 2u);
+  EXPECT_EQ(s.evictions_by_owner.count("bob"), 0u) << "bob's oldest went, not alice's without a quota";
+  EXPECT_EQ(s.evictions_by_owner.count("alice"), 1u);
+  for (int i = 0; i < 6; ++i) EXPECT_TRUE(Held(Hash(i))) << "bob's block " << i;
 }
 
 // Files of version 2, written before files named their tenant, are read as
