@@ -1504,12 +1504,13 @@ TEST_F(ServingTest, ModelServersRefuseFlagsTheyCannotHonour) {
 
 // The alerting rules and the Grafana dashboard in deploy/ name only metrics
 // the three servers really export (scraped after a prompt was generated
-// twice, by a tenant), promtool accepts the rules, and every dashboard
+// twice, by a tenant with a quota), promtool accepts the rules, and every dashboard
 // query has data in a real Prometheus that scrapes the servers.
 TEST_F(ServingTest, DeployedRulesAndDashboardUseExportedMetrics) {
   const testing::TempDir dir("kvtier_serving_dashboard_");
   const testing::TestTenant service{"kvtier", "SERVICE", "acme", "service-token-77f0"};
-  const testing::TestTenant acme{"acme", "WRITER", "acme", "acme-token-3a9e"};
+  testing::TestTenant acme{"acme", "WRITER", "acme", "acme-token-3a9e"};
+  acme.quota = R"({"deviceBytes": 1073741824, "hostBytes": 1073741824})";
   const std::string tenants = (dir / "tenants.json").string();
   std::ofstream(tenants) << testing::TenantsJson({service, acme});
   Cluster cluster(Tiny().dir, 1, 1, {"--tenants", tenants}, "2000",

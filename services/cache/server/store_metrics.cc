@@ -1,5 +1,9 @@
 #include "services/cache/server/store_metrics.h"
 
+#include <array>
+#include <map>
+#include <string>
+
 #include "services/server/metric_family.h"
 
 namespace kvtier::cache {
@@ -115,19 +119,30 @@ std::vector<MetricFamily> StoreMetrics::Collect() const {
   AddSample(checksums, static_cast<double>(s.checksum_failures), {{"where", "stored"}});
   AddSample(checksums, static_cast<double>(s.arrival_checksum_failures), {{"where", "arrival"}});
   families.push_back(std::move(checksums));
-  // Per tenant (the tenants file's names; nothing without one).
+  // Per tenant (the tenants file's names; nothing without one) and tier;
+  // no sample for a 0 where `zero_is_none`.
+  const auto per_tenant_and_tier =
+      [&s](MetricFamily& family, const std::map<std::string, std::array<uint64_t, 3>>& by_tenant, bool zero_is_none) {
+        for (const auto& [tenant, bytes] : by_tenant) {
+          for (size_t i = 0; i < s.tiers.size(); ++i) {
+            if (tenant.empty() || (zero_is_none && bytes[i] == 0)) continue;
+            AddSample(family, static_cast<double>(bytes[i]),
+                      {{"tenant", tenant}, {"tier", kvblock::TierName(static_cast<v1::Tier>(s.tiers[i].tier))}});
+          }
+        }
+      };
   MetricFamily used =
       Family("kvtier_cache_tenant_used_bytes",
              "Memory a tenant's blocks take in the tier: pages or slots, and 256 bytes a block of bookkeeping",
              MetricType::Gauge);
-  for (const auto& [tenant, bytes] : s.used_by_owner) {
-    if (tenant.empty()) continue;
-    for (size_t i = 0; i < s.tiers.size(); ++i) {
-      AddSample(used, static_cast<double>(bytes[i]),
-                {{"tenant", tenant}, {"tier", kvblock::TierName(static_cast<v1::Tier>(s.tiers[i].tier))}});
-    }
-  }
+  per_tenant_and_tier(used, s.used_by_owner, /*zero_is_none=*/false);
   families.push_back(std::move(used));
+  MetricFamily quota = Family("kvtier_cache_tenant_quota_bytes",
+                              "The quota a tenant's blocks are held to in the tier (tenants that hold blocks, in the "
+                              "tiers where they have one): the tenants file's when last read",
+                              MetricType::Gauge);
+  per_tenant_and_tier(quota, s.quota_by_owner, /*zero_is_none=*/true);
+  families.push_back(std::move(quota));
   MetricFamily evicted =
       Family("kvtier_cache_tenant_evictions_total", "A tenant's blocks dropped to make room", MetricType::Counter);
   for (const auto& [tenant, count] : s.evictions_by_owner) {

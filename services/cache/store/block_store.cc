@@ -452,6 +452,7 @@ StoreStats BlockStore::Stats() {
     if (book.used == std::array<uint64_t, 3>{}) continue;
     std::array<uint64_t, 3>& charged = s.used_by_owner[owner];
     for (size_t tier = 0; tier < tiers_.size(); ++tier) charged[tier] = ChargedLocked(book, tier);
+    if (book.quota.tier_bytes != std::array<uint64_t, 3>{}) s.quota_by_owner[owner] = book.quota.tier_bytes;
   }
   s.evictions_by_owner.insert(evictions_by_owner_.begin(), evictions_by_owner_.end());
   return s;

@@ -193,6 +193,9 @@ struct StoreStats {
   // blocks' pages or slots, kBookkeepingBytesPerBlock a block, and the free
   // room of its segments beyond one segment each (BlockStore::ChargedLocked).
   std::map<std::string, std::array<uint64_t, 3>> used_by_owner;
+  // The quota each owner that holds blocks is held to, per tier (0: none
+  // there), as its last Put or SetQuotas gave it; owners without one left out.
+  std::map<std::string, std::array<uint64_t, 3>> quota_by_owner;
   // Blocks of each owner's evicted, ever (owners that lost some).
   std::map<std::string, uint64_t> evictions_by_owner;
 };

@@ -1560,6 +1560,7 @@ TEST_P(BlockStoreTest, QuotasGivenLaterReplaceWhatEachOwnersPutsSaid) {
   ASSERT_EQ(s.tiers[2].evictions, 1u);
   EXPECT_EQ(s.evictions_by_owner.count("bob"), 0u) << "bob's oldest went, not carol's over her quota";
   EXPECT_EQ(s.evictions_by_owner.count("carol"), 1u);
+  EXPECT_EQ(s.quota_by_owner.at("carol")[2], charged);
 
   const std::pair<std::string, OwnerQuota> alice_gone[] = {{"bob", roomy}, {"carol", roomy}};
   store_->SetQuotas(alice_gone);
@@ -1568,6 +1569,8 @@ TEST_P(BlockStoreTest, QuotasGivenLaterReplaceWhatEachOwnersPutsSaid) {
   ASSERT_EQ(s.tiers[2].evictions, 2u);
   EXPECT_EQ(s.evictions_by_owner.count("bob"), 0u) << "bob's oldest went, not alice's without a quota";
   EXPECT_EQ(s.evictions_by_owner.count("alice"), 1u);
+  EXPECT_EQ(s.quota_by_owner.count("alice"), 0u);
+  EXPECT_EQ(s.quota_by_owner.at("carol"), roomy.tier_bytes);
   for (int i = 0; i < 6; ++i) EXPECT_TRUE(Held(Hash(i))) << "bob's block " << i;
 }
 
