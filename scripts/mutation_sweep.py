@@ -153,6 +153,8 @@ MUTATIONS = [
     ("Q6", "an owner a reload does not name keeps its quota", "services/cache/store/room.cc",
      "book.quota = it != given.end() ? *it->second : OwnerQuota{};",
      "if (it != given.end()) book.quota = *it->second;", ["cache_store_test"]),
+    ("Q8", "quotas adding up to more than a tier are not warned of", "services/cache/server/cache_service.cc",
+     "if (sum <= tiers[i].capacity_bytes) continue;", "continue;", ["security_test"]),
     ("Q7", "the reload hook is given the old file's quotas", TENANTS,
      "if (on_reload_) on_reload_(loaded->Quotas());", "if (on_reload_) on_reload_(Current()->Quotas());",
      ["common_test"]),

@@ -672,6 +672,26 @@ TEST_F(SecurityTest, AQuotaLoweredInTheTenantsFileHoldsAtTheReload) {
       << page;
 }
 
+// Quotas that add up to more than a tier holds are warned of, tier by
+// tier (a tenant within its quota may then lose blocks to another's
+// Puts); the cache serves on. Quotas that fit are not.
+TEST_F(SecurityTest, QuotasAddingUpToMoreThanATierHoldsAreWarnedOf) {
+  TestTenant acme = kAcme, globex = kGlobex;
+  acme.quota = globex.quota = R"({"deviceBytes": 10485760, "hostBytes": 4194304})";
+  const fs::path tenants = Dir("tenants-overcommitted.json");
+  std::ofstream(tenants) << TenantsJson({kAdmin, acme, globex});
+  const CommandResult r = RunCommand(absl::StrCat("timeout -s TERM 3 ", KVTIER_CACHE_BINARY,
+                                                  " --listen 127.0.0.1:0 --metrics-listen '' --device-capacity 16MiB"
+                                                  " --host-capacity 16MiB --drain-ms 0 --tenants ",
+                                                  tenants.string()));
+  EXPECT_NE(r.output.find("listening on"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the tenants' quotas in the device tier add up to 20971520 bytes, more than the "
+                          "16777216 it holds"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("quotas in the host tier"), std::string::npos) << r.output;
+}
+
 // A tenant that spreads tiny blocks over many namespaces takes no more
 // shared memory than one namespace would: namespaces the same tenants may
 // read share segments, so its 48 one-block namespaces evict none of

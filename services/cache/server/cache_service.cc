@@ -2,11 +2,13 @@
 
 #include <memory>
 
+#include "absl/strings/str_cat.h"
 #include "services/base/status.h"
 #include "services/cache/server/get_reactor.h"
 #include "services/cache/server/put_reactor.h"
 #include "services/cache/server/reactor_support.h"
 #include "services/kvblock/block_format.h"
+#include "services/kvblock/layout.h"
 #include "services/rpc/caller.h"
 #include "services/rpc/grpc_status.h"
 
@@ -77,6 +79,21 @@ void FillTenantStats(const StoreStats& s, const Caller& caller, v1::StatsRespons
 
 OwnerQuota ToOwnerQuota(const v1::TenantQuota& quota) {
   return {{quota.device_bytes(), quota.host_bytes(), quota.disk_bytes()}, quota.put_bytes_in_flight()};
+}
+
+std::vector<std::string> OvercommittedQuotas(std::span<const std::pair<std::string, OwnerQuota>> quotas,
+                                             std::span<const TierCounters> tiers) {
+  std::vector<std::string> warnings;
+  for (size_t i = 0; i < tiers.size() && i < 3; ++i) {
+    uint64_t sum = 0;
+    for (const auto& [tenant, quota] : quotas) sum += quota.tier_bytes[i];
+    if (sum <= tiers[i].capacity_bytes) continue;
+    warnings.push_back(absl::StrCat("the tenants' quotas in the ",
+                                    kvblock::TierName(static_cast<v1::Tier>(tiers[i].tier)), " tier add up to ", sum,
+                                    " bytes, more than the ", tiers[i].capacity_bytes,
+                                    " it holds: a tenant within its quota may lose blocks to another's Puts"));
+  }
+  return warnings;
 }
 
 CacheService::CacheService(BlockStore* store, Executor* executor, RpcMetrics* metrics,

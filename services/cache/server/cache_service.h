@@ -5,7 +5,9 @@
 #ifndef KVTIER_SERVICES_CACHE_SERVER_CACHE_SERVICE_H_
 #define KVTIER_SERVICES_CACHE_SERVER_CACHE_SERVICE_H_
 
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvtier/v1/cache.grpc.pb.h"
@@ -98,6 +100,11 @@ void FillStats(const StoreStats& stats, const FastPathCounters& fast_path, v1::S
 void FillTenantStats(const StoreStats& stats, const Caller& caller, v1::StatsResponse& response);
 // What the store holds a tenant to, from its quota in the tenants file.
 OwnerQuota ToOwnerQuota(const v1::TenantQuota& quota);
+// A warning for each of `tiers` whose tenants' `quotas` add up to more than
+// it holds: a tenant within its quota may then lose blocks to another's
+// Puts.
+std::vector<std::string> OvercommittedQuotas(std::span<const std::pair<std::string, OwnerQuota>> quotas,
+                                             std::span<const TierCounters> tiers);
 
 }  // namespace kvtier::cache
 

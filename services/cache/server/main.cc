@@ -233,6 +233,9 @@ int Run(Flags f) {
     std::vector<std::pair<std::string, OwnerQuota>> quotas;
     for (const auto& [tenant, quota] : tenants_quotas) quotas.emplace_back(tenant, ToOwnerQuota(quota));
     store->SetQuotas(quotas);
+    for (const std::string& warning : OvercommittedQuotas(quotas, store->Stats().tiers)) {
+      Log(LogLevel::kWarning, "tenants", warning);
+    }
   };
   give_quotas((*tenants)->Quotas());
   (*tenants)->OnReload(give_quotas);
