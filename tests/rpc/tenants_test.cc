@@ -116,7 +116,7 @@ TEST(TenantRegistry, KeepsTheLastGoodFileWhenABadOneReplacesIt) {
 // once for each changed file taken, with its quotas, before calls see it,
 // and for nothing else: not for an unchanged file or a refused one, not
 // once it is stopped.
-TEST(TenantRegistry, RunsItsHookAfterEachReloadThatTakesAFile) {
+TEST(TenantRegistry, RunsItsHookForEachFileAReloadTakes) {
   const testing::TempDir dir("kvtier-tenants-hook-");
   const std::filesystem::path path = dir / "tenants.json";
   Replace(path, OnlyTenant("acme", "READER"));
