@@ -3,6 +3,10 @@
 // promotion on a read; the memory tiers to disk before a stop), each
 // copy's CRC checked where it lands before the index points at it.
 #include <algorithm>
+#include <atomic>
+#include <functional>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "services/base/log.h"
@@ -21,6 +25,24 @@ void WarnMoveFailed(const absl::Status& copied) {
   log(absl::StrCat("a tier move failed (", copied.ToString(),
                    "); such blocks stay in their tier, or are evicted when their room is needed"));
 }
+
+// Runs fn(0), ..., fn(n - 1) on up to `threads` threads, this one among
+// them.
+void OnThreads(size_t n, size_t threads, const std::function<void(size_t)>& fn) {
+  std::atomic<size_t> next{0};
+  const auto work = [&] {
+    for (size_t i = next++; i < n; i = next++) fn(i);
+  };
+  std::vector<std::thread> helpers;
+  for (size_t t = 1; t < std::min(n, threads); ++t) helpers.emplace_back(work);
+  work();
+  for (std::thread& helper : helpers) helper.join();
+}
+
+// Blocks a save moves at a time, and the threads that write a batch's
+// files at once.
+constexpr size_t kSaveBatchBlocks = 16;
+constexpr size_t kDiskWriteThreads = 4;
 
 }  // namespace
 
@@ -125,22 +147,37 @@ BlockStore::Saved BlockStore::SaveForRestart(absl::Time deadline) {
   for (Entry* e : hottest_first) PinLocked(e);
   Tier& to = *tiers_[disk];
   std::vector<Entry*> moved;  // hottest first
-  uint64_t moved_bytes = 0;   // of the disk's room, what they take
-  for (Entry* e : hottest_first) {
-    const size_t size = e->size;
-    const uint64_t taken = to.storage->BytesTaken(size);
-    // One another reader holds, one the disk cannot take beside those moved
-    // (nor its owner's quota there, nor a failing disk) stays; the next may
-    // go.
-    const bool went = clock_->Now() < deadline && e->pins == 1 && moved_bytes + taken <= to.counters.capacity_bytes &&
-                      MoveLocked(std::span(&e, 1), disk)[0];
-    if (went) {
-      moved_bytes += taken;
-      moved.push_back(e);
+  uint64_t moved_bytes = 0;   // of the disk's room, what they take (or will, once their batch has gone)
+  // In batches, whose files are written at once (CopyRecords). One another
+  // reader holds, one the disk cannot take beside those moved (nor its
+  // owner's quota there, nor a failing disk) stays; the next may go.
+  std::vector<Entry*> batch;
+  const auto move_batch = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const std::vector<bool> went = MoveLocked(batch, disk);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (went[i]) {
+        moved.push_back(batch[i]);
+      } else {
+        moved_bytes -= to.storage->BytesTaken(batch[i]->size);
+      }
+      (went[i] ? saved.blocks : saved.left_blocks) += 1;
+      (went[i] ? saved.bytes : saved.left_bytes) += batch[i]->size;
     }
-    (went ? saved.blocks : saved.left_blocks) += 1;
-    (went ? saved.bytes : saved.left_bytes) += size;
+    batch.clear();
+  };
+  for (Entry* e : hottest_first) {
+    if (!batch.empty() && batch.back()->tier != e->tier) move_batch();  // a move reads one tier
+    const uint64_t taken = to.storage->BytesTaken(e->size);
+    if (clock_->Now() < deadline && e->pins == 1 && moved_bytes + taken <= to.counters.capacity_bytes) {
+      moved_bytes += taken;
+      batch.push_back(e);
+      if (batch.size() == kSaveBatchBlocks) move_batch();
+    } else {
+      saved.left_blocks += 1;
+      saved.left_bytes += e->size;
+    }
   }
+  if (!batch.empty()) move_batch();
   std::vector<RecordRoom> oldest_first;
   for (auto e = moved.rbegin(); e != moved.rend(); ++e) oldest_first.push_back(RoomOf(**e));
   to.storage->OrderForRestart(oldest_first);
@@ -282,17 +319,26 @@ std::vector<absl::Status> BlockStore::CopyRecords(std::span<const Move> moves, s
     }
     return copied;
   }
+  // Into files: each record read and checked here, then the files written
+  // on several threads at once (each write is the kernel's copy into the
+  // page cache, a core's work). A full or failing disk: the block stays.
+  copied.resize(moves.size());
+  std::vector<RecordBytes> records(moves.size());
+  std::vector<size_t> writes;
   for (size_t k = 0; k < moves.size(); ++k) {
     const kvblock::BlockHash& hash = moves[k].entry->hash;
     absl::StatusOr<RecordBytes> bytes = src.Read(sources[k]);
     if (!bytes.ok()) {
-      copied.push_back(read_failed(bytes.status(), hash));
+      copied[k] = read_failed(bytes.status(), hash);
     } else if (!Intact(bytes->pieces, moves[k].entry->size, bytes->crc, hash)) {
-      copied.push_back(ChecksumFailed(hash));
+      copied[k] = ChecksumFailed(hash);
     } else {
-      copied.push_back(dst.Write(rooms[k], bytes->pieces));  // a full or failing disk: it stays
+      records[k] = *std::move(bytes);
+      writes.push_back(k);
     }
   }
+  OnThreads(writes.size(), kDiskWriteThreads,
+            [&](size_t i) { copied[writes[i]] = dst.Write(rooms[writes[i]], records[writes[i]].pieces); });
   return copied;
 }
 
