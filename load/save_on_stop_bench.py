@@ -3,11 +3,13 @@
 (512 MiB each by default) filled with DeepSeek-V2-Lite int8 blocks
 (1,026,468 B each, 27 layers of 64 tokens) through the Python client, the
 file system synced, then SIGTERM; the cache logs how many bytes it moved to
-its disk tier and in how long. Beside it in the same round, the physical
+its disk tier and in how long. Beside it in the same round, one stream's
 limit: the same number of bytes written to one file in the same directory
 1 MiB at a time (as `dd bs=1M` does), each MiB from memory of its own,
 already touched, in 4 KiB pages as the cache's tiers are. Rounds
-interleaved; the ratio is the save's rate over the plain write's.
+interleaved; the ratio is the save's rate over the plain write's (the
+save writes four files at once, the plain write one stream: above 1 is
+what the threads add).
 
 Then the next start on that disk tier: seconds until it listens, with the
 page cache dropped first (cold; as root) and again warm, against reading
