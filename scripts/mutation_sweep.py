@@ -24,6 +24,7 @@ cores; each mutation then a minute or two):
     ninja -C build
     python3 scripts/mutation_sweep.py            # every mutation
     python3 scripts/mutation_sweep.py S1 F2      # those named
+    python3 scripts/mutation_sweep.py --check    # every snippet in place (ctest does)
 
 Left out, as no test can tell them from the code they replace: admins in
 the fast path's reader classes (every class gains the same names, so the
@@ -130,10 +131,10 @@ MUTATIONS = [
      "copied.push_back(Intact(landed, moves[k].entry->size, crcs[k], hash) ? absl::OkStatus() : "
      "ChecksumFailed(hash));", "copied.push_back(absl::OkStatus());", ["cache_store_test"]),
     ("I6", "a disk file's key unchecked", "services/cache/store/disk_dir.cc",
-     "if (header != DiskFileHeader(version, ns, hash, file.owner, record_crc)) return not_this_block();", "",
-     ["cache_store_test"]),
+     "if (head.bytes.compare(0, head.header_bytes, "
+     "DiskFileHeader(head.version, ns, hash, head.owner, record_crc)) != 0) {", "if (false) {", ["cache_store_test"]),
     ("I8", "disk files of version 2 refused", "services/cache/store/disk_dir.cc",
-     "} else if (version != kUnownedDiskFileVersion) {", "} else {", ["cache_store_test"]),
+     "} else if (head.version != kUnownedDiskFileVersion) {", "} else {", ["cache_store_test"]),
     ("I9", "two caches share a disk directory", "services/cache/store/disk_dir.cc",
      "if (lock_error == EWOULDBLOCK) {", "if (false) {", ["cache_store_test"]),
     ("I7", "a GPU's CRC trusted without its match", STORE,
@@ -453,11 +454,21 @@ def main(argv):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("ids", nargs="*", help="the mutations to try (default: all)")
     parser.add_argument("--build", default="build", help="the build directory, from the root (default: build)")
+    parser.add_argument("--check", action="store_true",
+                        help="only check that each snippet is in its file once, building and running nothing "
+                        "(a test does, so that a change moving the code says which entry to update)")
     args = parser.parse_args(argv)
     os.chdir(pathlib.Path(__file__).resolve().parent.parent)  # the sources' paths are from the root
     known = {m[0] for m in MUTATIONS}
     if unknown := set(args.ids) - known:
         parser.error(f"no mutation {', '.join(sorted(unknown))} (there are {', '.join(m[0] for m in MUTATIONS)})")
+    if args.check:
+        moved = [f"{m[0]}: {m[2]} holds its snippet {pathlib.Path(m[2]).read_text().count(m[3])} times, not once"
+                 for m in MUTATIONS if pathlib.Path(m[2]).read_text().count(m[3]) != 1]
+        if len({m[0] for m in MUTATIONS}) != len(MUTATIONS):
+            moved.append("two mutations share an id")
+        print("\n".join(moved) or f"mutation_sweep: all {len(MUTATIONS)} snippets in place")
+        sys.exit(1 if moved else 0)
     changed = run("git status --porcelain --untracked-files=no", timeout=60).stdout.strip()
     if changed:
         sys.exit(f"mutation_sweep: uncommitted changes here; run it in a worktree of its own:\n{changed}")
