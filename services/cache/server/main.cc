@@ -229,11 +229,12 @@ int Run(Flags f) {
   const absl::Duration created = absl::Now() - creating;
   // The blocks it found are held to their tenants' quotas before their
   // Puts, and a quota changed in the tenants file holds once calls see it.
-  const auto give_quotas = [store = store->get()](const TenantRegistry::QuotaList& tenants_quotas) {
+  const auto give_quotas = [store = store->get(),
+                            tiers = (*store)->Stats().tiers](const TenantRegistry::QuotaList& tenants_quotas) {
     std::vector<std::pair<std::string, OwnerQuota>> quotas;
     for (const auto& [tenant, quota] : tenants_quotas) quotas.emplace_back(tenant, ToOwnerQuota(quota));
     store->SetQuotas(quotas);
-    for (const std::string& warning : OvercommittedQuotas(quotas, store->Stats().tiers)) {
+    for (const std::string& warning : OvercommittedQuotas(quotas, tiers)) {  // capacities: fixed at Create
       Log(LogLevel::kWarning, "tenants", warning);
     }
   };
