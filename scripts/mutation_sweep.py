@@ -463,9 +463,10 @@ def main(argv):
     if unknown := set(args.ids) - known:
         parser.error(f"no mutation {', '.join(sorted(unknown))} (there are {', '.join(m[0] for m in MUTATIONS)})")
     if args.check:
-        moved = [f"{m[0]}: {m[2]} holds its snippet {pathlib.Path(m[2]).read_text().count(m[3])} times, not once"
-                 for m in MUTATIONS if pathlib.Path(m[2]).read_text().count(m[3]) != 1]
-        if len({m[0] for m in MUTATIONS}) != len(MUTATIONS):
+        counts = {m[0]: pathlib.Path(m[2]).read_text().count(m[3]) for m in MUTATIONS}
+        moved = [f"{m[0]}: {m[2]} holds its snippet {counts[m[0]]} times, not once" for m in MUTATIONS
+                 if counts[m[0]] != 1]
+        if len(counts) != len(MUTATIONS):
             moved.append("two mutations share an id")
         print("\n".join(moved) or f"mutation_sweep: all {len(MUTATIONS)} snippets in place")
         sys.exit(1 if moved else 0)

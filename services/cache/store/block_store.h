@@ -504,7 +504,8 @@ class BlockStore {
   bool FinishMoveLocked(Move& move, size_t to, const absl::Status& copied) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Copies and checks each move's record into its room in tier `to`,
   // without the lock: into memory, out of the source in one batch (one wait
-  // for a GPU) and checked where it landed; else read, checked and written.
+  // for a GPU) and checked where it landed; into files, each read and
+  // checked, then the batch's files written on several threads at once.
   // DATA_LOSS when a check fails; other errors leave the block where it was.
   std::vector<absl::Status> CopyRecords(std::span<const Move> moves, size_t to) const;
   void DropLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
