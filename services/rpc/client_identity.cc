@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/internal/sysinfo.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -85,7 +86,19 @@ grpc::ChannelArguments Settings(Connection connection) {
   return args;
 }
 
+// gRPC 1.51 reads connect(2)'s errno only after taking its own mutexes
+// (grpc/grpc#35064 saves it first), and the first absl::Mutex wait in a
+// process looks for /sys/devices/system/cpu/cpu0/tsc_freq_khz, which most
+// kernels lack: where that wait falls in a connect, its ENOENT fails the
+// connection and gRPC waits out its reconnect backoff. Several channels
+// connecting at once (a large read's streams) hit it. Doing that lookup
+// before any channel connects keeps it out of every connect.
+void LookUpCpuFrequencyBeforeConnecting() {
+  [[maybe_unused]] static const double frequency = absl::base_internal::NominalCPUFrequency();
+}
+
 std::shared_ptr<grpc::Channel> ChannelWith(const Identity& identity, const std::string& target, Connection connection) {
+  LookUpCpuFrequencyBeforeConnecting();
   const grpc::ChannelArguments args = Settings(connection);
   if (identity.authorization == nullptr) return grpc::CreateCustomChannel(target, identity.credentials, args);
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;

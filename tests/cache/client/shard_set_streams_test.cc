@@ -9,8 +9,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <random>
 #include <set>
@@ -23,6 +26,7 @@
 #include "services/cache/client/shard_set.h"
 #include "services/kvblock/block_format.h"
 #include "services/kvblock/block_key.h"
+#include "services/rpc/client_identity.h"
 #include "tests/test_random.h"
 #include "tests/v4_records.h"
 
@@ -262,6 +266,47 @@ TEST(ShardSetStore, ConcurrentStoresUseConnectionsOfTheirOwn) {
     EXPECT_EQ(put.Finish(), std::set<kvblock::BlockHash>{hash});
   });
   server->Shutdown();
+}
+
+// How many of `channels` channels of their own, each made and called once
+// at the same time from a thread of its own, failed to connect to a stand-in
+// cache started here; says why on stderr.
+int ChannelsThatFailedToConnect(int channels) {
+  StandInCache service({});  // answers Stats UNIMPLEMENTED: reached
+  int port = 0;
+  std::unique_ptr<grpc::Server> server = Serve(service, port);
+  if (server == nullptr) return channels;
+  std::vector<std::shared_ptr<grpc::Channel>> made;
+  for (int i = 0; i < channels; ++i) made.push_back(MakeChannel("127.0.0.1:" + std::to_string(port), Connection::kOwn));
+  std::atomic<int> failed{0};
+  std::vector<std::thread> threads;
+  for (const std::shared_ptr<grpc::Channel>& channel : made) {
+    threads.emplace_back([&failed, channel] {
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+      v1::StatsResponse answer;
+      const grpc::Status status = v1::KvCache::NewStub(channel)->Stats(&context, v1::StatsRequest(), &answer);
+      if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+        ++failed;
+        std::cerr << status.error_message() << "\n";
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  server->Shutdown();
+  return failed;
+}
+
+// Channels that connect at once in a process that has made none before (a
+// worker's first large read) all connect: where gRPC 1.51 let the process's
+// first mutex wait overwrite connect(2)'s errno, some processes lost a
+// connection to "No such file or directory" (MakeChannel says why). Each
+// try is a fresh process, the test binary run again for this statement.
+TEST(MakeChannel, ChannelsConnectingAtOnceInAFreshProcessAllConnect) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  for (int process = 0; process < 40; ++process) {
+    EXPECT_EXIT(std::_Exit(ChannelsThatFailedToConnect(32)), ::testing::ExitedWithCode(0), "") << "process " << process;
+  }
 }
 
 // Answers each Get with the records stored under the hashes it asks for,
