@@ -329,6 +329,8 @@ MUTATIONS = [
      ["common_test"]),
     ("C10", "a key that is not the certificate's", "services/rpc/tls_files.cc",
      "if (X509_check_private_key(chain.front().get(), key.get()) != 1) {", "if (false) {", ["common_test"]),
+    ("C11", "channels connect before absl's first mutex wait reads a file", "services/rpc/client_identity.cc",
+     "  LookUpCpuFrequencyBeforeConnecting();\n", "", ["cache_client_test"]),
     ("M1", "an integer past 2^24", CONFIG, "|| j[field].get<int64_t>() > kMaxConfigInt) {", ") {", ["runtime_test"]),
     ("M2", "an integer under its minimum", CONFIG, "j[field].get<int64_t>() < min || ", "", ["runtime_test"]),
     ("M3", "a boolean field that is neither true nor false", CONFIG,
