@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -120,10 +121,13 @@ class FastPathTest : public ::testing::Test {
       if (socket >= 0) close(socket);
     }
   };
-  std::unique_ptr<RawSession> OpenRaw(bool prove = true) {
+  // `as`: another client than the fixture's; `staging_bytes` asked for.
+  std::unique_ptr<RawSession> OpenRaw(bool prove = true, CacheClient* as = nullptr, uint64_t staging_bytes = 0) {
     auto s = std::make_unique<RawSession>();
     grpc::ClientContext context;
-    EXPECT_TRUE(client_->stub().OpenFastPath(&context, {}, &s->opened).ok());
+    v1::OpenFastPathRequest request;
+    request.set_staging_bytes(staging_bytes);
+    EXPECT_TRUE((as != nullptr ? as : client_.get())->stub().OpenFastPath(&context, request, &s->opened).ok());
     if (!prove) return s;
     s->socket = *fastpath::Connect(s->opened.socket_path());
     int fd;
@@ -138,7 +142,7 @@ class FastPathTest : public ::testing::Test {
     return hello;
   }
   grpc::Status Lease(const RawSession& s, const std::string& ns, const std::vector<BlockHash>& hashes,
-                     v1::LeaseBlocksResponse& response, uint32_t ttl_ms = 0) {
+                     v1::LeaseBlocksResponse& response, uint32_t ttl_ms = 0, CacheClient* as = nullptr) {
     v1::LeaseBlocksRequest request;
     request.set_session_id(s.opened.session_id());
     request.set_kv_namespace(ns);
@@ -146,7 +150,7 @@ class FastPathTest : public ::testing::Test {
     for (const BlockHash& h : hashes) request.add_block_hashes(std::string(kvblock::HashAsBytes(h)));
     request.set_lease_ttl_ms(ttl_ms);
     grpc::ClientContext context;
-    return client_->stub().LeaseBlocks(&context, request, &response);
+    return (as != nullptr ? as : client_.get())->stub().LeaseBlocks(&context, request, &response);
   }
   // Asks for a segment's descriptor: the reply's status, `fd` if any.
   absl::Status AskSegment(const RawSession& s, const v1::SharedPiece& piece, int& fd, uint64_t generation_delta = 0) {
@@ -261,6 +265,50 @@ TEST_F(FastPathTest, ASessionServesOnlyItsOwnTenant) {
   v1::LeaseBlocksResponse response;
   EXPECT_EQ(b.stub().LeaseBlocks(&context, request, &response).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(response.blocks_size(), 0);
+}
+
+// A tenant taken out of the tenants file keeps no fast path session: at
+// the reload its sessions' connections close, their leases end (their
+// blocks no longer pinned) and their staging regions go back to the
+// budget; another tenant's session serves on.
+TEST_F(FastPathTest, ATenantTakenOutOfTheFileLosesItsSessionsAtTheReload) {
+  const testing::TempDir dir("kvtier_fast_path_removed_");
+  const std::string seed = std::to_string(rng_.seed());
+  const testing::TestTenant a{"tenant-a", "WRITER", "tenant-a", "a-token-" + seed};
+  const testing::TestTenant b{"tenant-b", "WRITER", "tenant-b", "b-token-" + seed};
+  const testing::TestTenant admin{"ops", "ADMIN", "", "admin-token-" + seed};
+  const std::filesystem::path tenants = dir / "tenants.json";
+  std::ofstream(tenants) << testing::TenantsJson({a, b, admin});
+  StartCache({"--tenants", tenants.string(), "--reload-seconds", "1"});
+  const auto client_of = [&](const testing::TestTenant& t) {
+    return std::make_unique<CacheClient>(
+        *MakeChannelAs({.tls = {}, .token_file = testing::WriteTokenFile(dir.path(), t.token)}, target_));
+  };
+  client_ = client_of(admin);  // Stats
+  std::unique_ptr<CacheClient> as_a = client_of(a), as_b = client_of(b);
+  const std::vector<TestBlock> blocks_a = StoreBlocks(*as_a, layout_, "tenant-a", rng_.seed(), 2);
+  const std::vector<TestBlock> blocks_b = StoreBlocks(*as_b, layout_, "tenant-b", rng_.seed() + 50, 2);
+  constexpr uint64_t kStaging = 1 << 20;
+  auto session_a = OpenRaw(/*prove=*/true, as_a.get(), kStaging), session_b = OpenRaw(true, as_b.get(), kStaging);
+  v1::LeaseBlocksResponse leased_a, leased_b;
+  constexpr uint32_t kMinute = 60000;
+  ASSERT_TRUE(Lease(*session_a, "tenant-a", Hashes(blocks_a), leased_a, kMinute, as_a.get()).ok());
+  ASSERT_TRUE(Lease(*session_b, "tenant-b", Hashes(blocks_b), leased_b, kMinute, as_b.get()).ok());
+  const v1::StatsResponse before = Stats();
+  ASSERT_EQ(before.fast_path_sessions(), 2u);
+  ASSERT_EQ(before.fast_path_staging_bytes(), 2 * kStaging);
+  ASSERT_EQ(before.pinned_blocks(), 4u);
+
+  testing::WriteAtomically(tenants, testing::TenantsJson({a, admin}));
+  ASSERT_TRUE(StatsBecome([](const v1::StatsResponse& s) { return s.fast_path_sessions() == 1; }))
+      << "tenant-b's session outlived the reload";
+  const v1::StatsResponse after = Stats();
+  EXPECT_EQ(after.fast_path_staging_bytes(), kStaging) << "tenant-b's staging region was kept";
+  EXPECT_EQ(after.pinned_blocks(), 2u) << "tenant-b's lease still pins its blocks";
+  char byte;
+  EXPECT_EQ(recv(session_b->socket, &byte, 1, MSG_DONTWAIT), 0) << "tenant-b's connection is still open";
+  v1::LeaseBlocksResponse again;
+  EXPECT_TRUE(Lease(*session_a, "tenant-a", Hashes(blocks_a), again, 0, as_a.get()).ok());
 }
 
 // Four tenants storing and reading at once through tiers a few times

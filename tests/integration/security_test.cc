@@ -47,12 +47,7 @@ using testing::TenantsJson;
 using testing::TestCa;
 using testing::TestTenant;
 
-// Writes `contents` to `path` by a rename, as Kubernetes swaps a Secret's files.
-void WriteAtomically(const fs::path& path, const std::string& contents) {
-  const fs::path tmp = path.string() + ".new";
-  std::ofstream(tmp) << contents;
-  fs::rename(tmp, path);
-}
+using testing::WriteAtomically;
 
 class SecurityTest : public ::testing::Test {
  protected:

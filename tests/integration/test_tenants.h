@@ -53,6 +53,14 @@ inline std::string WriteTokenFile(const std::filesystem::path& dir, const std::s
   return path.string();
 }
 
+// Writes `contents` to `path` by a rename, as Kubernetes swaps a Secret's
+// files: a server reloading it sees the old file or the new, never a mix.
+inline void WriteAtomically(const std::filesystem::path& path, const std::string& contents) {
+  const std::filesystem::path tmp = path.string() + ".new";
+  std::ofstream(tmp) << contents;
+  std::filesystem::rename(tmp, path);
+}
+
 }  // namespace kvtier::testing
 
 #endif  // KVTIER_TESTS_INTEGRATION_TEST_TENANTS_H_

@@ -120,6 +120,9 @@ absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(const v1::OpenFast
   }
   absl::MutexLock lock(&mu_);
   ExpireLocked();
+  if (kept_tenants_.has_value() && !kept_tenants_->contains(caller.SessionOwner())) {
+    return absl::PermissionDeniedError(absl::StrCat(caller.Describe(), " is no longer in the tenants file"));
+  }
   if (sessions_.size() >= options_.max_sessions) {
     return absl::ResourceExhaustedError(absl::StrCat(sessions_.size(), " fast path sessions are open, the limit"));
   }
@@ -329,6 +332,33 @@ void FastPathServer::ExpireLocked() {
   }
 }
 
+std::vector<std::string> FastPathServer::KeepTenants(const std::vector<std::string>& tenants) {
+  absl::MutexLock lock(&mu_);
+  kept_tenants_.emplace(tenants.begin(), tenants.end());
+  std::vector<std::string> ending;
+  for (const auto& [tenant, held] : sessions_by_tenant_) {
+    if (!kept_tenants_->contains(tenant)) ending.push_back(tenant);
+  }
+  sessions_to_end_ = !ending.empty();
+  return ending;
+}
+
+void FastPathServer::EndSessionsOfOtherTenantsLocked() {
+  sessions_to_end_ = false;
+  std::vector<uint64_t> ending;
+  for (const auto& [id, session] : sessions_) {
+    if (!kept_tenants_->contains(session.tenant)) ending.push_back(id);
+  }
+  for (uint64_t id : ending) {
+    const int socket = sessions_.at(id).socket;
+    if (socket >= 0) {
+      CloseConnectionLocked(socket);
+    } else {
+      EndSessionLocked(id);
+    }
+  }
+}
+
 absl::StatusOr<std::shared_ptr<const StagingRegion>> FastPathServer::Staging(uint64_t session_id,
                                                                              const std::string& tenant) {
   absl::MutexLock lock(&mu_);
@@ -445,6 +475,7 @@ void FastPathServer::Loop() {
     {
       absl::MutexLock lock(&mu_);
       ExpireLocked();
+      if (sessions_to_end_) EndSessionsOfOtherTenantsLocked();
       // Connections that never proved a session are closed here, on the
       // thread that polls them.
       const absl::Time now = clock_->Now();

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -128,6 +129,11 @@ class FastPathServer {
   // Ends a fast-path lease; NOT_FOUND if unknown, expired or another
   // tenant's.
   absl::Status Release(uint64_t lease_id, const std::string& tenant = "");
+  // The tenants that may hold sessions from now on (a tenants file's, at
+  // each reload; until called, any): the sessions of every other end on the
+  // loop's next turn (their connections closed, leases ended and staging
+  // freed), and Open refuses them. Returns the tenants whose sessions end.
+  std::vector<std::string> KeepTenants(const std::vector<std::string>& tenants);
   FastPathCounters Counters();
   // Waits until `sessions` proven sessions are open, at most `timeout`;
   // whether they are (for tests: a session ends on the socket's thread).
@@ -186,6 +192,9 @@ class FastPathServer {
                     std::vector<std::shared_ptr<const PinnedBlock>>& pinned, uint64_t& bytes,
                     std::vector<uint64_t>& ranges);
   void ExpireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the sessions of tenants KeepTenants did not name; on the loop's
+  // thread, which alone closes the sockets it polls.
+  void EndSessionsOfOtherTenantsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const FastPathOptions options_;
   BlockStore* const store_;
@@ -209,6 +218,10 @@ class FastPathServer {
   // The leases by deadline, soonest first: expiry looks only at those due.
   std::multimap<absl::Time, uint64_t> lease_deadlines_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, size_t> sessions_by_tenant_ ABSL_GUARDED_BY(mu_);
+  // The tenants KeepTenants named (nullopt: any), and whether sessions of
+  // others are left to end.
+  std::optional<absl::flat_hash_set<std::string>> kept_tenants_ ABSL_GUARDED_BY(mu_);
+  bool sessions_to_end_ ABSL_GUARDED_BY(mu_) = false;
   FastPathCounters counters_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };

@@ -239,8 +239,6 @@ int Run(Flags f) {
     }
   };
   give_quotas((*tenants)->Quotas());
-  (*tenants)->OnReload(give_quotas);
-  const absl::Cleanup stop_giving_quotas = [&tenants] { (*tenants)->OnReload(nullptr); };  // before the store goes
   std::unique_ptr<FastPathServer> fast_path;
   if (!f.no_fast_path) {
     absl::StatusOr<std::unique_ptr<FastPathServer>> started =
@@ -248,6 +246,19 @@ int Run(Flags f) {
     if (!started.ok()) return usage(absl::StrCat("--fast-path-socket: ", started.status().message()));
     fast_path = *std::move(started);
   }
+  // A tenant taken out of the file keeps no fast path session (nor the
+  // staging memory and pinned blocks it holds).
+  (*tenants)->OnReload([give_quotas, fast_path = fast_path.get()](const TenantRegistry::QuotaList& tenants_quotas) {
+    give_quotas(tenants_quotas);
+    if (fast_path == nullptr) return;
+    std::vector<std::string> names;
+    for (const auto& [tenant, quota] : tenants_quotas) names.push_back(tenant);
+    for (const std::string& gone : fast_path->KeepTenants(names)) {
+      Log(LogLevel::kInfo, "tenants", "tenant " + gone + " is no longer in the file: its fast path sessions end");
+    }
+  });
+  // Before the fast path and the store go.
+  const absl::Cleanup stop_reload_hook = [&tenants] { (*tenants)->OnReload(nullptr); };
   auto registry = std::make_shared<prometheus::Registry>();
   RpcMetrics rpc_metrics(*registry);
   Executor executor(f.threads, /*max_queued=*/4096);

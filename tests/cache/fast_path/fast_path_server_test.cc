@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <random>
 
 #include "services/cache/fast_path/fast_path_socket.h"
@@ -119,6 +120,46 @@ TEST_F(FastPathServerTest, ClosingTheSocketEndsTheSessionAndItsLeases) {
   v1::LeaseBlocksResponse again;
   EXPECT_EQ(server_->Lease(session, "ns", kvblock::LayoutId(layout_), {hash}, absl::ZeroDuration(), again).code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// KeepTenants (a tenants file reloaded): the sessions of tenants it does
+// not name end, proven or not, their leases with them; those it names
+// serve on; and the others cannot open another.
+TEST_F(FastPathServerTest, SessionsOfTenantsNotKeptEnd) {
+  const kvblock::BlockHash hash = PutBlock(4);
+  Caller a, b, c;
+  a.tenant = "tenant-a";
+  b.tenant = "tenant-b";
+  c.tenant = "tenant-c";
+  int socket_a, socket_b, fd;
+  const v1::OpenFastPathResponse opened_a = *server_->Open({}, a), opened_b = *server_->Open({}, b);
+  ASSERT_TRUE(Prove(opened_a, socket_a, fd).ok());
+  ASSERT_TRUE(Prove(opened_b, socket_b, fd).ok());
+  const v1::OpenFastPathResponse unproven_c = *server_->Open({}, c);
+  v1::LeaseBlocksResponse response;
+  ASSERT_TRUE(server_
+                  ->Lease(opened_b.session_id(), "ns", kvblock::LayoutId(layout_), {hash}, absl::Minutes(5), response,
+                          "tenant-b")
+                  .ok());
+  ASSERT_EQ(store_->Stats().pinned_blocks, 1u);
+
+  std::vector<std::string> ending = server_->KeepTenants({"tenant-a", "tenant-d"});
+  std::sort(ending.begin(), ending.end());
+  EXPECT_EQ(ending, (std::vector<std::string>{"tenant-b", "tenant-c"}));
+  EXPECT_EQ(server_->Open({}, b).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(server_->AwaitSessions(1, absl::Seconds(5)));
+  EXPECT_EQ(store_->Stats().pinned_blocks, 0u) << "tenant-b's lease outlived its session";
+  char byte;
+  EXPECT_EQ(recv(socket_b, &byte, 1, MSG_DONTWAIT), 0) << "tenant-b's connection was not closed";
+  int socket_c;
+  EXPECT_FALSE(Prove(unproven_c, socket_c, fd).ok()) << "tenant-c's unproven session outlived KeepTenants";
+  EXPECT_TRUE(server_
+                  ->Lease(opened_a.session_id(), "ns", kvblock::LayoutId(layout_), {hash}, absl::Minutes(5), response,
+                          "tenant-a")
+                  .ok());
+  EXPECT_TRUE(server_->Open({}, a).ok());
+  EXPECT_TRUE(server_->KeepTenants({"tenant-a"}).empty());
+  close(socket_a), close(socket_b), close(socket_c);
 }
 
 // Stop (before a cache moves its memory tiers to disk at exit): leases
