@@ -255,6 +255,13 @@ std::string TenantRegistry::ReaderClass(const std::string& ns) {
   return key;
 }
 
+bool TenantRegistry::MayRead(const std::string& tenant, const std::string& ns) {
+  if (!enforced()) return true;
+  std::shared_ptr<const Loaded> loaded = Current();
+  auto it = loaded->names.find(tenant);
+  return it != loaded->names.end() && loaded->callers[it->second]->MayUse(ns);
+}
+
 TenantRegistry::QuotaList TenantRegistry::Quotas() { return Current()->Quotas(); }
 
 absl::StatusOr<std::shared_ptr<const Caller>> TenantRegistry::Authenticate(const grpc::ServerContextBase& context,

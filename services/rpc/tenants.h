@@ -86,6 +86,10 @@ class TenantRegistry {
   // shared-memory segments (the cache's fast path): whoever may map one of
   // them may read them all.
   std::string ReaderClass(const std::string& ns);
+  // Whether `tenant` may read `ns` as the file says now (anyone may without
+  // a tenants file): for a right checked once and used later, such as the
+  // namespaces whose segments a fast path session may map.
+  bool MayRead(const std::string& tenant, const std::string& ns);
 
   // The caller of a call; UNAUTHENTICATED when it brings no proof or a bad
   // one (logged, rate-limited, with the peer and `method`; no secret). A

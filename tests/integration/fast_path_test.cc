@@ -311,6 +311,52 @@ TEST_F(FastPathTest, ATenantTakenOutOfTheFileLosesItsSessionsAtTheReload) {
   EXPECT_TRUE(Lease(*session_a, "tenant-a", Hashes(blocks_a), again, 0, as_a.get()).ok());
 }
 
+// A tenant taken off a namespace at a reload maps none of the segments
+// that namespace's blocks go to afterwards, though its session read that
+// namespace before (it must lease again, under the new file).
+TEST_F(FastPathTest, ATenantTakenOffANamespaceMapsNoneOfItsNewSegments) {
+  const testing::TempDir dir("kvtier_fast_path_narrowed_");
+  const std::string seed = std::to_string(rng_.seed());
+  testing::TestTenant a{"tenant-a", "WRITER", "tenant-a,shared", "a-token-" + seed};
+  const testing::TestTenant b{"tenant-b", "WRITER", "shared", "b-token-" + seed};
+  const std::filesystem::path tenants = dir / "tenants.json";
+  std::ofstream(tenants) << testing::TenantsJson({a, b});
+  StartCache({"--tenants", tenants.string(), "--reload-seconds", "1"});
+  const auto client_of = [&](const testing::TestTenant& t) {
+    return std::make_unique<CacheClient>(
+        *MakeChannelAs({.tls = {}, .token_file = testing::WriteTokenFile(dir.path(), t.token)}, target_));
+  };
+  std::unique_ptr<CacheClient> as_a = client_of(a), as_b = client_of(b);
+  const std::vector<TestBlock> before = StoreBlocks(*as_b, layout_, "shared", rng_.seed(), 2);
+  auto session_a = OpenRaw(/*prove=*/true, as_a.get());
+  v1::LeaseBlocksResponse leased;
+  ASSERT_TRUE(Lease(*session_a, "shared", Hashes(before), leased, 0, as_a.get()).ok());
+
+  a.ns = "tenant-a";
+  testing::WriteAtomically(tenants, testing::TenantsJson({a, b}));
+  ASSERT_TRUE(testing::Eventually([&] {
+    v1::LeaseBlocksResponse refused;
+    return Lease(*session_a, "shared", Hashes(before), refused, 0, as_a.get()).error_code() ==
+           grpc::StatusCode::PERMISSION_DENIED;
+  })) << "the reload did not take tenant-a off the namespace";
+  const std::vector<TestBlock> after = StoreBlocks(*as_b, layout_, "shared", rng_.seed() + 50, 2);
+  auto session_b = OpenRaw(/*prove=*/true, as_b.get());
+  v1::LeaseBlocksResponse leased_b;
+  ASSERT_TRUE(Lease(*session_b, "shared", Hashes(after), leased_b, 0, as_b.get()).ok());
+  ASSERT_TRUE(leased_b.blocks(0).has_shared());
+  int fd = -1;
+  EXPECT_TRUE(AskSegment(*session_b, leased_b.blocks(0).shared().pieces(0), fd).ok());
+  close(fd);
+  for (const v1::LeasedBlock& block : leased_b.blocks()) {
+    for (const v1::SharedPiece& piece : block.shared().pieces()) {
+      fd = -1;
+      EXPECT_EQ(AskSegment(*session_a, piece, fd).code(), absl::StatusCode::kPermissionDenied)
+          << "segment " << piece.segment() << " of tier " << piece.tier_index();
+      if (fd >= 0) close(fd);
+    }
+  }
+}
+
 // Four tenants storing and reading at once through tiers a few times
 // smaller than what they store: segments change tenant all the time, those
 // of the two tenants that also read through shared memory opened by their

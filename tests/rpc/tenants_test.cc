@@ -179,5 +179,35 @@ TEST(TenantRegistry, NamespacesReadByTheSameTenantsShareAReaderClass) {
   EXPECT_EQ(r.ReaderClass("a1"), r.ReaderClass("a2"));
 }
 
+// MayRead answers by the file as it is now: a right granted earlier (a
+// fast path session's lease) is asked again when it is used.
+TEST(TenantRegistry, MayReadFollowsTheFileAsItIsNow) {
+  auto trusted = TenantRegistry::Open("", absl::Hours(1));
+  ASSERT_TRUE(trusted.ok());
+  EXPECT_TRUE((*trusted)->MayRead("", "anything"));
+
+  const testing::TempDir dir("kvtier-tenants-may-read-");
+  const std::filesystem::path path = dir / "tenants.json";
+  const auto file = [](const std::string& acme_namespaces) {
+    return "{\"tenants\": [{\"name\": \"acme\", \"role\": \"READER\", \"namespaces\": [" + acme_namespaces +
+           "], \"tokenSha256\": [\"" + std::string(64, 'a') + "\"]}, {\"name\": \"ops\", \"role\": \"ADMIN\", " +
+           "\"tokenSha256\": [\"" + std::string(64, 'b') + "\"]}]}";
+  };
+  std::ofstream(path) << file("\"a1\", \"shared\"");
+  auto registry = TenantRegistry::Open(path.string(), absl::Hours(1));
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  TenantRegistry& r = **registry;
+  EXPECT_TRUE(r.MayRead("acme", "a1"));
+  EXPECT_TRUE(r.MayRead("acme", "shared"));
+  EXPECT_FALSE(r.MayRead("acme", "g1"));
+  EXPECT_TRUE(r.MayRead("ops", "g1"));  // an admin reads every namespace
+  EXPECT_FALSE(r.MayRead("globex", "a1")) << "a tenant the file does not name";
+
+  Replace(path, file("\"a1\""));
+  r.ReloadIfChanged();
+  EXPECT_TRUE(r.MayRead("acme", "a1"));
+  EXPECT_FALSE(r.MayRead("acme", "shared")) << "a namespace taken off acme";
+}
+
 }  // namespace
 }  // namespace kvtier

@@ -161,7 +161,8 @@ absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(const v1::OpenFast
 
 absl::Status FastPathServer::Lease(uint64_t session_id, const std::string& ns, uint64_t layout_id,
                                    const std::vector<kvblock::BlockHash>& hashes, absl::Duration ttl,
-                                   v1::LeaseBlocksResponse& response, const std::string& tenant) {
+                                   v1::LeaseBlocksResponse& response, const Caller& caller) {
+  const std::string& tenant = caller.SessionOwner();
   const auto check_session = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
     auto it = sessions_.find(session_id);
     if (it == sessions_.end() || it->second.socket < 0 || it->second.tenant != tenant) {
@@ -239,7 +240,7 @@ absl::Status FastPathServer::Lease(uint64_t session_id, const std::string& ns, u
   if (absl::Status s = check_session(); !s.ok()) return s;  // it died meanwhile (its staging with it)
   if (pinned.empty()) return absl::OkStatus();
   Session& session = sessions_[session_id];
-  session.namespaces.insert(ns);
+  session.namespaces.emplace(caller.tenant, ns);
   uint64_t id = 0;  // unguessable: the id alone releases it
   while (id == 0 || leases_.contains(id)) {
     RandomBytes(&id, sizeof id);
@@ -452,9 +453,11 @@ bool FastPathServer::Serve(int socket) {
     (void)fastpath::SendReply(socket, absl::InvalidArgumentError("say hello first"));
     return false;
   }
-  // Only a segment of a namespace this session has read through a lease.
+  // Only a segment of a namespace this session has read through a lease,
+  // for a tenant that may still read it (the tenants file may have changed).
   absl::Status answer = absl::PermissionDeniedError("segment of a namespace this session has not read");
-  for (const std::string& ns : sessions_[proven].namespaces) {
+  for (const auto& [tenant, ns] : sessions_[proven].namespaces) {
+    if (options_.may_read && !options_.may_read(tenant, ns)) continue;
     absl::StatusOr<int> fd = store_->OpenSegmentReadOnly(request.tier, request.segment, request.generation, ns);
     if (fd.ok()) {
       const bool sent = fastpath::SendReply(socket, absl::OkStatus(), *fd).ok();

@@ -14,6 +14,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -36,6 +37,10 @@ namespace kvtier::cache {
 
 struct FastPathOptions {
   std::string socket_path;  // '@name': Linux abstract namespace
+  // Whether a tenant may read a namespace now (TenantRegistry::MayRead):
+  // a session maps segments only of namespaces it leased blocks of for a
+  // tenant that still may. Null: any tenant may.
+  std::function<bool(const std::string& tenant, const std::string& ns)> may_read;
   absl::Duration prove_within = absl::Seconds(10);
   size_t max_sessions = 256;
   size_t max_sessions_per_tenant = 32;  // unless its quota says otherwise
@@ -122,10 +127,11 @@ class FastPathServer {
   void CountStaged(uint64_t bytes);
   // Pins `hashes` (checked by the caller) of `ns` for a proven session and
   // fills `response` with where their records lie. FAILED_PRECONDITION for
-  // an unknown or unproven session, or another tenant's.
+  // an unknown or unproven session, or one not `caller`'s (its
+  // SessionOwner's).
   absl::Status Lease(uint64_t session_id, const std::string& ns, uint64_t layout_id,
                      const std::vector<kvblock::BlockHash>& hashes, absl::Duration ttl,
-                     v1::LeaseBlocksResponse& response, const std::string& tenant = "");
+                     v1::LeaseBlocksResponse& response, const Caller& caller = Caller());
   // Ends a fast-path lease; NOT_FOUND if unknown, expired or another
   // tenant's.
   absl::Status Release(uint64_t lease_id, const std::string& tenant = "");
@@ -150,9 +156,11 @@ class FastPathServer {
   struct Session {
     std::string tenant;  // whose calls may use it
     std::array<uint8_t, 16> secret;
-    absl::Time open_until;             // unproven sessions are dropped after it
-    int socket = -1;                   // the proving connection; -1 until proven
-    std::set<std::string> namespaces;  // read through this session so far
+    absl::Time open_until;  // unproven sessions are dropped after it
+    int socket = -1;        // the proving connection; -1 until proven
+    // Read through this session so far, each with the tenant it was read
+    // for (the caller, or the end tenant a service acted for).
+    std::set<std::pair<std::string, std::string>> namespaces;  // (tenant, namespace)
     std::set<uint64_t> leases;
     uint64_t staging_wanted = 0;             // granted on proof, if the budget allows
     uint64_t device_wanted = 0;              // likewise

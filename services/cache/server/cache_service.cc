@@ -238,9 +238,8 @@ grpc::ServerUnaryReactor* CacheService::LeaseBlocks(grpc::CallbackServerContext*
   // Pinning may promote blocks (a copy between tiers): not on a gRPC thread.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   auto work = [this, reactor, request, response, plan = *std::move(plan), timer]() mutable {
-    const absl::Status status =
-        fast_path_->Lease(request->session_id(), plan.scope.ns, plan.scope.layout_id, plan.hashes, *plan.lease_ttl,
-                          *response, plan.scope.caller->SessionOwner());
+    const absl::Status status = fast_path_->Lease(request->session_id(), plan.scope.ns, plan.scope.layout_id,
+                                                  plan.hashes, *plan.lease_ttl, *response, *plan.scope.caller);
     const grpc::Status g = ToGrpcStatus(status);
     timer.Done(g.error_code());
     reactor->Finish(g);

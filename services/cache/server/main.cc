@@ -222,6 +222,9 @@ int Run(Flags f) {
   // A same-host reader maps whole segments: their blocks must be of
   // namespaces the same tenants may read.
   options->segment_group = [registry = tenants->get()](const std::string& ns) { return registry->ReaderClass(ns); };
+  fast_options->may_read = [registry = tenants->get()](const std::string& tenant, const std::string& ns) {
+    return registry->MayRead(tenant, ns);
+  };
   if (!options->disk_dir.empty()) Log(LogLevel::kInfo, "disk", "finding the blocks in " + options->disk_dir);
   const absl::Time creating = absl::Now();
   absl::StatusOr<std::unique_ptr<BlockStore>> store = BlockStore::Create(*options, SystemClock::Get());

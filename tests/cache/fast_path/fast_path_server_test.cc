@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <random>
 
 #include "services/cache/fast_path/fast_path_socket.h"
@@ -137,10 +138,9 @@ TEST_F(FastPathServerTest, SessionsOfTenantsNotKeptEnd) {
   ASSERT_TRUE(Prove(opened_b, socket_b, fd).ok());
   const v1::OpenFastPathResponse unproven_c = *server_->Open({}, c);
   v1::LeaseBlocksResponse response;
-  ASSERT_TRUE(server_
-                  ->Lease(opened_b.session_id(), "ns", kvblock::LayoutId(layout_), {hash}, absl::Minutes(5), response,
-                          "tenant-b")
-                  .ok());
+  ASSERT_TRUE(
+      server_->Lease(opened_b.session_id(), "ns", kvblock::LayoutId(layout_), {hash}, absl::Minutes(5), response, b)
+          .ok());
   ASSERT_EQ(store_->Stats().pinned_blocks, 1u);
 
   std::vector<std::string> ending = server_->KeepTenants({"tenant-a", "tenant-d"});
@@ -153,13 +153,54 @@ TEST_F(FastPathServerTest, SessionsOfTenantsNotKeptEnd) {
   EXPECT_EQ(recv(socket_b, &byte, 1, MSG_DONTWAIT), 0) << "tenant-b's connection was not closed";
   int socket_c;
   EXPECT_FALSE(Prove(unproven_c, socket_c, fd).ok()) << "tenant-c's unproven session outlived KeepTenants";
-  EXPECT_TRUE(server_
-                  ->Lease(opened_a.session_id(), "ns", kvblock::LayoutId(layout_), {hash}, absl::Minutes(5), response,
-                          "tenant-a")
-                  .ok());
+  EXPECT_TRUE(
+      server_->Lease(opened_a.session_id(), "ns", kvblock::LayoutId(layout_), {hash}, absl::Minutes(5), response, a)
+          .ok());
   EXPECT_TRUE(server_->Open({}, a).ok());
   EXPECT_TRUE(server_->KeepTenants({"tenant-a"}).empty());
   close(socket_a), close(socket_b), close(socket_c);
+}
+
+// A session maps a segment only for a tenant that may still read the
+// namespace it leased (asked again at each request: the tenants file may
+// have changed since the lease).
+TEST_F(FastPathServerTest, ASegmentIsMappedOnlyWhileItsTenantMayReadItsNamespace) {
+  std::atomic<bool> may_read{true};
+  FastPathOptions f;
+  f.may_read = [&may_read](const std::string& tenant, const std::string& ns) {
+    return may_read && tenant == "end-tenant" && ns == "ns";
+  };
+  Start(nullptr, f);
+  const kvblock::BlockHash hash = PutBlock(5);
+  Caller acting;  // a service leasing for its end tenant: the end tenant's right counts
+  acting.tenant = "end-tenant";
+  acting.service = "prefill";
+  Caller service;
+  service.tenant = "prefill";
+  int socket, fd;
+  const v1::OpenFastPathResponse opened = *server_->Open({}, service);
+  ASSERT_TRUE(Prove(opened, socket, fd).ok());
+  v1::LeaseBlocksResponse response;
+  ASSERT_TRUE(
+      server_->Lease(opened.session_id(), "ns", kvblock::LayoutId(layout_), {hash}, absl::Minutes(5), response, acting)
+          .ok());
+  ASSERT_TRUE(response.blocks(0).has_shared());
+  const v1::SharedPiece& piece = response.blocks(0).shared().pieces(0);
+  fastpath::Request request{fastpath::RequestKind::kSegment};
+  request.tier = piece.tier_index();
+  request.segment = piece.segment();
+  request.generation = piece.generation();
+  const auto ask = [&] {
+    EXPECT_TRUE(fastpath::SendRequest(socket, request).ok());
+    int segment = -1;
+    const absl::Status answer = fastpath::ReceiveReply(socket, segment);
+    if (segment >= 0) close(segment);
+    return answer.code();
+  };
+  EXPECT_EQ(ask(), absl::StatusCode::kOk);
+  may_read = false;
+  EXPECT_EQ(ask(), absl::StatusCode::kPermissionDenied);
+  close(socket);
 }
 
 // Stop (before a cache moves its memory tiers to disk at exit): leases
