@@ -96,6 +96,12 @@ class FastPathTest : public ::testing::Test {
     client_ = std::make_unique<CacheClient>(channel_);
   }
 
+  // A client of the cache calling as tenant `t` (its token file in `dir`).
+  std::unique_ptr<CacheClient> ClientOf(const testing::TempDir& dir, const testing::TestTenant& t) {
+    return std::make_unique<CacheClient>(
+        *MakeChannelAs({.tls = {}, .token_file = testing::WriteTokenFile(dir.path(), t.token)}, target_));
+  }
+
   // Stores blocks made from seeds first..first+count-1 in `ns`.
   std::vector<TestBlock> PutBlocks(const std::string& ns, uint64_t first, int count) {
     return StoreBlocks(*client_, layout_, ns, first, count);
@@ -280,12 +286,8 @@ TEST_F(FastPathTest, ATenantTakenOutOfTheFileLosesItsSessionsAtTheReload) {
   const std::filesystem::path tenants = dir / "tenants.json";
   std::ofstream(tenants) << testing::TenantsJson({a, b, admin});
   StartCache({"--tenants", tenants.string(), "--reload-seconds", "1"});
-  const auto client_of = [&](const testing::TestTenant& t) {
-    return std::make_unique<CacheClient>(
-        *MakeChannelAs({.tls = {}, .token_file = testing::WriteTokenFile(dir.path(), t.token)}, target_));
-  };
-  client_ = client_of(admin);  // Stats
-  std::unique_ptr<CacheClient> as_a = client_of(a), as_b = client_of(b);
+  client_ = ClientOf(dir, admin);  // Stats
+  std::unique_ptr<CacheClient> as_a = ClientOf(dir, a), as_b = ClientOf(dir, b);
   const std::vector<TestBlock> blocks_a = StoreBlocks(*as_a, layout_, "tenant-a", rng_.seed(), 2);
   const std::vector<TestBlock> blocks_b = StoreBlocks(*as_b, layout_, "tenant-b", rng_.seed() + 50, 2);
   constexpr uint64_t kStaging = 1 << 20;
@@ -322,11 +324,7 @@ TEST_F(FastPathTest, ATenantTakenOffANamespaceMapsNoneOfItsNewSegments) {
   const std::filesystem::path tenants = dir / "tenants.json";
   std::ofstream(tenants) << testing::TenantsJson({a, b});
   StartCache({"--tenants", tenants.string(), "--reload-seconds", "1"});
-  const auto client_of = [&](const testing::TestTenant& t) {
-    return std::make_unique<CacheClient>(
-        *MakeChannelAs({.tls = {}, .token_file = testing::WriteTokenFile(dir.path(), t.token)}, target_));
-  };
-  std::unique_ptr<CacheClient> as_a = client_of(a), as_b = client_of(b);
+  std::unique_ptr<CacheClient> as_a = ClientOf(dir, a), as_b = ClientOf(dir, b);
   const std::vector<TestBlock> before = StoreBlocks(*as_b, layout_, "shared", rng_.seed(), 2);
   auto session_a = OpenRaw(/*prove=*/true, as_a.get());
   v1::LeaseBlocksResponse leased;
