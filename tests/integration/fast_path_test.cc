@@ -81,25 +81,29 @@ class FastPathTest : public ::testing::Test {
   }
   void SetUp() override { StartCache(); }
 
-  // Restarts the cache with tenants "tenant-a" and "tenant-b", each alone
-  // in its namespace of that name, so their blocks never share a segment;
-  // this fixture's client is then an admin, who may read both.
-  void StartCacheWithTwoTenants() {
-    tenants_dir_ = std::make_unique<testing::TempDir>("kvtier_fast_path_two_");
-    const testing::TestTenant a{"tenant-a", "WRITER", "tenant-a", "a-token"};
-    const testing::TestTenant b{"tenant-b", "WRITER", "tenant-b", "b-token"};
-    const testing::TestTenant admin{"ops", "ADMIN", "", "admin-token"};
-    std::ofstream(*tenants_dir_ / "tenants.json") << testing::TenantsJson({a, b, admin});
-    StartCache({"--tenants", (*tenants_dir_ / "tenants.json").string()});
-    channel_ = *MakeChannelAs({.tls = {}, .token_file = testing::WriteTokenFile(tenants_dir_->path(), admin.token)},
+  // Restarts the cache with `tenants` and an admin in a tenants file it
+  // checks every second (SwapTenants changes it); this fixture's client is
+  // then the admin, who may read every namespace.
+  void StartCacheWithTenants(const std::vector<testing::TestTenant>& tenants) {
+    tenants_dir_ = std::make_unique<testing::TempDir>("kvtier_fast_path_tenants_");
+    SwapTenants(tenants);
+    StartCache({"--tenants", (*tenants_dir_ / "tenants.json").string(), "--reload-seconds", "1"});
+    channel_ = *MakeChannelAs({.tls = {}, .token_file = testing::WriteTokenFile(tenants_dir_->path(), kAdmin.token)},
                               target_, Connection::kOwn);
     client_ = std::make_unique<CacheClient>(channel_);
   }
-
-  // A client of the cache calling as tenant `t` (its token file in `dir`).
-  std::unique_ptr<CacheClient> ClientOf(const testing::TempDir& dir, const testing::TestTenant& t) {
+  // Tenants "tenant-a" and "tenant-b", each alone in its namespace of that
+  // name, so their blocks never share a segment.
+  void StartCacheWithTwoTenants() { StartCacheWithTenants({kTenantA, kTenantB}); }
+  // Replaces the tenants file by a rename: `tenants` and the admin.
+  void SwapTenants(std::vector<testing::TestTenant> tenants) {
+    tenants.push_back(kAdmin);
+    testing::WriteAtomically(*tenants_dir_ / "tenants.json", testing::TenantsJson(tenants));
+  }
+  // A client of the cache calling as tenant `t` (StartCacheWithTenants's).
+  std::unique_ptr<CacheClient> ClientOf(const testing::TestTenant& t) {
     return std::make_unique<CacheClient>(
-        *MakeChannelAs({.tls = {}, .token_file = testing::WriteTokenFile(dir.path(), t.token)}, target_));
+        *MakeChannelAs({.tls = {}, .token_file = testing::WriteTokenFile(tenants_dir_->path(), t.token)}, target_));
   }
 
   // Stores blocks made from seeds first..first+count-1 in `ns`.
@@ -194,7 +198,10 @@ class FastPathTest : public ::testing::Test {
   std::string target_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<CacheClient> client_;
-  std::unique_ptr<testing::TempDir> tenants_dir_;  // StartCacheWithTwoTenants's
+  const testing::TestTenant kTenantA{"tenant-a", "WRITER", "tenant-a", "a-token"};
+  const testing::TestTenant kTenantB{"tenant-b", "WRITER", "tenant-b", "b-token"};
+  const testing::TestTenant kAdmin{"ops", "ADMIN", "", "admin-token"};
+  std::unique_ptr<testing::TempDir> tenants_dir_;  // StartCacheWithTenants's
   testing::SeededRng rng_;
 };
 
@@ -278,16 +285,8 @@ TEST_F(FastPathTest, ASessionServesOnlyItsOwnTenant) {
 // blocks no longer pinned) and their staging regions go back to the
 // budget; another tenant's session serves on.
 TEST_F(FastPathTest, ATenantTakenOutOfTheFileLosesItsSessionsAtTheReload) {
-  const testing::TempDir dir("kvtier_fast_path_removed_");
-  const std::string seed = std::to_string(rng_.seed());
-  const testing::TestTenant a{"tenant-a", "WRITER", "tenant-a", "a-token-" + seed};
-  const testing::TestTenant b{"tenant-b", "WRITER", "tenant-b", "b-token-" + seed};
-  const testing::TestTenant admin{"ops", "ADMIN", "", "admin-token-" + seed};
-  const std::filesystem::path tenants = dir / "tenants.json";
-  std::ofstream(tenants) << testing::TenantsJson({a, b, admin});
-  StartCache({"--tenants", tenants.string(), "--reload-seconds", "1"});
-  client_ = ClientOf(dir, admin);  // Stats
-  std::unique_ptr<CacheClient> as_a = ClientOf(dir, a), as_b = ClientOf(dir, b);
+  StartCacheWithTwoTenants();
+  std::unique_ptr<CacheClient> as_a = ClientOf(kTenantA), as_b = ClientOf(kTenantB);
   const std::vector<TestBlock> blocks_a = StoreBlocks(*as_a, layout_, "tenant-a", rng_.seed(), 2);
   const std::vector<TestBlock> blocks_b = StoreBlocks(*as_b, layout_, "tenant-b", rng_.seed() + 50, 2);
   constexpr uint64_t kStaging = 1 << 20;
@@ -301,7 +300,7 @@ TEST_F(FastPathTest, ATenantTakenOutOfTheFileLosesItsSessionsAtTheReload) {
   ASSERT_EQ(before.fast_path_staging_bytes(), 2 * kStaging);
   ASSERT_EQ(before.pinned_blocks(), 4u);
 
-  testing::WriteAtomically(tenants, testing::TenantsJson({a, admin}));
+  SwapTenants({kTenantA});
   ASSERT_TRUE(StatsBecome([](const v1::StatsResponse& s) { return s.fast_path_sessions() == 1; }))
       << "tenant-b's session outlived the reload";
   const v1::StatsResponse after = Stats();
@@ -317,21 +316,17 @@ TEST_F(FastPathTest, ATenantTakenOutOfTheFileLosesItsSessionsAtTheReload) {
 // that namespace's blocks go to afterwards, though its session read that
 // namespace before (it must lease again, under the new file).
 TEST_F(FastPathTest, ATenantTakenOffANamespaceMapsNoneOfItsNewSegments) {
-  const testing::TempDir dir("kvtier_fast_path_narrowed_");
-  const std::string seed = std::to_string(rng_.seed());
-  testing::TestTenant a{"tenant-a", "WRITER", "tenant-a,shared", "a-token-" + seed};
-  const testing::TestTenant b{"tenant-b", "WRITER", "shared", "b-token-" + seed};
-  const std::filesystem::path tenants = dir / "tenants.json";
-  std::ofstream(tenants) << testing::TenantsJson({a, b});
-  StartCache({"--tenants", tenants.string(), "--reload-seconds", "1"});
-  std::unique_ptr<CacheClient> as_a = ClientOf(dir, a), as_b = ClientOf(dir, b);
+  testing::TestTenant a{"tenant-a", "WRITER", "tenant-a,shared", "a-token"};
+  const testing::TestTenant b{"tenant-b", "WRITER", "shared", "b-token"};
+  StartCacheWithTenants({a, b});
+  std::unique_ptr<CacheClient> as_a = ClientOf(a), as_b = ClientOf(b);
   const std::vector<TestBlock> before = StoreBlocks(*as_b, layout_, "shared", rng_.seed(), 2);
   auto session_a = OpenRaw(/*prove=*/true, as_a.get());
   v1::LeaseBlocksResponse leased;
   ASSERT_TRUE(Lease(*session_a, "shared", Hashes(before), leased, 0, as_a.get()).ok());
 
   a.ns = "tenant-a";
-  testing::WriteAtomically(tenants, testing::TenantsJson({a, b}));
+  SwapTenants({a, b});
   ASSERT_TRUE(testing::Eventually([&] {
     v1::LeaseBlocksResponse refused;
     return Lease(*session_a, "shared", Hashes(before), refused, 0, as_a.get()).error_code() ==
