@@ -82,10 +82,16 @@ std::vector<std::string> Names(TenantRegistry& registry) {
   return names;
 }
 
+// A tenants file's entry: `namespaces` as JSON strings ("\"a1\", \"a2\"")
+// and a token whose SHA-256 is 64 times `hash`.
+std::string Tenant(const std::string& name, const std::string& role, const std::string& namespaces, char hash) {
+  return "{\"name\": \"" + name + "\", \"role\": \"" + role + "\", \"namespaces\": [" + namespaces +
+         "], \"tokenSha256\": [\"" + std::string(64, hash) + "\"]}";
+}
+
 // A tenants file of one tenant, `name`, of `role`.
 std::string OnlyTenant(const std::string& name, const std::string& role) {
-  return "{\"tenants\": [{\"name\": \"" + name + "\", \"role\": \"" + role + "\", \"namespaces\": [\"a\"], " +
-         "\"tokenSha256\": [\"" + kHash + "\"]}]}";
+  return "{\"tenants\": [" + Tenant(name, role, "\"a\"", kHash[0]) + "]}";
 }
 
 // Writes `json` to `path` by a rename, as Kubernetes swaps a Secret's files.
@@ -154,13 +160,9 @@ TEST(TenantRegistry, NamespacesReadByTheSameTenantsShareAReaderClass) {
 
   const testing::TempDir dir("kvtier-tenants-classes-");
   const std::filesystem::path path = dir / "tenants.json";
-  const auto tenant = [](const std::string& name, const std::string& role, const std::string& namespaces, char hash) {
-    return "{\"name\": \"" + name + "\", \"role\": \"" + role + "\", \"namespaces\": [" + namespaces +
-           "], \"tokenSha256\": [\"" + std::string(64, hash) + "\"]}";
-  };
-  std::ofstream(path) << "{\"tenants\": [" << tenant("acme", "WRITER", "\"a1\", \"a2\", \"shared\"", 'a') << ", "
-                      << tenant("globex", "WRITER", "\"g1\", \"shared\"", 'b') << ", "
-                      << tenant("auditor", "READER", "\"a2\"", 'c') << ", " << tenant("ops", "ADMIN", "", 'd') << "]}";
+  std::ofstream(path) << "{\"tenants\": [" << Tenant("acme", "WRITER", "\"a1\", \"a2\", \"shared\"", 'a') << ", "
+                      << Tenant("globex", "WRITER", "\"g1\", \"shared\"", 'b') << ", "
+                      << Tenant("auditor", "READER", "\"a2\"", 'c') << ", " << Tenant("ops", "ADMIN", "", 'd') << "]}";
   auto registry = TenantRegistry::Open(path.string(), absl::Hours(1));
   ASSERT_TRUE(registry.ok()) << registry.status();
   TenantRegistry& r = **registry;
@@ -172,8 +174,8 @@ TEST(TenantRegistry, NamespacesReadByTheSameTenantsShareAReaderClass) {
   EXPECT_NE(r.ReaderClass("nobody-1"), r.ReaderClass("a1"));
 
   // The auditor drops a2: a1 and a2 are read by acme alone now.
-  std::ofstream(dir / "new") << "{\"tenants\": [" << tenant("acme", "WRITER", "\"a1\", \"a2\"", 'a') << ", "
-                             << tenant("auditor", "READER", "\"a3\"", 'c') << "]}";
+  std::ofstream(dir / "new") << "{\"tenants\": [" << Tenant("acme", "WRITER", "\"a1\", \"a2\"", 'a') << ", "
+                             << Tenant("auditor", "READER", "\"a3\"", 'c') << "]}";
   std::filesystem::rename(dir / "new", path);
   r.ReloadIfChanged();
   EXPECT_EQ(r.ReaderClass("a1"), r.ReaderClass("a2"));
@@ -189,9 +191,8 @@ TEST(TenantRegistry, MayReadFollowsTheFileAsItIsNow) {
   const testing::TempDir dir("kvtier-tenants-may-read-");
   const std::filesystem::path path = dir / "tenants.json";
   const auto file = [](const std::string& acme_namespaces) {
-    return "{\"tenants\": [{\"name\": \"acme\", \"role\": \"READER\", \"namespaces\": [" + acme_namespaces +
-           "], \"tokenSha256\": [\"" + std::string(64, 'a') + "\"]}, {\"name\": \"ops\", \"role\": \"ADMIN\", " +
-           "\"tokenSha256\": [\"" + std::string(64, 'b') + "\"]}]}";
+    return "{\"tenants\": [" + Tenant("acme", "READER", acme_namespaces, 'a') + ", " + Tenant("ops", "ADMIN", "", 'b') +
+           "]}";
   };
   std::ofstream(path) << file("\"a1\", \"shared\"");
   auto registry = TenantRegistry::Open(path.string(), absl::Hours(1));
