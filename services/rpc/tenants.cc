@@ -164,12 +164,12 @@ struct TenantRegistry::Loaded {
     return loaded;
   }
 
-  QuotaList Quotas() const {
-    QuotaList quotas;
+  TenantList Tenants() const {
+    TenantList tenants;
     for (const auto& caller : callers) {
-      if (!caller->tenant.empty()) quotas.emplace_back(caller->tenant, caller->quota);
+      if (!caller->tenant.empty()) tenants.push_back(caller);
     }
-    return quotas;
+    return tenants;
   }
 };
 
@@ -215,7 +215,7 @@ void TenantRegistry::ReloadIfChanged() {
   std::shared_ptr<const Loaded> loaded = Loaded::From(*file);
   {
     absl::MutexLock lock(&hook_mu_);
-    if (on_reload_) on_reload_(loaded->Quotas());
+    if (on_reload_) on_reload_(loaded->Tenants());
   }
   {
     absl::MutexLock lock(&mu_);
@@ -227,7 +227,7 @@ void TenantRegistry::ReloadIfChanged() {
   Log(LogLevel::kInfo, "auth", absl::StrCat("reloaded ", file->tenants_size(), " tenants from ", path_));
 }
 
-void TenantRegistry::OnReload(std::function<void(const QuotaList&)> hook) {
+void TenantRegistry::OnReload(std::function<void(const TenantList&)> hook) {
   absl::MutexLock lock(&hook_mu_);
   on_reload_ = std::move(hook);
 }
@@ -262,7 +262,7 @@ bool TenantRegistry::MayRead(const std::string& tenant, const std::string& ns) {
   return it != loaded->names.end() && loaded->callers[it->second]->MayUse(ns);
 }
 
-TenantRegistry::QuotaList TenantRegistry::Quotas() { return Current()->Quotas(); }
+TenantRegistry::TenantList TenantRegistry::Tenants() { return Current()->Tenants(); }
 
 absl::StatusOr<std::shared_ptr<const Caller>> TenantRegistry::Authenticate(const grpc::ServerContextBase& context,
                                                                            const char* method) {

@@ -44,6 +44,9 @@ struct Caller {
 
   bool MayUse(const std::string& ns) const { return role == v1::ADMIN || namespaces.contains(ns); }
   bool MayWrite() const { return role != v1::READER; }
+  // Whether the call's fast path session may stage Puts: a service's
+  // session (SessionOwner) writes for many tenants.
+  bool SessionOwnerMayWrite() const { return !service.empty() || MayWrite(); }
   bool IsService() const { return role == v1::SERVICE || role == v1::ADMIN; }
   // Who holds the call's connections, fast path sessions and leases: the
   // service when it acts for the tenant.
@@ -76,9 +79,10 @@ class TenantRegistry {
   TenantRegistry& operator=(const TenantRegistry&) = delete;
 
   bool enforced() const { return !path_.empty(); }
-  // Each tenant's quota, by name, as the file says now.
-  using QuotaList = std::vector<std::pair<std::string, v1::TenantQuota>>;
-  QuotaList Quotas();
+  // Each tenant as the file says now (its name, role, namespaces and
+  // quota); none without a tenants file.
+  using TenantList = std::vector<std::shared_ptr<const Caller>>;
+  TenantList Tenants();
 
   // Who may read `ns`, as a key: the tenants (admins aside, who read every
   // namespace) whose namespaces include it, as the file says now; one key
@@ -100,11 +104,11 @@ class TenantRegistry {
   absl::StatusOr<std::shared_ptr<const Caller>> Authenticate(const grpc::ServerContextBase& context,
                                                              const char* method);
 
-  // Calls `hook` with the quotas of each changed file a reload takes (on
+  // Calls `hook` with the tenants of each changed file a reload takes (on
   // the watcher's thread), before calls see that file; nullptr stops it.
   // Once this returns, the hook it replaces is not running and will not
   // run again.
-  void OnReload(std::function<void(const QuotaList&)> hook);
+  void OnReload(std::function<void(const TenantList&)> hook);
 
   // Reads the file again now if it changed (the thread's job; for tests).
   void ReloadIfChanged();
@@ -125,7 +129,7 @@ class TenantRegistry {
   std::shared_ptr<const Loaded> loaded_ ABSL_GUARDED_BY(mu_);
   std::string signature_ ABSL_GUARDED_BY(mu_);  // the file's inode, size and mtime when read
   absl::Mutex hook_mu_;                         // held while the hook runs
-  std::function<void(const QuotaList&)> on_reload_ ABSL_GUARDED_BY(hook_mu_);
+  std::function<void(const TenantList&)> on_reload_ ABSL_GUARDED_BY(hook_mu_);
   std::unique_ptr<PeriodicTask> watcher_;  // last: stops first
 };
 

@@ -312,6 +312,31 @@ TEST_F(FastPathTest, ATenantTakenOutOfTheFileLosesItsSessionsAtTheReload) {
   EXPECT_TRUE(Lease(*session_a, "tenant-a", Hashes(blocks_a), again, 0, as_a.get()).ok());
 }
 
+// A reader's session holds no staging (its Puts are refused), and a
+// tenant turned reader at a reload gives its sessions' staging back: they
+// end, and the next it opens gets none.
+TEST_F(FastPathTest, ATenantTurnedReaderGivesItsStagingBackAtTheReload) {
+  testing::TestTenant a = kTenantA;
+  const testing::TestTenant reader{"tenant-r", "READER", "tenant-a", "r-token"};
+  StartCacheWithTenants({a, kTenantB, reader});
+  std::unique_ptr<CacheClient> as_a = ClientOf(a), as_b = ClientOf(kTenantB), as_reader = ClientOf(reader);
+  constexpr uint64_t kStaging = 1 << 20;
+  auto session_a = OpenRaw(/*prove=*/true, as_a.get(), kStaging), session_b = OpenRaw(true, as_b.get(), kStaging);
+  auto session_r = OpenRaw(true, as_reader.get(), kStaging);
+  EXPECT_EQ(session_r->opened.staging_bytes(), 0u);
+  ASSERT_TRUE(StatsBecome([](const v1::StatsResponse& s) { return s.fast_path_sessions() == 3; }));
+  ASSERT_EQ(Stats().fast_path_staging_bytes(), 2 * kStaging);
+
+  a.role = "READER";
+  SwapTenants({a, kTenantB, reader});
+  ASSERT_TRUE(StatsBecome([](const v1::StatsResponse& s) { return s.fast_path_sessions() == 2; }))
+      << "tenant-a's session outlived the reload, or the reader's did not";
+  EXPECT_EQ(Stats().fast_path_staging_bytes(), kStaging) << "tenant-a's staging region was kept";
+  char byte;
+  EXPECT_EQ(recv(session_a->socket, &byte, 1, MSG_DONTWAIT), 0) << "tenant-a's connection is still open";
+  EXPECT_EQ(OpenRaw(true, as_a.get(), kStaging)->opened.staging_bytes(), 0u);
+}
+
 // A tenant taken off a namespace at a reload maps none of the segments
 // that namespace's blocks go to afterwards, though its session read that
 // namespace before (it must lease again, under the new file).

@@ -78,7 +78,7 @@ TEST(OperationsDoc, QuickStartTenantsFileParses) {
 // The tenants' names, as `registry`'s file lists them now.
 std::vector<std::string> Names(TenantRegistry& registry) {
   std::vector<std::string> names;
-  for (const auto& [name, quota] : registry.Quotas()) names.push_back(name);
+  for (const auto& tenant : registry.Tenants()) names.push_back(tenant->tenant);
   return names;
 }
 
@@ -119,7 +119,7 @@ TEST(TenantRegistry, KeepsTheLastGoodFileWhenABadOneReplacesIt) {
 }
 
 // The reload hook (kvtier-cache gives its store the quotas with it) runs
-// once for each changed file taken, with its quotas, before calls see it,
+// once for each changed file taken, with its tenants, before calls see it,
 // and for nothing else: not for an unchanged file or a refused one, not
 // once it is stopped.
 TEST(TenantRegistry, RunsItsHookForEachFileAReloadTakes) {
@@ -129,10 +129,10 @@ TEST(TenantRegistry, RunsItsHookForEachFileAReloadTakes) {
   absl::StatusOr<std::unique_ptr<TenantRegistry>> registry = TenantRegistry::Open(path.string(), absl::Hours(1));
   ASSERT_TRUE(registry.ok()) << registry.status();
   std::vector<std::vector<std::string>> seen;
-  (*registry)->OnReload([&](const TenantRegistry::QuotaList& quotas) {
+  (*registry)->OnReload([&](const TenantRegistry::TenantList& tenants) {
     EXPECT_EQ(Names(**registry), std::vector<std::string>{"acme"}) << "calls saw the file before the hook";
     seen.emplace_back();
-    for (const auto& [name, quota] : quotas) seen.back().push_back(name);
+    for (const auto& tenant : tenants) seen.back().push_back(tenant->tenant + " " + v1::TenantRole_Name(tenant->role));
   });
   (*registry)->ReloadIfChanged();  // unchanged
   Replace(path, "{\"tenants\": []}");
@@ -141,7 +141,7 @@ TEST(TenantRegistry, RunsItsHookForEachFileAReloadTakes) {
   Replace(path, OnlyTenant("globex", "WRITER"));
   (*registry)->ReloadIfChanged();
   (*registry)->ReloadIfChanged();
-  EXPECT_EQ(seen, std::vector<std::vector<std::string>>{{"globex"}});
+  EXPECT_EQ(seen, std::vector<std::vector<std::string>>{{"globex WRITER"}});
   (*registry)->OnReload(nullptr);
   Replace(path, OnlyTenant("initech", "WRITER"));
   (*registry)->ReloadIfChanged();

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "services/cache/fast_path/fast_path_socket.h"
@@ -120,8 +121,15 @@ absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(const v1::OpenFast
   }
   absl::MutexLock lock(&mu_);
   ExpireLocked();
-  if (kept_tenants_.has_value() && !kept_tenants_->contains(caller.SessionOwner())) {
-    return absl::PermissionDeniedError(absl::StrCat(caller.Describe(), " is no longer in the tenants file"));
+  // The file as the last reload read it, over the caller's (a call
+  // authenticated under the one before).
+  bool may_write = caller.SessionOwnerMayWrite();
+  if (kept_tenants_.has_value()) {
+    auto kept = kept_tenants_->find(caller.SessionOwner());
+    if (kept == kept_tenants_->end()) {
+      return absl::PermissionDeniedError(absl::StrCat(caller.Describe(), " is no longer in the tenants file"));
+    }
+    may_write = kept->second;
   }
   if (sessions_.size() >= options_.max_sessions) {
     return absl::ResourceExhaustedError(absl::StrCat(sessions_.size(), " fast path sessions are open, the limit"));
@@ -141,8 +149,12 @@ absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(const v1::OpenFast
   RandomBytes(session.secret.data(), session.secret.size());
   session.open_until = clock_->Now() + options_.prove_within;
   // Whole pages within this session's share, granted once it is proven (an
-  // unproven session, from anywhere, holds none of the budget).
-  session.staging_wanted = std::min(request.staging_bytes(), options_.max_staging_per_session) & ~uint64_t{4095};
+  // unproven session, from anywhere, holds none of the budget); none for a
+  // reader, whose Puts are refused.
+  session.may_write = may_write;
+  if (may_write) {
+    session.staging_wanted = std::min(request.staging_bytes(), options_.max_staging_per_session) & ~uint64_t{4095};
+  }
   // GPU clients get a device buffer of their own when the device tier is on
   // a GPU (its blocks are copied there, device to device, per lease), also
   // only once proven: an unproven session holds no GPU memory.
@@ -333,22 +345,33 @@ void FastPathServer::ExpireLocked() {
   }
 }
 
-std::vector<std::string> FastPathServer::KeepTenants(const std::vector<std::string>& tenants) {
+std::vector<std::string> FastPathServer::KeepTenants(const TenantRegistry::TenantList& tenants) {
   absl::MutexLock lock(&mu_);
-  kept_tenants_.emplace(tenants.begin(), tenants.end());
-  std::vector<std::string> ending;
-  for (const auto& [tenant, held] : sessions_by_tenant_) {
-    if (!kept_tenants_->contains(tenant)) ending.push_back(tenant);
+  kept_tenants_.emplace();
+  for (const auto& tenant : tenants) kept_tenants_->emplace(tenant->tenant, tenant->MayWrite());
+  std::set<std::string> ending;  // once a tenant, in order
+  for (const auto& [id, session] : sessions_) {
+    if (KeptLocked(session)) continue;
+    auto kept = kept_tenants_->find(session.tenant);
+    ending.insert(absl::StrCat("tenant ", session.tenant,
+                               kept == kept_tenants_->end() ? " is no longer in the file"
+                               : kept->second               ? " may write now"
+                                                            : " may no longer write"));
   }
   sessions_to_end_ = !ending.empty();
-  return ending;
+  return {ending.begin(), ending.end()};
 }
 
-void FastPathServer::EndSessionsOfOtherTenantsLocked() {
+bool FastPathServer::KeptLocked(const Session& session) const {
+  auto kept = kept_tenants_->find(session.tenant);
+  return kept != kept_tenants_->end() && kept->second == session.may_write;
+}
+
+void FastPathServer::EndSessionsNotKeptLocked() {
   sessions_to_end_ = false;
   std::vector<uint64_t> ending;
   for (const auto& [id, session] : sessions_) {
-    if (!kept_tenants_->contains(session.tenant)) ending.push_back(id);
+    if (!KeptLocked(session)) ending.push_back(id);
   }
   for (uint64_t id : ending) {
     const int socket = sessions_.at(id).socket;
@@ -478,7 +501,7 @@ void FastPathServer::Loop() {
     {
       absl::MutexLock lock(&mu_);
       ExpireLocked();
-      if (sessions_to_end_) EndSessionsOfOtherTenantsLocked();
+      if (sessions_to_end_) EndSessionsNotKeptLocked();
       // Connections that never proved a session are closed here, on the
       // thread that polls them.
       const absl::Time now = clock_->Now();

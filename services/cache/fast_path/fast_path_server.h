@@ -24,7 +24,6 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -135,11 +134,14 @@ class FastPathServer {
   // Ends a fast-path lease; NOT_FOUND if unknown, expired or another
   // tenant's.
   absl::Status Release(uint64_t lease_id, const std::string& tenant = "");
-  // The tenants that may hold sessions from now on (a tenants file's, at
-  // each reload; until called, any): the sessions of every other end on the
-  // loop's next turn (their connections closed, leases ended and staging
-  // freed), and Open refuses them. Returns the tenants whose sessions end.
-  std::vector<std::string> KeepTenants(const std::vector<std::string>& tenants);
+  // The tenants that may hold sessions from now on, with their roles (a
+  // tenants file's, at each reload; until called, any): on the loop's next
+  // turn the sessions of every other end (their connections closed, leases
+  // ended and staging freed), and so do those of a tenant whose right to
+  // write changed (a new session gets staging as its tenant may write now);
+  // Open refuses the others. Returns why each tenant's sessions end, one
+  // line each ("tenant NAME is no longer in the file").
+  std::vector<std::string> KeepTenants(const TenantRegistry::TenantList& tenants);
   FastPathCounters Counters();
   // Waits until `sessions` proven sessions are open, at most `timeout`;
   // whether they are (for tests: a session ends on the socket's thread).
@@ -162,6 +164,7 @@ class FastPathServer {
     // for (the caller, or the end tenant a service acted for).
     std::set<std::pair<std::string, std::string>> namespaces;  // (tenant, namespace)
     std::set<uint64_t> leases;
+    bool may_write = true;                   // its tenant's right when it opened: staging
     uint64_t staging_wanted = 0;             // granted on proof, if the budget allows
     uint64_t device_wanted = 0;              // likewise
     std::shared_ptr<StagingRegion> staging;  // null: none granted
@@ -200,9 +203,11 @@ class FastPathServer {
                     std::vector<std::shared_ptr<const PinnedBlock>>& pinned, uint64_t& bytes,
                     std::vector<uint64_t>& ranges);
   void ExpireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Ends the sessions of tenants KeepTenants did not name; on the loop's
-  // thread, which alone closes the sockets it polls.
-  void EndSessionsOfOtherTenantsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the sessions KeepTenants does not keep; on the loop's thread,
+  // which alone closes the sockets it polls.
+  void EndSessionsNotKeptLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether KeepTenants keeps `session`.
+  bool KeptLocked(const Session& session) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const FastPathOptions options_;
   BlockStore* const store_;
@@ -226,9 +231,10 @@ class FastPathServer {
   // The leases by deadline, soonest first: expiry looks only at those due.
   std::multimap<absl::Time, uint64_t> lease_deadlines_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, size_t> sessions_by_tenant_ ABSL_GUARDED_BY(mu_);
-  // The tenants KeepTenants named (nullopt: any), and whether sessions of
-  // others are left to end.
-  std::optional<absl::flat_hash_set<std::string>> kept_tenants_ ABSL_GUARDED_BY(mu_);
+  // The tenants KeepTenants named, each with whether it may write
+  // (nullopt: any, as its caller says), and whether sessions it does not
+  // keep are left to end.
+  std::optional<absl::flat_hash_map<std::string, bool>> kept_tenants_ ABSL_GUARDED_BY(mu_);
   bool sessions_to_end_ ABSL_GUARDED_BY(mu_) = false;
   FastPathCounters counters_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;

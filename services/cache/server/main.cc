@@ -233,15 +233,15 @@ int Run(Flags f) {
   // The blocks it found are held to their tenants' quotas before their
   // Puts, and a quota changed in the tenants file holds once calls see it.
   const auto give_quotas = [store = store->get(),
-                            tiers = (*store)->Stats().tiers](const TenantRegistry::QuotaList& tenants_quotas) {
+                            tiers = (*store)->Stats().tiers](const TenantRegistry::TenantList& tenants) {
     std::vector<std::pair<std::string, OwnerQuota>> quotas;
-    for (const auto& [tenant, quota] : tenants_quotas) quotas.emplace_back(tenant, ToOwnerQuota(quota));
+    for (const auto& tenant : tenants) quotas.emplace_back(tenant->tenant, ToOwnerQuota(tenant->quota));
     store->SetQuotas(quotas);
     for (const std::string& warning : OvercommittedQuotas(quotas, tiers)) {  // capacities: fixed at Create
       Log(LogLevel::kWarning, "tenants", warning);
     }
   };
-  give_quotas((*tenants)->Quotas());
+  give_quotas((*tenants)->Tenants());
   std::unique_ptr<FastPathServer> fast_path;
   if (!f.no_fast_path) {
     absl::StatusOr<std::unique_ptr<FastPathServer>> started =
@@ -250,14 +250,13 @@ int Run(Flags f) {
     fast_path = *std::move(started);
   }
   // A tenant taken out of the file keeps no fast path session (nor the
-  // staging memory and pinned blocks it holds).
-  (*tenants)->OnReload([give_quotas, fast_path = fast_path.get()](const TenantRegistry::QuotaList& tenants_quotas) {
-    give_quotas(tenants_quotas);
+  // staging memory and pinned blocks it holds), and one whose right to
+  // write changed gets new ones (with staging or without, as it may write).
+  (*tenants)->OnReload([give_quotas, fast_path = fast_path.get()](const TenantRegistry::TenantList& tenants) {
+    give_quotas(tenants);
     if (fast_path == nullptr) return;
-    std::vector<std::string> names;
-    for (const auto& [tenant, quota] : tenants_quotas) names.push_back(tenant);
-    for (const std::string& gone : fast_path->KeepTenants(names)) {
-      Log(LogLevel::kInfo, "tenants", "tenant " + gone + " is no longer in the file: its fast path sessions end");
+    for (const std::string& why : fast_path->KeepTenants(tenants)) {
+      Log(LogLevel::kInfo, "tenants", why + ": its fast path sessions end");
     }
   });
   // Before the fast path and the store go.

@@ -81,6 +81,18 @@ class FastPathServerTest : public ::testing::Test {
     return opened.session_id();
   }
 
+  // A tenants file's tenants, as a reload hands them over.
+  static TenantRegistry::TenantList Tenants(const std::vector<std::pair<std::string, v1::TenantRole>>& roles) {
+    TenantRegistry::TenantList tenants;
+    for (const auto& [name, role] : roles) {
+      auto tenant = std::make_shared<Caller>();
+      tenant->tenant = name;
+      tenant->role = role;
+      tenants.push_back(std::move(tenant));
+    }
+    return tenants;
+  }
+
   testing::SeededRng rng_;
   ManualClock clock_;
   kvblock::LatentLayout layout_ = Layout();
@@ -143,9 +155,9 @@ TEST_F(FastPathServerTest, SessionsOfTenantsNotKeptEnd) {
           .ok());
   ASSERT_EQ(store_->Stats().pinned_blocks, 1u);
 
-  std::vector<std::string> ending = server_->KeepTenants({"tenant-a", "tenant-d"});
-  std::sort(ending.begin(), ending.end());
-  EXPECT_EQ(ending, (std::vector<std::string>{"tenant-b", "tenant-c"}));
+  EXPECT_EQ(server_->KeepTenants(Tenants({{"tenant-a", v1::WRITER}, {"tenant-d", v1::WRITER}})),
+            (std::vector<std::string>{"tenant tenant-b is no longer in the file",
+                                      "tenant tenant-c is no longer in the file"}));
   EXPECT_EQ(server_->Open({}, b).status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_TRUE(server_->AwaitSessions(1, absl::Seconds(5)));
   EXPECT_EQ(store_->Stats().pinned_blocks, 0u) << "tenant-b's lease outlived its session";
@@ -157,8 +169,72 @@ TEST_F(FastPathServerTest, SessionsOfTenantsNotKeptEnd) {
       server_->Lease(opened_a.session_id(), "ns", kvblock::LayoutId(layout_), {hash}, absl::Minutes(5), response, a)
           .ok());
   EXPECT_TRUE(server_->Open({}, a).ok());
-  EXPECT_TRUE(server_->KeepTenants({"tenant-a"}).empty());
+  EXPECT_TRUE(server_->KeepTenants(Tenants({{"tenant-a", v1::ADMIN}})).empty());
   close(socket_a), close(socket_b), close(socket_c);
+}
+
+// A reader's Puts are refused, so its session gets no staging region to
+// hold from the budget; a service's session does, though it acts for a
+// reader (it writes for every tenant it serves).
+TEST_F(FastPathServerTest, AReadersSessionGetsNoStaging) {
+  v1::OpenFastPathRequest wants;
+  wants.set_staging_bytes(1 << 20);
+  Caller reader;
+  reader.tenant = "reader";
+  reader.role = v1::READER;
+  const v1::OpenFastPathResponse opened = *server_->Open(wants, reader);
+  EXPECT_EQ(opened.staging_bytes(), 0u);
+  int socket, fd = -1;
+  ASSERT_TRUE(Prove(opened, socket, fd).ok());
+  EXPECT_EQ(fd, -1) << "the reader's session got a staging region";
+  EXPECT_EQ(server_->Counters().staging_bytes, 0u);
+  Caller acting = reader;
+  acting.service = "prefill";
+  int service_socket, service_fd = -1;
+  ASSERT_TRUE(Prove(*server_->Open(wants, acting), service_socket, service_fd).ok());
+  EXPECT_GE(service_fd, 0) << "the service's session got no staging region";
+  EXPECT_EQ(server_->Counters().staging_bytes, 1u << 20);
+  close(socket), close(service_socket), close(service_fd);
+}
+
+// A reload that changes a tenant's right to write ends its sessions: one
+// turned reader gives its staging back to the budget, one turned writer
+// opens sessions that get staging; a session opened by a call
+// authenticated under the old file follows the new one.
+TEST_F(FastPathServerTest, SessionsOfATenantWhoseRightToWriteChangedEnd) {
+  v1::OpenFastPathRequest wants;
+  wants.set_staging_bytes(1 << 20);
+  Caller acme, other;
+  acme.tenant = "acme";
+  acme.role = v1::WRITER;
+  other.tenant = "other";
+  other.role = v1::WRITER;
+  int socket, other_socket, fd = -1, other_fd = -1;
+  ASSERT_TRUE(Prove(*server_->Open(wants, acme), socket, fd).ok());
+  ASSERT_TRUE(Prove(*server_->Open(wants, other), other_socket, other_fd).ok());
+  ASSERT_EQ(server_->Counters().staging_bytes, 2u << 20);
+  close(fd), close(other_fd);
+
+  EXPECT_EQ(server_->KeepTenants(Tenants({{"acme", v1::READER}, {"other", v1::WRITER}})),
+            std::vector<std::string>{"tenant acme may no longer write"});
+  EXPECT_TRUE(server_->AwaitSessions(1, absl::Seconds(5)));
+  EXPECT_EQ(server_->Counters().staging_bytes, 1u << 20) << "acme's session kept its staging region";
+  char byte;
+  EXPECT_EQ(recv(socket, &byte, 1, MSG_DONTWAIT), 0) << "acme's connection was not closed";
+  close(socket);
+  const v1::OpenFastPathResponse as_reader = *server_->Open(wants, acme);  // authenticated before the reload
+  EXPECT_EQ(as_reader.staging_bytes(), 0u);
+  ASSERT_TRUE(Prove(as_reader, socket, fd).ok());
+  EXPECT_EQ(fd, -1);
+
+  EXPECT_EQ(server_->KeepTenants(Tenants({{"acme", v1::WRITER}, {"other", v1::WRITER}})),
+            std::vector<std::string>{"tenant acme may write now"});
+  EXPECT_TRUE(server_->AwaitSessions(1, absl::Seconds(5)));
+  close(socket);
+  ASSERT_TRUE(Prove(*server_->Open(wants, acme), socket, fd).ok());
+  EXPECT_GE(fd, 0) << "acme's new session got no staging region";
+  EXPECT_EQ(server_->Counters().staging_bytes, 2u << 20);
+  close(socket), close(fd), close(other_socket);
 }
 
 // A session maps a segment only for a tenant that may still read the
