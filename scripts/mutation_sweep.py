@@ -111,7 +111,9 @@ MUTATIONS = [
      "session.namespaces.emplace(caller.tenant, ns);", "session.namespaces.emplace(caller.SessionOwner(), ns);",
      ["cache_service_test"]),
     ("F5", "a tenant taken out of the tenants file opens sessions", FAST_PATH,
-     "    if (kept == kept_tenants_->end()) {", "    if (false) {", ["cache_service_test"]),
+     "    if (kept == kept_tenants_->end()) {\n      return absl::PermissionDeniedError(absl::StrCat(caller.Describe(), "
+     "\" is no longer in the tenants file\"));\n    }\n    may_write = kept->second;",
+     "    if (kept != kept_tenants_->end()) may_write = kept->second;", ["cache_service_test"]),
     ("F8", "a reader's session gets staging", FAST_PATH, "  if (may_write) {\n    session.staging_wanted",
      "  if (true) {\n    session.staging_wanted", ["cache_service_test", "fast_path_test"]),
     ("F9", "a tenant turned reader keeps its sessions' staging", FAST_PATH,
