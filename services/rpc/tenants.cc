@@ -136,6 +136,7 @@ absl::StatusOr<v1::TenantsFile> ParseTenantsFile(const std::string& json) {
 
 // One version of the file, ready to check calls against.
 struct TenantRegistry::Loaded {
+  uint64_t version = 0;                                // Version()
   std::vector<std::shared_ptr<const Caller>> callers;  // as the file lists them
   // By the token's SHA-256: a lookup, not a scan, however many tenants.
   // The digest of a secret leaks nothing through the lookup's timing.
@@ -146,10 +147,12 @@ struct TenantRegistry::Loaded {
   mutable absl::Mutex classes_mu;
   mutable absl::flat_hash_map<std::string, std::string> classes ABSL_GUARDED_BY(classes_mu);
 
-  static std::shared_ptr<const Loaded> From(const v1::TenantsFile& file) {
+  static std::shared_ptr<const Loaded> From(const v1::TenantsFile& file, uint64_t version) {
     auto loaded = std::make_shared<Loaded>();
+    loaded->version = version;
     for (const v1::Tenant& t : file.tenants()) {
       auto caller = std::make_shared<Caller>();
+      caller->file_version = version;
       caller->tenant = t.name();
       caller->role = t.role();
       caller->namespaces.insert(t.namespaces().begin(), t.namespaces().end());
@@ -185,7 +188,7 @@ absl::StatusOr<std::unique_ptr<TenantRegistry>> TenantRegistry::Open(const std::
   absl::StatusOr<v1::TenantsFile> file = ParseTenantsFile(*json);
   if (!file.ok()) return absl::InvalidArgumentError(absl::StrCat("--tenants ", path, ": ", file.status().message()));
   Log(LogLevel::kInfo, "auth", absl::StrCat(file->tenants_size(), " tenants from ", path));
-  return std::unique_ptr<TenantRegistry>(new TenantRegistry(path, reload, Loaded::From(*file), signature));
+  return std::unique_ptr<TenantRegistry>(new TenantRegistry(path, reload, Loaded::From(*file, 0), signature));
 }
 
 TenantRegistry::TenantRegistry(std::string path, absl::Duration reload, std::shared_ptr<const Loaded> loaded,
@@ -212,7 +215,7 @@ void TenantRegistry::ReloadIfChanged() {
                      " changed but is refused (the last good one stays): ", file.status().message()));
     return;
   }
-  std::shared_ptr<const Loaded> loaded = Loaded::From(*file);
+  std::shared_ptr<const Loaded> loaded = Loaded::From(*file, Current()->version + 1);
   {
     absl::MutexLock lock(&hook_mu_);
     if (on_reload_) on_reload_(loaded->Tenants());
@@ -263,6 +266,8 @@ bool TenantRegistry::MayRead(const std::string& tenant, const std::string& ns) {
 }
 
 TenantRegistry::TenantList TenantRegistry::Tenants() { return Current()->Tenants(); }
+
+uint64_t TenantRegistry::Version() { return Current()->version; }
 
 absl::StatusOr<std::shared_ptr<const Caller>> TenantRegistry::Authenticate(const grpc::ServerContextBase& context,
                                                                            const char* method) {

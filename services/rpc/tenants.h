@@ -15,6 +15,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -41,6 +42,8 @@ struct Caller {
   std::string default_namespace = "default";    // the first listed, with a file
   v1::TenantQuota quota;
   std::string service;  // the service calling for it; empty when it calls itself
+  // Which read of the tenants file it came from (TenantRegistry::Version).
+  uint64_t file_version = 0;
 
   bool MayUse(const std::string& ns) const { return role == v1::ADMIN || namespaces.contains(ns); }
   bool MayWrite() const { return role != v1::READER; }
@@ -79,6 +82,10 @@ class TenantRegistry {
   TenantRegistry& operator=(const TenantRegistry&) = delete;
 
   bool enforced() const { return !path_.empty(); }
+  // Which read of the file calls are checked against now: 0 for the
+  // first, one more for each changed file a reload takes. A call that
+  // outlives reloads (a Put stream) is authenticated again when it moves.
+  uint64_t Version();
   // Each tenant as the file says now (its name, role, namespaces and
   // quota); none without a tenants file.
   using TenantList = std::vector<std::shared_ptr<const Caller>>;

@@ -667,6 +667,74 @@ TEST_F(SecurityTest, AQuotaLoweredInTheTenantsFileHoldsAtTheReload) {
       << page;
 }
 
+// A Put stream outlives reloads of the tenants file, not its caller's
+// rights: once the file takes them away (the tenant gone, or made a
+// reader), the stream's next message ends it with the status a new call
+// would get, and the block it had begun is dropped; the stream of a tenant
+// that keeps its rights stores on.
+TEST_F(SecurityTest, APutStreamEndsWhenTheTenantsFileTakesItsRightsAway) {
+  const TestTenant initech{"initech", "WRITER", "initech", "initech-token-5e21"};
+  const fs::path tenants = Dir("tenants-revoked.json");
+  WriteAtomically(tenants, TenantsJson({kAdmin, kAcme, kGlobex, initech}));
+  const std::string target = StartCache({"--tenants", tenants.string()});
+  ASSERT_FALSE(target.empty());
+  CacheClient admin = Client(target, "", kAdmin.token);
+  const kvblock::LatentLayout layout = TestLayout();
+  struct Stream {
+    const TestTenant* tenant;
+    std::vector<TestBlock> blocks;  // the first whole before the reload, the second begun
+    grpc::ClientContext context;
+    v1::PutResponse response;
+    std::unique_ptr<grpc::ClientWriter<v1::PutRequest>> writer;
+  };
+  std::vector<std::unique_ptr<CacheClient>> clients;
+  std::vector<std::unique_ptr<Stream>> streams;
+  const auto write_layers = [](Stream& s, const TestBlock& b, uint32_t begin, uint32_t end) {
+    for (uint32_t l = begin; l < end; ++l) {
+      v1::PutRequest slice;
+      slice.mutable_slice()->set_block_hash(std::string(kvblock::HashAsBytes(b.slices.hash)));
+      slice.mutable_slice()->set_data(b.slices.records[l]);
+      if (!s.writer->Write(slice)) return;  // ended by the cache: Finish says why
+    }
+  };
+  for (const TestTenant* t : {&kAcme, &kGlobex, &initech}) {
+    clients.push_back(std::make_unique<CacheClient>(Client(target, "", t->token)));
+    auto s = std::make_unique<Stream>();
+    s->tenant = t;
+    s->blocks = {MakeBlock(layout, t->ns, 1), MakeBlock(layout, t->ns, 2)};
+    s->writer = clients.back()->stub().Put(&s->context, &s->response);
+    v1::PutRequest header;
+    header.mutable_header()->set_kv_namespace(t->ns);
+    *header.mutable_header()->mutable_layout() = kvblock::LayoutToProto(layout);
+    ASSERT_TRUE(s->writer->Write(header));
+    write_layers(*s, s->blocks[0], 0, layout.num_layers);
+    write_layers(*s, s->blocks[1], 0, 3);
+    streams.push_back(std::move(s));
+  }
+  ASSERT_TRUE(StatsEventually(admin, [](const v1::StatsResponse& s) { return s.pending_blocks() == 3; }));
+
+  TestTenant globex_reader = kGlobex;
+  globex_reader.role = "READER";
+  WriteAtomically(tenants, TenantsJson({kAdmin, globex_reader, initech}));
+  ASSERT_TRUE(testing::Eventually([&] {
+    return clients[0]->Stats().status().code() == absl::StatusCode::kUnauthenticated;
+  })) << "the cache did not take the new tenants file";
+  const std::vector<grpc::StatusCode> expected = {grpc::StatusCode::UNAUTHENTICATED,
+                                                  grpc::StatusCode::PERMISSION_DENIED, grpc::StatusCode::OK};
+  for (size_t i = 0; i < streams.size(); ++i) {
+    Stream& s = *streams[i];
+    SCOPED_TRACE(s.tenant->name);
+    write_layers(s, s.blocks[1], 3, layout.num_layers);
+    s.writer->WritesDone();
+    const grpc::Status status = s.writer->Finish();
+    EXPECT_EQ(status.error_code(), expected[i]) << status.error_message();
+    const uint32_t stored = status.ok() ? 2 : 1;
+    EXPECT_EQ(admin.Match(s.tenant->ns, layout, Hashes(s.blocks))->matched_blocks(), stored);
+  }
+  EXPECT_TRUE(StatsEventually(admin, [](const v1::StatsResponse& s) { return s.pending_blocks() == 0; }))
+      << "an ended stream's begun block was kept";
+}
+
 // Quotas that add up to more than a tier holds are warned of, tier by
 // tier (a tenant within its quota may then lose blocks to another's
 // Puts); the cache serves on. Quotas that fit are not.

@@ -108,12 +108,17 @@ TEST(TenantRegistry, KeepsTheLastGoodFileWhenABadOneReplacesIt) {
   absl::StatusOr<std::unique_ptr<TenantRegistry>> registry = TenantRegistry::Open(path.string(), absl::Hours(1));
   ASSERT_TRUE(registry.ok()) << registry.status();
   EXPECT_EQ(Names(**registry), std::vector<std::string>{"acme"});
+  EXPECT_EQ((*registry)->Version(), 0u);
   Replace(path, "{\"tenants\": [");  // a bad edit: logged, the last good one stays
   (*registry)->ReloadIfChanged();
   EXPECT_EQ(Names(**registry), std::vector<std::string>{"acme"});
+  EXPECT_EQ((*registry)->Version(), 0u) << "a refused file counted as read";
   Replace(path, OnlyTenant("globex", "ADMIN"));
   (*registry)->ReloadIfChanged();
   EXPECT_EQ(Names(**registry), std::vector<std::string>{"globex"});
+  // The callers of the file taken say which read they came from.
+  EXPECT_EQ((*registry)->Version(), 1u);
+  EXPECT_EQ((*registry)->Tenants()[0]->file_version, 1u);
   EXPECT_EQ(TenantRegistry::Open((dir / "missing").string(), absl::Hours(1)).status().code(),
             absl::StatusCode::kInvalidArgument);
 }

@@ -178,7 +178,7 @@ grpc::ServerUnaryReactor* CacheService::Match(grpc::CallbackServerContext* conte
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* CacheService::Put(grpc::CallbackServerContext* context,
                                                              grpc::ByteBuffer* response) {
-  return NewPutReactor(this, CallerOf(*context), response);
+  return NewPutReactor(this, context, CallerOf(*context), response);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* CacheService::Get(grpc::CallbackServerContext* context,

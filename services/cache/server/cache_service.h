@@ -83,6 +83,7 @@ class CacheService final : public KvCacheBase {
   RpcMetrics* metrics() const { return metrics_; }
   FastPathServer* fast_path() const { return fast_path_; }
   IdleStreams* idle_puts() const { return idle_puts_; }
+  TenantRegistry* tenants() const { return tenants_; }  // null: one trust domain
 
  private:
   BlockStore* store_;

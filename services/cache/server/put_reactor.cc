@@ -29,8 +29,9 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
  public:
   static constexpr size_t kReadAhead = 8;
 
-  PutReactor(CacheService* service, absl::StatusOr<std::shared_ptr<const Caller>> caller, grpc::ByteBuffer* response)
-      : service_(service), response_(response), timer_(service->metrics(), "Put") {
+  PutReactor(CacheService* service, const grpc::CallbackServerContext* context,
+             absl::StatusOr<std::shared_ptr<const Caller>> caller, grpc::ByteBuffer* response)
+      : service_(service), context_(context), response_(response), timer_(service->metrics(), "Put") {
     Step step;
     {
       absl::MutexLock lock(&mu_);
@@ -167,7 +168,8 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
       }
       ++messages_;
       const uint64_t slices_before = slices_stored_;
-      absl::Status status = Apply(raw);
+      absl::Status status = FollowTenantsFile();
+      if (status.ok()) status = Apply(raw);
       Step step;
       {
         absl::MutexLock lock(&mu_);
@@ -180,6 +182,20 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
       }
       Run(step);
     }
+  }
+
+  // A stream may outlive the tenants file it was authenticated under: once
+  // a reload takes another, its caller is authenticated again and its
+  // header's rights checked again, so that a tenant removed, made a reader
+  // or taken off the namespace stores nothing more (its incomplete blocks
+  // are dropped with the stream).
+  absl::Status FollowTenantsFile() {
+    TenantRegistry* tenants = service_->tenants();
+    if (tenants == nullptr || caller_->file_version == tenants->Version()) return absl::OkStatus();
+    KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<const Caller> caller, tenants->Authenticate(*context_, kMethod));
+    if (header_.has_value()) KVTIER_RETURN_IF_ERROR(service_->planner().PlanPutScope(caller, *header_).status());
+    caller_ = std::move(caller);
+    return absl::OkStatus();
   }
 
   // A slice or a batch is read where it lies in gRPC's buffers, its
@@ -212,6 +228,7 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
       case v1::PutRequest::kHeader: {
         if (session_ != nullptr) return absl::InvalidArgumentError("second Put header in one stream");
         KVTIER_ASSIGN_OR_RETURN(PutPlan plan, service_->planner().PlanPut(caller_, request.header()));
+        header_ = request.header();
         staging_ = std::move(plan.staging);
         session_ = service_->store()->BeginPut(plan.scope.ns, plan.scope.layout, plan.scope.caller->tenant,
                                                ToOwnerQuota(plan.scope.caller->quota), request.header().cold_start());
@@ -274,10 +291,14 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
     return grpc::SerializationTraits<v1::PutResponse>::Serialize(response, response_, &own);
   }
 
+  static constexpr char kMethod[] = "/kvtier.v1.KvCache/Put";
+
   CacheService* service_;
+  const grpc::CallbackServerContext* context_;
   grpc::ByteBuffer* response_;
   RpcTimer timer_;
-  std::shared_ptr<const Caller> caller_;  // set before the first read
+  std::shared_ptr<const Caller> caller_;  // set before the first read; by Drain after
+  std::optional<v1::PutHeader> header_;   // once applied
   bool watched_ = false;                  // in idle_puts, from before the first read
   grpc::ByteBuffer request_;              // the one read in flight; owned by whoever set reading_
   int messages_ = 0;                      // parsed so far, by Drain
@@ -303,9 +324,10 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
 }  // namespace
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* NewPutReactor(CacheService* service,
+                                                         const grpc::CallbackServerContext* context,
                                                          absl::StatusOr<std::shared_ptr<const Caller>> caller,
                                                          grpc::ByteBuffer* response) {
-  return new PutReactor(service, std::move(caller), response);
+  return new PutReactor(service, context, std::move(caller), response);
 }
 
 }  // namespace kvtier::cache

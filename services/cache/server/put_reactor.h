@@ -13,8 +13,10 @@
 
 namespace kvtier::cache {
 
-// The reactor of one Put call by `caller` (or why it may not call).
+// The reactor of the Put call `context` serves, by `caller` (or why it may
+// not call).
 grpc::ServerReadReactor<grpc::ByteBuffer>* NewPutReactor(CacheService* service,
+                                                         const grpc::CallbackServerContext* context,
                                                          absl::StatusOr<std::shared_ptr<const Caller>> caller,
                                                          grpc::ByteBuffer* response);
 

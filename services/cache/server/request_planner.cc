@@ -88,13 +88,18 @@ absl::StatusOr<GetPlan> RequestPlanner::PlanGet(std::shared_ptr<const Caller> ca
   return plan;
 }
 
-absl::StatusOr<PutPlan> RequestPlanner::PlanPut(std::shared_ptr<const Caller> caller,
-                                                const v1::PutHeader& header) const {
+absl::StatusOr<RequestScope> RequestPlanner::PlanPutScope(std::shared_ptr<const Caller> caller,
+                                                          const v1::PutHeader& header) const {
   if (!caller->MayWrite()) {
     return absl::PermissionDeniedError(absl::StrCat(caller->Describe(), " is a reader: it may not Put"));
   }
+  return PlanScope(std::move(caller), header.kv_namespace(), header.layout());
+}
+
+absl::StatusOr<PutPlan> RequestPlanner::PlanPut(std::shared_ptr<const Caller> caller,
+                                                const v1::PutHeader& header) const {
   PutPlan plan;
-  KVTIER_ASSIGN_OR_RETURN(plan.scope, PlanScope(std::move(caller), header.kv_namespace(), header.layout()));
+  KVTIER_ASSIGN_OR_RETURN(plan.scope, PlanPutScope(std::move(caller), header));
   if (const uint64_t id = header.fast_path_session_id(); id != 0) {
     if (fast_path_ == nullptr) return NoFastPath();
     KVTIER_ASSIGN_OR_RETURN(plan.staging, fast_path_->Staging(id, plan.scope.caller->SessionOwner()));

@@ -81,6 +81,9 @@ class RequestPlanner {
   // NOT_FOUND for a fast path session this server does not have or does
   // not know.
   absl::StatusOr<PutPlan> PlanPut(std::shared_ptr<const Caller> caller, const v1::PutHeader& header) const;
+  // PlanPut's checks of the caller's rights alone (asked again of a Put
+  // stream when the tenants file changes under it).
+  absl::StatusOr<RequestScope> PlanPutScope(std::shared_ptr<const Caller> caller, const v1::PutHeader& header) const;
 
  private:
   absl::StatusOr<BlocksPlan> PlanBlocks(std::shared_ptr<const Caller> caller, const std::string& ns,
