@@ -667,15 +667,15 @@ TEST_F(SecurityTest, AQuotaLoweredInTheTenantsFileHoldsAtTheReload) {
       << page;
 }
 
-// A Put stream outlives reloads of the tenants file, not its caller's
-// rights: once the file takes them away (the tenant gone, or made a
-// reader), the stream's next message ends it with the status a new call
-// would get, and the block it had begun is dropped; the stream of a tenant
-// that keeps its rights stores on.
-TEST_F(SecurityTest, APutStreamEndsWhenTheTenantsFileTakesItsRightsAway) {
+// Streams outlive reloads of the tenants file, not their callers' rights:
+// once the file takes them away (the tenant gone, or made a reader), a Put
+// stream's next message ends it with the status a new call would get, and
+// the block it had begun is dropped; a Get read slowly ends before its next
+// block. The streams of a tenant that keeps its rights go on.
+TEST_F(SecurityTest, StreamsEndWhenTheTenantsFileTakesTheirRightsAway) {
   const TestTenant initech{"initech", "WRITER", "initech", "initech-token-5e21"};
   const fs::path tenants = Dir("tenants-revoked.json");
-  WriteAtomically(tenants, TenantsJson({kAdmin, kAcme, kGlobex, initech}));
+  WriteAtomically(tenants, TenantsJson({kAdmin, kAcme, kGlobex, initech, kAuditor}));
   const std::string target = StartCache({"--tenants", tenants.string()});
   ASSERT_FALSE(target.empty());
   CacheClient admin = Client(target, "", kAdmin.token);
@@ -712,10 +712,39 @@ TEST_F(SecurityTest, APutStreamEndsWhenTheTenantsFileTakesItsRightsAway) {
     streams.push_back(std::move(s));
   }
   ASSERT_TRUE(StatsEventually(admin, [](const v1::StatsResponse& s) { return s.pending_blocks() == 3; }));
+  // Gets of a first block many times over (more than flow control lets
+  // the cache send ahead), one answer read of each: acme's and globex's of
+  // their own, the auditor's (a reader of acme's namespace) of acme's.
+  constexpr int kCopies = 256;
+  struct Read {
+    std::unique_ptr<CacheClient> client;
+    const TestBlock* block;
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReader<v1::GetResponse>> reader;
+    int answers = 0;
+  };
+  std::vector<std::unique_ptr<Read>> reads;
+  for (const auto& [reader, of] : {std::pair{&kAcme, 0}, {&kGlobex, 1}, {&kAuditor, 0}}) {
+    auto read = std::make_unique<Read>();
+    read->client = std::make_unique<CacheClient>(Client(target, "", reader->token));
+    read->block = &streams[of]->blocks[0];
+    v1::GetRequest request;
+    request.set_kv_namespace(streams[of]->tenant->ns);
+    *request.mutable_layout() = kvblock::LayoutToProto(layout);
+    for (int c = 0; c < kCopies; ++c)
+      request.add_block_hashes(std::string(kvblock::HashAsBytes(read->block->slices.hash)));
+    read->reader = read->client->stub().Get(&read->context, request);
+    v1::GetResponse answer;
+    ASSERT_TRUE(read->reader->Read(&answer)) << reader->name;
+    ASSERT_EQ(answer.data(), read->block->record) << reader->name;
+    ++read->answers;
+    reads.push_back(std::move(read));
+  }
 
-  TestTenant globex_reader = kGlobex;
+  TestTenant globex_reader = kGlobex, auditor_moved = kAuditor;
   globex_reader.role = "READER";
-  WriteAtomically(tenants, TenantsJson({kAdmin, globex_reader, initech}));
+  auditor_moved.ns = "globex";
+  WriteAtomically(tenants, TenantsJson({kAdmin, globex_reader, initech, auditor_moved}));
   ASSERT_TRUE(testing::Eventually([&] {
     return clients[0]->Stats().status().code() == absl::StatusCode::kUnauthenticated;
   })) << "the cache did not take the new tenants file";
@@ -733,6 +762,22 @@ TEST_F(SecurityTest, APutStreamEndsWhenTheTenantsFileTakesItsRightsAway) {
   }
   EXPECT_TRUE(StatsEventually(admin, [](const v1::StatsResponse& s) { return s.pending_blocks() == 0; }))
       << "an ended stream's begun block was kept";
+  // acme is gone; globex, a reader now, may read its namespace still; the
+  // auditor may read globex's now, not acme's.
+  const std::vector<grpc::StatusCode> read_expected = {grpc::StatusCode::UNAUTHENTICATED, grpc::StatusCode::OK,
+                                                       grpc::StatusCode::PERMISSION_DENIED};
+  for (size_t i = 0; i < reads.size(); ++i) {
+    Read& read = *reads[i];
+    SCOPED_TRACE(absl::StrCat("Get ", i));
+    for (v1::GetResponse answer; read.reader->Read(&answer);) ++read.answers;
+    const grpc::Status status = read.reader->Finish();
+    EXPECT_EQ(status.error_code(), read_expected[i]) << status.error_message();
+    if (status.ok()) {
+      EXPECT_EQ(read.answers, kCopies);
+    } else {
+      EXPECT_LT(read.answers, kCopies);
+    }
+  }
 }
 
 // Quotas that add up to more than a tier holds are warned of, tier by

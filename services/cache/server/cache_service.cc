@@ -113,6 +113,13 @@ absl::StatusOr<std::shared_ptr<const Caller>> CacheService::CallerOf(const grpc:
   return caller;
 }
 
+absl::StatusOr<std::shared_ptr<const Caller>> CacheService::CallerNow(const grpc::CallbackServerContext& context,
+                                                                      const char* method,
+                                                                      std::shared_ptr<const Caller> caller) const {
+  if (tenants_ == nullptr || caller->file_version == tenants_->Version()) return caller;
+  return tenants_->Authenticate(context, method);
+}
+
 absl::Status CacheService::Count(const std::string& tenant, absl::Status status) const {
   if (metrics_ != nullptr && !status.ok()) metrics_->CountDenied(tenant, status);
   return status;
@@ -183,7 +190,7 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* CacheService::Put(grpc::CallbackServe
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* CacheService::Get(grpc::CallbackServerContext* context,
                                                               const grpc::ByteBuffer* request) {
-  return NewGetReactor(this, CallerOf(*context), request);
+  return NewGetReactor(this, context, CallerOf(*context), request);
 }
 
 grpc::ServerUnaryReactor* CacheService::ReleaseLease(grpc::CallbackServerContext* context,

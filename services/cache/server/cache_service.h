@@ -55,6 +55,14 @@ class CacheService final : public KvCacheBase {
 
   // Who a call is from (services/rpc/caller.h), a refusal counted.
   absl::StatusOr<std::shared_ptr<const Caller>> CallerOf(const grpc::CallbackServerContext& context) const;
+  // A stream may outlive the tenants file its call was authenticated
+  // under: `caller` while that file is the one in force; once a reload
+  // takes another, the call's caller under it (authenticated again from
+  // the call's own credentials), or the status a new call would get. The
+  // stream then checks its rights again.
+  absl::StatusOr<std::shared_ptr<const Caller>> CallerNow(const grpc::CallbackServerContext& context,
+                                                          const char* method,
+                                                          std::shared_ptr<const Caller> caller) const;
   // Counts `status` against `tenant` when it is a refusal; returns it.
   absl::Status Count(const std::string& tenant, absl::Status status) const;
 
@@ -83,7 +91,6 @@ class CacheService final : public KvCacheBase {
   RpcMetrics* metrics() const { return metrics_; }
   FastPathServer* fast_path() const { return fast_path_; }
   IdleStreams* idle_puts() const { return idle_puts_; }
-  TenantRegistry* tenants() const { return tenants_; }  // null: one trust domain
 
  private:
   BlockStore* store_;

@@ -22,8 +22,9 @@ namespace {
 // are held, however slowly the client reads.
 class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  GetReactor(CacheService* service, absl::StatusOr<std::shared_ptr<const Caller>> caller, const grpc::ByteBuffer* raw)
-      : service_(service), timer_(service->metrics(), "Get") {
+  GetReactor(CacheService* service, const grpc::CallbackServerContext* context,
+             absl::StatusOr<std::shared_ptr<const Caller>> caller, const grpc::ByteBuffer* raw)
+      : service_(service), context_(context), timer_(service->metrics(), "Get") {
     const std::string tenant = caller.ok() ? (*caller)->tenant : "";
     absl::Status status = caller.ok() ? service->Count(tenant, Parse(*std::move(caller), raw)) : caller.status();
     Step step;
@@ -129,15 +130,32 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   // Reads block `index` into a ready-to-write buffer (on the executor).
   void Produce(size_t index) {
-    grpc::ByteBuffer buffer = Encode(index);
+    const absl::Status rights = FollowTenantsFile();
+    grpc::ByteBuffer buffer;
+    if (rights.ok()) buffer = Encode(index);
     Step step;
     {
       absl::MutexLock lock(&mu_);
       producing_ = false;
-      prepared_ = std::move(buffer);
+      if (rights.ok()) {
+        prepared_ = std::move(buffer);
+      } else {
+        final_status_ = ToGrpcStatus(service_->Count(plan_.scope.caller->tenant, rights));
+      }
       step = PlanLocked();
     }
     Run(step);
+  }
+
+  // A Get of many blocks, read slowly, may outlive its tenants file: once
+  // a reload takes another, the caller as it says, and its right to the
+  // namespace checked again before the next block.
+  absl::Status FollowTenantsFile() {
+    KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<const Caller> now,
+                            service_->CallerNow(*context_, "/kvtier.v1.KvCache/Get", plan_.scope.caller));
+    if (now != plan_.scope.caller) KVTIER_RETURN_IF_ERROR(CheckNamespace(*now, plan_.scope.ns));
+    plan_.scope.caller = std::move(now);
+    return absl::OkStatus();
   }
 
   grpc::ByteBuffer Encode(size_t index) {
@@ -160,8 +178,9 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   CacheService* service_;
+  const grpc::CallbackServerContext* context_;
   RpcTimer timer_;
-  GetPlan plan_;  // set once by Parse, before any task runs
+  GetPlan plan_;  // set by Parse, before any task runs; its caller by Produce after
   // Blocks answered and missed, counted by whoever runs Produce (one at a
   // time), reported once as the stream finishes.
   uint64_t found_ = 0, missed_ = 0;
@@ -181,9 +200,10 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 }  // namespace
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* NewGetReactor(CacheService* service,
+                                                          const grpc::CallbackServerContext* context,
                                                           absl::StatusOr<std::shared_ptr<const Caller>> caller,
                                                           const grpc::ByteBuffer* request) {
-  return new GetReactor(service, std::move(caller), request);
+  return new GetReactor(service, context, std::move(caller), request);
 }
 
 }  // namespace kvtier::cache

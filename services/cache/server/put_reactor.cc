@@ -184,17 +184,17 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
     }
   }
 
-  // A stream may outlive the tenants file it was authenticated under: once
-  // a reload takes another, its caller is authenticated again and its
-  // header's rights checked again, so that a tenant removed, made a reader
-  // or taken off the namespace stores nothing more (its incomplete blocks
-  // are dropped with the stream).
+  // Once a reload takes another tenants file, the caller as it says, and
+  // the header's rights checked again: a tenant removed, made a reader or
+  // taken off the namespace stores nothing more (its begun blocks are
+  // dropped with the stream).
   absl::Status FollowTenantsFile() {
-    TenantRegistry* tenants = service_->tenants();
-    if (tenants == nullptr || caller_->file_version == tenants->Version()) return absl::OkStatus();
-    KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<const Caller> caller, tenants->Authenticate(*context_, kMethod));
-    if (header_.has_value()) KVTIER_RETURN_IF_ERROR(service_->planner().PlanPutScope(caller, *header_).status());
-    caller_ = std::move(caller);
+    KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<const Caller> now,
+                            service_->CallerNow(*context_, "/kvtier.v1.KvCache/Put", caller_));
+    if (now != caller_ && header_.has_value()) {
+      KVTIER_RETURN_IF_ERROR(service_->planner().PlanPutScope(now, *header_).status());
+    }
+    caller_ = std::move(now);
     return absl::OkStatus();
   }
 
@@ -290,8 +290,6 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
     bool own = false;
     return grpc::SerializationTraits<v1::PutResponse>::Serialize(response, response_, &own);
   }
-
-  static constexpr char kMethod[] = "/kvtier.v1.KvCache/Put";
 
   CacheService* service_;
   const grpc::CallbackServerContext* context_;
