@@ -13,7 +13,8 @@
 
 namespace kvtier::cache {
 
-// The reactor of one Get call by `caller` (or why it may not call).
+// The reactor of the Get call `context` serves, by `caller` (or why it may
+// not call).
 grpc::ServerWriteReactor<grpc::ByteBuffer>* NewGetReactor(CacheService* service,
                                                           const grpc::CallbackServerContext* context,
                                                           absl::StatusOr<std::shared_ptr<const Caller>> caller,
