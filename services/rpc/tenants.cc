@@ -136,7 +136,6 @@ absl::StatusOr<v1::TenantsFile> ParseTenantsFile(const std::string& json) {
 
 // One version of the file, ready to check calls against.
 struct TenantRegistry::Loaded {
-  uint64_t version = 0;                                // Version()
   std::vector<std::shared_ptr<const Caller>> callers;  // as the file lists them
   // By the token's SHA-256: a lookup, not a scan, however many tenants.
   // The digest of a secret leaks nothing through the lookup's timing.
@@ -149,7 +148,6 @@ struct TenantRegistry::Loaded {
 
   static std::shared_ptr<const Loaded> From(const v1::TenantsFile& file, uint64_t version) {
     auto loaded = std::make_shared<Loaded>();
-    loaded->version = version;
     for (const v1::Tenant& t : file.tenants()) {
       auto caller = std::make_shared<Caller>();
       caller->file_version = version;
@@ -215,7 +213,8 @@ void TenantRegistry::ReloadIfChanged() {
                      " changed but is refused (the last good one stays): ", file.status().message()));
     return;
   }
-  std::shared_ptr<const Loaded> loaded = Loaded::From(*file, Current()->version + 1);
+  const uint64_t version = version_.load() + 1;  // one reloading thread at a time: the watcher's
+  std::shared_ptr<const Loaded> loaded = Loaded::From(*file, version);
   {
     absl::MutexLock lock(&hook_mu_);
     if (on_reload_) on_reload_(loaded->Tenants());
@@ -223,6 +222,7 @@ void TenantRegistry::ReloadIfChanged() {
   {
     absl::MutexLock lock(&mu_);
     std::swap(loaded_, loaded);
+    version_.store(version);
   }
   loaded.reset();  // the old version, unless a call still reads it
   // A much smaller file frees much memory; give it back to the system.
@@ -267,7 +267,7 @@ bool TenantRegistry::MayRead(const std::string& tenant, const std::string& ns) {
 
 TenantRegistry::TenantList TenantRegistry::Tenants() { return Current()->Tenants(); }
 
-uint64_t TenantRegistry::Version() { return Current()->version; }
+uint64_t TenantRegistry::Version() const { return version_.load(); }
 
 absl::StatusOr<std::shared_ptr<const Caller>> TenantRegistry::Authenticate(const grpc::ServerContextBase& context,
                                                                            const char* method) {

@@ -15,6 +15,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -84,8 +85,9 @@ class TenantRegistry {
   bool enforced() const { return !path_.empty(); }
   // Which read of the file calls are checked against now: 0 for the
   // first, one more for each changed file a reload takes. A call that
-  // outlives reloads (a Put stream) is authenticated again when it moves.
-  uint64_t Version();
+  // outlives reloads (a stream) is authenticated again when it moves;
+  // asked at each of its messages, so no lock.
+  uint64_t Version() const;
   // Each tenant as the file says now (its name, role, namespaces and
   // quota); none without a tenants file.
   using TenantList = std::vector<std::shared_ptr<const Caller>>;
@@ -135,6 +137,7 @@ class TenantRegistry {
   absl::Mutex mu_;
   std::shared_ptr<const Loaded> loaded_ ABSL_GUARDED_BY(mu_);
   std::string signature_ ABSL_GUARDED_BY(mu_);  // the file's inode, size and mtime when read
+  std::atomic<uint64_t> version_{0};            // loaded_'s, set with it
   absl::Mutex hook_mu_;                         // held while the hook runs
   std::function<void(const TenantList&)> on_reload_ ABSL_GUARDED_BY(hook_mu_);
   std::unique_ptr<PeriodicTask> watcher_;  // last: stops first

@@ -351,27 +351,24 @@ std::vector<std::string> FastPathServer::KeepTenants(const TenantRegistry::Tenan
   for (const auto& tenant : tenants) kept_tenants_->emplace(tenant->tenant, tenant->MayWrite());
   std::set<std::string> ending;  // once a tenant, in order
   for (const auto& [id, session] : sessions_) {
-    if (KeptLocked(session)) continue;
-    auto kept = kept_tenants_->find(session.tenant);
-    ending.insert(absl::StrCat("tenant ", session.tenant,
-                               kept == kept_tenants_->end() ? " is no longer in the file"
-                               : kept->second               ? " may write now"
-                                                            : " may no longer write"));
+    if (std::optional<std::string> why = WhyNotKeptLocked(session)) ending.insert(*std::move(why));
   }
   sessions_to_end_ = !ending.empty();
   return {ending.begin(), ending.end()};
 }
 
-bool FastPathServer::KeptLocked(const Session& session) const {
+std::optional<std::string> FastPathServer::WhyNotKeptLocked(const Session& session) const {
   auto kept = kept_tenants_->find(session.tenant);
-  return kept != kept_tenants_->end() && kept->second == session.may_write;
+  if (kept == kept_tenants_->end()) return absl::StrCat("tenant ", session.tenant, " is no longer in the file");
+  if (kept->second == session.may_write) return std::nullopt;
+  return absl::StrCat("tenant ", session.tenant, kept->second ? " may write now" : " may no longer write");
 }
 
 void FastPathServer::EndSessionsNotKeptLocked() {
   sessions_to_end_ = false;
   std::vector<uint64_t> ending;
   for (const auto& [id, session] : sessions_) {
-    if (!KeptLocked(session)) ending.push_back(id);
+    if (WhyNotKeptLocked(session).has_value()) ending.push_back(id);
   }
   for (uint64_t id : ending) {
     const int socket = sessions_.at(id).socket;

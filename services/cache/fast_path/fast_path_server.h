@@ -206,8 +206,9 @@ class FastPathServer {
   // Ends the sessions KeepTenants does not keep; on the loop's thread,
   // which alone closes the sockets it polls.
   void EndSessionsNotKeptLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether KeepTenants keeps `session`.
-  bool KeptLocked(const Session& session) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why KeepTenants does not keep `session` ("tenant NAME is no longer in
+  // the file"); nullopt when it does.
+  std::optional<std::string> WhyNotKeptLocked(const Session& session) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const FastPathOptions options_;
   BlockStore* const store_;
