@@ -493,16 +493,8 @@ TEST_F(CacheServerTest, CancelledPutFreesItsIncompleteBlocks) {
     client_->SetDeadline(context);
     v1::PutResponse response;
     auto writer = client_->stub().Put(&context, &response);
-    v1::PutRequest h;
-    h.mutable_header()->set_kv_namespace("ns");
-    *h.mutable_header()->mutable_layout() = kvblock::LayoutToProto(layout_);
-    ASSERT_TRUE(writer->Write(h));
-    for (int l = 0; l < 3; ++l) {  // 3 of 8 layers
-      v1::PutRequest s;
-      s.mutable_slice()->set_block_hash(std::string(kvblock::HashAsBytes(b.slices.hash)));
-      s.mutable_slice()->set_data(b.slices.records[l]);
-      ASSERT_TRUE(writer->Write(s));
-    }
+    ASSERT_TRUE(writer->Write(HeaderMessage("ns", layout_)));
+    for (uint32_t l = 0; l < 3; ++l) ASSERT_TRUE(writer->Write(SliceMessage(b, l)));  // 3 of 8 layers
     ASSERT_TRUE(StatsEventually(*client_, [](const auto& s) { return s.pending_blocks() == 1; }));
     context.TryCancel();
     EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::CANCELLED);
@@ -517,16 +509,8 @@ std::unique_ptr<grpc::ClientWriter<v1::PutRequest>> StartPartialPut(CacheClient&
                                                                     const kvblock::LatentLayout& layout,
                                                                     const TestBlock& b, v1::PutResponse& response) {
   auto writer = client.stub().Put(&context, &response);
-  v1::PutRequest h;
-  h.mutable_header()->set_kv_namespace("ns");
-  *h.mutable_header()->mutable_layout() = kvblock::LayoutToProto(layout);
-  EXPECT_TRUE(writer->Write(h));
-  for (int l = 0; l < 3; ++l) {
-    v1::PutRequest s;
-    s.mutable_slice()->set_block_hash(std::string(kvblock::HashAsBytes(b.slices.hash)));
-    s.mutable_slice()->set_data(b.slices.records[l]);
-    EXPECT_TRUE(writer->Write(s));
-  }
+  EXPECT_TRUE(writer->Write(HeaderMessage("ns", layout)));
+  for (uint32_t l = 0; l < 3; ++l) EXPECT_TRUE(writer->Write(SliceMessage(b, l)));
   return writer;
 }
 
@@ -573,10 +557,7 @@ TEST_F(CacheServerTest, PutThatGoesSilentIsEndedAndItsBlocksFreed) {
   auto steady = StartPartialPut(*client_, steady_context, layout_, b, steady_response);
   for (uint32_t l = 3; l < layout_.num_layers; ++l) {
     std::this_thread::sleep_for(std::chrono::milliseconds(150));
-    v1::PutRequest s;
-    s.mutable_slice()->set_block_hash(std::string(kvblock::HashAsBytes(b.slices.hash)));
-    s.mutable_slice()->set_data(b.slices.records[l]);
-    ASSERT_TRUE(steady->Write(s));
+    ASSERT_TRUE(steady->Write(SliceMessage(b, l)));
   }
   ASSERT_TRUE(steady->WritesDone());
   const grpc::Status steady_status = steady->Finish();

@@ -88,6 +88,21 @@ inline std::vector<TestBlock> StoreBlocks(CacheClient& client, const kvblock::La
   return blocks;
 }
 
+// A raw Put stream's messages: its header, and layer `layer` of `b` as a
+// slice of its own.
+inline v1::PutRequest HeaderMessage(const std::string& ns, const kvblock::LatentLayout& layout) {
+  v1::PutRequest header;
+  header.mutable_header()->set_kv_namespace(ns);
+  *header.mutable_header()->mutable_layout() = kvblock::LayoutToProto(layout);
+  return header;
+}
+inline v1::PutRequest SliceMessage(const TestBlock& b, uint32_t layer) {
+  v1::PutRequest slice;
+  slice.mutable_slice()->set_block_hash(std::string(kvblock::HashAsBytes(b.slices.hash)));
+  slice.mutable_slice()->set_data(b.slices.records[layer]);
+  return slice;
+}
+
 inline std::vector<kvblock::BlockHash> Hashes(const std::vector<TestBlock>& blocks) {
   std::vector<kvblock::BlockHash> hashes;
   for (const TestBlock& b : blocks) hashes.push_back(b.slices.hash);

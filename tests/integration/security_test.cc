@@ -691,10 +691,7 @@ TEST_F(SecurityTest, StreamsEndWhenTheTenantsFileTakesTheirRightsAway) {
   std::vector<std::unique_ptr<Stream>> streams;
   const auto write_layers = [](Stream& s, const TestBlock& b, uint32_t begin, uint32_t end) {
     for (uint32_t l = begin; l < end; ++l) {
-      v1::PutRequest slice;
-      slice.mutable_slice()->set_block_hash(std::string(kvblock::HashAsBytes(b.slices.hash)));
-      slice.mutable_slice()->set_data(b.slices.records[l]);
-      if (!s.writer->Write(slice)) return;  // ended by the cache: Finish says why
+      if (!s.writer->Write(SliceMessage(b, l))) return;  // ended by the cache: Finish says why
     }
   };
   for (const TestTenant* t : {&kAcme, &kGlobex, &initech}) {
@@ -703,10 +700,7 @@ TEST_F(SecurityTest, StreamsEndWhenTheTenantsFileTakesTheirRightsAway) {
     s->tenant = t;
     s->blocks = {MakeBlock(layout, t->ns, 1), MakeBlock(layout, t->ns, 2)};
     s->writer = clients.back()->stub().Put(&s->context, &s->response);
-    v1::PutRequest header;
-    header.mutable_header()->set_kv_namespace(t->ns);
-    *header.mutable_header()->mutable_layout() = kvblock::LayoutToProto(layout);
-    ASSERT_TRUE(s->writer->Write(header));
+    ASSERT_TRUE(s->writer->Write(HeaderMessage(t->ns, layout)));
     write_layers(*s, s->blocks[0], 0, layout.num_layers);
     write_layers(*s, s->blocks[1], 0, 3);
     streams.push_back(std::move(s));

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <string>
 
+#include "tests/integration/test_tenants.h"
 #include "tests/temp_dir.h"
 
 namespace kvtier {
@@ -94,26 +95,19 @@ std::string OnlyTenant(const std::string& name, const std::string& role) {
   return "{\"tenants\": [" + Tenant(name, role, "\"a\"", kHash[0]) + "]}";
 }
 
-// Writes `json` to `path` by a rename, as Kubernetes swaps a Secret's files.
-void Replace(const std::filesystem::path& path, const std::string& json) {
-  const std::filesystem::path next = path.string() + ".new";
-  std::ofstream(next) << json;
-  std::filesystem::rename(next, path);
-}
-
 TEST(TenantRegistry, KeepsTheLastGoodFileWhenABadOneReplacesIt) {
   const testing::TempDir dir("kvtier-tenants-");
   const std::filesystem::path path = dir / "tenants.json";
-  Replace(path, OnlyTenant("acme", "READER"));
+  testing::WriteAtomically(path, OnlyTenant("acme", "READER"));
   absl::StatusOr<std::unique_ptr<TenantRegistry>> registry = TenantRegistry::Open(path.string(), absl::Hours(1));
   ASSERT_TRUE(registry.ok()) << registry.status();
   EXPECT_EQ(Names(**registry), std::vector<std::string>{"acme"});
   EXPECT_EQ((*registry)->Version(), 0u);
-  Replace(path, "{\"tenants\": [");  // a bad edit: logged, the last good one stays
+  testing::WriteAtomically(path, "{\"tenants\": [");  // a bad edit: logged, the last good one stays
   (*registry)->ReloadIfChanged();
   EXPECT_EQ(Names(**registry), std::vector<std::string>{"acme"});
   EXPECT_EQ((*registry)->Version(), 0u) << "a refused file counted as read";
-  Replace(path, OnlyTenant("globex", "ADMIN"));
+  testing::WriteAtomically(path, OnlyTenant("globex", "ADMIN"));
   (*registry)->ReloadIfChanged();
   EXPECT_EQ(Names(**registry), std::vector<std::string>{"globex"});
   // The callers of the file taken say which read they came from.
@@ -130,7 +124,7 @@ TEST(TenantRegistry, KeepsTheLastGoodFileWhenABadOneReplacesIt) {
 TEST(TenantRegistry, RunsItsHookForEachFileAReloadTakes) {
   const testing::TempDir dir("kvtier-tenants-hook-");
   const std::filesystem::path path = dir / "tenants.json";
-  Replace(path, OnlyTenant("acme", "READER"));
+  testing::WriteAtomically(path, OnlyTenant("acme", "READER"));
   absl::StatusOr<std::unique_ptr<TenantRegistry>> registry = TenantRegistry::Open(path.string(), absl::Hours(1));
   ASSERT_TRUE(registry.ok()) << registry.status();
   std::vector<std::vector<std::string>> seen;
@@ -140,15 +134,15 @@ TEST(TenantRegistry, RunsItsHookForEachFileAReloadTakes) {
     for (const auto& tenant : tenants) seen.back().push_back(tenant->tenant + " " + v1::TenantRole_Name(tenant->role));
   });
   (*registry)->ReloadIfChanged();  // unchanged
-  Replace(path, "{\"tenants\": []}");
+  testing::WriteAtomically(path, "{\"tenants\": []}");
   (*registry)->ReloadIfChanged();
   EXPECT_TRUE(seen.empty());
-  Replace(path, OnlyTenant("globex", "WRITER"));
+  testing::WriteAtomically(path, OnlyTenant("globex", "WRITER"));
   (*registry)->ReloadIfChanged();
   (*registry)->ReloadIfChanged();
   EXPECT_EQ(seen, std::vector<std::vector<std::string>>{{"globex WRITER"}});
   (*registry)->OnReload(nullptr);
-  Replace(path, OnlyTenant("initech", "WRITER"));
+  testing::WriteAtomically(path, OnlyTenant("initech", "WRITER"));
   (*registry)->ReloadIfChanged();
   EXPECT_EQ(seen.size(), 1u);
   EXPECT_EQ(Names(**registry), std::vector<std::string>{"initech"});
@@ -209,7 +203,7 @@ TEST(TenantRegistry, MayReadFollowsTheFileAsItIsNow) {
   EXPECT_TRUE(r.MayRead("ops", "g1"));  // an admin reads every namespace
   EXPECT_FALSE(r.MayRead("globex", "a1")) << "a tenant the file does not name";
 
-  Replace(path, file("\"a1\""));
+  testing::WriteAtomically(path, file("\"a1\""));
   r.ReloadIfChanged();
   EXPECT_TRUE(r.MayRead("acme", "a1"));
   EXPECT_FALSE(r.MayRead("acme", "shared")) << "a namespace taken off acme";
