@@ -28,12 +28,14 @@ struct SecurityFlags {
   uint64_t reload_seconds = 10;
   std::string health_listen;
   uint64_t drain_ms = 1000;
+  uint64_t max_connection_age_seconds = 600;
 
   // Registers the flags of a process that `serves` gRPC, `calls` servers,
   // or both.
   void Register(FlagParser& flags, bool serves, bool calls);
   TlsOptions Tls() const;
   absl::Duration Drain() const { return absl::Milliseconds(static_cast<int64_t>(drain_ms)); }
+  absl::Duration MaxConnectionAge() const { return absl::Seconds(static_cast<int64_t>(max_connection_age_seconds)); }
   // Sets this process's client identity (client_identity.h) from them.
   absl::Status ApplyToClients() const;
   // The tenant registry of a server.

@@ -42,6 +42,7 @@ class UnknownMethods final : public grpc::CallbackGenericService {
 };
 
 constexpr absl::Duration kMostDrain = absl::Minutes(10);
+constexpr absl::Duration kMostConnectionAge = absl::Hours(24 * 7);
 
 // Reflection's plugin, once initialized, joins every server built in the
 // process; the plaintext health port must serve health only.
@@ -69,6 +70,7 @@ ServerOptions ServerOptionsFor(const std::string& listen, const SecurityFlags& s
   options.tls = security.Tls();
   options.health_listen = security.health_listen;
   options.drain = security.Drain();
+  options.max_connection_age = security.MaxConnectionAge();
   return options;
 }
 
@@ -84,6 +86,11 @@ absl::Status ServerRunner::Check(const ServerOptions& options) {
   if (options.drain < absl::ZeroDuration() || options.drain > kMostDrain) {
     return absl::InvalidArgumentError(absl::StrCat("--drain-ms ", absl::ToInt64Milliseconds(options.drain),
                                                    ": must be 0 to ", absl::ToInt64Milliseconds(kMostDrain)));
+  }
+  if (options.max_connection_age < absl::ZeroDuration() || options.max_connection_age > kMostConnectionAge) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-connection-age-seconds ",
+                                                   absl::ToInt64Seconds(options.max_connection_age), ": must be 0 to ",
+                                                   absl::ToInt64Seconds(kMostConnectionAge), " (a week)"));
   }
   return CheckServerFiles(options.tls);
 }
@@ -106,6 +113,14 @@ absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(const ServerOp
   // quota still bounds what all streams together may buffer.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16 << 20);
+  // gRPC checks a client's certificate at the handshake only: a connection
+  // made before its CA was dropped from ca.crt would serve it for as long as
+  // it stays open. Ending each connection after an age bounds that; its
+  // open calls keep gRPC's unbounded grace, so that they finish.
+  if (options.max_connection_age > absl::ZeroDuration()) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
+                               static_cast<int>(absl::ToInt64Milliseconds(options.max_connection_age)));
+  }
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<CallerInterceptorFactory>(options.tenants));
   interceptors.push_back(std::make_unique<UnparsedRequestInterceptorFactory>());

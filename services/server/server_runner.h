@@ -33,6 +33,11 @@ struct ServerOptions {
   // still taken, so that probes and load balancers see it before the port
   // closes.
   absl::Duration drain = absl::Seconds(1);
+  // After how long a connection is asked to close (GOAWAY): the client's
+  // next calls go over a new connection, whose handshake checks its
+  // certificate against the TLS files then in force, while calls already
+  // open finish. Zero: never.
+  absl::Duration max_connection_age = absl::ZeroDuration();
   TlsOptions tls;  // dir empty: plaintext
   // Who may call (not owned; it must outlive the server); null: every
   // caller, one trust domain.
@@ -60,7 +65,8 @@ int WaitForStopSignal();
 class ServerRunner {
  public:
   // INVALID_ARGUMENT for what Start refuses before it binds: an address
-  // that is not HOST:PORT, --drain-ms out of range, a --tls-dir that is not
+  // that is not HOST:PORT, --drain-ms or --max-connection-age-seconds out
+  // of range, a --tls-dir that is not
   // a whole set of files. A process calls it before slow work (loading a
   // model, opening a disk tier), so that a mistake is said at once.
   static absl::Status Check(const ServerOptions& options);

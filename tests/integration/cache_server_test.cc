@@ -850,6 +850,7 @@ TEST(CacheServerFlags, UsageErrorsStopItBeforeItsTiers) {
       {"--put-idle-ms 0", "--put-idle-ms must be positive"},
       {"--drain-ms 600001", "--drain-ms 600001: must be 0 to 600000"},
       {"--save-on-stop-ms 600001", "--save-on-stop-ms 600001: must be 0 to 600000"},
+      {"--max-connection-age-seconds 604801", "--max-connection-age-seconds 604801: must be 0 to 604800 (a week)"},
       {"--health-listen nowhere", "--health-listen: address 'nowhere' is not HOST:PORT"},
       {"--metrics-listen 127.0.0.1:99999", "--metrics-listen: address '127.0.0.1:99999' is not HOST:PORT"},
       {"--tls-dir " + no_tls.string(), "--tls-dir: cannot read " + no_tls.string() + "/ca.crt"},

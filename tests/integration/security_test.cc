@@ -61,6 +61,9 @@ class SecurityTest : public ::testing::Test {
     ca.Issue(Dir("expired-client"), "acme client", "DNS:acme.clients.kvtier", "20200101000000Z", "20200102000000Z");
     ca.TrustOnly(Dir("trust"));
     other.TrustOnly(Dir("other-trust"));
+    // A client of the other CA that trusts this one's servers.
+    other.Issue(Dir("other-client"), "initech client", "DNS:initech.clients.kvtier");
+    ca.TrustOnly(Dir("other-client"));
   }
   static void TearDownTestSuite() { delete dir_; }
 
@@ -102,7 +105,8 @@ class SecurityTest : public ::testing::Test {
     return CacheClient(*channel, absl::Seconds(5));
   }
 
-  static absl::StatusCode StatsCode(CacheClient client) { return client.Stats().status().code(); }
+  static absl::StatusCode StatsCode(CacheClient& client) { return client.Stats().status().code(); }
+  static absl::StatusCode StatsCode(CacheClient&& client) { return StatsCode(client); }
 
   // Starts a cache with `flags`, stores `acme_blocks` blocks as `acme` (the
   // first, returned) and `globex_blocks` as globex, then stops it by
@@ -413,6 +417,75 @@ TEST_F(SecurityTest, TlsFilesThatAreNotWholeKeepTheLastGoodPairServing) {
     EXPECT_NE(page.find("\n" + it->str() + "{"), std::string::npos) << "rules.yml uses " << it->str();
   }
   EXPECT_GE(names, 2u);
+}
+
+// gRPC checks a client's certificate at the handshake only. Once the CA
+// that signed it is dropped from ca.crt, --max-connection-age-seconds ends
+// the connection it opened before (a GOAWAY) and the next one is refused:
+// a client of that CA is cut off within the age and the reload. A client
+// still trusted loses no call to the reconnections, and a stream it has
+// open across them finishes whole.
+TEST_F(SecurityTest, AClientOfADroppedCaIsCutOffWithinTheConnectionAge) {
+  const fs::path live = Dir("two-cas");
+  fs::create_directories(live);
+  for (const char* f : {"tls.crt", "tls.key"}) {
+    fs::copy_file(Dir("server") / f, live / f, fs::copy_options::overwrite_existing);
+  }
+  auto contents = [](const fs::path& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string our_ca = contents(Dir("trust") / "ca.crt");
+  WriteAtomically(live / "ca.crt", our_ca + contents(Dir("other-trust") / "ca.crt"));
+  const std::string target =
+      StartCache({"--tls-dir", live.string(), "--tls-require-client-cert", "--max-connection-age-seconds", "2"});
+  ASSERT_FALSE(target.empty());
+  CacheClient acme = Client(target, "client");
+  CacheClient initech = Client(target, "other-client");
+  ASSERT_EQ(StatsCode(acme), absl::StatusCode::kOk);
+  ASSERT_EQ(StatsCode(initech), absl::StatusCode::kOk);
+  // A Get of a block many times over (more than flow control lets the
+  // cache send ahead) on acme's connection, one answer read.
+  const std::vector<TestBlock> blocks = StoreBlocks(acme, TestLayout(), "tenant", 1, 1);
+  constexpr size_t kCopies = 256;
+  grpc::ClientContext context;
+  auto reader = acme.stub().Get(
+      &context,
+      MakeGetRequest("tenant", TestLayout(), std::vector<kvblock::BlockHash>(kCopies, blocks[0].slices.hash)));
+  v1::GetResponse response;
+  ASSERT_TRUE(reader->Read(&response));
+  size_t read = 1;
+
+  WriteAtomically(live / "ca.crt", our_ca);
+  ASSERT_TRUE(testing::Eventually([&] { return StatsCode(Client(target, "other-client")) != absl::StatusCode::kOk; },
+                                  std::chrono::seconds(20)))
+      << "the new ca.crt was not taken";
+  const auto taken = std::chrono::steady_clock::now();
+  size_t acme_calls = 0;
+  EXPECT_TRUE(testing::Eventually(
+      [&] {
+        EXPECT_EQ(StatsCode(acme), absl::StatusCode::kOk) << "a trusted client lost a call to a reconnection";
+        ++acme_calls;
+        return StatsCode(initech) == absl::StatusCode::kUnavailable;
+      },
+      std::chrono::seconds(20)))
+      << "a connection made under the dropped CA still serves its client";
+  EXPECT_LT(std::chrono::steady_clock::now() - taken, std::chrono::seconds(10));
+  // Past two more ages: the trusted client's calls go on, the other's stay
+  // refused.
+  const auto later = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (std::chrono::steady_clock::now() < later) {
+    EXPECT_EQ(StatsCode(acme), absl::StatusCode::kOk) << "a trusted client lost a call to a reconnection";
+    EXPECT_EQ(StatsCode(initech), absl::StatusCode::kUnavailable);
+    ++acme_calls;
+  }
+  EXPECT_GT(acme_calls, 10u);
+  while (reader->Read(&response)) {
+    EXPECT_EQ(response.data(), blocks[0].record);
+    ++read;
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(read, kCopies) << "the stream open across the connection's age lost answers";
 }
 
 // What gRPC core and protobuf log goes through kvtier's log, rate-limited:
