@@ -2,15 +2,14 @@
 
 #include <grpcpp/support/client_interceptor.h>
 
-#include <fstream>
 #include <utility>
 #include <vector>
 
 #include "absl/base/internal/sysinfo.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "services/rpc/token_file.h"
 
 namespace kvtier {
 namespace {
@@ -18,32 +17,32 @@ namespace {
 // Adds the bearer token to every call's initial metadata.
 class TokenInterceptor final : public grpc::experimental::Interceptor {
  public:
-  explicit TokenInterceptor(std::shared_ptr<const std::string> header) : header_(std::move(header)) {}
+  explicit TokenInterceptor(std::shared_ptr<TokenFile> token) : token_(std::move(token)) {}
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     if (methods->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
-      methods->GetSendInitialMetadata()->emplace("authorization", *header_);
+      methods->GetSendInitialMetadata()->emplace("authorization", *token_->Header());
     }
     methods->Proceed();
   }
 
  private:
-  std::shared_ptr<const std::string> header_;
+  std::shared_ptr<TokenFile> token_;
 };
 
 class TokenInterceptorFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
  public:
-  explicit TokenInterceptorFactory(std::shared_ptr<const std::string> header) : header_(std::move(header)) {}
+  explicit TokenInterceptorFactory(std::shared_ptr<TokenFile> token) : token_(std::move(token)) {}
   grpc::experimental::Interceptor* CreateClientInterceptor(grpc::experimental::ClientRpcInfo* /*info*/) override {
-    return new TokenInterceptor(header_);
+    return new TokenInterceptor(token_);
   }
 
  private:
-  std::shared_ptr<const std::string> header_;
+  std::shared_ptr<TokenFile> token_;
 };
 
 struct Identity {
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
-  std::shared_ptr<const std::string> authorization;  // null: no token
+  std::shared_ptr<TokenFile> token;  // null: no token
   bool tls = false;
   bool certificate = false;  // presents tls.crt
 };
@@ -62,15 +61,10 @@ absl::StatusOr<Identity> LoadIdentity(const ClientIdentityOptions& options) {
   identity.tls = !options.tls.dir.empty();
   identity.certificate = identity.tls && ChannelPresentsCertificate(options.tls);
   if (!options.token_file.empty()) {
-    std::ifstream in(options.token_file);
-    std::string token;
-    if (!in || !std::getline(in, token)) {
-      return absl::InvalidArgumentError(absl::StrCat("--token-file: cannot read ", options.token_file));
-    }
-    token = std::string(absl::StripAsciiWhitespace(token));
-    if (token.empty())
-      return absl::InvalidArgumentError(absl::StrCat("--token-file: ", options.token_file, " is empty"));
-    identity.authorization = std::make_shared<const std::string>(absl::StrCat("Bearer ", token));
+    absl::StatusOr<std::shared_ptr<TokenFile>> token =
+        TokenFile::Open(options.token_file, absl::Seconds(options.tls.reload_seconds));
+    if (!token.ok()) return token.status();
+    identity.token = *std::move(token);
   }
   return identity;
 }
@@ -100,9 +94,9 @@ void LookUpCpuFrequencyBeforeConnecting() {
 std::shared_ptr<grpc::Channel> ChannelWith(const Identity& identity, const std::string& target, Connection connection) {
   LookUpCpuFrequencyBeforeConnecting();
   const grpc::ChannelArguments args = Settings(connection);
-  if (identity.authorization == nullptr) return grpc::CreateCustomChannel(target, identity.credentials, args);
+  if (identity.token == nullptr) return grpc::CreateCustomChannel(target, identity.credentials, args);
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
-  interceptors.push_back(std::make_unique<TokenInterceptorFactory>(identity.authorization));
+  interceptors.push_back(std::make_unique<TokenInterceptorFactory>(identity.token));
   return grpc::experimental::CreateCustomChannelWithInterceptors(target, identity.credentials, args,
                                                                  std::move(interceptors));
 }

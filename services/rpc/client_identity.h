@@ -18,8 +18,10 @@
 namespace kvtier {
 
 struct ClientIdentityOptions {
-  TlsOptions tls;          // dir empty: plaintext
-  std::string token_file;  // empty: no token; else the file's first line
+  TlsOptions tls;  // dir empty: plaintext
+  // Empty: no token; else the file's first line, read again when it
+  // changes (checked every tls.reload_seconds; token_file.h).
+  std::string token_file;
 };
 
 // Sets the credentials and token of the channels made from now on.

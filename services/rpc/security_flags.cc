@@ -16,7 +16,8 @@ void SecurityFlags::Register(FlagParser& flags, bool serves, bool calls) {
   if (calls) {
     flags.AddString("token-file", &token_file,
                     "a file whose first line is the bearer token this process's calls carry (to servers run "
-                    "with --tenants)");
+                    "with --tenants); read again when it changes, the last good token kept if it becomes "
+                    "unreadable or empty");
   }
   if (!serves) return;
   flags.AddString("health-listen", &health_listen,

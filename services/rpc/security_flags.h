@@ -4,7 +4,9 @@
 // bearer token this process's calls carry), --tenants (servers: who may
 // call), --reload-seconds (how often those files are checked), and what
 // kubelet's probes read: --health-listen (servers: plaintext health) and
-// --drain-ms (servers: NOT_SERVING for a while before the port closes).
+// --drain-ms (servers: NOT_SERVING for a while before the port closes);
+// --max-connection-age-seconds (servers: a client's certificate checked
+// again on a new connection after it).
 #ifndef KVTIER_SERVICES_RPC_SECURITY_FLAGS_H_
 #define KVTIER_SERVICES_RPC_SECURITY_FLAGS_H_
 

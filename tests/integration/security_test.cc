@@ -488,6 +488,52 @@ TEST_F(SecurityTest, AClientOfADroppedCaIsCutOffWithinTheConnectionAge) {
   EXPECT_EQ(read, kCopies) << "the stream open across the connection's age lost answers";
 }
 
+// A client's --token-file is read again as it changes: rotated in the
+// order docs/operations.md gives (the new token's hash beside the old one,
+// the file, then the old hash out), the client loses no call and needs no
+// restart, while one still holding the old token is refused once its hash
+// is gone. A token file emptied meanwhile keeps the last good token.
+TEST_F(SecurityTest, ATokenFileRotatedUnderARunningClientIsFollowed) {
+  const std::string new_token = "acme-token-new-5e21";
+  TestTenant both = kAcme, rotated = kAcme;
+  both.more_tokens = {new_token};
+  rotated.token = new_token;
+  const fs::path tenants = Dir("tenants-token-rotation.json");
+  std::ofstream(tenants) << TenantsJson({kAdmin, both});
+  const std::string target = StartCache({"--tenants", tenants.string()});
+  ASSERT_FALSE(target.empty());
+  const fs::path token = Dir("rotating-token");
+  WriteAtomically(token, kAcme.token + "\n");
+  ClientIdentityOptions identity;
+  identity.tls.reload_seconds = 1;
+  identity.token_file = token.string();
+  CacheClient follows(*MakeChannelAs(identity, target), absl::Seconds(5));
+  CacheClient stays = Client(target, "", kAcme.token);
+  const std::vector<TestBlock> blocks = StoreBlocks(follows, TestLayout(), "acme", 1, 1);
+  auto match = [&](CacheClient& client) { return client.Match("acme", TestLayout(), Hashes(blocks)).status().code(); };
+  // Calls for a while, each of which must be served.
+  auto served_for = [&](absl::Duration period) {
+    for (const absl::Time end = absl::Now() + period; absl::Now() < end; absl::SleepFor(absl::Milliseconds(50))) {
+      ASSERT_EQ(match(follows), absl::StatusCode::kOk);
+    }
+  };
+  ASSERT_EQ(match(stays), absl::StatusCode::kOk);
+
+  WriteAtomically(token, "");
+  served_for(absl::Milliseconds(2500));
+  WriteAtomically(token, new_token + "\n");
+  served_for(absl::Milliseconds(2500));
+  WriteAtomically(tenants, TenantsJson({kAdmin, rotated}));
+  EXPECT_TRUE(testing::Eventually(
+      [&] {
+        EXPECT_EQ(match(follows), absl::StatusCode::kOk) << "the rotated client lost a call";
+        return match(stays) == absl::StatusCode::kUnauthenticated;
+      },
+      std::chrono::seconds(20)))
+      << "the old token was not refused";
+  served_for(absl::Seconds(1));
+}
+
 // What gRPC core and protobuf log goes through kvtier's log, rate-limited:
 // a flood of requests that protobuf complains about (a string field that
 // is not UTF-8), sent without a token, makes a line or two, not one each;

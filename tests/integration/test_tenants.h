@@ -20,8 +20,9 @@ struct TestTenant {
   std::string name, role;
   std::string ns;  // its namespaces, comma-separated
   std::string token;
-  std::string cert_identity = "";  // empty: none
-  std::string quota = "";          // a TenantQuota as JSON; empty: none
+  std::string cert_identity = "";             // empty: none
+  std::string quota = "";                     // a TenantQuota as JSON; empty: none
+  std::vector<std::string> more_tokens = {};  // also its own (a rotation's new one)
 };
 
 // The lowercase hex SHA-256 of `token` (what `sha256sum` prints).
@@ -38,7 +39,9 @@ inline std::string TenantsJson(const std::vector<TestTenant>& tenants) {
     if (!t.ns.empty()) {
       absl::StrAppend(&json, ", \"namespaces\": [\"", absl::StrReplaceAll(t.ns, {{",", "\", \""}}), "\"]");
     }
-    absl::StrAppend(&json, ", \"tokenSha256\": [\"", TokenSha256Hex(t.token), "\"]");
+    absl::StrAppend(&json, ", \"tokenSha256\": [\"", TokenSha256Hex(t.token));
+    for (const std::string& more : t.more_tokens) absl::StrAppend(&json, "\", \"", TokenSha256Hex(more));
+    json += "\"]";
     if (!t.cert_identity.empty()) absl::StrAppend(&json, ", \"certificateIdentities\": [\"", t.cert_identity, "\"]");
     if (!t.quota.empty()) absl::StrAppend(&json, ", \"quota\": ", t.quota);
     json += "}";
