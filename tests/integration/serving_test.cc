@@ -578,6 +578,29 @@ TEST_F(ServingTest, SharedPrefixesAndNextTurnsHitTheCache) {
   }
 }
 
+// Every server ending its connections each second (a GOAWAY at the
+// connection's age): the prefill node's, decode worker's and cache's
+// channels to each other reconnect under generations that go on, none
+// failing, each what the runtime computes, every turn after the first
+// finding the shared prefix in the cache.
+TEST_F(ServingTest, GenerationsGoOnAcrossConnectionAges) {
+  SCOPED_TRACE(rng_.Trace());
+  const std::vector<std::string> age = {"--max-connection-age-seconds", "1"};
+  Cluster cluster(Tiny().dir, 1, 1, age, "2000", age);
+  ASSERT_TRUE(cluster.ok());
+  const std::vector<uint32_t> prefix = RandomIds(3 * kBlock, rng_.engine());
+  int generations = 0;
+  for (const absl::Time end = absl::Now() + absl::Seconds(4); absl::Now() < end; ++generations) {
+    std::vector<uint32_t> prompt = prefix;
+    for (uint32_t t : RandomIds(10 + generations, rng_.engine())) prompt.push_back(t);
+    absl::StatusOr<RemoteGeneration> got = cluster.Generate(Request(prompt, 16));
+    ASSERT_TRUE(got.ok()) << "generation " << generations << ": " << got.status();
+    EXPECT_EQ(got->usage.cached_tokens(), generations == 0 ? 0u : prefix.size()) << generations;
+    ExpectSameGeneration(got->tokens, InProcess(prompt, 16, got->usage.cached_tokens()), 1e-4);
+  }
+  EXPECT_GE(generations, 4);
+}
+
 // The cache deadline bounds each call to a shard, not the prefill that
 // feeds a Put stream: a prefill longer than the deadline still stores.
 TEST_F(ServingTest, APrefillLongerThanTheCacheDeadlineStillStoresItsBlocks) {
