@@ -12,15 +12,15 @@ FlagParser::FlagParser(std::string usage, std::string description)
     : usage_(std::move(usage)), description_(std::move(description)) {}
 
 void FlagParser::AddString(const std::string& name, std::string* target, std::string help) {
-  flags_[name] = Flag{target, std::move(help)};
+  flags_[name] = Flag{target, std::move(help), std::nullopt};
   order_.push_back(name);
 }
 void FlagParser::AddUint(const std::string& name, uint64_t* target, std::string help) {
-  flags_[name] = Flag{target, std::move(help)};
+  flags_[name] = Flag{target, std::move(help), std::nullopt};
   order_.push_back(name);
 }
 void FlagParser::AddBool(const std::string& name, bool* target, std::string help) {
-  flags_[name] = Flag{target, std::move(help)};
+  flags_[name] = Flag{target, std::move(help), std::nullopt};
   order_.push_back(name);
 }
 

@@ -27,7 +27,7 @@ void SecurityFlags::Register(FlagParser& flags, bool serves, bool calls) {
                 "after SIGTERM, how long health says NOT_SERVING while calls are still served, so that probes "
                 "and load balancers see it before the port closes (0 to 600000)");
   flags.AddUint("max-connection-age-seconds", &max_connection_age_seconds,
-                "servers: after how long a client's connection is asked to close (a GOAWAY; its calls go on over "
+                "after how long a client's connection is asked to close (a GOAWAY; its calls go on over "
                 "a new connection, its open streams finish), so that a client whose certificate or CA is no "
                 "longer trusted is refused within it; 0: never (0 to 604800)");
   flags.AddBool("tls-require-client-cert", &tls_require_client_cert,
