@@ -66,9 +66,9 @@ class ServerRunner {
  public:
   // INVALID_ARGUMENT for what Start refuses before it binds: an address
   // that is not HOST:PORT, --drain-ms or --max-connection-age-seconds out
-  // of range, a --tls-dir that is not
-  // a whole set of files. A process calls it before slow work (loading a
-  // model, opening a disk tier), so that a mistake is said at once.
+  // of range, a --tls-dir that is not a whole set of files. A process
+  // calls it before slow work (loading a model, opening a disk tier), so
+  // that a mistake is said at once.
   static absl::Status Check(const ServerOptions& options);
   // Builds and starts the server with `services` (not owned; they must
   // outlive it). Prints "health on HOST:PORT" (with health_listen), then

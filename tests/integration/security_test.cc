@@ -49,6 +49,11 @@ using testing::TestTenant;
 
 using testing::WriteAtomically;
 
+std::string Contents(const fs::path& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
 class SecurityTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -341,8 +346,7 @@ TEST_F(SecurityTest, RotatedCertificatesServeNewConnectionsWhileOpenStreamsFinis
   size_t read = 1;
 
   for (const char* f : {"tls.key", "tls.crt"}) {
-    std::ifstream in(Dir("server-2") / f);
-    WriteAtomically(live / f, std::string(std::istreambuf_iterator<char>(in), {}));
+    WriteAtomically(live / f, Contents(Dir("server-2") / f));
   }
   EXPECT_TRUE(testing::Eventually([&] { return ServedCommonName(target, Dir("trust")) == "cache-2"; },
                                   std::chrono::seconds(20)))
@@ -369,11 +373,7 @@ TEST_F(SecurityTest, TlsFilesThatAreNotWholeKeepTheLastGoodPairServing) {
   const std::string rejected = absl::StrCat("kvtier_tls_files_rejected_total{dir=\"", live.string(), "\"}");
   const std::string in_force = absl::StrCat("kvtier_tls_files_in_force{dir=\"", live.string(), "\"}");
   EXPECT_EQ(MetricValue(ScrapeMetrics(metrics), in_force), 1);
-  auto contents = [](const fs::path& path) {
-    std::ifstream in(path);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  };
-  const std::string old_key = contents(Dir("server") / "tls.key");
+  const std::string old_key = Contents(Dir("server") / "tls.key");
   const std::vector<std::pair<std::string, std::function<void()>>> bad = {
       {"tls.key truncated in place", [&] { std::ofstream(live / "tls.key", std::ios::trunc); }},
       {"an empty tls.crt renamed in",
@@ -383,7 +383,7 @@ TEST_F(SecurityTest, TlsFilesThatAreNotWholeKeepTheLastGoodPairServing) {
        }},
       {"a garbage tls.crt", [&] { WriteAtomically(live / "tls.crt", "-----BEGIN CERTIFICATE-----\nnot one\n"); }},
       {"the new tls.crt beside the old tls.key",
-       [&] { WriteAtomically(live / "tls.crt", contents(Dir("server-2") / "tls.crt")); }},
+       [&] { WriteAtomically(live / "tls.crt", Contents(Dir("server-2") / "tls.crt")); }},
   };
   double refused = 0;
   for (const auto& [what, change] : bad) {
@@ -397,7 +397,7 @@ TEST_F(SecurityTest, TlsFilesThatAreNotWholeKeepTheLastGoodPairServing) {
     EXPECT_EQ(ServedCommonName(target, Dir("trust")), "cache-1") << what << ": new connections lost the last good pair";
   }
   // The rotation completed: the new key beside the new certificate.
-  WriteAtomically(live / "tls.key", contents(Dir("server-2") / "tls.key"));
+  WriteAtomically(live / "tls.key", Contents(Dir("server-2") / "tls.key"));
   EXPECT_TRUE(testing::Eventually([&] { return ServedCommonName(target, Dir("trust")) == "cache-2"; },
                                   std::chrono::seconds(20)))
       << "the whole new pair was not taken";
@@ -409,8 +409,7 @@ TEST_F(SecurityTest, TlsFilesThatAreNotWholeKeepTheLastGoodPairServing) {
           .value_or(0),
       static_cast<double>(std::time(nullptr)));
   // The alerting rules name only TLS metrics a TLS server exports.
-  std::ifstream rules(std::string(KVTIER_DEPLOY_DIR) + "/prometheus/rules.yml");
-  const std::string text((std::istreambuf_iterator<char>(rules)), std::istreambuf_iterator<char>());
+  const std::string text = Contents(fs::path(KVTIER_DEPLOY_DIR) / "prometheus/rules.yml");
   const std::regex metric("kvtier_tls_[a-z_]+");
   size_t names = 0;
   for (auto it = std::sregex_iterator(text.begin(), text.end(), metric); it != std::sregex_iterator(); ++it, ++names) {
@@ -431,12 +430,8 @@ TEST_F(SecurityTest, AClientOfADroppedCaIsCutOffWithinTheConnectionAge) {
   for (const char* f : {"tls.crt", "tls.key"}) {
     fs::copy_file(Dir("server") / f, live / f, fs::copy_options::overwrite_existing);
   }
-  auto contents = [](const fs::path& path) {
-    std::ifstream in(path);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  };
-  const std::string our_ca = contents(Dir("trust") / "ca.crt");
-  WriteAtomically(live / "ca.crt", our_ca + contents(Dir("other-trust") / "ca.crt"));
+  const std::string our_ca = Contents(Dir("trust") / "ca.crt");
+  WriteAtomically(live / "ca.crt", our_ca + Contents(Dir("other-trust") / "ca.crt"));
   const std::string target =
       StartCache({"--tls-dir", live.string(), "--tls-require-client-cert", "--max-connection-age-seconds", "2"});
   ASSERT_FALSE(target.empty());
