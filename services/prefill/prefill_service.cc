@@ -185,7 +185,13 @@ class PrefillService::DecodeCall final : public grpc::ClientReadReactor<v1::Deco
                                             StallWatch& stalls) {
     std::shared_ptr<DecodeCall> call(new DecodeCall(std::move(stream), std::move(target)));
     call->self_ = call;
-    call->context_ = grpc::ClientContext::FromCallbackServerContext(server_context);
+    // The client's deadline carries over; its cancellation does too, by
+    // OnCancel's Stop. Not gRPC's inherited cancellation: it also fires when
+    // the client's call ends well, which can come before the worker's OK
+    // status that follows the finish, and the worker would count a whole
+    // generation as cancelled.
+    call->context_ = grpc::ClientContext::FromCallbackServerContext(
+        server_context, grpc::PropagationOptions().disable_cancellation_propagation());
     if (!acting_for.empty()) call->context_->AddMetadata(kActingForMetadata, acting_for);
     call->watched_ = stalls.Watch(call, call->context_.get());
     stub.async()->Decode(call->context_.get(), &request, call.get());

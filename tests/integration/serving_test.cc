@@ -643,6 +643,13 @@ TEST_F(ServingTest, SixteenConcurrentGenerations) {
     // up to about 1e-3; the others are exactly this client's own.
     ExpectSameGeneration(got->tokens, InProcess(prompts[i], 40, got->usage.cached_tokens()), i % 2 ? 3e-3 : 1e-4);
   }
+  // The worker counts each generation OK, none cancelled by the prefill
+  // node's call ending first (it counts a call as it sends the status,
+  // a moment after the finish it relayed).
+  const std::string ok = "kvtier_decode_requests_total{code=\"OK\"}";
+  EXPECT_TRUE(testing::Eventually([&] { return Scrape(cluster.decode_metrics[0], ok) >= 16.0; }));
+  EXPECT_EQ(Scrape(cluster.decode_metrics[0], ok), 16.0);
+  EXPECT_EQ(Scrape(cluster.decode_metrics[0], "kvtier_decode_requests_total{code=\"CANCELLED\"}"), -1.0);
 }
 
 // Sampled generations (temperature, top-p, each its own seed), eight at
