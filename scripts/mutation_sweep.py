@@ -115,7 +115,7 @@ MUTATIONS = [
      "services/server/server_runner.cc", "if (options.max_connection_age > absl::ZeroDuration()) {", "if (false) {",
      ["security_test"]),
     ("S16", "a client's token file is never read again", "services/rpc/token_file.cc",
-     "  if (now < next_read_) return header_;\n", "  return header_;\n", ["common_test", "security_test"]),
+     "    if (now < next_read_) return header_;\n", "    return header_;\n", ["common_test", "security_test"]),
     ("S17", "a token file emptied under a client replaces its last good token", "services/rpc/token_file.cc",
      "  if (token.empty()) return absl::InvalidArgumentError(absl::StrCat(\"--token-file: \", path, \" is empty\"));\n",
      "", ["common_test", "security_test"]),

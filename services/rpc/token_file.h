@@ -23,8 +23,9 @@ class TokenFile {
   static absl::StatusOr<std::shared_ptr<TokenFile>> Open(const std::string& path, absl::Duration reload);
 
   // "Bearer TOKEN", for a call's authorization header: the file's token as
-  // of its last reading, read again first when `reload` has passed.
-  // Thread-safe.
+  // of its last reading, read again first when `reload` has passed (by
+  // that one call, outside the lock, while others take the token in
+  // force). Thread-safe.
   std::shared_ptr<const std::string> Header();
 
  private:

@@ -21,7 +21,8 @@ using testing::WriteAtomically;
 TEST(TokenFile, OpenTakesTheFirstLineAndRefusesAFileWithoutOne) {
   testing::TempDir dir("kvtier-token-");
   const std::string path = (dir.path() / "token").string();
-  EXPECT_EQ(TokenFile::Open(path, absl::Seconds(10)).status().message(), "--token-file: cannot read " + path);
+  EXPECT_EQ(TokenFile::Open(path, absl::Seconds(10)).status().message(),
+            "--token-file: cannot read " + path + ": No such file or directory");
   for (const std::string empty : {"", "\n", "  \t\nsecond line\n"}) {
     WriteAtomically(path, empty);
     EXPECT_EQ(TokenFile::Open(path, absl::Seconds(10)).status().message(), "--token-file: " + path + " is empty")
@@ -67,8 +68,8 @@ TEST(TokenFile, AFileThatBecomesUnusableKeepsTheLastGoodTokenAndIsLoggedOnce) {
   const std::string p = path.string();
   EXPECT_EQ(log, "kvtier-test: error: auth: --token-file: " + p + " is empty: the last good token stays in force\n" +
                      "kvtier-test: error: auth: --token-file: cannot read " + p +
-                     ": the last good token stays in force\n" + "kvtier-test: auth: --token-file " + p +
-                     ": a new token is in force\n");
+                     ": No such file or directory: the last good token stays in force\n" +
+                     "kvtier-test: auth: --token-file " + p + ": a new token is in force\n");
   EXPECT_EQ(log.find("secret"), std::string::npos);
 }
 
