@@ -38,6 +38,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const
   grpc::experimental::TlsServerCredentialsOptions tls(CopiesProvider(*files));
   tls.watch_root_certs();
   tls.watch_identity_key_cert_pairs();
+  tls.set_crl_directory(files->crl_dir());
   tls.set_cert_request_type(options.require_client_certificate
                                 ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
                                 : GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
@@ -51,6 +52,7 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(con
   tls.set_certificate_provider(CopiesProvider(*files));
   tls.watch_root_certs();
   if (files->has_identity()) tls.watch_identity_key_cert_pairs();
+  tls.set_crl_directory(files->crl_dir());
   return grpc::experimental::TlsCredentials(tls);
 }
 

@@ -21,29 +21,10 @@
 #include "services/base/log.h"
 #include "services/base/status.h"
 #include "services/base/watched_file.h"
+#include "services/rpc/openssl_pem.h"
 
 namespace kvtier {
 namespace {
-
-// An encrypted key is refused, never prompted for on a terminal.
-int NoPassphrase(char* /*buf*/, int /*size*/, int /*rwflag*/, void* /*u*/) { return 0; }
-
-struct OpenSslFree {
-  void operator()(BIO* bio) const { BIO_free(bio); }
-  void operator()(X509* cert) const { X509_free(cert); }
-  void operator()(EVP_PKEY* key) const { EVP_PKEY_free(key); }
-};
-using Bio = std::unique_ptr<BIO, OpenSslFree>;
-using Certificate = std::unique_ptr<X509, OpenSslFree>;
-using PrivateKey = std::unique_ptr<EVP_PKEY, OpenSslFree>;
-
-Bio Reading(const std::string& bytes) { return Bio(BIO_new_mem_buf(bytes.data(), static_cast<int>(bytes.size()))); }
-
-std::string Contents(BIO* bio) {
-  char* data = nullptr;
-  const long n = BIO_get_mem_data(bio, &data);
-  return n > 0 ? std::string(data, static_cast<size_t>(n)) : std::string();
-}
 
 // Every PEM certificate in `pem`, in order; other blocks are skipped.
 std::vector<Certificate> Certificates(const std::string& pem) {
@@ -52,12 +33,6 @@ std::vector<Certificate> Certificates(const std::string& pem) {
   while (X509* c = PEM_read_bio_X509(bio.get(), nullptr, NoPassphrase, nullptr)) certificates.emplace_back(c);
   ERR_clear_error();  // the end of the input reads as an error
   return certificates;
-}
-
-int64_t NotAfter(X509* certificate) {
-  struct tm when = {};
-  if (ASN1_TIME_to_tm(X509_get0_notAfter(certificate), &when) != 1) return 0;
-  return timegm(&when);
 }
 
 absl::StatusOr<std::string> Read(const std::string& path) {
@@ -80,6 +55,7 @@ absl::StatusOr<std::vector<Certificate>> CertificatesIn(const std::string& path)
 struct Checked {
   ~Checked() { OPENSSL_cleanse(identity.data(), identity.size()); }
   std::string ca;
+  RevocationLists::Version crls;
   std::string identity;  // the key, then the chain; empty without identity
   int64_t not_after = 0;
 };
@@ -88,8 +64,13 @@ absl::StatusOr<Checked> Check(const std::string& dir, bool identity) {
   Checked checked;
   KVTIER_ASSIGN_OR_RETURN(const std::vector<Certificate> roots, CertificatesIn(absl::StrCat(dir, "/ca.crt")));
   Bio out(BIO_new(BIO_s_mem()));
-  for (const Certificate& c : roots) PEM_write_bio_X509(out.get(), c.get());
+  std::vector<const X509*> cas;
+  for (const Certificate& c : roots) {
+    PEM_write_bio_X509(out.get(), c.get());
+    cas.push_back(c.get());
+  }
   checked.ca = Contents(out.get());
+  KVTIER_ASSIGN_OR_RETURN(checked.crls, RevocationLists::Check(absl::StrCat(dir, "/ca.crl"), cas));
   if (!identity) return checked;
 
   const std::string crt_path = absl::StrCat(dir, "/tls.crt"), key_path = absl::StrCat(dir, "/tls.key");
@@ -112,7 +93,7 @@ absl::StatusOr<Checked> Check(const std::string& dir, bool identity) {
   PEM_write_bio_PrivateKey(identity_out.get(), key.get(), nullptr, nullptr, 0, nullptr, nullptr);
   for (const Certificate& c : chain) PEM_write_bio_X509(identity_out.get(), c.get());
   checked.identity = Contents(identity_out.get());
-  checked.not_after = NotAfter(chain.front().get());
+  checked.not_after = UnixSeconds(X509_get0_notAfter(chain.front().get()));
   return checked;
 }
 
@@ -165,7 +146,8 @@ absl::StatusOr<std::unique_ptr<TlsFiles>> TlsFiles::Open(const std::string& dir,
                                                          absl::Duration reload) {
   const bool identity = need_identity || (access(absl::StrCat(dir, "/tls.crt").c_str(), R_OK) == 0 &&
                                           access(absl::StrCat(dir, "/tls.key").c_str(), R_OK) == 0);
-  std::unique_ptr<TlsFiles> files(new TlsFiles(dir, identity));
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<RevocationLists> crls, RevocationLists::Make());
+  std::unique_ptr<TlsFiles> files(new TlsFiles(dir, identity, std::move(crls)));
   KVTIER_RETURN_IF_ERROR(files->Load(files->Signature(), /*at_start=*/true));
   if (reload != absl::InfiniteDuration()) {
     files->watcher_ = std::make_unique<PeriodicTask>(reload, [f = files.get()] { f->ReloadIfChanged(); });
@@ -197,7 +179,10 @@ std::vector<TlsFiles::Health> TlsFiles::SharedHealth() {
   return all;
 }
 
-TlsFiles::TlsFiles(std::string dir, bool identity) : dir_(std::move(dir)), identity_(identity) { health_.dir = dir_; }
+TlsFiles::TlsFiles(std::string dir, bool identity, std::unique_ptr<RevocationLists> crls)
+    : dir_(std::move(dir)), identity_(identity), crl_dir_(crls->dir()), crls_(std::move(crls)) {
+  health_.dir = dir_;
+}
 
 TlsFiles::~TlsFiles() {
   watcher_.reset();  // before the copies it swaps go
@@ -214,7 +199,8 @@ TlsFiles::Health TlsFiles::health() {
 }
 
 std::string TlsFiles::Signature() const {
-  std::string signature = FileSignature(absl::StrCat(dir_, "/ca.crt"));
+  std::string signature =
+      absl::StrCat(FileSignature(absl::StrCat(dir_, "/ca.crt")), "|", FileSignature(absl::StrCat(dir_, "/ca.crl")));
   if (identity_) {
     absl::StrAppend(&signature, "|", FileSignature(absl::StrCat(dir_, "/tls.crt")), "|",
                     FileSignature(absl::StrCat(dir_, "/tls.key")));
@@ -226,23 +212,28 @@ absl::Status TlsFiles::Load(const std::string& signature, bool at_start) {
   absl::StatusOr<Checked> checked = Check(dir_, identity_);
   absl::MutexLock lock(&mu_);
   signature_ = signature;  // a refused version is said once, not every check
-  const absl::Status published = checked.ok() ? Publish(checked->identity, checked->ca) : checked.status();
+  const absl::Status published =
+      checked.ok() ? Publish(checked->crls, checked->identity, checked->ca) : checked.status();
   if (!published.ok()) {
     if (at_start) return published;
     ++health_.rejected;
     health_.in_force = false;
     Log(LogLevel::kError, "tls",
-        absl::StrCat("--tls-dir ", dir_, " changed but is refused (the last good certificate and key stay in force): ",
+        absl::StrCat("--tls-dir ", dir_,
+                     " changed but is refused (the last good certificate, key and revocation lists stay in force): ",
                      published.message()));
     return published;
   }
   if (!at_start) Log(LogLevel::kInfo, "tls", absl::StrCat("--tls-dir ", dir_, ": the new files are in force"));
   health_.in_force = true;
   health_.not_after = checked->not_after;
+  health_.crl_next_update = crls_->next_update();
   return absl::OkStatus();
 }
 
-absl::Status TlsFiles::Publish(const std::string& identity, const std::string& ca) {
+absl::Status TlsFiles::Publish(const RevocationLists::Version& crls, const std::string& identity,
+                               const std::string& ca) {
+  KVTIER_RETURN_IF_ERROR(crls_->Publish(crls));
   ++version_;
   if (identity_) KVTIER_RETURN_IF_ERROR(Replace(identity_fd_, identity, version_));
   return Replace(ca_fd_, ca, version_);

@@ -8,7 +8,8 @@
 // a set that is whole: a private key, a certificate chain whose first
 // certificate is that key's, and a CA bundle of at least one certificate.
 // A set that is not is logged and counted, and the last good one stays in
-// force until the files are whole again.
+// force until the files are whole again. A ca.crl beside them, optional,
+// is checked and handed on as revocation_lists.h says.
 //
 // The key and the chain go to gRPC in one file: gRPC reads the key and the
 // chain one after the other and checks that neither file's modification
@@ -26,13 +27,15 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "services/base/watched_file.h"
+#include "services/rpc/revocation_lists.h"
 
 namespace kvtier {
 
 class TlsFiles {
  public:
-  // Reads ca.crt, and tls.crt and tls.key (required with `need_identity`,
-  // a server's; else used when both are there, a client's mutual TLS),
+  // Reads ca.crt, ca.crl when there is one, and tls.crt and tls.key
+  // (required with `need_identity`, a server's; else used when both are
+  // there, a client's mutual TLS),
   // then checks them for changes every `reload` on a thread of its own
   // (none with an infinite `reload`). INVALID_ARGUMENT naming the file and
   // what is wrong with it.
@@ -51,12 +54,15 @@ class TlsFiles {
   // it as both the key's and the certificate's path), and the CA bundle.
   std::string identity_path() const;
   std::string ca_path() const;
+  // For gRPC's CRL directory: ca.crl's lists as OpenSSL looks them up.
+  const std::string& crl_dir() const { return crl_dir_; }
 
   struct Health {
     std::string dir;
-    uint64_t rejected = 0;  // versions of the files refused since start
-    bool in_force = true;   // what the files hold now is what is served
-    int64_t not_after = 0;  // the served certificate's expiry, Unix seconds (0: no identity)
+    uint64_t rejected = 0;        // versions of the files refused since start
+    bool in_force = true;         // what the files hold now is what is served
+    int64_t not_after = 0;        // the served certificate's expiry, Unix seconds (0: no identity)
+    int64_t crl_next_update = 0;  // the first next update of the served lists, Unix seconds (0: none)
   };
   Health health();
   // The health of every Shared TlsFiles, for /metrics.
@@ -66,12 +72,14 @@ class TlsFiles {
   void ReloadIfChanged();
 
  private:
-  TlsFiles(std::string dir, bool identity);
+  TlsFiles(std::string dir, bool identity, std::unique_ptr<RevocationLists> crls);
   // Reads and checks the files (whose Signature is `signature`); gives
   // gRPC the copies if they are whole.
   absl::Status Load(const std::string& signature, bool at_start);
-  // Swaps in copies of a checked version.
-  absl::Status Publish(const std::string& identity, const std::string& ca) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts a checked version's lists in force and swaps in copies of its
+  // files.
+  absl::Status Publish(const RevocationLists::Version& crls, const std::string& identity, const std::string& ca)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string Signature() const;
 
   const std::string dir_;
@@ -80,7 +88,9 @@ class TlsFiles {
   // each later version swapped in under the same numbers.
   int identity_fd_ = -1;
   int ca_fd_ = -1;
+  const std::string crl_dir_;
   absl::Mutex mu_;
+  const std::unique_ptr<RevocationLists> crls_ ABSL_PT_GUARDED_BY(mu_);
   std::string signature_ ABSL_GUARDED_BY(mu_);  // of the files last read
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;   // of the copies, their mtime
   Health health_ ABSL_GUARDED_BY(mu_);

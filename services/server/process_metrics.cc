@@ -77,14 +77,21 @@ void AddTlsFiles(std::vector<prometheus::MetricFamily>& out) {
   prometheus::MetricFamily expiry =
       Family("kvtier_tls_certificate_expiry_timestamp_seconds", "When the served certificate expires, Unix seconds.",
              prometheus::MetricType::Gauge);
+  prometheus::MetricFamily crl_due =
+      Family("kvtier_tls_crl_next_update_timestamp_seconds",
+             "When the first of the served revocation lists (ca.crl) falls due, Unix seconds: past it, every "
+             "certificate of that list's CA is refused until a newer list is in force.",
+             prometheus::MetricType::Gauge);
   for (const TlsFiles::Health& h : all) {
     AddSample(rejected, static_cast<double>(h.rejected), {{"dir", h.dir}});
     AddSample(in_force, h.in_force ? 1 : 0, {{"dir", h.dir}});
     if (h.not_after != 0) AddSample(expiry, static_cast<double>(h.not_after), {{"dir", h.dir}});
+    if (h.crl_next_update != 0) AddSample(crl_due, static_cast<double>(h.crl_next_update), {{"dir", h.dir}});
   }
   out.push_back(std::move(rejected));
   out.push_back(std::move(in_force));
   if (!expiry.metric.empty()) out.push_back(std::move(expiry));
+  if (!crl_due.metric.empty()) out.push_back(std::move(crl_due));
 }
 
 }  // namespace kvtier

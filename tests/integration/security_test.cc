@@ -54,23 +54,37 @@ std::string Contents(const fs::path& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+// The names of the TLS metrics deploy/prometheus/rules.yml alerts on.
+std::vector<std::string> TlsMetricsInRules() {
+  const std::string text = Contents(fs::path(KVTIER_DEPLOY_DIR) / "prometheus/rules.yml");
+  const std::regex metric("kvtier_tls_[a-z_]+");
+  std::vector<std::string> names;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), metric); it != std::sregex_iterator(); ++it) {
+    names.push_back(it->str());
+  }
+  return names;
+}
+
 class SecurityTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TempDir("kvtier-security-");
-    TestCa ca(Dir("ca"), "kvtier test CA");
+    ca_ = new TestCa(Dir("ca"), "kvtier test CA");
     TestCa other(Dir("other-ca"), "some other CA");
-    ca.Issue(Dir("server"), "cache-1", "DNS:localhost,IP:127.0.0.1");
-    ca.Issue(Dir("server-2"), "cache-2", "DNS:localhost,IP:127.0.0.1");
-    ca.Issue(Dir("client"), "acme client", "DNS:acme.clients.kvtier");
-    ca.Issue(Dir("expired-client"), "acme client", "DNS:acme.clients.kvtier", "20200101000000Z", "20200102000000Z");
-    ca.TrustOnly(Dir("trust"));
+    ca_->Issue(Dir("server"), "cache-1", "DNS:localhost,IP:127.0.0.1");
+    ca_->Issue(Dir("server-2"), "cache-2", "DNS:localhost,IP:127.0.0.1");
+    ca_->Issue(Dir("client"), "acme client", "DNS:acme.clients.kvtier");
+    ca_->Issue(Dir("expired-client"), "acme client", "DNS:acme.clients.kvtier", "20200101000000Z", "20200102000000Z");
+    ca_->TrustOnly(Dir("trust"));
     other.TrustOnly(Dir("other-trust"));
     // A client of the other CA that trusts this one's servers.
     other.Issue(Dir("other-client"), "initech client", "DNS:initech.clients.kvtier");
-    ca.TrustOnly(Dir("other-client"));
+    ca_->TrustOnly(Dir("other-client"));
   }
-  static void TearDownTestSuite() { delete dir_; }
+  static void TearDownTestSuite() {
+    delete ca_;
+    delete dir_;
+  }
 
   static fs::path Dir(const std::string& name) { return *dir_ / name; }
 
@@ -121,6 +135,7 @@ class SecurityTest : public ::testing::Test {
                                        int globex_blocks);
 
   static inline TempDir* dir_ = nullptr;
+  static inline TestCa* ca_ = nullptr;
   std::vector<std::unique_ptr<ChildProcess>> caches_;
 };
 
@@ -408,12 +423,13 @@ TEST_F(SecurityTest, TlsFilesThatAreNotWholeKeepTheLastGoodPairServing) {
       MetricValue(page, absl::StrCat("kvtier_tls_certificate_expiry_timestamp_seconds{dir=\"", live.string(), "\"}"))
           .value_or(0),
       static_cast<double>(std::time(nullptr)));
-  // The alerting rules name only TLS metrics a TLS server exports.
-  const std::string text = Contents(fs::path(KVTIER_DEPLOY_DIR) / "prometheus/rules.yml");
-  const std::regex metric("kvtier_tls_[a-z_]+");
+  // The alerting rules name only TLS metrics a TLS server exports (those
+  // of revocation lists, with a ca.crl: ARevokedClient... checks them).
   size_t names = 0;
-  for (auto it = std::sregex_iterator(text.begin(), text.end(), metric); it != std::sregex_iterator(); ++it, ++names) {
-    EXPECT_NE(page.find("\n" + it->str() + "{"), std::string::npos) << "rules.yml uses " << it->str();
+  for (const std::string& name : TlsMetricsInRules()) {
+    if (name.starts_with("kvtier_tls_crl_")) continue;
+    EXPECT_NE(page.find("\n" + name + "{"), std::string::npos) << "rules.yml uses " << name;
+    ++names;
   }
   EXPECT_GE(names, 2u);
 }
@@ -481,6 +497,88 @@ TEST_F(SecurityTest, AClientOfADroppedCaIsCutOffWithinTheConnectionAge) {
   }
   EXPECT_TRUE(reader->Finish().ok());
   EXPECT_EQ(read, kCopies) << "the stream open across the connection's age lost answers";
+}
+
+// A client certificate revoked by a ca.crl written under a running cache
+// is refused at its next handshake, and the connection it has open ends
+// within --max-connection-age-seconds; another client of the same CA loses
+// no call. A newer list without it lets it in again. The list's next update
+// is exported, for the alert that asks for a newer list in time.
+TEST_F(SecurityTest, ARevokedClientIsCutOffWithinTheConnectionAgeAndANewerListLetsItIn) {
+  ca_->Issue(Dir("revoked-client"), "wayne client", "DNS:wayne.clients.kvtier");
+  const fs::path live = Dir("revoking");
+  fs::create_directories(live);
+  for (const char* f : {"ca.crt", "tls.crt", "tls.key"}) {
+    fs::copy_file(Dir("server") / f, live / f, fs::copy_options::overwrite_existing);
+  }
+  std::string metrics;
+  const std::string target = StartCache(
+      {"--tls-dir", live.string(), "--tls-require-client-cert", "--max-connection-age-seconds", "2"}, &metrics);
+  ASSERT_FALSE(target.empty());
+  CacheClient acme = Client(target, "client");
+  CacheClient wayne = Client(target, "revoked-client");
+  ASSERT_EQ(StatsCode(acme), absl::StatusCode::kOk);
+  ASSERT_EQ(StatsCode(wayne), absl::StatusCode::kOk);
+  const std::string crl_due = absl::StrCat("kvtier_tls_crl_next_update_timestamp_seconds{dir=\"", live.string(), "\"}");
+  EXPECT_EQ(MetricValue(ScrapeMetrics(metrics), crl_due), std::nullopt);
+
+  const int64_t now = std::time(nullptr);
+  ca_->Revoke(Dir("revoked-client") / "tls.crt");
+  ca_->WriteCrl(Dir("revoking.crl"), now - 120, now + 3600);
+  ca_->ReinstateAll();  // the CA's later lists revoke nothing
+  WriteAtomically(live / "ca.crl", Contents(Dir("revoking.crl")));
+  ASSERT_TRUE(testing::Eventually([&] { return StatsCode(Client(target, "revoked-client")) != absl::StatusCode::kOk; },
+                                  std::chrono::seconds(20)))
+      << "the revocation list was not taken";
+  const auto taken = std::chrono::steady_clock::now();
+  size_t acme_calls = 0;
+  EXPECT_TRUE(testing::Eventually(
+      [&] {
+        EXPECT_EQ(StatsCode(acme), absl::StatusCode::kOk) << "a client of the same CA lost a call";
+        ++acme_calls;
+        return StatsCode(wayne) == absl::StatusCode::kUnavailable;
+      },
+      std::chrono::seconds(20)))
+      << "a connection made before the revocation still serves its client";
+  EXPECT_LT(std::chrono::steady_clock::now() - taken, std::chrono::seconds(10));
+  const auto later = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (std::chrono::steady_clock::now() < later) {
+    EXPECT_EQ(StatsCode(acme), absl::StatusCode::kOk) << "a client of the same CA lost a call";
+    EXPECT_EQ(StatsCode(wayne), absl::StatusCode::kUnavailable);
+    ++acme_calls;
+  }
+  EXPECT_GT(acme_calls, 10u);
+  const std::string page = ScrapeMetrics(metrics);
+  EXPECT_EQ(MetricValue(page, crl_due), static_cast<double>(now + 3600));
+  for (const std::string& name : TlsMetricsInRules()) {
+    EXPECT_NE(page.find("\n" + name + "{"), std::string::npos) << "rules.yml uses " << name;
+  }
+
+  ca_->WriteCrl(Dir("lifting.crl"), now - 60, now + 7200);
+  WriteAtomically(live / "ca.crl", Contents(Dir("lifting.crl")));
+  EXPECT_TRUE(testing::Eventually([&] { return StatsCode(Client(target, "revoked-client")) == absl::StatusCode::kOk; },
+                                  std::chrono::seconds(20)))
+      << "a newer list without the certificate did not let it in";
+  EXPECT_EQ(StatsCode(acme), absl::StatusCode::kOk);
+  EXPECT_EQ(MetricValue(ScrapeMetrics(metrics), crl_due), static_cast<double>(now + 7200));
+}
+
+// A client with a ca.crl checks the server's certificate against it.
+TEST_F(SecurityTest, AClientRefusesAServerWhoseCertificateItsCaCrlRevokes) {
+  ca_->Issue(Dir("server-3"), "cache-3", "DNS:localhost,IP:127.0.0.1");
+  const std::string target = StartCache({"--tls-dir", Dir("server-3").string()});
+  ASSERT_FALSE(target.empty());
+  const fs::path wary = Dir("wary-client");
+  fs::create_directories(wary);
+  fs::copy_file(Dir("trust") / "ca.crt", wary / "ca.crt", fs::copy_options::overwrite_existing);
+  const int64_t now = std::time(nullptr);
+  ca_->Revoke(Dir("server-3") / "tls.crt");
+  ca_->WriteCrl(wary / "ca.crl", now - 60, now + 3600);
+  ca_->ReinstateAll();
+  EXPECT_EQ(StatsCode(Client(target, "wary-client")), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(StatsCode(Client(target, "trust")), absl::StatusCode::kOk);
+  // The same list, of a certificate not revoked: served.
+  EXPECT_EQ(StatsCode(Client(StartCache({"--tls-dir", Dir("server").string()}), "wary-client")), absl::StatusCode::kOk);
 }
 
 // A client's --token-file is read again as it changes: rotated in the

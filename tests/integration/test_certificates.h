@@ -6,9 +6,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 namespace kvtier::testing {
@@ -57,6 +60,35 @@ class TestCa {
     std::filesystem::copy_file(dir_ / "ca.crt", out / "ca.crt", std::filesystem::copy_options::overwrite_existing);
   }
 
+  // Revokes the certificate at `certificate`, one this CA issued.
+  void Revoke(const std::filesystem::path& certificate) const {
+    Shell("openssl ca -config " + (dir_ / "ca.cnf").string() + " -cert " + (dir_ / "ca.crt").string() + " -keyfile " +
+          (dir_ / "ca.key").string() + " -revoke " + certificate.string());
+  }
+
+  // Takes back every revocation (rewrites openssl ca's index).
+  void ReinstateAll() const {
+    std::ifstream in(dir_ / "index.txt");
+    std::stringstream out;
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("R\t", 0) == 0) {  // R, expiry, revocation date: V, expiry, none
+        const size_t expiry_end = line.find('\t', 2), revoked_end = line.find('\t', expiry_end + 1);
+        line = "V" + line.substr(1, expiry_end) + line.substr(revoked_end);
+      }
+      out << line << "\n";
+    }
+    in.close();
+    std::ofstream(dir_ / "index.txt", std::ios::trunc) << out.str();
+  }
+
+  // This CA's revocation list of what it has revoked, issued at
+  // `this_update` and due at `next_update` (Unix seconds), written to `out`.
+  void WriteCrl(const std::filesystem::path& out, int64_t this_update, int64_t next_update) const {
+    Shell("openssl ca -gencrl -config " + (dir_ / "ca.cnf").string() + " -cert " + (dir_ / "ca.crt").string() +
+          " -keyfile " + (dir_ / "ca.key").string() + " -crl_lastupdate " + Asn1Time(this_update) +
+          " -crl_nextupdate " + Asn1Time(next_update) + " -out " + out.string());
+  }
+
   // Only ca.crt in `out`: what a client that presents no certificate has.
   void TrustOnly(const std::filesystem::path& out) const {
     std::filesystem::create_directories(out);
@@ -64,6 +96,15 @@ class TestCa {
   }
 
  private:
+  static std::string Asn1Time(int64_t unix_seconds) {
+    const time_t t = static_cast<time_t>(unix_seconds);
+    struct tm when;
+    gmtime_r(&t, &when);
+    char text[32];
+    strftime(text, sizeof(text), "%Y%m%d%H%M%SZ", &when);
+    return text;
+  }
+
   std::filesystem::path dir_;
 };
 

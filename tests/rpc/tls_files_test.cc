@@ -6,12 +6,16 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "tests/integration/test_certificates.h"
 #include "tests/temp_dir.h"
@@ -32,6 +36,29 @@ void Write(const fs::path& path, const std::string& contents) {
   fs::rename(tmp, path);
 }
 
+int64_t Now() { return static_cast<int64_t>(std::time(nullptr)); }
+
+// The names of the files in `dir`, sorted.
+std::vector<std::string> FileNames(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// What `openssl x509 -hash` prints for the certificate at `path`: the name
+// OpenSSL looks its CA's files up by.
+std::string SubjectHash(const fs::path& path) {
+  FILE* out = popen(("openssl x509 -hash -noout -in " + path.string()).c_str(), "r");
+  char line[64] = {};
+  const bool read = out != nullptr && std::fgets(line, sizeof(line), out) != nullptr;
+  if (out != nullptr) pclose(out);
+  EXPECT_TRUE(read);
+  std::string hash(line);
+  while (!hash.empty() && hash.back() == '\n') hash.pop_back();
+  return hash;
+}
+
 // The PEM body of a file's first block: what re-encoding keeps of it.
 std::string FirstBlockBody(const std::string& pem) {
   const size_t start = pem.find('\n') + 1;
@@ -42,12 +69,18 @@ class TlsFilesTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new testing::TempDir("kvtier-tls-files-");
-    testing::TestCa ca(dir_->path() / "ca", "kvtier test CA");
-    ca.Issue(dir_->path() / "one", "one", "DNS:localhost");
-    ca.Issue(dir_->path() / "two", "two", "DNS:localhost");
-    ca.TrustOnly(dir_->path() / "trust");
+    ca_ = new testing::TestCa(dir_->path() / "ca", "kvtier test CA");
+    ca_->Issue(dir_->path() / "one", "one", "DNS:localhost");
+    ca_->Issue(dir_->path() / "two", "two", "DNS:localhost");
+    ca_->TrustOnly(dir_->path() / "trust");
+    other_ca_ = new testing::TestCa(dir_->path() / "other-ca", "some other CA");
+    other_ca_->TrustOnly(dir_->path() / "other-trust");
   }
-  static void TearDownTestSuite() { delete dir_; }
+  static void TearDownTestSuite() {
+    delete other_ca_;
+    delete ca_;
+    delete dir_;
+  }
 
   // A directory holding `from`'s three files, to change under a TlsFiles.
   static fs::path Live(const std::string& name, const std::string& from) {
@@ -61,6 +94,8 @@ class TlsFilesTest : public ::testing::Test {
   static fs::path Path(const std::string& name) { return dir_->path() / name; }
 
   static inline testing::TempDir* dir_ = nullptr;
+  static inline testing::TestCa* ca_ = nullptr;
+  static inline testing::TestCa* other_ca_ = nullptr;
 };
 
 TEST_F(TlsFilesTest, ItHandsGrpcTheKeyThenTheChainAndTheCa) {
@@ -136,7 +171,7 @@ TEST_F(TlsFilesTest, AReloadTakesOnlyAWholeSetAndKeepsTheLastGoodOne) {
   const std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(log.find("tls.key: no private key in it"), std::string::npos) << log;
   EXPECT_NE(log.find("is not the certificate of"), std::string::npos) << log;
-  EXPECT_NE(log.find("the last good certificate and key stay in force"), std::string::npos) << log;
+  EXPECT_NE(log.find("the last good certificate, key and revocation lists stay in force"), std::string::npos) << log;
   EXPECT_EQ(log.find("PRIVATE KEY"), std::string::npos) << "a key reached the log";
 
   Write(live / "tls.key", Contents(Path("two") / "tls.key"));  // now whole
@@ -171,6 +206,117 @@ TEST_F(TlsFilesTest, TheWatcherThreadTakesANewPairByItself) {
   }
   EXPECT_NE(Contents((*opened)->identity_path()), first);
   EXPECT_TRUE((*opened)->health().in_force);
+}
+
+// ca.crl's lists go where gRPC's OpenSSL looks them up: a file named by
+// the CA's subject hash, each newer list of it under the next number, the
+// earlier ones kept (OpenSSL reads each file once and applies the newest).
+TEST_F(TlsFilesTest, RevocationListsAreLaidOutAsOpenSslLooksThemUp) {
+  const fs::path live = Live("crl", "one");
+  const int64_t now = Now();
+  ca_->Revoke(Path("two") / "tls.crt");
+  ca_->WriteCrl(live / "ca.crl", now - 120, now + 3600);
+  auto opened = TlsFiles::Open(live.string(), /*need_identity=*/true, absl::InfiniteDuration());
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  TlsFiles& files = **opened;
+  const std::string hash = SubjectHash(live / "ca.crt");
+  ASSERT_EQ(hash.size(), 8u);
+  EXPECT_EQ(FileNames(files.crl_dir()), std::vector<std::string>{hash + ".r0"});
+  EXPECT_EQ(Contents(fs::path(files.crl_dir()) / (hash + ".r0")), Contents(live / "ca.crl"));
+  EXPECT_EQ(files.health().crl_next_update, now + 3600);
+
+  ca_->ReinstateAll();
+  const std::string first = Contents(live / "ca.crl");
+  ca_->WriteCrl(Path("crl-newer.pem"), now - 60, now + 7200);
+  Write(live / "ca.crl", Contents(Path("crl-newer.pem")));
+  files.ReloadIfChanged();
+  EXPECT_TRUE(files.health().in_force);
+  EXPECT_EQ(files.health().crl_next_update, now + 7200);
+  EXPECT_EQ(FileNames(files.crl_dir()), (std::vector<std::string>{hash + ".r0", hash + ".r1"}));
+  EXPECT_EQ(Contents(fs::path(files.crl_dir()) / (hash + ".r0")), first);
+  EXPECT_EQ(Contents(fs::path(files.crl_dir()) / (hash + ".r1")), Contents(live / "ca.crl"));
+  // The directory goes with its TlsFiles.
+  const std::string crl_dir = files.crl_dir();
+  opened->reset();
+  EXPECT_FALSE(fs::exists(crl_dir));
+}
+
+TEST_F(TlsFilesTest, RevocationListsThatCannotBeTakenAreRefusedAtStartSayingWhy) {
+  const int64_t now = Now();
+  ca_->WriteCrl(Path("crl-a.pem"), now - 120, now + 3600);
+  ca_->WriteCrl(Path("crl-b.pem"), now - 60, now + 3600);
+  ca_->WriteCrl(Path("crl-expired.pem"), now - 7200, now - 3600);
+  ca_->WriteCrl(Path("crl-early.pem"), now + 3600, now + 7200);
+  other_ca_->WriteCrl(Path("crl-other.pem"), now - 60, now + 3600);
+  // A CA of the same name and another key.
+  testing::TestCa impostor(Path("impostor-ca"), "kvtier test CA");
+  impostor.WriteCrl(Path("crl-impostor.pem"), now - 60, now + 3600);
+  struct Case {
+    std::string what, contents, message;
+  };
+  const Case cases[] = {
+      {"another CA's list", Contents(Path("crl-other.pem")),
+       "the list of CN=some other CA is not signed by a CA of ca.crt"},
+      {"a list signed by another key", Contents(Path("crl-impostor.pem")),
+       "the list of CN=kvtier test CA is not signed by a CA of ca.crt"},
+      {"an expired list", Contents(Path("crl-expired.pem")), "the list of CN=kvtier test CA expired at"},
+      {"a list not valid yet", Contents(Path("crl-early.pem")), "the list of CN=kvtier test CA is not valid until"},
+      {"garbage", "-----BEGIN X509 CRL-----\nAAAA\n-----END X509 CRL-----\n", "ca.crl: no revocation list in it"},
+      {"an empty file", "", "ca.crl: no revocation list in it"},
+      {"two lists of a CA", Contents(Path("crl-a.pem")) + Contents(Path("crl-b.pem")),
+       "two lists of CN=kvtier test CA (give only the newest)"},
+  };
+  for (const Case& c : cases) {
+    const fs::path live = Live("crl-start", "one");
+    Write(live / "ca.crl", c.contents);
+    auto files = TlsFiles::Open(live.string(), /*need_identity=*/true, absl::InfiniteDuration());
+    ASSERT_FALSE(files.ok()) << c.what;
+    EXPECT_EQ(files.status().code(), absl::StatusCode::kInvalidArgument) << c.what;
+    EXPECT_NE(files.status().message().find(c.message), std::string::npos) << c.what << ": " << files.status();
+  }
+}
+
+// OpenSSL never forgets a list it has read: a version of ca.crl that would
+// withdraw one or go back to an older one is refused, and the one in force
+// stays, said so; a CA dropped from ca.crt takes its list with it.
+TEST_F(TlsFilesTest, AReloadNeverWithdrawsOrRollsBackAList) {
+  const fs::path live = Live("crl-reload", "one");
+  const int64_t now = Now();
+  ca_->WriteCrl(Path("crl-older.pem"), now - 120, now + 3600);
+  ca_->WriteCrl(Path("crl-in-force.pem"), now - 60, now + 7200);
+  Write(live / "ca.crl", Contents(Path("crl-in-force.pem")));
+  auto opened = TlsFiles::Open(live.string(), /*need_identity=*/true, absl::InfiniteDuration());
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  TlsFiles& files = **opened;
+  const std::vector<std::string> laid_out = FileNames(files.crl_dir());
+  ASSERT_EQ(laid_out.size(), 1u);
+
+  ::testing::internal::CaptureStderr();
+  Write(live / "ca.crl", Contents(Path("crl-older.pem")));
+  files.ReloadIfChanged();
+  EXPECT_EQ(files.health().rejected, 1u);
+  EXPECT_FALSE(files.health().in_force);
+  fs::remove(live / "ca.crl");
+  files.ReloadIfChanged();
+  EXPECT_EQ(files.health().rejected, 2u);
+  EXPECT_EQ(FileNames(files.crl_dir()), laid_out);
+  EXPECT_EQ(files.health().crl_next_update, now + 7200);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("is no newer than the one in force"), std::string::npos) << log;
+  EXPECT_NE(log.find("ca.crl no longer has the list of CN=kvtier test CA, which stays in force"), std::string::npos)
+      << log;
+
+  Write(live / "ca.crl", Contents(Path("crl-in-force.pem")));  // the same list again: nothing new to write
+  files.ReloadIfChanged();
+  EXPECT_TRUE(files.health().in_force);
+  EXPECT_EQ(FileNames(files.crl_dir()), laid_out);
+
+  Write(live / "ca.crt", Contents(Path("other-trust") / "ca.crt"));
+  fs::remove(live / "ca.crl");
+  files.ReloadIfChanged();
+  EXPECT_TRUE(files.health().in_force);
+  EXPECT_EQ(files.health().rejected, 2u);
+  EXPECT_EQ(files.health().crl_next_update, 0);
 }
 
 }  // namespace
