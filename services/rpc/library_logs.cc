@@ -2,6 +2,7 @@
 
 #include <google/protobuf/stubs/logging.h>
 #include <grpc/support/log.h>
+#include <openssl/x509_vfy.h>
 
 #include <map>
 #include <memory>
@@ -34,7 +35,8 @@ constexpr Hint kHandshakeHints[] = {
     {"peer did not return a certificate",
      "a client brought no certificate to a server that requires one (--tls-require-client-cert): give the "
      "client's --tls-dir a tls.crt and tls.key signed by the server's ca.crt"},
-    {"certificate verify failed", "the peer's certificate is not signed by a CA in this side's ca.crt, or has expired"},
+    {"certificate verify failed",
+     "the peer's certificate is not signed by a CA in this side's ca.crt, has expired, or is revoked by its ca.crl"},
     {"tlsv1 alert unknown ca",
      "the peer does not trust this side's certificate (its ca.crt lacks the CA that signed it)"},
 };
@@ -99,6 +101,17 @@ std::optional<LibraryLine> ExplainGrpcLine(LogLevel level, absl::string_view mes
                            std::string(hint.says)};
       }
     }
+  }
+  // gRPC's OpenSSL callback gives a verification's error as a number.
+  static const LazyRE2 kVerifyCode = {R"(Certificate verify failed with code (\d+))"};
+  if (int code = 0; RE2::PartialMatch(re2::StringPiece(message.data(), message.size()), *kVerifyCode, &code)) {
+    std::string text =
+        absl::StrCat("TLS: a peer's certificate failed verification: ", X509_verify_cert_error_string(code));
+    if (code == X509_V_ERR_CERT_REVOKED) absl::StrAppend(&text, " (ca.crl revokes it)");
+    if (code == X509_V_ERR_CRL_HAS_EXPIRED) {
+      absl::StrAppend(&text, " (ca.crl's list of its CA is past its next update: write a newer one into --tls-dir)");
+    }
+    return LibraryLine{LogLevel::kWarning, std::move(text), absl::StrCat("verify code ", code)};
   }
   // gRPC's error strings carry where and when each cause was made.
   std::string text(message);

@@ -23,6 +23,21 @@ TEST(LibraryLogsTest, FailedHandshakesSayWhatWentWrong) {
   EXPECT_NE(plaintext->kind, no_certificate->kind);  // limited apart
 }
 
+// gRPC's verify callback gives OpenSSL's error as a number (23: revoked).
+TEST(LibraryLogsTest, AFailedVerificationSaysWhyInWords) {
+  const std::optional<LibraryLine> revoked =
+      ExplainGrpcLine(LogLevel::kError, "Certificate verify failed with code 23");
+  ASSERT_TRUE(revoked.has_value());
+  EXPECT_EQ(revoked->level, LogLevel::kWarning);
+  EXPECT_EQ(revoked->text, "TLS: a peer's certificate failed verification: certificate revoked (ca.crl revokes it)");
+  const std::optional<LibraryLine> list_due =
+      ExplainGrpcLine(LogLevel::kError, "Certificate verify failed with code 12");
+  ASSERT_TRUE(list_due.has_value());
+  EXPECT_NE(list_due->text.find("CRL has expired (ca.crl's list of its CA is past its next update"), std::string::npos)
+      << list_due->text;
+  EXPECT_NE(revoked->kind, list_due->kind);  // limited apart
+}
+
 TEST(LibraryLogsTest, APortInUseIsLeftToKvtiersOwnLine) {
   EXPECT_FALSE(ExplainGrpcLine(LogLevel::kError,
                                "UNKNOWN:No address added out of total 1 resolved for '127.0.0.1:7070' "
