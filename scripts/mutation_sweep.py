@@ -2,10 +2,10 @@
 """Breaks each check that guards tenants, the fast path, stored bytes,
 quotas, eviction, request limits, what a decode worker is handed, the
 checkpoints a model server loads and their config.json, the block records
-it reads, the tenants and TLS files a server starts from, its flags and
-addresses and when they are checked, and sampling settings, one at a
-time, and shows that some test fails without it: a check no test misses
-is a check a later change can lose unseen.
+it reads, the tenants, TLS files and revocation lists a server takes,
+its flags and addresses and when they are checked, and sampling
+settings, one at a time, and shows that some test fails without it: a
+check no test misses is a check a later change can lose unseen.
 
 Each mutation replaces one snippet of a source (found exactly once), builds
 the binaries the tests start and the test binaries, runs those most likely
@@ -54,6 +54,7 @@ TESTS = ["security_test", "fast_path_test", "cache_service_test", "common_test",
 
 TENANTS = "services/rpc/tenants.cc"
 FAST_PATH = "services/cache/fast_path/fast_path_server.cc"
+REVOCATION_LISTS = "services/rpc/revocation_lists.cc"
 PLANNER = "services/cache/server/request_planner.cc"
 STORE = "services/cache/store/block_store.cc"
 MOVES = "services/cache/store/tier_moves.cc"
@@ -119,6 +120,25 @@ MUTATIONS = [
     ("S17", "a token file emptied under a client replaces its last good token", "services/rpc/token_file.cc",
      "  if (token.empty()) return absl::InvalidArgumentError(absl::StrCat(\"--token-file: \", path, \" is empty\"));\n",
      "", ["common_test", "security_test"]),
+    ("S18", "a CA's newer revocation list is written over the file OpenSSL has read", REVOCATION_LISTS,
+     "  ++next_file_[list.hash];\n", "", ["common_test", "security_test"]),
+    ("S19", "a ca.crl that withdraws a list in force is taken", REVOCATION_LISTS,
+     "    if (list == version.lists.end()) {", "    if (list == version.lists.end()) continue;\n    if (false) {",
+     ["common_test"]),
+    ("S20", "a ca.crl going back to an older list is taken", REVOCATION_LISTS,
+     "list->pem != served.pem && list->this_update <= served.this_update", "false", ["common_test"]),
+    ("S21", "a revocation list is taken on its issuer's name, unverified", REVOCATION_LISTS,
+     "X509_CRL_verify(crl, X509_get0_pubkey(c)) == 1", "true", ["common_test"]),
+    ("S22", "an expired revocation list is taken (it would refuse every certificate of its CA)", REVOCATION_LISTS,
+     "list.next_update != 0 && list.next_update <= now", "false", ["common_test"]),
+    ("S23", "a server checks no revocation list", "services/rpc/tls.cc",
+     "  tls.watch_identity_key_cert_pairs();\n  tls.set_crl_directory(files->crl_dir());\n",
+     "  tls.watch_identity_key_cert_pairs();\n", ["security_test"]),
+    ("S24", "a client checks no revocation list", "services/rpc/tls.cc",
+     "tls.watch_identity_key_cert_pairs();\n  tls.set_crl_directory(files->crl_dir());\n  return",
+     "tls.watch_identity_key_cert_pairs();\n  return", ["security_test"]),
+    ("S25", "a process's revocation lists are removed under it by the next", REVOCATION_LISTS,
+     "if (flock(fd, LOCK_EX | LOCK_NB) == 0) ", "", ["common_test"]),
     ("F1", "a wrong secret proves a session", FAST_PATH, "|| it->second.secret != request.secret)", ")",
      ["fast_path_test"]),
     ("F2", "a second connection proves a session", FAST_PATH,
