@@ -122,6 +122,10 @@ MUTATIONS = [
      "", ["common_test", "security_test"]),
     ("S18", "a CA's newer revocation list is written over the file OpenSSL has read", REVOCATION_LISTS,
      "  ++next_file_[list.hash];\n", "", ["common_test", "security_test"]),
+    ("S26", "a certificate rotation lifts revocations (a newer list removes the files before it)",
+     REVOCATION_LISTS, "  ++next_file_[list.hash];\n",
+     "  if (next_file_[list.hash] > 0) std::remove(absl::StrFormat(\"%s/%08lx.r%d\", dir_, list.hash,"
+     " next_file_[list.hash] - 1).c_str());\n  ++next_file_[list.hash];\n", ["security_test"]),
     ("S19", "a ca.crl that withdraws a list in force is taken", REVOCATION_LISTS,
      "    if (list == version.lists.end()) {", "    if (list == version.lists.end()) continue;\n    if (false) {",
      ["common_test"]),

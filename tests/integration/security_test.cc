@@ -502,8 +502,9 @@ TEST_F(SecurityTest, AClientOfADroppedCaIsCutOffWithinTheConnectionAge) {
 // A client certificate revoked by a ca.crl written under a running cache
 // is refused at its next handshake, and the connection it has open ends
 // within --max-connection-age-seconds; another client of the same CA loses
-// no call. A newer list without it lets it in again. The list's next update
-// is exported, for the alert that asks for a newer list in time.
+// no call. A newer list without it lets it in again, and a rotation of the
+// server's certificate lifts no revocation. The list's next update is
+// exported, for the alert that asks for a newer list in time.
 TEST_F(SecurityTest, ARevokedClientIsCutOffWithinTheConnectionAgeAndANewerListLetsItIn) {
   ca_->Issue(Dir("revoked-client"), "wayne client", "DNS:wayne.clients.kvtier");
   const fs::path live = Dir("revoking");
@@ -561,6 +562,24 @@ TEST_F(SecurityTest, ARevokedClientIsCutOffWithinTheConnectionAgeAndANewerListLe
       << "a newer list without the certificate did not let it in";
   EXPECT_EQ(StatsCode(acme), absl::StatusCode::kOk);
   EXPECT_EQ(MetricValue(ScrapeMetrics(metrics), crl_due), static_cast<double>(now + 7200));
+
+  // Revoked again, then the server's certificate rotated: gRPC makes a new
+  // SSL context, which reads every list of the CA afresh and applies the
+  // newest; the rotation lifts nothing.
+  ca_->Revoke(Dir("revoked-client") / "tls.crt");
+  ca_->WriteCrl(Dir("revoking-again.crl"), now - 30, now + 7200);
+  ca_->ReinstateAll();
+  WriteAtomically(live / "ca.crl", Contents(Dir("revoking-again.crl")));
+  ASSERT_TRUE(testing::Eventually([&] { return StatsCode(Client(target, "revoked-client")) != absl::StatusCode::kOk; },
+                                  std::chrono::seconds(20)))
+      << "the third list was not taken";
+  WriteAtomically(live / "tls.crt", Contents(Dir("server-2") / "tls.crt"));
+  WriteAtomically(live / "tls.key", Contents(Dir("server-2") / "tls.key"));
+  EXPECT_TRUE(testing::Eventually([&] { return ServedCommonName(target, Dir("client")) == "cache-2"; },
+                                  std::chrono::seconds(20)))
+      << "the new pair was not taken";
+  EXPECT_NE(StatsCode(Client(target, "revoked-client")), absl::StatusCode::kOk) << "a certificate rotation lifted it";
+  EXPECT_EQ(StatsCode(Client(target, "client")), absl::StatusCode::kOk);
 }
 
 // A client with a ca.crl checks the server's certificate against it.
