@@ -189,7 +189,7 @@ absl::Status RevocationLists::Publish(const Version& version) {
     if (list == version.lists.end()) {
       return absl::InvalidArgumentError(
           absl::StrCat("ca.crl no longer has the list of ", served.issuer_text,
-                       ", which stays in force (a newer list lifts a revocation; none cannot)"));
+                       ", which stays in force (to lift a revocation, give a newer list without it)"));
     }
     if (list->pem != served.pem && list->this_update <= served.this_update) {
       return absl::InvalidArgumentError(
