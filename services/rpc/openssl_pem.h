@@ -5,13 +5,16 @@
 
 #include <openssl/asn1.h>
 #include <openssl/bio.h>
+#include <openssl/err.h>
 #include <openssl/evp.h>
+#include <openssl/pem.h>
 #include <openssl/x509.h>
 
 #include <cstdint>
 #include <ctime>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace kvtier {
 
@@ -37,6 +40,18 @@ inline std::string Contents(BIO* bio) {
   char* data = nullptr;
   const long n = BIO_get_mem_data(bio, &data);
   return n > 0 ? std::string(data, static_cast<size_t>(n)) : std::string();
+}
+
+// Every PEM block of one kind in `pem`, read by `read` (PEM_read_bio_X509,
+// say), in order; blocks of other kinds are skipped.
+template <typename T>
+std::vector<std::unique_ptr<T, OpenSslFree>> PemBlocks(const std::string& pem,
+                                                       T* (*read)(BIO*, T**, pem_password_cb*, void*)) {
+  std::vector<std::unique_ptr<T, OpenSslFree>> blocks;
+  Bio bio = Reading(pem);
+  while (T* block = read(bio.get(), nullptr, NoPassphrase, nullptr)) blocks.emplace_back(block);
+  ERR_clear_error();  // the end of the input reads as an error
+  return blocks;
 }
 
 // Unix seconds; 0 for no time or one that cannot be read.

@@ -47,15 +47,6 @@ std::string Time(int64_t unix_seconds) {
   return absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixSeconds(unix_seconds), absl::UTCTimeZone());
 }
 
-// Every PEM list in `pem`, in order.
-std::vector<RevocationList> Lists(const std::string& pem) {
-  std::vector<RevocationList> lists;
-  Bio bio = Reading(pem);
-  while (X509_CRL* l = PEM_read_bio_X509_CRL(bio.get(), nullptr, NoPassphrase, nullptr)) lists.emplace_back(l);
-  ERR_clear_error();  // the end of the input reads as an error
-  return lists;
-}
-
 // The list checked against `cas` and the time now.
 absl::StatusOr<RevocationLists::List> CheckList(X509_CRL* crl, const std::vector<const X509*>& cas) {
   RevocationLists::List list;
@@ -136,7 +127,7 @@ absl::StatusOr<RevocationLists::Version> RevocationLists::Check(const std::strin
   if (stat(path.c_str(), &st) != 0 && errno == ENOENT) return version;
   absl::StatusOr<std::string> pem = ReadWholeFile(path);
   if (!pem.ok()) return absl::InvalidArgumentError(absl::StrCat("--tls-dir: ", pem.status().message()));
-  std::vector<RevocationList> lists = Lists(*pem);
+  std::vector<RevocationList> lists = PemBlocks(*pem, PEM_read_bio_X509_CRL);
   if (lists.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": no revocation list in it (empty or not PEM)"));
   }

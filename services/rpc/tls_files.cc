@@ -26,15 +26,6 @@
 namespace kvtier {
 namespace {
 
-// Every PEM certificate in `pem`, in order; other blocks are skipped.
-std::vector<Certificate> Certificates(const std::string& pem) {
-  std::vector<Certificate> certificates;
-  Bio bio = Reading(pem);
-  while (X509* c = PEM_read_bio_X509(bio.get(), nullptr, NoPassphrase, nullptr)) certificates.emplace_back(c);
-  ERR_clear_error();  // the end of the input reads as an error
-  return certificates;
-}
-
 absl::StatusOr<std::string> Read(const std::string& path) {
   absl::StatusOr<std::string> bytes = ReadWholeFile(path);
   if (!bytes.ok()) return absl::InvalidArgumentError(absl::StrCat("--tls-dir: ", bytes.status().message()));
@@ -44,7 +35,7 @@ absl::StatusOr<std::string> Read(const std::string& path) {
 // The certificates of the file at `path`, at least one.
 absl::StatusOr<std::vector<Certificate>> CertificatesIn(const std::string& path) {
   KVTIER_ASSIGN_OR_RETURN(const std::string pem, Read(path));
-  std::vector<Certificate> certificates = Certificates(pem);
+  std::vector<Certificate> certificates = PemBlocks(pem, PEM_read_bio_X509);
   if (certificates.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": no certificate in it (empty or not PEM)"));
   }
