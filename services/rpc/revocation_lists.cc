@@ -173,7 +173,9 @@ RevocationLists::~RevocationLists() {
 }
 
 absl::Status RevocationLists::Publish(const Version& version) {
-  for (const auto& [issuer, served] : in_force_) {
+  for (const auto& entry : in_force_) {
+    const std::string& issuer = entry.first;  // not a structured binding: clang 14's lambdas cannot take one
+    const List& served = entry.second;
     if (!version.cas.contains(issuer)) continue;  // a CA no longer trusted: its list no longer matters
     const auto list =
         std::find_if(version.lists.begin(), version.lists.end(), [&](const List& l) { return l.issuer == issuer; });

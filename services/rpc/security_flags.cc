@@ -9,8 +9,8 @@ namespace kvtier {
 void SecurityFlags::Register(FlagParser& flags, bool serves, bool calls) {
   flags.AddString("tls-dir", &tls_dir,
                   "TLS for every gRPC call: a directory with ca.crt, tls.crt and tls.key (a Kubernetes TLS "
-                  "Secret; a client needs only ca.crt, and presents tls.crt when it has one); reloaded when they "
-                  "change. Empty: plaintext");
+                  "Secret; a client needs only ca.crt, and presents tls.crt when it has one), and ca.crl, its "
+                  "CAs' revocation lists, if any; reloaded when they change. Empty: plaintext");
   flags.AddUint("reload-seconds", &reload_seconds,
                 "how often the TLS files and the tenants file are checked (1 to 86400)");
   if (calls) {
