@@ -6,8 +6,8 @@
 # take (tests/deploy/podman_play.py lists each change and why), then checks:
 # every pod runs as uid 10001 on a read-only root, every pod's plaintext
 # health port says SERVING, a tenant's generation over TLS works and a
-# second one hits the cache pod, and a tenant is refused another's
-# namespace.
+# second one hits the cache pod, a client certificate the Secret's ca.crl
+# revokes is refused, and a tenant is refused another's namespace.
 #
 #   tests/deploy/container_test.sh BUILD_DIR
 #
@@ -91,8 +91,16 @@ cleanup
 step "certificates, tenants, tokens and a model"
 state="$work/state"
 rm -rf "$state" && mkdir -p "$state"
-"$kvtier" make-certs --out "$state/certs" --client globex \
+"$kvtier" make-certs --out "$state/certs" --client globex,initech \
   --name "${ips[kvtier-cache]},${ips[kvtier-decode]},${ips[kvtier-prefill]}" >/dev/null
+# initech's certificate revoked as docs/operations.md says, the list in
+# kvtier-tls: without it initech would be served as globex.
+(cd "$state/certs" \
+  && printf '[ca]\ndefault_ca = kvtier\n[kvtier]\ndatabase = index.txt\ndefault_md = sha256\n' > ca.cnf \
+  && touch index.txt \
+  && openssl ca -config ca.cnf -cert ca.crt -keyfile ca.key -revoke clients/initech/tls.crt \
+  && openssl ca -config ca.cnf -cert ca.crt -keyfile ca.key -gencrl -crldays 7 -out server/ca.crl) >/dev/null 2>&1 \
+  || fail "revoking initech's certificate"
 mkdir -p "$state/tenants" "$state/service-token" "$state/acme-tls"
 cp "$state/certs/ca.crt" "$state/acme-tls/"
 service_token=$(openssl rand -hex 32) acme_token=$(openssl rand -hex 32)
@@ -104,7 +112,7 @@ cat > "$state/tenants/tenants.json" <<EOF
   {"name": "kvtier-services", "role": "SERVICE", "namespaces": ["acme", "globex"],
    "tokenSha256": ["$(sha "$service_token")"]},
   {"name": "acme", "role": "WRITER", "namespaces": ["acme"], "tokenSha256": ["$(sha "$acme_token")"]},
-  {"name": "globex", "role": "WRITER", "namespaces": ["globex"], "certificateIdentities": ["globex"]}
+  {"name": "globex", "role": "WRITER", "namespaces": ["globex"], "certificateIdentities": ["globex", "initech"]}
 ]}
 EOF
 "$kvtier" make-model --preset tiny --out "$state/model" >/dev/null
@@ -171,6 +179,11 @@ step "acme over TLS by token: two generations, the second with $cached of 198 pr
 by_certificate=$(generate --tls-dir "$state/certs/clients/globex" --namespace globex) \
   || fail "globex's generation by client certificate"
 step "globex over TLS by client certificate: generated"
+if revoked=$(generate --tls-dir "$state/certs/clients/initech" --namespace globex 2>&1); then
+  fail "a revoked certificate generated: $revoked"
+fi
+echo "$revoked" | grep -q UNAVAILABLE || fail "the revoked certificate: $revoked"
+step "initech's revoked certificate refused at the handshake (ca.crl)"
 if refused=$(generate --tls-dir "$state/acme-tls" --token-file "$state/acme.token" --namespace globex 2>&1); then
   fail "acme generated in globex's namespace: $refused"
 fi
