@@ -146,10 +146,14 @@ absl::StatusOr<RevocationLists::Version> RevocationLists::Check(const std::strin
 }
 
 absl::StatusOr<std::unique_ptr<RevocationLists>> RevocationLists::Make() {
-  const char* tmpdir = std::getenv("TMPDIR");
-  const std::string tmp = tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/tmp";
+  std::error_code error;
+  const std::string tmp = std::filesystem::temp_directory_path(error).string();  // $TMPDIR, else /tmp
+  if (error) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot make a directory for revocation lists (set TMPDIR to a writable one): ", error.message()));
+  }
   RemoveAbandonedDirs(tmp);
-  std::string dir = absl::StrCat(tmp, "/", kDirPrefix, "XXXXXX");
+  std::string dir = absl::StrCat(tmp, "/", kDirPrefix, "XXXXXX");  // mkdtemp's template: it fills in the X's
   const int lock = mkdtemp(dir.data()) == nullptr ? -1 : open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (lock < 0 || flock(lock, LOCK_EX | LOCK_NB) != 0) {
     const std::string why = std::strerror(errno);

@@ -88,7 +88,7 @@ class TlsFiles {
   // each later version swapped in under the same numbers.
   int identity_fd_ = -1;
   int ca_fd_ = -1;
-  const std::string crl_dir_;
+  const std::string crl_dir_;  // crls_->dir(), readable without mu_
   absl::Mutex mu_;
   const std::unique_ptr<RevocationLists> crls_ ABSL_PT_GUARDED_BY(mu_);
   std::string signature_ ABSL_GUARDED_BY(mu_);  // of the files last read
