@@ -1,8 +1,12 @@
 #include "services/rpc/caller.h"
 
+#include <grpc/grpc_security_constants.h>
+#include <grpcpp/security/auth_context.h>
+
 #include <array>
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
@@ -93,6 +97,21 @@ grpc::experimental::Interceptor* CallerInterceptorFactory::CreateServerIntercept
 
 absl::StatusOr<std::shared_ptr<const Caller>> CallerOf(const grpc::ServerContextBase& context) {
   return Table().Get(&context);
+}
+
+std::string PeerCertificateChain(const grpc::ServerContextBase& context) {
+  const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return "";
+  // On a server, OpenSSL's peer chain may leave out the client's own
+  // certificate: it goes first, and a second copy of it is harmless.
+  std::string chain;
+  for (const char* property : {GRPC_X509_PEM_CERT_PROPERTY_NAME, GRPC_X509_PEM_CERT_CHAIN_PROPERTY_NAME}) {
+    const std::vector<grpc::string_ref> values = auth->FindPropertyValues(property);
+    if (values.empty()) continue;
+    chain.append(values.front().data(), values.front().size());
+    if (!chain.empty() && chain.back() != '\n') chain += '\n';  // PEM's lines apart
+  }
+  return chain;
 }
 
 }  // namespace kvtier

@@ -10,6 +10,7 @@
 #include <grpcpp/support/server_interceptor.h>
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "services/rpc/tenants.h"
@@ -32,6 +33,11 @@ class CallerInterceptorFactory : public grpc::experimental::ServerInterceptorFac
 // no CallerInterceptorFactory saw the call (a server not built by the
 // runner): a handler never serves a call nobody authenticated.
 absl::StatusOr<std::shared_ptr<const Caller>> CallerOf(const grpc::ServerContextBase& context);
+
+// The certificate chain the client of `context` presented at its handshake
+// (PEM: its certificate first, then what it sent with it); empty when it
+// presented none (or the connection is plaintext).
+std::string PeerCertificateChain(const grpc::ServerContextBase& context);
 
 }  // namespace kvtier
 

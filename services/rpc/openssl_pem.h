@@ -5,10 +5,12 @@
 
 #include <openssl/asn1.h>
 #include <openssl/bio.h>
+#include <openssl/crypto.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <openssl/x509_vfy.h>
 
 #include <cstdint>
 #include <ctime>
@@ -26,6 +28,9 @@ struct OpenSslFree {
   void operator()(X509* cert) const { X509_free(cert); }
   void operator()(X509_CRL* crl) const { X509_CRL_free(crl); }
   void operator()(EVP_PKEY* key) const { EVP_PKEY_free(key); }
+  void operator()(X509_STORE* store) const { X509_STORE_free(store); }
+  void operator()(X509_STORE_CTX* context) const { X509_STORE_CTX_free(context); }
+  void operator()(STACK_OF(X509) * certificates) const { sk_X509_free(certificates); }  // not the certificates
 };
 using Bio = std::unique_ptr<BIO, OpenSslFree>;
 using Certificate = std::unique_ptr<X509, OpenSslFree>;
@@ -52,6 +57,23 @@ std::vector<std::unique_ptr<T, OpenSslFree>> PemBlocks(const std::string& pem,
   while (T* block = read(bio.get(), nullptr, NoPassphrase, nullptr)) blocks.emplace_back(block);
   ERR_clear_error();  // the end of the input reads as an error
   return blocks;
+}
+
+// A certificate's or list's name as DER: equal names, equal strings.
+inline std::string NameDer(const X509_NAME* name) {
+  unsigned char* der = nullptr;
+  const int n = i2d_X509_NAME(name, &der);
+  if (n <= 0) return "";
+  std::string out(reinterpret_cast<char*>(der), static_cast<size_t>(n));
+  OPENSSL_free(der);
+  return out;
+}
+
+// The same name for people ("CN=acme client").
+inline std::string NameText(const X509_NAME* name) {
+  Bio out(BIO_new(BIO_s_mem()));
+  X509_NAME_print_ex(out.get(), name, 0, XN_FLAG_RFC2253);
+  return Contents(out.get());
 }
 
 // Unix seconds; 0 for no time or one that cannot be read.

@@ -28,21 +28,6 @@
 namespace kvtier {
 namespace {
 
-std::string NameDer(const X509_NAME* name) {
-  unsigned char* der = nullptr;
-  const int n = i2d_X509_NAME(name, &der);
-  if (n <= 0) return "";
-  std::string out(reinterpret_cast<char*>(der), static_cast<size_t>(n));
-  OPENSSL_free(der);
-  return out;
-}
-
-std::string NameText(const X509_NAME* name) {
-  Bio out(BIO_new(BIO_s_mem()));
-  X509_NAME_print_ex(out.get(), name, 0, XN_FLAG_RFC2253);
-  return Contents(out.get());
-}
-
 std::string Time(int64_t unix_seconds) {
   return absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixSeconds(unix_seconds), absl::UTCTimeZone());
 }

@@ -27,14 +27,14 @@ std::shared_ptr<grpc::experimental::FileWatcherCertificateProvider> CopiesProvid
 
 }  // namespace
 
-absl::Status CheckServerFiles(const TlsOptions& options) {
-  if (options.dir.empty()) return absl::OkStatus();
-  return TlsFiles::Shared(options.dir, /*need_identity=*/true, Reload(options)).status();
+absl::StatusOr<TlsFiles*> ServerFiles(const TlsOptions& options) {
+  if (options.dir.empty()) return nullptr;
+  return TlsFiles::Shared(options.dir, /*need_identity=*/true, Reload(options));
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const TlsOptions& options) {
   if (options.dir.empty()) return grpc::InsecureServerCredentials();
-  KVTIER_ASSIGN_OR_RETURN(TlsFiles * files, TlsFiles::Shared(options.dir, /*need_identity=*/true, Reload(options)));
+  KVTIER_ASSIGN_OR_RETURN(TlsFiles * files, ServerFiles(options));
   grpc::experimental::TlsServerCredentialsOptions tls(CopiesProvider(*files));
   tls.watch_root_certs();
   tls.watch_identity_key_cert_pairs();

@@ -18,6 +18,8 @@
 
 namespace kvtier {
 
+class TlsFiles;
+
 struct TlsOptions {
   std::string dir;  // empty: plaintext
   // Server: refuse a client without a certificate signed by ca.crt (one
@@ -27,10 +29,10 @@ struct TlsOptions {
   unsigned reload_seconds = 10;
 };
 
-// The files ServerCredentials(options) would serve, read (once a process)
-// and checked without making credentials: OK for plaintext, else
-// INVALID_ARGUMENT as ServerCredentials says it.
-absl::Status CheckServerFiles(const TlsOptions& options);
+// The files ServerCredentials(options) serves, read (once a process) and
+// checked (TlsFiles::Shared); null for plaintext, else INVALID_ARGUMENT as
+// ServerCredentials says it.
+absl::StatusOr<TlsFiles*> ServerFiles(const TlsOptions& options);
 
 // Credentials for a server: plaintext when options.dir is empty.
 // INVALID_ARGUMENT naming the file when one is missing, unreadable or not

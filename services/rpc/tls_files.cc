@@ -184,6 +184,11 @@ TlsFiles::~TlsFiles() {
 std::string TlsFiles::identity_path() const { return FdPath(identity_fd_); }
 std::string TlsFiles::ca_path() const { return FdPath(ca_fd_); }
 
+std::shared_ptr<const PeerTrust> TlsFiles::trust() {
+  absl::MutexLock lock(&mu_);
+  return trust_;
+}
+
 TlsFiles::Health TlsFiles::health() {
   absl::MutexLock lock(&mu_);
   return health_;
@@ -224,10 +229,13 @@ absl::Status TlsFiles::Load(const std::string& signature, bool at_start) {
 
 absl::Status TlsFiles::Publish(const RevocationLists::Version& crls, const std::string& identity,
                                const std::string& ca) {
-  KVTIER_RETURN_IF_ERROR(crls_->Publish(crls));
+  KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<const PeerTrust> trust, PeerTrust::Make(ca, crls.lists));
+  KVTIER_RETURN_IF_ERROR(crls_->Publish(crls));  // so crls.lists are the lists in force
   ++version_;
   if (identity_) KVTIER_RETURN_IF_ERROR(Replace(identity_fd_, identity, version_));
-  return Replace(ca_fd_, ca, version_);
+  KVTIER_RETURN_IF_ERROR(Replace(ca_fd_, ca, version_));
+  trust_ = std::move(trust);
+  return absl::OkStatus();
 }
 
 void TlsFiles::ReloadIfChanged() {

@@ -27,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "services/base/watched_file.h"
+#include "services/rpc/peer_trust.h"
 #include "services/rpc/revocation_lists.h"
 
 namespace kvtier {
@@ -56,6 +57,9 @@ class TlsFiles {
   std::string ca_path() const;
   // For gRPC's CRL directory: ca.crl's lists as OpenSSL looks them up.
   const std::string& crl_dir() const { return crl_dir_; }
+  // ca.crt's CAs and the lists in force, for checking a client's
+  // certificate again after its handshake; a new one each version.
+  std::shared_ptr<const PeerTrust> trust();
 
   struct Health {
     std::string dir;
@@ -93,6 +97,7 @@ class TlsFiles {
   const std::unique_ptr<RevocationLists> crls_ ABSL_PT_GUARDED_BY(mu_);
   std::string signature_ ABSL_GUARDED_BY(mu_);  // of the files last read
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;   // of the copies, their mtime
+  std::shared_ptr<const PeerTrust> trust_ ABSL_GUARDED_BY(mu_);
   Health health_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<PeriodicTask> watcher_;  // calls ReloadIfChanged
 };

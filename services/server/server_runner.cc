@@ -92,7 +92,7 @@ absl::Status ServerRunner::Check(const ServerOptions& options) {
                                                    absl::ToInt64Seconds(options.max_connection_age), ": must be 0 to ",
                                                    absl::ToInt64Seconds(kMostConnectionAge), " (a week)"));
   }
-  return CheckServerFiles(options.tls);
+  return ServerFiles(options.tls).status();
 }
 
 absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(const ServerOptions& options,

@@ -5,9 +5,12 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/codegen/client_unary_call.h>
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -29,6 +32,7 @@
 #include "services/cache/client/cache_client.h"
 #include "services/cache/client/health_check.h"
 #include "services/cache/client/shard_set.h"
+#include "services/cache/fast_path/fast_path_socket.h"
 #include "services/rpc/client_identity.h"
 #include "tests/eventually.h"
 #include "tests/integration/cache_test_blocks.h"
@@ -569,6 +573,82 @@ TEST_F(SecurityTest, ARevokedClientIsCutOffWithinTheConnectionAgeAndANewerListLe
       << "the new pair was not taken";
   EXPECT_NE(StatsCode(Client(target, "revoked-client")), absl::StatusCode::kOk) << "a certificate rotation lifted it";
   EXPECT_EQ(StatsCode(Client(target, "client")), absl::StatusCode::kOk);
+}
+
+// A same-host fast path session outlives the connection that opened it:
+// once a ca.crl revokes its client's certificate, the session ends at the
+// reload (its connection closed, its lease's blocks unpinned), as new
+// handshakes of that client are refused, and the client's still open
+// channel cannot open another; another client of the same CA reads on.
+TEST_F(SecurityTest, AFastPathSessionEndsWhenItsClientsCertificateIsRevoked) {
+  ca_->Issue(Dir("fast-wayne"), "fast wayne client", "DNS:fast-wayne.clients.kvtier");
+  const fs::path live = Dir("revoking-fast");
+  fs::create_directories(live);
+  for (const char* f : {"ca.crt", "tls.crt", "tls.key"}) {
+    fs::copy_file(Dir("server") / f, live / f, fs::copy_options::overwrite_existing);
+  }
+  const std::string target = StartCache({"--tls-dir", live.string(), "--tls-require-client-cert"});
+  ASSERT_FALSE(target.empty());
+  CacheClient acme = Client(target, "client");
+  CacheClient wayne = Client(target, "fast-wayne");
+  const std::vector<TestBlock> blocks = StoreBlocks(acme, TestLayout(), "tenant", 1, 2);
+  struct Session {
+    v1::OpenFastPathResponse opened;
+    int socket = -1;
+    ~Session() { close(socket); }
+  };
+  const auto open = [](CacheClient& client, Session& session) {
+    grpc::ClientContext context;
+    const grpc::Status opened = client.stub().OpenFastPath(&context, {}, &session.opened);
+    if (!opened.ok()) return opened.error_code();
+    session.socket = *fastpath::Connect(session.opened.socket_path());
+    fastpath::Request hello{fastpath::RequestKind::kHello};
+    hello.session_id = session.opened.session_id();
+    std::memcpy(hello.secret.data(), session.opened.secret().data(), hello.secret.size());
+    int fd = -1;
+    EXPECT_TRUE(fastpath::SendRequest(session.socket, hello).ok());
+    EXPECT_TRUE(fastpath::ReceiveReply(session.socket, fd).ok());
+    return grpc::StatusCode::OK;
+  };
+  const auto lease = [](CacheClient& client, const Session& session, const TestBlock& block) {
+    v1::LeaseBlocksRequest request;
+    request.set_session_id(session.opened.session_id());
+    request.set_kv_namespace("tenant");
+    *request.mutable_layout() = kvblock::LayoutToProto(TestLayout());
+    request.add_block_hashes(std::string(kvblock::HashAsBytes(block.slices.hash)));
+    request.set_lease_ttl_ms(60000);
+    grpc::ClientContext context;
+    v1::LeaseBlocksResponse response;
+    return client.stub().LeaseBlocks(&context, request, &response).error_code();
+  };
+  const auto stats = [&acme] { return acme.Stats().value_or(v1::StatsResponse()); };
+  Session acme_session, wayne_session;
+  ASSERT_EQ(open(acme, acme_session), grpc::StatusCode::OK);
+  ASSERT_EQ(open(wayne, wayne_session), grpc::StatusCode::OK);
+  ASSERT_EQ(lease(acme, acme_session, blocks[0]), grpc::StatusCode::OK);
+  ASSERT_EQ(lease(wayne, wayne_session, blocks[1]), grpc::StatusCode::OK);
+  ASSERT_EQ(stats().fast_path_sessions(), 2u);
+  ASSERT_EQ(stats().pinned_blocks(), 2u);
+
+  const int64_t now = std::time(nullptr);
+  ca_->Revoke(Dir("fast-wayne") / "tls.crt");
+  ca_->WriteCrl(Dir("revoking-fast.crl"), now - 120, now + 3600);
+  ca_->ReinstateAll();
+  WriteAtomically(live / "ca.crl", Contents(Dir("revoking-fast.crl")));
+  ASSERT_TRUE(testing::Eventually([&] { return StatsCode(Client(target, "fast-wayne")) != absl::StatusCode::kOk; },
+                                  std::chrono::seconds(20)))
+      << "the revocation list was not taken";
+  EXPECT_TRUE(testing::Eventually([&] { return stats().fast_path_sessions() == 1u; }, std::chrono::seconds(2)))
+      << "the revoked client's session outlived the reload";
+  EXPECT_EQ(stats().pinned_blocks(), 1u) << "its lease still pins its block";
+  char byte;
+  EXPECT_EQ(recv(wayne_session.socket, &byte, 1, MSG_DONTWAIT), 0) << "its connection is still open";
+  EXPECT_EQ(StatsCode(wayne), absl::StatusCode::kOk) << "its channel predates the list (no connection age set)";
+  Session refused;
+  EXPECT_EQ(open(wayne, refused), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(lease(acme, acme_session, blocks[1]), grpc::StatusCode::OK);
+  Session again;
+  EXPECT_EQ(open(acme, again), grpc::StatusCode::OK);
 }
 
 // A client with a ca.crl checks the server's certificate against it.

@@ -41,6 +41,15 @@ class TestCa {
           "' -keyout " + (dir_ / "ca.key").string() + " -out " + (dir_ / "ca.crt").string());
   }
 
+  // An intermediate CA: its certificate (ca.crt) signed by `parent`, so
+  // what it issues chains to `parent`'s ca.crt through it.
+  TestCa(const std::filesystem::path& dir, const std::string& name, const TestCa& parent) : TestCa(dir, name) {
+    const std::string csr = (dir_ / "ca.csr").string(), ext = (dir_ / "ca-ext.cnf").string();
+    std::ofstream(ext) << "basicConstraints = critical, CA:TRUE\nkeyUsage = critical, keyCertSign, cRLSign\n";
+    Shell("openssl req -new -key " + (dir_ / "ca.key").string() + " -subj '/CN=" + name + "' -out " + csr);
+    parent.Sign(csr, ext, dir_ / "ca.crt", " -days 2");
+  }
+
   // A certificate for `cn` with subject alternative names `san` (e.g.
   // "DNS:localhost,IP:127.0.0.1"), valid from `start` to `end`
   // (YYYYMMDDHHMMSSZ; empty: from now for a day), in `out` as tls.crt and
@@ -53,10 +62,8 @@ class TestCa {
     std::ofstream(ext) << "subjectAltName = " << san << "\n";
     Shell("openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj '/CN=" + cn + "' -keyout " + key +
           " -out " + csr);
-    const std::string period = start.empty() ? std::string(" -days 1") : " -startdate " + start + " -enddate " + end;
-    Shell("openssl ca -batch -notext -config " + (dir_ / "ca.cnf").string() + " -cert " + (dir_ / "ca.crt").string() +
-          " -keyfile " + (dir_ / "ca.key").string() + " -in " + csr + " -out " + (out / "tls.crt").string() +
-          " -extfile " + ext + period);
+    Sign(csr, ext, out / "tls.crt",
+         start.empty() ? std::string(" -days 1") : " -startdate " + start + " -enddate " + end);
     std::filesystem::copy_file(dir_ / "ca.crt", out / "ca.crt", std::filesystem::copy_options::overwrite_existing);
   }
 
@@ -96,6 +103,15 @@ class TestCa {
   }
 
  private:
+  // Signs the request at `csr` with the extensions in `ext` for `period`
+  // (openssl ca's flags), into `out`.
+  void Sign(const std::string& csr, const std::string& ext, const std::filesystem::path& out,
+            const std::string& period) const {
+    Shell("openssl ca -batch -notext -config " + (dir_ / "ca.cnf").string() + " -cert " + (dir_ / "ca.crt").string() +
+          " -keyfile " + (dir_ / "ca.key").string() + " -in " + csr + " -out " + out.string() + " -extfile " + ext +
+          period);
+  }
+
   static std::string Asn1Time(int64_t unix_seconds) {
     const time_t t = static_cast<time_t>(unix_seconds);
     struct tm when;

@@ -224,6 +224,9 @@ TEST_F(TlsFilesTest, RevocationListsAreLaidOutAsOpenSslLooksThemUp) {
   EXPECT_EQ(FileNames(files.crl_dir()), std::vector<std::string>{hash + ".r0"});
   EXPECT_EQ(Contents(fs::path(files.crl_dir()) / (hash + ".r0")), Contents(live / "ca.crl"));
   EXPECT_EQ(files.health().crl_next_update, now + 3600);
+  // What the lists in force say of a client, for what outlives its handshake.
+  const std::string two = Contents(Path("two") / "tls.crt");
+  EXPECT_NE(files.trust()->VerifyClient(two).status().message().find("certificate revoked"), std::string::npos);
 
   ca_->ReinstateAll();
   const std::string first = Contents(live / "ca.crl");
@@ -235,6 +238,7 @@ TEST_F(TlsFilesTest, RevocationListsAreLaidOutAsOpenSslLooksThemUp) {
   EXPECT_EQ(FileNames(files.crl_dir()), (std::vector<std::string>{hash + ".r0", hash + ".r1"}));
   EXPECT_EQ(Contents(fs::path(files.crl_dir()) / (hash + ".r0")), first);
   EXPECT_EQ(Contents(fs::path(files.crl_dir()) / (hash + ".r1")), Contents(live / "ca.crl"));
+  EXPECT_TRUE(files.trust()->VerifyClient(two).ok()) << "the newer list lifts the revocation";
   // The directory goes with its TlsFiles.
   const std::string crl_dir = files.crl_dir();
   opened->reset();
@@ -291,6 +295,7 @@ TEST_F(TlsFilesTest, AReloadNeverWithdrawsOrRollsBackAList) {
   const std::vector<std::string> laid_out = FileNames(files.crl_dir());
   ASSERT_EQ(laid_out.size(), 1u);
 
+  const std::shared_ptr<const PeerTrust> trust = files.trust();
   ::testing::internal::CaptureStderr();
   Write(live / "ca.crl", Contents(Path("crl-older.pem")));
   files.ReloadIfChanged();
@@ -301,6 +306,7 @@ TEST_F(TlsFilesTest, AReloadNeverWithdrawsOrRollsBackAList) {
   EXPECT_EQ(files.health().rejected, 2u);
   EXPECT_EQ(FileNames(files.crl_dir()), laid_out);
   EXPECT_EQ(files.health().crl_next_update, now + 7200);
+  EXPECT_EQ(files.trust(), trust) << "a refused version changed the trust in force";
   const std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(log.find("is no newer than the one in force"), std::string::npos) << log;
   EXPECT_NE(log.find("ca.crl no longer has the list of CN=kvtier test CA, which stays in force"), std::string::npos)

@@ -8,12 +8,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "services/base/log.h"
 #include "services/cache/fast_path/fast_path_socket.h"
 
 namespace kvtier::cache {
@@ -114,10 +116,21 @@ std::optional<uint64_t> FastPathServer::DeviceStaging::Allocate(uint64_t size) {
 }
 
 absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(const v1::OpenFastPathRequest& request,
-                                                              const Caller& caller) {
+                                                              const Caller& caller, const std::string& peer_chain) {
   if (!request.host_boot_id().empty() && !fastpath::HostBootId().empty() &&
       request.host_boot_id() != fastpath::HostBootId()) {
     return absl::FailedPreconditionError("the client is on another host: no fast path");
+  }
+  const std::shared_ptr<const PeerTrust> trust =
+      options_.trust && !peer_chain.empty() ? options_.trust() : std::shared_ptr<const PeerTrust>();
+  absl::Time trusted_until = absl::InfiniteFuture();
+  if (trust != nullptr) {
+    absl::StatusOr<absl::Time> until = trust->VerifyClient(peer_chain);
+    if (!until.ok()) {
+      return absl::UnauthenticatedError(
+          absl::StrCat("the client certificate no longer passes the TLS files in force: ", until.status().message()));
+    }
+    trusted_until = *until;
   }
   absl::MutexLock lock(&mu_);
   ExpireLocked();
@@ -148,6 +161,11 @@ absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(const v1::OpenFast
   session.tenant = caller.SessionOwner();
   RandomBytes(session.secret.data(), session.secret.size());
   session.open_until = clock_->Now() + options_.prove_within;
+  if (trust != nullptr) {
+    session.peer_chain = peer_chain;
+    session.verified_with = trust;
+    session.trusted_until = trusted_until;
+  }
   // Whole pages within this session's share, granted once it is proven (an
   // unproven session, from anywhere, holds none of the budget); none for a
   // reader, whose Puts are refused.
@@ -370,13 +388,56 @@ void FastPathServer::EndSessionsNotKeptLocked() {
   for (const auto& [id, session] : sessions_) {
     if (WhyNotKeptLocked(session).has_value()) ending.push_back(id);
   }
-  for (uint64_t id : ending) {
-    const int socket = sessions_.at(id).socket;
-    if (socket >= 0) {
-      CloseConnectionLocked(socket);
-    } else {
-      EndSessionLocked(id);
+  for (uint64_t id : ending) EndOnLoopLocked(id);
+}
+
+void FastPathServer::EndOnLoopLocked(uint64_t session_id) {
+  const int socket = sessions_.at(session_id).socket;
+  if (socket >= 0) {
+    CloseConnectionLocked(socket);  // ends its session
+  } else {
+    EndSessionLocked(session_id);
+  }
+}
+
+void FastPathServer::RecheckPeers() {
+  const std::shared_ptr<const PeerTrust> trust = options_.trust ? options_.trust() : nullptr;
+  if (trust == nullptr) return;
+  const absl::Time now = absl::Now();  // certificates' times are the wall clock's, as OpenSSL reads them
+  std::vector<std::pair<uint64_t, std::string>> due;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, session] : sessions_) {
+      if (!session.peer_chain.empty() && (session.verified_with != trust || session.trusted_until <= now)) {
+        due.emplace_back(id, session.peer_chain);
+      }
     }
+  }
+  if (due.empty()) return;
+  std::map<std::string, absl::StatusOr<absl::Time>> verdicts;  // by chain: a client's processes share one
+  for (const auto& [id, chain] : due) {
+    if (!verdicts.contains(chain)) verdicts.emplace(chain, trust->VerifyClient(chain));
+  }
+  std::map<std::pair<std::string, std::string>, size_t> ended;  // (tenant, why) -> sessions
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, chain] : due) {
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) continue;
+    const absl::StatusOr<absl::Time>& verdict = verdicts.at(chain);
+    if (verdict.ok()) {
+      it->second.verified_with = trust;
+      // Asked again a second on at the soonest, not on every turn.
+      it->second.trusted_until = std::max(*verdict, now + absl::Seconds(1));
+      continue;
+    }
+    ++ended[{it->second.tenant, std::string(verdict.status().message())}];
+    EndOnLoopLocked(id);
+  }
+  for (const auto& [who, sessions] : ended) {
+    Log(LogLevel::kWarning, "tls",
+        absl::StrCat(sessions == 1 ? "a fast path session" : absl::StrCat(sessions, " fast path sessions"),
+                     who.first.empty() ? "" : " of tenant " + who.first, sessions == 1 ? " ends" : " end",
+                     ": the client certificate no longer passes the TLS files in force: ", who.second));
   }
 }
 
@@ -495,6 +556,7 @@ bool FastPathServer::Serve(int socket) {
 void FastPathServer::Loop() {
   std::vector<pollfd> fds;
   for (;;) {
+    RecheckPeers();
     {
       absl::MutexLock lock(&mu_);
       ExpireLocked();

@@ -30,6 +30,7 @@
 #include "kvtier/v1/cache.pb.h"
 #include "services/base/clock.h"
 #include "services/cache/store/block_store.h"
+#include "services/rpc/peer_trust.h"
 #include "services/rpc/tenants.h"
 
 namespace kvtier::cache {
@@ -40,6 +41,12 @@ struct FastPathOptions {
   // a session maps segments only of namespaces it leased blocks of for a
   // tenant that still may. Null: any tenant may.
   std::function<bool(const std::string& tenant, const std::string& ns)> may_read;
+  // The trust the gRPC server puts in client certificates now
+  // (TlsFiles::trust); null: none is checked (plaintext). A session keeps
+  // the certificate chain its client presented when it opened and ends
+  // once the chain no longer verifies (revoked, its CA dropped, expired):
+  // checked again whenever the trust changes and when it falls due.
+  std::function<std::shared_ptr<const PeerTrust>()> trust;
   absl::Duration prove_within = absl::Seconds(10);
   size_t max_sessions = 256;
   size_t max_sessions_per_tenant = 32;  // unless its quota says otherwise
@@ -115,7 +122,11 @@ class FastPathServer {
   // The session is the caller's tenant's: only that tenant's calls may use
   // it (to any other tenant it is unknown); RESOURCE_EXHAUSTED when the
   // tenant holds max_sessions_per_tenant (or its quota's) already.
-  absl::StatusOr<v1::OpenFastPathResponse> Open(const v1::OpenFastPathRequest& request, const Caller& caller);
+  // `peer_chain`: the certificate chain the caller's connection presented
+  // (PEM, empty for none); UNAUTHENTICATED when the trust in force no
+  // longer verifies it (its connection predates the change).
+  absl::StatusOr<v1::OpenFastPathResponse> Open(const v1::OpenFastPathRequest& request, const Caller& caller,
+                                                const std::string& peer_chain = "");
   absl::StatusOr<v1::OpenFastPathResponse> Open(const v1::OpenFastPathRequest& request) {
     return Open(request, Caller());
   }
@@ -169,6 +180,11 @@ class FastPathServer {
     uint64_t device_wanted = 0;              // likewise
     std::shared_ptr<StagingRegion> staging;  // null: none granted
     std::shared_ptr<DeviceStaging> device;   // null: none granted
+    // The certificate chain its client presented (empty: none, or not
+    // checked), the trust that last verified it and until when it holds.
+    std::string peer_chain;
+    std::shared_ptr<const PeerTrust> verified_with;
+    absl::Time trusted_until = absl::InfiniteFuture();
   };
   struct FastLease {
     uint64_t session_id;
@@ -203,6 +219,12 @@ class FastPathServer {
                     std::vector<std::shared_ptr<const PinnedBlock>>& pinned, uint64_t& bytes,
                     std::vector<uint64_t>& ranges);
   void ExpireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Verifies again the chains of the sessions that the trust in force has
+  // not verified, or whose verification fell due, and ends those it
+  // refuses; on the loop's thread, the verifications outside mu_.
+  void RecheckPeers() ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends a session on the loop's thread: its connection closed if proven.
+  void EndOnLoopLocked(uint64_t session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the sessions KeepTenants does not keep; on the loop's thread,
   // which alone closes the sockets it polls.
   void EndSessionsNotKeptLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -227,7 +227,8 @@ grpc::ServerUnaryReactor* CacheService::OpenFastPath(grpc::CallbackServerContext
   if (fast_path_ == nullptr) return FinishUnary(context, std::move(timer), NoFastPath());
   absl::StatusOr<std::shared_ptr<const Caller>> caller = CallerOf(*context);
   if (!caller.ok()) return FinishUnary(context, std::move(timer), caller.status());
-  absl::StatusOr<v1::OpenFastPathResponse> opened = fast_path_->Open(*request, **caller);
+  absl::StatusOr<v1::OpenFastPathResponse> opened =
+      fast_path_->Open(*request, **caller, PeerCertificateChain(*context));
   if (!opened.ok()) return FinishUnary(context, std::move(timer), Count((*caller)->tenant, opened.status()));
   *response = *std::move(opened);
   return FinishUnary(context, std::move(timer), absl::OkStatus());

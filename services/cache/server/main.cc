@@ -29,6 +29,8 @@
 #include "services/cache/server/store_metrics.h"
 #include "services/rpc/library_logs.h"
 #include "services/rpc/security_flags.h"
+#include "services/rpc/tls.h"
+#include "services/rpc/tls_files.h"
 #include "services/server/metrics_exposer.h"
 #include "services/server/server_runner.h"
 
@@ -225,6 +227,12 @@ int Run(Flags f) {
   fast_options->may_read = [registry = tenants->get()](const std::string& tenant, const std::string& ns) {
     return registry->MayRead(tenant, ns);
   };
+  // A session outlives the connection that opened it: it ends once the
+  // client certificate it opened with no longer passes the TLS files in
+  // force (revoked, its CA dropped, expired).
+  absl::StatusOr<TlsFiles*> tls_files = ServerFiles(server_options.tls);
+  if (!tls_files.ok()) return usage(tls_files.status().message());
+  if (*tls_files != nullptr) fast_options->trust = [files = *tls_files] { return files->trust(); };
   if (!options->disk_dir.empty()) Log(LogLevel::kInfo, "disk", "finding the blocks in " + options->disk_dir);
   const absl::Time creating = absl::Now();
   absl::StatusOr<std::unique_ptr<BlockStore>> store = BlockStore::Create(*options, SystemClock::Get());

@@ -11,15 +11,23 @@
 
 #include <algorithm>
 #include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 
+#include "absl/time/clock.h"
 #include "services/cache/fast_path/fast_path_socket.h"
 #include "services/kvblock/block_format.h"
 #include "tests/cache/store/recording_slab.h"
+#include "tests/integration/test_certificates.h"
+#include "tests/temp_dir.h"
 #include "tests/test_random.h"
 
 namespace kvtier::cache {
 namespace {
+
+namespace fs = std::filesystem;
 
 kvblock::LatentLayout Layout() {
   return {.model_id = "fast-path-server-test",
@@ -235,6 +243,79 @@ TEST_F(FastPathServerTest, SessionsOfATenantWhoseRightToWriteChangedEnd) {
   EXPECT_GE(fd, 0) << "acme's new session got no staging region";
   EXPECT_EQ(server_->Counters().staging_bytes, 2u << 20);
   close(socket), close(fd), close(other_socket);
+}
+
+// A session outlives the connection that opened it, so it keeps the
+// certificate chain its client presented: once the trust in force no
+// longer verifies it (a newer ca.crl revokes it), the session ends, proven
+// or not, its leases with it, and the client's next Open is refused; other
+// clients' sessions, and one opened without a certificate, serve on. A
+// certificate that expires ends its session then, with no change of files.
+TEST_F(FastPathServerTest, ASessionEndsOnceItsClientCertificateNoLongerVerifies) {
+  testing::TempDir dir("kvtier-fast-path-trust-");
+  testing::TestCa ca(dir.path() / "ca", "kvtier test CA");
+  const auto chain_of = [&](const std::string& cn, int64_t expires_in_seconds = 0) {
+    if (expires_in_seconds == 0) {
+      ca.Issue(dir.path() / cn, cn, "DNS:" + cn);
+    } else {
+      const auto asn1 = [](absl::Time t) { return absl::FormatTime("%Y%m%d%H%M%SZ", t, absl::UTCTimeZone()); };
+      ca.Issue(dir.path() / cn, cn, "DNS:" + cn, asn1(absl::Now() - absl::Minutes(1)),
+               asn1(absl::Now() + absl::Seconds(expires_in_seconds)));
+    }
+    std::ifstream in(dir.path() / cn / "tls.crt");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string wayne = chain_of("wayne"), acme = chain_of("acme");
+  std::ifstream ca_in(dir.path() / "ca" / "ca.crt");
+  const std::string ca_pem(std::istreambuf_iterator<char>(ca_in), {});
+  absl::Mutex mu;
+  std::shared_ptr<const PeerTrust> in_force = *PeerTrust::Make(ca_pem, {});
+  FastPathOptions f;
+  f.trust = [&] {
+    absl::MutexLock lock(&mu);
+    return in_force;
+  };
+  Start(nullptr, f);
+  const kvblock::BlockHash hash = PutBlock(6);
+  int wayne_socket, acme_socket, plain_socket, fd;
+  const v1::OpenFastPathResponse opened = *server_->Open({}, Caller(), wayne);
+  ASSERT_TRUE(Prove(opened, wayne_socket, fd).ok());
+  const v1::OpenFastPathResponse unproven = *server_->Open({}, Caller(), wayne);
+  ASSERT_TRUE(Prove(*server_->Open({}, Caller(), acme), acme_socket, fd).ok());
+  ASSERT_TRUE(Prove(*server_->Open({}, Caller(), ""), plain_socket, fd).ok());
+  v1::LeaseBlocksResponse response;
+  ASSERT_TRUE(
+      server_->Lease(opened.session_id(), "ns", kvblock::LayoutId(layout_), {hash}, absl::Minutes(5), response).ok());
+  ASSERT_EQ(store_->Stats().pinned_blocks, 1u);
+  ASSERT_EQ(server_->Counters().sessions, 3u);
+
+  ca.Revoke(dir.path() / "wayne" / "tls.crt");
+  const fs::path crl = dir.path() / "ca.crl";
+  ca.WriteCrl(crl, absl::ToUnixSeconds(absl::Now()) - 60, absl::ToUnixSeconds(absl::Now()) + 3600);
+  std::vector<Certificate> cas = PemBlocks(ca_pem, PEM_read_bio_X509);
+  const RevocationLists::Version lists = *RevocationLists::Check(crl.string(), {cas.front().get()});
+  {
+    absl::MutexLock lock(&mu);
+    in_force = *PeerTrust::Make(ca_pem, lists.lists);
+  }
+  EXPECT_TRUE(server_->AwaitSessions(2, absl::Seconds(5))) << "wayne's session outlived the revocation";
+  EXPECT_EQ(store_->Stats().pinned_blocks, 0u) << "wayne's lease outlived its session";
+  char byte;
+  EXPECT_EQ(recv(wayne_socket, &byte, 1, MSG_DONTWAIT), 0) << "wayne's connection was not closed";
+  int late_socket;
+  EXPECT_FALSE(Prove(unproven, late_socket, fd).ok()) << "wayne's unproven session outlived the revocation";
+  const absl::StatusOr<v1::OpenFastPathResponse> again = server_->Open({}, Caller(), wayne);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_NE(again.status().message().find("CN=wayne: certificate revoked"), std::string::npos) << again.status();
+  EXPECT_TRUE(server_->Open({}, Caller(), acme).ok());
+
+  int brief_socket;
+  ASSERT_TRUE(Prove(*server_->Open({}, Caller(), chain_of("brief", 3)), brief_socket, fd).ok());
+  EXPECT_TRUE(server_->AwaitSessions(3, absl::Seconds(1)));
+  EXPECT_TRUE(server_->AwaitSessions(2, absl::Seconds(10))) << "a session outlived its certificate";
+  EXPECT_EQ(recv(acme_socket, &byte, 1, MSG_DONTWAIT), -1) << "acme's connection was closed";
+  EXPECT_EQ(recv(plain_socket, &byte, 1, MSG_DONTWAIT), -1) << "a session without a certificate ended";
+  close(wayne_socket), close(acme_socket), close(plain_socket), close(late_socket), close(brief_socket);
 }
 
 // A session maps a segment only for a tenant that may still read the
