@@ -33,7 +33,10 @@ did not verify (the server verifies any certificate it is sent, so an
 unverified peer carries none); a session's second hello on its own
 connection (refused as a second connection's is); a config.json number
 that is not finite (JSON cannot write one: the parser refuses 1e999);
-start-up checks whose loss leaves a server serving (a --threads,
+ServerRunner::Check's read of --tls-dir (each server reads the files
+again before it makes anything: kvtier-cache for its fast path's trust,
+the model servers for their channels to the cache); start-up checks
+whose loss leaves a server serving (a --threads,
 --put-idle-ms, --drain-ms or generation limit out of range, a model's
 flags checked after it loads): the test that runs it would wait for ever.
 """
@@ -509,8 +512,6 @@ MUTATIONS = [
      ["runtime_test"]),
     ("U1", "a model server's serving flags checked only after its weights load", MODEL_SERVER,
      "KVTIER_RETURN_IF_ERROR(ServerRunner::Check(ServerOptionsFor(f.listen, f.security)));", "", ["serving_test"]),
-    ("U2", "a server's TLS files read only once its model is loaded", RUNNER,
-     "return ServerFiles(options.tls).status();", "return absl::OkStatus();", ["serving_test"]),
     ("U3", "a listener's port past 65535 bound to its low bits", BIND,
      "if (absl::Status s = ValidateListenAddress(address); !s.ok()) return s;", "", ["common_test"]),
     ("U4", "a model server's --metrics-listen checked only after its weights load", MODEL_SERVER,
