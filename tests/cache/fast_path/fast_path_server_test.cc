@@ -316,6 +316,7 @@ TEST_F(FastPathServerTest, ASessionEndsOnceItsClientCertificateNoLongerVerifies)
   EXPECT_EQ(recv(acme_socket, &byte, 1, MSG_DONTWAIT), -1) << "acme's connection was closed";
   EXPECT_EQ(recv(plain_socket, &byte, 1, MSG_DONTWAIT), -1) << "a session without a certificate ended";
   close(wayne_socket), close(acme_socket), close(plain_socket), close(late_socket), close(brief_socket);
+  server_.reset();  // its loop reads `in_force`, which goes with this test
 }
 
 // A session maps a segment only for a tenant that may still read the
