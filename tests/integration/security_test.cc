@@ -46,17 +46,13 @@ namespace kvtier::cache {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::Contents;
 using testing::TempDir;
 using testing::TenantsJson;
 using testing::TestCa;
 using testing::TestTenant;
 
 using testing::WriteAtomically;
-
-std::string Contents(const fs::path& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 // The names of the TLS metrics deploy/prometheus/rules.yml alerts on.
 std::vector<std::string> TlsMetricsInRules() {

@@ -11,6 +11,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 
@@ -21,6 +22,12 @@ inline bool Shell(const std::string& command) {
   const int rc = std::system((command + " >/dev/null 2>&1").c_str());
   EXPECT_EQ(rc, 0) << command;
   return rc == 0;
+}
+
+// The bytes of the file at `path` (a certificate, a list): "" if unreadable.
+inline std::string Contents(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 // A certificate authority under `dir`: ca.key, ca.crt, and what `openssl
@@ -96,6 +103,16 @@ class TestCa {
           " -crl_nextupdate " + Asn1Time(next_update) + " -out " + out.string());
   }
 
+  // A time as openssl takes it (-startdate, -crl_lastupdate).
+  static std::string Asn1Time(int64_t unix_seconds) {
+    const time_t t = static_cast<time_t>(unix_seconds);
+    struct tm when;
+    gmtime_r(&t, &when);
+    char text[32];
+    strftime(text, sizeof(text), "%Y%m%d%H%M%SZ", &when);
+    return text;
+  }
+
   // Only ca.crt in `out`: what a client that presents no certificate has.
   void TrustOnly(const std::filesystem::path& out) const {
     std::filesystem::create_directories(out);
@@ -110,15 +127,6 @@ class TestCa {
     Shell("openssl ca -batch -notext -config " + (dir_ / "ca.cnf").string() + " -cert " + (dir_ / "ca.crt").string() +
           " -keyfile " + (dir_ / "ca.key").string() + " -in " + csr + " -out " + out.string() + " -extfile " + ext +
           period);
-  }
-
-  static std::string Asn1Time(int64_t unix_seconds) {
-    const time_t t = static_cast<time_t>(unix_seconds);
-    struct tm when;
-    gmtime_r(&t, &when);
-    char text[32];
-    strftime(text, sizeof(text), "%Y%m%d%H%M%SZ", &when);
-    return text;
   }
 
   std::filesystem::path dir_;

@@ -19,23 +19,9 @@ namespace kvtier {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string Contents(const fs::path& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using testing::Contents;
 
 int64_t Now() { return static_cast<int64_t>(std::time(nullptr)); }
-
-// The time as openssl ca's -enddate takes it.
-std::string Asn1(int64_t unix_seconds) {
-  const time_t t = static_cast<time_t>(unix_seconds);
-  struct tm when;
-  gmtime_r(&t, &when);
-  char text[32];
-  strftime(text, sizeof(text), "%Y%m%d%H%M%SZ", &when);
-  return text;
-}
 
 class PeerTrustTest : public ::testing::Test {
  protected:
@@ -60,7 +46,8 @@ class PeerTrustTest : public ::testing::Test {
     if (until == 0) {
       ca.Issue(out, cn, "DNS:" + cn + ".clients.kvtier");
     } else {
-      ca.Issue(out, cn, "DNS:" + cn + ".clients.kvtier", Asn1(from == 0 ? Now() - 60 : from), Asn1(until));
+      ca.Issue(out, cn, "DNS:" + cn + ".clients.kvtier", testing::TestCa::Asn1Time(from == 0 ? Now() - 60 : from),
+               testing::TestCa::Asn1Time(until));
     }
     return Contents(out / "tls.crt");
   }

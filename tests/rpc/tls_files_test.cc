@@ -24,11 +24,7 @@ namespace kvtier {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string Contents(const fs::path& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using testing::Contents;
 
 void Write(const fs::path& path, const std::string& contents) {
   const fs::path tmp = path.string() + ".new";

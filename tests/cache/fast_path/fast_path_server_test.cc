@@ -12,8 +12,6 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <random>
 
 #include "absl/time/clock.h"
@@ -258,16 +256,14 @@ TEST_F(FastPathServerTest, ASessionEndsOnceItsClientCertificateNoLongerVerifies)
     if (expires_in_seconds == 0) {
       ca.Issue(dir.path() / cn, cn, "DNS:" + cn);
     } else {
-      const auto asn1 = [](absl::Time t) { return absl::FormatTime("%Y%m%d%H%M%SZ", t, absl::UTCTimeZone()); };
-      ca.Issue(dir.path() / cn, cn, "DNS:" + cn, asn1(absl::Now() - absl::Minutes(1)),
-               asn1(absl::Now() + absl::Seconds(expires_in_seconds)));
+      const int64_t now = absl::ToUnixSeconds(absl::Now());
+      ca.Issue(dir.path() / cn, cn, "DNS:" + cn, testing::TestCa::Asn1Time(now - 60),
+               testing::TestCa::Asn1Time(now + expires_in_seconds));
     }
-    std::ifstream in(dir.path() / cn / "tls.crt");
-    return std::string(std::istreambuf_iterator<char>(in), {});
+    return testing::Contents(dir.path() / cn / "tls.crt");
   };
   const std::string wayne = chain_of("wayne"), acme = chain_of("acme");
-  std::ifstream ca_in(dir.path() / "ca" / "ca.crt");
-  const std::string ca_pem(std::istreambuf_iterator<char>(ca_in), {});
+  const std::string ca_pem = testing::Contents(dir.path() / "ca" / "ca.crt");
   absl::Mutex mu;
   std::shared_ptr<const PeerTrust> in_force = *PeerTrust::Make(ca_pem, {});
   FastPathOptions f;
