@@ -140,9 +140,13 @@ def tls_dir(tmp_path_factory):
 
 
 def write_tenants(path, tenants):
-    """tenants: {name: (role, [namespaces], token)} as a --tenants file."""
-    path.write_text(json.dumps({"tenants": [
-        {"name": name, "role": role, "namespaces": namespaces,
-         "tokenSha256": [hashlib.sha256(token.encode()).hexdigest()]}
-        for name, (role, namespaces, token) in tenants.items()]}))
+    """tenants: {name: (role, [namespaces], token or [tokens])} as a
+    --tenants file, written by a rename (a server may be reading it)."""
+    def hashes(tokens):
+        return [hashlib.sha256(t.encode()).hexdigest() for t in ([tokens] if isinstance(tokens, str) else tokens)]
+    new = path.with_name(path.name + ".new")
+    new.write_text(json.dumps({"tenants": [
+        {"name": name, "role": role, "namespaces": namespaces, "tokenSha256": hashes(tokens)}
+        for name, (role, namespaces, tokens) in tenants.items()]}))
+    new.rename(path)
     return path

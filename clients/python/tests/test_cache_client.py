@@ -1,6 +1,7 @@
 """CacheClient against a real kvtier-cache on port 0: byte-exact Put and
 Get of records built in Python, Match, Stats, the documented statuses for
 bad input, a dead server, and TLS with tokens."""
+import logging
 import socket
 import time
 
@@ -170,6 +171,56 @@ def test_tls_and_tokens(start_server, tls_dir, tmp_path):
     expect_status(grpc.StatusCode.UNAUTHENTICATED, lambda: nobody.match("acme", LAYOUT, hashes))
     plaintext = CacheClient(cache.target, token=tokens["acme"], timeout=3)
     expect_status(grpc.StatusCode.UNAVAILABLE, lambda: plaintext.match("acme", LAYOUT, hashes))
+
+
+def test_a_token_file_rotated_under_a_running_client_is_followed(start_server, tmp_path, caplog):
+    """token_file= is read again as it changes (a Secret's rotation): the
+    client rotated in docs/operations.md's order loses no call; a file
+    emptied meanwhile keeps the last good token, said once in the log."""
+    old, new = "acme-python-token-31", "acme-python-token-new-5e"
+    tenants = write_tenants(tmp_path / "tenants.json", {"acme": ("WRITER", ["acme"], [old, new])})
+    cache = start_server(cache_argv("--no-fast-path", "--tenants", tenants, "--reload-seconds", "1"))
+    token_file = tmp_path / "token"
+
+    def write_token(text):
+        (tmp_path / "token.new").write_text(text)
+        (tmp_path / "token.new").rename(token_file)
+
+    write_token(old + "\n")
+    client = CacheClient(cache.target, token_file=token_file, token_reload=0.2, timeout=3)
+    assert client.stats().server_version.startswith("kvtier-cache ")
+    write_token(new + "\n")
+    time.sleep(0.3)
+    assert client.stats()
+    write_tenants(tenants, {"acme": ("WRITER", ["acme"], new)})
+    holding_old = CacheClient(cache.target, token=old, timeout=3)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            holding_old.stats()
+            time.sleep(0.2)
+        except KvtierError as e:
+            assert e.code == grpc.StatusCode.UNAUTHENTICATED, e
+            break
+    else:
+        pytest.fail("the old token's hash was never taken out")
+    assert client.stats(), "the client did not follow its token file"
+
+    with caplog.at_level("WARNING", logger="kvtier"):
+        write_token("")
+        for _ in range(3):
+            time.sleep(0.3)
+            assert client.stats(), "an emptied token file took the token away"
+    said = [r.getMessage() for r in caplog.records if r.name == "kvtier" and r.levelno >= logging.WARNING]
+    assert said == [f"token_file {token_file}: its first line is empty; the last good token stays in force"], said
+    assert new not in " ".join(said)
+
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT, lambda: CacheClient(cache.target, token_file=tmp_path / "none"),
+                  f"token_file {tmp_path / 'none'}: cannot be read")
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT,
+                  lambda: CacheClient(cache.target, token=new, token_file=token_file), "not both")
+    expect_status(grpc.StatusCode.INVALID_ARGUMENT,
+                  lambda: CacheClient(cache.target, token_file=token_file, token_reload=0), "token_reload 0")
 
 
 def test_pip_installs_the_package_without_network(tmp_path, cache):
