@@ -58,7 +58,8 @@ absl::StatusOr<absl::Time> PeerTrust::VerifyClient(const std::string& chain_pem)
     const X509* failed = X509_STORE_CTX_get_current_cert(context.get());
     if (failed == nullptr) failed = presented.front().get();
     return absl::UnauthenticatedError(
-        absl::StrCat("the certificate of ", NameText(X509_get_subject_name(failed)), ": ",
+        absl::StrCat("the client certificate no longer passes the TLS files in force: the certificate of ",
+                     NameText(X509_get_subject_name(failed)), ": ",
                      X509_verify_cert_error_string(X509_STORE_CTX_get_error(context.get()))));
   }
   // Each certificate of the chain, its CA's (self-signed) last, is trusted

@@ -35,8 +35,10 @@ class PeerTrust {
   // intermediates: gRPC's x509_pem_cert_chain) would pass a handshake now.
   // If so, until when it stays trusted while these files stay in force:
   // the first expiry of its verified chain, or next update of a list that
-  // checks it. UNAUTHENTICATED naming the certificate and saying why
-  // (OpenSSL's words: "certificate revoked") otherwise. Thread-safe.
+  // checks it. UNAUTHENTICATED otherwise, naming the certificate and
+  // saying why in OpenSSL's words ("the client certificate no longer
+  // passes the TLS files in force: the certificate of CN=acme: certificate
+  // revoked"). Thread-safe.
   absl::StatusOr<absl::Time> VerifyClient(const std::string& chain_pem) const;
 
  private:

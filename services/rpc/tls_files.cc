@@ -235,6 +235,7 @@ absl::Status TlsFiles::Publish(const RevocationLists::Version& crls, const std::
   if (identity_) KVTIER_RETURN_IF_ERROR(Replace(identity_fd_, identity, version_));
   KVTIER_RETURN_IF_ERROR(Replace(ca_fd_, ca, version_));
   trust_ = std::move(trust);
+  trust_version_.fetch_add(1, std::memory_order_release);
   return absl::OkStatus();
 }
 

@@ -18,6 +18,7 @@
 #ifndef KVTIER_SERVICES_RPC_TLS_FILES_H_
 #define KVTIER_SERVICES_RPC_TLS_FILES_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -60,6 +61,9 @@ class TlsFiles {
   // ca.crt's CAs and the lists in force, for checking a client's
   // certificate again after its handshake; a new one each version.
   std::shared_ptr<const PeerTrust> trust();
+  // Which trust() is in force: changes with it, read without a lock (a
+  // stream compares it at each message).
+  uint64_t trust_version() const { return trust_version_.load(std::memory_order_acquire); }
 
   struct Health {
     std::string dir;
@@ -98,6 +102,7 @@ class TlsFiles {
   std::string signature_ ABSL_GUARDED_BY(mu_);  // of the files last read
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;   // of the copies, their mtime
   std::shared_ptr<const PeerTrust> trust_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> trust_version_{0};
   Health health_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<PeriodicTask> watcher_;  // calls ReloadIfChanged
 };

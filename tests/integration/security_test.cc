@@ -571,12 +571,15 @@ TEST_F(SecurityTest, ARevokedClientIsCutOffWithinTheConnectionAgeAndANewerListLe
   EXPECT_EQ(StatsCode(Client(target, "client")), absl::StatusCode::kOk);
 }
 
-// A same-host fast path session outlives the connection that opened it:
-// once a ca.crl revokes its client's certificate, the session ends at the
-// reload (its connection closed, its lease's blocks unpinned), as new
-// handshakes of that client are refused, and the client's still open
-// channel cannot open another; another client of the same CA reads on.
-TEST_F(SecurityTest, AFastPathSessionEndsWhenItsClientsCertificateIsRevoked) {
+// A same-host fast path session and a stream outlive the handshake of the
+// connection that opened them: once a ca.crl revokes the client's
+// certificate, its session ends at the reload (its connection closed, its
+// lease's blocks unpinned), as new handshakes of that client are refused;
+// its still open channel cannot open another session, and its open Get
+// and Put streams end at their next block or message (UNAUTHENTICATED, the
+// begun block dropped). Another client of the same CA reads on, its Get
+// stream whole.
+TEST_F(SecurityTest, AFastPathSessionAndStreamsEndWhenTheirClientsCertificateIsRevoked) {
   ca_->Issue(Dir("fast-wayne"), "fast wayne client", "DNS:fast-wayne.clients.kvtier");
   const fs::path live = Dir("revoking-fast");
   fs::create_directories(live);
@@ -625,6 +628,32 @@ TEST_F(SecurityTest, AFastPathSessionEndsWhenItsClientsCertificateIsRevoked) {
   ASSERT_EQ(lease(wayne, wayne_session, blocks[1]), grpc::StatusCode::OK);
   ASSERT_EQ(stats().fast_path_sessions(), 2u);
   ASSERT_EQ(stats().pinned_blocks(), 2u);
+  // A Put of wayne's, one block whole and one begun; a Get each of a block
+  // many times over (more than flow control lets the cache send ahead),
+  // one answer read.
+  const kvblock::LatentLayout layout = TestLayout();
+  const std::vector<TestBlock> put_blocks = {MakeBlock(layout, "tenant", 7), MakeBlock(layout, "tenant", 8)};
+  grpc::ClientContext put_context;
+  v1::PutResponse put_response;
+  auto writer = wayne.stub().Put(&put_context, &put_response);
+  ASSERT_TRUE(writer->Write(HeaderMessage("tenant", layout)));
+  for (uint32_t l = 0; l < layout.num_layers; ++l) ASSERT_TRUE(writer->Write(SliceMessage(put_blocks[0], l)));
+  ASSERT_TRUE(writer->Write(SliceMessage(put_blocks[1], 0)));
+  constexpr size_t kCopies = 256;
+  struct Read {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReader<v1::GetResponse>> reader;
+    size_t answers = 0;
+  };
+  Read acme_read, wayne_read;
+  for (auto [client, read] : {std::pair{&acme, &acme_read}, {&wayne, &wayne_read}}) {
+    read->reader = client->stub().Get(
+        &read->context,
+        MakeGetRequest("tenant", layout, std::vector<kvblock::BlockHash>(kCopies, blocks[0].slices.hash)));
+    v1::GetResponse answer;
+    ASSERT_TRUE(read->reader->Read(&answer));
+    ++read->answers;
+  }
 
   const int64_t now = std::time(nullptr);
   ca_->Revoke(Dir("fast-wayne") / "tls.crt");
@@ -645,6 +674,26 @@ TEST_F(SecurityTest, AFastPathSessionEndsWhenItsClientsCertificateIsRevoked) {
   EXPECT_EQ(lease(acme, acme_session, blocks[1]), grpc::StatusCode::OK);
   Session again;
   EXPECT_EQ(open(acme, again), grpc::StatusCode::OK);
+
+  for (uint32_t l = 1; l < layout.num_layers; ++l) {
+    if (!writer->Write(SliceMessage(put_blocks[1], l))) break;  // ended by the cache: Finish says why
+  }
+  writer->WritesDone();
+  const grpc::Status put = writer->Finish();
+  EXPECT_EQ(put.error_code(), grpc::StatusCode::UNAUTHENTICATED) << put.error_message();
+  EXPECT_NE(put.error_message().find("certificate revoked"), std::string::npos) << put.error_message();
+  EXPECT_EQ(acme.Match("tenant", layout, Hashes(put_blocks))->matched_blocks(), 1u);
+  for (auto [read, ends] :
+       {std::pair{&acme_read, grpc::StatusCode::OK}, {&wayne_read, grpc::StatusCode::UNAUTHENTICATED}}) {
+    for (v1::GetResponse answer; read->reader->Read(&answer);) ++read->answers;
+    const grpc::Status status = read->reader->Finish();
+    EXPECT_EQ(status.error_code(), ends) << status.error_message();
+    if (status.ok()) {
+      EXPECT_EQ(read->answers, kCopies);
+    } else {
+      EXPECT_LT(read->answers, kCopies);
+    }
+  }
 }
 
 // A client with a ca.crl checks the server's certificate against it.

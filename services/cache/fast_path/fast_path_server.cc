@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/base/log.h"
+#include "services/base/status.h"
 #include "services/cache/fast_path/fast_path_socket.h"
 
 namespace kvtier::cache {
@@ -125,12 +126,7 @@ absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(const v1::OpenFast
       options_.trust && !peer_chain.empty() ? options_.trust() : std::shared_ptr<const PeerTrust>();
   absl::Time trusted_until = absl::InfiniteFuture();
   if (trust != nullptr) {
-    absl::StatusOr<absl::Time> until = trust->VerifyClient(peer_chain);
-    if (!until.ok()) {
-      return absl::UnauthenticatedError(
-          absl::StrCat("the client certificate no longer passes the TLS files in force: ", until.status().message()));
-    }
-    trusted_until = *until;
+    KVTIER_ASSIGN_OR_RETURN(trusted_until, trust->VerifyClient(peer_chain));
   }
   absl::MutexLock lock(&mu_);
   ExpireLocked();
@@ -436,8 +432,8 @@ void FastPathServer::RecheckPeers() {
   for (const auto& [who, sessions] : ended) {
     Log(LogLevel::kWarning, "tls",
         absl::StrCat(sessions == 1 ? "a fast path session" : absl::StrCat(sessions, " fast path sessions"),
-                     who.first.empty() ? "" : " of tenant " + who.first, sessions == 1 ? " ends" : " end",
-                     ": the client certificate no longer passes the TLS files in force: ", who.second));
+                     who.first.empty() ? "" : " of tenant " + who.first,
+                     sessions == 1 ? " ends: " : " end: ", who.second));
   }
 }
 

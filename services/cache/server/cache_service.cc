@@ -98,13 +98,14 @@ std::vector<std::string> OvercommittedQuotas(std::span<const std::pair<std::stri
 
 CacheService::CacheService(BlockStore* store, Executor* executor, RpcMetrics* metrics,
                            std::vector<std::string> namespaces, FastPathServer* fast_path, TenantRegistry* tenants,
-                           IdleStreams* idle_puts)
+                           IdleStreams* idle_puts, TlsFiles* tls_files)
     : store_(store),
       executor_(executor),
       metrics_(metrics),
       fast_path_(fast_path),
       tenants_(tenants),
       idle_puts_(idle_puts),
+      tls_files_(tls_files),
       planner_(std::move(namespaces), fast_path) {}
 
 absl::StatusOr<std::shared_ptr<const Caller>> CacheService::CallerOf(const grpc::CallbackServerContext& context) const {
@@ -118,6 +119,18 @@ absl::StatusOr<std::shared_ptr<const Caller>> CacheService::CallerNow(const grpc
                                                                       std::shared_ptr<const Caller> caller) const {
   if (tenants_ == nullptr || caller->file_version == tenants_->Version()) return caller;
   return tenants_->Authenticate(context, method);
+}
+
+uint64_t CacheService::TrustVersion() const { return tls_files_ == nullptr ? 0 : tls_files_->trust_version(); }
+
+absl::Status CacheService::CheckPeerAgain(const grpc::CallbackServerContext& context, uint64_t& verified) const {
+  const uint64_t in_force = TrustVersion();
+  if (in_force == verified) return absl::OkStatus();
+  verified = in_force;  // read before the trust: at worst checked once more
+  const std::shared_ptr<const PeerTrust> trust = tls_files_->trust();
+  const std::string chain = PeerCertificateChain(context);
+  if (trust == nullptr || chain.empty()) return absl::OkStatus();
+  return trust->VerifyClient(chain).status();
 }
 
 absl::Status CacheService::Count(const std::string& tenant, absl::Status status) const {

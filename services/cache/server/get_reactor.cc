@@ -24,7 +24,7 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   GetReactor(CacheService* service, const grpc::CallbackServerContext* context,
              absl::StatusOr<std::shared_ptr<const Caller>> caller, const grpc::ByteBuffer* raw)
-      : service_(service), context_(context), timer_(service->metrics(), "Get") {
+      : service_(service), context_(context), timer_(service->metrics(), "Get"), verified_(service->TrustVersion()) {
     const std::string tenant = caller.ok() ? (*caller)->tenant : "";
     absl::Status status = caller.ok() ? service->Count(tenant, Parse(*std::move(caller), raw)) : caller.status();
     Step step;
@@ -130,7 +130,7 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   // Reads block `index` into a ready-to-write buffer (on the executor).
   void Produce(size_t index) {
-    const absl::Status rights = FollowTenantsFile();
+    const absl::Status rights = FollowCredentials();
     grpc::ByteBuffer buffer;
     if (rights.ok()) buffer = Encode(index);
     Step step;
@@ -147,10 +147,12 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     Run(step);
   }
 
-  // A Get of many blocks, read slowly, may outlive its tenants file: once
-  // a reload takes another, the caller as it says, and its right to the
-  // namespace checked again before the next block.
-  absl::Status FollowTenantsFile() {
+  // A Get of many blocks, read slowly, may outlive its tenants file and its
+  // TLS files: once a reload takes others, the client's certificate, the
+  // caller as the file says and its right to the namespace are checked
+  // again before the next block.
+  absl::Status FollowCredentials() {
+    KVTIER_RETURN_IF_ERROR(service_->CheckPeerAgain(*context_, verified_));
     KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<const Caller> now,
                             service_->CallerNow(*context_, "/kvtier.v1.KvCache/Get", plan_.scope.caller));
     if (now != plan_.scope.caller) KVTIER_RETURN_IF_ERROR(CheckNamespace(*now, plan_.scope.ns));
@@ -184,6 +186,7 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // Blocks answered and missed, counted by whoever runs Produce (one at a
   // time), reported once as the stream finishes.
   uint64_t found_ = 0, missed_ = 0;
+  uint64_t verified_;  // the TLS files' version the client last passed, by Produce
 
   absl::Mutex mu_;
   size_t next_ ABSL_GUARDED_BY(mu_) = 0;  // next block to prepare

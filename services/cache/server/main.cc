@@ -227,9 +227,10 @@ int Run(Flags f) {
   fast_options->may_read = [registry = tenants->get()](const std::string& tenant, const std::string& ns) {
     return registry->MayRead(tenant, ns);
   };
-  // A session outlives the connection that opened it: it ends once the
-  // client certificate it opened with no longer passes the TLS files in
-  // force (revoked, its CA dropped, expired).
+  // Fast path sessions and streams outlive the handshake of the connection
+  // that opened them: each ends once the client certificate it came with
+  // no longer passes the TLS files in force (revoked, its CA dropped; a
+  // session's also when it expires).
   absl::StatusOr<TlsFiles*> tls_files = ServerFiles(server_options.tls);
   if (!tls_files.ok()) return usage(tls_files.status().message());
   if (*tls_files != nullptr) fast_options->trust = [files = *tls_files] { return files->trust(); };
@@ -273,7 +274,8 @@ int Run(Flags f) {
   RpcMetrics rpc_metrics(*registry);
   Executor executor(f.threads, /*max_queued=*/4096);
   IdleStreams idle_puts(absl::Milliseconds(static_cast<int64_t>(f.put_idle_ms)));
-  CacheService service(store->get(), &executor, &rpc_metrics, namespaces, fast_path.get(), tenants->get(), &idle_puts);
+  CacheService service(store->get(), &executor, &rpc_metrics, namespaces, fast_path.get(), tenants->get(), &idle_puts,
+                       *tls_files);
   auto store_metrics = std::make_shared<StoreMetrics>(store->get(), fast_path.get());
   auto exposer = StartMetricsExposer("kvtier-cache", f.metrics_listen, {registry, store_metrics});
   if (!exposer.ok()) {

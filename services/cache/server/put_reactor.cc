@@ -31,7 +31,11 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
 
   PutReactor(CacheService* service, const grpc::CallbackServerContext* context,
              absl::StatusOr<std::shared_ptr<const Caller>> caller, grpc::ByteBuffer* response)
-      : service_(service), context_(context), response_(response), timer_(service->metrics(), "Put") {
+      : service_(service),
+        context_(context),
+        response_(response),
+        timer_(service->metrics(), "Put"),
+        verified_(service->TrustVersion()) {
     Step step;
     {
       absl::MutexLock lock(&mu_);
@@ -168,7 +172,7 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
       }
       ++messages_;
       const uint64_t slices_before = slices_stored_;
-      absl::Status status = FollowTenantsFile();
+      absl::Status status = FollowCredentials();
       if (status.ok()) status = Apply(raw);
       Step step;
       {
@@ -184,11 +188,13 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
     }
   }
 
-  // Once a reload takes another tenants file, the caller as it says, and
-  // the header's rights checked again: a tenant removed, made a reader or
-  // taken off the namespace stores nothing more (its begun blocks are
+  // Once a reload takes other TLS files, the client's certificate checked
+  // again; once it takes another tenants file, the caller as it says and
+  // the header's rights: a client revoked, a tenant removed, made a reader
+  // or taken off the namespace stores nothing more (its begun blocks are
   // dropped with the stream).
-  absl::Status FollowTenantsFile() {
+  absl::Status FollowCredentials() {
+    KVTIER_RETURN_IF_ERROR(service_->CheckPeerAgain(*context_, verified_));
     KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<const Caller> now,
                             service_->CallerNow(*context_, "/kvtier.v1.KvCache/Put", caller_));
     if (now != caller_ && header_.has_value()) {
@@ -301,6 +307,7 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
   grpc::ByteBuffer request_;              // the one read in flight; owned by whoever set reading_
   int messages_ = 0;                      // parsed so far, by Drain
   uint64_t slices_stored_ = 0;            // by Drain: its progress
+  uint64_t verified_;                     // the TLS files' version the client last passed, by Drain
   // Used by one Drain task at a time (processing_), then by Answer; freed in
   // OnDone, taking incomplete blocks with it.
   std::unique_ptr<PutSession> session_;
