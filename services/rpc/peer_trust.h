@@ -3,8 +3,9 @@
 // OpenSSL checks it at a handshake: chained to one of the CAs, each
 // certificate of the chain valid now, none revoked by its CA's list (a CA
 // without a list is not checked for revocation). What outlives the
-// connection that proved a client, a same-host fast path session, asks
-// again whenever the files change (tls_files.h makes one per version).
+// handshake that proved a client (a same-host fast path session, a Get or
+// Put stream) asks again whenever the files change (tls_files.h makes one
+// per version).
 #ifndef KVTIER_SERVICES_RPC_PEER_TRUST_H_
 #define KVTIER_SERVICES_RPC_PEER_TRUST_H_
 

@@ -152,6 +152,21 @@ class SecurityTest : public ::testing::Test {
     EXPECT_GT(kept_calls, 10u);
   }
 
+  // Puts in `live` (a cache's --tls-dir) a list of the test CA revoking
+  // the certificate of client `client` (a directory under Dir), issued at
+  // `this_update` and due at `next_update` (the CA's later lists revoke
+  // nothing); whether `target` refuses a new handshake of it within 20 s.
+  bool Revoke(const std::string& target, const std::string& client, const fs::path& live, int64_t this_update,
+              int64_t next_update) {
+    const fs::path crl = Dir(absl::StrCat(client, "-", this_update, ".crl"));
+    ca_->Revoke(Dir(client) / "tls.crt");
+    ca_->WriteCrl(crl, this_update, next_update);
+    ca_->ReinstateAll();
+    WriteAtomically(live / "ca.crl", Contents(crl));
+    return testing::Eventually([&] { return StatsCode(Client(target, client)) != absl::StatusCode::kOk; },
+                               std::chrono::seconds(20));
+  }
+
   // Starts a cache with `flags`, stores `acme_blocks` blocks as `acme` (the
   // first, returned) and `globex_blocks` as globex, then stops it by
   // SIGTERM with the clients closed (a stop waits for idle ones to read
@@ -530,13 +545,7 @@ TEST_F(SecurityTest, ARevokedClientIsCutOffWithinTheConnectionAgeAndANewerListLe
   EXPECT_EQ(MetricValue(ScrapeMetrics(metrics), crl_due), std::nullopt);
 
   const int64_t now = std::time(nullptr);
-  ca_->Revoke(Dir("revoked-client") / "tls.crt");
-  ca_->WriteCrl(Dir("revoking.crl"), now - 120, now + 3600);
-  ca_->ReinstateAll();  // the CA's later lists revoke nothing
-  WriteAtomically(live / "ca.crl", Contents(Dir("revoking.crl")));
-  ASSERT_TRUE(testing::Eventually([&] { return StatsCode(Client(target, "revoked-client")) != absl::StatusCode::kOk; },
-                                  std::chrono::seconds(20)))
-      << "the revocation list was not taken";
+  ASSERT_TRUE(Revoke(target, "revoked-client", live, now - 120, now + 3600)) << "the revocation list was not taken";
   ExpectCutOffWithinTheAge(acme, wayne);
   const std::string page = ScrapeMetrics(metrics);
   EXPECT_EQ(MetricValue(page, crl_due), static_cast<double>(now + 3600));
@@ -555,13 +564,7 @@ TEST_F(SecurityTest, ARevokedClientIsCutOffWithinTheConnectionAgeAndANewerListLe
   // Revoked again, then the server's certificate rotated: gRPC makes a new
   // SSL context, which reads every list of the CA afresh and applies the
   // newest; the rotation lifts nothing.
-  ca_->Revoke(Dir("revoked-client") / "tls.crt");
-  ca_->WriteCrl(Dir("revoking-again.crl"), now - 30, now + 7200);
-  ca_->ReinstateAll();
-  WriteAtomically(live / "ca.crl", Contents(Dir("revoking-again.crl")));
-  ASSERT_TRUE(testing::Eventually([&] { return StatsCode(Client(target, "revoked-client")) != absl::StatusCode::kOk; },
-                                  std::chrono::seconds(20)))
-      << "the third list was not taken";
+  ASSERT_TRUE(Revoke(target, "revoked-client", live, now - 30, now + 7200)) << "the third list was not taken";
   WriteAtomically(live / "tls.crt", Contents(Dir("server-2") / "tls.crt"));
   WriteAtomically(live / "tls.key", Contents(Dir("server-2") / "tls.key"));
   EXPECT_TRUE(testing::Eventually([&] { return ServedCommonName(target, Dir("client")) == "cache-2"; },
@@ -656,13 +659,7 @@ TEST_F(SecurityTest, AFastPathSessionAndStreamsEndWhenTheirClientsCertificateIsR
   }
 
   const int64_t now = std::time(nullptr);
-  ca_->Revoke(Dir("fast-wayne") / "tls.crt");
-  ca_->WriteCrl(Dir("revoking-fast.crl"), now - 120, now + 3600);
-  ca_->ReinstateAll();
-  WriteAtomically(live / "ca.crl", Contents(Dir("revoking-fast.crl")));
-  ASSERT_TRUE(testing::Eventually([&] { return StatsCode(Client(target, "fast-wayne")) != absl::StatusCode::kOk; },
-                                  std::chrono::seconds(20)))
-      << "the revocation list was not taken";
+  ASSERT_TRUE(Revoke(target, "fast-wayne", live, now - 120, now + 3600)) << "the revocation list was not taken";
   EXPECT_TRUE(testing::Eventually([&] { return stats().fast_path_sessions() == 1u; }, std::chrono::seconds(2)))
       << "the revoked client's session outlived the reload";
   EXPECT_EQ(stats().pinned_blocks(), 1u) << "its lease still pins its block";
