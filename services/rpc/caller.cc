@@ -68,15 +68,27 @@ CallerTable& Table() {
   return *table;
 }
 
+// Who calls, or why they may not: a client whose certificate no longer
+// passes the TLS files in force is refused before its credentials count.
+absl::StatusOr<std::shared_ptr<const Caller>> Identify(TenantRegistry* tenants, TlsFiles* tls_files,
+                                                       ServerRpcInfo& info) {
+  const grpc::ServerContextBase& context = *info.server_context();
+  if (tls_files != nullptr) {
+    if (absl::Status trusted = tls_files->CheckClient(PeerCertificateChain(context)); !trusted.ok()) return trusted;
+  }
+  return Authenticate(tenants, context, info.method());
+}
+
 class CallerInterceptor : public grpc::experimental::Interceptor {
  public:
-  CallerInterceptor(ServerRpcInfo* info, TenantRegistry* tenants) : info_(info), tenants_(tenants) {}
+  CallerInterceptor(ServerRpcInfo* info, TenantRegistry* tenants, TlsFiles* tls_files)
+      : info_(info), tenants_(tenants), tls_files_(tls_files) {}
   ~CallerInterceptor() override { Table().Erase(info_->server_context(), this); }
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     // The headers are in, and the handler has not run yet.
     if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_INITIAL_METADATA)) {
-      Table().Set(info_->server_context(), {this, Authenticate(tenants_, *info_->server_context(), info_->method())});
+      Table().Set(info_->server_context(), {this, Identify(tenants_, tls_files_, *info_)});
     }
     methods->Proceed();
   }
@@ -84,6 +96,7 @@ class CallerInterceptor : public grpc::experimental::Interceptor {
  private:
   ServerRpcInfo* const info_;
   TenantRegistry* const tenants_;
+  TlsFiles* const tls_files_;
 };
 
 }  // namespace
@@ -92,7 +105,7 @@ grpc::experimental::Interceptor* CallerInterceptorFactory::CreateServerIntercept
   // kvtier's own services only ("/kvtier.v1.KvCache/Get"): health and
   // reflection answer anyone.
   if (!std::string_view(info->method()).starts_with("/kvtier.")) return nullptr;
-  return new CallerInterceptor(info, tenants_);
+  return new CallerInterceptor(info, tenants_, tls_files_);
 }
 
 absl::StatusOr<std::shared_ptr<const Caller>> CallerOf(const grpc::ServerContextBase& context) {

@@ -1,9 +1,12 @@
 // The caller of each call a kvtier server serves, found once per call: the
 // server runner installs a CallerInterceptorFactory, which authenticates
-// every call to a kvtier.v1 service as its headers arrive
-// (TenantRegistry::Authenticate) and keeps the answer with the call until
-// it ends; handlers read it with CallerOf. Health checks and reflection
-// need no credentials. Thread-safe.
+// every call to a kvtier.v1 service as its headers arrive and keeps the
+// answer with the call until it ends; handlers read it with CallerOf.
+// Authenticating checks the client's certificate again against the TLS
+// files in force (TlsFiles::CheckClient: gRPC checks it only at the
+// handshake, and a connection outlives a revocation), then its
+// credentials (TenantRegistry::Authenticate). Health checks and
+// reflection need no credentials. Thread-safe.
 #ifndef KVTIER_SERVICES_RPC_CALLER_H_
 #define KVTIER_SERVICES_RPC_CALLER_H_
 
@@ -14,18 +17,20 @@
 
 #include "absl/status/statusor.h"
 #include "services/rpc/tenants.h"
+#include "services/rpc/tls_files.h"
 
 namespace kvtier {
 
 class CallerInterceptorFactory : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
   // `tenants` (not owned) says who may call; null: every caller, one trust
-  // domain.
-  explicit CallerInterceptorFactory(TenantRegistry* tenants) : tenants_(tenants) {}
+  // domain. `tls_files` (not owned): the server's; null for plaintext.
+  CallerInterceptorFactory(TenantRegistry* tenants, TlsFiles* tls_files) : tenants_(tenants), tls_files_(tls_files) {}
   grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override;
 
  private:
   TenantRegistry* const tenants_;
+  TlsFiles* const tls_files_;
 };
 
 // The caller of the call `context` serves, or why it may not call

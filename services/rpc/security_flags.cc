@@ -29,7 +29,8 @@ void SecurityFlags::Register(FlagParser& flags, bool serves, bool calls) {
   flags.AddUint("max-connection-age-seconds", &max_connection_age_seconds,
                 "after how long a client's connection is asked to close (a GOAWAY; its calls go on over "
                 "a new connection, its open streams finish), so that a client whose certificate or CA is no "
-                "longer trusted is refused within it; 0: never (0 to 604800)");
+                "longer trusted, whose calls are refused already, handshakes again, refused; 0: never "
+                "(0 to 604800)");
   flags.AddBool("tls-require-client-cert", &tls_require_client_cert,
                 "mutual TLS: refuse clients without a certificate signed by ca.crt");
   flags.AddString("tenants", &tenants,

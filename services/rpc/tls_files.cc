@@ -26,6 +26,9 @@
 namespace kvtier {
 namespace {
 
+// CheckClient's answers kept at most, one a distinct client chain.
+constexpr size_t kMostVerdicts = 4096;
+
 absl::StatusOr<std::string> Read(const std::string& path) {
   absl::StatusOr<std::string> bytes = ReadWholeFile(path);
   if (!bytes.ok()) return absl::InvalidArgumentError(absl::StrCat("--tls-dir: ", bytes.status().message()));
@@ -187,6 +190,34 @@ std::string TlsFiles::ca_path() const { return FdPath(ca_fd_); }
 std::shared_ptr<const PeerTrust> TlsFiles::trust() {
   absl::MutexLock lock(&mu_);
   return trust_;
+}
+
+absl::Status TlsFiles::CheckClient(const std::string& chain_pem) {
+  if (chain_pem.empty()) return absl::OkStatus();
+  const uint64_t version = trust_version();
+  const absl::Time now = absl::Now();
+  {
+    absl::MutexLock lock(&verdicts_mu_);
+    if (verdicts_version_ != version) {
+      verdicts_.clear();
+      verdicts_version_ = version;
+    }
+    const auto it = verdicts_.find(chain_pem);
+    if (it != verdicts_.end() && now < it->second.until) return it->second.status;
+  }
+  // Read after the version, so at least as new: at worst asked again.
+  const std::shared_ptr<const PeerTrust> trust = this->trust();
+  const absl::StatusOr<absl::Time> trusted_until = trust->VerifyClient(chain_pem);
+  Verdict verdict{trusted_until.status(), trusted_until.ok() ? *trusted_until : absl::InfiniteFuture()};
+  if (!verdict.status.ok()) {
+    Log(LogLevel::kWarning, "tls", absl::StrCat("a client's calls are refused: ", verdict.status.message()));
+  }
+  absl::MutexLock lock(&verdicts_mu_);
+  if (verdicts_version_ == version) {
+    if (verdicts_.size() >= kMostVerdicts) verdicts_.clear();  // many clients: they are verified again
+    verdicts_.insert_or_assign(chain_pem, verdict);
+  }
+  return verdict.status;
 }
 
 TlsFiles::Health TlsFiles::health() {

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -64,6 +65,13 @@ class TlsFiles {
   // Which trust() is in force: changes with it, read without a lock (a
   // stream compares it at each message).
   uint64_t trust_version() const { return trust_version_.load(std::memory_order_acquire); }
+  // Whether a client that presented `chain_pem` at its handshake (gRPC's
+  // peer chain; empty: no certificate) would pass one now: OK, or
+  // UNAUTHENTICATED as PeerTrust::VerifyClient says. The answer is kept
+  // per chain until the files change or the chain's trust falls due, so
+  // that checking every call costs a lookup; a refusal is logged once a
+  // chain and version.
+  absl::Status CheckClient(const std::string& chain_pem);
 
   struct Health {
     std::string dir;
@@ -103,6 +111,14 @@ class TlsFiles {
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;   // of the copies, their mtime
   std::shared_ptr<const PeerTrust> trust_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> trust_version_{0};
+  // CheckClient's answers under trust version verdicts_version_.
+  struct Verdict {
+    absl::Status status;
+    absl::Time until;  // asked again from then on
+  };
+  absl::Mutex verdicts_mu_;
+  uint64_t verdicts_version_ ABSL_GUARDED_BY(verdicts_mu_) = 0;
+  absl::flat_hash_map<std::string, Verdict> verdicts_ ABSL_GUARDED_BY(verdicts_mu_);
   Health health_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<PeriodicTask> watcher_;  // calls ReloadIfChanged
 };

@@ -14,7 +14,10 @@
 #include "services/base/address.h"
 #include "services/base/bind_check.h"
 #include "services/base/log.h"
+#include "services/base/status.h"
 #include "services/rpc/caller.h"
+#include "services/rpc/tls.h"
+#include "services/rpc/tls_files.h"
 #include "services/server/unparsed_request_interceptor.h"
 
 namespace kvtier {
@@ -113,16 +116,17 @@ absl::StatusOr<std::unique_ptr<ServerRunner>> ServerRunner::Start(const ServerOp
   // quota still bounds what all streams together may buffer.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16 << 20);
-  // gRPC checks a client's certificate at the handshake only: a connection
-  // made before its CA was dropped from ca.crt would serve it for as long as
-  // it stays open. Ending each connection after an age bounds that; its
-  // open calls keep gRPC's unbounded grace, so that they finish.
+  // gRPC checks a client's certificate at the handshake only; the caller
+  // interceptor checks it again at each call, and ending each connection
+  // after an age makes a client of a dropped CA handshake again, refused.
+  // Open calls keep gRPC's unbounded grace, so that they finish.
   if (options.max_connection_age > absl::ZeroDuration()) {
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
                                static_cast<int>(absl::ToInt64Milliseconds(options.max_connection_age)));
   }
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
-  interceptors.push_back(std::make_unique<CallerInterceptorFactory>(options.tenants));
+  KVTIER_ASSIGN_OR_RETURN(TlsFiles * tls_files, ServerFiles(options.tls));
+  interceptors.push_back(std::make_unique<CallerInterceptorFactory>(options.tenants, tls_files));
   interceptors.push_back(std::make_unique<UnparsedRequestInterceptorFactory>());
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);

@@ -241,6 +241,53 @@ TEST_F(TlsFilesTest, RevocationListsAreLaidOutAsOpenSslLooksThemUp) {
   EXPECT_FALSE(fs::exists(crl_dir));
 }
 
+// What every call asks: whether its client's chain still passes the files
+// in force. The answer is kept until the files change (a revocation counts
+// at once) or the chain's trust falls due (an expiry counts with no change
+// of files); a refusal is logged once, naming the certificate.
+TEST_F(TlsFilesTest, AClientIsCheckedAgainstTheFilesInForceAndTheAnswerKeptUntilDue) {
+  const fs::path live = Live("check-client", "one");
+  const int64_t now = Now();
+  ca_->Issue(Path("checked"), "checked", "DNS:checked.clients.kvtier");
+  ca_->Issue(Path("brief"), "brief", "DNS:brief.clients.kvtier", testing::TestCa::Asn1Time(now - 60),
+             testing::TestCa::Asn1Time(now + 3));
+  auto opened = TlsFiles::Open(live.string(), /*need_identity=*/true, absl::InfiniteDuration());
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  TlsFiles& files = **opened;
+  const std::string checked = Contents(Path("checked") / "tls.crt"), brief = Contents(Path("brief") / "tls.crt");
+  EXPECT_TRUE(files.CheckClient("").ok()) << "a client without a certificate is the handshake's to refuse";
+  EXPECT_TRUE(files.CheckClient(checked).ok());
+  EXPECT_TRUE(files.CheckClient(brief).ok());
+  const absl::Status garbage = files.CheckClient("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n");
+  EXPECT_EQ(garbage.code(), absl::StatusCode::kUnauthenticated) << garbage;
+  const absl::Status other = files.CheckClient(Contents(Path("other-trust") / "ca.crt"));
+  EXPECT_EQ(other.code(), absl::StatusCode::kUnauthenticated) << "a certificate of another CA passed";
+
+  ca_->Revoke(Path("checked") / "tls.crt");
+  ca_->WriteCrl(Path("check-client.crl"), now - 60, now + 3600);
+  ca_->ReinstateAll();
+  ::testing::internal::CaptureStderr();
+  Write(live / "ca.crl", Contents(Path("check-client.crl")));
+  files.ReloadIfChanged();
+  for (int call = 0; call < 3; ++call) {
+    const absl::Status refused = files.CheckClient(checked);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kUnauthenticated) << "a revoked client passed after the reload";
+    EXPECT_NE(refused.message().find("the certificate of CN=checked: certificate revoked"), std::string::npos)
+        << refused;
+  }
+  EXPECT_TRUE(files.CheckClient(brief).ok());
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  const std::string said = "a client's calls are refused: the client certificate no longer passes the TLS files";
+  EXPECT_NE(log.find(said), std::string::npos) << log;
+  EXPECT_EQ(log.find(said), log.rfind(said)) << "one refusal, three calls: logged once\n" << log;
+
+  // The brief certificate expires with no change of files.
+  std::this_thread::sleep_until(std::chrono::system_clock::from_time_t(now + 4));
+  const absl::Status expired = files.CheckClient(brief);
+  EXPECT_EQ(expired.code(), absl::StatusCode::kUnauthenticated) << "a kept answer outlived the certificate";
+  EXPECT_NE(expired.message().find("certificate has expired"), std::string::npos) << expired;
+}
+
 TEST_F(TlsFilesTest, RevocationListsThatCannotBeTakenAreRefusedAtStartSayingWhy) {
   const int64_t now = Now();
   ca_->WriteCrl(Path("crl-a.pem"), now - 120, now + 3600);

@@ -126,11 +126,8 @@ uint64_t CacheService::TrustVersion() const { return tls_files_ == nullptr ? 0 :
 absl::Status CacheService::CheckPeerAgain(const grpc::CallbackServerContext& context, uint64_t& verified) const {
   const uint64_t in_force = TrustVersion();
   if (in_force == verified) return absl::OkStatus();
-  verified = in_force;  // read before the trust: at worst checked once more
-  const std::shared_ptr<const PeerTrust> trust = tls_files_->trust();
-  const std::string chain = PeerCertificateChain(context);
-  if (trust == nullptr || chain.empty()) return absl::OkStatus();
-  return trust->VerifyClient(chain).status();
+  verified = in_force;  // read before the files' answer: at worst asked once more
+  return tls_files_->CheckClient(PeerCertificateChain(context));
 }
 
 absl::Status CacheService::Count(const std::string& tenant, absl::Status status) const {
