@@ -19,6 +19,18 @@ prometheus::Counter& MakeCounter(prometheus::Registry& r, const std::string& nam
   return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
 }
 
+// Whom a decode worker serves: a SERVICE, or one acting for a tenant;
+// everyone without a tenants file (one trust domain). Not an ADMIN calling
+// for itself: decode workers serve prefill nodes only.
+absl::Status CheckServed(const Caller& caller) {
+  if (caller.role != v1::SERVICE && caller.service.empty() && !caller.tenant.empty()) {
+    return absl::PermissionDeniedError(absl::StrCat(caller.Describe(),
+                                                    " is not a kvtier service: decode workers serve only prefill "
+                                                    "nodes (send requests to a prefill node)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 DecodeService::DecodeService(const runtime::Model* model, std::string model_id, cache::ShardSet* shards,
@@ -290,17 +302,8 @@ void DecodeService::OnEnding(DecodeSequence& s) {
 
 absl::StatusOr<std::shared_ptr<const Caller>> DecodeService::ServiceCaller(
     const grpc::ServerContextBase& context) const {
-  absl::StatusOr<std::shared_ptr<const Caller>> caller = CallerOf(context);
-  if (!caller.ok()) return caller.status();
-  // A SERVICE, or one acting for a tenant; everyone without a tenants file
-  // (one trust domain). Not an ADMIN calling for itself: decode workers
-  // serve prefill nodes only.
-  const Caller& c = **caller;
-  if (c.role != v1::SERVICE && c.service.empty() && !c.tenant.empty()) {
-    return absl::PermissionDeniedError(absl::StrCat((*caller)->Describe(),
-                                                    " is not a kvtier service: decode workers serve only prefill "
-                                                    "nodes (send requests to a prefill node)"));
-  }
+  KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<const Caller> caller, CallerOf(context));
+  KVTIER_RETURN_IF_ERROR(CheckServed(*caller));
   return caller;
 }
 
@@ -333,7 +336,7 @@ class DecodeService::Stream final : public grpc::ServerWriteReactor<v1::DecodeRe
                                     public std::enable_shared_from_this<Stream> {
  public:
   static Stream* Start(DecodeService* service, grpc::CallbackServerContext* context, const v1::DecodeRequest* request) {
-    std::shared_ptr<Stream> stream(new Stream(service, request));
+    std::shared_ptr<Stream> stream(new Stream(service, context, request));
     stream->self_ = stream;
     stream->Begin(*context);
     return stream.get();
@@ -346,6 +349,7 @@ class DecodeService::Stream final : public grpc::ServerWriteReactor<v1::DecodeRe
       if (ok && current_.has_token()) service_->tokens_.Increment();
     }
     if (!ok) return Stop(grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading"));
+    if (absl::Status allowed = FollowCaller(); !allowed.ok()) return Stop(ToGrpcStatus(allowed));
     Pump();
   }
 
@@ -365,7 +369,19 @@ class DecodeService::Stream final : public grpc::ServerWriteReactor<v1::DecodeRe
   }
 
  private:
-  Stream(DecodeService* service, const v1::DecodeRequest* request) : service_(service), request_(request) {}
+  Stream(DecodeService* service, const grpc::CallbackServerContext* context, const v1::DecodeRequest* request)
+      : service_(service), context_(context), request_(request) {}
+
+  // A sequence outlives the check its call got as it began: once a reload
+  // puts other TLS files or another tenants file in force, a prefill node
+  // no longer trusted, or one acting for a tenant removed or taken off the
+  // namespace, gets no more tokens.
+  absl::Status FollowCaller() {
+    KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<const Caller> now, followed_.Now(*context_));
+    if (now == caller_) return absl::OkStatus();
+    KVTIER_RETURN_IF_ERROR(CheckServed(*now));
+    return serving::CheckRequestScope(request_->request_id(), request_->kv_namespace(), *now);
+  }
 
   void Begin(const grpc::CallbackServerContext& context) {
     absl::StatusOr<std::shared_ptr<const Caller>> caller = service_->ServiceCaller(context);
@@ -489,10 +505,12 @@ class DecodeService::Stream final : public grpc::ServerWriteReactor<v1::DecodeRe
   }
 
   DecodeService* const service_;
-  const v1::DecodeRequest* const request_;  // gRPC's, until Finish
-  std::shared_ptr<Stream> self_;            // from Start to OnDone
-  std::shared_ptr<void> tenant_hold_;       // a place in the service's per-tenant bound, until OnDone
-  std::shared_ptr<const Caller> caller_;    // set before the preparation
+  const grpc::CallbackServerContext* const context_;  // gRPC's, until OnDone
+  const v1::DecodeRequest* const request_;            // gRPC's, until Finish
+  std::shared_ptr<Stream> self_;                      // from Start to OnDone
+  std::shared_ptr<void> tenant_hold_;                 // a place in the service's per-tenant bound, until OnDone
+  std::shared_ptr<const Caller> caller_;              // set before the preparation
+  FollowedCaller followed_;                           // by OnWriteDone, one write at a time
   absl::Mutex mu_;
   bool submitted_ ABSL_GUARDED_BY(mu_) = false;  // to the batcher, by Prepare
   std::shared_ptr<DecodeSequence> sequence_ ABSL_GUARDED_BY(mu_);

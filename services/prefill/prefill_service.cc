@@ -139,6 +139,11 @@ class PrefillService::Stream final : public grpc::ServerWriteReactor<v1::Generat
   void Stop(grpc::Status why);
   void Write(v1::GenerateResponse message, AfterWrite after);
   void Conclude(const grpc::Status& status);
+  // Whether the client may still have the generation: a generation
+  // outlives the check its call got as it began, so once a reload puts
+  // other TLS files or another tenants file in force, a client revoked, a
+  // tenant removed or taken off the namespace gets no more tokens.
+  absl::Status FollowCaller();
 
   PrefillService* const service_;
   grpc::CallbackServerContext* const context_;  // gRPC's, until OnDone
@@ -147,6 +152,7 @@ class PrefillService::Stream final : public grpc::ServerWriteReactor<v1::Generat
   std::shared_ptr<Stream> self_;  // from Start to OnDone
   // Set before the prefill, read after it.
   std::shared_ptr<const Caller> caller_;
+  FollowedCaller followed_;                   // by OnWriteDone, one write at a time
   std::vector<std::shared_ptr<void>> holds_;  // places in the service's bounds, until OnDone
   std::string ns_;
   v1::DecodeRequest decode_;
@@ -349,6 +355,7 @@ void PrefillService::Stream::OnWriteDone(bool ok) {
       return NextAttempt();
     }
     case AfterWrite::kRelayed:
+      if (absl::Status allowed = FollowCaller(); !allowed.ok()) return Stop(ToGrpcStatus(allowed));
       return ReadNext();
     case AfterWrite::kFinished: {
       {
@@ -358,6 +365,11 @@ void PrefillService::Stream::OnWriteDone(bool ok) {
       return Advance();
     }
   }
+}
+
+absl::Status PrefillService::Stream::FollowCaller() {
+  KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<const Caller> now, followed_.Now(*context_));
+  return now == caller_ ? absl::OkStatus() : serving::CheckRequestScope(request_->request_id(), ns_, *now);
 }
 
 void PrefillService::Stream::ReadNext() {

@@ -10,6 +10,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "services/base/status.h"
 
 namespace kvtier {
 namespace {
@@ -41,14 +42,14 @@ class CallerTable {
     auto it = s.entries.find(context);
     if (it != s.entries.end() && it->second.owner == owner) s.entries.erase(it);
   }
-  absl::StatusOr<std::shared_ptr<const Caller>> Get(const grpc::ServerContextBase* context) {
+  absl::StatusOr<Entry> Get(const grpc::ServerContextBase* context) {
     Shard& s = ShardOf(context);
     absl::MutexLock lock(&s.mu);
     auto it = s.entries.find(context);
     if (it == s.entries.end()) {
       return absl::InternalError("this call was not authenticated (the server has no caller interceptor)");
     }
-    return it->second.caller;
+    return it->second;
   }
 
  private:
@@ -70,33 +71,32 @@ CallerTable& Table() {
 
 // Who calls, or why they may not: a client whose certificate no longer
 // passes the TLS files in force is refused before its credentials count.
-absl::StatusOr<std::shared_ptr<const Caller>> Identify(TenantRegistry* tenants, TlsFiles* tls_files,
-                                                       ServerRpcInfo& info) {
-  const grpc::ServerContextBase& context = *info.server_context();
-  if (tls_files != nullptr) {
-    if (absl::Status trusted = tls_files->CheckClient(PeerCertificateChain(context)); !trusted.ok()) return trusted;
+absl::StatusOr<std::shared_ptr<const Caller>> Identify(const CallChecks& checks,
+                                                       const grpc::ServerContextBase& context) {
+  if (checks.tls_files != nullptr) {
+    KVTIER_RETURN_IF_ERROR(checks.tls_files->CheckClient(PeerCertificateChain(context)));
   }
-  return Authenticate(tenants, context, info.method());
+  return Authenticate(checks.tenants, context, checks.method);
 }
 
 class CallerInterceptor : public grpc::experimental::Interceptor {
  public:
-  CallerInterceptor(ServerRpcInfo* info, TenantRegistry* tenants, TlsFiles* tls_files)
-      : info_(info), tenants_(tenants), tls_files_(tls_files) {}
+  CallerInterceptor(ServerRpcInfo* info, CallChecks checks) : info_(info), checks_(checks) {}
   ~CallerInterceptor() override { Table().Erase(info_->server_context(), this); }
+
+  const CallChecks& checks() const { return checks_; }
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     // The headers are in, and the handler has not run yet.
     if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_INITIAL_METADATA)) {
-      Table().Set(info_->server_context(), {this, Identify(tenants_, tls_files_, *info_)});
+      Table().Set(info_->server_context(), {this, Identify(checks_, *info_->server_context())});
     }
     methods->Proceed();
   }
 
  private:
   ServerRpcInfo* const info_;
-  TenantRegistry* const tenants_;
-  TlsFiles* const tls_files_;
+  const CallChecks checks_;
 };
 
 }  // namespace
@@ -105,11 +105,31 @@ grpc::experimental::Interceptor* CallerInterceptorFactory::CreateServerIntercept
   // kvtier's own services only ("/kvtier.v1.KvCache/Get"): health and
   // reflection answer anyone.
   if (!std::string_view(info->method()).starts_with("/kvtier.")) return nullptr;
-  return new CallerInterceptor(info, tenants_, tls_files_);
+  return new CallerInterceptor(info, {tenants_, tls_files_, info->method()});
 }
 
 absl::StatusOr<std::shared_ptr<const Caller>> CallerOf(const grpc::ServerContextBase& context) {
-  return Table().Get(&context);
+  KVTIER_ASSIGN_OR_RETURN(CallerTable::Entry entry, Table().Get(&context));
+  return entry.caller;
+}
+
+absl::StatusOr<std::shared_ptr<const Caller>> FollowedCaller::Now(const grpc::ServerContextBase& context) {
+  if (checks_.method == nullptr) {  // the first time: as the call began
+    KVTIER_ASSIGN_OR_RETURN(CallerTable::Entry entry, Table().Get(&context));
+    KVTIER_ASSIGN_OR_RETURN(caller_, std::move(entry.caller));
+    checks_ = static_cast<const CallerInterceptor*>(entry.owner)->checks();
+  }
+  if (checks_.tls_files != nullptr) {
+    const uint64_t in_force = checks_.tls_files->trust_version();
+    if (in_force != trust_version_) {
+      KVTIER_RETURN_IF_ERROR(checks_.tls_files->CheckClient(PeerCertificateChain(context)));
+      trust_version_ = in_force;
+    }
+  }
+  if (checks_.tenants != nullptr && caller_->file_version != checks_.tenants->Version()) {
+    KVTIER_ASSIGN_OR_RETURN(caller_, checks_.tenants->Authenticate(context, checks_.method));
+  }
+  return caller_;
 }
 
 std::string PeerCertificateChain(const grpc::ServerContextBase& context) {

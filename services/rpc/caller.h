@@ -12,6 +12,7 @@
 
 #include <grpcpp/support/server_interceptor.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -20,6 +21,14 @@
 #include "services/rpc/tls_files.h"
 
 namespace kvtier {
+
+// How a server finds a call's caller: the files it checks it against
+// (not owned; null: none) and the call's method, for the logs.
+struct CallChecks {
+  TenantRegistry* tenants = nullptr;
+  TlsFiles* tls_files = nullptr;
+  const char* method = nullptr;
+};
 
 class CallerInterceptorFactory : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
@@ -38,6 +47,26 @@ class CallerInterceptorFactory : public grpc::experimental::ServerInterceptorFac
 // no CallerInterceptorFactory saw the call (a server not built by the
 // runner): a handler never serves a call nobody authenticated.
 absl::StatusOr<std::shared_ptr<const Caller>> CallerOf(const grpc::ServerContextBase& context);
+
+// A stream's caller, followed as it goes: a stream outlives the check its
+// call got as it began, so once a reload has put other TLS files or
+// another tenants file in force, its client is checked again against them
+// as a new call would be. One stream's, used by one step at a time.
+class FollowedCaller {
+ public:
+  // The caller of `context`'s call under the files in force: the same one
+  // while neither changed since the last answer (two atomic reads), else
+  // the client's certificate checked again and its credentials
+  // authenticated again; or what a new call would get (UNAUTHENTICATED,
+  // PERMISSION_DENIED). A caller other than the last answer's may have
+  // other rights: the stream checks them again.
+  absl::StatusOr<std::shared_ptr<const Caller>> Now(const grpc::ServerContextBase& context);
+
+ private:
+  CallChecks checks_;  // the call's, taken by the first Now
+  std::shared_ptr<const Caller> caller_;
+  uint64_t trust_version_ = 0;  // of the TLS files its client last passed; 0: none yet
+};
 
 // The certificate chain the client of `context` presented at its handshake
 // (PEM: its certificate first, then what it sent with it); empty when it

@@ -3,9 +3,9 @@
 // OpenSSL checks it at a handshake: chained to one of the CAs, each
 // certificate of the chain valid now, none revoked by its CA's list (a CA
 // without a list is not checked for revocation). Each call asks (through
-// TlsFiles::CheckClient), and what outlives the call that opened it (a
-// same-host fast path session, a Get or Put stream) asks again whenever
-// the files change (tls_files.h makes one per version).
+// TlsFiles::CheckClient), and what outlives its call's start (a stream, a
+// same-host fast path session) asks again whenever the files change
+// (tls_files.h makes one per version).
 #ifndef KVTIER_SERVICES_RPC_PEER_TRUST_H_
 #define KVTIER_SERVICES_RPC_PEER_TRUST_H_
 

@@ -998,6 +998,125 @@ TEST_F(ServingTest, TenantsReachOnlyTheirNamespacesThroughThePrefillNode) {
   ASSERT_TRUE(SetClientIdentity({}).ok());
 }
 
+// A generation outlives the check its Generate call got as it began: once
+// the tenants file a reload takes no longer knows its tenant, the prefill
+// node relays no more tokens (UNAUTHENTICATED) and lets the decode
+// worker's sequence go. The decode worker, paused meanwhile, reads no
+// tenants file: the prefill node alone ends it.
+TEST_F(ServingTest, AGenerationEndsWhenTheTenantsFileNoLongerKnowsItsTenant) {
+  SCOPED_TRACE(rng_.Trace());
+  const testing::TempDir dir("kvtier_serving_removed_");
+  const testing::TestTenant service{"kvtier", "SERVICE", "acme,globex", "service-token-77c1"};
+  const testing::TestTenant acme{"acme", "WRITER", "acme", "acme-token-0d4e"};
+  const testing::TestTenant globex{"globex", "WRITER", "globex", "globex-token-3b8a"};
+  const std::string tenants = (dir / "tenants.json").string();
+  testing::WriteAtomically(tenants, testing::TenantsJson({service, acme, globex}));
+  const std::string service_token = testing::WriteTokenFile(dir.path(), service.token);
+  Cluster cluster(Tiny().dir, 1, 1, {"--tenants", tenants}, "2000", {"--token-file", service_token, "--no-fast-path"},
+                  {"--tenants", tenants, "--reload-seconds", "1"});
+  ASSERT_TRUE(cluster.ok());
+  const auto stub_of = [&](const std::string& token) {
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+        MakeChannelAs({.tls = {}, .token_file = testing::WriteTokenFile(dir.path(), token)}, cluster.prefill_target);
+    EXPECT_TRUE(channel.ok()) << channel.status();
+    return v1::Prefill::NewStub(*channel);
+  };
+  const auto acme_stub = stub_of(acme.token), globex_stub = stub_of(globex.token);
+  constexpr uint32_t kMaxNew = 1500;
+  grpc::ClientContext context;
+  auto reader = acme_stub->Generate(&context, Request(RandomIds(50, rng_.engine()), kMaxNew));
+  v1::GenerateResponse event;
+  uint32_t tokens = 0;
+  for (; tokens < 4 && reader->Read(&event); ++tokens) ASSERT_TRUE(event.has_token());
+  ASSERT_EQ(tokens, 4u);
+  ASSERT_EQ(kill(cluster.decoders[0]->pid(), SIGSTOP), 0);
+  testing::WriteAtomically(tenants, testing::TenantsJson({service, globex}));
+  // Once the prefill node refuses acme's new calls, the file is in force there.
+  const auto refused = [&](v1::Prefill::Stub& stub) {
+    grpc::ClientContext info_context;
+    v1::ServerInfo info;
+    return stub.Info(&info_context, v1::InfoRequest(), &info).error_code();
+  };
+  EXPECT_TRUE(testing::Eventually([&] { return refused(*acme_stub) == grpc::StatusCode::UNAUTHENTICATED; },
+                                  std::chrono::seconds(20)))
+      << "the prefill node did not take the new tenants file";
+  ASSERT_EQ(kill(cluster.decoders[0]->pid(), SIGCONT), 0);
+  while (reader->Read(&event)) {
+    EXPECT_FALSE(event.has_finished()) << "the generation ran to its end";
+    ++tokens;
+  }
+  const grpc::Status ended = reader->Finish();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAUTHENTICATED) << ended.error_message();
+  EXPECT_LT(tokens, kMaxNew);
+  EXPECT_TRUE(testing::Eventually([&] { return Scrape(cluster.decode_metrics[0], "kvtier_decode_sequences") == 0.0; },
+                                  std::chrono::seconds(20)))
+      << "the decode worker's sequence outlived the generation";
+  // Another tenant's generation is served whole.
+  grpc::ClientContext globex_context;
+  auto globex_reader = globex_stub->Generate(&globex_context, Request(RandomIds(50, rng_.engine()), 8));
+  uint32_t globex_tokens = 0;
+  while (globex_reader->Read(&event)) globex_tokens += event.has_token() ? 1 : 0;
+  EXPECT_TRUE(globex_reader->Finish().ok());
+  EXPECT_EQ(globex_tokens, 8u);
+  EXPECT_EQ(refused(*globex_stub), grpc::StatusCode::OK);
+}
+
+// The same on a decode worker: once the tenants file a reload takes no
+// longer knows the prefill node's token, its sequence gets no more tokens,
+// and the prefill node ends the generation saying why. The worker, paused
+// until the prefill node (which reads the same file, but whose caller is
+// still known) has taken the file, takes it as it resumes.
+TEST_F(ServingTest, ADecodeSequenceEndsWhenTheTenantsFileNoLongerKnowsItsPrefillNode) {
+  SCOPED_TRACE(rng_.Trace());
+  const testing::TempDir dir("kvtier_serving_removed_service_");
+  const testing::TestTenant service{"kvtier", "SERVICE", "acme", "service-token-a3f0"};
+  const testing::TestTenant acme{"acme", "WRITER", "acme", "acme-token-92bd"};
+  const std::string tenants = (dir / "tenants.json").string();
+  testing::WriteAtomically(tenants, testing::TenantsJson({service, acme}));
+  const std::string service_token = testing::WriteTokenFile(dir.path(), service.token);
+  Cluster cluster(Tiny().dir, 1, 1, {}, "2000",
+                  {"--tenants", tenants, "--token-file", service_token, "--reload-seconds", "1", "--no-fast-path"});
+  ASSERT_TRUE(cluster.ok());
+  const auto stub_of = [&](const std::string& token) {
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+        MakeChannelAs({.tls = {}, .token_file = testing::WriteTokenFile(dir.path(), token)}, cluster.prefill_target);
+    EXPECT_TRUE(channel.ok()) << channel.status();
+    return v1::Prefill::NewStub(*channel);
+  };
+  const auto acme_stub = stub_of(acme.token), service_stub = stub_of(service.token);
+  constexpr uint32_t kMaxNew = 1500;
+  grpc::ClientContext context;
+  auto reader = acme_stub->Generate(&context, Request(RandomIds(50, rng_.engine()), kMaxNew));
+  v1::GenerateResponse event;
+  uint32_t tokens = 0;
+  for (; tokens < 4 && reader->Read(&event); ++tokens) ASSERT_TRUE(event.has_token());
+  ASSERT_EQ(tokens, 4u);
+  ASSERT_EQ(kill(cluster.decoders[0]->pid(), SIGSTOP), 0);
+  testing::WriteAtomically(tenants, testing::TenantsJson({acme}));
+  EXPECT_TRUE(testing::Eventually(
+      [&] {
+        grpc::ClientContext info_context;
+        v1::ServerInfo info;
+        return service_stub->Info(&info_context, v1::InfoRequest(), &info).error_code() ==
+               grpc::StatusCode::UNAUTHENTICATED;
+      },
+      std::chrono::seconds(20)))
+      << "the prefill node did not take the new tenants file";
+  ASSERT_EQ(kill(cluster.decoders[0]->pid(), SIGCONT), 0);
+  while (reader->Read(&event)) {
+    EXPECT_FALSE(event.has_finished()) << "the generation ran to its end";
+    ++tokens;
+  }
+  const grpc::Status ended = reader->Finish();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAUTHENTICATED) << ended.error_message();
+  EXPECT_NE(ended.error_message().find("decode worker " + cluster.decode_targets[0]), std::string::npos)
+      << ended.error_message();
+  EXPECT_LT(tokens, kMaxNew);
+  EXPECT_TRUE(testing::Eventually([&] { return Scrape(cluster.decode_metrics[0], "kvtier_decode_sequences") == 0.0; },
+                                  std::chrono::seconds(20)))
+      << "the decode worker's sequence outlived the generation";
+}
+
 // End tenants all the way down: the prefill node and the decode worker
 // call the cache acting for the end tenant (kvtier-acting-for), so the
 // blocks it stores are charged to it and held to its quota. Two tenants

@@ -98,36 +98,19 @@ std::vector<std::string> OvercommittedQuotas(std::span<const std::pair<std::stri
 
 CacheService::CacheService(BlockStore* store, Executor* executor, RpcMetrics* metrics,
                            std::vector<std::string> namespaces, FastPathServer* fast_path, TenantRegistry* tenants,
-                           IdleStreams* idle_puts, TlsFiles* tls_files)
+                           IdleStreams* idle_puts)
     : store_(store),
       executor_(executor),
       metrics_(metrics),
       fast_path_(fast_path),
       tenants_(tenants),
       idle_puts_(idle_puts),
-      tls_files_(tls_files),
       planner_(std::move(namespaces), fast_path) {}
 
 absl::StatusOr<std::shared_ptr<const Caller>> CacheService::CallerOf(const grpc::CallbackServerContext& context) const {
   absl::StatusOr<std::shared_ptr<const Caller>> caller = kvtier::CallerOf(context);
   if (!caller.ok()) (void)Count("", caller.status());
   return caller;
-}
-
-absl::StatusOr<std::shared_ptr<const Caller>> CacheService::CallerNow(const grpc::CallbackServerContext& context,
-                                                                      const char* method,
-                                                                      std::shared_ptr<const Caller> caller) const {
-  if (tenants_ == nullptr || caller->file_version == tenants_->Version()) return caller;
-  return tenants_->Authenticate(context, method);
-}
-
-uint64_t CacheService::TrustVersion() const { return tls_files_ == nullptr ? 0 : tls_files_->trust_version(); }
-
-absl::Status CacheService::CheckPeerAgain(const grpc::CallbackServerContext& context, uint64_t& verified) const {
-  const uint64_t in_force = TrustVersion();
-  if (in_force == verified) return absl::OkStatus();
-  verified = in_force;  // read before the files' answer: at worst asked once more
-  return tls_files_->CheckClient(PeerCertificateChain(context));
 }
 
 absl::Status CacheService::Count(const std::string& tenant, absl::Status status) const {

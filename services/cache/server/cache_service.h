@@ -18,7 +18,6 @@
 #include "services/cache/server/request_planner.h"
 #include "services/cache/server/rpc_metrics.h"
 #include "services/cache/store/block_store.h"
-#include "services/rpc/tls_files.h"
 
 namespace kvtier::cache {
 
@@ -49,30 +48,13 @@ class CacheService final : public KvCacheBase {
   // `namespaces`: the tenants served; empty serves any well-formed name.
   // `tenants`: who may call (null: every caller, one trust domain).
   // `idle_puts`: ends Put streams that wait on their client too long (null:
-  // never). `tls_files`: the server's (null: plaintext).
+  // never).
   CacheService(BlockStore* store, Executor* executor, RpcMetrics* metrics, std::vector<std::string> namespaces = {},
-               FastPathServer* fast_path = nullptr, TenantRegistry* tenants = nullptr, IdleStreams* idle_puts = nullptr,
-               TlsFiles* tls_files = nullptr);
+               FastPathServer* fast_path = nullptr, TenantRegistry* tenants = nullptr,
+               IdleStreams* idle_puts = nullptr);
 
   // Who a call is from (services/rpc/caller.h), a refusal counted.
   absl::StatusOr<std::shared_ptr<const Caller>> CallerOf(const grpc::CallbackServerContext& context) const;
-  // A stream may outlive the tenants file its call was authenticated
-  // under: `caller` while that file is the one in force; once a reload
-  // takes another, the call's caller under it (authenticated again from
-  // the call's own credentials), or the status a new call would get. The
-  // stream then checks its rights again.
-  absl::StatusOr<std::shared_ptr<const Caller>> CallerNow(const grpc::CallbackServerContext& context,
-                                                          const char* method,
-                                                          std::shared_ptr<const Caller> caller) const;
-  // The version of the TLS files in force (0 without TLS): a stream takes
-  // it as it starts, its connection verified under it or one before.
-  uint64_t TrustVersion() const;
-  // A stream may outlive the TLS files its connection was verified under:
-  // once a version other than `verified` is in force, the chain its client
-  // presented is checked against it and `verified` moves on;
-  // UNAUTHENTICATED once the files no longer verify it (revoked, its CA
-  // dropped), as PeerTrust::VerifyClient says.
-  absl::Status CheckPeerAgain(const grpc::CallbackServerContext& context, uint64_t& verified) const;
   // Counts `status` against `tenant` when it is a refusal; returns it.
   absl::Status Count(const std::string& tenant, absl::Status status) const;
 
@@ -109,7 +91,6 @@ class CacheService final : public KvCacheBase {
   FastPathServer* fast_path_;
   TenantRegistry* tenants_;
   IdleStreams* idle_puts_;
-  TlsFiles* tls_files_;
   RequestPlanner planner_;
 };
 

@@ -12,6 +12,7 @@
 #include "services/cache/server/get_response.h"
 #include "services/cache/server/reactor_support.h"
 #include "services/kvblock/block_format.h"
+#include "services/rpc/caller.h"
 #include "services/rpc/grpc_status.h"
 
 namespace kvtier::cache {
@@ -24,7 +25,7 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   GetReactor(CacheService* service, const grpc::CallbackServerContext* context,
              absl::StatusOr<std::shared_ptr<const Caller>> caller, const grpc::ByteBuffer* raw)
-      : service_(service), context_(context), timer_(service->metrics(), "Get"), verified_(service->TrustVersion()) {
+      : service_(service), context_(context), timer_(service->metrics(), "Get") {
     const std::string tenant = caller.ok() ? (*caller)->tenant : "";
     absl::Status status = caller.ok() ? service->Count(tenant, Parse(*std::move(caller), raw)) : caller.status();
     Step step;
@@ -152,9 +153,7 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // caller as the file says and its right to the namespace are checked
   // again before the next block.
   absl::Status FollowCredentials() {
-    KVTIER_RETURN_IF_ERROR(service_->CheckPeerAgain(*context_, verified_));
-    KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<const Caller> now,
-                            service_->CallerNow(*context_, "/kvtier.v1.KvCache/Get", plan_.scope.caller));
+    KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<const Caller> now, followed_.Now(*context_));
     if (now != plan_.scope.caller) KVTIER_RETURN_IF_ERROR(CheckNamespace(*now, plan_.scope.ns));
     plan_.scope.caller = std::move(now);
     return absl::OkStatus();
@@ -186,7 +185,7 @@ class GetReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // Blocks answered and missed, counted by whoever runs Produce (one at a
   // time), reported once as the stream finishes.
   uint64_t found_ = 0, missed_ = 0;
-  uint64_t verified_;  // the TLS files' version the client last passed, by Produce
+  FollowedCaller followed_;  // plan_.scope.caller's as the files in force say, by Produce
 
   absl::Mutex mu_;
   size_t next_ ABSL_GUARDED_BY(mu_) = 0;  // next block to prepare

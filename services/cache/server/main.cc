@@ -274,8 +274,7 @@ int Run(Flags f) {
   RpcMetrics rpc_metrics(*registry);
   Executor executor(f.threads, /*max_queued=*/4096);
   IdleStreams idle_puts(absl::Milliseconds(static_cast<int64_t>(f.put_idle_ms)));
-  CacheService service(store->get(), &executor, &rpc_metrics, namespaces, fast_path.get(), tenants->get(), &idle_puts,
-                       *tls_files);
+  CacheService service(store->get(), &executor, &rpc_metrics, namespaces, fast_path.get(), tenants->get(), &idle_puts);
   auto store_metrics = std::make_shared<StoreMetrics>(store->get(), fast_path.get());
   auto exposer = StartMetricsExposer("kvtier-cache", f.metrics_listen, {registry, store_metrics});
   if (!exposer.ok()) {

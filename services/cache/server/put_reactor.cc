@@ -14,6 +14,7 @@
 #include "services/cache/server/put_message.h"
 #include "services/cache/server/reactor_support.h"
 #include "services/kvblock/block_format.h"
+#include "services/rpc/caller.h"
 #include "services/rpc/grpc_status.h"
 
 namespace kvtier::cache {
@@ -31,11 +32,7 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
 
   PutReactor(CacheService* service, const grpc::CallbackServerContext* context,
              absl::StatusOr<std::shared_ptr<const Caller>> caller, grpc::ByteBuffer* response)
-      : service_(service),
-        context_(context),
-        response_(response),
-        timer_(service->metrics(), "Put"),
-        verified_(service->TrustVersion()) {
+      : service_(service), context_(context), response_(response), timer_(service->metrics(), "Put") {
     Step step;
     {
       absl::MutexLock lock(&mu_);
@@ -194,9 +191,7 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
   // or taken off the namespace stores nothing more (its begun blocks are
   // dropped with the stream).
   absl::Status FollowCredentials() {
-    KVTIER_RETURN_IF_ERROR(service_->CheckPeerAgain(*context_, verified_));
-    KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<const Caller> now,
-                            service_->CallerNow(*context_, "/kvtier.v1.KvCache/Put", caller_));
+    KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<const Caller> now, followed_.Now(*context_));
     if (now != caller_ && header_.has_value()) {
       KVTIER_RETURN_IF_ERROR(service_->planner().PlanPutScope(now, *header_).status());
     }
@@ -307,7 +302,7 @@ class PutReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>, publi
   grpc::ByteBuffer request_;              // the one read in flight; owned by whoever set reading_
   int messages_ = 0;                      // parsed so far, by Drain
   uint64_t slices_stored_ = 0;            // by Drain: its progress
-  uint64_t verified_;                     // the TLS files' version the client last passed, by Drain
+  FollowedCaller followed_;               // caller_ as the files in force say, by Drain
   // Used by one Drain task at a time (processing_), then by Answer; freed in
   // OnDone, taking incomplete blocks with it.
   std::unique_ptr<PutSession> session_;
