@@ -198,11 +198,12 @@ absl::Status TlsFiles::CheckClient(const std::string& chain_pem) {
   const absl::Time now = absl::Now();
   {
     absl::MutexLock lock(&verdicts_mu_);
-    if (verdicts_version_ != version) {
+    if (verdicts_version_ < version) {
       verdicts_.clear();
       verdicts_version_ = version;
     }
-    const auto it = verdicts_.find(chain_pem);
+    // A caller that read an older version than the kept answers' asks anew.
+    const auto it = verdicts_version_ == version ? verdicts_.find(chain_pem) : verdicts_.end();
     if (it != verdicts_.end() && now < it->second.until) return it->second.status;
   }
   // Read after the version, so at least as new: at worst asked again.
