@@ -998,6 +998,51 @@ TEST_F(ServingTest, TenantsReachOnlyTheirNamespacesThroughThePrefillNode) {
   ASSERT_TRUE(SetClientIdentity({}).ok());
 }
 
+// A stub of the Prefill service at `target` calling with `token` (its
+// file written in `dir`).
+std::unique_ptr<v1::Prefill::Stub> PrefillAs(const std::string& target, const std::filesystem::path& dir,
+                                             const std::string& token) {
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      MakeChannelAs({.tls = {}, .token_file = testing::WriteTokenFile(dir, token)}, target);
+  EXPECT_TRUE(channel.ok()) << channel.status();
+  return v1::Prefill::NewStub(*channel);
+}
+
+grpc::StatusCode InfoCode(v1::Prefill::Stub& stub) {
+  grpc::ClientContext context;
+  v1::ServerInfo info;
+  return stub.Info(&context, v1::InfoRequest(), &info).error_code();
+}
+
+// A long generation of `prompt` through `stub`, its decode worker paused
+// after four tokens while the tenants file `tenants` becomes `contents`
+// and until `refused` says the prefill node has taken it, then resumed.
+// It must end before its end, and the worker's sequence go; how it ended.
+grpc::Status GenerateAcrossAReload(Cluster& cluster, v1::Prefill::Stub& stub, const std::vector<uint32_t>& prompt,
+                                   const std::string& tenants, const std::string& contents,
+                                   const std::function<bool()>& refused) {
+  constexpr uint32_t kMaxNew = 1500;
+  grpc::ClientContext context;
+  auto reader = stub.Generate(&context, Request(prompt, kMaxNew));
+  v1::GenerateResponse event;
+  uint32_t tokens = 0;
+  for (; tokens < 4 && reader->Read(&event); ++tokens) EXPECT_TRUE(event.has_token());
+  EXPECT_EQ(tokens, 4u);
+  EXPECT_EQ(kill(cluster.decoders[0]->pid(), SIGSTOP), 0);
+  testing::WriteAtomically(tenants, contents);
+  EXPECT_TRUE(testing::Eventually(refused, std::chrono::seconds(20))) << "the prefill node did not take the new file";
+  EXPECT_EQ(kill(cluster.decoders[0]->pid(), SIGCONT), 0);
+  while (reader->Read(&event)) {
+    EXPECT_FALSE(event.has_finished()) << "the generation ran to its end";
+    ++tokens;
+  }
+  EXPECT_LT(tokens, kMaxNew);
+  EXPECT_TRUE(testing::Eventually([&] { return Scrape(cluster.decode_metrics[0], "kvtier_decode_sequences") == 0.0; },
+                                  std::chrono::seconds(20)))
+      << "the decode worker's sequence outlived the generation";
+  return reader->Finish();
+}
+
 // A generation outlives the check its Generate call got as it began: once
 // the tenants file a reload takes no longer knows its tenant, the prefill
 // node relays no more tokens (UNAUTHENTICATED) and lets the decode
@@ -1015,50 +1060,20 @@ TEST_F(ServingTest, AGenerationEndsWhenTheTenantsFileNoLongerKnowsItsTenant) {
   Cluster cluster(Tiny().dir, 1, 1, {"--tenants", tenants}, "2000", {"--token-file", service_token, "--no-fast-path"},
                   {"--tenants", tenants, "--reload-seconds", "1"});
   ASSERT_TRUE(cluster.ok());
-  const auto stub_of = [&](const std::string& token) {
-    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-        MakeChannelAs({.tls = {}, .token_file = testing::WriteTokenFile(dir.path(), token)}, cluster.prefill_target);
-    EXPECT_TRUE(channel.ok()) << channel.status();
-    return v1::Prefill::NewStub(*channel);
-  };
-  const auto acme_stub = stub_of(acme.token), globex_stub = stub_of(globex.token);
-  constexpr uint32_t kMaxNew = 1500;
-  grpc::ClientContext context;
-  auto reader = acme_stub->Generate(&context, Request(RandomIds(50, rng_.engine()), kMaxNew));
-  v1::GenerateResponse event;
-  uint32_t tokens = 0;
-  for (; tokens < 4 && reader->Read(&event); ++tokens) ASSERT_TRUE(event.has_token());
-  ASSERT_EQ(tokens, 4u);
-  ASSERT_EQ(kill(cluster.decoders[0]->pid(), SIGSTOP), 0);
-  testing::WriteAtomically(tenants, testing::TenantsJson({service, globex}));
-  // Once the prefill node refuses acme's new calls, the file is in force there.
-  const auto refused = [&](v1::Prefill::Stub& stub) {
-    grpc::ClientContext info_context;
-    v1::ServerInfo info;
-    return stub.Info(&info_context, v1::InfoRequest(), &info).error_code();
-  };
-  EXPECT_TRUE(testing::Eventually([&] { return refused(*acme_stub) == grpc::StatusCode::UNAUTHENTICATED; },
-                                  std::chrono::seconds(20)))
-      << "the prefill node did not take the new tenants file";
-  ASSERT_EQ(kill(cluster.decoders[0]->pid(), SIGCONT), 0);
-  while (reader->Read(&event)) {
-    EXPECT_FALSE(event.has_finished()) << "the generation ran to its end";
-    ++tokens;
-  }
-  const grpc::Status ended = reader->Finish();
+  const auto acme_stub = PrefillAs(cluster.prefill_target, dir.path(), acme.token);
+  const auto globex_stub = PrefillAs(cluster.prefill_target, dir.path(), globex.token);
+  const grpc::Status ended = GenerateAcrossAReload(
+      cluster, *acme_stub, RandomIds(50, rng_.engine()), tenants, testing::TenantsJson({service, globex}),
+      [&] { return InfoCode(*acme_stub) == grpc::StatusCode::UNAUTHENTICATED; });
   EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAUTHENTICATED) << ended.error_message();
-  EXPECT_LT(tokens, kMaxNew);
-  EXPECT_TRUE(testing::Eventually([&] { return Scrape(cluster.decode_metrics[0], "kvtier_decode_sequences") == 0.0; },
-                                  std::chrono::seconds(20)))
-      << "the decode worker's sequence outlived the generation";
   // Another tenant's generation is served whole.
   grpc::ClientContext globex_context;
   auto globex_reader = globex_stub->Generate(&globex_context, Request(RandomIds(50, rng_.engine()), 8));
   uint32_t globex_tokens = 0;
-  while (globex_reader->Read(&event)) globex_tokens += event.has_token() ? 1 : 0;
+  for (v1::GenerateResponse event; globex_reader->Read(&event);) globex_tokens += event.has_token() ? 1 : 0;
   EXPECT_TRUE(globex_reader->Finish().ok());
   EXPECT_EQ(globex_tokens, 8u);
-  EXPECT_EQ(refused(*globex_stub), grpc::StatusCode::OK);
+  EXPECT_EQ(InfoCode(*globex_stub), grpc::StatusCode::OK);
 }
 
 // The same on a decode worker: once the tenants file a reload takes no
@@ -1077,44 +1092,14 @@ TEST_F(ServingTest, ADecodeSequenceEndsWhenTheTenantsFileNoLongerKnowsItsPrefill
   Cluster cluster(Tiny().dir, 1, 1, {}, "2000",
                   {"--tenants", tenants, "--token-file", service_token, "--reload-seconds", "1", "--no-fast-path"});
   ASSERT_TRUE(cluster.ok());
-  const auto stub_of = [&](const std::string& token) {
-    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-        MakeChannelAs({.tls = {}, .token_file = testing::WriteTokenFile(dir.path(), token)}, cluster.prefill_target);
-    EXPECT_TRUE(channel.ok()) << channel.status();
-    return v1::Prefill::NewStub(*channel);
-  };
-  const auto acme_stub = stub_of(acme.token), service_stub = stub_of(service.token);
-  constexpr uint32_t kMaxNew = 1500;
-  grpc::ClientContext context;
-  auto reader = acme_stub->Generate(&context, Request(RandomIds(50, rng_.engine()), kMaxNew));
-  v1::GenerateResponse event;
-  uint32_t tokens = 0;
-  for (; tokens < 4 && reader->Read(&event); ++tokens) ASSERT_TRUE(event.has_token());
-  ASSERT_EQ(tokens, 4u);
-  ASSERT_EQ(kill(cluster.decoders[0]->pid(), SIGSTOP), 0);
-  testing::WriteAtomically(tenants, testing::TenantsJson({acme}));
-  EXPECT_TRUE(testing::Eventually(
-      [&] {
-        grpc::ClientContext info_context;
-        v1::ServerInfo info;
-        return service_stub->Info(&info_context, v1::InfoRequest(), &info).error_code() ==
-               grpc::StatusCode::UNAUTHENTICATED;
-      },
-      std::chrono::seconds(20)))
-      << "the prefill node did not take the new tenants file";
-  ASSERT_EQ(kill(cluster.decoders[0]->pid(), SIGCONT), 0);
-  while (reader->Read(&event)) {
-    EXPECT_FALSE(event.has_finished()) << "the generation ran to its end";
-    ++tokens;
-  }
-  const grpc::Status ended = reader->Finish();
+  const auto acme_stub = PrefillAs(cluster.prefill_target, dir.path(), acme.token);
+  const auto service_stub = PrefillAs(cluster.prefill_target, dir.path(), service.token);
+  const grpc::Status ended =
+      GenerateAcrossAReload(cluster, *acme_stub, RandomIds(50, rng_.engine()), tenants, testing::TenantsJson({acme}),
+                            [&] { return InfoCode(*service_stub) == grpc::StatusCode::UNAUTHENTICATED; });
   EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAUTHENTICATED) << ended.error_message();
   EXPECT_NE(ended.error_message().find("decode worker " + cluster.decode_targets[0]), std::string::npos)
       << ended.error_message();
-  EXPECT_LT(tokens, kMaxNew);
-  EXPECT_TRUE(testing::Eventually([&] { return Scrape(cluster.decode_metrics[0], "kvtier_decode_sequences") == 0.0; },
-                                  std::chrono::seconds(20)))
-      << "the decode worker's sequence outlived the generation";
 }
 
 // End tenants all the way down: the prefill node and the decode worker
