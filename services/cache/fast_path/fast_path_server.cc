@@ -138,7 +138,7 @@ absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(const v1::OpenFast
     if (kept == kept_tenants_->end()) {
       return absl::PermissionDeniedError(absl::StrCat(caller.Describe(), " is no longer in the tenants file"));
     }
-    may_write = kept->second;
+    may_write = kept->second.may_write;
   }
   if (sessions_.size() >= options_.max_sessions) {
     return absl::ResourceExhaustedError(absl::StrCat(sessions_.size(), " fast path sessions are open, the limit"));
@@ -155,6 +155,7 @@ absl::StatusOr<v1::OpenFastPathResponse> FastPathServer::Open(const v1::OpenFast
   while (id == 0 || sessions_.contains(id)) RandomBytes(&id, sizeof id);
   Session& session = sessions_[id];
   session.tenant = caller.SessionOwner();
+  session.order = ++sessions_opened_;
   RandomBytes(session.secret.data(), session.secret.size());
   session.open_until = clock_->Now() + options_.prove_within;
   if (trust != nullptr) {
@@ -362,29 +363,51 @@ void FastPathServer::ExpireLocked() {
 std::vector<std::string> FastPathServer::KeepTenants(const TenantRegistry::TenantList& tenants) {
   absl::MutexLock lock(&mu_);
   kept_tenants_.emplace();
-  for (const auto& tenant : tenants) kept_tenants_->emplace(tenant->tenant, tenant->MayWrite());
-  std::set<std::string> ending;  // once a tenant, in order
-  for (const auto& [id, session] : sessions_) {
-    if (std::optional<std::string> why = WhyNotKeptLocked(session)) ending.insert(*std::move(why));
+  for (const auto& tenant : tenants) {
+    const uint32_t quota = tenant->quota.max_sessions();
+    kept_tenants_->emplace(tenant->tenant,
+                           KeptTenant{tenant->MayWrite(), quota > 0 ? quota : options_.max_sessions_per_tenant});
   }
+  std::set<std::string> ending;  // once a tenant, in order
+  for (auto& [id, why] : NotKeptLocked()) ending.insert(std::move(why));
   sessions_to_end_ = !ending.empty();
   return {ending.begin(), ending.end()};
 }
 
+std::map<uint64_t, std::string> FastPathServer::NotKeptLocked() const {
+  std::map<uint64_t, std::string> ending;
+  std::map<std::string, std::vector<std::pair<uint64_t, uint64_t>>> kept;  // (order, id) by tenant
+  for (const auto& [id, session] : sessions_) {
+    if (std::optional<std::string> why = WhyNotKeptLocked(session)) {
+      ending.emplace(id, *std::move(why));
+    } else {
+      kept[session.tenant].emplace_back(session.order, id);
+    }
+  }
+  for (auto& [tenant, sessions] : kept) {
+    const size_t most = kept_tenants_->at(tenant).max_sessions;
+    if (sessions.size() <= most) continue;
+    std::sort(sessions.begin(), sessions.end());
+    const std::string why = absl::StrCat("tenant ", tenant, " may hold ", most, " fast path session",
+                                         most == 1 ? "" : "s", " now: its ", sessions.size() - most, " newest end");
+    for (size_t i = most; i < sessions.size(); ++i) ending.emplace(sessions[i].second, why);
+  }
+  return ending;
+}
+
 std::optional<std::string> FastPathServer::WhyNotKeptLocked(const Session& session) const {
   auto kept = kept_tenants_->find(session.tenant);
-  if (kept == kept_tenants_->end()) return absl::StrCat("tenant ", session.tenant, " is no longer in the file");
-  if (kept->second == session.may_write) return std::nullopt;
-  return absl::StrCat("tenant ", session.tenant, kept->second ? " may write now" : " may no longer write");
+  if (kept == kept_tenants_->end()) {
+    return absl::StrCat("tenant ", session.tenant, " is no longer in the file: its fast path sessions end");
+  }
+  if (kept->second.may_write == session.may_write) return std::nullopt;
+  return absl::StrCat("tenant ", session.tenant, kept->second.may_write ? " may write now" : " may no longer write",
+                      ": its fast path sessions end");
 }
 
 void FastPathServer::EndSessionsNotKeptLocked() {
   sessions_to_end_ = false;
-  std::vector<uint64_t> ending;
-  for (const auto& [id, session] : sessions_) {
-    if (WhyNotKeptLocked(session).has_value()) ending.push_back(id);
-  }
-  for (uint64_t id : ending) EndOnLoopLocked(id);
+  for (const auto& [id, why] : NotKeptLocked()) EndOnLoopLocked(id);
 }
 
 void FastPathServer::EndOnLoopLocked(uint64_t session_id) {

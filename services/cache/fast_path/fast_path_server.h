@@ -149,9 +149,11 @@ class FastPathServer {
   // tenants file's, at each reload; until called, any): on the loop's next
   // turn the sessions of every other end (their connections closed, leases
   // ended and staging freed), and so do those of a tenant whose right to
-  // write changed (a new session gets staging as its tenant may write now);
-  // Open refuses the others. Returns why each tenant's sessions end, one
-  // line each ("tenant NAME is no longer in the file").
+  // write changed (a new session gets staging as its tenant may write now),
+  // and a tenant's newest sessions beyond the most its quota now lets it
+  // hold; Open refuses the others. Returns why each tenant's sessions end,
+  // one line each ("tenant NAME is no longer in the file: its fast path
+  // sessions end").
   std::vector<std::string> KeepTenants(const TenantRegistry::TenantList& tenants);
   FastPathCounters Counters();
   // Waits until `sessions` proven sessions are open, at most `timeout`;
@@ -185,6 +187,7 @@ class FastPathServer {
     std::string peer_chain;
     std::shared_ptr<const PeerTrust> verified_with;
     absl::Time trusted_until = absl::InfiniteFuture();
+    uint64_t order = 0;  // of opening: a tenant over its limit keeps its oldest
   };
   struct FastLease {
     uint64_t session_id;
@@ -228,8 +231,11 @@ class FastPathServer {
   // Ends the sessions KeepTenants does not keep; on the loop's thread,
   // which alone closes the sockets it polls.
   void EndSessionsNotKeptLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Why KeepTenants does not keep `session` ("tenant NAME is no longer in
-  // the file"); nullopt when it does.
+  // The sessions KeepTenants does not keep, each with why ("tenant NAME
+  // may hold 2 fast path sessions now: its 1 newest end").
+  std::map<uint64_t, std::string> NotKeptLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why KeepTenants keeps none of `session`'s tenant's sessions; nullopt
+  // when it keeps some.
   std::optional<std::string> WhyNotKeptLocked(const Session& session) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const FastPathOptions options_;
@@ -254,10 +260,15 @@ class FastPathServer {
   // The leases by deadline, soonest first: expiry looks only at those due.
   std::multimap<absl::Time, uint64_t> lease_deadlines_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, size_t> sessions_by_tenant_ ABSL_GUARDED_BY(mu_);
-  // The tenants KeepTenants named, each with whether it may write
-  // (nullopt: any, as its caller says), and whether sessions it does not
-  // keep are left to end.
-  std::optional<absl::flat_hash_map<std::string, bool>> kept_tenants_ ABSL_GUARDED_BY(mu_);
+  // The tenants KeepTenants named, each with whether it may write and the
+  // most sessions it may hold (nullopt: any, as its caller says), and
+  // whether sessions it does not keep are left to end.
+  struct KeptTenant {
+    bool may_write = true;
+    size_t max_sessions = 0;
+  };
+  std::optional<absl::flat_hash_map<std::string, KeptTenant>> kept_tenants_ ABSL_GUARDED_BY(mu_);
+  uint64_t sessions_opened_ ABSL_GUARDED_BY(mu_) = 0;
   bool sessions_to_end_ ABSL_GUARDED_BY(mu_) = false;
   FastPathCounters counters_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;

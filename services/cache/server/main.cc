@@ -260,13 +260,12 @@ int Run(Flags f) {
   }
   // A tenant taken out of the file keeps no fast path session (nor the
   // staging memory and pinned blocks it holds), and one whose right to
-  // write changed gets new ones (with staging or without, as it may write).
+  // write changed gets new ones (with staging or without, as it may write);
+  // one whose maxSessions went under what it holds keeps its oldest.
   (*tenants)->OnReload([give_quotas, fast_path = fast_path.get()](const TenantRegistry::TenantList& tenants) {
     give_quotas(tenants);
     if (fast_path == nullptr) return;
-    for (const std::string& why : fast_path->KeepTenants(tenants)) {
-      Log(LogLevel::kInfo, "tenants", why + ": its fast path sessions end");
-    }
+    for (const std::string& why : fast_path->KeepTenants(tenants)) Log(LogLevel::kInfo, "tenants", why);
   });
   // Before the fast path and the store go.
   const absl::Cleanup stop_reload_hook = [&tenants] { (*tenants)->OnReload(nullptr); };

@@ -162,8 +162,8 @@ TEST_F(FastPathServerTest, SessionsOfTenantsNotKeptEnd) {
   ASSERT_EQ(store_->Stats().pinned_blocks, 1u);
 
   EXPECT_EQ(server_->KeepTenants(Tenants({{"tenant-a", v1::WRITER}, {"tenant-d", v1::WRITER}})),
-            (std::vector<std::string>{"tenant tenant-b is no longer in the file",
-                                      "tenant tenant-c is no longer in the file"}));
+            (std::vector<std::string>{"tenant tenant-b is no longer in the file: its fast path sessions end",
+                                      "tenant tenant-c is no longer in the file: its fast path sessions end"}));
   EXPECT_EQ(server_->Open({}, b).status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_TRUE(server_->AwaitSessions(1, absl::Seconds(5)));
   EXPECT_EQ(store_->Stats().pinned_blocks, 0u) << "tenant-b's lease outlived its session";
@@ -177,6 +177,48 @@ TEST_F(FastPathServerTest, SessionsOfTenantsNotKeptEnd) {
   EXPECT_TRUE(server_->Open({}, a).ok());
   EXPECT_TRUE(server_->KeepTenants(Tenants({{"tenant-a", v1::ADMIN}})).empty());
   close(socket_a), close(socket_b), close(socket_c);
+}
+
+// A maxSessions lowered under what a tenant holds holds at the reload: its
+// newest sessions beyond it end, proven or not, their leases with them;
+// its oldest serve on, and it opens no more. Another tenant, and one whose
+// limit was not lowered, keep theirs.
+TEST_F(FastPathServerTest, SessionsBeyondALoweredMaxSessionsEnd) {
+  const kvblock::BlockHash hash = PutBlock(5);
+  Caller acme, other;
+  acme.tenant = "acme";
+  other.tenant = "other";
+  int first_socket, second_socket, other_socket, fd;
+  const v1::OpenFastPathResponse first = *server_->Open({}, acme), second = *server_->Open({}, acme);
+  ASSERT_TRUE(Prove(first, first_socket, fd).ok());
+  ASSERT_TRUE(Prove(second, second_socket, fd).ok());
+  const v1::OpenFastPathResponse third = *server_->Open({}, acme);  // left unproven
+  ASSERT_TRUE(Prove(*server_->Open({}, other), other_socket, fd).ok());
+  v1::LeaseBlocksResponse response;
+  ASSERT_TRUE(
+      server_->Lease(second.session_id(), "ns", kvblock::LayoutId(layout_), {hash}, absl::Minutes(5), response, acme)
+          .ok());
+  ASSERT_EQ(store_->Stats().pinned_blocks, 1u);
+
+  TenantRegistry::TenantList tenants = Tenants({{"acme", v1::WRITER}, {"other", v1::WRITER}});
+  auto lowered = std::make_shared<Caller>(*tenants[0]);
+  lowered->quota.set_max_sessions(1);
+  tenants[0] = lowered;
+  EXPECT_EQ(server_->KeepTenants(tenants),
+            std::vector<std::string>{"tenant acme may hold 1 fast path session now: its 2 newest end"});
+  EXPECT_TRUE(server_->AwaitSessions(2, absl::Seconds(5)));
+  EXPECT_EQ(store_->Stats().pinned_blocks, 0u) << "the second session's lease outlived it";
+  char byte;
+  EXPECT_EQ(recv(second_socket, &byte, 1, MSG_DONTWAIT), 0) << "the second session's connection was not closed";
+  int third_socket;
+  EXPECT_FALSE(Prove(third, third_socket, fd).ok()) << "the unproven third session outlived the reload";
+  EXPECT_TRUE(
+      server_->Lease(first.session_id(), "ns", kvblock::LayoutId(layout_), {hash}, absl::Minutes(5), response, acme)
+          .ok())
+      << "the oldest session ended";
+  EXPECT_EQ(server_->Open({}, *lowered).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(server_->KeepTenants(tenants).empty()) << "a second reload of the same file ends more";
+  close(first_socket), close(second_socket), close(third_socket), close(other_socket);
 }
 
 // A reader's Puts are refused, so its session gets no staging region to
@@ -222,7 +264,7 @@ TEST_F(FastPathServerTest, SessionsOfATenantWhoseRightToWriteChangedEnd) {
   close(fd), close(other_fd);
 
   EXPECT_EQ(server_->KeepTenants(Tenants({{"acme", v1::READER}, {"other", v1::WRITER}})),
-            std::vector<std::string>{"tenant acme may no longer write"});
+            std::vector<std::string>{"tenant acme may no longer write: its fast path sessions end"});
   EXPECT_TRUE(server_->AwaitSessions(1, absl::Seconds(5)));
   EXPECT_EQ(server_->Counters().staging_bytes, 1u << 20) << "acme's session kept its staging region";
   char byte;
@@ -234,7 +276,7 @@ TEST_F(FastPathServerTest, SessionsOfATenantWhoseRightToWriteChangedEnd) {
   EXPECT_EQ(fd, -1);
 
   EXPECT_EQ(server_->KeepTenants(Tenants({{"acme", v1::WRITER}, {"other", v1::WRITER}})),
-            std::vector<std::string>{"tenant acme may write now"});
+            std::vector<std::string>{"tenant acme may write now: its fast path sessions end"});
   EXPECT_TRUE(server_->AwaitSessions(1, absl::Seconds(5)));
   close(socket);
   ASSERT_TRUE(Prove(*server_->Open(wants, acme), socket, fd).ok());
