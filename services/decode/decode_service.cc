@@ -343,13 +343,18 @@ class DecodeService::Stream final : public grpc::ServerWriteReactor<v1::DecodeRe
   }
 
   void OnWriteDone(bool ok) override {
+    bool token;
     {
       absl::MutexLock lock(&mu_);
       writing_ = false;
-      if (ok && current_.has_token()) service_->tokens_.Increment();
+      token = current_.has_token();
+      if (ok && token) service_->tokens_.Increment();
     }
     if (!ok) return Stop(grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading"));
-    if (absl::Status allowed = FollowCaller(); !allowed.ok()) return Stop(ToGrpcStatus(allowed));
+    // After a token only: the finish, once written, stands.
+    if (absl::Status allowed = token ? FollowCaller() : absl::OkStatus(); !allowed.ok()) {
+      return Stop(ToGrpcStatus(allowed));
+    }
     Pump();
   }
 

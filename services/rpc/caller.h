@@ -63,9 +63,11 @@ class FollowedCaller {
   absl::StatusOr<std::shared_ptr<const Caller>> Now(const grpc::ServerContextBase& context);
 
  private:
-  CallChecks checks_;  // the call's, taken by the first Now
+  // The call's checks, caller and TLS files' version its client last
+  // passed: from the call's check at the first Now, then its own.
+  CallChecks checks_;
   std::shared_ptr<const Caller> caller_;
-  uint64_t trust_version_ = 0;  // of the TLS files its client last passed; 0: none yet
+  uint64_t trust_version_ = 0;
 };
 
 // The certificate chain the client of `context` presented at its handshake
