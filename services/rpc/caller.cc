@@ -69,37 +69,34 @@ CallerTable& Table() {
   return *table;
 }
 
+// Who calls, or why they may not: a client whose certificate no longer
+// passes the TLS files in force is refused before its credentials count.
+absl::StatusOr<std::shared_ptr<const Caller>> Identify(const CallChecks& checks,
+                                                       const grpc::ServerContextBase& context) {
+  if (checks.tls_files != nullptr) {
+    KVTIER_RETURN_IF_ERROR(checks.tls_files->CheckClient(PeerCertificateChain(context)));
+  }
+  return Authenticate(checks.tenants, context, checks.method);
+}
+
 class CallerInterceptor : public grpc::experimental::Interceptor {
  public:
   CallerInterceptor(ServerRpcInfo* info, CallChecks checks) : info_(info), checks_(checks) {}
   ~CallerInterceptor() override { Table().Erase(info_->server_context(), this); }
 
   const CallChecks& checks() const { return checks_; }
-  // The version of the TLS files the call's client was checked under.
-  uint64_t trust_version() const { return trust_version_; }
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     // The headers are in, and the handler has not run yet.
     if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_INITIAL_METADATA)) {
-      Table().Set(info_->server_context(), {this, Identify(*info_->server_context())});
+      Table().Set(info_->server_context(), {this, Identify(checks_, *info_->server_context())});
     }
     methods->Proceed();
   }
 
  private:
-  // Who calls, or why they may not: a client whose certificate no longer
-  // passes the TLS files in force is refused before its credentials count.
-  absl::StatusOr<std::shared_ptr<const Caller>> Identify(const grpc::ServerContextBase& context) {
-    if (checks_.tls_files != nullptr) {
-      trust_version_ = checks_.tls_files->trust_version();  // read first: at worst checked again later
-      KVTIER_RETURN_IF_ERROR(checks_.tls_files->CheckClient(PeerCertificateChain(context)));
-    }
-    return Authenticate(checks_.tenants, context, checks_.method);
-  }
-
   ServerRpcInfo* const info_;
   const CallChecks checks_;
-  uint64_t trust_version_ = 0;  // set before the table has the call, read after
 };
 
 }  // namespace
@@ -117,12 +114,10 @@ absl::StatusOr<std::shared_ptr<const Caller>> CallerOf(const grpc::ServerContext
 }
 
 absl::StatusOr<std::shared_ptr<const Caller>> FollowedCaller::Now(const grpc::ServerContextBase& context) {
-  if (caller_ == nullptr) {  // the first time: as the call's check found it
+  if (checks_.method == nullptr) {  // the first time: as the call began
     KVTIER_ASSIGN_OR_RETURN(CallerTable::Entry entry, Table().Get(&context));
     KVTIER_ASSIGN_OR_RETURN(caller_, std::move(entry.caller));
-    const auto* interceptor = static_cast<const CallerInterceptor*>(entry.owner);
-    checks_ = interceptor->checks();
-    trust_version_ = interceptor->trust_version();
+    checks_ = static_cast<const CallerInterceptor*>(entry.owner)->checks();
   }
   if (checks_.tls_files != nullptr) {
     const uint64_t in_force = checks_.tls_files->trust_version();

@@ -63,11 +63,9 @@ class FollowedCaller {
   absl::StatusOr<std::shared_ptr<const Caller>> Now(const grpc::ServerContextBase& context);
 
  private:
-  // The call's checks, caller and TLS files' version its client last
-  // passed: from the call's check at the first Now, then its own.
-  CallChecks checks_;
+  CallChecks checks_;  // the call's, taken by the first Now
   std::shared_ptr<const Caller> caller_;
-  uint64_t trust_version_ = 0;
+  uint64_t trust_version_ = 0;  // of the TLS files its client last passed; 0: none yet
 };
 
 // The certificate chain the client of `context` presented at its handshake
